@@ -1,0 +1,49 @@
+"""``turbotrain`` command line: one module and one parser function per subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import warnings
+from typing import Callable, Sequence
+
+from .. import __version__
+from ..errors import TurbotrainError
+from . import sample, train
+
+# (name, add_parser(subparsers) -> parser whose defaults carry `run`)
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], argparse.ArgumentParser]] = [
+    train.add_parser,
+    sample.add_parser,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="turbotrain", description="Fast PyTorch training by default, measured.")
+    parser.add_argument("--version", action="version", version=f"turbotrain {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in SUBCOMMANDS:
+        add(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point. User mistakes (TurbotrainError) print one line and exit with code 2."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    warnings.simplefilter("default", UserWarning)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    if extra and not getattr(args, "accepts_overrides", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        return int(args.run(args, extra) or 0)
+    except TurbotrainError as exc:
+        print(f"turbotrain {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"turbotrain {args.command}: interrupted", file=sys.stderr)
+        return 130

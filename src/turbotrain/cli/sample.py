@@ -1,0 +1,44 @@
+"""``turbotrain sample RUN``: generate text from a run's latest checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from ..checkpoint import load_latest
+from ..errors import TurbotrainError
+from ..runner import CHECKPOINTS, build_model, find_run_dir, resume_config
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("sample", help="print text generated from a run's latest checkpoint")
+    p.add_argument("run_dir", nargs="?", default="", help="run directory or name under runs/ (default: latest)")
+    p.add_argument("--prompt", default="def ", help="text to continue (default: 'def ')")
+    p.add_argument("--tokens", type=int, default=400, help="tokens to generate (default 400)")
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out-dir", default="runs", help="where runs live (default runs/)")
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args: argparse.Namespace, extra: list[str]) -> int:
+    run_dir = find_run_dir(args.out_dir, args.run_dir)
+    config = resume_config(run_dir)
+    _, payload = load_latest(run_dir / CHECKPOINTS)
+    vocab = payload["model"]["wte.weight"].shape[0]
+    if vocab != 256:
+        raise TurbotrainError(f"{run_dir} was trained on {vocab}-token ids; sample decodes byte-level (256) runs only")
+    model = build_model(config, vocab)
+    model.load_state_dict(payload["model"])
+    model.eval()
+    torch.manual_seed(args.seed)
+    prompt = args.prompt.encode("utf-8") or b"\n"
+    idx = torch.tensor([list(prompt)], dtype=torch.long)
+    out = model.generate(idx, args.tokens, temperature=args.temperature, top_k=args.top_k)
+    sys.stdout.write(bytes(out[0].tolist()).decode("utf-8", errors="replace") + "\n")
+    return 0

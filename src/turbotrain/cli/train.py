@@ -1,0 +1,74 @@
+"""``turbotrain train``: train a preset on the built-in corpus or your data."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from ..config import describe, load_config, parse_overrides
+from ..runner import find_run_dir, resume_config, train
+
+
+def default_preset() -> str:
+    """gpt2-small on a GPU, gpt-tiny (a few minutes) on CPU."""
+    return "gpt2-small" if torch.cuda.is_available() else "gpt-tiny"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "train",
+        help="train a model (default: a GPT on the built-in corpus)",
+        description="Train a GPT. Any config field can be set with --section.key=value "
+        "(see --help-config), e.g. --train.max_steps=300 --precision.mode=bf16-mixed.",
+    )
+    p.add_argument("--preset", help="preset name (gpt-tiny, gpt2-small, gpt2-medium) or a .toml path; "
+                   "default: gpt2-small on a GPU, gpt-tiny on CPU")
+    p.add_argument("--data", help="a .bin token file, a text file or a folder (default: built-in corpus)")
+    p.add_argument("--resume", action="store_true", help="continue the run named by --run.name (default: the latest run)")
+    p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
+    p.add_argument("--help-config", action="store_true", help="list every config field with its default and meaning")
+    p.set_defaults(run=run, accepts_overrides=True)
+    return p
+
+
+def run(args: argparse.Namespace, extra: list[str]) -> int:
+    if args.help_config:
+        print(describe())
+        return 0
+    overrides = parse_overrides(extra)
+    if args.data is not None:
+        overrides.setdefault("data", {})["path"] = args.data
+    if args.no_progress:
+        overrides.setdefault("monitor", {})["progress"] = "false"
+    if args.resume:
+        base = load_config(args.preset or default_preset(), overrides)
+        run_dir = find_run_dir(base.run.out_dir, overrides.get("run", {}).get("name", ""))
+        config = resume_config(run_dir, overrides)
+        print(f"resuming {run_dir}")
+        summary = train(config, resume_dir=run_dir)
+    else:
+        config = load_config(args.preset or default_preset(), overrides)
+        summary = train(config)
+        run_dir = Path(config.run.out_dir) / summary["run"]
+    _print_summary(summary, run_dir)
+    return 0
+
+
+def _print_summary(summary: dict, run_dir: Path) -> None:
+    r = summary["resolved"]
+    rate = summary.get("tokens_per_s_median")
+    lines = [
+        f"run {run_dir}: {summary['status']} at step {summary['steps']}/{summary['max_steps']}"
+        + (f" ({summary['stop_reason']})" if summary.get("stop_reason") else ""),
+        f"  {r['device']} | {r['precision']} | compile {r['compile']} | {r['optimizer']} | {r['params']:,} params",
+    ]
+    if summary.get("final_val_loss") is not None:
+        lines.append(f"  val loss {summary['final_val_loss']:.4f} at step {summary['final_val_step']}"
+                     f" | train loss {summary['final_train_loss']:.4f}")
+    if rate:
+        lines.append(f"  {rate:,.0f} tokens/s (median) | first step {summary['first_step_s']:.2f} s | {summary['elapsed_s']:.1f} s total")
+    for e in summary.get("events", []):
+        lines.append(f"  event at step {e['step']}: {e['kind']}: {e['detail']}")
+    print("\n".join(lines))

@@ -1,0 +1,358 @@
+"""Run configuration: one frozen dataclass per concern, composed into :class:`RunConfig`.
+
+Why: every knob is typed, documented (with its unit) and validated once, when the config is built.
+Nothing downstream reads raw strings; the engine and the loop receive resolved objects.
+
+Sources, later wins: field defaults < a TOML preset shipped in ``turbotrain/presets`` (or a TOML
+file path) < ``--section.key=value`` overrides. Errors name the field and the valid values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field, fields, is_dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable, Mapping, get_type_hints
+
+from .errors import ConfigError
+
+AUTO = "auto"
+
+
+def knob(default: Any, doc: str, *, choices: Iterable[Any] | None = None, min: float | None = None) -> Any:
+    """A documented config field. ``choices`` and ``min`` are checked by :func:`validate`."""
+    meta = {"doc": doc, "choices": tuple(choices) if choices is not None else None, "min": min}
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class RunSection:
+    name: str = knob("", "run directory name under out_dir; empty = '<preset>-<timestamp>'")
+    out_dir: str = knob("runs", "folder that holds run directories")
+    device: str = knob(AUTO, "'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'")
+    seed: int = knob(1337, "seed for weights, data order and dropout", min=0)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str = knob("gpt", "model family", choices=("gpt",))
+    n_layer: int = knob(4, "transformer blocks", min=1)
+    n_head: int = knob(4, "attention heads per block", min=1)
+    d_model: int = knob(128, "embedding width (must divide by n_head)", min=1)
+    block_size: int = knob(128, "sequence length T in tokens", min=2)
+    vocab_size: int = knob(0, "vocabulary size; 0 = follow the data (256 for bytes, the .bin's own or 50304)", min=0)
+    dropout: float = knob(0.0, "dropout probability", min=0.0)
+    attention: str = knob("sdpa", "'sdpa' (is_causal, flash kernels) or 'masked' (explicit cached mask)",
+                          choices=("sdpa", "masked"))
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    path: str = knob("", "token .bin file, text file or folder; empty = built-in corpus (Python stdlib sources)")
+    val_fraction: float = knob(0.05, "share of the data held out for validation (0..0.5)", min=0.0)
+    cache_dir: str = knob("", "where byte-tokenized text is cached; empty = $XDG_CACHE_HOME/turbotrain")
+    num_workers: int = knob(-1, "DataLoader worker processes; -1 = from the core count and device", min=-1)
+    prefetch_factor: int = knob(4, "batches each worker keeps ready", min=1)
+    pin_memory: bool = knob(True, "page-locked host batches (CUDA only) so copies can be asynchronous")
+    device_prefetch: bool = knob(True, "copy the next batch to the device on a side stream (CUDA only)")
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    micro: int | str = knob(32, "sequences per forward/backward, or 'auto' to search the largest that fits", min=1)
+    accumulation: int = knob(1, "micro-batches per optimizer step (global = micro x accumulation x world)", min=1)
+    pick: str = knob("largest", "with micro='auto': 'largest' size that fits or 'fastest' measured",
+                     choices=("largest", "fastest"))
+    headroom: float = knob(0.10, "with micro='auto': memory kept free, as a fraction of the measured peak", min=0.0)
+    max_memory_gib: float = knob(0.0, "with micro='auto': memory cap in GiB (0 = the whole device)", min=0.0)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = knob(2e-3, "peak learning rate", min=0.0)
+    min_lr: float = knob(2e-4, "learning rate at the end of the decay", min=0.0)
+    weight_decay: float = knob(0.1, "AdamW decoupled weight decay (not applied to norms, biases, embeddings)", min=0.0)
+    beta1: float = knob(0.9, "AdamW beta1", min=0.0)
+    beta2: float = knob(0.95, "AdamW beta2", min=0.0)
+    eps: float = knob(1e-8, "AdamW epsilon", min=0.0)
+    warmup_steps: int = knob(30, "linear warmup length in optimizer steps", min=0)
+    schedule: str = knob("cosine", "decay after warmup", choices=("cosine", "linear", "constant"))
+    grad_clip: float = knob(1.0, "max global gradient norm, applied after unscaling; 0 = off", min=0.0)
+    implementation: str = knob(AUTO, "'auto' (fused on CUDA, foreach elsewhere), 'fused', 'foreach', 'for-loop'",
+                               choices=(AUTO, "fused", "foreach", "for-loop"))
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    max_steps: int = knob(300, "optimizer steps of the whole run; the LR schedule spans them", min=1)
+    stop_after_steps: int = knob(0, "end this invocation after this step (checkpointed; resume with --resume); 0 = run to max_steps", min=0)
+    eval_every: int = knob(100, "optimizer steps between validation passes; 0 = only at the end", min=0)
+    eval_batches: int = knob(20, "micro-batches per validation pass", min=1)
+    checkpoint_every: int = knob(100, "optimizer steps between checkpoints; 0 = only at the end", min=0)
+    keep_last: int = knob(3, "checkpoints kept on disk", min=1)
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    mode: str = knob(AUTO, "'auto' (bf16-mixed on CUDA cc>=8.0, fp16-mixed below, fp32 on CPU) or explicit",
+                     choices=(AUTO, "bf16-mixed", "fp16-mixed", "bf16-true", "fp32"))
+    tf32: bool = knob(True, "TF32 tensor-core matmuls and convolutions for fp32 work (CUDA)")
+    cudnn_benchmark: bool = knob(True, "let cuDNN time its kernels for fixed input shapes (CUDA)")
+    nonfinite: str = knob("fallback", "on non-finite loss/grad: 'skip' the step, skip then 'fallback' to a safer precision, or 'stop'",
+                          choices=("skip", "fallback", "stop"))
+    max_nonfinite_steps: int = knob(3, "skipped steps before 'fallback' or 'stop' acts", min=1)
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    scope: str = knob(AUTO, "'auto' (model on CUDA, off on CPU), 'off', 'model' or 'blocks' (each block separately)",
+                      choices=(AUTO, "off", "model", "blocks"))
+    mode: str = knob("default", "torch.compile mode", choices=("default", "reduce-overhead", "max-autotune"))
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    checkpointing: str = knob("off", "activation checkpointing per block", choices=("off", "full", "selective"))
+    on_oom: str = knob("halve", "on out-of-memory mid-run: 'halve' the micro-batch and retry, or 'stop'",
+                       choices=("halve", "stop"))
+    inject_oom_at_step: int = knob(0, "debug: raise an out-of-memory error once at this optimizer step; 0 = never", min=0)
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    log_every: int = knob(10, "optimizer steps between metric reads (the only host-device syncs)", min=1)
+    progress: bool = knob(True, "show a live progress bar")
+    nvml: bool = knob(True, "sample GPU utilisation, power and temperature with NVML on a background thread")
+    tensorboard: bool = knob(False, "also log to TensorBoard (needs the tensorboard package)")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The whole run. Each attribute is one concern's config; see ``turbotrain train --help-config``."""
+
+    preset: str = knob("gpt-tiny", "the preset this config started from")
+    run: RunSection = field(default_factory=RunSection)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    compile: CompileConfig = field(default_factory=CompileConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **sections: Any) -> "RunConfig":
+        """Copy with whole sections or ``section={"key": value}`` dicts replaced (validated)."""
+        data = self.to_dict()
+        for name, value in sections.items():
+            if isinstance(value, Mapping) and isinstance(data.get(name), dict):
+                data[name].update(value)
+            else:
+                data[name] = dataclasses.asdict(value) if is_dataclass(value) else value
+        return from_dict(data)
+
+
+SECTIONS: dict[str, type] = {
+    f.name: f.default_factory for f in fields(RunConfig) if f.default_factory is not dataclasses.MISSING  # type: ignore[misc]
+}
+
+
+# ----------------------------------------------------------------------------- presets
+
+
+def preset_names() -> list[str]:
+    """Names of the TOML presets shipped inside the package."""
+    folder = resources.files("turbotrain") / "presets"
+    return sorted(p.name[: -len(".toml")] for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
+def read_preset(name_or_path: str) -> dict[str, Any]:
+    """A preset's raw table: a shipped preset name, or a path to a TOML file."""
+    path = Path(name_or_path)
+    if name_or_path.endswith(".toml") and path.is_file():
+        text = path.read_text()
+    else:
+        resource = resources.files("turbotrain") / "presets" / f"{name_or_path}.toml"
+        if not resource.is_file():
+            raise ConfigError(
+                f"unknown preset {name_or_path!r}; valid presets: {', '.join(preset_names())} "
+                "(or a path to a .toml file)"
+            )
+        text = resource.read_text()
+    try:
+        table = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"preset {name_or_path!r} is not valid TOML: {exc}") from None
+    table.setdefault("preset", path.stem if path.suffix == ".toml" else name_or_path)
+    return table
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def _coerce(section: str, key: str, hint: Any, value: Any) -> Any:
+    """Turn ``value`` (from TOML or a command-line string) into the field's type, or raise."""
+    where = f"{section}.{key}" if section else key
+    allowed = hint.__args__ if hasattr(hint, "__args__") else (hint,)
+    if isinstance(value, str):
+        text = value.strip()
+        if bool in allowed:
+            low = text.lower()
+            if low in ("true", "1", "yes", "on"):
+                return True
+            if low in ("false", "0", "no", "off"):
+                return False
+        for kind in (int, float):
+            if kind in allowed:
+                try:
+                    return kind(text)
+                except ValueError:
+                    pass
+        if str in allowed:
+            return value
+    else:
+        if bool in allowed and isinstance(value, bool):
+            return value
+        if isinstance(value, bool):
+            pass  # a bool is not an int here
+        elif int in allowed and isinstance(value, int):
+            return value
+        elif float in allowed and isinstance(value, (int, float)):
+            return float(value)
+        elif str in allowed and isinstance(value, str):
+            return value
+    names = " or ".join(t.__name__ for t in allowed)
+    raise ConfigError(f"{where} must be {names}, got {value!r}")
+
+
+def _build_section(name: str, cls: type, table: Mapping[str, Any]) -> Any:
+    hints = get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(f"unknown key {name}.{unknown[0]}; valid keys in [{name}]: {', '.join(sorted(known))}")
+    values = {k: _coerce(name, k, hints[k], v) for k, v in table.items()}
+    return cls(**values)
+
+
+def from_dict(data: Mapping[str, Any]) -> RunConfig:
+    """Build and validate a :class:`RunConfig` from nested tables (as TOML gives them)."""
+    unknown = sorted(set(data) - set(SECTIONS) - {"preset"})
+    if unknown:
+        raise ConfigError(f"unknown section {unknown[0]!r}; valid sections: {', '.join(SECTIONS)}")
+    built: dict[str, Any] = {}
+    for name, cls in SECTIONS.items():
+        table = data.get(name, {})
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"[{name}] must be a table of keys, got {table!r}")
+        built[name] = _build_section(name, cls, table)
+    config = RunConfig(preset=str(data.get("preset", "custom")), **built)
+    validate(config)
+    return config
+
+
+def parse_overrides(args: Iterable[str]) -> dict[str, dict[str, str]]:
+    """``["--optim.lr=1e-3", "--train.max_steps", "50"]`` -> ``{"optim": {"lr": "1e-3"}, ...}``."""
+    out: dict[str, dict[str, str]] = {}
+    items = list(args)
+    i = 0
+    while i < len(items):
+        arg = items[i]
+        if not arg.startswith("--") or "." not in arg.split("=", 1)[0]:
+            raise ConfigError(f"cannot read argument {arg!r}; overrides look like --section.key=value")
+        key, sep, value = arg[2:].partition("=")
+        if not sep:
+            if i + 1 >= len(items):
+                raise ConfigError(f"--{key} needs a value, for example --{key}=VALUE")
+            value = items[i + 1]
+            i += 1
+        section, _, name = key.partition(".")
+        out.setdefault(section, {})[name] = value
+        i += 1
+    return out
+
+
+def load_config(preset: str | None = None, overrides: Iterable[str] | Mapping[str, Mapping[str, Any]] = ()) -> RunConfig:
+    """The config for a run: ``preset`` (a name or a .toml path) with ``overrides`` applied."""
+    table: dict[str, Any] = read_preset(preset) if preset else {}
+    extra = overrides if isinstance(overrides, Mapping) else parse_overrides(overrides)
+    for section, values in extra.items():
+        if section not in SECTIONS:
+            raise ConfigError(f"unknown section {section!r}; valid sections: {', '.join(SECTIONS)}")
+        table.setdefault(section, {}).update(values)
+    return from_dict(table)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def validate(config: RunConfig) -> None:
+    """Check every field against its choices and bounds, then the rules that span fields."""
+    for name in SECTIONS:
+        section = getattr(config, name)
+        for f in fields(section):
+            value = getattr(section, f.name)
+            choices, low = f.metadata.get("choices"), f.metadata.get("min")
+            if choices and value not in choices:
+                raise ConfigError(
+                    f"{name}.{f.name} = {value!r} is not valid; choose one of: {', '.join(map(str, choices))}"
+                )
+            if low is not None and isinstance(value, (int, float)) and not isinstance(value, bool) and value < low:
+                raise ConfigError(f"{name}.{f.name} = {value!r} must be >= {low}")
+    if isinstance(config.batch.micro, str) and config.batch.micro != AUTO:
+        raise ConfigError(f"batch.micro = {config.batch.micro!r} is not valid; use a whole number >= 1 or 'auto'")
+    if config.model.d_model % config.model.n_head:
+        raise ConfigError(
+            f"model.d_model = {config.model.d_model} must be divisible by model.n_head = {config.model.n_head}"
+        )
+    if not 0.0 <= config.data.val_fraction <= 0.5:
+        raise ConfigError(f"data.val_fraction = {config.data.val_fraction} must be between 0 and 0.5")
+    if not 0.0 <= config.model.dropout < 1.0:
+        raise ConfigError(f"model.dropout = {config.model.dropout} must be in [0, 1)")
+    if config.optim.min_lr > config.optim.lr:
+        raise ConfigError(f"optim.min_lr = {config.optim.min_lr} must not exceed optim.lr = {config.optim.lr}")
+    if config.compile.mode == "reduce-overhead" and config.batch.accumulation > 1:
+        raise ConfigError(
+            "compile.mode = 'reduce-overhead' uses CUDA graphs, which re-record under gradient accumulation; "
+            "use --compile.mode=default or --batch.accumulation=1"
+        )
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def to_toml(config: RunConfig) -> str:
+    """The resolved config as TOML, readable back with ``load_config(path)``."""
+    lines = [f"preset = {_toml_value(config.preset)}"]
+    for name in SECTIONS:
+        lines.append(f"\n[{name}]")
+        section = getattr(config, name)
+        for f in fields(section):
+            lines.append(f"{f.name} = {_toml_value(getattr(section, f.name))}  # {f.metadata['doc']}")
+    return "\n".join(lines) + "\n"
+
+
+def describe() -> str:
+    """Every field with its default and documentation, for ``--help-config``."""
+    out = []
+    for name, cls in SECTIONS.items():
+        out.append(f"[{name}]")
+        for f in fields(cls):
+            choices = f.metadata.get("choices")
+            extra = f" (one of: {', '.join(map(str, choices))})" if choices else ""
+            out.append(f"  --{name}.{f.name}={f.default!r}: {f.metadata['doc']}{extra}")
+    return "\n".join(out)

@@ -1,0 +1,29 @@
+"""Data: token sources, random-window loaders with tuned defaults, and device prefetch."""
+
+from .loader import (
+    LoaderSettings,
+    RandomWindowSampler,
+    TokenWindows,
+    build_loader,
+    default_num_workers,
+    fixed_batches,
+    resolve_loader_settings,
+)
+from .prefetch import DevicePrefetcher, move_to
+from .sources import TokenSource, TokenSplit, open_tokens, stdlib_files
+
+__all__ = [
+    "DevicePrefetcher",
+    "LoaderSettings",
+    "RandomWindowSampler",
+    "TokenSource",
+    "TokenSplit",
+    "TokenWindows",
+    "build_loader",
+    "default_num_workers",
+    "fixed_batches",
+    "move_to",
+    "open_tokens",
+    "resolve_loader_settings",
+    "stdlib_files",
+]

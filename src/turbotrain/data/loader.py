@@ -1,0 +1,123 @@
+"""Random-window batches from token ranges, through a DataLoader with tuned defaults.
+
+Batch ``k`` of a stream is drawn from a generator seeded with (seed, k), so the stream can start
+at any batch: resuming at batch ``k`` gives exactly the batches an uninterrupted run would see.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from ..errors import TurbotrainError
+from .sources import TokenSplit
+
+
+class TokenWindows(Dataset):
+    """Item ``i`` is (tokens[i : i+T], tokens[i+1 : i+T+1]) as int64; fetched a batch at a time."""
+
+    def __init__(self, split: TokenSplit, seq_len: int) -> None:
+        if len(split) < seq_len + 1:
+            raise TurbotrainError(
+                f"{split.path.name} holds {len(split)} tokens in this split, fewer than one sequence of "
+                f"model.block_size + 1 = {seq_len + 1}; use more data or a smaller --model.block_size"
+            )
+        self.split, self.seq_len = split, seq_len
+        self._tokens: np.ndarray | None = None  # opened lazily: one memmap per worker process
+
+    @property
+    def positions(self) -> int:
+        return len(self.split) - self.seq_len
+
+    def __len__(self) -> int:
+        return self.positions
+
+    def _array(self) -> np.ndarray:
+        if self._tokens is None:
+            self._tokens = self.split.array()
+        return self._tokens
+
+    def __getitems__(self, offsets: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = np.asarray(offsets, dtype=np.int64)[:, None] + np.arange(self.seq_len + 1)
+        window = torch.from_numpy(self._array()[idx].astype(np.int64))
+        return window[:, :-1].contiguous(), window[:, 1:].contiguous()
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.__getitems__([i])
+        return x[0], y[0]
+
+
+class RandomWindowSampler(Sampler[list[int]]):
+    """An endless stream of batches of random window offsets, starting at batch ``start``."""
+
+    def __init__(self, positions: int, batch_size: int, seed: int, start: int = 0) -> None:
+        self.positions, self.batch_size, self.seed, self.start = positions, batch_size, seed, start
+
+    def batch(self, k: int) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + k)
+        return torch.randint(self.positions, (self.batch_size,), generator=g).tolist()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        k = self.start
+        while True:
+            yield self.batch(k)
+            k += 1
+
+
+def _identity(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    return batch  # __getitems__ already returns a stacked batch
+
+
+def default_num_workers(device: torch.device, cores: int | None = None) -> int:
+    """Workers from the core count: on CUDA half the cores (max 8) keep the GPU fed; on CPU the
+    training threads already use every core, so on small machines batches load in-process."""
+    cores = cores or os.cpu_count() or 1
+    if device.type == "cuda":
+        return max(1, min(8, cores // 2))
+    return 0 if cores <= 4 else 2
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    """Resolved DataLoader knobs (``num_workers`` already concrete)."""
+
+    num_workers: int
+    pin_memory: bool
+    prefetch_factor: int
+
+
+def resolve_loader_settings(device: torch.device, num_workers: int, pin_memory: bool, prefetch_factor: int) -> LoaderSettings:
+    workers = default_num_workers(device) if num_workers < 0 else num_workers
+    return LoaderSettings(workers, pin_memory and device.type == "cuda", prefetch_factor)
+
+
+def build_loader(dataset: TokenWindows, batch_size: int, seed: int, settings: LoaderSettings, start: int = 0) -> DataLoader:
+    """An endless DataLoader of (x, y) batches starting at batch ``start`` of the seeded stream."""
+    if batch_size > dataset.positions:
+        raise TurbotrainError(
+            f"batch.micro = {batch_size} is larger than the {dataset.positions} distinct windows in the data; "
+            "use a smaller --batch.micro or more data"
+        )
+    workers = settings.num_workers
+    return DataLoader(
+        dataset,
+        batch_sampler=RandomWindowSampler(dataset.positions, batch_size, seed, start),
+        collate_fn=_identity,
+        num_workers=workers,
+        pin_memory=settings.pin_memory,
+        persistent_workers=workers > 0,
+        prefetch_factor=settings.prefetch_factor if workers > 0 else None,
+    )
+
+
+def fixed_batches(dataset: TokenWindows, batch_size: int, count: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The same ``count`` batches every time (validation), drawn once on the host."""
+    if dataset.positions < 1:
+        return []
+    sampler = RandomWindowSampler(dataset.positions, min(batch_size, dataset.positions), seed)
+    return [dataset.__getitems__(sampler.batch(k)) for k in range(count)]

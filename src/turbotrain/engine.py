@@ -1,0 +1,344 @@
+"""Engine: the single-device speed-ups behind five calls a hand-written loop can make.
+
+    engine = Engine(config)
+    model, optimizer, loader = engine.setup(model, optimizer, loader)
+    for x, y in loader:
+        with engine.autocast():
+            loss = model(x, y)
+        engine.backward(loss)
+        engine.step(optimizer)
+
+Configuration is resolved in ``__init__``/``setup`` into objects (Precision, guard, clip norm);
+``backward`` and ``step`` then run the same few calls every step, with no config reads and no
+host-device synchronisation except the guard's poll every ``poll_every`` optimizer steps.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, ContextManager, Iterable, Mapping
+
+import torch
+from torch import nn
+
+from .compile import apply_compile, resolve_scope
+from .config import RunConfig, load_config
+from .data.prefetch import DevicePrefetcher, move_to
+from .errors import ConfigError, NonFiniteError, PlacementError
+from .precision import DeviceCaps, NonFiniteGuard, Precision, apply_backend_switches, build_precision, fallback_mode
+
+log = logging.getLogger(__name__)
+
+LossFn = Callable[[nn.Module, Any], torch.Tensor]
+
+
+def default_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+    """``model(*batch)`` must return the scalar loss (the reference models do, given targets)."""
+    return model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' -> cuda when available, else cpu; an explicit CUDA device must exist."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"run.device = {name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"run.device = {name!r} but no CUDA GPU is visible to torch; use --run.device=cpu or auto")
+    return device
+
+
+@dataclass
+class TrainState:
+    """Progress counters (host integers, never synced from the device)."""
+
+    step: int = 0  # optimizer steps taken (a skipped non-finite step counts: the schedule moves on)
+    micro_step: int = 0  # forward/backward passes
+    batches: int = 0  # loader batches consumed by forward_backward: the data position
+    samples: int = 0
+    tokens: int = 0
+
+
+@dataclass
+class Event:
+    """Something that changed how the run trains (precision fallback, OOM recovery)."""
+
+    step: int
+    kind: str
+    detail: str
+
+
+@dataclass
+class EngineOptions:
+    """What the engine needs from a RunConfig, resolved once."""
+
+    device: torch.device
+    precision: str
+    tf32: bool = True
+    cudnn_benchmark: bool = True
+    compile_scope: str = "off"
+    compile_mode: str = "default"
+    accumulation: int = 1
+    grad_clip: float = 0.0
+    nonfinite: str = "fallback"
+    max_nonfinite_steps: int = 3
+    poll_every: int = 10
+    device_prefetch: bool = True
+
+    @classmethod
+    def from_config(cls, config: RunConfig) -> "EngineOptions":
+        device = resolve_device(config.run.device)
+        return cls(
+            device=device,
+            precision=config.precision.mode,
+            tf32=config.precision.tf32,
+            cudnn_benchmark=config.precision.cudnn_benchmark,
+            compile_scope=resolve_scope(config.compile.scope, device),
+            compile_mode=config.compile.mode,
+            accumulation=config.batch.accumulation,
+            grad_clip=config.optim.grad_clip,
+            nonfinite=config.precision.nonfinite,
+            max_nonfinite_steps=config.precision.max_nonfinite_steps,
+            poll_every=config.monitor.log_every,
+            device_prefetch=config.data.device_prefetch,
+        )
+
+
+class Engine:
+    """Device placement, precision, compile, accumulation, clipping and the non-finite guard.
+
+    ``config`` may be a :class:`RunConfig`, a mapping of overrides such as
+    ``{"precision": {"mode": "bf16-mixed"}, "batch": {"accumulation": 4}}``, or None (defaults).
+    """
+
+    def __init__(self, config: RunConfig | Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        if config is None or isinstance(config, Mapping):
+            config = load_config(overrides=config or {})
+        self.config = config
+        self.options = opts = EngineOptions.from_config(config)
+        self.device = opts.device
+        self.caps = DeviceCaps.of(self.device)
+        self.precision: Precision = build_precision(opts.precision, self.device, self.caps)
+        apply_backend_switches(self.device, tf32=opts.tf32, cudnn_benchmark=opts.cudnn_benchmark)
+        self.accumulation = opts.accumulation
+        self.state = TrainState()
+        self.events: list[Event] = []
+        self.guard = NonFiniteGuard(self.device)
+        self.scheduler: Any = None
+        self.last_loss: torch.Tensor | None = None  # mean loss of the last optimizer step, on device
+        self._loss_sum: torch.Tensor | None = None
+        self._models: list[nn.Module] = []
+        self._params: dict[int, list[torch.Tensor]] = {}
+        self._placement_checked = False
+        self._nonfinite_acted = 0  # guard count when the policy last acted
+
+    # ------------------------------------------------------------------ build time
+
+    def setup(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        loader: Iterable[Any] | None = None,
+        scheduler: Any = None,
+    ) -> tuple[nn.Module, torch.optim.Optimizer | None, Iterable[Any] | None]:
+        """Move ``model`` to the device, cast it for 'true' precisions, compile it, and wrap
+        ``loader`` so each batch arrives on the device (prefetched on a side stream on CUDA).
+
+        Call before the first step. Parameters keep their identity, so an optimizer built
+        before ``setup`` stays valid.
+        """
+        model.to(self.device)
+        self.precision.convert_module(model)
+        apply_compile(model, self.options.compile_scope, self.options.compile_mode)
+        self._models.append(model)
+        self.scheduler = scheduler
+        return model, optimizer, self.setup_loader(loader) if loader is not None else None
+
+    def setup_loader(self, loader: Iterable[Any]) -> Iterable[Any]:
+        """Wrap ``loader`` so each batch arrives on the device (side-stream prefetch on CUDA)."""
+        return DevicePrefetcher(loader, self.device) if self.options.device_prefetch else _Moved(loader, self.device)
+
+    # ------------------------------------------------------------------ hot path
+
+    def autocast(self) -> ContextManager[Any]:
+        """Mixed-precision context for forward passes (training and evaluation)."""
+        return self.precision.autocast()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of ``loss / accumulation`` (scaled for fp16); the loss is kept on the device."""
+        if not self._placement_checked:
+            self._check_placement()
+        detached = loss.detach()
+        self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
+        if self.accumulation > 1:
+            loss = loss / self.accumulation
+        self.precision.scale_loss(loss).backward()
+        self.state.micro_step += 1
+
+    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """On the accumulation boundary: unscale, clip, step (skipped on-device if non-finite),
+        update the loss scale, zero gradients (set_to_none), advance the scheduler. Returns
+        True when an optimizer step was taken, False between accumulation boundaries."""
+        if self.state.micro_step % self.accumulation:
+            return False
+        self.precision.unscale_(optimizer)
+        loss_sum = self._loss_sum if self._loss_sum is not None else torch.zeros((), device=self.device)
+        finite = torch.isfinite(loss_sum)
+        if self.options.grad_clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(self._params_of(optimizer), self.options.grad_clip, foreach=True)
+            finite = finite & torch.isfinite(norm)
+        self.guard.observe(finite)
+        self.precision.optimizer_step(optimizer, finite)
+        self.precision.update()
+        optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.last_loss = loss_sum / self.accumulation
+        self._loss_sum = None
+        self.state.step += 1
+        if self.state.step % self.options.poll_every == 0:
+            self.poll(optimizer)
+        return True
+
+    def forward_backward(self, model: nn.Module, batch: Any, loss_fn: LossFn = default_loss) -> torch.Tensor:
+        """One micro-step of the reference loop: forward under autocast, then backward."""
+        if self.state.batches == 0:
+            self._check_batch(batch)
+        with self.autocast():
+            loss = loss_fn(model, batch)
+        self.backward(loss)
+        self.state.batches += 1
+        self.count_batch(batch)
+        return loss
+
+    def count_batch(self, batch: Any) -> None:
+        """Add a batch's samples and tokens (shape only, no sync) to the state."""
+        first = batch[0] if isinstance(batch, (tuple, list)) else batch
+        if isinstance(first, torch.Tensor) and first.ndim:
+            self.state.samples += first.shape[0]
+            self.state.tokens += first.numel() if first.ndim == 2 and not first.is_floating_point() else 0
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (host-device sync point; for timing only)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    # ------------------------------------------------------------------ guard
+
+    def poll(self, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Read the non-finite counter (host-device sync point) and apply the policy."""
+        count = self.guard.poll()
+        new = count - self._nonfinite_acted
+        if new <= 0:
+            return
+        opts = self.options
+        log.warning("%d non-finite step(s) skipped by step %d (%s)", new, self.state.step, self.precision.name)
+        if opts.nonfinite == "skip" or new < opts.max_nonfinite_steps:
+            return
+        where = f"{count} non-finite loss/gradient steps by step {self.state.step} in {self.precision.name}"
+        if opts.nonfinite == "stop":
+            raise NonFiniteError(f"{where}; lower --optim.lr, check the data, or use --precision.nonfinite=fallback")
+        target = fallback_mode(self.precision.name, self.caps)
+        if target is None:
+            raise NonFiniteError(f"{where}, and there is no safer precision to fall back to; lower --optim.lr or check the data")
+        self.switch_precision(target, optimizer)
+        self._nonfinite_acted = count
+
+    def switch_precision(self, mode: str, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Change precision mid-run (fallback): new autocast/scaler, weights and state cast back up."""
+        old = self.precision
+        self.precision = build_precision(mode, self.device, self.caps)
+        if old.param_dtype != self.precision.param_dtype:
+            for model in self._models:
+                model.to(self.precision.param_dtype)
+            if optimizer is not None:
+                for state in optimizer.state.values():
+                    for key, value in state.items():
+                        if torch.is_tensor(value) and value.is_floating_point() and key != "step":
+                            state[key] = value.to(self.precision.param_dtype)
+        detail = f"{old.name} -> {mode} after {self.guard.seen} non-finite steps"
+        log.warning("precision fallback: %s", detail)
+        self.events.append(Event(self.state.step, "precision_fallback", detail))
+
+    # ------------------------------------------------------------------ evaluation
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, batches: Iterable[Any], loss_fn: LossFn = default_loss) -> float:
+        """Mean loss over ``batches`` under autocast and no_grad (one sync, at the end)."""
+        was_training = model.training
+        model.eval()
+        total, n = torch.zeros((), device=self.device), 0
+        with self.autocast():
+            for batch in batches:
+                total += loss_fn(model, move_to(batch, self.device, non_blocking=True)).float()
+                n += 1
+        model.train(was_training)
+        return float(total.item()) / max(n, 1)  # host-device sync point (once per evaluation)
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "state": asdict(self.state),
+            "precision_name": self.precision.name,
+            "precision": self.precision.state_dict(),
+            "guard": self.guard.state_dict(),
+            "nonfinite_acted": self._nonfinite_acted,
+            "events": [asdict(e) for e in self.events],
+        }
+
+    def load_state_dict(self, sd: Mapping[str, Any], optimizer: torch.optim.Optimizer | None = None) -> None:
+        self.state = TrainState(**sd["state"])
+        if sd.get("precision_name") and sd["precision_name"] != self.precision.name:
+            self.switch_precision(sd["precision_name"], optimizer)  # a fallback happened before the save
+            self.events.pop()
+        self.precision.load_state_dict(sd.get("precision", {}))
+        self.guard.load_state_dict(sd.get("guard", {}))
+        self._nonfinite_acted = int(sd.get("nonfinite_acted", 0))
+        self.events = [Event(**e) for e in sd.get("events", [])]
+
+    # ------------------------------------------------------------------ checks
+
+    def _params_of(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+        params = self._params.get(id(optimizer))
+        if params is None:
+            params = [p for g in optimizer.param_groups for p in g["params"]]
+            self._params[id(optimizer)] = params
+        return params
+
+    def _check_placement(self) -> None:
+        """Once, at the first backward: every parameter and buffer on the engine's device."""
+        self._placement_checked = True
+        wrong = [
+            f"{name} ({t.device})"
+            for model in self._models
+            for name, t in [*model.named_parameters(), *model.named_buffers()]
+            if t.device.type != self.device.type
+        ]
+        if wrong:
+            raise PlacementError(
+                f"{len(wrong)} tensor(s) not on {self.device}: {', '.join(wrong[:5])}; "
+                "create every submodule before engine.setup(model, ...) so it is moved"
+            )
+
+    def _check_batch(self, batch: Any) -> None:
+        leaves = batch if isinstance(batch, (tuple, list)) else [batch]
+        wrong = [f"batch[{i}] ({t.device})" for i, t in enumerate(leaves) if torch.is_tensor(t) and t.device.type != self.device.type]
+        if wrong:
+            raise PlacementError(
+                f"{', '.join(wrong)} not on {self.device}; pass the loader to engine.setup(...) so batches are moved"
+            )
+
+
+class _Moved:
+    """Loader wrapper that moves each batch to the device on the current stream."""
+
+    def __init__(self, loader: Iterable[Any], device: torch.device) -> None:
+        self.loader, self.device = loader, device
+
+    def __iter__(self):
+        for batch in self.loader:
+            yield move_to(batch, self.device, non_blocking=True)

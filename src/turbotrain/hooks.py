@@ -1,0 +1,148 @@
+"""Hooks: components the loop calls at fixed events; each decides itself whether it is its turn.
+
+The loop stays a few lines long and free of ``if log_step: ...`` branches: logging, evaluation,
+checkpointing and stopping each live in their own hook with their own cadence (after torchtitan's
+trainer components).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from .engine import Engine
+
+
+@dataclass
+class FitContext:
+    """What hooks see and may change: the run's objects, the latest metrics and a stop flag."""
+
+    engine: "Engine"
+    model: "nn.Module"
+    optimizer: "torch.optim.Optimizer"
+    max_steps: int
+    should_stop: bool = False
+    stop_reason: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)  # latest values, filled by hooks
+    side_s: float = 0.0  # seconds spent in hooks' side work (evaluation, checkpoints): not training
+
+    def request_stop(self, reason: str) -> None:
+        self.should_stop, self.stop_reason = True, reason
+
+
+class Hook:
+    """No-op base: override the events you need."""
+
+    def on_fit_start(self, ctx: FitContext) -> None: ...
+
+    def on_step_end(self, ctx: FitContext) -> None: ...
+
+    def on_fit_end(self, ctx: FitContext) -> None: ...
+
+    def on_exception(self, ctx: FitContext, exc: BaseException) -> None: ...
+
+
+class HookList(Hook):
+    """Calls each hook in order for every event."""
+
+    def __init__(self, hooks: Iterable[Hook] = ()) -> None:
+        self.hooks = list(hooks)
+
+    def on_fit_start(self, ctx: FitContext) -> None:
+        for h in self.hooks:
+            h.on_fit_start(ctx)
+
+    def on_step_end(self, ctx: FitContext) -> None:
+        for h in self.hooks:
+            h.on_step_end(ctx)
+
+    def on_fit_end(self, ctx: FitContext) -> None:
+        for h in self.hooks:
+            h.on_fit_end(ctx)
+
+    def on_exception(self, ctx: FitContext, exc: BaseException) -> None:
+        for h in self.hooks:
+            h.on_exception(ctx, exc)
+
+
+def every(step: int, interval: int) -> bool:
+    """True on multiples of ``interval`` (never when the interval is 0)."""
+    return interval > 0 and step % interval == 0
+
+
+class StopAfter(Hook):
+    """End this invocation after ``step`` (the run resumes later; the schedule is untouched)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, ctx: FitContext) -> None:
+        if self.step and ctx.engine.state.step >= self.step:
+            ctx.request_stop(f"stop_after_steps = {self.step}")
+
+
+class StopOnSignal(Hook):
+    """SIGTERM/SIGINT end the run after the current step, so the final checkpoint is written;
+    a second SIGINT interrupts at once."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self._ctx: FitContext | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self._ctx is None or self._ctx.should_stop:
+            self._restore()
+            raise KeyboardInterrupt
+        self._ctx.request_stop(f"signal {signal.Signals(signum).name}")
+
+    def _restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def on_fit_start(self, ctx: FitContext) -> None:
+        self._ctx = ctx
+        try:
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        except ValueError:  # not the main thread: leave signals alone
+            self._previous.clear()
+
+    def on_fit_end(self, ctx: FitContext) -> None:
+        self._restore()
+
+    def on_exception(self, ctx: FitContext, exc: BaseException) -> None:
+        self._restore()
+
+
+class Evaluate(Hook):
+    """Validation loss every ``interval`` steps and at the end, into ``ctx.metrics['val_loss']``."""
+
+    def __init__(self, batches: list[Any], interval: int, loss_fn: Any = None) -> None:
+        self.batches, self.interval, self.loss_fn = batches, interval, loss_fn
+        self.last_step = -1
+
+    def _run(self, ctx: FitContext) -> None:
+        if not self.batches:
+            return
+        kwargs = {"loss_fn": self.loss_fn} if self.loss_fn is not None else {}
+        start = time.perf_counter()
+        ctx.metrics["val_loss"] = ctx.engine.evaluate(ctx.model, self.batches, **kwargs)
+        ctx.side_s += time.perf_counter() - start
+        ctx.metrics["val_step"] = self.last_step = ctx.engine.state.step
+
+    def on_step_end(self, ctx: FitContext) -> None:
+        if every(ctx.engine.state.step, self.interval) or ctx.engine.state.step >= ctx.max_steps:
+            self._run(ctx)
+
+    def on_fit_end(self, ctx: FitContext) -> None:
+        if self.last_step != ctx.engine.state.step:
+            self._run(ctx)
