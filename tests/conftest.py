@@ -1,0 +1,49 @@
+"""Shared fixtures: tiny configs and data so the CPU suite stays fast."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from turbotrain.config import RunConfig, load_config
+
+
+def tiny_overrides(tmp_path: Path, **sections: dict) -> dict:
+    """Overrides for a 2-layer, d=32, T=32 GPT on a small text file, in ``tmp_path``."""
+    base = {
+        "run": {"out_dir": str(tmp_path / "runs"), "name": "t", "device": "cpu"},
+        "model": {"n_layer": 2, "n_head": 2, "d_model": 32, "block_size": 32},
+        "data": {"cache_dir": str(tmp_path / "cache"), "num_workers": 0},
+        "batch": {"micro": 4},
+        "optim": {"warmup_steps": 2, "lr": 3e-3, "min_lr": 3e-4},
+        "train": {"max_steps": 6, "eval_every": 3, "eval_batches": 2, "checkpoint_every": 3},
+        "monitor": {"log_every": 2, "progress": False, "nvml": False},
+    }
+    for name, values in sections.items():
+        base.setdefault(name, {}).update(values)
+    return base
+
+
+@pytest.fixture
+def text_file(tmp_path: Path) -> Path:
+    """About 40 KB of Python-like text."""
+    path = tmp_path / "corpus.txt"
+    lines = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(1200)]
+    path.write_text("".join(lines))
+    return path
+
+
+@pytest.fixture
+def tiny_config(tmp_path: Path, text_file: Path) -> RunConfig:
+    return load_config(overrides=tiny_overrides(tmp_path, data={"path": str(text_file)}))
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+    np.random.seed(0)
+
+
