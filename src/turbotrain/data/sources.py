@@ -171,7 +171,7 @@ def open_tokens(path: str, *, val_fraction: float, cache_dir: str = "") -> Token
         return TokenSource(train, val, vocab, f"{p} ({n:,} tokens)")
     files = _text_files(p)
     if not files or sum(f.stat().st_size for f in files) == 0:
-        raise TurbotrainError(f"data path {path!r} holds no text; pass a non-empty text file or a folder of text files")
+        raise TurbotrainError(f"data path {path!r} holds no text; pass --data with a non-empty text file, a folder of text files or a .bin token file")
     tp, _ = byte_tokenize(files, cache)
     n = tp.stat().st_size // 2
     train, val = _split(tp, 0, n, val_fraction)

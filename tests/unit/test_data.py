@@ -1,0 +1,127 @@
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from turbotrain.data import (
+    DevicePrefetcher,
+    TokenWindows,
+    build_loader,
+    default_num_workers,
+    open_tokens,
+    resolve_loader_settings,
+)
+from turbotrain.data.sources import LLMC_MAGIC
+from turbotrain.errors import TurbotrainError
+
+CPU = torch.device("cpu")
+
+
+def test_bin_file_windows_are_shifted_targets(tmp_path: Path):
+    tokens = np.arange(1000, dtype=np.uint16)
+    path = tmp_path / "toks.bin"
+    tokens.tofile(path)
+    src = open_tokens(str(path), val_fraction=0.1)
+    assert (len(src.train), len(src.val), src.vocab_size) == (900, 100, 50304)
+    x, y = TokenWindows(src.train, 16).__getitems__([5, 100])
+    assert x.dtype == torch.int64 and x.shape == (2, 16)
+    assert torch.equal(x[0], torch.arange(5, 21)) and torch.equal(y[0], torch.arange(6, 22))
+
+
+def test_llmc_header_and_meta_vocab(tmp_path: Path):
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = (LLMC_MAGIC, 1, 500)
+    path = tmp_path / "train.bin"
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.arange(500, dtype=np.uint16).tobytes())
+    (tmp_path / "meta.json").write_text('{"vocab_size": 600}')
+    src = open_tokens(str(path), val_fraction=0.2)
+    assert src.vocab_size == 600 and len(src.train) == 400
+    assert int(src.train.array()[0]) == 0  # header skipped
+
+
+def test_odd_sized_bin_is_rejected(tmp_path: Path):
+    path = tmp_path / "bad.bin"
+    path.write_bytes(b"\x00" * 11)
+    with pytest.raises(TurbotrainError, match="whole number of uint16 tokens"):
+        open_tokens(str(path), val_fraction=0.1)
+
+
+@pytest.mark.parametrize("make", ["missing", "empty_dir", "empty_file"])
+def test_missing_or_empty_paths_are_rejected(tmp_path: Path, make: str):
+    path = tmp_path / "data"
+    if make == "empty_dir":
+        path.mkdir()
+    elif make == "empty_file":
+        path = tmp_path / "empty.txt"
+        path.write_text("")
+    with pytest.raises(TurbotrainError, match="--data"):
+        open_tokens(str(path), val_fraction=0.1)
+
+
+def test_text_is_byte_tokenized_once_and_cached(tmp_path: Path, text_file: Path):
+    cache = tmp_path / "cache"
+    a = open_tokens(str(text_file), val_fraction=0.1, cache_dir=str(cache))
+    b = open_tokens(str(text_file), val_fraction=0.1, cache_dir=str(cache))
+    assert a.vocab_size == 256 and a.train.path == b.train.path and len(list(cache.iterdir())) == 1
+    text = text_file.read_bytes()
+    assert bytes(a.train.array()[:20].astype(np.uint8)) == text[:20]
+    text_file.write_text("changed")  # the key follows the source: a new cache entry
+    c = open_tokens(str(text_file), val_fraction=0.1, cache_dir=str(cache))
+    assert c.train.path != a.train.path
+
+
+def test_builtin_corpus_is_python_and_split_deterministically(tmp_path: Path):
+    a = open_tokens("", val_fraction=0.05, cache_dir=str(tmp_path))
+    b = open_tokens("", val_fraction=0.05, cache_dir=str(tmp_path))
+    assert a.vocab_size == 256 and a.train.path == b.train.path and a.val.path == b.val.path
+    assert len(a.train) > 1_000_000 and len(a.val) > 50_000
+    sample = bytes(a.train.array()[:5000].astype(np.uint8))
+    assert b"def " in sample or b"import " in sample
+
+
+def test_loader_stream_resumes_at_any_batch(tmp_path: Path, text_file: Path):
+    src = open_tokens(str(text_file), val_fraction=0.1, cache_dir=str(tmp_path))
+    ds = TokenWindows(src.train, 16)
+    settings = resolve_loader_settings(CPU, 0, True, 2)
+    full = [b for _, b in zip(range(6), build_loader(ds, 4, seed=3, settings=settings))]
+    tail = [b for _, b in zip(range(3), build_loader(ds, 4, seed=3, settings=settings, start=3))]
+    for (x1, y1), (x2, y2) in zip(full[3:], tail):
+        assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    assert not torch.equal(full[0][0], full[1][0])
+
+
+def test_batch_larger_than_data_is_rejected(tmp_path: Path):
+    path = tmp_path / "small.bin"
+    np.arange(40, dtype=np.uint16).tofile(path)
+    src = open_tokens(str(path), val_fraction=0.0)
+    ds = TokenWindows(src.train, 16)
+    with pytest.raises(TurbotrainError, match="batch.micro"):
+        build_loader(ds, 64, 0, resolve_loader_settings(CPU, 0, True, 2))
+    with pytest.raises(TurbotrainError, match="block_size"):
+        TokenWindows(src.train, 64)
+
+
+def test_loader_defaults_follow_device_and_cores():
+    assert default_num_workers(torch.device("cuda"), cores=16) == 8
+    assert default_num_workers(torch.device("cuda"), cores=2) == 1
+    assert default_num_workers(CPU, cores=2) == 0
+    assert resolve_loader_settings(CPU, -1, True, 4).pin_memory is False  # pinning helps only CUDA copies
+    assert resolve_loader_settings(torch.device("cuda"), 3, True, 4).pin_memory is True
+
+
+def test_worker_processes_yield_the_same_batches(tmp_path: Path, text_file: Path):
+    src = open_tokens(str(text_file), val_fraction=0.1, cache_dir=str(tmp_path))
+    ds = TokenWindows(src.train, 16)
+    inproc = build_loader(ds, 4, 1, resolve_loader_settings(CPU, 0, False, 2))
+    workers = build_loader(ds, 4, 1, resolve_loader_settings(CPU, 2, False, 2))
+    for (a, _), (b, _), _ in zip(inproc, workers, range(3)):
+        assert torch.equal(a, b)
+
+
+def test_prefetcher_passes_batches_through_on_cpu():
+    batches = [(torch.ones(2), torch.zeros(2)) for _ in range(3)]
+    out = list(DevicePrefetcher(batches, CPU))
+    assert len(out) == 3 and out[0][0].device == CPU

@@ -1,0 +1,135 @@
+import copy
+import logging
+
+import pytest
+import torch
+
+from turbotrain.engine import Engine
+from turbotrain.errors import NonFiniteError, PlacementError
+from turbotrain.models.mlp import TinyMLP, synthetic_batches
+from turbotrain.precision import FP16Mixed
+
+
+def _engine(**sections) -> Engine:
+    base = {"run": {"device": "cpu"}, "optim": {"grad_clip": 0.0}, "monitor": {"log_every": 1}}
+    for k, v in sections.items():
+        base.setdefault(k, {}).update(v)
+    return Engine(base)
+
+
+def _grads(model):
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def test_k_accumulated_micro_batches_equal_one_k_times_batch():
+    torch.manual_seed(0)
+    ref = TinyMLP(d_in=16, width=32, depth=2)
+    acc = copy.deepcopy(ref)
+    (x, y), = synthetic_batches(1, batch_size=32, d_in=16)
+
+    ref(x, y).backward()  # one batch of 32
+
+    k = 4
+    engine = _engine(batch={"accumulation": k})
+    opt = torch.optim.SGD(acc.parameters(), lr=0.0)
+    acc, opt, _ = engine.setup(acc, opt)
+    seen = []
+    for xs, ys in zip(x.chunk(k), y.chunk(k)):
+        with engine.autocast():
+            loss = acc(xs, ys)
+        engine.backward(loss)
+        if engine.state.micro_step < k:
+            assert engine.step(opt) is False  # not on the boundary: gradients keep accumulating
+        seen = _grads(acc)
+    for g_ref, g_acc in zip(_grads(ref), seen):
+        torch.testing.assert_close(g_acc, g_ref, atol=1e-5, rtol=1e-5)
+    assert engine.step(opt) is True
+    assert all(p.grad is None for p in acc.parameters())  # zero_grad(set_to_none=True)
+    assert (engine.state.step, engine.state.micro_step) == (1, k)
+
+
+def test_clipping_sees_unscaled_gradients(monkeypatch):
+    torch.manual_seed(0)
+    model = TinyMLP(d_in=8, width=8, depth=1)
+    (x, y), = synthetic_batches(1, batch_size=8, d_in=8)
+    model(x, y).backward()
+    true_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
+    model.zero_grad()
+
+    engine = _engine(optim={"grad_clip": 1e9})
+    engine.precision = FP16Mixed(torch.device("cpu"))  # loss scaling, as on a GPU
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    model, opt, _ = engine.setup(model, opt)
+    seen = []
+    real = torch.nn.utils.clip_grad_norm_
+
+    def spy(params, max_norm, **kw):
+        params = list(params)
+        seen.append(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])))
+        return real(params, max_norm, **kw)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy)
+    engine.backward(model(x, y))
+    assert engine.precision.scaler.get_scale() > 1000  # gradients really were scaled
+    engine.step(opt)
+    torch.testing.assert_close(seen[0], true_norm, rtol=1e-3, atol=1e-6)
+
+
+def test_non_finite_loss_is_skipped_then_falls_back(caplog):
+    torch.manual_seed(0)
+    model = TinyMLP(d_in=8, width=8, depth=1)
+    with pytest.warns(UserWarning):
+        engine = _engine(precision={"mode": "bf16-mixed", "max_nonfinite_steps": 2, "nonfinite": "fallback"}, optim={"grad_clip": 1.0})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
+    model, opt, _ = engine.setup(model, opt)
+    before = [p.detach().clone() for p in model.parameters()]
+    (x, y), = synthetic_batches(1, batch_size=8, d_in=8)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            with engine.autocast():
+                loss = model(x, y) * float("nan")
+            engine.backward(loss)
+            engine.step(opt)
+            for b, p in zip(before, model.parameters()):
+                assert torch.equal(b, p), "a non-finite step must not change the weights"
+    assert engine.precision.name == "fp32"
+    assert [e.kind for e in engine.events] == ["precision_fallback"]
+    assert "bf16-mixed -> fp32" in engine.events[0].detail
+    # training goes on in the new precision
+    engine.backward(model(x, y))
+    engine.step(opt)
+    assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+
+
+def test_stop_policy_raises_a_clear_error():
+    model = TinyMLP(d_in=8, width=8, depth=1)
+    engine = _engine(precision={"nonfinite": "stop", "max_nonfinite_steps": 1})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt, _ = engine.setup(model, opt)
+    (x, y), = synthetic_batches(1, batch_size=8, d_in=8)
+    engine.backward(model(x, y) * float("inf"))
+    with pytest.raises(NonFiniteError, match="non-finite"):
+        engine.step(opt)
+
+
+def test_placement_check_names_the_stray_tensor():
+    model = TinyMLP(d_in=8, width=8, depth=1)
+    engine = _engine()
+    model, opt, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    engine.device = torch.device("meta")  # pretend the engine runs elsewhere
+    (x, y), = synthetic_batches(1, batch_size=8, d_in=8)
+    with pytest.raises(PlacementError, match=r"body\.0\.weight"):
+        engine.backward(model(x, y))
+
+
+def test_loader_batches_arrive_and_state_counts_samples():
+    model = TinyMLP(d_in=8, width=8, depth=1)
+    engine = _engine(batch={"accumulation": 2})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt, loader = engine.setup(model, opt, synthetic_batches(4, batch_size=8, d_in=8))
+    steps = 0
+    for batch in loader:
+        engine.forward_backward(model, batch)
+        steps += engine.step(opt)
+    assert steps == 2
+    assert (engine.state.step, engine.state.micro_step, engine.state.batches, engine.state.samples) == (2, 4, 4, 32)
