@@ -6,6 +6,9 @@ figures WITHOUT structured sparsity (NVIDIA often quotes the 2x sparse figure fi
 GeForce/RTX cards, with fp32 accumulation, which is what PyTorch uses.
 
 An unknown device is not an error: :func:`lookup_peak` returns ``None`` and callers leave MFU out.
+
+Also the NVML access shared by ``turbotrain doctor`` and the monitor's background sampler
+(nvidia-ml-py, imported lazily: without it, or without a driver, NVML reports "unavailable").
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["DeviceSpec", "DEVICE_SPECS", "lookup_peak", "estimate_mfu", "precision_key"]
+__all__ = [
+    "DeviceSpec", "DEVICE_SPECS", "lookup_peak", "estimate_mfu", "precision_key",
+    "nvml", "nvml_handle", "collect_nvml", "collect_nvml_device",
+]
 
 
 @dataclass(frozen=True)
@@ -118,3 +124,107 @@ def estimate_mfu(flops_per_s: float, peak: DeviceSpec | float, precision: str = 
     if peak_tflops is None or not peak_tflops > 0:
         raise ValueError(f"no usable peak for precision {precision!r}: {peak!r}")
     return float(flops_per_s) / (float(peak_tflops) * 1e12)
+
+
+# ----------------------------------------------------------------------------- NVML
+
+_NVML: dict[str, Any] = {}  # {"module": pynvml or None, "detail": why not}
+
+
+def nvml() -> tuple[Any, str]:
+    """The initialised ``pynvml`` module (nvidia-ml-py) and "ok", or ``(None, reason)`` when the
+    package or the driver's NVML library is missing. Initialised once per process."""
+    if not _NVML:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            _NVML.update(module=pynvml, detail="ok")
+        except ImportError:
+            _NVML.update(module=None, detail="nvidia-ml-py is not installed (pip install nvidia-ml-py)")
+        except Exception as exc:  # pynvml.NVMLError_LibraryNotFound, _DriverNotLoaded, ...
+            _NVML.update(module=None, detail=f"NVML unavailable: {exc} (no NVIDIA driver on this machine?)")
+    return _NVML["module"], _NVML["detail"]
+
+
+def nvml_handle(cuda_index: int = 0) -> Any:
+    """NVML handle of torch's CUDA device ``cuda_index`` (matched by PCI bus id, so it is right
+    under CUDA_VISIBLE_DEVICES), or ``None`` without NVML."""
+    pynvml, _ = nvml()
+    if pynvml is None:
+        return None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            p = torch.cuda.get_device_properties(cuda_index)
+            bus = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+            return pynvml.nvmlDeviceGetHandleByPciBusId(bus)
+    except Exception:
+        pass
+    try:
+        return pynvml.nvmlDeviceGetHandleByIndex(cuda_index)
+    except Exception:
+        return None
+
+
+def _try(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except Exception:
+        return None
+
+
+def collect_nvml_device(handle: Any) -> dict[str, Any]:
+    """One GPU's live state from NVML: utilisation (%), memory used (GiB), power (W), temperature
+    (C), clocks (MHz) and compute processes. Fields NVML refuses are left out."""
+    pynvml, _ = nvml()
+    out: dict[str, Any] = {}
+    util = _try(pynvml.nvmlDeviceGetUtilizationRates, handle)
+    if util is not None:
+        out["util_pct"], out["mem_util_pct"] = util.gpu, util.memory
+    mem = _try(pynvml.nvmlDeviceGetMemoryInfo, handle)
+    if mem is not None:
+        out["mem_used_gib"], out["mem_total_gib"] = round(mem.used / 2**30, 3), round(mem.total / 2**30, 3)
+    power = _try(pynvml.nvmlDeviceGetPowerUsage, handle)
+    if power is not None:
+        out["power_w"] = power / 1000
+    limit = _try(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)
+    if limit is not None:
+        out["power_limit_w"] = limit / 1000
+    temp = _try(pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU)
+    if temp is not None:
+        out["temp_c"] = temp
+    for key, clock in (("sm_clock_mhz", pynvml.NVML_CLOCK_SM), ("mem_clock_mhz", pynvml.NVML_CLOCK_MEM)):
+        value = _try(pynvml.nvmlDeviceGetClockInfo, handle, clock)
+        if value is not None:
+            out[key] = value
+    value = _try(pynvml.nvmlDeviceGetMaxClockInfo, handle, pynvml.NVML_CLOCK_SM)
+    if value is not None:
+        out["max_sm_clock_mhz"] = value
+    procs = _try(pynvml.nvmlDeviceGetComputeRunningProcesses, handle)
+    if procs is not None:
+        out["processes"] = [{"pid": p.pid, "mem_gib": round((p.usedGpuMemory or 0) / 2**30, 3)} for p in procs]
+    return out
+
+
+def collect_nvml() -> dict[str, Any]:
+    """NVML status for ``turbotrain doctor``: driver version and every GPU NVML sees."""
+    pynvml, detail = nvml()
+    if pynvml is None:
+        return {"available": False, "detail": detail}
+    out: dict[str, Any] = {"available": True, "detail": detail}
+    driver = _try(pynvml.nvmlSystemGetDriverVersion)
+    out["driver"] = driver.decode() if isinstance(driver, bytes) else driver
+    cuda = _try(pynvml.nvmlSystemGetCudaDriverVersion)
+    if cuda:
+        out["driver_cuda"] = f"{cuda // 1000}.{cuda % 1000 // 10}"
+    gpus = []
+    for i in range(_try(pynvml.nvmlDeviceGetCount) or 0):
+        handle = _try(pynvml.nvmlDeviceGetHandleByIndex, i)
+        if handle is None:
+            continue
+        name = _try(pynvml.nvmlDeviceGetName, handle)
+        gpus.append({"nvml_index": i, "name": name.decode() if isinstance(name, bytes) else name, **collect_nvml_device(handle)})
+    out["gpus"] = gpus
+    return out
