@@ -11,7 +11,7 @@ import contextlib
 import logging
 import warnings
 from dataclasses import dataclass
-from typing import Any, ContextManager, Iterator
+from typing import Any, ContextManager
 
 import torch
 
@@ -228,9 +228,3 @@ class NonFiniteGuard:
         if "nonfinite_steps" in state:
             self.count.copy_(state["nonfinite_steps"])
 
-
-@contextlib.contextmanager
-def no_autocast() -> Iterator[None]:
-    """Leave any active autocast region (for losses computed in fp32)."""
-    with torch.autocast("cuda", enabled=False), torch.autocast("cpu", enabled=False):
-        yield
