@@ -137,6 +137,21 @@ def collect_env() -> dict[str, Any]:
     }
 
 
+def collect_hardware(device: torch.device | str) -> dict[str, Any]:
+    """A compact description of the device a run used, for summaries and result files: its name,
+    datasheet peaks (None for a CPU or an unknown GPU), the CPU, and torch/CUDA/driver versions."""
+    device = torch.device(device)
+    out: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "cuda": torch.version.cuda,
+                           "cpu": _cpu_model(), "cpu_cores": _usable_cores(), "torch_threads": torch.get_num_threads()}
+    if device.type == "cuda":
+        gpu = _gpu(device.index if device.index is not None else torch.cuda.current_device())
+        out.update(name=gpu["name"], compute_capability=gpu["compute_capability"], memory_gib=gpu["memory_gib"],
+                   datasheet=gpu["datasheet"], driver=collect_nvml().get("driver"))
+    else:
+        out.update(name=out["cpu"], datasheet=None)
+    return out
+
+
 # ----------------------------------------------------------------------------- checks
 
 

@@ -1,22 +1,48 @@
 """Monitoring: windowed throughput and the latest loss every ``log_every`` steps, to sinks.
 
 The only host-device synchronisation is the loss read on logging steps; every other step the
-monitor does an integer modulo and returns. Sinks: ``metrics.jsonl`` and a rich progress bar.
+monitor does an integer modulo and returns. Probes add to each record, also only on logging
+steps: memory (allocator counters, no sync), MFU (FLOPs per sample counted once, before training),
+and GPU utilisation/power/temperature/clocks from NVML, sampled on a background thread so the
+training thread never waits for the driver. Sinks: ``metrics.jsonl``, a rich progress bar and,
+optionally, TensorBoard.
+
+Record keys carry their units: ``step_ms``, ``samples_per_s``, ``tokens_per_s``, ``tflops``
+(achieved model TFLOP/s), ``mfu`` (fraction of the datasheet peak), ``mem_*_gib``,
+``gpu_util_pct``, ``gpu_power_w``, ``gpu_temp_c``, ``gpu_sm_clock_mhz``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
+import statistics
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol
 
+import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from torch import nn
+from torch.utils import flop_counter
+from torch.utils.flop_counter import FlopCounterMode
 
+from .data.prefetch import move_to
+from .engine import default_loss
+from .errors import TurbotrainError
+from .hardware import DeviceSpec, collect_nvml_device, lookup_peak, nvml, nvml_handle
 from .hooks import FitContext, Hook, every
 
+log = logging.getLogger(__name__)
+
+# A probe is called on logging steps only, after ``ctx.metrics`` has been updated with this
+# record's loss and throughput (``step_ms``, ``samples_per_s``, ``tokens_per_s``); it returns keys
+# to merge into the record. A probe may also define ``start()`` and ``close()``: the Monitor calls
+# them at the start and end of fit (NvmlSampler runs its thread between them).
 Probe = Callable[[FitContext], dict[str, Any]]
 
 
@@ -92,9 +118,16 @@ def format_record(record: dict[str, Any]) -> str:
         parts.append(f"{record['samples_per_s']:,.1f} samples/s")
     if record.get("mfu") is not None:
         parts.append(f"MFU {100 * record['mfu']:.1f}%")
+    elif record.get("tflops") is not None:
+        parts.append(f"{record['tflops']:.3g} TFLOP/s")
     if record.get("mem_peak_gib") is not None:
         parts.append(f"peak {record['mem_peak_gib']:.2f} GiB")
+    if record.get("gpu_util_pct") is not None:
+        parts.append(f"GPU {record['gpu_util_pct']:.0f}%")
     return " | ".join(parts)
+
+
+_WINDOWED = ("step_ms", "samples_per_s", "tokens_per_s")
 
 
 class Monitor(Hook):
@@ -116,6 +149,8 @@ class Monitor(Hook):
         self._side_s = 0.0  # ctx.side_s at the last record
 
     def on_fit_start(self, ctx: FitContext) -> None:
+        for probe in self.probes:
+            getattr(probe, "start", lambda: None)()
         s = ctx.engine.state
         self._t0 = time.perf_counter()
         self._last = (self._t0, s.step, s.samples, s.tokens)
@@ -137,10 +172,15 @@ class Monitor(Hook):
         last = self.records[-1] if self.records else {}
         if last.get("step") != step or (ctx.metrics.get("val_step") == step and "val_loss" not in last):
             self.log(ctx)
-        for sink in self.sinks:
-            sink.close()
+        self.close()
 
     def on_exception(self, ctx: FitContext, exc: BaseException) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the probes' threads and close the sinks (idempotent)."""
+        for probe in self.probes:
+            getattr(probe, "close", lambda: None)()
         for sink in self.sinks:
             sink.close()
 
@@ -168,6 +208,9 @@ class Monitor(Hook):
         record["samples"], record["tokens"] = s.samples, s.tokens
         if ctx.metrics.get("val_step") == s.step:
             record["val_loss"] = ctx.metrics.get("val_loss")
+        for key in _WINDOWED:  # probes must not see the previous window's rates
+            ctx.metrics.pop(key, None)
+        ctx.metrics.update({k: v for k, v in record.items() if k != "val_loss"})
         for probe in self.probes:
             record.update(probe(ctx))
         ctx.metrics.update({k: v for k, v in record.items() if k != "val_loss"})
@@ -175,3 +218,274 @@ class Monitor(Hook):
         for sink in self.sinks:
             sink.write(record)
         return record
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+class MemoryProbe:
+    """CUDA caching-allocator counters in GiB: allocated now, reserved now, peak allocated since
+    the start (or the last ``torch.cuda.reset_peak_memory_stats``). Host-side counters: no sync."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def __call__(self, ctx: FitContext | None = None) -> dict[str, Any]:
+        gib = 2**30
+        return {
+            "mem_allocated_gib": round(torch.cuda.memory_allocated(self.device) / gib, 4),
+            "mem_reserved_gib": round(torch.cuda.memory_reserved(self.device) / gib, 4),
+            "mem_peak_gib": round(torch.cuda.max_memory_allocated(self.device) / gib, 4),
+        }
+
+
+# ----------------------------------------------------------------------------- FLOPs and MFU
+
+
+def _cpu_sdpa_flop(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any) -> int:
+    return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _cpu_sdpa_backward_flop(grad_out_shape: Any, query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any) -> int:
+    return flop_counter.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+# torch's flop counter knows the CUDA attention kernels but not the CPU one SDPA dispatches to.
+_EXTRA_FLOP_FORMULAS: dict[Any, Any] = {}
+for _name, _fn in (("_scaled_dot_product_flash_attention_for_cpu", _cpu_sdpa_flop),
+                   ("_scaled_dot_product_flash_attention_for_cpu_backward", _cpu_sdpa_backward_flop)):
+    _op = getattr(torch.ops.aten, _name, None)
+    if _op is not None:
+        _EXTRA_FLOP_FORMULAS[_op] = _fn
+
+
+def _batch_shape(batch: Any) -> tuple[int, int | None]:
+    """(samples, tokens per sample or None) of a batch whose first tensor is the input."""
+    first = batch[0] if isinstance(batch, (tuple, list)) else batch
+    if not isinstance(first, torch.Tensor) or first.ndim == 0:
+        raise TypeError(f"cannot tell the batch size of {type(first).__name__}; pass a tensor or a tuple of tensors")
+    tokens = first.shape[1] if first.ndim == 2 and not first.is_floating_point() else None
+    return first.shape[0], tokens
+
+
+def count_flops_per_sample(
+    model: nn.Module,
+    batch: Any,
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+    autocast: Callable[[], Any] = contextlib.nullcontext,
+) -> float:
+    """Training FLOPs (forward + backward) per sample, counted with ``torch.utils.flop_counter``
+    on one real micro-batch. Run it once, before training: it costs one eager forward/backward.
+
+    Side-effect free: gradients come from ``torch.autograd.grad`` (nothing accumulates in
+    ``.grad``), buffers (e.g. BatchNorm statistics) and the RNG are restored, and compiled
+    modules run eagerly. Counts matrix products, convolutions and attention, like the PaLM
+    formula (element-wise ops are not counted; attention counts the full T x T square).
+    """
+    loss_fn = loss_fn or default_loss
+    samples, _ = _batch_shape(batch)
+    params = [p for p in model.parameters() if p.requires_grad]
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    stance = torch.compiler.set_stance("force_eager") if hasattr(torch.compiler, "set_stance") else contextlib.nullcontext()
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices), stance:
+        with FlopCounterMode(display=False, custom_mapping=_EXTRA_FLOP_FORMULAS) as counter:
+            with autocast():
+                loss = loss_fn(model, batch)
+            torch.autograd.grad(loss, params, allow_unused=True)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            b.copy_(buffers[name])
+    return counter.get_total_flops() / samples
+
+
+def estimate_flops_per_sample(
+    model: nn.Module,
+    batch: Any,
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+    autocast: Callable[[], Any] = contextlib.nullcontext,
+) -> tuple[float, str]:
+    """Training FLOPs per sample and how they were obtained: the model's own exact
+    ``flops_per_token(seq_len)`` when it has one and the batch holds token ids, otherwise counted
+    once with :func:`count_flops_per_sample`."""
+    _, tokens = _batch_shape(batch)
+    own = getattr(model, "flops_per_token", None)
+    if callable(own) and tokens:
+        return float(own(tokens)) * tokens, "model.flops_per_token (6N + 12·L·H·Q·T)"
+    return count_flops_per_sample(model, batch, loss_fn, autocast), "torch.utils.flop_counter"
+
+
+def peak_key(precision_name: str) -> str:
+    """Which datasheet peak applies: bf16/fp16 for mixed and true 16-bit modes; for fp32, TF32
+    when TF32 matmuls are on (CUDA), else fp32."""
+    if precision_name.startswith("bf16"):
+        return "bf16"
+    if precision_name.startswith("fp16"):
+        return "fp16"
+    tf32 = torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
+    return "tf32" if tf32 else "fp32"
+
+
+class MfuProbe:
+    """Achieved model TFLOP/s and MFU over each logging window, from the Monitor's samples/s.
+
+    ``flops_per_sample`` is counted once (see :func:`estimate_flops_per_sample`); the peak comes
+    from ``spec`` (a datasheet entry) and the precision in use at each record, so a precision
+    fallback mid-run is accounted for. Without a spec (CPU, unknown GPU) only ``tflops`` is
+    recorded and MFU is left out.
+    """
+
+    def __init__(self, flops_per_sample: float, spec: DeviceSpec | None, precision: str = "fp32", source: str = "") -> None:
+        self.flops_per_sample = flops_per_sample
+        self.spec = spec
+        self.precision = precision
+        self.source = source
+
+    def peak_tflops(self, precision: str | None = None) -> float | None:
+        """Dense datasheet TFLOP/s for ``precision`` (default: the one given at construction)."""
+        return self.spec.peak_tflops(peak_key(precision or self.precision)) if self.spec else None
+
+    def __call__(self, ctx: FitContext) -> dict[str, Any]:
+        rate = ctx.metrics.get("samples_per_s")
+        if not rate:
+            return {}
+        flops_per_s = rate * self.flops_per_sample
+        out: dict[str, Any] = {"tflops": flops_per_s / 1e12}
+        engine = getattr(ctx, "engine", None)
+        peak = self.peak_tflops(engine.precision.name if engine is not None else None)
+        if peak:
+            out["mfu"] = flops_per_s / (peak * 1e12)
+        return out
+
+
+def build_mfu_probe(
+    model: nn.Module,
+    example_batch: Any,
+    device: torch.device,
+    precision: str = "fp32",
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+    autocast: Callable[[], Any] = contextlib.nullcontext,
+) -> MfuProbe:
+    """An :class:`MfuProbe` for ``model``: FLOPs per sample from ``example_batch`` (moved to
+    ``device`` here), the peak from the device name. An unknown device is logged, not an error."""
+    flops, source = estimate_flops_per_sample(model, move_to(example_batch, device), loss_fn, autocast)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    spec = lookup_peak(name) if device.type == "cuda" else None
+    if spec is None:
+        log.info("MFU left out: no datasheet peak for %s (achieved TFLOP/s is still recorded)", name)
+    return MfuProbe(flops, spec, precision, source)
+
+
+# ----------------------------------------------------------------------------- NVML
+
+
+class NvmlSampler:
+    """GPU utilisation (%), power (W), temperature (C) and SM/memory clocks (MHz) read from NVML
+    every ``period_s`` on a daemon thread; each call returns the means (temperature: max) over
+    the samples since the previous call. The training thread never calls the driver.
+
+    Without NVML (no package, no driver, no GPU) it records nothing: ``available`` is False.
+    """
+
+    FIELDS = {"util_pct": "gpu_util_pct", "mem_util_pct": "gpu_mem_util_pct", "power_w": "gpu_power_w",
+              "temp_c": "gpu_temp_c", "sm_clock_mhz": "gpu_sm_clock_mhz", "mem_clock_mhz": "gpu_mem_clock_mhz"}
+
+    def __init__(self, cuda_index: int = 0, period_s: float = 0.5) -> None:
+        self.period_s = period_s
+        self.handle = nvml_handle(cuda_index) if torch.cuda.is_available() else None
+        self.available = self.handle is not None
+        self._samples: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sample(self) -> dict[str, Any]:
+        """One reading of the fields NVML answers."""
+        raw = collect_nvml_device(self.handle)
+        return {key: raw[src] for src, key in self.FIELDS.items() if raw.get(src) is not None}
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            reading = self.sample()
+            with self._lock:
+                self._samples.append(reading)
+
+    def start(self) -> None:
+        if self.available and self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="turbotrain-nvml", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * self.period_s + 1)
+            self._thread = None
+
+    def __call__(self, ctx: FitContext | None = None) -> dict[str, Any]:
+        with self._lock:
+            samples, self._samples = self._samples, []
+        if not samples and self.available:
+            samples = [self.sample()]  # window shorter than the period: read once now
+        out: dict[str, Any] = {}
+        for key in self.FIELDS.values():
+            values = [s[key] for s in samples if key in s]
+            if values:
+                out[key] = max(values) if key == "gpu_temp_c" else round(statistics.fmean(values), 2)
+        return out
+
+
+# ----------------------------------------------------------------------------- TensorBoard
+
+
+class TensorBoardSink:
+    """Every numeric record value as a TensorBoard scalar (``train/<key>``) at its step."""
+
+    def __init__(self, log_dir: Path) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise TurbotrainError(
+                "monitor.tensorboard = true needs the tensorboard package: pip install tensorboard "
+                "(or pip install 'turbotrain[tensorboard]'), or drop --monitor.tensorboard"
+            ) from None
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+
+    def write(self, record: dict[str, Any]) -> None:
+        step = record["step"]
+        for key, value in record.items():
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.writer.add_scalar(f"train/{key}", value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+# ----------------------------------------------------------------------------- assembly
+
+
+def build_probes(
+    device: torch.device,
+    *,
+    model: nn.Module | None = None,
+    example_batch: Any = None,
+    precision: str = "fp32",
+    nvml_enabled: bool = True,
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+    autocast: Callable[[], Any] = contextlib.nullcontext,
+) -> list[Probe]:
+    """The standard probes for ``device``: memory and NVML on CUDA (none on CPU), MFU when a
+    model and an example batch are given."""
+    probes: list[Probe] = []
+    if device.type == "cuda":
+        probes.append(MemoryProbe(device))
+        if nvml_enabled:
+            sampler = NvmlSampler(device.index if device.index is not None else torch.cuda.current_device())
+            if sampler.available:
+                probes.append(sampler)
+            else:
+                log.info("GPU utilisation not sampled: %s", nvml()[1])
+    if model is not None and example_batch is not None:
+        probes.append(build_mfu_probe(model, example_batch, device, precision, loss_fn, autocast))
+    return probes

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -20,13 +21,15 @@ import torch
 from .checkpoint import Checkpointer, load_latest, rng_state, set_rng_state
 from .config import RunConfig, load_config, to_toml
 from .data import TokenSource, TokenWindows, build_loader, fixed_batches, open_tokens, resolve_loader_settings
+from .doctor import collect_hardware
 from .engine import Engine
 from .errors import TurbotrainError
 from .hooks import Evaluate, FitContext, Hook, StopAfter, StopOnSignal
 from .loop import fit
 from .models.gpt import GPT, GPTConfig
-from .monitor import JsonlSink, Monitor, ProgressSink
+from .monitor import JsonlSink, MfuProbe, Monitor, ProgressSink, TensorBoardSink, build_probes
 from .optim import build_optimizer, build_scheduler, resolve_implementation
+from .report import summarize_records
 
 log = logging.getLogger(__name__)
 
@@ -171,9 +174,15 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
 
     show = c.monitor.progress if progress is None else progress
     sinks: list[Any] = [JsonlSink(run_dir / METRICS_FILE)]
+    if c.monitor.tensorboard:
+        sinks.append(TensorBoardSink(run_dir / "tensorboard"))
     if show:
         sinks.append(ProgressSink(c.train.max_steps, engine.state.step))
-    monitor = Monitor(c.monitor.log_every, sinks)
+    probes = build_probes(  # memory + NVML on CUDA; MFU from FLOPs per sample, counted once here
+        engine.device, model=model, example_batch=fixed_batches(train_windows, c.batch.micro, 1, seed=c.run.seed)[0],
+        precision=engine.precision.name, nvml_enabled=c.monitor.nvml, autocast=engine.autocast,
+    )
+    monitor = Monitor(c.monitor.log_every, sinks, probes)
     hooks: list[Hook] = [
         StopOnSignal(),
         StopAfter(c.train.stop_after_steps),
@@ -217,10 +226,39 @@ def summarize(training: Training, ctx: FitContext | None, status: str, elapsed_s
         "resolved": training.resolved,
         "events": [asdict(e) for e in engine.events],
     }
+    summary.update({k: v for k, v in summarize_records(records).items() if k not in summary})
+    summary.update(_performance_context(training))
     tmp = training.run_dir / f".{SUMMARY_FILE}.tmp"
     tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
     os.replace(tmp, training.run_dir / SUMMARY_FILE)
     return summary
+
+
+def _performance_context(training: Training) -> dict[str, Any]:
+    """Hardware, the optimizations in effect, FLOPs per sample and host memory, for the summary."""
+    c, engine, r = training.config, training.engine, training.resolved
+    cuda = engine.device.type == "cuda"
+    mfu = next((p for p in training.monitor.probes if isinstance(p, MfuProbe)), None)
+    return {
+        "hardware": collect_hardware(engine.device),
+        "optimizations": {
+            "precision": engine.precision.name,  # after any fallback
+            "tf32": c.precision.tf32 and cuda,
+            "cudnn_benchmark": c.precision.cudnn_benchmark and cuda,
+            "compile": r.get("compile") if r.get("compile") == "off" else f"{r.get('compile')} ({c.compile.mode})",
+            "optimizer": r.get("optimizer"),
+            "attention": r.get("attention"),
+            "activation_checkpointing": c.memory.checkpointing,
+            "micro_batch x accumulation": f"{c.batch.micro} x {c.batch.accumulation}",
+            "data": f"{r.get('num_workers')} workers, pin_memory {r.get('pin_memory')}, "
+                    f"device prefetch {c.data.device_prefetch and cuda}",
+        },
+        "flops_per_sample": mfu.flops_per_sample if mfu else None,
+        "flops_source": mfu.source if mfu else None,
+        "peak_tflops": mfu.peak_tflops(engine.precision.name) if mfu else None,
+        "host_peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3),  # Linux: KiB
+        "config": c.to_dict(),
+    }
 
 
 def train(config: RunConfig, *, resume_dir: Path | None = None, progress: bool | None = None) -> dict[str, Any]:

@@ -10,13 +10,14 @@ from typing import Callable, Sequence
 
 from .. import __version__
 from ..errors import TurbotrainError
-from . import doctor, sample, train
+from . import doctor, report, sample, train
 
 # (name, add_parser(subparsers) -> parser whose defaults carry `run`)
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], argparse.ArgumentParser]] = [
     train.add_parser,
     sample.add_parser,
     doctor.add_parser,
+    report.add_parser,
 ]
 
 

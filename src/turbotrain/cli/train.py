@@ -8,7 +8,9 @@ from pathlib import Path
 import torch
 
 from ..config import describe, load_config, parse_overrides
+from ..report import write_report
 from ..runner import find_run_dir, resume_config, train
+from .report import print_report
 
 
 def default_preset() -> str:
@@ -53,6 +55,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         summary = train(config)
         run_dir = Path(config.run.out_dir) / summary["run"]
     _print_summary(summary, run_dir)
+    print_report(write_report(run_dir))  # plots + summary.md, as `turbotrain report RUN` would
     return 0
 
 

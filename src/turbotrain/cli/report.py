@@ -1,0 +1,41 @@
+"""``turbotrain report RUN``: plots and a performance summary from a run directory."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..report import ReportResult, write_report
+from ..runner import find_run_dir
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "report",
+        help="write PNG plots, summary.md and summary.json for a run",
+        description="Reads metrics.jsonl, config.toml and summary.json in a run directory and writes "
+        "plots/*.png (loss, learning rate, throughput, MFU, memory, GPU utilisation), summary.md and summary.json.",
+    )
+    p.add_argument("run_dir", nargs="?", default="", help="run directory, or a run name under --out-dir (default: the latest run)")
+    p.add_argument("--out-dir", default="runs", help="where runs live (default runs/)")
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args: argparse.Namespace, extra: list[str]) -> int:
+    if not args.run_dir:
+        path = find_run_dir(args.out_dir)  # the latest run
+    elif not Path(args.run_dir).is_dir() and (Path(args.out_dir) / args.run_dir).is_dir():
+        path = Path(args.out_dir) / args.run_dir  # a run name
+    else:
+        path = Path(args.run_dir)  # write_report says so if it does not exist
+    print_report(write_report(path))
+    return 0
+
+
+def print_report(result: ReportResult) -> None:
+    """What was written and what was not, one line each."""
+    plots = ", ".join(Path(p).name for p in result.plots) or "none"
+    print(f"report {result.run_dir}: summary.md, summary.json; plots in {result.run_dir / 'plots'}: {plots}")
+    for line in result.problems + result.skipped:
+        print(f"  note: {line}")
