@@ -218,12 +218,14 @@ def _draw(spec: PlotSpec, records: list[dict[str, Any]], path: Path, subtitle: s
     color = iter(COLORS)
     few = len(records) <= 40  # mark the logged points when there are few of them
 
-    def style(s: Series) -> str:
-        return s.style if "o" in s.style or not few else s.style + "."
+    def draw(axis: Any, s: Series, v: list[tuple[int, float]]) -> list[Any]:
+        xs, ys = zip(*v)
+        marker = "o" if "o" in s.style else ("." if few else None)
+        return axis.plot(xs, [y * s.scale for y in ys], linestyle=s.style.replace("o", "") or "-", marker=marker,
+                         color=next(color), label=s.label, markersize=5)
 
     for s, v in left:
-        xs, ys = zip(*v)
-        handles += ax.plot(xs, [y * s.scale for y in ys], style(s), color=next(color), label=s.label, markersize=5)
+        handles += draw(ax, s, v)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("optimizer step")
     ax.set_ylabel(ylabel)
@@ -233,19 +235,19 @@ def _draw(spec: PlotSpec, records: list[dict[str, Any]], path: Path, subtitle: s
     if right:
         ax2 = ax.twinx()
         for s, v in right:
-            xs, ys = zip(*v)
-            handles += ax2.plot(xs, [y * s.scale for y in ys], style(s), color=next(color), label=s.label, markersize=5)
+            handles += draw(ax2, s, v)
         ax2.set_ylabel(right_label)
-        ax2.set_ylim(bottom=0)
+        ax2.set_ylim(0, ax2.get_ylim()[1] * 1.08)
     if spec.file in ("throughput.png", "mfu.png", "memory.png", "gpu.png"):
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.08)  # rates from zero, with headroom above the line
     if spec.file == "lr.png":
         ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
-    ax.legend(handles=handles, labels=[h.get_label() for h in handles], loc="best", fontsize=9)
+    # Below the axes, so it never hides a line.
+    ax.legend(handles=handles, labels=[h.get_label() for h in handles], loc="upper center",
+              bbox_to_anchor=(0.5, -0.16), ncol=min(3, len(handles)), fontsize=9, frameon=False)
     ax.set_title(f"{title}\n{subtitle}", fontsize=11)
-    fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp)
+    fig.savefig(tmp, bbox_inches="tight")
     plt.close(fig)
     os.replace(tmp, path)
     return True

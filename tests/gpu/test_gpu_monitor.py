@@ -1,0 +1,118 @@
+"""GPU checks of monitoring and doctor (skipped without CUDA)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from turbotrain.config import load_config
+from turbotrain.doctor import run_probes
+from turbotrain.hardware import lookup_peak
+from turbotrain.hooks import Hook
+from turbotrain.models.gpt import GPT, GPTConfig
+from turbotrain.monitor import MemoryProbe, NvmlSampler, count_flops_per_sample
+from turbotrain.runner import build_training, new_run_dir
+
+from conftest import tiny_overrides
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible to torch)")
+
+LOG_EVERY, MAX_STEPS = 4, 12
+
+
+class SyncDebug(Hook):
+    """Placed last: after each step, turn CUDA's sync debug mode to "error" when the next step
+    neither logs nor is the first one (whose time is measured once, with a synchronize), so any
+    host-device sync in the loop, the engine or the hooks on those steps raises."""
+
+    def __init__(self, log_every: int) -> None:
+        self.log_every = log_every
+
+    def _arm_for_next(self, done: int) -> None:
+        nxt = done + 1
+        quiet = nxt % self.log_every != 0 and nxt != 1
+        torch.cuda.set_sync_debug_mode("error" if quiet else "default")
+
+    def on_fit_start(self, ctx) -> None:
+        self._arm_for_next(ctx.engine.state.step)
+
+    def on_step_end(self, ctx) -> None:
+        self._arm_for_next(ctx.engine.state.step)
+
+    def on_fit_end(self, ctx) -> None:
+        torch.cuda.set_sync_debug_mode("default")
+
+    def on_exception(self, ctx, exc) -> None:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def _gpu_config(tmp_path, text_file, **sections):
+    base = {"run": {"device": "cuda"}, "data": {"path": str(text_file)}, "compile": {"scope": "off"},
+            "train": {"max_steps": MAX_STEPS, "eval_every": 0, "checkpoint_every": 0},
+            "monitor": {"log_every": LOG_EVERY, "nvml": True}}
+    for k, v in sections.items():
+        base.setdefault(k, {}).update(v)
+    return load_config(overrides=tiny_overrides(tmp_path, **base))
+
+
+def test_default_loop_makes_no_host_sync_on_non_logging_steps(tmp_path, text_file):
+    config = _gpu_config(tmp_path, text_file)
+    training = build_training(config, new_run_dir(config), progress=False)
+    training.hooks.append(SyncDebug(LOG_EVERY))
+    try:
+        training.run()  # raises "called a synchronizing CUDA operation" on a sync between logs
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    records = training.monitor.records
+    assert [r["step"] for r in records] == list(range(LOG_EVERY, MAX_STEPS + 1, LOG_EVERY))
+    assert all(r["mem_peak_gib"] >= r["mem_allocated_gib"] > 0 for r in records)
+    assert all(r["tflops"] > 0 for r in records)
+    if lookup_peak(torch.cuda.get_device_name()) is not None:
+        assert all(0 < r["mfu"] < 1 for r in records)
+    else:
+        assert all("mfu" not in r for r in records)  # unknown GPU: left out, not an error
+
+
+def test_memory_probe_tracks_allocations():
+    probe = MemoryProbe(torch.device("cuda"))
+    before = probe()
+    x = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")  # 0.25 GiB
+    after = probe()
+    assert after["mem_allocated_gib"] - before["mem_allocated_gib"] == pytest.approx(0.25, abs=0.01)
+    assert after["mem_peak_gib"] >= after["mem_allocated_gib"] and after["mem_reserved_gib"] >= after["mem_allocated_gib"]
+    del x
+
+
+def test_nvml_sampler_reads_utilisation_on_a_background_thread():
+    sampler = NvmlSampler(torch.cuda.current_device(), period_s=0.05)
+    if not sampler.available:
+        pytest.skip("NVML not available on this GPU machine")
+    sampler.start()
+    a = torch.randn(4096, 4096, device="cuda")
+    end = time.time() + 0.5
+    while time.time() < end:
+        a = a @ a
+        a = a / a.norm()
+    torch.cuda.synchronize()
+    sampler.close()
+    record = sampler()
+    assert 0 <= record["gpu_util_pct"] <= 100 and record["gpu_temp_c"] > 0
+    assert sampler._thread is None  # stopped
+
+
+def test_flop_counter_matches_the_gpt_formula_on_cuda_kernels():
+    model = GPT(GPTConfig(vocab_size=256, n_layer=4, n_head=4, d_model=128, block_size=128)).cuda()
+    x = torch.randint(0, 256, (2, 128), device="cuda")
+    counted = count_flops_per_sample(model, (x, x), autocast=lambda: torch.autocast("cuda", dtype=torch.bfloat16))
+    formula = model.flops_per_token(128) * 128
+    assert counted == pytest.approx(formula, rel=0.05)
+
+
+def test_doctor_probes_report_beside_the_datasheet():
+    results = {r.name: r for r in run_probes("cuda", quick=True)}
+    assert results["matmul fp32"].value > 0 and results["device copy"].value > 0
+    spec = lookup_peak(torch.cuda.get_device_name())
+    if spec is not None:
+        assert results["device copy"].datasheet == spec.mem_bandwidth_gbs

@@ -1,0 +1,151 @@
+"""Monitoring probes: FLOP counting and MFU, NVML sampling, memory, sinks, progress line."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from turbotrain.engine import Engine
+from turbotrain.errors import TurbotrainError
+from turbotrain.hardware import DeviceSpec, lookup_peak
+from turbotrain.loop import fit
+from turbotrain.models.gpt import GPT, GPTConfig
+from turbotrain.models.mlp import TinyMLP, synthetic_batches
+from turbotrain.monitor import (MemoryProbe, MfuProbe, Monitor, NvmlSampler, TensorBoardSink, build_probes,
+                                count_flops_per_sample, estimate_flops_per_sample, format_record)
+
+SPEC = DeviceSpec("test GPU", bf16_tflops=100.0, fp16_tflops=100.0, tf32_tflops=50.0, fp32_tflops=10.0,
+                  fp8_tflops=None, mem_bandwidth_gbs=1000.0)
+
+
+def test_flop_counter_mfu_agrees_with_the_gpt_formula_within_5_percent():
+    model = GPT(GPTConfig(vocab_size=256, n_layer=4, n_head=4, d_model=128, block_size=128))
+    x = torch.randint(0, 256, (2, 128))
+    counted = count_flops_per_sample(model, (x, x))
+    formula, source = estimate_flops_per_sample(model, (x, x))
+    assert "flops_per_token" in source and formula == model.flops_per_token(128) * 128
+    ctx = SimpleNamespace(metrics={"samples_per_s": 500.0}, engine=SimpleNamespace(precision=SimpleNamespace(name="bf16-mixed")))
+    mfu_counted = MfuProbe(counted, SPEC)(ctx)["mfu"]
+    mfu_formula = MfuProbe(formula, SPEC)(ctx)["mfu"]
+    assert mfu_counted == pytest.approx(mfu_formula, rel=0.05)
+    assert mfu_counted != pytest.approx(mfu_formula, rel=1e-6)  # really counted, not the formula again
+
+
+def test_flop_counter_is_exact_for_an_mlp():
+    model = TinyMLP(d_in=256, width=256, depth=3, classes=10)
+    batch = synthetic_batches(1, batch_size=8)[0]
+    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    # 2 FLOPs per multiply-add: forward 2W, backward 4W, minus the input gradient of the first layer
+    # (the data needs none).
+    assert count_flops_per_sample(model, batch) == 6 * weights - 2 * 256 * 256
+
+
+def test_counting_flops_leaves_the_model_untouched():
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Dropout(0.5), nn.Linear(16, 2))
+    model.train()
+    x, y = torch.randn(4, 8) + 3.0, torch.randint(0, 2, (4,))
+    stats = model[1].running_mean.clone()
+    rng = torch.get_rng_state()
+    flops = count_flops_per_sample(model, (x, y), loss_fn=lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]))
+    assert flops > 0
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(model[1].running_mean, stats) and torch.equal(torch.get_rng_state(), rng)
+
+
+def _ctx(rate: float, precision: str = "bf16-mixed") -> SimpleNamespace:
+    return SimpleNamespace(metrics={"samples_per_s": rate}, engine=SimpleNamespace(precision=SimpleNamespace(name=precision)))
+
+
+def test_mfu_uses_the_peak_of_the_precision_in_use_and_is_left_out_without_a_peak():
+    probe = MfuProbe(flops_per_sample=1e9, spec=SPEC)
+    assert probe(_ctx(25_000)) == pytest.approx({"tflops": 25.0, "mfu": 0.25})  # 25 of 100 TFLOP/s bf16
+    assert probe(_ctx(25_000, "fp32"))["mfu"] == pytest.approx(2.5)  # fp32 peak 10 (TF32 off on CPU)
+    assert MfuProbe(1e9, spec=None)(_ctx(25_000)) == pytest.approx({"tflops": 25.0})
+    assert MfuProbe(1e9, spec=SPEC)(_ctx(0)) == {}  # no timed window yet
+
+
+def test_monitor_in_a_fit_records_achieved_tflops_from_the_same_window(tmp_path):
+    torch.manual_seed(0)
+    engine = Engine({"run": {"device": "cpu"}, "monitor": {"log_every": 5}})
+    model = TinyMLP()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batches = synthetic_batches(20, batch_size=16)
+    model, optimizer, loader = engine.setup(model, optimizer, batches)
+    probes = build_probes(engine.device, model=model, example_batch=batches[0], precision=engine.precision.name)
+    assert [type(p) for p in probes] == [MfuProbe]  # CPU: no memory or NVML probe
+    monitor = Monitor(5, probes=probes)
+    fit(engine, model, optimizer, loader, max_steps=20, hooks=[monitor])
+    assert [r["step"] for r in monitor.records] == [5, 10, 15, 20]
+    for r in monitor.records:
+        assert "mfu" not in r  # a CPU has no datasheet peak
+        assert r["tflops"] == pytest.approx(r["samples_per_s"] * probes[0].flops_per_sample / 1e12)
+
+
+class _FakeNvml(NvmlSampler):
+    def __init__(self) -> None:
+        super().__init__(period_s=0.01)
+        self.available = True
+        self.readings = iter([{"gpu_util_pct": 90, "gpu_temp_c": 60, "gpu_power_w": 300.0},
+                              {"gpu_util_pct": 100, "gpu_temp_c": 65, "gpu_power_w": 500.0}])
+
+    def sample(self):
+        return next(self.readings, {})
+
+
+def test_nvml_sampler_averages_the_window_on_a_background_thread():
+    sampler = _FakeNvml()
+    sampler.start()
+    deadline = time.time() + 2
+    while time.time() < deadline and len(sampler._samples) < 2:
+        time.sleep(0.01)
+    sampler.close()
+    assert sampler._thread is None
+    assert sampler() == {"gpu_util_pct": 95, "gpu_power_w": 400.0, "gpu_temp_c": 65}  # temperature: max
+
+
+def test_monitor_starts_and_closes_probe_threads():
+    sampler = _FakeNvml()
+    engine = Engine({"run": {"device": "cpu"}})
+    model = TinyMLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer, loader = engine.setup(model, optimizer, synthetic_batches(4))
+    fit(engine, model, optimizer, loader, max_steps=4, hooks=[Monitor(2, probes=[sampler])])
+    assert sampler._thread is None and sampler._stop.is_set()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
+def test_without_a_gpu_nvml_and_memory_are_simply_absent():
+    assert NvmlSampler().available is False and NvmlSampler()() == {}
+    assert build_probes(torch.device("cpu")) == []
+    assert lookup_peak("cpu") is None
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is not None, reason="tensorboard is installed")
+def test_tensorboard_without_the_package_is_a_clear_error(tmp_path):
+    with pytest.raises(TurbotrainError, match="pip install tensorboard"):
+        TensorBoardSink(tmp_path / "tb")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="tensorboard is not installed")
+def test_tensorboard_sink_writes_event_files(tmp_path):
+    sink = TensorBoardSink(tmp_path / "tb")
+    sink.write({"step": 1, "loss": 2.0, "tokens_per_s": 10.0, "note": "x"})
+    sink.close()
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+
+
+def test_progress_line_shows_loss_throughput_mfu_memory_and_gpu():
+    line = format_record({"step": 10, "loss": 2.5, "tokens_per_s": 123456.0, "mfu": 0.4123, "mem_peak_gib": 12.345,
+                          "gpu_util_pct": 97.0})
+    assert line == "loss 2.5000 | 123,456 tok/s | MFU 41.2% | peak 12.35 GiB | GPU 97%"
+    assert "TFLOP/s" in format_record({"step": 1, "loss": 1.0, "tflops": 0.002})  # CPU: no MFU, show compute
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_memory_probe_keys():
+    assert set(MemoryProbe(torch.device("cuda"))()) == {"mem_allocated_gib", "mem_reserved_gib", "mem_peak_gib"}
