@@ -388,6 +388,11 @@ def build_report(*, probe: bool = False) -> dict[str, Any]:
     return report
 
 
+def _num(value: float) -> str:
+    """798 or 0.0612: whole numbers from 100 up, three significant digits below."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def format_report(report: dict[str, Any]) -> str:
     """Plain text (Markdown-friendly) to paste into a bug report."""
     env = report["env"]
@@ -432,7 +437,7 @@ def format_report(report: dict[str, Any]) -> str:
         lines += ["", "### Probes (median)"]
         for p in report["probes"]:
             sheet = p["datasheet"]
-            beside = (f" vs datasheet {sheet:,.1f} {p['unit']} ({100 * p['fraction_of_datasheet']:.0f}%)" if sheet
+            beside = (f" vs datasheet {_num(sheet)} {p['unit']} ({100 * p['fraction_of_datasheet']:.0f}%)" if sheet
                       else " (no datasheet figure)")
-            lines.append(f"- {p['name']}: {p['value']:,.2f} {p['unit']}{beside} [{p['detail']}]")
+            lines.append(f"- {p['name']}: {_num(p['value'])} {p['unit']}{beside} [{p['detail']}]")
     return "\n".join(lines)

@@ -1,0 +1,145 @@
+"""Cost of monitoring: the tiny-MLP CPU workload through fit() with monitoring on vs off.
+
+"on" is what ``turbotrain train`` attaches: the Monitor hook at the default ``log_every`` with its
+probes (MFU from FLOPs counted once; memory and NVML would be added on CUDA), the metrics.jsonl sink
+and the progress sink (plain lines, as when stderr is not a terminal). "off" is fit() with no
+hooks. The engine is configured identically (its non-finite guard polls at log_every in both).
+
+The tiny MLP is overhead-bound (well under a millisecond per step), so a per-step cost shows. One
+torch thread; each variant has its own model and optimizer; the variants' timed windows are
+interleaved (order alternating each round) so drift in machine load hits both; the first windows
+are warm-up and discarded. Reported: the median window time per variant, and the median of the
+per-round on/off ratios (paired, more robust on a shared machine).
+
+    python benchmarks/monitor_overhead.py --out benchmarks/results/cpu/monitor_overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from turbotrain import Engine, fit
+from turbotrain.config import MonitorConfig
+from turbotrain.doctor import collect_env
+from turbotrain.models.mlp import TinyMLP, synthetic_batches
+from turbotrain.monitor import JsonlSink, Monitor, ProgressSink, build_probes
+
+DEFAULT_LOG_EVERY = MonitorConfig().log_every
+
+
+class Variant:
+    """One training setup that can run ``steps`` more steps at a time."""
+
+    def __init__(self, name: str, monitored: bool, log_every: int, workdir: Path) -> None:
+        torch.manual_seed(0)
+        self.name, self.monitored, self.log_every, self.workdir = name, monitored, log_every, workdir
+        self.engine = Engine({"run": {"device": "cpu"}, "monitor": {"log_every": log_every}})
+        model = TinyMLP()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        self.model, self.optimizer, _ = self.engine.setup(model, optimizer)
+        self.batches = synthetic_batches(32, batch_size=64)
+        self.probes = build_probes(self.engine.device, model=self.model, example_batch=self.batches[0],
+                                   precision=self.engine.precision.name) if monitored else []
+        self.windows = 0
+
+    def run(self, steps: int) -> float:
+        """Seconds for ``steps`` optimizer steps through fit() (CPU: no device queue to drain)."""
+        hooks = []
+        if self.monitored:
+            sinks = [JsonlSink(self.workdir / f"{self.name}-{self.windows}.jsonl"),
+                     ProgressSink(10**9, self.engine.state.step, console=Console(file=io.StringIO()))]
+            hooks = [Monitor(self.log_every, sinks, self.probes)]
+        self.windows += 1
+        loader = self.engine.setup_loader(itertools.cycle(self.batches))
+        start = time.perf_counter()
+        fit(self.engine, self.model, self.optimizer, loader, max_steps=self.engine.state.step + steps, hooks=hooks)
+        return time.perf_counter() - start
+
+
+def isolated_monitor_us_per_step(variant: Variant, steps: int = 20_000) -> float:
+    """The Monitor's own cost per step (amortised over its logging steps), timed without
+    training: the engine's step counter is advanced by hand. Immune to load on the machine."""
+    from turbotrain.hooks import FitContext
+
+    engine = variant.engine
+    sinks = [JsonlSink(variant.workdir / "isolated.jsonl"),
+             ProgressSink(10**9, engine.state.step, console=Console(file=io.StringIO()))]
+    monitor = Monitor(variant.log_every, sinks, variant.probes)
+    ctx = FitContext(engine, variant.model, variant.optimizer, max_steps=10**9)
+    monitor.on_fit_start(ctx)
+    state = engine.state
+    start = time.perf_counter()
+    for _ in range(steps):
+        state.step += 1
+        state.samples += 64
+        monitor.on_step_end(ctx)
+    elapsed = time.perf_counter() - start
+    monitor.close()
+    return 1e6 * elapsed / steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=300, help="optimizer steps per timed window")
+    p.add_argument("--rounds", type=int, default=15, help="timed windows per variant")
+    p.add_argument("--warmup", type=int, default=2, help="discarded windows per variant")
+    p.add_argument("--log-every", type=int, default=DEFAULT_LOG_EVERY, help="monitor.log_every (default: the config default)")
+    p.add_argument("--out", type=Path, help="write the result as JSON here")
+    args = p.parse_args(argv)
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        variants = [Variant("off", False, args.log_every, Path(tmp)), Variant("on", True, args.log_every, Path(tmp))]
+        times: dict[str, list[float]] = {"off": [], "on": []}
+        for r in range(args.warmup + args.rounds):
+            order = variants if r % 2 == 0 else variants[::-1]
+            for v in order:
+                t = v.run(args.steps)
+                if r >= args.warmup:
+                    times[v.name].append(t)
+        records = sum(1 for _ in open(Path(tmp) / "on-0.jsonl"))
+        isolated_us = isolated_monitor_us_per_step(variants[1])
+    ms = {k: 1000 * statistics.median(v) / args.steps for k, v in times.items()}
+    ratios = [on / off for on, off in zip(times["on"], times["off"])]
+    result = {
+        "benchmark": "monitor_overhead",
+        "workload": "TinyMLP(d_in=256, width=256, depth=3) batch 64, AdamW, fit(), CPU, 1 torch thread",
+        "log_every": args.log_every,
+        "steps_per_window": args.steps,
+        "rounds": args.rounds,
+        "records_per_window": records,
+        "step_ms_median": ms,
+        "overhead_pct_of_medians": 100 * (ms["on"] / ms["off"] - 1),
+        "overhead_pct_paired_median": 100 * (statistics.median(ratios) - 1),
+        "paired_ratio_min_max": [min(ratios), max(ratios)],
+        "monitor_us_per_step_isolated": isolated_us,
+        "overhead_pct_isolated": 100 * isolated_us / (1000 * ms["off"]),
+        "command": " ".join(["python", *sys.argv]),
+        "env": collect_env(),
+    }
+    print(f"tiny MLP, CPU, 1 thread, {args.steps} steps x {args.rounds} interleaved windows, log_every={args.log_every}")
+    print(f"  monitoring off: {ms['off']:.4f} ms/step   on: {ms['on']:.4f} ms/step")
+    print(f"  overhead: {result['overhead_pct_paired_median']:+.2f}% (median of paired ratios), "
+          f"{result['overhead_pct_of_medians']:+.2f}% (ratio of medians); "
+          f"paired range {100 * (min(ratios) - 1):+.1f}% .. {100 * (max(ratios) - 1):+.1f}%")
+    print(f"  the Monitor alone: {isolated_us:.2f} us/step (amortised, timed without training) = "
+          f"{result['overhead_pct_isolated']:.2f}% of an unmonitored step")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
