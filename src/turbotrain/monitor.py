@@ -90,6 +90,7 @@ class ProgressSink:
             TimeRemainingColumn(),
             console=self.console,
             disable=not self.live,
+            refresh_per_second=2,  # redraws run on rich's thread and take the GIL: keep them rare
         )
         self.task = self.progress.add_task("train", total=total_steps, completed=start_step, stats="")
         self.progress.start()
@@ -98,8 +99,8 @@ class ProgressSink:
         stats = format_record(record)
         if self.live:
             self.progress.update(self.task, completed=record["step"], stats=stats)
-        else:
-            self.console.print(f"step {record['step']:>6} | {stats}", highlight=False)
+        else:  # plain lines for logs and pipes; rich's renderer costs ~200 us per line
+            print(f"step {record['step']:>6} | {stats}", file=self.console.file, flush=True)
 
     def close(self) -> None:
         self.progress.stop()
