@@ -137,6 +137,12 @@ class Monitor(Hook):
 
     Also measures the time to the first step (one extra sync, once) so warm-up and compilation
     are reported apart from steady-state throughput.
+
+    In your own loop: ``ctx = FitContext(engine, model, optimizer, max_steps)``, call
+    ``monitor.on_fit_start(ctx)`` once, ``monitor.on_step_end(ctx)`` after each
+    ``engine.step(optimizer)`` that returns True, and ``monitor.on_fit_end(ctx)`` at the end;
+    throughput needs the engine to count batches (``engine.forward_backward`` does, or call
+    ``engine.count_batch(batch)``).
     """
 
     def __init__(self, interval: int, sinks: Iterable[Sink] = (), probes: Iterable[Probe] = ()) -> None:
