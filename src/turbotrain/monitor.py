@@ -171,7 +171,7 @@ class Monitor(Hook):
             ctx.metrics["first_step_s"] = self.first_step_s
             self._last = (time.perf_counter(), step, ctx.engine.state.samples, ctx.engine.state.tokens)
             self._side_s = ctx.side_s
-        elif every(step, self.interval):
+        if every(step, self.interval):
             self.log(ctx)
 
     def on_fit_end(self, ctx: FitContext) -> None:
