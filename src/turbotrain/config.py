@@ -67,6 +67,8 @@ class BatchConfig:
                      choices=("largest", "fastest"))
     headroom: float = knob(0.10, "with micro='auto': memory kept free, as a fraction of the measured peak", min=0.0)
     max_memory_gib: float = knob(0.0, "with micro='auto': memory cap in GiB (0 = the whole device)", min=0.0)
+    max_memory_fraction: float = knob(0.0, "with micro='auto': memory cap as a fraction of the device's total (0 = none)", min=0.0)
+    global_size: int = knob(0, "with micro='auto': sequences per optimizer step over all ranks, kept by setting accumulation; 0 = found micro x accumulation", min=0)
 
 
 @dataclass(frozen=True)
@@ -307,6 +309,10 @@ def validate(config: RunConfig) -> None:
                 raise ConfigError(f"{name}.{f.name} = {value!r} must be >= {low}")
     if isinstance(config.batch.micro, str) and config.batch.micro != AUTO:
         raise ConfigError(f"batch.micro = {config.batch.micro!r} is not valid; use a whole number >= 1 or 'auto'")
+    if not config.batch.headroom < 1.0:
+        raise ConfigError(f"batch.headroom = {config.batch.headroom} must be in [0, 1): a fraction of the peak, e.g. 0.1")
+    if not config.batch.max_memory_fraction <= 1.0:
+        raise ConfigError(f"batch.max_memory_fraction = {config.batch.max_memory_fraction} must be in [0, 1], e.g. 0.5")
     if config.model.d_model % config.model.n_head:
         raise ConfigError(
             f"model.d_model = {config.model.d_model} must be divisible by model.n_head = {config.model.n_head}"

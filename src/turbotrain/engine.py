@@ -26,6 +26,7 @@ from .compile import apply_compile, resolve_scope
 from .config import RunConfig, load_config
 from .data.prefetch import DevicePrefetcher, move_to
 from .errors import ConfigError, NonFiniteError, PlacementError
+from .memory import apply_activation_checkpointing, build_batch_runner
 from .precision import DeviceCaps, NonFiniteGuard, Precision, apply_backend_switches, build_precision, fallback_mode
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,9 @@ class EngineOptions:
     max_nonfinite_steps: int = 3
     poll_every: int = 10
     device_prefetch: bool = True
+    checkpointing: str = "off"
+    on_oom: str = "halve"
+    inject_oom_at_step: int = 0
 
     @classmethod
     def from_config(cls, config: RunConfig) -> "EngineOptions":
@@ -104,6 +108,9 @@ class EngineOptions:
             max_nonfinite_steps=config.precision.max_nonfinite_steps,
             poll_every=config.monitor.log_every,
             device_prefetch=config.data.device_prefetch,
+            checkpointing=config.memory.checkpointing,
+            on_oom=config.memory.on_oom,
+            inject_oom_at_step=config.memory.inject_oom_at_step,
         )
 
 
@@ -124,6 +131,8 @@ class Engine:
         self.precision: Precision = build_precision(opts.precision, self.device, self.caps)
         apply_backend_switches(self.device, tf32=opts.tf32, cudnn_benchmark=opts.cudnn_benchmark)
         self.accumulation = opts.accumulation
+        self.pending_micro_steps = 0  # backward passes since the last optimizer step
+        self.batch_runner = build_batch_runner(opts.on_oom, opts.inject_oom_at_step)  # OOM policy
         self.state = TrainState()
         self.events: list[Event] = []
         self.guard = NonFiniteGuard(self.device)
@@ -152,6 +161,7 @@ class Engine:
         """
         model.to(self.device)
         self.precision.convert_module(model)
+        apply_activation_checkpointing(model, self.options.checkpointing)
         apply_compile(model, self.options.compile_scope, self.options.compile_mode)
         self._models.append(model)
         self.scheduler = scheduler
@@ -177,13 +187,15 @@ class Engine:
             loss = loss / self.accumulation
         self.precision.scale_loss(loss).backward()
         self.state.micro_step += 1
+        self.pending_micro_steps += 1
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
         """On the accumulation boundary: unscale, clip, step (skipped on-device if non-finite),
         update the loss scale, zero gradients (set_to_none), advance the scheduler. Returns
         True when an optimizer step was taken, False between accumulation boundaries."""
-        if self.state.micro_step % self.accumulation:
+        if self.pending_micro_steps < self.accumulation:
             return False
+        self.pending_micro_steps = 0
         self.precision.unscale_(optimizer)
         loss_sum = self._loss_sum if self._loss_sum is not None else torch.zeros((), device=self.device)
         finite = torch.isfinite(loss_sum)
@@ -204,12 +216,11 @@ class Engine:
         return True
 
     def forward_backward(self, model: nn.Module, batch: Any, loss_fn: LossFn = default_loss) -> torch.Tensor:
-        """One micro-step of the reference loop: forward under autocast, then backward."""
+        """One loader batch of the reference loop: forward under autocast, then backward; after
+        an out-of-memory error (memory.on_oom='halve') in halves, re-running the step."""
         if self.state.batches == 0:
             self._check_batch(batch)
-        with self.autocast():
-            loss = loss_fn(model, batch)
-        self.backward(loss)
+        loss = self.batch_runner.run(self, model, batch, loss_fn)
         self.state.batches += 1
         self.count_batch(batch)
         return loss
@@ -288,6 +299,7 @@ class Engine:
             "guard": self.guard.state_dict(),
             "nonfinite_acted": self._nonfinite_acted,
             "events": [asdict(e) for e in self.events],
+            "batch_runner": self.batch_runner.state_dict(),
         }
 
     def load_state_dict(self, sd: Mapping[str, Any], optimizer: torch.optim.Optimizer | None = None) -> None:
@@ -299,6 +311,8 @@ class Engine:
         self.guard.load_state_dict(sd.get("guard", {}))
         self._nonfinite_acted = int(sd.get("nonfinite_acted", 0))
         self.events = [Event(**e) for e in sd.get("events", [])]
+        self.batch_runner.load_state_dict(sd.get("batch_runner", {}))
+        self.accumulation = self.options.accumulation * self.batch_runner.split  # halved after an OOM
 
     # ------------------------------------------------------------------ checks
 

@@ -26,6 +26,7 @@ from .engine import Engine
 from .errors import TurbotrainError
 from .hooks import Evaluate, FitContext, Hook, StopAfter, StopOnSignal
 from .loop import fit
+from .memory import memory_summary, resolve_batch_size
 from .models.gpt import GPT, GPTConfig
 from .monitor import JsonlSink, MfuProbe, Monitor, ProgressSink, TensorBoardSink, build_probes
 from .optim import build_optimizer, build_scheduler, resolve_implementation
@@ -106,8 +107,6 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
     c = config
     engine = Engine(c)
     source = open_tokens(c.data.path, val_fraction=c.data.val_fraction, cache_dir=c.data.cache_dir)
-    if not isinstance(c.batch.micro, int):
-        raise TurbotrainError("batch.micro = 'auto' is not available yet; pass a number, for example --batch.micro=32")
     train_windows = TokenWindows(source.train, c.model.block_size)
     val_windows = TokenWindows(source.val, c.model.block_size) if len(source.val) > c.model.block_size else None
 
@@ -131,6 +130,8 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
         min_lr=c.optim.min_lr,
     )
     model, optimizer, _ = engine.setup(model, optimizer, scheduler=scheduler)
+    # batch.micro = 'auto': search the size (or read this run's cache) before any checkpoint loads
+    c, batch_search = resolve_batch_size(c, engine, model, optimizer, run_dir=run_dir, max_micro=train_windows.positions)
 
     resumed_from = ""
     if resume:
@@ -161,6 +162,8 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
         "data": source.description,
         "global_batch": c.batch.micro * c.batch.accumulation,
     }
+    if batch_search is not None:
+        resolved["batch_search"] = batch_search.to_dict()
 
     def payload(ctx: FitContext) -> dict[str, Any]:
         return {
@@ -225,6 +228,7 @@ def summarize(training: Training, ctx: FitContext | None, status: str, elapsed_s
         "resumed_from": training.resumed_from,
         "resolved": training.resolved,
         "events": [asdict(e) for e in engine.events],
+        "memory": memory_summary(training),
     }
     summary.update({k: v for k, v in summarize_records(records).items() if k not in summary})
     summary.update(_performance_context(training))

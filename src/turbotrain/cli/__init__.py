@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 from .. import __version__
 from ..errors import TurbotrainError
 from . import doctor, report, sample, train
+from . import memory as memory_cmd
 
 # (name, add_parser(subparsers) -> parser whose defaults carry `run`)
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], argparse.ArgumentParser]] = [
@@ -18,6 +19,7 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], argparse.ArgumentParser
     sample.add_parser,
     doctor.add_parser,
     report.add_parser,
+    memory_cmd.add_parser,
 ]
 
 

@@ -1,0 +1,109 @@
+"""GPU checks of the memory module (skipped without CUDA): the finder against real out-of-memory
+errors and the allocator's counters, checkpointing savings, estimates vs measurements, recovery."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import tiny_overrides
+from turbotrain.config import load_config
+from turbotrain.engine import Engine
+from turbotrain.loop import fit
+from turbotrain.memory import estimate_memory, measure_step_memory, resolve_batch_size, token_batches
+from turbotrain.memory.stats import storage_bytes
+from turbotrain.models.gpt import GPT, GPTConfig
+from turbotrain.optim import build_optimizer
+from turbotrain.runner import train
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible to torch)")
+
+GIB = 2**30
+
+
+def _setup(overrides: dict):
+    config = load_config(overrides=overrides)
+    engine = Engine(config)
+    m = config.model
+    model = GPT(GPTConfig(vocab_size=m.vocab_size, n_layer=m.n_layer, n_head=m.n_head, d_model=m.d_model, block_size=m.block_size))
+    optimizer = build_optimizer(model, engine.device, lr=1e-4)
+    model, optimizer, _ = engine.setup(model, optimizer)
+    return config, engine, model, optimizer
+
+
+def test_finder_under_a_cap_then_trains_without_exceeding_it(tmp_path):
+    cap_gib = 4.0
+    config, engine, model, optimizer = _setup({
+        "model": {"n_layer": 4, "n_head": 8, "d_model": 512, "block_size": 512, "vocab_size": 50304},
+        "compile": {"scope": "off"},
+        "batch": {"micro": "auto", "max_memory_gib": cap_gib, "global_size": 256},
+    })
+    resting = storage_bytes(list(model.parameters()) + list(model.buffers()))
+    config, search = resolve_batch_size(config, engine, model, optimizer, run_dir=tmp_path)
+    assert torch.cuda.memory_allocated() <= resting + 64 * 2**20  # the search freed what it allocated
+    assert not optimizer.state
+    assert config.batch.micro * config.batch.accumulation == 256
+    assert search.chosen_peak_bytes * 1.1 <= cap_gib * GIB
+
+    torch.cuda.reset_peak_memory_stats()
+    make = token_batches(50304, 512, engine.device)
+    batches = [make(config.batch.micro) for _ in range(2)] * config.batch.accumulation  # two optimizer steps
+    fit(engine, model, optimizer, batches, max_steps=2)
+    assert engine.state.step == 2
+    assert torch.cuda.max_memory_allocated() <= cap_gib * GIB
+
+
+def test_finder_meets_a_real_out_of_memory_error_and_keeps_headroom(tmp_path):
+    config, engine, model, optimizer = _setup({
+        "model": {"n_layer": 4, "n_head": 12, "d_model": 768, "block_size": 1024, "vocab_size": 50304},
+        "compile": {"scope": "off"},
+        "batch": {"micro": "auto"},
+    })
+    config, search = resolve_batch_size(config, engine, model, optimizer, run_dir=tmp_path)
+    if not any(t.reason == "out of memory" for t in search.trials):
+        pytest.skip(f"this GPU fits the 1024-sequence ceiling ({torch.cuda.get_device_name()})")
+    oom_sizes = [t.micro for t in search.trials if t.reason == "out of memory"]
+    assert config.batch.micro < min(oom_sizes)
+    assert search.chosen_peak_bytes * (1 + search.headroom) <= search.limit_bytes
+    # the chosen size trains (the issue's promise: it never runs out of memory later)
+    make = token_batches(50304, 1024, engine.device)
+    fit(engine, model, optimizer, [make(config.batch.micro)] * 5, max_steps=5)
+
+
+def test_checkpointing_cuts_measured_activation_memory():
+    stats = {}
+    for mode in ("off", "selective", "full"):
+        _, engine, model, optimizer = _setup({
+            "model": {"n_layer": 8, "n_head": 8, "d_model": 512, "block_size": 512, "vocab_size": 256},
+            "compile": {"scope": "off"}, "memory": {"checkpointing": mode},
+        })
+        batch = token_batches(256, 512, engine.device)(16)
+        stats[mode] = measure_step_memory(model, optimizer, batch, autocast=engine.autocast)
+        del model, optimizer
+    assert stats["full"].activations_bytes < stats["selective"].activations_bytes < stats["off"].activations_bytes
+    assert stats["full"].activations_bytes < 0.3 * stats["off"].activations_bytes
+
+
+def test_meta_estimate_is_close_to_the_cuda_measurement():
+    overrides = {"model": {"n_layer": 6, "n_head": 8, "d_model": 512, "block_size": 512, "vocab_size": 50304},
+                 "compile": {"scope": "off"}}
+    config, engine, model, optimizer = _setup(overrides)
+    measured = measure_step_memory(model, optimizer, token_batches(50304, 512, engine.device)(8), autocast=engine.autocast)
+    estimate = estimate_memory(config, micro=8, precision=engine.precision.name)
+    assert estimate.params_bytes == measured.params_bytes
+    assert estimate.activations_bytes == pytest.approx(measured.activations_bytes, rel=0.25)
+    assert estimate.peak_bytes == pytest.approx(measured.peak_bytes, rel=0.25)
+
+
+def test_injected_oom_recovers_on_cuda(tmp_path, text_file):
+    def config(name, **memory):
+        return load_config(overrides=tiny_overrides(
+            tmp_path, data={"path": str(text_file)}, run={"name": name, "device": "cuda"},
+            precision={"mode": "fp32", "tf32": False}, compile={"scope": "off"},
+            train={"max_steps": 24, "eval_every": 0, "checkpoint_every": 0}, memory=memory,
+        ))
+
+    plain = train(config("plain"))
+    hit = train(config("oom", inject_oom_at_step=20))
+    assert [e["kind"] for e in hit["events"]] == ["oom_recovery"]
+    assert hit["final_train_loss"] == pytest.approx(plain["final_train_loss"], abs=1e-4)

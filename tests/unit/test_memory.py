@@ -1,0 +1,387 @@
+"""Memory: the batch-size finder on a simulated device, the global-batch plan, activation
+checkpointing, memory estimates and measurements, OOM splitting, and config errors."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from turbotrain.cli import main
+from turbotrain.config import load_config
+from turbotrain.engine import Engine
+from turbotrain.errors import ConfigError, TurbotrainError
+from turbotrain.memory import (
+    BatchSearch,
+    StepTrial,
+    TrialResult,
+    apply_activation_checkpointing,
+    checkpointed_blocks,
+    estimate_memory,
+    find_batch_size,
+    measure_step_memory,
+    plan_accumulation,
+    resolve_batch_size,
+    split_batch,
+    token_batches,
+)
+from turbotrain.memory.finder import CACHE_FILE
+from turbotrain.memory.recovery import HalvingBatchRunner
+from turbotrain.models.gpt import GPT, GPTConfig
+from turbotrain.models.mlp import TinyMLP, synthetic_batches
+from turbotrain.optim import build_optimizer
+
+
+class SimulatedDevice:
+    """A trial on a pretend device: peak = base + per_sample x micro bytes; raises a real
+    torch.OutOfMemoryError above ``limit`` samples. Samples/s follow ``throughput(micro)``."""
+
+    def __init__(self, limit: int, base: int = 1_000_000, per_sample: int = 100_000, throughput=None) -> None:
+        self.limit, self.base, self.per_sample = limit, base, per_sample
+        self.throughput = throughput or (lambda m: 1000.0 * m / (m + 4))
+        self.calls: list[int] = []
+
+    def peak(self, micro: int) -> int:
+        return self.base + self.per_sample * micro
+
+    def __call__(self, micro: int) -> TrialResult:
+        self.calls.append(micro)
+        if micro > self.limit:
+            raise torch.OutOfMemoryError(f"simulated: {micro} > {self.limit}")
+        return TrialResult(self.peak(micro), micro / self.throughput(micro))
+
+
+def _no_agree(value: int) -> int:
+    return value
+
+
+# ----------------------------------------------------------------------------- finder
+
+
+@pytest.mark.parametrize("limit", [5, 37, 100, 1000, 3000])
+def test_finder_returns_a_size_within_the_headroom_below_the_limit_in_few_trials(limit):
+    device = SimulatedDevice(limit)
+    search = find_batch_size(device, max_micro=8192, headroom=0.10)
+
+    assert search.micro <= limit  # never above the limit
+    line = device.peak(limit) / 1.10  # the most a size may use and keep 10% headroom
+    assert device.peak(search.micro) <= line
+    grid = 8 if search.micro >= 8 else 1
+    assert device.peak(search.micro + 2 * grid) > line  # and not needlessly far below it
+    if search.micro >= 8:
+        assert search.micro % 8 == 0
+    assert len(device.calls) <= 2 * math.ceil(math.log2(limit)) + 1
+    assert [t.micro for t in search.trials] == device.calls
+
+
+def test_finder_never_exceeds_a_memory_cap_and_keeps_headroom_under_it():
+    device = SimulatedDevice(limit=10**9)  # never runs out: only the cap binds
+    cap = device.peak(300)
+    search = find_batch_size(device, max_micro=8192, headroom=0.10, budget_bytes=cap, agree=_no_agree)
+    assert device.peak(search.micro) * 1.10 <= cap
+    assert device.peak(search.micro + 16) * 1.10 > cap
+    assert all(t.fits == (device.peak(t.micro) <= cap) for t in search.trials)
+    assert search.limit_bytes == cap
+
+
+def test_predicted_sizes_over_the_cap_are_not_run():
+    """On CPU running out of memory kills the process, so sizes predicted over the cap are skipped."""
+    device = SimulatedDevice(limit=10**9)
+    cap = device.peak(300)
+    search = find_batch_size(device, max_micro=8192, budget_bytes=cap, predict=True, agree=_no_agree)
+    assert max(device.peak(m) for m in device.calls) <= cap
+    assert any(t.reason.startswith("over budget (predicted") for t in search.trials)
+    assert device.peak(search.micro) * 1.10 <= cap
+
+
+def test_pick_fastest_returns_the_best_measured_throughput():
+    def throughput(m: int) -> float:  # rises to 16, then falls (e.g. cache effects)
+        return 1000.0 * m if m <= 16 else 16000.0 - 50.0 * (m - 16)
+
+    device = SimulatedDevice(limit=200, throughput=throughput)
+    search = find_batch_size(device, max_micro=8192, pick="fastest", agree=_no_agree)
+    tried = [t for t in search.trials if t.fits]
+    assert search.micro == 16
+    assert search.micro == max(tried, key=lambda t: t.samples_per_s).micro
+
+
+def test_pick_fastest_only_considers_sizes_within_the_headroom():
+    device = SimulatedDevice(limit=200, throughput=lambda m: 10.0 * m)  # bigger is always faster
+    search = find_batch_size(device, max_micro=8192, pick="fastest", agree=_no_agree)
+    fastest_tried = max((t for t in search.trials if t.fits), key=lambda t: t.samples_per_s)
+    assert device.peak(search.micro) * 1.10 <= device.peak(fastest_tried.micro)
+    assert search.micro < fastest_tried.micro
+
+
+def test_on_cpu_growth_stops_once_samples_per_s_collapse():
+    def throughput(m: int) -> float:  # CPU-like: flat, then caches thrash past 128
+        return 100.0 if m <= 128 else 30.0
+
+    device = SimulatedDevice(limit=10**9, throughput=throughput)
+    search = find_batch_size(device, max_micro=4096, slowdown_stop=0.5, agree=_no_agree)
+    assert max(device.calls) == 256 and search.micro == 128
+
+
+def test_finder_stops_at_max_micro_when_everything_fits():
+    device = SimulatedDevice(limit=10**9)
+    search = find_batch_size(device, max_micro=64, agree=_no_agree)
+    assert search.micro == 64 and max(device.calls) == 64
+
+
+def test_finder_says_what_to_do_when_nothing_fits():
+    with pytest.raises(TurbotrainError, match="checkpointing"):
+        find_batch_size(SimulatedDevice(limit=0), agree=_no_agree)
+
+
+def test_finder_does_not_hide_errors_that_are_not_out_of_memory():
+    def broken(micro: int) -> TrialResult:
+        raise RuntimeError("shape mismatch")
+
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        find_batch_size(broken, agree=_no_agree)
+
+
+def test_bad_search_settings_name_the_field_and_the_valid_values():
+    with pytest.raises(ConfigError, match=r"batch.pick = 'biggest'.*largest, fastest"):
+        find_batch_size(SimulatedDevice(10), pick="biggest")
+    with pytest.raises(ConfigError, match="batch.headroom"):
+        find_batch_size(SimulatedDevice(10), headroom=1.5)
+
+
+@pytest.mark.parametrize(
+    "found, global_size, accumulation, world, expected",
+    [
+        (120, 256, 1, 1, (64, 4, 256)),  # 120 does not divide 256: 4 x 64 keeps it exactly
+        (48, 256, 1, 1, (32, 8, 256)),
+        (512, 256, 1, 1, (256, 1, 256)),  # fits in one micro-batch
+        (40, 256, 1, 2, (32, 4, 256)),  # 128 per rank
+        (40, 0, 3, 2, (40, 3, 240)),  # no global batch set: accumulation is kept
+    ],
+)
+def test_plan_keeps_the_global_batch(found, global_size, accumulation, world, expected):
+    micro, acc, total, note = plan_accumulation(found, global_size, accumulation, world)
+    assert (micro, acc, total) == expected
+    assert micro <= found and note == ""
+
+
+def test_plan_says_so_when_the_global_batch_cannot_be_kept():
+    micro, acc, total, note = plan_accumulation(100, 257, 1, 1)  # 257 is prime
+    assert micro <= 100 and total == micro * acc >= 257
+    assert "257" in note and str(total) in note
+    micro, acc, total, note = plan_accumulation(64, 100, 1, 3)
+    assert "not divisible by 3" in note
+
+
+# ----------------------------------------------------------------------------- real trials
+
+
+def _tiny_gpt(n_layer: int = 2, d_model: int = 32, block_size: int = 16) -> GPT:
+    return GPT(GPTConfig(vocab_size=64, n_layer=n_layer, n_head=2, d_model=d_model, block_size=block_size))
+
+
+def test_step_trial_restores_everything_it_changed():
+    engine = Engine({"run": {"device": "cpu"}})
+    model = _tiny_gpt()
+    optimizer = build_optimizer(model, engine.device, lr=1e-2)
+    model, optimizer, _ = engine.setup(model, optimizer)
+    before = copy.deepcopy(model.state_dict())
+    torch.manual_seed(123)
+    expected_next = torch.rand(3)
+    torch.manual_seed(123)
+    with StepTrial(engine, model, optimizer, token_batches(64, 16, engine.device)) as trial:
+        small, large = trial(2), trial(8)
+    assert 0 < small.peak_bytes < large.peak_bytes and small.step_s > 0
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+    assert not optimizer.state and all(p.grad is None for p in model.parameters())
+    assert torch.equal(torch.rand(3), expected_next)  # RNG state restored
+
+
+def test_resolve_batch_size_on_cpu_keeps_the_global_batch_and_caches(tmp_path):
+    overrides = {
+        "run": {"device": "cpu"},
+        "model": {"n_layer": 2, "n_head": 2, "d_model": 32, "block_size": 32, "vocab_size": 64},
+        "batch": {"micro": "auto", "global_size": 48},
+    }
+    probe = load_config(overrides=overrides)
+    cap_gib = estimate_memory(probe, micro=20).peak_bytes / 2**30
+    overrides["batch"]["max_memory_gib"] = cap_gib
+    config = load_config(overrides=overrides)
+    engine = Engine(config)
+    model = GPT(GPTConfig(vocab_size=64, n_layer=2, n_head=2, d_model=32, block_size=32))
+    optimizer = build_optimizer(model, engine.device, lr=1e-2)
+    model, optimizer, _ = engine.setup(model, optimizer)
+
+    resolved, search = resolve_batch_size(config, engine, model, optimizer, run_dir=tmp_path)
+    assert isinstance(search, BatchSearch) and not search.cached
+    assert resolved.batch.micro * resolved.batch.accumulation == 48 == search.global_batch
+    assert engine.accumulation == resolved.batch.accumulation
+    assert search.chosen_peak_bytes * 1.10 <= cap_gib * 2**30
+    assert 8 <= search.found < 48
+    assert all(t.peak_bytes is None or t.peak_bytes <= cap_gib * 2**30 for t in search.trials)
+
+    cache = json.loads((tmp_path / CACHE_FILE).read_text())
+    assert len(cache) == 1
+    again, cached = resolve_batch_size(config, engine, model, optimizer, run_dir=tmp_path)
+    assert cached.cached and again.batch == resolved.batch
+
+
+# ----------------------------------------------------------------------------- checkpointing
+
+
+def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_checkpointing_gives_the_same_gradients_and_recomputes_in_backward():
+    torch.manual_seed(0)
+    reference = _tiny_gpt(n_layer=4)
+    x = torch.randint(64, (4, 16))
+    y = torch.randint(64, (4, 16))
+    reference(x, y).backward()
+    expected = _grads(reference)
+
+    for mode, blocks in [("full", [0, 1, 2, 3]), ("selective", [0, 2])]:
+        model = copy.deepcopy(reference)
+        model.zero_grad(set_to_none=True)
+        apply_activation_checkpointing(model, mode)
+        assert checkpointed_blocks(model) == blocks
+        assert model.state_dict().keys() == reference.state_dict().keys()
+        calls = []
+        model.blocks[0].attn.register_forward_hook(lambda *a: calls.append(1))
+        model(x, y).backward()
+        assert len(calls) == 2  # forward, then the recompute in backward
+        for name, grad in _grads(model).items():
+            torch.testing.assert_close(grad, expected[name], rtol=0, atol=1e-6, msg=f"{mode}: {name}")
+
+
+def test_engine_setup_applies_the_configured_checkpointing():
+    engine = Engine({"run": {"device": "cpu"}, "memory": {"checkpointing": "selective"}})
+    model, _, _ = engine.setup(_tiny_gpt(n_layer=4))
+    assert checkpointed_blocks(model) == [0, 2]
+    with torch.no_grad():  # evaluation runs the blocks plainly
+        assert model(torch.randint(64, (2, 16))).shape == (2, 16, 64)
+
+
+def test_checkpointing_errors_name_the_field_and_the_valid_values():
+    with pytest.raises(ConfigError, match=r"memory.checkpointing = 'some'.*off, full, selective"):
+        apply_activation_checkpointing(_tiny_gpt(), "some")
+    with pytest.raises(ConfigError, match="memory.checkpointing needs a model with a ModuleList"):
+        apply_activation_checkpointing(nn.Linear(2, 2), "full")
+
+
+# ----------------------------------------------------------------------------- memory report
+
+
+def test_memory_report_shows_the_activation_drop_with_checkpointing():
+    config = load_config(overrides={"model": {"n_layer": 8, "n_head": 4, "d_model": 256, "block_size": 256, "vocab_size": 256}})
+    off, selective, full = (estimate_memory(config, micro=8, checkpointing=m, precision="fp32") for m in ("off", "selective", "full"))
+    n_params = sum(p.numel() for p in GPT(GPTConfig(vocab_size=256, n_layer=8, n_head=4, d_model=256, block_size=256)).parameters())
+
+    assert off.params_bytes == selective.params_bytes == full.params_bytes == 4 * n_params
+    assert off.grads_bytes == off.params_bytes
+    assert 8 * n_params <= off.optimizer_bytes <= 8 * n_params + 4096  # AdamW: two moments (+ step counters)
+    assert full.activations_bytes < selective.activations_bytes < off.activations_bytes
+    assert full.activations_bytes < 0.25 * off.activations_bytes
+    assert full.peak_bytes < off.peak_bytes
+
+
+def test_meta_estimate_matches_a_real_cpu_step():
+    config = load_config(overrides={"model": {"n_layer": 2, "n_head": 2, "d_model": 64, "block_size": 64, "vocab_size": 128}})
+    estimate = estimate_memory(config, micro=4, precision="fp32")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=128, n_layer=2, n_head=2, d_model=64, block_size=64))
+    optimizer = build_optimizer(model, torch.device("cpu"), lr=1e-3)
+    measured = measure_step_memory(model, optimizer, token_batches(128, 64, torch.device("cpu"))(4))
+    assert measured.method == "tensor-tracking" and estimate.method == "meta-estimate"
+    assert measured.params_bytes == estimate.params_bytes and measured.optimizer_bytes == estimate.optimizer_bytes
+    assert measured.activations_bytes == pytest.approx(estimate.activations_bytes, rel=0.05)
+    assert measured.forward_peak_bytes == pytest.approx(estimate.forward_peak_bytes, rel=0.05)
+
+
+def test_measured_activation_memory_drops_with_checkpointing_on_cpu():
+    stats = {}
+    for mode in ("off", "full"):
+        torch.manual_seed(0)
+        model = apply_activation_checkpointing(_tiny_gpt(n_layer=4, d_model=64, block_size=64), mode)
+        optimizer = build_optimizer(model, torch.device("cpu"), lr=1e-3)
+        stats[mode] = measure_step_memory(model, optimizer, token_batches(64, 64, torch.device("cpu"))(8))
+    assert stats["full"].activations_bytes < 0.5 * stats["off"].activations_bytes
+
+
+def test_memory_cli_prints_the_report_and_rejects_bad_values(capsys):
+    assert main(["memory", "--micro", "2", "--model.n_layer=2", "--model.d_model=32", "--model.block_size=32"]) == 0
+    out = capsys.readouterr().out
+    assert "activations" in out and "ckpt full" in out and "peak: backward" in out
+    assert main(["memory", "--memory.checkpointing=some"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "memory.checkpointing" in err and "off, full, selective" in err
+
+
+@pytest.mark.parametrize(
+    "section, values, words",
+    [
+        ("batch", {"pick": "biggest"}, ["batch.pick", "largest, fastest"]),
+        ("batch", {"micro": "big"}, ["batch.micro", "'auto'"]),
+        ("batch", {"headroom": "1.5"}, ["batch.headroom", "[0, 1)"]),
+        ("memory", {"on_oom": "retry"}, ["memory.on_oom", "halve, stop"]),
+        ("memory", {"inject_oom_at_step": "-1"}, ["memory.inject_oom_at_step", ">= 0"]),
+    ],
+)
+def test_config_errors_name_the_field_and_valid_values(section, values, words):
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides={section: values})
+    for word in words:
+        assert word in str(info.value)
+
+
+# ----------------------------------------------------------------------------- OOM splitting
+
+
+def _engine_with_runner(accumulation: int) -> tuple[Engine, TinyMLP, torch.optim.Optimizer]:
+    engine = Engine({"run": {"device": "cpu"}, "optim": {"grad_clip": 0.0}, "batch": {"accumulation": accumulation}})
+    torch.manual_seed(0)
+    model = TinyMLP(d_in=8, width=16, depth=2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    return engine, *engine.setup(model, optimizer)[:2]
+
+
+def test_uneven_split_weights_each_part_by_its_share():
+    batch = synthetic_batches(1, batch_size=5, d_in=8)[0]
+    assert [p[0].shape[0] for p in split_batch(batch, 2)] == [3, 2]
+    grads = []
+    for split in (1, 2, 4):
+        engine, model, _ = _engine_with_runner(1)
+        engine.batch_runner.split = split
+        engine.accumulation = split
+        loss = engine.forward_backward(model, batch)
+        grads.append((_grads(model), float(loss.detach())))
+    for g, loss in grads[1:]:
+        assert loss == pytest.approx(grads[0][1], abs=1e-6)
+        for name in g:
+            torch.testing.assert_close(g[name], grads[0][0][name], rtol=0, atol=1e-6)
+
+
+def test_injected_oom_mid_accumulation_re_runs_the_step_with_identical_gradients():
+    batches = synthetic_batches(2, batch_size=8, d_in=8)
+    engine, model, optimizer = _engine_with_runner(2)
+    for b in batches:
+        engine.forward_backward(model, b)
+    expected = _grads(model)
+
+    engine, model, optimizer = _engine_with_runner(2)
+    engine.batch_runner = HalvingBatchRunner(inject_at_step=1)
+    for b in batches:
+        engine.forward_backward(model, b)
+    assert isinstance(engine.batch_runner, HalvingBatchRunner) and engine.batch_runner.split == 2
+    assert engine.accumulation == 4 and engine.pending_micro_steps == 4
+    assert engine.state.batches == 2 and engine.state.micro_step == 4
+    for name, grad in _grads(model).items():
+        torch.testing.assert_close(grad, expected[name], rtol=0, atol=1e-6)
+    assert engine.step(optimizer) is True
+    assert [e.kind for e in engine.events] == ["oom_recovery"]
+    assert "micro-batch 8 -> 4" in engine.events[0].detail and "global batch 16 unchanged" in engine.events[0].detail
