@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 
 from .. import __version__
 from ..errors import TurbotrainError
-from . import doctor, report, sample, train
+from . import bench, doctor, report, sample, train
 from . import memory as memory_cmd
 
 # (name, add_parser(subparsers) -> parser whose defaults carry `run`)
@@ -20,6 +20,7 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], argparse.ArgumentParser
     doctor.add_parser,
     report.add_parser,
     memory_cmd.add_parser,
+    bench.add_parser,
 ]
 
 

@@ -1,0 +1,13 @@
+"""``turbotrain bench``: contenders side by side, the precision matrix and the optimization ablation.
+
+Each row runs in its own process on the same model definition, data, seed and global batch, and
+reports only what it measured (see :mod:`.protocol` for how). Modules: :mod:`.workloads` (models,
+sizes, data, FLOPs), :mod:`.contenders` (who competes and how each trains), :mod:`.worker` (the
+per-row process), :mod:`.suite` (running rows, derived figures), :mod:`.tables` and
+:mod:`.results` (markdown and JSON).
+"""
+
+from .suite import BenchOptions, run_ablation, run_compare, run_precision_matrix
+from .workloads import WORKLOADS, Workload, resolve_workload
+
+__all__ = ["BenchOptions", "WORKLOADS", "Workload", "resolve_workload", "run_ablation", "run_compare", "run_precision_matrix"]

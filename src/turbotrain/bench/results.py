@@ -1,0 +1,102 @@
+"""Result files: every figure of a report plus where it came from (environment, command, commit).
+
+``--out DIR`` writes ``DIR/<workload>-<kind>.json`` (the report, the full environment from
+``turbotrain.doctor.collect_env()``, the exact command, the git commit) and ``.md`` (the table).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .contenders import repo_root
+from .tables import render_report
+
+SCHEMA = "turbotrain-bench/1"
+
+
+def collect_git() -> dict[str, Any]:
+    """The checkout's commit and whether tracked files differ from it (None outside git)."""
+    root = repo_root()
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        if commit.returncode != 0:
+            return {"commit": None, "detail": commit.stderr.strip()[:200]}
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                capture_output=True, text=True, timeout=10)
+        return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"commit": None, "detail": str(exc)[:200]}
+
+
+def collect_environment() -> dict[str, Any]:
+    """``turbotrain.doctor.collect_env()`` when available, else why not (the runtime block
+    below is always recorded)."""
+    try:
+        from ..doctor import collect_env
+    except ImportError as exc:
+        return {"unavailable": f"turbotrain.doctor.collect_env could not be imported: {exc}"}
+    try:
+        return collect_env()
+    except Exception as exc:  # an environment probe must not lose the benchmark's figures
+        return {"unavailable": f"collect_env() failed: {type(exc).__name__}: {exc}"}
+
+
+def collect_runtime() -> dict[str, Any]:
+    """What this process knows without probing devices: versions, platform, CPU count."""
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "cuda_runtime": torch.version.cuda,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def build_document(report: dict[str, Any], command: str, argv: list[str]) -> dict[str, Any]:
+    """The JSON document for one report."""
+    return {
+        "schema": SCHEMA,
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": command,
+        "argv": argv,
+        "git": collect_git(),
+        "runtime": collect_runtime(),
+        "env": collect_environment(),
+        **report,
+    }
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` with non-finite floats (a diverged loss) as the strings "nan", "inf", "-inf", so the
+    file stays strict JSON and keeps the fact instead of failing to write."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
+
+
+def write_document(doc: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
+    """``<workload>-<kind>.json`` and ``.md`` in ``out_dir`` (written atomically)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"{doc['workload']['name']}-{doc['kind']}"
+    paths = (out_dir / f"{stem}.json", out_dir / f"{stem}.md")
+    texts = (json.dumps(strict_json(doc), indent=1, default=str, allow_nan=False) + "\n", render_report(doc))
+    for path, text in zip(paths, texts):
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    return paths

@@ -1,0 +1,442 @@
+"""Run a comparison, the precision matrix or the ablation: each row in its own process.
+
+The parent writes the batches and a spec once, launches one process per row
+(``python -m turbotrain.bench.worker`` or ``benchmarks/handtuned.py``), reads each JSON result and
+derives what the rows need to be compared: throughput from the median step, MFU where the GPU's
+peak is known, the loss difference from the reference row and whether it is within tolerance.
+Nothing is filled in that a process did not measure: a skipped or failed row keeps only its reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..hardware import estimate_mfu, lookup_peak
+from .contenders import CONTENDERS, DEFAULT_ORDER, script_path
+from .workloads import Workload, flops_per_step, to_spec, write_data
+
+# Loss parity: the same recipe in the same arithmetic differs only by kernel summation order
+# (fused vs foreach vs for-loop AdamW, clipping): 1e-3 nats after a few dozen steps is generous.
+# Against 16-bit or TF32 arithmetic the rounding compounds: 0.05 nats or 1% of the loss.
+SAME_PRECISION_TOL = 1e-3
+MIXED_PRECISION_TOL = 0.05
+MIXED_PRECISION_REL_TOL = 0.01
+
+
+def loss_tolerance(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """Largest acceptable |final loss difference| between rows ``a`` and ``b`` (nats)."""
+    if a.get("math_precision") == b.get("math_precision") == "fp32":
+        return SAME_PRECISION_TOL
+    return max(MIXED_PRECISION_TOL, MIXED_PRECISION_REL_TOL * abs(b.get("final_loss") or 0.0))
+
+
+@dataclass
+class BenchOptions:
+    """How to run rows: device type, where to work, seed, per-row time limit (s), progress output."""
+
+    device: str  # "cuda" or "cpu"
+    work_dir: Path
+    seed: int = 0
+    timeout_s: float = 900.0
+    log: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
+    handtuned_args: tuple[str, ...] = ()
+    repeat: int = 1  # processes per row, run round-robin across rows (a noisy machine's bursts then hit every row)
+    compile_cache: str = "cold"  # "cold": a fresh inductor/triton cache per row; "shared": one for all rows
+    profile_dir: Path | None = None  # compare: profile a few turbotrain steps after its timed window
+    profile_steps: int = 3
+    threads: int = 0  # CPU threads per row process (OMP_NUM_THREADS); 0 = torch's default
+
+
+# ---------------------------------------------------------------------------------- processes
+
+
+def _command(contender: str, spec_path: Path, result_path: Path, opts: BenchOptions) -> list[str]:
+    c = CONTENDERS.get(contender)
+    if c is not None and c.script:
+        return [sys.executable, str(script_path(c.script)), "--spec", str(spec_path), "--result", str(result_path),
+                *opts.handtuned_args]
+    return [sys.executable, "-m", "turbotrain.bench.worker", contender, "--spec", str(spec_path), "--result", str(result_path)]
+
+
+def _env(row_dir: Path, opts: BenchOptions) -> dict[str, str]:
+    """The contender's environment: turbotrain importable, and compile caches: by default cold
+    ones of its own, so no row's time to first step profits from another's compilation."""
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if opts.threads:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(opts.threads)
+    cache = row_dir if opts.compile_cache == "cold" else opts.work_dir
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor-cache")
+    env["TRITON_CACHE_DIR"] = str(cache / "triton-cache")
+    return env
+
+
+def run_row(contender: str, spec: dict[str, Any], row_name: str, opts: BenchOptions) -> dict[str, Any]:
+    """One row in its own process; its JSON result (status ok / skipped / failed)."""
+    row_dir = opts.work_dir / row_name
+    row_dir.mkdir(parents=True, exist_ok=True)
+    spec_path, result_path, log_path = row_dir / "spec.json", row_dir / "result.json", row_dir / "log.txt"
+    spec_path.write_text(json.dumps(spec, indent=1))
+    result_path.unlink(missing_ok=True)
+    cmd = _command(contender, spec_path, result_path, opts)
+    start = time.perf_counter()
+    with open(log_path, "w") as log:
+        # A session of its own, so ending the row also ends its compile workers; the row never
+        # outlives this process (a timeout, Ctrl-C or SIGTERM here ends it first).
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(row_dir, opts), start_new_session=True)
+        code: int | None = None
+        try:
+            code = proc.wait(timeout=opts.timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    wall_s = time.perf_counter() - start
+    if code is None:
+        result = {"status": "failed", "reason": f"timed out after {opts.timeout_s:.0f} s"}
+    elif result_path.is_file():
+        result = json.loads(result_path.read_text())
+    else:
+        tail = log_path.read_text().strip().splitlines()[-1:] or ["no output"]
+        result = {"status": "failed", "reason": f"exit code {code}: {tail[0][:300]}"}
+    result.update(contender=contender, row=row_name, command=" ".join(cmd), log=str(log_path), wall_s=wall_s)
+    return result
+
+
+@dataclass
+class RowJob:
+    """One row to run: its name, the contender process, its spec (or why it is skipped)."""
+
+    row: str
+    contender: str
+    spec: dict[str, Any]
+    skip: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)  # copied into the row (change, overrides)
+
+
+def run_rows(jobs: list[RowJob], opts: BenchOptions, prefix: str) -> list[dict[str, Any]]:
+    """Run every job ``opts.repeat`` times, round-robin (row 1, row 2, ..., row 1, row 2, ...), and
+    merge each row's runs: the representative run is the one with the median step time; the
+    row's time to first step is the median over runs; every run's figures are kept."""
+    runs: dict[str, list[dict[str, Any]]] = {j.row: [] for j in jobs}
+    for k in range(max(1, opts.repeat)):
+        for j in jobs:
+            if j.skip:
+                continue
+            tag = f"{prefix}-{j.row}" + (f"-run{k + 1}" if opts.repeat > 1 else "")
+            result = run_row(j.contender, j.spec, tag, opts)
+            _log_row(opts, result, j.row + (f" (run {k + 1})" if opts.repeat > 1 else ""))
+            runs[j.row].append(result)
+    rows = []
+    for j in jobs:
+        if j.skip:
+            row = {"contender": j.contender, "row": j.row, "status": "skipped", "reason": j.skip}
+        else:
+            row = merge_runs(runs[j.row])
+            row["row"] = j.row
+        row.update(j.extra)
+        rows.append(row)
+    return rows
+
+
+def merge_runs(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from repeated runs of it (a failed run fails the row: its reason is kept)."""
+    failed = [r for r in results if r.get("status") != "ok"]
+    if failed:
+        return dict(failed[0])
+    order = sorted(results, key=lambda r: r["step_ms_median"])
+    row = dict(order[(len(order) - 1) // 2])
+    if len(results) > 1:
+        row["time_to_first_step_s"] = statistics.median(r["time_to_first_step_s"] for r in results)
+        row["runs"] = [
+            {k: r.get(k) for k in ("step_ms_median", "time_to_first_step_s", "final_loss", "process_s", "log")}
+            for r in results
+        ]
+    return row
+
+
+def _status(row: dict[str, Any]) -> str:
+    return row["status"] if row["status"] == "ok" else f"{row['status']} ({row.get('reason', '')})"
+
+
+# ---------------------------------------------------------------------------------- derived figures
+
+
+def derive(row: dict[str, Any], w: Workload, flops: float) -> None:
+    """Add throughput and MFU computed from the row's measured median step (in place)."""
+    if row.get("status") != "ok":
+        return
+    step_s = row["step_ms_median"] / 1000.0
+    row["samples_per_s"] = w.batch_size / step_s
+    if w.tokens_per_sample:
+        row["tokens_per_s"] = row["samples_per_s"] * w.tokens_per_sample
+    row["model_tflops_per_s"] = flops / step_s / 1e12
+    spec = lookup_peak(row.get("device_name")) if row.get("device") == "cuda" else None
+    peak = spec.peak_tflops(row.get("math_precision", "bf16")) if spec else None
+    if peak:
+        row["mfu"] = estimate_mfu(flops / step_s, peak)
+        row["mfu_peak_tflops"] = peak
+        row["mfu_peak_source"] = f"{spec.name} dense {row.get('math_precision')} datasheet peak"
+
+
+def compare_to(rows: list[dict[str, Any]], ref: dict[str, Any] | None, *, speed_key: str) -> None:
+    """Loss difference and parity of every ok row against ``ref``; ``speed_key`` names the
+    ratio: 'turbotrain_speedup' (ref throughput / row's) or 'speedup' (row's / ref's)."""
+    for row in rows:
+        if row.get("status") != "ok" or ref is None or ref.get("status") != "ok":
+            continue
+        tol = loss_tolerance(row, ref)
+        row["loss_diff"] = row["final_loss"] - ref["final_loss"]
+        row["loss_tol"] = tol
+        row["loss_within_tol"] = abs(row["loss_diff"]) <= tol
+        ratio = row["step_ms_median"] / ref["step_ms_median"]
+        row[speed_key] = ratio if speed_key == "turbotrain_speedup" else 1.0 / ratio
+
+
+def _base(kind: str, w: Workload, opts: BenchOptions, flops: float, flops_method: str) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "workload": {**asdict(w), "describe": w.describe()},
+        "device": opts.device,
+        "seed": opts.seed,
+        "flops_per_step": flops,
+        "flops_method": flops_method,
+        "tolerance": {
+            "same_precision_nats": SAME_PRECISION_TOL,
+            "mixed_precision_nats": MIXED_PRECISION_TOL,
+            "mixed_precision_relative": MIXED_PRECISION_REL_TOL,
+            "rule": f"|final loss - reference| <= {SAME_PRECISION_TOL} nats when both rows compute in fp32, "
+            f"else <= max({MIXED_PRECISION_TOL} nats, {MIXED_PRECISION_REL_TOL:.0%} of the reference loss)",
+        },
+        "mfu_basis": "model FLOPs per step / median step time / the GPU's dense datasheet peak for the precision "
+        "each row computes in (turbotrain.hardware); omitted when the device is unknown or a CPU",
+        "repeat": opts.repeat,
+        "timing": "median of the timed steps; warm-up and compilation excluded (reported as time to first step); "
+        + ("CUDA events, synchronized before reading" if opts.device == "cuda" else "host clock")
+        + (f"; each row run in {opts.repeat} processes round-robin, the run with the median step time reported"
+           if opts.repeat > 1 else "")
+        + ("; compile caches shared between rows (a later row may reuse an earlier row's compilation, so its "
+           "time to first step is a lower bound)" if opts.compile_cache == "shared" else "")
+        + (f"; {opts.threads} CPU thread(s) per row" if opts.threads else "")
+        + (". CPU shared with other processes: timings are noisy" if opts.device == "cpu" else ""),
+        "compile_cache": opts.compile_cache,
+        "threads": opts.threads or None,
+    }
+
+
+def _prepare(w: Workload, opts: BenchOptions, tag: str) -> tuple[dict[str, Any], float, str]:
+    opts.work_dir.mkdir(parents=True, exist_ok=True)
+    data = write_data(w, opts.seed, opts.work_dir / f"{w.name}-{tag}-data.pt")
+    flops, method = flops_per_step(w)
+    return to_spec(w, device=opts.device, seed=opts.seed, data_file=data), flops, method
+
+
+def _device_name(rows: list[dict[str, Any]]) -> str | None:
+    return next((r["device_name"] for r in rows if r.get("device_name")), None)
+
+
+def _log_row(opts: BenchOptions, row: dict[str, Any], label: str) -> None:
+    if row["status"] == "ok":
+        opts.log(f"  {label:<28} {row['step_ms_median']:9.2f} ms/step  loss {row['final_loss']:.4f}  "
+                 f"first step {row['time_to_first_step_s']:.2f} s")
+    else:
+        opts.log(f"  {label:<28} {_status(row)}")
+
+
+# ---------------------------------------------------------------------------------- compare
+
+
+def run_compare(w: Workload, opts: BenchOptions, contenders: list[str] | None = None) -> dict[str, Any]:
+    """Every contender on the same model, data, seed and batch, each in its own process."""
+    names = list(contenders or DEFAULT_ORDER)
+    unknown = [n for n in names if n not in CONTENDERS]
+    if unknown:
+        raise ValueError(f"unknown contender(s) {unknown}; choose from {', '.join(CONTENDERS)}")
+    if opts.device != "cuda":
+        names = [n for n in names if not CONTENDERS[n].cuda_only]
+    spec, flops, method = _prepare(w, opts, "compare")
+    opts.log(f"compare: {w.describe()}")
+    profiled = {**spec, "profile_steps": opts.profile_steps, "profile_dir": str(opts.profile_dir)} if opts.profile_dir else spec
+    jobs = [RowJob(n, n, profiled if n == "turbotrain" else spec, skip=CONTENDERS[n].unavailable(opts.device) or "",
+                   extra={"title": CONTENDERS[n].title})
+            for n in names]
+    rows = run_rows(jobs, opts, f"{w.name}-compare")
+    for row in rows:
+        row.setdefault("recipe", CONTENDERS[row["contender"]].recipe(opts.device))
+        derive(row, w, flops)
+    ref = next((r for r in rows if r["contender"] == "turbotrain"), None)
+    compare_to(rows, ref, speed_key="turbotrain_speedup")
+    ok = [r for r in rows if r["status"] == "ok"]
+    report = _base("compare", w, opts, flops, method)
+    report.update(
+        reference="turbotrain",
+        device_name=_device_name(rows),
+        rows=rows,
+        summary={
+            "contenders_ok": [r["contender"] for r in ok],
+            "same_initial_weights": len({r["init_digest"] for r in ok}) <= 1,
+            "init_digests": sorted({r["init_digest"] for r in ok}),
+            "first_loss_spread": (max(r["first_loss"] for r in ok) - min(r["first_loss"] for r in ok)) if ok else None,
+            "loss_parity": all(r.get("loss_within_tol", False) for r in ok) if ref and ref["status"] == "ok" else None,
+        },
+    )
+    return report
+
+
+# ---------------------------------------------------------------------------------- matrices
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row of a matrix: turbotrain config overrides (+ model overrides) on a base."""
+
+    name: str
+    change: str
+    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    skip: str = ""  # why this row does not apply here (reported, not run)
+
+
+def precision_variants(device: str) -> list[Variant]:
+    """fp32 (TF32 off), TF32, fp16-mixed, bf16-mixed, bf16-true; compile off so each row isolates
+    precision (the ablation measures compile) and the matrix fits a device session."""
+    cuda_only = "" if device == "cuda" else "TF32 is a CUDA tensor-core mode; no effect on CPU"
+    return [
+        Variant("fp32", "fp32 weights and math, TF32 off", {"precision": {"mode": "fp32", "tf32": False}}),
+        Variant("tf32", "fp32 weights, TF32 matmuls/convolutions", {"precision": {"mode": "fp32", "tf32": True}}, skip=cuda_only),
+        Variant("fp16-mixed", "fp16 autocast + GradScaler", {"precision": {"mode": "fp16-mixed", "tf32": False}}),
+        Variant("bf16-mixed", "bf16 autocast, fp32 weights", {"precision": {"mode": "bf16-mixed", "tf32": False}}),
+        Variant("bf16-true", "bf16 weights, gradients and optimizer state", {"precision": {"mode": "bf16-true", "tf32": False}}),
+    ]
+
+
+def ablation_variants(w: Workload, device: str) -> list[Variant]:
+    """The plain fp32 eager baseline, each optimization alone on top of it, then all together,
+    then turbotrain's defaults. Rows that cannot apply here say why."""
+    cuda = device == "cuda"
+    gpt = w.model == "gpt"
+    conv = w.model in ("resnet", "cifar")
+    only_cuda = "" if cuda else "CUDA only"
+    baseline: dict[str, dict[str, Any]] = {
+        "precision": {"mode": "fp32", "tf32": False, "cudnn_benchmark": False},
+        "compile": {"scope": "off", "mode": "default"},
+        "optim": {"implementation": "foreach" if cuda else "for-loop"},  # torch's own default per device
+        "data": {"device_prefetch": False, "pin_memory": False},
+    }
+    masked = {"attention": "masked"} if gpt else {}
+
+    def on(**sections: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        merged = {k: dict(v) for k, v in baseline.items()}
+        for k, v in sections.items():
+            merged.setdefault(k, {}).update(v)
+        return merged
+
+    prefetch_skip = only_cuda or ("the data is already resident on the device" if w.resident else "")
+    rows = [
+        Variant("baseline", "fp32, eager, AdamW torch default, explicit attention mask, no prefetch", on(), masked),
+        Variant("+bf16-mixed", "bf16 autocast", on(precision={"mode": "bf16-mixed"}), masked),
+        Variant("+tf32", "TF32 matmuls/convolutions", on(precision={"tf32": True}), masked, skip=only_cuda),
+        Variant("+cudnn-benchmark", "cuDNN autotuning", on(precision={"cudnn_benchmark": True}), masked,
+                skip=only_cuda or ("" if conv else "no convolutions in this model")),
+        Variant("+compile", "torch.compile (model)", on(compile={"scope": "model"}), masked),
+        Variant("+fused-adamw", "fused AdamW", on(optim={"implementation": "fused"}), masked),
+        Variant("+sdpa-flash", "SDPA is_causal (flash kernel) instead of an explicit mask", on(), {},
+                skip="" if gpt else "no attention in this model"),
+        Variant("+prefetch", "pinned batches, side-stream copy", on(data={"device_prefetch": True, "pin_memory": True}),
+                masked, skip=prefetch_skip),
+        Variant("+cuda-graphs", "compile mode reduce-overhead (CUDA graphs)",
+                on(compile={"scope": "model", "mode": "reduce-overhead"}), masked, skip=only_cuda),
+    ]
+    everything = on(
+        precision={"mode": "bf16-mixed", "tf32": cuda, "cudnn_benchmark": cuda},
+        compile={"scope": "model", "mode": "reduce-overhead" if cuda else "default"},
+        optim={"implementation": "fused"},
+        data={"device_prefetch": cuda, "pin_memory": cuda},
+    )
+    rows.append(Variant("all", "every optimization above together", everything, {}))
+    rows.append(Variant("turbotrain-defaults", "Engine defaults (auto)", {}, {}))
+    return rows
+
+
+def _run_variants(w: Workload, opts: BenchOptions, variants: list[Variant], kind: str) -> tuple[list[dict[str, Any]], dict[str, Any], float, str]:
+    spec, flops, method = _prepare(w, opts, kind)
+    opts.log(f"{kind}: {w.describe()}")
+    jobs = [
+        RowJob(v.name, "turbotrain",
+               {**spec, "turbotrain_overrides": v.overrides,
+                "model": {**spec["model"], "kwargs": {**spec["model"]["kwargs"], **v.model}}},
+               skip=v.skip, extra={"change": v.change, "overrides": v.overrides, "model_overrides": v.model})
+        for v in variants
+    ]
+    rows = run_rows(jobs, opts, f"{w.name}-{kind}")
+    for row in rows:
+        derive(row, w, flops)
+    return rows, spec, flops, method
+
+
+def run_precision_matrix(w: Workload, opts: BenchOptions) -> dict[str, Any]:
+    """Step time, speedup over fp32, peak memory and its reduction, loss and its difference from
+    fp32 for each precision this device supports; recommends the fastest within tolerance."""
+    rows, _, flops, method = _run_variants(w, opts, precision_variants(opts.device), "precision")
+    ref = next((r for r in rows if r["row"] == "fp32"), None)
+    compare_to(rows, ref, speed_key="speedup")
+    if ref and ref.get("status") == "ok" and "peak_mem_gib" in ref:
+        for r in rows:
+            if r.get("status") == "ok" and "peak_mem_gib" in r:
+                r["mem_reduction"] = 1.0 - r["peak_mem_gib"] / ref["peak_mem_gib"]
+    report = _base("precision", w, opts, flops, method)
+    report.update(reference="fp32", device_name=_device_name(rows), rows=rows,
+                  notes=["rows run with compile off so each isolates the precision; see --matrix ablation for compile"],
+                  summary={"recommendation": recommend(rows)})
+    return report
+
+
+RECOMMEND_MIN_SPEEDUP = 1.05  # below this a faster row is within run-to-run noise: keep fp32
+
+
+def recommend(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The fastest ok row whose final loss is within tolerance of fp32, if it is at least
+    RECOMMEND_MIN_SPEEDUP x fp32's speed (else fp32 itself); None when fp32 did not run."""
+    good = [r for r in rows if r.get("status") == "ok" and r.get("loss_within_tol")]
+    if not good:
+        return None
+    best = min(good, key=lambda r: r["step_ms_median"])
+    reference = next((r for r in good if r.get("row") == "fp32"), None)
+    if reference is not None and best.get("speedup", 1.0) < RECOMMEND_MIN_SPEEDUP:
+        best = reference
+    rejected = [r["row"] for r in rows if r.get("status") == "ok" and not r.get("loss_within_tol")]
+    return {
+        "row": best["row"],
+        "speedup": best.get("speedup"),
+        "loss_diff": best.get("loss_diff"),
+        "outside_tolerance": rejected,
+        "min_speedup": RECOMMEND_MIN_SPEEDUP,
+        "text": f"{best['row']}: {best.get('speedup', 1.0):.2f}x fp32's speed, final loss within "
+        f"{best['loss_tol']:.3g} nats of fp32 ({best['loss_diff']:+.4f}); a row must be >= "
+        f"{RECOMMEND_MIN_SPEEDUP:.2f}x fp32 to be preferred"
+        + (f"; outside tolerance: {', '.join(rejected)}" if rejected else ""),
+    }
+
+
+def run_ablation(w: Workload, opts: BenchOptions) -> dict[str, Any]:
+    """From the plain fp32 eager baseline: each optimization alone, then all, then the defaults."""
+    rows, _, flops, method = _run_variants(w, opts, ablation_variants(w, opts.device), "ablation")
+    ref = next((r for r in rows if r["row"] == "baseline"), None)
+    compare_to(rows, ref, speed_key="speedup")
+    report = _base("ablation", w, opts, flops, method)
+    report.update(reference="baseline", device_name=_device_name(rows), rows=rows)
+    return report

@@ -1,0 +1,158 @@
+"""Markdown tables (printed to the terminal and written next to the JSON) for bench reports.
+
+A column appears only when some row measured it: no MFU column when the GPU's peak is unknown
+or on CPU; a skipped or failed row shows "skipped (reason)" / "failed (reason)" and dashes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+DASH = "—"
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return DASH if value is None else format(value, fmt)
+
+
+def _status(row: dict[str, Any]) -> str:
+    if row.get("status") == "ok":
+        return "ok"
+    return f"{row.get('status', 'failed')} ({row.get('reason', 'no reason given')})"
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def render_table(rows: list[dict[str, Any]], columns: list[tuple[str, Callable[[dict[str, Any]], str]]]) -> str:
+    """Markdown table: ``columns`` are (header, row -> cell text)."""
+    head = "| " + " | ".join(h for h, _ in columns) + " |"
+    rule = "|" + "|".join("---" for _ in columns) + "|"
+    body = ["| " + " | ".join(_cell(get(r)) for _, get in columns) + " |" for r in rows]
+    return "\n".join([head, rule, *body])
+
+
+def _ok(fn: Callable[[dict[str, Any]], str]) -> Callable[[dict[str, Any]], str]:
+    return lambda r: fn(r) if r.get("status") == "ok" else DASH
+
+
+def _throughput_column(report: dict[str, Any]) -> tuple[str, Callable[[dict[str, Any]], str]]:
+    if report["workload"].get("task") == "lm":
+        return "tokens/s", _ok(lambda r: _num(r.get("tokens_per_s"), ",.0f"))
+    return "samples/s", _ok(lambda r: _num(r.get("samples_per_s"), ",.1f"))
+
+
+def _memory_column(rows: list[dict[str, Any]]) -> tuple[str, Callable[[dict[str, Any]], str]] | None:
+    if any("peak_mem_gib" in r for r in rows):
+        return "peak mem GiB", _ok(lambda r: _num(r.get("peak_mem_gib"), ".2f"))
+    if any("peak_rss_gib" in r for r in rows):
+        return "peak RSS GiB (process)", _ok(lambda r: _num(r.get("peak_rss_gib"), ".2f"))
+    return None
+
+
+def _mfu_column(rows: list[dict[str, Any]]) -> tuple[str, Callable[[dict[str, Any]], str]] | None:
+    if not any(r.get("mfu") is not None for r in rows):
+        return None
+    return "MFU", _ok(lambda r: DASH if r.get("mfu") is None else f"{100 * r['mfu']:.1f}% of {r.get('math_precision')} peak")
+
+
+def _loss_diff(r: dict[str, Any]) -> str:
+    if r.get("loss_diff") is None:
+        return DASH
+    mark = "" if r.get("loss_within_tol") else " (outside tolerance)"
+    return f"{r['loss_diff']:+.5f}{mark}"
+
+
+def _common(report: dict[str, Any]) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
+    rows = report["rows"]
+    cols = [("step ms (median)", _ok(lambda r: f"{r['step_ms_median']:.2f}"))]
+    if any(r.get("runs") for r in rows):
+        cols.append(("step ms per run", _ok(lambda r: " / ".join(f"{x['step_ms_median']:.1f}" for x in r.get("runs", [])) or DASH)))
+    cols.append(_throughput_column(report))
+    for optional in (_mfu_column(rows), _memory_column(rows)):
+        if optional:
+            cols.append(optional)
+    cols.append(("first step s", _ok(lambda r: f"{r['time_to_first_step_s']:.2f}")))
+    cols.append(("final loss", _ok(lambda r: f"{r['final_loss']:.5f}")))
+    return cols
+
+
+def compare_table(report: dict[str, Any]) -> str:
+    cols: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        ("contender", lambda r: r["contender"]),
+        ("status", _status),
+        ("recipe", lambda r: r.get("recipe", "")),
+        *_common(report),
+        ("Δ loss vs turbotrain", _loss_diff),
+        ("turbotrain speedup", _ok(lambda r: _num(r.get("turbotrain_speedup"), ".2f") + ("x" if r.get("turbotrain_speedup") else ""))),
+    ]
+    return render_table(report["rows"], cols)
+
+
+def precision_table(report: dict[str, Any]) -> str:
+    cols = [
+        ("precision", lambda r: r["row"]),
+        ("status", _status),
+        *_common(report),
+        ("speedup vs fp32", _ok(lambda r: _num(r.get("speedup"), ".2f") + ("x" if r.get("speedup") else ""))),
+    ]
+    if any("mem_reduction" in r for r in report["rows"]):
+        cols.append(("memory saved vs fp32", _ok(lambda r: _num(None if r.get("mem_reduction") is None else 100 * r["mem_reduction"], ".0f") + ("%" if r.get("mem_reduction") is not None else ""))))
+    cols.append(("Δ loss vs fp32", _loss_diff))
+    return render_table(report["rows"], cols)
+
+
+def ablation_table(report: dict[str, Any]) -> str:
+    cols = [
+        ("row", lambda r: r["row"]),
+        ("change", lambda r: r.get("change", "")),
+        ("status", _status),
+        *_common(report),
+        ("speedup vs baseline", _ok(lambda r: _num(r.get("speedup"), ".2f") + ("x" if r.get("speedup") else ""))),
+        ("Δ loss vs baseline", _loss_diff),
+    ]
+    return render_table(report["rows"], cols)
+
+
+TABLES = {"compare": compare_table, "precision": precision_table, "ablation": ablation_table}
+TITLES = {"compare": "contenders side by side", "precision": "precision matrix", "ablation": "optimization ablation"}
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    """The conclusions under the table: parity, same start, recommendation."""
+    s, out = report.get("summary", {}), []
+    if report["kind"] == "compare":
+        if s.get("contenders_ok"):
+            same = "yes" if s.get("same_initial_weights") else "NO"
+            out.append(f"- same initial weights in every contender: {same} (digest {', '.join(s.get('init_digests', []))}); "
+                       f"first-step losses differ by at most {s['first_loss_spread']:.2e}")
+        if s.get("loss_parity") is not None:
+            out.append(f"- final losses within tolerance of turbotrain's: {'yes' if s['loss_parity'] else 'NO'}")
+    if report["kind"] == "precision":
+        rec = s.get("recommendation")
+        out.append(f"- recommended: {rec['text']}" if rec else "- no recommendation: the fp32 reference row did not run")
+    return out
+
+
+def render_report(report: dict[str, Any]) -> str:
+    """The whole markdown document for one report: header, table, conclusions, notes."""
+    w = report["workload"]
+    device = report.get("device_name") or report["device"]
+    lines = [
+        f"## {w['name']}: {TITLES[report['kind']]}",
+        "",
+        f"- device: {device} ({report['device']})",
+        f"- workload: {w['describe']}",
+        *[f"- note: {n}" for n in (*w.get("notes", ()), *report.get("notes", ()))],
+        f"- timing: {report['timing']}",
+        f"- loss parity rule: {report['tolerance']['rule']}",
+    ]
+    if any(r.get("mfu") is not None for r in report["rows"]):
+        lines.append(f"- MFU: {report['mfu_basis']}; FLOPs: {report['flops_method']}")
+    elif report["device"] == "cuda":
+        lines.append(f"- MFU omitted: no datasheet peak known for {device!r}")
+    if report.get("command"):
+        lines.append(f"- command: `{report['command']}`")
+    lines += ["", TABLES[report["kind"]](report), "", *summary_lines(report)]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,130 @@
+"""``turbotrain bench``: measure turbotrain against plain PyTorch, Accelerate and Lightning, and
+the effect of each precision and optimization, on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..errors import TurbotrainError
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from ..bench.contenders import CONTENDERS, DEFAULT_ORDER
+    from ..bench.workloads import NOT_BUILT, workload_names
+
+    p = subparsers.add_parser(
+        "bench",
+        help="benchmark contenders side by side, the precision matrix or the optimization ablation",
+        description="Each row runs in its own process on the same model, data, seed and batch; warm-up and "
+        "compilation are excluded from throughput and reported as time to first step.",
+    )
+    p.add_argument("--workload", default=None,
+                   help=f"one of: {', '.join(workload_names())} ({', '.join(NOT_BUILT)}: not built yet); "
+                   "default: gpt2-small on a GPU, gpt-tiny on CPU")
+    p.add_argument("--compare", action="store_true", help="contenders side by side (the default when no --matrix)")
+    p.add_argument("--matrix", action="append", choices=("precision", "ablation"), default=[],
+                   help="precision matrix or optimization ablation (repeatable)")
+    p.add_argument("--contenders", default=",".join(DEFAULT_ORDER),
+                   help=f"comma-separated subset of {', '.join(CONTENDERS)} (CUDA-only ones are left out on CPU)")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    p.add_argument("--batch", type=int, help="global batch in samples (default: the workload's for this device)")
+    p.add_argument("--warmup", type=int, help="untimed warm-up steps, including compilation (default: the workload's)")
+    p.add_argument("--steps", type=int, help="timed steps (default: the workload's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeat", type=int, default=1,
+                   help="processes per row, run round-robin; the run with the median step time is reported (default 1)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU threads per row process (OMP_NUM_THREADS); 0 = torch's default. On a shared CPU, 1 "
+                   "keeps timings stable (no thread barriers stalled by other processes)")
+    p.add_argument("--timeout-s", type=float, default=900.0, help="per-row time limit in seconds (default 900)")
+    p.add_argument("--handtuned-compile", choices=("auto", "on", "off"), default="auto",
+                   help="torch.compile in benchmarks/handtuned.py (auto: on for CUDA, off for CPU)")
+    p.add_argument("--compile-cache", choices=("cold", "shared"), default="cold",
+                   help="cold: a fresh torch.compile cache per row, so time to first step is fair (default); "
+                   "shared: rows reuse each other's compilations (faster; time to first step becomes a lower bound)")
+    p.add_argument("--profile", metavar="DIR",
+                   help="compare: profile a few turbotrain steps after its timed window; trace and op table to DIR")
+    p.add_argument("--out", help="write <workload>-<kind>.json and .md here")
+    p.add_argument("--work-dir", help="keep per-row specs, logs and data here (default: a temporary folder, removed)")
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args: argparse.Namespace, extra: list[str]) -> int:
+    from ..bench.results import build_document, write_document
+    from ..bench.suite import BenchOptions, run_ablation, run_compare, run_precision_matrix
+    from ..bench.tables import render_report
+    from ..bench.workloads import expand, resolve_workload
+
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise TurbotrainError("--device cuda but no CUDA GPU is visible to torch; use --device cpu or auto")
+    workload_arg = args.workload or ("gpt2-small" if device == "cuda" else "gpt-tiny")
+    names = expand(workload_arg)
+    if args.threads < 0:
+        raise TurbotrainError(f"--threads = {args.threads} must be 0 (default) or more")
+    if args.repeat < 1:
+        raise TurbotrainError(f"--repeat = {args.repeat} must be at least 1")
+    kinds = (["compare"] if args.compare or not args.matrix else []) + list(dict.fromkeys(args.matrix))
+    contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    command = "turbotrain " + shlex.join(sys.argv[1:]) if _called_as_cli() else canonical_command(args)
+    work_dir = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="turbotrain-bench-"))
+    opts = BenchOptions(device=device, work_dir=work_dir, seed=args.seed, timeout_s=args.timeout_s,
+                        handtuned_args=("--compile", args.handtuned_compile), repeat=args.repeat,
+                        compile_cache=args.compile_cache, threads=args.threads, profile_dir=Path(args.profile) if args.profile else None)
+    signal.signal(signal.SIGTERM, _terminate)  # so a running row is ended too (see suite.run_row)
+    runners = {
+        "compare": lambda w: run_compare(w, opts, contenders),
+        "precision": lambda w: run_precision_matrix(w, opts),
+        "ablation": lambda w: run_ablation(w, opts),
+    }
+    try:
+        for name in names:
+            w = resolve_workload(name, device, batch_size=args.batch, warmup_steps=args.warmup, timed_steps=args.steps)
+            for kind in kinds:
+                try:
+                    report = runners[kind](w)
+                except ValueError as exc:
+                    raise TurbotrainError(str(exc)) from None
+                doc = build_document(report, command, list(sys.orig_argv))
+                print(render_report(doc), flush=True)
+                if args.out:
+                    json_path, md_path = write_document(doc, Path(args.out))
+                    print(f"wrote {json_path} and {md_path}\n", flush=True)
+    finally:
+        if not args.work_dir:
+            shutil.rmtree(work_dir, ignore_errors=True)
+    return 0
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def canonical_command(args: argparse.Namespace) -> str:
+    """A command line that reproduces ``args`` (for in-process calls, where sys.argv is not ours)."""
+    words = ["turbotrain", "bench"]
+    if args.workload:
+        words += ["--workload", args.workload]
+    if args.compare:
+        words.append("--compare")
+    for kind in args.matrix:
+        words += ["--matrix", kind]
+    words += ["--contenders", args.contenders, "--device", args.device, "--seed", str(args.seed)]
+    for flag, value in (("--repeat", args.repeat), ("--threads", args.threads or None), ("--batch", args.batch), ("--warmup", args.warmup), ("--steps", args.steps), ("--out", args.out)):
+        if value is not None:
+            words += [flag, str(value)]
+    return shlex.join(words)
+
+
+def _called_as_cli() -> bool:
+    """True when this process is the `turbotrain` (or `python -m turbotrain`) command line."""
+    return len(sys.argv) > 1 and sys.argv[1] == "bench"

@@ -1,0 +1,97 @@
+"""`turbotrain bench --compare` on CPU: every contender in its own process, same model, same
+batches, the same losses (correctness only: no assertion here is about speed)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from turbotrain.bench import worker
+from turbotrain.bench.contenders import CONTENDERS
+from turbotrain.bench.suite import SAME_PRECISION_TOL, BenchOptions, run_compare, run_precision_matrix
+from turbotrain.bench.tables import render_report
+from turbotrain.bench.workloads import resolve_workload, to_spec, write_data
+
+TINY_GPT = {"n_layer": 1, "n_head": 2, "d_model": 32, "block_size": 16}
+CPU_CONTENDERS = ["eager", "handtuned", "accelerate", "lightning", "turbotrain"]
+
+
+def _tiny(name: str = "gpt-tiny"):
+    return resolve_workload(name, "cpu", batch_size=4, warmup_steps=2, timed_steps=3,
+                            model_overrides=TINY_GPT if name.startswith("gpt") else None)
+
+
+@pytest.fixture(scope="module")
+def compare_report(tmp_path_factory):
+    opts = BenchOptions(device="cpu", work_dir=tmp_path_factory.mktemp("bench"), log=lambda line: None, timeout_s=300)
+    return run_compare(_tiny(), opts, CPU_CONTENDERS)
+
+
+def test_every_contender_runs_or_says_why(compare_report):
+    rows = {r["contender"]: r for r in compare_report["rows"]}
+    assert list(rows) == CPU_CONTENDERS
+    for name, row in rows.items():
+        reason = CONTENDERS[name].unavailable("cpu")
+        if reason:  # only a missing package may stop a contender, and it is named
+            assert row["status"] == "skipped" and row["reason"] == reason
+        else:
+            assert row["status"] == "ok", f"{name}: {row.get('reason')}"
+    assert rows["eager"]["status"] == rows["handtuned"]["status"] == rows["turbotrain"]["status"] == "ok"
+
+
+def test_every_contender_trains_the_same_model_on_the_same_batches(compare_report):
+    ok = [r for r in compare_report["rows"] if r["status"] == "ok"]
+    assert len({r["init_digest"] for r in ok}) == 1, "initial weights differ"
+    assert compare_report["summary"]["same_initial_weights"]
+    first = [r["first_loss"] for r in ok]
+    assert max(first) - min(first) <= 1e-6, f"first-step losses differ: {first}"
+    # Same batches in the same order: the whole loss curve agrees, not only the first step.
+    ref = next(r for r in ok if r["contender"] == "turbotrain")["losses"]
+    for r in ok:
+        assert len(r["losses"]) == 5
+        assert max(abs(a - b) for a, b in zip(r["losses"], ref)) <= SAME_PRECISION_TOL, r["contender"]
+
+
+def test_final_losses_agree_within_the_stated_tolerance(compare_report):
+    ok = [r for r in compare_report["rows"] if r["status"] == "ok"]
+    for r in ok:
+        assert r["loss_tol"] == SAME_PRECISION_TOL  # all fp32 on CPU
+        assert abs(r["loss_diff"]) <= SAME_PRECISION_TOL and r["loss_within_tol"], r["contender"]
+    assert compare_report["summary"]["loss_parity"] is True
+
+
+def test_report_figures_are_measured_and_the_table_prints(compare_report):
+    text = render_report(compare_report)
+    for row in compare_report["rows"]:
+        assert f"| {row['contender']} |" in text
+        if row["status"] == "ok":
+            assert len(row["step_ms"]) == 3 and row["step_ms_median"] > 0 and row["tokens_per_s"] > 0
+            assert "mfu" not in row  # CPU: no datasheet peak, so no MFU
+            assert "peak_rss_gib" in row and "peak_mem_gib" not in row
+    assert "MFU" not in text
+    json.dumps(compare_report, allow_nan=False)
+
+
+def test_a_missing_package_inside_the_worker_is_a_skip(tmp_path, monkeypatch):
+    w = _tiny()
+    spec = to_spec(w, device="cpu", seed=0, data_file=write_data(w, 0, tmp_path / "data.pt"))
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    monkeypatch.setitem(sys.modules, "lightning", None)  # import lightning -> ImportError
+    result_path = tmp_path / "result.json"
+    assert worker.main(["lightning", "--spec", str(tmp_path / "spec.json"), "--result", str(result_path)]) == 0
+    result = json.loads(result_path.read_text())
+    assert result["status"] == "skipped" and "lightning is not installed" in result["reason"]
+
+
+def test_precision_matrix_runs_what_cpu_supports(tmp_path):
+    opts = BenchOptions(device="cpu", work_dir=tmp_path, log=lambda line: None, timeout_s=300)
+    report = run_precision_matrix(_tiny("mlp-tiny"), opts)
+    rows = {r["row"]: r for r in report["rows"]}
+    assert rows["fp32"]["status"] == "ok" and rows["bf16-mixed"]["status"] == "ok"
+    assert rows["tf32"]["status"] == "skipped" and "CUDA" in rows["tf32"]["reason"]
+    assert rows["fp16-mixed"]["status"] == "skipped" and "needs a CUDA GPU" in rows["fp16-mixed"]["reason"]
+    assert rows["fp32"]["speedup"] == 1.0 and rows["fp32"]["loss_diff"] == 0.0
+    assert report["summary"]["recommendation"]["row"] in rows
+    assert "recommended:" in render_report(report)
