@@ -4,13 +4,14 @@ The tiny MLP is overhead-bound, so any per-step cost the Engine adds shows. Each
 its own process, pinned to one thread; rounds alternate hand/engine so drift in machine load hits
 both; each process reports the median of several timed windows after a warm-up.
 
-    python benchmarks/overhead.py --rounds 5 --out benchmarks/results/cpu/overhead.json
+    python benchmarks/overhead.py --rounds 10 --out benchmarks/results/cpu/overhead.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -20,7 +21,7 @@ from pathlib import Path
 
 WARMUP_STEPS = 100
 WINDOW_STEPS = 300
-WINDOWS = 5
+WINDOWS = 9
 
 
 def measure(variant: str) -> dict:
@@ -31,6 +32,8 @@ def measure(variant: str) -> dict:
     from turbotrain.models.mlp import TinyMLP, synthetic_batches
 
     torch.set_num_threads(1)
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})  # one core, no migrations
     torch.manual_seed(0)
     model = TinyMLP()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
@@ -69,7 +72,7 @@ def measure(variant: str) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=5, help="processes per variant, interleaved")
+    p.add_argument("--rounds", type=int, default=10, help="processes per variant, interleaved")
     p.add_argument("--out", help="write the result JSON here")
     p.add_argument("--variant", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -83,6 +86,9 @@ def main() -> None:
             runs[variant].append(json.loads(out.stdout))
     hand = statistics.median(r["step_ms"] for r in runs["hand"])
     engine = statistics.median(r["step_ms"] for r in runs["engine"])
+    # Each round runs both variants back to back; the median of the per-round ratios cancels
+    # slow drifts in machine speed that the medians of absolute times still carry.
+    paired = statistics.median(e["step_ms"] / h["step_ms"] for h, e in zip(runs["hand"], runs["engine"]))
     import torch
 
     result = {
@@ -91,6 +97,7 @@ def main() -> None:
         "hand_step_ms": hand,
         "engine_step_ms": engine,
         "overhead_pct": 100 * (engine / hand - 1),
+        "overhead_pct_paired": 100 * (paired - 1),
         "overhead_us": 1000 * (engine - hand),
         "loss_hand": runs["hand"][0]["loss"],
         "loss_engine": runs["engine"][0]["loss"],
@@ -99,6 +106,7 @@ def main() -> None:
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
     }
     print(f"hand-written {hand:.3f} ms/step | Engine {engine:.3f} ms/step | overhead {result['overhead_pct']:+.2f}% "
+          f"(paired rounds {result['overhead_pct_paired']:+.2f}%) "
           f"({result['overhead_us']:+.1f} us/step) | final loss {result['loss_hand']:.5f} vs {result['loss_engine']:.5f}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

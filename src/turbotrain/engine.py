@@ -27,7 +27,7 @@ from .config import RunConfig, load_config
 from .data.prefetch import DevicePrefetcher, move_to
 from .errors import ConfigError, NonFiniteError, PlacementError
 from .memory import apply_activation_checkpointing, build_batch_runner
-from .precision import DeviceCaps, NonFiniteGuard, Precision, apply_backend_switches, build_precision, fallback_mode
+from .precision import DeviceCaps, Precision, apply_backend_switches, build_guard, build_precision, fallback_mode
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class Engine:
         self.batch_runner = build_batch_runner(opts.on_oom, opts.inject_oom_at_step)  # OOM policy
         self.state = TrainState()
         self.events: list[Event] = []
-        self.guard = NonFiniteGuard(self.device)
+        self.guard = build_guard(self.device)
         self.scheduler: Any = None
         self.last_loss: torch.Tensor | None = None  # mean loss of the last optimizer step, on device
         self._loss_sum: torch.Tensor | None = None
@@ -198,17 +198,16 @@ class Engine:
         self.pending_micro_steps = 0
         self.precision.unscale_(optimizer)
         loss_sum = self._loss_sum if self._loss_sum is not None else torch.zeros((), device=self.device)
-        finite = torch.isfinite(loss_sum)
+        norm = None
         if self.options.grad_clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(self._params_of(optimizer), self.options.grad_clip, foreach=True)
-            finite = finite & torch.isfinite(norm)
-        self.guard.observe(finite)
+        finite = self.guard.check(loss_sum, norm)
         self.precision.optimizer_step(optimizer, finite)
         self.precision.update()
         optimizer.zero_grad(set_to_none=True)
         if self.scheduler is not None:
             self.scheduler.step()
-        self.last_loss = loss_sum / self.accumulation
+        self.last_loss = loss_sum if self.accumulation == 1 else loss_sum / self.accumulation
         self._loss_sum = None
         self.state.step += 1
         if self.state.step % self.options.poll_every == 0:

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from turbotrain.config import load_config
+from turbotrain.precision import NonFiniteGuard
 from turbotrain.runner import build_training, new_run_dir
 
 from conftest import tiny_overrides
@@ -68,6 +69,9 @@ def test_fit_reads_device_values_only_on_logging_steps(tmp_path, text_file, monk
         monitor={"log_every": LOG_EVERY},
     ))
     training = build_training(config, new_run_dir(config), progress=False)
+    # On CPU the engine checks finiteness on the host (free there); put in the guard that CUDA
+    # uses, so this test covers the code path that must not sync a GPU.
+    training.engine.guard = NonFiniteGuard(training.engine.device)
     counts = _count_reads(monkeypatch, training)
 
     by_step = Counter()

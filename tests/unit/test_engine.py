@@ -7,7 +7,7 @@ import torch
 from turbotrain.engine import Engine
 from turbotrain.errors import NonFiniteError, PlacementError
 from turbotrain.models.mlp import TinyMLP, synthetic_batches
-from turbotrain.precision import FP16Mixed
+from turbotrain.precision import FP16Mixed, HostNonFiniteGuard, NonFiniteGuard
 
 
 def _engine(**sections) -> Engine:
@@ -133,3 +133,29 @@ def test_loader_batches_arrive_and_state_counts_samples():
         steps += engine.step(opt)
     assert steps == 2
     assert (engine.state.step, engine.state.micro_step, engine.state.batches, engine.state.samples) == (2, 4, 4, 32)
+
+
+@pytest.mark.parametrize("guard", [HostNonFiniteGuard, NonFiniteGuard])
+@pytest.mark.parametrize("fused", [False, True])
+def test_skip_works_with_host_and_device_guards(guard, fused):
+    """CPU uses the host guard; the device guard (CUDA's) skips fused steps inside the kernel."""
+    torch.manual_seed(0)
+    model = TinyMLP(d_in=8, width=8, depth=1)
+    engine = _engine(precision={"nonfinite": "skip"}, optim={"grad_clip": 1.0})
+    engine.guard = guard(engine.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=fused, foreach=not fused)
+    model, opt, _ = engine.setup(model, opt)
+    (x, y), = synthetic_batches(1, batch_size=8, d_in=8)
+    engine.backward(model(x, y))
+    engine.step(opt)
+    before = [p.detach().clone() for p in model.parameters()]
+    state_step = opt.state[next(model.parameters())]["step"].clone()
+    engine.backward(model(x, y) * float("nan"))
+    engine.step(opt)
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
+    assert torch.equal(opt.state[next(model.parameters())]["step"], state_step)  # Adam's bias correction untouched
+    assert engine.guard.poll() == 1 and engine.state.step == 2
+    engine.backward(model(x, y))
+    engine.step(opt)
+    assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+    assert engine.guard.state_dict() == {"nonfinite_steps": 1}
