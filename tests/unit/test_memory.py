@@ -216,7 +216,8 @@ def test_resolve_batch_size_on_cpu_keeps_the_global_batch_and_caches(tmp_path):
     optimizer = build_optimizer(model, engine.device, lr=1e-2)
     model, optimizer, _ = engine.setup(model, optimizer)
 
-    resolved, search = resolve_batch_size(config, engine, model, optimizer, run_dir=tmp_path)
+    # memory decides here, not timing: the CPU slowdown rule is off so a busy machine cannot change the answer
+    resolved, search = resolve_batch_size(config, engine, model, optimizer, run_dir=tmp_path, slowdown_stop=0.0)
     assert isinstance(search, BatchSearch) and not search.cached
     assert resolved.batch.micro * resolved.batch.accumulation == 48 == search.global_batch
     assert engine.accumulation == resolved.batch.accumulation
@@ -226,7 +227,7 @@ def test_resolve_batch_size_on_cpu_keeps_the_global_batch_and_caches(tmp_path):
 
     cache = json.loads((tmp_path / CACHE_FILE).read_text())
     assert len(cache) == 1
-    again, cached = resolve_batch_size(config, engine, model, optimizer, run_dir=tmp_path)
+    again, cached = resolve_batch_size(config, engine, model, optimizer, run_dir=tmp_path, slowdown_stop=0.0)
     assert cached.cached and again.batch == resolved.batch
 
 

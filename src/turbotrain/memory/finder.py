@@ -544,6 +544,7 @@ def resolve_batch_size(
     max_micro: int | None = None,
     make_batch: Callable[[int], Any] | None = None,
     loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+    slowdown_stop: float | None = None,
 ) -> tuple["RunConfig", BatchSearch | None]:
     """Turn ``batch.micro = 'auto'`` into a number: search (or read the cache in ``run_dir``),
     fit the global batch, set ``engine.accumulation``, and return the config with concrete
@@ -553,6 +554,8 @@ def resolve_batch_size(
     the run's) and before loading a checkpoint or training. ``make_batch(micro)`` builds a batch
     on the device (default: random tokens of ``model.block_size`` for the GPT); ``max_micro``
     bounds the search (default 1024, and the per-rank global batch when one is set).
+    ``slowdown_stop`` (default 0.5 off CUDA, where larger batches stop paying, else 0 = off) stops
+    growth once samples/s fall under that fraction of the best: a timing-based rule.
     """
     b = config.batch
     if isinstance(b.micro, int):
@@ -581,7 +584,7 @@ def resolve_batch_size(
             search = find_batch_size(
                 trial, max_micro=ceiling, headroom=b.headroom, pick=b.pick, budget_bytes=budget,
                 predict=engine.device.type != "cuda",  # on CPU a real OOM kills the process
-                slowdown_stop=0.5 if engine.device.type != "cuda" else 0.0,
+                slowdown_stop=(0.5 if engine.device.type != "cuda" else 0.0) if slowdown_stop is None else slowdown_stop,
             )
         search.found = search.micro = _agree_across_ranks(search.found)
         if cache is not None and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
