@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from .errors import ConfigError
+from .models.blocks import repeated_blocks
 
 
 def resolve_scope(scope: str, device: torch.device) -> str:
@@ -15,17 +16,6 @@ def resolve_scope(scope: str, device: torch.device) -> str:
     if scope not in ("off", "model", "blocks"):
         raise ConfigError(f"compile.scope = {scope!r}; choose one of: auto, off, model, blocks")
     return scope
-
-
-def repeated_blocks(model: nn.Module) -> nn.ModuleList:
-    """The model's stack of repeated blocks: its ``blocks`` attribute, or its largest ModuleList."""
-    blocks = getattr(model, "blocks", None)
-    if isinstance(blocks, nn.ModuleList):
-        return blocks
-    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
-    if not lists:
-        raise ConfigError("compile.scope = 'blocks' needs a model with a ModuleList of blocks; use --compile.scope=model")
-    return max(lists, key=len)
 
 
 def apply_compile(model: nn.Module, scope: str, mode: str = "default") -> nn.Module:
@@ -40,6 +30,9 @@ def apply_compile(model: nn.Module, scope: str, mode: str = "default") -> nn.Mod
     if scope == "model":
         model.compile(**options)
     else:
-        for block in repeated_blocks(model):
+        blocks = repeated_blocks(model)
+        if blocks is None:
+            raise ConfigError("compile.scope = 'blocks' needs a model with a ModuleList of blocks; use --compile.scope=model")
+        for block in blocks:
             block.compile(**options)
     return model

@@ -33,7 +33,8 @@ PACKAGES = ("numpy", "rich", "matplotlib", "nvidia-ml-py", "safetensors", "trito
 # ----------------------------------------------------------------------------- environment
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (or what platform knows)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -120,7 +121,7 @@ def collect_env() -> dict[str, Any]:
         "cuda_available": cuda_ok,
         "gpus": [_gpu(i) for i in range(torch.cuda.device_count())] if cuda_ok else [],
         "nvidia_hardware": _nvidia_hardware_present(),
-        "cpu": {"model": _cpu_model(), "logical_cores": os.cpu_count(), "usable_cores": _usable_cores(),
+        "cpu": {"model": cpu_model(), "logical_cores": os.cpu_count(), "usable_cores": _usable_cores(),
                 "capability": torch.backends.cpu.get_cpu_capability()},
         "ram_gib": _ram_gib(),
         "torch_threads": torch.get_num_threads(),
@@ -142,7 +143,7 @@ def collect_hardware(device: torch.device | str) -> dict[str, Any]:
     datasheet peaks (None for a CPU or an unknown GPU), the CPU, and torch/CUDA/driver versions."""
     device = torch.device(device)
     out: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "cuda": torch.version.cuda,
-                           "cpu": _cpu_model(), "cpu_cores": _usable_cores(), "torch_threads": torch.get_num_threads()}
+                           "cpu": cpu_model(), "cpu_cores": _usable_cores(), "torch_threads": torch.get_num_threads()}
     if device.type == "cuda":
         gpu = _gpu(device.index if device.index is not None else torch.cuda.current_device())
         out.update(name=gpu["name"], compute_capability=gpu["compute_capability"], memory_gib=gpu["memory_gib"],
@@ -366,7 +367,7 @@ def run_probes(device: torch.device | str | None = None, *, quick: bool = False)
                                    f"{min(mib, 256)} MiB pinned, non_blocking"))
         torch.cuda.empty_cache()
     else:
-        name = _cpu_model()
+        name = cpu_model()
         size, mib = (256, 16) if quick else (2048, 256)
         threads = torch.get_num_threads()
         results.append(ProbeResult("matmul fp32", name, measure_matmul_tflops(device, torch.float32, size, repeats=5), "TFLOP/s",

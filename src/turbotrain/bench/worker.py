@@ -11,7 +11,6 @@ import argparse
 import importlib
 import json
 import os
-import platform
 import sys
 import time
 import traceback
@@ -20,18 +19,12 @@ from typing import Any, Sequence
 
 import torch
 
+from ..doctor import cpu_model
+
 
 def device_name(device: torch.device) -> str:
     """The GPU's name as CUDA reports it, or the CPU's model name."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
 
 
 def run(name: str, spec: dict[str, Any]) -> dict[str, Any]:

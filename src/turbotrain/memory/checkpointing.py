@@ -29,6 +29,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..errors import ConfigError
+from ..models.blocks import repeated_blocks
 
 MODES = ("off", "full", "selective")
 
@@ -73,17 +74,14 @@ def _checkpointed_class(cls: type) -> type:
 
 
 def block_list(model: nn.Module) -> nn.ModuleList:
-    """The model's repeated blocks: its ``blocks`` ModuleList, or else its longest ModuleList."""
-    blocks = getattr(model, "blocks", None)
-    if isinstance(blocks, nn.ModuleList):
-        return blocks
-    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
-    if not lists:
+    """The model's repeated blocks (see :func:`repeated_blocks`), or a ConfigError saying how to fix it."""
+    blocks = repeated_blocks(model)
+    if blocks is None:
         raise ConfigError(
             f"memory.checkpointing needs a model with a ModuleList of repeated blocks; {type(model).__name__} has none "
             "(use --memory.checkpointing=off, or wrap your blocks in an nn.ModuleList named 'blocks')"
         )
-    return max(lists, key=len)
+    return blocks
 
 
 def apply_activation_checkpointing(model: nn.Module, mode: str) -> nn.Module:

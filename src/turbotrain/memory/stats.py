@@ -234,24 +234,28 @@ def measure_step_memory(
     optimizer.zero_grad(set_to_none=True)
     model.zero_grad(set_to_none=True)
     if device.type == "cuda":
-        return _measure_cuda(model, optimizer, batch, loss_fn, autocast, device, precision, checkpointing)
-    tracker = TensorMemoryTracker()
-    tracker.add(params)
-    tracker.add(optimizer_tensors(optimizer))
-    tracker.add(tensors_of(batch))
-    with tracker:
-        before = tracker.current
-        tracker.reset_peak()
+        gc.collect()
+        meter: Any = _CudaMeter(device)
+        method = "cuda-allocator"
+    else:
+        meter = TensorMemoryTracker()
+        meter.add(params)
+        meter.add(optimizer_tensors(optimizer))
+        meter.add(tensors_of(batch))
+        method = "meta-estimate" if device.type == "meta" else "tensor-tracking"
+    with meter:
+        before = meter.current
+        meter.reset_peak()
         with autocast():
             loss = loss_fn(model, batch)
-        forward_peak, activations = tracker.peak, tracker.current - before
-        tracker.reset_peak()
+        forward_peak, activations = meter.peak, meter.current - before
+        meter.reset_peak()
         loss.backward()
         del loss
-        backward_peak = tracker.peak
-        tracker.reset_peak()
+        backward_peak = meter.peak
+        meter.reset_peak()
         optimizer.step()
-        optimizer_peak = tracker.peak
+        optimizer_peak = meter.peak
     stats = MemoryStats(
         micro_batch=_batch_size(batch),
         params_bytes=storage_bytes(model.parameters()),
@@ -261,7 +265,7 @@ def measure_step_memory(
         forward_peak_bytes=forward_peak,
         backward_peak_bytes=backward_peak,
         optimizer_peak_bytes=optimizer_peak,
-        method="meta-estimate" if device.type == "meta" else "tensor-tracking",
+        method=method,
         device=str(device),
         precision=precision,
         checkpointing=checkpointing,
@@ -271,38 +275,23 @@ def measure_step_memory(
     return stats
 
 
-def _measure_cuda(model, optimizer, batch, loss_fn, autocast, device, precision, checkpointing) -> MemoryStats:  # type: ignore[no-untyped-def]
-    cuda = torch.cuda
-    gc.collect()
-    before = cuda.memory_allocated(device)
-    cuda.reset_peak_memory_stats(device)
-    with autocast():
-        loss = loss_fn(model, batch)
-    forward_peak, activations = cuda.max_memory_allocated(device), cuda.memory_allocated(device) - before
-    cuda.reset_peak_memory_stats(device)
-    loss.backward()
-    del loss
-    backward_peak = cuda.max_memory_allocated(device)
-    cuda.reset_peak_memory_stats(device)
-    optimizer.step()
-    optimizer_peak = cuda.max_memory_allocated(device)
-    stats = MemoryStats(
-        micro_batch=_batch_size(batch),
-        params_bytes=storage_bytes(model.parameters()),
-        grads_bytes=storage_bytes(p.grad for p in model.parameters() if p.grad is not None),
-        optimizer_bytes=storage_bytes(optimizer_tensors(optimizer)),
-        activations_bytes=activations,
-        forward_peak_bytes=forward_peak,
-        backward_peak_bytes=backward_peak,
-        optimizer_peak_bytes=optimizer_peak,
-        method="cuda-allocator",
-        device=str(device),
-        precision=precision,
-        checkpointing=checkpointing,
-        device_total_bytes=device_total_bytes(device),
-    )
-    optimizer.zero_grad(set_to_none=True)
-    return stats
+class _CudaMeter(contextlib.nullcontext):
+    """The CUDA caching allocator's counters with the tracker's interface (bytes)."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.device = device
+
+    @property
+    def current(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
+
+    @property
+    def peak(self) -> int:
+        return torch.cuda.max_memory_allocated(self.device)
+
+    def reset_peak(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
 
 
 def _batch_size(batch: Any) -> int:
