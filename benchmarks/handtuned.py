@@ -75,6 +75,8 @@ def train(spec: dict, compile_flag: str, bf16_flag: str) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         torch.backends.cudnn.benchmark = True
+    else:
+        torch.set_flush_denormal(True)  # CPU: no slow denormal arithmetic
     fmt = torch.channels_last if (cuda and conv) else torch.preserve_format
     model = model.to(dev, memory_format=fmt)
     emb = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}

@@ -32,6 +32,7 @@ def measure(variant: str) -> dict:
     from turbotrain.models.mlp import TinyMLP, synthetic_batches
 
     torch.set_num_threads(1)
+    torch.set_flush_denormal(True)  # the Engine sets it on CPU; the hand loop too, so only overhead differs
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})  # one core, no migrations
     torch.manual_seed(0)

@@ -80,6 +80,7 @@ class EngineOptions:
     precision: str
     tf32: bool = True
     cudnn_benchmark: bool = True
+    flush_denormal: bool = True
     compile_scope: str = "off"
     compile_mode: str = "default"
     accumulation: int = 1
@@ -100,6 +101,7 @@ class EngineOptions:
             precision=config.precision.mode,
             tf32=config.precision.tf32,
             cudnn_benchmark=config.precision.cudnn_benchmark,
+            flush_denormal=config.precision.flush_denormal,
             compile_scope=resolve_scope(config.compile.scope, device),
             compile_mode=config.compile.mode,
             accumulation=config.batch.accumulation,
@@ -129,7 +131,7 @@ class Engine:
         self.device = opts.device
         self.caps = DeviceCaps.of(self.device)
         self.precision: Precision = build_precision(opts.precision, self.device, self.caps)
-        apply_backend_switches(self.device, tf32=opts.tf32, cudnn_benchmark=opts.cudnn_benchmark)
+        apply_backend_switches(self.device, tf32=opts.tf32, cudnn_benchmark=opts.cudnn_benchmark, flush_denormal=opts.flush_denormal)
         self.accumulation = opts.accumulation
         self.pending_micro_steps = 0  # backward passes since the last optimizer step
         self.batch_runner = build_batch_runner(opts.on_oom, opts.inject_oom_at_step)  # OOM policy

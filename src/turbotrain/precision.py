@@ -195,8 +195,13 @@ def build_precision(mode: str, device: torch.device, caps: DeviceCaps | None = N
     return kinds[resolved](device)
 
 
-def apply_backend_switches(device: torch.device, *, tf32: bool, cudnn_benchmark: bool) -> None:
-    """TF32 matmuls/convolutions and cuDNN autotuning: process-wide switches, set once."""
+def apply_backend_switches(device: torch.device, *, tf32: bool, cudnn_benchmark: bool, flush_denormal: bool = True) -> None:
+    """Process-wide switches, set once: TF32 matmuls/convolutions and cuDNN autotuning on CUDA;
+    on CPU, denormal flushing (tiny early-training values otherwise take a slow microcode path:
+    measured ~268 vs ~197 ms for the first gpt-tiny steps on the 2-core EPYC)."""
+    if device.type == "cpu":
+        torch.set_flush_denormal(flush_denormal)
+        return
     if device.type != "cuda":
         return
     torch.backends.cuda.matmul.allow_tf32 = tf32

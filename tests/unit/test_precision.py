@@ -83,3 +83,13 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_cpu_engine_flushes_denormals_unless_told_not_to():
+    try:
+        Engine({"run": {"device": "cpu"}})
+        assert torch.tensor(1e-40, dtype=torch.float32).item() == 0.0
+        Engine({"run": {"device": "cpu"}, "precision": {"flush_denormal": False}})
+        assert torch.tensor(1e-40, dtype=torch.float32).item() != 0.0
+    finally:
+        torch.set_flush_denormal(False)
