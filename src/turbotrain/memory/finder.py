@@ -260,7 +260,8 @@ def find_batch_size(
     limit = budget_bytes
     if any(t.reason == "out of memory" for t in trials) and largest.peak_bytes is not None:
         limit = largest.peak_bytes if limit is None else min(limit, largest.peak_bytes)
-    found = _choose(fitting, largest.micro, limit, headroom, pick, multiple_of, max_micro)
+    # Ranks saw the same fits but may have measured different peaks: all take the smallest answer.
+    found = agree(_choose(fitting, largest.micro, limit, headroom, pick, multiple_of, max_micro))
     return BatchSearch(
         micro=found, found=found, pick=pick, headroom=headroom, limit_bytes=limit, budget_bytes=budget_bytes,
         trials=trials, search_s=time.perf_counter() - t0, global_batch=found,
