@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The GPU checks of the core, observability and memory issues in ONE device command (~9 min):
+#
+#   1. the GPU tests (tests/gpu: engine, monitor sync-debug, memory)
+#   2. turbotrain doctor --probe --json                     (issue 3)
+#   3. gpt2-small, 200 steps, defaults (bf16, compile)       (issues 2 and 3: tokens/s, MFU, peak memory, report)
+#   4. gpt2-small --batch.micro=auto, 200 steps              (issue 5: chosen size, search time, no OOM)
+#   5. turbotrain memory for gpt2-small / gpt2-medium with checkpointing off/selective/full, measured
+#
+#   OUT=/some/dir bash benchmarks/gpu_core.sh
+# Writes benchmarks/results/<gpu>/core/ and, under $OUT, core.tgz (everything) plus core.log.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+OUT=${OUT:-/tmp/turbotrain-gpu-core}
+GPU=$($PY -c 'import torch; assert torch.cuda.is_available(); print(torch.cuda.get_device_name(0))') \
+  || { echo "gpu_core.sh: no CUDA GPU visible to torch" >&2; exit 1; }
+SLUG=$(printf '%s' "$GPU" | tr '[:upper:]' '[:lower:]' | sed -E 's/[^a-z0-9]+/-/g; s/^-+|-+$//g')
+RES=benchmarks/results/$SLUG/core
+RUNS=/tmp/turbotrain-gpu-core-runs
+mkdir -p "$RES" "$OUT" "$RUNS"
+log() { echo "== $* (+${SECONDS}s)" | tee -a "$OUT/core.log"; }
+run() { log "$*"; "$@" 2>&1 | tee -a "$OUT/core.log"; }
+
+run timeout 180 $PY -m pytest -q tests/gpu
+log "doctor --probe --json"; timeout 60 $PY -m turbotrain doctor --probe --json > "$RES/doctor.json" 2>> "$OUT/core.log"
+run timeout 200 $PY -m turbotrain train --preset gpt2-small --train.max_steps 200 --train.eval_every 100 \
+    --run.out_dir "$RUNS" --run.name gpt2-small-200 --no-progress
+run timeout 200 $PY -m turbotrain train --preset gpt2-small --batch.micro=auto --batch.global_size=32 \
+    --train.max_steps 200 --train.eval_every 200 --run.out_dir "$RUNS" --run.name gpt2-small-auto --no-progress
+for preset in gpt2-small gpt2-medium; do
+  log "memory --preset $preset --measure --json"
+  timeout 90 $PY -m turbotrain memory --preset "$preset" --measure --json > "$RES/memory-$preset.json" 2>> "$OUT/core.log"
+done
+for r in "$RUNS"/*/; do
+  name=$(basename "$r")
+  mkdir -p "$RES/$name"
+  cp "$r"/summary.json "$r"/summary.md "$r"/metrics.jsonl "$r"/config.toml "$RES/$name/" 2>/dev/null
+  cp -r "$r"/plots "$RES/$name/" 2>/dev/null
+done
+echo "command: OUT=$OUT bash benchmarks/gpu_core.sh (torch $($PY -c 'import torch; print(torch.__version__, torch.version.cuda)'))" > "$RES/COMMAND.txt"
+tar czf "$OUT/core.tgz" "$RES" && log "wrote $RES and $OUT/core.tgz"
