@@ -20,7 +20,7 @@ import torch
 
 from .checkpoint import Checkpointer, load_latest, rng_state, set_rng_state
 from .config import RunConfig, load_config, to_toml
-from .data import TokenSource, TokenWindows, build_loader, fixed_batches, open_tokens, resolve_loader_settings
+from .data import TokenSource, TokenWindows, build_loader, check_vocab, fixed_batches, open_tokens, resolve_loader_settings
 from .doctor import collect_hardware
 from .engine import Engine
 from .errors import TurbotrainError
@@ -112,6 +112,7 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
 
     torch.manual_seed(c.run.seed)
     model = build_model(c, source.vocab_size)
+    check_vocab(source, model.cfg.vocab_size)
     optimizer = build_optimizer(
         model,
         engine.device,

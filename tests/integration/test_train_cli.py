@@ -70,6 +70,9 @@ def test_bad_inputs_give_one_line_errors(tmp_path, text_file, capsys):
     odd.write_bytes(b"\x01\x02\x03")
     empty = tmp_path / "empty"
     empty.mkdir()
+    big = tmp_path / "big.bin"  # token ids up to 999, but its meta.json says 500
+    (np.arange(4000) % 1000).astype(np.uint16).tofile(big)
+    (tmp_path / "big.json").write_text('{"vocab_size": 500}')
     cases = [
         (["--data", str(tmp_path / "nope")], ["does not exist"]),
         (["--data", str(empty)], ["holds no text"]),
@@ -78,6 +81,8 @@ def test_bad_inputs_give_one_line_errors(tmp_path, text_file, capsys):
         (["--precision.mode=fp16-mixed"], ["fp16-mixed", "fp32"]),
         (["--batch.micro=100000"], ["batch.micro"]),
         (["--optim.schedule=exp"], ["optim.schedule", "cosine"]),
+        (["--data", str(big), "--model.vocab_size=0"], ["token id 999", "--model.vocab_size=1000"]),
+        (["--model.vocab_size=100"], ["vocabulary is 100", "--model.vocab_size="]),
     ]
     for extra, words in cases:
         _one_line_error(capsys, main(_args(tmp_path, text_file, *extra)), *words)

@@ -10,7 +10,7 @@ from .loader import (
     resolve_loader_settings,
 )
 from .prefetch import DevicePrefetcher, move_to
-from .sources import TokenSource, TokenSplit, open_tokens, stdlib_files
+from .sources import TokenSource, TokenSplit, check_vocab, open_tokens, stdlib_files
 
 __all__ = [
     "DevicePrefetcher",
@@ -20,6 +20,7 @@ __all__ = [
     "TokenSplit",
     "TokenWindows",
     "build_loader",
+    "check_vocab",
     "default_num_workers",
     "fixed_batches",
     "move_to",

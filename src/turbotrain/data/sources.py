@@ -40,6 +40,12 @@ class TokenSplit:
         mm = np.memmap(self.path, dtype=np.uint16, mode="r", offset=self.offset_bytes)
         return mm[self.start : self.stop]
 
+    def max_token(self) -> int:
+        """The largest token id in the range (-1 when empty), read in chunks: one pass over the
+        data at startup (about 30 ms for the built-in corpus's 30 M tokens from the page cache)."""
+        tokens, chunk = self.array(), 1 << 24
+        return max((int(tokens[i : i + chunk].max()) for i in range(0, len(tokens), chunk)), default=-1)
+
 
 @dataclass(frozen=True)
 class TokenSource:
@@ -49,6 +55,17 @@ class TokenSource:
     val: TokenSplit
     vocab_size: int
     description: str
+
+
+def check_vocab(source: TokenSource, vocab_size: int) -> None:
+    """Refuse data whose token ids do not fit the model's embedding (an index error on CPU, a
+    device-side assert that kills the process on CUDA)."""
+    top = max(source.train.max_token(), source.val.max_token())
+    if top >= vocab_size:
+        raise TurbotrainError(
+            f"{source.description} holds token id {top}, but the model's vocabulary is {vocab_size}; "
+            f"set --model.vocab_size={top + 1} or more (or fix vocab_size in the .bin's meta.json)"
+        )
 
 
 def default_cache_dir() -> Path:
