@@ -125,3 +125,15 @@ def test_prefetcher_passes_batches_through_on_cpu():
     batches = [(torch.ones(2), torch.zeros(2)) for _ in range(3)]
     out = list(DevicePrefetcher(batches, CPU))
     assert len(out) == 3 and out[0][0].device == CPU
+
+
+def test_starting_the_loader_leaves_the_global_rng_alone(tmp_path: Path, text_file: Path):
+    # A resumed run restores the global RNG and then starts iterating: drawing from it there
+    # would shift every later dropout draw against an uninterrupted run.
+    windows = TokenWindows(open_tokens(str(text_file), val_fraction=0.1, cache_dir=str(tmp_path)).train, 16)
+    loader = build_loader(windows, 4, seed=3, settings=resolve_loader_settings(torch.device("cpu"), 0, False, 2))
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    next(iter(loader))
+    assert torch.equal(torch.rand(3), expected)

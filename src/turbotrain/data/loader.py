@@ -112,6 +112,9 @@ def build_loader(dataset: TokenWindows, batch_size: int, seed: int, settings: Lo
         pin_memory=settings.pin_memory,
         persistent_workers=workers > 0,
         prefetch_factor=settings.prefetch_factor if workers > 0 else None,
+        # Its own generator: each iter() draws a base seed from it, which from the global RNG
+        # would shift dropout draws after a resume (exact resume restores the global RNG).
+        generator=torch.Generator().manual_seed(seed),
     )
 
 
