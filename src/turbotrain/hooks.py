@@ -77,13 +77,20 @@ def every(step: int, interval: int) -> bool:
 
 
 class StopAfter(Hook):
-    """End this invocation after ``step`` (the run resumes later; the schedule is untouched)."""
+    """End this invocation after ``step`` (the run resumes later; the schedule is untouched).
+
+    An invocation that starts at or past ``step`` (a resume of a run stopped there, whose saved
+    config still says so) is not stopped by it."""
 
     def __init__(self, step: int) -> None:
         self.step = step
+        self.start_step = 0
+
+    def on_fit_start(self, ctx: FitContext) -> None:
+        self.start_step = ctx.engine.state.step
 
     def on_step_end(self, ctx: FitContext) -> None:
-        if self.step and ctx.engine.state.step >= self.step:
+        if self.step > self.start_step and ctx.engine.state.step >= self.step:
             ctx.request_stop(f"stop_after_steps = {self.step}")
 
 

@@ -44,3 +44,10 @@ def test_stop_after_and_max_steps():
     assert engine.state.step == 4
     fit(engine, model, opt, synthetic_batches(50, d_in=8), max_steps=10)
     assert engine.state.step == 10
+
+
+def test_stop_after_does_not_end_a_resumed_invocation_that_starts_past_it():
+    engine, model, opt = _setup()
+    fit(engine, model, opt, synthetic_batches(50, d_in=8), max_steps=10, hooks=[StopAfter(4)])
+    ctx = fit(engine, model, opt, synthetic_batches(50, d_in=8), max_steps=10, hooks=[StopAfter(4)])
+    assert engine.state.step == 10 and not ctx.should_stop
