@@ -203,7 +203,10 @@ class Engine:
         norm = None
         if self.options.grad_clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(self._params_of(optimizer), self.options.grad_clip, foreach=True)
-        finite = self.guard.check(loss_sum, norm)
+        # Under fp16 an overflow in the scaled gradients is the GradScaler's business (it skips the
+        # step and lowers the scale, and does so by design every growth interval): only a
+        # non-finite loss counts towards the fallback there.
+        finite = self.guard.check(loss_sum, norm if self.precision.scaler is None else None)
         self.precision.optimizer_step(optimizer, finite)
         self.precision.update()
         optimizer.zero_grad(set_to_none=True)

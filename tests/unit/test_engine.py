@@ -101,6 +101,23 @@ def test_non_finite_loss_is_skipped_then_falls_back(caplog):
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
 
 
+def test_fp16_gradient_overflow_is_left_to_the_grad_scaler():
+    """A scaled-gradient overflow is routine under fp16 (the scaler skips and lowers the scale):
+    it must not count as a non-finite step, or fp16 runs fall back after a few growth intervals."""
+    torch.manual_seed(0)
+    model = TinyMLP(d_in=8, width=8, depth=1)
+    engine = _engine(precision={"max_nonfinite_steps": 1}, optim={"grad_clip": 1.0}, monitor={"log_every": 1})
+    engine.precision = FP16Mixed(torch.device("cpu"))
+    engine.precision.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**127)  # scaled gradients overflow
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt, _ = engine.setup(model, opt)
+    (x, y), = synthetic_batches(1, batch_size=8, d_in=8)
+    engine.backward(model(x, y) * 1e4)  # a finite loss, gradients beyond fp32 once scaled
+    engine.step(opt)
+    assert engine.precision.scaler.get_scale() < 2.0**127  # the scaler saw the overflow and backed off
+    assert engine.guard.poll() == 0 and engine.precision.name == "fp16-mixed" and not engine.events
+
+
 def test_stop_policy_raises_a_clear_error():
     model = TinyMLP(d_in=8, width=8, depth=1)
     engine = _engine(precision={"nonfinite": "stop", "max_nonfinite_steps": 1})
