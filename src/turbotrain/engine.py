@@ -145,6 +145,7 @@ class Engine:
         self._params: dict[int, list[torch.Tensor]] = {}
         self._placement_checked = False
         self._nonfinite_acted = 0  # guard count when the policy last acted
+        self._nonfinite_logged = 0  # guard count when skips were last logged
 
     # ------------------------------------------------------------------ build time
 
@@ -250,7 +251,9 @@ class Engine:
         if new <= 0:
             return
         opts = self.options
-        log.warning("%d non-finite step(s) skipped by step %d (%s)", new, self.state.step, self.precision.name)
+        if count > self._nonfinite_logged:  # once per new skip, not again at every poll
+            log.warning("%d non-finite step(s) skipped by step %d (%s)", count - self._nonfinite_logged, self.state.step, self.precision.name)
+            self._nonfinite_logged = count
         if opts.nonfinite == "skip" or new < opts.max_nonfinite_steps:
             return
         where = f"{count} non-finite loss/gradient steps by step {self.state.step} in {self.precision.name}"
@@ -314,6 +317,7 @@ class Engine:
         self.precision.load_state_dict(sd.get("precision", {}))
         self.guard.load_state_dict(sd.get("guard", {}))
         self._nonfinite_acted = int(sd.get("nonfinite_acted", 0))
+        self._nonfinite_logged = self.guard.seen
         self.events = [Event(**e) for e in sd.get("events", [])]
         self.batch_runner.load_state_dict(sd.get("batch_runner", {}))
         self.accumulation = self.options.accumulation * self.batch_runner.split  # halved after an OOM

@@ -176,3 +176,18 @@ def test_skip_works_with_host_and_device_guards(guard, fused):
     engine.step(opt)
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
     assert engine.guard.state_dict() == {"nonfinite_steps": 1}
+
+
+def test_skip_policy_logs_each_skipped_step_once(caplog):
+    model = TinyMLP(d_in=8, width=8, depth=1)
+    engine = _engine(precision={"nonfinite": "skip"}, monitor={"log_every": 1})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt, _ = engine.setup(model, opt)
+    (x, y), = synthetic_batches(1, batch_size=8, d_in=8)
+    with caplog.at_level(logging.WARNING, logger="turbotrain.engine"):
+        engine.backward(model(x, y) * float("nan"))
+        engine.step(opt)
+        for _ in range(3):  # finite steps: polled, nothing new to say
+            engine.backward(model(x, y))
+            engine.step(opt)
+    assert len([r for r in caplog.records if "non-finite" in r.getMessage()]) == 1
