@@ -41,9 +41,12 @@ def new_run_dir(config: RunConfig) -> Path:
     """A fresh run directory; refuses to reuse one that already holds a run."""
     name = config.run.name or f"{config.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
     path = Path(config.run.out_dir) / name
-    if path.exists() and any(path.iterdir()):
-        raise TurbotrainError(f"run directory {path} already exists; pass --resume to continue it or choose another --run.name")
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        if path.exists() and any(path.iterdir()):
+            raise TurbotrainError(f"run directory {path} already exists; pass --resume to continue it or choose another --run.name")
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # out_dir is a file, not writable, ...
+        raise TurbotrainError(f"cannot create run directory {path} ({exc.strerror}); choose another --run.out_dir") from None
     return path
 
 
@@ -137,8 +140,15 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
     resumed_from = ""
     if resume:
         path, payload = load_latest(run_dir / CHECKPOINTS)
-        model.load_state_dict(payload["model"])
-        optimizer.load_state_dict(payload["optimizer"])
+        try:
+            model.load_state_dict(payload["model"])
+            optimizer.load_state_dict(payload["optimizer"])
+        except (RuntimeError, ValueError) as exc:  # shapes or parameter groups changed by overrides
+            detail = " ".join(str(exc).split())[:300]
+            raise TurbotrainError(
+                f"{path.name} does not fit the model this config builds ({detail}); "
+                "resume without overrides that change --model.* settings"
+            ) from None
         scheduler.load_state_dict(payload["scheduler"])
         engine.load_state_dict(payload["engine"], optimizer)
         set_rng_state(payload["rng"])

@@ -117,3 +117,18 @@ def test_own_loop_example_runs(capsys):
     runpy.run_path(str(Path(__file__).parents[2] / "examples" / "own_loop.py"), run_name="__main__")
     losses = [float(line.split()[-1]) for line in capsys.readouterr().out.splitlines() if line.startswith("step")]
     assert len(losses) == 5 and losses[-1] < 0.7 * losses[0]
+
+
+def test_resume_mistakes_give_one_line_errors_and_lose_nothing(tmp_path, text_file, capsys):
+    assert main(_args(tmp_path, text_file)) == 0
+    run = tmp_path / "runs" / "t"
+    before = (run / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    _one_line_error(capsys, main(_args(tmp_path, text_file, "--resume", "--model.n_layer=3")), "does not fit", "--model")
+    assert (run / "metrics.jsonl").read_text() == before
+    # a max_steps the run has already passed: nothing to train, the summary still prints
+    assert main(_args(tmp_path, text_file, "--resume", "--train.max_steps=2")) == 0
+    assert "val loss" in capsys.readouterr().out
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    _one_line_error(capsys, main(_args(tmp_path, text_file, f"--run.out_dir={blocker}")), "cannot create run directory")

@@ -68,8 +68,9 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
         f"  {r['device']} | {r['precision']} | compile {r['compile']} | {r['optimizer']} | {r['params']:,} params",
     ]
     if summary.get("final_val_loss") is not None:
+        train_loss = summary.get("final_train_loss")
         lines.append(f"  val loss {summary['final_val_loss']:.4f} at step {summary['final_val_step']}"
-                     f" | train loss {summary['final_train_loss']:.4f}")
+                     + (f" | train loss {train_loss:.4f}" if train_loss is not None else ""))
     if rate:
         lines.append(f"  {rate:,.0f} tokens/s (median) | first step {summary['first_step_s']:.2f} s | {summary['elapsed_s']:.1f} s total")
     for e in summary.get("events", []):
