@@ -39,6 +39,9 @@ def test_train_writes_the_run_directory_and_sample_prints_text(tmp_path, text_fi
     capsys.readouterr()
     assert main(["sample", str(run), "--tokens", "30", "--prompt", "def "]) == 0
     assert capsys.readouterr().out.startswith("def ")
+    assert main(["sample", str(run), "--tokens", "5", "--top-k", "0"]) == 0  # 0 = no top-k cut
+    capsys.readouterr()
+    _one_line_error(capsys, main(["sample", str(run), "--top-k", "-3"]), "--top-k")
 
 
 def test_stop_and_resume_equals_an_uninterrupted_run(tmp_path, text_file):

@@ -321,6 +321,8 @@ def test_memory_cli_prints_the_report_and_rejects_bad_values(capsys):
     assert main(["memory", "--memory.checkpointing=some"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "memory.checkpointing" in err and "off, full, selective" in err
+    assert main(["memory", "--micro", "0"]) == 2  # not silently the config's micro-batch
+    assert "--micro = 0" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

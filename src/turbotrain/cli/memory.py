@@ -66,7 +66,7 @@ def measure(config: Any, micro: int) -> MemoryStats:
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     config = load_config(args.preset or _default_preset(), parse_overrides(extra))
-    micro = args.micro or (config.batch.micro if isinstance(config.batch.micro, int) else 8)
+    micro = args.micro if args.micro is not None else config.batch.micro if isinstance(config.batch.micro, int) else 8
     if micro < 1:
         from ..errors import ConfigError
 

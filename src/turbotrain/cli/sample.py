@@ -19,7 +19,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--prompt", default="def ", help="text to continue (default: 'def ')")
     p.add_argument("--tokens", type=int, default=400, help="tokens to generate (default 400)")
     p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-k", type=int, default=40, help="sample from the k most likely tokens (default 40; 0 = all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", default="runs", help="where runs live (default runs/)")
     p.set_defaults(run=run)
@@ -27,6 +27,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
+    if args.tokens < 0 or args.top_k < 0 or not args.temperature > 0:
+        raise TurbotrainError(
+            f"--tokens ({args.tokens}) and --top-k ({args.top_k}) must be >= 0 and --temperature ({args.temperature}) > 0"
+        )
     run_dir = find_run_dir(args.out_dir, args.run_dir)
     config = resume_config(run_dir)
     _, payload = load_latest(run_dir / CHECKPOINTS)
@@ -39,6 +43,6 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     torch.manual_seed(args.seed)
     prompt = args.prompt.encode("utf-8") or b"\n"
     idx = torch.tensor([list(prompt)], dtype=torch.long)
-    out = model.generate(idx, args.tokens, temperature=args.temperature, top_k=args.top_k)
+    out = model.generate(idx, args.tokens, temperature=args.temperature, top_k=args.top_k or None)
     sys.stdout.write(bytes(out[0].tolist()).decode("utf-8", errors="replace") + "\n")
     return 0
