@@ -311,8 +311,12 @@ class Engine:
 
     def load_state_dict(self, sd: Mapping[str, Any], optimizer: torch.optim.Optimizer | None = None) -> None:
         self.state = TrainState(**sd["state"])
-        if sd.get("precision_name") and sd["precision_name"] != self.precision.name:
-            self.switch_precision(sd["precision_name"], optimizer)  # a fallback happened before the save
+        fell_back = any(e.get("kind") == "precision_fallback" for e in sd.get("events", []))
+        if fell_back and sd.get("precision_name") and sd["precision_name"] != self.precision.name:
+            # A fallback happened before the save: keep training in the safer precision. (A
+            # precision the user changed for the resume, with no fallback, is kept.) Call this
+            # before loading the weights, so that a cast back up happens before they load.
+            self.switch_precision(sd["precision_name"], optimizer)
             self.events.pop()
         self.precision.load_state_dict(sd.get("precision", {}))
         self.guard.load_state_dict(sd.get("guard", {}))

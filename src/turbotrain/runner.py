@@ -140,6 +140,7 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
     resumed_from = ""
     if resume:
         path, payload = load_latest(run_dir / CHECKPOINTS)
+        engine.load_state_dict(payload["engine"], optimizer)  # first: a precision fallback recasts the weights
         try:
             model.load_state_dict(payload["model"])
             optimizer.load_state_dict(payload["optimizer"])
@@ -150,7 +151,6 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
                 "resume without overrides that change --model.* settings"
             ) from None
         scheduler.load_state_dict(payload["scheduler"])
-        engine.load_state_dict(payload["engine"], optimizer)
         set_rng_state(payload["rng"])
         resumed_from = path.name
 

@@ -191,3 +191,18 @@ def test_skip_policy_logs_each_skipped_step_once(caplog):
             engine.backward(model(x, y))
             engine.step(opt)
     assert len([r for r in caplog.records if "non-finite" in r.getMessage()]) == 1
+
+
+def test_resume_keeps_a_fallback_precision_but_not_a_stale_one():
+    saved = _engine().state_dict()
+    saved["precision_name"] = "bf16-true"  # saved by a run that trained in bf16-true
+    engine = _engine()
+    engine.load_state_dict(saved)
+    assert engine.precision.name == "fp32"  # no fallback happened: the resumed config's own choice stands
+    saved["events"] = [{"step": 3, "kind": "precision_fallback", "detail": "fp16-mixed -> bf16-true"}]
+    model = TinyMLP(d_in=8, width=8, depth=1)
+    engine = _engine()
+    engine.setup(model, None)
+    engine.load_state_dict(saved)
+    assert engine.precision.name == "bf16-true" and next(model.parameters()).dtype == torch.bfloat16
+    assert [e.kind for e in engine.events] == ["precision_fallback"]
