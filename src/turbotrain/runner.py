@@ -282,7 +282,12 @@ def train(config: RunConfig, *, resume_dir: Path | None = None, progress: bool |
     A failure still writes summary.json (status "failed: ...") and keeps checkpoints and metrics.
     """
     run_dir = resume_dir if resume_dir is not None else new_run_dir(config)
-    training = build_training(config, run_dir, resume=resume_dir is not None, progress=progress)
+    try:
+        training = build_training(config, run_dir, resume=resume_dir is not None, progress=progress)
+    except BaseException:
+        if resume_dir is None and not any(run_dir.iterdir()):
+            run_dir.rmdir()  # a run that never started leaves no empty directory behind
+        raise
     write_config(config, run_dir, training.resolved)
     start = time.perf_counter()
     ctx = None

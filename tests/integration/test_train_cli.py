@@ -89,7 +89,7 @@ def test_bad_inputs_give_one_line_errors(tmp_path, text_file, capsys):
     ]
     for extra, words in cases:
         _one_line_error(capsys, main(_args(tmp_path, text_file, *extra)), *words)
-    assert not (tmp_path / "runs" / "t" / "checkpoints").exists()
+    assert not (tmp_path / "runs" / "t").exists()  # not even an empty run directory
 
 
 def test_existing_run_is_never_overwritten_and_corrupt_checkpoints_are_reported(tmp_path, text_file, capsys):
