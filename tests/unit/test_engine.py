@@ -203,6 +203,7 @@ def test_resume_keeps_a_fallback_precision_but_not_a_stale_one():
     model = TinyMLP(d_in=8, width=8, depth=1)
     engine = _engine()
     engine.setup(model, None)
-    engine.load_state_dict(saved)
+    with pytest.warns(UserWarning, match="bf16-true"):  # slow on CPU: said once, as for any bf16 choice
+        engine.load_state_dict(saved)
     assert engine.precision.name == "bf16-true" and next(model.parameters()).dtype == torch.bfloat16
     assert [e.kind for e in engine.events] == ["precision_fallback"]
