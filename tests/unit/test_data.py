@@ -137,3 +137,19 @@ def test_starting_the_loader_leaves_the_global_rng_alone(tmp_path: Path, text_fi
     torch.manual_seed(0)
     next(iter(loader))
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_vocab_check_scans_bounded_prefix_and_trusts_bytes(tmp_path: Path, monkeypatch):
+    from turbotrain.data import check_vocab
+    from turbotrain.data import sources
+
+    path = tmp_path / "toks.bin"
+    tokens = np.zeros(1000, dtype=np.uint16)
+    tokens[900] = 700  # beyond the scanned prefix once the bound is small
+    tokens.tofile(path)
+    src = open_tokens(str(path), val_fraction=0.0)
+    assert src.train.max_token() == 700 and src.train.max_token(limit=800) == 0
+    with pytest.raises(TurbotrainError, match="--model.vocab_size=701"):
+        check_vocab(src, 512)
+    monkeypatch.setattr(sources, "FULL_SCAN_TOKENS", 800)
+    check_vocab(src, 512)  # start-up stays bounded on huge files: only the prefix is read
