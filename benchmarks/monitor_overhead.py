@@ -22,6 +22,7 @@ import argparse
 import io
 import itertools
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -101,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     torch.set_num_threads(1)
+    torch.set_flush_denormal(True)  # as the Engine does on CPU, for both variants
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})  # one core, no migrations
     with tempfile.TemporaryDirectory() as tmp:
         variants = [Variant("off", False, args.log_every, Path(tmp)), Variant("on", True, args.log_every, Path(tmp))]
         times: dict[str, list[float]] = {"off": [], "on": []}
