@@ -48,7 +48,7 @@ def measure(variant: str) -> dict:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-    else:
+    elif variant == "engine":
         engine = Engine({"run": {"device": "cpu"}, "optim": {"grad_clip": 0.0}})
         model, optimizer, _ = engine.setup(model, optimizer)
 
@@ -57,6 +57,9 @@ def measure(variant: str) -> dict:
                 loss = model(x, y)
             engine.backward(loss)
             engine.step(optimizer)
+
+    else:
+        return {"variant": variant, **_measure_fit(variant, model, optimizer, batches)}
 
     def run(n: int) -> float:
         start = time.perf_counter()  # CPU: no device queue to synchronize
@@ -71,44 +74,90 @@ def measure(variant: str) -> dict:
     return {"variant": variant, "step_ms": statistics.median(windows_ms), "windows_ms": windows_ms, "loss": loss}
 
 
+def _measure_fit(variant: str, model, optimizer, batches) -> dict:  # type: ignore[no-untyped-def]
+    """Windows of one long fit() call, timed by a hook both variants carry."""
+    import io
+    import itertools
+    import tempfile
+
+    from rich.console import Console
+
+    from turbotrain import Engine, fit
+    from turbotrain.config import MonitorConfig
+    from turbotrain.hooks import Hook
+    from turbotrain.monitor import JsonlSink, Monitor, ProgressSink, build_probes
+
+    engine = Engine({"run": {"device": "cpu"}, "optim": {"grad_clip": 0.0}})
+    model, optimizer, loader = engine.setup(model, optimizer, itertools.cycle(batches))
+    marks: list[float] = []
+
+    class Clock(Hook):
+        def on_step_end(self, ctx) -> None:  # type: ignore[no-untyped-def]
+            step = ctx.engine.state.step
+            if step >= WARMUP_STEPS and (step - WARMUP_STEPS) % WINDOW_STEPS == 0:
+                marks.append(time.perf_counter())
+
+    hooks: list[Hook] = []
+    tmp = tempfile.TemporaryDirectory()
+    if variant == "fit-monitor":
+        log_every = MonitorConfig().log_every
+        sinks = [JsonlSink(Path(tmp.name) / "metrics.jsonl"), ProgressSink(10**9, 0, console=Console(file=io.StringIO()))]
+        probes = build_probes(engine.device, model=model, example_batch=batches[0], precision=engine.precision.name)
+        hooks.append(Monitor(log_every, sinks, probes))
+    elif variant != "fit":
+        raise SystemExit(f"unknown variant {variant!r}")
+    fit(engine, model, optimizer, loader, max_steps=WARMUP_STEPS + WINDOWS * WINDOW_STEPS, hooks=[*hooks, Clock()])
+    tmp.cleanup()
+    windows_ms = [1000 * (b - a) / WINDOW_STEPS for a, b in zip(marks, marks[1:])]
+    import torch
+
+    with torch.no_grad():
+        loss = float(model(*batches[0]))
+    return {"step_ms": statistics.median(windows_ms), "windows_ms": windows_ms, "loss": loss}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=10, help="processes per variant, interleaved")
+    p.add_argument("--pair", default="hand,engine", help="BASE,TEST variants (hand, engine, fit, fit-monitor)")
     p.add_argument("--out", help="write the result JSON here")
     p.add_argument("--variant", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.variant:
         print(json.dumps(measure(args.variant)))
         return
-    runs: dict[str, list[dict]] = {"hand": [], "engine": []}
+    base_name, test_name = args.pair.split(",")
+    runs: dict[str, list[dict]] = {base_name: [], test_name: []}
     for _ in range(args.rounds):
         for variant in runs:
             out = subprocess.run([sys.executable, __file__, "--variant", variant], capture_output=True, text=True, check=True)
             runs[variant].append(json.loads(out.stdout))
-    hand = statistics.median(r["step_ms"] for r in runs["hand"])
-    engine = statistics.median(r["step_ms"] for r in runs["engine"])
+    base = statistics.median(r["step_ms"] for r in runs[base_name])
+    test = statistics.median(r["step_ms"] for r in runs[test_name])
     # Each round runs both variants back to back; the median of the per-round ratios cancels
     # slow drifts in machine speed that the medians of absolute times still carry.
-    paired = statistics.median(e["step_ms"] / h["step_ms"] for h, e in zip(runs["hand"], runs["engine"]))
+    paired = statistics.median(t["step_ms"] / b["step_ms"] for b, t in zip(runs[base_name], runs[test_name]))
     import torch
 
     result = {
-        "benchmark": "engine per-step overhead vs hand-written loop",
-        "workload": "TinyMLP(d_in=256, width=256, depth=3), batch 64, AdamW foreach, fp32, 1 thread",
-        "hand_step_ms": hand,
-        "engine_step_ms": engine,
-        "overhead_pct": 100 * (engine / hand - 1),
+        "benchmark": f"per-step overhead of {test_name} over {base_name}",
+        "workload": "TinyMLP(d_in=256, width=256, depth=3), batch 64, AdamW foreach, fp32, 1 thread on a pinned core",
+        "base": base_name,
+        "test": test_name,
+        f"{base_name}_step_ms": base,
+        f"{test_name}_step_ms": test,
+        "overhead_pct": 100 * (test / base - 1),
         "overhead_pct_paired": 100 * (paired - 1),
-        "overhead_us": 1000 * (engine - hand),
-        "loss_hand": runs["hand"][0]["loss"],
-        "loss_engine": runs["engine"][0]["loss"],
+        "overhead_us": 1000 * (test - base),
+        f"loss_{base_name}": runs[base_name][0]["loss"],
+        f"loss_{test_name}": runs[test_name][0]["loss"],
         "runs": runs,
         "env": {"python": platform.python_version(), "torch": torch.__version__, "cpu": platform.processor() or platform.machine()},
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
     }
-    print(f"hand-written {hand:.3f} ms/step | Engine {engine:.3f} ms/step | overhead {result['overhead_pct']:+.2f}% "
-          f"(paired rounds {result['overhead_pct_paired']:+.2f}%) "
-          f"({result['overhead_us']:+.1f} us/step) | final loss {result['loss_hand']:.5f} vs {result['loss_engine']:.5f}")
+    print(f"{base_name} {base:.3f} ms/step | {test_name} {test:.3f} ms/step | overhead {result['overhead_pct']:+.2f}% "
+          f"(paired rounds {result['overhead_pct_paired']:+.2f}%) ({result['overhead_us']:+.1f} us/step) | "
+          f"final loss {result[f'loss_{base_name}']:.5f} vs {result[f'loss_{test_name}']:.5f}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
