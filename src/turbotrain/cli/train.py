@@ -28,7 +28,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--preset", help="preset name (gpt-tiny, gpt2-small, gpt2-medium) or a .toml path; "
                    "default: gpt2-small on a GPU, gpt-tiny on CPU")
     p.add_argument("--data", help="a .bin token file, a text file or a folder (default: built-in corpus)")
-    p.add_argument("--resume", action="store_true", help="continue the run named by --run.name (default: the latest run)")
+    p.add_argument("--resume", nargs="?", const="", default=None, metavar="RUN",
+                   help="continue a run from its latest checkpoint: a run name or directory "
+                   "(default: --run.name, else the latest run)")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
     p.add_argument("--help-config", action="store_true", help="list every config field with its default and meaning")
     p.set_defaults(run=run, accepts_overrides=True)
@@ -44,9 +46,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         overrides.setdefault("data", {})["path"] = args.data
     if args.no_progress:
         overrides.setdefault("monitor", {})["progress"] = "false"
-    if args.resume:
+    if args.resume is not None:
         base = load_config(args.preset or default_preset(), overrides)
-        run_dir = find_run_dir(base.run.out_dir, overrides.get("run", {}).get("name", ""))
+        run_dir = find_run_dir(base.run.out_dir, args.resume or overrides.get("run", {}).get("name", ""))
         config = resume_config(run_dir, overrides)
         print(f"resuming {run_dir}")
         summary = train(config, resume_dir=run_dir)
