@@ -7,7 +7,14 @@
 #   4. gpt2-small --batch.micro=auto, 200 steps              (issue 5: chosen size, search time, no OOM)
 #   5. turbotrain memory for gpt2-small / gpt2-medium with checkpointing off/selective/full, measured
 #
-#   OUT=/some/dir bash benchmarks/gpu_core.sh
+# and, as a second device command (`memory` phase, ~8 min), the rest of issue 5:
+#
+#   6. gpt2-medium --batch.micro=auto, 200 steps            (chosen size, search time, no OOM)
+#   7. gpt2-small --batch.micro=auto, global batch = micro, checkpointing off and full, 200 steps each
+#      (how far checkpointing lets the micro-batch grow, and what it costs in tokens/s)
+#
+#   OUT=/some/dir bash benchmarks/gpu_core.sh            # phase "core" (1-5)
+#   OUT=/some/dir bash benchmarks/gpu_core.sh memory     # phase "memory" (6-7)
 # Writes benchmarks/results/<gpu>/core/ and, under $OUT, core.tgz (everything) plus core.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +30,16 @@ mkdir -p "$RES" "$OUT" "$RUNS"
 log() { echo "== $* (+${SECONDS}s)" | tee -a "$OUT/core.log"; }
 run() { log "$*"; "$@" 2>&1 | tee -a "$OUT/core.log"; }
 
+PHASE=${1:-core}
+if [ "$PHASE" = memory ]; then
+run timeout 280 $PY -m turbotrain train --preset gpt2-medium --batch.micro=auto --batch.global_size=32 \
+    --train.max_steps 200 --train.eval_every 200 --run.out_dir "$RUNS" --run.name gpt2-medium-auto --no-progress
+for ckpt in off full; do  # global batch = the found micro-batch, so each finds its own ceiling
+run timeout 170 $PY -m turbotrain train --preset gpt2-small --batch.micro=auto --batch.global_size=0 \
+    --batch.accumulation=1 --memory.checkpointing=$ckpt --train.max_steps 200 --train.eval_every 200 \
+    --run.out_dir "$RUNS" --run.name gpt2-small-auto-ckpt-$ckpt --no-progress
+done
+else
 run timeout 180 $PY -m pytest -q tests/gpu
 log "doctor --probe --json"; timeout 60 $PY -m turbotrain doctor --probe --json > "$RES/doctor.json" 2>> "$OUT/core.log"
 run timeout 200 $PY -m turbotrain train --preset gpt2-small --train.max_steps 200 --train.eval_every 100 \
@@ -33,11 +50,12 @@ for preset in gpt2-small gpt2-medium; do
   log "memory --preset $preset --measure --json"
   timeout 90 $PY -m turbotrain memory --preset "$preset" --measure --json > "$RES/memory-$preset.json" 2>> "$OUT/core.log"
 done
+fi
 for r in "$RUNS"/*/; do
   name=$(basename "$r")
   mkdir -p "$RES/$name"
   cp "$r"/summary.json "$r"/summary.md "$r"/metrics.jsonl "$r"/config.toml "$RES/$name/" 2>/dev/null
   cp -r "$r"/plots "$RES/$name/" 2>/dev/null
 done
-echo "command: OUT=$OUT bash benchmarks/gpu_core.sh (torch $($PY -c 'import torch; print(torch.__version__, torch.version.cuda)'))" > "$RES/COMMAND.txt"
+echo "command: OUT=$OUT bash benchmarks/gpu_core.sh $PHASE (torch $($PY -c 'import torch; print(torch.__version__, torch.version.cuda)'))" >> "$RES/COMMAND.txt"
 tar czf "$OUT/core.tgz" "$RES" && log "wrote $RES and $OUT/core.tgz"

@@ -2,16 +2,17 @@
 
 "on" is what ``turbotrain train`` attaches: the Monitor hook at the default ``log_every`` with its
 probes (MFU from FLOPs counted once; memory and NVML would be added on CUDA), the metrics.jsonl sink
-and the progress sink (plain lines, as when stderr is not a terminal). "off" is fit() with no
-hooks. The engine is configured identically (its non-finite guard polls at log_every in both).
+and the progress sink (plain lines, as when stderr is not a terminal). "off" is the same fit()
+without it.
 
-The tiny MLP is overhead-bound (a few milliseconds per step at most), so a per-step cost shows.
-One torch thread; each variant has its own model and optimizer; the variants' timed windows are
-interleaved (order alternating each round) so drift in machine load hits both; the first windows
-are warm-up and discarded. Short windows, many rounds: on a shared machine load bursts hit single
-windows, and medians over many adjacent pairs shrug them off. Reported: the median window time per
-variant, the median of the per-round on/off ratios (paired), the fastest windows' ratio, and the
-Monitor's own cost per step timed without training (immune to machine load).
+The tiny MLP is overhead-bound (about 1.5 ms per step), so a per-step cost shows. Everything runs
+in ONE long fit() on ONE model: a timing hook cuts it into windows of ``--steps`` steps and
+forwards the steps of every other window to the Monitor (order on/off, off/on alternating by round,
+so drift hits both). Two separate processes or two separate models differ by more than the effect
+(memory layout alone moves this workload by +-5-10% between processes); one model, one set of sinks
+opened once (as in a real run), and adjacent windows leave only the monitoring. The first rounds
+are warm-up and discarded. Reported: the median window time per variant, the median of the
+per-round on/off ratios (paired), and the Monitor's own cost per step timed without training.
 
     python benchmarks/monitor_overhead.py --out benchmarks/results/cpu/monitor_overhead.json
 """
@@ -35,51 +36,72 @@ from rich.console import Console
 from turbotrain import Engine, fit
 from turbotrain.config import MonitorConfig
 from turbotrain.doctor import collect_env
+from turbotrain.hooks import FitContext, Hook
 from turbotrain.models.mlp import TinyMLP, synthetic_batches
 from turbotrain.monitor import JsonlSink, Monitor, ProgressSink, build_probes
 
 DEFAULT_LOG_EVERY = MonitorConfig().log_every
 
 
-class Variant:
-    """One training setup that can run ``steps`` more steps at a time."""
+class Setup:
+    """The engine, model, batches and (once-built) monitor both variants share."""
 
-    def __init__(self, name: str, monitored: bool, log_every: int, workdir: Path) -> None:
+    def __init__(self, log_every: int, workdir: Path) -> None:
         torch.manual_seed(0)
-        self.name, self.monitored, self.log_every, self.workdir = name, monitored, log_every, workdir
+        self.log_every, self.workdir = log_every, workdir
         self.engine = Engine({"run": {"device": "cpu"}, "monitor": {"log_every": log_every}})
         model = TinyMLP()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         self.model, self.optimizer, _ = self.engine.setup(model, optimizer)
         self.batches = synthetic_batches(32, batch_size=64)
         self.probes = build_probes(self.engine.device, model=self.model, example_batch=self.batches[0],
-                                   precision=self.engine.precision.name) if monitored else []
-        self.windows = 0
+                                   precision=self.engine.precision.name)
 
-    def run(self, steps: int) -> float:
-        """Seconds for ``steps`` optimizer steps through fit() (CPU: no device queue to drain)."""
-        hooks = []
-        if self.monitored:
-            sinks = [JsonlSink(self.workdir / f"{self.name}-{self.windows}.jsonl"),
-                     ProgressSink(10**9, self.engine.state.step, console=Console(file=io.StringIO()))]
-            hooks = [Monitor(self.log_every, sinks, self.probes)]
-        self.windows += 1
-        loader = self.engine.setup_loader(itertools.cycle(self.batches))
-        start = time.perf_counter()
-        fit(self.engine, self.model, self.optimizer, loader, max_steps=self.engine.state.step + steps, hooks=hooks)
-        return time.perf_counter() - start
+    def monitor(self, name: str) -> Monitor:
+        sinks = [JsonlSink(self.workdir / f"{name}.jsonl"),
+                 ProgressSink(10**9, self.engine.state.step, console=Console(file=io.StringIO()))]
+        return Monitor(self.log_every, sinks, self.probes)
 
 
-def isolated_monitor_us_per_step(variant: Variant, steps: int = 20_000) -> float:
+class AlternateWindows(Hook):
+    """Times windows of ``steps`` optimizer steps inside one fit(); the monitor sees the steps of
+    the "on" windows only. Rounds alternate the order (off, on) / (on, off)."""
+
+    def __init__(self, monitor: Monitor, steps: int) -> None:
+        self.monitor, self.steps = monitor, steps
+        self.times: dict[str, list[float]] = {"off": [], "on": []}
+        self.window = 0
+
+    def _label(self) -> str:
+        round_, second = divmod(self.window, 2)
+        return "on" if (round_ % 2 == 0) == bool(second) else "off"
+
+    def on_fit_start(self, ctx: FitContext) -> None:
+        self.monitor.on_fit_start(ctx)
+        self.start_step = ctx.engine.state.step
+        self.mark = time.perf_counter()
+
+    def on_step_end(self, ctx: FitContext) -> None:
+        label = self._label()
+        if label == "on":
+            self.monitor.on_step_end(ctx)
+        if (ctx.engine.state.step - self.start_step) % self.steps == 0:
+            now = time.perf_counter()  # CPU: no device queue to synchronize
+            self.times[label].append(now - self.mark)
+            self.mark = now
+            self.window += 1
+
+    def on_fit_end(self, ctx: FitContext) -> None:
+        self.monitor.on_fit_end(ctx)
+
+
+def isolated_monitor_us_per_step(setup: Setup, steps: int = 20_000) -> float:
     """The Monitor's own cost per step (amortised over its logging steps), timed without
-    training: the engine's step counter is advanced by hand. Immune to load on the machine."""
-    from turbotrain.hooks import FitContext
-
-    engine = variant.engine
-    sinks = [JsonlSink(variant.workdir / "isolated.jsonl"),
-             ProgressSink(10**9, engine.state.step, console=Console(file=io.StringIO()))]
-    monitor = Monitor(variant.log_every, sinks, variant.probes)
-    ctx = FitContext(engine, variant.model, variant.optimizer, max_steps=10**9)
+    training: the engine's step counter is advanced by hand. Immune to load on the machine, but
+    blind to what the training step does to the caches."""
+    engine = setup.engine
+    monitor = setup.monitor("isolated")
+    ctx = FitContext(engine, setup.model, setup.optimizer, max_steps=10**9)
     monitor.on_fit_start(ctx)
     state = engine.state
     start = time.perf_counter()
@@ -95,8 +117,8 @@ def isolated_monitor_us_per_step(variant: Variant, steps: int = 20_000) -> float
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=60, help="optimizer steps per timed window")
-    p.add_argument("--rounds", type=int, default=81, help="timed windows per variant")
-    p.add_argument("--warmup", type=int, default=2, help="discarded windows per variant")
+    p.add_argument("--rounds", type=int, default=301, help="timed windows per variant")
+    p.add_argument("--warmup", type=int, default=10, help="discarded windows per variant")
     p.add_argument("--log-every", type=int, default=DEFAULT_LOG_EVERY, help="monitor.log_every (default: the config default)")
     p.add_argument("--out", type=Path, help="write the result as JSON here")
     args = p.parse_args(argv)
@@ -106,16 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})  # one core, no migrations
     with tempfile.TemporaryDirectory() as tmp:
-        variants = [Variant("off", False, args.log_every, Path(tmp)), Variant("on", True, args.log_every, Path(tmp))]
-        times: dict[str, list[float]] = {"off": [], "on": []}
-        for r in range(args.warmup + args.rounds):
-            order = variants if r % 2 == 0 else variants[::-1]
-            for v in order:
-                t = v.run(args.steps)
-                if r >= args.warmup:
-                    times[v.name].append(t)
-        records = sum(1 for _ in open(Path(tmp) / "on-0.jsonl"))
-        isolated_us = isolated_monitor_us_per_step(variants[1])
+        setup = Setup(args.log_every, Path(tmp))
+        timer = AlternateWindows(setup.monitor("on"), args.steps)
+        windows = 2 * (args.warmup + args.rounds)
+        loader = setup.engine.setup_loader(itertools.cycle(setup.batches))
+        fit(setup.engine, setup.model, setup.optimizer, loader, max_steps=windows * args.steps, hooks=[timer])
+        times = {k: v[args.warmup:] for k, v in timer.times.items()}
+        records = sum(1 for _ in open(Path(tmp) / "on.jsonl"))
+        isolated_us = isolated_monitor_us_per_step(setup)
     ms = {k: 1000 * statistics.median(v) / args.steps for k, v in times.items()}
     ratios = [on / off for on, off in zip(times["on"], times["off"])]
     result = {
@@ -124,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         "log_every": args.log_every,
         "steps_per_window": args.steps,
         "rounds": args.rounds,
-        "records_per_window": records,
+        "records_per_on_window": records / (args.warmup + args.rounds),
         "step_ms_median": ms,
         "overhead_pct_of_medians": 100 * (ms["on"] / ms["off"] - 1),
         "overhead_pct_paired_median": 100 * (statistics.median(ratios) - 1),

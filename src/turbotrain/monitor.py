@@ -53,15 +53,25 @@ class Sink(Protocol):
 
 
 class JsonlSink:
-    """One JSON object per logged step, appended and flushed so a crash loses at most one line."""
+    """One JSON object per logged step, appended to ``path``.
 
-    def __init__(self, path: Path) -> None:
+    The file is flushed at most every ``flush_every_s`` seconds (and on close, which an exception
+    in ``fit`` also reaches): a write syscall per record cost ~80 us on the tiny-MLP benchmark,
+    while a killed process loses at most that many seconds of records.
+    """
+
+    def __init__(self, path: Path, flush_every_s: float = 1.0) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.file = open(path, "a", encoding="utf-8")
+        self.flush_every_s = flush_every_s
+        self._flushed_at = time.monotonic()
 
     def write(self, record: dict[str, Any]) -> None:
         self.file.write(json.dumps(record, allow_nan=False, default=_jsonable) + "\n")
-        self.file.flush()
+        now = time.monotonic()
+        if now - self._flushed_at >= self.flush_every_s:
+            self.file.flush()
+            self._flushed_at = now
 
     def close(self) -> None:
         self.file.close()

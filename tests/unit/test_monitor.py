@@ -110,6 +110,25 @@ def test_monitor_in_your_own_loop(tmp_path):
     assert all(json.loads(line)["samples_per_s"] > 0 for line in lines)
 
 
+def test_a_crashed_fit_keeps_its_metrics_even_between_flushes(tmp_path):
+    from turbotrain.hooks import Hook
+
+    class Crash(Hook):
+        def on_step_end(self, ctx: FitContext) -> None:
+            if ctx.engine.state.step == 9:
+                raise RuntimeError("boom")
+
+    engine = Engine({"run": {"device": "cpu"}})
+    model = TinyMLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer, loader = engine.setup(model, optimizer, synthetic_batches(20))
+    sink = JsonlSink(tmp_path / "metrics.jsonl", flush_every_s=3600)  # buffered: only close flushes
+    with pytest.raises(RuntimeError, match="boom"):
+        fit(engine, model, optimizer, loader, max_steps=20, hooks=[Monitor(4, sinks=[sink]), Crash()])
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [4, 8]
+
+
 class _FakeNvml(NvmlSampler):
     def __init__(self) -> None:
         super().__init__(period_s=0.01)
