@@ -95,3 +95,21 @@ def test_precision_matrix_runs_what_cpu_supports(tmp_path):
     assert rows["fp32"]["speedup"] == 1.0 and rows["fp32"]["loss_diff"] == 0.0
     assert report["summary"]["recommendation"]["row"] in rows
     assert "recommended:" in render_report(report)
+
+
+def test_batch_auto_searches_in_its_own_process_and_every_row_uses_the_answer(tmp_path, capsys):
+    from turbotrain.cli import main
+
+    out = tmp_path / "out"
+    assert main(["bench", "--workload", "mlp-tiny", "--batch", "auto", "--contenders", "eager,turbotrain",
+                 "--warmup", "1", "--steps", "2", "--work-dir", str(tmp_path / "w"), "--out", str(out)]) == 0
+    doc = json.loads((out / "mlp-tiny-compare.json").read_text())
+    search = doc["batch_search"]
+    ran = [t for t in search["trials"] if t["fits"]]
+    assert search["micro"] == max(t["micro"] for t in ran) == 1024  # no memory limit met: the ceiling
+    assert doc["workload"]["batch_size"] == 1024
+    assert all(r["status"] == "ok" for r in doc["rows"])
+    assert "batch finder: micro-batch 1024" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--batch", "lots"])
+    assert exc.value.code == 2 and "whole number of samples or auto" in capsys.readouterr().err

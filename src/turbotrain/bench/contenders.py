@@ -266,27 +266,34 @@ def train_lightning(job: Job) -> dict[str, Any]:
     }
 
 
+def turbotrain_overrides(spec: dict[str, Any], device: torch.device, total_steps: int) -> dict[str, dict[str, Any]]:
+    """The config overrides that give turbotrain the workload's recipe on ``device``, on top of
+    its defaults (plus a matrix row's ``turbotrain_overrides``)."""
+    o = spec["optim"]
+    overrides: dict[str, dict[str, Any]] = {
+        "run": {"device": device.type, "seed": spec["seed"]},
+        "optim": {
+            "lr": o["lr"], "min_lr": o["lr"], "beta1": o["betas"][0], "beta2": o["betas"][1], "eps": o["eps"],
+            "weight_decay": o["weight_decay"], "warmup_steps": o["lr_warmup_steps"], "schedule": "constant",
+            "grad_clip": o["grad_clip"],
+        },
+        "train": {"max_steps": total_steps},
+        "monitor": {"progress": False, "nvml": False},
+    }
+    for section, values in spec.get("turbotrain_overrides", {}).items():
+        overrides.setdefault(section, {}).update(values)
+    return overrides
+
+
 def train_turbotrain(job: Job) -> dict[str, Any]:
     """turbotrain's Engine and reference loop with its defaults (plus a matrix row's overrides)."""
     from .. import Engine, fit, load_config
     from ..hooks import FitContext, Hook
     from ..optim import build_optimizer, build_scheduler, resolve_implementation
 
-    device, clock, o = job.device, job.clock, job.optim
-    overrides: dict[str, dict[str, Any]] = {
-        "run": {"device": device.type, "seed": job.spec["seed"]},
-        "optim": {
-            "lr": o["lr"], "min_lr": o["lr"], "beta1": o["betas"][0], "beta2": o["betas"][1], "eps": o["eps"],
-            "weight_decay": o["weight_decay"], "warmup_steps": o["lr_warmup_steps"], "schedule": "constant",
-            "grad_clip": o["grad_clip"],
-        },
-        "train": {"max_steps": job.total_steps},
-        "monitor": {"progress": False, "nvml": False},
-    }
-    for section, values in job.spec.get("turbotrain_overrides", {}).items():
-        overrides.setdefault(section, {}).update(values)
+    device, clock = job.device, job.clock
     try:
-        config = load_config(overrides=overrides)
+        config = load_config(overrides=turbotrain_overrides(job.spec, device, job.total_steps))
     except ConfigError as exc:
         raise SkipContender(str(exc)) from None
 

@@ -35,7 +35,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--contenders", default=",".join(DEFAULT_ORDER),
                    help=f"comma-separated subset of {', '.join(CONTENDERS)} (CUDA-only ones are left out on CPU)")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    p.add_argument("--batch", type=int, help="global batch in samples (default: the workload's for this device)")
+    p.add_argument("--batch", type=_batch_arg, metavar="N|auto",
+                   help="global batch in samples (default: the workload's for this device); auto: the largest "
+                   "that turbotrain's defaults fit, found by the batch finder in its own process and then used "
+                   "by every row (a row that needs more memory at that size fails with out-of-memory)")
     p.add_argument("--warmup", type=int, help="untimed warm-up steps, including compilation (default: the workload's)")
     p.add_argument("--steps", type=int, help="timed steps (default: the workload's)")
     p.add_argument("--seed", type=int, default=0)
@@ -59,6 +62,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
+    from ..bench.autobatch import find_workload_batch
     from ..bench.results import build_document, write_document
     from ..bench.suite import BenchOptions, run_ablation, run_compare, run_precision_matrix
     from ..bench.tables import render_report
@@ -88,12 +92,20 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     }
     try:
         for name in names:
-            w = resolve_workload(name, device, batch_size=args.batch, warmup_steps=args.warmup, timed_steps=args.steps)
+            batch, search = args.batch, None
+            if batch == "auto":
+                print(f"{name}: searching the batch size (--batch auto) ...", file=sys.stderr, flush=True)
+                search = find_workload_batch(name, device, args.seed, work_dir, args.timeout_s)
+                print(f"{name}: {search['summary']}", file=sys.stderr, flush=True)
+                batch = search["micro"]
+            w = resolve_workload(name, device, batch_size=batch, warmup_steps=args.warmup, timed_steps=args.steps)
             for kind in kinds:
                 try:
                     report = runners[kind](w)
                 except ValueError as exc:
                     raise TurbotrainError(str(exc)) from None
+                if search is not None:
+                    report["batch_search"] = search
                 doc = build_document(report, command, list(sys.orig_argv))
                 print(render_report(doc), flush=True)
                 if args.out:
@@ -103,6 +115,15 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         if not args.work_dir:
             shutil.rmtree(work_dir, ignore_errors=True)
     return 0
+
+
+def _batch_arg(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--batch = {text!r}: give a whole number of samples or auto") from None
 
 
 def _terminate(signum: int, frame: object) -> None:

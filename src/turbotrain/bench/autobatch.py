@@ -1,0 +1,98 @@
+"""``turbotrain bench --batch auto``: the workload's batch chosen by turbotrain's batch finder.
+
+The search runs in a process of its own (``python -m turbotrain.bench.autobatch``), like every
+contender, so the memory it filled and the graphs it compiled are gone before the first row starts.
+It trains the workload's model with turbotrain's defaults for the device (the configuration the
+``turbotrain`` row uses) on batches of the workload's shape, and the largest size that fits with
+the finder's headroom becomes the global batch of EVERY row: contenders that need more memory at
+that size (fp32 eager, say) then fail with out-of-memory, which the table reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from ..errors import TurbotrainError
+
+AUTO_MAX_MICRO = 1024  # samples; the finder's own ceiling
+
+
+def search(name: str, device_type: str, seed: int, max_micro: int = AUTO_MAX_MICRO) -> dict[str, Any]:
+    """Run the finder for workload ``name`` in this process; the search as a dict (``micro``,
+    trials, peak, time)."""
+    from .. import Engine, load_config
+    from ..memory import resolve_batch_size
+    from ..optim import build_optimizer
+    from .contenders import turbotrain_overrides
+    from .workloads import make_data, resolve_workload, seeded_model, to_spec
+
+    w = resolve_workload(name, device_type)
+    spec = to_spec(w, device=device_type, seed=seed, data_file=Path(os.devnull))
+    device = torch.device(device_type)
+    overrides = turbotrain_overrides(spec, device, w.total_steps)
+    overrides["batch"] = {"micro": "auto", "global_size": 0, "accumulation": 1}
+    config = load_config(overrides=overrides)
+    engine = Engine(config)
+    model = seeded_model(w.model, w.model_kwargs, seed)
+    c = config.optim
+    optimizer = build_optimizer(model, engine.device, lr=c.lr, weight_decay=c.weight_decay,
+                                betas=(c.beta1, c.beta2), eps=c.eps, implementation=c.implementation)
+    model, optimizer, _ = engine.setup(model, optimizer)
+
+    def make_batch(micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        xs, ys = make_data(w.replace(batch_size=micro, pool=1), seed)
+        return xs[0].to(engine.device), ys[0].to(engine.device)
+
+    _, found = resolve_batch_size(config, engine, model, optimizer, max_micro=max_micro, make_batch=make_batch)
+    assert found is not None  # micro was "auto"
+    return {"workload": name, "device": device_type, "summary": found.describe(), **found.to_dict()}
+
+
+def find_workload_batch(name: str, device_type: str, seed: int, work_dir: Path, timeout_s: float,
+                        max_micro: int = AUTO_MAX_MICRO) -> dict[str, Any]:
+    """:func:`search` in its own process; raises a one-line TurbotrainError when it fails."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    result, log = work_dir / f"batch-{name}.json", work_dir / f"batch-{name}.log"
+    result.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "turbotrain.bench.autobatch", name, "--device", device_type, "--seed", str(seed),
+           "--max-micro", str(max_micro), "--result", str(result)]
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    with open(log, "w") as out:
+        try:
+            code = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            raise TurbotrainError(f"--batch auto: the batch search for {name} took over {timeout_s:.0f} s; "
+                                  "pass --batch N or a larger --timeout-s") from None
+    if code != 0 or not result.is_file():
+        tail = log.read_text().strip().splitlines()[-1:] or ["no output"]
+        raise TurbotrainError(f"--batch auto: the batch search for {name} failed ({tail[0][:300]}); see {log} "
+                              "or pass --batch N")
+    return json.loads(result.read_text())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("workload")
+    p.add_argument("--device", required=True, choices=("cuda", "cpu"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-micro", type=int, default=AUTO_MAX_MICRO)
+    p.add_argument("--result", required=True, help="where to write the search as JSON")
+    args = p.parse_args(argv)
+    found = search(args.workload, args.device, args.seed, args.max_micro)
+    print(found["summary"], flush=True)
+    Path(args.result).write_text(json.dumps(found, indent=1, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
