@@ -7,6 +7,7 @@ trainer components).
 
 from __future__ import annotations
 
+import logging
 import signal
 import time
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
 
     from .engine import Engine
 
+log = logging.getLogger(__name__)
 
 @dataclass
 class FitContext:
@@ -67,8 +69,13 @@ class HookList(Hook):
             h.on_fit_end(ctx)
 
     def on_exception(self, ctx: FitContext, exc: BaseException) -> None:
+        """Every hook cleans up (closes files, restores signal handlers) even when an earlier
+        hook's cleanup fails; the original exception is the one that propagates."""
         for h in self.hooks:
-            h.on_exception(ctx, exc)
+            try:
+                h.on_exception(ctx, exc)
+            except Exception:
+                log.exception("hook %s failed while handling %s", type(h).__name__, type(exc).__name__)
 
 
 def every(step: int, interval: int) -> bool:

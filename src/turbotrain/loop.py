@@ -39,8 +39,8 @@ def fit(
                     hook.on_step_end(ctx)
                     if ctx.should_stop or engine.state.step >= max_steps:
                         break
-    except BaseException as exc:
+        hook.on_fit_end(ctx)
+    except BaseException as exc:  # also a failing on_fit_end: every hook still gets to clean up
         hook.on_exception(ctx, exc)
         raise
-    hook.on_fit_end(ctx)
     return ctx

@@ -129,6 +129,27 @@ def test_a_crashed_fit_keeps_its_metrics_even_between_flushes(tmp_path):
     assert [json.loads(line)["step"] for line in lines] == [4, 8]
 
 
+def test_a_hook_failing_at_the_end_still_lets_the_monitor_close_its_metrics(tmp_path):
+    from turbotrain.hooks import Hook
+
+    class FailAtEnd(Hook):  # e.g. a final evaluation that runs out of memory
+        def on_fit_end(self, ctx: FitContext) -> None:
+            raise RuntimeError("final eval failed")
+
+        def on_exception(self, ctx: FitContext, exc: BaseException) -> None:
+            raise ValueError("and so did its cleanup")  # must not keep the Monitor from closing
+
+    engine = Engine({"run": {"device": "cpu"}})
+    model = TinyMLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer, loader = engine.setup(model, optimizer, synthetic_batches(20))
+    sink = JsonlSink(tmp_path / "metrics.jsonl", flush_every_s=3600)
+    with pytest.raises(RuntimeError, match="final eval failed"):
+        fit(engine, model, optimizer, loader, max_steps=8, hooks=[FailAtEnd(), Monitor(4, sinks=[sink])])
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [4, 8]
+
+
 class _FakeNvml(NvmlSampler):
     def __init__(self) -> None:
         super().__init__(period_s=0.01)
