@@ -110,6 +110,9 @@ def test_batch_auto_searches_in_its_own_process_and_every_row_uses_the_answer(tm
     assert doc["workload"]["batch_size"] == 1024
     assert all(r["status"] == "ok" for r in doc["rows"])
     assert "batch finder: micro-batch 1024" in capsys.readouterr().err
+    assert main(["bench", "--workload", "mlp-tiny", "--batch", "auto", "--timeout-s", "0.2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "took over 0.2 s" in err and "pass --work-dir DIR to keep its log" in err and "--batch N" in err
     with pytest.raises(SystemExit) as exc:
         main(["bench", "--batch", "lots"])
     assert exc.value.code == 2 and "whole number of samples or auto" in capsys.readouterr().err

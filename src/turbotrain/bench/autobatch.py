@@ -13,14 +13,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from ..errors import TurbotrainError
+
+if TYPE_CHECKING:
+    from .suite import BenchOptions
 
 AUTO_MAX_MICRO = 1024  # samples; the finder's own ceiling
 
@@ -56,27 +58,27 @@ def search(name: str, device_type: str, seed: int, max_micro: int = AUTO_MAX_MIC
     return {"workload": name, "device": device_type, "summary": found.describe(), **found.to_dict()}
 
 
-def find_workload_batch(name: str, device_type: str, seed: int, work_dir: Path, timeout_s: float,
+def find_workload_batch(name: str, opts: "BenchOptions", keep_log: bool = True,
                         max_micro: int = AUTO_MAX_MICRO) -> dict[str, Any]:
-    """:func:`search` in its own process; raises a one-line TurbotrainError when it fails."""
+    """:func:`search` in its own process, with the environment a row gets (threads, compile
+    cache) so its answer holds for the rows; raises a one-line TurbotrainError when it fails."""
+    from .suite import row_env, run_process
+
+    work_dir = opts.work_dir / f"batch-{name}"
     work_dir.mkdir(parents=True, exist_ok=True)
-    result, log = work_dir / f"batch-{name}.json", work_dir / f"batch-{name}.log"
+    result, log = work_dir / "result.json", work_dir / "log.txt"
     result.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "turbotrain.bench.autobatch", name, "--device", device_type, "--seed", str(seed),
+    cmd = [sys.executable, "-m", "turbotrain.bench.autobatch", name, "--device", opts.device, "--seed", str(opts.seed),
            "--max-micro", str(max_micro), "--result", str(result)]
-    env = dict(os.environ)
-    src = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    with open(log, "w") as out:
-        try:
-            code = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout_s).returncode
-        except subprocess.TimeoutExpired:
-            raise TurbotrainError(f"--batch auto: the batch search for {name} took over {timeout_s:.0f} s; "
-                                  "pass --batch N or a larger --timeout-s") from None
+    code = run_process(cmd, log, row_env(work_dir, opts), opts.timeout_s)
+    where = f"see {log}" if keep_log else "pass --work-dir DIR to keep its log"
+    if code is None:
+        raise TurbotrainError(f"--batch auto: the batch search for {name} took over {opts.timeout_s:g} s ({where}); "
+                              "pass --batch N or a larger --timeout-s")
     if code != 0 or not result.is_file():
         tail = log.read_text().strip().splitlines()[-1:] or ["no output"]
-        raise TurbotrainError(f"--batch auto: the batch search for {name} failed ({tail[0][:300]}); see {log} "
-                              "or pass --batch N")
+        raise TurbotrainError(f"--batch auto: the batch search for {name} failed: {tail[0][:300]} ({where}); "
+                              "pass --batch N")
     return json.loads(result.read_text())
 
 

@@ -68,7 +68,7 @@ def _command(contender: str, spec_path: Path, result_path: Path, opts: BenchOpti
     return [sys.executable, "-m", "turbotrain.bench.worker", contender, "--spec", str(spec_path), "--result", str(result_path)]
 
 
-def _env(row_dir: Path, opts: BenchOptions) -> dict[str, str]:
+def row_env(row_dir: Path, opts: BenchOptions) -> dict[str, str]:
     """The contender's environment: turbotrain importable, and compile caches: by default cold
     ones of its own, so no row's time to first step profits from another's compilation."""
     env = dict(os.environ)
@@ -82,6 +82,25 @@ def _env(row_dir: Path, opts: BenchOptions) -> dict[str, str]:
     return env
 
 
+def run_process(cmd: list[str], log_path: Path, env: dict[str, str], timeout_s: float) -> int | None:
+    """Run ``cmd`` with its output in ``log_path``; its exit code, or None when it ran past
+    ``timeout_s`` seconds. A session of its own, so ending it also ends its compile workers; it
+    never outlives this process (a timeout, Ctrl-C or SIGTERM here ends it first)."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        code: int | None = None
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return code
+
+
 def run_row(contender: str, spec: dict[str, Any], row_name: str, opts: BenchOptions) -> dict[str, Any]:
     """One row in its own process; its JSON result (status ok / skipped / failed)."""
     row_dir = opts.work_dir / row_name
@@ -91,20 +110,7 @@ def run_row(contender: str, spec: dict[str, Any], row_name: str, opts: BenchOpti
     result_path.unlink(missing_ok=True)
     cmd = _command(contender, spec_path, result_path, opts)
     start = time.perf_counter()
-    with open(log_path, "w") as log:
-        # A session of its own, so ending the row also ends its compile workers; the row never
-        # outlives this process (a timeout, Ctrl-C or SIGTERM here ends it first).
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(row_dir, opts), start_new_session=True)
-        code: int | None = None
-        try:
-            code = proc.wait(timeout=opts.timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
-        finally:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    code = run_process(cmd, log_path, row_env(row_dir, opts), opts.timeout_s)
     wall_s = time.perf_counter() - start
     if code is None:
         result = {"status": "failed", "reason": f"timed out after {opts.timeout_s:.0f} s"}

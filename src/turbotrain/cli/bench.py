@@ -95,7 +95,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             batch, search = args.batch, None
             if batch == "auto":
                 print(f"{name}: searching the batch size (--batch auto) ...", file=sys.stderr, flush=True)
-                search = find_workload_batch(name, device, args.seed, work_dir, args.timeout_s)
+                search = find_workload_batch(name, opts, keep_log=bool(args.work_dir))
                 print(f"{name}: {search['summary']}", file=sys.stderr, flush=True)
                 batch = search["micro"]
             w = resolve_workload(name, device, batch_size=batch, warmup_steps=args.warmup, timed_steps=args.steps)
