@@ -57,7 +57,8 @@ def find_run_dir(out_dir: str, name: str = "") -> Path:
         if not (path / CONFIG_FILE).is_file():
             path = Path(name)  # a path given directly
         if not (path / CONFIG_FILE).is_file():
-            raise TurbotrainError(f"no run named {name!r} in {out_dir}/ (no {CONFIG_FILE}); check --run.name")
+            raise TurbotrainError(f"no run named {name!r} in {out_dir}/ and no run directory at that path "
+                                  f"(no {CONFIG_FILE}); check the name given to --resume or --run.name")
         return path
     runs = [p for p in Path(out_dir).glob("*") if (p / CONFIG_FILE).is_file()]
     if not runs:

@@ -141,7 +141,8 @@ def test_resume_takes_a_run_directory(tmp_path, text_file, capsys):
     assert main(_args(tmp_path, text_file)) == 0
     run = tmp_path / "runs" / "t"
     capsys.readouterr()
-    _one_line_error(capsys, main(["train", "--resume", str(tmp_path / "nope"), "--no-progress"]), "no run named")
+    _one_line_error(capsys, main(["train", "--resume", str(tmp_path / "nope"), "--no-progress"]), "no run named", "--resume")
+    _one_line_error(capsys, main(["train", "--resume", str(run), "--run.name=other"]), "not both")
     assert main(["train", "--resume", str(run), "--no-progress", "--train.max_steps=8"]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 8 and summary["resumed_from"] == "step_00000006.pt"

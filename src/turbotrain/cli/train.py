@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from ..config import describe, load_config, parse_overrides
+from ..errors import ConfigError
 from ..report import write_report
 from ..runner import find_run_dir, resume_config, train
 from .report import print_report
@@ -47,6 +48,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     if args.no_progress:
         overrides.setdefault("monitor", {})["progress"] = "false"
     if args.resume is not None:
+        if args.resume and "name" in overrides.get("run", {}):
+            raise ConfigError("name the run to resume once: --resume RUN or --resume --run.name NAME, not both")
         base = load_config(args.preset or default_preset(), overrides)
         run_dir = find_run_dir(base.run.out_dir, args.resume or overrides.get("run", {}).get("name", ""))
         config = resume_config(run_dir, overrides)
