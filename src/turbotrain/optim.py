@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import nn
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .config import OptimConfig
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -49,6 +52,12 @@ def build_optimizer(
     impl = resolve_implementation(implementation, device)
     flags = {"fused": impl == "fused", "foreach": impl == "foreach"}
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps, **flags)
+
+
+def optimizer_from_config(model: nn.Module, device: torch.device, c: "OptimConfig") -> torch.optim.AdamW:
+    """:func:`build_optimizer` with the run's ``optim`` section (lr, decay, betas, eps, kernel)."""
+    return build_optimizer(model, device, lr=c.lr, weight_decay=c.weight_decay, betas=(c.beta1, c.beta2), eps=c.eps,
+                           implementation=c.implementation)
 
 
 def lr_lambda(schedule: str, warmup_steps: int, max_steps: int, min_ratio: float) -> Callable[[int], float]:

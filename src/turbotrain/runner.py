@@ -29,7 +29,7 @@ from .loop import fit
 from .memory import memory_summary, resolve_batch_size
 from .models.gpt import GPT, GPTConfig
 from .monitor import JsonlSink, MfuProbe, Monitor, ProgressSink, TensorBoardSink, build_probes
-from .optim import build_optimizer, build_scheduler, resolve_implementation
+from .optim import build_scheduler, optimizer_from_config, resolve_implementation
 from .report import summarize_records
 
 log = logging.getLogger(__name__)
@@ -117,15 +117,7 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
     torch.manual_seed(c.run.seed)
     model = build_model(c, source.vocab_size)
     check_vocab(source, model.cfg.vocab_size)
-    optimizer = build_optimizer(
-        model,
-        engine.device,
-        lr=c.optim.lr,
-        weight_decay=c.optim.weight_decay,
-        betas=(c.optim.beta1, c.optim.beta2),
-        eps=c.optim.eps,
-        implementation=c.optim.implementation,
-    )
+    optimizer = optimizer_from_config(model, engine.device, c.optim)
     scheduler = build_scheduler(
         optimizer,
         schedule=c.optim.schedule,

@@ -32,7 +32,7 @@ def search(name: str, device_type: str, seed: int, max_micro: int = AUTO_MAX_MIC
     trials, peak, time)."""
     from .. import Engine, load_config
     from ..memory import resolve_batch_size
-    from ..optim import build_optimizer
+    from ..optim import optimizer_from_config
     from .contenders import turbotrain_overrides
     from .workloads import make_data, resolve_workload, seeded_model, to_spec
 
@@ -44,9 +44,7 @@ def search(name: str, device_type: str, seed: int, max_micro: int = AUTO_MAX_MIC
     config = load_config(overrides=overrides)
     engine = Engine(config)
     model = seeded_model(w.model, w.model_kwargs, seed)
-    c = config.optim
-    optimizer = build_optimizer(model, engine.device, lr=c.lr, weight_decay=c.weight_decay,
-                                betas=(c.beta1, c.beta2), eps=c.eps, implementation=c.implementation)
+    optimizer = optimizer_from_config(model, engine.device, config.optim)
     model, optimizer, _ = engine.setup(model, optimizer)
 
     def make_batch(micro: int) -> tuple[torch.Tensor, torch.Tensor]:

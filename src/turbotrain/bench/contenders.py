@@ -289,7 +289,7 @@ def train_turbotrain(job: Job) -> dict[str, Any]:
     """turbotrain's Engine and reference loop with its defaults (plus a matrix row's overrides)."""
     from .. import Engine, fit, load_config
     from ..hooks import FitContext, Hook
-    from ..optim import build_optimizer, build_scheduler, resolve_implementation
+    from ..optim import build_scheduler, optimizer_from_config, resolve_implementation
 
     device, clock = job.device, job.clock
     try:
@@ -315,8 +315,7 @@ def train_turbotrain(job: Job) -> dict[str, Any]:
     except ConfigError as exc:  # e.g. fp16-mixed on CPU, bf16 on a GPU without it
         raise SkipContender(str(exc)) from None
     c = config.optim
-    opt = build_optimizer(job.model, engine.device, lr=c.lr, weight_decay=c.weight_decay,
-                          betas=(c.beta1, c.beta2), eps=c.eps, implementation=c.implementation)
+    opt = optimizer_from_config(job.model, engine.device, c)
     sched = build_scheduler(opt, schedule=c.schedule, warmup_steps=c.warmup_steps, max_steps=job.total_steps,
                             lr=c.lr, min_lr=c.min_lr)
     pin = device.type == "cuda" and config.data.pin_memory and not job.spec.get("resident")

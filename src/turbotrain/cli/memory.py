@@ -48,15 +48,14 @@ def measure(config: Any, micro: int) -> MemoryStats:
     by the Engine (precision, checkpointing, compile), measured per phase."""
     from ..engine import Engine
     from ..memory.finder import token_batches
-    from ..optim import build_optimizer
+    from ..optim import optimizer_from_config
     from ..runner import build_model
 
     engine = Engine(config)
     torch.manual_seed(config.run.seed)
     vocab = default_vocab_size(config)
     model = build_model(config, vocab)
-    optimizer = build_optimizer(model, engine.device, lr=config.optim.lr, weight_decay=config.optim.weight_decay,
-                                implementation=config.optim.implementation)
+    optimizer = optimizer_from_config(model, engine.device, config.optim)
     model, optimizer, _ = engine.setup(model, optimizer)
     model.train()
     batch = token_batches(vocab, config.model.block_size, engine.device)(micro)
