@@ -20,6 +20,24 @@ from .errors import ConfigError
 
 AUTO = "auto"
 
+# Every valid-value list, once. Consumers import these; nothing else spells them out.
+ARCHS = ("gpt",)
+ATTENTIONS = ("sdpa", "masked")
+BATCH_PICKS = ("largest", "fastest")
+SCHEDULES = ("cosine", "linear", "constant")
+OPTIM_IMPLEMENTATIONS = ("fused", "foreach", "for-loop")
+PRECISION_MODES = ("bf16-mixed", "fp16-mixed", "bf16-true", "fp32")
+NONFINITE_POLICIES = ("skip", "fallback", "stop")
+COMPILE_SCOPES = ("off", "model", "blocks")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+CHECKPOINTING_MODES = ("off", "full", "selective")
+OOM_POLICIES = ("halve", "stop")
+
+
+def choice_error(field_name: str, value: Any, choices: Iterable[Any]) -> ConfigError:
+    """The one wording of "not a valid value": the field, the value and every valid value."""
+    return ConfigError(f"{field_name} = {value!r} is not valid; choose one of: {', '.join(map(str, choices))}")
+
 
 def knob(default: Any, doc: str, *, choices: Iterable[Any] | None = None, min: float | None = None) -> Any:
     """A documented config field. ``choices`` and ``min`` are checked by :func:`validate`."""
@@ -37,7 +55,7 @@ class RunSection:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    arch: str = knob("gpt", "model family", choices=("gpt",))
+    arch: str = knob("gpt", "model family", choices=ARCHS)
     n_layer: int = knob(4, "transformer blocks", min=1)
     n_head: int = knob(4, "attention heads per block", min=1)
     d_model: int = knob(128, "embedding width (must divide by n_head)", min=1)
@@ -45,7 +63,7 @@ class ModelConfig:
     vocab_size: int = knob(0, "vocabulary size; 0 = follow the data (256 for bytes, the .bin's own or 50304)", min=0)
     dropout: float = knob(0.0, "dropout probability", min=0.0)
     attention: str = knob("sdpa", "'sdpa' (is_causal, flash kernels) or 'masked' (explicit cached mask)",
-                          choices=("sdpa", "masked"))
+                          choices=ATTENTIONS)
 
 
 @dataclass(frozen=True)
@@ -64,7 +82,7 @@ class BatchConfig:
     micro: int | str = knob(32, "sequences per forward/backward, or 'auto' to search the largest that fits", min=1)
     accumulation: int = knob(1, "micro-batches per optimizer step (global = micro x accumulation x world)", min=1)
     pick: str = knob("largest", "with micro='auto': 'largest' size that fits or 'fastest' measured",
-                     choices=("largest", "fastest"))
+                     choices=BATCH_PICKS)
     headroom: float = knob(0.10, "with micro='auto': memory kept free, as a fraction of the measured peak", min=0.0)
     max_memory_gib: float = knob(0.0, "with micro='auto': memory cap in GiB (0 = the whole device)", min=0.0)
     max_memory_fraction: float = knob(0.0, "with micro='auto': memory cap as a fraction of the device's total (0 = none)", min=0.0)
@@ -80,10 +98,10 @@ class OptimConfig:
     beta2: float = knob(0.95, "AdamW beta2", min=0.0)
     eps: float = knob(1e-8, "AdamW epsilon", min=0.0)
     warmup_steps: int = knob(30, "linear warmup length in optimizer steps", min=0)
-    schedule: str = knob("cosine", "decay after warmup", choices=("cosine", "linear", "constant"))
+    schedule: str = knob("cosine", "decay after warmup", choices=SCHEDULES)
     grad_clip: float = knob(1.0, "max global gradient norm, applied after unscaling; 0 = off", min=0.0)
     implementation: str = knob(AUTO, "'auto' (fused on CUDA, foreach elsewhere), 'fused', 'foreach', 'for-loop'",
-                               choices=(AUTO, "fused", "foreach", "for-loop"))
+                               choices=(AUTO, *OPTIM_IMPLEMENTATIONS))
 
 
 @dataclass(frozen=True)
@@ -99,27 +117,27 @@ class TrainConfig:
 @dataclass(frozen=True)
 class PrecisionConfig:
     mode: str = knob(AUTO, "'auto' (bf16-mixed on CUDA cc>=8.0, fp16-mixed below, fp32 on CPU) or explicit",
-                     choices=(AUTO, "bf16-mixed", "fp16-mixed", "bf16-true", "fp32"))
+                     choices=(AUTO, *PRECISION_MODES))
     tf32: bool = knob(True, "TF32 tensor-core matmuls and convolutions for fp32 work (CUDA)")
     cudnn_benchmark: bool = knob(True, "let cuDNN time its kernels for fixed input shapes (CUDA)")
     flush_denormal: bool = knob(True, "flush fp32 denormals to zero on CPU: denormal arithmetic made the first steps ~35% slower")
     nonfinite: str = knob("fallback", "on non-finite loss/grad: 'skip' the step, skip then 'fallback' to a safer precision, or 'stop'",
-                          choices=("skip", "fallback", "stop"))
+                          choices=NONFINITE_POLICIES)
     max_nonfinite_steps: int = knob(3, "skipped steps before 'fallback' or 'stop' acts", min=1)
 
 
 @dataclass(frozen=True)
 class CompileConfig:
     scope: str = knob(AUTO, "'auto' (model on CUDA, off on CPU), 'off', 'model' or 'blocks' (each block separately)",
-                      choices=(AUTO, "off", "model", "blocks"))
-    mode: str = knob("default", "torch.compile mode", choices=("default", "reduce-overhead", "max-autotune"))
+                      choices=(AUTO, *COMPILE_SCOPES))
+    mode: str = knob("default", "torch.compile mode", choices=COMPILE_MODES)
 
 
 @dataclass(frozen=True)
 class MemoryConfig:
-    checkpointing: str = knob("off", "activation checkpointing per block", choices=("off", "full", "selective"))
+    checkpointing: str = knob("off", "activation checkpointing per block", choices=CHECKPOINTING_MODES)
     on_oom: str = knob("halve", "on out-of-memory mid-run: 'halve' the micro-batch and retry, or 'stop'",
-                       choices=("halve", "stop"))
+                       choices=OOM_POLICIES)
     inject_oom_at_step: int = knob(0, "debug: raise an out-of-memory error once at this optimizer step; 0 = never", min=0)
 
 
@@ -303,9 +321,7 @@ def validate(config: RunConfig) -> None:
             value = getattr(section, f.name)
             choices, low = f.metadata.get("choices"), f.metadata.get("min")
             if choices and value not in choices:
-                raise ConfigError(
-                    f"{name}.{f.name} = {value!r} is not valid; choose one of: {', '.join(map(str, choices))}"
-                )
+                raise choice_error(f"{name}.{f.name}", value, choices)
             if low is not None and isinstance(value, (int, float)) and not isinstance(value, bool) and value < low:
                 raise ConfigError(f"{name}.{f.name} = {value!r} must be >= {low}")
     if isinstance(config.batch.micro, str) and config.batch.micro != AUTO:

@@ -8,13 +8,19 @@
         engine.backward(loss)
         engine.step(optimizer)
 
-Configuration is resolved in ``__init__``/``setup`` into objects (Precision, guard, clip norm);
-``backward`` and ``step`` then run the same few calls every step, with no config reads and no
-host-device synchronisation except the guard's poll every ``poll_every`` optimizer steps.
+Configuration is resolved in ``__init__``/``setup`` into objects (Precision, guard, OOM policy,
+clip norm); ``backward`` and ``step`` then run the same few calls every step, with no config reads
+and no host-device synchronisation except the guard's poll every ``sync_every`` optimizer steps.
+
+The whole step reads top-down in this file: ``forward_backward`` -> ``run_batch`` (forward under
+autocast, ``backward``) -> ``step``. The OOM policy (oom.py) is called only after an
+out-of-memory error, and acts through the small public methods ``discard_step``, ``set_split``,
+``run_batch`` and ``record_event``; no other module writes the engine's state.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, ContextManager, Iterable, Mapping
@@ -22,12 +28,13 @@ from typing import Any, Callable, ContextManager, Iterable, Mapping
 import torch
 from torch import nn
 
-from .compile import apply_compile, resolve_scope
+from .batch import batch_size, misplaced, move_to, split_batch, token_count
 from .config import RunConfig, load_config
-from .data.prefetch import DevicePrefetcher, move_to
+from .data.prefetch import DevicePrefetcher
 from .errors import ConfigError, NonFiniteError, PlacementError
-from .memory import apply_activation_checkpointing, build_batch_runner
+from .oom import build_oom_policy, is_oom, oom_reason
 from .precision import DeviceCaps, Precision, apply_backend_switches, build_guard, build_precision, fallback_mode
+from .transforms import apply_activation_checkpointing, apply_compile, resolve_scope
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +94,7 @@ class EngineOptions:
     grad_clip: float = 0.0
     nonfinite: str = "fallback"
     max_nonfinite_steps: int = 3
-    poll_every: int = 10
+    sync_every: int = 10  # optimizer steps between guard reads: the monitor's logging cadence, so both share one sync
     device_prefetch: bool = True
     checkpointing: str = "off"
     on_oom: str = "halve"
@@ -108,7 +115,7 @@ class EngineOptions:
             grad_clip=config.optim.grad_clip,
             nonfinite=config.precision.nonfinite,
             max_nonfinite_steps=config.precision.max_nonfinite_steps,
-            poll_every=config.monitor.log_every,
+            sync_every=config.monitor.log_every,
             device_prefetch=config.data.device_prefetch,
             checkpointing=config.memory.checkpointing,
             on_oom=config.memory.on_oom,
@@ -126,20 +133,22 @@ class Engine:
     def __init__(self, config: RunConfig | Mapping[str, Mapping[str, Any]] | None = None) -> None:
         if config is None or isinstance(config, Mapping):
             config = load_config(overrides=config or {})
-        self.config = config
         self.options = opts = EngineOptions.from_config(config)
         self.device = opts.device
         self.caps = DeviceCaps.of(self.device)
         self.precision: Precision = build_precision(opts.precision, self.device, self.caps)
         apply_backend_switches(self.device, tf32=opts.tf32, cudnn_benchmark=opts.cudnn_benchmark, flush_denormal=opts.flush_denormal)
-        self.accumulation = opts.accumulation
+        self.oom_policy = build_oom_policy(opts.on_oom)
+        self.base_accumulation = opts.accumulation  # micro-batches per optimizer step as configured
+        self.split = 1  # parts each loader batch is cut into (doubled by the OOM policy)
+        self.accumulation = opts.accumulation  # = base_accumulation x split: backward passes per optimizer step
         self.pending_micro_steps = 0  # backward passes since the last optimizer step
-        self.batch_runner = build_batch_runner(opts.on_oom, opts.inject_oom_at_step)  # OOM policy
         self.state = TrainState()
         self.events: list[Event] = []
         self.guard = build_guard(self.device)
         self.scheduler: Any = None
         self.last_loss: torch.Tensor | None = None  # mean loss of the last optimizer step, on device
+        self._inject_oom_at_step = opts.inject_oom_at_step
         self._loss_sum: torch.Tensor | None = None
         self._models: list[nn.Module] = []
         self._params: dict[int, list[torch.Tensor]] = {}
@@ -172,7 +181,7 @@ class Engine:
 
     def setup_loader(self, loader: Iterable[Any]) -> Iterable[Any]:
         """Wrap ``loader`` so each batch arrives on the device (side-stream prefetch on CUDA)."""
-        return DevicePrefetcher(loader, self.device) if self.options.device_prefetch else _Moved(loader, self.device)
+        return DevicePrefetcher(loader, self.device, side_stream=self.options.device_prefetch)
 
     # ------------------------------------------------------------------ hot path
 
@@ -216,26 +225,99 @@ class Engine:
         self.last_loss = loss_sum if self.accumulation == 1 else loss_sum / self.accumulation
         self._loss_sum = None
         self.state.step += 1
-        if self.state.step % self.options.poll_every == 0:
+        if self.state.step % self.options.sync_every == 0:
             self.poll(optimizer)
         return True
 
     def forward_backward(self, model: nn.Module, batch: Any, loss_fn: LossFn = default_loss) -> torch.Tensor:
-        """One loader batch of the reference loop: forward under autocast, then backward; after
-        an out-of-memory error (memory.on_oom='halve') in halves, re-running the step."""
+        """One loader batch of the reference loop: forward under autocast, then backward. After an
+        out-of-memory error the OOM policy takes over (``memory.on_oom``: halve and re-run, or stop)."""
         if self.state.batches == 0:
             self._check_batch(batch)
-        loss = self.batch_runner.run(self, model, batch, loss_fn)
+        self.oom_policy.remember(batch, new_step=self.pending_micro_steps == 0)
+        reason = ""
+        try:
+            loss = self.run_batch(model, batch, loss_fn)
+        except RuntimeError as exc:
+            if not is_oom(exc):
+                raise
+            reason = oom_reason(exc)
+        if reason:  # outside the except clause: the traceback, and the activations its frames held, are gone
+            loss = self.oom_policy.recover(self, model, batch, loss_fn, reason)
         self.state.batches += 1
         self.count_batch(batch)
         return loss
 
+    def run_batch(self, model: nn.Module, batch: Any, loss_fn: LossFn = default_loss) -> torch.Tensor:
+        """Forward under autocast and backward of one loader batch, in ``split`` parts (one
+        unless an out-of-memory error halved the micro-batch); returns the batch's loss."""
+        if self.split == 1:
+            with self.autocast():
+                loss = loss_fn(model, batch)
+            self._maybe_inject_oom()
+            self.backward(loss)
+            return loss
+        n = batch_size(batch)
+        total: torch.Tensor | None = None
+        for part in split_batch(batch, self.split):
+            with self.autocast():
+                loss = loss_fn(model, part)
+            share = batch_size(part) / n
+            weight = share * self.split  # 1.0 for equal parts
+            self._maybe_inject_oom()
+            self.backward(loss if weight == 1.0 else loss * weight)
+            piece = loss.detach() * share
+            total = piece if total is None else total + piece
+        assert total is not None
+        return total
+
     def count_batch(self, batch: Any) -> None:
-        """Add a batch's samples and tokens (shape only, no sync) to the state."""
-        first = batch[0] if isinstance(batch, (tuple, list)) else batch
-        if isinstance(first, torch.Tensor) and first.ndim:
-            self.state.samples += first.shape[0]
-            self.state.tokens += first.numel() if first.ndim == 2 and not first.is_floating_point() else 0
+        """Add a batch's samples and tokens (from shapes, no sync) to the state; any structure."""
+        self.state.samples += batch_size(batch)
+        self.state.tokens += token_count(batch)
+
+    def micro_batch(self, batch: Any) -> int:
+        """Samples per forward/backward for ``batch`` at the current split."""
+        return -(-batch_size(batch) // self.split)
+
+    # ------------------------------------------------------------------ OOM policy's levers
+
+    def discard_step(self, model: nn.Module) -> None:
+        """Forget the partial optimizer step (gradients, loss sum, its micro-steps) and free memory."""
+        model.zero_grad(set_to_none=True)
+        self.state.micro_step -= self.pending_micro_steps
+        self.pending_micro_steps = 0
+        self._loss_sum = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def set_split(self, split: int) -> None:
+        """Cut each loader batch into ``split`` parts; accumulation follows, so the global batch stays."""
+        self.split = split
+        self.accumulation = self.base_accumulation * split
+
+    def set_accumulation(self, accumulation: int) -> None:
+        """Micro-batches per optimizer step (the batch finder sets it to keep the global batch)."""
+        if accumulation < 1:
+            raise ConfigError(f"batch.accumulation = {accumulation} must be >= 1")
+        self.base_accumulation = accumulation
+        self.accumulation = accumulation * self.split
+
+    def record_event(self, kind: str, detail: str, step: int | None = None) -> None:
+        """Note something that changed how the run trains (goes to summary.json)."""
+        self.events.append(Event(self.state.step if step is None else step, kind, detail))
+
+    def _maybe_inject_oom(self) -> None:
+        """``memory.inject_oom_at_step = N``: a real OutOfMemoryError once, in the last micro-step
+        of optimizer step N (after its forward), to test recovery end to end."""
+        if (
+            self._inject_oom_at_step
+            and self.state.step + 1 == self._inject_oom_at_step
+            and self.pending_micro_steps + 1 >= self.accumulation
+        ):
+            step, self._inject_oom_at_step = self._inject_oom_at_step, 0  # once
+            raise torch.OutOfMemoryError(f"injected out-of-memory error in step {step} (memory.inject_oom_at_step = {step})")
 
     def synchronize(self) -> None:
         """Wait for queued device work (host-device sync point; for timing only)."""
@@ -279,7 +361,7 @@ class Engine:
                             state[key] = value.to(self.precision.param_dtype)
         detail = f"{old.name} -> {mode} after {self.guard.seen} non-finite steps"
         log.warning("precision fallback: %s", detail)
-        self.events.append(Event(self.state.step, "precision_fallback", detail))
+        self.record_event("precision_fallback", detail)
 
     # ------------------------------------------------------------------ evaluation
 
@@ -306,7 +388,7 @@ class Engine:
             "guard": self.guard.state_dict(),
             "nonfinite_acted": self._nonfinite_acted,
             "events": [asdict(e) for e in self.events],
-            "batch_runner": self.batch_runner.state_dict(),
+            "batch_runner": {"split": self.split, "inject_at_step": self._inject_oom_at_step},
         }
 
     def load_state_dict(self, sd: Mapping[str, Any], optimizer: torch.optim.Optimizer | None = None) -> None:
@@ -323,8 +405,9 @@ class Engine:
         self._nonfinite_acted = int(sd.get("nonfinite_acted", 0))
         self._nonfinite_logged = self.guard.seen
         self.events = [Event(**e) for e in sd.get("events", [])]
-        self.batch_runner.load_state_dict(sd.get("batch_runner", {}))
-        self.accumulation = self.options.accumulation * self.batch_runner.split  # halved after an OOM
+        oom = sd.get("batch_runner", {})
+        self._inject_oom_at_step = int(oom.get("inject_at_step", self._inject_oom_at_step))
+        self.set_split(int(oom.get("split", 1)))  # a micro-batch halved after an OOM stays halved
 
     # ------------------------------------------------------------------ checks
 
@@ -351,20 +434,8 @@ class Engine:
             )
 
     def _check_batch(self, batch: Any) -> None:
-        leaves = batch if isinstance(batch, (tuple, list)) else [batch]
-        wrong = [f"batch[{i}] ({t.device})" for i, t in enumerate(leaves) if torch.is_tensor(t) and t.device.type != self.device.type]
+        wrong = misplaced(batch, self.device)
         if wrong:
             raise PlacementError(
-                f"{', '.join(wrong)} not on {self.device}; pass the loader to engine.setup(...) so batches are moved"
+                f"{', '.join(wrong[:5])} not on {self.device}; pass the loader to engine.setup(...) so batches are moved"
             )
-
-
-class _Moved:
-    """Loader wrapper that moves each batch to the device on the current stream."""
-
-    def __init__(self, loader: Iterable[Any], device: torch.device) -> None:
-        self.loader, self.device = loader, device
-
-    def __iter__(self):
-        for batch in self.loader:
-            yield move_to(batch, self.device, non_blocking=True)

@@ -13,14 +13,24 @@ Also the NVML access shared by ``turbotrain doctor`` and the monitor's backgroun
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
 __all__ = [
     "DeviceSpec", "DEVICE_SPECS", "lookup_peak", "estimate_mfu", "precision_key",
-    "nvml", "nvml_handle", "collect_nvml", "collect_nvml_device",
+    "nvml", "nvml_handle", "collect_nvml", "collect_nvml_device", "ram_bytes",
 ]
+
+
+def ram_bytes() -> tuple[int | None, int | None]:
+    """This machine's (total, available) RAM in bytes; None where the OS does not say."""
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        return int(os.sysconf("SC_PHYS_PAGES") * page), int(os.sysconf("SC_AVPHYS_PAGES") * page)
+    except (ValueError, OSError, AttributeError):
+        return None, None
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from torch import nn
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
-from .data.prefetch import move_to
+from .batch import move_to
 from .engine import default_loss
 from .errors import TurbotrainError
 from .hardware import DeviceSpec, collect_nvml_device, lookup_peak, nvml, nvml_handle

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 from torch import nn
 
-from .errors import ConfigError
-
-if TYPE_CHECKING:
-    from .config import OptimConfig
+from .config import OPTIM_IMPLEMENTATIONS, SCHEDULES, OptimConfig, choice_error
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -33,8 +30,8 @@ def resolve_implementation(implementation: str, device: torch.device) -> str:
     gradients), 'foreach' elsewhere (batched multi-tensor ops)."""
     if implementation == "auto":
         return "fused" if device.type == "cuda" else "foreach"
-    if implementation not in ("fused", "foreach", "for-loop"):
-        raise ConfigError(f"optim.implementation = {implementation!r}; choose one of: auto, fused, foreach, for-loop")
+    if implementation not in OPTIM_IMPLEMENTATIONS:
+        raise choice_error("optim.implementation", implementation, ("auto", *OPTIM_IMPLEMENTATIONS))
     return implementation
 
 
@@ -54,7 +51,7 @@ def build_optimizer(
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps, **flags)
 
 
-def optimizer_from_config(model: nn.Module, device: torch.device, c: "OptimConfig") -> torch.optim.AdamW:
+def optimizer_from_config(model: nn.Module, device: torch.device, c: OptimConfig) -> torch.optim.AdamW:
     """:func:`build_optimizer` with the run's ``optim`` section (lr, decay, betas, eps, kernel)."""
     return build_optimizer(model, device, lr=c.lr, weight_decay=c.weight_decay, betas=(c.beta1, c.beta2), eps=c.eps,
                            implementation=c.implementation)
@@ -63,8 +60,8 @@ def optimizer_from_config(model: nn.Module, device: torch.device, c: "OptimConfi
 def lr_lambda(schedule: str, warmup_steps: int, max_steps: int, min_ratio: float) -> Callable[[int], float]:
     """Multiplier of the peak LR at optimizer step ``s``: linear warmup, then the decay to
     ``min_ratio`` x peak at ``max_steps`` (cosine or linear), or flat (constant)."""
-    if schedule not in ("cosine", "linear", "constant"):
-        raise ConfigError(f"optim.schedule = {schedule!r}; choose one of: cosine, linear, constant")
+    if schedule not in SCHEDULES:
+        raise choice_error("optim.schedule", schedule, SCHEDULES)
 
     def factor(s: int) -> float:
         if s < warmup_steps:

@@ -16,11 +16,10 @@ from typing import Any, ContextManager
 
 import torch
 
+from .config import PRECISION_MODES, choice_error
 from .errors import ConfigError
 
 log = logging.getLogger(__name__)
-
-MODES = ("bf16-mixed", "fp16-mixed", "bf16-true", "fp32")
 
 
 @dataclass(frozen=True)
@@ -49,8 +48,8 @@ def resolve_precision(mode: str, caps: DeviceCaps) -> str:
         if caps.type != "cuda":
             return "fp32"
         return "bf16-mixed" if caps.capability is not None and caps.capability >= (8, 0) else "fp16-mixed"
-    if mode not in MODES:
-        raise ConfigError(f"precision.mode = {mode!r} is not valid; choose one of: auto, {', '.join(MODES)}")
+    if mode not in PRECISION_MODES:
+        raise choice_error("precision.mode", mode, ("auto", *PRECISION_MODES))
     if mode == "fp16-mixed" and caps.type != "cuda":
         raise ConfigError(
             "precision.mode = 'fp16-mixed' needs a CUDA GPU (GradScaler loss scaling); "

@@ -27,7 +27,8 @@ from .errors import TurbotrainError
 from .hooks import Evaluate, FitContext, Hook, StopAfter, StopOnSignal
 from .loop import fit
 from .memory import memory_summary, resolve_batch_size
-from .models.gpt import GPT, GPTConfig
+from .models.build import build_model
+from .models.gpt import GPT
 from .monitor import JsonlSink, MfuProbe, Monitor, ProgressSink, TensorBoardSink, build_probes
 from .optim import build_scheduler, optimizer_from_config, resolve_implementation
 from .report import summarize_records
@@ -71,21 +72,6 @@ def resume_config(run_dir: Path, overrides: Any = ()) -> RunConfig:
     return load_config(str(run_dir / CONFIG_FILE), overrides)
 
 
-def build_model(config: RunConfig, vocab_size: int) -> GPT:
-    m = config.model
-    return GPT(
-        GPTConfig(
-            vocab_size=m.vocab_size or vocab_size,
-            n_layer=m.n_layer,
-            n_head=m.n_head,
-            d_model=m.d_model,
-            block_size=m.block_size,
-            dropout=m.dropout,
-            attention=m.attention,
-        )
-    )
-
-
 @dataclass
 class Training:
     """Everything a run needs, built and resolved; ``run()`` trains it."""
@@ -115,7 +101,7 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
     val_windows = TokenWindows(source.val, c.model.block_size) if len(source.val) > c.model.block_size else None
 
     torch.manual_seed(c.run.seed)
-    model = build_model(c, source.vocab_size)
+    model = build_model(c.model, source.vocab_size)
     check_vocab(source, model.cfg.vocab_size)
     optimizer = optimizer_from_config(model, engine.device, c.optim)
     scheduler = build_scheduler(

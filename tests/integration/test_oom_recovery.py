@@ -14,7 +14,8 @@ from turbotrain.checkpoint import load_latest
 from turbotrain.cli import main
 from turbotrain.config import load_config
 from turbotrain.errors import TurbotrainError
-from turbotrain.memory import OutOfMemoryStop, estimate_memory
+from turbotrain.memory import estimate_memory
+from turbotrain.oom import OutOfMemoryStop
 from turbotrain.runner import train
 
 

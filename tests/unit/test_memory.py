@@ -19,18 +19,17 @@ from turbotrain.memory import (
     BatchSearch,
     StepTrial,
     TrialResult,
-    apply_activation_checkpointing,
-    checkpointed_blocks,
     estimate_memory,
     find_batch_size,
     measure_step_memory,
     plan_accumulation,
     resolve_batch_size,
-    split_batch,
     token_batches,
 )
 from turbotrain.memory.finder import CACHE_FILE
-from turbotrain.memory.recovery import HalvingBatchRunner
+from turbotrain.batch import split_batch
+from turbotrain.oom import HalveOnOOM
+from turbotrain.transforms import apply_activation_checkpointing, checkpointed_blocks
 from turbotrain.models.gpt import GPT, GPTConfig
 from turbotrain.models.mlp import TinyMLP, synthetic_batches
 from turbotrain.optim import build_optimizer
@@ -359,8 +358,7 @@ def test_uneven_split_weights_each_part_by_its_share():
     grads = []
     for split in (1, 2, 4):
         engine, model, _ = _engine_with_runner(1)
-        engine.batch_runner.split = split
-        engine.accumulation = split
+        engine.set_split(split)
         loss = engine.forward_backward(model, batch)
         grads.append((_grads(model), float(loss.detach())))
     for g, loss in grads[1:]:
@@ -376,11 +374,14 @@ def test_injected_oom_mid_accumulation_re_runs_the_step_with_identical_gradients
         engine.forward_backward(model, b)
     expected = _grads(model)
 
-    engine, model, optimizer = _engine_with_runner(2)
-    engine.batch_runner = HalvingBatchRunner(inject_at_step=1)
+    engine = Engine({"run": {"device": "cpu"}, "optim": {"grad_clip": 0.0}, "batch": {"accumulation": 2},
+                     "memory": {"inject_oom_at_step": 1}})
+    torch.manual_seed(0)
+    model = TinyMLP(d_in=8, width=16, depth=2)
+    model, optimizer, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.0))
     for b in batches:
         engine.forward_backward(model, b)
-    assert isinstance(engine.batch_runner, HalvingBatchRunner) and engine.batch_runner.split == 2
+    assert isinstance(engine.oom_policy, HalveOnOOM) and engine.split == 2
     assert engine.accumulation == 4 and engine.pending_micro_steps == 4
     assert engine.state.batches == 2 and engine.state.micro_step == 4
     for name, grad in _grads(model).items():

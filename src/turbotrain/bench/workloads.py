@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..errors import TurbotrainError
+from ..models.build import build_named
 
 # ---------------------------------------------------------------------------------- workloads
 
@@ -212,31 +213,10 @@ def resolve_workload(
 # ---------------------------------------------------------------------------------- models
 
 
-def build_model(kind: str, kwargs: dict[str, Any]) -> nn.Module:
-    """The reference model ``kind`` with ``kwargs`` (in the caller's current RNG state)."""
-    if kind == "gpt":
-        from ..models.gpt import GPT, GPTConfig
-
-        return GPT(GPTConfig(**kwargs))
-    if kind == "mlp":
-        from ..models.mlp import TinyMLP
-
-        return TinyMLP(**kwargs)
-    if kind == "resnet":
-        from ..models.classifier import ResNet
-
-        return ResNet(**{**kwargs, "layers": tuple(kwargs.get("layers", (2, 2, 2, 2)))})
-    if kind == "cifar":
-        from ..models.classifier import CifarResNet
-
-        return CifarResNet(**kwargs)
-    raise TurbotrainError(f"unknown model kind {kind!r}; expected gpt, mlp, resnet or cifar")
-
-
 def seeded_model(kind: str, kwargs: dict[str, Any], seed: int) -> nn.Module:
-    """``build_model`` right after ``torch.manual_seed(seed)``: the same weights in every process."""
+    """``build_named`` right after ``torch.manual_seed(seed)``: the same weights in every process."""
     torch.manual_seed(seed)
-    return build_model(kind, kwargs)
+    return build_named(kind, kwargs)
 
 
 def sample_shape(w: Workload) -> tuple[tuple[int, ...], torch.dtype]:
@@ -265,7 +245,7 @@ def flops_per_step(w: Workload) -> tuple[float, str]:
 
     shape, dtype = sample_shape(w)
     with torch.device("meta"):
-        model = build_model(w.model, w.model_kwargs)
+        model = build_named(w.model, w.model_kwargs)
         x = torch.zeros((w.batch_size, *shape), dtype=dtype)
         y = torch.zeros((w.batch_size,), dtype=torch.int64)
     with FlopCounterMode(display=False) as counter:

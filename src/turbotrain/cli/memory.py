@@ -49,12 +49,12 @@ def measure(config: Any, micro: int) -> MemoryStats:
     from ..engine import Engine
     from ..memory.finder import token_batches
     from ..optim import optimizer_from_config
-    from ..runner import build_model
+    from ..models.build import build_model
 
     engine = Engine(config)
     torch.manual_seed(config.run.seed)
     vocab = default_vocab_size(config)
-    model = build_model(config, vocab)
+    model = build_model(config.model, vocab)
     optimizer = optimizer_from_config(model, engine.device, config.optim)
     model, optimizer, _ = engine.setup(model, optimizer)
     model.train()

@@ -10,7 +10,8 @@ import torch
 
 from ..checkpoint import load_latest
 from ..errors import TurbotrainError
-from ..runner import CHECKPOINTS, build_model, find_run_dir, resume_config
+from ..models.build import build_model
+from ..runner import CHECKPOINTS, find_run_dir, resume_config
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     vocab = payload["model"]["wte.weight"].shape[0]
     if vocab != 256:
         raise TurbotrainError(f"{run_dir} was trained on {vocab}-token ids; sample decodes byte-level (256) runs only")
-    model = build_model(config, vocab)
+    model = build_model(config.model, vocab)
     model.load_state_dict(payload["model"])
     model.eval()
     torch.manual_seed(args.seed)

@@ -9,7 +9,7 @@ from .loader import (
     fixed_batches,
     resolve_loader_settings,
 )
-from .prefetch import DevicePrefetcher, move_to
+from .prefetch import DevicePrefetcher
 from .sources import TokenSource, TokenSplit, check_vocab, open_tokens, stdlib_files
 
 __all__ = [
@@ -23,7 +23,6 @@ __all__ = [
     "check_vocab",
     "default_num_workers",
     "fixed_batches",
-    "move_to",
     "open_tokens",
     "resolve_loader_settings",
     "stdlib_files",

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, TurbotrainError
+from ..oom import is_oom
 from .stats import GIB, TensorMemoryTracker, gib, optimizer_tensors, storage_bytes, tensors_of
 
 if TYPE_CHECKING:
@@ -124,14 +125,6 @@ class BatchSearch:
 
 
 # ----------------------------------------------------------------------------- search
-
-
-def is_oom(exc: BaseException) -> bool:
-    """True for torch's out-of-memory error and the RuntimeErrors CUDA libraries raise instead."""
-    if isinstance(exc, torch.OutOfMemoryError):
-        return True
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and ("out of memory" in text or "CUBLAS_STATUS_ALLOC_FAILED" in text)
 
 
 def _interpolate(micro: int, fitting: list[TrialRecord]) -> int | None:
@@ -596,5 +589,5 @@ def resolve_batch_size(
     if note:
         log.warning("batch finder: %s", note)
     resolved = config.replace(batch={"micro": micro, "accumulation": accumulation})
-    engine.accumulation = engine.options.accumulation = accumulation
+    engine.set_accumulation(accumulation)
     return resolved, search

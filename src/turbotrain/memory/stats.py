@@ -37,7 +37,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from .checkpointing import apply_activation_checkpointing, recompute_context
+from ..transforms import apply_activation_checkpointing, recompute_context
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -350,7 +350,7 @@ def estimate_memory(
     'bf16-mixed' to estimate for a GPU from a CPU machine.
     """
     from ..optim import build_optimizer
-    from ..runner import build_model
+    from ..models.build import build_model
 
     mode = checkpointing or config.memory.checkpointing
     prec = precision or resolve_precision_name(config)
@@ -358,7 +358,7 @@ def estimate_memory(
     vocab = vocab_size or default_vocab_size(config)
     meta = torch.device("meta")
     with meta:
-        model = build_model(config, vocab)
+        model = build_model(config.model, vocab)
     if prec == "bf16-true":
         model.to(torch.bfloat16)
     apply_activation_checkpointing(model, mode)

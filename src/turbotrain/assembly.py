@@ -1,0 +1,48 @@
+"""Engine -> optimizer -> schedule -> setup: the one assembly of a trainable model from a config.
+
+Training (``turbotrain train``), the memory report, the batch search and the bench's turbotrain
+row all start the same way; they call :func:`build_trainable` so that the order (the engine
+first, so the device and precision are known; the optimizer before ``setup`` so its parameters
+keep their identity) and the config fields used cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from .config import RunConfig
+from .engine import Engine
+from .optim import build_scheduler, optimizer_from_config
+
+
+@dataclass
+class Trainable:
+    """A model set up for training: moved, cast, transformed, with its optimizer and schedule."""
+
+    engine: Engine
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None
+    loader: Iterable[Any] | None
+
+
+def build_trainable(
+    config: RunConfig, model: nn.Module, *, max_steps: int | None = None, loader: Iterable[Any] | None = None
+) -> Trainable:
+    """The engine for ``config``, AdamW from ``config.optim`` over ``model``, the warmup + decay
+    schedule spanning ``max_steps`` optimizer steps (none when ``max_steps`` is None), and
+    ``engine.setup`` of all of them (``loader`` batches then arrive on the device)."""
+    engine = Engine(config)
+    c = config.optim
+    optimizer = optimizer_from_config(model, engine.device, c)
+    scheduler = None
+    if max_steps is not None:
+        scheduler = build_scheduler(optimizer, schedule=c.schedule, warmup_steps=c.warmup_steps, max_steps=max_steps,
+                                    lr=c.lr, min_lr=c.min_lr)
+    model, optimizer, loader = engine.setup(model, optimizer, loader, scheduler=scheduler)
+    assert optimizer is not None
+    return Trainable(engine, model, optimizer, scheduler, loader)

@@ -1,0 +1,98 @@
+"""What is in a batch: the one place that walks a batch's structure.
+
+A batch may be a tensor, a tuple or list, a dict or any ``Mapping`` (a Hugging Face
+``BatchEncoding``), nested. Device placement, the placement check, prefetch, sample and token
+counting, and the out-of-memory split all go through these functions, so they agree on every
+structure. Nothing here synchronises with the device: counts come from shapes only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Callable
+
+import torch
+
+# Keys whose tensor holds one token per element (Hugging Face naming), in order of preference.
+TOKEN_KEYS = ("input_ids", "attention_mask")
+
+
+def map_tensors(batch: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """``batch`` with ``fn`` applied to every tensor; tuples, lists and mappings keep their type
+    where it can be rebuilt from items (a Mapping that cannot becomes a dict)."""
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(map_tensors(b, fn) for b in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(map_tensors(b, fn) for b in batch)
+    if isinstance(batch, Mapping):
+        items = {k: map_tensors(v, fn) for k, v in batch.items()}
+        try:
+            return type(batch)(items)
+        except Exception:
+            return items
+    return batch
+
+
+def tensors_of(batch: Any) -> list[torch.Tensor]:
+    """Every tensor in ``batch``, depth first, in order."""
+    out: list[torch.Tensor] = []
+    map_tensors(batch, out.append)
+    return out
+
+
+def move_to(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
+    """Tensors in ``batch`` moved to ``device``; everything else unchanged."""
+    return map_tensors(batch, lambda t: t.to(device, non_blocking=non_blocking))
+
+
+def _lead(batch: Any) -> torch.Tensor | None:
+    """The tensor whose first dimension is the batch: a mapping's ``input_ids`` (or first
+    tensor), otherwise the first tensor found."""
+    if isinstance(batch, Mapping):
+        for key in TOKEN_KEYS:
+            if isinstance(batch.get(key), torch.Tensor):
+                return batch[key]
+    found = tensors_of(batch)
+    return next((t for t in found if t.ndim), None)
+
+
+def batch_size(batch: Any) -> int:
+    """Samples in a batch: the leading dimension of its leading tensor (1 when it has none)."""
+    lead = _lead(batch)
+    return int(lead.shape[0]) if lead is not None else 1
+
+
+def token_count(batch: Any) -> int:
+    """Tokens in a batch, from shapes (no sync): a mapping's ``input_ids`` or ``attention_mask``
+    (padding included), else a 2-D integer leading tensor (B x T token ids); 0 for other data."""
+    lead = _lead(batch)
+    if lead is None:
+        return 0
+    if isinstance(batch, Mapping) and any(isinstance(batch.get(k), torch.Tensor) for k in TOKEN_KEYS):
+        return lead.numel() if lead.ndim >= 2 else 0
+    return lead.numel() if lead.ndim == 2 and not lead.is_floating_point() else 0
+
+
+def split_batch(batch: Any, parts: int) -> list[Any]:
+    """``batch`` cut into ``parts`` near-equal pieces along dim 0. Tensors whose first dimension
+    is not the batch's, and non-tensors, are repeated in every piece."""
+    n = batch_size(batch)
+    pieces: list[list[torch.Tensor]] = []  # per tensor, in tensors_of order
+
+    def cut(t: torch.Tensor) -> torch.Tensor:
+        pieces.append(list(torch.tensor_split(t, parts)) if t.ndim and t.shape[0] == n else [t] * parts)
+        return t
+
+    map_tensors(batch, cut)
+    out = []
+    for i in range(parts):
+        it = iter([p[i] for p in pieces])
+        out.append(map_tensors(batch, lambda _t: next(it)))
+    return out
+
+
+def misplaced(batch: Any, device: torch.device) -> list[str]:
+    """Descriptions of the tensors in ``batch`` that are not on ``device``'s type."""
+    return [f"batch tensor {i} {tuple(t.shape)} ({t.device})" for i, t in enumerate(tensors_of(batch)) if t.device.type != device.type]
