@@ -43,6 +43,6 @@ def build_trainable(
     if max_steps is not None:
         scheduler = build_scheduler(optimizer, schedule=c.schedule, warmup_steps=c.warmup_steps, max_steps=max_steps,
                                     lr=c.lr, min_lr=c.min_lr)
-    model, optimizer, loader = engine.setup(model, optimizer, loader, scheduler=scheduler)
+    model, optimizer, loader = engine.setup(model, optimizer, loader, scheduler=scheduler, scheduler_interval="step")
     assert optimizer is not None
     return Trainable(engine, model, optimizer, scheduler, loader)

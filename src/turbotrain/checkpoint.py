@@ -1,24 +1,26 @@
 """Checkpoints that survive crashes and never execute code on load.
 
-Save: ``torch.save`` to a temporary file in the same folder, fsync, rename (atomic on POSIX),
-then a ``.sha256`` sidecar written the same way. Load: newest first, verify the checksum, load
-with ``weights_only=True`` (no arbitrary unpickling); a corrupt file falls back to the previous.
+Save: ``torch.save`` through :func:`turbotrain.atomic.atomic_write`, then a ``.sha256`` sidecar
+written the same way. Load: newest first, verify the checksum, load with ``weights_only=True``
+(no arbitrary unpickling); a corrupt file falls back to the previous. What a checkpoint holds is
+one :class:`RunState` registry, saved by the :class:`Checkpointer` and loaded by :func:`restore_latest`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import random
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
+from .atomic import atomic_write
+from .engine import Engine
 from .errors import TurbotrainError
 from .hooks import FitContext, Hook, every
 
@@ -26,32 +28,6 @@ log = logging.getLogger(__name__)
 
 FORMAT = 1
 _NAME = re.compile(r"^step_(\d{8})\.pt$")
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, write: Any) -> None:
-    """Call ``write(file)`` on a temporary sibling, fsync it, rename it over ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    _fsync_dir(path.parent)
 
 
 def sha256_of(path: Path) -> str:
@@ -105,7 +81,7 @@ def save_checkpoint(folder: Path, step: int, payload: dict[str, Any], keep_last:
     path = checkpoint_path(folder, step)
     atomic_write(path, lambda f: torch.save({"format": FORMAT, **payload}, f))
     digest = sha256_of(path)
-    atomic_write(path.with_name(path.name + ".sha256"), lambda f: f.write(f"{digest}  {path.name}\n".encode()))
+    atomic_write(path.with_name(path.name + ".sha256"), f"{digest}  {path.name}\n")
     for old in list_checkpoints(folder)[:-keep_last]:
         old.unlink(missing_ok=True)
         old.with_name(old.name + ".sha256").unlink(missing_ok=True)
@@ -145,14 +121,55 @@ def load_latest(folder: Path) -> tuple[Path, dict[str, Any]]:
     )
 
 
-class Checkpointer(Hook):
-    """Saves every ``interval`` steps and when the fit ends (also after a signal or stop_after).
+Stateful = tuple[Callable[[], Any], Callable[[Any], None]]  # (state_dict, load_state_dict)
 
-    ``payload()`` is called only when saving, so the hook costs nothing on other steps.
+
+class RunState(dict[str, Stateful]):
+    """The registry of a run's stateful objects, in load order: name -> (state_dict,
+    load_state_dict). Entries may be given as objects with those two methods."""
+
+    def __init__(self, **entries: Any) -> None:
+        super().__init__({k: v if isinstance(v, tuple) else (v.state_dict, v.load_state_dict) for k, v in entries.items()})
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: save() for name, (save, _) in self.items()}
+
+    def load_state_dict(self, payload: dict[str, Any], source: str = "checkpoint") -> None:
+        for name, (_, load) in self.items():
+            try:
+                load(payload[name])
+            except (RuntimeError, ValueError) as exc:  # shapes or parameter groups changed by overrides
+                detail = " ".join(str(exc).split())[:300]
+                raise TurbotrainError(f"{source}: its {name} state does not fit the {name} this config builds "
+                                      f"({detail}); resume without overrides that change --model.* settings") from None
+
+
+def run_state(engine: Engine, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None,
+              **extra: Any) -> RunState:
+    """What a training run saves and resumes: the engine first (its state holds the data position,
+    ``state.batches``, and a precision fallback it restores recasts the weights, so they must load
+    after it), then model, optimizer, scheduler (when there is one), every RNG, and ``extra``."""
+    entries: dict[str, Any] = {"engine": (engine.state_dict, lambda sd: engine.load_state_dict(sd, optimizer)),
+                               "model": model, "optimizer": optimizer}
+    if scheduler is not None:
+        entries["scheduler"] = scheduler
+    return RunState(**entries, rng=(rng_state, set_rng_state), **extra)
+
+
+def restore_latest(folder: Path, state: RunState) -> Path:
+    """Load the newest checkpoint in ``folder`` that verifies into ``state``; returns its path."""
+    path, payload = load_latest(folder)
+    state.load_state_dict(payload, source=path.name)
+    return path
+
+
+class Checkpointer(Hook):
+    """Saves ``state`` every ``interval`` steps and when the fit ends (also after a signal or
+    stop_after). ``state.state_dict()`` is called only when saving: other steps cost nothing.
     """
 
-    def __init__(self, folder: Path, interval: int, keep_last: int, payload: Any) -> None:
-        self.folder, self.interval, self.keep_last, self.payload = folder, interval, keep_last, payload
+    def __init__(self, folder: Path, interval: int, keep_last: int, state: RunState) -> None:
+        self.folder, self.interval, self.keep_last, self.state = folder, interval, keep_last, state
         self.saved_step = -1
 
     def save(self, ctx: FitContext) -> None:
@@ -160,7 +177,7 @@ class Checkpointer(Hook):
         if step == self.saved_step or step == 0:
             return
         start = time.perf_counter()
-        path = save_checkpoint(self.folder, step, self.payload(ctx), self.keep_last)
+        path = save_checkpoint(self.folder, step, self.state.state_dict(), self.keep_last)
         ctx.side_s += time.perf_counter() - start
         self.saved_step = step
         ctx.metrics["checkpoint"] = str(path)

@@ -9,12 +9,13 @@ file path) < ``--section.key=value`` overrides. Errors name the field and the va
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import tomllib
 from dataclasses import dataclass, field, fields, is_dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable, Mapping, get_type_hints
+from typing import Any, Iterable, Iterator, Mapping, get_type_hints
 
 from .errors import ConfigError
 
@@ -32,6 +33,29 @@ COMPILE_SCOPES = ("off", "model", "blocks")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 CHECKPOINTING_MODES = ("off", "full", "selective")
 OOM_POLICIES = ("halve", "stop")
+
+
+_AUDIENCE = ["python"]  # who reads error messages: "python" (a library caller) or "cli"
+
+
+@contextlib.contextmanager
+def audience(who: str) -> Iterator[None]:
+    """Within the block, :func:`setting` speaks to ``who``: "cli" (the ``turbotrain`` command
+    wraps each subcommand in this) or "python"."""
+    previous, _AUDIENCE[0] = _AUDIENCE[0], who
+    try:
+        yield
+    finally:
+        _AUDIENCE[0] = previous
+
+
+def setting(field_name: str, value: Any) -> str:
+    """How the reader sets ``section.key`` to ``value``: ``--run.device=cpu`` on the command line,
+    ``{"run": {"device": "cpu"}}`` for a Python caller of ``Engine``/``load_config``."""
+    if _AUDIENCE[0] == "cli":
+        return f"--{field_name}={value}"
+    section, key = field_name.split(".", 1)
+    return f"{{{section!r}: {{{key!r}: {value!r}}}}}".replace("'", '"')
 
 
 def choice_error(field_name: str, value: Any, choices: Iterable[Any]) -> ConfigError:
@@ -99,7 +123,7 @@ class OptimConfig:
     eps: float = knob(1e-8, "AdamW epsilon", min=0.0)
     warmup_steps: int = knob(30, "linear warmup length in optimizer steps", min=0)
     schedule: str = knob("cosine", "decay after warmup", choices=SCHEDULES)
-    grad_clip: float = knob(1.0, "max global gradient norm, applied after unscaling; 0 = off", min=0.0)
+    grad_clip: float = knob(0.0, "max global gradient norm, applied after unscaling; 0 = off (the presets use 1.0)", min=0.0)
     implementation: str = knob(AUTO, "'auto' (fused on CUDA, foreach elsewhere), 'fused', 'foreach', 'for-loop'",
                                choices=(AUTO, *OPTIM_IMPLEMENTATIONS))
 
@@ -143,8 +167,9 @@ class MemoryConfig:
 
 @dataclass(frozen=True)
 class MonitorConfig:
-    log_every: int = knob(10, "optimizer steps between metric reads (the only host-device syncs)", min=1)
+    log_every: int = knob(10, "optimizer steps between metric and non-finite-guard reads (the only host-device syncs with a fused optimizer)", min=1)
     progress: bool = knob(True, "show a live progress bar")
+    grad_norm: bool = knob(False, "compute the global gradient norm every optimizer step (engine.last_grad_norm, logged as grad_norm) even without clipping: one extra reduction per step")
     nvml: bool = knob(True, "sample GPU utilisation, power and temperature with NVML on a background thread")
     tensorboard: bool = knob(False, "also log to TensorBoard (needs the tensorboard package)")
 
@@ -343,7 +368,7 @@ def validate(config: RunConfig) -> None:
     if config.compile.mode == "reduce-overhead" and config.batch.accumulation > 1:
         raise ConfigError(
             "compile.mode = 'reduce-overhead' uses CUDA graphs, which re-record under gradient accumulation; "
-            "use --compile.mode=default or --batch.accumulation=1"
+            f"use {setting('compile.mode', 'default')} or {setting('batch.accumulation', 1)}"
         )
 
 

@@ -20,8 +20,9 @@ from typing import Any, Callable
 
 import torch
 
-from . import __version__
-from .hardware import collect_nvml, lookup_peak
+from .hardware import collect_nvml, lookup_peak, ram_bytes
+from .units import GIB
+from .version import __version__
 
 LEVELS = ("ok", "info", "warn", "error", "skip")  # skip: could not be checked on this machine
 
@@ -45,10 +46,8 @@ def cpu_model() -> str:
 
 
 def _ram_gib() -> float | None:
-    try:
-        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
-    except (ValueError, OSError, AttributeError):
-        return None
+    total, _ = ram_bytes()
+    return None if total is None else round(total / GIB, 1)
 
 
 def _usable_cores() -> int:
@@ -81,7 +80,7 @@ def _gpu(index: int) -> dict[str, Any]:
         "index": index,
         "name": p.name,
         "compute_capability": f"{p.major}.{p.minor}",
-        "memory_gib": round(p.total_memory / 2**30, 2),
+        "memory_gib": round(p.total_memory / GIB, 2),
         "multiprocessors": p.multi_processor_count,
         "bf16": cc >= (8, 0) and torch.cuda.is_bf16_supported(),
         "tf32": cc >= (8, 0),

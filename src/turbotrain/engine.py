@@ -29,20 +29,45 @@ import torch
 from torch import nn
 
 from .batch import batch_size, misplaced, move_to, split_batch, token_count
-from .config import RunConfig, load_config
+from .config import RunConfig, load_config, setting
 from .data.prefetch import DevicePrefetcher
-from .errors import ConfigError, NonFiniteError, PlacementError
+from .errors import ConfigError, LossError, NonFiniteError, PlacementError
 from .oom import build_oom_policy, is_oom, oom_reason
 from .precision import DeviceCaps, Precision, apply_backend_switches, build_guard, build_precision, fallback_mode
 from .transforms import apply_activation_checkpointing, apply_compile, resolve_scope
 
 log = logging.getLogger(__name__)
 
-LossFn = Callable[[nn.Module, Any], torch.Tensor]
+LossFn = Callable[[nn.Module, Any], Any]
+SCHEDULER_INTERVALS = ("step", "epoch", "manual")
 
 
-def default_loss(model: nn.Module, batch: Any) -> torch.Tensor:
-    """``model(*batch)`` must return the scalar loss (the reference models do, given targets)."""
+def as_loss(output: Any) -> torch.Tensor:
+    """The scalar loss in what a model or loss function returned: a 0-d tensor itself, a tuple's
+    or list's first element, a mapping's or a Hugging Face ``ModelOutput``'s ``loss``. Shape checks
+    only (no sync); anything else is one error that says what came back and what to pass."""
+    if isinstance(output, torch.Tensor):
+        loss = output
+    elif isinstance(output, (tuple, list)) and output:
+        loss = output[0]
+    elif isinstance(output, Mapping) and "loss" in output:
+        loss = output["loss"]
+    else:
+        loss = getattr(output, "loss", output)
+    if isinstance(loss, torch.Tensor) and loss.ndim == 0:
+        return loss
+    what = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else f"a {type(output).__name__}"
+    raise LossError(
+        f"the loss must be a scalar tensor (or a tuple starting with one, or an output with .loss), got {what}; "
+        "reduce it (loss.mean()) or pass loss_fn=lambda model, batch: ... that returns the scalar"
+    )
+
+
+def default_loss(model: nn.Module, batch: Any) -> Any:
+    """``model(**batch)`` for a mapping (Hugging Face style), ``model(*batch)`` for a tuple or list,
+    else ``model(batch)``; the output may be the loss, a tuple starting with it or have ``.loss``."""
+    if isinstance(batch, Mapping):
+        return model(**batch)
     return model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
 
 
@@ -55,7 +80,7 @@ def resolve_device(name: str) -> torch.device:
     except RuntimeError:
         raise ConfigError(f"run.device = {name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"run.device = {name!r} but no CUDA GPU is visible to torch; use --run.device=cpu or auto")
+        raise ConfigError(f"run.device = {name!r} but no CUDA GPU is visible to torch; use {setting('run.device', 'cpu')} or auto")
     return device
 
 
@@ -95,6 +120,7 @@ class EngineOptions:
     nonfinite: str = "fallback"
     max_nonfinite_steps: int = 3
     sync_every: int = 10  # optimizer steps between guard reads: the monitor's logging cadence, so both share one sync
+    track_grad_norm: bool = False
     device_prefetch: bool = True
     checkpointing: str = "off"
     on_oom: str = "halve"
@@ -116,6 +142,7 @@ class EngineOptions:
             nonfinite=config.precision.nonfinite,
             max_nonfinite_steps=config.precision.max_nonfinite_steps,
             sync_every=config.monitor.log_every,
+            track_grad_norm=config.monitor.grad_norm,
             device_prefetch=config.data.device_prefetch,
             checkpointing=config.memory.checkpointing,
             on_oom=config.memory.on_oom,
@@ -148,6 +175,9 @@ class Engine:
         self.guard = build_guard(self.device)
         self.scheduler: Any = None
         self.last_loss: torch.Tensor | None = None  # mean loss of the last optimizer step, on device
+        self.last_grad_norm: torch.Tensor | None = None  # its global gradient norm, on device (when computed)
+        self._norm_needed = opts.grad_clip > 0 or opts.track_grad_norm
+        self._scheduler_per_step = False
         self._inject_oom_at_step = opts.inject_oom_at_step
         self._loss_sum: torch.Tensor | None = None
         self._models: list[nn.Module] = []
@@ -164,19 +194,33 @@ class Engine:
         optimizer: torch.optim.Optimizer | None = None,
         loader: Iterable[Any] | None = None,
         scheduler: Any = None,
+        scheduler_interval: str | None = None,
     ) -> tuple[nn.Module, torch.optim.Optimizer | None, Iterable[Any] | None]:
         """Move ``model`` to the device, cast it for 'true' precisions, compile it, and wrap
         ``loader`` so each batch arrives on the device (prefetched on a side stream on CUDA).
 
+        A ``scheduler`` needs ``scheduler_interval``: ``'step'`` (the engine steps it after each
+        optimizer step), ``'epoch'`` (``end_epoch()`` steps it) or ``'manual'`` (your loop steps it,
+        as before; the engine only saves it with its state).
+
         Call before the first step. Parameters keep their identity, so an optimizer built
         before ``setup`` stays valid.
         """
+        if scheduler is not None and scheduler_interval is None:
+            scheduler_interval = "step"  # TRANSITIONAL: to become required
+        if scheduler is not None and scheduler_interval not in SCHEDULER_INTERVALS:
+            raise ConfigError(
+                f"scheduler_interval = {scheduler_interval!r}: say how the scheduler steps, "
+                "engine.setup(..., scheduler=s, scheduler_interval='step' | 'epoch' | 'manual')"
+            )
         model.to(self.device)
         self.precision.convert_module(model)
         apply_activation_checkpointing(model, self.options.checkpointing)
         apply_compile(model, self.options.compile_scope, self.options.compile_mode)
         self._models.append(model)
         self.scheduler = scheduler
+        self.scheduler_interval = scheduler_interval if scheduler is not None else "manual"
+        self._scheduler_per_step = self.scheduler_interval == "step"
         return model, optimizer, self.setup_loader(loader) if loader is not None else None
 
     def setup_loader(self, loader: Iterable[Any]) -> Iterable[Any]:
@@ -189,15 +233,16 @@ class Engine:
         """Mixed-precision context for forward passes (training and evaluation)."""
         return self.precision.autocast()
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backward of ``loss / accumulation`` (scaled for fp16); the loss is kept on the device."""
+    def backward(self, loss: Any) -> None:
+        """Backward of ``loss / accumulation`` (scaled for fp16); the loss is kept on the device.
+        ``loss`` may be a model's output (see :func:`as_loss`). A rejected loss changes nothing."""
+        loss = as_loss(loss)
         if not self._placement_checked:
             self._check_placement()
+        scaled = loss / self.accumulation if self.accumulation > 1 else loss
+        self.precision.scale_loss(scaled).backward()
         detached = loss.detach()
         self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
-        if self.accumulation > 1:
-            loss = loss / self.accumulation
-        self.precision.scale_loss(loss).backward()
         self.state.micro_step += 1
         self.pending_micro_steps += 1
 
@@ -207,12 +252,35 @@ class Engine:
         True when an optimizer step was taken, False between accumulation boundaries."""
         if self.pending_micro_steps < self.accumulation:
             return False
-        self.pending_micro_steps = 0
+        return self._optimizer_step(optimizer)
+
+    def end_epoch(self, optimizer: torch.optim.Optimizer | None = None) -> bool:
+        """Call after the last batch of an epoch: a partial accumulation window (fewer backward
+        passes than ``accumulation``) is applied as a step of its own, its gradients renormalised
+        to the passes it had (so it is the mean over its batches, like a full window); then an
+        ``'epoch'``-interval scheduler steps. Returns True when a partial step was taken."""
+        took = False
+        if optimizer is not None and self.pending_micro_steps:
+            grads = [p.grad for p in self._params_of(optimizer) if p.grad is not None]
+            if grads and self.pending_micro_steps != self.accumulation:
+                torch._foreach_mul_(grads, self.accumulation / self.pending_micro_steps)
+            took = self._optimizer_step(optimizer)
+        if self.scheduler is not None and self.scheduler_interval == "epoch":
+            self.scheduler.step()
+        return took
+
+    def _optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        micro_steps, self.pending_micro_steps = self.pending_micro_steps, 0
         self.precision.unscale_(optimizer)
         loss_sum = self._loss_sum if self._loss_sum is not None else torch.zeros((), device=self.device)
         norm = None
-        if self.options.grad_clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(self._params_of(optimizer), self.options.grad_clip, foreach=True)
+        if self._norm_needed:
+            params = self._params_of(optimizer)
+            if self.options.grad_clip > 0:
+                norm = torch.nn.utils.clip_grad_norm_(params, self.options.grad_clip, foreach=True)
+            else:
+                norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], foreach=True)
+        self.last_grad_norm = norm
         # Under fp16 an overflow in the scaled gradients is the GradScaler's business (it skips the
         # step and lowers the scale, and does so by design every growth interval): only a
         # non-finite loss counts towards the fallback there.
@@ -220,9 +288,9 @@ class Engine:
         self.precision.optimizer_step(optimizer, finite)
         self.precision.update()
         optimizer.zero_grad(set_to_none=True)
-        if self.scheduler is not None:
+        if self._scheduler_per_step:
             self.scheduler.step()
-        self.last_loss = loss_sum if self.accumulation == 1 else loss_sum / self.accumulation
+        self.last_loss = loss_sum if micro_steps == 1 else loss_sum / micro_steps
         self._loss_sum = None
         self.state.step += 1
         if self.state.step % self.options.sync_every == 0:
@@ -253,7 +321,7 @@ class Engine:
         unless an out-of-memory error halved the micro-batch); returns the batch's loss."""
         if self.split == 1:
             with self.autocast():
-                loss = loss_fn(model, batch)
+                loss = as_loss(loss_fn(model, batch))
             self._maybe_inject_oom()
             self.backward(loss)
             return loss
@@ -261,7 +329,7 @@ class Engine:
         total: torch.Tensor | None = None
         for part in split_batch(batch, self.split):
             with self.autocast():
-                loss = loss_fn(model, part)
+                loss = as_loss(loss_fn(model, part))
             share = batch_size(part) / n
             weight = share * self.split  # 1.0 for equal parts
             self._maybe_inject_oom()
@@ -340,10 +408,10 @@ class Engine:
             return
         where = f"{count} non-finite loss/gradient steps by step {self.state.step} in {self.precision.name}"
         if opts.nonfinite == "stop":
-            raise NonFiniteError(f"{where}; lower --optim.lr, check the data, or use --precision.nonfinite=fallback")
+            raise NonFiniteError(f"{where}; lower optim.lr, check the data, or use {setting('precision.nonfinite', 'fallback')}")
         target = fallback_mode(self.precision.name, self.caps)
         if target is None:
-            raise NonFiniteError(f"{where}, and there is no safer precision to fall back to; lower --optim.lr or check the data")
+            raise NonFiniteError(f"{where}, and there is no safer precision to fall back to; lower optim.lr or check the data")
         self.switch_precision(target, optimizer)
         self._nonfinite_acted = count
 
@@ -373,7 +441,7 @@ class Engine:
         total, n = torch.zeros((), device=self.device), 0
         with self.autocast():
             for batch in batches:
-                total += loss_fn(model, move_to(batch, self.device, non_blocking=True)).float()
+                total += as_loss(loss_fn(model, move_to(batch, self.device, non_blocking=True))).float()
                 n += 1
         model.train(was_training)
         return float(total.item()) / max(n, 1)  # host-device sync point (once per evaluation)

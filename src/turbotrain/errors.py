@@ -21,3 +21,7 @@ class PlacementError(TurbotrainError, RuntimeError):
 
 class NonFiniteError(TurbotrainError, FloatingPointError):
     """Training produced non-finite losses or gradients and the policy says stop."""
+
+
+class LossError(TurbotrainError, TypeError):
+    """What the model or loss function returned is not a scalar loss."""

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 __all__ = [
-    "DeviceSpec", "DEVICE_SPECS", "lookup_peak", "estimate_mfu", "precision_key",
+    "DeviceSpec", "DEVICE_SPECS", "lookup_peak", "estimate_mfu", "precision_key", "tf32_enabled",
     "nvml", "nvml_handle", "collect_nvml", "collect_nvml_device", "ram_bytes",
 ]
 
@@ -56,9 +56,10 @@ class DeviceSpec:
         return asdict(self)
 
 
-def precision_key(precision: str) -> str:
-    """Map a precision name ("bf16-mixed", "fp16", "torch.bfloat16", "tf32", "fp32") to a key of
-    :class:`DeviceSpec`'s ``*_tflops`` fields."""
+def precision_key(precision: Any, *, tf32: bool = False) -> str:
+    """The one precision-to-peak map: a precision name ("bf16-mixed", "fp16", "tf32", "fp32") or a
+    dtype (``torch.bfloat16``) to a key of :class:`DeviceSpec`'s ``*_tflops`` fields; fp32 work
+    counts at the TF32 peak when ``tf32`` (float32 matmuls on TF32 tensor cores: :func:`tf32_enabled`)."""
     p = str(precision).lower().removeprefix("torch.")
     if p.startswith(("bf16", "bfloat16")):
         return "bf16"
@@ -69,8 +70,16 @@ def precision_key(precision: str) -> str:
     if p.startswith("tf32"):
         return "tf32"
     if p.startswith(("fp32", "float32", "32")):
-        return "fp32"
+        return "tf32" if tf32 else "fp32"
     raise ValueError(f"unknown precision {precision!r}; expected one of bf16, fp16, fp8, tf32, fp32")
+
+
+def tf32_enabled(conv: bool = False) -> bool:
+    """Whether float32 matmuls (with ``conv``, also cuDNN convolutions) run on TF32 tensor cores now."""
+    import torch
+
+    return (torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
+            or (conv and torch.backends.cudnn.allow_tf32))
 
 
 def _spec(name: str, bf16, fp16, tf32, fp32, fp8, bw, mem=None) -> DeviceSpec:

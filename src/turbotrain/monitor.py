@@ -1,7 +1,9 @@
 """Monitoring: windowed throughput and the latest loss every ``log_every`` steps, to sinks.
 
-The only host-device synchronisation is the loss read on logging steps; every other step the
-monitor does an integer modulo and returns. Probes add to each record, also only on logging
+The Monitor receives values (:meth:`Monitor.observe`: step, loss tensor, lr, sample and token
+counts), from its hook side in ``fit()`` or from your own loop. The only host-device
+synchronisation is the loss read on logging steps; every other step the monitor does an integer
+modulo and returns. Probes add to each record, also only on logging
 steps: memory (allocator counters, no sync), MFU (FLOPs per sample counted once, before training),
 and GPU utilisation/power/temperature/clocks from NVML, sampled on a background thread so the
 training thread never waits for the driver. Sinks: ``metrics.jsonl``, a rich progress bar and,
@@ -9,7 +11,8 @@ optionally, TensorBoard.
 
 Record keys carry their units: ``step_ms``, ``samples_per_s``, ``tokens_per_s``, ``tflops``
 (achieved model TFLOP/s), ``mfu`` (fraction of the datasheet peak), ``mem_*_gib``,
-``gpu_util_pct``, ``gpu_power_w``, ``gpu_temp_c``, ``gpu_sm_clock_mhz``.
+``gpu_util_pct``, ``gpu_power_w``, ``gpu_temp_c``, ``gpu_sm_clock_mhz``; ``grad_norm`` when the
+engine computes it, and the ``precision`` in use.
 """
 
 from __future__ import annotations
@@ -31,19 +34,20 @@ from torch import nn
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
-from .batch import move_to
-from .engine import default_loss
+from .batch import batch_size, move_to, token_count
+from .engine import as_loss, default_loss
 from .errors import TurbotrainError
-from .hardware import DeviceSpec, collect_nvml_device, lookup_peak, nvml, nvml_handle
+from .hardware import DeviceSpec, collect_nvml_device, estimate_mfu, lookup_peak, nvml, nvml_handle, precision_key, tf32_enabled
 from .hooks import FitContext, Hook, every
+from .units import gib
 
 log = logging.getLogger(__name__)
 
-# A probe is called on logging steps only, after ``ctx.metrics`` has been updated with this
-# record's loss and throughput (``step_ms``, ``samples_per_s``, ``tokens_per_s``); it returns keys
-# to merge into the record. A probe may also define ``start()`` and ``close()``: the Monitor calls
-# them at the start and end of fit (NvmlSampler runs its thread between them).
-Probe = Callable[[FitContext], dict[str, Any]]
+# A probe is called on logging steps only, with the record so far (loss, lr, ``precision`` when
+# known, and this window's ``step_ms``, ``samples_per_s``, ``tokens_per_s``); it returns keys to
+# merge into the record. A probe may also define ``start()`` and ``close()``: the Monitor calls
+# them when it starts and closes (NvmlSampler runs its thread between them).
+Probe = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 class Sink(Protocol):
@@ -67,7 +71,7 @@ class JsonlSink:
         self._flushed_at = time.monotonic()
 
     def write(self, record: dict[str, Any]) -> None:
-        self.file.write(json.dumps(record, allow_nan=False, default=_jsonable) + "\n")
+        self.file.write(json.dumps(record, allow_nan=False, default=str) + "\n")
         now = time.monotonic()
         if now - self._flushed_at >= self.flush_every_s:
             self.file.flush()
@@ -75,14 +79,6 @@ class JsonlSink:
 
     def close(self) -> None:
         self.file.close()
-
-
-def _jsonable(x: Any) -> Any:
-    return str(x)
-
-
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None
 
 
 class ProgressSink:
@@ -138,7 +134,10 @@ def format_record(record: dict[str, Any]) -> str:
     return " | ".join(parts)
 
 
-_WINDOWED = ("step_ms", "samples_per_s", "tokens_per_s")
+def _read(value: Any) -> float | None:
+    """A device scalar as a float (a host-device sync point); None for None or a non-finite value."""
+    x = math.nan if value is None else float(value)
+    return x if math.isfinite(x) else None
 
 
 class Monitor(Hook):
@@ -148,11 +147,17 @@ class Monitor(Hook):
     Also measures the time to the first step (one extra sync, once) so warm-up and compilation
     are reported apart from steady-state throughput.
 
-    In your own loop: ``ctx = FitContext(engine, model, optimizer, max_steps)``, call
-    ``monitor.on_fit_start(ctx)`` once, ``monitor.on_step_end(ctx)`` after each
-    ``engine.step(optimizer)`` that returns True, and ``monitor.on_fit_end(ctx)`` at the end;
-    throughput needs the engine to count batches (``engine.forward_backward`` does, or call
-    ``engine.count_batch(batch)``).
+    In ``fit()`` it is a hook. In your own loop, hand it the values after each optimizer step::
+
+        monitor = Monitor(10, [JsonlSink(Path("metrics.jsonl")), ProgressSink(max_steps)])
+        monitor.start()
+        for batch in loader:
+            engine.forward_backward(model, batch)  # or backward() + count_batch(batch)
+            if engine.step(optimizer):
+                s = engine.state
+                monitor.observe(s.step, engine.last_loss, lr=optimizer.param_groups[0]["lr"],
+                                samples=s.samples, tokens=s.tokens)
+        monitor.close()
     """
 
     def __init__(self, interval: int, sinks: Iterable[Sink] = (), probes: Iterable[Probe] = ()) -> None:
@@ -161,38 +166,58 @@ class Monitor(Hook):
         self.probes = list(probes)
         self.records: list[dict[str, Any]] = []
         self.first_step_s: float | None = None
-        self._t0 = 0.0
+        self._t0: float | None = None
+        self._first = -1  # the step whose time to first step is measured
         self._last: tuple[float, int, int, int] = (0.0, 0, 0, 0)  # time, step, samples, tokens
-        self._side_s = 0.0  # ctx.side_s at the last record
+        self._side_s = 0.0  # side_s at the last record
 
-    def on_fit_start(self, ctx: FitContext) -> None:
+    # ------------------------------------------------------------------ values
+
+    def start(self, step: int = 0, samples: int = 0, tokens: int = 0) -> None:
+        """Start the clock (and the probes' threads) at this progress; the next step's time is
+        the time to first step. Without it the first :meth:`observe` starts the clock."""
         for probe in self.probes:
             getattr(probe, "start", lambda: None)()
-        s = ctx.engine.state
         self._t0 = time.perf_counter()
-        self._last = (self._t0, s.step, s.samples, s.tokens)
-        self._start_step = s.step
+        self._last = (self._t0, step, samples, tokens)
+        self._first = step + 1
 
-    def on_step_end(self, ctx: FitContext) -> None:
-        step = ctx.engine.state.step
-        if self.first_step_s is None and step == self._start_step + 1:
-            ctx.engine.synchronize()  # host-device sync point, once: time to first step
-            self.first_step_s = time.perf_counter() - self._t0
-            ctx.metrics["first_step_s"] = self.first_step_s
-            self._last = (time.perf_counter(), step, ctx.engine.state.samples, ctx.engine.state.tokens)
-            self._side_s = ctx.side_s
-        if every(step, self.interval):
-            self.log(ctx)
-
-    def on_fit_end(self, ctx: FitContext) -> None:
-        step = ctx.engine.state.step
-        last = self.records[-1] if self.records else {}
-        if last.get("step") != step or (ctx.metrics.get("val_step") == step and "val_loss" not in last):
-            self.log(ctx)
-        self.close()
-
-    def on_exception(self, ctx: FitContext, exc: BaseException) -> None:
-        self.close()
+    def observe(self, step: int, loss: Any = None, *, lr: float | None = None, samples: int = 0, tokens: int = 0,
+                val_loss: float | None = None, grad_norm: Any = None, precision: str | None = None,
+                side_s: float = 0.0, force: bool = False) -> dict[str, Any] | None:
+        """The values after optimizer step ``step``: its loss (a device tensor or a number), the
+        samples and tokens trained on so far, and what else is known; ``side_s``: seconds spent so
+        far on work that is not training (evaluation, checkpoints), left out of the throughput.
+        On logging steps (every ``interval``, or ``force``) it reads ``loss`` and ``grad_norm``
+        (host-device sync points) and writes and returns a record; otherwise it reads nothing."""
+        if self._t0 is None:
+            self.start(step, samples, tokens)
+            self._first = -1  # the clock starts now: no time to first step
+        elif step == self._first and self.first_step_s is None:
+            if isinstance(loss, torch.Tensor) and loss.is_cuda:
+                torch.cuda.synchronize(loss.device)  # host-device sync point, once: time to first step
+            now = time.perf_counter()
+            self.first_step_s = now - self._t0
+            self._last, self._side_s = (now, step, samples, tokens), side_s
+        if not (force or every(step, self.interval)):
+            return None
+        record: dict[str, Any] = {"step": step, "loss": _read(loss)}  # host-device sync point
+        now = time.perf_counter()
+        t, last_step, last_samples, last_tokens = self._last
+        dt = now - t - (side_s - self._side_s)  # evaluation and checkpoint time are not training
+        if dt > 0 and step > last_step:
+            record["step_ms"] = 1000 * dt / (step - last_step)
+            record["samples_per_s"] = (samples - last_samples) / dt
+            record["tokens_per_s"] = (tokens - last_tokens) / dt
+        self._last, self._side_s = (now, step, samples, tokens), side_s
+        known = {"lr": lr, "grad_norm": _read(grad_norm), "precision": precision, "val_loss": val_loss}
+        record.update(elapsed_s=now - self._t0, samples=samples, tokens=tokens, **{k: v for k, v in known.items() if v is not None})
+        for probe in self.probes:
+            record.update(probe(record))
+        self.records.append(record)
+        for sink in self.sinks:
+            sink.write(record)
+        return record
 
     def close(self) -> None:
         """Stop the probes' threads and close the sinks (idempotent)."""
@@ -201,40 +226,35 @@ class Monitor(Hook):
         for sink in self.sinks:
             sink.close()
 
-    def log(self, ctx: FitContext) -> dict[str, Any]:
-        engine, s = ctx.engine, ctx.engine.state
-        loss = engine.last_loss
-        record: dict[str, Any] = {
-            "step": s.step,
-            "loss": _finite(float(loss.item())) if loss is not None else None,  # host-device sync point
-        }
-        now = time.perf_counter()
-        t, step, samples, tokens = self._last
-        dt = now - t - (ctx.side_s - self._side_s)  # evaluation and checkpoint time are not training
-        self._side_s = ctx.side_s
-        if dt > 0 and s.step > step:
-            record["step_ms"] = 1000 * dt / (s.step - step)
-            record["samples_per_s"] = (s.samples - samples) / dt
-            record["tokens_per_s"] = (s.tokens - tokens) / dt
-        self._last = (now, s.step, s.samples, s.tokens)
-        if engine.scheduler is not None:
-            record["lr"] = engine.scheduler.get_last_lr()[0]
-        elif ctx.optimizer is not None:
-            record["lr"] = ctx.optimizer.param_groups[0]["lr"]
-        record["elapsed_s"] = now - self._t0
-        record["samples"], record["tokens"] = s.samples, s.tokens
-        if ctx.metrics.get("val_step") == s.step:
-            record["val_loss"] = ctx.metrics.get("val_loss")
-        for key in _WINDOWED:  # probes must not see the previous window's rates
-            ctx.metrics.pop(key, None)
-        ctx.metrics.update({k: v for k, v in record.items() if k != "val_loss"})
-        for probe in self.probes:
-            record.update(probe(ctx))
-        ctx.metrics.update({k: v for k, v in record.items() if k != "val_loss"})
-        self.records.append(record)
-        for sink in self.sinks:
-            sink.write(record)
-        return record
+    # ------------------------------------------------------------------ hook side: public engine values only
+
+    def on_fit_start(self, ctx: FitContext) -> None:
+        s = ctx.engine.state
+        self.start(s.step, s.samples, s.tokens)
+
+    def on_step_end(self, ctx: FitContext) -> None:
+        step = ctx.engine.state.step
+        if step == self._first or every(step, self.interval):
+            self._observe(ctx)
+
+    def on_fit_end(self, ctx: FitContext) -> None:
+        step = ctx.engine.state.step
+        last = self.records[-1] if self.records else {}
+        if last.get("step") != step or (ctx.metrics.get("val_step") == step and "val_loss" not in last):
+            self._observe(ctx, force=True)
+        self.close()
+
+    def on_exception(self, ctx: FitContext, exc: BaseException) -> None:
+        self.close()
+
+    def _observe(self, ctx: FitContext, force: bool = False) -> None:
+        engine, s, m = ctx.engine, ctx.engine.state, ctx.metrics
+        record = self.observe(
+            s.step, engine.last_loss, lr=ctx.optimizer.param_groups[0]["lr"] if ctx.optimizer is not None else None,
+            samples=s.samples, tokens=s.tokens, val_loss=m.get("val_loss") if m.get("val_step") == s.step else None,
+            grad_norm=engine.last_grad_norm, precision=engine.precision.name, side_s=ctx.side_s, force=force,
+        )
+        m.update(record or {}, first_step_s=self.first_step_s)
 
 
 # ----------------------------------------------------------------------------- memory
@@ -247,12 +267,11 @@ class MemoryProbe:
     def __init__(self, device: torch.device) -> None:
         self.device = device
 
-    def __call__(self, ctx: FitContext | None = None) -> dict[str, Any]:
-        gib = 2**30
+    def __call__(self, record: dict[str, Any] | None = None) -> dict[str, Any]:
         return {
-            "mem_allocated_gib": round(torch.cuda.memory_allocated(self.device) / gib, 4),
-            "mem_reserved_gib": round(torch.cuda.memory_reserved(self.device) / gib, 4),
-            "mem_peak_gib": round(torch.cuda.max_memory_allocated(self.device) / gib, 4),
+            "mem_allocated_gib": gib(torch.cuda.memory_allocated(self.device)),
+            "mem_reserved_gib": gib(torch.cuda.memory_reserved(self.device)),
+            "mem_peak_gib": gib(torch.cuda.max_memory_allocated(self.device)),
         }
 
 
@@ -276,15 +295,6 @@ for _name, _fn in (("_scaled_dot_product_flash_attention_for_cpu", _cpu_sdpa_flo
         _EXTRA_FLOP_FORMULAS[_op] = _fn
 
 
-def _batch_shape(batch: Any) -> tuple[int, int | None]:
-    """(samples, tokens per sample or None) of a batch whose first tensor is the input."""
-    first = batch[0] if isinstance(batch, (tuple, list)) else batch
-    if not isinstance(first, torch.Tensor) or first.ndim == 0:
-        raise TypeError(f"cannot tell the batch size of {type(first).__name__}; pass a tensor or a tuple of tensors")
-    tokens = first.shape[1] if first.ndim == 2 and not first.is_floating_point() else None
-    return first.shape[0], tokens
-
-
 def count_flops_per_sample(
     model: nn.Module,
     batch: Any,
@@ -300,7 +310,6 @@ def count_flops_per_sample(
     formula (element-wise ops are not counted; attention counts the full T x T square).
     """
     loss_fn = loss_fn or default_loss
-    samples, _ = _batch_shape(batch)
     params = [p for p in model.parameters() if p.requires_grad]
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     stance = torch.compiler.set_stance("force_eager") if hasattr(torch.compiler, "set_stance") else contextlib.nullcontext()
@@ -308,12 +317,12 @@ def count_flops_per_sample(
     with torch.random.fork_rng(devices=devices), stance:
         with FlopCounterMode(display=False, custom_mapping=_EXTRA_FLOP_FORMULAS) as counter:
             with autocast():
-                loss = loss_fn(model, batch)
+                loss = as_loss(loss_fn(model, batch))
             torch.autograd.grad(loss, params, allow_unused=True)
     with torch.no_grad():
         for name, b in model.named_buffers():
             b.copy_(buffers[name])
-    return counter.get_total_flops() / samples
+    return counter.get_total_flops() / batch_size(batch)
 
 
 def estimate_flops_per_sample(
@@ -325,30 +334,19 @@ def estimate_flops_per_sample(
     """Training FLOPs per sample and how they were obtained: the model's own exact
     ``flops_per_token(seq_len)`` when it has one and the batch holds token ids, otherwise counted
     once with :func:`count_flops_per_sample`."""
-    _, tokens = _batch_shape(batch)
+    tokens = token_count(batch) // batch_size(batch)  # per sample
     own = getattr(model, "flops_per_token", None)
     if callable(own) and tokens:
         return float(own(tokens)) * tokens, "model.flops_per_token (6N + 12·L·H·Q·T)"
     return count_flops_per_sample(model, batch, loss_fn, autocast), "torch.utils.flop_counter"
 
 
-def peak_key(precision_name: str) -> str:
-    """Which datasheet peak applies: bf16/fp16 for mixed and true 16-bit modes; for fp32, TF32
-    when TF32 matmuls are on (CUDA), else fp32."""
-    if precision_name.startswith("bf16"):
-        return "bf16"
-    if precision_name.startswith("fp16"):
-        return "fp16"
-    tf32 = torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
-    return "tf32" if tf32 else "fp32"
-
-
 class MfuProbe:
     """Achieved model TFLOP/s and MFU over each logging window, from the Monitor's samples/s.
 
     ``flops_per_sample`` is counted once (see :func:`estimate_flops_per_sample`); the peak comes
-    from ``spec`` (a datasheet entry) and the precision in use at each record, so a precision
-    fallback mid-run is accounted for. Without a spec (CPU, unknown GPU) only ``tflops`` is
+    from ``spec`` (a datasheet entry) and the record's ``precision`` (the one in use, so a
+    precision fallback mid-run is accounted for), through :mod:`turbotrain.hardware`. Without a spec (CPU, unknown GPU) only ``tflops`` is
     recorded and MFU is left out.
     """
 
@@ -359,19 +357,19 @@ class MfuProbe:
         self.source = source
 
     def peak_tflops(self, precision: str | None = None) -> float | None:
-        """Dense datasheet TFLOP/s for ``precision`` (default: the one given at construction)."""
-        return self.spec.peak_tflops(peak_key(precision or self.precision)) if self.spec else None
+        """Dense datasheet TFLOP/s for ``precision`` (default: the one given at construction);
+        fp32 counts at the TF32 peak while TF32 matmuls are on."""
+        return self.spec.peak_tflops(precision_key(precision or self.precision, tf32=tf32_enabled())) if self.spec else None
 
-    def __call__(self, ctx: FitContext) -> dict[str, Any]:
-        rate = ctx.metrics.get("samples_per_s")
+    def __call__(self, record: dict[str, Any]) -> dict[str, Any]:
+        rate = record.get("samples_per_s")
         if not rate:
             return {}
         flops_per_s = rate * self.flops_per_sample
         out: dict[str, Any] = {"tflops": flops_per_s / 1e12}
-        engine = getattr(ctx, "engine", None)
-        peak = self.peak_tflops(engine.precision.name if engine is not None else None)
+        peak = self.peak_tflops(record.get("precision"))
         if peak:
-            out["mfu"] = flops_per_s / (peak * 1e12)
+            out["mfu"] = estimate_mfu(flops_per_s, peak)
         return out
 
 
@@ -439,7 +437,7 @@ class NvmlSampler:
             self._thread.join(timeout=2 * self.period_s + 1)
             self._thread = None
 
-    def __call__(self, ctx: FitContext | None = None) -> dict[str, Any]:
+    def __call__(self, record: dict[str, Any] | None = None) -> dict[str, Any]:
         with self._lock:
             samples, self._samples = self._samples, []
         if not samples and self.available:

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from .batch import batch_size
-from .config import OOM_POLICIES, choice_error
+from .config import OOM_POLICIES, choice_error, setting
 from .errors import TurbotrainError
 
 if TYPE_CHECKING:
@@ -69,8 +69,8 @@ class StopOnOOM:
     def recover(self, engine: "Engine", model: nn.Module, batch: Any, loss_fn: LossFn, reason: str) -> torch.Tensor:
         raise OutOfMemoryStop(
             f"out of memory in step {engine.state.step + 1} with micro-batch {engine.micro_batch(batch)} ({reason}; "
-            "memory.on_oom = 'stop'); use --memory.on_oom=halve, --batch.micro=auto, a smaller --batch.micro "
-            "or --memory.checkpointing=full"
+            f"memory.on_oom = 'stop'); use {setting('memory.on_oom', 'halve')}, {setting('batch.micro', 'auto')}, "
+            f"a smaller batch.micro or {setting('memory.checkpointing', 'full')}"
         )
 
 
@@ -93,7 +93,7 @@ class HalveOnOOM(StopOnOOM):
             if engine.split * 2 > min(batch_size(b) for b in self.window):
                 raise OutOfMemoryStop(
                     f"out of memory in step {step} even with micro-batch {engine.micro_batch(self.window[0])} ({reason}); "
-                    "use --memory.checkpointing=full, a lower precision, or a smaller model"
+                    f"use {setting('memory.checkpointing', 'full')}, a lower precision, or a smaller model"
                 )
             old_micro, old_acc = engine.micro_batch(self.window[0]), engine.accumulation
             global_batch = batch_size(self.window[0]) * old_acc // engine.split

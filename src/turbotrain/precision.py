@@ -16,7 +16,7 @@ from typing import Any, ContextManager
 
 import torch
 
-from .config import PRECISION_MODES, choice_error
+from .config import PRECISION_MODES, choice_error, setting
 from .errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -53,12 +53,12 @@ def resolve_precision(mode: str, caps: DeviceCaps) -> str:
     if mode == "fp16-mixed" and caps.type != "cuda":
         raise ConfigError(
             "precision.mode = 'fp16-mixed' needs a CUDA GPU (GradScaler loss scaling); "
-            "on CPU use --precision.mode=fp32 (or bf16-mixed)"
+            f"on CPU use {setting('precision.mode', 'fp32')} (or bf16-mixed)"
         )
     if mode.startswith("bf16") and caps.type == "cuda" and not caps.bf16:
         raise ConfigError(
             f"precision.mode = {mode!r}: this GPU (compute capability {caps.capability}) has no bf16; "
-            "use --precision.mode=fp16-mixed or auto"
+            f"use {setting('precision.mode', 'fp16-mixed')} or auto"
         )
     if mode.startswith("bf16") and caps.type == "cpu":
         warnings.warn(
@@ -116,8 +116,22 @@ class Precision:
                 optimizer.step()
             finally:
                 del optimizer.found_inf  # type: ignore[attr-defined]
-        elif bool(finite):  # host-device sync point on CUDA (free on CPU): non-fused optimizer
-            optimizer.step()
+        else:
+            self.warn_host_skip(optimizer)
+            if bool(finite):  # host-device sync point, every step: this optimizer cannot skip on the device
+                optimizer.step()
+
+    def warn_host_skip(self, optimizer: torch.optim.Optimizer) -> None:
+        """Say once that ``optimizer`` makes every step wait for the device, and what to use instead."""
+        if getattr(self, "_warned_host_skip", False):
+            return
+        self._warned_host_skip = True
+        log.warning(
+            "%s cannot skip a non-finite step on the device, so every optimizer step reads the finite flag on "
+            "the host (one host-device sync per step); use a fused optimizer (torch.optim.AdamW(..., fused=True), "
+            f"or {setting('optim.implementation', 'fused')}) to keep the GPU queue full",
+            type(optimizer).__name__,
+        )
 
     def update(self) -> None:
         """After each optimizer step (loss-scale update for fp16)."""
@@ -162,8 +176,11 @@ class FP16Mixed(MixedPrecision):
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, finite: torch.Tensor | bool) -> None:
         # GradScaler skips the step when it found inf/nan in the unscaled gradients; a non-finite
-        # loss always yields non-finite gradients, so its skip covers the guard's.
-        self.scaler.step(optimizer)
+        # loss always yields non-finite gradients, so its skip covers the guard's. With an
+        # optimizer that cannot take the flag on the device, GradScaler reads it on the host.
+        if not getattr(optimizer, "_step_supports_amp_scaling", False):
+            self.warn_host_skip(optimizer)
+        self.scaler.step(optimizer)  # host-device sync point unless the optimizer is fused
 
     def update(self) -> None:
         self.scaler.update()

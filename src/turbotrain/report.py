@@ -5,22 +5,24 @@ Reads what a run leaves behind (``metrics.jsonl``, ``config.toml``, ``summary.js
 ``summary.md`` and ``summary.json``. A crashed run is fine: a last line cut off mid-write is
 skipped and reported, and a plot whose metric was never recorded (memory and MFU on a CPU) is
 skipped with the reason.
+
+This module is the only writer of ``summary.json`` (:func:`write_summary`): training hands it the
+facts it knows, and every figure that comes from the metrics (the final losses among them) is
+computed here once, by :func:`summarize_records`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .atomic import atomic_write
 from .errors import TurbotrainError
-
-METRICS_FILE, CONFIG_FILE, SUMMARY_FILE, SUMMARY_MD, PLOTS_DIR = (
-    "metrics.jsonl", "config.toml", "summary.json", "summary.md", "plots")
+from .rundir import CONFIG_FILE, METRICS_FILE, PLOTS_DIR, SUMMARY_FILE, SUMMARY_MD
 
 
 # ----------------------------------------------------------------------------- reading
@@ -111,14 +113,16 @@ def steady_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def summarize_records(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Steady-state medians (tokens/s, samples/s, step ms, achieved TFLOP/s, MFU), peak device
-    memory in GiB, GPU utilisation and the final/best losses, from metrics records."""
+    """Steady-state medians (tokens/s, samples/s, step ms, achieved TFLOP/s, MFU), the median
+    tokens/s of all windows, peak device memory in GiB, GPU utilisation and the final/best
+    losses, from metrics records."""
     steady = steady_records(records)
     med = lambda key: _median([v for _, v in _values(steady, key)])  # noqa: E731
     losses = _values(records, "loss")
     vals = _values(records, "val_loss")
     peaks = [v for _, v in _values(records, "mem_peak_gib")]
     return {
+        "tokens_per_s_median": _median([v for _, v in _values(records, "tokens_per_s") if v]),
         "steady_state": {
             "windows": len(steady),
             "tokens_per_s": med("tokens_per_s"),
@@ -246,10 +250,8 @@ def _draw(spec: PlotSpec, records: list[dict[str, Any]], path: Path, subtitle: s
     ax.legend(handles=handles, labels=[h.get_label() for h in handles], loc="upper center",
               bbox_to_anchor=(0.5, -0.16), ncol=min(3, len(handles)), fontsize=9, frameon=False)
     ax.set_title(f"{title}\n{subtitle}", fontsize=11)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, bbox_inches="tight")
+    atomic_write(path, lambda f: fig.savefig(f, format="png", bbox_inches="tight"))
     plt.close(fig)
-    os.replace(tmp, path)
     return True
 
 
@@ -282,16 +284,12 @@ def _fmt(value: Any, spec: str = ",.1f", unit: str = "") -> str:
     return f"{value:{spec}}{unit}"
 
 
-def build_summary(data: RunData, plots: list[str], skipped: list[str]) -> dict[str, Any]:
-    """summary.json content: the training summary (if any) refreshed with figures from the metrics."""
-    summary = dict(data.summary)
-    summary.setdefault("run", data.path.name)
-    summary.setdefault("status", "unknown (no summary.json from training)")
-    if data.records:
-        summary.update(summarize_records(data.records))
-    if data.config and "config" not in summary:
-        summary["config"] = data.config
-    summary["report"] = {"plots": plots, "skipped": skipped, "problems": data.problems}
+def write_summary(run_dir: Path, facts: dict[str, Any], records: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
+    """Write the run's summary.json (atomically) and return it: ``facts`` (what training knows:
+    status, steps, hardware, events, ...), the figures from the metrics ``records`` (when there
+    are any) on top, then ``more``."""
+    summary = {**facts, **(summarize_records(records) if records else {}), **more}
+    atomic_write(run_dir / SUMMARY_FILE, json.dumps(summary, indent=2, default=str) + "\n")
     return summary
 
 
@@ -368,12 +366,6 @@ def format_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 @dataclass
 class ReportResult:
     run_dir: Path
@@ -387,7 +379,8 @@ def write_report(run_dir: str | Path) -> ReportResult:
     """Plots, summary.md and summary.json for ``run_dir``; see the module docstring."""
     data = load_run(run_dir)
     plots, skipped = write_plots(data, data.path / PLOTS_DIR)
-    summary = build_summary(data, plots, skipped)
-    _write_atomic(data.path / SUMMARY_FILE, json.dumps(summary, indent=2, default=str) + "\n")
-    _write_atomic(data.path / SUMMARY_MD, format_markdown(summary))
+    known = {"run": data.path.name, "status": "unknown (no summary.json from training)",
+             **({"config": data.config} if data.config else {}), **data.summary}  # training's summary first
+    summary = write_summary(data.path, known, data.records, report={"plots": plots, "skipped": skipped, "problems": data.problems})
+    atomic_write(data.path / SUMMARY_MD, format_markdown(summary))
     return ReportResult(data.path, plots, skipped, data.problems, summary)

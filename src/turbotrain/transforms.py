@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .config import CHECKPOINTING_MODES, COMPILE_SCOPES, choice_error
+from .config import CHECKPOINTING_MODES, COMPILE_SCOPES, choice_error, setting
 from .errors import ConfigError
 from .models.blocks import repeated_blocks
 
@@ -79,7 +79,7 @@ def block_list(model: nn.Module) -> nn.ModuleList:
     if blocks is None:
         raise ConfigError(
             f"memory.checkpointing needs a model with a ModuleList of repeated blocks; {type(model).__name__} has none "
-            "(use --memory.checkpointing=off, or wrap your blocks in an nn.ModuleList named 'blocks')"
+            f"(use {setting('memory.checkpointing', 'off')}, or wrap your blocks in an nn.ModuleList named 'blocks')"
         )
     return blocks
 
@@ -134,7 +134,7 @@ def apply_compile(model: nn.Module, scope: str, mode: str = "default") -> nn.Mod
     else:
         blocks = repeated_blocks(model)
         if blocks is None:
-            raise ConfigError("compile.scope = 'blocks' needs a model with a ModuleList of blocks; use --compile.scope=model")
+            raise ConfigError(f"compile.scope = 'blocks' needs a model with a ModuleList of blocks; use {setting('compile.scope', 'model')}")
         for block in blocks:
             block.compile(**options)
     return model

@@ -14,11 +14,10 @@ from turbotrain.memory import estimate_memory, measure_step_memory, resolve_batc
 from turbotrain.memory.stats import storage_bytes
 from turbotrain.models.gpt import GPT, GPTConfig
 from turbotrain.optim import build_optimizer
-from turbotrain.runner import train
+from turbotrain.training import train
+from turbotrain.units import GIB
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible to torch)")
-
-GIB = 2**30
 
 
 def _setup(overrides: dict):

@@ -13,7 +13,7 @@ from turbotrain.hardware import lookup_peak
 from turbotrain.hooks import Hook
 from turbotrain.models.gpt import GPT, GPTConfig
 from turbotrain.monitor import MemoryProbe, NvmlSampler, count_flops_per_sample
-from turbotrain.runner import build_training, new_run_dir
+from turbotrain.training import build_training, new_run_dir
 
 from conftest import tiny_overrides
 

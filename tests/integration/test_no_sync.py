@@ -18,7 +18,7 @@ import torch
 
 from turbotrain.config import load_config
 from turbotrain.precision import NonFiniteGuard
-from turbotrain.runner import build_training, new_run_dir
+from turbotrain.training import build_training, new_run_dir
 
 from conftest import tiny_overrides
 

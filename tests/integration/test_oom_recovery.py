@@ -16,7 +16,7 @@ from turbotrain.config import load_config
 from turbotrain.errors import TurbotrainError
 from turbotrain.memory import estimate_memory
 from turbotrain.oom import OutOfMemoryStop
-from turbotrain.runner import train
+from turbotrain.training import train
 
 
 def _config(tmp_path: Path, text_file: Path, name: str, **sections):
@@ -71,7 +71,7 @@ def test_on_oom_stop_fails_with_a_clear_error(tmp_path, text_file, capsys):
     with pytest.raises(OutOfMemoryStop) as info:
         train(config)
     assert isinstance(info.value, TurbotrainError) and isinstance(info.value, torch.OutOfMemoryError)
-    assert "step 3" in str(info.value) and "--memory.on_oom=halve" in str(info.value)
+    assert "step 3" in str(info.value) and '{"memory": {"on_oom": "halve"}}' in str(info.value)  # a Python caller
     summary = json.loads((tmp_path / "runs" / "stop" / "summary.json").read_text())
     assert summary["status"].startswith("failed: OutOfMemoryStop")
 

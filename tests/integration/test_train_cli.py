@@ -10,7 +10,7 @@ import pytest
 import turbotrain.loop
 from turbotrain.cli import main
 from turbotrain.config import load_config
-from turbotrain.runner import train
+from turbotrain.training import train
 
 from conftest import tiny_overrides
 

@@ -1,8 +1,10 @@
 from pathlib import Path
 
 import pytest
+import torch
 
-from turbotrain.config import RunConfig, describe, load_config, parse_overrides, preset_names, to_toml
+from turbotrain import Engine
+from turbotrain.config import RunConfig, audience, describe, load_config, parse_overrides, preset_names, to_toml
 from turbotrain.errors import ConfigError
 
 
@@ -71,3 +73,13 @@ def test_override_syntax_errors():
         parse_overrides(["lr=1"])
     with pytest.raises(ConfigError, match="needs a value"):
         parse_overrides(["--optim.lr"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fp16-mixed is valid on a GPU; the error needs a CPU-only machine")
+def test_errors_name_the_python_key_for_python_callers_and_the_flag_on_the_command_line():
+    with pytest.raises(ConfigError) as info:
+        Engine({"precision": {"mode": "fp16-mixed"}})  # no GPU here, and CI has none either
+    assert 'use {"precision": {"mode": "fp32"}}' in str(info.value) and "--" not in str(info.value)
+    with audience("cli"), pytest.raises(ConfigError) as info:
+        Engine({"precision": {"mode": "fp16-mixed"}})
+    assert "use --precision.mode=fp32" in str(info.value)

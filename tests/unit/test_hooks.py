@@ -3,7 +3,7 @@ import signal
 
 import torch
 
-from turbotrain.checkpoint import Checkpointer, list_checkpoints
+from turbotrain.checkpoint import Checkpointer, RunState, list_checkpoints
 from turbotrain.engine import Engine
 from turbotrain.hooks import Hook, StopAfter, StopOnSignal
 from turbotrain.loop import fit
@@ -29,7 +29,7 @@ def _setup():
 
 def test_sigterm_ends_after_the_step_and_saves_a_checkpoint(tmp_path):
     engine, model, opt = _setup()
-    saver = Checkpointer(tmp_path, interval=0, keep_last=2, payload=lambda ctx: {"model": model.state_dict()})
+    saver = Checkpointer(tmp_path, interval=0, keep_last=2, state=RunState(model=model))
     before = signal.getsignal(signal.SIGTERM)
     ctx = fit(engine, model, opt, synthetic_batches(50, d_in=8), max_steps=50,
               hooks=[StopOnSignal(), SendSignal(3), saver])

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from turbotrain.assembly import build_trainable
 from turbotrain.cli import main
 from turbotrain.config import load_config
 from turbotrain.engine import Engine
@@ -215,8 +216,7 @@ def test_resolve_batch_size_on_cpu_keeps_the_global_batch_and_caches(tmp_path):
     optimizer = build_optimizer(model, engine.device, lr=1e-2)
     model, optimizer, _ = engine.setup(model, optimizer)
 
-    # memory decides here, not timing: the CPU slowdown rule is off so a busy machine cannot change the answer
-    resolved, search = resolve_batch_size(config, engine, model, optimizer, run_dir=tmp_path, slowdown_stop=0.0)
+    resolved, search = resolve_batch_size(config, engine, model, optimizer, run_dir=tmp_path)  # memory decides, not timing
     assert isinstance(search, BatchSearch) and not search.cached
     assert resolved.batch.micro * resolved.batch.accumulation == 48 == search.global_batch
     assert engine.accumulation == resolved.batch.accumulation
@@ -226,8 +226,20 @@ def test_resolve_batch_size_on_cpu_keeps_the_global_batch_and_caches(tmp_path):
 
     cache = json.loads((tmp_path / CACHE_FILE).read_text())
     assert len(cache) == 1
-    again, cached = resolve_batch_size(config, engine, model, optimizer, run_dir=tmp_path, slowdown_stop=0.0)
+    again, cached = resolve_batch_size(config, engine, model, optimizer, run_dir=tmp_path)
     assert cached.cached and again.batch == resolved.batch
+
+
+def test_the_cpu_answer_does_not_depend_on_timing(monkeypatch):
+    """A busy machine cannot change the answer: steps reported ever slower per sample (samples/s
+    falling as 1/micro**2) do not stop the search short of the ceiling."""
+    measure = StepTrial.__call__
+    monkeypatch.setattr(StepTrial, "__call__", lambda self, micro: TrialResult(measure(self, micro).peak_bytes, micro**3))
+    config = load_config(overrides={"run": {"device": "cpu"}, "batch": {"micro": "auto", "global_size": 64},
+                                    "model": {"n_layer": 1, "n_head": 2, "d_model": 16, "block_size": 8, "vocab_size": 64}})
+    t = build_trainable(config, _tiny_gpt(n_layer=1, d_model=16, block_size=8))
+    resolved, search = resolve_batch_size(config, t.engine, t.model, t.optimizer)
+    assert search.found == resolved.batch.micro == 64 and max(r.micro for r in search.trials) == 64
 
 
 # ----------------------------------------------------------------------------- checkpointing

@@ -6,7 +6,6 @@ import importlib.util
 import json
 import sys
 import time
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -32,9 +31,9 @@ def test_flop_counter_mfu_agrees_with_the_gpt_formula_within_5_percent():
     counted = count_flops_per_sample(model, (x, x))
     formula, source = estimate_flops_per_sample(model, (x, x))
     assert "flops_per_token" in source and formula == model.flops_per_token(128) * 128
-    ctx = SimpleNamespace(metrics={"samples_per_s": 500.0}, engine=SimpleNamespace(precision=SimpleNamespace(name="bf16-mixed")))
-    mfu_counted = MfuProbe(counted, SPEC)(ctx)["mfu"]
-    mfu_formula = MfuProbe(formula, SPEC)(ctx)["mfu"]
+    record = {"samples_per_s": 500.0, "precision": "bf16-mixed"}
+    mfu_counted = MfuProbe(counted, SPEC)(record)["mfu"]
+    mfu_formula = MfuProbe(formula, SPEC)(record)["mfu"]
     assert mfu_counted == pytest.approx(mfu_formula, rel=0.05)
     assert mfu_counted != pytest.approx(mfu_formula, rel=1e-6)  # really counted, not the formula again
 
@@ -60,8 +59,8 @@ def test_counting_flops_leaves_the_model_untouched():
     assert torch.equal(model[1].running_mean, stats) and torch.equal(torch.get_rng_state(), rng)
 
 
-def _ctx(rate: float, precision: str = "bf16-mixed") -> SimpleNamespace:
-    return SimpleNamespace(metrics={"samples_per_s": rate}, engine=SimpleNamespace(precision=SimpleNamespace(name=precision)))
+def _ctx(rate: float, precision: str = "bf16-mixed") -> dict:
+    return {"samples_per_s": rate, "precision": precision}  # the record a probe is given
 
 
 def test_mfu_uses_the_peak_of_the_precision_in_use_and_is_left_out_without_a_peak():
@@ -95,16 +94,16 @@ def test_monitor_in_your_own_loop(tmp_path):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model, optimizer, loader = engine.setup(model, optimizer, synthetic_batches(12))
     monitor = Monitor(4, sinks=[JsonlSink(tmp_path / "metrics.jsonl")])
-    ctx = FitContext(engine, model, optimizer, max_steps=12)
-    monitor.on_fit_start(ctx)
+    monitor.start()
     for x, y in loader:
         with engine.autocast():
             loss = model(x, y)
         engine.backward(loss)
         engine.count_batch((x, y))  # samples/tokens for throughput (forward_backward does this)
         if engine.step(optimizer):
-            monitor.on_step_end(ctx)
-    monitor.on_fit_end(ctx)
+            s = engine.state
+            monitor.observe(s.step, engine.last_loss, lr=0.1, samples=s.samples, tokens=s.tokens)
+    monitor.close()
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [4, 8, 12]
     assert all(json.loads(line)["samples_per_s"] > 0 for line in lines)

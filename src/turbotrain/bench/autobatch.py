@@ -15,14 +15,19 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import torch
 
+from ..assembly import build_trainable
+from ..atomic import atomic_write
+from ..batch import move_to
+from ..config import load_config
 from ..errors import TurbotrainError
-
-if TYPE_CHECKING:
-    from .suite import BenchOptions
+from ..memory import resolve_batch_size
+from .contenders import turbotrain_overrides
+from .suite import BenchOptions, row_env, run_process
+from .workloads import make_data, resolve_workload, seeded_model, to_spec
 
 AUTO_MAX_MICRO = 1024  # samples; the finder's own ceiling
 
@@ -30,38 +35,27 @@ AUTO_MAX_MICRO = 1024  # samples; the finder's own ceiling
 def search(name: str, device_type: str, seed: int, max_micro: int = AUTO_MAX_MICRO) -> dict[str, Any]:
     """Run the finder for workload ``name`` in this process; the search as a dict (``micro``,
     trials, peak, time)."""
-    from .. import Engine, load_config
-    from ..memory import resolve_batch_size
-    from ..optim import optimizer_from_config
-    from .contenders import turbotrain_overrides
-    from .workloads import make_data, resolve_workload, seeded_model, to_spec
-
     w = resolve_workload(name, device_type)
     spec = to_spec(w, device=device_type, seed=seed, data_file=Path(os.devnull))
     device = torch.device(device_type)
     overrides = turbotrain_overrides(spec, device, w.total_steps)
     overrides["batch"] = {"micro": "auto", "global_size": 0, "accumulation": 1}
     config = load_config(overrides=overrides)
-    engine = Engine(config)
-    model = seeded_model(w.model, w.model_kwargs, seed)
-    optimizer = optimizer_from_config(model, engine.device, config.optim)
-    model, optimizer, _ = engine.setup(model, optimizer)
+    t = build_trainable(config, seeded_model(w.model, w.model_kwargs, seed))
 
     def make_batch(micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         xs, ys = make_data(w.replace(batch_size=micro, pool=1), seed)
-        return xs[0].to(engine.device), ys[0].to(engine.device)
+        return move_to((xs[0], ys[0]), t.engine.device)
 
-    _, found = resolve_batch_size(config, engine, model, optimizer, max_micro=max_micro, make_batch=make_batch)
+    _, found = resolve_batch_size(config, t.engine, t.model, t.optimizer, max_micro=max_micro, make_batch=make_batch)
     assert found is not None  # micro was "auto"
     return {"workload": name, "device": device_type, "summary": found.describe(), **found.to_dict()}
 
 
-def find_workload_batch(name: str, opts: "BenchOptions", keep_log: bool = True,
+def find_workload_batch(name: str, opts: BenchOptions, keep_log: bool = True,
                         max_micro: int = AUTO_MAX_MICRO) -> dict[str, Any]:
     """:func:`search` in its own process, with the environment a row gets (threads, compile
     cache) so its answer holds for the rows; raises a one-line TurbotrainError when it fails."""
-    from .suite import row_env, run_process
-
     work_dir = opts.work_dir / f"batch-{name}"
     work_dir.mkdir(parents=True, exist_ok=True)
     result, log = work_dir / "result.json", work_dir / "log.txt"
@@ -90,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     found = search(args.workload, args.device, args.seed, args.max_micro)
     print(found["summary"], flush=True)
-    Path(args.result).write_text(json.dumps(found, indent=1, default=str) + "\n")
+    atomic_write(args.result, json.dumps(found, indent=1, default=str) + "\n")
     return 0
 
 

@@ -1,13 +1,13 @@
 """The contenders: what each one is (registry, read by the parent process) and how each trains
 (``train_*``, run inside its own contender process by :mod:`turbotrain.bench.worker`).
 
-Every contender gets the same :class:`Job`: the model already built from the seed on the host, the
-same batches, the same recipe and a :class:`StepClock`. Each then does what its documentation or
-its users would do, and nothing more:
+Every contender gets the same :class:`~turbotrain.bench.protocol.Job`: the model already built from
+the seed on the host, the same batches, the same recipe and a :class:`StepClock`. Each then does
+what its documentation or its users would do, and nothing more:
 
 - ``eager``: plain PyTorch, fp32, eager, ``torch.optim.AdamW`` with its default implementation.
 - ``eager-bf16`` (CUDA): the same with ``torch.autocast(dtype=torch.bfloat16)``.
-- ``handtuned``: ``benchmarks/handtuned.py``, a standalone script written the way an expert tunes.
+- ``handtuned``: :mod:`turbotrain.bench.handtuned`, plain PyTorch written the way an expert tunes.
 - ``accelerate``: Hugging Face Accelerate's documented recipe.
 - ``lightning``: PyTorch Lightning's documented recipe.
 - ``turbotrain``: ``Engine`` + ``fit`` with turbotrain's defaults.
@@ -25,8 +25,14 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ..assembly import build_trainable
+from ..config import load_config
 from ..errors import ConfigError
-from .protocol import BatchList, StepClock, make_loader, math_precision, recipe_param_groups, warmup_factor
+from ..hooks import FitContext, Hook
+from ..loop import fit
+from ..optim import resolve_implementation
+from .handtuned import train_handtuned
+from .protocol import Job, make_loader, math_precision
 
 
 class SkipContender(Exception):
@@ -43,7 +49,6 @@ class Contender:
     recipe_cpu: str
     requires: tuple[str, ...] = ()
     cuda_only: bool = False
-    script: str = ""  # a standalone script, relative to the repository root
 
     def recipe(self, device_type: str) -> str:
         return self.recipe_cuda if device_type == "cuda" else self.recipe_cpu
@@ -55,18 +60,7 @@ class Contender:
         for module in self.requires:
             if importlib.util.find_spec(module) is None:
                 return f"{module} is not installed (pip install {module})"
-        if self.script and not script_path(self.script).is_file():
-            return f"{self.script} not found (run from a source checkout of turbotrain)"
         return None
-
-
-def repo_root() -> Path:
-    """The source checkout holding this package (src/turbotrain/bench -> the repository root)."""
-    return Path(__file__).resolve().parents[3]
-
-
-def script_path(relative: str) -> Path:
-    return repo_root() / relative
 
 
 CPU_FP32 = "CPU: fp32 like every CPU contender (turbotrain's auto precision is fp32 on CPU)"
@@ -85,11 +79,10 @@ CONTENDERS: dict[str, Contender] = {
             "", cuda_only=True,
         ),
         Contender(
-            "handtuned", "hand-tuned plain PyTorch (benchmarks/handtuned.py)",
+            "handtuned", "hand-tuned plain PyTorch (turbotrain.bench.handtuned)",
             "bf16 autocast, torch.compile, fused AdamW, TF32, cuDNN benchmark, SDPA is_causal, "
             "channels_last (CNNs), pinned non_blocking copies",
             "fp32 (auto: bf16 on CUDA only), eager (auto: compile on CUDA only), fused AdamW",
-            script="benchmarks/handtuned.py",
         ),
         Contender(
             "accelerate", "Hugging Face Accelerate",
@@ -116,36 +109,6 @@ DEFAULT_ORDER = ("eager", "eager-bf16", "handtuned", "accelerate", "lightning", 
 # ---------------------------------------------------------------------------------- in-process side
 
 
-@dataclass
-class Job:
-    """What a contender process trains: identical for every contender of a comparison."""
-
-    spec: dict[str, Any]
-    device: torch.device
-    model: nn.Module  # built from the seed on the host, not yet moved
-    batches: BatchList
-    clock: StepClock
-
-    @property
-    def optim(self) -> dict[str, Any]:
-        return self.spec["optim"]
-
-    @property
-    def total_steps(self) -> int:
-        return self.spec["warmup_steps"] + self.spec["timed_steps"]
-
-    @property
-    def has_conv(self) -> bool:
-        return any(isinstance(m, nn.Conv2d) for m in self.model.modules())
-
-    def plain_optimizer(self, model: nn.Module, **impl: bool) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-        o = self.optim
-        opt = torch.optim.AdamW(
-            recipe_param_groups(model, o["weight_decay"]), lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"], **impl
-        )
-        return opt, torch.optim.lr_scheduler.LambdaLR(opt, warmup_factor(o["lr_warmup_steps"]))
-
-
 def train_eager(job: Job, autocast_dtype: torch.dtype | None = None) -> dict[str, Any]:
     """Plain PyTorch: the loop everyone starts from."""
     device, clock = job.device, job.clock
@@ -166,9 +129,7 @@ def train_eager(job: Job, autocast_dtype: torch.dtype | None = None) -> dict[str
         sched.step()
         opt.zero_grad(set_to_none=True)
         clock.mark(loss)
-    name = "bf16-mixed" if autocast_dtype == torch.bfloat16 else "fp32"
-    return {"precision": name, "compiled": False,
-            "math_precision": math_precision(device, autocast_dtype, torch.float32, job.has_conv)}
+    return job.plain_result(autocast_dtype)
 
 
 def train_eager_bf16(job: Job) -> dict[str, Any]:
@@ -177,17 +138,21 @@ def train_eager_bf16(job: Job) -> dict[str, Any]:
     return train_eager(job, torch.bfloat16)
 
 
+def _require(package: str) -> Any:
+    """Import an optional package inside its contender process (a SkipContender when missing)."""
+    try:
+        return importlib.import_module(package)
+    except ImportError as exc:
+        raise SkipContender(f"{package} is not installed ({exc})") from None
+
+
 def train_accelerate(job: Job) -> dict[str, Any]:
     """Accelerate's documented loop: Accelerator(mixed_precision=...), prepare, accelerator.backward."""
-    try:
-        import accelerate
-        from accelerate import Accelerator
-    except ImportError as exc:
-        raise SkipContender(f"accelerate is not installed ({exc})") from None
+    accelerate = _require("accelerate")
     device, clock = job.device, job.clock
     mixed = "bf16" if device.type == "cuda" else "no"
     clock.start()
-    accelerator = Accelerator(mixed_precision=mixed, cpu=device.type == "cpu")
+    accelerator = accelerate.Accelerator(mixed_precision=mixed, cpu=device.type == "cpu")
     opt, sched = job.plain_optimizer(job.model)
     model, opt, loader, sched = accelerator.prepare(job.model, opt, make_loader(job.batches), sched)
     clip = job.optim["grad_clip"]
@@ -200,23 +165,17 @@ def train_accelerate(job: Job) -> dict[str, Any]:
         sched.step()
         opt.zero_grad()
         clock.mark(loss)
-    dtype = torch.bfloat16 if mixed == "bf16" else None
-    return {
-        "precision": "bf16-mixed" if dtype else "fp32",
-        "compiled": False,
-        "math_precision": math_precision(device, dtype, torch.float32, job.has_conv),
-        "recipe": f'Accelerator(mixed_precision="{mixed}"); prepare(model, optimizer, dataloader, scheduler)'
+    return job.plain_result(
+        torch.bfloat16 if mixed == "bf16" else None,
+        recipe=f'Accelerator(mixed_precision="{mixed}"); prepare(model, optimizer, dataloader, scheduler)'
         + ("" if device.type == "cuda" else f" - {CPU_FP32}"),
-        "versions": {"accelerate": accelerate.__version__},
-    }
+        versions={"accelerate": accelerate.__version__},
+    )
 
 
 def train_lightning(job: Job) -> dict[str, Any]:
     """Lightning's documented recipe: a LightningModule and Trainer(precision=...).fit()."""
-    try:
-        import lightning as L
-    except ImportError as exc:
-        raise SkipContender(f"lightning is not installed ({exc})") from None
+    L = _require("lightning")
     device, clock = job.device, job.clock
     precision = "bf16-mixed" if device.type == "cuda" else "32-true"
 
@@ -255,15 +214,12 @@ def train_lightning(job: Job) -> dict[str, Any]:
         default_root_dir=str(Path(job.spec["data_file"]).parent / "lightning"),
     )
     trainer.fit(Module(job.model), train_dataloaders=make_loader(job.batches))
-    dtype = torch.bfloat16 if precision == "bf16-mixed" else None
-    return {
-        "precision": "bf16-mixed" if dtype else "fp32",
-        "compiled": False,
-        "math_precision": math_precision(device, dtype, torch.float32, job.has_conv),
-        "recipe": f'Trainer(precision="{precision}", gradient_clip_val={job.optim["grad_clip"]}); '
+    return job.plain_result(
+        torch.bfloat16 if precision == "bf16-mixed" else None,
+        recipe=f'Trainer(precision="{precision}", gradient_clip_val={job.optim["grad_clip"]}); '
         "logger, checkpoints, progress bar off" + ("" if device.type == "cuda" else f" - {CPU_FP32}"),
-        "versions": {"lightning": L.__version__},
-    }
+        versions={"lightning": L.__version__},
+    )
 
 
 def turbotrain_overrides(spec: dict[str, Any], device: torch.device, total_steps: int) -> dict[str, dict[str, Any]]:
@@ -287,17 +243,7 @@ def turbotrain_overrides(spec: dict[str, Any], device: torch.device, total_steps
 
 def train_turbotrain(job: Job) -> dict[str, Any]:
     """turbotrain's Engine and reference loop with its defaults (plus a matrix row's overrides)."""
-    from .. import Engine, fit, load_config
-    from ..hooks import FitContext, Hook
-    from ..optim import build_scheduler, optimizer_from_config, resolve_implementation
-
-    device, clock = job.device, job.clock
-    try:
-        config = load_config(overrides=turbotrain_overrides(job.spec, device, job.total_steps))
-    except ConfigError as exc:
-        raise SkipContender(str(exc)) from None
-
-    total = job.total_steps
+    device, clock, total = job.device, job.clock, job.total_steps
     profiler = Profiler(job, device) if job.spec.get("profile_dir") else None
 
     class Clock(Hook):
@@ -309,21 +255,18 @@ def train_turbotrain(job: Job) -> dict[str, Any]:
                 clock.finish()  # the timed window ends here; the profiled steps come after it
                 profiler.start()
 
-    clock.start()
     try:
-        engine = Engine(config)
+        config = load_config(overrides=turbotrain_overrides(job.spec, device, total))
+        clock.start()
+        pin = device.type == "cuda" and config.data.pin_memory and not job.spec.get("resident")
+        t = build_trainable(config, job.model, max_steps=total, loader=make_loader(job.batches, pin_memory=pin))
     except ConfigError as exc:  # e.g. fp16-mixed on CPU, bf16 on a GPU without it
         raise SkipContender(str(exc)) from None
-    c = config.optim
-    opt = optimizer_from_config(job.model, engine.device, c)
-    sched = build_scheduler(opt, schedule=c.schedule, warmup_steps=c.warmup_steps, max_steps=job.total_steps,
-                            lr=c.lr, min_lr=c.min_lr)
-    pin = device.type == "cuda" and config.data.pin_memory and not job.spec.get("resident")
-    model, opt, loader = engine.setup(job.model, opt, make_loader(job.batches, pin_memory=pin), scheduler=sched)
-    fit(engine, model, opt, loader, max_steps=total + (profiler.steps if profiler else 0), hooks=[Clock()])
+    engine = t.engine
+    fit(engine, t.model, t.optimizer, t.loader, max_steps=total + (profiler.steps if profiler else 0), hooks=[Clock()])
     profile = profiler.stop() if profiler else None
     p = engine.precision
-    impl = resolve_implementation(c.implementation, engine.device)
+    impl = resolve_implementation(config.optim.implementation, engine.device)
     autocast_dtype = getattr(p, "dtype", None)
     compile_desc = engine.options.compile_scope
     if compile_desc != "off" and config.compile.mode != "default":
@@ -372,6 +315,7 @@ class Profiler:
 TRAINERS: dict[str, Callable[[Job], dict[str, Any]]] = {
     "eager": train_eager,
     "eager-bf16": train_eager_bf16,
+    "handtuned": train_handtuned,
     "accelerate": train_accelerate,
     "lightning": train_lightning,
     "turbotrain": train_turbotrain,

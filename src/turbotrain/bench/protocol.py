@@ -7,11 +7,9 @@
 - The per-step losses stay on the device until the end (one read), for the parity check.
 - :func:`init_digest`: a SHA-256 of the initial weights, to prove every contender starts equal.
 - :func:`recipe_param_groups` and :func:`warmup_factor`: the training recipe in plain PyTorch,
-  shared by the plain, Accelerate and Lightning contenders (the hand-tuned script restates it,
-  turbotrain uses its own ``build_optimizer``/``build_scheduler``; the math is the same).
-
-``benchmarks/handtuned.py`` restates this protocol in its own few lines (it may import only
-model definitions from turbotrain); keep the two in step.
+  shared by the plain, hand-tuned, Accelerate and Lightning contenders (turbotrain uses its own
+  ``build_optimizer``/``build_scheduler``; the math is the same).
+- :class:`Job`: what every contender process trains, identical for all of them.
 """
 
 from __future__ import annotations
@@ -20,6 +18,7 @@ import hashlib
 import resource
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -27,6 +26,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..errors import TurbotrainError
+from ..hardware import precision_key
+from ..units import GIB
 
 
 class StepClock:
@@ -117,10 +118,10 @@ def peak_memory(device: torch.device) -> dict[str, float]:
     so it is not comparable to a GPU's allocated bytes)."""
     if device.type == "cuda":
         return {
-            "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30,
-            "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30,
+            "peak_mem_gib": torch.cuda.max_memory_allocated(device) / GIB,
+            "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
         }
-    return {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30}  # Linux: KiB
+    return {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB}  # Linux: KiB
 
 
 def init_digest(model: nn.Module) -> str:
@@ -179,13 +180,43 @@ def make_loader(batches: BatchList, pin_memory: bool = False) -> DataLoader:
 def math_precision(device: torch.device, autocast_dtype: torch.dtype | None, param_dtype: torch.dtype, has_conv: bool) -> str:
     """Which datasheet peak the step's matmuls/convolutions run at: 'bf16', 'fp16', 'tf32' or 'fp32'
     (for MFU). fp32 work on CUDA counts as TF32 where PyTorch routes it to TF32 tensor cores."""
-    dtype = autocast_dtype or param_dtype
-    if dtype == torch.bfloat16:
-        return "bf16"
-    if dtype == torch.float16:
-        return "fp16"
-    if device.type == "cuda" and (
-        torch.backends.cuda.matmul.allow_tf32 or (has_conv and torch.backends.cudnn.allow_tf32)
-    ):
-        return "tf32"
-    return "fp32"
+    key = precision_key(str(autocast_dtype or param_dtype))
+    tf32 = torch.backends.cuda.matmul.allow_tf32 or (has_conv and torch.backends.cudnn.allow_tf32)
+    return "tf32" if key == "fp32" and device.type == "cuda" and tf32 else key
+
+
+@dataclass
+class Job:
+    """What a contender process trains: identical for every contender of a comparison (the
+    model already built from the seed on the host, the same batches, recipe and clock)."""
+
+    spec: dict[str, Any]
+    device: torch.device
+    model: nn.Module  # built from the seed on the host, not yet moved
+    batches: BatchList
+    clock: StepClock
+
+    @property
+    def optim(self) -> dict[str, Any]:
+        return self.spec["optim"]
+
+    @property
+    def total_steps(self) -> int:
+        return self.spec["warmup_steps"] + self.spec["timed_steps"]
+
+    @property
+    def has_conv(self) -> bool:
+        return any(isinstance(m, nn.Conv2d) for m in self.model.modules())
+
+    def plain_optimizer(self, model: nn.Module, **impl: bool) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+        """The recipe's AdamW (``impl``: fused=True, foreach=...) and its warmup schedule."""
+        o = self.optim
+        opt = torch.optim.AdamW(
+            recipe_param_groups(model, o["weight_decay"]), lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"], **impl
+        )
+        return opt, torch.optim.lr_scheduler.LambdaLR(opt, warmup_factor(o["lr_warmup_steps"]))
+
+    def plain_result(self, autocast_dtype: torch.dtype | None, **extra: Any) -> dict[str, Any]:
+        """What a plain-PyTorch contender (fp32 weights, optional autocast) reports of its arithmetic."""
+        return {"precision": "bf16-mixed" if autocast_dtype == torch.bfloat16 else "fp32", "compiled": False,
+                "math_precision": math_precision(self.device, autocast_dtype, torch.float32, self.has_conv), **extra}

@@ -18,15 +18,17 @@ from typing import Any
 
 import torch
 
-from .contenders import repo_root
+from ..atomic import atomic_write
+from ..doctor import collect_env
 from .tables import render_report
 
 SCHEMA = "turbotrain-bench/1"
 
 
 def collect_git() -> dict[str, Any]:
-    """The checkout's commit and whether tracked files differ from it (None outside git)."""
-    root = repo_root()
+    """The commit of the checkout this package runs from and whether tracked files differ from it
+    (commit None for an installed package outside git)."""
+    root = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
         if commit.returncode != 0:
@@ -39,12 +41,8 @@ def collect_git() -> dict[str, Any]:
 
 
 def collect_environment() -> dict[str, Any]:
-    """``turbotrain.doctor.collect_env()`` when available, else why not (the runtime block
-    below is always recorded)."""
-    try:
-        from ..doctor import collect_env
-    except ImportError as exc:
-        return {"unavailable": f"turbotrain.doctor.collect_env could not be imported: {exc}"}
+    """``turbotrain.doctor.collect_env()``, or why it failed (the runtime block below is always
+    recorded)."""
     try:
         return collect_env()
     except Exception as exc:  # an environment probe must not lose the benchmark's figures
@@ -96,7 +94,5 @@ def write_document(doc: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
     paths = (out_dir / f"{stem}.json", out_dir / f"{stem}.md")
     texts = (json.dumps(strict_json(doc), indent=1, default=str, allow_nan=False) + "\n", render_report(doc))
     for path, text in zip(paths, texts):
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        atomic_write(path, text)
     return paths

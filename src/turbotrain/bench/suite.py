@@ -1,7 +1,7 @@
 """Run a comparison, the precision matrix or the ablation: each row in its own process.
 
 The parent writes the batches and a spec once, launches one process per row
-(``python -m turbotrain.bench.worker`` or ``benchmarks/handtuned.py``), reads each JSON result and
+(``python -m turbotrain.bench.worker``), reads each JSON result and
 derives what the rows need to be compared: throughput from the median step, MFU where the GPU's
 peak is known, the loss difference from the reference row and whether it is within tolerance.
 Nothing is filled in that a process did not measure: a skipped or failed row keeps only its reason.
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..hardware import estimate_mfu, lookup_peak
-from .contenders import CONTENDERS, DEFAULT_ORDER, script_path
+from .contenders import CONTENDERS, DEFAULT_ORDER
 from .workloads import Workload, flops_per_step, to_spec, write_data
 
 # Loss parity: the same recipe in the same arithmetic differs only by kernel summation order
@@ -49,7 +49,7 @@ class BenchOptions:
     seed: int = 0
     timeout_s: float = 900.0
     log: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
-    handtuned_args: tuple[str, ...] = ()
+    handtuned_compile: str = "auto"  # torch.compile in the hand-tuned row: auto (CUDA only), on, off
     repeat: int = 1  # processes per row, run round-robin across rows (a noisy machine's bursts then hit every row)
     compile_cache: str = "cold"  # "cold": a fresh inductor/triton cache per row; "shared": one for all rows
     profile_dir: Path | None = None  # compare: profile a few turbotrain steps after its timed window
@@ -58,14 +58,6 @@ class BenchOptions:
 
 
 # ---------------------------------------------------------------------------------- processes
-
-
-def _command(contender: str, spec_path: Path, result_path: Path, opts: BenchOptions) -> list[str]:
-    c = CONTENDERS.get(contender)
-    if c is not None and c.script:
-        return [sys.executable, str(script_path(c.script)), "--spec", str(spec_path), "--result", str(result_path),
-                *opts.handtuned_args]
-    return [sys.executable, "-m", "turbotrain.bench.worker", contender, "--spec", str(spec_path), "--result", str(result_path)]
 
 
 def row_env(row_dir: Path, opts: BenchOptions) -> dict[str, str]:
@@ -108,7 +100,7 @@ def run_row(contender: str, spec: dict[str, Any], row_name: str, opts: BenchOpti
     spec_path, result_path, log_path = row_dir / "spec.json", row_dir / "result.json", row_dir / "log.txt"
     spec_path.write_text(json.dumps(spec, indent=1))
     result_path.unlink(missing_ok=True)
-    cmd = _command(contender, spec_path, result_path, opts)
+    cmd = [sys.executable, "-m", "turbotrain.bench.worker", contender, "--spec", str(spec_path), "--result", str(result_path)]
     start = time.perf_counter()
     code = run_process(cmd, log_path, row_env(row_dir, opts), opts.timeout_s)
     wall_s = time.perf_counter() - start
@@ -276,8 +268,10 @@ def run_compare(w: Workload, opts: BenchOptions, contenders: list[str] | None = 
         names = [n for n in names if not CONTENDERS[n].cuda_only]
     spec, flops, method = _prepare(w, opts, "compare")
     opts.log(f"compare: {w.describe()}")
-    profiled = {**spec, "profile_steps": opts.profile_steps, "profile_dir": str(opts.profile_dir)} if opts.profile_dir else spec
-    jobs = [RowJob(n, n, profiled if n == "turbotrain" else spec, skip=CONTENDERS[n].unavailable(opts.device) or "",
+    specs = {"handtuned": {**spec, "handtuned": {"compile": opts.handtuned_compile}}}
+    if opts.profile_dir:
+        specs["turbotrain"] = {**spec, "profile_steps": opts.profile_steps, "profile_dir": str(opts.profile_dir)}
+    jobs = [RowJob(n, n, specs.get(n, spec), skip=CONTENDERS[n].unavailable(opts.device) or "",
                    extra={"title": CONTENDERS[n].title})
             for n in names]
     rows = run_rows(jobs, opts, f"{w.name}-compare")

@@ -19,7 +19,12 @@ from typing import Any, Sequence
 
 import torch
 
+from ..atomic import atomic_write
 from ..doctor import cpu_model
+from ..version import __version__
+from .contenders import CONTENDERS, TRAINERS, SkipContender
+from .protocol import Job, StepClock, init_digest, load_batches
+from .workloads import seeded_model
 
 
 def device_name(device: torch.device) -> str:
@@ -29,11 +34,6 @@ def device_name(device: torch.device) -> str:
 
 def run(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     """Train contender ``name`` on ``spec``; the result's figures (raises SkipContender)."""
-    from .. import __version__
-    from .contenders import CONTENDERS, TRAINERS, Job, SkipContender
-    from .protocol import StepClock, init_digest, load_batches
-    from .workloads import seeded_model
-
     if name not in TRAINERS:
         raise SkipContender(f"no in-process trainer for {name!r}")
     device = torch.device(spec["device"])
@@ -68,8 +68,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--spec", required=True, help="spec JSON written by `turbotrain bench`")
     parser.add_argument("--result", required=True, help="where to write the result JSON")
     args = parser.parse_args(argv)
-    from .contenders import SkipContender
-
     spec = json.loads(Path(args.spec).read_text())
     start = time.perf_counter()
     result: dict[str, Any] = {"contender": args.contender, "pid": os.getpid()}
@@ -84,9 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       traceback=traceback.format_exc()[-4000:])
         code = 1
     result["process_s"] = time.perf_counter() - start
-    tmp = Path(args.result + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1, default=str))
-    os.replace(tmp, args.result)
+    atomic_write(args.result, json.dumps(result, indent=1, default=str))
     return code
 
 

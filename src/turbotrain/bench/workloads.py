@@ -18,9 +18,14 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
+from ..data.sources import stdlib_files
 from ..errors import TurbotrainError
 from ..models.build import build_named
+from ..models.classifier import synthetic_images
+from ..models.gpt import GPT, GPTConfig
+from ..models.mlp import synthetic_batches
 
 # ---------------------------------------------------------------------------------- workloads
 
@@ -235,14 +240,10 @@ def flops_per_step(w: Workload) -> tuple[float, str]:
     models: counted with ``torch.utils.flop_counter`` on the meta device (no memory, no compute).
     """
     if w.model == "gpt":
-        from ..models.gpt import GPT, GPTConfig
-
         with torch.device("meta"):
             gpt = GPT(GPTConfig(**w.model_kwargs))
         per_token = gpt.flops_per_token(w.seq_len)
         return float(per_token * w.batch_size * (w.seq_len or 0)), "PaLM 6N + 12·L·H·Q·T per token"
-    from torch.utils.flop_counter import FlopCounterMode
-
     shape, dtype = sample_shape(w)
     with torch.device("meta"):
         model = build_named(w.model, w.model_kwargs)
@@ -260,8 +261,6 @@ def corpus_windows(count: int, seq_len: int, seed: int) -> torch.Tensor:
     """``count`` windows of ``seq_len + 1`` byte tokens from the built-in corpus (the Python
     standard library's sources, read in a fixed order, only as much as needed), at seeded random
     offsets. Returns (count, seq_len + 1) int64."""
-    from ..data.sources import stdlib_files
-
     need = max(4 * count * (seq_len + 1), 1 << 20)
     chunks, size = [], 0
     for path in stdlib_files():
@@ -286,13 +285,9 @@ def make_data(w: Workload, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         windows = corpus_windows(P * B, seq_len, seed).view(P, B, seq_len + 1)
         return windows[..., :-1].contiguous(), windows[..., 1:].contiguous()
     if w.model == "mlp":
-        from ..models.mlp import synthetic_batches
-
         kw = w.model_kwargs
         batches = synthetic_batches(P, B, int(kw.get("d_in", 256)), int(kw.get("classes", 10)), seed=seed)
         return torch.stack([x for x, _ in batches]), torch.stack([y for _, y in batches])
-    from ..models.classifier import synthetic_images
-
     return synthetic_images(P, B, w.image_size or 32, w.classes or 10, seed=seed)
 
 

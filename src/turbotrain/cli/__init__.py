@@ -8,8 +8,9 @@ import sys
 import warnings
 from typing import Callable, Sequence
 
-from .. import __version__
+from ..config import audience
 from ..errors import TurbotrainError
+from ..version import __version__
 from . import bench, doctor, report, sample, train
 from . import memory as memory_cmd
 
@@ -45,7 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra and not getattr(args, "accepts_overrides", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return int(args.run(args, extra) or 0)
+        with audience("cli"):  # errors name flags (--section.key=value)
+            return int(args.run(args, extra) or 0)
     except TurbotrainError as exc:
         print(f"turbotrain {args.command}: error: {exc}", file=sys.stderr)
         return 2

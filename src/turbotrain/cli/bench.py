@@ -13,13 +13,16 @@ from pathlib import Path
 
 import torch
 
+from ..bench.autobatch import find_workload_batch
+from ..bench.contenders import CONTENDERS, DEFAULT_ORDER
+from ..bench.results import build_document, write_document
+from ..bench.suite import BenchOptions, run_ablation, run_compare, run_precision_matrix
+from ..bench.tables import render_report
+from ..bench.workloads import NOT_BUILT, expand, resolve_workload, workload_names
 from ..errors import TurbotrainError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from ..bench.contenders import CONTENDERS, DEFAULT_ORDER
-    from ..bench.workloads import NOT_BUILT, workload_names
-
     p = subparsers.add_parser(
         "bench",
         help="benchmark contenders side by side, the precision matrix or the optimization ablation",
@@ -49,7 +52,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    "keeps timings stable (no thread barriers stalled by other processes)")
     p.add_argument("--timeout-s", type=float, default=900.0, help="per-row time limit in seconds (default 900)")
     p.add_argument("--handtuned-compile", choices=("auto", "on", "off"), default="auto",
-                   help="torch.compile in benchmarks/handtuned.py (auto: on for CUDA, off for CPU)")
+                   help="torch.compile in the hand-tuned contender (auto: on for CUDA, off for CPU)")
     p.add_argument("--compile-cache", choices=("cold", "shared"), default="cold",
                    help="cold: a fresh torch.compile cache per row, so time to first step is fair (default); "
                    "shared: rows reuse each other's compilations (faster; time to first step becomes a lower bound)")
@@ -62,12 +65,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
-    from ..bench.autobatch import find_workload_batch
-    from ..bench.results import build_document, write_document
-    from ..bench.suite import BenchOptions, run_ablation, run_compare, run_precision_matrix
-    from ..bench.tables import render_report
-    from ..bench.workloads import expand, resolve_workload
-
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise TurbotrainError("--device cuda but no CUDA GPU is visible to torch; use --device cpu or auto")
@@ -82,7 +79,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     command = "turbotrain " + shlex.join(sys.argv[1:]) if _called_as_cli() else canonical_command(args)
     work_dir = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="turbotrain-bench-"))
     opts = BenchOptions(device=device, work_dir=work_dir, seed=args.seed, timeout_s=args.timeout_s,
-                        handtuned_args=("--compile", args.handtuned_compile), repeat=args.repeat,
+                        handtuned_compile=args.handtuned_compile, repeat=args.repeat,
                         compile_cache=args.compile_cache, threads=args.threads, profile_dir=Path(args.profile) if args.profile else None)
     signal.signal(signal.SIGTERM, _terminate)  # so a running row is ended too (see suite.run_row)
     runners = {

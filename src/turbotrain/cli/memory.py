@@ -9,8 +9,13 @@ from typing import Any
 
 import torch
 
+from ..assembly import build_trainable
 from ..config import load_config, parse_overrides
-from ..memory.stats import GIB, MemoryStats, compare_checkpointing, default_vocab_size, measure_step_memory, resolve_precision_name
+from ..errors import ConfigError
+from ..memory.finder import token_batches
+from ..memory.stats import MemoryStats, compare_checkpointing, default_vocab_size, measure_step_memory, resolve_precision_name
+from ..models.build import build_model
+from ..units import GIB
 
 ROWS = [
     ("parameters", "params_bytes"),
@@ -46,20 +51,12 @@ def _default_preset() -> str:
 def measure(config: Any, micro: int) -> MemoryStats:
     """One real training step of ``config``'s GPT at ``micro`` on the config's device, set up
     by the Engine (precision, checkpointing, compile), measured per phase."""
-    from ..engine import Engine
-    from ..memory.finder import token_batches
-    from ..optim import optimizer_from_config
-    from ..models.build import build_model
-
-    engine = Engine(config)
     torch.manual_seed(config.run.seed)
     vocab = default_vocab_size(config)
-    model = build_model(config.model, vocab)
-    optimizer = optimizer_from_config(model, engine.device, config.optim)
-    model, optimizer, _ = engine.setup(model, optimizer)
-    model.train()
-    batch = token_batches(vocab, config.model.block_size, engine.device)(micro)
-    return measure_step_memory(model, optimizer, batch, autocast=engine.autocast, precision=engine.precision.name,
+    t = build_trainable(config, build_model(config.model, vocab))
+    t.model.train()
+    batch = token_batches(vocab, config.model.block_size, t.engine.device)(micro)
+    return measure_step_memory(t.model, t.optimizer, batch, autocast=t.engine.autocast, precision=t.engine.precision.name,
                                checkpointing=config.memory.checkpointing)
 
 
@@ -67,8 +64,6 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     config = load_config(args.preset or _default_preset(), parse_overrides(extra))
     micro = args.micro if args.micro is not None else config.batch.micro if isinstance(config.batch.micro, int) else 8
     if micro < 1:
-        from ..errors import ConfigError
-
         raise ConfigError(f"--micro = {micro} must be >= 1")
     precision = resolve_precision_name(config)
     estimates = compare_checkpointing(config, micro=micro, precision=precision)

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..report import ReportResult, write_report
-from ..runner import find_run_dir
+from ..rundir import PLOTS_DIR, SUMMARY_FILE, SUMMARY_MD, find_run_dir
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -18,11 +18,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     p.add_argument("run_dir", nargs="?", default="", help="run directory, or a run name under --out-dir (default: the latest run)")
     p.add_argument("--out-dir", default="runs", help="where runs live (default runs/)")
-    p.set_defaults(run=run)
+    p.set_defaults(run=main_report)
     return p
 
 
-def run(args: argparse.Namespace, extra: list[str]) -> int:
+def main_report(args: argparse.Namespace, extra: list[str]) -> int:
     if not args.run_dir:
         path = find_run_dir(args.out_dir)  # the latest run
     elif not Path(args.run_dir).is_dir() and (Path(args.out_dir) / args.run_dir).is_dir():
@@ -36,6 +36,6 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 def print_report(result: ReportResult) -> None:
     """What was written and what was not, one line each."""
     plots = ", ".join(Path(p).name for p in result.plots) or "none"
-    print(f"report {result.run_dir}: summary.md, summary.json; plots in {result.run_dir / 'plots'}: {plots}")
+    print(f"report {result.run_dir}: {SUMMARY_MD}, {SUMMARY_FILE}; plots in {result.run_dir / PLOTS_DIR}: {plots}")
     for line in result.problems + result.skipped:
         print(f"  note: {line}")

@@ -11,7 +11,7 @@ import torch
 from ..checkpoint import load_latest
 from ..errors import TurbotrainError
 from ..models.build import build_model
-from ..runner import CHECKPOINTS, find_run_dir, resume_config
+from ..rundir import CHECKPOINTS, find_run_dir, resume_config
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -23,11 +23,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--top-k", type=int, default=40, help="sample from the k most likely tokens (default 40; 0 = all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", default="runs", help="where runs live (default runs/)")
-    p.set_defaults(run=run)
+    p.set_defaults(run=main_sample)
     return p
 
 
-def run(args: argparse.Namespace, extra: list[str]) -> int:
+def main_sample(args: argparse.Namespace, extra: list[str]) -> int:
     if args.tokens < 0 or args.top_k < 0 or not args.temperature > 0:
         raise TurbotrainError(
             f"--tokens ({args.tokens}) and --top-k ({args.top_k}) must be >= 0 and --temperature ({args.temperature}) > 0"

@@ -10,7 +10,8 @@ import torch
 from ..config import describe, load_config, parse_overrides
 from ..errors import ConfigError
 from ..report import write_report
-from ..runner import find_run_dir, resume_config, train
+from ..rundir import find_run_dir, resume_config
+from ..training import train
 from .report import print_report
 
 
@@ -34,11 +35,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    "(default: --run.name, else the latest run)")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
     p.add_argument("--help-config", action="store_true", help="list every config field with its default and meaning")
-    p.set_defaults(run=run, accepts_overrides=True)
+    p.set_defaults(run=main_train, accepts_overrides=True)
     return p
 
 
-def run(args: argparse.Namespace, extra: list[str]) -> int:
+def main_train(args: argparse.Namespace, extra: list[str]) -> int:
     if args.help_config:
         print(describe())
         return 0

@@ -15,7 +15,8 @@ class DevicePrefetcher:
     On CUDA with ``side_stream`` the copy of batch k+1 is issued on a side stream (from pinned
     memory, non_blocking) before batch k is returned, so it overlaps compute; the compute stream
     waits on the copy only when it takes the batch. Otherwise each batch is moved as it is taken
-    (non_blocking, on the current stream). On CPU it is a plain pass-through.
+    (non_blocking, on the current stream). On CPU it is a plain pass-through. Apart from
+    iteration it behaves like the wrapped loader (``len``, ``dataset``, ``sampler``, ...).
     """
 
     def __init__(self, loader: Iterable[Any], device: torch.device, side_stream: bool = True) -> None:
@@ -47,3 +48,10 @@ class DevicePrefetcher:
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        """Everything else is the user's loader's: ``dataset``, ``batch_size``, ``sampler``,
+        ``set_epoch`` and any attribute of their own."""
+        if name == "loader":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.loader, name)

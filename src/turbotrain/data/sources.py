@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..atomic import atomic_write
 from ..errors import TurbotrainError
 
 LLMC_MAGIC = 20240520  # llm.c token files start with a 256 x int32 header
@@ -106,7 +107,7 @@ def _fingerprint(files: list[Path]) -> str:
 def byte_tokenize(files: list[Path], cache_dir: Path) -> Path:
     """Concatenate the files' bytes (separated by a blank line) into a cached uint16 token file.
 
-    Returns its path. The cache is written atomically (temporary file, then rename).
+    Returns its path. The cache is written atomically (:func:`turbotrain.atomic.atomic_write`).
     """
     cache_dir.mkdir(parents=True, exist_ok=True)
     out = cache_dir / f"bytes-{_fingerprint(files)}.bin"
@@ -119,9 +120,7 @@ def byte_tokenize(files: list[Path], cache_dir: Path) -> Path:
         except OSError:
             continue
     data = np.frombuffer(b"".join(chunks), dtype=np.uint8).astype(np.uint16)
-    tmp = out.with_suffix(f".tmp{os.getpid()}")
-    data.tofile(tmp)
-    os.replace(tmp, out)
+    atomic_write(out, data.tofile)
     return out
 
 

@@ -19,7 +19,6 @@ from .finder import (
     usable_memory_bytes,
 )
 from .stats import (
-    GIB,
     MemoryStats,
     TensorMemoryTracker,
     compare_checkpointing,
@@ -29,7 +28,6 @@ from .stats import (
 )
 
 __all__ = [
-    "GIB",
     "BatchSearch",
     "MemoryStats",
     "StepTrial",

@@ -16,8 +16,9 @@ measured peak that ran when an out-of-memory error was the only signal. Peaks of
 are interpolated between measured ones (memory is close to linear in the batch).
 
 On CPU (no allocator statistics; running out of memory kills the process rather than raising),
-peaks are counted by :class:`TensorMemoryTracker`, sizes whose extrapolated peak would exceed the
-available RAM are not run, and growth stops once samples/s fall under half the best so far.
+peaks are counted by :class:`TensorMemoryTracker` and sizes whose extrapolated peak would exceed the
+available RAM are not run. With ``pick='largest'`` the answer depends on memory only, never on
+timing, so a busy machine finds the same size; ``slowdown_stop`` opts into a timing rule.
 """
 
 from __future__ import annotations
@@ -26,27 +27,28 @@ import gc
 import hashlib
 import json
 import logging
-import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 from torch import nn
 
+from ..atomic import atomic_write
+from ..batch import tensors_of
+from ..config import BATCH_PICKS, RunConfig, choice_error
+from ..data.sources import BYTE_VOCAB
+from ..engine import Engine, default_loss
 from ..errors import ConfigError, TurbotrainError
+from ..hardware import ram_bytes
 from ..oom import is_oom
-from .stats import GIB, TensorMemoryTracker, gib, optimizer_tensors, storage_bytes, tensors_of
-
-if TYPE_CHECKING:
-    from ..config import RunConfig
-    from ..engine import Engine
+from ..units import GIB, gib
+from .stats import TensorMemoryTracker, optimizer_tensors, storage_bytes
 
 log = logging.getLogger(__name__)
 
-PICKS = ("largest", "fastest")
 DEFAULT_MAX_MICRO = 1024  # sequences; beyond this larger micro-batches rarely run faster
 CACHE_FILE = "batch_size.json"
 
@@ -182,11 +184,11 @@ def find_batch_size(
     ``predict=True`` skips a size whose peak, extrapolated from the sizes measured so far, would
     exceed ``budget_bytes``: for devices where running out of memory kills the process (CPU:
     the kernel's OOM killer) instead of raising an error. ``slowdown_stop`` (0 = off) stops
-    growing once a size runs at less than that fraction of the best samples/s so far: on CPU
-    memory is rarely the limit, and oversized batches only thrash the caches.
+    growing once a size runs at less than that fraction of the best samples/s so far (on CPU
+    oversized batches may thrash the caches): a timing rule, so its answer varies with load.
     """
-    if pick not in PICKS:
-        raise ConfigError(f"batch.pick = {pick!r} is not valid; choose one of: {', '.join(PICKS)}")
+    if pick not in BATCH_PICKS:
+        raise choice_error("batch.pick", pick, BATCH_PICKS)
     if headroom < 0 or headroom >= 1:
         raise ConfigError(f"batch.headroom = {headroom!r} must be in [0, 1), a fraction of the measured peak")
     if start < 1 or max_micro < start:
@@ -333,18 +335,11 @@ def usable_memory_bytes(device: torch.device, max_memory_gib: float = 0.0, max_m
     """The memory a search may fill, in bytes: on CUDA what is free plus what this process
     already holds; on CPU the available RAM; capped by ``max_memory_gib`` (GiB) and by
     ``max_memory_fraction`` of the device's total. None where nothing is known (meta)."""
-    budget: int | None = None
-    total: int | None = None
+    total, budget = ram_bytes() if device.type == "cpu" else (None, None)
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         budget = int(free + torch.cuda.memory_reserved(device))
-    elif device.type == "cpu":
-        try:
-            page = os.sysconf("SC_PAGE_SIZE")
-            budget, total = int(os.sysconf("SC_AVPHYS_PAGES") * page), int(os.sysconf("SC_PHYS_PAGES") * page)
-        except (ValueError, OSError, AttributeError):
-            pass
-    caps = []
+    caps = [budget] if budget is not None else []
     if max_memory_gib > 0:
         caps.append(int(max_memory_gib * GIB))
     if max_memory_fraction > 0:
@@ -352,9 +347,7 @@ def usable_memory_bytes(device: torch.device, max_memory_gib: float = 0.0, max_m
             raise ConfigError(f"batch.max_memory_fraction = {max_memory_fraction} must be in (0, 1]")
         if total is not None:
             caps.append(int(max_memory_fraction * total))
-    if caps:
-        budget = min(caps) if budget is None else min([budget, *caps])
-    return budget
+    return min(caps) if caps else None
 
 
 class StepTrial:
@@ -376,19 +369,15 @@ class StepTrial:
 
     def __init__(
         self,
-        engine: "Engine",
+        engine: Engine,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         make_batch: Callable[[int], Any],
         loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
         timed_steps: int = 1,
     ) -> None:
-        if loss_fn is None:
-            from ..engine import default_loss
-
-            loss_fn = default_loss
         self.engine, self.model, self.optimizer = engine, model, optimizer
-        self.make_batch, self.loss_fn, self.timed_steps = make_batch, loss_fn, max(1, timed_steps)
+        self.make_batch, self.loss_fn, self.timed_steps = make_batch, loss_fn or default_loss, max(1, timed_steps)
         self.device = engine.device
         self._weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
         self._optimizer_state = optimizer.state_dict() if optimizer.state else None
@@ -487,7 +476,8 @@ def token_batches(vocab_size: int, seq_len: int, device: torch.device, seed: int
 # ----------------------------------------------------------------------------- config level
 
 
-def cache_key(config: "RunConfig", engine: "Engine", world: int, max_micro: int) -> tuple[str, dict[str, Any]]:
+def cache_key(config: RunConfig, engine: Engine, world: int, max_micro: int,
+              slowdown_stop: float = 0.0) -> tuple[str, dict[str, Any]]:
     """The cache entry's key: a hash of (model, precision, compile, sequence length, device,
     checkpointing, the search's own settings, world size), and the readable parts."""
     device = engine.device
@@ -505,6 +495,7 @@ def cache_key(config: "RunConfig", engine: "Engine", world: int, max_micro: int)
         "max_memory_gib": b.max_memory_gib,
         "max_memory_fraction": b.max_memory_fraction,
         "max_micro": max_micro,
+        "slowdown_stop": slowdown_stop,
         "world": world,
         "torch": torch.__version__,
     }
@@ -523,14 +514,12 @@ def _read_cache(path: Path) -> dict[str, Any]:
 def _write_cache(path: Path, key: str, parts: dict[str, Any], search: BatchSearch) -> None:
     data = _read_cache(path)
     data[key] = {"key": parts, "search": search.to_dict()}
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def resolve_batch_size(
-    config: "RunConfig",
-    engine: "Engine",
+    config: RunConfig,
+    engine: Engine,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     *,
@@ -538,8 +527,8 @@ def resolve_batch_size(
     max_micro: int | None = None,
     make_batch: Callable[[int], Any] | None = None,
     loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
-    slowdown_stop: float | None = None,
-) -> tuple["RunConfig", BatchSearch | None]:
+    slowdown_stop: float = 0.0,
+) -> tuple[RunConfig, BatchSearch | None]:
     """Turn ``batch.micro = 'auto'`` into a number: search (or read the cache in ``run_dir``),
     fit the global batch, set ``engine.accumulation``, and return the config with concrete
     ``batch.micro`` and ``batch.accumulation`` plus the search (None when micro was a number).
@@ -548,8 +537,8 @@ def resolve_batch_size(
     the run's) and before loading a checkpoint or training. ``make_batch(micro)`` builds a batch
     on the device (default: random tokens of ``model.block_size`` for the GPT); ``max_micro``
     bounds the search (default 1024, and the per-rank global batch when one is set).
-    ``slowdown_stop`` (default 0.5 off CUDA, where larger batches stop paying, else 0 = off) stops
-    growth once samples/s fall under that fraction of the best: a timing-based rule.
+    ``slowdown_stop`` (0 = off, the default on every device) stops growth once samples/s fall
+    under that fraction of the best: a timing rule, so its answer can change with machine load.
     """
     b = config.batch
     if isinstance(b.micro, int):
@@ -559,7 +548,7 @@ def resolve_batch_size(
     ceiling = min(max_micro or DEFAULT_MAX_MICRO, DEFAULT_MAX_MICRO)
     if global_size > 0:
         ceiling = min(ceiling, max(1, -(-global_size // world)))
-    key, parts = cache_key(config, engine, world, ceiling)
+    key, parts = cache_key(config, engine, world, ceiling, slowdown_stop)
     cache = Path(run_dir) / CACHE_FILE if run_dir is not None else None
     entry = _read_cache(cache).get(key) if cache is not None else None
     search: BatchSearch | None = None
@@ -568,17 +557,17 @@ def resolve_batch_size(
         search.cached = True
     if search is None:
         if make_batch is None:
-            vocab = getattr(getattr(model, "cfg", None), "vocab_size", None) or config.model.vocab_size or 256
+            vocab = getattr(getattr(model, "cfg", None), "vocab_size", None) or config.model.vocab_size or BYTE_VOCAB
             make_batch = token_batches(vocab, config.model.block_size, engine.device, seed=config.run.seed)
         budget = usable_memory_bytes(engine.device, b.max_memory_gib, b.max_memory_fraction)
         if engine.device.type == "cpu" and budget is not None:  # the weights already sit in RAM
             budget += storage_bytes(list(model.parameters()) + list(model.buffers()))
-        timed = 2 if b.pick == "fastest" else 1
+        timed = 3 if b.pick == "fastest" or slowdown_stop else 1  # timing rules decide on medians of 3
         with StepTrial(engine, model, optimizer, make_batch, loss_fn, timed_steps=timed) as trial:
             search = find_batch_size(
                 trial, max_micro=ceiling, headroom=b.headroom, pick=b.pick, budget_bytes=budget,
                 predict=engine.device.type != "cuda",  # on CPU a real OOM kills the process
-                slowdown_stop=(0.5 if engine.device.type != "cuda" else 0.0) if slowdown_stop is None else slowdown_stop,
+                slowdown_stop=slowdown_stop,
             )
         search.found = search.micro = _agree_across_ranks(search.found)
         if cache is not None and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):

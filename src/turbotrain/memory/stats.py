@@ -29,30 +29,23 @@ import gc
 import warnings
 import weakref
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable
+from typing import Any, Callable, ContextManager, Iterable
 
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
+from ..batch import batch_size, tensors_of
+from ..config import RunConfig
+from ..data.sources import BYTE_VOCAB, GPT2_VOCAB
+from ..engine import default_loss, resolve_device
+from ..hardware import ram_bytes
+from ..models.build import build_model
+from ..optim import build_optimizer
+from ..precision import DeviceCaps, resolve_precision
 from ..transforms import apply_activation_checkpointing, recompute_context
-
-if TYPE_CHECKING:
-    from ..config import RunConfig
-
-
-GIB = 1024**3
-
-
-def gib(n_bytes: float | None) -> float | None:
-    """Bytes -> GiB (2**30 bytes), rounded to 4 decimals; None stays None."""
-    return None if n_bytes is None else round(n_bytes / GIB, 4)
-
-
-def tensors_of(obj: Any) -> list[torch.Tensor]:
-    return [t for t in tree_leaves(obj) if isinstance(t, torch.Tensor)]
+from ..units import gib
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
@@ -224,10 +217,7 @@ def measure_step_memory(
     """Run one real training step (forward, backward, ``optimizer.step()``, zero_grad) on
     ``batch`` and return its memory per phase. It changes the weights: use it on a model whose
     training has not started, or a copy. Gradients are set to None first."""
-    if loss_fn is None:
-        from ..engine import default_loss
-
-        loss_fn = default_loss
+    loss_fn = loss_fn or default_loss
     autocast = autocast or contextlib.nullcontext
     params = list(model.parameters()) + list(model.buffers())
     device = params[0].device if params else torch.device("cpu")
@@ -257,7 +247,7 @@ def measure_step_memory(
         optimizer.step()
         optimizer_peak = meter.peak
     stats = MemoryStats(
-        micro_batch=_batch_size(batch),
+        micro_batch=batch_size(batch),
         params_bytes=storage_bytes(model.parameters()),
         grads_bytes=storage_bytes(p.grad for p in model.parameters() if p.grad is not None),
         optimizer_bytes=storage_bytes(optimizer_tensors(optimizer)),
@@ -294,41 +284,24 @@ class _CudaMeter(contextlib.nullcontext):
         torch.cuda.reset_peak_memory_stats(self.device)
 
 
-def _batch_size(batch: Any) -> int:
-    first = tensors_of(batch)
-    return int(first[0].shape[0]) if first and first[0].ndim else 1
-
-
 def device_total_bytes(device: torch.device) -> int | None:
     """The device's memory in bytes: CUDA total, CPU physical RAM; None for meta."""
     if device.type == "cuda":
         return int(torch.cuda.get_device_properties(device).total_memory)
-    if device.type == "cpu":
-        try:
-            import os
-
-            return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-        except (ValueError, OSError, AttributeError):
-            return None
-    return None
+    return ram_bytes()[0] if device.type == "cpu" else None
 
 
 # ----------------------------------------------------------------------------- estimates
 
 
-def default_vocab_size(config: "RunConfig") -> int:
+def default_vocab_size(config: RunConfig) -> int:
     """The vocabulary a run of ``config`` will use without opening its data: the model's own,
-    else 50304 for a .bin token file (GPT-2's, padded), else 256 (byte-level text)."""
-    if config.model.vocab_size:
-        return config.model.vocab_size
-    return 50304 if config.data.path.endswith(".bin") else 256
+    else GPT-2's (padded) for a .bin token file, else 256 (byte-level text)."""
+    return config.model.vocab_size or (GPT2_VOCAB if config.data.path.endswith(".bin") else BYTE_VOCAB)
 
 
-def resolve_precision_name(config: "RunConfig", device: torch.device | None = None) -> str:
+def resolve_precision_name(config: RunConfig, device: torch.device | None = None) -> str:
     """The concrete precision ``config`` gets on ``device`` (default: the config's device)."""
-    from ..engine import resolve_device
-    from ..precision import DeviceCaps, resolve_precision
-
     device = device or resolve_device(config.run.device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -336,7 +309,7 @@ def resolve_precision_name(config: "RunConfig", device: torch.device | None = No
 
 
 def estimate_memory(
-    config: "RunConfig",
+    config: RunConfig,
     *,
     micro: int | None = None,
     checkpointing: str | None = None,
@@ -349,23 +322,17 @@ def estimate_memory(
     ``precision`` defaults to what the config resolves to on its device; pass e.g.
     'bf16-mixed' to estimate for a GPU from a CPU machine.
     """
-    from ..optim import build_optimizer
-    from ..models.build import build_model
-
     mode = checkpointing or config.memory.checkpointing
     prec = precision or resolve_precision_name(config)
-    batch_size = micro or (config.batch.micro if isinstance(config.batch.micro, int) else 8)
-    vocab = vocab_size or default_vocab_size(config)
+    shape = (micro or (config.batch.micro if isinstance(config.batch.micro, int) else 8), config.model.block_size)
     meta = torch.device("meta")
     with meta:
-        model = build_model(config.model, vocab)
+        model = build_model(config.model, vocab_size or default_vocab_size(config))
     if prec == "bf16-true":
         model.to(torch.bfloat16)
     apply_activation_checkpointing(model, mode)
     optimizer = build_optimizer(model, meta, lr=config.optim.lr, weight_decay=config.optim.weight_decay, implementation="foreach")
-    T = config.model.block_size
-    x = torch.empty((batch_size, T), dtype=torch.int64, device=meta)
-    y = torch.empty((batch_size, T), dtype=torch.int64, device=meta)
+    x, y = (torch.empty(shape, dtype=torch.int64, device=meta) for _ in range(2))
     low = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(prec)
     model.train()
     with MetaEmulation(low), recompute_context(lambda: MetaEmulation(low)):
@@ -374,7 +341,7 @@ def estimate_memory(
     return stats
 
 
-def compare_checkpointing(config: "RunConfig", **kwargs: Any) -> dict[str, MemoryStats]:
+def compare_checkpointing(config: RunConfig, **kwargs: Any) -> dict[str, MemoryStats]:
     """:func:`estimate_memory` for each checkpointing mode (off, selective, full)."""
     return {mode: estimate_memory(config, checkpointing=mode, **kwargs) for mode in ("off", "selective", "full")}
 

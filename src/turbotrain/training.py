@@ -1,16 +1,13 @@
 """Assemble a whole training run from a RunConfig: data, model, optimizer, engine, hooks.
 
 This is the one place that reads the config for a run; ``fit()`` then receives built objects.
-A run directory holds ``config.toml``, ``metrics.jsonl``, ``checkpoints/`` and ``summary.json``.
+The files it leaves in the run directory are named in :mod:`turbotrain.rundir`; its summary.json
+is written through :mod:`turbotrain.report`, which adds the figures from the metrics.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import os
 import resource
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,58 +15,22 @@ from typing import Any
 
 import torch
 
-from .checkpoint import Checkpointer, load_latest, rng_state, set_rng_state
-from .config import RunConfig, load_config, to_toml
+from .assembly import build_trainable
+from .atomic import atomic_write
+from .checkpoint import Checkpointer, RunState, restore_latest, run_state
+from .config import RunConfig, to_toml
 from .data import TokenSource, TokenWindows, build_loader, check_vocab, fixed_batches, open_tokens, resolve_loader_settings
 from .doctor import collect_hardware
 from .engine import Engine
-from .errors import TurbotrainError
 from .hooks import Evaluate, FitContext, Hook, StopAfter, StopOnSignal
 from .loop import fit
 from .memory import memory_summary, resolve_batch_size
 from .models.build import build_model
 from .models.gpt import GPT
 from .monitor import JsonlSink, MfuProbe, Monitor, ProgressSink, TensorBoardSink, build_probes
-from .optim import build_scheduler, optimizer_from_config, resolve_implementation
-from .report import summarize_records
-
-log = logging.getLogger(__name__)
-
-CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, CHECKPOINTS = "config.toml", "metrics.jsonl", "summary.json", "checkpoints"
-
-
-def new_run_dir(config: RunConfig) -> Path:
-    """A fresh run directory; refuses to reuse one that already holds a run."""
-    name = config.run.name or f"{config.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path = Path(config.run.out_dir) / name
-    try:
-        if path.exists() and any(path.iterdir()):
-            raise TurbotrainError(f"run directory {path} already exists; pass --resume to continue it or choose another --run.name")
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:  # out_dir is a file, not writable, ...
-        raise TurbotrainError(f"cannot create run directory {path} ({exc.strerror}); choose another --run.out_dir") from None
-    return path
-
-
-def find_run_dir(out_dir: str, name: str = "") -> Path:
-    """The named run, or the most recently modified run under ``out_dir`` that has a config."""
-    if name:
-        path = Path(out_dir) / name
-        if not (path / CONFIG_FILE).is_file():
-            path = Path(name)  # a path given directly
-        if not (path / CONFIG_FILE).is_file():
-            raise TurbotrainError(f"no run named {name!r} in {out_dir}/ and no run directory at that path "
-                                  f"(no {CONFIG_FILE}); check the name given to --resume or --run.name")
-        return path
-    runs = [p for p in Path(out_dir).glob("*") if (p / CONFIG_FILE).is_file()]
-    if not runs:
-        raise TurbotrainError(f"no run to resume in {out_dir}/; start one with `turbotrain train`")
-    return max(runs, key=lambda p: (p / CONFIG_FILE).stat().st_mtime)
-
-
-def resume_config(run_dir: Path, overrides: Any = ()) -> RunConfig:
-    """The run's saved config with ``overrides`` applied (for example a longer max_steps)."""
-    return load_config(str(run_dir / CONFIG_FILE), overrides)
+from .optim import resolve_implementation
+from .report import write_summary
+from .rundir import CHECKPOINTS, CONFIG_FILE, METRICS_FILE, TENSORBOARD_DIR, new_run_dir
 
 
 @dataclass
@@ -85,6 +46,7 @@ class Training:
     loader: Any
     hooks: list[Hook]
     monitor: Monitor
+    state: RunState  # what checkpoints save and a resume loads
     resolved: dict[str, Any] = field(default_factory=dict)
     resumed_from: str = ""
 
@@ -95,7 +57,6 @@ class Training:
 def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, progress: bool | None = None) -> Training:
     """Build the data, model, optimizer, engine and hooks for ``config`` in ``run_dir``."""
     c = config
-    engine = Engine(c)
     source = open_tokens(c.data.path, val_fraction=c.data.val_fraction, cache_dir=c.data.cache_dir)
     train_windows = TokenWindows(source.train, c.model.block_size)
     val_windows = TokenWindows(source.val, c.model.block_size) if len(source.val) > c.model.block_size else None
@@ -103,35 +64,13 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
     torch.manual_seed(c.run.seed)
     model = build_model(c.model, source.vocab_size)
     check_vocab(source, model.cfg.vocab_size)
-    optimizer = optimizer_from_config(model, engine.device, c.optim)
-    scheduler = build_scheduler(
-        optimizer,
-        schedule=c.optim.schedule,
-        warmup_steps=c.optim.warmup_steps,
-        max_steps=c.train.max_steps,
-        lr=c.optim.lr,
-        min_lr=c.optim.min_lr,
-    )
-    model, optimizer, _ = engine.setup(model, optimizer, scheduler=scheduler)
+    t = build_trainable(c, model, max_steps=c.train.max_steps)
+    engine, model, optimizer = t.engine, t.model, t.optimizer
     # batch.micro = 'auto': search the size (or read this run's cache) before any checkpoint loads
     c, batch_search = resolve_batch_size(c, engine, model, optimizer, run_dir=run_dir, max_micro=train_windows.positions)
-
-    resumed_from = ""
-    if resume:
-        path, payload = load_latest(run_dir / CHECKPOINTS)
-        engine.load_state_dict(payload["engine"], optimizer)  # first: a precision fallback recasts the weights
-        try:
-            model.load_state_dict(payload["model"])
-            optimizer.load_state_dict(payload["optimizer"])
-        except (RuntimeError, ValueError) as exc:  # shapes or parameter groups changed by overrides
-            detail = " ".join(str(exc).split())[:300]
-            raise TurbotrainError(
-                f"{path.name} does not fit the model this config builds ({detail}); "
-                "resume without overrides that change --model.* settings"
-            ) from None
-        scheduler.load_state_dict(payload["scheduler"])
-        set_rng_state(payload["rng"])
-        resumed_from = path.name
+    # the config rides along for reference only: a resume reads config.toml
+    state = run_state(engine, model, optimizer, t.scheduler, config=(lambda: to_toml(c), lambda _: None))
+    resumed_from = restore_latest(run_dir / CHECKPOINTS, state).name if resume else ""
 
     settings = resolve_loader_settings(engine.device, c.data.num_workers, c.data.pin_memory, c.data.prefetch_factor)
     loader = build_loader(train_windows, c.batch.micro, c.run.seed, settings, start=engine.state.batches)
@@ -155,20 +94,10 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
     if batch_search is not None:
         resolved["batch_search"] = batch_search.to_dict()
 
-    def payload(ctx: FitContext) -> dict[str, Any]:
-        return {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "engine": engine.state_dict(),
-            "rng": rng_state(),
-            "config": to_toml(c),
-        }
-
     show = c.monitor.progress if progress is None else progress
     sinks: list[Any] = [JsonlSink(run_dir / METRICS_FILE)]
     if c.monitor.tensorboard:
-        sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+        sinks.append(TensorBoardSink(run_dir / TENSORBOARD_DIR))
     if show:
         sinks.append(ProgressSink(c.train.max_steps, engine.state.step))
     probes = build_probes(  # memory + NVML on CUDA; MFU from FLOPs per sample, counted once here
@@ -176,64 +105,49 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
         precision=engine.precision.name, nvml_enabled=c.monitor.nvml, autocast=engine.autocast,
     )
     monitor = Monitor(c.monitor.log_every, sinks, probes)
+    # Hooks run in this order at every event, and the order matters:
+    # - the stop hooks only raise ctx.should_stop, which the loop reads after all hooks have run;
+    # - Evaluate before Monitor: the record the Monitor writes for a step carries the validation
+    #   loss Evaluate has just put in ctx.metrics (at the end too: final evaluation, then final record);
+    # - Checkpointer last: its time is in ctx.side_s before the next window starts, and at the end
+    #   the final record is written and the sinks closed before the save, so a failed save
+    #   (a full disk) loses no metrics.
     hooks: list[Hook] = [
         StopOnSignal(),
         StopAfter(c.train.stop_after_steps),
         Evaluate(val_batches, c.train.eval_every),
         monitor,
-        Checkpointer(run_dir / CHECKPOINTS, c.train.checkpoint_every, c.train.keep_last, payload),
+        Checkpointer(run_dir / CHECKPOINTS, c.train.checkpoint_every, c.train.keep_last, state),
     ]
-    return Training(c, run_dir, engine, model, optimizer, source, loader, hooks, monitor, resolved, resumed_from)
+    return Training(c, run_dir, engine, model, optimizer, source, loader, hooks, monitor, state, resolved, resumed_from)
 
 
 def write_config(config: RunConfig, run_dir: Path, resolved: dict[str, Any]) -> None:
     header = "# turbotrain run config (reload with --preset this-file.toml)\n# resolved: " + ", ".join(
         f"{k}={v}" for k, v in resolved.items() if k in ("device", "precision", "compile", "optimizer", "num_workers", "vocab_size")
     )
-    tmp = run_dir / f".{CONFIG_FILE}.tmp"
-    tmp.write_text(header + "\n" + to_toml(config))
-    os.replace(tmp, run_dir / CONFIG_FILE)
+    atomic_write(run_dir / CONFIG_FILE, header + "\n" + to_toml(config))
 
 
-def summarize(training: Training, ctx: FitContext | None, status: str, elapsed_s: float) -> dict[str, Any]:
-    """summary.json: what ran, how fast, the final losses, and events such as fallbacks."""
-    records = training.monitor.records
-    rates = [r["tokens_per_s"] for r in records if r.get("tokens_per_s")]
-    losses = [r["loss"] for r in records if r.get("loss") is not None]
-    vals = [(r["step"], r["val_loss"]) for r in records if r.get("val_loss") is not None]
-    engine = training.engine
-    summary = {
-        "run": training.run_dir.name,
-        "status": status,
-        "steps": engine.state.step,
-        "max_steps": training.config.train.max_steps,
-        "tokens": engine.state.tokens,
-        "elapsed_s": round(elapsed_s, 3),
-        "first_step_s": training.monitor.first_step_s,
-        "tokens_per_s_median": statistics.median(rates) if rates else None,
-        "final_train_loss": losses[-1] if losses else None,
-        "final_val_loss": vals[-1][1] if vals else None,
-        "final_val_step": vals[-1][0] if vals else None,
-        "stop_reason": ctx.stop_reason if ctx else "",
-        "resumed_from": training.resumed_from,
-        "resolved": training.resolved,
-        "events": [asdict(e) for e in engine.events],
-        "memory": memory_summary(training),
-    }
-    summary.update({k: v for k, v in summarize_records(records).items() if k not in summary})
-    summary.update(_performance_context(training))
-    tmp = training.run_dir / f".{SUMMARY_FILE}.tmp"
-    tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    os.replace(tmp, training.run_dir / SUMMARY_FILE)
-    return summary
-
-
-def _performance_context(training: Training) -> dict[str, Any]:
-    """Hardware, the optimizations in effect, FLOPs per sample and host memory, for the summary."""
+def facts(training: Training, ctx: FitContext | None, status: str, elapsed_s: float) -> dict[str, Any]:
+    """What the run knows beyond its metrics, for summary.json: what ran, how long, where it stopped,
+    events such as fallbacks, hardware, the optimizations in effect, memory, FLOPs per sample."""
     c, engine, r = training.config, training.engine, training.resolved
     cuda = engine.device.type == "cuda"
     mfu = next((p for p in training.monitor.probes if isinstance(p, MfuProbe)), None)
     return {
+        "run": training.run_dir.name,
+        "status": status,
+        "steps": engine.state.step,
+        "max_steps": c.train.max_steps,
+        "tokens": engine.state.tokens,
+        "elapsed_s": round(elapsed_s, 3),
+        "first_step_s": training.monitor.first_step_s,
+        "stop_reason": ctx.stop_reason if ctx else "",
+        "resumed_from": training.resumed_from,
+        "resolved": r,
+        "events": [asdict(e) for e in engine.events],
+        "memory": memory_summary(training),
         "hardware": collect_hardware(engine.device),
         "optimizations": {
             "precision": engine.precision.name,  # after any fallback
@@ -269,10 +183,13 @@ def train(config: RunConfig, *, resume_dir: Path | None = None, progress: bool |
         raise
     write_config(config, run_dir, training.resolved)
     start = time.perf_counter()
-    ctx = None
+
+    def finish(ctx: FitContext | None, status: str) -> dict[str, Any]:
+        return write_summary(run_dir, facts(training, ctx, status, time.perf_counter() - start), training.monitor.records)
+
     try:
         ctx = training.run()
     except BaseException as exc:
-        summarize(training, ctx, f"failed: {type(exc).__name__}: {exc}", time.perf_counter() - start)
+        finish(None, f"failed: {type(exc).__name__}: {exc}")
         raise
-    return summarize(training, ctx, "stopped" if ctx.should_stop else "completed", time.perf_counter() - start)
+    return finish(ctx, "stopped" if ctx.should_stop else "completed")
