@@ -206,8 +206,6 @@ class Engine:
         Call before the first step. Parameters keep their identity, so an optimizer built
         before ``setup`` stays valid.
         """
-        if scheduler is not None and scheduler_interval is None:
-            scheduler_interval = "step"  # TRANSITIONAL: to become required
         if scheduler is not None and scheduler_interval not in SCHEDULER_INTERVALS:
             raise ConfigError(
                 f"scheduler_interval = {scheduler_interval!r}: say how the scheduler steps, "

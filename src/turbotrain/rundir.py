@@ -21,6 +21,7 @@ SUMMARY_MD = "summary.md"
 CHECKPOINTS = "checkpoints"
 PLOTS_DIR = "plots"
 TENSORBOARD_DIR = "tensorboard"
+BATCH_CACHE = "batch_size.json"  # the batch finder's answers for this run's settings
 
 
 def new_run_dir(config: RunConfig) -> Path:

@@ -27,7 +27,7 @@ from turbotrain.memory import (
     resolve_batch_size,
     token_batches,
 )
-from turbotrain.memory.finder import CACHE_FILE
+from turbotrain.rundir import BATCH_CACHE
 from turbotrain.batch import split_batch
 from turbotrain.oom import HalveOnOOM
 from turbotrain.transforms import apply_activation_checkpointing, checkpointed_blocks
@@ -224,7 +224,7 @@ def test_resolve_batch_size_on_cpu_keeps_the_global_batch_and_caches(tmp_path):
     assert 8 <= search.found < 48
     assert all(t.peak_bytes is None or t.peak_bytes <= cap_gib * 2**30 for t in search.trials)
 
-    cache = json.loads((tmp_path / CACHE_FILE).read_text())
+    cache = json.loads((tmp_path / BATCH_CACHE).read_text())
     assert len(cache) == 1
     again, cached = resolve_batch_size(config, engine, model, optimizer, run_dir=tmp_path)
     assert cached.cached and again.batch == resolved.batch

@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..errors import TurbotrainError
-from ..hardware import precision_key
+from ..hardware import precision_key, tf32_enabled
 from ..units import GIB
 
 
@@ -180,9 +180,7 @@ def make_loader(batches: BatchList, pin_memory: bool = False) -> DataLoader:
 def math_precision(device: torch.device, autocast_dtype: torch.dtype | None, param_dtype: torch.dtype, has_conv: bool) -> str:
     """Which datasheet peak the step's matmuls/convolutions run at: 'bf16', 'fp16', 'tf32' or 'fp32'
     (for MFU). fp32 work on CUDA counts as TF32 where PyTorch routes it to TF32 tensor cores."""
-    key = precision_key(str(autocast_dtype or param_dtype))
-    tf32 = torch.backends.cuda.matmul.allow_tf32 or (has_conv and torch.backends.cudnn.allow_tf32)
-    return "tf32" if key == "fp32" and device.type == "cuda" and tf32 else key
+    return precision_key(autocast_dtype or param_dtype, tf32=device.type == "cuda" and tf32_enabled(conv=has_conv))
 
 
 @dataclass

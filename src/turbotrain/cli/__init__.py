@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         with audience("cli"):  # errors name flags (--section.key=value)
-            return int(args.run(args, extra) or 0)
+            return int(args.command(args, extra) or 0)
     except TurbotrainError as exc:
         print(f"turbotrain {args.command}: error: {exc}", file=sys.stderr)
         return 2

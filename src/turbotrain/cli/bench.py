@@ -60,11 +60,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="compare: profile a few turbotrain steps after its timed window; trace and op table to DIR")
     p.add_argument("--out", help="write <workload>-<kind>.json and .md here")
     p.add_argument("--work-dir", help="keep per-row specs, logs and data here (default: a temporary folder, removed)")
-    p.set_defaults(run=run)
+    p.set_defaults(command=main_bench)
     return p
 
 
-def run(args: argparse.Namespace, extra: list[str]) -> int:
+def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise TurbotrainError("--device cuda but no CUDA GPU is visible to torch; use --device cpu or auto")

@@ -17,11 +17,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--probe", action="store_true", help="measure matmul TFLOP/s and copy GB/s (a few seconds)")
-    p.set_defaults(run=run)
+    p.set_defaults(command=main_doctor)
     return p
 
 
-def run(args: argparse.Namespace, extra: list[str]) -> int:
+def main_doctor(args: argparse.Namespace, extra: list[str]) -> int:
     report = build_report(probe=args.probe)
     print(json.dumps(report, indent=2, default=str) if args.json else format_report(report))
     return 0

@@ -40,7 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--micro", type=int, help="micro-batch in sequences (default: the config's; 8 when 'auto')")
     p.add_argument("--measure", action="store_true", help="also run one real step on the config's device and measure it")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    p.set_defaults(run=run, accepts_overrides=True)
+    p.set_defaults(command=main_memory, accepts_overrides=True)
     return p
 
 
@@ -60,7 +60,7 @@ def measure(config: Any, micro: int) -> MemoryStats:
                                checkpointing=config.memory.checkpointing)
 
 
-def run(args: argparse.Namespace, extra: list[str]) -> int:
+def main_memory(args: argparse.Namespace, extra: list[str]) -> int:
     config = load_config(args.preset or _default_preset(), parse_overrides(extra))
     micro = args.micro if args.micro is not None else config.batch.micro if isinstance(config.batch.micro, int) else 8
     if micro < 1:

@@ -18,7 +18,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     p.add_argument("run_dir", nargs="?", default="", help="run directory, or a run name under --out-dir (default: the latest run)")
     p.add_argument("--out-dir", default="runs", help="where runs live (default runs/)")
-    p.set_defaults(run=main_report)
+    p.set_defaults(command=main_report)
     return p
 
 

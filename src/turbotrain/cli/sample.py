@@ -23,7 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--top-k", type=int, default=40, help="sample from the k most likely tokens (default 40; 0 = all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", default="runs", help="where runs live (default runs/)")
-    p.set_defaults(run=main_sample)
+    p.set_defaults(command=main_sample)
     return p
 
 

@@ -35,7 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    "(default: --run.name, else the latest run)")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
     p.add_argument("--help-config", action="store_true", help="list every config field with its default and meaning")
-    p.set_defaults(run=main_train, accepts_overrides=True)
+    p.set_defaults(command=main_train, accepts_overrides=True)
     return p
 
 

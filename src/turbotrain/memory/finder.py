@@ -44,13 +44,13 @@ from ..engine import Engine, default_loss
 from ..errors import ConfigError, TurbotrainError
 from ..hardware import ram_bytes
 from ..oom import is_oom
+from ..rundir import BATCH_CACHE
 from ..units import GIB, gib
 from .stats import TensorMemoryTracker, optimizer_tensors, storage_bytes
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MICRO = 1024  # sequences; beyond this larger micro-batches rarely run faster
-CACHE_FILE = "batch_size.json"
 
 
 @dataclass(frozen=True)
@@ -549,7 +549,7 @@ def resolve_batch_size(
     if global_size > 0:
         ceiling = min(ceiling, max(1, -(-global_size // world)))
     key, parts = cache_key(config, engine, world, ceiling, slowdown_stop)
-    cache = Path(run_dir) / CACHE_FILE if run_dir is not None else None
+    cache = Path(run_dir) / BATCH_CACHE if run_dir is not None else None
     entry = _read_cache(cache).get(key) if cache is not None else None
     search: BatchSearch | None = None
     if _agree_across_ranks(int(entry is not None)) and entry is not None:
