@@ -221,9 +221,12 @@ class Engine:
         self._scheduler_per_step = self.scheduler_interval == "step"
         return model, optimizer, self.setup_loader(loader) if loader is not None else None
 
-    def setup_loader(self, loader: Iterable[Any]) -> Iterable[Any]:
-        """Wrap ``loader`` so each batch arrives on the device (side-stream prefetch on CUDA)."""
-        return DevicePrefetcher(loader, self.device, side_stream=self.options.device_prefetch)
+    def setup_loader(self, loader: Iterable[Any]) -> DevicePrefetcher:
+        """Wrap ``loader`` so each batch arrives on the device (side-stream prefetch on CUDA) and
+        is counted (samples, tokens) for throughput as it is handed out."""
+        if isinstance(loader, DevicePrefetcher):
+            return loader
+        return DevicePrefetcher(loader, self.device, side_stream=self.options.device_prefetch, on_batch=self.count_batch)
 
     # ------------------------------------------------------------------ hot path
 
@@ -311,7 +314,6 @@ class Engine:
         if reason:  # outside the except clause: the traceback, and the activations its frames held, are gone
             loss = self.oom_policy.recover(self, model, batch, loss_fn, reason)
         self.state.batches += 1
-        self.count_batch(batch)
         return loss
 
     def run_batch(self, model: nn.Module, batch: Any, loss_fn: LossFn = default_loss) -> torch.Tensor:
@@ -338,7 +340,9 @@ class Engine:
         return total
 
     def count_batch(self, batch: Any) -> None:
-        """Add a batch's samples and tokens (from shapes, no sync) to the state; any structure."""
+        """Add a batch's samples and tokens (from shapes, no sync) to the state; any structure.
+        The loader from ``setup`` calls it for each batch; call it yourself only for batches that
+        do not come through that loader."""
         self.state.samples += batch_size(batch)
         self.state.tokens += token_count(batch)
 

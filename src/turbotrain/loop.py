@@ -27,6 +27,7 @@ def fit(
 ) -> FitContext:
     """Train until ``engine.state.step`` reaches ``max_steps``, the batches run out, or a hook
     requests a stop. Returns the context (latest metrics, stop reason)."""
+    batches = engine.setup_loader(batches)  # on the device and counted (a loader from setup() is kept as it is)
     ctx = FitContext(engine, model, optimizer, max_steps)
     hook = HookList(hooks)
     hook.on_fit_start(ctx)

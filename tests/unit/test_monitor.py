@@ -92,14 +92,13 @@ def test_monitor_in_your_own_loop(tmp_path):
     engine = Engine({"run": {"device": "cpu"}})
     model = TinyMLP()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    model, optimizer, loader = engine.setup(model, optimizer, synthetic_batches(12))
+    model, optimizer, loader = engine.setup(model, optimizer, synthetic_batches(12))  # counts samples as it yields
     monitor = Monitor(4, sinks=[JsonlSink(tmp_path / "metrics.jsonl")])
     monitor.start()
     for x, y in loader:
         with engine.autocast():
             loss = model(x, y)
         engine.backward(loss)
-        engine.count_batch((x, y))  # samples/tokens for throughput (forward_backward does this)
         if engine.step(optimizer):
             s = engine.state
             monitor.observe(s.step, engine.last_loss, lr=0.1, samples=s.samples, tokens=s.tokens)

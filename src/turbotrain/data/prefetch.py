@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -19,15 +19,19 @@ class DevicePrefetcher:
     iteration it behaves like the wrapped loader (``len``, ``dataset``, ``sampler``, ...).
     """
 
-    def __init__(self, loader: Iterable[Any], device: torch.device, side_stream: bool = True) -> None:
+    def __init__(self, loader: Iterable[Any], device: torch.device, side_stream: bool = True,
+                 on_batch: Callable[[Any], None] | None = None) -> None:
         self.loader, self.device = loader, device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" and side_stream else None
+        self.on_batch = on_batch or (lambda batch: None)  # told of each batch as it is handed out
 
     def __iter__(self) -> Iterator[Any]:
         it = iter(self.loader)
         if self.stream is None:
-            for batch in it:
-                yield move_to(batch, self.device, non_blocking=True)
+            for host in it:
+                batch = move_to(host, self.device, non_blocking=True)
+                self.on_batch(batch)
+                yield batch
             return
         nxt = self._issue(it)
         while nxt is not None:
@@ -36,6 +40,7 @@ class DevicePrefetcher:
             current.wait_stream(self.stream)
             map_tensors(batch, lambda t: t.record_stream(current))
             nxt = self._issue(it)
+            self.on_batch(batch)
             yield batch
 
     def _issue(self, it: Iterator[Any]) -> Any:
