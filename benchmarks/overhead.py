@@ -49,7 +49,7 @@ def measure(variant: str) -> dict:
             optimizer.zero_grad(set_to_none=True)
 
     elif variant == "engine":
-        engine = Engine({"run": {"device": "cpu"}, "optim": {"grad_clip": 0.0}})
+        engine = Engine({"run": {"device": "cpu"}})  # the defaults: no clipping, auto precision (fp32 on CPU)
         model, optimizer, _ = engine.setup(model, optimizer)
 
         def step(x: torch.Tensor, y: torch.Tensor) -> None:
@@ -87,7 +87,7 @@ def _measure_fit(variant: str, model, optimizer, batches) -> dict:  # type: igno
     from turbotrain.hooks import Hook
     from turbotrain.monitor import JsonlSink, Monitor, ProgressSink, build_probes
 
-    engine = Engine({"run": {"device": "cpu"}, "optim": {"grad_clip": 0.0}})
+    engine = Engine({"run": {"device": "cpu"}})
     model, optimizer, loader = engine.setup(model, optimizer, itertools.cycle(batches))
     marks: list[float] = []
 

@@ -13,7 +13,7 @@ model = TinyMLP()
 optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
 loader = synthetic_batches(200, batch_size=64)
 
-engine = Engine({"batch": {"accumulation": 2}, "optim": {"grad_clip": 1.0}})  # precision auto: bf16 on modern GPUs
+engine = Engine({"batch": {"accumulation": 2}, "optim": {"grad_clip": 1.0}})  # clipping is explicit; precision auto: bf16 on modern GPUs
 model, optimizer, loader = engine.setup(model, optimizer, loader)  # to device, cast, compile, prefetch
 
 for i, (x, y) in enumerate(loader):

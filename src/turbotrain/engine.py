@@ -178,6 +178,7 @@ class Engine:
         self.last_grad_norm: torch.Tensor | None = None  # its global gradient norm, on device (when computed)
         self._norm_needed = opts.grad_clip > 0 or opts.track_grad_norm
         self._scheduler_per_step = False
+        self._after_step: list[Callable[[], None]] = []  # see add_step_callback
         self._inject_oom_at_step = opts.inject_oom_at_step
         self._loss_sum: torch.Tensor | None = None
         self._models: list[nn.Module] = []
@@ -296,7 +297,14 @@ class Engine:
         self.state.step += 1
         if self.state.step % self.options.sync_every == 0:
             self.poll(optimizer)
+        for callback in self._after_step:
+            callback()
         return True
+
+    def add_step_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` after every optimizer step (monitoring an own loop: see
+        ``turbotrain.tracking.track``). It must not read device values every step."""
+        self._after_step.append(callback)
 
     def forward_backward(self, model: nn.Module, batch: Any, loss_fn: LossFn = default_loss) -> torch.Tensor:
         """One loader batch of the reference loop: forward under autocast, then backward. After an

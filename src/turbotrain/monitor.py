@@ -502,5 +502,9 @@ def build_probes(
             else:
                 log.info("GPU utilisation not sampled: %s", nvml()[1])
     if model is not None and example_batch is not None:
-        probes.append(build_mfu_probe(model, example_batch, device, precision, loss_fn, autocast))
+        try:
+            probes.append(build_mfu_probe(model, example_batch, device, precision, loss_fn, autocast))
+        except Exception as exc:  # an optional measurement: training goes on without FLOPs
+            log.warning("FLOPs not counted, so no TFLOP/s or MFU (%s: %s); pass a loss_fn(model, batch) "
+                        "that returns the loss for the example batch", type(exc).__name__, exc)
     return probes

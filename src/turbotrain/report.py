@@ -13,10 +13,11 @@ computed here once, by :func:`summarize_records`.
 
 from __future__ import annotations
 
+
 import json
 import statistics
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +193,27 @@ PLOTS: tuple[PlotSpec, ...] = (
              missing="NVML sampling needs an NVIDIA GPU and driver (monitor.nvml = true)"),
 )
 
+NO_FLOPS = "no FLOP count for this model (give the monitor an example batch to count them)"
+
+
+def plots_for(records: list[dict[str, Any]]) -> tuple[PlotSpec, ...]:
+    """:data:`PLOTS` labelled for what was measured: a language model's loss is in nats per token
+    and its throughput in tokens/s; any other model's loss is just its loss and its throughput is
+    in samples/s. MFU's note says why it is missing: no FLOP count, or no datasheet peak."""
+    tokens = any(v for _, v in _values(records, "tokens_per_s"))
+    counted = bool(_values(records, "tflops"))
+    out = []
+    for spec in PLOTS:
+        if spec.file == "loss.png" and not tokens:
+            spec = replace(spec, ylabel="loss")
+        elif spec.file == "throughput.png" and not tokens:
+            spec = replace(spec, ylabel="samples per second", series=(Series("samples_per_s", "samples/s"),))
+        elif spec.file == "mfu.png" and not counted:
+            spec = replace(spec, missing=NO_FLOPS)
+        out.append(spec)
+    return tuple(out)
+
+
 COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")
 
 
@@ -264,7 +286,7 @@ def write_plots(data: RunData, out_dir: Path) -> tuple[list[str], list[str]]:
     name = data.summary.get("run") or data.path.name
     hw = data.summary.get("hardware", {}).get("name") or data.summary.get("resolved", {}).get("device", "")
     subtitle = f"run {name}" + (f" on {hw}" if hw else "")
-    for spec in PLOTS:
+    for spec in plots_for(data.records):
         if _draw(spec, data.records, out_dir / spec.file, subtitle):
             written.append(f"{out_dir.name}/{spec.file}")
             if spec.file == "mfu.png" and not _values(data.records, "mfu"):

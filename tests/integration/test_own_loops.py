@@ -7,7 +7,11 @@ versions cannot differ anywhere else. Data is made here; nothing is downloaded.
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from turbotrain import Engine
+from turbotrain import Engine, fit
+from turbotrain.errors import ConfigError
+from turbotrain.report import NO_FLOPS, plots_for
+from turbotrain.tracking import track
 from turbotrain.models.classifier import CifarResNet
 from turbotrain.models.gpt import GPT, GPTConfig
 
@@ -301,3 +308,173 @@ def gpt2_loop(port: bool) -> tuple[list[float], float]:
 @pytest.mark.parametrize("loop", [nanogpt_loop, lstm_loop, mnist_loop, resnet_loop, gpt2_loop], ids=lambda f: f.__name__)
 def test_ported_loop_trains_exactly_as_before(loop):
     _same(loop(port=False), loop(port=True))
+
+
+# ----------------------------------------------------------------------------- the Engine's side of it
+
+
+def _mlp_engine(**overrides):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    engine = Engine(overrides or None)
+    model, optimizer, _ = engine.setup(model, optimizer)
+    return engine, model, optimizer
+
+
+def test_a_rejected_loss_leaves_the_engine_as_it_was():
+    engine, model, optimizer = _mlp_engine()
+    x = torch.randn(6, 4)
+    with pytest.raises(TypeError, match=r"scalar tensor.*shape \(6, 1\).*loss.mean\(\)"):
+        engine.backward(model(x))  # per-sample losses: not reduced
+    assert engine.pending_micro_steps == 0 and engine.state.micro_step == 0
+    assert all(p.grad is None for p in model.parameters())
+    engine.backward(model(x).pow(2).mean())
+    assert engine.step(optimizer) and engine.last_loss.shape == ()
+    with pytest.raises(TypeError, match="got a str"):
+        engine.backward("loss")
+
+
+def test_end_epoch_applies_a_partial_window_as_the_mean_of_its_batches():
+    batches = [torch.randn(4, 4, generator=torch.Generator().manual_seed(i)) for i in range(5)]
+    engine, model, optimizer = _mlp_engine(batch={"accumulation": 3})
+    for x in batches:
+        engine.backward(model(x).pow(2).mean())
+        engine.step(optimizer)
+    assert engine.state.step == 1 and engine.pending_micro_steps == 2
+    assert engine.end_epoch(optimizer) and engine.state.step == 2 and engine.pending_micro_steps == 0
+    partial = engine.last_loss
+    # The same two batches as a window of their own (accumulation 2) give the same step.
+    reference, ref_model, ref_opt = _mlp_engine(batch={"accumulation": 3})
+    for x in batches[:3]:
+        reference.backward(ref_model(x).pow(2).mean())
+        reference.step(ref_opt)
+    reference.set_accumulation(2)
+    for x in batches[3:]:
+        reference.backward(ref_model(x).pow(2).mean())
+        reference.step(ref_opt)
+    torch.testing.assert_close(partial, reference.last_loss)
+    for a, b in zip(model.parameters(), ref_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
+    assert not engine.end_epoch(optimizer)  # nothing pending: no step
+
+
+def test_gradient_norm_is_a_device_tensor_when_asked_for_and_clipping_stays_off():
+    engine, model, optimizer = _mlp_engine(monitor={"grad_norm": True})
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    engine.backward(loss)
+    grads = [p.grad.clone() for p in model.parameters()]
+    expected = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    engine.step(optimizer)
+    assert isinstance(engine.last_grad_norm, torch.Tensor) and engine.last_grad_norm.device == engine.device
+    torch.testing.assert_close(engine.last_grad_norm, expected)
+    assert expected > 0.01  # not clipped: the update used the raw gradients
+    plain, _, _ = _mlp_engine()
+    assert plain.last_grad_norm is None and not plain._norm_needed  # no reduction per step by default
+
+
+def test_the_loader_from_setup_behaves_like_the_users():
+    dataset = TensorDataset(torch.randn(10, 4))
+    loader = DataLoader(dataset, batch_size=4)
+    engine = Engine()
+    _, _, wrapped = engine.setup(nn.Linear(4, 1), None, loader)
+    assert len(wrapped) == 3 and wrapped.dataset is dataset and wrapped.batch_size == 4 and wrapped.sampler is loader.sampler
+    assert [b[0].shape[0] for b in wrapped] == [4, 4, 2] and engine.state.samples == 10
+    with pytest.raises(AttributeError):
+        wrapped.no_such_attribute
+    with pytest.raises(ConfigError, match="scheduler_interval='step' | 'epoch' | 'manual'"):
+        model = nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        Engine().setup(model, optimizer, scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 1))
+
+
+# ----------------------------------------------------------------------------- monitored own loops
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _run_example(name: str, run_dir: Path) -> dict:
+    proc = subprocess.run([sys.executable, str(EXAMPLES / name), str(run_dir)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == records[-1]["step"]
+    assert {"loss.png", "throughput.png", "lr.png"} <= {p.name for p in (run_dir / "plots").iterdir()}
+    assert (run_dir / "summary.md").is_file()
+    return {"records": records, "summary": summary}
+
+
+def test_monitored_cnn_loop_reports_samples_per_second(tmp_path):
+    run = _run_example("cnn_loop.py", tmp_path / "cnn")
+    assert all(r["samples_per_s"] > 0 for r in run["records"]) and not any(r["tokens_per_s"] for r in run["records"])
+    assert all(r.get("tflops", 0) > 0 for r in run["records"])  # FLOPs counted for a model with no formula
+    assert run["summary"]["flops_source"] == "torch.utils.flop_counter" and run["summary"]["samples"] == 3 * 512
+    specs = {s.file: s for s in plots_for(run["records"])}
+    assert specs["loss.png"].ylabel == "loss"  # not "nats per token": this is a classifier
+    assert [s.key for s in specs["throughput.png"].series] == ["samples_per_s"]
+
+
+def test_monitored_hugging_face_loop_reports_tokens_per_second(tmp_path):
+    pytest.importorskip("transformers")
+    run = _run_example("hf_loop.py", tmp_path / "hf")
+    assert all(r["tokens_per_s"] > 0 for r in run["records"])
+    assert run["records"][-1]["tokens"] == 20 * 2 * 8 * 64  # steps x accumulation x batch x sequence, from input_ids
+    assert run["records"][-1]["loss"] < run["records"][0]["loss"]
+    specs = {s.file: s for s in plots_for(run["records"])}
+    assert "nats per token" in specs["loss.png"].ylabel and [s.key for s in specs["throughput.png"].series] == ["tokens_per_s"]
+
+
+def test_a_model_whose_flops_cannot_be_counted_is_reported_as_such(tmp_path):
+    """The FLOP probe fails (the default loss does not fit this model): training goes on, and
+    the report says FLOPs were not counted instead of blaming a missing datasheet peak."""
+    engine, model, optimizer = _mlp_engine()
+    x = torch.randn(8, 4)
+    with track(engine, model, optimizer, tmp_path / "run", example_batch=(x, x), log_every=2, progress=False):
+        for _ in range(6):
+            engine.backward(model(x).pow(2).mean())
+            engine.step(optimizer)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [2, 4, 6] and all("tflops" not in r for r in records)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert any(NO_FLOPS in line for line in summary["report"]["skipped"])
+    assert not any("datasheet" in line for line in summary["report"]["skipped"])
+
+
+def test_fit_takes_dict_batches_and_calls_the_model_with_keywords():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))
+    ids = torch.randint(64, (6, 4, 16))
+    batches = [{"input_ids": i, "attention_mask": torch.ones_like(i), "labels": i} for i in ids]
+    engine = Engine()
+    model, optimizer, _ = engine.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    fit(engine, model, optimizer, batches, max_steps=6)
+    assert engine.state.step == 6 and engine.state.samples == 24 and engine.state.tokens == 24 * 16
+    assert isinstance(engine.evaluate(model, batches[:2]), float)  # the default loss: model(**batch).loss
+
+
+def test_own_loop_resumes_exactly_from_its_checkpoint(tmp_path):
+    batches = [torch.randn(8, 4, generator=torch.Generator().manual_seed(i)) for i in range(10)]
+
+    def train(run_dir: Path, stop_at: int | None, resume: bool = False) -> list[torch.Tensor]:
+        engine, model, optimizer = _mlp_engine(batch={"accumulation": 2})
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+        with track(engine, model, optimizer, run_dir, scheduler=scheduler, checkpoint_every=0, resume=resume,
+                   log_every=1, progress=False, report=False):
+            for i, x in enumerate(batches):
+                if i < engine.state.batches:  # the data position of a resumed run
+                    continue
+                engine.forward_backward(model, x, loss_fn=lambda m, b: m(b).pow(2).mean())
+                if engine.step(optimizer):
+                    scheduler.step()
+                if stop_at is not None and engine.state.step == stop_at:
+                    break
+        return [p.detach().clone() for p in model.parameters()]
+
+    whole = train(tmp_path / "whole", None)
+    train(tmp_path / "split", stop_at=2)
+    resumed = train(tmp_path / "split", None, resume=True)
+    for a, b in zip(whole, resumed):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    summary = json.loads((tmp_path / "split" / "summary.json").read_text())
+    assert summary["resumed_from"].startswith("step_") and summary["steps"] == 5

@@ -29,7 +29,7 @@ LAYERS: dict[str, int] = {
     # L4 tools
     "memory": 4,
     # L5 application
-    "training": 5, "report": 5, "doctor": 5, "bench": 5,
+    "training": 5, "tracking": 5, "report": 5, "doctor": 5, "bench": 5,
     # L6 command line
     "cli": 6,
     # the package root (public API) and ``python -m turbotrain``
