@@ -30,16 +30,18 @@ class SyncDebug(Hook):
     def __init__(self, log_every: int) -> None:
         self.log_every = log_every
 
-    def _arm_for_next(self, done: int) -> None:
+    def _arm_for_next(self, done: int, max_steps: int) -> None:
         nxt = done + 1
-        quiet = nxt % self.log_every != 0 and nxt != 1
+        # After the last step the fit ends: the final evaluation and checkpoint read the device by
+        # design (once), so nothing is armed past max_steps.
+        quiet = nxt % self.log_every != 0 and nxt != 1 and nxt <= max_steps
         torch.cuda.set_sync_debug_mode("error" if quiet else "default")
 
     def on_fit_start(self, ctx) -> None:
-        self._arm_for_next(ctx.engine.state.step)
+        self._arm_for_next(ctx.engine.state.step, ctx.max_steps)
 
     def on_step_end(self, ctx) -> None:
-        self._arm_for_next(ctx.engine.state.step)
+        self._arm_for_next(ctx.engine.state.step, ctx.max_steps)
 
     def on_fit_end(self, ctx) -> None:
         torch.cuda.set_sync_debug_mode("default")
