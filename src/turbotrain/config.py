@@ -24,6 +24,8 @@ AUTO = "auto"
 # Every valid-value list, once. Consumers import these; nothing else spells them out.
 ARCHS = ("gpt",)
 ATTENTIONS = ("sdpa", "masked")
+LM_LOSSES = ("full", "chunked")
+SDPA_BACKENDS = ("auto", "cudnn", "flash", "efficient", "math")
 BATCH_PICKS = ("largest", "fastest")
 SCHEDULES = ("cosine", "linear", "constant")
 OPTIM_IMPLEMENTATIONS = ("fused", "foreach", "for-loop")
@@ -88,6 +90,10 @@ class ModelConfig:
     dropout: float = knob(0.0, "dropout probability", min=0.0)
     attention: str = knob("sdpa", "'sdpa' (is_causal, flash kernels) or 'masked' (explicit cached mask)",
                           choices=ATTENTIONS)
+    loss: str = knob("full", "'full' (logits, then cross-entropy) or 'chunked' (fused linear + cross-entropy by chunks: "
+                     "no full logits in memory, same math)", choices=LM_LOSSES)
+    sdpa_backend: str = knob("auto", "SDPA kernel to prefer (falling back to the others): 'auto' = PyTorch's choice, "
+                             "'cudnn', 'flash', 'efficient' or 'math'", choices=SDPA_BACKENDS)
 
 
 @dataclass(frozen=True)

@@ -275,11 +275,16 @@ class Engine:
         micro_steps, self.pending_micro_steps = self.pending_micro_steps, 0
         self.precision.unscale_(optimizer)
         loss_sum = self._loss_sum if self._loss_sum is not None else torch.zeros((), device=self.device)
-        norm = None
+        norm = grad_scale = None
         if self._norm_needed:
-            params = self._params_of(optimizer)
-            if self.options.grad_clip > 0:
-                norm = torch.nn.utils.clip_grad_norm_(params, self.options.grad_clip, foreach=True)
+            params, clip = self._params_of(optimizer), self.options.grad_clip
+            if clip > 0 and self.precision.scaler is None and getattr(optimizer, "_step_supports_amp_scaling", False):
+                # A fused optimizer divides by grad_scale inside its kernel: clipping without a
+                # pass that rewrites every gradient (clip_grad_norm_'s factor, with its epsilon).
+                norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], foreach=True)
+                grad_scale = torch.clamp((norm + 1e-6) / clip, min=1.0)
+            elif clip > 0:
+                norm = torch.nn.utils.clip_grad_norm_(params, clip, foreach=True)
             else:
                 norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], foreach=True)
         self.last_grad_norm = norm
@@ -287,7 +292,7 @@ class Engine:
         # step and lowers the scale, and does so by design every growth interval): only a
         # non-finite loss counts towards the fallback there.
         finite = self.guard.check(loss_sum, norm if self.precision.scaler is None else None)
-        self.precision.optimizer_step(optimizer, finite)
+        self.precision.optimizer_step(optimizer, finite, grad_scale)
         self.precision.update()
         optimizer.zero_grad(set_to_none=True)
         if self._scheduler_per_step:

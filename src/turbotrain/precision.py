@@ -101,21 +101,29 @@ class Precision:
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Bring gradients back to their true magnitude before clipping."""
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, finite: torch.Tensor | bool) -> None:
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, finite: torch.Tensor | bool,
+                       grad_scale: torch.Tensor | None = None) -> None:
         """Step unless ``finite`` (a host bool, or a 0-d bool tensor on the device) is False.
 
         Optimizers that accept an on-device ``found_inf`` (fused AdamW/Adam/SGD) skip inside the
-        kernel: no host-device sync. Others need the flag on the host.
+        kernel: no host-device sync. Others need the flag on the host. ``grad_scale`` (a 0-d
+        device tensor, fused optimizers only) divides the gradients inside the same kernel: the
+        clipping factor folded into the step instead of a separate pass over the gradients.
         """
-        if isinstance(finite, bool):  # already known on the host (CPU guard)
-            if finite:
-                optimizer.step()
-        elif getattr(optimizer, "_step_supports_amp_scaling", False):
-            optimizer.found_inf = (~finite).to(torch.float32)  # type: ignore[attr-defined]
+        if finite is False:  # already known on the host (CPU guard)
+            return
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            if not isinstance(finite, bool):
+                optimizer.found_inf = (~finite).to(torch.float32)  # type: ignore[attr-defined]
+            if grad_scale is not None:
+                optimizer.grad_scale = grad_scale  # type: ignore[attr-defined]
             try:
                 optimizer.step()
             finally:
-                del optimizer.found_inf  # type: ignore[attr-defined]
+                optimizer.__dict__.pop("found_inf", None)
+                optimizer.__dict__.pop("grad_scale", None)
+        elif finite is True:
+            optimizer.step()
         else:
             self.warn_host_skip(optimizer)
             if bool(finite):  # host-device sync point, every step: this optimizer cannot skip on the device
@@ -174,8 +182,9 @@ class FP16Mixed(MixedPrecision):
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         self.scaler.unscale_(optimizer)
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, finite: torch.Tensor | bool) -> None:
-        # GradScaler skips the step when it found inf/nan in the unscaled gradients; a non-finite
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, finite: torch.Tensor | bool,
+                       grad_scale: torch.Tensor | None = None) -> None:
+        # The engine folds no clipping here (GradScaler owns the optimizer's grad_scale). GradScaler skips the step when it found inf/nan in the unscaled gradients; a non-finite
         # loss always yields non-finite gradients, so its skip covers the guard's. With an
         # optimizer that cannot take the flag on the device, GradScaler reads it on the host.
         if not getattr(optimizer, "_step_supports_amp_scaling", False):

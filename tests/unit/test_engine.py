@@ -207,3 +207,42 @@ def test_resume_keeps_a_fallback_precision_but_not_a_stale_one():
         engine.load_state_dict(saved)
     assert engine.precision.name == "bf16-true" and next(model.parameters()).dtype == torch.bfloat16
     assert [e.kind for e in engine.events] == ["precision_fallback"]
+
+
+def test_clipping_folded_into_a_fused_step_equals_clip_grad_norm():
+    """With a fused optimizer the clip factor is applied inside the optimizer kernel (grad_scale)
+    instead of a pass over every gradient: the training is the same as clip_grad_norm_ + step."""
+    batches = [torch.randn(16, 8, generator=torch.Generator().manual_seed(i)) for i in range(8)]
+
+    def model_and_optimizer():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+
+    model, optimizer = model_and_optimizer()
+    reference = []
+    for x in batches:
+        loss = model(x).pow(2).mean() * 50  # large gradients: clipping acts on every step
+        loss.backward()
+        reference.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    engine = _engine(optim={"grad_clip": 0.5})
+    folded, fused_opt = model_and_optimizer()
+    folded, fused_opt, _ = engine.setup(folded, fused_opt)
+    calls = []
+    real = torch.nn.utils.clip_grad_norm_
+    torch.nn.utils.clip_grad_norm_ = lambda *a, **k: calls.append(1) or real(*a, **k)
+    try:
+        norms = []
+        for x in batches:
+            engine.backward(folded(x).pow(2).mean() * 50)
+            engine.step(fused_opt)
+            norms.append(float(engine.last_grad_norm))
+    finally:
+        torch.nn.utils.clip_grad_norm_ = real
+    assert not calls  # no separate clipping pass
+    assert min(reference) > 0.5 and norms == pytest.approx(reference, rel=1e-6)
+    for a, b in zip(model.parameters(), folded.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)

@@ -1,6 +1,7 @@
 import torch
 
 from turbotrain.models import gpt
+from turbotrain.models.loss import chunked_cross_entropy
 from turbotrain.models.gpt import GPT, GPTConfig, causal_mask, clear_mask_cache, mask_cache_size
 
 
@@ -61,3 +62,39 @@ def test_loss_starts_near_uniform_and_generate_extends():
     assert abs(loss.item() - torch.log(torch.tensor(256.0)).item()) < 0.3
     out = model.generate(idx[:1, :4], max_new_tokens=20)
     assert out.shape == (1, 24)
+
+
+def test_chunked_loss_equals_the_full_loss_and_its_gradients():
+    """The fused, chunked linear + cross-entropy is the same math as logits -> cross_entropy (fp32)."""
+    cfg = dict(vocab_size=97, n_layer=2, n_head=2, d_model=32, block_size=24)
+    torch.manual_seed(0)
+    full = GPT(GPTConfig(**cfg))
+    chunked = GPT(GPTConfig(**cfg, loss="chunked"))
+    chunked.load_state_dict(full.state_dict())
+    x, y = torch.randint(97, (3, 24)), torch.randint(97, (3, 24))
+    a, b = full(x, y), chunked(x, y)
+    torch.testing.assert_close(b, a, rtol=0, atol=1e-5)
+    a.backward()
+    b.backward()
+    for (name, p), q in zip(full.named_parameters(), chunked.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=1e-5, msg=name)
+    with torch.no_grad():  # evaluation: the loss alone
+        torch.testing.assert_close(chunked(x, y), full(x, y), rtol=0, atol=1e-5)
+    h, w, t = torch.randn(10, 8, requires_grad=True), torch.randn(13, 8, requires_grad=True), torch.randint(13, (10,))
+    loss = chunked_cross_entropy(h, w, t, chunk=3)  # 4 chunks, the last one short
+    (gh, gw) = torch.autograd.grad(loss, (h, w))
+    ref = torch.nn.functional.cross_entropy(h @ w.t(), t)
+    torch.testing.assert_close(loss, ref)
+    for got, want in zip((gh, gw), torch.autograd.grad(ref, (h, w))):
+        torch.testing.assert_close(got, want)
+
+
+def test_a_preferred_sdpa_backend_falls_back_where_it_is_unavailable():
+    """cuDNN attention does not exist on a CPU: preferring it still runs (the next backend) and
+    computes the same attention."""
+    torch.manual_seed(0)
+    auto = GPT(GPTConfig(vocab_size=50, n_layer=1, n_head=2, d_model=16, block_size=8))
+    cudnn = GPT(GPTConfig(vocab_size=50, n_layer=1, n_head=2, d_model=16, block_size=8, sdpa_backend="cudnn"))
+    cudnn.load_state_dict(auto.state_dict())
+    x = torch.randint(50, (2, 8))
+    torch.testing.assert_close(cudnn(x, x), auto(x, x))

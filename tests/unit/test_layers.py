@@ -46,8 +46,10 @@ def module_name(path: Path) -> str:
 
 
 def layer_of(module: str) -> int:
-    parts = module.split(".") if module else []
-    for n in range(len(parts), -1, -1):
+    if not module:
+        return LAYERS[""]
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
         key = ".".join(parts[:n])
         if key in LAYERS:
             return LAYERS[key]

@@ -32,7 +32,7 @@ def gpt_config(m: ModelConfig, vocab_size: int) -> GPTConfig:
     """The GPT a run's ``model`` section describes; ``vocab_size`` when the section leaves it 0."""
     return GPTConfig(
         vocab_size=m.vocab_size or vocab_size, n_layer=m.n_layer, n_head=m.n_head, d_model=m.d_model,
-        block_size=m.block_size, dropout=m.dropout, attention=m.attention,
+        block_size=m.block_size, dropout=m.dropout, attention=m.attention, loss=m.loss, sdpa_backend=m.sdpa_backend,
     )
 
 

@@ -8,12 +8,18 @@ built once rather than every forward.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 from dataclasses import dataclass
+from typing import Any, Callable, ContextManager
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from .loss import chunked_cross_entropy
 
 PRESETS: dict[str, dict[str, int]] = {
     "gpt-tiny": dict(n_layer=4, n_head=4, d_model=128, block_size=128),
@@ -31,6 +37,8 @@ class GPTConfig:
     block_size: int = 128
     dropout: float = 0.0
     attention: str = "sdpa"  # "sdpa" | "masked"
+    loss: str = "full"  # "full" (logits, then cross-entropy) | "chunked" (models/loss.py: no full logits)
+    sdpa_backend: str = "auto"  # "auto" (PyTorch's choice) or the SDPA kernel to prefer, with fallback
 
 
 _MASKS: dict[tuple[int, torch.device, torch.dtype], torch.Tensor] = {}
@@ -56,6 +64,20 @@ def mask_cache_size() -> int:
     return len(_MASKS)
 
 
+_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+
+
+def _sdpa_preference(backend: str) -> Callable[[], ContextManager[Any]]:
+    """A context factory that makes SDPA try ``backend`` first, then the others in PyTorch's order
+    (so shapes or devices it does not support still run); 'auto' leaves PyTorch's choice alone.
+    On an H100 cuDNN attention can beat FlashAttention-2: benchmarks/sdpa_probe.py measures it."""
+    if backend == "auto":
+        return contextlib.nullcontext
+    order = [_BACKENDS[backend], *(b for name, b in _BACKENDS.items() if name != backend)]
+    return functools.partial(sdpa_kernel, order, set_priority=True)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -64,6 +86,7 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.dropout = cfg.dropout
         self.masked = cfg.attention == "masked"
+        self.sdpa_context = _sdpa_preference(cfg.sdpa_backend)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, C = x.shape
@@ -71,10 +94,11 @@ class CausalSelfAttention(nn.Module):
         p = self.dropout if self.training else 0.0
         if attn_mask is None and self.masked:
             attn_mask = causal_mask(T, q.device, q.dtype)
-        if attn_mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)
+        with self.sdpa_context():
+            if attn_mask is None:
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+            else:
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -129,9 +153,12 @@ class GPT(nn.Module):
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.blocks:
             x = block(x, attn_mask)
-        logits = self.lm_head(self.ln_f(x))
+        x = self.ln_f(x)
         if targets is None:
-            return logits
+            return self.lm_head(x)
+        if self.cfg.loss == "chunked":
+            return chunked_cross_entropy(x.reshape(B * T, -1), self.lm_head.weight, targets.reshape(-1))
+        logits = self.lm_head(x)
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
 
     def num_params(self, non_embedding: bool = True) -> int:
