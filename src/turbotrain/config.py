@@ -35,6 +35,7 @@ COMPILE_SCOPES = ("off", "model", "blocks")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 CHECKPOINTING_MODES = ("off", "full", "selective")
 OOM_POLICIES = ("halve", "stop")
+DIST_STRATEGIES = ("single", "ddp", "fsdp")
 
 
 _AUDIENCE = ["python"]  # who reads error messages: "python" (a library caller) or "cli"
@@ -181,6 +182,17 @@ class MonitorConfig:
 
 
 @dataclass(frozen=True)
+class DistributedConfig:
+    strategy: str = knob(AUTO, "'auto' (ddp under torchrun with 2+ processes, else single), 'single', 'ddp' or 'fsdp' (FSDP2)",
+                         choices=(AUTO, *DIST_STRATEGIES))
+    bucket_cap_mb: int = knob(25, "ddp: gradient bucket size in MiB (larger: fewer, bigger all-reduces)", min=1)
+    static_graph: bool = knob(False, "ddp: the same parameters get gradients every step (lets DDP skip bookkeeping)")
+    gradient_as_bucket_view: bool = knob(True, "ddp: gradients live in the communication buckets (no copy, less memory)")
+    reshard_after_forward: bool = knob(True, "fsdp: free gathered parameters after forward (less memory, one more all-gather in backward)")
+    timeout_s: float = knob(300.0, "seconds a collective waits for the other ranks before the run stops with an error", min=1.0)
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """The whole run. Each attribute is one concern's config; see ``turbotrain train --help-config``."""
 
@@ -195,6 +207,7 @@ class RunConfig:
     compile: CompileConfig = field(default_factory=CompileConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

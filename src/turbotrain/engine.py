@@ -29,10 +29,11 @@ import torch
 from torch import nn
 
 from .batch import batch_size, misplaced, move_to, split_batch, token_count
-from .config import RunConfig, load_config, setting
+from .config import DistributedConfig, RunConfig, load_config, setting
 from .data.prefetch import DevicePrefetcher
 from .errors import ConfigError, LossError, NonFiniteError, PlacementError
 from .oom import build_oom_policy, is_oom, oom_reason
+from .distributed import Strategy, Topology, build_strategy, local_device
 from .precision import DeviceCaps, Precision, apply_backend_switches, build_guard, build_precision, fallback_mode
 from .transforms import apply_activation_checkpointing, apply_compile, resolve_scope
 
@@ -126,9 +127,13 @@ class EngineOptions:
     on_oom: str = "halve"
     inject_oom_at_step: int = 0
 
+    distributed: DistributedConfig = DistributedConfig()
+    topology: Topology = Topology()
+
     @classmethod
     def from_config(cls, config: RunConfig) -> "EngineOptions":
-        device = resolve_device(config.run.device)
+        topology = Topology.from_env()
+        device = local_device(resolve_device(config.run.device), topology)
         return cls(
             device=device,
             precision=config.precision.mode,
@@ -147,6 +152,8 @@ class EngineOptions:
             checkpointing=config.memory.checkpointing,
             on_oom=config.memory.on_oom,
             inject_oom_at_step=config.memory.inject_oom_at_step,
+            distributed=config.distributed,
+            topology=topology,
         )
 
 
@@ -165,6 +172,7 @@ class Engine:
         self.caps = DeviceCaps.of(self.device)
         self.precision: Precision = build_precision(opts.precision, self.device, self.caps)
         apply_backend_switches(self.device, tf32=opts.tf32, cudnn_benchmark=opts.cudnn_benchmark, flush_denormal=opts.flush_denormal)
+        self.strategy: Strategy = build_strategy(opts.distributed, self.device, opts.topology)
         self.oom_policy = build_oom_policy(opts.on_oom)
         self.base_accumulation = opts.accumulation  # micro-batches per optimizer step as configured
         self.split = 1  # parts each loader batch is cut into (doubled by the OOM policy)
@@ -216,7 +224,9 @@ class Engine:
         self.precision.convert_module(model)
         apply_activation_checkpointing(model, self.options.checkpointing)
         apply_compile(model, self.options.compile_scope, self.options.compile_mode)
+        model = self.strategy.wrap(model, optimizer, self.precision.compute_dtype)
         self._models.append(model)
+        self._sync_grads_for_next()
         self.scheduler = scheduler
         self.scheduler_interval = scheduler_interval if scheduler is not None else "manual"
         self._scheduler_per_step = self.scheduler_interval == "step"
@@ -247,6 +257,7 @@ class Engine:
         self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
         self.state.micro_step += 1
         self.pending_micro_steps += 1
+        self._sync_grads_for_next()
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
         """On the accumulation boundary: unscale, clip, step (skipped on-device if non-finite),
@@ -275,6 +286,7 @@ class Engine:
         micro_steps, self.pending_micro_steps = self.pending_micro_steps, 0
         self.precision.unscale_(optimizer)
         loss_sum = self._loss_sum if self._loss_sum is not None else torch.zeros((), device=self.device)
+        loss_sum = self.strategy.mean_(loss_sum)  # data parallel: the same value, and guard decision, on every rank
         norm = grad_scale = None
         if self._norm_needed:
             params, clip = self._params_of(optimizer), self.options.grad_clip
@@ -287,7 +299,7 @@ class Engine:
                 norm = torch.nn.utils.clip_grad_norm_(params, clip, foreach=True)
             else:
                 norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], foreach=True)
-        self.last_grad_norm = norm
+        self.last_grad_norm = norm = self.strategy.full(norm) if norm is not None else None
         # Under fp16 an overflow in the scaled gradients is the GradScaler's business (it skips the
         # step and lowers the scale, and does so by design every growth interval): only a
         # non-finite loss counts towards the fallback there.
@@ -371,6 +383,7 @@ class Engine:
         self.state.micro_step -= self.pending_micro_steps
         self.pending_micro_steps = 0
         self._loss_sum = None
+        self._sync_grads_for_next()
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -379,6 +392,7 @@ class Engine:
         """Cut each loader batch into ``split`` parts; accumulation follows, so the global batch stays."""
         self.split = split
         self.accumulation = self.base_accumulation * split
+        self._sync_grads_for_next()
 
     def set_accumulation(self, accumulation: int) -> None:
         """Micro-batches per optimizer step (the batch finder sets it to keep the global batch)."""
@@ -386,6 +400,14 @@ class Engine:
             raise ConfigError(f"batch.accumulation = {accumulation} must be >= 1")
         self.base_accumulation = accumulation
         self.accumulation = accumulation * self.split
+        self._sync_grads_for_next()
+
+    def _sync_grads_for_next(self) -> None:
+        """Data parallel: reduce gradients across ranks only in the backward that completes an
+        accumulation window (once per optimizer step); the micro-steps before it accumulate locally."""
+        sync = self.pending_micro_steps % self.accumulation + 1 == self.accumulation
+        for model in self._models:
+            self.strategy.set_grad_sync(model, sync)
 
     def record_event(self, kind: str, detail: str, step: int | None = None) -> None:
         """Note something that changed how the run trains (goes to summary.json)."""
@@ -459,7 +481,8 @@ class Engine:
                 total += as_loss(loss_fn(model, move_to(batch, self.device, non_blocking=True))).float()
                 n += 1
         model.train(was_training)
-        return float(total.item()) / max(n, 1)  # host-device sync point (once per evaluation)
+        mean = self.strategy.mean_(total / max(n, 1))  # every rank evaluated its own batches
+        return float(mean.item())  # host-device sync point (once per evaluation)
 
     # ------------------------------------------------------------------ state
 

@@ -82,6 +82,7 @@ class Precision:
 
     name = "fp32"
     param_dtype = torch.float32
+    compute_dtype: torch.dtype | None = None  # what matmuls run in, when it is not the parameters' dtype
     scaler: torch.amp.GradScaler | None = None
 
     def __init__(self, device: torch.device) -> None:
@@ -156,7 +157,7 @@ class MixedPrecision(Precision):
 
     def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__(device)
-        self.dtype = dtype
+        self.dtype = self.compute_dtype = dtype
         self.name = "bf16-mixed" if dtype == torch.bfloat16 else "fp16-mixed"
 
     def autocast(self) -> ContextManager[Any]:

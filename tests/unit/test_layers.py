@@ -19,11 +19,11 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "turbotrain"
 
 LAYERS: dict[str, int] = {
     # L0 foundation
-    "errors": 0, "config": 0, "version": 0, "atomic": 0, "batch": 0, "units": 0, "rundir": 0,
+    "errors": 0, "config": 0, "version": 0, "atomic": 0, "batch": 0, "units": 0, "rundir": 0, "runlock": 0,
     # L1 facts and building blocks
     "hardware": 1, "models": 1, "data": 1,
     # L2 core: what a step runs
-    "precision": 2, "transforms": 2, "oom": 2, "optim": 2, "engine": 2, "assembly": 2,
+    "precision": 2, "transforms": 2, "oom": 2, "optim": 2, "distributed": 2, "engine": 2, "assembly": 2,
     # L3 loop
     "hooks": 3, "loop": 3, "checkpoint": 3, "monitor": 3,
     # L4 tools

@@ -1,0 +1,182 @@
+"""Data parallelism on torch.distributed, resolved once into a strategy the Engine calls.
+
+``torchrun`` starts the processes and sets ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE``; this module
+joins them into a process group (NCCL on CUDA, one device per ``LOCAL_RANK``; gloo on CPU) and
+wraps the model:
+
+- ``single``: one process; every method does nothing (the base class).
+- ``ddp``: ``DistributedDataParallel`` (bucket size, static graph, gradients as bucket views).
+  Gradient sync is switched off for the micro-steps before an accumulation boundary (what
+  ``no_sync()`` does, but settable from an own loop that calls ``engine.backward``).
+- ``fsdp``: FSDP2 ``fully_shard`` on each repeated block and on the root, with a mixed-precision
+  policy from the precision mode (bf16 parameters for compute, fp32 gradient reduction);
+  reshard-after-forward configurable. Parameters become DTensors, so the optimizer, built before,
+  is pointed at them (its state is still empty then).
+
+Across ranks the engine averages each step's loss on the device (a small all-reduce, no host
+sync), so every rank's non-finite guard sees the same value and they skip together.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+
+from .config import DIST_STRATEGIES, DistributedConfig, choice_error, setting
+from .errors import ConfigError
+from .models.blocks import repeated_blocks
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where this process sits: its rank among ``world`` processes and its device index on the node."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world: int = 1
+    launched: bool = False  # started by torchrun (or any launcher that sets RANK/WORLD_SIZE)
+
+    @classmethod
+    def from_env(cls) -> "Topology":
+        """Read torchrun's variables once; a plain ``python`` process is rank 0 of 1."""
+        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+            return cls()
+        return cls(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ["WORLD_SIZE"]), True)
+
+
+class Strategy:
+    """One process, no communication: the "off" form every other strategy overrides."""
+
+    name = "single"
+
+    def __init__(self, topology: Topology = Topology()) -> None:
+        self.topology = topology
+        self.rank, self.world = topology.rank, topology.world
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that prints, logs and writes files shared by the run."""
+        return self.rank == 0
+
+    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, param_dtype: torch.dtype | None) -> nn.Module:
+        """The model to train (wrapped for communication); ``optimizer`` is kept pointing at its parameters."""
+        return model
+
+    def set_grad_sync(self, model: nn.Module, sync: bool) -> None:
+        """Whether the coming backward reduces gradients across ranks (only at accumulation boundaries)."""
+
+    def mean_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` averaged over ranks in place, enqueued on the device (no host sync)."""
+        return tensor
+
+    def full(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A plain tensor from a possibly sharded one (a DTensor's global value)."""
+        return tensor
+
+
+class DataParallel(Strategy):
+    """Shared by DDP and FSDP2: averaging over the process group."""
+
+    def mean_(self, tensor: torch.Tensor) -> torch.Tensor:
+        # SUM then divide: gloo's AVG has had a silent-correctness bug in some versions.
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor.div_(self.world)
+
+    def full(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+class DDP(DataParallel):
+    name = "ddp"
+
+    def __init__(self, topology: Topology, cfg: DistributedConfig, device: torch.device) -> None:
+        super().__init__(topology)
+        self.cfg, self.device = cfg, device
+
+    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, param_dtype: torch.dtype | None) -> nn.Module:
+        return DistributedDataParallel(
+            model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            bucket_cap_mb=self.cfg.bucket_cap_mb, static_graph=self.cfg.static_graph,
+            gradient_as_bucket_view=self.cfg.gradient_as_bucket_view,
+        )
+
+    def set_grad_sync(self, model: nn.Module, sync: bool) -> None:
+        model.require_backward_grad_sync = sync  # the flag DDP's no_sync() context sets
+
+
+class FSDP(DataParallel):
+    name = "fsdp"
+
+    def __init__(self, topology: Topology, cfg: DistributedConfig) -> None:
+        super().__init__(topology)
+        self.cfg = cfg
+
+    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, param_dtype: torch.dtype | None) -> nn.Module:
+        names = {id(p): name for name, p in model.named_parameters()}
+        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+        for block in repeated_blocks(model) or ():
+            fully_shard(block, mp_policy=policy, reshard_after_forward=self.cfg.reshard_after_forward)
+        fully_shard(model, mp_policy=policy, reshard_after_forward=self.cfg.reshard_after_forward)
+        if optimizer is not None:
+            if optimizer.state:
+                raise ConfigError("distributed.strategy = 'fsdp' shards the parameters: call engine.setup(model, optimizer) "
+                                  "before the optimizer's first step")
+            sharded = dict(model.named_parameters())
+            for group in optimizer.param_groups:
+                group["params"] = [sharded[names[id(p)]] for p in group["params"]]
+        return model
+
+    def set_grad_sync(self, model: nn.Module, sync: bool) -> None:
+        model.set_requires_gradient_sync(sync)  # type: ignore[operator]
+
+
+def build_strategy(cfg: DistributedConfig, device: torch.device, topology: Topology | None = None) -> Strategy:
+    """Resolve ``distributed.strategy`` for this process (``auto``: ddp under torchrun with more
+    than one process, else single) and join the process group it needs."""
+    topology = topology or Topology.from_env()
+    strategy = cfg.strategy
+    if strategy not in ("auto", *DIST_STRATEGIES):
+        raise choice_error("distributed.strategy", strategy, ("auto", *DIST_STRATEGIES))
+    if strategy == "auto":
+        strategy = "ddp" if topology.world > 1 else "single"
+    if strategy == "single":
+        if topology.world > 1:
+            raise ConfigError(f"distributed.strategy = 'single' but {topology.world} processes were launched; "
+                              f"use {setting('distributed.strategy', 'ddp')} or fsdp, or launch one process")
+        return Strategy(topology)
+    if not topology.launched:
+        raise ConfigError(f"distributed.strategy = {strategy!r} needs processes started by torchrun, e.g. "
+                          f"`torchrun --nproc-per-node 2 -m turbotrain train ...`; in one plain process use "
+                          f"{setting('distributed.strategy', 'single')}")
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.timeout_s),
+                                **({"device_id": device} if device.type == "cuda" else {}))
+    return DDP(topology, cfg, device) if strategy == "ddp" else FSDP(topology, cfg)
+
+
+def local_device(device: torch.device, topology: Topology) -> torch.device:
+    """Under a launcher, CUDA means this process's own GPU (``cuda:LOCAL_RANK``), made current."""
+    if device.type == "cuda" and topology.launched and device.index is None:
+        device = torch.device("cuda", topology.local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
+def shutdown() -> None:
+    """Leave the process group (at the end of a run; a no-op without one)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def is_main_process() -> bool:
+    """Rank 0 of the current group, or the only process: whoever writes shared files."""
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0

@@ -1,0 +1,54 @@
+"""Worker for test_data_parallel.py, started by torchrun (or plainly, for the one-process
+reference): trains a tiny GPT through the Engine on fixed batches and writes, per rank, the loss
+of every optimizer step, the gradients of the first step and DDP communication-hook calls per
+micro-step to ``OUT.rank<R>.json``."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+from turbotrain import Engine
+from turbotrain.models.gpt import GPT, GPTConfig
+
+GLOBAL_BATCH, T, VOCAB, STEPS = 8, 16, 64, 30
+
+
+def main(strategy: str, accumulation: int, out: str) -> None:
+    torch.set_num_threads(1)
+    engine = Engine({"run": {"device": "cpu"}, "distributed": {"strategy": strategy},
+                     "batch": {"accumulation": accumulation}, "optim": {"grad_clip": 1.0}})
+    rank, world = engine.strategy.rank, engine.strategy.world
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=VOCAB, n_layer=2, n_head=2, d_model=32, block_size=T))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model, optimizer, _ = engine.setup(model, optimizer)
+    hook_calls: list[int] = []
+    if strategy == "ddp":
+        def count(state, bucket):  # noqa: ANN001
+            hook_calls[-1] += 1
+            return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0] / world)
+        model.register_comm_hook(None, count)
+    starts = torch.randint(VOCAB, (STEPS * accumulation, GLOBAL_BATCH, 1), generator=torch.Generator().manual_seed(1))
+    data = (starts + torch.arange(T + 1)) % VOCAB  # counting sequences: learnable in a few steps
+    share = GLOBAL_BATCH // world
+    losses, grads = [], None
+    for i, window in enumerate(data):
+        x = window[rank * share:(rank + 1) * share]  # this rank's part of the global batch
+        hook_calls.append(0)
+        with engine.autocast():
+            loss = model(x[:, :-1], x[:, 1:])
+        engine.backward(loss)
+        if grads is None and engine.pending_micro_steps == accumulation:
+            grads = {n.removeprefix("module."): engine.strategy.full(p.grad).tolist() for n, p in model.named_parameters()}
+        if engine.step(optimizer):
+            losses.append(float(engine.last_loss))
+    with open(f"{out}.rank{rank}.json", "w") as f:
+        json.dump({"losses": losses, "grads": grads, "hook_calls": hook_calls, "world": world}, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3])
