@@ -1,0 +1,125 @@
+"""Tokenizers for text data: bytes (vocabulary 256, always there), a byte-level BPE trained offline
+on the training text, or a ``tokenizer.json`` the user brings (GPT-2's own, for instance).
+
+``data.tokenizer = "bpe"`` trains a byte-level BPE of ``model.vocab_size`` tokens (GPT-2's 50304
+when the model leaves it 0) with the Hugging Face ``tokenizers`` package, on the training files
+only, and caches it (keyed like the token cache: the files as they were listed, the vocabulary
+size); nothing is downloaded. Every run copies the tokenizer it used into its run directory, so
+``turbotrain sample`` decodes with the same one. Without the package: one line saying how to
+install it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+from ..atomic import atomic_write
+from ..errors import TurbotrainError
+
+BYTE_VOCAB = 256
+MAX_VOCAB = 1 << 16  # token ids are stored as uint16
+DEFAULT_BPE_VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64
+END_OF_TEXT = "<|endoftext|>"
+TOKENIZER_FILE = "tokenizer.json"
+
+
+class Tokenizer(Protocol):
+    name: str  # part of the token cache key: a different tokenizer never reuses a cache entry
+    vocab_size: int
+
+    def encode(self, texts: Sequence[bytes]) -> list[np.ndarray]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class ByteTokenizer:
+    """Each byte is a token: no training, no package, no unknown characters."""
+
+    name = "bytes"
+    vocab_size = BYTE_VOCAB
+
+    def encode(self, texts: Sequence[bytes]) -> list[np.ndarray]:
+        return [np.frombuffer(t, dtype=np.uint8).astype(np.uint16) for t in texts]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(int(i) for i in ids if 0 <= int(i) < BYTE_VOCAB).decode("utf-8", errors="replace")
+
+
+class JsonTokenizer:
+    """A Hugging Face ``tokenizers`` tokenizer, from its ``tokenizer.json``."""
+
+    def __init__(self, path: Path) -> None:
+        tokenizers = _tokenizers()
+        try:
+            self.tok = tokenizers.Tokenizer.from_file(str(path))
+        except Exception as exc:  # the package raises its own exception types for a bad file
+            raise TurbotrainError(f"{path} is not a tokenizer.json the tokenizers package can read ({exc})") from None
+        self.path = path
+        self.vocab_size = self.tok.get_vocab_size()
+        if self.vocab_size > MAX_VOCAB:
+            raise TurbotrainError(f"{path} has {self.vocab_size} tokens; token files hold uint16 ids, at most {MAX_VOCAB}")
+        self.name = "json-" + hashlib.blake2b(path.read_bytes(), digest_size=8).hexdigest()
+
+    def encode(self, texts: Sequence[bytes]) -> list[np.ndarray]:
+        encoded = self.tok.encode_batch([t.decode("utf-8", errors="replace") for t in texts], add_special_tokens=False)
+        return [np.asarray(e.ids, dtype=np.uint16) for e in encoded]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tok.decode([int(i) for i in ids])
+
+
+def _tokenizers() -> Any:
+    try:
+        return importlib.import_module("tokenizers")
+    except ImportError:
+        raise TurbotrainError("data.tokenizer = 'bpe' or a tokenizer.json needs the tokenizers package: "
+                              "pip install tokenizers (or pip install 'turbotrain[bpe]')") from None
+
+
+def train_bpe(files: Sequence[Path], vocab_size: int, out: Path, progress: bool = True) -> Path:
+    """Train a byte-level BPE of ``vocab_size`` tokens on ``files`` and write it to ``out``
+    (atomically). Shows the tokenizers package's own progress bar; Ctrl-C stops it and leaves
+    nothing behind."""
+    if not BYTE_VOCAB < vocab_size <= MAX_VOCAB:
+        raise TurbotrainError(f"model.vocab_size = {vocab_size}: a BPE needs more than {BYTE_VOCAB} tokens "
+                              f"and at most {MAX_VOCAB} (uint16 ids)")
+    tk = _tokenizers()
+    tok = tk.Tokenizer(tk.models.BPE())
+    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tk.decoders.ByteLevel()
+    trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[END_OF_TEXT], show_progress=progress,
+                                     initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet())
+    texts = (f.read_bytes().decode("utf-8", errors="replace") for f in files)  # as encode() will see them
+    tok.train_from_iterator(texts, trainer, length=len(files))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(out, tok.to_str())
+    return out
+
+
+def build_tokenizer(spec: str, *, train_files: Sequence[Path], vocab_size: int, cache_dir: Path, key: str) -> Tokenizer:
+    """``data.tokenizer`` -> a tokenizer: ``bytes``; ``bpe`` (trained on ``train_files``, cached under
+    ``cache_dir`` as ``bpe-<key>-<vocab>.json``, where ``key`` names the files as listed); or the
+    path of a ``tokenizer.json``."""
+    if spec == "bytes":
+        return ByteTokenizer()
+    if spec == "bpe":
+        vocab = vocab_size or DEFAULT_BPE_VOCAB
+        path = cache_dir / f"bpe-{key}-{vocab}.json"
+        if not path.is_file():
+            train_bpe(train_files, vocab, path)
+        return JsonTokenizer(path)
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise TurbotrainError(f"data.tokenizer = {spec!r} is not 'bytes', 'bpe' or the path of a tokenizer.json")
+    return JsonTokenizer(path)
+
+
+def load_run_tokenizer(run_dir: Path) -> Tokenizer:
+    """The tokenizer a run trained with: its copied ``tokenizer.json``, or bytes when it has none."""
+    path = run_dir / TOKENIZER_FILE
+    return JsonTokenizer(path) if path.is_file() else ByteTokenizer()
