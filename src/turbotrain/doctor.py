@@ -11,7 +11,9 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 
 from .hardware import collect_nvml, lookup_peak, ram_bytes
 from .units import GIB
@@ -90,6 +93,25 @@ def _gpu(index: int) -> dict[str, Any]:
     }
 
 
+def collect_distributed(gpu_count: int) -> dict[str, Any]:
+    """What multi-process training can use: the torch.distributed backends built in, GPU pairs
+    with peer-to-peer access, and the interconnect matrix ``nvidia-smi topo -m`` prints (NVLink
+    vs PCIe), which decides how fast DDP/FSDP's collectives are. Read-only, no device work."""
+    out: dict[str, Any] = {"available": dist.is_available(),
+                           "backends": [b for b, ok in (("nccl", dist.is_available() and dist.is_nccl_available()),
+                                                        ("gloo", dist.is_available() and dist.is_gloo_available())) if ok]}
+    if gpu_count > 1:
+        out["p2p"] = {f"{a}->{b}": torch.cuda.can_device_access_peer(a, b)
+                      for a in range(gpu_count) for b in range(gpu_count) if a != b}
+    if shutil.which("nvidia-smi"):
+        try:
+            proc = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=10)
+            out["topology"] = proc.stdout.strip() if proc.returncode == 0 else None
+        except (OSError, subprocess.TimeoutExpired):
+            out["topology"] = None
+    return out
+
+
 def collect_env() -> dict[str, Any]:
     """The software and hardware this process sees (JSON-serialisable, read-only, no device work).
 
@@ -125,6 +147,7 @@ def collect_env() -> dict[str, Any]:
         "ram_gib": _ram_gib(),
         "torch_threads": torch.get_num_threads(),
         "nvml": nvml,
+        "distributed": collect_distributed(torch.cuda.device_count() if cuda_ok else 0),
         "backends": {
             "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
             "cudnn_tf32": torch.backends.cudnn.allow_tf32,
@@ -420,6 +443,11 @@ def format_report(report: dict[str, Any]) -> str:
                          if spec else "    datasheet: unknown device (MFU will be left out)")
     else:
         lines.append("- GPUs: none visible to torch")
+    d = env["distributed"]
+    lines.append(f"- torch.distributed: {', '.join(d['backends']) or 'unavailable'}"
+                 + (f"; P2P {', '.join(k for k, ok in d['p2p'].items() if ok) or 'none'}" if d.get("p2p") else ""))
+    if d.get("topology"):
+        lines += ["- GPU interconnect (nvidia-smi topo -m):", *(f"    {row}" for row in d["topology"].splitlines())]
     installed = ", ".join(f"{k} {v}" for k, v in env["packages"].items() if v)
     lines.append(f"- packages: {installed}")
     if env["env"]:

@@ -2,11 +2,12 @@
 
 import copy
 import json
+import os
 
 import pytest
 
 from turbotrain.cli import main
-from turbotrain.doctor import collect_env, run_checks, run_probes
+from turbotrain.doctor import build_report, collect_distributed, collect_env, format_report, run_checks, run_probes
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +97,15 @@ def test_cpu_probes_measure_matmul_and_copy_without_a_datasheet():
     assert results["matmul fp32"].unit == "TFLOP/s" and results["matmul fp32"].value > 0
     assert results["memory copy"].unit == "GB/s" and results["memory copy"].value > 0
     assert all(r.datasheet is None and r.fraction_of_datasheet is None for r in results.values())
+
+
+def test_report_says_what_multi_process_training_can_use(monkeypatch, tmp_path):
+    assert "gloo" in collect_distributed(0)["backends"]
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho '        GPU0    GPU1'\necho 'GPU0     X      NV18'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    topo = collect_distributed(0)["topology"]
+    assert "NV18" in topo
+    text = format_report(build_report())
+    assert "torch.distributed: " in text and "GPU interconnect (nvidia-smi topo -m):" in text and "NV18" in text
