@@ -241,7 +241,10 @@ def read_preset(name_or_path: str) -> dict[str, Any]:
     """A preset's raw table: a shipped preset name, or a path to a TOML file."""
     path = Path(name_or_path)
     if name_or_path.endswith(".toml") and path.is_file():
-        text = path.read_text()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"preset {name_or_path!r} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     else:
         resource = resources.files("turbotrain") / "presets" / f"{name_or_path}.toml"
         if not resource.is_file():
@@ -358,16 +361,40 @@ def load_config(preset: str | None = None, overrides: Iterable[str] | Mapping[st
 
 
 def validate(config: RunConfig) -> None:
-    """Check every field against its choices and bounds, then the rules that span fields."""
+    """Check every field against its choices and bounds, then the rules that span fields.
+
+    Every float must be finite (a NaN passes every ``<`` check and an inf learning rate only
+    fails after steps have run), every whole number must fit a 64-bit integer, the seed the
+    32 bits numpy takes; the run name is one folder name (inside out_dir), the device one
+    turbotrain knows (auto, cpu, cuda, cuda:N)."""
     for name in SECTIONS:
         section = getattr(config, name)
         for f in fields(section):
             value = getattr(section, f.name)
             choices, low = f.metadata.get("choices"), f.metadata.get("min")
+            where = f"{name}.{f.name}"
             if choices and value not in choices:
-                raise choice_error(f"{name}.{f.name}", value, choices)
+                raise choice_error(where, value, choices)
+            if isinstance(value, float) and not abs(value) < float("inf"):  # NaN or +-inf
+                raise ConfigError(f"{where} = {value!r} must be a finite number, e.g. {setting(where, f.default)}")
+            if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+                raise ConfigError(f"{where} = {value} does not fit a 64-bit integer; e.g. {setting(where, f.default)}")
             if low is not None and isinstance(value, (int, float)) and not isinstance(value, bool) and value < low:
-                raise ConfigError(f"{name}.{f.name} = {value!r} must be >= {low}")
+                raise ConfigError(f"{where} = {value!r} must be >= {low}")
+    defaults = {f.name: f.default for f in fields(OptimConfig)}
+    for beta in ("beta1", "beta2"):
+        value = getattr(config.optim, beta)
+        if not 0.0 <= value < 1.0:
+            raise ConfigError(f"optim.{beta} = {value} must be in [0, 1), e.g. {setting(f'optim.{beta}', defaults[beta])}")
+    if config.run.seed >= 2**32:
+        raise ConfigError(f"run.seed = {config.run.seed} must be below 2**32 = {2**32}, e.g. {setting('run.seed', 1337)}")
+    device = config.run.device
+    if device not in (AUTO, "cpu", "cuda") and not (device.startswith("cuda:") and device[5:].isdigit()):
+        raise choice_error("run.device", device, (AUTO, "cpu", "cuda", "cuda:N"))
+    name = config.run.name
+    if name in (".", "..") or any(c in name for c in "/\\\0"):
+        raise ConfigError(f"run.name = {name!r} must be one folder name (no '/', not '..'); to group runs, "
+                          f"use {setting('run.out_dir', 'runs/GROUP')} with {setting('run.name', 'NAME')}")
     if isinstance(config.batch.micro, str) and config.batch.micro != AUTO:
         raise ConfigError(f"batch.micro = {config.batch.micro!r} is not valid; use a whole number >= 1 or 'auto'")
     if not config.batch.headroom < 1.0:

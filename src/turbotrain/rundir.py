@@ -1,18 +1,21 @@
 """A run directory: the names of the files a run leaves behind, and finding or creating one.
 
 ``turbotrain train`` writes ``config.toml``, ``metrics.jsonl``, ``checkpoints/`` and
-``summary.json``; ``turbotrain report`` adds ``summary.md`` and ``plots/``. Every module that
-reads or writes them takes the names from here.
+``summary.json``; ``turbotrain report`` adds ``summary.md`` and ``plots/``; ``.lock`` (``LOCK_FILE``) is the run
+lock (:mod:`turbotrain.runlock`). Every module that reads or writes them takes the names from here.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
+from .atomic import atomic_write
 from .config import RunConfig, load_config
 from .errors import TurbotrainError
+from .runlock import LOCK_FILE
 
 CONFIG_FILE = "config.toml"
 METRICS_FILE = "metrics.jsonl"
@@ -24,17 +27,34 @@ TENSORBOARD_DIR = "tensorboard"
 BATCH_CACHE = "batch_size.json"  # the batch finder's answers for this run's settings
 
 
-def new_run_dir(config: RunConfig) -> Path:
-    """A fresh run directory; refuses to reuse one that already holds a run."""
-    name = config.run.name or f"{config.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path = Path(config.run.out_dir) / name
+def run_name(config: RunConfig) -> str:
+    """``run.name``, or ``<preset>-<timestamp>`` when it is empty."""
+    return config.run.name or f"{config.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def holds_a_run(path: Path) -> bool:
+    """Whether ``path`` holds anything of a run (the lock file alone is not a run)."""
     try:
-        if path.exists() and any(path.iterdir()):
-            raise TurbotrainError(f"run directory {path} already exists; pass --resume to continue it or choose another --run.name")
+        return any(p.name != LOCK_FILE for p in path.iterdir())
+    except OSError:
+        return False
+
+
+def new_run_dir(config: RunConfig) -> Path:
+    """A fresh run directory; refuses to reuse one that already holds a run. (Check again under
+    the run's lock: another process may be creating the same run.)"""
+    path = Path(config.run.out_dir) / run_name(config)
+    try:
+        if path.exists() and holds_a_run(path):
+            raise already_exists(path)
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # out_dir is a file, not writable, ...
         raise TurbotrainError(f"cannot create run directory {path} ({exc.strerror}); choose another --run.out_dir") from None
     return path
+
+
+def already_exists(path: Path) -> TurbotrainError:
+    return TurbotrainError(f"run directory {path} already exists; pass --resume to continue it or choose another --run.name")
 
 
 def find_run_dir(out_dir: str, name: str = "") -> Path:
@@ -56,3 +76,27 @@ def find_run_dir(out_dir: str, name: str = "") -> Path:
 def resume_config(run_dir: Path, overrides: Any = ()) -> RunConfig:
     """The run's saved config with ``overrides`` applied (for example a longer max_steps)."""
     return load_config(str(run_dir / CONFIG_FILE), overrides)
+
+
+def truncate_metrics(path: Path, step: int) -> int:
+    """Before a resume from ``step``: drop the records of later steps from the metrics file (the
+    resumed run logs those steps again; kept, they would count twice in the report's medians) and
+    a torn last line (a process killed mid-write; appended to, it would spoil the next record).
+    Rewritten atomically. Returns the number of lines dropped."""
+    try:
+        lines = path.read_bytes().splitlines(keepends=True)
+    except FileNotFoundError:
+        return 0
+    keep = [line for line in lines if line.endswith(b"\n") and not _after(line, step)]
+    if len(keep) != len(lines):
+        atomic_write(path, b"".join(keep))
+    return len(lines) - len(keep)
+
+
+def _after(line: bytes, step: int) -> bool:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return False  # not a record: left for the report to name
+    value = record.get("step") if isinstance(record, dict) else None
+    return isinstance(value, int) and value > step

@@ -3,22 +3,34 @@
 This is the one place that reads the config for a run; ``fit()`` then receives built objects.
 The files it leaves in the run directory are named in :mod:`turbotrain.rundir`; its summary.json
 is written through :mod:`turbotrain.report`, which adds the figures from the metrics.
+
+Nothing lost, nothing overwritten: the run directory is locked for as long as ``train()`` works
+in it (:mod:`turbotrain.runlock`); ``config.toml`` is written before anything else, so a run
+killed at any moment can be resumed (from step 0 when no checkpoint was saved yet); a resume
+drops the metrics of steps it will run again; SIGTERM/SIGINT during start-up end it cleanly
+(:class:`StoppedBySignal`), and during training save a checkpoint first (the summary says
+``stop_reason = "signal SIGTERM"``); a full disk ends it with one line that names the file and
+the last intact checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import resource
+import shutil
+import signal
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
 from .assembly import build_trainable
-from .atomic import atomic_write
-from .checkpoint import Checkpointer, RunState, restore_latest, run_state
-from .config import RunConfig, to_toml
+from .atomic import DiskFullError, atomic_write, clean_stale_temps, disk_full_cause
+from .checkpoint import Checkpointer, RunState, finished_checkpoints, latest_verified, restore_latest, run_state
+from .config import RunConfig, setting, to_toml
 from .data import TokenSource, TokenWindows, build_loader, check_vocab, fixed_batches, open_tokens, resolve_loader_settings
 from .doctor import collect_hardware
 from .engine import Engine
@@ -29,8 +41,38 @@ from .models.build import build_model
 from .models.gpt import GPT
 from .monitor import JsonlSink, MfuProbe, Monitor, ProgressSink, TensorBoardSink, build_probes
 from .optim import resolve_implementation
-from .report import write_summary
-from .rundir import CHECKPOINTS, CONFIG_FILE, METRICS_FILE, TENSORBOARD_DIR, new_run_dir
+from .report import read_metrics, write_summary
+from .rundir import (
+    CHECKPOINTS,
+    CONFIG_FILE,
+    METRICS_FILE,
+    PLOTS_DIR,
+    TENSORBOARD_DIR,
+    already_exists,
+    holds_a_run,
+    new_run_dir,
+    truncate_metrics,
+)
+from .runlock import RunLock
+
+log = logging.getLogger(__name__)
+
+SIGNAL_REASON = "signal "  # how StopOnSignal's stop_reason starts ("signal SIGTERM")
+
+
+class StoppedBySignal(KeyboardInterrupt):
+    """SIGTERM or SIGINT arrived before the first step: nothing was trained, nothing is lost.
+    A KeyboardInterrupt, so no ``except Exception`` on the way can swallow it."""
+
+    def __init__(self, signame: str, run_dir: Path, resumable: bool) -> None:
+        self.signame, self.run_dir, self.resumable = signame, run_dir, resumable
+        then = f"continue with --resume {run_dir}" if resumable else "nothing was written; start it again"
+        super().__init__(f"stopped by {signame} during start-up, before the first step; {then}")
+
+
+def stopped_by_signal(summary: dict[str, Any]) -> bool:
+    """Whether a run ended early because of SIGTERM/SIGINT (its final checkpoint is saved)."""
+    return summary.get("status") == "stopped" and str(summary.get("stop_reason", "")).startswith(SIGNAL_REASON)
 
 
 @dataclass
@@ -70,7 +112,17 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
     c, batch_search = resolve_batch_size(c, engine, model, optimizer, run_dir=run_dir, max_micro=train_windows.positions)
     # the config rides along for reference only: a resume reads config.toml
     state = run_state(engine, model, optimizer, t.scheduler, config=(lambda: to_toml(c), lambda _: None))
-    resumed_from = restore_latest(run_dir / CHECKPOINTS, state).name if resume else ""
+    resumed_from = ""
+    if resume and finished_checkpoints(run_dir / CHECKPOINTS):
+        resumed_from = restore_latest(run_dir / CHECKPOINTS, state).name
+    elif resume:
+        log.info("%s has no finished checkpoint (it stopped before its first one): training from step 0", run_dir)
+    if resume:  # the steps after the checkpoint run again: their old records would count twice
+        truncate_metrics(run_dir / METRICS_FILE, engine.state.step)
+    if c.optim.warmup_steps > c.train.max_steps:
+        log.warning("optim.warmup_steps = %d is longer than the run (train.max_steps = %d): the learning rate "
+                    "peaks at %.0f%% of optim.lr; use %s or fewer", c.optim.warmup_steps, c.train.max_steps,
+                    100 * c.train.max_steps / c.optim.warmup_steps, setting("optim.warmup_steps", c.train.max_steps))
 
     settings = resolve_loader_settings(engine.device, c.data.num_workers, c.data.pin_memory, c.data.prefetch_factor)
     loader = build_loader(train_windows, c.batch.micro, c.run.seed, settings, start=engine.state.batches)
@@ -95,7 +147,8 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
         resolved["batch_search"] = batch_search.to_dict()
 
     show = c.monitor.progress if progress is None else progress
-    sinks: list[Any] = [JsonlSink(run_dir / METRICS_FILE)]
+    jsonl = JsonlSink(run_dir / METRICS_FILE)
+    sinks: list[Any] = [jsonl]
     if c.monitor.tensorboard:
         sinks.append(TensorBoardSink(run_dir / TENSORBOARD_DIR))
     if show:
@@ -117,15 +170,24 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
         StopAfter(c.train.stop_after_steps),
         Evaluate(val_batches, c.train.eval_every),
         monitor,
-        Checkpointer(run_dir / CHECKPOINTS, c.train.checkpoint_every, c.train.keep_last, state),
+        Checkpointer(run_dir / CHECKPOINTS, c.train.checkpoint_every, c.train.keep_last, state,
+                     before_save=lambda: _flush(jsonl)),
     ]
     return Training(c, run_dir, engine, model, optimizer, source, loader, hooks, monitor, state, resolved, resumed_from)
 
 
+def _flush(sink: JsonlSink) -> None:
+    """The metrics buffered so far onto the disk, before a checkpoint: a process killed later
+    resumes after that checkpoint, so records up to it would otherwise never be written."""
+    if not sink.file.closed:
+        sink.file.flush()
+
+
 def write_config(config: RunConfig, run_dir: Path, resolved: dict[str, Any]) -> None:
-    header = "# turbotrain run config (reload with --preset this-file.toml)\n# resolved: " + ", ".join(
+    """config.toml: the config as given, headed by what it resolved to (once start-up has done it)."""
+    header = "# turbotrain run config (reload with --preset this-file.toml)\n# resolved: " + (", ".join(
         f"{k}={v}" for k, v in resolved.items() if k in ("device", "precision", "compile", "optimizer", "num_workers", "vocab_size")
-    )
+    ) or "not yet (start-up has not finished)")
     atomic_write(run_dir / CONFIG_FILE, header + "\n" + to_toml(config))
 
 
@@ -173,15 +235,43 @@ def train(config: RunConfig, *, resume_dir: Path | None = None, progress: bool |
     """Train ``config`` in a new run directory (or continue ``resume_dir``); returns the summary.
 
     A failure still writes summary.json (status "failed: ...") and keeps checkpoints and metrics.
+    A run stopped by SIGTERM/SIGINT saves a checkpoint and returns (:func:`stopped_by_signal`);
+    before the first step such a signal raises :class:`StoppedBySignal`. A new run that fails
+    before its first step leaves no directory behind. Lack of space raises
+    :class:`turbotrain.atomic.DiskFullError` naming the file and the last intact checkpoint.
     """
-    run_dir = resume_dir if resume_dir is not None else new_run_dir(config)
+    new = resume_dir is None
+    run_dir = new_run_dir(config) if resume_dir is None else resume_dir
+    with RunLock(run_dir):
+        if new and holds_a_run(run_dir):  # another process made it between the check and the lock
+            raise already_exists(run_dir)
+        try:
+            return _train_locked(config, run_dir, new, progress)
+        except BaseException as exc:
+            full = _disk_full(exc, run_dir)
+            if full is not None:
+                raise full from None
+            raise
+
+
+def _train_locked(config: RunConfig, run_dir: Path, new: bool, progress: bool | None) -> dict[str, Any]:
+    for folder in (run_dir, run_dir / PLOTS_DIR):  # temp files of writes killed mid-way (checkpoints: the Checkpointer)
+        clean_stale_temps(folder)
     try:
-        training = build_training(config, run_dir, resume=resume_dir is not None, progress=progress)
+        with _signals_end_startup(run_dir, resumable=not new):
+            if new:  # first of all: a run killed from here on has a config to resume from
+                write_config(config, run_dir, {})
+            training = build_training(config, run_dir, resume=not new, progress=progress)
     except BaseException:
-        if resume_dir is None and not any(run_dir.iterdir()):
-            run_dir.rmdir()  # a run that never started leaves no empty directory behind
+        if new:
+            shutil.rmtree(run_dir, ignore_errors=True)  # created by this call, under its lock: nothing else is in it
         raise
-    write_config(config, run_dir, training.resolved)
+    write_config(config, run_dir, training.resolved)  # as given ('auto' stays 'auto'), with what it resolved to
+    if training.engine.state.step >= training.config.train.max_steps:
+        # A resume of a finished run: nothing to train, so nothing to log again (a final record
+        # of this invocation would repeat the last step's); the summary comes from the metrics.
+        training.monitor.close()
+        return write_summary(run_dir, facts(training, None, "completed", 0.0), read_metrics(run_dir / METRICS_FILE)[0])
     start = time.perf_counter()
 
     def finish(ctx: FitContext | None, status: str) -> dict[str, Any]:
@@ -190,6 +280,44 @@ def train(config: RunConfig, *, resume_dir: Path | None = None, progress: bool |
     try:
         ctx = training.run()
     except BaseException as exc:
-        finish(None, f"failed: {type(exc).__name__}: {exc}")
+        with contextlib.suppress(DiskFullError):  # the disk is full: the error that says so is the one to raise
+            finish(None, f"failed: {type(exc).__name__}: {exc}")
         raise
     return finish(ctx, "stopped" if ctx.should_stop else "completed")
+
+
+@contextlib.contextmanager
+def _signals_end_startup(run_dir: Path, resumable: bool) -> Iterator[None]:
+    """SIGTERM/SIGINT while the run is being built raise :class:`StoppedBySignal` (SIGTERM's
+    default would kill the process without a word); ``fit`` installs its own handlers after."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise StoppedBySignal(signal.Signals(signum).name, run_dir, resumable)
+
+    previous: dict[int, Any] = {}
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, handler)
+    except ValueError:  # not the main thread: signals stay as they are
+        pass
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _disk_full(exc: BaseException, run_dir: Path) -> DiskFullError | None:
+    """``exc`` as one DiskFullError naming the file and the run's last intact checkpoint, when a
+    lack of space caused it (through the atomic writer, or an append such as metrics.jsonl)."""
+    if isinstance(exc, DiskFullError):
+        full = exc
+    else:
+        cause = disk_full_cause(exc)
+        if cause is None:
+            return None
+        full = DiskFullError(cause.filename or f"the files of run {run_dir}", cause.strerror or "no space left")
+    last = latest_verified(run_dir / CHECKPOINTS)
+    if last is None:
+        return full.with_note("no checkpoint was saved yet")
+    return full.with_note(f"the last intact checkpoint is {last}; continue with --resume once there is space")

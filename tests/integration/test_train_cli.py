@@ -2,12 +2,15 @@
 
 import ast
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import turbotrain.loop
+from turbotrain.checkpoint import save_checkpoint
 from turbotrain.cli import main
 from turbotrain.config import load_config
 from turbotrain.training import train
@@ -90,6 +93,86 @@ def test_bad_inputs_give_one_line_errors(tmp_path, text_file, capsys):
     for extra, words in cases:
         _one_line_error(capsys, main(_args(tmp_path, text_file, *extra)), *words)
     assert not (tmp_path / "runs" / "t").exists()  # not even an empty run directory
+
+
+def test_config_values_that_gave_tracebacks_or_odd_runs_are_refused_at_once(tmp_path, text_file, capsys):
+    """Defects 9 and 10: every float is checked for finiteness and range when the config is
+    built (an inf learning rate was caught only after 10 steps, a NaN clip turned clipping off),
+    the device and seed are checked, the run name is one folder inside out_dir."""
+    negative = tmp_path / "neg"
+    negative.mkdir()
+    np.arange(4000, dtype=np.uint16).tofile(negative / "toks.bin")
+    (negative / "meta.json").write_text('{"vocab_size": -3}')
+    cases = [
+        (["--optim.lr=nan"], ["optim.lr = nan", "finite", "--optim.lr=0.002"]),
+        (["--optim.lr=inf"], ["optim.lr = inf", "finite"]),
+        (["--optim.min_lr=nan"], ["optim.min_lr", "finite"]),
+        (["--optim.beta1=1.5"], ["optim.beta1 = 1.5", "[0, 1)", "--optim.beta1=0.9"]),
+        (["--optim.beta2=nan"], ["optim.beta2", "finite"]),
+        (["--optim.eps=nan"], ["optim.eps", "finite"]),
+        (["--optim.grad_clip=nan"], ["optim.grad_clip", "finite"]),
+        (["--optim.weight_decay=-inf"], ["optim.weight_decay", "finite"]),
+        (["--batch.headroom=nan"], ["batch.headroom", "finite"]),
+        (["--run.device=mps"], ["run.device = 'mps'", "cpu, cuda, cuda:N"]),
+        (["--run.device=meta"], ["run.device = 'meta'", "cpu, cuda, cuda:N"]),
+        ([f"--run.seed={2**70}"], ["run.seed", "64-bit", "--run.seed=1337"]),
+        ([f"--run.seed={2**40}"], ["run.seed", "below 2**32"]),
+        (["--run.name=grp/a"], ["run.name = 'grp/a'", "one folder name", "--run.out_dir=runs/GROUP"]),
+        (["--run.name=../../x"], ["run.name = '../../x'", "one folder name"]),
+        (["--run.name=.."], ["run.name = '..'"]),
+        (["--data", str(negative / "toks.bin")], ["meta.json", "vocab_size", "from 1 to 65536"]),
+    ]
+    for extra, words in cases:
+        _one_line_error(capsys, main(_args(tmp_path, text_file, *extra)), *words)
+    assert not (tmp_path / "runs" / "t").exists() and not (tmp_path / "runs" / "grp").exists()
+    assert not (tmp_path.parent / "x").exists()  # ../../x from out_dir: nothing written outside it
+
+
+def test_a_preset_file_that_is_not_utf8_is_one_line(tmp_path, text_file, capsys):
+    preset = tmp_path / "mine.toml"
+    preset.write_bytes(b"[optim]\nlr = 0.001 # \xff\xfe\n")
+    _one_line_error(capsys, main(_args(tmp_path, text_file, "--preset", str(preset))), "mine.toml", "UTF-8")
+
+
+def test_a_warmup_longer_than_the_run_is_said(tmp_path, text_file, caplog):
+    """Defect 9: --optim.warmup_steps 500 with 20 steps silently never reached the peak LR."""
+    assert main(_args(tmp_path, text_file, "--optim.warmup_steps=24", "--train.max_steps=6")) == 0
+    err = caplog.text
+    assert "optim.warmup_steps = 24 is longer than the run" in err and "25%" in err and "--optim.warmup_steps=6" in err
+
+
+def test_a_resume_never_counts_a_step_twice_in_the_metrics(tmp_path, text_file, capsys):
+    """Defect 11: each resume logged the steps after its checkpoint again (and a line torn by a
+    kill spoiled the next record); the report's medians counted them twice."""
+    assert main(_args(tmp_path, text_file, "--train.checkpoint_every=4")) == 0  # checkpoints at 4 and 6
+    run = tmp_path / "runs" / "t"
+    for f in (run / "checkpoints").glob("step_00000006.pt*"):
+        f.unlink()  # as if killed after logging step 6, before its checkpoint
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 7, "loss": 1.2')  # torn by the kill
+    assert main(_args(tmp_path, text_file, "--train.checkpoint_every=4", "--resume")) == 0
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [2, 4, 6]
+    assert json.loads((run / "summary.json").read_text())["resumed_from"] == "step_00000004.pt"
+
+
+def test_a_run_without_a_checkpoint_resumes_from_step_zero(tmp_path, text_file, capsys):
+    """Defect 3: a run killed before its first checkpoint could neither resume ("no checkpoint;
+    start without --resume") nor restart ("already exists; pass --resume"). Also: `sample`
+    refuses a checkpoint that holds no GPT in one line."""
+    assert main(_args(tmp_path, text_file)) == 0
+    run = tmp_path / "runs" / "t"
+    straight = json.loads((run / "summary.json").read_text())
+    shutil.rmtree(run / "checkpoints")  # what a run killed before its first checkpoint has
+    (run / "summary.json").unlink()
+    _one_line_error(capsys, main(_args(tmp_path, text_file)), "already exists", "--resume")
+    assert main(_args(tmp_path, text_file, "--resume")) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["resumed_from"] == "" and summary["steps"] == 6
+    assert summary["final_train_loss"] == straight["final_train_loss"]
+    save_checkpoint(run / "checkpoints", 7, {"model": {"w": torch.zeros(2)}})
+    capsys.readouterr()
+    _one_line_error(capsys, main(["sample", str(run), "--tokens", "3"]), "step_00000007.pt", "no GPT token embedding")
 
 
 def test_existing_run_is_never_overwritten_and_corrupt_checkpoints_are_reported(tmp_path, text_file, capsys):

@@ -1,3 +1,8 @@
+import builtins
+import contextlib
+import errno
+import io
+import os
 from pathlib import Path
 
 import numpy as np
@@ -153,3 +158,94 @@ def test_vocab_check_scans_bounded_prefix_and_trusts_bytes(tmp_path: Path, monke
         check_vocab(src, 512)
     monkeypatch.setattr(sources, "FULL_SCAN_TOKENS", 800)
     check_vocab(src, 512)  # start-up stays bounded on huge files: only the prefix is read
+
+
+# ----------------------------------------------------------------------------- issue 12: hostile data
+
+
+@contextlib.contextmanager
+def _unreadable(path: Path, monkeypatch: pytest.MonkeyPatch):
+    """``path`` cannot be opened: chmod 000, or where that does not bind (root) every open of it
+    fails with EACCES as it would."""
+    if os.geteuid() != 0:
+        path.chmod(0)
+        try:
+            yield
+        finally:
+            path.chmod(0o644)
+        return
+    real_open = builtins.open
+
+    def deny(file, *args, **kwargs):
+        if os.fspath(file) == str(path):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(file, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(builtins, "open", deny)
+        m.setattr(io, "open", deny)  # what pathlib opens with
+        yield
+
+
+def test_an_unreadable_file_in_a_data_folder_is_named_and_never_cached(tmp_path: Path, monkeypatch):
+    """Defect 7: unreadable files were dropped silently, and the cache (keyed on paths, sizes and
+    times) kept the loss after the permissions were fixed."""
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    (folder / "a.txt").write_text("alpha " * 100)
+    secret = folder / "b.txt"
+    secret.write_text("BRAVO " * 100)
+    cache = tmp_path / "cache"
+    with _unreadable(secret, monkeypatch):
+        with pytest.raises(TurbotrainError, match=r"cannot read .*b\.txt .*Permission denied.*permissions"):
+            open_tokens(str(folder), val_fraction=0.0, cache_dir=str(cache))
+    src = open_tokens(str(folder), val_fraction=0.0, cache_dir=str(cache))  # fixed: everything is read
+    assert b"BRAVO" in bytes(src.train.array().astype(np.uint8))
+
+
+def test_a_cache_entry_that_does_not_match_its_sources_is_rebuilt(tmp_path: Path, text_file: Path):
+    cache = tmp_path / "cache"
+    a = open_tokens(str(text_file), val_fraction=0.0, cache_dir=str(cache))
+    whole = a.train.path.read_bytes()
+    a.train.path.write_bytes(whole[: len(whole) // 2])  # a cache cut short (a copy, a crash of another tool)
+    b = open_tokens(str(text_file), val_fraction=0.0, cache_dir=str(cache))
+    assert b.train.path.read_bytes() == whole
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_token_file_truncated_while_training_is_an_error_not_a_bus_error(tmp_path: Path, workers: int):
+    """Defect 8: the memory map turned a data file truncated mid-run into a bus error that
+    killed the process without a word. Reads now notice the short file and say so, in one line
+    also from a DataLoader worker."""
+    path = tmp_path / "toks.bin"
+    np.arange(20_000, dtype=np.uint16).tofile(path)
+    windows = TokenWindows(open_tokens(str(path), val_fraction=0.0).train, 16)
+    loader = iter(build_loader(windows, 8, seed=0, settings=resolve_loader_settings(CPU, workers, False, 2)))
+    next(loader)
+    with open(path, "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(TurbotrainError) as caught:
+        for _ in range(20):
+            next(loader)
+    message = str(caught.value)
+    assert "toks.bin shrank to 1,000 bytes while in use" in message and "--resume" in message
+    assert len(message.splitlines()) == 1, message
+
+
+@pytest.mark.parametrize("meta", ['{"vocab_size": -5}', '{"vocab_size": 0}', '{"vocab_size": 1.5}',
+                                  '{"vocab_size": true}', '{"vocab_size": 99999999}', b"\xff\xfe{"])
+def test_a_bad_vocab_size_in_meta_json_is_refused(tmp_path: Path, meta):
+    path = tmp_path / "toks.bin"
+    np.arange(100, dtype=np.uint16).tofile(path)
+    (tmp_path / "meta.json").write_bytes(meta if isinstance(meta, bytes) else meta.encode())
+    with pytest.raises(TurbotrainError, match="whole-number 'vocab_size' from 1 to 65536"):
+        open_tokens(str(path), val_fraction=0.1)
+
+
+def test_an_llmc_header_with_a_negative_token_count_is_refused(tmp_path: Path):
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = (LLMC_MAGIC, 1, -7)
+    path = tmp_path / "train.bin"
+    path.write_bytes(header.tobytes() + np.arange(50, dtype=np.uint16).tobytes())
+    with pytest.raises(TurbotrainError, match="llm.c header says -7 tokens"):
+        open_tokens(str(path), val_fraction=0.1)

@@ -45,12 +45,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if extra and not getattr(args, "accepts_overrides", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    name = args.command.__name__.removeprefix("main_")  # main_train -> train
     try:
         with audience("cli"):  # errors name flags (--section.key=value)
             return int(args.command(args, extra) or 0)
     except TurbotrainError as exc:
-        print(f"turbotrain {args.command}: error: {exc}", file=sys.stderr)
+        print(f"turbotrain {name}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"turbotrain {args.command}: interrupted", file=sys.stderr)
+        print(f"turbotrain {name}: interrupted", file=sys.stderr)
         return 130

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
@@ -34,12 +33,20 @@ def main_sample(args: argparse.Namespace, extra: list[str]) -> int:
         )
     run_dir = find_run_dir(args.out_dir, args.run_dir)
     config = resume_config(run_dir)
-    _, payload = load_latest(run_dir / CHECKPOINTS)
-    vocab = payload["model"]["wte.weight"].shape[0]
+    path, payload = load_latest(run_dir / CHECKPOINTS, required=("model",))
+    weights = payload["model"]
+    embedding = weights.get("wte.weight") if isinstance(weights, dict) else None
+    if not isinstance(embedding, torch.Tensor) or embedding.dim() != 2:
+        raise TurbotrainError(f"{path} holds no GPT token embedding (model.wte.weight); sample reads checkpoints of `turbotrain train` runs")
+    vocab = embedding.shape[0]
     if vocab != 256:
         raise TurbotrainError(f"{run_dir} was trained on {vocab}-token ids; sample decodes byte-level (256) runs only")
     model = build_model(config.model, vocab)
-    model.load_state_dict(payload["model"])
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as exc:
+        detail = " ".join(str(exc).split())[:200]
+        raise TurbotrainError(f"{path} does not fit the model in {run_dir}/config.toml ({detail})") from None
     model.eval()
     torch.manual_seed(args.seed)
     prompt = args.prompt.encode("utf-8") or b"\n"

@@ -1,8 +1,15 @@
-"""``turbotrain train``: train a preset on the built-in corpus or your data."""
+"""``turbotrain train``: train a preset on the built-in corpus or your data.
+
+Exit status: 0 trained (to max_steps, or to stop_after_steps); 2 a mistake to fix, said in one
+line; 75 stopped by SIGTERM or SIGINT with everything saved (a checkpoint at the step it stopped,
+or nothing trained yet): continue with ``--resume``; 130 a second Ctrl-C interrupted it at once
+(the last periodic checkpoint is intact); 1 a bug, with its traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
@@ -10,9 +17,12 @@ import torch
 from ..config import describe, load_config, parse_overrides
 from ..errors import ConfigError
 from ..report import write_report
-from ..rundir import find_run_dir, resume_config
-from ..training import train
+from ..rundir import find_run_dir, new_run_dir, resume_config, run_name
+from ..runlock import RunLock
+from ..training import StoppedBySignal, stopped_by_signal, train
 from .report import print_report
+
+EXIT_STOPPED = 75  # sysexits' EX_TEMPFAIL: "try again later", here: continue with --resume
 
 
 def default_preset() -> str:
@@ -35,6 +45,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    "(default: --run.name, else the latest run)")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
     p.add_argument("--help-config", action="store_true", help="list every config field with its default and meaning")
+    p.epilog = (f"exit status: 0 trained; 2 a mistake to fix (one line says what); {EXIT_STOPPED} stopped by SIGTERM/SIGINT "
+                "with everything saved, continue with --resume; 130 interrupted by a second Ctrl-C")
     p.set_defaults(command=main_train, accepts_overrides=True)
     return p
 
@@ -55,13 +67,24 @@ def main_train(args: argparse.Namespace, extra: list[str]) -> int:
         run_dir = find_run_dir(base.run.out_dir, args.resume or overrides.get("run", {}).get("name", ""))
         config = resume_config(run_dir, overrides)
         print(f"resuming {run_dir}")
-        summary = train(config, resume_dir=run_dir)
     else:
         config = load_config(args.preset or default_preset(), overrides)
-        summary = train(config)
-        run_dir = Path(config.run.out_dir) / summary["run"]
-    _print_summary(summary, run_dir)
-    print_report(write_report(run_dir))  # plots + summary.md, as `turbotrain report RUN` would
+        config = config.replace(run={"name": run_name(config)})  # an automatic name, fixed once
+        run_dir = new_run_dir(config)
+    # The run's lock for the whole command (train() takes it too): no other process trains in
+    # the run while this one trains it or writes its report.
+    with RunLock(run_dir):
+        try:
+            summary = train(config, resume_dir=run_dir if args.resume is not None else None)
+        except StoppedBySignal as exc:
+            print(f"turbotrain train: {exc}", file=sys.stderr)
+            return EXIT_STOPPED
+        _print_summary(summary, run_dir)
+        print_report(write_report(run_dir))  # plots + summary.md, as `turbotrain report RUN` would
+    if stopped_by_signal(summary):
+        print(f"turbotrain train: {summary['stop_reason']} stopped the run at step {summary['steps']}, checkpoint saved; "
+              f"continue with `turbotrain train --resume {run_dir}`", file=sys.stderr)
+        return EXIT_STOPPED
     return 0
 
 
@@ -78,7 +101,9 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
         lines.append(f"  val loss {summary['final_val_loss']:.4f} at step {summary['final_val_step']}"
                      + (f" | train loss {train_loss:.4f}" if train_loss is not None else ""))
     if rate:
-        lines.append(f"  {rate:,.0f} tokens/s (median) | first step {summary['first_step_s']:.2f} s | {summary['elapsed_s']:.1f} s total")
+        first = summary.get("first_step_s")  # None when this invocation trained no step (a finished run resumed)
+        lines.append(f"  {rate:,.0f} tokens/s (median)" + (f" | first step {first:.2f} s" if first is not None else "")
+                     + f" | {summary['elapsed_s']:.1f} s total")
     for e in summary.get("events", []):
         lines.append(f"  event at step {e['step']}: {e['kind']}: {e['detail']}")
     print("\n".join(lines))

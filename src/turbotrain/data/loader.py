@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..errors import TurbotrainError
-from .sources import TokenSplit
+from .sources import DataReadError, TokenSplit
 
 
 class TokenWindows(Dataset):
-    """Item ``i`` is (tokens[i : i+T], tokens[i+1 : i+T+1]) as int64; fetched a batch at a time."""
+    """Item ``i`` is (tokens[i : i+T], tokens[i+1 : i+T+1]) as int64; fetched a batch at a time,
+    one ``pread`` per row (:meth:`TokenSplit.read_rows`): a file that shrinks mid-run is an error
+    naming it, not a bus error."""
 
     def __init__(self, split: TokenSplit, seq_len: int) -> None:
         if len(split) < seq_len + 1:
@@ -28,7 +30,7 @@ class TokenWindows(Dataset):
                 f"model.block_size + 1 = {seq_len + 1}; use more data or a smaller --model.block_size"
             )
         self.split, self.seq_len = split, seq_len
-        self._tokens: np.ndarray | None = None  # opened lazily: one memmap per worker process
+        self._file: BinaryIO | None = None  # opened lazily; a forked worker may share it (pread has no position)
 
     @property
     def positions(self) -> int:
@@ -37,14 +39,20 @@ class TokenWindows(Dataset):
     def __len__(self) -> int:
         return self.positions
 
-    def _array(self) -> np.ndarray:
-        if self._tokens is None:
-            self._tokens = self.split.array()
-        return self._tokens
+    def _fd(self) -> int:
+        if self._file is None:
+            try:
+                self._file = open(self.split.path, "rb", buffering=0)
+            except OSError as exc:
+                raise DataReadError(f"cannot read {self.split.path} ({exc.strerror}); put it back, then continue with --resume") from None
+        return self._file.fileno()
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_file": None}  # a worker started by spawn opens its own
 
     def __getitems__(self, offsets: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = np.asarray(offsets, dtype=np.int64)[:, None] + np.arange(self.seq_len + 1)
-        window = torch.from_numpy(self._array()[idx].astype(np.int64))
+        rows = self.split.read_rows(self._fd(), np.asarray(offsets, dtype=np.int64), self.seq_len + 1)
+        window = torch.from_numpy(rows.astype(np.int64))
         return window[:, :-1].contiguous(), window[:, 1:].contiguous()
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:

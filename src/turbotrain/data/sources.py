@@ -1,8 +1,13 @@
 """Where tokens come from: a ``.bin`` token file, text (a file or a folder), or the built-in corpus.
 
 Text is byte-tokenized (vocabulary 256) once and cached as a uint16 ``.bin`` keyed by a hash of
-the sources' paths, sizes and modification times, so later runs start at once. The built-in
-corpus is the Python standard library's own ``.py`` files: on every machine, no download.
+the paths, sizes and modification times of the files as they were read, so later runs start at
+once. A file that cannot be read is an error naming it, never silently left out (a cache missing
+it would outlive the fix); a cache entry whose length does not match its sources is rebuilt. The
+built-in corpus is the Python standard library's own ``.py`` files: on every machine, no download.
+
+Token files are read with ``pread``, not a memory map: a file truncated while training gives an
+error that says so instead of a bus error that kills the process without a word.
 """
 
 from __future__ import annotations
@@ -16,13 +21,26 @@ from pathlib import Path
 
 import numpy as np
 
-from ..atomic import atomic_write
+from ..atomic import atomic_write, clean_stale_temps
 from ..errors import TurbotrainError
 
 LLMC_MAGIC = 20240520  # llm.c token files start with a 256 x int32 header
 GPT2_VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64
 BYTE_VOCAB = 256
+MAX_VOCAB = 1 << 16  # token ids are uint16
+CACHE_VERSION = 2  # part of every cache key: bump it when what a cache entry holds changes
+SEPARATOR = b"\n\n"  # between files in the byte stream
 TEXT_SUFFIXES = {".txt", ".py", ".md", ".rst", ".c", ".h", ".js", ".ts", ".java", ".go", ".rs", ".json", ".toml", ".html", ".css"}
+
+
+class DataReadError(TurbotrainError):
+    """Data that cannot be read (any more). A DataLoader worker re-raises an error from its
+    process with the worker's traceback folded into the message; this keeps the one line."""
+
+    def __init__(self, message: str) -> None:
+        if message.startswith("Caught ") and "Traceback" in message:  # re-raised from a worker process
+            message = message.rstrip().splitlines()[-1].split(": ", 1)[-1]
+        super().__init__(message)
 
 
 @dataclass(frozen=True)
@@ -38,15 +56,46 @@ class TokenSplit:
         return self.stop - self.start
 
     def array(self) -> np.ndarray:
+        """The range as a read-only memory map (for inspection: a file truncated while it is
+        mapped kills the process on access; training reads through :meth:`read_rows`)."""
         mm = np.memmap(self.path, dtype=np.uint16, mode="r", offset=self.offset_bytes)
         return mm[self.start : self.stop]
+
+    @property
+    def needed_bytes(self) -> int:
+        """The file size this range needs."""
+        return self.offset_bytes + 2 * self.stop
+
+    def shrunk(self, fd: int) -> DataReadError:
+        size = os.fstat(fd).st_size
+        return DataReadError(
+            f"{self.path} shrank to {size:,} bytes while in use (this run needs {self.needed_bytes:,}); "
+            "put the complete file back, then continue with --resume"
+        )
+
+    def read_rows(self, fd: int, offsets: np.ndarray, length: int) -> np.ndarray:
+        """Tokens ``[o, o + length)`` of the range for each offset ``o``, as a (rows, length)
+        uint16 array, read from the open file ``fd`` with one ``pread`` per row; a short read
+        (the file shrank) raises :class:`DataReadError`."""
+        row_bytes = 2 * length
+        out = bytearray(len(offsets) * row_bytes)
+        view = memoryview(out)
+        base = self.offset_bytes + 2 * self.start
+        for i, offset in enumerate(offsets.tolist()):
+            if os.preadv(fd, [view[i * row_bytes : (i + 1) * row_bytes]], base + 2 * offset) != row_bytes:
+                raise self.shrunk(fd)
+        return np.frombuffer(out, dtype=np.uint16).reshape(len(offsets), length)
 
     def max_token(self, limit: int | None = None) -> int:
         """The largest token id among the first ``limit`` tokens of the range (all when None;
         -1 when empty), read in chunks of 16 M tokens (~30 ms for 30 M tokens from the page cache)."""
-        tokens, chunk = self.array(), 1 << 24
-        n = len(tokens) if limit is None else min(limit, len(tokens))
-        return max((int(tokens[i : min(i + chunk, n)].max()) for i in range(0, n, chunk)), default=-1)
+        n = len(self) if limit is None else min(limit, len(self))
+        chunk, top = 1 << 24, -1
+        with open(self.path, "rb", buffering=0) as f:
+            for i in range(0, n, chunk):
+                rows = self.read_rows(f.fileno(), np.array([i]), min(chunk, n - i))
+                top = max(top, int(rows.max()))
+        return top
 
 
 @dataclass(frozen=True)
@@ -89,36 +138,79 @@ def stdlib_files() -> list[Path]:
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 
+def _unreadable(path: Path | str, exc: OSError) -> DataReadError:
+    return DataReadError(f"cannot read {path} ({exc.strerror}); fix its permissions or move it out of the data folder")
+
+
+def _raise_unreadable(exc: OSError) -> None:
+    raise _unreadable(exc.filename, exc)
+
+
 def _text_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
-    files = [p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES]
+    files = [
+        Path(folder) / name
+        for folder, _, names in os.walk(path, onerror=_raise_unreadable)  # an unreadable subfolder is named too
+        for name in names
+        if Path(name).suffix.lower() in TEXT_SUFFIXES and (Path(folder) / name).is_file()
+    ]
     return sorted(files, key=lambda p: p.relative_to(path).as_posix())
 
 
-def _fingerprint(files: list[Path]) -> str:
-    h = hashlib.blake2b(digest_size=12)
-    for f in files:
+FileKey = tuple[str, int, int]  # (path, size in bytes, modification time in ns)
+
+
+def _listed(f: Path) -> FileKey:
+    try:
         st = f.stat()
-        h.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()
+    except OSError as exc:
+        raise _unreadable(f, exc) from None
+    return str(f), st.st_size, st.st_mtime_ns
+
+
+def _read(f: Path) -> tuple[bytes, FileKey]:
+    """The file's bytes and the key of what was read (its size and time after reading)."""
+    try:
+        with open(f, "rb") as fh:
+            data = fh.read()
+            st = os.fstat(fh.fileno())
+    except OSError as exc:
+        raise _unreadable(f, exc) from None
+    return data, (str(f), len(data), st.st_mtime_ns)
+
+
+def _cache_path(cache_dir: Path, keys: list[FileKey]) -> Path:
+    h = hashlib.blake2b(digest_size=12)
+    h.update(f"v{CACHE_VERSION}\n".encode())
+    for name, size, mtime_ns in keys:
+        h.update(f"{name}\0{size}\0{mtime_ns}\n".encode())
+    return cache_dir / f"bytes-{h.hexdigest()}.bin"
+
+
+def _cached_bytes(keys: list[FileKey]) -> int:
+    """The size of the cache entry for ``keys``: every byte and separator as a uint16."""
+    return 2 * sum(size + len(SEPARATOR) for _, size, _ in keys)
 
 
 def byte_tokenize(files: list[Path], cache_dir: Path) -> Path:
     """Concatenate the files' bytes (separated by a blank line) into a cached uint16 token file.
 
-    Returns its path. The cache is written atomically (:func:`turbotrain.atomic.atomic_write`).
+    Returns its path. The entry is keyed on the files as they were read and used again only when
+    its size matches them; it is written atomically (:func:`turbotrain.atomic.atomic_write`).
     """
     cache_dir.mkdir(parents=True, exist_ok=True)
-    out = cache_dir / f"bytes-{_fingerprint(files)}.bin"
-    if out.exists():
+    clean_stale_temps(cache_dir)
+    listed = [_listed(f) for f in files]
+    out = _cache_path(cache_dir, listed)
+    if out.is_file() and out.stat().st_size == _cached_bytes(listed):
         return out
-    chunks = []
+    chunks, read = [], []
     for f in files:
-        try:
-            chunks.append(f.read_bytes() + b"\n\n")
-        except OSError:
-            continue
+        data, key = _read(f)
+        chunks += [data, SEPARATOR]
+        read.append(key)
+    out = _cache_path(cache_dir, read)  # a file changed between listing and reading: key what was read
     data = np.frombuffer(b"".join(chunks), dtype=np.uint8).astype(np.uint16)
     atomic_write(out, data.tofile)
     return out
@@ -126,11 +218,14 @@ def byte_tokenize(files: list[Path], cache_dir: Path) -> Path:
 
 def _bin_layout(path: Path) -> tuple[int, int, int]:
     """(header bytes, number of tokens, vocab size) of a .bin token file; validates its size."""
-    size = path.stat().st_size
-    header = np.fromfile(path, dtype=np.int32, count=3) if size >= 12 else np.zeros(3, np.int32)
+    try:
+        size = path.stat().st_size
+        header = np.fromfile(path, dtype=np.int32, count=3) if size >= 12 else np.zeros(3, np.int32)
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
     if size >= 1024 and int(header[0]) == LLMC_MAGIC:
         n = int(header[2])
-        if 1024 + 2 * n > size:
+        if n < 0 or 1024 + 2 * n > size:
             raise TurbotrainError(f"{path}: llm.c header says {n} tokens but the file holds fewer; re-export it")
         offset, n_tokens = 1024, n
     else:
@@ -144,9 +239,12 @@ def _bin_layout(path: Path) -> tuple[int, int, int]:
     for meta in (path.with_suffix(".json"), path.parent / "meta.json"):
         if meta.is_file():
             try:
-                vocab = int(json.loads(meta.read_text())["vocab_size"])
-            except (ValueError, KeyError, TypeError):
-                raise TurbotrainError(f"{meta} must be JSON with an integer 'vocab_size'") from None
+                vocab = json.loads(meta.read_bytes())["vocab_size"]
+            except (ValueError, KeyError, TypeError, OSError):
+                vocab = None
+            if not isinstance(vocab, int) or isinstance(vocab, bool) or not 1 <= vocab <= MAX_VOCAB:
+                raise TurbotrainError(f"{meta} must be JSON with a whole-number 'vocab_size' from 1 to {MAX_VOCAB} "
+                                      "(token ids are uint16)")
             break
     return offset, n_tokens, vocab
 
@@ -194,7 +292,7 @@ def open_tokens(path: str, *, val_fraction: float, cache_dir: str = "") -> Token
             train, val = _split(p, offset, n, val_fraction)
         return TokenSource(train, val, vocab, f"{p} ({n:,} tokens)")
     files = _text_files(p)
-    if not files or sum(f.stat().st_size for f in files) == 0:
+    if not files or sum(_listed(f)[1] for f in files) == 0:
         raise TurbotrainError(f"data path {path!r} holds no text; pass --data with a non-empty text file, a folder of text files or a .bin token file")
     tp = byte_tokenize(files, cache)
     n = tp.stat().st_size // 2

@@ -1,0 +1,110 @@
+"""One lock per run directory: a second process cannot train, resume or start a run in it.
+
+Why: two ``turbotrain train --run.name X`` started together both wrote into X (checkpoints of
+two configs alternating, metrics interleaved), and ``--resume X`` of a run still training logged
+every step twice. The lock is an exclusive POSIX record lock (``lockf``) on ``RUN/.lock``, held
+from before the first file is written until the process is done with the run. The kernel drops it
+when the process dies, however it dies (kill -9 included), so a stale lock cannot block a resume:
+the next process takes it over and says whose it was. Unlike ``flock``, a record lock is not
+inherited by forked DataLoader workers, which could outlive a killed trainer for seconds. The
+file holds the holder's PID, for the message.
+
+The lock is re-entrant within a process (the CLI holds it around ``train()``, which takes it
+too): the process opens the lock file once, since closing any descriptor of it would drop a
+record lock. It needs a file system with working POSIX locks (local disks, NFS with lockd).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+from pathlib import Path
+from types import TracebackType
+
+from .config import setting
+from .errors import TurbotrainError
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = ".lock"
+
+_HELD: dict[str, list[int]] = {}  # real path of a run directory -> [fd, depth] for locks this process holds
+
+
+class RunInUseError(TurbotrainError):
+    """Another live process holds the run directory's lock."""
+
+
+def _holder(fd: int) -> str:
+    text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    return text if text.isdigit() else "unknown"
+
+
+class RunLock:
+    """``with RunLock(run_dir):`` holds ``run_dir``'s lock for the block (the folder must exist)."""
+
+    def __init__(self, run_dir: Path | str) -> None:
+        self.run_dir = Path(run_dir)
+        self._key = os.path.realpath(self.run_dir)
+
+    def acquire(self) -> "RunLock":
+        held = _HELD.get(self._key)
+        if held is not None:
+            held[1] += 1
+            return self
+        try:
+            fd = os.open(self.run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise self._cannot(exc) from None
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EACCES, errno.EAGAIN):  # no POSIX locks on this file system
+                os.close(fd)
+                raise self._cannot(exc) from None
+            pid = _holder(fd)
+            os.close(fd)
+            raise RunInUseError(
+                f"run directory {self.run_dir} is in use by process {pid} (training or resuming it); wait for it "
+                f"to finish, stop it (kill -TERM {pid} saves a checkpoint first), or choose another {setting('run.name', 'NAME')}"
+            ) from None
+        previous = _holder(fd)
+        if previous not in ("unknown", str(os.getpid())):
+            log.info("run directory %s: taking over the lock of process %s, which ended without releasing it", self.run_dir, previous)
+        try:  # the PID is for messages only: a full disk must not stop the run here
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            pass
+        _HELD[self._key] = [fd, 1]
+        return self
+
+    def _cannot(self, exc: OSError) -> TurbotrainError:
+        return TurbotrainError(f"cannot lock run directory {self.run_dir} ({exc.strerror}); "
+                               f"choose another {setting('run.out_dir', 'DIR')} on a local disk")
+
+    def release(self) -> None:
+        held = _HELD.get(self._key)
+        if held is None:
+            return
+        held[1] -= 1
+        if held[1] == 0:
+            del _HELD[self._key]
+            try:  # an empty lock file says its last holder ended cleanly; a PID left in it, that it died
+                os.ftruncate(held[0], 0)
+            except OSError:
+                pass
+            os.close(held[0])  # drops the lock; the file stays, unlocked
+
+    @property
+    def held(self) -> bool:
+        """Whether this process holds the lock."""
+        return self._key in _HELD
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, kind: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.release()
