@@ -116,3 +116,46 @@ def test_batch_auto_searches_in_its_own_process_and_every_row_uses_the_answer(tm
     with pytest.raises(SystemExit) as exc:
         main(["bench", "--batch", "lots"])
     assert exc.value.code == 2 and "whole number of samples or auto" in capsys.readouterr().err
+
+
+USER_CNN = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(F.relu(self.conv(x)).mean((2, 3)))
+
+
+def make():
+    images, labels = torch.randn(64, 3, 8, 8), torch.randint(4, (64,))
+    loader = DataLoader(TensorDataset(images, labels), batch_size=16, shuffle=True)
+    return {"model": Net(), "train_loader": loader, "loss_fn": lambda model, batch: F.cross_entropy(model(batch[0]), batch[1])}
+'''
+
+
+def test_the_precision_matrix_runs_on_your_own_cnn(tmp_path, capsys):
+    from turbotrain.cli import main
+
+    path = tmp_path / "my_cnn.py"
+    path.write_text(USER_CNN)
+    out = tmp_path / "out"
+    assert main(["bench", "--model", f"{path}:make", "--matrix", "precision", "--warmup", "1", "--steps", "2",
+                 "--threads", "1", "--out", str(out)]) == 0
+    doc = json.loads((out / "make-precision.json").read_text())
+    rows = {r["row"]: r for r in doc["rows"]}
+    assert rows["fp32"]["status"] == "ok" and rows["bf16-mixed"]["status"] == "ok"
+    assert len({r["init_digest"] for r in rows.values() if r["status"] == "ok"}) == 1  # FUNC re-run, seeded: same weights
+    assert doc["workload"]["batch_size"] == 16 and doc["workload"]["task"] == "custom"
+    assert doc["flops_per_step"] > 0 and "samples/s" in render_report(doc)
+    assert abs(rows["bf16-mixed"]["loss_diff"]) <= rows["bf16-mixed"]["loss_tol"]
+    assert main(["bench", "--model", f"{path}:missing", "--matrix", "precision"]) == 2
+    assert "has no function 'missing'" in capsys.readouterr().err.strip().splitlines()[-1]

@@ -20,8 +20,9 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "turbotrain"
 LAYERS: dict[str, int] = {
     # L0 foundation
     "errors": 0, "config": 0, "version": 0, "atomic": 0, "batch": 0, "units": 0, "rundir": 0, "runlock": 0,
+    "process": 0,
     # L1 facts and building blocks
-    "hardware": 1, "models": 1, "data": 1,
+    "hardware": 1, "models": 1, "data": 1, "workload": 1,
     # L2 core: what a step runs
     "precision": 2, "transforms": 2, "oom": 2, "optim": 2, "distributed": 2, "engine": 2, "assembly": 2,
     # L3 loop
@@ -30,6 +31,7 @@ LAYERS: dict[str, int] = {
     "memory": 4,
     # L5 application
     "training": 5, "tracking": 5, "report": 5, "doctor": 5, "bench": 5,
+    "measure": 5, "profile": 5, "tune": 5,  # short measured runs need run assembly (training) and bench's clock
     # L6 command line
     "cli": 6,
     # the package root (public API) and ``python -m turbotrain``
@@ -174,7 +176,8 @@ def test_the_checker_sees_late_upward_and_circular_imports(tmp_path, monkeypatch
 
 
 HEAVY = ("turbotrain.memory", "turbotrain.memory.finder", "turbotrain.memory.stats", "turbotrain.bench",
-         "turbotrain.report", "turbotrain.training", "turbotrain.doctor", "matplotlib")
+         "turbotrain.report", "turbotrain.training", "turbotrain.doctor", "matplotlib",
+         "turbotrain.measure", "turbotrain.profile", "turbotrain.tune", "optuna")
 
 
 def test_import_turbotrain_stays_light():

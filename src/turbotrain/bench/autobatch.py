@@ -26,7 +26,8 @@ from ..config import load_config
 from ..errors import TurbotrainError
 from ..memory import resolve_batch_size
 from .contenders import turbotrain_overrides
-from .suite import BenchOptions, row_env, run_process
+from ..process import run_process
+from .suite import BenchOptions, row_env
 from .workloads import make_data, resolve_workload, seeded_model, to_spec
 
 AUTO_MAX_MICRO = 1024  # samples; the finder's own ceiling

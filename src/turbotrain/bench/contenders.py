@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ..assembly import build_trainable
+from ..batch import move_to
 from ..config import load_config
 from ..errors import ConfigError
 from ..hooks import FitContext, Hook
@@ -119,10 +120,10 @@ def train_eager(job: Job, autocast_dtype: torch.dtype | None = None) -> dict[str
     amp = (lambda: torch.autocast(device.type, dtype=autocast_dtype)) if autocast_dtype else contextlib.nullcontext
     clip = job.optim["grad_clip"]
     model.train()
-    for x, y in loader:
-        x, y = x.to(device), y.to(device)
+    for batch in loader:
+        batch = move_to(batch, device)
         with amp():
-            loss = model(x, y)
+            loss = job.loss(model, batch)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
@@ -157,8 +158,8 @@ def train_accelerate(job: Job) -> dict[str, Any]:
     model, opt, loader, sched = accelerator.prepare(job.model, opt, make_loader(job.batches), sched)
     clip = job.optim["grad_clip"]
     model.train()
-    for x, y in loader:
-        loss = model(x, y)
+    for batch in loader:
+        loss = job.loss(model, batch)
         accelerator.backward(loss)
         accelerator.clip_grad_norm_(model.parameters(), clip)
         opt.step()
@@ -185,8 +186,7 @@ def train_lightning(job: Job) -> dict[str, Any]:
             self.model = model
 
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            x, y = batch
-            return self.model(x, y)
+            return job.loss(self.model, batch)
 
         def configure_optimizers(self) -> Any:
             opt, sched = job.plain_optimizer(self.model)
@@ -263,7 +263,8 @@ def train_turbotrain(job: Job) -> dict[str, Any]:
     except ConfigError as exc:  # e.g. fp16-mixed on CPU, bf16 on a GPU without it
         raise SkipContender(str(exc)) from None
     engine = t.engine
-    fit(engine, t.model, t.optimizer, t.loader, max_steps=total + (profiler.steps if profiler else 0), hooks=[Clock()])
+    fit(engine, t.model, t.optimizer, t.loader, max_steps=total + (profiler.steps if profiler else 0), hooks=[Clock()],
+        loss_fn=job.loss_fn)
     profile = profiler.stop() if profiler else None
     p = engine.precision
     impl = resolve_implementation(config.optim.implementation, engine.device)

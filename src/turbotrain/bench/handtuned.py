@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..batch import map_tensors
 from .protocol import Job, make_loader
 
 
@@ -46,11 +47,13 @@ def train_handtuned(job: Job) -> dict[str, Any]:
     step_fn = torch.compile(model) if use_compile else model
     params = list(model.parameters())
     model.train()
-    for x, y in make_loader(job.batches, pin_memory=cuda and not resident):
-        x = x.to(dev, non_blocking=True, memory_format=fmt) if x.ndim == 4 else x.to(dev, non_blocking=True)
-        y = y.to(dev, non_blocking=True)
+    def to_device(t: torch.Tensor) -> torch.Tensor:  # images channels_last, everything asynchronously
+        return t.to(dev, non_blocking=True, memory_format=fmt) if t.ndim == 4 else t.to(dev, non_blocking=True)
+
+    for batch in make_loader(job.batches, pin_memory=cuda and not resident):
+        batch = map_tensors(batch, to_device)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_bf16):
-            loss = step_fn(x, y)
+            loss = job.loss(step_fn, batch)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, o["grad_clip"], foreach=True)
         opt.step()

@@ -25,6 +25,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from ..batch import move_to
+from ..engine import as_loss, default_loss
 from ..errors import TurbotrainError
 from ..hardware import precision_key, tf32_enabled
 from ..units import GIB
@@ -149,27 +151,27 @@ def warmup_factor(warmup_steps: int) -> Callable[[int], float]:
 
 
 class BatchList(Dataset):
-    """Item ``i`` is the whole batch ``i mod pool`` as (inputs, targets): a DataLoader with
+    """Item ``i`` is the whole batch ``i mod pool`` (any structure: a tuple of inputs and targets
+    for the built-in workloads, whatever your loader yields for ``--model``): a DataLoader with
     ``batch_size=None`` yields the same batches in the same order to every contender."""
 
-    def __init__(self, xs: torch.Tensor, ys: torch.Tensor, length: int) -> None:
-        self.xs, self.ys, self.length = xs, ys, length
+    def __init__(self, batches: list[Any], length: int) -> None:
+        self.batches, self.length = batches, length
 
     def __len__(self) -> int:
         return self.length
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        k = i % self.xs.shape[0]
-        return self.xs[k], self.ys[k]
+    def __getitem__(self, i: int) -> Any:
+        return self.batches[i % len(self.batches)]
 
 
 def load_batches(spec: dict[str, Any], device: torch.device) -> BatchList:
     """The spec's batches; moved to ``device`` first when the workload keeps its data resident."""
     data = torch.load(spec["data_file"], weights_only=True)
-    xs, ys = data["x"], data["y"]
+    batches = data["batches"] if "batches" in data else [(x, y) for x, y in zip(data["x"], data["y"])]
     if spec.get("resident") and device.type == "cuda":
-        xs, ys = xs.to(device), ys.to(device)
-    return BatchList(xs, ys, spec["warmup_steps"] + spec["timed_steps"] + int(spec.get("profile_steps", 0)))
+        batches = move_to(batches, device)
+    return BatchList(batches, spec["warmup_steps"] + spec["timed_steps"] + int(spec.get("profile_steps", 0)))
 
 
 def make_loader(batches: BatchList, pin_memory: bool = False) -> DataLoader:
@@ -193,6 +195,11 @@ class Job:
     model: nn.Module  # built from the seed on the host, not yet moved
     batches: BatchList
     clock: StepClock
+    loss_fn: Callable[[nn.Module, Any], Any] = default_loss  # (model, batch) -> loss; a --model workload's own
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """The scalar loss of ``batch`` (already on the device) under ``model``."""
+        return as_loss(self.loss_fn(model, batch))
 
     @property
     def optim(self) -> dict[str, Any]:

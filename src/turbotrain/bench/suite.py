@@ -9,12 +9,8 @@ Nothing is filled in that a process did not measure: a skipped or failed row kee
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -22,8 +18,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..hardware import estimate_mfu, lookup_peak
+from ..process import child_env, run_process
 from .contenders import CONTENDERS, DEFAULT_ORDER
-from .workloads import Workload, flops_per_step, to_spec, write_data
+from .workloads import CUSTOM, Workload, flops_per_step, to_spec, write_data
 
 # Loss parity: the same recipe in the same arithmetic differs only by kernel summation order
 # (fused vs foreach vs for-loop AdamW, clipping): 1e-3 nats after a few dozen steps is generous.
@@ -63,34 +60,7 @@ class BenchOptions:
 def row_env(row_dir: Path, opts: BenchOptions) -> dict[str, str]:
     """The contender's environment: turbotrain importable, and compile caches: by default cold
     ones of its own, so no row's time to first step profits from another's compilation."""
-    env = dict(os.environ)
-    src = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    if opts.threads:
-        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(opts.threads)
-    cache = row_dir if opts.compile_cache == "cold" else opts.work_dir
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor-cache")
-    env["TRITON_CACHE_DIR"] = str(cache / "triton-cache")
-    return env
-
-
-def run_process(cmd: list[str], log_path: Path, env: dict[str, str], timeout_s: float) -> int | None:
-    """Run ``cmd`` with its output in ``log_path``; its exit code, or None when it ran past
-    ``timeout_s`` seconds. A session of its own, so ending it also ends its compile workers; it
-    never outlives this process (a timeout, Ctrl-C or SIGTERM here ends it first)."""
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        code: int | None = None
-        try:
-            code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
-        finally:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    return code
+    return child_env(threads=opts.threads, compile_cache=row_dir if opts.compile_cache == "cold" else opts.work_dir)
 
 
 def run_row(contender: str, spec: dict[str, Any], row_name: str, opts: BenchOptions) -> dict[str, Any]:
@@ -329,7 +299,7 @@ def ablation_variants(w: Workload, device: str) -> list[Variant]:
     then turbotrain's defaults. Rows that cannot apply here say why."""
     cuda = device == "cuda"
     gpt = w.model == "gpt"
-    conv = w.model in ("resnet", "cifar")
+    conv = w.model in ("resnet", "cifar") or (w.model == CUSTOM and bool(w.model_kwargs.get("conv")))
     only_cuda = "" if cuda else "CUDA only"
     baseline: dict[str, dict[str, Any]] = {
         "precision": {"mode": "fp32", "tf32": False, "cudnn_benchmark": False},

@@ -24,7 +24,7 @@ from ..doctor import cpu_model
 from ..version import __version__
 from .contenders import CONTENDERS, TRAINERS, SkipContender
 from .protocol import Job, StepClock, init_digest, load_batches
-from .workloads import seeded_model
+from .workloads import seeded_workload
 
 
 def device_name(device: torch.device) -> str:
@@ -43,11 +43,11 @@ def run(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     # (~1.4 s here) at the first optimizer built, which Lightning and Accelerate pay at import.
     importlib.import_module("torch._dynamo")
 
-    model = seeded_model(spec["model"]["kind"], spec["model"]["kwargs"], spec["seed"])
+    model, loss_fn = seeded_workload(spec["model"]["kind"], spec["model"]["kwargs"], spec["seed"])
     digest = init_digest(model)
     batches = load_batches(spec, device)
     clock = StepClock(device, spec["warmup_steps"], spec["timed_steps"])
-    extra = TRAINERS[name](Job(spec, device, model, batches, clock))
+    extra = TRAINERS[name](Job(spec, device, model, batches, clock, loss_fn))
     figures = clock.finish()
     versions = {"torch": torch.__version__, "turbotrain": __version__, **extra.pop("versions", {})}
     return {

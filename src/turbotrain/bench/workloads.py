@@ -14,18 +14,24 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..batch import batch_size as _batch_size
 from ..data.sources import stdlib_files
+from ..engine import LossFn, default_loss
 from ..errors import TurbotrainError
 from ..models.build import build_named
 from ..models.classifier import synthetic_images
 from ..models.gpt import GPT, GPTConfig
 from ..models.mlp import synthetic_batches
+from ..monitor import count_flops_per_sample
+from ..workload import load_workload, rebuild_loader
+
+CUSTOM = "custom"  # Workload.model of a --model FILE.py:FUNC workload
 
 # ---------------------------------------------------------------------------------- workloads
 
@@ -79,8 +85,9 @@ class Workload:
         kw = ", ".join(f"{k}={v}" for k, v in self.model_kwargs.items())
         shape = f"T={self.seq_len}" if self.seq_len else f"{self.image_size}x{self.image_size}" if self.image_size else ""
         scaled = " (scaled down for CPU)" if self.scaled_for else ""
+        model = "" if self.model == CUSTOM else f"; {self.model}({kw})"
         return (
-            f"{self.name}: {self.title}{scaled}; {self.model}({kw}); batch {self.batch_size}"
+            f"{self.name}: {self.title}{scaled}{model}; batch {self.batch_size}"
             f"{' x ' + shape if shape else ''}; {self.warmup_steps} warm-up + {self.timed_steps} timed steps"
         )
 
@@ -196,16 +203,19 @@ def resolve_workload(
     changes: dict[str, Any] = {}
     if batch_size is not None:
         changes["batch_size"] = batch_size
-    if warmup_steps is not None:
-        changes["warmup_steps"] = warmup_steps
-    if timed_steps is not None:
-        changes["timed_steps"] = timed_steps
     if model_overrides:
         kwargs = {**w.model_kwargs, **model_overrides}
         changes["model_kwargs"] = kwargs
         if w.model == "gpt" and "block_size" in model_overrides:
             changes["seq_len"] = kwargs["block_size"]
-    w = w.replace(**changes) if changes else w
+    return resolve_bench(w.replace(**changes) if changes else w, warmup_steps, timed_steps)
+
+
+def resolve_bench(w: Workload, warmup_steps: int | None = None, timed_steps: int | None = None) -> Workload:
+    """``w`` with the given step counts, checked: a warm-up step, two timed steps, one sample."""
+    if warmup_steps is not None or timed_steps is not None:
+        w = w.replace(warmup_steps=w.warmup_steps if warmup_steps is None else warmup_steps,
+                      timed_steps=w.timed_steps if timed_steps is None else timed_steps)
     if w.warmup_steps < 1:
         raise TurbotrainError(f"--warmup = {w.warmup_steps}: at least 1 warm-up step is needed (step 1 includes compilation)")
     if w.timed_steps < 2:
@@ -220,8 +230,18 @@ def resolve_workload(
 
 def seeded_model(kind: str, kwargs: dict[str, Any], seed: int) -> nn.Module:
     """``build_named`` right after ``torch.manual_seed(seed)``: the same weights in every process."""
+    return seeded_workload(kind, kwargs, seed)[0]
+
+
+def seeded_workload(kind: str, kwargs: dict[str, Any], seed: int) -> tuple[nn.Module, LossFn]:
+    """The model (built right after ``torch.manual_seed(seed)``: the same weights in every
+    process) and its loss function: a reference model's is ``model(*batch)``, a ``--model``
+    workload's is its own (its FUNC is called again, seeded)."""
+    if kind == CUSTOM:
+        w = load_workload(kwargs["ref"], seed=seed)
+        return w.model, w.loss_fn or default_loss
     torch.manual_seed(seed)
-    return build_named(kind, kwargs)
+    return build_named(kind, kwargs), default_loss
 
 
 def sample_shape(w: Workload) -> tuple[tuple[int, ...], torch.dtype]:
@@ -239,6 +259,11 @@ def flops_per_step(w: Workload) -> tuple[float, str]:
     GPT: the PaLM convention (6N + 12 L H Q T per token), as the design's protocol states. Other
     models: counted with ``torch.utils.flop_counter`` on the meta device (no memory, no compute).
     """
+    if w.model == CUSTOM:
+        model, loss_fn = seeded_workload(CUSTOM, w.model_kwargs, 0)
+        batch = custom_batches(w, 0, count=1)[0]
+        return count_flops_per_sample(model, batch, loss_fn) * _batch_size(batch), \
+            "counted on one batch (torch.utils.flop_counter, forward + backward)"
     if w.model == "gpt":
         with torch.device("meta"):
             gpt = GPT(GPTConfig(**w.model_kwargs))
@@ -293,9 +318,64 @@ def make_data(w: Workload, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def write_data(w: Workload, seed: int, path: Path) -> Path:
     """Write the batches once, for every contender to read (``torch.load(weights_only=True)``)."""
+    if w.model == CUSTOM:
+        torch.save({"batches": custom_batches(w, seed)}, path)
+        return path
     xs, ys = make_data(w, seed)
     torch.save({"x": xs, "y": ys}, path)
     return path
+
+
+# ---------------------------------------------------------------------------------- your model
+
+
+def custom_workload(ref: str, device_type: str, *, batch_size: int | None = None, warmup_steps: int | None = None,
+                    timed_steps: int | None = None) -> Workload:
+    """A benchmark workload from ``--model FILE.py:FUNC`` (see :mod:`turbotrain.workload`): its
+    model, loss and batches (``batch_size`` rebuilds its DataLoader with that many samples per
+    batch). Every row trains with the bench recipe's AdamW (lr 1e-3), so rows compare; the
+    workload's own optimizer is left out."""
+    w = load_workload(ref, seed=0)  # here: a wrong --model is one error before any row starts
+    loader = rebuild_loader(w.train_loader, batch_size=batch_size) if batch_size else w.train_loader
+    first = next(iter(loader), None)
+    if first is None:
+        raise TurbotrainError(f"--model {ref}: train_loader yielded no batch")
+    cuda = device_type == "cuda"
+    bench = Workload(
+        ref.rpartition(":")[2], f"your model ({ref}): {type(w.model).__name__}", "custom", CUSTOM,
+        {"ref": ref, "batch_size": batch_size, "conv": any(isinstance(m, nn.Conv2d) for m in w.model.modules())},
+        batch_size=_batch_size(first), warmup_steps=5 if cuda else 3, timed_steps=20, lr=1e-3, pool=8,
+        notes=(f"{w.describe()}; every row trains it with the bench recipe (AdamW lr 1e-3, linear warm-up, "
+               "clipping 1.0), not its own optimizer",),
+    )
+    return resolve_bench(bench, warmup_steps, timed_steps)
+
+
+def custom_batches(w: Workload, seed: int, count: int | None = None) -> list[Any]:
+    """``count`` (default: the pool) batches of a ``--model`` workload's loader, drawn once after
+    seeding, as plain tuples, lists and dicts of tensors (what ``torch.load(weights_only=True)``
+    reads back); the loader is cycled when it holds fewer."""
+    wl = load_workload(w.model_kwargs["ref"], seed=seed)
+    size = w.model_kwargs.get("batch_size")
+    loader = rebuild_loader(wl.train_loader, batch_size=size) if size else wl.train_loader
+    out: list[Any] = []
+    want = count or w.pool_size
+    while len(out) < want:
+        before = len(out)
+        out.extend(_plain(b) for b, _ in zip(loader, range(want - len(out))))
+        if len(out) == before:
+            break
+    return out
+
+
+def _plain(batch: Any) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.detach().contiguous()
+    if isinstance(batch, Mapping):
+        return {k: _plain(v) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return [_plain(b) for b in batch] if isinstance(batch, list) else tuple(_plain(b) for b in batch)
+    return batch
 
 
 def to_spec(w: Workload, *, device: str, seed: int, data_file: Path) -> dict[str, Any]:

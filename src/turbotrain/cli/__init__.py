@@ -13,6 +13,7 @@ from ..errors import TurbotrainError
 from ..version import __version__
 from . import bench, doctor, report, sample, train
 from . import memory as memory_cmd
+from . import profile, tune
 
 # (name, add_parser(subparsers) -> parser whose defaults carry `run`)
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], argparse.ArgumentParser]] = [
@@ -22,6 +23,8 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], argparse.ArgumentParser
     report.add_parser,
     memory_cmd.add_parser,
     bench.add_parser,
+    profile.add_parser,
+    tune.add_parser,
 ]
 
 

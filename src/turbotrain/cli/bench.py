@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import shlex
 import shutil
-import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -18,8 +17,9 @@ from ..bench.contenders import CONTENDERS, DEFAULT_ORDER
 from ..bench.results import build_document, write_document
 from ..bench.suite import BenchOptions, run_ablation, run_compare, run_precision_matrix
 from ..bench.tables import render_report
-from ..bench.workloads import NOT_BUILT, expand, resolve_workload, workload_names
+from ..bench.workloads import NOT_BUILT, custom_workload, expand, resolve_workload, workload_names
 from ..errors import TurbotrainError
+from ..process import exit_on_sigterm
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -32,6 +32,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--workload", default=None,
                    help=f"one of: {', '.join(workload_names())} ({', '.join(NOT_BUILT)}: not built yet); "
                    "default: gpt2-small on a GPU, gpt-tiny on CPU")
+    p.add_argument("--model", metavar="FILE.py:FUNC",
+                   help="your own model instead of a workload: FUNC() returns turbotrain.workload.Workload(model=..., "
+                   "train_loader=...) (or a dict); every row calls it again, seeded, and trains it with the bench recipe")
     p.add_argument("--compare", action="store_true", help="contenders side by side (the default when no --matrix)")
     p.add_argument("--matrix", action="append", choices=("precision", "ablation"), default=[],
                    help="precision matrix or optimization ablation (repeatable)")
@@ -68,8 +71,12 @@ def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise TurbotrainError("--device cuda but no CUDA GPU is visible to torch; use --device cpu or auto")
+    if args.model and args.workload:
+        raise TurbotrainError("give --workload NAME or --model FILE.py:FUNC, not both")
+    if args.model and args.batch == "auto":
+        raise TurbotrainError("--batch auto searches the built-in workloads only; with --model give --batch N (samples per batch)")
     workload_arg = args.workload or ("gpt2-small" if device == "cuda" else "gpt-tiny")
-    names = expand(workload_arg)
+    names = [args.model] if args.model else expand(workload_arg)
     if args.threads < 0:
         raise TurbotrainError(f"--threads = {args.threads} must be 0 (default) or more")
     if args.repeat < 1:
@@ -81,7 +88,7 @@ def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
     opts = BenchOptions(device=device, work_dir=work_dir, seed=args.seed, timeout_s=args.timeout_s,
                         handtuned_compile=args.handtuned_compile, repeat=args.repeat,
                         compile_cache=args.compile_cache, threads=args.threads, profile_dir=Path(args.profile) if args.profile else None)
-    signal.signal(signal.SIGTERM, _terminate)  # so a running row is ended too (see suite.run_row)
+    exit_on_sigterm()  # so a running row is ended too (see process.run_process)
     runners = {
         "compare": lambda w: run_compare(w, opts, contenders),
         "precision": lambda w: run_precision_matrix(w, opts),
@@ -95,7 +102,10 @@ def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
                 search = find_workload_batch(name, opts, keep_log=bool(args.work_dir))
                 print(f"{name}: {search['summary']}", file=sys.stderr, flush=True)
                 batch = search["micro"]
-            w = resolve_workload(name, device, batch_size=batch, warmup_steps=args.warmup, timed_steps=args.steps)
+            if args.model:
+                w = custom_workload(name, device, batch_size=batch, warmup_steps=args.warmup, timed_steps=args.steps)
+            else:
+                w = resolve_workload(name, device, batch_size=batch, warmup_steps=args.warmup, timed_steps=args.steps)
             for kind in kinds:
                 try:
                     report = runners[kind](w)
@@ -123,13 +133,11 @@ def _batch_arg(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"--batch = {text!r}: give a whole number of samples or auto") from None
 
 
-def _terminate(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 def canonical_command(args: argparse.Namespace) -> str:
     """A command line that reproduces ``args`` (for in-process calls, where sys.argv is not ours)."""
     words = ["turbotrain", "bench"]
+    if args.model:
+        words += ["--model", args.model]
     if args.workload:
         words += ["--workload", args.workload]
     if args.compare:

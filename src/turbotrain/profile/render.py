@@ -1,0 +1,77 @@
+"""The profile report as text (markdown): what ran, where the step's time goes, syncs, compile,
+the bottleneck and the recommendations with their verification."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..bench.tables import render_table
+
+PHASE_TITLES = {"data": "data wait (loader)", "forward": "forward", "backward": "backward", "optimizer": "optimizer step",
+                "hooks": "hooks (monitor, ...)", "other": "other host work"}
+
+
+def _rate(value: float | None, unit: str) -> str:
+    return "—" if value is None else f"{value:,.0f} {unit}" if value >= 100 else f"{value:,.1f} {unit}"
+
+
+def render(doc: dict[str, Any]) -> str:
+    f, s, loader = doc["figures"], doc["settings"], doc["loader"]
+    lines = [
+        f"## turbotrain profile: {doc['target']['describe']}",
+        "",
+        f"- device: {doc['device_name']} ({doc['device']}); trace: `{doc['trace']}`",
+        f"- settings: {s['precision']}, compile {s['compile']}, {s['optimizer']}, micro-batch {s['micro_batch']} x "
+        f"accumulation {s['accumulation']}, checkpointing {s['checkpointing']}, monitor.log_every {s['log_every']}",
+        f"- loader: {loader.get('loader')}; workers {loader.get('num_workers')}, pin_memory {loader.get('pin_memory')}, "
+        f"device prefetch {loader.get('device_prefetch')}",
+        f"- step {f['step_ms_median']:.2f} ms (median of {f['steps']} after {f['warmup']} warm-up) | "
+        f"{_rate(f['throughput'], f['throughput_unit'])} | first step {f['first_step_s']:.2f} s"
+        + (f" | {f['tflops']:.3g} TFLOP/s" if f.get("tflops") is not None else "")
+        + (f" | MFU {100 * f['mfu']:.1f}%" if f.get("mfu") is not None else " | MFU n/a (no datasheet peak)"),
+        "",
+    ]
+    cuda = doc.get("device_timeline") is not None
+    columns = [("phase", lambda r: r["title"]), ("host ms/step", lambda r: f"{r['ms']:.2f}"), ("share", lambda r: f"{r['share']:.0%}")]
+    if cuda:
+        columns.append(("device ms/step", lambda r: f"{r.get('device_ms', 0.0):.2f}"))
+    rows = [{"title": PHASE_TITLES[p], **v} for p, v in doc["breakdown"].items()]
+    lines += [render_table(rows, columns), ""]
+    if cuda:
+        d = doc["device_timeline"]
+        lines.append(f"- device: busy {d['busy_ms']:.2f} ms/step, idle {d['idle_ms']:.2f} ms/step ({d['idle_share']:.0%}); "
+                     f"host-to-device copies {d['h2d_copy_ms']:.2f} ms/step; {d['kernels_per_step']:.0f} kernels/step, "
+                     f"median {d['kernel_median_us']:.1f} us")
+    sy = doc["syncs"]
+    lines.append(f"- host-device syncs: {sy['per_step']:.1f} per step ({sy['host_reads_per_step']:.1f} host reads of tensor values per step)")
+    for src in sy["sources"]:
+        tag = "sync" if src["sync"] else "no sync (" + ("host-side step counters" if src["kind"] == "optimizer" else "CPU only") + ")"
+        lines.append(f"  - {src['per_step']:.2f}/step {src['kind']}: {src['where']} — {tag}")
+    ops = doc["operators"]
+    if ops["forward_op_median_us"] is not None:
+        lines.append(f"- forward: {ops['forward_ops_per_step']:.0f} operators per step, median {ops['forward_op_median_us']:.1f} us (host)")
+    comp = doc["compile"]
+    lines.append(f"- compile: {'on' if comp['compiled'] else 'off'}; recompilations after warm-up {comp['recompiles_after_warmup']}; "
+                 f"graph breaks {comp['graph_breaks']}" + "".join(f"\n  - {r}" for r in comp["graph_break_reasons"]))
+    lines += ["", f"**bottleneck: {doc['bottleneck']['name']}** — {doc['bottleneck']['text']}", ""]
+    recs = doc["recommendations"]
+    if not recs:
+        lines.append("No recommendation: nothing stands out in this profile.")
+    verify = doc.get("verify")
+    for i, r in enumerate(recs, 1):
+        lines.append(f"{i}. `{r['change']}` — {r['why']}. Expected: {r['expected']}.")
+        v = r.get("verified")
+        if v:
+            if v["status"] in ("kept", "dropped"):
+                loss = f", loss {v['loss_diff']:+.4f} vs baseline" if v.get("loss_diff") is not None else ""
+                lines.append(f"   verified: **{v['speedup']:.2f}x** ({v['status']}; median of {v['runs']} runs{loss})")
+            else:
+                lines.append(f"   {v['status']}: {v['reason']}")
+    if verify and verify.get("note"):
+        lines += ["", f"verification: {verify['note']}"]
+    elif verify:
+        base = verify["baseline"]
+        lines += ["", f"verification: {verify['repeats']} interleaved runs of {verify['warmup']} + {verify['steps']} steps per "
+                  f"variant; baseline {_rate(base['throughput_median'], base['unit'] or '')} (median); kept when >= "
+                  f"{verify['min_speedup']:.2f}x" + ("; INTERRUPTED" if verify["interrupted"] else "")]
+    return "\n".join(lines)
