@@ -294,7 +294,7 @@ class Engine:
                 # A fused optimizer divides by grad_scale inside its kernel: clipping without a
                 # pass that rewrites every gradient (clip_grad_norm_'s factor, with its epsilon).
                 norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], foreach=True)
-                grad_scale = torch.clamp((norm + 1e-6) / clip, min=1.0)
+                grad_scale = torch.clamp((norm.float() + 1e-6) / clip, min=1.0)  # fp32, as the kernel takes it
             elif clip > 0:
                 norm = torch.nn.utils.clip_grad_norm_(params, clip, foreach=True)
             else:

@@ -246,3 +246,14 @@ def test_clipping_folded_into_a_fused_step_equals_clip_grad_norm():
     assert min(reference) > 0.5 and norms == pytest.approx(reference, rel=1e-6)
     for a, b in zip(model.parameters(), folded.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_folded_clipping_works_with_bf16_parameters():
+    """bf16-true keeps bf16 gradients; the fused kernel takes its grad_scale in fp32."""
+    engine = _engine(precision={"mode": "bf16-true"}, optim={"grad_clip": 0.5})
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    model, optimizer, _ = engine.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True))
+    before = model.weight.detach().clone()
+    engine.backward(model(torch.randn(4, 8, dtype=torch.bfloat16)).float().pow(2).mean() * 100)
+    assert engine.step(optimizer) and not torch.equal(model.weight, before)
