@@ -37,6 +37,23 @@ from .report import write_report, write_summary
 from .rundir import CHECKPOINTS, METRICS_FILE
 
 
+def run_facts(engine: Engine, monitor: Monitor) -> dict[str, Any]:
+    """What the engine and the monitor know of a run, for summary.json (``turbotrain train`` and
+    :func:`track` alike): progress, time to first step, events, hardware, FLOPs per sample."""
+    mfu = next((p for p in monitor.probes if isinstance(p, MfuProbe)), None)
+    return {
+        "steps": engine.state.step,
+        "samples": engine.state.samples,
+        "tokens": engine.state.tokens,
+        "first_step_s": monitor.first_step_s,
+        "events": [asdict(e) for e in engine.events],
+        "hardware": collect_hardware(engine.device),
+        "flops_per_sample": mfu.flops_per_sample if mfu else None,
+        "flops_source": mfu.source if mfu else None,
+        "peak_tflops": mfu.peak_tflops(engine.precision.name) if mfu else None,
+    }
+
+
 class Tracker:
     """The hooks of an own loop (see the module docstring); made by :func:`track`."""
 
@@ -115,22 +132,13 @@ class Tracker:
     def facts(self, status: str) -> dict[str, Any]:
         """What summary.json says beyond the metrics: what ran, how long, events, hardware, FLOPs."""
         engine = self.engine
-        mfu = next((p for p in self.monitor.probes if isinstance(p, MfuProbe)), None)
         return {
             "run": self.run_dir.name,
             "status": status,
-            "steps": engine.state.step,
-            "samples": engine.state.samples,
-            "tokens": engine.state.tokens,
+            **run_facts(engine, self.monitor),
             "elapsed_s": round(time.perf_counter() - self._start, 3),
-            "first_step_s": self.monitor.first_step_s,
             "resumed_from": self.resumed_from,
-            "events": [asdict(e) for e in engine.events],
-            "hardware": collect_hardware(engine.device),
             "optimizations": {"precision": engine.precision.name, "compile": engine.options.compile_scope},
-            "flops_per_sample": mfu.flops_per_sample if mfu else None,
-            "flops_source": mfu.source if mfu else None,
-            "peak_tflops": mfu.peak_tflops(engine.precision.name) if mfu else None,
         }
 
     def __enter__(self) -> "Tracker":

@@ -21,7 +21,7 @@ import resource
 import shutil
 import signal
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -32,14 +32,13 @@ from .atomic import DiskFullError, atomic_write, clean_stale_temps, disk_full_ca
 from .checkpoint import Checkpointer, RunState, finished_checkpoints, latest_verified, restore_latest, run_state
 from .config import RunConfig, setting, to_toml
 from .data import TokenSource, TokenWindows, build_loader, check_vocab, fixed_batches, open_tokens, resolve_loader_settings
-from .doctor import collect_hardware
 from .engine import Engine
 from .hooks import Evaluate, FitContext, Hook, StopAfter, StopOnSignal
 from .loop import fit
 from .memory import memory_summary, resolve_batch_size
 from .models.build import build_model
 from .models.gpt import GPT
-from .monitor import JsonlSink, MfuProbe, Monitor, ProgressSink, TensorBoardSink, build_probes
+from .monitor import JsonlSink, Monitor, ProgressSink, TensorBoardSink, build_probes
 from .optim import resolve_implementation
 from .report import read_metrics, write_summary
 from .rundir import (
@@ -54,6 +53,7 @@ from .rundir import (
     truncate_metrics,
 )
 from .runlock import RunLock
+from .tracking import run_facts
 
 log = logging.getLogger(__name__)
 
@@ -196,21 +196,16 @@ def facts(training: Training, ctx: FitContext | None, status: str, elapsed_s: fl
     events such as fallbacks, hardware, the optimizations in effect, memory, FLOPs per sample."""
     c, engine, r = training.config, training.engine, training.resolved
     cuda = engine.device.type == "cuda"
-    mfu = next((p for p in training.monitor.probes if isinstance(p, MfuProbe)), None)
     return {
         "run": training.run_dir.name,
         "status": status,
-        "steps": engine.state.step,
+        **run_facts(engine, training.monitor),
         "max_steps": c.train.max_steps,
-        "tokens": engine.state.tokens,
         "elapsed_s": round(elapsed_s, 3),
-        "first_step_s": training.monitor.first_step_s,
         "stop_reason": ctx.stop_reason if ctx else "",
         "resumed_from": training.resumed_from,
         "resolved": r,
-        "events": [asdict(e) for e in engine.events],
         "memory": memory_summary(training),
-        "hardware": collect_hardware(engine.device),
         "optimizations": {
             "precision": engine.precision.name,  # after any fallback
             "tf32": c.precision.tf32 and cuda,
@@ -223,9 +218,6 @@ def facts(training: Training, ctx: FitContext | None, status: str, elapsed_s: fl
             "data": f"{r.get('num_workers')} workers, pin_memory {r.get('pin_memory')}, "
                     f"device prefetch {c.data.device_prefetch and cuda}",
         },
-        "flops_per_sample": mfu.flops_per_sample if mfu else None,
-        "flops_source": mfu.source if mfu else None,
-        "peak_tflops": mfu.peak_tflops(engine.precision.name) if mfu else None,
         "host_peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3),  # Linux: KiB
         "config": c.to_dict(),
     }
