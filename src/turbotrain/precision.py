@@ -11,11 +11,13 @@ import contextlib
 import logging
 import math
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any, ContextManager
 
 import torch
 
+from .batch import map_tensors
 from .config import PRECISION_MODES, choice_error, setting
 from .errors import ConfigError
 
@@ -203,14 +205,37 @@ class FP16Mixed(MixedPrecision):
             self.scaler.load_state_dict(state["scaler"])
 
 
+_INPUT_CASTS: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # modules whose float inputs follow their weights
+
+
+def _cast_float_inputs(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """Forward pre-hook: floating-point inputs (anywhere in the arguments) to the dtype of the
+    module's floating-point weights, read at each call so a fallback to fp32 turns it into a no-op.
+    Integer inputs (token ids, labels) are left alone."""
+    dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
+    if dtype is None:
+        return args, kwargs
+
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        return t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t
+
+    return map_tensors(args, cast), map_tensors(kwargs, cast)
+
+
 class BF16True(Precision):
-    """Parameters, gradients and optimizer state in bf16: half the memory, less accuracy."""
+    """Parameters, gradients and optimizer state in bf16: half the memory, less accuracy. Float
+    inputs are cast to bf16 on their way into the model (a float32 batch would otherwise meet
+    bf16 weights: "mat1 and mat2 must have the same dtype"), as Fabric's true-half precision does."""
 
     name = "bf16-true"
     param_dtype = torch.bfloat16
 
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
-        return module.to(torch.bfloat16)
+        module.to(torch.bfloat16)
+        if module not in _INPUT_CASTS:  # once per module, whatever the number of conversions
+            module.register_forward_pre_hook(_cast_float_inputs, with_kwargs=True)
+            _INPUT_CASTS.add(module)
+        return module
 
 
 def build_precision(mode: str, device: torch.device, caps: DeviceCaps | None = None) -> Precision:

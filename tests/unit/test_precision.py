@@ -93,3 +93,31 @@ def test_cpu_engine_flushes_denormals_unless_told_not_to():
         assert torch.tensor(1e-40, dtype=torch.float32).item() != 0.0
     finally:
         torch.set_flush_denormal(False)
+
+
+def test_bf16_true_casts_float_inputs_to_the_weights_and_leaves_ids_alone():
+    seen = []
+
+    class Regressor(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 1)
+
+        def forward(self, x, ids, y=None):
+            seen.append((x.dtype, ids.dtype, y.dtype))
+            return torch.nn.functional.mse_loss(self.lin(x).squeeze(-1) + ids, y)
+
+    with pytest.warns(UserWarning, match="bf16-true"):
+        engine = Engine({"run": {"device": "cpu"}, "precision": {"mode": "bf16-true"}})
+    model = Regressor()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt, _ = engine.setup(model, opt)
+    batch = {"x": torch.randn(8, 4), "ids": torch.zeros(8, dtype=torch.long), "y": torch.randn(8)}
+    before = model.lin.weight.detach().clone()
+    engine.forward_backward(model, batch)
+    assert engine.step(opt) and not torch.equal(model.lin.weight, before)  # a float32 batch trains bf16 weights
+    assert isinstance(engine.evaluate(model, [batch]), float)
+    assert seen == [(torch.bfloat16, torch.long, torch.bfloat16)] * 2
+    engine.switch_precision("fp32", opt)  # a fallback: the weights go back to fp32, and so do the inputs
+    engine.forward_backward(model, batch)
+    assert seen[-1] == (torch.float32, torch.long, torch.float32)
