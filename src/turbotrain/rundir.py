@@ -1,7 +1,7 @@
 """A run directory: the names of the files a run leaves behind, and finding or creating one.
 
-``turbotrain train`` writes ``config.toml``, ``metrics.jsonl``, ``checkpoints/`` and
-``summary.json``; ``turbotrain report`` adds ``summary.md`` and ``plots/``; ``.lock`` (``LOCK_FILE``) is the run
+``turbotrain train`` writes ``config.toml``, ``metrics.jsonl``, ``checkpoints/``,
+``summary.json`` and, for subword tokens, ``tokenizer.json`` (what ``turbotrain sample`` decodes with); ``turbotrain report`` adds ``summary.md`` and ``plots/``; ``.lock`` (``LOCK_FILE``) is the run
 lock (:mod:`turbotrain.runlock`). Every module that reads or writes them takes the names from here.
 """
 
@@ -25,6 +25,7 @@ CHECKPOINTS = "checkpoints"
 PLOTS_DIR = "plots"
 TENSORBOARD_DIR = "tensorboard"
 BATCH_CACHE = "batch_size.json"  # the batch finder's answers for this run's settings
+TOKENIZER_FILE = "tokenizer.json"  # the run's subword tokenizer (none: bytes)
 
 
 def run_name(config: RunConfig) -> str:

@@ -1,4 +1,5 @@
-"""``turbotrain sample RUN``: generate text from a run's latest checkpoint."""
+"""``turbotrain sample RUN``: generate text from a run's latest checkpoint, encoding the prompt and
+decoding the output with the run's own tokenizer (its ``tokenizer.json``; bytes for runs without one)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import sys
 
 import torch
 
-from ..checkpoint import load_latest
+from ..checkpoint import load_latest_weights
+from ..data.tokenizer import BYTE_VOCAB, ByteTokenizer, load_run_tokenizer
 from ..errors import TurbotrainError
 from ..models.build import build_model
 from ..rundir import CHECKPOINTS, find_run_dir, resume_config
@@ -33,14 +35,18 @@ def main_sample(args: argparse.Namespace, extra: list[str]) -> int:
         )
     run_dir = find_run_dir(args.out_dir, args.run_dir)
     config = resume_config(run_dir)
-    path, payload = load_latest(run_dir / CHECKPOINTS, required=("model",))
-    weights = payload["model"]
+    path, weights = load_latest_weights(run_dir / CHECKPOINTS)  # a .pt file or a sharded folder (ddp/fsdp runs)
     embedding = weights.get("wte.weight") if isinstance(weights, dict) else None
     if not isinstance(embedding, torch.Tensor) or embedding.dim() != 2:
         raise TurbotrainError(f"{path} holds no GPT token embedding (model.wte.weight); sample reads checkpoints of `turbotrain train` runs")
     vocab = embedding.shape[0]
-    if vocab != 256:
-        raise TurbotrainError(f"{run_dir} was trained on {vocab}-token ids; sample decodes byte-level (256) runs only")
+    tokenizer = load_run_tokenizer(run_dir)
+    if tokenizer.name == ByteTokenizer.name and vocab != BYTE_VOCAB:
+        raise TurbotrainError(f"{run_dir} was trained on {vocab}-token ids and holds no tokenizer.json to decode them "
+                              "(runs trained with --data.tokenizer=bpe or PATH keep one); copy the tokenizer.json "
+                              f"that made its data into {run_dir}/")
+    if tokenizer.vocab_size > vocab:
+        raise TurbotrainError(f"{run_dir}/tokenizer.json has {tokenizer.vocab_size} tokens but the model only {vocab}")
     model = build_model(config.model, vocab)
     try:
         model.load_state_dict(weights)
@@ -49,8 +55,10 @@ def main_sample(args: argparse.Namespace, extra: list[str]) -> int:
         raise TurbotrainError(f"{path} does not fit the model in {run_dir}/config.toml ({detail})") from None
     model.eval()
     torch.manual_seed(args.seed)
-    prompt = args.prompt.encode("utf-8") or b"\n"
-    idx = torch.tensor([list(prompt)], dtype=torch.long)
+    prompt = tokenizer.encode([args.prompt.encode("utf-8") or b"\n"])[0]
+    if len(prompt) == 0:  # a tokenizer may encode some text to nothing
+        prompt = tokenizer.separator()
+    idx = torch.tensor([prompt.tolist()], dtype=torch.long)
     out = model.generate(idx, args.tokens, temperature=args.temperature, top_k=args.top_k or None)
-    sys.stdout.write(bytes(out[0].tolist()).decode("utf-8", errors="replace") + "\n")
+    sys.stdout.write(tokenizer.decode(out[0].tolist()) + "\n")
     return 0

@@ -1,8 +1,9 @@
 """Where tokens come from: a ``.bin`` token file, text (a file or a folder), or the built-in corpus.
 
-Text is byte-tokenized (vocabulary 256) once and cached as a uint16 ``.bin`` keyed by a hash of
-the paths, sizes and modification times of the files as they were read, so later runs start at
-once. A file that cannot be read is an error naming it, never silently left out (a cache missing
+Text is tokenized once (bytes, vocabulary 256, by default; or with a subword tokenizer from
+:mod:`turbotrain.data.tokenizer`, ``data.tokenizer``) and cached as a uint16 ``.bin`` keyed by the
+tokenizer and a hash of the paths, sizes and modification times of the files as they were read, so
+later runs start at once. A file that cannot be read is an error naming it, never silently left out (a cache missing
 it would outlive the fix); a cache entry whose length does not match its sources is rebuilt. The
 built-in corpus is the Python standard library's own ``.py`` files: on every machine, no download.
 
@@ -14,15 +15,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import sys
 import sysconfig
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..atomic import atomic_write, clean_stale_temps
 from ..errors import TurbotrainError
+from .tokenizer import DEFAULT_BPE_VOCAB, ByteTokenizer, JsonTokenizer, Tokenizer, build_tokenizer, padded_vocab
+
+log = logging.getLogger(__name__)
 
 LLMC_MAGIC = 20240520  # llm.c token files start with a 256 x int32 header
 GPT2_VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64
@@ -30,6 +39,7 @@ BYTE_VOCAB = 256
 MAX_VOCAB = 1 << 16  # token ids are uint16
 CACHE_VERSION = 2  # part of every cache key: bump it when what a cache entry holds changes
 SEPARATOR = b"\n\n"  # between files in the byte stream
+ENCODE_CHUNK_BYTES = 8 << 20  # text handed to a subword tokenizer per call (~1 s; Ctrl-C is seen between calls)
 TEXT_SUFFIXES = {".txt", ".py", ".md", ".rst", ".c", ".h", ".js", ".ts", ".java", ".go", ".rs", ".json", ".toml", ".html", ".css"}
 
 
@@ -106,6 +116,7 @@ class TokenSource:
     val: TokenSplit
     vocab_size: int
     description: str
+    tokenizer: Tokenizer = field(default_factory=ByteTokenizer)  # what made the tokens (bytes for a .bin)
 
 
 FULL_SCAN_TOKENS = 1 << 28  # scan token files up to 256 M tokens whole (well under a second from cache)
@@ -180,12 +191,18 @@ def _read(f: Path) -> tuple[bytes, FileKey]:
     return data, (str(f), len(data), st.st_mtime_ns)
 
 
-def _cache_path(cache_dir: Path, keys: list[FileKey]) -> Path:
+def _files_key(keys: list[FileKey]) -> str:
     h = hashlib.blake2b(digest_size=12)
     h.update(f"v{CACHE_VERSION}\n".encode())
     for name, size, mtime_ns in keys:
         h.update(f"{name}\0{size}\0{mtime_ns}\n".encode())
-    return cache_dir / f"bytes-{h.hexdigest()}.bin"
+    return h.hexdigest()
+
+
+def _cache_path(cache_dir: Path, keys: list[FileKey], tokenizer: str = "bytes") -> Path:
+    """``<tokenizer name>-<hash of the files>.bin``: a tokenizer's name is a hash of its
+    ``tokenizer.json`` (vocabulary included), so no other tokenizer ever reads this entry."""
+    return cache_dir / f"{tokenizer}-{_files_key(keys)}.bin"
 
 
 def _cached_bytes(keys: list[FileKey]) -> int:
@@ -214,6 +231,76 @@ def byte_tokenize(files: list[Path], cache_dir: Path) -> Path:
     data = np.frombuffer(b"".join(chunks), dtype=np.uint8).astype(np.uint16)
     atomic_write(out, data.tofile)
     return out
+
+
+def _batches(files: Sequence[Path], limit: int) -> list[list[Path]]:
+    """Consecutive groups of files holding about ``limit`` bytes each."""
+    groups: list[list[Path]] = [[]]
+    size = 0
+    for f in files:
+        if groups[-1] and size >= limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(f)
+        size += _listed(f)[1]
+    return groups
+
+
+def _encode_progress(total: int, label: str, show: bool) -> Progress:
+    """A transient bar in bytes on a terminal when ``show``; nothing otherwise (start and end are logged)."""
+    return Progress(TextColumn(label), BarColumn(), DownloadColumn(), TimeElapsedColumn(), transient=True,
+                    disable=not (show and sys.stderr.isatty()))
+
+
+def tokenize_files(files: list[Path], cache_dir: Path, tokenizer: Tokenizer, progress: bool = False) -> Path:
+    """The files' tokens, one separator (end-of-text where the tokenizer has one) after each
+    file, as a cached uint16 token file; returns its path. Bytes go through :func:`byte_tokenize`
+    (its cache entries stay valid). A subword entry is keyed on the tokenizer and the files as
+    they were read, and used again only when its ``.json`` (written after it) says how many
+    tokens it holds and the size agrees; it is written atomically. Encoding shows a progress bar
+    on a terminal when ``progress``; Ctrl-C between chunks of ~8 MB leaves nothing behind."""
+    if tokenizer.name == ByteTokenizer.name:
+        return byte_tokenize(files, cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    clean_stale_temps(cache_dir)
+    listed = [_listed(f) for f in files]
+    out = _cache_path(cache_dir, listed, tokenizer.name)
+    if _complete(out):
+        return out
+    total = sum(size for _, size, _ in listed)
+    log.info("tokenizing %d files (%.1f MB) with %s; cached for later runs", len(files), total / 1e6, tokenizer.name)
+    start = time.perf_counter()
+    sep = tokenizer.separator()
+    parts: list[np.ndarray] = []
+    read: list[FileKey] = []
+    with _encode_progress(total, f"tokenizing ({tokenizer.name})", progress) as bar:
+        task = bar.add_task("encode", total=total)
+        for group in _batches(files, ENCODE_CHUNK_BYTES):
+            texts = []
+            for f in group:
+                data, key = _read(f)
+                texts.append(data)
+                read.append(key)
+            for ids in tokenizer.encode(texts):
+                parts += [ids, sep]
+            bar.advance(task, sum(len(t) for t in texts))
+    tokens = np.concatenate(parts) if parts else np.zeros(0, np.uint16)
+    out = _cache_path(cache_dir, read, tokenizer.name)  # a file changed between listing and reading: key what was read
+    atomic_write(out, tokens.tofile)
+    atomic_write(out.with_suffix(".json"), json.dumps({"vocab_size": padded_vocab(tokenizer.vocab_size),
+                                                       "tokens": int(tokens.size), "tokenizer": tokenizer.name}))
+    log.info("%d files -> %s tokens (%.2f bytes/token) in %.1f s", len(files), f"{tokens.size:,}",
+             sum(k[1] for k in read) / max(1, tokens.size), time.perf_counter() - start)
+    return out
+
+
+def _complete(path: Path) -> bool:
+    """Whether a subword cache entry is whole: its ``.json`` names as many tokens as it holds."""
+    try:
+        tokens = json.loads(path.with_suffix(".json").read_bytes())["tokens"]
+        return path.stat().st_size == 2 * int(tokens)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def _bin_layout(path: Path) -> tuple[int, int, int]:
@@ -254,11 +341,36 @@ def _split(path: Path, offset: int, n_tokens: int, val_fraction: float) -> tuple
     return TokenSplit(path, offset, 0, n_tokens - n_val), TokenSplit(path, offset, n_tokens - n_val, n_tokens)
 
 
-def open_tokens(path: str, *, val_fraction: float, cache_dir: str = "") -> TokenSource:
+def _tokenizer_for(spec: str, train_files: list[Path], vocab_size: int, cache: Path, progress: bool,
+                   saved: Path | None) -> Tokenizer:
+    """``data.tokenizer`` for text whose training files are ``train_files`` (a BPE learns from them
+    only); the ``saved`` copy of a run being resumed, where there is one."""
+    if spec == "bytes":
+        return ByteTokenizer()
+    if saved is not None and saved.is_file():
+        return JsonTokenizer(saved)
+    key = _files_key([_listed(f) for f in train_files]) if spec == "bpe" else ""
+    return build_tokenizer(spec, train_files=train_files, vocab_size=vocab_size, cache_dir=cache, key=key, progress=progress)
+
+
+def _text_vocab(spec: str, tokenizer: Tokenizer, vocab_size: int) -> int:
+    """The vocabulary text tokenized with ``tokenizer`` implies: 256 for bytes, the BPE's asked-for
+    size (50304 when 0), a user's tokenizer.json's rounded up to a multiple of 64."""
+    if spec == "bpe":
+        return vocab_size or DEFAULT_BPE_VOCAB
+    return tokenizer.vocab_size if tokenizer.name == ByteTokenizer.name else padded_vocab(tokenizer.vocab_size)
+
+
+def open_tokens(path: str, *, val_fraction: float, cache_dir: str = "", tokenizer: str = "bytes",
+                vocab_size: int = 0, progress: bool = False, saved_tokenizer: Path | None = None) -> TokenSource:
     """Resolve ``data.path`` into train/validation token ranges.
 
     ``""`` -> built-in corpus; ``*.bin`` -> uint16 tokens (validation = the file's tail, or a
-    sibling ``val.bin`` when the file is ``train.bin``); a text file or folder -> bytes, cached.
+    sibling ``val.bin`` when the file is ``train.bin``); a text file or folder -> tokens, cached.
+    ``tokenizer`` is ``data.tokenizer`` ('bytes', 'bpe' or a tokenizer.json path); ``vocab_size``
+    is ``model.vocab_size`` (the BPE's size; 0 = 50304); ``progress`` shows bars on a terminal
+    while a BPE trains and text is encoded; ``saved_tokenizer`` (a resumed run's copy, where it
+    exists) is used instead of building the tokenizer again.
     """
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     if not path:
@@ -269,18 +381,24 @@ def open_tokens(path: str, *, val_fraction: float, cache_dir: str = "") -> Token
         # validation text is whole modules the model never saw.
         val_files = files[::20]
         train_files = [f for i, f in enumerate(files) if i % 20]
-        tp = byte_tokenize(train_files, cache)
-        vp = byte_tokenize(val_files, cache)
+        tok = _tokenizer_for(tokenizer, train_files, vocab_size, cache, progress, saved_tokenizer)
+        tp = tokenize_files(train_files, cache, tok, progress)
+        vp = tokenize_files(val_files, cache, tok, progress)
         return TokenSource(
             TokenSplit(tp, 0, 0, tp.stat().st_size // 2),
             TokenSplit(vp, 0, 0, vp.stat().st_size // 2),
-            BYTE_VOCAB,
-            f"built-in corpus: {len(train_files)} + {len(val_files)} Python stdlib files",
+            _text_vocab(tokenizer, tok, vocab_size),
+            f"built-in corpus: {len(train_files)} + {len(val_files)} Python stdlib files" + _tokens_note(tok),
+            tok,
         )
     p = Path(path).expanduser()
     if not p.exists():
         raise TurbotrainError(f"data path {path!r} does not exist; pass --data with a .bin token file, a text file or a folder")
     if p.is_file() and p.suffix == ".bin":
+        if tokenizer == "bpe":
+            raise TurbotrainError(f"data.tokenizer = 'bpe' trains on text, but {path} is already tokens; pass the "
+                                  "tokenizer.json that made it (so sample can decode) or leave data.tokenizer = 'bytes'")
+        tok = _tokenizer_for(tokenizer, [], vocab_size, cache, progress, saved_tokenizer)  # kept for decoding: the .bin's ids are its
         offset, n, vocab = _bin_layout(p)
         if n == 0:
             raise TurbotrainError(f"{path} holds no tokens; pass a non-empty .bin file")
@@ -290,11 +408,18 @@ def open_tokens(path: str, *, val_fraction: float, cache_dir: str = "") -> Token
             train, val = TokenSplit(p, offset, 0, n), TokenSplit(sibling, v_offset, 0, v_n)
         else:
             train, val = _split(p, offset, n, val_fraction)
-        return TokenSource(train, val, vocab, f"{p} ({n:,} tokens)")
+        return TokenSource(train, val, vocab, f"{p} ({n:,} tokens)", tok)
     files = _text_files(p)
     if not files or sum(_listed(f)[1] for f in files) == 0:
         raise TurbotrainError(f"data path {path!r} holds no text; pass --data with a non-empty text file, a folder of text files or a .bin token file")
-    tp = byte_tokenize(files, cache)
+    # A BPE learns from the whole text: its split is by token position, after encoding.
+    tok = _tokenizer_for(tokenizer, files, vocab_size, cache, progress, saved_tokenizer)
+    tp = tokenize_files(files, cache, tok, progress)
     n = tp.stat().st_size // 2
     train, val = _split(tp, 0, n, val_fraction)
-    return TokenSource(train, val, BYTE_VOCAB, f"{p} ({len(files)} files, {n:,} bytes)")
+    unit = "bytes" if tok.name == ByteTokenizer.name else f"tokens, {tok.name}"
+    return TokenSource(train, val, _text_vocab(tokenizer, tok, vocab_size), f"{p} ({len(files)} files, {n:,} {unit})", tok)
+
+
+def _tokens_note(tok: Tokenizer) -> str:
+    return "" if tok.name == ByteTokenizer.name else f", {tok.name} tokens"

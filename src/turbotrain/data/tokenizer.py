@@ -4,15 +4,23 @@ on the training text, or a ``tokenizer.json`` the user brings (GPT-2's own, for 
 ``data.tokenizer = "bpe"`` trains a byte-level BPE of ``model.vocab_size`` tokens (GPT-2's 50304
 when the model leaves it 0) with the Hugging Face ``tokenizers`` package, on the training files
 only, and caches it (keyed like the token cache: the files as they were listed, the vocabulary
-size); nothing is downloaded. Every run copies the tokenizer it used into its run directory, so
-``turbotrain sample`` decodes with the same one. Without the package: one line saying how to
-install it.
+size); nothing is downloaded. Every run copies the tokenizer it used into its run directory
+(:data:`turbotrain.rundir.TOKENIZER_FILE`), so ``turbotrain sample`` decodes with the same one and
+a resume encodes with it even when the cache is gone. Without the package: one line saying how
+to install it.
+
+Training runs in a helper thread (the package releases the GIL), so Ctrl-C stops the wait at
+once: nothing is written and the run ends cleanly; the native trainer finishes its work in the
+background of a process that is about to exit anyway.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
+import logging
+import threading
+import time
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
@@ -20,21 +28,29 @@ import numpy as np
 
 from ..atomic import atomic_write
 from ..errors import TurbotrainError
+from ..rundir import TOKENIZER_FILE
+
+log = logging.getLogger(__name__)
 
 BYTE_VOCAB = 256
 MAX_VOCAB = 1 << 16  # token ids are stored as uint16
 DEFAULT_BPE_VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64
+VOCAB_MULTIPLE = 64  # a model vocabulary rounded up to this keeps the output matmul on fast kernel shapes
 END_OF_TEXT = "<|endoftext|>"
-TOKENIZER_FILE = "tokenizer.json"
+SEPARATOR = b"\n\n"  # between documents, for a tokenizer without an end-of-text token
+INSTALL_HINT = "pip install 'turbotrain[bpe]'"
 
 
 class Tokenizer(Protocol):
     name: str  # part of the token cache key: a different tokenizer never reuses a cache entry
     vocab_size: int
+    file: Path | None  # the tokenizer.json a run copies (None: bytes, nothing to copy)
 
     def encode(self, texts: Sequence[bytes]) -> list[np.ndarray]: ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
+
+    def separator(self) -> np.ndarray: ...
 
 
 class ByteTokenizer:
@@ -42,12 +58,16 @@ class ByteTokenizer:
 
     name = "bytes"
     vocab_size = BYTE_VOCAB
+    file = None
 
     def encode(self, texts: Sequence[bytes]) -> list[np.ndarray]:
         return [np.frombuffer(t, dtype=np.uint8).astype(np.uint16) for t in texts]
 
     def decode(self, ids: Sequence[int]) -> str:
         return bytes(int(i) for i in ids if 0 <= int(i) < BYTE_VOCAB).decode("utf-8", errors="replace")
+
+    def separator(self) -> np.ndarray:
+        return self.encode([SEPARATOR])[0]
 
 
 class JsonTokenizer:
@@ -59,7 +79,7 @@ class JsonTokenizer:
             self.tok = tokenizers.Tokenizer.from_file(str(path))
         except Exception as exc:  # the package raises its own exception types for a bad file
             raise TurbotrainError(f"{path} is not a tokenizer.json the tokenizers package can read ({exc})") from None
-        self.path = path
+        self.file = path
         self.vocab_size = self.tok.get_vocab_size()
         if self.vocab_size > MAX_VOCAB:
             raise TurbotrainError(f"{path} has {self.vocab_size} tokens; token files hold uint16 ids, at most {MAX_VOCAB}")
@@ -72,19 +92,29 @@ class JsonTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tok.decode([int(i) for i in ids])
 
+    def separator(self) -> np.ndarray:
+        """GPT-2's convention: one end-of-text token between documents, where the tokenizer has one."""
+        eot = self.tok.token_to_id(END_OF_TEXT)
+        return np.array([eot], dtype=np.uint16) if eot is not None else self.encode([SEPARATOR])[0]
+
 
 def _tokenizers() -> Any:
     try:
         return importlib.import_module("tokenizers")
     except ImportError:
         raise TurbotrainError("data.tokenizer = 'bpe' or a tokenizer.json needs the tokenizers package: "
-                              "pip install tokenizers (or pip install 'turbotrain[bpe]')") from None
+                              f"pip install tokenizers (or {INSTALL_HINT})") from None
+
+
+def padded_vocab(n: int) -> int:
+    """``n`` rounded up to a multiple of :data:`VOCAB_MULTIPLE` (at most :data:`MAX_VOCAB`)."""
+    return min(MAX_VOCAB, -(-n // VOCAB_MULTIPLE) * VOCAB_MULTIPLE)
 
 
 def train_bpe(files: Sequence[Path], vocab_size: int, out: Path, progress: bool = True) -> Path:
     """Train a byte-level BPE of ``vocab_size`` tokens on ``files`` and write it to ``out``
-    (atomically). Shows the tokenizers package's own progress bar; Ctrl-C stops it and leaves
-    nothing behind."""
+    (atomically). Shows the tokenizers package's own progress bar when ``progress``; Ctrl-C
+    stops it and leaves nothing behind."""
     if not BYTE_VOCAB < vocab_size <= MAX_VOCAB:
         raise TurbotrainError(f"model.vocab_size = {vocab_size}: a BPE needs more than {BYTE_VOCAB} tokens "
                               f"and at most {MAX_VOCAB} (uint16 ids)")
@@ -94,29 +124,57 @@ def train_bpe(files: Sequence[Path], vocab_size: int, out: Path, progress: bool 
     tok.decoder = tk.decoders.ByteLevel()
     trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[END_OF_TEXT], show_progress=progress,
                                      initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet())
+    mb = sum(f.stat().st_size for f in files) / 1e6
+    log.info("training a byte-level BPE of %d tokens on %d files (%.1f MB); cached for later runs", vocab_size, len(files), mb)
+    start = time.perf_counter()
     texts = (f.read_bytes().decode("utf-8", errors="replace") for f in files)  # as encode() will see them
-    tok.train_from_iterator(texts, trainer, length=len(files))
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            tok.train_from_iterator(texts, trainer, length=len(files))
+        except BaseException as exc:  # handed to the waiting thread, which raises it
+            failure.append(exc)
+
+    worker = threading.Thread(target=work, name="turbotrain-bpe", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.1)  # a short wait keeps the main thread ready for Ctrl-C / SIGTERM handlers
+    if failure:
+        exc = failure[0]
+        if isinstance(exc, OSError):
+            raise TurbotrainError(f"cannot read {exc.filename} ({exc.strerror}) while training the BPE") from None
+        raise exc
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, tok.to_str())
+    log.info("BPE trained in %.1f s: %s", time.perf_counter() - start, out)
     return out
 
 
-def build_tokenizer(spec: str, *, train_files: Sequence[Path], vocab_size: int, cache_dir: Path, key: str) -> Tokenizer:
-    """``data.tokenizer`` -> a tokenizer: ``bytes``; ``bpe`` (trained on ``train_files``, cached under
-    ``cache_dir`` as ``bpe-<key>-<vocab>.json``, where ``key`` names the files as listed); or the
-    path of a ``tokenizer.json``."""
+def build_tokenizer(spec: str, *, train_files: Sequence[Path], vocab_size: int, cache_dir: Path, key: str,
+                    progress: bool = True) -> Tokenizer:
+    """``data.tokenizer`` -> a tokenizer: ``bytes``; ``bpe`` (``vocab_size`` tokens, 50304 when
+    0, trained on ``train_files`` and cached under ``cache_dir`` as ``bpe-<key>-<vocab>.json``,
+    where ``key`` names the files as listed); or the path of a ``tokenizer.json``."""
     if spec == "bytes":
         return ByteTokenizer()
     if spec == "bpe":
         vocab = vocab_size or DEFAULT_BPE_VOCAB
         path = cache_dir / f"bpe-{key}-{vocab}.json"
         if not path.is_file():
-            train_bpe(train_files, vocab, path)
+            train_bpe(train_files, vocab, path, progress=progress)
         return JsonTokenizer(path)
     path = Path(spec).expanduser()
     if not path.is_file():
         raise TurbotrainError(f"data.tokenizer = {spec!r} is not 'bytes', 'bpe' or the path of a tokenizer.json")
     return JsonTokenizer(path)
+
+
+def save_run_tokenizer(tokenizer: Tokenizer, run_dir: Path) -> None:
+    """Copy the tokenizer's ``tokenizer.json`` into the run directory (nothing for bytes)."""
+    target = run_dir / TOKENIZER_FILE
+    if tokenizer.file is not None and tokenizer.file.resolve() != target.resolve():
+        atomic_write(target, tokenizer.file.read_bytes())
 
 
 def load_run_tokenizer(run_dir: Path) -> Tokenizer:
