@@ -10,7 +10,7 @@ import pytest
 
 from turbotrain.bench import worker
 from turbotrain.bench.contenders import CONTENDERS
-from turbotrain.bench.suite import SAME_PRECISION_TOL, BenchOptions, run_compare, run_precision_matrix
+from turbotrain.bench.suite import SAME_PRECISION_TOL, BenchOptions, run_ablation, run_compare, run_precision_matrix
 from turbotrain.bench.tables import render_report
 from turbotrain.bench.workloads import resolve_workload, to_spec, write_data
 
@@ -95,6 +95,19 @@ def test_precision_matrix_runs_what_cpu_supports(tmp_path):
     assert rows["fp32"]["speedup"] == 1.0 and rows["fp32"]["loss_diff"] == 0.0
     assert report["summary"]["recommendation"]["row"] in rows
     assert "recommended:" in render_report(report)
+
+
+def test_a_tiny_ablation_runs_the_chunked_loss_row_and_skips_cudnn_attention_on_cpu(tmp_path):
+    opts = BenchOptions(device="cpu", work_dir=tmp_path, log=lambda line: None, timeout_s=300)
+    report = run_ablation(_tiny(), opts, only=["+chunked-loss", "+cudnn-attention"])
+    rows = {r["row"]: r for r in report["rows"]}
+    assert list(rows) == ["baseline", "+cudnn-attention", "+chunked-loss"]
+    assert rows["+cudnn-attention"]["status"] == "skipped" and "CUDA" in rows["+cudnn-attention"]["reason"]
+    chunked = rows["+chunked-loss"]
+    assert rows["baseline"]["status"] == chunked["status"] == "ok", chunked.get("reason")
+    assert chunked["model_overrides"]["loss"] == "chunked" and chunked["loss_within_tol"]  # same math, other kernels
+    assert abs(chunked["loss_diff"]) <= SAME_PRECISION_TOL and chunked["speedup"] > 0
+    assert "+chunked-loss" in render_report(report)
 
 
 def test_batch_auto_searches_in_its_own_process_and_every_row_uses_the_answer(tmp_path, capsys):

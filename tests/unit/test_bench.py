@@ -180,6 +180,26 @@ def test_precision_and_ablation_rows_say_why_they_do_not_apply_on_cpu():
     assert "resident" in cifar["+prefetch"].skip and not cifar["+cudnn-benchmark"].skip
 
 
+def test_the_step_changes_are_ablation_rows_that_say_when_they_cannot_run(monkeypatch):
+    w = resolve_workload("gpt-tiny", "cpu")
+    cpu = {v.name: v for v in ablation_variants(w, "cpu")}
+    assert cpu["+chunked-loss"].model == {"attention": "masked", "loss": "chunked"} and not cpu["+chunked-loss"].skip
+    assert cpu["+cudnn-attention"].skip == "cuDNN attention is a CUDA kernel"
+    assert cpu["all"].model == {"loss": "chunked"}  # no cuDNN preference where it cannot run
+    gpu = resolve_workload("gpt2-small", "cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91000)
+    assert "compute capability >= 8.0 (here cuDNN 91000, 7.5)" in {v.name: v for v in ablation_variants(gpu, "cuda")}["+cudnn-attention"].skip
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    h100 = {v.name: v for v in ablation_variants(gpu, "cuda")}
+    assert not h100["+cudnn-attention"].skip and h100["+cudnn-attention"].model == {"sdpa_backend": "cudnn"}
+    assert h100["all"].model == {"loss": "chunked", "sdpa_backend": "cudnn"}
+    mlp = {v.name: v for v in ablation_variants(resolve_workload("mlp-tiny", "cuda"), "cuda")}
+    assert mlp["+chunked-loss"].skip and mlp["+cudnn-attention"].skip == "no attention in this model"
+
+
 # ------------------------------------------------------------------------------------ derived figures
 
 

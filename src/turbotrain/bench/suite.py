@@ -15,7 +15,9 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
+
+import torch
 
 from ..hardware import estimate_mfu, lookup_peak
 from ..process import child_env, run_process
@@ -294,11 +296,31 @@ def precision_variants(device: str) -> list[Variant]:
     ]
 
 
+CUDNN_ATTENTION_MIN = (90000, (8, 0))  # cuDNN version, compute capability: cuDNN SDPA's floor in PyTorch
+
+
+def cudnn_attention_unavailable(device: str) -> str:
+    """Why SDPA's cuDNN kernel cannot run here ("" when it can): a CUDA kernel, cuDNN 9 or later,
+    compute capability 8.0 or later. (Shapes it refuses still run: the model falls back.)"""
+    if device != "cuda":
+        return "cuDNN attention is a CUDA kernel"
+    if not torch.cuda.is_available():
+        return "no CUDA device visible"
+    version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    capability = torch.cuda.get_device_capability()
+    if version is None or version < CUDNN_ATTENTION_MIN[0] or capability < CUDNN_ATTENTION_MIN[1]:
+        return (f"cuDNN attention needs cuDNN >= 9 and compute capability >= 8.0 "
+                f"(here cuDNN {version or 'none'}, {capability[0]}.{capability[1]})")
+    return ""
+
+
 def ablation_variants(w: Workload, device: str) -> list[Variant]:
     """The plain fp32 eager baseline, each optimization alone on top of it, then all together,
     then turbotrain's defaults. Rows that cannot apply here say why."""
     cuda = device == "cuda"
     gpt = w.model == "gpt"
+    no_attention = "" if gpt else "no attention in this model"
+    no_cudnn_attention = no_attention or cudnn_attention_unavailable(device)
     conv = w.model in ("resnet", "cifar") or (w.model == CUSTOM and bool(w.model_kwargs.get("conv")))
     only_cuda = "" if cuda else "CUDA only"
     baseline: dict[str, dict[str, Any]] = {
@@ -325,7 +347,11 @@ def ablation_variants(w: Workload, device: str) -> list[Variant]:
         Variant("+compile", "torch.compile (model)", on(compile={"scope": "model"}), masked),
         Variant("+fused-adamw", "fused AdamW", on(optim={"implementation": "fused"}), masked),
         Variant("+sdpa-flash", "SDPA is_causal (flash kernel) instead of an explicit mask", on(), {},
-                skip="" if gpt else "no attention in this model"),
+                skip=no_attention),
+        Variant("+cudnn-attention", "SDPA is_causal preferring cuDNN attention (model.sdpa_backend = 'cudnn'; "
+                "shapes cuDNN refuses fall back)", on(), {"sdpa_backend": "cudnn"}, skip=no_cudnn_attention),
+        Variant("+chunked-loss", "linear + cross-entropy by chunks, no full logits (model.loss = 'chunked')", on(),
+                {**masked, "loss": "chunked"}, skip="" if gpt else "no language-model loss in this model"),
         Variant("+prefetch", "pinned batches, side-stream copy", on(data={"device_prefetch": True, "pin_memory": True}),
                 masked, skip=prefetch_skip),
         Variant("+cuda-graphs", "compile mode reduce-overhead (CUDA graphs)",
@@ -337,7 +363,8 @@ def ablation_variants(w: Workload, device: str) -> list[Variant]:
         optim={"implementation": "fused"},
         data={"device_prefetch": cuda, "pin_memory": cuda},
     )
-    rows.append(Variant("all", "every optimization above together", everything, {}))
+    together = {"loss": "chunked", **({} if no_cudnn_attention else {"sdpa_backend": "cudnn"})} if gpt else {}
+    rows.append(Variant("all", "every optimization above together", everything, together))
     rows.append(Variant("turbotrain-defaults", "Engine defaults (auto)", {}, {}))
     return rows
 
@@ -402,9 +429,15 @@ def recommend(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
-def run_ablation(w: Workload, opts: BenchOptions) -> dict[str, Any]:
-    """From the plain fp32 eager baseline: each optimization alone, then all, then the defaults."""
-    rows, _, flops, method = _run_variants(w, opts, ablation_variants(w, opts.device), "ablation")
+def run_ablation(w: Workload, opts: BenchOptions, only: Sequence[str] = ()) -> dict[str, Any]:
+    """From the plain fp32 eager baseline: each optimization alone, then all, then the defaults
+    (``only``: just these rows, beside the baseline)."""
+    every = ablation_variants(w, opts.device)
+    unknown = sorted(set(only) - {v.name for v in every})
+    if unknown:
+        raise ValueError(f"unknown ablation row(s) {unknown}; choose from {', '.join(v.name for v in every)}")
+    variants = [v for v in every if not only or v.name in only or v.name == "baseline"]
+    rows, _, flops, method = _run_variants(w, opts, variants, "ablation")
     ref = next((r for r in rows if r["row"] == "baseline"), None)
     compare_to(rows, ref, speed_key="speedup")
     report = _base("ablation", w, opts, flops, method)
