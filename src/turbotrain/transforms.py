@@ -138,3 +138,14 @@ def apply_compile(model: nn.Module, scope: str, mode: str = "default") -> nn.Mod
         for block in blocks:
             block.compile(**options)
     return model
+
+
+@contextlib.contextmanager
+def eager() -> Iterator[None]:
+    """Inside the block compiled modules run their own Python code: nothing compiles, nothing
+    recompiles, and the graphs already compiled stay cached for when the block ends. For work
+    whose modes and shapes training never sees (evaluation under no_grad, the batch-size
+    search's trial sizes): through the compiled module each would compile a graph of its own,
+    seconds to minutes apiece on a GPU, for little gain on a few batches."""
+    with torch.compiler.set_stance("force_eager"):  # torch >= 2.6
+        yield

@@ -45,6 +45,7 @@ from ..errors import ConfigError, TurbotrainError
 from ..hardware import ram_bytes
 from ..oom import is_oom
 from ..rundir import BATCH_CACHE
+from ..transforms import eager
 from ..units import GIB, gib
 from .stats import TensorMemoryTracker, optimizer_tensors, storage_bytes
 
@@ -361,10 +362,15 @@ class StepTrial:
     Not covered: DDP/FSDP communication buckets (run it on the unwrapped model; the headroom is
     for such extras, the allocator's fragmentation and library workspaces).
 
+    Trials run a compiled model eagerly (:func:`turbotrain.transforms.eager`): each size would
+    otherwise compile (batch 1, then 2 with dynamic shapes, then a static graph for the answer
+    after a reset: several cold compiles). Eager activations are at least the compiled ones, so
+    the answer errs on the safe side by what fusion saves; training compiles one graph, for the
+    size found, at its first step.
+
     Use it as a context manager: on exit the weights and RNG states are restored, optimizer
-    state and gradients dropped, compiled graphs reset (they were compiled for several sizes;
-    training recompiles once, with static shapes, at the chosen size) and the CUDA cache
-    emptied, so training starts exactly as if no search had run.
+    state and gradients dropped and the CUDA cache emptied, so training starts exactly as if no
+    search had run.
     """
 
     def __init__(
@@ -393,7 +399,7 @@ class StepTrial:
 
     def _step(self, batch: Any, micro_steps: int = 1) -> None:
         for _ in range(micro_steps):
-            with self.engine.autocast():
+            with self.engine.autocast(), eager():
                 loss = self.loss_fn(self.model, batch)
             loss.backward()
             del loss
@@ -455,10 +461,6 @@ class StepTrial:
         if self._rng[1] is not None:
             torch.cuda.set_rng_state_all(self._rng[1])
         self.model.train(self._was_training)
-        if getattr(self.model, "_compiled_call_impl", None) is not None or any(
-            getattr(m, "_compiled_call_impl", None) is not None for m in self.model.modules()
-        ):
-            torch._dynamo.reset()  # drop the graphs compiled for trial sizes (and their memory)
         self._free()
 
 
