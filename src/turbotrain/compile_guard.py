@@ -1,0 +1,168 @@
+"""Compile guard: torch.compile's recompilations and graph breaks during training, counted from
+dynamo's own bookkeeping, with a warning that names the cause when they keep happening.
+
+Why: a recompilation costs seconds to minutes and a graph break splits the compiled model into
+pieces that run with Python between them; both are silent unless someone turns on
+``TORCH_LOGS``. A changing Python number in ``forward`` (a step counter, a dropout probability),
+a tensor whose shape keeps changing, or a mode switch recompiles the model; past dynamo's
+recompile limit (8 per frame) the frame quietly falls back to eager.
+
+What is read (no per-step cost, no host-device sync): ``torch._dynamo.utils.counters``
+(``frames['ok']``: frames compiled, first compiles and recompiles alike; ``graph_break``: one
+entry per break reason) and ``torch._dynamo.utils.guard_failures`` (per code object, the guards
+that failed before each recompilation: the cause). They are process-wide, so the guard keeps a
+baseline taken when it starts and reports differences. A process that never imported dynamo has
+nothing to read, and the guard reads nothing (it never imports dynamo itself).
+
+The engine calls :meth:`CompileGuard.check` at its guard poll (every ``monitor.log_every``
+optimizer steps); the first ``warmup_steps`` steps (default: the first poll window) may compile
+and recompile freely (the first compile, evaluation's no-grad graph, automatic dynamic shapes).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+REASON_CHARS = 200  # a reason is cut to its first line and this many characters
+
+
+def _first_line(text: str) -> str:
+    return str(text).strip().splitlines()[0][:REASON_CHARS] if str(text).strip() else "unknown"
+
+
+def _guard_reason(text: str) -> str:
+    """``'0/0: s.scale == 0.0   # file:8 in forward ...'`` -> ``'s.scale == 0.0 (file:8 in forward)'``."""
+    line = _first_line(text)
+    head, _, where = line.partition("#")
+    head = head.split(": ", 1)[-1].strip() if head[:1].isdigit() else head.strip()
+    where = where.strip().lstrip("#").strip()
+    return f"{head} ({where})" if where else head
+
+
+def _first_entry(reason: str) -> bool:
+    """Whether a guard-failure reason is about a frame's first cached graph (compile id
+    ``F/0``): a recompilation records one reason per cached graph it checked, so counting the
+    first graph's reasons counts each recompilation once, with why that graph did not fit."""
+    cid = str(reason).split(":", 1)[0].strip("[]! ")
+    _, _, nth = cid.partition("/")
+    return nth.split("_", 1)[0] == "0"
+
+
+@dataclass(frozen=True)
+class CompileCounts:
+    """A snapshot of dynamo's counters: frames compiled, each recompile reason and each graph
+    break reason with how often it happened."""
+
+    frames: int = 0
+    recompile_reasons: dict[str, int] = field(default_factory=dict)
+    break_reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def recompiles(self) -> int:
+        return sum(self.recompile_reasons.values())
+
+    @property
+    def graph_breaks(self) -> int:
+        return sum(self.break_reasons.values())
+
+    def minus(self, base: "CompileCounts") -> "CompileCounts":
+        """What happened since ``base`` (counters only grow)."""
+        rec = Counter(self.recompile_reasons)
+        rec.subtract(base.recompile_reasons)
+        brk = Counter(self.break_reasons)
+        brk.subtract(base.break_reasons)
+        return CompileCounts(self.frames - base.frames, {k: v for k, v in rec.items() if v > 0},
+                             {k: v for k, v in brk.items() if v > 0})
+
+
+def collect_compile_counts() -> CompileCounts:
+    """dynamo's counters now (all zero when dynamo was never imported in this process). Host
+    dictionaries only: no device work."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return CompileCounts()
+    counters = utils.counters
+    recompiles: Counter[str] = Counter()
+    for failures in list(getattr(utils, "guard_failures", {}).values()):
+        for reason in list(failures):
+            if _first_entry(reason):  # one per recompilation (each checks every cached graph)
+                recompiles[_guard_reason(reason)] += 1
+    breaks: Counter[str] = Counter()
+    for reason, count in list(counters["graph_break"].items()):
+        breaks[_first_line(reason)] += int(count)
+    return CompileCounts(int(counters["frames"].get("ok", 0)), dict(recompiles), dict(breaks))
+
+
+def _top(reasons: dict[str, int]) -> str:
+    reason, count = max(reasons.items(), key=lambda kv: kv[1])
+    return f"{reason!r} ({count}x)"
+
+
+class CompileGuard:
+    """Counts recompilations and graph breaks since :meth:`start`; warns once, naming the most
+    frequent cause, when more than ``max_recompiles`` recompilations (or graph breaks that appear
+    anew, which only a recompilation can bring) happen after the first ``warmup_steps`` steps.
+    ``max_recompiles`` 0 never warns (the counts are still reported)."""
+
+    def __init__(self, max_recompiles: int = 2, warmup_steps: int = 10) -> None:
+        self.max_recompiles, self.warmup_steps = max_recompiles, warmup_steps
+        self.base = collect_compile_counts()
+        self.at_warmup: CompileCounts | None = None
+        self.warning = ""
+
+    def start(self) -> None:
+        """Count from now on (the engine calls it when it sets a model up)."""
+        self.base = collect_compile_counts()
+        self.at_warmup, self.warning = None, ""
+
+    def since_start(self) -> CompileCounts:
+        return collect_compile_counts().minus(self.base)
+
+    def check(self, step: int) -> str:
+        """Called every few optimizer steps (never per step): returns, and logs once, the warning
+        when recompilations keep happening after warm-up; "" otherwise."""
+        if self.warning or sys.modules.get("torch._dynamo.utils") is None:
+            return self.warning
+        now = self.since_start()
+        if step <= self.warmup_steps or self.at_warmup is None:
+            if step >= self.warmup_steps:
+                self.at_warmup = now
+            return ""
+        after = now.minus(self.at_warmup)
+        if not self.max_recompiles or after.recompiles + after.graph_breaks <= self.max_recompiles:
+            return ""
+        causes = []
+        if after.recompile_reasons:
+            causes.append(f"guard failed: {_top(after.recompile_reasons)}")
+        if after.break_reasons:
+            causes.append(f"graph break: {_top(after.break_reasons)}")
+        self.warning = (
+            f"torch.compile recompiled {after.recompiles} time(s) and broke the graph {after.graph_breaks} time(s) "
+            f"between step {self.warmup_steps} and step {step}; {'; '.join(causes) or 'cause not recorded'}. "
+            "Keep shapes and Python numbers seen by forward() fixed (pad to one length, pass changing numbers "
+            "as tensors), or mark the dimension dynamic (torch._dynamo.mark_dynamic)"
+        )
+        log.warning("compile guard: %s", self.warning)
+        return self.warning
+
+    def summary(self) -> dict[str, Any]:
+        """For summary.json: frames compiled, recompilations and graph breaks since the start
+        (and after warm-up), their most frequent reasons, and the warning if one was given."""
+        now = self.since_start()
+        after = now.minus(self.at_warmup) if self.at_warmup is not None else None
+        ranked = lambda reasons: [f"{n}x {r}" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:5]]  # noqa: E731
+        return {
+            "frames_compiled": now.frames,
+            "recompiles": now.recompiles,
+            "recompiles_after_warmup": after.recompiles if after is not None else None,
+            "graph_breaks": now.graph_breaks,
+            "recompile_reasons": ranked(now.recompile_reasons),
+            "graph_break_reasons": ranked(now.break_reasons),
+            "warning": self.warning,
+        }
