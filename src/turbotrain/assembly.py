@@ -16,7 +16,7 @@ from torch import nn
 
 from .config import RunConfig
 from .engine import Engine
-from .optim import build_scheduler, optimizer_from_config
+from .optim import optimizer_from_config, scheduler_from_config
 
 
 @dataclass
@@ -41,8 +41,7 @@ def build_trainable(
     optimizer = optimizer_from_config(model, engine.device, c)
     scheduler = None
     if max_steps is not None:
-        scheduler = build_scheduler(optimizer, schedule=c.schedule, warmup_steps=c.warmup_steps, max_steps=max_steps,
-                                    lr=c.lr, min_lr=c.min_lr)
+        scheduler = scheduler_from_config(optimizer, c, max_steps)
     model, optimizer, loader = engine.setup(model, optimizer, loader, scheduler=scheduler, scheduler_interval="step")
     assert optimizer is not None
     return Trainable(engine, model, optimizer, scheduler, loader)
