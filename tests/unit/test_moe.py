@@ -1,0 +1,188 @@
+"""Mixture-of-experts GPT (models/moe.py): the expert-compute paths agree, routing counts add up,
+the capacity drops what it should, load balancing acts, FLOPs count active parameters, and bad
+settings are one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from turbotrain.cli import main
+from turbotrain.config import load_config
+from turbotrain.engine import Engine
+from turbotrain.errors import ConfigError
+from turbotrain.experts_monitor import EXPERTS_FILE, ExpertsMonitor, markdown, read_experts, summarize, write_plots
+from turbotrain.loop import fit
+from turbotrain.models.build import build_model
+from turbotrain.models.gpt import GPT, GPTConfig
+from turbotrain.models.moe import MoEConfig, MoEGPT, MoEMLP, route
+
+SMALL = dict(vocab_size=64, n_layer=2, n_head=2, d_model=32, block_size=16, n_experts=4, top_k=2)
+
+
+def _loss_and_grads(impl: str, **extra: object) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    model = MoEGPT(MoEConfig(**{**SMALL, **extra, "moe_impl": impl}))  # type: ignore[arg-type]
+    idx = torch.randint(64, (3, 16), generator=torch.Generator().manual_seed(1))
+    model.eval()
+    logits = model(idx)
+    model.train()
+    loss = model(idx, idx)
+    loss.backward()
+    return logits.detach(), loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("impl", ["batched", "grouped"])
+def test_vectorised_expert_paths_equal_the_per_expert_loop_in_fp32(impl: str):
+    ref_logits, ref_loss, ref_grads = _loss_and_grads("loop")
+    logits, loss, grads = _loss_and_grads(impl)
+    torch.testing.assert_close(logits, ref_logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(loss, ref_loss, rtol=0, atol=1e-5)
+    assert grads.keys() == ref_grads.keys() and any("w1" in n for n in grads)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, ref_grads[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_grouped_path_in_bf16_matches_the_loop_within_bf16_tolerance():
+    torch.manual_seed(0)
+    layer = MoEMLP(MoEConfig(**SMALL)).to(torch.bfloat16)  # type: ignore[arg-type]
+    x = torch.randn(2, 16, 32, dtype=torch.bfloat16)
+    layer.impl = "loop"
+    ref = layer(x)
+    layer.impl = "grouped"
+    torch.testing.assert_close(layer(x), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_tokens_per_expert_sum_to_tokens_times_top_k_and_accumulate_until_read():
+    torch.manual_seed(0)
+    model = MoEGPT(MoEConfig(**{**SMALL, "top_k": 3}))  # type: ignore[arg-type]
+    idx = torch.randint(64, (4, 16))
+    for _ in range(2):
+        model(idx, idx).backward()
+    layers = model.moe_layers()
+    assert len(layers) == 2
+    for layer in layers:
+        assert layer.last_counts is not None and int(layer.last_counts.sum()) == 4 * 16 * 3
+        taken = layer.take_load()
+        assert taken is not None and int(taken[0].sum()) == 2 * 4 * 16 * 3 and int(taken[1]) == 0
+        assert int(layer.take_load()[0].sum()) == 0  # type: ignore[index]  # read = reset
+    model.eval()
+    model(idx, idx)
+    assert int(layers[0].take_load()[0].sum()) == 0  # type: ignore[index]  # evaluation is not counted
+
+
+def test_capacity_factor_drops_overflow_in_token_order():
+    torch.manual_seed(0)
+    cfg = MoEConfig(**{**SMALL, "capacity_factor": 0.5, "moe_impl": "batched"})  # type: ignore[arg-type]
+    layer = MoEMLP(cfg)
+    x = torch.randn(1, 40, 32)
+    out = layer(x)[0]
+    capacity = layer.capacity(40)
+    assert capacity == 10  # ceil(0.5 x 40 x 2 / 4)
+    # reference: visit tokens in order; an expert serves at most `capacity` of them
+    weights, experts, _ = route(x[0], layer.router.weight, 2)
+    seen, expected = [0] * 4, torch.zeros(40, 32)
+    for n in range(40):
+        for j in range(2):
+            e = int(experts[n, j])
+            if seen[e] < capacity:
+                expected[n] += weights[n, j] * (F.gelu(x[0, n] @ layer.w1[e], approximate="tanh") @ layer.w2[e])
+            seen[e] += 1
+    dropped = sum(max(0, s - capacity) for s in seen)
+    assert dropped > 0 and int(layer.last_dropped) == dropped  # type: ignore[arg-type]
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+    layer.impl = "loop"  # the loop computes every row; dropped ones get weight 0: same result
+    torch.testing.assert_close(layer(x)[0], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_aux_loss_only_in_training_and_bias_moves_against_the_load():
+    torch.manual_seed(0)
+    model = MoEGPT(MoEConfig(**{**SMALL, "aux_loss_coef": 1.0, "router_bias_update": 0.01}))  # type: ignore[arg-type]
+    idx = torch.randint(64, (2, 16))
+    model.train()
+    with torch.no_grad():
+        train_loss = model(idx, idx)
+    layer = model.moe_layers()[0]
+    assert layer.last_counts is not None and layer.last_aux is not None
+    counts = layer.last_counts.clone()
+    model.eval()
+    with torch.no_grad():
+        eval_loss = model(idx, idx)
+    assert float(train_loss - eval_loss) == pytest.approx(float(torch.stack([m.last_aux for m in model.moe_layers()]).mean()), rel=1e-4)
+    model.train()
+    with torch.no_grad():
+        model(idx, idx)  # applies the previous training forward's loads
+    bias = layer.expert_bias
+    assert float(bias[counts.argmax()]) < 0 < float(bias[counts.argmin()]) and abs(float(bias.sum())) < 1e-6
+
+
+def test_flops_count_active_parameters():
+    dense = GPT(GPTConfig(vocab_size=64, n_layer=2, n_head=2, d_model=32, block_size=16))
+    moe = MoEGPT(MoEConfig(**{**SMALL, "n_experts": 8, "top_k": 2, "expert_hidden": 64}))  # type: ignore[arg-type]
+    d = 32
+    mlp_biases, routers = 2 * (4 * d + d), 2 * d * 8
+    assert moe.num_active_params() == dense.num_params() - mlp_biases + routers
+    assert moe.num_params() == moe.num_active_params() + 2 * 6 * (2 * d * 64)  # six experts per block idle
+    assert moe.flops_per_token() == pytest.approx(dense.flops_per_token() + 6 * (routers - mlp_biases))
+
+
+def test_moe_every_and_the_run_config_build_the_model():
+    config = load_config("moe-tiny", ["--model.moe_every=2", "--model.n_experts=4"])
+    model = build_model(config.model, 256)
+    assert isinstance(model, MoEGPT)
+    kinds = [type(block.mlp).__name__ for block in model.blocks]
+    assert kinds == ["Sequential", "MoEMLP", "Sequential", "MoEMLP"]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--model.top_k=9"], ["model.top_k = 9", "model.n_experts = 8"]),
+    (["--distributed.expert_parallel=3"], ["distributed.expert_parallel = 3", "model.n_experts = 8"]),
+    (["--model.moe_impl=fast"], ["model.moe_impl", "grouped", "loop"]),
+])
+def test_bad_moe_settings_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], args: list[str], words: list[str]):
+    with pytest.raises(ConfigError):
+        load_config("moe-tiny", args)
+    assert main(["train", "--preset", "moe-tiny", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for word in words:
+        assert word in err, err
+
+
+def test_experts_monitor_reads_at_the_log_cadence_and_the_report_draws_load_and_placement(tmp_path: Path):
+    torch.manual_seed(0)
+    model = MoEGPT(MoEConfig(**{**SMALL, "router_bias_update": 0.01}))  # type: ignore[arg-type]
+    engine = Engine({"run": {"device": "cpu"}})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, opt, _ = engine.setup(model, opt)
+    g = torch.Generator().manual_seed(2)
+    batches = [(x[:, :-1], x[:, 1:]) for x in torch.randint(64, (7, 2, 17), generator=g)]
+    monitor = ExpertsMonitor(model, interval=3, run_dir=tmp_path)
+    fit(engine, model, opt, batches, max_steps=7, hooks=[monitor])
+    data = read_experts(tmp_path)
+    assert data is not None and (tmp_path / EXPERTS_FILE).is_file()
+    assert [h["step"] for h in data["history"]] == [3, 6, 7]  # every 3 steps, and the end
+    windows = [3, 3, 1]
+    for h, n in zip(data["history"], windows):
+        assert len(h["load"]) == 2 and all(sum(row) == n * 2 * 16 * 2 for row in h["load"])  # steps x tokens x top_k
+        assert h["max_mean"] >= 1.0
+    assert data["placement"] == {"ep_degree": 1, "world": 1, "ranks": [[0, 1, 2, 3]]}
+    section = summarize(data)
+    assert sum(section["assignments_per_expert"]) == 7 * 2 * 16 * 2 * 2  # ... x MoE blocks
+    assert any("max/mean" in line for line in markdown(section))
+    assert write_plots(data, tmp_path / "plots") == ["plots/expert_load.png", "plots/expert_placement.png"]
+    assert all((tmp_path / "plots" / f).stat().st_size > 1000 for f in ("expert_load.png", "expert_placement.png"))
+
+
+def test_expert_parallel_degree_that_does_not_divide_the_world_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path):
+    text = tmp_path / "corpus.txt"
+    text.write_text("def f(x):\n    return x + 1\n" * 400)
+    args = ["train", "--preset", "moe-tiny", f"--data.path={text}", f"--run.out_dir={tmp_path / 'runs'}",
+            "--distributed.expert_parallel=2"]
+    assert main(args) == 2  # one plain process: the world size is 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "distributed.expert_parallel = 2 must divide the world size 1" in err, err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # nothing left behind
