@@ -6,6 +6,13 @@ written the same way. Load: newest first, verify the checksum, load with ``weigh
 Pruning (:func:`prune`) counts only checkpoints that verify, so ``keep_last`` never deletes the
 last usable one. What a checkpoint holds is one :class:`RunState` registry, saved by the
 :class:`Checkpointer` and loaded by :func:`restore_latest`.
+
+Two formats, chosen by the run's strategy: one process writes the ``step_XXXXXXXX.pt`` file above;
+ddp and fsdp runs write a ``step_XXXXXXXX/`` folder through torch.distributed.checkpoint
+(:mod:`turbotrain.sharded`: every rank its shards, a finished marker with checksums). Listing,
+verification, pruning (keep-last counts both) and resume treat both alike: a resume loads the newest
+verified checkpoint of either kind into any world size, and :func:`load_latest_weights` reads the
+model of either in one plain process (``turbotrain sample``).
 """
 
 from __future__ import annotations
@@ -14,14 +21,19 @@ import hashlib
 import logging
 import random
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import torch
+import torch.distributed as dist
+from torch import nn
 
+from . import sharded
 from .atomic import atomic_write, clean_stale_temps
+from .distributed import Strategy
 from .engine import Engine
 from .errors import TurbotrainError
 from .hooks import FitContext, Hook, every
@@ -29,7 +41,7 @@ from .hooks import FitContext, Hook, every
 log = logging.getLogger(__name__)
 
 FORMAT = 1
-_NAME = re.compile(r"^step_(\d{8,})\.pt$")
+_NAME = re.compile(r"^step_(\d{8,})(\.pt)?$")  # a .pt file (one process) or a folder (sharded)
 
 
 def sha256_of(path: Path) -> str:
@@ -71,7 +83,7 @@ def checkpoint_path(folder: Path, step: int) -> Path:
 
 
 def checkpoint_step(path: Path) -> int:
-    """The optimizer step a checkpoint file was saved at (from its name)."""
+    """The optimizer step a checkpoint (file or sharded folder) was saved at (from its name)."""
     m = _NAME.match(path.name)
     if m is None:
         raise ValueError(f"{path.name} is not a checkpoint file name")
@@ -83,21 +95,33 @@ def sidecar(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
 
+def _is_checkpoint(path: Path) -> bool:
+    m = _NAME.match(path.name)
+    return m is not None and (path.is_file() if m[2] else path.is_dir())
+
+
 def list_checkpoints(folder: Path) -> list[Path]:
-    """Checkpoint files in ``folder``, oldest (lowest step) first."""
+    """Checkpoints in ``folder``, ``.pt`` files and sharded folders, oldest (lowest step) first."""
     if not folder.is_dir():
         return []
-    return sorted((p for p in folder.iterdir() if _NAME.match(p.name)), key=checkpoint_step)
+    return sorted((p for p in folder.iterdir() if _is_checkpoint(p)), key=checkpoint_step)
 
 
 def finished_checkpoints(folder: Path) -> list[Path]:
-    """Checkpoints whose save finished (their checksum file exists), oldest first. A file without
-    one is a save killed between the rename and the checksum: it does not count as a checkpoint."""
-    return [p for p in list_checkpoints(folder) if sidecar(p).is_file()]
+    """Checkpoints whose save finished (a file's checksum file, a folder's finished marker
+    exists), oldest first. A file without one is a save killed between the rename and the
+    checksum; a folder without one a sharded save killed mid-way: neither counts as a checkpoint."""
+    return [p for p in list_checkpoints(folder) if (sharded.is_finished(p) if p.is_dir() else sidecar(p).is_file())]
 
 
 def _stamp(path: Path) -> tuple[str, int, int, int] | None:
+    """What a remembered verification is tied to: sizes and modification times (of a folder, of
+    every file in it)."""
     try:
+        if path.is_dir():
+            stats = [p.stat() for p in path.iterdir()]
+            return (str(path), sum(st.st_size for st in stats), max((st.st_mtime_ns for st in stats), default=0),
+                    (path / sharded.MARKER).stat().st_mtime_ns)
         st, side = path.stat(), sidecar(path).stat()
     except OSError:
         return None
@@ -108,8 +132,10 @@ _VERIFIED: dict[tuple[str, int, int, int], bool] = {}  # (path, size, mtimes) ->
 
 
 def _check_digest(path: Path) -> str:
-    """'' when ``path`` matches its sidecar, else why not. The sidecar's bytes are read as they
-    are: a damaged one (not even ASCII) is a mismatch, not a crash."""
+    """'' when ``path`` matches its sidecar (a folder: its finished marker), else why not. The
+    sidecar's bytes are read as they are: a damaged one (not even ASCII) is a mismatch, not a crash."""
+    if path.is_dir():
+        return sharded.check(path)
     try:
         raw = sidecar(path).read_bytes()
     except FileNotFoundError:
@@ -159,6 +185,10 @@ def prune(folder: Path, keep_last: int) -> list[Path]:
     oldest = checkpoint_step(kept[-1])
     deleted = [p for p in candidates if checkpoint_step(p) < oldest]
     for old in deleted:
+        if old.is_dir():  # the marker first: a half-deleted folder is then an unfinished save
+            (old / sharded.MARKER).unlink(missing_ok=True)
+            shutil.rmtree(old, ignore_errors=True)
+            continue
         old.unlink(missing_ok=True)  # the checkpoint first: an orphaned checksum file is harmless
         sidecar(old).unlink(missing_ok=True)
     for orphan in folder.glob("step_*.pt.sha256"):
@@ -204,9 +234,10 @@ def _verified_load(path: Path, required: tuple[str, ...] = ()) -> dict[str, Any]
 
 
 def load_latest(folder: Path, required: tuple[str, ...] = ()) -> tuple[Path, dict[str, Any]]:
-    """The newest checkpoint that verifies and holds every key in ``required``; corrupt,
-    foreign or incomplete ones are skipped with a warning."""
-    candidates = list_checkpoints(folder)
+    """The newest one-process (``.pt``) checkpoint that verifies and holds every key in
+    ``required``; corrupt, foreign or incomplete ones are skipped with a warning. Sharded folders
+    are not read here: :func:`restore_latest` and :func:`load_latest_weights` read both kinds."""
+    candidates = [p for p in list_checkpoints(folder) if not p.is_dir()]
     if not candidates:
         raise TurbotrainError(f"no checkpoint in {folder}; start without --resume")
     problems = []
@@ -227,10 +258,22 @@ Stateful = tuple[Callable[[], Any], Callable[[Any], None]]  # (state_dict, load_
 
 class RunState(dict[str, Stateful]):
     """The registry of a run's stateful objects, in load order: name -> (state_dict,
-    load_state_dict). Entries may be given as objects with those two methods."""
+    load_state_dict). Entries may be given as objects with those two methods.
+
+    For sharded checkpoints it also remembers which entry is the model (an ``nn.Module``) and which
+    the optimizer (a ``torch.optim.Optimizer``): those two go through torch.distributed.checkpoint,
+    by parameter name, so they reshard. Entries in ``per_rank`` (the RNG) differ from rank to rank:
+    saved per rank, restored when the world size matches, otherwise re-seeded (:func:`reseed`).
+    ``strategy`` (set by :func:`run_state`) picks the format a :class:`Checkpointer` writes."""
 
     def __init__(self, **entries: Any) -> None:
         super().__init__({k: v if isinstance(v, tuple) else (v.state_dict, v.load_state_dict) for k, v in entries.items()})
+        self.model_key = next((k for k, v in entries.items() if isinstance(v, nn.Module)), None)
+        self.optimizer_key = next((k for k, v in entries.items() if isinstance(v, torch.optim.Optimizer)), None)
+        self.model: nn.Module | None = entries[self.model_key] if self.model_key else None
+        self.optimizer: torch.optim.Optimizer | None = entries[self.optimizer_key] if self.optimizer_key else None
+        self.per_rank: frozenset[str] = frozenset({"rng"} & set(entries))
+        self.strategy: Strategy | None = None
 
     def state_dict(self) -> dict[str, Any]:
         return {name: save() for name, (save, _) in self.items()}
@@ -240,45 +283,222 @@ class RunState(dict[str, Stateful]):
         if missing:  # checked before anything loads: never half a state
             raise TurbotrainError(f"{source} holds no {', '.join(missing)} state; it was not saved by this kind of run")
         for name, (_, load) in self.items():
-            try:
-                load(payload[name])
-            except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:  # shapes or groups changed by overrides
-                detail = " ".join(str(exc).split())[:300]
-                raise TurbotrainError(f"{source}: its {name} state does not fit the {name} this config builds "
-                                      f"({detail}); resume without overrides that change --model.* settings") from None
+            _load_entry(name, load, payload[name], source)
+
+    @property
+    def tensor_keys(self) -> tuple[str, ...]:
+        """The entries a sharded checkpoint stores through DCP (the model and its optimizer)."""
+        return tuple(k for k in (self.model_key, self.optimizer_key) if k is not None and self.model is not None)
+
+    @property
+    def replicated_keys(self) -> tuple[str, ...]:
+        """The entries every rank holds alike (the engine, scheduler, config, ...)."""
+        return tuple(k for k in self if k not in self.tensor_keys and k not in self.per_rank)
+
+
+def _load_entry(name: str, load: Callable[[Any], None], value: Any, source: str) -> None:
+    try:
+        load(value)
+    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:  # shapes or groups changed by overrides
+        detail = " ".join(str(exc).split())[:300]
+        raise TurbotrainError(f"{source}: its {name} state does not fit the {name} this config builds "
+                              f"({detail}); resume without overrides that change --model.* settings") from None
 
 
 def run_state(engine: Engine, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None,
               **extra: Any) -> RunState:
     """What a training run saves and resumes: the engine first (its state holds the data position,
     ``state.batches``, and a precision fallback it restores recasts the weights, so they must load
-    after it), then model, optimizer, scheduler (when there is one), every RNG, and ``extra``."""
+    after it), then model, optimizer, scheduler (when there is one), every RNG, and ``extra``.
+    The engine's strategy picks the checkpoint format (one process: ``.pt``; ddp/fsdp: sharded)."""
     entries: dict[str, Any] = {"engine": (engine.state_dict, lambda sd: engine.load_state_dict(sd, optimizer)),
                                "model": model, "optimizer": optimizer}
     if scheduler is not None:
         entries["scheduler"] = scheduler
-    return RunState(**entries, rng=(rng_state, set_rng_state), **extra)
+    state = RunState(**entries, rng=(rng_state, set_rng_state), **extra)
+    state.strategy = engine.strategy
+    return state
+
+
+def reseed(step: int, rank: int) -> None:
+    """Seed every RNG from (step, rank): the deterministic stand-in for per-rank RNG state saved
+    by another world size. (The data order does not depend on it: it comes from the seed and the
+    batch index.)"""
+    seed = (step * 1_000_003 + rank) % 2**32
+    torch.manual_seed(seed)  # every device's generator too
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _pick(folder: Path, state: RunState) -> tuple[Path, dict[str, Any] | None]:
+    """The newest checkpoint of either kind that verifies and holds what ``state`` needs (with the
+    payload of a ``.pt`` one, read already); unusable ones are skipped with a warning."""
+    candidates = list_checkpoints(folder)
+    if not candidates:
+        raise TurbotrainError(f"no checkpoint in {folder}; start without --resume")
+    problems = []
+    for path in reversed(candidates):
+        try:
+            if not path.is_dir():
+                return path, _verified_load(path, required=tuple(state))
+            problem = "" if is_verified(path) else (_check_digest(path) or f"{path.name} does not verify")
+            if problem:
+                raise TurbotrainError(problem)
+            missing = [k for k in state.replicated_keys if k not in sharded.read_state(path).get("entries", {})]
+            if missing:
+                raise TurbotrainError(f"{path.name} holds no {', '.join(missing)} state")
+            return path, None
+        except TurbotrainError as exc:
+            log.warning("skipping checkpoint: %s", exc)
+            problems.append(str(exc))
+    raise TurbotrainError(
+        f"no usable checkpoint in {folder} ({'; '.join(problems)}); move them away and resume to restart "
+        "this run from step 0, or start a new run without --resume"
+    )
 
 
 def restore_latest(folder: Path, state: RunState) -> Path:
     """Load the newest checkpoint in ``folder`` that verifies and holds every entry of ``state``
-    into ``state``; returns its path."""
-    path, payload = load_latest(folder, required=tuple(state))
-    state.load_state_dict(payload, source=path.name)
+    into ``state``; returns its path. Either kind loads into any world size: a ``.pt`` written by
+    one process into ddp/fsdp ranks, a sharded folder written by N processes into M (or into one
+    plain process). Under a process group rank 0 chooses (it alone verifies checksums) and every
+    rank loads that one: a collective, every rank calls it."""
+    rank, world = sharded.rank_world()
+    if not _distributed():
+        path, payload = _pick(folder, state)
+    else:
+        box: list[Any] = [None]
+        if rank == 0:
+            try:
+                box = [("", _pick(folder, state)[0].name)]
+            except TurbotrainError as exc:
+                box = [(str(exc), "")]
+        dist.broadcast_object_list(box, src=0)  # every rank loads rank 0's choice (a collective load follows)
+        problem, name = box[0]
+        if problem:
+            raise TurbotrainError(problem)
+        path, payload = folder / name, None
+    if path.is_dir():
+        _load_sharded(path, state, rank, world)
+        return path
+    if payload is None:
+        payload = _verified_load(path, required=tuple(state))
+    if world == 1 and not _distributed():
+        state.load_state_dict(payload, source=path.name)  # the one-process format in one process: as always
+    else:
+        _load_pt_into_ranks(path, payload, state, rank, world)
+    return path
+
+
+def _load_sharded(path: Path, state: RunState, rank: int, world: int) -> None:
+    replicated = sharded.read_state(path)
+    entries = replicated.get("entries", {})
+    missing = [k for k in state.replicated_keys if k not in entries]
+    if missing:  # checked before anything loads: never half a state
+        raise TurbotrainError(f"{path.name} holds no {', '.join(missing)} state; it was not saved by this kind of run")
+    own = sharded.read_rank_state(path, rank, world)
+    for name, (_, load) in state.items():
+        if name == state.model_key and state.model is not None:
+            sharded.load_into(path, state.model, state.optimizer, replicated)
+        elif name in state.tensor_keys:
+            continue  # the optimizer: loaded with the model
+        elif name in state.per_rank:
+            _load_per_rank(name, load, own, path, rank, world)
+        else:
+            _load_entry(name, load, entries[name], path.name)
+
+
+def _load_pt_into_ranks(path: Path, payload: dict[str, Any], state: RunState, rank: int, world: int) -> None:
+    """A one-process checkpoint into the ranks of a ddp/fsdp run: every rank reads the whole file
+    and keeps its part of the model and optimizer."""
+    own = {k: payload[k] for k in state.per_rank} if world == 1 else None
+    for name, (_, load) in state.items():
+        if name == state.model_key and state.model is not None:
+            optim = payload.get(state.optimizer_key) if state.optimizer_key else None
+            sharded.load_full(state.model, state.optimizer, payload[name], optim, path.name)
+        elif name in state.tensor_keys:
+            continue
+        elif name in state.per_rank:
+            _load_per_rank(name, load, own, path, rank, world)
+        else:
+            _load_entry(name, load, payload[name], path.name)
+
+
+def _load_per_rank(name: str, load: Callable[[Any], None], own: dict[str, Any] | None, path: Path, rank: int,
+                   world: int) -> None:
+    if own is not None and name in own:
+        _load_entry(name, load, own[name], path.name)
+    elif name == "rng":
+        reseed(checkpoint_step(path), rank)
+        if rank == 0:
+            log.warning("%s was written by %d process(es), this run has %d: random number generators re-seeded from "
+                        "(step, rank) (the data order does not depend on them)",
+                        path.name, sharded.saved_world(path) if path.is_dir() else 1, world)
+    else:
+        log.warning("%s: no %s state for rank %d of %d; it starts fresh", path.name, name, rank, world)
+
+
+def load_latest_weights(folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """The model weights of the newest verified checkpoint of either kind, as one plain state dict
+    (full tensors, unwrapped names), read in this process alone (no process group): for
+    ``turbotrain sample`` and anything else that only needs the model."""
+    candidates = list_checkpoints(folder)
+    if not candidates:
+        raise TurbotrainError(f"no checkpoint in {folder}; train first")
+    problems = []
+    for path in reversed(candidates):
+        try:
+            if not path.is_dir():
+                return path, _verified_load(path, required=("model",))["model"]
+            if not is_verified(path):
+                raise TurbotrainError(_check_digest(path) or f"{path.name} does not verify")
+            return path, sharded.load_model_weights(path)
+        except TurbotrainError as exc:
+            log.warning("skipping checkpoint: %s", exc)
+            problems.append(str(exc))
+    raise TurbotrainError(f"no usable checkpoint in {folder} ({'; '.join(problems)})")
+
+
+def save_sharded(folder: Path, step: int, state: RunState, keep_last: int = 3) -> Path:
+    """Write ``state`` as a sharded checkpoint folder (:mod:`turbotrain.sharded`) from every rank
+    (a collective); rank 0 then prunes (:func:`prune`, counting both kinds)."""
+    if state.model is not None:
+        tensors, rest = sharded.split_state(state.model, state.optimizer)
+    else:
+        tensors, rest = {}, {}
+    replicated = {"entries": {name: state[name][0]() for name in state.replicated_keys}, **rest}
+    per_rank = {name: state[name][0]() for name in state.per_rank}
+    path = sharded.save(folder, step, tensors, replicated, per_rank)
+    if sharded.rank_world()[0] == 0:
+        stamp = _stamp(path)
+        if stamp is not None:
+            _VERIFIED[stamp] = True
+        prune(folder, keep_last)
     return path
 
 
 class Checkpointer(Hook):
     """Saves ``state`` every ``interval`` steps and when the fit ends (also after a signal or
     stop_after). ``state.state_dict()`` is called only when saving: other steps cost nothing.
-    At the start it removes the temporary files of writes killed mid-way (kill -9 during a save).
+    At the start it removes the temporary files of writes killed mid-way (kill -9 during a save)
+    and the folders of sharded saves that never finished.
+
+    Format: ``strategy`` (default ``state.strategy``; without either, whether a process group
+    exists) decides: single -> one ``.pt`` file from this process; ddp/fsdp -> a sharded folder
+    written by every rank, so under a process group every rank must run this hook.
     """
 
     def __init__(self, folder: Path, interval: int, keep_last: int, state: RunState,
-                 before_save: Callable[[], None] | None = None) -> None:
+                 before_save: Callable[[], None] | None = None, strategy: Strategy | None = None) -> None:
         self.folder, self.interval, self.keep_last, self.state = folder, interval, keep_last, state
         self.before_save = before_save  # e.g. flush the metrics: a resume starts after the checkpoint, so records up to it must be on disk
         self.saved_step = -1
+        strategy = strategy if strategy is not None else getattr(state, "strategy", None)
+        self.sharded = strategy.name != "single" if strategy is not None else _distributed()
 
     def save(self, ctx: FitContext) -> None:
         step = ctx.engine.state.step
@@ -287,7 +507,10 @@ class Checkpointer(Hook):
         start = time.perf_counter()
         if self.before_save is not None:
             self.before_save()
-        path = save_checkpoint(self.folder, step, self.state.state_dict(), self.keep_last)
+        if self.sharded:
+            path = save_sharded(self.folder, step, self.state, self.keep_last)
+        else:
+            path = save_checkpoint(self.folder, step, self.state.state_dict(), self.keep_last)
         ctx.side_s += time.perf_counter() - start
         self.saved_step = step
         ctx.metrics["checkpoint"] = str(path)
@@ -295,6 +518,9 @@ class Checkpointer(Hook):
     def on_fit_start(self, ctx: FitContext) -> None:
         for path in clean_stale_temps(self.folder):
             log.info("removed %s, left by a checkpoint write that was killed", path)
+        if sharded.rank_world()[0] == 0:  # one process cleans; no save runs before every rank reaches it
+            for path in sharded.clean_unfinished(self.folder):
+                log.info("removed %s, a sharded checkpoint whose save did not finish", path)
 
     def on_step_end(self, ctx: FitContext) -> None:
         if every(ctx.engine.state.step, self.interval):

@@ -1,6 +1,10 @@
 import contextlib
+import hashlib
+import json
 import os
+import pickle
 import resource
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,15 +16,23 @@ from turbotrain.atomic import DiskFullError, atomic_write, clean_stale_temps
 from turbotrain.checkpoint import (
     Checkpointer,
     RunState,
+    finished_checkpoints,
     is_verified,
     list_checkpoints,
     load_latest,
+    load_latest_weights,
     restore_latest,
     rng_state,
     save_checkpoint,
+    save_sharded,
     set_rng_state,
 )
+from turbotrain.cli import main
+from turbotrain.distributed import Strategy
 from turbotrain.errors import TurbotrainError
+from turbotrain.hooks import FitContext
+from turbotrain.models.build import build_model
+from turbotrain.training import train
 
 
 def _payload(v: float) -> dict:
@@ -157,3 +169,142 @@ def test_temp_files_of_killed_writes_are_removed_at_the_start(tmp_path: Path, ca
     Checkpointer(tmp_path, 1, 1, RunState()).on_fit_start(None)  # type: ignore[arg-type]
     assert not stale.exists() and live.exists()
     assert clean_stale_temps(tmp_path) == []
+
+
+# ------------------------------------------------------------------ sharded (DCP) folders in one process
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def state_dict(self) -> dict:
+        return {"n": self.n}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.n = sd["n"]
+
+
+def _trained(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, _Counter]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(2):
+        model(torch.randn(3, 4)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    counter = _Counter()
+    counter.n = seed
+    return model, optimizer, counter
+
+
+def _state(model, optimizer, counter) -> RunState:
+    return RunState(counter=counter, model=model, optimizer=optimizer, rng=(rng_state, set_rng_state))
+
+
+def test_a_sharded_folder_restores_model_optimizer_and_state_in_one_process(tmp_path: Path):
+    saved = _trained(1)
+    path = save_sharded(tmp_path, 5, _state(*saved))
+    assert path.name == "step_00000005" and path.is_dir() and is_verified(path)
+    assert {"finished.json", ".metadata", "state.pt", "rank0.pt"} <= {p.name for p in path.iterdir()}
+    fresh = _trained(2)
+    assert restore_latest(tmp_path, _state(*fresh)) == path
+    assert fresh[2].n == 1
+    for a, b in zip(saved[0].state_dict().values(), fresh[0].state_dict().values()):
+        assert torch.equal(a, b)
+    for a, b in zip(saved[1].state_dict()["state"].values(), fresh[1].state_dict()["state"].values()):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    _, weights = load_latest_weights(tmp_path)  # what `turbotrain sample` reads: plain names, full tensors
+    assert weights.keys() == saved[0].state_dict().keys()
+    assert all(torch.equal(weights[k], v) for k, v in saved[0].state_dict().items())
+
+
+def test_the_checkpointer_writes_the_format_of_the_strategy(tmp_path: Path):
+    class Sharded(Strategy):
+        name = "fsdp"
+
+    model, optimizer, counter = _trained(1)
+    ctx = FitContext(_Engine(step=3), model, optimizer, 10)  # type: ignore[arg-type]
+    Checkpointer(tmp_path, 1, 5, _state(model, optimizer, counter)).save(ctx)
+    ctx.engine.state.step = 4
+    Checkpointer(tmp_path, 1, 5, _state(model, optimizer, counter), strategy=Sharded()).save(ctx)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000003.pt", "step_00000004"]
+
+
+class _Engine:
+    def __init__(self, step: int) -> None:
+        self.state = type("S", (), {"step": step})()
+
+
+def test_unfinished_sharded_saves_are_never_loaded_and_are_removed_at_the_start(tmp_path: Path, caplog):
+    first = save_sharded(tmp_path, 1, _state(*_trained(1)))
+    killed = save_sharded(tmp_path, 2, _state(*_trained(2)))
+    (killed / "finished.json").unlink()  # as if killed before the marker
+    partial = tmp_path / ".step_00000003.partial"
+    partial.mkdir()
+    (partial / "__0_0.distcp").write_bytes(b"half")
+    assert finished_checkpoints(tmp_path) == [first]
+    fresh = _trained(5)
+    assert restore_latest(tmp_path, _state(*fresh)) == first and fresh[2].n == 1
+    assert "step_00000002 has no finished marker" in caplog.text
+    Checkpointer(tmp_path, 1, 1, RunState()).on_fit_start(None)  # type: ignore[arg-type]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001"]
+
+
+def test_keep_last_counts_verified_checkpoints_of_both_kinds(tmp_path: Path, caplog):
+    save_checkpoint(tmp_path, 1, _payload(1), keep_last=2)
+    save_sharded(tmp_path, 2, _state(*_trained(2)), keep_last=2)
+    save_checkpoint(tmp_path, 3, _payload(3), keep_last=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000002", "step_00000003.pt"]
+    four = save_sharded(tmp_path, 4, _state(*_trained(4)), keep_last=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000003.pt", "step_00000004"]
+    shard = four / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:-1] + b"!")  # corrupt, same size
+    save_sharded(tmp_path, 5, _state(*_trained(5)), keep_last=2)  # 4 does not count: 3 stays
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000003.pt", "step_00000004", "step_00000005"]
+    save_sharded(tmp_path, 6, _state(*_trained(6)), keep_last=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000005", "step_00000006"]
+    shutil.rmtree(tmp_path / "step_00000006")
+    (tmp_path / "step_00000005" / "state.pt").write_bytes(b"x")
+    with pytest.raises(TurbotrainError, match="no usable checkpoint.*step_00000005/state.pt has 1 bytes"):
+        load_latest_weights(tmp_path)
+    with pytest.raises(TurbotrainError, match="no usable checkpoint.*step_00000005/state.pt has 1 bytes"):
+        restore_latest(tmp_path, _state(*_trained(7)))
+
+
+def test_a_sharded_folder_never_unpickles_arbitrary_objects(tmp_path: Path):
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    folder = tmp_path / "ck"
+    path = save_sharded(folder, 1, _state(*_trained(1)))
+    (path / ".metadata").write_bytes(pickle.dumps(Evil()))
+    done = json.loads((path / "finished.json").read_text())
+    done["files"][".metadata"] = {"size": (path / ".metadata").stat().st_size,
+                                  "sha256": hashlib.sha256((path / ".metadata").read_bytes()).hexdigest()}
+    (path / "finished.json").write_text(json.dumps(done))  # its checksums match: it was written so
+    assert is_verified(path)
+    with pytest.raises(TurbotrainError, match="not part of a checkpoint's metadata"):
+        load_latest_weights(folder)
+    with pytest.raises(TurbotrainError, match="not part of a checkpoint's metadata"):
+        restore_latest(folder, _state(*_trained(2)))
+    assert not marker.exists()
+
+
+def test_sample_reads_a_sharded_checkpoint_as_it_reads_a_pt_one(tmp_path: Path, tiny_config, capsys):
+    train(tiny_config, progress=False)
+    run = Path(tiny_config.run.out_dir) / tiny_config.run.name
+    capsys.readouterr()
+    assert main(["sample", str(run), "--tokens", "20", "--seed", "3"]) == 0
+    from_pt = capsys.readouterr().out
+    path, weights = load_latest_weights(run / "checkpoints")
+    model = build_model(tiny_config.model, weights["wte.weight"].shape[0])
+    model.load_state_dict(weights)
+    save_sharded(run / "checkpoints", 7, RunState(model=model))  # what a ddp/fsdp run leaves (one process here)
+    for p in (run / "checkpoints").glob("*.pt*"):
+        p.unlink()
+    assert main(["sample", str(run), "--tokens", "20", "--seed", "3"]) == 0
+    assert capsys.readouterr().out == from_pt and len(from_pt) > 20

@@ -1,0 +1,422 @@
+"""Sharded checkpoints through torch.distributed.checkpoint (DCP), for ddp and fsdp runs.
+
+Why: under FSDP2 no rank holds the whole model, and under DDP one rank writing everything wastes
+the others; DCP has every rank write its own shards (replicated tensors once), and the result does
+not depend on the world size that wrote it: it loads into 1, 2 or N processes (resharding), and
+into a plain model in a process with no process group at all (``turbotrain sample``).
+
+One checkpoint is a directory ``step_XXXXXXXX/``:
+
+- ``__R_I.distcp`` + ``.metadata``: the tensors of the model and the optimizer, keyed by the
+  parameters' fully qualified names (``torch.distributed.checkpoint.state_dict`` strips DDP's
+  ``module.`` prefix and turns FSDP2's DTensors into shards), so every world size reads them;
+- ``state.pt`` (rank 0): everything else the run saves, replicated on every rank (engine, scheduler,
+  config, the optimizer's param groups), plain types only;
+- ``rankR.pt`` (each rank): per-rank state that does not survive a change of world size (RNG);
+- ``finished.json``: the marker, written last by rank 0: world size and each file's size and sha256.
+
+Atomic: every rank writes into ``.step_XXXXXXXX.partial/``, all ranks wait at a barrier, rank 0
+hashes what was written (each rank hashes its own files, in parallel), writes the marker, renames
+the folder into place and fsyncs. A folder without the marker is an unfinished save: never loaded,
+removed at the next start (:func:`clean_unfinished`).
+
+Safe loading: DCP unpickles ``.metadata`` and non-tensor values with plain pickle. Here only
+tensors go through DCP (a load that meets a non-tensor value refuses it), ``.metadata`` is read by
+an unpickler that admits only DCP's metadata classes, and the ``.pt`` files load with
+``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import os
+import pickle
+import re
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+
+from .atomic import atomic_write, reporting_disk_full
+from .errors import TurbotrainError
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+MARKER = "finished.json"
+STATE_FILE = "state.pt"
+_DIR = re.compile(r"^step_(\d{8,})$")
+_PARTIAL = re.compile(r"^\.step_(\d{8,})\.partial$")
+_SEP = "/"  # between a key's parts: parameter names contain dots
+MODEL, OPTIM = "model", "optim"
+
+
+# ---------------------------------------------------------------------------- names and the marker
+
+
+def checkpoint_dir(folder: Path, step: int) -> Path:
+    return folder / f"step_{step:08d}"
+
+
+def partial_dir(folder: Path, step: int) -> Path:
+    """Where a save at ``step`` writes before its marker exists and it is renamed into place."""
+    return folder / f".step_{step:08d}.partial"
+
+
+def is_checkpoint_dir(path: Path) -> bool:
+    return _DIR.match(path.name) is not None and path.is_dir()
+
+
+def rank_file(rank: int) -> str:
+    return f"rank{rank}.pt"
+
+
+def rank_world() -> tuple[int, int]:
+    """This process's rank and the world size (0, 1 without a process group)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def read_marker(path: Path) -> dict[str, Any] | None:
+    """The finished marker of checkpoint folder ``path``, or None when the save never finished
+    (or the marker is unreadable)."""
+    try:
+        marker = json.loads((path / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) and isinstance(marker.get("files"), dict) else None
+
+
+def is_finished(path: Path) -> bool:
+    return (path / MARKER).is_file()
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def check(path: Path) -> str:
+    """'' when every file the marker of ``path`` lists is there with its size and sha256, else why
+    not (one line). Reads every byte: callers remember the answer (checkpoint.is_verified)."""
+    marker = read_marker(path)
+    if marker is None:
+        return f"{path.name} has no finished marker ({MARKER}): its save did not finish"
+    if marker.get("format") != FORMAT:
+        return f"{path.name} is not a turbotrain sharded checkpoint (format {FORMAT})"
+    for name, entry in marker["files"].items():
+        file = path / name
+        try:
+            size = file.stat().st_size
+            if size != entry.get("size"):
+                return f"{path.name}/{name} has {size} bytes, its marker says {entry.get('size')} (truncated or replaced)"
+            if _sha256(file) != entry.get("sha256"):
+                return f"{path.name}/{name} does not match its checksum (corrupt)"
+        except OSError as exc:
+            return f"{path.name}/{name} cannot be read ({exc.strerror})"
+    return ""
+
+
+def saved_world(path: Path) -> int:
+    """How many processes wrote checkpoint folder ``path``."""
+    marker = read_marker(path)
+    return int(marker.get("world", 0)) if marker else 0
+
+
+def clean_unfinished(folder: Path) -> list[Path]:
+    """Remove the folders of saves that never finished (``.step_*.partial``, or a ``step_*`` folder
+    without its marker): a process killed mid-save leaves them; nothing ever loads them. Call it
+    at the start of a run, on one process, before any save. Returns what was removed."""
+    removed: list[Path] = []
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        unfinished = _PARTIAL.match(entry.name) or (_DIR.match(entry.name) and not is_finished(entry))
+        if unfinished and entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
+
+
+# ---------------------------------------------------------------------------- state <-> flat tensors
+
+
+def _flatten(tree: dict[str, Any], prefix: str, tensors: dict[str, torch.Tensor], objects: dict[str, Any]) -> None:
+    for key, value in tree.items():
+        name = f"{prefix}{_SEP}{key}"
+        if isinstance(value, dict):
+            _flatten(value, name, tensors, objects)
+        elif isinstance(value, torch.Tensor):
+            tensors[name] = value
+        else:
+            objects[name] = value
+
+
+def _unflatten(flat: dict[str, Any], prefix: str) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    start = prefix + _SEP
+    for name, value in flat.items():
+        if not name.startswith(start):
+            continue
+        *parents, leaf = name[len(start):].split(_SEP)
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return tree
+
+
+def split_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The model's and optimizer's state keyed by parameter names, independent of the wrapping and
+    of the world size: (tensors for DCP, everything else for ``state.pt``)."""
+    if optimizer is None:
+        from_model, from_optim = get_model_state_dict(model), {}
+    else:
+        from_model, from_optim = get_state_dict(model, optimizer)
+    tensors: dict[str, torch.Tensor] = {}
+    objects: dict[str, Any] = {}
+    _flatten(from_model, MODEL, tensors, objects)
+    _flatten(from_optim.get("state", {}), OPTIM, tensors, objects)
+    rest = {"objects": objects, "param_groups": from_optim.get("param_groups", [])}
+    return tensors, rest
+
+
+def _set(model: nn.Module, optimizer: torch.optim.Optimizer | None, model_sd: dict[str, Any], optim_sd: dict[str, Any],
+         full: bool, source: str) -> None:
+    options = StateDictOptions(full_state_dict=full)
+    try:
+        if optimizer is None:
+            set_model_state_dict(model, model_sd, options=options)
+        else:
+            set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=options)
+    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        detail = " ".join(str(exc).split())[:300]
+        raise TurbotrainError(f"{source}: its model state does not fit the model this config builds ({detail}); "
+                              "resume without overrides that change --model.* settings") from None
+
+
+def load_full(model: nn.Module, optimizer: torch.optim.Optimizer | None, model_sd: dict[str, Any],
+              optim_sd: dict[str, Any] | None, source: str) -> None:
+    """Load a one-process (``torch.save``) model and optimizer state into a possibly wrapped and
+    sharded ``model`` (DDP, FSDP2): every rank holds the full state; each keeps its part. The
+    optimizer's state is keyed by position (``optimizer.state_dict()``); it is re-keyed by the
+    parameter names of this optimizer's groups, whose order the one-process run shared."""
+    names = _param_names(model)
+    if optimizer is not None and optim_sd is not None:
+        order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+        try:
+            optim_sd = {
+                "state": {order[int(i)]: s for i, s in optim_sd["state"].items()},
+                "param_groups": [{**g, "params": [order[int(i)] for i in g["params"]]} for g in optim_sd["param_groups"]],
+            }
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise TurbotrainError(f"{source}: its optimizer state does not fit this optimizer ({exc!r})") from None
+    _set(model, optimizer, model_sd, optim_sd or {}, True, source)
+
+
+def _param_names(model: nn.Module) -> dict[int, str]:
+    """Parameter id -> the name a plain (unwrapped, uncompiled) model gives it."""
+    wrappers = {"_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"}  # compile, checkpointing, FSDP1
+    ddp = isinstance(model, DistributedDataParallel)  # its "module." prefix
+    out = {}
+    for name, p in model.named_parameters():
+        parts = [part for part in name.split(".") if part not in wrappers]
+        out[id(p)] = ".".join(parts[1:] if ddp and parts[0] == "module" else parts)
+    return out
+
+
+# ---------------------------------------------------------------------------- save
+
+
+def save(folder: Path, step: int, tensors: dict[str, torch.Tensor], replicated: dict[str, Any],
+         per_rank: dict[str, Any]) -> Path:
+    """Write one sharded checkpoint at ``step`` from every rank (a collective: every rank calls it
+    with its own shards and per-rank state; ``replicated`` is taken from rank 0). Returns the
+    finished folder. Lack of space raises :class:`turbotrain.atomic.DiskFullError`."""
+    rank, world = rank_world()
+    final, tmp = checkpoint_dir(folder, step), partial_dir(folder, step)
+    if rank == 0:
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # a save at this step that was killed
+        tmp.mkdir()
+    _barrier()  # the folder exists (and is empty) before anyone writes into it
+    with reporting_disk_full(tmp), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process: as intended
+        dcp.save(tensors, storage_writer=FileSystemWriter(tmp, sync_files=True), no_dist=not dist.is_initialized())
+    atomic_write(tmp / rank_file(rank), lambda f: torch.save({"format": FORMAT, "rank": rank, "world": world, **per_rank}, f))
+    mine = [rank_file(rank)]
+    if rank == 0:
+        atomic_write(tmp / STATE_FILE, lambda f: torch.save({"format": FORMAT, **replicated}, f))
+        mine.append(STATE_FILE)
+    _barrier()  # every rank's files (and DCP's .metadata) are complete
+    # each rank hashes what it wrote, in parallel; rank 0 hashes whatever nobody claimed (.metadata)
+    claimed = {name: _entry(tmp / name) for name in mine + [n.name for n in tmp.glob(f"__{rank}_*.distcp")]}
+    gathered: list[dict[str, Any]] = [claimed]
+    if world > 1:
+        gathered = [{} for _ in range(world)]
+        dist.all_gather_object(gathered, claimed)
+    if rank == 0:
+        files = {k: v for part in gathered for k, v in part.items()}
+        for path in tmp.iterdir():
+            if path.name not in files and not path.name.startswith("."):
+                files[path.name] = _entry(path)
+        files[".metadata"] = _entry(tmp / ".metadata")
+        marker = {"format": FORMAT, "step": step, "world": world, "files": dict(sorted(files.items()))}
+        atomic_write(tmp / MARKER, json.dumps(marker, indent=1) + "\n")
+        if final.exists():  # an older save at this step (unfinished or corrupt): the new one replaces it
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(folder)
+    _barrier()  # nobody goes on (or reads the folder) before it is in place
+    return final
+
+
+def _entry(path: Path) -> dict[str, Any]:
+    return {"size": path.stat().st_size, "sha256": _sha256(path)}
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _fsync_dir(folder: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+# ---------------------------------------------------------------------------- load
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Admits only what DCP's ``.metadata`` holds: its metadata classes, tensor sizes, dtypes and
+    layouts, paths. Anything else (a function to call, a foreign class) is refused."""
+
+    _ALLOWED = {
+        "torch.distributed.checkpoint.metadata": None,  # any name: plain dataclasses and enums
+        "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+        "torch.serialization": {"_get_layout"},
+        "torch": {"Size"},
+        "pathlib": {"Path", "PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
+        "collections": {"OrderedDict"},
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = self._ALLOWED.get(module, set())
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        if module in self._ALLOWED and (allowed is None or name in allowed):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
+
+
+class SafeReader(FileSystemReader):
+    """DCP's file reader with a restricted unpickler for ``.metadata``."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = Path(self.path) / ".metadata"
+        try:
+            metadata = _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
+        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ValueError) as exc:
+            raise TurbotrainError(f"{path} cannot be read: {' '.join(str(exc).split())[:200]}") from None
+        if not isinstance(metadata, Metadata):
+            raise TurbotrainError(f"{path} is not DCP metadata")
+        if getattr(metadata, "storage_meta", None) is not None:
+            metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class _TensorsOnly(DefaultLoadPlanner):
+    """Loads tensors only: a non-tensor value would be unpickled by plain pickle, so it is refused."""
+
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        raise TurbotrainError(f"{read_item.dest_index.fqn} is stored as a pickled object; turbotrain checkpoints hold tensors only")
+
+
+def _dcp_load(path: Path, tensors: dict[str, torch.Tensor], source: str) -> None:
+    SafeReader(path).read_metadata()  # an unreadable or foreign .metadata says so, not "does not fit"
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(tensors, storage_reader=SafeReader(path), planner=_TensorsOnly(),
+                     no_dist=not (dist.is_available() and dist.is_initialized()))
+    except TurbotrainError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - DCP wraps every rank's failure in CheckpointException
+        detail = " ".join(str(exc).split())[:300]
+        raise TurbotrainError(f"{source}: its model or optimizer state does not fit the ones this config builds "
+                              f"({detail}); resume without overrides that change --model.* settings") from None
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """``state.pt`` of checkpoint folder ``path``: the replicated non-tensor state."""
+    return _torch_load(path / STATE_FILE)
+
+
+def read_rank_state(path: Path, rank: int, world: int) -> dict[str, Any] | None:
+    """This rank's per-rank state, or None when ``path`` was written by another world size."""
+    if saved_world(path) != world:
+        return None
+    return _torch_load(path / rank_file(rank))
+
+
+def _torch_load(file: Path) -> dict[str, Any]:
+    try:
+        payload = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure means an unusable file
+        raise TurbotrainError(f"{file.parent.name}/{file.name} cannot be read: {' '.join(str(exc).split())[:200]}") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise TurbotrainError(f"{file.parent.name}/{file.name} is not part of a turbotrain checkpoint (format {FORMAT})")
+    return payload
+
+
+def load_into(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, state: dict[str, Any]) -> None:
+    """Load the model and optimizer of checkpoint folder ``path`` into ``model`` and ``optimizer``
+    as they are wrapped here (plain, DDP or FSDP2, any world size). ``state`` is its
+    :func:`read_state`. A collective under a process group: every rank calls it."""
+    tensors, _ = split_state(model, optimizer)  # targets shaped as here: DCP fills them (reshards)
+    _dcp_load(path, tensors, path.name)
+    flat = {**tensors, **state.get("objects", {})}
+    optim_sd = {"state": _unflatten(flat, OPTIM), "param_groups": state.get("param_groups", [])}
+    _set(model, optimizer, _unflatten(flat, MODEL), optim_sd, False, path.name)
+
+
+def load_model_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The model's weights in checkpoint folder ``path`` as one plain state dict (full tensors, the
+    names of an unwrapped model), read in this process alone: no process group, no model needed."""
+    metadata = SafeReader(path).read_metadata()
+    start = MODEL + _SEP
+    tensors = {
+        name: torch.empty(meta.size, dtype=meta.properties.dtype)
+        for name, meta in metadata.state_dict_metadata.items()
+        if name.startswith(start) and isinstance(meta, TensorStorageMetadata)
+    }
+    _dcp_load(path, tensors, path.name)
+    return {name[len(start):]: t for name, t in tensors.items()}
