@@ -22,12 +22,16 @@ from .errors import ConfigError
 AUTO = "auto"
 
 # Every valid-value list, once. Consumers import these; nothing else spells them out.
-ARCHS = ("gpt",)
+ARCHS = ("gpt", "moe")
+MOE_IMPLS = ("auto", "grouped", "batched", "loop")
 ATTENTIONS = ("sdpa", "masked")
 LM_LOSSES = ("full", "chunked")
+TOKENIZERS = ("bytes", "bpe")  # or the path of a tokenizer.json
 SDPA_BACKENDS = ("auto", "cudnn", "flash", "efficient", "math")
 BATCH_PICKS = ("largest", "fastest")
-SCHEDULES = ("cosine", "linear", "constant")
+SCHEDULES = ("cosine", "linear", "constant", "plateau")
+LR_SCALINGS = ("none", "linear", "sqrt")
+DATA_BATCHINGS = ("windows", "tokens")
 OPTIM_IMPLEMENTATIONS = ("fused", "foreach", "for-loop")
 PRECISION_MODES = ("bf16-mixed", "fp16-mixed", "bf16-true", "fp32")
 NONFINITE_POLICIES = ("skip", "fallback", "stop")
@@ -87,7 +91,8 @@ class ModelConfig:
     n_head: int = knob(4, "attention heads per block", min=1)
     d_model: int = knob(128, "embedding width (must divide by n_head)", min=1)
     block_size: int = knob(128, "sequence length T in tokens", min=2)
-    vocab_size: int = knob(0, "vocabulary size; 0 = follow the data (256 for bytes, the .bin's own or 50304)", min=0)
+    vocab_size: int = knob(0, "vocabulary size; 0 = follow the data (256 for bytes, 50304 for bpe, a tokenizer.json's "
+                         "rounded up to a multiple of 64, the .bin's own or 50304)", min=0)
     dropout: float = knob(0.0, "dropout probability", min=0.0)
     attention: str = knob("sdpa", "'sdpa' (is_causal, flash kernels) or 'masked' (explicit cached mask)",
                           choices=ATTENTIONS)
@@ -95,17 +100,32 @@ class ModelConfig:
                      "no full logits in memory, same math)", choices=LM_LOSSES)
     sdpa_backend: str = knob("auto", "SDPA kernel to prefer (falling back to the others): 'auto' = PyTorch's choice, "
                              "'cudnn', 'flash', 'efficient' or 'math'", choices=SDPA_BACKENDS)
+    n_experts: int = knob(8, "arch 'moe': experts per MoE block", min=1)
+    top_k: int = knob(2, "arch 'moe': experts each token is routed to (at most n_experts)", min=1)
+    moe_every: int = knob(1, "arch 'moe': every k-th block is a MoE block (1 = all, 2 = blocks 2, 4, ...)", min=1)
+    expert_hidden: int = knob(0, "arch 'moe': hidden width of each expert's MLP; 0 = 4 x d_model", min=0)
+    aux_loss_coef: float = knob(0.01, "arch 'moe': weight of the load-balancing loss added to the training loss; 0 = off", min=0.0)
+    capacity_factor: float = knob(0.0, "arch 'moe': expert slots = factor x tokens x top_k / n_experts, overflow dropped; 0 = dropless", min=0.0)
+    router_bias_update: float = knob(0.0, "arch 'moe': DeepSeek-V3 aux-loss-free balancing, the expert-bias step per forward; 0 = off", min=0.0)
+    moe_impl: str = knob("auto", "arch 'moe': expert compute, 'auto' (grouped GEMM on CUDA bf16, else batched), "
+                         "'grouped', 'batched' or 'loop' (one matmul per expert: the reference)", choices=MOE_IMPLS)
 
 
 @dataclass(frozen=True)
 class DataConfig:
     path: str = knob("", "token .bin file, text file or folder; empty = built-in corpus (Python stdlib sources)")
     val_fraction: float = knob(0.05, "share of the data held out for validation (0..0.5)", min=0.0)
-    cache_dir: str = knob("", "where byte-tokenized text is cached; empty = $XDG_CACHE_HOME/turbotrain")
+    cache_dir: str = knob("", "where tokenized text (and trained tokenizers) are cached; empty = $XDG_CACHE_HOME/turbotrain")
+    tokenizer: str = knob("bytes", "text to tokens: 'bytes' (256 ids), 'bpe' (a byte-level BPE of model.vocab_size tokens, "
+                          "50304 when 0, trained offline on the training text and cached) or the path of a tokenizer.json; "
+                          "subword tokens need pip install 'turbotrain[bpe]'")
     num_workers: int = knob(-1, "DataLoader worker processes; -1 = from the core count and device", min=-1)
     prefetch_factor: int = knob(4, "batches each worker keeps ready", min=1)
     pin_memory: bool = knob(True, "page-locked host batches (CUDA only) so copies can be asynchronous")
     device_prefetch: bool = knob(True, "copy the next batch to the device on a side stream (CUDA only)")
+    batching: str = knob("windows", "'windows' (batch.micro random block_size windows of the token stream) or 'tokens' "
+                         "(one document, or piece of one, per row; batches of at most batch.max_tokens tokens, length-bucketed)",
+                         choices=DATA_BATCHINGS)
 
 
 @dataclass(frozen=True)
@@ -118,6 +138,8 @@ class BatchConfig:
     max_memory_gib: float = knob(0.0, "with micro='auto': memory cap in GiB (0 = the whole device)", min=0.0)
     max_memory_fraction: float = knob(0.0, "with micro='auto': memory cap as a fraction of the device's total (0 = none)", min=0.0)
     global_size: int = knob(0, "with micro='auto': sequences per optimizer step over all ranks, kept by setting accumulation; 0 = found micro x accumulation", min=0)
+    max_tokens: int = knob(0, "with data.batching='tokens': input tokens per micro-batch, padding counted (>= model.block_size); "
+                           "0 = micro x model.block_size", min=0)
 
 
 @dataclass(frozen=True)
@@ -129,7 +151,15 @@ class OptimConfig:
     beta2: float = knob(0.95, "AdamW beta2", min=0.0)
     eps: float = knob(1e-8, "AdamW epsilon", min=0.0)
     warmup_steps: int = knob(30, "linear warmup length in optimizer steps", min=0)
-    schedule: str = knob("cosine", "decay after warmup", choices=SCHEDULES)
+    schedule: str = knob("cosine", "after warmup: 'cosine' or 'linear' decay to min_lr at train.max_steps, 'constant', or "
+                         "'plateau' (lowered by plateau_factor when the validation loss stops improving)", choices=SCHEDULES)
+    plateau_factor: float = knob(0.5, "schedule 'plateau': multiplier of the LR at each lowering, in (0, 1)", min=0.0)
+    plateau_patience: int = knob(2, "schedule 'plateau': evaluations after warmup without improvement (relative 1e-4) "
+                                 "before the LR is lowered", min=0)
+    lr_scaling: str = knob("none", "when batch.micro='auto' changes the global batch: scale lr and min_lr by new/old "
+                           "('linear'), its square root ('sqrt'), or not at all ('none')", choices=LR_SCALINGS)
+    lr_batch: int = knob(0, "global batch (sequences per optimizer step) that lr was tuned for, the 'old' of lr_scaling; "
+                         "0 = batch.global_size", min=0)
     grad_clip: float = knob(0.0, "max global gradient norm, applied after unscaling; 0 = off (the presets use 1.0)", min=0.0)
     implementation: str = knob(AUTO, "'auto' (fused on CUDA, foreach elsewhere), 'fused', 'foreach', 'for-loop'",
                                choices=(AUTO, *OPTIM_IMPLEMENTATIONS))
@@ -162,6 +192,8 @@ class CompileConfig:
     scope: str = knob(AUTO, "'auto' (model on CUDA, off on CPU), 'off', 'model' or 'blocks' (each block separately)",
                       choices=(AUTO, *COMPILE_SCOPES))
     mode: str = knob("default", "torch.compile mode", choices=COMPILE_MODES)
+    max_recompiles: int = knob(2, "recompilations (and new graph breaks) after the first monitor.log_every steps "
+                               "before a warning naming the cause; 0 = never warn (they are counted in the summary anyway)", min=0)
 
 
 @dataclass(frozen=True)
@@ -189,6 +221,7 @@ class DistributedConfig:
     static_graph: bool = knob(False, "ddp: the same parameters get gradients every step (lets DDP skip bookkeeping)")
     gradient_as_bucket_view: bool = knob(True, "ddp: gradients live in the communication buckets (no copy, less memory)")
     reshard_after_forward: bool = knob(True, "fsdp: free gathered parameters after forward (less memory, one more all-gather in backward)")
+    expert_parallel: int = knob(1, "arch 'moe': ranks each MoE block's experts are spread over (divides the world size and model.n_experts); 1 = every rank holds all", min=1)
     timeout_s: float = knob(300.0, "seconds a collective waits for the other ranks before the run stops with an error", min=1.0)
 
 
@@ -405,12 +438,45 @@ def validate(config: RunConfig) -> None:
         raise ConfigError(
             f"model.d_model = {config.model.d_model} must be divisible by model.n_head = {config.model.n_head}"
         )
+    if config.data.tokenizer not in TOKENIZERS and not config.data.tokenizer.endswith(".json"):
+        raise choice_error("data.tokenizer", config.data.tokenizer, (*TOKENIZERS, "PATH/tokenizer.json"))
+    if config.model.arch == "moe" and config.model.top_k > config.model.n_experts:
+        raise ConfigError(f"model.top_k = {config.model.top_k} must be at most model.n_experts = {config.model.n_experts}, "
+                          f"e.g. {setting('model.top_k', min(2, config.model.n_experts))}")
+    if config.distributed.expert_parallel > 1 and config.model.arch != "moe":
+        raise ConfigError(f"distributed.expert_parallel = {config.distributed.expert_parallel} needs a mixture-of-experts "
+                          f"model: {setting('model.arch', 'moe')} (or --preset moe-tiny)")
+    if config.distributed.expert_parallel > 1 and config.model.n_experts % config.distributed.expert_parallel:
+        raise ConfigError(f"distributed.expert_parallel = {config.distributed.expert_parallel} must divide "
+                          f"model.n_experts = {config.model.n_experts}")
     if not 0.0 <= config.data.val_fraction <= 0.5:
         raise ConfigError(f"data.val_fraction = {config.data.val_fraction} must be between 0 and 0.5")
     if not 0.0 <= config.model.dropout < 1.0:
         raise ConfigError(f"model.dropout = {config.model.dropout} must be in [0, 1)")
     if config.optim.min_lr > config.optim.lr:
         raise ConfigError(f"optim.min_lr = {config.optim.min_lr} must not exceed optim.lr = {config.optim.lr}")
+    if config.optim.schedule == "plateau":
+        if not 0.0 < config.optim.plateau_factor < 1.0:
+            raise ConfigError(f"optim.plateau_factor = {config.optim.plateau_factor} must be in (0, 1), "
+                              f"e.g. {setting('optim.plateau_factor', 0.5)}")
+        if config.train.eval_every == 0:
+            raise ConfigError("optim.schedule = 'plateau' lowers the LR from validation losses, which "
+                              f"train.eval_every = 0 only computes at the end; use {setting('train.eval_every', 100)}")
+    if (config.optim.lr_scaling != "none" and config.batch.micro == AUTO and not config.optim.lr_batch
+            and not config.batch.global_size):
+        raise ConfigError(f"optim.lr_scaling = {config.optim.lr_scaling!r} needs the global batch optim.lr was tuned for: "
+                          f"set {setting('optim.lr_batch', 32)} (or {setting('batch.global_size', 32)})")
+    if config.data.batching == "tokens":
+        if config.batch.micro == AUTO:
+            raise ConfigError("batch.micro = 'auto' searches a number of rows; data.batching = 'tokens' sizes batches in "
+                              f"tokens: set {setting('batch.max_tokens', 4096)} with a number for batch.micro, or "
+                              f"{setting('data.batching', 'windows')}")
+        if config.model.loss == "chunked":
+            raise ConfigError("data.batching = 'tokens' pads targets with -100, which model.loss = 'chunked' does not skip; "
+                              f"use {setting('model.loss', 'full')}")
+        if 0 < config.batch.max_tokens < config.model.block_size:
+            raise ConfigError(f"batch.max_tokens = {config.batch.max_tokens} must hold one row of model.block_size = "
+                              f"{config.model.block_size} tokens; e.g. {setting('batch.max_tokens', 32 * config.model.block_size)}")
     if config.compile.mode == "reduce-overhead" and config.batch.accumulation > 1:
         raise ConfigError(
             "compile.mode = 'reduce-overhead' uses CUDA graphs, which re-record under gradient accumulation; "

@@ -22,6 +22,8 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -30,8 +32,10 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from .config import DIST_STRATEGIES, DistributedConfig, choice_error, setting
-from .errors import ConfigError
+from .errors import ConfigError, TurbotrainError
 from .models.blocks import repeated_blocks
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,11 @@ class Strategy:
         """A plain tensor from a possibly sharded one (a DTensor's global value)."""
         return tensor
 
+    def any_rank(self, flag: bool, device: torch.device | None = None) -> bool:
+        """Whether ``flag`` is True on any rank (a host-device sync point under NCCL: call it
+        only every N steps, at the same steps on every rank, e.g. to agree on stopping)."""
+        return flag
+
 
 class DataParallel(Strategy):
     """Shared by DDP and FSDP2: averaging over the process group."""
@@ -91,6 +100,11 @@ class DataParallel(Strategy):
 
     def full(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+    def any_rank(self, flag: bool, device: torch.device | None = None) -> bool:
+        t = torch.tensor(int(flag), device=device or torch.device("cpu"))
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())  # sync: the agreed answer is needed on the host
 
 
 class DDP(DataParallel):
@@ -109,6 +123,9 @@ class DDP(DataParallel):
 
     def set_grad_sync(self, model: nn.Module, sync: bool) -> None:
         model.require_backward_grad_sync = sync  # the flag DDP's no_sync() context sets
+
+    def any_rank(self, flag: bool, device: torch.device | None = None) -> bool:
+        return super().any_rank(flag, self.device)
 
 
 class FSDP(DataParallel):
@@ -137,28 +154,44 @@ class FSDP(DataParallel):
         model.set_requires_gradient_sync(sync)  # type: ignore[operator]
 
 
-def build_strategy(cfg: DistributedConfig, device: torch.device, topology: Topology | None = None) -> Strategy:
-    """Resolve ``distributed.strategy`` for this process (``auto``: ddp under torchrun with more
-    than one process, else single) and join the process group it needs."""
-    topology = topology or Topology.from_env()
+def resolve_strategy(cfg: DistributedConfig, topology: Topology) -> str:
+    """``distributed.strategy`` for this launch (``auto``: ddp under torchrun with more than one
+    process, else single), checked without any communication, so that a mistake is reported
+    identically by every rank before any of them joins the process group."""
     strategy = cfg.strategy
     if strategy not in ("auto", *DIST_STRATEGIES):
         raise choice_error("distributed.strategy", strategy, ("auto", *DIST_STRATEGIES))
     if strategy == "auto":
         strategy = "ddp" if topology.world > 1 else "single"
-    if strategy == "single":
-        if topology.world > 1:
-            raise ConfigError(f"distributed.strategy = 'single' but {topology.world} processes were launched; "
-                              f"use {setting('distributed.strategy', 'ddp')} or fsdp, or launch one process")
-        return Strategy(topology)
-    if not topology.launched:
+    if strategy == "single" and topology.world > 1:
+        raise ConfigError(f"distributed.strategy = 'single' but {topology.world} processes were launched; "
+                          f"use {setting('distributed.strategy', 'ddp')} or fsdp, or launch one process")
+    if strategy != "single" and not topology.launched:
         raise ConfigError(f"distributed.strategy = {strategy!r} needs processes started by torchrun, e.g. "
                           f"`torchrun --nproc-per-node 2 -m turbotrain train ...`; in one plain process use "
                           f"{setting('distributed.strategy', 'single')}")
-    if not dist.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.timeout_s),
-                                **({"device_id": device} if device.type == "cuda" else {}))
+    return strategy
+
+
+def join_process_group(cfg: DistributedConfig, device: torch.device, topology: Topology) -> None:
+    """Join the launcher's process group (NCCL on CUDA, gloo on CPU) once; a no-op in a plain
+    process or when already joined. ``distributed.timeout_s`` bounds every collective, so a rank
+    whose peer died ends with an error instead of waiting for ever."""
+    if not topology.launched or dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.timeout_s),
+                            **({"device_id": device} if device.type == "cuda" else {}))
+
+
+def build_strategy(cfg: DistributedConfig, device: torch.device, topology: Topology | None = None) -> Strategy:
+    """Resolve ``distributed.strategy`` for this process (see :func:`resolve_strategy`) and join
+    the process group it needs."""
+    topology = topology or Topology.from_env()
+    strategy = resolve_strategy(cfg, topology)
+    if strategy == "single":
+        return Strategy(topology)
+    join_process_group(cfg, device, topology)
     return DDP(topology, cfg, device) if strategy == "ddp" else FSDP(topology, cfg)
 
 
@@ -175,6 +208,59 @@ def shutdown() -> None:
     """Leave the process group (at the end of a run; a no-op without one)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+class ReportedByMainRank(TurbotrainError):
+    """Rank 0 failed at a start-up step every rank shares (a config, the run directory, the data)
+    and reports it itself; the other ranks end quietly with this, so the user reads one line."""
+
+
+def _grouped() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def decided_by_main(fn: Callable[[], T]) -> T:
+    """Rank 0 runs ``fn`` (e.g. creates the run directory) and every rank gets its result; when
+    it fails, rank 0 raises its error and the others :class:`ReportedByMainRank`. Without a
+    process group: ``fn()``. A pickled broadcast: start-up only, never in the hot loop."""
+    return _on_main(fn, share=True)
+
+
+def main_first(fn: Callable[[], T]) -> T:
+    """``fn`` on rank 0 first, then on the others (e.g. tokenizing into a shared cache once);
+    when it fails on rank 0 the others raise :class:`ReportedByMainRank` instead of running it."""
+    value = _on_main(fn, share=False)
+    return fn() if _grouped() and dist.get_rank() != 0 else value
+
+
+def _on_main(fn: Callable[[], T], share: bool) -> T:
+    if not _grouped():
+        return fn()
+    box: list[Any] = [None]
+    value: Any = None
+    if dist.get_rank() == 0:
+        try:
+            value = fn()
+        except BaseException as exc:
+            box[0] = ("error", f"{type(exc).__name__}: {exc}")
+            dist.broadcast_object_list(box, src=0)
+            raise
+        box[0] = ("ok", value if share else None)
+    dist.broadcast_object_list(box, src=0)
+    kind, shared = box[0]
+    if kind == "error":
+        raise ReportedByMainRank(f"rank 0 failed at start-up ({shared})")
+    return value if dist.get_rank() == 0 else shared
+
+
+def broadcast_from_main(obj: Any) -> Any:
+    """``obj`` as rank 0 has it, on every rank (a pickled broadcast: for start-up facts such as
+    the run directory's name, never in the hot loop); itself without a process group."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def is_main_process() -> bool:

@@ -29,13 +29,14 @@ import torch
 from torch import nn
 
 from .batch import batch_size, misplaced, move_to, split_batch, token_count
+from .compile_guard import CompileGuard
 from .config import DistributedConfig, RunConfig, load_config, setting
 from .data.prefetch import DevicePrefetcher
 from .errors import ConfigError, LossError, NonFiniteError, PlacementError
 from .oom import build_oom_policy, is_oom, oom_reason
 from .distributed import Strategy, Topology, build_strategy, local_device
 from .precision import DeviceCaps, Precision, apply_backend_switches, build_guard, build_precision, fallback_mode
-from .transforms import apply_activation_checkpointing, apply_compile, resolve_scope
+from .transforms import apply_activation_checkpointing, apply_compile, eager, resolve_scope
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +117,7 @@ class EngineOptions:
     flush_denormal: bool = True
     compile_scope: str = "off"
     compile_mode: str = "default"
+    max_recompiles: int = 2  # after the first sync_every steps, before the compile guard warns
     accumulation: int = 1
     grad_clip: float = 0.0
     nonfinite: str = "fallback"
@@ -142,6 +144,7 @@ class EngineOptions:
             flush_denormal=config.precision.flush_denormal,
             compile_scope=resolve_scope(config.compile.scope, device),
             compile_mode=config.compile.mode,
+            max_recompiles=config.compile.max_recompiles,
             accumulation=config.batch.accumulation,
             grad_clip=config.optim.grad_clip,
             nonfinite=config.precision.nonfinite,
@@ -173,7 +176,7 @@ class Engine:
         self.precision: Precision = build_precision(opts.precision, self.device, self.caps)
         apply_backend_switches(self.device, tf32=opts.tf32, cudnn_benchmark=opts.cudnn_benchmark, flush_denormal=opts.flush_denormal)
         self.strategy: Strategy = build_strategy(opts.distributed, self.device, opts.topology)
-        self.oom_policy = build_oom_policy(opts.on_oom)
+        self.oom_policy = build_oom_policy(opts.on_oom, self.strategy.rank, self.strategy.world)  # world > 1: stop, never halve alone
         self.base_accumulation = opts.accumulation  # micro-batches per optimizer step as configured
         self.split = 1  # parts each loader batch is cut into (doubled by the OOM policy)
         self.accumulation = opts.accumulation  # = base_accumulation x split: backward passes per optimizer step
@@ -194,6 +197,8 @@ class Engine:
         self._placement_checked = False
         self._nonfinite_acted = 0  # guard count when the policy last acted
         self._nonfinite_logged = 0  # guard count when skips were last logged
+        # torch.compile's recompilations and graph breaks, read at each poll (host counters, no sync)
+        self.compile_guard = CompileGuard(opts.max_recompiles, warmup_steps=opts.sync_every)
 
     # ------------------------------------------------------------------ build time
 
@@ -220,6 +225,8 @@ class Engine:
                 f"scheduler_interval = {scheduler_interval!r}: say how the scheduler steps, "
                 "engine.setup(..., scheduler=s, scheduler_interval='step' | 'epoch' | 'manual')"
             )
+        if not self._models:
+            self.compile_guard.start()  # count what this run compiles, not what the process did before
         model.to(self.device)
         self.precision.convert_module(model)
         apply_activation_checkpointing(model, self.options.checkpointing)
@@ -314,6 +321,7 @@ class Engine:
         self.state.step += 1
         if self.state.step % self.options.sync_every == 0:
             self.poll(optimizer)
+            self.compile_guard.check(self.state.step)
         for callback in self._after_step:
             callback()
         return True
@@ -472,11 +480,13 @@ class Engine:
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, batches: Iterable[Any], loss_fn: LossFn = default_loss) -> float:
-        """Mean loss over ``batches`` under autocast and no_grad (one sync, at the end)."""
+        """Mean loss over ``batches`` under autocast and no_grad (one sync, at the end). A compiled
+        model evaluates eagerly (:func:`turbotrain.transforms.eager`): its training graph stays
+        the only one, and no eval-mode graph is compiled for a few batches."""
         was_training = model.training
         model.eval()
         total, n = torch.zeros((), device=self.device), 0
-        with self.autocast():
+        with self.autocast(), eager():
             for batch in batches:
                 total += as_loss(loss_fn(model, move_to(batch, self.device, non_blocking=True))).float()
                 n += 1

@@ -11,7 +11,7 @@ import logging
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 if TYPE_CHECKING:
     import torch
@@ -103,19 +103,34 @@ class StopAfter(Hook):
 
 class StopOnSignal(Hook):
     """SIGTERM/SIGINT end the run after the current step, so the final checkpoint is written;
-    a second SIGINT interrupts at once."""
+    a second SIGINT interrupts at once.
+
+    Data parallel (``agree`` given): a signal may reach the ranks at different steps, and a rank
+    that stopped alone would leave the others waiting in their next collective. So the ranks
+    agree (``agree(flag)``: True when any rank has one) every ``interval`` steps, at the same
+    steps on all of them, and stop together there."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(self) -> None:
+    def __init__(self, agree: Callable[[bool], bool] | None = None, interval: int = 1) -> None:
         self._ctx: FitContext | None = None
         self._previous: dict[int, Any] = {}
+        self.agree, self.interval = agree, interval
+        self._pending = ""  # a signal seen here, not yet agreed on
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self._ctx is None or self._ctx.should_stop:
+        if self._ctx is None or self._ctx.should_stop or self._pending:
             self._restore()
             raise KeyboardInterrupt
-        self._ctx.request_stop(f"signal {signal.Signals(signum).name}")
+        reason = f"signal {signal.Signals(signum).name}"
+        if self.agree is None:
+            self._ctx.request_stop(reason)
+        else:
+            self._pending = reason
+
+    def on_step_end(self, ctx: FitContext) -> None:
+        if self.agree is not None and every(ctx.engine.state.step, self.interval) and self.agree(bool(self._pending)):
+            ctx.request_stop(self._pending or "signal on another rank")
 
     def _restore(self) -> None:
         for sig, handler in self._previous.items():

@@ -12,7 +12,9 @@ optionally, TensorBoard.
 Record keys carry their units: ``step_ms``, ``samples_per_s``, ``tokens_per_s``, ``tflops``
 (achieved model TFLOP/s), ``mfu`` (fraction of the datasheet peak), ``mem_*_gib``,
 ``gpu_util_pct``, ``gpu_power_w``, ``gpu_temp_c``, ``gpu_sm_clock_mhz``; ``grad_norm`` when the
-engine computes it, and the ``precision`` in use.
+engine computes it, and the ``precision`` in use. Data parallel (``world`` processes): rates are
+the whole run's (this rank's counts x world, every rank training an equal share),
+``rank_tokens_per_s`` is one rank's, and MFU is over all devices (world x the datasheet peak).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from torch import nn
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
+from .atomic import DiskFullError, reporting_disk_full
 from .batch import batch_size, move_to, token_count
 from .engine import as_loss, default_loss
 from .errors import TurbotrainError
@@ -66,19 +69,30 @@ class JsonlSink:
 
     def __init__(self, path: Path, flush_every_s: float = 1.0) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
         self.file = open(path, "a", encoding="utf-8")
         self.flush_every_s = flush_every_s
         self._flushed_at = time.monotonic()
 
     def write(self, record: dict[str, Any]) -> None:
-        self.file.write(json.dumps(record, allow_nan=False, default=str) + "\n")
-        now = time.monotonic()
-        if now - self._flushed_at >= self.flush_every_s:
-            self.file.flush()
-            self._flushed_at = now
+        with reporting_disk_full(self.path):  # a full disk: one DiskFullError naming the file
+            self.file.write(json.dumps(record, allow_nan=False, default=str) + "\n")
+            now = time.monotonic()
+            if now - self._flushed_at >= self.flush_every_s:
+                self.file.flush()
+                self._flushed_at = now
+
+    def flush(self) -> None:
+        """The records buffered so far onto the disk (e.g. before a checkpoint: a process killed
+        later resumes after it, so records up to it would otherwise be lost). Closed: nothing."""
+        if not self.file.closed:
+            with reporting_disk_full(self.path):
+                self.file.flush()
+            self._flushed_at = time.monotonic()
 
     def close(self) -> None:
-        self.file.close()
+        with reporting_disk_full(self.path):
+            self.file.close()
 
 
 class ProgressSink:
@@ -160,8 +174,9 @@ class Monitor(Hook):
         monitor.close()
     """
 
-    def __init__(self, interval: int, sinks: Iterable[Sink] = (), probes: Iterable[Probe] = ()) -> None:
+    def __init__(self, interval: int, sinks: Iterable[Sink] = (), probes: Iterable[Probe] = (), world: int = 1) -> None:
         self.interval = interval
+        self.world = world  # data-parallel processes: rates are this rank's counts x world
         self.sinks = list(sinks)
         self.probes = list(probes)
         self.records: list[dict[str, Any]] = []
@@ -186,7 +201,7 @@ class Monitor(Hook):
                 val_loss: float | None = None, grad_norm: Any = None, precision: str | None = None,
                 side_s: float = 0.0, force: bool = False) -> dict[str, Any] | None:
         """The values after optimizer step ``step``: its loss (a device tensor or a number), the
-        samples and tokens trained on so far, and what else is known; ``side_s``: seconds spent so
+        samples and tokens this process trained on so far (x ``world`` for the run's rates), and what else is known; ``side_s``: seconds spent so
         far on work that is not training (evaluation, checkpoints), left out of the throughput.
         On logging steps (every ``interval``, or ``force``) it reads ``loss`` and ``grad_norm``
         (host-device sync points) and writes and returns a record; otherwise it reads nothing."""
@@ -207,8 +222,11 @@ class Monitor(Hook):
         dt = now - t - (side_s - self._side_s)  # evaluation and checkpoint time are not training
         if dt > 0 and step > last_step:
             record["step_ms"] = 1000 * dt / (step - last_step)
-            record["samples_per_s"] = (samples - last_samples) / dt
-            record["tokens_per_s"] = (tokens - last_tokens) / dt
+            # The whole run's rates: every rank trains an equal share (the same micro-batch).
+            record["samples_per_s"] = self.world * (samples - last_samples) / dt
+            record["tokens_per_s"] = self.world * (tokens - last_tokens) / dt
+            if self.world > 1:
+                record["rank_tokens_per_s"] = (tokens - last_tokens) / dt
         self._last, self._side_s = (now, step, samples, tokens), side_s
         known = {"lr": lr, "grad_norm": _read(grad_norm), "precision": precision, "val_loss": val_loss}
         record.update(elapsed_s=now - self._t0, samples=samples, tokens=tokens, **{k: v for k, v in known.items() if v is not None})
@@ -245,7 +263,8 @@ class Monitor(Hook):
         self.close()
 
     def on_exception(self, ctx: FitContext, exc: BaseException) -> None:
-        self.close()
+        with contextlib.suppress(DiskFullError):  # the error on its way is the one to report
+            self.close()
 
     def _observe(self, ctx: FitContext, force: bool = False) -> None:
         engine, s, m = ctx.engine, ctx.engine.state, ctx.metrics
@@ -350,16 +369,21 @@ class MfuProbe:
     recorded and MFU is left out.
     """
 
-    def __init__(self, flops_per_sample: float, spec: DeviceSpec | None, precision: str = "fp32", source: str = "") -> None:
+    def __init__(self, flops_per_sample: float, spec: DeviceSpec | None, precision: str = "fp32", source: str = "",
+                 devices: int = 1) -> None:
         self.flops_per_sample = flops_per_sample
         self.spec = spec
         self.precision = precision
         self.source = source
+        self.devices = devices  # data parallel: the record's samples/s are the world's, so is the peak
 
     def peak_tflops(self, precision: str | None = None) -> float | None:
-        """Dense datasheet TFLOP/s for ``precision`` (default: the one given at construction);
-        fp32 counts at the TF32 peak while TF32 matmuls are on."""
-        return self.spec.peak_tflops(precision_key(precision or self.precision, tf32=tf32_enabled())) if self.spec else None
+        """Dense datasheet TFLOP/s for ``precision`` (default: the one given at construction) of
+        all ``devices`` together; fp32 counts at the TF32 peak while TF32 matmuls are on."""
+        if not self.spec:
+            return None
+        peak = self.spec.peak_tflops(precision_key(precision or self.precision, tf32=tf32_enabled()))
+        return peak * self.devices if peak else peak
 
     def __call__(self, record: dict[str, Any]) -> dict[str, Any]:
         rate = record.get("samples_per_s")
@@ -380,15 +404,17 @@ def build_mfu_probe(
     precision: str = "fp32",
     loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
     autocast: Callable[[], Any] = contextlib.nullcontext,
+    devices: int = 1,
 ) -> MfuProbe:
     """An :class:`MfuProbe` for ``model``: FLOPs per sample from ``example_batch`` (moved to
-    ``device`` here), the peak from the device name. An unknown device is logged, not an error."""
+    ``device`` here), the peak from the device name (x ``devices``, the data-parallel world).
+    An unknown device is logged, not an error."""
     flops, source = estimate_flops_per_sample(model, move_to(example_batch, device), loss_fn, autocast)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     spec = lookup_peak(name) if device.type == "cuda" else None
     if spec is None:
         log.info("MFU left out: no datasheet peak for %s (achieved TFLOP/s is still recorded)", name)
-    return MfuProbe(flops, spec, precision, source)
+    return MfuProbe(flops, spec, precision, source, devices)
 
 
 # ----------------------------------------------------------------------------- NVML
@@ -489,9 +515,10 @@ def build_probes(
     nvml_enabled: bool = True,
     loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
     autocast: Callable[[], Any] = contextlib.nullcontext,
+    devices: int = 1,
 ) -> list[Probe]:
     """The standard probes for ``device``: memory and NVML on CUDA (none on CPU), MFU when a
-    model and an example batch are given."""
+    model and an example batch are given (over ``devices``, the data-parallel world)."""
     probes: list[Probe] = []
     if device.type == "cuda":
         probes.append(MemoryProbe(device))
@@ -503,7 +530,7 @@ def build_probes(
                 log.info("GPU utilisation not sampled: %s", nvml()[1])
     if model is not None and example_batch is not None:
         try:
-            probes.append(build_mfu_probe(model, example_batch, device, precision, loss_fn, autocast))
+            probes.append(build_mfu_probe(model, example_batch, device, precision, loss_fn, autocast, devices))
         except Exception as exc:  # an optional measurement: training goes on without FLOPs
             log.warning("FLOPs not counted, so no TFLOP/s or MFU (%s: %s); pass a loss_fn(model, batch) "
                         "that returns the loss for the example batch", type(exc).__name__, exc)

@@ -20,6 +20,12 @@ with dropout 0 the loss curve matches a run without the error to rounding.
 
 ``memory.on_oom = 'stop'`` raises :class:`OutOfMemoryStop`, a one-line user error that says what
 to change.
+
+Data parallel (more than one process): halving on the rank that ran out alone would change its
+number of backward passes per step, and the other ranks would wait for it in the next all-reduce
+until the collective timeout. (FSDP2's state after an OOM is also known to be unreliable.) So every
+policy stops there at once with :class:`OutOfMemoryStop` naming the rank, step and micro-batch; the
+launcher then ends the other ranks, whose collectives fail as soon as this process is gone.
 """
 
 from __future__ import annotations
@@ -74,6 +80,22 @@ class StopOnOOM:
         )
 
 
+class StopOnOOMDistributed(StopOnOOM):
+    """Any ``memory.on_oom`` with more than one data-parallel process: stop with the rank named."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        self.rank, self.world = rank, world
+
+    def recover(self, engine: "Engine", model: nn.Module, batch: Any, loss_fn: LossFn, reason: str) -> torch.Tensor:
+        micro = engine.micro_batch(batch)
+        raise OutOfMemoryStop(
+            f"out of memory on rank {self.rank} of {self.world} in step {engine.state.step + 1} with micro-batch {micro} "
+            f"({reason}); with data parallelism the micro-batch is not halved on one rank alone (the others would wait "
+            f"for it), so the run stops: lower --batch.micro (e.g. {setting('batch.micro', max(1, micro // 2))}), "
+            f"use {setting('batch.micro', 'auto')} or {setting('memory.checkpointing', 'full')}, then --resume"
+        )
+
+
 class HalveOnOOM(StopOnOOM):
     """``memory.on_oom = 'halve'``: drop the partial step, double the split (and so the
     accumulation), re-run the step's batches; give up when a part would be empty."""
@@ -117,8 +139,11 @@ class HalveOnOOM(StopOnOOM):
                 reason = oom_reason(exc)
 
 
-def build_oom_policy(on_oom: str) -> StopOnOOM:
-    """``memory.on_oom`` -> the policy the engine calls after an out-of-memory error."""
+def build_oom_policy(on_oom: str, rank: int = 0, world: int = 1) -> StopOnOOM:
+    """``memory.on_oom`` -> the policy the engine calls after an out-of-memory error (with
+    ``world`` > 1 data-parallel processes: stop, naming ``rank``; see the module docstring)."""
     if on_oom not in OOM_POLICIES:
         raise choice_error("memory.on_oom", on_oom, OOM_POLICIES)
+    if world > 1:
+        return StopOnOOMDistributed(rank, world)
     return HalveOnOOM() if on_oom == "halve" else StopOnOOM()

@@ -23,6 +23,7 @@ from typing import Any
 
 from .atomic import atomic_write
 from .errors import TurbotrainError
+from . import experts_monitor
 from .rundir import CONFIG_FILE, METRICS_FILE, PLOTS_DIR, SUMMARY_FILE, SUMMARY_MD
 
 
@@ -373,6 +374,16 @@ def format_markdown(summary: dict[str, Any]) -> str:
         f"- final validation loss: {_fmt(summary.get('final_val_loss'), '.4f')} (step {summary.get('final_val_step')})",
         f"- best validation loss: {_fmt(summary.get('best_val_loss'), '.4f')}",
     ]
+    comp = summary.get("compile") or {}
+    if comp.get("frames_compiled") or comp.get("graph_breaks"):
+        lines += ["", "## Compile", "",
+                  f"- frames compiled {comp['frames_compiled']}, recompilations {comp.get('recompiles')} "
+                  f"({_fmt(comp.get('recompiles_after_warmup'), 'd')} after warm-up), graph breaks {comp.get('graph_breaks')}"]
+        lines += [f"- recompiled because {r}" for r in comp.get("recompile_reasons", [])]
+        lines += [f"- graph break: {r}" for r in comp.get("graph_break_reasons", [])]
+        if comp.get("warning"):
+            lines.append(f"- **warning**: {comp['warning']}")
+    lines += experts_monitor.markdown(summary.get("experts"))
     events = summary.get("events") or []
     if events:
         lines += ["", "## Events", ""] + [f"- step {e['step']}: {e['kind']}: {e['detail']}" for e in events]
@@ -401,8 +412,12 @@ def write_report(run_dir: str | Path) -> ReportResult:
     """Plots, summary.md and summary.json for ``run_dir``; see the module docstring."""
     data = load_run(run_dir)
     plots, skipped = write_plots(data, data.path / PLOTS_DIR)
+    experts = experts_monitor.read_experts(data.path)  # a mixture-of-experts run: its load and placement
+    if experts is not None:
+        plots += experts_monitor.write_plots(experts, data.path / PLOTS_DIR, f"run {data.path.name}")
     known = {"run": data.path.name, "status": "unknown (no summary.json from training)",
              **({"config": data.config} if data.config else {}), **data.summary}  # training's summary first
-    summary = write_summary(data.path, known, data.records, report={"plots": plots, "skipped": skipped, "problems": data.problems})
+    summary = write_summary(data.path, known, data.records, report={"plots": plots, "skipped": skipped, "problems": data.problems},
+                            **({"experts": experts_monitor.summarize(experts)} if experts is not None else {}))
     atomic_write(data.path / SUMMARY_MD, format_markdown(summary))
     return ReportResult(data.path, plots, skipped, data.problems, summary)

@@ -18,6 +18,7 @@ hooks read device values only on logging steps, as in ``fit()``.
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from dataclasses import asdict
@@ -32,25 +33,34 @@ from .checkpoint import Checkpointer, restore_latest, run_state
 from .doctor import collect_hardware
 from .engine import Engine, LossFn, default_loss
 from .hooks import Evaluate, FitContext, Hook, HookList
+from .lr_plateau import ObservePlateau
 from .monitor import JsonlSink, MfuProbe, Monitor, ProgressSink, build_probes
+from .optim import PlateauLR
 from .report import write_report, write_summary
 from .rundir import CHECKPOINTS, METRICS_FILE
 
 
 def run_facts(engine: Engine, monitor: Monitor) -> dict[str, Any]:
     """What the engine and the monitor know of a run, for summary.json (``turbotrain train`` and
-    :func:`track` alike): progress, time to first step, events, hardware, FLOPs per sample."""
+    :func:`track` alike): progress, time to first step, events, hardware, FLOPs per sample; data
+    parallel: samples and tokens of all ranks, the world size, one rank's median tokens/s (the
+    peak behind MFU is every device's)."""
     mfu = next((p for p in monitor.probes if isinstance(p, MfuProbe)), None)
+    world = engine.strategy.world  # data parallel: every rank trains an equal share
+    rank_rates = [r["rank_tokens_per_s"] for r in monitor.records if r.get("rank_tokens_per_s")]
     return {
         "steps": engine.state.step,
-        "samples": engine.state.samples,
-        "tokens": engine.state.tokens,
+        "samples": engine.state.samples * world,
+        "tokens": engine.state.tokens * world,
+        "world_size": world,
+        **({"rank_tokens_per_s_median": statistics.median(rank_rates)} if rank_rates else {}),
         "first_step_s": monitor.first_step_s,
         "events": [asdict(e) for e in engine.events],
         "hardware": collect_hardware(engine.device),
         "flops_per_sample": mfu.flops_per_sample if mfu else None,
         "flops_source": mfu.source if mfu else None,
         "peak_tflops": mfu.peak_tflops(engine.precision.name) if mfu else None,
+        "compile": engine.compile_guard.summary(),
     }
 
 
@@ -93,6 +103,9 @@ class Tracker:
         hooks: list[Hook] = []
         if eval_batches is not None:  # before the monitor, so a record carries its step's val_loss
             hooks.append(Evaluate(list(eval_batches), eval_every, loss_fn))
+            plateau = scheduler if scheduler is not None else engine.scheduler
+            if isinstance(plateau, PlateauLR):  # the adaptive schedule reads the loss Evaluate just read
+                hooks.append(ObservePlateau(plateau))
         hooks.append(self.monitor)
         if checkpoint_every is not None:  # last: a failed save cannot lose the step's record
             hooks.append(Checkpointer(self.run_dir / CHECKPOINTS, checkpoint_every, keep_last, self.state))

@@ -32,14 +32,21 @@ from .atomic import DiskFullError, atomic_write, clean_stale_temps, disk_full_ca
 from .checkpoint import Checkpointer, RunState, finished_checkpoints, latest_verified, restore_latest, run_state
 from .config import RunConfig, setting, to_toml
 from .data import TokenSource, TokenWindows, build_loader, check_vocab, fixed_batches, open_tokens, resolve_loader_settings
-from .engine import Engine
+from .data.tokenizer import save_run_tokenizer
+from .distributed import Topology, decided_by_main, join_process_group, local_device, main_first, resolve_strategy
+from .engine import Engine, resolve_device
+from . import expert_parallel
+from .experts_monitor import experts_hooks
+from .errors import ConfigError
 from .hooks import Evaluate, FitContext, Hook, StopAfter, StopOnSignal
 from .loop import fit
 from .memory import memory_summary, resolve_batch_size
 from .models.build import build_model
 from .models.gpt import GPT
 from .monitor import JsonlSink, Monitor, ProgressSink, TensorBoardSink, build_probes
-from .optim import resolve_implementation
+from .data.batching import build_budget_data
+from .lr_plateau import ObservePlateau
+from .optim import PlateauLR, lr_batch_factor, resolve_implementation, rescale_lr
 from .report import read_metrics, write_summary
 from .rundir import (
     CHECKPOINTS,
@@ -47,6 +54,7 @@ from .rundir import (
     METRICS_FILE,
     PLOTS_DIR,
     TENSORBOARD_DIR,
+    TOKENIZER_FILE,
     already_exists,
     holds_a_run,
     new_run_dir,
@@ -98,18 +106,29 @@ class Training:
 
 def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, progress: bool | None = None) -> Training:
     """Build the data, model, optimizer, engine and hooks for ``config`` in ``run_dir``."""
-    c = config
-    source = open_tokens(c.data.path, val_fraction=c.data.val_fraction, cache_dir=c.data.cache_dir)
+    topology = Topology.from_env()
+    c = check_launch(config, topology)  # batch.global_size -> accumulation (the saved config keeps it as given)
+    main = topology.rank == 0  # under torchrun rank 0 alone writes the run's shared files and prints
+    show = (c.monitor.progress if progress is None else progress) and main
+    source = main_first(lambda: open_tokens(  # rank 0 first: it fills the token cache, the others read it
+        c.data.path, val_fraction=c.data.val_fraction, cache_dir=c.data.cache_dir, progress=show,
+        tokenizer=c.data.tokenizer, vocab_size=c.model.vocab_size, saved_tokenizer=run_dir / TOKENIZER_FILE))
+    if main:
+        save_run_tokenizer(source.tokenizer, run_dir)  # what `turbotrain sample` decodes with
     train_windows = TokenWindows(source.train, c.model.block_size)
     val_windows = TokenWindows(source.val, c.model.block_size) if len(source.val) > c.model.block_size else None
 
     torch.manual_seed(c.run.seed)
     model = build_model(c.model, source.vocab_size)
     check_vocab(source, model.cfg.vocab_size)
+    expert_parallel.apply(c, model)  # MoE: keep this rank's experts, before the optimizer sees the parameters
     t = build_trainable(c, model, max_steps=c.train.max_steps)
+    plain = model  # the GPT itself: DDP wraps it, FSDP2 shards it in place
     engine, model, optimizer = t.engine, t.model, t.optimizer
+    rank, world = engine.strategy.rank, engine.strategy.world
     # batch.micro = 'auto': search the size (or read this run's cache) before any checkpoint loads
     c, batch_search = resolve_batch_size(c, engine, model, optimizer, run_dir=run_dir, max_micro=train_windows.positions)
+    c, lr_note = _scale_lr(c, batch_search, optimizer, t.scheduler)  # optim.lr_scaling, before a checkpoint loads
     # the config rides along for reference only: a resume reads config.toml
     state = run_state(engine, model, optimizer, t.scheduler, config=(lambda: to_toml(c), lambda _: None))
     resumed_from = ""
@@ -117,7 +136,7 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
         resumed_from = restore_latest(run_dir / CHECKPOINTS, state).name
     elif resume:
         log.info("%s has no finished checkpoint (it stopped before its first one): training from step 0", run_dir)
-    if resume:  # the steps after the checkpoint run again: their old records would count twice
+    if resume and main:  # the steps after the checkpoint run again: their old records would count twice
         truncate_metrics(run_dir / METRICS_FILE, engine.state.step)
     if c.optim.warmup_steps > c.train.max_steps:
         log.warning("optim.warmup_steps = %d is longer than the run (train.max_steps = %d): the learning rate "
@@ -125,9 +144,17 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
                     100 * c.train.max_steps / c.optim.warmup_steps, setting("optim.warmup_steps", c.train.max_steps))
 
     settings = resolve_loader_settings(engine.device, c.data.num_workers, c.data.pin_memory, c.data.prefetch_factor)
-    loader = build_loader(train_windows, c.batch.micro, c.run.seed, settings, start=engine.state.batches)
+    # each rank its rows of every global micro-batch (rank r: rows r*micro ... (r+1)*micro - 1)
+    loader = build_loader(train_windows, c.batch.micro, c.run.seed, settings, start=engine.state.batches, rank=rank, world=world)
     loader = engine.setup_loader(loader)
-    val_batches = fixed_batches(val_windows, c.batch.micro, c.train.eval_batches, seed=c.run.seed + 1) if val_windows else []
+    val_batches = fixed_batches(val_windows, c.batch.micro, c.train.eval_batches, seed=c.run.seed + 1,
+                                rank=rank, world=world) if val_windows else []
+    budget = build_budget_data(  # data.batching = 'tokens': documents kept apart, batches by token budget
+        c.data.path, source, c.model.block_size, c.batch.max_tokens or c.batch.micro * c.model.block_size, c.run.seed,
+        settings, start=engine.state.batches, eval_batches=c.train.eval_batches, rank=rank, world=world,
+    ) if c.data.batching == "tokens" else None
+    if budget is not None:
+        loader, val_batches = engine.setup_loader(budget.loader), budget.val_batches
 
     resolved = {
         "device": str(engine.device),
@@ -138,26 +165,32 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
         "attention": "sdpa is_causal" if c.model.attention == "sdpa" else "sdpa + cached mask",
         "num_workers": settings.num_workers,
         "pin_memory": settings.pin_memory,
-        "vocab_size": model.cfg.vocab_size,
-        "params": model.num_params(non_embedding=False),
+        "vocab_size": plain.cfg.vocab_size,
+        "params": plain.num_params(non_embedding=False),
         "data": source.description,
-        "global_batch": c.batch.micro * c.batch.accumulation,
+        "global_batch": c.batch.micro * c.batch.accumulation * world,
+        "strategy": engine.strategy.name,
+        "world_size": world,
     }
     if batch_search is not None:
         resolved["batch_search"] = batch_search.to_dict()
+    if lr_note:
+        resolved["lr_scaling"] = lr_note
+    if budget is not None:
+        resolved["batching"] = budget.description
 
-    show = c.monitor.progress if progress is None else progress
-    jsonl = JsonlSink(run_dir / METRICS_FILE)
-    sinks: list[Any] = [jsonl]
-    if c.monitor.tensorboard:
+    jsonl = JsonlSink(run_dir / METRICS_FILE) if main else None
+    sinks: list[Any] = [jsonl] if jsonl is not None else []  # the other ranks measure but write nothing
+    if c.monitor.tensorboard and main:
         sinks.append(TensorBoardSink(run_dir / TENSORBOARD_DIR))
     if show:
         sinks.append(ProgressSink(c.train.max_steps, engine.state.step))
+    example = budget.example if budget else fixed_batches(train_windows, c.batch.micro, 1, seed=c.run.seed)[0]
     probes = build_probes(  # memory + NVML on CUDA; MFU from FLOPs per sample, counted once here
-        engine.device, model=model, example_batch=fixed_batches(train_windows, c.batch.micro, 1, seed=c.run.seed)[0],
-        precision=engine.precision.name, nvml_enabled=c.monitor.nvml, autocast=engine.autocast,
+        engine.device, model=plain, example_batch=example,
+        precision=engine.precision.name, nvml_enabled=c.monitor.nvml, autocast=engine.autocast, devices=world,
     )
-    monitor = Monitor(c.monitor.log_every, sinks, probes)
+    monitor = Monitor(c.monitor.log_every, sinks, probes, world=world)
     # Hooks run in this order at every event, and the order matters:
     # - the stop hooks only raise ctx.should_stop, which the loop reads after all hooks have run;
     # - Evaluate before Monitor: the record the Monitor writes for a step carries the validation
@@ -165,22 +198,36 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
     # - Checkpointer last: its time is in ctx.side_s before the next window starts, and at the end
     #   the final record is written and the sinks closed before the save, so a failed save
     #   (a full disk) loses no metrics.
+    # - data parallel: the ranks agree on a signal every log_every steps, so they stop together.
     hooks: list[Hook] = [
-        StopOnSignal(),
+        StopOnSignal(engine.strategy.any_rank if world > 1 else None, c.monitor.log_every),
         StopAfter(c.train.stop_after_steps),
         Evaluate(val_batches, c.train.eval_every),
+        *([ObservePlateau(t.scheduler)] if isinstance(t.scheduler, PlateauLR) else []),  # the loss Evaluate read
+        *experts_hooks(plain, c.monitor.log_every, run_dir if main else None),  # MoE: tokens per expert
         monitor,
-        Checkpointer(run_dir / CHECKPOINTS, c.train.checkpoint_every, c.train.keep_last, state,
-                     before_save=lambda: _flush(jsonl)),
+        Checkpointer(run_dir / CHECKPOINTS, c.train.checkpoint_every, c.train.keep_last, state,  # every rank: ddp/fsdp save together
+                     before_save=jsonl.flush if jsonl is not None else None),
     ]
     return Training(c, run_dir, engine, model, optimizer, source, loader, hooks, monitor, state, resolved, resumed_from)
 
 
-def _flush(sink: JsonlSink) -> None:
-    """The metrics buffered so far onto the disk, before a checkpoint: a process killed later
-    resumes after that checkpoint, so records up to it would otherwise never be written."""
-    if not sink.file.closed:
-        sink.file.flush()
+def _scale_lr(c: RunConfig, search: Any, optimizer: torch.optim.Optimizer, scheduler: Any) -> tuple[RunConfig, str]:
+    """``optim.lr_scaling``: when the batch finder (``batch.micro = 'auto'``) made the global batch
+    differ from the one ``optim.lr`` was tuned for (``optim.lr_batch``, else ``batch.global_size``),
+    scale lr and min_lr (config, optimizer and schedule alike). Returns the config and a note
+    ("" when nothing changed)."""
+    reference = c.optim.lr_batch or c.batch.global_size
+    if search is None or not reference:
+        return c, ""
+    factor = lr_batch_factor(c.optim.lr_scaling, reference, search.global_batch)
+    if factor == 1.0:
+        return c, ""
+    rescale_lr(optimizer, scheduler, factor)
+    note = (f"{c.optim.lr_scaling}: global batch {search.global_batch} instead of {reference}, "
+            f"lr {c.optim.lr:.4g} x {factor:.4g} = {c.optim.lr * factor:.4g}")
+    log.info("optim.lr_scaling %s", note)
+    return c.replace(optim={"lr": c.optim.lr * factor, "min_lr": c.optim.min_lr * factor}), note
 
 
 def write_config(config: RunConfig, run_dir: Path, resolved: dict[str, Any]) -> None:
@@ -223,17 +270,55 @@ def facts(training: Training, ctx: FitContext | None, status: str, elapsed_s: fl
     }
 
 
-def train(config: RunConfig, *, resume_dir: Path | None = None, progress: bool | None = None) -> dict[str, Any]:
-    """Train ``config`` in a new run directory (or continue ``resume_dir``); returns the summary.
+def check_launch(config: RunConfig, topology: Topology) -> RunConfig:
+    """``config`` checked against the launch (the strategy, the global batch over ``world``
+    ranks) without any communication, so every rank finds the same mistake before joining the
+    process group; with ``batch.global_size`` and a numeric ``batch.micro`` the accumulation
+    follows (global = micro x accumulation x world)."""
+    resolve_strategy(config.distributed, topology)
+    b = config.batch
+    if b.global_size > 0 and isinstance(b.micro, int):
+        per_step = b.micro * topology.world
+        if b.global_size % per_step:
+            lower = max(per_step, b.global_size // per_step * per_step)
+            raise ConfigError(
+                f"batch.global_size = {b.global_size} does not divide by batch.micro x world = {b.micro} x {topology.world}"
+                f" = {per_step}; use {setting('batch.global_size', lower)} (a multiple of {per_step}) or another batch.micro")
+        accumulation = b.global_size // per_step
+        if b.accumulation not in (1, accumulation):
+            raise ConfigError(
+                f"batch.accumulation = {b.accumulation} contradicts batch.global_size = {b.global_size} = batch.micro x "
+                f"accumulation x world = {b.micro} x {accumulation} x {topology.world}; set one of them")
+        config = config.replace(batch={"accumulation": accumulation})
+    return config
+
+
+def train(config: RunConfig, *, resume_dir: Path | None = None, progress: bool | None = None,
+          run_dir: Path | None = None) -> dict[str, Any]:
+    """Train ``config`` in a new run directory (``run_dir``, else one named from the config) or
+    continue ``resume_dir``; returns the summary.
 
     A failure still writes summary.json (status "failed: ...") and keeps checkpoints and metrics.
     A run stopped by SIGTERM/SIGINT saves a checkpoint and returns (:func:`stopped_by_signal`);
     before the first step such a signal raises :class:`StoppedBySignal`. A new run that fails
     before its first step leaves no directory behind. Lack of space raises
     :class:`turbotrain.atomic.DiskFullError` naming the file and the last intact checkpoint.
+
+    Under torchrun every rank calls it: the config is checked before the process group is
+    joined (the same mistake on every rank); rank 0 creates the run directory (its name goes to
+    the others), holds its lock and writes every shared file (config, metrics, checkpoints,
+    summary); the other ranks train in the same directory and write nothing.
     """
+    topology = Topology.from_env()
+    check_launch(config, topology)
+    join_process_group(config.distributed, local_device(resolve_device(config.run.device), topology), topology)
     new = resume_dir is None
-    run_dir = new_run_dir(config) if resume_dir is None else resume_dir
+    if resume_dir is not None:
+        run_dir = resume_dir
+    elif run_dir is None:
+        run_dir = decided_by_main(lambda: new_run_dir(config))
+    if topology.rank > 0:
+        return _train_locked(config, run_dir, new, progress, main=False)
     with RunLock(run_dir):
         if new and holds_a_run(run_dir):  # another process made it between the check and the lock
             raise already_exists(run_dir)
@@ -246,28 +331,33 @@ def train(config: RunConfig, *, resume_dir: Path | None = None, progress: bool |
             raise
 
 
-def _train_locked(config: RunConfig, run_dir: Path, new: bool, progress: bool | None) -> dict[str, Any]:
-    for folder in (run_dir, run_dir / PLOTS_DIR):  # temp files of writes killed mid-way (checkpoints: the Checkpointer)
+def _train_locked(config: RunConfig, run_dir: Path, new: bool, progress: bool | None, main: bool = True) -> dict[str, Any]:
+    """The run in ``run_dir``; ``main`` False (ranks other than 0): the same training, no shared file written."""
+    for folder in (run_dir, run_dir / PLOTS_DIR) if main else ():  # temp files of writes killed mid-way (checkpoints: the Checkpointer)
         clean_stale_temps(folder)
     try:
         with _signals_end_startup(run_dir, resumable=not new):
-            if new:  # first of all: a run killed from here on has a config to resume from
+            if new and main:  # first of all: a run killed from here on has a config to resume from
                 write_config(config, run_dir, {})
             training = build_training(config, run_dir, resume=not new, progress=progress)
     except BaseException:
-        if new:
+        if new and main:
             shutil.rmtree(run_dir, ignore_errors=True)  # created by this call, under its lock: nothing else is in it
         raise
-    write_config(config, run_dir, training.resolved)  # as given ('auto' stays 'auto'), with what it resolved to
+    if main:
+        write_config(config, run_dir, training.resolved)  # as given ('auto' stays 'auto'), with what it resolved to
     if training.engine.state.step >= training.config.train.max_steps:
         # A resume of a finished run: nothing to train, so nothing to log again (a final record
         # of this invocation would repeat the last step's); the summary comes from the metrics.
         training.monitor.close()
+        if not main:
+            return facts(training, None, "completed", 0.0)
         return write_summary(run_dir, facts(training, None, "completed", 0.0), read_metrics(run_dir / METRICS_FILE)[0])
     start = time.perf_counter()
 
     def finish(ctx: FitContext | None, status: str) -> dict[str, Any]:
-        return write_summary(run_dir, facts(training, ctx, status, time.perf_counter() - start), training.monitor.records)
+        known = facts(training, ctx, status, time.perf_counter() - start)
+        return write_summary(run_dir, known, training.monitor.records) if main else known
 
     try:
         ctx = training.run()

@@ -9,17 +9,21 @@ or nothing trained yet): continue with ``--resume``; 130 a second Ctrl-C interru
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
-from ..config import describe, load_config, parse_overrides
-from ..errors import ConfigError
+from ..config import RunConfig, describe, load_config, parse_overrides
+from ..distributed import ReportedByMainRank, Topology, decided_by_main, join_process_group, local_device
+from ..engine import resolve_device
+from ..errors import ConfigError, TurbotrainError
 from ..report import write_report
 from ..rundir import find_run_dir, new_run_dir, resume_config, run_name
 from ..runlock import RunLock
-from ..training import StoppedBySignal, stopped_by_signal, train
+from ..training import StoppedBySignal, check_launch, stopped_by_signal, train
 from .report import print_report
 
 EXIT_STOPPED = 75  # sysexits' EX_TEMPFAIL: "try again later", here: continue with --resume
@@ -55,30 +59,47 @@ def main_train(args: argparse.Namespace, extra: list[str]) -> int:
     if args.help_config:
         print(describe())
         return 0
-    overrides = parse_overrides(extra)
-    if args.data is not None:
-        overrides.setdefault("data", {})["path"] = args.data
-    if args.no_progress:
-        overrides.setdefault("monitor", {})["progress"] = "false"
-    if args.resume is not None:
+    topology = Topology.from_env()
+    if topology.rank > 0:  # under torchrun: rank 0 prints; the others only warnings and errors, with their rank
+        _quiet_logging(topology.rank)
+    try:
+        # Checked on every rank before any joins the process group: the same mistake everywhere,
+        # said once by rank 0; the others end quietly (exit 0) instead of waiting for it.
+        overrides = parse_overrides(extra)
+        if args.data is not None:
+            overrides.setdefault("data", {})["path"] = args.data
+        if args.no_progress or topology.rank > 0:
+            overrides.setdefault("monitor", {})["progress"] = "false"
         if args.resume and "name" in overrides.get("run", {}):
             raise ConfigError("name the run to resume once: --resume RUN or --resume --run.name NAME, not both")
         base = load_config(args.preset or default_preset(), overrides)
-        run_dir = find_run_dir(base.run.out_dir, args.resume or overrides.get("run", {}).get("name", ""))
-        config = resume_config(run_dir, overrides)
+        check_launch(base, topology)
+        join_process_group(base.distributed, local_device(resolve_device(base.run.device), topology), topology)
+        # Rank 0 finds or names the run (a timestamped name, a resumed run's saved config); all use its answer.
+        run_dir, config = decided_by_main(lambda: _locate_run(args, overrides, base))
+        check_launch(config, topology)
+    except TurbotrainError:
+        if topology.rank > 0:
+            return 0
+        raise
+    resume = args.resume is not None
+    if topology.rank > 0:
+        return _train_other_rank(config, run_dir, resume, topology.rank)
+    if resume:
         print(f"resuming {run_dir}")
-    else:
-        config = load_config(args.preset or default_preset(), overrides)
-        config = config.replace(run={"name": run_name(config)})  # an automatic name, fixed once
-        run_dir = new_run_dir(config)
     # The run's lock for the whole command (train() takes it too): no other process trains in
     # the run while this one trains it or writes its report.
     with RunLock(run_dir):
         try:
-            summary = train(config, resume_dir=run_dir if args.resume is not None else None)
+            summary = train(config, resume_dir=run_dir if resume else None, run_dir=run_dir)
         except StoppedBySignal as exc:
             print(f"turbotrain train: {exc}", file=sys.stderr)
             return EXIT_STOPPED
+        except Exception as exc:
+            lost = _peer_lost(exc, topology, run_dir)
+            if lost is None:
+                raise
+            raise lost from None
         _print_summary(summary, run_dir)
         print_report(write_report(run_dir))  # plots + summary.md, as `turbotrain report RUN` would
     if stopped_by_signal(summary):
@@ -86,6 +107,54 @@ def main_train(args: argparse.Namespace, extra: list[str]) -> int:
               f"continue with `turbotrain train --resume {run_dir}`", file=sys.stderr)
         return EXIT_STOPPED
     return 0
+
+
+def _locate_run(args: argparse.Namespace, overrides: dict, base: RunConfig) -> tuple[Path, RunConfig]:
+    """The run directory and its config: a resumed run's saved one, or a new run's, named once."""
+    if args.resume is not None:
+        run_dir = find_run_dir(base.run.out_dir, args.resume or overrides.get("run", {}).get("name", ""))
+        return run_dir, resume_config(run_dir, overrides)
+    config = base.replace(run={"name": run_name(base)})  # an automatic name, fixed once
+    return new_run_dir(config), config
+
+
+def _train_other_rank(config: RunConfig, run_dir: Path, resume: bool, rank: int) -> int:
+    """A rank other than 0: the same training in rank 0's run directory, printing nothing but its errors."""
+    try:
+        train(config, resume_dir=run_dir if resume else None, run_dir=run_dir, progress=False)
+    except ReportedByMainRank:
+        return 0  # rank 0 failed at start-up and says why
+    except StoppedBySignal:
+        return EXIT_STOPPED
+    except TurbotrainError as exc:
+        raise TurbotrainError(f"[rank {rank}] {exc}") from None
+    except Exception as exc:
+        lost = _peer_lost(exc, Topology.from_env(), run_dir)
+        if lost is None:
+            raise
+        raise lost from None
+    return 0
+
+
+def _peer_lost(exc: BaseException, topology: Topology, run_dir: Path) -> TurbotrainError | None:
+    """A collective that failed because another rank died or timed out, as one line that says
+    so and how to continue (None for any other error, which keeps its traceback)."""
+    if topology.world < 2 or not isinstance(exc, (dist.DistError, RuntimeError)) or isinstance(exc, torch.OutOfMemoryError):
+        return None
+    text = " ".join(str(exc).split())
+    if not isinstance(exc, dist.DistError) and not any(k in text.lower() for k in ("gloo", "nccl", "connection", "timed out", "timeout")):
+        return None
+    return TurbotrainError(
+        f"[rank {topology.rank}] another rank stopped or was lost: a collective failed ({text[:200]}); checkpoints already "
+        f"written are kept: continue with `torchrun ... -m turbotrain train --resume {run_dir}`")
+
+
+def _quiet_logging(rank: int) -> None:
+    """Ranks other than 0 log warnings and errors only, each line prefixed with the rank."""
+    root = logging.getLogger()
+    root.setLevel(logging.WARNING)
+    for handler in root.handlers:
+        handler.setFormatter(logging.Formatter(f"[rank {rank}] %(levelname)s %(name)s: %(message)s"))
 
 
 def _print_summary(summary: dict, run_dir: Path) -> None:

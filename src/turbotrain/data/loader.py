@@ -2,6 +2,11 @@
 
 Batch ``k`` of a stream is drawn from a generator seeded with (seed, k), so the stream can start
 at any batch: resuming at batch ``k`` gives exactly the batches an uninterrupted run would see.
+
+Data parallel: global micro-batch ``k`` is ``micro x world`` windows drawn from (seed, k), and rank
+``r`` takes rows ``[r*micro, (r+1)*micro)``. The ranks together see exactly what one process with
+micro-batch ``micro x world`` sees (2 processes x micro M == 1 process x micro 2M), and a resume at
+batch ``k`` is exact on every rank, at any world size that keeps ``micro x world``.
 """
 
 from __future__ import annotations
@@ -61,14 +66,17 @@ class TokenWindows(Dataset):
 
 
 class RandomWindowSampler(Sampler[list[int]]):
-    """An endless stream of batches of random window offsets, starting at batch ``start``."""
+    """An endless stream of batches of random window offsets, starting at batch ``start``; with
+    ``world`` > 1, this ``rank``'s rows of each global batch of ``batch_size x world`` offsets."""
 
-    def __init__(self, positions: int, batch_size: int, seed: int, start: int = 0) -> None:
+    def __init__(self, positions: int, batch_size: int, seed: int, start: int = 0, rank: int = 0, world: int = 1) -> None:
         self.positions, self.batch_size, self.seed, self.start = positions, batch_size, seed, start
+        self.rank, self.world = rank, world
 
     def batch(self, k: int) -> list[int]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + k)
-        return torch.randint(self.positions, (self.batch_size,), generator=g).tolist()
+        offsets = torch.randint(self.positions, (self.batch_size * self.world,), generator=g)
+        return offsets[self.rank * self.batch_size:(self.rank + 1) * self.batch_size].tolist()
 
     def __iter__(self) -> Iterator[list[int]]:
         k = self.start
@@ -104,8 +112,10 @@ def resolve_loader_settings(device: torch.device, num_workers: int, pin_memory: 
     return LoaderSettings(workers, pin_memory and device.type == "cuda", prefetch_factor)
 
 
-def build_loader(dataset: TokenWindows, batch_size: int, seed: int, settings: LoaderSettings, start: int = 0) -> DataLoader:
-    """An endless DataLoader of (x, y) batches starting at batch ``start`` of the seeded stream."""
+def build_loader(dataset: TokenWindows, batch_size: int, seed: int, settings: LoaderSettings, start: int = 0,
+                 rank: int = 0, world: int = 1) -> DataLoader:
+    """An endless DataLoader of (x, y) batches starting at batch ``start`` of the seeded stream
+    (this ``rank``'s share of each global batch when ``world`` > 1)."""
     if batch_size > dataset.positions:
         raise TurbotrainError(
             f"batch.micro = {batch_size} is larger than the {dataset.positions} distinct windows in the data; "
@@ -114,7 +124,7 @@ def build_loader(dataset: TokenWindows, batch_size: int, seed: int, settings: Lo
     workers = settings.num_workers
     return DataLoader(
         dataset,
-        batch_sampler=RandomWindowSampler(dataset.positions, batch_size, seed, start),
+        batch_sampler=RandomWindowSampler(dataset.positions, batch_size, seed, start, rank, world),
         collate_fn=_identity,
         num_workers=workers,
         pin_memory=settings.pin_memory,
@@ -126,9 +136,11 @@ def build_loader(dataset: TokenWindows, batch_size: int, seed: int, settings: Lo
     )
 
 
-def fixed_batches(dataset: TokenWindows, batch_size: int, count: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The same ``count`` batches every time (validation), drawn once on the host."""
+def fixed_batches(dataset: TokenWindows, batch_size: int, count: int, seed: int, rank: int = 0,
+                  world: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The same ``count`` batches every time (validation), drawn once on the host; with ``world``
+    > 1 this ``rank``'s rows of each (so the ranks' mean is one process's mean over all rows)."""
     if dataset.positions < 1:
         return []
-    sampler = RandomWindowSampler(dataset.positions, min(batch_size, dataset.positions), seed)
+    sampler = RandomWindowSampler(dataset.positions, min(batch_size, dataset.positions), seed, rank=rank, world=world)
     return [dataset.__getitems__(sampler.batch(k)) for k in range(count)]

@@ -1,0 +1,184 @@
+"""Expert parallelism: each MoE block's experts spread over the ranks of an expert-parallel group,
+tokens sent to the rank of their expert with an all-to-all and brought back with the reverse one.
+
+Layout for ``world`` ranks and degree ``P`` (``--distributed.expert_parallel=P``, dividing both
+the world size and ``model.n_experts``): consecutive ranks ``[g P, (g + 1) P)`` form expert-parallel
+group g; rank r holds experts ``[(r mod P) E/P, (r mod P + 1) E/P)`` of every MoE block. The
+``world / P`` ranks with the same ``r mod P`` hold copies of the same experts (their replica group).
+
+Per MoE block and forward (:class:`AllToAllDispatcher`, plugged into
+:attr:`turbotrain.models.moe.MoEMLP.dispatcher`): the tokens are already sorted by expert, so the
+rows for each destination rank are contiguous. The per-expert counts go first (an all-to-all of E
+integers), then the split sizes are read on the host (the one sync an uneven all-to-all needs),
+then the rows travel with ``all_to_all_single`` (variable splits), are regrouped by local expert,
+computed (grouped GEMM / batched / loop, as without parallelism) and travel back the same way.
+Both exchanges are autograd functions (functional collectives' ``all_to_all_single_autograd``, as torchtitan uses):
+backward sends the gradients along the reverse routes.
+
+Gradients: non-expert parameters stay data parallel over all ranks (DDP averages them); expert
+parameters are left out of DDP and a hook on each reduces their gradient only over its replica
+group, scaled so the result is the gradient of the mean loss over all ranks, exactly what one
+process training on the whole global batch computes (tests/distributed/test_expert_parallel.py
+holds every gradient to 1e-5). The hook runs on every backward, so gradient accumulation sums
+already-reduced gradients (linear, so the same result; more communication than reducing once).
+
+Not yet (see the issue): gradient clipping over expert shards (the norm would have to span the
+group: refused with one line), FSDP2 for the non-expert parameters, checkpoints that gather the
+expert shards.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed._functional_collectives import all_to_all_single_autograd
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from .config import RunConfig, setting
+from .errors import ConfigError
+from .models.moe import MoEMLP, moe_layers
+
+log = logging.getLogger(__name__)
+
+
+class AllToAllDispatcher:
+    """Moves expert-sorted rows to the ranks of their experts within ``group`` (``size`` ranks,
+    ``n_local`` experts each) and back; see the module docstring."""
+
+    def __init__(self, group: Any, size: int, n_local: int) -> None:
+        self.group, self.size, self.n_local = group, size, n_local
+
+    def dispatch(self, x_sorted: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        P, E_l = self.size, self.n_local
+        recv_counts = torch.empty_like(counts)
+        dist.all_to_all_single(recv_counts, counts, group=self.group)  # E_l counts to each rank: its experts' rows from me
+        recv = recv_counts.view(P, E_l)  # [source rank, local expert]
+        sizes = torch.cat([counts.view(P, E_l).sum(1), recv.sum(1)]).tolist()  # sync: uneven all-to-all splits on the host
+        send_sizes, recv_sizes = sizes[:P], sizes[P:]
+        x_recv = all_to_all_single_autograd(x_sorted, recv_sizes, send_sizes, self.group)
+        # rows arrive grouped by (source rank, local expert): regroup them by local expert
+        expert_of_row = torch.repeat_interleave(torch.arange(E_l, device=counts.device).repeat(P), recv.reshape(-1),
+                                                output_size=x_recv.shape[0])
+        order = torch.argsort(expert_of_row, stable=True)
+        return x_recv[order], recv.sum(0), (order, send_sizes, recv_sizes)
+
+    def combine(self, y_local: torch.Tensor, state: Any) -> torch.Tensor:
+        order, send_sizes, recv_sizes = state
+        y_recv = torch.empty_like(y_local).index_copy(0, order, y_local)  # back to (source rank, expert) order
+        return all_to_all_single_autograd(y_recv, send_sizes, recv_sizes, self.group)
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """Where this rank sits: its expert-parallel group (size ``degree``) and replica group."""
+
+    degree: int
+    world: int
+    rank: int
+    ep_group: Any = None
+    replica_group: Any = None
+
+    @property
+    def ep_rank(self) -> int:
+        return self.rank % self.degree
+
+    @property
+    def replicas(self) -> int:
+        return self.world // self.degree
+
+
+def check_degree(degree: int, world: int, n_experts: int) -> None:
+    """One-line errors for a degree that does not divide the world size or the expert count."""
+    if degree < 1 or world % degree:
+        raise ConfigError(f"distributed.expert_parallel = {degree} must divide the world size {world} "
+                          f"(processes launched), e.g. {setting('distributed.expert_parallel', world if n_experts % world == 0 else 1)}")
+    if n_experts % degree:
+        raise ConfigError(f"distributed.expert_parallel = {degree} must divide model.n_experts = {n_experts}")
+
+
+def check_config(config: RunConfig, world: int) -> None:
+    """The run-level rules for expert parallelism, before anything is built."""
+    degree = config.distributed.expert_parallel
+    if degree == 1:
+        return
+    check_degree(degree, world, config.model.n_experts)
+    if config.distributed.strategy == "fsdp":
+        raise ConfigError(f"distributed.expert_parallel = {degree} runs with DDP for the non-expert parameters; "
+                          f"use {setting('distributed.strategy', 'ddp')}")
+    if config.optim.grad_clip > 0:
+        raise ConfigError(f"optim.grad_clip = {config.optim.grad_clip} with distributed.expert_parallel = {degree}: the clip "
+                          f"norm would cover only this rank's experts (not supported yet); use {setting('optim.grad_clip', 0)}")
+
+
+def apply(config: RunConfig, model: nn.Module) -> ExpertLayout | None:
+    """What a run does with ``distributed.expert_parallel``: check it against the launch (the
+    world size from torchrun's ``WORLD_SIZE``), then :func:`shard_experts`. Nothing for degree 1."""
+    if config.distributed.expert_parallel == 1:
+        return None
+    check_config(config, int(os.environ.get("WORLD_SIZE", "1")))
+    return shard_experts(model, config.distributed.expert_parallel)
+
+
+def build_layout(degree: int) -> ExpertLayout:
+    """Create the expert-parallel and replica process groups (every rank calls this, in the same
+    order) and return this rank's place in them."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    ep_groups = [dist.new_group(list(range(g * degree, (g + 1) * degree))) for g in range(world // degree)]
+    replica_groups = [dist.new_group(list(range(i, world, degree))) for i in range(degree)]
+    return ExpertLayout(degree, world, rank, ep_groups[rank // degree], replica_groups[rank % degree])
+
+
+def _reduce_hook(layout: ExpertLayout) -> Any:
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        # This rank's expert gradient sums the contributions of every rank in its expert-parallel
+        # group (the all-to-all brought them here); DDP averages the others over `world`, so divide
+        # by `world` and add the replicas' sums: the gradient of the mean loss over all ranks.
+        grad = grad / layout.world
+        if layout.replicas > 1:
+            dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=layout.replica_group)  # SUM: gloo's AVG has had bugs
+        return grad
+    return hook
+
+
+def shard_experts(model: nn.Module, degree: int) -> ExpertLayout | None:
+    """Keep only this rank's slice of every MoE block's experts, route tokens through
+    :class:`AllToAllDispatcher`, leave expert parameters out of DDP and reduce their gradients over
+    their replica group. Call after the process group is joined and before the optimizer is built
+    and ``engine.setup`` wraps the model (every rank built the same full model from the same seed).
+    Returns None (nothing done) for degree 1."""
+    layers = [layer for _, layer in moe_layers(model)]
+    if degree == 1:
+        return None
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ConfigError(f"distributed.expert_parallel = {degree} needs processes started by torchrun, e.g. "
+                          f"`torchrun --nproc-per-node {degree} -m turbotrain train ...`")
+    if not layers:
+        raise ConfigError(f"distributed.expert_parallel = {degree} needs a mixture-of-experts model ({setting('model.arch', 'moe')})")
+    check_degree(degree, dist.get_world_size(), layers[0].n_experts)
+    layout = build_layout(degree)
+    n_local = layers[0].n_experts // degree
+    first = layout.ep_rank * n_local
+    hook = _reduce_hook(layout)
+    for layer in layers:
+        _keep_slice(layer, first, n_local)
+        layer.dispatcher = AllToAllDispatcher(layout.ep_group, degree, n_local)
+        for p in (layer.w1, layer.w2):
+            p.register_hook(hook)
+    names = [name for name, p in model.named_parameters() if any(p is q for l in layers for q in (l.w1, l.w2))]
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
+    log.info("expert parallel: degree %d, rank %d holds experts %d..%d of each MoE block", degree, layout.rank, first,
+             first + n_local - 1)
+    return layout
+
+
+def _keep_slice(layer: MoEMLP, first: int, n_local: int) -> None:
+    with torch.no_grad():
+        layer.w1 = nn.Parameter(layer.w1[first:first + n_local].clone())
+        layer.w2 = nn.Parameter(layer.w2[first:first + n_local].clone())
+    layer.first_expert, layer.n_local = first, n_local

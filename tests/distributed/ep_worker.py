@@ -1,0 +1,60 @@
+"""Worker for test_expert_parallel.py. Plain process ("single"): the reference, one process
+training a tiny MoE GPT through the Engine on the global batch, as 2 micro-batches (one per rank
+of the parallel run, so the per-micro-batch load-balancing loss is the same). Under torchrun
+("ep DEGREE"): DDP with the experts sharded over DEGREE ranks. Writes, per rank, the logits of its
+rows before training, every gradient of the first step (expert weights: this rank's slice and
+where it starts), and the loss of every optimizer step, to ``OUT.rank<R>.json``."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from turbotrain import Engine
+from turbotrain.expert_parallel import shard_experts
+from turbotrain.models.moe import MoEConfig, MoEGPT
+
+GLOBAL_BATCH, T, VOCAB, STEPS, N_EXPERTS = 8, 16, 64, 30, 4
+
+
+def main(mode: str, degree: int, out: str) -> None:
+    torch.set_num_threads(1)
+    ep = mode == "ep"
+    engine = Engine({"run": {"device": "cpu"}, "distributed": {"strategy": "ddp" if ep else "single"},
+                     "batch": {"accumulation": 1 if ep else 2}})
+    rank, world = engine.strategy.rank, engine.strategy.world
+    torch.manual_seed(0)
+    model = MoEGPT(MoEConfig(vocab_size=VOCAB, n_layer=2, n_head=2, d_model=32, block_size=T, n_experts=N_EXPERTS,
+                             top_k=2, aux_loss_coef=0.01, moe_impl="batched"))
+    layout = shard_experts(model, degree) if ep else None
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    starts = torch.randint(VOCAB, (STEPS, GLOBAL_BATCH, 1), generator=torch.Generator().manual_seed(1))
+    data = (starts + torch.arange(T + 1) * torch.randint(1, 3, (STEPS, GLOBAL_BATCH, 1),
+                                                         generator=torch.Generator().manual_seed(2))) % VOCAB
+    share = GLOBAL_BATCH // 2  # the parallel run has 2 ranks; the reference runs their rows as 2 micro-batches
+    parts = [slice(rank * share, (rank + 1) * share)] if ep else [slice(0, share), slice(share, 2 * share)]
+    model.eval()
+    with torch.no_grad():
+        logits = torch.cat([model(data[0][p, :-1]) for p in parts]).tolist()
+    model.train()
+    model, optimizer, _ = engine.setup(model, optimizer)
+    losses, grads = [], None
+    for window in data:
+        for p in parts:
+            x = window[p]
+            with engine.autocast():
+                loss = model(x[:, :-1], x[:, 1:])
+            engine.backward(loss)
+        if grads is None:
+            grads = {n.removeprefix("module."): p.grad.tolist() for n, p in model.named_parameters()}
+        if engine.step(optimizer):
+            losses.append(float(engine.last_loss))
+    first = layout.ep_rank * (N_EXPERTS // degree) if layout else 0
+    with open(f"{out}.rank{rank}.json", "w") as f:
+        json.dump({"losses": losses, "grads": grads, "logits": logits, "world": world, "first_expert": first}, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3])

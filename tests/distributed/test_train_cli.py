@@ -1,0 +1,210 @@
+"""`turbotrain train` under torchrun (gloo, 2 CPU processes): what a user launching it would check.
+
+- ddp and fsdp give the per-step loss of one process with the same global batch (fp32, within
+  1e-5 over 30+ steps, read from metrics.jsonl, which rank 0 alone writes);
+- two "nodes" (two torchrun commands meeting at a c10d rendezvous) match it too;
+- bad input: one line and exit 2 on rank 0, the other rank ends quietly with status 0;
+- kill -9 of one rank: the other ends within a bounded time with a clear message, the checkpoints
+  written before stay, and ``--resume`` continues with the uninterrupted run's losses;
+- an out-of-memory error under ddp stops with the rank, the micro-batch and "lower --batch.micro".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+STEPS = 40
+MICRO = 4  # per rank; the one-process reference runs 2 x MICRO
+TINY = [
+    "--run.device=cpu", "--model.n_layer=2", "--model.n_head=2", "--model.d_model=64", "--model.block_size=32",
+    "--model.dropout=0", f"--train.max_steps={STEPS}", "--monitor.log_every=1", "--train.eval_every=0",
+    "--train.eval_batches=2", "--train.checkpoint_every=20", "--precision.mode=fp32", "--optim.warmup_steps=5",
+    "--data.num_workers=0", "--no-progress", "--monitor.nvml=false",
+]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+def _torchrun(nproc: int, *extra: str, log_dir: Path | None = None) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+    if log_dir is not None:  # each rank's stdout/stderr in its own file
+        cmd += ["--log-dir", str(log_dir), "--redirects", "3"]
+    return cmd + [*extra, "-m", "turbotrain", "train"]
+
+
+def _plain() -> list[str]:
+    return [sys.executable, "-m", "turbotrain", "train"]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("train_cli")
+    lines = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(1200)]
+    (root / "corpus.txt").write_text("".join(lines))
+    return root
+
+
+def _args(work: Path, name: str, micro: int = MICRO, *more: str) -> list[str]:
+    return ["--data", str(work / "corpus.txt"), f"--run.out_dir={work / 'runs'}", f"--run.name={name}",
+            f"--data.cache_dir={work / 'cache'}", f"--batch.micro={micro}", *TINY, *more]
+
+
+def _run(cmd: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def _losses(work: Path, name: str) -> dict[int, float]:
+    records = [json.loads(line) for line in (work / "runs" / name / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if r.get("loss") is not None}
+
+
+def _val(work: Path, name: str) -> float:
+    return json.loads((work / "runs" / name / "summary.json").read_text())["final_val_loss"]
+
+
+@pytest.fixture(scope="module")
+def single(work: Path) -> dict[int, float]:
+    """The reference: one plain process with the global batch (2 x MICRO)."""
+    proc = _run(_plain() + _args(work, "single", 2 * MICRO))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses = _losses(work, "single")
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    assert losses[STEPS] < losses[1] - 0.5  # it learns
+    return losses
+
+
+def _assert_same(losses: dict[int, float], reference: dict[int, float], tolerance: float = 1e-5) -> None:
+    assert sorted(losses) == sorted(reference), "every step logged once, by rank 0 alone"
+    worst = max(abs(losses[s] - reference[s]) for s in reference)
+    assert worst <= tolerance, f"per-step loss differs from one process by up to {worst:.3g}"
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_torchrun_trains_like_one_process_with_the_global_batch(work, single, strategy):
+    proc = _run(_torchrun(2) + _args(work, strategy, MICRO, f"--distributed.strategy={strategy}"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _assert_same(_losses(work, strategy), single)
+    assert abs(_val(work, strategy) - _val(work, "single")) <= 1e-5  # validation: each rank its slice, averaged
+    summary = json.loads((work / "runs" / strategy / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["resolved"]["global_batch"] == 2 * MICRO
+    assert summary["resolved"]["strategy"] == strategy
+    assert summary["tokens"] == json.loads((work / "runs" / "single" / "summary.json").read_text())["tokens"]
+    assert summary["rank_tokens_per_s_median"] > 0
+    # rank 0 prints the run's lines; rank 1 prints nothing on success
+    assert proc.stdout.count(f"run {work / 'runs' / strategy}:") == 1
+    assert "[rank 1]" not in proc.stderr
+
+
+def test_two_nodes_on_one_machine_match_one_process(work, single):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nodes = []
+    for node_rank in (0, 1):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node_rank),
+               "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+               "--rdzv-id", "two-nodes", "-m", "turbotrain", "train", *_args(work, "nodes")]
+        nodes.append(subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = [p.communicate(timeout=240) for p in nodes]
+    for p, (_, err) in zip(nodes, outputs):
+        assert p.returncode == 0, err[-3000:]
+    _assert_same(_losses(work, "nodes"), single)
+
+
+def _rank_logs(log_dir: Path) -> dict[int, str]:
+    """Each local rank's stderr, as torchrun's --redirects wrote it."""
+    out: dict[int, str] = {}
+    for path in log_dir.rglob("stderr.log"):
+        out[int(path.parent.name)] = path.read_text()
+    return out
+
+
+@pytest.mark.parametrize("bad, expected", [
+    ("--batch.global_size=12", "batch.global_size = 12 does not divide by batch.micro x world = 4 x 2 = 8; "
+                               "use --batch.global_size=8"),
+    ("--distributed.strategy=zero3", "distributed.strategy = 'zero3' is not valid; choose one of: auto, single, ddp, fsdp"),
+])
+def test_bad_input_under_torchrun_is_one_line_on_rank_0(work, tmp_path, bad, expected):
+    proc = _run(_torchrun(2, log_dir=tmp_path / "logs") + _args(work, "bad", MICRO, bad), timeout=120)
+    assert proc.returncode != 0
+    logs = _rank_logs(tmp_path / "logs")
+    assert sorted(logs) == [0, 1]
+    lines = [line for line in logs[0].splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"turbotrain train: error: {expected}"), logs[0]
+    # the other rank ends quietly (status 0, or ended by torchrun before it got that far)
+    assert "error" not in logs[1] and "Traceback" not in logs[1], logs[1]
+    root_cause = proc.stderr.split("Root Cause")[-1]
+    assert "rank      : 0" in root_cause and "exitcode  : 2" in root_cause  # torchrun's summary: rank 0, status 2
+    assert not (work / "runs" / "bad").exists()
+
+
+def test_fsdp_in_one_plain_process_is_one_line(work):
+    proc = _run(_plain() + _args(work, "bad-fsdp", MICRO, "--distributed.strategy=fsdp"), timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "turbotrain train: error: distributed.strategy = 'fsdp' needs processes started by torchrun, e.g. "
+        "`torchrun --nproc-per-node 2 -m turbotrain train ...`; in one plain process use --distributed.strategy=single"]
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def _rank_of(pid: int) -> int | None:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    ranks = [int(v.split(b"=", 1)[1]) for v in env if v.startswith(b"RANK=")]
+    return ranks[0] if ranks else None
+
+
+def test_kill_9_of_one_rank_ends_the_other_and_resume_is_exact(work, single):
+    name, reference = "killed", single  # uninterrupted, with the same global batch
+    proc = subprocess.Popen(_torchrun(2) + _args(work, name, MICRO, "--distributed.strategy=ddp"), env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    checkpoints = work / "runs" / name / "checkpoints"
+    deadline = time.monotonic() + 180
+    while not any(checkpoints.glob("step_*/finished.json")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    victim = next((p for p in _children(proc.pid) if _rank_of(p) == 1), None)
+    assert victim is not None and proc.poll() is None, "the run ended before a rank could be killed"
+    os.kill(victim, signal.SIGKILL)
+    killed_at = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    assert time.monotonic() - killed_at < 60, "the surviving rank must end within a bounded time"
+    assert proc.returncode != 0
+    assert "exitcode  : -9" in err  # torchrun names the killed rank
+    kept = sorted(p.parent.name for p in checkpoints.glob("step_*/finished.json"))
+    assert kept, "the checkpoint written before the kill is kept"
+    logged = _losses(work, name)
+    assert logged and all(abs(logged[s] - reference[s]) <= 1e-5 for s in logged)
+
+    resumed = _run(_torchrun(2) + ["--resume", str(work / "runs" / name), "--no-progress"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _assert_same(_losses(work, name), reference)
+
+
+def test_out_of_memory_under_ddp_stops_with_the_rank_and_what_to_lower(work, tmp_path):
+    start = time.monotonic()
+    proc = _run(_torchrun(2, log_dir=tmp_path / "logs") + _args(work, "oom", MICRO, "--memory.inject_oom_at_step=3"),
+                timeout=180)
+    assert time.monotonic() - start < 120, "bounded: no rank waits for the one that stopped"
+    assert proc.returncode != 0
+    logs = _rank_logs(tmp_path / "logs")
+    assert "out of memory on rank 0 of 2 in step 3 with micro-batch 4" in logs[0]
+    assert "lower --batch.micro (e.g. --batch.micro=2)" in logs[0]
+    assert all("Traceback" not in text for text in logs.values()), logs
