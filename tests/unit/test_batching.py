@@ -21,7 +21,7 @@ from turbotrain.data.batching import (
     plan_epoch,
 )
 from turbotrain.data.documents import GPT2_END_OF_TEXT, open_documents
-from turbotrain.errors import ConfigError
+from turbotrain.errors import ConfigError, TurbotrainError
 from turbotrain.models.gpt import GPT, GPTConfig
 
 SEQ = 16
@@ -124,6 +124,15 @@ def test_gpt2_style_bin_files_split_at_end_of_text(tmp_path):
     got = [tokens[s:s + n].tolist() for s, n in zip(train.starts, train.lengths)]
     # each document keeps the end-of-text after it as its last target (the first one stands alone)
     assert got == [[GPT2_END_OF_TEXT], [1, 2, 3, GPT2_END_OF_TEXT], [4, 5, GPT2_END_OF_TEXT], [6, 7, 8, 9]]
+
+
+def test_data_without_document_boundaries_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "tokens.bin"
+    np.arange(100, dtype=np.uint16).tofile(path)
+    (tmp_path / "meta.json").write_text('{"vocab_size": 128}')
+    source = open_tokens(str(path), val_fraction=0.1, cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(TurbotrainError, match="no document boundaries.*data.batching=windows"):
+        open_documents(str(path), source)
 
 
 def test_token_batching_mistakes_are_one_line_config_errors():

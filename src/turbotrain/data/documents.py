@@ -13,14 +13,14 @@ same token files :func:`turbotrain.data.sources.open_tokens` made, never from a 
 - text tokenized by a tokenizer with an end-of-text token, and ``.bin`` token files with a GPT-2
   vocabulary (nanoGPT / llm.c put ``<|endoftext|>`` = 50256 between documents): a document ends
   at each separator token, which it keeps as its last target (the model learns where text ends);
-- any other ``.bin``: no boundaries are known, so each split is one document (logged).
+- anything else (a ``.bin`` of another vocabulary, a tokenizer without an end-of-text token): no
+  boundaries are known, and :func:`open_documents` says so in one line rather than mix documents.
 
 A document that a train/validation split cuts in two becomes two documents, one in each split.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,8 +28,6 @@ import numpy as np
 
 from ..errors import TurbotrainError
 from .sources import SEPARATOR, TokenSource, TokenSplit, _text_files, stdlib_files
-
-log = logging.getLogger(__name__)
 
 GPT2_END_OF_TEXT = 50256  # <|endoftext|> in GPT-2's vocabulary: the separator of GPT-2-style .bin files
 BUILTIN_VAL_EVERY = 20  # open_tokens' built-in split: every 20th stdlib file is validation (checked by size below)
@@ -110,12 +108,14 @@ def open_documents(path: str, source: TokenSource) -> tuple[Documents, Documents
             return _from_sizes(source.train, _sizes(train_files)), _from_sizes(source.val, _sizes(train_files))
         return _from_sizes(source.train, _sizes(train_files)), _from_sizes(source.val, _sizes(val_files))
     sep = tok.separator()
-    if tok.name != "bytes" and len(sep) == 1:
-        end = int(sep[0])
+    if tok.name != "bytes" and len(sep) == 1 and not np.array_equal(sep, tok.encode([SEPARATOR])[0]):
+        end = int(sep[0])  # the tokenizer's end-of-text, between files
     elif is_bin and source.vocab_size > GPT2_END_OF_TEXT:
         end = GPT2_END_OF_TEXT
     else:
-        log.info("%s has no document boundaries turbotrain knows: each split is one document", path)
-        whole = lambda s: Documents(s, np.zeros(1, np.int64), np.array([len(s)], np.int64))  # noqa: E731
-        return whole(source.train), whole(source.val)
+        raise TurbotrainError(
+            f"data.batching = 'tokens' keeps documents apart, but {source.description} has no document boundaries "
+            "turbotrain can find (a text folder gives one document per file; a .bin of GPT-2 tokens is split at "
+            "<|endoftext|>; a tokenizer.json needs an <|endoftext|> token); use --data.batching=windows"
+        )
     return _from_separator(source.train, end), _from_separator(source.val, end)
