@@ -125,6 +125,7 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
     t = build_trainable(c, model, max_steps=c.train.max_steps)
     plain = model  # the GPT itself: DDP wraps it, FSDP2 shards it in place
     engine, model, optimizer = t.engine, t.model, t.optimizer
+    expert_parallel.attach_optimizer(plain, optimizer)  # MoE: checkpoints hold every expert's optimizer state
     rank, world = engine.strategy.rank, engine.strategy.world
     # batch.micro = 'auto': search the size (or read this run's cache) before any checkpoint loads
     c, batch_search = resolve_batch_size(c, engine, model, optimizer, run_dir=run_dir, max_micro=train_windows.positions)

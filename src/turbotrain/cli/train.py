@@ -68,7 +68,7 @@ def main_train(args: argparse.Namespace, extra: list[str]) -> int:
         overrides = parse_overrides(extra)
         if args.data is not None:
             overrides.setdefault("data", {})["path"] = args.data
-        if args.no_progress or topology.rank > 0:
+        if args.no_progress:
             overrides.setdefault("monitor", {})["progress"] = "false"
         if args.resume and "name" in overrides.get("run", {}):
             raise ConfigError("name the run to resume once: --resume RUN or --resume --run.name NAME, not both")
