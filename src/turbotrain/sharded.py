@@ -46,7 +46,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import CheckpointException, FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
@@ -57,7 +57,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from .atomic import atomic_write, reporting_disk_full
+from .atomic import DISK_FULL_ERRNOS, DiskFullError, atomic_write, disk_full_cause
 from .errors import TurbotrainError
 
 log = logging.getLogger(__name__)
@@ -263,23 +263,40 @@ def save(folder: Path, step: int, tensors: dict[str, torch.Tensor], replicated: 
         shutil.rmtree(tmp, ignore_errors=True)  # a save at this step that was killed
         tmp.mkdir()
     _barrier()  # the folder exists (and is empty) before anyone writes into it
-    with reporting_disk_full(tmp), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process: as intended
-        dcp.save(tensors, storage_writer=FileSystemWriter(tmp, sync_files=True), no_dist=not dist.is_initialized())
-    atomic_write(tmp / rank_file(rank), lambda f: torch.save({"format": FORMAT, "rank": rank, "world": world, **per_rank}, f))
-    mine = [rank_file(rank)]
+    failure: BaseException | None = None
+    claimed: dict[str, Any] = {}
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process: as intended
+            # a collective: a failure on any rank raises on every rank
+            dcp.save(tensors, storage_writer=FileSystemWriter(tmp, sync_files=True), no_dist=not dist.is_initialized())
+        atomic_write(tmp / rank_file(rank), lambda f: torch.save({"format": FORMAT, "rank": rank, "world": world, **per_rank}, f))
+        mine = [rank_file(rank)]
+        if rank == 0:
+            atomic_write(tmp / STATE_FILE, lambda f: torch.save({"format": FORMAT, **replicated}, f))
+            mine.append(STATE_FILE)
+        # each rank hashes what it wrote, in parallel; rank 0 hashes whatever nobody claimed (.metadata)
+        claimed = {name: _entry(tmp / name) for name in mine + [n.name for n in tmp.glob(f"__{rank}_*.distcp")]}
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - told to every rank below: none waits forever
+        failure = exc
+    problem = describe(failure) if failure is not None else ""
+    gathered: list[tuple[str, dict[str, Any]]] = [(problem, claimed)]
+    if world > 1:  # also the barrier: every rank's files are complete (and hashed) after it
+        gathered = [("", {}) for _ in range(world)]
+        dist.all_gather_object(gathered, (problem, claimed))
+    failed = [(r, why) for r, (why, _) in enumerate(gathered) if why]
+    if failed:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        full = _disk_full_reason(failure) if failure is not None else ""
+        if full:
+            raise DiskFullError(final, full) from None
+        if failure is not None and not isinstance(failure, CheckpointException):
+            raise failure  # a bug here: its traceback
+        r, why = failed[0]
+        raise TurbotrainError(f"the checkpoint at step {step} was not saved: rank {r} failed ({why})")
     if rank == 0:
-        atomic_write(tmp / STATE_FILE, lambda f: torch.save({"format": FORMAT, **replicated}, f))
-        mine.append(STATE_FILE)
-    _barrier()  # every rank's files (and DCP's .metadata) are complete
-    # each rank hashes what it wrote, in parallel; rank 0 hashes whatever nobody claimed (.metadata)
-    claimed = {name: _entry(tmp / name) for name in mine + [n.name for n in tmp.glob(f"__{rank}_*.distcp")]}
-    gathered: list[dict[str, Any]] = [claimed]
-    if world > 1:
-        gathered = [{} for _ in range(world)]
-        dist.all_gather_object(gathered, claimed)
-    if rank == 0:
-        files = {k: v for part in gathered for k, v in part.items()}
+        files = {k: v for _, part in gathered for k, v in part.items()}
         for path in tmp.iterdir():
             if path.name not in files and not path.name.startswith("."):
                 files[path.name] = _entry(path)
@@ -292,6 +309,32 @@ def save(folder: Path, step: int, tensors: dict[str, torch.Tensor], replicated: 
         _fsync_dir(folder)
     _barrier()  # nobody goes on (or reads the folder) before it is in place
     return final
+
+
+def describe(exc: BaseException) -> str:
+    """One line for ``exc``; for DCP's CheckpointException (a multi-line traceback per rank) the
+    failures themselves."""
+    if isinstance(exc, CheckpointException):
+        return "; ".join(f"rank {r}: {type(e).__name__}: {' '.join(str(e).split())}" for r, (e, _) in exc.failures.items())[:400]
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:400]
+
+
+def _disk_full_reason(exc: BaseException) -> str:
+    """Why a failed save failed when it was for lack of space ('' otherwise). Exceptions gathered
+    from other ranks arrive without their causes, so their text is read too (torch.save reports a
+    short write as 'unexpected pos')."""
+    excs = [exc, *(e for e, _ in exc.failures.values())] if isinstance(exc, CheckpointException) else [exc]
+    for e in excs:
+        full = disk_full_cause(e)
+        if full is not None:
+            return full.strerror or os.strerror(full.errno or 0)
+        text = str(e)
+        for code in DISK_FULL_ERRNOS:
+            if os.strerror(code) in text:
+                return os.strerror(code)
+        if "unexpected pos" in text:
+            return "a write stopped short (no space left on the device, or a file-size limit)"
+    return ""
 
 
 def _entry(path: Path) -> dict[str, Any]:
@@ -369,8 +412,8 @@ def _dcp_load(path: Path, tensors: dict[str, torch.Tensor], source: str) -> None
                      no_dist=not (dist.is_available() and dist.is_initialized()))
     except TurbotrainError:
         raise
-    except Exception as exc:  # noqa: BLE001 - DCP wraps every rank's failure in CheckpointException
-        detail = " ".join(str(exc).split())[:300]
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP wraps every rank's failure in CheckpointException
+        detail = describe(exc)[:300]
         raise TurbotrainError(f"{source}: its model or optimizer state does not fit the ones this config builds "
                               f"({detail}); resume without overrides that change --model.* settings") from None
 

@@ -308,3 +308,12 @@ def test_sample_reads_a_sharded_checkpoint_as_it_reads_a_pt_one(tmp_path: Path, 
         p.unlink()
     assert main(["sample", str(run), "--tokens", "20", "--seed", "3"]) == 0
     assert capsys.readouterr().out == from_pt and len(from_pt) > 20
+
+
+def test_a_full_disk_during_a_sharded_save_is_one_error_and_keeps_the_previous_one(tmp_path: Path):
+    first = save_sharded(tmp_path, 1, _state(*_trained(1)))
+    big = torch.nn.Linear(200, 200)
+    with _file_size_limit(16384):
+        with pytest.raises(DiskFullError, match="cannot write .*step_00000002: .*ulimit -f"):
+            save_sharded(tmp_path, 2, RunState(model=big, optimizer=torch.optim.AdamW(big.parameters())))
+    assert [p.name for p in tmp_path.iterdir()] == [first.name] and is_verified(first)
