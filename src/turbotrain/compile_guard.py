@@ -99,6 +99,11 @@ def collect_compile_counts() -> CompileCounts:
     return CompileCounts(int(counters["frames"].get("ok", 0)), dict(recompiles), dict(breaks))
 
 
+def _ranked(reasons: dict[str, int], limit: int = 5) -> list[str]:
+    """``"3x reason"`` lines, most frequent first."""
+    return [f"{n}x {r}" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:limit]]
+
+
 def _top(reasons: dict[str, int]) -> str:
     reason, count = max(reasons.items(), key=lambda kv: kv[1])
     return f"{reason!r} ({count}x)"
@@ -163,13 +168,12 @@ class CompileGuard:
         (and after warm-up), their most frequent reasons, and the warning if one was given."""
         now = self.since_start()
         after = now.minus(self.at_warmup) if self.at_warmup is not None else None
-        ranked = lambda reasons: [f"{n}x {r}" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:5]]  # noqa: E731
         return {
             "frames_compiled": now.frames,
             "recompiles": now.recompiles,
             "recompiles_after_warmup": after.recompiles if after is not None else None,
             "graph_breaks": now.graph_breaks,
-            "recompile_reasons": ranked(now.recompile_reasons),
-            "graph_break_reasons": ranked(now.break_reasons),
+            "recompile_reasons": _ranked(now.recompile_reasons),
+            "graph_break_reasons": _ranked(now.break_reasons),
             "warning": self.warning,
         }

@@ -57,3 +57,25 @@ def test_a_run_without_compile_reports_nothing_and_never_warns():
         assert guard.check(step) == ""
     assert guard.summary()["recompiles"] == 0 and guard.summary()["graph_breaks"] == 0
     assert collect_compile_counts().minus(before).frames == 0
+
+
+class BrokenMLP(TinyMLP):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = self.net[0](x)
+        torch._dynamo.graph_break()  # the compiled model runs as two graphs with Python between them
+        return nn.functional.mse_loss(self.net[2](self.net[1](h)).squeeze(-1), y)
+
+
+def test_graph_breaks_are_counted_with_their_reason():
+    torch.manual_seed(0)
+    model = BrokenMLP()
+    model.compile(backend="eager")
+    engine = Engine({"monitor": {"log_every": 2}})
+    model, optimizer, loader = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.01),
+                                            [(torch.randn(4, 8), torch.randn(4)) for _ in range(4)])
+    for x, y in loader:
+        engine.backward(model(x, y))
+        engine.step(optimizer)
+    comp = engine.compile_guard.summary()
+    assert comp["graph_breaks"] >= 1 and comp["recompiles"] == 0 and not comp["warning"]
+    assert "graph_break" in " ".join(comp["graph_break_reasons"])
