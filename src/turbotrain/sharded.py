@@ -32,7 +32,6 @@ import contextlib
 import hashlib
 import io
 import json
-import logging
 import os
 import pickle
 import re
@@ -60,8 +59,6 @@ from torch.distributed.checkpoint.state_dict import (
 from .atomic import DISK_FULL_ERRNOS, DiskFullError, atomic_write, disk_full_cause
 from .errors import TurbotrainError
 
-log = logging.getLogger(__name__)
-
 FORMAT = 1
 MARKER = "finished.json"
 STATE_FILE = "state.pt"
@@ -81,10 +78,6 @@ def checkpoint_dir(folder: Path, step: int) -> Path:
 def partial_dir(folder: Path, step: int) -> Path:
     """Where a save at ``step`` writes before its marker exists and it is renamed into place."""
     return folder / f".step_{step:08d}.partial"
-
-
-def is_checkpoint_dir(path: Path) -> bool:
-    return _DIR.match(path.name) is not None and path.is_dir()
 
 
 def rank_file(rank: int) -> str:
@@ -127,6 +120,8 @@ def check(path: Path) -> str:
         return f"{path.name} is not a turbotrain sharded checkpoint (format {FORMAT})"
     for name, entry in marker["files"].items():
         file = path / name
+        if not isinstance(entry, dict) or "/" in name or name in ("", ".", ".."):
+            return f"{path.name}/{MARKER} is damaged (entry {name!r})"
         try:
             size = file.stat().st_size
             if size != entry.get("size"):
