@@ -22,9 +22,13 @@ process training on the whole global batch computes (tests/distributed/test_expe
 holds every gradient to 1e-5). The hook runs on every backward, so gradient accumulation sums
 already-reduced gradients (linear, so the same result; more communication than reducing once).
 
+Checkpoints hold every expert whole: the layers' state-dict hooks gather the shards over the
+expert-parallel group (a collective: every rank saves together, as sharded checkpoints do) and the
+load hooks keep this rank's slice, so a run resumes at any degree, one process included;
+:func:`attach_optimizer` does the same for the optimizer's state.
+
 Not yet (see the issue): gradient clipping over expert shards (the norm would have to span the
-group: refused with one line), FSDP2 for the non-expert parameters, checkpoints that gather the
-expert shards.
+group: refused with one line), FSDP2 for the non-expert parameters.
 """
 
 from __future__ import annotations
@@ -170,11 +174,75 @@ def shard_experts(model: nn.Module, degree: int) -> ExpertLayout | None:
         layer.dispatcher = AllToAllDispatcher(layout.ep_group, degree, n_local)
         for p in (layer.w1, layer.w2):
             p.register_hook(hook)
+        layer._register_state_dict_hook(_full_experts_hook(layout))  # checkpoints hold every expert
+        layer._register_load_state_dict_pre_hook(_local_experts_hook(layer), with_module=False)
     names = [name for name, p in model.named_parameters() if any(p is q for l in layers for q in (l.w1, l.w2))]
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
     log.info("expert parallel: degree %d, rank %d holds experts %d..%d of each MoE block", degree, layout.rank, first,
              first + n_local - 1)
     return layout
+
+
+def gather_experts(local: torch.Tensor, layout: ExpertLayout) -> torch.Tensor:
+    """The whole (n_experts, ...) tensor from each rank's (n_local, ...) slice: a collective over
+    the expert-parallel group (every rank of it calls it, in the same order)."""
+    parts = [torch.empty_like(local) for _ in range(layout.degree)]
+    dist.all_gather(parts, local.detach().contiguous(), group=layout.ep_group)
+    return torch.cat(parts)
+
+
+def _full_experts_hook(layout: ExpertLayout) -> Any:
+    def hook(module: nn.Module, state: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+        for name in ("w1", "w2"):
+            state[prefix + name] = gather_experts(state[prefix + name], layout)
+    return hook
+
+
+def _local_experts_hook(layer: MoEMLP) -> Any:
+    """Loading: a checkpoint's full expert tensors (any degree wrote them) -> this rank's slice."""
+    def hook(state: dict[str, Any], prefix: str, *args: Any) -> None:
+        for name in ("w1", "w2"):
+            value = state.get(prefix + name)
+            if isinstance(value, torch.Tensor) and value.shape[0] == layer.n_experts != layer.n_local:
+                state[prefix + name] = value[layer.first_expert:layer.first_expert + layer.n_local]
+    return hook
+
+
+def attach_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Under expert parallelism, make ``optimizer.state_dict()`` hold every expert's state
+    (gathered, as the model's) and ``load_state_dict`` take this rank's slice of it, so a
+    checkpoint resumes at any expert-parallel degree. Nothing without sharded experts."""
+    layers = [layer for _, layer in moe_layers(model) if layer.dispatcher is not None]
+    if not layers:
+        return
+    dispatcher = layers[0].dispatcher
+    layout_group = getattr(dispatcher, "group", None)
+    experts = {id(p): layer for layer in layers for p in (layer.w1, layer.w2)}
+
+    def positions() -> dict[int, MoEMLP]:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        return {i: experts[id(p)] for i, p in enumerate(params) if id(p) in experts}
+
+    def gather(opt: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+        for i, layer in sorted(positions().items()):
+            entry = state_dict["state"].get(i, {})
+            for key, value in list(entry.items()):
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == layer.n_local:
+                    parts = [torch.empty_like(value) for _ in range(layer.n_experts // layer.n_local)]
+                    dist.all_gather(parts, value.contiguous(), group=layout_group)
+                    entry[key] = torch.cat(parts)
+        return state_dict
+
+    def scatter(opt: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+        for i, layer in positions().items():
+            entry = state_dict["state"].get(i) or state_dict["state"].get(str(i)) or {}
+            for key, value in list(entry.items()):
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == layer.n_experts != layer.n_local:
+                    entry[key] = value[layer.first_expert:layer.first_expert + layer.n_local]
+        return state_dict
+
+    optimizer.register_state_dict_post_hook(gather)
+    optimizer.register_load_state_dict_pre_hook(scatter)
 
 
 def _keep_slice(layer: MoEMLP, first: int, n_local: int) -> None:

@@ -3,7 +3,8 @@ training a tiny MoE GPT through the Engine on the global batch, as 2 micro-batch
 of the parallel run, so the per-micro-batch load-balancing loss is the same). Under torchrun
 ("ep DEGREE"): DDP with the experts sharded over DEGREE ranks. Writes, per rank, the logits of its
 rows before training, every gradient of the first step (expert weights: this rank's slice and
-where it starts), and the loss of every optimizer step, to ``OUT.rank<R>.json``."""
+where it starts), the loss of every optimizer step, and what a checkpoint would hold of the first
+MoE block's experts after training (weights and AdamW's exp_avg), to ``OUT.rank<R>.json``."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import sys
 import torch
 
 from turbotrain import Engine
-from turbotrain.expert_parallel import shard_experts
+from turbotrain.expert_parallel import attach_optimizer, shard_experts
 from turbotrain.models.moe import MoEConfig, MoEGPT
 
 GLOBAL_BATCH, T, VOCAB, STEPS, N_EXPERTS = 8, 16, 64, 30, 4
@@ -52,8 +53,24 @@ def main(mode: str, degree: int, out: str) -> None:
         if engine.step(optimizer):
             losses.append(float(engine.last_loss))
     first = layout.ep_rank * (N_EXPERTS // degree) if layout else 0
+    plain = model.module if ep else model
+    if ep:
+        attach_optimizer(plain, optimizer)
+    # what a checkpoint holds: every expert (gathered under expert parallelism), also in the optimizer
+    state = {k: v.clone() for k, v in plain.state_dict().items()}
+    index = [id(p) for g in optimizer.param_groups for p in g["params"]].index(id(plain.blocks[0].mlp.w1))
+    exp_avg = optimizer.state_dict()["state"][index]["exp_avg"]
+    saved = {"w1": state["blocks.0.mlp.w1"].tolist(), "exp_avg": exp_avg.tolist()}
+    if ep:  # and loading it keeps this rank's slice: a fresh sharded model gets the trained experts back
+        torch.manual_seed(5)
+        fresh = MoEGPT(plain.cfg)
+        shard_experts(fresh, degree)
+        fresh.load_state_dict(state)
+        saved["reloaded_equal"] = bool(torch.equal(fresh.blocks[0].mlp.w1, plain.blocks[0].mlp.w1))
+        saved["reloaded_shape"] = list(fresh.blocks[0].mlp.w1.shape)
     with open(f"{out}.rank{rank}.json", "w") as f:
-        json.dump({"losses": losses, "grads": grads, "logits": logits, "world": world, "first_expert": first}, f)
+        json.dump({"losses": losses, "grads": grads, "logits": logits, "world": world, "first_expert": first,
+                   "saved": saved}, f)
 
 
 if __name__ == "__main__":

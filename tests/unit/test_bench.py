@@ -67,9 +67,14 @@ def test_gpt_flops_follow_the_palm_convention():
     assert flops == model.flops_per_token(w.seq_len) * w.batch_size * w.seq_len
 
 
-def test_moe_is_left_out_with_a_clear_message_and_groups_expand():
-    with pytest.raises(TurbotrainError, match="not built yet"):
-        expand("moe")
+def test_moe_workload_counts_active_parameters_and_groups_expand():
+    assert expand("moe") == ["moe"]
+    w = resolve_workload("moe", "cpu")
+    model = seeded_model("moe", w.model_kwargs, 0)
+    flops, method = flops_per_step(w)
+    assert "active" in method and flops == model.flops_per_token(w.seq_len) * w.batch_size * w.seq_len
+    dense_equivalent = 6 * model.num_params() * w.batch_size * w.seq_len  # every expert counted
+    assert flops < dense_equivalent
     with pytest.raises(TurbotrainError, match="unknown workload"):
         expand("nope")
     assert expand("cnn") == ["cnn-224", "cnn-cifar"]
@@ -284,13 +289,6 @@ def test_document_records_command_git_and_environment(tmp_path):
     again = json.loads(json_path.read_text())
     assert again["rows"][0]["final_loss"] == 3.0 and math.isfinite(again["rows"][0]["step_ms_median"])
     assert "| turbotrain |" in md_path.read_text()
-
-
-def test_cli_refuses_moe_with_the_reason(capsys):
-    from turbotrain.cli import main
-
-    assert main(["bench", "--workload", "moe"]) == 2
-    assert "not built yet" in capsys.readouterr().err
 
 
 def test_a_speedup_within_noise_does_not_displace_fp32():

@@ -318,7 +318,8 @@ def ablation_variants(w: Workload, device: str) -> list[Variant]:
     """The plain fp32 eager baseline, each optimization alone on top of it, then all together,
     then turbotrain's defaults. Rows that cannot apply here say why."""
     cuda = device == "cuda"
-    gpt = w.model == "gpt"
+    gpt = w.model in ("gpt", "moe")
+    moe = {"moe_impl": "loop"} if w.model == "moe" else {}  # MoE baseline: one matmul pair per expert
     no_attention = "" if gpt else "no attention in this model"
     no_cudnn_attention = no_attention or cudnn_attention_unavailable(device)
     conv = w.model in ("resnet", "cifar") or (w.model == CUSTOM and bool(w.model_kwargs.get("conv")))
@@ -329,7 +330,7 @@ def ablation_variants(w: Workload, device: str) -> list[Variant]:
         "optim": {"implementation": "foreach" if cuda else "for-loop"},  # torch's own default per device
         "data": {"device_prefetch": False, "pin_memory": False},
     }
-    masked = {"attention": "masked"} if gpt else {}
+    masked = {"attention": "masked", **moe} if gpt else {}
 
     def on(**sections: dict[str, Any]) -> dict[str, dict[str, Any]]:
         merged = {k: dict(v) for k, v in baseline.items()}
@@ -346,10 +347,10 @@ def ablation_variants(w: Workload, device: str) -> list[Variant]:
                 skip=only_cuda or ("" if conv else "no convolutions in this model")),
         Variant("+compile", "torch.compile (model)", on(compile={"scope": "model"}), masked),
         Variant("+fused-adamw", "fused AdamW", on(optim={"implementation": "fused"}), masked),
-        Variant("+sdpa-flash", "SDPA is_causal (flash kernel) instead of an explicit mask", on(), {},
+        Variant("+sdpa-flash", "SDPA is_causal (flash kernel) instead of an explicit mask", on(), {**moe},
                 skip=no_attention),
         Variant("+cudnn-attention", "SDPA is_causal preferring cuDNN attention (model.sdpa_backend = 'cudnn'; "
-                "shapes cuDNN refuses fall back)", on(), {"sdpa_backend": "cudnn"}, skip=no_cudnn_attention),
+                "shapes cuDNN refuses fall back)", on(), {"sdpa_backend": "cudnn", **moe}, skip=no_cudnn_attention),
         Variant("+chunked-loss", "linear + cross-entropy by chunks, no full logits (model.loss = 'chunked')", on(),
                 {**masked, "loss": "chunked"}, skip="" if gpt else "no language-model loss in this model"),
         Variant("+prefetch", "pinned batches, side-stream copy", on(data={"device_prefetch": True, "pin_memory": True}),
@@ -357,6 +358,11 @@ def ablation_variants(w: Workload, device: str) -> list[Variant]:
         Variant("+cuda-graphs", "compile mode reduce-overhead (CUDA graphs)",
                 on(compile={"scope": "model", "mode": "reduce-overhead"}), masked, skip=only_cuda),
     ]
+    if moe:
+        rows += [Variant("+grouped-experts", "all experts as one grouped GEMM per projection (model.moe_impl = 'grouped')",
+                         on(), {**masked, "moe_impl": "grouped"}),
+                 Variant("+batched-experts", "all experts as one padded batched matmul (model.moe_impl = 'batched')",
+                         on(), {**masked, "moe_impl": "batched"})]
     everything = on(
         precision={"mode": "bf16-mixed", "tf32": cuda, "cudnn_benchmark": cuda},
         compile={"scope": "model", "mode": "reduce-overhead" if cuda else "default"},

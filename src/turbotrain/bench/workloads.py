@@ -26,7 +26,6 @@ from ..engine import LossFn, default_loss
 from ..errors import TurbotrainError
 from ..models.build import build_named
 from ..models.classifier import synthetic_images
-from ..models.gpt import GPT, GPTConfig
 from ..models.mlp import synthetic_batches
 from ..monitor import count_flops_per_sample
 from ..workload import load_workload, rebuild_loader
@@ -49,7 +48,7 @@ class Workload:
     name: str
     title: str
     task: str  # "lm" (model(tokens, targets) -> loss) or "classify" (model(inputs, labels) -> loss)
-    model: str  # "gpt" | "mlp" | "resnet" | "cifar"
+    model: str  # "gpt" | "moe" | "mlp" | "resnet" | "cifar"
     model_kwargs: dict[str, Any]
     batch_size: int
     warmup_steps: int  # excluded from throughput; step 1 includes compilation
@@ -156,18 +155,32 @@ def _mlp_tiny(device_type: str) -> Workload:
     )
 
 
+def _moe(device_type: str) -> Workload:
+    if device_type == "cuda":
+        return Workload(
+            "moe", "W3 MoE: GPT-2 small backbone, 8 experts top-2", "lm", "moe",
+            dict(vocab_size=50304, n_layer=12, n_head=12, d_model=768, block_size=1024, n_experts=8, top_k=2),
+            batch_size=8, seq_len=1024, warmup_steps=8, timed_steps=20, lr=6e-4,
+        )
+    return Workload(
+        "moe", "W3 MoE: GPT backbone, 8 experts top-2", "lm", "moe",
+        dict(vocab_size=256, n_layer=2, n_head=4, d_model=128, block_size=64, n_experts=8, top_k=2, expert_hidden=256),
+        batch_size=16, seq_len=64, warmup_steps=3, timed_steps=20, lr=2e-3, scaled_for="cpu",
+        notes=("CPU: 2 layers, d=128, T=64, byte vocabulary, experts of half the dense MLP's width "
+               "instead of the GPT-2 small backbone",),
+    )
+
+
 WORKLOADS: dict[str, Callable[[str], Workload]] = {
     "gpt2-small": _gpt2_small,
+    "moe": _moe,
     "cnn-224": _cnn_224,
     "cnn-cifar": _cnn_cifar,
     "gpt-tiny": _gpt_tiny,
     "mlp-tiny": _mlp_tiny,
 }
 GROUPS: dict[str, tuple[str, ...]] = {"cnn": ("cnn-224", "cnn-cifar")}
-NOT_BUILT: dict[str, str] = {
-    "moe": "workload 'moe' (W3, the GPT-2 small backbone with 8 experts, top-2) needs the mixture-of-experts "
-    "model turbotrain.models.moe, which is not built yet",
-}
+NOT_BUILT: dict[str, str] = {}  # workloads named in the design whose model is not built yet
 
 
 def workload_names() -> list[str]:
@@ -206,7 +219,7 @@ def resolve_workload(
     if model_overrides:
         kwargs = {**w.model_kwargs, **model_overrides}
         changes["model_kwargs"] = kwargs
-        if w.model == "gpt" and "block_size" in model_overrides:
+        if w.model in ("gpt", "moe") and "block_size" in model_overrides:
             changes["seq_len"] = kwargs["block_size"]
     return resolve_bench(w.replace(**changes) if changes else w, warmup_steps, timed_steps)
 
@@ -264,11 +277,12 @@ def flops_per_step(w: Workload) -> tuple[float, str]:
         batch = custom_batches(w, 0, count=1)[0]
         return count_flops_per_sample(model, batch, loss_fn) * _batch_size(batch), \
             "counted on one batch (torch.utils.flop_counter, forward + backward)"
-    if w.model == "gpt":
+    if w.model in ("gpt", "moe"):
         with torch.device("meta"):
-            gpt = GPT(GPTConfig(**w.model_kwargs))
-        per_token = gpt.flops_per_token(w.seq_len)
-        return float(per_token * w.batch_size * (w.seq_len or 0)), "PaLM 6N + 12·L·H·Q·T per token"
+            gpt = build_named(w.model, w.model_kwargs)
+        per_token = gpt.flops_per_token(w.seq_len)  # type: ignore[operator]
+        active = " (N = active parameters: the top-k experts a token is routed to)" if w.model == "moe" else ""
+        return float(per_token * w.batch_size * (w.seq_len or 0)), "PaLM 6N + 12·L·H·Q·T per token" + active
     shape, dtype = sample_shape(w)
     with torch.device("meta"):
         model = build_named(w.model, w.model_kwargs)

@@ -30,7 +30,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "compilation are excluded from throughput and reported as time to first step.",
     )
     p.add_argument("--workload", default=None,
-                   help=f"one of: {', '.join(workload_names())} ({', '.join(NOT_BUILT)}: not built yet); "
+                   help=f"one of: {', '.join(workload_names())}"
+                   + (f" ({', '.join(NOT_BUILT)}: not built yet)" if NOT_BUILT else "") + "; "
                    "default: gpt2-small on a GPU, gpt-tiny on CPU")
     p.add_argument("--model", metavar="FILE.py:FUNC",
                    help="your own model instead of a workload: FUNC() returns turbotrain.workload.Workload(model=..., "

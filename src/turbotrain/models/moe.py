@@ -19,12 +19,15 @@ Why each piece is the way it is:
   update happens at the start of the next top-level forward, never inside a block, so activation
   checkpointing's recompute routes exactly as the forward did.
 - **Grouped expert compute**: tokens are sorted by expert and all experts run as one grouped GEMM
-  (``F.grouped_mm``) per projection on CUDA with bf16 compute: no Python loop over experts and no
-  host sync; each expert's group is padded to ``GROUP_ALIGN`` rows into a buffer of static size
-  (the slack goes to the last group, so every row is defined). Elsewhere (CPU, fp32) a batched
-  path pads the groups to the largest and runs ``bmm``: it reads that size on the host once per
-  layer (marked ``# sync:``). ``moe_impl='loop'`` runs one matmul pair per expert: the reference
-  the tests compare with, and the bench's ablation row.
+  (``F.grouped_mm``) per projection on CUDA with bf16 compute and on CPU: no Python loop over
+  experts and no host sync; each expert's group is padded to ``GROUP_ALIGN`` rows into a buffer of
+  static size (the slack goes to the last group, so every row is defined). (On CPU, torch 2.13's
+  fp32 grouped GEMM backward fails only for stride-0 output gradients, such as ``y.sum()``'s; the
+  gradient reaching it here comes through the row gather and is dense.) Elsewhere (CUDA fp32/fp16)
+  a batched path pads the groups to the largest and runs ``bmm``: it reads that size on the host
+  once per layer (marked ``# sync:``), and computes the padding (2.2x the loop's step time on the
+  CPU bench, whose loads are uneven). ``moe_impl='loop'`` runs one matmul pair per expert: the
+  reference the tests compare with, and the bench's ablation baseline.
 - **Observability without syncs**: each MoE layer keeps the tokens it routed to each expert in a
   device tensor (:attr:`MoEMLP.load`), summed over training forwards; :mod:`turbotrain.experts_monitor`
   reads and clears it at the logging cadence.
@@ -220,11 +223,15 @@ class MoEMLP(nn.Module):
         return max(1, math.ceil(self.capacity_factor * n_tokens * self.top_k / self.n_experts))
 
     def resolved_impl(self, x: torch.Tensor) -> str:
-        """'auto' -> grouped on CUDA with bf16 compute (autocast or bf16 weights), else batched."""
+        """'auto' -> grouped where the grouped GEMM runs: on CUDA with bf16 compute (autocast or
+        bf16 weights) and on CPU (fp32 and bf16); batched elsewhere (CUDA fp32/fp16)."""
         if self.impl != "auto":
             return self.impl
-        dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else self.w1.dtype
-        return "grouped" if x.device.type == "cuda" and dtype == torch.bfloat16 else "batched"
+        kind = x.device.type
+        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else self.w1.dtype
+        if kind == "cpu" and dtype in (torch.float32, torch.bfloat16):
+            return "grouped"
+        return "grouped" if kind == "cuda" and dtype == torch.bfloat16 else "batched"
 
     def compute(self, x: torch.Tensor, counts: torch.Tensor, capacity: int | None = None) -> torch.Tensor:
         """This rank's experts over rows sorted by (local) expert, ``counts`` (n_local,) rows each."""
