@@ -99,7 +99,7 @@ def collect_compile_counts() -> CompileCounts:
     return CompileCounts(int(counters["frames"].get("ok", 0)), dict(recompiles), dict(breaks))
 
 
-def _ranked(reasons: dict[str, int], limit: int = 5) -> list[str]:
+def ranked_reasons(reasons: dict[str, int], limit: int = 5) -> list[str]:
     """``"3x reason"`` lines, most frequent first."""
     return [f"{n}x {r}" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:limit]]
 
@@ -173,7 +173,7 @@ class CompileGuard:
             "recompiles": now.recompiles,
             "recompiles_after_warmup": after.recompiles if after is not None else None,
             "graph_breaks": now.graph_breaks,
-            "recompile_reasons": _ranked(now.recompile_reasons),
-            "graph_break_reasons": _ranked(now.break_reasons),
+            "recompile_reasons": ranked_reasons(now.recompile_reasons),
+            "graph_break_reasons": ranked_reasons(now.break_reasons),
             "warning": self.warning,
         }

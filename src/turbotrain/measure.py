@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from torch.utils.data import DataLoader
 from .assembly import build_trainable
 from .batch import batch_size, move_to
 from .bench.protocol import StepClock
+from .compile_guard import collect_compile_counts, ranked_reasons
 from .config import RunConfig, load_config
 from .data import TokenWindows, build_loader, fixed_batches, resolve_loader_settings
 from .engine import Engine, LossFn, as_loss, default_loss
@@ -300,21 +300,14 @@ def _build_workload(target: Target, changes: Mapping[str, Mapping[str, Any]] | N
 
 def compile_counters() -> dict[str, int]:
     """torch.compile's frames compiled and graph breaks so far in this process (0 when dynamo
-    was never loaded)."""
-    utils = sys.modules.get("torch._dynamo.utils")
-    if utils is None:
-        return {"compiled_frames": 0, "graph_breaks": 0}
-    c = utils.counters
-    return {"compiled_frames": int(c["frames"].get("ok", 0)), "graph_breaks": int(sum(c["graph_break"].values()))}
+    was never loaded), from the compile guard's one reading of dynamo's counters."""
+    counts = collect_compile_counts()
+    return {"compiled_frames": counts.frames, "graph_breaks": counts.graph_breaks}
 
 
 def graph_break_reasons(limit: int = 3) -> list[str]:
-    """The first line of the most frequent graph-break reasons (empty without dynamo)."""
-    utils = sys.modules.get("torch._dynamo.utils")
-    if utils is None:
-        return []
-    reasons = sorted(utils.counters["graph_break"].items(), key=lambda kv: -kv[1])[:limit]
-    return [f"{count}x {reason.splitlines()[0][:200]}" for reason, count in reasons]
+    """``"3x reason"`` for the most frequent graph-break reasons (empty without dynamo)."""
+    return ranked_reasons(collect_compile_counts().break_reasons, limit)
 
 
 def measure_memory(built: Built) -> int:
