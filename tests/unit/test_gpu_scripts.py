@@ -33,7 +33,8 @@ def _dry_run(tmp_path: Path, script: str, *args: str, budget: int = 530) -> tupl
 
 @pytest.mark.parametrize("script,args,name,phases", [
     ("gpu_proof.sh", (), "proof", ["env", "w1-core", "w1-frameworks", "gpu-tests"]),
-    ("gpu_rest.sh", ("bench",), "rest-bench", ["w1-precision", "w1-ablation", "w2-cnn-224", "w2-cnn-cifar"]),
+    ("gpu_rest.sh", ("bench",), "rest-bench", ["w1-precision", "w2-cnn-224", "w2-cnn-cifar"]),
+    ("gpu_rest.sh", ("ablation",), "rest-ablation", ["w1-ablation"]),
     ("gpu_rest.sh", ("train",), "rest-train", ["train-w1", "finder", "checkpointing", "memory-report"]),
 ])
 def test_dry_run_runs_every_phase_and_packs_two_files(tmp_path, script, args, name, phases):
@@ -76,4 +77,4 @@ def test_no_gpu_is_one_line_and_exit_1(tmp_path):
     proc = subprocess.run(["bash", str(BENCH / "gpu_proof.sh")], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "no CUDA GPU visible to torch" in proc.stderr
     bad = subprocess.run(["bash", str(BENCH / "gpu_rest.sh"), "nope"], env=env, capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and "give a group: bench or train" in bad.stderr
+    assert bad.returncode == 2 and "give a group: bench, ablation or train" in bad.stderr

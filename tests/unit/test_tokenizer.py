@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import shutil
+import signal
+import subprocess
+import threading
 
 import numpy as np
 import pytest
 
 from turbotrain.cli import main
-from turbotrain.data import open_tokens
+from turbotrain.data import open_tokens, stdlib_files
 from turbotrain.data import tokenizer as tk
 from turbotrain.errors import TurbotrainError
 from turbotrain.rundir import TOKENIZER_FILE
@@ -154,3 +158,32 @@ def test_bad_tokenizer_values_and_a_missing_package_are_one_line(tmp_path, capsy
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "pip install 'turbotrain[bpe]'" in err
     assert not (tmp_path / "runs" / "t").exists()  # nothing left behind
+
+
+def test_ctrl_c_while_a_bpe_trains_ends_the_trainer_at_once_and_leaves_nothing(tmp_path, monkeypatch):
+    pytest.importorskip("tokenizers")
+
+    class Stop(KeyboardInterrupt):
+        pass
+
+    def handler(signum, frame):
+        raise Stop()
+
+    children = []
+    popen = subprocess.Popen
+
+    def spy(*args, **kwargs):  # Ctrl-C half a second into the trainer's work
+        children.append(popen(*args, **kwargs))
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        return children[-1]
+
+    monkeypatch.setattr(subprocess, "Popen", spy)
+    out, files = tmp_path / "cache" / "bpe.json", stdlib_files()  # 30 MB: seconds of work
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        with pytest.raises(Stop):
+            tk.train_bpe(files, 8192, out, progress=False)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert children and children[0].poll() is not None  # the trainer is gone, not finishing in the background
+    assert list((tmp_path / "cache").iterdir()) == []  # no tokenizer, no partial file

@@ -9,17 +9,20 @@ size); nothing is downloaded. Every run copies the tokenizer it used into its ru
 a resume encodes with it even when the cache is gone. Without the package: one line saying how
 to install it.
 
-Training runs in a helper thread (the package releases the GIL), so Ctrl-C stops the wait at
-once: nothing is written and the run ends cleanly; the native trainer finishes its work in the
-background of a process that is about to exit anyway.
+Training runs in a child process (the native trainer cannot be interrupted, and a process that
+holds one only exits once it is done), so Ctrl-C or SIGTERM end it at once: nothing is written
+and the run ends cleanly.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
+import json
 import logging
-import threading
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Protocol, Sequence
@@ -111,42 +114,61 @@ def padded_vocab(n: int) -> int:
     return min(MAX_VOCAB, -(-n // VOCAB_MULTIPLE) * VOCAB_MULTIPLE)
 
 
+# The trainer runs in a child process: the package's native trainer cannot be stopped, and a
+# process holding it (even in a daemon thread) only exits once it has finished. Errors come back
+# as one line on stdout; the progress bar goes to the inherited stderr.
+_TRAIN_SCRIPT = r"""
+import json, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides: Ctrl-C there ends this process
+import tokenizers as tk
+a = json.load(sys.stdin)
+def texts():
+    for f in a["files"]:
+        try:
+            with open(f, "rb") as fh:
+                data = fh.read()
+        except OSError as exc:
+            print(f"cannot read {f} ({exc.strerror})", flush=True)
+            sys.exit(3)
+        yield data.decode("utf-8", errors="replace")  # as encode() will see it
+tok = tk.Tokenizer(tk.models.BPE())
+tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+tok.decoder = tk.decoders.ByteLevel()
+trainer = tk.trainers.BpeTrainer(vocab_size=a["vocab"], special_tokens=[a["eot"]], show_progress=a["progress"],
+                                 initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet())
+tok.train_from_iterator(texts(), trainer, length=len(a["files"]))
+tok.save(a["out"])
+"""
+
+
 def train_bpe(files: Sequence[Path], vocab_size: int, out: Path, progress: bool = True) -> Path:
     """Train a byte-level BPE of ``vocab_size`` tokens on ``files`` and write it to ``out``
-    (atomically). Shows the tokenizers package's own progress bar when ``progress``; Ctrl-C
-    stops it and leaves nothing behind."""
+    (atomically). Shows the tokenizers package's own progress bar when ``progress``. The
+    training runs in a child process, so Ctrl-C or SIGTERM end it at once and leave nothing
+    behind (the signal's exception propagates from here)."""
     if not BYTE_VOCAB < vocab_size <= MAX_VOCAB:
         raise TurbotrainError(f"model.vocab_size = {vocab_size}: a BPE needs more than {BYTE_VOCAB} tokens "
                               f"and at most {MAX_VOCAB} (uint16 ids)")
-    tk = _tokenizers()
-    tok = tk.Tokenizer(tk.models.BPE())
-    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = tk.decoders.ByteLevel()
-    trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[END_OF_TEXT], show_progress=progress,
-                                     initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet())
+    _tokenizers()  # the one-line install hint, before any child starts
     mb = sum(f.stat().st_size for f in files) / 1e6
     log.info("training a byte-level BPE of %d tokens on %d files (%.1f MB); cached for later runs", vocab_size, len(files), mb)
     start = time.perf_counter()
-    texts = (f.read_bytes().decode("utf-8", errors="replace") for f in files)  # as encode() will see them
-    failure: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            tok.train_from_iterator(texts, trainer, length=len(files))
-        except BaseException as exc:  # handed to the waiting thread, which raises it
-            failure.append(exc)
-
-    worker = threading.Thread(target=work, name="turbotrain-bpe", daemon=True)
-    worker.start()
-    while worker.is_alive():
-        worker.join(0.1)  # a short wait keeps the main thread ready for Ctrl-C / SIGTERM handlers
-    if failure:
-        exc = failure[0]
-        if isinstance(exc, OSError):
-            raise TurbotrainError(f"cannot read {exc.filename} ({exc.strerror}) while training the BPE") from None
-        raise exc
     out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(out, tok.to_str())
+    partial = out.with_name(f".{out.stem}-train{out.suffix}.tmp{os.getpid()}")  # clean_stale_temps knows the pattern
+    request = {"files": [str(f) for f in files], "vocab": vocab_size, "eot": END_OF_TEXT, "progress": progress,
+               "out": str(partial)}
+    child = subprocess.Popen([sys.executable, "-c", _TRAIN_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        said, _ = child.communicate(json.dumps(request))  # a signal handler's exception interrupts the wait
+        if child.returncode != 0:
+            reason = said.strip().splitlines()[-1] if said.strip() else f"exit code {child.returncode}"
+            raise TurbotrainError(f"training the BPE failed: {reason}")
+        atomic_write(out, partial.read_bytes())
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        partial.unlink(missing_ok=True)
     log.info("BPE trained in %.1f s: %s", time.perf_counter() - start, out)
     return out
 
@@ -162,6 +184,9 @@ def build_tokenizer(spec: str, *, train_files: Sequence[Path], vocab_size: int, 
         vocab = vocab_size or DEFAULT_BPE_VOCAB
         path = cache_dir / f"bpe-{key}-{vocab}.json"
         if not path.is_file():
+            if not vocab_size:
+                log.info("model.vocab_size = 0: the BPE gets %d tokens (GPT-2's 50257 padded to a multiple of 64); "
+                         "set model.vocab_size for another size", DEFAULT_BPE_VOCAB)
             train_bpe(train_files, vocab, path, progress=progress)
         return JsonTokenizer(path)
     path = Path(spec).expanduser()
