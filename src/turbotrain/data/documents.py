@@ -27,10 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import TurbotrainError
-from .sources import SEPARATOR, TokenSource, TokenSplit, _text_files, stdlib_files
+from .sources import SEPARATOR, TokenSource, TokenSplit, builtin_split, stdlib_files, text_files
 
 GPT2_END_OF_TEXT = 50256  # <|endoftext|> in GPT-2's vocabulary: the separator of GPT-2-style .bin files
-BUILTIN_VAL_EVERY = 20  # open_tokens' built-in split: every 20th stdlib file is validation (checked by size below)
 
 
 @dataclass(frozen=True)
@@ -89,9 +88,8 @@ def _byte_files(path: str) -> tuple[list[Path], list[Path] | None]:
     """The files byte-tokenized for ``data.path`` in stream order: (train, val) for the built-in
     corpus (separate token files), (all, None) for a text file or folder (one token file)."""
     if not path:
-        files = stdlib_files()
-        return [f for i, f in enumerate(files) if i % BUILTIN_VAL_EVERY], files[::BUILTIN_VAL_EVERY]
-    return _text_files(Path(path).expanduser()), None
+        return builtin_split(stdlib_files())
+    return text_files(Path(path).expanduser()), None
 
 
 def _sizes(files: list[Path]) -> list[int]:

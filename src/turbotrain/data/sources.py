@@ -157,7 +157,16 @@ def _raise_unreadable(exc: OSError) -> None:
     raise _unreadable(exc.filename, exc)
 
 
-def _text_files(path: Path) -> list[Path]:
+BUILTIN_VAL_EVERY = 20  # the built-in corpus: every 20th stdlib file (sorted) is validation
+
+
+def builtin_split(files: list[Path]) -> tuple[list[Path], list[Path]]:
+    """(train, validation) files of the built-in corpus: every ``BUILTIN_VAL_EVERY``-th file in
+    sorted order is validation, so the validation text is whole modules the model never saw."""
+    return [f for i, f in enumerate(files) if i % BUILTIN_VAL_EVERY], files[::BUILTIN_VAL_EVERY]
+
+
+def text_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
     files = [
@@ -377,10 +386,7 @@ def open_tokens(path: str, *, val_fraction: float, cache_dir: str = "", tokenize
         files = stdlib_files()
         if not files:
             raise TurbotrainError("the built-in corpus (Python stdlib sources) was not found; pass --data PATH")
-        # Deterministic split by file: every 20th file (in sorted order) is validation, so the
-        # validation text is whole modules the model never saw.
-        val_files = files[::20]
-        train_files = [f for i, f in enumerate(files) if i % 20]
+        train_files, val_files = builtin_split(files)
         tok = _tokenizer_for(tokenizer, train_files, vocab_size, cache, progress, saved_tokenizer)
         tp = tokenize_files(train_files, cache, tok, progress)
         vp = tokenize_files(val_files, cache, tok, progress)
@@ -409,7 +415,7 @@ def open_tokens(path: str, *, val_fraction: float, cache_dir: str = "", tokenize
         else:
             train, val = _split(p, offset, n, val_fraction)
         return TokenSource(train, val, vocab, f"{p} ({n:,} tokens)", tok)
-    files = _text_files(p)
+    files = text_files(p)
     if not files or sum(_listed(f)[1] for f in files) == 0:
         raise TurbotrainError(f"data path {path!r} holds no text; pass --data with a non-empty text file, a folder of text files or a .bin token file")
     # A BPE learns from the whole text: its split is by token position, after encoding.
