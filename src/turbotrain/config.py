@@ -137,7 +137,7 @@ class BatchConfig:
     headroom: float = knob(0.10, "with micro='auto': memory kept free, as a fraction of the measured peak", min=0.0)
     max_memory_gib: float = knob(0.0, "with micro='auto': memory cap in GiB (0 = the whole device)", min=0.0)
     max_memory_fraction: float = knob(0.0, "with micro='auto': memory cap as a fraction of the device's total (0 = none)", min=0.0)
-    global_size: int = knob(0, "with micro='auto': sequences per optimizer step over all ranks, kept by setting accumulation; 0 = found micro x accumulation", min=0)
+    global_size: int = knob(0, "sequences per optimizer step over all ranks, kept by setting accumulation (a numeric micro: must divide by micro x world); 0 = micro x accumulation x world", min=0)
     max_tokens: int = knob(0, "with data.batching='tokens': input tokens per micro-batch, padding counted (>= model.block_size); "
                            "0 = micro x model.block_size", min=0)
 

@@ -98,8 +98,8 @@ class Tracker:
         if progress:
             sinks.append(ProgressSink(max_steps, engine.state.step))
         probes = build_probes(engine.device, model=model, example_batch=example_batch, precision=engine.precision.name,
-                              nvml_enabled=nvml, loss_fn=loss_fn, autocast=engine.autocast)
-        self.monitor = Monitor(log_every, sinks, probes)
+                              nvml_enabled=nvml, loss_fn=loss_fn, autocast=engine.autocast, devices=engine.strategy.world)
+        self.monitor = Monitor(log_every, sinks, probes, world=engine.strategy.world)  # data parallel: the run's rates
         hooks: list[Hook] = []
         if eval_batches is not None:  # before the monitor, so a record carries its step's val_loss
             hooks.append(Evaluate(list(eval_batches), eval_every, loss_fn))

@@ -6,7 +6,7 @@
 - bad input: one line and exit 2 on rank 0, the other rank ends quietly with status 0;
 - kill -9 of one rank: the other ends within a bounded time with a clear message, the checkpoints
   written before stay, and ``--resume`` continues with the uninterrupted run's losses;
-- an out-of-memory error under ddp stops with the rank, the micro-batch and "lower --batch.micro".
+- an out-of-memory error under ddp or fsdp stops with the rank, the micro-batch and "lower --batch.micro".
 """
 
 from __future__ import annotations
@@ -187,7 +187,10 @@ def test_kill_9_of_one_rank_ends_the_other_and_resume_is_exact(work, single):
     _, err = proc.communicate(timeout=120)
     assert time.monotonic() - killed_at < 60, "the surviving rank must end within a bounded time"
     assert proc.returncode != 0
-    assert "exitcode  : -9" in err  # torchrun names the killed rank
+    assert "exitcode  : -9" in err  # torchrun names the killed rank ...
+    assert "[rank 0] another rank stopped or was lost: a collective failed" in err  # ... and the survivor says why
+    summary = json.loads((work / "runs" / name / "summary.json").read_text())
+    assert summary["status"].startswith("failed")  # rank 0 still wrote the summary
     kept = sorted(p.parent.name for p in checkpoints.glob("step_*/finished.json"))
     assert kept, "the checkpoint written before the kill is kept"
     logged = _losses(work, name)
@@ -198,9 +201,11 @@ def test_kill_9_of_one_rank_ends_the_other_and_resume_is_exact(work, single):
     _assert_same(_losses(work, name), reference)
 
 
-def test_out_of_memory_under_ddp_stops_with_the_rank_and_what_to_lower(work, tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_out_of_memory_under_data_parallel_stops_with_the_rank_and_what_to_lower(work, tmp_path, strategy):
     start = time.monotonic()
-    proc = _run(_torchrun(2, log_dir=tmp_path / "logs") + _args(work, "oom", MICRO, "--memory.inject_oom_at_step=3"),
+    proc = _run(_torchrun(2, log_dir=tmp_path / "logs")
+                + _args(work, f"oom-{strategy}", MICRO, "--memory.inject_oom_at_step=3", f"--distributed.strategy={strategy}"),
                 timeout=180)
     assert time.monotonic() - start < 120, "bounded: no rank waits for the one that stopped"
     assert proc.returncode != 0

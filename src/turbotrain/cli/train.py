@@ -3,13 +3,15 @@
 Exit status: 0 trained (to max_steps, or to stop_after_steps); 2 a mistake to fix, said in one
 line; 75 stopped by SIGTERM or SIGINT with everything saved (a checkpoint at the step it stopped,
 or nothing trained yet): continue with ``--resume``; 130 a second Ctrl-C interrupted it at once
-(the last periodic checkpoint is intact); 1 a bug, with its traceback.
+(the last periodic checkpoint is intact); 1 a bug, with its traceback, or under torchrun another
+rank lost (one line: continue with ``--resume``).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from ..training import StoppedBySignal, check_launch, stopped_by_signal, train
 from .report import print_report
 
 EXIT_STOPPED = 75  # sysexits' EX_TEMPFAIL: "try again later", here: continue with --resume
+EXIT_PEER_LOST = 1  # under torchrun: another rank died or a collective timed out (said in one line)
 
 
 def default_preset() -> str:
@@ -62,6 +65,12 @@ def main_train(args: argparse.Namespace, extra: list[str]) -> int:
     topology = Topology.from_env()
     if topology.rank > 0:  # under torchrun: rank 0 prints; the others only warnings and errors, with their rank
         _quiet_logging(topology.rank)
+    if topology.world > 1:
+        # torchrun's agent sends SIGTERM to every rank as soon as one fails. While training,
+        # StopOnSignal handles it (and start-up ends with StoppedBySignal); outside those, the
+        # default action would kill a rank silently while it is still writing the summary or
+        # saying in one line why it stopped. Ignored there: the rank finishes its last words.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         # Checked on every rank before any joins the process group: the same mistake everywhere,
         # said once by rank 0; the others end quietly (exit 0) instead of waiting for it.
@@ -99,7 +108,8 @@ def main_train(args: argparse.Namespace, extra: list[str]) -> int:
             lost = _peer_lost(exc, topology, run_dir)
             if lost is None:
                 raise
-            raise lost from None
+            print(f"turbotrain train: {lost}", file=sys.stderr)
+            return EXIT_PEER_LOST
         _print_summary(summary, run_dir)
         print_report(write_report(run_dir))  # plots + summary.md, as `turbotrain report RUN` would
     if stopped_by_signal(summary):
@@ -132,11 +142,12 @@ def _train_other_rank(config: RunConfig, run_dir: Path, resume: bool, rank: int)
         lost = _peer_lost(exc, Topology.from_env(), run_dir)
         if lost is None:
             raise
-        raise lost from None
+        print(f"turbotrain train: {lost}", file=sys.stderr)
+        return EXIT_PEER_LOST
     return 0
 
 
-def _peer_lost(exc: BaseException, topology: Topology, run_dir: Path) -> TurbotrainError | None:
+def _peer_lost(exc: BaseException, topology: Topology, run_dir: Path) -> str | None:
     """A collective that failed because another rank died or timed out, as one line that says
     so and how to continue (None for any other error, which keeps its traceback)."""
     if topology.world < 2 or not isinstance(exc, (dist.DistError, RuntimeError)) or isinstance(exc, torch.OutOfMemoryError):
@@ -144,9 +155,8 @@ def _peer_lost(exc: BaseException, topology: Topology, run_dir: Path) -> Turbotr
     text = " ".join(str(exc).split())
     if not isinstance(exc, dist.DistError) and not any(k in text.lower() for k in ("gloo", "nccl", "connection", "timed out", "timeout")):
         return None
-    return TurbotrainError(
-        f"[rank {topology.rank}] another rank stopped or was lost: a collective failed ({text[:200]}); checkpoints already "
-        f"written are kept: continue with `torchrun ... -m turbotrain train --resume {run_dir}`")
+    return (f"[rank {topology.rank}] another rank stopped or was lost: a collective failed ({text[:200]}); checkpoints "
+            f"already written are kept: continue with `torchrun ... -m turbotrain train --resume {run_dir}`")
 
 
 def _quiet_logging(rank: int) -> None:
