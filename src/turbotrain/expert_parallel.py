@@ -46,7 +46,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .config import RunConfig, setting
 from .errors import ConfigError
-from .models.moe import MoEMLP, moe_layers
+from .models.moe import MoEMLP, grow_experts, grown_order, moe_layers
 
 log = logging.getLogger(__name__)
 
@@ -209,36 +209,54 @@ def _local_experts_hook(layer: MoEMLP) -> Any:
 
 
 def attach_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Under expert parallelism, make ``optimizer.state_dict()`` hold every expert's state
-    (gathered, as the model's) and ``load_state_dict`` take this rank's slice of it, so a
-    checkpoint resumes at any expert-parallel degree. Nothing without sharded experts."""
-    layers = [layer for _, layer in moe_layers(model) if layer.dispatcher is not None]
+    """For a MoE model, make the optimizer's state follow the experts: under expert parallelism
+    ``optimizer.state_dict()`` holds every expert's state (gathered, as the model's) and
+    ``load_state_dict`` keeps this rank's slice, so a checkpoint resumes at any degree; a
+    checkpoint with fewer experts (grown on load, see :func:`turbotrain.models.moe.grown_order`)
+    gives the new experts (and their router rows) fresh, zero moments. Nothing for other models."""
+    layers = [layer for _, layer in moe_layers(model)]
     if not layers:
         return
-    dispatcher = layers[0].dispatcher
-    layout_group = getattr(dispatcher, "group", None)
-    experts = {id(p): layer for layer in layers for p in (layer.w1, layer.w2)}
+    routed = {id(p): (layer, sharded) for layer in layers
+              for p, sharded in ((layer.w1, True), (layer.w2, True), (layer.router.weight, False))}
 
-    def positions() -> dict[int, MoEMLP]:
+    def positions() -> dict[int, tuple[MoEMLP, bool]]:
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        return {i: experts[id(p)] for i, p in enumerate(params) if id(p) in experts}
+        return {i: routed[id(p)] for i, p in enumerate(params) if id(p) in routed}
 
+    # The hooks replace entries in new dicts: state_dict()'s per-parameter dicts are the optimizer's
+    # live state, and load_state_dict's argument is the caller's.
     def gather(opt: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
-        for i, layer in sorted(positions().items()):
-            entry = state_dict["state"].get(i, {})
+        state_dict["state"] = dict(state_dict["state"])
+        for i, (layer, sharded) in sorted(positions().items()):
+            dispatcher = layer.dispatcher
+            if not sharded or dispatcher is None or i not in state_dict["state"]:
+                continue
+            entry = state_dict["state"][i] = dict(state_dict["state"][i])
             for key, value in list(entry.items()):
                 if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == layer.n_local:
                     parts = [torch.empty_like(value) for _ in range(layer.n_experts // layer.n_local)]
-                    dist.all_gather(parts, value.contiguous(), group=layout_group)
+                    dist.all_gather(parts, value.contiguous(), group=getattr(dispatcher, "group", None))
                     entry[key] = torch.cat(parts)
         return state_dict
 
     def scatter(opt: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
-        for i, layer in positions().items():
-            entry = state_dict["state"].get(i) or state_dict["state"].get(str(i)) or {}
+        state_dict["state"] = dict(state_dict["state"])
+        for i, (layer, sharded) in positions().items():
+            key_i = i if i in state_dict["state"] else str(i)
+            if key_i not in state_dict["state"]:
+                continue
+            entry = state_dict["state"][key_i] = dict(state_dict["state"][key_i])
             for key, value in list(entry.items()):
-                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == layer.n_experts != layer.n_local:
-                    entry[key] = value[layer.first_expert:layer.first_expert + layer.n_local]
+                if not isinstance(value, torch.Tensor) or value.dim() == 0:
+                    continue
+                if value.shape[0] < layer.n_experts and value.shape[0] == layer.grew_from:  # grown: new experts start fresh
+                    order = grown_order(value.shape[0], layer.n_experts, layer.n_experts // layer.n_local)
+                    value = grow_experts(value, order, 0.0, 0)
+                    value[[j for j, (_, is_new) in enumerate(order) if is_new]] = 0
+                if sharded and value.shape[0] == layer.n_experts != layer.n_local:
+                    value = value[layer.first_expert:layer.first_expert + layer.n_local]
+                entry[key] = value
         return state_dict
 
     optimizer.register_state_dict_post_hook(gather)

@@ -144,7 +144,7 @@ def summarize(data: dict[str, Any]) -> dict[str, Any]:
     routed = dropped = 0
     for h in history:
         for row in h["load"]:
-            total = [a + b for a, b in zip(total, row)]
+            total = [a + (row[e] if e < len(row) else 0) for e, a in enumerate(total)]  # fewer before a growth
             routed += sum(row)
         dropped += sum(h.get("dropped", []))
     ratios = [h["max_mean"] for h in history if h.get("max_mean") is not None]
@@ -189,7 +189,9 @@ def write_plots(data: dict[str, Any], out_dir: Path, subtitle: str = "") -> list
     if history:
         steps = [h["step"] for h in history]
         n = data["n_experts"]
-        shares = [[sum(row[e] for row in h["load"]) / max(sum(map(sum, h["load"])), 1) for h in history] for e in range(n)]
+        # windows before a resume that grew the experts have fewer of them: the new ones had none
+        shares = [[sum(row[e] for row in h["load"] if e < len(row)) / max(sum(map(sum, h["load"])), 1) for h in history]
+                  for e in range(n)]
         fig, (ax, ax2) = plt.subplots(2, 1, figsize=(8, 7), dpi=110, sharex=True, height_ratios=(3, 2))
         fig.subplots_adjust(hspace=0.25)
         cmap = plt.get_cmap("tab20" if n > 10 else "tab10")

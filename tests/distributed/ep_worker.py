@@ -61,6 +61,7 @@ def main(mode: str, degree: int, out: str) -> None:
     index = [id(p) for g in optimizer.param_groups for p in g["params"]].index(id(plain.blocks[0].mlp.w1))
     exp_avg = optimizer.state_dict()["state"][index]["exp_avg"]
     saved = {"w1": state["blocks.0.mlp.w1"].tolist(), "exp_avg": exp_avg.tolist()}
+    saved["live_exp_avg_shape"] = list(optimizer.state[plain.blocks[0].mlp.w1]["exp_avg"].shape)  # untouched by saving
     if ep:  # and loading it keeps this rank's slice: a fresh sharded model gets the trained experts back
         torch.manual_seed(5)
         fresh = MoEGPT(plain.cfg)

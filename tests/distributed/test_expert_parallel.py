@@ -63,3 +63,4 @@ def test_two_ranks_with_sharded_experts_train_like_one_process(tmp_path: Path):
             assert got.shape == ref.shape == (N_EXPERTS, 32, 128), key
             torch.testing.assert_close(got, ref, rtol=1e-3, atol=1e-4, msg=key)
     assert all(r["saved"]["reloaded_equal"] and r["saved"]["reloaded_shape"] == [2, 32, 128] for r in ranks)
+    assert all(r["saved"]["live_exp_avg_shape"] == [2, 32, 128] for r in ranks)  # saving left the live state alone

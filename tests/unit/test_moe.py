@@ -14,6 +14,7 @@ from turbotrain.cli import main
 from turbotrain.config import load_config
 from turbotrain.engine import Engine
 from turbotrain.errors import ConfigError
+from turbotrain.expert_parallel import attach_optimizer
 from turbotrain.experts_monitor import EXPERTS_FILE, ExpertsMonitor, markdown, read_experts, summarize, write_plots
 from turbotrain.loop import fit
 from turbotrain.models.build import build_model
@@ -186,3 +187,29 @@ def test_expert_parallel_degree_that_does_not_divide_the_world_is_one_line(capsy
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "distributed.expert_parallel = 2 must divide the world size 1" in err, err
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # nothing left behind
+
+
+def test_resuming_with_more_experts_copies_existing_ones_with_noise_and_fresh_optimizer_state():
+    torch.manual_seed(0)
+    idx = torch.randint(64, (2, 16))
+    small = MoEGPT(MoEConfig(**{**SMALL, "n_experts": 2, "top_k": 1}))  # type: ignore[arg-type]
+    opt = torch.optim.AdamW(small.parameters(), lr=1e-3)
+    small(idx, idx).backward()
+    opt.step()
+    big = MoEGPT(MoEConfig(**{**SMALL, "n_experts": 4, "top_k": 1}))  # type: ignore[arg-type]
+    big_opt = torch.optim.AdamW(big.parameters(), lr=1e-3)
+    attach_optimizer(big, big_opt)
+    big.load_state_dict(small.state_dict())
+    big_opt.load_state_dict(opt.state_dict())
+    old, new = small.moe_layers()[0], big.moe_layers()[0]
+    assert new.grew_from == 2 and new.w1.shape[0] == 4
+    for name in ("w1", "w2"):
+        a, b = getattr(old, name).detach(), getattr(new, name).detach()
+        assert torch.equal(b[:2], a)  # the trained experts, unchanged
+        diff = (b[2:] - a).abs().max()  # experts 2, 3 copy experts 0, 1 plus a little noise
+        assert 0 < diff < 0.1 * float(a.std()) * 5
+    assert torch.equal(new.router.weight[:2], old.router.weight) and not torch.equal(new.router.weight[2:], old.router.weight)
+    moments = big_opt.state[new.w1]["exp_avg"]
+    assert torch.equal(moments[:2], opt.state[old.w1]["exp_avg"]) and not moments[2:].any()
+    big(idx, idx).backward()  # and it trains
+    big_opt.step()

@@ -184,6 +184,38 @@ def experts_grouped(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2:
     return _grouped_mm(h, w2.to(dtype), offs=offs)[rows]
 
 
+# ----------------------------------------------------------------------------- growing
+
+
+GROW_NOISE = 0.01  # new experts: a copy of an existing one plus noise of this x the tensor's std
+
+
+def grown_order(old: int, new: int, ranks: int = 1) -> list[tuple[int, bool]]:
+    """Where each of ``new`` experts comes from when a checkpoint with ``old`` experts loads into a
+    model with more: ``(source expert, is_new)`` per position. Positions are dealt to ``ranks``
+    contiguous slices of ``new / ranks`` (the expert-parallel layout); each old expert, then each
+    new one, goes to the rank holding the fewest so far (ties: the lowest rank), so the copies
+    spread over the ranks. New expert i copies old expert ``i mod old``."""
+    per_rank = new // ranks
+    held: list[list[tuple[int, bool]]] = [[] for _ in range(ranks)]
+    for item in [(e, False) for e in range(old)] + [(i % old, True) for i in range(new - old)]:
+        min(held, key=len).append(item)  # min() takes the first (lowest) rank among the fewest
+    assert all(len(h) == per_rank for h in held)
+    return [item for h in held for item in h]
+
+
+def grow_experts(tensor: torch.Tensor, order: list[tuple[int, bool]], noise: float, seed: int) -> torch.Tensor:
+    """``tensor`` (old experts first dim) laid out by ``order``; new rows get ``noise`` x std noise."""
+    g = torch.Generator().manual_seed(seed)
+    rows = tensor[[src for src, _ in order]].clone()
+    if noise > 0:
+        scale = noise * float(tensor.float().std()) if tensor.numel() > 1 else 0.0
+        for i, (_, is_new) in enumerate(order):
+            if is_new:
+                rows[i] += (scale * torch.randn(rows[i].shape, generator=g)).to(rows.dtype)
+    return rows
+
+
 # ----------------------------------------------------------------------------- the layer
 
 
@@ -215,6 +247,22 @@ class MoEMLP(nn.Module):
         self.load: torch.Tensor | None = None  # (E,) assignments summed over training forwards since the last read
         self.dropped: torch.Tensor | None = None  # () dropped assignments since the last read
         self.pending: torch.Tensor | None = None  # (E,) assignments since the last bias update
+        self.grew_from = 0  # experts in the checkpoint this layer was grown from (0: not grown)
+        self._register_load_state_dict_pre_hook(self._grow_on_load)
+
+    def _grow_on_load(self, state: dict[str, Any], prefix: str, *args: Any) -> None:
+        """A checkpoint with fewer experts: grow it to this layer's (see :func:`grown_order`)
+        before anything else reads it (expert parallelism's slicing comes after)."""
+        w1 = state.get(prefix + "w1")
+        if not isinstance(w1, torch.Tensor) or w1.shape[0] >= self.n_experts:
+            return
+        old = w1.shape[0]
+        order = grown_order(old, self.n_experts, self.n_experts // self.n_local)
+        self.grew_from = old
+        for i, (name, noise) in enumerate((("w1", GROW_NOISE), ("w2", GROW_NOISE), ("router.weight", GROW_NOISE),
+                                           ("expert_bias", 0.0))):
+            if isinstance(state.get(prefix + name), torch.Tensor):
+                state[prefix + name] = grow_experts(state[prefix + name], order, noise, seed=1000 * old + i)
 
     def capacity(self, n_tokens: int) -> int | None:
         """Slots per expert with a capacity factor; None when dropless."""
@@ -229,8 +277,8 @@ class MoEMLP(nn.Module):
             return self.impl
         kind = x.device.type
         dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else self.w1.dtype
-        if kind == "cpu" and dtype in (torch.float32, torch.bfloat16):
-            return "grouped"
+        if kind == "cpu" and (dtype == torch.bfloat16 or (dtype == torch.float32 and not torch.compiler.is_compiling())):
+            return "grouped"  # compiled, the grouped GEMM's meta function takes bf16 only
         return "grouped" if kind == "cuda" and dtype == torch.bfloat16 else "batched"
 
     def compute(self, x: torch.Tensor, counts: torch.Tensor, capacity: int | None = None) -> torch.Tensor:
