@@ -19,7 +19,6 @@ on the loader, peak memory, the loss on fixed held-out batches (for parity), rec
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import time
 from dataclasses import dataclass, field
@@ -314,9 +313,8 @@ def measure_memory(built: Built) -> int:
     """Peak bytes of one training step at the run's micro-batch, as the batch finder measures it
     (CUDA allocator peak; elsewhere the tensors' bytes), in eager mode (no compilation). The
     model, optimizer and RNG are restored afterwards. Raises torch.OutOfMemoryError."""
-    stance = torch.compiler.set_stance("force_eager") if hasattr(torch.compiler, "set_stance") else contextlib.nullcontext()
     raw = built.workload.loss_fn if built.workload is not None and built.workload.loss_fn else default_loss
-    with stance, StepTrial(built.engine, built.model, built.optimizer, built.make_batch,
+    with StepTrial(built.engine, built.model, built.optimizer, built.make_batch,
                            lambda m, b: as_loss(raw(m, b))) as trial:
         return trial(built.micro).peak_bytes
 
@@ -425,9 +423,7 @@ def parity_loss(built: Built) -> float | None:
     evaluation); None when there are none."""
     if not built.parity_batches:
         return None
-    stance = torch.compiler.set_stance("force_eager") if hasattr(torch.compiler, "set_stance") else contextlib.nullcontext()
-    with stance:
-        return built.engine.evaluate(built.model, built.parity_batches, built.loss_fn)
+    return built.engine.evaluate(built.model, built.parity_batches, built.loss_fn)  # eager inside
 
 
 def release(built: Built) -> None:

@@ -42,6 +42,7 @@ from .engine import as_loss, default_loss
 from .errors import TurbotrainError
 from .hardware import DeviceSpec, collect_nvml_device, estimate_mfu, lookup_peak, nvml, nvml_handle, precision_key, tf32_enabled
 from .hooks import FitContext, Hook, every
+from .transforms import eager
 from .units import gib
 
 log = logging.getLogger(__name__)
@@ -331,9 +332,8 @@ def count_flops_per_sample(
     loss_fn = loss_fn or default_loss
     params = [p for p in model.parameters() if p.requires_grad]
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
-    stance = torch.compiler.set_stance("force_eager") if hasattr(torch.compiler, "set_stance") else contextlib.nullcontext()
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=devices), stance:
+    with torch.random.fork_rng(devices=devices), eager():
         with FlopCounterMode(display=False, custom_mapping=_EXTRA_FLOP_FORMULAS) as counter:
             with autocast():
                 loss = as_loss(loss_fn(model, batch))
