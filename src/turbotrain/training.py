@@ -167,7 +167,8 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
         "num_workers": settings.num_workers,
         "pin_memory": settings.pin_memory,
         "vocab_size": plain.cfg.vocab_size,
-        "params": plain.num_params(non_embedding=False),
+        "params": getattr(plain, "num_total_params", plain.num_params)(non_embedding=False),  # MoE: every expert
+        **({"active_params": plain.num_active_params(non_embedding=False)} if hasattr(plain, "num_active_params") else {}),
         "data": source.description,
         "global_batch": c.batch.micro * c.batch.accumulation * world,
         "strategy": engine.strategy.name,

@@ -363,12 +363,15 @@ class MoEGPT(GPT):
     def __init__(self, cfg: MoEConfig) -> None:
         super().__init__(cfg)
         self.cfg: MoEConfig = cfg
+        self._moe: list[MoEMLP] = []  # the same objects for the model's life (wrappers wrap blocks, not these)
         for i, block in enumerate(self.blocks):
             if cfg.is_moe_block(i):
                 block.mlp = MoEMLP(cfg)
+                self._moe.append(block.mlp)
 
     def moe_layers(self) -> list[MoEMLP]:
-        return [m for m in self.modules() if isinstance(m, MoEMLP)]
+        """The MoE layers, in block order (not walked per forward: read from a list kept at build)."""
+        return list(self._moe)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 attn_mask: torch.Tensor | None = None) -> torch.Tensor:
