@@ -102,7 +102,7 @@ class DataParallel(Strategy):
         return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
     def any_rank(self, flag: bool, device: torch.device | None = None) -> bool:
-        t = torch.tensor(int(flag), device=device or torch.device("cpu"))
+        t = torch.tensor(int(flag), device=device or collective_device())
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())  # sync: the agreed answer is needed on the host
 
@@ -123,9 +123,6 @@ class DDP(DataParallel):
 
     def set_grad_sync(self, model: nn.Module, sync: bool) -> None:
         model.require_backward_grad_sync = sync  # the flag DDP's no_sync() context sets
-
-    def any_rank(self, flag: bool, device: torch.device | None = None) -> bool:
-        return super().any_rank(flag, self.device)
 
 
 class FSDP(DataParallel):
@@ -202,6 +199,14 @@ def local_device(device: torch.device, topology: Topology) -> torch.device:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return device
+
+
+def collective_device() -> torch.device:
+    """Where a small tensor for a collective of the current group must live: this process's GPU
+    under NCCL (which has no CPU transport), the CPU under gloo or without a group."""
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def shutdown() -> None:

@@ -41,6 +41,7 @@ from ..batch import tensors_of
 from ..config import BATCH_PICKS, RunConfig, choice_error
 from ..data.sources import BYTE_VOCAB
 from ..engine import Engine, default_loss
+from ..distributed import collective_device
 from ..errors import ConfigError, TurbotrainError
 from ..hardware import ram_bytes
 from ..oom import is_oom
@@ -151,9 +152,7 @@ def _agree_across_ranks(value: int) -> int:
     all_reduce; a host-device sync point, once per trial), else ``value``."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return value
-    backend = torch.distributed.get_backend()
-    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-    t = torch.tensor([value], dtype=torch.int64, device=device)
+    t = torch.tensor([value], dtype=torch.int64, device=collective_device())
     torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
     return int(t.item())
 
