@@ -33,7 +33,7 @@ from torch import nn
 
 from . import sharded
 from .atomic import atomic_write, clean_stale_temps
-from .distributed import Strategy
+from .distributed import Strategy, in_group, rank_world
 from .engine import Engine
 from .errors import TurbotrainError
 from .hooks import FitContext, Hook, every
@@ -330,10 +330,6 @@ def reseed(step: int, rank: int) -> None:
     np.random.seed(seed)
 
 
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
-
-
 def _pick(folder: Path, state: RunState) -> tuple[Path, dict[str, Any] | None]:
     """The newest checkpoint of either kind that verifies and holds what ``state`` needs (with the
     payload of a ``.pt`` one, read already); unusable ones are skipped with a warning."""
@@ -367,8 +363,8 @@ def restore_latest(folder: Path, state: RunState) -> Path:
     one process into ddp/fsdp ranks, a sharded folder written by N processes into M (or into one
     plain process). Under a process group rank 0 chooses (it alone verifies checksums) and every
     rank loads that one: a collective, every rank calls it."""
-    rank, world = sharded.rank_world()
-    if not _distributed():
+    rank, world = rank_world()
+    if not in_group():
         path, payload = _pick(folder, state)
     else:
         box: list[Any] = [None]
@@ -387,7 +383,7 @@ def restore_latest(folder: Path, state: RunState) -> Path:
         return path
     if payload is None:
         payload = _verified_load(path, required=tuple(state))
-    if world == 1 and not _distributed():
+    if world == 1 and not in_group():
         state.load_state_dict(payload, source=path.name)  # the one-process format in one process: as always
     else:
         _load_pt_into_ranks(path, payload, state, rank, world)
@@ -473,7 +469,7 @@ def save_sharded(folder: Path, step: int, state: RunState, keep_last: int = 3) -
     replicated = {"entries": {name: state[name][0]() for name in state.replicated_keys}, **rest}
     per_rank = {name: state[name][0]() for name in state.per_rank}
     path = sharded.save(folder, step, tensors, replicated, per_rank)
-    if sharded.rank_world()[0] == 0:
+    if rank_world()[0] == 0:
         stamp = _stamp(path)
         if stamp is not None:
             _VERIFIED[stamp] = True
@@ -498,7 +494,7 @@ class Checkpointer(Hook):
         self.before_save = before_save  # e.g. flush the metrics: a resume starts after the checkpoint, so records up to it must be on disk
         self.saved_step = -1
         strategy = strategy if strategy is not None else getattr(state, "strategy", None)
-        self.sharded = strategy.name != "single" if strategy is not None else _distributed()
+        self.sharded = strategy.name != "single" if strategy is not None else in_group()
 
     def save(self, ctx: FitContext) -> None:
         step = ctx.engine.state.step
@@ -518,7 +514,7 @@ class Checkpointer(Hook):
     def on_fit_start(self, ctx: FitContext) -> None:
         for path in clean_stale_temps(self.folder):
             log.info("removed %s, left by a checkpoint write that was killed", path)
-        if sharded.rank_world()[0] == 0:  # one process cleans; no save runs before every rank reaches it
+        if rank_world()[0] == 0:  # one process cleans; no save runs before every rank reaches it
             for path in sharded.clean_unfinished(self.folder):
                 log.info("removed %s, a sharded checkpoint whose save did not finish", path)
 

@@ -201,17 +201,28 @@ def local_device(device: torch.device, topology: Topology) -> torch.device:
     return device
 
 
+def in_group() -> bool:
+    """Whether this process has joined a torch.distributed process group."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank_world() -> tuple[int, int]:
+    """This process's rank and the world size of its process group: (0, 1) without one. The one
+    place that asks torch.distributed; everything else reads it through here."""
+    return (dist.get_rank(), dist.get_world_size()) if in_group() else (0, 1)
+
+
 def collective_device() -> torch.device:
     """Where a small tensor for a collective of the current group must live: this process's GPU
     under NCCL (which has no CPU transport), the CPU under gloo or without a group."""
-    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+    if in_group() and dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
 def shutdown() -> None:
     """Leave the process group (at the end of a run; a no-op without one)."""
-    if dist.is_available() and dist.is_initialized():
+    if in_group():
         dist.destroy_process_group()
 
 
@@ -221,7 +232,7 @@ class ReportedByMainRank(TurbotrainError):
 
 
 def _grouped() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    return rank_world()[1] > 1
 
 
 def decided_by_main(fn: Callable[[], T]) -> T:
@@ -261,7 +272,7 @@ def _on_main(fn: Callable[[], T], share: bool) -> T:
 def broadcast_from_main(obj: Any) -> Any:
     """``obj`` as rank 0 has it, on every rank (a pickled broadcast: for start-up facts such as
     the run directory's name, never in the hot loop); itself without a process group."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if not _grouped():
         return obj
     box = [obj]
     dist.broadcast_object_list(box, src=0)
@@ -270,4 +281,4 @@ def broadcast_from_main(obj: Any) -> Any:
 
 def is_main_process() -> bool:
     """Rank 0 of the current group, or the only process: whoever writes shared files."""
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+    return rank_world()[0] == 0

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .atomic import atomic_write
+from .distributed import rank_world
 from .hooks import FitContext, Hook, every
 from .models.moe import MoEMLP, moe_layers
 
@@ -46,7 +47,7 @@ def placement(model: nn.Module) -> dict[str, Any]:
     expert ids on rank r of the expert-parallel group, ``ep_degree`` the group's size, ``world``
     all ranks (the groups repeat: rank r holds what rank r mod ep_degree holds)."""
     layers = [m for _, m in moe_layers(model)]
-    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    world = rank_world()[1]
     if not layers:
         return {"ep_degree": 1, "world": world, "ranks": []}
     first = layers[0]
@@ -88,7 +89,7 @@ class ExpertsMonitor(Hook):
         if not self.layers or any(t is None for t in taken):
             return None
         counts = torch.stack([torch.cat([load.float(), dropped.float()[None]]) for load, dropped in taken])  # type: ignore[misc]
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        if rank_world()[1] > 1:
             dist.all_reduce(counts, op=dist.ReduceOp.SUM)  # every rank routed its own tokens
         rows = counts.cpu().tolist()  # sync: one copy of every layer's tallies, at the logging cadence
         load = [[int(v) for v in row[:-1]] for row in rows]

@@ -57,6 +57,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from .atomic import DISK_FULL_ERRNOS, DiskFullError, atomic_write, disk_full_cause
+from .distributed import in_group, rank_world
 from .errors import TurbotrainError
 
 FORMAT = 1
@@ -82,13 +83,6 @@ def partial_dir(folder: Path, step: int) -> Path:
 
 def rank_file(rank: int) -> str:
     return f"rank{rank}.pt"
-
-
-def rank_world() -> tuple[int, int]:
-    """This process's rank and the world size (0, 1 without a process group)."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 def read_marker(path: Path) -> dict[str, Any] | None:
@@ -264,7 +258,7 @@ def save(folder: Path, step: int, tensors: dict[str, torch.Tensor], replicated: 
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process: as intended
             # a collective: a failure on any rank raises on every rank
-            dcp.save(tensors, storage_writer=FileSystemWriter(tmp, sync_files=True), no_dist=not dist.is_initialized())
+            dcp.save(tensors, storage_writer=FileSystemWriter(tmp, sync_files=True), no_dist=not in_group())
         atomic_write(tmp / rank_file(rank), lambda f: torch.save({"format": FORMAT, "rank": rank, "world": world, **per_rank}, f))
         mine = [rank_file(rank)]
         if rank == 0:
@@ -337,7 +331,7 @@ def _entry(path: Path) -> dict[str, Any]:
 
 
 def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
+    if in_group():
         dist.barrier()
 
 
@@ -404,7 +398,7 @@ def _dcp_load(path: Path, tensors: dict[str, torch.Tensor], source: str) -> None
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load(tensors, storage_reader=SafeReader(path), planner=_TensorsOnly(),
-                     no_dist=not (dist.is_available() and dist.is_initialized()))
+                     no_dist=not in_group())
     except TurbotrainError:
         raise
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP wraps every rank's failure in CheckpointException

@@ -41,7 +41,7 @@ from ..batch import tensors_of
 from ..config import BATCH_PICKS, RunConfig, choice_error
 from ..data.sources import BYTE_VOCAB
 from ..engine import Engine, default_loss
-from ..distributed import collective_device
+from ..distributed import collective_device, in_group, rank_world
 from ..errors import ConfigError, TurbotrainError
 from ..hardware import ram_bytes
 from ..oom import is_oom
@@ -150,7 +150,7 @@ def _interpolate(micro: int, fitting: list[TrialRecord]) -> int | None:
 def _agree_across_ranks(value: int) -> int:
     """The minimum of ``value`` over all ranks when torch.distributed is initialised (one small
     all_reduce; a host-device sync point, once per trial), else ``value``."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+    if not in_group():
         return value
     t = torch.tensor([value], dtype=torch.int64, device=collective_device())
     torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
@@ -158,9 +158,7 @@ def _agree_across_ranks(value: int) -> int:
 
 
 def world_size() -> int:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_world_size()
-    return 1
+    return rank_world()[1]
 
 
 def find_batch_size(
@@ -571,7 +569,7 @@ def resolve_batch_size(
                 slowdown_stop=slowdown_stop,
             )
         search.found = search.micro = _agree_across_ranks(search.found)
-        if cache is not None and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
+        if cache is not None and rank_world()[0] == 0:
             _write_cache(cache, key, parts, search)
     micro, accumulation, total, note = plan_accumulation(search.found, global_size, b.accumulation, world)
     search.micro, search.accumulation, search.global_batch, search.world_size, search.note = micro, accumulation, total, world, note
