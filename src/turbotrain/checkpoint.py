@@ -24,7 +24,7 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 import torch
@@ -233,24 +233,40 @@ def _verified_load(path: Path, required: tuple[str, ...] = ()) -> dict[str, Any]
     return payload
 
 
+T = TypeVar("T")
+
+RESUME_ADVICE = "move them away and resume to restart this run from step 0, or start a new run without --resume"
+
+
+def newest_usable(candidates: list[Path], folder: Path, read: Callable[[Path], T], advice: str = RESUME_ADVICE,
+                  none: str = "start without --resume") -> tuple[Path, T]:
+    """The newest of ``candidates`` that ``read`` accepts, with what it returned; each one it
+    refuses (a TurbotrainError: corrupt, unfinished, foreign, incomplete) is skipped with a
+    warning, and when none is left the error lists why each was refused."""
+    if not candidates:
+        raise TurbotrainError(f"no checkpoint in {folder}; {none}")
+    problems = []
+    for path in reversed(candidates):
+        try:
+            return path, read(path)
+        except TurbotrainError as exc:
+            log.warning("skipping checkpoint: %s", exc)
+            problems.append(str(exc))
+    raise TurbotrainError(f"no usable checkpoint in {folder} ({'; '.join(problems)})" + (f"; {advice}" if advice else ""))
+
+
+def _verified_folder(path: Path) -> None:
+    """Raise, saying why, unless the sharded checkpoint folder ``path`` matches its marker."""
+    if not is_verified(path):
+        raise TurbotrainError(_check_digest(path) or f"{path.name} does not verify")
+
+
 def load_latest(folder: Path, required: tuple[str, ...] = ()) -> tuple[Path, dict[str, Any]]:
     """The newest one-process (``.pt``) checkpoint that verifies and holds every key in
     ``required``; corrupt, foreign or incomplete ones are skipped with a warning. Sharded folders
     are not read here: :func:`restore_latest` and :func:`load_latest_weights` read both kinds."""
     candidates = [p for p in list_checkpoints(folder) if not p.is_dir()]
-    if not candidates:
-        raise TurbotrainError(f"no checkpoint in {folder}; start without --resume")
-    problems = []
-    for path in reversed(candidates):
-        try:
-            return path, _verified_load(path, required)
-        except TurbotrainError as exc:
-            log.warning("skipping checkpoint: %s", exc)
-            problems.append(str(exc))
-    raise TurbotrainError(
-        f"no usable checkpoint in {folder} ({'; '.join(problems)}); move them away and resume to restart "
-        "this run from step 0, or start a new run without --resume"
-    )
+    return newest_usable(candidates, folder, lambda path: _verified_load(path, required))
 
 
 Stateful = tuple[Callable[[], Any], Callable[[Any], None]]  # (state_dict, load_state_dict)
@@ -333,28 +349,17 @@ def reseed(step: int, rank: int) -> None:
 def _pick(folder: Path, state: RunState) -> tuple[Path, dict[str, Any] | None]:
     """The newest checkpoint of either kind that verifies and holds what ``state`` needs (with the
     payload of a ``.pt`` one, read already); unusable ones are skipped with a warning."""
-    candidates = list_checkpoints(folder)
-    if not candidates:
-        raise TurbotrainError(f"no checkpoint in {folder}; start without --resume")
-    problems = []
-    for path in reversed(candidates):
-        try:
-            if not path.is_dir():
-                return path, _verified_load(path, required=tuple(state))
-            problem = "" if is_verified(path) else (_check_digest(path) or f"{path.name} does not verify")
-            if problem:
-                raise TurbotrainError(problem)
-            missing = [k for k in state.replicated_keys if k not in sharded.read_state(path).get("entries", {})]
-            if missing:
-                raise TurbotrainError(f"{path.name} holds no {', '.join(missing)} state")
-            return path, None
-        except TurbotrainError as exc:
-            log.warning("skipping checkpoint: %s", exc)
-            problems.append(str(exc))
-    raise TurbotrainError(
-        f"no usable checkpoint in {folder} ({'; '.join(problems)}); move them away and resume to restart "
-        "this run from step 0, or start a new run without --resume"
-    )
+
+    def read(path: Path) -> dict[str, Any] | None:
+        if not path.is_dir():
+            return _verified_load(path, required=tuple(state))
+        _verified_folder(path)
+        missing = [k for k in state.replicated_keys if k not in sharded.read_state(path).get("entries", {})]
+        if missing:
+            raise TurbotrainError(f"{path.name} holds no {', '.join(missing)} state")
+        return None
+
+    return newest_usable(list_checkpoints(folder), folder, read)
 
 
 def restore_latest(folder: Path, state: RunState) -> Path:
@@ -442,21 +447,14 @@ def load_latest_weights(folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
     """The model weights of the newest verified checkpoint of either kind, as one plain state dict
     (full tensors, unwrapped names), read in this process alone (no process group): for
     ``turbotrain sample`` and anything else that only needs the model."""
-    candidates = list_checkpoints(folder)
-    if not candidates:
-        raise TurbotrainError(f"no checkpoint in {folder}; train first")
-    problems = []
-    for path in reversed(candidates):
-        try:
-            if not path.is_dir():
-                return path, _verified_load(path, required=("model",))["model"]
-            if not is_verified(path):
-                raise TurbotrainError(_check_digest(path) or f"{path.name} does not verify")
-            return path, sharded.load_model_weights(path)
-        except TurbotrainError as exc:
-            log.warning("skipping checkpoint: %s", exc)
-            problems.append(str(exc))
-    raise TurbotrainError(f"no usable checkpoint in {folder} ({'; '.join(problems)})")
+
+    def read(path: Path) -> dict[str, torch.Tensor]:
+        if not path.is_dir():
+            return _verified_load(path, required=("model",))["model"]
+        _verified_folder(path)
+        return sharded.load_model_weights(path)
+
+    return newest_usable(list_checkpoints(folder), folder, read, advice="", none="train first")
 
 
 def save_sharded(folder: Path, step: int, state: RunState, keep_last: int = 3) -> Path:
