@@ -23,7 +23,7 @@ from typing import Any
 
 from .atomic import atomic_write
 from .errors import TurbotrainError
-from . import experts_monitor
+from . import expert_report
 from .rundir import CONFIG_FILE, METRICS_FILE, PLOTS_DIR, SUMMARY_FILE, SUMMARY_MD
 
 
@@ -383,7 +383,7 @@ def format_markdown(summary: dict[str, Any]) -> str:
         lines += [f"- graph break: {r}" for r in comp.get("graph_break_reasons", [])]
         if comp.get("warning"):
             lines.append(f"- **warning**: {comp['warning']}")
-    lines += experts_monitor.markdown(summary.get("experts"))
+    lines += expert_report.markdown(summary.get("experts"))
     events = summary.get("events") or []
     if events:
         lines += ["", "## Events", ""] + [f"- step {e['step']}: {e['kind']}: {e['detail']}" for e in events]
@@ -412,12 +412,12 @@ def write_report(run_dir: str | Path) -> ReportResult:
     """Plots, summary.md and summary.json for ``run_dir``; see the module docstring."""
     data = load_run(run_dir)
     plots, skipped = write_plots(data, data.path / PLOTS_DIR)
-    experts = experts_monitor.read_experts(data.path)  # a mixture-of-experts run: its load and placement
+    experts = expert_report.read_experts(data.path)  # a mixture-of-experts run: its load and placement
     if experts is not None:
-        plots += experts_monitor.write_plots(experts, data.path / PLOTS_DIR, f"run {data.path.name}")
+        plots += expert_report.write_plots(experts, data.path / PLOTS_DIR, f"run {data.path.name}")
     known = {"run": data.path.name, "status": "unknown (no summary.json from training)",
              **({"config": data.config} if data.config else {}), **data.summary}  # training's summary first
     summary = write_summary(data.path, known, data.records, report={"plots": plots, "skipped": skipped, "problems": data.problems},
-                            **({"experts": experts_monitor.summarize(experts)} if experts is not None else {}))
+                            **({"experts": expert_report.summarize(experts)} if experts is not None else {}))
     atomic_write(data.path / SUMMARY_MD, format_markdown(summary))
     return ReportResult(data.path, plots, skipped, data.problems, summary)

@@ -26,6 +26,7 @@ PLOTS_DIR = "plots"
 TENSORBOARD_DIR = "tensorboard"
 BATCH_CACHE = "batch_size.json"  # the batch finder's answers for this run's settings
 TOKENIZER_FILE = "tokenizer.json"  # the run's subword tokenizer (none: bytes)
+EXPERTS_FILE = "experts.json"  # a mixture-of-experts run: tokens per expert over training, placement
 
 
 def run_name(config: RunConfig) -> str:

@@ -30,7 +30,7 @@ LAYERS: dict[str, int] = {
     # L4 tools
     "memory": 4,
     # L5 application
-    "training": 5, "tracking": 5, "report": 5, "doctor": 5, "bench": 5,
+    "training": 5, "tracking": 5, "report": 5, "expert_report": 5, "doctor": 5, "bench": 5,
     "measure": 5, "profile": 5, "tune": 5,  # short measured runs need run assembly (training) and bench's clock
     # L6 command line
     "cli": 6,

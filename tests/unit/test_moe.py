@@ -15,7 +15,9 @@ from turbotrain.config import load_config
 from turbotrain.engine import Engine
 from turbotrain.errors import ConfigError
 from turbotrain.expert_parallel import attach_optimizer
-from turbotrain.experts_monitor import EXPERTS_FILE, ExpertsMonitor, markdown, read_experts, summarize, write_plots
+from turbotrain.expert_report import markdown, read_experts, summarize, write_plots
+from turbotrain.experts_monitor import ExpertsMonitor
+from turbotrain.rundir import EXPERTS_FILE
 from turbotrain.loop import fit
 from turbotrain.models.build import build_model
 from turbotrain.models.gpt import GPT, GPTConfig
@@ -213,3 +215,23 @@ def test_resuming_with_more_experts_copies_existing_ones_with_noise_and_fresh_op
     assert torch.equal(moments[:2], opt.state[old.w1]["exp_avg"]) and not moments[2:].any()
     big(idx, idx).backward()  # and it trains
     big_opt.step()
+
+
+def test_router_bias_moves_with_the_global_batch_loads_under_data_parallel(monkeypatch):
+    # two data-parallel ranks, the other one simulated: all_reduce adds its per-expert counts
+    layer = MoEMLP(MoEConfig(**{**SMALL, "router_bias_update": 0.01}))  # type: ignore[arg-type]
+    other_rank = torch.tensor([0, 4, 8, 12])
+    reduced = []
+
+    def all_reduce(t: torch.Tensor, op: object = None, group: object = None) -> None:
+        reduced.append(op)
+        t += other_rank
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    layer.pending = torch.tensor([10, 6, 2, 0])  # this rank alone: expert 0 over-loaded, 3 idle
+    layer.update_bias(0.01)
+    bias = layer.expert_bias  # together [10, 10, 10, 12]: expert 3 is the over-loaded one
+    assert reduced == [torch.distributed.ReduceOp.SUM]
+    assert float(bias[3]) < 0 < min(float(b) for b in bias[:3]) and abs(float(bias.sum())) < 1e-6
