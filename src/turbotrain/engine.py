@@ -23,7 +23,7 @@ from __future__ import annotations
 import gc
 import logging
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, ContextManager, Iterable, Mapping
+from typing import Any, Callable, ContextManager, Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -160,6 +160,16 @@ class EngineOptions:
         )
 
 
+GradNormFn = Callable[[Sequence[torch.Tensor]], torch.Tensor]
+"""``fn(params) -> total gradient norm`` (2-norm over every ``p.grad``, a 0-dim device tensor)."""
+
+
+def default_grad_norm(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The 2-norm over the gradients of ``params`` as this process holds them (whole, or
+    replicated by data parallelism; FSDP2's DTensor shards give a DTensor the strategy makes whole)."""
+    return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], foreach=True)
+
+
 class Engine:
     """Device placement, precision, compile, accumulation, clipping and the non-finite guard.
 
@@ -188,6 +198,7 @@ class Engine:
         self.last_loss: torch.Tensor | None = None  # mean loss of the last optimizer step, on device
         self.last_grad_norm: torch.Tensor | None = None  # its global gradient norm, on device (when computed)
         self._norm_needed = opts.grad_clip > 0 or opts.track_grad_norm
+        self._grad_norm: GradNormFn = default_grad_norm  # see set_grad_norm
         self._scheduler_per_step = False
         self._after_step: list[Callable[[], None]] = []  # see add_step_callback
         self._inject_oom_at_step = opts.inject_oom_at_step
@@ -297,15 +308,13 @@ class Engine:
         norm = grad_scale = None
         if self._norm_needed:
             params, clip = self._params_of(optimizer), self.options.grad_clip
+            norm = self._grad_norm(params)  # the global norm (see set_grad_norm), on the device
             if clip > 0 and self.precision.scaler is None and getattr(optimizer, "_step_supports_amp_scaling", False):
                 # A fused optimizer divides by grad_scale inside its kernel: clipping without a
                 # pass that rewrites every gradient (clip_grad_norm_'s factor, with its epsilon).
-                norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], foreach=True)
                 grad_scale = torch.clamp((norm.float() + 1e-6) / clip, min=1.0)  # fp32, as the kernel takes it
-            elif clip > 0:
-                norm = torch.nn.utils.clip_grad_norm_(params, clip, foreach=True)
-            else:
-                norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], foreach=True)
+            elif clip > 0:  # clip_grad_norm_'s math, with the norm above
+                torch.nn.utils.clip_grads_with_norm_(params, clip, norm, foreach=True)
         self.last_grad_norm = norm = self.strategy.full(norm) if norm is not None else None
         # Under fp16 an overflow in the scaled gradients is the GradScaler's business (it skips the
         # step and lowers the scale, and does so by design every growth interval): only a
@@ -325,6 +334,15 @@ class Engine:
         for callback in self._after_step:
             callback()
         return True
+
+    def set_grad_norm(self, fn: GradNormFn | None) -> None:
+        """Use ``fn(params) -> norm`` for the global gradient norm that clipping divides by and
+        ``last_grad_norm`` reports: ``params`` are the optimizer's parameters (it reads their
+        ``.grad``), the result a 0-dim tensor on the device, the same on every rank, computed
+        without a host sync. For gradients the engine cannot see whole, e.g. expert parallelism
+        (each rank holds some experts': ``turbotrain.expert_parallel.grad_norm``). None restores
+        the default, :func:`default_grad_norm`."""
+        self._grad_norm = fn if fn is not None else default_grad_norm
 
     def add_step_callback(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` after every optimizer step (monitoring an own loop: see

@@ -27,8 +27,14 @@ expert-parallel group (a collective: every rank saves together, as sharded check
 load hooks keep this rank's slice, so a run resumes at any degree, one process included;
 :func:`attach_optimizer` does the same for the optimizer's state.
 
-Not yet (see the issue): gradient clipping over expert shards (the norm would have to span the
-group: refused with one line), FSDP2 for the non-expert parameters.
+Gradient norm (clipping, ``last_grad_norm``): :func:`grad_norm` gives the engine
+(``engine.set_grad_norm``) the norm over every expert, not only this rank's: the squared norm of
+the non-expert gradients (the same on every rank after DDP's reduce) plus the sum over the
+expert-parallel group of each rank's squared expert-gradient norm (an all-reduce on the device, no
+host sync; the replicas hold identical copies, so one group covers every expert once). Every rank
+clips by the same factor, as one process on the global batch would.
+
+Not yet (see the issue): FSDP2 for the non-expert parameters.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -115,9 +121,6 @@ def check_config(config: RunConfig, world: int) -> None:
     if config.distributed.strategy == "fsdp":
         raise ConfigError(f"distributed.expert_parallel = {degree} runs with DDP for the non-expert parameters; "
                           f"use {setting('distributed.strategy', 'ddp')}")
-    if config.optim.grad_clip > 0:
-        raise ConfigError(f"optim.grad_clip = {config.optim.grad_clip} with distributed.expert_parallel = {degree}: the clip "
-                          f"norm would cover only this rank's experts (not supported yet); use {setting('optim.grad_clip', 0)}")
 
 
 def apply(config: RunConfig, model: nn.Module) -> ExpertLayout | None:
@@ -181,6 +184,32 @@ def shard_experts(model: nn.Module, degree: int) -> ExpertLayout | None:
     log.info("expert parallel: degree %d, rank %d holds experts %d..%d of each MoE block", degree, layout.rank, first,
              first + n_local - 1)
     return layout
+
+
+def grad_norm(model: nn.Module) -> Callable[[Sequence[torch.Tensor]], torch.Tensor] | None:
+    """The global gradient norm under expert parallelism, for ``engine.set_grad_norm``: a function
+    of the optimizer's parameters returning the 2-norm (fp32, 0-dim, on the device) over the
+    non-expert gradients and every rank's expert gradients, the same on every rank (see the module
+    docstring). A collective over the expert-parallel group: every rank calls it at every step,
+    as the engine does. None (the engine's default norm) when no experts are sharded: call it
+    after :func:`shard_experts`."""
+    layers = [layer for _, layer in moe_layers(model) if isinstance(layer.dispatcher, AllToAllDispatcher)]
+    if not layers:
+        return None
+    group = layers[0].dispatcher.group  # every MoE block shares this rank's expert-parallel group
+    experts = {id(p) for layer in layers for p in (layer.w1, layer.w2)}
+
+    def norm(params: Sequence[torch.Tensor]) -> torch.Tensor:
+        dense = [p.grad for p in params if p.grad is not None and id(p) not in experts]
+        local = [p.grad for p in params if p.grad is not None and id(p) in experts]
+        device = next((p.device for p in params), torch.device("cpu"))
+        squared = (torch.nn.utils.get_total_norm(local, foreach=True).to(device, torch.float32).square() if local
+                   else torch.zeros((), device=device))  # every rank joins the all-reduce, with or without gradients
+        dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=group)  # all the experts of this group: every expert once
+        if dense:
+            squared = squared + torch.nn.utils.get_total_norm(dense, foreach=True).float().square()
+        return squared.sqrt()
+    return norm
 
 
 def gather_experts(local: torch.Tensor, layout: ExpertLayout) -> torch.Tensor:

@@ -3,8 +3,9 @@ training a tiny MoE GPT through the Engine on the global batch, as 2 micro-batch
 of the parallel run, so the per-micro-batch load-balancing loss is the same). Under torchrun
 ("ep DEGREE"): DDP with the experts sharded over DEGREE ranks. Writes, per rank, the logits of its
 rows before training, every gradient of the first step (expert weights: this rank's slice and
-where it starts), the loss of every optimizer step, and what a checkpoint would hold of the first
-MoE block's experts after training (weights and AdamW's exp_avg), to ``OUT.rank<R>.json``."""
+where it starts), the loss and the gradient norm of every optimizer step (both runs clip at CLIP,
+below the norm, so the norm has to span every rank's experts), and what a checkpoint would hold of
+the first MoE block's experts after training (weights and AdamW's exp_avg), to ``OUT.rank<R>.json``."""
 
 from __future__ import annotations
 
@@ -14,22 +15,23 @@ import sys
 import torch
 
 from turbotrain import Engine
-from turbotrain.expert_parallel import attach_optimizer, shard_experts
+from turbotrain.expert_parallel import attach_optimizer, grad_norm, shard_experts
 from turbotrain.models.moe import MoEConfig, MoEGPT
 
-GLOBAL_BATCH, T, VOCAB, STEPS, N_EXPERTS = 8, 16, 64, 30, 4
+GLOBAL_BATCH, T, VOCAB, STEPS, N_EXPERTS, CLIP = 8, 16, 64, 30, 4, 0.05
 
 
 def main(mode: str, degree: int, out: str) -> None:
     torch.set_num_threads(1)
     ep = mode == "ep"
     engine = Engine({"run": {"device": "cpu"}, "distributed": {"strategy": "ddp" if ep else "single"},
-                     "batch": {"accumulation": 1 if ep else 2}})
+                     "batch": {"accumulation": 1 if ep else 2}, "optim": {"grad_clip": CLIP}})
     rank, world = engine.strategy.rank, engine.strategy.world
     torch.manual_seed(0)
     model = MoEGPT(MoEConfig(vocab_size=VOCAB, n_layer=2, n_head=2, d_model=32, block_size=T, n_experts=N_EXPERTS,
                              top_k=2, aux_loss_coef=0.01, moe_impl="batched"))
     layout = shard_experts(model, degree) if ep else None
+    engine.set_grad_norm(grad_norm(model))  # None (the default) for one process
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     starts = torch.randint(VOCAB, (STEPS, GLOBAL_BATCH, 1), generator=torch.Generator().manual_seed(1))
     data = (starts + torch.arange(T + 1) * torch.randint(1, 3, (STEPS, GLOBAL_BATCH, 1),
@@ -41,7 +43,7 @@ def main(mode: str, degree: int, out: str) -> None:
         logits = torch.cat([model(data[0][p, :-1]) for p in parts]).tolist()
     model.train()
     model, optimizer, _ = engine.setup(model, optimizer)
-    losses, grads = [], None
+    losses, norms, grads = [], [], None
     for window in data:
         for p in parts:
             x = window[p]
@@ -52,6 +54,7 @@ def main(mode: str, degree: int, out: str) -> None:
             grads = {n.removeprefix("module."): p.grad.tolist() for n, p in model.named_parameters()}
         if engine.step(optimizer):
             losses.append(float(engine.last_loss))
+            norms.append(float(engine.last_grad_norm))
     first = layout.ep_rank * (N_EXPERTS // degree) if layout else 0
     plain = model.module if ep else model
     if ep:
@@ -70,7 +73,7 @@ def main(mode: str, degree: int, out: str) -> None:
         saved["reloaded_equal"] = bool(torch.equal(fresh.blocks[0].mlp.w1, plain.blocks[0].mlp.w1))
         saved["reloaded_shape"] = list(fresh.blocks[0].mlp.w1.shape)
     with open(f"{out}.rank{rank}.json", "w") as f:
-        json.dump({"losses": losses, "grads": grads, "logits": logits, "world": world, "first_expert": first,
+        json.dump({"losses": losses, "norms": norms, "clip": CLIP, "grads": grads, "logits": logits, "world": world, "first_expert": first,
                    "saved": saved}, f)
 
 

@@ -1,7 +1,8 @@
 """Expert parallelism on 2 gloo processes (torchrun): experts sharded over the ranks, tokens
 exchanged with all-to-all, equals one process on the same global batch: the forward output and
-every gradient (fp32) within 1e-5, and the loss of each of 30 optimizer steps; checkpoints hold
-every expert whole, so they resume at another degree."""
+every gradient (fp32) within 1e-5, and the loss and gradient norm of each of 30 clipped optimizer
+steps (the norm spans every rank's experts, so every rank clips by the one-process factor);
+checkpoints hold every expert whole, so they resume at another degree."""
 
 from __future__ import annotations
 
@@ -48,11 +49,14 @@ def test_two_ranks_with_sharded_experts_train_like_one_process(tmp_path: Path):
         else:
             for r in ranks:
                 torch.testing.assert_close(torch.tensor(r["grads"][name]), ref, rtol=0, atol=1e-5, msg=name)
-    # 30 optimizer steps, the same loss (the mean over ranks, as every rank reports it)
+    # 30 optimizer steps, the same loss (the mean over ranks, as every rank reports it) and the same
+    # global gradient norm, which clipping divided by: it spans the experts of both ranks
+    assert min(single["norms"]) > single["clip"]  # every step was clipped
     for r in ranks:
-        assert len(r["losses"]) == len(single["losses"]) == 30
+        assert len(r["losses"]) == len(single["losses"]) == len(r["norms"]) == 30
         worst = max(abs(a - b) for a, b in zip(r["losses"], single["losses"]))
         assert worst <= 1e-5, f"losses differ from one process by {worst}"
+        torch.testing.assert_close(torch.tensor(r["norms"]), torch.tensor(single["norms"]), rtol=1e-5, atol=1e-6)
     assert single["losses"][-1] < single["losses"][0] - 0.5  # it learns
     # checkpoints hold every expert whole (gathered from the shards), weights and optimizer state,
     # equal to the one-process run's; loading them back keeps each rank's slice

@@ -61,14 +61,14 @@ def test_clipping_sees_unscaled_gradients(monkeypatch):
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     model, opt, _ = engine.setup(model, opt)
     seen = []
-    real = torch.nn.utils.clip_grad_norm_
+    real = torch.nn.utils.clip_grads_with_norm_
 
-    def spy(params, max_norm, **kw):
+    def spy(params, max_norm, total_norm, **kw):
         params = list(params)
         seen.append(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])))
-        return real(params, max_norm, **kw)
+        return real(params, max_norm, total_norm, **kw)
 
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy)
+    monkeypatch.setattr(torch.nn.utils, "clip_grads_with_norm_", spy)
     engine.backward(model(x, y))
     assert engine.precision.scaler.get_scale() > 1000  # gradients really were scaled
     engine.step(opt)
@@ -232,8 +232,8 @@ def test_clipping_folded_into_a_fused_step_equals_clip_grad_norm():
     folded, fused_opt = model_and_optimizer()
     folded, fused_opt, _ = engine.setup(folded, fused_opt)
     calls = []
-    real = torch.nn.utils.clip_grad_norm_
-    torch.nn.utils.clip_grad_norm_ = lambda *a, **k: calls.append(1) or real(*a, **k)
+    real = torch.nn.utils.clip_grads_with_norm_
+    torch.nn.utils.clip_grads_with_norm_ = lambda *a, **k: calls.append(1) or real(*a, **k)
     try:
         norms = []
         for x in batches:
@@ -241,11 +241,38 @@ def test_clipping_folded_into_a_fused_step_equals_clip_grad_norm():
             engine.step(fused_opt)
             norms.append(float(engine.last_grad_norm))
     finally:
-        torch.nn.utils.clip_grad_norm_ = real
+        torch.nn.utils.clip_grads_with_norm_ = real
     assert not calls  # no separate clipping pass
     assert min(reference) > 0.5 and norms == pytest.approx(reference, rel=1e-6)
     for a, b in zip(model.parameters(), folded.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_clipping_divides_by_the_norm_set_grad_norm_gives():
+    """A norm function (expert parallelism's spans every rank's experts) replaces the engine's
+    own: clipping divides by it and last_grad_norm reports it; None restores the default."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    x = torch.randn(16, 8)
+    model(x).pow(2).mean().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    true_norm = torch.nn.utils.get_total_norm(grads)
+    model.zero_grad()
+    engine = _engine(optim={"grad_clip": 0.1})
+    model, optimizer, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.0))
+    seen, stepped = [], []
+    engine.set_grad_norm(lambda params: seen.append(len(params)) or 2 * torch.nn.utils.get_total_norm([p.grad for p in params]))
+    optimizer.register_step_pre_hook(lambda opt, *_: stepped.append([p.grad.clone() for p in model.parameters()]))
+    engine.backward(model(x).pow(2).mean())
+    engine.step(optimizer)
+    assert seen == [2] and true_norm > 0.2  # the function saw the optimizer's parameters; clipping acts
+    torch.testing.assert_close(engine.last_grad_norm, 2 * true_norm)
+    for got, g in zip(stepped[0], grads):  # divided by the given norm, not the true one
+        torch.testing.assert_close(got, g * 0.1 / (2 * true_norm + 1e-6))
+    engine.set_grad_norm(None)
+    engine.backward(model(x).pow(2).mean())
+    engine.step(optimizer)
+    torch.testing.assert_close(engine.last_grad_norm, true_norm)
 
 
 def test_folded_clipping_works_with_bf16_parameters():
