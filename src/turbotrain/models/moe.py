@@ -15,7 +15,8 @@ Why each piece is the way it is:
   probability), added to the training loss only (validation reports plain cross-entropy); and the
   auxiliary-loss-free expert bias of DeepSeek-V3 (``router_bias_update`` = its update rate gamma):
   a per-expert bias added to the scores for *selection only* (the mixing weights stay unbiased),
-  moved by ``gamma x sign(mean load - load)`` from the loads of the previous training forward. The
+  moved by ``gamma x sign(mean load - load)`` from the loads of the previous training forward
+  (data parallel: summed over all ranks, the global batch's loads). The
   update happens at the start of the next top-level forward, never inside a block, so activation
   checkpointing's recompute routes exactly as the forward did.
 - **Grouped expert compute**: tokens are sorted by expert and all experts run as one grouped GEMM
@@ -46,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Protocol
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -338,9 +340,16 @@ class MoEMLP(nn.Module):
     @torch.no_grad()
     def update_bias(self, rate: float) -> None:
         """DeepSeek-V3's auxiliary-loss-free balancing: raise the bias of under-loaded experts and
-        lower it for over-loaded ones by ``rate`` (kept centred), from the loads since the last update."""
+        lower it for over-loaded ones by ``rate`` (kept centred), from the loads since the last update.
+
+        Data parallel (a process group): the loads of the whole global batch, summed over every
+        rank (each counted only its own tokens, before any expert-parallel dispatch), so the
+        replicated biases move alike on every rank. A collective every rank calls at the same
+        forward; the sum stays on the device (no host sync)."""
         if self.pending is None:
             return
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(self.pending, op=dist.ReduceOp.SUM)  # every rank's tokens, on the device
         load = self.pending.float()
         delta = rate * torch.sign(load.mean() - load)
         self.expert_bias += delta - delta.mean()
