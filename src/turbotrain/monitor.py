@@ -10,7 +10,7 @@ training thread never waits for the driver. Sinks: ``metrics.jsonl``, a rich pro
 optionally, TensorBoard.
 
 Record keys carry their units: ``step_ms``, ``samples_per_s``, ``tokens_per_s``, ``tflops``
-(achieved model TFLOP/s), ``mfu`` (fraction of the datasheet peak), ``mem_*_gib``,
+(achieved model TFLOP/s: FLOPs per token x tokens/s, per sample x samples/s without tokens), ``mfu`` (fraction of the datasheet peak), ``mem_*_gib``,
 ``gpu_util_pct``, ``gpu_power_w``, ``gpu_temp_c``, ``gpu_sm_clock_mhz``; ``grad_norm`` when the
 engine computes it, and the ``precision`` in use. Data parallel (``world`` processes): rates are
 the whole run's (this rank's counts x world, every rank training an equal share),
@@ -361,17 +361,22 @@ def estimate_flops_per_sample(
 
 
 class MfuProbe:
-    """Achieved model TFLOP/s and MFU over each logging window, from the Monitor's samples/s.
+    """Achieved model TFLOP/s and MFU over each logging window, from the Monitor's tokens/s
+    (samples/s for data without tokens).
 
-    ``flops_per_sample`` is counted once (see :func:`estimate_flops_per_sample`); the peak comes
+    ``flops_per_sample`` is counted once (see :func:`estimate_flops_per_sample`) on an example of
+    ``tokens_per_sample`` tokens (padding counted, as in ``tokens_per_s``); with tokens the rate is
+    FLOPs per token x tokens/s, so token-budget batches (rows per batch vary, tokens do not) give
+    a steady figure, and fixed windows the same as samples/s x FLOPs per sample. The peak comes
     from ``spec`` (a datasheet entry) and the record's ``precision`` (the one in use, so a
     precision fallback mid-run is accounted for), through :mod:`turbotrain.hardware`. Without a spec (CPU, unknown GPU) only ``tflops`` is
     recorded and MFU is left out.
     """
 
     def __init__(self, flops_per_sample: float, spec: DeviceSpec | None, precision: str = "fp32", source: str = "",
-                 devices: int = 1) -> None:
+                 devices: int = 1, tokens_per_sample: float = 0.0) -> None:
         self.flops_per_sample = flops_per_sample
+        self.tokens_per_sample = tokens_per_sample  # of the example the FLOPs were counted on; 0: no tokens
         self.spec = spec
         self.precision = precision
         self.source = source
@@ -386,10 +391,11 @@ class MfuProbe:
         return peak * self.devices if peak else peak
 
     def __call__(self, record: dict[str, Any]) -> dict[str, Any]:
-        rate = record.get("samples_per_s")
+        tokens = record.get("tokens_per_s")
+        rate = tokens / self.tokens_per_sample if tokens and self.tokens_per_sample else record.get("samples_per_s")
         if not rate:
             return {}
-        flops_per_s = rate * self.flops_per_sample
+        flops_per_s = rate * self.flops_per_sample  # with tokens: tokens/s x FLOPs per token
         out: dict[str, Any] = {"tflops": flops_per_s / 1e12}
         peak = self.peak_tflops(record.get("precision"))
         if peak:
@@ -406,15 +412,16 @@ def build_mfu_probe(
     autocast: Callable[[], Any] = contextlib.nullcontext,
     devices: int = 1,
 ) -> MfuProbe:
-    """An :class:`MfuProbe` for ``model``: FLOPs per sample from ``example_batch`` (moved to
+    """An :class:`MfuProbe` for ``model``: FLOPs per sample (and per token) from ``example_batch`` (moved to
     ``device`` here), the peak from the device name (x ``devices``, the data-parallel world).
     An unknown device is logged, not an error."""
     flops, source = estimate_flops_per_sample(model, move_to(example_batch, device), loss_fn, autocast)
+    tokens_per_sample = token_count(example_batch) / batch_size(example_batch)  # padding counted, as tokens_per_s
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     spec = lookup_peak(name) if device.type == "cuda" else None
     if spec is None:
         log.info("MFU left out: no datasheet peak for %s (achieved TFLOP/s is still recorded)", name)
-    return MfuProbe(flops, spec, precision, source, devices)
+    return MfuProbe(flops, spec, precision, source, devices, tokens_per_sample)
 
 
 # ----------------------------------------------------------------------------- NVML

@@ -71,6 +71,21 @@ def test_mfu_uses_the_peak_of_the_precision_in_use_and_is_left_out_without_a_pea
     assert MfuProbe(1e9, spec=SPEC)(_ctx(0)) == {}  # no timed window yet
 
 
+def test_tflops_and_mfu_stay_steady_across_token_batches_of_different_row_counts():
+    # data.batching=tokens: batches hold about the same tokens but 4 or 16 rows; the compute per
+    # second follows tokens/s, not samples/s.
+    model = GPT(GPTConfig(vocab_size=64, n_layer=1, n_head=2, d_model=32, block_size=64))
+    example = (torch.randint(0, 64, (4, 64)), torch.randint(0, 64, (4, 64)))
+    probe = build_probes(torch.device("cpu"), model=model, example_batch=example)[0]
+    probe.spec = SPEC
+    long_rows = probe({"samples_per_s": 4_000.0, "tokens_per_s": 256_000.0, "precision": "bf16-mixed"})  # 4 x 64
+    short_rows = probe({"samples_per_s": 16_000.0, "tokens_per_s": 256_000.0, "precision": "bf16-mixed"})  # 16 x 16
+    assert short_rows["tflops"] == pytest.approx(long_rows["tflops"])
+    assert short_rows["mfu"] == pytest.approx(long_rows["mfu"])
+    # fixed windows (every sample 64 tokens): the same figure as samples/s x FLOPs per sample
+    assert long_rows["tflops"] == pytest.approx(4_000.0 * probe.flops_per_sample / 1e12)
+
+
 def test_monitor_in_a_fit_records_achieved_tflops_from_the_same_window(tmp_path):
     torch.manual_seed(0)
     engine = Engine({"run": {"device": "cpu"}, "monitor": {"log_every": 5}})
