@@ -37,6 +37,7 @@ PRECISION_MODES = ("bf16-mixed", "fp16-mixed", "bf16-true", "fp32")
 NONFINITE_POLICIES = ("skip", "fallback", "stop")
 COMPILE_SCOPES = ("off", "model", "blocks")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that turn on triton.cudagraphs
 CHECKPOINTING_MODES = ("off", "full", "selective")
 OOM_POLICIES = ("halve", "stop")
 DIST_STRATEGIES = ("single", "ddp", "fsdp")
@@ -474,6 +475,10 @@ def validate(config: RunConfig) -> None:
         if config.model.loss == "chunked":
             raise ConfigError("data.batching = 'tokens' pads targets with -100, which model.loss = 'chunked' does not skip; "
                               f"use {setting('model.loss', 'full')}")
+        if config.compile.mode in CUDA_GRAPH_MODES:
+            raise ConfigError(f"compile.mode = {config.compile.mode!r} uses CUDA graphs, which record one graph (and its memory) "
+                              "per batch shape, and data.batching = 'tokens' makes a new shape for most batches; use "
+                              f"{setting('compile.mode', 'default')} or {setting('data.batching', 'windows')}")
         if 0 < config.batch.max_tokens < config.model.block_size:
             raise ConfigError(f"batch.max_tokens = {config.batch.max_tokens} must hold one row of model.block_size = "
                               f"{config.model.block_size} tokens; e.g. {setting('batch.max_tokens', 32 * config.model.block_size)}")

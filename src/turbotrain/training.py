@@ -44,7 +44,7 @@ from .memory import memory_summary, resolve_batch_size
 from .models.build import build_model
 from .models.gpt import GPT
 from .monitor import JsonlSink, Monitor, ProgressSink, TensorBoardSink, build_probes
-from .data.batching import build_budget_data
+from .data.batching import build_budget_data, check_resume_world
 from .lr_plateau import ObservePlateau
 from .optim import PlateauLR, lr_batch_factor, resolve_implementation, rescale_lr
 from .report import read_metrics, write_summary
@@ -61,6 +61,7 @@ from .rundir import (
     truncate_metrics,
 )
 from .runlock import RunLock
+from .sharded import saved_world
 from .tracking import run_facts
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,7 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
     plain = model  # the GPT itself: DDP wraps it, FSDP2 shards it in place
     engine, model, optimizer = t.engine, t.model, t.optimizer
     expert_parallel.attach_optimizer(plain, optimizer)  # MoE: checkpoints hold every expert's optimizer state
+    engine.set_grad_norm(expert_parallel.grad_norm(plain))  # expert parallel: clip by the norm over every rank's experts
     rank, world = engine.strategy.rank, engine.strategy.world
     # batch.micro = 'auto': search the size (or read this run's cache) before any checkpoint loads
     c, batch_search = resolve_batch_size(c, engine, model, optimizer, run_dir=run_dir, max_micro=train_windows.positions)
@@ -134,7 +136,10 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
     state = run_state(engine, model, optimizer, t.scheduler, config=(lambda: to_toml(c), lambda _: None))
     resumed_from = ""
     if resume and finished_checkpoints(run_dir / CHECKPOINTS):
-        resumed_from = restore_latest(run_dir / CHECKPOINTS, state).name
+        resumed = restore_latest(run_dir / CHECKPOINTS, state)
+        resumed_from = resumed.name
+        if c.data.batching == "tokens":  # its data position is per rank: refuse another world size
+            check_resume_world(engine.state.batches, saved_world(resumed) if resumed.is_dir() else 1, world)
     elif resume:
         log.info("%s has no finished checkpoint (it stopped before its first one): training from step 0", run_dir)
     if resume and main:  # the steps after the checkpoint run again: their old records would count twice

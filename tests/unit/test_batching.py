@@ -18,9 +18,10 @@ from turbotrain.data.batching import (
     PieceRows,
     TokenBudgetSampler,
     build_budget_loader,
+    check_resume_world,
     plan_epoch,
 )
-from turbotrain.data.documents import GPT2_END_OF_TEXT, open_documents
+from turbotrain.data.documents import GPT2_END_OF_TEXT, open_documents, separator_ends
 from turbotrain.errors import ConfigError, TurbotrainError
 from turbotrain.models.gpt import GPT, GPTConfig
 
@@ -133,6 +134,43 @@ def test_data_without_document_boundaries_is_refused_in_one_line(tmp_path):
     source = open_tokens(str(path), val_fraction=0.1, cache_dir=str(tmp_path / "cache"))
     with pytest.raises(TurbotrainError, match="no document boundaries.*data.batching=windows"):
         open_documents(str(path), source)
+
+
+def test_a_gpt2_bin_without_any_end_of_text_is_refused_not_read_as_one_document(tmp_path):
+    path = tmp_path / "tokens.bin"
+    np.arange(1, 101, dtype=np.uint16).tofile(path)  # no 50256 anywhere
+    (tmp_path / "meta.json").write_text('{"vocab_size": 50304}')
+    source = open_tokens(str(path), val_fraction=0.1, cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(TurbotrainError, match=f"no document boundaries.*{GPT2_END_OF_TEXT}.*data.batching=windows") as err:
+        open_documents(str(path), source)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 1 << 24])
+def test_separator_scan_in_chunks_finds_every_separator(tmp_path, chunk):
+    tokens = np.random.default_rng(0).integers(0, 4, 50).astype(np.uint16)  # separator 3, also at chunk edges
+    path = tmp_path / "tokens.bin"
+    tokens.tofile(path)
+    source = open_tokens(str(path), val_fraction=0.2, cache_dir=str(tmp_path / "cache"))
+    for split in (source.train, source.val):
+        want = np.flatnonzero(split.array() == 3) + 1
+        assert separator_ends(split, 3, chunk=chunk).tolist() == want.tolist()
+
+
+def test_a_resume_at_another_world_size_is_refused_naming_both():
+    # rank r reads stream batches k * world + r: after 10 batches per rank, 2 ranks have trained
+    # stream batches 0..19, and one process resuming at its batch 10 would train batch 10 again
+    two = [TokenBudgetSampler(np.full(400, 7), 16, SEQ, seed=0, rank=r, world=2) for r in (0, 1)]
+    one = TokenBudgetSampler(np.full(400, 7), 16, SEQ, seed=0)
+    assert [one.batch(k) for k in range(20)] == [two[k % 2].batch(k // 2) for k in range(20)]
+    assert one.batch(10) == two[0].batch(5)
+    with pytest.raises(TurbotrainError, match="written by 2 processes and this run has 1.*--nproc-per-node 2") as err:
+        check_resume_world(10, saved_world=2, world=1)
+    assert "\n" not in str(err.value)
+    with pytest.raises(TurbotrainError, match="written by 1 process and this run has 2.*no torchrun"):
+        check_resume_world(10, saved_world=1, world=2)
+    check_resume_world(10, saved_world=2, world=2)  # the same world size: exact
+    check_resume_world(0, saved_world=2, world=1)  # nothing read yet
 
 
 def test_token_batching_mistakes_are_one_line_config_errors():

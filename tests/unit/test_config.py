@@ -83,3 +83,12 @@ def test_errors_name_the_python_key_for_python_callers_and_the_flag_on_the_comma
     with audience("cli"), pytest.raises(ConfigError) as info:
         Engine({"precision": {"mode": "fp16-mixed"}})
     assert "use --precision.mode=fp32" in str(info.value)
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_cuda_graph_compile_modes_are_refused_with_token_batching(mode):
+    with pytest.raises(ConfigError, match=f"compile.mode = '{mode}' uses CUDA graphs.*data.batching") as err:
+        load_config("gpt-tiny", ["--data.batching=tokens", "--batch.micro=8", f"--compile.mode={mode}"])
+    assert "\n" not in str(err.value)
+    assert load_config("gpt-tiny", [f"--compile.mode={mode}"]).compile.mode == mode  # windows: one shape, fine
+    assert load_config("gpt-tiny", ["--data.batching=tokens", "--batch.micro=8"]).compile.mode == "default"

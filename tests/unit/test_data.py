@@ -3,6 +3,7 @@ import contextlib
 import errno
 import io
 import os
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,8 @@ from turbotrain.data import (
     open_tokens,
     resolve_loader_settings,
 )
+from turbotrain.data.batching import PieceRows
+from turbotrain.data.documents import Documents
 from turbotrain.data.sources import LLMC_MAGIC
 from turbotrain.errors import TurbotrainError
 
@@ -230,6 +233,22 @@ def test_a_token_file_truncated_while_training_is_an_error_not_a_bus_error(tmp_p
     message = str(caught.value)
     assert "toks.bin shrank to 1,000 bytes while in use" in message and "--resume" in message
     assert len(message.splitlines()) == 1, message
+
+
+def test_token_datasets_travel_to_a_worker_without_their_open_file_and_name_a_missing_one(tmp_path: Path):
+    path = tmp_path / "toks.bin"
+    np.arange(1, 2_001, dtype=np.uint16).tofile(path)
+    split = open_tokens(str(path), val_fraction=0.0).train
+    windows = TokenWindows(split, 16)
+    pieces = PieceRows(Documents(split, np.array([0, 100]), np.array([100, 50])), 16)
+    for data in (windows, pieces):
+        first = data.__getitems__([0, 1])
+        copy = pickle.loads(pickle.dumps(data))  # what a spawned DataLoader worker gets: opens its own file
+        assert all(torch.equal(a, b) for a, b in zip(copy.__getitems__([0, 1]), first))
+    path.unlink()
+    for data in (TokenWindows(split, 16), pickle.loads(pickle.dumps(pieces))):
+        with pytest.raises(TurbotrainError, match=r"cannot read .*toks\.bin .*--resume"):
+            data.__getitems__([0])
 
 
 @pytest.mark.parametrize("meta", ['{"vocab_size": -5}', '{"vocab_size": 0}', '{"vocab_size": 1.5}',

@@ -18,14 +18,16 @@ rows keeps the work per step even: many short rows or a few long ones.
   them by length within buckets of about 64 batches, cuts each bucket greedily into batches, and
   shuffles the batches: similar lengths share a batch, so little is padding.
 - **Exact resume.** Batch ``k`` of the stream is a function of (seed, k) alone: resuming at batch
-  ``k`` (the engine's data position) gives the batches an uninterrupted run sees.
+  ``k`` (the engine's data position) gives the batches an uninterrupted run sees. With ``world``
+  ranks, rank ``r`` reads stream batches ``k * world + r``, so the position is per rank and a
+  resume at another world size would skip or repeat batches: :func:`check_resume_world` refuses it.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -34,7 +36,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from ..errors import TurbotrainError
 from .documents import Documents, open_documents
 from .loader import LoaderSettings
-from .sources import DataReadError, TokenSource
+from .sources import PreadFile, TokenSource
 
 log = logging.getLogger(__name__)
 
@@ -141,27 +143,16 @@ class PieceRows(Dataset):
     def __init__(self, docs: Documents, seq_len: int) -> None:
         self.split, self.seq_len = docs.split, seq_len
         self.pieces = cut_pieces(docs, seq_len)
-        self._file: BinaryIO | None = None
+        self._reader = PreadFile(self.split.path)
 
     def __len__(self) -> int:
         return len(self.pieces)
-
-    def _fd(self) -> int:
-        if self._file is None:
-            try:
-                self._file = open(self.split.path, "rb", buffering=0)
-            except OSError as exc:
-                raise DataReadError(f"cannot read {self.split.path} ({exc.strerror}); put it back, then continue with --resume") from None
-        return self._file.fileno()
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_file": None}
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         offsets, lengths = self.pieces.offsets[indices], self.pieces.lengths[indices]
         width = padded_length(int(lengths.max()) - 1, self.seq_len)
         rows = np.zeros((len(indices), width + 1), dtype=np.int64)  # tokens, then the padding
-        fd = self._fd()
+        fd = self._reader.fd()
         for row, (offset, n) in enumerate(zip(offsets.tolist(), lengths.tolist())):
             rows[row, :n] = self.split.read_rows(fd, np.array([offset]), n)[0]
         x = torch.from_numpy(rows[:, :-1].copy())  # padded inputs are token 0
@@ -206,6 +197,19 @@ def padding_share(rows: PieceRows, max_tokens: int, seed: int, batches: int = 20
         real += int(rows.pieces.inputs[idx].sum())
         padded += padded_length(int(rows.pieces.inputs[idx].max()), rows.seq_len) * len(idx)
     return 1.0 - real / padded if padded else 0.0
+
+
+def check_resume_world(start: int, saved_world: int, world: int) -> None:
+    """Refuse to resume token batching at batch ``start`` > 0 under another world size than the
+    ``saved_world`` that wrote the checkpoint: ``start`` counts each rank's batches, and rank ``r``
+    reads stream batches ``k * world + r``, so another world size would skip or repeat batches."""
+    if start and saved_world and saved_world != world:
+        raise TurbotrainError(
+            f"data.batching = 'tokens' resumes exactly only at the world size that wrote the checkpoint: it was written "
+            f"by {saved_world} process{'es' if saved_world > 1 else ''} and this run has {world}; resume with "
+            f"{saved_world} process{'es' if saved_world > 1 else ''}"
+            + (f" (torchrun --nproc-per-node {saved_world})" if saved_world > 1 else " (no torchrun)")
+        )
 
 
 @dataclass

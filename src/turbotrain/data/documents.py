@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import TurbotrainError
-from .sources import SEPARATOR, TokenSource, TokenSplit, builtin_split, stdlib_files, text_files
+from .sources import TokenSource, TokenSplit, builtin_split, stdlib_files, text_files
+from .tokenizer import SEPARATOR
 
 GPT2_END_OF_TEXT = 50256  # <|endoftext|> in GPT-2's vocabulary: the separator of GPT-2-style .bin files
 
@@ -72,16 +73,34 @@ def _from_sizes(split: TokenSplit, sizes: list[int]) -> Documents:
     return _clip(split, ends - lengths - gap, lengths)
 
 
-def _from_separator(split: TokenSplit, sep: int) -> Documents:
-    """Documents that end at each ``sep`` token (kept as their last token)."""
+SCAN_CHUNK = 1 << 24  # tokens compared with the separator at a time (a bool each: 16 MB, not one per token of the file)
+
+
+def separator_ends(split: TokenSplit, sep: int, chunk: int = SCAN_CHUNK) -> np.ndarray:
+    """Positions just after each ``sep`` token of ``split`` (int64, relative to it), scanning the
+    memory map ``chunk`` tokens at a time so a large file never needs a mask of its own size."""
     tokens = split.array()
-    ends = np.flatnonzero(tokens == sep).astype(np.int64) + 1
-    if not len(ends) or ends[-1] != len(tokens):
-        ends = np.append(ends, len(tokens))
+    found = [np.flatnonzero(tokens[lo:lo + chunk] == sep).astype(np.int64) + (lo + 1) for lo in range(0, len(tokens), chunk)]
+    return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+
+
+def _from_separator(split: TokenSplit, ends: np.ndarray) -> Documents:
+    """Documents that end at each separator (kept as their last token): ``ends`` from
+    :func:`separator_ends`; the tokens after the last separator make the last document."""
+    if not len(ends) or ends[-1] != len(split):
+        ends = np.append(ends, len(split))
     starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
     lengths = ends - starts
     keep = lengths > 0
     return Documents(split, starts[keep], lengths[keep])
+
+
+def _no_boundaries(source: TokenSource, why: str = "") -> TurbotrainError:
+    return TurbotrainError(
+        f"data.batching = 'tokens' keeps documents apart, but {source.description} has no document boundaries "
+        f"turbotrain can find{why} (a text folder gives one document per file; a .bin of GPT-2 tokens is split at "
+        "<|endoftext|>; a tokenizer.json needs an <|endoftext|> token); use --data.batching=windows"
+    )
 
 
 def _byte_files(path: str) -> tuple[list[Path], list[Path] | None]:
@@ -111,9 +130,8 @@ def open_documents(path: str, source: TokenSource) -> tuple[Documents, Documents
     elif is_bin and source.vocab_size > GPT2_END_OF_TEXT:
         end = GPT2_END_OF_TEXT
     else:
-        raise TurbotrainError(
-            f"data.batching = 'tokens' keeps documents apart, but {source.description} has no document boundaries "
-            "turbotrain can find (a text folder gives one document per file; a .bin of GPT-2 tokens is split at "
-            "<|endoftext|>; a tokenizer.json needs an <|endoftext|> token); use --data.batching=windows"
-        )
-    return _from_separator(source.train, end), _from_separator(source.val, end)
+        raise _no_boundaries(source)
+    train_ends, val_ends = separator_ends(source.train, end), separator_ends(source.val, end)
+    if not len(train_ends) and not len(val_ends):  # one document of the whole file: refuse rather than guess
+        raise _no_boundaries(source, f" (no separator token {end} in it)")
+    return _from_separator(source.train, train_ends), _from_separator(source.val, val_ends)

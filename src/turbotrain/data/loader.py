@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import BinaryIO, Iterator
+from typing import Iterator
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..errors import TurbotrainError
-from .sources import DataReadError, TokenSplit
+from .sources import PreadFile, TokenSplit
 
 
 class TokenWindows(Dataset):
@@ -35,7 +35,7 @@ class TokenWindows(Dataset):
                 f"model.block_size + 1 = {seq_len + 1}; use more data or a smaller --model.block_size"
             )
         self.split, self.seq_len = split, seq_len
-        self._file: BinaryIO | None = None  # opened lazily; a forked worker may share it (pread has no position)
+        self._reader = PreadFile(split.path)
 
     @property
     def positions(self) -> int:
@@ -44,19 +44,8 @@ class TokenWindows(Dataset):
     def __len__(self) -> int:
         return self.positions
 
-    def _fd(self) -> int:
-        if self._file is None:
-            try:
-                self._file = open(self.split.path, "rb", buffering=0)
-            except OSError as exc:
-                raise DataReadError(f"cannot read {self.split.path} ({exc.strerror}); put it back, then continue with --resume") from None
-        return self._file.fileno()
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_file": None}  # a worker started by spawn opens its own
-
     def __getitems__(self, offsets: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = self.split.read_rows(self._fd(), np.asarray(offsets, dtype=np.int64), self.seq_len + 1)
+        rows = self.split.read_rows(self._reader.fd(), np.asarray(offsets, dtype=np.int64), self.seq_len + 1)
         window = torch.from_numpy(rows.astype(np.int64))
         return window[:, :-1].contiguous(), window[:, 1:].contiguous()
 

@@ -22,23 +22,21 @@ import sysconfig
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import BinaryIO, Sequence
 
 import numpy as np
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..atomic import atomic_write, clean_stale_temps
 from ..errors import TurbotrainError
-from .tokenizer import DEFAULT_BPE_VOCAB, ByteTokenizer, JsonTokenizer, Tokenizer, build_tokenizer, padded_vocab
+from .tokenizer import (BYTE_VOCAB, DEFAULT_BPE_VOCAB, MAX_VOCAB, SEPARATOR, ByteTokenizer, JsonTokenizer, Tokenizer,
+                        build_tokenizer, padded_vocab)
 
 log = logging.getLogger(__name__)
 
 LLMC_MAGIC = 20240520  # llm.c token files start with a 256 x int32 header
 GPT2_VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64
-BYTE_VOCAB = 256
-MAX_VOCAB = 1 << 16  # token ids are uint16
 CACHE_VERSION = 2  # part of every cache key: bump it when what a cache entry holds changes
-SEPARATOR = b"\n\n"  # between files in the byte stream
 ENCODE_CHUNK_BYTES = 8 << 20  # text handed to a subword tokenizer per call (~1 s; Ctrl-C is seen between calls)
 TEXT_SUFFIXES = {".txt", ".py", ".md", ".rst", ".c", ".h", ".js", ".ts", ".java", ".go", ".rs", ".json", ".toml", ".html", ".css"}
 
@@ -51,6 +49,28 @@ class DataReadError(TurbotrainError):
         if message.startswith("Caught ") and "Traceback" in message:  # re-raised from a worker process
             message = message.rstrip().splitlines()[-1].split(": ", 1)[-1]
         super().__init__(message)
+
+
+class PreadFile:
+    """A token file opened on first use for ``pread`` (reads at an offset, no file position, so a
+    forked DataLoader worker may share the descriptor), left out when pickled (a worker started
+    by spawn opens its own). A file that cannot be opened is a one-line :class:`DataReadError`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: BinaryIO | None = None
+
+    def fd(self) -> int:
+        """The open file's descriptor."""
+        if self._file is None:
+            try:
+                self._file = open(self.path, "rb", buffering=0)
+            except OSError as exc:
+                raise DataReadError(f"cannot read {self.path} ({exc.strerror}); put it back, then continue with --resume") from None
+        return self._file.fileno()
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_file": None}
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ MAX_VOCAB = 1 << 16  # token ids are stored as uint16
 DEFAULT_BPE_VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64
 VOCAB_MULTIPLE = 64  # a model vocabulary rounded up to this keeps the output matmul on fast kernel shapes
 END_OF_TEXT = "<|endoftext|>"
-SEPARATOR = b"\n\n"  # between documents, for a tokenizer without an end-of-text token
+SEPARATOR = b"\n\n"  # between files in the byte stream, and between documents for a tokenizer without an end-of-text token
 INSTALL_HINT = "pip install 'turbotrain[bpe]'"
 
 
