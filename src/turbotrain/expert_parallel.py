@@ -177,8 +177,8 @@ def shard_experts(model: nn.Module, degree: int) -> ExpertLayout | None:
         layer.dispatcher = AllToAllDispatcher(layout.ep_group, degree, n_local)
         for p in (layer.w1, layer.w2):
             p.register_hook(hook)
-        layer._register_state_dict_hook(_full_experts_hook(layout))  # checkpoints hold every expert
-        layer._register_load_state_dict_pre_hook(_local_experts_hook(layer), with_module=False)
+        layer.register_state_dict_post_hook(_full_experts_hook(layout))  # checkpoints hold every expert
+        layer.register_load_state_dict_pre_hook(_local_experts_hook(layer))
     names = [name for name, p in model.named_parameters() if any(p is q for l in layers for q in (l.w1, l.w2))]
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
     log.info("expert parallel: degree %d, rank %d holds experts %d..%d of each MoE block", degree, layout.rank, first,
@@ -229,7 +229,7 @@ def _full_experts_hook(layout: ExpertLayout) -> Any:
 
 def _local_experts_hook(layer: MoEMLP) -> Any:
     """Loading: a checkpoint's full expert tensors (any degree wrote them) -> this rank's slice."""
-    def hook(state: dict[str, Any], prefix: str, *args: Any) -> None:
+    def hook(module: nn.Module, state: dict[str, Any], prefix: str, *args: Any) -> None:
         for name in ("w1", "w2"):
             value = state.get(prefix + name)
             if isinstance(value, torch.Tensor) and value.shape[0] == layer.n_experts != layer.n_local:

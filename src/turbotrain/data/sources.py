@@ -29,13 +29,12 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeE
 
 from ..atomic import atomic_write, clean_stale_temps
 from ..errors import TurbotrainError
-from .tokenizer import (BYTE_VOCAB, DEFAULT_BPE_VOCAB, MAX_VOCAB, SEPARATOR, ByteTokenizer, JsonTokenizer, Tokenizer,
+from .tokenizer import (BYTE_VOCAB, GPT2_VOCAB, MAX_VOCAB, SEPARATOR, ByteTokenizer, JsonTokenizer, Tokenizer,
                         build_tokenizer, padded_vocab)
 
 log = logging.getLogger(__name__)
 
 LLMC_MAGIC = 20240520  # llm.c token files start with a 256 x int32 header
-GPT2_VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64
 CACHE_VERSION = 2  # part of every cache key: bump it when what a cache entry holds changes
 ENCODE_CHUNK_BYTES = 8 << 20  # text handed to a subword tokenizer per call (~1 s; Ctrl-C is seen between calls)
 TEXT_SUFFIXES = {".txt", ".py", ".md", ".rst", ".c", ".h", ".js", ".ts", ".java", ".go", ".rs", ".json", ".toml", ".html", ".css"}
@@ -386,7 +385,7 @@ def _text_vocab(spec: str, tokenizer: Tokenizer, vocab_size: int) -> int:
     """The vocabulary text tokenized with ``tokenizer`` implies: 256 for bytes, the BPE's asked-for
     size (50304 when 0), a user's tokenizer.json's rounded up to a multiple of 64."""
     if spec == "bpe":
-        return vocab_size or DEFAULT_BPE_VOCAB
+        return vocab_size or GPT2_VOCAB
     return tokenizer.vocab_size if tokenizer.name == ByteTokenizer.name else padded_vocab(tokenizer.vocab_size)
 
 

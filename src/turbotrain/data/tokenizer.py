@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 BYTE_VOCAB = 256
 MAX_VOCAB = 1 << 16  # token ids are stored as uint16
-DEFAULT_BPE_VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64
+GPT2_VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64: a .bin's default and bpe's default size
 VOCAB_MULTIPLE = 64  # a model vocabulary rounded up to this keeps the output matmul on fast kernel shapes
 END_OF_TEXT = "<|endoftext|>"
 SEPARATOR = b"\n\n"  # between files in the byte stream, and between documents for a tokenizer without an end-of-text token
@@ -181,12 +181,12 @@ def build_tokenizer(spec: str, *, train_files: Sequence[Path], vocab_size: int, 
     if spec == "bytes":
         return ByteTokenizer()
     if spec == "bpe":
-        vocab = vocab_size or DEFAULT_BPE_VOCAB
+        vocab = vocab_size or GPT2_VOCAB
         path = cache_dir / f"bpe-{key}-{vocab}.json"
         if not path.is_file():
             if not vocab_size:
                 log.info("model.vocab_size = 0: the BPE gets %d tokens (GPT-2's 50257 padded to a multiple of 64); "
-                         "set model.vocab_size for another size", DEFAULT_BPE_VOCAB)
+                         "set model.vocab_size for another size", GPT2_VOCAB)
             train_bpe(train_files, vocab, path, progress=progress)
         return JsonTokenizer(path)
     path = Path(spec).expanduser()

@@ -38,7 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..batch import batch_size, tensors_of
 from ..config import RunConfig
-from ..data.sources import BYTE_VOCAB, GPT2_VOCAB
+from ..data.tokenizer import BYTE_VOCAB, GPT2_VOCAB
 from ..engine import default_loss, resolve_device
 from ..hardware import ram_bytes
 from ..models.build import build_model

@@ -250,7 +250,7 @@ class MoEMLP(nn.Module):
         self.dropped: torch.Tensor | None = None  # () dropped assignments since the last read
         self.pending: torch.Tensor | None = None  # (E,) assignments since the last bias update
         self.grew_from = 0  # experts in the checkpoint this layer was grown from (0: not grown)
-        self._register_load_state_dict_pre_hook(self._grow_on_load)
+        self.register_load_state_dict_pre_hook(MoEMLP._grow_on_load)  # called as (module, state, prefix, ...)
 
     def _grow_on_load(self, state: dict[str, Any], prefix: str, *args: Any) -> None:
         """A checkpoint with fewer experts: grow it to this layer's (see :func:`grown_order`)
