@@ -173,7 +173,9 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
     lines = [
         f"run {run_dir}: {summary['status']} at step {summary['steps']}/{summary['max_steps']}"
         + (f" ({summary['stop_reason']})" if summary.get("stop_reason") else ""),
-        f"  {r['device']} | {r['precision']} | compile {r['compile']} | {r['optimizer']} | {r['params']:,} params",
+        f"  {r['device']} | {r['precision']} | compile {r['compile']} | {r['optimizer']} | {r['params']:,} params"
+        + (f" | {r['strategy']} x {r['world_size']} processes, global batch {r['global_batch']}"
+           if r.get("world_size", 1) > 1 else ""),
     ]
     if summary.get("final_val_loss") is not None:
         train_loss = summary.get("final_train_loss")
@@ -181,7 +183,9 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
                      + (f" | train loss {train_loss:.4f}" if train_loss is not None else ""))
     if rate:
         first = summary.get("first_step_s")  # None when this invocation trained no step (a finished run resumed)
-        lines.append(f"  {rate:,.0f} tokens/s (median)" + (f" | first step {first:.2f} s" if first is not None else "")
+        per_rank = summary.get("rank_tokens_per_s_median") if r.get("world_size", 1) > 1 else None
+        lines.append(f"  {rate:,.0f} tokens/s (median" + (f"; {per_rank:,.0f} per process)" if per_rank else ")")
+                     + (f" | first step {first:.2f} s" if first is not None else "")
                      + f" | {summary['elapsed_s']:.1f} s total")
     for e in summary.get("events", []):
         lines.append(f"  event at step {e['step']}: {e['kind']}: {e['detail']}")
