@@ -40,7 +40,6 @@ Not yet (see the issue): FSDP2 for the non-expert parameters.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -124,11 +123,11 @@ def check_config(config: RunConfig, world: int) -> None:
 
 
 def apply(config: RunConfig, model: nn.Module) -> ExpertLayout | None:
-    """What a run does with ``distributed.expert_parallel``: check it against the launch (the
-    world size from torchrun's ``WORLD_SIZE``), then :func:`shard_experts`. Nothing for degree 1."""
+    """What a run does with ``distributed.expert_parallel``: :func:`shard_experts` (the run's rules
+    were checked against the launch by :func:`check_config` before the process group was joined).
+    Nothing for degree 1."""
     if config.distributed.expert_parallel == 1:
         return None
-    check_config(config, int(os.environ.get("WORLD_SIZE", "1")))
     return shard_experts(model, config.distributed.expert_parallel)
 
 

@@ -278,11 +278,12 @@ def facts(training: Training, ctx: FitContext | None, status: str, elapsed_s: fl
 
 
 def check_launch(config: RunConfig, topology: Topology) -> RunConfig:
-    """``config`` checked against the launch (the strategy, the global batch over ``world``
-    ranks) without any communication, so every rank finds the same mistake before joining the
+    """``config`` checked against the launch (the strategy, expert parallelism, the global batch
+    over ``world`` ranks) without any communication, so every rank finds the same mistake before joining the
     process group; with ``batch.global_size`` and a numeric ``batch.micro`` the accumulation
     follows (global = micro x accumulation x world)."""
     resolve_strategy(config.distributed, topology)
+    expert_parallel.check_config(config, topology.world)
     b = config.batch
     if b.global_size > 0 and isinstance(b.micro, int):
         per_step = b.micro * topology.world
