@@ -150,17 +150,19 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
                     100 * c.train.max_steps / c.optim.warmup_steps, setting("optim.warmup_steps", c.train.max_steps))
 
     settings = resolve_loader_settings(engine.device, c.data.num_workers, c.data.pin_memory, c.data.prefetch_factor)
-    # each rank its rows of every global micro-batch (rank r: rows r*micro ... (r+1)*micro - 1)
-    loader = build_loader(train_windows, c.batch.micro, c.run.seed, settings, start=engine.state.batches, rank=rank, world=world)
+    if c.data.batching == "tokens":  # documents kept apart, batches by token budget
+        budget = build_budget_data(
+            c.data.path, source, c.model.block_size, c.batch.max_tokens or c.batch.micro * c.model.block_size, c.run.seed,
+            settings, start=engine.state.batches, eval_batches=c.train.eval_batches, rank=rank, world=world,
+        )
+        loader, val_batches, example = budget.loader, budget.val_batches, budget.example
+    else:  # each rank its rows of every global micro-batch (rank r: rows r*micro ... (r+1)*micro - 1)
+        budget = None
+        loader = build_loader(train_windows, c.batch.micro, c.run.seed, settings, start=engine.state.batches, rank=rank, world=world)
+        val_batches = fixed_batches(val_windows, c.batch.micro, c.train.eval_batches, seed=c.run.seed + 1,
+                                    rank=rank, world=world) if val_windows else []
+        example = fixed_batches(train_windows, c.batch.micro, 1, seed=c.run.seed)[0]
     loader = engine.setup_loader(loader)
-    val_batches = fixed_batches(val_windows, c.batch.micro, c.train.eval_batches, seed=c.run.seed + 1,
-                                rank=rank, world=world) if val_windows else []
-    budget = build_budget_data(  # data.batching = 'tokens': documents kept apart, batches by token budget
-        c.data.path, source, c.model.block_size, c.batch.max_tokens or c.batch.micro * c.model.block_size, c.run.seed,
-        settings, start=engine.state.batches, eval_batches=c.train.eval_batches, rank=rank, world=world,
-    ) if c.data.batching == "tokens" else None
-    if budget is not None:
-        loader, val_batches = engine.setup_loader(budget.loader), budget.val_batches
 
     resolved = {
         "device": str(engine.device),
@@ -192,7 +194,6 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
         sinks.append(TensorBoardSink(run_dir / TENSORBOARD_DIR))
     if show:
         sinks.append(ProgressSink(c.train.max_steps, engine.state.step))
-    example = budget.example if budget else fixed_batches(train_windows, c.batch.micro, 1, seed=c.run.seed)[0]
     probes = build_probes(  # memory + NVML on CUDA; MFU from FLOPs per sample, counted once here
         engine.device, model=plain, example_batch=example,
         precision=engine.precision.name, nvml_enabled=c.monitor.nvml, autocast=engine.autocast, devices=world,
