@@ -193,9 +193,11 @@ def build_strategy(cfg: DistributedConfig, device: torch.device, topology: Topol
 
 
 def local_device(device: torch.device, topology: Topology) -> torch.device:
-    """Under a launcher, CUDA means this process's own GPU (``cuda:LOCAL_RANK``), made current."""
-    if device.type == "cuda" and topology.launched and device.index is None:
-        device = torch.device("cuda", topology.local_rank)
+    """Under a launcher, CUDA means this process's own GPU (``cuda:LOCAL_RANK``), made current;
+    in a plain process a bare ``cuda`` means the current GPU, given its index (torch's
+    ``set_device`` and device comparisons need one)."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", topology.local_rank if topology.launched else torch.cuda.current_device())
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return device

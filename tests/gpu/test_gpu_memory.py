@@ -37,9 +37,15 @@ def test_finder_under_a_cap_then_trains_without_exceeding_it(tmp_path):
         "compile": {"scope": "off"},
         "batch": {"micro": "auto", "max_memory_gib": cap_gib, "global_size": 256},
     })
-    resting = storage_bytes(list(model.parameters()) + list(model.buffers()))
+    # One small forward/backward first: the cuBLAS workspaces (one per stream, autograd's included,
+    # tens of MiB on Hopper, held by the caching allocator for the process's life) exist before
+    # the baseline is read, so the check sees only what the search itself left behind.
+    model(torch.randint(0, 50304, (1, 16), device=engine.device)).float().mean().backward()
+    model.zero_grad(set_to_none=True)
+    resting = torch.cuda.memory_allocated()
+    assert resting >= storage_bytes(list(model.parameters()) + list(model.buffers()))
     config, search = resolve_batch_size(config, engine, model, optimizer, run_dir=tmp_path)
-    assert torch.cuda.memory_allocated() <= resting + 64 * 2**20  # the search freed what it allocated
+    assert torch.cuda.memory_allocated() <= resting + 16 * 2**20  # the search freed what it allocated
     assert not optimizer.state
     assert config.batch.micro * config.batch.accumulation == 256
     assert search.chosen_peak_bytes * 1.1 <= cap_gib * GIB
