@@ -37,6 +37,7 @@ from .distributed import Topology, decided_by_main, join_process_group, local_de
 from .engine import Engine, resolve_device
 from . import expert_parallel
 from .experts_monitor import experts_hooks
+from .hardware import ram_bytes
 from .errors import ConfigError
 from .hooks import Evaluate, FitContext, Hook, StopAfter, StopOnSignal
 from .loop import fit
@@ -285,6 +286,7 @@ def check_launch(config: RunConfig, topology: Topology) -> RunConfig:
     follows (global = micro x accumulation x world)."""
     resolve_strategy(config.distributed, topology)
     expert_parallel.check_config(config, topology.world)
+    _check_weights_fit(config)
     b = config.batch
     if b.global_size > 0 and isinstance(b.micro, int):
         per_step = b.micro * topology.world
@@ -300,6 +302,27 @@ def check_launch(config: RunConfig, topology: Topology) -> RunConfig:
                 f"accumulation x world = {b.micro} x {accumulation} x {topology.world}; set one of them")
         config = config.replace(batch={"accumulation": accumulation})
     return config
+
+
+def weight_count(m: Any) -> int:
+    """A lower bound on the parameters of the model section ``m`` describes (the embeddings of at
+    least 256 tokens, attention, MLPs or every expert's MLP): the model is built in float32 on the
+    host before anything moves it or spreads its experts."""
+    d, vocab = m.d_model, max(m.vocab_size, 256)
+    hidden = m.expert_hidden or 4 * d
+    moe = m.n_layer // m.moe_every if m.arch == "moe" else 0
+    return vocab * d + m.block_size * d + m.n_layer * 4 * d * d + (m.n_layer - moe) * 8 * d * d + moe * m.n_experts * 2 * d * hidden
+
+
+def _check_weights_fit(config: RunConfig) -> None:
+    """Sizes each inside their range can still multiply into a model whose weights alone exceed
+    this machine's memory (an allocator traceback minutes later): said in one line instead."""
+    total, _ = ram_bytes()
+    need = 4 * weight_count(config.model)
+    if total and need > total:
+        raise ConfigError(f"the model section describes at least {weight_count(config.model):,} parameters: {need / 2**30:,.1f} "
+                          f"GiB of float32 weights alone, more than this machine's {total / 2**30:,.1f} GiB of memory; make "
+                          "model.n_layer, model.d_model, model.n_experts or model.expert_hidden smaller")
 
 
 def train(config: RunConfig, *, resume_dir: Path | None = None, progress: bool | None = None,

@@ -1,10 +1,12 @@
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 
 from turbotrain import Engine
-from turbotrain.config import RunConfig, audience, describe, load_config, parse_overrides, preset_names, to_toml
+from turbotrain.cli import main
+from turbotrain.config import SECTIONS, RunConfig, audience, describe, load_config, parse_overrides, preset_names, range_text, to_toml
 from turbotrain.errors import ConfigError
 
 
@@ -26,7 +28,7 @@ def test_overrides_are_typed_and_win_over_the_preset():
         (["--nosuch.key=1"], ["nosuch", "valid sections"]),
         (["--train.max_steps=ten"], ["train.max_steps", "int"]),
         (["--precision.mode=fp8"], ["precision.mode", "bf16-mixed", "fp16-mixed", "fp32"]),
-        (["--train.max_steps=0"], ["train.max_steps", ">= 1"]),
+        (["--train.max_steps=0"], ["train.max_steps", "range [1, 99999999]"]),
         (["--batch.micro=big"], ["batch.micro", "auto"]),
         (["--model.d_model=100", "--model.n_head=3"], ["model.d_model", "divisible"]),
         (["--compile.scope=everything"], ["compile.scope", "blocks"]),
@@ -92,3 +94,45 @@ def test_cuda_graph_compile_modes_are_refused_with_token_batching(mode):
     assert "\n" not in str(err.value)
     assert load_config("gpt-tiny", [f"--compile.mode={mode}"]).compile.mode == mode  # windows: one shape, fine
     assert load_config("gpt-tiny", ["--data.batching=tokens", "--batch.micro=8"]).compile.mode == "default"
+
+
+# Issue 23, item 2: values that hung a run, stalled it silently, ended in allocator or overflow
+# tracebacks, or silently built a dense model.
+@pytest.mark.parametrize(
+    "args, field, words",
+    [
+        (["--distributed.timeout_s", "1e11"], "distributed.timeout_s", ["[1, 2147483]"]),  # hung under torchrun
+        (["--distributed.timeout_s", "1e10"], "distributed.timeout_s", ["[1, 2147483]"]),  # DistNetworkError
+        (["--distributed.timeout_s", "1e15"], "distributed.timeout_s", ["[1, 2147483]"]),  # OverflowError
+        (["--batch.global_size", "4611686018427387904"], "batch.global_size", ["[0, 1048576]"]),  # stalled
+        (["--data.prefetch_factor", "1000000000"], "data.prefetch_factor", ["[1, 256]"]),  # stalled
+        (["--model.n_experts", "1000000000"], "model.n_experts", ["[1, 4096]"]),
+        (["--model.expert_hidden", "4611686018427387904"], "model.expert_hidden", ["[0, 1048576]"]),
+        (["--model.capacity_factor", "1e300"], "model.capacity_factor", ["[0, 4096]"]),
+        (["--distributed.bucket_cap_mb", "4611686018427387904"], "distributed.bucket_cap_mb", ["[1, 1048576]"]),
+        (["--model.moe_every", "99"], "model.moe_every", ["model.n_layer = 4"]),  # built a dense model
+        (["--model.capacity_factor", "5"], "model.capacity_factor", ["n_experts / model.top_k = 4"]),
+        (["--model.n_experts", "4096", "--model.expert_hidden", "1048576"], "model.n_experts", ["GiB", "memory"]),
+    ],
+)
+def test_a_value_outside_its_range_is_one_line_naming_the_field_and_exit_2(tmp_path, capsys, args, field, words):
+    code = main(["train", "--preset", "moe-tiny", f"--run.out_dir={tmp_path}", "--run.device=cpu", *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("turbotrain train: error: ") and field in err, err
+    for word in words:
+        assert word in err, err
+    assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_every_numeric_field_declares_its_range_and_help_config_shows_it():
+    text = describe()
+    for name, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            if isinstance(f.default, (int, float)) and not isinstance(f.default, bool):
+                assert range_text(f), f"{name}.{f.name} declares no range"
+                line = next(x for x in text.splitlines() if x.startswith(f"  --{name}.{f.name}="))
+                assert f"(range {range_text(f)})" in line, line
+    assert "--distributed.timeout_s=300.0" in text and "(range [1, 2147483])" in text
+    for preset in preset_names():
+        load_config(preset)  # every shipped preset lies inside the ranges
