@@ -9,9 +9,7 @@ The long series (more points, a soak) is benchmarks/fault_injection.py.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import resource
 import signal
 import subprocess
@@ -29,6 +27,7 @@ from turbotrain.training import train
 
 from conftest import tiny_overrides
 from faults.faultenv import fault_env
+from faults.limits import tmpfs
 from test_train_cli import _args, _one_line_error
 
 MAX_STEPS = 8  # checkpoints at 3, 6 and 8 (tiny config: checkpoint_every 3)
@@ -144,18 +143,9 @@ def test_a_signal_during_start_up_stops_cleanly(tmp_path, text_file):
     assert _summary(run)["steps"] == 3 and [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_00000003.pt"]
 
 
-@contextlib.contextmanager
 def _small_disk(folder: Path, size_bytes: int):
     """A tmpfs of ``size_bytes`` at ``folder`` (root with mount rights); otherwise None."""
-    folder.mkdir(parents=True, exist_ok=True)
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(folder)],
-                                           capture_output=True).returncode != 0:
-        yield False
-        return
-    try:
-        yield True
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+    return tmpfs(folder, f"size={size_bytes}")
 
 
 def test_a_full_disk_ends_in_one_line_and_loses_nothing(tmp_path, text_file, capsys):

@@ -1,9 +1,7 @@
-import contextlib
 import hashlib
 import json
 import os
 import pickle
-import resource
 import shutil
 import subprocess
 import sys
@@ -33,6 +31,8 @@ from turbotrain.errors import TurbotrainError
 from turbotrain.hooks import FitContext
 from turbotrain.models.build import build_model
 from turbotrain.training import train
+
+from faults.limits import file_size_limit
 
 
 def _payload(v: float) -> dict:
@@ -130,24 +130,13 @@ def test_a_malicious_pickle_never_runs_even_with_a_valid_checksum(tmp_path: Path
     assert path.name == "step_00000001.pt" and not marker.exists()
 
 
-@contextlib.contextmanager
-def _file_size_limit(n_bytes: int):
-    """``ulimit -f``: writes past ``n_bytes`` fail with EFBIG (Python ignores SIGXFSZ)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (n_bytes, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-
-
 def test_a_full_disk_is_one_error_naming_the_file_and_leaves_no_temp_file(tmp_path: Path):
     """Defect 5: torch.save reported a full disk as `RuntimeError: ... unexpected pos` and the
     atomic writer left its temp file."""
     first = save_checkpoint(tmp_path, 1, _payload(1))
     target = tmp_path / "big.bin"
     target.write_bytes(b"old")
-    with _file_size_limit(4096):
+    with file_size_limit(4096):
         with pytest.raises(DiskFullError, match="big.bin: File too large"):
             atomic_write(target, b"x" * 100_000)
         with pytest.raises(DiskFullError, match="step_00000002.pt: File too large"):
@@ -313,7 +302,7 @@ def test_sample_reads_a_sharded_checkpoint_as_it_reads_a_pt_one(tmp_path: Path, 
 def test_a_full_disk_during_a_sharded_save_is_one_error_and_keeps_the_previous_one(tmp_path: Path):
     first = save_sharded(tmp_path, 1, _state(*_trained(1)))
     big = torch.nn.Linear(200, 200)
-    with _file_size_limit(16384):
+    with file_size_limit(16384):
         with pytest.raises(DiskFullError, match="cannot write .*step_00000002: .*ulimit -f"):
             save_sharded(tmp_path, 2, RunState(model=big, optimizer=torch.optim.AdamW(big.parameters())))
     assert [p.name for p in tmp_path.iterdir()] == [first.name] and is_verified(first)

@@ -28,9 +28,9 @@ from typing import BinaryIO, Sequence
 import numpy as np
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..atomic import atomic_write, clean_stale_temps
+from ..atomic import atomic_write, clean_stale_temps, make_dirs
 from ..errors import TurbotrainError
-from .tokenizer import (BYTE_VOCAB, GPT2_VOCAB, MAX_VOCAB, SEPARATOR, ByteTokenizer, JsonTokenizer, Tokenizer,
+from .tokenizer import (BYTE_VOCAB, CACHE_HINT, GPT2_VOCAB, MAX_VOCAB, SEPARATOR, ByteTokenizer, JsonTokenizer, Tokenizer,
                         build_tokenizer, padded_vocab)
 
 log = logging.getLogger(__name__)
@@ -175,6 +175,17 @@ def _stdlib_files() -> tuple[Path, ...]:
     return tuple(sorted(files, key=lambda p: p.relative_to(root).as_posix()))
 
 
+def _cache_write(path: Path, content: np.ndarray | str) -> None:
+    """One cache file, atomically; a full disk, a file-size limit or a refused write is one line."""
+    atomic_write(path, content, hint=CACHE_HINT)
+
+
+def _open_cache(cache_dir: Path) -> None:
+    """Create the cache folder (one line when it cannot be) and remove what killed writers left."""
+    make_dirs(cache_dir, hint=CACHE_HINT)
+    clean_stale_temps(cache_dir)
+
+
 def _unreadable(path: Path | str, exc: OSError) -> DataReadError:
     return DataReadError(f"cannot read {path} ({exc.strerror}); fix its permissions or move it out of the data folder")
 
@@ -251,8 +262,7 @@ def byte_tokenize(files: list[Path], cache_dir: Path) -> Path:
     Returns its path. The entry is keyed on the files as they were read and used again only when
     its size matches them; it is written atomically (:func:`turbotrain.atomic.atomic_write`).
     """
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    clean_stale_temps(cache_dir)
+    _open_cache(cache_dir)
     listed = [_listed(f) for f in files]
     out = _cache_path(cache_dir, listed)
     if out.is_file() and out.stat().st_size == _cached_bytes(listed):
@@ -264,7 +274,7 @@ def byte_tokenize(files: list[Path], cache_dir: Path) -> Path:
         read.append(key)
     out = _cache_path(cache_dir, read)  # a file changed between listing and reading: key what was read
     data = np.frombuffer(b"".join(chunks), dtype=np.uint8).astype(np.uint16)
-    atomic_write(out, data.tofile)
+    _cache_write(out, data)
     return out
 
 
@@ -296,8 +306,7 @@ def tokenize_files(files: list[Path], cache_dir: Path, tokenizer: Tokenizer, pro
     on a terminal when ``progress``; Ctrl-C between chunks of ~8 MB leaves nothing behind."""
     if tokenizer.name == ByteTokenizer.name:
         return byte_tokenize(files, cache_dir)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    clean_stale_temps(cache_dir)
+    _open_cache(cache_dir)
     listed = [_listed(f) for f in files]
     out = _cache_path(cache_dir, listed, tokenizer.name)
     if _complete(out):
@@ -321,8 +330,8 @@ def tokenize_files(files: list[Path], cache_dir: Path, tokenizer: Tokenizer, pro
             bar.advance(task, sum(len(t) for t in texts))
     tokens = np.concatenate(parts) if parts else np.zeros(0, np.uint16)
     out = _cache_path(cache_dir, read, tokenizer.name)  # a file changed between listing and reading: key what was read
-    atomic_write(out, tokens.tofile)
-    atomic_write(out.with_suffix(".json"), json.dumps({"vocab_size": padded_vocab(tokenizer.vocab_size),
+    _cache_write(out, tokens)
+    _cache_write(out.with_suffix(".json"), json.dumps({"vocab_size": padded_vocab(tokenizer.vocab_size),
                                                        "tokens": int(tokens.size), "tokenizer": tokenizer.name}))
     log.info("%d files -> %s tokens (%.2f bytes/token) in %.1f s", len(files), f"{tokens.size:,}",
              sum(k[1] for k in read) / max(1, tokens.size), time.perf_counter() - start)
@@ -426,6 +435,9 @@ def open_tokens(path: str, *, val_fraction: float, cache_dir: str = "", tokenize
     p = Path(path).expanduser()
     if not p.exists():
         raise TurbotrainError(f"data path {path!r} does not exist; pass --data with a .bin token file, a text file or a folder")
+    if not (p.is_file() or p.is_dir()):
+        raise TurbotrainError(f"data path {path!r} is {_kind(p)}, not a file or a folder; pass --data with a .bin "
+                              "token file, a text file or a folder of text files")
     if p.is_file() and p.suffix == ".bin":
         if tokenizer == "bpe":
             raise TurbotrainError(f"data.tokenizer = 'bpe' trains on text, but {path} is already tokens; pass the "
@@ -451,6 +463,17 @@ def open_tokens(path: str, *, val_fraction: float, cache_dir: str = "", tokenize
     train, val = _split(tp, 0, n, val_fraction)
     unit = "bytes" if tok.name == ByteTokenizer.name else f"tokens, {tok.name}"
     return TokenSource(train, val, _text_vocab(tokenizer, tok, vocab_size), f"{p} ({len(files)} files, {n:,} {unit})", tok)
+
+
+def _kind(p: Path) -> str:
+    """What a path that is neither a regular file nor a folder is, in words."""
+    if p.is_fifo():
+        return "a named pipe (FIFO)"
+    if p.is_char_device() or p.is_block_device():
+        return "a device"
+    if p.is_socket():
+        return "a socket"
+    return "not a regular file"
 
 
 def _tokens_note(tok: Tokenizer) -> str:

@@ -29,7 +29,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from ..atomic import atomic_write
+from ..atomic import atomic_write, make_dirs
 from ..errors import TurbotrainError
 from ..rundir import TOKENIZER_FILE
 
@@ -42,6 +42,7 @@ VOCAB_MULTIPLE = 64  # a model vocabulary rounded up to this keeps the output ma
 END_OF_TEXT = "<|endoftext|>"
 SEPARATOR = b"\n\n"  # between files in the byte stream, and between documents for a tokenizer without an end-of-text token
 INSTALL_HINT = "pip install 'turbotrain[bpe]'"
+CACHE_HINT = "choose another folder with --data.cache_dir (or make that one writable)"
 
 
 class Tokenizer(Protocol):
@@ -137,7 +138,11 @@ tok.decoder = tk.decoders.ByteLevel()
 trainer = tk.trainers.BpeTrainer(vocab_size=a["vocab"], special_tokens=[a["eot"]], show_progress=a["progress"],
                                  initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet())
 tok.train_from_iterator(texts(), trainer, length=len(a["files"]))
-tok.save(a["out"])
+try:
+    tok.save(a["out"])
+except Exception as exc:  # the package's own error type; a full disk or a refused write
+    print(f"cannot write {a['out']} ({' '.join(str(exc).split())[:200]})", flush=True)
+    sys.exit(3)
 """
 
 
@@ -153,7 +158,7 @@ def train_bpe(files: Sequence[Path], vocab_size: int, out: Path, progress: bool 
     mb = sum(f.stat().st_size for f in files) / 1e6
     log.info("training a byte-level BPE of %d tokens on %d files (%.1f MB); cached for later runs", vocab_size, len(files), mb)
     start = time.perf_counter()
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(out.parent, hint=CACHE_HINT)
     partial = out.with_name(f".{out.stem}-train{out.suffix}.tmp{os.getpid()}")  # clean_stale_temps knows the pattern
     request = {"files": [str(f) for f in files], "vocab": vocab_size, "eot": END_OF_TEXT, "progress": progress,
                "out": str(partial)}
@@ -163,7 +168,7 @@ def train_bpe(files: Sequence[Path], vocab_size: int, out: Path, progress: bool 
         if child.returncode != 0:
             reason = said.strip().splitlines()[-1] if said.strip() else f"exit code {child.returncode}"
             raise TurbotrainError(f"training the BPE failed: {reason}")
-        atomic_write(out, partial.read_bytes())
+        atomic_write(out, partial.read_bytes(), hint=CACHE_HINT)
     finally:
         if child.poll() is None:
             child.kill()
