@@ -1,41 +1,72 @@
-# Shared by gpu_proof.sh and gpu_rest.sh (sourced, not run). Budget, phases, steps and packing:
-#   start_script NAME   find the GPU, make benchmarks/results/<gpu>/NAME/ ($RES), start the log
+# Shared by the GPU scripts (sourced, not run): budget, phases, steps and packing.
+#   start_script NAME   find the GPU, make benchmarks/results/<gpu>/NAME/ ($RES), start the log,
+#                       write COMMAND.txt (the script that was run, the commit, the GPU)
 #   phase NAME SECONDS  start a phase, or skip it (saying so) when fewer seconds are left
 #   step SECONDS CMD..  run CMD under `timeout -k` within the phase and the budget, log its output
 #   step_to FILE SECONDS CMD..   the same, CMD's stdout into FILE
-#   keep_row_logs NAME  copy the bench rows' logs of phase NAME into $RES/logs/
+#   keep_row_logs NAME  copy the bench rows' log.txt and result.json of phase NAME into $RES/logs/
+#   keep_runs           copy the train runs' summaries, metrics, configs and plots into $RES/runs/
 #   pack                $RES -> $OUT/$NAME.tgz as <gpu>/NAME/... (after every phase: a cut command keeps its work)
 #   finish_script       the summary line: phases run and skipped
-# Needs: PY, OUT, BUDGET_S, KILL_AFTER set by the caller; the repo root as the working directory.
+# Sourced from the repo root. Environment: OUT (where the two files go back; default
+# /tmp/turbotrain-gpu-NAME), BUDGET_S (the whole command's cap, default 570 s), PYTHON (the
+# interpreter; tests dry-run the scripts with a stand-in), TT_COMMIT (below), RESULTS and WORK.
+#
+# The step limits of each script are its plan: tests/unit/test_gpu_scripts.py reads them from the
+# script's `step N` / `step_to FILE N` lines and checks they sum to <= 540 s of the device's 600 s
+# per command (the rest: the GPU probe, packing, and `timeout -k`'s grace after a limit).
+#
+# Provenance: the device machine gets the working tree without .git, so the commit comes from
+# TT_COMMIT when it is set (put it in the device command from the host side:
+# TT_COMMIT=<output of git rev-parse HEAD here>), else from git, else "unknown". TT_COMMIT stays
+# exported, so every result file the Python side writes (bench/results.py) records the same commit.
+
+set -uo pipefail
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+BUDGET_S=${BUDGET_S:-570}
+KILL_AFTER=15  # seconds between a step's SIGTERM at its limit and SIGKILL: a graceful save fits
 
 start_script() {
   NAME=$1
+  OUT=${OUT:-/tmp/turbotrain-gpu-$NAME}
+  SCRIPT=benchmarks/$(basename "$0")  # the script actually run (we are in the repo root)
   START=$(date +%s)
   mkdir -p "$OUT"
   LOG="$OUT/$NAME.log"
   : > "$LOG"
   GPU=$(timeout -k 5 60 "$PY" -c 'import torch; assert torch.cuda.is_available(); print(torch.cuda.get_device_name(0))' 2>>"$LOG") \
-    || { echo "gpu_$NAME.sh: no CUDA GPU visible to torch" | tee -a "$LOG" >&2; exit 1; }
+    || { echo "$(basename "$0"): no CUDA GPU visible to torch" | tee -a "$LOG" >&2; exit 1; }
   SLUG=$(printf '%s' "$GPU" | tr '[:upper:]' '[:lower:]' | sed -E 's/[^a-z0-9]+/-/g; s/^-+|-+$//g')
   RES=${RESULTS:-benchmarks/results}/$SLUG/$NAME
   WORK=${WORK:-/tmp/turbotrain-gpu-$NAME-work}
+  RUNS="$WORK/runs"
   rm -rf "$RES" "$WORK"  # a re-run must not pass off an earlier run's results as its own
   mkdir -p "$RES/logs" "$WORK"
   RAN=() SKIPPED=()
+  local commit args="${*:2}"
+  if [ -n "${TT_COMMIT:-}" ]; then
+    export TT_COMMIT
+    commit="$TT_COMMIT (from TT_COMMIT)"
+  elif commit=$(git rev-parse HEAD 2>/dev/null); then
+    git diff --quiet HEAD 2>/dev/null || commit="$commit (with uncommitted changes)"
+  else
+    commit=unknown
+  fi
   {
-    echo "command: OUT=$OUT BUDGET_S=$BUDGET_S bash benchmarks/gpu_$NAME.sh ${*:2}"
-    echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+    echo "command: ${TT_COMMIT:+TT_COMMIT=$TT_COMMIT }OUT=$OUT BUDGET_S=$BUDGET_S bash $SCRIPT${args:+ $args}"
+    echo "commit: $commit"
     echo "gpu: $GPU"
     echo "started: $(date -u +%FT%TZ)"
   } > "$RES/COMMAND.txt"
-  say "gpu_$NAME.sh on $GPU -> $RES (budget ${BUDGET_S}s)"
+  say "$SCRIPT on $GPU -> $RES (budget ${BUDGET_S}s, commit $commit)"
 }
 
 elapsed() { echo $(( $(date +%s) - START )); }
 left() { echo $(( BUDGET_S - $(elapsed) )); }
 say() { echo "== $* (+$(elapsed)s)" | tee -a "$LOG"; }
 
-phase() {  # phase NAME SECONDS_NEEDED
+phase() {  # phase NAME SECONDS_NEEDED (the least worth starting: its first rows, its first run)
   PHASE=$1
   if (( $(left) < $2 )); then
     PHASE_OK=0
@@ -76,11 +107,26 @@ step_to() {  # step_to FILE SECONDS CMD...
   say "$PHASE: exit $?"
 }
 
-keep_row_logs() {
-  for log in "$WORK/$1"/*/*/log.txt "$WORK/$1"/*/log.txt; do
-    [ -f "$log" ] || continue
-    cp "$log" "$RES/logs/$1--$(basename "$(dirname "$log")").txt"
+keep_row_logs() {  # each row's log and its own result.json: a bench cut at its limit still shows every finished row
+  local dir row
+  for dir in "$WORK/$1"/*/*/ "$WORK/$1"/*/; do
+    [ -f "$dir/log.txt" ] || [ -f "$dir/result.json" ] || continue
+    row=$(basename "$dir")
+    [ -f "$dir/log.txt" ] && cp "$dir/log.txt" "$RES/logs/$1--$row.txt"
+    [ -f "$dir/result.json" ] && cp "$dir/result.json" "$RES/logs/$1--$row.result.json"
   done
+  return 0
+}
+
+keep_runs() {  # summaries, metrics, configs and plots of the train runs under $RUNS (not their checkpoints)
+  local r
+  for r in "$RUNS"/*/; do
+    [ -d "$r" ] || continue
+    mkdir -p "$RES/runs/$(basename "$r")"
+    cp "$r"/summary.json "$r"/summary.md "$r"/metrics.jsonl "$r"/config.toml "$RES/runs/$(basename "$r")/" 2>/dev/null
+    cp -r "$r"/plots "$RES/runs/$(basename "$r")/" 2>/dev/null
+  done
+  return 0
 }
 
 pack() {

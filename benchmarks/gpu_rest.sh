@@ -1,83 +1,64 @@
 #!/usr/bin/env bash
-# The rest of the GPU figures, after benchmarks/gpu_proof.sh, in three more device commands (each
-# budgeted at BUDGET_S = 530 s of the device's 600; a phase that no longer fits is skipped, saying so):
+# GPU plan, command 3 of 3: the rest of the figures in one device command (step limits: 540 s,
+# checked by tests/unit/test_gpu_scripts.py; BUDGET_S = 570 s caps the whole; a phase that no
+# longer fits is skipped, saying so). Most decisive first:
 #
-#   bash benchmarks/gpu_rest.sh bench   W1 precision matrix; W2 cnn-224 and cnn-cifar (data on the
-#                                       GPU) side by side                                 (~320 s)
-#   bash benchmarks/gpu_rest.sh ablation  W1 optimization ablation: 12 rows, four of them compiled
-#                                       (eager ~20 s, compiled ~60 s each), alone: a bench writes
-#                                       its JSON only when every row has run                (~500 s)
-#   bash benchmarks/gpu_rest.sh train   the product's own path: `turbotrain train --preset gpt2-small
-#                                       --data.tokenizer=bpe` (a 50304-token BPE trained offline on the
-#                                       built-in corpus: a real 124M GPT-2 small on subword tokens) with its report;
-#                                       the batch finder on gpt2-small and gpt2-medium; checkpointing
-#                                       off/full at the found size; `turbotrain memory --measure`  (~480 s)
+#   phase          limit  measured on one H100 80GB HBM3 on 2026-11-24 (PyTorch 2.11, 16 cores)
+#   w1-precision    115   not yet with compile off: 5 eager rows (fp32 step 292 ms), ~15-20 s each
+#   nccl             50   not yet: `torchrun --nproc-per-node 1 -m turbotrain train` on gpt-tiny
+#                         (compile off, 30 steps, a final checkpoint), --distributed.strategy ddp,
+#                         then fsdp (FSDP2): NCCL joins, wraps, trains, saves. ~15-20 s each expected
+#   train-w1         85   65 s: `turbotrain train --preset gpt2-small --data.tokenizer=bpe` (a
+#                         50304-token BPE trained on the built-in corpus, ~15 s on 16 cores, cached
+#                         after) with compile, 120 steps, its summary and plots
+#   w2-cnn-224      150   135 s: cnn-224 eager, handtuned, accelerate, lightning, turbotrain
+#   w2-cnn-cifar    140   120 s: the same five on cnn-cifar (data resident on the GPU)
 #
-# Each run is short on purpose (tens of steps, checkpoints only at the end) so SIGTERM's graceful
-# save fits in `timeout -k`'s grace; the finder runs (whose trials never compile) train with compile
-# off to stay short, and say so in their run names. Results: benchmarks/results/<gpu>/rest-<group>/, packed
-# into $OUT/rest-<group>.tgz after every phase, with $OUT/rest-<group>.log.
-set -uo pipefail
+# (the W2 compares share one compile cache per bench: time to first step is then a lower bound).
+# The batch finder, activation checkpointing and `turbotrain memory --measure` do not fit here:
+# benchmarks/gpu_extra.sh, a fourth command for a later window. The GPU tests run in gpu_proof.sh.
+#
+#   TT_COMMIT=<sha> OUT=/some/dir bash benchmarks/gpu_rest.sh   # <sha>: `git rev-parse HEAD` on the host
+#
+# Each train run is short on purpose (tens of steps, a checkpoint only at the end) so SIGTERM's
+# graceful save fits in `timeout -k`'s grace. Results: benchmarks/results/<gpu>/rest/, packed into
+# $OUT/rest.tgz after every phase, with $OUT/rest.log.
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-PY=${PYTHON:-python3}
-GROUP=${1:-}
-case "$GROUP" in bench|ablation|train) ;; *) echo "gpu_rest.sh: give a group: bench, ablation or train" >&2; exit 2;; esac
-OUT=${OUT:-/tmp/turbotrain-gpu-rest}
-BUDGET_S=${BUDGET_S:-530}
-KILL_AFTER=15
-. benchmarks/gpu_common.sh
-start_script "rest-$GROUP" "$@"
-RUNS="$WORK/runs"
+. benchmarks/gpu_common.sh  # set -uo pipefail, PY, BUDGET_S (570), KILL_AFTER, phase/step/pack
+start_script rest "$@"
 SHORT=(--train.checkpoint_every 0 --no-progress --run.out_dir "$RUNS")
 
-keep_runs() {  # summaries, metrics, configs and plots of the train runs (not their checkpoints)
-  for r in "$RUNS"/*/; do
-    [ -d "$r" ] || continue
-    mkdir -p "$RES/runs/$(basename "$r")"
-    cp "$r"/summary.json "$r"/summary.md "$r"/metrics.jsonl "$r"/config.toml "$RES/runs/$(basename "$r")/" 2>/dev/null
-    cp -r "$r"/plots "$RES/runs/$(basename "$r")/" 2>/dev/null
-  done
-}
+phase w1-precision 40
+step 115 "$PY" -m turbotrain bench --workload gpt2-small --matrix precision --timeout-s 60 --out "$RES" --work-dir "$WORK/w1-precision"
+keep_row_logs w1-precision
+pack
 
-if [ "$GROUP" = bench ]; then
-  phase w1-precision 100
-  step 100 "$PY" -m turbotrain bench --workload gpt2-small --matrix precision --timeout-s 60 --out "$RES" --work-dir "$WORK/w1-precision"
-  keep_row_logs w1-precision; pack
-  W2=eager,handtuned,accelerate,lightning,turbotrain
-  phase w2-cnn-224 120
-  step 120 "$PY" -m turbotrain bench --workload cnn-224 --compare --contenders $W2 --compile-cache shared --timeout-s 100 --out "$RES" --work-dir "$WORK/w2-cnn-224"
-  keep_row_logs w2-cnn-224; pack
-  phase w2-cnn-cifar 100
-  step 100 "$PY" -m turbotrain bench --workload cnn-cifar --compare --contenders $W2 --compile-cache shared --timeout-s 90 --out "$RES" --work-dir "$WORK/w2-cnn-cifar"
-  keep_row_logs w2-cnn-cifar; pack
-elif [ "$GROUP" = ablation ]; then
-  phase w1-ablation 500  # shared compile cache: the compiled rows' common kernels compile once
-  step 500 "$PY" -m turbotrain bench --workload gpt2-small --matrix ablation --warmup 5 --steps 15 --timeout-s 110 \
-    --compile-cache shared --out "$RES" --work-dir "$WORK/w1-ablation"
-  keep_row_logs w1-ablation; pack
-else
-  phase train-w1 180  # BPE training and encoding (~15 s on 16 cores, cached after) + compile + 120 steps
-  step 180 "$PY" -m turbotrain train --preset gpt2-small --data.tokenizer=bpe --model.vocab_size=50304 --train.max_steps 120 \
-    --train.eval_every 60 --train.eval_batches 5 --run.name gpt2-small-bpe50304 "${SHORT[@]}"
-  keep_runs; pack
-  phase finder 160
-  step 80 "$PY" -m turbotrain train --preset gpt2-small --model.vocab_size=50304 --compile.scope=off \
-    --batch.micro=auto --batch.global_size=64 --train.max_steps 20 --train.eval_every 0 --run.name gpt2-small-auto-eager "${SHORT[@]}"
-  step 80 "$PY" -m turbotrain train --preset gpt2-medium --model.vocab_size=50304 --compile.scope=off \
-    --batch.micro=auto --batch.global_size=32 --train.max_steps 15 --train.eval_every 0 --run.name gpt2-medium-auto-eager "${SHORT[@]}"
-  keep_runs; pack
-  phase checkpointing 120
-  for ckpt in off full; do  # global batch = the found micro-batch, so each finds its own ceiling
-    step 60 "$PY" -m turbotrain train --preset gpt2-small --model.vocab_size=50304 --compile.scope=off \
-      --batch.micro=auto --batch.global_size=0 --batch.accumulation=1 --memory.checkpointing=$ckpt \
-      --train.max_steps 15 --train.eval_every 0 --run.name gpt2-small-auto-ckpt-$ckpt "${SHORT[@]}"
-  done
-  keep_runs; pack
-  phase memory-report 60
-  for preset in gpt2-small gpt2-medium; do
-    step_to "$RES/memory-$preset.json" 30 "$PY" -m turbotrain memory --preset "$preset" --measure --json --compile.scope=off
-  done
-  pack
-fi
+phase nccl 25  # one process, so NCCL's own paths run (init, all-reduce, FSDP2 all-gather and reduce-scatter)
+SMOKE=(--preset gpt-tiny --compile.scope=off --train.max_steps 30 --train.eval_every 15 --train.eval_batches 2)
+step 25 env NCCL_DEBUG=VERSION "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 -m turbotrain train \
+  --distributed.strategy ddp "${SMOKE[@]}" --run.name nccl-ddp "${SHORT[@]}"
+step 25 env NCCL_DEBUG=VERSION "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 -m turbotrain train \
+  --distributed.strategy fsdp "${SMOKE[@]}" --run.name nccl-fsdp "${SHORT[@]}"
+keep_runs
+pack
+
+phase train-w1 60  # BPE training and encoding + compile + 120 steps
+step 85 "$PY" -m turbotrain train --preset gpt2-small --data.tokenizer=bpe --model.vocab_size=50304 --train.max_steps 120 \
+  --train.eval_every 60 --train.eval_batches 5 --run.name gpt2-small-bpe50304 "${SHORT[@]}"
+keep_runs
+pack
+
+W2=eager,handtuned,accelerate,lightning,turbotrain
+phase w2-cnn-224 60
+step 150 "$PY" -m turbotrain bench --workload cnn-224 --compare --contenders $W2 --compile-cache shared --timeout-s 100 \
+  --out "$RES" --work-dir "$WORK/w2-cnn-224"
+keep_row_logs w2-cnn-224
+pack
+
+phase w2-cnn-cifar 60
+step 140 "$PY" -m turbotrain bench --workload cnn-cifar --compare --contenders $W2 --compile-cache shared --timeout-s 90 \
+  --out "$RES" --work-dir "$WORK/w2-cnn-cifar"
+keep_row_logs w2-cnn-cifar
+pack
+
 finish_script

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Not part of the three-command GPU plan (gpu_proof.sh, gpu_ablation.sh, gpu_rest.sh): a fourth
+# device command for a later window, the product's memory paths on W1 (step limits 340 s; BUDGET_S
+# = 570 s caps the whole). Measured on one H100 80GB HBM3 on 2026-11-24 (PyTorch 2.11, 16 cores):
+#
+#   finder          160   60 s: the batch finder (`--batch.micro=auto`) on gpt2-small and
+#                         gpt2-medium, compile off (the finder's trials never compile)
+#   checkpointing   120   58 s: activation checkpointing off / full, each at its own found size
+#   memory-report    60   31 s: `turbotrain memory --measure` on gpt2-small and gpt2-medium
+#
+#   TT_COMMIT=<sha> OUT=/some/dir bash benchmarks/gpu_extra.sh   # <sha>: `git rev-parse HEAD` on the host
+#
+# Results: benchmarks/results/<gpu>/extra/, packed into $OUT/extra.tgz after every phase, with
+# $OUT/extra.log. The runs are named for compile off, so nobody reads them as the compiled path.
+cd "$(dirname "$0")/.."
+. benchmarks/gpu_common.sh  # set -uo pipefail, PY, BUDGET_S (570), KILL_AFTER, phase/step/pack
+start_script extra "$@"
+SHORT=(--train.checkpoint_every 0 --no-progress --run.out_dir "$RUNS")
+
+phase finder 80
+step 80 "$PY" -m turbotrain train --preset gpt2-small --model.vocab_size=50304 --compile.scope=off \
+  --batch.micro=auto --batch.global_size=64 --train.max_steps 20 --train.eval_every 0 --run.name gpt2-small-auto-eager "${SHORT[@]}"
+step 80 "$PY" -m turbotrain train --preset gpt2-medium --model.vocab_size=50304 --compile.scope=off \
+  --batch.micro=auto --batch.global_size=32 --train.max_steps 15 --train.eval_every 0 --run.name gpt2-medium-auto-eager "${SHORT[@]}"
+keep_runs
+pack
+
+phase checkpointing 60  # global batch = the found micro-batch, so each finds its own ceiling
+step 60 "$PY" -m turbotrain train --preset gpt2-small --model.vocab_size=50304 --compile.scope=off \
+  --batch.micro=auto --batch.global_size=0 --batch.accumulation=1 --memory.checkpointing=off \
+  --train.max_steps 15 --train.eval_every 0 --run.name gpt2-small-auto-ckpt-off "${SHORT[@]}"
+step 60 "$PY" -m turbotrain train --preset gpt2-small --model.vocab_size=50304 --compile.scope=off \
+  --batch.micro=auto --batch.global_size=0 --batch.accumulation=1 --memory.checkpointing=full \
+  --train.max_steps 15 --train.eval_every 0 --run.name gpt2-small-auto-ckpt-full "${SHORT[@]}"
+keep_runs
+pack
+
+phase memory-report 30
+step_to "$RES/memory-gpt2-small.json" 30 "$PY" -m turbotrain memory --preset gpt2-small --measure --json --compile.scope=off
+step_to "$RES/memory-gpt2-medium.json" 30 "$PY" -m turbotrain memory --preset gpt2-medium --measure --json --compile.scope=off
+pack
+
+finish_script
