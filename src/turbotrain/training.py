@@ -23,7 +23,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -221,6 +221,20 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
     return Training(c, run_dir, engine, model, optimizer, source, loader, hooks, monitor, state, resolved, resumed_from)
 
 
+class WriteConfigOnce(Hook):
+    """Calls ``write`` at the end of the first step (before that step's checkpoint): a resume
+    rewrites the run's config.toml only once it has started, so a resume that fails (an override
+    that does not work) leaves the config the run trained with."""
+
+    def __init__(self, write: Callable[[], None]) -> None:
+        self.write: Callable[[], None] | None = write
+
+    def on_step_end(self, ctx: FitContext) -> None:
+        if self.write is not None:
+            write, self.write = self.write, None
+            write()
+
+
 def _scale_lr(c: RunConfig, search: Any, optimizer: torch.optim.Optimizer, scheduler: Any) -> tuple[RunConfig, str]:
     """``optim.lr_scaling``: when the batch finder (``batch.micro = 'auto'``) made the global batch
     differ from the one ``optim.lr`` was tuned for (``optim.lr_batch``, else ``batch.global_size``),
@@ -376,8 +390,10 @@ def _train_locked(config: RunConfig, run_dir: Path, new: bool, progress: bool | 
         if new and main:
             shutil.rmtree(run_dir, ignore_errors=True)  # created by this call, under its lock: nothing else is in it
         raise
-    if main:
+    if main and new:
         write_config(config, run_dir, training.resolved)  # as given ('auto' stays 'auto'), with what it resolved to
+    elif main:  # a resume's overrides reach config.toml once its first step has trained, never when it fails before
+        training.hooks.insert(0, WriteConfigOnce(lambda: write_config(config, run_dir, training.resolved)))
     if training.engine.state.step >= training.config.train.max_steps:
         # A resume of a finished run: nothing to train, so nothing to log again (a final record
         # of this invocation would repeat the last step's); the summary comes from the metrics.

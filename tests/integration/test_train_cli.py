@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import turbotrain.engine
 import turbotrain.loop
 from turbotrain.checkpoint import save_checkpoint
 from turbotrain.cli import main
@@ -229,3 +230,25 @@ def test_resume_takes_a_run_directory(tmp_path, text_file, capsys):
     assert main(["train", "--resume", str(run), "--no-progress", "--train.max_steps=8"]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 8 and summary["resumed_from"] == "step_00000006.pt"
+
+
+def test_resume_overrides_are_checked_against_the_run_and_a_failed_resume_keeps_its_config(tmp_path, text_file, capsys,
+                                                                                          monkeypatch):
+    """Issue 23, items 8 and 9: resume overrides were validated against the default preset (a
+    d_model 48 run could not take --model.n_head=3: "d_model = 128 must be divisible by 3"), and a
+    resume that failed rewrote the run's config.toml with its overrides."""
+    assert main(_args(tmp_path, text_file, "--model.d_model=48")) == 0
+    run = tmp_path / "runs" / "t"
+    saved = (run / "config.toml").read_text()
+    resume = ["train", "--resume", str(run), "--no-progress", "--train.max_steps=8"]
+    # its first step fails: the config stays the one the run trained with
+    with monkeypatch.context() as patch:
+        patch.setattr(turbotrain.engine.Engine, "forward_backward", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+        with pytest.raises(RuntimeError, match="boom"):
+            main([*resume, "--optim.lr=1e-3"])
+    assert (run / "config.toml").read_text() == saved
+    capsys.readouterr()
+    assert main([*resume, "--model.n_head=3"]) == 0  # 48 divides by 3; gpt-tiny's 128 would not
+    trained = load_config(str(run / "config.toml"))
+    assert (trained.model.d_model, trained.model.n_head, trained.train.max_steps) == (48, 3, 8)
+    assert json.loads((run / "summary.json").read_text())["steps"] == 8

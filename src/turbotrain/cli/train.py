@@ -81,11 +81,15 @@ def main_train(args: argparse.Namespace, extra: list[str]) -> int:
             overrides.setdefault("monitor", {})["progress"] = "false"
         if args.resume and "name" in overrides.get("run", {}):
             raise ConfigError("name the run to resume once: --resume RUN or --resume --run.name NAME, not both")
-        base = load_config(args.preset or default_preset(), overrides)
+        if args.resume is not None:  # the run's saved config with the overrides applied: what the resume will train
+            resumed = _resumed_run(args, overrides)
+            base = resumed[1]
+        else:
+            base = load_config(args.preset or default_preset(), overrides)
         check_launch(base, topology)
         join_process_group(base.distributed, local_device(resolve_device(base.run.device), topology), topology)
         # Rank 0 finds or names the run (a timestamped name, a resumed run's saved config); all use its answer.
-        run_dir, config = decided_by_main(lambda: _locate_run(args, overrides, base))
+        run_dir, config = decided_by_main(lambda: resumed if args.resume is not None else _new_run(base))
         check_launch(config, topology)
     except TurbotrainError:
         if topology.rank > 0:
@@ -119,12 +123,19 @@ def main_train(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
-def _locate_run(args: argparse.Namespace, overrides: dict, base: RunConfig) -> tuple[Path, RunConfig]:
-    """The run directory and its config: a resumed run's saved one, or a new run's, named once."""
-    if args.resume is not None:
-        run_dir = find_run_dir(base.run.out_dir, args.resume or overrides.get("run", {}).get("name", ""))
-        return run_dir, resume_config(run_dir, overrides)
-    config = base.replace(run={"name": run_name(base)})  # an automatic name, fixed once
+def _resumed_run(args: argparse.Namespace, overrides: dict) -> tuple[Path, RunConfig]:
+    """The run to resume and its saved config with ``overrides`` applied, validated as a whole (not
+    the overrides against a preset the run may never have used). Its folder: ``--resume RUN`` or
+    ``--run.name``, in ``--run.out_dir`` (else the preset's), or else the latest run there."""
+    run = overrides.get("run", {})
+    out_dir = run.get("out_dir") or load_config(args.preset or default_preset()).run.out_dir
+    run_dir = find_run_dir(out_dir, args.resume or run.get("name", ""))
+    return run_dir, resume_config(run_dir, overrides)
+
+
+def _new_run(base: RunConfig) -> tuple[Path, RunConfig]:
+    """A new run's directory and config, its automatic name fixed once."""
+    config = base.replace(run={"name": run_name(base)})
     return new_run_dir(config), config
 
 
