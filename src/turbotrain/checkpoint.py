@@ -19,16 +19,19 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import pickle
 import random
 import re
 import shutil
 import time
+import tomllib
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch import nn
 
 from . import sharded
@@ -223,8 +226,7 @@ def _verified_load(path: Path, required: tuple[str, ...] = ()) -> dict[str, Any]
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means an unusable file
-        detail = " ".join(str(exc).split())[:200]
-        raise TurbotrainError(f"{path.name} cannot be read: {detail}") from None
+        raise TurbotrainError(unreadable(path.name, exc)) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise TurbotrainError(f"{path.name} is not a turbotrain checkpoint (format {FORMAT})")
     missing = [key for key in required if key not in payload]
@@ -233,9 +235,100 @@ def _verified_load(path: Path, required: tuple[str, ...] = ()) -> dict[str, Any]
     return payload
 
 
+_REFUSED_GLOBAL = re.compile(r"Unsupported (?:global|class): (?:GLOBAL )?([\w.]+)")
+
+
+def unreadable(name: str, exc: BaseException) -> str:
+    """Why ``torch.load(..., weights_only=True)`` refused file ``name``, in one line. A file
+    that holds objects other than tensors and plain types (a pickle that would run code) says
+    so, and that it was not loaded: torch's own text reads as advice to load it anyway."""
+    text = " ".join(str(exc).split())
+    if isinstance(exc, pickle.UnpicklingError) or "weights_only" in text or "WeightsUnpickler" in text:
+        found = _REFUSED_GLOBAL.search(text)
+        what = f" ({found[1]})" if found else ""
+        return (f"{name} holds objects that are refused{what}: it was not loaded (a checkpoint holds tensors and "
+                "plain types only; anything else could run code when read)")
+    return f"{name} cannot be read: {text[:200]}"
+
+
+def _plain_name(name: str) -> str:
+    """A state-dict key without the wrappers' parts (DDP's ``module.``, torch.compile's ``_orig_mod.``)."""
+    return ".".join(part for part in name.split(".") if part not in ("module", "_orig_mod"))
+
+
+def model_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor ``model``'s state dict holds (persistent buffers included; a
+    sharded parameter's full shape), keyed by plain names. Read from the modules themselves, not
+    ``state_dict()``: no state-dict hook runs (expert parallelism's gathers every rank's
+    experts, a collective). Modules with load-time hooks (MoE layers grow or slice their experts
+    while loading) are left out: what fits them is theirs to decide."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    hooked: list[str] = []
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        if module._load_state_dict_pre_hooks:
+            hooked.append(prefix + ".")
+        if any((prefix + ".").startswith(h) for h in hooked):
+            continue
+        tensors = list(module._parameters.items()) + [(n, b) for n, b in module._buffers.items()
+                                                      if n not in module._non_persistent_buffers_set]
+        for name, tensor in tensors:
+            if tensor is not None:
+                shapes[_plain_name(f"{prefix}.{name}" if prefix else name)] = tuple(tensor.shape)
+    return shapes
+
+
+def model_settings_changed(saved_toml: Any, current_toml: Any) -> str:
+    """The ``[model]`` settings that differ between the config a checkpoint was saved with and
+    this run's (both as ``to_toml`` text), as flags that give back the saved values; '' when
+    either is unknown or none differs."""
+    try:
+        saved, current = (tomllib.loads(t).get("model", {}) for t in (saved_toml, current_toml))
+    except (TypeError, ValueError, AttributeError):
+        return ""
+    changed = [k for k in saved if k in current and saved[k] != current[k]]
+    return " ".join(f"--model.{k}={saved[k]}" for k in changed)
+
+
+def shape_problem(name: str, saved: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]],
+                  settings: str = "") -> str:
+    """'' when the model tensors of checkpoint ``name`` (``saved``: plain name -> shape) fit a
+    model of ``expected`` shapes, else one line naming the first that does not, and the
+    ``settings`` (flags, from :func:`model_settings_changed`) that would build the saved model."""
+    saved = {_plain_name(k): tuple(v) for k, v in saved.items()}
+    missing = [k for k in expected if k not in saved]
+    differ = [k for k in expected if k in saved and saved[k] != expected[k]]
+    if not missing and not differ:
+        return ""
+    parts = []
+    if differ:
+        k = differ[0]
+        parts.append(f"{len(differ)} tensor(s) of another shape, e.g. {k}: saved {list(saved[k])}, this config builds "
+                     f"{list(expected[k])}")
+    if missing:
+        parts.append(f"{len(missing)} tensor(s) this config builds missing, e.g. {missing[0]}")
+    again = f"; it was saved with {settings}" if settings else ""
+    return f"{name} does not fit the model this config builds: it was saved by a model of another shape ({'; '.join(parts)}){again}"
+
+
+def _sharded_model_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """The model tensors' full shapes in sharded checkpoint ``path``, from its ``.metadata`` read
+    by :class:`turbotrain.sharded.SafeReader` (a ``.metadata`` holding anything else is refused:
+    a one-line TurbotrainError)."""
+    metadata = sharded.SafeReader(path).read_metadata()
+    start = sharded.MODEL + "/"
+    return {name[len(start):]: tuple(meta.size) for name, meta in metadata.state_dict_metadata.items()
+            if name.startswith(start) and isinstance(meta, TensorStorageMetadata)}
+
+
+class ShapeMismatch(TurbotrainError):
+    """A checkpoint that verifies, but whose model has another shape than the one built here."""
+
+
 T = TypeVar("T")
 
 RESUME_ADVICE = "move them away and resume to restart this run from step 0, or start a new run without --resume"
+SHAPE_ADVICE = ("resume with the model settings the run was saved with (its config.toml), or start a new run "
+                "without --resume")
 
 
 def newest_usable(candidates: list[Path], folder: Path, read: Callable[[Path], T], advice: str = RESUME_ADVICE,
@@ -245,13 +338,16 @@ def newest_usable(candidates: list[Path], folder: Path, read: Callable[[Path], T
     warning, and when none is left the error lists why each was refused."""
     if not candidates:
         raise TurbotrainError(f"no checkpoint in {folder}; {none}")
-    problems = []
+    problems, shapes = [], 0
     for path in reversed(candidates):
         try:
             return path, read(path)
         except TurbotrainError as exc:
             log.warning("skipping checkpoint: %s", exc)
             problems.append(str(exc))
+            shapes += isinstance(exc, ShapeMismatch)
+    if advice and shapes == len(problems):  # every one is another model's: moving them away is not the answer
+        advice = SHAPE_ADVICE
     raise TurbotrainError(f"no usable checkpoint in {folder} ({'; '.join(problems)})" + (f"; {advice}" if advice else ""))
 
 
@@ -318,7 +414,7 @@ def _load_entry(name: str, load: Callable[[Any], None], value: Any, source: str)
     except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:  # shapes or groups changed by overrides
         detail = " ".join(str(exc).split())[:300]
         raise TurbotrainError(f"{source}: its {name} state does not fit the {name} this config builds "
-                              f"({detail}); resume without overrides that change --model.* settings") from None
+                              f"({detail}); resume with the settings the run was saved with (its config.toml)") from None
 
 
 def run_state(engine: Engine, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None,
@@ -347,16 +443,32 @@ def reseed(step: int, rank: int) -> None:
 
 
 def _pick(folder: Path, state: RunState) -> tuple[Path, dict[str, Any] | None]:
-    """The newest checkpoint of either kind that verifies and holds what ``state`` needs (with the
-    payload of a ``.pt`` one, read already); unusable ones are skipped with a warning."""
+    """The newest checkpoint of either kind that a load will accept (with the payload of a ``.pt``
+    one, read already): it verifies, holds what ``state`` needs, its model tensors have the shapes
+    of ``state.model``, and a sharded one's ``.metadata`` passes the safe reader. Each one refused
+    is skipped with a one-line warning saying why: the choice is made before anything loads."""
+    expected = model_shapes(state.model) if state.model is not None else {}
+    current = state["config"][0]() if "config" in state else None  # a training run's config, as TOML
+
+    def fits(name: str, saved: dict[str, tuple[int, ...]], saved_config: Any) -> None:
+        problem = shape_problem(name, saved, expected, model_settings_changed(saved_config, current)) if expected else ""
+        if problem:
+            raise ShapeMismatch(problem)
 
     def read(path: Path) -> dict[str, Any] | None:
         if not path.is_dir():
-            return _verified_load(path, required=tuple(state))
+            payload = _verified_load(path, required=tuple(state))
+            weights = payload.get(state.model_key) if state.model_key else None
+            if isinstance(weights, dict):
+                fits(path.name, {k: tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)},
+                     payload.get("config"))
+            return payload
         _verified_folder(path)
-        missing = [k for k in state.replicated_keys if k not in sharded.read_state(path).get("entries", {})]
+        entries = sharded.read_state(path).get("entries", {})
+        missing = [k for k in state.replicated_keys if k not in entries]
         if missing:
             raise TurbotrainError(f"{path.name} holds no {', '.join(missing)} state")
+        fits(path.name, _sharded_model_shapes(path), entries.get("config"))  # .metadata through the safe reader
         return None
 
     return newest_usable(list_checkpoints(folder), folder, read)

@@ -70,8 +70,9 @@ def test_loading_never_unpickles_arbitrary_objects(tmp_path: Path):
             return (print, ("pwned",))
 
     save_checkpoint(tmp_path, 1, {"model": {}, "evil": Evil()})
-    with pytest.raises(TurbotrainError, match="cannot be read"):
+    with pytest.raises(TurbotrainError, match="holds objects that are refused") as info:
         load_latest(tmp_path)
+    assert "was not loaded" in str(info.value) and "weights_only=False" not in str(info.value)  # item 13: no advice to load it
 
 
 def test_rng_state_round_trips():
@@ -281,6 +282,44 @@ def test_a_sharded_folder_never_unpickles_arbitrary_objects(tmp_path: Path):
     with pytest.raises(TurbotrainError, match="not part of a checkpoint's metadata"):
         restore_latest(folder, _state(*_trained(2)))
     assert not marker.exists()
+
+
+def _other_shape(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, _Counter]:
+    """Like :func:`_trained`, with a hidden layer of 16: a model of another shape."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2), _Counter()
+
+
+def test_a_newest_checkpoint_of_another_shape_or_unsafe_metadata_falls_back_to_an_older_one(tmp_path: Path, caplog):
+    """Issue 23 item 10: the choice verifies everything a load needs before it chooses: a newest
+    checkpoint of another model (either kind), or a sharded one whose .metadata the safe reader
+    refuses, is skipped with one line saying why, and the older one that fits loads."""
+    save_checkpoint(tmp_path, 1, _state(*_trained(1)).state_dict(), keep_last=9)
+    save_checkpoint(tmp_path, 2, _state(*_other_shape(2)).state_dict(), keep_last=9)
+    save_sharded(tmp_path, 3, _state(*_other_shape(3)), keep_last=9)
+    unsafe = save_sharded(tmp_path, 4, _state(*_trained(4)), keep_last=9)
+    (unsafe / ".metadata").write_bytes(pickle.dumps(print))
+    done = json.loads((unsafe / "finished.json").read_text())
+    done["files"][".metadata"] = {"size": (unsafe / ".metadata").stat().st_size,
+                                  "sha256": hashlib.sha256((unsafe / ".metadata").read_bytes()).hexdigest()}
+    (unsafe / "finished.json").write_text(json.dumps(done))
+    fresh = _trained(9)
+    assert restore_latest(tmp_path, _state(*fresh)).name == "step_00000001.pt" and fresh[2].n == 1
+    skipped = [r.getMessage() for r in caplog.records if "skipping checkpoint" in r.getMessage()]
+    assert len(skipped) == 3 and all(len(line.splitlines()) == 1 for line in skipped), skipped
+    assert "step_00000004/.metadata" in skipped[0] and "not part of a checkpoint's metadata" in skipped[0]
+    for line, name in zip(skipped[1:], ("step_00000003", "step_00000002.pt")):
+        assert f"{name} does not fit the model this config builds" in line and "0.weight: saved [16, 4]" in line, line
+        assert "override" not in line
+
+
+def test_when_every_checkpoint_is_another_model_the_advice_names_the_saved_settings(tmp_path: Path):
+    save_checkpoint(tmp_path, 1, _state(*_other_shape(1)).state_dict())
+    with pytest.raises(TurbotrainError) as info:
+        restore_latest(tmp_path, _state(*_trained(2)))
+    text = str(info.value)
+    assert "another shape" in text and "config.toml" in text and "override" not in text and "move them away" not in text
 
 
 def test_sample_reads_a_sharded_checkpoint_as_it_reads_a_pt_one(tmp_path: Path, tiny_config, capsys):
