@@ -172,3 +172,77 @@ def test_the_precision_matrix_runs_on_your_own_cnn(tmp_path, capsys):
     assert abs(rows["bf16-mixed"]["loss_diff"]) <= rows["bf16-mixed"]["loss_tol"]
     assert main(["bench", "--model", f"{path}:missing", "--matrix", "precision"]) == 2
     assert "has no function 'missing'" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+# A stand-in for the row processes' interpreter: each row "runs" for a moment and writes an ok
+# result; the HANG_AT-th row hangs (leaves a marker first), like a row still compiling at the limit.
+STAND_IN = """#!/bin/sh
+dir=$(dirname "$0")
+n=$(( $(cat "$dir/count" 2>/dev/null || echo 0) + 1 )); echo $n > "$dir/count"
+while [ "$1" != --result ]; do shift; done
+if [ $n -eq {hang_at} ]; then touch "$dir/hanging"; sleep 60; fi
+sleep 0.2
+printf '{{"status": "ok", "step_ms_median": %s.0, "step_ms": [1.0], "time_to_first_step_s": 0.5, "first_loss": 2.0,
+ "final_loss": 1.0, "losses": [2.0, 1.0], "init_digest": "d", "math_precision": "fp32", "device": "cpu",
+ "device_name": "stand-in"}}' $((10 + n)) > "$2"
+"""
+
+# What `turbotrain bench --out DIR` does, with the stand-in as the rows' interpreter.
+DRIVER = """
+import sys
+from pathlib import Path
+from turbotrain.bench import suite
+from turbotrain.bench.results import ReportWriter
+from turbotrain.bench.workloads import resolve_workload
+from turbotrain.process import exit_on_sigterm
+
+standin, work, out, kind, repeat = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+sys.executable = standin
+exit_on_sigterm()
+w = resolve_workload("mlp-tiny", "cpu", warmup_steps=1, timed_steps=2)
+opts = suite.BenchOptions(device="cpu", work_dir=work, repeat=repeat, progress=ReportWriter(out, "driver", []))
+run = {"compare": lambda: suite.run_compare(w, opts, ["eager", "handtuned", "turbotrain"]),
+       "precision": lambda: suite.run_precision_matrix(w, opts),
+       "ablation": lambda: suite.run_ablation(w, opts, only=["+compile", "+fused-adamw"])}[kind]
+run()
+"""
+
+
+@pytest.mark.parametrize("kind, repeat, hang_at, expect_ok, expect_missing", [
+    ("compare", 1, 3, ["eager", "handtuned"], ["turbotrain"]),
+    ("precision", 2, 6, ["fp32", "fp16-mixed", "bf16-mixed", "bf16-true"],  # tf32: skipped on CPU
+     ["fp16-mixed (run 2)", "bf16-mixed (run 2)", "bf16-true (run 2)"]),
+    ("ablation", 1, 2, ["baseline"], ["+compile", "+fused-adamw"]),
+])
+def test_a_bench_stopped_at_its_limit_keeps_every_finished_row(tmp_path, kind, repeat, hang_at, expect_ok, expect_missing):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    standin = tmp_path / "python"
+    standin.write_text(STAND_IN.format(hang_at=hang_at))
+    standin.chmod(0o755)
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(standin), str(tmp_path / "work"), str(out), kind, str(repeat)])
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "hanging").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the bench ended before the hanging row"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)  # the step limit: `timeout` sends SIGTERM
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+    doc = json.loads((out / f"mlp-tiny-{kind}.json").read_text())
+    rows = {r["row"]: r for r in doc["rows"]}
+    assert doc["complete"] is False and doc["missing"] == expect_missing
+    assert [n for n, r in rows.items() if r["status"] == "ok"] == expect_ok
+    assert all(rows[n]["status"] in ("not run", "skipped") for n in rows if n not in expect_ok)
+    if repeat > 1:  # fp32 finished both runs, the others one each
+        assert len(rows["fp32"]["runs"]) == 2 and "runs" not in rows["bf16-true"]
+    assert doc["git"] and doc["env"] and doc["command"] == "driver"
+    text = (out / f"mlp-tiny-{kind}.md").read_text()
+    assert "INCOMPLETE" in text and ", ".join(expect_missing) in text
+    assert ("not run (bench stopped before this row)" in text) == (repeat == 1)

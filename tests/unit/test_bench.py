@@ -306,3 +306,117 @@ def test_a_diverged_loss_is_written_not_lost(tmp_path):
     row = json.loads(json_path.read_text())["rows"][0]
     assert row["final_loss"] == "nan" and row["losses"] == [3.0, "inf"]
     assert "nan" in md_path.read_text()
+
+
+# ------------------------------------------------------------------------------------ issue 21
+
+
+def test_step_clock_keeps_losses_that_the_step_overwrites_in_place():
+    """Under CUDA graphs the loss is a graph output the next replay overwrites: the clock keeps a copy."""
+    clock = StepClock(torch.device("cpu"), warmup_steps=1, timed_steps=2)
+    clock.start()
+    out = torch.empty(())
+    for value in (3.0, 2.0, 1.0):
+        out.fill_(value)  # the "replay" writes this step's loss into the same buffer
+        clock.mark(out)
+    out.fill_(123.0)
+    assert clock.finish()["losses"] == [3.0, 2.0, 1.0]
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_every_precision_row_runs_with_compile_off(device):
+    for v in precision_variants(device):
+        assert v.overrides["compile"] == {"scope": "off"}, v.name  # compile's auto is on for CUDA
+
+
+def _h100(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91000)
+
+
+def test_the_ablation_has_a_bf16_compile_ladder_first(monkeypatch):
+    _h100(monkeypatch)
+    rows = ablation_variants(resolve_workload("gpt2-small", "cuda"), "cuda")
+    bf16 = [v for v in rows if v.ladder == "bf16-compile"]
+    assert [v.name for v in rows[:4]] == [v.name for v in bf16] == [
+        "bf16-compile", "bf16-compile+cudnn-attention", "bf16-compile+chunked-loss", "bf16-compile+cuda-graphs"]
+    base = bf16[0].overrides
+    assert base["precision"]["mode"] == "bf16-mixed" and base["compile"]["scope"] == "model"
+    for v in bf16:  # one change each on the same base, and each runs on an H100
+        assert not v.skip and v.overrides["precision"] == base["precision"], v.name
+    by = {v.name: v for v in bf16}
+    assert by["bf16-compile+cudnn-attention"].model == {"sdpa_backend": "cudnn"}
+    assert by["bf16-compile+chunked-loss"].model == {"loss": "chunked"}
+    assert by["bf16-compile+cuda-graphs"].overrides["compile"] == {"scope": "model", "mode": "reduce-overhead"}
+    fp32 = [v for v in rows if v.ladder == "fp32-eager"]
+    assert fp32[0].name == "baseline" and len(fp32) + len(bf16) == len(rows)  # the fp32 ladder stays
+    cpu = [v for v in ablation_variants(resolve_workload("gpt-tiny", "cpu"), "cpu") if v.ladder == "bf16-compile"]
+    assert len(cpu) == 4 and all("GPU question" in v.skip for v in cpu)
+    cnn = {v.name: v for v in ablation_variants(resolve_workload("cnn-224", "cuda"), "cuda")}
+    assert cnn["bf16-compile+chunked-loss"].skip and not cnn["bf16-compile+cuda-graphs"].skip
+
+
+def test_ablation_rows_compare_with_their_own_ladders_base(tmp_path, monkeypatch):
+    from turbotrain.bench import suite
+
+    speeds = {"bf16-compile": 10.0, "bf16-compile+cuda-graphs": 5.0, "baseline": 40.0, "+compile": 20.0}
+    monkeypatch.setattr(suite, "run_row", lambda contender, spec, name, opts: _row(
+        "turbotrain", speeds[name.split("ablation-")[1]], 3.0, device="cpu", math_precision="fp32"))
+    _h100(monkeypatch)
+    opts = BenchOptions(device="cuda", work_dir=tmp_path, log=lambda line: None)
+    w = resolve_workload("mlp-tiny", "cpu", warmup_steps=1, timed_steps=2)
+    report = suite.run_ablation(w, opts, only=["bf16-compile+cuda-graphs", "+compile"])
+    rows = {r["row"]: r for r in report["rows"]}
+    assert list(rows) == ["bf16-compile", "bf16-compile+cuda-graphs", "baseline", "+compile"]
+    assert rows["bf16-compile+cuda-graphs"]["speedup"] == rows["+compile"]["speedup"] == 2.0
+    text = render_report(report)
+    assert "reference: bf16-compile" in text and "| speedup vs bf16-compile |" in text and "| speedup vs baseline |" in text
+
+
+def test_rows_report_progress_and_name_the_runs_still_missing(tmp_path, monkeypatch):
+    from turbotrain.bench import suite
+
+    monkeypatch.setattr(suite, "run_row", lambda contender, spec, name, opts: _row(contender, 10.0, 3.0, device="cpu"))
+    seen = []
+    opts = BenchOptions(device="cpu", work_dir=tmp_path, log=lambda line: None, repeat=2, progress=seen.append)
+    jobs = [RowJob("a", "eager", {}), RowJob("b", "lightning", {}, skip="not installed"), RowJob("c", "turbotrain", {})]
+    final = suite.run_report(jobs, opts, "x", lambda rows: {"rows": rows})
+    assert [r["missing"] for r in seen] == [["a (run 1)", "c (run 1)", "a (run 2)", "c (run 2)"],
+                                            ["c (run 1)", "a (run 2)", "c (run 2)"], ["a (run 2)", "c (run 2)"],
+                                            ["c (run 2)"], []]
+    assert [r["complete"] for r in seen] == [False] * 4 + [True] and seen[-1] is final
+    first = {r["row"]: r for r in seen[0]["rows"]}
+    assert first["a"] == {"contender": "eager", "row": "a", "status": "not run", "reason": "bench stopped before this row"}
+    assert first["b"]["status"] == "skipped"
+    assert [r["status"] for r in seen[1]["rows"]] == ["ok", "skipped", "not run"]
+    assert [r["status"] for r in final["rows"]] == ["ok", "skipped", "ok"] and len(final["rows"][0]["runs"]) == 2
+
+
+def test_report_writer_rewrites_the_document_after_each_row(tmp_path):
+    from turbotrain.bench.results import ReportWriter
+
+    write = ReportWriter(tmp_path, "turbotrain bench", ["turbotrain", "bench"])
+    partial = _report([_row("eager", 10.0, 3.0, device="cpu"),
+                       {"contender": "turbotrain", "row": "turbotrain", "status": "not run", "reason": "bench stopped before this row"}],
+                      device="cpu")
+    json_path, md_path = write({**partial, "complete": False, "missing": ["turbotrain"]})
+    doc = json.loads(json_path.read_text())
+    assert doc["complete"] is False and doc["missing"] == ["turbotrain"] and doc["command"] == "turbotrain bench"
+    assert "INCOMPLETE" in md_path.read_text() and "not run (bench stopped before this row)" in md_path.read_text()
+    write({**_report([_row("eager", 10.0, 3.0, device="cpu")], device="cpu"), "complete": True, "missing": []})
+    assert json.loads(json_path.read_text())["complete"] is True and "INCOMPLETE" not in md_path.read_text()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary file left
+
+
+def test_the_commit_comes_from_tt_commit_where_there_is_no_git(tmp_path, monkeypatch):
+    from turbotrain.bench import results
+
+    monkeypatch.setattr(results, "PACKAGE_ROOT", tmp_path)  # a tree shipped without its .git
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    monkeypatch.delenv("TT_COMMIT", raising=False)
+    assert results.collect_git()["commit"] is None
+    monkeypatch.setenv("TT_COMMIT", "0123abc")
+    doc = build_document(_report([_row("turbotrain", 50.0, 3.0, device="cpu")], device="cpu"), "c", [])
+    assert doc["git"] == {"commit": "0123abc", "source": "TT_COMMIT"}

@@ -4,7 +4,9 @@
   warm-up steps (not timed), then the timed steps: on CUDA with events recorded on the stream (no
   host-device sync per step; the events are read once at the end), on CPU with the host clock
   (CPU kernels have finished when they return). The median timed step is the protocol's figure.
-- The per-step losses stay on the device until the end (one read), for the parity check.
+- The per-step losses stay on the device until the end (one read), for the parity check. Each is
+  a copy made on the device when the step is marked: under CUDA graphs (compile mode
+  reduce-overhead / max-autotune) the loss is a graph output that the next replay overwrites.
 - :func:`init_digest`: a SHA-256 of the initial weights, to prove every contender starts equal.
 - :func:`recipe_param_groups` and :func:`warmup_factor`: the training recipe in plain PyTorch,
   shared by the plain, hand-tuned, Accelerate and Lightning contenders (turbotrain uses its own
@@ -60,10 +62,12 @@ class StepClock:
             torch.cuda.synchronize(self.device)  # host-device sync point: only before reading clocks
 
     def mark(self, loss: torch.Tensor | None) -> None:
-        """After an optimizer step: keep its loss (on the device) and time it."""
+        """After an optimizer step: keep a copy of its loss (on the device: a copy kernel queued
+        behind the step, no host sync) and time it. A copy, not the tensor itself, because a CUDA
+        graph's replay (or any in-place reuse of the buffer) overwrites the passed tensor."""
         self.steps += 1
         if loss is not None:
-            self.losses.append(loss.detach())
+            self.losses.append(loss.detach().clone())
         n = self.steps
         if n == 1:
             self._sync()

@@ -25,17 +25,23 @@ from .tables import render_report
 SCHEMA = "turbotrain-bench/1"
 
 
+PACKAGE_ROOT = Path(__file__).resolve().parent
+
+
 def collect_git() -> dict[str, Any]:
-    """The commit of the checkout this package runs from and whether tracked files differ from it
-    (commit None for an installed package outside git)."""
-    root = Path(__file__).resolve().parent
+    """The commit this package's code came from. ``TT_COMMIT`` in the environment wins: a
+    device machine receives the tree without its ``.git``, so the command that ships it says the
+    commit (``TT_COMMIT=$(git rev-parse HEAD)``). Otherwise the checkout's commit and whether
+    tracked files differ from it (commit None for an installed package outside git)."""
+    if os.environ.get("TT_COMMIT"):
+        return {"commit": os.environ["TT_COMMIT"], "source": "TT_COMMIT"}
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PACKAGE_ROOT, capture_output=True, text=True, timeout=10)
         if commit.returncode != 0:
             return {"commit": None, "detail": commit.stderr.strip()[:200]}
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=PACKAGE_ROOT,
                                 capture_output=True, text=True, timeout=10)
-        return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
+        return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip()), "source": "git"}
     except (OSError, subprocess.SubprocessError) as exc:
         return {"commit": None, "detail": str(exc)[:200]}
 
@@ -96,3 +102,20 @@ def write_document(doc: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
     for path, text in zip(paths, texts):
         atomic_write(path, text)
     return paths
+
+
+class ReportWriter:
+    """Writes a report's JSON and markdown every time it is called: as ``BenchOptions.progress``
+    it runs after every finished row, so a bench killed at a time limit leaves a document with
+    every row it finished and the ones it did not (``complete: false``, ``missing``). Each write
+    replaces the last atomically; the environment is probed once, at the first write."""
+
+    def __init__(self, out_dir: Path, command: str, argv: list[str], extra: dict[str, Any] | None = None) -> None:
+        self.out_dir, self.command, self.argv, self.extra = out_dir, command, argv, extra or {}
+        self._head: dict[str, Any] | None = None
+
+    def __call__(self, report: dict[str, Any]) -> tuple[Path, Path]:
+        if self._head is None:
+            self._head = build_document({}, self.command, self.argv)
+        updated = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        return write_document({**self._head, "updated_utc": updated, **report, **self.extra}, self.out_dir)

@@ -5,6 +5,8 @@ The parent writes the batches and a spec once, launches one process per row
 derives what the rows need to be compared: throughput from the median step, MFU where the GPU's
 peak is known, the loss difference from the reference row and whether it is within tolerance.
 Nothing is filled in that a process did not measure: a skipped or failed row keeps only its reason.
+The report so far is handed out before every row (``BenchOptions.progress``), so a bench stopped at
+a time limit still leaves every row it finished, and names the ones it did not run.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -54,6 +56,10 @@ class BenchOptions:
     profile_dir: Path | None = None  # compare: profile a few turbotrain steps after its timed window
     profile_steps: int = 3
     threads: int = 0  # CPU threads per row process (OMP_NUM_THREADS); 0 = torch's default
+    # Called with the report so far (``missing`` names the rows not yet run) before the first row
+    # and after every finished one, the last time complete: so a bench killed at a time limit
+    # keeps what it measured (results.ReportWriter writes each to disk).
+    progress: Callable[[dict[str, Any]], None] | None = None
 
 
 # ---------------------------------------------------------------------------------- processes
@@ -98,23 +104,56 @@ class RowJob:
     extra: dict[str, Any] = field(default_factory=dict)  # copied into the row (change, overrides)
 
 
-def run_rows(jobs: list[RowJob], opts: BenchOptions, prefix: str) -> list[dict[str, Any]]:
+NOT_RUN = "bench stopped before this row"  # a partial report's row that has no finished run
+
+
+def run_rows(jobs: list[RowJob], opts: BenchOptions, prefix: str,
+             on_rows: Callable[[list[dict[str, Any]], list[str]], None] | None = None) -> list[dict[str, Any]]:
     """Run every job ``opts.repeat`` times, round-robin (row 1, row 2, ..., row 1, row 2, ...), and
     merge each row's runs: the representative run is the one with the median step time; the
-    row's time to first step is the median over runs; every run's figures are kept."""
+    row's time to first step is the median over runs; every run's figures are kept.
+
+    Before each run, ``on_rows(rows so far, runs still to come)`` (so also after every finished
+    run but the last): a row without a finished run has status "not run"."""
     runs: dict[str, list[dict[str, Any]]] = {j.row: [] for j in jobs}
-    for k in range(max(1, opts.repeat)):
-        for j in jobs:
-            if j.skip:
-                continue
-            tag = f"{prefix}-{j.row}" + (f"-run{k + 1}" if opts.repeat > 1 else "")
-            result = run_row(j.contender, j.spec, tag, opts)
-            _log_row(opts, result, j.row + (f" (run {k + 1})" if opts.repeat > 1 else ""))
-            runs[j.row].append(result)
+    todo = [(k, j) for k in range(max(1, opts.repeat)) for j in jobs if not j.skip]
+    label = (lambda k, j: f"{j.row} (run {k + 1})") if opts.repeat > 1 else (lambda k, j: j.row)
+    for i, (k, j) in enumerate(todo):
+        if on_rows is not None:
+            on_rows(_merged_rows(jobs, runs), [label(*t) for t in todo[i:]])
+        tag = f"{prefix}-{j.row}" + (f"-run{k + 1}" if opts.repeat > 1 else "")
+        result = run_row(j.contender, j.spec, tag, opts)
+        _log_row(opts, result, label(k, j))
+        runs[j.row].append(result)
+    return _merged_rows(jobs, runs)
+
+
+def run_report(jobs: list[RowJob], opts: BenchOptions, prefix: str,
+               build: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> dict[str, Any]:
+    """The rows' report (``build``: rows -> report), complete; with ``opts.progress``, the report
+    so far goes there before every row and once more at the end (see BenchOptions.progress)."""
+
+    def stamped(rows: list[dict[str, Any]], missing: list[str]) -> dict[str, Any]:
+        return {**build(rows), "complete": not missing, "missing": missing}
+
+    def partial(rows: list[dict[str, Any]], missing: list[str]) -> None:
+        if opts.progress is not None:
+            opts.progress(stamped(rows, missing))
+
+    report = stamped(run_rows(jobs, opts, prefix, partial), [])
+    if opts.progress is not None:
+        opts.progress(report)
+    return report
+
+
+def _merged_rows(jobs: list[RowJob], runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One fresh row per job from the runs finished so far (derived figures are added later)."""
     rows = []
     for j in jobs:
         if j.skip:
             row = {"contender": j.contender, "row": j.row, "status": "skipped", "reason": j.skip}
+        elif not runs[j.row]:
+            row = {"contender": j.contender, "row": j.row, "status": "not run", "reason": NOT_RUN}
         else:
             row = merge_runs(runs[j.row])
             row["row"] = j.row
@@ -246,27 +285,30 @@ def run_compare(w: Workload, opts: BenchOptions, contenders: list[str] | None = 
     jobs = [RowJob(n, n, specs.get(n, spec), skip=CONTENDERS[n].unavailable(opts.device) or "",
                    extra={"title": CONTENDERS[n].title})
             for n in names]
-    rows = run_rows(jobs, opts, f"{w.name}-compare")
-    for row in rows:
-        row.setdefault("recipe", CONTENDERS[row["contender"]].recipe(opts.device))
-        derive(row, w, flops)
-    ref = next((r for r in rows if r["contender"] == "turbotrain"), None)
-    compare_to(rows, ref, speed_key="turbotrain_speedup")
-    ok = [r for r in rows if r["status"] == "ok"]
-    report = _base("compare", w, opts, flops, method)
-    report.update(
-        reference="turbotrain",
-        device_name=_device_name(rows),
-        rows=rows,
-        summary={
-            "contenders_ok": [r["contender"] for r in ok],
-            "same_initial_weights": len({r["init_digest"] for r in ok}) <= 1,
-            "init_digests": sorted({r["init_digest"] for r in ok}),
-            "first_loss_spread": (max(r["first_loss"] for r in ok) - min(r["first_loss"] for r in ok)) if ok else None,
-            "loss_parity": all(r.get("loss_within_tol", False) for r in ok) if ref and ref["status"] == "ok" else None,
-        },
-    )
-    return report
+
+    def build(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        for row in rows:
+            row.setdefault("recipe", CONTENDERS[row["contender"]].recipe(opts.device))
+            derive(row, w, flops)
+        ref = next((r for r in rows if r["contender"] == "turbotrain"), None)
+        compare_to(rows, ref, speed_key="turbotrain_speedup")
+        ok = [r for r in rows if r["status"] == "ok"]
+        report = _base("compare", w, opts, flops, method)
+        report.update(
+            reference="turbotrain",
+            device_name=_device_name(rows),
+            rows=rows,
+            summary={
+                "contenders_ok": [r["contender"] for r in ok],
+                "same_initial_weights": len({r["init_digest"] for r in ok}) <= 1,
+                "init_digests": sorted({r["init_digest"] for r in ok}),
+                "first_loss_spread": (max(r["first_loss"] for r in ok) - min(r["first_loss"] for r in ok)) if ok else None,
+                "loss_parity": all(r.get("loss_within_tol", False) for r in ok) if ref and ref["status"] == "ok" else None,
+            },
+        )
+        return report
+
+    return run_report(jobs, opts, f"{w.name}-compare", build)
 
 
 # ---------------------------------------------------------------------------------- matrices
@@ -281,18 +323,24 @@ class Variant:
     overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     model: dict[str, Any] = field(default_factory=dict)
     skip: str = ""  # why this row does not apply here (reported, not run)
+    ladder: str = ""  # ablation: which base this row changes one thing of (LADDERS)
 
 
 def precision_variants(device: str) -> list[Variant]:
     """fp32 (TF32 off), TF32, fp16-mixed, bf16-mixed, bf16-true; compile off so each row isolates
     precision (the ablation measures compile) and the matrix fits a device session."""
     cuda_only = "" if device == "cuda" else "TF32 is a CUDA tensor-core mode; no effect on CPU"
+
+    def row(mode: str, tf32: bool = False) -> dict[str, dict[str, Any]]:
+        # compile's default scope is auto (model on CUDA): say off, or every row compiles.
+        return {"precision": {"mode": mode, "tf32": tf32}, "compile": {"scope": "off"}}
+
     return [
-        Variant("fp32", "fp32 weights and math, TF32 off", {"precision": {"mode": "fp32", "tf32": False}}),
-        Variant("tf32", "fp32 weights, TF32 matmuls/convolutions", {"precision": {"mode": "fp32", "tf32": True}}, skip=cuda_only),
-        Variant("fp16-mixed", "fp16 autocast + GradScaler", {"precision": {"mode": "fp16-mixed", "tf32": False}}),
-        Variant("bf16-mixed", "bf16 autocast, fp32 weights", {"precision": {"mode": "bf16-mixed", "tf32": False}}),
-        Variant("bf16-true", "bf16 weights, gradients and optimizer state", {"precision": {"mode": "bf16-true", "tf32": False}}),
+        Variant("fp32", "fp32 weights and math, TF32 off", row("fp32")),
+        Variant("tf32", "fp32 weights, TF32 matmuls/convolutions", row("fp32", tf32=True), skip=cuda_only),
+        Variant("fp16-mixed", "fp16 autocast + GradScaler", row("fp16-mixed")),
+        Variant("bf16-mixed", "bf16 autocast, fp32 weights", row("bf16-mixed")),
+        Variant("bf16-true", "bf16 weights, gradients and optimizer state", row("bf16-true")),
     ]
 
 
@@ -314,9 +362,22 @@ def cudnn_attention_unavailable(device: str) -> str:
     return ""
 
 
+# The ablation's two ladders, each a base and one change at a time on top of it. bf16 + compile
+# comes first: it is what turbotrain trains with on a GPU, so its rows answer which step change
+# still pays there (flash and cuDNN attention do not take fp32, so the fp32 ladder cannot say),
+# and a bench stopped at a time limit has measured them first.
+LADDERS = {
+    "bf16-compile": {"reference": "bf16-compile",
+                     "title": "bf16 + compile ladder: each change alone on bf16 autocast + torch.compile"},
+    "fp32-eager": {"reference": "baseline", "title": "fp32 eager ladder: each change alone on plain fp32 eager"},
+}
+
+
 def ablation_variants(w: Workload, device: str) -> list[Variant]:
-    """The plain fp32 eager baseline, each optimization alone on top of it, then all together,
-    then turbotrain's defaults. Rows that cannot apply here say why."""
+    """Two ladders (LADDERS). On bf16 autocast + torch.compile: that base, then cuDNN attention,
+    the chunked loss and CUDA graphs each alone on it. On the plain fp32 eager baseline: each
+    optimization alone, then all together, then turbotrain's defaults. Rows that cannot apply
+    here say why."""
     cuda = device == "cuda"
     gpt = w.model in ("gpt", "moe")
     moe = {"moe_impl": "loop"} if w.model == "moe" else {}  # MoE baseline: one matmul pair per expert
@@ -372,40 +433,71 @@ def ablation_variants(w: Workload, device: str) -> list[Variant]:
     together = {"loss": "chunked", **({} if no_cudnn_attention else {"sdpa_backend": "cudnn"})} if gpt else {}
     rows.append(Variant("all", "every optimization above together", everything, together))
     rows.append(Variant("turbotrain-defaults", "Engine defaults (auto)", {}, {}))
-    return rows
+    return bf16_ladder(w, device) + [replace(v, ladder="fp32-eager") for v in rows]
 
 
-def _run_variants(w: Workload, opts: BenchOptions, variants: list[Variant], kind: str) -> tuple[list[dict[str, Any]], dict[str, Any], float, str]:
+def bf16_ladder(w: Workload, device: str) -> list[Variant]:
+    """bf16 autocast + torch.compile (model), the rest at turbotrain's defaults, then one change
+    at a time on it. (fp8 for the LM head joins here once it is built.) Not run on CPU: there
+    turbotrain trains fp32 eager, and bf16 autocast is the slow path on many CPUs."""
+    gpt = w.model in ("gpt", "moe")
+    gpu_only = "" if device == "cuda" else "a GPU question: on CPU turbotrain trains fp32 eager (see the fp32 ladder)"
+    base = {"precision": {"mode": "bf16-mixed"}, "compile": {"scope": "model", "mode": "default"}}
+    graphs = {**base, "compile": {"scope": "model", "mode": "reduce-overhead"}}
+    no_attention = "" if gpt else "no attention in this model"
+    rows = [
+        Variant("bf16-compile", "bf16 autocast, torch.compile (model), SDPA is_causal; defaults otherwise", base),
+        Variant("bf16-compile+cudnn-attention", "SDPA preferring cuDNN attention (model.sdpa_backend = 'cudnn')", base,
+                {"sdpa_backend": "cudnn"}, skip=no_attention or cudnn_attention_unavailable(device)),
+        Variant("bf16-compile+chunked-loss", "linear + cross-entropy by chunks (model.loss = 'chunked')", base,
+                {"loss": "chunked"}, skip="" if gpt else "no language-model loss in this model"),
+        Variant("bf16-compile+cuda-graphs", "compile mode reduce-overhead (CUDA graphs)", graphs),
+    ]
+    return [replace(v, ladder="bf16-compile", skip=gpu_only or v.skip) for v in rows]
+
+
+def _run_variants(w: Workload, opts: BenchOptions, variants: list[Variant], kind: str,
+                  finish: Callable[[list[dict[str, Any]], dict[str, Any]], None]) -> dict[str, Any]:
+    """Run the variants as turbotrain rows; the report is ``_base`` plus what ``finish(rows,
+    report)`` adds (references, summary), built again for every partial report."""
     spec, flops, method = _prepare(w, opts, kind)
     opts.log(f"{kind}: {w.describe()}")
     jobs = [
         RowJob(v.name, "turbotrain",
                {**spec, "turbotrain_overrides": v.overrides,
                 "model": {**spec["model"], "kwargs": {**spec["model"]["kwargs"], **v.model}}},
-               skip=v.skip, extra={"change": v.change, "overrides": v.overrides, "model_overrides": v.model})
+               skip=v.skip, extra={"change": v.change, "overrides": v.overrides, "model_overrides": v.model,
+                                   **({"ladder": v.ladder} if v.ladder else {})})
         for v in variants
     ]
-    rows = run_rows(jobs, opts, f"{w.name}-{kind}")
-    for row in rows:
-        derive(row, w, flops)
-    return rows, spec, flops, method
+
+    def build(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        for row in rows:
+            derive(row, w, flops)
+        report = _base(kind, w, opts, flops, method)
+        report.update(device_name=_device_name(rows), rows=rows)
+        finish(rows, report)
+        return report
+
+    return run_report(jobs, opts, f"{w.name}-{kind}", build)
 
 
 def run_precision_matrix(w: Workload, opts: BenchOptions) -> dict[str, Any]:
     """Step time, speedup over fp32, peak memory and its reduction, loss and its difference from
     fp32 for each precision this device supports; recommends the fastest within tolerance."""
-    rows, _, flops, method = _run_variants(w, opts, precision_variants(opts.device), "precision")
-    ref = next((r for r in rows if r["row"] == "fp32"), None)
-    compare_to(rows, ref, speed_key="speedup")
-    if ref and ref.get("status") == "ok" and "peak_mem_gib" in ref:
-        for r in rows:
-            if r.get("status") == "ok" and "peak_mem_gib" in r:
-                r["mem_reduction"] = 1.0 - r["peak_mem_gib"] / ref["peak_mem_gib"]
-    report = _base("precision", w, opts, flops, method)
-    report.update(reference="fp32", device_name=_device_name(rows), rows=rows,
-                  notes=["rows run with compile off so each isolates the precision; see --matrix ablation for compile"],
-                  summary={"recommendation": recommend(rows)})
-    return report
+
+    def finish(rows: list[dict[str, Any]], report: dict[str, Any]) -> None:
+        ref = next((r for r in rows if r["row"] == "fp32"), None)
+        compare_to(rows, ref, speed_key="speedup")
+        if ref and ref.get("status") == "ok" and "peak_mem_gib" in ref:
+            for r in rows:
+                if r.get("status") == "ok" and "peak_mem_gib" in r:
+                    r["mem_reduction"] = 1.0 - r["peak_mem_gib"] / ref["peak_mem_gib"]
+        report.update(reference="fp32",
+                      notes=["rows run with compile off so each isolates the precision; see --matrix ablation for compile"],
+                      summary={"recommendation": recommend(rows)})
+
+    return _run_variants(w, opts, precision_variants(opts.device), "precision", finish)
 
 
 RECOMMEND_MIN_SPEEDUP = 1.05  # below this a faster row is within run-to-run noise: keep fp32
@@ -436,16 +528,21 @@ def recommend(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def run_ablation(w: Workload, opts: BenchOptions, only: Sequence[str] = ()) -> dict[str, Any]:
-    """From the plain fp32 eager baseline: each optimization alone, then all, then the defaults
-    (``only``: just these rows, beside the baseline)."""
+    """Each ladder (LADDERS): its base, each optimization alone on it, (fp32: then all, then the
+    defaults); every row compared with its own ladder's base (``only``: just these rows, beside
+    the bases of their ladders)."""
     every = ablation_variants(w, opts.device)
     unknown = sorted(set(only) - {v.name for v in every})
     if unknown:
         raise ValueError(f"unknown ablation row(s) {unknown}; choose from {', '.join(v.name for v in every)}")
-    variants = [v for v in every if not only or v.name in only or v.name == "baseline"]
-    rows, _, flops, method = _run_variants(w, opts, variants, "ablation")
-    ref = next((r for r in rows if r["row"] == "baseline"), None)
-    compare_to(rows, ref, speed_key="speedup")
-    report = _base("ablation", w, opts, flops, method)
-    report.update(reference="baseline", device_name=_device_name(rows), rows=rows)
-    return report
+    ladders = {v.ladder for v in every if v.name in only}
+    bases = {LADDERS[ladder]["reference"] for ladder in ladders}
+    variants = [v for v in every if not only or v.name in only or v.name in bases]
+
+    def finish(rows: list[dict[str, Any]], report: dict[str, Any]) -> None:
+        for ladder, about in LADDERS.items():
+            ref = next((r for r in rows if r["row"] == about["reference"]), None)
+            compare_to([r for r in rows if r.get("ladder") == ladder], ref, speed_key="speedup")
+        report.update(reference="baseline", ladders=LADDERS)
+
+    return _run_variants(w, opts, variants, "ablation", finish)

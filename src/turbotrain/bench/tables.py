@@ -104,15 +104,25 @@ def precision_table(report: dict[str, Any]) -> str:
 
 
 def ablation_table(report: dict[str, Any]) -> str:
-    cols = [
-        ("row", lambda r: r["row"]),
-        ("change", lambda r: r.get("change", "")),
-        ("status", _status),
-        *_common(report),
-        ("speedup vs baseline", _ok(lambda r: _num(r.get("speedup"), ".2f") + ("x" if r.get("speedup") else ""))),
-        ("Δ loss vs baseline", _loss_diff),
-    ]
-    return render_table(report["rows"], cols)
+    """One table per ladder (its rows against its own base); one table for a report without
+    ladders (written before they existed)."""
+    ladders = report.get("ladders") or {}
+    groups = [(about, [r for r in report["rows"] if r.get("ladder") == name]) for name, about in ladders.items()]
+    groups = [(about, rows) for about, rows in groups if rows] or [({"reference": "baseline"}, report["rows"])]
+    tables = []
+    for about, rows in groups:
+        ref = about["reference"]
+        cols = [
+            ("row", lambda r: r["row"]),
+            ("change", lambda r: r.get("change", "")),
+            ("status", _status),
+            *_common({**report, "rows": rows}),
+            (f"speedup vs {ref}", _ok(lambda r: _num(r.get("speedup"), ".2f") + ("x" if r.get("speedup") else ""))),
+            (f"Δ loss vs {ref}", _loss_diff),
+        ]
+        title = [f"### {about['title']} (reference: {ref})", ""] if "title" in about else []
+        tables.append("\n".join([*title, render_table(rows, cols)]))
+    return "\n\n".join(tables)
 
 
 TABLES = {"compare": compare_table, "precision": precision_table, "ablation": ablation_table}
@@ -154,5 +164,8 @@ def render_report(report: dict[str, Any]) -> str:
         lines.append(f"- MFU omitted: no datasheet peak known for {device!r}")
     if report.get("command"):
         lines.append(f"- command: `{report['command']}`")
+    if report.get("complete") is False:
+        lines.append(f"- INCOMPLETE: written after each finished row; the bench stopped (or is still running) "
+                     f"before these: {', '.join(report.get('missing', [])) or 'none'}")
     lines += ["", TABLES[report["kind"]](report), "", *summary_lines(report)]
     return "\n".join(lines) + "\n"
