@@ -9,12 +9,13 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ..bench.autobatch import find_workload_batch
 from ..bench.contenders import CONTENDERS, DEFAULT_ORDER
-from ..bench.results import build_document, write_document
+from ..bench.results import ReportWriter, build_document, write_document
 from ..bench.suite import BenchOptions, run_ablation, run_compare, run_precision_matrix
 from ..bench.tables import render_report
 from ..bench.workloads import NOT_BUILT, custom_workload, expand, resolve_workload, workload_names
@@ -95,6 +96,7 @@ def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
         "precision": lambda w: run_precision_matrix(w, opts),
         "ablation": lambda w: run_ablation(w, opts),
     }
+    outcomes: list[dict[str, Any]] = []  # every row of every report: did any measure?
     try:
         for name in names:
             batch, search = args.batch, None
@@ -103,6 +105,9 @@ def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
                 search = find_workload_batch(name, opts, keep_log=bool(args.work_dir))
                 print(f"{name}: {search['summary']}", file=sys.stderr, flush=True)
                 batch = search["micro"]
+            if args.out:  # the document after every finished row: a bench stopped at a limit keeps its rows
+                opts.progress = ReportWriter(Path(args.out), command, list(sys.orig_argv),
+                                             {"batch_search": search} if search is not None else None)
             if args.model:
                 w = custom_workload(name, device, batch_size=batch, warmup_steps=args.warmup, timed_steps=args.steps)
             else:
@@ -114,6 +119,7 @@ def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
                     raise TurbotrainError(str(exc)) from None
                 if search is not None:
                     report["batch_search"] = search
+                outcomes += report.get("rows", [])
                 doc = build_document(report, command, list(sys.orig_argv))
                 print(render_report(doc), flush=True)
                 if args.out:
@@ -122,7 +128,18 @@ def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
     finally:
         if not args.work_dir:
             shutil.rmtree(work_dir, ignore_errors=True)
-    return 0
+    return _exit_code(outcomes)
+
+
+def _exit_code(rows: list[dict[str, Any]]) -> int:
+    """0 when a row measured something; 1 (with one line saying why) when every row failed or
+    was skipped: a script must not read a table of failures as a benchmark."""
+    if not rows or any(r.get("status") == "ok" for r in rows):
+        return 0
+    reasons = "; ".join(f"{r.get('row') or r.get('contender')}: {r.get('status')} ({' '.join(str(r.get('reason', '')).split())[:120]})"
+                        for r in rows[:4]) + ("; ..." if len(rows) > 4 else "")
+    print(f"turbotrain bench: every row failed or was skipped, nothing was measured ({reasons})", file=sys.stderr)
+    return 1
 
 
 def _batch_arg(text: str) -> int | str:
