@@ -38,7 +38,8 @@ start_script() {
   GPU=$(timeout -k 5 60 "$PY" -c 'import torch; assert torch.cuda.is_available(); print(torch.cuda.get_device_name(0))' 2>>"$LOG") \
     || { echo "$(basename "$0"): no CUDA GPU visible to torch" | tee -a "$LOG" >&2; exit 1; }
   SLUG=$(printf '%s' "$GPU" | tr '[:upper:]' '[:lower:]' | sed -E 's/[^a-z0-9]+/-/g; s/^-+|-+$//g')
-  RES=${RESULTS:-benchmarks/results}/$SLUG/$NAME
+  DAY=$(date -u +%F)  # results/<gpu>/<date>/<name>: a later window adds a folder, never overwrites
+  RES=${RESULTS:-benchmarks/results}/$SLUG/$DAY/$NAME
   WORK=${WORK:-/tmp/turbotrain-gpu-$NAME-work}
   RUNS="$WORK/runs"
   rm -rf "$RES" "$WORK"  # a re-run must not pass off an earlier run's results as its own
@@ -131,7 +132,7 @@ keep_runs() {  # summaries, metrics, configs and plots of the train runs under $
 
 pack() {
   cp "$LOG" "$RES/$NAME.log"
-  tar czf "$OUT/$NAME.tgz.tmp" -C "$(dirname "$(dirname "$RES")")" "$SLUG/$NAME" && mv "$OUT/$NAME.tgz.tmp" "$OUT/$NAME.tgz"
+  tar czf "$OUT/$NAME.tgz.tmp" -C "$(dirname "$(dirname "$(dirname "$RES")")")" "$SLUG/$DAY/$NAME" && mv "$OUT/$NAME.tgz.tmp" "$OUT/$NAME.tgz"
 }
 
 finish_script() {

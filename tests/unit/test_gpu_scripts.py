@@ -70,7 +70,8 @@ def test_dry_run_runs_every_phase_and_packs_two_files(tmp_path, script, name, ph
     with tarfile.open(out / f"{name}.tgz") as tar:
         names = tar.getnames()
     assert any(n.endswith(f"{name}/COMMAND.txt") for n in names) and any(n.endswith(f"{name}.log") for n in names)
-    command = next((tmp_path / "results").glob(f"*/{name}/COMMAND.txt")).read_text()
+    assert all(re.match(rf"nvidia-h100-80gb-hbm3/\d{{4}}-\d\d-\d\d/{name}(/|$)", n) for n in names)  # <gpu>/<date>/<name>
+    command = next((tmp_path / "results").glob(f"*/*/{name}/COMMAND.txt")).read_text()
     assert "gpu: NVIDIA H100 80GB HBM3" in command and "commit: " in command and "finished:" in command
     ran = re.search(r"^command: .* bash (\S+)$", command, re.M)
     assert ran and ran.group(1) == f"benchmarks/{script}" and (REPO / ran.group(1)).is_file()
@@ -149,14 +150,14 @@ def test_the_commit_comes_from_tt_commit_without_git(tmp_path):
     no_git = {"GIT_DIR": str(tmp_path / "no-git")}
     proc, out = _dry_run(tmp_path, "gpu_ablation.sh", env={**no_git, "TT_COMMIT": "0123abcd"})
     assert proc.returncode == 0, proc.stderr
-    command = next((tmp_path / "results").glob("*/ablation/COMMAND.txt")).read_text()
+    command = next((tmp_path / "results").glob("*/*/ablation/COMMAND.txt")).read_text()
     assert "commit: 0123abcd (from TT_COMMIT)" in command
     assert re.search(r"^command: TT_COMMIT=0123abcd OUT=\S+ BUDGET_S=\d+ bash benchmarks/gpu_ablation.sh$", command, re.M)
     assert "stand-in ran (TT_COMMIT=0123abcd): -m turbotrain bench" in (out / "ablation.log").read_text()
 
     proc, out = _dry_run(tmp_path, "gpu_ablation.sh", env=no_git)
     assert proc.returncode == 0, proc.stderr
-    command = next((tmp_path / "results").glob("*/ablation/COMMAND.txt")).read_text()
+    command = next((tmp_path / "results").glob("*/*/ablation/COMMAND.txt")).read_text()
     assert "commit: unknown" in command and "TT_COMMIT" not in command
 
 
@@ -166,7 +167,7 @@ def test_the_commit_comes_from_git_when_tt_commit_is_unset(tmp_path):
         pytest.skip("not a git checkout")
     proc, _ = _dry_run(tmp_path, "gpu_ablation.sh")
     assert proc.returncode == 0, proc.stderr
-    command = next((tmp_path / "results").glob("*/ablation/COMMAND.txt")).read_text()
+    command = next((tmp_path / "results").glob("*/*/ablation/COMMAND.txt")).read_text()
     assert re.search(rf"^commit: {head.stdout.strip()}( \(with uncommitted changes\))?$", command, re.M)
 
 
