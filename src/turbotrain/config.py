@@ -195,7 +195,7 @@ class OptimConfig:
     lr_batch: int = knob(0, "global batch (sequences per optimizer step) that lr was tuned for, the 'old' of lr_scaling; "
                          "0 = batch.global_size", min=0, max=MAX_BATCH)
     grad_clip: float = knob(0.0, "max global gradient norm, applied after unscaling; 0 = off (the presets use 1.0)", min=0.0, max=1e6)
-    implementation: str = knob(AUTO, "'auto' (fused on CUDA, foreach elsewhere), 'fused', 'foreach', 'for-loop'",
+    implementation: str = knob(AUTO, "'auto' (fused where torch has the kernel: CUDA, CPU; else foreach), 'fused', 'foreach', 'for-loop'",
                                choices=(AUTO, *OPTIM_IMPLEMENTATIONS))
 
 

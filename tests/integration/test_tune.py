@@ -32,7 +32,7 @@ def test_a_tiny_tune_writes_a_preset_that_train_accepts(tmp_path, text_file, cap
     micro = next(d for d in doc["space"] if d["key"] == "batch.micro")
     assert set(micro["choices"]) <= {1, 2, 4, 8, 16} and 16 in micro["choices"]  # finder-bounded, dividing 16
     ran = [t for t in doc["trials"] if t.get("counted")]
-    assert len(ran) == 2 and ran[0]["baseline"] and ran[0]["params"] == {"batch.micro": 16, "optim.implementation": "foreach"}
+    assert len(ran) == 2 and ran[0]["baseline"] and ran[0]["params"] == {"batch.micro": 16, "optim.implementation": "fused"}
     for t in ran:
         assert t["status"] in ("ok", "pruned") and t["peak_bytes"] > 0
         if t["status"] == "ok":

@@ -100,7 +100,7 @@ CONTENDERS: dict[str, Contender] = {
         Contender(
             "turbotrain", "turbotrain (defaults)",
             "Engine + fit, defaults: auto precision (bf16-mixed), TF32, compile, fused AdamW, side-stream prefetch",
-            "Engine + fit, defaults: auto precision (fp32 on CPU), no compile on CPU, foreach AdamW",
+            "Engine + fit, defaults: auto precision (fp32 on CPU), no compile on CPU, fused AdamW",
         ),
     )
 }
