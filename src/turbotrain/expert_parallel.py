@@ -271,8 +271,8 @@ def attach_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None
     def scatter(opt: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
         state_dict["state"] = dict(state_dict["state"])
         for i, (layer, sharded) in positions().items():
-            key_i = i if i in state_dict["state"] else str(i)
-            if key_i not in state_dict["state"]:
+            key_i = _saved_key(state_dict, i)
+            if key_i is None:
                 continue
             entry = state_dict["state"][key_i] = dict(state_dict["state"][key_i])
             for key, value in list(entry.items()):
@@ -289,6 +289,22 @@ def attach_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None
 
     optimizer.register_state_dict_post_hook(gather)
     optimizer.register_load_state_dict_pre_hook(scatter)
+
+
+def _saved_key(state_dict: dict[str, Any], position: int) -> Any:
+    """The key of the state of this optimizer's ``position``-th parameter in a state dict to load,
+    found as ``Optimizer.load_state_dict`` finds it: the saved ``param_groups`` list the keys in the
+    optimizer's parameter order. The keys are positions (``optimizer.state_dict()``), their strings
+    (a round trip through JSON) or parameter names (``torch.distributed.checkpoint.state_dict``'s
+    ``set_state_dict``, which sharded checkpoints and one-process checkpoints loaded into ranks
+    go through). None when the state holds nothing for it."""
+    state = state_dict["state"]
+    saved = [key for group in state_dict.get("param_groups", ()) for key in group.get("params", ())]
+    key = saved[position] if position < len(saved) else position
+    for candidate in (key, str(key)):
+        if candidate in state:
+            return candidate
+    return None
 
 
 def _keep_slice(layer: MoEMLP, first: int, n_local: int) -> None:

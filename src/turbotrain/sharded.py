@@ -59,6 +59,7 @@ from torch.distributed.checkpoint.state_dict import (
 from .atomic import DISK_FULL_ERRNOS, DiskFullError, atomic_write, disk_full_cause
 from .distributed import in_group, rank_world
 from .errors import TurbotrainError
+from .models.moe import EXTRA_STATE_KEY
 
 FORMAT = 1
 MARKER = "finished.json"
@@ -67,6 +68,8 @@ _DIR = re.compile(r"^step_(\d{8,})$")
 _PARTIAL = re.compile(r"^\.step_(\d{8,})\.partial$")
 _SEP = "/"  # between a key's parts: parameter names contain dots
 MODEL, OPTIM = "model", "optim"
+# model state entries an older checkpoint may lack (a MoE layer's router-bias loads not applied yet)
+OPTIONAL_SUFFIXES = ("." + EXTRA_STATE_KEY,)
 
 
 # ---------------------------------------------------------------------------- names and the marker
@@ -434,7 +437,10 @@ def load_into(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | N
     as they are wrapped here (plain, DDP or FSDP2, any world size). ``state`` is its
     :func:`read_state`. A collective under a process group: every rank calls it."""
     tensors, _ = split_state(model, optimizer)  # targets shaped as here: DCP fills them (reshards)
-    _dcp_load(path, tensors, path.name)
+    saved = SafeReader(path).read_metadata().state_dict_metadata
+    # written by newer versions only: an older checkpoint leaves them as the model has them
+    absent = {n for n in tensors if n not in saved and n.rsplit(_SEP, 1)[-1].endswith(OPTIONAL_SUFFIXES)}
+    _dcp_load(path, {n: t for n, t in tensors.items() if n not in absent}, path.name)
     flat = {**tensors, **state.get("objects", {})}
     optim_sd = {"state": _unflatten(flat, OPTIM), "param_groups": state.get("param_groups", [])}
     _set(model, optimizer, _unflatten(flat, MODEL), optim_sd, False, path.name)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -213,3 +214,39 @@ def test_out_of_memory_under_data_parallel_stops_with_the_rank_and_what_to_lower
     assert "out of memory on rank 0 of 2 in step 3 with micro-batch 4" in logs[0]
     assert "lower --batch.micro (e.g. --batch.micro=2)" in logs[0]
     assert all("Traceback" not in text for text in logs.values()), logs
+
+
+MOE = ["--preset=moe-tiny", "--model.expert_hidden=64", "--distributed.strategy=ddp"]
+
+
+def test_expert_parallel_run_resumes_exactly_at_its_degree_and_at_degree_1(work):
+    """moe-tiny (router-bias updates on) with its experts over 2 ranks, stopped at step 20 and
+    resumed by the same command: every step and the final validation loss are the uninterrupted
+    run's (the optimizer's expert state comes back sliced like the experts, the bias's pending
+    loads too). The stopped run, resumed in one process with the documented batch (micro 2 x 4,
+    degree 1), trains on from the same state."""
+    ep = [*MOE, "--distributed.expert_parallel=2"]
+    proc = _run(_torchrun(2) + _args(work, "ep", MICRO, *ep))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reference = _losses(work, "ep")
+    assert sorted(reference) == list(range(1, STEPS + 1)) and reference[STEPS] < reference[1] - 0.5
+
+    proc = _run(_torchrun(2) + _args(work, "ep-stopped", MICRO, *ep, "--train.stop_after_steps=20"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shutil.copytree(work / "runs" / "ep-stopped", work / "runs" / "ep-degree1")
+    resumed = _run(_torchrun(2) + ["--resume", str(work / "runs" / "ep-stopped"), "--no-progress"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _assert_same(_losses(work, "ep-stopped"), reference)
+    assert abs(_val(work, "ep-stopped") - _val(work, "ep")) <= 1e-5
+
+    one = _run(_plain() + ["--resume", str(work / "runs" / "ep-degree1"), "--no-progress", "--distributed.strategy=single",
+                           "--distributed.expert_parallel=1", f"--batch.micro={2 * MICRO}"])
+    assert one.returncode == 0, one.stderr[-3000:]
+    summary = json.loads((work / "runs" / "ep-degree1" / "summary.json").read_text())
+    assert summary["world_size"] == 1 and summary["resolved"]["global_batch"] == 2 * MICRO
+    losses = _losses(work, "ep-degree1")
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    # the first resumed step starts from the saved state; only the load-balancing loss differs
+    # (one process averages it over 8 rows, each rank over its 4)
+    assert abs(losses[21] - reference[21]) <= 1e-4
+    assert max(abs(losses[s] - reference[s]) for s in range(21, STEPS + 1)) <= 2e-2

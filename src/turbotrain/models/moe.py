@@ -53,7 +53,10 @@ from torch import nn
 
 from ..config import MOE_IMPLS
 from .gpt import GPT, GPTConfig
+
 GROUP_ALIGN = 16  # rows per expert group in the grouped GEMM's input (16-byte strides for any dtype)
+
+EXTRA_STATE_KEY = "_extra_state"  # a MoE layer's state-dict entry for its router-bias loads not yet applied (get_extra_state)
 
 _grouped_mm = getattr(F, "grouped_mm", None) or torch._grouped_mm
 
@@ -251,6 +254,37 @@ class MoEMLP(nn.Module):
         self.pending: torch.Tensor | None = None  # (E,) assignments since the last bias update
         self.grew_from = 0  # experts in the checkpoint this layer was grown from (0: not grown)
         self.register_load_state_dict_pre_hook(MoEMLP._grow_on_load)  # called as (module, state, prefix, ...)
+        self.register_load_state_dict_pre_hook(MoEMLP._default_extra_state)
+
+    # Checkpoints hold the router-bias loads not applied yet (``pending``: the last training
+    # forward's, which the next forward applies) as this layer's extra state, summed over the
+    # ranks, so a resume at any world size moves the bias as the uninterrupted run would.
+
+    def get_extra_state(self) -> torch.Tensor:
+        """The (E,) loads since the last bias update, summed over every rank (zeros when none). A
+        collective when there are some under a process group: every rank saves together, and
+        every rank has them after the same training forwards."""
+        if self.pending is None:
+            return torch.zeros(self.n_experts, dtype=torch.long, device=self.expert_bias.device)
+        total = self.pending.clone()
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        return total
+
+    def set_extra_state(self, state: Any) -> None:
+        """The saved sum becomes rank 0's pending loads (zeros on the others): the bias update's
+        all-reduce gives every rank the saved sum again. Zeros (nothing pending) or another expert
+        count (grown): nothing pending."""
+        self.pending = None
+        if not isinstance(state, torch.Tensor) or state.shape != (self.n_experts,) or not bool(state.any()):
+            return
+        state = state.to(self.expert_bias.device, torch.long)
+        main = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+        self.pending = state.clone() if main else torch.zeros_like(state)
+
+    def _default_extra_state(self, state: dict[str, Any], prefix: str, *args: Any) -> None:
+        """A checkpoint written before the extra state existed: nothing pending (not a missing key)."""
+        state.setdefault(prefix + EXTRA_STATE_KEY, torch.zeros(self.n_experts, dtype=torch.long))
 
     def _grow_on_load(self, state: dict[str, Any], prefix: str, *args: Any) -> None:
         """A checkpoint with fewer experts: grow it to this layer's (see :func:`grown_order`)
