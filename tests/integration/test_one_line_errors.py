@@ -4,6 +4,7 @@ back, for checkpoints), never a traceback; what is on disk afterwards is asserte
 from __future__ import annotations
 
 import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -72,3 +73,104 @@ def test_data_that_is_a_device_or_a_fifo_is_named_for_what_it_is(tmp_path, text_
         open_tokens(str(fifo), val_fraction=0.1, cache_dir=str(tmp_path / "cache"))
     err = str(info.value)
     assert "permissions" not in err and "Not a directory" not in err
+
+
+# ----------------------------------------------------------------------------- 7, 15, 16: profile, tune, bench on broken workloads
+
+WORKLOADS = '''
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+class M(nn.Module):
+    def __init__(self, mode="ok"):
+        super().__init__()
+        self.l, self.mode, self.calls = nn.Linear(8, 1), mode, 0
+    def forward(self, x, y):
+        self.calls += 1
+        if self.mode == "raise" or (self.mode == "late" and self.calls > 1):
+            raise RuntimeError("my forward is broken")
+        loss = ((self.l(x) - y) ** 2).mean()
+        if self.mode == "vector":
+            return (self.l(x) - y) ** 2
+        return loss * float("nan") if self.mode == "nan" else loss
+
+def data(n=64):
+    return DataLoader(TensorDataset(torch.randn(n, 8), torch.randn(n, 1)), batch_size=8)
+
+def ok(): return {"model": M(), "train_loader": data()}
+def empty(): return {"model": M(), "train_loader": data(0)}
+def raising(): return {"model": M("raise"), "train_loader": data()}
+def late(): return {"model": M("late"), "train_loader": data()}
+def nan(): return {"model": M("nan"), "train_loader": data()}
+def vector(): return {"model": M("vector"), "train_loader": data()}
+'''
+
+
+@pytest.fixture
+def workloads(tmp_path):
+    path = tmp_path / "wl.py"
+    path.write_text(WORKLOADS)
+    return path
+
+
+def _profile(tmp_path, workloads, func: str) -> list[str]:
+    return ["profile", "--model", f"{workloads}:{func}", "--warmup", "1", "--timed", "2", "--steps", "1",
+            f"--run.out_dir={tmp_path / 'runs'}", "--run.device=cpu"]
+
+
+def test_profile_of_a_workload_that_fails_is_one_line_and_leaves_no_run_folder(tmp_path, workloads, capsys):
+    """Item 7: an empty loader (StopIteration) or a forward that raises gave a 42-line traceback and a
+    run folder holding only metrics.jsonl."""
+    for func, words in (("empty", ["yielded no batch"]), ("raising", ["RuntimeError: my forward is broken", "wl.py:"])):
+        code = main(_profile(tmp_path, workloads, func))
+        err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith(("INFO", "WARNING", "profiling"))]
+        assert code == 2 and len(err) == 1 and "Traceback" not in err[0], err
+        assert all(w in err[0] for w in words), err
+        assert not list((tmp_path / "runs").glob("profile-*"))
+
+
+def test_profile_of_a_model_whose_loss_is_nan_says_so_first(tmp_path, workloads, capsys):
+    """Item 16: it named a bottleneck and said nothing about the NaN."""
+    assert main(_profile(tmp_path, workloads, "nan")) == 0
+    out = capsys.readouterr().out
+    assert "**bottleneck: non-finite loss** — the loss is nan" in out
+
+
+def test_bench_exits_non_zero_when_every_contender_failed(tmp_path, workloads, capsys):
+    """Item 16: a table of failures exited 0."""
+    code = main(["bench", "--model", f"{workloads}:late", "--device", "cpu", "--contenders", "turbotrain,eager"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and "every row failed" in err[-1] and "my forward is broken" in err[-1]
+
+
+def test_tune_stops_at_once_when_the_baseline_fails_for_a_reason_no_setting_changes(tmp_path, workloads, capsys):
+    """Item 15: a loss that is not a scalar kept the study proposing (16 proposals, 49 s)."""
+    pytest.importorskip("optuna")
+    code = main(["tune", "--model", f"{workloads}:vector", "--trials", "4", "--confirm", "0",
+                 f"--run.out_dir={tmp_path / 'runs'}", "--run.name=v", "--run.device=cpu"])
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if "error:" in line]
+    assert code == 2 and len(err) == 1 and "no setting tune searches changes" in err[0] and "scalar" in err[0], err
+    assert (tmp_path / "runs" / "v" / "tune.json").is_file()
+    assert [p.name for p in (tmp_path / "runs" / "v" / "trials").iterdir()] == ["trial-000"]
+
+
+def test_tune_stopped_by_sigterm_writes_what_it_has_and_prints_the_resume_command(tmp_path, workloads):
+    """Item 15: SIGTERM wrote nothing and printed no resume command (Ctrl-C did both)."""
+    pytest.importorskip("optuna")
+    import signal
+    import sys
+    import time
+
+    run = tmp_path / "runs" / "s"
+    proc = subprocess.Popen([sys.executable, "-m", "turbotrain", "tune", "--model", f"{workloads}:ok", "--trials", "20",
+                             "--confirm", "0", f"--run.out_dir={tmp_path / 'runs'}", "--run.name=s", "--run.device=cpu"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not (run / "trials" / "trial-001").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "interrupted (SIGTERM): continue the study with the same command and --run.out_dir=" in out
+    assert "Traceback" not in err and (run / "tune.json").is_file() and (run / "tune.md").is_file()

@@ -186,3 +186,77 @@ def test_the_best_is_re_measured_against_the_baseline_before_it_is_written(tmp_p
     assert written.optim.implementation == ("fused" if confirmed else "foreach")  # within noise: the baseline's
     assert ("BASELINE's settings" in (tmp_path / "best.toml").read_text()) is not confirmed
     assert doc["preset_trial"] == (best["number"] if confirmed else 0)
+
+
+# ------------------------------------------------------------------------------------ issue 23: NaN, fatal, causes
+
+
+class NanRunner(FakeRunner):
+    """Fused trials train to a NaN loss; ``fatal`` makes every trial fail as a non-scalar loss does."""
+
+    def __init__(self, fatal: bool = False) -> None:
+        super().__init__(budget=1024 * MiB)
+        self.fatal = fatal
+
+    def measure(self, name, changes, report, over_budget):
+        if self.fatal:
+            self.calls.append(name)
+            return Outcome("invalid", {"status": "invalid", "reason": "the loss must be a scalar", "fatal": True},
+                           reason="the loss must be a scalar")
+        out = super().measure(name, changes, report, over_budget)
+        if changes.get("optim", {}).get("implementation") == "fused" and out.status == "ok":
+            out.result = {**out.result, "parity_loss": float("nan")}
+        return out
+
+
+def test_a_trial_whose_loss_is_nan_is_a_penalised_trial_and_the_results_are_written(tmp_path):
+    """Issue 23 item 6: a NaN loss raised `Attempted to set a constraint ... NaN` and nothing was written."""
+    from turbotrain.tune.session import write_outputs
+
+    study = _study(tmp_path, NanRunner(), trials=4, space=[Dim("optim.implementation", ("fused", "foreach"), "foreach")])
+    study.run()
+    nan = [r for r in study.rows() if r["params"]["optim.implementation"] == "fused" and r["status"] != "duplicate"]
+    assert nan and all(r["status"] == "failed" and "not finite" in r["reason"] and not r["feasible"] for r in nan)
+    assert all(study.study.trials[r["number"]].value == PENALTY for r in nan)
+    assert study.best()["params"] == {"optim.implementation": "foreach"}
+    write_outputs(study, tmp_path, None, "cpu")
+    assert (tmp_path / "tune.json").is_file() and (tmp_path / "best.toml").is_file()
+
+
+def test_a_baseline_failing_for_a_reason_no_setting_changes_stops_the_study_at_once(tmp_path):
+    """Issue 23 item 15: a non-scalar loss or an empty loader kept the study proposing (16 proposals)."""
+    from turbotrain.tune.study import StudyStopped
+
+    runner = NanRunner(fatal=True)
+    study = _study(tmp_path, runner, trials=5)
+    with pytest.raises(StudyStopped, match="the baseline.*no setting tune searches changes: the loss must be a scalar"):
+        study.run()
+    assert runner.calls == ["trial-000"]
+
+
+def test_a_dead_trial_s_reason_is_its_cause_not_the_last_log_line():
+    from turbotrain.failure import cause_in_log
+
+    log = ("Traceback (most recent call last):\n  File \"wl.py\", line 3, in f\n    g()\nValueError: the real cause\n"
+           "/x/torch/utils/data.py:12: UserWarning: something\n  warnings.warn(\n")
+    assert cause_in_log(log, 1) == "ValueError: the real cause"
+    assert cause_in_log("some output\n", -9).startswith("killed by SIGKILL")
+    assert cause_in_log("x\nRuntimeError: boom\n  warnings.warn(x)\n", 1) == "RuntimeError: boom"
+
+
+def test_a_trial_s_advice_reads_as_flags_not_as_a_python_dict(tmp_path, monkeypatch):
+    """Issue 23 item 15: OOM advice (``setting(...)``) came back from a trial as {"memory": {...}}."""
+    import json
+
+    from turbotrain.config import setting
+    from turbotrain.tune import trial
+
+    def oom(spec, progress):
+        raise TurbotrainError(f"out of memory; use {setting('memory.on_oom', 'halve')}")
+
+    monkeypatch.setattr(trial, "measure_trial", oom)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"mode": "measure"}))
+    trial.main(["--spec", str(spec), "--result", str(tmp_path / "r.json"), "--progress", str(tmp_path / "p.jsonl")])
+    reason = json.loads((tmp_path / "r.json").read_text())["reason"]
+    assert "--memory.on_oom=halve" in reason and "{" not in reason

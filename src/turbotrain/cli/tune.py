@@ -4,6 +4,7 @@ write them as a preset ``turbotrain train --preset PATH.toml`` reads."""
 from __future__ import annotations
 
 import argparse
+import signal
 from pathlib import Path
 
 import torch
@@ -64,6 +65,6 @@ def main_tune(args: argparse.Namespace, extra: list[str]) -> int:
         doc = tune(target, options, Path(args.out) if args.out else None, log)
     print(summary(doc))
     if doc["interrupted"]:
-        print(f"interrupted: continue the study with the same command and {doc['resume']}")
-        return 130
+        print(f"interrupted ({doc['interrupted']}): continue the study with the same command and {doc['resume']}")
+        return 128 + signal.SIGTERM if doc["interrupted"].startswith("SIGTERM") else 130
     return 0 if doc.get("best") else 1

@@ -4,17 +4,21 @@ and the files left in the run folder (``trace.json.gz``, ``profile.json``, ``pro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import shutil
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..atomic import atomic_write
 from ..bench.worker import device_name
+from ..errors import TurbotrainError
+from ..failure import one_line
 from ..measure import Target, build, graph_break_reasons, release, run
 from ..optim import resolve_implementation
 from ..rundir import new_run_dir
@@ -49,18 +53,18 @@ def profile_target(target: Target, options: ProfileOptions = ProfileOptions(),
     config = target.config()
     name = config.run.name or f"profile-{target.label}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = new_run_dir(config.replace(run={"name": name}))
-    try:
+    with _failing_run(target, run_dir):
         built = build(target, None, run_dir)
-    except BaseException:
-        shutil.rmtree(run_dir, ignore_errors=True)  # a run that never started leaves nothing behind
-        raise
     log(f"profiling {target.label}: {options.warmup} warm-up + {options.timed} timed + {options.steps} profiled steps ({run_dir})")
     try:
-        window = ProfilerWindow(built.engine.device, options.warmup + options.timed, options.steps)
-        figures = run(built, options.warmup, options.timed, extra_steps=options.steps, hooks=[window])
+        with _failing_run(target, run_dir):
+            window = ProfilerWindow(built.engine.device, options.warmup + options.timed, options.steps)
+            figures = run(built, options.warmup, options.timed, extra_steps=options.steps, hooks=[window])
         trace = analyze(window)
         trace_path = window.export(run_dir / TRACE_FILE)
         bottleneck, advice = diagnose(built, figures, trace)
+        if not _finite(figures.get("final_loss")):  # timings of a model that does not train: say so before anything else
+            bottleneck = {"name": "non-finite loss", "text": NAN_TEXT.format(loss=figures.get("final_loss"))}
         doc = _document(built, figures, trace, bottleneck, advice, trace_path)
     finally:
         release(built)
@@ -77,6 +81,30 @@ def profile_target(target: Target, options: ProfileOptions = ProfileOptions(),
     atomic_write(run_dir / JSON_FILE, json.dumps(doc, indent=1, default=str) + "\n")
     atomic_write(run_dir / MD_FILE, render(doc) + "\n")
     return doc
+
+
+NAN_TEXT = ("the loss is {loss} (not finite) at the end of the profiled run: the model is not training, so its "
+            "timings and the advice below describe a broken step; fix the loss first (an fp32 run, a lower learning "
+            "rate, the model's own arithmetic)")
+
+
+def _finite(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and math.isfinite(value))
+
+
+@contextlib.contextmanager
+def _failing_run(target: Target, run_dir: Path) -> Iterator[None]:
+    """A run that fails leaves no run folder behind (it would hold a lone metrics.jsonl that
+    looks like a run); a failure inside a workload (``--model``: its forward raises, its loader
+    is empty) is one line naming the cause, as ``bench`` and ``tune`` say it."""
+    try:
+        yield
+    except BaseException as exc:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if target.is_workload and isinstance(exc, Exception) and not isinstance(exc, TurbotrainError):
+            raise TurbotrainError(f"profile {target.label}: the workload failed: {one_line(exc)}; nothing was "
+                                  "profiled (no run folder kept)") from None
+        raise
 
 
 def _document(built: Any, figures: dict[str, Any], trace: dict[str, Any], bottleneck: dict[str, str],

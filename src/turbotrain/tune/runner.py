@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from ..errors import TurbotrainError
+from ..failure import cause_in_log
 from ..measure import Target
 from ..process import child_env, run_process
 
@@ -119,9 +120,8 @@ class ProcessRunner:
             out.status, out.reason = out.result.get("status", "failed"), out.result.get("reason", "")
             out.peak_bytes = out.result.get("peak_bytes", out.peak_bytes)
             out.budget_bytes = out.result.get("budget_bytes", out.budget_bytes)
-        else:
-            tail = log.read_text().strip().splitlines()[-1:] or ["no output"]
-            out.status, out.reason = "failed", f"exit code {code}: {tail[0][:300]} (see {log})"
+        else:  # it died without a word of its own: the cause is in its log (the last line is often a warning's source)
+            out.status, out.reason = "failed", f"{cause_in_log(log.read_text(errors='replace'), code)} (see {log})"
         return out
 
     def find(self, changes: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -3,12 +3,13 @@
 The run folder (``run.out_dir/run.name``, default ``tune-<preset or FUNC>-<time>``) holds the study
 (``study.db``, SQLite: run the same command with the same ``--run.name`` to continue it), each
 trial's spec, log and metrics under ``trials/``, and ``tune.json``, ``tune.md``, ``tune.png`` and
-``best.toml`` (or ``--out``). They are written at the end, and also when Ctrl-C stops the study.
+``best.toml`` (or ``--out``). They are written at the end, and also when Ctrl-C or SIGTERM stops the study.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from ..workload import load_workload
 from .output import preset_text, trials_table, write_plot, write_text
 from .space import MICRO, Dim, ModelFacts, build_space, micro_choices
 from .runner import ProcessRunner, TuneOptions
-from .study import STUDY_DB, Log, Study, best_config, fixed_keys, require_optuna
+from .study import STUDY_DB, Log, Study, StudyStopped, best_config, fixed_keys, require_optuna
 
 BEST_FILE, JSON_FILE, MD_FILE, PLOT_FILE = "best.toml", "tune.json", "tune.md", "tune.png"
 
@@ -77,7 +78,9 @@ def saved_space(folder: Path) -> list[dict[str, Any]] | None:
 
 def tune(target: Target, options: TuneOptions, out: Path | None, log: Log) -> dict[str, Any]:
     """Run the study (see :mod:`.study`) and write the files; returns the tune document. Ctrl-C
-    ends the running trial, writes what was measured and returns (``doc["interrupted"]``)."""
+    or SIGTERM end the running trial, write what was measured and return (``doc["interrupted"]``
+    names the signal). A trial that fails for a reason no setting changes stops the study: the
+    files are written, then :class:`StudyStopped` (one line) is raised."""
     require_optuna()
     base = target.config()
     device = resolve_device(base.run.device)
@@ -107,17 +110,24 @@ def tune(target: Target, options: TuneOptions, out: Path | None, log: Log) -> di
     study.open()
     log(f"tune {target.label} on {device}: {options.trials} trials of {options.warmup} warm-up + {options.steps} timed steps, "
         f"searching {', '.join(d.key for d in space)} ({folder})")
-    interrupted, confirmation = False, None
+    interrupted, confirmation, stopped = "", None, None
     try:
         study.run()
         best = study.best()
         if best is not None and options.confirm and not best.get("baseline") and study.baseline_row() is not None:
             confirmation = study.confirm(best, options.confirm)
     except KeyboardInterrupt:
-        interrupted = True
+        interrupted = "Ctrl-C"
+    except SystemExit as exc:  # SIGTERM (turbotrain.process.exit_on_sigterm): the running trial is ended; write what was measured
+        interrupted = "SIGTERM" if exc.code == 128 + signal.SIGTERM else f"exit {exc.code}"
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one does not cut the files being written
+    except StudyStopped as exc:
+        stopped = exc
     doc = write_outputs(study, folder, out, device.type, confirmation)
     doc["interrupted"] = interrupted
     doc["resume"] = f"--run.out_dir={folder.parent} --run.name={folder.name}"
+    if stopped is not None:
+        raise StudyStopped(f"{stopped} (trials so far: {folder / JSON_FILE})") from None
     return doc
 
 

@@ -26,6 +26,7 @@ pruning, and a study that resumes from SQLite.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import warnings
 from dataclasses import dataclass, field
@@ -93,6 +94,15 @@ def predicted_over(params: dict[str, Any], history: list[Measured], limit: float
 
 
 # ----------------------------------------------------------------------------- the study
+
+
+def _finite(*values: Any) -> bool:
+    """Whether every value given is a finite number (None counts as finite: not measured)."""
+    return all(v is None or (isinstance(v, (int, float)) and math.isfinite(v)) for v in values)
+
+
+class StudyStopped(TurbotrainError):
+    """A trial failed for a reason no setting changes: the study stops (its results are written)."""
 
 
 def constraints_of(trial: Any) -> list[float]:
@@ -179,6 +189,10 @@ class Study:
               budget: int | None = None, windows: list[float] | None = None) -> None:
         optuna = require_optuna()
         result = result or {}
+        loss = result.get("parity_loss")
+        if status == "ok" and not _finite(loss, result.get("throughput")):  # NaN/inf: a penalised trial, never a constraint of NaN
+            status, reason = "failed", f"the loss is {loss} (not finite): these settings do not train"
+            result = {**result, "parity_loss": None}
         if (self.reference is None and trial.user_attrs.get("baseline") and status == "ok" and self.base_precision == "fp32"
                 and result.get("parity_loss") is not None):
             self._set_reference(result)  # the baseline computes in fp32: it is the reference
@@ -188,7 +202,7 @@ class Study:
         parity, diff, tol = 0.0, None, None
         ref = (self.reference or {}).get("parity_loss")
         loss = result.get("parity_loss")
-        if ref is not None and loss is not None:
+        if ref is not None and _finite(ref) and loss is not None:
             tol = loss_tolerance({"math_precision": result.get("math_precision")}, {"math_precision": "fp32", "final_loss": ref})
             diff = loss - ref
             parity = abs(diff) / tol - 1.0
@@ -254,6 +268,10 @@ class Study:
         self._tell(trial, params, outcome.status, result=outcome.result, reason=reason, peak=outcome.peak_bytes,
                    budget=outcome.budget_bytes, windows=outcome.windows)
         self.log(self.describe_trial(self.study.trials[trial.number]))
+        if outcome.result.get("fatal"):  # the loss is not a scalar, the loader is empty: no proposal can run
+            raise StudyStopped(f"{name} ({'the baseline' if trial.user_attrs.get('baseline') else label}) failed for a "
+                               f"reason no setting tune searches changes: {reason}; fix the workload, then run the same "
+                               "command again")
 
     def _repeat(self, trial: Any, same: Any) -> None:
         """A proposal identical to an earlier trial: its outcome again, not run and not counted."""
@@ -323,6 +341,8 @@ class Study:
 
     def _set_reference(self, result: dict[str, Any]) -> None:
         self.reference = {k: result.get(k) for k in ("parity_loss", "budget_bytes", "throughput", "math_precision", "tried")}
+        if not _finite(self.reference["parity_loss"]):  # a NaN reference would make every trial's parity NaN
+            self.reference["parity_loss"] = None
         self.study.set_user_attr("reference", self.reference)
 
     def run(self) -> None:

@@ -9,7 +9,8 @@ batch finder's largest micro-batch for the target (bounds the micro-batch choice
 
 Progress events are JSON lines appended to ``--progress``; the result is written atomically.
 Status: ``ok``, ``oom`` (out of memory), ``invalid`` (a setting this device or model refuses),
-``failed`` (anything else; the traceback is in the log).
+``failed`` (anything else; the traceback is in the log, the reason is its cause in one line);
+``fatal`` marks a failure no setting changes (:func:`turbotrain.failure.no_setting_fixes`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..atomic import atomic_write
+from ..config import audience
 from ..errors import TurbotrainError
+from ..failure import no_setting_fixes, one_line
 from ..measure import Target, build, measure_memory, release, run
 from ..memory import usable_memory_bytes
 from ..memory.stats import storage_bytes
@@ -93,7 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = 0
     start = time.perf_counter()
     try:
-        result.update(find_trial(spec) if spec["mode"] == "find" else measure_trial(spec, progress))
+        with audience("cli"):  # the reasons are printed by `turbotrain tune`: settings read as flags, not dicts
+            result.update(find_trial(spec) if spec["mode"] == "find" else measure_trial(spec, progress))
     except Exception as exc:
         if is_oom(exc):
             result.update(status="oom", reason=str(exc).splitlines()[0][:300] if str(exc) else "out of memory")
@@ -101,8 +105,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             result.update(status="invalid", reason=str(exc)[:500])
         else:
             traceback.print_exc()
-            result.update(status="failed", reason=f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+            result.update(status="failed", reason=one_line(exc))
             code = 1
+        if no_setting_fixes(exc):  # the loss is not a scalar, the loader is empty: no other setting will run
+            result["fatal"] = True
     result["process_s"] = time.perf_counter() - start
     atomic_write(args.result, json.dumps(result, indent=1, default=str) + "\n")
     return code
