@@ -335,6 +335,11 @@ def hostile_cases(work: Path, corpus: Path, cache: Path, existing: Path) -> list
         ("meta.json not JSON", data_file("t.bin", tokens, b"vocab_size=5"), 2),
         ("token ids above meta.json's vocab", data_file("t.bin", tokens, b'{"vocab_size": 500}'), 2),
         ("text shorter than one sequence", data_file("s.txt", b"tiny"), 2),
+        ("data a device (/dev/zero)", lambda: base() + ["--data", "/dev/zero"], 2),  # issue 23 item 14
+        ("data a FIFO", lambda: (os.mkfifo(work / "fifo") if not (work / "fifo").exists() else None,
+                                 base() + ["--data", str(work / "fifo")])[1], 2),
+        ("data.cache_dir a file", lambda: base(**{"data.cache_dir": str(corpus)}), 2),  # issue 23 item 5
+        ("data.cache_dir under a file", lambda: base(**{"data.cache_dir": str(corpus / "sub")}), 2),
     ]
 
     def preset(text: bytes) -> Callable[[], list[str]]:
@@ -448,6 +453,14 @@ def subprocess_hostile(work: Path, corpus: Path, cache: Path) -> list[dict[str, 
     lines = [line for line in result.stderr.strip().splitlines() if not line.startswith(("INFO ", "WARNING "))]
     ok = result.returncode == 2 and "Traceback" not in result.stderr and len(lines) == 1 and not temp_files(work / "runs" / "full")
     out.append({"case": "disk full (ulimit -f 200 KB) at the first checkpoint", "exit": result.returncode,
+                "line": lines[-1] if lines else "", "ok": ok, "problems": [] if ok else [result.stderr[-400:]]})
+    # issue 23 item 5: the data cache over a file-size limit (numpy's tofile lost the errno: a traceback)
+    big = work / "big.txt"  # ~150 KB of text: a 300 KB cache entry
+    big.write_text(corpus.read_text() * 4)
+    result = cli(train_args(work, big, work / "limited-cache", **{"run.name": "cache-full"}), preexec_fn=limit)
+    lines = [line for line in result.stderr.strip().splitlines() if not line.startswith(("INFO ", "WARNING "))]
+    ok = result.returncode == 2 and "Traceback" not in result.stderr and len(lines) == 1 and not temp_files(work / "limited-cache")
+    out.append({"case": "data cache over the file-size limit (ulimit -f 200 KB)", "exit": result.returncode,
                 "line": lines[-1] if lines else "", "ok": ok, "problems": [] if ok else [result.stderr[-400:]]})
     marker = work / "held"
     args = train_args(work, corpus, cache, **{"run.name": "held"})
