@@ -144,6 +144,14 @@ def test_bench_exits_non_zero_when_every_contender_failed(tmp_path, workloads, c
     assert code == 1 and "every row failed" in err[-1] and "my forward is broken" in err[-1]
 
 
+def test_bench_of_a_workload_whose_forward_raises_is_one_line(tmp_path, workloads, capsys):
+    """The FLOP count runs the user's forward before any row: it raised a traceback from there."""
+    code = main(["bench", "--model", f"{workloads}:raising", "--device", "cpu", "--contenders", "eager"])
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith(("INFO", "WARNING"))]
+    assert code == 2 and len(err) == 1 and "Traceback" not in err[0], err
+    assert "counting its FLOPs" in err[0] and "RuntimeError: my forward is broken" in err[0] and "wl.py:" in err[0]
+
+
 def test_tune_stops_at_once_when_the_baseline_fails_for_a_reason_no_setting_changes(tmp_path, workloads, capsys):
     """Item 15: a loss that is not a scalar kept the study proposing (16 proposals, 49 s)."""
     pytest.importorskip("optuna")

@@ -24,6 +24,7 @@ from ..batch import batch_size as _batch_size
 from ..data.sources import stdlib_files
 from ..engine import LossFn, default_loss
 from ..errors import TurbotrainError
+from ..failure import one_line
 from ..models.build import build_named
 from ..models.classifier import synthetic_images
 from ..models.mlp import synthetic_batches
@@ -275,8 +276,11 @@ def flops_per_step(w: Workload) -> tuple[float, str]:
     if w.model == CUSTOM:
         model, loss_fn = seeded_workload(CUSTOM, w.model_kwargs, 0)
         batch = custom_batches(w, 0, count=1)[0]
-        return count_flops_per_sample(model, batch, loss_fn) * _batch_size(batch), \
-            "counted on one batch (torch.utils.flop_counter, forward + backward)"
+        try:
+            per_sample = count_flops_per_sample(model, batch, loss_fn)
+        except Exception as exc:  # the user's forward/backward, before any row: one line, not a traceback
+            raise TurbotrainError(f"--model workload: counting its FLOPs on one batch failed: {one_line(exc)}") from None
+        return per_sample * _batch_size(batch), "counted on one batch (torch.utils.flop_counter, forward + backward)"
     if w.model in ("gpt", "moe"):
         with torch.device("meta"):
             gpt = build_named(w.model, w.model_kwargs)
