@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from .signals import active as active_signals
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
@@ -103,7 +105,13 @@ class StopAfter(Hook):
 
 class StopOnSignal(Hook):
     """SIGTERM/SIGINT end the run after the current step, so the final checkpoint is written;
-    a second SIGINT interrupts at once.
+    a second signal interrupts at once (KeyboardInterrupt).
+
+    Under a command's process-wide handlers (:mod:`turbotrain.signals`, which ``turbotrain
+    train`` and :func:`turbotrain.training.train` install) it tells them what the first signal
+    does while training, and a signal that came just before the fit started stops it after its
+    first step; without them (``fit`` called on its own) it installs handlers for the fit. SIGINT
+    inherited as ignored stays ignored.
 
     Data parallel (``agree`` given): a signal may reach the ranks at different steps, and a rank
     that stopped alone would leave the others waiting in their next collective. So the ranks
@@ -115,35 +123,50 @@ class StopOnSignal(Hook):
     def __init__(self, agree: Callable[[bool], bool] | None = None, interval: int = 1) -> None:
         self._ctx: FitContext | None = None
         self._previous: dict[int, Any] = {}
+        self._controller: Any = None  # the process-wide StopSignals, when installed
         self.agree, self.interval = agree, interval
         self._pending = ""  # a signal seen here, not yet agreed on
+
+    def _first(self, name: str) -> None:
+        reason = f"signal {name}"
+        if self._ctx is None:
+            return
+        if self.agree is None:
+            self._ctx.request_stop(reason)
+        else:
+            self._pending = reason
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self._ctx is None or self._ctx.should_stop or self._pending:
             self._restore()
             raise KeyboardInterrupt
-        reason = f"signal {signal.Signals(signum).name}"
-        if self.agree is None:
-            self._ctx.request_stop(reason)
-        else:
-            self._pending = reason
+        self._first(signal.Signals(signum).name)
 
     def on_step_end(self, ctx: FitContext) -> None:
         if self.agree is not None and every(ctx.engine.state.step, self.interval) and self.agree(bool(self._pending)):
             ctx.request_stop(self._pending or "signal on another rank")
 
     def _restore(self) -> None:
+        if self._controller is not None:
+            self._controller.on_first(None)  # after the fit: recorded only (the command ends 75)
+            self._controller = None
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
 
     def on_fit_start(self, ctx: FitContext) -> None:
         self._ctx = ctx
+        self._controller = active_signals()
+        if self._controller is not None:
+            self._controller.on_first(self._first)
+            return
         try:
             for sig in self.SIGNALS:
+                if sig == signal.SIGINT and signal.getsignal(sig) == signal.SIG_IGN:
+                    continue  # inherited as ignored (a background job): stays ignored
                 self._previous[sig] = signal.signal(sig, self._handle)
         except ValueError:  # not the main thread: leave signals alone
-            self._previous.clear()
+            self._restore()
 
     def on_fit_end(self, ctx: FitContext) -> None:
         self._restore()

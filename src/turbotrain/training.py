@@ -7,9 +7,10 @@ is written through :mod:`turbotrain.report`, which adds the figures from the met
 Nothing lost, nothing overwritten: the run directory is locked for as long as ``train()`` works
 in it (:mod:`turbotrain.runlock`); ``config.toml`` is written before anything else, so a run
 killed at any moment can be resumed (from step 0 when no checkpoint was saved yet); a resume
-drops the metrics of steps it will run again; SIGTERM/SIGINT during start-up end it cleanly
-(:class:`StoppedBySignal`), and during training save a checkpoint first (the summary says
-``stop_reason = "signal SIGTERM"``); a full disk ends it with one line that names the file and
+drops the metrics of steps it will run again, and rewrites ``config.toml`` (its overrides) only once
+its first step has trained; SIGTERM/SIGINT are handled from the start to the end
+(:mod:`turbotrain.signals`): during start-up they end it cleanly (:class:`StoppedBySignal`), during
+training save a checkpoint first (the summary says ``stop_reason = "signal SIGTERM"``); a full disk ends it with one line that names the file and
 the last intact checkpoint.
 """
 
@@ -19,11 +20,10 @@ import contextlib
 import logging
 import resource
 import shutil
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
@@ -62,6 +62,7 @@ from .rundir import (
     truncate_metrics,
 )
 from .runlock import RunLock
+from .signals import held as held_signals
 from .sharded import saved_world
 from .tracking import run_facts
 
@@ -72,11 +73,12 @@ SIGNAL_REASON = "signal "  # how StopOnSignal's stop_reason starts ("signal SIGT
 
 class StoppedBySignal(KeyboardInterrupt):
     """SIGTERM or SIGINT arrived before the first step: nothing was trained, nothing is lost.
-    A KeyboardInterrupt, so no ``except Exception`` on the way can swallow it."""
+    A KeyboardInterrupt, so no ``except Exception`` on the way can swallow it. ``run_dir`` is
+    None when the run was not found or named yet."""
 
-    def __init__(self, signame: str, run_dir: Path, resumable: bool) -> None:
+    def __init__(self, signame: str, run_dir: Path | None, resumable: bool) -> None:
         self.signame, self.run_dir, self.resumable = signame, run_dir, resumable
-        then = f"continue with --resume {run_dir}" if resumable else "nothing was written; start it again"
+        then = f"continue with --resume {run_dir or ''}".rstrip() if resumable else "nothing was written; start it again"
         super().__init__(f"stopped by {signame} during start-up, before the first step; {then}")
 
 
@@ -381,19 +383,31 @@ def _train_locked(config: RunConfig, run_dir: Path, new: bool, progress: bool | 
     """The run in ``run_dir``; ``main`` False (ranks other than 0): the same training, no shared file written."""
     for folder in (run_dir, run_dir / PLOTS_DIR) if main else ():  # temp files of writes killed mid-way (checkpoints: the Checkpointer)
         clean_stale_temps(folder)
-    try:
-        with _signals_end_startup(run_dir, resumable=not new):
+    with held_signals() as signals:
+        try:
+            signals.on_first(lambda name: stop_startup(name, run_dir, resumable=not new))
             if new and main:  # first of all: a run killed from here on has a config to resume from
                 write_config(config, run_dir, {})
             training = build_training(config, run_dir, resume=not new, progress=progress)
-    except BaseException:
-        if new and main:
-            shutil.rmtree(run_dir, ignore_errors=True)  # created by this call, under its lock: nothing else is in it
-        raise
-    if main and new:
-        write_config(config, run_dir, training.resolved)  # as given ('auto' stays 'auto'), with what it resolved to
-    elif main:  # a resume's overrides reach config.toml once its first step has trained, never when it fails before
-        training.hooks.insert(0, WriteConfigOnce(lambda: write_config(config, run_dir, training.resolved)))
+            if main and new:
+                write_config(config, run_dir, training.resolved)  # as given ('auto' stays 'auto'), with what it resolved to
+            elif main:  # a resume's overrides reach config.toml once its first step has trained, never when it fails before
+                training.hooks.insert(0, WriteConfigOnce(lambda: write_config(config, run_dir, training.resolved)))
+            signals.on_first(None)  # from here a signal is kept for the loop, which stops after a step (and saves)
+        except BaseException:
+            if new and main:
+                shutil.rmtree(run_dir, ignore_errors=True)  # created by this call, under its lock: nothing else is in it
+            raise
+        return _train_built(training, run_dir, main)
+
+
+def stop_startup(name: str, run_dir: Path | None, resumable: bool) -> None:
+    """What the first SIGTERM/SIGINT does during start-up: raise :class:`StoppedBySignal`."""
+    raise StoppedBySignal(name, run_dir, resumable)
+
+
+def _train_built(training: Training, run_dir: Path, main: bool) -> dict[str, Any]:
+    """Train the built run to its end (or a stop) and write its summary."""
     if training.engine.state.step >= training.config.train.max_steps:
         # A resume of a finished run: nothing to train, so nothing to log again (a final record
         # of this invocation would repeat the last step's); the summary comes from the metrics.
@@ -414,27 +428,6 @@ def _train_locked(config: RunConfig, run_dir: Path, new: bool, progress: bool | 
             finish(None, f"failed: {type(exc).__name__}: {exc}")
         raise
     return finish(ctx, "stopped" if ctx.should_stop else "completed")
-
-
-@contextlib.contextmanager
-def _signals_end_startup(run_dir: Path, resumable: bool) -> Iterator[None]:
-    """SIGTERM/SIGINT while the run is being built raise :class:`StoppedBySignal` (SIGTERM's
-    default would kill the process without a word); ``fit`` installs its own handlers after."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise StoppedBySignal(signal.Signals(signum).name, run_dir, resumable)
-
-    previous: dict[int, Any] = {}
-    try:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            previous[sig] = signal.signal(sig, handler)
-    except ValueError:  # not the main thread: signals stay as they are
-        pass
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def _disk_full(exc: BaseException, run_dir: Path) -> DiskFullError | None:

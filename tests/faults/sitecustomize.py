@@ -13,8 +13,9 @@ start-up). ``TT_FAULT=POINT:N`` acts at the N-th time the program reaches POINT:
 - ``summary``: SIGKILL while summary.json is being written (N-th time)
 - ``startup``: SIGKILL when the run starts being built (N-th time)
 - ``cache-mid-write``: SIGKILL after half of the N-th byte-token cache write
-- ``pause-step`` / ``pause-startup``: create ``$TT_FAULT_MARKER`` and wait (in 20 ms sleeps)
-  until the test deletes it; the process stays signalable.
+- ``pause-step`` / ``pause-startup`` / ``pause-fit`` (the run built and its files written, the
+  loop not started yet): create ``$TT_FAULT_MARKER`` and wait (in 20 ms sleeps) until the test
+  deletes it; the process stays signalable.
 
 Nothing here runs unless TT_FAULT is set.
 """
@@ -82,6 +83,8 @@ def _install(point: str, n: int) -> None:
     if point in ("step", "pause-step"):
         act = die if point == "step" else pause
         wrap(engine.Engine, "forward_backward", before=lambda *a, **k: due() and act())
+    elif point == "pause-fit":
+        wrap(training.Training, "run", before=lambda *a, **k: due() and pause())
     elif point == "eval":
         wrap(engine.Engine, "evaluate", before=lambda *a, **k: due() and die())
     elif point in ("startup", "pause-startup"):

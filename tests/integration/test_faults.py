@@ -9,8 +9,10 @@ The long series (more points, a soak) is benchmarks/fault_injection.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -170,3 +172,53 @@ def test_a_full_disk_ends_in_one_line_and_loses_nothing(tmp_path, text_file, cap
         assert _temp_files(run) == []
         assert all(is_verified(p) for p in list_checkpoints(run / "checkpoints"))
         assert (run / "metrics.jsonl").read_text().strip()  # what was logged is kept
+
+
+def test_a_signal_between_start_up_and_training_saves_and_stops(tmp_path, text_file, reference):
+    """Issue 23, item 4: the start-up handlers were restored before the config was written and
+    the loop installed its own, so a SIGTERM there killed the run without a word (-15, a stale
+    `.config.toml.tmpPID`) and a single Ctrl-C gave 130. Now the handlers hold from the command's
+    start to its exit: one SIGTERM or SIGINT there stops after the first step with a checkpoint
+    (75), and the resume ends with the uninterrupted losses."""
+    run = tmp_path / "runs" / "t"
+    marker = tmp_path / "paused"
+    for sig, extra in ((signal.SIGINT, ()), (signal.SIGTERM, ("--resume",))):
+        proc = _start_paused(tmp_path, text_file, marker, "pause-fit:1", *extra)  # built, metrics.jsonl there, no step yet
+        proc.send_signal(sig)
+        marker.unlink()
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == EXIT_STOPPED, err
+        assert sig.name in err and "--resume" in err and "Traceback" not in err, err
+        assert _temp_files(run) == []
+        assert _summary(run)["status"] == "stopped"
+    assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_00000001.pt", "step_00000002.pt"]
+    assert main(_args(tmp_path, text_file, f"--train.max_steps={MAX_STEPS}", "--resume")) == 0
+    assert _summary(run)["final_train_loss"] == reference["final_train_loss"]
+
+
+def test_sigint_inherited_as_ignored_stays_ignored_and_sigterm_still_stops(tmp_path, text_file):
+    """Issue 23, item 4: a background job (SIGINT inherited as ignored) lost a SIGINT in one phase
+    and honoured it in another. Now SIGINT stays ignored in every phase (the run trains to its
+    end, 0) and SIGTERM stops it in every phase (75); a second signal stops it at once (130)."""
+    run = tmp_path / "runs" / "t"
+    marker = tmp_path / "paused"
+    args = [sys.executable, "-m", "turbotrain", *_args(tmp_path, text_file, f"--train.max_steps={MAX_STEPS}")]
+    for fault, sigs, code in (("pause-fit:1", [signal.SIGINT], 0), ("pause-step:2", [signal.SIGINT], 0),
+                              ("pause-startup:1", [signal.SIGTERM], EXIT_STOPPED),
+                              ("pause-step:2", [signal.SIGTERM, signal.SIGTERM], 130)):  # two: stop now
+        shutil.rmtree(run, ignore_errors=True)
+        proc = subprocess.Popen(args, env=fault_env(fault, marker), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        while not marker.exists():
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else "exited early"
+            time.sleep(0.02)
+        for sig in sigs:
+            proc.send_signal(sig)
+            time.sleep(0.2)
+        with contextlib.suppress(FileNotFoundError):
+            marker.unlink()
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == code, (fault, err)
+        assert "Traceback" not in err, err
+        if code == 0:
+            assert _summary(run)["steps"] == MAX_STEPS

@@ -2,16 +2,26 @@
 
 Exit status: 0 trained (to max_steps, or to stop_after_steps); 2 a mistake to fix, said in one
 line; 75 stopped by SIGTERM or SIGINT with everything saved (a checkpoint at the step it stopped,
-or nothing trained yet): continue with ``--resume``; 130 a second Ctrl-C interrupted it at once
+or nothing trained yet): continue with ``--resume``; 130 a second signal interrupted it at once
 (the last periodic checkpoint is intact); 1 a bug, with its traceback, or under torchrun another
 rank lost (one line: continue with ``--resume``).
+
+Signals (:mod:`turbotrain.signals`) are handled from the moment the command starts until it exits,
+in every phase alike: during start-up one stops it at once (75; a new run leaves nothing behind),
+while training it stops after the current step and saves (75), after training it lets the summary
+be written and skips the plots (75). A process started with SIGINT ignored (a background job of a
+non-interactive shell) keeps ignoring SIGINT; SIGTERM still stops it. Under torchrun the line that
+says how to continue names the torchrun command; torchrun itself, when it is the one signalled,
+forwards the signal to the ranks (which save and exit 75) and then ends with its own
+``SignalException`` traceback and status 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
-import signal
+import os
 import sys
 from pathlib import Path
 
@@ -25,7 +35,9 @@ from ..errors import ConfigError, TurbotrainError
 from ..report import write_report
 from ..rundir import find_run_dir, new_run_dir, resume_config, run_name
 from ..runlock import RunLock
-from ..training import StoppedBySignal, check_launch, stopped_by_signal, train
+from ..signals import StopSignals
+from ..signals import held as held_signals
+from ..training import StoppedBySignal, check_launch, stop_startup, stopped_by_signal, train
 from .report import print_report
 
 EXIT_STOPPED = 75  # sysexits' EX_TEMPFAIL: "try again later", here: continue with --resume
@@ -62,15 +74,48 @@ def main_train(args: argparse.Namespace, extra: list[str]) -> int:
     if args.help_config:
         print(describe())
         return 0
+    # SIGTERM/SIGINT from here until the command returns, whichever phase they land in: one
+    # saves what there is to save and stops (75), two stop at once (130). Under torchrun the
+    # agent also sends SIGTERM to every rank when one fails: after training it is only recorded,
+    # so the rank still finishes its last words (the summary, or one line saying why it stopped).
+    with held_signals() as signals:
+        try:
+            return _train_command(args, extra, signals)
+        except StoppedBySignal as exc:
+            topology = Topology.from_env()
+            if topology.rank > 0:
+                return EXIT_STOPPED  # rank 0 says it
+            then = (f"continue with `{resume_command(exc.run_dir or '', topology)}`" if exc.resumable
+                    else "nothing was written; start it again")
+            print(f"turbotrain train: stopped by {exc.signame} during start-up, before the first step; {then}", file=sys.stderr)
+            return EXIT_STOPPED
+
+
+class _ReportStopped(KeyboardInterrupt):
+    """A signal while the report was being made (each file is written whole or not at all)."""
+
+
+def _stop_report(name: str) -> None:
+    raise _ReportStopped(name)
+
+
+def resume_command(run_dir: Path | str, topology: Topology) -> str:
+    """The command that continues the run in ``run_dir``: the torchrun one for a run of several
+    processes (a ddp/fsdp run refuses a plain ``turbotrain train --resume``)."""
+    target = f"--resume {run_dir}".rstrip()
+    if topology.world < 2:
+        return f"turbotrain train {target}"
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", topology.world))
+    launch = f"--nproc-per-node {local}" if local == topology.world else "... (as before)"
+    return f"torchrun {launch} -m turbotrain train {target}"
+
+
+def _train_command(args: argparse.Namespace, extra: list[str], signals: StopSignals) -> int:
     topology = Topology.from_env()
+    resume = args.resume is not None
+    signals.on_first(lambda name: stop_startup(name, None, resume))
     if topology.rank > 0:  # under torchrun: rank 0 prints; the others only warnings and errors, with their rank
         _quiet_logging(topology.rank)
-    if topology.world > 1:
-        # torchrun's agent sends SIGTERM to every rank as soon as one fails. While training,
-        # StopOnSignal handles it (and start-up ends with StoppedBySignal); outside those, the
-        # default action would kill a rank silently while it is still writing the summary or
-        # saying in one line why it stopped. Ignored there: the rank finishes its last words.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         # Checked on every rank before any joins the process group: the same mistake everywhere,
         # said once by rank 0; the others end quietly (exit 0) instead of waiting for it.
@@ -81,21 +126,21 @@ def main_train(args: argparse.Namespace, extra: list[str]) -> int:
             overrides.setdefault("monitor", {})["progress"] = "false"
         if args.resume and "name" in overrides.get("run", {}):
             raise ConfigError("name the run to resume once: --resume RUN or --resume --run.name NAME, not both")
-        if args.resume is not None:  # the run's saved config with the overrides applied: what the resume will train
+        if resume:  # the run's saved config with the overrides applied: what the resume will train
             resumed = _resumed_run(args, overrides)
             base = resumed[1]
+            signals.on_first(lambda name: stop_startup(name, resumed[0], True))
         else:
             base = load_config(args.preset or default_preset(), overrides)
         check_launch(base, topology)
         join_process_group(base.distributed, local_device(resolve_device(base.run.device), topology), topology)
         # Rank 0 finds or names the run (a timestamped name, a resumed run's saved config); all use its answer.
-        run_dir, config = decided_by_main(lambda: resumed if args.resume is not None else _new_run(base))
+        run_dir, config = decided_by_main(lambda: resumed if resume else _new_run(base))
         check_launch(config, topology)
     except TurbotrainError:
         if topology.rank > 0:
             return 0
         raise
-    resume = args.resume is not None
     if topology.rank > 0:
         return _train_other_rank(config, run_dir, resume, topology.rank)
     if resume:
@@ -105,9 +150,6 @@ def main_train(args: argparse.Namespace, extra: list[str]) -> int:
     with RunLock(run_dir):
         try:
             summary = train(config, resume_dir=run_dir if resume else None, run_dir=run_dir)
-        except StoppedBySignal as exc:
-            print(f"turbotrain train: {exc}", file=sys.stderr)
-            return EXIT_STOPPED
         except Exception as exc:
             lost = _peer_lost(exc, topology, run_dir)
             if lost is None:
@@ -115,10 +157,20 @@ def main_train(args: argparse.Namespace, extra: list[str]) -> int:
             print(f"turbotrain train: {lost}", file=sys.stderr)
             return EXIT_PEER_LOST
         _print_summary(summary, run_dir)
-        print_report(write_report(run_dir))  # plots + summary.md, as `turbotrain report RUN` would
+        if not signals.received:  # a signal after training stops the report: it can be made later
+            with contextlib.suppress(_ReportStopped):
+                signals.on_first(_stop_report)
+                print_report(write_report(run_dir))  # plots + summary.md, as `turbotrain report RUN` would
+            signals.on_first(None)
     if stopped_by_signal(summary):
         print(f"turbotrain train: {summary['stop_reason']} stopped the run at step {summary['steps']}, checkpoint saved; "
-              f"continue with `turbotrain train --resume {run_dir}`", file=sys.stderr)
+              f"continue with `{resume_command(run_dir, topology)}`", file=sys.stderr)
+        return EXIT_STOPPED
+    if signals.received:
+        print(f"turbotrain train: {signals.first} arrived as the run was ending; it {summary['status']} at step "
+              f"{summary['steps']} with everything saved (the plots: `turbotrain report {run_dir}`)"
+              + (f"; continue with `{resume_command(run_dir, topology)}`" if summary["steps"] < summary["max_steps"] else ""),
+              file=sys.stderr)
         return EXIT_STOPPED
     return 0
 
@@ -142,7 +194,7 @@ def _new_run(base: RunConfig) -> tuple[Path, RunConfig]:
 def _train_other_rank(config: RunConfig, run_dir: Path, resume: bool, rank: int) -> int:
     """A rank other than 0: the same training in rank 0's run directory, printing nothing but its errors."""
     try:
-        train(config, resume_dir=run_dir if resume else None, run_dir=run_dir, progress=False)
+        summary = train(config, resume_dir=run_dir if resume else None, run_dir=run_dir, progress=False)
     except ReportedByMainRank:
         return 0  # rank 0 failed at start-up and says why
     except StoppedBySignal:
@@ -155,7 +207,7 @@ def _train_other_rank(config: RunConfig, run_dir: Path, resume: bool, rank: int)
             raise
         print(f"turbotrain train: {lost}", file=sys.stderr)
         return EXIT_PEER_LOST
-    return 0
+    return EXIT_STOPPED if stopped_by_signal(summary) else 0
 
 
 def _peer_lost(exc: BaseException, topology: Topology, run_dir: Path) -> str | None:
@@ -167,7 +219,7 @@ def _peer_lost(exc: BaseException, topology: Topology, run_dir: Path) -> str | N
     if not isinstance(exc, dist.DistError) and not any(k in text.lower() for k in ("gloo", "nccl", "connection", "timed out", "timeout")):
         return None
     return (f"[rank {topology.rank}] another rank stopped or was lost: a collective failed ({text[:200]}); checkpoints "
-            f"already written are kept: continue with `torchrun ... -m turbotrain train --resume {run_dir}`")
+            f"already written are kept: continue with `{resume_command(run_dir, topology)}`")
 
 
 def _quiet_logging(rank: int) -> None:
