@@ -194,7 +194,7 @@ class OptimConfig:
                            "('linear'), its square root ('sqrt'), or not at all ('none')", choices=LR_SCALINGS)
     lr_batch: int = knob(0, "global batch (sequences per optimizer step) that lr was tuned for, the 'old' of lr_scaling; "
                          "0 = batch.global_size", min=0, max=MAX_BATCH)
-    grad_clip: float = knob(0.0, "max global gradient norm, applied after unscaling; 0 = off (the presets use 1.0)", min=0.0, max=1e6)
+    grad_clip: float = knob(0.0, "max global gradient norm, applied after unscaling; 0 = off (the presets use 1.0)", min=0.0, max=1e30)  # any finite norm clips; 1e30 leaves headroom below float32 overflow
     implementation: str = knob(AUTO, "'auto' (fused where torch has the kernel: CUDA, CPU; else foreach), 'fused', 'foreach', 'for-loop'",
                                choices=(AUTO, *OPTIM_IMPLEMENTATIONS))
 
