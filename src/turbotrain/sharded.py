@@ -57,7 +57,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from .atomic import DISK_FULL_ERRNOS, DiskFullError, atomic_write, disk_full_cause
-from .distributed import in_group, rank_world
+from .distributed import ReportedByAnotherRank, decided_by_main, in_group, rank_world
 from .errors import TurbotrainError
 from .models.moe import EXTRA_STATE_KEY
 
@@ -280,6 +280,9 @@ def save(folder: Path, step: int, tensors: dict[str, torch.Tensor], replicated: 
     if failed:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
+        if rank != failed[0][0]:  # said once, by the first rank that failed (a full disk fails them all alike)
+            raise ReportedByAnotherRank(f"the checkpoint at step {step} was not saved: rank {failed[0][0]} failed "
+                                        f"({failed[0][1]})")
         full = _disk_full_reason(failure) if failure is not None else ""
         if full:
             raise DiskFullError(final, full) from None
@@ -437,6 +440,8 @@ def load_into(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | N
     as they are wrapped here (plain, DDP or FSDP2, any world size). ``state`` is its
     :func:`read_state`. A collective under a process group: every rank calls it."""
     tensors, _ = split_state(model, optimizer)  # targets shaped as here: DCP fills them (reshards)
+    # an unreadable or refused .metadata is said once, by rank 0; then each rank reads its own
+    decided_by_main(lambda: SafeReader(path).read_metadata() and None)
     saved = SafeReader(path).read_metadata().state_dict_metadata
     # written by newer versions only: an older checkpoint leaves them as the model has them
     absent = {n for n in tensors if n not in saved and n.rsplit(_SEP, 1)[-1].endswith(OPTIONAL_SUFFIXES)}

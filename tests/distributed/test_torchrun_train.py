@@ -250,3 +250,74 @@ def test_expert_parallel_run_resumes_exactly_at_its_degree_and_at_degree_1(work)
     # (one process averages it over 8 rows, each rank over its 4)
     assert abs(losses[21] - reference[21]) <= 1e-4
     assert max(abs(losses[s] - reference[s]) for s in range(21, STEPS + 1)) <= 2e-2
+
+
+def _said_once_by_rank_0(proc: subprocess.CompletedProcess, log_dir: Path, expected: str) -> None:
+    """The failure is one line on rank 0, which found it; rank 1 ends quietly (no error, no
+    "another rank stopped or was lost", no traceback); torchrun names rank 0 as the root cause."""
+    assert proc.returncode != 0
+    logs = _rank_logs(log_dir)
+    said = {r: [line for line in text.splitlines() if line.startswith("turbotrain train:")] for r, text in logs.items()}
+    assert len(said[0]) == 1 and expected in said[0][0], logs[0]
+    assert said[1] == [] and "Traceback" not in logs[1] and "another rank" not in logs[1], logs[1]
+    root_cause = proc.stderr.split("Root Cause")[-1]
+    assert "rank      : 0" in root_cause and "exitcode  : 2" in root_cause
+
+
+@pytest.fixture(scope="module")
+def stopped_ddp_run(work: Path) -> Path:
+    """A 2-rank ddp run stopped at step 20 with one sharded checkpoint (step 20)."""
+    proc = _run(_torchrun(2) + _args(work, "stopped-ddp", MICRO, "--distributed.strategy=ddp", "--train.stop_after_steps=20"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return work / "runs" / "stopped-ddp"
+
+
+def _copy_run(run: Path, name: str) -> Path:
+    target = run.parent / name
+    shutil.copytree(run, target)
+    return target
+
+
+def test_a_run_in_use_is_said_once_by_rank_0(stopped_ddp_run, tmp_path):
+    from turbotrain.runlock import RunLock
+
+    run = _copy_run(stopped_ddp_run, "in-use")
+    with RunLock(run):  # this process trains it, as far as the resume can tell
+        proc = _run(_torchrun(2, log_dir=tmp_path / "logs") + ["--resume", str(run), "--no-progress"], timeout=120)
+    _said_once_by_rank_0(proc, tmp_path / "logs", f"run directory {run} is in use by process {os.getpid()}")
+
+
+def test_no_usable_checkpoint_is_said_once_by_rank_0(stopped_ddp_run, tmp_path):
+    run = _copy_run(stopped_ddp_run, "no-usable")
+    (next(run.glob("checkpoints/step_*")) / ".metadata").write_bytes(b"garbage")  # no longer matches its marker
+    proc = _run(_torchrun(2, log_dir=tmp_path / "logs") + ["--resume", str(run), "--no-progress"], timeout=120)
+    _said_once_by_rank_0(proc, tmp_path / "logs", f"no usable checkpoint in {run / 'checkpoints'}")
+
+
+def test_a_refused_metadata_is_said_once_by_rank_0(stopped_ddp_run, tmp_path):
+    """A .metadata that would run code when unpickled, its marker rewritten to vouch for it."""
+    import hashlib
+    import pickle
+
+    run = _copy_run(stopped_ddp_run, "refused-metadata")
+    folder = next(run.glob("checkpoints/step_*"))
+    evil = pickle.dumps(os.system)  # a function to call: refused, never called
+    (folder / ".metadata").write_bytes(evil)
+    marker = json.loads((folder / "finished.json").read_text())
+    marker["files"][".metadata"] = {"size": len(evil), "sha256": hashlib.sha256(evil).hexdigest()}
+    (folder / "finished.json").write_text(json.dumps(marker))
+    proc = _run(_torchrun(2, log_dir=tmp_path / "logs") + ["--resume", str(run), "--no-progress"], timeout=120)
+    _said_once_by_rank_0(proc, tmp_path / "logs", "is not part of a checkpoint's metadata")
+
+
+def test_a_full_disk_at_a_sharded_save_is_said_once(work, tmp_path):
+    """A file-size limit (what a full disk looks like to a write) hit by every rank's checkpoint
+    files: the first rank that failed says it, in one line; the other ends quietly."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
+
+    cmd = _torchrun(2, log_dir=tmp_path / "logs") + _args(work, "full-disk", MICRO, "--distributed.strategy=ddp")
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=240, preexec_fn=limit)
+    _said_once_by_rank_0(proc, tmp_path / "logs", "full-disk/checkpoints/step_00000020")

@@ -9,6 +9,7 @@ import warnings
 from typing import Callable, Sequence
 
 from ..config import audience
+from ..distributed import ReportedByAnotherRank, announce_reported
 from ..errors import TurbotrainError
 from ..version import __version__
 from . import bench, doctor, report, sample, train
@@ -52,7 +53,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with audience("cli"):  # errors name flags (--section.key=value)
             return int(args.command(args, extra) or 0)
+    except ReportedByAnotherRank:
+        return 0  # under torchrun: the rank that found the error says it
     except TurbotrainError as exc:
+        announce_reported(str(exc))  # under torchrun: the other ranks end quietly, not as if this one were lost
         print(f"turbotrain {name}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
