@@ -33,7 +33,6 @@ SCHEDULES = ("cosine", "linear", "constant", "plateau")
 LR_SCALINGS = ("none", "linear", "sqrt")
 DATA_BATCHINGS = ("windows", "tokens")
 OPTIM_IMPLEMENTATIONS = ("fused", "foreach", "for-loop")
-PRECISION_MODES = ("bf16-mixed", "fp16-mixed", "bf16-true", "fp32")
 NONFINITE_POLICIES = ("skip", "fallback", "stop")
 COMPILE_SCOPES = ("off", "model", "blocks")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
@@ -41,6 +40,38 @@ CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes th
 CHECKPOINTING_MODES = ("off", "full", "selective")
 OOM_POLICIES = ("halve", "stop")
 DIST_STRATEGIES = ("single", "ddp", "fsdp")
+FP8_RECIPES = ("tensorwise", "rowwise")  # torchao's float8 scaling recipes
+
+
+class Names:
+    """A valid-value list that grows as plugins register: ``precision.mode``'s names come from the
+    precision classes (:mod:`turbotrain.precision` fills it on import, which ``import turbotrain``
+    does), so validation and ``--help-config`` read it live. ``first`` come before the registered."""
+
+    def __init__(self, *first: str, then: "Names | None" = None) -> None:
+        self._own, self._then = list(first), then
+
+    def add(self, name: str) -> None:
+        if name not in self._own:
+            self._own.append(name)
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._own
+        if self._then is not None:
+            yield from self._then
+
+    def __contains__(self, name: object) -> bool:
+        return any(name == n for n in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+
+PRECISION_MODES = Names()  # filled by each Precision subclass's definition (turbotrain.precision)
+PRECISION_CHOICES = Names(AUTO, then=PRECISION_MODES)
 
 
 _AUDIENCE = ["python"]  # who reads error messages: "python" (a library caller) or "cli"
@@ -83,7 +114,8 @@ def knob(default: Any, doc: str, *, choices: Iterable[Any] | None = None, min: f
     """A documented config field. A numeric one declares its range: ``min`` <= value <= ``max``
     (or < ``below``, an open end). :func:`validate` checks ``choices`` and the range, and
     :func:`describe` shows them."""
-    meta = {"doc": doc, "choices": tuple(choices) if choices is not None else None, "min": min,
+    live = isinstance(choices, Names)  # read at each use: plugins may add values after this field is defined
+    meta = {"doc": doc, "choices": choices if live or choices is None else tuple(choices), "min": min,
             "max": below if below is not None else max, "open": below is not None}
     return field(default=default, metadata=meta)
 
@@ -211,14 +243,24 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class PrecisionConfig:
-    mode: str = knob(AUTO, "'auto' (bf16-mixed on CUDA cc>=8.0, fp16-mixed below, fp32 on CPU) or explicit",
-                     choices=(AUTO, *PRECISION_MODES))
+    mode: str = knob(AUTO, "'auto' (bf16-mixed on CUDA cc>=8.0, fp16-mixed below, fp32 on CPU; never fp8) or a registered "
+                     "precision's name; 'fp8' (bf16 autocast + torchao float8 linears) needs pip install 'turbotrain[fp8]'",
+                     choices=PRECISION_CHOICES)
     tf32: bool = knob(True, "TF32 tensor-core matmuls and convolutions for fp32 work (CUDA)")
     cudnn_benchmark: bool = knob(True, "let cuDNN time its kernels for fixed input shapes (CUDA)")
     flush_denormal: bool = knob(True, "flush fp32 denormals to zero on CPU: denormal arithmetic made the first steps ~35% slower")
     nonfinite: str = knob("fallback", "on non-finite loss/grad: 'skip' the step, skip then 'fallback' to a safer precision, or 'stop'",
                           choices=NONFINITE_POLICIES)
     max_nonfinite_steps: int = knob(3, "skipped steps before 'fallback' or 'stop' acts", min=1, max=MAX_STEPS)
+    fp8_emulate: bool = knob(False, "mode 'fp8': emulate the float8 matmuls (CPU, or a GPU below compute capability 8.9): "
+                             "for correctness tests only, slower than bf16")
+    fp8_recipe: str = knob("tensorwise", "mode 'fp8': torchao's scaling recipe, 'tensorwise' (fastest; FSDP2 float8 all-gather) "
+                           "or 'rowwise' (more accurate)", choices=FP8_RECIPES)
+    fp8_min_size: int = knob(0, "mode 'fp8': convert a linear layer (both dims divisible by 16) only if in x out features >= this; "
+                             "0 = torchao's per-recipe thresholds (measured on H100: small matmuls are slower in fp8)", min=0, max=2**40)
+    fp8_lm_head: bool = knob(False, "mode 'fp8': convert the output layer (lm_head) too")
+    fp8_skip: str = knob("", "mode 'fp8': comma-separated module-name prefixes kept in bf16, e.g. 'blocks.0.,blocks.11.' "
+                         "for the first and last block")
 
 
 @dataclass(frozen=True)

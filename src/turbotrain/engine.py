@@ -30,12 +30,12 @@ from torch import nn
 
 from .batch import batch_size, misplaced, move_to, split_batch, token_count
 from .compile_guard import CompileGuard
-from .config import DistributedConfig, RunConfig, load_config, setting
+from .config import DistributedConfig, PrecisionConfig, RunConfig, load_config, setting
 from .data.prefetch import DevicePrefetcher
 from .errors import ConfigError, LossError, NonFiniteError, PlacementError
 from .oom import build_oom_policy, is_oom, oom_reason
 from .distributed import Strategy, Topology, build_strategy, local_device
-from .precision import DeviceCaps, Precision, apply_backend_switches, build_guard, build_precision, fallback_mode
+from .precision import DeviceCaps, Precision, apply_backend_switches, build_guard, build_precision
 from .transforms import apply_activation_checkpointing, apply_compile, eager, resolve_scope
 
 log = logging.getLogger(__name__)
@@ -112,6 +112,7 @@ class EngineOptions:
 
     device: torch.device
     precision: str
+    precision_settings: PrecisionConfig = PrecisionConfig()  # the [precision] section, for the plugins' own fields
     tf32: bool = True
     cudnn_benchmark: bool = True
     flush_denormal: bool = True
@@ -139,6 +140,7 @@ class EngineOptions:
         return cls(
             device=device,
             precision=config.precision.mode,
+            precision_settings=config.precision,
             tf32=config.precision.tf32,
             cudnn_benchmark=config.precision.cudnn_benchmark,
             flush_denormal=config.precision.flush_denormal,
@@ -175,15 +177,19 @@ class Engine:
 
     ``config`` may be a :class:`RunConfig`, a mapping of overrides such as
     ``{"precision": {"mode": "bf16-mixed"}, "batch": {"accumulation": 4}}``, or None (defaults).
+    ``precision`` (a registered name, or a :class:`~turbotrain.precision.Precision` object such as
+    your own plugin) replaces ``precision.mode``.
     """
 
-    def __init__(self, config: RunConfig | Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    def __init__(self, config: RunConfig | Mapping[str, Mapping[str, Any]] | None = None, *,
+                 precision: str | Precision | None = None) -> None:
         if config is None or isinstance(config, Mapping):
             config = load_config(overrides=config or {})
         self.options = opts = EngineOptions.from_config(config)
         self.device = opts.device
         self.caps = DeviceCaps.of(self.device)
-        self.precision: Precision = build_precision(opts.precision, self.device, self.caps)
+        chosen = opts.precision if precision is None else precision
+        self.precision: Precision = build_precision(chosen, self.device, self.caps, opts.precision_settings)
         apply_backend_switches(self.device, tf32=opts.tf32, cudnn_benchmark=opts.cudnn_benchmark, flush_denormal=opts.flush_denormal)
         self.strategy: Strategy = build_strategy(opts.distributed, self.device, opts.topology)
         self.oom_policy = build_oom_policy(opts.on_oom, self.strategy.rank, self.strategy.world)  # world > 1: stop, never halve alone
@@ -472,7 +478,7 @@ class Engine:
         where = f"{count} non-finite loss/gradient steps by step {self.state.step} in {self.precision.name}"
         if opts.nonfinite == "stop":
             raise NonFiniteError(f"{where}; lower optim.lr, check the data, or use {setting('precision.nonfinite', 'fallback')}")
-        target = fallback_mode(self.precision.name, self.caps)
+        target = self.precision.fallback_for(self.caps)
         if target is None:
             raise NonFiniteError(f"{where}, and there is no safer precision to fall back to; lower optim.lr or check the data")
         self.switch_precision(target, optimizer)
@@ -481,7 +487,9 @@ class Engine:
     def switch_precision(self, mode: str, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Change precision mid-run (fallback): new autocast/scaler, weights and state cast back up."""
         old = self.precision
-        self.precision = build_precision(mode, self.device, self.caps)
+        self.precision = build_precision(mode, self.device, self.caps, self.options.precision_settings)
+        for model in self._models:  # layer swaps (fp8's float8 linears) undone: the parameters stay the same objects
+            old.revert_module(model)
         if old.param_dtype != self.precision.param_dtype:
             for model in self._models:
                 model.to(self.precision.param_dtype)

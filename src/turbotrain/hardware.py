@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 __all__ = [
-    "DeviceSpec", "DEVICE_SPECS", "lookup_peak", "estimate_mfu", "precision_key", "tf32_enabled",
+    "DeviceSpec", "DEVICE_SPECS", "lookup_peak", "estimate_mfu", "precision_key", "register_peak", "tf32_enabled",
     "nvml", "nvml_handle", "collect_nvml", "collect_nvml_device", "ram_bytes",
 ]
 
@@ -56,10 +56,28 @@ class DeviceSpec:
         return asdict(self)
 
 
+PEAK_KEYS: dict[str, str] = {}
+"""Registered precision name -> peak key ("bf16", "fp16", "fp8", "tf32", "fp32"): each precision
+plugin says which datasheet peak its MFU is measured against (:func:`register_peak`)."""
+
+PEAK_NAMES = ("bf16", "fp16", "fp8", "tf32", "fp32")
+
+
+def register_peak(name: str, key: str) -> None:
+    """Precision ``name`` is measured against the ``key`` peak (a plugin's ``peak`` attribute)."""
+    if key not in PEAK_NAMES:
+        raise ValueError(f"peak {key!r} for precision {name!r}: expected one of {', '.join(PEAK_NAMES)}")
+    PEAK_KEYS[name] = key
+
+
 def precision_key(precision: Any, *, tf32: bool = False) -> str:
-    """The one precision-to-peak map: a precision name ("bf16-mixed", "fp16", "tf32", "fp32") or a
-    dtype (``torch.bfloat16``) to a key of :class:`DeviceSpec`'s ``*_tflops`` fields; fp32 work
-    counts at the TF32 peak when ``tf32`` (float32 matmuls on TF32 tensor cores: :func:`tf32_enabled`)."""
+    """The one precision-to-peak map: a precision name ("bf16-mixed", "fp8", a registered plugin's name,
+    "fp16", "tf32", "fp32") or a dtype (``torch.bfloat16``) to a key of :class:`DeviceSpec`'s
+    ``*_tflops`` fields; fp32 work counts at the TF32 peak when ``tf32`` (float32 matmuls on TF32
+    tensor cores: :func:`tf32_enabled`)."""
+    registered = PEAK_KEYS.get(str(precision))
+    if registered is not None:
+        return "tf32" if registered == "fp32" and tf32 else registered
     p = str(precision).lower().removeprefix("torch.")
     if p.startswith(("bf16", "bfloat16")):
         return "bf16"

@@ -27,7 +27,7 @@ def test_overrides_are_typed_and_win_over_the_preset():
         (["--optim.lrr=1"], ["optim.lrr", "valid keys", "lr"]),
         (["--nosuch.key=1"], ["nosuch", "valid sections"]),
         (["--train.max_steps=ten"], ["train.max_steps", "int"]),
-        (["--precision.mode=fp8"], ["precision.mode", "bf16-mixed", "fp16-mixed", "fp32"]),
+        (["--precision.mode=fp4"], ["precision.mode", "bf16-mixed", "fp16-mixed", "fp32", "fp8"]),
         (["--train.max_steps=0"], ["train.max_steps", "range [1, 99999999]"]),
         (["--batch.micro=big"], ["batch.micro", "auto"]),
         (["--model.d_model=100", "--model.n_head=3"], ["model.d_model", "divisible"]),

@@ -15,15 +15,17 @@ the SDPA backend on CPU (one kernel there) and its "math" backend on CUDA (never
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 import torch
 
 from ..config import COMPILE_MODES, RunConfig
+from ..errors import ConfigError
 from ..data import default_num_workers
 from ..optim import resolve_implementation
-from ..precision import DeviceCaps, resolve_precision
+from ..precision import PRECISIONS, DeviceCaps, resolve_precision
 from ..transforms import resolve_scope
 
 MICRO = "batch.micro"
@@ -58,10 +60,19 @@ class ModelFacts:
 
 
 def precision_choices(device: torch.device) -> tuple[str, ...]:
+    """Every registered precision this device runs as it is (fp8 only on a GPU with float8 tensor
+    cores and torchao installed: emulation is never searched), in registry order."""
     caps = DeviceCaps.of(device)
-    if caps.type != "cuda":
-        return ("fp32", "bf16-mixed", "bf16-true")
-    return ("bf16-mixed", "fp16-mixed", "bf16-true", "fp32") if caps.bf16 else ("fp16-mixed", "fp32")
+    usable = []
+    for name in PRECISIONS:
+        try:
+            with warnings.catch_warnings():  # "bf16 on CPU is slow" is for a run, not for each candidate
+                warnings.simplefilter("ignore")
+                resolve_precision(name, caps)
+        except ConfigError:
+            continue
+        usable.append(name)
+    return tuple(usable)
 
 
 def micro_choices(global_batch: int, fits: int | None) -> tuple[int, ...]:
@@ -87,7 +98,7 @@ def build_space(base: RunConfig, device: torch.device, facts: ModelFacts, fixed:
         values = tuple(dict.fromkeys((*choices, base_value)))  # the baseline's value is always a choice
         dims.append(Dim(key, values, base_value))
 
-    add("precision.mode", precision_choices(device), resolve_precision(base.precision.mode, DeviceCaps.of(device)))
+    add("precision.mode", precision_choices(device), resolve_precision(base.precision.mode, DeviceCaps.of(device), base.precision))
     scope = resolve_scope(base.compile.scope, device)
     add("compile.scope", ("off", "model", *(("blocks",) if facts.blocks else ())), scope)
     if cuda:

@@ -1,7 +1,12 @@
-"""Numeric precision: autocast, loss scaling and the non-finite guard.
+"""Numeric precision as an open set of plugins: autocast, loss scaling, model transforms, and the
+non-finite guard.
 
-The base class :class:`Precision` is full fp32 and does nothing; each other mode overrides only
-what differs (after Lightning Fabric's precision plugins). ``build_precision`` resolves the
+Each precision is one :class:`Precision` subclass carrying its own ``name`` (defining the class
+registers it: ``precision.mode`` accepts the name and ``--help-config`` lists it), the precision it
+falls back to on non-finite values, the datasheet peak its MFU is measured against, the dtypes it
+asks of the distributed strategy, the device check that refuses it in one line, and a model
+transform if it needs one. The base class is full fp32 and does nothing; each other mode overrides
+only what differs (after Lightning Fabric's precision plugins). ``build_precision`` resolves the
 config once; the engine then calls the same methods whatever the mode, with no ``if`` per step.
 """
 
@@ -13,16 +18,16 @@ import math
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any, ContextManager
+from typing import Any, ClassVar, ContextManager
 
 import torch
 
-from .batch import map_tensors
-from .config import PRECISION_MODES, choice_error, setting
-from .errors import ConfigError
+from ..batch import map_tensors
+from ..config import AUTO, PRECISION_MODES, PrecisionConfig, choice_error, setting
+from ..errors import ConfigError
+from ..hardware import register_peak
 
 log = logging.getLogger(__name__)
-
 
 @dataclass(frozen=True)
 class DeviceCaps:
@@ -40,63 +45,102 @@ class DeviceCaps:
         return cls(device.type, None, False)
 
 
-def resolve_precision(mode: str, caps: DeviceCaps) -> str:
-    """Turn ``auto`` into a concrete mode for ``caps`` and refuse modes the device cannot run.
+PRECISIONS: dict[str, type["Precision"]] = {}
+"""Every precision by name, in the order the classes were defined (``precision.mode``'s valid values)."""
+
+
+def register_precision(cls: type["Precision"]) -> type["Precision"]:
+    """Make ``cls`` selectable by its ``name``: config validation, ``--help-config``, fallbacks and
+    MFU (``cls.peak``) read it from here. Subclassing :class:`Precision` with a ``name`` calls this."""
+    if not cls.name or cls.name == AUTO:
+        raise ValueError(f"{cls.__name__}.name = {cls.name!r}: a precision needs a name other than 'auto'")
+    PRECISIONS[cls.name] = cls
+    PRECISION_MODES.add(cls.name)
+    register_peak(cls.name, cls.peak)
+    return cls
+
+
+def precision_class(mode: str) -> type["Precision"]:
+    try:
+        return PRECISIONS[mode]
+    except KeyError:
+        raise choice_error("precision.mode", mode, (AUTO, *PRECISIONS)) from None
+
+
+def resolve_precision(mode: str, caps: DeviceCaps, settings: PrecisionConfig | None = None) -> str:
+    """Turn ``auto`` into a concrete mode for ``caps`` and refuse modes the device cannot run
+    (each precision's own :meth:`Precision.check`, one line naming the fix).
 
     auto: bf16-mixed on CUDA with compute capability >= 8.0, fp16-mixed below, fp32 elsewhere
-    (a CPU without bf16 units runs bf16 autocast about 14x slower than fp32).
+    (a CPU without bf16 units runs bf16 autocast about 14x slower than fp32). auto never picks
+    fp8 or any other mode that changes the math beyond 16-bit autocast: those are asked for by name.
     """
-    if mode == "auto":
+    if mode == AUTO:
         if caps.type != "cuda":
             return "fp32"
         return "bf16-mixed" if caps.capability is not None and caps.capability >= (8, 0) else "fp16-mixed"
-    if mode not in PRECISION_MODES:
-        raise choice_error("precision.mode", mode, ("auto", *PRECISION_MODES))
-    if mode == "fp16-mixed" and caps.type != "cuda":
-        raise ConfigError(
-            "precision.mode = 'fp16-mixed' needs a CUDA GPU (GradScaler loss scaling); "
-            f"on CPU use {setting('precision.mode', 'fp32')} (or bf16-mixed)"
-        )
-    if mode.startswith("bf16") and caps.type == "cuda" and not caps.bf16:
-        raise ConfigError(
-            f"precision.mode = {mode!r}: this GPU (compute capability {caps.capability}) has no bf16; "
-            f"use {setting('precision.mode', 'fp16-mixed')} or auto"
-        )
-    if mode.startswith("bf16") and caps.type == "cpu":
-        warnings.warn(
-            f"precision.mode = {mode!r} on CPU: without bf16 units this is often many times slower than fp32",
-            stacklevel=2,
-        )
+    precision_class(mode).check(caps, settings or PrecisionConfig())
     return mode
 
 
 def fallback_mode(mode: str, caps: DeviceCaps) -> str | None:
-    """The next safer precision after non-finite steps: fp16 -> bf16 (if supported) -> fp32."""
-    if mode == "fp16-mixed":
-        return "bf16-mixed" if caps.bf16 else "fp32"
-    if mode in ("bf16-mixed", "bf16-true"):
-        return "fp32"
-    return None
+    """The next safer precision after non-finite steps: fp8 -> bf16 -> fp32, fp16 -> bf16 (if supported) -> fp32."""
+    return precision_class(mode).fallback_for(caps)
 
 
 class Precision:
-    """Full fp32: no autocast, no loss scaling, parameters stay float32."""
+    """Full fp32: no autocast, no loss scaling, parameters stay float32.
 
-    name = "fp32"
-    param_dtype = torch.float32
-    compute_dtype: torch.dtype | None = None  # what matmuls run in, when it is not the parameters' dtype
+    A new precision subclasses this (or :class:`MixedPrecision`), sets ``name`` and overrides what
+    differs; defining the class registers it (``register=False`` in the class line opts out).
+    """
+
+    name: ClassVar[str] = "fp32"
+    fallback: ClassVar[str | None] = None  # the next safer precision after non-finite steps (None: stop)
+    peak: ClassVar[str] = "fp32"  # the datasheet peak MFU is measured against: bf16, fp16, fp8, tf32 or fp32 (hardware.py)
+    param_dtype: torch.dtype = torch.float32  # asked of the strategy: parameters (and optimizer state) in this dtype
+    compute_dtype: torch.dtype | None = None  # what matmuls run in, when it is not the parameters' dtype (FSDP2's param_dtype)
+    reduce_dtype: torch.dtype = torch.float32  # gradient reductions across ranks
     scaler: torch.amp.GradScaler | None = None
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    def __init_subclass__(cls, register: bool = True, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if register and "name" in cls.__dict__:
+            register_precision(cls)
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.device = device if device is not None else torch.device("cpu")
+
+    @classmethod
+    def from_settings(cls, device: torch.device, settings: PrecisionConfig) -> "Precision":
+        """The precision for ``device`` from the ``[precision]`` config section (its own fields, if any)."""
+        return cls(device)
+
+    @classmethod
+    def check(cls, caps: DeviceCaps, settings: PrecisionConfig) -> None:
+        """Raise a one-line :class:`ConfigError` (the fix included) when ``caps`` cannot run this precision."""
+
+    @classmethod
+    def fallback_for(cls, caps: DeviceCaps) -> str | None:
+        """The precision to switch to after non-finite steps on ``caps`` (None: nothing safer)."""
+        return cls.fallback
 
     def autocast(self) -> ContextManager[Any]:
         """Context for forward passes, in training and evaluation alike."""
         return contextlib.nullcontext()
 
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
-        """Cast parameters for 'true' (not mixed) precisions; fp32 and mixed keep float32 weights."""
+        """Cast parameters for 'true' (not mixed) precisions, or swap layers (fp8); fp32 and mixed keep
+        float32 weights. Runs before compile and before the strategy wraps the model."""
         return module
+
+    def revert_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Undo :meth:`convert_module`'s layer swaps when falling back (parameter casts are the engine's)."""
+        return module
+
+    def summary(self) -> dict[str, Any]:
+        """What the run's summary records about this precision beyond its name (fp8: the converted layers)."""
+        return {}
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return loss
@@ -154,30 +198,70 @@ class Precision:
         pass
 
 
-class MixedPrecision(Precision):
-    """fp32 weights, forward under ``torch.autocast`` in a 16-bit dtype."""
+register_precision(Precision)
 
-    def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
+
+def _warn_bf16_on_cpu(mode: str, caps: DeviceCaps) -> None:
+    if caps.type == "cpu":
+        warnings.warn(f"precision.mode = {mode!r} on CPU: without bf16 units this is often many times slower than fp32",
+                      stacklevel=4)
+
+
+def _check_bf16(mode: str, caps: DeviceCaps) -> None:
+    if caps.type == "cuda" and not caps.bf16:
+        raise ConfigError(
+            f"precision.mode = {mode!r}: this GPU (compute capability {caps.capability}) has no bf16; "
+            f"use {setting('precision.mode', 'fp16-mixed')} or auto"
+        )
+    _warn_bf16_on_cpu(mode, caps)
+
+
+class MixedPrecision(Precision):
+    """fp32 weights, forward under ``torch.autocast`` in a 16-bit dtype (``dtype``)."""
+
+    dtype: ClassVar[torch.dtype] = torch.bfloat16
+
+    def __init__(self, device: torch.device | None = None) -> None:
         super().__init__(device)
-        self.dtype = self.compute_dtype = dtype
-        self.name = "bf16-mixed" if dtype == torch.bfloat16 else "fp16-mixed"
+        self.compute_dtype = self.dtype
 
     def autocast(self) -> ContextManager[Any]:
         return torch.autocast(self.device.type, dtype=self.dtype)
 
 
 class BF16Mixed(MixedPrecision):
-    def __init__(self, device: torch.device) -> None:
-        super().__init__(device, torch.bfloat16)
+    name = "bf16-mixed"
+    fallback = "fp32"
+    peak = "bf16"
+
+    @classmethod
+    def check(cls, caps: DeviceCaps, settings: PrecisionConfig) -> None:
+        _check_bf16(cls.name, caps)
 
 
 class FP16Mixed(MixedPrecision):
     """fp16 autocast with a GradScaler: the only mode that scales losses."""
 
-    def __init__(self, device: torch.device) -> None:
-        super().__init__(device, torch.float16)
-        self.scaler = torch.amp.GradScaler(device.type)
+    name = "fp16-mixed"
+    peak = "fp16"
+    dtype = torch.float16
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        super().__init__(device)
+        self.scaler = torch.amp.GradScaler(self.device.type)
         self._unscaled: set[int] = set()
+
+    @classmethod
+    def check(cls, caps: DeviceCaps, settings: PrecisionConfig) -> None:
+        if caps.type != "cuda":
+            raise ConfigError(
+                "precision.mode = 'fp16-mixed' needs a CUDA GPU (GradScaler loss scaling); "
+                f"on CPU use {setting('precision.mode', 'fp32')} (or bf16-mixed)"
+            )
+
+    @classmethod
+    def fallback_for(cls, caps: DeviceCaps) -> str | None:
+        return "bf16-mixed" if caps.bf16 else "fp32"
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return self.scaler.scale(loss)
@@ -228,7 +312,13 @@ class BF16True(Precision):
     bf16 weights: "mat1 and mat2 must have the same dtype"), as Fabric's true-half precision does."""
 
     name = "bf16-true"
+    fallback = "fp32"
+    peak = "bf16"
     param_dtype = torch.bfloat16
+
+    @classmethod
+    def check(cls, caps: DeviceCaps, settings: PrecisionConfig) -> None:
+        _check_bf16(cls.name, caps)
 
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
         module.to(torch.bfloat16)
@@ -238,12 +328,16 @@ class BF16True(Precision):
         return module
 
 
-def build_precision(mode: str, device: torch.device, caps: DeviceCaps | None = None) -> Precision:
-    """Config string -> Precision object for ``device`` (``auto`` resolved here, once)."""
+def build_precision(mode: "str | Precision", device: torch.device, caps: DeviceCaps | None = None,
+                    settings: PrecisionConfig | None = None) -> Precision:
+    """Config string (``auto`` resolved here, once) or a plugin object -> Precision for ``device``."""
     caps = caps or DeviceCaps.of(device)
-    resolved = resolve_precision(mode, caps)
-    kinds = {"fp32": Precision, "bf16-mixed": BF16Mixed, "fp16-mixed": FP16Mixed, "bf16-true": BF16True}
-    return kinds[resolved](device)
+    settings = settings or PrecisionConfig()
+    if isinstance(mode, Precision):  # Engine(precision=MyPrecision()): checked and placed like a named one
+        type(mode).check(caps, settings)
+        mode.device = device
+        return mode
+    return precision_class(resolve_precision(mode, caps, settings)).from_settings(device, settings)
 
 
 def apply_backend_switches(device: torch.device, *, tf32: bool, cudnn_benchmark: bool, flush_denormal: bool = True) -> None:

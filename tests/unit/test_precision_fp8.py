@@ -1,0 +1,204 @@
+"""Issue 26: precision as a registry of plugins, and fp8 (torchao float8 training) tested on CPU in
+emulation: it trains, stays near bf16, lists its converted layers, resumes exactly, loads into a
+bf16 run, falls back to bf16-mixed on non-finite steps, and every refusal is one line (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+
+import pytest
+import torch
+
+from turbotrain.checkpoint import load_latest_weights
+from turbotrain.cli import main
+from turbotrain.config import PRECISION_MODES, PrecisionConfig, describe, load_config
+from turbotrain.engine import Engine
+from turbotrain.errors import ConfigError
+from turbotrain.hardware import precision_key
+from turbotrain.models.gpt import GPT, GPTConfig
+from turbotrain.precision import FP8, PRECISIONS, DeviceCaps, build_precision, fallback_mode, resolve_precision
+from turbotrain.precision import fp8 as fp8_module
+from turbotrain.training import train
+
+from conftest import tiny_overrides
+
+pytest.importorskip("torchao")
+
+CPU = DeviceCaps("cpu")
+A100 = DeviceCaps("cuda", (8, 0), bf16=True)
+H100 = DeviceCaps("cuda", (9, 0), bf16=True)
+B200 = DeviceCaps("cuda", (10, 0), bf16=True)
+EMULATE = {"mode": "fp8", "fp8_emulate": True, "fp8_min_size": 1}  # every linear with dims divisible by 16
+
+
+def _records(run) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+# ----------------------------------------------------------------------------- the registry
+
+
+def test_the_valid_modes_and_help_config_come_from_the_registry():
+    assert list(PRECISION_MODES) == list(PRECISIONS) and "fp8" in PRECISIONS
+    line = next(l for l in describe().splitlines() if "--precision.mode=" in l)
+    assert all(name in line for name in PRECISIONS)
+
+
+@pytest.mark.parametrize("caps", [CPU, A100, H100, B200])
+def test_auto_never_picks_fp8(caps):
+    assert resolve_precision("auto", caps) != "fp8"
+
+
+def test_fp8_falls_back_to_bf16_mixed_then_fp32_and_is_measured_against_the_fp8_peak():
+    assert fallback_mode("fp8", H100) == "bf16-mixed" and fallback_mode("bf16-mixed", H100) == "fp32"
+    assert precision_key("fp8") == "fp8" and precision_key("bf16-mixed") == "bf16"
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+def test_each_refusal_is_one_line_naming_the_fix(monkeypatch):
+    for caps, words in [(CPU, ("on cpu", "fp8_emulate")), (A100, ("compute capability (8, 0)", ">= 8.9", "bf16-mixed"))]:
+        with pytest.raises(ConfigError) as err:
+            resolve_precision("fp8", caps)
+        assert len(str(err.value).splitlines()) == 1 and all(w in str(err.value) for w in words), err.value
+    resolve_precision("fp8", H100)  # float8 hardware: no refusal, no emulation needed
+    monkeypatch.setattr(fp8_module, "torchao_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"needs torchao.*turbotrain\[fp8\]"):
+        resolve_precision("fp8", H100)
+
+
+def test_the_cli_refuses_fp8_in_one_line_with_exit_2(tmp_path, capsys, monkeypatch):
+    args = ["train", "--no-progress", f"--run.out_dir={tmp_path}", "--run.device=cpu", "--precision.mode=fp8"]
+    for extra, word in [([], "fp8_emulate=True"), (["--precision.fp8_emulate=true"], "pip install 'turbotrain[fp8]'")]:
+        if extra:
+            monkeypatch.setattr(fp8_module, "torchao_available", lambda: False)
+        assert main(args + extra) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        errors = [l for l in err if "error" in l.lower()]
+        assert len(errors) == 1 and word in errors[0] and "Traceback" not in "\n".join(err), err
+
+
+# ----------------------------------------------------------------------------- the model transform
+
+
+def _tiny_gpt(seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, d_model=32))
+
+
+def test_the_filter_converts_divisible_linears_above_the_size_and_keeps_the_output_layer():
+    with pytest.warns(UserWarning, match="correctness"):
+        p = build_precision("fp8", torch.device("cpu"), CPU, PrecisionConfig(**EMULATE, fp8_skip="blocks.1."))
+    model = p.convert_module(_tiny_gpt())
+    assert p.converted == ["blocks.0.attn.qkv", "blocks.0.attn.proj", "blocks.0.mlp.0", "blocks.0.mlp.2"]
+    assert any(k.startswith("lm_head") and "output layer" in k for k in p.kept)
+    assert model.lm_head.weight is model.wte.weight  # still tied
+    assert p.summary()["fp8_converted"] == p.converted
+    auto = FP8(torch.device("cpu"), emulate=True)  # min_size 0: torchao's H100 thresholds leave d=32 alone
+    auto.convert_module(_tiny_gpt())
+    assert auto.converted == []
+    assert fp8_module.worth_converting(3072, 768, "tensorwise", 0) and not fp8_module.worth_converting(768, 768, "tensorwise", 0)
+
+
+def test_fp8_emulated_trains_near_bf16_lists_its_layers_resumes_exactly_and_loads_into_bf16(tmp_path, text_file):
+    data = {"path": str(text_file)}
+
+    def run(where, precision, **kw):
+        overrides = tiny_overrides(where, precision=precision, data=data,
+                                   train={"max_steps": 12, "eval_every": 0, "checkpoint_every": 6, **kw},
+                                   monitor={"log_every": 1})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return train(load_config(overrides=overrides), progress=False)
+
+    full = run(tmp_path / "a", EMULATE)
+    losses = [r["loss"] for r in _records(tmp_path / "a" / "runs" / "t")]
+    assert losses[-1] < losses[0] - 0.5, losses  # it trains
+    opts = full["optimizations"]
+    assert opts["precision"] == "fp8" and len(opts["fp8_converted"]) == 8 and "mfu_peak" in opts
+
+    run(tmp_path / "b", {"mode": "bf16-mixed"})
+    bf16 = [r["loss"] for r in _records(tmp_path / "b" / "runs" / "t")]
+    assert max(abs(a - b) for a, b in zip(losses, bf16)) < 0.05, (losses, bf16)  # the stated tolerance (docs/precision.md)
+
+    assert run(tmp_path / "c", EMULATE, stop_after_steps=6)["status"] == "stopped"
+    out = tmp_path / "c" / "runs"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["train", "--resume", "--run.out_dir", str(out), "--run.name=t", "--train.stop_after_steps=0", "--no-progress"]) == 0
+    resumed = {r["step"]: r["loss"] for r in _records(out / "t")}  # (the stop writes its step's record again)
+    assert [resumed[step] for step in range(1, 13)] == losses  # exactly
+
+    _, weights = load_latest_weights(tmp_path / "a" / "runs" / "t" / "checkpoints")
+    assert all(t.dtype == torch.float32 for t in weights.values() if t.is_floating_point())  # weights stay high precision
+    plain = _tiny_gpt_like(full)
+    plain.load_state_dict(weights)  # an fp8 checkpoint is a plain model's checkpoint
+    with pytest.warns(UserWarning):
+        engine = Engine({"run": {"device": "cpu"}, "precision": {"mode": "bf16-mixed"}})
+    plain, _, _ = engine.setup(plain)
+    tokens = torch.randint(0, plain.cfg.vocab_size, (2, 2, 32))
+    assert math.isfinite(engine.evaluate(plain, [(tokens[0], tokens[1])]))
+
+
+def _tiny_gpt_like(summary) -> GPT:
+    m = summary["config"]["model"]
+    return GPT(GPTConfig(vocab_size=summary["resolved"]["vocab_size"], block_size=m["block_size"], n_layer=m["n_layer"],
+                         n_head=m["n_head"], d_model=m["d_model"]))
+
+
+# ----------------------------------------------------------------------------- the non-finite fallback
+
+
+def test_an_injected_inf_falls_back_from_fp8_to_bf16_mixed_with_plain_linears():
+    with pytest.warns(UserWarning):
+        engine = Engine({"run": {"device": "cpu"}, "precision": {**EMULATE, "max_nonfinite_steps": 1},
+                         "monitor": {"log_every": 1}})
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 16))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    params = list(model.parameters())
+    model, opt, _ = engine.setup(model, opt)
+    assert len(engine.precision.converted) == 2
+    x, y = torch.randn(8, 32), torch.randn(8, 16)
+
+    def loss_fn(m, batch, scale=1.0):
+        return torch.nn.functional.mse_loss(m(batch[0]).float(), batch[1]) * scale
+
+    engine.forward_backward(model, (x, y), loss_fn)
+    assert engine.step(opt)
+    engine.poll(opt)
+    engine.forward_backward(model, (x, y), lambda m, b: loss_fn(m, b, float("inf")))  # the injected inf
+    engine.step(opt)
+    engine.poll(opt)
+    assert engine.precision.name == "bf16-mixed"
+    assert [e.detail for e in engine.events if e.kind == "precision_fallback"] == ["fp8 -> bf16-mixed after 1 non-finite steps"]
+    assert [type(m) for m in model] == [torch.nn.Linear, torch.nn.GELU, torch.nn.Linear]
+    assert list(model.parameters()) == params  # the same parameter objects: the optimizer's state still applies
+    engine.forward_backward(model, (x, y), loss_fn)
+    assert engine.step(opt)
+
+
+# ----------------------------------------------------------------------------- a plugin of your own
+
+
+def test_a_new_precision_is_one_class_accepted_by_name_and_as_an_object():
+    from turbotrain.precision import MixedPrecision
+
+    class HalfMatmuls(MixedPrecision):  # the doc's example (docs/precision.md)
+        name = "test-bf16-autocast"
+        fallback = "fp32"
+        peak = "bf16"
+
+    try:
+        assert "test-bf16-autocast" in PRECISION_MODES and precision_key("test-bf16-autocast") == "bf16"
+        with_name = Engine({"run": {"device": "cpu"}, "precision": {"mode": "test-bf16-autocast"}})
+        assert isinstance(with_name.precision, HalfMatmuls)
+        engine = Engine({"run": {"device": "cpu"}}, precision=HalfMatmuls())
+        with engine.autocast():
+            assert torch.is_autocast_enabled("cpu")
+        assert engine.precision.fallback_for(engine.caps) == "fp32"
+    finally:
+        PRECISIONS.pop("test-bf16-autocast")
+        PRECISION_MODES._own.remove("test-bf16-autocast")
