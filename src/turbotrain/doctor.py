@@ -31,7 +31,7 @@ LEVELS = ("ok", "info", "warn", "error", "skip")  # skip: could not be checked o
 
 # Packages whose versions matter when a user reports a speed or correctness problem.
 PACKAGES = ("numpy", "rich", "matplotlib", "nvidia-ml-py", "safetensors", "triton", "tensorboard",
-            "accelerate", "lightning", "optuna")
+            "accelerate", "lightning", "optuna", "torchao")
 
 
 # ----------------------------------------------------------------------------- environment
@@ -194,6 +194,23 @@ class Check:
 GPU_ONLY = "needs a CUDA GPU"
 
 
+def fp8_check(gpus: list[dict[str, Any]], torchao: str | None) -> Check:
+    """FP8 training (precision.mode = fp8): float8 tensor cores (compute capability >= 8.9) and torchao."""
+    emulate = "--precision.fp8_emulate=true runs it emulated, for correctness tests only"
+    if not gpus:
+        return Check("FP8", "skip", f"{GPU_ONLY}; " + (f"torchao {torchao} is installed: {emulate}" if torchao else
+                     "torchao is not installed either"), "" if torchao else "pip install 'turbotrain[fp8]'")
+    old = [g for g in gpus if not g["fp8"]]
+    if old:
+        return Check("FP8", "info", f"{old[0]['name']} (compute capability {old[0]['compute_capability']}) has no float8 tensor "
+                     f"cores (>= 8.9): precision.mode = fp8 is refused; {emulate}")
+    if torchao is None:
+        return Check("FP8", "warn", "float8 tensor cores present, but torchao is not installed: precision.mode = fp8 is refused",
+                     "pip install 'turbotrain[fp8]' (torchao 0.17 or later for torch 2.11+)")
+    return Check("FP8", "ok", f"float8 tensor cores and torchao {torchao}: --precision.mode=fp8 runs (with torch.compile for "
+                 "the speed; auto never picks it)")
+
+
 def run_checks(env: dict[str, Any]) -> list[Check]:
     """Findings for ``env`` (from :func:`collect_env`), most important first within each topic.
 
@@ -230,6 +247,7 @@ def run_checks(env: dict[str, Any]) -> list[Check]:
                       "nothing to do; fp16 + loss scaling is handled, or use a GPU with compute capability >= 8.0 for bf16"))
         else:
             add(Check("bf16", "ok", "bf16 supported: precision auto uses bf16-mixed"))
+        add(fp8_check(gpus, env["packages"].get("torchao")))
         if all(g["tf32"] for g in gpus):
             if env["backends"]["matmul_tf32"] or env["backends"]["float32_matmul_precision"] != "highest":
                 add(Check("TF32", "ok", "TF32 matmuls are on for fp32 work"))
@@ -249,6 +267,7 @@ def run_checks(env: dict[str, Any]) -> list[Check]:
     else:
         add(Check("bf16", "skip", f"{GPU_ONLY}; on CPU precision auto uses fp32 (bf16 autocast is often many times slower there)"))
         add(Check("TF32", "skip", f"{GPU_ONLY} (TF32 is a tensor-core format)"))
+        add(fp8_check([], env["packages"].get("torchao")))
         add(Check("flash attention", "skip", f"{GPU_ONLY}; on CPU SDPA uses its CPU kernels"))
 
     # NVML and a busy GPU

@@ -174,7 +174,7 @@ def test_merge_runs_reports_the_median_run_and_keeps_every_run():
 def test_precision_and_ablation_rows_say_why_they_do_not_apply_on_cpu():
     prec = {v.name: v for v in precision_variants("cpu")}
     assert prec["tf32"].skip and not prec["fp32"].skip and not prec["bf16-mixed"].skip
-    assert not any(v.skip for v in precision_variants("cuda"))
+    assert not any(v.skip for v in precision_variants("cuda") if v.name != "fp8")  # fp8: see test_precision_fp8
     w = resolve_workload("gpt-tiny", "cpu")
     cpu = {v.name: v for v in ablation_variants(w, "cpu")}
     assert cpu["+cuda-graphs"].skip == "CUDA only" and cpu["+prefetch"].skip == "CUDA only"
@@ -340,11 +340,12 @@ def test_the_ablation_has_a_bf16_compile_ladder_first(monkeypatch):
     _h100(monkeypatch)
     rows = ablation_variants(resolve_workload("gpt2-small", "cuda"), "cuda")
     bf16 = [v for v in rows if v.ladder == "bf16-compile"]
-    assert [v.name for v in rows[:4]] == [v.name for v in bf16] == [
-        "bf16-compile", "bf16-compile+cudnn-attention", "bf16-compile+chunked-loss", "bf16-compile+cuda-graphs"]
+    assert [v.name for v in rows[:5]] == [v.name for v in bf16] == [
+        "bf16-compile", "bf16-compile+cudnn-attention", "bf16-compile+chunked-loss", "bf16-compile+cuda-graphs",
+        "bf16-compile+fp8"]
     base = bf16[0].overrides
     assert base["precision"]["mode"] == "bf16-mixed" and base["compile"]["scope"] == "model"
-    for v in bf16:  # one change each on the same base, and each runs on an H100
+    for v in bf16[:4]:  # one change each on the same base, and each runs on an H100 (fp8: test_precision_fp8)
         assert not v.skip and v.overrides["precision"] == base["precision"], v.name
     by = {v.name: v for v in bf16}
     assert by["bf16-compile+cudnn-attention"].model == {"sdpa_backend": "cudnn"}
@@ -353,7 +354,7 @@ def test_the_ablation_has_a_bf16_compile_ladder_first(monkeypatch):
     fp32 = [v for v in rows if v.ladder == "fp32-eager"]
     assert fp32[0].name == "baseline" and len(fp32) + len(bf16) == len(rows)  # the fp32 ladder stays
     cpu = [v for v in ablation_variants(resolve_workload("gpt-tiny", "cpu"), "cpu") if v.ladder == "bf16-compile"]
-    assert len(cpu) == 4 and all("GPU question" in v.skip for v in cpu)
+    assert len(cpu) == 5 and all("GPU question" in v.skip for v in cpu)
     cnn = {v.name: v for v in ablation_variants(resolve_workload("cnn-224", "cuda"), "cuda")}
     assert cnn["bf16-compile+chunked-loss"].skip and not cnn["bf16-compile+cuda-graphs"].skip
 

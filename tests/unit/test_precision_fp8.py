@@ -202,3 +202,38 @@ def test_a_new_precision_is_one_class_accepted_by_name_and_as_an_object():
     finally:
         PRECISIONS.pop("test-bf16-autocast")
         PRECISION_MODES._own.remove("test-bf16-autocast")
+
+
+# ----------------------------------------------------------------------------- doctor
+
+
+def test_doctor_reports_fp8_capability():
+    from turbotrain.doctor import fp8_check
+
+    h100 = {"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "fp8": True}
+    a100 = {"name": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0", "fp8": False}
+    assert fp8_check([h100], "0.17.0").level == "ok"
+    missing = fp8_check([h100], None)
+    assert missing.level == "warn" and "turbotrain[fp8]" in missing.fix
+    assert fp8_check([a100], "0.17.0").level == "info" and ">= 8.9" in fp8_check([a100], "0.17.0").finding
+    cpu = fp8_check([], "0.18.0")
+    assert cpu.level == "skip" and "fp8_emulate" in cpu.finding
+
+
+# ----------------------------------------------------------------------------- bench rows
+
+
+def test_the_fp8_bench_rows_run_only_on_float8_hardware_with_torchao_and_say_why_not(monkeypatch):
+    from turbotrain.bench import suite
+    from turbotrain.bench.workloads import resolve_workload
+
+    assert "CUDA GPU with compute capability >= 8.9" in {v.name: v for v in suite.precision_variants("cpu")}["fp8"].skip
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    assert "8.0 < 8.9" in {v.name: v for v in suite.precision_variants("cuda")}["fp8"].skip
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    ablation = {v.name: v for v in suite.ablation_variants(resolve_workload("gpt2-small", "cuda"), "cuda")}
+    row = ablation["bf16-compile+fp8"]
+    assert not row.skip and row.overrides["precision"] == {"mode": "fp8"} and row.overrides["compile"]["scope"] == "model"
+    monkeypatch.setattr(suite, "torchao_available", lambda: False)
+    assert "turbotrain[fp8]" in {v.name: v for v in suite.precision_variants("cuda")}["fp8"].skip

@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..hardware import estimate_mfu, lookup_peak
+from ..precision.fp8 import MIN_CAPABILITY as FP8_MIN_CAPABILITY, torchao_available
 from ..process import child_env, run_process
 from .contenders import CONTENDERS, DEFAULT_ORDER
 from .workloads import CUSTOM, Workload, flops_per_step, to_spec, write_data
@@ -326,9 +327,24 @@ class Variant:
     ladder: str = ""  # ablation: which base this row changes one thing of (LADDERS)
 
 
+def fp8_unavailable(device: str) -> str:
+    """Why an fp8 row cannot run here ("" when it can): float8 tensor cores (CUDA, compute
+    capability >= 8.9) and torchao. Emulation (precision.fp8_emulate) is for tests and measures nothing."""
+    if device != "cuda":
+        return "float8 matmuls need a CUDA GPU with compute capability >= 8.9 (emulation is for tests, not speed)"
+    if not torch.cuda.is_available():
+        return "no CUDA device visible"
+    capability = torch.cuda.get_device_capability()
+    if capability < FP8_MIN_CAPABILITY:
+        return f"no float8 tensor cores: compute capability {capability[0]}.{capability[1]} < 8.9"
+    if not torchao_available():
+        return "torchao is not installed (pip install 'turbotrain[fp8]')"
+    return ""
+
+
 def precision_variants(device: str) -> list[Variant]:
-    """fp32 (TF32 off), TF32, fp16-mixed, bf16-mixed, bf16-true; compile off so each row isolates
-    precision (the ablation measures compile) and the matrix fits a device session."""
+    """fp32 (TF32 off), TF32, fp16-mixed, bf16-mixed, bf16-true, fp8; compile off so each row isolates
+    precision (the ablation measures compile, and fp8 with it) and the matrix fits a device session."""
     cuda_only = "" if device == "cuda" else "TF32 is a CUDA tensor-core mode; no effect on CPU"
 
     def row(mode: str, tf32: bool = False) -> dict[str, dict[str, Any]]:
@@ -341,6 +357,8 @@ def precision_variants(device: str) -> list[Variant]:
         Variant("fp16-mixed", "fp16 autocast + GradScaler", row("fp16-mixed")),
         Variant("bf16-mixed", "bf16 autocast, fp32 weights", row("bf16-mixed")),
         Variant("bf16-true", "bf16 weights, gradients and optimizer state", row("bf16-true")),
+        Variant("fp8", "bf16 autocast + torchao float8 linears (tensorwise, torchao's size filter), eager: "
+                "the float8 speed needs torch.compile (ablation row bf16-compile+fp8)", row("fp8"), skip=fp8_unavailable(device)),
     ]
 
 
@@ -438,7 +456,7 @@ def ablation_variants(w: Workload, device: str) -> list[Variant]:
 
 def bf16_ladder(w: Workload, device: str) -> list[Variant]:
     """bf16 autocast + torch.compile (model), the rest at turbotrain's defaults, then one change
-    at a time on it. (fp8 for the LM head joins here once it is built.) Not run on CPU: there
+    at a time on it (fp8: float8 linears by torchao's size filter). Not run on CPU: there
     turbotrain trains fp32 eager, and bf16 autocast is the slow path on many CPUs."""
     gpt = w.model in ("gpt", "moe")
     gpu_only = "" if device == "cuda" else "a GPU question: on CPU turbotrain trains fp32 eager (see the fp32 ladder)"
@@ -452,6 +470,8 @@ def bf16_ladder(w: Workload, device: str) -> list[Variant]:
         Variant("bf16-compile+chunked-loss", "linear + cross-entropy by chunks (model.loss = 'chunked')", base,
                 {"loss": "chunked"}, skip="" if gpt else "no language-model loss in this model"),
         Variant("bf16-compile+cuda-graphs", "compile mode reduce-overhead (CUDA graphs)", graphs),
+        Variant("bf16-compile+fp8", "torchao float8 linears (precision.mode = 'fp8', tensorwise, torchao's size filter)",
+                {**base, "precision": {"mode": "fp8"}}, skip=fp8_unavailable(device)),
     ]
     return [replace(v, ladder="bf16-compile", skip=gpu_only or v.skip) for v in rows]
 
