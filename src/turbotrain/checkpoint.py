@@ -474,12 +474,15 @@ def _pick(folder: Path, state: RunState) -> tuple[Path, dict[str, Any] | None]:
     return newest_usable(list_checkpoints(folder), folder, read)
 
 
-def restore_latest(folder: Path, state: RunState) -> Path:
+def restore_latest(folder: Path, state: RunState,
+                   before_load: Callable[[Path, int, dict[str, Any]], None] | None = None) -> Path:
     """Load the newest checkpoint in ``folder`` that verifies and holds every entry of ``state``
     into ``state``; returns its path. Either kind loads into any world size: a ``.pt`` written by
     one process into ddp/fsdp ranks, a sharded folder written by N processes into M (or into one
     plain process). Under a process group rank 0 chooses (it alone verifies checksums) and every
-    rank loads that one: a collective, every rank calls it."""
+    rank loads that one: a collective, every rank calls it. ``before_load(path, world, entries)``,
+    when given, sees the chosen checkpoint on every rank before anything loads: how many processes
+    wrote it and its replicated entries (engine, config, ...); it may refuse it by raising."""
     rank, world = rank_world()
     if not in_group():
         path, payload = _pick(folder, state)
@@ -495,6 +498,13 @@ def restore_latest(folder: Path, state: RunState) -> Path:
         if problem:
             raise TurbotrainError(problem)
         path, payload = folder / name, None
+    if not path.is_dir() and payload is None:
+        payload = _verified_load(path, required=tuple(state))
+    if before_load is not None:
+        if path.is_dir():
+            before_load(path, sharded.saved_world(path), sharded.read_state(path).get("entries", {}))
+        else:
+            before_load(path, 1, payload or {})
     if path.is_dir():
         _load_sharded(path, state, rank, world)
         return path

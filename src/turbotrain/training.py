@@ -21,6 +21,7 @@ import logging
 import resource
 import shutil
 import time
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -33,12 +34,12 @@ from .checkpoint import Checkpointer, RunState, finished_checkpoints, latest_ver
 from .config import RunConfig, setting, to_toml
 from .data import TokenSource, TokenWindows, build_loader, check_vocab, fixed_batches, open_tokens, resolve_loader_settings
 from .data.tokenizer import save_run_tokenizer
-from .distributed import Topology, decided_by_main, join_process_group, local_device, main_first, resolve_strategy
+from .distributed import ReportedByMainRank, Topology, decided_by_main, join_process_group, local_device, main_first, resolve_strategy
 from .engine import Engine, resolve_device
 from . import expert_parallel
 from .experts_monitor import experts_hooks
 from .hardware import ram_bytes
-from .errors import ConfigError
+from .errors import ConfigError, TurbotrainError
 from .hooks import Evaluate, FitContext, Hook, StopAfter, StopOnSignal
 from .loop import fit
 from .memory import memory_summary, resolve_batch_size
@@ -108,8 +109,11 @@ class Training:
         return fit(self.engine, self.model, self.optimizer, self.loader, max_steps=self.config.train.max_steps, hooks=self.hooks)
 
 
-def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, progress: bool | None = None) -> Training:
-    """Build the data, model, optimizer, engine and hooks for ``config`` in ``run_dir``."""
+def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, progress: bool | None = None,
+                   batch_given: bool = False) -> Training:
+    """Build the data, model, optimizer, engine and hooks for ``config`` in ``run_dir``. A resume
+    at another world size that would change the global batch is refused unless ``batch_given``
+    (the resume names the batch itself: :func:`check_resume_batch`)."""
     topology = Topology.from_env()
     c = check_launch(config, topology)  # batch.global_size -> accumulation (the saved config keeps it as given)
     main = topology.rank == 0  # under torchrun rank 0 alone writes the run's shared files and prints
@@ -139,7 +143,11 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
     state = run_state(engine, model, optimizer, t.scheduler, config=(lambda: to_toml(c), lambda _: None))
     resumed_from = ""
     if resume and finished_checkpoints(run_dir / CHECKPOINTS):
-        resumed = restore_latest(run_dir / CHECKPOINTS, state)
+        def same_batch(path: Path, written_by: int, saved: dict[str, Any]) -> None:  # before anything loads
+            if c.data.batching == "windows" and not batch_given:
+                check_resume_batch(path.name, saved.get("config"), written_by, c, world, rank)
+
+        resumed = restore_latest(run_dir / CHECKPOINTS, state, before_load=same_batch)
         resumed_from = resumed.name
         if c.data.batching == "tokens":  # its data position is per rank: refuse another world size
             check_resume_world(engine.state.batches, saved_world(resumed) if resumed.is_dir() else 1, world)
@@ -221,6 +229,41 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
                      before_save=jsonl.flush if jsonl is not None else None),
     ]
     return Training(c, run_dir, engine, model, optimizer, source, loader, hooks, monitor, state, resolved, resumed_from)
+
+
+def check_resume_batch(checkpoint: str, saved_config: Any, saved_world: int, c: RunConfig, world: int, rank: int = 0) -> None:
+    """Refuse a resume whose global batch (``c``'s micro x accumulation over ``world`` processes)
+    is not the one ``checkpoint`` trained with (its saved config's micro x accumulation over the
+    ``saved_world`` processes that wrote it): only another world size changes it unasked. Until the
+    data order is independent of the split, the user picks: the same global batch, or a new one.
+    Said by rank 0; the other ranks end quietly. A checkpoint without a readable config passes."""
+    if saved_world == world or not isinstance(saved_config, str):
+        return
+    try:
+        batch = tomllib.loads(saved_config).get("batch", {})
+        micro, accumulation = int(batch["micro"]), int(batch.get("accumulation", 1))
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError, AttributeError):
+        return  # 'auto' never resolved, or a config this version cannot read: nothing to compare
+    if not isinstance(c.batch.micro, int):
+        return
+    old, new = micro * accumulation * saved_world, c.batch.micro * c.batch.accumulation * world
+    if old == new:
+        return
+
+    def procs(n: int) -> str:
+        return f"{n} process{'es' if n > 1 else ''}"
+
+    keep = []
+    if old % (world * c.batch.accumulation) == 0:  # the same batches as before (each comes from the seed and its index)
+        keep.append(f"{setting('batch.micro', old // (world * c.batch.accumulation))} (the same batches)")
+    if old % (world * c.batch.micro) == 0:
+        keep.append(f"{setting('batch.global_size', old)} (by accumulation {old // (world * c.batch.micro)}; "
+                    "the batches drawn differ)")
+    text = (f"{checkpoint} was trained at a global batch of {old} ({procs(saved_world)} x batch.micro {micro} x "
+            f"accumulation {accumulation}) and this resume would train at {new} ({procs(world)} x {c.batch.micro} x "
+            f"{c.batch.accumulation}); keep {old} with {' or '.join(keep) or 'another batch.micro'}, or train at "
+            f"{new} with {setting('batch.micro', c.batch.micro)}")
+    raise TurbotrainError(text) if rank == 0 else ReportedByMainRank(text)
 
 
 class WriteConfigOnce(Hook):
@@ -343,9 +386,11 @@ def _check_weights_fit(config: RunConfig) -> None:
 
 
 def train(config: RunConfig, *, resume_dir: Path | None = None, progress: bool | None = None,
-          run_dir: Path | None = None) -> dict[str, Any]:
+          run_dir: Path | None = None, batch_given: bool = False) -> dict[str, Any]:
     """Train ``config`` in a new run directory (``run_dir``, else one named from the config) or
-    continue ``resume_dir``; returns the summary.
+    continue ``resume_dir``; returns the summary. A resume at another world size than the
+    checkpoint's that would change the global batch is refused in one line unless ``batch_given``
+    (the caller chose the batch for this resume: ``--batch.micro``/``global_size``/``accumulation``).
 
     A failure still writes summary.json (status "failed: ...") and keeps checkpoints and metrics.
     A run stopped by SIGTERM/SIGINT saves a checkpoint and returns (:func:`stopped_by_signal`);
@@ -367,12 +412,12 @@ def train(config: RunConfig, *, resume_dir: Path | None = None, progress: bool |
     elif run_dir is None:
         run_dir = decided_by_main(lambda: new_run_dir(config))
     if topology.rank > 0:
-        return _train_locked(config, run_dir, new, progress, main=False)
+        return _train_locked(config, run_dir, new, progress, main=False, batch_given=batch_given)
     with RunLock(run_dir):
         if new and holds_a_run(run_dir):  # another process made it between the check and the lock
             raise already_exists(run_dir)
         try:
-            return _train_locked(config, run_dir, new, progress)
+            return _train_locked(config, run_dir, new, progress, batch_given=batch_given)
         except BaseException as exc:
             full = _disk_full(exc, run_dir)
             if full is not None:
@@ -380,7 +425,8 @@ def train(config: RunConfig, *, resume_dir: Path | None = None, progress: bool |
             raise
 
 
-def _train_locked(config: RunConfig, run_dir: Path, new: bool, progress: bool | None, main: bool = True) -> dict[str, Any]:
+def _train_locked(config: RunConfig, run_dir: Path, new: bool, progress: bool | None, main: bool = True,
+                  batch_given: bool = False) -> dict[str, Any]:
     """The run in ``run_dir``; ``main`` False (ranks other than 0): the same training, no shared file written."""
     for folder in (run_dir, run_dir / PLOTS_DIR) if main else ():  # temp files of writes killed mid-way (checkpoints: the Checkpointer)
         clean_stale_temps(folder)
@@ -389,7 +435,7 @@ def _train_locked(config: RunConfig, run_dir: Path, new: bool, progress: bool | 
             signals.on_first(lambda name: stop_startup(name, run_dir, resumable=not new))
             if new and main:  # first of all: a run killed from here on has a config to resume from
                 write_config(config, run_dir, {})
-            training = build_training(config, run_dir, resume=not new, progress=progress)
+            training = build_training(config, run_dir, resume=not new, progress=progress, batch_given=batch_given)
             if main and new:
                 write_config(config, run_dir, training.resolved)  # as given ('auto' stays 'auto'), with what it resolved to
             elif main:  # a resume's overrides reach config.toml once its first step has trained, never when it fails before

@@ -141,15 +141,17 @@ def _train_command(args: argparse.Namespace, extra: list[str], signals: StopSign
         if topology.rank > 0:
             return 0
         raise
+    # a resume at another world size keeps the checkpoint's global batch unless the command sets the batch
+    batch_given = resume and bool({"micro", "global_size", "accumulation"} & set(overrides.get("batch", {})))
     if topology.rank > 0:
-        return _train_other_rank(config, run_dir, resume, topology.rank)
+        return _train_other_rank(config, run_dir, resume, topology.rank, batch_given)
     if resume:
         print(f"resuming {run_dir}")
     # The run's lock for the whole command (train() takes it too): no other process trains in
     # the run while this one trains it or writes its report.
     with RunLock(run_dir):
         try:
-            summary = train(config, resume_dir=run_dir if resume else None, run_dir=run_dir)
+            summary = train(config, resume_dir=run_dir if resume else None, run_dir=run_dir, batch_given=batch_given)
         except Exception as exc:
             lost = _peer_lost(exc, topology, run_dir)
             if lost is None:
@@ -191,10 +193,11 @@ def _new_run(base: RunConfig) -> tuple[Path, RunConfig]:
     return new_run_dir(config), config
 
 
-def _train_other_rank(config: RunConfig, run_dir: Path, resume: bool, rank: int) -> int:
+def _train_other_rank(config: RunConfig, run_dir: Path, resume: bool, rank: int, batch_given: bool = False) -> int:
     """A rank other than 0: the same training in rank 0's run directory, printing nothing but its errors."""
     try:
-        summary = train(config, resume_dir=run_dir if resume else None, run_dir=run_dir, progress=False)
+        summary = train(config, resume_dir=run_dir if resume else None, run_dir=run_dir, progress=False,
+                        batch_given=batch_given)
     except ReportedByMainRank:
         return 0  # rank 0 failed at start-up and says why
     except StoppedBySignal:
