@@ -14,7 +14,9 @@ Three parts, each reported as figures (and written to --out as JSON):
 3. hostile inputs: bad config values (every float field with nan/inf/-inf, every whole-number
    field far out of range, bad choices, devices, names, seeds), bad data (.bin, meta.json,
    llm.c headers, text folders), bad presets, corrupt/foreign/malicious checkpoints, resume and
-   sample mistakes, a full disk (RLIMIT_FSIZE), a run held by another process. Each must give
+   sample mistakes, a full disk (RLIMIT_FSIZE), a run held by another process; under torchrun
+   (2 processes) an expert-parallel resume at degree 2 and 1, a failed resume said once, by
+   rank 0, and ranks orphaned by a kill -9 of torchrun's group stopping with a checkpoint. Each must give
    exit 2 (or the documented 75) with one error line, no traceback, and leave an existing run's
    files byte-identical.
 
@@ -36,6 +38,7 @@ import logging
 import os
 import random
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -442,6 +445,7 @@ def hostile(corpus: Path, cache: Path) -> dict[str, Any]:
         results.append({"case": name, "exit": code, "line": lines[-1] if lines else "", "ok": not problems,
                         "problems": problems})
     results += subprocess_hostile(work, corpus, cache)
+    results += torchrun_cases(work, corpus, cache)
     return {"tried": len(results), "ok": sum(r["ok"] for r in results), "cases": results}
 
 
@@ -501,6 +505,69 @@ def subprocess_hostile(work: Path, corpus: Path, cache: Path) -> list[dict[str, 
     ok = proc.returncode == 2 and len(lines) == 1 and "shrank" in err and "Traceback" not in err and again.returncode == 0
     out.append({"case": "data file truncated while training, then put back and resumed", "exit": proc.returncode,
                 "line": lines[-1] if lines else "", "ok": ok, "problems": [] if ok else [err[-400:], again.stderr[-300:]]})
+    return out
+
+
+def torchrun_cases(work: Path, corpus: Path, cache: Path) -> list[dict[str, Any]]:
+    """Issue 23 items 1, 12, 17 under torchrun (2 gloo processes): an expert-parallel moe-tiny run
+    stopped at step 10 resumes at its degree to the uninterrupted run's validation loss, and in one
+    process at degree 1 with the same global batch; a resume with no usable checkpoint is one line,
+    from rank 0 alone; kill -9 of torchrun's process group: the orphaned ranks stop with a checkpoint."""
+    out: list[dict[str, Any]] = []
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    ep = {"model.arch": "moe", "model.n_experts": 4, "model.router_bias_update": 1e-3, "distributed.strategy": "ddp",
+          "distributed.expert_parallel": 2, "train.max_steps": 20, "train.checkpoint_every": 5, "train.eval_every": 0}
+
+    def run(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess:
+        return subprocess.run(argv, env=fault_env(""), capture_output=True, text=True, timeout=600, **kwargs)
+
+    def add(case: str, ok: bool, result: subprocess.CompletedProcess, line: str = "") -> None:
+        out.append({"case": case, "exit": result.returncode, "line": line, "ok": ok,
+                    "problems": [] if ok else [result.stderr[-600:]]})
+
+    whole = run(launch + ["-m", "turbotrain", *train_args(work, corpus, cache, **ep, **{"run.name": "ep-whole"})])
+    stopped = run(launch + ["-m", "turbotrain", *train_args(work, corpus, cache, **ep, **{"run.name": "ep-stop",
+                                                                                              "train.stop_after_steps": 10})])
+    runs = work / "runs"
+    shutil.copytree(runs / "ep-stop", runs / "ep-one")
+    resumed = run(launch + ["-m", "turbotrain", "train", "--resume", str(runs / "ep-stop"), "--no-progress"])
+    same = whole.returncode == stopped.returncode == resumed.returncode == 0 and abs(
+        summary_of(runs / "ep-stop")["final_val_loss"] - summary_of(runs / "ep-whole")["final_val_loss"]) <= 1e-5
+    add("expert-parallel run stopped at step 10, resumed at degree 2: final val loss within 1e-5", same, resumed)
+    one = cli(["train", "--resume", str(runs / "ep-one"), "--no-progress", "--distributed.strategy=single",
+               "--distributed.expert_parallel=1", "--batch.micro=8"])
+    add("expert-parallel checkpoint resumed in one process at degree 1 (micro 2 x 4)", one.returncode == 0, one)
+
+    shutil.copytree(runs / "ep-whole", runs / "no-usable")
+    for metadata in (runs / "no-usable" / "checkpoints").glob("step_*/.metadata"):
+        metadata.write_bytes(b"garbage")
+    logs = work / "no-usable-logs"
+    broken = run(launch + ["--log-dir", str(logs), "--redirects", "3", "-m", "turbotrain", "train", "--resume",
+                           str(runs / "no-usable"), "--no-progress"])
+    said = {p.parent.name: [line for line in p.read_text().splitlines() if line.startswith("turbotrain train:")]
+            for p in logs.rglob("stderr.log")}
+    ok = len(said.get("0", [])) == 1 and "no usable checkpoint" in said["0"][0] and said.get("1") == []
+    add("torchrun resume with no usable checkpoint: one line, from rank 0 only", ok, broken, (said.get("0") or [""])[0])
+
+    orphan = subprocess.Popen(launch + ["--log-dir", str(work / "orphan-logs"), "--redirects", "3", "-m", "turbotrain",
+                                        *train_args(work, corpus, cache, **{"run.name": "orphans", "train.max_steps": 5000,
+                                                                            "distributed.strategy": "ddp"})],
+                              env=fault_env(""), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    metrics = runs / "orphans" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and orphan.poll() is None and (not metrics.exists() or metrics.stat().st_size < 2000):
+        time.sleep(0.05)
+    ranks = subprocess.run(["ps", "-o", "pid=", "--ppid", str(orphan.pid)], capture_output=True, text=True).stdout.split()
+    os.killpg(orphan.pid, signal.SIGKILL)  # torchrun's group; the ranks live in their own sessions
+    orphan.wait()
+    killed = time.monotonic()
+    while any(Path(f"/proc/{pid}").exists() for pid in ranks) and time.monotonic() - killed < 120:
+        time.sleep(0.1)
+    summary = summary_of(runs / "orphans") if (runs / "orphans" / "summary.json").exists() else {}
+    ok = bool(ranks) and summary.get("steps", 5000) < 5000 and (
+        runs / "orphans" / "checkpoints" / f"step_{summary.get('steps', 0):08d}" / "finished.json").exists()
+    add("kill -9 of torchrun's process group: the orphaned ranks stop with a checkpoint", ok,
+        subprocess.CompletedProcess([], 0, "", json.dumps(summary)[-600:]), f"stopped at step {summary.get('steps')}")
     return out
 
 

@@ -21,7 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import os
+import signal
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
@@ -37,6 +41,7 @@ from .errors import ConfigError, TurbotrainError
 from .models.blocks import repeated_blocks
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -174,9 +179,11 @@ def resolve_strategy(cfg: DistributedConfig, topology: Topology) -> str:
 def join_process_group(cfg: DistributedConfig, device: torch.device, topology: Topology) -> None:
     """Join the launcher's process group (NCCL on CUDA, gloo on CPU) once; a no-op in a plain
     process or when already joined. ``distributed.timeout_s`` bounds every collective, so a rank
-    whose peer died ends with an error instead of waiting for ever."""
+    whose peer died ends with an error instead of waiting for ever. From here on a rank whose
+    launcher dies stops as if told to (:func:`watch_launcher`)."""
     if not topology.launched or dist.is_initialized():
         return
+    watch_launcher()
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.timeout_s),
                             **({"device_id": device} if device.type == "cuda" else {}))
@@ -191,6 +198,33 @@ def build_strategy(cfg: DistributedConfig, device: torch.device, topology: Topol
         return Strategy(topology)
     join_process_group(cfg, device, topology)
     return DDP(topology, cfg, device) if strategy == "ddp" else FSDP(topology, cfg)
+
+
+LAUNCHER_POLL_S = 1.0
+_watching: list[int] = []  # the launcher's pid, once a watcher runs
+
+
+def watch_launcher(poll_s: float = LAUNCHER_POLL_S) -> None:
+    """A rank started by a launcher (torchrun's agent, its parent) notices when the launcher is
+    gone and stops as for SIGTERM: after the current step, with a checkpoint (under
+    ``turbotrain train``'s signal handling, the ranks agree on the step). torchrun starts each
+    rank in its own session, so a kill -9 of torchrun's process group leaves the ranks running as
+    orphans, training to the end with no one to report to. A daemon thread compares the parent
+    pid every ``poll_s`` seconds (a re-parented orphan gets init's or a subreaper's) and signals
+    this process once. Started once per process; a no-op on a plain process."""
+    if _watching or not hasattr(os, "getppid"):
+        return
+    launcher = os.getppid()
+    _watching.append(launcher)
+
+    def watch() -> None:
+        while os.getppid() == launcher:
+            time.sleep(poll_s)
+        log.warning("the launcher of this rank (process %d, torchrun) is gone: stopping after this step with a "
+                    "checkpoint, as for SIGTERM", launcher)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="turbotrain-launcher-watch", daemon=True).start()
 
 
 def local_device(device: torch.device, topology: Topology) -> torch.device:

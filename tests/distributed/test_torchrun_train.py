@@ -321,3 +321,65 @@ def test_a_full_disk_at_a_sharded_save_is_said_once(work, tmp_path):
     cmd = _torchrun(2, log_dir=tmp_path / "logs") + _args(work, "full-disk", MICRO, "--distributed.strategy=ddp")
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=240, preexec_fn=limit)
     _said_once_by_rank_0(proc, tmp_path / "logs", "full-disk/checkpoints/step_00000020")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_ranks_whose_launcher_was_killed_stop_with_a_checkpoint(work, tmp_path):
+    """kill -9 of torchrun's whole process group leaves the ranks (each in its own session)
+    orphaned: they notice, stop together after a step, save a checkpoint there and write the
+    summary, instead of training on to the end with no launcher."""
+    name, steps = "orphans", 2000
+    cmd = _torchrun(2, log_dir=tmp_path / "logs") + _args(work, name, MICRO, "--distributed.strategy=ddp",
+                                                           f"--train.max_steps={steps}", "--monitor.log_every=1")
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    metrics = work / "runs" / name / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and len(_losses_if_any(metrics)) < 5:
+        time.sleep(0.05)
+    ranks = [p for p in _children(proc.pid) if _rank_of(p) is not None]
+    assert len(ranks) == 2 and proc.poll() is None, "the run ended before its launcher could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its agent; the ranks live in their own sessions
+    proc.wait()
+    killed_at = time.monotonic()
+    while any(_alive(p) for p in ranks) and time.monotonic() - killed_at < 60:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in ranks), "orphaned ranks must stop on their own"
+    summary = json.loads((work / "runs" / name / "summary.json").read_text())
+    assert summary["steps"] < steps and summary["stop_reason"].startswith("signal")
+    saved = sorted(work.glob(f"runs/{name}/checkpoints/step_*/finished.json"))
+    assert saved and saved[-1].parent.name == f"step_{summary['steps']:08d}", "a checkpoint at the step it stopped"
+    logs = _rank_logs(tmp_path / "logs")
+    assert all("launcher of this rank" in text and "Traceback" not in text for text in logs.values()), logs
+
+
+def _losses_if_any(metrics: Path) -> list[str]:
+    try:
+        return [line for line in metrics.read_text().splitlines() if '"loss"' in line]
+    except OSError:
+        return []
+
+
+def test_resuming_a_completed_run_removes_what_killed_saves_left(work, single):
+    run = _copy_run(work / "runs" / "single", "completed-with-temps")
+    dead = _dead_pid()
+    temp = run / "checkpoints" / f".step_00000041.pt.tmp{dead}"  # a save killed mid-write
+    temp.write_bytes(b"half")
+    partial = run / "checkpoints" / ".step_00000042.partial"  # a sharded save killed mid-way
+    partial.mkdir()
+    (partial / "__0_0.distcp").write_bytes(b"half")
+    proc = _run(_plain() + ["--resume", str(run), "--no-progress"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not temp.exists() and not partial.exists()
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
