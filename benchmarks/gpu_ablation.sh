@@ -7,13 +7,14 @@
 # Not measured on a GPU yet. Expected on one H100 (each row ~11 s of process start, imports and data
 # besides its own run; fp32 eager steps ~0.3 s; a cold GPT-2 compile ~30 s, less when the shared
 # cache already holds its kernels), in the order the rows run:
-#   bf16 + compile ladder: bf16-compile, +cudnn-attention, +chunked-loss, +cuda-graphs
-#                                                   4 compiled rows, ~40-45 s each   ~170 s
+#   bf16 + compile ladder: bf16-compile, +cudnn-attention, +chunked-loss, +cuda-graphs, +fp8 (skipped
+#                          without torchao: benchmarks/README.md, "FP8")
+#                                                   5 compiled rows, ~40-45 s each   ~215 s
 #   fp32 eager ladder: baseline, +bf16-mixed, +tf32, +fused-adamw, +sdpa-flash, +cudnn-attention,
 #                      +chunked-loss, +prefetch     8 eager rows, ~17-20 s each      ~150 s
 #                      +compile, +cuda-graphs, all, turbotrain-defaults (+cudnn-benchmark is
 #                      skipped: no convolutions)     4 compiled rows, ~25-50 s each   ~140 s
-#   ~460 s of 540: every row should fit. The bench writes its JSON after every row, so a cut keeps
+#   ~505 s of 540 (fp8 ran): every row should fit. The bench writes its JSON after every row, so a cut keeps
 #   every finished row and names the missing ones; the last rows (all, turbotrain-defaults: the
 #   latter the same settings as bf16-compile) are the ones a slow compile would cost. If the row
 #   list grows (fp8), run the fp32 ladder in a command of its own rather than raise this limit

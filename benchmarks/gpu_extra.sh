@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # Not part of the three-command GPU plan (gpu_proof.sh, gpu_ablation.sh, gpu_rest.sh): a fourth
-# device command for a later window, the product's memory paths on W1 (step limits 340 s; BUDGET_S
+# device command for a later window, the product's memory paths on W1 and fp8 vs bf16 (step limits 530 s; BUDGET_S
 # = 570 s caps the whole). Measured on one H100 80GB HBM3 on 2026-11-24 (PyTorch 2.11, 16 cores):
 #
 #   finder          160   60 s: the batch finder (`--batch.micro=auto`) on gpt2-small and
 #                         gpt2-medium, compile off (the finder's trials never compile)
 #   checkpointing   120   58 s: activation checkpointing off / full, each at its own found size
 #   memory-report    60   31 s: `turbotrain memory --measure` on gpt2-small and gpt2-medium
+#   w1-fp8          190   not yet: W1 gpt2-small with compile, 60 steps, bf16-mixed then fp8 (torchao
+#                         float8 linears, tensorwise, torchao's size filter), same protocol; then
+#                         benchmarks/fp8_compare.py: tokens/s, MFU against the bf16 peak, loss after
+#                         the timed steps. Needs torchao on the machine (its wheel travels:
+#                         benchmarks/README.md, "FP8"); without it the fp8 run is refused in one line
+#                         (exit 2) and the comparison's fp8 row says why
 #
 #   TT_COMMIT=<sha> OUT=/some/dir bash benchmarks/gpu_extra.sh   # <sha>: `git rev-parse HEAD` on the host
 #
@@ -38,6 +44,14 @@ pack
 phase memory-report 30
 step_to "$RES/memory-gpt2-small.json" 30 "$PY" -m turbotrain memory --preset gpt2-small --measure --json --compile.scope=off
 step_to "$RES/memory-gpt2-medium.json" 30 "$PY" -m turbotrain memory --preset gpt2-medium --measure --json --compile.scope=off
+pack
+
+phase w1-fp8 60  # same protocol for both: compile (model), byte data, 60 steps, a checkpoint only at the end
+W1=(--preset gpt2-small --model.vocab_size=50304 --train.max_steps 60 --train.eval_every 0 --monitor.log_every 10)
+step 90 "$PY" -m turbotrain train "${W1[@]}" --precision.mode=bf16-mixed --run.name gpt2-small-bf16 "${SHORT[@]}"
+step 90 "$PY" -m turbotrain train "${W1[@]}" --precision.mode=fp8 --run.name gpt2-small-fp8 "${SHORT[@]}"
+step_to "$RES/fp8-vs-bf16.json" 10 "$PY" benchmarks/fp8_compare.py "$RUNS/gpt2-small-bf16" "$RUNS/gpt2-small-fp8"
+keep_runs
 pack
 
 finish_script
