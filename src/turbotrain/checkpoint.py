@@ -36,7 +36,7 @@ from torch import nn
 
 from . import sharded
 from .atomic import atomic_write, clean_stale_temps
-from .distributed import Strategy, in_group, rank_world
+from .distributed import ReportedByMainRank, Strategy, in_group, rank_world
 from .engine import Engine
 from .errors import TurbotrainError
 from .hooks import FitContext, Hook, every
@@ -495,8 +495,8 @@ def restore_latest(folder: Path, state: RunState,
                 box = [(str(exc), "")]
         dist.broadcast_object_list(box, src=0)  # every rank loads rank 0's choice (a collective load follows)
         problem, name = box[0]
-        if problem:
-            raise TurbotrainError(problem)
+        if problem:  # said once, by rank 0, which found it; the others end quietly
+            raise TurbotrainError(problem) if rank == 0 else ReportedByMainRank(problem)
         path, payload = folder / name, None
     if not path.is_dir() and payload is None:
         payload = _verified_load(path, required=tuple(state))
@@ -508,8 +508,7 @@ def restore_latest(folder: Path, state: RunState,
     if path.is_dir():
         _load_sharded(path, state, rank, world)
         return path
-    if payload is None:
-        payload = _verified_load(path, required=tuple(state))
+    assert payload is not None
     if world == 1 and not in_group():
         state.load_state_dict(payload, source=path.name)  # the one-process format in one process: as always
     else:

@@ -64,7 +64,7 @@ from .rundir import (
 )
 from .runlock import RunLock
 from .signals import held as held_signals
-from .sharded import saved_world
+from .sharded import clean_unfinished, saved_world
 from .tracking import run_facts
 
 log = logging.getLogger(__name__)
@@ -459,6 +459,9 @@ def _train_built(training: Training, run_dir: Path, main: bool) -> dict[str, Any
         # A resume of a finished run: nothing to train, so nothing to log again (a final record
         # of this invocation would repeat the last step's); the summary comes from the metrics.
         training.monitor.close()
+        if main:  # what killed saves left, which the Checkpointer's start (never reached here) removes
+            clean_stale_temps(run_dir / CHECKPOINTS)
+            clean_unfinished(run_dir / CHECKPOINTS)
         if not main:
             return facts(training, None, "completed", 0.0)
         return write_summary(run_dir, facts(training, None, "completed", 0.0), read_metrics(run_dir / METRICS_FILE)[0])

@@ -29,7 +29,8 @@ import torch
 import torch.distributed as dist
 
 from ..config import RunConfig, describe, load_config, parse_overrides
-from ..distributed import ReportedByMainRank, Topology, decided_by_main, join_process_group, local_device
+from ..distributed import (ReportedByAnotherRank, Topology, decided_by_main, join_process_group,
+                           local_device, reported_elsewhere)
 from ..engine import resolve_device
 from ..errors import ConfigError, TurbotrainError
 from ..report import write_report
@@ -198,8 +199,8 @@ def _train_other_rank(config: RunConfig, run_dir: Path, resume: bool, rank: int,
     try:
         summary = train(config, resume_dir=run_dir if resume else None, run_dir=run_dir, progress=False,
                         batch_given=batch_given)
-    except ReportedByMainRank:
-        return 0  # rank 0 failed at start-up and says why
+    except ReportedByAnotherRank:
+        return 0  # rank 0 (or the rank that found it) failed and says why
     except StoppedBySignal:
         return EXIT_STOPPED
     except TurbotrainError as exc:
@@ -221,6 +222,9 @@ def _peer_lost(exc: BaseException, topology: Topology, run_dir: Path) -> str | N
     text = " ".join(str(exc).split())
     if not isinstance(exc, dist.DistError) and not any(k in text.lower() for k in ("gloo", "nccl", "connection", "timed out", "timeout")):
         return None
+    reported = reported_elsewhere()
+    if reported is not None:  # that rank stopped with its own one-line error: said once, there
+        raise ReportedByAnotherRank(reported) from None
     return (f"[rank {topology.rank}] another rank stopped or was lost: a collective failed ({text[:200]}); checkpoints "
             f"already written are kept: continue with `{resume_command(run_dir, topology)}`")
 
