@@ -16,9 +16,12 @@ Three parts, each reported as figures (and written to --out as JSON):
    llm.c headers, text folders), bad presets, corrupt/foreign/malicious checkpoints, resume and
    sample mistakes, a full disk (RLIMIT_FSIZE), a run held by another process; under torchrun
    (2 processes) an expert-parallel resume at degree 2 and 1, a failed resume said once, by
-   rank 0, and ranks orphaned by a kill -9 of torchrun's group stopping with a checkpoint. Each must give
-   exit 2 (or the documented 75) with one error line, no traceback, and leave an existing run's
-   files byte-identical.
+   rank 0, and ranks orphaned by a kill -9 of torchrun's group stopping with a checkpoint; issue
+   23's out-of-range values (C-int timeouts, sizes), resumes judged against the run's saved config
+   that leave its config.toml as it was, a signal between start-up and training, and a resume at
+   another world size that would change the global batch. Each must give exit 2 (or the
+   documented 75) with one error line, no traceback, and leave an existing run's files
+   byte-identical. ``--only-issue23`` runs the issue 23 cases alone (about 2 minutes).
 
 The kill points are reached deterministically through tests/faults/sitecustomize.py (TT_FAULT);
 random moments are drawn from --seed. Run from the repository root:
@@ -309,6 +312,18 @@ def hostile_cases(work: Path, corpus: Path, cache: Path, existing: Path) -> list
         ("batch.micro larger than the data", lambda: base(**{"batch.micro": 100000}), 2),
         ("compile reduce-overhead with accumulation", lambda: base(**{"compile.mode": "reduce-overhead", "batch.accumulation": 2}), 2),
     ]
+    # issue 23 item 2: values a field's type admits but the code cannot do (each field's declared range)
+    moe = {"model.arch": "moe", "model.n_experts": 4}
+    for key, bad, extra in (
+        ("distributed.timeout_s", "1e11", {}), ("distributed.timeout_s", "1e10", {}), ("distributed.timeout_s", "1e15", {}),
+        ("batch.global_size", "4611686018427387904", {}), ("data.prefetch_factor", "1000000000", {}),
+        ("model.n_experts", "1000000000", {"model.arch": "moe"}), ("model.expert_hidden", "4611686018427387904", moe),
+        ("model.capacity_factor", "1e300", moe), ("distributed.bucket_cap_mb", "4611686018427387904", {}),
+        ("model.moe_every", "99", moe),
+    ):
+        cases.append((f"{key}={bad} (issue 23 item 2)", lambda key=key, bad=bad, extra=extra: base(**extra, **{key: bad}), 2))
+    cases.append(("--preset moe-tiny --model.moe_every=99 (issue 23 item 2)",
+                  lambda: base(**{"model.moe_every": 99}) + ["--preset", "moe-tiny"], 2))
 
     def data_file(name: str, payload: bytes, meta: bytes | None = None) -> Callable[[], list[str]]:
         def make() -> list[str]:
@@ -399,6 +414,9 @@ def hostile_cases(work: Path, corpus: Path, cache: Path, existing: Path) -> list
         ("resume: every checkpoint foreign (no engine state)", damaged("foreign"), 2),
         ("resume: every checkpoint a malicious pickle", damaged("malicious"), 2),
         ("resume: overrides that change the model", lambda: (damaged("none")(), resume + ["--model.n_layer=3"])[1], 2),
+        # issue 23 item 9: a resume that fails at start-up (after its overrides passed) keeps config.toml byte-identical
+        ("resume: an override that fails at start-up keeps config.toml (issue 23 item 9)",
+         lambda: (damaged("none")(), resume + ["--batch.micro=100000"])[1], 2),
         ("resume: a run that does not exist", lambda: ["train", "--resume", str(work / "nope")], 2),
         ("resume: a name and --run.name", lambda: ["train", "--resume", "t", "--run.name=u"], 2),
         ("train over an existing run", lambda: train_args(work, corpus, cache), 2),
@@ -418,7 +436,8 @@ class _Evil:
         return (Path.touch, (self.marker,))
 
 
-def hostile(corpus: Path, cache: Path) -> dict[str, Any]:
+def hostile(corpus: Path, cache: Path, only_issue23: bool = False) -> dict[str, Any]:
+    """Every hostile case; ``only_issue23``: those named for issue 23 and :func:`issue23_cases`."""
     work = Path(tempfile.mkdtemp(prefix="tt-hostile-"))
     logging.getLogger().addHandler(_StderrHandler())
     logging.getLogger().setLevel(logging.INFO)
@@ -428,6 +447,8 @@ def hostile(corpus: Path, cache: Path) -> dict[str, Any]:
     (existing / "checkpoints").mkdir(exist_ok=True)
     results = []
     for name, make, expected in hostile_cases(work, corpus, cache, existing):
+        if only_issue23 and "issue 23" not in name:
+            continue
         argv = make()
         before = {k: v for k, v in snapshot(existing).items() if not k.startswith("checkpoints/")}
         code, err = call(argv)
@@ -444,8 +465,10 @@ def hostile(corpus: Path, cache: Path) -> dict[str, Any]:
             problems.append("a malicious pickle ran")
         results.append({"case": name, "exit": code, "line": lines[-1] if lines else "", "ok": not problems,
                         "problems": problems})
-    results += subprocess_hostile(work, corpus, cache)
-    results += torchrun_cases(work, corpus, cache)
+    if not only_issue23:
+        results += subprocess_hostile(work, corpus, cache)
+        results += torchrun_cases(work, corpus, cache)
+    results += issue23_cases(work, corpus, cache)
     return {"tried": len(results), "ok": sum(r["ok"] for r in results), "cases": results}
 
 
@@ -571,6 +594,140 @@ def torchrun_cases(work: Path, corpus: Path, cache: Path) -> list[dict[str, Any]
     return out
 
 
+def issue23_cases(work: Path, corpus: Path, cache: Path) -> list[dict[str, Any]]:
+    """Issue 23 items 8, 9, 4, 3 and 2 (under torchrun), each with the outcome a user sees:
+
+    - 8: resume overrides are judged against the run's saved config: a d_model 96 run resumes with
+      --model.n_head=3 (the default preset's 128 is not divisible by 3), refuses --model.n_head=5
+      naming 96; a MoE run's --distributed.expert_parallel=2 is not told it "needs a mixture-of-experts
+      model";
+    - 9: each refused resume leaves config.toml byte-identical (and hostile_cases' resume whose
+      override fails at start-up leaves every file of the run so);
+    - 4: SIGTERM/SIGINT between start-up and training (the run built, metrics.jsonl there, no step):
+      exit 75, a checkpoint, no stale .config.toml.tmp*; SIGTERM the moment metrics.jsonl appears;
+      SIGINT inherited as ignored stays ignored (the run trains to its end, 0);
+    - 3: a 2-process fsdp run resumed in one process is refused in one line naming both global
+      batches (exit 2, config.toml unchanged); with --batch.global_size it trains at the old one;
+    - 2: --distributed.timeout_s=1e11 under torchrun: one line from rank 0, no hang."""
+    out: list[dict[str, Any]] = []
+    runs = work / "runs"
+
+    def lines_of(err: str) -> list[str]:
+        return [line for line in err.strip().splitlines() if not line.startswith(("INFO ", "WARNING "))]
+
+    def add(case: str, result: subprocess.CompletedProcess | subprocess.Popen, ok: bool, line: str = "") -> None:
+        err = result.stderr if isinstance(result.stderr, str) else ""
+        out.append({"case": f"{case} (issue 23)", "exit": result.returncode, "line": line, "ok": ok,
+                    "problems": [] if ok else [err[-600:]]})
+
+    def read(path: Path) -> bytes | None:  # a file a failed set-up never wrote: the case fails, the script goes on
+        return path.read_bytes() if path.exists() else None
+
+    def summary(run: Path) -> dict[str, Any]:
+        return summary_of(run) if (run / "summary.json").exists() else {}
+
+    def one_line(result: subprocess.CompletedProcess, code: int, *words: str) -> tuple[bool, str]:
+        lines = lines_of(result.stderr)
+        ok = (result.returncode == code and len(lines) == 1 and "Traceback" not in result.stderr
+              and all(w in lines[0] for w in words))
+        return ok, lines[-1] if lines else ""
+
+    # items 8 and 9: a d_model 96 run, stopped at step 2 of 4
+    small = {"run.name": "d96", "model.n_layer": 1, "model.d_model": 96, "train.max_steps": 4,
+             "train.checkpoint_every": 2, "train.eval_every": 0, "train.stop_after_steps": 2}
+    first = cli(train_args(work, corpus, cache, **small))
+    run = runs / "d96"
+    config = read(run / "config.toml") if first.returncode == 0 else None
+    resume = ["train", "--resume", str(run), "--no-progress"]
+    refused = cli(resume + ["--model.n_head=5"])
+    ok, line = one_line(refused, 2, "d_model = 96")
+    add("resume --model.n_head=5 of a d_model 96 run: refused naming 96, config.toml unchanged", refused,
+        ok and config is not None and read(run / "config.toml") == config and not temp_files(run), line)
+    heads = cli(resume + ["--model.n_head=3"])
+    add("resume --model.n_head=3 of a d_model 96 run trains (judged on the run's config, not the preset's)", heads,
+        heads.returncode == 0 and summary(run).get("steps") == 4 and b"n_head = 3" in (read(run / "config.toml") or b""))
+    moe = cli(train_args(work, corpus, cache, **{"run.name": "moe", "model.arch": "moe", "model.n_experts": 4,
+                                                 "train.max_steps": 2, "train.checkpoint_every": 2, "train.eval_every": 0}))
+    config = read(runs / "moe" / "config.toml") if moe.returncode == 0 else None
+    ep = cli(["train", "--resume", str(runs / "moe"), "--no-progress", "--distributed.expert_parallel=2"])
+    ok, line = one_line(ep, 2)
+    add("resume of a MoE run with --distributed.expert_parallel=2 in one process: its own reason, not 'needs a "
+        "mixture-of-experts model'", ep, ok and "mixture-of-experts" not in line
+        and config is not None and read(runs / "moe" / "config.toml") == config, line)
+
+    # item 4: a signal in the gap between start-up and training
+    marker = work / "gap-paused"
+    for name, sig, fault, code, ignore_sigint in (
+        ("SIGTERM between start-up and training", signal.SIGTERM, "pause-fit:1", 75, False),
+        ("SIGINT between start-up and training", signal.SIGINT, "pause-fit:1", 75, False),
+        ("SIGTERM during start-up", signal.SIGTERM, "pause-startup:1", 75, False),
+        ("SIGINT inherited as ignored, between start-up and training: ignored, trains to the end", signal.SIGINT,
+         "pause-fit:1", 0, True),
+    ):
+        gap_run = runs / f"gap{len(out)}"
+        args = train_args(work, corpus, cache, **{"run.name": gap_run.name})
+        proc = subprocess.Popen([sys.executable, "-m", "turbotrain", *args], env=fault_env(fault, marker),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None)
+        while not marker.exists() and proc.poll() is None:
+            time.sleep(0.02)
+        proc.send_signal(sig)
+        marker.unlink(missing_ok=True)
+        _, err = proc.communicate(timeout=600)
+        lines = lines_of(err)
+        ok = proc.returncode == code and "Traceback" not in err and not temp_files(gap_run) and not list(
+            gap_run.glob(".config.toml.tmp*"))
+        if code == 75:
+            ok = ok and len(lines) == 1 and sig.name in lines[0]
+        else:
+            ok = ok and summary(gap_run).get("steps") == MAX_STEPS
+        result = subprocess.CompletedProcess([], proc.returncode, "", err)
+        add(name, result, ok, lines[-1] if lines else "")
+    # the issue's own timing: SIGTERM the moment metrics.jsonl appears (whichever phase that lands in)
+    gap_run = runs / "gap-metrics"
+    proc = subprocess.Popen([sys.executable, "-m", "turbotrain", *train_args(work, corpus, cache, **{"run.name": "gap-metrics"})],
+                            env=fault_env(""), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    while not (gap_run / "metrics.jsonl").exists() and proc.poll() is None:
+        time.sleep(0.001)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=600)
+    lines = lines_of(err)
+    ok = (proc.returncode == 75 and len(lines) == 1 and "SIGTERM" in lines[0] and "Traceback" not in err
+          and not list(gap_run.glob(".config.toml.tmp*")) and not temp_files(gap_run))
+    add("SIGTERM as soon as metrics.jsonl appears: 75, no stale .config.toml.tmp*",
+        subprocess.CompletedProcess([], proc.returncode, "", err), ok, lines[-1] if lines else "")
+
+    # item 3 and item 2 under torchrun (2 gloo processes)
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    two = {"run.name": "world", "model.n_layer": 1, "batch.micro": 8, "distributed.strategy": "fsdp", "train.max_steps": 6,
+           "train.checkpoint_every": 2, "train.eval_every": 0, "train.stop_after_steps": 2}
+    stopped = subprocess.run(launch + ["-m", "turbotrain", *train_args(work, corpus, cache, **two)], env=fault_env(""),
+                             capture_output=True, text=True, timeout=600)
+    run = runs / "world"
+    config = read(run / "config.toml") if stopped.returncode == 0 else None
+    resume = ["train", "--resume", str(run), "--no-progress", "--distributed.strategy=single"]
+    refused = cli(resume)
+    ok, line = one_line(refused, 2, "global batch of 16", "would train at 8", "--batch.global_size=16")
+    add("2-process run (micro 8) resumed in one process: refused naming global batch 16 and 8, config.toml unchanged",
+        refused, ok and config is not None and read(run / "config.toml") == config, line)
+    kept = cli(resume + ["--batch.global_size=16"])
+    facts = summary(run) if kept.returncode == 0 else {}
+    add("... resumed with --batch.global_size=16: trains at global batch 16 (accumulation 2)", kept,
+        kept.returncode == 0 and facts.get("steps") == 6 and facts.get("resolved", {}).get("global_batch") == 16)
+    logs = work / "timeout-logs"
+    start = time.monotonic()
+    timeout = subprocess.run(launch + ["--log-dir", str(logs), "--redirects", "3", "-m", "turbotrain",
+                                       *train_args(work, corpus, cache, **{"run.name": "timeout", "distributed.strategy": "ddp",
+                                                                           "distributed.timeout_s": "1e11"})],
+                             env=fault_env(""), capture_output=True, text=True, timeout=300)
+    said = {p.parent.name: [x for x in p.read_text().splitlines() if x.startswith("turbotrain train:")]
+            for p in logs.rglob("stderr.log")}
+    ok = (len(said.get("0", [])) == 1 and "distributed.timeout_s" in said["0"][0] and not said.get("1")
+          and time.monotonic() - start < 120 and not (runs / "timeout").exists())
+    add("--distributed.timeout_s=1e11 under torchrun: one line from rank 0, no hang", timeout, ok, (said.get("0") or [""])[0])
+    return out
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -582,6 +739,8 @@ def main_cli() -> int:
     parser.add_argument("--soak-steps", type=int, default=2000)
     parser.add_argument("--soak-every", type=int, default=5, help="checkpoint interval of the soak")
     parser.add_argument("--skip", nargs="*", default=[], choices=["kills", "soak", "hostile"])
+    parser.add_argument("--only-issue23", action="store_true",
+                        help="of the hostile inputs, run only issue 23's (named so, and issue23_cases); skips kills and soak")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -590,6 +749,8 @@ def main_cli() -> int:
     report: dict[str, Any] = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
                               "torch": torch.__version__, "cpu_count": os.cpu_count()}
 
+    if args.only_issue23:
+        args.skip = ["kills", "soak"]
     if "kills" not in args.skip:
         ref = cli(train_args(work / "reference", corpus, cache))
         assert ref.returncode == 0, ref.stderr
@@ -621,11 +782,13 @@ def main_cli() -> int:
               f"temp files left {len(s['temp_files_left'])}, all verified {s['all_verified']}")
 
     if "hostile" not in args.skip:
-        report["hostile"] = h = hostile(corpus, cache)
+        report["hostile"] = h = hostile(corpus, cache, only_issue23=args.only_issue23)
         for r in h["cases"]:
             if not r["ok"]:
                 print(f"BAD hostile: {r['case']}: {r['problems']}")
         print(f"hostile inputs: {h['ok']}/{h['tried']} gave the expected exit code and one line, no traceback, nothing lost")
+        of23 = [r for r in h["cases"] if "issue 23" in r["case"]]
+        print(f"  of which issue 23 (items 2, 3, 4, 8, 9): {sum(r['ok'] for r in of23)}/{len(of23)}")
 
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
