@@ -9,7 +9,9 @@ wraps the model:
   Gradient sync is switched off for the micro-steps before an accumulation boundary (what
   ``no_sync()`` does, but settable from an own loop that calls ``engine.backward``).
 - ``fsdp``: FSDP2 ``fully_shard`` on each repeated block and on the root, with a mixed-precision
-  policy from the precision mode (bf16 parameters for compute, fp32 gradient reduction);
+  policy from the precision plugin's dtypes (its ``compute_dtype`` for the all-gathered parameters,
+  bf16 in the mixed modes and fp8, and its ``reduce_dtype`` for gradient reduction, fp32 in all
+  built-in modes);
   reshard-after-forward configurable. Parameters become DTensors, so the optimizer, built before,
   is pointed at them (its state is still empty then).
 
@@ -75,8 +77,11 @@ class Strategy:
         """Rank 0: the one that prints, logs and writes files shared by the run."""
         return self.rank == 0
 
-    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, param_dtype: torch.dtype | None) -> nn.Module:
-        """The model to train (wrapped for communication); ``optimizer`` is kept pointing at its parameters."""
+    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, param_dtype: torch.dtype | None,
+             reduce_dtype: torch.dtype | None = torch.float32) -> nn.Module:
+        """The model to train (wrapped for communication); ``optimizer`` is kept pointing at its parameters.
+        ``param_dtype`` and ``reduce_dtype`` are the precision's (its ``compute_dtype`` and ``reduce_dtype``):
+        what FSDP2 all-gathers parameters in for compute and reduces gradients in."""
         return model
 
     def set_grad_sync(self, model: nn.Module, sync: bool) -> None:
@@ -120,7 +125,8 @@ class DDP(DataParallel):
         super().__init__(topology)
         self.cfg, self.device = cfg, device
 
-    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, param_dtype: torch.dtype | None) -> nn.Module:
+    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, param_dtype: torch.dtype | None,
+             reduce_dtype: torch.dtype | None = torch.float32) -> nn.Module:
         return DistributedDataParallel(
             model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
             bucket_cap_mb=self.cfg.bucket_cap_mb, static_graph=self.cfg.static_graph,
@@ -138,9 +144,10 @@ class FSDP(DataParallel):
         super().__init__(topology)
         self.cfg = cfg
 
-    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, param_dtype: torch.dtype | None) -> nn.Module:
+    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, param_dtype: torch.dtype | None,
+             reduce_dtype: torch.dtype | None = torch.float32) -> nn.Module:
         names = {id(p): name for name, p in model.named_parameters()}
-        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
         for block in repeated_blocks(model) or ():
             fully_shard(block, mp_policy=policy, reshard_after_forward=self.cfg.reshard_after_forward)
         fully_shard(model, mp_policy=policy, reshard_after_forward=self.cfg.reshard_after_forward)

@@ -248,7 +248,7 @@ class Engine:
         self.precision.convert_module(model)
         apply_activation_checkpointing(model, self.options.checkpointing)
         apply_compile(model, self.options.compile_scope, self.options.compile_mode)
-        model = self.strategy.wrap(model, optimizer, self.precision.compute_dtype)
+        model = self.strategy.wrap(model, optimizer, self.precision.compute_dtype, self.precision.reduce_dtype)
         self._models.append(model)
         self._sync_grads_for_next()
         self.scheduler = scheduler
