@@ -401,3 +401,15 @@ def test_injected_oom_mid_accumulation_re_runs_the_step_with_identical_gradients
     assert engine.step(optimizer) is True
     assert [e.kind for e in engine.events] == ["oom_recovery"]
     assert "micro-batch 8 -> 4" in engine.events[0].detail and "global batch 16 unchanged" in engine.events[0].detail
+
+
+def test_memory_of_an_emulated_fp8_run_on_cpu_is_estimated_not_refused(capsys):
+    """The precision is checked with the whole [precision] section: fp8_emulate runs on a CPU."""
+    pytest.importorskip("torchao")
+    args = ["memory", "--preset", "gpt-tiny", "--micro", "2", "--json", "--run.device=cpu", "--precision.mode=fp8"]
+    assert main([*args, "--precision.fp8_emulate=true"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["precision"] == "fp8" and out["estimate"]["off"]["activations_bytes"] > 0
+    assert main(args) == 2  # without emulation: refused in one line
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "fp8_emulate" in err[0]

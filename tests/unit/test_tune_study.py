@@ -260,3 +260,25 @@ def test_a_trial_s_advice_reads_as_flags_not_as_a_python_dict(tmp_path, monkeypa
     trial.main(["--spec", str(spec), "--result", str(tmp_path / "r.json"), "--progress", str(tmp_path / "p.jsonl")])
     reason = json.loads((tmp_path / "r.json").read_text())["reason"]
     assert "--memory.on_oom=halve" in reason and "{" not in reason
+
+
+def test_tune_of_an_emulated_fp8_run_on_cpu_is_not_refused(tmp_path, monkeypatch):
+    """The base precision is checked with the whole [precision] section (fp8_emulate runs on a CPU)."""
+    pytest.importorskip("torchao")
+    import turbotrain.tune.session as session
+
+    class Opened(Exception):
+        pass
+
+    def study(*args, **kwargs):
+        seen.append(kwargs["base_precision"])
+        raise Opened
+
+    seen: list[str] = []
+    monkeypatch.setattr(session, "Study", study)
+    flags = ["tune", "--preset", "gpt-tiny", "--trials", "2", "--run.device=cpu", f"--run.out_dir={tmp_path}",
+             "--batch.micro=4", "--precision.mode=fp8"]
+    with pytest.raises(Opened):
+        main([*flags, "--precision.fp8_emulate=true"])
+    assert seen == ["fp8"]
+    assert main(flags) == 2  # without emulation: refused (one line) before any trial

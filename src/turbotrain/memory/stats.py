@@ -43,7 +43,7 @@ from ..engine import default_loss, resolve_device
 from ..hardware import ram_bytes
 from ..models.build import build_model
 from ..optim import build_optimizer
-from ..precision import DeviceCaps, resolve_precision
+from ..precision import DeviceCaps, MixedPrecision, precision_class, resolve_precision
 from ..transforms import apply_activation_checkpointing, recompute_context
 from ..units import gib
 
@@ -301,11 +301,12 @@ def default_vocab_size(config: RunConfig) -> int:
 
 
 def resolve_precision_name(config: RunConfig, device: torch.device | None = None) -> str:
-    """The concrete precision ``config`` gets on ``device`` (default: the config's device)."""
+    """The concrete precision ``config`` gets on ``device`` (default: the config's device), checked
+    with the whole ``[precision]`` section (fp8 with ``fp8_emulate`` runs on a CPU)."""
     device = device or resolve_device(config.run.device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return resolve_precision(config.precision.mode, DeviceCaps.of(device))
+        return resolve_precision(config.precision.mode, DeviceCaps.of(device), config.precision)
 
 
 def estimate_memory(
@@ -328,12 +329,13 @@ def estimate_memory(
     meta = torch.device("meta")
     with meta:
         model = build_model(config.model, vocab_size or default_vocab_size(config))
-    if prec == "bf16-true":
-        model.to(torch.bfloat16)
+    plugin = precision_class(prec)
+    if plugin.param_dtype != torch.float32:  # bf16-true
+        model.to(plugin.param_dtype)
     apply_activation_checkpointing(model, mode)
     optimizer = build_optimizer(model, meta, lr=config.optim.lr, weight_decay=config.optim.weight_decay, implementation="foreach")
     x, y = (torch.empty(shape, dtype=torch.int64, device=meta) for _ in range(2))
-    low = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(prec)
+    low = plugin.dtype if issubclass(plugin, MixedPrecision) else None  # the autocast dtype (fp8: bf16 autocast)
     model.train()
     with MetaEmulation(low), recompute_context(lambda: MetaEmulation(low)):
         stats = measure_step_memory(model, optimizer, (x, y), precision=prec, checkpointing=mode)

@@ -105,7 +105,7 @@ def tune(target: Target, options: TuneOptions, out: Path | None, log: Log) -> di
     if not space:
         raise ConfigError("nothing to search: every setting tune would try is fixed on the command line or has one value here")
     study = Study(target, base, space, options, folder, runner, log, g,
-                  base_precision=resolve_precision(base.precision.mode, DeviceCaps.of(device)), headroom=base.batch.headroom,
+                  base_precision=resolve_precision(base.precision.mode, DeviceCaps.of(device), base.precision), headroom=base.batch.headroom,
                   fits_micro=fits)
     study.open()
     log(f"tune {target.label} on {device}: {options.trials} trials of {options.warmup} warm-up + {options.steps} timed steps, "
