@@ -46,7 +46,7 @@ from .memory import memory_summary, resolve_batch_size
 from .models.build import build_model
 from .models.gpt import GPT
 from .monitor import JsonlSink, Monitor, ProgressSink, TensorBoardSink, build_probes
-from .data.batching import build_budget_data, check_resume_world
+from .data.batching import build_budget_data, resume_start
 from .lr_plateau import ObservePlateau
 from .optim import PlateauLR, lr_batch_factor, resolve_implementation, rescale_lr
 from .report import read_metrics, write_summary
@@ -149,8 +149,13 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
 
         resumed = restore_latest(run_dir / CHECKPOINTS, state, before_load=same_batch)
         resumed_from = resumed.name
-        if c.data.batching == "tokens":  # its data position is per rank: refuse another world size
-            check_resume_world(engine.state.batches, saved_world(resumed) if resumed.is_dir() else 1, world)
+        # The data position in this run's batches: windows draw step s's rows from (seed, s) for
+        # any split; token batching keeps its stream only with the same batches per step.
+        if c.data.batching == "tokens":
+            engine.state.batches = resume_start(engine.state.batches, engine.state.step,
+                                                saved_world(resumed) if resumed.is_dir() else 1, world, c.batch.accumulation)
+        else:
+            engine.state.batches = engine.state.step * c.batch.accumulation
     elif resume:
         log.info("%s has no finished checkpoint (it stopped before its first one): training from step 0", run_dir)
     if resume and main:  # the steps after the checkpoint run again: their old records would count twice
@@ -164,14 +169,16 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
     if c.data.batching == "tokens":  # documents kept apart, batches by token budget
         budget = build_budget_data(
             c.data.path, source, c.model.block_size, c.batch.max_tokens or c.batch.micro * c.model.block_size, c.run.seed,
-            settings, start=engine.state.batches, eval_batches=c.train.eval_batches, rank=rank, world=world,
+            settings, start=engine.state.batches, eval_batches=c.train.eval_batches * c.batch.accumulation,
+            rank=rank, world=world,  # validation: eval_batches x accumulation x world stream batches, for any split
         )
         loader, val_batches, example = budget.loader, budget.val_batches, budget.example
-    else:  # each rank its rows of every global micro-batch (rank r: rows r*micro ... (r+1)*micro - 1)
+    else:  # step s: micro x accumulation x world rows from (seed, s); this rank its chunks of them
         budget = None
-        loader = build_loader(train_windows, c.batch.micro, c.run.seed, settings, start=engine.state.batches, rank=rank, world=world)
-        val_batches = fixed_batches(val_windows, c.batch.micro, c.train.eval_batches, seed=c.run.seed + 1,
-                                    rank=rank, world=world) if val_windows else []
+        loader = build_loader(train_windows, c.batch.micro, c.run.seed, settings, start=engine.state.batches, rank=rank,
+                              world=world, accumulation=c.batch.accumulation)
+        val_batches = fixed_batches(val_windows, c.batch.micro, c.train.eval_batches, seed=c.run.seed + 1, rank=rank,
+                                    world=world, accumulation=c.batch.accumulation) if val_windows else []
         example = fixed_batches(train_windows, c.batch.micro, 1, seed=c.run.seed)[0]
     loader = engine.setup_loader(loader)
 
@@ -234,8 +241,8 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
 def check_resume_batch(checkpoint: str, saved_config: Any, saved_world: int, c: RunConfig, world: int, rank: int = 0) -> None:
     """Refuse a resume whose global batch (``c``'s micro x accumulation over ``world`` processes)
     is not the one ``checkpoint`` trained with (its saved config's micro x accumulation over the
-    ``saved_world`` processes that wrote it): only another world size changes it unasked. Until the
-    data order is independent of the split, the user picks: the same global batch, or a new one.
+    ``saved_world`` processes that wrote it): only another world size changes it unasked. The user
+    picks: the same global batch (the same rows per step, for any split), or a new one.
     Said by rank 0; the other ranks end quietly. A checkpoint without a readable config passes."""
     if saved_world == world or not isinstance(saved_config, str):
         return
@@ -254,15 +261,15 @@ def check_resume_batch(checkpoint: str, saved_config: Any, saved_world: int, c: 
         return f"{n} process{'es' if n > 1 else ''}"
 
     keep = []
-    if old % (world * c.batch.accumulation) == 0:  # the same batches as before (each comes from the seed and its index)
-        keep.append(f"{setting('batch.micro', old // (world * c.batch.accumulation))} (the same batches)")
+    if old % (world * c.batch.accumulation) == 0:
+        keep.append(setting('batch.micro', old // (world * c.batch.accumulation)))
     if old % (world * c.batch.micro) == 0:
-        keep.append(f"{setting('batch.global_size', old)} (by accumulation {old // (world * c.batch.micro)}; "
-                    "the batches drawn differ)")
+        keep.append(f"{setting('batch.global_size', old)} (by accumulation {old // (world * c.batch.micro)})")
+    # the rows of step s come from (seed, s) and the global batch: any split of it keeps them
+    kept = f"{old} (the same batches) with {' or '.join(keep)}" if keep else f"{old} with another batch.micro"
     text = (f"{checkpoint} was trained at a global batch of {old} ({procs(saved_world)} x batch.micro {micro} x "
             f"accumulation {accumulation}) and this resume would train at {new} ({procs(world)} x {c.batch.micro} x "
-            f"{c.batch.accumulation}); keep {old} with {' or '.join(keep) or 'another batch.micro'}, or train at "
-            f"{new} with {setting('batch.micro', c.batch.micro)}")
+            f"{c.batch.accumulation}); keep {kept}, or train at {new} with {setting('batch.micro', c.batch.micro)}")
     raise TurbotrainError(text) if rank == 0 else ReportedByMainRank(text)
 
 

@@ -41,9 +41,8 @@ def test_resume_at_another_world_size_keeps_or_refuses_the_global_batch(tmp_path
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert refused.stderr.strip().splitlines() == [
         "turbotrain train: error: step_00000002 was trained at a global batch of 16 (2 processes x batch.micro 8 x "
-        "accumulation 1) and this resume would train at 8 (1 process x 8 x 1); keep 16 with --batch.micro=16 (the "
-        "same batches) or --batch.global_size=16 (by accumulation 2; the batches drawn differ), or train at 8 with "
-        "--batch.micro=8"]
+        "accumulation 1) and this resume would train at 8 (1 process x 8 x 1); keep 16 (the same batches) with "
+        "--batch.micro=16 or --batch.global_size=16 (by accumulation 2), or train at 8 with --batch.micro=8"]
     assert (run / "config.toml").read_bytes() == config and (run / "metrics.jsonl").read_bytes() == metrics
     assert not list(run.glob(".config.toml.tmp*"))
 

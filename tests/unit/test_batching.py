@@ -14,11 +14,11 @@ import torch
 from turbotrain.config import load_config
 from turbotrain.data import open_tokens, resolve_loader_settings
 from turbotrain.data.batching import (
+    resume_start,
     IGNORE_INDEX,
     PieceRows,
     TokenBudgetSampler,
     build_budget_loader,
-    check_resume_world,
     plan_epoch,
 )
 from turbotrain.data.documents import GPT2_END_OF_TEXT, open_documents, separator_ends
@@ -157,20 +157,24 @@ def test_separator_scan_in_chunks_finds_every_separator(tmp_path, chunk):
         assert separator_ends(split, 3, chunk=chunk).tolist() == want.tolist()
 
 
-def test_a_resume_at_another_world_size_is_refused_naming_both():
+def test_a_resume_at_another_world_size_keeps_the_batches_per_step_or_is_refused():
     # rank r reads stream batches k * world + r: after 10 batches per rank, 2 ranks have trained
-    # stream batches 0..19, and one process resuming at its batch 10 would train batch 10 again
+    # stream batches 0..19; with accumulation a, step s is stream batches s*a*world ... (s+1)*a*world - 1
     two = [TokenBudgetSampler(np.full(400, 7), 16, SEQ, seed=0, rank=r, world=2) for r in (0, 1)]
     one = TokenBudgetSampler(np.full(400, 7), 16, SEQ, seed=0)
     assert [one.batch(k) for k in range(20)] == [two[k % 2].batch(k // 2) for k in range(20)]
-    assert one.batch(10) == two[0].batch(5)
-    with pytest.raises(TurbotrainError, match="written by 2 processes and this run has 1.*--nproc-per-node 2") as err:
-        check_resume_world(10, saved_world=2, world=1)
+    # 2 processes, accumulation 1, 10 steps -> one process with accumulation 2 starts at its batch 20
+    assert resume_start(10, 10, saved_world=2, world=1, accumulation=2) == 20
+    assert one.batch(20) == two[0].batch(10)
+    assert resume_start(20, 10, saved_world=1, world=2, accumulation=1) == 10
+    with pytest.raises(TurbotrainError, match=r"took 2 \(2 processes x accumulation 1\) and this run takes 1 "
+                       r"\(1 process x accumulation 1\); resume with --batch.accumulation=2") as err:
+        resume_start(10, 10, saved_world=2, world=1, accumulation=1)
     assert "\n" not in str(err.value)
-    with pytest.raises(TurbotrainError, match="written by 1 process and this run has 2.*no torchrun"):
-        check_resume_world(10, saved_world=1, world=2)
-    check_resume_world(10, saved_world=2, world=2)  # the same world size: exact
-    check_resume_world(0, saved_world=2, world=1)  # nothing read yet
+    with pytest.raises(TurbotrainError, match="resume with 1 process \\(no torchrun\\)"):
+        resume_start(10, 10, saved_world=1, world=2, accumulation=1)  # 1 batch per step cannot split over 2
+    assert resume_start(10, 5, saved_world=2, world=2, accumulation=1) == 10  # the same world size: as saved
+    assert resume_start(0, 0, saved_world=2, world=1, accumulation=1) == 0  # nothing read yet
 
 
 def test_token_batching_mistakes_are_one_line_config_errors():

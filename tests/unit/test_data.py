@@ -12,9 +12,11 @@ import torch
 
 from turbotrain.data import (
     DevicePrefetcher,
+    RandomWindowSampler,
     TokenWindows,
     build_loader,
     default_num_workers,
+    fixed_batches,
     open_tokens,
     resolve_loader_settings,
 )
@@ -99,6 +101,38 @@ def test_loader_stream_resumes_at_any_batch(tmp_path: Path, text_file: Path):
     for (x1, y1), (x2, y2) in zip(full[3:], tail):
         assert torch.equal(x1, x2) and torch.equal(y1, y2)
     assert not torch.equal(full[0][0], full[1][0])
+
+
+def _step_rows(micro: int, accumulation: int, world: int, steps: int = 4) -> list[list[list[int]]]:
+    """Each optimizer step's micro-batches (window offsets), over every rank and micro-step."""
+    ranks = [RandomWindowSampler(5000, micro, 11, rank=r, world=world, accumulation=accumulation) for r in range(world)]
+    return [[ranks[r].batch(s * accumulation + j) for j in range(accumulation) for r in range(world)] for s in range(steps)]
+
+
+def test_the_rows_of_a_step_depend_only_on_the_seed_the_step_and_the_global_batch():
+    """Any micro x accumulation x world of global batch 8: the same rows in the same steps."""
+    reference = [sorted(sum(step, [])) for step in _step_rows(8, 1, 1)]
+    for micro, accumulation, world in [(4, 2, 1), (4, 1, 2), (2, 2, 2), (1, 4, 2), (2, 1, 4)]:
+        assert [sorted(sum(step, [])) for step in _step_rows(micro, accumulation, world)] == reference
+    # the same micro: the very same micro-batches (what a per-forward loss, e.g. MoE's load balancing, sees)
+    assert _step_rows(4, 2, 1) == _step_rows(4, 1, 2) and _step_rows(2, 2, 2) == _step_rows(2, 4, 1)
+    # accumulation 1 keeps the order of earlier versions: step s = global micro-batch s, rank r its slice
+    offsets = torch.randint(5000, (8,), generator=torch.Generator().manual_seed(11 * 1_000_003 + 3)).tolist()
+    assert RandomWindowSampler(5000, 4, 11, rank=1, world=2).batch(3) == offsets[4:]
+    # a resume after step s starts at s x accumulation, whatever the split
+    resumed = RandomWindowSampler(5000, 2, 11, start=2 * 4, accumulation=4)
+    assert [b for _, b in zip(range(4), resumed)] == _step_rows(2, 2, 2)[2]
+
+
+def test_validation_batches_are_the_same_rows_for_any_split(tmp_path: Path, text_file: Path):
+    val = TokenWindows(open_tokens(str(text_file), val_fraction=0.1, cache_dir=str(tmp_path)).val, 16)
+    one = fixed_batches(val, 8, 3, seed=5)
+    split = [fixed_batches(val, 4, 3, seed=5, rank=r, world=2, accumulation=a) for r, a in [(0, 1), (1, 1)]]
+    accumulated = fixed_batches(val, 4, 3, seed=5, accumulation=2)
+    assert len(one) == 3 and len(accumulated) == 6 and all(len(b) == 3 for b in split)
+    rows = sorted(map(tuple, torch.cat([x for x, _ in one]).tolist()))
+    assert sorted(map(tuple, torch.cat([x for x, _ in accumulated]).tolist())) == rows
+    assert sorted(map(tuple, torch.cat([x for b in split for x, _ in b]).tolist())) == rows
 
 
 def test_batch_larger_than_data_is_rejected(tmp_path: Path):

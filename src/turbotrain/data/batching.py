@@ -17,10 +17,17 @@ rows keeps the work per step even: many short rows or a few long ones.
 - **Bucketing.** Each epoch shuffles the pieces with a generator seeded by (seed, epoch), sorts
   them by length within buckets of about 64 batches, cuts each bucket greedily into batches, and
   shuffles the batches: similar lengths share a batch, so little is padding.
-- **Exact resume.** Batch ``k`` of the stream is a function of (seed, k) alone: resuming at batch
-  ``k`` (the engine's data position) gives the batches an uninterrupted run sees. With ``world``
-  ranks, rank ``r`` reads stream batches ``k * world + r``, so the position is per rank and a
-  resume at another world size would skip or repeat batches: :func:`check_resume_world` refuses it.
+- **Exact resume, and splits.** Batch ``k`` of the stream is a function of (seed, k) alone. With
+  ``world`` ranks, rank ``r`` reads stream batches ``k * world + r``; with accumulation ``A``, its
+  batches ``s*A ... s*A + A-1`` make optimizer step ``s``, so step ``s`` trains on stream batches
+  ``s*A*world ... (s+1)*A*world - 1``. Any split with the same ``A x world`` (token-budget batches
+  per step) and the same ``batch.max_tokens`` trains on the same batches in the same steps: each
+  batch's loss is the mean over its real targets and every batch counts equally, so the loss per
+  step matches to fp32 rounding (one process with accumulation 2 = two processes). A split that
+  changes ``A x world`` or ``max_tokens`` trains on other batches: the rows are packed per batch,
+  so no rule keeps them. A resume at another world size is exact when ``A x world`` is kept (set
+  ``--batch.accumulation``); otherwise it would skip or regroup the stream and
+  :func:`resume_start` refuses it in one line.
 """
 
 from __future__ import annotations
@@ -199,17 +206,29 @@ def padding_share(rows: PieceRows, max_tokens: int, seed: int, batches: int = 20
     return 1.0 - real / padded if padded else 0.0
 
 
-def check_resume_world(start: int, saved_world: int, world: int) -> None:
-    """Refuse to resume token batching at batch ``start`` > 0 under another world size than the
-    ``saved_world`` that wrote the checkpoint: ``start`` counts each rank's batches, and rank ``r``
-    reads stream batches ``k * world + r``, so another world size would skip or repeat batches."""
-    if start and saved_world and saved_world != world:
-        raise TurbotrainError(
-            f"data.batching = 'tokens' resumes exactly only at the world size that wrote the checkpoint: it was written "
-            f"by {saved_world} process{'es' if saved_world > 1 else ''} and this run has {world}; resume with "
-            f"{saved_world} process{'es' if saved_world > 1 else ''}"
-            + (f" (torchrun --nproc-per-node {saved_world})" if saved_world > 1 else " (no torchrun)")
-        )
+def resume_start(batches: int, step: int, saved_world: int, world: int, accumulation: int) -> int:
+    """This rank's first batch when token batching resumes after ``step`` optimizer steps, each
+    rank of the ``saved_world`` that wrote the checkpoint having read ``batches`` (the saved data
+    position). At the same world size: ``batches``. At another: exact when the stream batches per
+    step (processes x accumulation) are kept, else refused in one line naming what keeps them."""
+    if not batches or not saved_world or saved_world == world:
+        return batches
+    read = batches * saved_world  # stream batches the whole group has trained on
+    if step and read == step * accumulation * world:
+        return step * accumulation
+    per_step = read // step if step and read % step == 0 else 0
+    old = f"{per_step} ({_procs(saved_world)} x accumulation {per_step // saved_world})" if per_step else f"{read} in all"
+    keep = (f"--batch.accumulation={per_step // world}" if per_step and per_step % world == 0 else
+            f"{_procs(saved_world)}" + (f" (torchrun --nproc-per-node {saved_world})" if saved_world > 1 else " (no torchrun)"))
+    raise TurbotrainError(
+        f"data.batching = 'tokens' resumes exactly only with the same token-budget batches per optimizer step "
+        f"(processes x accumulation): the checkpoint's run took {old} and this run takes {world * accumulation} "
+        f"({_procs(world)} x accumulation {accumulation}); resume with {keep}"
+    )
+
+
+def _procs(n: int) -> str:
+    return f"{n} process{'es' if n > 1 else ''}"
 
 
 @dataclass

@@ -1,12 +1,15 @@
 """Random-window batches from token ranges, through a DataLoader with tuned defaults.
 
-Batch ``k`` of a stream is drawn from a generator seeded with (seed, k), so the stream can start
-at any batch: resuming at batch ``k`` gives exactly the batches an uninterrupted run would see.
-
-Data parallel: global micro-batch ``k`` is ``micro x world`` windows drawn from (seed, k), and rank
-``r`` takes rows ``[r*micro, (r+1)*micro)``. The ranks together see exactly what one process with
-micro-batch ``micro x world`` sees (2 processes x micro M == 1 process x micro 2M), and a resume at
-batch ``k`` is exact on every rank, at any world size that keeps ``micro x world``.
+The data order does not depend on how the global batch is split. The rows of optimizer step ``s``
+are ``G = micro x accumulation x world`` windows drawn from a generator seeded with (seed, s), cut
+into ``accumulation x world`` chunks of ``micro`` rows: rank ``r`` trains on chunk ``j x world + r``
+at micro-step ``j`` of the step. So any split with the same global batch (one process with micro 8,
+one with micro 4 and accumulation 2, two processes with micro 4, ...) trains on the same rows,
+grouped into the same optimizer steps, and with equal-sized rows the loss per step is the same to
+fp32 rounding. A loader starts at any of this rank's batches ``k`` (micro-step ``k % accumulation``
+of step ``k // accumulation``): resuming after step ``s`` starts at ``s x accumulation`` under any
+split of the same global batch. With accumulation 1 this is the order of earlier versions (step
+``s`` = global micro-batch ``s``, rank ``r`` its rows ``[r*micro, (r+1)*micro)``).
 """
 
 from __future__ import annotations
@@ -55,17 +58,27 @@ class TokenWindows(Dataset):
 
 
 class RandomWindowSampler(Sampler[list[int]]):
-    """An endless stream of batches of random window offsets, starting at batch ``start``; with
-    ``world`` > 1, this ``rank``'s rows of each global batch of ``batch_size x world`` offsets."""
+    """An endless stream of this rank's batches of random window offsets, from its batch ``start``:
+    batch ``k`` is chunk ``(k % accumulation) x world + rank`` (of ``batch_size`` rows) of the
+    ``batch_size x accumulation x world`` offsets of optimizer step ``k // accumulation``."""
 
-    def __init__(self, positions: int, batch_size: int, seed: int, start: int = 0, rank: int = 0, world: int = 1) -> None:
+    def __init__(self, positions: int, batch_size: int, seed: int, start: int = 0, rank: int = 0, world: int = 1,
+                 accumulation: int = 1) -> None:
         self.positions, self.batch_size, self.seed, self.start = positions, batch_size, seed, start
-        self.rank, self.world = rank, world
+        self.rank, self.world, self.accumulation = rank, world, max(1, accumulation)
+        self._drawn: tuple[int, torch.Tensor | None] = (-1, None)  # the last step's offsets: drawn once per step
+
+    def step_offsets(self, step: int) -> torch.Tensor:
+        """Every window offset of optimizer step ``step`` (the global batch): a function of (seed, step)."""
+        if self._drawn[0] != step or self._drawn[1] is None:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+            self._drawn = (step, torch.randint(self.positions, (self.batch_size * self.accumulation * self.world,), generator=g))
+        return self._drawn[1]
 
     def batch(self, k: int) -> list[int]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + k)
-        offsets = torch.randint(self.positions, (self.batch_size * self.world,), generator=g)
-        return offsets[self.rank * self.batch_size:(self.rank + 1) * self.batch_size].tolist()
+        step, j = divmod(k, self.accumulation)
+        chunk = j * self.world + self.rank
+        return self.step_offsets(step)[chunk * self.batch_size:(chunk + 1) * self.batch_size].tolist()
 
     def __iter__(self) -> Iterator[list[int]]:
         k = self.start
@@ -102,9 +115,10 @@ def resolve_loader_settings(device: torch.device, num_workers: int, pin_memory: 
 
 
 def build_loader(dataset: TokenWindows, batch_size: int, seed: int, settings: LoaderSettings, start: int = 0,
-                 rank: int = 0, world: int = 1) -> DataLoader:
-    """An endless DataLoader of (x, y) batches starting at batch ``start`` of the seeded stream
-    (this ``rank``'s share of each global batch when ``world`` > 1)."""
+                 rank: int = 0, world: int = 1, accumulation: int = 1) -> DataLoader:
+    """An endless DataLoader of (x, y) batches of ``batch_size`` rows, from this ``rank``'s batch
+    ``start`` of the seeded stream: ``accumulation`` batches per optimizer step, the ranks' together
+    that step's global batch (:class:`RandomWindowSampler`)."""
     if batch_size > dataset.positions:
         raise TurbotrainError(
             f"batch.micro = {batch_size} is larger than the {dataset.positions} distinct windows in the data; "
@@ -113,7 +127,7 @@ def build_loader(dataset: TokenWindows, batch_size: int, seed: int, settings: Lo
     workers = settings.num_workers
     return DataLoader(
         dataset,
-        batch_sampler=RandomWindowSampler(dataset.positions, batch_size, seed, start, rank, world),
+        batch_sampler=RandomWindowSampler(dataset.positions, batch_size, seed, start, rank, world, accumulation),
         collate_fn=_identity,
         num_workers=workers,
         pin_memory=settings.pin_memory,
@@ -126,10 +140,13 @@ def build_loader(dataset: TokenWindows, batch_size: int, seed: int, settings: Lo
 
 
 def fixed_batches(dataset: TokenWindows, batch_size: int, count: int, seed: int, rank: int = 0,
-                  world: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The same ``count`` batches every time (validation), drawn once on the host; with ``world``
-    > 1 this ``rank``'s rows of each (so the ranks' mean is one process's mean over all rows)."""
+                  world: int = 1, accumulation: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The same batches every time (validation), drawn once on the host: ``count`` global batches
+    of ``batch_size x accumulation x world`` windows, split as the training batches are, this
+    ``rank``'s ``accumulation`` chunks of each. Equal-sized chunks: the mean over the ranks of each
+    rank's mean is the mean over every row, the same for any split of the same global batch."""
     if dataset.positions < 1:
         return []
-    sampler = RandomWindowSampler(dataset.positions, min(batch_size, dataset.positions), seed, rank=rank, world=world)
-    return [dataset.__getitems__(sampler.batch(k)) for k in range(count)]
+    sampler = RandomWindowSampler(dataset.positions, min(batch_size, dataset.positions), seed, rank=rank, world=world,
+                                  accumulation=accumulation)
+    return [dataset.__getitems__(sampler.batch(k)) for k in range(count * sampler.accumulation)]
