@@ -44,6 +44,7 @@ from ..engine import Engine, default_loss
 from ..distributed import collective_device, in_group, rank_world
 from ..errors import ConfigError, TurbotrainError
 from ..hardware import ram_bytes
+from ..models.moe import MoEMLP
 from ..oom import is_oom
 from ..rundir import BATCH_CACHE
 from ..transforms import eager
@@ -382,7 +383,12 @@ class StepTrial:
         self.engine, self.model, self.optimizer = engine, model, optimizer
         self.make_batch, self.loss_fn, self.timed_steps = make_batch, loss_fn or default_loss, max(1, timed_steps)
         self.device = engine.device
+        # The state dict, not the live tensors: under expert parallelism it holds every expert (the
+        # modules' hooks gather them) and a MoE layer's pending router-bias loads (its extra state),
+        # so loading it back (close) goes through the same hooks: each rank's slice, the loads reset.
         self._weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        self._tallies = [(m, *(None if t is None else t.clone() for t in (m.load, m.dropped)))  # the expert monitor's
+                         for m in model.modules() if isinstance(m, MoEMLP)]
         self._optimizer_state = optimizer.state_dict() if optimizer.state else None
         self._rng = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
         self._was_training = model.training
@@ -451,9 +457,9 @@ class StepTrial:
         if self._optimizer_state is not None:
             self.optimizer.load_state_dict(self._optimizer_state)
         self._free()
-        with torch.no_grad():
-            for key, value in self.model.state_dict().items():
-                value.copy_(self._weights[key])
+        self.model.load_state_dict(self._weights)  # in place: parameters keep their identity (the optimizer's)
+        for layer, load, dropped in self._tallies:  # the trials' routing is not training's
+            layer.load, layer.dropped = load, dropped
         torch.set_rng_state(self._rng[0])
         if self._rng[1] is not None:
             torch.cuda.set_rng_state_all(self._rng[1])
