@@ -143,7 +143,8 @@ def read_source(event: Any) -> tuple[str, str]:
             continue
         if "turbotrain/" in norm:
             module = norm.rsplit("turbotrain/", 1)[1]
-            kind = {"precision.py": "guard", "monitor.py": "monitor", "bench/protocol.py": "clock"}.get(module, "turbotrain")
+            kind = ("guard" if module.startswith("precision/")  # the non-finite guard lives in the precision package
+                    else {"monitor.py": "monitor", "bench/protocol.py": "clock"}.get(module, "turbotrain"))
             return kind, where
         return "user", where
     return "unknown", "no Python stack recorded"
