@@ -25,6 +25,7 @@ import contextlib
 import datetime
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -53,14 +54,92 @@ class Topology:
     rank: int = 0
     local_rank: int = 0
     world: int = 1
-    launched: bool = False  # started by torchrun (or any launcher that sets RANK/WORLD_SIZE)
+    launched: bool = False  # started by a launcher: torchrun (RANK/WORLD_SIZE) or SLURM's srun
+    launcher: str = ""  # "torchrun" or "slurm" when launched
+    master_addr: str = ""  # SLURM only: where rank 0 hosts the rendezvous (torchrun's come from its own variables)
+    master_port: int = 0
 
     @classmethod
-    def from_env(cls) -> "Topology":
-        """Read torchrun's variables once; a plain ``python`` process is rank 0 of 1."""
-        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-            return cls()
-        return cls(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ["WORLD_SIZE"]), True)
+    def from_env(cls, environ: Any = None) -> "Topology":
+        """The launch, read from the environment in one place: torchrun's variables (``RANK``,
+        ``WORLD_SIZE``, ``LOCAL_RANK``; also set by a Kubernetes PyTorchJob and TorchX) win; else
+        the tasks of a SLURM ``srun`` with more than one task (:func:`slurm_topology`); else a
+        plain process, rank 0 of 1."""
+        env = os.environ if environ is None else environ
+        if "RANK" in env and "WORLD_SIZE" in env:
+            return cls(int(env["RANK"]), int(env.get("LOCAL_RANK", 0)), int(env["WORLD_SIZE"]), True, "torchrun")
+        return slurm_topology(env) or cls()
+
+
+SLURM_PORT_BASE, SLURM_PORT_SPAN = 15000, 20000  # the rendezvous port: MASTER_PORT, else base + job id % span
+
+
+def slurm_topology(env: Any) -> "Topology | None":
+    """The topology of a task started by SLURM's ``srun`` (no torchrun), as Lightning's
+    ``SLURMEnvironment`` reads it: rank ``SLURM_PROCID`` of ``SLURM_NTASKS``, local rank
+    ``SLURM_LOCALID``; rank 0 listens on the first host of ``SLURM_JOB_NODELIST`` (or
+    ``SLURM_NODELIST``) unless ``MASTER_ADDR`` is set, at ``MASTER_PORT`` or else a port derived
+    from ``SLURM_JOB_ID`` (the same on every task of the job). None when this is not such a task:
+    one task (an interactive ``salloc`` shell, ``srun -n 1``), an interactive job (named ``bash``
+    or ``interactive``), or a variable missing. Start it with ``srun``: the batch script itself
+    also sees ``SLURM_NTASKS`` and ``SLURM_PROCID=0``, and a bare ``python`` there would wait for
+    the other tasks until ``distributed.timeout_s``."""
+    need = ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS")
+    nodes = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+    if any(k not in env for k in need) or not nodes or env.get("SLURM_JOB_NAME") in ("bash", "interactive"):
+        return None
+    try:
+        world, rank, local = int(env["SLURM_NTASKS"]), int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", 0))
+        job = int(str(env["SLURM_JOB_ID"]).split("_")[0])
+        port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else SLURM_PORT_BASE + job % SLURM_PORT_SPAN
+    except ValueError as exc:
+        raise ConfigError(f"a SLURM variable is not a number ({exc}); check SLURM_NTASKS, SLURM_PROCID, SLURM_LOCALID, "
+                          "SLURM_JOB_ID and MASTER_PORT") from None
+    if world < 2:
+        return None
+    if not 0 <= rank < world:
+        raise ConfigError(f"SLURM_PROCID = {rank} is outside SLURM_NTASKS = {world}")
+    return Topology(rank, local, world, True, "slurm", env.get("MASTER_ADDR") or first_host(nodes), port)
+
+
+def slurm_hosts(nodelist: str) -> list[str]:
+    """The hosts of a SLURM node list in its compact form, in order: ``node[01-03,07],gpu5`` ->
+    node01, node02, node03, node07, gpu5 (zero padding kept; one bracket group per name, which is
+    what SLURM prints for a job's nodes)."""
+    hosts: list[str] = []
+    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,\[]*", nodelist):
+        match = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", item)
+        if match is None:
+            hosts.append(item)
+            continue
+        prefix, ranges, suffix = match.groups()
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            if not hi:
+                hosts.append(f"{prefix}{lo}{suffix}")
+                continue
+            if not (lo.isdigit() and hi.isdigit()):
+                raise ConfigError(f"cannot read the SLURM node list {nodelist!r} (range {part!r})")
+            hosts += [f"{prefix}{n:0{len(lo)}d}{suffix}" for n in range(int(lo), int(hi) + 1)]
+    if not hosts:
+        raise ConfigError(f"cannot read the SLURM node list {nodelist!r}")
+    return hosts
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list (where rank 0 runs: SLURM gives task 0 the first node)."""
+    return slurm_hosts(nodelist)[0]
+
+
+def slurm_requeued(env: Any = None) -> int:
+    """How often SLURM requeued this job (``SLURM_RESTART_COUNT``; 0 for a first start or outside SLURM)."""
+    env = os.environ if env is None else env
+    if "SLURM_JOB_ID" not in env:
+        return 0
+    try:
+        return max(0, int(env.get("SLURM_RESTART_COUNT") or 0))
+    except ValueError:
+        return 0
 
 
 class Strategy:
@@ -192,7 +271,11 @@ def join_process_group(cfg: DistributedConfig, device: torch.device, topology: T
         return
     watch_launcher()
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.timeout_s),
+    where: dict[str, Any] = {}
+    if topology.launcher == "slurm":  # no torchrun variables: rank 0 hosts the store at the first node
+        host = f"[{topology.master_addr}]" if ":" in topology.master_addr else topology.master_addr
+        where = {"init_method": f"tcp://{host}:{topology.master_port}", "rank": topology.rank, "world_size": topology.world}
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.timeout_s), **where,
                             **({"device_id": device} if device.type == "cuda" else {}))
 
 

@@ -104,8 +104,9 @@ class StopAfter(Hook):
 
 
 class StopOnSignal(Hook):
-    """SIGTERM/SIGINT end the run after the current step, so the final checkpoint is written;
-    a second signal interrupts at once (KeyboardInterrupt).
+    """SIGTERM/SIGINT (and SIGUSR1, SLURM's warning before the time limit) end the run after the
+    current step, so the final checkpoint is written; a second signal interrupts at once
+    (KeyboardInterrupt).
 
     Under a command's process-wide handlers (:mod:`turbotrain.signals`, which ``turbotrain
     train`` and :func:`turbotrain.training.train` install) it tells them what the first signal
@@ -118,7 +119,7 @@ class StopOnSignal(Hook):
     agree (``agree(flag)``: True when any rank has one) every ``interval`` steps, at the same
     steps on all of them, and stop together there."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
     def __init__(self, agree: Callable[[bool], bool] | None = None, interval: int = 1) -> None:
         self._ctx: FitContext | None = None

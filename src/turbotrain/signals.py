@@ -1,4 +1,4 @@
-"""SIGTERM and SIGINT for a whole command: handled from the moment it starts until it exits.
+"""SIGTERM, SIGINT and SIGUSR1 for a whole command: handled from the moment it starts until it exits.
 
 One signal means "save what there is to save, then stop"; what that takes depends on the phase
 the command is in, so each phase says it with :meth:`StopSignals.on_first`:
@@ -8,6 +8,10 @@ the command is in, so each phase says it with :meth:`StopSignals.on_first`:
 - training: ask the loop to stop after the current step, which writes the final checkpoint
   (:class:`turbotrain.hooks.StopOnSignal`; exit 75);
 - the end (summary, report): only recorded; the summary is still written, the command ends 75.
+
+SIGUSR1 does the same as SIGTERM; ``turbotrain train`` then exits with the requeue code (79)
+instead of 75: it is the signal a SLURM job asks for before its time limit
+(``#SBATCH --signal=USR1@90``), and the batch script requeues the job on that code.
 
 A second signal, in any phase, means "stop now": :class:`KeyboardInterrupt` (exit 130), and the
 previous actions come back (a third signal gets them).
@@ -23,13 +27,14 @@ import contextlib
 import signal
 from typing import Any, Callable, Iterator
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+REQUEUE_SIGNAL = "SIGUSR1"  # SLURM's warning before the time limit (--signal=USR1@SECONDS): save, stop, requeue
 
 _ACTIVE: list["StopSignals"] = []  # the installed controller (one per process, the innermost last)
 
 
 class StopSignals:
-    """The process's SIGTERM/SIGINT handlers from :meth:`install` to :meth:`restore`."""
+    """The process's SIGTERM/SIGINT/SIGUSR1 handlers from :meth:`install` to :meth:`restore`."""
 
     def __init__(self) -> None:
         self.received: list[str] = []  # signal names, in order

@@ -2,7 +2,9 @@
 
 Exit status: 0 trained (to max_steps, or to stop_after_steps); 2 a mistake to fix, said in one
 line; 75 stopped by SIGTERM or SIGINT with everything saved (a checkpoint at the step it stopped,
-or nothing trained yet): continue with ``--resume``; 130 a second signal interrupted it at once
+or nothing trained yet): continue with ``--resume``; 79 the same after SIGUSR1, the signal a SLURM job
+asks for before its time limit (``--signal=USR1@90``): the batch script requeues the job on 79, and
+a requeued job (``SLURM_RESTART_COUNT`` > 0) resumes its run by itself; 130 a second signal interrupted it at once
 (the last periodic checkpoint is intact); 1 a bug, with its traceback, or under torchrun another
 rank lost (one line: continue with ``--resume``).
 
@@ -30,18 +32,23 @@ import torch.distributed as dist
 
 from ..config import RunConfig, describe, load_config, parse_overrides
 from ..distributed import (ReportedByAnotherRank, Topology, decided_by_main, join_process_group,
-                           local_device, reported_elsewhere)
+                           local_device, reported_elsewhere, slurm_requeued)
 from ..engine import resolve_device
 from ..errors import ConfigError, TurbotrainError
 from ..report import write_report
-from ..rundir import find_run_dir, new_run_dir, resume_config, run_name
+from ..rundir import CONFIG_FILE, find_run_dir, new_run_dir, resume_config, run_name
 from ..runlock import RunLock
-from ..signals import StopSignals
+from ..signals import REQUEUE_SIGNAL, StopSignals
+from ..signals import active as active_signals
 from ..signals import held as held_signals
 from ..training import StoppedBySignal, check_launch, stop_startup, stopped_by_signal, train
 from .report import print_report
 
 EXIT_STOPPED = 75  # sysexits' EX_TEMPFAIL: "try again later", here: continue with --resume
+# 79: stopped by SIGUSR1 with everything saved, "requeue me". Its own code, not 75, so that the batch
+# script requeues only a job that SLURM warned of its time limit (--signal=USR1@N), never one stopped
+# by scancel, a SIGTERM or Ctrl-C (75); outside the sysexits range 64-78 and the shell's 126+.
+EXIT_REQUEUE = 79
 EXIT_PEER_LOST = 1  # under torchrun: another rank died or a collective timed out (said in one line)
 
 
@@ -66,7 +73,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
     p.add_argument("--help-config", action="store_true", help="list every config field with its default and meaning")
     p.epilog = (f"exit status: 0 trained; 2 a mistake to fix (one line says what); {EXIT_STOPPED} stopped by SIGTERM/SIGINT "
-                "with everything saved, continue with --resume; 130 interrupted by a second Ctrl-C")
+                f"with everything saved, continue with --resume; {EXIT_REQUEUE} the same after SIGUSR1 (SLURM's warning "
+                "before the time limit): requeue the job; 130 interrupted by a second Ctrl-C")
     p.set_defaults(command=main_train, accepts_overrides=True)
     return p
 
@@ -84,12 +92,20 @@ def main_train(args: argparse.Namespace, extra: list[str]) -> int:
             return _train_command(args, extra, signals)
         except StoppedBySignal as exc:
             topology = Topology.from_env()
+            code = stopped_exit(signals)
             if topology.rank > 0:
-                return EXIT_STOPPED  # rank 0 says it
+                return code  # rank 0 says it
             then = (f"continue with `{resume_command(exc.run_dir or '', topology)}`" if exc.resumable
                     else "nothing was written; start it again")
             print(f"turbotrain train: stopped by {exc.signame} during start-up, before the first step; {then}", file=sys.stderr)
-            return EXIT_STOPPED
+            return code
+
+
+def stopped_exit(signals: StopSignals | None) -> int:
+    """The exit status of a command stopped by a signal with everything saved: 79 (requeue) when
+    the first signal was SIGUSR1, else 75. A rank stopped because another rank got the signal
+    says 75; ``srun`` reports the highest status of its tasks, so the job still ends 79."""
+    return EXIT_REQUEUE if signals is not None and signals.first == REQUEUE_SIGNAL else EXIT_STOPPED
 
 
 class _ReportStopped(KeyboardInterrupt):
@@ -106,6 +122,8 @@ def resume_command(run_dir: Path | str, topology: Topology) -> str:
     target = f"--resume {run_dir}".rstrip()
     if topology.world < 2:
         return f"turbotrain train {target}"
+    if topology.launcher == "slurm":
+        return f"srun ... (as before) python -m turbotrain train {target}"
     local = int(os.environ.get("LOCAL_WORLD_SIZE", topology.world))
     launch = f"--nproc-per-node {local}" if local == topology.world else "... (as before)"
     return f"torchrun {launch} -m turbotrain train {target}"
@@ -114,6 +132,7 @@ def resume_command(run_dir: Path | str, topology: Topology) -> str:
 def _train_command(args: argparse.Namespace, extra: list[str], signals: StopSignals) -> int:
     topology = Topology.from_env()
     resume = args.resume is not None
+    requeued = ""  # a requeued SLURM job resuming its run by itself: says so
     signals.on_first(lambda name: stop_startup(name, None, resume))
     if topology.rank > 0:  # under torchrun: rank 0 prints; the others only warnings and errors, with their rank
         _quiet_logging(topology.rank)
@@ -127,6 +146,12 @@ def _train_command(args: argparse.Namespace, extra: list[str], signals: StopSign
             overrides.setdefault("monitor", {})["progress"] = "false"
         if args.resume and "name" in overrides.get("run", {}):
             raise ConfigError("name the run to resume once: --resume RUN or --resume --run.name NAME, not both")
+        if not resume and slurm_requeued():  # a requeued SLURM job continues its run by itself
+            found = _requeued_run(args, overrides, topology)
+            if found is not None:
+                args.resume, resume = str(found), True
+                requeued = f" (SLURM requeued the job: SLURM_RESTART_COUNT={slurm_requeued()})"
+                overrides.get("run", {}).pop("name", None)  # named by the path now
         if resume:  # the run's saved config with the overrides applied: what the resume will train
             resumed = _resumed_run(args, overrides)
             base = resumed[1]
@@ -147,7 +172,7 @@ def _train_command(args: argparse.Namespace, extra: list[str], signals: StopSign
     if topology.rank > 0:
         return _train_other_rank(config, run_dir, resume, topology.rank, batch_given)
     if resume:
-        print(f"resuming {run_dir}")
+        print(f"resuming {run_dir}{requeued}")
     # The run's lock for the whole command (train() takes it too): no other process trains in
     # the run while this one trains it or writes its report.
     with RunLock(run_dir):
@@ -166,15 +191,18 @@ def _train_command(args: argparse.Namespace, extra: list[str], signals: StopSign
                 print_report(write_report(run_dir))  # plots + summary.md, as `turbotrain report RUN` would
             signals.on_first(None)
     if stopped_by_signal(summary):
+        code = stopped_exit(signals)
+        then = (f"exit {code} for the batch script to requeue the job, which resumes by itself; or continue with "
+                if code == EXIT_REQUEUE else "continue with ")
         print(f"turbotrain train: {summary['stop_reason']} stopped the run at step {summary['steps']}, checkpoint saved; "
-              f"continue with `{resume_command(run_dir, topology)}`", file=sys.stderr)
-        return EXIT_STOPPED
+              f"{then}`{resume_command(run_dir, topology)}`", file=sys.stderr)
+        return code
     if signals.received:
         print(f"turbotrain train: {signals.first} arrived as the run was ending; it {summary['status']} at step "
               f"{summary['steps']} with everything saved (the plots: `turbotrain report {run_dir}`)"
               + (f"; continue with `{resume_command(run_dir, topology)}`" if summary["steps"] < summary["max_steps"] else ""),
               file=sys.stderr)
-        return EXIT_STOPPED
+        return stopped_exit(signals)
     return 0
 
 
@@ -186,6 +214,21 @@ def _resumed_run(args: argparse.Namespace, overrides: dict) -> tuple[Path, RunCo
     out_dir = run.get("out_dir") or load_config(args.preset or default_preset()).run.out_dir
     run_dir = find_run_dir(out_dir, args.resume or run.get("name", ""))
     return run_dir, resume_config(run_dir, overrides)
+
+
+def _requeued_run(args: argparse.Namespace, overrides: dict, topology: Topology) -> Path | None:
+    """The run a requeued SLURM job continues: ``run.name`` in ``run.out_dir`` (the name the job
+    gave its first start), None when that run does not exist yet (preempted before it was made:
+    it starts as new) or the run has no name (an automatic name differs at every start: said once)."""
+    config = load_config(args.preset or default_preset(), overrides)
+    if not config.run.name:
+        if topology.rank == 0:
+            print(f"turbotrain train: SLURM requeued this job (SLURM_RESTART_COUNT={slurm_requeued()}) but the run has no "
+                  "--run.name, so its first start cannot be found: a new run starts; name the run (e.g. "
+                  "--run.name=$SLURM_JOB_NAME-$SLURM_JOB_ID) to resume automatically", file=sys.stderr)
+        return None
+    path = Path(config.run.out_dir) / config.run.name
+    return path if (path / CONFIG_FILE).is_file() else None
 
 
 def _new_run(base: RunConfig) -> tuple[Path, RunConfig]:
@@ -202,7 +245,7 @@ def _train_other_rank(config: RunConfig, run_dir: Path, resume: bool, rank: int,
     except ReportedByAnotherRank:
         return 0  # rank 0 (or the rank that found it) failed and says why
     except StoppedBySignal:
-        return EXIT_STOPPED
+        return stopped_exit(active_signals())
     except TurbotrainError as exc:
         raise TurbotrainError(f"[rank {rank}] {exc}") from None
     except Exception as exc:
@@ -211,7 +254,7 @@ def _train_other_rank(config: RunConfig, run_dir: Path, resume: bool, rank: int,
             raise
         print(f"turbotrain train: {lost}", file=sys.stderr)
         return EXIT_PEER_LOST
-    return EXIT_STOPPED if stopped_by_signal(summary) else 0
+    return stopped_exit(active_signals()) if stopped_by_signal(summary) else 0
 
 
 def _peer_lost(exc: BaseException, topology: Topology, run_dir: Path) -> str | None:
