@@ -172,7 +172,7 @@ class ModelConfig:
     expert_hidden: int = knob(0, "arch 'moe': hidden width of each expert's MLP; 0 = 4 x d_model", min=0, max=2**20)
     aux_loss_coef: float = knob(0.01, "arch 'moe': weight of the load-balancing loss added to the training loss; 0 = off", min=0.0, max=100.0)
     capacity_factor: float = knob(0.0, "arch 'moe': expert slots = factor x tokens x top_k / n_experts, overflow dropped; 0 = dropless", min=0.0, max=4096.0)
-    router_bias_update: float = knob(0.0, "arch 'moe': DeepSeek-V3 aux-loss-free balancing, the expert-bias step per forward; 0 = off", min=0.0, max=1.0)
+    router_bias_update: float = knob(0.0, "arch 'moe': DeepSeek-V3 aux-loss-free balancing, the expert-bias step per optimizer step; 0 = off", min=0.0, max=1.0)
     moe_impl: str = knob("auto", "arch 'moe': expert compute, 'auto' (grouped GEMM on CPU and on CUDA with bf16, else batched), "
                          "'grouped', 'batched' or 'loop' (one matmul per expert: the reference)", choices=MOE_IMPLS)
 

@@ -207,6 +207,7 @@ class Engine:
         self._grad_norm: GradNormFn = default_grad_norm  # see set_grad_norm
         self._scheduler_per_step = False
         self._after_step: list[Callable[[], None]] = []  # see add_step_callback
+        self._step_modules: list[Any] = []  # modules told of each optimizer step (see setup)
         self._inject_oom_at_step = opts.inject_oom_at_step
         self._loss_sum: torch.Tensor | None = None
         self._models: list[nn.Module] = []
@@ -236,6 +237,11 @@ class Engine:
 
         Call before the first step. Parameters keep their identity, so an optimizer built
         before ``setup`` stays valid.
+
+        Submodules with ``follow_optimizer_steps()`` (a MoE layer's router bias, which moves once
+        per optimizer step) are told here that the engine marks the steps: it then calls their
+        ``end_optimizer_step()`` after every optimizer step (taken or skipped) and their
+        ``discard_optimizer_step()`` when the out-of-memory policy drops a partial one.
         """
         if scheduler is not None and scheduler_interval not in SCHEDULER_INTERVALS:
             raise ConfigError(
@@ -244,6 +250,10 @@ class Engine:
             )
         if not self._models:
             self.compile_guard.start()  # count what this run compiles, not what the process did before
+        for module in model.modules():  # once, before any wrapper: the module objects stay the same
+            if callable(getattr(module, "follow_optimizer_steps", None)) and module not in self._step_modules:
+                module.follow_optimizer_steps()
+                self._step_modules.append(module)
         model.to(self.device)
         self.precision.convert_module(model)
         apply_activation_checkpointing(model, self.options.checkpointing)
@@ -329,6 +339,8 @@ class Engine:
         self.precision.optimizer_step(optimizer, finite, grad_scale)
         self.precision.update()
         optimizer.zero_grad(set_to_none=True)
+        for module in self._step_modules:
+            module.end_optimizer_step()
         if self._scheduler_per_step:
             self.scheduler.step()
         self.last_loss = loss_sum if micro_steps == 1 else loss_sum / micro_steps
@@ -412,6 +424,8 @@ class Engine:
     def discard_step(self, model: nn.Module) -> None:
         """Forget the partial optimizer step (gradients, loss sum, its micro-steps) and free memory."""
         model.zero_grad(set_to_none=True)
+        for module in self._step_modules:
+            module.discard_optimizer_step()
         self.state.micro_step -= self.pending_micro_steps
         self.pending_micro_steps = 0
         self._loss_sum = None

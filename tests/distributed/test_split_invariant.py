@@ -6,8 +6,8 @@ as one process with micro 8, one process with micro 4 x accumulation 2, two gloo
 DDP with micro 4, and two under FSDP with micro 2 x accumulation 2 -- that last one stopped at step
 8 and resumed in one process with micro 4 x accumulation 2 (``--batch.global_size=8``), which ends
 at the uninterrupted run's loss. Expert parallelism over 2 processes (micro 4) equals one process
-with micro 4 x accumulation 2, load-balancing loss included, when the router bias is off (its
-update runs per forward: see that test). Token batching keeps the token-budget batches of each step
+with micro 4 x accumulation 2, load-balancing loss and router-bias update included (the bias moves
+once per optimizer step, from all its micro-batches' loads over all ranks). Token batching keeps the token-budget batches of each step
 for any split with the same processes x accumulation, and a resume at another world size that keeps
 it continues exactly; one that does not is refused in one line.
 """
@@ -18,6 +18,8 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed.checkpoint as dcp
 from test_torchrun_train import _plain, _run, _torchrun
 
 STEPS, STOP = 16, 8
@@ -85,17 +87,20 @@ def test_every_split_of_the_global_batch_trains_alike_and_resumes_at_another_wor
     assert abs(summary["final_val_loss"] - val) <= 1e-5 * val
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # the sharded checkpoint read in one process
 def test_expert_parallel_on_two_processes_equals_one_process_with_accumulation(work):
-    """moe-tiny, cut down, with the auxiliary loss on: the same micro-batches go through the same
-    routers (per micro-batch load-balancing loss, averaged alike), so every step's loss matches.
-    The router-bias update is off here: it moves the bias after every forward (from the loads of
-    that forward over all ranks), so one process with accumulation 2 moves it between the two
-    micro-batches of a step and two processes do not; with it on the runs differ after step 1."""
-    no_bias = [*MOE, "--model.router_bias_update=0"]
-    one = _train(work, "moe-one", 4, 2, 1, *no_bias)
-    ep = _train(work, "moe-ep", 4, 1, 2, *no_bias, "--distributed.strategy=ddp", "--distributed.expert_parallel=2")
+    """moe-tiny, cut down, with the auxiliary loss and the router-bias update on (the preset's
+    default): the same micro-batches go through the same routers (per micro-batch load-balancing
+    loss, averaged alike) and the bias moves once per optimizer step from the loads of the step's
+    8 rows (both micro-batches in one process, both ranks' under expert parallelism), so every
+    step's loss matches, and the final biases (in the last checkpoint) are the same and moved."""
+    one = _train(work, "moe-one", 4, 2, 1, *MOE)
+    ep = _train(work, "moe-ep", 4, 1, 2, *MOE, "--distributed.strategy=ddp", "--distributed.expert_parallel=2")
     _assert_same(ep, one)
     assert one[STEPS] < one[1]
+    one_bias, ep_bias = (_expert_bias(work, name) for name in ("moe-one", "moe-ep"))
+    assert float(one_bias[:4].abs().max()) > 0 and int(one_bias[4:].sum()) == 8 * 32 * 2  # a step: rows x T x top_k
+    torch.testing.assert_close(ep_bias, one_bias, rtol=0, atol=1e-7)
 
 
 def test_token_batching_keeps_the_batches_per_step_at_another_world_size(work):
@@ -129,3 +134,19 @@ def test_token_batching_keeps_the_batches_per_step_at_another_world_size(work):
     resumed = _run(plain + ["--batch.accumulation=2"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     _assert_same(_losses(work, "tokens-two"), reference, 8)
+
+
+
+def _expert_bias(work: Path, name: str) -> torch.Tensor:
+    """Run ``name``'s last checkpoint's router bias and its pending loads (the extra state: the
+    last step's loads over all ranks), as one row (one process: a ``.pt``; two: a sharded folder,
+    read without a process group)."""
+    last = max((p for p in (work / "runs" / name / "checkpoints").glob("step_*") if p.suffix in ("", ".pt")),
+               key=lambda p: p.stem)
+    keys = ["blocks.0.mlp.expert_bias", "blocks.0.mlp._extra_state"]
+    if last.is_file():
+        model = torch.load(last, map_location="cpu", weights_only=False)["model"]
+        return torch.cat([model[k].double() for k in keys])
+    state = {"model/" + keys[0]: torch.zeros(4), "model/" + keys[1]: torch.zeros(4, dtype=torch.long)}
+    dcp.load(state, checkpoint_id=str(last), no_dist=True)
+    return torch.cat([state["model/" + k].double() for k in keys])

@@ -235,3 +235,36 @@ def test_router_bias_moves_with_the_global_batch_loads_under_data_parallel(monke
     bias = layer.expert_bias  # together [10, 10, 10, 12]: expert 3 is the over-loaded one
     assert reduced == [torch.distributed.ReduceOp.SUM]
     assert float(bias[3]) < 0 < min(float(b) for b in bias[:3]) and abs(float(bias.sum())) < 1e-6
+
+
+def test_under_the_engine_the_router_bias_moves_once_per_optimizer_step_from_all_its_micro_batches():
+    """Accumulation 2: the bias stays put between a step's micro-batches; the first forward of the
+    next step applies the sum of both micro-batches' loads (one update); the checkpoint's extra
+    state holds those loads and brings them back; a step the OOM policy discards leaves no loads."""
+    torch.manual_seed(0)
+    model = MoEGPT(MoEConfig(**{**SMALL, "router_bias_update": 0.01}))  # type: ignore[arg-type]
+    engine = Engine({"run": {"device": "cpu"}, "batch": {"accumulation": 2}})
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # the weights stay: only the bias moves
+    model, opt, _ = engine.setup(model, opt)
+    layer = model.moe_layers()[0]
+    g = torch.Generator().manual_seed(3)
+    batches = [torch.randint(64, (2, 16), generator=g) for _ in range(3)]
+    loads = []
+    for idx in batches[:2]:
+        engine.backward(model(idx, idx))
+        assert layer.last_counts is not None
+        loads.append(layer.last_counts.clone())
+        assert not bool(layer.expert_bias.any())  # not moved inside the step
+    assert engine.step(opt) and layer.step_load is None
+    assert torch.equal(layer.pending, loads[0] + loads[1])  # both micro-batches, for the next forward
+    saved = model.state_dict()
+    engine.backward(model(batches[2], batches[2]))
+    total = (loads[0] + loads[1]).float()
+    expected = 0.01 * torch.sign(total.mean() - total)
+    torch.testing.assert_close(layer.expert_bias, expected - expected.mean())
+    assert layer.pending is None and layer.step_load is not None
+    engine.discard_step(model)  # the OOM policy drops the partial step: its loads go too
+    assert layer.step_load is None and layer.pending is None
+    fresh = MoEGPT(MoEConfig(**{**SMALL, "router_bias_update": 0.01}))  # type: ignore[arg-type]
+    fresh.load_state_dict(saved)
+    assert torch.equal(fresh.moe_layers()[0].pending, loads[0] + loads[1])

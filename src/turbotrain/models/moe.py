@@ -15,10 +15,17 @@ Why each piece is the way it is:
   probability), added to the training loss only (validation reports plain cross-entropy); and the
   auxiliary-loss-free expert bias of DeepSeek-V3 (``router_bias_update`` = its update rate gamma):
   a per-expert bias added to the scores for *selection only* (the mixing weights stay unbiased),
-  moved by ``gamma x sign(mean load - load)`` from the loads of the previous training forward
-  (data parallel: summed over all ranks, the global batch's loads). The
-  update happens at the start of the next top-level forward, never inside a block, so activation
-  checkpointing's recompute routes exactly as the forward did.
+  moved by ``gamma x sign(mean load - load)`` once per optimizer step, from the loads of that
+  step: every micro-batch of it, summed over all ranks (the global batch's loads, one all-reduce
+  on the device per step), so any split of the global batch (processes x accumulation) moves it
+  alike. The :class:`~turbotrain.engine.Engine` marks the steps (``engine.step``, see
+  :meth:`MoEMLP.follow_optimizer_steps`); a loop without the engine calls
+  :func:`follow_optimizer_steps` once and :func:`end_optimizer_step` after each optimizer step,
+  or else the bias moves after every training forward (the same thing without accumulation); a
+  loop set up by the engine that steps the optimizer itself, not through ``engine.step``, calls
+  :func:`end_optimizer_step` after each step (else the bias stays put).
+  The update happens at the start of the next top-level training forward, never inside a block,
+  so activation checkpointing's recompute routes exactly as the forward did.
 - **Grouped expert compute**: tokens are sorted by expert and all experts run as one grouped GEMM
   (``F.grouped_mm``) per projection on CUDA with bf16 compute and on CPU: no Python loop over
   experts and no host sync; each expert's group is padded to ``GROUP_ALIGN`` rows into a buffer of
@@ -251,14 +258,18 @@ class MoEMLP(nn.Module):
         self.last_dropped: torch.Tensor | None = None  # assignments dropped by the capacity
         self.load: torch.Tensor | None = None  # (E,) assignments summed over training forwards since the last read
         self.dropped: torch.Tensor | None = None  # () dropped assignments since the last read
-        self.pending: torch.Tensor | None = None  # (E,) assignments since the last bias update
+        self.pending: torch.Tensor | None = None  # (E,) loads of finished steps, for the next bias update
+        self.step_load: torch.Tensor | None = None  # (E,) this optimizer step's loads so far (per-step mode)
+        self.per_step = False  # True: the bias moves once per optimizer step (follow_optimizer_steps)
         self.grew_from = 0  # experts in the checkpoint this layer was grown from (0: not grown)
         self.register_load_state_dict_pre_hook(MoEMLP._grow_on_load)  # called as (module, state, prefix, ...)
         self.register_load_state_dict_pre_hook(MoEMLP._default_extra_state)
 
-    # Checkpoints hold the router-bias loads not applied yet (``pending``: the last training
-    # forward's, which the next forward applies) as this layer's extra state, summed over the
-    # ranks, so a resume at any world size moves the bias as the uninterrupted run would.
+    # Checkpoints hold the router-bias loads not applied yet (``pending``: the last optimizer
+    # step's, or the last training forward's without step marks, which the next training forward
+    # applies) as this layer's extra state, summed over the ranks, so a resume at any world size
+    # moves the bias as the uninterrupted run would. A step's loads not finished yet
+    # (``step_load``) are not saved: like its gradients, they belong to a step a resume redoes.
 
     def get_extra_state(self) -> torch.Tensor:
         """The (E,) loads since the last bias update, summed over every rank (zeros when none). A
@@ -274,8 +285,8 @@ class MoEMLP(nn.Module):
     def set_extra_state(self, state: Any) -> None:
         """The saved sum becomes rank 0's pending loads (zeros on the others): the bias update's
         all-reduce gives every rank the saved sum again. Zeros (nothing pending) or another expert
-        count (grown): nothing pending."""
-        self.pending = None
+        count (grown): nothing pending. Either way no step is under way."""
+        self.pending = self.step_load = None
         if not isinstance(state, torch.Tensor) or state.shape != (self.n_experts,) or not bool(state.any()):
             return
         state = state.to(self.expert_bias.device, torch.long)
@@ -356,10 +367,29 @@ class MoEMLP(nn.Module):
         out = torch.zeros_like(x, dtype=y_sorted.dtype).index_add_(0, token, y_sorted * w[:, None].to(y_sorted.dtype))
         return out.view(shape).to(x.dtype) if out.dtype != x.dtype else out.view(shape)
 
+    def follow_optimizer_steps(self) -> None:
+        """From now on the bias moves once per optimizer step: the caller calls
+        :meth:`end_optimizer_step` after each one (the engine does both, see ``Engine.setup``)."""
+        self.per_step = True
+
+    def end_optimizer_step(self) -> None:
+        """An optimizer step ended (taken or skipped): its loads, every micro-batch's, become the
+        loads the next training forward applies (after summing them over the ranks). Host only:
+        no collective, no sync."""
+        if self.step_load is not None:
+            self.pending = self.step_load if self.pending is None else self.pending + self.step_load
+            self.step_load = None
+
+    def discard_optimizer_step(self) -> None:
+        """The step under way is dropped (the out-of-memory policy re-runs its batches): forget
+        its loads, so the re-run counts them once."""
+        self.step_load = None
+
     @torch.no_grad()
     def record(self, update_rate: float) -> None:
         """After a training forward: add this forward's counts to the monitor's and the bias's
-        tallies (device tensors, no sync)."""
+        tallies (device tensors, no sync): the step's loads when following optimizer steps, else
+        the loads the next training forward applies."""
         if self.last_counts is None:
             return
         if self.load is None or self.load.device != self.last_counts.device:
@@ -368,18 +398,22 @@ class MoEMLP(nn.Module):
         self.load += self.last_counts
         if self.last_dropped is not None:
             self.dropped += self.last_dropped
-        if update_rate > 0:
+        if update_rate > 0 and self.per_step:
+            self.step_load = self.last_counts.clone() if self.step_load is None else self.step_load + self.last_counts
+        elif update_rate > 0:
             self.pending = self.last_counts.clone() if self.pending is None else self.pending + self.last_counts
 
     @torch.no_grad()
     def update_bias(self, rate: float) -> None:
         """DeepSeek-V3's auxiliary-loss-free balancing: raise the bias of under-loaded experts and
-        lower it for over-loaded ones by ``rate`` (kept centred), from the loads since the last update.
+        lower it for over-loaded ones by ``rate`` (kept centred), from the loads since the last
+        update: the last optimizer step's (:meth:`follow_optimizer_steps`), else the last forward's.
 
         Data parallel (a process group): the loads of the whole global batch, summed over every
         rank (each counted only its own tokens, before any expert-parallel dispatch), so the
         replicated biases move alike on every rank. A collective every rank calls at the same
-        forward; the sum stays on the device (no host sync)."""
+        forward (the first training forward after a step: once per step); the sum stays on the
+        device (no host sync)."""
         if self.pending is None:
             return
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -421,7 +455,7 @@ class MoEGPT(GPT):
         layers = self.moe_layers()
         rate = self.cfg.router_bias_update
         if self.training and rate > 0:
-            for layer in layers:  # the previous forward's loads, applied before any block runs
+            for layer in layers:  # the previous step's (or forward's) loads, applied before any block runs
                 layer.update_bias(rate)
         out = super().forward(idx, targets, attn_mask)
         if self.training:
@@ -459,3 +493,17 @@ def moe_layers(model: nn.Module) -> Iterator[tuple[str, MoEMLP]]:
     for name, module in model.named_modules():
         if isinstance(module, MoEMLP):
             yield name, module
+
+
+def follow_optimizer_steps(model: nn.Module) -> None:
+    """A loop without the :class:`~turbotrain.engine.Engine` (which does this in ``setup``):
+    every MoE layer of ``model`` moves its router bias once per optimizer step, from the loads of
+    all the step's micro-batches; call :func:`end_optimizer_step` after each optimizer step."""
+    for _, layer in moe_layers(model):
+        layer.follow_optimizer_steps()
+
+
+def end_optimizer_step(model: nn.Module) -> None:
+    """After each optimizer step of a loop that called :func:`follow_optimizer_steps` (every rank)."""
+    for _, layer in moe_layers(model):
+        layer.end_optimizer_step()
