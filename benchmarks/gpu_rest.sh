@@ -4,15 +4,15 @@
 # longer fits is skipped, saying so). Most decisive first:
 #
 #   phase          limit  measured on one H100 80GB HBM3 on 2026-11-24 (PyTorch 2.11, 16 cores)
-#   w1-precision    115   not yet with compile off: 5 eager rows (fp32 step 292 ms), ~15-20 s each
+#   w1-precision    135   not yet with compile off: 6 eager rows incl. fp8 (fp32 step 292 ms), ~15-20 s each
 #   nccl             50   not yet: `torchrun --nproc-per-node 1 -m turbotrain train` on gpt-tiny
 #                         (compile off, 30 steps, a final checkpoint), --distributed.strategy ddp,
 #                         then fsdp (FSDP2): NCCL joins, wraps, trains, saves. ~15-20 s each expected
-#   train-w1         85   65 s: `turbotrain train --preset gpt2-small --data.tokenizer=bpe` (a
+#   train-w1         75   65 s: `turbotrain train --preset gpt2-small --data.tokenizer=bpe` (a
 #                         50304-token BPE trained on the built-in corpus, ~15 s on 16 cores, cached
 #                         after) with compile, 120 steps, its summary and plots
 #   w2-cnn-224      150   135 s: cnn-224 eager, handtuned, accelerate, lightning, turbotrain
-#   w2-cnn-cifar    140   120 s: the same five on cnn-cifar (data resident on the GPU)
+#   w2-cnn-cifar    130   120 s: the same five on cnn-cifar (data resident on the GPU)
 #
 # (the W2 compares share one compile cache per bench: time to first step is then a lower bound).
 # The batch finder, activation checkpointing and `turbotrain memory --measure` do not fit here:
@@ -29,7 +29,7 @@ start_script rest "$@"
 SHORT=(--train.checkpoint_every 0 --no-progress --run.out_dir "$RUNS")
 
 phase w1-precision 40
-step 115 "$PY" -m turbotrain bench --workload gpt2-small --matrix precision --timeout-s 60 --out "$RES" --work-dir "$WORK/w1-precision"
+step 135 "$PY" -m turbotrain bench --workload gpt2-small --matrix precision --timeout-s 60 --out "$RES" --work-dir "$WORK/w1-precision"
 keep_row_logs w1-precision
 pack
 
@@ -43,7 +43,7 @@ keep_runs
 pack
 
 phase train-w1 60  # BPE training and encoding + compile + 120 steps
-step 85 "$PY" -m turbotrain train --preset gpt2-small --data.tokenizer=bpe --model.vocab_size=50304 --train.max_steps 120 \
+step 75 "$PY" -m turbotrain train --preset gpt2-small --data.tokenizer=bpe --model.vocab_size=50304 --train.max_steps 120 \
   --train.eval_every 60 --train.eval_batches 5 --run.name gpt2-small-bpe50304 "${SHORT[@]}"
 keep_runs
 pack
@@ -56,7 +56,7 @@ keep_row_logs w2-cnn-224
 pack
 
 phase w2-cnn-cifar 60
-step 140 "$PY" -m turbotrain bench --workload cnn-cifar --compare --contenders $W2 --compile-cache shared --timeout-s 90 \
+step 130 "$PY" -m turbotrain bench --workload cnn-cifar --compare --contenders $W2 --compile-cache shared --timeout-s 90 \
   --out "$RES" --work-dir "$WORK/w2-cnn-cifar"
 keep_row_logs w2-cnn-cifar
 pack
