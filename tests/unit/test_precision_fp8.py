@@ -237,3 +237,17 @@ def test_the_fp8_bench_rows_run_only_on_float8_hardware_with_torchao_and_say_why
     assert not row.skip and row.overrides["precision"] == {"mode": "fp8"} and row.overrides["compile"]["scope"] == "model"
     monkeypatch.setattr(suite, "torchao_available", lambda: False)
     assert "turbotrain[fp8]" in {v.name: v for v in suite.precision_variants("cuda")}["fp8"].skip
+
+
+def test_a_plugin_object_is_checked_by_its_own_fields_and_placed_on_the_engine_device():
+    """Engine(precision=obj): FP8(emulate=True) runs on CPU although the config says nothing of
+    emulation, and an FP16Mixed built without a device gets a GradScaler for the engine's device."""
+    from turbotrain.precision.core import DeviceCaps, FP16Mixed, build_precision
+    from turbotrain.precision.fp8 import FP8
+
+    cpu = torch.device("cpu")
+    fp8 = build_precision(FP8(emulate=True), cpu, DeviceCaps.of(cpu))
+    assert fp8.emulate and fp8.device == cpu
+    scaler_device = FP16Mixed()
+    scaler_device.place(torch.device("meta"))  # any device type other than the one it was built for
+    assert scaler_device.scaler._device == "meta" and scaler_device.device.type == "meta"

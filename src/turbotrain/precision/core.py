@@ -116,6 +116,16 @@ class Precision:
         """The precision for ``device`` from the ``[precision]`` config section (its own fields, if any)."""
         return cls(device)
 
+    def own_settings(self, settings: PrecisionConfig) -> PrecisionConfig:
+        """``settings`` with this object's own fields in place of the config's: a plugin object
+        given to the Engine is checked by what it is, not by the config's defaults."""
+        return settings
+
+    def place(self, device: torch.device) -> None:
+        """Put a plugin object built without a device (``Engine(precision=FP16Mixed())``) on the
+        engine's device, with whatever device-bound state it holds."""
+        self.device = device
+
     @classmethod
     def check(cls, caps: DeviceCaps, settings: PrecisionConfig) -> None:
         """Raise a one-line :class:`ConfigError` (the fix included) when ``caps`` cannot run this precision."""
@@ -263,6 +273,11 @@ class FP16Mixed(MixedPrecision):
     def fallback_for(cls, caps: DeviceCaps) -> str | None:
         return "bf16-mixed" if caps.bf16 else "fp32"
 
+    def place(self, device: torch.device) -> None:
+        super().place(device)
+        if self.scaler._device != device.type:  # built without a device: a CPU GradScaler would assert on CUDA scales
+            self.scaler = torch.amp.GradScaler(device.type)
+
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return self.scaler.scale(loss)
 
@@ -334,8 +349,8 @@ def build_precision(mode: "str | Precision", device: torch.device, caps: DeviceC
     caps = caps or DeviceCaps.of(device)
     settings = settings or PrecisionConfig()
     if isinstance(mode, Precision):  # Engine(precision=MyPrecision()): checked and placed like a named one
-        type(mode).check(caps, settings)
-        mode.device = device
+        type(mode).check(caps, mode.own_settings(settings))
+        mode.place(device)
         return mode
     return precision_class(resolve_precision(mode, caps, settings)).from_settings(device, settings)
 

@@ -104,6 +104,10 @@ class FP8(BF16Mixed):
         self.converted: list[str] = []  # names of the layers that run in float8
         self.kept: list[str] = []  # linear layers left in bf16, with the reason
 
+    def own_settings(self, settings: PrecisionConfig) -> PrecisionConfig:
+        return dataclasses.replace(settings, fp8_recipe=self.recipe, fp8_emulate=self.emulate, fp8_min_size=self.min_size,
+                                   fp8_lm_head=self.lm_head, fp8_skip=",".join(self.skip))
+
     @classmethod
     def from_settings(cls, device: torch.device, settings: PrecisionConfig) -> "FP8":
         skip = tuple(p.strip() for p in settings.fp8_skip.split(",") if p.strip())
