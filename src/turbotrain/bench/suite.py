@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..failure import cause_in_log
 from ..hardware import estimate_mfu, lookup_peak
 from ..precision.fp8 import MIN_CAPABILITY as FP8_MIN_CAPABILITY, torchao_available
 from ..process import child_env, run_process
@@ -87,9 +88,8 @@ def run_row(contender: str, spec: dict[str, Any], row_name: str, opts: BenchOpti
         result = {"status": "failed", "reason": f"timed out after {opts.timeout_s:.0f} s"}
     elif result_path.is_file():
         result = json.loads(result_path.read_text())
-    else:
-        tail = log_path.read_text().strip().splitlines()[-1:] or ["no output"]
-        result = {"status": "failed", "reason": f"exit code {code}: {tail[0][:300]}"}
+    else:  # it died without a result of its own: the cause is in its log (the last line is often a warning's source)
+        result = {"status": "failed", "reason": cause_in_log(log_path.read_text(errors="replace"), code)}
     result.update(contender=contender, row=row_name, command=" ".join(cmd), log=str(log_path), wall_s=wall_s)
     return result
 
