@@ -46,7 +46,7 @@ from .memory import memory_summary, resolve_batch_size
 from .models.build import build_model
 from .models.gpt import GPT
 from .monitor import JsonlSink, Monitor, ProgressSink, TensorBoardSink, build_probes
-from .data.batching import build_budget_data, resume_start
+from .data.batching import build_budget_data, processes, resume_start
 from .lr_plateau import ObservePlateau
 from .optim import PlateauLR, lr_batch_factor, resolve_implementation, rescale_lr
 from .report import read_metrics, write_summary
@@ -257,9 +257,6 @@ def check_resume_batch(checkpoint: str, saved_config: Any, saved_world: int, c: 
     if old == new:
         return
 
-    def procs(n: int) -> str:
-        return f"{n} process{'es' if n > 1 else ''}"
-
     keep = []
     if old % (world * c.batch.accumulation) == 0:
         keep.append(setting('batch.micro', old // (world * c.batch.accumulation)))
@@ -267,8 +264,8 @@ def check_resume_batch(checkpoint: str, saved_config: Any, saved_world: int, c: 
         keep.append(f"{setting('batch.global_size', old)} (by accumulation {old // (world * c.batch.micro)})")
     # the rows of step s come from (seed, s) and the global batch: any split of it keeps them
     kept = f"{old} (the same batches) with {' or '.join(keep)}" if keep else f"{old} with another batch.micro"
-    text = (f"{checkpoint} was trained at a global batch of {old} ({procs(saved_world)} x batch.micro {micro} x "
-            f"accumulation {accumulation}) and this resume would train at {new} ({procs(world)} x {c.batch.micro} x "
+    text = (f"{checkpoint} was trained at a global batch of {old} ({processes(saved_world)} x batch.micro {micro} x "
+            f"accumulation {accumulation}) and this resume would train at {new} ({processes(world)} x {c.batch.micro} x "
             f"{c.batch.accumulation}); keep {kept}, or train at {new} with {setting('batch.micro', c.batch.micro)}")
     raise TurbotrainError(text) if rank == 0 else ReportedByMainRank(text)
 

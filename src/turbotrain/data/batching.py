@@ -217,17 +217,18 @@ def resume_start(batches: int, step: int, saved_world: int, world: int, accumula
     if step and read == step * accumulation * world:
         return step * accumulation
     per_step = read // step if step and read % step == 0 else 0
-    old = f"{per_step} ({_procs(saved_world)} x accumulation {per_step // saved_world})" if per_step else f"{read} in all"
+    old = f"{per_step} ({processes(saved_world)} x accumulation {per_step // saved_world})" if per_step else f"{read} in all"
     keep = (f"--batch.accumulation={per_step // world}" if per_step and per_step % world == 0 else
-            f"{_procs(saved_world)}" + (f" (torchrun --nproc-per-node {saved_world})" if saved_world > 1 else " (no torchrun)"))
+            f"{processes(saved_world)}" + (f" (torchrun --nproc-per-node {saved_world})" if saved_world > 1 else " (no torchrun)"))
     raise TurbotrainError(
         f"data.batching = 'tokens' resumes exactly only with the same token-budget batches per optimizer step "
         f"(processes x accumulation): the checkpoint's run took {old} and this run takes {world * accumulation} "
-        f"({_procs(world)} x accumulation {accumulation}); resume with {keep}"
+        f"({processes(world)} x accumulation {accumulation}); resume with {keep}"
     )
 
 
-def _procs(n: int) -> str:
+def processes(n: int) -> str:
+    """'1 process', '2 processes': how the resume refusals (here and in training) name a world size."""
     return f"{n} process{'es' if n > 1 else ''}"
 
 
