@@ -358,7 +358,7 @@ class Engine:
         ``last_grad_norm`` reports: ``params`` are the optimizer's parameters (it reads their
         ``.grad``), the result a 0-dim tensor on the device, the same on every rank, computed
         without a host sync. For gradients the engine cannot see whole, e.g. expert parallelism
-        (each rank holds some experts': ``turbotrain.expert_parallel.grad_norm``). None restores
+        (each rank holds some experts': ``turbotrain.models.moe.parallel.grad_norm``). None restores
         the default, :func:`default_grad_norm`."""
         self._grad_norm = fn if fn is not None else default_grad_norm
 

@@ -36,7 +36,7 @@ from .data import TokenSource, TokenWindows, build_loader, check_vocab, fixed_ba
 from .data.tokenizer import save_run_tokenizer
 from .distributed import ReportedByMainRank, Topology, decided_by_main, join_process_group, local_device, main_first, resolve_strategy
 from .engine import Engine, resolve_device
-from . import expert_parallel
+from .models.moe import parallel as expert_parallel
 from .experts_monitor import experts_hooks
 from .hardware import ram_bytes
 from .errors import ConfigError, TurbotrainError

@@ -18,7 +18,7 @@ import torch
 
 from turbotrain import Engine
 from turbotrain.checkpoint import RunState, restore_latest, save_checkpoint, save_sharded
-from turbotrain.expert_parallel import attach_optimizer, grad_norm, shard_experts
+from turbotrain.models.moe.parallel import attach_optimizer, grad_norm, shard_experts
 from turbotrain.models.moe import MoEConfig, MoEGPT
 
 GLOBAL_BATCH, T, VOCAB, N_EXPERTS = 8, 16, 64, 4

@@ -15,7 +15,7 @@ import sys
 import torch
 
 from turbotrain import Engine
-from turbotrain.expert_parallel import attach_optimizer, grad_norm, shard_experts
+from turbotrain.models.moe.parallel import attach_optimizer, grad_norm, shard_experts
 from turbotrain.models.moe import MoEConfig, MoEGPT
 
 GLOBAL_BATCH, T, VOCAB, STEPS, N_EXPERTS, CLIP = 8, 16, 64, 30, 4, 0.05

@@ -12,7 +12,7 @@ import sys
 import torch
 
 from turbotrain import Engine
-from turbotrain.expert_parallel import shard_experts
+from turbotrain.models.moe.parallel import shard_experts
 from turbotrain.memory import StepTrial, token_batches
 from turbotrain.models.moe import MoEConfig, MoEGPT
 

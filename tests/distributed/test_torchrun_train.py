@@ -356,7 +356,9 @@ def test_ranks_whose_launcher_was_killed_stop_with_a_checkpoint(work, tmp_path):
     saved = sorted(work.glob(f"runs/{name}/checkpoints/step_*/finished.json"))
     assert saved and saved[-1].parent.name == f"step_{summary['steps']:08d}", "a checkpoint at the step it stopped"
     logs = _rank_logs(tmp_path / "logs")
-    assert all("launcher of this rank" in text and "Traceback" not in text for text in logs.values()), logs
+    # the rank whose watcher polls first says it; the other may stop at the agreed step before its own poll
+    assert any("launcher of this rank" in text for text in logs.values()), logs
+    assert not any("Traceback" in text for text in logs.values()), logs
 
 
 def _losses_if_any(metrics: Path) -> list[str]:

@@ -1,6 +1,6 @@
 import torch
 
-from turbotrain.models import gpt
+from turbotrain.models.gpt import model as gpt
 from turbotrain.models.loss import chunked_cross_entropy
 from turbotrain.models.gpt import GPT, GPTConfig, causal_mask, clear_mask_cache, mask_cache_size
 

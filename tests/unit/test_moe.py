@@ -1,4 +1,4 @@
-"""Mixture-of-experts GPT (models/moe.py): the expert-compute paths agree, routing counts add up,
+"""Mixture-of-experts GPT (models/moe/): the expert-compute paths agree, routing counts add up,
 the capacity drops what it should, load balancing acts, FLOPs count active parameters, and bad
 settings are one line."""
 
@@ -14,7 +14,7 @@ from turbotrain.cli import main
 from turbotrain.config import load_config
 from turbotrain.engine import Engine
 from turbotrain.errors import ConfigError
-from turbotrain.expert_parallel import attach_optimizer
+from turbotrain.models.moe.parallel import attach_optimizer
 from turbotrain.expert_report import markdown, read_experts, summarize, write_plots
 from turbotrain.experts_monitor import ExpertsMonitor
 from turbotrain.rundir import EXPERTS_FILE

@@ -40,7 +40,7 @@ Why each piece is the way it is:
   device tensor (:attr:`MoEMLP.load`), summed over training forwards; :mod:`turbotrain.experts_monitor`
   reads and clears it at the logging cadence.
 - **Expert parallelism** plugs in through :attr:`MoEMLP.dispatcher` (see
-  :mod:`turbotrain.expert_parallel`): the layer then holds only its rank's slice of the experts and
+  :mod:`turbotrain.models.moe.parallel`): the layer then holds only its rank's slice of the experts and
   the dispatcher moves the sorted tokens to the rank of their expert and back.
 
 FLOPs count the *active* parameters per token (:meth:`MoEGPT.flops_per_token`): the experts a
@@ -58,8 +58,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import MOE_IMPLS
-from .gpt import GPT, GPTConfig
+from ...config import MOE_IMPLS
+from ..gpt import GPT, GPTConfig
 
 GROUP_ALIGN = 16  # rows per expert group in the grouped GEMM's input (16-byte strides for any dtype)
 

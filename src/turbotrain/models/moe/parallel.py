@@ -49,9 +49,9 @@ from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .config import RunConfig, setting
-from .errors import ConfigError
-from .models.moe import MoEMLP, grow_experts, grown_order, moe_layers
+from ...config import RunConfig, setting
+from ...errors import ConfigError
+from .model import MoEMLP, grow_experts, grown_order, moe_layers
 
 log = logging.getLogger(__name__)
 

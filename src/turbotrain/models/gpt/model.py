@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .loss import chunked_cross_entropy
+from ..loss import chunked_cross_entropy
 
 PRESETS: dict[str, dict[str, int]] = {
     "gpt-tiny": dict(n_layer=4, n_head=4, d_model=128, block_size=128),

@@ -1,0 +1,5 @@
+"""The GPT family: the decoder-only transformer (:mod:`.model`) and its spec (:mod:`.spec`)."""
+
+from .model import GPT, Block, CausalSelfAttention, GPTConfig, causal_mask, clear_mask_cache, mask_cache_size
+
+__all__ = ["GPT", "Block", "CausalSelfAttention", "GPTConfig", "causal_mask", "clear_mask_cache", "mask_cache_size"]
