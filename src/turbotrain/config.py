@@ -189,6 +189,8 @@ class DataConfig:
     prefetch_factor: int = knob(4, "batches each worker keeps ready", min=1, max=256)
     pin_memory: bool = knob(True, "page-locked host batches (CUDA only) so copies can be asynchronous")
     device_prefetch: bool = knob(True, "copy the next batch to the device on a side stream (CUDA only)")
+    tune_user_loader: bool = knob(False, "engine.setup replaces a torch DataLoader you pass with one like it using "
+                                  "num_workers (persistent), pin_memory and prefetch_factor from this section")
     batching: str = knob("windows", "'windows' (batch.micro random block_size windows of the token stream) or 'tokens' "
                          "(one document, or piece of one, per row; batches of at most batch.max_tokens tokens, length-bucketed)",
                          choices=DATA_BATCHINGS)
@@ -229,6 +231,8 @@ class OptimConfig:
     grad_clip: float = knob(0.0, "max global gradient norm, applied after unscaling; 0 = off (the presets use 1.0)", min=0.0, max=1e30)  # any finite norm clips; 1e30 leaves headroom below float32 overflow
     implementation: str = knob(AUTO, "'auto' (fused where torch has the kernel: CUDA, CPU; else foreach), 'fused', 'foreach', 'for-loop'",
                                choices=(AUTO, *OPTIM_IMPLEMENTATIONS))
+    tune_user_optimizer: bool = knob(False, "engine.setup switches a torch.optim.Adam/AdamW you pass to the fused kernel "
+                                     "(foreach where there is none), in place: same object, hyper-parameters and state")
 
 
 @dataclass(frozen=True)

@@ -27,13 +27,16 @@ from typing import Any, Callable, ContextManager, Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
 from .batch import batch_size, misplaced, move_to, split_batch, token_count
 from .compile_guard import CompileGuard
 from .config import DistributedConfig, PrecisionConfig, RunConfig, load_config, setting
+from .data.loader import LoaderSettings, resolve_loader_settings, tune_loader
 from .data.prefetch import DevicePrefetcher
 from .errors import ConfigError, LossError, NonFiniteError, PlacementError
 from .oom import build_oom_policy, is_oom, oom_reason
+from .optim import apply_fast_adam_kernel
 from .distributed import Strategy, Topology, build_strategy, local_device
 from .precision import DeviceCaps, Precision, apply_backend_switches, build_guard, build_precision
 from .transforms import apply_activation_checkpointing, apply_compile, eager, resolve_scope
@@ -129,6 +132,8 @@ class EngineOptions:
     checkpointing: str = "off"
     on_oom: str = "halve"
     inject_oom_at_step: int = 0
+    tune_user_optimizer: bool = False  # engine.setup switches an Adam/AdamW to the fused kernel in place
+    tune_user_loader: LoaderSettings | None = None  # engine.setup rebuilds a DataLoader with these settings
 
     distributed: DistributedConfig = DistributedConfig()
     topology: Topology = Topology()
@@ -157,6 +162,9 @@ class EngineOptions:
             checkpointing=config.memory.checkpointing,
             on_oom=config.memory.on_oom,
             inject_oom_at_step=config.memory.inject_oom_at_step,
+            tune_user_optimizer=config.optim.tune_user_optimizer,
+            tune_user_loader=resolve_loader_settings(device, config.data.num_workers, config.data.pin_memory,
+                                                     config.data.prefetch_factor) if config.data.tune_user_loader else None,
             distributed=config.distributed,
             topology=topology,
         )
@@ -256,6 +264,8 @@ class Engine:
                 self._step_modules.append(module)
         model.to(self.device)
         self.precision.convert_module(model)
+        if optimizer is not None and self.options.tune_user_optimizer:  # optim.tune_user_optimizer: before any wrapper
+            self._log_tuning("optim.tune_user_optimizer", apply_fast_adam_kernel(optimizer, self.device))
         apply_activation_checkpointing(model, self.options.checkpointing)
         apply_compile(model, self.options.compile_scope, self.options.compile_mode)
         model = self.strategy.wrap(model, optimizer, self.precision.compute_dtype, self.precision.reduce_dtype)
@@ -264,7 +274,25 @@ class Engine:
         self.scheduler = scheduler
         self.scheduler_interval = scheduler_interval if scheduler is not None else "manual"
         self._scheduler_per_step = self.scheduler_interval == "step"
+        if loader is not None and self.options.tune_user_loader is not None and not isinstance(loader, DevicePrefetcher):
+            loader = self._tuned_loader(loader, self.options.tune_user_loader)
         return model, optimizer, self.setup_loader(loader) if loader is not None else None
+
+    def _tuned_loader(self, loader: Iterable[Any], settings: LoaderSettings) -> Iterable[Any]:
+        """``data.tune_user_loader``: a torch DataLoader rebuilt with the data section's settings;
+        any other iterable is kept (one log line says why)."""
+        if not isinstance(loader, DataLoader):
+            log.warning("data.tune_user_loader: the loader is a %s, not a torch DataLoader; it is used as it is",
+                        type(loader).__name__)
+            return loader
+        tuned = tune_loader(loader, settings)
+        self._log_tuning("data.tune_user_loader", f"DataLoader: num_workers {loader.num_workers} -> {tuned.num_workers}, "
+                         f"pin_memory {loader.pin_memory} -> {tuned.pin_memory}, persistent_workers "
+                         f"{loader.persistent_workers} -> {tuned.persistent_workers}")
+        return tuned
+
+    def _log_tuning(self, switch: str, change: str | None) -> None:
+        log.info("%s: %s", switch, change or "left as it is (not a plain torch.optim.Adam/AdamW, or already that kernel)")
 
     def setup_loader(self, loader: Iterable[Any]) -> DevicePrefetcher:
         """Wrap ``loader`` so each batch arrives on the device (side-stream prefetch on CUDA) and

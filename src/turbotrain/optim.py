@@ -66,6 +66,34 @@ def build_optimizer(
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps, **flags)
 
 
+def apply_fast_adam_kernel(optimizer: torch.optim.Optimizer, device: torch.device) -> str | None:
+    """Switch a ``torch.optim.Adam`` or ``AdamW`` built by the user to the fused kernel (foreach
+    where torch has no fused one for ``device``), in place: the same object, parameter groups,
+    hyper-parameters and state, so a scheduler or a reference the user holds stays valid. Adam
+    reads the ``fused``/``foreach`` flags of each group at every step; what its constructor does
+    besides (the GradScaler/found_inf capability, the step counters on the device) is done here
+    as the constructor and ``load_state_dict`` do it. Returns what changed, e.g. ``"AdamW: fused"``,
+    or None when nothing did (another optimizer class or a subclass, already that kernel, a
+    ``differentiable`` one, or a tensor lr that foreach cannot take)."""
+    if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
+        return None
+    groups = optimizer.param_groups
+    impl = resolve_implementation("auto", device)
+    if any(g.get("differentiable") for g in groups) or all(g.get(impl) for g in groups):
+        return None
+    if impl == "foreach" and any(torch.is_tensor(g["lr"]) and not g.get("capturable") for g in groups):
+        return None
+    flags = {"fused": impl == "fused", "foreach": impl == "foreach"}
+    for group in groups:
+        group.update(flags)
+    optimizer.defaults.update(flags)  # groups added later get the same kernel
+    if impl == "fused":
+        optimizer._step_supports_amp_scaling = True  # type: ignore[attr-defined]  # as Adam.__init__(fused=True) sets it
+    if optimizer.state:  # stepped before: fused wants its step counters as float32 on the parameters' device
+        optimizer.load_state_dict(optimizer.state_dict())
+    return f"{type(optimizer).__name__}: {impl}"
+
+
 def optimizer_from_config(model: nn.Module, device: torch.device, c: OptimConfig) -> torch.optim.AdamW:
     """:func:`build_optimizer` with the run's ``optim`` section (lr, decay, betas, eps, kernel)."""
     return build_optimizer(model, device, lr=c.lr, weight_decay=c.weight_decay, betas=(c.beta1, c.beta2), eps=c.eps,

@@ -8,6 +8,7 @@ from .loader import (
     default_num_workers,
     fixed_batches,
     resolve_loader_settings,
+    tune_loader,
 )
 from .prefetch import DevicePrefetcher
 from .sources import TokenSource, TokenSplit, check_vocab, open_tokens, stdlib_files
@@ -26,4 +27,5 @@ __all__ = [
     "open_tokens",
     "resolve_loader_settings",
     "stdlib_files",
+    "tune_loader",
 ]

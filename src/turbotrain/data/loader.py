@@ -20,9 +20,10 @@ from typing import Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 from ..errors import TurbotrainError
+from ..workload import rebuild_loader
 from .sources import PreadFile, TokenSplit
 
 
@@ -112,6 +113,20 @@ class LoaderSettings:
 def resolve_loader_settings(device: torch.device, num_workers: int, pin_memory: bool, prefetch_factor: int) -> LoaderSettings:
     workers = default_num_workers(device) if num_workers < 0 else num_workers
     return LoaderSettings(workers, pin_memory and device.type == "cuda", prefetch_factor)
+
+
+def tune_loader(loader: DataLoader, settings: LoaderSettings) -> DataLoader:
+    """A DataLoader like the user's ``loader`` (dataset, sampler or batch_sampler, collate_fn,
+    drop_last) with ``settings``' workers (persistent), pinning and prefetch factor: what
+    ``data.tune_user_loader`` does to a loader given to ``engine.setup``. An IterableDataset keeps
+    its worker count (each worker would iterate the whole dataset unless it shards itself)."""
+    iterable = isinstance(loader.dataset, IterableDataset)
+    workers = loader.num_workers if iterable else settings.num_workers
+    tuned = rebuild_loader(loader, num_workers=workers)
+    # Read when an iterator starts; DataLoader lets both be set before the first one.
+    tuned.pin_memory = settings.pin_memory
+    tuned.prefetch_factor = settings.prefetch_factor if workers > 0 else None
+    return tuned
 
 
 def build_loader(dataset: TokenWindows, batch_size: int, seed: int, settings: LoaderSettings, start: int = 0,
