@@ -31,7 +31,6 @@ from typing import Any, Callable, TypeVar
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch import nn
 
 from . import sharded
@@ -312,12 +311,9 @@ def shape_problem(name: str, saved: dict[str, tuple[int, ...]], expected: dict[s
 
 def _sharded_model_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """The model tensors' full shapes in sharded checkpoint ``path``, from its ``.metadata`` read
-    by :class:`turbotrain.sharded.SafeReader` (a ``.metadata`` holding anything else is refused:
+    by :func:`turbotrain.sharded.read_metadata` (a ``.metadata`` holding anything else is refused:
     a one-line TurbotrainError)."""
-    metadata = sharded.SafeReader(path).read_metadata()
-    start = sharded.MODEL + "/"
-    return {name[len(start):]: tuple(meta.size) for name, meta in metadata.state_dict_metadata.items()
-            if name.startswith(start) and isinstance(meta, TensorStorageMetadata)}
+    return {name: tuple(meta.size) for name, meta in sharded.saved_model_tensors(path).items()}
 
 
 class ShapeMismatch(TurbotrainError):

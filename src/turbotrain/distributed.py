@@ -27,6 +27,7 @@ import logging
 import os
 import re
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -35,9 +36,10 @@ from typing import Any, Callable, TypeVar
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
+
+# torch.distributed.fsdp and .tensor (DTensor) cost ~0.5 s to import: only an fsdp run imports
+# them (FSDP.wrap), so ``import turbotrain`` and a one-process run stay light.
 
 from .config import DIST_STRATEGIES, DistributedConfig, choice_error, setting
 from .errors import ConfigError, TurbotrainError
@@ -142,6 +144,13 @@ def slurm_requeued(env: Any = None) -> int:
         return 0
 
 
+def is_loaded_instance(obj: Any, module: str, cls: str) -> bool:
+    """``isinstance(obj, module.cls)`` without importing ``module`` (a costly one, imported on first
+    use): while ``module`` was never imported, no object of its classes can exist."""
+    loaded = sys.modules.get(module)
+    return loaded is not None and isinstance(obj, getattr(loaded, cls))
+
+
 class Strategy:
     """One process, no communication: the "off" form every other strategy overrides."""
 
@@ -189,7 +198,7 @@ class DataParallel(Strategy):
         return tensor.div_(self.world)
 
     def full(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        return tensor.full_tensor() if is_loaded_instance(tensor, "torch.distributed.tensor", "DTensor") else tensor
 
     def any_rank(self, flag: bool, device: torch.device | None = None) -> bool:
         t = torch.tensor(int(flag), device=device or collective_device())
@@ -225,6 +234,8 @@ class FSDP(DataParallel):
 
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, param_dtype: torch.dtype | None,
              reduce_dtype: torch.dtype | None = torch.float32) -> nn.Module:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # on first use: see the note at the imports
+
         names = {id(p): name for name, p in model.named_parameters()}
         policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
         for block in repeated_blocks(model) or ():

@@ -27,11 +27,9 @@ import statistics
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 import torch
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from torch import nn
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
@@ -44,6 +42,9 @@ from .hardware import DeviceSpec, collect_nvml_device, estimate_mfu, lookup_peak
 from .hooks import FitContext, Hook, every
 from .transforms import eager
 from .units import gib
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,10 @@ class ProgressSink:
     """A rich progress bar with loss, tokens/s and ETA on a terminal; plain lines otherwise."""
 
     def __init__(self, total_steps: int, start_step: int = 0, console: Console | None = None) -> None:
+        # rich.progress costs ~0.1 s to import: a run without a progress bar (or an own loop) skips it
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
         self.console = console or Console(stderr=True)
         self.live = self.console.is_terminal
         self.progress = Progress(

@@ -29,6 +29,7 @@ an unpickler that admits only DCP's metadata classes, and the ``.pt`` files load
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import json
@@ -38,26 +39,17 @@ import re
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.distributed.checkpoint import CheckpointException, FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_model_state_dict,
-    set_state_dict,
-)
 
+# torch.distributed.checkpoint (it imports FSDP and DTensor) costs ~0.7 s to import: the functions
+# that save or load through DCP import it when called, so a run that never does stays light.
 from .atomic import DISK_FULL_ERRNOS, DiskFullError, atomic_write, disk_full_cause
-from .distributed import ReportedByAnotherRank, decided_by_main, in_group, rank_world
+from .distributed import ReportedByAnotherRank, decided_by_main, in_group, is_loaded_instance, rank_world
 from .errors import TurbotrainError
 from .models.moe import EXTRA_STATE_KEY
 
@@ -70,6 +62,10 @@ _SEP = "/"  # between a key's parts: parameter names contain dots
 MODEL, OPTIM = "model", "optim"
 # model state entries an older checkpoint may lack (a MoE layer's router-bias loads not applied yet)
 OPTIONAL_SUFFIXES = ("." + EXTRA_STATE_KEY,)
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 
 # ---------------------------------------------------------------------------- names and the marker
@@ -184,6 +180,8 @@ def _unflatten(flat: dict[str, Any], prefix: str) -> dict[str, Any]:
 def split_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The model's and optimizer's state keyed by parameter names, independent of the wrapping and
     of the world size: (tensors for DCP, everything else for ``state.pt``)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict  # costly: see the imports
+
     if optimizer is None:
         from_model, from_optim = get_model_state_dict(model), {}
     else:
@@ -198,6 +196,8 @@ def split_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tu
 
 def _set(model: nn.Module, optimizer: torch.optim.Optimizer | None, model_sd: dict[str, Any], optim_sd: dict[str, Any],
          full: bool, source: str) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
+
     options = StateDictOptions(full_state_dict=full)
     try:
         if optimizer is None:
@@ -248,6 +248,9 @@ def save(folder: Path, step: int, tensors: dict[str, torch.Tensor], replicated: 
     """Write one sharded checkpoint at ``step`` from every rank (a collective: every rank calls it
     with its own shards and per-rank state; ``replicated`` is taken from rank 0). Returns the
     finished folder. Lack of space raises :class:`turbotrain.atomic.DiskFullError`."""
+    import torch.distributed.checkpoint as dcp  # costly: see the imports
+    from torch.distributed.checkpoint import CheckpointException, FileSystemWriter
+
     rank, world = rank_world()
     final, tmp = checkpoint_dir(folder, step), partial_dir(folder, step)
     if rank == 0:
@@ -309,16 +312,21 @@ def save(folder: Path, step: int, tensors: dict[str, torch.Tensor], replicated: 
 def describe(exc: BaseException) -> str:
     """One line for ``exc``; for DCP's CheckpointException (a multi-line traceback per rank) the
     failures themselves."""
-    if isinstance(exc, CheckpointException):
+    if _dcp_failure(exc):
         return "; ".join(f"rank {r}: {type(e).__name__}: {' '.join(str(e).split())}" for r, (e, _) in exc.failures.items())[:400]
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:400]
+
+
+def _dcp_failure(exc: BaseException) -> bool:
+    """``exc`` is DCP's CheckpointException (DCP imported only where it raised one)."""
+    return is_loaded_instance(exc, "torch.distributed.checkpoint", "CheckpointException")
 
 
 def _disk_full_reason(exc: BaseException) -> str:
     """Why a failed save failed when it was for lack of space ('' otherwise). Exceptions gathered
     from other ranks arrive without their causes, so their text is read too (torch.save reports a
     short write as 'unexpected pos')."""
-    excs = [exc, *(e for e, _ in exc.failures.values())] if isinstance(exc, CheckpointException) else [exc]
+    excs = [exc, *(e for e, _ in exc.failures.values())] if _dcp_failure(exc) else [exc]
     for e in excs:
         full = disk_full_cause(e)
         if full is not None:
@@ -375,36 +383,63 @@ class _MetadataUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
 
 
-class SafeReader(FileSystemReader):
-    """DCP's file reader with a restricted unpickler for ``.metadata``."""
+def read_metadata(folder: Path, load_id: str | None = None) -> Metadata:
+    """The DCP ``.metadata`` of checkpoint folder ``folder``, read by a restricted unpickler (a
+    ``.metadata`` holding anything else is refused: a one-line TurbotrainError)."""
+    from torch.distributed.checkpoint.metadata import Metadata  # costly: see the imports
 
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        path = Path(self.path) / ".metadata"
-        try:
-            metadata = _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
-        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ValueError) as exc:
-            raise TurbotrainError(f"{path} cannot be read: {' '.join(str(exc).split())[:200]}") from None
-        if not isinstance(metadata, Metadata):
-            raise TurbotrainError(f"{path} is not DCP metadata")
-        if getattr(metadata, "storage_meta", None) is not None:
-            metadata.storage_meta.load_id = self.load_id
-        return metadata
+    path = folder / ".metadata"
+    try:
+        metadata = _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ValueError) as exc:
+        raise TurbotrainError(f"{path} cannot be read: {' '.join(str(exc).split())[:200]}") from None
+    if not isinstance(metadata, Metadata):
+        raise TurbotrainError(f"{path} is not DCP metadata")
+    if load_id is not None and getattr(metadata, "storage_meta", None) is not None:
+        metadata.storage_meta.load_id = load_id
+    return metadata
 
 
-class _TensorsOnly(DefaultLoadPlanner):
-    """Loads tensors only: a non-tensor value would be unpickled by plain pickle, so it is refused."""
+def saved_model_tensors(folder: Path) -> dict[str, TensorStorageMetadata]:
+    """Name (as a plain model names it) -> DCP's metadata (``.size``, ``.properties.dtype``) of each
+    model tensor in checkpoint folder ``folder``, from its ``.metadata`` (:func:`read_metadata`)."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-        raise TurbotrainError(f"{read_item.dest_index.fqn} is stored as a pickled object; turbotrain checkpoints hold tensors only")
+    start = MODEL + _SEP
+    return {name[len(start):]: meta for name, meta in read_metadata(folder).state_dict_metadata.items()
+            if name.startswith(start) and isinstance(meta, TensorStorageMetadata)}
+
+
+@functools.cache
+def _dcp_load_types() -> tuple[type[FileSystemReader], type]:
+    """DCP's file reader with :func:`read_metadata` for ``.metadata``, and a load planner for
+    tensors only (a non-tensor value would be unpickled by plain pickle, so it is refused); defined
+    on first use, as subclasses of DCP's classes (costly to import: see the imports)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+            return read_metadata(Path(self.path), self.load_id)
+
+    class TensorsOnly(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            raise TurbotrainError(f"{read_item.dest_index.fqn} is stored as a pickled object; turbotrain checkpoints "
+                                  "hold tensors only")
+
+    return SafeReader, TensorsOnly
 
 
 def _dcp_load(path: Path, tensors: dict[str, torch.Tensor], source: str) -> None:
-    SafeReader(path).read_metadata()  # an unreadable or foreign .metadata says so, not "does not fit"
+    import torch.distributed.checkpoint as dcp  # costly: see the imports
+    from torch.distributed.checkpoint import CheckpointException
+
+    read_metadata(path)  # an unreadable or foreign .metadata says so, not "does not fit"
+    reader, tensors_only = _dcp_load_types()
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(tensors, storage_reader=SafeReader(path), planner=_TensorsOnly(),
-                     no_dist=not in_group())
+            dcp.load(tensors, storage_reader=reader(path), planner=tensors_only(), no_dist=not in_group())
     except TurbotrainError:
         raise
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP wraps every rank's failure in CheckpointException
@@ -441,8 +476,8 @@ def load_into(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | N
     :func:`read_state`. A collective under a process group: every rank calls it."""
     tensors, _ = split_state(model, optimizer)  # targets shaped as here: DCP fills them (reshards)
     # an unreadable or refused .metadata is said once, by rank 0; then each rank reads its own
-    decided_by_main(lambda: SafeReader(path).read_metadata() and None)
-    saved = SafeReader(path).read_metadata().state_dict_metadata
+    decided_by_main(lambda: read_metadata(path) and None)
+    saved = read_metadata(path).state_dict_metadata
     # written by newer versions only: an older checkpoint leaves them as the model has them
     absent = {n for n in tensors if n not in saved and n.rsplit(_SEP, 1)[-1].endswith(OPTIONAL_SUFFIXES)}
     _dcp_load(path, {n: t for n, t in tensors.items() if n not in absent}, path.name)
@@ -454,12 +489,8 @@ def load_into(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | N
 def load_model_weights(path: Path) -> dict[str, torch.Tensor]:
     """The model's weights in checkpoint folder ``path`` as one plain state dict (full tensors, the
     names of an unwrapped model), read in this process alone: no process group, no model needed."""
-    metadata = SafeReader(path).read_metadata()
     start = MODEL + _SEP
-    tensors = {
-        name: torch.empty(meta.size, dtype=meta.properties.dtype)
-        for name, meta in metadata.state_dict_metadata.items()
-        if name.startswith(start) and isinstance(meta, TensorStorageMetadata)
-    }
+    tensors = {start + name: torch.empty(meta.size, dtype=meta.properties.dtype)
+               for name, meta in saved_model_tensors(path).items()}
     _dcp_load(path, tensors, path.name)
     return {name[len(start):]: t for name, t in tensors.items()}

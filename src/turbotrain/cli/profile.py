@@ -9,8 +9,6 @@ import json
 import sys
 from typing import Callable, Iterator
 
-from rich.console import Console
-
 from ..config import parse_overrides
 from ..errors import ConfigError
 from ..measure import Target
@@ -77,6 +75,8 @@ def live_log() -> Iterator[Callable[..., None]]:
     """``log(line, transient=False)`` for long operations, on stderr: on a terminal (rich) a
     line is printed and a transient one replaces the live status line below; otherwise lines
     are printed and transient ones dropped."""
+    from rich.console import Console  # on first use: ``turbotrain --help`` and other commands skip rich
+
     console = Console(stderr=True)
     if not console.is_terminal:
         def plain(line: str, transient: bool = False) -> None:

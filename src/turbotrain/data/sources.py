@@ -23,15 +23,17 @@ import sysconfig
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Sequence
+from typing import TYPE_CHECKING, BinaryIO, Sequence
 
 import numpy as np
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..atomic import atomic_write, clean_stale_temps, make_dirs
 from ..errors import TurbotrainError
 from .tokenizer import (BYTE_VOCAB, CACHE_HINT, GPT2_VOCAB, MAX_VOCAB, SEPARATOR, ByteTokenizer, JsonTokenizer, Tokenizer,
                         build_tokenizer, padded_vocab)
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -293,6 +295,9 @@ def _batches(files: Sequence[Path], limit: int) -> list[list[Path]]:
 
 def _encode_progress(total: int, label: str, show: bool) -> Progress:
     """A transient bar in bytes on a terminal when ``show``; nothing otherwise (start and end are logged)."""
+    # rich.progress costs ~0.1 s to import: only a run that tokenizes files pays it
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
     return Progress(TextColumn(label), BarColumn(), DownloadColumn(), TimeElapsedColumn(), transient=True,
                     disable=not (show and sys.stderr.isatty()))
 
