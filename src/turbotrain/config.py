@@ -148,11 +148,16 @@ class RunSection:
     out_dir: str = knob("runs", "folder that holds run directories")
     device: str = knob(AUTO, "'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'")
     seed: int = knob(1337, "seed for weights, data order and dropout", min=0, max=MAX_SEED)
+    deterministic: bool = knob(False, "deterministic kernels: torch.use_deterministic_algorithms(True), cuDNN deterministic "
+                               "without autotuning (overrides precision.cudnn_benchmark), CUBLAS_WORKSPACE_CONFIG=:4096:8; "
+                               "costs speed (some kernels slower) and ops without a deterministic kernel raise an error")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     arch: str = knob("gpt", "model family", choices=ARCHS)
+    workload: str = knob("", "your own model and data instead: FILE.py:FUNC or package.module:FUNC returning a "
+                         "turbotrain.workload.Workload (`turbotrain train --model`); the GPT fields below are then unused")
     n_layer: int = knob(4, "transformer blocks", min=1, max=1024)
     n_head: int = knob(4, "attention heads per block", min=1, max=1024)
     d_model: int = knob(128, "embedding width (must divide by n_head)", min=1, max=65536)
@@ -243,6 +248,9 @@ class TrainConfig:
     eval_batches: int = knob(20, "micro-batches per validation pass", min=1, max=10_000)
     checkpoint_every: int = knob(100, "optimizer steps between checkpoints; 0 = only at the end", min=0, max=MAX_STEPS)
     keep_last: int = knob(3, "checkpoints kept on disk", min=1, max=100_000)
+    async_checkpoint: bool = knob(True, "write the checkpoints of train.checkpoint_every in the background: the step "
+                                  "waits only for a copy of the state (device -> host); the final one and a "
+                                  "signal's wait for it")
 
 
 @dataclass(frozen=True)
@@ -282,12 +290,21 @@ class MemoryConfig:
     on_oom: str = knob("halve", "on out-of-memory mid-run: 'halve' the micro-batch and retry, or 'stop'",
                        choices=OOM_POLICIES)
     inject_oom_at_step: int = knob(0, "debug: raise an out-of-memory error once at this optimizer step; 0 = never", min=0, max=MAX_STEPS)
+    max_fraction: float = knob(0.0, "CUDA: cap this process's GPU memory at this fraction of the device "
+                               "(torch.cuda.set_per_process_memory_fraction; allocations past it are out-of-memory errors, "
+                               "memory.on_oom applies; batch.micro='auto' searches under it); 0 = no cap; no effect on CPU",
+                               min=0.0, max=1.0)
 
 
 @dataclass(frozen=True)
 class MonitorConfig:
     log_every: int = knob(10, "optimizer steps between metric and non-finite-guard reads (the only host-device syncs with a fused optimizer)", min=1, max=MAX_STEPS)
     progress: bool = knob(True, "show a live progress bar")
+    memory_every: int = knob(-1, "optimizer steps between GPU memory records (allocated, reserved, peak; allocator counters, "
+                             "no sync); -1 = in each metrics record (log_every), 0 = off", min=-1, max=MAX_STEPS)
+    memory_warn_fraction: float = knob(0.9, "warn once (log line, metrics.jsonl memory_warning, summary.json event) when the "
+                                       "peak reserved GPU memory passes this fraction of the device, or of memory.max_fraction's "
+                                       "cap when set; 0 = never", min=0.0, max=1.0)
     grad_norm: bool = knob(False, "compute the global gradient norm every optimizer step (engine.last_grad_norm, logged as grad_norm) even without clipping: one extra reduction per step")
     nvml: bool = knob(True, "sample GPU utilisation, power and temperature with NVML on a background thread")
     tensorboard: bool = knob(False, "also log to TensorBoard (needs the tensorboard package)")

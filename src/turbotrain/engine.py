@@ -89,6 +89,23 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def apply_memory_cap(device: torch.device, fraction: float) -> None:
+    """``memory.max_fraction``: cap this process's CUDA caching allocator at ``fraction`` of the
+    device (process-wide, for the rest of the process); an allocation past it is an
+    out-of-memory error, which the OOM policy handles. 0 = no cap. On other devices it does not
+    apply: one log line says so."""
+    if fraction <= 0:
+        return
+    if device.type != "cuda":
+        log.info("memory.max_fraction = %g does not apply on %s (it caps the CUDA caching allocator); training runs uncapped",
+                 fraction, device.type)
+        return
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    torch.cuda.set_per_process_memory_fraction(float(fraction), index)
+    log.info("memory.max_fraction: this process may hold at most %g of cuda:%d's memory; past it allocations fail "
+             "as out-of-memory (memory.on_oom applies)", fraction, index)
+
+
 @dataclass
 class TrainState:
     """Progress counters (host integers, never synced from the device)."""
@@ -119,6 +136,8 @@ class EngineOptions:
     tf32: bool = True
     cudnn_benchmark: bool = True
     flush_denormal: bool = True
+    deterministic: bool = False
+    memory_max_fraction: float = 0.0  # CUDA: the caching allocator's cap, a fraction of the device (0 = none)
     compile_scope: str = "off"
     compile_mode: str = "default"
     max_recompiles: int = 2  # after the first sync_every steps, before the compile guard warns
@@ -149,6 +168,8 @@ class EngineOptions:
             tf32=config.precision.tf32,
             cudnn_benchmark=config.precision.cudnn_benchmark,
             flush_denormal=config.precision.flush_denormal,
+            deterministic=config.run.deterministic,
+            memory_max_fraction=config.memory.max_fraction,
             compile_scope=resolve_scope(config.compile.scope, device),
             compile_mode=config.compile.mode,
             max_recompiles=config.compile.max_recompiles,
@@ -198,7 +219,10 @@ class Engine:
         self.caps = DeviceCaps.of(self.device)
         chosen = opts.precision if precision is None else precision
         self.precision: Precision = build_precision(chosen, self.device, self.caps, opts.precision_settings)
-        apply_backend_switches(self.device, tf32=opts.tf32, cudnn_benchmark=opts.cudnn_benchmark, flush_denormal=opts.flush_denormal)
+        # the switches as applied (tf32, cudnn_benchmark, deterministic), for the run's summary
+        self.switches = apply_backend_switches(self.device, tf32=opts.tf32, cudnn_benchmark=opts.cudnn_benchmark,
+                                               flush_denormal=opts.flush_denormal, deterministic=opts.deterministic)
+        apply_memory_cap(self.device, opts.memory_max_fraction)
         self.strategy: Strategy = build_strategy(opts.distributed, self.device, opts.topology)
         self.oom_policy = build_oom_policy(opts.on_oom, self.strategy.rank, self.strategy.world)  # world > 1: stop, never halve alone
         self.base_accumulation = opts.accumulation  # micro-batches per optimizer step as configured
@@ -216,6 +240,7 @@ class Engine:
         self._scheduler_per_step = False
         self._after_step: list[Callable[[], None]] = []  # see add_step_callback
         self._step_modules: list[Any] = []  # modules told of each optimizer step (see setup)
+        self._aux_modules: list[Any] = []  # modules whose auxiliary loss backward adds (see setup)
         self._inject_oom_at_step = opts.inject_oom_at_step
         self._loss_sum: torch.Tensor | None = None
         self._models: list[nn.Module] = []
@@ -250,6 +275,10 @@ class Engine:
         per optimizer step) are told here that the engine marks the steps: it then calls their
         ``end_optimizer_step()`` after every optimizer step (taken or skipped) and their
         ``discard_optimizer_step()`` when the out-of-memory policy drops a partial one.
+
+        Submodules with ``take_aux_loss()`` (a :class:`turbotrain.MoE` layer's load-balancing
+        loss) are found here too: ``backward`` adds what each returns (a tensor, or None) to the
+        loss, so a model with MoE layers trains with their auxiliary loss without adding it.
         """
         if scheduler is not None and scheduler_interval not in SCHEDULER_INTERVALS:
             raise ConfigError(
@@ -262,6 +291,8 @@ class Engine:
             if callable(getattr(module, "follow_optimizer_steps", None)) and module not in self._step_modules:
                 module.follow_optimizer_steps()
                 self._step_modules.append(module)
+            if callable(getattr(module, "take_aux_loss", None)) and module not in self._aux_modules:
+                self._aux_modules.append(module)
         model.to(self.device)
         self.precision.convert_module(model)
         if optimizer is not None and self.options.tune_user_optimizer:  # optim.tune_user_optimizer: before any wrapper
@@ -309,8 +340,14 @@ class Engine:
 
     def backward(self, loss: Any) -> None:
         """Backward of ``loss / accumulation`` (scaled for fp16); the loss is kept on the device.
-        ``loss`` may be a model's output (see :func:`as_loss`). A rejected loss changes nothing."""
+        ``loss`` may be a model's output (see :func:`as_loss`). A rejected loss changes nothing.
+        The auxiliary losses of the model's MoE layers from their last training forward are
+        added (see ``setup``); the recorded loss includes them, as a MoE GPT's own loss does."""
         loss = as_loss(loss)
+        for module in self._aux_modules:
+            aux = module.take_aux_loss()
+            if aux is not None:
+                loss = loss + aux
         if not self._placement_checked:
             self._check_placement()
         scaled = loss / self.accumulation if self.accumulation > 1 else loss
@@ -551,16 +588,29 @@ class Engine:
         """Mean loss over ``batches`` under autocast and no_grad (one sync, at the end). A compiled
         model evaluates eagerly (:func:`turbotrain.transforms.eager`): its training graph stays
         the only one, and no eval-mode graph is compiled for a few batches."""
+        return self.evaluate_metrics(model, batches, loss_fn)["loss"]
+
+    def evaluate_metrics(self, model: nn.Module, batches: Iterable[Any], loss_fn: LossFn = default_loss,
+                         metrics_fn: Callable[[nn.Module, Any], Mapping[str, torch.Tensor]] | None = None) -> dict[str, float]:
+        """:meth:`evaluate`'s mean loss (``"loss"``) and, with ``metrics_fn(model, batch)`` (e.g.
+        ``{"accuracy": (logits.argmax(1) == y).float().mean()}``), the mean of each metric over
+        ``batches``; summed on the device, averaged over the ranks, read once at the end."""
         was_training = model.training
         model.eval()
         total, n = torch.zeros((), device=self.device), 0
+        sums: dict[str, torch.Tensor] = {}
         with self.autocast(), eager():
             for batch in batches:
-                total += as_loss(loss_fn(model, move_to(batch, self.device, non_blocking=True))).float()
+                batch = move_to(batch, self.device, non_blocking=True)
+                total += as_loss(loss_fn(model, batch)).float()
+                for name, value in (metrics_fn(model, batch) if metrics_fn is not None else {}).items():
+                    value = torch.as_tensor(value, device=self.device).float().mean()
+                    sums[name] = sums[name] + value if name in sums else value
                 n += 1
         model.train(was_training)
-        mean = self.strategy.mean_(total / max(n, 1))  # every rank evaluated its own batches
-        return float(mean.item())  # host-device sync point (once per evaluation)
+        names = ["loss", *sums]
+        means = self.strategy.mean_(torch.stack([total, *sums.values()]) / max(n, 1))  # every rank evaluated its own batches
+        return dict(zip(names, means.tolist()))  # host-device sync point (once per evaluation)
 
     # ------------------------------------------------------------------ state
 

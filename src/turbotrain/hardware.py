@@ -20,7 +20,7 @@ from typing import Any
 
 __all__ = [
     "DeviceSpec", "DEVICE_SPECS", "lookup_peak", "estimate_mfu", "precision_key", "register_peak", "tf32_enabled",
-    "nvml", "nvml_handle", "collect_nvml", "collect_nvml_device", "ram_bytes",
+    "nvml", "nvml_handle", "collect_nvml", "collect_nvml_device", "ram_bytes", "device_total_bytes",
 ]
 
 
@@ -31,6 +31,15 @@ def ram_bytes() -> tuple[int | None, int | None]:
         return int(os.sysconf("SC_PHYS_PAGES") * page), int(os.sysconf("SC_AVPHYS_PAGES") * page)
     except (ValueError, OSError, AttributeError):
         return None, None
+
+
+def device_total_bytes(device: Any) -> int | None:
+    """A ``torch.device``'s memory in bytes: CUDA total, CPU physical RAM; None for meta."""
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return ram_bytes()[0] if device.type == "cpu" else None
 
 
 @dataclass(frozen=True)

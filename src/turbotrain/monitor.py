@@ -38,7 +38,8 @@ from .atomic import DiskFullError, reporting_disk_full
 from .batch import batch_size, move_to, token_count
 from .engine import as_loss, default_loss
 from .errors import TurbotrainError
-from .hardware import DeviceSpec, collect_nvml_device, estimate_mfu, lookup_peak, nvml, nvml_handle, precision_key, tf32_enabled
+from .hardware import (DeviceSpec, collect_nvml_device, device_total_bytes, estimate_mfu, lookup_peak, nvml, nvml_handle,
+                       precision_key, tf32_enabled)
 from .hooks import FitContext, Hook, every
 from .transforms import eager
 from .units import gib
@@ -51,7 +52,10 @@ log = logging.getLogger(__name__)
 # A probe is called on logging steps only, with the record so far (loss, lr, ``precision`` when
 # known, and this window's ``step_ms``, ``samples_per_s``, ``tokens_per_s``); it returns keys to
 # merge into the record. A probe may also define ``start()`` and ``close()``: the Monitor calls
-# them when it starts and closes (NvmlSampler runs its thread between them).
+# them when it starts and closes (NvmlSampler runs its thread between them). A probe with
+# ``due(step)`` also has steps of its own (MemoryProbe's ``monitor.memory_every``): on those that
+# are not logging steps the Monitor writes a record of just the step and the probes' keys (no loss
+# read, no sync).
 Probe = Callable[[dict[str, Any]], dict[str, Any]]
 
 
@@ -122,6 +126,8 @@ class ProgressSink:
         self.progress.start()
 
     def write(self, record: dict[str, Any]) -> None:
+        if "loss" not in record:  # a probe's own record (memory between logging steps): the line keeps the last loss
+            return
         stats = format_record(record)
         if self.live:
             self.progress.update(self.task, completed=record["step"], stats=stats)
@@ -139,6 +145,7 @@ def format_record(record: dict[str, Any]) -> str:
         parts.append(f"loss {record['loss']:.4f}")
     if record.get("val_loss") is not None:
         parts.append(f"val {record['val_loss']:.4f}")
+        parts.extend(f"{k[4:]} {v:.4g}" for k, v in record.items() if k.startswith("val_") and k not in ("val_loss", "val_step"))
     if record.get("tokens_per_s"):
         parts.append(f"{record['tokens_per_s']:,.0f} tok/s")
     elif record.get("samples_per_s"):
@@ -191,6 +198,7 @@ class Monitor(Hook):
         self._first = -1  # the step whose time to first step is measured
         self._last: tuple[float, int, int, int] = (0.0, 0, 0, 0)  # time, step, samples, tokens
         self._side_s = 0.0  # side_s at the last record
+        self._own_steps = [p for p in self.probes if callable(getattr(p, "due", None))]  # probes with steps of their own
 
     # ------------------------------------------------------------------ values
 
@@ -204,7 +212,8 @@ class Monitor(Hook):
         self._first = step + 1
 
     def observe(self, step: int, loss: Any = None, *, lr: float | None = None, samples: int = 0, tokens: int = 0,
-                val_loss: float | None = None, grad_norm: Any = None, precision: str | None = None,
+                val_loss: float | None = None, val_metrics: dict[str, float] | None = None,
+                grad_norm: Any = None, precision: str | None = None,
                 side_s: float = 0.0, force: bool = False) -> dict[str, Any] | None:
         """The values after optimizer step ``step``: its loss (a device tensor or a number), the
         samples and tokens this process trained on so far (x ``world`` for the run's rates), and what else is known; ``side_s``: seconds spent so
@@ -221,7 +230,8 @@ class Monitor(Hook):
             self.first_step_s = now - self._t0
             self._last, self._side_s = (now, step, samples, tokens), side_s
         if not (force or every(step, self.interval)):
-            return None
+            due = [p for p in self._own_steps if p.due(step)]
+            return self._emit({"step": step}, due) if due else None  # allocator counters only: no sync
         record: dict[str, Any] = {"step": step, "loss": _read(loss)}  # host-device sync point
         now = time.perf_counter()
         t, last_step, last_samples, last_tokens = self._last
@@ -236,7 +246,12 @@ class Monitor(Hook):
         self._last, self._side_s = (now, step, samples, tokens), side_s
         known = {"lr": lr, "grad_norm": _read(grad_norm), "precision": precision, "val_loss": val_loss}
         record.update(elapsed_s=now - self._t0, samples=samples, tokens=tokens, **{k: v for k, v in known.items() if v is not None})
-        for probe in self.probes:
+        if val_loss is not None:
+            record.update(val_metrics or {})  # val_accuracy, ...: evaluated with the loss
+        return self._emit(record, self.probes)
+
+    def _emit(self, record: dict[str, Any], probes: Iterable[Probe]) -> dict[str, Any]:
+        for probe in probes:
             record.update(probe(record))
         self.records.append(record)
         for sink in self.sinks:
@@ -258,12 +273,13 @@ class Monitor(Hook):
 
     def on_step_end(self, ctx: FitContext) -> None:
         step = ctx.engine.state.step
-        if step == self._first or every(step, self.interval):
+        own = step < ctx.max_steps and any(p.due(step) for p in self._own_steps)  # the last step's record comes at the end
+        if step == self._first or every(step, self.interval) or own:
             self._observe(ctx)
 
     def on_fit_end(self, ctx: FitContext) -> None:
         step = ctx.engine.state.step
-        last = self.records[-1] if self.records else {}
+        last = next((r for r in reversed(self.records) if "loss" in r), {})  # the last record of the loss's
         if last.get("step") != step or (ctx.metrics.get("val_step") == step and "val_loss" not in last):
             self._observe(ctx, force=True)
         self.close()
@@ -277,27 +293,91 @@ class Monitor(Hook):
         record = self.observe(
             s.step, engine.last_loss, lr=ctx.optimizer.param_groups[0]["lr"] if ctx.optimizer is not None else None,
             samples=s.samples, tokens=s.tokens, val_loss=m.get("val_loss") if m.get("val_step") == s.step else None,
+            val_metrics=m.get("val_metrics"),
             grad_norm=engine.last_grad_norm, precision=engine.precision.name, side_s=ctx.side_s, force=force,
         )
+        if record and record.get(MEMORY_WARNING):
+            engine.record_event(MEMORY_WARNING, record[MEMORY_WARNING])  # into summary.json's events
         m.update(record or {}, first_step_s=self.first_step_s)
 
 
 # ----------------------------------------------------------------------------- memory
 
 
-class MemoryProbe:
-    """CUDA caching-allocator counters in GiB: allocated now, reserved now, peak allocated since
-    the start (or the last ``torch.cuda.reset_peak_memory_stats``). Host-side counters: no sync."""
+MEMORY_WARNING = "memory_warning"  # the record key and engine event kind of the high-memory warning
 
-    def __init__(self, device: torch.device) -> None:
+
+def collect_cuda_memory(device: torch.device) -> dict[str, int]:
+    """The CUDA caching allocator's counters in bytes: allocated, reserved, and their peaks since
+    the start or the last reset. Host-side counters: no sync."""
+    return {
+        "allocated": torch.cuda.memory_allocated(device),
+        "reserved": torch.cuda.memory_reserved(device),
+        "peak": torch.cuda.max_memory_allocated(device),
+        "peak_reserved": torch.cuda.max_memory_reserved(device),
+    }
+
+
+class MemoryProbe:
+    """GPU memory in GiB: allocated now, reserved now, peak allocated since the start (or the
+    last :meth:`reset_peak`), and a warning once when memory runs high. Host-side counters: no sync.
+
+    ``every`` (``monitor.memory_every``): None = these keys in each metrics record; N = on every
+    N-th step instead, between the loss's records too (see :meth:`due`); 0 = never. Whatever
+    ``every``, each call compares the peak reserved memory with ``warn_fraction`` of the limit
+    (the device's total, or ``cap_fraction`` of it: ``memory.max_fraction``'s allocator cap); the
+    first time it is reached, one log warning and a ``memory_warning`` key in that record (which
+    the Monitor, in ``fit()``, also records as an engine event for summary.json). Not again in
+    this process: a resumed run warns again.
+
+    ``read`` (a function returning :func:`collect_cuda_memory`'s keys) and ``limit_bytes`` default
+    to the CUDA device's; pass your own to test it without a GPU.
+    """
+
+    def __init__(self, device: torch.device, *, every: int | None = None, warn_fraction: float = 0.9,
+                 cap_fraction: float = 0.0, limit_bytes: int | None = None,
+                 read: Callable[[], dict[str, int]] | None = None) -> None:
         self.device = device
+        self.every = every
+        self.warn_fraction = warn_fraction
+        self.limit_what = f"the cap ({cap_fraction:g} of the device)" if cap_fraction > 0 else "the device's"
+        if limit_bytes is None and warn_fraction > 0:
+            total = device_total_bytes(device)
+            limit_bytes = int(total * cap_fraction) if total and cap_fraction > 0 else total
+        self.limit_bytes = limit_bytes
+        self.read = read or (lambda: collect_cuda_memory(device))
+        self.warned = False
+
+    def due(self, step: int) -> bool:
+        """Whether ``step`` is one of this probe's own steps (``every`` N; never for None or 0)."""
+        return self.every is not None and every(step, self.every)
+
+    def reset_peak(self) -> None:
+        """Start the peaks over (at each epoch, say): later records' ``mem_peak_gib`` is the peak since this call."""
+        torch.cuda.reset_peak_memory_stats(self.device)
 
     def __call__(self, record: dict[str, Any] | None = None) -> dict[str, Any]:
-        return {
-            "mem_allocated_gib": gib(torch.cuda.memory_allocated(self.device)),
-            "mem_reserved_gib": gib(torch.cuda.memory_reserved(self.device)),
-            "mem_peak_gib": gib(torch.cuda.max_memory_allocated(self.device)),
-        }
+        counters = self.read()
+        out: dict[str, Any] = {}
+        if self.every is None or self.due((record or {}).get("step", 0)):
+            out.update(mem_allocated_gib=gib(counters["allocated"]), mem_reserved_gib=gib(counters["reserved"]),
+                       mem_peak_gib=gib(counters["peak"]))
+        warning = self.check(counters["peak_reserved"])
+        if warning:
+            out[MEMORY_WARNING] = warning
+        return out
+
+    def check(self, used_bytes: int) -> str | None:
+        """The warning's text the first time ``used_bytes`` reaches ``warn_fraction`` of the limit (also logged); else None."""
+        limit = self.limit_bytes
+        if self.warned or self.warn_fraction <= 0 or not limit or used_bytes < self.warn_fraction * limit:
+            return None
+        self.warned = True
+        text = (f"GPU memory is high: peak reserved {gib(used_bytes):.2f} GiB is {used_bytes / limit:.0%} of {self.limit_what} "
+                f"{gib(limit):.2f} GiB (monitor.memory_warn_fraction = {self.warn_fraction:g}); a longer batch or sequence "
+                "may run out of memory: lower batch.micro or set memory.checkpointing")
+        log.warning(text)
+        return text
 
 
 # ----------------------------------------------------------------------------- FLOPs and MFU
@@ -528,12 +608,18 @@ def build_probes(
     loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
     autocast: Callable[[], Any] = contextlib.nullcontext,
     devices: int = 1,
+    memory_every: int = -1,
+    memory_warn_fraction: float = 0.9,
+    memory_cap_fraction: float = 0.0,
 ) -> list[Probe]:
     """The standard probes for ``device``: memory and NVML on CUDA (none on CPU), MFU when a
-    model and an example batch are given (over ``devices``, the data-parallel world)."""
+    model and an example batch are given (over ``devices``, the data-parallel world).
+    ``memory_every``, ``memory_warn_fraction``: ``monitor.memory_every`` (-1 = with each record)
+    and ``monitor.memory_warn_fraction``; ``memory_cap_fraction``: ``memory.max_fraction``."""
     probes: list[Probe] = []
     if device.type == "cuda":
-        probes.append(MemoryProbe(device))
+        probes.append(MemoryProbe(device, every=None if memory_every < 0 else memory_every,
+                                  warn_fraction=memory_warn_fraction, cap_fraction=memory_cap_fraction))
         if nvml_enabled:
             sampler = NvmlSampler(device.index if device.index is not None else torch.cuda.current_device())
             if sampler.available:

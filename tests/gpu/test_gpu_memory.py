@@ -112,3 +112,66 @@ def test_injected_oom_recovers_on_cuda(tmp_path, text_file):
     hit = train(config("oom", inject_oom_at_step=20))
     assert [e["kind"] for e in hit["events"]] == ["oom_recovery"]
     assert hit["final_train_loss"] == pytest.approx(plain["final_train_loss"], abs=1e-4)
+
+
+# ----------------------------------------------------------------------------- memory controls, deterministic mode
+
+
+def test_memory_cap_refuses_an_allocation_past_it():
+    device = torch.device("cuda", torch.cuda.current_device())
+    total = torch.cuda.get_device_properties(device).total_memory
+    try:
+        Engine({"run": {"device": str(device)}, "memory": {"max_fraction": 0.05}})
+        torch.cuda.empty_cache()
+        small = torch.empty(int(0.02 * total), dtype=torch.uint8, device=device)  # under the cap: fine
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.empty(int(0.06 * total), dtype=torch.uint8, device=device)
+        del small
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)  # process-wide: lift it for the other tests
+        torch.cuda.empty_cache()
+
+
+def test_memory_warning_fires_once_on_real_counters_and_reset_peak_starts_over():
+    from turbotrain.monitor import MemoryProbe
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    torch.cuda.empty_cache()
+    probe = MemoryProbe(device, warn_fraction=0.9, limit_bytes=torch.cuda.memory_reserved(device) + GIB)
+    probe.reset_peak()
+    assert "memory_warning" not in probe({"step": 1})
+    x = torch.empty(GIB, dtype=torch.uint8, device=device)
+    first = probe({"step": 2})
+    assert "memory_warning" in first and first["mem_peak_gib"] >= 1.0
+    assert "memory_warning" not in probe({"step": 3})  # once
+    del x
+    torch.cuda.empty_cache()
+    probe.reset_peak()
+    assert probe({"step": 4})["mem_peak_gib"] < 0.5
+
+
+def test_deterministic_mode_trains_twice_to_identical_losses_on_cuda():
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+
+    def run() -> list[float]:
+        torch.manual_seed(0)
+        engine = Engine({"run": {"device": "cuda", "deterministic": True}, "compile": {"scope": "off"}})
+        model = GPT(GPTConfig(vocab_size=512, n_layer=2, n_head=4, d_model=128, block_size=64, dropout=0.1))
+        optimizer = build_optimizer(model, engine.device, lr=1e-3)
+        g = torch.Generator().manual_seed(1)
+        batches = [(x[:, :-1], x[:, 1:]) for x in torch.randint(0, 512, (6, 16, 65), generator=g)]
+        model, optimizer, loader = engine.setup(model, optimizer, batches)
+        losses = []
+        for batch in loader:
+            engine.forward_backward(model, batch)
+            engine.step(optimizer)
+            losses.append(engine.last_loss.item())
+        return losses
+
+    try:
+        first, second = run(), run()
+        assert first == second
+        assert torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.benchmark
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[1:]

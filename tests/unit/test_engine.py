@@ -284,3 +284,74 @@ def test_folded_clipping_works_with_bf16_parameters():
     before = model.weight.detach().clone()
     engine.backward(model(torch.randn(4, 8, dtype=torch.bfloat16)).float().pow(2).mean() * 100)
     assert engine.step(optimizer) and not torch.equal(model.weight, before)
+
+
+# ----------------------------------------------------------------------------- memory cap, deterministic mode
+
+
+def test_memory_cap_is_set_on_cuda_with_the_fraction_given(monkeypatch):
+    from turbotrain.engine import apply_memory_cap
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda fraction, device=None: calls.append((fraction, device)))
+    apply_memory_cap(torch.device("cuda", 1), 0.6)
+    apply_memory_cap(torch.device("cuda", 0), 0.0)  # 0 = no cap: nothing set
+    assert calls == [(0.6, 1)]
+
+
+def test_memory_cap_on_cpu_is_one_log_line_and_a_bad_value_names_the_field(monkeypatch, caplog):
+    from turbotrain.errors import ConfigError
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda *a, **k: calls.append(a))
+    with caplog.at_level(logging.INFO, logger="turbotrain.engine"):
+        _engine(memory={"max_fraction": 0.5})
+    said = [r.getMessage() for r in caplog.records if "memory.max_fraction" in r.getMessage()]
+    assert calls == [] and len(said) == 1 and "does not apply on cpu" in said[0]
+    with pytest.raises(ConfigError) as bad:
+        _engine(memory={"max_fraction": 1.5})
+    assert "\n" not in str(bad.value) and "memory.max_fraction = 1.5" in str(bad.value) and "[0, 1]" in str(bad.value)
+
+
+@pytest.fixture
+def restore_determinism(monkeypatch):
+    """run.deterministic sets process-wide switches: put them back for the other tests."""
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")  # absent now, and absent again afterwards
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    yield
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2:]
+
+
+def _train_tiny_gpt(device: str = "cpu", steps: int = 4) -> tuple[Engine, list[float]]:
+    from turbotrain.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    engine = _engine(run={"device": device, "deterministic": True}, compile={"scope": "off"})
+    model = GPT(GPTConfig(vocab_size=64, n_layer=1, n_head=2, d_model=32, block_size=16, dropout=0.1))
+    g = torch.Generator().manual_seed(1)
+    batches = [(x[:, :-1], x[:, 1:]) for x in torch.randint(0, 64, (steps, 4, 17), generator=g)]
+    model, optimizer, loader = engine.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-2), batches)
+    losses = []
+    for batch in loader:
+        engine.forward_backward(model, batch)
+        engine.step(optimizer)
+        losses.append(engine.last_loss.item())
+    return engine, losses
+
+
+def test_deterministic_mode_sets_the_switches_and_trains_twice_to_identical_losses(restore_determinism, caplog):
+    with caplog.at_level(logging.INFO, logger="turbotrain.precision"):
+        engine, first = _train_tiny_gpt()
+    _, second = _train_tiny_gpt()
+    assert first == second and len(set(first)) == len(first)  # bit-identical, and it trained (dropout on)
+    assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
+    assert not torch.backends.cudnn.benchmark
+    import os
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert engine.switches == {"tf32": False, "cudnn_benchmark": False, "deterministic": True}  # what the summary records
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("run.deterministic")]
+    assert len(said) == 1 and "CUBLAS_WORKSPACE_CONFIG=:4096:8 (set before CUDA initialised)" in said[0]
+    assert "no cuDNN autotuning" in said[0] and "raises an error" in said[0]

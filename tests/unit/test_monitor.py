@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import sys
 import time
 
@@ -226,3 +227,98 @@ def test_progress_line_shows_loss_throughput_mfu_memory_and_gpu():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_memory_probe_keys():
     assert set(MemoryProbe(torch.device("cuda"))()) == {"mem_allocated_gib", "mem_reserved_gib", "mem_peak_gib"}
+
+
+# ----------------------------------------------------------------------------- memory interval and warning
+
+GIB = 2**30
+
+
+class _FakeAllocator:
+    """Allocator counters a test sets (bytes): what a CUDA device would report, without one."""
+
+    def __init__(self, reserved: float = 1 * GIB) -> None:
+        self.reserved = reserved
+
+    def __call__(self) -> dict[str, int]:
+        r = int(self.reserved)
+        return {"allocated": r // 2, "reserved": r, "peak": r // 2, "peak_reserved": r}
+
+
+class _CountedLoss:
+    """A loss whose reads (host-device syncs on a GPU) are counted."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def __float__(self) -> float:
+        self.reads += 1
+        return 1.0
+
+
+def _records_with_memory_every(every, tmp_path):
+    path = tmp_path / f"metrics_{every}.jsonl"
+    probe = MemoryProbe(torch.device("cuda", 0), every=every, limit_bytes=80 * GIB, read=_FakeAllocator())
+    monitor, loss = Monitor(4, [JsonlSink(path)], [probe]), _CountedLoss()
+    monitor.start()
+    for step in range(1, 13):
+        monitor.observe(step, loss, samples=step)
+    monitor.close()
+    return [json.loads(line) for line in path.read_text().splitlines()], loss.reads
+
+
+def test_memory_every_is_its_own_interval_and_zero_logs_no_memory(tmp_path):
+    records, reads = _records_with_memory_every(3, tmp_path)
+    assert [(r["step"], "loss" in r, "mem_peak_gib" in r) for r in records] == [
+        (3, False, True), (4, True, False), (6, False, True), (8, True, False), (9, False, True), (12, True, True)]
+    assert reads == 3  # memory-only records read no loss: no host-device sync
+    records, _ = _records_with_memory_every(0, tmp_path)
+    assert [r["step"] for r in records] == [4, 8, 12] and not any(k.startswith("mem_") for r in records for k in r)
+    records, _ = _records_with_memory_every(None, tmp_path)  # monitor.memory_every = -1: in each record, as before
+    assert [r["step"] for r in records] == [4, 8, 12] and all(r["mem_peak_gib"] == 0.5 for r in records)
+
+
+def test_memory_warning_fires_once_when_the_peak_crosses_the_fraction(tmp_path, caplog):
+    fake = _FakeAllocator()
+    probe = MemoryProbe(torch.device("cuda", 0), every=0, warn_fraction=0.9, limit_bytes=10 * GIB, read=fake)
+    engine = Engine({"run": {"device": "cpu"}})
+    monitor = Monitor(1, [JsonlSink(tmp_path / "metrics.jsonl")], [probe])
+    ctx = FitContext(engine, nn.Linear(1, 1), None, max_steps=6)
+    monitor.on_fit_start(ctx)
+    with caplog.at_level(logging.WARNING, logger="turbotrain.monitor"):
+        for step, gib_used in enumerate([5, 8.9, 9.0, 9.6, 3, 9.9], 1):
+            engine.state.step, fake.reserved = step, gib_used * GIB
+            monitor.on_step_end(ctx)
+    monitor.close()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    warned = [r["step"] for r in records if "memory_warning" in r]
+    logged = [r.getMessage() for r in caplog.records if "GPU memory is high" in r.getMessage()]
+    assert warned == [3] and len(logged) == 1 and "9.00 GiB is 90% of the device's 10.00 GiB" in logged[0]
+    assert [(e.step, e.kind) for e in engine.events] == [(3, "memory_warning")]  # summary.json's events
+    assert not any("mem_peak_gib" in r for r in records)  # memory_every 0: the warning still watches
+
+
+def test_memory_warning_is_against_the_cap_when_one_is_set(monkeypatch):
+    monkeypatch.setattr("turbotrain.monitor.device_total_bytes", lambda device: 80 * GIB)
+    fake = _FakeAllocator(reserved=36 * GIB)  # 45% of the device, 90% of a 0.5 cap
+    probe = MemoryProbe(torch.device("cuda", 0), warn_fraction=0.9, cap_fraction=0.5, read=fake)
+    assert "of the cap (0.5 of the device) 40.00 GiB" in probe({"step": 1})["memory_warning"]
+    assert MemoryProbe(torch.device("cuda", 0), warn_fraction=0.9, read=fake)({"step": 1}).get("memory_warning") is None
+
+
+def test_memory_probe_reset_peak_restarts_the_device_peaks(monkeypatch):
+    reset = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset.append)
+    MemoryProbe(torch.device("cuda", 1), limit_bytes=GIB, read=_FakeAllocator()).reset_peak()
+    assert reset == [torch.device("cuda", 1)]
+
+
+def test_fit_with_memory_records_between_ends_on_a_loss_record():
+    probe = MemoryProbe(torch.device("cuda", 0), every=3, limit_bytes=80 * GIB, read=_FakeAllocator())
+    engine = Engine({"run": {"device": "cpu"}})
+    model = TinyMLP(d_in=8, width=8, depth=1)
+    model, optimizer, loader = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1), synthetic_batches(12, 4, d_in=8))
+    monitor = Monitor(5, probes=[probe])
+    fit(engine, model, optimizer, loader, max_steps=12, hooks=[monitor])
+    assert [(r["step"], "loss" in r, "mem_peak_gib" in r) for r in monitor.records] == [
+        (3, False, True), (5, True, False), (6, False, True), (9, False, True), (10, True, False), (12, True, True)]

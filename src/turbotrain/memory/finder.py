@@ -44,7 +44,7 @@ from ..engine import Engine, default_loss
 from ..distributed import collective_device, in_group, rank_world
 from ..errors import ConfigError, TurbotrainError
 from ..hardware import ram_bytes
-from ..models.moe import MoEMLP
+from ..models.moe import MoE
 from ..oom import is_oom
 from ..rundir import BATCH_CACHE
 from ..transforms import eager
@@ -388,7 +388,7 @@ class StepTrial:
         # so loading it back (close) goes through the same hooks: each rank's slice, the loads reset.
         self._weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
         self._tallies = [(m, *(None if t is None else t.clone() for t in (m.load, m.dropped)))  # the expert monitor's
-                         for m in model.modules() if isinstance(m, MoEMLP)]
+                         for m in model.modules() if isinstance(m, MoE)]
         self._optimizer_state = optimizer.state_dict() if optimizer.state else None
         self._rng = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
         self._was_training = model.training
@@ -499,6 +499,7 @@ def cache_key(config: RunConfig, engine: Engine, world: int, max_micro: int,
         "headroom": b.headroom,
         "max_memory_gib": b.max_memory_gib,
         "max_memory_fraction": b.max_memory_fraction,
+        **({"memory_max_fraction": config.memory.max_fraction} if config.memory.max_fraction else {}),  # old keys stay valid
         "max_micro": max_micro,
         "slowdown_stop": slowdown_stop,
         "world": world,
@@ -564,7 +565,9 @@ def resolve_batch_size(
         if make_batch is None:
             vocab = getattr(getattr(model, "cfg", None), "vocab_size", None) or config.model.vocab_size or BYTE_VOCAB
             make_batch = token_batches(vocab, config.model.block_size, engine.device, seed=config.run.seed)
-        budget = usable_memory_bytes(engine.device, b.max_memory_gib, b.max_memory_fraction)
+        cap = config.memory.max_fraction if engine.device.type == "cuda" else 0.0  # training's allocator cap: search under it
+        fraction = min((f for f in (b.max_memory_fraction, cap) if f > 0), default=0.0)
+        budget = usable_memory_bytes(engine.device, b.max_memory_gib, fraction)
         if engine.device.type == "cpu" and budget is not None:  # the weights already sit in RAM
             budget += storage_bytes(list(model.parameters()) + list(model.buffers()))
         timed = 3 if b.pick == "fastest" or slowdown_stop else 1  # timing rules decide on medians of 3

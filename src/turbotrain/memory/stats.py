@@ -40,7 +40,7 @@ from ..batch import batch_size, tensors_of
 from ..config import RunConfig
 from ..data.tokenizer import BYTE_VOCAB, GPT2_VOCAB
 from ..engine import default_loss, resolve_device
-from ..hardware import ram_bytes
+from ..hardware import device_total_bytes
 from ..models.build import build_model
 from ..optim import build_optimizer
 from ..precision import DeviceCaps, MixedPrecision, precision_class, resolve_precision
@@ -284,13 +284,6 @@ class _CudaMeter(contextlib.nullcontext):
         torch.cuda.reset_peak_memory_stats(self.device)
 
 
-def device_total_bytes(device: torch.device) -> int | None:
-    """The device's memory in bytes: CUDA total, CPU physical RAM; None for meta."""
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).total_memory)
-    return ram_bytes()[0] if device.type == "cpu" else None
-
-
 # ----------------------------------------------------------------------------- estimates
 
 
@@ -354,6 +347,8 @@ def memory_summary(training: Any) -> dict[str, Any]:
     batch-size search if ``batch.micro`` was 'auto'. Never raises: a summary must be written."""
     out: dict[str, Any] = {}
     try:
+        if not training.spec.memory_estimate:
+            raise LookupError(f"no analytic estimate for a {training.spec.name} model (the measured peak is below on CUDA)")
         cfg = getattr(training.model, "cfg", None)
         out["estimate"] = estimate_memory(
             training.config, precision=training.engine.precision.name, vocab_size=getattr(cfg, "vocab_size", None)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -355,19 +356,48 @@ def build_precision(mode: "str | Precision", device: torch.device, caps: DeviceC
     return precision_class(resolve_precision(mode, caps, settings)).from_settings(device, settings)
 
 
-def apply_backend_switches(device: torch.device, *, tf32: bool, cudnn_benchmark: bool, flush_denormal: bool = True) -> None:
+def apply_backend_switches(device: torch.device, *, tf32: bool, cudnn_benchmark: bool, flush_denormal: bool = True,
+                           deterministic: bool = False) -> dict[str, bool]:
     """Process-wide switches, set once: TF32 matmuls/convolutions and cuDNN autotuning on CUDA;
     on CPU, denormal flushing (tiny early-training values otherwise take a slow microcode path:
-    measured ~268 vs ~197 ms for the first gpt-tiny steps on the 2-core EPYC)."""
+    measured ~268 vs ~197 ms for the first gpt-tiny steps on the 2-core EPYC); with
+    ``deterministic``, :func:`apply_deterministic` (cuDNN autotuning then stays off).
+    Returns the switches as they now stand on ``device``, for the run's summary."""
+    if deterministic:
+        apply_deterministic()
+        cudnn_benchmark = False
+    cuda = device.type == "cuda"
     if device.type == "cpu":
         torch.set_flush_denormal(flush_denormal)
-        return
-    if device.type != "cuda":
-        return
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
-    torch.set_float32_matmul_precision("high" if tf32 else "highest")
-    torch.backends.cudnn.benchmark = cudnn_benchmark
+    elif cuda:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.set_float32_matmul_precision("high" if tf32 else "highest")
+        torch.backends.cudnn.benchmark = cudnn_benchmark
+    return {"tf32": tf32 and cuda, "cudnn_benchmark": cudnn_benchmark and cuda, "deterministic": deterministic}
+
+
+CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")  # the CUBLAS_WORKSPACE_CONFIG values that make cuBLAS deterministic (CUDA >= 10.2)
+
+
+def apply_deterministic() -> None:
+    """``run.deterministic``: deterministic kernels for the rest of the process (never switched
+    off again here, so a caller's own ``torch.use_deterministic_algorithms(True)`` also stays).
+    CUBLAS_WORKSPACE_CONFIG is read when cuBLAS makes its first handle, so it must be set before
+    CUDA work starts: the log line says whether it was."""
+    early = not torch.cuda.is_initialized()
+    given = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    if given not in CUBLAS_DETERMINISTIC:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_DETERMINISTIC[0]
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    value = os.environ["CUBLAS_WORKSPACE_CONFIG"]
+    where = ("given in the environment" if given == value else "set before CUDA initialised" if early else
+             "set after CUDA initialised: it holds only if no cuBLAS call ran yet; export it before starting Python to be sure")
+    log.info("run.deterministic: torch.use_deterministic_algorithms(True), cuDNN deterministic, CUBLAS_WORKSPACE_CONFIG=%s (%s); "
+             "it costs speed: no cuDNN autotuning (precision.cudnn_benchmark is ignored), some kernels are slower, "
+             "and an op without a deterministic kernel raises an error naming it", value, where)
 
 
 class NonFiniteGuard:
