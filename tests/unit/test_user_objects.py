@@ -22,7 +22,7 @@ def _train(tune: bool, opt_class: type = torch.optim.Adam, steps: int = 12) -> t
     nn.functional.cross_entropy(model(X), Y).backward()  # one step before setup: the state must carry over
     opt.step()
     opt.zero_grad()
-    engine = Engine({"optim": {"tune_user_optimizer": tune}})
+    engine = Engine({"optim": {"tune_user_optimizer": tune, "grad_clip": 0.5}})  # fused: clipping folded into the kernel
     model, out, _ = engine.setup(model, opt)
     assert out is opt
     losses = []
