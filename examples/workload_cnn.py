@@ -1,5 +1,6 @@
 """A user-style CNN workload for turbotrain's tools: your model and data, no turbotrain code in them.
 
+    turbotrain train   --model examples/workload_cnn.py:make --train.max_steps 64
     turbotrain bench   --model examples/workload_cnn.py:make --matrix precision
     turbotrain profile --model examples/workload_cnn.py:make --verify
     turbotrain profile --model examples/workload_cnn.py:make_slow_data --verify   # a loader that reads slowly
@@ -63,10 +64,16 @@ def cross_entropy(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) ->
     return F.cross_entropy(model(images), labels)
 
 
+def accuracy(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Validation metrics besides the loss: the share of images classified right."""
+    images, labels = batch
+    return {"accuracy": (model(images).argmax(1) == labels).float().mean()}
+
+
 def make() -> Workload:
     """The CNN on in-memory-fast data."""
     loader = DataLoader(Shapes(), batch_size=64, shuffle=True, drop_last=True)
-    return Workload(model=SmallCNN(), train_loader=loader, loss_fn=cross_entropy,
+    return Workload(model=SmallCNN(), train_loader=loader, loss_fn=cross_entropy, metrics_fn=accuracy,
                     eval_loader=DataLoader(Shapes(256), batch_size=64))
 
 

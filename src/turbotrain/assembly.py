@@ -31,17 +31,20 @@ class Trainable:
 
 
 def build_trainable(
-    config: RunConfig, model: nn.Module, *, max_steps: int | None = None, loader: Iterable[Any] | None = None
+    config: RunConfig, model: nn.Module, *, max_steps: int | None = None, loader: Iterable[Any] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> Trainable:
-    """The engine for ``config``, AdamW from ``config.optim`` over ``model``, the warmup + decay
-    schedule spanning ``max_steps`` optimizer steps (none when ``max_steps`` is None), and
-    ``engine.setup`` of all of them (``loader`` batches then arrive on the device)."""
+    """The engine for ``config``, AdamW from ``config.optim`` over ``model`` (or the caller's
+    ``optimizer``, used as it is), the warmup + decay schedule spanning ``max_steps`` optimizer
+    steps (none when ``max_steps`` is None or the optimizer is the caller's: its learning rate is
+    its own), and ``engine.setup`` of all of them (``loader`` batches then arrive on the device)."""
     engine = Engine(config)
     c = config.optim
-    optimizer = optimizer_from_config(model, engine.device, c)
     scheduler = None
-    if max_steps is not None:
-        scheduler = scheduler_from_config(optimizer, c, max_steps)
+    if optimizer is None:
+        optimizer = optimizer_from_config(model, engine.device, c)
+        if max_steps is not None:
+            scheduler = scheduler_from_config(optimizer, c, max_steps)
     model, optimizer, loader = engine.setup(model, optimizer, loader, scheduler=scheduler, scheduler_interval="step")
     assert optimizer is not None
     return Trainable(engine, model, optimizer, scheduler, loader)

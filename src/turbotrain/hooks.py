@@ -177,10 +177,11 @@ class StopOnSignal(Hook):
 
 
 class Evaluate(Hook):
-    """Validation loss every ``interval`` steps and at the end, into ``ctx.metrics['val_loss']``."""
+    """Validation loss every ``interval`` steps and at the end, into ``ctx.metrics['val_loss']``;
+    with ``metrics_fn`` its metrics too, into ``ctx.metrics['val_metrics']`` as ``val_<name>``."""
 
-    def __init__(self, batches: list[Any], interval: int, loss_fn: Any = None) -> None:
-        self.batches, self.interval, self.loss_fn = batches, interval, loss_fn
+    def __init__(self, batches: list[Any], interval: int, loss_fn: Any = None, metrics_fn: Any = None) -> None:
+        self.batches, self.interval, self.loss_fn, self.metrics_fn = batches, interval, loss_fn, metrics_fn
         self.last_step = -1
 
     def _run(self, ctx: FitContext) -> None:
@@ -188,7 +189,9 @@ class Evaluate(Hook):
             return
         kwargs = {"loss_fn": self.loss_fn} if self.loss_fn is not None else {}
         start = time.perf_counter()
-        ctx.metrics["val_loss"] = ctx.engine.evaluate(ctx.model, self.batches, **kwargs)
+        values = ctx.engine.evaluate_metrics(ctx.model, self.batches, metrics_fn=self.metrics_fn, **kwargs)
+        ctx.metrics["val_loss"] = values.pop("loss")
+        ctx.metrics["val_metrics"] = {f"val_{name}": value for name, value in values.items()}
         ctx.side_s += time.perf_counter() - start
         ctx.metrics["val_step"] = self.last_step = ctx.engine.state.step
 

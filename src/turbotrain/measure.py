@@ -230,14 +230,14 @@ def build(target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_d
     micro, accumulation = int(config.batch.micro), config.batch.accumulation
     # Batches of the whole optimizer step, cut into ``accumulation`` micro-batches by the engine:
     # the same samples in the same order whatever the micro-batch, so runs differ only in arithmetic.
-    train = TokenWindows(training.source.train, config.model.block_size)
+    train = TokenWindows(training.data.source.train, config.model.block_size)
     data = DataWait(build_loader(train, micro * accumulation, config.run.seed, settings))
     engine.set_accumulation(1)
     engine.set_split(accumulation)
     block = config.model.block_size
     parity = []
-    if len(training.source.val) > block + 1:
-        val = TokenWindows(training.source.val, block)
+    if len(training.data.source.val) > block + 1:
+        val = TokenWindows(training.data.source.val, block)
         parity = fixed_batches(val, PARITY_BATCH, PARITY_BATCHES, seed=config.run.seed + 1)
     return Built(
         target, config, engine, training.model, training.optimizer, engine.setup_loader(data), data,
@@ -247,7 +247,7 @@ def build(target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_d
         {"num_workers": settings.num_workers, "pin_memory": settings.pin_memory,
          "prefetch_factor": settings.prefetch_factor if settings.num_workers else None,
          "device_prefetch": config.data.device_prefetch and engine.device.type == "cuda",
-         "batch_size": micro, "loader": f"DataLoader over {training.source.description}"},
+         "batch_size": micro, "loader": f"DataLoader over {training.data.source.description}"},
         "tokens/s", run_dir, batch_search=training.resolved.get("batch_search"),
     )
 

@@ -117,7 +117,9 @@ def steady_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def summarize_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Steady-state medians (tokens/s, samples/s, step ms, achieved TFLOP/s, MFU), the median
     tokens/s of all windows, peak device memory in GiB, GPU utilisation and the final/best
-    losses, from metrics records."""
+    losses, from metrics records; the restarts (event records a relaunch wrote) as a list."""
+    restarts = [r for r in records if r.get("event") == "restart"]
+    records = [r for r in records if "event" not in r]
     steady = steady_records(records)
     med = lambda key: _median([v for _, v in _values(steady, key)])  # noqa: E731
     losses = _values(records, "loss")
@@ -141,8 +143,11 @@ def summarize_records(records: list[dict[str, Any]]) -> dict[str, Any]:
         "final_val_loss": vals[-1][1] if vals else None,
         "final_val_step": vals[-1][0] if vals else None,
         "best_val_loss": min(v for _, v in vals) if vals else None,
+        **{f"final_{key}": values[-1][1] for key in metric_keys(records) if (values := _values(records, key))},
         "logged_steps": len(records),
         "last_step": records[-1]["step"] if records else None,
+        **({"restarts": {"count": len(restarts), "each": [{k: v for k, v in r.items() if k != "event"} for r in restarts]}}
+           if restarts else {}),
     }
 
 
@@ -197,6 +202,17 @@ PLOTS: tuple[PlotSpec, ...] = (
 NO_FLOPS = "no FLOP count for this model (give the monitor an example batch to count them)"
 
 
+NOT_METRICS = ("val_loss", "val_step")
+
+
+def metric_keys(records: list[dict[str, Any]]) -> list[str]:
+    """The validation metrics besides the loss in ``records`` (``val_accuracy``, ...), in first-seen order."""
+    keys: dict[str, None] = {}
+    for r in records:
+        keys.update((k, None) for k in r if k.startswith("val_") and k not in NOT_METRICS)
+    return list(keys)
+
+
 def plots_for(records: list[dict[str, Any]]) -> tuple[PlotSpec, ...]:
     """:data:`PLOTS` labelled for what was measured: a language model's loss is in nats per token
     and its throughput in tokens/s; any other model's loss is just its loss and its throughput is
@@ -212,6 +228,10 @@ def plots_for(records: list[dict[str, Any]]) -> tuple[PlotSpec, ...]:
         elif spec.file == "mfu.png" and not counted:
             spec = replace(spec, missing=NO_FLOPS)
         out.append(spec)
+    metrics = metric_keys(records)
+    if metrics:  # the workload's own (accuracy, ...), as evaluated with the validation loss
+        out.insert(1, PlotSpec("metrics.png", "Validation metrics", "value",
+                               tuple(Series(k, k[4:].replace("_", " "), style="o-") for k in metrics)))
     return tuple(out)
 
 
@@ -373,6 +393,8 @@ def format_markdown(summary: dict[str, Any]) -> str:
         f"- final train loss: {_fmt(summary.get('final_train_loss'), '.4f')} (step {summary.get('final_train_step', summary.get('steps', '?'))})",
         f"- final validation loss: {_fmt(summary.get('final_val_loss'), '.4f')} (step {summary.get('final_val_step')})",
         f"- best validation loss: {_fmt(summary.get('best_val_loss'), '.4f')}",
+        *(f"- final validation {k[len('final_val_'):].replace('_', ' ')}: {_fmt(v, '.4f')}"
+          for k, v in summary.items() if k.startswith("final_val_") and k not in ("final_val_loss", "final_val_step")),
     ]
     comp = summary.get("compile") or {}
     if comp.get("frames_compiled") or comp.get("graph_breaks"):
@@ -384,6 +406,13 @@ def format_markdown(summary: dict[str, Any]) -> str:
         if comp.get("warning"):
             lines.append(f"- **warning**: {comp['warning']}")
     lines += expert_report.markdown(summary.get("experts"))
+    restarts = summary.get("restarts") or {}
+    if restarts.get("count"):
+        lines += ["", "## Restarts", "", f"{restarts['count']} restart(s), each resuming by itself from its newest "
+                  "verified checkpoint:", ""]
+        lines += [f"- {r.get('time')}: resumed at step {r.get('step')} from {r.get('resumed_from') or 'the start (no checkpoint yet)'}"
+                  f" on {r.get('world_size')} process(es), {r.get('steps_redone')} logged step(s) trained again ({r.get('why')})"
+                  for r in restarts.get("each", [])]
     events = summary.get("events") or []
     if events:
         lines += ["", "## Events", ""] + [f"- step {e['step']}: {e['kind']}: {e['detail']}" for e in events]

@@ -27,17 +27,19 @@ TENSORBOARD_DIR = "tensorboard"
 BATCH_CACHE = "batch_size.json"  # the batch finder's answers for this run's settings
 TOKENIZER_FILE = "tokenizer.json"  # the run's subword tokenizer (none: bytes)
 EXPERTS_FILE = "experts.json"  # a mixture-of-experts run: tokens per expert over training, placement
+LAUNCH_FILE = ".launch.json"  # the launcher job that last started the run: a restart of that job resumes it
 
 
 def run_name(config: RunConfig) -> str:
-    """``run.name``, or ``<preset>-<timestamp>`` when it is empty."""
-    return config.run.name or f"{config.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """``run.name``, or ``<preset>-<timestamp>`` when it is empty (``<FUNC>-<timestamp>`` for a workload)."""
+    label = config.model.workload.rpartition(":")[2] or config.preset
+    return config.run.name or f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def holds_a_run(path: Path) -> bool:
-    """Whether ``path`` holds anything of a run (the lock file alone is not a run)."""
+    """Whether ``path`` holds anything of a run (the lock and launch files alone are not a run)."""
     try:
-        return any(p.name != LOCK_FILE for p in path.iterdir())
+        return any(p.name not in (LOCK_FILE, LAUNCH_FILE) for p in path.iterdir())
     except OSError:
         return False
 
@@ -73,6 +75,20 @@ def find_run_dir(out_dir: str, name: str = "") -> Path:
     if not runs:
         raise TurbotrainError(f"no run to resume in {out_dir}/; start one with `turbotrain train`")
     return max(runs, key=lambda p: (p / CONFIG_FILE).stat().st_mtime)
+
+
+def write_launch(run_dir: Path, record: dict[str, Any]) -> None:
+    """Keep ``record`` (:meth:`turbotrain.distributed.Launch.record`) as the job that last started the run."""
+    atomic_write(run_dir / LAUNCH_FILE, json.dumps(record) + "\n")
+
+
+def read_launch(run_dir: Path) -> dict[str, Any] | None:
+    """The job that last started the run, or None (none recorded, or unreadable)."""
+    try:
+        record = json.loads((run_dir / LAUNCH_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def resume_config(run_dir: Path, overrides: Any = ()) -> RunConfig:

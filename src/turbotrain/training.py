@@ -27,44 +27,33 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from torch import nn
 
 from .assembly import build_trainable
 from .atomic import DiskFullError, atomic_write, clean_stale_temps, disk_full_cause
 from .checkpoint import Checkpointer, RunState, finished_checkpoints, latest_verified, restore_latest, run_state
 from .config import RunConfig, setting, to_toml
-from .data import TokenSource, TokenWindows, build_loader, check_vocab, fixed_batches, open_tokens, resolve_loader_settings
-from .data.tokenizer import save_run_tokenizer
+from .data import resolve_loader_settings
+from .data.batching import processes
 from .distributed import ReportedByMainRank, Topology, decided_by_main, join_process_group, local_device, main_first, resolve_strategy
-from .engine import Engine, resolve_device
-from .models.moe import parallel as expert_parallel
-from .experts_monitor import experts_hooks
-from .hardware import ram_bytes
+from .engine import Engine, default_loss, resolve_device
 from .errors import ConfigError, TurbotrainError
-from .hooks import Evaluate, FitContext, Hook, StopAfter, StopOnSignal
+from .hardware import ram_bytes
+from .hooks import FitContext, Hook, StopAfter, StopOnSignal
 from .loop import fit
 from .memory import memory_summary, resolve_batch_size
-from .models.build import build_model
-from .models.gpt import GPT
-from .monitor import JsonlSink, Monitor, ProgressSink, TensorBoardSink, build_probes
-from .data.batching import build_budget_data, processes, resume_start
-from .lr_plateau import ObservePlateau
-from .optim import PlateauLR, lr_batch_factor, resolve_implementation, rescale_lr
+from .models.moe import parallel as expert_parallel
+from .models.registry import spec_for
+from .models.spec import ModelSpec, RunData
+from .monitor import Monitor
+from .optim import lr_batch_factor, resolve_implementation, rescale_lr
 from .report import read_metrics, write_summary
-from .rundir import (
-    CHECKPOINTS,
-    CONFIG_FILE,
-    METRICS_FILE,
-    PLOTS_DIR,
-    TENSORBOARD_DIR,
-    TOKENIZER_FILE,
-    already_exists,
-    holds_a_run,
-    new_run_dir,
-    truncate_metrics,
-)
+from .run_hooks import MonitorPlan, build_hooks, build_monitor
+from .rundir import CHECKPOINTS, CONFIG_FILE, METRICS_FILE, PLOTS_DIR, already_exists, holds_a_run, new_run_dir, truncate_metrics
 from .runlock import RunLock
+from .sharded import clean_unfinished
+from .sharded import saved_world as saved_world_of
 from .signals import held as held_signals
-from .sharded import clean_unfinished, saved_world
 from .tracking import run_facts
 
 log = logging.getLogger(__name__)
@@ -94,10 +83,11 @@ class Training:
 
     config: RunConfig
     run_dir: Path
+    spec: ModelSpec
     engine: Engine
-    model: GPT
+    model: nn.Module
     optimizer: torch.optim.Optimizer
-    source: TokenSource
+    data: RunData
     loader: Any
     hooks: list[Hook]
     monitor: Monitor
@@ -106,136 +96,112 @@ class Training:
     resumed_from: str = ""
 
     def run(self) -> FitContext:
-        return fit(self.engine, self.model, self.optimizer, self.loader, max_steps=self.config.train.max_steps, hooks=self.hooks)
+        return fit(self.engine, self.model, self.optimizer, self.loader, max_steps=self.config.train.max_steps,
+                   hooks=self.hooks, loss_fn=self.spec.loss_fn() or default_loss)
 
 
 def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, progress: bool | None = None,
                    batch_given: bool = False) -> Training:
-    """Build the data, model, optimizer, engine and hooks for ``config`` in ``run_dir``. A resume
-    at another world size that would change the global batch is refused unless ``batch_given``
+    """Build the data, model, optimizer, engine and hooks for ``config`` in ``run_dir``, in that
+    order, through the run's model spec (:func:`turbotrain.models.spec.spec_for`). A resume at
+    another world size that would change the global batch is refused unless ``batch_given``
     (the resume names the batch itself: :func:`check_resume_batch`)."""
     topology = Topology.from_env()
     c = check_launch(config, topology)  # batch.global_size -> accumulation (the saved config keeps it as given)
     main = topology.rank == 0  # under torchrun rank 0 alone writes the run's shared files and prints
     show = (c.monitor.progress if progress is None else progress) and main
-    source = main_first(lambda: open_tokens(  # rank 0 first: it fills the token cache, the others read it
-        c.data.path, val_fraction=c.data.val_fraction, cache_dir=c.data.cache_dir, progress=show,
-        tokenizer=c.data.tokenizer, vocab_size=c.model.vocab_size, saved_tokenizer=run_dir / TOKENIZER_FILE))
+    spec = spec_for(c)
+    data = main_first(lambda: spec.open_data(c, run_dir, show=show))  # rank 0 first: it fills caches, the others read them
     if main:
-        save_run_tokenizer(source.tokenizer, run_dir)  # what `turbotrain sample` decodes with
-    train_windows = TokenWindows(source.train, c.model.block_size)
-    val_windows = TokenWindows(source.val, c.model.block_size) if len(source.val) > c.model.block_size else None
-
+        data.save(run_dir)
     torch.manual_seed(c.run.seed)
-    model = build_model(c.model, source.vocab_size)
-    check_vocab(source, model.cfg.vocab_size)
-    expert_parallel.apply(c, model)  # MoE: keep this rank's experts, before the optimizer sees the parameters
-    t = build_trainable(c, model, max_steps=c.train.max_steps)
-    plain = model  # the GPT itself: DDP wraps it, FSDP2 shards it in place
+    plain = spec.build(c, data)  # the model itself: DDP wraps it, FSDP2 shards it in place
+    expert_parallel.apply(c, plain)  # MoE layers: keep this rank's experts, before the optimizer sees the parameters
+    own_optimizer = spec.optimizer(plain)  # a workload's own; None: AdamW from the optim section, with its schedule
+    t = build_trainable(c, plain, max_steps=c.train.max_steps, optimizer=own_optimizer)
     engine, model, optimizer = t.engine, t.model, t.optimizer
     expert_parallel.attach_optimizer(plain, optimizer)  # MoE: checkpoints hold every expert's optimizer state
     engine.set_grad_norm(expert_parallel.grad_norm(plain))  # expert parallel: clip by the norm over every rank's experts
     rank, world = engine.strategy.rank, engine.strategy.world
     # batch.micro = 'auto': search the size (or read this run's cache) before any checkpoint loads
-    c, batch_search = resolve_batch_size(c, engine, model, optimizer, run_dir=run_dir, max_micro=train_windows.positions)
+    c, batch_search = resolve_batch_size(c, engine, model, optimizer, run_dir=run_dir, max_micro=data.positions,
+                                         make_batch=data.probe_batch(c, engine.device), loss_fn=spec.loss_fn())
     c, lr_note = _scale_lr(c, batch_search, optimizer, t.scheduler)  # optim.lr_scaling, before a checkpoint loads
     # the config rides along for reference only: a resume reads config.toml
     state = run_state(engine, model, optimizer, t.scheduler, config=(lambda: to_toml(c), lambda _: None))
-    resumed_from = ""
-    if resume and finished_checkpoints(run_dir / CHECKPOINTS):
-        def same_batch(path: Path, written_by: int, saved: dict[str, Any]) -> None:  # before anything loads
-            if c.data.batching == "windows" and not batch_given:
-                check_resume_batch(path.name, saved.get("config"), written_by, c, world, rank)
-
-        resumed = restore_latest(run_dir / CHECKPOINTS, state, before_load=same_batch)
-        resumed_from = resumed.name
-        # The data position in this run's batches: windows draw step s's rows from (seed, s) for
-        # any split; token batching keeps its stream only with the same batches per step.
-        if c.data.batching == "tokens":
-            engine.state.batches = resume_start(engine.state.batches, engine.state.step,
-                                                saved_world(resumed) if resumed.is_dir() else 1, world, c.batch.accumulation)
-        else:
-            engine.state.batches = engine.state.step * c.batch.accumulation
-    elif resume:
-        log.info("%s has no finished checkpoint (it stopped before its first one): training from step 0", run_dir)
+    resumed_from = _resume(c, run_dir, state, engine, data, world, rank, batch_given) if resume else ""
     if resume and main:  # the steps after the checkpoint run again: their old records would count twice
         truncate_metrics(run_dir / METRICS_FILE, engine.state.step)
-    if c.optim.warmup_steps > c.train.max_steps:
-        log.warning("optim.warmup_steps = %d is longer than the run (train.max_steps = %d): the learning rate "
-                    "peaks at %.0f%% of optim.lr; use %s or fewer", c.optim.warmup_steps, c.train.max_steps,
-                    100 * c.train.max_steps / c.optim.warmup_steps, setting("optim.warmup_steps", c.train.max_steps))
+    _warn_long_warmup(c)
 
     settings = resolve_loader_settings(engine.device, c.data.num_workers, c.data.pin_memory, c.data.prefetch_factor)
-    if c.data.batching == "tokens":  # documents kept apart, batches by token budget
-        budget = build_budget_data(
-            c.data.path, source, c.model.block_size, c.batch.max_tokens or c.batch.micro * c.model.block_size, c.run.seed,
-            settings, start=engine.state.batches, eval_batches=c.train.eval_batches * c.batch.accumulation,
-            rank=rank, world=world,  # validation: eval_batches x accumulation x world stream batches, for any split
-        )
-        loader, val_batches, example = budget.loader, budget.val_batches, budget.example
-    else:  # step s: micro x accumulation x world rows from (seed, s); this rank its chunks of them
-        budget = None
-        loader = build_loader(train_windows, c.batch.micro, c.run.seed, settings, start=engine.state.batches, rank=rank,
-                              world=world, accumulation=c.batch.accumulation)
-        val_batches = fixed_batches(val_windows, c.batch.micro, c.train.eval_batches, seed=c.run.seed + 1, rank=rank,
-                                    world=world, accumulation=c.batch.accumulation) if val_windows else []
-        example = fixed_batches(train_windows, c.batch.micro, 1, seed=c.run.seed)[0]
-    loader = engine.setup_loader(loader)
-
+    loader = engine.setup_loader(data.loader(c, settings, engine.state.batches, rank, world))
+    val_batches, example = data.val_batches(c, rank, world), data.example(c)
     resolved = {
         "device": str(engine.device),
         "precision": engine.precision.name,
         "compile": engine.options.compile_scope,
         "compile_mode": c.compile.mode,
-        "optimizer": f"AdamW ({resolve_implementation(c.optim.implementation, engine.device)})",
-        "attention": "sdpa is_causal" if c.model.attention == "sdpa" else "sdpa + cached mask",
+        "optimizer": (f"AdamW ({resolve_implementation(c.optim.implementation, engine.device)})" if own_optimizer is None
+                      else f"{type(own_optimizer).__name__} (the workload's)"),
         "num_workers": settings.num_workers,
         "pin_memory": settings.pin_memory,
-        "vocab_size": plain.cfg.vocab_size,
-        "params": getattr(plain, "num_total_params", plain.num_params)(non_embedding=False),  # MoE: every expert
-        **({"active_params": plain.num_active_params(non_embedding=False)} if hasattr(plain, "num_active_params") else {}),
-        "data": source.description,
+        "model_family": spec.name,
+        **spec.facts(c, plain),
+        "data": data.description,
         "global_batch": c.batch.micro * c.batch.accumulation * world,
         "strategy": engine.strategy.name,
         "world_size": world,
+        **data.facts,
     }
     if batch_search is not None:
         resolved["batch_search"] = batch_search.to_dict()
     if lr_note:
         resolved["lr_scaling"] = lr_note
-    if budget is not None:
-        resolved["batching"] = budget.description
 
-    jsonl = JsonlSink(run_dir / METRICS_FILE) if main else None
-    sinks: list[Any] = [jsonl] if jsonl is not None else []  # the other ranks measure but write nothing
-    if c.monitor.tensorboard and main:
-        sinks.append(TensorBoardSink(run_dir / TENSORBOARD_DIR))
-    if show:
-        sinks.append(ProgressSink(c.train.max_steps, engine.state.step))
-    probes = build_probes(  # memory + NVML on CUDA; MFU from FLOPs per sample, counted once here
-        engine.device, model=plain, example_batch=example,
-        precision=engine.precision.name, nvml_enabled=c.monitor.nvml, autocast=engine.autocast, devices=world,
-    )
-    monitor = Monitor(c.monitor.log_every, sinks, probes, world=world)
-    # Hooks run in this order at every event, and the order matters:
-    # - the stop hooks only raise ctx.should_stop, which the loop reads after all hooks have run;
-    # - Evaluate before Monitor: the record the Monitor writes for a step carries the validation
-    #   loss Evaluate has just put in ctx.metrics (at the end too: final evaluation, then final record);
-    # - Checkpointer last: its time is in ctx.side_s before the next window starts, and at the end
-    #   the final record is written and the sinks closed before the save, so a failed save
-    #   (a full disk) loses no metrics.
-    # - data parallel: the ranks agree on a signal every log_every steps, so they stop together.
-    hooks: list[Hook] = [
-        StopOnSignal(engine.strategy.any_rank if world > 1 else None, c.monitor.log_every),
-        StopAfter(c.train.stop_after_steps),
-        Evaluate(val_batches, c.train.eval_every),
-        *([ObservePlateau(t.scheduler)] if isinstance(t.scheduler, PlateauLR) else []),  # the loss Evaluate read
-        *experts_hooks(plain, c.monitor.log_every, run_dir if main else None),  # MoE: tokens per expert
+    monitor, jsonl = build_monitor(engine, plain, example, MonitorPlan(
+        c.monitor.log_every, run_dir if main else None,  # the other ranks measure but write nothing
+        progress_steps=c.train.max_steps if show else None, nvml=c.monitor.nvml, tensorboard=c.monitor.tensorboard,
+        memory_every=c.monitor.memory_every, memory_warn_fraction=c.monitor.memory_warn_fraction,
+        memory_cap_fraction=c.memory.max_fraction), loss_fn=spec.loss_fn())
+    hooks = build_hooks(
         monitor,
-        Checkpointer(run_dir / CHECKPOINTS, c.train.checkpoint_every, c.train.keep_last, state,  # every rank: ddp/fsdp save together
-                     before_save=jsonl.flush if jsonl is not None else None),
-    ]
-    return Training(c, run_dir, engine, model, optimizer, source, loader, hooks, monitor, state, resolved, resumed_from)
+        # data parallel: the ranks agree on a signal every log_every steps, so they stop together
+        stops=[StopOnSignal(engine.strategy.any_rank if world > 1 else None, c.monitor.log_every),
+               StopAfter(c.train.stop_after_steps)],
+        eval_batches=val_batches, eval_every=c.train.eval_every, loss_fn=spec.loss_fn(), metrics_fn=spec.metrics_fn(),
+        scheduler=t.scheduler, experts_model=plain, experts_dir=run_dir if main else None,
+        checkpointer=Checkpointer(run_dir / CHECKPOINTS, c.train.checkpoint_every, c.train.keep_last, state,  # every rank: ddp/fsdp save together
+                                  before_save=jsonl.flush if jsonl is not None else None, async_write=c.train.async_checkpoint),
+    )
+    return Training(c, run_dir, spec, engine, model, optimizer, data, loader, hooks, monitor, state, resolved, resumed_from)
+
+
+def _resume(c: RunConfig, run_dir: Path, state: RunState, engine: Engine, data: RunData, world: int, rank: int,
+            batch_given: bool) -> str:
+    """Load the newest finished checkpoint of ``run_dir`` into ``state`` and set the data position
+    after it; returns its name ("" when the run stopped before its first checkpoint). A split-
+    invariant data order keeps step s's rows for any split of the global batch, so only a global
+    batch changed unasked is refused (:func:`check_resume_batch`)."""
+    if not finished_checkpoints(run_dir / CHECKPOINTS):
+        log.info("%s has no finished checkpoint (it stopped before its first one): training from step 0", run_dir)
+        return ""
+
+    def same_batch(path: Path, written_by: int, saved: dict[str, Any]) -> None:  # before anything loads
+        if data.split_invariant and not batch_given:
+            check_resume_batch(path.name, saved.get("config"), written_by, c, world, rank)
+
+    resumed = restore_latest(run_dir / CHECKPOINTS, state, before_load=same_batch)
+    saved_world = saved_world_of(resumed) if resumed.is_dir() else 1
+    engine.state.batches = data.start_after(engine.state.batches, engine.state.step, c, saved_world, world)
+    return resumed.name
+
+
+def _warn_long_warmup(c: RunConfig) -> None:
+    if c.optim.warmup_steps > c.train.max_steps:
+        log.warning("optim.warmup_steps = %d is longer than the run (train.max_steps = %d): the learning rate "
+                    "peaks at %.0f%% of optim.lr; use %s or fewer", c.optim.warmup_steps, c.train.max_steps,
+                    100 * c.train.max_steps / c.optim.warmup_steps, setting("optim.warmup_steps", c.train.max_steps))
 
 
 def check_resume_batch(checkpoint: str, saved_config: Any, saved_world: int, c: RunConfig, world: int, rank: int = 0) -> None:
@@ -332,7 +298,7 @@ def facts(training: Training, ctx: FitContext | None, status: str, elapsed_s: fl
             "cudnn_benchmark": c.precision.cudnn_benchmark and cuda,
             "compile": r.get("compile") if r.get("compile") == "off" else f"{r.get('compile')} ({c.compile.mode})",
             "optimizer": r.get("optimizer"),
-            "attention": r.get("attention"),
+            **({"attention": r["attention"]} if "attention" in r else {}),
             "activation_checkpointing": c.memory.checkpointing,
             "micro_batch x accumulation": f"{c.batch.micro} x {c.batch.accumulation}",
             "data": f"{r.get('num_workers')} workers, pin_memory {r.get('pin_memory')}, "
@@ -368,23 +334,13 @@ def check_launch(config: RunConfig, topology: Topology) -> RunConfig:
     return config
 
 
-def weight_count(m: Any) -> int:
-    """A lower bound on the parameters of the model section ``m`` describes (the embeddings of at
-    least 256 tokens, attention, MLPs or every expert's MLP): the model is built in float32 on the
-    host before anything moves it or spreads its experts."""
-    d, vocab = m.d_model, max(m.vocab_size, 256)
-    hidden = m.expert_hidden or 4 * d
-    moe = m.n_layer // m.moe_every if m.arch == "moe" else 0
-    return vocab * d + m.block_size * d + m.n_layer * 4 * d * d + (m.n_layer - moe) * 8 * d * d + moe * m.n_experts * 2 * d * hidden
-
-
 def _check_weights_fit(config: RunConfig) -> None:
     """Sizes each inside their range can still multiply into a model whose weights alone exceed
     this machine's memory (an allocator traceback minutes later): said in one line instead."""
     total, _ = ram_bytes()
-    need = 4 * weight_count(config.model)
-    if total and need > total:
-        raise ConfigError(f"the model section describes at least {weight_count(config.model):,} parameters: {need / 2**30:,.1f} "
+    count = spec_for(config).weight_count(config)
+    if total and 4 * count > total:
+        raise ConfigError(f"the model section describes at least {count:,} parameters: {4 * count / 2**30:,.1f} "
                           f"GiB of float32 weights alone, more than this machine's {total / 2**30:,.1f} GiB of memory; make "
                           "model.n_layer, model.d_model, model.n_experts or model.expert_hidden smaller")
 

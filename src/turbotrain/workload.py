@@ -10,7 +10,9 @@
 
 A plain dict with the same keys is accepted too. ``optimizer`` None: AdamW from the run's
 ``optim`` section; ``loss_fn(model, batch)`` None: the model returns the loss (``model(*batch)``,
-``model(**batch)`` for a mapping). Bench rows, tune trials and profile's verification runs call
+``model(**batch)`` for a mapping); ``metrics_fn(model, batch)``: validation metrics besides the
+loss, ``{"accuracy": tensor}`` (0-d tensors, averaged over the eval batches; ``turbotrain train
+--model`` logs them as ``val_accuracy``). Bench rows, tune trials and profile's verification runs call
 FUNC again in each run, so FUNC must build everything fresh (seed it if the weights should match
 across runs: turbotrain seeds torch before calling it).
 """
@@ -43,6 +45,7 @@ class Workload:
     optimizer: torch.optim.Optimizer | None = None
     loss_fn: Callable[[nn.Module, Any], Any] | None = None
     eval_loader: Iterable[Any] | None = None
+    metrics_fn: Callable[[nn.Module, Any], Mapping[str, torch.Tensor]] | None = None  # validation metrics, e.g. accuracy
     source: str = ""  # the FILE.py:FUNC it came from ("" when built in Python)
 
     def describe(self) -> str:
@@ -89,6 +92,9 @@ def as_workload(obj: Any, where: str = "the workload function") -> Workload:
         raise TurbotrainError(f"{where}: eval_loader is {_what(w.eval_loader)}; give an iterable of batches or None")
     if w.optimizer is not None and not isinstance(w.optimizer, torch.optim.Optimizer):
         raise TurbotrainError(f"{where}: optimizer is {_what(w.optimizer)}; give a torch.optim.Optimizer over the model's parameters, or None")
+    if w.metrics_fn is not None and not callable(w.metrics_fn):
+        raise TurbotrainError(f"{where}: metrics_fn is {_what(w.metrics_fn)}; give a function (model, batch) -> "
+                              "{name: scalar tensor}, or None")
     if w.loss_fn is not None and not callable(w.loss_fn):
         raise TurbotrainError(f"{where}: loss_fn is {_what(w.loss_fn)}; give a function (model, batch) -> scalar loss, or None")
     return w
@@ -102,7 +108,7 @@ def copy_workload(w: Workload) -> Workload:
     """A copy whose model and optimizer are new objects (one deepcopy of both, so the copied
     optimizer holds the copied parameters); loaders and the loss function are shared."""
     model, optimizer = copy.deepcopy((w.model, w.optimizer))
-    return Workload(model, w.train_loader, optimizer, w.loss_fn, w.eval_loader, w.source)
+    return Workload(model, w.train_loader, optimizer, w.loss_fn, w.eval_loader, w.metrics_fn, w.source)
 
 
 # ----------------------------------------------------------------------------- loading

@@ -22,21 +22,26 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from ..config import RunConfig, describe, load_config, parse_overrides
-from ..distributed import (ReportedByAnotherRank, Topology, decided_by_main, join_process_group,
-                           local_device, reported_elsewhere, slurm_requeued)
+from ..checkpoint import checkpoint_step, latest_verified
+from ..config import RunConfig, describe, load_config, parse_overrides, read_preset
+from ..distributed import (Launch, ReportedByAnotherRank, Topology, decided_by_main, join_process_group,
+                           local_device, reported_elsewhere)
 from ..engine import resolve_device
+from ..models.workload_spec import WorkloadSpec
 from ..errors import ConfigError, TurbotrainError
-from ..report import write_report
-from ..rundir import CONFIG_FILE, find_run_dir, new_run_dir, resume_config, run_name
+from ..report import read_metrics, write_report
+from ..rundir import (CHECKPOINTS, CONFIG_FILE, METRICS_FILE, find_run_dir, new_run_dir, read_launch, resume_config,
+                      run_name, truncate_metrics, write_launch)
 from ..runlock import RunLock
 from ..signals import REQUEUE_SIGNAL, StopSignals
 from ..signals import active as active_signals
@@ -60,12 +65,15 @@ def default_preset() -> str:
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "train",
-        help="train a model (default: a GPT on the built-in corpus)",
-        description="Train a GPT. Any config field can be set with --section.key=value "
+        help="train a model (default: a GPT on the built-in corpus; --model FILE.py:FUNC: yours)",
+        description="Train a GPT, or your own model and data with --model FILE.py:FUNC. Any config field can be set with --section.key=value "
         "(see --help-config), e.g. --train.max_steps=300 --precision.mode=bf16-mixed.",
     )
     p.add_argument("--preset", help="preset name (gpt-tiny, gpt2-small, gpt2-medium) or a .toml path; "
                    "default: gpt2-small on a GPU, gpt-tiny on CPU")
+    p.add_argument("--model", metavar="FILE.py:FUNC", help="train your own model and data: FUNC() returns "
+                   "turbotrain.workload.Workload(model=..., train_loader=..., loss_fn=..., eval_loader=..., metrics_fn=...) "
+                   "(also package.module:FUNC); the preset then only sets speed and training settings")
     p.add_argument("--data", help="a .bin token file, a text file or a folder (default: built-in corpus)")
     p.add_argument("--resume", nargs="?", const="", default=None, metavar="RUN",
                    help="continue a run from its latest checkpoint: a run name or directory "
@@ -131,8 +139,10 @@ def resume_command(run_dir: Path | str, topology: Topology) -> str:
 
 def _train_command(args: argparse.Namespace, extra: list[str], signals: StopSignals) -> int:
     topology = Topology.from_env()
+    launch = Launch.from_env()
     resume = args.resume is not None
-    requeued = ""  # a requeued SLURM job resuming its run by itself: says so
+    relaunch = ""  # why this start continues its run by itself (a SLURM requeue, a torchrun restart)
+    recorded: dict | None = None  # what the run keeps of the job that last started it
     signals.on_first(lambda name: stop_startup(name, None, resume))
     if topology.rank > 0:  # under torchrun: rank 0 prints; the others only warnings and errors, with their rank
         _quiet_logging(topology.rank)
@@ -142,22 +152,31 @@ def _train_command(args: argparse.Namespace, extra: list[str], signals: StopSign
         overrides = parse_overrides(extra)
         if args.data is not None:
             overrides.setdefault("data", {})["path"] = args.data
+        if args.model is not None:
+            if resume:
+                raise ConfigError("--model names the workload of a new run; a resume trains the run's own "
+                                  "(its config.toml's model.workload): leave --model out")
+            overrides.setdefault("model", {})["workload"] = args.model
         if args.no_progress:
             overrides.setdefault("monitor", {})["progress"] = "false"
         if args.resume and "name" in overrides.get("run", {}):
             raise ConfigError("name the run to resume once: --resume RUN or --resume --run.name NAME, not both")
-        if not resume and slurm_requeued():  # a requeued SLURM job continues its run by itself
-            found = _requeued_run(args, overrides, topology)
+        if not resume:  # a requeued SLURM job or a restarted torchrun group continues its run by itself
+            found = _relaunched_run(args, overrides, topology, launch)
             if found is not None:
-                args.resume, resume = str(found), True
-                requeued = f" (SLURM requeued the job: SLURM_RESTART_COUNT={slurm_requeued()})"
+                found_dir, relaunch, recorded = found
+                args.resume, resume = str(found_dir), True
                 overrides.get("run", {}).pop("name", None)  # named by the path now
         if resume:  # the run's saved config with the overrides applied: what the resume will train
             resumed = _resumed_run(args, overrides)
+            if relaunch:
+                resumed = (resumed[0], _keep_global_batch(resumed[1], recorded, topology))
             base = resumed[1]
             signals.on_first(lambda name: stop_startup(name, resumed[0], True))
         else:
-            base = load_config(args.preset or default_preset(), overrides)
+            base = _named_for_restarts(load_config(_preset(args), overrides), launch)
+            if base.model.workload and not _micro_given(args, overrides):  # the workload's loader says its batch size
+                base = base.replace(batch={"micro": WorkloadSpec(base.model.workload).micro_batch(base.run.seed) or base.batch.micro})
         check_launch(base, topology)
         join_process_group(base.distributed, local_device(resolve_device(base.run.device), topology), topology)
         # Rank 0 finds or names the run (a timestamped name, a resumed run's saved config); all use its answer.
@@ -168,14 +187,19 @@ def _train_command(args: argparse.Namespace, extra: list[str], signals: StopSign
             return 0
         raise
     # a resume at another world size keeps the checkpoint's global batch unless the command sets the batch
-    batch_given = resume and bool({"micro", "global_size", "accumulation"} & set(overrides.get("batch", {})))
+    # (a relaunch repeats the first start's command: its batch settings are no choice made for this resume)
+    batch_given = resume and not relaunch and bool({"micro", "global_size", "accumulation"} & set(overrides.get("batch", {})))
     if topology.rank > 0:
         return _train_other_rank(config, run_dir, resume, topology.rank, batch_given)
     if resume:
-        print(f"resuming {run_dir}{requeued}")
+        print(f"resuming {run_dir}" + (f" ({relaunch})" if relaunch else ""))
     # The run's lock for the whole command (train() takes it too): no other process trains in
     # the run while this one trains it or writes its report.
     with RunLock(run_dir):
+        if launch.run_id or launch.slurm_job:  # the job a restart of this one finds the run by
+            write_launch(run_dir, {**launch.record(), **_batch_record(config, topology)})
+        if relaunch:
+            _record_restart(run_dir, relaunch, topology.world)
         try:
             summary = train(config, resume_dir=run_dir if resume else None, run_dir=run_dir, batch_given=batch_given)
         except Exception as exc:
@@ -206,6 +230,18 @@ def _train_command(args: argparse.Namespace, extra: list[str], signals: StopSign
     return 0
 
 
+def _preset(args: argparse.Namespace) -> str | None:
+    """The preset of a new run: ``--preset``, else the default for the device (none for ``--model``:
+    the config's defaults, with the workload's own model and data)."""
+    return args.preset or (None if args.model else default_preset())
+
+
+def _micro_given(args: argparse.Namespace, overrides: dict) -> bool:
+    """Whether the command or its preset sets ``batch.micro`` (else a workload's loader does)."""
+    preset = _preset(args)
+    return "micro" in overrides.get("batch", {}) or (preset is not None and "micro" in read_preset(preset).get("batch", {}))
+
+
 def _resumed_run(args: argparse.Namespace, overrides: dict) -> tuple[Path, RunConfig]:
     """The run to resume and its saved config with ``overrides`` applied, validated as a whole (not
     the overrides against a preset the run may never have used). Its folder: ``--resume RUN`` or
@@ -216,19 +252,80 @@ def _resumed_run(args: argparse.Namespace, overrides: dict) -> tuple[Path, RunCo
     return run_dir, resume_config(run_dir, overrides)
 
 
-def _requeued_run(args: argparse.Namespace, overrides: dict, topology: Topology) -> Path | None:
-    """The run a requeued SLURM job continues: ``run.name`` in ``run.out_dir`` (the name the job
-    gave its first start), None when that run does not exist yet (preempted before it was made:
-    it starts as new) or the run has no name (an automatic name differs at every start: said once)."""
+def _relaunched_run(args: argparse.Namespace, overrides: dict, topology: Topology,
+                    launch: Launch) -> tuple[Path, str, dict | None] | None:
+    """The run this start continues by itself (:meth:`Launch.relaunch_of` decides: a requeued
+    SLURM job, a worker group torchrun started again in the same job), why, and the job record it
+    keeps: ``run.name`` (or the name :meth:`Launch.default_name` gives every start of the job) in
+    ``run.out_dir``. None for a new start, and when the run does not exist yet (the job stopped
+    before it made it: it starts as new) or has no name (an automatic name differs at every
+    start: said once)."""
     config = load_config(args.preset or default_preset(), overrides)
-    if not config.run.name:
-        if topology.rank == 0:
-            print(f"turbotrain train: SLURM requeued this job (SLURM_RESTART_COUNT={slurm_requeued()}) but the run has no "
-                  "--run.name, so its first start cannot be found: a new run starts; name the run (e.g. "
-                  "--run.name=$SLURM_JOB_NAME-$SLURM_JOB_ID) to resume automatically", file=sys.stderr)
+    name = config.run.name or launch.default_name(config.preset)
+    path = Path(config.run.out_dir) / name if name else None
+    exists = path is not None and (path / CONFIG_FILE).is_file()
+    recorded = read_launch(path) if path is not None and exists else None
+    why = launch.relaunch_of(recorded)
+    if not why:
         return None
-    path = Path(config.run.out_dir) / config.run.name
-    return path if (path / CONFIG_FILE).is_file() else None
+    if path is None:
+        if topology.rank == 0:
+            print(f"turbotrain train: {why}, but the run has no --run.name, so its first start cannot be found: a new "
+                  "run starts; name the run (e.g. --run.name=$SLURM_JOB_NAME-$SLURM_JOB_ID) to resume automatically",
+                  file=sys.stderr)
+        return None
+    return (path, why, recorded) if exists else None
+
+
+def _named_for_restarts(config: RunConfig, launch: Launch) -> RunConfig:
+    """A new run that torchrun may restart (``--max-restarts``) needs a name its restarts find
+    again: without ``--run.name`` it is named from the job (:meth:`Launch.default_name`)."""
+    if config.run.name or not launch.restartable:
+        return config
+    name = launch.default_name(config.preset)
+    if not name:
+        raise ConfigError("torchrun --max-restarts starts the workers again with the same command, which must find its "
+                          "run: name it with --run.name=NAME (or give torchrun --rdzv-id, which names it)")
+    return config.replace(run={"name": name})
+
+
+def _batch_record(config: RunConfig, topology: Topology) -> dict:
+    """The global batch this start trains at, kept with the job record (what a relaunch at another
+    world size keeps: :func:`_keep_global_batch`)."""
+    b = check_launch(config, topology).batch
+    return {"world_size": topology.world, **({"global_batch": b.micro * b.accumulation * topology.world}
+                                             if isinstance(b.micro, int) else {})}
+
+
+def _keep_global_batch(config: RunConfig, recorded: dict | None, topology: Topology) -> RunConfig:
+    """A relaunch at another world size (an elastic group that lost or gained a node) keeps the
+    global batch the run trained at, by accumulation, when the micro-batch times the new world
+    divides it; otherwise the resume refuses in one line, as a ``--resume`` would, naming the
+    settings that keep it. Any split of the same global batch trains on the same rows per step."""
+    old, b = (recorded or {}).get("global_batch"), config.batch
+    if not isinstance(old, int) or b.global_size or not isinstance(b.micro, int):
+        return config  # batch.global_size already keeps it (check_launch); 'auto' searches anew
+    if old == b.micro * b.accumulation * topology.world or old % (b.micro * topology.world):
+        return config
+    return config.replace(batch={"global_size": old, "accumulation": 1})
+
+
+def _record_restart(run_dir: Path, why: str, world: int) -> None:
+    """An event record in metrics.jsonl for a relaunch, at the step it resumes from (the newest
+    verified checkpoint, which the resume loads; 0 without one): when, why, the checkpoint, how
+    many logged steps run again and on how many processes. The report counts them in the summary."""
+    newest = latest_verified(run_dir / CHECKPOINTS)
+    step = checkpoint_step(newest) if newest is not None else 0
+    metrics = run_dir / METRICS_FILE
+    before = read_metrics(metrics)[0] if metrics.is_file() else []
+    reached = max((r["step"] for r in before if "event" not in r), default=step)  # logged before the failure
+    truncate_metrics(metrics, step)  # as the resume will: the later steps and a torn last line go first
+    record = {"step": step, "event": "restart", "restart": 1 + sum(r.get("event") == "restart" for r in before if r["step"] <= step),
+              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "why": why,
+              "resumed_from": newest.name if newest is not None else "", "steps_redone": max(0, reached - step),
+              "world_size": world}
+    with open(metrics, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
 
 
 def _new_run(base: RunConfig) -> tuple[Path, RunConfig]:
@@ -268,8 +365,12 @@ def _peer_lost(exc: BaseException, topology: Topology, run_dir: Path) -> str | N
     reported = reported_elsewhere()
     if reported is not None:  # that rank stopped with its own one-line error: said once, there
         raise ReportedByAnotherRank(reported) from None
+    launch = Launch.from_env()
+    then = (f"torchrun starts the workers again (restart {launch.restart + 1} of --max-restarts {launch.max_restarts}), "
+            "which resume from the newest one by themselves" if launch.restart < launch.max_restarts
+            else f"continue with `{resume_command(run_dir, topology)}`")
     return (f"[rank {topology.rank}] another rank stopped or was lost: a collective failed ({text[:200]}); checkpoints "
-            f"already written are kept: continue with `{resume_command(run_dir, topology)}`")
+            f"already written are kept: {then}")
 
 
 def _quiet_logging(rank: int) -> None:
@@ -294,6 +395,15 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
         train_loss = summary.get("final_train_loss")
         lines.append(f"  val loss {summary['final_val_loss']:.4f} at step {summary['final_val_step']}"
                      + (f" | train loss {train_loss:.4f}" if train_loss is not None else ""))
+    metrics = [f"{k[len('final_val_'):].replace('_', ' ')} {v:.4f}" for k, v in summary.items()
+               if k.startswith("final_val_") and k not in ("final_val_loss", "final_val_step") and v is not None]
+    if metrics:
+        lines.append("  validation " + " | ".join(metrics))
+    samples = (summary.get("steady_state") or {}).get("samples_per_s")
+    if not rate and samples:  # not a language model: throughput in samples
+        first = summary.get("first_step_s")
+        lines.append(f"  {samples:,.1f} samples/s (median)" + (f" | first step {first:.2f} s" if first is not None else "")
+                     + f" | {summary['elapsed_s']:.1f} s total")
     if rate:
         first = summary.get("first_step_s")  # None when this invocation trained no step (a finished run resumed)
         per_rank = summary.get("rank_tokens_per_s_median") if r.get("world_size", 1) > 1 else None

@@ -10,8 +10,10 @@ from ..config import ModelConfig
 from ..errors import ConfigError
 from .classifier import CifarResNet, ResNet
 from .gpt import GPT, GPTConfig
+from .gpt.spec import GPTSpec
 from .mlp import TinyMLP
 from .moe import MoEConfig, MoEGPT
+from .moe.spec import MoESpec
 
 KINDS = ("gpt", "moe", "mlp", "resnet", "cifar")
 
@@ -31,26 +33,7 @@ def build_named(kind: str, kwargs: dict[str, Any]) -> nn.Module:
     raise ConfigError(f"unknown model kind {kind!r}; choose one of: {', '.join(KINDS)}")
 
 
-def gpt_config(m: ModelConfig, vocab_size: int) -> GPTConfig:
-    """The GPT a run's ``model`` section describes; ``vocab_size`` when the section leaves it 0."""
-    return GPTConfig(
-        vocab_size=m.vocab_size or vocab_size, n_layer=m.n_layer, n_head=m.n_head, d_model=m.d_model,
-        block_size=m.block_size, dropout=m.dropout, attention=m.attention, loss=m.loss, sdpa_backend=m.sdpa_backend,
-    )
-
-
-def moe_config(m: ModelConfig, vocab_size: int) -> MoEConfig:
-    """The mixture-of-experts GPT a run's ``model`` section describes (``arch = 'moe'``)."""
-    return MoEConfig(
-        **vars(gpt_config(m, vocab_size)), n_experts=m.n_experts, top_k=m.top_k, moe_every=m.moe_every,
-        expert_hidden=m.expert_hidden, aux_loss_coef=m.aux_loss_coef, capacity_factor=m.capacity_factor,
-        router_bias_update=m.router_bias_update, moe_impl=m.moe_impl,
-    )
-
-
 def build_model(m: ModelConfig, vocab_size: int) -> GPT:
-    """The run's model from its ``model`` section (``config.model``): a GPT, or for ``arch = 'moe'``
-    a :class:`MoEGPT` (a GPT subclass)."""
-    if m.arch == "moe":
-        return MoEGPT(moe_config(m, vocab_size))
-    return GPT(gpt_config(m, vocab_size))
+    """The run's language model from its ``model`` section alone (``sample`` and ``memory`` build it
+    without data): its family's spec builds it (a GPT, or for ``arch = 'moe'`` a :class:`MoEGPT`)."""
+    return (MoESpec() if m.arch == "moe" else GPTSpec()).build_model(m, vocab_size)

@@ -1,0 +1,58 @@
+"""`turbotrain train --model FILE.py:FUNC`: a user's workload through the whole product (train,
+evaluate its own metric, checkpoint, resume exactly, report) with no GPT code in the way."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from turbotrain.cli import main
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+QUICK = ["--train.max_steps=6", "--train.eval_every=3", "--train.checkpoint_every=3", "--train.eval_batches=2",
+         "--monitor.log_every=3", "--no-progress"]
+
+
+def _losses(run: Path) -> dict[int, float]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+
+def _stopped_and_resumed(tmp_path: Path, model: str, *args: str) -> tuple[dict, dict, Path, Path]:
+    """The same run uninterrupted and stopped at step 3 then resumed: both summaries and run dirs."""
+    out = ["--run.out_dir", str(tmp_path)]
+    assert main(["train", "--model", model, *QUICK, *args, *out, "--run.name=full"]) == 0
+    assert main(["train", "--model", model, *QUICK, *args, *out, "--run.name=split", "--train.stop_after_steps=3"]) == 0
+    assert main(["train", "--resume", str(tmp_path / "split"), "--no-progress"]) == 0
+    full, split = (json.loads((tmp_path / n / "summary.json").read_text()) for n in ("full", "split"))
+    return full, split, tmp_path / "full", tmp_path / "split"
+
+
+def test_an_image_classifier_trains_reports_accuracy_and_resumes_exactly(tmp_path: Path) -> None:
+    full, split, run, resumed = _stopped_and_resumed(tmp_path, f"{EXAMPLES / 'workload_cnn.py'}:make", "--batch.micro=16")
+    assert split["resumed_from"] and split["steps"] == full["steps"] == 6
+    assert _losses(resumed) == _losses(run)  # the same batches in the same steps after the resume, to the bit
+    assert split["final_val_loss"] == full["final_val_loss"]
+    assert split["final_val_accuracy"] == full["final_val_accuracy"] and 0 <= full["final_val_accuracy"] <= 1
+    assert full["resolved"]["model_family"] == "workload" and full["resolved"]["model"] == "SmallCNN"
+    assert full["steady_state"]["samples_per_s"] > 0 and not full["tokens_per_s_median"]  # an image model: samples/s
+    assert "validation accuracy" in (run / "summary.md").read_text()
+    assert (run / "plots" / "metrics.png").is_file()
+    assert "micro = 16" in (run / "config.toml").read_text()  # the command's micro-batch, not the loader's 64
+
+
+def test_a_hugging_face_causal_lm_trains_resumes_exactly_and_counts_tokens(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    full, split, run, resumed = _stopped_and_resumed(tmp_path, f"{EXAMPLES / 'hf_causal_lm.py'}:make")
+    assert _losses(resumed) == _losses(run)
+    assert split["final_val_loss"] == full["final_val_loss"]
+    assert full["tokens_per_s_median"] > 0 and full["flops_per_sample"] > 0  # tokens/s; TFLOP/s (MFU on a GPU)
+    assert "micro = 16" in (run / "config.toml").read_text()  # the workload loader's batch size
+
+
+def test_model_and_resume_together_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--resume", str(tmp_path), "--model", "x.py:make"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "leave --model out" in err[0]
