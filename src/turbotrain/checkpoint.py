@@ -17,12 +17,15 @@ model of either in one plain process (``turbotrain sample``).
 
 from __future__ import annotations
 
+import collections
+import copy
 import hashlib
 import logging
 import pickle
 import random
 import re
 import shutil
+import threading
 import time
 import tomllib
 from pathlib import Path
@@ -35,6 +38,7 @@ from torch import nn
 
 from . import sharded
 from .atomic import atomic_write, clean_stale_temps
+from .config import TrainConfig
 from .distributed import ReportedByMainRank, Strategy, in_group, rank_world
 from .engine import Engine
 from .errors import TurbotrainError
@@ -574,22 +578,128 @@ def load_latest_weights(folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
     return newest_usable(list_checkpoints(folder), folder, read, advice="", none="train first")
 
 
-def save_sharded(folder: Path, step: int, state: RunState, keep_last: int = 3) -> Path:
-    """Write ``state`` as a sharded checkpoint folder (:mod:`turbotrain.sharded`) from every rank
-    (a collective); rank 0 then prunes (:func:`prune`, counting both kinds)."""
+def sharded_parts(state: RunState) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
+    """What a sharded checkpoint of ``state`` holds: (the model's and optimizer's tensors for DCP,
+    the replicated entries, this rank's per-rank entries). The tensors are the live ones."""
     if state.model is not None:
         tensors, rest = sharded.split_state(state.model, state.optimizer)
     else:
         tensors, rest = {}, {}
     replicated = {"entries": {name: state[name][0]() for name in state.replicated_keys}, **rest}
     per_rank = {name: state[name][0]() for name in state.per_rank}
-    path = sharded.save(folder, step, tensors, replicated, per_rank)
+    return tensors, replicated, per_rank
+
+
+def save_sharded(folder: Path, step: int, state: RunState, keep_last: int = 3) -> Path:
+    """Write ``state`` as a sharded checkpoint folder (:mod:`turbotrain.sharded`) from every rank
+    (a collective); rank 0 then prunes (:func:`prune`, counting both kinds)."""
+    return write_sharded(folder, step, sharded_parts(state), keep_last)
+
+
+def write_sharded(folder: Path, step: int, parts: tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]],
+                  keep_last: int = 3, group: dist.ProcessGroup | None = None) -> Path:
+    """Write :func:`sharded_parts` (or a copy of them) as a sharded checkpoint folder from every
+    rank, its collectives on ``group``; rank 0 then prunes."""
+    path = sharded.save(folder, step, *parts, group=group)
     if rank_world()[0] == 0:
         stamp = _stamp(path)
         if stamp is not None:
             _VERIFIED[stamp] = True
         prune(folder, keep_last)
     return path
+
+
+def stage_to_host(tree: Any, buffers: dict[str, torch.Tensor]) -> Any:
+    """A copy of ``tree`` (a checkpoint's payload) in host memory that training cannot change:
+    every tensor copied (a CUDA one into pinned memory), dicts (an ``OrderedDict``'s
+    ``_metadata`` too), lists and tuples rebuilt, anything else deep-copied; tensors that share
+    a storage (tied weights) stay shared, so the file is the one the live state gives. The
+    copies go into ``buffers`` (keyed by their place in the tree), kept for the next call: the
+    caller reuses them only after whatever read the previous copy is done."""
+    copies: dict[tuple[Any, ...], torch.Tensor] = {}
+    from_cuda = False
+
+    def copy_tensor(x: torch.Tensor, where: str) -> torch.Tensor:
+        nonlocal from_cuda
+        t = x.detach()
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+        if key not in copies:
+            out = buffers.get(where)
+            if out is None or out.shape != t.shape or out.dtype != t.dtype:
+                out = buffers[where] = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+            out.copy_(t, non_blocking=t.is_cuda)
+            from_cuda |= t.is_cuda
+            copies[key] = out
+        return copies[key]
+
+    def copy_tree(x: Any, where: str) -> Any:
+        if isinstance(x, torch.Tensor):
+            return copy_tensor(x, where)
+        if isinstance(x, dict):
+            out: dict[Any, Any] = collections.OrderedDict() if isinstance(x, collections.OrderedDict) else {}
+            for key, value in x.items():
+                out[key] = copy_tree(value, f"{where}/{key}")
+            if hasattr(x, "_metadata"):  # a module state dict's versions, which load_state_dict reads
+                out._metadata = copy.deepcopy(x._metadata)  # type: ignore[attr-defined]
+            return out
+        if isinstance(x, (list, tuple)):
+            items = [copy_tree(value, f"{where}/{i}") for i, value in enumerate(x)]
+            if isinstance(x, list):
+                return items
+            return type(x)(*items) if hasattr(x, "_fields") else tuple(items)  # a namedtuple, or a tuple
+        return copy.deepcopy(x)
+
+    staged = copy_tree(tree, "")
+    if from_cuda:
+        torch.cuda.synchronize()  # host-device sync, once per checkpoint: the copies land before the write reads them
+    return staged
+
+
+class BackgroundWrite:
+    """At most one checkpoint write in flight, in a thread of its own: the step that checkpoints
+    pays for a copy of the state only (:func:`stage_to_host`), the write (torch.save, fsync,
+    checksum, pruning) overlaps the next steps. The write is the synchronous one, unchanged: the
+    same temp file, rename and checksum, so a kill -9 mid-write leaves the previous checkpoint as
+    it leaves it there. Its failure (a full disk) is kept and raised in the training thread by
+    :meth:`wait` or :meth:`poll`. The thread is not a daemon: an interpreter that exits waits for
+    the write."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._result: Path | None = None
+        self._error: BaseException | None = None
+
+    def start(self, write: Callable[[], Path]) -> None:
+        self.wait()  # one write at a time: the next waits for the previous (and raises its failure)
+
+        def run() -> None:
+            try:
+                self._result = write()
+            except BaseException as exc:  # noqa: BLE001 - kept for the training thread, raised there
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name="turbotrain-checkpoint-write", daemon=False)
+        self._thread.start()
+
+    @property
+    def in_flight(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self) -> Path | None:
+        """Block until the write in flight (if any) ends; its checkpoint's path, or its failure
+        raised here. None when no write was in flight."""
+        if self._thread is None:
+            return None
+        self._thread.join()
+        self._thread = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+        return self._result
+
+    def poll(self) -> Path | None:
+        """:meth:`wait` when the write has ended (its path, or its failure raised), else None: never blocks."""
+        return None if self._thread is None or self._thread.is_alive() else self.wait()
 
 
 class Checkpointer(Hook):
@@ -601,30 +711,81 @@ class Checkpointer(Hook):
     Format: ``strategy`` (default ``state.strategy``; without either, whether a process group
     exists) decides: single -> one ``.pt`` file from this process; ddp/fsdp -> a sharded folder
     written by every rank, so under a process group every rank must run this hook.
+
+    ``async_write`` (``train.async_checkpoint``): the checkpoints every ``interval`` steps are
+    staged (a copy of the state in host memory, reused from one checkpoint to the next) and
+    written by a :class:`BackgroundWrite` while training goes on. The next checkpoint waits for
+    the previous write; :meth:`save` (a checkpoint now), the final checkpoint, and so a signal's
+    (SIGTERM, SIGUSR1), wait for it and write synchronously; an exception waits for it too. A
+    failed background write is raised at the next step (one process) or at the next checkpoint
+    or the end (ddp/fsdp: every rank at the same point). Sharded writes run their collectives on
+    a gloo group of their own, created at the first one.
     """
 
     def __init__(self, folder: Path, interval: int, keep_last: int, state: RunState,
-                 before_save: Callable[[], None] | None = None, strategy: Strategy | None = None) -> None:
+                 before_save: Callable[[], None] | None = None, strategy: Strategy | None = None,
+                 async_write: bool = TrainConfig.async_checkpoint) -> None:
         self.folder, self.interval, self.keep_last, self.state = folder, interval, keep_last, state
         self.before_save = before_save  # e.g. flush the metrics: a resume starts after the checkpoint, so records up to it must be on disk
         self.saved_step = -1
         strategy = strategy if strategy is not None else getattr(state, "strategy", None)
         self.sharded = strategy.name != "single" if strategy is not None else in_group()
+        self.background = BackgroundWrite() if async_write else None
+        self._buffers: dict[str, torch.Tensor] = {}  # host copies of a .pt checkpoint's tensors, reused
+        self._stager: Any = None  # a DCP DefaultStager, made at the first background sharded checkpoint
+        self._group: dist.ProcessGroup | None = None
+
+    def _finished(self, ctx: FitContext, path: Path | None) -> None:
+        if path is not None:
+            ctx.metrics["checkpoint"] = str(path)
 
     def save(self, ctx: FitContext) -> None:
+        """A checkpoint now, written before this returns (after the write in flight, if any)."""
+        self._save(ctx, background=False)
+
+    def _save(self, ctx: FitContext, background: bool) -> None:
         step = ctx.engine.state.step
         if step == self.saved_step or step == 0:
             return
         start = time.perf_counter()
+        if self.background is not None:
+            self._finished(ctx, self.background.wait())  # the previous write first; its failure is raised here
         if self.before_save is not None:
             self.before_save()
-        if self.sharded:
-            path = save_sharded(self.folder, step, self.state, self.keep_last)
+        if background and self.background is not None:
+            self.background.start(self._staged_write(step))
         else:
-            path = save_checkpoint(self.folder, step, self.state.state_dict(), self.keep_last)
+            if self.sharded:
+                path = save_sharded(self.folder, step, self.state, self.keep_last)
+            else:
+                path = save_checkpoint(self.folder, step, self.state.state_dict(), self.keep_last)
+            self._finished(ctx, path)
         ctx.side_s += time.perf_counter() - start
         self.saved_step = step
-        ctx.metrics["checkpoint"] = str(path)
+
+    def _stage_shards(self, tree: Any) -> Any:
+        """:func:`stage_to_host` for a sharded checkpoint's parts (FSDP2's DTensors: their local
+        shards are copied), through DCP's stager, which keeps its buffers from one call to the next."""
+        if self._stager is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # costly (DCP): when first used
+
+            cuda = torch.cuda.is_available()
+            self._stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
+                                                        use_async_staging=False, use_non_blocking_copy=cuda))
+        return self._stager.stage(tree)
+
+    def _staged_write(self, step: int) -> Callable[[], Path]:
+        """Copy the state now (in this thread: training changes it right after); return the
+        write of the copy, for the background thread."""
+        folder, keep_last = self.folder, self.keep_last
+        if not self.sharded:
+            payload = stage_to_host(self.state.state_dict(), self._buffers)
+            return lambda: save_checkpoint(folder, step, payload, keep_last)
+        parts = self._stage_shards(sharded_parts(self.state))
+        if self._group is None and in_group():  # every rank saves at the same steps: created at the same point
+            self._group = dist.new_group(backend="gloo")
+        group = self._group
+        return lambda: write_sharded(folder, step, parts, keep_last, group=group)
 
     def on_fit_start(self, ctx: FitContext) -> None:
         for path in clean_stale_temps(self.folder):
@@ -634,8 +795,22 @@ class Checkpointer(Hook):
                 log.info("removed %s, a sharded checkpoint whose save did not finish", path)
 
     def on_step_end(self, ctx: FitContext) -> None:
+        if self.background is not None and not self.sharded:
+            self._finished(ctx, self.background.poll())  # a failed write stops the run at the next step
         if every(ctx.engine.state.step, self.interval):
-            self.save(ctx)
+            self._save(ctx, background=True)
 
     def on_fit_end(self, ctx: FitContext) -> None:
         self.save(ctx)
+        if self.background is not None:  # the final step was saved already: the write in flight
+            self._finished(ctx, self.background.wait())
+
+    def on_exception(self, ctx: FitContext, exc: BaseException) -> None:
+        """The write in flight ends before the exception goes on (it is the newest checkpoint a
+        resume finds); its own failure is logged, the exception that stopped training propagates."""
+        if self.background is None:
+            return
+        try:
+            self.background.wait()
+        except Exception as failure:  # noqa: BLE001 - the training's exception is the one to raise
+            log.warning("the checkpoint write in flight failed too: %s", failure)

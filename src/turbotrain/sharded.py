@@ -244,10 +244,12 @@ def _param_names(model: nn.Module) -> dict[int, str]:
 
 
 def save(folder: Path, step: int, tensors: dict[str, torch.Tensor], replicated: dict[str, Any],
-         per_rank: dict[str, Any]) -> Path:
+         per_rank: dict[str, Any], group: dist.ProcessGroup | None = None) -> Path:
     """Write one sharded checkpoint at ``step`` from every rank (a collective: every rank calls it
     with its own shards and per-rank state; ``replicated`` is taken from rank 0). Returns the
-    finished folder. Lack of space raises :class:`turbotrain.atomic.DiskFullError`."""
+    finished folder. Lack of space raises :class:`turbotrain.atomic.DiskFullError`. ``group``: the
+    process group of its collectives (default: the default group); a save in a background thread
+    passes a group of its own, so its collectives never interleave with the training's."""
     import torch.distributed.checkpoint as dcp  # costly: see the imports
     from torch.distributed.checkpoint import CheckpointException, FileSystemWriter
 
@@ -257,14 +259,15 @@ def save(folder: Path, step: int, tensors: dict[str, torch.Tensor], replicated: 
         folder.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)  # a save at this step that was killed
         tmp.mkdir()
-    _barrier()  # the folder exists (and is empty) before anyone writes into it
+    _barrier(group)  # the folder exists (and is empty) before anyone writes into it
     failure: BaseException | None = None
     claimed: dict[str, Any] = {}
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process: as intended
             # a collective: a failure on any rank raises on every rank
-            dcp.save(tensors, storage_writer=FileSystemWriter(tmp, sync_files=True), no_dist=not in_group())
+            dcp.save(tensors, storage_writer=FileSystemWriter(tmp, sync_files=True), process_group=group,
+                     no_dist=not in_group())
         atomic_write(tmp / rank_file(rank), lambda f: torch.save({"format": FORMAT, "rank": rank, "world": world, **per_rank}, f))
         mine = [rank_file(rank)]
         if rank == 0:
@@ -278,7 +281,7 @@ def save(folder: Path, step: int, tensors: dict[str, torch.Tensor], replicated: 
     gathered: list[tuple[str, dict[str, Any]]] = [(problem, claimed)]
     if world > 1:  # also the barrier: every rank's files are complete (and hashed) after it
         gathered = [("", {}) for _ in range(world)]
-        dist.all_gather_object(gathered, (problem, claimed))
+        dist.all_gather_object(gathered, (problem, claimed), group=group)
     failed = [(r, why) for r, (why, _) in enumerate(gathered) if why]
     if failed:
         if rank == 0:
@@ -305,7 +308,7 @@ def save(folder: Path, step: int, tensors: dict[str, torch.Tensor], replicated: 
             shutil.rmtree(final)
         os.replace(tmp, final)
         _fsync_dir(folder)
-    _barrier()  # nobody goes on (or reads the folder) before it is in place
+    _barrier(group)  # nobody goes on (or reads the folder) before it is in place
     return final
 
 
@@ -344,9 +347,9 @@ def _entry(path: Path) -> dict[str, Any]:
     return {"size": path.stat().st_size, "sha256": _sha256(path)}
 
 
-def _barrier() -> None:
+def _barrier(group: dist.ProcessGroup | None = None) -> None:
     if in_group():
-        dist.barrier()
+        dist.barrier(group=group)
 
 
 def _fsync_dir(folder: Path) -> None:

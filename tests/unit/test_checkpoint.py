@@ -5,6 +5,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -345,3 +346,58 @@ def test_a_full_disk_during_a_sharded_save_is_one_error_and_keeps_the_previous_o
         with pytest.raises(DiskFullError, match="cannot write .*step_00000002: .*ulimit -f"):
             save_sharded(tmp_path, 2, RunState(model=big, optimizer=torch.optim.AdamW(big.parameters())))
     assert [p.name for p in tmp_path.iterdir()] == [first.name] and is_verified(first)
+
+
+def test_a_background_checkpoint_is_the_state_of_its_step_and_the_end_waits_for_it(tmp_path: Path, monkeypatch):
+    """train.async_checkpoint: the step returns while its checkpoint is still being written; the
+    copy it writes is the state at that step although training changes the weights right after;
+    the final checkpoint waits for the write in flight (as a SIGTERM's does: it ends the fit)."""
+    import threading
+
+    import turbotrain.checkpoint as checkpoint
+
+    release, original = threading.Event(), checkpoint.save_checkpoint
+
+    def held(*args, **kwargs):
+        assert release.wait(10)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "save_checkpoint", held)
+    model, optimizer, counter = _trained(1)
+    at_step_3 = {k: v.clone() for k, v in model.state_dict().items()}
+    hook = Checkpointer(tmp_path, 3, 5, _state(model, optimizer, counter), async_write=True)
+    ctx = FitContext(_Engine(step=3), model, optimizer, 10)  # type: ignore[arg-type]
+    hook.on_step_end(ctx)
+    assert hook.background is not None and hook.background.in_flight and list_checkpoints(tmp_path) == []
+    with torch.no_grad():  # the next steps change the weights in place
+        for p in model.parameters():
+            p.add_(1.0)
+    ctx.engine.state.step = 4
+    release.set()
+    hook.on_fit_end(ctx)
+    assert [p.name for p in finished_checkpoints(tmp_path)] == ["step_00000003.pt", "step_00000004.pt"]
+    assert all(is_verified(p) for p in list_checkpoints(tmp_path)) and not hook.background.in_flight
+    saved = torch.load(tmp_path / "step_00000003.pt", weights_only=True)["model"]
+    assert all(torch.equal(saved[k], v) for k, v in at_step_3.items())
+    assert ctx.metrics["checkpoint"] == str(tmp_path / "step_00000004.pt")
+
+
+def test_a_background_write_that_fails_stops_the_next_step_in_one_line(tmp_path: Path):
+    """A checkpoint written in the background that runs out of space raises the same one-line
+    DiskFullError at the next step; the previous checkpoint stays the newest verified one."""
+    model, optimizer, counter = _trained(1)
+    hook = Checkpointer(tmp_path, 1, 5, _state(model, optimizer, counter), async_write=True)
+    ctx = FitContext(_Engine(step=1), model, optimizer, 10)  # type: ignore[arg-type]
+    hook.save(ctx)  # a checkpoint now: written when save returns
+    assert [p.name for p in finished_checkpoints(tmp_path)] == ["step_00000001.pt"]
+    ctx.engine.state.step = 2
+    with file_size_limit(4096):  # smaller than a checkpoint of this model
+        hook.on_step_end(ctx)
+        assert hook.background is not None
+        while hook.background.in_flight:
+            time.sleep(0.005)
+    ctx.engine.state.step = 3
+    with pytest.raises(DiskFullError, match="step_00000002.pt: File too large"):
+        hook.on_step_end(ctx)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000001.pt"]
+    assert not list(tmp_path.glob(".*tmp*"))
