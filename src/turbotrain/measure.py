@@ -41,8 +41,8 @@ from .hardware import precision_key, tf32_enabled
 from .hooks import FitContext, Hook
 from .loop import fit
 from .memory import StepTrial, token_batches
-from .monitor import JsonlSink, MfuProbe, Monitor, build_probes
-from .rundir import METRICS_FILE
+from .monitor import MfuProbe, Monitor
+from .run_hooks import MonitorPlan, build_monitor
 from .training import build_training
 from .workload import Workload, copy_workload, load_workload, loader_summary, rebuild_loader
 
@@ -280,9 +280,8 @@ def _build_workload(target: Target, changes: Mapping[str, Mapping[str, Any]] | N
     parity = [example]
     if parity_source is not None:
         parity = [move_to(b, engine.device) for b, _ in zip(parity_source, range(PARITY_BATCHES))] or parity
-    probes = build_probes(engine.device, model=model, example_batch=example, precision=engine.precision.name,
-                          nvml_enabled=config.monitor.nvml, loss_fn=loss_fn, autocast=engine.autocast)
-    monitor = Monitor(config.monitor.log_every, [JsonlSink(run_dir / METRICS_FILE)], probes)
+    monitor, _ = build_monitor(engine, model, example, MonitorPlan(config.monitor.log_every, run_dir, nvml=config.monitor.nvml),
+                               loss_fn=loss_fn)
     info = {"num_workers": getattr(loader, "num_workers", None), "pin_memory": getattr(loader, "pin_memory", None),
             "prefetch_factor": getattr(loader, "prefetch_factor", None),
             "device_prefetch": config.data.device_prefetch and engine.device.type == "cuda",

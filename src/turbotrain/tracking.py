@@ -32,12 +32,11 @@ from torch import nn
 from .checkpoint import Checkpointer, restore_latest, run_state
 from .doctor import collect_hardware
 from .engine import Engine, LossFn, default_loss
-from .hooks import Evaluate, FitContext, Hook, HookList
-from .lr_plateau import ObservePlateau
-from .monitor import JsonlSink, MfuProbe, Monitor, ProgressSink, build_probes
-from .optim import PlateauLR
+from .hooks import FitContext, HookList
+from .monitor import MfuProbe, Monitor
 from .report import write_report, write_summary
-from .rundir import CHECKPOINTS, METRICS_FILE
+from .run_hooks import MonitorPlan, build_hooks, build_monitor
+from .rundir import CHECKPOINTS
 
 
 def run_facts(engine: Engine, monitor: Monitor) -> dict[str, Any]:
@@ -94,21 +93,13 @@ class Tracker:
         self.resumed_from = ""
         if resume and (self.run_dir / CHECKPOINTS).is_dir():
             self.resumed_from = restore_latest(self.run_dir / CHECKPOINTS, self.state).name
-        sinks: list[Any] = [JsonlSink(self.run_dir / METRICS_FILE)]
-        if progress:
-            sinks.append(ProgressSink(max_steps, engine.state.step))
-        probes = build_probes(engine.device, model=model, example_batch=example_batch, precision=engine.precision.name,
-                              nvml_enabled=nvml, loss_fn=loss_fn, autocast=engine.autocast, devices=engine.strategy.world)
-        self.monitor = Monitor(log_every, sinks, probes, world=engine.strategy.world)  # data parallel: the run's rates
-        hooks: list[Hook] = []
-        if eval_batches is not None:  # before the monitor, so a record carries its step's val_loss
-            hooks.append(Evaluate(list(eval_batches), eval_every, loss_fn))
-            plateau = scheduler if scheduler is not None else engine.scheduler
-            if isinstance(plateau, PlateauLR):  # the adaptive schedule reads the loss Evaluate just read
-                hooks.append(ObservePlateau(plateau))
-        hooks.append(self.monitor)
-        if checkpoint_every is not None:  # last: a failed save cannot lose the step's record
-            hooks.append(Checkpointer(self.run_dir / CHECKPOINTS, checkpoint_every, keep_last, self.state))
+        self.monitor, _ = build_monitor(engine, model, example_batch, MonitorPlan(
+            log_every, self.run_dir, progress_steps=max_steps if progress else None, nvml=nvml), loss_fn=loss_fn)
+        hooks = build_hooks(  # evaluation before the monitor, the checkpointer last (run_hooks explains)
+            self.monitor, eval_batches=list(eval_batches) if eval_batches is not None else None, eval_every=eval_every,
+            loss_fn=loss_fn, scheduler=scheduler if scheduler is not None else engine.scheduler,
+            checkpointer=Checkpointer(self.run_dir / CHECKPOINTS, checkpoint_every, keep_last, self.state)
+            if checkpoint_every is not None else None)
         self.hooks = HookList(hooks)
         self.ctx = FitContext(engine, model, optimizer, max_steps or sys.maxsize)
         self._start = time.perf_counter()
@@ -151,7 +142,7 @@ class Tracker:
             **run_facts(engine, self.monitor),
             "elapsed_s": round(time.perf_counter() - self._start, 3),
             "resumed_from": self.resumed_from,
-            "optimizations": {"precision": engine.precision.name, "compile": engine.options.compile_scope},
+            "optimizations": {"precision": engine.precision.name, "compile": engine.options.compile_scope, **engine.switches},
         }
 
     def __enter__(self) -> "Tracker":

@@ -294,8 +294,7 @@ def facts(training: Training, ctx: FitContext | None, status: str, elapsed_s: fl
         "optimizations": {
             "precision": engine.precision.name,  # after any fallback
             **engine.precision.summary(),  # fp8: recipe, the converted layers, those kept in bf16 and why
-            "tf32": c.precision.tf32 and cuda,
-            "cudnn_benchmark": c.precision.cudnn_benchmark and cuda,
+            **engine.switches,  # tf32, cudnn_benchmark, deterministic as applied
             "compile": r.get("compile") if r.get("compile") == "off" else f"{r.get('compile')} ({c.compile.mode})",
             "optimizer": r.get("optimizer"),
             **({"attention": r["attention"]} if "attention" in r else {}),
