@@ -1,7 +1,7 @@
 """Mixture-of-experts observability: tokens per expert over training and where each expert lives.
 
 Why a hook of its own: the MoE layers count their routed tokens in device tensors on every
-training forward (:attr:`turbotrain.models.moe.MoEMLP.load`, no host sync); this hook reads all of
+training forward (:attr:`turbotrain.models.moe.MoE.load`, no host sync); this hook reads all of
 them with one copy every ``monitor.log_every`` steps (the run's one sync cadence), sums them over
 the ranks when there are several (each rank routed its own tokens), and keeps the history. Rank 0
 writes it to ``experts.json`` in the run directory at the end (and on a failure), which
@@ -28,7 +28,7 @@ from torch import nn
 from .atomic import atomic_write
 from .distributed import rank_world
 from .hooks import FitContext, Hook, every
-from .models.moe import MoEMLP, moe_layers
+from .models.moe import MoE, moe_layers
 from .rundir import EXPERTS_FILE
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class ExpertsMonitor(Hook):
     ``# sync``) and writes ``experts.json`` to ``run_dir`` (rank 0; None: keep in memory only)."""
 
     def __init__(self, model: nn.Module, interval: int, run_dir: Path | None = None) -> None:
-        self.layers: list[tuple[str, MoEMLP]] = list(moe_layers(model))
+        self.layers: list[tuple[str, MoE]] = list(moe_layers(model))
         self.interval, self.run_dir = interval, run_dir
         first = self.layers[0][1] if self.layers else None
         self.meta = {

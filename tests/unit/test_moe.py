@@ -4,11 +4,13 @@ settings are one line."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from turbotrain.cli import main
 from turbotrain.config import load_config
@@ -21,7 +23,7 @@ from turbotrain.rundir import EXPERTS_FILE
 from turbotrain.loop import fit
 from turbotrain.models.build import build_model
 from turbotrain.models.gpt import GPT, GPTConfig
-from turbotrain.models.moe import MoEConfig, MoEGPT, MoEMLP, route
+from turbotrain.models.moe import MoE, MoEConfig, MoEGPT, MoEMLP, aux_loss, route
 
 SMALL = dict(vocab_size=64, n_layer=2, n_head=2, d_model=32, block_size=16, n_experts=4, top_k=2)
 
@@ -268,3 +270,63 @@ def test_under_the_engine_the_router_bias_moves_once_per_optimizer_step_from_all
     fresh = MoEGPT(MoEConfig(**{**SMALL, "router_bias_update": 0.01}))  # type: ignore[arg-type]
     fresh.load_state_dict(saved)
     assert torch.equal(fresh.moe_layers()[0].pending, loads[0] + loads[1])
+
+
+def test_the_moe_layer_takes_vectors_and_tokens_and_the_engine_adds_its_load_balancing_loss():
+    """Any model: (B, d) and (B, T, d) in, the same shape out; engine.backward(plain loss) trains
+    on loss + aux_loss_coef x load-balancing loss (the router's gradient includes it), taken once;
+    an own loop gets the same from aux_loss(model); checkpointing's recompute counts no token twice."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), MoE(16, n_experts=4, top_k=2, hidden=32, aux_loss_coef=0.5))
+    twin = copy.deepcopy(model)
+    x = torch.randn(6, 8)
+    engine = Engine({"run": {"device": "cpu"}})
+    model, _, _ = engine.setup(model)
+    out = model(x)
+    assert out.shape == (6, 16) and model[1](torch.randn(2, 5, 16)).shape == (2, 5, 16)
+    out = model(x)  # the last training forward's loss is the one added
+    engine.backward(out.square().mean())
+    aux = float(model[1].last_aux)  # type: ignore[arg-type]
+    assert float(engine._loss_sum) == pytest.approx(float(out.square().mean()) + 0.5 * aux, rel=1e-6)  # type: ignore[arg-type]
+    assert model[1].take_aux_loss() is None  # taken once
+    y = twin(x)
+    (y.square().mean() + aux_loss(twin)).backward()
+    torch.testing.assert_close(model[1].router.weight.grad, twin[1].router.weight.grad)
+    assert twin[1].router.weight.grad.abs().sum() > 0 and aux_loss(twin) == 0.0
+    layer = twin[1]
+    layer.take_load()
+    checkpoint(layer, torch.randn(6, 16, requires_grad=True), use_reentrant=False).sum().backward()
+    assert int(layer.take_load()[0].sum()) == 6 * 2  # the forward's tokens x top_k, not the recompute's again
+    layer.take_aux_loss()
+    layer.eval()
+    layer(torch.randn(3, 16))
+    assert layer.take_aux_loss() is None and int(layer.take_load()[0].sum()) == 0  # evaluation adds nothing
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(n_experts=4, top_k=5), ["top_k=5", "n_experts = 4"]),
+    (dict(impl="fast"), ["impl='fast'", "grouped", "loop"]),
+    (dict(capacity_factor=-1.0), ["capacity_factor=-1.0", ">= 0"]),
+])
+def test_bad_moe_layer_arguments_are_one_line_naming_them(kwargs: dict, words: list[str]):
+    with pytest.raises(ConfigError) as err:
+        MoE(16, **kwargs)
+    assert len(str(err.value).splitlines()) == 1 and all(w in str(err.value) for w in words), str(err.value)
+
+
+def test_compiled_moe_layer_and_gpt_have_no_graph_breaks():
+    """fullgraph=True raises at the first graph break: the layer on vectors and tokens (grouped
+    GEMM in fp32 and the batched path, as on CUDA fp32), and a training MoE GPT forward."""
+    torch.manual_seed(0)
+    for impl, shapes in (("auto", ((6, 16), (2, 3, 16))), ("batched", ((6, 16),))):
+        layer = MoE(16, n_experts=4, top_k=2, hidden=32, impl=impl)
+        compiled = torch.compile(layer, backend="eager", fullgraph=True)
+        for shape in shapes:
+            x = torch.randn(shape)
+            y = compiled(x)
+            y.sum().backward()
+            torch.testing.assert_close(y, layer(x), rtol=1e-5, atol=1e-6)
+    model = MoEGPT(MoEConfig(**SMALL))  # type: ignore[arg-type]
+    idx = torch.randint(64, (2, 16))
+    torch.compile(model, backend="eager", fullgraph=True)(idx, idx).backward()
+    torch._dynamo.reset()

@@ -1,11 +1,10 @@
-"""The mixture-of-experts family: the MoE layer and GPT (:mod:`.model`), expert parallelism
-(:mod:`.parallel`) and its spec (:mod:`.spec`)."""
+"""The mixture-of-experts family: the layer any model can use (:class:`MoE`, :mod:`.layer`), the
+MoE GPT (:mod:`.model`) and expert parallelism (:mod:`.parallel`)."""
 
-from .model import (
+from .layer import (
     EXTRA_STATE_KEY,
-    MoEConfig,
-    MoEGPT,
-    MoEMLP,
+    MoE,
+    aux_loss,
     end_optimizer_step,
     expert_counts,
     follow_optimizer_steps,
@@ -15,6 +14,7 @@ from .model import (
     moe_layers,
     route,
 )
+from .model import MoEConfig, MoEGPT, MoEMLP
 
-__all__ = ["EXTRA_STATE_KEY", "MoEConfig", "MoEGPT", "MoEMLP", "end_optimizer_step", "expert_counts",
+__all__ = ["EXTRA_STATE_KEY", "MoE", "MoEConfig", "MoEGPT", "MoEMLP", "aux_loss", "end_optimizer_step", "expert_counts",
            "follow_optimizer_steps", "grow_experts", "grown_order", "load_balance_loss", "moe_layers", "route"]

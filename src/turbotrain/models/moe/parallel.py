@@ -7,7 +7,7 @@ group g; rank r holds experts ``[(r mod P) E/P, (r mod P + 1) E/P)`` of every Mo
 ``world / P`` ranks with the same ``r mod P`` hold copies of the same experts (their replica group).
 
 Per MoE block and forward (:class:`AllToAllDispatcher`, plugged into
-:attr:`turbotrain.models.moe.MoEMLP.dispatcher`): the tokens are already sorted by expert, so the
+:attr:`turbotrain.models.moe.MoE.dispatcher`): the tokens are already sorted by expert, so the
 rows for each destination rank are contiguous. The per-expert counts go first (an all-to-all of E
 integers), then the split sizes are read on the host (the one sync an uneven all-to-all needs),
 then the rows travel with ``all_to_all_single`` (variable splits), are regrouped by local expert,
@@ -51,7 +51,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ...config import RunConfig, setting
 from ...errors import ConfigError
-from .model import MoEMLP, grow_experts, grown_order, moe_layers
+from .layer import MoE, grow_experts, grown_order, moe_layers
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +226,7 @@ def _full_experts_hook(layout: ExpertLayout) -> Any:
     return hook
 
 
-def _local_experts_hook(layer: MoEMLP) -> Any:
+def _local_experts_hook(layer: MoE) -> Any:
     """Loading: a checkpoint's full expert tensors (any degree wrote them) -> this rank's slice."""
     def hook(module: nn.Module, state: dict[str, Any], prefix: str, *args: Any) -> None:
         for name in ("w1", "w2"):
@@ -248,7 +248,7 @@ def attach_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None
     routed = {id(p): (layer, sharded) for layer in layers
               for p, sharded in ((layer.w1, True), (layer.w2, True), (layer.router.weight, False))}
 
-    def positions() -> dict[int, tuple[MoEMLP, bool]]:
+    def positions() -> dict[int, tuple[MoE, bool]]:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         return {i: routed[id(p)] for i, p in enumerate(params) if id(p) in routed}
 
@@ -307,7 +307,7 @@ def _saved_key(state_dict: dict[str, Any], position: int) -> Any:
     return None
 
 
-def _keep_slice(layer: MoEMLP, first: int, n_local: int) -> None:
+def _keep_slice(layer: MoE, first: int, n_local: int) -> None:
     with torch.no_grad():
         layer.w1 = nn.Parameter(layer.w1[first:first + n_local].clone())
         layer.w2 = nn.Parameter(layer.w2[first:first + n_local].clone())
