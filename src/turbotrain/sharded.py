@@ -46,8 +46,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-# torch.distributed.checkpoint (it imports FSDP and DTensor) costs ~0.7 s to import: the functions
-# that save or load through DCP import it when called, so a run that never does stays light.
 from .atomic import DISK_FULL_ERRNOS, DiskFullError, atomic_write, disk_full_cause
 from .distributed import ReportedByAnotherRank, decided_by_main, in_group, is_loaded_instance, rank_world
 from .errors import TurbotrainError
@@ -63,6 +61,8 @@ MODEL, OPTIM = "model", "optim"
 # model state entries an older checkpoint may lack (a MoE layer's router-bias loads not applied yet)
 OPTIONAL_SUFFIXES = ("." + EXTRA_STATE_KEY,)
 
+# torch.distributed.checkpoint (it imports FSDP and DTensor) costs ~0.7 s to import: the functions
+# that save or load through DCP import it when called, so a run that never does stays light.
 if TYPE_CHECKING:
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
