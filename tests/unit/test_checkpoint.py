@@ -401,3 +401,28 @@ def test_a_background_write_that_fails_stops_the_next_step_in_one_line(tmp_path:
         hook.on_step_end(ctx)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000001.pt"]
     assert not list(tmp_path.glob(".*tmp*"))
+
+
+def test_the_host_copy_keeps_tied_weights_shared_and_the_file_the_same():
+    """The staged copy of a model with tied weights (a GPT's embedding and head) writes the file
+    the live state writes: one copy of the tied tensor, the state dict's versions kept."""
+    import io
+
+    from turbotrain.checkpoint import stage_to_host
+
+    model = torch.nn.Sequential(torch.nn.Embedding(64, 16), torch.nn.Linear(16, 64, bias=False))
+    model[1].weight = model[0].weight
+    buffers: dict = {}
+    payload = {"model": model.state_dict(), "step": 3, "betas": (0.9, 0.95)}
+    staged = stage_to_host(payload, buffers)
+    live, copy = io.BytesIO(), io.BytesIO()
+    torch.save(payload, live)
+    torch.save(staged, copy)
+    copy.seek(0)
+    loaded = torch.load(copy, weights_only=True)["model"]
+    assert loaded["0.weight"].data_ptr() == loaded["1.weight"].data_ptr()  # stored once, as the live state stores it
+    assert abs(len(copy.getvalue()) - len(live.getvalue())) < 64 * 16 * 4  # not a second copy of the tied tensor
+    assert staged["model"]["0.weight"].data_ptr() == staged["model"]["1.weight"].data_ptr() != model[0].weight.data_ptr()
+    assert staged["model"]._metadata == payload["model"]._metadata and staged["betas"] == (0.9, 0.95)
+    again = stage_to_host(payload, buffers)  # the next checkpoint reuses the buffers
+    assert again["model"]["0.weight"].data_ptr() == staged["model"]["0.weight"].data_ptr()

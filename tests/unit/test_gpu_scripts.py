@@ -58,7 +58,7 @@ def _declared_limits(script: str) -> list[int]:
     ("gpu_proof.sh", "proof", ["env", "w1", "gpu-tests"]),
     ("gpu_ablation.sh", "ablation", ["w1-ablation"]),
     ("gpu_rest.sh", "rest", ["w1-precision", "nccl", "train-w1", "w2-cnn-224", "w2-cnn-cifar"]),
-    ("gpu_extra.sh", "extra", ["finder", "checkpointing", "memory-report", "w1-fp8"]),
+    ("gpu_extra.sh", "extra", ["finder", "checkpointing", "memory-report", "w1-fp8", "checkpoint-stall"]),
 ])
 def test_dry_run_runs_every_phase_and_packs_two_files(tmp_path, script, name, phases):
     proc, out = _dry_run(tmp_path, script)
