@@ -23,6 +23,7 @@ from ..measure import Target
 from ..models.blocks import repeated_blocks
 from ..precision import DeviceCaps, resolve_precision
 from ..rundir import new_run_dir
+from ..models.workload_spec import WorkloadSpec
 from ..workload import load_workload
 from .output import preset_text, trials_table, write_plot, write_text
 from .space import MICRO, Dim, ModelFacts, build_space, micro_choices
@@ -163,8 +164,11 @@ def write_outputs(study: Study, folder: Path, out: Path | None, device_type: str
                 chosen = baseline
         header.append(f"searched: {', '.join(keys)}; study: {folder}")
         config = best_config(study.target, chosen["params"], study.global_batch)
+        if study.target.model:  # the workload and the micro-batch it was measured with (its loader's unless searched)
+            micro = config.batch.micro if "batch.micro" in chosen["params"] else WorkloadSpec(study.target.model).micro_batch(config.run.seed)
+            config = config.replace(model={"workload": study.target.model}, batch={"micro": micro or config.batch.micro})
         header.append("train with: turbotrain train --preset THIS.toml" if not study.target.is_workload else
-                      f"your workload: turbotrain profile --model {study.target.model} --preset THIS.toml, or "
+                      f"train with: turbotrain train --model {study.target.model} --preset THIS.toml; an own loop: "
                       "Engine(turbotrain.load_config('THIS.toml'))")
         path = out or folder / BEST_FILE
         write_text(path, preset_text(config, header))
