@@ -306,7 +306,7 @@ class MoE(nn.Module):
         # that met None in its first step would compile again in its second
         self.load: torch.Tensor = torch.zeros(E, dtype=torch.long)  # (E,) assignments summed over training forwards since the last read
         self.dropped: torch.Tensor = torch.zeros((), dtype=torch.long)  # () dropped assignments since the last read
-        self.pending: torch.Tensor | None = None  # (E,) loads of finished steps, for the next bias update
+        self.pending: torch.Tensor | None = self._nothing_pending()  # (E,) loads of finished steps, for the next bias update
         self.step_load: torch.Tensor | None = None  # (E,) this optimizer step's loads so far (per-step mode)
         self.per_step = False  # True: the bias moves once per optimizer step (follow_optimizer_steps)
         self.grew_from = 0  # experts in the checkpoint this layer was grown from (0: not grown)
@@ -325,7 +325,14 @@ class MoE(nn.Module):
         super()._apply(fn, recurse)
         device = self.expert_bias.device
         self.load, self.dropped = self.load.to(device), self.dropped.to(device)
+        self.pending, self.step_load = (None if t is None else t.to(device) for t in (self.pending, self.step_load))
         return self
+
+    def _nothing_pending(self) -> torch.Tensor | None:
+        """Zero loads with the router bias on (they move it by sign(0) = 0: not at all), None
+        without: the first training forward then meets a tensor, as every later one does, and a
+        compiled model is not compiled again for the second step."""
+        return torch.zeros(self.n_experts, dtype=torch.long, device=self.expert_bias.device) if self.use_bias else None
 
     def get_extra_state(self) -> torch.Tensor:
         """The (E,) loads since the last bias update, summed over every rank (zeros when none). A
@@ -342,7 +349,7 @@ class MoE(nn.Module):
         """The saved sum becomes rank 0's pending loads (zeros on the others): the bias update's
         all-reduce gives every rank the saved sum again. Zeros (nothing pending) or another expert
         count (grown): nothing pending. Either way no step is under way."""
-        self.pending = self.step_load = None
+        self.pending, self.step_load = self._nothing_pending(), None
         if not isinstance(state, torch.Tensor) or state.shape != (self.n_experts,) or not bool(state.any()):
             return
         state = state.to(self.expert_bias.device, torch.long)
