@@ -133,15 +133,77 @@ def first_host(nodelist: str) -> str:
     return slurm_hosts(nodelist)[0]
 
 
-def slurm_requeued(env: Any = None) -> int:
-    """How often SLURM requeued this job (``SLURM_RESTART_COUNT``; 0 for a first start or outside SLURM)."""
-    env = os.environ if env is None else env
-    if "SLURM_JOB_ID" not in env:
-        return 0
+def _count(env: Any, key: str) -> int:
     try:
-        return max(0, int(env.get("SLURM_RESTART_COUNT") or 0))
+        return max(0, int(env.get(key) or 0))
     except ValueError:
         return 0
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The launcher's job this process belongs to, and how often that job started it again: the
+    one place that decides whether a start is a relaunch of the same run (which then resumes by
+    itself) or a new start (which refuses an existing run directory, as always).
+
+    - SLURM: a requeued job (``SLURM_RESTART_COUNT`` > 0) continues its run.
+    - torchrun: a worker group that torchrun started again in the same job (``--max-restarts``
+      after a failure: ``TORCHELASTIC_RESTART_COUNT`` > 0; an elastic ``--nnodes MIN:MAX``
+      membership change, which keeps the count) continues the run that this job, known by its
+      rendezvous id ``TORCHELASTIC_RUN_ID``, last started (:meth:`record`, kept in the run
+      directory). A new torchrun gets a new id (``--standalone`` and one-node runs draw one), so
+      it cannot take over a run of another job even under the same name."""
+
+    run_id: str = ""  # torchrun's rendezvous id ("" outside torchrun; "none" when multi-node without --rdzv-id)
+    restart: int = 0  # TORCHELASTIC_RESTART_COUNT
+    max_restarts: int = 0  # TORCHELASTIC_MAX_RESTARTS
+    slurm_job: str = ""
+    slurm_restart: int = 0  # SLURM_RESTART_COUNT
+
+    @classmethod
+    def from_env(cls, environ: Any = None) -> "Launch":
+        env = os.environ if environ is None else environ
+        torchrun = "RANK" in env and "WORLD_SIZE" in env
+        slurm = "SLURM_JOB_ID" in env
+        return cls(env.get("TORCHELASTIC_RUN_ID", "") if torchrun else "",
+                   _count(env, "TORCHELASTIC_RESTART_COUNT") if torchrun else 0,
+                   _count(env, "TORCHELASTIC_MAX_RESTARTS") if torchrun else 0,
+                   env["SLURM_JOB_ID"] if slurm else "", _count(env, "SLURM_RESTART_COUNT") if slurm else 0)
+
+    @property
+    def job_known(self) -> bool:
+        return self.run_id not in ("", "none")
+
+    @property
+    def restartable(self) -> bool:
+        """torchrun may start this worker group again (``--max-restarts`` > 0)."""
+        return self.max_restarts > 0
+
+    def record(self) -> dict[str, Any]:
+        """What a run directory keeps of the job that last started it (see :meth:`relaunch_of`)."""
+        return {"torchrun_run_id": self.run_id, "slurm_job": self.slurm_job}
+
+    def relaunch_of(self, recorded: Any) -> str:
+        """Why this start continues the run whose directory holds ``recorded`` (its last
+        :meth:`record`, None when it has none), in words for the "resuming" line; "" when it is a
+        new start."""
+        if self.slurm_restart > 0:
+            return f"SLURM requeued the job: SLURM_RESTART_COUNT={self.slurm_restart}"
+        if self.job_known and isinstance(recorded, dict) and recorded.get("torchrun_run_id") == self.run_id:
+            if self.restart > 0:
+                return f"torchrun restarted the workers: TORCHELASTIC_RESTART_COUNT={self.restart} of {self.max_restarts}"
+            return "torchrun restarted the workers after the elastic group changed"
+        return ""
+
+    def default_name(self, preset: str) -> str:
+        """A run name the same at every start of this job, for a run without ``--run.name`` that
+        torchrun may restart (a timestamped name would differ); "" when none is needed or known."""
+        if not (self.restartable and self.job_known):
+            return ""
+        job = re.sub(r"[^A-Za-z0-9._-]", "_", self.run_id)
+        if re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", job):
+            job = job[:8]  # the id --standalone draws: its first 8 hex digits are enough
+        return f"{preset}-{job}"
 
 
 def is_loaded_instance(obj: Any, module: str, cls: str) -> bool:
@@ -286,8 +348,23 @@ def join_process_group(cfg: DistributedConfig, device: torch.device, topology: T
     if topology.launcher == "slurm":  # no torchrun variables: rank 0 hosts the store at the first node
         host = f"[{topology.master_addr}]" if ":" in topology.master_addr else topology.master_addr
         where = {"init_method": f"tcp://{host}:{topology.master_port}", "rank": topology.rank, "world_size": topology.world}
+    elif os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        where = _restart_safe_store(topology, cfg.timeout_s)
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.timeout_s), **where,
                             **({"device_id": device} if device.type == "cuda" else {}))
+
+
+def _restart_safe_store(topology: Topology, timeout_s: float) -> dict[str, Any]:
+    """torchrun's store for this worker group, under a prefix of its own. torchrun's agent keeps
+    one store for all the groups it starts (``--max-restarts``, elastic membership changes), so
+    without a prefix a restarted rank can read the address a rank of the group before left there
+    and connect to a process that is gone (gloo: "Connection refused", or a hang). A new group has
+    a new restart count (after a failure) or a new world size (a node joined)."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), topology.world, is_master=False,
+                          timeout=timeout)
+    group = f"turbotrain/group/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{topology.world}/"
+    return {"store": dist.PrefixStore(group, store), "rank": topology.rank, "world_size": topology.world}
 
 
 def build_strategy(cfg: DistributedConfig, device: torch.device, topology: Topology | None = None) -> Strategy:

@@ -4,8 +4,9 @@
   1e-5 over 30+ steps, read from metrics.jsonl, which rank 0 alone writes);
 - two "nodes" (two torchrun commands meeting at a c10d rendezvous) match it too;
 - bad input: one line and exit 2 on rank 0, the other rank ends quietly with status 0;
-- kill -9 of one rank: the other ends within a bounded time with a clear message, the checkpoints
-  written before stay, and ``--resume`` continues with the uninterrupted run's losses;
+- kill -9 of one rank under ``--max-restarts 1``: the other ends with a clear message, the
+  checkpoints written before stay, and the group torchrun starts again resumes by itself with the
+  uninterrupted run's losses, the restart recorded in the summary;
 - an out-of-memory error under ddp or fsdp stops with the rank, the micro-batch and "lower --batch.micro".
 """
 
@@ -173,10 +174,16 @@ def _rank_of(pid: int) -> int | None:
     return ranks[0] if ranks else None
 
 
-def test_kill_9_of_one_rank_ends_the_other_and_resume_is_exact(work, single):
-    name, reference = "killed", single  # uninterrupted, with the same global batch
-    proc = subprocess.Popen(_torchrun(2) + _args(work, name, MICRO, "--distributed.strategy=ddp"), env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def test_kill_9_of_one_rank_restarts_the_group_which_resumes_by_itself(work, single):
+    """torchrun --max-restarts 1, rank 1 killed after the checkpoint at step 20: the surviving rank
+    ends saying why, torchrun names the killed rank and starts the group again, which resumes from
+    that checkpoint with no one's help and ends at the uninterrupted run's losses (every step and
+    validation); metrics.jsonl and the summary record the restart. (Without --max-restarts the
+    survivor prints the --resume command instead: the same resume, tested with the stopped runs
+    below; its line: tests/unit/test_relaunch.py.)"""
+    name = "restarted"
+    proc = subprocess.Popen(_torchrun(2, "--max-restarts", "1") + _args(work, name, MICRO, "--distributed.strategy=ddp"),
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     checkpoints = work / "runs" / name / "checkpoints"
     deadline = time.monotonic() + 180
     while not any(checkpoints.glob("step_*/finished.json")) and proc.poll() is None and time.monotonic() < deadline:
@@ -184,22 +191,19 @@ def test_kill_9_of_one_rank_ends_the_other_and_resume_is_exact(work, single):
     victim = next((p for p in _children(proc.pid) if _rank_of(p) == 1), None)
     assert victim is not None and proc.poll() is None, "the run ended before a rank could be killed"
     os.kill(victim, signal.SIGKILL)
-    killed_at = time.monotonic()
-    _, err = proc.communicate(timeout=120)
-    assert time.monotonic() - killed_at < 60, "the surviving rank must end within a bounded time"
-    assert proc.returncode != 0
-    assert "exitcode  : -9" in err  # torchrun names the killed rank ...
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err[-3000:]
+    assert "(exitcode: -9) local_rank: 1" in err  # torchrun names the killed rank ...
     assert "[rank 0] another rank stopped or was lost: a collective failed" in err  # ... and the survivor says why
+    assert "torchrun starts the workers again (restart 1 of --max-restarts 1)" in err
+    assert "resuming" in out and "TORCHELASTIC_RESTART_COUNT=1 of 1" in out, out
+    _assert_same(_losses(work, name), single)
+    assert abs(_val(work, name) - _val(work, "single")) <= 1e-5
     summary = json.loads((work / "runs" / name / "summary.json").read_text())
-    assert summary["status"].startswith("failed")  # rank 0 still wrote the summary
-    kept = sorted(p.parent.name for p in checkpoints.glob("step_*/finished.json"))
-    assert kept, "the checkpoint written before the kill is kept"
-    logged = _losses(work, name)
-    assert logged and all(abs(logged[s] - reference[s]) <= 1e-5 for s in logged)
-
-    resumed = _run(_torchrun(2) + ["--resume", str(work / "runs" / name), "--no-progress"])
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    _assert_same(_losses(work, name), reference)
+    assert summary["status"] == "completed" and summary["resumed_from"] == "step_00000020"
+    restart = summary["restarts"]["each"]
+    assert summary["restarts"]["count"] == 1 and restart[0]["step"] == 20 and restart[0]["world_size"] == 2
+    assert "## Restarts" in (work / "runs" / name / "summary.md").read_text()
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from turbotrain.distributed import Topology, first_host, slurm_hosts, slurm_requeued
+from turbotrain.distributed import Launch, Topology, first_host, slurm_hosts
 from turbotrain.errors import ConfigError
 
 TASK = {"SLURM_JOB_ID": "4242", "SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
@@ -49,6 +49,6 @@ def test_torchrun_wins_and_one_task_or_an_interactive_job_is_a_plain_process():
 
 
 def test_requeued_counts_only_under_slurm():
-    assert slurm_requeued({"SLURM_JOB_ID": "1", "SLURM_RESTART_COUNT": "2"}) == 2
-    assert slurm_requeued({"SLURM_JOB_ID": "1"}) == 0
-    assert slurm_requeued({"SLURM_RESTART_COUNT": "2"}) == 0
+    assert Launch.from_env({"SLURM_JOB_ID": "1", "SLURM_RESTART_COUNT": "2"}).slurm_restart == 2
+    assert Launch.from_env({"SLURM_JOB_ID": "1"}).slurm_restart == 0
+    assert Launch.from_env({"SLURM_RESTART_COUNT": "2"}).slurm_restart == 0

@@ -6,7 +6,8 @@ or nothing trained yet): continue with ``--resume``; 79 the same after SIGUSR1, 
 asks for before its time limit (``--signal=USR1@90``): the batch script requeues the job on 79, and
 a requeued job (``SLURM_RESTART_COUNT`` > 0) resumes its run by itself; 130 a second signal interrupted it at once
 (the last periodic checkpoint is intact); 1 a bug, with its traceback, or under torchrun another
-rank lost (one line: continue with ``--resume``).
+rank lost (one line: continue with ``--resume``; under ``torchrun --max-restarts N`` torchrun starts
+the group again and it resumes by itself, the restart recorded in metrics.jsonl and the summary).
 
 Signals (:mod:`turbotrain.signals`) are handled from the moment the command starts until it exits,
 in every phase alike: during start-up one stops it at once (75; a new run leaves nothing behind),
@@ -260,6 +261,8 @@ def _relaunched_run(args: argparse.Namespace, overrides: dict, topology: Topolog
     ``run.out_dir``. None for a new start, and when the run does not exist yet (the job stopped
     before it made it: it starts as new) or has no name (an automatic name differs at every
     start: said once)."""
+    if not (launch.job_known or launch.slurm_restart):
+        return None  # a plain process, or no job to know a restart by
     config = load_config(args.preset or default_preset(), overrides)
     name = config.run.name or launch.default_name(config.preset)
     path = Path(config.run.out_dir) / name if name else None
