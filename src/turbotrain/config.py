@@ -243,6 +243,9 @@ class OptimConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     max_steps: int = knob(300, "optimizer steps of the whole run; the LR schedule spans them", min=1, max=MAX_STEPS)
+    epochs: int = knob(0, "passes over the training data instead of max_steps (steps = epochs x the data's steps per "
+                       "epoch at the global batch; the schedule follows); validation then runs at each epoch's end "
+                       "and eval_every is unused; 0 = train.max_steps", min=0, max=100_000)
     stop_after_steps: int = knob(0, "end this invocation after this step (checkpointed; resume with --resume); 0 = run to max_steps", min=0, max=MAX_STEPS)
     eval_every: int = knob(100, "optimizer steps between validation passes; 0 = only at the end", min=0, max=MAX_STEPS)
     eval_batches: int = knob(20, "micro-batches per validation pass", min=1, max=10_000)
@@ -537,10 +540,10 @@ def validate(config: RunConfig) -> None:
         raise ConfigError(f"model.capacity_factor = {m.capacity_factor:g} must be at most model.n_experts / model.top_k = "
                           f"{m.n_experts / m.top_k:g} (there every expert has a slot for every token); 0 = dropless, e.g. "
                           f"{setting('model.capacity_factor', 0)}")
-    if config.distributed.expert_parallel > 1 and config.model.arch != "moe":
+    if config.distributed.expert_parallel > 1 and config.model.arch != "moe" and not config.model.workload:  # a workload's MoE layers: checked when sharded
         raise ConfigError(f"distributed.expert_parallel = {config.distributed.expert_parallel} needs a mixture-of-experts "
                           f"model: {setting('model.arch', 'moe')} (or --preset moe-tiny)")
-    if config.distributed.expert_parallel > 1 and config.model.n_experts % config.distributed.expert_parallel:
+    if config.distributed.expert_parallel > 1 and not config.model.workload and config.model.n_experts % config.distributed.expert_parallel:
         raise ConfigError(f"distributed.expert_parallel = {config.distributed.expert_parallel} must divide "
                           f"model.n_experts = {config.model.n_experts}")
     if config.optim.min_lr > config.optim.lr:

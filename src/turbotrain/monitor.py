@@ -253,10 +253,15 @@ class Monitor(Hook):
     def _emit(self, record: dict[str, Any], probes: Iterable[Probe]) -> dict[str, Any]:
         for probe in probes:
             record.update(probe(record))
+        self.write_event(record)
+        return record
+
+    def write_event(self, record: dict[str, Any]) -> None:
+        """A record into the run's records and every sink: a step's measurement, or an event
+        (``{"event": "epoch", ...}``) that the report keeps apart from the step records."""
         self.records.append(record)
         for sink in self.sinks:
             sink.write(record)
-        return record
 
     def close(self) -> None:
         """Stop the probes' threads and close the sinks (idempotent)."""

@@ -119,6 +119,7 @@ def summarize_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     tokens/s of all windows, peak device memory in GiB, GPU utilisation and the final/best
     losses, from metrics records; the restarts (event records a relaunch wrote) as a list."""
     restarts = [r for r in records if r.get("event") == "restart"]
+    epochs = [{k: v for k, v in r.items() if k != "event"} for r in records if r.get("event") == "epoch"]
     records = [r for r in records if "event" not in r]
     steady = steady_records(records)
     med = lambda key: _median([v for _, v in _values(steady, key)])  # noqa: E731
@@ -146,6 +147,7 @@ def summarize_records(records: list[dict[str, Any]]) -> dict[str, Any]:
         **{f"final_{key}": values[-1][1] for key in metric_keys(records) if (values := _values(records, key))},
         "logged_steps": len(records),
         "last_step": records[-1]["step"] if records else None,
+        **({"epochs": epochs} if epochs else {}),
         **({"restarts": {"count": len(restarts), "each": [{k: v for k, v in r.items() if k != "event"} for r in restarts]}}
            if restarts else {}),
     }
@@ -396,6 +398,12 @@ def format_markdown(summary: dict[str, Any]) -> str:
         *(f"- final validation {k[len('final_val_'):].replace('_', ' ')}: {_fmt(v, '.4f')}"
           for k, v in summary.items() if k.startswith("final_val_") and k not in ("final_val_loss", "final_val_step")),
     ]
+    epochs = summary.get("epochs") or []
+    if epochs:  # train.epochs: one row per epoch
+        keys = [k for k in epochs[-1] if k.startswith("epoch_")]
+        lines += ["", "## Epochs", "", "| epoch | step | " + " | ".join(k[len("epoch_"):].replace("_", " ") for k in keys) + " |",
+                  "|---|---|" + "---|" * len(keys)]
+        lines += [f"| {e['epoch']} | {e['step']} | " + " | ".join(_fmt(e.get(k), ".4g") for k in keys) + " |" for e in epochs]
     comp = summary.get("compile") or {}
     if comp.get("frames_compiled") or comp.get("graph_breaks"):
         lines += ["", "## Compile", "",

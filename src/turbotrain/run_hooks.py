@@ -9,6 +9,7 @@ Hooks run in this order at every event, and the order matters:
   loss and metrics Evaluate has just put in ``ctx.metrics`` (at the end too: final evaluation,
   then final record); an adaptive (plateau) schedule reads that loss right after Evaluate;
 - the experts monitor (models with MoE layers) before the Monitor, on the same cadence;
+- the epoch log (``train.epochs``) right after the Monitor: an epoch's record follows its last step's;
 - the Checkpointer last: its time is in ``ctx.side_s`` before the next window starts, and at the
   end the final record is written and the sinks closed before the save, so a failed save (a full
   disk) loses no metrics.
@@ -24,6 +25,7 @@ from torch import nn
 
 from .checkpoint import Checkpointer
 from .engine import Engine
+from .epochs import EpochLog
 from .experts_monitor import experts_hooks
 from .hooks import Evaluate, Hook
 from .lr_plateau import ObservePlateau
@@ -71,9 +73,10 @@ def build_hooks(monitor: Monitor, *, stops: Sequence[Hook] = (), eval_batches: l
                 eval_every: int = 0, loss_fn: Callable[[nn.Module, Any], Any] | None = None,
                 metrics_fn: Callable[[nn.Module, Any], Any] | None = None, scheduler: Any = None,
                 experts_model: nn.Module | None = None, experts_dir: Path | None = None,
-                checkpointer: Checkpointer | None = None) -> list[Hook]:
+                epochs: tuple[int, int] | None = None, checkpointer: Checkpointer | None = None) -> list[Hook]:
     """The chain in the order the module docstring explains. ``eval_batches`` None: no evaluation;
-    ``experts_model``: the unwrapped model whose MoE layers are monitored (none: nothing added)."""
+    ``experts_model``: the unwrapped model whose MoE layers are monitored (none: nothing added);
+    ``epochs``: (steps per epoch, epochs) for one record and line per epoch, after the Monitor."""
     hooks: list[Hook] = list(stops)
     if eval_batches is not None:
         hooks.append(Evaluate(eval_batches, eval_every, loss_fn, metrics_fn))
@@ -82,6 +85,8 @@ def build_hooks(monitor: Monitor, *, stops: Sequence[Hook] = (), eval_batches: l
     if experts_model is not None:
         hooks.extend(experts_hooks(experts_model, monitor.interval, experts_dir))  # MoE: tokens per expert
     hooks.append(monitor)
+    if epochs is not None:  # after the Monitor: the epoch's last step record is written first
+        hooks.append(EpochLog(monitor, *epochs))
     if checkpointer is not None:
         hooks.append(checkpointer)
     return hooks

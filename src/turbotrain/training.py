@@ -114,6 +114,7 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
     data = main_first(lambda: spec.open_data(c, run_dir, show=show))  # rank 0 first: it fills caches, the others read them
     if main:
         data.save(run_dir)
+    c, epochs = _resolve_epochs(c, data, topology.world)  # train.epochs -> max_steps, before the schedule is made
     torch.manual_seed(c.run.seed)
     plain = spec.build(c, data)  # the model itself: DDP wraps it, FSDP2 shards it in place
     expert_parallel.apply(c, plain)  # MoE layers: keep this rank's experts, before the optimizer sees the parameters
@@ -170,11 +171,24 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
         stops=[StopOnSignal(engine.strategy.any_rank if world > 1 else None, c.monitor.log_every),
                StopAfter(c.train.stop_after_steps)],
         eval_batches=val_batches, eval_every=c.train.eval_every, loss_fn=spec.loss_fn(), metrics_fn=spec.metrics_fn(),
-        scheduler=t.scheduler, experts_model=plain, experts_dir=run_dir if main else None,
+        scheduler=t.scheduler, experts_model=plain, experts_dir=run_dir if main else None, epochs=epochs,
         checkpointer=Checkpointer(run_dir / CHECKPOINTS, c.train.checkpoint_every, c.train.keep_last, state,  # every rank: ddp/fsdp save together
                                   before_save=jsonl.flush if jsonl is not None else None, async_write=c.train.async_checkpoint),
     )
     return Training(c, run_dir, spec, engine, model, optimizer, data, loader, hooks, monitor, state, resolved, resumed_from)
+
+
+def _resolve_epochs(c: RunConfig, data: RunData, world: int) -> tuple[RunConfig, tuple[int, int] | None]:
+    """``train.epochs``: the run's ``max_steps`` (epochs x the data's steps per epoch at the global
+    batch) with validation at each epoch's end, and (steps per epoch, epochs) for the epoch log."""
+    if not c.train.epochs:
+        return c, None
+    if not isinstance(c.batch.micro, int):
+        raise ConfigError("train.epochs needs a numeric batch.micro (with 'auto' the steps per epoch are not known "
+                          f"before the search); use {setting('batch.micro', 32)} or train.max_steps")
+    per_epoch = data.steps_per_epoch(c, world)
+    log.info("train.epochs = %d: %d optimizer steps per epoch, %d in all", c.train.epochs, per_epoch, c.train.epochs * per_epoch)
+    return c.replace(train={"max_steps": c.train.epochs * per_epoch, "eval_every": per_epoch}), (per_epoch, c.train.epochs)
 
 
 def _resume(c: RunConfig, run_dir: Path, state: RunState, engine: Engine, data: RunData, world: int, rank: int,

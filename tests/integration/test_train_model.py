@@ -30,17 +30,24 @@ def _stopped_and_resumed(tmp_path: Path, model: str, *args: str) -> tuple[dict, 
     return full, split, tmp_path / "full", tmp_path / "split"
 
 
-def test_an_image_classifier_trains_reports_accuracy_and_resumes_exactly(tmp_path: Path) -> None:
-    full, split, run, resumed = _stopped_and_resumed(tmp_path, f"{EXAMPLES / 'workload_cnn.py'}:make", "--batch.micro=16")
-    assert split["resumed_from"] and split["steps"] == full["steps"] == 6
+def test_an_image_classifier_trains_two_epochs_reports_accuracy_and_resumes_mid_epoch_exactly(tmp_path: Path) -> None:
+    # 2048 images at a global batch of 256: 8 steps per epoch; stopped at step 3, in the first epoch
+    full, split, run, resumed = _stopped_and_resumed(tmp_path, f"{EXAMPLES / 'workload_cnn.py'}:make",
+                                                     "--train.epochs=2", "--batch.micro=256")
+    assert split["resumed_from"] and split["steps"] == full["steps"] == 16
     assert _losses(resumed) == _losses(run)  # the same batches in the same steps after the resume, to the bit
     assert split["final_val_loss"] == full["final_val_loss"]
     assert split["final_val_accuracy"] == full["final_val_accuracy"] and 0 <= full["final_val_accuracy"] <= 1
+    epochs = full["epochs"]
+    assert [(e["epoch"], e["step"]) for e in epochs] == [(1, 8), (2, 16)]
+    assert all(e["epoch_s"] > 0 and 0 <= e["epoch_val_accuracy"] <= 1 and e["epoch_train_loss"] > 0 for e in epochs)
+    assert [e["epoch_val_loss"] for e in split["epochs"]] == [e["epoch_val_loss"] for e in epochs]
     assert full["resolved"]["model_family"] == "workload" and full["resolved"]["model"] == "SmallCNN"
     assert full["steady_state"]["samples_per_s"] > 0 and not full["tokens_per_s_median"]  # an image model: samples/s
-    assert "validation accuracy" in (run / "summary.md").read_text()
+    summary_md = (run / "summary.md").read_text()
+    assert "validation accuracy" in summary_md and "## Epochs" in summary_md
     assert (run / "plots" / "metrics.png").is_file()
-    assert "micro = 16" in (run / "config.toml").read_text()  # the command's micro-batch, not the loader's 64
+    assert "micro = 256" in (run / "config.toml").read_text()  # the command's micro-batch, not the loader's 64
 
 
 def test_a_hugging_face_causal_lm_trains_resumes_exactly_and_counts_tokens(tmp_path: Path) -> None:

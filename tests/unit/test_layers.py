@@ -26,7 +26,7 @@ LAYERS: dict[str, int] = {
     # L2 core: what a step runs
     "precision": 2, "transforms": 2, "compile_guard": 2, "oom": 2, "optim": 2, "distributed": 2, "engine": 2, "assembly": 2,
     # L3 loop
-    "hooks": 3, "run_hooks": 3, "lr_plateau": 3, "loop": 3, "checkpoint": 3, "sharded": 3, "monitor": 3, "experts_monitor": 3,
+    "hooks": 3, "run_hooks": 3, "epochs": 3, "lr_plateau": 3, "loop": 3, "checkpoint": 3, "sharded": 3, "monitor": 3, "experts_monitor": 3,
     # L4 tools
     "memory": 4,
     # L5 application

@@ -52,6 +52,10 @@ class RunData(ABC):
     def example(self, c: RunConfig) -> Any:
         """One training micro-batch (FLOPs per sample, the batch search's probe)."""
 
+    def steps_per_epoch(self, c: RunConfig, world: int) -> int:
+        """Optimizer steps in one pass over the training rows at the run's global batch (``train.epochs``)."""
+        return max(1, self.positions // (int(c.batch.micro) * c.batch.accumulation * world))
+
     def start_after(self, saved_batches: int, step: int, c: RunConfig, saved_world: int, world: int) -> int:
         """This rank's batch position after a resume at optimizer step ``step`` of a checkpoint
         whose ``saved_world`` ranks had each read ``saved_batches``."""

@@ -52,6 +52,15 @@ class WorkloadData(RunData):
                                   "with a length, so it cannot be split over processes; give a DataLoader, or train in one process")
         return _endless(self.workload.train_loader, start)
 
+    def steps_per_epoch(self, c: RunConfig, world: int) -> int:
+        if self.dataset is None:  # an iterable of batches: one pass is its length in micro-batches
+            try:
+                return max(1, len(self.workload.train_loader) // (c.batch.accumulation * world))  # type: ignore[arg-type]
+            except TypeError:
+                raise TurbotrainError(f"train.epochs needs to know how long an epoch is, and --model {self.workload.source}'s "
+                                      "train_loader has no length; use train.max_steps") from None
+        return super().steps_per_epoch(c, world)
+
     def val_batches(self, c: RunConfig, rank: int, world: int) -> list[Any]:
         """The eval loader's first ``train.eval_batches x world`` batches, every ``world``-th for this rank."""
         if self.workload.eval_loader is None:

@@ -59,6 +59,10 @@ class TokenData(RunData):
             return self._budget.example
         return fixed_batches(self.train, c.batch.micro, 1, seed=c.run.seed)[0]
 
+    def steps_per_epoch(self, c: RunConfig, world: int) -> int:
+        """The steps whose windows hold as many tokens as the training split (windows are drawn at random)."""
+        return max(1, len(self.source.train) // (int(c.batch.micro) * c.batch.accumulation * world * c.model.block_size))
+
     def start_after(self, saved_batches: int, step: int, c: RunConfig, saved_world: int, world: int) -> int:
         if c.data.batching == "tokens":  # the stream's position holds only with the same batches per step
             return resume_start(saved_batches, step, saved_world, world, c.batch.accumulation)
