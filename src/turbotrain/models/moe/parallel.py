@@ -102,12 +102,14 @@ class ExpertLayout:
         return self.world // self.degree
 
 
-def check_degree(degree: int, world: int, n_experts: int) -> None:
-    """One-line errors for a degree that does not divide the world size or the expert count."""
+def check_degree(degree: int, world: int, n_experts: int | None) -> None:
+    """One-line errors for a degree that does not divide the world size or the expert count
+    (None: not known yet, a workload's MoE layers are checked when they are sharded)."""
     if degree < 1 or world % degree:
+        example = world if n_experts is None or n_experts % world == 0 else 1
         raise ConfigError(f"distributed.expert_parallel = {degree} must divide the world size {world} "
-                          f"(processes launched), e.g. {setting('distributed.expert_parallel', world if n_experts % world == 0 else 1)}")
-    if n_experts % degree:
+                          f"(processes launched), e.g. {setting('distributed.expert_parallel', example)}")
+    if n_experts is not None and n_experts % degree:
         raise ConfigError(f"distributed.expert_parallel = {degree} must divide model.n_experts = {n_experts}")
 
 
@@ -116,7 +118,7 @@ def check_config(config: RunConfig, world: int) -> None:
     degree = config.distributed.expert_parallel
     if degree == 1:
         return
-    check_degree(degree, world, config.model.n_experts)
+    check_degree(degree, world, None if config.model.workload else config.model.n_experts)
     if config.distributed.strategy == "fsdp":
         raise ConfigError(f"distributed.expert_parallel = {degree} runs with DDP for the non-expert parameters; "
                           f"use {setting('distributed.strategy', 'ddp')}")
@@ -165,7 +167,8 @@ def shard_experts(model: nn.Module, degree: int) -> ExpertLayout | None:
         raise ConfigError(f"distributed.expert_parallel = {degree} needs processes started by torchrun, e.g. "
                           f"`torchrun --nproc-per-node {degree} -m turbotrain train ...`")
     if not layers:
-        raise ConfigError(f"distributed.expert_parallel = {degree} needs a mixture-of-experts model ({setting('model.arch', 'moe')})")
+        raise ConfigError(f"distributed.expert_parallel = {degree} needs a mixture-of-experts model ({setting('model.arch', 'moe')}, "
+                          "or a --model with turbotrain.MoE layers)")
     check_degree(degree, dist.get_world_size(), layers[0].n_experts)
     layout = build_layout(degree)
     n_local = layers[0].n_experts // degree
