@@ -47,7 +47,9 @@ with track(engine, model, optimizer, sys.argv[1] if len(sys.argv) > 1 else "runs
     for epoch in range(1, 4):
         model.train()
         for batch_idx, (data, target) in enumerate(train_loader):
-            loss = F.nll_loss(model(data), target)
+            output = model(data)
+            loss = F.nll_loss(output, target)
+            engine.log("accuracy", (output.argmax(1) == target).float().mean())  # optional: no sync, logged as train_accuracy
             engine.backward(loss)  # 4
             engine.step(optimizer)  # 5: step, zero_grad
         print(f"epoch {epoch}: {len(train_loader.dataset)} images, last loss {loss.item():.4f}, "

@@ -231,6 +231,7 @@ class Engine:
         self.pending_micro_steps = 0  # backward passes since the last optimizer step
         self.state = TrainState()
         self.events: list[Event] = []
+        self._logged: dict[str, tuple[torch.Tensor, int]] = {}  # engine.log: name -> (sum on the device, count)
         self.guard = build_guard(self.device)
         self.scheduler: Any = None
         self.last_loss: torch.Tensor | None = None  # mean loss of the last optimizer step, on device
@@ -584,6 +585,21 @@ class Engine:
     # ------------------------------------------------------------------ evaluation
 
     @torch.no_grad()
+    def log(self, name: str, value: torch.Tensor | float) -> None:
+        """Log a scalar of your own (a training accuracy, a loss term) without a host sync: it stays
+        on the device, summed until the Monitor's next record (every ``monitor.log_every`` steps),
+        which reads the mean since the last one as ``train_<name>`` (metrics.jsonl, the progress
+        line, summary.json's ``final_train_<name>``, plots/metrics.png)."""
+        t = value.detach().float().mean() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
+        total, count = self._logged.get(name, (None, 0))
+        self._logged[name] = (t if total is None else total + t.to(total.device), count + 1)
+
+    def take_logged(self) -> dict[str, torch.Tensor]:
+        """The means of :meth:`log`'s values since the last call, as device tensors (``train_<name>``),
+        and start over; the caller reads them (a host-device sync point, at its logging steps)."""
+        logged, self._logged = self._logged, {}
+        return {f"train_{name}": total / count for name, (total, count) in logged.items()}
+
     def evaluate(self, model: nn.Module, batches: Iterable[Any], loss_fn: LossFn = default_loss) -> float:
         """Mean loss over ``batches`` under autocast and no_grad (one sync, at the end). A compiled
         model evaluates eagerly (:func:`turbotrain.transforms.eager`): its training graph stays

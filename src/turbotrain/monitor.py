@@ -146,6 +146,7 @@ def format_record(record: dict[str, Any]) -> str:
     if record.get("val_loss") is not None:
         parts.append(f"val {record['val_loss']:.4f}")
         parts.extend(f"{k[4:]} {v:.4g}" for k, v in record.items() if k.startswith("val_") and k not in ("val_loss", "val_step"))
+    parts.extend(f"{k[6:]} {v:.4g}" for k, v in record.items() if k.startswith("train_") and isinstance(v, float))
     if record.get("tokens_per_s"):
         parts.append(f"{record['tokens_per_s']:,.0f} tok/s")
     elif record.get("samples_per_s"):
@@ -213,6 +214,7 @@ class Monitor(Hook):
 
     def observe(self, step: int, loss: Any = None, *, lr: float | None = None, samples: int = 0, tokens: int = 0,
                 val_loss: float | None = None, val_metrics: dict[str, float] | None = None,
+                logged: dict[str, Any] | None = None,
                 grad_norm: Any = None, precision: str | None = None,
                 side_s: float = 0.0, force: bool = False) -> dict[str, Any] | None:
         """The values after optimizer step ``step``: its loss (a device tensor or a number), the
@@ -248,6 +250,7 @@ class Monitor(Hook):
         record.update(elapsed_s=now - self._t0, samples=samples, tokens=tokens, **{k: v for k, v in known.items() if v is not None})
         if val_loss is not None:
             record.update(val_metrics or {})  # val_accuracy, ...: evaluated with the loss
+        record.update({k: _read(v) for k, v in (logged or {}).items()})  # engine.log's means: host-device sync point
         return self._emit(record, self.probes)
 
     def _emit(self, record: dict[str, Any], probes: Iterable[Probe]) -> dict[str, Any]:
@@ -298,7 +301,7 @@ class Monitor(Hook):
         record = self.observe(
             s.step, engine.last_loss, lr=ctx.optimizer.param_groups[0]["lr"] if ctx.optimizer is not None else None,
             samples=s.samples, tokens=s.tokens, val_loss=m.get("val_loss") if m.get("val_step") == s.step else None,
-            val_metrics=m.get("val_metrics"),
+            val_metrics=m.get("val_metrics"), logged=engine.take_logged(),
             grad_norm=engine.last_grad_norm, precision=engine.precision.name, side_s=ctx.side_s, force=force,
         )
         if record and record.get(MEMORY_WARNING):

@@ -208,10 +208,12 @@ NOT_METRICS = ("val_loss", "val_step")
 
 
 def metric_keys(records: list[dict[str, Any]]) -> list[str]:
-    """The validation metrics besides the loss in ``records`` (``val_accuracy``, ...), in first-seen order."""
+    """The validation metrics besides the loss (``val_accuracy``, ...) and what ``engine.log`` logged
+    (``train_accuracy``, ...) in ``records``, in first-seen order."""
     keys: dict[str, None] = {}
     for r in records:
-        keys.update((k, None) for k in r if k.startswith("val_") and k not in NOT_METRICS)
+        if "event" not in r:
+            keys.update((k, None) for k in r if k.startswith(("val_", "train_")) and k not in NOT_METRICS)
     return list(keys)
 
 
@@ -231,9 +233,10 @@ def plots_for(records: list[dict[str, Any]]) -> tuple[PlotSpec, ...]:
             spec = replace(spec, missing=NO_FLOPS)
         out.append(spec)
     metrics = metric_keys(records)
-    if metrics:  # the workload's own (accuracy, ...), as evaluated with the validation loss
-        out.insert(1, PlotSpec("metrics.png", "Validation metrics", "value",
-                               tuple(Series(k, k[4:].replace("_", " "), style="o-") for k in metrics)))
+    if metrics:  # the workload's own (accuracy, ...): validation metrics and what engine.log logged
+        out.insert(1, PlotSpec("metrics.png", "Your metrics", "value", tuple(
+            Series(k, ("validation " if k.startswith("val_") else "train ") + k.partition("_")[2].replace("_", " "),
+                   style="o-" if k.startswith("val_") else "-") for k in metrics)))
     return tuple(out)
 
 
@@ -397,6 +400,8 @@ def format_markdown(summary: dict[str, Any]) -> str:
         f"- best validation loss: {_fmt(summary.get('best_val_loss'), '.4f')}",
         *(f"- final validation {k[len('final_val_'):].replace('_', ' ')}: {_fmt(v, '.4f')}"
           for k, v in summary.items() if k.startswith("final_val_") and k not in ("final_val_loss", "final_val_step")),
+        *(f"- last logged train {k[len('final_train_'):].replace('_', ' ')} (engine.log): {_fmt(v, '.4f')}"
+          for k, v in summary.items() if k.startswith("final_train_") and k not in ("final_train_loss", "final_train_step")),
     ]
     epochs = summary.get("epochs") or []
     if epochs:  # train.epochs: one row per epoch

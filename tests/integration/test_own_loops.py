@@ -412,6 +412,11 @@ def test_monitored_cnn_loop_reports_samples_per_second(tmp_path):
     specs = {s.file: s for s in plots_for(run["records"])}
     assert specs["loss.png"].ylabel == "loss"  # not "nats per token": this is a classifier
     assert [s.key for s in specs["throughput.png"].series] == ["samples_per_s"]
+    # engine.log("accuracy", ...) each step: the mean since the last record, in each record, the summary and a plot
+    assert all(0 <= r["train_accuracy"] <= 1 for r in run["records"] if "loss" in r)
+    assert run["summary"]["final_train_accuracy"] == run["records"][-1]["train_accuracy"]
+    assert [s.key for s in specs["metrics.png"].series] == ["train_accuracy"]
+    assert "train accuracy" in (tmp_path / "cnn" / "summary.md").read_text()
 
 
 def test_monitored_hugging_face_loop_reports_tokens_per_second(tmp_path):
