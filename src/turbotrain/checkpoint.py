@@ -788,6 +788,10 @@ class Checkpointer(Hook):
         return lambda: write_sharded(folder, step, parts, keep_last, group=group)
 
     def on_fit_start(self, ctx: FitContext) -> None:
+        if self.background is not None and self.sharded and self._group is None and in_group():
+            # the background writes' own group, made now on every rank: later (at the first save) the
+            # launcher's store may be gone (orphaned ranks still save at their stop)
+            self._group = dist.new_group(backend="gloo")
         for path in clean_stale_temps(self.folder):
             log.info("removed %s, left by a checkpoint write that was killed", path)
         if rank_world()[0] == 0:  # one process cleans; no save runs before every rank reaches it
