@@ -36,7 +36,8 @@ def main(mode: str, out: str) -> None:
         for micro in (1, 2, 4):
             trial(micro)
     changed = sorted(n for n, t in [*plain.named_parameters(), *plain.named_buffers()] if not torch.equal(t, before[n]))
-    pending = [i for i, layer in enumerate(plain.moe_layers()) if layer.pending is not None or layer.step_load is not None]
+    pending = [i for i, layer in enumerate(plain.moe_layers())  # loads left for a bias update (zeros: none)
+               if (layer.pending is not None and bool(layer.pending.any())) or layer.step_load is not None]
     tallied = [i for i, layer in enumerate(plain.moe_layers()) if layer.load is not None and bool(layer.load.any())]
     with open(f"{out}.rank{engine.strategy.rank}.json", "w") as f:
         json.dump({"changed": changed, "pending": pending, "tallied": tallied, "optimizer_state": len(optimizer.state),
