@@ -20,7 +20,7 @@ import hashlib
 import resource
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -31,6 +31,7 @@ from ..batch import move_to
 from ..engine import as_loss, default_loss
 from ..errors import TurbotrainError
 from ..hardware import precision_key, tf32_enabled
+from ..models.moe import MoE, moe_layers
 from ..units import GIB
 
 
@@ -200,10 +201,20 @@ class Job:
     batches: BatchList
     clock: StepClock
     loss_fn: Callable[[nn.Module, Any], Any] = default_loss  # (model, batch) -> loss; a --model workload's own
+    moe: list[MoE] = field(init=False)  # the model's MoE layers, found once
+
+    def __post_init__(self) -> None:
+        self.moe = [layer for _, layer in moe_layers(self.model)]
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
-        """The scalar loss of ``batch`` (already on the device) under ``model``."""
-        return as_loss(self.loss_fn(model, batch))
+        """The scalar loss of ``batch`` (already on the device) under ``model``, plus the
+        load-balancing losses of its MoE layers (``turbotrain.MoE``), as a plain loop adds them by
+        hand; the turbotrain row's engine adds them itself, so every row trains the same objective."""
+        loss = as_loss(self.loss_fn(model, batch))
+        for layer in self.moe:
+            aux = layer.take_aux_loss()
+            loss = loss if aux is None else loss + aux
+        return loss
 
     @property
     def optim(self) -> dict[str, Any]:
