@@ -275,7 +275,8 @@ def test_under_the_engine_the_router_bias_moves_once_per_optimizer_step_from_all
 def test_the_moe_layer_takes_vectors_and_tokens_and_the_engine_adds_its_load_balancing_loss():
     """Any model: (B, d) and (B, T, d) in, the same shape out; engine.backward(plain loss) trains
     on loss + aux_loss_coef x load-balancing loss (the router's gradient includes it), taken once;
-    an own loop gets the same from aux_loss(model); checkpointing's recompute counts no token twice."""
+    an own loop gets the same from aux_loss(model); checkpointing's recompute counts no token
+    twice; a checkpoint with fewer experts grows into the layer."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), MoE(16, n_experts=4, top_k=2, hidden=32, aux_loss_coef=0.5))
     twin = copy.deepcopy(model)
@@ -286,7 +287,7 @@ def test_the_moe_layer_takes_vectors_and_tokens_and_the_engine_adds_its_load_bal
     assert out.shape == (6, 16) and model[1](torch.randn(2, 5, 16)).shape == (2, 5, 16)
     out = model(x)  # the last training forward's loss is the one added
     engine.backward(out.square().mean())
-    aux = float(model[1].last_aux)  # type: ignore[arg-type]
+    aux = float(model[1].last_aux.detach())  # type: ignore[union-attr]
     assert float(engine._loss_sum) == pytest.approx(float(out.square().mean()) + 0.5 * aux, rel=1e-6)  # type: ignore[arg-type]
     assert model[1].take_aux_loss() is None  # taken once
     y = twin(x)
@@ -301,6 +302,9 @@ def test_the_moe_layer_takes_vectors_and_tokens_and_the_engine_adds_its_load_bal
     layer.eval()
     layer(torch.randn(3, 16))
     assert layer.take_aux_loss() is None and int(layer.take_load()[0].sum()) == 0  # evaluation adds nothing
+    bigger = MoE(16, n_experts=8, top_k=2, hidden=32)
+    bigger.load_state_dict(layer.state_dict())  # a resume with more experts grows them
+    assert bigger.grew_from == 4 and torch.equal(bigger.w1[:4], layer.w1)
 
 
 @pytest.mark.parametrize("kwargs, words", [
