@@ -282,17 +282,19 @@ def test_the_moe_layer_takes_vectors_and_tokens_and_the_engine_adds_its_load_bal
     twin = copy.deepcopy(model)
     x = torch.randn(6, 8)
     engine = Engine({"run": {"device": "cpu"}})
-    model, _, _ = engine.setup(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    model, opt, _ = engine.setup(model, opt)
     out = model(x)
     assert out.shape == (6, 16) and model[1](torch.randn(2, 5, 16)).shape == (2, 5, 16)
     out = model(x)  # the last training forward's loss is the one added
     engine.backward(out.square().mean())
-    aux = float(model[1].last_aux.detach())  # type: ignore[union-attr]
-    assert float(engine._loss_sum) == pytest.approx(float(out.square().mean()) + 0.5 * aux, rel=1e-6)  # type: ignore[arg-type]
-    assert model[1].take_aux_loss() is None  # taken once
     y = twin(x)
     (y.square().mean() + aux_loss(twin)).backward()
     torch.testing.assert_close(model[1].router.weight.grad, twin[1].router.weight.grad)
+    assert model[1].take_aux_loss() is None  # taken once
+    engine.step(opt)
+    aux = float(model[1].last_aux.detach())  # type: ignore[union-attr]
+    assert float(engine.last_loss) == pytest.approx(float(out.detach().square().mean()) + 0.5 * aux, rel=1e-6)  # type: ignore[arg-type]
     assert twin[1].router.weight.grad.abs().sum() > 0 and aux_loss(twin) == 0.0
     layer = twin[1]
     layer.take_load()
