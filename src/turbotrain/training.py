@@ -42,6 +42,7 @@ from .hardware import ram_bytes
 from .hooks import FitContext, Hook, StopAfter, StopOnSignal
 from .loop import fit
 from .memory import memory_summary, resolve_batch_size
+from .models.blocks import declare_blocks
 from .models.moe import parallel as expert_parallel
 from .models.registry import spec_for
 from .models.spec import ModelSpec, RunData
@@ -117,6 +118,7 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
     c, epochs = _resolve_epochs(c, data, topology.world)  # train.epochs -> max_steps, before the schedule is made
     torch.manual_seed(c.run.seed)
     plain = spec.build(c, data)  # the model itself: DDP wraps it, FSDP2 shards it in place
+    declare_blocks(plain, spec.blocks(plain))  # the units FSDP, activation checkpointing and per-block compile act on
     expert_parallel.apply(c, plain)  # MoE layers: keep this rank's experts, before the optimizer sees the parameters
     own_optimizer = spec.optimizer(plain)  # a workload's own; None: AdamW from the optim section, with its schedule
     t = build_trainable(c, plain, max_steps=c.train.max_steps, optimizer=own_optimizer)

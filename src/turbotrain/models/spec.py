@@ -88,7 +88,8 @@ class ModelSpec(ABC):
         """The model, in float32 on the host, in the caller's RNG state (seeded by the run)."""
 
     def blocks(self, model: nn.Module) -> nn.ModuleList | None:
-        """The repeated blocks FSDP, activation checkpointing and per-block compile act on."""
+        """The repeated blocks FSDP, activation checkpointing and per-block compile act on (the run
+        declares them: :func:`turbotrain.models.blocks.declare_blocks`); default: found by size."""
         return repeated_blocks(model)
 
     def optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:
