@@ -53,11 +53,14 @@ Why each piece is the way it is:
   once per layer (marked ``# sync:``), and computes the padding (2.2x the loop's step time on the
   CPU bench, whose loads are uneven). ``impl='loop'`` runs one matmul pair per expert: the
   reference the tests compare with, and the bench's ablation baseline.
-- **Compiled without graph breaks**: nothing in a compiled forward reads a device value on the
-  host. torch's grouped GEMM has a fake (meta) implementation for bf16 only, so an fp32 grouped
-  GEMM goes through :func:`grouped_mm_any`, a custom op with its own shape function and backward;
-  the batched path, compiled, pads every expert's group to the most rows it can get (a static
-  bound: no host read, at the cost of computing the padding).
+- **Compiled without graph breaks** on CPU (fp32, bf16) and on CUDA with bf16 compute: nothing in
+  the compiled forward reads a device value on the host. torch's grouped GEMM has a fake (meta)
+  implementation for bf16 only, so an fp32 grouped GEMM goes through :func:`grouped_mm_any`, a
+  custom op with its own shape function and backward. The batched path (CUDA fp32/fp16) reads the
+  largest group on the host, one graph break per layer, unless ``capacity_factor`` > 0 fixes the
+  slots: padding every group to a static bound instead would compute E/k times the experts'
+  FLOPs (measured on CPU at E 8, k 2: 3.4x the eager batched layer's forward + backward), more
+  than a break costs.
 - **Observability without syncs**: each MoE layer keeps the tokens it routed to each expert in a
   device tensor (:attr:`MoE.load`), summed over training forwards; :mod:`turbotrain.experts_monitor`
   reads and clears it at the logging cadence.
@@ -149,16 +152,12 @@ def _scatter_rows(x: torch.Tensor, rows: torch.Tensor, n_rows: int) -> torch.Ten
 
 
 def experts_batched(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-                    capacity: int | None = None, bound: int | None = None) -> torch.Tensor:
+                    capacity: int | None = None) -> torch.Tensor:
     """All experts as one ``bmm`` over an (E, C, d) buffer: each expert's rows padded to C, the
-    largest group (read on the host) or ``capacity`` (then rows past it must already be dropped by
-    the caller: they are not computed and come back as zeros). Compiled, C is ``bound`` (the most
-    rows one expert can get; default all of them) instead of the largest group: no host read, no
-    graph break."""
+    largest group (read on the host: compiled, a graph break) or ``capacity`` (then rows past it
+    must already be dropped by the caller: they are not computed and come back as zeros)."""
     E = w1.shape[0]
-    if capacity is None and torch.compiler.is_compiling():
-        capacity = x.shape[0] if bound is None else bound  # static: computes the padding, reads nothing
-    elif capacity is None:
+    if capacity is None:
         capacity = int(counts.max()) if counts.numel() else 0  # sync: the padded size (CUDA fp32/fp16 path)
     capacity = max(capacity, 1)
     sorted_e = torch.repeat_interleave(torch.arange(E, device=x.device), counts, output_size=x.shape[0])
@@ -398,9 +397,7 @@ class MoE(nn.Module):
             return experts_loop(x, counts, self.w1, self.w2)
         if impl == "grouped" and capacity is None:
             return experts_grouped(x, counts, self.w1, self.w2)
-        # without expert parallelism an expert gets at most one row per token (its k picks differ)
-        bound = x.shape[0] // self.top_k if self.dispatcher is None else None
-        return experts_batched(x, counts, self.w1, self.w2, capacity, bound)
+        return experts_batched(x, counts, self.w1, self.w2, capacity)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Route, compute and mix ``x`` (..., d_model). In a training forward (not a recompute) of
