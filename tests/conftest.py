@@ -41,6 +41,22 @@ def tiny_config(tmp_path: Path, text_file: Path) -> RunConfig:
     return load_config(overrides=tiny_overrides(tmp_path, data={"path": str(text_file)}))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _sqlite_without_fsync() -> None:
+    """Optuna's sqlite studies (turbotrain tune) commit every trial attribute; on disk each commit
+    waits for an fsync, seconds per test on CI. Nothing here needs them to survive a power cut."""
+    try:
+        from sqlalchemy import event
+        from sqlalchemy.engine import Engine
+    except ImportError:  # no optuna, no studies
+        return
+
+    @event.listens_for(Engine, "connect")
+    def _no_fsync(connection, record) -> None:  # noqa: ANN001
+        if type(connection).__module__.startswith("sqlite3"):
+            connection.execute("PRAGMA synchronous = OFF")
+
+
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)

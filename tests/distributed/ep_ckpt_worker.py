@@ -7,7 +7,9 @@ it at step 4, and write what every rank holds live: each parameter's optimizer s
 expert slice) and its expert range. ``load DEGREE DIR OUT``: build the same model fresh (another
 seed), load the newest checkpoint of DIR with ``restore_latest`` and write the same. Then take one
 more step on fixed data and write the loss, so a load that left a slot wrong shows in the next
-step too. Written to ``OUT.rank<R>.pt`` (tensors, torch.save)."""
+step too. Written to ``OUT.rank<R>.pt`` (tensors, torch.save). Several jobs (``ACTION DEGREE DIR
+OUT ...``) run one after the other in one process (or one torchrun launch), each building its
+engine, model and optimizer anew."""
 
 from __future__ import annotations
 
@@ -76,4 +78,6 @@ def main(action: str, degree: int, folder: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    jobs = sys.argv[1:]
+    for i in range(0, len(jobs), 4):
+        main(jobs[i], int(jobs[i + 1]), jobs[i + 2], jobs[i + 3])

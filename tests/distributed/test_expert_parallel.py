@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+import inprocess
+
 WORKER = Path(__file__).with_name("ep_worker.py")
 N_EXPERTS = 4
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -21,12 +23,14 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 def _run(tmp_path: Path, mode: str, degree: int, nproc: int) -> list[dict]:
     out = tmp_path / f"{mode}-{nproc}"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    cmd = [sys.executable, str(WORKER), mode, str(degree), str(out)]
-    if nproc > 1:
-        cmd[1:1] = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    if nproc == 1:  # the one-process reference: in this process
+        inprocess.worker(WORKER, mode, str(degree), str(out))
+    else:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+               str(WORKER), mode, str(degree), str(out)]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(nproc)]
 
 
@@ -73,15 +77,19 @@ def test_two_ranks_with_sharded_experts_train_like_one_process(tmp_path: Path):
 CKPT_WORKER = Path(__file__).with_name("ep_ckpt_worker.py")
 
 
-def _ckpt(tmp_path: Path, action: str, degree: int, nproc: int, folder: Path, tag: str) -> list[dict]:
-    out = tmp_path / tag
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    cmd = [sys.executable, str(CKPT_WORKER), action, str(degree), str(folder), str(out)]
-    if nproc > 1:
-        cmd[1:1] = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return [torch.load(f"{out}.rank{r}.pt", weights_only=True) for r in range(nproc)]
+def _ckpt(tmp_path: Path, nproc: int, *jobs: tuple[str, int, Path, str]) -> list[list[dict]]:
+    """Jobs (action, degree, folder, tag) one after the other in one torchrun launch of ``nproc``
+    ranks (or, for 1, in this process): each job's ranks' results."""
+    args = [str(x) for action, degree, folder, tag in jobs for x in (action, degree, folder, tmp_path / tag)]
+    if nproc == 1:
+        inprocess.worker(CKPT_WORKER, *args)
+    else:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+               str(CKPT_WORKER), *args]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    return [[torch.load(f"{tmp_path / tag}.rank{r}.pt", weights_only=True) for r in range(nproc)] for *_, tag in jobs]
 
 
 def _full(ranks: list[dict], name: str, key: str | None = None) -> torch.Tensor:
@@ -118,16 +126,17 @@ def test_expert_parallel_checkpoint_resumes_optimizer_state_at_any_degree(tmp_pa
     """Optimizer state follows the experts: saved whole from 2 ranks holding 2 experts each, it
     loads into 2 ranks (same degree), into 2 ranks without expert parallelism and into one process;
     a one-process checkpoint loads into 2 expert-parallel ranks. The state is compared, not only the
-    model, and the step after the load gives the loss the saving run's next step gave."""
+    model, and the step after the load gives the loss the saving run's next step gave. (Three
+    launches: each load builds its engine, model and optimizer anew, from another seed.)"""
     sharded, single = tmp_path / "ep2", tmp_path / "one"
-    saved2 = _ckpt(tmp_path, "save", 2, 2, sharded, "save2")
+    [saved2] = _ckpt(tmp_path, 2, ("save", 2, sharded, "save2"))
     assert [r["first_expert"] for r in saved2] == [0, 2]
-    for degree, nproc in ((2, 2), (1, 2), (1, 1)):
-        loaded = _ckpt(tmp_path, "load", degree, nproc, sharded, f"load{degree}x{nproc}")
-        _assert_same_state(saved2, loaded)
+    saved1, loaded1x1 = _ckpt(tmp_path, 1, ("save", 1, single, "save1"), ("load", 1, sharded, "load1x1"))
+    loaded2x2, loaded1x2, loaded = _ckpt(tmp_path, 2, ("load", 2, sharded, "load2x2"), ("load", 1, sharded, "load1x2"),
+                                         ("load", 2, single, "load-one-into-2"))
+    for (degree, nproc), loaded_sharded in zip(((2, 2), (1, 2), (1, 1)), (loaded2x2, loaded1x2, loaded1x1)):
+        _assert_same_state(saved2, loaded_sharded)
         tolerance = 0 if (degree, nproc) == (2, 2) else 1e-4  # the load-balancing loss is per rank's rows
-        assert abs(loaded[0]["next_loss"] - saved2[0]["next_loss"]) <= tolerance, (degree, nproc)
-    saved1 = _ckpt(tmp_path, "save", 1, 1, single, "save1")
-    loaded = _ckpt(tmp_path, "load", 2, 2, single, "load-one-into-2")
+        assert abs(loaded_sharded[0]["next_loss"] - saved2[0]["next_loss"]) <= tolerance, (degree, nproc)
     _assert_same_state(saved1, loaded)
     assert abs(loaded[0]["next_loss"] - saved1[0]["next_loss"]) <= 1e-4

@@ -20,7 +20,9 @@ import time
 from pathlib import Path
 
 import pytest
-from test_torchrun_train import SRC, _plain, _run
+from test_torchrun_train import SRC, _plain
+
+import inprocess
 
 FAULTS = Path(__file__).resolve().parents[1] / "faults"
 STEPS, PAUSE = 6, 3
@@ -109,8 +111,8 @@ def _assert_same(work: Path, name: str, reference: dict[int, float]) -> None:
 
 @pytest.fixture(scope="module")
 def reference(work: Path) -> dict[int, float]:
-    """One plain process with the global batch of 8 (micro 8)."""
-    proc = _run(_plain() + _args(work, "one", 8))
+    """One plain process with the global batch of 8 (micro 8): this one."""
+    proc = inprocess.train(_args(work, "one", 8))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return _losses(work, "one")
 
@@ -152,9 +154,7 @@ def test_sigusr1_saves_exits_79_and_the_requeued_job_resumes_exactly(work, refer
 
 def test_a_requeued_job_whose_run_was_never_made_starts_it(work, reference):
     """Preempted before the run existed: the requeued start is a new run (no --resume to refuse)."""
-    proc = subprocess.run(_plain() + _args(work, "late", 8), capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-                               "SLURM_JOB_ID": "7", "SLURM_NTASKS": "1", "SLURM_PROCID": "0",
-                               "SLURM_JOB_NODELIST": "n1", "SLURM_RESTART_COUNT": "2"})
+    proc = inprocess.train(_args(work, "late", 8), env={"SLURM_JOB_ID": "7", "SLURM_NTASKS": "1", "SLURM_PROCID": "0",
+                                                        "SLURM_JOB_NODELIST": "n1", "SLURM_RESTART_COUNT": "2"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert _losses(work, "late") == reference

@@ -4,8 +4,9 @@ The rows of optimizer step ``s`` come from (seed, s) and the global batch alone,
 global batch of 8 trains alike, loss at every step and final validation loss within 1e-5 (fp32),
 as one process with micro 8, one process with micro 4 x accumulation 2, two gloo processes under
 DDP with micro 4, and two under FSDP with micro 2 x accumulation 2 -- that last one stopped at step
-8 and resumed in one process with micro 4 x accumulation 2 (``--batch.global_size=8``), which ends
-at the uninterrupted run's loss. Expert parallelism over 2 processes (micro 4) equals one process
+8; resumed in one process with no batch flag it is refused in one line naming the old and the new
+global batch, before anything trains (issue 23 item 3); resumed with micro 4 x accumulation 2
+(``--batch.global_size=8``) it ends at the uninterrupted run's loss. Expert parallelism over 2 processes (micro 4) equals one process
 with micro 4 x accumulation 2, load-balancing loss and router-bias update included (the bias moves
 once per optimizer step, from all its micro-batches' loads over all ranks). Token batching keeps the token-budget batches of each step
 for any split with the same processes x accumulation, and a resume at another world size that keeps
@@ -20,7 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from test_torchrun_train import _plain, _run, _torchrun
+from test_torchrun_train import _run, _torchrun
+
+import inprocess
 
 STEPS, STOP = 16, 8
 TINY = [
@@ -44,7 +47,7 @@ def _train(work: Path, name: str, micro: int, accumulation: int = 1, nproc: int 
     args = ["--data", str(work / "corpus.txt"), f"--run.out_dir={work / 'runs'}", f"--run.name={name}",
             f"--data.cache_dir={work / 'cache'}", *TINY, *more, f"--batch.micro={micro}",
             f"--batch.accumulation={accumulation}"]
-    proc = _run((_torchrun(nproc) if nproc > 1 else _plain()) + args)
+    proc = _run(_torchrun(nproc) + args) if nproc > 1 else inprocess.train(args)  # one process: in this one
     assert proc.returncode == 0, proc.stderr[-3000:]
     return _losses(work, name)
 
@@ -76,8 +79,21 @@ def test_every_split_of_the_global_batch_trains_alike_and_resumes_at_another_wor
     for name in ("accumulated", "ddp"):
         assert abs(_summary(work, name)["final_val_loss"] - val) <= 1e-5 * val  # validation: the same rows too
 
+    # resumed in one process with no batch flag: it would halve the global batch, so it is refused in
+    # one line before anything trains (issue 23 item 3), and the run is left as it was
+    run = work / "runs" / "fsdp"
+    config, metrics = (run / "config.toml").read_bytes(), (run / "metrics.jsonl").read_bytes()
+    refused = inprocess.train(["--resume", str(run), "--no-progress", "--distributed.strategy=single"])
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert refused.stderr.strip().splitlines() == [
+        "turbotrain train: error: step_00000008 was trained at a global batch of 8 (2 processes x batch.micro 2 x "
+        "accumulation 2) and this resume would train at 4 (1 process x 2 x 2); keep 8 (the same batches) with "
+        "--batch.micro=4 or --batch.global_size=8 (by accumulation 4), or train at 4 with --batch.micro=2"]
+    assert (run / "config.toml").read_bytes() == config and (run / "metrics.jsonl").read_bytes() == metrics
+    assert not list(run.glob(".config.toml.tmp*"))
+
     # resumed in one process: micro 4 x accumulation 2 keeps the global batch, and the same rows per step
-    resumed = _run(_plain() + ["--resume", str(work / "runs" / "fsdp"), "--no-progress", "--distributed.strategy=single",
+    resumed = inprocess.train(["--resume", str(work / "runs" / "fsdp"), "--no-progress", "--distributed.strategy=single",
                                "--batch.micro=4", "--batch.global_size=8"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = _summary(work, "fsdp")
@@ -117,21 +133,21 @@ def test_token_batching_keeps_the_batches_per_step_at_another_world_size(work):
     def run(name: str, nproc: int, accumulation: int, *more: str) -> dict[int, float]:
         args = ["--data", str(folder), f"--run.out_dir={work / 'runs'}", f"--run.name={name}",
                 f"--data.cache_dir={work / 'cache'}", *TINY, *tokens, f"--batch.accumulation={accumulation}", *more]
-        proc = _run((_torchrun(nproc) if nproc > 1 else _plain()) + args)
+        proc = _run(_torchrun(nproc) + args) if nproc > 1 else inprocess.train(args)
         assert proc.returncode == 0, proc.stderr[-3000:]
         return _losses(work, name)
 
     reference = run("tokens-one", 1, 2)
     _assert_same(run("tokens-two", 2, 1, "--train.stop_after_steps=4"), reference, 4)
-    plain = [*_plain(), "--resume", str(work / "runs" / "tokens-two"), "--no-progress", "--distributed.strategy=single"]
+    plain = ["--resume", str(work / "runs" / "tokens-two"), "--no-progress", "--distributed.strategy=single"]
     metrics = (work / "runs" / "tokens-two" / "metrics.jsonl").read_bytes()
-    refused = _run(plain)
+    refused = inprocess.train(plain)
     assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1] == (  # after the RNG re-seed warning
         "turbotrain train: error: data.batching = 'tokens' resumes exactly only with the same token-budget batches per "
         "optimizer step (processes x accumulation): the checkpoint's run took 2 (2 processes x accumulation 1) and this "
         "run takes 1 (1 process x accumulation 1); resume with --batch.accumulation=2"), refused.stderr[-3000:]
     assert (work / "runs" / "tokens-two" / "metrics.jsonl").read_bytes() == metrics  # nothing trained
-    resumed = _run(plain + ["--batch.accumulation=2"])
+    resumed = inprocess.train(plain + ["--batch.accumulation=2"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     _assert_same(_losses(work, "tokens-two"), reference, 8)
 

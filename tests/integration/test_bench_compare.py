@@ -10,7 +10,7 @@ import pytest
 
 from turbotrain.bench import worker
 from turbotrain.bench.contenders import CONTENDERS
-from turbotrain.bench.suite import SAME_PRECISION_TOL, BenchOptions, run_ablation, run_compare, run_precision_matrix
+from turbotrain.bench.suite import SAME_PRECISION_TOL, BenchOptions, run_ablation, run_compare
 from turbotrain.bench.tables import render_report
 from turbotrain.bench.workloads import resolve_workload, to_spec, write_data
 
@@ -85,18 +85,6 @@ def test_a_missing_package_inside_the_worker_is_a_skip(tmp_path, monkeypatch):
     assert result["status"] == "skipped" and "lightning is not installed" in result["reason"]
 
 
-def test_precision_matrix_runs_what_cpu_supports(tmp_path):
-    opts = BenchOptions(device="cpu", work_dir=tmp_path, log=lambda line: None, timeout_s=300)
-    report = run_precision_matrix(_tiny("mlp-tiny"), opts)
-    rows = {r["row"]: r for r in report["rows"]}
-    assert rows["fp32"]["status"] == "ok" and rows["bf16-mixed"]["status"] == "ok"
-    assert rows["tf32"]["status"] == "skipped" and "CUDA" in rows["tf32"]["reason"]
-    assert rows["fp16-mixed"]["status"] == "skipped" and "needs a CUDA GPU" in rows["fp16-mixed"]["reason"]
-    assert rows["fp32"]["speedup"] == 1.0 and rows["fp32"]["loss_diff"] == 0.0
-    assert report["summary"]["recommendation"]["row"] in rows
-    assert "recommended:" in render_report(report)
-
-
 def test_a_tiny_ablation_runs_the_chunked_loss_row_and_skips_cudnn_attention_on_cpu(tmp_path):
     opts = BenchOptions(device="cpu", work_dir=tmp_path, log=lambda line: None, timeout_s=300)
     report = run_ablation(_tiny(), opts, only=["+chunked-loss", "+cudnn-attention"])
@@ -155,7 +143,7 @@ def make():
 '''
 
 
-def test_the_precision_matrix_runs_on_your_own_cnn(tmp_path, capsys):
+def test_the_precision_matrix_runs_what_cpu_supports_on_your_own_cnn(tmp_path, capsys):
     from turbotrain.cli import main
 
     path = tmp_path / "my_cnn.py"
@@ -166,6 +154,10 @@ def test_the_precision_matrix_runs_on_your_own_cnn(tmp_path, capsys):
     doc = json.loads((out / "make-precision.json").read_text())
     rows = {r["row"]: r for r in doc["rows"]}
     assert rows["fp32"]["status"] == "ok" and rows["bf16-mixed"]["status"] == "ok"
+    assert rows["tf32"]["status"] == "skipped" and "CUDA" in rows["tf32"]["reason"]
+    assert rows["fp16-mixed"]["status"] == "skipped" and "needs a CUDA GPU" in rows["fp16-mixed"]["reason"]
+    assert rows["fp32"]["speedup"] == 1.0 and rows["fp32"]["loss_diff"] == 0.0
+    assert doc["summary"]["recommendation"]["row"] in rows and "recommended:" in render_report(doc)
     assert len({r["init_digest"] for r in rows.values() if r["status"] == "ok"}) == 1  # FUNC re-run, seeded: same weights
     assert doc["workload"]["batch_size"] == 16 and doc["workload"]["task"] == "custom"
     assert doc["flops_per_step"] > 0 and "samples/s" in render_report(doc)
