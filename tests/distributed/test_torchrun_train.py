@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+import inprocess
+
 SRC = Path(__file__).resolve().parents[2] / "src"
 STEPS = 40
 MICRO = 4  # per rank; the one-process reference runs 2 x MICRO
@@ -78,8 +80,8 @@ def _val(work: Path, name: str) -> float:
 
 @pytest.fixture(scope="module")
 def single(work: Path) -> dict[int, float]:
-    """The reference: one plain process with the global batch (2 x MICRO)."""
-    proc = _run(_plain() + _args(work, "single", 2 * MICRO))
+    """The reference: one plain process with the global batch (2 x MICRO), in this process."""
+    proc = inprocess.train(_args(work, "single", 2 * MICRO))
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses = _losses(work, "single")
     assert sorted(losses) == list(range(1, STEPS + 1))
@@ -133,12 +135,11 @@ def _rank_logs(log_dir: Path) -> dict[int, str]:
     return out
 
 
-@pytest.mark.parametrize("bad, expected", [
-    ("--batch.global_size=12", "batch.global_size = 12 does not divide by batch.micro x world = 4 x 2 = 8; "
-                               "use --batch.global_size=8"),
-    ("--distributed.strategy=zero3", "distributed.strategy = 'zero3' is not valid; choose one of: auto, single, ddp, fsdp"),
-])
-def test_bad_input_under_torchrun_is_one_line_on_rank_0(work, tmp_path, bad, expected):
+def test_bad_input_under_torchrun_is_one_line_on_rank_0(work, tmp_path):
+    """A mistake found before the ranks join (an invalid value, or, as here, one that only the
+    world size makes wrong: the same path, tried with one launch)."""
+    bad, expected = "--batch.global_size=12", ("batch.global_size = 12 does not divide by batch.micro x world = "
+                                               "4 x 2 = 8; use --batch.global_size=8")
     proc = _run(_torchrun(2, log_dir=tmp_path / "logs") + _args(work, "bad", MICRO, bad), timeout=120)
     assert proc.returncode != 0
     logs = _rank_logs(tmp_path / "logs")
@@ -153,11 +154,15 @@ def test_bad_input_under_torchrun_is_one_line_on_rank_0(work, tmp_path, bad, exp
 
 
 def test_fsdp_in_one_plain_process_is_one_line(work):
-    proc = _run(_plain() + _args(work, "bad-fsdp", MICRO, "--distributed.strategy=fsdp"), timeout=120)
+    proc = inprocess.train(_args(work, "bad-fsdp", MICRO, "--distributed.strategy=fsdp"))
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "turbotrain train: error: distributed.strategy = 'fsdp' needs processes started by torchrun, e.g. "
         "`torchrun --nproc-per-node 2 -m turbotrain train ...`; in one plain process use --distributed.strategy=single"]
+    proc = inprocess.train(_args(work, "bad-strategy", MICRO, "--distributed.strategy=zero3"))
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "turbotrain train: error: distributed.strategy = 'zero3' is not valid; choose one of: auto, single, ddp, fsdp"]
+    assert not (work / "runs" / "bad-fsdp").exists() and not (work / "runs" / "bad-strategy").exists()
 
 
 def _children(pid: int) -> list[int]:
@@ -243,7 +248,7 @@ def test_expert_parallel_run_resumes_exactly_at_its_degree_and_at_degree_1(work)
     _assert_same(_losses(work, "ep-stopped"), reference)
     assert abs(_val(work, "ep-stopped") - _val(work, "ep")) <= 1e-5
 
-    one = _run(_plain() + ["--resume", str(work / "runs" / "ep-degree1"), "--no-progress", "--distributed.strategy=single",
+    one = inprocess.train(["--resume", str(work / "runs" / "ep-degree1"), "--no-progress", "--distributed.strategy=single",
                            "--distributed.expert_parallel=1", f"--batch.micro={2 * MICRO}"])
     assert one.returncode == 0, one.stderr[-3000:]
     summary = json.loads((work / "runs" / "ep-degree1" / "summary.json").read_text())
@@ -380,7 +385,7 @@ def test_resuming_a_completed_run_removes_what_killed_saves_left(work, single):
     partial = run / "checkpoints" / ".step_00000042.partial"  # a sharded save killed mid-way
     partial.mkdir()
     (partial / "__0_0.distcp").write_bytes(b"half")
-    proc = _run(_plain() + ["--resume", str(run), "--no-progress"])
+    proc = inprocess.train(["--resume", str(run), "--no-progress"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not temp.exists() and not partial.exists()
 
