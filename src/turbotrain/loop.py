@@ -47,14 +47,16 @@ def fit(
     model.train()
     try:
         for _ in range(passes):
-            if engine.state.step >= max_steps or ctx.should_stop:
+            if engine.state.step >= max_steps:
                 break
-            for batch in batches:
+            for batch in batches:  # a stop asked before the first step takes effect after it (hooks see one step)
                 engine.forward_backward(model, batch, loss_fn)
                 if engine.step(optimizer):
                     hook.on_step_end(ctx)
                     if ctx.should_stop or engine.state.step >= max_steps:
                         break
+            if ctx.should_stop:
+                break
         hook.on_fit_end(ctx)
     except BaseException as exc:  # also a failing on_fit_end: every hook still gets to clean up
         hook.on_exception(ctx, exc)
