@@ -50,6 +50,15 @@ def test_an_image_classifier_trains_two_epochs_reports_accuracy_and_resumes_mid_
     assert "micro = 256" in (run / "config.toml").read_text()  # the command's micro-batch, not the loader's 64
 
 
+def test_sample_of_a_run_whose_model_does_not_generate_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "cnn"
+    run.mkdir()
+    (run / "config.toml").write_text(f'[model]\nworkload = "{EXAMPLES / "workload_cnn.py"}:make"\n')
+    assert main(["sample", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not generate text" in err[0]
+
+
 def test_a_hugging_face_causal_lm_trains_resumes_exactly_and_counts_tokens(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     full, split, run, resumed = _stopped_and_resumed(tmp_path, f"{EXAMPLES / 'hf_causal_lm.py'}:make")

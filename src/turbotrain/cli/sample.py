@@ -12,6 +12,7 @@ from ..checkpoint import load_latest_weights
 from ..data.tokenizer import BYTE_VOCAB, ByteTokenizer, load_run_tokenizer
 from ..errors import TurbotrainError
 from ..models.build import build_model
+from ..models.registry import spec_for
 from ..rundir import CHECKPOINTS, find_run_dir, resume_config
 
 
@@ -35,6 +36,10 @@ def main_sample(args: argparse.Namespace, extra: list[str]) -> int:
         )
     run_dir = find_run_dir(args.out_dir, args.run_dir)
     config = resume_config(run_dir)
+    spec = spec_for(config)
+    if not spec.generates:
+        raise TurbotrainError(f"{run_dir} trained {config.model.workload or spec.name}, a {spec.name} model that does not generate "
+                              "text; sample reads checkpoints of GPT runs (--preset gpt-tiny, gpt2-small, moe-tiny)")
     path, weights = load_latest_weights(run_dir / CHECKPOINTS)  # a .pt file or a sharded folder (ddp/fsdp runs)
     embedding = weights.get("wte.weight") if isinstance(weights, dict) else None
     if not isinstance(embedding, torch.Tensor) or embedding.dim() != 2:
