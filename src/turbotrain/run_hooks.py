@@ -17,7 +17,7 @@ Hooks run in this order at every event, and the order matters:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -46,7 +46,6 @@ class MonitorPlan:
     memory_every: int = -1  # monitor.memory_every (-1: with each record)
     memory_warn_fraction: float = 0.9
     memory_cap_fraction: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def build_monitor(engine: Engine, model: nn.Module, example: Any, plan: MonitorPlan,

@@ -104,7 +104,7 @@ class Training:
 def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, progress: bool | None = None,
                    batch_given: bool = False) -> Training:
     """Build the data, model, optimizer, engine and hooks for ``config`` in ``run_dir``, in that
-    order, through the run's model spec (:func:`turbotrain.models.spec.spec_for`). A resume at
+    order, through the run's model spec (:func:`turbotrain.models.registry.spec_for`). A resume at
     another world size that would change the global batch is refused unless ``batch_given``
     (the resume names the batch itself: :func:`check_resume_batch`)."""
     topology = Topology.from_env()
@@ -113,6 +113,7 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
     show = (c.monitor.progress if progress is None else progress) and main
     spec = spec_for(c)
     data = main_first(lambda: spec.open_data(c, run_dir, show=show))  # rank 0 first: it fills caches, the others read them
+    loss_fn = spec.loss_fn()  # once the data is open (a workload's own); None: the model returns its loss
     if main:
         data.save(run_dir)
     c, epochs = _resolve_epochs(c, data, topology.world)  # train.epochs -> max_steps, before the schedule is made
@@ -128,7 +129,7 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
     rank, world = engine.strategy.rank, engine.strategy.world
     # batch.micro = 'auto': search the size (or read this run's cache) before any checkpoint loads
     c, batch_search = resolve_batch_size(c, engine, model, optimizer, run_dir=run_dir, max_micro=data.positions,
-                                         make_batch=data.probe_batch(c, engine.device), loss_fn=spec.loss_fn())
+                                         make_batch=data.probe_batch(c, engine.device), loss_fn=loss_fn)
     c, lr_note = _scale_lr(c, batch_search, optimizer, t.scheduler)  # optim.lr_scaling, before a checkpoint loads
     # the config rides along for reference only: a resume reads config.toml
     state = run_state(engine, model, optimizer, t.scheduler, config=(lambda: to_toml(c), lambda _: None))
@@ -166,13 +167,13 @@ def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, pr
         c.monitor.log_every, run_dir if main else None,  # the other ranks measure but write nothing
         progress_steps=c.train.max_steps if show else None, nvml=c.monitor.nvml, tensorboard=c.monitor.tensorboard,
         memory_every=c.monitor.memory_every, memory_warn_fraction=c.monitor.memory_warn_fraction,
-        memory_cap_fraction=c.memory.max_fraction), loss_fn=spec.loss_fn())
+        memory_cap_fraction=c.memory.max_fraction), loss_fn=loss_fn)
     hooks = build_hooks(
         monitor,
         # data parallel: the ranks agree on a signal every log_every steps, so they stop together
         stops=[StopOnSignal(engine.strategy.any_rank if world > 1 else None, c.monitor.log_every),
                StopAfter(c.train.stop_after_steps)],
-        eval_batches=val_batches, eval_every=c.train.eval_every, loss_fn=spec.loss_fn(), metrics_fn=spec.metrics_fn(),
+        eval_batches=val_batches, eval_every=c.train.eval_every, loss_fn=loss_fn, metrics_fn=spec.metrics_fn(),
         scheduler=t.scheduler, experts_model=plain, experts_dir=run_dir if main else None, epochs=epochs,
         checkpointer=Checkpointer(run_dir / CHECKPOINTS, c.train.checkpoint_every, c.train.keep_last, state,  # every rank: ddp/fsdp save together
                                   before_save=jsonl.flush if jsonl is not None else None, async_write=c.train.async_checkpoint),

@@ -346,15 +346,15 @@ def memory_summary(training: Any) -> dict[str, Any]:
     precision, the measured peak on CUDA (allocator counters since the last reset), and the
     batch-size search if ``batch.micro`` was 'auto'. Never raises: a summary must be written."""
     out: dict[str, Any] = {}
-    try:
-        if not training.spec.memory_estimate:
-            raise LookupError(f"no analytic estimate for a {training.spec.name} model (the measured peak is below on CUDA)")
-        cfg = getattr(training.model, "cfg", None)
-        out["estimate"] = estimate_memory(
-            training.config, precision=training.engine.precision.name, vocab_size=getattr(cfg, "vocab_size", None)
-        ).to_dict()
-    except Exception as exc:  # a report must not fail the run
-        out["estimate_error"] = f"{type(exc).__name__}: {exc}"
+    if not training.spec.memory_estimate:
+        out["estimate_error"] = f"no analytic estimate for a {training.spec.name} model (the measured peak is below on CUDA)"
+    else:
+        try:
+            out["estimate"] = estimate_memory(
+                training.config, precision=training.engine.precision.name, vocab_size=training.resolved.get("vocab_size")
+            ).to_dict()
+        except Exception as exc:  # a report must not fail the run
+            out["estimate_error"] = f"{type(exc).__name__}: {exc}"
     device = training.engine.device
     if device.type == "cuda":
         out["measured"] = {

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 from torch import nn
 
-from ..batch import batch_size, move_to, token_count
+from ..batch import batch_size, move_to
 from ..config import RunConfig
 from ..data.epochs import epoch_loader, map_style
 from ..data.loader import LoaderSettings
@@ -127,8 +127,4 @@ class WorkloadSpec(ModelSpec):
         return batch_size(first) or None if first is not None else None
 
     def facts(self, c: RunConfig, model: nn.Module) -> dict[str, Any]:
-        return {"params": sum(p.numel() for p in model.parameters()), "model": type(model).__name__, "workload": self.ref}
-
-    def unit_of(self, example: Any) -> str:
-        """'tokens' when a batch holds token ids (a language model), else 'samples'."""
-        return "tokens" if token_count(example) else "samples"
+        return {**super().facts(c, model), "model": type(model).__name__, "workload": self.ref}
