@@ -276,6 +276,11 @@ class PrecisionConfig:
     fp8_lm_head: bool = knob(False, "mode 'fp8': convert the output layer (lm_head) too")
     fp8_skip: str = knob("", "mode 'fp8': comma-separated module-name prefixes kept in bf16, e.g. 'blocks.0.,blocks.11.' "
                          "for the first and last block")
+    fp8_all_gather: bool = knob(False, "mode 'fp8' under FSDP2 (distributed.strategy = fsdp): all-gather the float8 layers' "
+                                "weights in float8 (torchao's enable_fsdp_float8_all_gather: half bf16's bytes, the scales "
+                                "precomputed in one all-reduce per step); tensorwise recipe only. Off by default, as in "
+                                "torchtitan: it only pays where the all-gather is exposed (many ranks, large layers) and its "
+                                "GPU speed is not measured here yet; no effect without FSDP2")
 
 
 @dataclass(frozen=True)
@@ -493,6 +498,15 @@ def load_config(preset: str | None = None, overrides: Iterable[str] | Mapping[st
 # ----------------------------------------------------------------------------- validation
 
 
+def check_precision(p: PrecisionConfig) -> None:
+    """The rules that span fields of the precision section (also run on an fp8 plugin object's own
+    fields, which no config load validates)."""
+    if p.fp8_all_gather and p.fp8_recipe != "tensorwise":
+        raise ConfigError(f"precision.fp8_all_gather = true needs precision.fp8_recipe = 'tensorwise' (torchao all-gathers "
+                          f"float8 weights with one scale per tensor), not {p.fp8_recipe!r}; use "
+                          f"{setting('precision.fp8_recipe', 'tensorwise')} or {setting('precision.fp8_all_gather', False)}")
+
+
 def validate(config: RunConfig) -> None:
     """Check every field against its choices and bounds, then the rules that span fields.
 
@@ -514,6 +528,7 @@ def validate(config: RunConfig) -> None:
                 raise ConfigError(f"{where} = {value} does not fit a 64-bit integer; e.g. {setting(where, f.default)}")
             if isinstance(value, (int, float)) and not isinstance(value, bool) and not in_range(f, value):
                 raise ConfigError(f"{where} = {value!r} is outside its range {range_text(f)}, e.g. {setting(where, f.default)}")
+    check_precision(config.precision)
     device = config.run.device
     if device not in (AUTO, "cpu", "cuda") and not (device.startswith("cuda:") and device[5:].isdigit()):
         raise choice_error("run.device", device, (AUTO, "cpu", "cuda", "cuda:N"))

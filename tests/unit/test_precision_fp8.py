@@ -149,6 +149,68 @@ def _tiny_gpt_like(summary) -> GPT:
                          n_head=m["n_head"], d_model=m["d_model"]))
 
 
+# ----------------------------------------------------------------------------- FSDP2's float8 all-gather
+
+
+def test_the_float8_all_gather_is_tensorwise_only_one_line_naming_both_fields(capsys):
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides={"precision": {"mode": "fp8", "fp8_all_gather": True, "fp8_recipe": "rowwise"}})
+    line = str(err.value)
+    assert len(line.splitlines()) == 1 and "precision.fp8_all_gather" in line and "precision.fp8_recipe" in line, line
+    load_config(overrides={"precision": {"mode": "fp8", "fp8_all_gather": True}})  # tensorwise (the default): accepted
+    with pytest.raises(ConfigError, match="precision.fp8_recipe"):  # a plugin object is checked by its own fields
+        build_precision(FP8(recipe="rowwise", emulate=True, all_gather=True), torch.device("cpu"), CPU)
+    assert main(["train", "--precision.mode=fp8", "--precision.fp8_all_gather=true", "--precision.fp8_recipe=rowwise"]) == 2
+    err_lines = capsys.readouterr().err.strip().splitlines()
+    assert len(err_lines) == 1 and "--precision.fp8_recipe=tensorwise" in err_lines[0], err_lines
+
+
+def test_sharded_conversion_wraps_the_weights_for_the_all_gather_keeps_them_and_reverts_to_plain():
+    """convert_module(sharded=True) with fp8_all_gather: the float8 layers' weights become torchao's
+    all-gather subclass, yet stay the same Parameter objects (an optimizer built before setup, and a
+    tied output layer, still hold them); the state dict holds plain float32 tensors; forward is the
+    same as without the all-gather (in one process it only changes how FSDP2 would gather); revert
+    (the fallback) gives plain tensors again. Not sharded, the flag changes nothing."""
+    float8 = fp8_module.float8_module()
+    subclass = float8.WeightWithDynamicFloat8CastTensor
+    tokens = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+
+    def converted(sharded: bool) -> tuple[FP8, GPT]:
+        p = FP8(torch.device("cpu"), emulate=True, min_size=1, lm_head=True, all_gather=True)
+        return p, p.convert_module(_tiny_gpt(), sharded=sharded)
+
+    plain_p, plain = converted(sharded=False)
+    assert not any(isinstance(w, subclass) for w in plain.parameters()) and not plain_p.summary()["fp8_all_gather"]
+    assert "FSDP2 does not shard this model" in plain_p.summary()["fp8"]
+
+    model = _tiny_gpt()
+    before = dict(model.named_parameters())
+    p = FP8(torch.device("cpu"), emulate=True, min_size=1, lm_head=True, all_gather=True)
+    p.convert_module(model, sharded=True)
+    assert len(p.converted) == 9 and p.summary()["fp8_all_gather"]  # 8 block linears and the (tied) output layer
+    assert dict(model.named_parameters()) == before  # the same objects, by name
+    wrapped = {n for n, w in model.named_parameters() if isinstance(w, subclass)}
+    assert wrapped == {f"{n}.weight" for n in p.converted} - {"lm_head.weight"} | {"wte.weight"}  # tied: one object
+    assert model.lm_head.weight is model.wte.weight
+    state = model.state_dict()
+    assert all(type(t) is torch.Tensor and t.dtype == torch.float32 for t in state.values()), \
+        {k: type(t).__name__ for k, t in state.items()}
+    assert state["blocks.0.mlp.0.weight"].data_ptr() == before["blocks.0.mlp.0.weight"]._tensor.data_ptr()  # no copy
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(model(tokens), plain(tokens))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(tokens, tokens).backward()
+    p.optimizer_step(optimizer, True)  # with no FSDP2 the scale precomputation has nothing to do
+
+    p.revert_module(model)
+    assert not any(isinstance(w, subclass) for w in model.parameters()) and not p.all_gathered
+    assert dict(model.named_parameters()) == before and model.lm_head.weight is model.wte.weight
+    assert all(type(w.data) is torch.Tensor for w in model.parameters())
+    assert not any(isinstance(m, float8.Float8Linear) for m in model.modules())
+    model(tokens, tokens)  # trains on as plain linears
+
+
 # ----------------------------------------------------------------------------- the non-finite fallback
 
 

@@ -140,9 +140,12 @@ class Precision:
         """Context for forward passes, in training and evaluation alike."""
         return contextlib.nullcontext()
 
-    def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
+    def convert_module(self, module: torch.nn.Module, *, sharded: bool = False) -> torch.nn.Module:
         """Cast parameters for 'true' (not mixed) precisions, or swap layers (fp8); fp32 and mixed keep
-        float32 weights. Runs before compile and before the strategy wraps the model."""
+        float32 weights. Runs before compile and before the strategy wraps the model; ``sharded``
+        says that FSDP2 will shard it next (the parallel plan's ``sharded``), which decides what a
+        transform may prepare for the all-gather (fp8: float8 all-gather of weights). Parameters
+        keep their identity: an optimizer built before ``Engine.setup`` stays valid."""
         return module
 
     def revert_module(self, module: torch.nn.Module) -> torch.nn.Module:
@@ -336,7 +339,7 @@ class BF16True(Precision):
     def check(cls, caps: DeviceCaps, settings: PrecisionConfig) -> None:
         _check_bf16(cls.name, caps)
 
-    def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
+    def convert_module(self, module: torch.nn.Module, *, sharded: bool = False) -> torch.nn.Module:
         module.to(torch.bfloat16)
         if module not in _INPUT_CASTS:  # once per module, whatever the number of conversions
             module.register_forward_pre_hook(_cast_float_inputs, with_kwargs=True)
