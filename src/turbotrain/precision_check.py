@@ -12,11 +12,17 @@ scale is lowered and the batch run again, as the skipped steps of a real run wou
 non-finite loss, or gradients still non-finite at scale 1, count against it. On a CPU, where
 training refuses fp16-mixed (it is a GPU mode), it is still checked with CPU fp16 autocast: the
 same fp16 arithmetic a GPU would do, so a model that overflows fp16 is found on a laptop.
+
+fp8 (asked for by name only) gets a section of its own: which linear layers its filter would run in
+float8 and which it keeps in bf16 (with why: dims not divisible by 16, below the size threshold,
+the output layer), read from the model without torchao; on a device that runs fp8 and with a
+layer to convert, its forward/backward is a row of the table too; elsewhere one line says why not.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import warnings
 from dataclasses import asdict, dataclass
@@ -31,7 +37,7 @@ from .errors import ConfigError, TurbotrainError
 from .memory.finder import token_batches
 from .memory.stats import default_vocab_size
 from .models.build import build_model
-from .precision import DeviceCaps, FP16Mixed, Precision, fallback_mode, resolve_precision
+from .precision import FP8, DeviceCaps, FP16Mixed, Precision, fallback_mode, resolve_precision
 from .workload import Workload, load_workload
 
 CHECKED = ("fp32", "bf16-mixed", "fp16-mixed", "bf16-true")  # fp8 is asked for by name only, and needs torchao
@@ -42,6 +48,7 @@ GRAD_FLOOR = 0.01  # norms below this share of the largest are compared against 
                    # has a gradient that is zero up to rounding, and its relative difference would be noise
 MAX_SCALE_HALVINGS = 16  # fp16: the GradScaler's 65536 down to 1
 PRESET_MICRO = 8  # a preset's batch (random tokens) holds at most this many sequences
+FP8_LISTED = 8  # layer names shown per line of the text report (--json has them all)
 
 
 class _FP16MixedForTheCheck(FP16Mixed, register=False):
@@ -141,13 +148,41 @@ def _compare(result: PrecisionResult, run: dict[str, Any], ref: dict[str, Any] |
     result.status, result.detail = ("differs", ", ".join(over)) if over else ("ok", "")
 
 
+def fp8_plan(model: torch.nn.Module, device: torch.device, caps: DeviceCaps, settings: PrecisionConfig) -> dict[str, Any]:
+    """What ``precision.mode = fp8`` (with the fp8 fields of ``settings``) would do to ``model`` on
+    ``caps``: the linear layers its filter converts, those it keeps in bf16 and why, how many
+    ``fp8_min_size = 1`` would convert when torchao's size thresholds leave none, and whether
+    this device runs it (else ``note``: the one-line refusal training would give)."""
+    fp8 = FP8.from_settings(device, settings)
+    plan = fp8.layer_plan(model)
+    converted = [name for name, why in plan.items() if not why]
+    out: dict[str, Any] = {"recipe": fp8.recipe, "min_size": fp8.min_size, "converted": converted,
+                           "kept": [f"{name}: {why}" for name, why in plan.items() if why], "runs_here": True, "note": ""}
+    if not converted and not fp8.min_size:
+        out["with_min_size_1"] = sum(not why for why in FP8.from_settings(
+            device, dataclasses.replace(settings, fp8_min_size=1)).layer_plan(model).values())
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # fp8_emulate's "correctness only": the caller asked for it
+            resolve_precision(FP8.name, caps, settings)
+    except ConfigError as exc:
+        out["runs_here"], out["note"] = False, str(exc)
+    return out
+
+
 def check_precisions(w: Workload, device: torch.device | str | None = None, *, modes: tuple[str, ...] = CHECKED,
-                     seed: int = 0) -> dict[str, Any]:
+                     seed: int = 0, fp8: PrecisionConfig | None = None) -> dict[str, Any]:
     """Run ``w``'s model on one batch of its ``train_loader`` in each of ``modes`` (see the module
-    docstring). Returns ``{"model", "device", "batch", "results": [PrecisionResult as dict],
-    "verdict": {...}}``; a model that fails in fp32 itself is a TurbotrainError."""
+    docstring), and fp8 too where this device runs it and its filter (``fp8``'s fields, default:
+    the config's defaults) converts a layer. Returns ``{"model", "device", "batch", "results":
+    [PrecisionResult as dict], "verdict": {...}, "fp8": fp8_plan(...)}``; a model that fails in
+    fp32 itself is a TurbotrainError."""
     device = resolve_device("auto" if device is None else str(device))
     caps = DeviceCaps.of(device)
+    fp8_settings = dataclasses.replace(fp8 or PrecisionConfig(), mode=FP8.name)
+    fp8_report = fp8_plan(w.model, device, caps, fp8_settings)
+    if fp8_report["runs_here"] and fp8_report["converted"] and FP8.name not in modes:
+        modes = (*modes, FP8.name)
     try:
         first = next(iter(w.train_loader))
     except StopIteration:
@@ -156,11 +191,11 @@ def check_precisions(w: Workload, device: torch.device | str | None = None, *, m
     results: list[PrecisionResult] = []
     ref: dict[str, Any] | None = None
     for mode in (REFERENCE, *(m for m in modes if m != REFERENCE)):
-        plugin: str | Precision = mode
+        plugin: str | Precision = FP8.from_settings(device, fp8_settings) if mode == FP8.name else mode
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # bf16 on CPU "is slow": true, and beside the point here
-                resolve_precision(mode, caps)
+                resolve_precision(mode, caps, fp8_settings)
             result = PrecisionResult(mode, "ok", True)
         except ConfigError as exc:
             result = PrecisionResult(mode, "unsupported", False, note=str(exc))
@@ -191,7 +226,8 @@ def check_precisions(w: Workload, device: torch.device | str | None = None, *, m
     out = verdict(results, caps)
     if device.type != "cuda":  # what a GPU run of this model would get, from the same rows
         out["on_gpu"] = [{"gpu": label, **verdict(results, gpu)} for label, gpu in GPUS]
-    return {"model": w.describe(), "device": str(device), "results": [r.to_dict() for r in results], "verdict": out}
+    return {"model": w.describe(), "device": str(device), "results": [r.to_dict() for r in results], "verdict": out,
+            "fp8": fp8_report}
 
 
 GPUS = (("compute capability >= 8.0", DeviceCaps("cuda", (8, 0), True)),
@@ -272,4 +308,27 @@ def format_check(report: dict[str, Any]) -> str:
     lines += [f"- on a GPU with {g['gpu']}, auto would use {g['auto']}: {_sound(g)}" for g in v.get("on_gpu", [])]
     lines += ["", f"(Limits: loss {100 * LOSS_RTOL:g} %, gradient norm {100 * GRAD_RTOL:g} % from fp32; one batch, "
               "so a model that overflows later in training is not caught.)"]
+    if "fp8" in report:
+        lines += ["", *format_fp8(report["fp8"])]
     return "\n".join(lines)
+
+
+def _names(items: list[str]) -> str:
+    more = f" and {len(items) - FP8_LISTED} more" if len(items) > FP8_LISTED else ""
+    return ", ".join(items[:FP8_LISTED]) + more
+
+
+def format_fp8(plan: dict[str, Any]) -> list[str]:
+    """The fp8 section of the text report: where it runs, and its layers."""
+    size = f"in x out >= {plan['min_size']}" if plan["min_size"] else "torchao's H100 size thresholds"
+    lines = [f"fp8 (asked for by name: --precision.mode=fp8; {plan['recipe']} recipe, {size}):"]
+    lines.append(f"- this device: {'runs it' if plan['runs_here'] else 'no fp8: ' + plan['note']}")
+    total = len(plan["converted"]) + len(plan["kept"])
+    if plan["converted"]:
+        lines.append(f"- {len(plan['converted'])} of {total} linear layers would run in float8: {_names(plan['converted'])}")
+    else:
+        lines.append(f"- none of its {total} linear layers would run in float8, so fp8 would be bf16-mixed in effect"
+                     + (f"; --precision.fp8_min_size=1 converts {plan['with_min_size_1']}" if plan.get("with_min_size_1") else ""))
+    if plan["kept"]:
+        lines.append(f"- kept in bf16: {_names(plan['kept'])}")
+    return lines

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import textwrap
 
+import pytest
 import torch
 
 from turbotrain.cli import main
+from turbotrain.config import PrecisionConfig
 from turbotrain.precision import DeviceCaps, resolve_precision
 from turbotrain.precision_check import check_precisions, format_check, load_target
 
@@ -76,3 +78,29 @@ def test_scaled_gradients_that_overflow_are_the_gradscalers_business_not_the_mod
     report = check_precisions(load_target(f"{_write(tmp_path)}:big", None), "cpu", modes=("fp32", "fp16-mixed"))
     fp16 = report["results"][1]
     assert fp16["status"] == "ok" and fp16["loss_scale"] < 65536 and fp16["grad_norm_rel_diff"] < 0.01
+
+
+def test_fp8_lists_the_layers_it_would_convert_and_says_in_one_line_where_it_cannot_run(tmp_path):
+    """fp8 (asked for by name only): its filter read from the model, without torchao. On this CPU
+    it does not run (one line, training's own refusal); `a` (16 -> 32) is under torchao's H100 size
+    thresholds and `b` (32 -> 4) has a dimension not divisible by 16."""
+    workload = load_target(f"{_write(tmp_path)}:make", None)
+    report = check_precisions(workload, "cpu", modes=("fp32",))
+    plan = report["fp8"]
+    assert plan["converted"] == [] and plan["with_min_size_1"] == 1
+    assert plan["kept"] == ["a: below the size threshold (precision.fp8_min_size)", "b: dims not divisible by 16"]
+    assert not plan["runs_here"] and len(plan["note"].splitlines()) == 1 and ">= 8.9" in plan["note"]
+    assert "fp8" not in {r["precision"] for r in report["results"]}
+    text = format_check(report).split("fp8 (asked for by name")[1].splitlines()
+    assert [line for line in text if "no fp8:" in line] == [f"- this device: no fp8: {plan['note']}"]
+    assert any("none of its 2 linear layers" in line and "fp8_min_size=1 converts 1" in line for line in text)
+
+
+def test_fp8_is_a_row_where_it_runs_here_emulated_on_this_cpu(tmp_path):
+    pytest.importorskip("torchao")
+    workload = load_target(f"{_write(tmp_path)}:make", None)
+    report = check_precisions(workload, "cpu", modes=("fp32",),
+                              fp8=PrecisionConfig(fp8_emulate=True, fp8_min_size=1))
+    assert report["fp8"]["runs_here"] and report["fp8"]["converted"] == ["a"]
+    fp8 = {r["precision"]: r for r in report["results"]}["fp8"]
+    assert fp8["status"] == "ok" and 0 < fp8["loss_rel_diff"] < 0.01  # float8 rounding: near fp32, not equal
