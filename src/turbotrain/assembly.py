@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .config import RunConfig
+from .distributed import ParallelPlan
 from .engine import Engine
 from .optim import optimizer_from_config, scheduler_from_config
 
@@ -32,13 +33,14 @@ class Trainable:
 
 def build_trainable(
     config: RunConfig, model: nn.Module, *, max_steps: int | None = None, loader: Iterable[Any] | None = None,
-    optimizer: torch.optim.Optimizer | None = None,
+    optimizer: torch.optim.Optimizer | None = None, plan: ParallelPlan | None = None,
 ) -> Trainable:
     """The engine for ``config``, AdamW from ``config.optim`` over ``model`` (or the caller's
     ``optimizer``, used as it is), the warmup + decay schedule spanning ``max_steps`` optimizer
     steps (none when ``max_steps`` is None or the optimizer is the caller's: its learning rate is
-    its own), and ``engine.setup`` of all of them (``loader`` batches then arrive on the device)."""
-    engine = Engine(config)
+    its own), and ``engine.setup`` of all of them (``loader`` batches then arrive on the device).
+    ``plan``: the run's parallel plan, when the caller resolved it (else the engine does)."""
+    engine = Engine(config, plan=plan)
     c = config.optim
     scheduler = None
     if optimizer is None:

@@ -555,10 +555,9 @@ def validate(config: RunConfig) -> None:
         raise ConfigError(f"model.capacity_factor = {m.capacity_factor:g} must be at most model.n_experts / model.top_k = "
                           f"{m.n_experts / m.top_k:g} (there every expert has a slot for every token); 0 = dropless, e.g. "
                           f"{setting('model.capacity_factor', 0)}")
-    if config.distributed.expert_parallel > 1 and config.model.arch != "moe" and not config.model.workload:  # a workload's MoE layers: checked when sharded
-        raise ConfigError(f"distributed.expert_parallel = {config.distributed.expert_parallel} needs a mixture-of-experts "
-                          f"model: {setting('model.arch', 'moe')} (or --preset moe-tiny)")
-    if config.distributed.expert_parallel > 1 and not config.model.workload and config.model.n_experts % config.distributed.expert_parallel:
+    # a dense model with expert_parallel > 1 is refused by the run's plan (its spec says 0 experts): an
+    # own loop's Engine takes this config's distributed section for its own MoE model
+    if config.distributed.expert_parallel > 1 and m.arch == "moe" and not m.workload and m.n_experts % config.distributed.expert_parallel:
         raise ConfigError(f"distributed.expert_parallel = {config.distributed.expert_parallel} must divide "
                           f"model.n_experts = {config.model.n_experts}")
     if config.optim.min_lr > config.optim.lr:

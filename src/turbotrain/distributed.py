@@ -1,8 +1,15 @@
-"""Data parallelism on torch.distributed, resolved once into a strategy the Engine calls.
+"""Parallelism on torch.distributed: one plan per process, carried out by one strategy the Engine calls.
 
-``torchrun`` starts the processes and sets ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE``; this module
-joins them into a process group (NCCL on CUDA, one device per ``LOCAL_RANK``; gloo on CPU) and
-wraps the model:
+``torchrun`` (or SLURM's ``srun``) starts the processes (:mod:`turbotrain.launch` reads where each
+sits); :class:`ParallelPlan` is resolved once per process from ``distributed.*`` and that launch,
+checked before any process group exists, and owns the process groups (the default one: NCCL on
+CUDA, one device per ``LOCAL_RANK``; gloo on CPU; and the expert-parallel and replica groups). Its
+dimensions: ``data`` (every rank trains on its own share of the global batch) and ``expert`` (the
+experts of each MoE block spread over groups of ranks, :mod:`turbotrain.models.moe.parallel`);
+tensor, pipeline or context degrees would be further dimensions of the same plan.
+
+The strategy carries the plan out: :meth:`Strategy.wrap` places the experts on their ranks (degree
+> 1), leaves them out of data parallelism, and wraps the rest of the model for its data dimension:
 
 - ``single``: one process; every method does nothing (the base class).
 - ``ddp``: ``DistributedDataParallel`` (bucket size, static graph, gradients as bucket views).
@@ -25,12 +32,11 @@ import contextlib
 import datetime
 import logging
 import os
-import re
 import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
 import torch
@@ -43,167 +49,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .config import DIST_STRATEGIES, DistributedConfig, choice_error, setting
 from .errors import ConfigError, TurbotrainError
+from .launch import Topology
 from .models.blocks import repeated_blocks
+from .models.moe.parallel import ExpertLayout, GradNormFn, check_degree, place_experts
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Topology:
-    """Where this process sits: its rank among ``world`` processes and its device index on the node."""
-
-    rank: int = 0
-    local_rank: int = 0
-    world: int = 1
-    launched: bool = False  # started by a launcher: torchrun (RANK/WORLD_SIZE) or SLURM's srun
-    launcher: str = ""  # "torchrun" or "slurm" when launched
-    master_addr: str = ""  # SLURM only: where rank 0 hosts the rendezvous (torchrun's come from its own variables)
-    master_port: int = 0
-
-    @classmethod
-    def from_env(cls, environ: Any = None) -> "Topology":
-        """The launch, read from the environment in one place: torchrun's variables (``RANK``,
-        ``WORLD_SIZE``, ``LOCAL_RANK``; also set by a Kubernetes PyTorchJob and TorchX) win; else
-        the tasks of a SLURM ``srun`` with more than one task (:func:`slurm_topology`); else a
-        plain process, rank 0 of 1."""
-        env = os.environ if environ is None else environ
-        if "RANK" in env and "WORLD_SIZE" in env:
-            return cls(int(env["RANK"]), int(env.get("LOCAL_RANK", 0)), int(env["WORLD_SIZE"]), True, "torchrun")
-        return slurm_topology(env) or cls()
-
-
-SLURM_PORT_BASE, SLURM_PORT_SPAN = 15000, 20000  # the rendezvous port: MASTER_PORT, else base + job id % span
-
-
-def slurm_topology(env: Any) -> "Topology | None":
-    """The topology of a task started by SLURM's ``srun`` (no torchrun), as Lightning's
-    ``SLURMEnvironment`` reads it: rank ``SLURM_PROCID`` of ``SLURM_NTASKS``, local rank
-    ``SLURM_LOCALID``; rank 0 listens on the first host of ``SLURM_JOB_NODELIST`` (or
-    ``SLURM_NODELIST``) unless ``MASTER_ADDR`` is set, at ``MASTER_PORT`` or else a port derived
-    from ``SLURM_JOB_ID`` (the same on every task of the job). None when this is not such a task:
-    one task (an interactive ``salloc`` shell, ``srun -n 1``), an interactive job (named ``bash``
-    or ``interactive``), or a variable missing. Start it with ``srun``: the batch script itself
-    also sees ``SLURM_NTASKS`` and ``SLURM_PROCID=0``, and a bare ``python`` there would wait for
-    the other tasks until ``distributed.timeout_s``."""
-    need = ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS")
-    nodes = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
-    if any(k not in env for k in need) or not nodes or env.get("SLURM_JOB_NAME") in ("bash", "interactive"):
-        return None
-    try:
-        world, rank, local = int(env["SLURM_NTASKS"]), int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", 0))
-        job = int(str(env["SLURM_JOB_ID"]).split("_")[0])
-        port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else SLURM_PORT_BASE + job % SLURM_PORT_SPAN
-    except ValueError as exc:
-        raise ConfigError(f"a SLURM variable is not a number ({exc}); check SLURM_NTASKS, SLURM_PROCID, SLURM_LOCALID, "
-                          "SLURM_JOB_ID and MASTER_PORT") from None
-    if world < 2:
-        return None
-    if not 0 <= rank < world:
-        raise ConfigError(f"SLURM_PROCID = {rank} is outside SLURM_NTASKS = {world}")
-    return Topology(rank, local, world, True, "slurm", env.get("MASTER_ADDR") or first_host(nodes), port)
-
-
-def slurm_hosts(nodelist: str) -> list[str]:
-    """The hosts of a SLURM node list in its compact form, in order: ``node[01-03,07],gpu5`` ->
-    node01, node02, node03, node07, gpu5 (zero padding kept; one bracket group per name, which is
-    what SLURM prints for a job's nodes)."""
-    hosts: list[str] = []
-    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,\[]*", nodelist):
-        match = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", item)
-        if match is None:
-            hosts.append(item)
-            continue
-        prefix, ranges, suffix = match.groups()
-        for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            if not hi:
-                hosts.append(f"{prefix}{lo}{suffix}")
-                continue
-            if not (lo.isdigit() and hi.isdigit()):
-                raise ConfigError(f"cannot read the SLURM node list {nodelist!r} (range {part!r})")
-            hosts += [f"{prefix}{n:0{len(lo)}d}{suffix}" for n in range(int(lo), int(hi) + 1)]
-    if not hosts:
-        raise ConfigError(f"cannot read the SLURM node list {nodelist!r}")
-    return hosts
-
-
-def first_host(nodelist: str) -> str:
-    """The first host of a SLURM node list (where rank 0 runs: SLURM gives task 0 the first node)."""
-    return slurm_hosts(nodelist)[0]
-
-
-def _count(env: Any, key: str) -> int:
-    try:
-        return max(0, int(env.get(key) or 0))
-    except ValueError:
-        return 0
-
-
-@dataclass(frozen=True)
-class Launch:
-    """The launcher's job this process belongs to, and how often that job started it again: the
-    one place that decides whether a start is a relaunch of the same run (which then resumes by
-    itself) or a new start (which refuses an existing run directory, as always).
-
-    - SLURM: a requeued job (``SLURM_RESTART_COUNT`` > 0) continues its run.
-    - torchrun: a worker group that torchrun started again in the same job (``--max-restarts``
-      after a failure: ``TORCHELASTIC_RESTART_COUNT`` > 0; an elastic ``--nnodes MIN:MAX``
-      membership change, which keeps the count) continues the run that this job, known by its
-      rendezvous id ``TORCHELASTIC_RUN_ID``, last started (:meth:`record`, kept in the run
-      directory). A new torchrun gets a new id (``--standalone`` and one-node runs draw one), so
-      it cannot take over a run of another job even under the same name."""
-
-    run_id: str = ""  # torchrun's rendezvous id ("" outside torchrun; "none" when multi-node without --rdzv-id)
-    restart: int = 0  # TORCHELASTIC_RESTART_COUNT
-    max_restarts: int = 0  # TORCHELASTIC_MAX_RESTARTS
-    slurm_job: str = ""
-    slurm_restart: int = 0  # SLURM_RESTART_COUNT
-
-    @classmethod
-    def from_env(cls, environ: Any = None) -> "Launch":
-        env = os.environ if environ is None else environ
-        torchrun = "RANK" in env and "WORLD_SIZE" in env
-        slurm = "SLURM_JOB_ID" in env
-        return cls(env.get("TORCHELASTIC_RUN_ID", "") if torchrun else "",
-                   _count(env, "TORCHELASTIC_RESTART_COUNT") if torchrun else 0,
-                   _count(env, "TORCHELASTIC_MAX_RESTARTS") if torchrun else 0,
-                   env["SLURM_JOB_ID"] if slurm else "", _count(env, "SLURM_RESTART_COUNT") if slurm else 0)
-
-    @property
-    def job_known(self) -> bool:
-        return self.run_id not in ("", "none")
-
-    @property
-    def restartable(self) -> bool:
-        """torchrun may start this worker group again (``--max-restarts`` > 0)."""
-        return self.max_restarts > 0
-
-    def record(self) -> dict[str, Any]:
-        """What a run directory keeps of the job that last started it (see :meth:`relaunch_of`)."""
-        return {"torchrun_run_id": self.run_id, "slurm_job": self.slurm_job}
-
-    def relaunch_of(self, recorded: Any) -> str:
-        """Why this start continues the run whose directory holds ``recorded`` (its last
-        :meth:`record`, None when it has none), in words for the "resuming" line; "" when it is a
-        new start."""
-        if self.slurm_restart > 0:
-            return f"SLURM requeued the job: SLURM_RESTART_COUNT={self.slurm_restart}"
-        if self.job_known and isinstance(recorded, dict) and recorded.get("torchrun_run_id") == self.run_id:
-            if self.restart > 0:
-                return f"torchrun restarted the workers: TORCHELASTIC_RESTART_COUNT={self.restart} of {self.max_restarts}"
-            return "torchrun restarted the workers after the elastic group changed"
-        return ""
-
-    def default_name(self, preset: str) -> str:
-        """A run name the same at every start of this job, for a run without ``--run.name`` that
-        torchrun may restart (a timestamped name would differ); "" when none is needed or known."""
-        if not (self.restartable and self.job_known):
-            return ""
-        job = re.sub(r"[^A-Za-z0-9._-]", "_", self.run_id)
-        if re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", job):
-            job = job[:8]  # the id --standalone draws: its first 8 hex digits are enough
-        return f"{preset}-{job}"
 
 
 def is_loaded_instance(obj: Any, module: str, cls: str) -> bool:
@@ -213,14 +64,131 @@ def is_loaded_instance(obj: Any, module: str, cls: str) -> bool:
     return loaded is not None and isinstance(obj, getattr(loaded, cls))
 
 
+@dataclass(frozen=True)
+class ParallelPlan:
+    """How a run spreads over its processes: resolved once per process (:meth:`resolve`) from
+    ``distributed.*`` and the launch, without any communication, so every rank finds the same
+    mistake before joining; then :meth:`join` makes the process groups, which the plan owns.
+
+    - ``data`` degree: every rank trains on its own share of the global batch (the world size);
+      the dense parameters are replicated (``strategy = ddp``) or sharded (``fsdp``) over it.
+    - ``expert`` degree: each MoE block's experts spread over groups of ``expert`` consecutive
+      ranks; the ``world / expert`` ranks holding the same experts form a replica group.
+
+    A tensor, pipeline or context degree would be one more field here, with its groups made in
+    :meth:`join` and used by the strategy's ``wrap``.
+    """
+
+    topology: Topology
+    strategy: str = "single"  # single | ddp | fsdp: how the dense parameters are kept over the data dimension
+    expert: int = 1
+    settings: DistributedConfig = DistributedConfig()
+    _groups: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # made by join(), owned here
+
+    @classmethod
+    def resolve(cls, cfg: DistributedConfig, topology: Topology | None = None,
+                n_experts: int | None = None) -> "ParallelPlan":
+        """The plan for this launch: ``distributed.strategy`` (``auto``: ddp under a launcher with
+        more than one process, else single) and ``distributed.expert_parallel`` checked against the
+        world size and ``n_experts`` (the model's experts per MoE block, its spec says: 0 for a
+        dense model; None when not known yet, then the MoE layers are checked when their experts
+        are placed)."""
+        topology = topology or Topology.from_env()
+        strategy = cfg.strategy
+        if strategy not in ("auto", *DIST_STRATEGIES):
+            raise choice_error("distributed.strategy", strategy, ("auto", *DIST_STRATEGIES))
+        if strategy == "auto":
+            strategy = "ddp" if topology.world > 1 else "single"
+        if strategy == "single" and topology.world > 1:
+            raise ConfigError(f"distributed.strategy = 'single' but {topology.world} processes were launched; "
+                              f"use {setting('distributed.strategy', 'ddp')} or fsdp, or launch one process")
+        if strategy != "single" and not topology.launched:
+            raise ConfigError(f"distributed.strategy = {strategy!r} needs processes started by torchrun, e.g. "
+                              f"`torchrun --nproc-per-node 2 -m turbotrain train ...`; in one plain process use "
+                              f"{setting('distributed.strategy', 'single')}")
+        degree = cfg.expert_parallel
+        if degree > 1:  # (one plain process: the degree cannot divide its world of 1)
+            if n_experts == 0:
+                raise ConfigError(f"distributed.expert_parallel = {degree} needs a mixture-of-experts model: "
+                                  f"{setting('model.arch', 'moe')} (or --preset moe-tiny), or a --model with turbotrain.MoE layers")
+            check_degree(degree, topology.world, n_experts)
+            if strategy == "fsdp":
+                raise ConfigError(f"distributed.expert_parallel = {degree} runs with DDP for the non-expert parameters; "
+                                  f"use {setting('distributed.strategy', 'ddp')}")
+        return cls(topology, strategy, degree, cfg)
+
+    @property
+    def rank(self) -> int:
+        return self.topology.rank
+
+    @property
+    def world(self) -> int:
+        return self.topology.world
+
+    @property
+    def data(self) -> int:
+        """The data-parallel degree: ranks that each train on their own share of the global batch."""
+        return self.topology.world
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the dense parameters are sharded over the data dimension (FSDP2)."""
+        return self.strategy == "fsdp"
+
+    def split_batch(self, micro: int, global_size: int, accumulation: int) -> int:
+        """The accumulation that makes ``global_size`` samples per optimizer step out of ``micro``
+        per rank and backward pass over the data dimension (global = micro x accumulation x data);
+        ``accumulation`` itself when no global size is asked for (0). One line naming the fields
+        when they do not fit together."""
+        if global_size <= 0:
+            return accumulation
+        per_step = micro * self.data
+        if global_size % per_step:
+            lower = max(per_step, global_size // per_step * per_step)
+            raise ConfigError(
+                f"batch.global_size = {global_size} does not divide by batch.micro x world = {micro} x {self.data}"
+                f" = {per_step}; use {setting('batch.global_size', lower)} (a multiple of {per_step}) or another batch.micro")
+        split = global_size // per_step
+        if accumulation not in (1, split):
+            raise ConfigError(
+                f"batch.accumulation = {accumulation} contradicts batch.global_size = {global_size} = batch.micro x "
+                f"accumulation x world = {micro} x {split} x {self.data}; set one of them")
+        return split
+
+    def join(self, device: torch.device) -> None:
+        """Join the launcher's process group (a no-op in a plain process, or when joined already;
+        one torchrun process joins a group of one) and make this plan's groups: the
+        expert-parallel and replica groups when ``expert`` > 1. Every rank calls it, in the same
+        order (group creation is a collective)."""
+        join_process_group(self.settings, device, self.topology)
+        if self.expert > 1 and "expert" not in self._groups:
+            degree, world, rank = self.expert, self.world, self.rank
+            ep_groups = [dist.new_group(list(range(g * degree, (g + 1) * degree))) for g in range(world // degree)]
+            replica_groups = [dist.new_group(list(range(i, world, degree))) for i in range(degree)]
+            self._groups["expert"] = ExpertLayout(degree, world, rank, ep_groups[rank // degree], replica_groups[rank % degree])
+
+    @property
+    def experts(self) -> ExpertLayout | None:
+        """This rank's expert-parallel and replica groups (made by :meth:`join`); None for degree 1."""
+        if self.expert == 1:
+            return None
+        if "expert" not in self._groups:
+            raise RuntimeError("ParallelPlan.join(device) makes the expert groups: call it before placing experts")
+        return self._groups["expert"]
+
+
 class Strategy:
-    """One process, no communication: the "off" form every other strategy overrides."""
+    """Carries a :class:`ParallelPlan` out: places the experts (its expert dimension), then wraps
+    the model for its data dimension and does every reduction across ranks. This base class is
+    one process with no communication (the "off" form every other strategy overrides)."""
 
     name = "single"
 
-    def __init__(self, topology: Topology = Topology()) -> None:
-        self.topology = topology
-        self.rank, self.world = topology.rank, topology.world
+    def __init__(self, plan: ParallelPlan | None = None) -> None:
+        self.plan = plan or ParallelPlan(Topology())
+        self.topology = self.plan.topology
+        self.rank, self.world = self.topology.rank, self.topology.world
+        self.grad_norm: GradNormFn | None = None  # the global gradient norm when experts are spread (set by wrap)
 
     @property
     def is_main(self) -> bool:
@@ -229,9 +197,19 @@ class Strategy:
 
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, param_dtype: torch.dtype | None,
              reduce_dtype: torch.dtype | None = torch.float32) -> nn.Module:
-        """The model to train (wrapped for communication); ``optimizer`` is kept pointing at its parameters.
-        ``param_dtype`` and ``reduce_dtype`` are the precision's (its ``compute_dtype`` and ``reduce_dtype``):
-        what FSDP2 all-gathers parameters in for compute and reduces gradients in."""
+        """The model to train: each MoE block's experts placed on their ranks (the plan's expert
+        dimension; the optimizer is pointed at this rank's slices and its checkpoints hold every
+        expert), then the rest wrapped for the data dimension. ``param_dtype`` and
+        ``reduce_dtype`` are the precision's (its ``compute_dtype`` and ``reduce_dtype``): what
+        FSDP2 all-gathers parameters in for compute and reduces gradients in."""
+        placed = place_experts(model, optimizer, self.plan.experts)
+        self.grad_norm = placed.grad_norm
+        return self.wrap_data(model, optimizer, param_dtype, reduce_dtype, placed.params)
+
+    def wrap_data(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, param_dtype: torch.dtype | None,
+                  reduce_dtype: torch.dtype | None, experts: list[nn.Parameter]) -> nn.Module:
+        """The data dimension: ``model`` wrapped so that its parameters other than ``experts``
+        (this rank's expert slices, reduced over their replica group) are averaged over ranks."""
         return model
 
     def set_grad_sync(self, model: nn.Module, sync: bool) -> None:
@@ -271,16 +249,22 @@ class DataParallel(Strategy):
 class DDP(DataParallel):
     name = "ddp"
 
-    def __init__(self, topology: Topology, cfg: DistributedConfig, device: torch.device) -> None:
-        super().__init__(topology)
-        self.cfg, self.device = cfg, device
+    def __init__(self, plan: ParallelPlan, device: torch.device) -> None:
+        super().__init__(plan)
+        self.device = device
 
-    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, param_dtype: torch.dtype | None,
-             reduce_dtype: torch.dtype | None = torch.float32) -> nn.Module:
+    def wrap_data(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, param_dtype: torch.dtype | None,
+                  reduce_dtype: torch.dtype | None, experts: list[nn.Parameter]) -> nn.Module:
+        if experts:
+            # DDP has no public way to leave parameters out; this static method is the one its own
+            # tests and torchrec use. (FSDP2's fully_shard takes ``ignored_params`` publicly.)
+            names = [name for name, p in model.named_parameters() if any(p is e for e in experts)]
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
+        cfg = self.plan.settings
         return DistributedDataParallel(
             model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-            bucket_cap_mb=self.cfg.bucket_cap_mb, static_graph=self.cfg.static_graph,
-            gradient_as_bucket_view=self.cfg.gradient_as_bucket_view,
+            bucket_cap_mb=cfg.bucket_cap_mb, static_graph=cfg.static_graph,
+            gradient_as_bucket_view=cfg.gradient_as_bucket_view,
         )
 
     def set_grad_sync(self, model: nn.Module, sync: bool) -> None:
@@ -290,19 +274,16 @@ class DDP(DataParallel):
 class FSDP(DataParallel):
     name = "fsdp"
 
-    def __init__(self, topology: Topology, cfg: DistributedConfig) -> None:
-        super().__init__(topology)
-        self.cfg = cfg
-
-    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, param_dtype: torch.dtype | None,
-             reduce_dtype: torch.dtype | None = torch.float32) -> nn.Module:
+    def wrap_data(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, param_dtype: torch.dtype | None,
+                  reduce_dtype: torch.dtype | None, experts: list[nn.Parameter]) -> nn.Module:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # on first use: see the note at the imports
 
         names = {id(p): name for name, p in model.named_parameters()}
         policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+        reshard = self.plan.settings.reshard_after_forward
         for block in repeated_blocks(model) or ():
-            fully_shard(block, mp_policy=policy, reshard_after_forward=self.cfg.reshard_after_forward)
-        fully_shard(model, mp_policy=policy, reshard_after_forward=self.cfg.reshard_after_forward)
+            fully_shard(block, mp_policy=policy, reshard_after_forward=reshard)
+        fully_shard(model, mp_policy=policy, reshard_after_forward=reshard)
         if optimizer is not None:
             if optimizer.state:
                 raise ConfigError("distributed.strategy = 'fsdp' shards the parameters: call engine.setup(model, optimizer) "
@@ -314,25 +295,6 @@ class FSDP(DataParallel):
 
     def set_grad_sync(self, model: nn.Module, sync: bool) -> None:
         model.set_requires_gradient_sync(sync)  # type: ignore[operator]
-
-
-def resolve_strategy(cfg: DistributedConfig, topology: Topology) -> str:
-    """``distributed.strategy`` for this launch (``auto``: ddp under torchrun with more than one
-    process, else single), checked without any communication, so that a mistake is reported
-    identically by every rank before any of them joins the process group."""
-    strategy = cfg.strategy
-    if strategy not in ("auto", *DIST_STRATEGIES):
-        raise choice_error("distributed.strategy", strategy, ("auto", *DIST_STRATEGIES))
-    if strategy == "auto":
-        strategy = "ddp" if topology.world > 1 else "single"
-    if strategy == "single" and topology.world > 1:
-        raise ConfigError(f"distributed.strategy = 'single' but {topology.world} processes were launched; "
-                          f"use {setting('distributed.strategy', 'ddp')} or fsdp, or launch one process")
-    if strategy != "single" and not topology.launched:
-        raise ConfigError(f"distributed.strategy = {strategy!r} needs processes started by torchrun, e.g. "
-                          f"`torchrun --nproc-per-node 2 -m turbotrain train ...`; in one plain process use "
-                          f"{setting('distributed.strategy', 'single')}")
-    return strategy
 
 
 def join_process_group(cfg: DistributedConfig, device: torch.device, topology: Topology) -> None:
@@ -367,15 +329,12 @@ def _restart_safe_store(topology: Topology, timeout_s: float) -> dict[str, Any]:
     return {"store": dist.PrefixStore(group, store), "rank": topology.rank, "world_size": topology.world}
 
 
-def build_strategy(cfg: DistributedConfig, device: torch.device, topology: Topology | None = None) -> Strategy:
-    """Resolve ``distributed.strategy`` for this process (see :func:`resolve_strategy`) and join
-    the process group it needs."""
-    topology = topology or Topology.from_env()
-    strategy = resolve_strategy(cfg, topology)
-    if strategy == "single":
-        return Strategy(topology)
-    join_process_group(cfg, device, topology)
-    return DDP(topology, cfg, device) if strategy == "ddp" else FSDP(topology, cfg)
+def build_strategy(plan: ParallelPlan, device: torch.device) -> Strategy:
+    """The strategy that carries ``plan`` out on ``device``, after joining its process groups."""
+    plan.join(device)
+    if plan.strategy == "single":
+        return Strategy(plan)
+    return DDP(plan, device) if plan.strategy == "ddp" else FSDP(plan)
 
 
 LAUNCHER_POLL_S = 1.0

@@ -31,13 +31,15 @@ from torch.utils.data import DataLoader
 
 from .batch import batch_size, misplaced, move_to, split_batch, token_count
 from .compile_guard import CompileGuard
-from .config import DistributedConfig, PrecisionConfig, RunConfig, load_config, setting
+from .config import PrecisionConfig, RunConfig, load_config, setting
 from .data.loader import LoaderSettings, resolve_loader_settings, tune_loader
 from .data.prefetch import DevicePrefetcher
 from .errors import ConfigError, LossError, NonFiniteError, PlacementError
 from .oom import build_oom_policy, is_oom, oom_reason
 from .optim import apply_fast_adam_kernel
-from .distributed import Strategy, Topology, build_strategy, local_device
+from .distributed import ParallelPlan, Strategy, build_strategy, local_device
+from .launch import Topology
+from .models.moe.parallel import GradNormFn
 from .precision import DeviceCaps, Precision, apply_backend_switches, build_guard, build_precision
 from .transforms import apply_activation_checkpointing, apply_compile, eager, resolve_scope
 
@@ -154,13 +156,14 @@ class EngineOptions:
     tune_user_optimizer: bool = False  # engine.setup switches an Adam/AdamW to the fused kernel in place
     tune_user_loader: LoaderSettings | None = None  # engine.setup rebuilds a DataLoader with these settings
 
-    distributed: DistributedConfig = DistributedConfig()
-    topology: Topology = Topology()
+    plan: ParallelPlan = ParallelPlan(Topology())  # how the run spreads over processes (one process: this)
 
     @classmethod
-    def from_config(cls, config: RunConfig) -> "EngineOptions":
-        topology = Topology.from_env()
-        device = local_device(resolve_device(config.run.device), topology)
+    def from_config(cls, config: RunConfig, plan: ParallelPlan | None = None) -> "EngineOptions":
+        """The engine's options from ``config``; ``plan`` is the run's parallel plan when the caller
+        resolved it already (once per process), else it is resolved here."""
+        plan = plan or ParallelPlan.resolve(config.distributed)
+        device = local_device(resolve_device(config.run.device), plan.topology)
         return cls(
             device=device,
             precision=config.precision.mode,
@@ -186,13 +189,8 @@ class EngineOptions:
             tune_user_optimizer=config.optim.tune_user_optimizer,
             tune_user_loader=resolve_loader_settings(device, config.data.num_workers, config.data.pin_memory,
                                                      config.data.prefetch_factor) if config.data.tune_user_loader else None,
-            distributed=config.distributed,
-            topology=topology,
+            plan=plan,
         )
-
-
-GradNormFn = Callable[[Sequence[torch.Tensor]], torch.Tensor]
-"""``fn(params) -> total gradient norm`` (2-norm over every ``p.grad``, a 0-dim device tensor)."""
 
 
 def default_grad_norm(params: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -207,14 +205,16 @@ class Engine:
     ``config`` may be a :class:`RunConfig`, a mapping of overrides such as
     ``{"precision": {"mode": "bf16-mixed"}, "batch": {"accumulation": 4}}``, or None (defaults).
     ``precision`` (a registered name, or a :class:`~turbotrain.precision.Precision` object such as
-    your own plugin) replaces ``precision.mode``.
+    your own plugin) replaces ``precision.mode``. ``plan``: the run's
+    :class:`~turbotrain.distributed.ParallelPlan` when the caller resolved it (``turbotrain
+    train`` does, once per process); else ``distributed.*`` is resolved against the launch here.
     """
 
     def __init__(self, config: RunConfig | Mapping[str, Mapping[str, Any]] | None = None, *,
-                 precision: str | Precision | None = None) -> None:
+                 precision: str | Precision | None = None, plan: ParallelPlan | None = None) -> None:
         if config is None or isinstance(config, Mapping):
             config = load_config(overrides=config or {})
-        self.options = opts = EngineOptions.from_config(config)
+        self.options = opts = EngineOptions.from_config(config, plan)
         self.device = opts.device
         self.caps = DeviceCaps.of(self.device)
         chosen = opts.precision if precision is None else precision
@@ -223,7 +223,7 @@ class Engine:
         self.switches = apply_backend_switches(self.device, tf32=opts.tf32, cudnn_benchmark=opts.cudnn_benchmark,
                                                flush_denormal=opts.flush_denormal, deterministic=opts.deterministic)
         apply_memory_cap(self.device, opts.memory_max_fraction)
-        self.strategy: Strategy = build_strategy(opts.distributed, self.device, opts.topology)
+        self.strategy: Strategy = build_strategy(opts.plan, self.device)
         self.oom_policy = build_oom_policy(opts.on_oom, self.strategy.rank, self.strategy.world)  # world > 1: stop, never halve alone
         self.base_accumulation = opts.accumulation  # micro-batches per optimizer step as configured
         self.split = 1  # parts each loader batch is cut into (doubled by the OOM policy)
@@ -295,12 +295,14 @@ class Engine:
             if callable(getattr(module, "take_aux_loss", None)) and module not in self._aux_modules:
                 self._aux_modules.append(module)
         model.to(self.device)
-        self.precision.convert_module(model)
+        self.precision.convert_module(model, sharded=self.strategy.plan.sharded)  # fp8 prepares its float8 all-gather for FSDP2
         if optimizer is not None and self.options.tune_user_optimizer:  # optim.tune_user_optimizer: before any wrapper
             self._log_tuning("optim.tune_user_optimizer", apply_fast_adam_kernel(optimizer, self.device))
         apply_activation_checkpointing(model, self.options.checkpointing)
         apply_compile(model, self.options.compile_scope, self.options.compile_mode)
         model = self.strategy.wrap(model, optimizer, self.precision.compute_dtype, self.precision.reduce_dtype)
+        if self.strategy.grad_norm is not None:  # experts spread over ranks: clip by the norm over all of them
+            self.set_grad_norm(self.strategy.grad_norm)
         self._models.append(model)
         self._sync_grads_for_next()
         self.scheduler = scheduler
@@ -423,9 +425,9 @@ class Engine:
         """Use ``fn(params) -> norm`` for the global gradient norm that clipping divides by and
         ``last_grad_norm`` reports: ``params`` are the optimizer's parameters (it reads their
         ``.grad``), the result a 0-dim tensor on the device, the same on every rank, computed
-        without a host sync. For gradients the engine cannot see whole, e.g. expert parallelism
-        (each rank holds some experts': ``turbotrain.models.moe.parallel.grad_norm``). None restores
-        the default, :func:`default_grad_norm`."""
+        without a host sync. For gradients the engine cannot see whole (``setup`` sets it when
+        the parallel plan spreads experts over ranks: each rank holds some experts'). None
+        restores the default, :func:`default_grad_norm`."""
         self._grad_norm = fn if fn is not None else default_grad_norm
 
     def add_step_callback(self, callback: Callable[[], None]) -> None:

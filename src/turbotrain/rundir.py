@@ -78,7 +78,7 @@ def find_run_dir(out_dir: str, name: str = "") -> Path:
 
 
 def write_launch(run_dir: Path, record: dict[str, Any]) -> None:
-    """Keep ``record`` (:meth:`turbotrain.distributed.Launch.record`) as the job that last started the run."""
+    """Keep ``record`` (:meth:`turbotrain.launch.Launch.record`) as the job that last started the run."""
     atomic_write(run_dir / LAUNCH_FILE, json.dumps(record) + "\n")
 
 

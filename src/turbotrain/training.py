@@ -35,15 +35,15 @@ from .checkpoint import Checkpointer, RunState, finished_checkpoints, latest_ver
 from .config import RunConfig, setting, to_toml
 from .data import resolve_loader_settings
 from .data.batching import processes
-from .distributed import ReportedByMainRank, Topology, decided_by_main, join_process_group, local_device, main_first, resolve_strategy
+from .distributed import ParallelPlan, ReportedByMainRank, decided_by_main, local_device, main_first
 from .engine import Engine, default_loss, resolve_device
 from .errors import ConfigError, TurbotrainError
 from .hardware import ram_bytes
 from .hooks import FitContext, Hook, StopAfter, StopOnSignal
+from .launch import Topology
 from .loop import fit
 from .memory import memory_summary, resolve_batch_size
 from .models.blocks import declare_blocks
-from .models.moe import parallel as expert_parallel
 from .models.registry import spec_for
 from .models.spec import ModelSpec, RunData
 from .monitor import Monitor
@@ -101,31 +101,29 @@ class Training:
                    hooks=self.hooks, loss_fn=self.spec.loss_fn() or default_loss)
 
 
-def build_training(config: RunConfig, run_dir: Path, *, resume: bool = False, progress: bool | None = None,
-                   batch_given: bool = False) -> Training:
+def build_training(config: RunConfig, run_dir: Path, plan: ParallelPlan, *, resume: bool = False,
+                   progress: bool | None = None, batch_given: bool = False, spec: ModelSpec | None = None) -> Training:
     """Build the data, model, optimizer, engine and hooks for ``config`` in ``run_dir``, in that
-    order, through the run's model spec (:func:`turbotrain.models.registry.spec_for`). A resume at
-    another world size that would change the global batch is refused unless ``batch_given``
-    (the resume names the batch itself: :func:`check_resume_batch`)."""
-    topology = Topology.from_env()
-    c = check_launch(config, topology)  # batch.global_size -> accumulation (the saved config keeps it as given)
-    main = topology.rank == 0  # under torchrun rank 0 alone writes the run's shared files and prints
+    order, through the run's model spec (``spec``, else :func:`turbotrain.models.registry.spec_for`), spread over
+    processes as ``plan`` says (:func:`plan_run` resolved it). A resume at another world size that
+    would change the global batch is refused unless ``batch_given`` (the resume names the batch
+    itself: :func:`check_resume_batch`)."""
+    c = split_batch(config, plan)  # batch.global_size -> accumulation (the saved config keeps it as given)
+    main = plan.rank == 0  # under torchrun rank 0 alone writes the run's shared files and prints
     show = (c.monitor.progress if progress is None else progress) and main
-    spec = spec_for(c)
+    spec = spec or spec_for(c)
     data = main_first(lambda: spec.open_data(c, run_dir, show=show))  # rank 0 first: it fills caches, the others read them
     loss_fn = spec.loss_fn()  # once the data is open (a workload's own); None: the model returns its loss
     if main:
         data.save(run_dir)
-    c, epochs = _resolve_epochs(c, data, topology.world)  # train.epochs -> max_steps, before the schedule is made
+    c, epochs = _resolve_epochs(c, data, plan.data)  # train.epochs -> max_steps, before the schedule is made
     torch.manual_seed(c.run.seed)
     plain = spec.build(c, data)  # the model itself: DDP wraps it, FSDP2 shards it in place
     declare_blocks(plain, spec.blocks(plain))  # the units FSDP, activation checkpointing and per-block compile act on
-    expert_parallel.apply(c, plain)  # MoE layers: keep this rank's experts, before the optimizer sees the parameters
     own_optimizer = spec.optimizer(plain)  # a workload's own; None: AdamW from the optim section, with its schedule
-    t = build_trainable(c, plain, max_steps=c.train.max_steps, optimizer=own_optimizer)
+    # engine.setup carries the plan out: experts placed on their ranks, the rest wrapped for data parallelism
+    t = build_trainable(c, plain, max_steps=c.train.max_steps, optimizer=own_optimizer, plan=plan)
     engine, model, optimizer = t.engine, t.model, t.optimizer
-    expert_parallel.attach_optimizer(plain, optimizer)  # MoE: checkpoints hold every expert's optimizer state
-    engine.set_grad_norm(expert_parallel.grad_norm(plain))  # expert parallel: clip by the norm over every rank's experts
     rank, world = engine.strategy.rank, engine.strategy.world
     # batch.micro = 'auto': search the size (or read this run's cache) before any checkpoint loads
     c, batch_search = resolve_batch_size(c, engine, model, optimizer, run_dir=run_dir, max_micro=data.positions,
@@ -325,36 +323,36 @@ def facts(training: Training, ctx: FitContext | None, status: str, elapsed_s: fl
     }
 
 
-def check_launch(config: RunConfig, topology: Topology) -> RunConfig:
-    """``config`` checked against the launch (the strategy, expert parallelism, the global batch
-    over ``world`` ranks) without any communication, so every rank finds the same mistake before joining the
-    process group; with ``batch.global_size`` and a numeric ``batch.micro`` the accumulation
-    follows (global = micro x accumulation x world)."""
-    resolve_strategy(config.distributed, topology)
-    expert_parallel.check_config(config, topology.world)
-    _check_weights_fit(config)
+def plan_run(config: RunConfig, topology: Topology | None = None,
+             spec: ModelSpec | None = None) -> tuple[RunConfig, ParallelPlan]:
+    """``config`` checked against the launch, and its parallel plan: resolved once per process,
+    without any communication, so every rank finds the same mistake before joining the process
+    group (:meth:`ParallelPlan.resolve`: the strategy, the expert degree against the world size and
+    the model's experts; weights that cannot fit this machine; the global batch over the data
+    dimension, :func:`split_batch`). Join the plan's groups with ``plan.join(device)``. ``spec``:
+    the run's model spec when the caller made it already."""
+    spec = spec or spec_for(config)
+    plan = ParallelPlan.resolve(config.distributed, topology, spec.experts(config))
+    _check_weights_fit(config, spec)
+    return split_batch(config, plan), plan
+
+
+def split_batch(config: RunConfig, plan: ParallelPlan) -> RunConfig:
+    """``config`` with the accumulation that ``batch.global_size`` asks for over the plan's data
+    dimension (global = micro x accumulation x data); unchanged without a global size or with
+    ``batch.micro = 'auto'`` (the search decides)."""
     b = config.batch
-    if b.global_size > 0 and isinstance(b.micro, int):
-        per_step = b.micro * topology.world
-        if b.global_size % per_step:
-            lower = max(per_step, b.global_size // per_step * per_step)
-            raise ConfigError(
-                f"batch.global_size = {b.global_size} does not divide by batch.micro x world = {b.micro} x {topology.world}"
-                f" = {per_step}; use {setting('batch.global_size', lower)} (a multiple of {per_step}) or another batch.micro")
-        accumulation = b.global_size // per_step
-        if b.accumulation not in (1, accumulation):
-            raise ConfigError(
-                f"batch.accumulation = {b.accumulation} contradicts batch.global_size = {b.global_size} = batch.micro x "
-                f"accumulation x world = {b.micro} x {accumulation} x {topology.world}; set one of them")
-        config = config.replace(batch={"accumulation": accumulation})
-    return config
+    if not isinstance(b.micro, int):
+        return config
+    accumulation = plan.split_batch(b.micro, b.global_size, b.accumulation)
+    return config if accumulation == b.accumulation else config.replace(batch={"accumulation": accumulation})
 
 
-def _check_weights_fit(config: RunConfig) -> None:
+def _check_weights_fit(config: RunConfig, spec: ModelSpec) -> None:
     """Sizes each inside their range can still multiply into a model whose weights alone exceed
     this machine's memory (an allocator traceback minutes later): said in one line instead."""
     total, _ = ram_bytes()
-    count = spec_for(config).weight_count(config)
+    count = spec.weight_count(config)
     if total and 4 * count > total:
         raise ConfigError(f"the model section describes at least {count:,} parameters: {4 * count / 2**30:,.1f} "
                           f"GiB of float32 weights alone, more than this machine's {total / 2**30:,.1f} GiB of memory; make "
@@ -362,7 +360,8 @@ def _check_weights_fit(config: RunConfig) -> None:
 
 
 def train(config: RunConfig, *, resume_dir: Path | None = None, progress: bool | None = None,
-          run_dir: Path | None = None, batch_given: bool = False) -> dict[str, Any]:
+          run_dir: Path | None = None, batch_given: bool = False, plan: ParallelPlan | None = None,
+          spec: ModelSpec | None = None) -> dict[str, Any]:
     """Train ``config`` in a new run directory (``run_dir``, else one named from the config) or
     continue ``resume_dir``; returns the summary. A resume at another world size than the
     checkpoint's that would change the global batch is refused in one line unless ``batch_given``
@@ -375,25 +374,26 @@ def train(config: RunConfig, *, resume_dir: Path | None = None, progress: bool |
     :class:`turbotrain.atomic.DiskFullError` naming the file and the last intact checkpoint.
 
     Under torchrun every rank calls it: the config is checked before the process group is
-    joined (the same mistake on every rank); rank 0 creates the run directory (its name goes to
+    joined (the same mistake on every rank: :func:`plan_run`, unless the caller passes the
+    ``plan`` it resolved and joined, and the ``spec`` it made); rank 0 creates the run directory (its name goes to
     the others), holds its lock and writes every shared file (config, metrics, checkpoints,
     summary); the other ranks train in the same directory and write nothing.
     """
-    topology = Topology.from_env()
-    check_launch(config, topology)
-    join_process_group(config.distributed, local_device(resolve_device(config.run.device), topology), topology)
+    if plan is None:
+        plan = plan_run(config, spec=spec)[1]
+        plan.join(local_device(resolve_device(config.run.device), plan.topology))
     new = resume_dir is None
     if resume_dir is not None:
         run_dir = resume_dir
     elif run_dir is None:
         run_dir = decided_by_main(lambda: new_run_dir(config))
-    if topology.rank > 0:
-        return _train_locked(config, run_dir, new, progress, main=False, batch_given=batch_given)
+    if plan.rank > 0:
+        return _train_locked(config, run_dir, plan, spec, new, progress, main=False, batch_given=batch_given)
     with RunLock(run_dir):
         if new and holds_a_run(run_dir):  # another process made it between the check and the lock
             raise already_exists(run_dir)
         try:
-            return _train_locked(config, run_dir, new, progress, batch_given=batch_given)
+            return _train_locked(config, run_dir, plan, spec, new, progress, batch_given=batch_given)
         except BaseException as exc:
             full = _disk_full(exc, run_dir)
             if full is not None:
@@ -401,8 +401,8 @@ def train(config: RunConfig, *, resume_dir: Path | None = None, progress: bool |
             raise
 
 
-def _train_locked(config: RunConfig, run_dir: Path, new: bool, progress: bool | None, main: bool = True,
-                  batch_given: bool = False) -> dict[str, Any]:
+def _train_locked(config: RunConfig, run_dir: Path, plan: ParallelPlan, spec: ModelSpec | None, new: bool,
+                  progress: bool | None, main: bool = True, batch_given: bool = False) -> dict[str, Any]:
     """The run in ``run_dir``; ``main`` False (ranks other than 0): the same training, no shared file written."""
     for folder in (run_dir, run_dir / PLOTS_DIR) if main else ():  # temp files of writes killed mid-way (checkpoints: the Checkpointer)
         clean_stale_temps(folder)
@@ -411,7 +411,8 @@ def _train_locked(config: RunConfig, run_dir: Path, new: bool, progress: bool | 
             signals.on_first(lambda name: stop_startup(name, run_dir, resumable=not new))
             if new and main:  # first of all: a run killed from here on has a config to resume from
                 write_config(config, run_dir, {})
-            training = build_training(config, run_dir, resume=not new, progress=progress, batch_given=batch_given)
+            training = build_training(config, run_dir, plan, resume=not new, progress=progress, batch_given=batch_given,
+                                      spec=spec)
             if main and new:
                 write_config(config, run_dir, training.resolved)  # as given ('auto' stays 'auto'), with what it resolved to
             elif main:  # a resume's overrides reach config.toml once its first step has trained, never when it fails before

@@ -20,7 +20,6 @@ import torch
 
 from turbotrain import Engine
 from turbotrain.checkpoint import RunState, restore_latest, save_checkpoint, save_sharded
-from turbotrain.models.moe.parallel import attach_optimizer, grad_norm, shard_experts
 from turbotrain.models.moe import MoEConfig, MoEGPT
 
 GLOBAL_BATCH, T, VOCAB, N_EXPERTS = 8, 16, 64, 4
@@ -33,17 +32,14 @@ def _data(step: int) -> torch.Tensor:
 
 def main(action: str, degree: int, folder: str, out: str) -> None:
     torch.set_num_threads(1)
-    engine = Engine({"run": {"device": "cpu"}, "distributed": {"strategy": "ddp" if degree > 1 else "auto"},
-                     "optim": {"grad_clip": 1.0}})
+    engine = Engine({"run": {"device": "cpu"}, "optim": {"grad_clip": 1.0},
+                     "distributed": {"strategy": "ddp", "expert_parallel": degree} if degree > 1 else {"strategy": "auto"}})
     rank, world = engine.strategy.rank, engine.strategy.world
     torch.manual_seed(0 if action == "save" else 7)  # a load must bring back everything, not rely on the seed
     plain = MoEGPT(MoEConfig(vocab_size=VOCAB, n_layer=2, n_head=2, d_model=32, block_size=T, n_experts=N_EXPERTS,
                              top_k=2, aux_loss_coef=0.01, router_bias_update=1e-3, moe_impl="batched"))
-    layout = shard_experts(plain, degree) if degree > 1 else None
-    engine.set_grad_norm(grad_norm(plain))
     optimizer = torch.optim.AdamW(plain.parameters(), lr=3e-3)
-    model, optimizer, _ = engine.setup(plain, optimizer)
-    attach_optimizer(plain, optimizer)
+    model, optimizer, _ = engine.setup(plain, optimizer)  # experts placed by the plan; the optimizer's state follows them
     state = RunState(model=model, optimizer=optimizer)
     state.strategy = engine.strategy
     rows = slice(rank * GLOBAL_BATCH // world, (rank + 1) * GLOBAL_BATCH // world)
@@ -73,7 +69,7 @@ def main(action: str, degree: int, folder: str, out: str) -> None:
     weights = {n: p.detach().clone() for n, p in plain.named_parameters()}
     next_loss = train_step(4)
     torch.save({"optim": optim_state, "weights": weights, "pending": pending, "world": world,
-                "first_expert": layout.ep_rank * (N_EXPERTS // degree) if layout else 0,
+                "first_expert": plain.blocks[0].mlp.first_expert,
                 "n_local": N_EXPERTS // degree, "next_loss": next_loss}, f"{out}.rank{rank}.pt")
 
 

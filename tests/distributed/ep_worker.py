@@ -15,8 +15,8 @@ import sys
 import torch
 
 from turbotrain import Engine
-from turbotrain.models.moe.parallel import attach_optimizer, grad_norm, shard_experts
 from turbotrain.models.moe import MoEConfig, MoEGPT
+from turbotrain.models.moe.parallel import place_experts
 
 GLOBAL_BATCH, T, VOCAB, STEPS, N_EXPERTS, CLIP = 8, 16, 64, 30, 4, 0.05
 
@@ -24,25 +24,24 @@ GLOBAL_BATCH, T, VOCAB, STEPS, N_EXPERTS, CLIP = 8, 16, 64, 30, 4, 0.05
 def main(mode: str, degree: int, out: str) -> None:
     torch.set_num_threads(1)
     ep = mode == "ep"
-    engine = Engine({"run": {"device": "cpu"}, "distributed": {"strategy": "ddp" if ep else "single"},
-                     "batch": {"accumulation": 1 if ep else 2}, "optim": {"grad_clip": CLIP}})
+    engine = Engine({"run": {"device": "cpu"}, "batch": {"accumulation": 1 if ep else 2}, "optim": {"grad_clip": CLIP},
+                     "distributed": {"strategy": "ddp", "expert_parallel": degree} if ep else {"strategy": "single"}})
     rank, world = engine.strategy.rank, engine.strategy.world
     torch.manual_seed(0)
     model = MoEGPT(MoEConfig(vocab_size=VOCAB, n_layer=2, n_head=2, d_model=32, block_size=T, n_experts=N_EXPERTS,
                              top_k=2, aux_loss_coef=0.01, moe_impl="batched"))
-    layout = shard_experts(model, degree) if ep else None
-    engine.set_grad_norm(grad_norm(model))  # None (the default) for one process
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model, optimizer, _ = engine.setup(model, optimizer)  # the plan's expert dimension: this rank's experts, then DDP
+    plain = model.module if ep else model
     starts = torch.randint(VOCAB, (STEPS, GLOBAL_BATCH, 1), generator=torch.Generator().manual_seed(1))
     data = (starts + torch.arange(T + 1) * torch.randint(1, 3, (STEPS, GLOBAL_BATCH, 1),
                                                          generator=torch.Generator().manual_seed(2))) % VOCAB
     share = GLOBAL_BATCH // 2  # the parallel run has 2 ranks; the reference runs their rows as 2 micro-batches
     parts = [slice(rank * share, (rank + 1) * share)] if ep else [slice(0, share), slice(share, 2 * share)]
-    model.eval()
+    plain.eval()
     with torch.no_grad():
-        logits = torch.cat([model(data[0][p, :-1]) for p in parts]).tolist()
-    model.train()
-    model, optimizer, _ = engine.setup(model, optimizer)
+        logits = torch.cat([plain(data[0][p, :-1]) for p in parts]).tolist()
+    plain.train()
     losses, norms, grads = [], [], None
     for window in data:
         for p in parts:
@@ -55,10 +54,7 @@ def main(mode: str, degree: int, out: str) -> None:
         if engine.step(optimizer):
             losses.append(float(engine.last_loss))
             norms.append(float(engine.last_grad_norm))
-    first = layout.ep_rank * (N_EXPERTS // degree) if layout else 0
-    plain = model.module if ep else model
-    if ep:
-        attach_optimizer(plain, optimizer)
+    first = plain.blocks[0].mlp.first_expert
     # what a checkpoint holds: every expert (gathered under expert parallelism), also in the optimizer
     state = {k: v.clone() for k, v in plain.state_dict().items()}
     index = [id(p) for g in optimizer.param_groups for p in g["params"]].index(id(plain.blocks[0].mlp.w1))
@@ -68,7 +64,7 @@ def main(mode: str, degree: int, out: str) -> None:
     if ep:  # and loading it keeps this rank's slice: a fresh sharded model gets the trained experts back
         torch.manual_seed(5)
         fresh = MoEGPT(plain.cfg)
-        shard_experts(fresh, degree)
+        place_experts(fresh, None, engine.strategy.plan.experts)  # as the run's were placed: this rank's slice
         fresh.load_state_dict(state)
         saved["reloaded_equal"] = bool(torch.equal(fresh.blocks[0].mlp.w1, plain.blocks[0].mlp.w1))
         saved["reloaded_shape"] = list(fresh.blocks[0].mlp.w1.shape)

@@ -12,7 +12,6 @@ import sys
 import torch
 
 from turbotrain import Engine
-from turbotrain.models.moe.parallel import shard_experts
 from turbotrain.memory import StepTrial, token_batches
 from turbotrain.models.moe import MoEConfig, MoEGPT
 
@@ -22,12 +21,11 @@ T, VOCAB, N_EXPERTS = 16, 64, 4
 def main(mode: str, out: str) -> None:
     torch.set_num_threads(1)
     ep = mode == "ep"
-    engine = Engine({"run": {"device": "cpu"}, "distributed": {"strategy": "ddp" if ep else "single"}})
+    engine = Engine({"run": {"device": "cpu"},
+                     "distributed": {"strategy": "ddp", "expert_parallel": 2} if ep else {"strategy": "single"}})
     torch.manual_seed(0)
     model = MoEGPT(MoEConfig(vocab_size=VOCAB, n_layer=2, n_head=2, d_model=32, block_size=T, n_experts=N_EXPERTS,
                              top_k=2, router_bias_update=0.01, moe_impl="batched"))
-    if ep:
-        shard_experts(model, 2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model, optimizer, _ = engine.setup(model, optimizer)
     plain = model.module if ep else model

@@ -72,3 +72,33 @@ def test_model_and_resume_together_is_one_line(tmp_path: Path, capsys: pytest.Ca
     assert main(["train", "--resume", str(tmp_path), "--model", "x.py:make"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "leave --model out" in err[0]
+
+
+COUNTED = '''
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from turbotrain.workload import Workload
+
+
+def make():
+    with open(Path(__file__).with_name("calls.txt"), "a") as f:  # one line per call of FUNC
+        f.write("called\\n")
+    data = TensorDataset(torch.randn(64, 4), torch.randint(2, (64,)))
+    return Workload(model=torch.nn.Linear(4, 2), train_loader=DataLoader(data, batch_size=8),
+                    loss_fn=lambda model, batch: F.cross_entropy(model(batch[0]), batch[1]))
+'''
+
+
+def test_the_workload_function_is_called_once_per_run(tmp_path: Path) -> None:
+    # the loader's batch size (batch.micro) and the run's model come from one call of FUNC: a FUNC that
+    # builds a large model or opens a dataset does it once
+    (tmp_path / "counted.py").write_text(COUNTED)
+    args = ["--train.max_steps=2", "--train.eval_every=0", "--no-progress", "--run.out_dir", str(tmp_path / "runs")]
+    assert main(["train", "--model", f"{tmp_path / 'counted.py'}:make", *args]) == 0
+    assert (tmp_path / "calls.txt").read_text().splitlines() == ["called"]
+    run = next((tmp_path / "runs").iterdir())
+    assert "micro = 8" in (run / "config.toml").read_text()  # the loader's batch size, read from that call

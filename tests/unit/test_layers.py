@@ -20,7 +20,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "turbotrain"
 LAYERS: dict[str, int] = {
     # L0 foundation
     "errors": 0, "config": 0, "version": 0, "atomic": 0, "batch": 0, "units": 0, "rundir": 0, "runlock": 0,
-    "process": 0, "signals": 0, "failure": 0,
+    "process": 0, "signals": 0, "failure": 0, "launch": 0,
     # L1 facts and building blocks
     "hardware": 1, "models": 1, "data": 1, "workload": 1,
     # L2 core: what a step runs

@@ -11,7 +11,7 @@ import pytest
 
 from turbotrain.cli.train import _keep_global_batch, _named_for_restarts, _peer_lost
 from turbotrain.config import load_config
-from turbotrain.distributed import Launch, Topology
+from turbotrain.launch import Launch, Topology
 from turbotrain.errors import ConfigError
 from turbotrain.report import format_markdown, summarize_records
 
@@ -49,7 +49,7 @@ def test_a_relaunch_at_another_world_size_keeps_the_global_batch_by_accumulation
     config = load_config("gpt-tiny", {"batch": {"micro": "4"}})
     one = Topology(world=1)
     kept = _keep_global_batch(config, {"global_batch": 8}, one)
-    assert kept.batch.global_size == 8  # check_launch: accumulation 2 on one process
+    assert kept.batch.global_size == 8  # split_batch: accumulation 2 on one process
     assert _keep_global_batch(config, {"global_batch": 8}, Topology(world=2)) is config  # unchanged world
     assert _keep_global_batch(config, {"global_batch": 6}, Topology(world=4)) is config  # cannot: the resume refuses
     assert _keep_global_batch(config, None, one) is config

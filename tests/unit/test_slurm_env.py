@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from turbotrain.distributed import Launch, Topology, first_host, slurm_hosts
+from turbotrain.launch import Launch, Topology, first_host, slurm_hosts
 from turbotrain.errors import ConfigError
 
 TASK = {"SLURM_JOB_ID": "4242", "SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",

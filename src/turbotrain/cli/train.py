@@ -35,11 +35,13 @@ import torch.distributed as dist
 
 from ..checkpoint import checkpoint_step, latest_verified
 from ..config import RunConfig, describe, load_config, parse_overrides, read_preset
-from ..distributed import (Launch, ReportedByAnotherRank, Topology, decided_by_main, join_process_group,
-                           local_device, reported_elsewhere)
+from ..distributed import ParallelPlan, ReportedByAnotherRank, decided_by_main, local_device, reported_elsewhere
 from ..engine import resolve_device
+from ..models.registry import spec_for
+from ..models.spec import ModelSpec
 from ..models.workload_spec import WorkloadSpec
 from ..errors import ConfigError, TurbotrainError
+from ..launch import Launch, Topology
 from ..report import read_metrics, write_report
 from ..rundir import (CHECKPOINTS, CONFIG_FILE, METRICS_FILE, find_run_dir, new_run_dir, read_launch, resume_config,
                       run_name, truncate_metrics, write_launch)
@@ -47,7 +49,7 @@ from ..runlock import RunLock
 from ..signals import REQUEUE_SIGNAL, StopSignals
 from ..signals import active as active_signals
 from ..signals import held as held_signals
-from ..training import StoppedBySignal, check_launch, stop_startup, stopped_by_signal, train
+from ..training import StoppedBySignal, plan_run, split_batch, stop_startup, stopped_by_signal, train
 from .report import print_report
 
 EXIT_STOPPED = 75  # sysexits' EX_TEMPFAIL: "try again later", here: continue with --resume
@@ -176,13 +178,13 @@ def _train_command(args: argparse.Namespace, extra: list[str], signals: StopSign
             signals.on_first(lambda name: stop_startup(name, resumed[0], True))
         else:
             base = _named_for_restarts(load_config(_preset(args), overrides), launch)
-            if base.model.workload and not _micro_given(args, overrides):  # the workload's loader says its batch size
-                base = base.replace(batch={"micro": WorkloadSpec(base.model.workload).micro_batch(base.run.seed) or base.batch.micro})
-        check_launch(base, topology)
-        join_process_group(base.distributed, local_device(resolve_device(base.run.device), topology), topology)
+        spec = spec_for(base)  # made once: a workload's FUNC is called once per process
+        if not resume and isinstance(spec, WorkloadSpec) and not _micro_given(args, overrides):
+            base = base.replace(batch={"micro": spec.micro_batch(base.run.seed) or base.batch.micro})  # the loader's batch size
+        _, plan = plan_run(base, topology, spec)  # the one resolution of this process's parallel plan
+        plan.join(local_device(resolve_device(base.run.device), topology))
         # Rank 0 finds or names the run (a timestamped name, a resumed run's saved config); all use its answer.
         run_dir, config = decided_by_main(lambda: resumed if resume else _new_run(base))
-        check_launch(config, topology)
     except TurbotrainError:
         if topology.rank > 0:
             return 0
@@ -191,18 +193,19 @@ def _train_command(args: argparse.Namespace, extra: list[str], signals: StopSign
     # (a relaunch repeats the first start's command: its batch settings are no choice made for this resume)
     batch_given = resume and not relaunch and bool({"micro", "global_size", "accumulation"} & set(overrides.get("batch", {})))
     if topology.rank > 0:
-        return _train_other_rank(config, run_dir, resume, topology.rank, batch_given)
+        return _train_other_rank(config, run_dir, resume, plan, spec, batch_given)
     if resume:
         print(f"resuming {run_dir}" + (f" ({relaunch})" if relaunch else ""))
     # The run's lock for the whole command (train() takes it too): no other process trains in
     # the run while this one trains it or writes its report.
     with RunLock(run_dir):
         if launch.run_id or launch.slurm_job:  # the job a restart of this one finds the run by
-            write_launch(run_dir, {**launch.record(), **_batch_record(config, topology)})
+            write_launch(run_dir, {**launch.record(), **_batch_record(config, plan)})
         if relaunch:
             _record_restart(run_dir, relaunch, topology.world)
         try:
-            summary = train(config, resume_dir=run_dir if resume else None, run_dir=run_dir, batch_given=batch_given)
+            summary = train(config, resume_dir=run_dir if resume else None, run_dir=run_dir, batch_given=batch_given,
+                            plan=plan, spec=spec)
         except Exception as exc:
             lost = _peer_lost(exc, topology, run_dir)
             if lost is None:
@@ -292,12 +295,12 @@ def _named_for_restarts(config: RunConfig, launch: Launch) -> RunConfig:
     return config.replace(run={"name": name})
 
 
-def _batch_record(config: RunConfig, topology: Topology) -> dict:
+def _batch_record(config: RunConfig, plan: ParallelPlan) -> dict:
     """The global batch this start trains at, kept with the job record (what a relaunch at another
     world size keeps: :func:`_keep_global_batch`)."""
-    b = check_launch(config, topology).batch
-    return {"world_size": topology.world, **({"global_batch": b.micro * b.accumulation * topology.world}
-                                             if isinstance(b.micro, int) else {})}
+    b = split_batch(config, plan).batch
+    return {"world_size": plan.world, **({"global_batch": b.micro * b.accumulation * plan.data}
+                                         if isinstance(b.micro, int) else {})}
 
 
 def _keep_global_batch(config: RunConfig, recorded: dict | None, topology: Topology) -> RunConfig:
@@ -307,7 +310,7 @@ def _keep_global_batch(config: RunConfig, recorded: dict | None, topology: Topol
     settings that keep it. Any split of the same global batch trains on the same rows per step."""
     old, b = (recorded or {}).get("global_batch"), config.batch
     if not isinstance(old, int) or b.global_size or not isinstance(b.micro, int):
-        return config  # batch.global_size already keeps it (check_launch); 'auto' searches anew
+        return config  # batch.global_size already keeps it (split_batch); 'auto' searches anew
     if old == b.micro * b.accumulation * topology.world or old % (b.micro * topology.world):
         return config
     return config.replace(batch={"global_size": old, "accumulation": 1})
@@ -337,11 +340,13 @@ def _new_run(base: RunConfig) -> tuple[Path, RunConfig]:
     return new_run_dir(config), config
 
 
-def _train_other_rank(config: RunConfig, run_dir: Path, resume: bool, rank: int, batch_given: bool = False) -> int:
+def _train_other_rank(config: RunConfig, run_dir: Path, resume: bool, plan: ParallelPlan, spec: ModelSpec,
+                      batch_given: bool = False) -> int:
     """A rank other than 0: the same training in rank 0's run directory, printing nothing but its errors."""
+    rank = plan.rank
     try:
         summary = train(config, resume_dir=run_dir if resume else None, run_dir=run_dir, progress=False,
-                        batch_given=batch_given)
+                        batch_given=batch_given, plan=plan, spec=spec)
     except ReportedByAnotherRank:
         return 0  # rank 0 (or the rank that found it) failed and says why
     except StoppedBySignal:

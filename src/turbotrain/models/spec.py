@@ -109,6 +109,12 @@ class ModelSpec(ABC):
         """What the summary records of this model: parameters, and family facts (attention, vocabulary)."""
         return {"params": sum(p.numel() for p in model.parameters())}
 
+    def experts(self, c: RunConfig) -> int | None:
+        """The experts of each mixture-of-experts block the config describes (what
+        ``distributed.expert_parallel`` must divide): 0 for a dense model; None when not known
+        before the model is built (its MoE layers are checked when their experts are placed)."""
+        return None
+
     def weight_count(self, c: RunConfig) -> int:
         """A lower bound on the parameters the config describes, known before anything is built
         (0: unknown); a model whose weights alone exceed the host's memory is refused in one line."""

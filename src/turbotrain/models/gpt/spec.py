@@ -112,6 +112,9 @@ class GPTSpec(ModelSpec):
             "params": model.num_params(non_embedding=False),
         }
 
+    def experts(self, c: RunConfig) -> int | None:
+        return 0  # dense
+
     def weight_count(self, c: RunConfig) -> int:
         """Embeddings of at least 256 tokens, attention and MLPs."""
         m = c.model

@@ -15,7 +15,8 @@ load-balancing loss of the last training forward (:meth:`MoE.take_aux_loss`); a 
 engine adds :func:`aux_loss` (``loss = loss + aux_loss(model)``). Tokens per expert are counted on
 the device (``turbotrain train`` plots them: ``plots/expert_load.png``), a checkpoint with fewer
 experts grows into a layer with more (:func:`grown_order`), and
-:func:`turbotrain.models.moe.parallel.shard_experts` spreads the experts over the ranks.
+:func:`turbotrain.models.moe.parallel.place_experts` spreads the experts over the ranks (the expert
+dimension of the run's parallel plan, in ``engine.setup``).
 
 Why each piece is the way it is:
 

@@ -1,6 +1,10 @@
 """Expert parallelism: each MoE block's experts spread over the ranks of an expert-parallel group,
 tokens sent to the rank of their expert with an all-to-all and brought back with the reverse one.
 
+The expert dimension of a run's parallel plan (:class:`turbotrain.distributed.ParallelPlan`, which
+owns the groups; its strategy calls :func:`place_experts` in ``engine.setup``, before wrapping the
+rest of the model for data parallelism).
+
 Layout for ``world`` ranks and degree ``P`` (``--distributed.expert_parallel=P``, dividing both
 the world size and ``model.n_experts``): consecutive ranks ``[g P, (g + 1) P)`` form expert-parallel
 group g; rank r holds experts ``[(r mod P) E/P, (r mod P + 1) E/P)`` of every MoE block. The
@@ -33,13 +37,12 @@ the non-expert gradients (the same on every rank after DDP's reduce) plus the su
 expert-parallel group of each rank's squared expert-gradient norm (an all-reduce on the device, no
 host sync; the replicas hold identical copies, so one group covers every expert once). Every rank
 clips by the same factor, as one process on the global batch would.
-
-Not yet (see the issue): FSDP2 for the non-expert parameters.
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -47,13 +50,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
-from ...config import RunConfig, setting
+from ...config import setting
 from ...errors import ConfigError
 from .layer import MoE, grow_experts, grown_order, moe_layers
 
 log = logging.getLogger(__name__)
+
+GradNormFn = Callable[[Sequence[torch.Tensor]], torch.Tensor]
+"""``fn(params) -> total gradient norm`` (2-norm over every ``p.grad``, a 0-dim device tensor)."""
 
 
 class AllToAllDispatcher:
@@ -113,35 +118,6 @@ def check_degree(degree: int, world: int, n_experts: int | None) -> None:
         raise ConfigError(f"distributed.expert_parallel = {degree} must divide model.n_experts = {n_experts}")
 
 
-def check_config(config: RunConfig, world: int) -> None:
-    """The run-level rules for expert parallelism, before anything is built."""
-    degree = config.distributed.expert_parallel
-    if degree == 1:
-        return
-    check_degree(degree, world, None if config.model.workload else config.model.n_experts)
-    if config.distributed.strategy == "fsdp":
-        raise ConfigError(f"distributed.expert_parallel = {degree} runs with DDP for the non-expert parameters; "
-                          f"use {setting('distributed.strategy', 'ddp')}")
-
-
-def apply(config: RunConfig, model: nn.Module) -> ExpertLayout | None:
-    """What a run does with ``distributed.expert_parallel``: :func:`shard_experts` (the run's rules
-    were checked against the launch by :func:`check_config` before the process group was joined).
-    Nothing for degree 1."""
-    if config.distributed.expert_parallel == 1:
-        return None
-    return shard_experts(model, config.distributed.expert_parallel)
-
-
-def build_layout(degree: int) -> ExpertLayout:
-    """Create the expert-parallel and replica process groups (every rank calls this, in the same
-    order) and return this rank's place in them."""
-    world, rank = dist.get_world_size(), dist.get_rank()
-    ep_groups = [dist.new_group(list(range(g * degree, (g + 1) * degree))) for g in range(world // degree)]
-    replica_groups = [dist.new_group(list(range(i, world, degree))) for i in range(degree)]
-    return ExpertLayout(degree, world, rank, ep_groups[rank // degree], replica_groups[rank % degree])
-
-
 def _reduce_hook(layout: ExpertLayout) -> Any:
     def hook(grad: torch.Tensor) -> torch.Tensor:
         # This rank's expert gradient sums the contributions of every rank in its expert-parallel
@@ -154,41 +130,68 @@ def _reduce_hook(layout: ExpertLayout) -> Any:
     return hook
 
 
-def shard_experts(model: nn.Module, degree: int) -> ExpertLayout | None:
-    """Keep only this rank's slice of every MoE block's experts, route tokens through
-    :class:`AllToAllDispatcher`, leave expert parameters out of DDP and reduce their gradients over
-    their replica group. Call after the process group is joined and before the optimizer is built
-    and ``engine.setup`` wraps the model (every rank built the same full model from the same seed).
-    Returns None (nothing done) for degree 1."""
+@dataclass(frozen=True)
+class PlacedExperts:
+    """What placing the experts left for the strategy: this rank's expert parameters (left out of
+    data parallelism: their gradients are reduced over their replica group) and the global
+    gradient norm function (None: the engine's default, nothing was spread)."""
+
+    params: list[nn.Parameter]
+    grad_norm: GradNormFn | None = None
+
+
+_attached: "weakref.WeakSet[torch.optim.Optimizer]" = weakref.WeakSet()  # optimizers whose state follows the experts
+
+
+def place_experts(model: nn.Module, optimizer: torch.optim.Optimizer | None, layout: ExpertLayout | None) -> PlacedExperts:
+    """The expert dimension of a parallel plan, done before the data-parallel wrapper: with a
+    ``layout`` (degree > 1), keep this rank's slice of every MoE block's experts, route tokens
+    through :class:`AllToAllDispatcher`, reduce the expert gradients over their replica group and
+    point ``optimizer`` (still without state) at the slices. For any model with MoE layers, the
+    optimizer's state then follows the experts in checkpoints (:func:`attach_optimizer`). A
+    ``layout`` for a model without MoE layers is one line. Placing twice does nothing more."""
     layers = [layer for _, layer in moe_layers(model)]
-    if degree == 1:
-        return None
-    if not (dist.is_available() and dist.is_initialized()):
-        raise ConfigError(f"distributed.expert_parallel = {degree} needs processes started by torchrun, e.g. "
-                          f"`torchrun --nproc-per-node {degree} -m turbotrain train ...`")
-    if not layers:
-        raise ConfigError(f"distributed.expert_parallel = {degree} needs a mixture-of-experts model ({setting('model.arch', 'moe')}, "
-                          "or a --model with turbotrain.MoE layers)")
-    check_degree(degree, dist.get_world_size(), layers[0].n_experts)
-    layout = build_layout(degree)
-    n_local = layers[0].n_experts // degree
+    if layout is not None and not layers:
+        raise ConfigError(f"distributed.expert_parallel = {layout.degree} needs a mixture-of-experts model "
+                          f"({setting('model.arch', 'moe')}, or a --model with turbotrain.MoE layers)")
+    if layout is not None and not any(isinstance(layer.dispatcher, AllToAllDispatcher) for layer in layers):
+        check_degree(layout.degree, layout.world, layers[0].n_experts)
+        if optimizer is not None and optimizer.state:
+            raise ConfigError(f"distributed.expert_parallel = {layout.degree} keeps a slice of the experts on each rank: "
+                              "call engine.setup(model, optimizer) before the optimizer's first step")
+        slices = shard_experts(layers, layout)
+        for group in optimizer.param_groups if optimizer is not None else ():
+            group["params"] = [slices.get(id(p), p) for p in group["params"]]
+    if optimizer is not None:
+        attach_optimizer(model, optimizer)
+    spread = layout is not None and layout.degree > 1
+    return PlacedExperts([p for layer in layers for p in (layer.w1, layer.w2)] if spread else [],
+                         grad_norm(model) if spread else None)
+
+
+def shard_experts(layers: list[MoE], layout: ExpertLayout) -> dict[int, nn.Parameter]:
+    """Keep only this rank's slice of every MoE block's experts (every rank built the same full
+    model from the same seed) and route tokens to the ranks of their experts; returns the new
+    parameter for each replaced one (by ``id``), so an optimizer can be pointed at them."""
+    n_local = layers[0].n_experts // layout.degree
     first = layout.ep_rank * n_local
     hook = _reduce_hook(layout)
+    slices: dict[int, nn.Parameter] = {}
     for layer in layers:
+        old = (layer.w1, layer.w2)
         _keep_slice(layer, first, n_local)
-        layer.dispatcher = AllToAllDispatcher(layout.ep_group, degree, n_local)
+        slices.update({id(o): n for o, n in zip(old, (layer.w1, layer.w2))})
+        layer.dispatcher = AllToAllDispatcher(layout.ep_group, layout.degree, n_local)
         for p in (layer.w1, layer.w2):
             p.register_hook(hook)
         layer.register_state_dict_post_hook(_full_experts_hook(layout))  # checkpoints hold every expert
         layer.register_load_state_dict_pre_hook(_local_experts_hook(layer))
-    names = [name for name, p in model.named_parameters() if any(p is q for l in layers for q in (l.w1, l.w2))]
-    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
-    log.info("expert parallel: degree %d, rank %d holds experts %d..%d of each MoE block", degree, layout.rank, first,
-             first + n_local - 1)
-    return layout
+    log.info("expert parallel: degree %d, rank %d holds experts %d..%d of each MoE block", layout.degree, layout.rank,
+             first, first + n_local - 1)
+    return slices
 
 
-def grad_norm(model: nn.Module) -> Callable[[Sequence[torch.Tensor]], torch.Tensor] | None:
+def grad_norm(model: nn.Module) -> GradNormFn | None:
     """The global gradient norm under expert parallelism, for ``engine.set_grad_norm``: a function
     of the optimizer's parameters returning the 2-norm (fp32, 0-dim, on the device) over the
     non-expert gradients and every rank's expert gradients, the same on every rank (see the module
@@ -244,10 +247,13 @@ def attach_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None
     ``optimizer.state_dict()`` holds every expert's state (gathered, as the model's) and
     ``load_state_dict`` keeps this rank's slice, so a checkpoint resumes at any degree; a
     checkpoint with fewer experts (grown on load, see :func:`turbotrain.models.moe.grown_order`)
-    gives the new experts (and their router rows) fresh, zero moments. Nothing for other models."""
+    gives the new experts (and their router rows) fresh, zero moments. Nothing for other models,
+    nor for an optimizer attached already. Call after the experts are placed (the hooks find
+    the parameters by identity): :func:`place_experts` does, in ``engine.setup``."""
     layers = [layer for _, layer in moe_layers(model)]
-    if not layers:
+    if not layers or optimizer in _attached:
         return
+    _attached.add(optimizer)
     routed = {id(p): (layer, sharded) for layer in layers
               for p, sharded in ((layer.w1, True), (layer.w2, True), (layer.router.weight, False))}
 

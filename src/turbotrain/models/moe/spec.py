@@ -35,6 +35,9 @@ class MoESpec(GPTSpec):
         return {**super().facts(c, model), "params": model.num_total_params(non_embedding=False),  # every expert
                 "active_params": model.num_active_params(non_embedding=False)}
 
+    def experts(self, c: RunConfig) -> int | None:
+        return c.model.n_experts
+
     def weight_count(self, c: RunConfig) -> int:
         """The GPT's count with every MoE block's experts in place of its MLP."""
         m = c.model

@@ -1,0 +1,171 @@
+"""Where this process sits in its launch, read from the environment in one place: torchrun's
+variables, else a SLURM ``srun`` task, else a plain process (:class:`Topology`); and which job of a
+launcher started it, how often (:class:`Launch`): the facts a run is planned from before any
+process group exists. No torch.distributed here: reading them costs nothing and needs no peer.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where this process sits: its rank among ``world`` processes and its device index on the node."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world: int = 1
+    launched: bool = False  # started by a launcher: torchrun (RANK/WORLD_SIZE) or SLURM's srun
+    launcher: str = ""  # "torchrun" or "slurm" when launched
+    master_addr: str = ""  # SLURM only: where rank 0 hosts the rendezvous (torchrun's come from its own variables)
+    master_port: int = 0
+
+    @classmethod
+    def from_env(cls, environ: Any = None) -> "Topology":
+        """The launch, read from the environment in one place: torchrun's variables (``RANK``,
+        ``WORLD_SIZE``, ``LOCAL_RANK``; also set by a Kubernetes PyTorchJob and TorchX) win; else
+        the tasks of a SLURM ``srun`` with more than one task (:func:`slurm_topology`); else a
+        plain process, rank 0 of 1."""
+        env = os.environ if environ is None else environ
+        if "RANK" in env and "WORLD_SIZE" in env:
+            return cls(int(env["RANK"]), int(env.get("LOCAL_RANK", 0)), int(env["WORLD_SIZE"]), True, "torchrun")
+        return slurm_topology(env) or cls()
+
+
+SLURM_PORT_BASE, SLURM_PORT_SPAN = 15000, 20000  # the rendezvous port: MASTER_PORT, else base + job id % span
+
+
+def slurm_topology(env: Any) -> "Topology | None":
+    """The topology of a task started by SLURM's ``srun`` (no torchrun), as Lightning's
+    ``SLURMEnvironment`` reads it: rank ``SLURM_PROCID`` of ``SLURM_NTASKS``, local rank
+    ``SLURM_LOCALID``; rank 0 listens on the first host of ``SLURM_JOB_NODELIST`` (or
+    ``SLURM_NODELIST``) unless ``MASTER_ADDR`` is set, at ``MASTER_PORT`` or else a port derived
+    from ``SLURM_JOB_ID`` (the same on every task of the job). None when this is not such a task:
+    one task (an interactive ``salloc`` shell, ``srun -n 1``), an interactive job (named ``bash``
+    or ``interactive``), or a variable missing. Start it with ``srun``: the batch script itself
+    also sees ``SLURM_NTASKS`` and ``SLURM_PROCID=0``, and a bare ``python`` there would wait for
+    the other tasks until ``distributed.timeout_s``."""
+    need = ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS")
+    nodes = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+    if any(k not in env for k in need) or not nodes or env.get("SLURM_JOB_NAME") in ("bash", "interactive"):
+        return None
+    try:
+        world, rank, local = int(env["SLURM_NTASKS"]), int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", 0))
+        job = int(str(env["SLURM_JOB_ID"]).split("_")[0])
+        port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else SLURM_PORT_BASE + job % SLURM_PORT_SPAN
+    except ValueError as exc:
+        raise ConfigError(f"a SLURM variable is not a number ({exc}); check SLURM_NTASKS, SLURM_PROCID, SLURM_LOCALID, "
+                          "SLURM_JOB_ID and MASTER_PORT") from None
+    if world < 2:
+        return None
+    if not 0 <= rank < world:
+        raise ConfigError(f"SLURM_PROCID = {rank} is outside SLURM_NTASKS = {world}")
+    return Topology(rank, local, world, True, "slurm", env.get("MASTER_ADDR") or first_host(nodes), port)
+
+
+def slurm_hosts(nodelist: str) -> list[str]:
+    """The hosts of a SLURM node list in its compact form, in order: ``node[01-03,07],gpu5`` ->
+    node01, node02, node03, node07, gpu5 (zero padding kept; one bracket group per name, which is
+    what SLURM prints for a job's nodes)."""
+    hosts: list[str] = []
+    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,\[]*", nodelist):
+        match = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", item)
+        if match is None:
+            hosts.append(item)
+            continue
+        prefix, ranges, suffix = match.groups()
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            if not hi:
+                hosts.append(f"{prefix}{lo}{suffix}")
+                continue
+            if not (lo.isdigit() and hi.isdigit()):
+                raise ConfigError(f"cannot read the SLURM node list {nodelist!r} (range {part!r})")
+            hosts += [f"{prefix}{n:0{len(lo)}d}{suffix}" for n in range(int(lo), int(hi) + 1)]
+    if not hosts:
+        raise ConfigError(f"cannot read the SLURM node list {nodelist!r}")
+    return hosts
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list (where rank 0 runs: SLURM gives task 0 the first node)."""
+    return slurm_hosts(nodelist)[0]
+
+
+def _count(env: Any, key: str) -> int:
+    try:
+        return max(0, int(env.get(key) or 0))
+    except ValueError:
+        return 0
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The launcher's job this process belongs to, and how often that job started it again: the
+    one place that decides whether a start is a relaunch of the same run (which then resumes by
+    itself) or a new start (which refuses an existing run directory, as always).
+
+    - SLURM: a requeued job (``SLURM_RESTART_COUNT`` > 0) continues its run.
+    - torchrun: a worker group that torchrun started again in the same job (``--max-restarts``
+      after a failure: ``TORCHELASTIC_RESTART_COUNT`` > 0; an elastic ``--nnodes MIN:MAX``
+      membership change, which keeps the count) continues the run that this job, known by its
+      rendezvous id ``TORCHELASTIC_RUN_ID``, last started (:meth:`record`, kept in the run
+      directory). A new torchrun gets a new id (``--standalone`` and one-node runs draw one), so
+      it cannot take over a run of another job even under the same name."""
+
+    run_id: str = ""  # torchrun's rendezvous id ("" outside torchrun; "none" when multi-node without --rdzv-id)
+    restart: int = 0  # TORCHELASTIC_RESTART_COUNT
+    max_restarts: int = 0  # TORCHELASTIC_MAX_RESTARTS
+    slurm_job: str = ""
+    slurm_restart: int = 0  # SLURM_RESTART_COUNT
+
+    @classmethod
+    def from_env(cls, environ: Any = None) -> "Launch":
+        env = os.environ if environ is None else environ
+        torchrun = "RANK" in env and "WORLD_SIZE" in env
+        slurm = "SLURM_JOB_ID" in env
+        return cls(env.get("TORCHELASTIC_RUN_ID", "") if torchrun else "",
+                   _count(env, "TORCHELASTIC_RESTART_COUNT") if torchrun else 0,
+                   _count(env, "TORCHELASTIC_MAX_RESTARTS") if torchrun else 0,
+                   env["SLURM_JOB_ID"] if slurm else "", _count(env, "SLURM_RESTART_COUNT") if slurm else 0)
+
+    @property
+    def job_known(self) -> bool:
+        return self.run_id not in ("", "none")
+
+    @property
+    def restartable(self) -> bool:
+        """torchrun may start this worker group again (``--max-restarts`` > 0)."""
+        return self.max_restarts > 0
+
+    def record(self) -> dict[str, Any]:
+        """What a run directory keeps of the job that last started it (see :meth:`relaunch_of`)."""
+        return {"torchrun_run_id": self.run_id, "slurm_job": self.slurm_job}
+
+    def relaunch_of(self, recorded: Any) -> str:
+        """Why this start continues the run whose directory holds ``recorded`` (its last
+        :meth:`record`, None when it has none), in words for the "resuming" line; "" when it is a
+        new start."""
+        if self.slurm_restart > 0:
+            return f"SLURM requeued the job: SLURM_RESTART_COUNT={self.slurm_restart}"
+        if self.job_known and isinstance(recorded, dict) and recorded.get("torchrun_run_id") == self.run_id:
+            if self.restart > 0:
+                return f"torchrun restarted the workers: TORCHELASTIC_RESTART_COUNT={self.restart} of {self.max_restarts}"
+            return "torchrun restarted the workers after the elastic group changed"
+        return ""
+
+    def default_name(self, preset: str) -> str:
+        """A run name the same at every start of this job, for a run without ``--run.name`` that
+        torchrun may restart (a timestamped name would differ); "" when none is needed or known."""
+        if not (self.restartable and self.job_known):
+            return ""
+        job = re.sub(r"[^A-Za-z0-9._-]", "_", self.run_id)
+        if re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", job):
+            job = job[:8]  # the id --standalone draws: its first 8 hex digits are enough
+        return f"{preset}-{job}"
