@@ -52,10 +52,10 @@ def measure(args: argparse.Namespace) -> dict:
     import torch
 
     from turbotrain import Engine, fit
-    from turbotrain.checkpoint import Checkpointer, RunState, checkpoint_path, rng_state, set_rng_state
-    from turbotrain.config import load_config
-    from turbotrain.hooks import FitContext, Hook
-    from turbotrain.models.build import build_model
+    from turbotrain.loop.checkpoint import Checkpointer, RunState, checkpoint_path, rng_state, set_rng_state
+    from turbotrain import load_config
+    from turbotrain.loop.hooks import FitContext, Hook
+    from turbotrain.parts.models.build import build_model
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -178,7 +178,7 @@ def main() -> None:
     median = {v: {k: statistics.median(s[k] for s in per_run[v]) for k in per_run[v][0]
                   if all(s.get(k) is not None for s in per_run[v])} for v in contenders}
     first = runs["sync"][0]
-    from turbotrain.doctor import collect_env
+    from turbotrain.app.doctor import collect_env
 
     result = {
         "benchmark": "checkpoint_stall",

@@ -40,7 +40,7 @@ def measure(variant: str) -> dict:
     import torch.distributed as dist
 
     from turbotrain import Engine
-    from turbotrain.models.gpt import GPT, GPTConfig
+    from turbotrain.parts.models.gpt import GPT, GPTConfig
 
     torch.set_num_threads(1)
     local_rank = int(os.environ.get("LOCAL_RANK", 0))

@@ -54,9 +54,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from turbotrain.checkpoint import is_verified, list_checkpoints, save_checkpoint, sidecar
+from turbotrain.loop.checkpoint import is_verified, list_checkpoints, save_checkpoint, sidecar
 from turbotrain.cli import main
-from turbotrain.config import SECTIONS
+from turbotrain.base.config import SECTIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from turbotrain.bench.suite import fp8_unavailable
+from turbotrain.app.bench.suite import fp8_unavailable
 
 
 def row(run: Path) -> dict[str, Any]:

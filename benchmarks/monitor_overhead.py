@@ -34,11 +34,11 @@ import torch
 from rich.console import Console
 
 from turbotrain import Engine, fit
-from turbotrain.config import MonitorConfig
-from turbotrain.doctor import collect_env
-from turbotrain.hooks import FitContext, Hook
-from turbotrain.models.mlp import TinyMLP, synthetic_batches
-from turbotrain.monitor import JsonlSink, Monitor, ProgressSink, build_probes
+from turbotrain.base.config import MonitorConfig
+from turbotrain.app.doctor import collect_env
+from turbotrain.loop.hooks import FitContext, Hook
+from turbotrain.parts.models.mlp import TinyMLP, synthetic_batches
+from turbotrain.loop.monitor import JsonlSink, Monitor, ProgressSink, build_probes
 
 DEFAULT_LOG_EVERY = MonitorConfig().log_every
 

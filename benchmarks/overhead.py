@@ -29,7 +29,7 @@ def measure(variant: str) -> dict:
     import torch
 
     from turbotrain import Engine
-    from turbotrain.models.mlp import TinyMLP, synthetic_batches
+    from turbotrain.parts.models.mlp import TinyMLP, synthetic_batches
 
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)  # the Engine sets it on CPU; the hand loop too, so only overhead differs
@@ -83,9 +83,9 @@ def _measure_fit(variant: str, model, optimizer, batches) -> dict:  # type: igno
     from rich.console import Console
 
     from turbotrain import Engine, fit
-    from turbotrain.config import MonitorConfig
-    from turbotrain.hooks import Hook
-    from turbotrain.monitor import JsonlSink, Monitor, ProgressSink, build_probes
+    from turbotrain.base.config import MonitorConfig
+    from turbotrain.loop.hooks import Hook
+    from turbotrain.loop.monitor import JsonlSink, Monitor, ProgressSink, build_probes
 
     engine = Engine({"run": {"device": "cpu"}})
     model, optimizer, loader = engine.setup(model, optimizer, itertools.cycle(batches))

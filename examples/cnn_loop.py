@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from turbotrain import Engine
-from turbotrain.tracking import track
+from turbotrain.app.tracking import track
 
 
 class Net(nn.Module):

@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from turbotrain.workload import Workload
+from turbotrain import Workload
 
 SEQ = 64
 

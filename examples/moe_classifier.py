@@ -9,7 +9,7 @@ The model: a convolutional stem cuts the image into 4x4 = 16 patch features, one
 routes every patch (``(B, 16, d)`` tokens), a linear layer pools the patches into one feature
 vector, a second MoE layer routes it (``(B, d)``), and a linear head classifies. The MoE layers' load-balancing loss is not in ``loss_fn``: the
 engine adds it in ``backward`` (in a loop of your own without the engine:
-``loss + turbotrain.models.moe.aux_loss(model)``).
+``loss + turbotrain.parts.models.moe.aux_loss(model)``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from turbotrain import MoE
-from turbotrain.workload import Workload
+from turbotrain import Workload
 
 
 class SyntheticDigits(Dataset):

@@ -6,7 +6,7 @@
 import torch
 
 from turbotrain import Engine
-from turbotrain.models.mlp import TinyMLP, synthetic_batches
+from turbotrain.parts.models.mlp import TinyMLP, synthetic_batches
 
 torch.manual_seed(0)
 model = TinyMLP()

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from turbotrain.workload import Workload
+from turbotrain import Workload
 
 
 class Shapes(Dataset):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from turbotrain.config import RunConfig, load_config
+from turbotrain import RunConfig, load_config
 
 
 def tiny_overrides(tmp_path: Path, **sections: dict) -> dict:

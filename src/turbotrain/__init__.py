@@ -5,11 +5,11 @@ Public API: :class:`Engine` for your own loop, :func:`fit` the reference loop, :
 mixture-of-experts layer for any model).
 """
 
-from .config import RunConfig, load_config
-from .engine import Engine
-from .loop import fit
-from .models.moe import MoE
-from .version import __version__
-from .workload import Workload
+from .base.config import RunConfig, load_config
+from .core.engine import Engine
+from .loop.fit import fit
+from .parts.models.moe import MoE
+from .base.version import __version__
+from .parts.workload import Workload
 
 __all__ = ["Engine", "MoE", "RunConfig", "Workload", "fit", "load_config", "__version__"]

@@ -15,11 +15,11 @@ from pathlib import Path
 import torch
 
 from turbotrain import Engine
-from turbotrain.checkpoint import Checkpointer, finished_checkpoints, restore_latest, run_state
-from turbotrain.hooks import FitContext, Hook
-from turbotrain.loop import fit
-from turbotrain.models.gpt import GPT, GPTConfig
-from turbotrain.optim import build_scheduler
+from turbotrain.loop.checkpoint import Checkpointer, finished_checkpoints, restore_latest, run_state
+from turbotrain.loop.hooks import FitContext, Hook
+from turbotrain import fit
+from turbotrain.parts.models.gpt import GPT, GPTConfig
+from turbotrain.core.optim import build_scheduler
 
 GLOBAL_BATCH, T, VOCAB, TOTAL_STEPS = 8, 16, 64, 12
 

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from turbotrain import Engine
-from turbotrain.models.gpt import GPT, GPTConfig
+from turbotrain.parts.models.gpt import GPT, GPTConfig
 
 GLOBAL_BATCH, T, VOCAB, STEPS = 8, 16, 64, 30
 

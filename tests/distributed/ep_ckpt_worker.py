@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from turbotrain import Engine
-from turbotrain.checkpoint import RunState, restore_latest, save_checkpoint, save_sharded
-from turbotrain.models.moe import MoEConfig, MoEGPT
+from turbotrain.loop.checkpoint import RunState, restore_latest, save_checkpoint, save_sharded
+from turbotrain.parts.models.moe import MoEConfig, MoEGPT
 
 GLOBAL_BATCH, T, VOCAB, N_EXPERTS = 8, 16, 64, 4
 

@@ -15,8 +15,8 @@ import sys
 import torch
 
 from turbotrain import Engine
-from turbotrain.models.moe import MoEConfig, MoEGPT
-from turbotrain.models.moe.parallel import place_experts
+from turbotrain.parts.models.moe import MoEConfig, MoEGPT
+from turbotrain.parts.models.moe.parallel import place_experts
 
 GLOBAL_BATCH, T, VOCAB, STEPS, N_EXPERTS, CLIP = 8, 16, 64, 30, 4, 0.05
 

@@ -12,8 +12,8 @@ import sys
 import torch
 
 from turbotrain import Engine
-from turbotrain.memory import StepTrial, token_batches
-from turbotrain.models.moe import MoEConfig, MoEGPT
+from turbotrain.tools.memory import StepTrial, token_batches
+from turbotrain.parts.models.moe import MoEConfig, MoEGPT
 
 T, VOCAB, N_EXPERTS = 16, 64, 4
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from turbotrain import Engine
-from turbotrain.checkpoint import restore_latest, run_state, save_sharded
-from turbotrain.models.gpt import GPT, GPTConfig
+from turbotrain.loop.checkpoint import restore_latest, run_state, save_sharded
+from turbotrain.parts.models.gpt import GPT, GPTConfig
 
 GLOBAL_BATCH, T, VOCAB = 8, 16, 64
 AFTER = 3  # steps trained after the checkpoint, twice (the second time restored from it)

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from turbotrain.memory import TrialResult, find_batch_size
+from turbotrain.tools.memory import TrialResult, find_batch_size
 
 LIMITS = (100, 40)  # samples that fit on rank 0 and rank 1
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from turbotrain.checkpoint import finished_checkpoints, load_latest_weights
-from turbotrain.models.gpt import GPT, GPTConfig
-from turbotrain.sharded import saved_model_tensors
+from turbotrain.loop.checkpoint import finished_checkpoints, load_latest_weights
+from turbotrain.parts.models.gpt import GPT, GPTConfig
+from turbotrain.loop.sharded import saved_model_tensors
 
 pytest.importorskip("torchao")
 

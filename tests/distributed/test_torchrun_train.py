@@ -288,7 +288,7 @@ def _copy_run(run: Path, name: str) -> Path:
 
 
 def test_a_run_in_use_is_said_once_by_rank_0(stopped_ddp_run, tmp_path):
-    from turbotrain.runlock import RunLock
+    from turbotrain.base.runlock import RunLock
 
     run = _copy_run(stopped_ddp_run, "in-use")
     with RunLock(run):  # this process trains it, as far as the resume can tell

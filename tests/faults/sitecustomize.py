@@ -33,11 +33,11 @@ def _install(point: str, n: int) -> None:
 
     import torch
 
-    import turbotrain.checkpoint as checkpoint
-    import turbotrain.data.sources as sources
-    import turbotrain.engine as engine
-    import turbotrain.monitor as monitor
-    import turbotrain.training as training
+    import turbotrain.loop.checkpoint as checkpoint
+    import turbotrain.parts.data.sources as sources
+    import turbotrain.core.engine as engine
+    import turbotrain.loop.monitor as monitor
+    import turbotrain.app.training as training
 
     calls = {"n": 0}
 

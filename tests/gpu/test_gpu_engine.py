@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from turbotrain.data import DevicePrefetcher
-from turbotrain.engine import Engine
-from turbotrain.models.gpt import GPT, GPTConfig
-from turbotrain.optim import build_optimizer
+from turbotrain.parts.data import DevicePrefetcher
+from turbotrain import Engine
+from turbotrain.parts.models.gpt import GPT, GPTConfig
+from turbotrain.core.optim import build_optimizer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible to torch)")
 

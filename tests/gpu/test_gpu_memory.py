@@ -7,15 +7,15 @@ import pytest
 import torch
 
 from conftest import tiny_overrides
-from turbotrain.config import load_config
-from turbotrain.engine import Engine
-from turbotrain.loop import fit
-from turbotrain.memory import estimate_memory, measure_step_memory, resolve_batch_size, token_batches
-from turbotrain.memory.stats import storage_bytes
-from turbotrain.models.gpt import GPT, GPTConfig
-from turbotrain.optim import build_optimizer
-from turbotrain.training import train
-from turbotrain.units import GIB
+from turbotrain import load_config
+from turbotrain import Engine
+from turbotrain import fit
+from turbotrain.tools.memory import estimate_memory, measure_step_memory, resolve_batch_size, token_batches
+from turbotrain.tools.memory.stats import storage_bytes
+from turbotrain.parts.models.gpt import GPT, GPTConfig
+from turbotrain.core.optim import build_optimizer
+from turbotrain.app.training import train
+from turbotrain.base.units import GIB
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible to torch)")
 
@@ -133,7 +133,7 @@ def test_memory_cap_refuses_an_allocation_past_it():
 
 
 def test_memory_warning_fires_once_on_real_counters_and_reset_peak_starts_over():
-    from turbotrain.monitor import MemoryProbe
+    from turbotrain.loop.monitor import MemoryProbe
 
     device = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.empty_cache()

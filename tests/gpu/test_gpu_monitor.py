@@ -7,13 +7,13 @@ import time
 import pytest
 import torch
 
-from turbotrain.config import load_config
-from turbotrain.doctor import run_probes
-from turbotrain.hardware import lookup_peak
-from turbotrain.hooks import Hook
-from turbotrain.models.gpt import GPT, GPTConfig
-from turbotrain.monitor import MemoryProbe, NvmlSampler, count_flops_per_sample
-from turbotrain.training import build_training, new_run_dir
+from turbotrain import load_config
+from turbotrain.app.doctor import run_probes
+from turbotrain.parts.hardware import lookup_peak
+from turbotrain.loop.hooks import Hook
+from turbotrain.parts.models.gpt import GPT, GPTConfig
+from turbotrain.loop.monitor import MemoryProbe, NvmlSampler, count_flops_per_sample
+from turbotrain.app.training import build_training, new_run_dir
 
 from conftest import tiny_overrides
 

@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from turbotrain.bench import worker
-from turbotrain.bench.contenders import CONTENDERS
-from turbotrain.bench.suite import SAME_PRECISION_TOL, BenchOptions, run_ablation, run_compare
-from turbotrain.bench.tables import render_report
-from turbotrain.bench.workloads import resolve_workload, to_spec, write_data
+from turbotrain.app.bench import worker
+from turbotrain.app.bench.contenders import CONTENDERS
+from turbotrain.app.bench.suite import SAME_PRECISION_TOL, BenchOptions, run_ablation, run_compare
+from turbotrain.app.bench.tables import render_report
+from turbotrain.app.bench.workloads import resolve_workload, to_spec, write_data
 
 TINY_GPT = {"n_layer": 1, "n_head": 2, "d_model": 32, "block_size": 16}
 CPU_CONTENDERS = ["eager", "handtuned", "accelerate", "lightning", "turbotrain"]
@@ -183,10 +183,10 @@ printf '{{"status": "ok", "step_ms_median": %s.0, "step_ms": [1.0], "time_to_fir
 DRIVER = """
 import sys
 from pathlib import Path
-from turbotrain.bench import suite
-from turbotrain.bench.results import ReportWriter
-from turbotrain.bench.workloads import resolve_workload
-from turbotrain.process import exit_on_sigterm
+from turbotrain.app.bench import suite
+from turbotrain.app.bench.results import ReportWriter
+from turbotrain.app.bench.workloads import resolve_workload
+from turbotrain.base.process import exit_on_sigterm
 
 standin, work, out, kind, repeat = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], int(sys.argv[5])
 sys.executable = standin

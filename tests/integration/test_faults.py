@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from turbotrain.checkpoint import is_verified, list_checkpoints
+from turbotrain.loop.checkpoint import is_verified, list_checkpoints
 from turbotrain.cli import main
 from turbotrain.cli.train import EXIT_STOPPED, default_preset
-from turbotrain.config import load_config
-from turbotrain.training import train
+from turbotrain import load_config
+from turbotrain.app.training import train
 
 from conftest import tiny_overrides
 from faults.faultenv import fault_env

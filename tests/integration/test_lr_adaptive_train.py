@@ -9,8 +9,8 @@ import json
 import pytest
 
 from turbotrain.cli import main
-from turbotrain.config import load_config
-from turbotrain.training import train
+from turbotrain import load_config
+from turbotrain.app.training import train
 
 from conftest import tiny_overrides
 

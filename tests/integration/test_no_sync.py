@@ -16,9 +16,9 @@ from collections import Counter
 import pytest
 import torch
 
-from turbotrain.config import load_config
-from turbotrain.precision import NonFiniteGuard
-from turbotrain.training import build_training, new_run_dir
+from turbotrain import load_config
+from turbotrain.core.precision import NonFiniteGuard
+from turbotrain.app.training import build_training, new_run_dir
 
 from conftest import tiny_overrides
 
@@ -29,7 +29,7 @@ LOG_EVERY, MAX_STEPS = 3, 9
 # Reads of host-only tensors, which are not device reads on any machine: the data pipeline samples
 # window positions with host tensors (``randint(...).tolist()``, in DataLoader workers on a GPU
 # machine), and non-fused torch optimizers keep their step counters on the host and read them.
-HOST_ONLY = ("torch/utils/data/", "turbotrain/data/", "torch/optim/")
+HOST_ONLY = ("torch/utils/data/", "turbotrain/parts/data/", "torch/optim/")
 
 
 def _from_host_only_code() -> bool:

@@ -9,9 +9,9 @@ import subprocess
 import numpy as np
 import pytest
 
-from turbotrain.atomic import DiskFullError, UnwritableError, atomic_write, make_dirs
+from turbotrain.base.atomic import DiskFullError, UnwritableError, atomic_write, make_dirs
 from turbotrain.cli import main
-from turbotrain.data.sources import open_tokens
+from turbotrain.parts.data.sources import open_tokens
 
 from faults.limits import file_size_limit, tmpfs
 from test_train_cli import _args, _one_line_error

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from conftest import tiny_overrides
-from turbotrain.checkpoint import load_latest
+from turbotrain.loop.checkpoint import load_latest
 from turbotrain.cli import main
-from turbotrain.config import load_config
-from turbotrain.errors import TurbotrainError
-from turbotrain.memory import estimate_memory
-from turbotrain.oom import OutOfMemoryStop
-from turbotrain.training import train
+from turbotrain import load_config
+from turbotrain.base.errors import TurbotrainError
+from turbotrain.tools.memory import estimate_memory
+from turbotrain.core.oom import OutOfMemoryStop
+from turbotrain.app.training import train
 
 
 def _config(tmp_path: Path, text_file: Path, name: str, **sections):

@@ -20,11 +20,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from turbotrain import Engine, fit
-from turbotrain.errors import ConfigError
-from turbotrain.report import NO_FLOPS, plots_for
-from turbotrain.tracking import track
-from turbotrain.models.classifier import CifarResNet
-from turbotrain.models.gpt import GPT, GPTConfig
+from turbotrain.base.errors import ConfigError
+from turbotrain.app.report import NO_FLOPS, plots_for
+from turbotrain.app.tracking import track
+from turbotrain.parts.models.classifier import CifarResNet
+from turbotrain.parts.models.gpt import GPT, GPTConfig
 
 TOL = 1e-6
 

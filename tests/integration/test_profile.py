@@ -10,17 +10,17 @@ import textwrap
 import pytest
 
 from turbotrain.cli import main
-from turbotrain.config import audience
-from turbotrain.measure import Target
-from turbotrain.profile import ProfileOptions, profile_target, profile_workload, render
-from turbotrain.workload import Workload
+from turbotrain.base.config import audience
+from turbotrain.app.measure import Target
+from turbotrain.app.profile import ProfileOptions, profile_target, profile_workload, render
+from turbotrain import Workload
 
 WORKLOADS = """
 import time
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
-from turbotrain.workload import Workload
+from turbotrain import Workload
 
 
 class SlowDisk(Dataset):
@@ -168,7 +168,7 @@ def test_python_callers_profile_a_model_and_loader_in_one_call(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--model", "no/such/file.py:make"], "there is no file no/such/file.py"),
     (["--model", "{wl}:nope"], "has no function 'nope'"),
-    (["--model", "{wl}:Net"], "user_workloads.Net; return turbotrain.workload.Workload(model=..., train_loader=...)"),
+    (["--model", "{wl}:Net"], "user_workloads.Net; return turbotrain.Workload(model=..., train_loader=...)"),
     (["--steps", "0"], "--steps = 0 must be at least 1"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, workloads, capsys, args, message):

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-import turbotrain.engine
-import turbotrain.loop
-from turbotrain.checkpoint import save_checkpoint
+import turbotrain.core.engine
+import turbotrain.loop.fit
+from turbotrain.loop.checkpoint import save_checkpoint
 from turbotrain.cli import main
-from turbotrain.config import load_config
-from turbotrain.training import train
+from turbotrain import load_config
+from turbotrain.app.training import train
 
 from conftest import tiny_overrides
 
@@ -189,7 +189,7 @@ def test_existing_run_is_never_overwritten_and_corrupt_checkpoints_are_reported(
 
 
 def test_loop_reads_no_config():
-    tree = ast.parse(Path(turbotrain.loop.__file__).read_text())
+    tree = ast.parse(Path(turbotrain.loop.fit.__file__).read_text())
     names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     attrs = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     imports = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
@@ -243,7 +243,7 @@ def test_resume_overrides_are_checked_against_the_run_and_a_failed_resume_keeps_
     resume = ["train", "--resume", str(run), "--no-progress", "--train.max_steps=8"]
     # its first step fails: the config stays the one the run trained with
     with monkeypatch.context() as patch:
-        patch.setattr(turbotrain.engine.Engine, "forward_backward", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+        patch.setattr(turbotrain.Engine, "forward_backward", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
         with pytest.raises(RuntimeError, match="boom"):
             main([*resume, "--optim.lr=1e-3"])
     assert (run / "config.toml").read_text() == saved

@@ -81,7 +81,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from turbotrain.workload import Workload
+from turbotrain import Workload
 
 
 def make():

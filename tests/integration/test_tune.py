@@ -9,7 +9,7 @@ import json
 import pytest
 
 from turbotrain.cli import main
-from turbotrain.config import load_config
+from turbotrain import load_config
 
 pytest.importorskip("optuna")
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from turbotrain.config import load_config
-from turbotrain.data import open_tokens, resolve_loader_settings
-from turbotrain.data.batching import (
+from turbotrain import load_config
+from turbotrain.parts.data import open_tokens, resolve_loader_settings
+from turbotrain.parts.data.batching import (
     resume_start,
     IGNORE_INDEX,
     PieceRows,
@@ -21,9 +21,9 @@ from turbotrain.data.batching import (
     build_budget_loader,
     plan_epoch,
 )
-from turbotrain.data.documents import GPT2_END_OF_TEXT, open_documents, separator_ends
-from turbotrain.errors import ConfigError, TurbotrainError
-from turbotrain.models.gpt import GPT, GPTConfig
+from turbotrain.parts.data.documents import GPT2_END_OF_TEXT, open_documents, separator_ends
+from turbotrain.base.errors import ConfigError, TurbotrainError
+from turbotrain.parts.models.gpt import GPT, GPTConfig
 
 SEQ = 16
 LETTERS = string.ascii_letters  # document i is made of letter i only

@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from turbotrain.bench import contenders as contenders_mod
-from turbotrain.bench.contenders import CONTENDERS, DEFAULT_ORDER
-from turbotrain.bench.protocol import StepClock, init_digest, recipe_param_groups, warmup_factor
-from turbotrain.bench.results import build_document, write_document
-from turbotrain.bench.suite import (
+from turbotrain.app.bench import contenders as contenders_mod
+from turbotrain.app.bench.contenders import CONTENDERS, DEFAULT_ORDER
+from turbotrain.app.bench.protocol import StepClock, init_digest, recipe_param_groups, warmup_factor
+from turbotrain.app.bench.results import build_document, write_document
+from turbotrain.app.bench.suite import (
     MIXED_PRECISION_TOL,
     SAME_PRECISION_TOL,
     BenchOptions,
@@ -26,8 +26,8 @@ from turbotrain.bench.suite import (
     recommend,
     run_rows,
 )
-from turbotrain.bench.tables import render_report
-from turbotrain.bench.workloads import (
+from turbotrain.app.bench.tables import render_report
+from turbotrain.app.bench.workloads import (
     WORKLOADS,
     expand,
     flops_per_step,
@@ -35,8 +35,8 @@ from turbotrain.bench.workloads import (
     resolve_workload,
     seeded_model,
 )
-from turbotrain.errors import TurbotrainError
-from turbotrain.optim import lr_lambda, param_groups
+from turbotrain.base.errors import TurbotrainError
+from turbotrain.core.optim import lr_lambda, param_groups
 
 # ------------------------------------------------------------------------------------ workloads
 
@@ -156,7 +156,7 @@ def test_skipped_rows_launch_no_process(tmp_path, monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("a skipped row must not run")
 
-    monkeypatch.setattr("turbotrain.bench.suite.run_row", boom)
+    monkeypatch.setattr("turbotrain.app.bench.suite.run_row", boom)
     opts = BenchOptions(device="cpu", work_dir=tmp_path, log=lambda line: None, repeat=2)
     rows = run_rows([RowJob("lightning", "lightning", {}, skip="lightning is not installed")], opts, "x")
     assert rows == [{"contender": "lightning", "row": "lightning", "status": "skipped", "reason": "lightning is not installed"}]
@@ -360,7 +360,7 @@ def test_the_ablation_has_a_bf16_compile_ladder_first(monkeypatch):
 
 
 def test_ablation_rows_compare_with_their_own_ladders_base(tmp_path, monkeypatch):
-    from turbotrain.bench import suite
+    from turbotrain.app.bench import suite
 
     speeds = {"bf16-compile": 10.0, "bf16-compile+cuda-graphs": 5.0, "baseline": 40.0, "+compile": 20.0}
     monkeypatch.setattr(suite, "run_row", lambda contender, spec, name, opts: _row(
@@ -377,7 +377,7 @@ def test_ablation_rows_compare_with_their_own_ladders_base(tmp_path, monkeypatch
 
 
 def test_rows_report_progress_and_name_the_runs_still_missing(tmp_path, monkeypatch):
-    from turbotrain.bench import suite
+    from turbotrain.app.bench import suite
 
     monkeypatch.setattr(suite, "run_row", lambda contender, spec, name, opts: _row(contender, 10.0, 3.0, device="cpu"))
     seen = []
@@ -396,7 +396,7 @@ def test_rows_report_progress_and_name_the_runs_still_missing(tmp_path, monkeypa
 
 
 def test_report_writer_rewrites_the_document_after_each_row(tmp_path):
-    from turbotrain.bench.results import ReportWriter
+    from turbotrain.app.bench.results import ReportWriter
 
     write = ReportWriter(tmp_path, "turbotrain bench", ["turbotrain", "bench"])
     partial = _report([_row("eager", 10.0, 3.0, device="cpu"),
@@ -412,7 +412,7 @@ def test_report_writer_rewrites_the_document_after_each_row(tmp_path):
 
 
 def test_the_commit_comes_from_tt_commit_where_there_is_no_git(tmp_path, monkeypatch):
-    from turbotrain.bench import results
+    from turbotrain.app.bench import results
 
     monkeypatch.setattr(results, "PACKAGE_ROOT", tmp_path)  # a tree shipped without its .git
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from turbotrain.atomic import DiskFullError, atomic_write, clean_stale_temps
-from turbotrain.checkpoint import (
+from turbotrain.base.atomic import DiskFullError, atomic_write, clean_stale_temps
+from turbotrain.loop.checkpoint import (
     Checkpointer,
     RunState,
     finished_checkpoints,
@@ -27,11 +27,11 @@ from turbotrain.checkpoint import (
     set_rng_state,
 )
 from turbotrain.cli import main
-from turbotrain.distributed import Strategy
-from turbotrain.errors import TurbotrainError
-from turbotrain.hooks import FitContext
-from turbotrain.models.build import build_model
-from turbotrain.training import train
+from turbotrain.core.distributed import Strategy
+from turbotrain.base.errors import TurbotrainError
+from turbotrain.loop.hooks import FitContext
+from turbotrain.parts.models.build import build_model
+from turbotrain.app.training import train
 
 from faults.limits import file_size_limit
 
@@ -354,7 +354,7 @@ def test_a_background_checkpoint_is_the_state_of_its_step_and_the_end_waits_for_
     the final checkpoint waits for the write in flight (as a SIGTERM's does: it ends the fit)."""
     import threading
 
-    import turbotrain.checkpoint as checkpoint
+    import turbotrain.loop.checkpoint as checkpoint
 
     release, original = threading.Event(), checkpoint.save_checkpoint
 
@@ -408,7 +408,7 @@ def test_the_host_copy_keeps_tied_weights_shared_and_the_file_the_same():
     the live state writes: one copy of the tied tensor, the state dict's versions kept."""
     import io
 
-    from turbotrain.checkpoint import stage_to_host
+    from turbotrain.loop.checkpoint import stage_to_host
 
     model = torch.nn.Sequential(torch.nn.Embedding(64, 16), torch.nn.Linear(16, 64, bias=False))
     model[1].weight = model[0].weight

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from turbotrain import Engine
-from turbotrain.compile_guard import CompileGuard, collect_compile_counts
-from turbotrain.tracking import track
+from turbotrain.core.compile_guard import CompileGuard, collect_compile_counts
+from turbotrain.app.tracking import track
 
 
 class TinyMLP(nn.Module):
@@ -34,7 +34,7 @@ def test_recompiles_after_warmup_are_counted_in_the_summary_and_the_warning_name
     batches = [(torch.randn(n, 8), torch.randn(n)) for n in sizes]
     engine = Engine({"monitor": {"log_every": 2}, "compile": {"max_recompiles": 2}})
     model, optimizer, loader = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.01), batches)
-    with caplog.at_level(logging.WARNING, logger="turbotrain.compile_guard"):
+    with caplog.at_level(logging.WARNING, logger="turbotrain.core.compile_guard"):
         with track(engine, model, optimizer, tmp_path / "run", log_every=2, progress=False, nvml=False) as run:
             for x, y in loader:
                 engine.backward(model(x, y))

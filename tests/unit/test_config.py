@@ -6,8 +6,8 @@ import torch
 
 from turbotrain import Engine
 from turbotrain.cli import main
-from turbotrain.config import SECTIONS, RunConfig, audience, describe, load_config, parse_overrides, preset_names, range_text, to_toml
-from turbotrain.errors import ConfigError
+from turbotrain.base.config import SECTIONS, RunConfig, audience, describe, load_config, parse_overrides, preset_names, range_text, to_toml
+from turbotrain.base.errors import ConfigError
 
 
 def test_presets_ship_with_the_package():

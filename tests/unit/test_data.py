@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from turbotrain.data import (
+from turbotrain.parts.data import (
     DevicePrefetcher,
     RandomWindowSampler,
     TokenWindows,
@@ -20,10 +20,10 @@ from turbotrain.data import (
     open_tokens,
     resolve_loader_settings,
 )
-from turbotrain.data.batching import PieceRows
-from turbotrain.data.documents import Documents
-from turbotrain.data.sources import LLMC_MAGIC
-from turbotrain.errors import TurbotrainError
+from turbotrain.parts.data.batching import PieceRows
+from turbotrain.parts.data.documents import Documents
+from turbotrain.parts.data.sources import LLMC_MAGIC
+from turbotrain.base.errors import TurbotrainError
 
 CPU = torch.device("cpu")
 
@@ -182,8 +182,8 @@ def test_starting_the_loader_leaves_the_global_rng_alone(tmp_path: Path, text_fi
 
 
 def test_vocab_check_scans_bounded_prefix_and_trusts_bytes(tmp_path: Path, monkeypatch):
-    from turbotrain.data import check_vocab
-    from turbotrain.data import sources
+    from turbotrain.parts.data import check_vocab
+    from turbotrain.parts.data import sources
 
     path = tmp_path / "toks.bin"
     tokens = np.zeros(1000, dtype=np.uint16)

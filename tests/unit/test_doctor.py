@@ -7,7 +7,7 @@ import os
 import pytest
 
 from turbotrain.cli import main
-from turbotrain.doctor import build_report, collect_distributed, collect_env, format_report, run_checks, run_probes
+from turbotrain.app.doctor import build_report, collect_distributed, collect_env, format_report, run_checks, run_probes
 
 
 @pytest.fixture(scope="module")

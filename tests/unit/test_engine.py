@@ -4,10 +4,10 @@ import logging
 import pytest
 import torch
 
-from turbotrain.engine import Engine
-from turbotrain.errors import NonFiniteError, PlacementError
-from turbotrain.models.mlp import TinyMLP, synthetic_batches
-from turbotrain.precision import FP16Mixed, HostNonFiniteGuard, NonFiniteGuard
+from turbotrain import Engine
+from turbotrain.base.errors import NonFiniteError, PlacementError
+from turbotrain.parts.models.mlp import TinyMLP, synthetic_batches
+from turbotrain.core.precision import FP16Mixed, HostNonFiniteGuard, NonFiniteGuard
 
 
 def _engine(**sections) -> Engine:
@@ -184,7 +184,7 @@ def test_skip_policy_logs_each_skipped_step_once(caplog):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model, opt, _ = engine.setup(model, opt)
     (x, y), = synthetic_batches(1, batch_size=8, d_in=8)
-    with caplog.at_level(logging.WARNING, logger="turbotrain.engine"):
+    with caplog.at_level(logging.WARNING, logger="turbotrain.core.engine"):
         engine.backward(model(x, y) * float("nan"))
         engine.step(opt)
         for _ in range(3):  # finite steps: polled, nothing new to say
@@ -290,7 +290,7 @@ def test_folded_clipping_works_with_bf16_parameters():
 
 
 def test_memory_cap_is_set_on_cuda_with_the_fraction_given(monkeypatch):
-    from turbotrain.engine import apply_memory_cap
+    from turbotrain.core.engine import apply_memory_cap
 
     calls = []
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda fraction, device=None: calls.append((fraction, device)))
@@ -300,11 +300,11 @@ def test_memory_cap_is_set_on_cuda_with_the_fraction_given(monkeypatch):
 
 
 def test_memory_cap_on_cpu_is_one_log_line_and_a_bad_value_names_the_field(monkeypatch, caplog):
-    from turbotrain.errors import ConfigError
+    from turbotrain.base.errors import ConfigError
 
     calls = []
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda *a, **k: calls.append(a))
-    with caplog.at_level(logging.INFO, logger="turbotrain.engine"):
+    with caplog.at_level(logging.INFO, logger="turbotrain.core.engine"):
         _engine(memory={"max_fraction": 0.5})
     said = [r.getMessage() for r in caplog.records if "memory.max_fraction" in r.getMessage()]
     assert calls == [] and len(said) == 1 and "does not apply on cpu" in said[0]
@@ -326,7 +326,7 @@ def restore_determinism(monkeypatch):
 
 
 def _train_tiny_gpt(device: str = "cpu", steps: int = 4) -> tuple[Engine, list[float]]:
-    from turbotrain.models.gpt import GPT, GPTConfig
+    from turbotrain.parts.models.gpt import GPT, GPTConfig
 
     torch.manual_seed(0)
     engine = _engine(run={"device": device, "deterministic": True}, compile={"scope": "off"})
@@ -343,7 +343,7 @@ def _train_tiny_gpt(device: str = "cpu", steps: int = 4) -> tuple[Engine, list[f
 
 
 def test_deterministic_mode_sets_the_switches_and_trains_twice_to_identical_losses(restore_determinism, caplog):
-    with caplog.at_level(logging.INFO, logger="turbotrain.precision"):
+    with caplog.at_level(logging.INFO, logger="turbotrain.core.precision"):
         engine, first = _train_tiny_gpt()
     _, second = _train_tiny_gpt()
     assert first == second and len(set(first)) == len(first)  # bit-identical, and it trained (dropout on)

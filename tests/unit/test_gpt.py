@@ -1,8 +1,8 @@
 import torch
 
-from turbotrain.models.gpt import model as gpt
-from turbotrain.models.loss import chunked_cross_entropy
-from turbotrain.models.gpt import GPT, GPTConfig, causal_mask, clear_mask_cache, mask_cache_size
+from turbotrain.parts.models.gpt import model as gpt
+from turbotrain.parts.models.loss import chunked_cross_entropy
+from turbotrain.parts.models.gpt import GPT, GPTConfig, causal_mask, clear_mask_cache, mask_cache_size
 
 
 def test_mask_cache_hits_per_length_device_dtype_and_clears():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from turbotrain.hardware import DeviceSpec, estimate_mfu, lookup_peak, precision_key
+from turbotrain.parts.hardware import DeviceSpec, estimate_mfu, lookup_peak, precision_key
 
 
 @pytest.mark.parametrize("name, expected, bf16, bandwidth", [

@@ -3,11 +3,11 @@ import signal
 
 import torch
 
-from turbotrain.checkpoint import Checkpointer, RunState, list_checkpoints
-from turbotrain.engine import Engine
-from turbotrain.hooks import Hook, StopAfter, StopOnSignal
-from turbotrain.loop import fit
-from turbotrain.models.mlp import TinyMLP, synthetic_batches
+from turbotrain.loop.checkpoint import Checkpointer, RunState, list_checkpoints
+from turbotrain import Engine
+from turbotrain.loop.hooks import Hook, StopAfter, StopOnSignal
+from turbotrain import fit
+from turbotrain.parts.models.mlp import TinyMLP, synthetic_batches
 
 
 class SendSignal(Hook):

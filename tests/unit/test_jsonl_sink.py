@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from turbotrain.atomic import DiskFullError
-from turbotrain.monitor import JsonlSink
+from turbotrain.base.atomic import DiskFullError
+from turbotrain.loop.monitor import JsonlSink
 
 
 def test_flush_puts_buffered_records_on_disk(tmp_path):

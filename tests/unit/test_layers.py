@@ -167,17 +167,17 @@ def test_the_checker_sees_late_upward_and_circular_imports(tmp_path, monkeypatch
     (fake / "memory" / "__init__.py").write_text("")
     (fake / "memory" / "finder.py").write_text("")
     monkeypatch.setattr(sys.modules[__name__], "SRC", fake)
-    with pytest.raises(AssertionError, match="errors:1 .layer 0. imports turbotrain.engine"):
+    with pytest.raises(AssertionError, match="errors:1 .layer 0. imports turbotrain.core.engine"):
         test_imports_go_only_downward_and_never_late()
-    with pytest.raises(AssertionError, match="engine:4 imports turbotrain.memory.finder inside a function"):
+    with pytest.raises(AssertionError, match="engine:4 imports turbotrain.tools.memory.finder inside a function"):
         test_imports_go_only_downward_and_never_late()
     with pytest.raises(AssertionError, match="engine -> errors -> engine"):
         test_no_import_cycles()
 
 
-HEAVY = ("turbotrain.memory", "turbotrain.memory.finder", "turbotrain.memory.stats", "turbotrain.bench",
-         "turbotrain.report", "turbotrain.training", "turbotrain.doctor", "matplotlib",
-         "turbotrain.measure", "turbotrain.profile", "turbotrain.tune", "optuna", "torchao", "transformers")
+HEAVY = ("turbotrain.tools.memory", "turbotrain.tools.memory.finder", "turbotrain.tools.memory.stats", "turbotrain.app.bench",
+         "turbotrain.app.report", "turbotrain.app.training", "turbotrain.app.doctor", "matplotlib",
+         "turbotrain.app.measure", "turbotrain.app.profile", "turbotrain.app.tune", "optuna", "torchao", "transformers")
 # ~0.7 s of a 2.8 s import (issue 22): imported where an fsdp run, a sharded checkpoint or a
 # progress bar needs them, never by a one-process Engine
 DISTRIBUTED_HEAVY = ("torch.distributed.fsdp", "torch.distributed.tensor", "torch.distributed.checkpoint",

@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from turbotrain.config import load_config
-from turbotrain.errors import ConfigError
-from turbotrain.optim import PlateauLR, build_scheduler, lr_batch_factor, rescale_lr
+from turbotrain import load_config
+from turbotrain.base.errors import ConfigError
+from turbotrain.core.optim import PlateauLR, build_scheduler, lr_batch_factor, rescale_lr
 
 
 def _optimizer(lr: float = 1.0) -> torch.optim.Optimizer:

@@ -11,12 +11,12 @@ import pytest
 import torch
 from torch import nn
 
-from turbotrain.assembly import build_trainable
+from turbotrain.core.assembly import build_trainable
 from turbotrain.cli import main
-from turbotrain.config import load_config
-from turbotrain.engine import Engine
-from turbotrain.errors import ConfigError, TurbotrainError
-from turbotrain.memory import (
+from turbotrain import load_config
+from turbotrain import Engine
+from turbotrain.base.errors import ConfigError, TurbotrainError
+from turbotrain.tools.memory import (
     BatchSearch,
     StepTrial,
     TrialResult,
@@ -27,13 +27,13 @@ from turbotrain.memory import (
     resolve_batch_size,
     token_batches,
 )
-from turbotrain.rundir import BATCH_CACHE
-from turbotrain.batch import split_batch
-from turbotrain.oom import HalveOnOOM
-from turbotrain.transforms import apply_activation_checkpointing, checkpointed_blocks
-from turbotrain.models.gpt import GPT, GPTConfig
-from turbotrain.models.mlp import TinyMLP, synthetic_batches
-from turbotrain.optim import build_optimizer
+from turbotrain.base.rundir import BATCH_CACHE
+from turbotrain.base.batch import split_batch
+from turbotrain.core.oom import HalveOnOOM
+from turbotrain.core.transforms import apply_activation_checkpointing, checkpointed_blocks
+from turbotrain.parts.models.gpt import GPT, GPTConfig
+from turbotrain.parts.models.mlp import TinyMLP, synthetic_batches
+from turbotrain.core.optim import build_optimizer
 
 
 class SimulatedDevice:

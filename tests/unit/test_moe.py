@@ -13,17 +13,17 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from turbotrain.cli import main
-from turbotrain.config import load_config
-from turbotrain.engine import Engine
-from turbotrain.errors import ConfigError
-from turbotrain.models.moe.parallel import attach_optimizer
-from turbotrain.expert_report import markdown, read_experts, summarize, write_plots
-from turbotrain.experts_monitor import ExpertsMonitor
-from turbotrain.rundir import EXPERTS_FILE
-from turbotrain.loop import fit
-from turbotrain.models.build import build_model
-from turbotrain.models.gpt import GPT, GPTConfig
-from turbotrain.models.moe import MoE, MoEConfig, MoEGPT, MoEMLP, aux_loss, route
+from turbotrain import load_config
+from turbotrain import Engine
+from turbotrain.base.errors import ConfigError
+from turbotrain.parts.models.moe.parallel import attach_optimizer
+from turbotrain.app.expert_report import markdown, read_experts, summarize, write_plots
+from turbotrain.loop.experts_monitor import ExpertsMonitor
+from turbotrain.base.rundir import EXPERTS_FILE
+from turbotrain import fit
+from turbotrain.parts.models.build import build_model
+from turbotrain.parts.models.gpt import GPT, GPTConfig
+from turbotrain.parts.models.moe import MoE, MoEConfig, MoEGPT, MoEMLP, aux_loss, route
 
 SMALL = dict(vocab_size=64, n_layer=2, n_head=2, d_model=32, block_size=16, n_experts=4, top_k=2)
 

@@ -12,14 +12,14 @@ import pytest
 import torch
 from torch import nn
 
-from turbotrain.engine import Engine
-from turbotrain.errors import TurbotrainError
-from turbotrain.hardware import DeviceSpec, lookup_peak
-from turbotrain.hooks import FitContext
-from turbotrain.loop import fit
-from turbotrain.models.gpt import GPT, GPTConfig
-from turbotrain.models.mlp import TinyMLP, synthetic_batches
-from turbotrain.monitor import (JsonlSink, MemoryProbe, MfuProbe, Monitor, NvmlSampler, TensorBoardSink, build_probes,
+from turbotrain import Engine
+from turbotrain.base.errors import TurbotrainError
+from turbotrain.parts.hardware import DeviceSpec, lookup_peak
+from turbotrain.loop.hooks import FitContext
+from turbotrain import fit
+from turbotrain.parts.models.gpt import GPT, GPTConfig
+from turbotrain.parts.models.mlp import TinyMLP, synthetic_batches
+from turbotrain.loop.monitor import (JsonlSink, MemoryProbe, MfuProbe, Monitor, NvmlSampler, TensorBoardSink, build_probes,
                                 count_flops_per_sample, estimate_flops_per_sample, format_record)
 
 SPEC = DeviceSpec("test GPU", bf16_tflops=100.0, fp16_tflops=100.0, tf32_tflops=50.0, fp32_tflops=10.0,
@@ -125,7 +125,7 @@ def test_monitor_in_your_own_loop(tmp_path):
 
 
 def test_a_crashed_fit_keeps_its_metrics_even_between_flushes(tmp_path):
-    from turbotrain.hooks import Hook
+    from turbotrain.loop.hooks import Hook
 
     class Crash(Hook):
         def on_step_end(self, ctx: FitContext) -> None:
@@ -144,7 +144,7 @@ def test_a_crashed_fit_keeps_its_metrics_even_between_flushes(tmp_path):
 
 
 def test_a_hook_failing_at_the_end_still_lets_the_monitor_close_its_metrics(tmp_path):
-    from turbotrain.hooks import Hook
+    from turbotrain.loop.hooks import Hook
 
     class FailAtEnd(Hook):  # e.g. a final evaluation that runs out of memory
         def on_fit_end(self, ctx: FitContext) -> None:
@@ -285,7 +285,7 @@ def test_memory_warning_fires_once_when_the_peak_crosses_the_fraction(tmp_path, 
     monitor = Monitor(1, [JsonlSink(tmp_path / "metrics.jsonl")], [probe])
     ctx = FitContext(engine, nn.Linear(1, 1), None, max_steps=6)
     monitor.on_fit_start(ctx)
-    with caplog.at_level(logging.WARNING, logger="turbotrain.monitor"):
+    with caplog.at_level(logging.WARNING, logger="turbotrain.loop.monitor"):
         for step, gib_used in enumerate([5, 8.9, 9.0, 9.6, 3, 9.9], 1):
             engine.state.step, fake.reserved = step, gib_used * GIB
             monitor.on_step_end(ctx)
@@ -299,7 +299,7 @@ def test_memory_warning_fires_once_when_the_peak_crosses_the_fraction(tmp_path, 
 
 
 def test_memory_warning_is_against_the_cap_when_one_is_set(monkeypatch):
-    monkeypatch.setattr("turbotrain.monitor.device_total_bytes", lambda device: 80 * GIB)
+    monkeypatch.setattr("turbotrain.loop.monitor.device_total_bytes", lambda device: 80 * GIB)
     fake = _FakeAllocator(reserved=36 * GIB)  # 45% of the device, 90% of a 0.5 cap
     probe = MemoryProbe(torch.device("cuda", 0), warn_fraction=0.9, cap_fraction=0.5, read=fake)
     assert "of the cap (0.5 of the device) 40.00 GiB" in probe({"step": 1})["memory_warning"]

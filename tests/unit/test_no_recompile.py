@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from turbotrain import Engine
-from turbotrain.compile_guard import collect_compile_counts
-from turbotrain.config import load_config
-from turbotrain.memory import resolve_batch_size, token_batches
-from turbotrain.models.gpt import GPT, GPTConfig
+from turbotrain.core.compile_guard import collect_compile_counts
+from turbotrain import load_config
+from turbotrain.tools.memory import resolve_batch_size, token_batches
+from turbotrain.parts.models.gpt import GPT, GPTConfig
 
 from conftest import tiny_overrides
 

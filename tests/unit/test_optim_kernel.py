@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from turbotrain.optim import build_optimizer, has_fused_adamw, resolve_implementation
+from turbotrain.core.optim import build_optimizer, has_fused_adamw, resolve_implementation
 
 CPU = torch.device("cpu")
 

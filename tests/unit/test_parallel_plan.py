@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from turbotrain.cli import main
-from turbotrain.config import load_config
-from turbotrain.distributed import ParallelPlan
-from turbotrain.errors import ConfigError
-from turbotrain.launch import Topology
-from turbotrain.training import plan_run
+from turbotrain import load_config
+from turbotrain.core.distributed import ParallelPlan
+from turbotrain.base.errors import ConfigError
+from turbotrain.base.launch import Topology
+from turbotrain.app.training import plan_run
 
 TORCHRUN_4 = Topology(rank=1, local_rank=1, world=4, launched=True, launcher="torchrun")
 

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from turbotrain.engine import Engine
-from turbotrain.errors import ConfigError
-from turbotrain.precision import DeviceCaps, build_precision, fallback_mode, resolve_precision
+from turbotrain import Engine
+from turbotrain.base.errors import ConfigError
+from turbotrain.core.precision import DeviceCaps, build_precision, fallback_mode, resolve_precision
 
 V100 = DeviceCaps("cuda", (7, 0), bf16=False)
 T4 = DeviceCaps("cuda", (7, 5), bf16=False)

@@ -10,15 +10,15 @@ import pytest
 import torch
 
 from turbotrain.cli import main
-from turbotrain.config import PrecisionConfig
-from turbotrain.precision import DeviceCaps, resolve_precision
-from turbotrain.precision_check import check_precisions, format_check, load_target
+from turbotrain.base.config import PrecisionConfig
+from turbotrain.core.precision import DeviceCaps, resolve_precision
+from turbotrain.app.precision_check import check_precisions, format_check, load_target
 
 OVERFLOW = '''
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-from turbotrain.workload import Workload
+from turbotrain import Workload
 
 class Overflow(nn.Module):
     def __init__(self):

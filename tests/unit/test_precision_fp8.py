@@ -11,16 +11,16 @@ import warnings
 import pytest
 import torch
 
-from turbotrain.checkpoint import load_latest_weights
+from turbotrain.loop.checkpoint import load_latest_weights
 from turbotrain.cli import main
-from turbotrain.config import PRECISION_MODES, PrecisionConfig, describe, load_config
-from turbotrain.engine import Engine
-from turbotrain.errors import ConfigError
-from turbotrain.hardware import precision_key
-from turbotrain.models.gpt import GPT, GPTConfig
-from turbotrain.precision import FP8, PRECISIONS, DeviceCaps, build_precision, fallback_mode, resolve_precision
-from turbotrain.precision import fp8 as fp8_module
-from turbotrain.training import train
+from turbotrain.base.config import PRECISION_MODES, PrecisionConfig, describe, load_config
+from turbotrain import Engine
+from turbotrain.base.errors import ConfigError
+from turbotrain.parts.hardware import precision_key
+from turbotrain.parts.models.gpt import GPT, GPTConfig
+from turbotrain.core.precision import FP8, PRECISIONS, DeviceCaps, build_precision, fallback_mode, resolve_precision
+from turbotrain.core.precision import fp8 as fp8_module
+from turbotrain.app.training import train
 
 from conftest import tiny_overrides
 
@@ -246,7 +246,7 @@ def test_an_injected_inf_falls_back_from_fp8_to_bf16_mixed_with_plain_linears():
 
 
 def test_a_new_precision_is_one_class_accepted_by_name_and_as_an_object():
-    from turbotrain.precision import MixedPrecision
+    from turbotrain.core.precision import MixedPrecision
 
     class HalfMatmuls(MixedPrecision):  # the doc's example (docs/precision.md)
         name = "test-bf16-autocast"
@@ -270,7 +270,7 @@ def test_a_new_precision_is_one_class_accepted_by_name_and_as_an_object():
 
 
 def test_doctor_reports_fp8_capability():
-    from turbotrain.doctor import fp8_check
+    from turbotrain.app.doctor import fp8_check
 
     h100 = {"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "fp8": True}
     a100 = {"name": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0", "fp8": False}
@@ -286,8 +286,8 @@ def test_doctor_reports_fp8_capability():
 
 
 def test_the_fp8_bench_rows_run_only_on_float8_hardware_with_torchao_and_say_why_not(monkeypatch):
-    from turbotrain.bench import suite
-    from turbotrain.bench.workloads import resolve_workload
+    from turbotrain.app.bench import suite
+    from turbotrain.app.bench.workloads import resolve_workload
 
     assert "CUDA GPU with compute capability >= 8.9" in {v.name: v for v in suite.precision_variants("cpu")}["fp8"].skip
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -304,8 +304,8 @@ def test_the_fp8_bench_rows_run_only_on_float8_hardware_with_torchao_and_say_why
 def test_a_plugin_object_is_checked_by_its_own_fields_and_placed_on_the_engine_device():
     """Engine(precision=obj): FP8(emulate=True) runs on CPU although the config says nothing of
     emulation, and an FP16Mixed built without a device gets a GradScaler for the engine's device."""
-    from turbotrain.precision.core import DeviceCaps, FP16Mixed, build_precision
-    from turbotrain.precision.fp8 import FP8
+    from turbotrain.core.precision.core import DeviceCaps, FP16Mixed, build_precision
+    from turbotrain.core.precision.fp8 import FP8
 
     cpu = torch.device("cpu")
     fp8 = build_precision(FP8(emulate=True), cpu, DeviceCaps.of(cpu))

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from turbotrain.cli.train import _keep_global_batch, _named_for_restarts, _peer_lost
-from turbotrain.config import load_config
-from turbotrain.launch import Launch, Topology
-from turbotrain.errors import ConfigError
-from turbotrain.report import format_markdown, summarize_records
+from turbotrain import load_config
+from turbotrain.base.launch import Launch, Topology
+from turbotrain.base.errors import ConfigError
+from turbotrain.app.report import format_markdown, summarize_records
 
 UUID = "3f0c6a2e-8d1b-4b7e-9a55-0c2f1e7d9b31"
 

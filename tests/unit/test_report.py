@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from turbotrain.cli import main
-from turbotrain.errors import TurbotrainError
-from turbotrain.report import summarize_records, write_report
+from turbotrain.base.errors import TurbotrainError
+from turbotrain.app.report import summarize_records, write_report
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from turbotrain.runlock import LOCK_FILE, RunInUseError, RunLock
+from turbotrain.base.runlock import LOCK_FILE, RunInUseError, RunLock
 
 HOLD = """
 import fcntl, os, sys

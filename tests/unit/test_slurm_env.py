@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from turbotrain.launch import Launch, Topology, first_host, slurm_hosts
-from turbotrain.errors import ConfigError
+from turbotrain.base.launch import Launch, Topology, first_host, slurm_hosts
+from turbotrain.base.errors import ConfigError
 
 TASK = {"SLURM_JOB_ID": "4242", "SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
         "SLURM_JOB_NODELIST": "gpu[007-008,010],cpu1"}

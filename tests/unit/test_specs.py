@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from torch import nn
 
-from turbotrain.config import load_config
-from turbotrain.data.epochs import EpochSampler
-from turbotrain.models.blocks import declare_blocks, repeated_blocks
-from turbotrain.models.gpt.spec import GPTSpec
-from turbotrain.models.moe.spec import MoESpec
-from turbotrain.models.registry import spec_for
-from turbotrain.models.workload_spec import WorkloadSpec
+from turbotrain import load_config
+from turbotrain.parts.data.epochs import EpochSampler
+from turbotrain.parts.models.blocks import declare_blocks, repeated_blocks
+from turbotrain.parts.models.gpt.spec import GPTSpec
+from turbotrain.parts.models.moe.spec import MoESpec
+from turbotrain.parts.models.registry import spec_for
+from turbotrain.parts.models.workload_spec import WorkloadSpec
 
 
 def _step_rows(sampler_args: dict, step: int) -> list[int]:

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from turbotrain.cli import main
-from turbotrain.data import open_tokens, stdlib_files
-from turbotrain.data import tokenizer as tk
-from turbotrain.errors import TurbotrainError
-from turbotrain.rundir import TOKENIZER_FILE
+from turbotrain.parts.data import open_tokens, stdlib_files
+from turbotrain.parts.data import tokenizer as tk
+from turbotrain.base.errors import TurbotrainError
+from turbotrain.base.rundir import TOKENIZER_FILE
 
 from conftest import tiny_overrides
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from turbotrain.cli import main
-from turbotrain.config import load_config
-from turbotrain.errors import ConfigError, TurbotrainError
-from turbotrain.measure import Target
-from turbotrain.tune.space import Dim, ModelFacts, base_params, build_space, micro_choices, to_changes
-from turbotrain.tune.study import PENALTY, Measured, Outcome, Study, TuneOptions, predicted_over, require_optuna
+from turbotrain import load_config
+from turbotrain.base.errors import ConfigError, TurbotrainError
+from turbotrain.app.measure import Target
+from turbotrain.app.tune.space import Dim, ModelFacts, base_params, build_space, micro_choices, to_changes
+from turbotrain.app.tune.study import PENALTY, Measured, Outcome, Study, TuneOptions, predicted_over, require_optuna
 
 MiB = 2**20
 GPT = ModelFacts(gpt=True, blocks=True, own_optimizer=False, dataloader=True)
@@ -171,7 +171,7 @@ def test_without_optuna_tune_says_how_to_install_it(monkeypatch, capsys):
 
 @pytest.mark.parametrize("fused_speed, confirmed", [(1.5, True), (1.01, False)])
 def test_the_best_is_re_measured_against_the_baseline_before_it_is_written(tmp_path, fused_speed, confirmed):
-    from turbotrain.tune.session import write_outputs
+    from turbotrain.app.tune.session import write_outputs
 
     space = [Dim("optim.implementation", ("fused", "foreach"), "foreach")]
     study = _study(tmp_path, FakeRunner(budget=1024 * MiB, fused_speed=fused_speed), trials=3, space=space)
@@ -211,7 +211,7 @@ class NanRunner(FakeRunner):
 
 def test_a_trial_whose_loss_is_nan_is_a_penalised_trial_and_the_results_are_written(tmp_path):
     """Issue 23 item 6: a NaN loss raised `Attempted to set a constraint ... NaN` and nothing was written."""
-    from turbotrain.tune.session import write_outputs
+    from turbotrain.app.tune.session import write_outputs
 
     study = _study(tmp_path, NanRunner(), trials=4, space=[Dim("optim.implementation", ("fused", "foreach"), "foreach")])
     study.run()
@@ -225,7 +225,7 @@ def test_a_trial_whose_loss_is_nan_is_a_penalised_trial_and_the_results_are_writ
 
 def test_a_baseline_failing_for_a_reason_no_setting_changes_stops_the_study_at_once(tmp_path):
     """Issue 23 item 15: a non-scalar loss or an empty loader kept the study proposing (16 proposals)."""
-    from turbotrain.tune.study import StudyStopped
+    from turbotrain.app.tune.study import StudyStopped
 
     runner = NanRunner(fatal=True)
     study = _study(tmp_path, runner, trials=5)
@@ -235,7 +235,7 @@ def test_a_baseline_failing_for_a_reason_no_setting_changes_stops_the_study_at_o
 
 
 def test_a_dead_trial_s_reason_is_its_cause_not_the_last_log_line():
-    from turbotrain.failure import cause_in_log
+    from turbotrain.base.failure import cause_in_log
 
     log = ("Traceback (most recent call last):\n  File \"wl.py\", line 3, in f\n    g()\nValueError: the real cause\n"
            "/x/torch/utils/data.py:12: UserWarning: something\n  warnings.warn(\n")
@@ -248,8 +248,8 @@ def test_a_trial_s_advice_reads_as_flags_not_as_a_python_dict(tmp_path, monkeypa
     """Issue 23 item 15: OOM advice (``setting(...)``) came back from a trial as {"memory": {...}}."""
     import json
 
-    from turbotrain.config import setting
-    from turbotrain.tune import trial
+    from turbotrain.base.config import setting
+    from turbotrain.app.tune import trial
 
     def oom(spec, progress):
         raise TurbotrainError(f"out of memory; use {setting('memory.on_oom', 'halve')}")
@@ -265,7 +265,7 @@ def test_a_trial_s_advice_reads_as_flags_not_as_a_python_dict(tmp_path, monkeypa
 def test_tune_of_an_emulated_fp8_run_on_cpu_is_not_refused(tmp_path, monkeypatch):
     """The base precision is checked with the whole [precision] section (fp8_emulate runs on a CPU)."""
     pytest.importorskip("torchao")
-    import turbotrain.tune.session as session
+    import turbotrain.app.tune.session as session
 
     class Opened(Exception):
         pass

@@ -9,14 +9,14 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from turbotrain.errors import TurbotrainError
-from turbotrain.workload import Workload, as_workload, copy_workload, load_workload, rebuild_loader
+from turbotrain.base.errors import TurbotrainError
+from turbotrain.parts.workload import Workload, as_workload, copy_workload, load_workload, rebuild_loader
 
 GOOD = """
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-from turbotrain.workload import Workload
+from turbotrain import Workload
 
 def make():
     model = nn.Linear(4, 2)
@@ -63,7 +63,7 @@ def test_the_same_seed_gives_the_same_weights(wl_file):
 
 
 @pytest.mark.parametrize("func, message", [
-    ("wrong", "returned a torch.nn.modules.linear.Linear; return turbotrain.workload.Workload"),
+    ("wrong", "returned a torch.nn.modules.linear.Linear; return turbotrain.Workload"),
     ("wrong_key", "unknown key 'lr'; valid keys: model, train_loader, optimizer, loss_fn, eval_loader"),
     ("broken", "calling broken() raised ZeroDivisionError at my_workload.py:22"),
     ("not_a_model", "model is a str, not a torch.nn.Module"),

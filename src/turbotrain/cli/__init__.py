@@ -8,10 +8,10 @@ import sys
 import warnings
 from typing import Callable, Sequence
 
-from ..config import audience
-from ..distributed import ReportedByAnotherRank, announce_reported
-from ..errors import TurbotrainError
-from ..version import __version__
+from ..base.config import audience
+from ..core.distributed import ReportedByAnotherRank, announce_reported
+from ..base.errors import TurbotrainError
+from ..base.version import __version__
 from . import bench, doctor, report, sample, train
 from . import memory as memory_cmd
 from . import profile, tune

@@ -13,14 +13,14 @@ from typing import Any
 
 import torch
 
-from ..bench.autobatch import find_workload_batch
-from ..bench.contenders import CONTENDERS, DEFAULT_ORDER
-from ..bench.results import ReportWriter, build_document, write_document
-from ..bench.suite import BenchOptions, run_ablation, run_compare, run_precision_matrix
-from ..bench.tables import render_report
-from ..bench.workloads import NOT_BUILT, custom_workload, expand, resolve_workload, workload_names
-from ..errors import TurbotrainError
-from ..process import exit_on_sigterm
+from ..app.bench.autobatch import find_workload_batch
+from ..app.bench.contenders import CONTENDERS, DEFAULT_ORDER
+from ..app.bench.results import ReportWriter, build_document, write_document
+from ..app.bench.suite import BenchOptions, run_ablation, run_compare, run_precision_matrix
+from ..app.bench.tables import render_report
+from ..app.bench.workloads import NOT_BUILT, custom_workload, expand, resolve_workload, workload_names
+from ..base.errors import TurbotrainError
+from ..base.process import exit_on_sigterm
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -35,7 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    + (f" ({', '.join(NOT_BUILT)}: not built yet)" if NOT_BUILT else "") + "; "
                    "default: gpt2-small on a GPU, gpt-tiny on CPU")
     p.add_argument("--model", metavar="FILE.py:FUNC",
-                   help="your own model instead of a workload: FUNC() returns turbotrain.workload.Workload(model=..., "
+                   help="your own model instead of a workload: FUNC() returns turbotrain.Workload(model=..., "
                    "train_loader=...) (or a dict); every row calls it again, seeded, and trains it with the bench recipe")
     p.add_argument("--compare", action="store_true", help="contenders side by side (the default when no --matrix)")
     p.add_argument("--matrix", action="append", choices=("precision", "ablation"), default=[],

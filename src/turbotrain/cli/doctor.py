@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..doctor import build_report, format_report
-from ..precision_check import check_precisions, format_check, load_target
+from ..app.doctor import build_report, format_report
+from ..app.precision_check import check_precisions, format_check, load_target
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

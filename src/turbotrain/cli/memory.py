@@ -9,13 +9,13 @@ from typing import Any
 
 import torch
 
-from ..assembly import build_trainable
-from ..config import load_config, parse_overrides
-from ..errors import ConfigError
-from ..memory.finder import token_batches
-from ..memory.stats import MemoryStats, compare_checkpointing, default_vocab_size, measure_step_memory, resolve_precision_name
-from ..models.build import build_model
-from ..units import GIB
+from ..core.assembly import build_trainable
+from ..base.config import load_config, parse_overrides
+from ..base.errors import ConfigError
+from ..tools.memory.finder import token_batches
+from ..tools.memory.stats import MemoryStats, compare_checkpointing, default_vocab_size, measure_step_memory, resolve_precision_name
+from ..parts.models.build import build_model
+from ..base.units import GIB
 
 ROWS = [
     ("parameters", "params_bytes"),

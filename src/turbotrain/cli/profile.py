@@ -9,10 +9,10 @@ import json
 import sys
 from typing import Callable, Iterator
 
-from ..config import parse_overrides
-from ..errors import ConfigError
-from ..measure import Target
-from ..profile import ProfileOptions, profile_target, render
+from ..base.config import parse_overrides
+from ..base.errors import ConfigError
+from ..app.measure import Target
+from ..app.profile import ProfileOptions, profile_target, render
 from .train import default_preset
 
 
@@ -41,7 +41,7 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     """--preset and --model: what profile and tune run (with --section.key=value overrides)."""
     p.add_argument("--preset", help="preset name or .toml path (default: gpt2-small on a GPU, gpt-tiny on CPU; "
                    "with --model: the config defaults, or this preset's settings for your model)")
-    p.add_argument("--model", metavar="FILE.py:FUNC", help="your workload: FUNC() returns turbotrain.workload.Workload("
+    p.add_argument("--model", metavar="FILE.py:FUNC", help="your workload: FUNC() returns turbotrain.Workload("
                    "model=..., train_loader=...) or a dict with those keys (package.module:FUNC works too)")
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..report import ReportResult, write_report
-from ..rundir import PLOTS_DIR, SUMMARY_FILE, SUMMARY_MD, find_run_dir
+from ..app.report import ReportResult, write_report
+from ..base.rundir import PLOTS_DIR, SUMMARY_FILE, SUMMARY_MD, find_run_dir
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

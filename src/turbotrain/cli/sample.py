@@ -8,12 +8,12 @@ import sys
 
 import torch
 
-from ..checkpoint import load_latest_weights
-from ..data.tokenizer import BYTE_VOCAB, ByteTokenizer, load_run_tokenizer
-from ..errors import TurbotrainError
-from ..models.build import build_model
-from ..models.registry import spec_for
-from ..rundir import CHECKPOINTS, find_run_dir, resume_config
+from ..loop.checkpoint import load_latest_weights
+from ..parts.data.tokenizer import BYTE_VOCAB, ByteTokenizer, load_run_tokenizer
+from ..base.errors import TurbotrainError
+from ..parts.models.build import build_model
+from ..parts.models.registry import spec_for
+from ..base.rundir import CHECKPOINTS, find_run_dir, resume_config
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

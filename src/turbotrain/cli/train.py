@@ -9,7 +9,7 @@ a requeued job (``SLURM_RESTART_COUNT`` > 0) resumes its run by itself; 130 a se
 rank lost (one line: continue with ``--resume``; under ``torchrun --max-restarts N`` torchrun starts
 the group again and it resumes by itself, the restart recorded in metrics.jsonl and the summary).
 
-Signals (:mod:`turbotrain.signals`) are handled from the moment the command starts until it exits,
+Signals (:mod:`turbotrain.base.signals`) are handled from the moment the command starts until it exits,
 in every phase alike: during start-up one stops it at once (75; a new run leaves nothing behind),
 while training it stops after the current step and saves (75), after training it lets the summary
 be written and skips the plots (75). A process started with SIGINT ignored (a background job of a
@@ -33,23 +33,23 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..checkpoint import checkpoint_step, latest_verified
-from ..config import RunConfig, describe, load_config, parse_overrides, read_preset
-from ..distributed import ParallelPlan, ReportedByAnotherRank, decided_by_main, local_device, reported_elsewhere
-from ..engine import resolve_device
-from ..models.registry import spec_for
-from ..models.spec import ModelSpec
-from ..models.workload_spec import WorkloadSpec
-from ..errors import ConfigError, TurbotrainError
-from ..launch import Launch, Topology
-from ..report import read_metrics, write_report
-from ..rundir import (CHECKPOINTS, CONFIG_FILE, METRICS_FILE, find_run_dir, new_run_dir, read_launch, resume_config,
+from ..loop.checkpoint import checkpoint_step, latest_verified
+from ..base.config import RunConfig, describe, load_config, parse_overrides, read_preset
+from ..core.distributed import ParallelPlan, ReportedByAnotherRank, decided_by_main, local_device, reported_elsewhere
+from ..core.engine import resolve_device
+from ..parts.models.registry import spec_for
+from ..parts.models.spec import ModelSpec
+from ..parts.models.workload_spec import WorkloadSpec
+from ..base.errors import ConfigError, TurbotrainError
+from ..base.launch import Launch, Topology
+from ..app.report import read_metrics, write_report
+from ..base.rundir import (CHECKPOINTS, CONFIG_FILE, METRICS_FILE, find_run_dir, new_run_dir, read_launch, resume_config,
                       run_name, truncate_metrics, write_launch)
-from ..runlock import RunLock
-from ..signals import REQUEUE_SIGNAL, StopSignals
-from ..signals import active as active_signals
-from ..signals import held as held_signals
-from ..training import StoppedBySignal, plan_run, split_batch, stop_startup, stopped_by_signal, train
+from ..base.runlock import RunLock
+from ..base.signals import REQUEUE_SIGNAL, StopSignals
+from ..base.signals import active as active_signals
+from ..base.signals import held as held_signals
+from ..app.training import StoppedBySignal, plan_run, split_batch, stop_startup, stopped_by_signal, train
 from .report import print_report
 
 EXIT_STOPPED = 75  # sysexits' EX_TEMPFAIL: "try again later", here: continue with --resume
@@ -75,7 +75,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--preset", help="preset name (gpt-tiny, gpt2-small, gpt2-medium) or a .toml path; "
                    "default: gpt2-small on a GPU, gpt-tiny on CPU")
     p.add_argument("--model", metavar="FILE.py:FUNC", help="train your own model and data: FUNC() returns "
-                   "turbotrain.workload.Workload(model=..., train_loader=..., loss_fn=..., eval_loader=..., metrics_fn=...) "
+                   "turbotrain.Workload(model=..., train_loader=..., loss_fn=..., eval_loader=..., metrics_fn=...) "
                    "(also package.module:FUNC); the preset then only sets speed and training settings")
     p.add_argument("--data", help="a .bin token file, a text file or a folder (default: built-in corpus)")
     p.add_argument("--resume", nargs="?", const="", default=None, metavar="RUN",

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ConfigError
-from ..process import exit_on_sigterm
-from ..tune import TuneOptions, require_optuna, summary, tune
+from ..base.errors import ConfigError
+from ..base.process import exit_on_sigterm
+from ..app.tune import TuneOptions, require_optuna, summary, tune
 from .profile import add_target_args, check_at_least, live_log, target_of
 
 # Trial length per device: (warm-up, timed steps, steps per pruning window). CPU steps of the

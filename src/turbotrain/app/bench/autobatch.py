@@ -1,0 +1,93 @@
+"""``turbotrain bench --batch auto``: the workload's batch chosen by turbotrain's batch finder.
+
+The search runs in a process of its own (``python -m turbotrain.app.bench.autobatch``), like every
+contender, so the memory it filled and the graphs it compiled are gone before the first row starts.
+It trains the workload's model with turbotrain's defaults for the device (the configuration the
+``turbotrain`` row uses) on batches of the workload's shape, and the largest size that fits with
+the finder's headroom becomes the global batch of EVERY row: contenders that need more memory at
+that size (fp32 eager, say) then fail with out-of-memory, which the table reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from ...core.assembly import build_trainable
+from ...base.atomic import atomic_write
+from ...base.batch import move_to
+from ...base.config import load_config
+from ...base.errors import TurbotrainError
+from ...tools.memory import resolve_batch_size
+from .contenders import turbotrain_overrides
+from ...base.process import run_process
+from .suite import BenchOptions, row_env
+from .workloads import make_data, resolve_workload, seeded_model, to_spec
+
+AUTO_MAX_MICRO = 1024  # samples; the finder's own ceiling
+
+
+def search(name: str, device_type: str, seed: int, max_micro: int = AUTO_MAX_MICRO) -> dict[str, Any]:
+    """Run the finder for workload ``name`` in this process; the search as a dict (``micro``,
+    trials, peak, time)."""
+    w = resolve_workload(name, device_type)
+    spec = to_spec(w, device=device_type, seed=seed, data_file=Path(os.devnull))
+    device = torch.device(device_type)
+    overrides = turbotrain_overrides(spec, device, w.total_steps)
+    overrides["batch"] = {"micro": "auto", "global_size": 0, "accumulation": 1}
+    config = load_config(overrides=overrides)
+    t = build_trainable(config, seeded_model(w.model, w.model_kwargs, seed))
+
+    def make_batch(micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        xs, ys = make_data(w.replace(batch_size=micro, pool=1), seed)
+        return move_to((xs[0], ys[0]), t.engine.device)
+
+    _, found = resolve_batch_size(config, t.engine, t.model, t.optimizer, max_micro=max_micro, make_batch=make_batch)
+    assert found is not None  # micro was "auto"
+    return {"workload": name, "device": device_type, "summary": found.describe(), **found.to_dict()}
+
+
+def find_workload_batch(name: str, opts: BenchOptions, keep_log: bool = True,
+                        max_micro: int = AUTO_MAX_MICRO) -> dict[str, Any]:
+    """:func:`search` in its own process, with the environment a row gets (threads, compile
+    cache) so its answer holds for the rows; raises a one-line TurbotrainError when it fails."""
+    work_dir = opts.work_dir / f"batch-{name}"
+    work_dir.mkdir(parents=True, exist_ok=True)
+    result, log = work_dir / "result.json", work_dir / "log.txt"
+    result.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "turbotrain.app.bench.autobatch", name, "--device", opts.device, "--seed", str(opts.seed),
+           "--max-micro", str(max_micro), "--result", str(result)]
+    code = run_process(cmd, log, row_env(work_dir, opts), opts.timeout_s)
+    where = f"see {log}" if keep_log else "pass --work-dir DIR to keep its log"
+    if code is None:
+        raise TurbotrainError(f"--batch auto: the batch search for {name} took over {opts.timeout_s:g} s ({where}); "
+                              "pass --batch N or a larger --timeout-s")
+    if code != 0 or not result.is_file():
+        tail = log.read_text().strip().splitlines()[-1:] or ["no output"]
+        raise TurbotrainError(f"--batch auto: the batch search for {name} failed: {tail[0][:300]} ({where}); "
+                              "pass --batch N")
+    return json.loads(result.read_text())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("workload")
+    p.add_argument("--device", required=True, choices=("cuda", "cpu"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-micro", type=int, default=AUTO_MAX_MICRO)
+    p.add_argument("--result", required=True, help="where to write the search as JSON")
+    args = p.parse_args(argv)
+    found = search(args.workload, args.device, args.seed, args.max_micro)
+    print(found["summary"], flush=True)
+    atomic_write(args.result, json.dumps(found, indent=1, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

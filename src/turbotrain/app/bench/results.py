@@ -1,0 +1,121 @@
+"""Result files: every figure of a report plus where it came from (environment, command, commit).
+
+``--out DIR`` writes ``DIR/<workload>-<kind>.json`` (the report, the full environment from
+``turbotrain.app.doctor.collect_env()``, the exact command, the git commit) and ``.md`` (the table).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...base.atomic import atomic_write
+from ..doctor import collect_env
+from .tables import render_report
+
+SCHEMA = "turbotrain-bench/1"
+
+
+PACKAGE_ROOT = Path(__file__).resolve().parent
+
+
+def collect_git() -> dict[str, Any]:
+    """The commit this package's code came from. ``TT_COMMIT`` in the environment wins: a
+    device machine receives the tree without its ``.git``, so the command that ships it says the
+    commit (``TT_COMMIT=$(git rev-parse HEAD)``). Otherwise the checkout's commit and whether
+    tracked files differ from it (commit None for an installed package outside git)."""
+    if os.environ.get("TT_COMMIT"):
+        return {"commit": os.environ["TT_COMMIT"], "source": "TT_COMMIT"}
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PACKAGE_ROOT, capture_output=True, text=True, timeout=10)
+        if commit.returncode != 0:
+            return {"commit": None, "detail": commit.stderr.strip()[:200]}
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=PACKAGE_ROOT,
+                                capture_output=True, text=True, timeout=10)
+        return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip()), "source": "git"}
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"commit": None, "detail": str(exc)[:200]}
+
+
+def collect_environment() -> dict[str, Any]:
+    """``turbotrain.app.doctor.collect_env()``, or why it failed (the runtime block below is always
+    recorded)."""
+    try:
+        return collect_env()
+    except Exception as exc:  # an environment probe must not lose the benchmark's figures
+        return {"unavailable": f"collect_env() failed: {type(exc).__name__}: {exc}"}
+
+
+def collect_runtime() -> dict[str, Any]:
+    """What this process knows without probing devices: versions, platform, CPU count."""
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "cuda_runtime": torch.version.cuda,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def build_document(report: dict[str, Any], command: str, argv: list[str]) -> dict[str, Any]:
+    """The JSON document for one report."""
+    return {
+        "schema": SCHEMA,
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": command,
+        "argv": argv,
+        "git": collect_git(),
+        "runtime": collect_runtime(),
+        "env": collect_environment(),
+        **report,
+    }
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` with non-finite floats (a diverged loss) as the strings "nan", "inf", "-inf", so the
+    file stays strict JSON and keeps the fact instead of failing to write."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
+
+
+def write_document(doc: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
+    """``<workload>-<kind>.json`` and ``.md`` in ``out_dir`` (written atomically)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"{doc['workload']['name']}-{doc['kind']}"
+    paths = (out_dir / f"{stem}.json", out_dir / f"{stem}.md")
+    texts = (json.dumps(strict_json(doc), indent=1, default=str, allow_nan=False) + "\n", render_report(doc))
+    for path, text in zip(paths, texts):
+        atomic_write(path, text)
+    return paths
+
+
+class ReportWriter:
+    """Writes a report's JSON and markdown every time it is called: as ``BenchOptions.progress``
+    it runs after every finished row, so a bench killed at a time limit leaves a document with
+    every row it finished and the ones it did not (``complete: false``, ``missing``). Each write
+    replaces the last atomically; the environment is probed once, at the first write."""
+
+    def __init__(self, out_dir: Path, command: str, argv: list[str], extra: dict[str, Any] | None = None) -> None:
+        self.out_dir, self.command, self.argv, self.extra = out_dir, command, argv, extra or {}
+        self._head: dict[str, Any] | None = None
+
+    def __call__(self, report: dict[str, Any]) -> tuple[Path, Path]:
+        if self._head is None:
+            self._head = build_document({}, self.command, self.argv)
+        updated = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        return write_document({**self._head, "updated_utc": updated, **report, **self.extra}, self.out_dir)

@@ -1,0 +1,568 @@
+"""Run a comparison, the precision matrix or the ablation: each row in its own process.
+
+The parent writes the batches and a spec once, launches one process per row
+(``python -m turbotrain.app.bench.worker``), reads each JSON result and
+derives what the rows need to be compared: throughput from the median step, MFU where the GPU's
+peak is known, the loss difference from the reference row and whether it is within tolerance.
+Nothing is filled in that a process did not measure: a skipped or failed row keeps only its reason.
+The report so far is handed out before every row (``BenchOptions.progress``), so a bench stopped at
+a time limit still leaves every row it finished, and names the ones it did not run.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ...base.failure import cause_in_log
+from ...parts.hardware import estimate_mfu, lookup_peak
+from ...core.precision.fp8 import MIN_CAPABILITY as FP8_MIN_CAPABILITY, torchao_available
+from ...base.process import child_env, run_process
+from .contenders import CONTENDERS, DEFAULT_ORDER
+from .workloads import CUSTOM, Workload, flops_per_step, to_spec, write_data
+
+# Loss parity: the same recipe in the same arithmetic differs only by kernel summation order
+# (fused vs foreach vs for-loop AdamW, clipping): 1e-3 nats after a few dozen steps is generous.
+# Against 16-bit or TF32 arithmetic the rounding compounds: 0.05 nats or 1% of the loss.
+SAME_PRECISION_TOL = 1e-3
+MIXED_PRECISION_TOL = 0.05
+MIXED_PRECISION_REL_TOL = 0.01
+
+
+def loss_tolerance(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """Largest acceptable |final loss difference| between rows ``a`` and ``b`` (nats)."""
+    if a.get("math_precision") == b.get("math_precision") == "fp32":
+        return SAME_PRECISION_TOL
+    return max(MIXED_PRECISION_TOL, MIXED_PRECISION_REL_TOL * abs(b.get("final_loss") or 0.0))
+
+
+@dataclass
+class BenchOptions:
+    """How to run rows: device type, where to work, seed, per-row time limit (s), progress output."""
+
+    device: str  # "cuda" or "cpu"
+    work_dir: Path
+    seed: int = 0
+    timeout_s: float = 900.0
+    log: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
+    handtuned_compile: str = "auto"  # torch.compile in the hand-tuned row: auto (CUDA only), on, off
+    repeat: int = 1  # processes per row, run round-robin across rows (a noisy machine's bursts then hit every row)
+    compile_cache: str = "cold"  # "cold": a fresh inductor/triton cache per row; "shared": one for all rows
+    profile_dir: Path | None = None  # compare: profile a few turbotrain steps after its timed window
+    profile_steps: int = 3
+    threads: int = 0  # CPU threads per row process (OMP_NUM_THREADS); 0 = torch's default
+    # Called with the report so far (``missing`` names the rows not yet run) before the first row
+    # and after every finished one, the last time complete: so a bench killed at a time limit
+    # keeps what it measured (results.ReportWriter writes each to disk).
+    progress: Callable[[dict[str, Any]], None] | None = None
+
+
+# ---------------------------------------------------------------------------------- processes
+
+
+def row_env(row_dir: Path, opts: BenchOptions) -> dict[str, str]:
+    """The contender's environment: turbotrain importable, and compile caches: by default cold
+    ones of its own, so no row's time to first step profits from another's compilation."""
+    return child_env(threads=opts.threads, compile_cache=row_dir if opts.compile_cache == "cold" else opts.work_dir)
+
+
+def run_row(contender: str, spec: dict[str, Any], row_name: str, opts: BenchOptions) -> dict[str, Any]:
+    """One row in its own process; its JSON result (status ok / skipped / failed)."""
+    row_dir = opts.work_dir / row_name
+    row_dir.mkdir(parents=True, exist_ok=True)
+    spec_path, result_path, log_path = row_dir / "spec.json", row_dir / "result.json", row_dir / "log.txt"
+    spec_path.write_text(json.dumps(spec, indent=1))
+    result_path.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "turbotrain.app.bench.worker", contender, "--spec", str(spec_path), "--result", str(result_path)]
+    start = time.perf_counter()
+    code = run_process(cmd, log_path, row_env(row_dir, opts), opts.timeout_s)
+    wall_s = time.perf_counter() - start
+    if code is None:
+        result = {"status": "failed", "reason": f"timed out after {opts.timeout_s:.0f} s"}
+    elif result_path.is_file():
+        result = json.loads(result_path.read_text())
+    else:  # it died without a result of its own: the cause is in its log (the last line is often a warning's source)
+        result = {"status": "failed", "reason": cause_in_log(log_path.read_text(errors="replace"), code)}
+    result.update(contender=contender, row=row_name, command=" ".join(cmd), log=str(log_path), wall_s=wall_s)
+    return result
+
+
+@dataclass
+class RowJob:
+    """One row to run: its name, the contender process, its spec (or why it is skipped)."""
+
+    row: str
+    contender: str
+    spec: dict[str, Any]
+    skip: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)  # copied into the row (change, overrides)
+
+
+NOT_RUN = "bench stopped before this row"  # a partial report's row that has no finished run
+
+
+def run_rows(jobs: list[RowJob], opts: BenchOptions, prefix: str,
+             on_rows: Callable[[list[dict[str, Any]], list[str]], None] | None = None) -> list[dict[str, Any]]:
+    """Run every job ``opts.repeat`` times, round-robin (row 1, row 2, ..., row 1, row 2, ...), and
+    merge each row's runs: the representative run is the one with the median step time; the
+    row's time to first step is the median over runs; every run's figures are kept.
+
+    Before each run, ``on_rows(rows so far, runs still to come)`` (so also after every finished
+    run but the last): a row without a finished run has status "not run"."""
+    runs: dict[str, list[dict[str, Any]]] = {j.row: [] for j in jobs}
+    todo = [(k, j) for k in range(max(1, opts.repeat)) for j in jobs if not j.skip]
+    label = (lambda k, j: f"{j.row} (run {k + 1})") if opts.repeat > 1 else (lambda k, j: j.row)
+    for i, (k, j) in enumerate(todo):
+        if on_rows is not None:
+            on_rows(_merged_rows(jobs, runs), [label(*t) for t in todo[i:]])
+        tag = f"{prefix}-{j.row}" + (f"-run{k + 1}" if opts.repeat > 1 else "")
+        result = run_row(j.contender, j.spec, tag, opts)
+        _log_row(opts, result, label(k, j))
+        runs[j.row].append(result)
+    return _merged_rows(jobs, runs)
+
+
+def run_report(jobs: list[RowJob], opts: BenchOptions, prefix: str,
+               build: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> dict[str, Any]:
+    """The rows' report (``build``: rows -> report), complete; with ``opts.progress``, the report
+    so far goes there before every row and once more at the end (see BenchOptions.progress)."""
+
+    def stamped(rows: list[dict[str, Any]], missing: list[str]) -> dict[str, Any]:
+        return {**build(rows), "complete": not missing, "missing": missing}
+
+    def partial(rows: list[dict[str, Any]], missing: list[str]) -> None:
+        if opts.progress is not None:
+            opts.progress(stamped(rows, missing))
+
+    report = stamped(run_rows(jobs, opts, prefix, partial), [])
+    if opts.progress is not None:
+        opts.progress(report)
+    return report
+
+
+def _merged_rows(jobs: list[RowJob], runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One fresh row per job from the runs finished so far (derived figures are added later)."""
+    rows = []
+    for j in jobs:
+        if j.skip:
+            row = {"contender": j.contender, "row": j.row, "status": "skipped", "reason": j.skip}
+        elif not runs[j.row]:
+            row = {"contender": j.contender, "row": j.row, "status": "not run", "reason": NOT_RUN}
+        else:
+            row = merge_runs(runs[j.row])
+            row["row"] = j.row
+        row.update(j.extra)
+        rows.append(row)
+    return rows
+
+
+def merge_runs(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from repeated runs of it (a failed run fails the row: its reason is kept)."""
+    failed = [r for r in results if r.get("status") != "ok"]
+    if failed:
+        return dict(failed[0])
+    order = sorted(results, key=lambda r: r["step_ms_median"])
+    row = dict(order[(len(order) - 1) // 2])
+    if len(results) > 1:
+        row["time_to_first_step_s"] = statistics.median(r["time_to_first_step_s"] for r in results)
+        row["runs"] = [
+            {k: r.get(k) for k in ("step_ms_median", "time_to_first_step_s", "final_loss", "process_s", "log")}
+            for r in results
+        ]
+    return row
+
+
+def _status(row: dict[str, Any]) -> str:
+    return row["status"] if row["status"] == "ok" else f"{row['status']} ({row.get('reason', '')})"
+
+
+# ---------------------------------------------------------------------------------- derived figures
+
+
+def derive(row: dict[str, Any], w: Workload, flops: float) -> None:
+    """Add throughput and MFU computed from the row's measured median step (in place)."""
+    if row.get("status") != "ok":
+        return
+    step_s = row["step_ms_median"] / 1000.0
+    row["samples_per_s"] = w.batch_size / step_s
+    if w.tokens_per_sample:
+        row["tokens_per_s"] = row["samples_per_s"] * w.tokens_per_sample
+    row["model_tflops_per_s"] = flops / step_s / 1e12
+    spec = lookup_peak(row.get("device_name")) if row.get("device") == "cuda" else None
+    peak = spec.peak_tflops(row.get("math_precision", "bf16")) if spec else None
+    if peak:
+        row["mfu"] = estimate_mfu(flops / step_s, peak)
+        row["mfu_peak_tflops"] = peak
+        row["mfu_peak_source"] = f"{spec.name} dense {row.get('math_precision')} datasheet peak"
+
+
+def compare_to(rows: list[dict[str, Any]], ref: dict[str, Any] | None, *, speed_key: str) -> None:
+    """Loss difference and parity of every ok row against ``ref``; ``speed_key`` names the
+    ratio: 'turbotrain_speedup' (ref throughput / row's) or 'speedup' (row's / ref's)."""
+    for row in rows:
+        if row.get("status") != "ok" or ref is None or ref.get("status") != "ok":
+            continue
+        tol = loss_tolerance(row, ref)
+        row["loss_diff"] = row["final_loss"] - ref["final_loss"]
+        row["loss_tol"] = tol
+        row["loss_within_tol"] = abs(row["loss_diff"]) <= tol
+        ratio = row["step_ms_median"] / ref["step_ms_median"]
+        row[speed_key] = ratio if speed_key == "turbotrain_speedup" else 1.0 / ratio
+
+
+def _base(kind: str, w: Workload, opts: BenchOptions, flops: float, flops_method: str) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "workload": {**asdict(w), "describe": w.describe()},
+        "device": opts.device,
+        "seed": opts.seed,
+        "flops_per_step": flops,
+        "flops_method": flops_method,
+        "tolerance": {
+            "same_precision_nats": SAME_PRECISION_TOL,
+            "mixed_precision_nats": MIXED_PRECISION_TOL,
+            "mixed_precision_relative": MIXED_PRECISION_REL_TOL,
+            "rule": f"|final loss - reference| <= {SAME_PRECISION_TOL} nats when both rows compute in fp32, "
+            f"else <= max({MIXED_PRECISION_TOL} nats, {MIXED_PRECISION_REL_TOL:.0%} of the reference loss)",
+        },
+        "mfu_basis": "model FLOPs per step / median step time / the GPU's dense datasheet peak for the precision "
+        "each row computes in (turbotrain.parts.hardware); omitted when the device is unknown or a CPU",
+        "repeat": opts.repeat,
+        "timing": "median of the timed steps; warm-up and compilation excluded (reported as time to first step); "
+        + ("CUDA events, synchronized before reading" if opts.device == "cuda" else "host clock")
+        + (f"; each row run in {opts.repeat} processes round-robin, the run with the median step time reported"
+           if opts.repeat > 1 else "")
+        + ("; compile caches shared between rows (a later row may reuse an earlier row's compilation, so its "
+           "time to first step is a lower bound)" if opts.compile_cache == "shared" else "")
+        + (f"; {opts.threads} CPU thread(s) per row" if opts.threads else "")
+        + (". CPU shared with other processes: timings are noisy" if opts.device == "cpu" else ""),
+        "compile_cache": opts.compile_cache,
+        "threads": opts.threads or None,
+    }
+
+
+def _prepare(w: Workload, opts: BenchOptions, tag: str) -> tuple[dict[str, Any], float, str]:
+    opts.work_dir.mkdir(parents=True, exist_ok=True)
+    data = write_data(w, opts.seed, opts.work_dir / f"{w.name}-{tag}-data.pt")
+    flops, method = flops_per_step(w)
+    return to_spec(w, device=opts.device, seed=opts.seed, data_file=data), flops, method
+
+
+def _device_name(rows: list[dict[str, Any]]) -> str | None:
+    return next((r["device_name"] for r in rows if r.get("device_name")), None)
+
+
+def _log_row(opts: BenchOptions, row: dict[str, Any], label: str) -> None:
+    if row["status"] == "ok":
+        opts.log(f"  {label:<28} {row['step_ms_median']:9.2f} ms/step  loss {row['final_loss']:.4f}  "
+                 f"first step {row['time_to_first_step_s']:.2f} s")
+    else:
+        opts.log(f"  {label:<28} {_status(row)}")
+
+
+# ---------------------------------------------------------------------------------- compare
+
+
+def run_compare(w: Workload, opts: BenchOptions, contenders: list[str] | None = None) -> dict[str, Any]:
+    """Every contender on the same model, data, seed and batch, each in its own process."""
+    names = list(contenders or DEFAULT_ORDER)
+    unknown = [n for n in names if n not in CONTENDERS]
+    if unknown:
+        raise ValueError(f"unknown contender(s) {unknown}; choose from {', '.join(CONTENDERS)}")
+    if opts.device != "cuda":
+        names = [n for n in names if not CONTENDERS[n].cuda_only]
+    spec, flops, method = _prepare(w, opts, "compare")
+    opts.log(f"compare: {w.describe()}")
+    specs = {"handtuned": {**spec, "handtuned": {"compile": opts.handtuned_compile}}}
+    if opts.profile_dir:
+        specs["turbotrain"] = {**spec, "profile_steps": opts.profile_steps, "profile_dir": str(opts.profile_dir)}
+    jobs = [RowJob(n, n, specs.get(n, spec), skip=CONTENDERS[n].unavailable(opts.device) or "",
+                   extra={"title": CONTENDERS[n].title})
+            for n in names]
+
+    def build(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        for row in rows:
+            row.setdefault("recipe", CONTENDERS[row["contender"]].recipe(opts.device))
+            derive(row, w, flops)
+        ref = next((r for r in rows if r["contender"] == "turbotrain"), None)
+        compare_to(rows, ref, speed_key="turbotrain_speedup")
+        ok = [r for r in rows if r["status"] == "ok"]
+        report = _base("compare", w, opts, flops, method)
+        report.update(
+            reference="turbotrain",
+            device_name=_device_name(rows),
+            rows=rows,
+            summary={
+                "contenders_ok": [r["contender"] for r in ok],
+                "same_initial_weights": len({r["init_digest"] for r in ok}) <= 1,
+                "init_digests": sorted({r["init_digest"] for r in ok}),
+                "first_loss_spread": (max(r["first_loss"] for r in ok) - min(r["first_loss"] for r in ok)) if ok else None,
+                "loss_parity": all(r.get("loss_within_tol", False) for r in ok) if ref and ref["status"] == "ok" else None,
+            },
+        )
+        return report
+
+    return run_report(jobs, opts, f"{w.name}-compare", build)
+
+
+# ---------------------------------------------------------------------------------- matrices
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row of a matrix: turbotrain config overrides (+ model overrides) on a base."""
+
+    name: str
+    change: str
+    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    skip: str = ""  # why this row does not apply here (reported, not run)
+    ladder: str = ""  # ablation: which base this row changes one thing of (LADDERS)
+
+
+def fp8_unavailable(device: str) -> str:
+    """Why an fp8 row cannot run here ("" when it can): float8 tensor cores (CUDA, compute
+    capability >= 8.9) and torchao. Emulation (precision.fp8_emulate) is for tests and measures nothing."""
+    if device != "cuda":
+        return "float8 matmuls need a CUDA GPU with compute capability >= 8.9 (emulation is for tests, not speed)"
+    if not torch.cuda.is_available():
+        return "no CUDA device visible"
+    capability = torch.cuda.get_device_capability()
+    if capability < FP8_MIN_CAPABILITY:
+        return f"no float8 tensor cores: compute capability {capability[0]}.{capability[1]} < 8.9"
+    if not torchao_available():
+        return "torchao is not installed (pip install 'turbotrain[fp8]')"
+    return ""
+
+
+def precision_variants(device: str) -> list[Variant]:
+    """fp32 (TF32 off), TF32, fp16-mixed, bf16-mixed, bf16-true, fp8; compile off so each row isolates
+    precision (the ablation measures compile, and fp8 with it) and the matrix fits a device session."""
+    cuda_only = "" if device == "cuda" else "TF32 is a CUDA tensor-core mode; no effect on CPU"
+
+    def row(mode: str, tf32: bool = False) -> dict[str, dict[str, Any]]:
+        # compile's default scope is auto (model on CUDA): say off, or every row compiles.
+        return {"precision": {"mode": mode, "tf32": tf32}, "compile": {"scope": "off"}}
+
+    return [
+        Variant("fp32", "fp32 weights and math, TF32 off", row("fp32")),
+        Variant("tf32", "fp32 weights, TF32 matmuls/convolutions", row("fp32", tf32=True), skip=cuda_only),
+        Variant("fp16-mixed", "fp16 autocast + GradScaler", row("fp16-mixed")),
+        Variant("bf16-mixed", "bf16 autocast, fp32 weights", row("bf16-mixed")),
+        Variant("bf16-true", "bf16 weights, gradients and optimizer state", row("bf16-true")),
+        Variant("fp8", "bf16 autocast + torchao float8 linears (tensorwise, torchao's size filter), eager: "
+                "the float8 speed needs torch.compile (ablation row bf16-compile+fp8)", row("fp8"), skip=fp8_unavailable(device)),
+    ]
+
+
+CUDNN_ATTENTION_MIN = (90000, (8, 0))  # cuDNN version, compute capability: cuDNN SDPA's floor in PyTorch
+
+
+def cudnn_attention_unavailable(device: str) -> str:
+    """Why SDPA's cuDNN kernel cannot run here ("" when it can): a CUDA kernel, cuDNN 9 or later,
+    compute capability 8.0 or later. (Shapes it refuses still run: the model falls back.)"""
+    if device != "cuda":
+        return "cuDNN attention is a CUDA kernel"
+    if not torch.cuda.is_available():
+        return "no CUDA device visible"
+    version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    capability = torch.cuda.get_device_capability()
+    if version is None or version < CUDNN_ATTENTION_MIN[0] or capability < CUDNN_ATTENTION_MIN[1]:
+        return (f"cuDNN attention needs cuDNN >= 9 and compute capability >= 8.0 "
+                f"(here cuDNN {version or 'none'}, {capability[0]}.{capability[1]})")
+    return ""
+
+
+# The ablation's two ladders, each a base and one change at a time on top of it. bf16 + compile
+# comes first: it is what turbotrain trains with on a GPU, so its rows answer which step change
+# still pays there (flash and cuDNN attention do not take fp32, so the fp32 ladder cannot say),
+# and a bench stopped at a time limit has measured them first.
+LADDERS = {
+    "bf16-compile": {"reference": "bf16-compile",
+                     "title": "bf16 + compile ladder: each change alone on bf16 autocast + torch.compile"},
+    "fp32-eager": {"reference": "baseline", "title": "fp32 eager ladder: each change alone on plain fp32 eager"},
+}
+
+
+def ablation_variants(w: Workload, device: str) -> list[Variant]:
+    """Two ladders (LADDERS). On bf16 autocast + torch.compile: that base, then cuDNN attention,
+    the chunked loss and CUDA graphs each alone on it. On the plain fp32 eager baseline: each
+    optimization alone, then all together, then turbotrain's defaults. Rows that cannot apply
+    here say why."""
+    cuda = device == "cuda"
+    gpt = w.model in ("gpt", "moe")
+    moe = {"moe_impl": "loop"} if w.model == "moe" else {}  # MoE baseline: one matmul pair per expert
+    no_attention = "" if gpt else "no attention in this model"
+    no_cudnn_attention = no_attention or cudnn_attention_unavailable(device)
+    conv = w.model in ("resnet", "cifar") or (w.model == CUSTOM and bool(w.model_kwargs.get("conv")))
+    only_cuda = "" if cuda else "CUDA only"
+    baseline: dict[str, dict[str, Any]] = {
+        "precision": {"mode": "fp32", "tf32": False, "cudnn_benchmark": False},
+        "compile": {"scope": "off", "mode": "default"},
+        "optim": {"implementation": "foreach" if cuda else "for-loop"},  # torch's own default per device
+        "data": {"device_prefetch": False, "pin_memory": False},
+    }
+    masked = {"attention": "masked", **moe} if gpt else {}
+
+    def on(**sections: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        merged = {k: dict(v) for k, v in baseline.items()}
+        for k, v in sections.items():
+            merged.setdefault(k, {}).update(v)
+        return merged
+
+    prefetch_skip = only_cuda or ("the data is already resident on the device" if w.resident else "")
+    rows = [
+        Variant("baseline", "fp32, eager, AdamW torch default, explicit attention mask, no prefetch", on(), masked),
+        Variant("+bf16-mixed", "bf16 autocast", on(precision={"mode": "bf16-mixed"}), masked),
+        Variant("+tf32", "TF32 matmuls/convolutions", on(precision={"tf32": True}), masked, skip=only_cuda),
+        Variant("+cudnn-benchmark", "cuDNN autotuning", on(precision={"cudnn_benchmark": True}), masked,
+                skip=only_cuda or ("" if conv else "no convolutions in this model")),
+        Variant("+compile", "torch.compile (model)", on(compile={"scope": "model"}), masked),
+        Variant("+fused-adamw", "fused AdamW", on(optim={"implementation": "fused"}), masked),
+        Variant("+sdpa-flash", "SDPA is_causal (flash kernel) instead of an explicit mask", on(), {**moe},
+                skip=no_attention),
+        Variant("+cudnn-attention", "SDPA is_causal preferring cuDNN attention (model.sdpa_backend = 'cudnn'; "
+                "shapes cuDNN refuses fall back)", on(), {"sdpa_backend": "cudnn", **moe}, skip=no_cudnn_attention),
+        Variant("+chunked-loss", "linear + cross-entropy by chunks, no full logits (model.loss = 'chunked')", on(),
+                {**masked, "loss": "chunked"}, skip="" if gpt else "no language-model loss in this model"),
+        Variant("+prefetch", "pinned batches, side-stream copy", on(data={"device_prefetch": True, "pin_memory": True}),
+                masked, skip=prefetch_skip),
+        Variant("+cuda-graphs", "compile mode reduce-overhead (CUDA graphs)",
+                on(compile={"scope": "model", "mode": "reduce-overhead"}), masked, skip=only_cuda),
+    ]
+    if moe:
+        rows += [Variant("+grouped-experts", "all experts as one grouped GEMM per projection (model.moe_impl = 'grouped')",
+                         on(), {**masked, "moe_impl": "grouped"}),
+                 Variant("+batched-experts", "all experts as one padded batched matmul (model.moe_impl = 'batched')",
+                         on(), {**masked, "moe_impl": "batched"})]
+    everything = on(
+        precision={"mode": "bf16-mixed", "tf32": cuda, "cudnn_benchmark": cuda},
+        compile={"scope": "model", "mode": "reduce-overhead" if cuda else "default"},
+        optim={"implementation": "fused"},
+        data={"device_prefetch": cuda, "pin_memory": cuda},
+    )
+    together = {"loss": "chunked", **({} if no_cudnn_attention else {"sdpa_backend": "cudnn"})} if gpt else {}
+    rows.append(Variant("all", "every optimization above together", everything, together))
+    rows.append(Variant("turbotrain-defaults", "Engine defaults (auto)", {}, {}))
+    return bf16_ladder(w, device) + [replace(v, ladder="fp32-eager") for v in rows]
+
+
+def bf16_ladder(w: Workload, device: str) -> list[Variant]:
+    """bf16 autocast + torch.compile (model), the rest at turbotrain's defaults, then one change
+    at a time on it (fp8: float8 linears by torchao's size filter). Not run on CPU: there
+    turbotrain trains fp32 eager, and bf16 autocast is the slow path on many CPUs."""
+    gpt = w.model in ("gpt", "moe")
+    gpu_only = "" if device == "cuda" else "a GPU question: on CPU turbotrain trains fp32 eager (see the fp32 ladder)"
+    base = {"precision": {"mode": "bf16-mixed"}, "compile": {"scope": "model", "mode": "default"}}
+    graphs = {**base, "compile": {"scope": "model", "mode": "reduce-overhead"}}
+    no_attention = "" if gpt else "no attention in this model"
+    rows = [
+        Variant("bf16-compile", "bf16 autocast, torch.compile (model), SDPA is_causal; defaults otherwise", base),
+        Variant("bf16-compile+cudnn-attention", "SDPA preferring cuDNN attention (model.sdpa_backend = 'cudnn')", base,
+                {"sdpa_backend": "cudnn"}, skip=no_attention or cudnn_attention_unavailable(device)),
+        Variant("bf16-compile+chunked-loss", "linear + cross-entropy by chunks (model.loss = 'chunked')", base,
+                {"loss": "chunked"}, skip="" if gpt else "no language-model loss in this model"),
+        Variant("bf16-compile+cuda-graphs", "compile mode reduce-overhead (CUDA graphs)", graphs),
+        Variant("bf16-compile+fp8", "torchao float8 linears (precision.mode = 'fp8', tensorwise, torchao's size filter)",
+                {**base, "precision": {"mode": "fp8"}}, skip=fp8_unavailable(device)),
+    ]
+    return [replace(v, ladder="bf16-compile", skip=gpu_only or v.skip) for v in rows]
+
+
+def _run_variants(w: Workload, opts: BenchOptions, variants: list[Variant], kind: str,
+                  finish: Callable[[list[dict[str, Any]], dict[str, Any]], None]) -> dict[str, Any]:
+    """Run the variants as turbotrain rows; the report is ``_base`` plus what ``finish(rows,
+    report)`` adds (references, summary), built again for every partial report."""
+    spec, flops, method = _prepare(w, opts, kind)
+    opts.log(f"{kind}: {w.describe()}")
+    jobs = [
+        RowJob(v.name, "turbotrain",
+               {**spec, "turbotrain_overrides": v.overrides,
+                "model": {**spec["model"], "kwargs": {**spec["model"]["kwargs"], **v.model}}},
+               skip=v.skip, extra={"change": v.change, "overrides": v.overrides, "model_overrides": v.model,
+                                   **({"ladder": v.ladder} if v.ladder else {})})
+        for v in variants
+    ]
+
+    def build(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        for row in rows:
+            derive(row, w, flops)
+        report = _base(kind, w, opts, flops, method)
+        report.update(device_name=_device_name(rows), rows=rows)
+        finish(rows, report)
+        return report
+
+    return run_report(jobs, opts, f"{w.name}-{kind}", build)
+
+
+def run_precision_matrix(w: Workload, opts: BenchOptions) -> dict[str, Any]:
+    """Step time, speedup over fp32, peak memory and its reduction, loss and its difference from
+    fp32 for each precision this device supports; recommends the fastest within tolerance."""
+
+    def finish(rows: list[dict[str, Any]], report: dict[str, Any]) -> None:
+        ref = next((r for r in rows if r["row"] == "fp32"), None)
+        compare_to(rows, ref, speed_key="speedup")
+        if ref and ref.get("status") == "ok" and "peak_mem_gib" in ref:
+            for r in rows:
+                if r.get("status") == "ok" and "peak_mem_gib" in r:
+                    r["mem_reduction"] = 1.0 - r["peak_mem_gib"] / ref["peak_mem_gib"]
+        report.update(reference="fp32",
+                      notes=["rows run with compile off so each isolates the precision; see --matrix ablation for compile"],
+                      summary={"recommendation": recommend(rows)})
+
+    return _run_variants(w, opts, precision_variants(opts.device), "precision", finish)
+
+
+RECOMMEND_MIN_SPEEDUP = 1.05  # below this a faster row is within run-to-run noise: keep fp32
+
+
+def recommend(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The fastest ok row whose final loss is within tolerance of fp32, if it is at least
+    RECOMMEND_MIN_SPEEDUP x fp32's speed (else fp32 itself); None when fp32 did not run."""
+    good = [r for r in rows if r.get("status") == "ok" and r.get("loss_within_tol")]
+    if not good:
+        return None
+    best = min(good, key=lambda r: r["step_ms_median"])
+    reference = next((r for r in good if r.get("row") == "fp32"), None)
+    if reference is not None and best.get("speedup", 1.0) < RECOMMEND_MIN_SPEEDUP:
+        best = reference
+    rejected = [r["row"] for r in rows if r.get("status") == "ok" and not r.get("loss_within_tol")]
+    return {
+        "row": best["row"],
+        "speedup": best.get("speedup"),
+        "loss_diff": best.get("loss_diff"),
+        "outside_tolerance": rejected,
+        "min_speedup": RECOMMEND_MIN_SPEEDUP,
+        "text": f"{best['row']}: {best.get('speedup', 1.0):.2f}x fp32's speed, final loss within "
+        f"{best['loss_tol']:.3g} nats of fp32 ({best['loss_diff']:+.4f}); a row must be >= "
+        f"{RECOMMEND_MIN_SPEEDUP:.2f}x fp32 to be preferred"
+        + (f"; outside tolerance: {', '.join(rejected)}" if rejected else ""),
+    }
+
+
+def run_ablation(w: Workload, opts: BenchOptions, only: Sequence[str] = ()) -> dict[str, Any]:
+    """Each ladder (LADDERS): its base, each optimization alone on it, (fp32: then all, then the
+    defaults); every row compared with its own ladder's base (``only``: just these rows, beside
+    the bases of their ladders)."""
+    every = ablation_variants(w, opts.device)
+    unknown = sorted(set(only) - {v.name for v in every})
+    if unknown:
+        raise ValueError(f"unknown ablation row(s) {unknown}; choose from {', '.join(v.name for v in every)}")
+    ladders = {v.ladder for v in every if v.name in only}
+    bases = {LADDERS[ladder]["reference"] for ladder in ladders}
+    variants = [v for v in every if not only or v.name in only or v.name in bases]
+
+    def finish(rows: list[dict[str, Any]], report: dict[str, Any]) -> None:
+        for ladder, about in LADDERS.items():
+            ref = next((r for r in rows if r["row"] == about["reference"]), None)
+            compare_to([r for r in rows if r.get("ladder") == ladder], ref, speed_key="speedup")
+        report.update(reference="baseline", ladders=LADDERS)
+
+    return _run_variants(w, opts, variants, "ablation", finish)

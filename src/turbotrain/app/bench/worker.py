@@ -1,0 +1,90 @@
+"""One contender in its own process: ``python -m turbotrain.app.bench.worker NAME --spec S --result R``.
+
+Builds the model from the spec's seed on the host, loads the batches, trains with the contender's
+recipe under the protocol's clock and writes one JSON result: ``status`` "ok", "skipped" (with the
+reason: a missing package, a mode this device lacks) or "failed" (with the error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from ...base.atomic import atomic_write
+from ..doctor import cpu_model
+from ...base.version import __version__
+from .contenders import CONTENDERS, TRAINERS, SkipContender
+from .protocol import Job, StepClock, init_digest, load_batches
+from .workloads import seeded_workload
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name as CUDA reports it, or the CPU's model name."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
+
+
+def run(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """Train contender ``name`` on ``spec``; the result's figures (raises SkipContender)."""
+    if name not in TRAINERS:
+        raise SkipContender(f"no in-process trainer for {name!r}")
+    device = torch.device(spec["device"])
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SkipContender("CUDA requested but no GPU is visible")
+    # Imports are not part of the time to first step: torch.optim imports torch._dynamo lazily
+    # (~1.4 s here) at the first optimizer built, which Lightning and Accelerate pay at import.
+    importlib.import_module("torch._dynamo")
+
+    model, loss_fn = seeded_workload(spec["model"]["kind"], spec["model"]["kwargs"], spec["seed"])
+    digest = init_digest(model)
+    batches = load_batches(spec, device)
+    clock = StepClock(device, spec["warmup_steps"], spec["timed_steps"])
+    extra = TRAINERS[name](Job(spec, device, model, batches, clock, loss_fn))
+    figures = clock.finish()
+    versions = {"torch": torch.__version__, "turbotrain": __version__, **extra.pop("versions", {})}
+    return {
+        "recipe": CONTENDERS[name].recipe(device.type),
+        **extra,
+        **figures,
+        "init_digest": digest,
+        "device": device.type,
+        "device_name": device_name(device),
+        "versions": versions,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("contender")
+    parser.add_argument("--spec", required=True, help="spec JSON written by `turbotrain bench`")
+    parser.add_argument("--result", required=True, help="where to write the result JSON")
+    args = parser.parse_args(argv)
+    spec = json.loads(Path(args.spec).read_text())
+    start = time.perf_counter()
+    result: dict[str, Any] = {"contender": args.contender, "pid": os.getpid()}
+    code = 0
+    try:
+        result.update(status="ok", **run(args.contender, spec))
+    except SkipContender as exc:
+        result.update(status="skipped", reason=str(exc))
+    except Exception as exc:  # reported in the table as "failed (...)", with the traceback here
+        traceback.print_exc()
+        result.update(status="failed", reason=f"{type(exc).__name__}: {exc}".splitlines()[0][:300],
+                      traceback=traceback.format_exc()[-4000:])
+        code = 1
+    result["process_s"] = time.perf_counter() - start
+    atomic_write(args.result, json.dumps(result, indent=1, default=str))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,421 @@
+"""Benchmark workloads: the model, its sizes on this device, the training recipe and the data.
+
+A :class:`Workload` is plain data. It turns into a JSON *spec* that every contender process reads,
+so all contenders build the same model (same class, same seed, hence the same initial weights),
+train on the same batches (written once to a file by the parent process) with the same recipe
+(AdamW, betas, weight decay on matrices only, linear LR warmup then constant, gradient clipping).
+
+Sizes scale down automatically on CPU (``scaled_for = "cpu"``): the CUDA sizes of ``gpt2-small``
+and ``cnn-224`` would take minutes per step there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from ...base.batch import batch_size as _batch_size
+from ...parts.data.sources import stdlib_files
+from ...core.engine import LossFn, default_loss
+from ...base.errors import TurbotrainError
+from ...base.failure import one_line
+from ...parts.models.build import build_named
+from ...parts.models.classifier import synthetic_images
+from ...parts.models.mlp import synthetic_batches
+from ...loop.monitor import count_flops_per_sample
+from ...parts.workload import load_workload, rebuild_loader
+
+CUSTOM = "custom"  # Workload.model of a --model FILE.py:FUNC workload
+
+# ---------------------------------------------------------------------------------- workloads
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One benchmark workload on one device type.
+
+    ``batch_size`` is the global batch in samples (sequences or images), ``seq_len`` the tokens per
+    sequence for language models (None for classifiers). ``pool`` distinct batches are cycled
+    (0 = a fresh batch every step). ``resident``: on CUDA the batches are moved to the device
+    before timing, so no host-to-device copy is in the step (the overhead-bound CIFAR case).
+    """
+
+    name: str
+    title: str
+    task: str  # "lm" (model(tokens, targets) -> loss) or "classify" (model(inputs, labels) -> loss)
+    model: str  # "gpt" | "moe" | "mlp" | "resnet" | "cifar"
+    model_kwargs: dict[str, Any]
+    batch_size: int
+    warmup_steps: int  # excluded from throughput; step 1 includes compilation
+    timed_steps: int
+    lr: float
+    seq_len: int | None = None
+    image_size: int | None = None
+    classes: int | None = None
+    pool: int = 0
+    resident: bool = False
+    lr_warmup_steps: int = 5
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    scaled_for: str = ""  # "cpu" when the sizes were reduced for a CPU
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def total_steps(self) -> int:
+        return self.warmup_steps + self.timed_steps
+
+    @property
+    def pool_size(self) -> int:
+        return self.pool or self.total_steps
+
+    @property
+    def tokens_per_sample(self) -> int | None:
+        return self.seq_len if self.task == "lm" else None
+
+    def describe(self) -> str:
+        """One line: the model and batch as they will run."""
+        kw = ", ".join(f"{k}={v}" for k, v in self.model_kwargs.items())
+        shape = f"T={self.seq_len}" if self.seq_len else f"{self.image_size}x{self.image_size}" if self.image_size else ""
+        scaled = " (scaled down for CPU)" if self.scaled_for else ""
+        model = "" if self.model == CUSTOM else f"; {self.model}({kw})"
+        return (
+            f"{self.name}: {self.title}{scaled}{model}; batch {self.batch_size}"
+            f"{' x ' + shape if shape else ''}; {self.warmup_steps} warm-up + {self.timed_steps} timed steps"
+        )
+
+    def replace(self, **changes: Any) -> "Workload":
+        return dataclasses.replace(self, **changes)
+
+
+def _gpt2_small(device_type: str) -> Workload:
+    if device_type == "cuda":
+        return Workload(
+            "gpt2-small", "W1 GPT-2 small", "lm", "gpt",
+            dict(vocab_size=50304, n_layer=12, n_head=12, d_model=768, block_size=1024),
+            batch_size=16, seq_len=1024, warmup_steps=8, timed_steps=20, lr=6e-4,
+        )
+    return Workload(
+        "gpt2-small", "W1 GPT-2 small", "lm", "gpt",
+        dict(vocab_size=50304, n_layer=2, n_head=4, d_model=256, block_size=128),
+        batch_size=4, seq_len=128, warmup_steps=2, timed_steps=10, lr=6e-4, scaled_for="cpu",
+        notes=("CPU: 2 layers, d=256, T=128 instead of 12 layers, d=768, T=1024; the 50304-token vocabulary is kept",),
+    )
+
+
+def _cnn_224(device_type: str) -> Workload:
+    if device_type == "cuda":
+        return Workload(
+            "cnn-224", "W2 ResNet-18-style CNN, 224x224", "classify", "resnet",
+            dict(layers=(2, 2, 2, 2), width=64, classes=1000),
+            batch_size=128, image_size=224, classes=1000, warmup_steps=8, timed_steps=20, lr=1e-3, pool=4,
+        )
+    return Workload(
+        "cnn-224", "W2 ResNet-style CNN", "classify", "resnet",
+        dict(layers=(1, 1, 1, 1), width=16, classes=100),
+        batch_size=8, image_size=64, classes=100, warmup_steps=2, timed_steps=10, lr=1e-3, pool=4, scaled_for="cpu",
+        notes=("CPU: 64x64 images, width 16, one block per stage, 100 classes instead of ResNet-18 on 224x224",),
+    )
+
+
+def _cnn_cifar(device_type: str) -> Workload:
+    if device_type == "cuda":
+        return Workload(
+            "cnn-cifar", "W2 CIFAR-sized ResNet-9-style CNN, data on the GPU", "classify", "cifar",
+            dict(width=32, classes=10),
+            batch_size=256, image_size=32, classes=10, warmup_steps=10, timed_steps=50, lr=2e-3, pool=16, resident=True,
+        )
+    return Workload(
+        "cnn-cifar", "W2 CIFAR-sized ResNet-9-style CNN", "classify", "cifar",
+        dict(width=8, classes=10),
+        batch_size=32, image_size=32, classes=10, warmup_steps=3, timed_steps=20, lr=2e-3, pool=16, scaled_for="cpu",
+        notes=("CPU: width 8 instead of 32, batch 32 instead of 256; 'data on the device' is moot on CPU",),
+    )
+
+
+def _gpt_tiny(device_type: str) -> Workload:
+    return Workload(
+        "gpt-tiny", "tiny GPT (CPU workload)", "lm", "gpt",
+        dict(vocab_size=256, n_layer=4, n_head=4, d_model=128, block_size=64),
+        batch_size=16, seq_len=64, warmup_steps=5, timed_steps=40, lr=2e-3,
+    )
+
+
+def _mlp_tiny(device_type: str) -> Workload:
+    return Workload(
+        "mlp-tiny", "tiny MLP, overhead-bound (CPU workload)", "classify", "mlp",
+        dict(d_in=256, width=256, depth=3, classes=10),
+        batch_size=64, warmup_steps=10, timed_steps=100, lr=1e-3, classes=10, pool=20,
+    )
+
+
+def _moe(device_type: str) -> Workload:
+    if device_type == "cuda":
+        return Workload(
+            "moe", "W3 MoE: GPT-2 small backbone, 8 experts top-2", "lm", "moe",
+            dict(vocab_size=50304, n_layer=12, n_head=12, d_model=768, block_size=1024, n_experts=8, top_k=2),
+            batch_size=8, seq_len=1024, warmup_steps=8, timed_steps=20, lr=6e-4,
+        )
+    return Workload(
+        "moe", "W3 MoE: GPT backbone, 8 experts top-2", "lm", "moe",
+        dict(vocab_size=256, n_layer=2, n_head=4, d_model=128, block_size=64, n_experts=8, top_k=2, expert_hidden=256),
+        batch_size=16, seq_len=64, warmup_steps=3, timed_steps=20, lr=2e-3, scaled_for="cpu",
+        notes=("CPU: 2 layers, d=128, T=64, byte vocabulary, experts of half the dense MLP's width "
+               "instead of the GPT-2 small backbone",),
+    )
+
+
+WORKLOADS: dict[str, Callable[[str], Workload]] = {
+    "gpt2-small": _gpt2_small,
+    "moe": _moe,
+    "cnn-224": _cnn_224,
+    "cnn-cifar": _cnn_cifar,
+    "gpt-tiny": _gpt_tiny,
+    "mlp-tiny": _mlp_tiny,
+}
+GROUPS: dict[str, tuple[str, ...]] = {"cnn": ("cnn-224", "cnn-cifar")}
+NOT_BUILT: dict[str, str] = {}  # workloads named in the design whose model is not built yet
+
+
+def workload_names() -> list[str]:
+    """Every name ``--workload`` accepts (groups such as 'cnn' expand to several workloads)."""
+    return [*WORKLOADS, *GROUPS]
+
+
+def expand(name: str) -> list[str]:
+    """'cnn' -> ['cnn-224', 'cnn-cifar']; a single workload -> [name]; unknown or unbuilt -> error."""
+    if name in NOT_BUILT:
+        raise TurbotrainError(f"{NOT_BUILT[name]}; choose one of: {', '.join(workload_names())}")
+    if name in GROUPS:
+        return list(GROUPS[name])
+    if name not in WORKLOADS:
+        raise TurbotrainError(f"unknown workload {name!r}; choose one of: {', '.join(workload_names())}")
+    return [name]
+
+
+def resolve_workload(
+    name: str,
+    device_type: str,
+    *,
+    batch_size: int | None = None,
+    warmup_steps: int | None = None,
+    timed_steps: int | None = None,
+    model_overrides: dict[str, Any] | None = None,
+) -> Workload:
+    """The workload ``name`` sized for ``device_type`` ("cuda" or "cpu"), with optional overrides."""
+    if name in GROUPS:
+        raise TurbotrainError(f"{name!r} is a group of workloads ({', '.join(GROUPS[name])}); resolve each")
+    (only,) = expand(name)
+    w = WORKLOADS[only](device_type)
+    changes: dict[str, Any] = {}
+    if batch_size is not None:
+        changes["batch_size"] = batch_size
+    if model_overrides:
+        kwargs = {**w.model_kwargs, **model_overrides}
+        changes["model_kwargs"] = kwargs
+        if w.model in ("gpt", "moe") and "block_size" in model_overrides:
+            changes["seq_len"] = kwargs["block_size"]
+    return resolve_bench(w.replace(**changes) if changes else w, warmup_steps, timed_steps)
+
+
+def resolve_bench(w: Workload, warmup_steps: int | None = None, timed_steps: int | None = None) -> Workload:
+    """``w`` with the given step counts, checked: a warm-up step, two timed steps, one sample."""
+    if warmup_steps is not None or timed_steps is not None:
+        w = w.replace(warmup_steps=w.warmup_steps if warmup_steps is None else warmup_steps,
+                      timed_steps=w.timed_steps if timed_steps is None else timed_steps)
+    if w.warmup_steps < 1:
+        raise TurbotrainError(f"--warmup = {w.warmup_steps}: at least 1 warm-up step is needed (step 1 includes compilation)")
+    if w.timed_steps < 2:
+        raise TurbotrainError(f"--steps = {w.timed_steps}: at least 2 timed steps are needed for a median")
+    if w.batch_size < 1:
+        raise TurbotrainError(f"--batch = {w.batch_size} must be at least 1")
+    return w
+
+
+# ---------------------------------------------------------------------------------- models
+
+
+def seeded_model(kind: str, kwargs: dict[str, Any], seed: int) -> nn.Module:
+    """``build_named`` right after ``torch.manual_seed(seed)``: the same weights in every process."""
+    return seeded_workload(kind, kwargs, seed)[0]
+
+
+def seeded_workload(kind: str, kwargs: dict[str, Any], seed: int) -> tuple[nn.Module, LossFn]:
+    """The model (built right after ``torch.manual_seed(seed)``: the same weights in every
+    process) and its loss function: a reference model's is ``model(*batch)``, a ``--model``
+    workload's is its own (its FUNC is called again, seeded)."""
+    if kind == CUSTOM:
+        w = load_workload(kwargs["ref"], seed=seed)
+        return w.model, w.loss_fn or default_loss
+    torch.manual_seed(seed)
+    return build_named(kind, kwargs), default_loss
+
+
+def sample_shape(w: Workload) -> tuple[tuple[int, ...], torch.dtype]:
+    """Shape (without the batch dimension) and dtype of one input sample."""
+    if w.task == "lm":
+        return (w.seq_len or 0,), torch.int64
+    if w.model == "mlp":
+        return (int(w.model_kwargs.get("d_in", 256)),), torch.float32
+    return (3, w.image_size or 0, w.image_size or 0), torch.uint8
+
+
+def flops_per_step(w: Workload) -> tuple[float, str]:
+    """Training FLOPs (forward + backward) of one optimizer step, and how they were obtained.
+
+    GPT: the PaLM convention (6N + 12 L H Q T per token), as the design's protocol states. Other
+    models: counted with ``torch.utils.flop_counter`` on the meta device (no memory, no compute).
+    """
+    if w.model == CUSTOM:
+        model, loss_fn = seeded_workload(CUSTOM, w.model_kwargs, 0)
+        batch = custom_batches(w, 0, count=1)[0]
+        try:
+            per_sample = count_flops_per_sample(model, batch, loss_fn)
+        except Exception as exc:  # the user's forward/backward, before any row: one line, not a traceback
+            raise TurbotrainError(f"--model workload: counting its FLOPs on one batch failed: {one_line(exc)}") from None
+        return per_sample * _batch_size(batch), "counted on one batch (torch.utils.flop_counter, forward + backward)"
+    if w.model in ("gpt", "moe"):
+        with torch.device("meta"):
+            gpt = build_named(w.model, w.model_kwargs)
+        per_token = gpt.flops_per_token(w.seq_len)  # type: ignore[operator]
+        active = " (N = active parameters: the top-k experts a token is routed to)" if w.model == "moe" else ""
+        return float(per_token * w.batch_size * (w.seq_len or 0)), "PaLM 6N + 12·L·H·Q·T per token" + active
+    shape, dtype = sample_shape(w)
+    with torch.device("meta"):
+        model = build_named(w.model, w.model_kwargs)
+        x = torch.zeros((w.batch_size, *shape), dtype=dtype)
+        y = torch.zeros((w.batch_size,), dtype=torch.int64)
+    with FlopCounterMode(display=False) as counter:
+        model(x, y).backward()
+    return float(counter.get_total_flops()), "counted (torch.utils.flop_counter, forward + backward)"
+
+
+# ---------------------------------------------------------------------------------- data
+
+
+def corpus_windows(count: int, seq_len: int, seed: int) -> torch.Tensor:
+    """``count`` windows of ``seq_len + 1`` byte tokens from the built-in corpus (the Python
+    standard library's sources, read in a fixed order, only as much as needed), at seeded random
+    offsets. Returns (count, seq_len + 1) int64."""
+    need = max(4 * count * (seq_len + 1), 1 << 20)
+    chunks, size = [], 0
+    for path in stdlib_files():
+        data = path.read_bytes()
+        chunks.append(data)
+        size += len(data)
+        if size >= need:
+            break
+    tokens = torch.frombuffer(bytearray(b"".join(chunks)), dtype=torch.uint8).to(torch.int64)
+    if tokens.numel() < seq_len + 2:
+        raise TurbotrainError("the built-in corpus is too small for one window; is the Python standard library present?")
+    g = torch.Generator().manual_seed(seed)
+    offsets = torch.randint(tokens.numel() - seq_len - 1, (count,), generator=g)
+    return tokens[offsets[:, None] + torch.arange(seq_len + 1)]
+
+
+def make_data(w: Workload, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The workload's ``pool_size`` batches on the host: inputs (P, B, ...) and targets (P, B, ...)."""
+    P, B = w.pool_size, w.batch_size
+    if w.task == "lm":
+        seq_len = w.seq_len or 0
+        windows = corpus_windows(P * B, seq_len, seed).view(P, B, seq_len + 1)
+        return windows[..., :-1].contiguous(), windows[..., 1:].contiguous()
+    if w.model == "mlp":
+        kw = w.model_kwargs
+        batches = synthetic_batches(P, B, int(kw.get("d_in", 256)), int(kw.get("classes", 10)), seed=seed)
+        return torch.stack([x for x, _ in batches]), torch.stack([y for _, y in batches])
+    return synthetic_images(P, B, w.image_size or 32, w.classes or 10, seed=seed)
+
+
+def write_data(w: Workload, seed: int, path: Path) -> Path:
+    """Write the batches once, for every contender to read (``torch.load(weights_only=True)``)."""
+    if w.model == CUSTOM:
+        torch.save({"batches": custom_batches(w, seed)}, path)
+        return path
+    xs, ys = make_data(w, seed)
+    torch.save({"x": xs, "y": ys}, path)
+    return path
+
+
+# ---------------------------------------------------------------------------------- your model
+
+
+def custom_workload(ref: str, device_type: str, *, batch_size: int | None = None, warmup_steps: int | None = None,
+                    timed_steps: int | None = None) -> Workload:
+    """A benchmark workload from ``--model FILE.py:FUNC`` (see :mod:`turbotrain.parts.workload`): its
+    model, loss and batches (``batch_size`` rebuilds its DataLoader with that many samples per
+    batch). Every row trains with the bench recipe's AdamW (lr 1e-3), so rows compare; the
+    workload's own optimizer is left out."""
+    w = load_workload(ref, seed=0)  # here: a wrong --model is one error before any row starts
+    loader = rebuild_loader(w.train_loader, batch_size=batch_size) if batch_size else w.train_loader
+    first = next(iter(loader), None)
+    if first is None:
+        raise TurbotrainError(f"--model {ref}: train_loader yielded no batch")
+    cuda = device_type == "cuda"
+    bench = Workload(
+        ref.rpartition(":")[2], f"your model ({ref}): {type(w.model).__name__}", "custom", CUSTOM,
+        {"ref": ref, "batch_size": batch_size, "conv": any(isinstance(m, nn.Conv2d) for m in w.model.modules())},
+        batch_size=_batch_size(first), warmup_steps=5 if cuda else 3, timed_steps=20, lr=1e-3, pool=8,
+        notes=(f"{w.describe()}; every row trains it with the bench recipe (AdamW lr 1e-3, linear warm-up, "
+               "clipping 1.0), not its own optimizer",),
+    )
+    return resolve_bench(bench, warmup_steps, timed_steps)
+
+
+def custom_batches(w: Workload, seed: int, count: int | None = None) -> list[Any]:
+    """``count`` (default: the pool) batches of a ``--model`` workload's loader, drawn once after
+    seeding, as plain tuples, lists and dicts of tensors (what ``torch.load(weights_only=True)``
+    reads back); the loader is cycled when it holds fewer."""
+    wl = load_workload(w.model_kwargs["ref"], seed=seed)
+    size = w.model_kwargs.get("batch_size")
+    loader = rebuild_loader(wl.train_loader, batch_size=size) if size else wl.train_loader
+    out: list[Any] = []
+    want = count or w.pool_size
+    while len(out) < want:
+        before = len(out)
+        out.extend(_plain(b) for b, _ in zip(loader, range(want - len(out))))
+        if len(out) == before:
+            break
+    return out
+
+
+def _plain(batch: Any) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.detach().contiguous()
+    if isinstance(batch, Mapping):
+        return {k: _plain(v) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return [_plain(b) for b in batch] if isinstance(batch, list) else tuple(_plain(b) for b in batch)
+    return batch
+
+
+def to_spec(w: Workload, *, device: str, seed: int, data_file: Path) -> dict[str, Any]:
+    """The JSON spec a contender process reads: model, data, steps and the training recipe."""
+    return {
+        "workload": w.name,
+        "task": w.task,
+        "model": {"kind": w.model, "kwargs": dict(w.model_kwargs)},
+        "batch_size": w.batch_size,
+        "seq_len": w.seq_len,
+        "warmup_steps": w.warmup_steps,
+        "timed_steps": w.timed_steps,
+        "resident": w.resident,
+        "data_file": str(data_file),
+        "device": device,
+        "seed": seed,
+        "optim": {
+            "lr": w.lr,
+            "betas": list(w.betas),
+            "eps": w.eps,
+            "weight_decay": w.weight_decay,
+            "lr_warmup_steps": w.lr_warmup_steps,
+            "grad_clip": w.grad_clip,
+        },
+    }

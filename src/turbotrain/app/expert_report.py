@@ -1,0 +1,125 @@
+"""The mixture-of-experts part of a run's report: ``experts.json`` (written by
+:class:`turbotrain.loop.experts_monitor.ExpertsMonitor`) turned into ``plots/expert_load.png`` (each
+expert's share of the routed tokens over training, and the max/mean load that load balancing
+drives towards 1), ``plots/expert_placement.png`` (which rank holds which expert) and the Experts
+section of summary.json / summary.md. Kept out of the hook's module: the hook runs in the
+training loop, this runs once afterwards (and imports matplotlib).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..base.atomic import atomic_write
+from ..base.rundir import EXPERTS_FILE
+
+LOAD_PLOT, PLACEMENT_PLOT = "expert_load.png", "expert_placement.png"
+
+
+def read_experts(run_dir: Path) -> dict[str, Any] | None:
+    """A run's experts.json, or None when it has none (not a MoE run) or it cannot be read."""
+    path = run_dir / EXPERTS_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("history"), list) else None
+
+
+def summarize(data: dict[str, Any]) -> dict[str, Any]:
+    """The summary section: layout, the first and last windows' max/mean load, tokens per expert
+    over the run (all layers), dropped share."""
+    history = [h for h in data["history"] if h.get("load")]
+    total = [0] * data.get("n_experts", 0)
+    routed = dropped = 0
+    for h in history:
+        for row in h["load"]:
+            total = [a + (row[e] if e < len(row) else 0) for e, a in enumerate(total)]  # fewer before a growth
+            routed += sum(row)
+        dropped += sum(h.get("dropped", []))
+    ratios = [h["max_mean"] for h in history if h.get("max_mean") is not None]
+    return {
+        "n_experts": data.get("n_experts"), "top_k": data.get("top_k"), "moe_layers": len(data.get("layers", [])),
+        "placement": data.get("placement"),
+        "max_mean_first": ratios[0] if ratios else None, "max_mean_last": ratios[-1] if ratios else None,
+        "max_mean_best": min(ratios) if ratios else None,
+        "assignments_per_expert": total, "dropped_fraction": dropped / routed if routed else 0.0,
+    }
+
+
+def markdown(section: dict[str, Any] | None) -> list[str]:
+    """summary.md lines for the experts section (none for a run without experts)."""
+    if not section:
+        return []
+
+    def f(v: Any) -> str:
+        return "n/a" if v is None else f"{v:.3f}"
+
+    p = section.get("placement") or {}
+    return ["", "## Experts", "",
+            f"- {section['n_experts']} experts, top-{section['top_k']}, in {section['moe_layers']} MoE blocks; "
+            f"expert parallel degree {p.get('ep_degree', 1)} over {p.get('world', 1)} rank(s)",
+            f"- load max/mean (1.0 = even): first window {f(section['max_mean_first'])}, "
+            f"last {f(section['max_mean_last'])}, best {f(section['max_mean_best'])}",
+            f"- assignments per expert over the run: {section['assignments_per_expert']}",
+            f"- dropped by the capacity: {100 * section['dropped_fraction']:.2f}%"]
+
+
+def write_plots(data: dict[str, Any], out_dir: Path, subtitle: str = "") -> list[str]:
+    """plots/expert_load.png and plots/expert_placement.png; returns the files written (relative
+    to the run directory)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    history = [h for h in data["history"] if h.get("load") and sum(map(sum, h["load"]))]
+    written: list[str] = []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if history:
+        steps = [h["step"] for h in history]
+        n = data["n_experts"]
+        # windows before a resume that grew the experts have fewer of them: the new ones had none
+        shares = [[sum(row[e] for row in h["load"] if e < len(row)) / max(sum(map(sum, h["load"])), 1) for h in history]
+                  for e in range(n)]
+        fig, (ax, ax2) = plt.subplots(2, 1, figsize=(8, 7), dpi=110, sharex=True, height_ratios=(3, 2))
+        fig.subplots_adjust(hspace=0.25)
+        cmap = plt.get_cmap("tab20" if n > 10 else "tab10")
+        ax.stackplot(steps, shares, labels=[f"expert {e}" for e in range(n)], colors=[cmap(e % cmap.N) for e in range(n)])
+        ax.set_ylim(0, 1)
+        ax.set_ylabel("share of routed tokens\n(all MoE blocks)")
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=min(n, 8), fontsize=7, frameon=False)
+        ratios = [(h["step"], h["max_mean"]) for h in history if h.get("max_mean") is not None]
+        if ratios:
+            ax2.plot(*zip(*ratios), marker="." if len(ratios) <= 40 else None, color="tab:red")
+        ax2.axhline(1.0, color="gray", ls="--", lw=1)
+        ax2.set_ylabel("max / mean load\n(1.0 = even)")
+        ax2.set_xlabel("optimizer step")
+        ax2.grid(True, alpha=0.3)
+        ax.set_title(f"Expert load over training (top-{data['top_k']} of {n})" + (f"\n{subtitle}" if subtitle else ""), fontsize=11)
+        atomic_write(out_dir / LOAD_PLOT, lambda fh: fig.savefig(fh, format="png", bbox_inches="tight"))
+        plt.close(fig)
+        written.append(f"{out_dir.name}/{LOAD_PLOT}")
+    p = data.get("placement") or {}
+    ranks = p.get("ranks") or []
+    if ranks:
+        n = data["n_experts"]
+        grid = [[1.0 if e in held else 0.0 for e in range(n)] for held in ranks]
+        fig, ax = plt.subplots(figsize=(max(5, 0.5 * n + 2), max(2.2, 0.5 * len(ranks) + 1.5)), dpi=110)
+        ax.imshow(grid, cmap="Blues", vmin=0, vmax=1.4, aspect="auto")
+        for r, held in enumerate(ranks):
+            for e in held:
+                ax.text(e, r, str(e), ha="center", va="center", fontsize=8)
+        ax.set_xticks(range(n))
+        ax.set_yticks(range(len(ranks)))
+        ax.set_yticklabels([f"rank {r}" for r in range(len(ranks))])
+        ax.set_xlabel("expert")
+        repeat = p.get("world", 1) // max(len(ranks), 1)
+        note = f" (x{repeat} data-parallel copies)" if repeat > 1 else ""
+        ax.set_title(f"Expert placement: expert-parallel degree {len(ranks)}{note}" + (f"\n{subtitle}" if subtitle else ""), fontsize=11)
+        atomic_write(out_dir / PLACEMENT_PLOT, lambda fh: fig.savefig(fh, format="png", bbox_inches="tight"))
+        plt.close(fig)
+        written.append(f"{out_dir.name}/{PLACEMENT_PLOT}")
+    return written

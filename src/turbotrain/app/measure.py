@@ -1,0 +1,449 @@
+"""Short measured runs of a preset or your workload with given settings: what ``profile`` (its
+profiled run and each ``--verify`` run) and ``tune`` (each trial) are made of.
+
+A :class:`Target` names what to train: a preset (the GPT on turbotrain's data, assembled by
+:func:`turbotrain.app.training.build_training`, exactly as ``turbotrain train`` does) or a workload
+``FILE.py:FUNC`` (:mod:`turbotrain.parts.workload`), plus ``--section.key=value`` overrides. A run
+changes more settings on top (a dict of config overrides); for a workload, ``data.num_workers``
+and ``batch.micro`` set in those overrides are applied to its DataLoader. A preset's loader
+hands out whole optimizer steps (micro-batch x accumulation samples) that the engine cuts into
+micro-batches, so every run trains on the same samples in the same order whatever its
+micro-batch: runs differ only in arithmetic, and their losses can be compared (loss parity).
+
+:func:`build` assembles the run with the Engine, the Monitor and ``fit``; :func:`run` trains
+``warmup`` untimed steps and ``steps`` timed ones under the bench protocol's
+:class:`~turbotrain.app.bench.protocol.StepClock` (median step time; on CUDA events, no per-step sync)
+and returns the figures: throughput, time to first step (compilation included), host time blocked
+on the loader, peak memory, the loss on fixed held-out batches (for parity), recompilations.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+import torch
+from torch import nn
+from torch.profiler import record_function
+from torch.utils.data import DataLoader
+
+from ..core.assembly import build_trainable
+from ..base.batch import batch_size, move_to
+from .bench.protocol import StepClock
+from ..core.compile_guard import collect_compile_counts, ranked_reasons
+from ..base.config import RunConfig, load_config
+from ..parts.data import TokenWindows, build_loader, fixed_batches, resolve_loader_settings
+from ..core.engine import Engine, LossFn, as_loss, default_loss
+from ..parts.hardware import precision_key, tf32_enabled
+from ..loop.hooks import FitContext, Hook
+from ..loop.fit import fit
+from ..tools.memory import StepTrial, token_batches
+from ..loop.monitor import MfuProbe, Monitor
+from ..loop.run_hooks import MonitorPlan, build_monitor
+from .training import build_training
+from ..parts.workload import Workload, copy_workload, load_workload, loader_summary, rebuild_loader
+
+DATA_LABEL = "turbotrain::data_wait"  # profiler ranges: the host blocked on the loader ...
+FORWARD_LABEL = "turbotrain::forward"  # ... and the forward pass (the loss function)
+HOOK_LABEL = "turbotrain::hook::"  # + the hook's class name (profile wraps hooks in it)
+PARITY_BATCHES = 4  # fixed held-out batches the parity loss is computed on
+PARITY_BATCH = 8  # samples per parity batch (presets): the same windows whatever the micro-batch
+
+Overrides = dict[str, dict[str, Any]]
+
+
+def merge(*layers: Mapping[str, Mapping[str, Any]] | None) -> Overrides:
+    """Nested ``{section: {key: value}}`` dicts merged, later wins."""
+    out: Overrides = {}
+    for layer in layers:
+        for section, values in (layer or {}).items():
+            out.setdefault(section, {}).update(values)
+    return out
+
+
+def flat(overrides: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """``{"batch": {"micro": 8}}`` -> ``{"batch.micro": 8}``."""
+    return {f"{s}.{k}": v for s, values in overrides.items() for k, v in values.items()}
+
+
+def nested(settings: Mapping[str, Any]) -> Overrides:
+    """``{"batch.micro": 8}`` -> ``{"batch": {"micro": 8}}``."""
+    out: Overrides = {}
+    for key, value in settings.items():
+        section, _, name = key.partition(".")
+        out.setdefault(section, {})[name] = value
+    return out
+
+
+@dataclass(frozen=True)
+class Target:
+    """What to run: ``preset`` (a name or .toml path) or ``model`` (FILE.py:FUNC), and the
+    user's fixed ``overrides``."""
+
+    preset: str | None = None
+    model: str | None = None
+    overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    workload: Workload | None = field(default=None, compare=False)  # a live one (Python callers, in-process runs only)
+
+    @property
+    def is_workload(self) -> bool:
+        return bool(self.model) or self.workload is not None
+
+    @property
+    def label(self) -> str:
+        if self.workload is not None and not self.model:
+            return type(self.workload.model).__name__
+        if self.model:
+            return self.model.rpartition(":")[2]
+        return Path(self.preset).stem if self.preset and self.preset.endswith(".toml") else (self.preset or "gpt-tiny")
+
+    def config(self, changes: Mapping[str, Mapping[str, Any]] | None = None) -> RunConfig:
+        """The run's config: the preset (a workload's may be None: the defaults) + overrides + ``changes``."""
+        return load_config(self.preset or (None if self.is_workload else "gpt-tiny"), merge(self.overrides, changes))
+
+    def explicit(self, changes: Mapping[str, Mapping[str, Any]] | None, key: str) -> Any:
+        """The value of ``section.key`` set by the overrides or ``changes`` (None when unset)."""
+        section, _, name = key.partition(".")
+        return merge(self.overrides, changes).get(section, {}).get(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"preset": self.preset, "model": self.model, "overrides": {k: dict(v) for k, v in self.overrides.items()}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Target":
+        return cls(data.get("preset"), data.get("model"), data.get("overrides") or {})
+
+
+# ----------------------------------------------------------------------------- loader wrappers
+
+
+class DataWait:
+    """Iterate ``loader`` (epoch after epoch when ``endless``), adding up the host time blocked
+    in ``next()`` (``seconds``) and marking it as a profiler range."""
+
+    def __init__(self, loader: Iterable[Any], endless: bool = False) -> None:
+        self.loader, self.endless, self.seconds, self.batches = loader, endless, 0.0, 0
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            it = iter(self.loader)
+            started = False
+            while True:
+                t0 = time.perf_counter()
+                with record_function(DATA_LABEL):
+                    try:
+                        batch = next(it)
+                    except StopIteration:
+                        break
+                self.seconds += time.perf_counter() - t0
+                self.batches += 1
+                started = True
+                yield batch
+            if not (self.endless and started):
+                return
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "loader":
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+
+class Labelled(Hook):
+    """``hook`` with its per-step work marked as a profiler range (``HOOK_LABEL`` + its class)."""
+
+    def __init__(self, hook: Hook) -> None:
+        self.hook, self.label = hook, HOOK_LABEL + type(hook).__name__
+
+    def on_fit_start(self, ctx: FitContext) -> None:
+        self.hook.on_fit_start(ctx)
+
+    def on_step_end(self, ctx: FitContext) -> None:
+        with record_function(self.label):
+            self.hook.on_step_end(ctx)
+
+    def on_fit_end(self, ctx: FitContext) -> None:
+        self.hook.on_fit_end(ctx)
+
+    def on_exception(self, ctx: FitContext, exc: BaseException) -> None:
+        self.hook.on_exception(ctx, exc)
+
+
+def labelled(loss_fn: LossFn) -> LossFn:
+    """``loss_fn`` with its call (the forward pass) marked as a profiler range."""
+
+    def forward(model: nn.Module, batch: Any) -> Any:
+        with record_function(FORWARD_LABEL):
+            return loss_fn(model, batch)
+
+    return forward
+
+
+# ----------------------------------------------------------------------------- assembly
+
+
+@dataclass
+class Built:
+    """A run assembled and set up, not yet trained."""
+
+    target: Target
+    config: RunConfig
+    engine: Engine
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    loader: Iterable[Any]  # on the device (engine.setup_loader over ``data``)
+    data: DataWait
+    loss_fn: LossFn  # the forward, labelled
+    monitor: Monitor
+    make_batch: Callable[[int], Any]  # a batch of a given micro-batch on the device (memory measurement)
+    micro: int  # samples per forward/backward
+    parity_batches: list[Any]
+    loader_info: dict[str, Any]
+    throughput_unit: str  # "tokens/s" or "samples/s"
+    run_dir: Path
+    workload: Workload | None = None
+    batch_search: dict[str, Any] | None = None  # the batch finder's answer (preset with batch.micro = auto)
+
+    @property
+    def flops_per_sample(self) -> float | None:
+        probe = next((p for p in self.monitor.probes if isinstance(p, MfuProbe)), None)
+        return probe.flops_per_sample if probe else None
+
+    @property
+    def peak_tflops(self) -> float | None:
+        probe = next((p for p in self.monitor.probes if isinstance(p, MfuProbe)), None)
+        return probe.peak_tflops(self.engine.precision.name) if probe else None
+
+
+def build(target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_dir: Path) -> Built:
+    """Assemble ``target`` with ``changes`` in ``run_dir`` (metrics.jsonl goes there)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = target.config(merge(changes, {"monitor": {"progress": False}}))
+    if target.is_workload:
+        return _build_workload(target, changes, config, run_dir)
+    training = build_training(config, run_dir, progress=False)
+    config, engine = training.config, training.engine
+    settings = resolve_loader_settings(engine.device, config.data.num_workers, config.data.pin_memory,
+                                       config.data.prefetch_factor)
+    micro, accumulation = int(config.batch.micro), config.batch.accumulation
+    # Batches of the whole optimizer step, cut into ``accumulation`` micro-batches by the engine:
+    # the same samples in the same order whatever the micro-batch, so runs differ only in arithmetic.
+    train = TokenWindows(training.data.source.train, config.model.block_size)
+    data = DataWait(build_loader(train, micro * accumulation, config.run.seed, settings))
+    engine.set_accumulation(1)
+    engine.set_split(accumulation)
+    block = config.model.block_size
+    parity = []
+    if len(training.data.source.val) > block + 1:
+        val = TokenWindows(training.data.source.val, block)
+        parity = fixed_batches(val, PARITY_BATCH, PARITY_BATCHES, seed=config.run.seed + 1)
+    return Built(
+        target, config, engine, training.model, training.optimizer, engine.setup_loader(data), data,
+        labelled(default_loss), training.monitor,
+        token_batches(training.model.cfg.vocab_size, block, engine.device, seed=config.run.seed),
+        micro, parity,
+        {"num_workers": settings.num_workers, "pin_memory": settings.pin_memory,
+         "prefetch_factor": settings.prefetch_factor if settings.num_workers else None,
+         "device_prefetch": config.data.device_prefetch and engine.device.type == "cuda",
+         "batch_size": micro, "loader": f"DataLoader over {training.data.source.description}"},
+        "tokens/s", run_dir, batch_search=training.resolved.get("batch_search"),
+    )
+
+
+def _build_workload(target: Target, changes: Mapping[str, Mapping[str, Any]] | None, config: RunConfig,
+                    run_dir: Path) -> Built:
+    if target.workload is not None:
+        w = copy_workload(target.workload)
+    else:
+        w = load_workload(target.model or "", seed=config.run.seed)
+    workers, micro = target.explicit(changes, "data.num_workers"), target.explicit(changes, "batch.micro")
+    loader = w.train_loader
+    if isinstance(loader, DataLoader):  # shuffled from a seeded generator: the same samples whatever the settings
+        loader = rebuild_loader(loader, num_workers=None if workers is None or int(workers) < 0 else int(workers),
+                                batch_size=None if micro is None else int(micro), seed=config.run.seed)
+    elif (workers is not None and int(workers) >= 0) or micro is not None:
+        loader = rebuild_loader(loader, num_workers=0)  # refused with a one-line reason: not a DataLoader
+    loss_fn = w.loss_fn or default_loss
+    data = DataWait(loader, endless=True)
+    model = w.model
+    if w.optimizer is None:
+        t = build_trainable(config, model, loader=data)
+        engine, model, optimizer, device_loader = t.engine, t.model, t.optimizer, t.loader
+    else:
+        engine = Engine(config)
+        model, optimizer, device_loader = engine.setup(model, w.optimizer, data)
+    assert optimizer is not None and device_loader is not None
+    example = move_to(next(iter(loader)), engine.device)
+    parity_source = w.eval_loader if w.eval_loader is not None else None
+    parity = [example]
+    if parity_source is not None:
+        parity = [move_to(b, engine.device) for b, _ in zip(parity_source, range(PARITY_BATCHES))] or parity
+    monitor, _ = build_monitor(engine, model, example, MonitorPlan(config.monitor.log_every, run_dir, nvml=config.monitor.nvml),
+                               loss_fn=loss_fn)
+    info = {"num_workers": getattr(loader, "num_workers", None), "pin_memory": getattr(loader, "pin_memory", None),
+            "prefetch_factor": getattr(loader, "prefetch_factor", None),
+            "device_prefetch": config.data.device_prefetch and engine.device.type == "cuda",
+            "batch_size": batch_size(example), "loader": loader_summary(loader)}
+    return Built(
+        target, config, engine, model, optimizer, device_loader, data, labelled(loss_fn), monitor,
+        lambda _micro: example, batch_size(example), parity, info,
+        "samples/s", run_dir, workload=w,
+    )
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def compile_counters() -> dict[str, int]:
+    """torch.compile's frames compiled and graph breaks so far in this process (0 when dynamo
+    was never loaded), from the compile guard's one reading of dynamo's counters."""
+    counts = collect_compile_counts()
+    return {"compiled_frames": counts.frames, "graph_breaks": counts.graph_breaks}
+
+
+def graph_break_reasons(limit: int = 3) -> list[str]:
+    """``"3x reason"`` for the most frequent graph-break reasons (empty without dynamo)."""
+    return ranked_reasons(collect_compile_counts().break_reasons, limit)
+
+
+def measure_memory(built: Built) -> int:
+    """Peak bytes of one training step at the run's micro-batch, as the batch finder measures it
+    (CUDA allocator peak; elsewhere the tensors' bytes), in eager mode (no compilation). The
+    model, optimizer and RNG are restored afterwards. Raises torch.OutOfMemoryError."""
+    raw = built.workload.loss_fn if built.workload is not None and built.workload.loss_fn else default_loss
+    with StepTrial(built.engine, built.model, built.optimizer, built.make_batch,
+                           lambda m, b: as_loss(raw(m, b))) as trial:
+        return trial(built.micro).peak_bytes
+
+
+class _Measure(Hook):
+    """Marks every optimizer step on the clock; notes the counters at the end of the warm-up;
+    every ``window`` timed steps reports the window's throughput (host clock) to ``on_window``;
+    stops the loop after ``total`` steps."""
+
+    def __init__(self, built: Built, clock: StepClock, warmup: int, steps: int, total: int, window: int,
+                 on_window: Callable[[int, float], None] | None,
+                 on_warm: Callable[[dict[str, Any]], None] | None) -> None:
+        self.built, self.clock, self.warmup, self.steps, self.total = built, clock, warmup, steps, total
+        self.window, self.on_window, self.on_warm = window, on_window, on_warm
+        self.at_warm: dict[str, Any] = {}
+        self.at_end: dict[str, Any] = {}
+        self._mark = (0.0, 0)
+
+    def _count(self) -> dict[str, Any]:
+        s = self.built.engine.state
+        return {"t": time.perf_counter(), "samples": s.samples, "tokens": s.tokens, "data_s": self.built.data.seconds,
+                **compile_counters()}
+
+    def on_step_end(self, ctx: FitContext) -> None:
+        step = ctx.engine.state.step
+        if step <= self.warmup + self.steps:
+            self.clock.mark(ctx.engine.last_loss)
+        if step == self.warmup:
+            self.at_warm = self._count()
+            self._mark = (self.at_warm["t"], self.at_warm["tokens" if self.built.throughput_unit == "tokens/s" else "samples"])
+            if self.built.engine.device.type == "cuda":
+                self.at_warm["peak_bytes"] = torch.cuda.max_memory_allocated(self.built.engine.device)
+            if self.on_warm is not None:
+                self.on_warm(self.at_warm)
+        elif step > self.warmup and self.window and (step - self.warmup) % self.window == 0 and self.on_window:
+            key = "tokens" if self.built.throughput_unit == "tokens/s" else "samples"
+            self.built.engine.synchronize()  # host-device sync point: once per window, for the pruner's figure
+            now, count = time.perf_counter(), getattr(ctx.engine.state, key)
+            self.on_window((step - self.warmup) // self.window, (count - self._mark[1]) / max(now - self._mark[0], 1e-9))
+            self._mark = (now, count)
+        if step == self.warmup + self.steps:
+            self.clock.finish()  # one synchronize: the timed window ends here
+            self.at_end = self._count()
+        if step >= self.total:
+            ctx.request_stop("measured")
+
+
+def run(built: Built, warmup: int, steps: int, *, extra_steps: int = 0, hooks: Iterable[Hook] = (),
+        window: int = 0, on_window: Callable[[int, float], None] | None = None,
+        on_warm: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Train ``warmup`` + ``steps`` (+ ``extra_steps``, e.g. a profiler window) optimizer steps
+    with ``fit`` and return the figures of the ``steps`` timed ones."""
+    engine = built.engine
+    if engine.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(engine.device)
+    clock = StepClock(engine.device, warmup, steps)
+    total = warmup + steps + extra_steps
+    measure = _Measure(built, clock, warmup, steps, total, window, on_window, on_warm)
+    clock.start()
+    t0 = time.perf_counter()
+    fit(engine, built.model, built.optimizer, built.loader, max_steps=total, hooks=[measure, Labelled(built.monitor), *hooks],
+        loss_fn=built.loss_fn)
+    wall_s = time.perf_counter() - t0
+    figures = clock.finish()
+    warm, end = measure.at_warm, measure.at_end
+    step_s = figures["step_ms_median"] / 1000
+    samples = (end["samples"] - warm["samples"]) / steps
+    tokens = (end["tokens"] - warm["tokens"]) / steps
+    out: dict[str, Any] = {
+        "steps": steps,
+        "warmup": warmup,
+        "step_ms_median": figures["step_ms_median"],
+        "step_ms": figures["step_ms"],
+        "samples_per_step": samples,
+        "tokens_per_step": tokens,
+        "samples_per_s": samples / step_s,
+        "tokens_per_s": tokens / step_s if tokens else None,
+        "throughput": (tokens if built.throughput_unit == "tokens/s" else samples) / step_s,
+        "throughput_unit": built.throughput_unit,
+        "first_step_s": figures["time_to_first_step_s"],
+        "data_wait_ms_per_step": 1000 * (end["data_s"] - warm["data_s"]) / steps,
+        "recompiles_after_warmup": end["compiled_frames"] - warm["compiled_frames"],
+        "graph_breaks": end["graph_breaks"],
+        "compiled": engine.options.compile_scope != "off",
+        "final_loss": figures["final_loss"],
+        "wall_s": wall_s,
+        "precision": engine.precision.name,
+        "math_precision": precision_key(engine.precision.name, tf32=engine.device.type == "cuda" and tf32_enabled()),
+        "micro": built.micro,
+        "accumulation": engine.accumulation,
+    }
+    if engine.device.type == "cuda":
+        out["peak_bytes"] = int(torch.cuda.max_memory_allocated(engine.device))
+    flops = built.flops_per_sample
+    if flops:
+        out["tflops"] = flops * out["samples_per_s"] / 1e12
+        peak = built.peak_tflops
+        if peak:
+            out["mfu"] = out["tflops"] / peak
+    out["parity_loss"] = parity_loss(built)
+    return out
+
+
+def parity_loss(built: Built) -> float | None:
+    """Mean loss on the fixed held-out batches, eagerly (a compiled model is not recompiled for
+    evaluation); None when there are none."""
+    if not built.parity_batches:
+        return None
+    return built.engine.evaluate(built.model, built.parity_batches, built.loss_fn)  # eager inside
+
+
+def release(built: Built) -> None:
+    """Drop the run's loader workers and memory (before the next run in this process)."""
+    built.monitor.close()
+    built.loader = built.data = None  # type: ignore[assignment]
+    gc.collect()
+    if built.engine.device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def measure_once(target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_dir: Path, warmup: int,
+                 steps: int, memory: bool = False) -> dict[str, Any]:
+    """:func:`build`, optionally :func:`measure_memory`, :func:`run`, :func:`release`: one
+    measured run in this process."""
+    built = build(target, changes, run_dir)
+    try:
+        peak = measure_memory(built) if memory and built.engine.device.type != "cuda" else None
+        out = run(built, warmup, steps)
+        if peak is not None:
+            out["peak_bytes"] = peak
+        return out
+    finally:
+        release(built)

@@ -1,0 +1,334 @@
+"""``turbotrain doctor --model FILE.py:FUNC``: is your model sound in each precision, before a long run?
+
+One forward/backward of the model on one batch of its ``train_loader`` per precision, each through
+the :class:`~turbotrain.Engine` (its autocast, its GradScaler for fp16, its casts for
+bf16-true), so it checks what training would run. fp32 is the reference (TF32 off). Per precision:
+whether the loss and every gradient are finite, the loss against fp32 (absolute and relative) and
+the largest relative difference of a parameter's gradient norm. Then the verdict: the precision
+``auto`` picks on this device (:func:`~turbotrain.core.precision.resolve_precision`) and whether it is sound.
+
+fp16-mixed runs the way training runs it: when the scaled gradients overflow, the GradScaler's
+scale is lowered and the batch run again, as the skipped steps of a real run would do; only a
+non-finite loss, or gradients still non-finite at scale 1, count against it. On a CPU, where
+training refuses fp16-mixed (it is a GPU mode), it is still checked with CPU fp16 autocast: the
+same fp16 arithmetic a GPU would do, so a model that overflows fp16 is found on a laptop.
+
+fp8 (asked for by name only) gets a section of its own: which linear layers its filter would run in
+float8 and which it keeps in bf16 (with why: dims not divisible by 16, below the size threshold,
+the output layer), read from the model without torchao; on a device that runs fp8 and with a
+layer to convert, its forward/backward is a row of the table too; elsewhere one line says why not.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from ..base.batch import move_to
+from ..base.config import PrecisionConfig, load_config
+from ..core.engine import Engine, default_loss, resolve_device
+from ..base.errors import ConfigError, TurbotrainError
+from ..tools.memory.finder import token_batches
+from ..tools.memory.stats import default_vocab_size
+from ..parts.models.build import build_model
+from ..core.precision import FP8, DeviceCaps, FP16Mixed, Precision, fallback_mode, resolve_precision
+from ..parts.workload import Workload, load_workload
+
+CHECKED = ("fp32", "bf16-mixed", "fp16-mixed", "bf16-true")  # fp8 is asked for by name only, and needs torchao
+REFERENCE = "fp32"
+LOSS_RTOL = 0.05  # 16-bit rounding moves a loss by well under 1 %; 5 % is a model that computes differently
+GRAD_RTOL = 0.25  # a parameter's gradient norm: bf16 keeps 3 significant digits, less after long reductions
+GRAD_FLOOR = 0.01  # norms below this share of the largest are compared against it: a bias before a BatchNorm
+                   # has a gradient that is zero up to rounding, and its relative difference would be noise
+MAX_SCALE_HALVINGS = 16  # fp16: the GradScaler's 65536 down to 1
+PRESET_MICRO = 8  # a preset's batch (random tokens) holds at most this many sequences
+FP8_LISTED = 8  # layer names shown per line of the text report (--json has them all)
+
+
+class _FP16MixedForTheCheck(FP16Mixed, register=False):
+    """fp16-mixed on a device whose training refuses it (CPU): the same autocast and GradScaler,
+    for this check only."""
+
+    @classmethod
+    def check(cls, caps: DeviceCaps, settings: PrecisionConfig) -> None:
+        pass
+
+
+@dataclass
+class PrecisionResult:
+    """One precision's forward/backward against the fp32 reference."""
+
+    precision: str
+    status: str  # ok, nonfinite, differs, error, unsupported, reference
+    trains_here: bool  # training on this device accepts this precision
+    note: str = ""  # why training here refuses it, or how it was checked anyway
+    loss: float | None = None
+    finite_loss: bool | None = None
+    finite_grads: bool | None = None
+    nonfinite_grads: list[str] | None = None  # the first parameters whose gradients are not finite
+    loss_abs_diff: float | None = None
+    loss_rel_diff: float | None = None
+    grad_norm_rel_diff: float | None = None  # the largest over parameters
+    grad_norm_worst: str | None = None  # the parameter it was found in
+    loss_scale: float | None = None  # fp16: the GradScaler scale the gradients were taken at
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _engine_config(device: torch.device) -> dict[str, dict[str, Any]]:
+    return {"run": {"device": str(device)}, "compile": {"scope": "off"}, "memory": {"on_oom": "stop"},
+            "precision": {"tf32": False, "cudnn_benchmark": False}}  # an exact fp32 reference
+
+
+def _forward_backward(mode: str | Precision, w: Workload, batch: Any, device: torch.device, seed: int) -> dict[str, Any]:
+    """The loss, the gradients (unscaled, float32, by parameter name) and the fp16 loss scale."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # bf16 on CPU "is slow": true, and beside the point here
+        engine = Engine(_engine_config(device), precision=mode)
+    model, _, _ = engine.setup(copy.deepcopy(w.model))
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    carrier = torch.optim.SGD(params, lr=0.0)  # GradScaler unscales through an optimizer; never stepped
+    scaler = engine.precision.scaler
+    loss_fn = w.loss_fn or default_loss
+    for _ in range(MAX_SCALE_HALVINGS + 1):
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(seed)  # the same dropout in every precision
+        loss = float(engine.forward_backward(model, batch, loss_fn).detach().float())
+        engine.precision.unscale_(carrier)
+        grads = {name: p.grad.detach().float() for name, p in model.named_parameters() if p.grad is not None}
+        bad = [name for name, g in grads.items() if not bool(torch.isfinite(g).all())]
+        if not bad or scaler is None or not math.isfinite(loss) or scaler.get_scale() <= 1.0:
+            break
+        scaler.update()  # found inf: halve the scale, as a skipped training step does
+    return {"loss": loss, "grads": grads, "bad": bad, "scale": scaler.get_scale() if scaler is not None else None}
+
+
+def _compare(result: PrecisionResult, run: dict[str, Any], ref: dict[str, Any] | None) -> None:
+    result.loss, result.loss_scale = run["loss"], run["scale"]
+    result.finite_loss, result.finite_grads = math.isfinite(run["loss"]), not run["bad"]
+    result.nonfinite_grads = run["bad"][:5] or None
+    if not (result.finite_loss and result.finite_grads):
+        result.status = "nonfinite"
+        what = [f"loss {run['loss']}"] if not result.finite_loss else []
+        if run["bad"]:
+            what.append(f"gradients of {len(run['bad'])} parameter(s), first {run['bad'][0]}")
+        scale = f" at loss scale {run['scale']:g}" if run["scale"] is not None else ""
+        result.detail = f"{' and '.join(what)}{scale}"
+        return
+    if ref is None:
+        result.status = "reference"
+        return
+    result.loss_abs_diff = abs(run["loss"] - ref["loss"])
+    result.loss_rel_diff = result.loss_abs_diff / max(abs(ref["loss"]), 1e-12)
+    ref_norms = {name: float(g.norm()) for name, g in ref["grads"].items()}
+    floor = GRAD_FLOOR * max(ref_norms.values(), default=0.0)
+    worst, worst_name = 0.0, None
+    for name, n_ref in ref_norms.items():
+        g = run["grads"].get(name)
+        if g is None:
+            continue
+        n, scale = float(g.norm()), max(n_ref, floor)
+        rel = abs(n - n_ref) / scale if scale > 0 else (0.0 if n == 0 else math.inf)
+        if rel > worst:
+            worst, worst_name = rel, name
+    result.grad_norm_rel_diff, result.grad_norm_worst = worst, worst_name
+    over = ([f"loss {100 * result.loss_rel_diff:.2g} % from fp32 (limit {100 * LOSS_RTOL:g} %)"]
+            if result.loss_rel_diff > LOSS_RTOL else [])
+    if worst > GRAD_RTOL:
+        over.append(f"gradient norm of {worst_name} {100 * worst:.2g} % from fp32 (limit {100 * GRAD_RTOL:g} %)")
+    result.status, result.detail = ("differs", ", ".join(over)) if over else ("ok", "")
+
+
+def fp8_plan(model: torch.nn.Module, device: torch.device, caps: DeviceCaps, settings: PrecisionConfig) -> dict[str, Any]:
+    """What ``precision.mode = fp8`` (with the fp8 fields of ``settings``) would do to ``model`` on
+    ``caps``: the linear layers its filter converts, those it keeps in bf16 and why, how many
+    ``fp8_min_size = 1`` would convert when torchao's size thresholds leave none, and whether
+    this device runs it (else ``note``: the one-line refusal training would give)."""
+    fp8 = FP8.from_settings(device, settings)
+    plan = fp8.layer_plan(model)
+    converted = [name for name, why in plan.items() if not why]
+    out: dict[str, Any] = {"recipe": fp8.recipe, "min_size": fp8.min_size, "converted": converted,
+                           "kept": [f"{name}: {why}" for name, why in plan.items() if why], "runs_here": True, "note": ""}
+    if not converted and not fp8.min_size:
+        out["with_min_size_1"] = sum(not why for why in FP8.from_settings(
+            device, dataclasses.replace(settings, fp8_min_size=1)).layer_plan(model).values())
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # fp8_emulate's "correctness only": the caller asked for it
+            resolve_precision(FP8.name, caps, settings)
+    except ConfigError as exc:
+        out["runs_here"], out["note"] = False, str(exc)
+    return out
+
+
+def check_precisions(w: Workload, device: torch.device | str | None = None, *, modes: tuple[str, ...] = CHECKED,
+                     seed: int = 0, fp8: PrecisionConfig | None = None) -> dict[str, Any]:
+    """Run ``w``'s model on one batch of its ``train_loader`` in each of ``modes`` (see the module
+    docstring), and fp8 too where this device runs it and its filter (``fp8``'s fields, default:
+    the config's defaults) converts a layer. Returns ``{"model", "device", "batch", "results":
+    [PrecisionResult as dict], "verdict": {...}, "fp8": fp8_plan(...)}``; a model that fails in
+    fp32 itself is a TurbotrainError."""
+    device = resolve_device("auto" if device is None else str(device))
+    caps = DeviceCaps.of(device)
+    fp8_settings = dataclasses.replace(fp8 or PrecisionConfig(), mode=FP8.name)
+    fp8_report = fp8_plan(w.model, device, caps, fp8_settings)
+    if fp8_report["runs_here"] and fp8_report["converted"] and FP8.name not in modes:
+        modes = (*modes, FP8.name)
+    try:
+        first = next(iter(w.train_loader))
+    except StopIteration:
+        raise TurbotrainError(f"{w.source or 'the workload'}: train_loader yields no batch to check") from None
+    batch = move_to(first, device)
+    results: list[PrecisionResult] = []
+    ref: dict[str, Any] | None = None
+    for mode in (REFERENCE, *(m for m in modes if m != REFERENCE)):
+        plugin: str | Precision = FP8.from_settings(device, fp8_settings) if mode == FP8.name else mode
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # bf16 on CPU "is slow": true, and beside the point here
+                resolve_precision(mode, caps, fp8_settings)
+            result = PrecisionResult(mode, "ok", True)
+        except ConfigError as exc:
+            result = PrecisionResult(mode, "unsupported", False, note=str(exc))
+            if mode == FP16Mixed.name and device.type == "cpu":
+                plugin = _FP16MixedForTheCheck()
+                result.note = "a GPU mode; checked with CPU fp16 autocast"
+            else:
+                results.append(result)
+                continue
+        try:
+            run = _forward_backward(plugin, w, batch, device, seed)
+        except TurbotrainError:
+            raise
+        except Exception as exc:  # the user's model in this precision: one line, as a finding
+            if mode == REFERENCE:
+                raise TurbotrainError(f"{w.source or 'the model'}: its fp32 forward/backward raised "
+                                      f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+            result.status, result.detail = "error", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            results.append(result)
+            continue
+        _compare(result, run, ref)
+        if mode == REFERENCE:
+            if result.status == "nonfinite":
+                raise TurbotrainError(f"{w.source or 'the model'}: already in fp32 the {result.detail}; "
+                                      "fix the model or the data before comparing precisions")
+            ref = run
+        results.append(result)
+    out = verdict(results, caps)
+    if device.type != "cuda":  # what a GPU run of this model would get, from the same rows
+        out["on_gpu"] = [{"gpu": label, **verdict(results, gpu)} for label, gpu in GPUS]
+    return {"model": w.describe(), "device": str(device), "results": [r.to_dict() for r in results], "verdict": out,
+            "fp8": fp8_report}
+
+
+GPUS = (("compute capability >= 8.0", DeviceCaps("cuda", (8, 0), True)),
+        ("compute capability < 8.0", DeviceCaps("cuda", (7, 0), False)))
+
+
+def verdict(results: list[PrecisionResult], caps: DeviceCaps) -> dict[str, Any]:
+    """The precision ``auto`` picks on ``caps``, whether it is sound for this model, and if not
+    the first sound one on its fallback chain (the chain a run falls back along)."""
+    by_name = {r.precision: r for r in results}
+    auto = resolve_precision("auto", caps)
+    row = by_name.get(auto)
+    sound = row is not None and row.status in ("ok", "reference")
+    out: dict[str, Any] = {"auto": auto, "sound": sound}
+    if row is None:
+        out["reason"] = f"{auto} was not checked"
+        return out
+    if sound:
+        out["reason"] = "finite; it is the reference" if row.status == "reference" else "finite and within rounding of fp32"
+        return out
+    out["reason"] = row.detail
+    mode = fallback_mode(auto, caps)
+    while mode is not None:
+        r = by_name.get(mode)
+        if r is not None and r.status in ("ok", "reference"):
+            out["use_instead"] = mode
+            break
+        mode = fallback_mode(mode, caps)
+    return out
+
+
+def load_target(model: str | None, preset: str | None, seed: int = 0) -> Workload:
+    """``--model FILE.py:FUNC`` (its workload) or ``--preset NAME`` (the preset's model on one batch
+    of random tokens of at most PRESET_MICRO sequences)."""
+    if model:
+        return load_workload(model, seed=seed)
+    config = load_config(preset)
+    vocab = default_vocab_size(config)
+    torch.manual_seed(seed)
+    net = build_model(config.model, vocab)
+    micro = min(config.batch.micro if isinstance(config.batch.micro, int) else PRESET_MICRO, PRESET_MICRO)
+    batch = token_batches(vocab, config.model.block_size, torch.device("cpu"), seed=seed)(micro)
+    return Workload(model=net, train_loader=[batch], source=f"preset {config.preset} (random tokens)")
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.2g} %"
+
+
+def _sound(v: dict[str, Any]) -> str:
+    if v["sound"]:
+        return f"sound ({v['reason']})."
+    return f"NOT sound ({v['reason']})" + (f"; use --precision.mode={v['use_instead']}." if v.get("use_instead") else ".")
+
+
+def format_check(report: dict[str, Any]) -> str:
+    """Markdown, like the rest of doctor's report: a table per precision and the verdict."""
+    lines = ["### Precisions: one forward/backward per precision against fp32", "",
+             f"- model: {report['model']}", f"- device: {report['device']} (fp32 reference without TF32)", "",
+             "| precision | trains here | loss | vs fp32: abs / rel | max grad-norm diff | result |",
+             "|---|---|---|---|---|---|"]
+    for r in report["results"]:
+        loss = "-" if r["loss"] is None else f"{r['loss']:.6g}"
+        diff = "reference" if r["status"] == "reference" else \
+            "-" if r["loss_abs_diff"] is None else f"{r['loss_abs_diff']:.2g} / {_pct(r['loss_rel_diff'])}"
+        grad = "reference" if r["status"] == "reference" else \
+            "-" if r["grad_norm_rel_diff"] is None else f"{_pct(r['grad_norm_rel_diff'])} ({r['grad_norm_worst']})"
+        result = {"ok": "ok", "reference": "ok (reference)", "nonfinite": "NON-FINITE", "differs": "DIFFERS",
+                  "error": "ERROR", "unsupported": "not supported here"}[r["status"]]
+        if r["detail"]:
+            result += f": {r['detail']}"
+        elif r["loss_scale"] is not None:
+            result += f" at loss scale {r['loss_scale']:g}"
+        here = "yes" if r["trains_here"] else f"no: {r['note']}"
+        lines.append(f"| {r['precision']} | {here} | {loss} | {diff} | {grad} | {result} |")
+    v = report["verdict"]
+    lines += ["", f"Verdict: precision auto uses {v['auto']} on this device: {_sound(v)}"]
+    lines += [f"- on a GPU with {g['gpu']}, auto would use {g['auto']}: {_sound(g)}" for g in v.get("on_gpu", [])]
+    lines += ["", f"(Limits: loss {100 * LOSS_RTOL:g} %, gradient norm {100 * GRAD_RTOL:g} % from fp32; one batch, "
+              "so a model that overflows later in training is not caught.)"]
+    if "fp8" in report:
+        lines += ["", *format_fp8(report["fp8"])]
+    return "\n".join(lines)
+
+
+def _names(items: list[str]) -> str:
+    more = f" and {len(items) - FP8_LISTED} more" if len(items) > FP8_LISTED else ""
+    return ", ".join(items[:FP8_LISTED]) + more
+
+
+def format_fp8(plan: dict[str, Any]) -> list[str]:
+    """The fp8 section of the text report: where it runs, and its layers."""
+    size = f"in x out >= {plan['min_size']}" if plan["min_size"] else "torchao's H100 size thresholds"
+    lines = [f"fp8 (asked for by name: --precision.mode=fp8; {plan['recipe']} recipe, {size}):"]
+    lines.append(f"- this device: {'runs it' if plan['runs_here'] else 'no fp8: ' + plan['note']}")
+    total = len(plan["converted"]) + len(plan["kept"])
+    if plan["converted"]:
+        lines.append(f"- {len(plan['converted'])} of {total} linear layers would run in float8: {_names(plan['converted'])}")
+    else:
+        lines.append(f"- none of its {total} linear layers would run in float8, so fp8 would be bf16-mixed in effect"
+                     + (f"; --precision.fp8_min_size=1 converts {plan['with_min_size_1']}" if plan.get("with_min_size_1") else ""))
+    if plan["kept"]:
+        lines.append(f"- kept in bf16: {_names(plan['kept'])}")
+    return lines

@@ -1,0 +1,214 @@
+"""A torch.profiler window over a few training steps, and what its events say.
+
+:class:`ProfilerWindow` is a hook: it starts ``torch.profiler`` after a given optimizer step and
+stops it ``steps`` steps later (Python stacks on, so every host read of a device value can be
+traced to the line that made it). :func:`analyze` turns the events into per-step figures:
+
+- host time per phase, from the ranges turbotrain marks (:mod:`turbotrain.app.measure`: the loader
+  wait, the forward pass, each hook) and the ones PyTorch emits (``autograd::engine`` for
+  backward, ``Optimizer.step#...`` / ``Optimizer.zero_grad#...``); the rest is "other";
+- on CUDA, device time per phase (kernels launched inside each range), host-to-device copies
+  (``Memcpy HtoD``) and the device's idle gaps (window minus the union of kernel intervals);
+- host reads of device values (``aten::_local_scalar_dense``: ``.item()``, ``float()``,
+  ``bool()`` of a tensor; on CUDA each is a host-device sync, as are explicit
+  ``cuda*Synchronize`` calls), each attributed to its source by the Python stack;
+- the median operator duration in the forward pass (host on CPU, kernels on CUDA): tiny
+  operators mean per-operator overhead, not arithmetic, sets the pace.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+from torch.autograd import DeviceType
+
+from ...loop.hooks import FitContext, Hook
+from ..measure import DATA_LABEL, FORWARD_LABEL, HOOK_LABEL
+
+PHASES = ("data", "forward", "backward", "optimizer", "hooks")
+READ_OPS = ("aten::_local_scalar_dense",)
+SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
+_FRAME = re.compile(r"^(?P<path>.+\.py)\((?P<line>\d+)\): (?P<func>.+)$")
+
+
+def phase_of(name: str) -> str | None:
+    """The phase a host range belongs to, by the name PyTorch or turbotrain gave it."""
+    if name == DATA_LABEL:
+        return "data"
+    if name == FORWARD_LABEL:
+        return "forward"
+    if name.startswith("autograd::engine::evaluate_function"):
+        return "backward"
+    if name.startswith(("Optimizer.step#", "Optimizer.zero_grad#")):
+        return "optimizer"
+    if name.startswith(HOOK_LABEL):
+        return "hooks"
+    return None
+
+
+class ProfilerWindow(Hook):
+    """Profile optimizer steps ``after + 1`` to ``after + steps`` (CPU activity, and CUDA's on a GPU)."""
+
+    def __init__(self, device: torch.device, after: int, steps: int) -> None:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.after, self.steps, self.cuda = after, steps, device.type == "cuda"
+        self.prof = torch.profiler.profile(activities=activities, with_stack=True)
+        self.window_s = 0.0
+        self._t0 = 0.0
+        self.running = False
+
+    def on_step_end(self, ctx: FitContext) -> None:
+        step = ctx.engine.state.step
+        if step == self.after:
+            ctx.engine.synchronize()  # host-device sync point: the window starts with an empty queue
+            self.prof.start()
+            self.running = True
+            self._t0 = time.perf_counter()
+        elif step == self.after + self.steps and self.running:
+            ctx.engine.synchronize()  # host-device sync point: the window's last kernels are in it
+            self.window_s = time.perf_counter() - self._t0
+            self.prof.stop()
+            self.running = False
+
+    def on_exception(self, ctx: FitContext, exc: BaseException) -> None:
+        if self.running:
+            self.prof.stop()
+            self.running = False
+
+    def export(self, path: Path) -> Path:
+        """The window's Chrome trace (open in chrome://tracing or ui.perfetto.dev); gzipped for .gz."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.prof.export_chrome_trace(str(path))
+        return path
+
+
+# ----------------------------------------------------------------------------- intervals
+
+
+def _union_us(intervals: Iterable[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def _ancestors(event: Any) -> Iterable[Any]:
+    parent = event.cpu_parent
+    while parent is not None:
+        yield parent
+        parent = parent.cpu_parent
+
+
+def _outermost(events: list[Any], pred: Callable[[Any], bool]) -> list[Any]:
+    """Events for which ``pred`` holds and no ancestor's does (no double counting of nesting)."""
+    return [e for e in events if pred(e) and not any(pred(a) for a in _ancestors(e))]
+
+
+def _span(e: Any) -> tuple[float, float]:
+    return float(e.time_range.start), float(e.time_range.end)
+
+
+def _device_us(e: Any) -> float:
+    return float(getattr(e, "device_time_total", 0.0) or 0.0)
+
+
+# ----------------------------------------------------------------------------- attribution
+
+
+def read_source(event: Any) -> tuple[str, str]:
+    """(kind, where) of a host read: kind is 'user', 'monitor', 'guard', 'optimizer', 'clock'
+    or 'turbotrain'; where is 'file.py:LINE (function)' of the innermost frame that is not
+    PyTorch's own (the optimizer's frames are kept: its implementation makes the read)."""
+    for parent in _ancestors(event):
+        m = _FRAME.match(parent.name)
+        if not m:
+            continue
+        path, line, func = m["path"], m["line"], m["func"]
+        norm = path.replace("\\", "/")
+        where = f"{norm}:{line} ({func})"
+        if "torch/optim/" in norm:
+            return "optimizer", where
+        if "/torch/" in f"/{norm}" or "site-packages/" in norm or norm.startswith("<"):
+            continue
+        if "turbotrain/" in norm:
+            module = norm.rsplit("turbotrain/", 1)[1]
+            kind = ("guard" if module.startswith("core/precision/")  # the non-finite guard lives in the precision package
+                    else {"loop/monitor.py": "monitor", "app/bench/protocol.py": "clock"}.get(module, "turbotrain"))
+            return kind, where
+        return "user", where
+    return "unknown", "no Python stack recorded"
+
+
+def is_sync(kind: str, device_type: str) -> bool:
+    """Whether a read of this kind makes the host wait for the device: not torch.optim's step
+    counters (host tensors), nor the CPU guard's reads (CPU only, where there is no device queue);
+    every other read would on a GPU."""
+    if kind in ("optimizer", "clock"):
+        return False
+    return kind != "guard" or device_type == "cuda"
+
+
+# ----------------------------------------------------------------------------- analysis
+
+
+def analyze(window: ProfilerWindow) -> dict[str, Any]:
+    """Per-step figures of the profiled window (see the module docstring)."""
+    events = list(window.prof.events())
+    steps = max(window.steps, 1)
+    host = [e for e in events if e.device_type == DeviceType.CPU]
+    window_us = window.window_s * 1e6
+    phases: dict[str, dict[str, float]] = {}
+    covered: list[tuple[float, float]] = []
+    for phase in PHASES:
+        outer = _outermost(host, lambda e, p=phase: phase_of(e.name) == p)  # type: ignore[misc]
+        spans = [_span(e) for e in outer]
+        covered.extend(spans)
+        phases[phase] = {"host_ms": _union_us(spans) / 1000 / steps,
+                         "device_ms": sum(_device_us(e) for e in outer) / 1000 / steps}
+    phases["other"] = {"host_ms": max(window_us - _union_us(covered), 0.0) / 1000 / steps, "device_ms": 0.0}
+    step_ms = window_us / 1000 / steps
+    for p in phases.values():
+        p["share"] = p["host_ms"] / step_ms if step_ms else 0.0
+
+    reads = [e for e in host if e.name in READ_OPS]
+    read_ids = {id(e) for e in reads}
+    syncs = [e for e in host if e.name in SYNC_CALLS and not any(id(a) in read_ids or a.name in READ_OPS for a in _ancestors(e))]
+    by_source: Counter[tuple[str, str]] = Counter(read_source(e) for e in [*reads, *syncs])
+    sources = [{"kind": kind, "where": where, "per_step": n / steps} for (kind, where), n in by_source.most_common()]
+
+    forward_ops = [e for e in host if e.name.startswith("aten::") and any(a.name == FORWARD_LABEL for a in _ancestors(e))
+                   and not any(a.name.startswith("aten::") for a in _ancestors(e))]
+    device_type = "cuda" if any(e.device_type == DeviceType.CUDA for e in events) or window.cuda else "cpu"
+    out: dict[str, Any] = {
+        "profiled_steps": steps,
+        "profiled_step_ms": step_ms,
+        "phases": phases,
+        "host_reads_per_step": (len(reads) + len(syncs)) / steps,
+        "syncs_per_step": sum(s["per_step"] for s in sources if is_sync(s["kind"], device_type)),
+        "read_sources": [{**s, "sync": is_sync(s["kind"], device_type)} for s in sources],
+        "forward_ops_per_step": len(forward_ops) / steps,
+        "forward_op_median_us": statistics.median(e.cpu_time_total for e in forward_ops) if forward_ops else None,
+    }
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    if kernels:
+        busy = _union_us(_span(k) for k in kernels)
+        out["device"] = {
+            "busy_ms": busy / 1000 / steps,
+            "idle_ms": max(window_us - busy, 0.0) / 1000 / steps,
+            "idle_share": max(window_us - busy, 0.0) / window_us if window_us else 0.0,
+            "h2d_copy_ms": sum(_span(k)[1] - _span(k)[0] for k in kernels if "HtoD" in k.name) / 1000 / steps,
+            "kernels_per_step": len(kernels) / steps,
+            "kernel_median_us": statistics.median(_span(k)[1] - _span(k)[0] for k in kernels),
+        }
+    return out

@@ -1,0 +1,164 @@
+"""Monitoring, checkpoints and a report for your own training loop, in one call.
+
+``fit()`` runs hooks (monitor, evaluation, checkpoints) after each optimizer step; an own loop
+gets the same hooks from :func:`track`, which the engine calls after every step it takes::
+
+    model, optimizer, loader = engine.setup(model, optimizer, loader)
+    with track(engine, model, optimizer, "runs/mnist", example_batch=next(iter(loader))) as run:
+        for epoch in range(epochs):
+            for x, y in loader:
+                ...                      # your loop, unchanged
+            engine.end_epoch(optimizer)
+    # runs/mnist: metrics.jsonl, summary.json, summary.md, plots/*.png (checkpoints/ when asked)
+
+Throughput is counted from the batches the engine's loader hands out (samples/s always, tokens/s
+where a batch has token ids); MFU from FLOPs counted once on ``example_batch``, for any model. The
+hooks read device values only on logging steps, as in ``fit()``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from ..loop.checkpoint import Checkpointer, restore_latest, run_state
+from .doctor import collect_hardware
+from ..core.engine import Engine, LossFn, default_loss
+from ..loop.hooks import FitContext, HookList
+from ..loop.monitor import MfuProbe, Monitor
+from .report import write_report, write_summary
+from ..loop.run_hooks import MonitorPlan, build_hooks, build_monitor
+from ..base.rundir import CHECKPOINTS
+
+
+def run_facts(engine: Engine, monitor: Monitor) -> dict[str, Any]:
+    """What the engine and the monitor know of a run, for summary.json (``turbotrain train`` and
+    :func:`track` alike): progress, time to first step, events, hardware, FLOPs per sample; data
+    parallel: samples and tokens of all ranks, the world size, one rank's median tokens/s (the
+    peak behind MFU is every device's)."""
+    mfu = next((p for p in monitor.probes if isinstance(p, MfuProbe)), None)
+    world = engine.strategy.world  # data parallel: every rank trains an equal share
+    rank_rates = [r["rank_tokens_per_s"] for r in monitor.records if r.get("rank_tokens_per_s")]
+    return {
+        "steps": engine.state.step,
+        "samples": engine.state.samples * world,
+        "tokens": engine.state.tokens * world,
+        "world_size": world,
+        **({"rank_tokens_per_s_median": statistics.median(rank_rates)} if rank_rates else {}),
+        "first_step_s": monitor.first_step_s,
+        "events": [asdict(e) for e in engine.events],
+        "hardware": collect_hardware(engine.device),
+        "flops_per_sample": mfu.flops_per_sample if mfu else None,
+        "flops_source": mfu.source if mfu else None,
+        "peak_tflops": mfu.peak_tflops(engine.precision.name) if mfu else None,
+        "compile": engine.compile_guard.summary(),
+    }
+
+
+class Tracker:
+    """The hooks of an own loop (see the module docstring); made by :func:`track`."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        run_dir: str | Path,
+        *,
+        scheduler: Any = None,
+        example_batch: Any = None,
+        loss_fn: LossFn = default_loss,
+        log_every: int = 10,
+        max_steps: int | None = None,
+        eval_batches: Iterable[Any] | None = None,
+        eval_every: int = 0,
+        checkpoint_every: int | None = None,
+        keep_last: int = 3,
+        resume: bool = False,
+        progress: bool = True,
+        nvml: bool = True,
+        report: bool = True,
+    ) -> None:
+        self.engine, self.run_dir, self.report = engine, Path(run_dir), report
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.state = run_state(engine, model, optimizer, scheduler if scheduler is not None else engine.scheduler)
+        self.resumed_from = ""
+        if resume and (self.run_dir / CHECKPOINTS).is_dir():
+            self.resumed_from = restore_latest(self.run_dir / CHECKPOINTS, self.state).name
+        self.monitor, _ = build_monitor(engine, model, example_batch, MonitorPlan(
+            log_every, self.run_dir, progress_steps=max_steps if progress else None, nvml=nvml), loss_fn=loss_fn)
+        hooks = build_hooks(  # evaluation before the monitor, the checkpointer last (run_hooks explains)
+            self.monitor, eval_batches=list(eval_batches) if eval_batches is not None else None, eval_every=eval_every,
+            loss_fn=loss_fn, scheduler=scheduler if scheduler is not None else engine.scheduler,
+            checkpointer=Checkpointer(self.run_dir / CHECKPOINTS, checkpoint_every, keep_last, self.state)
+            if checkpoint_every is not None else None)
+        self.hooks = HookList(hooks)
+        self.ctx = FitContext(engine, model, optimizer, max_steps or sys.maxsize)
+        self._start = time.perf_counter()
+        self._closed = False
+        self.hooks.on_fit_start(self.ctx)
+        engine.add_step_callback(self._after_step)
+
+    def _after_step(self) -> None:
+        if not self._closed:
+            self.hooks.on_step_end(self.ctx)
+
+    def save(self) -> None:
+        """Write a checkpoint now (needs ``checkpoint_every``; atomic and checksummed)."""
+        for hook in self.hooks.hooks:
+            if isinstance(hook, Checkpointer):
+                hook.save(self.ctx)
+
+    def close(self, exc: BaseException | None = None) -> dict[str, Any]:
+        """End of training: the last record, the final checkpoint and evaluation, summary.json and
+        (with ``report``) plots and summary.md. Returns the summary. Idempotent."""
+        if self._closed:
+            return {}
+        self._closed = True
+        status = f"failed: {type(exc).__name__}: {exc}" if exc is not None else "completed"
+        if exc is None:
+            self.hooks.on_fit_end(self.ctx)
+        else:
+            self.hooks.on_exception(self.ctx, exc)
+        summary = write_summary(self.run_dir, self.facts(status), self.monitor.records)
+        if self.report and exc is None:
+            summary = write_report(self.run_dir).summary
+        return summary
+
+    def facts(self, status: str) -> dict[str, Any]:
+        """What summary.json says beyond the metrics: what ran, how long, events, hardware, FLOPs."""
+        engine = self.engine
+        return {
+            "run": self.run_dir.name,
+            "status": status,
+            **run_facts(engine, self.monitor),
+            "elapsed_s": round(time.perf_counter() - self._start, 3),
+            "resumed_from": self.resumed_from,
+            "optimizations": {"precision": engine.precision.name, "compile": engine.options.compile_scope, **engine.switches},
+        }
+
+    def __enter__(self) -> "Tracker":
+        return self
+
+    def __exit__(self, kind: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close(exc)
+
+
+def track(engine: Engine, model: nn.Module, optimizer: torch.optim.Optimizer | None, run_dir: str | Path,
+          **options: Any) -> Tracker:
+    """Monitor (and optionally evaluate and checkpoint) an own loop in ``run_dir``; use it as a
+    context manager, or call ``close()`` at the end. Options: ``example_batch`` (FLOPs and MFU),
+    ``loss_fn``, ``log_every`` (steps between metric reads: the host-device syncs), ``max_steps``
+    (progress bar length), ``eval_batches`` + ``eval_every``, ``checkpoint_every`` (0 = at the
+    end only; None = no checkpoints) + ``keep_last``, ``resume`` (load the newest checkpoint in
+    ``run_dir`` first; ``engine.state.batches`` is then the data position), ``scheduler``,
+    ``progress``, ``nvml``, ``report`` (plots and summary.md at the end)."""
+    return Tracker(engine, model, optimizer, run_dir, **options)

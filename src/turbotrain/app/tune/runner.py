@@ -1,0 +1,137 @@
+"""Tune trials as processes: ``python -m turbotrain.app.tune.trial`` in ``run_dir/trials/NAME`` under
+a timeout, its progress events read while it runs (process handling: :mod:`turbotrain.base.process`).
+
+The study talks to a :class:`Runner`; :class:`ProcessRunner` is the real one (tests use a
+simulated one): ``measure`` returns an :class:`Outcome` and calls back with each window's
+throughput (True: prune) and with the trial's peak memory (True: over budget, stop it).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from ...base.errors import TurbotrainError
+from ...base.failure import cause_in_log
+from ..measure import Target
+from ...base.process import child_env, run_process
+
+
+@dataclass
+class TuneOptions:
+    """Trials to run and how each is measured (steps are optimizer steps)."""
+
+    trials: int = 20
+    warmup: int = 5
+    steps: int = 30
+    window: int = 10  # timed steps per intermediate value reported to the pruner
+    timeout_s: float = 600.0
+    prune: bool = True
+    confirm: int = 2  # interleaved re-measurements of the best and the baseline at the end (0 = none)
+    threads: int = 0  # CPU threads per trial process (0 = torch's default)
+    seed: int = 0
+
+
+@dataclass
+class Outcome:
+    """How a trial process ended: ``status`` ok / oom / invalid / failed / timeout / pruned /
+    over budget; ``result`` the figures it wrote (partial or empty when stopped)."""
+
+    status: str
+    result: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""
+    peak_bytes: int | None = None
+    budget_bytes: int | None = None
+    windows: list[float] = field(default_factory=list)
+
+
+class Runner(Protocol):
+    def measure(self, name: str, changes: dict[str, dict[str, Any]], report: Callable[[int, float], bool],
+                over_budget: Callable[[int, int | None], bool]) -> Outcome: ...
+
+    def find(self, changes: dict[str, dict[str, Any]]) -> dict[str, Any]: ...
+
+
+class ProcessRunner:
+    """Runs each trial as ``python -m turbotrain.app.tune.trial`` in ``run_dir/trials/NAME`` with a
+    timeout, reading its progress events while it runs (process handling: turbotrain.base.process)."""
+
+    def __init__(self, target: Target, run_dir: Path, options: TuneOptions, status: Callable[[str], None]) -> None:
+        self.target, self.run_dir, self.options, self.status = target, run_dir, options, status
+
+    def _spawn(self, name: str, spec: dict[str, Any], poll: Callable[[list[dict[str, Any]]], str]) -> tuple[int | None, str, Path]:
+        folder = self.run_dir / "trials" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        paths = {k: folder / f for k, f in (("spec", "spec.json"), ("result", "result.json"), ("progress", "progress.jsonl"), ("log", "log.txt"))}
+        for key in ("result", "progress"):
+            paths[key].unlink(missing_ok=True)
+        paths["progress"].touch()
+        paths["spec"].write_text(json.dumps({**spec, "run_dir": str(folder)}, indent=1, default=str))
+        cmd = [sys.executable, "-m", "turbotrain.app.tune.trial", "--spec", str(paths["spec"]), "--result", str(paths["result"]),
+               "--progress", str(paths["progress"])]
+        seen, stop = 0, ""
+
+        def check() -> bool:
+            nonlocal seen, stop
+            lines = paths["progress"].read_text().splitlines()
+            complete = lines if paths["progress"].read_text().endswith("\n") else lines[:-1]
+            events = [json.loads(line) for line in complete[seen:]]
+            seen = len(complete)
+            stop = poll(events) if events else ""
+            return bool(stop)
+
+        env = child_env(threads=self.options.threads, compile_cache=self.run_dir / "compile-cache")
+        code = run_process(cmd, paths["log"], env, self.options.timeout_s, poll=check)
+        if code is not None and not stop and paths["progress"].exists():
+            check()  # events written just before it exited
+        return code, stop, folder
+
+    def measure(self, name: str, changes: dict[str, dict[str, Any]], report: Callable[[int, float], bool],
+                over_budget: Callable[[int, int | None], bool]) -> Outcome:
+        o = self.options
+        spec = {"mode": "measure", "target": self.target.to_dict(), "changes": changes, "warmup": o.warmup,
+                "steps": o.steps, "window": o.window}
+        out = Outcome("failed")
+
+        def poll(events: list[dict[str, Any]]) -> str:
+            for e in events:
+                if e["event"] == "memory" and e.get("peak_bytes") is not None:
+                    out.peak_bytes, out.budget_bytes = int(e["peak_bytes"]), e.get("budget_bytes")
+                    if over_budget(out.peak_bytes, out.budget_bytes):
+                        return "over budget"
+                elif e["event"] == "window":
+                    out.windows.append(float(e["throughput"]))
+                    self.status(f"{name}: window {e['k']}: {e['throughput']:,.0f}/s")
+                    if report(int(e["k"]), float(e["throughput"])):
+                        return "pruned"
+            return ""
+
+        code, stop, folder = self._spawn(name, spec, poll)
+        result_path, log = folder / "result.json", folder / "log.txt"
+        if stop:
+            out.status, out.reason = stop, ""
+        elif code is None:
+            out.status, out.reason = "timeout", f"ran past {o.timeout_s:g} s (--trial-timeout-s)"
+        elif result_path.is_file():
+            out.result = json.loads(result_path.read_text())
+            out.status, out.reason = out.result.get("status", "failed"), out.result.get("reason", "")
+            out.peak_bytes = out.result.get("peak_bytes", out.peak_bytes)
+            out.budget_bytes = out.result.get("budget_bytes", out.budget_bytes)
+        else:  # it died without a word of its own: the cause is in its log (the last line is often a warning's source)
+            out.status, out.reason = "failed", f"{cause_in_log(log.read_text(errors='replace'), code)} (see {log})"
+        return out
+
+    def find(self, changes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        code, _, folder = self._spawn("batch-finder", {"mode": "find", "target": self.target.to_dict(), "changes": changes},
+                                      lambda events: "")
+        result = folder / "result.json"
+        if code is None or not result.is_file():
+            raise TurbotrainError(f"tune: the batch finder run failed or timed out (see {folder / 'log.txt'}); "
+                                  "fix the batch size with --batch.micro=N")
+        found = json.loads(result.read_text())
+        if found.get("status") != "ok":
+            raise TurbotrainError(f"tune: the batch finder run ended with {found.get('status')}: {found.get('reason')}")
+        return found

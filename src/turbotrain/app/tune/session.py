@@ -1,0 +1,204 @@
+"""One ``turbotrain tune``: the run folder, the search space, the study, and the files at the end.
+
+The run folder (``run.out_dir/run.name``, default ``tune-<preset or FUNC>-<time>``) holds the study
+(``study.db``, SQLite: run the same command with the same ``--run.name`` to continue it), each
+trial's spec, log and metrics under ``trials/``, and ``tune.json``, ``tune.md``, ``tune.png`` and
+``best.toml`` (or ``--out``). They are written at the end, and also when Ctrl-C or SIGTERM stops the study.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from ...base.config import RunConfig
+from ...core.engine import resolve_device
+from ...base.errors import ConfigError
+from ..measure import Target
+from ...parts.models.blocks import repeated_blocks
+from ...core.precision import DeviceCaps, resolve_precision
+from ...base.rundir import new_run_dir
+from ...parts.models.workload_spec import WorkloadSpec
+from ...parts.workload import load_workload
+from .output import preset_text, trials_table, write_plot, write_text
+from .space import MICRO, Dim, ModelFacts, build_space, micro_choices
+from .runner import ProcessRunner, TuneOptions
+from .study import STUDY_DB, Log, Study, StudyStopped, best_config, fixed_keys, require_optuna
+
+BEST_FILE, JSON_FILE, MD_FILE, PLOT_FILE = "best.toml", "tune.json", "tune.md", "tune.png"
+
+
+def model_facts(target: Target) -> ModelFacts:
+    """What the target allows searching; a workload is loaded here once, so a wrong
+    ``--model`` fails before any trial starts."""
+    if not target.is_workload:
+        return ModelFacts(gpt=True, blocks=True, own_optimizer=False, dataloader=True)
+    w = target.workload or load_workload(target.model or "")
+    return ModelFacts(gpt=False, blocks=repeated_blocks(w.model) is not None, own_optimizer=w.optimizer is not None,
+                      dataloader=isinstance(w.train_loader, DataLoader),
+                      loader_workers=w.train_loader.num_workers if isinstance(w.train_loader, DataLoader) else None)
+
+
+def global_batch(base: RunConfig, target: Target) -> int:
+    """Samples per optimizer step, kept by every trial: ``batch.global_size`` when given, else
+    the base config's micro-batch x accumulation."""
+    if target.is_workload:
+        return 1  # a workload's batch is its DataLoader's: not searched
+    if base.batch.global_size > 0:
+        return base.batch.global_size
+    if not isinstance(base.batch.micro, int):
+        raise ConfigError("tune keeps the global batch while it searches the micro-batch: give --batch.global_size=N "
+                          "(or a whole --batch.micro, which is then not searched)")
+    return base.batch.micro * base.batch.accumulation
+
+
+def open_run_dir(target: Target, base: RunConfig) -> tuple[Path, bool]:
+    """(folder, resuming): an existing folder with a study is resumed, a new one is created."""
+    name = base.run.name or f"tune-{target.label}-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder = Path(base.run.out_dir) / name
+    if (folder / STUDY_DB).is_file():
+        return folder, True
+    return new_run_dir(base.replace(run={"name": name})), False
+
+
+def saved_space(folder: Path) -> list[dict[str, Any]] | None:
+    """The search space stored in a study being resumed (so the finder need not run again)."""
+    optuna = require_optuna()
+    try:
+        study = optuna.load_study(study_name="turbotrain-tune", storage=f"sqlite:///{folder / STUDY_DB}")
+    except KeyError:
+        return None
+    identity = study.user_attrs.get("identity") or {}
+    return identity.get("space")
+
+
+def tune(target: Target, options: TuneOptions, out: Path | None, log: Log) -> dict[str, Any]:
+    """Run the study (see :mod:`.study`) and write the files; returns the tune document. Ctrl-C
+    or SIGTERM end the running trial, write what was measured and return (``doc["interrupted"]``
+    names the signal). A trial that fails for a reason no setting changes stops the study: the
+    files are written, then :class:`StudyStopped` (one line) is raised."""
+    require_optuna()
+    base = target.config()
+    device = resolve_device(base.run.device)
+    facts = model_facts(target)
+    g = global_batch(base, target)
+    folder, resuming = open_run_dir(target, base)
+    runner = ProcessRunner(target, folder, options, status=lambda line: log(line, transient=True))
+    fixed = fixed_keys(target)
+    space, fits = None, None
+    if resuming:
+        stored = saved_space(folder)
+        space = [Dim(d["key"], tuple(d["choices"]), d["base"]) for d in stored] if stored else None
+    if space is None:
+        micros = None
+        if not target.is_workload and MICRO not in fixed and "batch.accumulation" not in fixed:
+            log("batch finder: the largest micro-batch that fits, bounding the micro-batch choices", transient=True)
+            found = runner.find({"batch": {"micro": "auto", "global_size": g, "accumulation": 1}})
+            fits = int(found["found"])
+            micros = micro_choices(g, fits)
+            log(f"batch finder: micro-batch {found['found']} fits; trying {', '.join(map(str, micros))}")
+        space = build_space(base, device, facts, fixed, micros)
+    if not space:
+        raise ConfigError("nothing to search: every setting tune would try is fixed on the command line or has one value here")
+    study = Study(target, base, space, options, folder, runner, log, g,
+                  base_precision=resolve_precision(base.precision.mode, DeviceCaps.of(device), base.precision), headroom=base.batch.headroom,
+                  fits_micro=fits)
+    study.open()
+    log(f"tune {target.label} on {device}: {options.trials} trials of {options.warmup} warm-up + {options.steps} timed steps, "
+        f"searching {', '.join(d.key for d in space)} ({folder})")
+    interrupted, confirmation, stopped = "", None, None
+    try:
+        study.run()
+        best = study.best()
+        if best is not None and options.confirm and not best.get("baseline") and study.baseline_row() is not None:
+            confirmation = study.confirm(best, options.confirm)
+    except KeyboardInterrupt:
+        interrupted = "Ctrl-C"
+    except SystemExit as exc:  # SIGTERM (turbotrain.base.process.exit_on_sigterm): the running trial is ended; write what was measured
+        interrupted = "SIGTERM" if exc.code == 128 + signal.SIGTERM else f"exit {exc.code}"
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one does not cut the files being written
+    except StudyStopped as exc:
+        stopped = exc
+    doc = write_outputs(study, folder, out, device.type, confirmation)
+    doc["interrupted"] = interrupted
+    doc["resume"] = f"--run.out_dir={folder.parent} --run.name={folder.name}"
+    if stopped is not None:
+        raise StudyStopped(f"{stopped} (trials so far: {folder / JSON_FILE})") from None
+    return doc
+
+
+def write_outputs(study: Study, folder: Path, out: Path | None, device_type: str,
+                  confirmation: dict[str, Any] | None = None) -> dict[str, Any]:
+    """tune.json, tune.md, tune.png and the best preset (when a trial was feasible). A best
+    trial that the confirmation runs did not find faster than the baseline is not written: the
+    preset then holds the baseline's settings, and says why."""
+    rows = study.rows()
+    best = study.best()
+    baseline = study.baseline_row()
+    ref = study.reference or {}
+    limit = study._limit(ref.get("budget_bytes"))
+    unit = next((r["unit"] for r in rows if r.get("unit")), "throughput")
+    keys = [d.key for d in study.space]
+    doc: dict[str, Any] = {
+        "schema": "turbotrain-tune/1", "run_dir": str(folder), "target": study.target.to_dict(), "device": device_type,
+        "options": study.options.__dict__, "space": [d.to_dict() for d in study.space], "global_batch": study.global_batch,
+        "reference": ref, "memory_limit_bytes": limit, "trials": rows, "best": best, "preset": None,
+        "counted_trials": study.counted(), "confirmation": confirmation,
+    }
+    if best is not None:
+        chosen = best
+        speedup = f", {best['throughput'] / baseline['throughput']:.2f}x the baseline" if baseline else ""
+        header = [f"turbotrain tune: the fastest feasible of {study.counted()} trials on {device_type} "
+                  f"(trial {best['number']}: {best['throughput']:,.0f} {unit}{speedup})"]
+        if confirmation is not None:
+            header.append(f"re-measured against the baseline, {confirmation['repeats']} interleaved run(s) each: "
+                          + (f"{confirmation['speedup']:.2f}x" if "speedup" in confirmation else "no figure")
+                          + (" (confirmed)" if confirmation["confirmed"] else
+                             f" (under {confirmation['min_speedup']:.2f}x: within noise; these are the BASELINE's settings)"))
+            if not confirmation["confirmed"] and baseline is not None:
+                chosen = baseline
+        header.append(f"searched: {', '.join(keys)}; study: {folder}")
+        config = best_config(study.target, chosen["params"], study.global_batch)
+        if study.target.model:  # the workload and the micro-batch it was measured with (its loader's unless searched)
+            micro = config.batch.micro if "batch.micro" in chosen["params"] else WorkloadSpec(study.target.model).micro_batch(config.run.seed)
+            config = config.replace(model={"workload": study.target.model}, batch={"micro": micro or config.batch.micro})
+        header.append("train with: turbotrain train --preset THIS.toml" if not study.target.is_workload else
+                      f"train with: turbotrain train --model {study.target.model} --preset THIS.toml; an own loop: "
+                      "Engine(turbotrain.load_config('THIS.toml'))")
+        path = out or folder / BEST_FILE
+        write_text(path, preset_text(config, header))
+        doc["preset"] = str(path)
+        doc["preset_trial"] = chosen["number"]
+        doc["speedup_over_baseline"] = best["throughput"] / baseline["throughput"] if baseline else None
+    write_text(folder / JSON_FILE, json.dumps(doc, indent=1, default=str) + "\n")
+    write_text(folder / MD_FILE, f"## turbotrain tune: {study.target.label}\n\n" + trials_table(rows, keys) + "\n")
+    doc["plot"] = str(folder / PLOT_FILE) if write_plot(rows, limit, unit, folder / PLOT_FILE) else None
+    return doc
+
+
+def summary(doc: dict[str, Any]) -> str:
+    """The lines the command prints at the end."""
+    rows = doc["trials"]
+    keys = [d["key"] for d in doc["space"]]
+    lines = [trials_table(rows, keys), ""]
+    best = doc.get("best")
+    if best is None:
+        lines.append("no feasible trial: nothing was written (see the notes above)")
+    else:
+        params = ", ".join(f"{k}={v}" for k, v in best["params"].items())
+        speed = f" ({doc['speedup_over_baseline']:.2f}x the baseline)" if doc.get("speedup_over_baseline") else ""
+        lines.append(f"best: trial {best['number']}: {best['throughput']:,.0f} {best.get('unit') or ''}{speed}: {params}")
+        c = doc.get("confirmation")
+        if c and "speedup" in c:
+            lines.append(f"re-measured, interleaved with the baseline: {c['speedup']:.2f}x "
+                         + ("(confirmed)" if c["confirmed"] else "(within noise: the preset keeps the baseline's settings)"))
+        model = (doc.get("target") or {}).get("model")
+        lines.append(f"wrote {doc['preset']}: turbotrain train " + (f"--model {model} " if model else "") + f"--preset {doc['preset']}")
+    lines.append(f"study, table and plot: {doc['run_dir']}")
+    return "\n".join(lines)
+

@@ -1,0 +1,151 @@
+"""The search space of ``turbotrain tune``: which settings, which values, on this device and model.
+
+One :class:`Dim` per setting (a config key), with the values worth trying here and the base
+config's resolved value (the baseline trial). A setting you fix with ``--section.key=value`` is
+not searched. The micro-batch is searched as powers of two that divide the global batch
+(micro x accumulation of the base config), accumulation following so the global batch, and so the
+math, stays the same; its range comes from the batch finder (up to twice what fits at the base
+settings: leaner settings, bf16 or activation checkpointing, may fit more).
+
+Left out on purpose: the for-loop AdamW (never faster than foreach), compile modes other than
+"default" on CPU (reduce-overhead and max-autotune target CUDA), fp16 on CPU (no GradScaler there),
+the SDPA backend on CPU (one kernel there) and its "math" backend on CUDA (never the fastest).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+import torch
+
+from ...base.config import COMPILE_MODES, RunConfig
+from ...base.errors import ConfigError
+from ...parts.data import default_num_workers
+from ...core.optim import resolve_implementation
+from ...core.precision import PRECISIONS, DeviceCaps, resolve_precision
+from ...core.transforms import resolve_scope
+
+MICRO = "batch.micro"
+COMPILE_MODE = "compile.mode"
+SDPA_BACKEND = "model.sdpa_backend"
+CONDITIONAL = {COMPILE_MODE: ("compile.scope", "off"), SDPA_BACKEND: ("model.attention", "masked")}  # unused when that is set so
+
+
+@dataclass(frozen=True)
+class Dim:
+    """One searched setting: ``key`` (section.key), the values tried, the baseline's value."""
+
+    key: str
+    choices: tuple[Any, ...]
+    base: Any
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the target's model and data allow: a GPT (attention choice), repeated blocks
+    (activation checkpointing, per-block compile), an own optimizer (no implementation choice),
+    a DataLoader (workers can change)."""
+
+    gpt: bool
+    blocks: bool
+    own_optimizer: bool
+    dataloader: bool
+    loader_workers: int | None = None  # a workload's DataLoader's own num_workers
+
+
+def precision_choices(device: torch.device) -> tuple[str, ...]:
+    """Every registered precision this device runs as it is (fp8 only on a GPU with float8 tensor
+    cores and torchao installed: emulation is never searched), in registry order."""
+    caps = DeviceCaps.of(device)
+    usable = []
+    for name in PRECISIONS:
+        try:
+            with warnings.catch_warnings():  # "bf16 on CPU is slow" is for a run, not for each candidate
+                warnings.simplefilter("ignore")
+                resolve_precision(name, caps)
+        except ConfigError:
+            continue
+        usable.append(name)
+    return tuple(usable)
+
+
+def micro_choices(global_batch: int, fits: int | None) -> tuple[int, ...]:
+    """Powers of two dividing ``global_batch``, from an eighth of ``fits`` to twice it (all of
+    them up to the global batch when the finder did not run)."""
+    powers = [p for p in (2**i for i in range(16)) if p <= global_batch and global_batch % p == 0]
+    if fits is None:
+        return tuple(powers)
+    chosen = [p for p in powers if max(1, fits // 8) <= p <= 2 * fits]
+    return tuple(chosen or powers[:1])
+
+
+def build_space(base: RunConfig, device: torch.device, facts: ModelFacts, fixed: set[str],
+                micros: tuple[int, ...] | None) -> list[Dim]:
+    """The dimensions to search (see the module docstring)."""
+    cuda = device.type == "cuda"
+    cores = os.cpu_count() or 1
+    dims: list[Dim] = []
+
+    def add(key: str, choices: tuple[Any, ...], base_value: Any) -> None:
+        if key in fixed or len(set(choices) | {base_value}) < 2:
+            return
+        values = tuple(dict.fromkeys((*choices, base_value)))  # the baseline's value is always a choice
+        dims.append(Dim(key, values, base_value))
+
+    add("precision.mode", precision_choices(device), resolve_precision(base.precision.mode, DeviceCaps.of(device), base.precision))
+    scope = resolve_scope(base.compile.scope, device)
+    add("compile.scope", ("off", "model", *(("blocks",) if facts.blocks else ())), scope)
+    if cuda:
+        add(COMPILE_MODE, COMPILE_MODES, base.compile.mode)
+    if micros and MICRO not in fixed and "batch.accumulation" not in fixed:
+        base_micro = int(base.batch.micro) if isinstance(base.batch.micro, int) else micros[-1]
+        add(MICRO, micros, base_micro if base_micro in micros else max(m for m in micros if m <= max(base_micro, micros[0])))
+    if facts.dataloader:
+        workers = sorted({w for w in (0, 1, 2, 4, 8) if w <= max(2, cores)})
+        base_workers = base.data.num_workers if base.data.num_workers >= 0 else (
+            facts.loader_workers if facts.loader_workers is not None else default_num_workers(device))
+        add("data.num_workers", tuple(workers), base_workers)
+    if facts.blocks:
+        add("memory.checkpointing", ("off", "selective", "full"), base.memory.checkpointing)
+    if not facts.own_optimizer:
+        add("optim.implementation", ("fused", "foreach"), resolve_implementation(base.optim.implementation, device))
+    if facts.gpt:
+        add("model.attention", ("sdpa", "masked"), base.model.attention)
+        add("model.loss", ("full", "chunked"), base.model.loss)
+        if cuda:  # the CPU has one SDPA kernel; "math" is never the fastest on a GPU
+            add(SDPA_BACKEND, ("auto", "cudnn", "flash", "efficient"), base.model.sdpa_backend)
+    return dims
+
+
+def applies(key: str, params: dict[str, Any]) -> bool:
+    """Whether ``key`` means anything given the others: compile mode only when compiling, the
+    SDPA backend only with SDPA attention."""
+    parent = CONDITIONAL.get(key)
+    return parent is None or params.get(parent[0]) != parent[1]
+
+
+def base_params(space: list[Dim]) -> dict[str, Any]:
+    """The baseline trial: every dimension at the base config's value (conditional ones only where they apply)."""
+    params: dict[str, Any] = {}
+    for d in space:
+        if applies(d.key, params):
+            params[d.key] = d.base
+    return params
+
+
+def to_changes(params: Mapping[str, Any], global_batch: int) -> dict[str, dict[str, Any]]:
+    """A trial's parameters as config overrides: the micro-batch brings its accumulation (the
+    global batch stays), and a trial is measured as it asked (no halving on out-of-memory)."""
+    out: dict[str, dict[str, Any]] = {"memory": {"on_oom": "stop"}}
+    for key, value in params.items():
+        section, _, name = key.partition(".")
+        out.setdefault(section, {})[name] = value
+    if MICRO in params:
+        out["batch"]["accumulation"] = global_batch // int(params[MICRO])
+    return out

@@ -1,0 +1,118 @@
+"""One tune trial in its own process: ``python -m turbotrain.app.tune.trial --spec S --result R``.
+
+The spec (JSON, written by the study) names the target, the trial's config changes and how long
+to run. Mode ``measure``: peak memory first (CPU: one eager step counted as the batch finder
+counts it; CUDA: the allocator's peak at the end of the warm-up), written at once as a progress
+event so the study can stop an over-budget trial before its timed steps; then the timed steps,
+each window's throughput a progress event (for the pruner); the result last. Mode ``find``: the
+batch finder's largest micro-batch for the target (bounds the micro-batch choices).
+
+Progress events are JSON lines appended to ``--progress``; the result is written atomically.
+Status: ``ok``, ``oom`` (out of memory), ``invalid`` (a setting this device or model refuses),
+``failed`` (anything else; the traceback is in the log, the reason is its cause in one line);
+``fatal`` marks a failure no setting changes (:func:`turbotrain.base.failure.no_setting_fixes`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Sequence
+
+from ...base.atomic import atomic_write
+from ...base.config import audience
+from ...base.errors import TurbotrainError
+from ...base.failure import no_setting_fixes, one_line
+from ..measure import Target, build, measure_memory, release, run
+from ...tools.memory import usable_memory_bytes
+from ...tools.memory.stats import storage_bytes
+from ...core.oom import is_oom
+
+
+class Progress:
+    """Appends progress events (one JSON object per line, flushed) for the parent to poll."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = open(path, "a", buffering=1, encoding="utf-8")
+
+    def emit(self, event: str, **values: Any) -> None:
+        self.file.write(json.dumps({"event": event, "t": time.time(), **values}, default=str) + "\n")
+        self.file.flush()
+
+
+def measure_trial(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """The ``measure`` mode (see the module docstring)."""
+    target, run_dir = Target.from_dict(spec["target"]), Path(spec["run_dir"])
+    built = build(target, spec["changes"], run_dir)
+    try:
+        c = built.config
+        budget = usable_memory_bytes(built.engine.device, c.batch.max_memory_gib, c.batch.max_memory_fraction)
+        cuda = built.engine.device.type == "cuda"
+        if not cuda and budget is not None:  # as the batch finder counts it: the weights already sit in RAM
+            budget += storage_bytes(list(built.model.parameters()) + list(built.model.buffers()))
+        peak = None
+        if not cuda:
+            peak = measure_memory(built)
+            progress.emit("memory", peak_bytes=peak, budget_bytes=budget)
+        figures = run(
+            built, spec["warmup"], spec["steps"], window=spec["window"],
+            on_window=lambda k, value: progress.emit("window", k=k, throughput=value),
+            on_warm=(lambda at: progress.emit("memory", peak_bytes=at.get("peak_bytes"), budget_bytes=budget)) if cuda else None,
+        )
+        figures["budget_bytes"] = budget
+        if peak is not None:
+            figures["peak_bytes"] = peak
+        figures.pop("step_ms", None)
+        return {"status": "ok", **figures}
+    finally:
+        release(built)
+
+
+def find_trial(spec: dict[str, Any]) -> dict[str, Any]:
+    """The ``find`` mode: build the target with ``batch.micro = auto`` (the changes say so) and
+    return the finder's answer."""
+    built = build(Target.from_dict(spec["target"]), spec["changes"], Path(spec["run_dir"]))
+    try:
+        search = built.batch_search or {}
+        return {"status": "ok", "found": search.get("found", built.micro), "search": search}
+    finally:
+        release(built)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True)
+    parser.add_argument("--result", required=True)
+    parser.add_argument("--progress", required=True)
+    args = parser.parse_args(argv)
+    spec = json.loads(Path(args.spec).read_text())
+    progress = Progress(Path(args.progress))
+    result: dict[str, Any] = {"pid": os.getpid()}
+    code = 0
+    start = time.perf_counter()
+    try:
+        with audience("cli"):  # the reasons are printed by `turbotrain tune`: settings read as flags, not dicts
+            result.update(find_trial(spec) if spec["mode"] == "find" else measure_trial(spec, progress))
+    except Exception as exc:
+        if is_oom(exc):
+            result.update(status="oom", reason=str(exc).splitlines()[0][:300] if str(exc) else "out of memory")
+        elif isinstance(exc, TurbotrainError):
+            result.update(status="invalid", reason=str(exc)[:500])
+        else:
+            traceback.print_exc()
+            result.update(status="failed", reason=one_line(exc))
+            code = 1
+        if no_setting_fixes(exc):  # the loss is not a scalar, the loader is empty: no other setting will run
+            result["fatal"] = True
+    result["process_s"] = time.perf_counter() - start
+    atomic_write(args.result, json.dumps(result, indent=1, default=str) + "\n")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Child processes that never outlive their parent: bench rows, the batch search, tune trials.
+
+Each child runs in a session of its own with its output in a log file, so ending it also ends
+whatever it started (DataLoader workers, torch.compile's worker pool). A timeout, Ctrl-C or
+SIGTERM in the parent ends the child first (SIGKILL to its process group), then propagates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+SRC_DIR = str(Path(__file__).resolve().parents[2])  # the folder holding the turbotrain package
+
+
+def child_env(*, threads: int = 0, compile_cache: Path | None = None) -> dict[str, str]:
+    """This process's environment for a child: turbotrain importable from the same source,
+    ``threads`` CPU threads (OMP/MKL; 0 = torch's default) and, when given, torch.compile caches
+    (inductor, triton) under ``compile_cache``."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = SRC_DIR + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if threads:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    if compile_cache is not None:
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache / "inductor-cache")
+        env["TRITON_CACHE_DIR"] = str(compile_cache / "triton-cache")
+    return env
+
+
+def run_process(cmd: list[str], log_path: Path, env: dict[str, str], timeout_s: float,
+                poll: Callable[[], bool] | None = None, poll_every_s: float = 0.5) -> int | None:
+    """Run ``cmd`` with its output in ``log_path``; its exit code, or None when it ran past
+    ``timeout_s`` seconds or ``poll()`` (called every ``poll_every_s`` while it runs) returned
+    True (the caller's poll knows which). A session of its own, so ending it also ends its
+    workers; it never outlives this process (a timeout, Ctrl-C or SIGTERM here ends it first)."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        code: int | None = None
+        try:
+            remaining = timeout_s
+            while True:
+                step = remaining if poll is None else min(poll_every_s, remaining)
+                try:
+                    code = proc.wait(timeout=max(step, 0.0))
+                    break
+                except subprocess.TimeoutExpired:
+                    remaining -= step
+                    if remaining <= 0 or (poll is not None and poll()):
+                        break
+        finally:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return code
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM raise SystemExit(143) in this (main-thread) process, so the ``finally``
+    clauses of :func:`run_process` end a running child before this process goes."""
+    signal.signal(signal.SIGTERM, _terminate)
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)

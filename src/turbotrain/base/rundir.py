@@ -1,0 +1,120 @@
+"""A run directory: the names of the files a run leaves behind, and finding or creating one.
+
+``turbotrain train`` writes ``config.toml``, ``metrics.jsonl``, ``checkpoints/``,
+``summary.json`` and, for subword tokens, ``tokenizer.json`` (what ``turbotrain sample`` decodes with); ``turbotrain report`` adds ``summary.md`` and ``plots/``; ``.lock`` (``LOCK_FILE``) is the run
+lock (:mod:`turbotrain.base.runlock`). Every module that reads or writes them takes the names from here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from .atomic import atomic_write
+from .config import RunConfig, load_config
+from .errors import TurbotrainError
+from .runlock import LOCK_FILE
+
+CONFIG_FILE = "config.toml"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+SUMMARY_MD = "summary.md"
+CHECKPOINTS = "checkpoints"
+PLOTS_DIR = "plots"
+TENSORBOARD_DIR = "tensorboard"
+BATCH_CACHE = "batch_size.json"  # the batch finder's answers for this run's settings
+TOKENIZER_FILE = "tokenizer.json"  # the run's subword tokenizer (none: bytes)
+EXPERTS_FILE = "experts.json"  # a mixture-of-experts run: tokens per expert over training, placement
+LAUNCH_FILE = ".launch.json"  # the launcher job that last started the run: a restart of that job resumes it
+
+
+def run_name(config: RunConfig) -> str:
+    """``run.name``, or ``<preset>-<timestamp>`` when it is empty (``<FUNC>-<timestamp>`` for a workload)."""
+    label = config.model.workload.rpartition(":")[2] or config.preset
+    return config.run.name or f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def holds_a_run(path: Path) -> bool:
+    """Whether ``path`` holds anything of a run (the lock and launch files alone are not a run)."""
+    try:
+        return any(p.name not in (LOCK_FILE, LAUNCH_FILE) for p in path.iterdir())
+    except OSError:
+        return False
+
+
+def new_run_dir(config: RunConfig) -> Path:
+    """A fresh run directory; refuses to reuse one that already holds a run. (Check again under
+    the run's lock: another process may be creating the same run.)"""
+    path = Path(config.run.out_dir) / run_name(config)
+    try:
+        if path.exists() and holds_a_run(path):
+            raise already_exists(path)
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # out_dir is a file, not writable, ...
+        raise TurbotrainError(f"cannot create run directory {path} ({exc.strerror}); choose another --run.out_dir") from None
+    return path
+
+
+def already_exists(path: Path) -> TurbotrainError:
+    return TurbotrainError(f"run directory {path} already exists; pass --resume to continue it or choose another --run.name")
+
+
+def find_run_dir(out_dir: str, name: str = "") -> Path:
+    """The named run, or the most recently modified run under ``out_dir`` that has a config."""
+    if name:
+        path = Path(out_dir) / name
+        if not (path / CONFIG_FILE).is_file():
+            path = Path(name)  # a path given directly
+        if not (path / CONFIG_FILE).is_file():
+            raise TurbotrainError(f"no run named {name!r} in {out_dir}/ and no run directory at that path "
+                                  f"(no {CONFIG_FILE}); check the name given to --resume or --run.name")
+        return path
+    runs = [p for p in Path(out_dir).glob("*") if (p / CONFIG_FILE).is_file()]
+    if not runs:
+        raise TurbotrainError(f"no run to resume in {out_dir}/; start one with `turbotrain train`")
+    return max(runs, key=lambda p: (p / CONFIG_FILE).stat().st_mtime)
+
+
+def write_launch(run_dir: Path, record: dict[str, Any]) -> None:
+    """Keep ``record`` (:meth:`turbotrain.base.launch.Launch.record`) as the job that last started the run."""
+    atomic_write(run_dir / LAUNCH_FILE, json.dumps(record) + "\n")
+
+
+def read_launch(run_dir: Path) -> dict[str, Any] | None:
+    """The job that last started the run, or None (none recorded, or unreadable)."""
+    try:
+        record = json.loads((run_dir / LAUNCH_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def resume_config(run_dir: Path, overrides: Any = ()) -> RunConfig:
+    """The run's saved config with ``overrides`` applied (for example a longer max_steps)."""
+    return load_config(str(run_dir / CONFIG_FILE), overrides)
+
+
+def truncate_metrics(path: Path, step: int) -> int:
+    """Before a resume from ``step``: drop the records of later steps from the metrics file (the
+    resumed run logs those steps again; kept, they would count twice in the report's medians) and
+    a torn last line (a process killed mid-write; appended to, it would spoil the next record).
+    Rewritten atomically. Returns the number of lines dropped."""
+    try:
+        lines = path.read_bytes().splitlines(keepends=True)
+    except FileNotFoundError:
+        return 0
+    keep = [line for line in lines if line.endswith(b"\n") and not _after(line, step)]
+    if len(keep) != len(lines):
+        atomic_write(path, b"".join(keep))
+    return len(lines) - len(keep)
+
+
+def _after(line: bytes, step: int) -> bool:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return False  # not a record: left for the report to name
+    value = record.get("step") if isinstance(record, dict) else None
+    return isinstance(value, int) and value > step

@@ -1,0 +1,52 @@
+"""Engine -> optimizer -> schedule -> setup: the one assembly of a trainable model from a config.
+
+Training (``turbotrain train``), the memory report, the batch search and the bench's turbotrain
+row all start the same way; they call :func:`build_trainable` so that the order (the engine
+first, so the device and precision are known; the optimizer before ``setup`` so its parameters
+keep their identity) and the config fields used cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from ..base.config import RunConfig
+from .distributed import ParallelPlan
+from .engine import Engine
+from .optim import optimizer_from_config, scheduler_from_config
+
+
+@dataclass
+class Trainable:
+    """A model set up for training: moved, cast, transformed, with its optimizer and schedule."""
+
+    engine: Engine
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None
+    loader: Iterable[Any] | None
+
+
+def build_trainable(
+    config: RunConfig, model: nn.Module, *, max_steps: int | None = None, loader: Iterable[Any] | None = None,
+    optimizer: torch.optim.Optimizer | None = None, plan: ParallelPlan | None = None,
+) -> Trainable:
+    """The engine for ``config``, AdamW from ``config.optim`` over ``model`` (or the caller's
+    ``optimizer``, used as it is), the warmup + decay schedule spanning ``max_steps`` optimizer
+    steps (none when ``max_steps`` is None or the optimizer is the caller's: its learning rate is
+    its own), and ``engine.setup`` of all of them (``loader`` batches then arrive on the device).
+    ``plan``: the run's parallel plan, when the caller resolved it (else the engine does)."""
+    engine = Engine(config, plan=plan)
+    c = config.optim
+    scheduler = None
+    if optimizer is None:
+        optimizer = optimizer_from_config(model, engine.device, c)
+        if max_steps is not None:
+            scheduler = scheduler_from_config(optimizer, c, max_steps)
+    model, optimizer, loader = engine.setup(model, optimizer, loader, scheduler=scheduler, scheduler_interval="step")
+    assert optimizer is not None
+    return Trainable(engine, model, optimizer, scheduler, loader)

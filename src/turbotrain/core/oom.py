@@ -1,0 +1,149 @@
+"""Out-of-memory policy: what the Engine does when a forward or backward runs out of memory.
+
+The Engine runs every batch itself and calls the policy only after an out-of-memory error. Under
+``memory.on_oom = 'halve'`` the policy drops the partial step and re-runs it with each loader
+batch cut in twice as many parts and accumulation doubled (through the Engine's public
+``discard_step``, ``set_split`` and ``run_batch``), so:
+
+- the loader keeps yielding the same full batches: the data order and ``engine.state.batches``
+  (the data position used for exact resume) are untouched;
+- each part's loss is weighted by its share of the batch x ``split``, so with ``backward()``
+  dividing by the doubled accumulation the summed gradient, and the logged loss, are the whole
+  batch's;
+- the failed step is re-run from its first batch: gradients of its earlier micro-batches may have
+  been partly accumulated when the error hit backward, so they are dropped and recomputed (the
+  step's loader batches are kept by reference until the step ends, which costs nothing).
+
+The event goes to ``engine.events`` (and so to summary.json); the split is saved in the engine's
+state_dict, so a resumed run keeps the smaller micro-batch. Dropout draws differ in a re-run step;
+with dropout 0 the loss curve matches a run without the error to rounding.
+
+``memory.on_oom = 'stop'`` raises :class:`OutOfMemoryStop`, a one-line user error that says what
+to change.
+
+Data parallel (more than one process): halving on the rank that ran out alone would change its
+number of backward passes per step, and the other ranks would wait for it in the next all-reduce
+until the collective timeout. (FSDP2's state after an OOM is also known to be unreliable.) So every
+policy stops there at once with :class:`OutOfMemoryStop` naming the rank, step and micro-batch; the
+launcher then ends the other ranks, whose collectives fail as soon as this process is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from torch import nn
+
+from ..base.batch import batch_size
+from ..base.config import OOM_POLICIES, choice_error, setting
+from ..base.errors import TurbotrainError
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+log = logging.getLogger(__name__)
+
+LossFn = Callable[[nn.Module, Any], torch.Tensor]
+
+
+class OutOfMemoryStop(TurbotrainError, torch.OutOfMemoryError):
+    """Training ran out of device memory and the policy (or the batch size) allows no retry.
+    Still a ``torch.OutOfMemoryError`` for code that catches that."""
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True for torch's out-of-memory error and the RuntimeErrors CUDA libraries raise instead."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "CUBLAS_STATUS_ALLOC_FAILED" in text)
+
+
+def oom_reason(exc: BaseException) -> str:
+    """The first line of an out-of-memory error, for messages and events."""
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+class StopOnOOM:
+    """``memory.on_oom = 'stop'``: an out-of-memory error becomes :class:`OutOfMemoryStop`."""
+
+    def remember(self, batch: Any, new_step: bool) -> None:
+        """Called with each loader batch before it runs; this policy keeps nothing."""
+
+    def recover(self, engine: "Engine", model: nn.Module, batch: Any, loss_fn: LossFn, reason: str) -> torch.Tensor:
+        raise OutOfMemoryStop(
+            f"out of memory in step {engine.state.step + 1} with micro-batch {engine.micro_batch(batch)} ({reason}; "
+            f"memory.on_oom = 'stop'); use {setting('memory.on_oom', 'halve')}, {setting('batch.micro', 'auto')}, "
+            f"a smaller batch.micro or {setting('memory.checkpointing', 'full')}"
+        )
+
+
+class StopOnOOMDistributed(StopOnOOM):
+    """Any ``memory.on_oom`` with more than one data-parallel process: stop with the rank named."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        self.rank, self.world = rank, world
+
+    def recover(self, engine: "Engine", model: nn.Module, batch: Any, loss_fn: LossFn, reason: str) -> torch.Tensor:
+        micro = engine.micro_batch(batch)
+        raise OutOfMemoryStop(
+            f"out of memory on rank {self.rank} of {self.world} in step {engine.state.step + 1} with micro-batch {micro} "
+            f"({reason}); with data parallelism the micro-batch is not halved on one rank alone (the others would wait "
+            f"for it), so the run stops: lower --batch.micro (e.g. {setting('batch.micro', max(1, micro // 2))}), "
+            f"use {setting('batch.micro', 'auto')} or {setting('memory.checkpointing', 'full')}, then --resume"
+        )
+
+
+class HalveOnOOM(StopOnOOM):
+    """``memory.on_oom = 'halve'``: drop the partial step, double the split (and so the
+    accumulation), re-run the step's batches; give up when a part would be empty."""
+
+    def __init__(self) -> None:
+        self.window: list[Any] = []  # this optimizer step's loader batches, by reference
+
+    def remember(self, batch: Any, new_step: bool) -> None:
+        if new_step:
+            self.window.clear()
+        self.window.append(batch)
+
+    def recover(self, engine: "Engine", model: nn.Module, batch: Any, loss_fn: LossFn, reason: str) -> torch.Tensor:
+        while True:
+            engine.discard_step(model)
+            step = engine.state.step + 1
+            if engine.split * 2 > min(batch_size(b) for b in self.window):
+                raise OutOfMemoryStop(
+                    f"out of memory in step {step} even with micro-batch {engine.micro_batch(self.window[0])} ({reason}); "
+                    f"use {setting('memory.checkpointing', 'full')}, a lower precision, or a smaller model"
+                )
+            old_micro, old_acc = engine.micro_batch(self.window[0]), engine.accumulation
+            global_batch = batch_size(self.window[0]) * old_acc // engine.split
+            engine.set_split(engine.split * 2)
+            detail = (
+                f"out of memory in step {step} ({reason}); micro-batch {old_micro} -> {engine.micro_batch(self.window[0])}, "
+                f"accumulation {old_acc} -> {engine.accumulation}, global batch {global_batch} unchanged; "
+                f"re-ran the step's {len(self.window)} batch(es)"
+            )
+            log.warning("OOM recovery: %s", detail)
+            engine.record_event("oom_recovery", detail, step)
+            try:
+                loss: torch.Tensor | None = None
+                for b in self.window:
+                    loss = engine.run_batch(model, b, loss_fn)
+                assert loss is not None
+                return loss
+            except RuntimeError as exc:
+                if not is_oom(exc):
+                    raise
+                reason = oom_reason(exc)
+
+
+def build_oom_policy(on_oom: str, rank: int = 0, world: int = 1) -> StopOnOOM:
+    """``memory.on_oom`` -> the policy the engine calls after an out-of-memory error (with
+    ``world`` > 1 data-parallel processes: stop, naming ``rank``; see the module docstring)."""
+    if on_oom not in OOM_POLICIES:
+        raise choice_error("memory.on_oom", on_oom, OOM_POLICIES)
+    if world > 1:
+        return StopOnOOMDistributed(rank, world)
+    return HalveOnOOM() if on_oom == "halve" else StopOnOOM()

@@ -1,0 +1,314 @@
+"""``precision.mode = fp8``: bf16 autocast plus torchao's float8 training on the linear layers that
+benefit.
+
+torchao swaps the chosen ``nn.Linear`` layers for ``Float8Linear`` (dynamic scaling, recipe
+``tensorwise`` or ``rowwise``): their matmuls run in float8 (e4m3 forward, e5m2 for the output
+gradient), while the weights, gradients and optimizer state stay float32, so an fp8 checkpoint has
+the same keys and dtypes as a bf16 one and loads into either. On a GPU the speed needs
+``torch.compile`` (it fuses the scaling and casting around each matmul; eager fp8 is slower than
+bf16); it needs compute capability >= 8.9 (Ada, Hopper, Blackwell). ``precision.fp8_emulate``
+runs the same float8 rounding in higher-precision matmuls anywhere (CPU included): for
+correctness tests only.
+
+Which layers: both dimensions divisible by 16 (a float8 kernel requirement), the output layer only
+with ``precision.fp8_lm_head``, none whose name starts with a ``precision.fp8_skip`` prefix, and a
+size filter: ``precision.fp8_min_size`` (in x out features), or with 0 the thresholds torchao
+measured on H100 for each recipe (small matmuls lose more to scaling than float8 gains).
+
+Under FSDP2, ``precision.fp8_all_gather`` (tensorwise only) makes the float8 layers' weights
+torchao's ``WeightWithDynamicFloat8CastTensor``: FSDP2 then casts each shard to float8 before the
+all-gather (half bf16's bytes on the wire), with the scales of all weights computed in one
+all-reduce after each optimizer step. The parameters keep their identity (the optimizer's stay
+valid), the state dict holds plain float32 weights (checkpoints load anywhere, torchao or not),
+and the fallback unwraps them again.
+
+Never picked by ``auto`` (it changes the math); falls back to bf16-mixed on non-finite steps,
+where the float8 layers become plain linears again, in place, holding the same parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import logging
+import warnings
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from ...base.config import PrecisionConfig, check_precision, setting
+from ...base.errors import ConfigError
+from .core import BF16Mixed, DeviceCaps
+
+log = logging.getLogger(__name__)
+
+MIN_CAPABILITY = (8, 9)  # float8 tensor cores: Ada (8.9), Hopper (9.0), Blackwell
+OUTPUT_NAMES = ("lm_head", "output", "head")  # the output layer of a language model, by its usual names
+
+
+def torchao_available() -> bool:
+    """Whether torchao can be imported (cheap: no import). Tests patch it to see the refusal."""
+    return importlib.util.find_spec("torchao") is not None
+
+
+@contextlib.contextmanager
+def _quiet_import() -> Iterator[None]:
+    """torchao logs a warning per optional CUDA extension it cannot load (all of them on CPU) and
+    torch one about an Enum it registers: noise, not news, at every import."""
+    loggers = [logging.getLogger(n) for n in ("torchao", "torch.utils._pytree")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def float8_module() -> Any:
+    """``torchao.float8`` (with ``Float8Linear`` and the all-gather weight ``WeightWithDynamicFloat8CastTensor``),
+    imported on first use (two seconds; only fp8 runs pay it)."""
+    with _quiet_import():
+        import torchao.float8 as float8  # optional extra: turbotrain[fp8]
+        from torchao.float8.float8_linear import Float8Linear
+        from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+    float8.Float8Linear = Float8Linear
+    float8.WeightWithDynamicFloat8CastTensor = WeightWithDynamicFloat8CastTensor
+    return float8
+
+
+def worth_converting(out_features: int, in_features: int, recipe: str, min_size: int) -> bool:
+    """The size filter: ``min_size`` > 0 is a bound on in x out; 0 takes torchao's per-recipe
+    thresholds (its H100 tables, torchao.float8's auto filter): N = out, K = in features."""
+    if out_features % 16 or in_features % 16:
+        return False
+    if min_size:
+        return out_features * in_features >= min_size
+    n, k = out_features, in_features
+    if recipe == "rowwise":
+        return n > 2048 and k > 1024 and not (n <= 4096 and k <= 2048)
+    return not (k <= 4096 and n <= 1024)
+
+
+def output_layers(module: nn.Module) -> set[str]:
+    """Names of the output layer(s): a linear named like one, or one whose weight an embedding shares (tied)."""
+    embeddings = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
+    return {name for name, m in module.named_modules() if isinstance(m, nn.Linear)
+            and (name.rpartition(".")[2] in OUTPUT_NAMES or id(m.weight) in embeddings)}
+
+
+class FP8(BF16Mixed):
+    """bf16 autocast; float8 matmuls (torchao) in the linear layers the filter picks."""
+
+    name = "fp8"
+    fallback = "bf16-mixed"
+    peak = "fp8"
+
+    def __init__(self, device: torch.device | None = None, *, recipe: str = "tensorwise", emulate: bool = False,
+                 min_size: int = 0, lm_head: bool = False, skip: tuple[str, ...] = (), all_gather: bool = False) -> None:
+        super().__init__(device)
+        self.recipe, self.emulate, self.min_size, self.lm_head, self.skip = recipe, emulate, min_size, lm_head, skip
+        self.all_gather = all_gather  # asked for (precision.fp8_all_gather); it acts only on a model FSDP2 shards
+        self.converted: list[str] = []  # names of the layers that run in float8
+        self.kept: list[str] = []  # linear layers left in bf16, with the reason
+        self.all_gathered: list[nn.Module] = []  # models whose float8 weights FSDP2 all-gathers in float8
+        self._hooks: list[Any] = []  # their state-dict hooks (plain weights in checkpoints, fresh scales on load), removed on revert
+
+    def own_settings(self, settings: PrecisionConfig) -> PrecisionConfig:
+        return dataclasses.replace(settings, fp8_recipe=self.recipe, fp8_emulate=self.emulate, fp8_min_size=self.min_size,
+                                   fp8_lm_head=self.lm_head, fp8_skip=",".join(self.skip), fp8_all_gather=self.all_gather)
+
+    @classmethod
+    def from_settings(cls, device: torch.device, settings: PrecisionConfig) -> "FP8":
+        skip = tuple(p.strip() for p in settings.fp8_skip.split(",") if p.strip())
+        return cls(device, recipe=settings.fp8_recipe, emulate=settings.fp8_emulate, min_size=settings.fp8_min_size,
+                   lm_head=settings.fp8_lm_head, skip=skip, all_gather=settings.fp8_all_gather)
+
+    @classmethod
+    def check(cls, caps: DeviceCaps, settings: PrecisionConfig) -> None:
+        """One line per refusal: no float8 hardware (without emulation), no torchao, a float8
+        all-gather with a recipe that has no single scale per weight."""
+        check_precision(settings)  # a plugin object's own fields: no config load checked them
+        if not settings.fp8_emulate:
+            if caps.type != "cuda":
+                raise ConfigError(
+                    f"precision.mode = 'fp8' needs a CUDA GPU with compute capability >= 8.9 (Ada, Hopper); on {caps.type} use "
+                    f"{setting('precision.mode', 'fp32')}, or add {setting('precision.fp8_emulate', True)} to test correctness (slower)")
+            if caps.capability is None or caps.capability < MIN_CAPABILITY:
+                raise ConfigError(
+                    f"precision.mode = 'fp8': this GPU (compute capability {caps.capability}) has no float8 tensor cores "
+                    f"(>= 8.9 needed); use {setting('precision.mode', 'bf16-mixed')}, or add "
+                    f"{setting('precision.fp8_emulate', True)} to test correctness (slower)")
+        if caps.type == "cuda" and not caps.bf16:
+            raise ConfigError(f"precision.mode = 'fp8' runs under bf16 autocast, which this GPU (compute capability "
+                              f"{caps.capability}) lacks; use {setting('precision.mode', 'fp16-mixed')}")
+        if not torchao_available():
+            raise ConfigError("precision.mode = 'fp8' needs torchao, which is not installed: pip install 'turbotrain[fp8]' "
+                              f"(or use {setting('precision.mode', 'bf16-mixed')})")
+        if settings.fp8_emulate:
+            warnings.warn("precision.fp8_emulate = true: float8 rounding emulated in higher-precision matmuls, for correctness "
+                          "tests only (slower than bf16, and no float8 speed-up to measure)", stacklevel=4)
+
+    # ------------------------------------------------------------------ the model transform
+
+    def wants(self, module: nn.Module, name: str, outputs: set[str]) -> str:
+        """'' when the linear ``name`` should run in float8, else why not."""
+        if any(name.startswith(p) for p in self.skip):
+            return "precision.fp8_skip"
+        if name in outputs and not self.lm_head:
+            return "output layer (precision.fp8_lm_head)"
+        n, k = module.weight.shape
+        if n % 16 or k % 16:
+            return "dims not divisible by 16"
+        if not worth_converting(n, k, self.recipe, self.min_size):
+            return "below the size threshold (precision.fp8_min_size)"
+        return ""
+
+    def layer_plan(self, module: nn.Module) -> dict[str, str]:
+        """Every plain linear layer of ``module`` by name: '' when it would run in float8, else why
+        not (the filter alone: no torchao needed, so ``doctor --model`` shows it anywhere)."""
+        outputs = output_layers(module)
+        return {name: self.wants(m, name, outputs) for name, m in module.named_modules() if type(m) is nn.Linear}
+
+    def convert_module(self, module: nn.Module, *, sharded: bool = False) -> nn.Module:
+        """Swap the linears the filter picks for ``Float8Linear``; with ``precision.fp8_all_gather``
+        and ``sharded`` (FSDP2 shards the model next), their weights become the all-gather subclass."""
+        float8 = float8_module()
+        all_gather = self.all_gather and sharded
+        if self.all_gather and not sharded:
+            log.info("precision.fp8_all_gather: this model is not sharded by FSDP2, so there is no all-gather to run "
+                     "in float8; the weights stay plain (distributed.strategy = fsdp uses it)")
+        config = dataclasses.replace(float8.Float8LinearConfig.from_recipe_name(self.recipe), emulate=self.emulate,
+                                     enable_fsdp_float8_all_gather=all_gather)
+        reasons = self.layer_plan(module)
+        weights = {name: module.get_submodule(name).weight for name, why in reasons.items() if not why}
+        float8.convert_to_float8_training(module, config=config, module_filter_fn=lambda m, name: reasons.get(name) == "")
+        layers = {name: m for name, m in module.named_modules() if isinstance(m, float8.Float8Linear)}
+        self.converted = list(layers)
+        self.kept = [f"{name}: {why}" for name, why in reasons.items() if why]
+        if all_gather and layers:
+            for name, layer in layers.items():
+                _keep_identity(layer, weights[name])
+            subclass = float8.WeightWithDynamicFloat8CastTensor
+            for m in module.modules():
+                if any(isinstance(w, subclass) for w in m.parameters(recurse=False)):  # a tied embedding too
+                    self._hooks += [m.register_state_dict_post_hook(_plain_weights_in_state_dict),
+                                    m.register_load_state_dict_post_hook(_forget_precomputed_scales)]
+            self.all_gathered.append(module)
+        if not self.converted:
+            log.warning("precision fp8: no linear layer passed the filter (%s), so this run is bf16-mixed in effect; "
+                        "a smaller %s converts more", "; ".join(self.kept[:3]) or "the model has none",
+                        setting("precision.fp8_min_size", 1))
+        return module
+
+    def revert_module(self, module: nn.Module) -> nn.Module:
+        """Float8 layers back to plain linears holding the same parameters (the optimizer's stay
+        valid), their all-gather weights unwrapped to plain tensors (FSDP2's gathers go bf16 again)."""
+        float8 = float8_module()
+        for layer in module.modules():
+            if type(layer) is float8.Float8Linear:
+                # In place, not a new module: FSDP2 (which sets the gathered weight on this very
+                # object before each forward) and any hooks keep working; Float8Linear is an
+                # nn.Linear with another forward, so the class is all that changes.
+                layer.__class__ = nn.Linear
+        _unwrap_all_gather_weights(module, float8.WeightWithDynamicFloat8CastTensor)  # a no-op without them
+        self.all_gathered = [m for m in self.all_gathered if m is not module]
+        if not self.all_gathered:
+            for hook in self._hooks:
+                hook.remove()
+            self._hooks = []
+        return module
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, finite: torch.Tensor | bool,
+                       grad_scale: torch.Tensor | None = None) -> None:
+        """The step, then (with the float8 all-gather) every float8 weight's scale for the next
+        all-gathers in one all-reduce, instead of one small all-reduce per weight inside them. A
+        skipped step leaves the weights, so the scales, as they were: no host sync is needed."""
+        super().optimizer_step(optimizer, finite, grad_scale)
+        if self.all_gathered:
+            precompute = float8_module().precompute_float8_dynamic_scale_for_fsdp
+            for module in self.all_gathered:
+                precompute(module)
+
+    def summary(self) -> dict[str, Any]:
+        how = f"{self.recipe} recipe{', emulated (correctness only)' if self.emulate else ''}"
+        gather = ("; FSDP2 all-gathers their weights in float8" if self.all_gathered else
+                  "; precision.fp8_all_gather asked for, but FSDP2 does not shard this model" if self.all_gather else "")
+        return {"fp8": f"{how}: {len(self.converted)} linear layers in float8, {len(self.kept)} kept in bf16{gather}",
+                "fp8_converted": self.converted, "fp8_kept_in_bf16": self.kept,
+                "fp8_all_gather": bool(self.all_gathered), "mfu_peak": "fp8 dense (datasheet)"}
+
+
+def _keep_identity(layer: nn.Module, weight: nn.Parameter) -> None:
+    """torchao gives ``layer`` a new Parameter wrapping ``weight`` in the all-gather subclass. Swap
+    the two objects' contents so that ``weight`` itself becomes that subclass, wrapping a plain
+    tensor of the same storage: an optimizer built before ``Engine.setup`` (and FSDP2's mapping of
+    it) still holds the layer's weight, and a weight tied to another module stays tied."""
+    wrapped = layer.weight
+    if wrapped is weight:
+        return
+    wrapped._tensor = weight.detach()  # torchao wrapped the Parameter object itself, which is about to change class
+    torch.utils.swap_tensors(weight, wrapped)
+    layer.weight = weight
+
+
+def _plain_weights_in_state_dict(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+    """State-dict hook of a module holding all-gather float8 weights: each as a plain float32
+    tensor (a DTensor of plain shards under FSDP2) sharing the parameter's storage, so checkpoints
+    (torch.save, or DCP, which loads in place on resume) hold what a bf16 run holds and load
+    without torchao."""
+    for name, _ in module.named_parameters(recurse=False):
+        value = state_dict.get(prefix + name)
+        inner = getattr(value, "_local_tensor", value)
+        if inner is None or not hasattr(inner, "fsdp_pre_all_gather"):
+            continue
+        if inner is value:
+            state_dict[prefix + name] = inner._tensor
+            continue
+        from torch.distributed.tensor import DTensor  # only sharded runs get here
+
+        state_dict[prefix + name] = DTensor.from_local(inner._tensor, value.device_mesh, value.placements,
+                                                       run_check=False, shape=value.shape, stride=value.stride())
+
+
+def _forget_precomputed_scales(module: nn.Module, incompatible_keys: Any) -> None:
+    """Load hook of a module holding all-gather float8 weights: the scales precomputed after the
+    last optimizer step describe the weights before the load, so they are dropped; the next
+    all-gather computes each from the loaded weight (as a step's precomputation would: a resume
+    gives the uninterrupted run's losses exactly)."""
+    for _, weight in module.named_parameters(recurse=False):
+        inner = getattr(weight, "_local_tensor", weight)
+        if hasattr(inner, "_precomputed_scale"):
+            inner._precomputed_scale = None
+
+
+def _unwrap_all_gather_weights(module: nn.Module, subclass: type) -> None:
+    """Every all-gather weight of ``module`` back to a plain tensor, the Parameter objects kept.
+
+    Unsharded, the Parameter's contents are swapped for a plain one of the same storage. Under
+    FSDP2 the sharded DTensor parameter gets its plain inner shard as local tensor, and FSDP2's
+    per-parameter state that still describes the float8 all-gather (its flat shard, the float8
+    all-gather buffers, the unsharded parameter built from them) is dropped, so the next
+    all-gather is FSDP2's plain one in its mixed-precision dtype. That state is torch's private
+    (checked with torch 2.13; the fallback test in tests/distributed fails if it moves)."""
+    for m in module.modules():
+        state = getattr(m, "_get_fsdp_state", None)
+        group = state()._fsdp_param_group if state is not None else None
+        wrapped = [f for f in group.fsdp_params if isinstance(f._sharded_local_tensor, subclass)] if group is not None else []
+        if not wrapped:
+            continue
+        m.reshard()  # every parameter sharded: the module holds the sharded parameters again
+        for fsdp_param in wrapped:
+            fsdp_param.sharded_param._local_tensor = fsdp_param._sharded_local_tensor._tensor
+            fsdp_param._sharded_param_data = fsdp_param._sharded_param_data._tensor
+            fsdp_param.all_gather_outputs = []
+            fsdp_param._unsharded_inner_tensors = []
+            fsdp_param.__dict__.pop("_unsharded_param", None)
+    for p in module.parameters():
+        if isinstance(p, subclass):
+            grad = p.grad
+            torch.utils.swap_tensors(p, nn.Parameter(p._tensor, requires_grad=p.requires_grad))
+            p.grad = grad

@@ -1,0 +1,151 @@
+"""Build-time model transforms, applied once by ``Engine.setup``: activation checkpointing per
+block, then ``torch.compile`` of the model or of each block (after torchtitan's ``apply_*``).
+
+Activation checkpointing recomputes a block's activations in backward instead of keeping them
+from forward. Modes (``memory.checkpointing``):
+
+- ``off``: every activation is kept (fastest, most memory).
+- ``full``: every repeated block is checkpointed. Only each block's input (B x T x d) survives
+  forward; backward recomputes the block, about one extra forward (~+33% step FLOPs).
+- ``selective``: every other block (0, 2, 4, ...) is checkpointed, the rule torchtitan calls
+  layer-selective checkpointing with frequency 2. Chosen over "attention only" because it works
+  for any model made of repeated blocks, and its effect is predictable: about half the
+  activation savings of ``full`` for about half its recompute. (With SDPA's flash kernels the
+  attention part of a block holds little memory; the MLP's 4d-wide hidden tensors hold most.)
+
+The transform swaps each chosen block's class for a subclass whose ``forward`` runs under
+``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``. Parameters, state_dict keys and
+hooks stay as they were (checkpoints load either way), ``copy.deepcopy`` keeps the behaviour,
+and ``torch.compile`` applied afterwards traces the checkpointed region as one unit. Under
+``torch.no_grad`` (evaluation, generation) the block runs plainly, with no checkpoint overhead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, ContextManager, Iterator
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..base.config import CHECKPOINTING_MODES, COMPILE_SCOPES, choice_error, setting
+from ..base.errors import ConfigError
+from ..parts.models.blocks import repeated_blocks
+
+
+_RECOMPUTE: list[Callable[[], ContextManager[Any]]] = []  # see recompute_context
+
+
+@contextlib.contextmanager
+def recompute_context(factory: Callable[[], ContextManager[Any]]) -> Iterator[None]:
+    """Run checkpointed blocks' backward recomputation inside ``factory()`` too (torch function
+    modes active in forward are not active during the recompute). Used by memory estimates."""
+    _RECOMPUTE.append(factory)
+    try:
+        yield
+    finally:
+        _RECOMPUTE.pop()
+
+
+def _context_fn() -> tuple[ContextManager[Any], ContextManager[Any]]:
+    return contextlib.nullcontext(), _RECOMPUTE[-1]()
+
+
+class CheckpointedBlock:
+    """Mixin put in front of a block's own class: forward under non-reentrant checkpointing."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return super().forward(*args, **kwargs)  # type: ignore[misc]
+        extra = {"context_fn": _context_fn} if _RECOMPUTE else {}  # default context keeps torch.compile happy
+        return checkpoint(super().forward, *args, use_reentrant=False, **extra, **kwargs)  # type: ignore[misc]
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def _checkpointed_class(cls: type) -> type:
+    new = _CLASSES.get(cls)
+    if new is None:
+        new = type(f"Checkpointed{cls.__name__}", (CheckpointedBlock, cls), {"__doc__": cls.__doc__})
+        _CLASSES[cls] = new
+    return new
+
+
+def block_list(model: nn.Module) -> nn.ModuleList:
+    """The model's repeated blocks (see :func:`repeated_blocks`), or a ConfigError saying how to fix it."""
+    blocks = repeated_blocks(model)
+    if blocks is None:
+        raise ConfigError(
+            f"memory.checkpointing needs a model with a ModuleList of repeated blocks; {type(model).__name__} has none "
+            f"(use {setting('memory.checkpointing', 'off')}, or wrap your blocks in an nn.ModuleList named 'blocks')"
+        )
+    return blocks
+
+
+def apply_activation_checkpointing(model: nn.Module, mode: str) -> nn.Module:
+    """Checkpoint ``model``'s blocks in place: ``off`` none, ``full`` all, ``selective`` every
+    other one (0, 2, 4, ...). Apply before ``torch.compile``. Returns ``model``."""
+    if mode not in CHECKPOINTING_MODES:
+        raise choice_error("memory.checkpointing", mode, CHECKPOINTING_MODES)
+    if mode == "off":
+        return model
+    for i, block in enumerate(block_list(model)):
+        if mode == "selective" and i % 2:
+            continue
+        if not isinstance(block, CheckpointedBlock):
+            block.__class__ = _checkpointed_class(type(block))
+    return model
+
+
+def checkpointed_blocks(model: nn.Module) -> list[int]:
+    """Indices of the blocks that run under activation checkpointing (empty when off)."""
+    try:
+        blocks = block_list(model)
+    except ConfigError:
+        return []
+    return [i for i, b in enumerate(blocks) if isinstance(b, CheckpointedBlock)]
+
+
+# ----------------------------------------------------------------------------- compile
+
+
+def resolve_scope(scope: str, device: torch.device) -> str:
+    """'auto' -> 'model' on CUDA; 'off' on CPU, where compiling a small GPT costs ~40 s for ~6%."""
+    if scope == "auto":
+        return "model" if device.type == "cuda" else "off"
+    if scope not in COMPILE_SCOPES:
+        raise choice_error("compile.scope", scope, ("auto", *COMPILE_SCOPES))
+    return scope
+
+
+def apply_compile(model: nn.Module, scope: str, mode: str = "default") -> nn.Module:
+    """Compile ``model`` in place (``Module.compile``), so state_dict keys stay unchanged.
+
+    'blocks' compiles each repeated block separately: one graph reused L times compiles faster
+    and tolerates graph breaks between blocks.
+    """
+    if scope == "off":
+        return model
+    options = {"mode": None if mode == "default" else mode}
+    if scope == "model":
+        model.compile(**options)
+    else:
+        blocks = repeated_blocks(model)
+        if blocks is None:
+            raise ConfigError(f"compile.scope = 'blocks' needs a model with a ModuleList of blocks; use {setting('compile.scope', 'model')}")
+        for block in blocks:
+            block.compile(**options)
+    return model
+
+
+@contextlib.contextmanager
+def eager() -> Iterator[None]:
+    """Inside the block compiled modules run their own Python code: nothing compiles, nothing
+    recompiles, and the graphs already compiled stay cached for when the block ends. For work
+    whose modes and shapes training never sees (evaluation under no_grad, the batch-size
+    search's trial sizes): through the compiled module each would compile a graph of its own,
+    seconds to minutes apiece on a GPU, for little gain on a few batches."""
+    with torch.compiler.set_stance("force_eager"):  # torch >= 2.6
+        yield

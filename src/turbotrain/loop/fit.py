@@ -1,0 +1,64 @@
+"""fit(): the reference training loop. It calls the engine and the hooks, and nothing else.
+
+It reads no configuration: cadences live in the hooks, speed-ups in the engine. No host-device
+synchronisation happens here; the hooks read device values every N steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from ..core.engine import Engine, LossFn, default_loss
+from .hooks import FitContext, Hook, HookList
+
+
+def fit(
+    engine: Engine,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: Iterable[Any],
+    *,
+    max_steps: int | None = None,
+    epochs: int | None = None,
+    hooks: Iterable[Hook] = (),
+    loss_fn: LossFn = default_loss,
+) -> FitContext:
+    """Train until ``engine.state.step`` reaches ``max_steps``, the batches run out, or a hook
+    requests a stop. ``epochs`` instead of ``max_steps``: that many passes over ``batches`` (a
+    loader with a length; each pass iterates it again, so a shuffling DataLoader reshuffles):
+    ``max_steps = epochs x (len(batches) // accumulation)``. Returns the context (latest metrics, stop reason)."""
+    if (max_steps is None) == (epochs is None):
+        raise TypeError("fit() takes one of max_steps or epochs")
+    passes = 1
+    if epochs is not None:
+        per_epoch = len(batches) // engine.accumulation  # type: ignore[arg-type]
+        if per_epoch < 1:
+            raise ValueError(f"an epoch of {len(batches)} batches is shorter than one optimizer step "  # type: ignore[arg-type]
+                             f"({engine.accumulation} batches with accumulation)")
+        max_steps, passes = epochs * per_epoch, epochs
+    assert max_steps is not None
+    batches = engine.setup_loader(batches)  # on the device and counted (a loader from setup() is kept as it is)
+    ctx = FitContext(engine, model, optimizer, max_steps)
+    hook = HookList(hooks)
+    hook.on_fit_start(ctx)
+    model.train()
+    try:
+        for _ in range(passes):
+            if engine.state.step >= max_steps:
+                break
+            for batch in batches:  # a stop asked before the first step takes effect after it (hooks see one step)
+                engine.forward_backward(model, batch, loss_fn)
+                if engine.step(optimizer):
+                    hook.on_step_end(ctx)
+                    if ctx.should_stop or engine.state.step >= max_steps:
+                        break
+            if ctx.should_stop:
+                break
+        hook.on_fit_end(ctx)
+    except BaseException as exc:  # also a failing on_fit_end: every hook still gets to clean up
+        hook.on_exception(ctx, exc)
+        raise
+    return ctx

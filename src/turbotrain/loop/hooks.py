@@ -1,0 +1,204 @@
+"""Hooks: components the loop calls at fixed events; each decides itself whether it is its turn.
+
+The loop stays a few lines long and free of ``if log_step: ...`` branches: logging, evaluation,
+checkpointing and stopping each live in their own hook with their own cadence (after torchtitan's
+trainer components).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from ..base.signals import active as active_signals
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from ..core.engine import Engine
+
+log = logging.getLogger(__name__)
+
+@dataclass
+class FitContext:
+    """What hooks see and may change: the run's objects, the latest metrics and a stop flag."""
+
+    engine: "Engine"
+    model: "nn.Module"
+    optimizer: "torch.optim.Optimizer"
+    max_steps: int
+    should_stop: bool = False
+    stop_reason: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)  # latest values, filled by hooks
+    side_s: float = 0.0  # seconds spent in hooks' side work (evaluation, checkpoints): not training
+
+    def request_stop(self, reason: str) -> None:
+        self.should_stop, self.stop_reason = True, reason
+
+
+class Hook:
+    """No-op base: override the events you need."""
+
+    def on_fit_start(self, ctx: FitContext) -> None: ...
+
+    def on_step_end(self, ctx: FitContext) -> None: ...
+
+    def on_fit_end(self, ctx: FitContext) -> None: ...
+
+    def on_exception(self, ctx: FitContext, exc: BaseException) -> None: ...
+
+
+class HookList(Hook):
+    """Calls each hook in order for every event."""
+
+    def __init__(self, hooks: Iterable[Hook] = ()) -> None:
+        self.hooks = list(hooks)
+
+    def on_fit_start(self, ctx: FitContext) -> None:
+        for h in self.hooks:
+            h.on_fit_start(ctx)
+
+    def on_step_end(self, ctx: FitContext) -> None:
+        for h in self.hooks:
+            h.on_step_end(ctx)
+
+    def on_fit_end(self, ctx: FitContext) -> None:
+        for h in self.hooks:
+            h.on_fit_end(ctx)
+
+    def on_exception(self, ctx: FitContext, exc: BaseException) -> None:
+        """Every hook cleans up (closes files, restores signal handlers) even when an earlier
+        hook's cleanup fails; the original exception is the one that propagates."""
+        for h in self.hooks:
+            try:
+                h.on_exception(ctx, exc)
+            except Exception:
+                log.exception("hook %s failed while handling %s", type(h).__name__, type(exc).__name__)
+
+
+def every(step: int, interval: int) -> bool:
+    """True on multiples of ``interval`` (never when the interval is 0)."""
+    return interval > 0 and step % interval == 0
+
+
+class StopAfter(Hook):
+    """End this invocation after ``step`` (the run resumes later; the schedule is untouched).
+
+    An invocation that starts at or past ``step`` (a resume of a run stopped there, whose saved
+    config still says so) is not stopped by it."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.start_step = 0
+
+    def on_fit_start(self, ctx: FitContext) -> None:
+        self.start_step = ctx.engine.state.step
+
+    def on_step_end(self, ctx: FitContext) -> None:
+        if self.step > self.start_step and ctx.engine.state.step >= self.step:
+            ctx.request_stop(f"stop_after_steps = {self.step}")
+
+
+class StopOnSignal(Hook):
+    """SIGTERM/SIGINT (and SIGUSR1, SLURM's warning before the time limit) end the run after the
+    current step, so the final checkpoint is written; a second signal interrupts at once
+    (KeyboardInterrupt).
+
+    Under a command's process-wide handlers (:mod:`turbotrain.base.signals`, which ``turbotrain
+    train`` and :func:`turbotrain.app.training.train` install) it tells them what the first signal
+    does while training, and a signal that came just before the fit started stops it after its
+    first step; without them (``fit`` called on its own) it installs handlers for the fit. SIGINT
+    inherited as ignored stays ignored.
+
+    Data parallel (``agree`` given): a signal may reach the ranks at different steps, and a rank
+    that stopped alone would leave the others waiting in their next collective. So the ranks
+    agree (``agree(flag)``: True when any rank has one) every ``interval`` steps, at the same
+    steps on all of them, and stop together there."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+    def __init__(self, agree: Callable[[bool], bool] | None = None, interval: int = 1) -> None:
+        self._ctx: FitContext | None = None
+        self._previous: dict[int, Any] = {}
+        self._controller: Any = None  # the process-wide StopSignals, when installed
+        self.agree, self.interval = agree, interval
+        self._pending = ""  # a signal seen here, not yet agreed on
+
+    def _first(self, name: str) -> None:
+        reason = f"signal {name}"
+        if self._ctx is None:
+            return
+        if self.agree is None:
+            self._ctx.request_stop(reason)
+        else:
+            self._pending = reason
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self._ctx is None or self._ctx.should_stop or self._pending:
+            self._restore()
+            raise KeyboardInterrupt
+        self._first(signal.Signals(signum).name)
+
+    def on_step_end(self, ctx: FitContext) -> None:
+        if self.agree is not None and every(ctx.engine.state.step, self.interval) and self.agree(bool(self._pending)):
+            ctx.request_stop(self._pending or "signal on another rank")
+
+    def _restore(self) -> None:
+        if self._controller is not None:
+            self._controller.on_first(None)  # after the fit: recorded only (the command ends 75)
+            self._controller = None
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def on_fit_start(self, ctx: FitContext) -> None:
+        self._ctx = ctx
+        self._controller = active_signals()
+        if self._controller is not None:
+            self._controller.on_first(self._first)
+            return
+        try:
+            for sig in self.SIGNALS:
+                if sig == signal.SIGINT and signal.getsignal(sig) == signal.SIG_IGN:
+                    continue  # inherited as ignored (a background job): stays ignored
+                self._previous[sig] = signal.signal(sig, self._handle)
+        except ValueError:  # not the main thread: leave signals alone
+            self._restore()
+
+    def on_fit_end(self, ctx: FitContext) -> None:
+        self._restore()
+
+    def on_exception(self, ctx: FitContext, exc: BaseException) -> None:
+        self._restore()
+
+
+class Evaluate(Hook):
+    """Validation loss every ``interval`` steps and at the end, into ``ctx.metrics['val_loss']``;
+    with ``metrics_fn`` its metrics too, into ``ctx.metrics['val_metrics']`` as ``val_<name>``."""
+
+    def __init__(self, batches: list[Any], interval: int, loss_fn: Any = None, metrics_fn: Any = None) -> None:
+        self.batches, self.interval, self.loss_fn, self.metrics_fn = batches, interval, loss_fn, metrics_fn
+        self.last_step = -1
+
+    def _run(self, ctx: FitContext) -> None:
+        if not self.batches:
+            return
+        kwargs = {"loss_fn": self.loss_fn} if self.loss_fn is not None else {}
+        start = time.perf_counter()
+        values = ctx.engine.evaluate_metrics(ctx.model, self.batches, metrics_fn=self.metrics_fn, **kwargs)
+        ctx.metrics["val_loss"] = values.pop("loss")
+        ctx.metrics["val_metrics"] = {f"val_{name}": value for name, value in values.items()}
+        ctx.side_s += time.perf_counter() - start
+        ctx.metrics["val_step"] = self.last_step = ctx.engine.state.step
+
+    def on_step_end(self, ctx: FitContext) -> None:
+        if every(ctx.engine.state.step, self.interval) or ctx.engine.state.step >= ctx.max_steps:
+            self._run(ctx)
+
+    def on_fit_end(self, ctx: FitContext) -> None:
+        if self.last_step != ctx.engine.state.step:
+            self._run(ctx)

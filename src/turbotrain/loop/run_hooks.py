@@ -1,0 +1,91 @@
+"""The hook chain of a run, assembled in one place: ``turbotrain train`` (:mod:`turbotrain.app.training`),
+an own loop's :func:`turbotrain.app.tracking.track` and the short measured runs of ``profile`` and
+``tune`` (:mod:`turbotrain.app.measure`) all build their monitor and hooks here.
+
+Hooks run in this order at every event, and the order matters:
+
+- the stop hooks only raise ``ctx.should_stop``, which the loop reads after all hooks have run;
+- Evaluate before the Monitor: the record the Monitor writes for a step carries the validation
+  loss and metrics Evaluate has just put in ``ctx.metrics`` (at the end too: final evaluation,
+  then final record); an adaptive (plateau) schedule reads that loss right after Evaluate;
+- the experts monitor (models with MoE layers) before the Monitor, on the same cadence;
+- the epoch log (``train.epochs``) right after the Monitor: an epoch's record follows its last step's;
+- the Checkpointer last: its time is in ``ctx.side_s`` before the next window starts, and at the
+  end the final record is written and the sinks closed before the save, so a failed save (a full
+  disk) loses no metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from torch import nn
+
+from .checkpoint import Checkpointer
+from ..core.engine import Engine
+from .epochs import EpochLog
+from .experts_monitor import experts_hooks
+from .hooks import Evaluate, Hook
+from .lr_plateau import ObservePlateau
+from .monitor import JsonlSink, Monitor, ProgressSink, TensorBoardSink, build_probes
+from ..core.optim import PlateauLR
+from ..base.rundir import METRICS_FILE, TENSORBOARD_DIR
+
+
+@dataclass
+class MonitorPlan:
+    """What the monitor of a run writes and measures (resolved from a config or a caller's options)."""
+
+    log_every: int = 10  # steps between metric reads: the host-device syncs
+    run_dir: Path | None = None  # metrics.jsonl (and tensorboard/) go here; None: nowhere
+    progress_steps: int | None = None  # a progress bar up to this step; None: no bar
+    nvml: bool = True
+    tensorboard: bool = False
+    memory_every: int = -1  # monitor.memory_every (-1: with each record)
+    memory_warn_fraction: float = 0.9
+    memory_cap_fraction: float = 0.0
+
+
+def build_monitor(engine: Engine, model: nn.Module, example: Any, plan: MonitorPlan,
+                  loss_fn: Callable[[nn.Module, Any], Any] | None = None) -> tuple[Monitor, JsonlSink | None]:
+    """The Monitor (and its metrics.jsonl sink, for a flush before checkpoints): sinks for the run
+    directory, the progress bar and TensorBoard; probes for memory and NVML on CUDA and MFU from
+    FLOPs counted once on ``example``. Data parallel: the rates are the run's (x world)."""
+    jsonl = JsonlSink(plan.run_dir / METRICS_FILE) if plan.run_dir is not None else None
+    sinks: list[Any] = [jsonl] if jsonl is not None else []
+    if plan.tensorboard and plan.run_dir is not None:
+        sinks.append(TensorBoardSink(plan.run_dir / TENSORBOARD_DIR))
+    if plan.progress_steps is not None:
+        sinks.append(ProgressSink(plan.progress_steps, engine.state.step))
+    world = engine.strategy.world
+    probes = build_probes(
+        engine.device, model=model, example_batch=example, precision=engine.precision.name, nvml_enabled=plan.nvml,
+        loss_fn=loss_fn, autocast=engine.autocast, devices=world, memory_every=plan.memory_every,
+        memory_warn_fraction=plan.memory_warn_fraction, memory_cap_fraction=plan.memory_cap_fraction,
+    )
+    return Monitor(plan.log_every, sinks, probes, world=world), jsonl
+
+
+def build_hooks(monitor: Monitor, *, stops: Sequence[Hook] = (), eval_batches: list[Any] | None = None,
+                eval_every: int = 0, loss_fn: Callable[[nn.Module, Any], Any] | None = None,
+                metrics_fn: Callable[[nn.Module, Any], Any] | None = None, scheduler: Any = None,
+                experts_model: nn.Module | None = None, experts_dir: Path | None = None,
+                epochs: tuple[int, int] | None = None, checkpointer: Checkpointer | None = None) -> list[Hook]:
+    """The chain in the order the module docstring explains. ``eval_batches`` None: no evaluation;
+    ``experts_model``: the unwrapped model whose MoE layers are monitored (none: nothing added);
+    ``epochs``: (steps per epoch, epochs) for one record and line per epoch, after the Monitor."""
+    hooks: list[Hook] = list(stops)
+    if eval_batches is not None:
+        hooks.append(Evaluate(eval_batches, eval_every, loss_fn, metrics_fn))
+        if isinstance(scheduler, PlateauLR):  # the loss Evaluate just read
+            hooks.append(ObservePlateau(scheduler))
+    if experts_model is not None:
+        hooks.extend(experts_hooks(experts_model, monitor.interval, experts_dir))  # MoE: tokens per expert
+    hooks.append(monitor)
+    if epochs is not None:  # after the Monitor: the epoch's last step record is written first
+        hooks.append(EpochLog(monitor, *epochs))
+    if checkpointer is not None:
+        hooks.append(checkpointer)
+    return hooks

@@ -1,0 +1,258 @@
+"""Dynamic batching (``data.batching = 'tokens'``): batches by token budget, with length
+bucketing, that keep documents apart.
+
+Why: random windows of a concatenated stream make every row ``block_size`` long but run one
+document into the next. Variable-length data trains better, and a budget in tokens instead of
+rows keeps the work per step even: many short rows or a few long ones.
+
+- **Rows never mix documents.** Each row is one piece of one document
+  (:mod:`turbotrain.parts.data.documents`): a document longer than ``block_size + 1`` tokens is cut into
+  consecutive pieces that overlap by one token, so every token after a document's first is a
+  target exactly once per epoch and every token is seen. Rows are padded at the end to the
+  batch's length with targets of -100, which the loss ignores (``F.cross_entropy``'s
+  ``ignore_index``); causal attention never lets a real token see the padding after it.
+- **Budget.** A batch holds at most ``batch.max_tokens`` input tokens, padding counted: rows x
+  padded length <= max_tokens. Lengths are padded up to a multiple of 8 (fewer distinct shapes
+  for kernels and ``torch.compile``), never past ``block_size``.
+- **Bucketing.** Each epoch shuffles the pieces with a generator seeded by (seed, epoch), sorts
+  them by length within buckets of about 64 batches, cuts each bucket greedily into batches, and
+  shuffles the batches: similar lengths share a batch, so little is padding.
+- **Exact resume, and splits.** Batch ``k`` of the stream is a function of (seed, k) alone. With
+  ``world`` ranks, rank ``r`` reads stream batches ``k * world + r``; with accumulation ``A``, its
+  batches ``s*A ... s*A + A-1`` make optimizer step ``s``, so step ``s`` trains on stream batches
+  ``s*A*world ... (s+1)*A*world - 1``. Any split with the same ``A x world`` (token-budget batches
+  per step) and the same ``batch.max_tokens`` trains on the same batches in the same steps: each
+  batch's loss is the mean over its real targets and every batch counts equally, so the loss per
+  step matches to fp32 rounding (one process with accumulation 2 = two processes). A split that
+  changes ``A x world`` or ``max_tokens`` trains on other batches: the rows are packed per batch,
+  so no rule keeps them. A resume at another world size is exact when ``A x world`` is kept (set
+  ``--batch.accumulation``); otherwise it would skip or regroup the stream and
+  :func:`resume_start` refuses it in one line.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from ...base.errors import TurbotrainError
+from .documents import Documents, open_documents
+from .loader import LoaderSettings
+from .sources import PreadFile, TokenSource
+
+log = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100  # targets the loss skips (torch.nn.functional.cross_entropy's default ignore_index)
+PAD_TOKEN = 0  # input id under padding (rows start as zeros): any valid id works, no real token attends to it
+PAD_MULTIPLE = 8  # padded row lengths are multiples of this (capped at block_size)
+BUCKET_BATCHES = 64  # about this many batches' rows are sorted by length together
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """Rows cut from documents: piece i is tokens ``[offsets[i], offsets[i] + lengths[i])`` of the
+    split (at most ``seq_len + 1`` long: ``seq_len`` inputs and their shifted targets)."""
+
+    offsets: np.ndarray  # int64, relative to the split
+    lengths: np.ndarray  # int64, >= 2
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    @property
+    def inputs(self) -> np.ndarray:
+        """Input tokens of each row (its length - 1)."""
+        return self.lengths - 1
+
+
+def cut_pieces(docs: Documents, seq_len: int) -> Pieces:
+    """Each document in pieces of at most ``seq_len + 1`` tokens, consecutive pieces overlapping
+    by one token; documents of one token (nothing to predict) are left out."""
+    n = docs.lengths
+    count = np.where(n >= 2, -(-(n - 1) // seq_len), 0)  # ceil((n - 1) / seq_len) pieces
+    doc = np.repeat(np.arange(len(n)), count)
+    first = np.cumsum(count) - count  # index of each document's first piece
+    j = np.arange(len(doc)) - np.repeat(first, count)  # piece number within its document
+    offsets = docs.starts[doc] + j * seq_len
+    lengths = np.minimum(seq_len + 1, n[doc] - j * seq_len)
+    return Pieces(offsets.astype(np.int64), lengths.astype(np.int64))
+
+
+def padded_length(inputs: int, seq_len: int) -> int:
+    """The row length a batch whose longest row has ``inputs`` input tokens is padded to."""
+    return min(seq_len, -(-inputs // PAD_MULTIPLE) * PAD_MULTIPLE)
+
+
+def plan_epoch(inputs: np.ndarray, max_tokens: int, seq_len: int, seed: int, epoch: int) -> list[np.ndarray]:
+    """The batches of one epoch, as arrays of piece indices: every piece exactly once, each batch
+    within ``max_tokens`` (rows x padded length), in an order drawn from (seed, epoch)."""
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(inputs))
+    bucket = BUCKET_BATCHES * max(1, max_tokens // seq_len)
+    batches: list[np.ndarray] = []
+    for lo in range(0, len(order), bucket):
+        chunk = order[lo:lo + bucket]
+        chunk = chunk[np.argsort(-inputs[chunk], kind="stable")]  # longest first
+        i = 0
+        while i < len(chunk):
+            rows = max(1, max_tokens // padded_length(int(inputs[chunk[i]]), seq_len))
+            batches.append(chunk[i:i + rows])
+            i += rows
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+class TokenBudgetSampler(Sampler[list[int]]):
+    """An endless stream of token-budget batches (lists of piece indices) from batch ``start``;
+    with ``world`` ranks, rank ``r`` takes batches ``k * world + r`` of the one stream."""
+
+    def __init__(self, inputs: np.ndarray, max_tokens: int, seq_len: int, seed: int, start: int = 0,
+                 rank: int = 0, world: int = 1) -> None:
+        if not len(inputs):
+            raise TurbotrainError("the data holds no document of two tokens or more; nothing to train on")
+        self.inputs, self.max_tokens, self.seq_len, self.seed = inputs, max_tokens, seq_len, seed
+        self.start, self.rank, self.world = start, rank, world
+        self._sizes: list[int] = []  # batches in each epoch planned so far
+        self._plan: tuple[int, list[np.ndarray]] = (-1, [])
+
+    def _epoch(self, epoch: int) -> list[np.ndarray]:
+        if self._plan[0] != epoch:
+            self._plan = (epoch, plan_epoch(self.inputs, self.max_tokens, self.seq_len, self.seed, epoch))
+        return self._plan[1]
+
+    def batch(self, k: int) -> list[int]:
+        """Batch ``k`` of this rank's stream: a function of (seed, k) only."""
+        index, epoch = k * self.world + self.rank, 0
+        while True:
+            if epoch == len(self._sizes):
+                self._sizes.append(len(self._epoch(epoch)))
+            if index < self._sizes[epoch]:
+                return self._epoch(epoch)[index].tolist()
+            index -= self._sizes[epoch]
+            epoch += 1
+
+    def __iter__(self) -> Iterator[list[int]]:
+        k = self.start
+        while True:
+            yield self.batch(k)
+            k += 1
+
+
+class PieceRows(Dataset):
+    """Rows of document pieces, fetched a batch at a time: (inputs, targets) as int64 of shape
+    (rows, padded length), inputs padded with 0 and targets with -100. Read with ``pread`` like
+    :class:`turbotrain.parts.data.TokenWindows` (a file that shrinks mid-run is a one-line error)."""
+
+    def __init__(self, docs: Documents, seq_len: int) -> None:
+        self.split, self.seq_len = docs.split, seq_len
+        self.pieces = cut_pieces(docs, seq_len)
+        self._reader = PreadFile(self.split.path)
+
+    def __len__(self) -> int:
+        return len(self.pieces)
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        offsets, lengths = self.pieces.offsets[indices], self.pieces.lengths[indices]
+        width = padded_length(int(lengths.max()) - 1, self.seq_len)
+        rows = np.zeros((len(indices), width + 1), dtype=np.int64)  # tokens, then the padding
+        fd = self._reader.fd()
+        for row, (offset, n) in enumerate(zip(offsets.tolist(), lengths.tolist())):
+            rows[row, :n] = self.split.read_rows(fd, np.array([offset]), n)[0]
+        x = torch.from_numpy(rows[:, :-1].copy())  # padded inputs are token 0
+        y = torch.from_numpy(rows[:, 1:].copy())
+        y[torch.from_numpy(np.arange(width)[None, :] >= (lengths - 1)[:, None])] = IGNORE_INDEX
+        return x, y
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.__getitems__([i])
+        return x[0], y[0]
+
+
+def _identity(batch: Any) -> Any:
+    return batch  # __getitems__ already returns a padded batch
+
+
+def build_budget_loader(rows: PieceRows, max_tokens: int, seed: int, settings: LoaderSettings, start: int = 0,
+                        rank: int = 0, world: int = 1) -> DataLoader:
+    """An endless DataLoader of token-budget (x, y) batches from batch ``start`` of the seeded stream."""
+    sampler = TokenBudgetSampler(rows.pieces.inputs, max_tokens, rows.seq_len, seed, start, rank, world)
+    workers = settings.num_workers
+    return DataLoader(
+        rows, batch_sampler=sampler, collate_fn=_identity, num_workers=workers, pin_memory=settings.pin_memory,
+        persistent_workers=workers > 0, prefetch_factor=settings.prefetch_factor if workers > 0 else None,
+        generator=torch.Generator().manual_seed(seed),  # as build_loader: never from the global RNG
+    )
+
+
+def fixed_budget_batches(rows: PieceRows, max_tokens: int, count: int, seed: int, rank: int = 0,
+                         world: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The same ``count`` token-budget batches every time (validation), read once on the host."""
+    if not len(rows):
+        return []
+    sampler = TokenBudgetSampler(rows.pieces.inputs, max_tokens, rows.seq_len, seed, rank=rank, world=world)
+    return [rows.__getitems__(sampler.batch(k)) for k in range(count)]
+
+
+def padding_share(rows: PieceRows, max_tokens: int, seed: int, batches: int = 200) -> float:
+    """Share of padding in the first ``batches`` batches of epoch 0 (for the log)."""
+    real = padded = 0
+    for idx in plan_epoch(rows.pieces.inputs, max_tokens, rows.seq_len, seed, 0)[:batches]:
+        real += int(rows.pieces.inputs[idx].sum())
+        padded += padded_length(int(rows.pieces.inputs[idx].max()), rows.seq_len) * len(idx)
+    return 1.0 - real / padded if padded else 0.0
+
+
+def resume_start(batches: int, step: int, saved_world: int, world: int, accumulation: int) -> int:
+    """This rank's first batch when token batching resumes after ``step`` optimizer steps, each
+    rank of the ``saved_world`` that wrote the checkpoint having read ``batches`` (the saved data
+    position). At the same world size: ``batches``. At another: exact when the stream batches per
+    step (processes x accumulation) are kept, else refused in one line naming what keeps them."""
+    if not batches or not saved_world or saved_world == world:
+        return batches
+    read = batches * saved_world  # stream batches the whole group has trained on
+    if step and read == step * accumulation * world:
+        return step * accumulation
+    per_step = read // step if step and read % step == 0 else 0
+    old = f"{per_step} ({processes(saved_world)} x accumulation {per_step // saved_world})" if per_step else f"{read} in all"
+    keep = (f"--batch.accumulation={per_step // world}" if per_step and per_step % world == 0 else
+            f"{processes(saved_world)}" + (f" (torchrun --nproc-per-node {saved_world})" if saved_world > 1 else " (no torchrun)"))
+    raise TurbotrainError(
+        f"data.batching = 'tokens' resumes exactly only with the same token-budget batches per optimizer step "
+        f"(processes x accumulation): the checkpoint's run took {old} and this run takes {world * accumulation} "
+        f"({processes(world)} x accumulation {accumulation}); resume with {keep}"
+    )
+
+
+def processes(n: int) -> str:
+    """'1 process', '2 processes': how the resume refusals (here and in training) name a world size."""
+    return f"{n} process{'es' if n > 1 else ''}"
+
+
+@dataclass
+class BudgetData:
+    """What a run trains and validates on with ``data.batching = 'tokens'``."""
+
+    loader: DataLoader
+    val_batches: list[tuple[torch.Tensor, torch.Tensor]]
+    example: tuple[torch.Tensor, torch.Tensor]  # the stream's first batch (FLOPs are counted on it)
+    description: str
+
+
+def build_budget_data(path: str, source: TokenSource, seq_len: int, max_tokens: int, seed: int, settings: LoaderSettings,
+                      *, start: int = 0, eval_batches: int = 0, rank: int = 0, world: int = 1) -> BudgetData:
+    """Documents of ``source`` (opened from ``data.path`` = ``path``) in token-budget batches of at
+    most ``max_tokens``: the training loader from batch ``start``, ``eval_batches`` fixed
+    validation batches (seed + 1), and a one-line description with the share of padding."""
+    train_docs, val_docs = open_documents(path, source)
+    rows, val_rows = PieceRows(train_docs, seq_len), PieceRows(val_docs, seq_len)
+    loader = build_budget_loader(rows, max_tokens, seed, settings, start, rank, world)
+    val = fixed_budget_batches(val_rows, max_tokens, eval_batches, seed + 1, rank, world)
+    example = fixed_budget_batches(rows, max_tokens, 1, seed)[0]
+    description = (f"{len(train_docs):,} + {len(val_docs):,} documents in {len(rows):,} + {len(val_rows):,} rows of <= {seq_len} "
+                   f"tokens; batches of <= {max_tokens} tokens, {100 * padding_share(rows, max_tokens, seed):.1f}% padding")
+    log.info("token batching: %s", description)
+    return BudgetData(loader, val, example, description)

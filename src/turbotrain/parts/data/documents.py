@@ -1,0 +1,137 @@
+"""Documents: where each document starts and ends inside a token source's train and validation
+ranges, so batches can keep documents apart (see :mod:`turbotrain.parts.data.batching`).
+
+Why: the token sources concatenate files into one stream, which suits random windows; batching
+by token budget instead puts one document (or one piece of a long one) per row, and a row must
+never carry one document's tail into the next one's predictions. The boundaries come from the
+same token files :func:`turbotrain.parts.data.sources.open_tokens` made, never from a second copy:
+
+- text tokenized as bytes (a text file, a folder, the built-in corpus): one document per file,
+  from the files' sizes (the byte stream is each file followed by a blank-line separator); the
+  sizes must add up to the token file's length, or the files changed since it was cached and
+  the error says so;
+- text tokenized by a tokenizer with an end-of-text token, and ``.bin`` token files with a GPT-2
+  vocabulary (nanoGPT / llm.c put ``<|endoftext|>`` = 50256 between documents): a document ends
+  at each separator token, which it keeps as its last target (the model learns where text ends);
+- anything else (a ``.bin`` of another vocabulary, a tokenizer without an end-of-text token): no
+  boundaries are known, and :func:`open_documents` says so in one line rather than mix documents.
+
+A document that a train/validation split cuts in two becomes two documents, one in each split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ...base.errors import TurbotrainError
+from .sources import TokenSource, TokenSplit, builtin_split, stdlib_files, text_files
+from .tokenizer import SEPARATOR
+
+GPT2_END_OF_TEXT = 50256  # <|endoftext|> in GPT-2's vocabulary: the separator of GPT-2-style .bin files
+
+
+@dataclass(frozen=True)
+class Documents:
+    """The documents of one token range: ``starts`` and ``lengths`` in tokens, relative to the
+    range's start, in stream order."""
+
+    split: TokenSplit
+    starts: np.ndarray  # int64
+    lengths: np.ndarray  # int64
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    @property
+    def tokens(self) -> int:
+        return int(self.lengths.sum())
+
+
+def _clip(split: TokenSplit, starts: np.ndarray, lengths: np.ndarray) -> Documents:
+    """Documents given in token-file coordinates, cut to ``split`` and made relative to it."""
+    lo = np.maximum(starts, split.start)
+    hi = np.minimum(starts + lengths, split.stop)
+    keep = hi > lo
+    return Documents(split, (lo[keep] - split.start).astype(np.int64), (hi[keep] - lo[keep]).astype(np.int64))
+
+
+def _from_sizes(split: TokenSplit, sizes: list[int]) -> Documents:
+    """One document per file of a byte-tokenized stream: file i's bytes, then the separator."""
+    gap = len(SEPARATOR)
+    lengths = np.asarray(sizes, dtype=np.int64)
+    ends = np.cumsum(lengths + gap)
+    total = split.offset_bytes // 2 + int(ends[-1]) if len(ends) else 0
+    tokens = split.path.stat().st_size // 2
+    if total != tokens:
+        raise TurbotrainError(
+            f"the files behind {split.path} changed since it was cached ({tokens:,} tokens, the files now make "
+            f"{total:,}); run again to rebuild the cache"
+        )
+    return _clip(split, ends - lengths - gap, lengths)
+
+
+SCAN_CHUNK = 1 << 24  # tokens compared with the separator at a time (a bool each: 16 MB, not one per token of the file)
+
+
+def separator_ends(split: TokenSplit, sep: int, chunk: int = SCAN_CHUNK) -> np.ndarray:
+    """Positions just after each ``sep`` token of ``split`` (int64, relative to it), scanning the
+    memory map ``chunk`` tokens at a time so a large file never needs a mask of its own size."""
+    tokens = split.array()
+    found = [np.flatnonzero(tokens[lo:lo + chunk] == sep).astype(np.int64) + (lo + 1) for lo in range(0, len(tokens), chunk)]
+    return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+
+
+def _from_separator(split: TokenSplit, ends: np.ndarray) -> Documents:
+    """Documents that end at each separator (kept as their last token): ``ends`` from
+    :func:`separator_ends`; the tokens after the last separator make the last document."""
+    if not len(ends) or ends[-1] != len(split):
+        ends = np.append(ends, len(split))
+    starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+    lengths = ends - starts
+    keep = lengths > 0
+    return Documents(split, starts[keep], lengths[keep])
+
+
+def _no_boundaries(source: TokenSource, why: str = "") -> TurbotrainError:
+    return TurbotrainError(
+        f"data.batching = 'tokens' keeps documents apart, but {source.description} has no document boundaries "
+        f"turbotrain can find{why} (a text folder gives one document per file; a .bin of GPT-2 tokens is split at "
+        "<|endoftext|>; a tokenizer.json needs an <|endoftext|> token); use --data.batching=windows"
+    )
+
+
+def _byte_files(path: str) -> tuple[list[Path], list[Path] | None]:
+    """The files byte-tokenized for ``data.path`` in stream order: (train, val) for the built-in
+    corpus (separate token files), (all, None) for a text file or folder (one token file)."""
+    if not path:
+        return builtin_split(stdlib_files())
+    return text_files(Path(path).expanduser()), None
+
+
+def _sizes(files: list[Path]) -> list[int]:
+    return [f.stat().st_size for f in files]
+
+
+def open_documents(path: str, source: TokenSource) -> tuple[Documents, Documents]:
+    """The train and validation documents of ``source`` (what ``open_tokens(path, ...)`` returned)."""
+    tok = source.tokenizer
+    is_bin = bool(path) and Path(path).suffix == ".bin"
+    if tok.name == "bytes" and not is_bin:
+        train_files, val_files = _byte_files(path)
+        if val_files is None:  # one token file, split by position
+            return _from_sizes(source.train, _sizes(train_files)), _from_sizes(source.val, _sizes(train_files))
+        return _from_sizes(source.train, _sizes(train_files)), _from_sizes(source.val, _sizes(val_files))
+    sep = tok.separator()
+    if tok.name != "bytes" and len(sep) == 1 and not np.array_equal(sep, tok.encode([SEPARATOR])[0]):
+        end = int(sep[0])  # the tokenizer's end-of-text, between files
+    elif is_bin and source.vocab_size > GPT2_END_OF_TEXT:
+        end = GPT2_END_OF_TEXT
+    else:
+        raise _no_boundaries(source)
+    train_ends, val_ends = separator_ends(source.train, end), separator_ends(source.val, end)
+    if not len(train_ends) and not len(val_ends):  # one document of the whole file: refuse rather than guess
+        raise _no_boundaries(source, f" (no separator token {end} in it)")
+    return _from_separator(source.train, train_ends), _from_separator(source.val, val_ends)

@@ -1,0 +1,98 @@
+"""Your dataset in epochs, in an order that does not depend on how the global batch is split.
+
+A user's DataLoader over a map-style dataset (``len`` and ``dataset[i]``) is re-batched the way
+the token windows are (:mod:`.loader`): epoch ``e`` visits the dataset in one order, a permutation
+drawn from ``(seed, e)`` when the loader shuffles (its own order otherwise); optimizer step ``s`` is
+the ``G = micro x accumulation x world`` consecutive indices ``[i G, (i + 1) G)`` of its epoch's
+order (``e, i = divmod(s, steps_per_epoch)``, the last partial global batch of an epoch dropped);
+rank ``r`` trains on chunk ``j x world + r`` of them at micro-step ``j``. So one process with micro
+8, one with micro 4 and accumulation 2 and two processes with micro 4 train on the same samples in
+the same optimizer steps, and a resume after step ``s`` starts exactly at batch ``s x accumulation``
+(no batch is read twice or skipped) under any split of the same global batch.
+
+The loader keeps the user's dataset, ``collate_fn`` and ``worker_init_fn``; workers and pinning
+come from the run's ``data`` section.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler
+
+from ...base.errors import TurbotrainError
+from .loader import LoaderSettings
+
+
+class EpochSampler(Sampler[list[int]]):
+    """An endless stream of this rank's micro-batches of dataset indices, from its batch ``start``
+    (see the module docstring). ``steps_per_epoch`` optimizer steps make one epoch."""
+
+    def __init__(self, size: int, batch_size: int, seed: int, shuffle: bool, start: int = 0, rank: int = 0,
+                 world: int = 1, accumulation: int = 1) -> None:
+        self.size, self.batch_size, self.seed, self.shuffle, self.start = size, batch_size, seed, shuffle, start
+        self.rank, self.world, self.accumulation = rank, world, max(1, accumulation)
+        self.global_batch = batch_size * self.accumulation * world
+        if self.global_batch > size:
+            raise TurbotrainError(
+                f"the global batch (batch.micro x accumulation x world = {batch_size} x {self.accumulation} x {world} = "
+                f"{self.global_batch}) is larger than the dataset's {size} samples; use a smaller --batch.micro")
+        self.steps_per_epoch = size // self.global_batch
+        self._order: tuple[int, torch.Tensor | None] = (-1, None)  # the last epoch's order: drawn once per epoch
+
+    def order(self, epoch: int) -> torch.Tensor:
+        """The dataset's indices in epoch ``epoch``'s order: a function of (seed, epoch) alone."""
+        if self._order[0] != epoch or self._order[1] is None:
+            if self.shuffle:
+                g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+                self._order = (epoch, torch.randperm(self.size, generator=g))
+            else:
+                self._order = (epoch, torch.arange(self.size))
+        return self._order[1]
+
+    def batch(self, k: int) -> list[int]:
+        """This rank's micro-batch ``k`` (micro-step ``k % accumulation`` of optimizer step ``k // accumulation``)."""
+        step, j = divmod(k, self.accumulation)
+        epoch, i = divmod(step, self.steps_per_epoch)
+        first = i * self.global_batch + (j * self.world + self.rank) * self.batch_size
+        return self.order(epoch)[first:first + self.batch_size].tolist()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        k = self.start
+        while True:
+            yield self.batch(k)
+            k += 1
+
+
+def map_style(loader: Any) -> Dataset | None:
+    """The map-style dataset behind ``loader`` (a torch DataLoader over a dataset with ``len``), or None."""
+    if not isinstance(loader, DataLoader):
+        return None
+    dataset = loader.dataset
+    try:
+        len(dataset)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    return None if isinstance(dataset, torch.utils.data.IterableDataset) else dataset
+
+
+def shuffles(loader: DataLoader) -> bool:
+    """Whether ``loader`` draws a new order each epoch (a RandomSampler, ``shuffle=True``)."""
+    return isinstance(loader.sampler, RandomSampler)
+
+
+def epoch_loader(loader: DataLoader, batch_size: int, seed: int, settings: LoaderSettings, start: int = 0,
+                 rank: int = 0, world: int = 1, accumulation: int = 1) -> DataLoader:
+    """``loader``'s dataset and collation, batched by :class:`EpochSampler` from this rank's batch
+    ``start``, with the run's worker and pinning settings."""
+    dataset = map_style(loader)
+    assert dataset is not None, "epoch_loader needs a DataLoader over a map-style dataset"
+    workers = settings.num_workers
+    sampler = EpochSampler(len(dataset), batch_size, seed, shuffles(loader), start, rank, world, accumulation)  # type: ignore[arg-type]
+    return DataLoader(
+        dataset, batch_sampler=sampler, collate_fn=loader.collate_fn, worker_init_fn=loader.worker_init_fn,
+        num_workers=workers, pin_memory=settings.pin_memory, persistent_workers=workers > 0,
+        prefetch_factor=settings.prefetch_factor if workers > 0 else None,
+        generator=torch.Generator().manual_seed(seed),  # the workers' base seed, not the global RNG (exact resume)
+    )

@@ -1,0 +1,62 @@
+"""Keep the next batch's host-to-device copy in flight while the current batch computes."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+
+from ...base.batch import map_tensors, move_to
+
+
+class DevicePrefetcher:
+    """Iterate ``loader`` with each batch already on ``device``.
+
+    On CUDA with ``side_stream`` the copy of batch k+1 is issued on a side stream (from pinned
+    memory, non_blocking) before batch k is returned, so it overlaps compute; the compute stream
+    waits on the copy only when it takes the batch. Otherwise each batch is moved as it is taken
+    (non_blocking, on the current stream). On CPU it is a plain pass-through. Apart from
+    iteration it behaves like the wrapped loader (``len``, ``dataset``, ``sampler``, ...).
+    """
+
+    def __init__(self, loader: Iterable[Any], device: torch.device, side_stream: bool = True,
+                 on_batch: Callable[[Any], None] | None = None) -> None:
+        self.loader, self.device = loader, device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" and side_stream else None
+        self.on_batch = on_batch or (lambda batch: None)  # told of each batch as it is handed out
+
+    def __iter__(self) -> Iterator[Any]:
+        it = iter(self.loader)
+        if self.stream is None:
+            for host in it:
+                batch = move_to(host, self.device, non_blocking=True)
+                self.on_batch(batch)
+                yield batch
+            return
+        nxt = self._issue(it)
+        while nxt is not None:
+            batch = nxt
+            current = torch.cuda.current_stream(self.device)
+            current.wait_stream(self.stream)
+            map_tensors(batch, lambda t: t.record_stream(current))
+            nxt = self._issue(it)
+            self.on_batch(batch)
+            yield batch
+
+    def _issue(self, it: Iterator[Any]) -> Any:
+        try:
+            host = next(it)
+        except StopIteration:
+            return None
+        with torch.cuda.stream(self.stream):
+            return move_to(host, self.device, non_blocking=True)
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        """Everything else is the user's loader's: ``dataset``, ``batch_size``, ``sampler``,
+        ``set_epoch`` and any attribute of their own."""
+        if name == "loader":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.loader, name)

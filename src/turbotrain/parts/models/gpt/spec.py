@@ -1,0 +1,122 @@
+"""The GPT's spec: token data (random windows or token-budget batches), the model from the run's
+``model`` section, tokens as the unit of throughput, and text generation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+from torch import nn
+
+from ....base.config import ModelConfig, RunConfig
+from ...data import TokenSource, TokenWindows, build_loader, check_vocab, fixed_batches, open_tokens
+from ...data.batching import BudgetData, build_budget_data, resume_start
+from ...data.loader import LoaderSettings
+from ...data.tokenizer import save_run_tokenizer
+from ....base.rundir import TOKENIZER_FILE
+from ..spec import ModelSpec, RunData
+from .model import GPT, GPTConfig
+
+
+class TokenData(RunData):
+    """A token source cut into ``model.block_size`` windows (``data.batching = 'windows'``: split
+    invariant, see :mod:`turbotrain.parts.data.loader`) or into documents batched by a token budget
+    (``'tokens'``: the stream depends on the ranks, see :func:`turbotrain.parts.data.batching.resume_start`)."""
+
+    def __init__(self, c: RunConfig, source: TokenSource) -> None:
+        self.source, self.block_size = source, c.model.block_size
+        self.train = TokenWindows(source.train, c.model.block_size)
+        self.val = TokenWindows(source.val, c.model.block_size) if len(source.val) > c.model.block_size else None
+        self.positions = self.train.positions
+        self.description = source.description
+        self.split_invariant = c.data.batching == "windows"
+        self.facts = {}
+        self._budget: BudgetData | None = None
+
+    def loader(self, c: RunConfig, settings: LoaderSettings, start: int, rank: int, world: int) -> Iterable[Any]:
+        if c.data.batching == "tokens":  # documents kept apart, batches by token budget
+            self._budget = build_budget_data(
+                c.data.path, self.source, c.model.block_size, c.batch.max_tokens or c.batch.micro * c.model.block_size,
+                c.run.seed, settings, start=start, eval_batches=c.train.eval_batches * c.batch.accumulation,
+                rank=rank, world=world,  # validation: eval_batches x accumulation x world stream batches, for any split
+            )
+            self.facts = {"batching": self._budget.description}
+            return self._budget.loader
+        # step s: micro x accumulation x world rows from (seed, s); this rank its chunks of them
+        return build_loader(self.train, c.batch.micro, c.run.seed, settings, start=start, rank=rank, world=world,
+                            accumulation=c.batch.accumulation)
+
+    def val_batches(self, c: RunConfig, rank: int, world: int) -> list[Any]:
+        if self._budget is not None:
+            return self._budget.val_batches
+        if self.val is None:
+            return []
+        return fixed_batches(self.val, c.batch.micro, c.train.eval_batches, seed=c.run.seed + 1, rank=rank, world=world,
+                             accumulation=c.batch.accumulation)
+
+    def example(self, c: RunConfig) -> Any:
+        if self._budget is not None:
+            return self._budget.example
+        return fixed_batches(self.train, c.batch.micro, 1, seed=c.run.seed)[0]
+
+    def steps_per_epoch(self, c: RunConfig, world: int) -> int:
+        """The steps whose windows hold as many tokens as the training split (windows are drawn at random)."""
+        return max(1, len(self.source.train) // (int(c.batch.micro) * c.batch.accumulation * world * c.model.block_size))
+
+    def start_after(self, saved_batches: int, step: int, c: RunConfig, saved_world: int, world: int) -> int:
+        if c.data.batching == "tokens":  # the stream's position holds only with the same batches per step
+            return resume_start(saved_batches, step, saved_world, world, c.batch.accumulation)
+        return step * c.batch.accumulation
+
+    def save(self, run_dir: Path) -> None:
+        save_run_tokenizer(self.source.tokenizer, run_dir)  # what `turbotrain sample` decodes with
+
+
+def gpt_config(m: ModelConfig, vocab_size: int) -> GPTConfig:
+    """The GPT a run's ``model`` section describes; ``vocab_size`` when the section leaves it 0."""
+    return GPTConfig(
+        vocab_size=m.vocab_size or vocab_size, n_layer=m.n_layer, n_head=m.n_head, d_model=m.d_model,
+        block_size=m.block_size, dropout=m.dropout, attention=m.attention, loss=m.loss, sdpa_backend=m.sdpa_backend,
+    )
+
+
+class GPTSpec(ModelSpec):
+    """The decoder-only transformer on token data."""
+
+    name = "gpt"
+    unit = "tokens"
+    generates = True
+    memory_estimate = True
+
+    def open_data(self, c: RunConfig, run_dir: Path, *, show: bool) -> TokenData:
+        source = open_tokens(c.data.path, val_fraction=c.data.val_fraction, cache_dir=c.data.cache_dir, progress=show,
+                             tokenizer=c.data.tokenizer, vocab_size=c.model.vocab_size,
+                             saved_tokenizer=run_dir / TOKENIZER_FILE)
+        return TokenData(c, source)
+
+    def build_model(self, m: ModelConfig, vocab_size: int) -> GPT:
+        """The model from a ``model`` section alone (``sample`` and ``memory`` build it without data)."""
+        return GPT(gpt_config(m, vocab_size))
+
+    def build(self, c: RunConfig, data: RunData) -> nn.Module:
+        assert isinstance(data, TokenData)
+        model = self.build_model(c.model, data.source.vocab_size)
+        check_vocab(data.source, model.cfg.vocab_size)
+        return model
+
+    def facts(self, c: RunConfig, model: nn.Module) -> dict[str, Any]:
+        assert isinstance(model, GPT)
+        return {
+            "attention": "sdpa is_causal" if c.model.attention == "sdpa" else "sdpa + cached mask",
+            "vocab_size": model.cfg.vocab_size,
+            "params": model.num_params(non_embedding=False),
+        }
+
+    def experts(self, c: RunConfig) -> int | None:
+        return 0  # dense
+
+    def weight_count(self, c: RunConfig) -> int:
+        """Embeddings of at least 256 tokens, attention and MLPs."""
+        m = c.model
+        d, vocab = m.d_model, max(m.vocab_size, 256)
+        return vocab * d + m.block_size * d + m.n_layer * 12 * d * d

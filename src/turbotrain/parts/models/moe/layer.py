@@ -1,0 +1,571 @@
+"""The mixture-of-experts layer, for any model: :class:`MoE` (``turbotrain.MoE``).
+
+    from turbotrain import MoE
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Linear(784, 128)
+            self.moe = MoE(d_model=128, n_experts=8, top_k=2)   # (B, d) or (B, T, d) in, same shape out
+            self.head = nn.Linear(128, 10)
+
+Its load-balancing loss reaches the training loss by itself: the :class:`~turbotrain.Engine`
+finds the MoE layers at ``setup`` and ``engine.backward(loss)`` adds each one's ``aux_loss_coef x``
+load-balancing loss of the last training forward (:meth:`MoE.take_aux_loss`); a loop without the
+engine adds :func:`aux_loss` (``loss = loss + aux_loss(model)``). Tokens per expert are counted on
+the device (``turbotrain train`` plots them: ``plots/expert_load.png``), a checkpoint with fewer
+experts grows into a layer with more (:func:`grown_order`), and
+:func:`turbotrain.parts.models.moe.parallel.place_experts` spreads the experts over the ranks (the expert
+dimension of the run's parallel plan, in ``engine.setup``).
+
+Why each piece is the way it is:
+
+- **Router in fp32**: the softmax over experts decides which weights a token meets; bf16 scores
+  flip near-ties between steps, so the router's matmul and softmax run in fp32 even under autocast.
+- **Top-k, dropless by default**: each token goes to its ``top_k`` best experts, weighted by its
+  router probabilities renormalised over those k (Mixtral). ``capacity_factor > 0`` instead gives
+  each expert ``ceil(capacity_factor x tokens x top_k / n_experts)`` slots and drops the
+  assignments past them in token order (DeepSpeed / GShard); a dropped assignment adds nothing
+  (the token keeps its residual).
+- **Load balancing**, two ways that can be combined: the auxiliary loss ``aux_loss_coef x E x
+  sum_e f_e P_e`` (Switch / GShard: ``f_e`` the share of assignments, ``P_e`` the mean router
+  probability), added to the training loss only (validation reports the plain loss); and the
+  auxiliary-loss-free expert bias of DeepSeek-V3 (``router_bias_update`` = its update rate gamma):
+  a per-expert bias added to the scores for *selection only* (the mixing weights stay unbiased),
+  moved by ``gamma x sign(mean load - load)`` once per optimizer step, from the loads of that
+  step: every micro-batch of it, summed over all ranks (the global batch's loads, one all-reduce
+  on the device per step), so any split of the global batch (processes x accumulation) moves it
+  alike. The :class:`~turbotrain.Engine` marks the steps (``engine.step``, see
+  :meth:`MoE.follow_optimizer_steps`); a loop without the engine calls
+  :func:`follow_optimizer_steps` once and :func:`end_optimizer_step` after each optimizer step,
+  or else the bias moves after every training forward (the same thing without accumulation); a
+  loop set up by the engine that steps the optimizer itself, not through ``engine.step``, calls
+  :func:`end_optimizer_step` after each step (else the bias stays put).
+  The update happens at the start of a training forward, never in activation checkpointing's
+  recompute, so the recompute routes exactly as the forward did (and its tokens are not counted
+  twice).
+- **Grouped expert compute**: tokens are sorted by expert and all experts run as one grouped GEMM
+  (``F.grouped_mm``) per projection on CUDA with bf16 compute and on CPU: no Python loop over
+  experts and no host sync; each expert's group is padded to ``GROUP_ALIGN`` rows into a buffer of
+  static size (the slack goes to the last group, so every row is defined). (On CPU, torch 2.13's
+  fp32 grouped GEMM backward fails only for stride-0 output gradients, such as ``y.sum()``'s; the
+  gradient reaching it here comes through the row gather and is dense.) Elsewhere (CUDA fp32/fp16)
+  a batched path pads the groups to the largest and runs ``bmm``: it reads that size on the host
+  once per layer (marked ``# sync:``), and computes the padding (2.2x the loop's step time on the
+  CPU bench, whose loads are uneven). ``impl='loop'`` runs one matmul pair per expert: the
+  reference the tests compare with, and the bench's ablation baseline.
+- **Compiled without graph breaks** on CPU (fp32, bf16) and on CUDA with bf16 compute: nothing in
+  the compiled forward reads a device value on the host. torch's grouped GEMM has a fake (meta)
+  implementation for bf16 only, so an fp32 grouped GEMM goes through :func:`grouped_mm_any`, a
+  custom op with its own shape function and backward. The batched path (CUDA fp32/fp16) reads the
+  largest group on the host, one graph break per layer, unless ``capacity_factor`` > 0 fixes the
+  slots: padding every group to a static bound instead would compute E/k times the experts'
+  FLOPs (measured on CPU at E 8, k 2: 3.4x the eager batched layer's forward + backward), more
+  than a break costs.
+- **Observability without syncs**: each MoE layer keeps the tokens it routed to each expert in a
+  device tensor (:attr:`MoE.load`), summed over training forwards; :mod:`turbotrain.loop.experts_monitor`
+  reads and clears it at the logging cadence.
+- **Expert parallelism** plugs in through :attr:`MoE.dispatcher` (see
+  :mod:`turbotrain.parts.models.moe.parallel`): the layer then holds only its rank's slice of the experts and
+  the dispatcher moves the sorted tokens to the rank of their expert and back.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator, Protocol
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ....base.config import MOE_IMPLS
+from ....base.errors import ConfigError
+
+GROUP_ALIGN = 16  # rows per expert group in the grouped GEMM's input (16-byte strides for any dtype)
+
+EXTRA_STATE_KEY = "_extra_state"  # a MoE layer's state-dict entry for its router-bias loads not yet applied (get_extra_state)
+
+_grouped_mm = getattr(F, "grouped_mm", None) or torch._grouped_mm
+
+class Dispatcher(Protocol):
+    """Moves expert-sorted tokens to the ranks holding their experts and back (expert parallelism)."""
+
+    def dispatch(self, x_sorted: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """(rows for this rank's experts sorted by local expert, their counts per local expert, state for combine)."""
+        ...
+
+    def combine(self, y_local: torch.Tensor, state: Any) -> torch.Tensor:
+        """The experts' outputs back on the ranks and in the order ``dispatch`` received them."""
+        ...
+
+
+# ----------------------------------------------------------------------------- routing
+
+
+def route(x: torch.Tensor, router_weight: torch.Tensor, top_k: int, bias: torch.Tensor | None = None
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-k routing of tokens ``x`` (N, d) in fp32: (mixing weights (N, k) fp32 summing to 1 per
+    token, experts (N, k) int64, router probabilities (N, E) fp32). ``bias`` (E,) shifts which
+    experts are *selected*, not the weights."""
+    with torch.autocast(x.device.type, enabled=False):
+        probs = F.linear(x.float(), router_weight.float()).softmax(dim=-1)
+    choose = probs if bias is None else probs + bias
+    experts = torch.topk(choose, top_k, dim=-1, sorted=False).indices
+    weights = probs.gather(1, experts)
+    if top_k > 1:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, experts, probs
+
+
+def load_balance_loss(probs: torch.Tensor, counts: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Switch/GShard auxiliary loss ``E x sum_e f_e P_e``: 1.0 at a perfectly even load, up to E
+    when one expert takes everything. ``f_e`` (share of assignments) carries no gradient."""
+    n_experts = probs.shape[-1]
+    share = counts.float() / max(probs.shape[0] * top_k, 1)
+    return n_experts * (share * probs.mean(dim=0)).sum()
+
+
+def expert_counts(experts: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """Assignments per expert (E,) int64, on the device (no host sync; shape is static)."""
+    flat = experts.reshape(-1)
+    return torch.zeros(n_experts, dtype=torch.long, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
+
+
+# ----------------------------------------------------------------------------- expert compute
+
+
+def _group_starts(counts: torch.Tensor) -> torch.Tensor:
+    return torch.cumsum(counts, 0) - counts
+
+
+def experts_loop(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """Reference: one matmul pair per expert over its contiguous rows of ``x`` (sorted by expert)."""
+    sizes = counts.tolist()  # sync: the loop needs each expert's row count on the host (reference path only)
+    out = [F.gelu(part @ w1[e], approximate="tanh") @ w2[e] for e, part in enumerate(torch.split(x, sizes))]
+    return torch.cat(out) if out else x.new_zeros(0, w2.shape[-1])
+
+
+def _scatter_rows(x: torch.Tensor, rows: torch.Tensor, n_rows: int) -> torch.Tensor:
+    buf = x.new_zeros(n_rows, x.shape[1])
+    return buf.index_put((rows,), x)
+
+
+def experts_batched(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+                    capacity: int | None = None) -> torch.Tensor:
+    """All experts as one ``bmm`` over an (E, C, d) buffer: each expert's rows padded to C, the
+    largest group (read on the host: compiled, a graph break) or ``capacity`` (then rows past it
+    must already be dropped by the caller: they are not computed and come back as zeros)."""
+    E = w1.shape[0]
+    if capacity is None:
+        capacity = int(counts.max()) if counts.numel() else 0  # sync: the padded size (CUDA fp32/fp16 path)
+    capacity = max(capacity, 1)
+    sorted_e = torch.repeat_interleave(torch.arange(E, device=x.device), counts, output_size=x.shape[0])
+    pos = torch.arange(x.shape[0], device=x.device) - _group_starts(counts)[sorted_e]
+    keep = pos < capacity
+    trash = E * capacity  # rows past the capacity land in one spare row
+    rows = torch.where(keep, sorted_e * capacity + pos, torch.full_like(pos, trash))
+    buf = _scatter_rows(x, rows, trash + 1)[:trash].view(E, capacity, -1)
+    y = torch.bmm(F.gelu(torch.bmm(buf, w1), approximate="tanh"), w2)  # autocast casts both when on
+    y = torch.cat([y.reshape(trash, -1), y.new_zeros(1, y.shape[-1])])
+    return y[rows]
+
+
+def experts_grouped(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """All experts as one grouped GEMM per projection (``F.grouped_mm``): no loop, no host sync.
+
+    Groups are padded to :data:`GROUP_ALIGN` rows in a buffer of static size ``rows + E x
+    GROUP_ALIGN`` (rounded to the alignment); the last group takes the slack, whose zero rows
+    give zero outputs, so every output row is defined."""
+    E, M = w1.shape[0], x.shape[0]
+    dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+    padded = (counts + GROUP_ALIGN - 1) // GROUP_ALIGN * GROUP_ALIGN
+    n_rows = (M + E * GROUP_ALIGN + GROUP_ALIGN - 1) // GROUP_ALIGN * GROUP_ALIGN
+    sorted_e = torch.repeat_interleave(torch.arange(E, device=x.device), counts, output_size=M)
+    pos = torch.arange(M, device=x.device) - _group_starts(counts)[sorted_e]
+    rows = _group_starts(padded)[sorted_e] + pos
+    offs = torch.cumsum(padded, 0).to(torch.int32)
+    offs[-1] = n_rows  # the slack belongs to the last expert: its rows are zeros
+    buf = _scatter_rows(x.to(dtype), rows, n_rows)
+    mm = grouped_mm_any if dtype != torch.bfloat16 and torch.compiler.is_compiling() else _grouped_mm
+    h = F.gelu(mm(buf, w1.to(dtype), offs=offs), approximate="tanh")
+    return mm(h, w2.to(dtype), offs=offs)[rows]
+
+
+@torch.library.custom_op("turbotrain::grouped_mm", mutates_args=())
+def grouped_mm_any(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """``F.grouped_mm(a, b, offs=offs)`` for any dtype its kernel takes (fp32 on CPU) under
+    ``torch.compile``, whose fake implementation of the op accepts bf16 only (a graph break
+    otherwise): an opaque op with its own shapes and backward. ``a`` (M, K) 2-D with ``b`` (G, K, N)
+    -> (M, N); ``a`` (K, M) with ``b`` (M, N), groups along M -> (G, K, N) (the weight gradient)."""
+    return _grouped_mm(a, b, offs=offs)
+
+
+@grouped_mm_any.register_fake
+def _grouped_mm_shape(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    if b.dim() == 3:
+        return a.new_empty(a.shape[0], b.shape[-1])
+    return a.new_empty(offs.shape[0], a.shape[0], b.shape[-1])
+
+
+def _grouped_mm_save(ctx: Any, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor], output: torch.Tensor) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _grouped_mm_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
+    """(M, K) x (G, K, N): d a = grad x b^T per group, d b = a^T x grad per group (2-D x 2-D)."""
+    a, b, offs = ctx.saved_tensors
+    grad_a = grouped_mm_any(grad, b.transpose(-2, -1), offs) if ctx.needs_input_grad[0] else None
+    grad_b = grouped_mm_any(a.t(), grad, offs) if ctx.needs_input_grad[1] else None
+    return grad_a, grad_b, None
+
+
+grouped_mm_any.register_autograd(_grouped_mm_backward, setup_context=_grouped_mm_save)
+
+
+# ----------------------------------------------------------------------------- growing
+
+
+GROW_NOISE = 0.01  # new experts: a copy of an existing one plus noise of this x the tensor's std
+
+
+def grown_order(old: int, new: int, ranks: int = 1) -> list[tuple[int, bool]]:
+    """Where each of ``new`` experts comes from when a checkpoint with ``old`` experts loads into a
+    model with more: ``(source expert, is_new)`` per position. Positions are dealt to ``ranks``
+    contiguous slices of ``new / ranks`` (the expert-parallel layout); each old expert, then each
+    new one, goes to the rank holding the fewest so far (ties: the lowest rank), so the copies
+    spread over the ranks. New expert i copies old expert ``i mod old``."""
+    per_rank = new // ranks
+    held: list[list[tuple[int, bool]]] = [[] for _ in range(ranks)]
+    for item in [(e, False) for e in range(old)] + [(i % old, True) for i in range(new - old)]:
+        min(held, key=len).append(item)  # min() takes the first (lowest) rank among the fewest
+    assert all(len(h) == per_rank for h in held)
+    return [item for h in held for item in h]
+
+
+def grow_experts(tensor: torch.Tensor, order: list[tuple[int, bool]], noise: float, seed: int) -> torch.Tensor:
+    """``tensor`` (old experts first dim) laid out by ``order``; new rows get ``noise`` x std noise."""
+    g = torch.Generator().manual_seed(seed)
+    rows = tensor[[src for src, _ in order]].clone()
+    if noise > 0:
+        scale = noise * float(tensor.float().std()) if tensor.numel() > 1 else 0.0
+        for i, (_, is_new) in enumerate(order):
+            if is_new:
+                rows[i] += (scale * torch.randn(rows[i].shape, generator=g)).to(rows.dtype)
+    return rows
+
+
+# ----------------------------------------------------------------------------- the layer
+
+
+class MoE(nn.Module):
+    """A mixture-of-experts layer for any model: ``(..., d_model)`` in, the same shape out
+    (``(B, d)`` feature vectors, ``(B, T, d)`` tokens: every vector is routed on its own).
+
+    ``n_experts`` expert MLPs (``d_model -> hidden -> d_model``, GELU, no biases; ``hidden`` 0 =
+    4 x d_model), each vector sent to its ``top_k`` best by a linear router and mixed by the
+    router's probabilities; ``capacity_factor`` > 0 caps each expert's slots (0 = dropless);
+    ``aux_loss_coef`` weights the load-balancing loss the engine adds to the training loss (0 =
+    none); ``router_bias_update`` > 0 turns on DeepSeek-V3's auxiliary-loss-free balancing;
+    ``impl`` picks the expert compute (``auto``, ``grouped``, ``batched``, ``loop``); the weights
+    start from N(0, ``init_std``) (``out_std`` for the second projection, default ``init_std``).
+
+    Expert weights are ``w1`` (E, d, hidden) and ``w2`` (E, hidden, d); under expert parallelism
+    they hold only this rank's ``n_local`` experts starting at ``first_expert``."""
+
+    def __init__(self, d_model: int, n_experts: int = 8, top_k: int = 2, hidden: int = 0, *,
+                 capacity_factor: float = 0.0, aux_loss_coef: float = 0.01, router_bias_update: float = 0.0,
+                 impl: str = "auto", init_std: float = 0.02, out_std: float | None = None) -> None:
+        super().__init__()
+        check_settings(d_model, n_experts, top_k, hidden, capacity_factor, aux_loss_coef, router_bias_update, impl)
+        E, d, h = n_experts, d_model, hidden or 4 * d_model
+        self.n_experts, self.top_k = E, top_k
+        self.capacity_factor, self.impl = capacity_factor, impl
+        self.aux_loss_coef, self.update_rate = aux_loss_coef, router_bias_update
+        self.router = nn.Linear(d, E, bias=False)
+        self.w1 = nn.Parameter(torch.empty(E, d, h))
+        self.w2 = nn.Parameter(torch.empty(E, h, d))
+        nn.init.normal_(self.router.weight, std=init_std)
+        nn.init.normal_(self.w1, std=init_std)
+        nn.init.normal_(self.w2, std=init_std if out_std is None else out_std)
+        self.register_buffer("expert_bias", torch.zeros(E))  # selection bias (router_bias_update); saved
+        self.use_bias = router_bias_update > 0
+        # False: this layer moves its router bias and counts its tokens in its own training
+        # forward; True: an enclosing model does both once per forward of its own (MoEGPT)
+        self.managed = False
+        self.first_expert, self.n_local = 0, E
+        self.dispatcher: Dispatcher | None = None
+        # written by forward, read by MoEGPT and the experts monitor (plain attributes: DDP does not
+        # broadcast them, checkpoints do not hold them)
+        self.last_counts: torch.Tensor | None = None  # (E,) this forward's assignments per expert
+        self.last_aux: torch.Tensor | None = None  # this forward's load-balancing loss (before the coefficient)
+        self.pending_aux: torch.Tensor | None = None  # aux_loss_coef x last_aux of the last training forward, until taken
+        self.last_dropped: torch.Tensor | None = None  # assignments dropped by the capacity
+        # tallies made here and moved with the module (_apply), never None: a compiled forward
+        # that met None in its first step would compile again in its second
+        self.load: torch.Tensor = torch.zeros(E, dtype=torch.long)  # (E,) assignments summed over training forwards since the last read
+        self.dropped: torch.Tensor = torch.zeros((), dtype=torch.long)  # () dropped assignments since the last read
+        self.pending: torch.Tensor | None = self._nothing_pending()  # (E,) loads of finished steps, for the next bias update
+        self.step_load: torch.Tensor | None = None  # (E,) this optimizer step's loads so far (per-step mode)
+        self.per_step = False  # True: the bias moves once per optimizer step (follow_optimizer_steps)
+        self.grew_from = 0  # experts in the checkpoint this layer was grown from (0: not grown)
+        self.register_load_state_dict_pre_hook(MoE._grow_on_load)  # called as (module, state, prefix, ...)
+        self.register_load_state_dict_pre_hook(MoE._default_extra_state)
+
+    # Checkpoints hold the router-bias loads not applied yet (``pending``: the last optimizer
+    # step's, or the last training forward's without step marks, which the next training forward
+    # applies) as this layer's extra state, summed over the ranks, so a resume at any world size
+    # moves the bias as the uninterrupted run would. A step's loads not finished yet
+    # (``step_load``) are not saved: like its gradients, they belong to a step a resume redoes.
+
+    def _apply(self, fn: Any, recurse: bool = True) -> "MoE":
+        """``.to()``/``.cuda()`` move the token tallies too, to the buffers' device (plain
+        attributes, not buffers: data parallelism must not broadcast them)."""
+        super()._apply(fn, recurse)
+        device = self.expert_bias.device
+        self.load, self.dropped = self.load.to(device), self.dropped.to(device)
+        self.pending, self.step_load = (None if t is None else t.to(device) for t in (self.pending, self.step_load))
+        return self
+
+    def _nothing_pending(self) -> torch.Tensor | None:
+        """Zero loads with the router bias on (they move it by sign(0) = 0: not at all), None
+        without: the first training forward then meets a tensor, as every later one does, and a
+        compiled model is not compiled again for the second step."""
+        return torch.zeros(self.n_experts, dtype=torch.long, device=self.expert_bias.device) if self.use_bias else None
+
+    def get_extra_state(self) -> torch.Tensor:
+        """The (E,) loads since the last bias update, summed over every rank (zeros when none). A
+        collective when there are some under a process group: every rank saves together, and
+        every rank has them after the same training forwards."""
+        if self.pending is None:
+            return torch.zeros(self.n_experts, dtype=torch.long, device=self.expert_bias.device)
+        total = self.pending.clone()
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        return total
+
+    def set_extra_state(self, state: Any) -> None:
+        """The saved sum becomes rank 0's pending loads (zeros on the others): the bias update's
+        all-reduce gives every rank the saved sum again. Zeros (nothing pending) or another expert
+        count (grown): nothing pending. Either way no step is under way."""
+        self.pending, self.step_load = self._nothing_pending(), None
+        if not isinstance(state, torch.Tensor) or state.shape != (self.n_experts,) or not bool(state.any()):
+            return
+        state = state.to(self.expert_bias.device, torch.long)
+        main = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+        self.pending = state.clone() if main else torch.zeros_like(state)
+
+    def _default_extra_state(self, state: dict[str, Any], prefix: str, *args: Any) -> None:
+        """A checkpoint written before the extra state existed: nothing pending (not a missing key)."""
+        state.setdefault(prefix + EXTRA_STATE_KEY, torch.zeros(self.n_experts, dtype=torch.long))
+
+    def _grow_on_load(self, state: dict[str, Any], prefix: str, *args: Any) -> None:
+        """A checkpoint with fewer experts: grow it to this layer's (see :func:`grown_order`)
+        before anything else reads it (expert parallelism's slicing comes after)."""
+        w1 = state.get(prefix + "w1")
+        if not isinstance(w1, torch.Tensor) or w1.shape[0] >= self.n_experts:
+            return
+        old = w1.shape[0]
+        order = grown_order(old, self.n_experts, self.n_experts // self.n_local)
+        self.grew_from = old
+        for i, (name, noise) in enumerate((("w1", GROW_NOISE), ("w2", GROW_NOISE), ("router.weight", GROW_NOISE),
+                                           ("expert_bias", 0.0))):
+            if isinstance(state.get(prefix + name), torch.Tensor):
+                state[prefix + name] = grow_experts(state[prefix + name], order, noise, seed=1000 * old + i)
+
+    def capacity(self, n_tokens: int) -> int | None:
+        """Slots per expert with a capacity factor; None when dropless."""
+        if self.capacity_factor <= 0:
+            return None
+        return max(1, math.ceil(self.capacity_factor * n_tokens * self.top_k / self.n_experts))
+
+    def resolved_impl(self, x: torch.Tensor) -> str:
+        """'auto' -> grouped where the grouped GEMM runs: on CUDA with bf16 compute (autocast or
+        bf16 weights) and on CPU (fp32 and bf16); batched elsewhere (CUDA fp32/fp16)."""
+        if self.impl != "auto":
+            return self.impl
+        kind = x.device.type
+        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else self.w1.dtype
+        if kind == "cpu" and dtype in (torch.bfloat16, torch.float32):
+            return "grouped"
+        return "grouped" if kind == "cuda" and dtype == torch.bfloat16 else "batched"
+
+    def compute(self, x: torch.Tensor, counts: torch.Tensor, capacity: int | None = None) -> torch.Tensor:
+        """This rank's experts over rows sorted by (local) expert, ``counts`` (n_local,) rows each."""
+        impl = self.resolved_impl(x)
+        if impl == "loop":
+            return experts_loop(x, counts, self.w1, self.w2)
+        if impl == "grouped" and capacity is None:
+            return experts_grouped(x, counts, self.w1, self.w2)
+        return experts_batched(x, counts, self.w1, self.w2, capacity)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Route, compute and mix ``x`` (..., d_model). In a training forward (not a recompute) of
+        a layer of its own (not ``managed``), first apply the router-bias loads since the last
+        update, then count this forward's tokens and keep its load-balancing loss for
+        :meth:`take_aux_loss` (when gradients are on)."""
+        own = self.training and not self.managed and not _recomputing()
+        if own and self.update_rate > 0:
+            self.update_bias(self.update_rate)
+        out = self.mix(x)
+        if own:
+            self.record(self.update_rate)
+            if self.aux_loss_coef > 0 and torch.is_grad_enabled() and self.last_aux is not None:
+                self.pending_aux = self.aux_loss_coef * self.last_aux
+        return out
+
+    def take_aux_loss(self) -> torch.Tensor | None:
+        """``aux_loss_coef x`` the load-balancing loss of the last training forward, once (then
+        None until the next one); None in evaluation, under ``no_grad`` or with ``aux_loss_coef``
+        0. ``engine.backward`` adds it to the loss (see ``Engine.setup``); see :func:`aux_loss`."""
+        aux, self.pending_aux = self.pending_aux, None
+        return aux
+
+    def mix(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer's computation alone, no bookkeeping: each vector of ``x`` through its
+        ``top_k`` experts, mixed by the router's weights (sets ``last_counts``, ``last_aux``,
+        ``last_dropped``)."""
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        N, E, k = x.shape[0], self.n_experts, self.top_k
+        weights, experts, probs = route(x, self.router.weight, k, self.expert_bias if self.use_bias else None)
+        counts = expert_counts(experts, E)
+        self.last_counts = counts
+        self.last_aux = load_balance_loss(probs, counts, k)
+        flat_e = experts.reshape(-1)
+        order = torch.argsort(flat_e, stable=True)  # assignments grouped by expert, token order kept
+        token = order // k
+        w = weights.reshape(-1)[order]
+        capacity = self.capacity(N)
+        if capacity is not None:  # drop assignments past each expert's capacity, in token order
+            sorted_e = flat_e[order]
+            pos = torch.arange(order.numel(), device=x.device) - _group_starts(counts)[sorted_e]
+            keep = pos < capacity
+            w = w * keep
+            self.last_dropped = (~keep).sum()
+        else:
+            self.last_dropped = None
+        x_sorted = x[token]
+        if self.dispatcher is None:
+            y_sorted = self.compute(x_sorted, counts, capacity)
+        else:  # expert parallel: capacity drops by zero weight (the rows still travel and compute)
+            x_local, local_counts, state = self.dispatcher.dispatch(x_sorted, counts)
+            y_sorted = self.dispatcher.combine(self.compute(x_local, local_counts), state)
+        out = torch.zeros_like(x, dtype=y_sorted.dtype).index_add_(0, token, y_sorted * w[:, None].to(y_sorted.dtype))
+        return out.view(shape).to(x.dtype) if out.dtype != x.dtype else out.view(shape)
+
+    def follow_optimizer_steps(self) -> None:
+        """From now on the bias moves once per optimizer step: the caller calls
+        :meth:`end_optimizer_step` after each one (the engine does both, see ``Engine.setup``)."""
+        self.per_step = True
+
+    def end_optimizer_step(self) -> None:
+        """An optimizer step ended (taken or skipped): its loads, every micro-batch's, become the
+        loads the next training forward applies (after summing them over the ranks). Host only:
+        no collective, no sync."""
+        if self.step_load is not None:
+            self.pending = self.step_load if self.pending is None else self.pending + self.step_load
+            self.step_load = None
+
+    def discard_optimizer_step(self) -> None:
+        """The step under way is dropped (the out-of-memory policy re-runs its batches): forget
+        its loads, so the re-run counts them once."""
+        self.step_load = None
+
+    @torch.no_grad()
+    def record(self, update_rate: float) -> None:
+        """After a training forward: add this forward's counts to the monitor's and the bias's
+        tallies (device tensors, no sync): the step's loads when following optimizer steps, else
+        the loads the next training forward applies."""
+        if self.last_counts is None:
+            return
+        self.load += self.last_counts
+        if self.last_dropped is not None:
+            self.dropped += self.last_dropped
+        if update_rate > 0 and self.per_step:
+            self.step_load = self.last_counts.clone() if self.step_load is None else self.step_load + self.last_counts
+        elif update_rate > 0:
+            self.pending = self.last_counts.clone() if self.pending is None else self.pending + self.last_counts
+
+    @torch.no_grad()
+    def update_bias(self, rate: float) -> None:
+        """DeepSeek-V3's auxiliary-loss-free balancing: raise the bias of under-loaded experts and
+        lower it for over-loaded ones by ``rate`` (kept centred), from the loads since the last
+        update: the last optimizer step's (:meth:`follow_optimizer_steps`), else the last forward's.
+
+        Data parallel (a process group): the loads of the whole global batch, summed over every
+        rank (each counted only its own tokens, before any expert-parallel dispatch), so the
+        replicated biases move alike on every rank. A collective every rank calls at the same
+        forward (the first training forward after a step: once per step); the sum stays on the
+        device (no host sync)."""
+        if self.pending is None:
+            return
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(self.pending, op=dist.ReduceOp.SUM)  # every rank's tokens, on the device
+        load = self.pending.float()
+        delta = rate * torch.sign(load.mean() - load)
+        self.expert_bias += delta - delta.mean()
+        self.pending = None
+
+    def take_load(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (E,) tally and dropped count since the last call, still on the device, and reset."""
+        load, dropped = self.load, self.dropped
+        self.load, self.dropped = torch.zeros_like(load), torch.zeros_like(dropped)
+        return load, dropped
+
+
+def moe_layers(model: nn.Module) -> Iterator[tuple[str, MoE]]:
+    """Every MoE layer of ``model`` (wrapped or not) with its qualified name."""
+    for name, module in model.named_modules():
+        if isinstance(module, MoE):
+            yield name, module
+
+
+def aux_loss(model: nn.Module) -> torch.Tensor | float:
+    """The load-balancing losses of ``model``'s MoE layers from their last training forward,
+    summed and taken (:meth:`MoE.take_aux_loss`), for a loop without the
+    :class:`~turbotrain.Engine` (which adds them in ``backward``):
+    ``(loss + aux_loss(model)).backward()``. 0.0 when there are none."""
+    total: torch.Tensor | float = 0.0
+    for _, layer in moe_layers(model):
+        aux = layer.take_aux_loss()
+        if aux is not None:
+            total = total + aux
+    return total
+
+
+def check_settings(d_model: int, n_experts: int, top_k: int, hidden: int, capacity_factor: float,
+                   aux_loss_coef: float, router_bias_update: float, impl: str) -> None:
+    """One line naming the argument and what it may be (a ConfigError), for each bad one."""
+    if d_model < 1 or n_experts < 1 or hidden < 0:
+        raise ConfigError(f"MoE(d_model={d_model}, n_experts={n_experts}, hidden={hidden}): d_model and n_experts "
+                          "must be >= 1, hidden >= 0 (0 = 4 x d_model)")
+    if not 1 <= top_k <= n_experts:
+        raise ConfigError(f"MoE(top_k={top_k}): top_k must be between 1 and n_experts = {n_experts}")
+    for name, value in (("capacity_factor", capacity_factor), ("aux_loss_coef", aux_loss_coef),
+                        ("router_bias_update", router_bias_update)):
+        if not value >= 0:
+            raise ConfigError(f"MoE({name}={value}): must be >= 0 (0 = off)")
+    if impl not in MOE_IMPLS:
+        raise ConfigError(f"MoE(impl={impl!r}) is not valid; choose one of: {', '.join(MOE_IMPLS)}")
+
+
+def _recomputing() -> bool:
+    """True inside activation checkpointing's recompute of a forward (eager: it runs in the
+    autograd engine's backward); compiled, the recompute is part of the backward graph."""
+    return not torch.compiler.is_compiling() and torch._C._current_graph_task_id() != -1
+
+
+def follow_optimizer_steps(model: nn.Module) -> None:
+    """A loop without the :class:`~turbotrain.Engine` (which does this in ``setup``):
+    every MoE layer of ``model`` moves its router bias once per optimizer step, from the loads of
+    all the step's micro-batches; call :func:`end_optimizer_step` after each optimizer step."""
+    for _, layer in moe_layers(model):
+        layer.follow_optimizer_steps()
+
+
+def end_optimizer_step(model: nn.Module) -> None:
+    """After each optimizer step of a loop that called :func:`follow_optimizer_steps` (every rank)."""
+    for _, layer in moe_layers(model):
+        layer.end_optimizer_step()

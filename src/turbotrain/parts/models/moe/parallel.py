@@ -1,0 +1,323 @@
+"""Expert parallelism: each MoE block's experts spread over the ranks of an expert-parallel group,
+tokens sent to the rank of their expert with an all-to-all and brought back with the reverse one.
+
+The expert dimension of a run's parallel plan (:class:`turbotrain.core.distributed.ParallelPlan`, which
+owns the groups; its strategy calls :func:`place_experts` in ``engine.setup``, before wrapping the
+rest of the model for data parallelism).
+
+Layout for ``world`` ranks and degree ``P`` (``--distributed.expert_parallel=P``, dividing both
+the world size and ``model.n_experts``): consecutive ranks ``[g P, (g + 1) P)`` form expert-parallel
+group g; rank r holds experts ``[(r mod P) E/P, (r mod P + 1) E/P)`` of every MoE block. The
+``world / P`` ranks with the same ``r mod P`` hold copies of the same experts (their replica group).
+
+Per MoE block and forward (:class:`AllToAllDispatcher`, plugged into
+:attr:`turbotrain.MoE.dispatcher`): the tokens are already sorted by expert, so the
+rows for each destination rank are contiguous. The per-expert counts go first (an all-to-all of E
+integers), then the split sizes are read on the host (the one sync an uneven all-to-all needs),
+then the rows travel with ``all_to_all_single`` (variable splits), are regrouped by local expert,
+computed (grouped GEMM / batched / loop, as without parallelism) and travel back the same way.
+Both exchanges are autograd functions (functional collectives' ``all_to_all_single_autograd``, as torchtitan uses):
+backward sends the gradients along the reverse routes.
+
+Gradients: non-expert parameters stay data parallel over all ranks (DDP averages them); expert
+parameters are left out of DDP and a hook on each reduces their gradient only over its replica
+group, scaled so the result is the gradient of the mean loss over all ranks, exactly what one
+process training on the whole global batch computes (tests/distributed/test_expert_parallel.py
+holds every gradient to 1e-5). The hook runs on every backward, so gradient accumulation sums
+already-reduced gradients (linear, so the same result; more communication than reducing once).
+
+Checkpoints hold every expert whole: the layers' state-dict hooks gather the shards over the
+expert-parallel group (a collective: every rank saves together, as sharded checkpoints do) and the
+load hooks keep this rank's slice, so a run resumes at any degree, one process included;
+:func:`attach_optimizer` does the same for the optimizer's state.
+
+Gradient norm (clipping, ``last_grad_norm``): :func:`grad_norm` gives the engine
+(``engine.set_grad_norm``) the norm over every expert, not only this rank's: the squared norm of
+the non-expert gradients (the same on every rank after DDP's reduce) plus the sum over the
+expert-parallel group of each rank's squared expert-gradient norm (an all-reduce on the device, no
+host sync; the replicas hold identical copies, so one group covers every expert once). Every rank
+clips by the same factor, as one process on the global batch would.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.distributed._functional_collectives import all_to_all_single_autograd
+from torch import nn
+
+from ....base.config import setting
+from ....base.errors import ConfigError
+from .layer import MoE, grow_experts, grown_order, moe_layers
+
+log = logging.getLogger(__name__)
+
+GradNormFn = Callable[[Sequence[torch.Tensor]], torch.Tensor]
+"""``fn(params) -> total gradient norm`` (2-norm over every ``p.grad``, a 0-dim device tensor)."""
+
+
+class AllToAllDispatcher:
+    """Moves expert-sorted rows to the ranks of their experts within ``group`` (``size`` ranks,
+    ``n_local`` experts each) and back; see the module docstring."""
+
+    def __init__(self, group: Any, size: int, n_local: int) -> None:
+        self.group, self.size, self.n_local = group, size, n_local
+
+    def dispatch(self, x_sorted: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        P, E_l = self.size, self.n_local
+        recv_counts = torch.empty_like(counts)
+        dist.all_to_all_single(recv_counts, counts, group=self.group)  # E_l counts to each rank: its experts' rows from me
+        recv = recv_counts.view(P, E_l)  # [source rank, local expert]
+        sizes = torch.cat([counts.view(P, E_l).sum(1), recv.sum(1)]).tolist()  # sync: uneven all-to-all splits on the host
+        send_sizes, recv_sizes = sizes[:P], sizes[P:]
+        x_recv = all_to_all_single_autograd(x_sorted, recv_sizes, send_sizes, self.group)
+        # rows arrive grouped by (source rank, local expert): regroup them by local expert
+        expert_of_row = torch.repeat_interleave(torch.arange(E_l, device=counts.device).repeat(P), recv.reshape(-1),
+                                                output_size=x_recv.shape[0])
+        order = torch.argsort(expert_of_row, stable=True)
+        return x_recv[order], recv.sum(0), (order, send_sizes, recv_sizes)
+
+    def combine(self, y_local: torch.Tensor, state: Any) -> torch.Tensor:
+        order, send_sizes, recv_sizes = state
+        y_recv = torch.empty_like(y_local).index_copy(0, order, y_local)  # back to (source rank, expert) order
+        return all_to_all_single_autograd(y_recv, send_sizes, recv_sizes, self.group)
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """Where this rank sits: its expert-parallel group (size ``degree``) and replica group."""
+
+    degree: int
+    world: int
+    rank: int
+    ep_group: Any = None
+    replica_group: Any = None
+
+    @property
+    def ep_rank(self) -> int:
+        return self.rank % self.degree
+
+    @property
+    def replicas(self) -> int:
+        return self.world // self.degree
+
+
+def check_degree(degree: int, world: int, n_experts: int | None) -> None:
+    """One-line errors for a degree that does not divide the world size or the expert count
+    (None: not known yet, a workload's MoE layers are checked when they are sharded)."""
+    if degree < 1 or world % degree:
+        example = world if n_experts is None or n_experts % world == 0 else 1
+        raise ConfigError(f"distributed.expert_parallel = {degree} must divide the world size {world} "
+                          f"(processes launched), e.g. {setting('distributed.expert_parallel', example)}")
+    if n_experts is not None and n_experts % degree:
+        raise ConfigError(f"distributed.expert_parallel = {degree} must divide model.n_experts = {n_experts}")
+
+
+def _reduce_hook(layout: ExpertLayout) -> Any:
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        # This rank's expert gradient sums the contributions of every rank in its expert-parallel
+        # group (the all-to-all brought them here); DDP averages the others over `world`, so divide
+        # by `world` and add the replicas' sums: the gradient of the mean loss over all ranks.
+        grad = grad / layout.world
+        if layout.replicas > 1:
+            dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=layout.replica_group)  # SUM: gloo's AVG has had bugs
+        return grad
+    return hook
+
+
+@dataclass(frozen=True)
+class PlacedExperts:
+    """What placing the experts left for the strategy: this rank's expert parameters (left out of
+    data parallelism: their gradients are reduced over their replica group) and the global
+    gradient norm function (None: the engine's default, nothing was spread)."""
+
+    params: list[nn.Parameter]
+    grad_norm: GradNormFn | None = None
+
+
+_attached: "weakref.WeakSet[torch.optim.Optimizer]" = weakref.WeakSet()  # optimizers whose state follows the experts
+
+
+def place_experts(model: nn.Module, optimizer: torch.optim.Optimizer | None, layout: ExpertLayout | None) -> PlacedExperts:
+    """The expert dimension of a parallel plan, done before the data-parallel wrapper: with a
+    ``layout`` (degree > 1), keep this rank's slice of every MoE block's experts, route tokens
+    through :class:`AllToAllDispatcher`, reduce the expert gradients over their replica group and
+    point ``optimizer`` (still without state) at the slices. For any model with MoE layers, the
+    optimizer's state then follows the experts in checkpoints (:func:`attach_optimizer`). A
+    ``layout`` for a model without MoE layers is one line. Placing twice does nothing more."""
+    layers = [layer for _, layer in moe_layers(model)]
+    if layout is not None and not layers:
+        raise ConfigError(f"distributed.expert_parallel = {layout.degree} needs a mixture-of-experts model "
+                          f"({setting('model.arch', 'moe')}, or a --model with turbotrain.MoE layers)")
+    if layout is not None and not any(isinstance(layer.dispatcher, AllToAllDispatcher) for layer in layers):
+        check_degree(layout.degree, layout.world, layers[0].n_experts)
+        if optimizer is not None and optimizer.state:
+            raise ConfigError(f"distributed.expert_parallel = {layout.degree} keeps a slice of the experts on each rank: "
+                              "call engine.setup(model, optimizer) before the optimizer's first step")
+        slices = shard_experts(layers, layout)
+        for group in optimizer.param_groups if optimizer is not None else ():
+            group["params"] = [slices.get(id(p), p) for p in group["params"]]
+    if optimizer is not None:
+        attach_optimizer(model, optimizer)
+    spread = layout is not None and layout.degree > 1
+    return PlacedExperts([p for layer in layers for p in (layer.w1, layer.w2)] if spread else [],
+                         grad_norm(model) if spread else None)
+
+
+def shard_experts(layers: list[MoE], layout: ExpertLayout) -> dict[int, nn.Parameter]:
+    """Keep only this rank's slice of every MoE block's experts (every rank built the same full
+    model from the same seed) and route tokens to the ranks of their experts; returns the new
+    parameter for each replaced one (by ``id``), so an optimizer can be pointed at them."""
+    n_local = layers[0].n_experts // layout.degree
+    first = layout.ep_rank * n_local
+    hook = _reduce_hook(layout)
+    slices: dict[int, nn.Parameter] = {}
+    for layer in layers:
+        old = (layer.w1, layer.w2)
+        _keep_slice(layer, first, n_local)
+        slices.update({id(o): n for o, n in zip(old, (layer.w1, layer.w2))})
+        layer.dispatcher = AllToAllDispatcher(layout.ep_group, layout.degree, n_local)
+        for p in (layer.w1, layer.w2):
+            p.register_hook(hook)
+        layer.register_state_dict_post_hook(_full_experts_hook(layout))  # checkpoints hold every expert
+        layer.register_load_state_dict_pre_hook(_local_experts_hook(layer))
+    log.info("expert parallel: degree %d, rank %d holds experts %d..%d of each MoE block", layout.degree, layout.rank,
+             first, first + n_local - 1)
+    return slices
+
+
+def grad_norm(model: nn.Module) -> GradNormFn | None:
+    """The global gradient norm under expert parallelism, for ``engine.set_grad_norm``: a function
+    of the optimizer's parameters returning the 2-norm (fp32, 0-dim, on the device) over the
+    non-expert gradients and every rank's expert gradients, the same on every rank (see the module
+    docstring). A collective over the expert-parallel group: every rank calls it at every step,
+    as the engine does. None (the engine's default norm) when no experts are sharded: call it
+    after :func:`shard_experts`."""
+    layers = [layer for _, layer in moe_layers(model) if isinstance(layer.dispatcher, AllToAllDispatcher)]
+    if not layers:
+        return None
+    group = layers[0].dispatcher.group  # every MoE block shares this rank's expert-parallel group
+    experts = {id(p) for layer in layers for p in (layer.w1, layer.w2)}
+
+    def norm(params: Sequence[torch.Tensor]) -> torch.Tensor:
+        dense = [p.grad for p in params if p.grad is not None and id(p) not in experts]
+        local = [p.grad for p in params if p.grad is not None and id(p) in experts]
+        device = next((p.device for p in params), torch.device("cpu"))
+        squared = (torch.nn.utils.get_total_norm(local, foreach=True).to(device, torch.float32).square() if local
+                   else torch.zeros((), device=device))  # every rank joins the all-reduce, with or without gradients
+        dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=group)  # all the experts of this group: every expert once
+        if dense:
+            squared = squared + torch.nn.utils.get_total_norm(dense, foreach=True).float().square()
+        return squared.sqrt()
+    return norm
+
+
+def gather_experts(local: torch.Tensor, layout: ExpertLayout) -> torch.Tensor:
+    """The whole (n_experts, ...) tensor from each rank's (n_local, ...) slice: a collective over
+    the expert-parallel group (every rank of it calls it, in the same order)."""
+    parts = [torch.empty_like(local) for _ in range(layout.degree)]
+    dist.all_gather(parts, local.detach().contiguous(), group=layout.ep_group)
+    return torch.cat(parts)
+
+
+def _full_experts_hook(layout: ExpertLayout) -> Any:
+    def hook(module: nn.Module, state: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+        for name in ("w1", "w2"):
+            state[prefix + name] = gather_experts(state[prefix + name], layout)
+    return hook
+
+
+def _local_experts_hook(layer: MoE) -> Any:
+    """Loading: a checkpoint's full expert tensors (any degree wrote them) -> this rank's slice."""
+    def hook(module: nn.Module, state: dict[str, Any], prefix: str, *args: Any) -> None:
+        for name in ("w1", "w2"):
+            value = state.get(prefix + name)
+            if isinstance(value, torch.Tensor) and value.shape[0] == layer.n_experts != layer.n_local:
+                state[prefix + name] = value[layer.first_expert:layer.first_expert + layer.n_local]
+    return hook
+
+
+def attach_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """For a MoE model, make the optimizer's state follow the experts: under expert parallelism
+    ``optimizer.state_dict()`` holds every expert's state (gathered, as the model's) and
+    ``load_state_dict`` keeps this rank's slice, so a checkpoint resumes at any degree; a
+    checkpoint with fewer experts (grown on load, see :func:`turbotrain.parts.models.moe.grown_order`)
+    gives the new experts (and their router rows) fresh, zero moments. Nothing for other models,
+    nor for an optimizer attached already. Call after the experts are placed (the hooks find
+    the parameters by identity): :func:`place_experts` does, in ``engine.setup``."""
+    layers = [layer for _, layer in moe_layers(model)]
+    if not layers or optimizer in _attached:
+        return
+    _attached.add(optimizer)
+    routed = {id(p): (layer, sharded) for layer in layers
+              for p, sharded in ((layer.w1, True), (layer.w2, True), (layer.router.weight, False))}
+
+    def positions() -> dict[int, tuple[MoE, bool]]:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        return {i: routed[id(p)] for i, p in enumerate(params) if id(p) in routed}
+
+    # The hooks replace entries in new dicts: state_dict()'s per-parameter dicts are the optimizer's
+    # live state, and load_state_dict's argument is the caller's.
+    def gather(opt: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+        state_dict["state"] = dict(state_dict["state"])
+        for i, (layer, sharded) in sorted(positions().items()):
+            dispatcher = layer.dispatcher
+            if not sharded or dispatcher is None or i not in state_dict["state"]:
+                continue
+            entry = state_dict["state"][i] = dict(state_dict["state"][i])
+            for key, value in list(entry.items()):
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == layer.n_local:
+                    parts = [torch.empty_like(value) for _ in range(layer.n_experts // layer.n_local)]
+                    dist.all_gather(parts, value.contiguous(), group=getattr(dispatcher, "group", None))
+                    entry[key] = torch.cat(parts)
+        return state_dict
+
+    def scatter(opt: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+        state_dict["state"] = dict(state_dict["state"])
+        for i, (layer, sharded) in positions().items():
+            key_i = _saved_key(state_dict, i)
+            if key_i is None:
+                continue
+            entry = state_dict["state"][key_i] = dict(state_dict["state"][key_i])
+            for key, value in list(entry.items()):
+                if not isinstance(value, torch.Tensor) or value.dim() == 0:
+                    continue
+                if value.shape[0] < layer.n_experts and value.shape[0] == layer.grew_from:  # grown: new experts start fresh
+                    order = grown_order(value.shape[0], layer.n_experts, layer.n_experts // layer.n_local)
+                    value = grow_experts(value, order, 0.0, 0)
+                    value[[j for j, (_, is_new) in enumerate(order) if is_new]] = 0
+                if sharded and value.shape[0] == layer.n_experts != layer.n_local:
+                    value = value[layer.first_expert:layer.first_expert + layer.n_local]
+                entry[key] = value
+        return state_dict
+
+    optimizer.register_state_dict_post_hook(gather)
+    optimizer.register_load_state_dict_pre_hook(scatter)
+
+
+def _saved_key(state_dict: dict[str, Any], position: int) -> Any:
+    """The key of the state of this optimizer's ``position``-th parameter in a state dict to load,
+    found as ``Optimizer.load_state_dict`` finds it: the saved ``param_groups`` list the keys in the
+    optimizer's parameter order. The keys are positions (``optimizer.state_dict()``), their strings
+    (a round trip through JSON) or parameter names (``torch.distributed.checkpoint.state_dict``'s
+    ``set_state_dict``, which sharded checkpoints and one-process checkpoints loaded into ranks
+    go through). None when the state holds nothing for it."""
+    state = state_dict["state"]
+    saved = [key for group in state_dict.get("param_groups", ()) for key in group.get("params", ())]
+    key = saved[position] if position < len(saved) else position
+    for candidate in (key, str(key)):
+        if candidate in state:
+            return candidate
+    return None
+
+
+def _keep_slice(layer: MoE, first: int, n_local: int) -> None:
+    with torch.no_grad():
+        layer.w1 = nn.Parameter(layer.w1[first:first + n_local].clone())
+        layer.w2 = nn.Parameter(layer.w2[first:first + n_local].clone())
+    layer.first_expert, layer.n_local = first, n_local

@@ -1,0 +1,590 @@
+"""Batch-size finder: the largest (or fastest) micro-batch that fits, with headroom, keeping the
+global batch through gradient accumulation.
+
+The search is written against a ``trial(micro) -> TrialResult(peak_bytes, step_s)`` callable that
+raises ``torch.OutOfMemoryError`` when a size does not fit, so it can be tested with a simulated
+device. :class:`StepTrial` is the real one: a genuine training step (forward under the run's
+autocast, backward, ``optimizer.step()``) on the engine's device, through whatever compile and
+checkpointing ``Engine.setup`` applied. :func:`resolve_batch_size` ties it to a RunConfig (what
+``--batch.micro=auto`` calls) and is the entry point for bench and tune.
+
+Algorithm: double from ``start`` until a size runs out of memory, measures a peak over the
+memory budget, or reaches ``max_micro``; then binary-search between the last success and the
+first failure (on multiples of 8 once the sizes reach 8). The answer keeps ``headroom`` (a
+fraction of the measured peak) free under the limit: the budget when known, and the largest
+measured peak that ran when an out-of-memory error was the only signal. Peaks of sizes not tried
+are interpolated between measured ones (memory is close to linear in the batch).
+
+On CPU (no allocator statistics; running out of memory kills the process rather than raising),
+peaks are counted by :class:`TensorMemoryTracker` and sizes whose extrapolated peak would exceed the
+available RAM are not run. With ``pick='largest'`` the answer depends on memory only, never on
+timing, so a busy machine finds the same size; ``slowdown_stop`` opts into a timing rule.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import logging
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import torch
+from torch import nn
+
+from ...base.atomic import atomic_write
+from ...base.batch import tensors_of
+from ...base.config import BATCH_PICKS, RunConfig, choice_error
+from ...parts.data.sources import BYTE_VOCAB
+from ...core.engine import Engine, default_loss
+from ...core.distributed import collective_device, in_group, rank_world
+from ...base.errors import ConfigError, TurbotrainError
+from ...parts.hardware import ram_bytes
+from ...parts.models.moe import MoE
+from ...core.oom import is_oom
+from ...base.rundir import BATCH_CACHE
+from ...core.transforms import eager
+from ...base.units import GIB, gib
+from .stats import TensorMemoryTracker, optimizer_tensors, storage_bytes
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_MICRO = 1024  # sequences; beyond this larger micro-batches rarely run faster
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """One trial that ran: its peak memory in bytes and its step time in seconds."""
+
+    peak_bytes: int
+    step_s: float
+
+
+class Trial(Protocol):
+    def __call__(self, micro: int) -> TrialResult: ...
+
+
+@dataclass
+class TrialRecord:
+    micro: int
+    fits: bool
+    peak_bytes: int | None = None
+    step_s: float | None = None
+    reason: str = ""  # why it does not fit: "out of memory" or "over budget"
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.micro / self.step_s if self.step_s else 0.0
+
+
+@dataclass
+class BatchSearch:
+    """The finder's answer and how it got there (written to the run summary and the cache)."""
+
+    micro: int  # the micro-batch to train with (after fitting the global batch)
+    found: int  # what the search chose, per rank, before the global batch was fitted
+    pick: str
+    headroom: float
+    limit_bytes: int | None  # memory the choice keeps ``headroom`` under (None: no limit met)
+    budget_bytes: int | None  # the memory cap or the device's usable memory
+    trials: list[TrialRecord] = field(default_factory=list)
+    search_s: float = 0.0
+    accumulation: int = 1
+    world_size: int = 1
+    global_batch: int = 0
+    note: str = ""
+    cached: bool = False
+
+    @property
+    def chosen_peak_bytes(self) -> int | None:
+        return _interpolate(self.found, [t for t in self.trials if t.fits])
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["chosen_peak_gib"] = gib(self.chosen_peak_bytes)
+        out["limit_gib"], out["budget_gib"] = gib(self.limit_bytes), gib(self.budget_bytes)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "BatchSearch":
+        known = {f for f in cls.__dataclass_fields__}
+        values = {k: v for k, v in data.items() if k in known}
+        values["trials"] = [TrialRecord(**t) for t in data.get("trials", [])]
+        return cls(**values)
+
+    def describe(self) -> str:
+        """One line for the log: size, how it was found, memory, global batch."""
+        how = "from the cache" if self.cached else f"{len(self.trials)} trials in {self.search_s:.1f} s"
+        peak = self.chosen_peak_bytes
+        mem = f", peak {gib(peak):.2f} GiB" if peak is not None else ""
+        if self.limit_bytes is not None:
+            mem += f" of a {gib(self.limit_bytes):.2f} GiB limit ({100 * self.headroom:.0f}% headroom)"
+        return (
+            f"batch finder: micro-batch {self.micro} ({self.pick}, {how}{mem}); "
+            f"global batch {self.global_batch} = {self.micro} x accumulation {self.accumulation} x {self.world_size} rank(s)"
+        )
+
+
+# ----------------------------------------------------------------------------- search
+
+
+def _interpolate(micro: int, fitting: list[TrialRecord]) -> int | None:
+    """Peak bytes at ``micro``, linear between the measured sizes around it; at or below the
+    smallest measured size, that size's peak (an upper bound: memory grows with the batch)."""
+    points = sorted((t.micro, t.peak_bytes) for t in fitting if t.peak_bytes is not None)
+    if not points:
+        return None
+    if micro <= points[0][0]:
+        return points[0][1]
+    for (b0, p0), (b1, p1) in zip(points, points[1:]):
+        if b0 <= micro <= b1:
+            return int(p0 + (p1 - p0) * (micro - b0) / (b1 - b0))
+    b0, p0 = points[-2] if len(points) > 1 else (0, 0)
+    b1, p1 = points[-1]
+    return int(p1 + (p1 - p0) / max(b1 - b0, 1) * (micro - b1))
+
+
+def _agree_across_ranks(value: int) -> int:
+    """The minimum of ``value`` over all ranks when torch.distributed is initialised (one small
+    all_reduce; a host-device sync point, once per trial), else ``value``."""
+    if not in_group():
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=collective_device())
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+    return int(t.item())
+
+
+def world_size() -> int:
+    return rank_world()[1]
+
+
+def find_batch_size(
+    trial: Trial | Callable[[int], TrialResult],
+    *,
+    max_micro: int = DEFAULT_MAX_MICRO,
+    start: int = 1,
+    headroom: float = 0.10,
+    pick: str = "largest",
+    budget_bytes: int | None = None,
+    multiple_of: int = 8,
+    predict: bool = False,
+    slowdown_stop: float = 0.0,
+    agree: Callable[[int], int] = _agree_across_ranks,
+) -> BatchSearch:
+    """Search the micro-batch for ``trial`` (see the module doc). Never returns a size that ran
+    out of memory or exceeded ``budget_bytes``; ``pick='fastest'`` returns the tried size with the
+    most samples/s among those within the headroom. Under torch.distributed every rank must call
+    it: each trial's verdict is the all-ranks minimum, so all ranks walk the same sizes.
+
+    ``predict=True`` skips a size whose peak, extrapolated from the sizes measured so far, would
+    exceed ``budget_bytes``: for devices where running out of memory kills the process (CPU:
+    the kernel's OOM killer) instead of raising an error. ``slowdown_stop`` (0 = off) stops
+    growing once a size runs at less than that fraction of the best samples/s so far (on CPU
+    oversized batches may thrash the caches): a timing rule, so its answer varies with load.
+    """
+    if pick not in BATCH_PICKS:
+        raise choice_error("batch.pick", pick, BATCH_PICKS)
+    if headroom < 0 or headroom >= 1:
+        raise ConfigError(f"batch.headroom = {headroom!r} must be in [0, 1), a fraction of the measured peak")
+    if start < 1 or max_micro < start:
+        raise ConfigError(f"the batch-size search needs 1 <= start ({start}) <= max_micro ({max_micro})")
+    t0 = time.perf_counter()
+    trials: list[TrialRecord] = []
+
+    def attempt(micro: int) -> bool:
+        record = TrialRecord(micro, False)
+        fitting = [t for t in trials if t.fits]
+        expected = _interpolate(micro, fitting) if predict and budget_bytes is not None and len(fitting) >= 2 else None
+        if expected is not None and expected > budget_bytes:  # type: ignore[operator]
+            record.reason = "over budget (predicted, not run)"
+        else:
+            try:
+                result = trial(micro)
+            except RuntimeError as exc:
+                if not is_oom(exc):
+                    raise
+                record.reason = "out of memory"
+            else:
+                record.peak_bytes, record.step_s = int(result.peak_bytes), float(result.step_s)
+                record.fits = budget_bytes is None or result.peak_bytes <= budget_bytes
+                record.reason = "" if record.fits else "over budget"
+        if agree(int(record.fits)) == 0 and record.fits:
+            record.fits, record.reason = False, "another rank ran out of memory"
+        trials.append(record)
+        log.debug("batch finder: micro-batch %d %s", micro, "fits" if record.fits else record.reason)
+        return record.fits
+
+    lo, hi, micro = 0, 0, start
+    while True:  # grow by doubling
+        if not attempt(micro):
+            hi = micro
+            break
+        last, best = trials[-1], max(t.samples_per_s for t in trials if t.fits)
+        if slowdown_stop and last.samples_per_s < slowdown_stop * best:
+            last.fits, last.reason = False, f"slower (under {slowdown_stop:.0%} of the best samples/s)"
+            break  # a ceiling from speed, not memory: no binary search above it
+        lo = micro
+        if micro >= max_micro:
+            break
+        micro = min(2 * micro, max_micro)
+    if lo == 0:
+        reason = trials[-1].reason
+        raise TurbotrainError(
+            f"batch finder: even micro-batch {start} does not fit ({reason}); use --memory.checkpointing=full, "
+            "a lower precision (--precision.mode=bf16-mixed), a smaller model, or a larger --batch.max_memory_gib"
+        )
+    while hi:  # binary search between the last success and the first failure
+        grid = multiple_of if lo >= multiple_of else 1
+        if hi - lo <= grid:
+            break
+        mid = lo + max(grid, (hi - lo) // 2 // grid * grid)
+        if mid >= hi:
+            break
+        if attempt(mid):
+            lo = mid
+        else:
+            hi = mid
+
+    fitting = [t for t in trials if t.fits]
+    largest = max(fitting, key=lambda t: t.micro)
+    limit = budget_bytes
+    if any(t.reason == "out of memory" for t in trials) and largest.peak_bytes is not None:
+        limit = largest.peak_bytes if limit is None else min(limit, largest.peak_bytes)
+    # Ranks saw the same fits but may have measured different peaks: all take the smallest answer.
+    found = agree(_choose(fitting, largest.micro, limit, headroom, pick, multiple_of, max_micro))
+    return BatchSearch(
+        micro=found, found=found, pick=pick, headroom=headroom, limit_bytes=limit, budget_bytes=budget_bytes,
+        trials=trials, search_s=time.perf_counter() - t0, global_batch=found,
+    )
+
+
+def _choose(fitting: list[TrialRecord], largest: int, limit: int | None, headroom: float, pick: str, multiple_of: int,
+            max_micro: int) -> int:
+    """The answer: the fastest tried size within the headroom, or the largest size (a multiple
+    of 8 from 8 up, unless it is the ceiling itself) whose interpolated peak keeps the headroom."""
+    target = None if limit is None else limit / (1.0 + headroom)  # None: no memory limit was met
+    if pick == "fastest":
+        within = [t for t in fitting if target is None or (t.peak_bytes or 0) <= target]
+        if within:
+            return max(within, key=lambda t: (t.samples_per_s, t.micro)).micro
+    if target is None:
+        return largest
+    if largest == max_micro:  # the ceiling (data, or the per-rank global batch) may be any number
+        peak = _interpolate(largest, fitting)
+        if peak is not None and peak <= target:
+            return largest
+    grid = multiple_of if largest >= multiple_of else 1
+    candidate = largest // grid * grid
+    while candidate >= grid:
+        peak = _interpolate(candidate, fitting)
+        if peak is not None and peak <= target:
+            return candidate
+        candidate -= grid
+    if grid > 1:  # no multiple of 8 fits under the headroom: try the small sizes
+        for candidate in range(grid - 1, 0, -1):
+            peak = _interpolate(candidate, fitting)
+            if peak is not None and peak <= target:
+                return candidate
+    return min(t.micro for t in fitting)  # less headroom than asked: the smallest that ran
+
+
+# ----------------------------------------------------------------------------- global batch
+
+
+def plan_accumulation(found: int, global_size: int, accumulation: int, world: int = 1) -> tuple[int, int, int, str]:
+    """(micro, accumulation, global batch, note) for a per-rank micro-batch of at most ``found``.
+
+    ``global_size`` 0 keeps ``accumulation`` and lets the global batch follow the found size.
+    Otherwise global = micro x accumulation x world exactly, with the smallest accumulation
+    whose equal split keeps the micro-batch at least half of ``found``; when no such split exists
+    the nearest larger global batch is used, and the note says so.
+    """
+    if global_size <= 0:
+        return found, accumulation, found * accumulation * world, ""
+    notes = []
+    per_rank = -(-global_size // world)
+    if per_rank * world != global_size:
+        notes.append(f"global batch {global_size} is not divisible by {world} ranks; each rank takes {per_rank}")
+    if per_rank <= found:
+        micro, acc = per_rank, 1
+    else:
+        acc_min = -(-per_rank // found)
+        exact = [a for a in range(acc_min, 2 * acc_min + 1) if per_rank % a == 0]
+        if exact:
+            acc = exact[0]
+            micro = per_rank // acc
+        else:
+            acc = acc_min
+            micro = -(-per_rank // acc)
+            notes.append(f"{per_rank} sequences per rank do not split into equal micro-batches of at most {found}")
+    total = micro * acc * world
+    if total != global_size:
+        notes.append(f"training with global batch {total} = {micro} x {acc} x {world} instead of {global_size}")
+    return micro, acc, total, "; ".join(notes)
+
+
+# ----------------------------------------------------------------------------- real trial
+
+
+def usable_memory_bytes(device: torch.device, max_memory_gib: float = 0.0, max_memory_fraction: float = 0.0) -> int | None:
+    """The memory a search may fill, in bytes: on CUDA what is free plus what this process
+    already holds; on CPU the available RAM; capped by ``max_memory_gib`` (GiB) and by
+    ``max_memory_fraction`` of the device's total. None where nothing is known (meta)."""
+    total, budget = ram_bytes() if device.type == "cpu" else (None, None)
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        budget = int(free + torch.cuda.memory_reserved(device))
+    caps = [budget] if budget is not None else []
+    if max_memory_gib > 0:
+        caps.append(int(max_memory_gib * GIB))
+    if max_memory_fraction > 0:
+        if not max_memory_fraction <= 1:
+            raise ConfigError(f"batch.max_memory_fraction = {max_memory_fraction} must be in (0, 1]")
+        if total is not None:
+            caps.append(int(max_memory_fraction * total))
+    return min(caps) if caps else None
+
+
+class StepTrial:
+    """A real training step at a given micro-batch, for :func:`find_batch_size`.
+
+    Each call runs a warm-up step whose peak memory is measured (CUDA allocator counters; on
+    other devices :class:`TensorMemoryTracker`), then ``timed_steps`` steps timed after a
+    synchronize (host-device sync points: search only). Steps are forward under the engine's
+    autocast, backward, ``optimizer.step()``: optimizer state is allocated as in training; the
+    measured step does two forward/backward passes so the peak covers gradient accumulation.
+    Not covered: DDP/FSDP communication buckets (run it on the unwrapped model; the headroom is
+    for such extras, the allocator's fragmentation and library workspaces).
+
+    Trials run a compiled model eagerly (:func:`turbotrain.core.transforms.eager`): each size would
+    otherwise compile (batch 1, then 2 with dynamic shapes, then a static graph for the answer
+    after a reset: several cold compiles). Eager activations are at least the compiled ones, so
+    the answer errs on the safe side by what fusion saves; training compiles one graph, for the
+    size found, at its first step.
+
+    Use it as a context manager: on exit the weights and RNG states are restored, optimizer
+    state and gradients dropped and the CUDA cache emptied, so training starts exactly as if no
+    search had run.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        make_batch: Callable[[int], Any],
+        loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+        timed_steps: int = 1,
+    ) -> None:
+        self.engine, self.model, self.optimizer = engine, model, optimizer
+        self.make_batch, self.loss_fn, self.timed_steps = make_batch, loss_fn or default_loss, max(1, timed_steps)
+        self.device = engine.device
+        # The state dict, not the live tensors: under expert parallelism it holds every expert (the
+        # modules' hooks gather them) and a MoE layer's pending router-bias loads (its extra state),
+        # so loading it back (close) goes through the same hooks: each rank's slice, the loads reset.
+        self._weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        self._tallies = [(m, *(None if t is None else t.clone() for t in (m.load, m.dropped)))  # the expert monitor's
+                         for m in model.modules() if isinstance(m, MoE)]
+        self._optimizer_state = optimizer.state_dict() if optimizer.state else None
+        self._rng = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+        self._was_training = model.training
+
+    def __enter__(self) -> "StepTrial":
+        self.model.train()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _step(self, batch: Any, micro_steps: int = 1) -> None:
+        for _ in range(micro_steps):
+            with self.engine.autocast(), eager():
+                loss = self.loss_fn(self.model, batch)
+            loss.backward()
+            del loss
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _measured_step(self, batch: Any) -> int:
+        """Peak bytes of a step of two micro-steps: the second forward runs with the first's
+        gradients allocated, as under gradient accumulation (an upper bound without it)."""
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._step(batch, micro_steps=2)
+            return int(torch.cuda.max_memory_allocated(self.device))
+        tracker = TensorMemoryTracker()
+        tracker.add(list(self.model.parameters()) + list(self.model.buffers()))
+        tracker.add(optimizer_tensors(self.optimizer))
+        tracker.add(tensors_of(batch))
+        with tracker:
+            self._step(batch, micro_steps=2)
+        return tracker.peak
+
+    def __call__(self, micro: int) -> TrialResult:
+        failure = ""
+        try:
+            batch = self.make_batch(micro)
+            peak = self._measured_step(batch)
+            times = []
+            for _ in range(self.timed_steps):
+                t0 = time.perf_counter()
+                self._step(batch)
+                self.engine.synchronize()  # host-device sync point (search timing only)
+                times.append(time.perf_counter() - t0)
+            return TrialResult(peak, statistics.median(times))
+        except RuntimeError as exc:
+            if not is_oom(exc):
+                raise
+            failure = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        # Outside the except clause: the traceback, and the activations its frames held, are gone.
+        self._free()
+        raise torch.OutOfMemoryError(f"micro-batch {micro}: {failure}")
+
+    def _free(self) -> None:
+        self.model.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=True)
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def close(self) -> None:
+        """Undo everything the trials changed and free what they allocated."""
+        self.optimizer.state.clear()
+        if self._optimizer_state is not None:
+            self.optimizer.load_state_dict(self._optimizer_state)
+        self._free()
+        self.model.load_state_dict(self._weights)  # in place: parameters keep their identity (the optimizer's)
+        for layer, load, dropped in self._tallies:  # the trials' routing is not training's
+            layer.load, layer.dropped = load, dropped
+        torch.set_rng_state(self._rng[0])
+        if self._rng[1] is not None:
+            torch.cuda.set_rng_state_all(self._rng[1])
+        self.model.train(self._was_training)
+        self._free()
+
+
+def token_batches(vocab_size: int, seq_len: int, device: torch.device, seed: int = 0) -> Callable[[int], Any]:
+    """``make_batch`` for token models: random (inputs, targets) of shape (micro, seq_len)."""
+
+    def make(micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randint(vocab_size, (micro, seq_len + 1), generator=g)
+        return x[:, :-1].contiguous().to(device), x[:, 1:].contiguous().to(device)
+
+    return make
+
+
+# ----------------------------------------------------------------------------- config level
+
+
+def cache_key(config: RunConfig, engine: Engine, world: int, max_micro: int,
+              slowdown_stop: float = 0.0) -> tuple[str, dict[str, Any]]:
+    """The cache entry's key: a hash of (model, precision, compile, sequence length, device,
+    checkpointing, the search's own settings, world size), and the readable parts."""
+    device = engine.device
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    b = config.batch
+    parts = {
+        "model": asdict(config.model),
+        "precision": engine.precision.name,
+        "compile": f"{engine.options.compile_scope}/{config.compile.mode}",
+        "seq_len": config.model.block_size,
+        "device": name,
+        "checkpointing": config.memory.checkpointing,
+        "pick": b.pick,
+        "headroom": b.headroom,
+        "max_memory_gib": b.max_memory_gib,
+        "max_memory_fraction": b.max_memory_fraction,
+        **({"memory_max_fraction": config.memory.max_fraction} if config.memory.max_fraction else {}),  # old keys stay valid
+        "max_micro": max_micro,
+        "slowdown_stop": slowdown_stop,
+        "world": world,
+        "torch": torch.__version__,
+    }
+    digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return digest, parts
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_cache(path: Path, key: str, parts: dict[str, Any], search: BatchSearch) -> None:
+    data = _read_cache(path)
+    data[key] = {"key": parts, "search": search.to_dict()}
+    atomic_write(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def resolve_batch_size(
+    config: RunConfig,
+    engine: Engine,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    run_dir: Path | str | None = None,
+    max_micro: int | None = None,
+    make_batch: Callable[[int], Any] | None = None,
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+    slowdown_stop: float = 0.0,
+) -> tuple[RunConfig, BatchSearch | None]:
+    """Turn ``batch.micro = 'auto'`` into a number: search (or read the cache in ``run_dir``),
+    fit the global batch, set ``engine.accumulation``, and return the config with concrete
+    ``batch.micro`` and ``batch.accumulation`` plus the search (None when micro was a number).
+
+    Call after ``engine.setup(model, optimizer)`` (so precision, compile and checkpointing are
+    the run's) and before loading a checkpoint or training. ``make_batch(micro)`` builds a batch
+    on the device (default: random tokens of ``model.block_size`` for the GPT); ``max_micro``
+    bounds the search (default 1024, and the per-rank global batch when one is set).
+    ``slowdown_stop`` (0 = off, the default on every device) stops growth once samples/s fall
+    under that fraction of the best: a timing rule, so its answer can change with machine load.
+    """
+    b = config.batch
+    if isinstance(b.micro, int):
+        return config, None
+    world = world_size()
+    global_size = b.global_size
+    ceiling = min(max_micro or DEFAULT_MAX_MICRO, DEFAULT_MAX_MICRO)
+    if global_size > 0:
+        ceiling = min(ceiling, max(1, -(-global_size // world)))
+    key, parts = cache_key(config, engine, world, ceiling, slowdown_stop)
+    cache = Path(run_dir) / BATCH_CACHE if run_dir is not None else None
+    entry = _read_cache(cache).get(key) if cache is not None else None
+    search: BatchSearch | None = None
+    if _agree_across_ranks(int(entry is not None)) and entry is not None:
+        search = BatchSearch.from_dict(entry["search"])
+        search.cached = True
+    if search is None:
+        if make_batch is None:
+            vocab = getattr(getattr(model, "cfg", None), "vocab_size", None) or config.model.vocab_size or BYTE_VOCAB
+            make_batch = token_batches(vocab, config.model.block_size, engine.device, seed=config.run.seed)
+        cap = config.memory.max_fraction if engine.device.type == "cuda" else 0.0  # training's allocator cap: search under it
+        fraction = min((f for f in (b.max_memory_fraction, cap) if f > 0), default=0.0)
+        budget = usable_memory_bytes(engine.device, b.max_memory_gib, fraction)
+        if engine.device.type == "cpu" and budget is not None:  # the weights already sit in RAM
+            budget += storage_bytes(list(model.parameters()) + list(model.buffers()))
+        timed = 3 if b.pick == "fastest" or slowdown_stop else 1  # timing rules decide on medians of 3
+        with StepTrial(engine, model, optimizer, make_batch, loss_fn, timed_steps=timed) as trial:
+            search = find_batch_size(
+                trial, max_micro=ceiling, headroom=b.headroom, pick=b.pick, budget_bytes=budget,
+                predict=engine.device.type != "cuda",  # on CPU a real OOM kills the process
+                slowdown_stop=slowdown_stop,
+            )
+        search.found = search.micro = _agree_across_ranks(search.found)
+        if cache is not None and rank_world()[0] == 0:
+            _write_cache(cache, key, parts, search)
+    micro, accumulation, total, note = plan_accumulation(search.found, global_size, b.accumulation, world)
+    search.micro, search.accumulation, search.global_batch, search.world_size, search.note = micro, accumulation, total, world, note
+    log.info(search.describe())
+    if note:
+        log.warning("batch finder: %s", note)
+    resolved = config.replace(batch={"micro": micro, "accumulation": accumulation})
+    engine.set_accumulation(accumulation)
+    return resolved, search

@@ -1,0 +1,368 @@
+"""Where a training step's memory goes: parameters, gradients, optimizer state, activations, and
+the peak of each phase (forward, backward, optimizer step).
+
+How it is measured:
+
+- CUDA: the caching allocator's own counters (``torch.cuda.memory_allocated`` and
+  ``max_memory_allocated``, reset at each phase). These are host-side reads: no device sync.
+- Elsewhere (CPU, and the meta device used for estimates) torch keeps no allocator statistics,
+  so :class:`TensorMemoryTracker` counts the bytes of every tensor storage an op creates and
+  subtracts them when the storage is freed (a ``TorchDispatchMode`` plus weak references, the
+  mechanism of ``torch.distributed._tools.mem_tracker``). It counts tensor memory only: not the
+  allocator's cache or fragmentation, library workspaces (cuBLAS, cuDNN) or the CUDA context.
+  The 10% headroom of the batch-size finder is there for those.
+
+"Activations" are the bytes the autograd graph holds at the end of forward (saved tensors,
+checkpointed blocks' inputs, the loss), measured as live memory after forward minus before.
+
+:func:`estimate_memory` runs the same one-step measurement on the meta device: shapes without
+data, so an estimate for gpt2-medium takes about a second on any machine and allocates nothing.
+On meta, :class:`MetaEmulation` stands in for what the device would do (autocast's casts, fused
+attention kernels); the optimizer is the foreach AdamW, whose temporaries make the
+optimizer-phase peak an upper bound for fused AdamW.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import warnings
+import weakref
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, ContextManager, Iterable
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ...base.batch import batch_size, tensors_of
+from ...base.config import RunConfig
+from ...parts.data.tokenizer import BYTE_VOCAB, GPT2_VOCAB
+from ...core.engine import default_loss, resolve_device
+from ...parts.hardware import device_total_bytes
+from ...parts.models.build import build_model
+from ...core.optim import build_optimizer
+from ...core.precision import DeviceCaps, MixedPrecision, precision_class, resolve_precision
+from ...core.transforms import apply_activation_checkpointing, recompute_context
+from ...base.units import gib
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (tied weights and views count once)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        st = t.untyped_storage()
+        seen[st._cdata] = st.nbytes()
+    return sum(seen.values())
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    if optimizer is None:
+        return []
+    return [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+
+
+# ----------------------------------------------------------------------------- tracking
+
+
+class TensorMemoryTracker(TorchDispatchMode):
+    """Live tensor bytes and their peak, on any device, by watching every op's outputs.
+
+    Only outputs whose storage is new (not an input's: views and in-place ops allocate nothing)
+    are counted; a weak reference to the storage subtracts its bytes when it is freed. Tensors
+    that existed before must be registered with :meth:`add` to count. The Python dispatch costs
+    microseconds per op: for measurement steps, never for the timed training loop.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.current = 0
+        self.peak = 0
+        self._live: dict[int, int] = {}
+        self._refs: dict[int, Any] = {}
+
+    def add(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Count already-existing tensors (parameters, gradients, optimizer state, the batch)."""
+        for t in tensors:
+            self._track(t.untyped_storage())
+
+    def reset_peak(self) -> None:
+        self.peak = self.current
+
+    def _track(self, st: torch.UntypedStorage) -> None:
+        key = st._cdata
+        if key in self._live:
+            return
+        nbytes = st.nbytes()
+        self._live[key] = nbytes
+        self.current += nbytes
+        self.peak = max(self.peak, self.current)
+
+        def freed(_ref: Any, key: int = key, nbytes: int = nbytes) -> None:
+            if self._live.pop(key, None) is not None:
+                self.current -= nbytes
+            self._refs.pop(key, None)
+
+        self._refs[key] = weakref.ref(st, freed)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage()._cdata for t in tensors_of((args, kwargs))}
+        for t in tensors_of(out):
+            st = t.untyped_storage()
+            if st._cdata not in inputs:
+                self._track(st)
+        return out
+
+
+_TO_LOW = {
+    torch._C._nn.linear, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm, torch.Tensor.__matmul__,
+    torch._C._nn.scaled_dot_product_attention, torch.conv1d, torch.conv2d, torch.conv3d,
+}
+_TO_FP32 = {
+    torch.nn.functional.layer_norm, torch.nn.functional.group_norm, torch.nn.functional.softmax,
+    torch.nn.functional.log_softmax, torch.nn.functional.cross_entropy, torch.nn.functional.nll_loss,
+    torch.nn.functional.mse_loss, torch.softmax, torch.log_softmax, torch.layer_norm,
+}
+
+
+class MetaEmulation(TorchFunctionMode):
+    """What a real device does that the meta device does not, at the function level:
+
+    - torch.autocast's casting rules when ``dtype`` is given (autocast ignores meta tensors):
+      matmul-like ops run in ``dtype``, norms/softmax/losses in fp32, the rest as given. The
+      casts are made above autograd, so (as with autocast) their results are what backward saves.
+    - fused attention: on meta, SDPA falls back to the math path that saves the T x T weights;
+      CUDA (flash / memory-efficient kernels) and CPU (flash kernel) keep only the output and
+      the log-sum-exp, so SDPA is routed to the CPU flash kernel's meta implementation.
+    """
+
+    def __init__(self, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if self.dtype is not None and func in _TO_LOW:
+            args, kwargs = _cast(args, kwargs, torch.float32, self.dtype)
+        elif self.dtype is not None and func in _TO_FP32:
+            args, kwargs = _cast(args, kwargs, self.dtype, torch.float32)
+        if func is torch._C._nn.scaled_dot_product_attention:
+            return _fused_attention(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+def _cast(args: Any, kwargs: dict[str, Any], src: torch.dtype, dst: torch.dtype) -> tuple[Any, dict[str, Any]]:
+    def cast(x: Any) -> Any:
+        return x.to(dst) if isinstance(x, torch.Tensor) and x.dtype == src else x
+
+    return [cast(a) for a in args], {k: cast(v) for k, v in kwargs.items()}
+
+
+def _fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                     dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None, **_: Any) -> torch.Tensor:
+    if attn_mask is not None and attn_mask.dtype != query.dtype:
+        attn_mask = attn_mask.to(query.dtype)
+    out, _lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
+    )
+    return out
+
+
+# ----------------------------------------------------------------------------- one step
+
+
+@dataclass
+class MemoryStats:
+    """One training step's memory, in bytes. Peaks include everything live in that phase."""
+
+    micro_batch: int
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    forward_peak_bytes: int
+    backward_peak_bytes: int
+    optimizer_peak_bytes: int
+    method: str  # "cuda-allocator" | "tensor-tracking" | "meta-estimate"
+    device: str
+    precision: str = ""
+    checkpointing: str = ""
+    device_total_bytes: int | None = None
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(self.forward_peak_bytes, self.backward_peak_bytes, self.optimizer_peak_bytes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Bytes plus the same figures in GiB (``*_gib``), for JSON summaries."""
+        out: dict[str, Any] = asdict(self)
+        out["peak_bytes"] = self.peak_bytes
+        for key in [k for k in out if k.endswith("_bytes")]:
+            out[key[: -len("_bytes")] + "_gib"] = gib(out[key])
+        return out
+
+
+def measure_step_memory(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Any,
+    *,
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+    autocast: Callable[[], ContextManager[Any]] | None = None,
+    precision: str = "",
+    checkpointing: str = "",
+) -> MemoryStats:
+    """Run one real training step (forward, backward, ``optimizer.step()``, zero_grad) on
+    ``batch`` and return its memory per phase. It changes the weights: use it on a model whose
+    training has not started, or a copy. Gradients are set to None first."""
+    loss_fn = loss_fn or default_loss
+    autocast = autocast or contextlib.nullcontext
+    params = list(model.parameters()) + list(model.buffers())
+    device = params[0].device if params else torch.device("cpu")
+    optimizer.zero_grad(set_to_none=True)
+    model.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        gc.collect()
+        meter: Any = _CudaMeter(device)
+        method = "cuda-allocator"
+    else:
+        meter = TensorMemoryTracker()
+        meter.add(params)
+        meter.add(optimizer_tensors(optimizer))
+        meter.add(tensors_of(batch))
+        method = "meta-estimate" if device.type == "meta" else "tensor-tracking"
+    with meter:
+        before = meter.current
+        meter.reset_peak()
+        with autocast():
+            loss = loss_fn(model, batch)
+        forward_peak, activations = meter.peak, meter.current - before
+        meter.reset_peak()
+        loss.backward()
+        del loss
+        backward_peak = meter.peak
+        meter.reset_peak()
+        optimizer.step()
+        optimizer_peak = meter.peak
+    stats = MemoryStats(
+        micro_batch=batch_size(batch),
+        params_bytes=storage_bytes(model.parameters()),
+        grads_bytes=storage_bytes(p.grad for p in model.parameters() if p.grad is not None),
+        optimizer_bytes=storage_bytes(optimizer_tensors(optimizer)),
+        activations_bytes=activations,
+        forward_peak_bytes=forward_peak,
+        backward_peak_bytes=backward_peak,
+        optimizer_peak_bytes=optimizer_peak,
+        method=method,
+        device=str(device),
+        precision=precision,
+        checkpointing=checkpointing,
+        device_total_bytes=device_total_bytes(device),
+    )
+    optimizer.zero_grad(set_to_none=True)
+    return stats
+
+
+class _CudaMeter(contextlib.nullcontext):
+    """The CUDA caching allocator's counters with the tracker's interface (bytes)."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.device = device
+
+    @property
+    def current(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
+
+    @property
+    def peak(self) -> int:
+        return torch.cuda.max_memory_allocated(self.device)
+
+    def reset_peak(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+
+# ----------------------------------------------------------------------------- estimates
+
+
+def default_vocab_size(config: RunConfig) -> int:
+    """The vocabulary a run of ``config`` will use without opening its data: the model's own,
+    else GPT-2's (padded) for a .bin token file, else 256 (byte-level text)."""
+    return config.model.vocab_size or (GPT2_VOCAB if config.data.path.endswith(".bin") else BYTE_VOCAB)
+
+
+def resolve_precision_name(config: RunConfig, device: torch.device | None = None) -> str:
+    """The concrete precision ``config`` gets on ``device`` (default: the config's device), checked
+    with the whole ``[precision]`` section (fp8 with ``fp8_emulate`` runs on a CPU)."""
+    device = device or resolve_device(config.run.device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return resolve_precision(config.precision.mode, DeviceCaps.of(device), config.precision)
+
+
+def estimate_memory(
+    config: RunConfig,
+    *,
+    micro: int | None = None,
+    checkpointing: str | None = None,
+    precision: str | None = None,
+    vocab_size: int | None = None,
+) -> MemoryStats:
+    """Memory of one training step of ``config``'s GPT at ``micro`` sequences (default: the
+    config's micro-batch, 8 when 'auto'), measured on the meta device (see the module doc).
+
+    ``precision`` defaults to what the config resolves to on its device; pass e.g.
+    'bf16-mixed' to estimate for a GPU from a CPU machine.
+    """
+    mode = checkpointing or config.memory.checkpointing
+    prec = precision or resolve_precision_name(config)
+    shape = (micro or (config.batch.micro if isinstance(config.batch.micro, int) else 8), config.model.block_size)
+    meta = torch.device("meta")
+    with meta:
+        model = build_model(config.model, vocab_size or default_vocab_size(config))
+    plugin = precision_class(prec)
+    if plugin.param_dtype != torch.float32:  # bf16-true
+        model.to(plugin.param_dtype)
+    apply_activation_checkpointing(model, mode)
+    optimizer = build_optimizer(model, meta, lr=config.optim.lr, weight_decay=config.optim.weight_decay, implementation="foreach")
+    x, y = (torch.empty(shape, dtype=torch.int64, device=meta) for _ in range(2))
+    low = plugin.dtype if issubclass(plugin, MixedPrecision) else None  # the autocast dtype (fp8: bf16 autocast)
+    model.train()
+    with MetaEmulation(low), recompute_context(lambda: MetaEmulation(low)):
+        stats = measure_step_memory(model, optimizer, (x, y), precision=prec, checkpointing=mode)
+    stats.method = "meta-estimate"
+    return stats
+
+
+def compare_checkpointing(config: RunConfig, **kwargs: Any) -> dict[str, MemoryStats]:
+    """:func:`estimate_memory` for each checkpointing mode (off, selective, full)."""
+    return {mode: estimate_memory(config, checkpointing=mode, **kwargs) for mode in ("off", "selective", "full")}
+
+
+def memory_summary(training: Any) -> dict[str, Any]:
+    """The ``memory`` entry of a run's summary.json: the estimate for the run's config and
+    precision, the measured peak on CUDA (allocator counters since the last reset), and the
+    batch-size search if ``batch.micro`` was 'auto'. Never raises: a summary must be written."""
+    out: dict[str, Any] = {}
+    if not training.spec.memory_estimate:
+        out["estimate_error"] = f"no analytic estimate for a {training.spec.name} model (the measured peak is below on CUDA)"
+    else:
+        try:
+            out["estimate"] = estimate_memory(
+                training.config, precision=training.engine.precision.name, vocab_size=training.resolved.get("vocab_size")
+            ).to_dict()
+        except Exception as exc:  # a report must not fail the run
+            out["estimate_error"] = f"{type(exc).__name__}: {exc}"
+    device = training.engine.device
+    if device.type == "cuda":
+        out["measured"] = {
+            "peak_allocated_gib": gib(torch.cuda.max_memory_allocated(device)),
+            "peak_reserved_gib": gib(torch.cuda.max_memory_reserved(device)),
+            "device_total_gib": gib(device_total_bytes(device)),
+        }
+    search = getattr(training, "resolved", {}).get("batch_search")
+    if search:
+        out["batch_search"] = search
+    return out
