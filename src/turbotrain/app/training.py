@@ -101,13 +101,16 @@ class Training:
                    hooks=self.hooks, loss_fn=self.spec.loss_fn() or default_loss)
 
 
-def build_training(config: RunConfig, run_dir: Path, plan: ParallelPlan, *, resume: bool = False,
+def build_training(config: RunConfig, run_dir: Path, plan: ParallelPlan | None = None, *, resume: bool = False,
                    progress: bool | None = None, batch_given: bool = False, spec: ModelSpec | None = None) -> Training:
     """Build the data, model, optimizer, engine and hooks for ``config`` in ``run_dir``, in that
     order, through the run's model spec (``spec``, else :func:`turbotrain.parts.models.registry.spec_for`), spread over
-    processes as ``plan`` says (:func:`plan_run` resolved it). A resume at another world size that
+    processes as ``plan`` says (:func:`plan_run` resolved it; None: resolved here). A resume at another world size that
     would change the global batch is refused unless ``batch_given`` (the resume names the batch
     itself: :func:`check_resume_batch`)."""
+    if plan is None:  # a caller that did not resolve it (measure, an own script): once, here
+        plan = plan_run(config, spec=spec)[1]
+        plan.join(local_device(resolve_device(config.run.device), plan.topology))
     c = split_batch(config, plan)  # batch.global_size -> accumulation (the saved config keeps it as given)
     main = plan.rank == 0  # under torchrun rank 0 alone writes the run's shared files and prints
     show = (c.monitor.progress if progress is None else progress) and main
