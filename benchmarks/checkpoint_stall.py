@@ -55,14 +55,14 @@ def measure(args: argparse.Namespace) -> dict:
     from turbotrain.loop.checkpoint import Checkpointer, RunState, checkpoint_path, rng_state, set_rng_state
     from turbotrain import load_config
     from turbotrain.loop.hooks import FitContext, Hook
-    from turbotrain.parts.models.build import build_model
+    from turbotrain.parts.models.registry import build_model
 
     if args.threads:
         torch.set_num_threads(args.threads)
     c = load_config(args.model, {"compile": {"scope": "off"}, "run": {"device": args.device}})
     engine = Engine(c)
     torch.manual_seed(0)
-    model = build_model(c.model, VOCAB[args.model])
+    model = build_model(c, VOCAB[args.model])
     cuda = engine.device.type == "cuda"
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=cuda or None)
     model, optimizer, _ = engine.setup(model, optimizer)

@@ -33,7 +33,7 @@ TINY = [
     "--data.num_workers=0", "--no-progress", "--monitor.nvml=false",
 ]
 MOE = ["--preset=moe-tiny", "--model.n_layer=1", "--model.d_model=32", "--model.n_head=2", "--model.block_size=32",
-       "--model.n_experts=4", "--model.expert_hidden=32", "--optim.warmup_steps=3", "--optim.grad_clip=1.0"]
+       "--moe.n_experts=4", "--moe.expert_hidden=32", "--optim.warmup_steps=3", "--optim.grad_clip=1.0"]
 
 
 @pytest.fixture(scope="module")

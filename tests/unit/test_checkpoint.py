@@ -22,15 +22,17 @@ from turbotrain.loop.checkpoint import (
     load_latest_weights,
     restore_latest,
     rng_state,
+    model_settings_changed,
     save_checkpoint,
     save_sharded,
     set_rng_state,
 )
+from turbotrain.base.config import load_config, to_toml
 from turbotrain.cli import main
 from turbotrain.core.distributed import Strategy
 from turbotrain.base.errors import TurbotrainError
 from turbotrain.loop.hooks import FitContext
-from turbotrain.parts.models.build import build_model
+from turbotrain.parts.models.registry import build_model
 from turbotrain.app.training import train
 
 from faults.limits import file_size_limit
@@ -330,7 +332,7 @@ def test_sample_reads_a_sharded_checkpoint_as_it_reads_a_pt_one(tmp_path: Path, 
     assert main(["sample", str(run), "--tokens", "20", "--seed", "3"]) == 0
     from_pt = capsys.readouterr().out
     path, weights = load_latest_weights(run / "checkpoints")
-    model = build_model(tiny_config.model, weights["wte.weight"].shape[0])
+    model = build_model(tiny_config, weights["wte.weight"].shape[0])
     model.load_state_dict(weights)
     save_sharded(run / "checkpoints", 7, RunState(model=model))  # what a ddp/fsdp run leaves (one process here)
     for p in (run / "checkpoints").glob("*.pt*"):
@@ -426,3 +428,13 @@ def test_the_host_copy_keeps_tied_weights_shared_and_the_file_the_same():
     assert staged["model"]._metadata == payload["model"]._metadata and staged["betas"] == (0.9, 0.95)
     again = stage_to_host(payload, buffers)  # the next checkpoint reuses the buffers
     assert again["model"]["0.weight"].data_ptr() == staged["model"]["0.weight"].data_ptr()
+
+
+def test_the_settings_that_rebuild_a_saved_model_span_its_family_sections_and_old_configs():
+    """A checkpoint of another shape is answered with the flags that rebuild the saved model: from
+    [model] and the family's own [moe], also for a config written when the experts sat in [model]."""
+    current = to_toml(load_config("moe-tiny"))
+    saved_now = to_toml(load_config("moe-tiny", ["--moe.n_experts=4", "--model.d_model=64"]))
+    assert model_settings_changed(saved_now, current) == "--model.d_model=64 --moe.n_experts=4"
+    saved_before_the_move = 'preset = "moe-tiny"\n[model]\narch = "moe"\nd_model = 128\nn_experts = 4\n'
+    assert model_settings_changed(saved_before_the_move, current) == "--moe.n_experts=4"

@@ -106,13 +106,13 @@ def test_cuda_graph_compile_modes_are_refused_with_token_batching(mode):
         (["--distributed.timeout_s", "1e15"], "distributed.timeout_s", ["[1, 2147483]"]),  # OverflowError
         (["--batch.global_size", "4611686018427387904"], "batch.global_size", ["[0, 1048576]"]),  # stalled
         (["--data.prefetch_factor", "1000000000"], "data.prefetch_factor", ["[1, 256]"]),  # stalled
-        (["--model.n_experts", "1000000000"], "model.n_experts", ["[1, 4096]"]),
-        (["--model.expert_hidden", "4611686018427387904"], "model.expert_hidden", ["[0, 1048576]"]),
-        (["--model.capacity_factor", "1e300"], "model.capacity_factor", ["[0, 4096]"]),
+        (["--moe.n_experts", "1000000000"], "moe.n_experts", ["[1, 4096]"]),
+        (["--moe.expert_hidden", "4611686018427387904"], "moe.expert_hidden", ["[0, 1048576]"]),
+        (["--moe.capacity_factor", "1e300"], "moe.capacity_factor", ["[0, 4096]"]),
         (["--distributed.bucket_cap_mb", "4611686018427387904"], "distributed.bucket_cap_mb", ["[1, 1048576]"]),
-        (["--model.moe_every", "99"], "model.moe_every", ["model.n_layer = 4"]),  # built a dense model
-        (["--model.capacity_factor", "5"], "model.capacity_factor", ["n_experts / model.top_k = 4"]),
-        (["--model.n_experts", "4096", "--model.expert_hidden", "1048576"], "model.n_experts", ["GiB", "memory"]),
+        (["--moe.every", "99"], "moe.every", ["model.n_layer = 4"]),  # built a dense model
+        (["--moe.capacity_factor", "5"], "moe.capacity_factor", ["n_experts / moe.top_k = 4"]),
+        (["--moe.n_experts", "4096", "--moe.expert_hidden", "1048576"], "moe.n_experts", ["GiB", "memory"]),
     ],
 )
 def test_a_value_outside_its_range_is_one_line_naming_the_field_and_exit_2(tmp_path, capsys, args, field, words):
@@ -136,3 +136,30 @@ def test_every_numeric_field_declares_its_range_and_help_config_shows_it():
     assert "--distributed.timeout_s=300.0" in text and "(range [1, 2147483])" in text
     for preset in preset_names():
         load_config(preset)  # every shipped preset lies inside the ranges
+
+
+# Issue 22: the MoE family's own [moe] section (it was a flat union inside [model]).
+def test_the_moe_family_reads_its_own_section_and_old_files_still_load(tmp_path):
+    config = load_config("moe-tiny", ["--moe.n_experts=4", "--moe.every=2"])
+    assert (config.moe.n_experts, config.moe.every, config.moe.top_k) == (4, 2, 2)
+    assert "n_experts" not in {f.name for f in dataclasses.fields(config.model)}
+    # a run saved before the move (its config.toml holds the experts under [model]) reads them in [moe]
+    old = tmp_path / "config.toml"
+    old.write_text('preset = "moe-tiny"\n[model]\narch = "moe"\nn_layer = 4\nn_experts = 4\nmoe_every = 2\n'
+                   'moe_impl = "loop"\n')
+    loaded = load_config(str(old), ["--moe.top_k=1"])
+    assert (loaded.moe.n_experts, loaded.moe.every, loaded.moe.impl, loaded.moe.top_k) == (4, 2, "loop", 1)
+    assert "n_experts = 4" in to_toml(loaded).split("\n[moe]\n")[1].split("\n[")[0]
+
+
+@pytest.mark.parametrize("preset, args, words", [
+    ("moe-tiny", ["--model.n_experts=4"], ["model.n_experts is now moe.n_experts", "--moe.n_experts=4"]),
+    ("gpt-tiny", ["--moe.n_experts=4"], ["moe.n_experts = 4 does nothing", "model.arch = 'gpt'", "--model.arch=moe"]),
+])
+def test_moe_settings_in_the_old_place_or_for_another_family_are_one_line(tmp_path, capsys, preset, args, words):
+    code = main(["train", "--preset", preset, f"--run.out_dir={tmp_path}", "--run.device=cpu", *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for word in words:
+        assert word in err, err
+    assert not any(tmp_path.iterdir())

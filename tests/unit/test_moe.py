@@ -21,7 +21,7 @@ from turbotrain.app.expert_report import markdown, read_experts, summarize, writ
 from turbotrain.loop.experts_monitor import ExpertsMonitor
 from turbotrain.base.rundir import EXPERTS_FILE
 from turbotrain import fit
-from turbotrain.parts.models.build import build_model
+from turbotrain.parts.models.registry import build_model
 from turbotrain.parts.models.gpt import GPT, GPTConfig
 from turbotrain.parts.models.moe import MoE, MoEConfig, MoEGPT, MoEMLP, aux_loss, route
 
@@ -135,17 +135,17 @@ def test_flops_count_active_parameters():
 
 
 def test_moe_every_and_the_run_config_build_the_model():
-    config = load_config("moe-tiny", ["--model.moe_every=2", "--model.n_experts=4"])
-    model = build_model(config.model, 256)
+    config = load_config("moe-tiny", ["--moe.every=2", "--moe.n_experts=4"])
+    model = build_model(config, 256)
     assert isinstance(model, MoEGPT)
     kinds = [type(block.mlp).__name__ for block in model.blocks]
     assert kinds == ["Sequential", "MoEMLP", "Sequential", "MoEMLP"]
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--model.top_k=9"], ["model.top_k = 9", "model.n_experts = 8"]),
-    (["--distributed.expert_parallel=3"], ["distributed.expert_parallel = 3", "model.n_experts = 8"]),
-    (["--model.moe_impl=fast"], ["model.moe_impl", "grouped", "loop"]),
+    (["--moe.top_k=9"], ["moe.top_k = 9", "moe.n_experts = 8"]),
+    (["--distributed.expert_parallel=3"], ["distributed.expert_parallel = 3", "moe.n_experts = 8"]),
+    (["--moe.impl=fast"], ["moe.impl", "grouped", "loop"]),
 ])
 def test_bad_moe_settings_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], args: list[str], words: list[str]):
     with pytest.raises(ConfigError):

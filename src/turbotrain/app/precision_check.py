@@ -36,7 +36,7 @@ from ..core.engine import Engine, default_loss, resolve_device
 from ..base.errors import ConfigError, TurbotrainError
 from ..tools.memory.finder import token_batches
 from ..tools.memory.stats import default_vocab_size
-from ..parts.models.build import build_model
+from ..parts.models.registry import build_model
 from ..core.precision import FP8, DeviceCaps, FP16Mixed, Precision, fallback_mode, resolve_precision
 from ..parts.workload import Workload, load_workload
 
@@ -267,7 +267,7 @@ def load_target(model: str | None, preset: str | None, seed: int = 0) -> Workloa
     config = load_config(preset)
     vocab = default_vocab_size(config)
     torch.manual_seed(seed)
-    net = build_model(config.model, vocab)
+    net = build_model(config, vocab)
     micro = min(config.batch.micro if isinstance(config.batch.micro, int) else PRESET_MICRO, PRESET_MICRO)
     batch = token_batches(vocab, config.model.block_size, torch.device("cpu"), seed=seed)(micro)
     return Workload(model=net, train_loader=[batch], source=f"preset {config.preset} (random tokens)")

@@ -357,9 +357,9 @@ def _check_weights_fit(config: RunConfig, spec: ModelSpec) -> None:
     total, _ = ram_bytes()
     count = spec.weight_count(config)
     if total and 4 * count > total:
-        raise ConfigError(f"the model section describes at least {count:,} parameters: {4 * count / 2**30:,.1f} "
+        raise ConfigError(f"the model config describes at least {count:,} parameters: {4 * count / 2**30:,.1f} "
                           f"GiB of float32 weights alone, more than this machine's {total / 2**30:,.1f} GiB of memory; make "
-                          "model.n_layer, model.d_model, model.n_experts or model.expert_hidden smaller")
+                          "model.n_layer, model.d_model, moe.n_experts or moe.expert_hidden smaller")
 
 
 def train(config: RunConfig, *, resume_dir: Path | None = None, progress: bool | None = None,

@@ -157,7 +157,7 @@ class RunSection:
 class ModelConfig:
     arch: str = knob("gpt", "model family", choices=ARCHS)
     workload: str = knob("", "your own model and data instead: FILE.py:FUNC or package.module:FUNC returning a "
-                         "turbotrain.Workload (`turbotrain train --model`); the GPT fields below are then unused")
+                         "turbotrain.Workload (`turbotrain train --model`); the GPT fields below and [moe] are then unused")
     n_layer: int = knob(4, "transformer blocks", min=1, max=1024)
     n_head: int = knob(4, "attention heads per block", min=1, max=1024)
     d_model: int = knob(128, "embedding width (must divide by n_head)", min=1, max=65536)
@@ -171,15 +171,35 @@ class ModelConfig:
                      "no full logits in memory, same math)", choices=LM_LOSSES)
     sdpa_backend: str = knob("auto", "SDPA kernel to prefer (falling back to the others): 'auto' = PyTorch's choice, "
                              "'cudnn', 'flash', 'efficient' or 'math'", choices=SDPA_BACKENDS)
-    n_experts: int = knob(8, "arch 'moe': experts per MoE block", min=1, max=4096)
-    top_k: int = knob(2, "arch 'moe': experts each token is routed to (at most n_experts)", min=1, max=4096)
-    moe_every: int = knob(1, "arch 'moe': every k-th block is a MoE block (1 = all, 2 = blocks 2, 4, ...)", min=1, max=1024)
-    expert_hidden: int = knob(0, "arch 'moe': hidden width of each expert's MLP; 0 = 4 x d_model", min=0, max=2**20)
-    aux_loss_coef: float = knob(0.01, "arch 'moe': weight of the load-balancing loss added to the training loss; 0 = off", min=0.0, max=100.0)
-    capacity_factor: float = knob(0.0, "arch 'moe': expert slots = factor x tokens x top_k / n_experts, overflow dropped; 0 = dropless", min=0.0, max=4096.0)
-    router_bias_update: float = knob(0.0, "arch 'moe': DeepSeek-V3 aux-loss-free balancing, the expert-bias step per optimizer step; 0 = off", min=0.0, max=1.0)
-    moe_impl: str = knob("auto", "arch 'moe': expert compute, 'auto' (grouped GEMM on CPU and on CUDA with bf16, else batched), "
-                         "'grouped', 'batched' or 'loop' (one matmul per expert: the reference)", choices=MOE_IMPLS)
+
+@dataclass(frozen=True)
+class MoESection:
+    """The mixture-of-experts family's own settings (``model.arch = 'moe'``): the GPT backbone comes
+    from ``[model]``, the experts from here. Unused by other families (a non-default value there is
+    refused: it would silently do nothing)."""
+
+    n_experts: int = knob(8, "experts per MoE block", min=1, max=4096)
+    top_k: int = knob(2, "experts each token is routed to (at most n_experts)", min=1, max=4096)
+    every: int = knob(1, "every k-th block is a MoE block (1 = all, 2 = blocks 2, 4, ...; at most model.n_layer)", min=1, max=1024)
+    expert_hidden: int = knob(0, "hidden width of each expert's MLP; 0 = 4 x model.d_model", min=0, max=2**20)
+    aux_loss_coef: float = knob(0.01, "weight of the load-balancing loss added to the training loss; 0 = off", min=0.0, max=100.0)
+    capacity_factor: float = knob(0.0, "expert slots = factor x tokens x top_k / n_experts, overflow dropped; 0 = dropless", min=0.0, max=4096.0)
+    router_bias_update: float = knob(0.0, "DeepSeek-V3 aux-loss-free balancing, the expert-bias step per optimizer step; 0 = off", min=0.0, max=1.0)
+    impl: str = knob("auto", "expert compute, 'auto' (grouped GEMM on CPU and on CUDA with bf16, else batched), "
+                     "'grouped', 'batched' or 'loop' (one matmul per expert: the reference)", choices=MOE_IMPLS)
+
+
+MODEL_SECTIONS = ("model", "moe")  # the sections that decide the model's tensors (a checkpoint fits or not)
+
+# Settings that moved out of [model] into their family's section: a file written before the move (a saved
+# run's config.toml, a preset) is read with them moved; a new command line or dict that still names the old
+# place gets one line naming the new one.
+MOVED: dict[str, str] = {
+    "model.n_experts": "moe.n_experts", "model.top_k": "moe.top_k", "model.moe_every": "moe.every",
+    "model.expert_hidden": "moe.expert_hidden", "model.aux_loss_coef": "moe.aux_loss_coef",
+    "model.capacity_factor": "moe.capacity_factor", "model.router_bias_update": "moe.router_bias_update",
+    "model.moe_impl": "moe.impl",
+}
 
 
 @dataclass(frozen=True)
@@ -326,7 +346,7 @@ class DistributedConfig:
     static_graph: bool = knob(False, "ddp: the same parameters get gradients every step (lets DDP skip bookkeeping)")
     gradient_as_bucket_view: bool = knob(True, "ddp: gradients live in the communication buckets (no copy, less memory)")
     reshard_after_forward: bool = knob(True, "fsdp: free gathered parameters after forward (less memory, one more all-gather in backward)")
-    expert_parallel: int = knob(1, "arch 'moe': ranks each MoE block's experts are spread over (divides the world size and model.n_experts); 1 = every rank holds all", min=1, max=4096)
+    expert_parallel: int = knob(1, "ranks each MoE block's experts are spread over (divides the world size and the experts per block: moe.n_experts, or your MoE layers'); 1 = every rank holds all", min=1, max=4096)
     timeout_s: float = knob(300.0, "seconds a collective waits for the other ranks before the run stops with an error", min=1.0, max=MAX_TIMEOUT_S)
 
 
@@ -337,6 +357,7 @@ class RunConfig:
     preset: str = knob("gpt-tiny", "the preset this config started from")
     run: RunSection = field(default_factory=RunSection)
     model: ModelConfig = field(default_factory=ModelConfig)
+    moe: MoESection = field(default_factory=MoESection)
     data: DataConfig = field(default_factory=DataConfig)
     batch: BatchConfig = field(default_factory=BatchConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -396,6 +417,18 @@ def read_preset(name_or_path: str) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"preset {name_or_path!r} is not valid TOML: {exc}") from None
     table.setdefault("preset", path.stem if path.suffix == ".toml" else name_or_path)
+    return migrate(table)
+
+
+def migrate(table: dict[str, Any]) -> dict[str, Any]:
+    """A config table written before settings moved (:data:`MOVED`), with them in their new place
+    (a value already there wins). Files only: a saved run's config.toml, a preset, a checkpoint's."""
+    for old, new in MOVED.items():
+        (section, key), (to_section, to_key) = old.split("."), new.split(".")
+        if isinstance(table.get(section), dict) and key in table[section]:
+            value = table[section].pop(key)
+            if isinstance(table.setdefault(to_section, {}), dict):
+                table[to_section].setdefault(to_key, value)
     return table
 
 
@@ -441,6 +474,11 @@ def _build_section(name: str, cls: type, table: Mapping[str, Any]) -> Any:
     hints = get_type_hints(cls)
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(table) - known)
+    moved = [k for k in unknown if f"{name}.{k}" in MOVED]
+    if moved:
+        new = MOVED[f"{name}.{moved[0]}"]
+        raise ConfigError(f"{name}.{moved[0]} is now {new} (the family's own section); use "
+                          f"{setting(new, table[moved[0]])}")
     if unknown:
         raise ConfigError(f"unknown key {name}.{unknown[0]}; valid keys in [{name}]: {', '.join(sorted(known))}")
     values = {k: _coerce(name, k, hints[k], v) for k, v in table.items()}
@@ -507,6 +545,34 @@ def check_precision(p: PrecisionConfig) -> None:
                           f"{setting('precision.fp8_recipe', 'tensorwise')} or {setting('precision.fp8_all_gather', False)}")
 
 
+def check_moe(config: RunConfig) -> None:
+    """The [moe] rules: settings for the family that uses them, and the ones that span fields."""
+    m, e = config.model, config.moe
+    if m.arch != "moe" or m.workload:
+        changed = [f.name for f in fields(e) if getattr(e, f.name) != f.default]
+        if changed:
+            user = "model.workload is set (a workload's MoE layers take their own arguments)" if m.workload else \
+                f"model.arch = {m.arch!r}"
+            raise ConfigError(f"moe.{changed[0]} = {getattr(e, changed[0])!r} does nothing here: [moe] configures "
+                              f"model.arch = 'moe', and {user}; drop it, or use {setting('model.arch', 'moe')}")
+        return
+    if e.top_k > e.n_experts:
+        raise ConfigError(f"moe.top_k = {e.top_k} must be at most moe.n_experts = {e.n_experts}, "
+                          f"e.g. {setting('moe.top_k', min(2, e.n_experts))}")
+    if e.every > m.n_layer:
+        raise ConfigError(f"moe.every = {e.every} must be at most model.n_layer = {m.n_layer}: every "
+                          f"moe.every-th block is a MoE block, so there would be none; e.g. {setting('moe.every', 1)}")
+    if e.capacity_factor > e.n_experts / e.top_k:
+        raise ConfigError(f"moe.capacity_factor = {e.capacity_factor:g} must be at most moe.n_experts / moe.top_k = "
+                          f"{e.n_experts / e.top_k:g} (there every expert has a slot for every token); 0 = dropless, e.g. "
+                          f"{setting('moe.capacity_factor', 0)}")
+    # a dense model with expert_parallel > 1 is refused by the run's plan (its spec says 0 experts): an
+    # own loop's Engine takes this config's distributed section for its own MoE model
+    degree = config.distributed.expert_parallel
+    if degree > 1 and e.n_experts % degree:
+        raise ConfigError(f"distributed.expert_parallel = {degree} must divide moe.n_experts = {e.n_experts}")
+
+
 def validate(config: RunConfig) -> None:
     """Check every field against its choices and bounds, then the rules that span fields.
 
@@ -544,22 +610,7 @@ def validate(config: RunConfig) -> None:
         )
     if config.data.tokenizer not in TOKENIZERS and not config.data.tokenizer.endswith(".json"):
         raise choice_error("data.tokenizer", config.data.tokenizer, (*TOKENIZERS, "PATH/tokenizer.json"))
-    if config.model.arch == "moe" and config.model.top_k > config.model.n_experts:
-        raise ConfigError(f"model.top_k = {config.model.top_k} must be at most model.n_experts = {config.model.n_experts}, "
-                          f"e.g. {setting('model.top_k', min(2, config.model.n_experts))}")
-    m = config.model
-    if m.arch == "moe" and m.moe_every > m.n_layer:
-        raise ConfigError(f"model.moe_every = {m.moe_every} must be at most model.n_layer = {m.n_layer}: every "
-                          f"moe_every-th block is a MoE block, so there would be none; e.g. {setting('model.moe_every', 1)}")
-    if m.arch == "moe" and m.capacity_factor > m.n_experts / m.top_k:
-        raise ConfigError(f"model.capacity_factor = {m.capacity_factor:g} must be at most model.n_experts / model.top_k = "
-                          f"{m.n_experts / m.top_k:g} (there every expert has a slot for every token); 0 = dropless, e.g. "
-                          f"{setting('model.capacity_factor', 0)}")
-    # a dense model with expert_parallel > 1 is refused by the run's plan (its spec says 0 experts): an
-    # own loop's Engine takes this config's distributed section for its own MoE model
-    if config.distributed.expert_parallel > 1 and m.arch == "moe" and not m.workload and m.n_experts % config.distributed.expert_parallel:
-        raise ConfigError(f"distributed.expert_parallel = {config.distributed.expert_parallel} must divide "
-                          f"model.n_experts = {config.model.n_experts}")
+    check_moe(config)
     if config.optim.min_lr > config.optim.lr:
         raise ConfigError(f"optim.min_lr = {config.optim.min_lr} must not exceed optim.lr = {config.optim.lr}")
     if config.optim.schedule == "plateau":

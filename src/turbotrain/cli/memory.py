@@ -14,7 +14,7 @@ from ..base.config import load_config, parse_overrides
 from ..base.errors import ConfigError
 from ..tools.memory.finder import token_batches
 from ..tools.memory.stats import MemoryStats, compare_checkpointing, default_vocab_size, measure_step_memory, resolve_precision_name
-from ..parts.models.build import build_model
+from ..parts.models.registry import build_model
 from ..base.units import GIB
 
 ROWS = [
@@ -53,7 +53,7 @@ def measure(config: Any, micro: int) -> MemoryStats:
     by the Engine (precision, checkpointing, compile), measured per phase."""
     torch.manual_seed(config.run.seed)
     vocab = default_vocab_size(config)
-    t = build_trainable(config, build_model(config.model, vocab))
+    t = build_trainable(config, build_model(config, vocab))
     t.model.train()
     batch = token_batches(vocab, config.model.block_size, t.engine.device)(micro)
     return measure_step_memory(t.model, t.optimizer, batch, autocast=t.engine.autocast, precision=t.engine.precision.name,

@@ -11,7 +11,7 @@ import torch
 from ..loop.checkpoint import load_latest_weights
 from ..parts.data.tokenizer import BYTE_VOCAB, ByteTokenizer, load_run_tokenizer
 from ..base.errors import TurbotrainError
-from ..parts.models.build import build_model
+from ..parts.models.registry import build_model
 from ..parts.models.registry import spec_for
 from ..base.rundir import CHECKPOINTS, find_run_dir, resume_config
 
@@ -52,7 +52,7 @@ def main_sample(args: argparse.Namespace, extra: list[str]) -> int:
                               f"that made its data into {run_dir}/")
     if tokenizer.vocab_size > vocab:
         raise TurbotrainError(f"{run_dir}/tokenizer.json has {tokenizer.vocab_size} tokens but the model only {vocab}")
-    model = build_model(config.model, vocab)
+    model = build_model(config, vocab)
     try:
         model.load_state_dict(weights)
     except RuntimeError as exc:

@@ -38,7 +38,7 @@ from torch import nn
 
 from . import sharded
 from ..base.atomic import atomic_write, clean_stale_temps
-from ..base.config import TrainConfig
+from ..base.config import MODEL_SECTIONS, TrainConfig, migrate
 from ..core.distributed import ReportedByMainRank, Strategy, in_group, rank_world
 from ..core.engine import Engine
 from ..base.errors import TurbotrainError
@@ -281,15 +281,16 @@ def model_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
 
 
 def model_settings_changed(saved_toml: Any, current_toml: Any) -> str:
-    """The ``[model]`` settings that differ between the config a checkpoint was saved with and
-    this run's (both as ``to_toml`` text), as flags that give back the saved values; '' when
-    either is unknown or none differs."""
+    """The model settings (:data:`MODEL_SECTIONS`) that differ between the config a checkpoint was
+    saved with and this run's (both as ``to_toml`` text; an old one's moved settings read in their
+    new place), as flags that give back the saved values; '' when either is unknown or none differs."""
     try:
-        saved, current = (tomllib.loads(t).get("model", {}) for t in (saved_toml, current_toml))
+        saved, current = (migrate(tomllib.loads(t)) for t in (saved_toml, current_toml))
     except (TypeError, ValueError, AttributeError):
         return ""
-    changed = [k for k in saved if k in current and saved[k] != current[k]]
-    return " ".join(f"--model.{k}={saved[k]}" for k in changed)
+    changed = [(s, k) for s in MODEL_SECTIONS for k in saved.get(s, {})
+               if k in current.get(s, {}) and saved[s][k] != current[s][k]]
+    return " ".join(f"--{s}.{k}={saved[s][k]}" for s, k in changed)
 
 
 def shape_problem(name: str, saved: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]],

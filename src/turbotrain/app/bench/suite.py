@@ -438,9 +438,9 @@ def ablation_variants(w: Workload, device: str) -> list[Variant]:
                 on(compile={"scope": "model", "mode": "reduce-overhead"}), masked, skip=only_cuda),
     ]
     if moe:
-        rows += [Variant("+grouped-experts", "all experts as one grouped GEMM per projection (model.moe_impl = 'grouped')",
+        rows += [Variant("+grouped-experts", "all experts as one grouped GEMM per projection (moe.impl = 'grouped')",
                          on(), {**masked, "moe_impl": "grouped"}),
-                 Variant("+batched-experts", "all experts as one padded batched matmul (model.moe_impl = 'batched')",
+                 Variant("+batched-experts", "all experts as one padded batched matmul (moe.impl = 'batched')",
                          on(), {**masked, "moe_impl": "batched"})]
     everything = on(
         precision={"mode": "bf16-mixed", "tf32": cuda, "cudnn_benchmark": cuda},

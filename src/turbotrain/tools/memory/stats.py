@@ -41,7 +41,7 @@ from ...base.config import RunConfig
 from ...parts.data.tokenizer import BYTE_VOCAB, GPT2_VOCAB
 from ...core.engine import default_loss, resolve_device
 from ...parts.hardware import device_total_bytes
-from ...parts.models.build import build_model
+from ...parts.models.registry import build_model
 from ...core.optim import build_optimizer
 from ...core.precision import DeviceCaps, MixedPrecision, precision_class, resolve_precision
 from ...core.transforms import apply_activation_checkpointing, recompute_context
@@ -321,7 +321,7 @@ def estimate_memory(
     shape = (micro or (config.batch.micro if isinstance(config.batch.micro, int) else 8), config.model.block_size)
     meta = torch.device("meta")
     with meta:
-        model = build_model(config.model, vocab_size or default_vocab_size(config))
+        model = build_model(config, vocab_size or default_vocab_size(config))
     plugin = precision_class(prec)
     if plugin.param_dtype != torch.float32:  # bf16-true
         model.to(plugin.param_dtype)

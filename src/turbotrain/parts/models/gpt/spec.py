@@ -94,13 +94,13 @@ class GPTSpec(ModelSpec):
                              saved_tokenizer=run_dir / TOKENIZER_FILE)
         return TokenData(c, source)
 
-    def build_model(self, m: ModelConfig, vocab_size: int) -> GPT:
-        """The model from a ``model`` section alone (``sample`` and ``memory`` build it without data)."""
-        return GPT(gpt_config(m, vocab_size))
+    def build_model(self, c: RunConfig, vocab_size: int) -> GPT:
+        """The model from the config alone (``sample`` and ``memory`` build it without data)."""
+        return GPT(gpt_config(c.model, vocab_size))
 
     def build(self, c: RunConfig, data: RunData) -> nn.Module:
         assert isinstance(data, TokenData)
-        model = self.build_model(c.model, data.source.vocab_size)
+        model = self.build_model(c, data.source.vocab_size)
         check_vocab(data.source, model.cfg.vocab_size)
         return model
 

@@ -6,7 +6,7 @@ owns the groups; its strategy calls :func:`place_experts` in ``engine.setup``, b
 rest of the model for data parallelism).
 
 Layout for ``world`` ranks and degree ``P`` (``--distributed.expert_parallel=P``, dividing both
-the world size and ``model.n_experts``): consecutive ranks ``[g P, (g + 1) P)`` form expert-parallel
+the world size and the experts per MoE block, ``moe.n_experts`` for the MoE GPT): consecutive ranks ``[g P, (g + 1) P)`` form expert-parallel
 group g; rank r holds experts ``[(r mod P) E/P, (r mod P + 1) E/P)`` of every MoE block. The
 ``world / P`` ranks with the same ``r mod P`` hold copies of the same experts (their replica group).
 
@@ -115,7 +115,7 @@ def check_degree(degree: int, world: int, n_experts: int | None) -> None:
         raise ConfigError(f"distributed.expert_parallel = {degree} must divide the world size {world} "
                           f"(processes launched), e.g. {setting('distributed.expert_parallel', example)}")
     if n_experts is not None and n_experts % degree:
-        raise ConfigError(f"distributed.expert_parallel = {degree} must divide model.n_experts = {n_experts}")
+        raise ConfigError(f"distributed.expert_parallel = {degree} must divide the {n_experts} experts of each MoE block")
 
 
 def _reduce_hook(layout: ExpertLayout) -> Any:

@@ -1,6 +1,7 @@
 """The mixture-of-experts GPT's spec: the GPT's data and unit, a :class:`MoEGPT` from the run's
-``model`` section, parameters counted with every expert (and those one token meets). Expert
-parallelism is not the spec's: it applies to the MoE layers of any model (:mod:`.parallel`)."""
+``[model]`` section (the GPT backbone) and its own ``[moe]`` section (the experts), parameters
+counted with every expert (and those one token meets). Expert parallelism is not the spec's: it
+applies to the MoE layers of any model (:mod:`.parallel`)."""
 
 from __future__ import annotations
 
@@ -8,27 +9,27 @@ from typing import Any
 
 from torch import nn
 
-from ....base.config import ModelConfig, RunConfig
+from ....base.config import ModelConfig, MoESection, RunConfig
 from ..gpt.spec import GPTSpec, gpt_config
 from .model import MoEConfig, MoEGPT
 
 
-def moe_config(m: ModelConfig, vocab_size: int) -> MoEConfig:
-    """The mixture-of-experts GPT a run's ``model`` section describes (``arch = 'moe'``)."""
+def moe_config(m: ModelConfig, e: MoESection, vocab_size: int) -> MoEConfig:
+    """The mixture-of-experts GPT of a run's ``[model]`` (backbone) and ``[moe]`` (experts) sections."""
     return MoEConfig(
-        **vars(gpt_config(m, vocab_size)), n_experts=m.n_experts, top_k=m.top_k, moe_every=m.moe_every,
-        expert_hidden=m.expert_hidden, aux_loss_coef=m.aux_loss_coef, capacity_factor=m.capacity_factor,
-        router_bias_update=m.router_bias_update, moe_impl=m.moe_impl,
+        **vars(gpt_config(m, vocab_size)), n_experts=e.n_experts, top_k=e.top_k, moe_every=e.every,
+        expert_hidden=e.expert_hidden, aux_loss_coef=e.aux_loss_coef, capacity_factor=e.capacity_factor,
+        router_bias_update=e.router_bias_update, moe_impl=e.impl,
     )
 
 
 class MoESpec(GPTSpec):
-    """A GPT whose MLPs (every ``model.moe_every``-th) are mixtures of experts."""
+    """A GPT whose MLPs (every ``moe.every``-th) are mixtures of experts."""
 
     name = "moe"
 
-    def build_model(self, m: ModelConfig, vocab_size: int) -> MoEGPT:
-        return MoEGPT(moe_config(m, vocab_size))
+    def build_model(self, c: RunConfig, vocab_size: int) -> MoEGPT:
+        return MoEGPT(moe_config(c.model, c.moe, vocab_size))
 
     def facts(self, c: RunConfig, model: nn.Module) -> dict[str, Any]:
         assert isinstance(model, MoEGPT)
@@ -36,10 +37,10 @@ class MoESpec(GPTSpec):
                 "active_params": model.num_active_params(non_embedding=False)}
 
     def experts(self, c: RunConfig) -> int | None:
-        return c.model.n_experts
+        return c.moe.n_experts
 
     def weight_count(self, c: RunConfig) -> int:
         """The GPT's count with every MoE block's experts in place of its MLP."""
-        m = c.model
-        d, hidden, moe = m.d_model, m.expert_hidden or 4 * m.d_model, m.n_layer // m.moe_every
-        return super().weight_count(c) - moe * 8 * d * d + moe * m.n_experts * 2 * d * hidden
+        m, e = c.model, c.moe
+        d, hidden, moe = m.d_model, e.expert_hidden or 4 * m.d_model, m.n_layer // e.every
+        return super().weight_count(c) - moe * 8 * d * d + moe * e.n_experts * 2 * d * hidden
