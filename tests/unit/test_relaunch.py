@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from turbotrain.cli.train import _keep_global_batch, _named_for_restarts, _peer_lost
+from turbotrain.cli.train import _keep_global_batch, _named_for_restarts, _peer_lost, resume_command
 from turbotrain import load_config
 from turbotrain.base.launch import Launch, Topology
 from turbotrain.base.errors import ConfigError
@@ -78,3 +78,17 @@ def test_a_lost_rank_says_whether_torchrun_restarts_the_group(monkeypatch, resta
         monkeypatch.setenv(key, value)
     line = _peer_lost(RuntimeError("gloo: Connection reset by peer"), Topology(0, 0, 2, True, "torchrun"), Path("runs/r"))
     assert line is not None and line.startswith("[rank 0] another rank stopped or was lost") and line.endswith(then)
+
+
+def test_the_resume_hint_names_the_launch_that_can_continue_the_run(monkeypatch):
+    """Issue 23 item 11: a ddp/fsdp run refuses a plain `turbotrain train --resume`, so a stopped
+    rank's hint names torchrun (or srun) with the same processes; one process keeps the plain one."""
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert resume_command("runs/a", Topology()) == "turbotrain train --resume runs/a"
+    two = Topology.from_env({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"})
+    assert resume_command("runs/a", two) == "torchrun --nproc-per-node 2 -m turbotrain train --resume runs/a"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # 2 nodes x 4: the node count comes from the user's launch
+    eight = Topology.from_env({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1"})
+    assert resume_command("runs/a", eight) == "torchrun ... (as before) -m turbotrain train --resume runs/a"
+    slurm = Topology(rank=0, world=2, launched=True, launcher="slurm")
+    assert resume_command("runs/a", slurm).startswith("srun ") and "--resume runs/a" in resume_command("runs/a", slurm)
