@@ -16,7 +16,8 @@ from turbotrain.cli import main
 from turbotrain.base.config import PRECISION_MODES, PrecisionConfig, describe, load_config
 from turbotrain import Engine
 from turbotrain.base.errors import ConfigError
-from turbotrain.parts.hardware import precision_key
+from turbotrain.loop.monitor import MfuProbe
+from turbotrain.parts.hardware import lookup_peak, precision_key
 from turbotrain.parts.models.gpt import GPT, GPTConfig
 from turbotrain.core.precision import FP8, PRECISIONS, DeviceCaps, build_precision, fallback_mode, resolve_precision
 from turbotrain.core.precision import fp8 as fp8_module
@@ -100,6 +101,12 @@ def test_the_filter_converts_divisible_linears_above_the_size_and_keeps_the_outp
     auto = FP8(torch.device("cpu"), emulate=True)  # min_size 0: torchao's H100 thresholds leave d=32 alone
     auto.convert_module(_tiny_gpt())
     assert auto.converted == []
+    # MFU's ceiling is what ran: the fp8 peak with float8 layers, the bf16 one when none was converted
+    assert p.mfu_peak() == "fp8" and auto.mfu_peak() == "bf16" and "bf16 dense" in auto.summary()["mfu_peak"]
+    h100 = lookup_peak("NVIDIA H100 80GB HBM3")
+    record = {"samples_per_s": 1000.0, "precision": "fp8"}
+    mfu = {peak: MfuProbe(1e9, h100)({**record, "mfu_peak": peak})["mfu"] for peak in ("fp8", "bf16")}
+    assert mfu["bf16"] == pytest.approx(1 / h100.bf16_tflops) and mfu["fp8"] == pytest.approx(1 / h100.fp8_tflops)
     assert fp8_module.worth_converting(3072, 768, "tensorwise", 0) and not fp8_module.worth_converting(768, 768, "tensorwise", 0)
 
 
@@ -264,6 +271,33 @@ def test_a_new_precision_is_one_class_accepted_by_name_and_as_an_object():
     finally:
         PRECISIONS.pop("test-bf16-autocast")
         PRECISION_MODES._own.remove("test-bf16-autocast")
+
+
+def test_the_docs_example_precision_is_one_file_that_imports_registers_and_passes_its_own_test():
+    """docs/precision.md's "Adding a precision": the class block, run as the module it says it is
+    (its relative imports included), then the doc's own test block."""
+    import re
+    import sys
+    import types
+    from pathlib import Path
+
+    section = (Path(__file__).parents[2] / "docs" / "precision.md").read_text().split("## Adding a precision", 1)[1]
+    plugin, its_test = re.findall(r"```python\n(.*?)```", section, flags=re.S)[:2]
+    name = "turbotrain.core.precision.fp16_unscaled"
+    module = types.ModuleType(name)
+    module.__package__ = "turbotrain.core.precision"
+    sys.modules[name] = module
+    try:
+        exec(compile(plugin, name, "exec"), module.__dict__)
+        namespace = {"pytest": pytest, "PRECISION_MODES": PRECISION_MODES, "precision_key": precision_key,
+                     "ConfigError": ConfigError, "resolve_precision": resolve_precision, "DeviceCaps": DeviceCaps}
+        exec(its_test, namespace)
+        namespace["test_fp16_unscaled"]()
+    finally:
+        sys.modules.pop(name, None)
+        PRECISIONS.pop("fp16-unscaled", None)
+        if "fp16-unscaled" in PRECISION_MODES._own:
+            PRECISION_MODES._own.remove("fp16-unscaled")
 
 
 # ----------------------------------------------------------------------------- doctor

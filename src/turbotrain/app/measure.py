@@ -401,7 +401,7 @@ def run(built: Built, warmup: int, steps: int, *, extra_steps: int = 0, hooks: I
         "final_loss": figures["final_loss"],
         "wall_s": wall_s,
         "precision": engine.precision.name,
-        "math_precision": precision_key(engine.precision.name, tf32=engine.device.type == "cuda" and tf32_enabled()),
+        "math_precision": precision_key(engine.precision.mfu_peak(), tf32=engine.device.type == "cuda" and tf32_enabled()),
         "micro": built.micro,
         "accumulation": engine.accumulation,
     }

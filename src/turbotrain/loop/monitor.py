@@ -215,11 +215,13 @@ class Monitor(Hook):
     def observe(self, step: int, loss: Any = None, *, lr: float | None = None, samples: int = 0, tokens: int = 0,
                 val_loss: float | None = None, val_metrics: dict[str, float] | None = None,
                 logged: dict[str, Any] | None = None,
-                grad_norm: Any = None, precision: str | None = None,
+                grad_norm: Any = None, precision: str | None = None, peak: str | None = None,
                 side_s: float = 0.0, force: bool = False) -> dict[str, Any] | None:
         """The values after optimizer step ``step``: its loss (a device tensor or a number), the
         samples and tokens this process trained on so far (x ``world`` for the run's rates), and what else is known; ``side_s``: seconds spent so
-        far on work that is not training (evaluation, checkpoints), left out of the throughput.
+        far on work that is not training (evaluation, checkpoints), left out of the throughput;
+        ``peak``: the datasheet peak MFU is measured against (``Precision.mfu_peak()``; default:
+        ``precision``'s).
         On logging steps (every ``interval``, or ``force``) it reads ``loss`` and ``grad_norm``
         (host-device sync points) and writes and returns a record; otherwise it reads nothing."""
         if self._t0 is None:
@@ -246,7 +248,7 @@ class Monitor(Hook):
             if self.world > 1:
                 record["rank_tokens_per_s"] = (tokens - last_tokens) / dt
         self._last, self._side_s = (now, step, samples, tokens), side_s
-        known = {"lr": lr, "grad_norm": _read(grad_norm), "precision": precision, "val_loss": val_loss}
+        known = {"lr": lr, "grad_norm": _read(grad_norm), "precision": precision, "mfu_peak": peak, "val_loss": val_loss}
         record.update(elapsed_s=now - self._t0, samples=samples, tokens=tokens, **{k: v for k, v in known.items() if v is not None})
         if val_loss is not None:
             record.update(val_metrics or {})  # val_accuracy, ...: evaluated with the loss
@@ -302,7 +304,8 @@ class Monitor(Hook):
             s.step, engine.last_loss, lr=ctx.optimizer.param_groups[0]["lr"] if ctx.optimizer is not None else None,
             samples=s.samples, tokens=s.tokens, val_loss=m.get("val_loss") if m.get("val_step") == s.step else None,
             val_metrics=m.get("val_metrics"), logged=engine.take_logged(),
-            grad_norm=engine.last_grad_norm, precision=engine.precision.name, side_s=ctx.side_s, force=force,
+            grad_norm=engine.last_grad_norm, precision=engine.precision.name, peak=engine.precision.mfu_peak(),
+            side_s=ctx.side_s, force=force,
         )
         if record and record.get(MEMORY_WARNING):
             engine.record_event(MEMORY_WARNING, record[MEMORY_WARNING])  # into summary.json's events
@@ -490,7 +493,7 @@ class MfuProbe:
             return {}
         flops_per_s = rate * self.flops_per_sample  # with tokens: tokens/s x FLOPs per token
         out: dict[str, Any] = {"tflops": flops_per_s / 1e12}
-        peak = self.peak_tflops(record.get("precision"))
+        peak = self.peak_tflops(record.get("mfu_peak") or record.get("precision"))
         if peak:
             out["mfu"] = estimate_mfu(flops_per_s, peak)
         return out

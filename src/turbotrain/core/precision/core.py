@@ -112,6 +112,12 @@ class Precision:
     def __init__(self, device: torch.device | None = None) -> None:
         self.device = device if device is not None else torch.device("cpu")
 
+    def mfu_peak(self) -> str:
+        """The datasheet peak this precision's MFU is measured against now (a :class:`DeviceSpec`
+        key: bf16, fp16, fp8, tf32 or fp32): the class's ``peak``, unless what it did to the model
+        says otherwise (fp8 that put no layer in float8 runs at the bf16 peak)."""
+        return self.peak
+
     @classmethod
     def from_settings(cls, device: torch.device, settings: PrecisionConfig) -> "Precision":
         """The precision for ``device`` from the ``[precision]`` config section (its own fields, if any)."""

@@ -233,13 +233,16 @@ class FP8(BF16Mixed):
             for module in self.all_gathered:
                 precompute(module)
 
+    def mfu_peak(self) -> str:
+        return self.peak if self.converted else BF16Mixed.peak  # no float8 matmul ran: bf16 is the ceiling
+
     def summary(self) -> dict[str, Any]:
         how = f"{self.recipe} recipe{', emulated (correctness only)' if self.emulate else ''}"
         gather = ("; FSDP2 all-gathers their weights in float8" if self.all_gathered else
                   "; precision.fp8_all_gather asked for, but FSDP2 does not shard this model" if self.all_gather else "")
         return {"fp8": f"{how}: {len(self.converted)} linear layers in float8, {len(self.kept)} kept in bf16{gather}",
                 "fp8_converted": self.converted, "fp8_kept_in_bf16": self.kept,
-                "fp8_all_gather": bool(self.all_gathered), "mfu_peak": "fp8 dense (datasheet)"}
+                "fp8_all_gather": bool(self.all_gathered), "mfu_peak": f"{self.mfu_peak()} dense (datasheet)"}
 
 
 def _keep_identity(layer: nn.Module, weight: nn.Parameter) -> None:
