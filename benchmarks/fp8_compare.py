@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from turbotrain.app.bench.suite import fp8_unavailable
+from turbotrain.base.version import collect_git
 
 
 def row(run: Path) -> dict[str, Any]:
@@ -40,7 +41,7 @@ def row(run: Path) -> dict[str, Any]:
 
 def main(bf16_dir: str, fp8_dir: str) -> dict[str, Any]:
     bf16, fp8 = row(Path(bf16_dir)), row(Path(fp8_dir))
-    out: dict[str, Any] = {"bf16": bf16, "fp8": fp8}
+    out: dict[str, Any] = {"bf16": bf16, "fp8": fp8, "git": collect_git()}
     if bf16.get("tokens_per_s") and fp8.get("tokens_per_s"):
         out["fp8_speedup"] = fp8["tokens_per_s"] / bf16["tokens_per_s"]
         out["loss_difference"] = fp8["final_train_loss"] - bf16["final_train_loss"]

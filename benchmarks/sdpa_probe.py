@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from turbotrain.base.version import collect_git
+
 BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION}
 
@@ -72,7 +74,7 @@ def main() -> int:
     device = torch.device("cuda")
     q, k, v = _inputs(args, device)
     result: dict = {"shape": [args.batch, args.heads, args.seq, args.head_dim], "dtype": "bf16", "is_causal": True,
-                    "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+                    "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "git": collect_git(),
                     "gpu": torch.cuda.get_device_name(0), "default_kernels": chosen_kernels(q, k, v),
                     "default_ms": time_ms(q, k, v, args.repeats), "backends_ms": {}}
     for name, backend in BACKENDS.items():

@@ -29,7 +29,8 @@ def _args(tmp_path: Path, text_file: Path, *extra: str) -> list[str]:
     return args + list(extra)
 
 
-def test_train_writes_the_run_directory_and_sample_prints_text(tmp_path, text_file, capsys):
+def test_train_writes_the_run_directory_and_sample_prints_text(tmp_path, text_file, capsys, monkeypatch):
+    monkeypatch.setenv("TT_COMMIT", "0123abc")  # as a device machine's command gives it (no .git there)
     assert main(_args(tmp_path, text_file)) == 0
     run = tmp_path / "runs" / "t"
     assert {"config.toml", "metrics.jsonl", "summary.json", "checkpoints"} <= {p.name for p in run.iterdir()}
@@ -38,6 +39,7 @@ def test_train_writes_the_run_directory_and_sample_prints_text(tmp_path, text_fi
     assert all(r["tokens_per_s"] > 0 for r in records) and records[-1]["val_loss"] is not None
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 6
+    assert summary["git"] == {"commit": "0123abc", "source": "TT_COMMIT"}
     assert summary["resolved"]["precision"] == "fp32" and summary["resolved"]["compile"] == "off"
     assert load_config(str(run / "config.toml")).model.d_model == 32  # the resolved config reloads
     capsys.readouterr()

@@ -412,12 +412,14 @@ def test_report_writer_rewrites_the_document_after_each_row(tmp_path):
 
 
 def test_the_commit_comes_from_tt_commit_where_there_is_no_git(tmp_path, monkeypatch):
-    from turbotrain.app.bench import results
+    from turbotrain.app.doctor import collect_env
+    from turbotrain.base import version
 
-    monkeypatch.setattr(results, "PACKAGE_ROOT", tmp_path)  # a tree shipped without its .git
+    monkeypatch.setattr(version, "PACKAGE_ROOT", tmp_path)  # a tree shipped without its .git
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
     monkeypatch.delenv("TT_COMMIT", raising=False)
-    assert results.collect_git()["commit"] is None
+    assert version.collect_git()["commit"] is None
     monkeypatch.setenv("TT_COMMIT", "0123abc")
     doc = build_document(_report([_row("turbotrain", 50.0, 3.0, device="cpu")], device="cpu"), "c", [])
     assert doc["git"] == {"commit": "0123abc", "source": "TT_COMMIT"}
+    assert collect_env()["git"] == doc["git"]  # doctor's report, and every result file that embeds it

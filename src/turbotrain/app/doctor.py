@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from ..parts.hardware import collect_nvml, lookup_peak, ram_bytes
 from ..base.units import GIB
-from ..base.version import __version__
+from ..base.version import __version__, collect_git
 
 LEVELS = ("ok", "info", "warn", "error", "skip")  # skip: could not be checked on this machine
 
@@ -115,7 +115,7 @@ def collect_distributed(gpu_count: int) -> dict[str, Any]:
 def collect_env() -> dict[str, Any]:
     """The software and hardware this process sees (JSON-serialisable, read-only, no device work).
 
-    Keys: turbotrain, python, platform, torch, cuda (torch's CUDA build), cudnn, nccl, driver,
+    Keys: turbotrain, git (the commit), python, platform, torch, cuda (torch's CUDA build), cudnn, nccl, driver,
     cuda_available, gpus (name, compute capability, memory in GiB, bf16/TF32/fp8/flash support,
     datasheet peaks), cpu (model, cores), ram_gib, torch_threads, nvml (status, live GPU state),
     backends (TF32 and cuDNN switches as set now), packages, env (relevant variables).
@@ -131,6 +131,7 @@ def collect_env() -> dict[str, Any]:
     nvml = collect_nvml()
     return {
         "turbotrain": __version__,
+        "git": collect_git(),  # the commit (TT_COMMIT where the tree came without .git)
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "torch": torch.__version__,

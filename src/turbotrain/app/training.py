@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..core.assembly import build_trainable
+from ..base.version import collect_git
 from ..base.atomic import DiskFullError, atomic_write, clean_stale_temps, disk_full_cause
 from ..loop.checkpoint import Checkpointer, RunState, finished_checkpoints, latest_verified, restore_latest, run_state
 from ..base.config import RunConfig, setting, to_toml
@@ -322,6 +323,7 @@ def facts(training: Training, ctx: FitContext | None, status: str, elapsed_s: fl
                     f"device prefetch {c.data.device_prefetch and cuda}",
         },
         "host_peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3),  # Linux: KiB
+        "git": collect_git(),  # the commit the run's code came from (TT_COMMIT where the tree has no .git)
         "config": c.to_dict(),
     }
 

@@ -1,3 +1,31 @@
-"""The package version, in one place (the package root and the environment report read it)."""
+"""The package version and the commit its code came from, in one place (the package root, the
+environment report and every result file read them)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
 
 __version__ = "0.1.0"
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+
+
+def collect_git() -> dict[str, Any]:
+    """The commit this package's code came from. ``TT_COMMIT`` in the environment wins: a
+    device machine receives the tree without its ``.git``, so the command that ships it says the
+    commit (``TT_COMMIT=<sha>``, written out on the sending side). Otherwise the checkout's commit
+    and whether tracked files differ from it (commit None for an installed package outside git)."""
+    if os.environ.get("TT_COMMIT"):
+        return {"commit": os.environ["TT_COMMIT"], "source": "TT_COMMIT"}
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PACKAGE_ROOT, capture_output=True, text=True, timeout=10)
+        if commit.returncode != 0:
+            return {"commit": None, "detail": commit.stderr.strip()[:200]}
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=PACKAGE_ROOT,
+                                capture_output=True, text=True, timeout=10)
+        return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip()), "source": "git"}
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"commit": None, "detail": str(exc)[:200]}

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ..core.assembly import build_trainable
+from ..base.version import collect_git
 from ..base.config import load_config, parse_overrides
 from ..base.errors import ConfigError
 from ..tools.memory.finder import token_batches
@@ -73,6 +74,7 @@ def main_memory(args: argparse.Namespace, extra: list[str]) -> int:
         out: dict[str, Any] = {
             "preset": config.preset, "micro_batch": micro, "seq_len": config.model.block_size, "precision": precision,
             "checkpointing": config.memory.checkpointing, "estimate": {k: v.to_dict() for k, v in estimates.items()},
+            "git": collect_git(),
         }
         if measured is not None:
             out["measured"] = measured.to_dict()

@@ -10,7 +10,6 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,31 +18,11 @@ from typing import Any
 import torch
 
 from ...base.atomic import atomic_write
+from ...base.version import collect_git
 from ..doctor import collect_env
 from .tables import render_report
 
 SCHEMA = "turbotrain-bench/1"
-
-
-PACKAGE_ROOT = Path(__file__).resolve().parent
-
-
-def collect_git() -> dict[str, Any]:
-    """The commit this package's code came from. ``TT_COMMIT`` in the environment wins: a
-    device machine receives the tree without its ``.git``, so the command that ships it says the
-    commit (``TT_COMMIT=$(git rev-parse HEAD)``). Otherwise the checkout's commit and whether
-    tracked files differ from it (commit None for an installed package outside git)."""
-    if os.environ.get("TT_COMMIT"):
-        return {"commit": os.environ["TT_COMMIT"], "source": "TT_COMMIT"}
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PACKAGE_ROOT, capture_output=True, text=True, timeout=10)
-        if commit.returncode != 0:
-            return {"commit": None, "detail": commit.stderr.strip()[:200]}
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=PACKAGE_ROOT,
-                                capture_output=True, text=True, timeout=10)
-        return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip()), "source": "git"}
-    except (OSError, subprocess.SubprocessError) as exc:
-        return {"commit": None, "detail": str(exc)[:200]}
 
 
 def collect_environment() -> dict[str, Any]:
