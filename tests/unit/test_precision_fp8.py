@@ -218,6 +218,39 @@ def test_sharded_conversion_wraps_the_weights_for_the_all_gather_keeps_them_and_
     model(tokens, tokens)  # trains on as plain linears
 
 
+def test_fp8_composes_with_activation_checkpointing_to_the_same_losses():
+    """Recomputing the float8 blocks in backward is the same math: checkpointed and plain fp8 runs
+    of the same GPT give the same losses step for step (emulated)."""
+    tokens = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(0))
+
+    def losses(checkpointing: str) -> list[float]:
+        with pytest.warns(UserWarning, match="correctness"):
+            engine = Engine({"run": {"device": "cpu"}, "precision": EMULATE, "memory": {"checkpointing": checkpointing}})
+        model = _tiny_gpt()
+        model, opt, _ = engine.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+        assert len(engine.precision.converted) == 8
+        out = []
+        for _ in range(4):
+            engine.forward_backward(model, (tokens, tokens))
+            engine.step(opt)
+            out.append(float(engine.last_loss))  # host-device sync: a test reads every step
+        return out
+
+    plain, checkpointed = losses("off"), losses("full")
+    assert plain[-1] < plain[0]
+    assert checkpointed == pytest.approx(plain, abs=1e-6)
+
+
+def test_tune_searches_fp8_only_where_it_runs_as_it_is(monkeypatch):
+    """fp8 joins tune's precision choices on float8 tensor cores with torchao, never emulated."""
+    from turbotrain.app.tune import space
+
+    for caps, expected in ((H100, True), (A100, False), (CPU, False)):
+        monkeypatch.setattr(space.DeviceCaps, "of", classmethod(lambda cls, device, caps=caps: caps))
+        choices = space.precision_choices(torch.device("cuda" if caps.type == "cuda" else "cpu"))
+        assert ("fp8" in choices) is expected, (caps, choices)
+
+
 # ----------------------------------------------------------------------------- the non-finite fallback
 
 
