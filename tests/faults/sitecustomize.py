@@ -14,7 +14,7 @@ start-up). ``TT_FAULT=POINT:N`` acts at the N-th time the program reaches POINT:
 - ``startup``: SIGKILL when the run starts being built (N-th time)
 - ``cache-mid-write``: SIGKILL after half of the N-th byte-token cache write
 - ``pause-step`` / ``pause-startup`` / ``pause-fit`` (the run built and its files written, the
-  loop not started yet): create ``$TT_FAULT_MARKER`` and wait (in 20 ms sleeps) until the test
+  loop not started yet) / ``pause-report`` (trained, summary.json written, the report not yet): create ``$TT_FAULT_MARKER`` and wait (in 20 ms sleeps) until the test
   deletes it; the process stays signalable.
 
 Nothing here runs unless TT_FAULT is set.
@@ -85,6 +85,10 @@ def _install(point: str, n: int) -> None:
         wrap(engine.Engine, "forward_backward", before=lambda *a, **k: due() and act())
     elif point == "pause-fit":
         wrap(training.Training, "run", before=lambda *a, **k: due() and pause())
+    elif point == "pause-report":
+        import turbotrain.cli.train as cli_train
+
+        wrap(cli_train, "write_report", before=lambda *a, **k: due() and pause())
     elif point == "eval":
         wrap(engine.Engine, "evaluate", before=lambda *a, **k: due() and die())
     elif point in ("startup", "pause-startup"):

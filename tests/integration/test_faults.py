@@ -196,6 +196,23 @@ def test_a_signal_between_start_up_and_training_saves_and_stops(tmp_path, text_f
     assert _summary(run)["final_train_loss"] == reference["final_train_loss"]
 
 
+def test_a_signal_after_training_keeps_the_run_skips_the_report_and_says_how_to_make_it(tmp_path, text_file):
+    """Issue 23's signal handling, last phase: a SIGTERM after the run trained and wrote its summary,
+    while the report is being made, stops the report (it can be made later), keeps every file of
+    the completed run and exits 75 with one line naming `turbotrain report`."""
+    run = tmp_path / "runs" / "t"
+    marker = tmp_path / "paused"
+    proc = _start_paused(tmp_path, text_file, marker, "pause-report:1")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_STOPPED, err
+    said = [line for line in err.splitlines() if line.startswith("turbotrain train:")]
+    assert len(said) == 1 and "SIGTERM arrived as the run was ending" in said[0] and "turbotrain report" in said[0], err
+    assert "Traceback" not in err and _temp_files(run) == []
+    assert _summary(run)["status"] == "completed" and not (run / "summary.md").exists()
+    assert main(["report", str(run)]) == 0 and (run / "summary.md").exists()
+
+
 def test_sigint_inherited_as_ignored_stays_ignored_and_sigterm_still_stops(tmp_path, text_file):
     """Issue 23, item 4: a background job (SIGINT inherited as ignored) lost a SIGINT in one phase
     and honoured it in another. Now SIGINT stays ignored in every phase (the run trains to its
