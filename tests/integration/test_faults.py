@@ -90,7 +90,10 @@ def test_kill_9_anywhere_resumes_to_the_identical_loss(tmp_path, text_file, refe
 
 def _start_paused(tmp_path: Path, text_file: Path, marker: Path, fault: str, *extra: str) -> subprocess.Popen:
     args = [sys.executable, "-m", "turbotrain", *_args(tmp_path, text_file, f"--train.max_steps={MAX_STEPS}", *extra)]
-    proc = subprocess.Popen(args, env=fault_env(fault, marker), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C as at a terminal: a test suite started in the background (`(pytest &)`) inherits SIGINT
+    # ignored, which turbotrain rightly keeps ignored (test_sigint_inherited_as_ignored_...)
+    proc = subprocess.Popen(args, env=fault_env(fault, marker), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     while not marker.exists():  # waits for a state, not a time: the process has reached the point
         if proc.poll() is not None:
             raise AssertionError(proc.stderr.read() if proc.stderr else "exited early")
