@@ -336,6 +336,32 @@ def test_memory_cli_prints_the_report_and_rejects_bad_values(capsys):
     assert "--micro = 0" in capsys.readouterr().err
 
 
+EXAMPLES = __import__("pathlib").Path(__file__).parents[2] / "examples"
+
+
+def test_memory_of_your_own_model_is_estimated_on_its_batch_and_matches_a_measured_step(capsys):
+    """`turbotrain memory --model FILE.py:FUNC`: the workload's model and loss on one batch of its
+    loader. A CNN without repeated blocks gets the checkpointing-off estimate (the other modes say
+    why they are missing) and it matches one real step; a transformers GPT-2 (tied embeddings kept
+    tied on the meta device) gets all three, full checkpointing holding the fewest activations."""
+    assert main(["memory", "--model", f"{EXAMPLES}/workload_cnn.py:make", "--micro", "16", "--measure", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["micro_batch"] == 16 and list(doc["estimate"]) == ["off"] and doc["model"].endswith("workload_cnn.py:make")
+    estimate, measured = doc["estimate"]["off"], doc["measured"]
+    assert estimate["params_bytes"] == measured["params_bytes"]
+    assert estimate["peak_bytes"] == pytest.approx(measured["peak_bytes"], rel=0.05)
+    assert main(["memory", "--model", f"{EXAMPLES}/workload_cnn.py:make", "--micro", "16"]) == 0
+    assert "checkpointing not estimated: memory.checkpointing needs a model with a ModuleList" in capsys.readouterr().out
+
+    pytest.importorskip("transformers")
+    assert main(["memory", "--model", f"{EXAMPLES}/hf_causal_lm.py:make", "--measure", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    off, full, measured = doc["estimate"]["off"], doc["estimate"]["full"], doc["measured"]
+    assert off["params_bytes"] == measured["params_bytes"]  # the tied lm_head counted once
+    assert full["activations_bytes"] < doc["estimate"]["selective"]["activations_bytes"] < off["activations_bytes"]
+    assert off["activations_bytes"] == pytest.approx(measured["activations_bytes"], rel=0.2)
+
+
 @pytest.mark.parametrize(
     "section, values, words",
     [

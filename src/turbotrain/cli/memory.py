@@ -4,17 +4,23 @@ for each activation-checkpointing mode; ``--measure`` adds one real step on the 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
-from typing import Any
+from typing import Any, Callable
 
 import torch
+from torch import nn
+from torch.utils.data import DataLoader
 
 from ..core.assembly import build_trainable
 from ..base.version import collect_git
-from ..base.config import load_config, parse_overrides
-from ..base.errors import ConfigError
+from ..base.batch import batch_size, move_to
+from ..base.config import RunConfig, load_config, parse_overrides
+from ..base.errors import ConfigError, TurbotrainError
 from ..tools.memory.finder import token_batches
-from ..tools.memory.stats import MemoryStats, compare_checkpointing, default_vocab_size, measure_step_memory, resolve_precision_name
+from ..parts.workload import load_workload, rebuild_loader
+from ..tools.memory.stats import (COMPARED_MODES, MemoryStats, compare_checkpointing, default_vocab_size, estimate_step_memory,
+                                  measure_step_memory, resolve_precision_name)
 from ..parts.models.registry import build_model
 from ..base.units import GIB
 
@@ -34,11 +40,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "memory",
         help="memory of a config's training step: params, grads, optimizer state, activations, peaks",
         description="Estimate (on the meta device, in about a second, for any size) the memory of one training "
-        "step per phase and per kind, with activation checkpointing off, selective and full. Any config field can "
-        "be set with --section.key=value, e.g. --precision.mode=bf16-mixed to estimate for a GPU from a CPU.",
+        "step per phase and per kind, with activation checkpointing off, selective and full, for a preset's GPT or "
+        "your model (--model FILE.py:FUNC, on one batch of its train_loader). Any config field can be set with "
+        "--section.key=value, e.g. --precision.mode=bf16-mixed to estimate for a GPU from a CPU.",
     )
-    p.add_argument("--preset", help="preset name or .toml path (default: gpt2-small on a GPU, gpt-tiny on CPU)")
-    p.add_argument("--micro", type=int, help="micro-batch in sequences (default: the config's; 8 when 'auto')")
+    p.add_argument("--preset", help="preset name or .toml path (default: gpt2-small on a GPU, gpt-tiny on CPU; "
+                   "with --model: the config defaults, or this preset's settings for your model)")
+    p.add_argument("--model", metavar="FILE.py:FUNC", help="your workload (FUNC() returns turbotrain.Workload): its "
+                   "model, loss and one batch of its train_loader")
+    p.add_argument("--micro", type=int, help="micro-batch (default: the config's, 8 when 'auto'; with --model: the "
+                   "loader's batch_size, rebuilt with this one)")
     p.add_argument("--measure", action="store_true", help="also run one real step on the config's device and measure it")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(command=main_memory, accepts_overrides=True)
@@ -49,30 +60,74 @@ def _default_preset() -> str:
     return "gpt2-small" if torch.cuda.is_available() else "gpt-tiny"
 
 
-def measure(config: Any, micro: int) -> MemoryStats:
-    """One real training step of ``config``'s GPT at ``micro`` on the config's device, set up
-    by the Engine (precision, checkpointing, compile), measured per phase."""
-    torch.manual_seed(config.run.seed)
-    vocab = default_vocab_size(config)
-    t = build_trainable(config, build_model(config, vocab))
+def measure(config: Any, model: nn.Module, batch: Any, loss_fn: Callable[[nn.Module, Any], Any] | None = None) -> MemoryStats:
+    """One real training step of ``model`` on ``batch`` on the config's device, set up by the
+    Engine (precision, checkpointing, compile) with AdamW, measured per phase."""
+    t = build_trainable(config, model)
     t.model.train()
-    batch = token_batches(vocab, config.model.block_size, t.engine.device)(micro)
-    return measure_step_memory(t.model, t.optimizer, batch, autocast=t.engine.autocast, precision=t.engine.precision.name,
+    return measure_step_memory(t.model, t.optimizer, move_to(batch, t.engine.device), loss_fn=loss_fn,
+                               autocast=t.engine.autocast, precision=t.engine.precision.name,
                                checkpointing=config.memory.checkpointing)
 
 
-def main_memory(args: argparse.Namespace, extra: list[str]) -> int:
-    config = load_config(args.preset or _default_preset(), parse_overrides(extra))
+Report = tuple[RunConfig, str, dict[str, MemoryStats], "MemoryStats | None"]  # config, first line, estimates, measured
+
+
+def preset_report(args: argparse.Namespace, overrides: dict[str, dict[str, str]]) -> Report:
+    """The preset's GPT: estimated as built on the meta device (any size, no weights), measured
+    (``--measure``) on a batch of random tokens of ``--micro`` sequences."""
+    config = load_config(args.preset or _default_preset(), overrides)
     micro = args.micro if args.micro is not None else config.batch.micro if isinstance(config.batch.micro, int) else 8
-    if micro < 1:
-        raise ConfigError(f"--micro = {micro} must be >= 1")
     precision = resolve_precision_name(config)
     estimates = compare_checkpointing(config, micro=micro, precision=precision)
-    measured = measure(config, micro) if args.measure else None
+    measured = None
+    if args.measure:
+        vocab = default_vocab_size(config)
+        torch.manual_seed(config.run.seed)
+        measured = measure(config, build_model(config, vocab), token_batches(vocab, config.model.block_size, torch.device("cpu"))(micro))
     n_params = estimates["off"].params_bytes // (2 if precision == "bf16-true" else 4)
+    what = f"{config.preset}, {n_params:,} parameters, micro-batch {micro} x {config.model.block_size} tokens, {precision}, AdamW"
+    return config, what, estimates, measured
+
+
+def workload_report(args: argparse.Namespace, overrides: dict[str, dict[str, str]]) -> Report:
+    """``--model FILE.py:FUNC``: its model and loss on the first batch of its train_loader (rebuilt
+    without workers, and with ``--micro`` samples when given), estimated on a copy moved to the
+    meta device, measured (``--measure``) on the config's device."""
+    config = load_config(args.preset, {**overrides, "model": {**overrides.get("model", {}), "workload": args.model}})
+    w = load_workload(args.model, seed=config.run.seed)
+    loader = w.train_loader
+    if args.micro is not None or isinstance(loader, DataLoader):
+        loader = rebuild_loader(loader, batch_size=args.micro, num_workers=0)
+    batch = next(iter(loader), None)
+    if batch is None:
+        raise TurbotrainError(f"--model {args.model}: its train_loader gave no batch to measure")
+    precision = resolve_precision_name(config)
+    estimates, why_not = {}, ""
+    for mode in COMPARED_MODES:
+        try:
+            estimates[mode] = estimate_step_memory(copy.deepcopy(w.model), batch, config=config, loss_fn=w.loss_fn,
+                                                   checkpointing=mode, precision=precision)
+        except ConfigError as exc:  # no repeated blocks to checkpoint: the other columns say why they are missing
+            if mode == "off":
+                raise
+            why_not = str(exc)
+    n_params = sum(p.numel() for p in w.model.parameters())
+    measured = measure(config, w.model, batch, w.loss_fn) if args.measure else None
+    what = (f"{args.model} ({type(w.model).__name__}), {n_params:,} parameters, micro-batch {batch_size(batch)}, "
+            f"{precision}, AdamW" + (f"\ncheckpointing not estimated: {why_not}" if why_not else ""))
+    return config, what, estimates, measured
+
+
+def main_memory(args: argparse.Namespace, extra: list[str]) -> int:
+    if args.micro is not None and args.micro < 1:
+        raise ConfigError(f"--micro = {args.micro} must be >= 1")
+    overrides = parse_overrides(extra)
+    config, what, estimates, measured = (workload_report if args.model else preset_report)(args, overrides)
     if args.json:
         out: dict[str, Any] = {
-            "preset": config.preset, "micro_batch": micro, "seq_len": config.model.block_size, "precision": precision,
+            "preset": config.preset, "model": args.model, "micro_batch": estimates["off"].micro_batch,
+            "seq_len": None if args.model else config.model.block_size, "precision": estimates["off"].precision,
             "checkpointing": config.memory.checkpointing, "estimate": {k: v.to_dict() for k, v in estimates.items()},
             "git": collect_git(),
         }
@@ -80,12 +135,11 @@ def main_memory(args: argparse.Namespace, extra: list[str]) -> int:
             out["measured"] = measured.to_dict()
         print(json.dumps(out, indent=2))
         return 0
-    print(format_table(config, micro, precision, n_params, estimates, measured))
+    print(format_table(config, what, estimates, measured))
     return 0
 
 
-def format_table(config: Any, micro: int, precision: str, n_params: int, estimates: dict[str, MemoryStats],
-                 measured: MemoryStats | None) -> str:
+def format_table(config: Any, what: str, estimates: dict[str, MemoryStats], measured: MemoryStats | None) -> str:
     """The text report: one row per kind/phase, one column per checkpointing mode (+ measured)."""
     own = config.memory.checkpointing
     heads = [f"ckpt {m}{'*' if m == own else ''}" for m in estimates]
@@ -94,8 +148,7 @@ def format_table(config: Any, micro: int, precision: str, n_params: int, estimat
         heads.append(f"measured ({measured.device})")
         cols.append(measured)
     lines = [
-        f"turbotrain memory: {config.preset}, {n_params:,} parameters, micro-batch {micro} x {config.model.block_size} "
-        f"tokens, {precision}, AdamW",
+        f"turbotrain memory: {what}",
         f"{'GiB':<22}" + "".join(f"{h:>20}" for h in heads),
     ]
     for label, key in ROWS:

@@ -36,10 +36,10 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ...base.batch import batch_size, tensors_of
+from ...base.batch import batch_size, map_tensors, tensors_of
 from ...base.config import RunConfig
 from ...parts.data.tokenizer import BYTE_VOCAB, GPT2_VOCAB
-from ...core.engine import default_loss, resolve_device
+from ...core.engine import as_loss, default_loss, resolve_device
 from ...parts.hardware import device_total_bytes
 from ...parts.models.registry import build_model
 from ...core.optim import build_optimizer
@@ -237,7 +237,7 @@ def measure_step_memory(
         before = meter.current
         meter.reset_peak()
         with autocast():
-            loss = loss_fn(model, batch)
+            loss = as_loss(loss_fn(model, batch))  # a model's output with .loss (Hugging Face) counts as its loss
         forward_peak, activations = meter.peak, meter.current - before
         meter.reset_peak()
         loss.backward()
@@ -316,29 +316,49 @@ def estimate_memory(
     ``precision`` defaults to what the config resolves to on its device; pass e.g.
     'bf16-mixed' to estimate for a GPU from a CPU machine.
     """
-    mode = checkpointing or config.memory.checkpointing
-    prec = precision or resolve_precision_name(config)
     shape = (micro or (config.batch.micro if isinstance(config.batch.micro, int) else 8), config.model.block_size)
     meta = torch.device("meta")
     with meta:
         model = build_model(config, vocab_size or default_vocab_size(config))
+    x, y = (torch.empty(shape, dtype=torch.int64, device=meta) for _ in range(2))
+    return estimate_step_memory(model, (x, y), config=config, checkpointing=checkpointing, precision=precision)
+
+
+def estimate_step_memory(model: nn.Module, batch: Any, *, config: RunConfig, loss_fn: Callable[[nn.Module, Any], Any] | None = None,
+                         checkpointing: str | None = None, precision: str | None = None) -> MemoryStats:
+    """Memory of one training step of any ``model`` on ``batch`` (a workload's own, with its
+    ``loss_fn``), measured on the meta device: both are moved there (the model's weights are
+    lost: pass one built for this, or a copy), with ``config``'s precision (default: what it
+    resolves to on its device), checkpointing mode and AdamW."""
+    mode = checkpointing or config.memory.checkpointing
+    prec = precision or resolve_precision_name(config)
+    meta = torch.device("meta")
+    swap = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)  # the same Parameter objects: tied weights stay tied
+    try:
+        model.to(meta)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(swap)
+    batch = map_tensors(batch, lambda t: t.to(meta))
     plugin = precision_class(prec)
     if plugin.param_dtype != torch.float32:  # bf16-true
         model.to(plugin.param_dtype)
     apply_activation_checkpointing(model, mode)
     optimizer = build_optimizer(model, meta, lr=config.optim.lr, weight_decay=config.optim.weight_decay, implementation="foreach")
-    x, y = (torch.empty(shape, dtype=torch.int64, device=meta) for _ in range(2))
     low = plugin.dtype if issubclass(plugin, MixedPrecision) else None  # the autocast dtype (fp8: bf16 autocast)
     model.train()
     with MetaEmulation(low), recompute_context(lambda: MetaEmulation(low)):
-        stats = measure_step_memory(model, optimizer, (x, y), precision=prec, checkpointing=mode)
+        stats = measure_step_memory(model, optimizer, batch, loss_fn=loss_fn, precision=prec, checkpointing=mode)
     stats.method = "meta-estimate"
     return stats
 
 
+COMPARED_MODES = ("off", "selective", "full")  # activation checkpointing, least to most recomputation
+
+
 def compare_checkpointing(config: RunConfig, **kwargs: Any) -> dict[str, MemoryStats]:
     """:func:`estimate_memory` for each checkpointing mode (off, selective, full)."""
-    return {mode: estimate_memory(config, checkpointing=mode, **kwargs) for mode in ("off", "selective", "full")}
+    return {mode: estimate_memory(config, checkpointing=mode, **kwargs) for mode in COMPARED_MODES}
 
 
 def memory_summary(training: Any) -> dict[str, Any]:
