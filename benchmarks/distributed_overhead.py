@@ -111,6 +111,8 @@ def main() -> None:
 
     import torch
 
+    from turbotrain.base.version import collect_git
+
     contenders = ("single-micro", "ddp", "fsdp", "single-global")
     runs: dict[str, list[dict]] = {c: [] for c in contenders}
     with tempfile.TemporaryDirectory() as tmp:
@@ -134,6 +136,7 @@ def main() -> None:
         "env": {"python": platform.python_version(), "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
                 "cores": os.cpu_count(), "backend": "gloo"},
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "git": collect_git(),
         "protocol": f"{WARMUP_STEPS} warm-up steps excluded, median of {WINDOWS} windows of {WINDOW_STEPS} steps per process, "
                     f"median over {args.rounds} interleaved rounds",
     }

@@ -57,6 +57,7 @@ import torch
 from turbotrain.loop.checkpoint import is_verified, list_checkpoints, save_checkpoint, sidecar
 from turbotrain.cli import main
 from turbotrain.base.config import SECTIONS
+from turbotrain.base.version import collect_git
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -749,7 +750,7 @@ def main_cli() -> int:
     work = Path(tempfile.mkdtemp(prefix="tt-faults-"))
     corpus, cache = write_corpus(work / "corpus.txt"), work / "cache"
     report: dict[str, Any] = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
-                              "torch": torch.__version__, "cpu_count": os.cpu_count()}
+                              "torch": torch.__version__, "cpu_count": os.cpu_count(), "git": collect_git()}
 
     if args.only_issue23:
         args.skip = ["kills", "soak"]

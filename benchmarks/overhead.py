@@ -139,6 +139,8 @@ def main() -> None:
     paired = statistics.median(t["step_ms"] / b["step_ms"] for b, t in zip(runs[base_name], runs[test_name]))
     import torch
 
+    from turbotrain.base.version import collect_git
+
     result = {
         "benchmark": f"per-step overhead of {test_name} over {base_name}",
         "workload": "TinyMLP(d_in=256, width=256, depth=3), batch 64, AdamW foreach, fp32, 1 thread on a pinned core",
@@ -154,6 +156,7 @@ def main() -> None:
         "runs": runs,
         "env": {"python": platform.python_version(), "torch": torch.__version__, "cpu": platform.processor() or platform.machine()},
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "git": collect_git(),
     }
     print(f"{base_name} {base:.3f} ms/step | {test_name} {test:.3f} ms/step | overhead {result['overhead_pct']:+.2f}% "
           f"(paired rounds {result['overhead_pct_paired']:+.2f}%) ({result['overhead_us']:+.1f} us/step) | "

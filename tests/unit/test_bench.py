@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 
 import pytest
 import torch
@@ -423,3 +424,14 @@ def test_the_commit_comes_from_tt_commit_where_there_is_no_git(tmp_path, monkeyp
     doc = build_document(_report([_row("turbotrain", 50.0, 3.0, device="cpu")], device="cpu"), "c", [])
     assert doc["git"] == {"commit": "0123abc", "source": "TT_COMMIT"}
     assert collect_env()["git"] == doc["git"]  # doctor's report, and every result file that embeds it
+    # installed inside another project's git checkout: that project's commit is not turbotrain's
+    monkeypatch.delenv("TT_COMMIT")
+    project = tmp_path / "project"
+    (project / "lib" / "turbotrain").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    subprocess.run(["git", "-C", str(project), "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "--allow-empty",
+                    "-m", "theirs"], check=True)
+    monkeypatch.setattr(version, "PACKAGE_ROOT", project / "lib" / "turbotrain")
+    monkeypatch.delenv("GIT_CEILING_DIRECTORIES")
+    other = version.collect_git()
+    assert other["commit"] is None and "installed" in other["detail"], other

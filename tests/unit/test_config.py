@@ -149,15 +149,22 @@ def test_the_moe_family_reads_its_own_section_and_old_files_still_load(tmp_path)
                    'moe_impl = "loop"\n')
     loaded = load_config(str(old), ["--moe.top_k=1"])
     assert (loaded.moe.n_experts, loaded.moe.every, loaded.moe.impl, loaded.moe.top_k) == (4, 2, "loop", 1)
+    # a dense run saved with a MoE field that never applied, and a MoE preset switched to the dense GPT, load:
+    # only flags given for another family are refused (they would do nothing)
+    dense = tmp_path / "dense.toml"
+    dense.write_text('preset = "gpt-tiny"\n[model]\narch = "gpt"\nmoe_impl = "loop"\n')
+    assert load_config(str(dense)).moe.impl == "loop" and load_config("moe-tiny", ["--model.arch=gpt"]).model.arch == "gpt"
     assert "n_experts = 4" in to_toml(loaded).split("\n[moe]\n")[1].split("\n[")[0]
 
 
 @pytest.mark.parametrize("preset, args, words", [
     ("moe-tiny", ["--model.n_experts=4"], ["model.n_experts is now moe.n_experts", "--moe.n_experts=4"]),
-    ("gpt-tiny", ["--moe.n_experts=4"], ["moe.n_experts = 4 does nothing", "model.arch = 'gpt'", "--model.arch=moe"]),
+    ("gpt-tiny", ["--moe.n_experts=4"], ["moe.n_experts configure model.arch = 'moe'", "model.arch = 'gpt'", "--model.arch=moe"]),
+    (None, ["--model.workload=examples/workload_cnn.py:make", "--moe.top_k=1", "--model.arch=moe"],
+     ["moe.top_k configure", "your model (model.workload)", "turbotrain.MoE(...)"]),  # no advice that cannot pass
 ])
 def test_moe_settings_in_the_old_place_or_for_another_family_are_one_line(tmp_path, capsys, preset, args, words):
-    code = main(["train", "--preset", preset, f"--run.out_dir={tmp_path}", "--run.device=cpu", *args])
+    code = main(["train", *(["--preset", preset] if preset else []), f"--run.out_dir={tmp_path}", "--run.device=cpu", *args])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     for word in words:

@@ -353,6 +353,14 @@ def test_memory_of_your_own_model_is_estimated_on_its_batch_and_matches_a_measur
     assert main(["memory", "--model", f"{EXAMPLES}/workload_cnn.py:make", "--micro", "16"]) == 0
     assert "checkpointing not estimated: memory.checkpointing needs a model with a ModuleList" in capsys.readouterr().out
 
+    # a dropless mixture of experts sizes its work from its routing: no meta estimate, a real step says it
+    assert main(["memory", "--model", f"{EXAMPLES}/moe_classifier.py:make", "--micro", "16"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cannot be estimated on the meta device" in err and "--measure" in err, err
+    assert main(["memory", "--model", f"{EXAMPLES}/moe_classifier.py:make", "--micro", "16", "--measure", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["estimate"] == {} and "tokens per expert" in doc["notes"][0] and doc["measured"]["peak_bytes"] > 0
+
     pytest.importorskip("transformers")
     assert main(["memory", "--model", f"{EXAMPLES}/hf_causal_lm.py:make", "--measure", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)

@@ -17,7 +17,7 @@ from turbotrain.base.config import PRECISION_MODES, PrecisionConfig, describe, l
 from turbotrain import Engine
 from turbotrain.base.errors import ConfigError
 from turbotrain.loop.monitor import MfuProbe
-from turbotrain.parts.hardware import lookup_peak, precision_key
+from turbotrain.parts.hardware import PEAK_KEYS, lookup_peak, precision_key
 from turbotrain.parts.models.gpt import GPT, GPTConfig
 from turbotrain.core.precision import FP8, PRECISIONS, DeviceCaps, build_precision, fallback_mode, resolve_precision
 from turbotrain.core.precision import fp8 as fp8_module
@@ -303,6 +303,7 @@ def test_a_new_precision_is_one_class_accepted_by_name_and_as_an_object():
         assert engine.precision.fallback_for(engine.caps) == "fp32"
     finally:
         PRECISIONS.pop("test-bf16-autocast")
+        PEAK_KEYS.pop("test-bf16-autocast", None)
         PRECISION_MODES._own.remove("test-bf16-autocast")
 
 
@@ -329,6 +330,7 @@ def test_the_docs_example_precision_is_one_file_that_imports_registers_and_passe
     finally:
         sys.modules.pop(name, None)
         PRECISIONS.pop("fp16-unscaled", None)
+        PEAK_KEYS.pop("fp16-unscaled", None)
         if "fp16-unscaled" in PRECISION_MODES._own:
             PRECISION_MODES._own.remove("fp16-unscaled")
 

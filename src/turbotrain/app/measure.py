@@ -214,7 +214,7 @@ class Built:
     @property
     def peak_tflops(self) -> float | None:
         probe = next((p for p in self.monitor.probes if isinstance(p, MfuProbe)), None)
-        return probe.peak_tflops(self.engine.precision.name) if probe else None
+        return probe.peak_tflops(self.engine.precision.mfu_peak()) if probe else None
 
 
 def build(target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_dir: Path) -> Built:

@@ -58,7 +58,7 @@ def run_facts(engine: Engine, monitor: Monitor) -> dict[str, Any]:
         "hardware": collect_hardware(engine.device),
         "flops_per_sample": mfu.flops_per_sample if mfu else None,
         "flops_source": mfu.source if mfu else None,
-        "peak_tflops": mfu.peak_tflops(engine.precision.name) if mfu else None,
+        "peak_tflops": mfu.peak_tflops(engine.precision.mfu_peak()) if mfu else None,
         "compile": engine.compile_guard.summary(),
     }
 

@@ -175,8 +175,8 @@ class ModelConfig:
 @dataclass(frozen=True)
 class MoESection:
     """The mixture-of-experts family's own settings (``model.arch = 'moe'``): the GPT backbone comes
-    from ``[model]``, the experts from here. Unused by other families (a non-default value there is
-    refused: it would silently do nothing)."""
+    from ``[model]``, the experts from here. Unused by other families (a ``--moe.*`` flag given for
+    one is refused: it would silently do nothing)."""
 
     n_experts: int = knob(8, "experts per MoE block", min=1, max=4096)
     top_k: int = knob(2, "experts each token is routed to (at most n_experts)", min=1, max=4096)
@@ -530,7 +530,9 @@ def load_config(preset: str | None = None, overrides: Iterable[str] | Mapping[st
         if section not in SECTIONS:
             raise ConfigError(f"unknown section {section!r}; valid sections: {', '.join(SECTIONS)}")
         table.setdefault(section, {}).update(values)
-    return from_dict(table)
+    config = from_dict(table)
+    check_given_moe(config, extra.get("moe", {}))
+    return config
 
 
 # ----------------------------------------------------------------------------- validation
@@ -545,16 +547,24 @@ def check_precision(p: PrecisionConfig) -> None:
                           f"{setting('precision.fp8_recipe', 'tensorwise')} or {setting('precision.fp8_all_gather', False)}")
 
 
+def check_given_moe(config: RunConfig, given: Mapping[str, Any]) -> None:
+    """[moe] settings the caller gave (``--moe.*`` flags, an override dict) for a run of another family
+    would do nothing: one line. Files are not held to this (a preset switched to another arch, a run
+    saved with a setting that never applied): there the section is unused."""
+    m = config.model
+    if given and (m.arch != "moe" or m.workload):
+        names = ", ".join(f"moe.{k}" for k in given)
+        fix = ("a workload's MoE layers take their own arguments (turbotrain.MoE(...)) in your FUNC" if m.workload else
+               f"use {setting('model.arch', 'moe')}")
+        raise ConfigError(f"{names} configure model.arch = 'moe' and this run is "
+                          f"{'your model (model.workload)' if m.workload else f'model.arch = {m.arch!r}'}: they would do "
+                          f"nothing; drop them, or {fix}")
+
+
 def check_moe(config: RunConfig) -> None:
-    """The [moe] rules: settings for the family that uses them, and the ones that span fields."""
+    """The [moe] rules that span fields (for the family that uses them)."""
     m, e = config.model, config.moe
     if m.arch != "moe" or m.workload:
-        changed = [f.name for f in fields(e) if getattr(e, f.name) != f.default]
-        if changed:
-            user = "model.workload is set (a workload's MoE layers take their own arguments)" if m.workload else \
-                f"model.arch = {m.arch!r}"
-            raise ConfigError(f"moe.{changed[0]} = {getattr(e, changed[0])!r} does nothing here: [moe] configures "
-                              f"model.arch = 'moe', and {user}; drop it, or use {setting('model.arch', 'moe')}")
         return
     if e.top_k > e.n_experts:
         raise ConfigError(f"moe.top_k = {e.top_k} must be at most moe.n_experts = {e.n_experts}, "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -19,8 +20,8 @@ from ..base.config import RunConfig, load_config, parse_overrides
 from ..base.errors import ConfigError, TurbotrainError
 from ..tools.memory.finder import token_batches
 from ..parts.workload import load_workload, rebuild_loader
-from ..tools.memory.stats import (COMPARED_MODES, MemoryStats, compare_checkpointing, default_vocab_size, estimate_step_memory,
-                                  measure_step_memory, resolve_precision_name)
+from ..tools.memory.stats import (COMPARED_MODES, MemoryStats, NotEstimable, default_vocab_size, estimate_memory,
+                                  estimate_step_memory, measure_step_memory, resolve_precision_name)
 from ..parts.models.registry import build_model
 from ..base.units import GIB
 
@@ -70,7 +71,37 @@ def measure(config: Any, model: nn.Module, batch: Any, loss_fn: Callable[[nn.Mod
                                checkpointing=config.memory.checkpointing)
 
 
-Report = tuple[RunConfig, str, dict[str, MemoryStats], "MemoryStats | None"]  # config, first line, estimates, measured
+@dataclass
+class Report:
+    """What ``turbotrain memory`` prints: the estimates per checkpointing mode that apply, the
+    measured step (``--measure``) and why any estimate is missing."""
+
+    config: RunConfig
+    what: str  # the first line: the model, its size, the micro-batch, the precision
+    micro: int
+    precision: str
+    estimates: dict[str, MemoryStats]
+    measured: MemoryStats | None
+    notes: list[str]
+
+
+def estimate_modes(estimate: Callable[[str], MemoryStats], measuring: bool) -> tuple[dict[str, MemoryStats], list[str]]:
+    """``estimate(mode)`` for each checkpointing mode that applies: a model without repeated blocks
+    gets 'off' only, a model the meta device cannot run none (a line each says why; without
+    ``--measure`` there would be nothing to show, so that is one error line)."""
+    estimates: dict[str, MemoryStats] = {}
+    for mode in COMPARED_MODES:
+        try:
+            estimates[mode] = estimate(mode)
+        except NotEstimable as exc:
+            if not measuring:
+                raise NotEstimable(f"{exc}; measure one real step with --measure") from None
+            return estimates, [f"not estimated: {exc}"]
+        except ConfigError as exc:  # nothing to checkpoint: the off column stands alone
+            if mode == "off":
+                raise
+            return estimates, [f"checkpointing not estimated: {exc}"]
+    return estimates, []
 
 
 def preset_report(args: argparse.Namespace, overrides: dict[str, dict[str, str]]) -> Report:
@@ -79,15 +110,16 @@ def preset_report(args: argparse.Namespace, overrides: dict[str, dict[str, str]]
     config = load_config(args.preset or _default_preset(), overrides)
     micro = args.micro if args.micro is not None else config.batch.micro if isinstance(config.batch.micro, int) else 8
     precision = resolve_precision_name(config)
-    estimates = compare_checkpointing(config, micro=micro, precision=precision)
-    measured = None
-    if args.measure:
-        vocab = default_vocab_size(config)
-        torch.manual_seed(config.run.seed)
-        measured = measure(config, build_model(config, vocab), token_batches(vocab, config.model.block_size, torch.device("cpu"))(micro))
-    n_params = estimates["off"].params_bytes // (2 if precision == "bf16-true" else 4)
+    estimates, notes = estimate_modes(lambda mode: estimate_memory(config, micro=micro, checkpointing=mode, precision=precision),
+                                      args.measure)
+    vocab = default_vocab_size(config)
+    torch.manual_seed(config.run.seed)
+    model = build_model(config, vocab) if args.measure else None
+    measured = measure(config, model, token_batches(vocab, config.model.block_size, torch.device("cpu"))(micro)) if model else None
+    n_params = sum(p.numel() for p in model.parameters()) if model else \
+        estimates["off"].params_bytes // (2 if precision == "bf16-true" else 4)
     what = f"{config.preset}, {n_params:,} parameters, micro-batch {micro} x {config.model.block_size} tokens, {precision}, AdamW"
-    return config, what, estimates, measured
+    return Report(config, what, micro, precision, estimates, measured, notes)
 
 
 def workload_report(args: argparse.Namespace, overrides: dict[str, dict[str, str]]) -> Report:
@@ -103,44 +135,37 @@ def workload_report(args: argparse.Namespace, overrides: dict[str, dict[str, str
     if batch is None:
         raise TurbotrainError(f"--model {args.model}: its train_loader gave no batch to measure")
     precision = resolve_precision_name(config)
-    estimates, why_not = {}, ""
-    for mode in COMPARED_MODES:
-        try:
-            estimates[mode] = estimate_step_memory(copy.deepcopy(w.model), batch, config=config, loss_fn=w.loss_fn,
-                                                   checkpointing=mode, precision=precision)
-        except ConfigError as exc:  # no repeated blocks to checkpoint: the other columns say why they are missing
-            if mode == "off":
-                raise
-            why_not = str(exc)
+    estimates, notes = estimate_modes(lambda mode: estimate_step_memory(
+        copy.deepcopy(w.model), batch, config=config, loss_fn=w.loss_fn, checkpointing=mode, precision=precision), args.measure)
     n_params = sum(p.numel() for p in w.model.parameters())
     measured = measure(config, w.model, batch, w.loss_fn) if args.measure else None
-    what = (f"{args.model} ({type(w.model).__name__}), {n_params:,} parameters, micro-batch {batch_size(batch)}, "
-            f"{precision}, AdamW" + (f"\ncheckpointing not estimated: {why_not}" if why_not else ""))
-    return config, what, estimates, measured
+    what = f"{args.model} ({type(w.model).__name__}), {n_params:,} parameters, micro-batch {batch_size(batch)}, {precision}, AdamW"
+    return Report(config, what, batch_size(batch), precision, estimates, measured, notes)
 
 
 def main_memory(args: argparse.Namespace, extra: list[str]) -> int:
     if args.micro is not None and args.micro < 1:
         raise ConfigError(f"--micro = {args.micro} must be >= 1")
     overrides = parse_overrides(extra)
-    config, what, estimates, measured = (workload_report if args.model else preset_report)(args, overrides)
+    r = (workload_report if args.model else preset_report)(args, overrides)
     if args.json:
         out: dict[str, Any] = {
-            "preset": config.preset, "model": args.model, "micro_batch": estimates["off"].micro_batch,
-            "seq_len": None if args.model else config.model.block_size, "precision": estimates["off"].precision,
-            "checkpointing": config.memory.checkpointing, "estimate": {k: v.to_dict() for k, v in estimates.items()},
-            "git": collect_git(),
+            "preset": r.config.preset, "model": args.model, "micro_batch": r.micro,
+            "seq_len": None if args.model else r.config.model.block_size, "precision": r.precision,
+            "checkpointing": r.config.memory.checkpointing, "estimate": {k: v.to_dict() for k, v in r.estimates.items()},
+            "notes": r.notes, "git": collect_git(),
         }
-        if measured is not None:
-            out["measured"] = measured.to_dict()
+        if r.measured is not None:
+            out["measured"] = r.measured.to_dict()
         print(json.dumps(out, indent=2))
         return 0
-    print(format_table(config, what, estimates, measured))
+    print(format_table(r))
     return 0
 
 
-def format_table(config: Any, what: str, estimates: dict[str, MemoryStats], measured: MemoryStats | None) -> str:
+def format_table(r: Report) -> str:
     """The text report: one row per kind/phase, one column per checkpointing mode (+ measured)."""
+    config, estimates, measured = r.config, r.estimates, r.measured
     own = config.memory.checkpointing
     heads = [f"ckpt {m}{'*' if m == own else ''}" for m in estimates]
     cols: list[MemoryStats] = list(estimates.values())
@@ -148,16 +173,16 @@ def format_table(config: Any, what: str, estimates: dict[str, MemoryStats], meas
         heads.append(f"measured ({measured.device})")
         cols.append(measured)
     lines = [
-        f"turbotrain memory: {what}",
+        f"turbotrain memory: {r.what}",
+        *r.notes,
         f"{'GiB':<22}" + "".join(f"{h:>20}" for h in heads),
     ]
     for label, key in ROWS:
         lines.append(f"{label:<22}" + "".join(f"{getattr(c, key) / GIB:>20.3f}" for c in cols))
     lines.append(f"{'peak':<22}" + "".join(f"{c.peak_bytes / GIB:>20.3f}" for c in cols))
-    lines.append(
-        "estimates: one step on the meta device (tensor bytes; the allocator's cache, fragmentation and library "
-        "workspaces come on top: keep ~10% free). * = this config's memory.checkpointing."
-    )
+    if estimates:
+        lines.append("estimates: one step on the meta device (tensor bytes; the allocator's cache, fragmentation and "
+                     "library workspaces come on top: keep ~10% free). * = this config's memory.checkpointing.")
     if measured is not None:
         how = "CUDA allocator counters" if measured.method == "cuda-allocator" else "tensors tracked per op (CPU has no allocator statistics)"
         total = f"; device memory {measured.device_total_bytes / GIB:.1f} GiB" if measured.device_total_bytes else ""

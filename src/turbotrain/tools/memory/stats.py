@@ -38,6 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ...base.batch import batch_size, map_tensors, tensors_of
 from ...base.config import RunConfig
+from ...base.errors import TurbotrainError
 from ...parts.data.tokenizer import BYTE_VOCAB, GPT2_VOCAB
 from ...core.engine import as_loss, default_loss, resolve_device
 from ...parts.hardware import device_total_bytes
@@ -347,10 +348,21 @@ def estimate_step_memory(model: nn.Module, batch: Any, *, config: RunConfig, los
     optimizer = build_optimizer(model, meta, lr=config.optim.lr, weight_decay=config.optim.weight_decay, implementation="foreach")
     low = plugin.dtype if issubclass(plugin, MixedPrecision) else None  # the autocast dtype (fp8: bf16 autocast)
     model.train()
-    with MetaEmulation(low), recompute_context(lambda: MetaEmulation(low)):
-        stats = measure_step_memory(model, optimizer, batch, loss_fn=loss_fn, precision=prec, checkpointing=mode)
+    try:
+        with MetaEmulation(low), recompute_context(lambda: MetaEmulation(low)):
+            stats = measure_step_memory(model, optimizer, batch, loss_fn=loss_fn, precision=prec, checkpointing=mode)
+    except (RuntimeError, NotImplementedError) as exc:
+        if "meta" not in str(exc).lower():
+            raise
+        raise NotEstimable(f"{type(model).__name__} cannot be estimated on the meta device: its forward reads tensor values "
+                           f"(a dropless mixture of experts counts its tokens per expert)") from None
     stats.method = "meta-estimate"
     return stats
+
+
+class NotEstimable(TurbotrainError):
+    """A model whose step depends on its data's values (sizes read with ``.item()``), which the
+    meta device does not have: only a real step (``turbotrain memory --measure``) can tell."""
 
 
 COMPARED_MODES = ("off", "selective", "full")  # activation checkpointing, least to most recomputation

@@ -72,6 +72,8 @@ Why each piece is the way it is:
 
 from __future__ import annotations
 
+import contextlib
+
 import math
 from typing import Any, Iterator, Protocol
 
@@ -104,12 +106,24 @@ class Dispatcher(Protocol):
 # ----------------------------------------------------------------------------- routing
 
 
+def _compute_dtype(x: torch.Tensor, otherwise: torch.dtype) -> torch.dtype:
+    """What matmuls on ``x``'s device compute in: autocast's dtype while it is on, else ``otherwise``
+    (also on the meta device of memory estimates, which has no autocast)."""
+    kind = x.device.type
+    return torch.get_autocast_dtype(kind) if kind != "meta" and torch.is_autocast_enabled(kind) else otherwise
+
+
+def _without_autocast(x: torch.Tensor) -> Any:
+    """Autocast turned off on ``x``'s device (nothing to turn off on the meta device)."""
+    return torch.autocast(x.device.type, enabled=False) if x.device.type != "meta" else contextlib.nullcontext()
+
+
 def route(x: torch.Tensor, router_weight: torch.Tensor, top_k: int, bias: torch.Tensor | None = None
           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top-k routing of tokens ``x`` (N, d) in fp32: (mixing weights (N, k) fp32 summing to 1 per
     token, experts (N, k) int64, router probabilities (N, E) fp32). ``bias`` (E,) shifts which
     experts are *selected*, not the weights."""
-    with torch.autocast(x.device.type, enabled=False):
+    with _without_autocast(x):
         probs = F.linear(x.float(), router_weight.float()).softmax(dim=-1)
     choose = probs if bias is None else probs + bias
     experts = torch.topk(choose, top_k, dim=-1, sorted=False).indices
@@ -179,7 +193,7 @@ def experts_grouped(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2:
     GROUP_ALIGN`` (rounded to the alignment); the last group takes the slack, whose zero rows
     give zero outputs, so every output row is defined."""
     E, M = w1.shape[0], x.shape[0]
-    dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+    dtype = _compute_dtype(x, x.dtype)
     padded = (counts + GROUP_ALIGN - 1) // GROUP_ALIGN * GROUP_ALIGN
     n_rows = (M + E * GROUP_ALIGN + GROUP_ALIGN - 1) // GROUP_ALIGN * GROUP_ALIGN
     sorted_e = torch.repeat_interleave(torch.arange(E, device=x.device), counts, output_size=M)
@@ -386,7 +400,7 @@ class MoE(nn.Module):
         if self.impl != "auto":
             return self.impl
         kind = x.device.type
-        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else self.w1.dtype
+        dtype = _compute_dtype(x, self.w1.dtype)
         if kind == "cpu" and dtype in (torch.bfloat16, torch.float32):
             return "grouped"
         return "grouped" if kind == "cuda" and dtype == torch.bfloat16 else "batched"
