@@ -24,6 +24,8 @@ from ..tools.memory.stats import (COMPARED_MODES, MemoryStats, NotEstimable, def
                                   estimate_step_memory, measure_step_memory, resolve_precision_name)
 from ..parts.models.registry import build_model
 from ..base.units import GIB
+from .profile import add_target_args
+from .train import default_preset
 
 ROWS = [
     ("parameters", "params_bytes"),
@@ -45,20 +47,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "your model (--model FILE.py:FUNC, on one batch of its train_loader). Any config field can be set with "
         "--section.key=value, e.g. --precision.mode=bf16-mixed to estimate for a GPU from a CPU.",
     )
-    p.add_argument("--preset", help="preset name or .toml path (default: gpt2-small on a GPU, gpt-tiny on CPU; "
-                   "with --model: the config defaults, or this preset's settings for your model)")
-    p.add_argument("--model", metavar="FILE.py:FUNC", help="your workload (FUNC() returns turbotrain.Workload): its "
-                   "model, loss and one batch of its train_loader")
+    add_target_args(p)  # --preset, --model: as profile and tune take them
     p.add_argument("--micro", type=int, help="micro-batch (default: the config's, 8 when 'auto'; with --model: the "
                    "loader's batch_size, rebuilt with this one)")
     p.add_argument("--measure", action="store_true", help="also run one real step on the config's device and measure it")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(command=main_memory, accepts_overrides=True)
     return p
-
-
-def _default_preset() -> str:
-    return "gpt2-small" if torch.cuda.is_available() else "gpt-tiny"
 
 
 def measure(config: Any, model: nn.Module, batch: Any, loss_fn: Callable[[nn.Module, Any], Any] | None = None) -> MemoryStats:
@@ -107,7 +102,7 @@ def estimate_modes(estimate: Callable[[str], MemoryStats], measuring: bool) -> t
 def preset_report(args: argparse.Namespace, overrides: dict[str, dict[str, str]]) -> Report:
     """The preset's GPT: estimated as built on the meta device (any size, no weights), measured
     (``--measure``) on a batch of random tokens of ``--micro`` sequences."""
-    config = load_config(args.preset or _default_preset(), overrides)
+    config = load_config(args.preset or default_preset(), overrides)
     micro = args.micro if args.micro is not None else config.batch.micro if isinstance(config.batch.micro, int) else 8
     precision = resolve_precision_name(config)
     estimates, notes = estimate_modes(lambda mode: estimate_memory(config, micro=micro, checkpointing=mode, precision=precision),

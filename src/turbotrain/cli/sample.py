@@ -11,8 +11,7 @@ import torch
 from ..loop.checkpoint import load_latest_weights
 from ..parts.data.tokenizer import BYTE_VOCAB, ByteTokenizer, load_run_tokenizer
 from ..base.errors import TurbotrainError
-from ..parts.models.registry import build_model
-from ..parts.models.registry import spec_for
+from ..parts.models.registry import build_model, spec_for
 from ..base.rundir import CHECKPOINTS, find_run_dir, resume_config
 
 

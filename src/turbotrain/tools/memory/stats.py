@@ -36,7 +36,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ...base.batch import batch_size, map_tensors, tensors_of
+from ...base.batch import batch_size, move_to, tensors_of
 from ...base.config import RunConfig
 from ...base.errors import TurbotrainError
 from ...parts.data.tokenizer import BYTE_VOCAB, GPT2_VOCAB
@@ -340,7 +340,7 @@ def estimate_step_memory(model: nn.Module, batch: Any, *, config: RunConfig, los
         model.to(meta)
     finally:
         torch.__future__.set_swap_module_params_on_conversion(swap)
-    batch = map_tensors(batch, lambda t: t.to(meta))
+    batch = move_to(batch, meta)
     plugin = precision_class(prec)
     if plugin.param_dtype != torch.float32:  # bf16-true
         model.to(plugin.param_dtype)

@@ -73,7 +73,6 @@ Why each piece is the way it is:
 from __future__ import annotations
 
 import contextlib
-
 import math
 from typing import Any, Iterator, Protocol
 
