@@ -33,7 +33,7 @@ from ..core.assembly import build_trainable
 from ..base.version import collect_git
 from ..base.atomic import DiskFullError, atomic_write, clean_stale_temps, disk_full_cause
 from ..loop.checkpoint import Checkpointer, RunState, finished_checkpoints, latest_verified, restore_latest, run_state
-from ..base.config import RunConfig, setting, to_toml
+from ..base.config import OptimConfig, RunConfig, setting, to_toml
 from ..parts.data import resolve_loader_settings
 from ..parts.data.batching import processes
 from ..core.distributed import ParallelPlan, ReportedByMainRank, decided_by_main, local_device, main_first
@@ -207,6 +207,8 @@ def _resume(c: RunConfig, run_dir: Path, state: RunState, engine: Engine, data: 
         return ""
 
     def same_batch(path: Path, written_by: int, saved: dict[str, Any]) -> None:  # before anything loads
+        if c.train.epochs:  # an epoch's steps are counted at the checkpoint's global batch, whatever the command asks
+            check_epochs_batch(path.name, saved.get("config"), written_by, c, world, rank)
         if data.split_invariant and not batch_given:
             check_resume_batch(path.name, saved.get("config"), written_by, c, world, rank)
 
@@ -217,7 +219,7 @@ def _resume(c: RunConfig, run_dir: Path, state: RunState, engine: Engine, data: 
 
 
 def _warn_long_warmup(c: RunConfig) -> None:
-    if c.optim.warmup_steps > c.train.max_steps:
+    if c.optim.warmup_steps > c.train.max_steps and c.optim.warmup_steps != OptimConfig.warmup_steps:  # the default: no news on a short demo
         log.warning("optim.warmup_steps = %d is longer than the run (train.max_steps = %d): the learning rate "
                     "peaks at %.0f%% of optim.lr; use %s or fewer", c.optim.warmup_steps, c.train.max_steps,
                     100 * c.train.max_steps / c.optim.warmup_steps, setting("optim.warmup_steps", c.train.max_steps))
@@ -229,15 +231,12 @@ def check_resume_batch(checkpoint: str, saved_config: Any, saved_world: int, c: 
     ``saved_world`` processes that wrote it): only another world size changes it unasked. The user
     picks: the same global batch (the same rows per step, for any split), or a new one.
     Said by rank 0; the other ranks end quietly. A checkpoint without a readable config passes."""
-    if saved_world == world or not isinstance(saved_config, str):
+    if saved_world == world:
         return
-    try:
-        batch = tomllib.loads(saved_config).get("batch", {})
-        micro, accumulation = int(batch["micro"]), int(batch.get("accumulation", 1))
-    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError, AttributeError):
-        return  # 'auto' never resolved, or a config this version cannot read: nothing to compare
-    if not isinstance(c.batch.micro, int):
+    saved = _saved_batch(saved_config)
+    if saved is None or not isinstance(c.batch.micro, int):
         return
+    micro, accumulation = saved
     old, new = micro * accumulation * saved_world, c.batch.micro * c.batch.accumulation * world
     if old == new:
         return
@@ -252,6 +251,44 @@ def check_resume_batch(checkpoint: str, saved_config: Any, saved_world: int, c: 
     text = (f"{checkpoint} was trained at a global batch of {old} ({processes(saved_world)} x batch.micro {micro} x "
             f"accumulation {accumulation}) and this resume would train at {new} ({processes(world)} x {c.batch.micro} x "
             f"{c.batch.accumulation}); keep {kept}, or train at {new} with {setting('batch.micro', c.batch.micro)}")
+    raise TurbotrainError(text) if rank == 0 else ReportedByMainRank(text)
+
+
+def _saved_batch(saved_config: Any) -> tuple[int, int] | None:
+    """(batch.micro, batch.accumulation) of a checkpoint's saved config; None when it has none
+    readable ('auto' never resolved, or a config this version cannot read: nothing to compare)."""
+    if not isinstance(saved_config, str):
+        return None
+    try:
+        batch = tomllib.loads(saved_config).get("batch", {})
+        return int(batch["micro"]), int(batch.get("accumulation", 1))
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def check_epochs_batch(checkpoint: str, saved_config: Any, saved_world: int, c: RunConfig, world: int, rank: int = 0) -> None:
+    """Refuse, before any step, to resume an epochs run (``train.epochs``) at another global batch
+    than ``checkpoint`` trained at, asked for or not: its place in its epochs is a step count at
+    that batch (epoch ``s // steps_per_epoch``, the samples of step ``s`` from (seed, epoch)), so
+    read at another one it would re-enter an epoch already trained and train more samples than the
+    run's epochs hold. Names the settings that keep the batch. Said by rank 0; the others end quietly."""
+    saved = _saved_batch(saved_config)
+    if saved is None or not isinstance(c.batch.micro, int):
+        return
+    micro, accumulation = saved
+    old, new = micro * accumulation * saved_world, c.batch.micro * c.batch.accumulation * world
+    if old == new:
+        return
+    keep = []
+    if old % (world * c.batch.accumulation) == 0:
+        keep.append(setting("batch.micro", old // (world * c.batch.accumulation)))
+    if old % (world * c.batch.micro) == 0:
+        keep.append(setting("batch.global_size", old))
+    kept = " or ".join(keep) if keep else f"another batch.micro whose global batch is {old}"
+    text = (f"train.epochs: {checkpoint} was trained at a global batch of {old} ({processes(saved_world)} x batch.micro "
+            f"{micro} x accumulation {accumulation}) and its place in the epochs is counted in steps of that batch, so "
+            f"this resume at {new} ({processes(world)} x {c.batch.micro} x {c.batch.accumulation}) would train some "
+            f"samples twice; resume with {kept}, or start a new run to train at {new}")
     raise TurbotrainError(text) if rank == 0 else ReportedByMainRank(text)
 
 

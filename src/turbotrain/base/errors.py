@@ -6,6 +6,10 @@ message must say what to change, not just what went wrong.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from typing import Iterator
+
 
 class TurbotrainError(Exception):
     """A user-facing error: bad config, bad data path, unusable checkpoint."""
@@ -25,3 +29,28 @@ class NonFiniteError(TurbotrainError, FloatingPointError):
 
 class LossError(TurbotrainError, TypeError):
     """What the model or loss function returned is not a scalar loss."""
+
+
+class TurbotrainWarning(UserWarning):
+    """A warning about the user's own settings (slow here, for tests only): ``turbotrain`` commands
+    print it as one line, ``WARNING turbotrain: ...``, without Python's source line."""
+
+
+NOISY_IMPORT_LOGGERS = ("torchao", "torch.utils._pytree")  # optional CUDA extensions not loaded; Enum pytree deprecation
+
+
+@contextlib.contextmanager
+def quiet_imports() -> Iterator[None]:
+    """Within the block, importing torchao (directly, or through transformers) logs no warnings:
+    one per optional CUDA extension it cannot load (all of them on a CPU), one that triton is
+    missing, and torch's deprecation notice for the Enums it registers. Noise at every import, not
+    news; errors still show. Only these loggers, only for the block."""
+    loggers = [logging.getLogger(name) for name in NOISY_IMPORT_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import warnings
 from typing import Callable, Sequence
 
 from ..base.config import audience
 from ..core.distributed import ReportedByAnotherRank, announce_reported
-from ..base.errors import TurbotrainError
+from ..base.errors import TurbotrainError, TurbotrainWarning
 from ..base.version import __version__
 from . import bench, doctor, report, sample, train
 from . import memory as memory_cmd
@@ -38,10 +39,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                   line: str | None = None, *, python_format: Callable[..., str] = warnings.formatwarning) -> str:
+    """A :class:`TurbotrainWarning` as one line, like the log's (``WARNING turbotrain: ...``);
+    every other warning as Python prints it (source line included: it points at someone's code)."""
+    if issubclass(category, TurbotrainWarning):
+        return f"WARNING turbotrain: {message}\n"
+    return python_format(message, category, filename, lineno, line)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point. User mistakes (TurbotrainError) print one line and exit with code 2."""
+    """Entry point. User mistakes (TurbotrainError) print one line and exit with code 2. Output
+    piped into a reader that stops early (``| head``) ends quietly with 141, as SIGPIPE would."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     warnings.simplefilter("default", UserWarning)
+    previous_format, warnings.formatwarning = warnings.formatwarning, format_warning
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)  # what is still buffered goes nowhere at exit, not into a traceback
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader left
+    finally:
+        warnings.formatwarning = previous_format
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if args.command is None:

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
-from ..base.errors import TurbotrainError
+from ..base.errors import TurbotrainError, quiet_imports
 
 
 @dataclass
@@ -163,7 +163,8 @@ def load_workload(ref: str, seed: int | None = 0) -> Workload:
     unseeded) and check what it returned. Every mistake is one TurbotrainError line: a missing
     file or module, no such function, an exception in it (with file:line), a wrong return value."""
     module_name, func_name = split_ref(ref)
-    module = _import(ref, module_name)
+    with quiet_imports():  # torchao's load warnings, through transformers: noise at every import
+        module = _import(ref, module_name)
     func = getattr(module, func_name, None)
     if func is None:
         names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")

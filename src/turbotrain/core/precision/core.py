@@ -25,7 +25,7 @@ import torch
 
 from ...base.batch import map_tensors
 from ...base.config import AUTO, PRECISION_MODES, PrecisionConfig, choice_error, setting
-from ...base.errors import ConfigError
+from ...base.errors import ConfigError, TurbotrainWarning
 from ...parts.hardware import register_peak
 
 log = logging.getLogger(__name__)
@@ -138,6 +138,12 @@ class Precision:
         """Raise a one-line :class:`ConfigError` (the fix included) when ``caps`` cannot run this precision."""
 
     @classmethod
+    def slow_on(cls, caps: DeviceCaps) -> str:
+        """Why this precision runs on ``caps`` but slower than fp32 ("" when it does not): the
+        one capability advice :meth:`check` warns with and ``tune`` asks before offering it."""
+        return ""
+
+    @classmethod
     def fallback_for(cls, caps: DeviceCaps) -> str | None:
         """The precision to switch to after non-finite steps on ``caps`` (None: nothing safer)."""
         return cls.fallback
@@ -221,10 +227,16 @@ class Precision:
 register_precision(Precision)
 
 
+def bf16_slow_on(caps: DeviceCaps) -> str:
+    """Why bf16 compute is slow on ``caps``: on a CPU (one without bf16 units ran bf16 autocast 14x
+    slower than fp32), "" elsewhere."""
+    return "on CPU: without bf16 units this is often many times slower than fp32" if caps.type == "cpu" else ""
+
+
 def _warn_bf16_on_cpu(mode: str, caps: DeviceCaps) -> None:
-    if caps.type == "cpu":
-        warnings.warn(f"precision.mode = {mode!r} on CPU: without bf16 units this is often many times slower than fp32",
-                      stacklevel=4)
+    reason = precision_class(mode).slow_on(caps)
+    if reason:
+        warnings.warn(f"precision.mode = {mode!r} {reason}", TurbotrainWarning, stacklevel=4)
 
 
 def _check_bf16(mode: str, caps: DeviceCaps) -> None:
@@ -257,6 +269,10 @@ class BF16Mixed(MixedPrecision):
     @classmethod
     def check(cls, caps: DeviceCaps, settings: PrecisionConfig) -> None:
         _check_bf16(cls.name, caps)
+
+    @classmethod
+    def slow_on(cls, caps: DeviceCaps) -> str:
+        return bf16_slow_on(caps)
 
 
 class FP16Mixed(MixedPrecision):
@@ -344,6 +360,10 @@ class BF16True(Precision):
     @classmethod
     def check(cls, caps: DeviceCaps, settings: PrecisionConfig) -> None:
         _check_bf16(cls.name, caps)
+
+    @classmethod
+    def slow_on(cls, caps: DeviceCaps) -> str:
+        return bf16_slow_on(caps)
 
     def convert_module(self, module: torch.nn.Module, *, sharded: bool = False) -> torch.nn.Module:
         module.to(torch.bfloat16)

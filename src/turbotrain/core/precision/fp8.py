@@ -28,18 +28,17 @@ where the float8 layers become plain linears again, in place, holding the same p
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib.util
 import logging
 import warnings
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn
 
 from ...base.config import PrecisionConfig, check_precision, setting
-from ...base.errors import ConfigError
+from ...base.errors import ConfigError, TurbotrainWarning, quiet_imports
 from .core import BF16Mixed, DeviceCaps
 
 log = logging.getLogger(__name__)
@@ -53,25 +52,10 @@ def torchao_available() -> bool:
     return importlib.util.find_spec("torchao") is not None
 
 
-@contextlib.contextmanager
-def _quiet_import() -> Iterator[None]:
-    """torchao logs a warning per optional CUDA extension it cannot load (all of them on CPU) and
-    torch one about an Enum it registers: noise, not news, at every import."""
-    loggers = [logging.getLogger(n) for n in ("torchao", "torch.utils._pytree")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
-
-
 def float8_module() -> Any:
     """``torchao.float8`` (with ``Float8Linear`` and the all-gather weight ``WeightWithDynamicFloat8CastTensor``),
     imported on first use (two seconds; only fp8 runs pay it)."""
-    with _quiet_import():
+    with quiet_imports():
         import torchao.float8 as float8  # optional extra: turbotrain[fp8]
         from torchao.float8.float8_linear import Float8Linear
         from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
@@ -150,7 +134,7 @@ class FP8(BF16Mixed):
                               f"(or use {setting('precision.mode', 'bf16-mixed')})")
         if settings.fp8_emulate:
             warnings.warn("precision.fp8_emulate = true: float8 rounding emulated in higher-precision matmuls, for correctness "
-                          "tests only (slower than bf16, and no float8 speed-up to measure)", stacklevel=4)
+                          "tests only (slower than bf16, and no float8 speed-up to measure)", TurbotrainWarning, stacklevel=4)
 
     # ------------------------------------------------------------------ the model transform
 
