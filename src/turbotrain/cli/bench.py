@@ -40,6 +40,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--compare", action="store_true", help="contenders side by side (the default when no --matrix)")
     p.add_argument("--matrix", action="append", choices=("precision", "ablation"), default=[],
                    help="precision matrix or optimization ablation (repeatable)")
+    p.add_argument("--rows", default="",
+                   help="with one --matrix: comma-separated rows to run, beside their reference rows (fp32; each "
+                   "ablation ladder's base); default: every row")
     p.add_argument("--contenders", default=",".join(DEFAULT_ORDER),
                    help=f"comma-separated subset of {', '.join(CONTENDERS)} (CUDA-only ones are left out on CPU)")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
@@ -85,6 +88,10 @@ def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
         raise TurbotrainError(f"--repeat = {args.repeat} must be at least 1")
     kinds = (["compare"] if args.compare or not args.matrix else []) + list(dict.fromkeys(args.matrix))
     contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+    if rows and len(set(args.matrix)) != 1:
+        raise TurbotrainError("--rows picks rows of one --matrix (precision or ablation) at a time; "
+                              "--compare takes --contenders")
     command = "turbotrain " + shlex.join(sys.argv[1:]) if _called_as_cli() else canonical_command(args)
     work_dir = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="turbotrain-bench-"))
     opts = BenchOptions(device=device, work_dir=work_dir, seed=args.seed, timeout_s=args.timeout_s,
@@ -93,8 +100,8 @@ def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
     exit_on_sigterm()  # so a running row is ended too (see process.run_process)
     runners = {
         "compare": lambda w: run_compare(w, opts, contenders),
-        "precision": lambda w: run_precision_matrix(w, opts),
-        "ablation": lambda w: run_ablation(w, opts),
+        "precision": lambda w: run_precision_matrix(w, opts, rows),
+        "ablation": lambda w: run_ablation(w, opts, rows),
     }
     outcomes: list[dict[str, Any]] = []  # every row of every report: did any measure?
     try:
@@ -162,6 +169,8 @@ def canonical_command(args: argparse.Namespace) -> str:
         words.append("--compare")
     for kind in args.matrix:
         words += ["--matrix", kind]
+    if args.rows:
+        words += ["--rows", args.rows]
     words += ["--contenders", args.contenders, "--device", args.device, "--seed", str(args.seed)]
     for flag, value in (("--repeat", args.repeat), ("--threads", args.threads or None), ("--batch", args.batch), ("--warmup", args.warmup), ("--steps", args.steps), ("--out", args.out)):
         if value is not None:

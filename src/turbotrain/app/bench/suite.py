@@ -502,9 +502,15 @@ def _run_variants(w: Workload, opts: BenchOptions, variants: list[Variant], kind
     return run_report(jobs, opts, f"{w.name}-{kind}", build)
 
 
-def run_precision_matrix(w: Workload, opts: BenchOptions) -> dict[str, Any]:
+def run_precision_matrix(w: Workload, opts: BenchOptions, only: Sequence[str] = ()) -> dict[str, Any]:
     """Step time, speedup over fp32, peak memory and its reduction, loss and its difference from
-    fp32 for each precision this device supports; recommends the fastest within tolerance."""
+    fp32 for each precision this device supports; recommends the fastest within tolerance
+    (``only``: just these rows, beside fp32, the reference)."""
+    every = precision_variants(opts.device)
+    unknown = sorted(set(only) - {v.name for v in every})
+    if unknown:
+        raise ValueError(f"unknown precision row(s) {unknown}; choose from {', '.join(v.name for v in every)}")
+    variants = [v for v in every if not only or v.name in only or v.name == "fp32"]
 
     def finish(rows: list[dict[str, Any]], report: dict[str, Any]) -> None:
         ref = next((r for r in rows if r["row"] == "fp32"), None)
@@ -517,7 +523,7 @@ def run_precision_matrix(w: Workload, opts: BenchOptions) -> dict[str, Any]:
                       notes=["rows run with compile off so each isolates the precision; see --matrix ablation for compile"],
                       summary={"recommendation": recommend(rows)})
 
-    return _run_variants(w, opts, precision_variants(opts.device), "precision", finish)
+    return _run_variants(w, opts, variants, "precision", finish)
 
 
 RECOMMEND_MIN_SPEEDUP = 1.05  # below this a faster row is within run-to-run noise: keep fp32
