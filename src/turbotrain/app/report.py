@@ -341,6 +341,14 @@ def write_summary(run_dir: Path, facts: dict[str, Any], records: list[dict[str, 
     return summary
 
 
+def _amount(summary: dict[str, Any]) -> str:
+    """What the run trained on: tokens when its batches held token ids, samples otherwise (an image
+    model's "0 tokens" says nothing)."""
+    if not summary.get("tokens") and summary.get("samples"):
+        return f"{summary['samples']:,d} samples"
+    return f"{_fmt(summary.get('tokens'), ',d')} tokens"
+
+
 def format_markdown(summary: dict[str, Any]) -> str:
     """summary.md: hardware, optimizations, speed, losses, config, plots, notes."""
     steady = summary.get("steady_state") or {}
@@ -349,8 +357,8 @@ def format_markdown(summary: dict[str, Any]) -> str:
     resolved = summary.get("resolved") or {}
     lines = [f"# Run `{summary['run']}`: {summary['status']}", ""]
     if summary.get("steps") is not None:
-        lines.append(f"{summary['steps']} of {summary.get('max_steps', '?')} optimizer steps, "
-                     f"{_fmt(summary.get('tokens'), ',d')} tokens, {_fmt(summary.get('elapsed_s'), '.1f', ' s')} in total."
+        lines.append(f"{summary['steps']} of {summary.get('max_steps', '?')} optimizer steps, {_amount(summary)}, "
+                     f"{_fmt(summary.get('elapsed_s'), '.1f', ' s')} in total."
                      + (f" Stop reason: {summary['stop_reason']}." if summary.get("stop_reason") else ""))
         lines.append("")
     lines += ["## Hardware", ""]
@@ -376,12 +384,13 @@ def format_markdown(summary: dict[str, Any]) -> str:
     else:
         lines.append("not recorded")
     sheet_pct = steady.get("mfu")
+    tokens, windows = steady.get("tokens_per_s"), f"(median of {steady.get('windows', 0)} windows)"
     lines += [
         "", "## Performance", "",
         "| metric | value |", "|---|---|",
         f"| time to first step (warm-up, compilation) | {_fmt(summary.get('first_step_s'), '.2f', ' s')} |",
-        f"| steady-state tokens/s (median of {steady.get('windows', 0)} windows) | {_fmt(steady.get('tokens_per_s'), ',.0f')} |",
-        f"| steady-state samples/s | {_fmt(steady.get('samples_per_s'), ',.1f')} |",
+        *([f"| steady-state tokens/s {windows} | {_fmt(tokens, ',.0f')} |"] if tokens else []),  # no token ids (images): left out
+        f"| steady-state samples/s{'' if tokens else ' ' + windows} | {_fmt(steady.get('samples_per_s'), ',.1f')} |",
         f"| step time (median) | {_fmt(steady.get('step_ms'), ',.1f', ' ms')} |",
         f"| achieved model TFLOP/s | {_fmt(steady.get('tflops'), '.4g')} |",
         f"| MFU | {_fmt(100 * sheet_pct if sheet_pct is not None else None, '.1f', ' %')} |",

@@ -4,8 +4,11 @@
 (Evaluate has just validated there, see :mod:`turbotrain.loop.run_hooks`) and writes an event record
 ``{"event": "epoch", "epoch", "step", "epoch_s", "epoch_train_loss", "epoch_val_loss",
 "epoch_val_<metric>", "epoch_peak_mem_gib"}`` to metrics.jsonl, logs it as one line, and starts the
-device's peak memory over for the next epoch (CUDA). The train loss is the last step's (one read per
-epoch: a host-device sync point). After a resume mid-epoch, ``epoch_s`` counts from the resume.
+device's peak memory over for the next epoch (CUDA). ``epoch_train_loss`` is the mean of the epoch's
+optimizer-step losses: summed on the device every step (no sync), read once per epoch (a host-device
+sync point); steps whose loss is not finite (skipped by the guard) are left out of the mean, and an
+epoch with none finite has no ``epoch_train_loss``. After a resume mid-epoch, ``epoch_s`` and the
+mean count from the resume.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 import logging
 import time
 from typing import Any
+
+import torch
 
 from .hooks import FitContext, Hook
 from .monitor import MemoryProbe, Monitor
@@ -27,20 +32,43 @@ class EpochLog(Hook):
         self.monitor, self.steps_per_epoch, self.epochs = monitor, steps_per_epoch, epochs
         self._start = time.perf_counter()
         self._memory = next((p for p in monitor.probes if isinstance(p, MemoryProbe)), None)
+        self._loss_sum: torch.Tensor | None = None  # this epoch's finite step losses, on the device
+        self._loss_steps: torch.Tensor | None = None  # how many there were, on the device
 
     def on_fit_start(self, ctx: FitContext) -> None:
         self._start = time.perf_counter()
 
+    def _add_loss(self, loss: torch.Tensor | None) -> None:
+        """Add one step's loss to the epoch's running sum: device ops only, no host-device sync."""
+        if loss is None:
+            return
+        finite = torch.isfinite(loss)
+        # new tensors, not views of the loss: a CUDA-graph replay overwrites its output
+        value, count = torch.where(finite, loss.detach().float(), 0.0), finite.float()
+        if self._loss_sum is None or self._loss_steps is None:
+            self._loss_sum, self._loss_steps = value, count
+        else:
+            self._loss_sum, self._loss_steps = self._loss_sum + value, self._loss_steps + count
+
+    def _take_mean_loss(self) -> float | None:
+        """The epoch's mean step loss (a host-device sync point, once per epoch), and start over."""
+        total, steps, self._loss_sum, self._loss_steps = self._loss_sum, self._loss_steps, None, None
+        if total is None or steps is None:
+            return None
+        summed, n = torch.stack((total, steps)).tolist()  # host-device sync point (once per epoch)
+        return summed / n if n else None
+
     def on_step_end(self, ctx: FitContext) -> None:
         step = ctx.engine.state.step
+        self._add_loss(ctx.engine.last_loss)
         if step % self.steps_per_epoch:
             return
         now = time.perf_counter()
         record: dict[str, Any] = {"step": step, "event": "epoch", "epoch": step // self.steps_per_epoch,
                                   "epoch_s": round(now - self._start, 3)}
-        loss = ctx.engine.last_loss
-        if loss is not None:
-            record["epoch_train_loss"] = float(loss)  # host-device sync point (once per epoch)
+        mean_loss = self._take_mean_loss()
+        if mean_loss is not None:
+            record["epoch_train_loss"] = mean_loss
         m = ctx.metrics
         if m.get("val_step") == step:
             record["epoch_val_loss"] = m["val_loss"]

@@ -3,7 +3,8 @@
 The Monitor receives values (:meth:`Monitor.observe`: step, loss tensor, lr, sample and token
 counts), from its hook side in ``fit()`` or from your own loop. The only host-device
 synchronisation is the loss read on logging steps; every other step the monitor does an integer
-modulo and returns. Probes add to each record, also only on logging
+modulo and returns. A step with a validation result is a logging step too (its evaluation has
+synced already), so every evaluation reaches the records, whatever ``log_every``. Probes add to each record, also only on logging
 steps: memory (allocator counters, no sync), MFU (FLOPs per sample counted once, before training),
 and GPU utilisation/power/temperature/clocks from NVML, sampled on a background thread so the
 training thread never waits for the driver. Sinks: ``metrics.jsonl``, a rich progress bar and,
@@ -222,8 +223,10 @@ class Monitor(Hook):
         far on work that is not training (evaluation, checkpoints), left out of the throughput;
         ``peak``: the datasheet peak MFU is measured against (``Precision.mfu_peak()``; default:
         ``precision``'s).
-        On logging steps (every ``interval``, or ``force``) it reads ``loss`` and ``grad_norm``
-        (host-device sync points) and writes and returns a record; otherwise it reads nothing."""
+        On logging steps (every ``interval``, with a ``val_loss``, or ``force``) it reads ``loss`` and
+        ``grad_norm`` (host-device sync points) and writes and returns a record; otherwise it reads
+        nothing. A ``val_loss`` is never dropped: its step gets a whole record (the schema of any
+        other), where the evaluation has already synced the host."""
         if self._t0 is None:
             self.start(step, samples, tokens)
             self._first = -1  # the clock starts now: no time to first step
@@ -233,7 +236,7 @@ class Monitor(Hook):
             now = time.perf_counter()
             self.first_step_s = now - self._t0
             self._last, self._side_s = (now, step, samples, tokens), side_s
-        if not (force or every(step, self.interval)):
+        if not (force or val_loss is not None or every(step, self.interval)):
             due = [p for p in self._own_steps if p.due(step)]
             return self._emit({"step": step}, due) if due else None  # allocator counters only: no sync
         record: dict[str, Any] = {"step": step, "loss": _read(loss)}  # host-device sync point
@@ -284,7 +287,8 @@ class Monitor(Hook):
     def on_step_end(self, ctx: FitContext) -> None:
         step = ctx.engine.state.step
         own = step < ctx.max_steps and any(p.due(step) for p in self._own_steps)  # the last step's record comes at the end
-        if step == self._first or every(step, self.interval) or own:
+        evaluated = ctx.metrics.get("val_step") == step  # Evaluate (before this hook) has just validated: record it
+        if step == self._first or every(step, self.interval) or own or evaluated:
             self._observe(ctx)
 
     def on_fit_end(self, ctx: FitContext) -> None:
