@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
@@ -117,23 +119,32 @@ class Launch:
       membership change, which keeps the count) continues the run that this job, known by its
       rendezvous id ``TORCHELASTIC_RUN_ID``, last started (:meth:`record`, kept in the run
       directory). A new torchrun gets a new id (``--standalone`` and one-node runs draw one), so
-      it cannot take over a run of another job even under the same name."""
+      it cannot take over a run of another job even under the same name.
+    - torchrun's static rendezvous (``--master-addr``/``--master-port`` without ``--rdzv-id``) has
+      no id (``none``): a restart (``TORCHELASTIC_RESTART_COUNT`` > 0) continues the run when the
+      same torchrun agent started it (``agent``: :func:`torchrun_agent`, recorded too). Rank 0,
+      which holds the run, checks it; the other ranks (another node's agent differs) follow rank 0:
+      when rank 0 finds another launch's run it refuses, and they end quietly."""
 
     run_id: str = ""  # torchrun's rendezvous id ("" outside torchrun; "none" when multi-node without --rdzv-id)
     restart: int = 0  # TORCHELASTIC_RESTART_COUNT
     max_restarts: int = 0  # TORCHELASTIC_MAX_RESTARTS
     slurm_job: str = ""
     slurm_restart: int = 0  # SLURM_RESTART_COUNT
+    agent: str = ""  # the torchrun agent that started this process, the same at its every restart (torchrun_agent)
 
     @classmethod
     def from_env(cls, environ: Any = None) -> "Launch":
+        """This process's launch; ``environ`` (a mapping) instead of the process's own environment
+        reads only what it holds (no parent process is looked at)."""
         env = os.environ if environ is None else environ
         torchrun = "RANK" in env and "WORLD_SIZE" in env
         slurm = "SLURM_JOB_ID" in env
         return cls(env.get("TORCHELASTIC_RUN_ID", "") if torchrun else "",
                    _count(env, "TORCHELASTIC_RESTART_COUNT") if torchrun else 0,
                    _count(env, "TORCHELASTIC_MAX_RESTARTS") if torchrun else 0,
-                   env["SLURM_JOB_ID"] if slurm else "", _count(env, "SLURM_RESTART_COUNT") if slurm else 0)
+                   env["SLURM_JOB_ID"] if slurm else "", _count(env, "SLURM_RESTART_COUNT") if slurm else 0,
+                   torchrun_agent(env, parent=environ is None) if torchrun and "TORCHELASTIC_RUN_ID" in env else "")
 
     @property
     def job_known(self) -> bool:
@@ -144,21 +155,31 @@ class Launch:
         """torchrun may start this worker group again (``--max-restarts`` > 0)."""
         return self.max_restarts > 0
 
+    @property
+    def restart_unfindable(self) -> bool:
+        """torchrun may restart the workers but nothing tells a restart of this launch from another
+        launch (no rendezvous id, no agent known): a restart could not find its run."""
+        return self.restartable and not self.job_known and not self.agent
+
     def record(self) -> dict[str, Any]:
         """What a run directory keeps of the job that last started it (see :meth:`relaunch_of`)."""
-        return {"torchrun_run_id": self.run_id, "slurm_job": self.slurm_job}
+        return {"torchrun_run_id": self.run_id, "slurm_job": self.slurm_job,
+                **({"torchrun_agent": self.agent} if self.agent else {})}
 
-    def relaunch_of(self, recorded: Any) -> str:
+    def relaunch_of(self, recorded: Any, main: bool = True) -> str:
         """Why this start continues the run whose directory holds ``recorded`` (its last
         :meth:`record`, None when it has none), in words for the "resuming" line; "" when it is a
-        new start."""
+        new start. ``main``: rank 0, which alone checks the agent of a launch without a rendezvous
+        id (the others follow its answer, see the class docstring)."""
         if self.slurm_restart > 0:
             return f"SLURM requeued the job: SLURM_RESTART_COUNT={self.slurm_restart}"
-        if self.job_known and isinstance(recorded, dict) and recorded.get("torchrun_run_id") == self.run_id:
-            if self.restart > 0:
-                return f"torchrun restarted the workers: TORCHELASTIC_RESTART_COUNT={self.restart} of {self.max_restarts}"
-            return "torchrun restarted the workers after the elastic group changed"
-        return ""
+        if not self.run_id or not isinstance(recorded, dict) or recorded.get("torchrun_run_id") != self.run_id:
+            return ""
+        restarted = f"torchrun restarted the workers: TORCHELASTIC_RESTART_COUNT={self.restart} of {self.max_restarts}"
+        if self.job_known:
+            return restarted if self.restart > 0 else "torchrun restarted the workers after the elastic group changed"
+        same_agent = bool(self.agent) and recorded.get("torchrun_agent") == self.agent
+        return restarted if self.restart > 0 and (same_agent or not main) else ""
 
     def default_name(self, preset: str) -> str:
         """A run name the same at every start of this job, for a run without ``--run.name`` that
@@ -169,3 +190,23 @@ class Launch:
         if re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", job):
             job = job[:8]  # the id --standalone draws: its first 8 hex digits are enough
         return f"{preset}-{job}"
+
+
+def torchrun_agent(env: Any, parent: bool = True) -> str:
+    """The torchrun agent that started this worker, the same at each of its restarts and another
+    for every torchrun started: the launch's log directory (``TORCHELASTIC_ERROR_FILE`` is
+    ``<log dir>/attempt_<n>/<local rank>/error.json``, the log directory made once per agent with a
+    unique name), else (``parent``) the parent process (torchrun itself: its pid and start time),
+    with the host; "" when neither is known."""
+    host = socket.gethostname()
+    match = re.fullmatch(r"(.+)/attempt_\d+/\d+/error\.json", env.get("TORCHELASTIC_ERROR_FILE") or "")
+    if match is not None:
+        return f"{host}:{match.group(1)}"
+    if not parent:
+        return ""
+    pid = os.getppid()
+    try:  # field 22 of /proc/PID/stat: the start time, which tells a reused pid apart
+        start = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+    return f"{host}:pid {pid} started {start}"

@@ -264,14 +264,14 @@ def _relaunched_run(args: argparse.Namespace, overrides: dict, topology: Topolog
     ``run.out_dir``. None for a new start, and when the run does not exist yet (the job stopped
     before it made it: it starts as new) or has no name (an automatic name differs at every
     start: said once)."""
-    if not (launch.job_known or launch.slurm_restart):
-        return None  # a plain process, or no job to know a restart by
+    if not (launch.job_known or launch.slurm_restart or launch.restart):
+        return None  # a plain process, or a first start
     config = load_config(args.preset or default_preset(), overrides)
     name = config.run.name or launch.default_name(config.preset)
     path = Path(config.run.out_dir) / name if name else None
     exists = path is not None and (path / CONFIG_FILE).is_file()
     recorded = read_launch(path) if path is not None and exists else None
-    why = launch.relaunch_of(recorded)
+    why = launch.relaunch_of(recorded, main=topology.rank == 0)
     if not why:
         return None
     if path is None:
@@ -285,14 +285,22 @@ def _relaunched_run(args: argparse.Namespace, overrides: dict, topology: Topolog
 
 def _named_for_restarts(config: RunConfig, launch: Launch) -> RunConfig:
     """A new run that torchrun may restart (``--max-restarts``) needs a name its restarts find
-    again: without ``--run.name`` it is named from the job (:meth:`Launch.default_name`)."""
-    if config.run.name or not launch.restartable:
+    again: without ``--run.name`` it is named from the job (:meth:`Launch.default_name`); and a
+    launch its restarts can be told by (:attr:`Launch.restart_unfindable`): refused at the start
+    otherwise, in one line, rather than a restart that finds its run taken."""
+    if not launch.restartable:
         return config
-    name = launch.default_name(config.preset)
-    if not name:
-        raise ConfigError("torchrun --max-restarts starts the workers again with the same command, which must find its "
-                          "run: name it with --run.name=NAME (or give torchrun --rdzv-id, which names it)")
-    return config.replace(run={"name": name})
+    if not config.run.name:
+        name = launch.default_name(config.preset)
+        if not name:
+            raise ConfigError("torchrun --max-restarts starts the workers again with the same command, which must find its "
+                              "run: name it with --run.name=NAME (or give torchrun --rdzv-id, which names it)")
+        config = config.replace(run={"name": name})
+    if launch.restart_unfindable:
+        raise ConfigError("torchrun --max-restarts starts the workers again with the same command, but this launch gives "
+                          "them nothing to know their run by (TORCHELASTIC_RUN_ID=none and no torchrun agent known): "
+                          "give torchrun --rdzv-id=UNIQUE_ID (or --standalone on one node)")
+    return config
 
 
 def _batch_record(config: RunConfig, plan: ParallelPlan) -> dict:
