@@ -13,6 +13,7 @@ from turbotrain.cli import main
 from turbotrain.base.config import audience
 from turbotrain.app.measure import Target
 from turbotrain.app.profile import ProfileOptions, profile_target, profile_workload, render
+from turbotrain.app.profile.trace import time_weighted_median
 from turbotrain import Workload
 
 WORKLOADS = """
@@ -50,6 +51,8 @@ def slow_data():
 
 
 def in_memory():
+    # a 128x256x256 matmul holds most of the forward's time (~250 us on one core here, 12x the
+    # overhead threshold): compute-bound on any CPU, though its three other operators are tiny
     batches = [(torch.randn(128, 256), torch.randint(4, (128,))) for _ in range(8)]
     return Workload(model=Net(256, 256), train_loader=batches)
 
@@ -137,6 +140,13 @@ def test_a_loop_that_reads_the_loss_every_step_is_diagnosed(tmp_path, workloads)
     assert doc["recommendations"][0]["settings"] == {"monitor": {"log_every": 10}}
     monitor = [s for s in doc["syncs"]["sources"] if s["kind"] == "monitor"]
     assert monitor and monitor[0]["per_step"] == pytest.approx(1.0) and monitor[0]["sync"]
+
+
+def test_the_operator_size_that_decides_overhead_follows_the_time():
+    """One large matmul among tiny operators is arithmetic; many tiny operators are overhead."""
+    assert time_weighted_median([10.0, 12.0, 15.0, 300.0]) == 300.0  # the plain median says 13.5
+    assert time_weighted_median([5.0] * 10 + [30.0]) == 5.0
+    assert time_weighted_median([]) is None
 
 
 def test_a_read_in_your_own_code_is_traced_to_its_line(tmp_path, workloads):

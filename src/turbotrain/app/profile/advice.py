@@ -8,8 +8,10 @@ speedup used to rank them. The rules, in the order they are checked:
 - data: the host waits on the loader for >= 20% of the step -> more loader workers;
 - syncs: host reads of device values every step (the Monitor logging every step, a read in
   your code, the non-finite guard of a non-fused optimizer on CUDA) -> read less often;
-- overhead: forward operators so short (median < 20 us on CPU; < 10 us kernels with the GPU idle
-  >= 30% of the time) that per-operator cost, not arithmetic, sets the pace, or fewer than 8
+- overhead: forward operators so short (on CPU: half the forward's time in operators under 20 us,
+  the time-weighted median, so one large matmul among tiny element-wise operators is arithmetic,
+  on any CPU; on CUDA: median kernel < 10 us with the GPU idle >= 30% of the time) that
+  per-operator cost, not arithmetic, sets the pace, or fewer than 8
   samples per forward accumulated over several micro-batches -> a larger micro-batch (with the
   batch finder keeping the global batch when accumulation allows);
 - optimizer: the optimizer step takes >= 15% of the step with a non-fused implementation;
@@ -192,7 +194,7 @@ def _overhead(built: Built, c: RunConfig, trace: dict[str, Any], device: str) ->
         op_us, idle = dev["kernel_median_us"], dev["idle_share"]
         small = op_us < OVERHEAD_KERNEL_US_CUDA and idle >= OVERHEAD_IDLE_CUDA
     else:
-        op_us = trace.get("forward_op_median_us")
+        op_us = trace.get("forward_op_time_median_us")  # where the time goes, not the count of tiny operators
         small = op_us is not None and op_us < OVERHEAD_OP_US_CPU
     # Accumulating tiny micro-batches is a sign on any machine: the finder only raises it if it fits.
     if not (small or (acc > 1 and micro < SMALL_MICRO)) or op_us is None:
@@ -200,7 +202,8 @@ def _overhead(built: Built, c: RunConfig, trace: dict[str, Any], device: str) ->
     phases = trace["phases"]
     share = sum(phases[p]["share"] for p in ("forward", "backward", "other"))
     overhead_us = min(PER_OP_OVERHEAD_US.get(device, 8.0), 0.9 * op_us)
-    why = (f"{micro} sample(s) per forward pass: the median forward operator takes {op_us:.1f} us, "
+    what = "the median kernel takes" if device == "cuda" and dev else "half the forward's time goes to operators of at most"
+    why = (f"{micro} sample(s) per forward pass: {what} {op_us:.1f} us, "
            f"close to the ~{overhead_us:.0f} us every operator costs whatever its size")
     if _is_preset(built) and acc > 1:
         k = acc

@@ -49,7 +49,8 @@ def render(doc: dict[str, Any]) -> str:
         lines.append(f"  - {src['per_step']:.2f}/step {src['kind']}: {src['where']} — {tag}")
     ops = doc["operators"]
     if ops["forward_op_median_us"] is not None:
-        lines.append(f"- forward: {ops['forward_ops_per_step']:.0f} operators per step, median {ops['forward_op_median_us']:.1f} us (host)")
+        lines.append(f"- forward: {ops['forward_ops_per_step']:.0f} operators per step, median {ops['forward_op_median_us']:.1f} us, "
+                     f"half the time in operators up to {ops['forward_op_time_median_us']:.1f} us (host)")
     comp = doc["compile"]
     lines.append(f"- compile: {'on' if comp['compiled'] else 'off'}; recompilations after warm-up {comp['recompiles_after_warmup']}; "
                  f"graph breaks {comp['graph_breaks']}" + "".join(f"\n  - {r}" for r in comp["graph_break_reasons"]))

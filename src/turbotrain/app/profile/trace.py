@@ -12,8 +12,9 @@ traced to the line that made it). :func:`analyze` turns the events into per-step
 - host reads of device values (``aten::_local_scalar_dense``: ``.item()``, ``float()``,
   ``bool()`` of a tensor; on CUDA each is a host-device sync, as are explicit
   ``cuda*Synchronize`` calls), each attributed to its source by the Python stack;
-- the median operator duration in the forward pass (host on CPU, kernels on CUDA): tiny
-  operators mean per-operator overhead, not arithmetic, sets the pace.
+- the median operator duration in the forward pass (host on CPU, kernels on CUDA), and on the
+  host its time-weighted median (:func:`time_weighted_median`): when the operators that hold most
+  of the forward's time are tiny, per-operator overhead, not arithmetic, sets the pace.
 """
 
 from __future__ import annotations
@@ -162,6 +163,24 @@ def is_sync(kind: str, device_type: str) -> bool:
 # ----------------------------------------------------------------------------- analysis
 
 
+def time_weighted_median(durations_us: Iterable[float]) -> float | None:
+    """The duration (us) of the operator in which half of the total time is reached, shortest
+    first: half of the time goes to operators at most this long. Unlike the plain median it
+    follows the time: a forward of one 300 us matmul and three 10 us element-wise operators
+    spends its time in arithmetic (300 us, where the plain median says 10 us), so its regime
+    does not flip with the CPU's speed around a threshold. None for no operators."""
+    ordered = sorted(durations_us)
+    total = sum(ordered)
+    if not ordered:
+        return None
+    seen = 0.0
+    for d in ordered:
+        seen += d
+        if seen >= total / 2:
+            return d
+    return ordered[-1]
+
+
 def analyze(window: ProfilerWindow) -> dict[str, Any]:
     """Per-step figures of the profiled window (see the module docstring)."""
     events = list(window.prof.events())
@@ -199,6 +218,7 @@ def analyze(window: ProfilerWindow) -> dict[str, Any]:
         "read_sources": [{**s, "sync": is_sync(s["kind"], device_type)} for s in sources],
         "forward_ops_per_step": len(forward_ops) / steps,
         "forward_op_median_us": statistics.median(e.cpu_time_total for e in forward_ops) if forward_ops else None,
+        "forward_op_time_median_us": time_weighted_median(e.cpu_time_total for e in forward_ops),
     }
     kernels = [e for e in events if e.device_type == DeviceType.CUDA]
     if kernels:
