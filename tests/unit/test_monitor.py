@@ -15,7 +15,8 @@ from torch import nn
 from turbotrain import Engine
 from turbotrain.base.errors import TurbotrainError
 from turbotrain.parts.hardware import DeviceSpec, lookup_peak
-from turbotrain.loop.hooks import FitContext
+from turbotrain.loop.epochs import EpochLog
+from turbotrain.loop.hooks import Evaluate, FitContext
 from turbotrain import fit
 from turbotrain.parts.models.gpt import GPT, GPTConfig
 from turbotrain.parts.models.mlp import TinyMLP, synthetic_batches
@@ -123,6 +124,25 @@ def test_monitor_in_your_own_loop(tmp_path):
     assert [json.loads(line)["step"] for line in lines] == [4, 8, 12]
     assert all(json.loads(line)["samples_per_s"] > 0 for line in lines)
 
+
+
+def test_a_validation_result_between_logging_steps_gets_its_own_record():
+    monitor = Monitor(10)
+    monitor.start()
+    assert monitor.observe(3, torch.tensor(2.0)) is None  # not a logging step: nothing read
+    record = monitor.observe(6, torch.tensor(1.5), val_loss=1.75, val_metrics={"val_accuracy": 0.5})
+    assert record is not None and (record["step"], record["loss"], record["val_loss"], record["val_accuracy"]) == (6, 1.5, 1.75, 0.5)
+    assert "val 1.7500 | accuracy 0.5" in format_record(record)  # the progress line shows it
+
+
+def test_fit_records_every_evaluation_whatever_log_every():
+    engine = Engine({"run": {"device": "cpu"}})
+    model = TinyMLP(d_in=8, width=8, depth=1)
+    model, optimizer, loader = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1), synthetic_batches(12, 4, d_in=8))
+    monitor = Monitor(5)
+    fit(engine, model, optimizer, loader, max_steps=12, hooks=[Evaluate(synthetic_batches(2, 4, d_in=8), 4), monitor])
+    assert [(r["step"], "val_loss" in r) for r in monitor.records] == [
+        (4, True), (5, False), (8, True), (10, False), (12, True)]
 
 def test_a_crashed_fit_keeps_its_metrics_even_between_flushes(tmp_path):
     from turbotrain.loop.hooks import Hook
@@ -322,3 +342,25 @@ def test_fit_with_memory_records_between_ends_on_a_loss_record():
     fit(engine, model, optimizer, loader, max_steps=12, hooks=[monitor])
     assert [(r["step"], "loss" in r, "mem_peak_gib" in r) for r in monitor.records] == [
         (3, False, True), (5, True, False), (6, False, True), (9, False, True), (10, True, False), (12, True, True)]
+
+
+class _Steps:
+    """Just what EpochLog reads of a fit: the step and its loss."""
+
+    def __init__(self) -> None:
+        self.engine = type("E", (), {})()
+        self.engine.state = type("S", (), {"step": 0})()
+        self.metrics: dict = {}
+
+    def step(self, loss: float) -> None:
+        self.engine.state.step += 1
+        self.engine.last_loss = torch.tensor(loss)
+
+
+def test_epoch_train_loss_is_the_mean_of_its_finite_steps():
+    monitor = Monitor(10)
+    log, ctx = EpochLog(monitor, steps_per_epoch=3, epochs=2), _Steps()
+    for loss in (1.0, 2.0, 6.0, 4.0, float("nan"), 2.0):  # a non-finite (skipped) step is not averaged in
+        ctx.step(loss)
+        log.on_step_end(ctx)
+    assert [(r["epoch"], r["epoch_train_loss"]) for r in monitor.records] == [(1, 3.0), (2, 3.0)]

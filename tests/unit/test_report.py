@@ -9,7 +9,7 @@ import pytest
 
 from turbotrain.cli import main
 from turbotrain.base.errors import TurbotrainError
-from turbotrain.app.report import summarize_records, write_report
+from turbotrain.app.report import format_markdown, summarize_records, write_report
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -99,3 +99,14 @@ def test_run_without_metrics_still_gets_a_summary(tmp_path):
 def test_summarize_records_on_nothing_is_empty_not_an_error():
     s = summarize_records([])
     assert s["steady_state"]["tokens_per_s"] is None and s["peak_memory_gib"] is None and s["last_step"] is None
+
+
+def test_a_run_without_token_ids_is_counted_in_samples():
+    steady = {"windows": 4, "tokens_per_s": 0.0, "samples_per_s": 1500.0}
+    images = format_markdown({"run": "r", "status": "completed", "steps": 64, "max_steps": 64, "samples": 4096,
+                              "tokens": 0, "steady_state": steady})
+    assert "64 of 64 optimizer steps, 4,096 samples," in images and "tokens" not in images.split("## Losses")[0]
+    assert "| steady-state samples/s (median of 4 windows) | 1,500.0 |" in images
+    text = format_markdown({"run": "r", "status": "completed", "steps": 2, "max_steps": 2, "samples": 64, "tokens": 8192,
+                            "steady_state": {**steady, "tokens_per_s": 4096.0}})
+    assert "2 of 2 optimizer steps, 8,192 tokens," in text and "| steady-state tokens/s (median of 4 windows) | 4,096 |" in text
