@@ -32,7 +32,8 @@ from torch import nn
 from ..core.assembly import build_trainable
 from ..base.version import collect_git
 from ..base.atomic import DiskFullError, atomic_write, clean_stale_temps, disk_full_cause
-from ..loop.checkpoint import Checkpointer, RunState, finished_checkpoints, latest_verified, restore_latest, run_state
+from ..loop.checkpoint import (Checkpointer, RunState, finished_checkpoints, latest_verified, restore_latest, rng_state, run_state, seed_all,
+                              set_rng_state)
 from ..base.config import OptimConfig, RunConfig, setting, to_toml
 from ..parts.data import resolve_loader_settings
 from ..parts.data.batching import processes
@@ -121,7 +122,7 @@ def build_training(config: RunConfig, run_dir: Path, plan: ParallelPlan | None =
     if main:
         data.save(run_dir)
     c, epochs = _resolve_epochs(c, data, plan.data)  # train.epochs -> max_steps, before the schedule is made
-    torch.manual_seed(c.run.seed)
+    seed_all(c.run.seed)  # torch, random and numpy: a user's model or loss may draw from any of them
     plain = spec.build(c, data)  # the model itself: DDP wraps it, FSDP2 shards it in place
     declare_blocks(plain, spec.blocks(plain))  # the units FSDP, activation checkpointing and per-block compile act on
     own_optimizer = spec.optimizer(plain)  # a workload's own; None: AdamW from the optim section, with its schedule
@@ -136,6 +137,7 @@ def build_training(config: RunConfig, run_dir: Path, plan: ParallelPlan | None =
     # the config rides along for reference only: a resume reads config.toml
     state = run_state(engine, model, optimizer, t.scheduler, config=(lambda: to_toml(c), lambda _: None))
     resumed_from = _resume(c, run_dir, state, engine, data, world, rank, batch_given) if resume else ""
+    first_step_draws = rng_state()  # the generators the first step draws from (a resume's, restored)
     if resume and main:  # the steps after the checkpoint run again: their old records would count twice
         truncate_metrics(run_dir / METRICS_FILE, engine.state.step)
     _warn_long_warmup(c)
@@ -170,6 +172,7 @@ def build_training(config: RunConfig, run_dir: Path, plan: ParallelPlan | None =
         progress_steps=c.train.max_steps if show else None, nvml=c.monitor.nvml, tensorboard=c.monitor.tensorboard,
         memory_every=c.monitor.memory_every, memory_warn_fraction=c.monitor.memory_warn_fraction,
         memory_cap_fraction=c.memory.max_fraction), loss_fn=loss_fn)
+    set_rng_state(first_step_draws)  # reading the example and counting FLOPs (a forward: dropout, a user's augmentation) drew from them
     hooks = build_hooks(
         monitor,
         # data parallel: the ranks agree on a signal every log_every steps, so they stop together
@@ -270,8 +273,8 @@ def check_epochs_batch(checkpoint: str, saved_config: Any, saved_world: int, c: 
     """Refuse, before any step, to resume an epochs run (``train.epochs``) at another global batch
     than ``checkpoint`` trained at, asked for or not: its place in its epochs is a step count at
     that batch (epoch ``s // steps_per_epoch``, the samples of step ``s`` from (seed, epoch)), so
-    read at another one it would re-enter an epoch already trained and train more samples than the
-    run's epochs hold. Names the settings that keep the batch. Said by rank 0; the others end quietly."""
+    read at another one it would re-enter an epoch already trained (a smaller batch: samples trained
+    twice) or leave one early (a larger batch: samples skipped). Names the settings that keep the batch. Said by rank 0; the others end quietly."""
     saved = _saved_batch(saved_config)
     if saved is None or not isinstance(c.batch.micro, int):
         return
@@ -287,8 +290,8 @@ def check_epochs_batch(checkpoint: str, saved_config: Any, saved_world: int, c: 
     kept = " or ".join(keep) if keep else f"another batch.micro whose global batch is {old}"
     text = (f"train.epochs: {checkpoint} was trained at a global batch of {old} ({processes(saved_world)} x batch.micro "
             f"{micro} x accumulation {accumulation}) and its place in the epochs is counted in steps of that batch, so "
-            f"this resume at {new} ({processes(world)} x {c.batch.micro} x {c.batch.accumulation}) would train some "
-            f"samples twice; resume with {kept}, or start a new run to train at {new}")
+            f"this resume at {new} ({processes(world)} x {c.batch.micro} x {c.batch.accumulation}) would lose its place "
+            f"(samples trained twice or skipped); resume with {kept}, or start a new run to train at {new}")
     raise TurbotrainError(text) if rank == 0 else ReportedByMainRank(text)
 
 
