@@ -1,7 +1,8 @@
 # Shared by the GPU scripts (sourced, not run): budget, phases, steps and packing.
-#   start_script NAME   find the GPU, make benchmarks/results/<gpu>/NAME/ ($RES), start the log,
-#                       write COMMAND.txt (the script that was run, the commit, the GPU)
-#   phase NAME SECONDS  start a phase, or skip it (saying so) when fewer seconds are left
+#   start_script NAME   find the GPU, make benchmarks/results/<gpu>/<date>/NAME/ ($RES), start the
+#                       log, write COMMAND.txt (the script that was run, the commit, the GPU)
+#   phase NAME SECONDS  start a phase, or skip it (saying so) when fewer seconds are left; a phase
+#                       not in SELECTED (when the script fills it) is passed over without a word
 #   step SECONDS CMD..  run CMD under `timeout -k` within the phase and the budget, log its output
 #   step_to FILE SECONDS CMD..   the same, CMD's stdout into FILE
 #   keep_row_logs NAME  copy the bench rows' log.txt and result.json of phase NAME into $RES/logs/
@@ -9,12 +10,14 @@
 #   pack                $RES -> $OUT/$NAME.tgz as <gpu>/NAME/... (after every phase: a cut command keeps its work)
 #   finish_script       the summary line: phases run and skipped
 # Sourced from the repo root. Environment: OUT (where the two files go back; default
-# /tmp/turbotrain-gpu-NAME), BUDGET_S (the whole command's cap, default 570 s), PYTHON (the
-# interpreter; tests dry-run the scripts with a stand-in), TT_COMMIT (below), RESULTS and WORK.
+# /tmp/turbotrain-gpu-NAME), BUDGET_S (the whole command's cap: each script sets its default
+# before sourcing this), PYTHON (the interpreter; tests dry-run the scripts with a stand-in),
+# TT_COMMIT (below), RESULTS and WORK.
 #
 # The step limits of each script are its plan: tests/unit/test_gpu_scripts.py reads them from the
-# script's `step N` / `step_to FILE N` lines and checks they sum to <= 540 s of the device's 600 s
-# per command (the rest: the GPU probe, packing, and `timeout -k`'s grace after a limit).
+# script's `step N` / `step_to FILE N` lines and checks they sum to <= 480 s for gpu_plan.sh and
+# <= 180 s for any selection of gpu_extra.sh's phases: a 15-minute lease holds one cold start,
+# both commands and their margins (the GPU probe, packing, `timeout -k`'s grace after a limit).
 #
 # Provenance: the device machine gets the working tree without .git, so the commit comes from
 # TT_COMMIT when it is set (put it in the device command from the host side:
@@ -24,7 +27,8 @@
 set -uo pipefail
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
-BUDGET_S=${BUDGET_S:-570}
+: "${BUDGET_S:?the script sets BUDGET_S before sourcing gpu_common.sh}"
+SELECTED=()  # gpu_extra.sh: the phases asked for; empty = every phase
 KILL_AFTER=15  # seconds between a step's SIGTERM at its limit and SIGKILL: a graceful save fits
 
 start_script() {
@@ -69,7 +73,9 @@ say() { echo "== $* (+$(elapsed)s)" | tee -a "$LOG"; }
 
 phase() {  # phase NAME SECONDS_NEEDED (the least worth starting: its first rows, its first run)
   PHASE=$1
-  if (( $(left) < $2 )); then
+  if (( ${#SELECTED[@]} )) && [[ " ${SELECTED[*]} " != *" $PHASE "* ]]; then
+    PHASE_OK=0
+  elif (( $(left) < $2 )); then
     PHASE_OK=0
     SKIPPED+=("$PHASE")
     say "$PHASE: skipped ($(left)s left, needs ~$2s)"
@@ -131,6 +137,7 @@ keep_runs() {  # summaries, metrics, configs and plots of the train runs under $
 }
 
 pack() {
+  (( PHASE_OK )) || [ "${1:-}" = final ] || return 0  # a phase passed over or skipped added nothing
   cp "$LOG" "$RES/$NAME.log"
   tar czf "$OUT/$NAME.tgz.tmp" -C "$(dirname "$(dirname "$(dirname "$RES")")")" "$SLUG/$DAY/$NAME" && mv "$OUT/$NAME.tgz.tmp" "$OUT/$NAME.tgz"
 }
@@ -138,5 +145,5 @@ pack() {
 finish_script() {
   say "done: ran ${RAN[*]:-nothing}; skipped ${SKIPPED[*]:-nothing}"
   echo "finished: $(date -u +%FT%TZ) after $(elapsed)s; ran: ${RAN[*]:-}; skipped: ${SKIPPED[*]:-}" >> "$RES/COMMAND.txt"
-  pack
+  pack final
 }
