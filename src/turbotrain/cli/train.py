@@ -273,6 +273,10 @@ def _relaunched_run(args: argparse.Namespace, overrides: dict, topology: Topolog
     recorded = read_launch(path) if path is not None and exists else None
     why = launch.relaunch_of(recorded, main=topology.rank == 0)
     if not why:
+        if topology.rank == 0 and launch.restart and not launch.job_known and recorded is not None:
+            print(f"turbotrain train: torchrun restarted the workers (TORCHELASTIC_RESTART_COUNT={launch.restart}), but "
+                  f"{path} was started by another torchrun (another launch, or rank 0 on another node), so it is not "
+                  "taken over; to resume across nodes give torchrun --rdzv-id=UNIQUE_ID", file=sys.stderr)
         return None
     if path is None:
         if topology.rank == 0:
