@@ -433,14 +433,20 @@ def run_state(engine: Engine, model: torch.nn.Module, optimizer: torch.optim.Opt
     return state
 
 
+def seed_all(seed: int) -> None:
+    """Seed every generator a user's code may draw from: torch's (every device's too), Python's
+    ``random`` and numpy's. A run seeds all three at its start (``run.seed``), so a model or loss
+    that draws from ``random`` or numpy trains the same in every run, as a resumed run does."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+
+
 def reseed(step: int, rank: int) -> None:
     """Seed every RNG from (step, rank): the deterministic stand-in for per-rank RNG state saved
     by another world size. (The data order does not depend on it: it comes from the seed and the
     batch index.)"""
-    seed = (step * 1_000_003 + rank) % 2**32
-    torch.manual_seed(seed)  # every device's generator too
-    random.seed(seed)
-    np.random.seed(seed)
+    seed_all((step * 1_000_003 + rank) % 2**32)
 
 
 def _pick(folder: Path, state: RunState) -> tuple[Path, dict[str, Any] | None]:

@@ -11,13 +11,19 @@ the same optimizer steps, and a resume after step ``s`` starts exactly at batch 
 (no batch is read twice or skipped) under any split of the same global batch.
 
 The loader keeps the user's dataset, ``collate_fn`` and ``worker_init_fn``; workers and pinning
-come from the run's ``data`` section.
+come from the run's ``data`` section. In a worker process, torch's, Python's and numpy's generators
+are seeded from ``(seed, k)`` before micro-batch ``k`` is read, so a random augmentation there draws
+the same numbers whichever worker reads the batch, and a resumed run draws what the unstopped run
+drew (a worker's own stream would restart with the resume). In the main process (no workers) the
+augmentation draws from the global generators, which checkpoints save and restore.
 """
 
 from __future__ import annotations
 
+import random
 from typing import Any, Iterator
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler
 
@@ -61,8 +67,40 @@ class EpochSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         k = self.start
         while True:
-            yield self.batch(k)
+            yield Indices(self.batch(k), k, self.seed)
             k += 1
+
+
+class Indices(list):
+    """A micro-batch's dataset indices, with its number ``k`` in the rank's stream and the run's
+    seed: what a worker seeds its generators from before reading it (:class:`SeededReads`)."""
+
+    def __init__(self, indices: list[int], k: int, seed: int) -> None:
+        super().__init__(indices)
+        self.k, self.seed = k, seed
+
+
+class SeededReads(Dataset):
+    """``dataset`` read a micro-batch at a time; in a DataLoader worker, torch's, Python's and
+    numpy's generators are first seeded from the batch's ``(seed, k)`` (see the module docstring)."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, i: int) -> Any:
+        return self.dataset[i]
+
+    def __getitems__(self, batch: list[int]) -> list[Any]:
+        if isinstance(batch, Indices) and torch.utils.data.get_worker_info() is not None:
+            seed = (batch.seed * 1_000_003 + batch.k) % 2**32
+            torch.manual_seed(seed)
+            random.seed(seed)
+            np.random.seed(seed)
+        own = getattr(self.dataset, "__getitems__", None)
+        return own(list(batch)) if own else [self.dataset[i] for i in batch]
 
 
 def map_style(loader: Any) -> Dataset | None:
@@ -91,7 +129,7 @@ def epoch_loader(loader: DataLoader, batch_size: int, seed: int, settings: Loade
     workers = settings.num_workers
     sampler = EpochSampler(len(dataset), batch_size, seed, shuffles(loader), start, rank, world, accumulation)  # type: ignore[arg-type]
     return DataLoader(
-        dataset, batch_sampler=sampler, collate_fn=loader.collate_fn, worker_init_fn=loader.worker_init_fn,
+        SeededReads(dataset), batch_sampler=sampler, collate_fn=loader.collate_fn, worker_init_fn=loader.worker_init_fn,
         num_workers=workers, pin_memory=settings.pin_memory, persistent_workers=workers > 0,
         prefetch_factor=settings.prefetch_factor if workers > 0 else None,
         generator=torch.Generator().manual_seed(seed),  # the workers' base seed, not the global RNG (exact resume)
