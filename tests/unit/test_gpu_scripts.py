@@ -7,9 +7,11 @@ lent GPU's minutes are not spent finding a misspelt flag."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -283,3 +285,70 @@ def test_bench_rows_is_one_line_for_a_row_the_matrix_lacks(capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.splitlines() == [
         "turbotrain bench: error: unknown precision row(s) ['bf16-compile']; choose from fp32, tf32, fp16-mixed, bf16-mixed, bf16-true, fp8"]
+
+
+# ------------------------------------------------------------------ the results' README, generated
+
+H100 = REPO / "benchmarks/results/nvidia-h100-80gb-hbm3/2026-11-24"
+
+
+def _readme(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(BENCH / "results_readme.py"), *args], capture_output=True, text=True, timeout=60)
+
+
+def test_the_results_readme_of_the_2026_11_24_h100_window_has_its_figures():
+    proc = _readme(str(H100), "--print")
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert "**NVIDIA H100 80GB HBM3** (sm 9.0" in text and "driver 580.159.04" in text
+    assert "torch 2.11.0+cu130 (CUDA 13.0, cuDNN 9.19.0, NCCL 2.28.9)" in text
+    assert "| `turbotrain` | ok | 34.95 (35.0 / 34.9) | 468,823 tok/s | 40.5 % | 8.44 | 34.08 | 2.89311 |" in text
+    assert "| `eager` | ok | 5.57 | 45,974 samples/s | 5.3 % | 0.58 | 0.67 | 0.00062 | +0.00001 | 0.84x |" in text
+    assert re.search(r"\| `lightning` \| `proof/frameworks/gpt2-small-compare.json` \| 58.02 \| .* \| 0.60x \|", text)
+    assert "| `rest-train/memory-gpt2-small.json` | gpt2-small | 16 | bf16-mixed | off | 5.72 | 5.89 | -2.9 % |" in text
+    assert "`rest-bench`: cut at the step limit: w1-precision (at 100 s), w2-cnn-224 (at 120 s)" in text
+    # its README was written by hand: never overwritten
+    proc = _readme(str(H100))
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "was not written by this script" in proc.stderr
+
+
+def test_the_results_readme_of_a_cpu_dry_run_names_what_is_owed_and_keeps_the_findings(tmp_path):
+    proc, out = _dry_run(tmp_path, PLAN, budget=25)  # w1-ladder, cnn-cifar, gpu-tests, w1-precision, w1-compare skipped
+    assert proc.returncode == 0, proc.stderr
+    day = next((tmp_path / "results").glob("*/*"))
+    plan = day / "plan"
+    cpu = REPO / "benchmarks/results/cpu"
+    (plan / "w1-compare").mkdir()
+    (plan / "w1-compare/gpt-tiny-compare.json").write_text((cpu / "gpt-tiny-compare.json").read_text())
+    (plan / "w1-ladder").mkdir()
+    (plan / "w1-ladder/gpt-tiny-ablation.json").write_text((cpu / "gpt-tiny-ablation.json").read_text())
+    (plan / "gpu-tests.xml").write_text(
+        '<testsuites><testsuite name="pytest" tests="3" failures="1" errors="0" skipped="1" time="12.5">'
+        '<testcase classname="tests.gpu.test_gpu_engine" name="test_a"/><testcase classname="tests.gpu.test_gpu_engine" '
+        'name="test_b"><failure message="boom"/></testcase><testcase classname="c" name="d"><skipped/></testcase>'
+        '</testsuite></testsuites>')
+    (plan / "runs/nccl-ddp/summary.json").write_text(json.dumps(
+        {"run": "nccl-ddp", "status": "completed", "steps": 30, "max_steps": 30, "first_step_s": 4.7,
+         "tokens_per_s_median": 959.56, "peak_memory_gib": None, "final_train_loss": 4.178, "final_val_loss": 4.0994,
+         "steady_state": {"tokens_per_s": 959.56, "samples_per_s": 7.5, "mfu": None}}))
+    (plan / "w1-precision").mkdir()
+    (plan / "w1-precision/gpt2-small-precision.json").write_text('{"schema": "turbotrain-bench/1", "rows": [')  # cut mid-write
+
+    proc = _readme(str(day))
+    assert proc.returncode == 0, proc.stderr
+    text = (day / "README.md").read_text()
+    assert "| `plan` | `OUT=" in text and "| nccl train-model | w1-ladder cnn-cifar gpu-tests w1-precision w1-compare |" in text
+    for phase in ("w1-ladder", "cnn-cifar", "gpu-tests", "w1-precision", "w1-compare"):
+        assert f"`plan`: phase `{phase}` did not run (skipped: too little time left)" in text
+    assert "`plan/w1-ladder/gpt-tiny-ablation.json`: `+cuda-graphs` skipped (CUDA only)" in text
+    assert "`plan/w1-precision/gpt2-small-precision.json`: unreadable or not a JSON object" in text
+    assert "**1 of 3 passed**, 1 failed, 0 errors, 1 skipped" in text and "failed: `tests.gpu.test_gpu_engine::test_b`" in text
+    assert "| `nccl-ddp` | `plan/runs/nccl-ddp` | completed | 30 / 30 | 960 tok/s | — | — | 4.7 | 4.0994 | 4.1780 |" in text
+    assert "### gpt-tiny: every row side by side" in text and re.search(r"\| `eager` \| `plan/w1-compare/gpt-tiny-compare.json` \| [\d.]+ \| .* \| 1.00x \|", text)
+
+    with (day / "README.md").open("a") as f:
+        f.write("## Findings\n\nWritten by hand.\n")
+    (plan / "w1-precision/gpt2-small-precision.json").unlink()
+    assert _readme(str(day)).returncode == 0
+    text = (day / "README.md").read_text()
+    assert text.endswith("## Findings\n\nWritten by hand.\n") and "unreadable" not in text and text.count("## Findings") == 1
