@@ -3,18 +3,28 @@ closed pipe, no warning a default causes, and wordings that name the field the u
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
+import time
 import warnings
+from pathlib import Path
 
 import pytest
+from torch import nn
 
 from turbotrain.app import training
-from turbotrain.base.config import load_config
-from turbotrain.base.errors import TurbotrainWarning, quiet_imports
+from turbotrain.app.bench import worker
+from turbotrain.app.training import train
+from turbotrain.base.config import audience, load_config, setting, to_toml
+from turbotrain.base.errors import ConfigError, TurbotrainError, TurbotrainWarning, quiet_imports
+from turbotrain.base.rundir import CONFIG_FILE, run_name
 from turbotrain.cli import format_warning
-from turbotrain.core.precision import DeviceCaps, resolve_precision
+from turbotrain.cli.sample import newest_generating_run
+from turbotrain.core.precision import FP8, DeviceCaps, resolve_precision
+
+from conftest import tiny_overrides
 
 
 def test_a_turbotrain_warning_is_one_line_without_a_source_line() -> None:
@@ -40,10 +50,13 @@ def test_quiet_imports_hides_torchao_load_noise_only_inside(caplog: pytest.LogCa
 
 
 def test_help_config_into_head_ends_without_a_traceback() -> None:
-    done = subprocess.run(["bash", "-c", f"{sys.executable} -m turbotrain train --help-config | head -1; "
-                           "echo rc=${PIPESTATUS[0]}"], capture_output=True, text=True, timeout=120)
-    assert done.stdout.splitlines() == ["[run]", "rc=141"]
-    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    """As ``turbotrain train --help-config | head``, with the reader gone before the first write."""
+    child = subprocess.Popen([sys.executable, "-m", "turbotrain", "train", "--help-config"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    child.stdout.close()  # the reader leaves: every write meets a closed pipe
+    err = child.stderr.read()
+    assert child.wait(timeout=120) == 141
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
 
 
 def test_the_default_warmup_is_not_a_warning_on_a_short_run(caplog: pytest.LogCaptureFixture) -> None:
@@ -51,3 +64,92 @@ def test_the_default_warmup_is_not_a_warning_on_a_short_run(caplog: pytest.LogCa
     assert not caplog.records
     training._warn_long_warmup(load_config("gpt-tiny", {"train": {"max_steps": 20}, "optim": {"warmup_steps": 40}}))
     assert "optim.warmup_steps = 40 is longer than the run" in caplog.text
+
+
+# ----------------------------------------------------------------------------- item 10: wording
+
+
+class _HugeData:
+    """RunData's steps_per_epoch for a data set of 10 million steps per epoch."""
+
+    def steps_per_epoch(self, c, world: int) -> int:
+        return 10_000_000
+
+
+def test_too_many_epochs_names_train_epochs_and_its_largest_value() -> None:
+    c = load_config("gpt-tiny", {"train": {"epochs": 20}})
+    with audience("cli"), pytest.raises(ConfigError) as caught:
+        training._resolve_epochs(c, _HugeData(), 1)
+    text = str(caught.value)
+    assert text.startswith("train.epochs = 20 is too many for this data") and "--train.epochs=9 " in text
+    assert "max_steps =" not in text
+
+
+def test_fp8_nothing_converted_advises_by_the_reason_not_min_size(caplog: pytest.LogCaptureFixture) -> None:
+    pytest.importorskip("torchao")
+
+    class Head(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = nn.Linear(32, 32)
+            self.lm_head = nn.Linear(32, 64)
+
+    with warnings.catch_warnings(), audience("cli"):
+        warnings.simplefilter("ignore")  # fp8_emulate's "for correctness tests"
+        fp8 = FP8(emulate=True, min_size=1, skip=("body",))
+        fp8.convert_module(Head())
+    [line] = [r.getMessage() for r in caplog.records if "no linear layer passed" in r.getMessage()]
+    assert "--precision.fp8_lm_head=True" in line and "fewer precision.fp8_skip prefixes (now 'body')" in line
+    assert "fp8_min_size=1" not in line
+
+
+def test_fp8_fields_without_fp8_mode_are_refused_in_one_line() -> None:
+    with audience("cli"), pytest.raises(ConfigError) as caught:
+        load_config("gpt-tiny", {"precision": {"fp8_min_size": 1, "fp8_lm_head": True}})
+    assert str(caught.value) == ("precision.fp8_min_size, precision.fp8_lm_head configure precision.mode = 'fp8' and this "
+                                 "run is precision.mode = 'auto': they would do nothing; drop them, or add "
+                                 "--precision.mode=fp8")
+    assert load_config("gpt-tiny", {"precision": {"mode": "fp8", "fp8_min_size": 1}}).precision.fp8_min_size == 1
+
+
+def test_bench_out_of_memory_advice_is_a_flag(tmp_path, monkeypatch) -> None:
+    def out_of_memory(name: str, spec: dict) -> dict:
+        raise TurbotrainError(f"out of memory at batch.micro 64: use {setting('memory.checkpointing', 'full')}")
+
+    monkeypatch.setattr(worker, "run", out_of_memory)
+    (tmp_path / "spec.json").write_text("{}")
+    assert worker.main(["turbotrain", "--spec", str(tmp_path / "spec.json"), "--result", str(tmp_path / "r.json")]) == 1
+    reason = json.loads((tmp_path / "r.json").read_text())["reason"]
+    assert "use --memory.checkpointing=full" in reason and "{" not in reason
+
+
+def test_resume_of_a_complete_run_says_so(tmp_path, caplog: pytest.LogCaptureFixture) -> None:
+    overrides = tiny_overrides(tmp_path, train={"max_steps": 2, "eval_every": 2, "checkpoint_every": 2})
+    train(load_config("gpt-tiny", overrides), progress=False)
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        summary = train(load_config("gpt-tiny", overrides), resume_dir=tmp_path / "runs" / "t", progress=False)
+    assert summary["status"] == "completed"
+    assert "is complete (step 2 of 2): nothing to train; to train on, resume with a larger train.max_steps" in caplog.text
+
+
+def _run(out: Path, name: str, overrides: dict) -> None:
+    (out / name).mkdir(parents=True)
+    (out / name / CONFIG_FILE).write_text(to_toml(load_config("gpt-tiny", overrides)))
+    time.sleep(0.01)  # modification times in order
+
+
+def test_sample_passes_over_a_newer_run_that_does_not_generate(tmp_path) -> None:
+    _run(tmp_path, "gpt", {})
+    _run(tmp_path, "cnn", {"model": {"workload": "examples/workload_cnn.py:make"}})
+    run_dir, config = newest_generating_run(str(tmp_path))
+    assert run_dir.name == "gpt" and config.model.arch == "gpt"
+    (tmp_path / "gpt" / CONFIG_FILE).unlink()
+    with pytest.raises(TurbotrainError, match="no run under .* generates text"):
+        newest_generating_run(str(tmp_path))
+
+
+def test_a_model_run_is_named_after_its_file() -> None:
+    name = run_name(load_config(None, {"model": {"workload": "examples/workload_cnn.py:make"}}))
+    assert name.startswith("workload_cnn-") and len(name) == len("workload_cnn-20261127-013000")
+    assert run_name(load_config(None, {"model": {"workload": "mypkg.models:make"}})).startswith("models-")

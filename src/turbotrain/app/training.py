@@ -34,7 +34,7 @@ from ..base.version import collect_git
 from ..base.atomic import DiskFullError, atomic_write, clean_stale_temps, disk_full_cause
 from ..loop.checkpoint import (Checkpointer, RunState, finished_checkpoints, latest_verified, restore_latest, rng_state, run_state, seed_all,
                               set_rng_state)
-from ..base.config import OptimConfig, RunConfig, setting, to_toml
+from ..base.config import MAX_STEPS, OptimConfig, RunConfig, setting, to_toml
 from ..parts.data import resolve_loader_settings
 from ..parts.data.batching import processes
 from ..core.distributed import ParallelPlan, ReportedByMainRank, decided_by_main, local_device, main_first
@@ -195,6 +195,9 @@ def _resolve_epochs(c: RunConfig, data: RunData, world: int) -> tuple[RunConfig,
         raise ConfigError("train.epochs needs a numeric batch.micro (with 'auto' the steps per epoch are not known "
                           f"before the search); use {setting('batch.micro', 32)} or train.max_steps")
     per_epoch = data.steps_per_epoch(c, world)
+    if c.train.epochs * per_epoch > MAX_STEPS:  # said as the field the user set, not as the max_steps it becomes
+        raise ConfigError(f"train.epochs = {c.train.epochs} is too many for this data ({per_epoch} steps per epoch, at most "
+                          f"{MAX_STEPS} steps in a run); use {setting('train.epochs', MAX_STEPS // per_epoch)} or fewer")
     log.info("train.epochs = %d: %d optimizer steps per epoch, %d in all", c.train.epochs, per_epoch, c.train.epochs * per_epoch)
     return c.replace(train={"max_steps": c.train.epochs * per_epoch, "eval_every": per_epoch}), (per_epoch, c.train.epochs)
 
@@ -481,6 +484,11 @@ def _train_built(training: Training, run_dir: Path, main: bool) -> dict[str, Any
         # A resume of a finished run: nothing to train, so nothing to log again (a final record
         # of this invocation would repeat the last step's); the summary comes from the metrics.
         training.monitor.close()
+        if main:
+            c = training.config
+            more = ("train.epochs", 2 * c.train.epochs) if c.train.epochs else ("train.max_steps", 2 * c.train.max_steps)
+            log.info("%s is complete (step %d of %d): nothing to train; to train on, resume with a larger %s, e.g. %s",
+                     run_dir, training.engine.state.step, c.train.max_steps, more[0], setting(*more))
         if main:  # what killed saves left, which the Checkpointer's start (never reached here) removes
             clean_stale_temps(run_dir / CHECKPOINTS)
             clean_unfinished(run_dir / CHECKPOINTS)

@@ -532,6 +532,7 @@ def load_config(preset: str | None = None, overrides: Iterable[str] | Mapping[st
         table.setdefault(section, {}).update(values)
     config = from_dict(table)
     check_given_moe(config, extra.get("moe", {}))
+    check_given_fp8(config, extra.get("precision", {}))
     return config
 
 
@@ -559,6 +560,18 @@ def check_given_moe(config: RunConfig, given: Mapping[str, Any]) -> None:
         raise ConfigError(f"{names} configure model.arch = 'moe' and this run is "
                           f"{'your model (model.workload)' if m.workload else f'model.arch = {m.arch!r}'}: they would do "
                           f"nothing; drop them, or {fix}")
+
+
+def check_given_fp8(config: RunConfig, given: Mapping[str, Any]) -> None:
+    """``precision.fp8_*`` settings the caller gave for a run whose precision.mode is not fp8 would do
+    nothing: one line, as for [moe] settings on another family. Files are not held to this (a run
+    saved with them, then resumed in another mode)."""
+    named = [f"precision.{k}" for k in given if k.startswith("fp8_")]
+    if named and config.precision.mode != "fp8":
+        raise ConfigError(f"{', '.join(named)} configure{'s' if len(named) == 1 else ''} precision.mode = 'fp8' and this "
+                          f"run is precision.mode = {config.precision.mode!r}: {'it' if len(named) == 1 else 'they'} "
+                          f"would do nothing; drop {'it' if len(named) == 1 else 'them'}, or add "
+                          f"{setting('precision.mode', 'fp8')}")
 
 
 def check_moe(config: RunConfig) -> None:

@@ -31,8 +31,10 @@ LAUNCH_FILE = ".launch.json"  # the launcher job that last started the run: a re
 
 
 def run_name(config: RunConfig) -> str:
-    """``run.name``, or ``<preset>-<timestamp>`` when it is empty (``<FUNC>-<timestamp>`` for a workload)."""
-    label = config.model.workload.rpartition(":")[2] or config.preset
+    """``run.name``, or ``<preset>-<timestamp>`` when it is empty (for a workload ``FILE.py:FUNC`` or
+    ``package.module:FUNC``, ``<FILE>-<timestamp>`` or ``<module>-<timestamp>``: its FUNC is often just ``make``)."""
+    module = config.model.workload.rpartition(":")[0]
+    label = (Path(module).stem if module.endswith(".py") else module.rpartition(".")[2]) if module else config.preset
     return config.run.name or f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 

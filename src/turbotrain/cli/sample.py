@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
 
@@ -12,7 +13,8 @@ from ..loop.checkpoint import load_latest_weights
 from ..parts.data.tokenizer import BYTE_VOCAB, ByteTokenizer, load_run_tokenizer
 from ..base.errors import TurbotrainError
 from ..parts.models.registry import build_model, spec_for
-from ..base.rundir import CHECKPOINTS, find_run_dir, resume_config
+from ..base.config import RunConfig
+from ..base.rundir import CHECKPOINTS, CONFIG_FILE, find_run_dir, resume_config
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -28,13 +30,33 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return p
 
 
+def newest_generating_run(out_dir: str) -> tuple[Path, RunConfig]:
+    """The most recently written run under ``out_dir`` whose model generates text (a GPT or MoE
+    run), with its config: a newer ``--model`` run (a CNN) is passed over, not refused."""
+    runs = sorted((p for p in Path(out_dir).glob("*") if (p / CONFIG_FILE).is_file()),
+                  key=lambda p: (p / CONFIG_FILE).stat().st_mtime, reverse=True)
+    for run in runs:
+        try:
+            config = resume_config(run)
+        except TurbotrainError:  # a run this version cannot read: not the one to sample
+            continue
+        if spec_for(config).generates:
+            return run, config
+    raise TurbotrainError(f"no run under {out_dir}/ generates text ({len(runs)} run(s) of models that do not, or none); "
+                          "train one with `turbotrain train` (gpt-tiny), or name a run: turbotrain sample RUN")
+
+
 def main_sample(args: argparse.Namespace, extra: list[str]) -> int:
     if args.tokens < 0 or args.top_k < 0 or not args.temperature > 0:
         raise TurbotrainError(
             f"--tokens ({args.tokens}) and --top-k ({args.top_k}) must be >= 0 and --temperature ({args.temperature}) > 0"
         )
-    run_dir = find_run_dir(args.out_dir, args.run_dir)
-    config = resume_config(run_dir)
+    if args.run_dir:
+        run_dir = find_run_dir(args.out_dir, args.run_dir)
+        config = resume_config(run_dir)
+    else:
+        run_dir, config = newest_generating_run(args.out_dir)
+        print(f"sampling {run_dir} (the newest run that generates text; name another: turbotrain sample RUN)", file=sys.stderr)
     spec = spec_for(config)
     if not spec.generates:
         raise TurbotrainError(f"{run_dir} trained {config.model.workload or spec.name}, a {spec.name} model that does not generate "

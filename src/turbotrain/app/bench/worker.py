@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import torch
 
 from ...base.atomic import atomic_write
+from ...base.config import audience
 from ..doctor import cpu_model
 from ...base.version import __version__
 from .contenders import CONTENDERS, TRAINERS, SkipContender
@@ -73,7 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     result: dict[str, Any] = {"contender": args.contender, "pid": os.getpid()}
     code = 0
     try:
-        result.update(status="ok", **run(args.contender, spec))
+        with audience("cli"):  # its messages (out-of-memory advice) reach `turbotrain bench`'s table: flags, not dicts
+            result.update(status="ok", **run(args.contender, spec))
     except SkipContender as exc:
         result.update(status="skipped", reason=str(exc))
     except Exception as exc:  # reported in the table as "failed (...)", with the traceback here

@@ -32,7 +32,7 @@ import dataclasses
 import importlib.util
 import logging
 import warnings
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 from torch import nn
@@ -183,10 +183,25 @@ class FP8(BF16Mixed):
                                     m.register_load_state_dict_post_hook(_forget_precomputed_scales)]
             self.all_gathered.append(module)
         if not self.converted:
-            log.warning("precision fp8: no linear layer passed the filter (%s), so this run is bf16-mixed in effect; "
-                        "a smaller %s converts more", "; ".join(self.kept[:3]) or "the model has none",
-                        setting("precision.fp8_min_size", 1))
+            log.warning("precision fp8: no linear layer passed the filter (%s), so this run is bf16-mixed in effect; %s",
+                        "; ".join(self.kept[:3]) or "the model has none", self.advice(reasons.values()))
         return module
+
+    def advice(self, reasons: Iterable[str]) -> str:
+        """What would convert layers that ``reasons`` (:meth:`wants`'s, for each kept layer) kept out,
+        by the reasons themselves: only the settings that are in the way, never one already at its end."""
+        why = set(reasons)
+        fixes = []
+        if any(r.endswith("(precision.fp8_min_size)") for r in why) and self.min_size != 1:
+            fixes.append(f"a smaller {setting('precision.fp8_min_size', 1)}")
+        if any(r.endswith("(precision.fp8_lm_head)") for r in why):
+            fixes.append(setting("precision.fp8_lm_head", True))
+        if "precision.fp8_skip" in why:
+            fixes.append(f"fewer precision.fp8_skip prefixes (now {','.join(self.skip)!r})")
+        if fixes:
+            return f"to convert some: {' or '.join(fixes)}"
+        return (f"no fp8 setting changes that (float8 needs linear layers whose dimensions divide by 16); "
+                f"use {setting('precision.mode', 'bf16-mixed')}")
 
     def revert_module(self, module: nn.Module) -> nn.Module:
         """Float8 layers back to plain linears holding the same parameters (the optimizer's stay
