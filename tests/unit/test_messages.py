@@ -12,10 +12,12 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 from torch import nn
 
 from turbotrain.app import training
 from turbotrain.app.bench import worker
+from turbotrain.app.tune import space
 from turbotrain.app.training import train
 from turbotrain.base.config import audience, load_config, setting, to_toml
 from turbotrain.base.errors import ConfigError, TurbotrainError, TurbotrainWarning, quiet_imports
@@ -153,3 +155,17 @@ def test_a_model_run_is_named_after_its_file() -> None:
     name = run_name(load_config(None, {"model": {"workload": "examples/workload_cnn.py:make"}}))
     assert name.startswith("workload_cnn-") and len(name) == len("workload_cnn-20261127-013000")
     assert run_name(load_config(None, {"model": {"workload": "mypkg.models:make"}})).startswith("models-")
+
+
+# ----------------------------------------------------------------------------- item 8: tune offers nothing train warns against
+
+
+@pytest.mark.parametrize("caps", [DeviceCaps("cpu"), DeviceCaps("cuda", (8, 0), bf16=True), DeviceCaps("cuda", (7, 0))])
+def test_tune_offers_no_precision_that_train_warns_against(caps: DeviceCaps, monkeypatch) -> None:
+    monkeypatch.setattr(space.DeviceCaps, "of", classmethod(lambda cls, device: caps))
+    choices = space.precision_choices(torch.device(caps.type))
+    assert "fp32" in choices and (caps.type == "cpu") == (choices == ("fp32",)), choices
+    for name in choices:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", TurbotrainWarning)  # a warning train would print fails here
+            resolve_precision(name, caps)

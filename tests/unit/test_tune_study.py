@@ -26,14 +26,17 @@ GPT = ModelFacts(gpt=True, blocks=True, own_optimizer=False, dataloader=True)
 def test_the_space_on_cpu_leaves_out_what_cannot_help_and_what_you_fixed():
     base = load_config("gpt-tiny", {"run": {"device": "cpu"}})
     dims = {d.key: d for d in build_space(base, torch.device("cpu"), GPT, set(), micro_choices(32, 16))}
-    assert dims["precision.mode"].choices == ("fp32", "bf16-mixed", "bf16-true") and dims["precision.mode"].base == "fp32"
+    assert "precision.mode" not in dims  # bf16 on a CPU is what train warns against: fp32 is the one choice
     assert "compile.mode" not in dims and dims["compile.scope"].base == "off"  # CUDA-only modes
     assert dims["batch.micro"].choices == (2, 4, 8, 16, 32) and dims["batch.micro"].base == 32
     assert dims["optim.implementation"].choices == ("fused", "foreach")  # for-loop is never faster
     fixed = {d.key for d in build_space(base, torch.device("cpu"), GPT, {"precision.mode", "batch.micro"}, (8, 16))}
     assert "precision.mode" not in fixed and "batch.micro" not in fixed
     own = ModelFacts(gpt=False, blocks=False, own_optimizer=True, dataloader=False)
-    assert {d.key for d in build_space(base, torch.device("cpu"), own, set(), None)} == {"precision.mode", "compile.scope"}
+    assert {d.key for d in build_space(base, torch.device("cpu"), own, set(), None)} == {"compile.scope"}
+    asked = load_config("gpt-tiny", {"run": {"device": "cpu"}, "precision": {"mode": "bf16-mixed"}})
+    dims = {d.key: d for d in build_space(asked, torch.device("cpu"), GPT, set(), None)}
+    assert dims["precision.mode"].choices == ("fp32", "bf16-mixed")  # the user's own choice stays the baseline
 
 
 def test_a_micro_batch_brings_the_accumulation_that_keeps_the_global_batch():

@@ -61,10 +61,14 @@ class ModelFacts:
 
 def precision_choices(device: torch.device) -> tuple[str, ...]:
     """Every registered precision this device runs as it is (fp8 only on a GPU with float8 tensor
-    cores and torchao installed: emulation is never searched), in registry order."""
+    cores and torchao installed: emulation is never searched) and not slower than fp32 by the
+    precision's own word (:meth:`Precision.slow_on`, what ``train`` warns with: bf16 on a CPU), so
+    a tuned preset never holds a choice ``train`` warns against; in registry order."""
     caps = DeviceCaps.of(device)
     usable = []
     for name in PRECISIONS:
+        if PRECISIONS[name].slow_on(caps):
+            continue
         try:
             with warnings.catch_warnings():  # "bf16 on CPU is slow" is for a run, not for each candidate
                 warnings.simplefilter("ignore")
