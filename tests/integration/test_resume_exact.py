@@ -64,7 +64,7 @@ def test_each_background_checkpoint_holds_its_own_steps_weights_while_writes_ove
     original = checkpoint.save_checkpoint
 
     def slow(*args, **kwargs):
-        time.sleep(0.15)  # a slow disk: the writer thread is still here when the next step ends
+        time.sleep(0.3)  # a slow disk: the writer thread is still here when the next step ends (a step: ~1 ms)
         return original(*args, **kwargs)
 
     monkeypatch.setattr(checkpoint, "save_checkpoint", slow)

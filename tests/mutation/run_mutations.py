@@ -170,8 +170,13 @@ MUTATIONS: tuple[Mutation, ...] = (
 )
 
 
-def copy_tree(dest: Path) -> None:
-    """The files the tests need, from this checkout into ``dest`` (caches left out)."""
+def copy_tree(dest: Path, head: bool) -> None:
+    """The files the tests need into ``dest``: this checkout's working tree (caches left out), or
+    with ``head`` its last commit (``git archive HEAD``: nobody's uncommitted edits)."""
+    if head:
+        archive = subprocess.run(["git", "archive", "HEAD", *COPIED], cwd=ROOT, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+        return
     ignore = shutil.ignore_patterns("__pycache__", ".pytest_cache", "*.pyc")
     for name in COPIED:
         src = ROOT / name
@@ -239,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run these mutations only (see --list)")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"where the report goes (default {DEFAULT_JSON.relative_to(ROOT)})")
     parser.add_argument("--no-baseline", action="store_true", help="skip running the tests once unmutated first")
+    parser.add_argument("--head", action="store_true", help="mutate the last commit (git archive HEAD), not the working tree")
     parser.add_argument("--list", action="store_true", help="list the mutations and their tests, and exit")
     args = parser.parse_args(argv)
     chosen = [m for m in MUTATIONS if not args.only or m.name in args.only]
@@ -255,17 +261,20 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tt-mutations-") as tmp:
         tree = Path(tmp)
-        copy_tree(tree)
+        copy_tree(tree, args.head)
         check_imports_from_copy(tree)
         for m in chosen:  # every original line present before anything runs: a moved source fails at once
             (tree / m.path).write_text(apply(tree, m))
-        if not args.no_baseline:
-            nodes = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
-            rc, seconds, out = run_tests(tree, nodes)
-            baseline = {"passed": rc == 0, "seconds": round(seconds, 1), "tests": list(nodes)}
-            print(f"baseline (unmutated): {'passed' if rc == 0 else 'FAILED'} in {seconds:.0f} s", flush=True)
-            if rc != 0:
-                print(out[-3000:])
+        if not args.no_baseline:  # one pytest per test folder: the folders' conftest modules stay apart, as in CI's runs
+            nodes = list(dict.fromkeys(t for m in chosen for t in m.tests))
+            baseline = {"passed": True, "seconds": 0.0, "tests": nodes}
+            for folder in dict.fromkeys(n.split("/")[1] for n in nodes):
+                rc, seconds, out = run_tests(tree, tuple(n for n in nodes if n.split("/")[1] == folder))
+                baseline["passed"] &= rc == 0
+                baseline["seconds"] = round(baseline["seconds"] + seconds, 1)
+                if rc != 0:
+                    print(out[-3000:])
+            print(f"baseline (unmutated): {'passed' if baseline['passed'] else 'FAILED'} in {baseline['seconds']:.0f} s", flush=True)
         try:
             for m in chosen:
                 original = apply(tree, m)
@@ -284,7 +293,9 @@ def main(argv: list[str] | None = None) -> int:
 
     caught = sum(r["verdict"] in ("caught", "timeout") for r in results)
     report = {
-        "command": "python tests/mutation/run_mutations.py" + (f" --only {' '.join(args.only)}" if args.only else ""),
+        "command": "python tests/mutation/run_mutations.py" + (" --head" if args.head else "")
+                   + (f" --only {' '.join(args.only)}" if args.only else ""),
+        "tree": "HEAD" if args.head else "working tree",
         "commit": git_commit(),
         "python": platform.python_version(),
         "platform": platform.platform(),
