@@ -14,8 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from turbotrain import Engine
-from turbotrain.app.tracking import track
+from turbotrain import Engine, track
 
 
 class Net(nn.Module):

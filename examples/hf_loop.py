@@ -12,8 +12,7 @@ import sys
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, get_linear_schedule_with_warmup
 
-from turbotrain import Engine
-from turbotrain.app.tracking import track
+from turbotrain import Engine, track
 
 torch.manual_seed(0)
 config = GPT2Config(vocab_size=256, n_positions=64, n_embd=64, n_layer=2, n_head=2)

@@ -52,7 +52,8 @@ SKIPPED = {
     "pip install": "installs packages (no network here): .ci/run runs the README's install",
     "python -m pytest -q": "the test suite itself",
     "PORT=": "a shell variable for the two-node torchrun commands below it",
-    "torchrun": "several processes: tests/distributed (test_torchrun_train.py, test_data_parallel.py) runs these launches",
+    "torchrun --standalone --nproc-per-node 2 tests/distributed/dp_worker.py": "tests/distributed/test_data_parallel.py "
+                                                                                "launches this worker",
     "turbotrain train --resume runs/shard": "needs the torchrun fsdp run above it",
     "ls runs/shard/checkpoints": "needs the torchrun fsdp run above it",
     "turbotrain sample runs/shard": "needs the torchrun fsdp run above it",
@@ -72,6 +73,8 @@ SKIPPED = {
 
 # Command prefix -> why it is parsed and its config validated, not run.
 CHECKED = {
+    "torchrun": "several processes; the turbotrain part is checked, the launches themselves are tests/distributed's "
+                "(test_torchrun_train.py: ddp, fsdp, two nodes, --max-restarts, expert parallelism)",
     "turbotrain train --preset gpt-tiny --train.max_steps 300 --precision.mode=fp32": "sampled: `turbotrain train` runs",
     "turbotrain train --data my_tokens.bin": "sampled: the token file's path is the folder run's",
     "turbotrain train --model examples/hf_causal_lm.py:make": "imports transformers and builds a GPT-2 (tens of seconds); "
@@ -238,7 +241,10 @@ def test_command(snippet: Snippet, command: str, words: list[str], scratch, monk
 
 def check(words: list[str]) -> None:
     """The command line through the CLI's own parser; a ``train`` command's config resolved (every
-    field and value validated) as ``turbotrain train`` resolves a new run's."""
+    field and value validated) as ``turbotrain train`` resolves a new run's. Under torchrun: the
+    part after ``-m turbotrain``."""
+    if words[0] == "torchrun":
+        words = words[words.index("-m") + 1:]
     assert words[0] == "turbotrain", words
     args, extra = build_parser().parse_known_args(words[1:])  # a mistake exits 2 (SystemExit fails the test)
     if words[1] != "train":
