@@ -219,6 +219,12 @@ def failed_test(output: str) -> str:
     return found[0] if found else ""
 
 
+def first_error(output: str) -> str:
+    """The first ``E`` line of pytest's report: what the catching test saw (an assertion, an error)."""
+    found = re.search(r"^E +(.+)$", output, flags=re.MULTILINE)
+    return found.group(1).strip()[:300] if found else ""
+
+
 def verdict(rc: int) -> str:
     return {0: "survived", 1: "caught", -1: "timeout"}.get(rc, "error")
 
@@ -282,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                     rc, seconds, out = run_tests(tree, m.tests)
                 finally:
                     (tree / m.path).write_text(original)
-                row = {"name": m.name, "file": m.path, "why": m.why, "verdict": verdict(rc), "failed_test": failed_test(out),
+                row = {"name": m.name, "file": m.path, "why": m.why, "verdict": verdict(rc), "failed_test": failed_test(out), "saw": first_error(out),
                        "seconds": round(seconds, 1), "tests": list(m.tests), "original": m.original, "mutated": m.mutated}
                 if row["verdict"] == "error":
                     row["output_tail"] = out[-1500:]
