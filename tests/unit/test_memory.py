@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import math
 
 import pytest
@@ -28,6 +29,7 @@ from turbotrain.tools.memory import (
     token_batches,
 )
 from turbotrain.base.rundir import BATCH_CACHE
+from turbotrain.tools.memory.finder import CPU_MAX_STEP_S
 from turbotrain.base.batch import split_batch
 from turbotrain.core.oom import HalveOnOOM
 from turbotrain.core.transforms import apply_activation_checkpointing, checkpointed_blocks
@@ -230,16 +232,24 @@ def test_resolve_batch_size_on_cpu_keeps_the_global_batch_and_caches(tmp_path):
     assert cached.cached and again.batch == resolved.batch
 
 
-def test_the_cpu_answer_does_not_depend_on_timing(monkeypatch):
-    """A busy machine cannot change the answer: steps reported ever slower per sample (samples/s
-    falling as 1/micro**2) do not stop the search short of the ceiling."""
+def test_the_cpu_search_stops_at_the_step_time_budget(monkeypatch, caplog):
+    """On CPU RAM is no useful limit: the doubling stops at the first size whose measured step takes
+    over CPU_MAX_STEP_S (here 0.1 s per sequence: 16 takes 1.6 s), which fails, and every
+    size tried is a progress line (issue 32 item 7: 1024 sequences at a minute a step before)."""
     measure = StepTrial.__call__
-    monkeypatch.setattr(StepTrial, "__call__", lambda self, micro: TrialResult(measure(self, micro).peak_bytes, micro**3))
+    monkeypatch.setattr(StepTrial, "__call__", lambda self, micro: TrialResult(measure(self, micro).peak_bytes, 0.1 * micro))
     config = load_config(overrides={"run": {"device": "cpu"}, "batch": {"micro": "auto", "global_size": 64},
                                     "model": {"n_layer": 1, "n_head": 2, "d_model": 16, "block_size": 8, "vocab_size": 64}})
     t = build_trainable(config, _tiny_gpt(n_layer=1, d_model=16, block_size=8))
-    resolved, search = resolve_batch_size(config, t.engine, t.model, t.optimizer)
-    assert search.found == resolved.batch.micro == 64 and max(r.micro for r in search.trials) == 64
+    with caplog.at_level(logging.INFO):
+        resolved, search = resolve_batch_size(config, t.engine, t.model, t.optimizer)
+    assert CPU_MAX_STEP_S == 1.0
+    assert search.found == resolved.batch.micro == 8 and resolved.batch.accumulation == 8  # global batch 64 kept
+    assert [r.micro for r in search.trials] == [1, 2, 4, 8, 16]
+    assert search.trials[-1].reason == "over the step-time budget (1.60 s > 1 s)"
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("batch finder: micro-batch")]
+    assert lines[0].startswith("batch finder: micro-batch 1 fits, 0.10 s a step, peak ") and len(lines) == 6
+    assert lines[4].startswith("batch finder: micro-batch 16 over the step-time budget (1.60 s > 1 s), 1.60 s a step")
 
 
 # ----------------------------------------------------------------------------- checkpointing

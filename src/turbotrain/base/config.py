@@ -223,7 +223,8 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class BatchConfig:
-    micro: int | str = knob(32, "sequences per forward/backward, or 'auto' to search the largest that fits", min=1, max=MAX_BATCH)
+    micro: int | str = knob(32, "sequences per forward/backward, or 'auto' to search the largest that fits (on CPU: "
+                             "the largest whose measured step takes at most 1 s)", min=1, max=MAX_BATCH)
     accumulation: int = knob(1, "micro-batches per optimizer step (global = micro x accumulation x world)", min=1, max=MAX_BATCH)
     pick: str = knob("largest", "with micro='auto': 'largest' size that fits or 'fastest' measured",
                      choices=BATCH_PICKS)

@@ -17,8 +17,12 @@ are interpolated between measured ones (memory is close to linear in the batch).
 
 On CPU (no allocator statistics; running out of memory kills the process rather than raising),
 peaks are counted by :class:`TensorMemoryTracker` and sizes whose extrapolated peak would exceed the
-available RAM are not run. With ``pick='largest'`` the answer depends on memory only, never on
-timing, so a busy machine finds the same size; ``slowdown_stop`` opts into a timing rule.
+available RAM are not run. RAM is no useful limit there (a CPU fits 1024 sequences of a small GPT
+at about a minute a step), so on CPU a size also fails when its measured step (median of 3)
+takes longer than :data:`CPU_MAX_STEP_S` (1 s): the doubling stops at the first slow size and the
+binary search finds the largest under the budget (a timing rule, so a busy CPU may find a smaller
+size). On CUDA, with ``pick='largest'``, the answer depends on memory only, never on timing;
+``slowdown_stop`` opts into a timing rule there. Each size tried is one progress line.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from .stats import TensorMemoryTracker, optimizer_tensors, storage_bytes
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MICRO = 1024  # sequences; beyond this larger micro-batches rarely run faster
+CPU_MAX_STEP_S = 1.0  # on CPU, a micro-batch whose measured step takes longer is not chosen: steps stay short
 
 
 @dataclass(frozen=True)
@@ -173,6 +178,7 @@ def find_batch_size(
     multiple_of: int = 8,
     predict: bool = False,
     slowdown_stop: float = 0.0,
+    max_step_s: float = 0.0,
     agree: Callable[[int], int] = _agree_across_ranks,
 ) -> BatchSearch:
     """Search the micro-batch for ``trial`` (see the module doc). Never returns a size that ran
@@ -185,6 +191,9 @@ def find_batch_size(
     the kernel's OOM killer) instead of raising an error. ``slowdown_stop`` (0 = off) stops
     growing once a size runs at less than that fraction of the best samples/s so far (on CPU
     oversized batches may thrash the caches): a timing rule, so its answer varies with load.
+    ``max_step_s`` (0 = off; :data:`CPU_MAX_STEP_S` on CPU) counts a size whose measured step takes
+    longer than that many seconds as not fitting (``start`` always fits): the doubling stops there
+    and the binary search finds the largest size under it.
     """
     if pick not in BATCH_PICKS:
         raise choice_error("batch.pick", pick, BATCH_PICKS)
@@ -212,10 +221,15 @@ def find_batch_size(
                 record.peak_bytes, record.step_s = int(result.peak_bytes), float(result.step_s)
                 record.fits = budget_bytes is None or result.peak_bytes <= budget_bytes
                 record.reason = "" if record.fits else "over budget"
+                if record.fits and max_step_s and fitting and record.step_s > max_step_s:  # the first size always counts
+                    record.fits, record.reason = False, f"over the step-time budget ({record.step_s:.2f} s > {max_step_s:g} s)"
         if agree(int(record.fits)) == 0 and record.fits:
             record.fits, record.reason = False, "another rank ran out of memory"
         trials.append(record)
-        log.debug("batch finder: micro-batch %d %s", micro, "fits" if record.fits else record.reason)
+        measured = (f", {record.step_s:.2f} s a step" if record.step_s is not None else "") + (
+            f", peak {gib(record.peak_bytes):.2f} GiB" if record.peak_bytes is not None else "")
+        log.info("batch finder: micro-batch %d %s%s (%.0f s so far)", micro, "fits" if record.fits else record.reason,
+                 measured, time.perf_counter() - t0)  # one line per size: a long search shows it is alive
         return record.fits
 
     lo, hi, micro = 0, 0, start
@@ -482,7 +496,7 @@ def token_batches(vocab_size: int, seq_len: int, device: torch.device, seed: int
 
 
 def cache_key(config: RunConfig, engine: Engine, world: int, max_micro: int,
-              slowdown_stop: float = 0.0) -> tuple[str, dict[str, Any]]:
+              slowdown_stop: float = 0.0, max_step_s: float = 0.0) -> tuple[str, dict[str, Any]]:
     """The cache entry's key: a hash of (model, precision, compile, sequence length, device,
     checkpointing, the search's own settings, world size), and the readable parts."""
     device = engine.device
@@ -502,6 +516,7 @@ def cache_key(config: RunConfig, engine: Engine, world: int, max_micro: int,
         **({"memory_max_fraction": config.memory.max_fraction} if config.memory.max_fraction else {}),  # old keys stay valid
         "max_micro": max_micro,
         "slowdown_stop": slowdown_stop,
+        **({"max_step_s": max_step_s} if max_step_s else {}),  # CUDA's keys stay as they were
         "world": world,
         "torch": torch.__version__,
     }
@@ -534,6 +549,7 @@ def resolve_batch_size(
     make_batch: Callable[[int], Any] | None = None,
     loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
     slowdown_stop: float = 0.0,
+    max_step_s: float | None = None,
 ) -> tuple[RunConfig, BatchSearch | None]:
     """Turn ``batch.micro = 'auto'`` into a number: search (or read the cache in ``run_dir``),
     fit the global batch, set ``engine.accumulation``, and return the config with concrete
@@ -545,6 +561,7 @@ def resolve_batch_size(
     bounds the search (default 1024, and the per-rank global batch when one is set).
     ``slowdown_stop`` (0 = off, the default on every device) stops growth once samples/s fall
     under that fraction of the best: a timing rule, so its answer can change with machine load.
+    ``max_step_s`` bounds a step's measured time (None: :data:`CPU_MAX_STEP_S` on CPU, none on CUDA).
     """
     b = config.batch
     if isinstance(b.micro, int):
@@ -554,7 +571,9 @@ def resolve_batch_size(
     ceiling = min(max_micro or DEFAULT_MAX_MICRO, DEFAULT_MAX_MICRO)
     if global_size > 0:
         ceiling = min(ceiling, max(1, -(-global_size // world)))
-    key, parts = cache_key(config, engine, world, ceiling, slowdown_stop)
+    if max_step_s is None:
+        max_step_s = CPU_MAX_STEP_S if engine.device.type == "cpu" else 0.0
+    key, parts = cache_key(config, engine, world, ceiling, slowdown_stop, max_step_s)
     cache = Path(run_dir) / BATCH_CACHE if run_dir is not None else None
     entry = _read_cache(cache).get(key) if cache is not None else None
     search: BatchSearch | None = None
@@ -570,12 +589,12 @@ def resolve_batch_size(
         budget = usable_memory_bytes(engine.device, b.max_memory_gib, fraction)
         if engine.device.type == "cpu" and budget is not None:  # the weights already sit in RAM
             budget += storage_bytes(list(model.parameters()) + list(model.buffers()))
-        timed = 3 if b.pick == "fastest" or slowdown_stop else 1  # timing rules decide on medians of 3
+        timed = 3 if b.pick == "fastest" or slowdown_stop or max_step_s else 1  # timing rules decide on medians of 3
         with StepTrial(engine, model, optimizer, make_batch, loss_fn, timed_steps=timed) as trial:
             search = find_batch_size(
                 trial, max_micro=ceiling, headroom=b.headroom, pick=b.pick, budget_bytes=budget,
                 predict=engine.device.type != "cuda",  # on CPU a real OOM kills the process
-                slowdown_stop=slowdown_stop,
+                slowdown_stop=slowdown_stop, max_step_s=max_step_s,
             )
         search.found = search.micro = _agree_across_ranks(search.found)
         if cache is not None and rank_world()[0] == 0:
