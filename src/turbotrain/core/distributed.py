@@ -28,6 +28,7 @@ sync), so every rank's non-finite guard sees the same value and they skip togeth
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import logging
@@ -314,6 +315,9 @@ def join_process_group(cfg: DistributedConfig, device: torch.device, topology: T
         where = _restart_safe_store(topology, cfg.timeout_s)
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.timeout_s), **where,
                             **({"device_id": device} if device.type == "cuda" else {}))
+    if not _leaving:
+        _leaving.append(True)
+        atexit.register(_leave_at_exit)
 
 
 def _restart_safe_store(topology: Topology, timeout_s: float) -> dict[str, Any]:
@@ -394,10 +398,49 @@ def collective_device() -> torch.device:
     return torch.device("cpu")
 
 
+_leaving: list[bool] = []  # the exit hook, once registered
+_gloo_groups: list[dist.ProcessGroup] = []  # gloo groups made beside another default backend (NCCL)
+
+
+def new_gloo_group() -> dist.ProcessGroup:
+    """A gloo group of every rank (for host-side collectives beside NCCL: a background checkpoint
+    write's), left by :func:`shutdown`. Making a group is a collective: every rank calls this at
+    the same point."""
+    group = dist.new_group(backend="gloo")
+    _gloo_groups.append(group)
+    return group
+
+
 def shutdown() -> None:
-    """Leave the process group (at the end of a run; a no-op without one)."""
-    if in_group():
+    """Leave the gloo process groups of this process (a no-op without one): under a gloo default
+    group, all of them; under NCCL, the gloo groups :func:`new_gloo_group` made. Leaving gloo is
+    local (no collective), so it cannot wait on a rank that is gone. NCCL's default group is left
+    to torch: its teardown is collective in some NCCL versions and would hang an exit after a peer
+    was lost."""
+    if not in_group():
+        _gloo_groups.clear()
+        return
+    if dist.get_backend() == "gloo":
         dist.destroy_process_group()
+    else:
+        for group in _gloo_groups:
+            dist.destroy_process_group(group)
+    _gloo_groups.clear()
+
+
+def _leave_at_exit() -> None:
+    """atexit, registered when this process joins the launcher's group: leave the gloo groups while
+    the interpreter is whole. Without it a rank sometimes ended with "terminate called without an
+    active exception" (SIGABRT, which torchrun reports as the rank's failure) after its last
+    line: a gloo worker thread still held the last reference to a collective's tensor, and freeing
+    it needs the GIL while the interpreter was being torn down (6 of 10 launches of a two-rank
+    loop that exits right after its collectives; torch does not destroy groups at exit itself).
+    Interpreter exit joins non-daemon threads first (a background checkpoint write), then runs
+    this."""
+    try:
+        shutdown()
+    except Exception as exc:  # noqa: BLE001 - an exit hook must not turn a finished run into a traceback
+        log.warning("leaving the process group at exit failed: %s", exc)
 
 
 class ReportedByAnotherRank(TurbotrainError):

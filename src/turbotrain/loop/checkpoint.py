@@ -39,7 +39,7 @@ from torch import nn
 from . import sharded
 from ..base.atomic import atomic_write, clean_stale_temps
 from ..base.config import MODEL_SECTIONS, TrainConfig, migrate
-from ..core.distributed import ReportedByMainRank, Strategy, in_group, rank_world
+from ..core.distributed import ReportedByMainRank, Strategy, in_group, new_gloo_group, rank_world
 from ..core.engine import Engine
 from ..base.errors import TurbotrainError
 from .hooks import FitContext, Hook, every
@@ -790,7 +790,7 @@ class Checkpointer(Hook):
             return lambda: save_checkpoint(folder, step, payload, keep_last)
         parts = self._stage_shards(sharded_parts(self.state))
         if self._group is None and in_group():  # every rank saves at the same steps: created at the same point
-            self._group = dist.new_group(backend="gloo")
+            self._group = new_gloo_group()  # left at exit (core.distributed.shutdown)
         group = self._group
         return lambda: write_sharded(folder, step, parts, keep_last, group=group)
 
@@ -798,7 +798,7 @@ class Checkpointer(Hook):
         if self.background is not None and self.sharded and self._group is None and in_group():
             # the background writes' own group, made now on every rank: later (at the first save) the
             # launcher's store may be gone (orphaned ranks still save at their stop)
-            self._group = dist.new_group(backend="gloo")
+            self._group = new_gloo_group()  # left at exit (core.distributed.shutdown)
         for path in clean_stale_temps(self.folder):
             log.info("removed %s, left by a checkpoint write that was killed", path)
         if rank_world()[0] == 0:  # one process cleans; no save runs before every rank reaches it
