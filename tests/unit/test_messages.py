@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -22,6 +24,7 @@ from turbotrain.app.training import train
 from turbotrain.base.config import audience, load_config, setting, to_toml
 from turbotrain.base.errors import ConfigError, TurbotrainError, TurbotrainWarning, quiet_imports
 from turbotrain.base.rundir import CONFIG_FILE, run_name
+from turbotrain.base.signals import StopSignals
 from turbotrain.cli import format_warning
 from turbotrain.cli.sample import newest_generating_run
 from turbotrain.core.precision import FP8, DeviceCaps, resolve_precision
@@ -169,3 +172,22 @@ def test_tune_offers_no_precision_that_train_warns_against(caps: DeviceCaps, mon
         with warnings.catch_warnings():
             warnings.simplefilter("error", TurbotrainWarning)  # a warning train would print fails here
             resolve_precision(name, caps)
+
+
+# ----------------------------------------------------------------------------- item 6: no long silences
+
+
+def test_the_first_signal_is_acknowledged_at_once(capfd: pytest.CaptureFixture[str], monkeypatch) -> None:
+    monkeypatch.delenv("RANK", raising=False)
+    stops: list[str] = []
+    controller = StopSignals().install()
+    try:
+        controller.on_first(stops.append)  # training's action: ask the loop to stop after the step
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stops == ["SIGTERM"]
+        assert capfd.readouterr().err == ("\nturbotrain: SIGTERM received: stopping after this step (it saves a "
+                                          "checkpoint); a second SIGTERM to abort\n")
+        with pytest.raises(KeyboardInterrupt):  # the second: stop now
+            os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        controller.restore()

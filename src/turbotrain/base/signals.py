@@ -16,6 +16,10 @@ instead of 75: it is the signal a SLURM job asks for before its time limit
 A second signal, in any phase, means "stop now": :class:`KeyboardInterrupt` (exit 130), and the
 previous actions come back (a third signal gets them).
 
+The first signal is acknowledged at once, in the handler, with one line on stderr (``os.write``:
+no buffered stream is touched inside a handler) when the stop waits for something: "stopping after
+this step; Ctrl-C again to abort" (rank 0 only under torchrun). Start-up's stop says itself.
+
 A process that starts with SIGINT ignored (a background job of a non-interactive shell, or a
 launcher that ignores it on purpose) keeps ignoring SIGINT in every phase, as POSIX intends;
 SIGTERM is always handled.
@@ -24,6 +28,7 @@ SIGTERM is always handled.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 from typing import Any, Callable, Iterator
 
@@ -82,7 +87,20 @@ class StopSignals:
             raise KeyboardInterrupt  # the second: stop now
         if self._action is not None:
             self._acted = True
-            self._action(self.received[0])
+            self._action(self.received[0])  # start-up's raises (its own message); training's asks the loop to stop
+            acknowledge(self.received[0], "stopping after this step (it saves a checkpoint)")
+        else:
+            acknowledge(self.received[0], "finishing what is being written")
+
+
+def acknowledge(name: str, what: str) -> None:
+    """Say at once, from a signal handler, that signal ``name`` was heard and what happens next:
+    one line on stderr by ``os.write`` (safe in a handler), on rank 0 only (the others would repeat it)."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    again = "Ctrl-C again" if name == "SIGINT" else f"a second {name}"
+    with contextlib.suppress(OSError):  # stderr closed: nothing to tell
+        os.write(2, f"\nturbotrain: {name} received: {what}; {again} to abort\n".encode())
 
 
 def active() -> StopSignals | None:
