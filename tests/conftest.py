@@ -63,3 +63,14 @@ def _seed() -> None:
     np.random.seed(0)
 
 
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` are skipped, with the reason, where torch sees no CUDA device:
+    ``pytest -m gpu`` on a GPU machine runs exactly them."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (none visible to torch)")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)

@@ -8,7 +8,7 @@ from turbotrain import Engine
 from turbotrain.parts.models.gpt import GPT, GPTConfig
 from turbotrain.core.optim import build_optimizer
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible to torch)")
+pytestmark = pytest.mark.gpu  # skipped without CUDA (tests/conftest.py)
 
 
 def _gpt() -> GPT:

@@ -17,7 +17,7 @@ from turbotrain.core.optim import build_optimizer
 from turbotrain.app.training import train
 from turbotrain.base.units import GIB
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible to torch)")
+pytestmark = pytest.mark.gpu  # skipped without CUDA (tests/conftest.py)
 
 
 def _setup(overrides: dict):

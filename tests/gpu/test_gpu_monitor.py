@@ -17,7 +17,7 @@ from turbotrain.app.training import build_training, new_run_dir
 
 from conftest import tiny_overrides
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible to torch)")
+pytestmark = pytest.mark.gpu  # skipped without CUDA (tests/conftest.py)
 
 LOG_EVERY, MAX_STEPS = 4, 12
 
