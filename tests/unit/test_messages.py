@@ -13,6 +13,7 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -28,6 +29,7 @@ from turbotrain.base.signals import StopSignals
 from turbotrain.cli import format_warning
 from turbotrain.cli.sample import newest_generating_run
 from turbotrain.core.precision import FP8, DeviceCaps, resolve_precision
+from turbotrain.parts.data import sources
 
 from conftest import tiny_overrides
 
@@ -191,3 +193,28 @@ def test_the_first_signal_is_acknowledged_at_once(capfd: pytest.CaptureFixture[s
             os.kill(os.getpid(), signal.SIGINT)
     finally:
         controller.restore()
+
+
+class _WordTokenizer:
+    """A subword tokenizer stand-in: one id per byte, under another name (so it is not the byte path)."""
+
+    name, vocab_size = "words-test", 256
+
+    def encode(self, texts):
+        return [np.frombuffer(t, dtype=np.uint8).astype(np.uint16) for t in texts]
+
+    def separator(self) -> np.ndarray:
+        return np.array([10], dtype=np.uint16)
+
+
+def test_tokenizing_off_a_terminal_says_how_far_it_is(tmp_path, monkeypatch, caplog: pytest.LogCaptureFixture) -> None:
+    files = []
+    for i in range(4):
+        files.append(tmp_path / f"f{i}.txt")
+        files[-1].write_bytes(b"x" * 1000)
+    monkeypatch.setattr(sources, "ENCODE_CHUNK_BYTES", 1000)  # one file per chunk
+    with caplog.at_level(logging.INFO):
+        sources.tokenize_files(files, tmp_path / "cache", _WordTokenizer(), progress=True)  # pytest's stderr: no terminal
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("tokenizing: ")]
+    assert len(lines) == 4 and all(line.startswith("tokenizing: 0.0 of 0.0 MB (") for line in lines)
+    assert [line.split("(")[1].split(")")[0] for line in lines] == ["25%", "50%", "75%", "100%"]

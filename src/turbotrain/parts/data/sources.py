@@ -308,7 +308,8 @@ def tokenize_files(files: list[Path], cache_dir: Path, tokenizer: Tokenizer, pro
     (its cache entries stay valid). A subword entry is keyed on the tokenizer and the files as
     they were read, and used again only when its ``.json`` (written after it) says how many
     tokens it holds and the size agrees; it is written atomically. Encoding shows a progress bar
-    on a terminal when ``progress``; Ctrl-C between chunks of ~8 MB leaves nothing behind."""
+    on a terminal when ``progress``, else one log line per chunk of ~8 MB; Ctrl-C between chunks
+    leaves nothing behind."""
     if tokenizer.name == ByteTokenizer.name:
         return byte_tokenize(files, cache_dir)
     _open_cache(cache_dir)
@@ -333,6 +334,10 @@ def tokenize_files(files: list[Path], cache_dir: Path, tokenizer: Tokenizer, pro
             for ids in tokenizer.encode(texts):
                 parts += [ids, sep]
             bar.advance(task, sum(len(t) for t in texts))
+            if bar.disable:  # no bar (not a terminal): a line per chunk of ~8 MB, so a long encode is never silent
+                done = sum(k[1] for k in read)
+                log.info("tokenizing: %.1f of %.1f MB (%.0f%%), %.0f s", done / 1e6, total / 1e6,
+                         100 * done / max(1, total), time.perf_counter() - start)
     tokens = np.concatenate(parts) if parts else np.zeros(0, np.uint16)
     out = _cache_path(cache_dir, read, tokenizer.name)  # a file changed between listing and reading: key what was read
     _cache_write(out, tokens)
