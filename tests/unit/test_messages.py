@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch import nn
 
+from turbotrain import Engine, fit
 from turbotrain.app import training
 from turbotrain.app.bench import worker
 from turbotrain.app.tune import space
@@ -29,6 +30,7 @@ from turbotrain.base.signals import StopSignals
 from turbotrain.cli import format_warning
 from turbotrain.cli.sample import newest_generating_run
 from turbotrain.core.precision import FP8, DeviceCaps, resolve_precision
+from turbotrain.loop.monitor import Monitor
 from turbotrain.parts.data import sources
 
 from conftest import tiny_overrides
@@ -218,3 +220,18 @@ def test_tokenizing_off_a_terminal_says_how_far_it_is(tmp_path, monkeypatch, cap
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("tokenizing: ")]
     assert len(lines) == 4 and all(line.startswith("tokenizing: 0.0 of 0.0 MB (") for line in lines)
     assert [line.split("(")[1].split(")")[0] for line in lines] == ["25%", "50%", "75%", "100%"]
+
+
+def test_a_compiled_first_step_is_announced_and_timed(caplog: pytest.LogCaptureFixture) -> None:
+    """The one torch.compile test here: the tiniest model (a Linear), two steps."""
+    engine = Engine({"run": {"device": "cpu"}, "compile": {"scope": "model"}})
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer, _ = engine.setup(model, optimizer)
+    batches = [(torch.ones(2, 4), torch.zeros(2, 1))] * 2
+    with caplog.at_level(logging.INFO):
+        fit(engine, model, optimizer, batches, max_steps=2, hooks=[Monitor(10)],
+            loss_fn=lambda m, b: nn.functional.mse_loss(m(b[0]), b[1]))
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith(("compiling", "compiled"))]
+    assert said[0] == "compiling (first step; torch.compile, model)..."
+    assert len(said) == 2 and said[1].startswith("compiled: first step ") and said[1].endswith(" s")

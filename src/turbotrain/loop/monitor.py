@@ -282,6 +282,9 @@ class Monitor(Hook):
 
     def on_fit_start(self, ctx: FitContext) -> None:
         s = ctx.engine.state
+        self._compiling = ctx.engine.options.compile_scope != "off"  # the first step compiles: minutes, say so
+        if self._compiling:
+            log.info("compiling (first step; torch.compile, %s)...", ctx.engine.options.compile_scope)
         self.start(s.step, s.samples, s.tokens)
 
     def on_step_end(self, ctx: FitContext) -> None:
@@ -290,6 +293,8 @@ class Monitor(Hook):
         evaluated = ctx.metrics.get("val_step") == step  # Evaluate (before this hook) has just validated: record it
         if step == self._first or every(step, self.interval) or own or evaluated:
             self._observe(ctx)
+        if step == self._first and self._compiling and self.first_step_s is not None:
+            log.info("compiled: first step %.1f s", self.first_step_s)
 
     def on_fit_end(self, ctx: FitContext) -> None:
         step = ctx.engine.state.step
