@@ -1,9 +1,10 @@
 """Sharded checkpoints (torch.distributed.checkpoint) on 2 gloo processes, through the engine, fit()
 and the Checkpointer (tests/distributed/ckpt_worker.py):
 
-- a one-process ``.pt`` checkpoint resumes in 2 processes (ddp, fsdp), which then write sharded
-  folders; keep-last counts both kinds;
-- a folder written by 2 processes resumes in 2 and in 1 process;
+- a one-process ``.pt`` checkpoint resumes in 2 fsdp processes, which then write sharded folders;
+  keep-last counts both kinds;
+- a folder written by 2 fsdp processes resumes in 2 ddp processes (another layout: one chain covers
+  both strategies, three launches instead of six) and in 1 process;
 - an unfinished save (no marker, or a ``.partial`` folder) is never loaded and is removed;
 - every resumed step has the loss of one uninterrupted process (fp32, within 1e-5).
 """
@@ -55,16 +56,18 @@ def reference(tmp_path_factory) -> tuple[dict, Path]:
     return run, folder
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_checkpoints_reshard_between_one_and_two_processes(tmp_path, reference, strategy):
+def test_checkpoints_reshard_between_one_and_two_processes_and_between_strategies(tmp_path, reference):
+    """One chain over both strategies (each leg a launch): a one-process .pt resumes in 2 fsdp
+    processes, whose sharded folder resumes in 2 ddp processes (another layout of the same state)
+    and in 1 plain process."""
     ref, ref_folder = reference
     folder = tmp_path / "ck"
     folder.mkdir()
     for name in ("step_00000003.pt", "step_00000003.pt.sha256"):
         shutil.copy(ref_folder / name, folder / name)
 
-    # a one-process checkpoint resumes in 2 processes; they save sharded folders at 4 and 6 (keep 2)
-    ranks = _run(folder, strategy, 2, 6, 2, 2)
+    # a one-process checkpoint resumes in 2 fsdp processes; they save sharded folders at 4 and 6 (keep 2)
+    ranks = _run(folder, "fsdp", 2, 6, 2, 2)
     for r in ranks:
         assert r["resumed"] == "step_00000003.pt" and r["world"] == 2
         _assert_same_losses(r, ref, range(4, 7))
@@ -79,11 +82,13 @@ def test_checkpoints_reshard_between_one_and_two_processes(tmp_path, reference, 
     alone = tmp_path / "alone"
     shutil.copytree(folder, alone)
 
-    # written by 2, resumed in 2 ...
-    for r in _run(folder, strategy, 2, STEPS, 100, 2):
+    # written by 2 fsdp processes, resumed in 2 ddp processes ...
+    for r in _run(folder, "ddp", 2, STEPS, 100, 2):
         assert r["resumed"] == "step_00000006"
         _assert_same_losses(r, ref, range(7, STEPS + 1))
     assert _names(folder) == ["step_00000006", "step_00000012"]  # the unfinished ones were removed
+    marker = json.loads((folder / "step_00000012" / "finished.json").read_text())
+    assert marker["world"] == 2  # ddp wrote its own sharded folder
 
     # ... and in 1 plain process (no process group), which writes the one-process format again
     run = _run(alone, "single", 1, STEPS, 100, 2)[0]

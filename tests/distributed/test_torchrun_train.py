@@ -198,8 +198,10 @@ def test_kill_9_of_one_rank_restarts_the_group_which_resumes_by_itself(work, sin
     os.kill(victim, signal.SIGKILL)
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err[-3000:]
-    assert "(exitcode: -9) local_rank: 1" in err  # torchrun names the killed rank ...
-    assert "[rank 0] another rank stopped or was lost: a collective failed" in err  # ... and the survivor says why
+    # torchrun names the first failure it polled: the killed rank, or the survivor when it ended (status 1)
+    # within the same poll, whose timestamp comes first
+    assert "(exitcode: -9) local_rank: 1" in err or "(exitcode: 1) local_rank: 0" in err, err[-3000:]
+    assert "[rank 0] another rank stopped or was lost: a collective failed" in err  # the survivor says why
     assert "torchrun starts the workers again (restart 1 of --max-restarts 1)" in err
     assert "resuming" in out and "TORCHELASTIC_RESTART_COUNT=1 of 1" in out, out
     _assert_same(_losses(work, name), single)
@@ -229,24 +231,25 @@ MOE = ["--preset=moe-tiny", "--moe.expert_hidden=64", "--distributed.strategy=dd
 
 
 def test_expert_parallel_run_resumes_exactly_at_its_degree_and_at_degree_1(work):
-    """moe-tiny (router-bias updates on) with its experts over 2 ranks, stopped at step 20 and
+    """moe-tiny (router-bias updates on) with its experts over 2 ranks, stopped at step 10 of 20 and
     resumed by the same command: every step and the final validation loss are the uninterrupted
     run's (the optimizer's expert state comes back sliced like the experts, the bias's pending
     loads too). The stopped run, resumed in one process with the documented batch (the same global
     batch by accumulation, degree 1), ends at the same losses too."""
-    ep = [*MOE, "--distributed.expert_parallel=2"]
+    steps = STEPS // 2  # half the others' steps: the resume, not the learning, is what this checks
+    ep = [*MOE, "--distributed.expert_parallel=2", f"--train.max_steps={steps}"]
     proc = _run(_torchrun(2) + _args(work, "ep", MICRO, *ep))
     assert proc.returncode == 0, proc.stderr[-3000:]
     reference = _losses(work, "ep")
-    assert sorted(reference) == list(range(1, STEPS + 1)) and reference[STEPS] < reference[1] - 0.5
+    assert sorted(reference) == list(range(1, steps + 1)) and reference[steps] < reference[1] - 0.3
 
-    proc = _run(_torchrun(2) + _args(work, "ep-stopped", MICRO, *ep, "--train.stop_after_steps=20"))
+    proc = _run(_torchrun(2) + _args(work, "ep-stopped", MICRO, *ep, f"--train.stop_after_steps={steps // 2}"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     shutil.copytree(work / "runs" / "ep-stopped", work / "runs" / "ep-degree1")
     resumed = _run(_torchrun(2) + ["--resume", str(work / "runs" / "ep-stopped"), "--no-progress"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    _assert_same(_losses(work, "ep-stopped"), reference)
-    assert abs(_val(work, "ep-stopped") - _val(work, "ep")) <= 1e-5
+    _assert_same(_losses(work, "ep-stopped"), reference, tolerance=0.0)  # the same ranks and degree: bit for bit
+    assert _val(work, "ep-stopped") == _val(work, "ep")
 
     one = inprocess.train(["--resume", str(work / "runs" / "ep-degree1"), "--no-progress", "--distributed.strategy=single",
                            "--distributed.expert_parallel=1", f"--batch.global_size={2 * MICRO}"])  # as the README says
