@@ -101,7 +101,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("partial-last-batch-kept", "src/turbotrain/parts/data/epochs.py",
              "        self.steps_per_epoch = size // self.global_batch",
              "        self.steps_per_epoch = -(-size // self.global_batch)  # mutation: a partial last batch per epoch",
-             (EPOCHS,), "each epoch ends with a short batch the docs say is dropped"),
+             (f"{EPOCHS}::test_an_epochs_run_trains_each_epochs_order_row_by_row_and_drops_the_partial_batch[in_order-False-6]",), "each epoch ends with a short batch the docs say is dropped"),
     # --- schedule ----------------------------------------------------------------------------------
     Mutation("cosine-becomes-linear", "src/turbotrain/core/optim.py",
              '        shape = 0.5 * (1.0 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress',
