@@ -32,8 +32,8 @@ import shlex
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
-import numpy as np
 import pytest
 
 from turbotrain.base.config import load_config, parse_overrides
@@ -76,7 +76,7 @@ CHECKED = {
     "torchrun": "several processes; the turbotrain part is checked, the launches themselves are tests/distributed's "
                 "(test_torchrun_train.py: ddp, fsdp, two nodes, --max-restarts, expert parallelism)",
     "turbotrain train --preset gpt-tiny --train.max_steps 300 --precision.mode=fp32": "sampled: `turbotrain train` runs",
-    "turbotrain train --data my_tokens.bin": "sampled: the token file's path is the folder run's",
+    "turbotrain train --data my_tokens.bin": "a token file of the user's; tests/unit/test_data.py reads .bin files",
     "turbotrain train --model examples/hf_causal_lm.py:make": "imports transformers and builds a GPT-2 (tens of seconds); "
                                                               "tests/integration/test_train_model.py",
     "turbotrain memory --model examples/hf_causal_lm.py:make": "imports transformers and measures each checkpointing mode",
@@ -85,7 +85,12 @@ CHECKED = {
     "turbotrain train --train.max_steps 20 --run.deterministic": "sampled: the --monitor.log_every one runs",
     "turbotrain train --optim.schedule=plateau": "sampled; tests/integration/test_lr_adaptive_train.py trains it",
     "turbotrain train --batch.micro=auto": "the batch-size search takes minutes on a CPU",
-    "turbotrain train --data.batching=tokens --batch.max_tokens=4096": "sampled: the folder one runs",
+    "turbotrain train --preset moe-tiny": "two steps of moe-tiny take 10-30 s on 2 cores; the MoE classifier "
+                                          "example below runs, tests/distributed/test_torchrun_train.py trains moe-tiny",
+    "turbotrain train --data.batching=tokens --batch.max_tokens=4096": "token batching indexes the corpus's 1,790 "
+                                                                      "documents; tests/integration/test_token_batching_train.py",
+    "turbotrain train --data path/to/folder --data.batching=tokens": "a folder of the user's; "
+                                                                     "tests/integration/test_token_batching_train.py",
 }
 
 # Python snippets: (page, first line) -> (code run before it, code run after it). A snippet that is
@@ -192,21 +197,18 @@ def shortened(words: list[str]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def scratch(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """One working directory per page, holding links to the repository's folders and the user's
-    files the commands name (a token file, folders of text)."""
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    """One working directory per page, holding links to the repository's folders; the token caches
+    the commands write go to a scratch $XDG_CACHE_HOME, not the user's."""
     dirs = {}
     for page in PAGES:
         d = tmp_path_factory.mktemp(page.stem)
         for name in LINKED:
             (d / name).symlink_to(ROOT / name)
-        (np.arange(20_000) % 256).astype(np.uint16).tofile(d / "my_tokens.bin")
-        for folder in ("path/to/folder", "my_texts"):
-            (d / folder).mkdir(parents=True)
-            for i in range(4):
-                (d / folder / f"doc{i}.py").write_text("".join(f"def f{j}(x):\n    return x + {j}\n" for j in range(400)))
         dirs[page.name] = d
-    return dirs
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        yield dirs
 
 
 CASES = all_commands()
