@@ -165,4 +165,8 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *LAZY})
+    """The public API, the layer packages and the table of moved modules (not this module's own
+    imports: ``sys``, ``warnings``, ...)."""
+    mine = {n for n, v in globals().items() if n.startswith("__")
+            or (isinstance(v, types.ModuleType) and v.__name__.startswith(f"{__name__}."))}
+    return sorted({*__all__, *mine, "LAZY", "MOVED", "moved_to"})

@@ -89,7 +89,8 @@ def test_the_old_names_shadow_no_module_and_point_at_modules_that_exist():
 def test_the_public_names_resolve_and_an_unknown_one_is_an_attribute_error():
     for name in turbotrain.__all__:
         assert getattr(turbotrain, name) is not None
-    assert set(turbotrain.__all__) <= set(dir(turbotrain))
+    assert set(turbotrain.__all__) <= set(dir(turbotrain))  # what tab completion offers
+    assert not {"sys", "warnings", "importlib", "Any"} & set(dir(turbotrain))
     with pytest.raises(AttributeError, match="has no attribute 'nope'"):
         turbotrain.nope  # noqa: B018
 
