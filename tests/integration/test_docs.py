@@ -306,3 +306,21 @@ def test_a_broken_command_fails_in_both_kinds(scratch, monkeypatch, capsys):
         check(["turbotrain", "doctor", "--no-such-flag"])
     assert main(shortened(["turbotrain", "train", "--train.max_stepz=3"])[1:]) == 2
     assert "max_stepz" in capsys.readouterr().err
+
+
+def test_ci_installs_and_tests_as_the_readme_first_screen_says():
+    """.ci/run installs "exactly as the README says": the README's first block's install and test
+    commands are .ci/run's (pip's -q and ``python -m`` aside), in the same order, torch first; the
+    README's CPU line takes torch from PyTorch's CPU index, CI the CPU wheel on its disk."""
+    first = next(s for s in snippets(ROOT / "README.md") if s.lang == "bash")
+    readme = [w for _, w in commands(first) if w[0] in ("pip", "python")]
+
+    def plain(words: list[str]) -> list[str]:
+        words = words[2:] if words[:3] == ["python", "-m", "pip"] else words
+        return [w for w in words if w != "-q" and not w.startswith("--upgrade")]
+
+    ci = [plain(shlex.split(m[0])) for m in re.finditer(r"(?:python -m )?(?:pip install|pytest)(?! -q --upgrade)[^;\n]*",
+                                                       (ROOT / ".ci" / "run").read_text())]
+    assert readme[0][:3] == ["pip", "install", "torch"] and "https://download.pytorch.org/whl/cpu" in readme[0], readme
+    assert ci[0][:3] == ["pip", "install", "torch==2.13.0"], ci
+    assert [plain(w) for w in readme[1:]] == ci[1:], (readme, ci)
