@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -55,6 +55,8 @@ from ..parts.models.blocks import repeated_blocks
 from ..parts.models.moe.parallel import ExpertLayout, GradNormFn, check_degree, place_experts
 
 T = TypeVar("T")
+M = TypeVar("M")  # a micro-batch, as the window hands it over
+R = TypeVar("R")  # what one micro-step returns
 log = logging.getLogger(__name__)
 
 
@@ -215,6 +217,20 @@ class Strategy:
 
     def set_grad_sync(self, model: nn.Module, sync: bool) -> None:
         """Whether the coming backward reduces gradients across ranks (only at accumulation boundaries)."""
+
+    def run_window(self, models: Sequence[nn.Module], micro_batches: Sequence[M],
+                   micro_step: Callable[[M], R]) -> list[R]:
+        """The micro-batches of one optimizer step (:mod:`turbotrain.core.window`): single, DDP
+        and FSDP2 run them in order, gradients reduced across ranks only in the last one's
+        backward (the flag is set before each forward, where DDP reads it). A pipeline strategy
+        would run its schedule over the stages here instead. Returns ``micro_step``'s results."""
+        last = len(micro_batches) - 1
+        results = []
+        for i, micro_batch in enumerate(micro_batches):
+            for model in models:
+                self.set_grad_sync(model, i == last)
+            results.append(micro_step(micro_batch))
+        return results
 
     def mean_(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` averaged over ranks in place, enqueued on the device (no host sync)."""

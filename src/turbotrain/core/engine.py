@@ -12,10 +12,16 @@ Configuration is resolved in ``__init__``/``setup`` into objects (Precision, gua
 clip norm); ``backward`` and ``step`` then run the same few calls every step, with no config reads
 and no host-device synchronisation except the guard's poll every ``sync_every`` optimizer steps.
 
-The whole step reads top-down in this file: ``forward_backward`` -> ``run_batch`` (forward under
-autocast, ``backward``) -> ``step``. The OOM policy (oom.py) is called only after an
-out-of-memory error, and acts through the small public methods ``discard_step``, ``set_split``,
-``run_batch`` and ``record_event``; no other module writes the engine's state.
+A step's tensor work (forward under the precision, backward, unscale, norm, clipping, the guard's
+enqueue, the optimizer step) reads top-down in window.py; the strategy runs a window's micro-batches.
+This file keeps the policies and the bookkeeping around it: counters, the guard's poll and the
+precision fallback, the OOM policy, events, the compile guard and callbacks. The own-loop API
+(``backward`` per micro-batch, ``step``) and ``forward_backward`` (one loader batch, what ``fit``
+calls) run the window's pieces one at a time; :meth:`Engine.train_window` runs one whole window
+through the body, wrapped once when a whole-step wrapper is set (:meth:`Engine.wrap_window`). The
+OOM policy (oom.py) is called only after an out-of-memory error, and acts through the small public
+methods ``discard_step``, ``set_split``, ``run_batch`` and ``record_event``; no other module writes
+the engine's state.
 """
 
 from __future__ import annotations
@@ -34,48 +40,19 @@ from .compile_guard import CompileGuard
 from ..base.config import PrecisionConfig, RunConfig, load_config, setting
 from ..parts.data.loader import LoaderSettings, resolve_loader_settings, tune_loader
 from ..parts.data.prefetch import DevicePrefetcher
-from ..base.errors import ConfigError, LossError, NonFiniteError, PlacementError
+from ..base.errors import ConfigError, NonFiniteError, PlacementError
 from .oom import build_oom_policy, is_oom, oom_reason
 from .optim import apply_fast_adam_kernel
 from .distributed import ParallelPlan, Strategy, build_strategy, local_device
 from ..base.launch import Topology
 from ..parts.models.moe.parallel import GradNormFn
-from .precision import DeviceCaps, Precision, apply_backend_switches, build_guard, build_precision
+from .precision import DeviceCaps, NonFiniteGuard, Precision, apply_backend_switches, build_guard, build_precision
 from .transforms import apply_activation_checkpointing, apply_compile, eager, resolve_scope
+from .window import LossFn, MicroBatch, Window, WindowFn, as_loss, default_grad_norm, default_loss
 
 log = logging.getLogger(__name__)
 
-LossFn = Callable[[nn.Module, Any], Any]
 SCHEDULER_INTERVALS = ("step", "epoch", "manual")
-
-
-def as_loss(output: Any) -> torch.Tensor:
-    """The scalar loss in what a model or loss function returned: a 0-d tensor itself, a tuple's
-    or list's first element, a mapping's or a Hugging Face ``ModelOutput``'s ``loss``. Shape checks
-    only (no sync); anything else is one error that says what came back and what to pass."""
-    if isinstance(output, torch.Tensor):
-        loss = output
-    elif isinstance(output, (tuple, list)) and output:
-        loss = output[0]
-    elif isinstance(output, Mapping) and "loss" in output:
-        loss = output["loss"]
-    else:
-        loss = getattr(output, "loss", output)
-    if isinstance(loss, torch.Tensor) and loss.ndim == 0:
-        return loss
-    what = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else f"a {type(output).__name__}"
-    raise LossError(
-        f"the loss must be a scalar tensor (or a tuple starting with one, or an output with .loss), got {what}; "
-        "reduce it (loss.mean()) or pass loss_fn=lambda model, batch: ... that returns the scalar"
-    )
-
-
-def default_loss(model: nn.Module, batch: Any) -> Any:
-    """``model(**batch)`` for a mapping (Hugging Face style), ``model(*batch)`` for a tuple or list,
-    else ``model(batch)``; the output may be the loss, a tuple starting with it or have ``.loss``."""
-    if isinstance(batch, Mapping):
-        return model(**batch)
-    return model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -193,12 +170,6 @@ class EngineOptions:
         )
 
 
-def default_grad_norm(params: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The 2-norm over the gradients of ``params`` as this process holds them (whole, or
-    replicated by data parallelism; FSDP2's DTensor shards give a DTensor the strategy makes whole)."""
-    return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], foreach=True)
-
-
 class Engine:
     """Device placement, precision, compile, accumulation, clipping and the non-finite guard.
 
@@ -218,7 +189,7 @@ class Engine:
         self.device = opts.device
         self.caps = DeviceCaps.of(self.device)
         chosen = opts.precision if precision is None else precision
-        self.precision: Precision = build_precision(chosen, self.device, self.caps, opts.precision_settings)
+        plugin = build_precision(chosen, self.device, self.caps, opts.precision_settings)
         # the switches as applied (tf32, cudnn_benchmark, deterministic), for the run's summary
         self.switches = apply_backend_switches(self.device, tf32=opts.tf32, cudnn_benchmark=opts.cudnn_benchmark,
                                                flush_denormal=opts.flush_denormal, deterministic=opts.deterministic)
@@ -232,25 +203,47 @@ class Engine:
         self.state = TrainState()
         self.events: list[Event] = []
         self._logged: dict[str, tuple[torch.Tensor, int]] = {}  # engine.log: name -> (sum on the device, count)
-        self.guard = build_guard(self.device)
+        self._aux_modules: list[Any] = []  # modules whose auxiliary loss backward adds (see setup)
+        # the step's tensor work (window.py); precision, guard and grad norm live there, read through properties
+        self.window = Window(plugin, self.strategy, build_guard(self.device), self.device, grad_clip=opts.grad_clip,
+                             norm_needed=opts.grad_clip > 0 or opts.track_grad_norm, aux_modules=self._aux_modules)
+        self._run_window: WindowFn = self.window.run  # the body train_window calls: wrapped once by wrap_window
         self.scheduler: Any = None
         self.last_loss: torch.Tensor | None = None  # mean loss of the last optimizer step, on device
         self.last_grad_norm: torch.Tensor | None = None  # its global gradient norm, on device (when computed)
-        self._norm_needed = opts.grad_clip > 0 or opts.track_grad_norm
-        self._grad_norm: GradNormFn = default_grad_norm  # see set_grad_norm
         self._scheduler_per_step = False
         self._after_step: list[Callable[[], None]] = []  # see add_step_callback
         self._step_modules: list[Any] = []  # modules told of each optimizer step (see setup)
-        self._aux_modules: list[Any] = []  # modules whose auxiliary loss backward adds (see setup)
         self._inject_oom_at_step = opts.inject_oom_at_step
         self._loss_sum: torch.Tensor | None = None
         self._models: list[nn.Module] = []
-        self._params: dict[int, list[torch.Tensor]] = {}
         self._placement_checked = False
         self._nonfinite_acted = 0  # guard count when the policy last acted
         self._nonfinite_logged = 0  # guard count when skips were last logged
         # torch.compile's recompilations and graph breaks, read at each poll (host counters, no sync)
         self.compile_guard = CompileGuard(opts.max_recompiles, warmup_steps=opts.sync_every)
+
+    @property
+    def precision(self) -> Precision:
+        """The precision plugin the window runs under (replaced by a fallback)."""
+        return self.window.precision
+
+    @precision.setter
+    def precision(self, precision: Precision) -> None:
+        self.window.precision = precision
+
+    @property
+    def guard(self) -> NonFiniteGuard:
+        """The non-finite guard the window enqueues each step's check into; the engine polls it."""
+        return self.window.guard
+
+    @guard.setter
+    def guard(self, guard: NonFiniteGuard) -> None:
+        self.window.guard = guard
+
+    @property
+    def _norm_needed(self) -> bool:
+        return self.window.norm_needed
 
     # ------------------------------------------------------------------ build time
 
@@ -346,16 +339,10 @@ class Engine:
         ``loss`` may be a model's output (see :func:`as_loss`). A rejected loss changes nothing.
         The auxiliary losses of the model's MoE layers from their last training forward are
         added (see ``setup``); the recorded loss includes them, as a MoE GPT's own loss does."""
-        loss = as_loss(loss)
-        for module in self._aux_modules:
-            aux = module.take_aux_loss()
-            if aux is not None:
-                loss = loss + aux
+        loss = self.window.add_aux(as_loss(loss))
         if not self._placement_checked:
             self._check_placement()
-        scaled = loss / self.accumulation if self.accumulation > 1 else loss
-        self.precision.scale_loss(scaled).backward()
-        detached = loss.detach()
+        detached = self.window.backward(loss, self.accumulation)
         self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
         self.state.micro_step += 1
         self.pending_micro_steps += 1
@@ -386,27 +373,13 @@ class Engine:
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
         micro_steps, self.pending_micro_steps = self.pending_micro_steps, 0
-        self.precision.unscale_(optimizer)
-        loss_sum = self._loss_sum if self._loss_sum is not None else torch.zeros((), device=self.device)
-        loss_sum = self.strategy.mean_(loss_sum)  # data parallel: the same value, and guard decision, on every rank
-        norm = grad_scale = None
-        if self._norm_needed:
-            params, clip = self._params_of(optimizer), self.options.grad_clip
-            norm = self._grad_norm(params)  # the global norm (see set_grad_norm), on the device
-            if clip > 0 and self.precision.scaler is None and getattr(optimizer, "_step_supports_amp_scaling", False):
-                # A fused optimizer divides by grad_scale inside its kernel: clipping without a
-                # pass that rewrites every gradient (clip_grad_norm_'s factor, with its epsilon).
-                grad_scale = torch.clamp((norm.float() + 1e-6) / clip, min=1.0)  # fp32, as the kernel takes it
-            elif clip > 0:  # clip_grad_norm_'s math, with the norm above
-                torch.nn.utils.clip_grads_with_norm_(params, clip, norm, foreach=True)
-        self.last_grad_norm = norm = self.strategy.full(norm) if norm is not None else None
-        # Under fp16 an overflow in the scaled gradients is the GradScaler's business (it skips the
-        # step and lowers the scale, and does so by design every growth interval): only a
-        # non-finite loss counts towards the fallback there.
-        finite = self.guard.check(loss_sum, norm if self.precision.scaler is None else None)
-        self.precision.optimizer_step(optimizer, finite, grad_scale)
-        self.precision.update()
-        optimizer.zero_grad(set_to_none=True)
+        loss_sum, self.last_grad_norm = self.window.finish(optimizer, self._loss_sum)
+        return self._end_step(optimizer, loss_sum, micro_steps)
+
+    def _end_step(self, optimizer: torch.optim.Optimizer, loss_sum: torch.Tensor, micro_steps: int) -> bool:
+        """The bookkeeping after a window's optimizer step: MoE step modules, the scheduler, the
+        step's mean loss and counter, the guard's poll and the compile guard every ``sync_every``
+        steps, the step callbacks."""
         for module in self._step_modules:
             module.end_optimizer_step()
         if self._scheduler_per_step:
@@ -428,7 +401,7 @@ class Engine:
         without a host sync. For gradients the engine cannot see whole (``setup`` sets it when
         the parallel plan spreads experts over ranks: each rank holds some experts'). None
         restores the default, :func:`default_grad_norm`."""
-        self._grad_norm = fn if fn is not None else default_grad_norm
+        self.window.grad_norm = fn if fn is not None else default_grad_norm
 
     def add_step_callback(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` after every optimizer step (monitoring an own loop: see
@@ -453,20 +426,72 @@ class Engine:
         self.state.batches += 1
         return loss
 
+    def train_window(self, model: nn.Module, optimizer: torch.optim.Optimizer, batches: Sequence[Any],
+                     loss_fn: LossFn = default_loss) -> bool:
+        """One optimizer step over ``batches`` (``accumulation`` loader batches, on the device): the
+        step ``forward_backward`` on each and then ``step`` take, run as one window body
+        (:meth:`Window.run`, through the wrapper of :meth:`wrap_window`). After an out-of-memory
+        error the OOM policy re-runs the window's batches as in ``forward_backward``. Returns True."""
+        if self.pending_micro_steps:
+            raise RuntimeError(f"train_window starts an optimizer step, but {self.pending_micro_steps} backward pass(es) "
+                               "are pending: call engine.step(optimizer) first")
+        if len(batches) != self.base_accumulation:
+            raise ValueError(f"train_window takes one optimizer step's {self.base_accumulation} loader batch(es) "
+                             f"(batch.accumulation), got {len(batches)}")
+        if self.state.batches == 0:
+            self._check_batch(batches[0])
+        if not self._placement_checked:
+            self._check_placement()
+        for i, batch in enumerate(batches):
+            self.oom_policy.remember(batch, new_step=i == 0)
+        micro = self._micro_batches(batches)
+        run_loss = self._oom_after_forward(loss_fn, len(micro)) if self._injecting_oom() else loss_fn
+        reason = ""
+        try:
+            loss_sum, norm = self._run_window(model, optimizer, micro, run_loss, self.accumulation)
+        except RuntimeError as exc:
+            if not is_oom(exc):
+                raise
+            reason = oom_reason(exc)
+        self.state.batches += len(batches)
+        if reason:  # outside the except clause, as in forward_backward; the policy re-runs the batches one by one
+            self.oom_policy.recover(self, model, batches[-1], loss_fn, reason)
+            return self._optimizer_step(optimizer)
+        self.state.micro_step += len(micro)
+        self.last_grad_norm = norm
+        self._sync_grads_for_next()  # the own-loop API's flags, as after a window's last backward
+        return self._end_step(optimizer, loss_sum, len(micro))
+
+    def wrap_window(self, wrapper: Callable[[WindowFn], WindowFn] | None) -> None:
+        """From now on :meth:`train_window` runs ``wrapper(body)``, where ``body`` is
+        :meth:`Window.run` (the step's tensor work, no host sync): the one place whole-step capture
+        (CUDA graphs) goes. The wrapper returns a function of the same arguments with the same
+        effect (capture once, then replay). None: the plain body again."""
+        self._run_window = wrapper(self.window.run) if wrapper is not None else self.window.run
+
+    def _micro_batches(self, batches: Sequence[Any]) -> list[MicroBatch]:
+        """A window's micro-batches: each loader batch whole, or in ``split`` parts after an OOM,
+        each part's loss weighted by its share of the batch x ``split`` (as in :meth:`run_batch`)."""
+        if self.split == 1:
+            return [(batch, 1.0) for batch in batches]
+        micro: list[MicroBatch] = []
+        for batch in batches:
+            n = batch_size(batch)
+            micro.extend((part, batch_size(part) / n * self.split) for part in split_batch(batch, self.split))
+        return micro
+
     def run_batch(self, model: nn.Module, batch: Any, loss_fn: LossFn = default_loss) -> torch.Tensor:
         """Forward under autocast and backward of one loader batch, in ``split`` parts (one
         unless an out-of-memory error halved the micro-batch); returns the batch's loss."""
         if self.split == 1:
-            with self.autocast():
-                loss = as_loss(loss_fn(model, batch))
+            loss = self.window.forward(model, batch, loss_fn)
             self._maybe_inject_oom()
             self.backward(loss)
             return loss
         n = batch_size(batch)
         total: torch.Tensor | None = None
         for part in split_batch(batch, self.split):
-            with self.autocast():
-                loss = as_loss(loss_fn(model, part))
+            loss = self.window.forward(model, part, loss_fn)
             share = batch_size(part) / n
             weight = share * self.split  # 1.0 for equal parts
             self._maybe_inject_oom()
@@ -530,13 +555,28 @@ class Engine:
     def _maybe_inject_oom(self) -> None:
         """``memory.inject_oom_at_step = N``: a real OutOfMemoryError once, in the last micro-step
         of optimizer step N (after its forward), to test recovery end to end."""
-        if (
-            self._inject_oom_at_step
-            and self.state.step + 1 == self._inject_oom_at_step
-            and self.pending_micro_steps + 1 >= self.accumulation
-        ):
-            step, self._inject_oom_at_step = self._inject_oom_at_step, 0  # once
-            raise torch.OutOfMemoryError(f"injected out-of-memory error in step {step} (memory.inject_oom_at_step = {step})")
+        if self._injecting_oom() and self.pending_micro_steps + 1 >= self.accumulation:
+            self._raise_injected_oom()
+
+    def _injecting_oom(self) -> bool:
+        return bool(self._inject_oom_at_step) and self.state.step + 1 == self._inject_oom_at_step
+
+    def _raise_injected_oom(self) -> None:
+        step, self._inject_oom_at_step = self._inject_oom_at_step, 0  # once
+        raise torch.OutOfMemoryError(f"injected out-of-memory error in step {step} (memory.inject_oom_at_step = {step})")
+
+    def _oom_after_forward(self, loss_fn: LossFn, n: int) -> LossFn:
+        """``_maybe_inject_oom`` in a whole window: the error after its last (``n``-th) forward."""
+        calls = [0]
+
+        def loss_then_oom(model: nn.Module, batch: Any) -> Any:
+            out = loss_fn(model, batch)
+            calls[0] += 1
+            if calls[0] == n:
+                self._raise_injected_oom()
+            return out
+
+        return loss_then_oom
 
     def synchronize(self) -> None:
         """Wait for queued device work (host-device sync point; for timing only)."""
@@ -664,11 +704,7 @@ class Engine:
     # ------------------------------------------------------------------ checks
 
     def _params_of(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-        params = self._params.get(id(optimizer))
-        if params is None:
-            params = [p for g in optimizer.param_groups for p in g["params"]]
-            self._params[id(optimizer)] = params
-        return params
+        return self.window.params_of(optimizer)
 
     def _check_placement(self) -> None:
         """Once, at the first backward: every parameter and buffer on the engine's device."""

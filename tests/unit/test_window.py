@@ -1,0 +1,188 @@
+"""The step as one window body (core/window.py), run by the strategy and wrapped once.
+
+Issue 33, item 1: one optimizer step's tensor work is one function of tensors; the Engine's
+``train_window`` runs it (through a whole-step wrapper when one is set: where CUDA graphs go), and
+trains exactly as the own-loop pieces (``forward_backward`` per batch, then ``step``) that ``fit``
+calls. On CPU in fp32 every comparison here is bit-exact.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from turbotrain import Engine
+from turbotrain.core.distributed import Strategy
+from turbotrain.core.precision import NonFiniteGuard
+from turbotrain.core.window import LossFn, MicroBatch, WindowFn
+from turbotrain.parts.models.mlp import TinyMLP, synthetic_batches
+
+ACCUMULATION = 2
+STEPS = 6
+
+
+def _engine(**sections: dict[str, Any]) -> Engine:
+    base: dict[str, dict[str, Any]] = {"run": {"device": "cpu"}, "batch": {"accumulation": ACCUMULATION},
+                                       "optim": {"grad_clip": 0.5}, "monitor": {"log_every": 2}}
+    for k, v in sections.items():
+        base.setdefault(k, {}).update(v)
+    return Engine(base)
+
+
+def _run(how: str, wrapper: Callable[[WindowFn], WindowFn] | None = None, fused: bool = False,
+         **sections: dict[str, Any]) -> tuple[list[float], list[torch.Tensor], Engine]:
+    """Train STEPS optimizer steps of a tiny MLP (accumulation 2, clipping on) one way; the
+    per-step losses as the engine reports them, the final weights, the engine."""
+    torch.manual_seed(0)
+    model = TinyMLP(d_in=16, width=32, depth=2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, **({"fused": True} if fused else {"foreach": True}))
+    engine = _engine(**sections)
+    model, optimizer, _ = engine.setup(model, optimizer)
+    if wrapper is not None:
+        engine.wrap_window(wrapper)
+    batches = synthetic_batches(STEPS * ACCUMULATION, batch_size=8, d_in=16)
+    losses = []
+    for s in range(STEPS):
+        window = batches[s * ACCUMULATION:(s + 1) * ACCUMULATION]
+        if how == "pieces":  # what fit() and an own loop call
+            for batch in window:
+                engine.forward_backward(model, batch)
+            assert engine.step(optimizer)
+        else:
+            assert engine.train_window(model, optimizer, window)
+        losses.append(float(engine.last_loss))
+    return losses, [p.detach().clone() for p in model.parameters()], engine
+
+
+class CountingWrapper:
+    """A stand-in for whole-step capture: wraps the body once, then every step calls through it.
+    Like a CUDA graph it feeds the body static input buffers (each step's micro-batches copied
+    into the same tensors) and copies the outputs out (a replay overwrites them)."""
+
+    def __init__(self) -> None:
+        self.wrapped = 0
+        self.calls = 0
+        self.static: list[MicroBatch] | None = None
+
+    def __call__(self, body: WindowFn) -> WindowFn:
+        self.wrapped += 1
+
+        def captured(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batches: Any,
+                     loss_fn: LossFn, accumulation: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+            self.calls += 1
+            if self.static is None:
+                self.static = [(tuple(t.clone() for t in batch), weight) for batch, weight in micro_batches]
+            for (static, _), (batch, _) in zip(self.static, micro_batches):
+                for buffer, t in zip(static, batch):
+                    buffer.copy_(t)
+            loss_sum, norm = body(model, optimizer, self.static, loss_fn, accumulation)
+            return loss_sum.clone(), None if norm is None else norm.clone()
+
+        return captured
+
+
+def test_a_window_under_a_whole_step_wrapper_trains_to_the_same_losses_as_without_it():
+    pieces, w_pieces, _ = _run("pieces")
+    plain, w_plain, _ = _run("window")
+    wrapper = CountingWrapper()
+    wrapped, w_wrapped, engine = _run("window", wrapper)
+    assert pieces == plain == wrapped  # bit-exact, every step
+    for a, b, c in zip(w_pieces, w_plain, w_wrapped):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    assert (wrapper.wrapped, wrapper.calls) == (1, STEPS)  # wrapped once, one call per optimizer step
+    assert (engine.state.step, engine.state.micro_step, engine.state.batches) == (STEPS, STEPS * ACCUMULATION,
+                                                                                STEPS * ACCUMULATION)
+    assert pieces[-1] < pieces[0]  # it trains
+
+
+def test_train_window_reports_the_same_gradient_norm_as_the_pieces():
+    """monitor.grad_norm: the norm over the plan's groups, as the own-loop pieces report it."""
+    _, w_pieces, pieces = _run("pieces", monitor={"grad_norm": True})
+    _, w_window, window = _run("window", monitor={"grad_norm": True})
+    assert torch.equal(pieces.last_grad_norm, window.last_grad_norm)
+    for a, b in zip(w_pieces, w_window):
+        assert torch.equal(a, b)
+
+
+class HostReads(TorchDispatchMode):
+    """Counts host reads of tensor values (``.item()``, ``bool()``: a sync on an accelerator)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.reads += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_window_body_reads_nothing_on_the_host():
+    """What capture needs: with the device guard (as on CUDA) and a fused optimizer, one
+    optimizer step's tensor work (forward, backward, clipping, the guard, the step) makes no
+    host read; the Engine's bookkeeping around it reads nothing either between its polls."""
+    seen = HostReads()
+
+    def watched(body: WindowFn) -> WindowFn:
+        def run(*args: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+            with seen:
+                return body(*args)
+        return run
+
+    torch.manual_seed(0)
+    model = TinyMLP(d_in=16, width=32, depth=2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    engine = _engine(monitor={"log_every": 100})
+    engine.guard = NonFiniteGuard(engine.device)  # the on-device guard a GPU run uses
+    model, optimizer, _ = engine.setup(model, optimizer)
+    engine.wrap_window(watched)
+    batches = synthetic_batches(ACCUMULATION * 3, batch_size=8, d_in=16)
+    for s in range(3):
+        engine.train_window(model, optimizer, batches[s * ACCUMULATION:(s + 1) * ACCUMULATION])
+    assert engine.state.step == 3 and seen.reads == 0
+
+
+def test_train_window_refuses_a_window_of_the_wrong_size_and_a_pending_step():
+    torch.manual_seed(0)
+    model = TinyMLP(d_in=16, width=32, depth=2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    engine = _engine()
+    model, optimizer, _ = engine.setup(model, optimizer)
+    batches = synthetic_batches(3, batch_size=8, d_in=16)
+    with pytest.raises(ValueError, match="2 loader batch"):
+        engine.train_window(model, optimizer, batches[:1])
+    engine.forward_backward(model, batches[0])
+    with pytest.raises(RuntimeError, match="pending"):
+        engine.train_window(model, optimizer, batches[1:3])
+    assert engine.step(optimizer) is False and engine.state.step == 0  # nothing was run by the refused calls
+
+
+def test_an_out_of_memory_error_in_a_window_is_recovered_as_in_the_pieces():
+    """memory.inject_oom_at_step in a whole window: the OOM policy halves the micro-batch and
+    re-runs the window's batches; losses, weights and the event match the own-loop pieces."""
+    oom = {"memory": {"inject_oom_at_step": 3, "on_oom": "halve"}}
+    pieces, w_pieces, e_pieces = _run("pieces", **oom)
+    window, w_window, e_window = _run("window", **oom)
+    assert pieces == window
+    for a, b in zip(w_pieces, w_window):
+        assert torch.equal(a, b)
+    assert [(e.step, e.kind, e.detail) for e in e_window.events] == [(e.step, e.kind, e.detail) for e in e_pieces.events]
+    assert e_window.split == 2 and e_window.accumulation == 2 * ACCUMULATION
+    assert (e_window.state.step, e_window.state.micro_step) == (e_pieces.state.step, e_pieces.state.micro_step)
+
+
+def test_the_strategy_runs_a_windows_micro_batches_with_gradient_sync_before_the_last_only():
+    """Single/DDP/FSDP: the micro-batches in order, the sync flag set before each one's forward
+    (where DDP reads it), on only for the last."""
+    calls: list[tuple[str, Any]] = []
+
+    class Recording(Strategy):
+        def set_grad_sync(self, model: torch.nn.Module, sync: bool) -> None:
+            calls.append(("sync", sync))
+
+    out = Recording().run_window([torch.nn.Linear(1, 1)], [1, 2, 3], lambda mb: calls.append(("run", mb)) or 10 * mb)
+    assert out == [10, 20, 30]
+    assert calls == [("sync", False), ("run", 1), ("sync", False), ("run", 2), ("sync", True), ("run", 3)]
