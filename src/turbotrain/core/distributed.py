@@ -444,19 +444,46 @@ def shutdown() -> None:
     _gloo_groups.clear()
 
 
+GLOO_WORKER = "pt_gloo_runloop"  # the thread name torch gives gloo's worker threads
+GLOO_IDLE_WAIT_S = 1.0  # at most this long at exit for gloo's workers to finish (normally a few ms)
+
+
+def _running_threads(name: str) -> int:
+    """How many of this process's threads called ``name`` are running or runnable (Linux's
+    /proc; 0 where it cannot tell)."""
+    count = 0
+    try:
+        for task in os.scandir("/proc/self/task"):
+            with open(f"{task.path}/stat") as f:
+                stat = f.read()
+            comm, state = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2]
+            count += comm == name and state == "R"
+    except OSError:
+        return 0
+    return count
+
+
 def _leave_at_exit() -> None:
-    """atexit, registered when this process joins the launcher's group: leave the gloo groups while
-    the interpreter is whole. Without it a rank sometimes ended with "terminate called without an
-    active exception" (SIGABRT, which torchrun reports as the rank's failure) after its last
-    line: a gloo worker thread still held the last reference to a collective's tensor, and freeing
-    it needs the GIL while the interpreter was being torn down (6 of 10 launches of a two-rank
-    loop that exits right after its collectives; torch does not destroy groups at exit itself).
-    Interpreter exit joins non-daemon threads first (a background checkpoint write), then runs
-    this."""
+    """atexit, registered when this process joins the launcher's group: leave the gloo groups, then
+    let gloo's worker threads go idle, while the interpreter is whole. The cause it removes (a core
+    dump's stacks): a gloo worker thread that has completed a collective drops its reference to
+    the work after the caller's wait returned; when that was the last reference to a tensor Python
+    had seen, freeing it takes the GIL, and a thread that takes the GIL while the interpreter is
+    being torn down is ended by pthread_exit, whose unwinding through the work's destructor
+    calls std::terminate: "terminate called without an active exception" (SIGABRT, reported by
+    torchrun as the rank's failure) after the script's last line. The groups are not freed while
+    DDP or FSDP still hold them, so leaving them is not enough: this waits, the GIL released,
+    until no gloo worker is running (bounded by ``GLOO_IDLE_WAIT_S``). Interpreter exit joins
+    non-daemon threads (a background checkpoint write) before it runs this."""
     try:
         shutdown()
     except Exception as exc:  # noqa: BLE001 - an exit hook must not turn a finished run into a traceback
         log.warning("leaving the process group at exit failed: %s", exc)
+    deadline = time.monotonic() + GLOO_IDLE_WAIT_S
+    while True:
+        time.sleep(0.005)  # the GIL released: a worker that finished a collective drops its references now
+        if not _running_threads(GLOO_WORKER) or time.monotonic() > deadline:
+            return
 
 
 class ReportedByAnotherRank(TurbotrainError):
