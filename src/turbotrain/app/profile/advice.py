@@ -5,7 +5,8 @@ for Python callers; ``--verify`` can apply these) and/or a ``code`` line to chan
 workload (applied by you, so not verified), with why, the expected effect and an estimated
 speedup used to rank them. The rules, in the order they are checked:
 
-- data: the host waits on the loader for >= 20% of the step -> more loader workers;
+- data: the host waits on the loader for >= 20% of the step, in the timed and in the profiled
+  steps -> more loader workers;
 - syncs: host reads of device values every step (the Monitor logging every step, a read in
   your code, the non-finite guard of a non-fused optimizer on CUDA) -> read less often;
 - overhead: forward operators so short (on CPU: half the forward's time in operators under 20 us,
@@ -88,7 +89,7 @@ def diagnose(built: Built, figures: dict[str, Any], trace: dict[str, Any]) -> tu
     c, device = built.config, built.engine.device.type
     step_ms = figures["step_ms_median"]
     advice: list[Advice] = []
-    advice += _data(built, figures, step_ms)
+    advice += _data(built, figures, trace, step_ms)
     advice += _syncs(built, trace, step_ms, device)
     if not any(a.category == "data" and a.expected_speedup >= 1.5 for a in advice):  # bigger batches need more data
         advice += _overhead(built, c, trace, device)
@@ -110,10 +111,12 @@ def _is_preset(built: Built) -> bool:
     return built.workload is None
 
 
-def _data(built: Built, figures: dict[str, Any], step_ms: float) -> list[Advice]:
+def _data(built: Built, figures: dict[str, Any], trace: dict[str, Any], step_ms: float) -> list[Advice]:
     wait = figures["data_wait_ms_per_step"]
     share = wait / step_ms if step_ms else 0.0
-    if share < DATA_SHARE:
+    # seen in the timed steps and in the profiled ones: a loader that is slow is slow in both, a
+    # process the OS put aside for a few ms in one window (a busy machine) is not a slow loader
+    if share < DATA_SHARE or trace["phases"]["data"]["share"] < DATA_SHARE:
         return []
     cores = os.cpu_count() or 1
     workers = built.loader_info.get("num_workers")
