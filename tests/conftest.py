@@ -65,12 +65,18 @@ def _seed() -> None:
 
 
 
+DISTRIBUTED = Path(__file__).parent / "distributed"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``gpu`` are skipped, with the reason, where torch sees no CUDA device:
-    ``pytest -m gpu`` on a GPU machine runs exactly them."""
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (none visible to torch)")
+    """Every test in tests/distributed starts several processes (torchrun with gloo, or a worker
+    launched twice): it is marked ``slow``, so ``pytest -m "not slow"`` is the quick run. Tests
+    marked ``gpu`` are skipped, with the reason, where torch sees no CUDA device: ``pytest -m gpu``
+    on a GPU machine runs exactly them. (One hook here, not a conftest in tests/distributed: a
+    second file imported as ``conftest`` shadowed this one's ``tiny_overrides``.)"""
+    skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU (none visible to torch)")
     for item in items:
-        if item.get_closest_marker("gpu") is not None:
+        if DISTRIBUTED in Path(item.path).parents:
+            item.add_marker(pytest.mark.slow)
+        if skip is not None and item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)

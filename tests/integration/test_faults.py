@@ -83,7 +83,7 @@ def test_kill_9_anywhere_resumes_to_the_identical_loss(tmp_path, text_file, refe
     assert summary["final_train_loss"] == reference["final_train_loss"]
     assert summary["final_val_loss"] == reference["final_val_loss"]
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [2, 4, 6, 8]  # each step once, although steps 1-2 ran four times and 4-6 twice
+    assert steps == [2, 3, 4, 6, 8]  # logged or evaluated, each step once, although steps 1-2 ran four times and 4-6 twice
     assert _temp_files(run) == []
     assert all(is_verified(p) for p in list_checkpoints(run / "checkpoints"))
 
