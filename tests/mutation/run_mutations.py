@@ -129,8 +129,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              "        dt = now - t  # mutation: evaluation and checkpoint time counted as training",
              (WINDOW,), "evaluation time lowers the training throughput"),
     # --- behaviours the suite caught before (issue 31's audit) -------------------------------------
-    Mutation("accumulation-not-divided", "src/turbotrain/core/engine.py",
-             "        scaled = loss / self.accumulation if self.accumulation > 1 else loss",
+    Mutation("accumulation-not-divided", "src/turbotrain/core/window.py",
+             "        scaled = loss / accumulation if accumulation > 1 else loss",
              "        scaled = loss  # mutation: accumulated gradients k times too large",
              ("tests/unit/test_engine.py::test_k_accumulated_micro_batches_equal_one_k_times_batch",),
              "k accumulated micro-batches sum their gradients instead of averaging"),
