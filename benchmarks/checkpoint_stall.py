@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -44,16 +43,19 @@ import time
 from pathlib import Path
 
 CONTENDERS = ("none", "sync", "async")
-VOCAB = {"gpt-tiny": 256, "gpt2-small": 50304}  # gpt-tiny is byte-level; gpt2-small padded to a multiple of 64
+# gpt-tiny is byte-level; gpt2-small padded to a multiple of 64
+VOCAB = {
+    "gpt-tiny": 256,
+    "gpt2-small": 50304,
+}
 
 
 def measure(args: argparse.Namespace) -> dict:
     """Every step's time (ms) of contender ``args.variant`` in this process."""
     import torch
 
-    from turbotrain import Engine, fit
+    from turbotrain import Engine, fit, load_config
     from turbotrain.loop.checkpoint import Checkpointer, RunState, checkpoint_path, rng_state, set_rng_state
-    from turbotrain import load_config
     from turbotrain.loop.hooks import FitContext, Hook
     from turbotrain.parts.models.registry import build_model
 
@@ -94,13 +96,22 @@ def measure(args: argparse.Namespace) -> dict:
         state = RunState(engine=engine, model=model, optimizer=optimizer, rng=(rng_state, set_rng_state))
         state.strategy = engine.strategy
         if args.variant != "none":
-            hooks.append(Checkpointer(Path(folder), args.every, 2, state, async_write=args.variant == "async"))
+            hooks.append(
+                Checkpointer(Path(folder), args.every, 2, state, async_write=args.variant == "async")
+            )
         fit(engine, model, optimizer, batches(), max_steps=total, hooks=[*hooks, clock])
         size = checkpoint_path(Path(folder), total).stat().st_size if hooks else 0
     step_ms = [1000 * (b - a) for a, b in zip(clock.ends, clock.ends[1:])]  # step_ms[i] is step i + 1
-    return {"variant": args.variant, "step_ms": step_ms, "checkpoint_mb": size / 2**20,
-            "loss": float(engine.last_loss), "device": str(engine.device), "precision": engine.precision.name,
-            "micro": micro, "block": block}
+    return {
+        "variant": args.variant,
+        "step_ms": step_ms,
+        "checkpoint_mb": size / 2**20,
+        "loss": float(engine.last_loss),
+        "device": str(engine.device),
+        "precision": engine.precision.name,
+        "micro": micro,
+        "block": block,
+    }
 
 
 def summarize(run: dict, args: argparse.Namespace) -> dict:
@@ -109,8 +120,12 @@ def summarize(run: dict, args: argparse.Namespace) -> dict:
     saving = run["variant"] != "none"
     saves = [ms for s, ms in timed if saving and s % args.every == 0]
     plain = [ms for s, ms in timed if not (saving and s % args.every == 0)]
-    out = {"step_ms": statistics.median(plain), "checkpoints": len(saves),
-           "total_ms": sum(ms for _, ms in timed), "steps": len(timed)}
+    out = {
+        "step_ms": statistics.median(plain),
+        "checkpoints": len(saves),
+        "total_ms": sum(ms for _, ms in timed),
+        "steps": len(timed),
+    }
     if saves:
         out["checkpoint_step_ms"] = statistics.median(saves)
         out["stall_ms"] = out["checkpoint_step_ms"] - out["step_ms"]
@@ -121,9 +136,28 @@ def summarize(run: dict, args: argparse.Namespace) -> dict:
 
 
 def _launch(variant: str, args: argparse.Namespace, out: Path) -> dict:
-    cmd = [sys.executable, __file__, "--variant", variant, "--result", str(out), "--model", args.model,
-           "--device", args.device, "--every", str(args.every), "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--micro", str(args.micro), "--threads", str(args.threads)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--variant",
+        variant,
+        "--result",
+        str(out),
+        "--model",
+        args.model,
+        "--device",
+        args.device,
+        "--every",
+        str(args.every),
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--micro",
+        str(args.micro),
+        "--threads",
+        str(args.threads),
+    ]
     if args.dir:
         cmd += ["--dir", args.dir]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -134,16 +168,24 @@ def _launch(variant: str, args: argparse.Namespace, out: Path) -> dict:
 
 def _markdown(result: dict) -> str:
     med = result["median"]
-    lines = [f"# Checkpoint stall: {result['workload']}", "",
-             f"{result['protocol']}", "",
-             "| checkpoint write | step ms (no checkpoint) | checkpoint step ms | stall per checkpoint ms | "
-             "cost per checkpoint ms (stall + slower overlapped steps) | first checkpoint step ms |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"# Checkpoint stall: {result['workload']}",
+        "",
+        f"{result['protocol']}",
+        "",
+        "| checkpoint write | step ms (no checkpoint) | checkpoint step ms | stall per checkpoint ms | "
+        "cost per checkpoint ms (stall + slower overlapped steps) | first checkpoint step ms |",
+        "|---|---|---|---|---|---|",
+    ]
     for v, m in med.items():
+
         def f(key: str) -> str:
             return f"{m[key]:.1f}" if m.get(key) is not None else "-"
-        lines.append(f"| {v} | {f('step_ms')} | {f('checkpoint_step_ms')} | {f('stall_ms')} | "
-                     f"{f('cost_per_checkpoint_ms')} | {f('first_checkpoint_step_ms')} |")
+
+        lines.append(
+            f"| {v} | {f('step_ms')} | {f('checkpoint_step_ms')} | {f('stall_ms')} | "
+            f"{f('cost_per_checkpoint_ms')} | {f('first_checkpoint_step_ms')} |"
+        )
     lines += ["", f"Checkpoint size: {result['checkpoint_mb']:.1f} MiB. Command: `{result['command']}`", ""]
     return "\n".join(lines)
 
@@ -154,9 +196,13 @@ def main() -> None:
     p.add_argument("--device", default="auto", help="run.device (auto: cuda when available)")
     p.add_argument("--every", type=int, default=5, help="steps between checkpoints")
     p.add_argument("--steps", type=int, default=60, help="timed steps per process")
-    p.add_argument("--warmup", type=int, default=12, help="steps before the timed ones (the first checkpoint among them)")
+    p.add_argument(
+        "--warmup", type=int, default=12, help="steps before the timed ones (the first checkpoint among them)"
+    )
     p.add_argument("--micro", type=int, default=0, help="micro-batch (0: the preset's)")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads per process (0: torch's default)")
+    p.add_argument(
+        "--threads", type=int, default=0, help="torch CPU threads per process (0: torch's default)"
+    )
     p.add_argument("--contenders", default=",".join(CONTENDERS), help="which of none,sync,async to run")
     p.add_argument("--rounds", type=int, default=3, help="processes per contender, interleaved")
     p.add_argument("--dir", default=None, help="where the checkpoints are written (default: the temp folder)")
@@ -171,21 +217,27 @@ def main() -> None:
     runs: dict[str, list[dict]] = {v: [] for v in contenders}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.rounds):
-            for v in (contenders if i % 2 == 0 else contenders[::-1]):
+            for v in contenders if i % 2 == 0 else contenders[::-1]:
                 runs[v].append(_launch(v, args, Path(tmp) / f"{v}-{i}.json"))
                 print(f"round {i + 1}/{args.rounds} {v}: done", file=sys.stderr)
     per_run = {v: [summarize(r, args) for r in runs[v]] for v in contenders}
-    median = {v: {k: statistics.median(s[k] for s in per_run[v]) for k in per_run[v][0]
-                  if all(s.get(k) is not None for s in per_run[v])} for v in contenders}
+    median = {
+        v: {
+            k: statistics.median(s[k] for s in per_run[v])
+            for k in per_run[v][0]
+            if all(s.get(k) is not None for s in per_run[v])
+        }
+        for v in contenders
+    }
     first = runs["sync"][0]
     from turbotrain.app.doctor import collect_env
 
     result = {
         "benchmark": "checkpoint_stall",
         "workload": f"{args.model} (micro {first['micro']} x {first['block']} tokens), {first['device']}, "
-                    f"{first['precision']}, compile off, {args.threads or 'default'} CPU thread(s), AdamW, a checkpoint every {args.every} steps (keep 2)",
+        f"{first['precision']}, compile off, {args.threads or 'default'} CPU thread(s), AdamW, a checkpoint every {args.every} steps (keep 2)",
         "protocol": f"each contender in its own process, {args.rounds} round(s) alternating the order; {args.warmup} "
-                    f"warm-up steps excluded; {args.steps} timed steps per process; medians of per-process medians",
+        f"warm-up steps excluded; {args.steps} timed steps per process; medians of per-process medians",
         "checkpoint_mb": first["checkpoint_mb"],
         "median": median,
         "stall_reduction_ms": median["sync"]["stall_ms"] - median["async"]["stall_ms"],
@@ -197,8 +249,10 @@ def main() -> None:
     }
     for v in ("sync", "async"):
         m = median[v]
-        print(f"{v}: step {m['step_ms']:.1f} ms, checkpoint step {m['checkpoint_step_ms']:.1f} ms, stall "
-              f"{m['stall_ms']:.1f} ms, cost per checkpoint {m.get('cost_per_checkpoint_ms', float('nan')):.1f} ms")
+        print(
+            f"{v}: step {m['step_ms']:.1f} ms, checkpoint step {m['checkpoint_step_ms']:.1f} ms, stall "
+            f"{m['stall_ms']:.1f} ms, cost per checkpoint {m.get('cost_per_checkpoint_ms', float('nan')):.1f} ms"
+        )
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)

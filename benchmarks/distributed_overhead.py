@@ -31,7 +31,14 @@ WARMUP_STEPS = 10
 WINDOW_STEPS = 10
 WINDOWS = 5
 MICRO = 8  # per process
-MODEL = {"vocab_size": 256, "n_layer": 4, "n_head": 4, "d_model": 128, "block_size": 64}  # the DESIGN's CPU tiny GPT
+# the DESIGN's CPU tiny GPT
+MODEL = {
+    "vocab_size": 256,
+    "n_layer": 4,
+    "n_head": 4,
+    "d_model": 128,
+    "block_size": 64,
+}
 
 
 def measure(variant: str) -> dict:
@@ -49,7 +56,9 @@ def measure(variant: str) -> dict:
         os.sched_setaffinity(0, {cores[local_rank % len(cores)]})  # one core each, no migrations
     strategy = {"ddp": "ddp", "fsdp": "fsdp"}.get(variant, "single")
     micro = 2 * MICRO if variant == "single-global" else MICRO
-    engine = Engine({"run": {"device": "cpu"}, "distributed": {"strategy": strategy}, "precision": {"mode": "fp32"}})
+    engine = Engine(
+        {"run": {"device": "cpu"}, "distributed": {"strategy": strategy}, "precision": {"mode": "fp32"}}
+    )
     torch.manual_seed(0)
     model = GPT(GPTConfig(**MODEL))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
@@ -58,10 +67,15 @@ def measure(variant: str) -> dict:
 
     def rows(r: int) -> list[torch.Tensor]:  # rank r's micro-batches
         g = torch.Generator().manual_seed(1 + r)
-        return [torch.randint(MODEL["vocab_size"], (MICRO, MODEL["block_size"] + 1), generator=g) for _ in range(8)]
+        return [
+            torch.randint(MODEL["vocab_size"], (MICRO, MODEL["block_size"] + 1), generator=g)
+            for _ in range(8)
+        ]
 
     # single-global trains on both ranks' rows at once: its final loss is the 2-process runs' (parity check)
-    batches = [torch.cat(pair) for pair in zip(rows(0), rows(1))] if variant == "single-global" else rows(rank)
+    batches = (
+        [torch.cat(pair) for pair in zip(rows(0), rows(1))] if variant == "single-global" else rows(rank)
+    )
 
     def run(n: int) -> float:
         if dist.is_initialized():
@@ -80,8 +94,14 @@ def measure(variant: str) -> dict:
     loss = float(engine.last_loss)
     if dist.is_initialized():
         dist.destroy_process_group()
-    return {"variant": variant, "rank": rank, "step_ms": statistics.median(windows_ms), "windows_ms": windows_ms,
-            "loss": loss, "micro": micro}
+    return {
+        "variant": variant,
+        "rank": rank,
+        "step_ms": statistics.median(windows_ms),
+        "windows_ms": windows_ms,
+        "loss": loss,
+        "micro": micro,
+    }
 
 
 def _launch(variant: str, out: Path) -> dict:
@@ -129,21 +149,31 @@ def main() -> None:
         "overhead_ms": {s: med[s] - base for s in ("ddp", "fsdp")},
         "overhead_pct": {s: 100 * (med[s] / base - 1) for s in ("ddp", "fsdp")},
         "speedup_vs_one_process_same_global_batch": {s: glob / med[s] for s in ("ddp", "fsdp")},
-        "tokens_per_s": {"single-micro": tokens / base * 1000, "single-global": 2 * tokens / glob * 1000,
-                         **{s: 2 * tokens / med[s] * 1000 for s in ("ddp", "fsdp")}},
+        "tokens_per_s": {
+            "single-micro": tokens / base * 1000,
+            "single-global": 2 * tokens / glob * 1000,
+            **{s: 2 * tokens / med[s] * 1000 for s in ("ddp", "fsdp")},
+        },
         "final_loss": {c: runs[c][0]["loss"] for c in contenders},
         "runs": runs,
-        "env": {"python": platform.python_version(), "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
-                "cores": os.cpu_count(), "backend": "gloo"},
+        "env": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "backend": "gloo",
+        },
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "git": collect_git(),
         "protocol": f"{WARMUP_STEPS} warm-up steps excluded, median of {WINDOWS} windows of {WINDOW_STEPS} steps per process, "
-                    f"median over {args.rounds} interleaved rounds",
+        f"median over {args.rounds} interleaved rounds",
     }
     for s in ("ddp", "fsdp"):
-        print(f"{s}: {med[s]:.2f} ms/step vs one process with the same micro-batch {base:.2f} ms "
-              f"(+{result['overhead_ms'][s]:.2f} ms, {result['overhead_pct'][s]:+.1f}%); "
-              f"x{result['speedup_vs_one_process_same_global_batch'][s]:.2f} vs one process with the global batch ({glob:.2f} ms)")
+        print(
+            f"{s}: {med[s]:.2f} ms/step vs one process with the same micro-batch {base:.2f} ms "
+            f"(+{result['overhead_ms'][s]:.2f} ms, {result['overhead_pct'][s]:+.1f}%); "
+            f"x{result['speedup_vs_one_process_same_global_batch'][s]:.2f} vs one process with the global batch ({glob:.2f} ms)"
+        )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

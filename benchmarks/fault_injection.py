@@ -48,29 +48,42 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
-from turbotrain.loop.checkpoint import is_verified, list_checkpoints, save_checkpoint, sidecar
-from turbotrain.cli import main
 from turbotrain.base.config import SECTIONS
 from turbotrain.base.version import collect_git
+from turbotrain.cli import main
+from turbotrain.loop.checkpoint import is_verified, list_checkpoints, save_checkpoint, sidecar
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from faults.faultenv import fault_env  # noqa: E402 - the injector lives with the tests that use it too
+
 MAX_STEPS = 12
 TINY = {
-    "run.device": "cpu", "run.name": "t",
-    "model.n_layer": 2, "model.n_head": 2, "model.d_model": 32, "model.block_size": 32,
-    "data.num_workers": 0, "batch.micro": 4,
-    "optim.warmup_steps": 2, "optim.lr": 3e-3, "optim.min_lr": 3e-4,
-    "train.max_steps": MAX_STEPS, "train.eval_every": 3, "train.eval_batches": 2,
-    "train.checkpoint_every": 3, "train.keep_last": 2,
-    "monitor.log_every": 2, "monitor.nvml": "false",
+    "run.device": "cpu",
+    "run.name": "t",
+    "model.n_layer": 2,
+    "model.n_head": 2,
+    "model.d_model": 32,
+    "model.block_size": 32,
+    "data.num_workers": 0,
+    "batch.micro": 4,
+    "optim.warmup_steps": 2,
+    "optim.lr": 3e-3,
+    "optim.min_lr": 3e-4,
+    "train.max_steps": MAX_STEPS,
+    "train.eval_every": 3,
+    "train.eval_batches": 2,
+    "train.checkpoint_every": 3,
+    "train.keep_last": 2,
+    "monitor.log_every": 2,
+    "monitor.nvml": "false",
 }
 
 
@@ -85,8 +98,14 @@ def train_args(work: Path, corpus: Path, cache: Path, **changes: Any) -> list[st
 
 
 def cli(args: list[str], fault: str = "", **kwargs: Any) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "turbotrain", *args], env=fault_env(fault), capture_output=True,
-                          text=True, timeout=600, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "turbotrain", *args],
+        env=fault_env(fault),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        **kwargs,
+    )
 
 
 def summary_of(run: Path) -> dict[str, Any]:
@@ -127,8 +146,13 @@ def fixed_cases() -> list[Case]:
 
 
 RANDOM_POINTS = {  # point -> the N to draw from: a resumed process of the chain reaches fewer points than a new one
-    "step": 5, "eval": 2, "ckpt-mid-write": 2, "ckpt-before-rename": 2, "ckpt-before-sidecar": 2,
-    "sidecar-before-rename": 2, "metrics-torn": 3,
+    "step": 5,
+    "eval": 2,
+    "ckpt-mid-write": 2,
+    "ckpt-before-rename": 2,
+    "ckpt-before-sidecar": 2,
+    "sidecar-before-rename": 2,
+    "metrics-torn": 3,
 }
 
 
@@ -147,8 +171,13 @@ def random_cases(rng: random.Random, chains: int, signals: int) -> list[Case]:
 def signal_run(args: list[str], sig: str, step: int, work: Path) -> tuple[int, str]:
     """Start a run paused inside ``step``, send ``sig``, let it go on: its exit code and stderr."""
     marker = work / "paused"
-    proc = subprocess.Popen([sys.executable, "-m", "turbotrain", *args], env=fault_env(f"pause-step:{step}", marker),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "turbotrain", *args],
+        env=fault_env(f"pause-step:{step}", marker),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     while not marker.exists() and proc.poll() is None:
         time.sleep(0.02)
     proc.send_signal(getattr(signal, sig))
@@ -157,7 +186,9 @@ def signal_run(args: list[str], sig: str, step: int, work: Path) -> tuple[int, s
     return proc.returncode, err
 
 
-def run_case(case: Case, corpus: Path, shared_cache: Path, reference: dict[str, Any], steps: list[int]) -> dict[str, Any]:
+def run_case(
+    case: Case, corpus: Path, shared_cache: Path, reference: dict[str, Any], steps: list[int]
+) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="tt-fault-"))
     cache = work / "cache" if case.fresh_cache else shared_cache
     run = work / "runs" / "t"
@@ -188,16 +219,28 @@ def run_case(case: Case, corpus: Path, shared_cache: Path, reference: dict[str, 
     logged = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     extra = {case.signal_at[1]} if case.signal_at else set()  # a stopped invocation's final record
     if logged != sorted(set(logged)) or set(logged) - extra != set(steps):
-        problems.append(f"metrics steps {logged}, want each of {steps} once" + (f" (and {sorted(extra)})" if extra else ""))
+        problems.append(
+            f"metrics steps {logged}, want each of {steps} once"
+            + (f" (and {sorted(extra)})" if extra else "")
+        )
     left = temp_files(work)
     if left:
         problems.append(f"temporary files left: {left}")
     bad = [p.name for p in list_checkpoints(run / "checkpoints") if not is_verified(p)]
-    orphans = [p.name for p in (run / "checkpoints").glob("*.sha256") if not p.with_name(p.name[:-7]).exists()]
+    orphans = [
+        p.name for p in (run / "checkpoints").glob("*.sha256") if not p.with_name(p.name[:-7]).exists()
+    ]
     if bad or orphans:
         problems.append(f"unverified checkpoints {bad}, orphaned checksum files {orphans}")
-    return {"case": case.name, "kills": kills, "signal": case.signal_at, "resumed_from": summary.get("resumed_from"),
-            "final_train_loss": summary.get("final_train_loss"), "ok": not problems, "problems": problems}
+    return {
+        "case": case.name,
+        "kills": kills,
+        "signal": case.signal_at,
+        "resumed_from": summary.get("resumed_from"),
+        "final_train_loss": summary.get("final_train_loss"),
+        "ok": not problems,
+        "problems": problems,
+    }
 
 
 # ----------------------------------------------------------------------------- 2. soak
@@ -206,11 +249,26 @@ def run_case(case: Case, corpus: Path, shared_cache: Path, reference: dict[str, 
 def soak(corpus: Path, cache: Path, steps: int, every: int) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="tt-soak-"))
     run = work / "runs" / "t"
-    args = train_args(work, corpus, cache, **{"train.max_steps": steps, "train.checkpoint_every": every,
-                                               "train.keep_last": 3, "train.eval_every": 0, "monitor.log_every": 10,
-                                               "optim.warmup_steps": 10})
-    proc = subprocess.Popen([sys.executable, "-m", "turbotrain", *args], env=fault_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    args = train_args(
+        work,
+        corpus,
+        cache,
+        **{
+            "train.max_steps": steps,
+            "train.checkpoint_every": every,
+            "train.keep_last": 3,
+            "train.eval_every": 0,
+            "monitor.log_every": 10,
+            "optim.warmup_steps": 10,
+        },
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "turbotrain", *args],
+        env=fault_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     samples = []
     while proc.poll() is None:
         try:
@@ -221,8 +279,16 @@ def soak(corpus: Path, cache: Path, steps: int, every: int) -> dict[str, Any]:
             disk = sum(p.stat().st_size for p in files if p.exists())
             ckpts = list_checkpoints(run / "checkpoints")
             step = int(ckpts[-1].name[5:13]) if ckpts else 0
-            samples.append({"t": time.monotonic(), "step": step, "rss_mib": rss_kib / 1024, "fds": fds,
-                            "disk_mib": disk / 2**20, "checkpoints": len(ckpts)})
+            samples.append(
+                {
+                    "t": time.monotonic(),
+                    "step": step,
+                    "rss_mib": rss_kib / 1024,
+                    "fds": fds,
+                    "disk_mib": disk / 2**20,
+                    "checkpoints": len(ckpts),
+                }
+            )
         except (OSError, StopIteration, ValueError):
             pass
         time.sleep(0.25)
@@ -232,18 +298,42 @@ def soak(corpus: Path, cache: Path, steps: int, every: int) -> dict[str, Any]:
 
     def spread(key: str) -> dict[str, float]:
         values = [s[key] for s in trained]
-        return {"first": round(values[0], 2), "last": round(values[-1], 2), "min": round(min(values), 2),
-                "max": round(max(values), 2)} if values else {}
+        return (
+            {
+                "first": round(values[0], 2),
+                "last": round(values[-1], 2),
+                "min": round(min(values), 2),
+                "max": round(max(values), 2),
+            }
+            if values
+            else {}
+        )
 
     half = [s for s in trained if s["step"] >= steps // 2]
-    slope = float(np.polyfit([s["step"] for s in half], [s["rss_mib"] for s in half], 1)[0]) * 1000 if len(half) > 2 else None
-    return {"steps": steps, "checkpoint_every": every, "checkpoints_written": steps // every, "exit": proc.returncode,
-            "rss_mib_per_1000_steps_second_half": None if slope is None else round(slope, 2),
-            "series": [{k: round(v, 2) if isinstance(v, float) else v for k, v in s.items() if k != "t"} for s in samples[::5]],
-            "stderr_tail": err.strip()[-300:] if proc.returncode else "", "samples": len(samples),
-            "rss_mib": spread("rss_mib"), "open_fds": spread("fds"), "run_dir_mib": spread("disk_mib"),
-            "checkpoints_on_disk": spread("checkpoints"),
-            "temp_files_left": temp_files(run), "all_verified": all(is_verified(p) for p in list_checkpoints(run / "checkpoints"))}
+    slope = (
+        float(np.polyfit([s["step"] for s in half], [s["rss_mib"] for s in half], 1)[0]) * 1000
+        if len(half) > 2
+        else None
+    )
+    return {
+        "steps": steps,
+        "checkpoint_every": every,
+        "checkpoints_written": steps // every,
+        "exit": proc.returncode,
+        "rss_mib_per_1000_steps_second_half": None if slope is None else round(slope, 2),
+        "series": [
+            {k: round(v, 2) if isinstance(v, float) else v for k, v in s.items() if k != "t"}
+            for s in samples[::5]
+        ],
+        "stderr_tail": err.strip()[-300:] if proc.returncode else "",
+        "samples": len(samples),
+        "rss_mib": spread("rss_mib"),
+        "open_fds": spread("fds"),
+        "run_dir_mib": spread("disk_mib"),
+        "checkpoints_on_disk": spread("checkpoints"),
+        "temp_files_left": temp_files(run),
+        "all_verified": all(is_verified(p) for p in list_checkpoints(run / "checkpoints")),
+    }
 
 
 # ----------------------------------------------------------------------------- 3. hostile inputs
@@ -259,8 +349,11 @@ class _StderrHandler(logging.Handler):
 def snapshot(folder: Path) -> dict[str, str]:
     if not folder.exists():
         return {}
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != ".lock"}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != ".lock"
+    }
 
 
 def call(argv: list[str]) -> tuple[int | str, str]:
@@ -276,7 +369,9 @@ def call(argv: list[str]) -> tuple[int | str, str]:
     return code, err.getvalue()
 
 
-def hostile_cases(work: Path, corpus: Path, cache: Path, existing: Path) -> list[tuple[str, Callable[[], list[str]], int]]:
+def hostile_cases(
+    work: Path, corpus: Path, cache: Path, existing: Path
+) -> list[tuple[str, Callable[[], list[str]], int]]:
     """(name, make argv (may prepare files), expected exit code)."""
     names = iter(range(10**6))  # every case its own run name: one that trains by mistake cannot mask the next
     base = lambda **c: train_args(work, corpus, cache, **{"run.name": f"h{next(names)}", **c})  # noqa: E731
@@ -311,20 +406,40 @@ def hostile_cases(work: Path, corpus: Path, cache: Path, existing: Path) -> list
         ("not an override", lambda: base() + ["stray"], 2),
         ("unknown preset", lambda: ["train", "--preset", "gpt-huge"], 2),
         ("batch.micro larger than the data", lambda: base(**{"batch.micro": 100000}), 2),
-        ("compile reduce-overhead with accumulation", lambda: base(**{"compile.mode": "reduce-overhead", "batch.accumulation": 2}), 2),
+        (
+            "compile reduce-overhead with accumulation",
+            lambda: base(**{"compile.mode": "reduce-overhead", "batch.accumulation": 2}),
+            2,
+        ),
     ]
     # issue 23 item 2: values a field's type admits but the code cannot do (each field's declared range)
     moe = {"model.arch": "moe", "moe.n_experts": 4}
     for key, bad, extra in (
-        ("distributed.timeout_s", "1e11", {}), ("distributed.timeout_s", "1e10", {}), ("distributed.timeout_s", "1e15", {}),
-        ("batch.global_size", "4611686018427387904", {}), ("data.prefetch_factor", "1000000000", {}),
-        ("moe.n_experts", "1000000000", {"model.arch": "moe"}), ("moe.expert_hidden", "4611686018427387904", moe),
-        ("moe.capacity_factor", "1e300", moe), ("distributed.bucket_cap_mb", "4611686018427387904", {}),
+        ("distributed.timeout_s", "1e11", {}),
+        ("distributed.timeout_s", "1e10", {}),
+        ("distributed.timeout_s", "1e15", {}),
+        ("batch.global_size", "4611686018427387904", {}),
+        ("data.prefetch_factor", "1000000000", {}),
+        ("moe.n_experts", "1000000000", {"model.arch": "moe"}),
+        ("moe.expert_hidden", "4611686018427387904", moe),
+        ("moe.capacity_factor", "1e300", moe),
+        ("distributed.bucket_cap_mb", "4611686018427387904", {}),
         ("moe.every", "99", moe),
     ):
-        cases.append((f"{key}={bad} (issue 23 item 2)", lambda key=key, bad=bad, extra=extra: base(**extra, **{key: bad}), 2))
-    cases.append(("--preset moe-tiny --moe.every=99 (issue 23 item 2)",
-                  lambda: base(**{"moe.every": 99}) + ["--preset", "moe-tiny"], 2))
+        cases.append(
+            (
+                f"{key}={bad} (issue 23 item 2)",
+                lambda key=key, bad=bad, extra=extra: base(**extra, **{key: bad}),
+                2,
+            )
+        )
+    cases.append(
+        (
+            "--preset moe-tiny --moe.every=99 (issue 23 item 2)",
+            lambda: base(**{"moe.every": 99}) + ["--preset", "moe-tiny"],
+            2,
+        )
+    )
 
     def data_file(name: str, payload: bytes, meta: bytes | None = None) -> Callable[[], list[str]]:
         def make() -> list[str]:
@@ -334,6 +449,7 @@ def hostile_cases(work: Path, corpus: Path, cache: Path, existing: Path) -> list
             if meta is not None:
                 (folder / "meta.json").write_bytes(meta)
             return base() + ["--data", str(folder / name)]
+
         return make
 
     llmc_negative = np.zeros(256, np.int32)
@@ -355,10 +471,20 @@ def hostile_cases(work: Path, corpus: Path, cache: Path, existing: Path) -> list
         ("token ids above meta.json's vocab", data_file("t.bin", tokens, b'{"vocab_size": 500}'), 2),
         ("text shorter than one sequence", data_file("s.txt", b"tiny"), 2),
         ("data a device (/dev/zero) (issue 23 item 14)", lambda: base() + ["--data", "/dev/zero"], 2),
-        ("data a FIFO (issue 23 item 14)", lambda: (os.mkfifo(work / "fifo") if not (work / "fifo").exists() else None,
-                                 base() + ["--data", str(work / "fifo")])[1], 2),
+        (
+            "data a FIFO (issue 23 item 14)",
+            lambda: (
+                os.mkfifo(work / "fifo") if not (work / "fifo").exists() else None,
+                base() + ["--data", str(work / "fifo")],
+            )[1],
+            2,
+        ),
         ("data.cache_dir a file (issue 23 item 5)", lambda: base(**{"data.cache_dir": str(corpus)}), 2),
-        ("data.cache_dir under a file (issue 23 item 5)", lambda: base(**{"data.cache_dir": str(corpus / "sub")}), 2),
+        (
+            "data.cache_dir under a file (issue 23 item 5)",
+            lambda: base(**{"data.cache_dir": str(corpus / "sub")}),
+            2,
+        ),
     ]
 
     def preset(text: bytes) -> Callable[[], list[str]]:
@@ -366,6 +492,7 @@ def hostile_cases(work: Path, corpus: Path, cache: Path, existing: Path) -> list
             path = work / f"preset-{len(list(work.glob('preset-*')))}.toml"
             path.write_bytes(text)
             return base() + ["--preset", str(path)]
+
         return make
 
     cases += [
@@ -407,6 +534,7 @@ def hostile_cases(work: Path, corpus: Path, cache: Path, existing: Path) -> list
                     sidecar(p).unlink()
                     save_checkpoint(ckpts, step, payload, keep_last=100)
             return resume
+
         return make
 
     cases += [
@@ -414,10 +542,17 @@ def hostile_cases(work: Path, corpus: Path, cache: Path, existing: Path) -> list
         ("resume: every checksum file not UTF-8", damaged("sidecar not UTF-8"), 2),
         ("resume: every checkpoint foreign (no engine state)", damaged("foreign"), 2),
         ("resume: every checkpoint a malicious pickle", damaged("malicious"), 2),
-        ("resume: overrides that change the model", lambda: (damaged("none")(), resume + ["--model.n_layer=3"])[1], 2),
+        (
+            "resume: overrides that change the model",
+            lambda: (damaged("none")(), resume + ["--model.n_layer=3"])[1],
+            2,
+        ),
         # issue 23 item 9: a resume that fails at start-up (after its overrides passed) keeps config.toml byte-identical
-        ("resume: an override that fails at start-up keeps config.toml (issue 23 item 9)",
-         lambda: (damaged("none")(), resume + ["--batch.micro=100000"])[1], 2),
+        (
+            "resume: an override that fails at start-up keeps config.toml (issue 23 item 9)",
+            lambda: (damaged("none")(), resume + ["--batch.micro=100000"])[1],
+            2,
+        ),
         ("resume: a run that does not exist", lambda: ["train", "--resume", str(work / "nope")], 2),
         ("resume: a name and --run.name", lambda: ["train", "--resume", "t", "--run.name=u"], 2),
         ("train over an existing run", lambda: train_args(work, corpus, cache), 2),
@@ -461,12 +596,24 @@ def hostile(corpus: Path, cache: Path, only_issue23: bool = False) -> dict[str, 
         if "Traceback" in err or len(lines) != 1:
             problems.append(f"{len(lines)} error lines: {err.strip()[-400:]}")
         if before != after:
-            problems.append("changed files of the existing run: " + ", ".join(k for k in before if before[k] != after.get(k)))
+            problems.append(
+                "changed files of the existing run: "
+                + ", ".join(k for k in before if before[k] != after.get(k))
+            )
         if (work / "pwned").exists():
             problems.append("a malicious pickle ran")
-        results.append({"case": name, "exit": code, "line": lines[-1] if lines else "", "ok": not problems,
-                        "problems": problems})
-    results += [r for r in subprocess_hostile(work, corpus, cache) if not only_issue23 or "issue 23" in r["case"]]
+        results.append(
+            {
+                "case": name,
+                "exit": code,
+                "line": lines[-1] if lines else "",
+                "ok": not problems,
+                "problems": problems,
+            }
+        )
+    results += [
+        r for r in subprocess_hostile(work, corpus, cache) if not only_issue23 or "issue 23" in r["case"]
+    ]
     results += torchrun_cases(work, corpus, cache)  # issue 23 items 1, 12, 17
     results += issue23_cases(work, corpus, cache)
     return {"tried": len(results), "ok": sum(r["ok"] for r in results), "cases": results}
@@ -477,35 +624,88 @@ def subprocess_hostile(work: Path, corpus: Path, cache: Path) -> list[dict[str, 
     out = []
     limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, resource.RLIM_INFINITY))  # noqa: E731
     result = cli(train_args(work, corpus, cache, **{"run.name": "full"}), preexec_fn=limit)
-    lines = [line for line in result.stderr.strip().splitlines() if not line.startswith(("INFO ", "WARNING "))]
-    ok = result.returncode == 2 and "Traceback" not in result.stderr and len(lines) == 1 and not temp_files(work / "runs" / "full")
-    out.append({"case": "disk full (ulimit -f 200 KB) at the first checkpoint", "exit": result.returncode,
-                "line": lines[-1] if lines else "", "ok": ok, "problems": [] if ok else [result.stderr[-400:]]})
+    lines = [
+        line for line in result.stderr.strip().splitlines() if not line.startswith(("INFO ", "WARNING "))
+    ]
+    ok = (
+        result.returncode == 2
+        and "Traceback" not in result.stderr
+        and len(lines) == 1
+        and not temp_files(work / "runs" / "full")
+    )
+    out.append(
+        {
+            "case": "disk full (ulimit -f 200 KB) at the first checkpoint",
+            "exit": result.returncode,
+            "line": lines[-1] if lines else "",
+            "ok": ok,
+            "problems": [] if ok else [result.stderr[-400:]],
+        }
+    )
     # issue 23 item 5: the data cache over a file-size limit (numpy's tofile lost the errno: a traceback)
     big = work / "big.txt"  # ~150 KB of text: a 300 KB cache entry
     big.write_text(corpus.read_text() * 4)
-    result = cli(train_args(work, big, work / "limited-cache", **{"run.name": "cache-full"}), preexec_fn=limit)
-    lines = [line for line in result.stderr.strip().splitlines() if not line.startswith(("INFO ", "WARNING "))]
-    ok = result.returncode == 2 and "Traceback" not in result.stderr and len(lines) == 1 and not temp_files(work / "limited-cache")
-    out.append({"case": "data cache over the file-size limit (ulimit -f 200 KB) (issue 23 item 5)", "exit": result.returncode,
-                "line": lines[-1] if lines else "", "ok": ok, "problems": [] if ok else [result.stderr[-400:]]})
+    result = cli(
+        train_args(work, big, work / "limited-cache", **{"run.name": "cache-full"}), preexec_fn=limit
+    )
+    lines = [
+        line for line in result.stderr.strip().splitlines() if not line.startswith(("INFO ", "WARNING "))
+    ]
+    ok = (
+        result.returncode == 2
+        and "Traceback" not in result.stderr
+        and len(lines) == 1
+        and not temp_files(work / "limited-cache")
+    )
+    out.append(
+        {
+            "case": "data cache over the file-size limit (ulimit -f 200 KB) (issue 23 item 5)",
+            "exit": result.returncode,
+            "line": lines[-1] if lines else "",
+            "ok": ok,
+            "problems": [] if ok else [result.stderr[-400:]],
+        }
+    )
     marker = work / "held"
     args = train_args(work, corpus, cache, **{"run.name": "held"})
-    proc = subprocess.Popen([sys.executable, "-m", "turbotrain", *args], env=fault_env("pause-step:2", marker),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "turbotrain", *args],
+        env=fault_env("pause-step:2", marker),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     while not marker.exists() and proc.poll() is None:
         time.sleep(0.02)
-    for name, argv in (("a second train on a running run", args), ("--resume of a running run", args + ["--resume"])):
+    for name, argv in (
+        ("a second train on a running run", args),
+        ("--resume of a running run", args + ["--resume"]),
+    ):
         second = cli(argv)
-        lines = [line for line in second.stderr.strip().splitlines() if not line.startswith(("INFO ", "WARNING "))]
+        lines = [
+            line for line in second.stderr.strip().splitlines() if not line.startswith(("INFO ", "WARNING "))
+        ]
         ok = second.returncode == 2 and len(lines) == 1 and "Traceback" not in second.stderr
-        out.append({"case": name, "exit": second.returncode, "line": lines[-1] if lines else "", "ok": ok,
-                    "problems": [] if ok else [second.stderr[-400:]]})
+        out.append(
+            {
+                "case": name,
+                "exit": second.returncode,
+                "line": lines[-1] if lines else "",
+                "ok": ok,
+                "problems": [] if ok else [second.stderr[-400:]],
+            }
+        )
     proc.send_signal(signal.SIGTERM)
     marker.unlink(missing_ok=True)
     proc.wait(timeout=600)
-    out.append({"case": "SIGTERM of the running run", "exit": proc.returncode, "line": "", "ok": proc.returncode == 75,
-                "problems": [] if proc.returncode == 75 else [f"exit {proc.returncode}"]})
+    out.append(
+        {
+            "case": "SIGTERM of the running run",
+            "exit": proc.returncode,
+            "line": "",
+            "ok": proc.returncode == 75,
+            "problems": [] if proc.returncode == 75 else [f"exit {proc.returncode}"],
+        }
+    )
 
     # the token file is cut short while the run trains: one line (no bus error); put back, it resumes
     data = work / "shrinking"
@@ -514,8 +714,13 @@ def subprocess_hostile(work: Path, corpus: Path, cache: Path) -> list[dict[str, 
     tokens.tofile(data / "toks.bin")
     (data / "meta.json").write_text('{"vocab_size": 256}')
     args = train_args(work, corpus, cache, **{"run.name": "shrunk"}) + ["--data", str(data / "toks.bin")]
-    proc = subprocess.Popen([sys.executable, "-m", "turbotrain", *args], env=fault_env("pause-step:4", marker),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "turbotrain", *args],
+        env=fault_env("pause-step:4", marker),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     while not marker.exists() and proc.poll() is None:
         time.sleep(0.02)
     with open(data / "toks.bin", "r+b") as f:
@@ -525,9 +730,22 @@ def subprocess_hostile(work: Path, corpus: Path, cache: Path) -> list[dict[str, 
     lines = [line for line in err.strip().splitlines() if not line.startswith(("INFO ", "WARNING "))]
     tokens.tofile(data / "toks.bin")
     again = cli(args + ["--resume"])
-    ok = proc.returncode == 2 and len(lines) == 1 and "shrank" in err and "Traceback" not in err and again.returncode == 0
-    out.append({"case": "data file truncated while training, then put back and resumed", "exit": proc.returncode,
-                "line": lines[-1] if lines else "", "ok": ok, "problems": [] if ok else [err[-400:], again.stderr[-300:]]})
+    ok = (
+        proc.returncode == 2
+        and len(lines) == 1
+        and "shrank" in err
+        and "Traceback" not in err
+        and again.returncode == 0
+    )
+    out.append(
+        {
+            "case": "data file truncated while training, then put back and resumed",
+            "exit": proc.returncode,
+            "line": lines[-1] if lines else "",
+            "ok": ok,
+            "problems": [] if ok else [err[-400:], again.stderr[-300:]],
+        }
+    )
     return out
 
 
@@ -538,62 +756,165 @@ def torchrun_cases(work: Path, corpus: Path, cache: Path) -> list[dict[str, Any]
     from rank 0 alone; kill -9 of torchrun's process group: the orphaned ranks stop with a checkpoint."""
     out: list[dict[str, Any]] = []
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    ep = {"model.arch": "moe", "moe.n_experts": 4, "moe.router_bias_update": 1e-3, "distributed.strategy": "ddp",
-          "distributed.expert_parallel": 2, "train.max_steps": 20, "train.checkpoint_every": 5, "train.eval_every": 0}
+    ep = {
+        "model.arch": "moe",
+        "moe.n_experts": 4,
+        "moe.router_bias_update": 1e-3,
+        "distributed.strategy": "ddp",
+        "distributed.expert_parallel": 2,
+        "train.max_steps": 20,
+        "train.checkpoint_every": 5,
+        "train.eval_every": 0,
+    }
 
     def run(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess:
         return subprocess.run(argv, env=fault_env(""), capture_output=True, text=True, timeout=600, **kwargs)
 
     def add(case: str, ok: bool, result: subprocess.CompletedProcess, line: str = "") -> None:
-        out.append({"case": case, "exit": result.returncode, "line": line, "ok": ok,
-                    "problems": [] if ok else [result.stderr[-600:]]})
+        out.append(
+            {
+                "case": case,
+                "exit": result.returncode,
+                "line": line,
+                "ok": ok,
+                "problems": [] if ok else [result.stderr[-600:]],
+            }
+        )
 
-    whole = run(launch + ["-m", "turbotrain", *train_args(work, corpus, cache, **ep, **{"run.name": "ep-whole"})])
-    stopped = run(launch + ["-m", "turbotrain", *train_args(work, corpus, cache, **ep, **{"run.name": "ep-stop",
-                                                                                              "train.stop_after_steps": 10})])
+    whole = run(
+        launch + ["-m", "turbotrain", *train_args(work, corpus, cache, **ep, **{"run.name": "ep-whole"})]
+    )
+    stopped = run(
+        launch
+        + [
+            "-m",
+            "turbotrain",
+            *train_args(work, corpus, cache, **ep, **{"run.name": "ep-stop", "train.stop_after_steps": 10}),
+        ]
+    )
     runs = work / "runs"
     shutil.copytree(runs / "ep-stop", runs / "ep-one")
     resumed = run(launch + ["-m", "turbotrain", "train", "--resume", str(runs / "ep-stop"), "--no-progress"])
-    same = whole.returncode == stopped.returncode == resumed.returncode == 0 and abs(
-        summary_of(runs / "ep-stop")["final_val_loss"] - summary_of(runs / "ep-whole")["final_val_loss"]) <= 1e-5
-    add("expert-parallel run stopped at step 10, resumed at degree 2: final val loss within 1e-5 (issue 23 item 1)", same, resumed)
-    one = cli(["train", "--resume", str(runs / "ep-one"), "--no-progress", "--distributed.strategy=single",
-               "--distributed.expert_parallel=1", f"--batch.global_size={2 * TINY['batch.micro']}"])  # the README's command
-    same = one.returncode == 0 and abs(summary_of(runs / "ep-one")["final_val_loss"]
-                                       - summary_of(runs / "ep-whole")["final_val_loss"]) <= 1e-5
-    add("expert-parallel checkpoint resumed in one process at degree 1, same global batch: final val loss within 1e-5 "
-        "(issue 23 item 1)", same, one)
+    same = (
+        whole.returncode == stopped.returncode == resumed.returncode == 0
+        and abs(
+            summary_of(runs / "ep-stop")["final_val_loss"] - summary_of(runs / "ep-whole")["final_val_loss"]
+        )
+        <= 1e-5
+    )
+    add(
+        "expert-parallel run stopped at step 10, resumed at degree 2: final val loss within 1e-5 (issue 23 item 1)",
+        same,
+        resumed,
+    )
+    # the README's command
+    one = cli(
+        [
+            "train",
+            "--resume",
+            str(runs / "ep-one"),
+            "--no-progress",
+            "--distributed.strategy=single",
+            "--distributed.expert_parallel=1",
+            f"--batch.global_size={2 * TINY['batch.micro']}",
+        ]
+    )
+    same = (
+        one.returncode == 0
+        and abs(
+            summary_of(runs / "ep-one")["final_val_loss"] - summary_of(runs / "ep-whole")["final_val_loss"]
+        )
+        <= 1e-5
+    )
+    add(
+        "expert-parallel checkpoint resumed in one process at degree 1, same global batch: final val loss within 1e-5 "
+        "(issue 23 item 1)",
+        same,
+        one,
+    )
 
     shutil.copytree(runs / "ep-whole", runs / "no-usable")
     for metadata in (runs / "no-usable" / "checkpoints").glob("step_*/.metadata"):
         metadata.write_bytes(b"garbage")
     logs = work / "no-usable-logs"
-    broken = run(launch + ["--log-dir", str(logs), "--redirects", "3", "-m", "turbotrain", "train", "--resume",
-                           str(runs / "no-usable"), "--no-progress"])
-    said = {p.parent.name: [line for line in p.read_text().splitlines() if line.startswith("turbotrain train:")]
-            for p in logs.rglob("stderr.log")}
+    broken = run(
+        launch
+        + [
+            "--log-dir",
+            str(logs),
+            "--redirects",
+            "3",
+            "-m",
+            "turbotrain",
+            "train",
+            "--resume",
+            str(runs / "no-usable"),
+            "--no-progress",
+        ]
+    )
+    said = {
+        p.parent.name: [line for line in p.read_text().splitlines() if line.startswith("turbotrain train:")]
+        for p in logs.rglob("stderr.log")
+    }
     ok = len(said.get("0", [])) == 1 and "no usable checkpoint" in said["0"][0] and said.get("1") == []
-    add("torchrun resume with no usable checkpoint: one line, from rank 0 only (issue 23 item 12)", ok, broken, (said.get("0") or [""])[0])
+    add(
+        "torchrun resume with no usable checkpoint: one line, from rank 0 only (issue 23 item 12)",
+        ok,
+        broken,
+        (said.get("0") or [""])[0],
+    )
 
-    orphan = subprocess.Popen(launch + ["--log-dir", str(work / "orphan-logs"), "--redirects", "3", "-m", "turbotrain",
-                                        *train_args(work, corpus, cache, **{"run.name": "orphans", "train.max_steps": 5000,
-                                                                            "distributed.strategy": "ddp"})],
-                              env=fault_env(""), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    orphan = subprocess.Popen(
+        launch
+        + [
+            "--log-dir",
+            str(work / "orphan-logs"),
+            "--redirects",
+            "3",
+            "-m",
+            "turbotrain",
+            *train_args(
+                work,
+                corpus,
+                cache,
+                **{"run.name": "orphans", "train.max_steps": 5000, "distributed.strategy": "ddp"},
+            ),
+        ],
+        env=fault_env(""),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     metrics = runs / "orphans" / "metrics.jsonl"
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and orphan.poll() is None and (not metrics.exists() or metrics.stat().st_size < 2000):
+    while (
+        time.monotonic() < deadline
+        and orphan.poll() is None
+        and (not metrics.exists() or metrics.stat().st_size < 2000)
+    ):
         time.sleep(0.05)
-    ranks = subprocess.run(["ps", "-o", "pid=", "--ppid", str(orphan.pid)], capture_output=True, text=True).stdout.split()
+    ranks = subprocess.run(
+        ["ps", "-o", "pid=", "--ppid", str(orphan.pid)], capture_output=True, text=True
+    ).stdout.split()
     os.killpg(orphan.pid, signal.SIGKILL)  # torchrun's group; the ranks live in their own sessions
     orphan.wait()
     killed = time.monotonic()
     while any(Path(f"/proc/{pid}").exists() for pid in ranks) and time.monotonic() - killed < 120:
         time.sleep(0.1)
     summary = summary_of(runs / "orphans") if (runs / "orphans" / "summary.json").exists() else {}
-    ok = bool(ranks) and summary.get("steps", 5000) < 5000 and (
-        runs / "orphans" / "checkpoints" / f"step_{summary.get('steps', 0):08d}" / "finished.json").exists()
-    add("kill -9 of torchrun's process group: the orphaned ranks stop with a checkpoint (issue 23 item 17)", ok,
-        subprocess.CompletedProcess([], 0, "", json.dumps(summary)[-600:]), f"stopped at step {summary.get('steps')}")
+    ok = (
+        bool(ranks)
+        and summary.get("steps", 5000) < 5000
+        and (
+            runs / "orphans" / "checkpoints" / f"step_{summary.get('steps', 0):08d}" / "finished.json"
+        ).exists()
+    )
+    add(
+        "kill -9 of torchrun's process group: the orphaned ranks stop with a checkpoint (issue 23 item 17)",
+        ok,
+        subprocess.CompletedProcess([], 0, "", json.dumps(summary)[-600:]),
+        f"stopped at step {summary.get('steps')}",
+    )
     return out
 
 
@@ -618,12 +939,23 @@ def issue23_cases(work: Path, corpus: Path, cache: Path) -> list[dict[str, Any]]
     def lines_of(err: str) -> list[str]:
         return [line for line in err.strip().splitlines() if not line.startswith(("INFO ", "WARNING "))]
 
-    def add(case: str, result: subprocess.CompletedProcess | subprocess.Popen, ok: bool, line: str = "") -> None:
+    def add(
+        case: str, result: subprocess.CompletedProcess | subprocess.Popen, ok: bool, line: str = ""
+    ) -> None:
         err = result.stderr if isinstance(result.stderr, str) else ""
-        out.append({"case": f"{case} (issue 23)", "exit": result.returncode, "line": line, "ok": ok,
-                    "problems": [] if ok else [err[-600:]]})
+        out.append(
+            {
+                "case": f"{case} (issue 23)",
+                "exit": result.returncode,
+                "line": line,
+                "ok": ok,
+                "problems": [] if ok else [err[-600:]],
+            }
+        )
 
-    def read(path: Path) -> bytes | None:  # a file a failed set-up never wrote: the case fails, the script goes on
+    def read(
+        path: Path,
+    ) -> bytes | None:  # a file a failed set-up never wrote: the case fails, the script goes on
         return path.read_bytes() if path.exists() else None
 
     def summary(run: Path) -> dict[str, Any]:
@@ -631,32 +963,72 @@ def issue23_cases(work: Path, corpus: Path, cache: Path) -> list[dict[str, Any]]
 
     def one_line(result: subprocess.CompletedProcess, code: int, *words: str) -> tuple[bool, str]:
         lines = lines_of(result.stderr)
-        ok = (result.returncode == code and len(lines) == 1 and "Traceback" not in result.stderr
-              and all(w in lines[0] for w in words))
+        ok = (
+            result.returncode == code
+            and len(lines) == 1
+            and "Traceback" not in result.stderr
+            and all(w in lines[0] for w in words)
+        )
         return ok, lines[-1] if lines else ""
 
     # items 8 and 9: a d_model 96 run, stopped at step 2 of 4
-    small = {"run.name": "d96", "model.n_layer": 1, "model.d_model": 96, "train.max_steps": 4,
-             "train.checkpoint_every": 2, "train.eval_every": 0, "train.stop_after_steps": 2}
+    small = {
+        "run.name": "d96",
+        "model.n_layer": 1,
+        "model.d_model": 96,
+        "train.max_steps": 4,
+        "train.checkpoint_every": 2,
+        "train.eval_every": 0,
+        "train.stop_after_steps": 2,
+    }
     first = cli(train_args(work, corpus, cache, **small))
     run = runs / "d96"
     config = read(run / "config.toml") if first.returncode == 0 else None
     resume = ["train", "--resume", str(run), "--no-progress"]
     refused = cli(resume + ["--model.n_head=5"])
     ok, line = one_line(refused, 2, "d_model = 96")
-    add("resume --model.n_head=5 of a d_model 96 run: refused naming 96, config.toml unchanged", refused,
-        ok and config is not None and read(run / "config.toml") == config and not temp_files(run), line)
+    add(
+        "resume --model.n_head=5 of a d_model 96 run: refused naming 96, config.toml unchanged",
+        refused,
+        ok and config is not None and read(run / "config.toml") == config and not temp_files(run),
+        line,
+    )
     heads = cli(resume + ["--model.n_head=3"])
-    add("resume --model.n_head=3 of a d_model 96 run trains (judged on the run's config, not the preset's)", heads,
-        heads.returncode == 0 and summary(run).get("steps") == 4 and b"n_head = 3" in (read(run / "config.toml") or b""))
-    moe = cli(train_args(work, corpus, cache, **{"run.name": "moe", "model.arch": "moe", "moe.n_experts": 4,
-                                                 "train.max_steps": 2, "train.checkpoint_every": 2, "train.eval_every": 0}))
+    add(
+        "resume --model.n_head=3 of a d_model 96 run trains (judged on the run's config, not the preset's)",
+        heads,
+        heads.returncode == 0
+        and summary(run).get("steps") == 4
+        and b"n_head = 3" in (read(run / "config.toml") or b""),
+    )
+    moe = cli(
+        train_args(
+            work,
+            corpus,
+            cache,
+            **{
+                "run.name": "moe",
+                "model.arch": "moe",
+                "moe.n_experts": 4,
+                "train.max_steps": 2,
+                "train.checkpoint_every": 2,
+                "train.eval_every": 0,
+            },
+        )
+    )
     config = read(runs / "moe" / "config.toml") if moe.returncode == 0 else None
     ep = cli(["train", "--resume", str(runs / "moe"), "--no-progress", "--distributed.expert_parallel=2"])
     ok, line = one_line(ep, 2)
-    add("resume of a MoE run with --distributed.expert_parallel=2 in one process: its own reason, not 'needs a "
-        "mixture-of-experts model'", ep, ok and "mixture-of-experts" not in line
-        and config is not None and read(runs / "moe" / "config.toml") == config, line)
+    add(
+        "resume of a MoE run with --distributed.expert_parallel=2 in one process: its own reason, not 'needs a "
+        "mixture-of-experts model'",
+        ep,
+        ok
+        and "mixture-of-experts" not in line
+        and config is not None
+        and read(runs / "moe" / "config.toml") == config,
+        line,
+    )
 
     # item 4: a signal in the gap between start-up and training
     marker = work / "gap-paused"
@@ -664,22 +1036,36 @@ def issue23_cases(work: Path, corpus: Path, cache: Path) -> list[dict[str, Any]]
         ("SIGTERM between start-up and training", signal.SIGTERM, "pause-fit:1", 75, False),
         ("SIGINT between start-up and training", signal.SIGINT, "pause-fit:1", 75, False),
         ("SIGTERM during start-up", signal.SIGTERM, "pause-startup:1", 75, False),
-        ("SIGINT inherited as ignored, between start-up and training: ignored, trains to the end", signal.SIGINT,
-         "pause-fit:1", 0, True),
+        (
+            "SIGINT inherited as ignored, between start-up and training: ignored, trains to the end",
+            signal.SIGINT,
+            "pause-fit:1",
+            0,
+            True,
+        ),
     ):
         gap_run = runs / f"gap{len(out)}"
         args = train_args(work, corpus, cache, **{"run.name": gap_run.name})
-        proc = subprocess.Popen([sys.executable, "-m", "turbotrain", *args], env=fault_env(fault, marker),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "turbotrain", *args],
+            env=fault_env(fault, marker),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None,
+        )
         while not marker.exists() and proc.poll() is None:
             time.sleep(0.02)
         proc.send_signal(sig)
         marker.unlink(missing_ok=True)
         _, err = proc.communicate(timeout=600)
         lines = lines_of(err)
-        ok = proc.returncode == code and "Traceback" not in err and not temp_files(gap_run) and not list(
-            gap_run.glob(".config.toml.tmp*"))
+        ok = (
+            proc.returncode == code
+            and "Traceback" not in err
+            and not temp_files(gap_run)
+            and not list(gap_run.glob(".config.toml.tmp*"))
+        )
         if code == 75:
             ok = ok and len(lines) == 1 and sig.name in lines[0]
         else:
@@ -688,46 +1074,112 @@ def issue23_cases(work: Path, corpus: Path, cache: Path) -> list[dict[str, Any]]
         add(name, result, ok, lines[-1] if lines else "")
     # the issue's own timing: SIGTERM the moment metrics.jsonl appears (whichever phase that lands in)
     gap_run = runs / "gap-metrics"
-    proc = subprocess.Popen([sys.executable, "-m", "turbotrain", *train_args(work, corpus, cache, **{"run.name": "gap-metrics"})],
-                            env=fault_env(""), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "turbotrain", *train_args(work, corpus, cache, **{"run.name": "gap-metrics"})],
+        env=fault_env(""),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     while not (gap_run / "metrics.jsonl").exists() and proc.poll() is None:
         time.sleep(0.001)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=600)
     lines = lines_of(err)
-    ok = (proc.returncode == 75 and len(lines) == 1 and "SIGTERM" in lines[0] and "Traceback" not in err
-          and not list(gap_run.glob(".config.toml.tmp*")) and not temp_files(gap_run))
-    add("SIGTERM as soon as metrics.jsonl appears: 75, no stale .config.toml.tmp*",
-        subprocess.CompletedProcess([], proc.returncode, "", err), ok, lines[-1] if lines else "")
+    ok = (
+        proc.returncode == 75
+        and len(lines) == 1
+        and "SIGTERM" in lines[0]
+        and "Traceback" not in err
+        and not list(gap_run.glob(".config.toml.tmp*"))
+        and not temp_files(gap_run)
+    )
+    add(
+        "SIGTERM as soon as metrics.jsonl appears: 75, no stale .config.toml.tmp*",
+        subprocess.CompletedProcess([], proc.returncode, "", err),
+        ok,
+        lines[-1] if lines else "",
+    )
 
     # item 3 and item 2 under torchrun (2 gloo processes)
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    two = {"run.name": "world", "model.n_layer": 1, "batch.micro": 8, "distributed.strategy": "fsdp", "train.max_steps": 6,
-           "train.checkpoint_every": 2, "train.eval_every": 0, "train.stop_after_steps": 2}
-    stopped = subprocess.run(launch + ["-m", "turbotrain", *train_args(work, corpus, cache, **two)], env=fault_env(""),
-                             capture_output=True, text=True, timeout=600)
+    two = {
+        "run.name": "world",
+        "model.n_layer": 1,
+        "batch.micro": 8,
+        "distributed.strategy": "fsdp",
+        "train.max_steps": 6,
+        "train.checkpoint_every": 2,
+        "train.eval_every": 0,
+        "train.stop_after_steps": 2,
+    }
+    stopped = subprocess.run(
+        launch + ["-m", "turbotrain", *train_args(work, corpus, cache, **two)],
+        env=fault_env(""),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     run = runs / "world"
     config = read(run / "config.toml") if stopped.returncode == 0 else None
     resume = ["train", "--resume", str(run), "--no-progress", "--distributed.strategy=single"]
     refused = cli(resume)
     ok, line = one_line(refused, 2, "global batch of 16", "would train at 8", "--batch.global_size=16")
-    add("2-process run (micro 8) resumed in one process: refused naming global batch 16 and 8, config.toml unchanged",
-        refused, ok and config is not None and read(run / "config.toml") == config, line)
+    add(
+        "2-process run (micro 8) resumed in one process: refused naming global batch 16 and 8, config.toml unchanged",
+        refused,
+        ok and config is not None and read(run / "config.toml") == config,
+        line,
+    )
     kept = cli(resume + ["--batch.global_size=16"])
     facts = summary(run) if kept.returncode == 0 else {}
-    add("... resumed with --batch.global_size=16: trains at global batch 16 (accumulation 2)", kept,
-        kept.returncode == 0 and facts.get("steps") == 6 and facts.get("resolved", {}).get("global_batch") == 16)
+    add(
+        "... resumed with --batch.global_size=16: trains at global batch 16 (accumulation 2)",
+        kept,
+        kept.returncode == 0
+        and facts.get("steps") == 6
+        and facts.get("resolved", {}).get("global_batch") == 16,
+    )
     logs = work / "timeout-logs"
     start = time.monotonic()
-    timeout = subprocess.run(launch + ["--log-dir", str(logs), "--redirects", "3", "-m", "turbotrain",
-                                       *train_args(work, corpus, cache, **{"run.name": "timeout", "distributed.strategy": "ddp",
-                                                                           "distributed.timeout_s": "1e11"})],
-                             env=fault_env(""), capture_output=True, text=True, timeout=300)
-    said = {p.parent.name: [x for x in p.read_text().splitlines() if x.startswith("turbotrain train:")]
-            for p in logs.rglob("stderr.log")}
-    ok = (len(said.get("0", [])) == 1 and "distributed.timeout_s" in said["0"][0] and not said.get("1")
-          and time.monotonic() - start < 120 and not (runs / "timeout").exists())
-    add("--distributed.timeout_s=1e11 under torchrun: one line from rank 0, no hang", timeout, ok, (said.get("0") or [""])[0])
+    timeout = subprocess.run(
+        launch
+        + [
+            "--log-dir",
+            str(logs),
+            "--redirects",
+            "3",
+            "-m",
+            "turbotrain",
+            *train_args(
+                work,
+                corpus,
+                cache,
+                **{"run.name": "timeout", "distributed.strategy": "ddp", "distributed.timeout_s": "1e11"},
+            ),
+        ],
+        env=fault_env(""),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    said = {
+        p.parent.name: [x for x in p.read_text().splitlines() if x.startswith("turbotrain train:")]
+        for p in logs.rglob("stderr.log")
+    }
+    ok = (
+        len(said.get("0", [])) == 1
+        and "distributed.timeout_s" in said["0"][0]
+        and not said.get("1")
+        and time.monotonic() - start < 120
+        and not (runs / "timeout").exists()
+    )
+    add(
+        "--distributed.timeout_s=1e11 under torchrun: one line from rank 0, no hang",
+        timeout,
+        ok,
+        (said.get("0") or [""])[0],
+    )
     return out
 
 
@@ -742,15 +1194,22 @@ def main_cli() -> int:
     parser.add_argument("--soak-steps", type=int, default=2000)
     parser.add_argument("--soak-every", type=int, default=5, help="checkpoint interval of the soak")
     parser.add_argument("--skip", nargs="*", default=[], choices=["kills", "soak", "hostile"])
-    parser.add_argument("--only-issue23", action="store_true",
-                        help="of the hostile inputs, run only issue 23's (named so, and issue23_cases); skips kills and soak")
+    parser.add_argument(
+        "--only-issue23",
+        action="store_true",
+        help="of the hostile inputs, run only issue 23's (named so, and issue23_cases); skips kills and soak",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(1)
     work = Path(tempfile.mkdtemp(prefix="tt-faults-"))
     corpus, cache = write_corpus(work / "corpus.txt"), work / "cache"
-    report: dict[str, Any] = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
-                              "torch": torch.__version__, "cpu_count": os.cpu_count(), "git": collect_git()}
+    report: dict[str, Any] = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "torch": torch.__version__,
+        "cpu_count": os.cpu_count(),
+        "git": collect_git(),
+    }
 
     if args.only_issue23:
         args.skip = ["kills", "soak"]
@@ -758,7 +1217,10 @@ def main_cli() -> int:
         ref = cli(train_args(work / "reference", corpus, cache))
         assert ref.returncode == 0, ref.stderr
         reference = summary_of(work / "reference" / "runs" / "t")
-        steps = [json.loads(line)["step"] for line in (work / "reference" / "runs" / "t" / "metrics.jsonl").read_text().splitlines()]
+        steps = [
+            json.loads(line)["step"]
+            for line in (work / "reference" / "runs" / "t" / "metrics.jsonl").read_text().splitlines()
+        ]
         cases = fixed_cases() + random_cases(random.Random(args.seed), args.random_chains, args.signals)
         results = []
         for case in cases:
@@ -766,32 +1228,45 @@ def main_cli() -> int:
             r = run_case(case, corpus, cache, reference, steps)
             r["seconds"] = round(time.perf_counter() - start, 1)
             results.append(r)
-            print(f"{'ok ' if r['ok'] else 'BAD'} {r['kills']} kill(s) {r['seconds']:6.1f} s  {case.name}"
-                  + ("" if r["ok"] else f"\n    {r['problems']}"), flush=True)
+            print(
+                f"{'ok ' if r['ok'] else 'BAD'} {r['kills']} kill(s) {r['seconds']:6.1f} s  {case.name}"
+                + ("" if r["ok"] else f"\n    {r['problems']}"),
+                flush=True,
+            )
         report["kills"] = {
             "reference": {k: reference[k] for k in ("final_train_loss", "final_val_loss")},
-            "cases": len(results), "kill_points": sum(r["kills"] for r in results),
-            "signals": sum(1 for r in results if r.get("signal")), "identical": sum(r["ok"] for r in results),
+            "cases": len(results),
+            "kill_points": sum(r["kills"] for r in results),
+            "signals": sum(1 for r in results if r.get("signal")),
+            "identical": sum(r["ok"] for r in results),
             "results": results,
         }
-        print(f"kill -9: {report['kills']['kill_points']} kills in {report['kills']['cases'] - report['kills']['signals']} cases "
-              f"+ {report['kills']['signals']} signals: {report['kills']['identical']}/{len(results)} resumed to the identical loss")
+        print(
+            f"kill -9: {report['kills']['kill_points']} kills in {report['kills']['cases'] - report['kills']['signals']} cases "
+            f"+ {report['kills']['signals']} signals: {report['kills']['identical']}/{len(results)} resumed to the identical loss"
+        )
 
     if "soak" not in args.skip:
         report["soak"] = s = soak(corpus, cache, args.soak_steps, args.soak_every)
-        print(f"soak: {s['steps']} steps, {s['checkpoints_written']} checkpoints, exit {s['exit']}: RSS {s['rss_mib']} MiB "
-              f"({s['rss_mib_per_1000_steps_second_half']} MiB per 1000 steps over the second half), "
-              f"fds {s['open_fds']}, run dir {s['run_dir_mib']} MiB, checkpoints on disk {s['checkpoints_on_disk']}, "
-              f"temp files left {len(s['temp_files_left'])}, all verified {s['all_verified']}")
+        print(
+            f"soak: {s['steps']} steps, {s['checkpoints_written']} checkpoints, exit {s['exit']}: RSS {s['rss_mib']} MiB "
+            f"({s['rss_mib_per_1000_steps_second_half']} MiB per 1000 steps over the second half), "
+            f"fds {s['open_fds']}, run dir {s['run_dir_mib']} MiB, checkpoints on disk {s['checkpoints_on_disk']}, "
+            f"temp files left {len(s['temp_files_left'])}, all verified {s['all_verified']}"
+        )
 
     if "hostile" not in args.skip:
         report["hostile"] = h = hostile(corpus, cache, only_issue23=args.only_issue23)
         for r in h["cases"]:
             if not r["ok"]:
                 print(f"BAD hostile: {r['case']}: {r['problems']}")
-        print(f"hostile inputs: {h['ok']}/{h['tried']} gave the expected exit code and one line, no traceback, nothing lost")
+        print(
+            f"hostile inputs: {h['ok']}/{h['tried']} gave the expected exit code and one line, no traceback, nothing lost"
+        )
         of23 = [r for r in h["cases"] if "issue 23" in r["case"]]
-        print(f"  of which issue 23 (items 1, 2, 3, 4, 5, 8, 9, 12, 14, 17): {sum(r['ok'] for r in of23)}/{len(of23)}")
+        print(
+            f"  of which issue 23 (items 1, 2, 3, 4, 5, 8, 9, 12, 14, 17): {sum(r['ok'] for r in of23)}/{len(of23)}"
+        )
 
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,10 @@ from turbotrain.base.version import collect_git
 def row(run: Path) -> dict[str, Any]:
     path = run / "summary.json"
     if not path.exists():
-        return {"status": "skipped", "reason": fp8_unavailable("cuda") or f"no summary.json in {run} (see the step's log)"}
+        return {
+            "status": "skipped",
+            "reason": fp8_unavailable("cuda") or f"no summary.json in {run} (see the step's log)",
+        }
     s = json.loads(path.read_text())
     steady = s.get("steady_state") or {}
     sheet = (s.get("hardware") or {}).get("datasheet") or {}
@@ -31,11 +34,19 @@ def row(run: Path) -> dict[str, Any]:
     tflops = steady.get("tflops")
     opts = s.get("optimizations") or {}
     return {
-        "status": s.get("status"), "precision": opts.get("precision"), "steps": s.get("steps"),
-        "tokens_per_s": steady.get("tokens_per_s"), "step_ms": steady.get("step_ms"), "tflops": tflops,
+        "status": s.get("status"),
+        "precision": opts.get("precision"),
+        "steps": s.get("steps"),
+        "tokens_per_s": steady.get("tokens_per_s"),
+        "step_ms": steady.get("step_ms"),
+        "tflops": tflops,
         "mfu_vs_bf16_peak": tflops / bf16_peak if tflops and bf16_peak else None,
-        "mfu_own_peak": steady.get("mfu"), "first_step_s": s.get("first_step_s"),
-        "final_train_loss": s.get("final_train_loss"), "final_val_loss": s.get("final_val_loss"), "fp8": opts.get("fp8"), "fp8_converted": opts.get("fp8_converted"),
+        "mfu_own_peak": steady.get("mfu"),
+        "first_step_s": s.get("first_step_s"),
+        "final_train_loss": s.get("final_train_loss"),
+        "final_val_loss": s.get("final_val_loss"),
+        "fp8": opts.get("fp8"),
+        "fp8_converted": opts.get("fp8_converted"),
     }
 
 

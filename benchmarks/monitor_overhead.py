@@ -34,11 +34,11 @@ import torch
 from rich.console import Console
 
 from turbotrain import Engine, fit
-from turbotrain.base.config import MonitorConfig
 from turbotrain.app.doctor import collect_env
+from turbotrain.base.config import MonitorConfig
 from turbotrain.loop.hooks import FitContext, Hook
-from turbotrain.parts.models.mlp import TinyMLP, synthetic_batches
 from turbotrain.loop.monitor import JsonlSink, Monitor, ProgressSink, build_probes
+from turbotrain.parts.models.mlp import TinyMLP, synthetic_batches
 
 DEFAULT_LOG_EVERY = MonitorConfig().log_every
 
@@ -54,12 +54,18 @@ class Setup:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         self.model, self.optimizer, _ = self.engine.setup(model, optimizer)
         self.batches = synthetic_batches(32, batch_size=64)
-        self.probes = build_probes(self.engine.device, model=self.model, example_batch=self.batches[0],
-                                   precision=self.engine.precision.name)
+        self.probes = build_probes(
+            self.engine.device,
+            model=self.model,
+            example_batch=self.batches[0],
+            precision=self.engine.precision.name,
+        )
 
     def monitor(self, name: str) -> Monitor:
-        sinks = [JsonlSink(self.workdir / f"{name}.jsonl"),
-                 ProgressSink(10**9, self.engine.state.step, console=Console(file=io.StringIO()))]
+        sinks = [
+            JsonlSink(self.workdir / f"{name}.jsonl"),
+            ProgressSink(10**9, self.engine.state.step, console=Console(file=io.StringIO())),
+        ]
         return Monitor(self.log_every, sinks, self.probes)
 
 
@@ -120,7 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=60, help="optimizer steps per timed window")
     p.add_argument("--rounds", type=int, default=301, help="timed windows per variant")
     p.add_argument("--warmup", type=int, default=10, help="discarded windows per variant")
-    p.add_argument("--log-every", type=int, default=DEFAULT_LOG_EVERY, help="monitor.log_every (default: the config default)")
+    p.add_argument(
+        "--log-every",
+        type=int,
+        default=DEFAULT_LOG_EVERY,
+        help="monitor.log_every (default: the config default)",
+    )
     p.add_argument("--out", type=Path, help="write the result as JSON here")
     args = p.parse_args(argv)
 
@@ -134,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         windows = 2 * (args.warmup + args.rounds)
         loader = setup.engine.setup_loader(itertools.cycle(setup.batches))
         fit(setup.engine, setup.model, setup.optimizer, loader, max_steps=windows * args.steps, hooks=[timer])
-        times = {k: v[args.warmup:] for k, v in timer.times.items()}
+        times = {k: v[args.warmup :] for k, v in timer.times.items()}
         records = timer.records_in_windows
         isolated_us = isolated_monitor_us_per_step(setup)
     ms = {k: 1000 * statistics.median(v) / args.steps for k, v in times.items()}
@@ -156,14 +167,20 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python", *sys.argv]),
         "env": collect_env(),
     }
-    print(f"tiny MLP, CPU, 1 thread, {args.steps} steps x {args.rounds} interleaved windows, log_every={args.log_every}")
+    print(
+        f"tiny MLP, CPU, 1 thread, {args.steps} steps x {args.rounds} interleaved windows, log_every={args.log_every}"
+    )
     print(f"  monitoring off: {ms['off']:.4f} ms/step   on: {ms['on']:.4f} ms/step")
-    print(f"  overhead: {result['overhead_pct_paired_median']:+.2f}% (median of paired ratios), "
-          f"{result['overhead_pct_of_medians']:+.2f}% (ratio of medians); "
-          f"{result['overhead_pct_of_fastest_windows']:+.2f}% (fastest windows); "
-          f"paired range {100 * (min(ratios) - 1):+.1f}% .. {100 * (max(ratios) - 1):+.1f}%")
-    print(f"  the Monitor alone: {isolated_us:.2f} us/step (amortised, timed without training) = "
-          f"{result['overhead_pct_isolated']:.2f}% of an unmonitored step")
+    print(
+        f"  overhead: {result['overhead_pct_paired_median']:+.2f}% (median of paired ratios), "
+        f"{result['overhead_pct_of_medians']:+.2f}% (ratio of medians); "
+        f"{result['overhead_pct_of_fastest_windows']:+.2f}% (fastest windows); "
+        f"paired range {100 * (min(ratios) - 1):+.1f}% .. {100 * (max(ratios) - 1):+.1f}%"
+    )
+    print(
+        f"  the Monitor alone: {isolated_us:.2f} us/step (amortised, timed without training) = "
+        f"{result['overhead_pct_isolated']:.2f}% of an unmonitored step"
+    )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")

@@ -71,7 +71,12 @@ def measure(variant: str) -> dict:
     windows_ms = [1000 * run(WINDOW_STEPS) / WINDOW_STEPS for _ in range(WINDOWS)]
     with torch.no_grad():
         loss = float(model(*batches[0]))
-    return {"variant": variant, "step_ms": statistics.median(windows_ms), "windows_ms": windows_ms, "loss": loss}
+    return {
+        "variant": variant,
+        "step_ms": statistics.median(windows_ms),
+        "windows_ms": windows_ms,
+        "loss": loss,
+    }
 
 
 def _measure_fit(variant: str, model, optimizer, batches) -> dict:  # type: ignore[no-untyped-def]
@@ -101,12 +106,24 @@ def _measure_fit(variant: str, model, optimizer, batches) -> dict:  # type: igno
     tmp = tempfile.TemporaryDirectory()
     if variant == "fit-monitor":
         log_every = MonitorConfig().log_every
-        sinks = [JsonlSink(Path(tmp.name) / "metrics.jsonl"), ProgressSink(10**9, 0, console=Console(file=io.StringIO()))]
-        probes = build_probes(engine.device, model=model, example_batch=batches[0], precision=engine.precision.name)
+        sinks = [
+            JsonlSink(Path(tmp.name) / "metrics.jsonl"),
+            ProgressSink(10**9, 0, console=Console(file=io.StringIO())),
+        ]
+        probes = build_probes(
+            engine.device, model=model, example_batch=batches[0], precision=engine.precision.name
+        )
         hooks.append(Monitor(log_every, sinks, probes))
     elif variant != "fit":
         raise SystemExit(f"unknown variant {variant!r}")
-    fit(engine, model, optimizer, loader, max_steps=WARMUP_STEPS + WINDOWS * WINDOW_STEPS, hooks=[*hooks, Clock()])
+    fit(
+        engine,
+        model,
+        optimizer,
+        loader,
+        max_steps=WARMUP_STEPS + WINDOWS * WINDOW_STEPS,
+        hooks=[*hooks, Clock()],
+    )
     tmp.cleanup()
     windows_ms = [1000 * (b - a) / WINDOW_STEPS for a, b in zip(marks, marks[1:])]
     import torch
@@ -119,7 +136,9 @@ def _measure_fit(variant: str, model, optimizer, batches) -> dict:  # type: igno
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=10, help="processes per variant, interleaved")
-    p.add_argument("--pair", default="hand,engine", help="BASE,TEST variants (hand, engine, fit, fit-monitor)")
+    p.add_argument(
+        "--pair", default="hand,engine", help="BASE,TEST variants (hand, engine, fit, fit-monitor)"
+    )
     p.add_argument("--out", help="write the result JSON here")
     p.add_argument("--variant", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -130,7 +149,9 @@ def main() -> None:
     runs: dict[str, list[dict]] = {base_name: [], test_name: []}
     for _ in range(args.rounds):
         for variant in runs:
-            out = subprocess.run([sys.executable, __file__, "--variant", variant], capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [sys.executable, __file__, "--variant", variant], capture_output=True, text=True, check=True
+            )
             runs[variant].append(json.loads(out.stdout))
     base = statistics.median(r["step_ms"] for r in runs[base_name])
     test = statistics.median(r["step_ms"] for r in runs[test_name])
@@ -154,13 +175,19 @@ def main() -> None:
         f"loss_{base_name}": runs[base_name][0]["loss"],
         f"loss_{test_name}": runs[test_name][0]["loss"],
         "runs": runs,
-        "env": {"python": platform.python_version(), "torch": torch.__version__, "cpu": platform.processor() or platform.machine()},
+        "env": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "cpu": platform.processor() or platform.machine(),
+        },
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "git": collect_git(),
     }
-    print(f"{base_name} {base:.3f} ms/step | {test_name} {test:.3f} ms/step | overhead {result['overhead_pct']:+.2f}% "
-          f"(paired rounds {result['overhead_pct_paired']:+.2f}%) ({result['overhead_us']:+.1f} us/step) | "
-          f"final loss {result[f'loss_{base_name}']:.5f} vs {result[f'loss_{test_name}']:.5f}")
+    print(
+        f"{base_name} {base:.3f} ms/step | {test_name} {test:.3f} ms/step | overhead {result['overhead_pct']:+.2f}% "
+        f"(paired rounds {result['overhead_pct_paired']:+.2f}%) ({result['overhead_us']:+.1f} us/step) | "
+        f"final loss {result[f'loss_{base_name}']:.5f} vs {result[f'loss_{test_name}']:.5f}"
+    )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -43,7 +43,9 @@ def fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
 def table(head: list[str], rows: list[list[str]]) -> list[str]:
     """A markdown table (pipes in cells escaped)."""
     clean = [[c.replace("|", "\\|") for c in r] for r in rows]
-    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in clean]
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + [
+        "| " + " | ".join(r) + " |" for r in clean
+    ]
 
 
 def rel(path: Path, root: Path) -> str:
@@ -100,10 +102,15 @@ def junit(path: Path) -> dict[str, Any]:
     suite = root if root.tag == "testsuite" else root.find("testsuite")
     if suite is None:
         return {"error": "no <testsuite>"}
-    failing = [f"{case.get('classname', '')}::{case.get('name', '')}" for case in suite.iter("testcase")
-               if case.find("failure") is not None or case.find("error") is not None]
+    failing = [
+        f"{case.get('classname', '')}::{case.get('name', '')}"
+        for case in suite.iter("testcase")
+        if case.find("failure") is not None or case.find("error") is not None
+    ]
     return {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")} | {
-        "time": float(suite.get("time", 0.0)), "failing": failing}
+        "time": float(suite.get("time", 0.0)),
+        "failing": failing,
+    }
 
 
 # ------------------------------------------------------------------------------- sections
@@ -118,7 +125,9 @@ def machine(docs: list[tuple[Path, dict[str, Any]]], commands: list[dict[str, st
     gpu = env["gpus"][0]
     cc = gpu.get("compute_capability")
     packages = env.get("packages") or {}
-    extras = ", ".join(f"{k} {v}" for k, v in packages.items() if k in ("accelerate", "lightning", "torchao", "triton") and v)
+    extras = ", ".join(
+        f"{k} {v}" for k, v in packages.items() if k in ("accelerate", "lightning", "torchao", "triton") and v
+    )
     cpu = env.get("cpu") or {}
     return [
         f"- GPU: **{gpu.get('name')}** (sm {'.'.join(map(str, cc)) if isinstance(cc, list) else cc}, "
@@ -139,10 +148,21 @@ def _cudnn(version: Any) -> str:
 def commands_section(commands: list[tuple[Path, dict[str, str]]], root: Path) -> list[str]:
     rows = []
     for path, c in commands:
-        rows.append([f"`{rel(path.parent, root) or '.'}`", f"`{c.get('command', '?')}`", c.get("commit", "?"),
-                     c.get("started", "?"), (c["elapsed_s"] + " s") if c.get("elapsed_s") else "**not finished**",
-                     c.get("ran") or "—", c.get("skipped") or "—", c.get("timed_out") or "—"])
-    return table(["folder", "command", "commit", "started", "took", "phases run", "skipped", "cut at limit"], rows)
+        rows.append(
+            [
+                f"`{rel(path.parent, root) or '.'}`",
+                f"`{c.get('command', '?')}`",
+                c.get("commit", "?"),
+                c.get("started", "?"),
+                (c["elapsed_s"] + " s") if c.get("elapsed_s") else "**not finished**",
+                c.get("ran") or "—",
+                c.get("skipped") or "—",
+                c.get("timed_out") or "—",
+            ]
+        )
+    return table(
+        ["folder", "command", "commit", "started", "took", "phases run", "skipped", "cut at limit"], rows
+    )
 
 
 def _throughput(row: dict[str, Any]) -> str:
@@ -177,28 +197,64 @@ def _ratio(row: dict[str, Any], kind: str) -> str:
 def bench_section(path: Path, doc: dict[str, Any], root: Path) -> list[str]:
     """One bench JSON as a table: every row, measured or not (a skipped or failed row says why)."""
     kind = doc.get("kind", "?")
-    ratio = {"compare": "turbotrain speed-up", "precision": "speed-up vs fp32"}.get(kind, "speed-up vs its ladder's base")
+    ratio = {"compare": "turbotrain speed-up", "precision": "speed-up vs fp32"}.get(
+        kind, "speed-up vs its ladder's base"
+    )
     ref = {"compare": "turbotrain", "precision": "fp32"}.get(kind, "base")
-    lines = [f"### `{rel(path, root)}`: {doc.get('workload', {}).get('name', '?')}, {kind}", "",
-             f"{doc.get('workload', {}).get('describe', '')}. {doc.get('timing', '')}.", ""]
+    lines = [
+        f"### `{rel(path, root)}`: {doc.get('workload', {}).get('name', '?')}, {kind}",
+        "",
+        f"{doc.get('workload', {}).get('describe', '')}. {doc.get('timing', '')}.",
+        "",
+    ]
     if doc.get("complete") is False:
         lines += [f"**INCOMPLETE**: the bench stopped before {', '.join(doc.get('missing') or [])}.", ""]
-    head = ["row"] + (["ladder"] if kind == "ablation" else []) + [
-        "status", "step ms (median; per run)", "throughput", "MFU", "peak GiB", "first step s", "final loss",
-        f"Δ loss vs {ref}", ratio]
+    head = (
+        ["row"]
+        + (["ladder"] if kind == "ablation" else [])
+        + [
+            "status",
+            "step ms (median; per run)",
+            "throughput",
+            "MFU",
+            "peak GiB",
+            "first step s",
+            "final loss",
+            f"Δ loss vs {ref}",
+            ratio,
+        ]
+    )
     rows = []
     for r in doc.get("rows") or []:
-        status = r.get("status", "?") if r.get("status") == "ok" else f"{r.get('status')} ({' '.join(str(r.get('reason', '')).split())[:90]})"
-        rows.append([f"`{r.get('row') or r.get('contender')}`"] + ([r.get("ladder") or "—"] if kind == "ablation" else []) + [
-            status, _step(r), _throughput(r), _mfu(r), _peak(r), fmt(r.get("time_to_first_step_s")),
-            fmt(r.get("final_loss"), ".5f"), fmt(r.get("loss_diff"), "+.5f"), _ratio(r, kind)])
+        status = (
+            r.get("status", "?")
+            if r.get("status") == "ok"
+            else f"{r.get('status')} ({' '.join(str(r.get('reason', '')).split())[:90]})"
+        )
+        rows.append(
+            [f"`{r.get('row') or r.get('contender')}`"]
+            + ([r.get("ladder") or "—"] if kind == "ablation" else [])
+            + [
+                status,
+                _step(r),
+                _throughput(r),
+                _mfu(r),
+                _peak(r),
+                fmt(r.get("time_to_first_step_s")),
+                fmt(r.get("final_loss"), ".5f"),
+                fmt(r.get("loss_diff"), "+.5f"),
+                _ratio(r, kind),
+            ]
+        )
     lines += table(head, rows)
     summary = doc.get("summary") or {}
     notes = []
     if kind == "compare" and summary:
-        notes.append(f"same initial weights in every row: {'yes' if summary.get('same_initial_weights') else 'NO'}"
-                     f" ({', '.join(summary.get('init_digests') or [])}); final losses within tolerance of "
-                     f"turbotrain's: {({True: 'yes', False: 'NO', None: '—'})[summary.get('loss_parity')]}")
+        notes.append(
+            f"same initial weights in every row: {'yes' if summary.get('same_initial_weights') else 'NO'}"
+            f" ({', '.join(summary.get('init_digests') or [])}); final losses within tolerance of "
+            f"turbotrain's: {({True: 'yes', False: 'NO', None: '—'})[summary.get('loss_parity')]}"
+        )
     if isinstance(summary.get("recommendation"), dict):
         notes.append(f"recommended: {summary['recommendation'].get('text')}")
     return lines + [""] + [f"- {n}" for n in notes] + ([""] if notes else [])
@@ -227,15 +283,29 @@ def side_by_side(docs: list[tuple[Path, dict[str, Any]]], root: Path) -> list[st
         turbo = next((r for want in TURBOTRAIN_ROWS for _, r in rows if r.get("row") == want), None)
         body = []
         for src, r in sorted(rows, key=lambda item: item[1]["step_ms_median"]):
-            body.append([f"`{r.get('row')}`", f"`{src}`", fmt(r["step_ms_median"]), _throughput(r), _mfu(r),
-                         f"{eager['step_ms_median'] / r['step_ms_median']:.2f}x" if eager else "—",
-                         f"{turbo['step_ms_median'] / r['step_ms_median']:.2f}x" if turbo else "—"])
-        lines += [f"### {name}: every row side by side", "",
-                  f"Ratios are speed-ups (reference step / row step) over plain `eager`"
-                  f"{'' if eager else ' (not run here)'} and over `{turbo.get('row') if turbo else 'turbotrain'}`"
-                  f"{'' if turbo else ' (not run here)'}; rows from different benches ran in different processes of the "
-                  "same command, on the same data and initial weights.", ""]
-        lines += table(["row", "from", "step ms", "throughput", "MFU", "vs eager", "vs turbotrain"], body) + [""]
+            body.append(
+                [
+                    f"`{r.get('row')}`",
+                    f"`{src}`",
+                    fmt(r["step_ms_median"]),
+                    _throughput(r),
+                    _mfu(r),
+                    f"{eager['step_ms_median'] / r['step_ms_median']:.2f}x" if eager else "—",
+                    f"{turbo['step_ms_median'] / r['step_ms_median']:.2f}x" if turbo else "—",
+                ]
+            )
+        lines += [
+            f"### {name}: every row side by side",
+            "",
+            f"Ratios are speed-ups (reference step / row step) over plain `eager`"
+            f"{'' if eager else ' (not run here)'} and over `{turbo.get('row') if turbo else 'turbotrain'}`"
+            f"{'' if turbo else ' (not run here)'}; rows from different benches ran in different processes of the "
+            "same command, on the same data and initial weights.",
+            "",
+        ]
+        lines += table(["row", "from", "step ms", "throughput", "MFU", "vs eager", "vs turbotrain"], body) + [
+            ""
+        ]
     return lines
 
 
@@ -243,16 +313,41 @@ def runs_section(summaries: list[tuple[Path, dict[str, Any]]], root: Path) -> li
     rows = []
     for path, s in summaries:
         steady = s.get("steady_state") or {}
-        speed = (f"{s['tokens_per_s_median']:,.0f} tok/s" if s.get("tokens_per_s_median")
-                 else fmt(steady.get("samples_per_s"), ",.0f", " samples/s"))
+        speed = (
+            f"{s['tokens_per_s_median']:,.0f} tok/s"
+            if s.get("tokens_per_s_median")
+            else fmt(steady.get("samples_per_s"), ",.0f", " samples/s")
+        )
         mfu = steady.get("mfu")
-        rows.append([f"`{s.get('run', path.parent.name)}`", f"`{rel(path.parent, root)}`", str(s.get("status", "?")),
-                     f"{s.get('steps', '?')} / {s.get('max_steps', '?')}", speed,
-                     f"{100 * mfu:.1f} %" if isinstance(mfu, (int, float)) else "—", fmt(s.get("peak_memory_gib")),
-                     fmt(s.get("first_step_s"), ".1f"), fmt(s.get("final_val_loss"), ".4f"),
-                     fmt(s.get("final_train_loss"), ".4f")])
-    return table(["run", "folder", "status", "steps", "median speed", "MFU", "peak GiB", "first step s",
-                  "val loss", "train loss"], rows)
+        rows.append(
+            [
+                f"`{s.get('run', path.parent.name)}`",
+                f"`{rel(path.parent, root)}`",
+                str(s.get("status", "?")),
+                f"{s.get('steps', '?')} / {s.get('max_steps', '?')}",
+                speed,
+                f"{100 * mfu:.1f} %" if isinstance(mfu, (int, float)) else "—",
+                fmt(s.get("peak_memory_gib")),
+                fmt(s.get("first_step_s"), ".1f"),
+                fmt(s.get("final_val_loss"), ".4f"),
+                fmt(s.get("final_train_loss"), ".4f"),
+            ]
+        )
+    return table(
+        [
+            "run",
+            "folder",
+            "status",
+            "steps",
+            "median speed",
+            "MFU",
+            "peak GiB",
+            "first step s",
+            "val loss",
+            "train loss",
+        ],
+        rows,
+    )
 
 
 def memory_section(files: list[tuple[Path, dict[str, Any]]], root: Path) -> list[str]:
@@ -262,35 +357,67 @@ def memory_section(files: list[tuple[Path, dict[str, Any]]], root: Path) -> list
         est = (m.get("estimate") or {}).get(mode) or {}
         meas = m.get("measured") or {}
         e, g = est.get("peak_gib"), meas.get("peak_gib")
-        rows.append([f"`{rel(path, root)}`", str(m.get("preset") or m.get("model") or "?"), str(m.get("micro_batch", "?")),
-                     str(m.get("precision", "?")), mode, fmt(e), fmt(g),
-                     f"{100 * (e - g) / g:+.1f} %" if isinstance(e, (int, float)) and isinstance(g, (int, float)) and g else "—"])
-    return table(["file", "model", "micro", "precision", "checkpointing", "estimated peak GiB", "measured GiB",
-                  "estimate vs measured"], rows)
+        rows.append(
+            [
+                f"`{rel(path, root)}`",
+                str(m.get("preset") or m.get("model") or "?"),
+                str(m.get("micro_batch", "?")),
+                str(m.get("precision", "?")),
+                mode,
+                fmt(e),
+                fmt(g),
+                f"{100 * (e - g) / g:+.1f} %"
+                if isinstance(e, (int, float)) and isinstance(g, (int, float)) and g
+                else "—",
+            ]
+        )
+    return table(
+        [
+            "file",
+            "model",
+            "micro",
+            "precision",
+            "checkpointing",
+            "estimated peak GiB",
+            "measured GiB",
+            "estimate vs measured",
+        ],
+        rows,
+    )
 
 
-def owed(commands: list[tuple[Path, dict[str, str]]], docs: list[tuple[Path, dict[str, Any]]],
-         broken: list[Path], root: Path) -> list[str]:
+def owed(
+    commands: list[tuple[Path, dict[str, str]]],
+    docs: list[tuple[Path, dict[str, Any]]],
+    broken: list[Path],
+    root: Path,
+) -> list[str]:
     """What the files say is still missing: phases not run, steps cut, rows not measured, files unreadable."""
     items = []
     for path, c in commands:
         where = rel(path.parent, root) or "."
         if not c.get("elapsed_s"):
-            items.append(f"`{where}`: the command never finished (no `finished:` line): cut by the device's limit?")
+            items.append(
+                f"`{where}`: the command never finished (no `finished:` line): cut by the device's limit?"
+            )
         ran, skipped = c.get("ran", "").split(), c.get("skipped", "").split()
         # the plan owes every phase it did not run; gpu_extra.sh (a selection) and older scripts, the skipped ones
         planned = script_phases(c["script"]) if c.get("script", "").endswith("gpu_plan.sh") else skipped
         for phase in planned:
             if phase not in ran:
-                items.append(f"`{where}`: phase `{phase}` did not run ("
-                             + ("skipped: too little time left)" if phase in skipped else "not reached)"))
+                items.append(
+                    f"`{where}`: phase `{phase}` did not run ("
+                    + ("skipped: too little time left)" if phase in skipped else "not reached)")
+                )
         if c.get("timed_out"):
             items.append(f"`{where}`: cut at the step limit: {c['timed_out']} (its finished rows are kept)")
     for path, doc in docs:
         for r in doc.get("rows") or []:
             if r.get("status") != "ok":
                 reason = " ".join(str(r.get("reason", "")).split())[:140]
-                items.append(f"`{rel(path, root)}`: `{r.get('row') or r.get('contender')}` {r.get('status')} ({reason})")
+                items.append(
+                    f"`{rel(path, root)}`: `{r.get('row') or r.get('contender')}` {r.get('status')} ({reason})"
+                )
     items += [f"`{rel(p, root)}`: unreadable or not a JSON object" for p in broken]
     return [f"- {i}" for i in items] or ["- nothing: every phase ran and every row was measured"]
 
@@ -317,10 +444,18 @@ def build(root: Path) -> str:
         elif data:
             other.append(path)
     gpu = next((c["gpu"] for _, c in commands if c.get("gpu")), None) or next(
-        (d.get("device_name") for _, d in docs if d.get("device_name")), "unknown device")
-    lines = [BEGIN, f"# {gpu}, {root.name}: results", "",
-             "Generated from the files in this folder by `python benchmarks/results_readme.py "
-             f"{root.as_posix()}`; every figure is one of theirs.", "", "## Machine", ""]
+        (d.get("device_name") for _, d in docs if d.get("device_name")), "unknown device"
+    )
+    lines = [
+        BEGIN,
+        f"# {gpu}, {root.name}: results",
+        "",
+        "Generated from the files in this folder by `python benchmarks/results_readme.py "
+        f"{root.as_posix()}`; every figure is one of theirs.",
+        "",
+        "## Machine",
+        "",
+    ]
     lines += machine(docs, [c for _, c in commands]) + [""]
     if commands:
         lines += ["## Commands", ""] + commands_section(commands, root) + [""]
@@ -340,9 +475,11 @@ def build(root: Path) -> str:
                 lines.append(f"- `{rel(path, root)}`: {t['error']}")
                 continue
             passed = t["tests"] - t["failures"] - t["errors"] - t["skipped"]
-            lines.append(f"- `{rel(path, root)}`: **{passed} of {t['tests']} passed**, {t['failures']} failed, "
-                         f"{t['errors']} errors, {t['skipped']} skipped, {t['time']:.0f} s in pytest"
-                         + "".join(f"\n  - failed: `{name}`" for name in t["failing"]))
+            lines.append(
+                f"- `{rel(path, root)}`: **{passed} of {t['tests']} passed**, {t['failures']} failed, "
+                f"{t['errors']} errors, {t['skipped']} skipped, {t['time']:.0f} s in pytest"
+                + "".join(f"\n  - failed: `{name}`" for name in t["failing"])
+            )
         lines.append("")
     if memories:
         lines += ["## Memory estimate vs the allocator", ""] + memory_section(memories, root) + [""]
@@ -359,8 +496,10 @@ def write_readme(root: Path, out: Path) -> str:
     if out.exists():
         text = out.read_text()
         if not text.startswith(BEGIN):
-            raise ValueError(f"{out} was not written by this script (its first line is not the marker); "
-                             "give --out another file, or move it")
+            raise ValueError(
+                f"{out} was not written by this script (its first line is not the marker); "
+                "give --out another file, or move it"
+            )
         kept = text.split(END, 1)[1].lstrip("\n") if END in text else ""
     text = build(root) + ("\n" + kept if kept else "")
     tmp = out.with_name(out.name + ".tmp")
@@ -377,8 +516,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     root = Path(args.folder)
     if not root.is_dir():
-        print(f"results_readme.py: {root} is not a folder (extract the device's .tgz under benchmarks/results/ first)",
-              file=sys.stderr)
+        print(
+            f"results_readme.py: {root} is not a folder (extract the device's .tgz under benchmarks/results/ first)",
+            file=sys.stderr,
+        )
         return 2
     if args.print:
         print(build(root), end="")

@@ -22,8 +22,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from turbotrain.base.version import collect_git
 
-BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-            "efficient": SDPBackend.EFFICIENT_ATTENTION}
+BACKENDS = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+}
 
 
 def _inputs(args: argparse.Namespace, device: torch.device) -> list[torch.Tensor]:
@@ -73,10 +76,18 @@ def main() -> int:
         return 2
     device = torch.device("cuda")
     q, k, v = _inputs(args, device)
-    result: dict = {"shape": [args.batch, args.heads, args.seq, args.head_dim], "dtype": "bf16", "is_causal": True,
-                    "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "git": collect_git(),
-                    "gpu": torch.cuda.get_device_name(0), "default_kernels": chosen_kernels(q, k, v),
-                    "default_ms": time_ms(q, k, v, args.repeats), "backends_ms": {}}
+    result: dict = {
+        "shape": [args.batch, args.heads, args.seq, args.head_dim],
+        "dtype": "bf16",
+        "is_causal": True,
+        "torch": torch.__version__,
+        "cudnn": torch.backends.cudnn.version(),
+        "git": collect_git(),
+        "gpu": torch.cuda.get_device_name(0),
+        "default_kernels": chosen_kernels(q, k, v),
+        "default_ms": time_ms(q, k, v, args.repeats),
+        "backends_ms": {},
+    }
     for name, backend in BACKENDS.items():
         try:
             with sdpa_kernel([backend]):

@@ -30,7 +30,8 @@ class Net(nn.Module):
 
 torch.manual_seed(0)
 labels = torch.randint(10, (512,))
-images = torch.randn(512, 1, 28, 28) * 0.5 + labels.view(-1, 1, 1, 1) / 5  # learnable: the mean encodes the label
+# learnable: the mean encodes the label
+images = torch.randn(512, 1, 28, 28) * 0.5 + labels.view(-1, 1, 1, 1) / 5
 train_loader = DataLoader(TensorDataset(images, labels), batch_size=64, shuffle=True)
 model = Net()
 optimizer = torch.optim.Adadelta(model.parameters(), lr=1.0)
@@ -38,19 +39,34 @@ scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)
 
 example_batch = next(iter(train_loader))  # for counting FLOPs once
 engine = Engine()  # 1: defaults change speed, never the math
-model, optimizer, train_loader = engine.setup(model, optimizer, train_loader,  # 2
-                                              scheduler=scheduler, scheduler_interval="epoch")
-with track(engine, model, optimizer, sys.argv[1] if len(sys.argv) > 1 else "runs/cnn-loop",  # 3
-           example_batch=example_batch, loss_fn=lambda m, b: F.nll_loss(m(b[0]), b[1]),  # for FLOPs
-           log_every=4, max_steps=3 * len(train_loader)):
+model, optimizer, train_loader = engine.setup(
+    model,
+    optimizer,
+    train_loader,  # 2
+    scheduler=scheduler,
+    scheduler_interval="epoch",
+)
+with track(
+    engine,
+    model,
+    optimizer,
+    sys.argv[1] if len(sys.argv) > 1 else "runs/cnn-loop",  # 3
+    example_batch=example_batch,
+    loss_fn=lambda m, b: F.nll_loss(m(b[0]), b[1]),  # for FLOPs
+    log_every=4,
+    max_steps=3 * len(train_loader),
+):
     for epoch in range(1, 4):
         model.train()
-        for batch_idx, (data, target) in enumerate(train_loader):
+        for _batch_idx, (data, target) in enumerate(train_loader):
             output = model(data)
             loss = F.nll_loss(output, target)
-            engine.log("accuracy", (output.argmax(1) == target).float().mean())  # optional: no sync, logged as train_accuracy
+            # optional: no sync, logged as train_accuracy
+            engine.log("accuracy", (output.argmax(1) == target).float().mean())
             engine.backward(loss)  # 4
             engine.step(optimizer)  # 5: step, zero_grad
-        print(f"epoch {epoch}: {len(train_loader.dataset)} images, last loss {loss.item():.4f}, "
-              f"lr {optimizer.param_groups[0]['lr']:.3f}")
+        print(
+            f"epoch {epoch}: {len(train_loader.dataset)} images, last loss {loss.item():.4f}, "
+            f"lr {optimizer.param_groups[0]['lr']:.3f}"
+        )
         engine.end_epoch(optimizer)  # steps the epoch-level StepLR

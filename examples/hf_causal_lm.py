@@ -34,7 +34,7 @@ class ByteWindows(Dataset):
         return len(self.starts)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        ids = self.tokens[self.starts[i]:self.starts[i] + SEQ]
+        ids = self.tokens[self.starts[i] : self.starts[i] + SEQ]
         return {"input_ids": ids, "labels": ids}
 
 
@@ -43,5 +43,8 @@ def make() -> Workload:
     text = inspect.getsource(os).encode()
     cut = int(len(text) * 0.9)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=SEQ, n_embd=64, n_layer=2, n_head=2))
-    return Workload(model=model, train_loader=DataLoader(ByteWindows(text[:cut]), batch_size=16, shuffle=True),
-                    eval_loader=DataLoader(ByteWindows(text[cut:]), batch_size=16))
+    return Workload(
+        model=model,
+        train_loader=DataLoader(ByteWindows(text[:cut]), batch_size=16, shuffle=True),
+        eval_loader=DataLoader(ByteWindows(text[cut:]), batch_size=16),
+    )

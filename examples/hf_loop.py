@@ -19,15 +19,30 @@ config = GPT2Config(vocab_size=256, n_positions=64, n_embd=64, n_layer=2, n_head
 model = GPT2LMHeadModel(config)
 text = torch.tensor(list(open(__file__, "rb").read()), dtype=torch.long)  # this file, byte-level
 starts = torch.randint(len(text) - 65, (40, 8))
-batches = [{"input_ids": text[s[:, None] + torch.arange(64)], "attention_mask": torch.ones(8, 64, dtype=torch.long),
-            "labels": text[s[:, None] + torch.arange(64)]} for s in starts]
+batches = [
+    {
+        "input_ids": text[s[:, None] + torch.arange(64)],
+        "attention_mask": torch.ones(8, 64, dtype=torch.long),
+        "labels": text[s[:, None] + torch.arange(64)],
+    }
+    for s in starts
+]
 optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01)
 scheduler = get_linear_schedule_with_warmup(optimizer, num_warmup_steps=4, num_training_steps=20)
 
 engine = Engine({"batch": {"accumulation": 2}})  # precision auto: bf16 autocast on modern GPUs
-model, optimizer, loader = engine.setup(model, optimizer, batches, scheduler=scheduler, scheduler_interval="step")
-with track(engine, model, optimizer, sys.argv[1] if len(sys.argv) > 1 else "runs/hf-loop",
-           example_batch=batches[0], log_every=2, max_steps=20):
+model, optimizer, loader = engine.setup(
+    model, optimizer, batches, scheduler=scheduler, scheduler_interval="step"
+)
+with track(
+    engine,
+    model,
+    optimizer,
+    sys.argv[1] if len(sys.argv) > 1 else "runs/hf-loop",
+    example_batch=batches[0],
+    log_every=2,
+    max_steps=20,
+):
     model.train()
     for batch in loader:
         with engine.autocast():

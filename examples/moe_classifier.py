@@ -19,8 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from turbotrain import MoE
-from turbotrain import Workload
+from turbotrain import MoE, Workload
 
 
 class SyntheticDigits(Dataset):
@@ -45,7 +44,8 @@ class SyntheticDigits(Dataset):
 class MoEClassifier(nn.Module):
     def __init__(self, d: int = 64, n_experts: int = 8, top_k: int = 2, classes: int = 10) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(1, d, 7, stride=7), nn.GELU())  # 28x28 -> 4x4 patches of d features
+        # 28x28 -> 4x4 patches of d features
+        self.stem = nn.Sequential(nn.Conv2d(1, d, 7, stride=7), nn.GELU())
         self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.pool = nn.Linear(16 * d, d)  # where a pattern sits matters: the patches flattened, not averaged
         self.patch_experts = MoE(d, n_experts, top_k, hidden=2 * d)  # (B, 16, d)
@@ -73,5 +73,10 @@ def accuracy(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> dict
 def make() -> Workload:
     """The classifier on 2048 synthetic training images (batches of 64) and 256 held out."""
     loader = DataLoader(SyntheticDigits(), batch_size=64, shuffle=True, drop_last=True)
-    return Workload(model=MoEClassifier(), train_loader=loader, loss_fn=cross_entropy,
-                    eval_loader=DataLoader(SyntheticDigits(256, seed=2), batch_size=64), metrics_fn=accuracy)
+    return Workload(
+        model=MoEClassifier(),
+        train_loader=loader,
+        loss_fn=cross_entropy,
+        eval_loader=DataLoader(SyntheticDigits(256, seed=2), batch_size=64),
+        metrics_fn=accuracy,
+    )

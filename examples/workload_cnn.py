@@ -73,8 +73,13 @@ def accuracy(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> dict
 def make() -> Workload:
     """The CNN on in-memory-fast data."""
     loader = DataLoader(Shapes(), batch_size=64, shuffle=True, drop_last=True)
-    return Workload(model=SmallCNN(), train_loader=loader, loss_fn=cross_entropy, metrics_fn=accuracy,
-                    eval_loader=DataLoader(Shapes(256), batch_size=64))
+    return Workload(
+        model=SmallCNN(),
+        train_loader=loader,
+        loss_fn=cross_entropy,
+        metrics_fn=accuracy,
+        eval_loader=DataLoader(Shapes(256), batch_size=64),
+    )
 
 
 def make_slow_data() -> Workload:

@@ -63,8 +63,6 @@ def _seed() -> None:
     np.random.seed(0)
 
 
-
-
 DISTRIBUTED = Path(__file__).parent / "distributed"
 
 
@@ -74,7 +72,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     marked ``gpu`` are skipped, with the reason, where torch sees no CUDA device: ``pytest -m gpu``
     on a GPU machine runs exactly them. (One hook here, not a conftest in tests/distributed: a
     second file imported as ``conftest`` shadowed this one's ``tiny_overrides``.)"""
-    skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU (none visible to torch)")
+    skip = (
+        None
+        if torch.cuda.is_available()
+        else pytest.mark.skip(reason="needs a CUDA GPU (none visible to torch)")
+    )
     for item in items:
         if DISTRIBUTED in Path(item.path).parents:
             item.add_marker(pytest.mark.slow)

@@ -32,8 +32,19 @@ from .loop.fit import fit
 from .parts.models.moe import MoE, aux_loss, end_optimizer_step
 from .parts.workload import Workload
 
-__all__ = ["Engine", "MoE", "PlateauLR", "RunConfig", "Workload", "aux_loss", "end_optimizer_step", "fit",
-           "load_config", "track", "__version__"]
+__all__ = [
+    "Engine",
+    "MoE",
+    "PlateauLR",
+    "RunConfig",
+    "Workload",
+    "aux_loss",
+    "end_optimizer_step",
+    "fit",
+    "load_config",
+    "track",
+    "__version__",
+]
 
 # Public names imported on first use: turbotrain.app.tracking loads the report (matplotlib), which
 # ``import turbotrain`` must not (tests/unit/test_layers.py, test_import_turbotrain_stays_light).
@@ -122,8 +133,12 @@ def _warn_moved(fullname: str) -> str:
     """Warn once per old top-level name (its submodules import after it: one warning says it)."""
     old, now, advice = moved_to(fullname)  # type: ignore[misc]
     if fullname == f"{__name__}.{old}":
-        warnings.warn(f"{fullname} moved to {now} (turbotrain {__version__}); write `{advice}`: the old path "
-                      "goes in the next release", DeprecationWarning, stacklevel=_user_stacklevel())
+        warnings.warn(
+            f"{fullname} moved to {now} (turbotrain {__version__}); write `{advice}`: the old path "
+            "goes in the next release",
+            DeprecationWarning,
+            stacklevel=_user_stacklevel(),
+        )
     return now
 
 
@@ -142,8 +157,9 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder):
     """Finds the old module names of :data:`MOVED` (and their submodules) before the path finder
     could load a second copy of a submodule under its old name."""
 
-    def find_spec(self, fullname: str, path: Any = None, target: types.ModuleType | None = None
-                  ) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Any = None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if moved_to(fullname) is None:
             return None
         return importlib.util.spec_from_loader(fullname, _MovedModuleLoader(), is_package=True)
@@ -167,6 +183,9 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     """The public API, the layer packages and the table of moved modules (not this module's own
     imports: ``sys``, ``warnings``, ...)."""
-    mine = {n for n, v in globals().items() if n.startswith("__")
-            or (isinstance(v, types.ModuleType) and v.__name__.startswith(f"{__name__}."))}
+    mine = {
+        n
+        for n, v in globals().items()
+        if n.startswith("__") or (isinstance(v, types.ModuleType) and v.__name__.startswith(f"{__name__}."))
+    }
     return sorted({*__all__, *mine, "LAZY", "MOVED", "moved_to"})

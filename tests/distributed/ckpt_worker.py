@@ -14,12 +14,11 @@ from pathlib import Path
 
 import torch
 
-from turbotrain import Engine
+from turbotrain import Engine, fit
+from turbotrain.core.optim import build_scheduler
 from turbotrain.loop.checkpoint import Checkpointer, finished_checkpoints, restore_latest, run_state
 from turbotrain.loop.hooks import FitContext, Hook
-from turbotrain import fit
 from turbotrain.parts.models.gpt import GPT, GPTConfig
-from turbotrain.core.optim import build_scheduler
 
 GLOBAL_BATCH, T, VOCAB, TOTAL_STEPS = 8, 16, 64, 12
 
@@ -34,12 +33,16 @@ class RecordLoss(Hook):
 
 def main(strategy: str, folder: str, max_steps: int, every: int, keep_last: int, out: str) -> None:
     torch.set_num_threads(1)
-    engine = Engine({"run": {"device": "cpu"}, "distributed": {"strategy": strategy}, "optim": {"grad_clip": 1.0}})
+    engine = Engine(
+        {"run": {"device": "cpu"}, "distributed": {"strategy": strategy}, "optim": {"grad_clip": 1.0}}
+    )
     rank, world = engine.strategy.rank, engine.strategy.world
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=VOCAB, n_layer=2, n_head=2, d_model=32, block_size=T))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    scheduler = build_scheduler(optimizer, schedule="cosine", warmup_steps=4, max_steps=TOTAL_STEPS, lr=3e-3, min_lr=3e-4)
+    scheduler = build_scheduler(
+        optimizer, schedule="cosine", warmup_steps=4, max_steps=TOTAL_STEPS, lr=3e-3, min_lr=3e-4
+    )
     model, optimizer, _ = engine.setup(model, optimizer, scheduler=scheduler, scheduler_interval="step")
     state = run_state(engine, model, optimizer, scheduler)
     resumed = ""
@@ -50,13 +53,19 @@ def main(strategy: str, folder: str, max_steps: int, every: int, keep_last: int,
     share = GLOBAL_BATCH // world
 
     def batches():  # batch index i is the same global batch at every world size; this rank's part of it
-        for window in data[engine.state.batches:]:
-            x = window[rank * share:(rank + 1) * share]
+        for window in data[engine.state.batches :]:
+            x = window[rank * share : (rank + 1) * share]
             yield x[:, :-1], x[:, 1:]
 
     record = RecordLoss()
-    fit(engine, model, optimizer, batches(), max_steps=max_steps,
-        hooks=[record, Checkpointer(Path(folder), every, keep_last, state)])
+    fit(
+        engine,
+        model,
+        optimizer,
+        batches(),
+        max_steps=max_steps,
+        hooks=[record, Checkpointer(Path(folder), every, keep_last, state)],
+    )
     with open(f"{out}.rank{rank}.json", "w") as f:
         json.dump({"losses": record.losses, "world": world, "resumed": resumed, "step": engine.state.step}, f)
 

@@ -32,14 +32,34 @@ def _data(step: int) -> torch.Tensor:
 
 def main(action: str, degree: int, folder: str, out: str) -> None:
     torch.set_num_threads(1)
-    engine = Engine({"run": {"device": "cpu"}, "optim": {"grad_clip": 1.0},
-                     "distributed": {"strategy": "ddp", "expert_parallel": degree} if degree > 1 else {"strategy": "auto"}})
+    engine = Engine(
+        {
+            "run": {"device": "cpu"},
+            "optim": {"grad_clip": 1.0},
+            "distributed": {"strategy": "ddp", "expert_parallel": degree}
+            if degree > 1
+            else {"strategy": "auto"},
+        }
+    )
     rank, world = engine.strategy.rank, engine.strategy.world
     torch.manual_seed(0 if action == "save" else 7)  # a load must bring back everything, not rely on the seed
-    plain = MoEGPT(MoEConfig(vocab_size=VOCAB, n_layer=2, n_head=2, d_model=32, block_size=T, n_experts=N_EXPERTS,
-                             top_k=2, aux_loss_coef=0.01, router_bias_update=1e-3, moe_impl="batched"))
+    plain = MoEGPT(
+        MoEConfig(
+            vocab_size=VOCAB,
+            n_layer=2,
+            n_head=2,
+            d_model=32,
+            block_size=T,
+            n_experts=N_EXPERTS,
+            top_k=2,
+            aux_loss_coef=0.01,
+            router_bias_update=1e-3,
+            moe_impl="batched",
+        )
+    )
     optimizer = torch.optim.AdamW(plain.parameters(), lr=3e-3)
-    model, optimizer, _ = engine.setup(plain, optimizer)  # experts placed by the plan; the optimizer's state follows them
+    # experts placed by the plan; the optimizer's state follows them
+    model, optimizer, _ = engine.setup(plain, optimizer)
     state = RunState(model=model, optimizer=optimizer)
     state.strategy = engine.strategy
     rows = slice(rank * GLOBAL_BATCH // world, (rank + 1) * GLOBAL_BATCH // world)
@@ -62,15 +82,30 @@ def main(action: str, degree: int, folder: str, out: str) -> None:
     else:
         restore_latest(Path(folder), state)
     names = {id(p): n for n, p in plain.named_parameters()}
-    optim_state = {names[id(p)]: {k: v.clone() for k, v in optimizer.state[p].items()}
-                   for g in optimizer.param_groups for p in g["params"] if p in optimizer.state}
-    pending = {f"{i}": layer.pending.clone() if layer.pending is not None else None
-               for i, layer in enumerate(plain.moe_layers())}
+    optim_state = {
+        names[id(p)]: {k: v.clone() for k, v in optimizer.state[p].items()}
+        for g in optimizer.param_groups
+        for p in g["params"]
+        if p in optimizer.state
+    }
+    pending = {
+        f"{i}": layer.pending.clone() if layer.pending is not None else None
+        for i, layer in enumerate(plain.moe_layers())
+    }
     weights = {n: p.detach().clone() for n, p in plain.named_parameters()}
     next_loss = train_step(4)
-    torch.save({"optim": optim_state, "weights": weights, "pending": pending, "world": world,
-                "first_expert": plain.blocks[0].mlp.first_expert,
-                "n_local": N_EXPERTS // degree, "next_loss": next_loss}, f"{out}.rank{rank}.pt")
+    torch.save(
+        {
+            "optim": optim_state,
+            "weights": weights,
+            "pending": pending,
+            "world": world,
+            "first_expert": plain.blocks[0].mlp.first_expert,
+            "n_local": N_EXPERTS // degree,
+            "next_loss": next_loss,
+        },
+        f"{out}.rank{rank}.pt",
+    )
 
 
 if __name__ == "__main__":

@@ -24,19 +24,41 @@ GLOBAL_BATCH, T, VOCAB, STEPS, N_EXPERTS, CLIP = 8, 16, 64, 30, 4, 0.05
 def main(mode: str, degree: int, out: str) -> None:
     torch.set_num_threads(1)
     ep = mode == "ep"
-    engine = Engine({"run": {"device": "cpu"}, "batch": {"accumulation": 1 if ep else 2}, "optim": {"grad_clip": CLIP},
-                     "distributed": {"strategy": "ddp", "expert_parallel": degree} if ep else {"strategy": "single"}})
+    engine = Engine(
+        {
+            "run": {"device": "cpu"},
+            "batch": {"accumulation": 1 if ep else 2},
+            "optim": {"grad_clip": CLIP},
+            "distributed": {"strategy": "ddp", "expert_parallel": degree} if ep else {"strategy": "single"},
+        }
+    )
     rank, world = engine.strategy.rank, engine.strategy.world
     torch.manual_seed(0)
-    model = MoEGPT(MoEConfig(vocab_size=VOCAB, n_layer=2, n_head=2, d_model=32, block_size=T, n_experts=N_EXPERTS,
-                             top_k=2, aux_loss_coef=0.01, moe_impl="batched"))
+    model = MoEGPT(
+        MoEConfig(
+            vocab_size=VOCAB,
+            n_layer=2,
+            n_head=2,
+            d_model=32,
+            block_size=T,
+            n_experts=N_EXPERTS,
+            top_k=2,
+            aux_loss_coef=0.01,
+            moe_impl="batched",
+        )
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    model, optimizer, _ = engine.setup(model, optimizer)  # the plan's expert dimension: this rank's experts, then DDP
+    # the plan's expert dimension: this rank's experts, then DDP
+    model, optimizer, _ = engine.setup(model, optimizer)
     plain = model.module if ep else model
     starts = torch.randint(VOCAB, (STEPS, GLOBAL_BATCH, 1), generator=torch.Generator().manual_seed(1))
-    data = (starts + torch.arange(T + 1) * torch.randint(1, 3, (STEPS, GLOBAL_BATCH, 1),
-                                                         generator=torch.Generator().manual_seed(2))) % VOCAB
-    share = GLOBAL_BATCH // 2  # the parallel run has 2 ranks; the reference runs their rows as 2 micro-batches
+    data = (
+        starts
+        + torch.arange(T + 1)
+        * torch.randint(1, 3, (STEPS, GLOBAL_BATCH, 1), generator=torch.Generator().manual_seed(2))
+    ) % VOCAB
+    # the parallel run has 2 ranks; the reference runs their rows as 2 micro-batches
+    share = GLOBAL_BATCH // 2
     parts = [slice(rank * share, (rank + 1) * share)] if ep else [slice(0, share), slice(share, 2 * share)]
     plain.eval()
     with torch.no_grad():
@@ -60,17 +82,30 @@ def main(mode: str, degree: int, out: str) -> None:
     index = [id(p) for g in optimizer.param_groups for p in g["params"]].index(id(plain.blocks[0].mlp.w1))
     exp_avg = optimizer.state_dict()["state"][index]["exp_avg"]
     saved = {"w1": state["blocks.0.mlp.w1"].tolist(), "exp_avg": exp_avg.tolist()}
-    saved["live_exp_avg_shape"] = list(optimizer.state[plain.blocks[0].mlp.w1]["exp_avg"].shape)  # untouched by saving
+    # untouched by saving
+    saved["live_exp_avg_shape"] = list(optimizer.state[plain.blocks[0].mlp.w1]["exp_avg"].shape)
     if ep:  # and loading it keeps this rank's slice: a fresh sharded model gets the trained experts back
         torch.manual_seed(5)
         fresh = MoEGPT(plain.cfg)
-        place_experts(fresh, None, engine.strategy.plan.experts)  # as the run's were placed: this rank's slice
+        # as the run's were placed: this rank's slice
+        place_experts(fresh, None, engine.strategy.plan.experts)
         fresh.load_state_dict(state)
         saved["reloaded_equal"] = bool(torch.equal(fresh.blocks[0].mlp.w1, plain.blocks[0].mlp.w1))
         saved["reloaded_shape"] = list(fresh.blocks[0].mlp.w1.shape)
     with open(f"{out}.rank{rank}.json", "w") as f:
-        json.dump({"losses": losses, "norms": norms, "clip": CLIP, "grads": grads, "logits": logits, "world": world, "first_expert": first,
-                   "saved": saved}, f)
+        json.dump(
+            {
+                "losses": losses,
+                "norms": norms,
+                "clip": CLIP,
+                "grads": grads,
+                "logits": logits,
+                "world": world,
+                "first_expert": first,
+                "saved": saved,
+            },
+            f,
+        )
 
 
 if __name__ == "__main__":

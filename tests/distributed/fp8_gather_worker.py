@@ -36,22 +36,35 @@ def main(out: str, steps: str) -> None:
 
 
 def run(all_gather: str, out: str, steps_n: int) -> dict:
-    engine = Engine({"run": {"device": "cpu"}, "distributed": {"strategy": "fsdp"}, "optim": {"grad_clip": 1.0},
-                     "precision": {"mode": "fp8", "fp8_emulate": True, "fp8_min_size": 1, "max_nonfinite_steps": 1,
-                                   "fp8_all_gather": all_gather == "on"}})
+    engine = Engine(
+        {
+            "run": {"device": "cpu"},
+            "distributed": {"strategy": "fsdp"},
+            "optim": {"grad_clip": 1.0},
+            "precision": {
+                "mode": "fp8",
+                "fp8_emulate": True,
+                "fp8_min_size": 1,
+                "max_nonfinite_steps": 1,
+                "fp8_all_gather": all_gather == "on",
+            },
+        }
+    )
     rank, world = engine.strategy.rank, engine.strategy.world
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=VOCAB, n_layer=2, n_head=2, d_model=32, block_size=T))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model, optimizer, _ = engine.setup(model, optimizer)
-    starts = torch.randint(VOCAB, (steps_n + AFTER + 2, GLOBAL_BATCH, 1), generator=torch.Generator().manual_seed(1))
+    starts = torch.randint(
+        VOCAB, (steps_n + AFTER + 2, GLOBAL_BATCH, 1), generator=torch.Generator().manual_seed(1)
+    )
     data = (starts + torch.arange(T + 1)) % VOCAB  # counting sequences: learnable in a few steps
     share = GLOBAL_BATCH // world
 
     def train(first: int, last: int, scale: float = 1.0) -> list[float]:
         losses = []
         for window in data[first:last]:
-            x = window[rank * share:(rank + 1) * share]  # this rank's part of the global batch
+            x = window[rank * share : (rank + 1) * share]  # this rank's part of the global batch
             with engine.autocast():
                 loss = model(x[:, :-1], x[:, 1:])
             engine.backward(loss * scale)
@@ -60,8 +73,11 @@ def run(all_gather: str, out: str, steps_n: int) -> dict:
         return losses
 
     def shards() -> dict[str, str]:
-        return {name: type(m.weight._local_tensor).__name__ for name, m in model.named_modules()
-                if type(m).__name__ in ("Float8Linear", "Linear") and hasattr(m.weight, "_local_tensor")}
+        return {
+            name: type(m.weight._local_tensor).__name__
+            for name, m in model.named_modules()
+            if type(m).__name__ in ("Float8Linear", "Linear") and hasattr(m.weight, "_local_tensor")
+        }
 
     record: dict = {"losses": train(0, steps_n), "shards": shards(), "summary": engine.precision.summary()}
     if all_gather == "on":
@@ -73,9 +89,12 @@ def run(all_gather: str, out: str, steps_n: int) -> dict:
         record["resumed"] = train(steps_n, steps_n + AFTER)
         train(steps_n + AFTER, steps_n + AFTER + 1, scale=float("inf"))  # the injected inf
         engine.poll(optimizer)
-        record["fallback"] = {"precision": engine.precision.name, "shards": shards(),
-                              "layers": sorted({type(m).__name__ for m in model.modules() if "Linear" in type(m).__name__}),
-                              "losses": train(steps_n + AFTER + 1, steps_n + AFTER + 2)}
+        record["fallback"] = {
+            "precision": engine.precision.name,
+            "shards": shards(),
+            "layers": sorted({type(m).__name__ for m in model.modules() if "Linear" in type(m).__name__}),
+            "losses": train(steps_n + AFTER + 1, steps_n + AFTER + 2),
+        }
     return record
 
 

@@ -16,9 +16,9 @@ import os
 import runpy
 import sys
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -67,11 +67,17 @@ def train(args: list[str], env: dict[str, str] | None = None) -> Result:
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     try:
-        with _one_thread(), _environ(env or {}), warnings.catch_warnings(), \
-                contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with (
+            _one_thread(),
+            _environ(env or {}),
+            warnings.catch_warnings(),
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+        ):
             warnings.simplefilter("default")
-            warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: err.write(
-                warnings.formatwarning(message, category, filename, lineno, line))
+            warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: (
+                err.write(warnings.formatwarning(message, category, filename, lineno, line))
+            )
             try:
                 code = main(["train", *args])
             except SystemExit as exc:  # argparse

@@ -10,9 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import inprocess
+import pytest
 
 WORKER = Path(__file__).with_name("dp_worker.py")
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -20,12 +19,27 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 def _run(tmp_path: Path, strategy: str, accumulation: int, nproc: int, *extra: str) -> list[dict]:
     out = tmp_path / "-".join((strategy, str(nproc), str(accumulation), *extra))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
     if nproc == 1:  # the one-process reference: in this process
         inprocess.worker(WORKER, strategy, str(accumulation), str(out), *extra)
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-               str(WORKER), strategy, str(accumulation), str(out), *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            str(WORKER),
+            strategy,
+            str(accumulation),
+            str(out),
+            *extra,
+        ]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
         assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(nproc)]
@@ -59,7 +73,8 @@ def test_ddp_accumulation_reduces_gradients_once_per_optimizer_step(tmp_path):
         assert len(set(calls[i] for i in synced)) == 1  # the same buckets each time
 
 
-@pytest.mark.filterwarnings("ignore:precision.fp8_emulate = true")  # the one-process run warns in this process
+# the one-process run warns in this process
+@pytest.mark.filterwarnings("ignore:precision.fp8_emulate = true")
 def test_fsdp_with_emulated_fp8_trains_like_one_fp8_process(tmp_path):
     """precision fp8 (emulated, every linear but the tied head) under FSDP2 on 2 processes of micro
     4 against one process of micro 8. The float8 layers are swapped in before fully_shard, so each
@@ -75,14 +90,19 @@ def test_fsdp_with_emulated_fp8_trains_like_one_fp8_process(tmp_path):
     steps = "8"
     one = _run(tmp_path, "single", 1, 1, "fp8", steps)[0]
     ranks = _run(tmp_path, "fsdp", 1, 2, "fp8", steps)
-    assert len(one["float8"]) == 8 and not one["sharded_float8"]  # every linear of the 2 blocks; the head is tied
+    # every linear of the 2 blocks; the head is tied
+    assert len(one["float8"]) == 8 and not one["sharded_float8"]
     for r in ranks:
         assert r["float8"] == r["sharded_float8"] == one["float8"]
         assert r["fsdp_dtypes"] == ["torch.bfloat16", "torch.float32"]
         assert len(r["losses"]) == len(one["losses"]) == 8
         worst = max(abs(a - b) for a, b in zip(r["losses"], one["losses"]))
         assert worst <= 5e-3, f"fp8 under FSDP differs from one fp8 process by {worst}"
-        diff = sum(_sq(a, b) for name in one["grads"] for a, b in [(_flat(r["grads"][name]), _flat(one["grads"][name]))])
+        diff = sum(
+            _sq(a, b)
+            for name in one["grads"]
+            for a, b in [(_flat(r["grads"][name]), _flat(one["grads"][name]))]
+        )
         norm = sum(_sq(b, [0.0] * len(b)) for b in map(_flat, one["grads"].values()))
         assert (diff / norm) ** 0.5 <= 0.1
     assert ranks[0]["losses"] == ranks[1]["losses"]

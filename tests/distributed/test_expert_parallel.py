@@ -12,9 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import torch
-
 import inprocess
+import torch
 
 WORKER = Path(__file__).with_name("ep_worker.py")
 N_EXPERTS = 4
@@ -26,9 +25,23 @@ def _run(tmp_path: Path, mode: str, degree: int, nproc: int) -> list[dict]:
     if nproc == 1:  # the one-process reference: in this process
         inprocess.worker(WORKER, mode, str(degree), str(out))
     else:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-               str(WORKER), mode, str(degree), str(out)]
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        }
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            str(WORKER),
+            mode,
+            str(degree),
+            str(out),
+        ]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
         assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(nproc)]
@@ -40,7 +53,9 @@ def test_two_ranks_with_sharded_experts_train_like_one_process(tmp_path: Path):
     assert [r["first_expert"] for r in ranks] == [0, 2]
     # forward: each rank's logits are the reference's rows for its part of the batch
     ref_logits = torch.tensor(single["logits"])
-    torch.testing.assert_close(torch.cat([torch.tensor(r["logits"]) for r in ranks]), ref_logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        torch.cat([torch.tensor(r["logits"]) for r in ranks]), ref_logits, rtol=0, atol=1e-5
+    )
     # every gradient: expert weights from the rank holding each slice, the rest from every rank
     experts = [n for n in single["grads"] if n.endswith((".w1", ".w2"))]
     assert len(experts) == 4 and set(ranks[0]["grads"]) == set(single["grads"])
@@ -60,7 +75,9 @@ def test_two_ranks_with_sharded_experts_train_like_one_process(tmp_path: Path):
         assert len(r["losses"]) == len(single["losses"]) == len(r["norms"]) == 30
         worst = max(abs(a - b) for a, b in zip(r["losses"], single["losses"]))
         assert worst <= 1e-5, f"losses differ from one process by {worst}"
-        torch.testing.assert_close(torch.tensor(r["norms"]), torch.tensor(single["norms"]), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            torch.tensor(r["norms"]), torch.tensor(single["norms"]), rtol=1e-5, atol=1e-6
+        )
     assert single["losses"][-1] < single["losses"][0] - 0.5  # it learns
     # checkpoints hold every expert whole (gathered from the shards), weights and optimizer state,
     # equal to the one-process run's; loading them back keeps each rank's slice
@@ -71,7 +88,8 @@ def test_two_ranks_with_sharded_experts_train_like_one_process(tmp_path: Path):
             assert got.shape == ref.shape == (N_EXPERTS, 32, 128), key
             torch.testing.assert_close(got, ref, rtol=1e-3, atol=1e-4, msg=key)
     assert all(r["saved"]["reloaded_equal"] and r["saved"]["reloaded_shape"] == [2, 32, 128] for r in ranks)
-    assert all(r["saved"]["live_exp_avg_shape"] == [2, 32, 128] for r in ranks)  # saving left the live state alone
+    # saving left the live state alone
+    assert all(r["saved"]["live_exp_avg_shape"] == [2, 32, 128] for r in ranks)
 
 
 CKPT_WORKER = Path(__file__).with_name("ep_ckpt_worker.py")
@@ -84,19 +102,36 @@ def _ckpt(tmp_path: Path, nproc: int, *jobs: tuple[str, int, Path, str]) -> list
     if nproc == 1:
         inprocess.worker(CKPT_WORKER, *args)
     else:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-               str(CKPT_WORKER), *args]
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        }
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            str(CKPT_WORKER),
+            *args,
+        ]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
         assert proc.returncode == 0, proc.stderr[-4000:]
-    return [[torch.load(f"{tmp_path / tag}.rank{r}.pt", weights_only=True) for r in range(nproc)] for *_, tag in jobs]
+    return [
+        [torch.load(f"{tmp_path / tag}.rank{r}.pt", weights_only=True) for r in range(nproc)]
+        for *_, tag in jobs
+    ]
 
 
 def _full(ranks: list[dict], name: str, key: str | None = None) -> torch.Tensor:
     """A parameter (key None) or its optimizer state ``key``, whole: expert tensors concatenated
     from the ranks' slices, other tensors as rank 0 holds them (after checking every rank agrees)."""
+
     def get(r: dict) -> torch.Tensor:
         return r["weights"][name] if key is None else r["optim"][name][key]
+
     if name.endswith((".w1", ".w2")) and ranks[0]["n_local"] < N_EXPERTS and get(ranks[0]).dim() > 0:
         return torch.cat([get(r) for r in sorted(ranks, key=lambda r: r["first_expert"])])
     for r in ranks[1:]:
@@ -118,7 +153,10 @@ def _assert_same_state(saved: list[dict], loaded: list[dict]) -> None:
         for name in names:  # each rank's live state has the shape of its parameter: Adam can step
             assert r["optim"][name]["exp_avg"].shape == r["weights"][name].shape, name
     for layer in saved[0]["pending"]:
-        total = lambda ranks: sum(r["pending"][layer] for r in ranks if r["pending"][layer] is not None)
+
+        def total(ranks):
+            return sum(r["pending"][layer] for r in ranks if r["pending"][layer] is not None)
+
         assert torch.equal(total(loaded), total(saved)) and int(total(saved).sum()) > 0, layer
 
 
@@ -132,8 +170,13 @@ def test_expert_parallel_checkpoint_resumes_optimizer_state_at_any_degree(tmp_pa
     [saved2] = _ckpt(tmp_path, 2, ("save", 2, sharded, "save2"))
     assert [r["first_expert"] for r in saved2] == [0, 2]
     saved1, loaded1x1 = _ckpt(tmp_path, 1, ("save", 1, single, "save1"), ("load", 1, sharded, "load1x1"))
-    loaded2x2, loaded1x2, loaded = _ckpt(tmp_path, 2, ("load", 2, sharded, "load2x2"), ("load", 1, sharded, "load1x2"),
-                                         ("load", 2, single, "load-one-into-2"))
+    loaded2x2, loaded1x2, loaded = _ckpt(
+        tmp_path,
+        2,
+        ("load", 2, sharded, "load2x2"),
+        ("load", 1, sharded, "load1x2"),
+        ("load", 2, single, "load-one-into-2"),
+    )
     for (degree, nproc), loaded_sharded in zip(((2, 2), (1, 2), (1, 1)), (loaded2x2, loaded1x2, loaded1x1)):
         _assert_same_state(saved2, loaded_sharded)
         tolerance = 0 if (degree, nproc) == (2, 2) else 1e-4  # the load-balancing loss is per rank's rows

@@ -12,9 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import inprocess
+import pytest
 
 WORKER = Path(__file__).with_name("finder_ep_worker.py")
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -26,12 +25,26 @@ def test_the_search_leaves_experts_router_bias_and_loads_as_they_were(tmp_path, 
     if nproc == 1:  # in this process
         inprocess.worker(WORKER, mode, str(out))
     else:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-               str(WORKER), mode, str(out)]
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        }
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            str(WORKER),
+            mode,
+            str(out),
+        ]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
         assert proc.returncode == 0, proc.stderr[-4000:]
     for rank in range(nproc):
         r = json.loads(Path(f"{out}.rank{rank}.json").read_text())
-        assert r["w1_shape"][0] == (2 if mode == "ep" else 4)  # each rank still holds its slice of the 4 experts
+        # each rank still holds its slice of the 4 experts
+        assert r["w1_shape"][0] == (2 if mode == "ep" else 4)
         assert r["changed"] == [] and r["pending"] == [] and r["tallied"] == [] and r["optimizer_state"] == 0

@@ -16,22 +16,37 @@ import pytest
 import torch
 
 from turbotrain.loop.checkpoint import finished_checkpoints, load_latest_weights
-from turbotrain.parts.models.gpt import GPT, GPTConfig
 from turbotrain.loop.sharded import saved_model_tensors
+from turbotrain.parts.models.gpt import GPT, GPTConfig
 
 pytest.importorskip("torchao")
 
 WORKER = Path(__file__).with_name("fp8_gather_worker.py")
 SRC = Path(__file__).resolve().parents[2] / "src"
 STEPS = 6
-TOLERANCE = 5e-3  # per-step loss, float8 all-gather against bf16 all-gather; measured 1.5e-3 (docs/precision.md)
+TOLERANCE = (
+    5e-3  # per-step loss, float8 all-gather against bf16 all-gather; measured 1.5e-3 (docs/precision.md)
+)
 
 
 def _run(tmp_path: Path) -> list[dict]:
     out = tmp_path / "fp8"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(WORKER), str(out), str(STEPS)]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(WORKER),
+        str(out),
+        str(STEPS),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(2)]
@@ -49,10 +64,13 @@ def test_float8_all_gather_trains_like_the_bf16_gather_checkpoints_plain_weights
     assert len(layers) == 8 and on[0]["summary"]["fp8_all_gather"] and not off[0]["summary"]["fp8_all_gather"]
     for r_off, r_on in zip(off, on):
         assert set(r_off["shards"].values()) == {"Tensor"}  # off: plain shards
-        assert {n for n, t in r_on["shards"].items() if t == "WeightWithDynamicFloat8CastTensor"} == set(layers)
+        assert {n for n, t in r_on["shards"].items() if t == "WeightWithDynamicFloat8CastTensor"} == set(
+            layers
+        )
         worst = max(abs(a - b) for a, b in zip(r_on["losses"], r_off["losses"]))
         assert len(r_on["losses"]) == STEPS and worst <= TOLERANCE, f"float8 all-gather differs by {worst}"
-        assert r_on["resumed"] == r_on["after"]  # restored from its sharded checkpoint: the same losses, exactly
+        # restored from its sharded checkpoint: the same losses, exactly
+        assert r_on["resumed"] == r_on["after"]
         fallback = r_on["fallback"]
         assert fallback["precision"] == "bf16-mixed" and fallback["layers"] == ["Linear"]
         assert set(fallback["shards"].values()) == {"Tensor"}  # FSDP2 gathers plain (bf16) weights again
@@ -62,9 +80,11 @@ def test_float8_all_gather_trains_like_the_bf16_gather_checkpoints_plain_weights
     folder = tmp_path / "fp8.ckpt"
     assert len(finished_checkpoints(folder)) == 1
     saved = saved_model_tensors(finished_checkpoints(folder)[0])
-    assert {name: meta.properties.dtype for name, meta in saved.items() if name.endswith("weight")} == \
-        {name: torch.float32 for name in saved if name.endswith("weight")} and f"{layers[0]}.weight" in saved
-    _, weights = load_latest_weights(folder)  # in this process alone: tensors only, nothing of torchao's unpickled
+    assert {name: meta.properties.dtype for name, meta in saved.items() if name.endswith("weight")} == {
+        name: torch.float32 for name in saved if name.endswith("weight")
+    } and f"{layers[0]}.weight" in saved
+    # in this process alone: tensors only, nothing of torchao's unpickled
+    _, weights = load_latest_weights(folder)
     assert all(type(t) is torch.Tensor and t.dtype == torch.float32 for t in weights.values())
     plain = GPT(GPTConfig(vocab_size=64, n_layer=2, n_head=2, d_model=32, block_size=16))
     plain.load_state_dict(weights)  # a plain model's checkpoint

@@ -27,7 +27,11 @@ STEPS = 12
 
 def _run(folder: Path, strategy: str, nproc: int, max_steps: int, every: int, keep_last: int) -> list[dict]:
     out = folder.parent / f"{folder.name}-{strategy}-{nproc}-{max_steps}"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
     args = [str(WORKER), strategy, str(folder), str(max_steps), str(every), str(keep_last), str(out)]
     if nproc > 1:
         args = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *args]
@@ -101,27 +105,90 @@ def test_turbotrain_train_under_torchrun_resumes_in_one_process_and_samples(tmp_
     """The user's path: `torchrun ... -m turbotrain train --distributed.strategy fsdp` stopped at step
     6 of 9, `turbotrain train --resume` in one plain process with the same global batch, then
     `turbotrain sample`: every step's loss is the one of an uninterrupted one-process run."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
     runs = tmp_path / "runs"
-    common = ["--run.out_dir", str(runs), "--run.device", "cpu", "--data.path", str(text_file),
-              "--data.cache_dir", str(tmp_path / "cache"), "--data.num_workers", "0", "--model.n_layer", "2",
-              "--model.n_head", "2", "--model.d_model", "32", "--model.block_size", "32", "--optim.warmup_steps", "2",
-              "--train.max_steps", "9", "--train.eval_every", "3", "--train.eval_batches", "2",
-              "--train.checkpoint_every", "3", "--monitor.log_every", "1", "--no-progress"]
+    common = [
+        "--run.out_dir",
+        str(runs),
+        "--run.device",
+        "cpu",
+        "--data.path",
+        str(text_file),
+        "--data.cache_dir",
+        str(tmp_path / "cache"),
+        "--data.num_workers",
+        "0",
+        "--model.n_layer",
+        "2",
+        "--model.n_head",
+        "2",
+        "--model.d_model",
+        "32",
+        "--model.block_size",
+        "32",
+        "--optim.warmup_steps",
+        "2",
+        "--train.max_steps",
+        "9",
+        "--train.eval_every",
+        "3",
+        "--train.eval_batches",
+        "2",
+        "--train.checkpoint_every",
+        "3",
+        "--monitor.log_every",
+        "1",
+        "--no-progress",
+    ]
 
     def turbotrain(*args: str, nproc: int = 1) -> str:
-        launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)] if nproc > 1 else []
-        proc = subprocess.run([sys.executable, *launcher, "-m", "turbotrain", *args], env=env, capture_output=True,
-                              text=True, timeout=240)
+        launcher = (
+            ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+            if nproc > 1
+            else []
+        )
+        proc = subprocess.run(
+            [sys.executable, *launcher, "-m", "turbotrain", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         assert proc.returncode == 0, proc.stderr[-4000:]
         return proc.stdout
 
     turbotrain("train", *common, "--run.name", "ref", "--batch.micro", "8")
-    turbotrain("train", *common, "--run.name", "t", "--batch.micro", "4", "--distributed.strategy", "fsdp",
-               "--train.stop_after_steps", "6", nproc=2)  # global batch 2 x 4 = 8
+    # global batch 2 x 4 = 8
+    turbotrain(
+        "train",
+        *common,
+        "--run.name",
+        "t",
+        "--batch.micro",
+        "4",
+        "--distributed.strategy",
+        "fsdp",
+        "--train.stop_after_steps",
+        "6",
+        nproc=2,
+    )
     assert _names(runs / "t" / "checkpoints") == ["step_00000003", "step_00000006"]
-    turbotrain("train", "--resume", str(runs / "t"), "--batch.micro", "8", "--distributed.strategy", "single",
-               "--train.stop_after_steps", "0", "--no-progress")
+    turbotrain(
+        "train",
+        "--resume",
+        str(runs / "t"),
+        "--batch.micro",
+        "8",
+        "--distributed.strategy",
+        "single",
+        "--train.stop_after_steps",
+        "0",
+        "--no-progress",
+    )
     assert json.loads((runs / "t" / "summary.json").read_text())["resumed_from"] == "step_00000006"
 
     def losses(name: str) -> list[float]:

@@ -15,38 +15,65 @@ import random
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+import inprocess
 import pytest
 from test_torchrun_train import SRC, _plain
-
-import inprocess
 
 FAULTS = Path(__file__).resolve().parents[1] / "faults"
 STEPS, PAUSE = 6, 3
 EXIT_REQUEUE = 79
 TINY = [
-    "--run.device=cpu", "--model.n_layer=1", "--model.n_head=2", "--model.d_model=32", "--model.block_size=32",
-    "--model.dropout=0", f"--train.max_steps={STEPS}", "--monitor.log_every=1", "--train.eval_every=0",
-    "--train.eval_batches=2", "--train.checkpoint_every=100", "--precision.mode=fp32", "--optim.warmup_steps=2",
-    "--data.num_workers=0", "--no-progress", "--monitor.nvml=false",
+    "--run.device=cpu",
+    "--model.n_layer=1",
+    "--model.n_head=2",
+    "--model.d_model=32",
+    "--model.block_size=32",
+    "--model.dropout=0",
+    f"--train.max_steps={STEPS}",
+    "--monitor.log_every=1",
+    "--train.eval_every=0",
+    "--train.eval_batches=2",
+    "--train.checkpoint_every=100",
+    "--precision.mode=fp32",
+    "--optim.warmup_steps=2",
+    "--data.num_workers=0",
+    "--no-progress",
+    "--monitor.nvml=false",
 ]
-LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TT_FAULT",
-                 "TT_FAULT_MARKER")
+LAUNCHER_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TT_FAULT",
+    "TT_FAULT_MARKER",
+)
 
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("slurm")
-    (root / "corpus.txt").write_text("".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(600)))
+    (root / "corpus.txt").write_text(
+        "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(600))
+    )
     return root
 
 
 def _args(work: Path, name: str, micro: int) -> list[str]:
-    return ["--data", str(work / "corpus.txt"), f"--run.out_dir={work / 'runs'}", f"--run.name={name}",
-            f"--data.cache_dir={work / 'cache'}", f"--batch.micro={micro}", *TINY]
+    return [
+        "--data",
+        str(work / "corpus.txt"),
+        f"--run.out_dir={work / 'runs'}",
+        f"--run.name={name}",
+        f"--data.cache_dir={work / 'cache'}",
+        f"--batch.micro={micro}",
+        *TINY,
+    ]
 
 
 def _job_id() -> int:
@@ -66,17 +93,35 @@ def _job_id() -> int:
 def _srun(work: Path, name: str, *more: str, restart: int = 0, fault: str = "") -> list[subprocess.Popen]:
     """What ``srun -N 2 -n 2 python -m turbotrain train ...`` starts: one process per task with
     SLURM's variables and nothing of torchrun's."""
-    base = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS and not k.startswith(("SLURM_", "TORCHELASTIC_"))}
-    base.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(FAULTS), str(SRC), os.environ.get("PYTHONPATH", "")]),
-                SLURM_JOB_ID=str(_job_id()), SLURM_JOB_NAME="tt-test", SLURM_NTASKS="2", SLURM_NNODES="2",
-                SLURM_JOB_NODELIST="127.0.0.[1-2]", SLURM_RESTART_COUNT=str(restart))
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in LAUNCHER_VARS and not k.startswith(("SLURM_", "TORCHELASTIC_"))
+    }
+    base.update(
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(FAULTS), str(SRC), os.environ.get("PYTHONPATH", "")]),
+        SLURM_JOB_ID=str(_job_id()),
+        SLURM_JOB_NAME="tt-test",
+        SLURM_NTASKS="2",
+        SLURM_NNODES="2",
+        SLURM_JOB_NODELIST="127.0.0.[1-2]",
+        SLURM_RESTART_COUNT=str(restart),
+    )
     procs = []
     for rank in range(2):
         env = {**base, "SLURM_PROCID": str(rank), "SLURM_LOCALID": "0", "SLURM_NODEID": str(rank)}
         if fault:
             env.update(TT_FAULT=fault, TT_FAULT_MARKER=str(work / f"paused-{rank}"))
-        procs.append(subprocess.Popen(_plain() + _args(work, name, 4) + list(more), env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        procs.append(
+            subprocess.Popen(
+                _plain() + _args(work, name, 4) + list(more),
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        )
     return procs
 
 
@@ -104,7 +149,9 @@ def _assert_same(work: Path, name: str, reference: dict[int, float]) -> None:
     losses = _losses(work, name)
     assert sorted(losses) == list(range(1, STEPS + 1))
     worst = max(abs(losses[s] - reference[s]) / abs(reference[s]) for s in losses)
-    assert worst <= 1e-5, f"the loss per step differs from one process with the same global batch by {worst:.3g}"
+    assert worst <= 1e-5, (
+        f"the loss per step differs from one process with the same global batch by {worst:.3g}"
+    )
     val, ref_val = _summary(work, name)["final_val_loss"], _summary(work, "one")["final_val_loss"]
     assert abs(val - ref_val) <= 1e-5 * ref_val
 
@@ -154,7 +201,15 @@ def test_sigusr1_saves_exits_79_and_the_requeued_job_resumes_exactly(work, refer
 
 def test_a_requeued_job_whose_run_was_never_made_starts_it(work, reference):
     """Preempted before the run existed: the requeued start is a new run (no --resume to refuse)."""
-    proc = inprocess.train(_args(work, "late", 8), env={"SLURM_JOB_ID": "7", "SLURM_NTASKS": "1", "SLURM_PROCID": "0",
-                                                        "SLURM_JOB_NODELIST": "n1", "SLURM_RESTART_COUNT": "2"})
+    proc = inprocess.train(
+        _args(work, "late", 8),
+        env={
+            "SLURM_JOB_ID": "7",
+            "SLURM_NTASKS": "1",
+            "SLURM_PROCID": "0",
+            "SLURM_JOB_NODELIST": "n1",
+            "SLURM_RESTART_COUNT": "2",
+        },
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert _losses(work, "late") == reference

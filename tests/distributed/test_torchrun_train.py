@@ -22,23 +22,38 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 import inprocess
+import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 STEPS = 40
 MICRO = 4  # per rank; the one-process reference runs 2 x MICRO
 TINY = [
-    "--run.device=cpu", "--model.n_layer=2", "--model.n_head=2", "--model.d_model=64", "--model.block_size=32",
-    "--model.dropout=0", f"--train.max_steps={STEPS}", "--monitor.log_every=1", "--train.eval_every=0",
-    "--train.eval_batches=2", "--train.checkpoint_every=20", "--precision.mode=fp32", "--optim.warmup_steps=5",
-    "--data.num_workers=0", "--no-progress", "--monitor.nvml=false",
+    "--run.device=cpu",
+    "--model.n_layer=2",
+    "--model.n_head=2",
+    "--model.d_model=64",
+    "--model.block_size=32",
+    "--model.dropout=0",
+    f"--train.max_steps={STEPS}",
+    "--monitor.log_every=1",
+    "--train.eval_every=0",
+    "--train.eval_batches=2",
+    "--train.checkpoint_every=20",
+    "--precision.mode=fp32",
+    "--optim.warmup_steps=5",
+    "--data.num_workers=0",
+    "--no-progress",
+    "--monitor.nvml=false",
 ]
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
 
 
 def _torchrun(nproc: int, *extra: str, log_dir: Path | None = None) -> list[str]:
@@ -61,8 +76,16 @@ def work(tmp_path_factory) -> Path:
 
 
 def _args(work: Path, name: str, micro: int = MICRO, *more: str) -> list[str]:
-    return ["--data", str(work / "corpus.txt"), f"--run.out_dir={work / 'runs'}", f"--run.name={name}",
-            f"--data.cache_dir={work / 'cache'}", f"--batch.micro={micro}", *TINY, *more]
+    return [
+        "--data",
+        str(work / "corpus.txt"),
+        f"--run.out_dir={work / 'runs'}",
+        f"--run.name={name}",
+        f"--data.cache_dir={work / 'cache'}",
+        f"--batch.micro={micro}",
+        *TINY,
+        *more,
+    ]
 
 
 def _run(cmd: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
@@ -100,7 +123,8 @@ def test_torchrun_trains_like_one_process_with_the_global_batch(work, single, st
     proc = _run(_torchrun(2) + _args(work, strategy, MICRO, f"--distributed.strategy={strategy}"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     _assert_same(_losses(work, strategy), single)
-    assert abs(_val(work, strategy) - _val(work, "single")) <= 1e-5  # validation: each rank its slice, averaged
+    # validation: each rank its slice, averaged
+    assert abs(_val(work, strategy) - _val(work, "single")) <= 1e-5
     summary = json.loads((work / "runs" / strategy / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["resolved"]["global_batch"] == 2 * MICRO
     assert summary["resolved"]["strategy"] == strategy
@@ -117,10 +141,30 @@ def test_two_nodes_on_one_machine_match_one_process(work, single):
         port = s.getsockname()[1]
     nodes = []
     for node_rank in (0, 1):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node_rank),
-               "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-               "--rdzv-id", "two-nodes", "-m", "turbotrain", "train", *_args(work, "nodes")]
-        nodes.append(subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(node_rank),
+            "--nproc-per-node",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-id",
+            "two-nodes",
+            "-m",
+            "turbotrain",
+            "train",
+            *_args(work, "nodes"),
+        ]
+        nodes.append(
+            subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
     outputs = [p.communicate(timeout=240) for p in nodes]
     for p, (_, err) in zip(nodes, outputs):
         assert p.returncode == 0, err[-3000:]
@@ -138,8 +182,13 @@ def _rank_logs(log_dir: Path) -> dict[int, str]:
 def test_bad_input_under_torchrun_is_one_line_on_rank_0(work, tmp_path):
     """A mistake found before the ranks join (an invalid value, or, as here, one that only the
     world size makes wrong: the same path, tried with one launch)."""
-    bad, expected = "--batch.global_size=12", ("batch.global_size = 12 does not divide by batch.micro x world = "
-                                               "4 x 2 = 8; use --batch.global_size=8")
+    bad, expected = (
+        "--batch.global_size=12",
+        (
+            "batch.global_size = 12 does not divide by batch.micro x world = "
+            "4 x 2 = 8; use --batch.global_size=8"
+        ),
+    )
     proc = _run(_torchrun(2, log_dir=tmp_path / "logs") + _args(work, "bad", MICRO, bad), timeout=120)
     assert proc.returncode != 0
     logs = _rank_logs(tmp_path / "logs")
@@ -149,7 +198,8 @@ def test_bad_input_under_torchrun_is_one_line_on_rank_0(work, tmp_path):
     # the other rank ends quietly (status 0, or ended by torchrun before it got that far)
     assert "error" not in logs[1] and "Traceback" not in logs[1], logs[1]
     root_cause = proc.stderr.split("Root Cause")[-1]
-    assert "rank      : 0" in root_cause and "exitcode  : 2" in root_cause  # torchrun's summary: rank 0, status 2
+    # torchrun's summary: rank 0, status 2
+    assert "rank      : 0" in root_cause and "exitcode  : 2" in root_cause
     assert not (work / "runs" / "bad").exists()
 
 
@@ -158,10 +208,12 @@ def test_fsdp_in_one_plain_process_is_one_line(work):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "turbotrain train: error: distributed.strategy = 'fsdp' needs processes started by torchrun, e.g. "
-        "`torchrun --nproc-per-node 2 -m turbotrain train ...`; in one plain process use --distributed.strategy=single"]
+        "`torchrun --nproc-per-node 2 -m turbotrain train ...`; in one plain process use --distributed.strategy=single"
+    ]
     proc = inprocess.train(_args(work, "bad-strategy", MICRO, "--distributed.strategy=zero3"))
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
-        "turbotrain train: error: distributed.strategy = 'zero3' is not valid; choose one of: auto, single, ddp, fsdp"]
+        "turbotrain train: error: distributed.strategy = 'zero3' is not valid; choose one of: auto, single, ddp, fsdp"
+    ]
     assert not (work / "runs" / "bad-fsdp").exists() and not (work / "runs" / "bad-strategy").exists()
 
 
@@ -187,11 +239,20 @@ def test_kill_9_of_one_rank_restarts_the_group_which_resumes_by_itself(work, sin
     survivor prints the --resume command instead: the same resume, tested with the stopped runs
     below; its line: tests/unit/test_relaunch.py.)"""
     name = "restarted"
-    proc = subprocess.Popen(_torchrun(2, "--max-restarts", "1") + _args(work, name, MICRO, "--distributed.strategy=ddp"),
-                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _torchrun(2, "--max-restarts", "1") + _args(work, name, MICRO, "--distributed.strategy=ddp"),
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     checkpoints = work / "runs" / name / "checkpoints"
     deadline = time.monotonic() + 180
-    while not any(checkpoints.glob("step_*/finished.json")) and proc.poll() is None and time.monotonic() < deadline:
+    while (
+        not any(checkpoints.glob("step_*/finished.json"))
+        and proc.poll() is None
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.02)
     victim = next((p for p in _children(proc.pid) if _rank_of(p) == 1), None)
     assert victim is not None and proc.poll() is None, "the run ended before a rank could be killed"
@@ -216,9 +277,17 @@ def test_kill_9_of_one_rank_restarts_the_group_which_resumes_by_itself(work, sin
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_out_of_memory_under_data_parallel_stops_with_the_rank_and_what_to_lower(work, tmp_path, strategy):
     start = time.monotonic()
-    proc = _run(_torchrun(2, log_dir=tmp_path / "logs")
-                + _args(work, f"oom-{strategy}", MICRO, "--memory.inject_oom_at_step=3", f"--distributed.strategy={strategy}"),
-                timeout=180)
+    proc = _run(
+        _torchrun(2, log_dir=tmp_path / "logs")
+        + _args(
+            work,
+            f"oom-{strategy}",
+            MICRO,
+            "--memory.inject_oom_at_step=3",
+            f"--distributed.strategy={strategy}",
+        ),
+        timeout=180,
+    )
     assert time.monotonic() - start < 120, "bounded: no rank waits for the one that stopped"
     assert proc.returncode != 0
     logs = _rank_logs(tmp_path / "logs")
@@ -243,16 +312,28 @@ def test_expert_parallel_run_resumes_exactly_at_its_degree_and_at_degree_1(work)
     reference = _losses(work, "ep")
     assert sorted(reference) == list(range(1, steps + 1)) and reference[steps] < reference[1] - 0.3
 
-    proc = _run(_torchrun(2) + _args(work, "ep-stopped", MICRO, *ep, f"--train.stop_after_steps={steps // 2}"))
+    proc = _run(
+        _torchrun(2) + _args(work, "ep-stopped", MICRO, *ep, f"--train.stop_after_steps={steps // 2}")
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     shutil.copytree(work / "runs" / "ep-stopped", work / "runs" / "ep-degree1")
     resumed = _run(_torchrun(2) + ["--resume", str(work / "runs" / "ep-stopped"), "--no-progress"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    _assert_same(_losses(work, "ep-stopped"), reference, tolerance=0.0)  # the same ranks and degree: bit for bit
+    # the same ranks and degree: bit for bit
+    _assert_same(_losses(work, "ep-stopped"), reference, tolerance=0.0)
     assert _val(work, "ep-stopped") == _val(work, "ep")
 
-    one = inprocess.train(["--resume", str(work / "runs" / "ep-degree1"), "--no-progress", "--distributed.strategy=single",
-                           "--distributed.expert_parallel=1", f"--batch.global_size={2 * MICRO}"])  # as the README says
+    # as the README says
+    one = inprocess.train(
+        [
+            "--resume",
+            str(work / "runs" / "ep-degree1"),
+            "--no-progress",
+            "--distributed.strategy=single",
+            "--distributed.expert_parallel=1",
+            f"--batch.global_size={2 * MICRO}",
+        ]
+    )
     assert one.returncode == 0, one.stderr[-3000:]
     summary = json.loads((work / "runs" / "ep-degree1" / "summary.json").read_text())
     assert summary["world_size"] == 1 and summary["resolved"]["global_batch"] == 2 * MICRO
@@ -267,7 +348,10 @@ def _said_once_by_rank_0(proc: subprocess.CompletedProcess, log_dir: Path, expec
     "another rank stopped or was lost", no traceback); torchrun names rank 0 as the root cause."""
     assert proc.returncode != 0
     logs = _rank_logs(log_dir)
-    said = {r: [line for line in text.splitlines() if line.startswith("turbotrain train:")] for r, text in logs.items()}
+    said = {
+        r: [line for line in text.splitlines() if line.startswith("turbotrain train:")]
+        for r, text in logs.items()
+    }
     assert len(said[0]) == 1 and expected in said[0][0], logs[0]
     assert said[1] == [] and "Traceback" not in logs[1] and "another rank" not in logs[1], logs[1]
     root_cause = proc.stderr.split("Root Cause")[-1]
@@ -277,7 +361,10 @@ def _said_once_by_rank_0(proc: subprocess.CompletedProcess, log_dir: Path, expec
 @pytest.fixture(scope="module")
 def stopped_ddp_run(work: Path) -> Path:
     """A 2-rank ddp run stopped at step 20 with one sharded checkpoint (step 20)."""
-    proc = _run(_torchrun(2) + _args(work, "stopped-ddp", MICRO, "--distributed.strategy=ddp", "--train.stop_after_steps=20"))
+    proc = _run(
+        _torchrun(2)
+        + _args(work, "stopped-ddp", MICRO, "--distributed.strategy=ddp", "--train.stop_after_steps=20")
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return work / "runs" / "stopped-ddp"
 
@@ -293,14 +380,19 @@ def test_a_run_in_use_is_said_once_by_rank_0(stopped_ddp_run, tmp_path):
 
     run = _copy_run(stopped_ddp_run, "in-use")
     with RunLock(run):  # this process trains it, as far as the resume can tell
-        proc = _run(_torchrun(2, log_dir=tmp_path / "logs") + ["--resume", str(run), "--no-progress"], timeout=120)
+        proc = _run(
+            _torchrun(2, log_dir=tmp_path / "logs") + ["--resume", str(run), "--no-progress"], timeout=120
+        )
     _said_once_by_rank_0(proc, tmp_path / "logs", f"run directory {run} is in use by process {os.getpid()}")
 
 
 def test_no_usable_checkpoint_is_said_once_by_rank_0(stopped_ddp_run, tmp_path):
     run = _copy_run(stopped_ddp_run, "no-usable")
-    (next(run.glob("checkpoints/step_*")) / ".metadata").write_bytes(b"garbage")  # no longer matches its marker
-    proc = _run(_torchrun(2, log_dir=tmp_path / "logs") + ["--resume", str(run), "--no-progress"], timeout=120)
+    # no longer matches its marker
+    (next(run.glob("checkpoints/step_*")) / ".metadata").write_bytes(b"garbage")
+    proc = _run(
+        _torchrun(2, log_dir=tmp_path / "logs") + ["--resume", str(run), "--no-progress"], timeout=120
+    )
     _said_once_by_rank_0(proc, tmp_path / "logs", f"no usable checkpoint in {run / 'checkpoints'}")
 
 
@@ -316,7 +408,9 @@ def test_a_refused_metadata_is_said_once_by_rank_0(stopped_ddp_run, tmp_path):
     marker = json.loads((folder / "finished.json").read_text())
     marker["files"][".metadata"] = {"size": len(evil), "sha256": hashlib.sha256(evil).hexdigest()}
     (folder / "finished.json").write_text(json.dumps(marker))
-    proc = _run(_torchrun(2, log_dir=tmp_path / "logs") + ["--resume", str(run), "--no-progress"], timeout=120)
+    proc = _run(
+        _torchrun(2, log_dir=tmp_path / "logs") + ["--resume", str(run), "--no-progress"], timeout=120
+    )
     _said_once_by_rank_0(proc, tmp_path / "logs", "is not part of a checkpoint's metadata")
 
 
@@ -328,7 +422,9 @@ def test_a_full_disk_at_a_sharded_save_is_said_once(work, tmp_path):
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
 
-    cmd = _torchrun(2, log_dir=tmp_path / "logs") + _args(work, "full-disk", MICRO, "--distributed.strategy=ddp")
+    cmd = _torchrun(2, log_dir=tmp_path / "logs") + _args(
+        work, "full-disk", MICRO, "--distributed.strategy=ddp"
+    )
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=240, preexec_fn=limit)
     _said_once_by_rank_0(proc, tmp_path / "logs", "full-disk/checkpoints/step_00000020")
 
@@ -346,9 +442,12 @@ def test_ranks_whose_launcher_was_killed_stop_with_a_checkpoint(work, tmp_path):
     orphaned: they notice, stop together after a step, save a checkpoint there and write the
     summary, instead of training on to the end with no launcher."""
     name, steps = "orphans", 2000
-    cmd = _torchrun(2, log_dir=tmp_path / "logs") + _args(work, name, MICRO, "--distributed.strategy=ddp",
-                                                           f"--train.max_steps={steps}", "--monitor.log_every=1")
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    cmd = _torchrun(2, log_dir=tmp_path / "logs") + _args(
+        work, name, MICRO, "--distributed.strategy=ddp", f"--train.max_steps={steps}", "--monitor.log_every=1"
+    )
+    proc = subprocess.Popen(
+        cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     metrics = work / "runs" / name / "metrics.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None and len(_losses_if_any(metrics)) < 5:
@@ -364,7 +463,9 @@ def test_ranks_whose_launcher_was_killed_stop_with_a_checkpoint(work, tmp_path):
     summary = json.loads((work / "runs" / name / "summary.json").read_text())
     assert summary["steps"] < steps and summary["stop_reason"].startswith("signal")
     saved = sorted(work.glob(f"runs/{name}/checkpoints/step_*/finished.json"))
-    assert saved and saved[-1].parent.name == f"step_{summary['steps']:08d}", "a checkpoint at the step it stopped"
+    assert saved and saved[-1].parent.name == f"step_{summary['steps']:08d}", (
+        "a checkpoint at the step it stopped"
+    )
     logs = _rank_logs(tmp_path / "logs")
     # the rank whose watcher polls first says it; the other may stop at the agreed step before its own poll
     assert any("launcher of this rank" in text for text in logs.values()), logs

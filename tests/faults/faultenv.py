@@ -12,7 +12,10 @@ FAULTS = Path(__file__).resolve().parent
 def fault_env(fault: str = "", marker: Path | None = None) -> dict[str, str]:
     """This process's environment with this folder first on PYTHONPATH and ``fault``
     (``POINT:N``; empty = none) and the pause ``marker`` file set."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(FAULTS), os.environ.get("PYTHONPATH", "")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(FAULTS), os.environ.get("PYTHONPATH", "")])),
+    }
     env.pop("TT_FAULT", None)
     env.pop("TT_FAULT_MARKER", None)
     if fault:

@@ -6,8 +6,8 @@ import contextlib
 import os
 import resource
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 
 @contextlib.contextmanager
@@ -26,8 +26,13 @@ def tmpfs(folder: Path, options: str) -> Iterator[bool]:
     """A tmpfs mounted at ``folder`` with mount ``options`` (``size=800k``, ``ro,size=1m``):
     True where the tests run as root with mount rights, else False (nothing mounted)."""
     folder.mkdir(parents=True, exist_ok=True)
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)],
-                                           capture_output=True).returncode != 0:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True
+        ).returncode
+        != 0
+    ):
         yield False
         return
     try:

@@ -33,11 +33,11 @@ def _install(point: str, n: int) -> None:
 
     import torch
 
-    import turbotrain.loop.checkpoint as checkpoint
-    import turbotrain.parts.data.sources as sources
-    import turbotrain.core.engine as engine
-    import turbotrain.loop.monitor as monitor
     import turbotrain.app.training as training
+    import turbotrain.core.engine as engine
+    import turbotrain.loop.checkpoint as checkpoint
+    import turbotrain.loop.monitor as monitor
+    import turbotrain.parts.data.sources as sources
 
     calls = {"n": 0}
 
@@ -78,6 +78,7 @@ def _install(point: str, n: int) -> None:
             f.flush()
             os.fsync(f.fileno())
             die()
+
         return writer
 
     if point in ("step", "pause-step"):
@@ -99,7 +100,7 @@ def _install(point: str, n: int) -> None:
 
         def summary(run_dir, *args, **kwargs):
             if due():
-                tmp = pathlib.Path(run_dir) / ".summary.json.tmp{}".format(os.getpid())
+                tmp = pathlib.Path(run_dir) / f".summary.json.tmp{os.getpid()}"
                 tmp.write_text('{"half": ')
                 die()
             return original_summary(run_dir, *args, **kwargs)
@@ -141,6 +142,7 @@ def _install(point: str, n: int) -> None:
 
         pathlib.Path.unlink = unlink
     elif point == "metrics-torn":
+
         def write(self, record):
             line = monitor.json.dumps(record, allow_nan=False, default=str) + "\n"
             if due():

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from turbotrain.parts.data import DevicePrefetcher
 from turbotrain import Engine
-from turbotrain.parts.models.gpt import GPT, GPTConfig
 from turbotrain.core.optim import build_optimizer
+from turbotrain.parts.data import DevicePrefetcher
+from turbotrain.parts.models.gpt import GPT, GPTConfig
 
 pytestmark = pytest.mark.gpu  # skipped without CUDA (tests/conftest.py)
 
@@ -45,7 +45,9 @@ def test_training_steps_make_no_host_sync_between_polls():
 
 
 def test_non_finite_step_is_skipped_on_device_with_fused_adamw():
-    engine = Engine({"compile": {"scope": "off"}, "precision": {"mode": "bf16-mixed"}, "monitor": {"log_every": 1000}})
+    engine = Engine(
+        {"compile": {"scope": "off"}, "precision": {"mode": "bf16-mixed"}, "monitor": {"log_every": 1000}}
+    )
     model = _gpt()
     opt = build_optimizer(model, engine.device, lr=1e-2)
     model, opt, _ = engine.setup(model, opt)

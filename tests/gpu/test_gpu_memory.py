@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import tiny_overrides
-from turbotrain import load_config
-from turbotrain import Engine
-from turbotrain import fit
-from turbotrain.tools.memory import estimate_memory, measure_step_memory, resolve_batch_size, token_batches
-from turbotrain.tools.memory.stats import storage_bytes
-from turbotrain.parts.models.gpt import GPT, GPTConfig
-from turbotrain.core.optim import build_optimizer
+
+from turbotrain import Engine, fit, load_config
 from turbotrain.app.training import train
 from turbotrain.base.units import GIB
+from turbotrain.core.optim import build_optimizer
+from turbotrain.parts.models.gpt import GPT, GPTConfig
+from turbotrain.tools.memory import estimate_memory, measure_step_memory, resolve_batch_size, token_batches
+from turbotrain.tools.memory.stats import storage_bytes
 
 pytestmark = pytest.mark.gpu  # skipped without CUDA (tests/conftest.py)
 
@@ -24,7 +22,15 @@ def _setup(overrides: dict):
     config = load_config(overrides=overrides)
     engine = Engine(config)
     m = config.model
-    model = GPT(GPTConfig(vocab_size=m.vocab_size, n_layer=m.n_layer, n_head=m.n_head, d_model=m.d_model, block_size=m.block_size))
+    model = GPT(
+        GPTConfig(
+            vocab_size=m.vocab_size,
+            n_layer=m.n_layer,
+            n_head=m.n_head,
+            d_model=m.d_model,
+            block_size=m.block_size,
+        )
+    )
     optimizer = build_optimizer(model, engine.device, lr=1e-4)
     model, optimizer, _ = engine.setup(model, optimizer)
     return config, engine, model, optimizer
@@ -32,11 +38,13 @@ def _setup(overrides: dict):
 
 def test_finder_under_a_cap_then_trains_without_exceeding_it(tmp_path):
     cap_gib = 4.0
-    config, engine, model, optimizer = _setup({
-        "model": {"n_layer": 4, "n_head": 8, "d_model": 512, "block_size": 512, "vocab_size": 50304},
-        "compile": {"scope": "off"},
-        "batch": {"micro": "auto", "max_memory_gib": cap_gib, "global_size": 256},
-    })
+    config, engine, model, optimizer = _setup(
+        {
+            "model": {"n_layer": 4, "n_head": 8, "d_model": 512, "block_size": 512, "vocab_size": 50304},
+            "compile": {"scope": "off"},
+            "batch": {"micro": "auto", "max_memory_gib": cap_gib, "global_size": 256},
+        }
+    )
     # One small forward/backward first: the cuBLAS workspaces (one per stream, autograd's included,
     # tens of MiB on Hopper, held by the caching allocator for the process's life) exist before
     # the baseline is read, so the check sees only what the search itself left behind.
@@ -59,11 +67,13 @@ def test_finder_under_a_cap_then_trains_without_exceeding_it(tmp_path):
 
 
 def test_finder_meets_a_real_out_of_memory_error_and_keeps_headroom(tmp_path):
-    config, engine, model, optimizer = _setup({
-        "model": {"n_layer": 4, "n_head": 12, "d_model": 768, "block_size": 1024, "vocab_size": 50304},
-        "compile": {"scope": "off"},
-        "batch": {"micro": "auto"},
-    })
+    config, engine, model, optimizer = _setup(
+        {
+            "model": {"n_layer": 4, "n_head": 12, "d_model": 768, "block_size": 1024, "vocab_size": 50304},
+            "compile": {"scope": "off"},
+            "batch": {"micro": "auto"},
+        }
+    )
     config, search = resolve_batch_size(config, engine, model, optimizer, run_dir=tmp_path)
     if not any(t.reason == "out of memory" for t in search.trials):
         pytest.skip(f"this GPU fits the 1024-sequence ceiling ({torch.cuda.get_device_name()})")
@@ -78,22 +88,33 @@ def test_finder_meets_a_real_out_of_memory_error_and_keeps_headroom(tmp_path):
 def test_checkpointing_cuts_measured_activation_memory():
     stats = {}
     for mode in ("off", "selective", "full"):
-        _, engine, model, optimizer = _setup({
-            "model": {"n_layer": 8, "n_head": 8, "d_model": 512, "block_size": 512, "vocab_size": 256},
-            "compile": {"scope": "off"}, "memory": {"checkpointing": mode},
-        })
+        _, engine, model, optimizer = _setup(
+            {
+                "model": {"n_layer": 8, "n_head": 8, "d_model": 512, "block_size": 512, "vocab_size": 256},
+                "compile": {"scope": "off"},
+                "memory": {"checkpointing": mode},
+            }
+        )
         batch = token_batches(256, 512, engine.device)(16)
         stats[mode] = measure_step_memory(model, optimizer, batch, autocast=engine.autocast)
         del model, optimizer
-    assert stats["full"].activations_bytes < stats["selective"].activations_bytes < stats["off"].activations_bytes
+    assert (
+        stats["full"].activations_bytes
+        < stats["selective"].activations_bytes
+        < stats["off"].activations_bytes
+    )
     assert stats["full"].activations_bytes < 0.3 * stats["off"].activations_bytes
 
 
 def test_meta_estimate_is_close_to_the_cuda_measurement():
-    overrides = {"model": {"n_layer": 6, "n_head": 8, "d_model": 512, "block_size": 512, "vocab_size": 50304},
-                 "compile": {"scope": "off"}}
+    overrides = {
+        "model": {"n_layer": 6, "n_head": 8, "d_model": 512, "block_size": 512, "vocab_size": 50304},
+        "compile": {"scope": "off"},
+    }
     config, engine, model, optimizer = _setup(overrides)
-    measured = measure_step_memory(model, optimizer, token_batches(50304, 512, engine.device)(8), autocast=engine.autocast)
+    measured = measure_step_memory(
+        model, optimizer, token_batches(50304, 512, engine.device)(8), autocast=engine.autocast
+    )
     estimate = estimate_memory(config, micro=8, precision=engine.precision.name)
     assert estimate.params_bytes == measured.params_bytes
     assert estimate.activations_bytes == pytest.approx(measured.activations_bytes, rel=0.25)
@@ -102,11 +123,17 @@ def test_meta_estimate_is_close_to_the_cuda_measurement():
 
 def test_injected_oom_recovers_on_cuda(tmp_path, text_file):
     def config(name, **memory):
-        return load_config(overrides=tiny_overrides(
-            tmp_path, data={"path": str(text_file)}, run={"name": name, "device": "cuda"},
-            precision={"mode": "fp32", "tf32": False}, compile={"scope": "off"},
-            train={"max_steps": 24, "eval_every": 0, "checkpoint_every": 0}, memory=memory,
-        ))
+        return load_config(
+            overrides=tiny_overrides(
+                tmp_path,
+                data={"path": str(text_file)},
+                run={"name": name, "device": "cuda"},
+                precision={"mode": "fp32", "tf32": False},
+                compile={"scope": "off"},
+                train={"max_steps": 24, "eval_every": 0, "checkpoint_every": 0},
+                memory=memory,
+            )
+        )
 
     plain = train(config("plain"))
     hit = train(config("oom", inject_oom_at_step=20))
@@ -151,7 +178,11 @@ def test_memory_warning_fires_once_on_real_counters_and_reset_peak_starts_over()
 
 
 def test_deterministic_mode_trains_twice_to_identical_losses_on_cuda():
-    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+    )
 
     def run() -> list[float]:
         torch.manual_seed(0)

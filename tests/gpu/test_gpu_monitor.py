@@ -6,16 +6,15 @@ import time
 
 import pytest
 import torch
+from conftest import tiny_overrides
 
 from turbotrain import load_config
 from turbotrain.app.doctor import run_probes
-from turbotrain.parts.hardware import lookup_peak
-from turbotrain.loop.hooks import Hook
-from turbotrain.parts.models.gpt import GPT, GPTConfig
-from turbotrain.loop.monitor import MemoryProbe, NvmlSampler, count_flops_per_sample
 from turbotrain.app.training import build_training, new_run_dir
-
-from conftest import tiny_overrides
+from turbotrain.loop.hooks import Hook
+from turbotrain.loop.monitor import MemoryProbe, NvmlSampler, count_flops_per_sample
+from turbotrain.parts.hardware import lookup_peak
+from turbotrain.parts.models.gpt import GPT, GPTConfig
 
 pytestmark = pytest.mark.gpu  # skipped without CUDA (tests/conftest.py)
 
@@ -51,9 +50,13 @@ class SyncDebug(Hook):
 
 
 def _gpu_config(tmp_path, text_file, **sections):
-    base = {"run": {"device": "cuda"}, "data": {"path": str(text_file)}, "compile": {"scope": "off"},
-            "train": {"max_steps": MAX_STEPS, "eval_every": 0, "checkpoint_every": 0},
-            "monitor": {"log_every": LOG_EVERY, "nvml": True}}
+    base = {
+        "run": {"device": "cuda"},
+        "data": {"path": str(text_file)},
+        "compile": {"scope": "off"},
+        "train": {"max_steps": MAX_STEPS, "eval_every": 0, "checkpoint_every": 0},
+        "monitor": {"log_every": LOG_EVERY, "nvml": True},
+    }
     for k, v in sections.items():
         base.setdefault(k, {}).update(v)
     return load_config(overrides=tiny_overrides(tmp_path, **base))
@@ -83,7 +86,10 @@ def test_memory_probe_tracks_allocations():
     x = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")  # 0.25 GiB
     after = probe()
     assert after["mem_allocated_gib"] - before["mem_allocated_gib"] == pytest.approx(0.25, abs=0.01)
-    assert after["mem_peak_gib"] >= after["mem_allocated_gib"] and after["mem_reserved_gib"] >= after["mem_allocated_gib"]
+    assert (
+        after["mem_peak_gib"] >= after["mem_allocated_gib"]
+        and after["mem_reserved_gib"] >= after["mem_allocated_gib"]
+    )
     del x
 
 
@@ -107,7 +113,9 @@ def test_nvml_sampler_reads_utilisation_on_a_background_thread():
 def test_flop_counter_matches_the_gpt_formula_on_cuda_kernels():
     model = GPT(GPTConfig(vocab_size=256, n_layer=4, n_head=4, d_model=128, block_size=128)).cuda()
     x = torch.randint(0, 256, (2, 128), device="cuda")
-    counted = count_flops_per_sample(model, (x, x), autocast=lambda: torch.autocast("cuda", dtype=torch.bfloat16))
+    counted = count_flops_per_sample(
+        model, (x, x), autocast=lambda: torch.autocast("cuda", dtype=torch.bfloat16)
+    )
     formula = model.flops_per_token(128) * 128
     assert counted == pytest.approx(formula, rel=0.05)
 

@@ -35,10 +35,14 @@ def recorded_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) ->
 
 
 def shuffled() -> Workload:
-    return Workload(model=nn.Linear(1, 1), train_loader=DataLoader(Numbered(), batch_size=3, shuffle=True),
-                    loss_fn=recorded_loss)
+    return Workload(
+        model=nn.Linear(1, 1),
+        train_loader=DataLoader(Numbered(), batch_size=3, shuffle=True),
+        loss_fn=recorded_loss,
+    )
 
 
 def in_order() -> Workload:
-    return Workload(model=nn.Linear(1, 1), train_loader=DataLoader(Numbered(), batch_size=3),
-                    loss_fn=recorded_loss)
+    return Workload(
+        model=nn.Linear(1, 1), train_loader=DataLoader(Numbered(), batch_size=3), loss_fn=recorded_loss
+    )

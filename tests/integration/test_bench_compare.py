@@ -19,13 +19,21 @@ CPU_CONTENDERS = ["eager", "handtuned", "accelerate", "lightning", "turbotrain"]
 
 
 def _tiny(name: str = "gpt-tiny"):
-    return resolve_workload(name, "cpu", batch_size=4, warmup_steps=2, timed_steps=3,
-                            model_overrides=TINY_GPT if name.startswith("gpt") else None)
+    return resolve_workload(
+        name,
+        "cpu",
+        batch_size=4,
+        warmup_steps=2,
+        timed_steps=3,
+        model_overrides=TINY_GPT if name.startswith("gpt") else None,
+    )
 
 
 @pytest.fixture(scope="module")
 def compare_report(tmp_path_factory):
-    opts = BenchOptions(device="cpu", work_dir=tmp_path_factory.mktemp("bench"), log=lambda line: None, timeout_s=300)
+    opts = BenchOptions(
+        device="cpu", work_dir=tmp_path_factory.mktemp("bench"), log=lambda line: None, timeout_s=300
+    )
     return run_compare(_tiny(), opts, CPU_CONTENDERS)
 
 
@@ -80,7 +88,9 @@ def test_a_missing_package_inside_the_worker_is_a_skip(tmp_path, monkeypatch):
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     monkeypatch.setitem(sys.modules, "lightning", None)  # import lightning -> ImportError
     result_path = tmp_path / "result.json"
-    assert worker.main(["lightning", "--spec", str(tmp_path / "spec.json"), "--result", str(result_path)]) == 0
+    assert (
+        worker.main(["lightning", "--spec", str(tmp_path / "spec.json"), "--result", str(result_path)]) == 0
+    )
     result = json.loads(result_path.read_text())
     assert result["status"] == "skipped" and "lightning is not installed" in result["reason"]
 
@@ -93,7 +103,8 @@ def test_a_tiny_ablation_runs_the_chunked_loss_row_and_skips_cudnn_attention_on_
     assert rows["+cudnn-attention"]["status"] == "skipped" and "CUDA" in rows["+cudnn-attention"]["reason"]
     chunked = rows["+chunked-loss"]
     assert rows["baseline"]["status"] == chunked["status"] == "ok", chunked.get("reason")
-    assert chunked["model_overrides"]["loss"] == "chunked" and chunked["loss_within_tol"]  # same math, other kernels
+    # same math, other kernels
+    assert chunked["model_overrides"]["loss"] == "chunked" and chunked["loss_within_tol"]
     assert abs(chunked["loss_diff"]) <= SAME_PRECISION_TOL and chunked["speedup"] > 0
     assert "+chunked-loss" in render_report(report)
 
@@ -102,8 +113,28 @@ def test_batch_auto_searches_in_its_own_process_and_every_row_uses_the_answer(tm
     from turbotrain.cli import main
 
     out = tmp_path / "out"
-    assert main(["bench", "--workload", "mlp-tiny", "--batch", "auto", "--contenders", "eager,turbotrain",
-                 "--warmup", "1", "--steps", "2", "--work-dir", str(tmp_path / "w"), "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--workload",
+                "mlp-tiny",
+                "--batch",
+                "auto",
+                "--contenders",
+                "eager,turbotrain",
+                "--warmup",
+                "1",
+                "--steps",
+                "2",
+                "--work-dir",
+                str(tmp_path / "w"),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     doc = json.loads((out / "mlp-tiny-compare.json").read_text())
     search = doc["batch_search"]
     ran = [t for t in search["trials"] if t["fits"]]
@@ -119,7 +150,7 @@ def test_batch_auto_searches_in_its_own_process_and_every_row_uses_the_answer(tm
     assert exc.value.code == 2 and "whole number of samples or auto" in capsys.readouterr().err
 
 
-USER_CNN = '''
+USER_CNN = """
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -140,7 +171,7 @@ def make():
     images, labels = torch.randn(64, 3, 8, 8), torch.randint(4, (64,))
     loader = DataLoader(TensorDataset(images, labels), batch_size=16, shuffle=True)
     return {"model": Net(), "train_loader": loader, "loss_fn": lambda model, batch: F.cross_entropy(model(batch[0]), batch[1])}
-'''
+"""
 
 
 def test_the_precision_matrix_runs_what_cpu_supports_on_your_own_cnn(tmp_path, capsys):
@@ -149,8 +180,26 @@ def test_the_precision_matrix_runs_what_cpu_supports_on_your_own_cnn(tmp_path, c
     path = tmp_path / "my_cnn.py"
     path.write_text(USER_CNN)
     out = tmp_path / "out"
-    assert main(["bench", "--model", f"{path}:make", "--matrix", "precision", "--warmup", "1", "--steps", "2",
-                 "--threads", "1", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--model",
+                f"{path}:make",
+                "--matrix",
+                "precision",
+                "--warmup",
+                "1",
+                "--steps",
+                "2",
+                "--threads",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     doc = json.loads((out / "make-precision.json").read_text())
     rows = {r["row"]: r for r in doc["rows"]}
     assert rows["fp32"]["status"] == "ok" and rows["bf16-mixed"]["status"] == "ok"
@@ -158,7 +207,8 @@ def test_the_precision_matrix_runs_what_cpu_supports_on_your_own_cnn(tmp_path, c
     assert rows["fp16-mixed"]["status"] == "skipped" and "needs a CUDA GPU" in rows["fp16-mixed"]["reason"]
     assert rows["fp32"]["speedup"] == 1.0 and rows["fp32"]["loss_diff"] == 0.0
     assert doc["summary"]["recommendation"]["row"] in rows and "recommended:" in render_report(doc)
-    assert len({r["init_digest"] for r in rows.values() if r["status"] == "ok"}) == 1  # FUNC re-run, seeded: same weights
+    # FUNC re-run, seeded: same weights
+    assert len({r["init_digest"] for r in rows.values() if r["status"] == "ok"}) == 1
     assert doc["workload"]["batch_size"] == 16 and doc["workload"]["task"] == "custom"
     assert doc["flops_per_step"] > 0 and "samples/s" in render_report(doc)
     assert abs(rows["bf16-mixed"]["loss_diff"]) <= rows["bf16-mixed"]["loss_tol"]
@@ -200,13 +250,23 @@ run()
 """
 
 
-@pytest.mark.parametrize("kind, repeat, hang_at, expect_ok, expect_missing", [
-    ("compare", 1, 3, ["eager", "handtuned"], ["turbotrain"]),
-    ("precision", 2, 6, ["fp32", "fp16-mixed", "bf16-mixed", "bf16-true"],  # tf32: skipped on CPU
-     ["fp16-mixed (run 2)", "bf16-mixed (run 2)", "bf16-true (run 2)"]),
-    ("ablation", 1, 2, ["baseline"], ["+compile", "+fused-adamw"]),
-])
-def test_a_bench_stopped_at_its_limit_keeps_every_finished_row(tmp_path, kind, repeat, hang_at, expect_ok, expect_missing):
+@pytest.mark.parametrize(
+    "kind, repeat, hang_at, expect_ok, expect_missing",
+    [
+        ("compare", 1, 3, ["eager", "handtuned"], ["turbotrain"]),
+        (
+            "precision",
+            2,
+            6,
+            ["fp32", "fp16-mixed", "bf16-mixed", "bf16-true"],  # tf32: skipped on CPU
+            ["fp16-mixed (run 2)", "bf16-mixed (run 2)", "bf16-true (run 2)"],
+        ),
+        ("ablation", 1, 2, ["baseline"], ["+compile", "+fused-adamw"]),
+    ],
+)
+def test_a_bench_stopped_at_its_limit_keeps_every_finished_row(
+    tmp_path, kind, repeat, hang_at, expect_ok, expect_missing
+):
     import os
     import signal
     import subprocess
@@ -216,11 +276,15 @@ def test_a_bench_stopped_at_its_limit_keeps_every_finished_row(tmp_path, kind, r
     standin.write_text(STAND_IN.format(hang_at=hang_at))
     standin.chmod(0o755)
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(standin), str(tmp_path / "work"), str(out), kind, str(repeat)])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(standin), str(tmp_path / "work"), str(out), kind, str(repeat)]
+    )
     try:
         deadline = time.monotonic() + 120
         while not (tmp_path / "hanging").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "the bench ended before the hanging row"
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                "the bench ended before the hanging row"
+            )
             time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)  # the step limit: `timeout` sends SIGTERM
         assert proc.wait(timeout=30) == 128 + signal.SIGTERM

@@ -30,9 +30,9 @@ import os
 import re
 import shlex
 import textwrap
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -53,13 +53,13 @@ SKIPPED = {
     "python -m pytest -q": "the test suite itself",
     "PORT=": "a shell variable for the two-node torchrun commands below it",
     "torchrun --standalone --nproc-per-node 2 tests/distributed/dp_worker.py": "tests/distributed/test_data_parallel.py "
-                                                                                "launches this worker",
+    "launches this worker",
     "turbotrain train --resume runs/shard": "needs the torchrun fsdp run above it",
     "ls runs/shard/checkpoints": "needs the torchrun fsdp run above it",
     "turbotrain sample runs/shard": "needs the torchrun fsdp run above it",
     "turbotrain train --resume runs/my-run": "runs/my-run stands for a run of the user's",
     "turbotrain train --data.tokenizer=bpe": "trains a BPE tokenizer on the 31 MB corpus first (about a minute on "
-                                             "2 cores); tests/unit/test_tokenizer.py trains one on a small text",
+    "2 cores); tests/unit/test_tokenizer.py trains one on a small text",
     "turbotrain sample bpe-demo": "needs bpe-demo, the BPE run above it",
     "turbotrain train --preset gpt2-small": "a 124M GPT-2 meant for a GPU (seconds a step on a CPU)",
     "turbotrain train --data my_texts/ --data.tokenizer=gpt2/tokenizer.json": "needs a Hugging Face tokenizer file of the user's",
@@ -74,11 +74,11 @@ SKIPPED = {
 # Command prefix -> why it is parsed and its config validated, not run.
 CHECKED = {
     "torchrun": "several processes; the turbotrain part is checked, the launches themselves are tests/distributed's "
-                "(test_torchrun_train.py: ddp, fsdp, two nodes, --max-restarts, expert parallelism)",
+    "(test_torchrun_train.py: ddp, fsdp, two nodes, --max-restarts, expert parallelism)",
     "turbotrain train --preset gpt-tiny --train.max_steps 300 --precision.mode=fp32": "sampled: `turbotrain train` runs",
     "turbotrain train --data my_tokens.bin": "a token file of the user's; tests/unit/test_data.py reads .bin files",
     "turbotrain train --model examples/hf_causal_lm.py:make": "imports transformers and builds a GPT-2 (tens of seconds); "
-                                                              "tests/integration/test_train_model.py",
+    "tests/integration/test_train_model.py",
     "turbotrain memory --model examples/hf_causal_lm.py:make": "imports transformers and measures each checkpointing mode",
     "turbotrain train --compile.scope=model": "torch.compile takes 40-125 s on this CPU",
     "turbotrain train --train.max_steps 20 --memory.max_fraction": "sampled: the --monitor.log_every one runs",
@@ -86,18 +86,20 @@ CHECKED = {
     "turbotrain train --optim.schedule=plateau": "sampled; tests/integration/test_lr_adaptive_train.py trains it",
     "turbotrain train --batch.micro=auto": "the batch-size search takes minutes on a CPU",
     "turbotrain train --preset moe-tiny": "two steps of moe-tiny take 10-30 s on 2 cores; the MoE classifier "
-                                          "example below runs, tests/distributed/test_torchrun_train.py trains moe-tiny",
+    "example below runs, tests/distributed/test_torchrun_train.py trains moe-tiny",
     "turbotrain train --data.batching=tokens --batch.max_tokens=4096": "token batching indexes the corpus's 1,790 "
-                                                                      "documents; tests/integration/test_token_batching_train.py",
+    "documents; tests/integration/test_token_batching_train.py",
     "turbotrain train --data path/to/folder --data.batching=tokens": "a folder of the user's; "
-                                                                     "tests/integration/test_token_batching_train.py",
+    "tests/integration/test_token_batching_train.py",
 }
 
 # Python snippets: (page, first line) -> (code run before it, code run after it). A snippet that is
 # a fragment of a loop gets the objects it names; None = skipped, with the reason.
 PYTHON: dict[tuple[str, str], tuple[str, str] | str] = {
     ("README.md", "def make() -> Workload:"): (
-        "exec(Path('examples/workload_cnn.py').read_text())", "batch = next(iter(make().train_loader))"),
+        "exec(Path('examples/workload_cnn.py').read_text())",
+        "batch = next(iter(make().train_loader))",
+    ),
     ("README.md", "from turbotrain import Engine"): (
         "import torch\n"
         "class Regressor(torch.nn.Module):\n"
@@ -105,16 +107,26 @@ PYTHON: dict[tuple[str, str], tuple[str, str] | str] = {
         "    def forward(self, x, y):\n        return torch.nn.functional.mse_loss(self.lin(x), y)\n"
         "model = Regressor()\noptimizer = torch.optim.AdamW(model.parameters())\n"
         "loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 8), torch.randn(32, 1)), batch_size=4)",
-        "assert engine.state.step == 2"),
+        "assert engine.state.step == 2",
+    ),
     ("README.md", "from turbotrain import track"): (
         "import torch\nfrom turbotrain import Engine\nengine = Engine()\n"
         "model = torch.nn.Linear(8, 2)\nmodel, optimizer, _ = engine.setup(model, torch.optim.AdamW(model.parameters()))\n"
-        "batch = torch.randn(4, 8)", "assert Path('runs/mine/summary.json').is_file()"),
+        "batch = torch.randn(4, 8)",
+        "assert Path('runs/mine/summary.json').is_file()",
+    ),
     ("README.md", "from turbotrain import MoE"): (
-        "import torch\nfrom torch import nn", "assert Net()(torch.randn(4, 784)).shape == (4, 10)"),
-    ("precision.md", "# src/turbotrain/core/precision/fp16_unscaled.py"):
-        "run as the module it says it is by tests/unit/test_precision_fp8.py (test_the_docs_plugin_example...)",
-    ("precision.md", "def test_fp16_unscaled():"): "run by tests/unit/test_precision_fp8.py with the block above",
+        "import torch\nfrom torch import nn",
+        "assert Net()(torch.randn(4, 784)).shape == (4, 10)",
+    ),
+    (
+        "precision.md",
+        "# src/turbotrain/core/precision/fp16_unscaled.py",
+    ): "run as the module it says it is by tests/unit/test_precision_fp8.py (test_the_docs_plugin_example...)",
+    (
+        "precision.md",
+        "def test_fp16_unscaled():",
+    ): "run by tests/unit/test_precision_fp8.py with the block above",
 }
 
 LINKED = ("examples", "benchmarks", "tests", "src")  # the repository's folders a command names
@@ -133,8 +145,8 @@ def snippets(path: Path) -> list[Snippet]:
     text = path.read_text()
     found = []
     for m in re.finditer(r"^( *)```(\w*)\n(.*?)^\1```", text, re.M | re.S):
-        body = textwrap.dedent("\n".join(line[len(m[1]):] for line in m[3].splitlines()))
-        found.append(Snippet(path.name, text[:m.start()].count("\n") + 1, m[2], body))
+        body = textwrap.dedent("\n".join(line[len(m[1]) :] for line in m[3].splitlines()))
+        found.append(Snippet(path.name, text[: m.start()].count("\n") + 1, m[2], body))
     return found
 
 
@@ -153,7 +165,7 @@ def commands(snippet: Snippet) -> list[tuple[str, list[str]]]:
             cut = words.index("&&") if "&&" in words else len(words)
             if words[:cut]:
                 out.append((shlex.join(words[:cut]), words[:cut]))
-            words = words[cut + 1:]
+            words = words[cut + 1 :]
     assert not pending, f"{snippet.page}:{snippet.line}: a quote is never closed in {pending!r}"
     return out
 
@@ -163,8 +175,13 @@ def table_entry(command: str, table: dict[str, str]) -> str | None:
 
 
 def all_commands() -> list[tuple[Snippet, str, list[str]]]:
-    return [(s, c, w) for page in PAGES for s in snippets(page) if s.lang in ("bash", "sh", "shell")
-            for c, w in commands(s)]
+    return [
+        (s, c, w)
+        for page in PAGES
+        for s in snippets(page)
+        if s.lang in ("bash", "sh", "shell")
+        for c, w in commands(s)
+    ]
 
 
 def all_python() -> list[Snippet]:
@@ -218,8 +235,11 @@ def kind(command: str) -> str:
     return "skip" if table_entry(command, SKIPPED) else "check" if table_entry(command, CHECKED) else "run"
 
 
-@pytest.mark.parametrize("snippet, command, words", CASES,  # ids: run|check|skip:page:line:the first two words
-                         ids=[f"{kind(c)}:{s.page}:{s.line}:{w[0]}-{w[1] if len(w) > 1 else ''}" for s, c, w in CASES])
+@pytest.mark.parametrize(
+    "snippet, command, words",
+    CASES,  # ids: run|check|skip:page:line:the first two words
+    ids=[f"{kind(c)}:{s.page}:{s.line}:{w[0]}-{w[1] if len(w) > 1 else ''}" for s, c, w in CASES],
+)
 def test_command(snippet: Snippet, command: str, words: list[str], scratch, monkeypatch, capsys):
     skipped = table_entry(command, SKIPPED)
     if skipped:
@@ -235,10 +255,14 @@ def test_command(snippet: Snippet, command: str, words: list[str], scratch, monk
         exec(compile(words[2], f"{snippet.page}:{snippet.line}", "exec"), {"__name__": "__main__"})
         code = 0
     else:
-        raise AssertionError(f"{snippet.page}:{snippet.line} `{command}`: this test does not know how to run it; "
-                             "list it in SKIPPED or CHECKED of tests/integration/test_docs.py with the reason")
+        raise AssertionError(
+            f"{snippet.page}:{snippet.line} `{command}`: this test does not know how to run it; "
+            "list it in SKIPPED or CHECKED of tests/integration/test_docs.py with the reason"
+        )
     out, err = capsys.readouterr()
-    assert code == 0 and "Traceback" not in err, f"{snippet.page}:{snippet.line} `{command}` exit {code}:\n{err[-3000:]}"
+    assert code == 0 and "Traceback" not in err, (
+        f"{snippet.page}:{snippet.line} `{command}` exit {code}:\n{err[-3000:]}"
+    )
 
 
 def check(words: list[str]) -> None:
@@ -246,7 +270,7 @@ def check(words: list[str]) -> None:
     field and value validated) as ``turbotrain train`` resolves a new run's. Under torchrun: the
     part after ``-m turbotrain``."""
     if words[0] == "torchrun":
-        words = words[words.index("-m") + 1:]
+        words = words[words.index("-m") + 1 :]
     assert words[0] == "turbotrain", words
     args, extra = build_parser().parse_known_args(words[1:])  # a mistake exits 2 (SystemExit fails the test)
     if words[1] != "train":
@@ -281,17 +305,30 @@ def test_every_table_entry_names_a_command_or_snippet_of_the_docs():
     """The tables follow the docs: an entry for a command or snippet that is gone fails here."""
     written = [c for _, c, _ in CASES]
     stale = [k for k in [*SKIPPED, *CHECKED] if not any(c.startswith(k) for c in written)]
-    stale += [f"{k}" for k in PYTHON if not any(s.page == k[0] and s.text.startswith(k[1]) for s in PYTHON_CASES)]
+    stale += [
+        f"{k}" for k in PYTHON if not any(s.page == k[0] and s.text.startswith(k[1]) for s in PYTHON_CASES)
+    ]
     assert not stale, f"no such command or snippet in the docs any more: {stale}"
     both = [k for k in SKIPPED if k in CHECKED]
     assert not both, both
 
 
 def test_the_shortening_switch_rewrites_only_the_step_count(monkeypatch):
-    assert shortened(["turbotrain", "train", "--model", "m.py:make", "--train.max_steps", "64", "--train.eval_every", "16"]) == \
-        ["turbotrain", "train", "--model", "m.py:make", "--train.eval_every", "16", "--train.eval_batches=1",
-         f"--train.max_steps={min(STEPS, 64)}"]
-    assert shortened(["turbotrain", "train", "--train.epochs", "2"])[-1] == f"--train.stop_after_steps={STEPS}"
+    assert shortened(
+        ["turbotrain", "train", "--model", "m.py:make", "--train.max_steps", "64", "--train.eval_every", "16"]
+    ) == [
+        "turbotrain",
+        "train",
+        "--model",
+        "m.py:make",
+        "--train.eval_every",
+        "16",
+        "--train.eval_batches=1",
+        f"--train.max_steps={min(STEPS, 64)}",
+    ]
+    assert (
+        shortened(["turbotrain", "train", "--train.epochs", "2"])[-1] == f"--train.stop_after_steps={STEPS}"
+    )
     assert shortened(["turbotrain", "train", "--resume"])[-1] == f"--train.max_steps={2 * STEPS}"
     assert shortened(["turbotrain", "doctor"]) == ["turbotrain", "doctor"]
 
@@ -319,8 +356,15 @@ def test_ci_installs_and_tests_as_the_readme_first_screen_says():
         words = words[2:] if words[:3] == ["python", "-m", "pip"] else words
         return [w for w in words if w != "-q" and not w.startswith("--upgrade")]
 
-    ci = [plain(shlex.split(m[0])) for m in re.finditer(r"(?:python -m )?(?:pip install|pytest)(?! -q --upgrade)[^;\n]*",
-                                                       (ROOT / ".ci" / "run").read_text())]
-    assert readme[0][:3] == ["pip", "install", "torch"] and "https://download.pytorch.org/whl/cpu" in readme[0], readme
+    ci = [
+        plain(shlex.split(m[0]))
+        for m in re.finditer(
+            r"(?:python -m )?(?:pip install|pytest)(?! -q --upgrade)[^;\n]*",
+            (ROOT / ".ci" / "run").read_text(),
+        )
+    ]
+    assert (
+        readme[0][:3] == ["pip", "install", "torch"] and "https://download.pytorch.org/whl/cpu" in readme[0]
+    ), readme
     assert ci[0][:3] == ["pip", "install", "torch==2.13.0"], ci
     assert [plain(w) for w in readme[1:]] == ci[1:], (readme, ci)

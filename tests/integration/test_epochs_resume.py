@@ -14,8 +14,14 @@ from turbotrain.cli import main
 
 CNN = f"{Path(__file__).resolve().parents[2] / 'examples' / 'workload_cnn.py'}:make"
 # 2048 images at a global batch of 256: 8 steps per epoch, 24 for 3 epochs (6,144 samples)
-RUN = ["--train.epochs=3", "--batch.micro=256", "--train.checkpoint_every=4", "--train.eval_batches=1",
-       "--monitor.log_every=4", "--no-progress"]
+RUN = [
+    "--train.epochs=3",
+    "--batch.micro=256",
+    "--train.checkpoint_every=4",
+    "--train.eval_batches=1",
+    "--monitor.log_every=4",
+    "--no-progress",
+]
 
 
 def _records(run: Path) -> list[dict]:
@@ -23,22 +29,45 @@ def _records(run: Path) -> list[dict]:
 
 
 def test_an_epochs_run_resumed_at_another_micro_batch_is_refused_in_one_line(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run = tmp_path / "e3"
-    assert main(["train", "--model", CNN, *RUN, "--run.out_dir", str(tmp_path), "--run.name=e3",
-                 "--train.stop_after_steps=11"]) == 0  # stopped in epoch 2, its checkpoint at step 8
+    # stopped in epoch 2, its checkpoint at step 8
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                CNN,
+                *RUN,
+                "--run.out_dir",
+                str(tmp_path),
+                "--run.name=e3",
+                "--train.stop_after_steps=11",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     config, metrics = (run / "config.toml").read_text(), (run / "metrics.jsonl").read_text()
 
     assert main(["train", "--resume", str(run), "--batch.micro=128", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "Traceback" not in err[0], err
-    assert "train.epochs" in err[0] and "global batch of 256" in err[0] and "--batch.micro=256" in err[0], err[0]
-    assert (run / "config.toml").read_text() == config and (run / "metrics.jsonl").read_text() == metrics  # untouched
+    assert "train.epochs" in err[0] and "global batch of 256" in err[0] and "--batch.micro=256" in err[0], (
+        err[0]
+    )
+    assert (run / "config.toml").read_text() == config and (
+        run / "metrics.jsonl"
+    ).read_text() == metrics  # untouched
 
     # at its own batch it ends where an uninterrupted run ends: 24 steps, each epoch once
     assert main(["train", "--resume", str(run), "--no-progress"]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == summary["max_steps"] == 24
-    assert [(e["epoch"], e["step"]) for e in _records(run) if e.get("event") == "epoch"] == [(1, 8), (2, 16), (3, 24)]
+    assert [(e["epoch"], e["step"]) for e in _records(run) if e.get("event") == "epoch"] == [
+        (1, 8),
+        (2, 16),
+        (3, 24),
+    ]
     assert summary["config"]["batch"]["micro"] == 256  # 24 steps x 256 = 6,144 samples: 3 epochs of 2,048

@@ -20,24 +20,28 @@ import time
 from pathlib import Path
 
 import pytest
-
-from turbotrain.loop.checkpoint import is_verified, list_checkpoints
-from turbotrain.cli import main
-from turbotrain.cli.train import EXIT_STOPPED, default_preset
-from turbotrain import load_config
-from turbotrain.app.training import train
-
 from conftest import tiny_overrides
 from faults.faultenv import fault_env
 from faults.limits import tmpfs
 from test_train_cli import _args, _one_line_error
+
+from turbotrain import load_config
+from turbotrain.app.training import train
+from turbotrain.cli import main
+from turbotrain.cli.train import EXIT_STOPPED, default_preset
+from turbotrain.loop.checkpoint import is_verified, list_checkpoints
 
 MAX_STEPS = 8  # checkpoints at 3, 6 and 8 (tiny config: checkpoint_every 3)
 
 
 def _cli(tmp_path: Path, text_file: Path, *extra: str, fault: str = "") -> subprocess.CompletedProcess:
     """`python -m turbotrain train` on the tiny config in its own process, with ``fault`` injected."""
-    args = [sys.executable, "-m", "turbotrain", *_args(tmp_path, text_file, f"--train.max_steps={MAX_STEPS}", *extra)]
+    args = [
+        sys.executable,
+        "-m",
+        "turbotrain",
+        *_args(tmp_path, text_file, f"--train.max_steps={MAX_STEPS}", *extra),
+    ]
     return subprocess.run(args, env=fault_env(fault), capture_output=True, text=True, timeout=300)
 
 
@@ -76,24 +80,47 @@ def test_kill_9_anywhere_resumes_to_the_identical_loss(tmp_path, text_file, refe
         assert result.returncode == -signal.SIGKILL, (fault, result.stderr)
     assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_00000003.pt", "step_00000006.pt"]
     # the killed first attempt cannot be restarted by accident: it says to resume
-    _one_line_error(capsys, main(_args(tmp_path, text_file, f"--train.max_steps={MAX_STEPS}")), "already exists", "--resume")
+    _one_line_error(
+        capsys,
+        main(_args(tmp_path, text_file, f"--train.max_steps={MAX_STEPS}")),
+        "already exists",
+        "--resume",
+    )
     assert main(_args(tmp_path, text_file, f"--train.max_steps={MAX_STEPS}", "--resume")) == 0
     summary = _summary(run)
     assert summary["resumed_from"] == "step_00000003.pt" and summary["steps"] == MAX_STEPS
     assert summary["final_train_loss"] == reference["final_train_loss"]
     assert summary["final_val_loss"] == reference["final_val_loss"]
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [2, 3, 4, 6, 8]  # logged or evaluated, each step once, although steps 1-2 ran four times and 4-6 twice
+    # logged or evaluated, each step once, although steps 1-2 ran four times and 4-6 twice
+    assert steps == [
+        2,
+        3,
+        4,
+        6,
+        8,
+    ]
     assert _temp_files(run) == []
     assert all(is_verified(p) for p in list_checkpoints(run / "checkpoints"))
 
 
 def _start_paused(tmp_path: Path, text_file: Path, marker: Path, fault: str, *extra: str) -> subprocess.Popen:
-    args = [sys.executable, "-m", "turbotrain", *_args(tmp_path, text_file, f"--train.max_steps={MAX_STEPS}", *extra)]
+    args = [
+        sys.executable,
+        "-m",
+        "turbotrain",
+        *_args(tmp_path, text_file, f"--train.max_steps={MAX_STEPS}", *extra),
+    ]
     # Ctrl-C as at a terminal: a test suite started in the background (`(pytest &)`) inherits SIGINT
     # ignored, which turbotrain rightly keeps ignored (test_sigint_inherited_as_ignored_...)
-    proc = subprocess.Popen(args, env=fault_env(fault, marker), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        args,
+        env=fault_env(fault, marker),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     while not marker.exists():  # waits for a state, not a time: the process has reached the point
         if proc.poll() is not None:
             raise AssertionError(proc.stderr.read() if proc.stderr else "exited early")
@@ -110,8 +137,12 @@ def test_sigterm_saves_exits_75_and_a_second_process_is_refused(tmp_path, text_f
     proc = _start_paused(tmp_path, text_file, marker, "pause-step:5")  # paused inside step 5
     try:
         # this test's own process is the second one (run locks are per process)
-        _one_line_error(capsys, main(_args(tmp_path, text_file)), "turbotrain train: error:", "already exists", "--resume")
-        _one_line_error(capsys, main(_args(tmp_path, text_file, "--resume")), "in use by process", str(proc.pid))
+        _one_line_error(
+            capsys, main(_args(tmp_path, text_file)), "turbotrain train: error:", "already exists", "--resume"
+        )
+        _one_line_error(
+            capsys, main(_args(tmp_path, text_file, "--resume")), "in use by process", str(proc.pid)
+        )
         before = (run / "config.toml").read_text()
         proc.send_signal(signal.SIGTERM)
         marker.unlink()
@@ -139,13 +170,17 @@ def test_a_signal_during_start_up_stops_cleanly(tmp_path, text_file):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == EXIT_STOPPED and "start it again" in err and "Traceback" not in err, err
     assert not run.exists()
-    assert main(_args(tmp_path, text_file, f"--train.max_steps={MAX_STEPS}", "--train.stop_after_steps=3")) == 0
+    assert (
+        main(_args(tmp_path, text_file, f"--train.max_steps={MAX_STEPS}", "--train.stop_after_steps=3")) == 0
+    )
     marker.unlink()  # left by the process stopped while it waited
     proc = _start_paused(tmp_path, text_file, marker, "pause-startup:1", "--resume")
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == EXIT_STOPPED and "--resume" in err and "Traceback" not in err, err
-    assert _summary(run)["steps"] == 3 and [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_00000003.pt"]
+    assert _summary(run)["steps"] == 3 and [p.name for p in list_checkpoints(run / "checkpoints")] == [
+        "step_00000003.pt"
+    ]
 
 
 def _small_disk(folder: Path, size_bytes: int):
@@ -162,7 +197,14 @@ def test_a_full_disk_ends_in_one_line_and_loses_nothing(tmp_path, text_file, cap
     args = _args(tmp_path, text_file, f"--train.max_steps={MAX_STEPS}", f"--run.out_dir={disk / 'runs'}")
     with _small_disk(disk, 800_000) as tmpfs:  # a checkpoint is ~470 KB: one fits, not a second beside it
         if tmpfs:
-            _one_line_error(capsys, main(args), "step_00000006.pt", "No space left", "last intact checkpoint", "step_00000003.pt")
+            _one_line_error(
+                capsys,
+                main(args),
+                "step_00000006.pt",
+                "No space left",
+                "last intact checkpoint",
+                "step_00000003.pt",
+            )
         else:  # every checkpoint is over the limit: the first one fails
             soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
             resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, hard))
@@ -186,7 +228,8 @@ def test_a_signal_between_start_up_and_training_saves_and_stops(tmp_path, text_f
     run = tmp_path / "runs" / "t"
     marker = tmp_path / "paused"
     for sig, extra in ((signal.SIGINT, ()), (signal.SIGTERM, ("--resume",))):
-        proc = _start_paused(tmp_path, text_file, marker, "pause-fit:1", *extra)  # built, metrics.jsonl there, no step yet
+        # built, metrics.jsonl there, no step yet
+        proc = _start_paused(tmp_path, text_file, marker, "pause-fit:1", *extra)
         proc.send_signal(sig)
         marker.unlink()
         _, err = proc.communicate(timeout=120)
@@ -210,7 +253,11 @@ def test_a_signal_after_training_keeps_the_run_skips_the_report_and_says_how_to_
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == EXIT_STOPPED, err
     said = [line for line in err.splitlines() if line.startswith("turbotrain train:")]
-    assert len(said) == 1 and "SIGTERM arrived as the run was ending" in said[0] and "turbotrain report" in said[0], err
+    assert (
+        len(said) == 1
+        and "SIGTERM arrived as the run was ending" in said[0]
+        and "turbotrain report" in said[0]
+    ), err
     assert "Traceback" not in err and _temp_files(run) == []
     assert _summary(run)["status"] == "completed" and not (run / "summary.md").exists()
     assert main(["report", str(run)]) == 0 and (run / "summary.md").exists()
@@ -223,12 +270,22 @@ def test_sigint_inherited_as_ignored_stays_ignored_and_sigterm_still_stops(tmp_p
     run = tmp_path / "runs" / "t"
     marker = tmp_path / "paused"
     args = [sys.executable, "-m", "turbotrain", *_args(tmp_path, text_file, f"--train.max_steps={MAX_STEPS}")]
-    for fault, sigs, code in (("pause-fit:1", [signal.SIGINT], 0), ("pause-step:2", [signal.SIGINT], 0),
-                              ("pause-startup:1", [signal.SIGTERM], EXIT_STOPPED),
-                              ("pause-step:2", [signal.SIGTERM, signal.SIGTERM], 130)):  # two: stop now
+    # two: stop now
+    for fault, sigs, code in (
+        ("pause-fit:1", [signal.SIGINT], 0),
+        ("pause-step:2", [signal.SIGINT], 0),
+        ("pause-startup:1", [signal.SIGTERM], EXIT_STOPPED),
+        ("pause-step:2", [signal.SIGTERM, signal.SIGTERM], 130),
+    ):
         shutil.rmtree(run, ignore_errors=True)
-        proc = subprocess.Popen(args, env=fault_env(fault, marker), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        proc = subprocess.Popen(
+            args,
+            env=fault_env(fault, marker),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )
         while not marker.exists():
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else "exited early"
             time.sleep(0.02)

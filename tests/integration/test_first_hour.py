@@ -7,24 +7,48 @@ import subprocess
 import sys
 from pathlib import Path
 
-TINY = ["--model.n_layer=1", "--model.n_head=2", "--model.d_model=32", "--model.block_size=32", "--batch.micro=4",
-        "--train.max_steps=2", "--train.eval_every=2", "--train.eval_batches=1", "--monitor.progress=false",
-        "--data.num_workers=0", "--run.device=cpu", "--run.name=first"]
+TINY = [
+    "--model.n_layer=1",
+    "--model.n_head=2",
+    "--model.d_model=32",
+    "--model.block_size=32",
+    "--batch.micro=4",
+    "--train.max_steps=2",
+    "--train.eval_every=2",
+    "--train.eval_batches=1",
+    "--monitor.progress=false",
+    "--data.num_workers=0",
+    "--run.device=cpu",
+    "--run.name=first",
+]
 
 
 def _train(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "turbotrain", "train", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "turbotrain", "train", *args], capture_output=True, text=True, timeout=300
+    )
 
 
-def test_a_short_bf16_run_warns_in_one_clean_line_and_its_resume_says_it_is_complete(tmp_path: Path, text_file: Path) -> None:
-    common = [*TINY, f"--run.out_dir={tmp_path / 'runs'}", f"--data.path={text_file}", f"--data.cache_dir={tmp_path / 'cache'}"]
+def test_a_short_bf16_run_warns_in_one_clean_line_and_its_resume_says_it_is_complete(
+    tmp_path: Path, text_file: Path
+) -> None:
+    common = [
+        *TINY,
+        f"--run.out_dir={tmp_path / 'runs'}",
+        f"--data.path={text_file}",
+        f"--data.cache_dir={tmp_path / 'cache'}",
+    ]
     done = _train(*common, "--precision.mode=bf16-mixed")
     assert done.returncode == 0, done.stderr
     warned = [line for line in done.stderr.splitlines() if "WARNING" in line or "Warning" in line]
-    assert warned == ["WARNING turbotrain: precision.mode = 'bf16-mixed' on CPU: without bf16 units this is often many "
-                      "times slower than fp32"], done.stderr  # no source line, no default warm-up warning
+    assert warned == [
+        "WARNING turbotrain: precision.mode = 'bf16-mixed' on CPU: without bf16 units this is often many "
+        "times slower than fp32"
+    ], done.stderr  # no source line, no default warm-up warning
     again = _train("--resume", str(tmp_path / "runs" / "first"))
     assert again.returncode == 0, again.stderr
-    assert "is complete (step 2 of 2): nothing to train; to train on, resume with a larger train.max_steps, e.g. " \
-           "--train.max_steps=4" in again.stderr
+    assert (
+        "is complete (step 2 of 2): nothing to train; to train on, resume with a larger train.max_steps, e.g. "
+        "--train.max_steps=4" in again.stderr
+    )
     assert "Traceback" not in done.stderr + again.stderr

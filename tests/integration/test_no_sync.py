@@ -15,12 +15,11 @@ from collections import Counter
 
 import pytest
 import torch
+from conftest import tiny_overrides
 
 from turbotrain import load_config
-from turbotrain.core.precision import NonFiniteGuard
 from turbotrain.app.training import build_training, new_run_dir
-
-from conftest import tiny_overrides
+from turbotrain.core.precision import NonFiniteGuard
 
 READS = ("item", "cpu", "tolist", "numpy", "__float__", "__int__", "__bool__")
 LOG_EVERY, MAX_STEPS = 3, 9
@@ -60,14 +59,21 @@ def _count_reads(monkeypatch, training) -> Counter:
     return counts
 
 
-@pytest.mark.parametrize("implementation", ["foreach", "fused"])  # fused is the default (auto) wherever torch has it
-def test_fit_reads_device_values_only_on_logging_steps(tmp_path, text_file, monkeypatch, caplog, implementation):
+# fused is the default (auto) wherever torch has it
+@pytest.mark.parametrize("implementation", ["foreach", "fused"])
+def test_fit_reads_device_values_only_on_logging_steps(
+    tmp_path, text_file, monkeypatch, caplog, implementation
+):
     # Evaluation and checkpoints only at the end, so logging is the only periodic reader.
-    config = load_config(overrides=tiny_overrides(
-        tmp_path, data={"path": str(text_file)}, optim={"implementation": implementation},
-        train={"max_steps": MAX_STEPS, "eval_every": 0, "checkpoint_every": 0},
-        monitor={"log_every": LOG_EVERY},
-    ))
+    config = load_config(
+        overrides=tiny_overrides(
+            tmp_path,
+            data={"path": str(text_file)},
+            optim={"implementation": implementation},
+            train={"max_steps": MAX_STEPS, "eval_every": 0, "checkpoint_every": 0},
+            monitor={"log_every": LOG_EVERY},
+        )
+    )
     training = build_training(config, new_run_dir(config), progress=False)
     # On CPU the engine checks finiteness on the host (free there); put in the guard that CUDA
     # uses, so this test covers the code path that must not sync a GPU.
@@ -75,7 +81,7 @@ def test_fit_reads_device_values_only_on_logging_steps(tmp_path, text_file, monk
     counts = _count_reads(monkeypatch, training)
 
     by_step = Counter()
-    for (step, name), n in counts.items():
+    for (step, _name), n in counts.items():
         by_step[step] += n
     warnings = [r.getMessage() for r in caplog.records if "host-device sync per step" in r.getMessage()]
     if implementation == "foreach":

@@ -8,14 +8,12 @@ import subprocess
 
 import numpy as np
 import pytest
+from faults.limits import file_size_limit, tmpfs
+from test_train_cli import _args, _one_line_error
 
 from turbotrain.base.atomic import DiskFullError, UnwritableError, atomic_write, make_dirs
 from turbotrain.cli import main
 from turbotrain.parts.data.sources import open_tokens
-
-from faults.limits import file_size_limit, tmpfs
-from test_train_cli import _args, _one_line_error
-
 
 # ----------------------------------------------------------------------------- 5: the data cache
 
@@ -39,10 +37,19 @@ def test_a_folder_that_cannot_be_made_is_one_line(tmp_path):
 
 def test_the_data_cache_over_its_limit_or_a_file_is_one_line(tmp_path, text_file, capsys):
     (tmp_path / "a-file").write_text("x")
-    _one_line_error(capsys, main(_args(tmp_path, text_file, f"--data.cache_dir={tmp_path / 'a-file'}")),
-                    "a-file", "a file is in the way", "--data.cache_dir")
-    _one_line_error(capsys, main(_args(tmp_path, text_file, f"--data.cache_dir={tmp_path / 'a-file' / 'sub'}")),
-                    "a-file", "--data.cache_dir")
+    _one_line_error(
+        capsys,
+        main(_args(tmp_path, text_file, f"--data.cache_dir={tmp_path / 'a-file'}")),
+        "a-file",
+        "a file is in the way",
+        "--data.cache_dir",
+    )
+    _one_line_error(
+        capsys,
+        main(_args(tmp_path, text_file, f"--data.cache_dir={tmp_path / 'a-file' / 'sub'}")),
+        "a-file",
+        "--data.cache_dir",
+    )
     with file_size_limit(20_000):  # the corpus is ~40 KB: its cache entry ~80 KB
         code = main(_args(tmp_path, text_file, f"--data.cache_dir={tmp_path / 'limited'}"))
     _one_line_error(capsys, code, "File too large", str(tmp_path / "limited"))
@@ -57,8 +64,12 @@ def test_the_data_cache_on_a_full_disk_is_one_line(tmp_path, text_file, capsys):
     with tmpfs(tmp_path / "full", "size=40k") as mounted:
         if not mounted:
             pytest.skip(NO_MOUNT)
-        _one_line_error(capsys, main(_args(tmp_path, text_file, f"--data.cache_dir={tmp_path / 'full'}")),
-                        "No space left", "full")
+        _one_line_error(
+            capsys,
+            main(_args(tmp_path, text_file, f"--data.cache_dir={tmp_path / 'full'}")),
+            "No space left",
+            "full",
+        )
         assert os.listdir(tmp_path / "full") == []  # no temp file, no half entry
     assert not (tmp_path / "runs" / "t" / "checkpoints").exists()
 
@@ -67,8 +78,12 @@ def test_the_data_cache_on_a_read_only_disk_is_one_line(tmp_path, text_file, cap
     with tmpfs(tmp_path / "ro", "ro,size=1m") as mounted:
         if not mounted:
             pytest.skip(NO_MOUNT)
-        _one_line_error(capsys, main(_args(tmp_path, text_file, f"--data.cache_dir={tmp_path / 'ro'}")),
-                        "Read-only file system", "--data.cache_dir")
+        _one_line_error(
+            capsys,
+            main(_args(tmp_path, text_file, f"--data.cache_dir={tmp_path / 'ro'}")),
+            "Read-only file system",
+            "--data.cache_dir",
+        )
     assert not (tmp_path / "runs" / "t" / "checkpoints").exists()
 
 
@@ -78,8 +93,13 @@ def test_the_data_cache_on_a_read_only_disk_is_one_line(tmp_path, text_file, cap
 def test_data_that_is_a_device_or_a_fifo_is_named_for_what_it_is(tmp_path, text_file, capsys):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-    _one_line_error(capsys, main(_args(tmp_path, text_file, "--data", "/dev/zero")), "/dev/zero", "a device",
-                    "not a file or a folder")
+    _one_line_error(
+        capsys,
+        main(_args(tmp_path, text_file, "--data", "/dev/zero")),
+        "/dev/zero",
+        "a device",
+        "not a file or a folder",
+    )
     _one_line_error(capsys, main(_args(tmp_path, text_file, "--data", str(fifo))), "named pipe (FIFO)")
     err = ""
     with pytest.raises(Exception) as info:
@@ -90,7 +110,7 @@ def test_data_that_is_a_device_or_a_fifo_is_named_for_what_it_is(tmp_path, text_
 
 # ----------------------------------------------------------------------------- 7, 15, 16: profile, tune, bench on broken workloads
 
-WORKLOADS = '''
+WORKLOADS = """
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -117,7 +137,7 @@ def raising(): return {"model": M("raise"), "train_loader": data()}
 def late(): return {"model": M("late"), "train_loader": data()}
 def nan(): return {"model": M("nan"), "train_loader": data()}
 def vector(): return {"model": M("vector"), "train_loader": data()}
-'''
+"""
 
 
 @pytest.fixture
@@ -128,16 +148,34 @@ def workloads(tmp_path):
 
 
 def _profile(tmp_path, workloads, func: str) -> list[str]:
-    return ["profile", "--model", f"{workloads}:{func}", "--warmup", "1", "--timed", "2", "--steps", "1",
-            f"--run.out_dir={tmp_path / 'runs'}", "--run.device=cpu"]
+    return [
+        "profile",
+        "--model",
+        f"{workloads}:{func}",
+        "--warmup",
+        "1",
+        "--timed",
+        "2",
+        "--steps",
+        "1",
+        f"--run.out_dir={tmp_path / 'runs'}",
+        "--run.device=cpu",
+    ]
 
 
 def test_profile_of_a_workload_that_fails_is_one_line_and_leaves_no_run_folder(tmp_path, workloads, capsys):
     """Item 7: an empty loader (StopIteration) or a forward that raises gave a 42-line traceback and a
     run folder holding only metrics.jsonl."""
-    for func, words in (("empty", ["yielded no batch"]), ("raising", ["RuntimeError: my forward is broken", "wl.py:"])):
+    for func, words in (
+        ("empty", ["yielded no batch"]),
+        ("raising", ["RuntimeError: my forward is broken", "wl.py:"]),
+    ):
         code = main(_profile(tmp_path, workloads, func))
-        err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith(("INFO", "WARNING", "profiling"))]
+        err = [
+            line
+            for line in capsys.readouterr().err.strip().splitlines()
+            if not line.startswith(("INFO", "WARNING", "profiling"))
+        ]
         assert code == 2 and len(err) == 1 and "Traceback" not in err[0], err
         assert all(w in err[0] for w in words), err
         assert not list((tmp_path / "runs").glob("profile-*"))
@@ -152,7 +190,9 @@ def test_profile_of_a_model_whose_loss_is_nan_says_so_first(tmp_path, workloads,
 
 def test_bench_exits_non_zero_when_every_contender_failed(tmp_path, workloads, capsys):
     """Item 16: a table of failures exited 0."""
-    code = main(["bench", "--model", f"{workloads}:late", "--device", "cpu", "--contenders", "turbotrain,eager"])
+    code = main(
+        ["bench", "--model", f"{workloads}:late", "--device", "cpu", "--contenders", "turbotrain,eager"]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and "every row failed" in err[-1] and "my forward is broken" in err[-1]
 
@@ -160,18 +200,42 @@ def test_bench_exits_non_zero_when_every_contender_failed(tmp_path, workloads, c
 def test_bench_of_a_workload_whose_forward_raises_is_one_line(tmp_path, workloads, capsys):
     """The FLOP count runs the user's forward before any row: it raised a traceback from there."""
     code = main(["bench", "--model", f"{workloads}:raising", "--device", "cpu", "--contenders", "eager"])
-    err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith(("INFO", "WARNING"))]
+    err = [
+        line
+        for line in capsys.readouterr().err.strip().splitlines()
+        if not line.startswith(("INFO", "WARNING"))
+    ]
     assert code == 2 and len(err) == 1 and "Traceback" not in err[0], err
-    assert "counting its FLOPs" in err[0] and "RuntimeError: my forward is broken" in err[0] and "wl.py:" in err[0]
+    assert (
+        "counting its FLOPs" in err[0]
+        and "RuntimeError: my forward is broken" in err[0]
+        and "wl.py:" in err[0]
+    )
 
 
-def test_tune_stops_at_once_when_the_baseline_fails_for_a_reason_no_setting_changes(tmp_path, workloads, capsys):
+def test_tune_stops_at_once_when_the_baseline_fails_for_a_reason_no_setting_changes(
+    tmp_path, workloads, capsys
+):
     """Item 15: a loss that is not a scalar kept the study proposing (16 proposals, 49 s)."""
     pytest.importorskip("optuna")
-    code = main(["tune", "--model", f"{workloads}:vector", "--trials", "4", "--confirm", "0",
-                 f"--run.out_dir={tmp_path / 'runs'}", "--run.name=v", "--run.device=cpu"])
+    code = main(
+        [
+            "tune",
+            "--model",
+            f"{workloads}:vector",
+            "--trials",
+            "4",
+            "--confirm",
+            "0",
+            f"--run.out_dir={tmp_path / 'runs'}",
+            "--run.name=v",
+            "--run.device=cpu",
+        ]
+    )
     err = [line for line in capsys.readouterr().err.strip().splitlines() if "error:" in line]
-    assert code == 2 and len(err) == 1 and "no setting tune searches changes" in err[0] and "scalar" in err[0], err
+    assert (
+        code == 2 and len(err) == 1 and "no setting tune searches changes" in err[0] and "scalar" in err[0]
+    ), err
     assert (tmp_path / "runs" / "v" / "tune.json").is_file()
     assert [p.name for p in (tmp_path / "runs" / "v" / "trials").iterdir()] == ["trial-000"]
 
@@ -184,9 +248,26 @@ def test_tune_stopped_by_sigterm_writes_what_it_has_and_prints_the_resume_comman
     import time
 
     run = tmp_path / "runs" / "s"
-    proc = subprocess.Popen([sys.executable, "-m", "turbotrain", "tune", "--model", f"{workloads}:ok", "--trials", "20",
-                             "--confirm", "0", f"--run.out_dir={tmp_path / 'runs'}", "--run.name=s", "--run.device=cpu"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "turbotrain",
+            "tune",
+            "--model",
+            f"{workloads}:ok",
+            "--trials",
+            "20",
+            "--confirm",
+            "0",
+            f"--run.out_dir={tmp_path / 'runs'}",
+            "--run.name=s",
+            "--run.device=cpu",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 240
     while not (run / "trials" / "trial-001").exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -20,9 +20,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from turbotrain import Engine, fit
-from turbotrain.base.errors import ConfigError
 from turbotrain.app.report import NO_FLOPS, plots_for
 from turbotrain.app.tracking import track
+from turbotrain.base.errors import ConfigError
 from turbotrain.parts.models.classifier import CifarResNet
 from turbotrain.parts.models.gpt import GPT, GPTConfig
 
@@ -56,7 +56,7 @@ def nanogpt_loop(port: bool) -> tuple[list[float], float]:
 
     def get_batch() -> tuple[torch.Tensor, torch.Tensor]:
         ix = torch.randint(len(data) - 17, (8,), generator=g)
-        return torch.stack([data[i:i + 16] for i in ix]), torch.stack([data[i + 1:i + 17] for i in ix])
+        return torch.stack([data[i : i + 16] for i in ix]), torch.stack([data[i + 1 : i + 17] for i in ix])
 
     def get_lr(it: int) -> float:
         if it < warmup:
@@ -125,7 +125,7 @@ def lstm_loop(port: bool) -> tuple[list[float], float]:
         total, hidden = 0.0, zeros()
         with torch.no_grad():
             for i in range(0, len(valid) - 1, 10):
-                x, y = valid[i:i + 10], valid[i + 1:i + 11]
+                x, y = valid[i : i + 10], valid[i + 1 : i + 11]
                 x = x[: len(y)]
                 out, hidden = model(x, hidden)
                 total += len(x) * F.cross_entropy(out.view(-1, 50), y.reshape(-1)).item()
@@ -136,7 +136,7 @@ def lstm_loop(port: bool) -> tuple[list[float], float]:
         model.train()
         hidden = zeros()
         for i in range(0, len(train) - 1, 10):
-            x, y = train[i:i + 10], train[i + 1:i + 11]
+            x, y = train[i : i + 10], train[i + 1 : i + 11]
             x = x[: len(y)]
             hidden = tuple(h.detach() for h in hidden)
             model.zero_grad()
@@ -175,16 +175,21 @@ def mnist_loop(port: bool) -> tuple[list[float], float]:
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(4)
     images, labels = torch.randn(96, 1, 28, 28, generator=g), torch.randint(10, (96,), generator=g)
-    train_loader = DataLoader(TensorDataset(images[:64], labels[:64]), batch_size=16, shuffle=True,
-                              generator=torch.Generator().manual_seed(5))
+    train_loader = DataLoader(
+        TensorDataset(images[:64], labels[:64]),
+        batch_size=16,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(5),
+    )
     test_loader = DataLoader(TensorDataset(images[64:], labels[64:]), batch_size=16)
     model = MnistNet()
     optimizer = torch.optim.Adadelta(model.parameters(), lr=1.0)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)
     if port:
         engine = Engine()
-        model, optimizer, train_loader = engine.setup(model, optimizer, train_loader, scheduler=scheduler,
-                                                      scheduler_interval="epoch")
+        model, optimizer, train_loader = engine.setup(
+            model, optimizer, train_loader, scheduler=scheduler, scheduler_interval="epoch"
+        )
     losses, lrs = [], []
     for _epoch in range(3):
         model.train()
@@ -219,8 +224,13 @@ def resnet_loop(port: bool) -> tuple[list[float], float]:
     weight decay, cross-entropy on logits."""
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(6)
-    batches = [(torch.randint(0, 256, (8, 3, 32, 32), generator=g, dtype=torch.uint8), torch.randint(10, (8,), generator=g))
-               for _ in range(4)]
+    batches = [
+        (
+            torch.randint(0, 256, (8, 3, 32, 32), generator=g, dtype=torch.uint8),
+            torch.randint(10, (8,), generator=g),
+        )
+        for _ in range(4)
+    ]
     model = CifarResNet(width=8, classes=10)
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
@@ -259,8 +269,16 @@ def gpt2_loop(port: bool) -> tuple[list[float], float]:
     accumulation 2, `outputs.loss`."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=2,
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    config = transformers.GPT2Config(
+        vocab_size=96,
+        n_positions=32,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     model = transformers.GPT2LMHeadModel(config)
     g = torch.Generator().manual_seed(7)
 
@@ -270,11 +288,15 @@ def gpt2_loop(port: bool) -> tuple[list[float], float]:
 
     batches = [batch() for _ in range(16)]
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    scheduler = transformers.get_linear_schedule_with_warmup(optimizer, num_warmup_steps=2, num_training_steps=6)
+    scheduler = transformers.get_linear_schedule_with_warmup(
+        optimizer, num_warmup_steps=2, num_training_steps=6
+    )
     loader, accumulation = batches[:12], 2
     if port:
         engine = Engine({"batch": {"accumulation": accumulation}})
-        model, optimizer, loader = engine.setup(model, optimizer, loader, scheduler=scheduler, scheduler_interval="step")
+        model, optimizer, loader = engine.setup(
+            model, optimizer, loader, scheduler=scheduler, scheduler_interval="step"
+        )
     losses, total = [], 0.0
     model.train()
     for step, b in enumerate(loader):
@@ -305,7 +327,9 @@ def gpt2_loop(port: bool) -> tuple[list[float], float]:
         return losses, sum(model(**b).loss.item() for b in val) / len(val)
 
 
-@pytest.mark.parametrize("loop", [nanogpt_loop, lstm_loop, mnist_loop, resnet_loop, gpt2_loop], ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+    "loop", [nanogpt_loop, lstm_loop, mnist_loop, resnet_loop, gpt2_loop], ids=lambda f: f.__name__
+)
 def test_ported_loop_trains_exactly_as_before(loop):
     _same(loop(port=False), loop(port=True))
 
@@ -378,7 +402,12 @@ def test_the_loader_from_setup_behaves_like_the_users():
     loader = DataLoader(dataset, batch_size=4)
     engine = Engine()
     _, _, wrapped = engine.setup(nn.Linear(4, 1), None, loader)
-    assert len(wrapped) == 3 and wrapped.dataset is dataset and wrapped.batch_size == 4 and wrapped.sampler is loader.sampler
+    assert (
+        len(wrapped) == 3
+        and wrapped.dataset is dataset
+        and wrapped.batch_size == 4
+        and wrapped.sampler is loader.sampler
+    )
     assert [b[0].shape[0] for b in wrapped] == [4, 4, 2] and engine.state.samples == 10
     with pytest.raises(AttributeError):
         wrapped.no_such_attribute
@@ -412,9 +441,13 @@ def _run_example(name: str, run_dir: Path) -> dict:
 
 def test_monitored_cnn_loop_reports_samples_per_second(tmp_path):
     run = _run_example("cnn_loop.py", tmp_path / "cnn")
-    assert all(r["samples_per_s"] > 0 for r in run["records"]) and not any(r["tokens_per_s"] for r in run["records"])
+    assert all(r["samples_per_s"] > 0 for r in run["records"]) and not any(
+        r["tokens_per_s"] for r in run["records"]
+    )
     assert all(r.get("tflops", 0) > 0 for r in run["records"])  # FLOPs counted for a model with no formula
-    assert run["summary"]["flops_source"] == "torch.utils.flop_counter" and run["summary"]["samples"] == 3 * 512
+    assert (
+        run["summary"]["flops_source"] == "torch.utils.flop_counter" and run["summary"]["samples"] == 3 * 512
+    )
     specs = {s.file: s for s in plots_for(run["records"])}
     assert specs["loss.png"].ylabel == "loss"  # not "nats per token": this is a classifier
     assert [s.key for s in specs["throughput.png"].series] == ["samples_per_s"]
@@ -429,10 +462,13 @@ def test_monitored_hugging_face_loop_reports_tokens_per_second(tmp_path):
     pytest.importorskip("transformers")
     run = _run_example("hf_loop.py", tmp_path / "hf")
     assert all(r["tokens_per_s"] > 0 for r in run["records"])
-    assert run["records"][-1]["tokens"] == 20 * 2 * 8 * 64  # steps x accumulation x batch x sequence, from input_ids
+    # steps x accumulation x batch x sequence, from input_ids
+    assert run["records"][-1]["tokens"] == 20 * 2 * 8 * 64
     assert run["records"][-1]["loss"] < run["records"][0]["loss"]
     specs = {s.file: s for s in plots_for(run["records"])}
-    assert "nats per token" in specs["loss.png"].ylabel and [s.key for s in specs["throughput.png"].series] == ["tokens_per_s"]
+    assert "nats per token" in specs["loss.png"].ylabel and [
+        s.key for s in specs["throughput.png"].series
+    ] == ["tokens_per_s"]
 
 
 def test_a_model_whose_flops_cannot_be_counted_is_reported_as_such(tmp_path):
@@ -454,7 +490,9 @@ def test_a_model_whose_flops_cannot_be_counted_is_reported_as_such(tmp_path):
 def test_fit_takes_dict_batches_and_calls_the_model_with_keywords():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))
+    model = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+    )
     ids = torch.randint(64, (6, 4, 16))
     batches = [{"input_ids": i, "attention_mask": torch.ones_like(i), "labels": i} for i in ids]
     engine = Engine()
@@ -470,8 +508,18 @@ def test_own_loop_resumes_exactly_from_its_checkpoint(tmp_path):
     def train(run_dir: Path, stop_at: int | None, resume: bool = False) -> list[torch.Tensor]:
         engine, model, optimizer = _mlp_engine(batch={"accumulation": 2})
         scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
-        with track(engine, model, optimizer, run_dir, scheduler=scheduler, checkpoint_every=0, resume=resume,
-                   log_every=1, progress=False, report=False):
+        with track(
+            engine,
+            model,
+            optimizer,
+            run_dir,
+            scheduler=scheduler,
+            checkpoint_every=0,
+            resume=resume,
+            log_every=1,
+            progress=False,
+            report=False,
+        ):
             for i, x in enumerate(batches):
                 if i < engine.state.batches:  # the data position of a resumed run
                     continue

@@ -9,12 +9,12 @@ import textwrap
 
 import pytest
 
-from turbotrain.cli import main
-from turbotrain.base.config import audience
+from turbotrain import Workload
 from turbotrain.app.measure import Target
 from turbotrain.app.profile import ProfileOptions, profile_target, profile_workload, render
 from turbotrain.app.profile.trace import time_weighted_median
-from turbotrain import Workload
+from turbotrain.base.config import audience
+from turbotrain.cli import main
 
 WORKLOADS = """
 import time
@@ -102,11 +102,16 @@ def _target(tmp_path, ref=None, preset=None, **sections):
 
 def test_a_slow_dataset_with_no_workers_is_diagnosed_and_verified(tmp_path, workloads):
     with audience("cli"):
-        doc = profile_target(_target(tmp_path, f"{workloads}:slow_data"),
-                             ProfileOptions(warmup=2, timed=6, steps=3, verify=True, repeats=2, verify_steps=4), log=lambda line: None)
+        doc = profile_target(
+            _target(tmp_path, f"{workloads}:slow_data"),
+            ProfileOptions(warmup=2, timed=6, steps=3, verify=True, repeats=2, verify_steps=4),
+            log=lambda line: None,
+        )
     assert doc["bottleneck"]["name"] == "data"
     top = doc["recommendations"][0]
-    assert top["category"] == "data" and top["settings"] == {"data": {"num_workers": top["settings"]["data"]["num_workers"]}}
+    assert top["category"] == "data" and top["settings"] == {
+        "data": {"num_workers": top["settings"]["data"]["num_workers"]}
+    }
     assert top["settings"]["data"]["num_workers"] >= 2
     assert top["change"].startswith("--data.num_workers=") and "DataLoader(..., num_workers=" in top["code"]
     assert doc["breakdown"]["data"]["share"] >= 0.2 and doc["loader"]["num_workers"] == 0
@@ -120,20 +125,27 @@ def test_a_slow_dataset_with_no_workers_is_diagnosed_and_verified(tmp_path, work
 
 
 def test_a_micro_batch_far_too_small_is_diagnosed_with_the_batch_finder(tmp_path, text_file):
-    target = _target(tmp_path, preset="gpt-tiny", model={"n_layer": 1, "n_head": 2, "d_model": 32, "block_size": 32},
-                     data={"path": str(text_file), "cache_dir": str(tmp_path / "cache"), "num_workers": 0},
-                     batch={"micro": 1, "accumulation": 8})
+    target = _target(
+        tmp_path,
+        preset="gpt-tiny",
+        model={"n_layer": 1, "n_head": 2, "d_model": 32, "block_size": 32},
+        data={"path": str(text_file), "cache_dir": str(tmp_path / "cache"), "num_workers": 0},
+        batch={"micro": 1, "accumulation": 8},
+    )
     with audience("cli"):
         doc = profile_target(target, QUICK, log=lambda line: None)
     assert doc["bottleneck"]["name"] == "overhead"
     top = doc["recommendations"][0]
-    assert top["settings"] == {"batch": {"micro": "auto", "global_size": 8}}  # the finder keeps the global batch
+    # the finder keeps the global batch
+    assert top["settings"] == {"batch": {"micro": "auto", "global_size": 8}}
     assert top["change"] == "--batch.micro=auto --batch.global_size=8"
     assert doc["settings"]["micro_batch"] == 1 and doc["settings"]["accumulation"] == 8
 
 
 def test_a_loop_that_reads_the_loss_every_step_is_diagnosed(tmp_path, workloads):
-    target = _target(tmp_path, f"{workloads}:in_memory", monitor={"log_every": 1}, optim={"implementation": "fused"})
+    target = _target(
+        tmp_path, f"{workloads}:in_memory", monitor={"log_every": 1}, optim={"implementation": "fused"}
+    )
     with audience("cli"):
         doc = profile_target(target, QUICK, log=lambda line: None)
     assert doc["bottleneck"]["name"] == "syncs"
@@ -150,13 +162,18 @@ def test_the_operator_size_that_decides_overhead_follows_the_time():
 
 
 def test_a_read_in_your_own_code_is_traced_to_its_line(tmp_path, workloads):
-    doc = profile_target(_target(tmp_path, f"{workloads}:reads_every_step", optim={"implementation": "fused"}),
-                         QUICK, log=lambda line: None)
+    doc = profile_target(
+        _target(tmp_path, f"{workloads}:reads_every_step", optim={"implementation": "fused"}),
+        QUICK,
+        log=lambda line: None,
+    )
     user = [s for s in doc["syncs"]["sources"] if s["kind"] == "user"]
     assert user and user[0]["per_step"] == pytest.approx(1.0)
     assert "user_workloads.py:" in user[0]["where"] and "(logging_loss)" in user[0]["where"]
     advice = next(r for r in doc["recommendations"] if r["code"])
-    assert advice["category"] == "syncs" and not advice["settings"] and "user_workloads.py" in advice["change"]
+    assert (
+        advice["category"] == "syncs" and not advice["settings"] and "user_workloads.py" in advice["change"]
+    )
     guard = [s for s in doc["syncs"]["sources"] if s["kind"] == "guard"]
     assert guard and not guard[0]["sync"]  # the CPU guard reads host values by design: no device to wait for
     assert "bottleneck" in render(doc)
@@ -169,20 +186,36 @@ def test_python_callers_profile_a_model_and_loader_in_one_call(tmp_path):
     model = nn.Sequential(nn.Linear(8, 8))
     batches = [torch.randn(4, 8) for _ in range(4)]
     before = [p.detach().clone() for p in model.parameters()]
-    doc = profile_workload(Workload(model, batches, loss_fn=lambda m, b: m(b).square().mean()),
-                           overrides={"run": {"device": "cpu", "out_dir": str(tmp_path)}}, warmup=1, timed=3, steps=2)
+    doc = profile_workload(
+        Workload(model, batches, loss_fn=lambda m, b: m(b).square().mean()),
+        overrides={"run": {"device": "cpu", "out_dir": str(tmp_path)}},
+        warmup=1,
+        timed=3,
+        steps=2,
+    )
     assert doc["figures"]["samples_per_s"] > 0 and doc["bottleneck"]["name"]
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # your model is not trained
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--model", "no/such/file.py:make"], "there is no file no/such/file.py"),
-    (["--model", "{wl}:nope"], "has no function 'nope'"),
-    (["--model", "{wl}:Net"], "user_workloads.Net; return turbotrain.Workload(model=..., train_loader=...)"),
-    (["--steps", "0"], "--steps = 0 must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "no/such/file.py:make"], "there is no file no/such/file.py"),
+        (["--model", "{wl}:nope"], "has no function 'nope'"),
+        (
+            ["--model", "{wl}:Net"],
+            "user_workloads.Net; return turbotrain.Workload(model=..., train_loader=...)",
+        ),
+        (["--steps", "0"], "--steps = 0 must be at least 1"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, workloads, capsys, args, message):
-    argv = ["profile", *[a.format(wl=workloads) for a in args], "--run.device=cpu", f"--run.out_dir={tmp_path}"]
+    argv = [
+        "profile",
+        *[a.format(wl=workloads) for a in args],
+        "--run.device=cpu",
+        f"--run.out_dir={tmp_path}",
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]

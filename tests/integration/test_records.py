@@ -50,15 +50,37 @@ def _evaluate_independently(checkpoint: Path) -> tuple[float, float]:
     return sum(losses) / len(losses), sum(hits) / len(hits)
 
 
-def test_every_evaluation_between_logging_steps_is_recorded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_every_evaluation_between_logging_steps_is_recorded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # the README's and docs/model_specs.md's command: eval_every 16 against the default log_every 10
-    assert main(["train", "--model", CNN, "--train.max_steps", "64", "--train.eval_every", "16",
-                 "--train.checkpoint_every", "16", "--train.keep_last", "4",
-                 "--run.out_dir", str(tmp_path), "--run.name", "cnn"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                CNN,
+                "--train.max_steps",
+                "64",
+                "--train.eval_every",
+                "16",
+                "--train.checkpoint_every",
+                "16",
+                "--train.keep_last",
+                "4",
+                "--run.out_dir",
+                str(tmp_path),
+                "--run.name",
+                "cnn",
+            ]
+        )
+        == 0
+    )
     run = tmp_path / "cnn"
     vals = {r["step"]: r for r in _records(run) if "val_loss" in r}
     assert sorted(vals) == [16, 32, 48, 64]
-    assert all(r.get("loss") is not None and "val_accuracy" in r for r in vals.values())  # whole records, the usual schema
+    # whole records, the usual schema
+    assert all(r.get("loss") is not None and "val_accuracy" in r for r in vals.values())
     for step, record in vals.items():  # the recorded values are the model's at that step
         loss, accuracy = _evaluate_independently(run / "checkpoints" / f"step_{step:08d}.pt")
         assert record["val_loss"] == pytest.approx(loss, rel=1e-4)
@@ -71,11 +93,35 @@ def test_every_evaluation_between_logging_steps_is_recorded(tmp_path: Path, caps
     assert shown == [16, 32, 48, 64]
 
 
-def test_epoch_train_loss_is_the_mean_of_the_epochs_steps_and_an_image_run_counts_samples(tmp_path: Path) -> None:
+def test_epoch_train_loss_is_the_mean_of_the_epochs_steps_and_an_image_run_counts_samples(
+    tmp_path: Path,
+) -> None:
     # 2048 images at a global batch of 256: 8 steps per epoch; log_every 1 records each step's loss
-    assert main(["train", "--model", CNN, "--train.epochs", "2", "--batch.micro", "256", "--monitor.log_every", "1",
-                 "--train.eval_every", "8", "--train.eval_batches", "1", "--no-progress",
-                 "--run.out_dir", str(tmp_path), "--run.name", "ep"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                CNN,
+                "--train.epochs",
+                "2",
+                "--batch.micro",
+                "256",
+                "--monitor.log_every",
+                "1",
+                "--train.eval_every",
+                "8",
+                "--train.eval_batches",
+                "1",
+                "--no-progress",
+                "--run.out_dir",
+                str(tmp_path),
+                "--run.name",
+                "ep",
+            ]
+        )
+        == 0
+    )
     run = tmp_path / "ep"
     records = _records(run)
     losses = {r["step"]: r["loss"] for r in records if r.get("loss") is not None}

@@ -8,15 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_overrides
 
 import turbotrain.core.engine
 import turbotrain.loop.fit
-from turbotrain.loop.checkpoint import save_checkpoint
-from turbotrain.cli import main
 from turbotrain import load_config
 from turbotrain.app.training import train
-
-from conftest import tiny_overrides
+from turbotrain.cli import main
+from turbotrain.loop.checkpoint import save_checkpoint
 
 
 def _args(tmp_path: Path, text_file: Path, *extra: str) -> list[str]:
@@ -52,15 +51,31 @@ def test_train_writes_the_run_directory_and_sample_prints_text(tmp_path, text_fi
 
 
 def test_stop_and_resume_equals_an_uninterrupted_run(tmp_path, text_file):
-    straight = load_config(overrides=tiny_overrides(tmp_path / "a", data={"path": str(text_file)}, train={"max_steps": 8}))
+    straight = load_config(
+        overrides=tiny_overrides(tmp_path / "a", data={"path": str(text_file)}, train={"max_steps": 8})
+    )
     full = train(straight, progress=False)
 
-    split = tiny_overrides(tmp_path / "b", data={"path": str(text_file)}, train={"max_steps": 8, "stop_after_steps": 4})
+    split = tiny_overrides(
+        tmp_path / "b", data={"path": str(text_file)}, train={"max_steps": 8, "stop_after_steps": 4}
+    )
     first = train(load_config(overrides=split), progress=False)
     assert first["status"] == "stopped" and first["steps"] == 4
     run = tmp_path / "b" / "runs" / "t"
-    assert main(["train", "--resume", "--run.out_dir", str(tmp_path / "b" / "runs"), "--run.name=t",
-                 "--train.stop_after_steps=0", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--resume",
+                "--run.out_dir",
+                str(tmp_path / "b" / "runs"),
+                "--run.name=t",
+                "--train.stop_after_steps=0",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     resumed = json.loads((run / "summary.json").read_text())
     assert resumed["steps"] == 8 and resumed["resumed_from"] == "step_00000004.pt"
     assert abs(resumed["final_val_loss"] - full["final_val_loss"]) < 1e-4
@@ -142,7 +157,11 @@ def test_a_warmup_longer_than_the_run_is_said(tmp_path, text_file, caplog):
     """Defect 9: --optim.warmup_steps 500 with 20 steps silently never reached the peak LR."""
     assert main(_args(tmp_path, text_file, "--optim.warmup_steps=24", "--train.max_steps=6")) == 0
     err = caplog.text
-    assert "optim.warmup_steps = 24 is longer than the run" in err and "25%" in err and "--optim.warmup_steps=6" in err
+    assert (
+        "optim.warmup_steps = 24 is longer than the run" in err
+        and "25%" in err
+        and "--optim.warmup_steps=6" in err
+    )
 
 
 def test_a_resume_never_counts_a_step_twice_in_the_metrics(tmp_path, text_file, capsys):
@@ -176,7 +195,9 @@ def test_a_run_without_a_checkpoint_resumes_from_step_zero(tmp_path, text_file, 
     assert summary["final_train_loss"] == straight["final_train_loss"]
     save_checkpoint(run / "checkpoints", 7, {"model": {"w": torch.zeros(2)}})
     capsys.readouterr()
-    _one_line_error(capsys, main(["sample", str(run), "--tokens", "3"]), "step_00000007.pt", "no GPT token embedding")
+    _one_line_error(
+        capsys, main(["sample", str(run), "--tokens", "3"]), "step_00000007.pt", "no GPT token embedding"
+    )
 
 
 def test_existing_run_is_never_overwritten_and_corrupt_checkpoints_are_reported(tmp_path, text_file, capsys):
@@ -205,7 +226,9 @@ def test_own_loop_example_runs(capsys):
     import runpy
 
     runpy.run_path(str(Path(__file__).parents[2] / "examples" / "own_loop.py"), run_name="__main__")
-    losses = [float(line.split()[-1]) for line in capsys.readouterr().out.splitlines() if line.startswith("step")]
+    losses = [
+        float(line.split()[-1]) for line in capsys.readouterr().out.splitlines() if line.startswith("step")
+    ]
     assert len(losses) == 5 and losses[-1] < 0.7 * losses[0]
 
 
@@ -214,29 +237,39 @@ def test_resume_mistakes_give_one_line_errors_and_lose_nothing(tmp_path, text_fi
     run = tmp_path / "runs" / "t"
     before = (run / "metrics.jsonl").read_text()
     capsys.readouterr()
-    _one_line_error(capsys, main(_args(tmp_path, text_file, "--resume", "--model.n_layer=3")), "does not fit", "--model")
+    _one_line_error(
+        capsys, main(_args(tmp_path, text_file, "--resume", "--model.n_layer=3")), "does not fit", "--model"
+    )
     assert (run / "metrics.jsonl").read_text() == before
     # a max_steps the run has already passed: nothing to train, the summary still prints
     assert main(_args(tmp_path, text_file, "--resume", "--train.max_steps=2")) == 0
     assert "val loss" in capsys.readouterr().out
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    _one_line_error(capsys, main(_args(tmp_path, text_file, f"--run.out_dir={blocker}")), "cannot create run directory")
+    _one_line_error(
+        capsys, main(_args(tmp_path, text_file, f"--run.out_dir={blocker}")), "cannot create run directory"
+    )
 
 
 def test_resume_takes_a_run_directory(tmp_path, text_file, capsys):
     assert main(_args(tmp_path, text_file)) == 0
     run = tmp_path / "runs" / "t"
     capsys.readouterr()
-    _one_line_error(capsys, main(["train", "--resume", str(tmp_path / "nope"), "--no-progress"]), "no run named", "--resume")
+    _one_line_error(
+        capsys,
+        main(["train", "--resume", str(tmp_path / "nope"), "--no-progress"]),
+        "no run named",
+        "--resume",
+    )
     _one_line_error(capsys, main(["train", "--resume", str(run), "--run.name=other"]), "not both")
     assert main(["train", "--resume", str(run), "--no-progress", "--train.max_steps=8"]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 8 and summary["resumed_from"] == "step_00000006.pt"
 
 
-def test_resume_overrides_are_checked_against_the_run_and_a_failed_resume_keeps_its_config(tmp_path, text_file, capsys,
-                                                                                          monkeypatch):
+def test_resume_overrides_are_checked_against_the_run_and_a_failed_resume_keeps_its_config(
+    tmp_path, text_file, capsys, monkeypatch
+):
     """Issue 23, items 8 and 9: resume overrides were validated against the default preset (a
     d_model 48 run could not take --model.n_head=3: "d_model = 128 must be divisible by 3"), and a
     resume that failed rewrote the run's config.toml with its overrides."""
@@ -246,7 +279,9 @@ def test_resume_overrides_are_checked_against_the_run_and_a_failed_resume_keeps_
     resume = ["train", "--resume", str(run), "--no-progress", "--train.max_steps=8"]
     # its first step fails: the config stays the one the run trained with
     with monkeypatch.context() as patch:
-        patch.setattr(turbotrain.Engine, "forward_backward", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+        patch.setattr(
+            turbotrain.Engine, "forward_backward", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom"))
+        )
         with pytest.raises(RuntimeError, match="boom"):
             main([*resume, "--optim.lr=1e-3"])
     assert (run / "config.toml").read_text() == saved

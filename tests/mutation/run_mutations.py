@@ -61,112 +61,207 @@ class Mutation:
 
 MUTATIONS: tuple[Mutation, ...] = (
     # --- exact resume with randomness (issue 31) --------------------------------------------------
-    Mutation("rng-torch", "src/turbotrain/loop/checkpoint.py",
-             '    torch.set_rng_state(state["torch"])',
-             "    pass  # mutation: torch's generator not restored",
-             (RESUME,), "a resume leaves torch's generator (dropout) where the new process put it"),
-    Mutation("rng-python", "src/turbotrain/loop/checkpoint.py",
-             '    random.setstate(_as_tuple(state["python"]))',
-             "    pass  # mutation: Python's generator not restored",
-             (RESUME,), "a resume leaves Python's random where the new process put it"),
-    Mutation("rng-numpy", "src/turbotrain/loop/checkpoint.py",
-             "    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))",
-             "    pass  # mutation: numpy's generator not restored",
-             (RESUME,), "a resume leaves numpy's generator where the new process put it"),
-    Mutation("rng-drawn-after-restore", "src/turbotrain/app/training.py",
-             "    set_rng_state(first_step_draws)  # reading the example and counting FLOPs (a forward: dropout, a user's augmentation) drew from them",
-             "    pass  # mutation: the FLOP count's draws stay in the restored generators",
-             (RESUME,), "the FLOP count's forward (dropout) draws from the generators a resume just restored"),
-    Mutation("run-seeds-torch-only", "src/turbotrain/app/training.py",
-             "    seed_all(c.run.seed)  # torch, random and numpy: a user's model or loss may draw from any of them",
-             "    torch.manual_seed(c.run.seed)  # mutation: random and numpy left unseeded",
-             (RESUME,), "Python's random and numpy unseeded: two runs with one seed differ"),
-    Mutation("worker-stream-not-per-batch", "src/turbotrain/parts/data/epochs.py",
-             "        if isinstance(batch, Indices) and torch.utils.data.get_worker_info() is not None:",
-             "        if False:  # mutation: a worker's augmentation draws from its own stream",
-             (RESUME,), "an augmentation in a DataLoader worker restarts its stream at a resume"),
-    Mutation("resume-ignores-accumulation", "src/turbotrain/parts/models/spec.py",
-             "        return step * c.batch.accumulation",
-             "        return step  # mutation: the data position forgets accumulation",
-             (RESUME,), "a resume with accumulation re-reads micro-batches already trained on"),
-    Mutation("async-staged-before-previous-write-ends", "src/turbotrain/loop/checkpoint.py",
-             "            self._finished(ctx, self.background.wait())  # the previous write first; its failure is raised here",
-             "            pass  # mutation: the next checkpoint is staged while the previous one is written",
-             (ASYNC,), "a background checkpoint holds a later step's weights"),
+    Mutation(
+        "rng-torch",
+        "src/turbotrain/loop/checkpoint.py",
+        '    torch.set_rng_state(state["torch"])',
+        "    pass  # mutation: torch's generator not restored",
+        (RESUME,),
+        "a resume leaves torch's generator (dropout) where the new process put it",
+    ),
+    Mutation(
+        "rng-python",
+        "src/turbotrain/loop/checkpoint.py",
+        '    random.setstate(_as_tuple(state["python"]))',
+        "    pass  # mutation: Python's generator not restored",
+        (RESUME,),
+        "a resume leaves Python's random where the new process put it",
+    ),
+    Mutation(
+        "rng-numpy",
+        "src/turbotrain/loop/checkpoint.py",
+        "    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))",
+        "    pass  # mutation: numpy's generator not restored",
+        (RESUME,),
+        "a resume leaves numpy's generator where the new process put it",
+    ),
+    Mutation(
+        "rng-drawn-after-restore",
+        "src/turbotrain/app/training.py",
+        "    set_rng_state(first_step_draws)",
+        "    pass  # mutation: the FLOP count's draws stay in the restored generators",
+        (RESUME,),
+        "the FLOP count's forward (dropout) draws from the generators a resume just restored",
+    ),
+    Mutation(
+        "run-seeds-torch-only",
+        "src/turbotrain/app/training.py",
+        "    seed_all(c.run.seed)  # torch, random and numpy: a user's model or loss may draw from any of them",
+        "    torch.manual_seed(c.run.seed)  # mutation: random and numpy left unseeded",
+        (RESUME,),
+        "Python's random and numpy unseeded: two runs with one seed differ",
+    ),
+    Mutation(
+        "worker-stream-not-per-batch",
+        "src/turbotrain/parts/data/epochs.py",
+        "        if isinstance(batch, Indices) and torch.utils.data.get_worker_info() is not None:",
+        "        if False:  # mutation: a worker's augmentation draws from its own stream",
+        (RESUME,),
+        "an augmentation in a DataLoader worker restarts its stream at a resume",
+    ),
+    Mutation(
+        "resume-ignores-accumulation",
+        "src/turbotrain/parts/models/spec.py",
+        "        return step * c.batch.accumulation",
+        "        return step  # mutation: the data position forgets accumulation",
+        (RESUME,),
+        "a resume with accumulation re-reads micro-batches already trained on",
+    ),
+    Mutation(
+        "async-staged-before-previous-write-ends",
+        "src/turbotrain/loop/checkpoint.py",
+        "            self._finished(ctx, self.background.wait())  # the previous write first (its failure raised here)",
+        "            pass  # mutation: the next checkpoint is staged while the previous one is written",
+        (ASYNC,),
+        "a background checkpoint holds a later step's weights",
+    ),
     # --- data order --------------------------------------------------------------------------------
-    Mutation("loader-shuffle-ignored", "src/turbotrain/parts/data/epochs.py",
-             "    sampler = EpochSampler(len(dataset), batch_size, seed, shuffles(loader), start, rank, world, accumulation)  # type: ignore[arg-type]",
-             "    sampler = EpochSampler(len(dataset), batch_size, seed, False, start, rank, world, accumulation)  # type: ignore[arg-type]",
-             (EPOCHS,), "a --model loader with shuffle=True trains in the dataset's order"),
-    Mutation("partial-last-batch-kept", "src/turbotrain/parts/data/epochs.py",
-             "        self.steps_per_epoch = size // self.global_batch",
-             "        self.steps_per_epoch = -(-size // self.global_batch)  # mutation: a partial last batch per epoch",
-             (f"{EPOCHS}::test_an_epochs_run_trains_each_epochs_order_row_by_row_and_drops_the_partial_batch[in_order-False-6]",), "each epoch ends with a short batch the docs say is dropped"),
+    Mutation(
+        "loader-shuffle-ignored",
+        "src/turbotrain/parts/data/epochs.py",
+        "    sampler = EpochSampler(len(dataset), batch_size, seed, shuffles(loader), start, rank, world, accumulation)  # type: ignore[arg-type]",
+        "    sampler = EpochSampler(len(dataset), batch_size, seed, False, start, rank, world, accumulation)  # type: ignore[arg-type]",
+        (EPOCHS,),
+        "a --model loader with shuffle=True trains in the dataset's order",
+    ),
+    Mutation(
+        "partial-last-batch-kept",
+        "src/turbotrain/parts/data/epochs.py",
+        "        self.steps_per_epoch = size // self.global_batch",
+        "        self.steps_per_epoch = -(-size // self.global_batch)  # mutation: a partial last batch per epoch",
+        (
+            f"{EPOCHS}::test_an_epochs_run_trains_each_epochs_order_row_by_row_and_drops_the_partial_batch[in_order-False-6]",
+        ),
+        "each epoch ends with a short batch the docs say is dropped",
+    ),
     # --- schedule ----------------------------------------------------------------------------------
-    Mutation("cosine-becomes-linear", "src/turbotrain/core/optim.py",
-             '        shape = 0.5 * (1.0 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress',
-             "        shape = 1.0 - progress  # mutation: every decay linear",
-             (SCHEDULE,), "cosine decay is linear"),
-    Mutation("warmup-off-by-one", "src/turbotrain/core/optim.py",
-             "    return (s + 1) / warmup_steps if s < warmup_steps else 1.0",
-             "    return s / warmup_steps if s < warmup_steps else 1.0  # mutation: the first step at LR 0",
-             (SCHEDULE,), "the warmup starts at 0 and ends a step late"),
+    Mutation(
+        "cosine-becomes-linear",
+        "src/turbotrain/core/optim.py",
+        '        shape = 0.5 * (1.0 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress',
+        "        shape = 1.0 - progress  # mutation: every decay linear",
+        (SCHEDULE,),
+        "cosine decay is linear",
+    ),
+    Mutation(
+        "warmup-off-by-one",
+        "src/turbotrain/core/optim.py",
+        "    return (s + 1) / warmup_steps if s < warmup_steps else 1.0",
+        "    return s / warmup_steps if s < warmup_steps else 1.0  # mutation: the first step at LR 0",
+        (SCHEDULE,),
+        "the warmup starts at 0 and ends a step late",
+    ),
     # --- throughput --------------------------------------------------------------------------------
-    Mutation("samples-per-s-from-run-totals", "src/turbotrain/loop/monitor.py",
-             '            record["samples_per_s"] = self.world * (samples - last_samples) / dt',
-             '            record["samples_per_s"] = self.world * samples / dt  # mutation: all samples over the window',
-             (WINDOW,), "samples/s (so TFLOP/s, MFU) from the run's total samples"),
-    Mutation("tokens-per-s-from-run-totals", "src/turbotrain/loop/monitor.py",
-             '            record["tokens_per_s"] = self.world * (tokens - last_tokens) / dt',
-             '            record["tokens_per_s"] = self.world * tokens / dt  # mutation: all tokens over the window',
-             (WINDOW,), "tokens/s (so TFLOP/s, MFU) from the run's total tokens"),
-    Mutation("window-time-from-run-start", "src/turbotrain/loop/monitor.py",
-             "        dt = now - t - (side_s - self._side_s)  # evaluation and checkpoint time are not training",
-             "        dt = now - self._t0 - side_s  # mutation: the time since the start",
-             (WINDOW,), "throughput over the time since the start, not the window"),
-    Mutation("window-counts-evaluation-time", "src/turbotrain/loop/monitor.py",
-             "        dt = now - t - (side_s - self._side_s)  # evaluation and checkpoint time are not training",
-             "        dt = now - t  # mutation: evaluation and checkpoint time counted as training",
-             (WINDOW,), "evaluation time lowers the training throughput"),
+    Mutation(
+        "samples-per-s-from-run-totals",
+        "src/turbotrain/loop/monitor.py",
+        '            record["samples_per_s"] = self.world * (samples - last_samples) / dt',
+        '            record["samples_per_s"] = self.world * samples / dt  # mutation: all samples over the window',
+        (WINDOW,),
+        "samples/s (so TFLOP/s, MFU) from the run's total samples",
+    ),
+    Mutation(
+        "tokens-per-s-from-run-totals",
+        "src/turbotrain/loop/monitor.py",
+        '            record["tokens_per_s"] = self.world * (tokens - last_tokens) / dt',
+        '            record["tokens_per_s"] = self.world * tokens / dt  # mutation: all tokens over the window',
+        (WINDOW,),
+        "tokens/s (so TFLOP/s, MFU) from the run's total tokens",
+    ),
+    Mutation(
+        "window-time-from-run-start",
+        "src/turbotrain/loop/monitor.py",
+        "        dt = now - t - (side_s - self._side_s)  # evaluation and checkpoint time are not training",
+        "        dt = now - self._t0 - side_s  # mutation: the time since the start",
+        (WINDOW,),
+        "throughput over the time since the start, not the window",
+    ),
+    Mutation(
+        "window-counts-evaluation-time",
+        "src/turbotrain/loop/monitor.py",
+        "        dt = now - t - (side_s - self._side_s)  # evaluation and checkpoint time are not training",
+        "        dt = now - t  # mutation: evaluation and checkpoint time counted as training",
+        (WINDOW,),
+        "evaluation time lowers the training throughput",
+    ),
     # --- behaviours the suite caught before (issue 31's audit) -------------------------------------
-    Mutation("accumulation-not-divided", "src/turbotrain/core/window.py",
-             "        scaled = loss / accumulation if accumulation > 1 else loss",
-             "        scaled = loss  # mutation: accumulated gradients k times too large",
-             ("tests/unit/test_engine.py::test_k_accumulated_micro_batches_equal_one_k_times_batch",),
-             "k accumulated micro-batches sum their gradients instead of averaging"),
-    Mutation("fallback-threshold-off-by-one", "src/turbotrain/core/engine.py",
-             '        if opts.nonfinite == "skip" or new < opts.max_nonfinite_steps:',
-             '        if opts.nonfinite == "skip" or new <= opts.max_nonfinite_steps:  # mutation',
-             ("tests/unit/test_engine.py::test_non_finite_loss_is_skipped_then_falls_back",),
-             "the precision fallback comes one non-finite step late"),
-    Mutation("checksum-not-compared", "src/turbotrain/loop/checkpoint.py",
-             '    return "" if actual == expected else f"{path.name} does not match its checksum (truncated or corrupt)"',
-             '    return "" if True else f"{path.name} does not match its checksum (truncated or corrupt)"  # mutation',
-             ("tests/unit/test_checkpoint.py::test_corrupt_newest_falls_back_to_the_previous",
-              "tests/unit/test_checkpoint.py::test_damaged_checksum_files_and_foreign_payloads_fall_back"),
-             "a corrupt checkpoint loads as if it verified"),
-    Mutation("finder-without-headroom", "src/turbotrain/tools/memory/finder.py",
-             "    target = None if limit is None else limit / (1.0 + headroom)  # None: no memory limit was met",
-             "    target = None if limit is None else limit  # mutation: no headroom kept",
-             ("tests/unit/test_memory.py::test_finder_returns_a_size_within_the_headroom_below_the_limit_in_few_trials",
-              "tests/unit/test_memory.py::test_finder_never_exceeds_a_memory_cap_and_keeps_headroom_under_it"),
-             "the batch-size finder picks a size at the memory limit"),
-    Mutation("ddp-always-syncs", "src/turbotrain/core/distributed.py",
-             "        model.require_backward_grad_sync = sync  # the flag DDP's no_sync() context sets",
-             "        model.require_backward_grad_sync = True  # mutation: no no_sync under accumulation",
-             ("tests/distributed/test_data_parallel.py::test_ddp_accumulation_reduces_gradients_once_per_optimizer_step",),
-             "DDP all-reduces at every micro-batch under accumulation"),
-    Mutation("errors-print-a-traceback", "src/turbotrain/cli/__init__.py",
-             '        print(f"turbotrain {name}: error: {exc}", file=sys.stderr)',
-             '        __import__("traceback").print_exc(); print(f"turbotrain {name}: error: {exc}", file=sys.stderr)  # mutation',
-             ("tests/integration/test_train_model.py::test_model_and_resume_together_is_one_line",
-              "tests/integration/test_train_cli.py::test_resume_mistakes_give_one_line_errors_and_lose_nothing"),
-             "a user's mistake prints a traceback besides its one line"),
-    Mutation("scheduler-state-not-saved", "src/turbotrain/loop/checkpoint.py",
-             '        entries["scheduler"] = scheduler',
-             "        pass  # mutation: the LR schedule restarts at a resume",
-             (RESUME, "tests/integration/test_train_cli.py::test_stop_and_resume_equals_an_uninterrupted_run"),
-             "a resumed run restarts the LR schedule (warmup again)"),
+    Mutation(
+        "accumulation-not-divided",
+        "src/turbotrain/core/window.py",
+        "        scaled = loss / accumulation if accumulation > 1 else loss",
+        "        scaled = loss  # mutation: accumulated gradients k times too large",
+        ("tests/unit/test_engine.py::test_k_accumulated_micro_batches_equal_one_k_times_batch",),
+        "k accumulated micro-batches sum their gradients instead of averaging",
+    ),
+    Mutation(
+        "fallback-threshold-off-by-one",
+        "src/turbotrain/core/engine.py",
+        '        if opts.nonfinite == "skip" or new < opts.max_nonfinite_steps:',
+        '        if opts.nonfinite == "skip" or new <= opts.max_nonfinite_steps:  # mutation',
+        ("tests/unit/test_engine.py::test_non_finite_loss_is_skipped_then_falls_back",),
+        "the precision fallback comes one non-finite step late",
+    ),
+    Mutation(
+        "checksum-not-compared",
+        "src/turbotrain/loop/checkpoint.py",
+        '    return "" if actual == expected else f"{path.name} does not match its checksum (truncated or corrupt)"',
+        '    return "" if True else f"{path.name} does not match its checksum (truncated or corrupt)"  # mutation',
+        (
+            "tests/unit/test_checkpoint.py::test_corrupt_newest_falls_back_to_the_previous",
+            "tests/unit/test_checkpoint.py::test_damaged_checksum_files_and_foreign_payloads_fall_back",
+        ),
+        "a corrupt checkpoint loads as if it verified",
+    ),
+    Mutation(
+        "finder-without-headroom",
+        "src/turbotrain/tools/memory/finder.py",
+        "    target = None if limit is None else limit / (1.0 + headroom)  # None: no memory limit was met",
+        "    target = None if limit is None else limit  # mutation: no headroom kept",
+        (
+            "tests/unit/test_memory.py::test_finder_returns_a_size_within_the_headroom_below_the_limit_in_few_trials",
+            "tests/unit/test_memory.py::test_finder_never_exceeds_a_memory_cap_and_keeps_headroom_under_it",
+        ),
+        "the batch-size finder picks a size at the memory limit",
+    ),
+    Mutation(
+        "ddp-always-syncs",
+        "src/turbotrain/core/distributed.py",
+        "        model.require_backward_grad_sync = sync  # the flag DDP's no_sync() context sets",
+        "        model.require_backward_grad_sync = True  # mutation: no no_sync under accumulation",
+        (
+            "tests/distributed/test_data_parallel.py::test_ddp_accumulation_reduces_gradients_once_per_optimizer_step",
+        ),
+        "DDP all-reduces at every micro-batch under accumulation",
+    ),
+    Mutation(
+        "errors-print-a-traceback",
+        "src/turbotrain/cli/__init__.py",
+        '        print(f"turbotrain {name}: error: {exc}", file=sys.stderr)',
+        '        __import__("traceback").print_exc(); print(f"turbotrain {name}: error: {exc}", file=sys.stderr)  # mutation',
+        (
+            "tests/integration/test_train_model.py::test_model_and_resume_together_is_one_line",
+            "tests/integration/test_train_cli.py::test_resume_mistakes_give_one_line_errors_and_lose_nothing",
+        ),
+        "a user's mistake prints a traceback besides its one line",
+    ),
+    Mutation(
+        "scheduler-state-not-saved",
+        "src/turbotrain/loop/checkpoint.py",
+        '        entries["scheduler"] = scheduler',
+        "        pass  # mutation: the LR schedule restarts at a resume",
+        (RESUME, "tests/integration/test_train_cli.py::test_stop_and_resume_equals_an_uninterrupted_run"),
+        "a resumed run restarts the LR schedule (warmup again)",
+    ),
 )
 
 
@@ -174,7 +269,9 @@ def copy_tree(dest: Path, head: bool) -> None:
     """The files the tests need into ``dest``: this checkout's working tree (caches left out), or
     with ``head`` its last commit (``git archive HEAD``: nobody's uncommitted edits)."""
     if head:
-        archive = subprocess.run(["git", "archive", "HEAD", *COPIED], cwd=ROOT, capture_output=True, check=True).stdout
+        archive = subprocess.run(
+            ["git", "archive", "HEAD", *COPIED], cwd=ROOT, capture_output=True, check=True
+        ).stdout
         subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
         return
     ignore = shutil.ignore_patterns("__pycache__", ".pytest_cache", "*.pyc")
@@ -193,8 +290,10 @@ def apply(tree: Path, m: Mutation) -> str:
     lines = text.split("\n")
     hits = [i for i, line in enumerate(lines) if line == m.original]
     if len(hits) != 1:
-        raise SystemExit(f"mutation {m.name}: its original line is in {m.path} {len(hits)} times (expected once); "
-                         f"the source moved: update MUTATIONS in {Path(__file__).name}\n  line: {m.original!r}")
+        raise SystemExit(
+            f"mutation {m.name}: its original line is in {m.path} {len(hits)} times (expected once); "
+            f"the source moved: update MUTATIONS in {Path(__file__).name}\n  line: {m.original!r}"
+        )
     lines[hits[0]] = m.mutated
     path.write_text("\n".join(lines))
     return text
@@ -202,12 +301,21 @@ def apply(tree: Path, m: Mutation) -> str:
 
 def run_tests(tree: Path, tests: tuple[str, ...]) -> tuple[int, float, str]:
     """pytest -x on ``tests`` in ``tree`` against its own src: (exit status, seconds, output tail)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(tree / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    )
     env.pop("PYTEST_ADDOPTS", None)
     start = time.perf_counter()
     try:
-        done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
-                              cwd=tree, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+            cwd=tree,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
         rc, out = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as exc:
         rc, out = -1, f"timed out after {TIMEOUT_S} s\n{exc.stdout or ''}"
@@ -232,31 +340,54 @@ def verdict(rc: int) -> str:
 def check_imports_from_copy(tree: Path) -> None:
     """The tests must import the copy's turbotrain, not the checkout's (an editable install)."""
     env = dict(os.environ, PYTHONPATH=str(tree / "src"))
-    where = subprocess.run([sys.executable, "-c", "import turbotrain; print(turbotrain.__file__)"], cwd=tree, env=env,
-                           capture_output=True, text=True, check=True).stdout.strip()
+    where = subprocess.run(
+        [sys.executable, "-c", "import turbotrain; print(turbotrain.__file__)"],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     if not Path(where).resolve().is_relative_to(tree.resolve()):
-        raise SystemExit(f"turbotrain imports from {where}, not from the copy in {tree}: mutations would test nothing")
+        raise SystemExit(
+            f"turbotrain imports from {where}, not from the copy in {tree}: mutations would test nothing"
+        )
 
 
 def git_commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return os.environ.get("TT_COMMIT", "unknown")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run these mutations only (see --list)")
-    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"where the report goes (default {DEFAULT_JSON.relative_to(ROOT)})")
-    parser.add_argument("--no-baseline", action="store_true", help="skip running the tests once unmutated first")
-    parser.add_argument("--head", action="store_true", help="mutate the last commit (git archive HEAD), not the working tree")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=DEFAULT_JSON,
+        help=f"where the report goes (default {DEFAULT_JSON.relative_to(ROOT)})",
+    )
+    parser.add_argument(
+        "--no-baseline", action="store_true", help="skip running the tests once unmutated first"
+    )
+    parser.add_argument(
+        "--head", action="store_true", help="mutate the last commit (git archive HEAD), not the working tree"
+    )
     parser.add_argument("--list", action="store_true", help="list the mutations and their tests, and exit")
     args = parser.parse_args(argv)
     chosen = [m for m in MUTATIONS if not args.only or m.name in args.only]
     unknown = set(args.only or ()) - {m.name for m in MUTATIONS}
     if unknown:
-        parser.error(f"--only: no mutation named {', '.join(sorted(unknown))}; valid: {', '.join(m.name for m in MUTATIONS)}")
+        parser.error(
+            f"--only: no mutation named {', '.join(sorted(unknown))}; valid: {', '.join(m.name for m in MUTATIONS)}"
+        )
     if args.list:
         for m in chosen:
             print(f"{m.name:42} {m.path}\n{'':42} {m.why}\n{'':42} tests: {' '.join(m.tests)}")
@@ -271,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
         check_imports_from_copy(tree)
         for m in chosen:  # every original line present before anything runs: a moved source fails at once
             (tree / m.path).write_text(apply(tree, m))
-        if not args.no_baseline:  # one pytest per test folder: the folders' conftest modules stay apart, as in CI's runs
+        # one pytest per test folder: the folders' conftest modules stay apart, as in CI's runs
+        if not args.no_baseline:
             nodes = list(dict.fromkeys(t for m in chosen for t in m.tests))
             baseline = {"passed": True, "seconds": 0.0, "tests": nodes}
             for folder in dict.fromkeys(n.split("/")[1] for n in nodes):
@@ -280,7 +412,10 @@ def main(argv: list[str] | None = None) -> int:
                 baseline["seconds"] = round(baseline["seconds"] + seconds, 1)
                 if rc != 0:
                     print(out[-3000:])
-            print(f"baseline (unmutated): {'passed' if baseline['passed'] else 'FAILED'} in {baseline['seconds']:.0f} s", flush=True)
+            print(
+                f"baseline (unmutated): {'passed' if baseline['passed'] else 'FAILED'} in {baseline['seconds']:.0f} s",
+                flush=True,
+            )
         try:
             for m in chosen:
                 original = apply(tree, m)
@@ -288,8 +423,18 @@ def main(argv: list[str] | None = None) -> int:
                     rc, seconds, out = run_tests(tree, m.tests)
                 finally:
                     (tree / m.path).write_text(original)
-                row = {"name": m.name, "file": m.path, "why": m.why, "verdict": verdict(rc), "failed_test": failed_test(out), "saw": first_error(out),
-                       "seconds": round(seconds, 1), "tests": list(m.tests), "original": m.original, "mutated": m.mutated}
+                row = {
+                    "name": m.name,
+                    "file": m.path,
+                    "why": m.why,
+                    "verdict": verdict(rc),
+                    "failed_test": failed_test(out),
+                    "saw": first_error(out),
+                    "seconds": round(seconds, 1),
+                    "tests": list(m.tests),
+                    "original": m.original,
+                    "mutated": m.mutated,
+                }
                 if row["verdict"] == "error":
                     row["output_tail"] = out[-1500:]
                 results.append(row)
@@ -299,8 +444,9 @@ def main(argv: list[str] | None = None) -> int:
 
     caught = sum(r["verdict"] in ("caught", "timeout") for r in results)
     report = {
-        "command": "python tests/mutation/run_mutations.py" + (" --head" if args.head else "")
-                   + (f" --only {' '.join(args.only)}" if args.only else ""),
+        "command": "python tests/mutation/run_mutations.py"
+        + (" --head" if args.head else "")
+        + (f" --only {' '.join(args.only)}" if args.only else ""),
         "tree": "HEAD" if args.head else "working tree",
         "commit": git_commit(),
         "python": platform.python_version(),

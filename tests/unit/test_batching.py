@@ -12,17 +12,17 @@ import pytest
 import torch
 
 from turbotrain import load_config
+from turbotrain.base.errors import ConfigError, TurbotrainError
 from turbotrain.parts.data import open_tokens, resolve_loader_settings
 from turbotrain.parts.data.batching import (
-    resume_start,
     IGNORE_INDEX,
     PieceRows,
     TokenBudgetSampler,
     build_budget_loader,
     plan_epoch,
+    resume_start,
 )
 from turbotrain.parts.data.documents import GPT2_END_OF_TEXT, open_documents, separator_ends
-from turbotrain.base.errors import ConfigError, TurbotrainError
 from turbotrain.parts.models.gpt import GPT, GPTConfig
 
 SEQ = 16
@@ -90,9 +90,12 @@ def test_batch_k_depends_on_seed_and_k_only_so_a_resume_is_exact(folder, tmp_pat
     start = per_epoch - 2
     resumed = iter(TokenBudgetSampler(inputs, 40, SEQ, seed=5, start=start))
     assert [next(resumed) for _ in range(len(stream) - start)] == stream[start:]
-    assert stream[:per_epoch] != stream[per_epoch:2 * per_epoch]  # each epoch is shuffled anew
+    assert stream[:per_epoch] != stream[per_epoch : 2 * per_epoch]  # each epoch is shuffled anew
     settings = resolve_loader_settings(torch.device("cpu"), 0, False, 2)
-    a, b = iter(build_budget_loader(rows, 40, 5, settings)), iter(build_budget_loader(rows, 40, 5, settings, start=3))
+    a, b = (
+        iter(build_budget_loader(rows, 40, 5, settings)),
+        iter(build_budget_loader(rows, 40, 5, settings, start=3)),
+    )
     for _ in range(3):
         next(a)
     for _ in range(4):
@@ -111,7 +114,9 @@ def test_gpt_loss_skips_padded_targets():
     loss = model(x, y)
     logits = model(x).float()
     ce = torch.nn.functional.cross_entropy
-    per_token = torch.cat([ce(logits[0], y[0], reduction="none"), ce(logits[1, :5], y[1, :5], reduction="none")])
+    per_token = torch.cat(
+        [ce(logits[0], y[0], reduction="none"), ce(logits[1, :5], y[1, :5], reduction="none")]
+    )
     assert torch.allclose(loss, per_token.mean(), atol=1e-6)
 
 
@@ -122,7 +127,7 @@ def test_gpt2_style_bin_files_split_at_end_of_text(tmp_path):
     source = open_tokens(str(path), val_fraction=0.0, cache_dir=str(tmp_path / "cache"))
     train, _ = open_documents(str(path), source)
     tokens = source.train.array()
-    got = [tokens[s:s + n].tolist() for s, n in zip(train.starts, train.lengths)]
+    got = [tokens[s : s + n].tolist() for s, n in zip(train.starts, train.lengths)]
     # each document keeps the end-of-text after it as its last target (the first one stands alone)
     assert got == [[GPT2_END_OF_TEXT], [1, 2, 3, GPT2_END_OF_TEXT], [4, 5, GPT2_END_OF_TEXT], [6, 7, 8, 9]]
 
@@ -141,7 +146,9 @@ def test_a_gpt2_bin_without_any_end_of_text_is_refused_not_read_as_one_document(
     np.arange(1, 101, dtype=np.uint16).tofile(path)  # no 50256 anywhere
     (tmp_path / "meta.json").write_text('{"vocab_size": 50304}')
     source = open_tokens(str(path), val_fraction=0.1, cache_dir=str(tmp_path / "cache"))
-    with pytest.raises(TurbotrainError, match=f"no document boundaries.*{GPT2_END_OF_TEXT}.*data.batching=windows") as err:
+    with pytest.raises(
+        TurbotrainError, match=f"no document boundaries.*{GPT2_END_OF_TEXT}.*data.batching=windows"
+    ) as err:
         open_documents(str(path), source)
     assert "\n" not in str(err.value)
 
@@ -167,8 +174,11 @@ def test_a_resume_at_another_world_size_keeps_the_batches_per_step_or_is_refused
     assert resume_start(10, 10, saved_world=2, world=1, accumulation=2) == 20
     assert one.batch(20) == two[0].batch(10)
     assert resume_start(20, 10, saved_world=1, world=2, accumulation=1) == 10
-    with pytest.raises(TurbotrainError, match=r"took 2 \(2 processes x accumulation 1\) and this run takes 1 "
-                       r"\(1 process x accumulation 1\); resume with --batch.accumulation=2") as err:
+    with pytest.raises(
+        TurbotrainError,
+        match=r"took 2 \(2 processes x accumulation 1\) and this run takes 1 "
+        r"\(1 process x accumulation 1\); resume with --batch.accumulation=2",
+    ) as err:
         resume_start(10, 10, saved_world=2, world=1, accumulation=1)
     assert "\n" not in str(err.value)
     with pytest.raises(TurbotrainError, match="resume with 1 process \\(no torchrun\\)"):
@@ -179,7 +189,13 @@ def test_a_resume_at_another_world_size_keeps_the_batches_per_step_or_is_refused
 
 def test_token_batching_mistakes_are_one_line_config_errors():
     with pytest.raises(ConfigError, match="max_tokens"):
-        load_config(overrides={"data": {"batching": "tokens"}, "batch": {"max_tokens": 64}, "model": {"block_size": 128}})
+        load_config(
+            overrides={
+                "data": {"batching": "tokens"},
+                "batch": {"max_tokens": 64},
+                "model": {"block_size": 128},
+            }
+        )
     with pytest.raises(ConfigError, match="max_tokens"):
         load_config(overrides={"data": {"batching": "tokens"}, "batch": {"micro": "auto"}})
     with pytest.raises(ConfigError, match="model.loss"):

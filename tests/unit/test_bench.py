@@ -82,9 +82,21 @@ def test_moe_workload_counts_active_parameters_and_groups_expand():
 
 
 def test_overrides_and_bounds():
-    w = resolve_workload("gpt-tiny", "cpu", batch_size=2, warmup_steps=1, timed_steps=3,
-                         model_overrides={"block_size": 16, "n_layer": 1})
-    assert (w.batch_size, w.warmup_steps, w.timed_steps, w.seq_len, w.model_kwargs["n_layer"]) == (2, 1, 3, 16, 1)
+    w = resolve_workload(
+        "gpt-tiny",
+        "cpu",
+        batch_size=2,
+        warmup_steps=1,
+        timed_steps=3,
+        model_overrides={"block_size": 16, "n_layer": 1},
+    )
+    assert (w.batch_size, w.warmup_steps, w.timed_steps, w.seq_len, w.model_kwargs["n_layer"]) == (
+        2,
+        1,
+        3,
+        16,
+        1,
+    )
     with pytest.raises(TurbotrainError, match="warm-up"):
         resolve_workload("gpt-tiny", "cpu", warmup_steps=0)
     with pytest.raises(TurbotrainError, match="timed steps"):
@@ -111,7 +123,9 @@ def test_step_clock_times_only_the_steps_after_warmup():
     assert len(figures["step_ms"]) == 3  # steps 3, 4, 5, each measured from the previous step's end
     assert figures["losses"] == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert figures["first_loss"] == 0.0 and figures["final_loss"] == 4.0
-    assert figures["time_to_first_step_s"] >= 0 and "peak_rss_gib" in figures and "peak_mem_gib" not in figures
+    assert (
+        figures["time_to_first_step_s"] >= 0 and "peak_rss_gib" in figures and "peak_mem_gib" not in figures
+    )
 
 
 def test_step_clock_refuses_a_wrong_step_count():
@@ -160,12 +174,21 @@ def test_skipped_rows_launch_no_process(tmp_path, monkeypatch):
     monkeypatch.setattr("turbotrain.app.bench.suite.run_row", boom)
     opts = BenchOptions(device="cpu", work_dir=tmp_path, log=lambda line: None, repeat=2)
     rows = run_rows([RowJob("lightning", "lightning", {}, skip="lightning is not installed")], opts, "x")
-    assert rows == [{"contender": "lightning", "row": "lightning", "status": "skipped", "reason": "lightning is not installed"}]
+    assert rows == [
+        {
+            "contender": "lightning",
+            "row": "lightning",
+            "status": "skipped",
+            "reason": "lightning is not installed",
+        }
+    ]
 
 
 def test_merge_runs_reports_the_median_run_and_keeps_every_run():
-    runs = [{"status": "ok", "step_ms_median": v, "time_to_first_step_s": t, "final_loss": 1.0}
-            for v, t in ((30.0, 3.0), (10.0, 1.0), (20.0, 2.0))]
+    runs = [
+        {"status": "ok", "step_ms_median": v, "time_to_first_step_s": t, "final_loss": 1.0}
+        for v, t in ((30.0, 3.0), (10.0, 1.0), (20.0, 2.0))
+    ]
     row = merge_runs(runs)
     assert row["step_ms_median"] == 20.0 and row["time_to_first_step_s"] == 2.0
     assert [r["step_ms_median"] for r in row["runs"]] == [30.0, 10.0, 20.0]
@@ -175,7 +198,8 @@ def test_merge_runs_reports_the_median_run_and_keeps_every_run():
 def test_precision_and_ablation_rows_say_why_they_do_not_apply_on_cpu():
     prec = {v.name: v for v in precision_variants("cpu")}
     assert prec["tf32"].skip and not prec["fp32"].skip and not prec["bf16-mixed"].skip
-    assert not any(v.skip for v in precision_variants("cuda") if v.name != "fp8")  # fp8: see test_precision_fp8
+    # fp8: see test_precision_fp8
+    assert not any(v.skip for v in precision_variants("cuda") if v.name != "fp8")
     w = resolve_workload("gpt-tiny", "cpu")
     cpu = {v.name: v for v in ablation_variants(w, "cpu")}
     assert cpu["+cuda-graphs"].skip == "CUDA only" and cpu["+prefetch"].skip == "CUDA only"
@@ -189,7 +213,10 @@ def test_precision_and_ablation_rows_say_why_they_do_not_apply_on_cpu():
 def test_the_step_changes_are_ablation_rows_that_say_when_they_cannot_run(monkeypatch):
     w = resolve_workload("gpt-tiny", "cpu")
     cpu = {v.name: v for v in ablation_variants(w, "cpu")}
-    assert cpu["+chunked-loss"].model == {"attention": "masked", "loss": "chunked"} and not cpu["+chunked-loss"].skip
+    assert (
+        cpu["+chunked-loss"].model == {"attention": "masked", "loss": "chunked"}
+        and not cpu["+chunked-loss"].skip
+    )
     assert cpu["+cudnn-attention"].skip == "cuDNN attention is a CUDA kernel"
     assert cpu["all"].model == {"loss": "chunked"}  # no cuDNN preference where it cannot run
     gpu = resolve_workload("gpt2-small", "cuda")
@@ -197,7 +224,10 @@ def test_the_step_changes_are_ablation_rows_that_say_when_they_cannot_run(monkey
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))
     monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
     monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91000)
-    assert "compute capability >= 8.0 (here cuDNN 91000, 7.5)" in {v.name: v for v in ablation_variants(gpu, "cuda")}["+cudnn-attention"].skip
+    assert (
+        "compute capability >= 8.0 (here cuDNN 91000, 7.5)"
+        in {v.name: v for v in ablation_variants(gpu, "cuda")}["+cudnn-attention"].skip
+    )
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     h100 = {v.name: v for v in ablation_variants(gpu, "cuda")}
     assert not h100["+cudnn-attention"].skip and h100["+cudnn-attention"].model == {"sdpa_backend": "cudnn"}
@@ -210,9 +240,19 @@ def test_the_step_changes_are_ablation_rows_that_say_when_they_cannot_run(monkey
 
 
 def _row(name: str, step_ms: float, loss: float, **extra) -> dict:
-    return {"contender": name, "row": name, "status": "ok", "step_ms_median": step_ms, "final_loss": loss,
-            "first_loss": 5.0, "time_to_first_step_s": 1.0, "init_digest": "abc", "math_precision": "bf16",
-            "recipe": "r", **extra}
+    return {
+        "contender": name,
+        "row": name,
+        "status": "ok",
+        "step_ms_median": step_ms,
+        "final_loss": loss,
+        "first_loss": 5.0,
+        "time_to_first_step_s": 1.0,
+        "init_digest": "abc",
+        "math_precision": "bf16",
+        "recipe": "r",
+        **extra,
+    }
 
 
 def test_no_mfu_on_cpu_or_an_unknown_gpu_and_mfu_on_a_known_one():
@@ -232,16 +272,32 @@ def _report(rows: list[dict], kind: str = "compare", device: str = "cuda") -> di
     w = resolve_workload("gpt2-small", device)
     from dataclasses import asdict
 
-    return {"kind": kind, "workload": {**asdict(w), "describe": w.describe()}, "device": device,
-            "device_name": rows[0].get("device_name"), "rows": rows, "flops_method": "m", "mfu_basis": "b",
-            "timing": "t", "tolerance": {"rule": "r"}, "summary": {}}
+    return {
+        "kind": kind,
+        "workload": {**asdict(w), "describe": w.describe()},
+        "device": device,
+        "device_name": rows[0].get("device_name"),
+        "rows": rows,
+        "flops_method": "m",
+        "mfu_basis": "b",
+        "timing": "t",
+        "tolerance": {"rule": "r"},
+        "summary": {},
+    }
 
 
 def test_table_has_no_mfu_column_for_an_unknown_gpu_and_shows_skip_reasons():
     w = resolve_workload("gpt2-small", "cuda")
     flops, _ = flops_per_step(w)
-    rows = [_row("turbotrain", 50.0, 3.0, device="cuda", device_name="Mystery GPU", peak_mem_gib=1.0),
-            {"contender": "lightning", "row": "lightning", "status": "skipped", "reason": "lightning is not installed"}]
+    rows = [
+        _row("turbotrain", 50.0, 3.0, device="cuda", device_name="Mystery GPU", peak_mem_gib=1.0),
+        {
+            "contender": "lightning",
+            "row": "lightning",
+            "status": "skipped",
+            "reason": "lightning is not installed",
+        },
+    ]
     for r in rows:
         derive(r, w, flops)
     text = render_report(_report(rows))
@@ -263,9 +319,13 @@ def test_loss_parity_and_speedup_against_the_reference():
     off = _row("accelerate", 100.0, 3.01, math_precision="fp32")
     mixed = _row("lightning", 25.0, 3.04, math_precision="bf16")
     compare_to([ref, same, off, mixed], ref, speed_key="turbotrain_speedup")
-    assert loss_tolerance(same, ref) == SAME_PRECISION_TOL and loss_tolerance(mixed, ref) == MIXED_PRECISION_TOL
+    assert (
+        loss_tolerance(same, ref) == SAME_PRECISION_TOL and loss_tolerance(mixed, ref) == MIXED_PRECISION_TOL
+    )
     assert same["loss_within_tol"] and not off["loss_within_tol"] and mixed["loss_within_tol"]
-    assert same["turbotrain_speedup"] == pytest.approx(2.0) and mixed["turbotrain_speedup"] == pytest.approx(0.5)
+    assert same["turbotrain_speedup"] == pytest.approx(2.0) and mixed["turbotrain_speedup"] == pytest.approx(
+        0.5
+    )
 
 
 def test_recommendation_is_the_fastest_within_tolerance():
@@ -282,7 +342,9 @@ def test_recommendation_is_the_fastest_within_tolerance():
 
 def test_document_records_command_git_and_environment(tmp_path):
     rows = [_row("turbotrain", 50.0, 3.0, device="cpu", device_name="cpu", losses=[3.0], peak_rss_gib=0.3)]
-    doc = build_document(_report(rows, device="cpu"), "turbotrain bench --workload gpt-tiny", ["turbotrain", "bench"])
+    doc = build_document(
+        _report(rows, device="cpu"), "turbotrain bench --workload gpt-tiny", ["turbotrain", "bench"]
+    )
     for key in ("schema", "command", "argv", "git", "runtime", "env", "rows", "created_utc"):
         assert key in doc
     assert doc["runtime"]["torch"] == torch.__version__
@@ -301,7 +363,9 @@ def test_a_speedup_within_noise_does_not_displace_fp32():
 
 
 def test_a_diverged_loss_is_written_not_lost(tmp_path):
-    rows = [_row("turbotrain", 50.0, float("nan"), device="cpu", device_name="cpu", losses=[3.0, float("inf")])]
+    rows = [
+        _row("turbotrain", 50.0, float("nan"), device="cpu", device_name="cpu", losses=[3.0, float("inf")])
+    ]
     doc = build_document(_report(rows, device="cpu"), "c", [])
     json_path, md_path = write_document(doc, tmp_path)
     row = json.loads(json_path.read_text())["rows"][0]
@@ -341,9 +405,17 @@ def test_the_ablation_has_a_bf16_compile_ladder_first(monkeypatch):
     _h100(monkeypatch)
     rows = ablation_variants(resolve_workload("gpt2-small", "cuda"), "cuda")
     bf16 = [v for v in rows if v.ladder == "bf16-compile"]
-    assert [v.name for v in rows[:5]] == [v.name for v in bf16] == [
-        "bf16-compile", "bf16-compile+cudnn-attention", "bf16-compile+chunked-loss", "bf16-compile+cuda-graphs",
-        "bf16-compile+fp8"]
+    assert (
+        [v.name for v in rows[:5]]
+        == [v.name for v in bf16]
+        == [
+            "bf16-compile",
+            "bf16-compile+cudnn-attention",
+            "bf16-compile+chunked-loss",
+            "bf16-compile+cuda-graphs",
+            "bf16-compile+fp8",
+        ]
+    )
     base = bf16[0].overrides
     assert base["precision"]["mode"] == "bf16-mixed" and base["compile"]["scope"] == "model"
     for v in bf16[:4]:  # one change each on the same base, and each runs on an H100 (fp8: test_precision_fp8)
@@ -351,10 +423,15 @@ def test_the_ablation_has_a_bf16_compile_ladder_first(monkeypatch):
     by = {v.name: v for v in bf16}
     assert by["bf16-compile+cudnn-attention"].model == {"sdpa_backend": "cudnn"}
     assert by["bf16-compile+chunked-loss"].model == {"loss": "chunked"}
-    assert by["bf16-compile+cuda-graphs"].overrides["compile"] == {"scope": "model", "mode": "reduce-overhead"}
+    assert by["bf16-compile+cuda-graphs"].overrides["compile"] == {
+        "scope": "model",
+        "mode": "reduce-overhead",
+    }
     fp32 = [v for v in rows if v.ladder == "fp32-eager"]
     assert fp32[0].name == "baseline" and len(fp32) + len(bf16) == len(rows)  # the fp32 ladder stays
-    cpu = [v for v in ablation_variants(resolve_workload("gpt-tiny", "cpu"), "cpu") if v.ladder == "bf16-compile"]
+    cpu = [
+        v for v in ablation_variants(resolve_workload("gpt-tiny", "cpu"), "cpu") if v.ladder == "bf16-compile"
+    ]
     assert len(cpu) == 5 and all("GPU question" in v.skip for v in cpu)
     cnn = {v.name: v for v in ablation_variants(resolve_workload("cnn-224", "cuda"), "cuda")}
     assert cnn["bf16-compile+chunked-loss"].skip and not cnn["bf16-compile+cuda-graphs"].skip
@@ -364,8 +441,13 @@ def test_ablation_rows_compare_with_their_own_ladders_base(tmp_path, monkeypatch
     from turbotrain.app.bench import suite
 
     speeds = {"bf16-compile": 10.0, "bf16-compile+cuda-graphs": 5.0, "baseline": 40.0, "+compile": 20.0}
-    monkeypatch.setattr(suite, "run_row", lambda contender, spec, name, opts: _row(
-        "turbotrain", speeds[name.split("ablation-")[1]], 3.0, device="cpu", math_precision="fp32"))
+    monkeypatch.setattr(
+        suite,
+        "run_row",
+        lambda contender, spec, name, opts: _row(
+            "turbotrain", speeds[name.split("ablation-")[1]], 3.0, device="cpu", math_precision="fp32"
+        ),
+    )
     _h100(monkeypatch)
     opts = BenchOptions(device="cuda", work_dir=tmp_path, log=lambda line: None)
     w = resolve_workload("mlp-tiny", "cpu", warmup_steps=1, timed_steps=2)
@@ -374,40 +456,79 @@ def test_ablation_rows_compare_with_their_own_ladders_base(tmp_path, monkeypatch
     assert list(rows) == ["bf16-compile", "bf16-compile+cuda-graphs", "baseline", "+compile"]
     assert rows["bf16-compile+cuda-graphs"]["speedup"] == rows["+compile"]["speedup"] == 2.0
     text = render_report(report)
-    assert "reference: bf16-compile" in text and "| speedup vs bf16-compile |" in text and "| speedup vs baseline |" in text
+    assert (
+        "reference: bf16-compile" in text
+        and "| speedup vs bf16-compile |" in text
+        and "| speedup vs baseline |" in text
+    )
 
 
 def test_rows_report_progress_and_name_the_runs_still_missing(tmp_path, monkeypatch):
     from turbotrain.app.bench import suite
 
-    monkeypatch.setattr(suite, "run_row", lambda contender, spec, name, opts: _row(contender, 10.0, 3.0, device="cpu"))
+    monkeypatch.setattr(
+        suite, "run_row", lambda contender, spec, name, opts: _row(contender, 10.0, 3.0, device="cpu")
+    )
     seen = []
-    opts = BenchOptions(device="cpu", work_dir=tmp_path, log=lambda line: None, repeat=2, progress=seen.append)
-    jobs = [RowJob("a", "eager", {}), RowJob("b", "lightning", {}, skip="not installed"), RowJob("c", "turbotrain", {})]
+    opts = BenchOptions(
+        device="cpu", work_dir=tmp_path, log=lambda line: None, repeat=2, progress=seen.append
+    )
+    jobs = [
+        RowJob("a", "eager", {}),
+        RowJob("b", "lightning", {}, skip="not installed"),
+        RowJob("c", "turbotrain", {}),
+    ]
     final = suite.run_report(jobs, opts, "x", lambda rows: {"rows": rows})
-    assert [r["missing"] for r in seen] == [["a (run 1)", "c (run 1)", "a (run 2)", "c (run 2)"],
-                                            ["c (run 1)", "a (run 2)", "c (run 2)"], ["a (run 2)", "c (run 2)"],
-                                            ["c (run 2)"], []]
+    assert [r["missing"] for r in seen] == [
+        ["a (run 1)", "c (run 1)", "a (run 2)", "c (run 2)"],
+        ["c (run 1)", "a (run 2)", "c (run 2)"],
+        ["a (run 2)", "c (run 2)"],
+        ["c (run 2)"],
+        [],
+    ]
     assert [r["complete"] for r in seen] == [False] * 4 + [True] and seen[-1] is final
     first = {r["row"]: r for r in seen[0]["rows"]}
-    assert first["a"] == {"contender": "eager", "row": "a", "status": "not run", "reason": "bench stopped before this row"}
+    assert first["a"] == {
+        "contender": "eager",
+        "row": "a",
+        "status": "not run",
+        "reason": "bench stopped before this row",
+    }
     assert first["b"]["status"] == "skipped"
     assert [r["status"] for r in seen[1]["rows"]] == ["ok", "skipped", "not run"]
-    assert [r["status"] for r in final["rows"]] == ["ok", "skipped", "ok"] and len(final["rows"][0]["runs"]) == 2
+    assert [r["status"] for r in final["rows"]] == ["ok", "skipped", "ok"] and len(
+        final["rows"][0]["runs"]
+    ) == 2
 
 
 def test_report_writer_rewrites_the_document_after_each_row(tmp_path):
     from turbotrain.app.bench.results import ReportWriter
 
     write = ReportWriter(tmp_path, "turbotrain bench", ["turbotrain", "bench"])
-    partial = _report([_row("eager", 10.0, 3.0, device="cpu"),
-                       {"contender": "turbotrain", "row": "turbotrain", "status": "not run", "reason": "bench stopped before this row"}],
-                      device="cpu")
+    partial = _report(
+        [
+            _row("eager", 10.0, 3.0, device="cpu"),
+            {
+                "contender": "turbotrain",
+                "row": "turbotrain",
+                "status": "not run",
+                "reason": "bench stopped before this row",
+            },
+        ],
+        device="cpu",
+    )
     json_path, md_path = write({**partial, "complete": False, "missing": ["turbotrain"]})
     doc = json.loads(json_path.read_text())
-    assert doc["complete"] is False and doc["missing"] == ["turbotrain"] and doc["command"] == "turbotrain bench"
-    assert "INCOMPLETE" in md_path.read_text() and "not run (bench stopped before this row)" in md_path.read_text()
-    write({**_report([_row("eager", 10.0, 3.0, device="cpu")], device="cpu"), "complete": True, "missing": []})
+    assert (
+        doc["complete"] is False and doc["missing"] == ["turbotrain"] and doc["command"] == "turbotrain bench"
+    )
+    assert (
+        "INCOMPLETE" in md_path.read_text()
+        and "not run (bench stopped before this row)" in md_path.read_text()
+    )
+    write(
+        {**_report([_row("eager", 10.0, 3.0, device="cpu")], device="cpu"), "complete": True, "missing": []}
+    )
     assert json.loads(json_path.read_text())["complete"] is True and "INCOMPLETE" not in md_path.read_text()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary file left
 
@@ -429,8 +550,23 @@ def test_the_commit_comes_from_tt_commit_where_there_is_no_git(tmp_path, monkeyp
     project = tmp_path / "project"
     (project / "lib" / "turbotrain").mkdir(parents=True)
     subprocess.run(["git", "init", "-q", str(project)], check=True)
-    subprocess.run(["git", "-C", str(project), "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "--allow-empty",
-                    "-m", "theirs"], check=True)
+    subprocess.run(
+        [
+            "git",
+            "-C",
+            str(project),
+            "-c",
+            "user.name=a",
+            "-c",
+            "user.email=a@b",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "theirs",
+        ],
+        check=True,
+    )
     monkeypatch.setattr(version, "PACKAGE_ROOT", project / "lib" / "turbotrain")
     monkeypatch.delenv("GIT_CEILING_DIRECTORIES")
     other = version.collect_git()

@@ -10,8 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from faults.limits import file_size_limit
 
+from turbotrain.app.training import train
 from turbotrain.base.atomic import DiskFullError, atomic_write, clean_stale_temps
+from turbotrain.base.config import load_config, to_toml
+from turbotrain.base.errors import TurbotrainError
+from turbotrain.cli import main
+from turbotrain.core.distributed import Strategy
 from turbotrain.loop.checkpoint import (
     Checkpointer,
     RunState,
@@ -20,22 +26,15 @@ from turbotrain.loop.checkpoint import (
     list_checkpoints,
     load_latest,
     load_latest_weights,
+    model_settings_changed,
     restore_latest,
     rng_state,
-    model_settings_changed,
     save_checkpoint,
     save_sharded,
     set_rng_state,
 )
-from turbotrain.base.config import load_config, to_toml
-from turbotrain.cli import main
-from turbotrain.core.distributed import Strategy
-from turbotrain.base.errors import TurbotrainError
 from turbotrain.loop.hooks import FitContext
 from turbotrain.parts.models.registry import build_model
-from turbotrain.app.training import train
-
-from faults.limits import file_size_limit
 
 
 def _payload(v: float) -> dict:
@@ -75,7 +74,8 @@ def test_loading_never_unpickles_arbitrary_objects(tmp_path: Path):
     save_checkpoint(tmp_path, 1, {"model": {}, "evil": Evil()})
     with pytest.raises(TurbotrainError, match="holds objects that are refused") as info:
         load_latest(tmp_path)
-    assert "was not loaded" in str(info.value) and "weights_only=False" not in str(info.value)  # item 13: no advice to load it
+    # item 13: no advice to load it
+    assert "was not loaded" in str(info.value) and "weights_only=False" not in str(info.value)
 
 
 def test_rng_state_round_trips():
@@ -254,7 +254,11 @@ def test_keep_last_counts_verified_checkpoints_of_both_kinds(tmp_path: Path, cap
     shard = four / "__0_0.distcp"
     shard.write_bytes(shard.read_bytes()[:-1] + b"!")  # corrupt, same size
     save_sharded(tmp_path, 5, _state(*_trained(5)), keep_last=2)  # 4 does not count: 3 stays
-    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000003.pt", "step_00000004", "step_00000005"]
+    assert [p.name for p in list_checkpoints(tmp_path)] == [
+        "step_00000003.pt",
+        "step_00000004",
+        "step_00000005",
+    ]
     save_sharded(tmp_path, 6, _state(*_trained(6)), keep_last=2)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000005", "step_00000006"]
     shutil.rmtree(tmp_path / "step_00000006")
@@ -276,8 +280,10 @@ def test_a_sharded_folder_never_unpickles_arbitrary_objects(tmp_path: Path):
     path = save_sharded(folder, 1, _state(*_trained(1)))
     (path / ".metadata").write_bytes(pickle.dumps(Evil()))
     done = json.loads((path / "finished.json").read_text())
-    done["files"][".metadata"] = {"size": (path / ".metadata").stat().st_size,
-                                  "sha256": hashlib.sha256((path / ".metadata").read_bytes()).hexdigest()}
+    done["files"][".metadata"] = {
+        "size": (path / ".metadata").stat().st_size,
+        "sha256": hashlib.sha256((path / ".metadata").read_bytes()).hexdigest(),
+    }
     (path / "finished.json").write_text(json.dumps(done))  # its checksums match: it was written so
     assert is_verified(path)
     with pytest.raises(TurbotrainError, match="not part of a checkpoint's metadata"):
@@ -294,7 +300,9 @@ def _other_shape(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, _Co
     return model, torch.optim.AdamW(model.parameters(), lr=1e-2), _Counter()
 
 
-def test_a_newest_checkpoint_of_another_shape_or_unsafe_metadata_falls_back_to_an_older_one(tmp_path: Path, caplog):
+def test_a_newest_checkpoint_of_another_shape_or_unsafe_metadata_falls_back_to_an_older_one(
+    tmp_path: Path, caplog
+):
     """Issue 23 item 10: the choice verifies everything a load needs before it chooses: a newest
     checkpoint of another model (either kind), or a sharded one whose .metadata the safe reader
     refuses, is skipped with one line saying why, and the older one that fits loads."""
@@ -304,8 +312,10 @@ def test_a_newest_checkpoint_of_another_shape_or_unsafe_metadata_falls_back_to_a
     unsafe = save_sharded(tmp_path, 4, _state(*_trained(4)), keep_last=9)
     (unsafe / ".metadata").write_bytes(pickle.dumps(print))
     done = json.loads((unsafe / "finished.json").read_text())
-    done["files"][".metadata"] = {"size": (unsafe / ".metadata").stat().st_size,
-                                  "sha256": hashlib.sha256((unsafe / ".metadata").read_bytes()).hexdigest()}
+    done["files"][".metadata"] = {
+        "size": (unsafe / ".metadata").stat().st_size,
+        "sha256": hashlib.sha256((unsafe / ".metadata").read_bytes()).hexdigest(),
+    }
     (unsafe / "finished.json").write_text(json.dumps(done))
     fresh = _trained(9)
     assert restore_latest(tmp_path, _state(*fresh)).name == "step_00000001.pt" and fresh[2].n == 1
@@ -313,7 +323,9 @@ def test_a_newest_checkpoint_of_another_shape_or_unsafe_metadata_falls_back_to_a
     assert len(skipped) == 3 and all(len(line.splitlines()) == 1 for line in skipped), skipped
     assert "step_00000004/.metadata" in skipped[0] and "not part of a checkpoint's metadata" in skipped[0]
     for line, name in zip(skipped[1:], ("step_00000003", "step_00000002.pt")):
-        assert f"{name} does not fit the model this config builds" in line and "0.weight: saved [16, 4]" in line, line
+        assert (
+            f"{name} does not fit the model this config builds" in line and "0.weight: saved [16, 4]" in line
+        ), line
         assert "override" not in line
 
 
@@ -322,7 +334,12 @@ def test_when_every_checkpoint_is_another_model_the_advice_names_the_saved_setti
     with pytest.raises(TurbotrainError) as info:
         restore_latest(tmp_path, _state(*_trained(2)))
     text = str(info.value)
-    assert "another shape" in text and "config.toml" in text and "override" not in text and "move them away" not in text
+    assert (
+        "another shape" in text
+        and "config.toml" in text
+        and "override" not in text
+        and "move them away" not in text
+    )
 
 
 def test_sample_reads_a_sharded_checkpoint_as_it_reads_a_pt_one(tmp_path: Path, tiny_config, capsys):
@@ -334,7 +351,8 @@ def test_sample_reads_a_sharded_checkpoint_as_it_reads_a_pt_one(tmp_path: Path, 
     path, weights = load_latest_weights(run / "checkpoints")
     model = build_model(tiny_config, weights["wte.weight"].shape[0])
     model.load_state_dict(weights)
-    save_sharded(run / "checkpoints", 7, RunState(model=model))  # what a ddp/fsdp run leaves (one process here)
+    # what a ddp/fsdp run leaves (one process here)
+    save_sharded(run / "checkpoints", 7, RunState(model=model))
     for p in (run / "checkpoints").glob("*.pt*"):
         p.unlink()
     assert main(["sample", str(run), "--tokens", "20", "--seed", "3"]) == 0
@@ -350,7 +368,9 @@ def test_a_full_disk_during_a_sharded_save_is_one_error_and_keeps_the_previous_o
     assert [p.name for p in tmp_path.iterdir()] == [first.name] and is_verified(first)
 
 
-def test_a_background_checkpoint_is_the_state_of_its_step_and_the_end_waits_for_it(tmp_path: Path, monkeypatch):
+def test_a_background_checkpoint_is_the_state_of_its_step_and_the_end_waits_for_it(
+    tmp_path: Path, monkeypatch
+):
     """train.async_checkpoint: the step returns while its checkpoint is still being written; the
     copy it writes is the state at that step although training changes the weights right after;
     the final checkpoint waits for the write in flight (as a SIGTERM's does: it ends the fit)."""
@@ -422,9 +442,15 @@ def test_the_host_copy_keeps_tied_weights_shared_and_the_file_the_same():
     torch.save(staged, copy)
     copy.seek(0)
     loaded = torch.load(copy, weights_only=True)["model"]
-    assert loaded["0.weight"].data_ptr() == loaded["1.weight"].data_ptr()  # stored once, as the live state stores it
-    assert abs(len(copy.getvalue()) - len(live.getvalue())) < 64 * 16 * 4  # not a second copy of the tied tensor
-    assert staged["model"]["0.weight"].data_ptr() == staged["model"]["1.weight"].data_ptr() != model[0].weight.data_ptr()
+    # stored once, as the live state stores it
+    assert loaded["0.weight"].data_ptr() == loaded["1.weight"].data_ptr()
+    # not a second copy of the tied tensor
+    assert abs(len(copy.getvalue()) - len(live.getvalue())) < 64 * 16 * 4
+    assert (
+        staged["model"]["0.weight"].data_ptr()
+        == staged["model"]["1.weight"].data_ptr()
+        != model[0].weight.data_ptr()
+    )
     assert staged["model"]._metadata == payload["model"]._metadata and staged["betas"] == (0.9, 0.95)
     again = stage_to_host(payload, buffers)  # the next checkpoint reuses the buffers
     assert again["model"]["0.weight"].data_ptr() == staged["model"]["0.weight"].data_ptr()

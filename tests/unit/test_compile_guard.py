@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from turbotrain import Engine
-from turbotrain.core.compile_guard import CompileGuard, collect_compile_counts
 from turbotrain.app.tracking import track
+from turbotrain.core.compile_guard import CompileGuard, collect_compile_counts
 
 
 class TinyMLP(nn.Module):
@@ -35,7 +35,9 @@ def test_recompiles_after_warmup_are_counted_in_the_summary_and_the_warning_name
     engine = Engine({"monitor": {"log_every": 2}, "compile": {"max_recompiles": 2}})
     model, optimizer, loader = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.01), batches)
     with caplog.at_level(logging.WARNING, logger="turbotrain.core.compile_guard"):
-        with track(engine, model, optimizer, tmp_path / "run", log_every=2, progress=False, nvml=False) as run:
+        with track(
+            engine, model, optimizer, tmp_path / "run", log_every=2, progress=False, nvml=False
+        ) as run:
             for x, y in loader:
                 engine.backward(model(x, y))
                 engine.step(optimizer)
@@ -71,8 +73,11 @@ def test_graph_breaks_are_counted_with_their_reason():
     model = BrokenMLP()
     model.compile(backend="eager")
     engine = Engine({"monitor": {"log_every": 2}})
-    model, optimizer, loader = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.01),
-                                            [(torch.randn(4, 8), torch.randn(4)) for _ in range(4)])
+    model, optimizer, loader = engine.setup(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        [(torch.randn(4, 8), torch.randn(4)) for _ in range(4)],
+    )
     for x, y in loader:
         engine.backward(model(x, y))
         engine.step(optimizer)

@@ -5,20 +5,43 @@ import pytest
 import torch
 
 from turbotrain import Engine
-from turbotrain.cli import main
-from turbotrain.base.config import SECTIONS, RunConfig, audience, describe, load_config, parse_overrides, preset_names, range_text, to_toml
+from turbotrain.base.config import (
+    SECTIONS,
+    RunConfig,
+    audience,
+    describe,
+    load_config,
+    parse_overrides,
+    preset_names,
+    range_text,
+    to_toml,
+)
 from turbotrain.base.errors import ConfigError
+from turbotrain.cli import main
 
 
 def test_presets_ship_with_the_package():
     assert {"gpt-tiny", "gpt2-small", "gpt2-medium"} <= set(preset_names())
     small = load_config("gpt2-small")
-    assert (small.model.n_layer, small.model.n_head, small.model.d_model, small.model.block_size) == (12, 12, 768, 1024)
+    assert (small.model.n_layer, small.model.n_head, small.model.d_model, small.model.block_size) == (
+        12,
+        12,
+        768,
+        1024,
+    )
 
 
 def test_overrides_are_typed_and_win_over_the_preset():
-    c = load_config("gpt-tiny", ["--optim.lr=1e-3", "--train.max_steps", "7", "--precision.tf32=false", "--batch.micro=auto"])
-    assert c.optim.lr == 1e-3 and c.train.max_steps == 7 and c.precision.tf32 is False and c.batch.micro == "auto"
+    c = load_config(
+        "gpt-tiny",
+        ["--optim.lr=1e-3", "--train.max_steps", "7", "--precision.tf32=false", "--batch.micro=auto"],
+    )
+    assert (
+        c.optim.lr == 1e-3
+        and c.train.max_steps == 7
+        and c.precision.tf32 is False
+        and c.batch.micro == "auto"
+    )
 
 
 @pytest.mark.parametrize(
@@ -47,7 +70,7 @@ def test_unknown_preset_lists_the_valid_ones():
 
 
 def test_written_config_reads_back_identically(tmp_path: Path):
-    c = load_config("gpt2-small", ["--optim.lr=1e-4", "--run.name=x y\"z"])
+    c = load_config("gpt2-small", ["--optim.lr=1e-4", '--run.name=x y"z'])
     path = tmp_path / "config.toml"
     path.write_text(to_toml(c))
     assert load_config(str(path)) == c
@@ -77,7 +100,9 @@ def test_override_syntax_errors():
         parse_overrides(["--optim.lr"])
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="fp16-mixed is valid on a GPU; the error needs a CPU-only machine")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="fp16-mixed is valid on a GPU; the error needs a CPU-only machine"
+)
 def test_errors_name_the_python_key_for_python_callers_and_the_flag_on_the_command_line():
     with pytest.raises(ConfigError) as info:
         Engine({"precision": {"mode": "fp16-mixed"}})  # no GPU here, and CI has none either
@@ -92,7 +117,8 @@ def test_cuda_graph_compile_modes_are_refused_with_token_batching(mode):
     with pytest.raises(ConfigError, match=f"compile.mode = '{mode}' uses CUDA graphs.*data.batching") as err:
         load_config("gpt-tiny", ["--data.batching=tokens", "--batch.micro=8", f"--compile.mode={mode}"])
     assert "\n" not in str(err.value)
-    assert load_config("gpt-tiny", [f"--compile.mode={mode}"]).compile.mode == mode  # windows: one shape, fine
+    # windows: one shape, fine
+    assert load_config("gpt-tiny", [f"--compile.mode={mode}"]).compile.mode == mode
     assert load_config("gpt-tiny", ["--data.batching=tokens", "--batch.micro=8"]).compile.mode == "default"
 
 
@@ -101,7 +127,12 @@ def test_cuda_graph_compile_modes_are_refused_with_token_batching(mode):
 @pytest.mark.parametrize(
     "args, field, words",
     [
-        (["--distributed.timeout_s", "1e11"], "distributed.timeout_s", ["[1, 2147483]"]),  # hung under torchrun
+        # hung under torchrun
+        (
+            ["--distributed.timeout_s", "1e11"],
+            "distributed.timeout_s",
+            ["[1, 2147483]"],
+        ),
         (["--distributed.timeout_s", "1e10"], "distributed.timeout_s", ["[1, 2147483]"]),  # DistNetworkError
         (["--distributed.timeout_s", "1e15"], "distributed.timeout_s", ["[1, 2147483]"]),  # OverflowError
         (["--batch.global_size", "4611686018427387904"], "batch.global_size", ["[0, 1048576]"]),  # stalled
@@ -109,13 +140,19 @@ def test_cuda_graph_compile_modes_are_refused_with_token_batching(mode):
         (["--moe.n_experts", "1000000000"], "moe.n_experts", ["[1, 4096]"]),
         (["--moe.expert_hidden", "4611686018427387904"], "moe.expert_hidden", ["[0, 1048576]"]),
         (["--moe.capacity_factor", "1e300"], "moe.capacity_factor", ["[0, 4096]"]),
-        (["--distributed.bucket_cap_mb", "4611686018427387904"], "distributed.bucket_cap_mb", ["[1, 1048576]"]),
+        (
+            ["--distributed.bucket_cap_mb", "4611686018427387904"],
+            "distributed.bucket_cap_mb",
+            ["[1, 1048576]"],
+        ),
         (["--moe.every", "99"], "moe.every", ["model.n_layer = 4"]),  # built a dense model
         (["--moe.capacity_factor", "5"], "moe.capacity_factor", ["n_experts / moe.top_k = 4"]),
         (["--moe.n_experts", "4096", "--moe.expert_hidden", "1048576"], "moe.n_experts", ["GiB", "memory"]),
     ],
 )
-def test_a_value_outside_its_range_is_one_line_naming_the_field_and_exit_2(tmp_path, capsys, args, field, words):
+def test_a_value_outside_its_range_is_one_line_naming_the_field_and_exit_2(
+    tmp_path, capsys, args, field, words
+):
     code = main(["train", "--preset", "moe-tiny", f"--run.out_dir={tmp_path}", "--run.device=cpu", *args])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
@@ -145,26 +182,52 @@ def test_the_moe_family_reads_its_own_section_and_old_files_still_load(tmp_path)
     assert "n_experts" not in {f.name for f in dataclasses.fields(config.model)}
     # a run saved before the move (its config.toml holds the experts under [model]) reads them in [moe]
     old = tmp_path / "config.toml"
-    old.write_text('preset = "moe-tiny"\n[model]\narch = "moe"\nn_layer = 4\nn_experts = 4\nmoe_every = 2\n'
-                   'moe_impl = "loop"\n')
+    old.write_text(
+        'preset = "moe-tiny"\n[model]\narch = "moe"\nn_layer = 4\nn_experts = 4\nmoe_every = 2\n'
+        'moe_impl = "loop"\n'
+    )
     loaded = load_config(str(old), ["--moe.top_k=1"])
     assert (loaded.moe.n_experts, loaded.moe.every, loaded.moe.impl, loaded.moe.top_k) == (4, 2, "loop", 1)
     # a dense run saved with a MoE field that never applied, and a MoE preset switched to the dense GPT, load:
     # only flags given for another family are refused (they would do nothing)
     dense = tmp_path / "dense.toml"
     dense.write_text('preset = "gpt-tiny"\n[model]\narch = "gpt"\nmoe_impl = "loop"\n')
-    assert load_config(str(dense)).moe.impl == "loop" and load_config("moe-tiny", ["--model.arch=gpt"]).model.arch == "gpt"
+    assert (
+        load_config(str(dense)).moe.impl == "loop"
+        and load_config("moe-tiny", ["--model.arch=gpt"]).model.arch == "gpt"
+    )
     assert "n_experts = 4" in to_toml(loaded).split("\n[moe]\n")[1].split("\n[")[0]
 
 
-@pytest.mark.parametrize("preset, args, words", [
-    ("moe-tiny", ["--model.n_experts=4"], ["model.n_experts is now moe.n_experts", "--moe.n_experts=4"]),
-    ("gpt-tiny", ["--moe.n_experts=4"], ["moe.n_experts configure model.arch = 'moe'", "model.arch = 'gpt'", "--model.arch=moe"]),
-    (None, ["--model.workload=examples/workload_cnn.py:make", "--moe.top_k=1", "--model.arch=moe"],
-     ["moe.top_k configure", "your model (model.workload)", "turbotrain.MoE(...)"]),  # no advice that cannot pass
-])
-def test_moe_settings_in_the_old_place_or_for_another_family_are_one_line(tmp_path, capsys, preset, args, words):
-    code = main(["train", *(["--preset", preset] if preset else []), f"--run.out_dir={tmp_path}", "--run.device=cpu", *args])
+@pytest.mark.parametrize(
+    "preset, args, words",
+    [
+        ("moe-tiny", ["--model.n_experts=4"], ["model.n_experts is now moe.n_experts", "--moe.n_experts=4"]),
+        (
+            "gpt-tiny",
+            ["--moe.n_experts=4"],
+            ["moe.n_experts configure model.arch = 'moe'", "model.arch = 'gpt'", "--model.arch=moe"],
+        ),
+        # no advice that cannot pass
+        (
+            None,
+            ["--model.workload=examples/workload_cnn.py:make", "--moe.top_k=1", "--model.arch=moe"],
+            ["moe.top_k configure", "your model (model.workload)", "turbotrain.MoE(...)"],
+        ),
+    ],
+)
+def test_moe_settings_in_the_old_place_or_for_another_family_are_one_line(
+    tmp_path, capsys, preset, args, words
+):
+    code = main(
+        [
+            "train",
+            *(["--preset", preset] if preset else []),
+            f"--run.out_dir={tmp_path}",
+            "--run.device=cpu",
+            *args,
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     for word in words:

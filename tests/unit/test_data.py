@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from turbotrain.base.errors import TurbotrainError
 from turbotrain.parts.data import (
     DevicePrefetcher,
     RandomWindowSampler,
@@ -23,7 +24,6 @@ from turbotrain.parts.data import (
 from turbotrain.parts.data.batching import PieceRows
 from turbotrain.parts.data.documents import Documents
 from turbotrain.parts.data.sources import LLMC_MAGIC
-from turbotrain.base.errors import TurbotrainError
 
 CPU = torch.device("cpu")
 
@@ -105,8 +105,14 @@ def test_loader_stream_resumes_at_any_batch(tmp_path: Path, text_file: Path):
 
 def _step_rows(micro: int, accumulation: int, world: int, steps: int = 4) -> list[list[list[int]]]:
     """Each optimizer step's micro-batches (window offsets), over every rank and micro-step."""
-    ranks = [RandomWindowSampler(5000, micro, 11, rank=r, world=world, accumulation=accumulation) for r in range(world)]
-    return [[ranks[r].batch(s * accumulation + j) for j in range(accumulation) for r in range(world)] for s in range(steps)]
+    ranks = [
+        RandomWindowSampler(5000, micro, 11, rank=r, world=world, accumulation=accumulation)
+        for r in range(world)
+    ]
+    return [
+        [ranks[r].batch(s * accumulation + j) for j in range(accumulation) for r in range(world)]
+        for s in range(steps)
+    ]
 
 
 def test_the_rows_of_a_step_depend_only_on_the_seed_the_step_and_the_global_batch():
@@ -173,7 +179,9 @@ def test_starting_the_loader_leaves_the_global_rng_alone(tmp_path: Path, text_fi
     # A resumed run restores the global RNG and then starts iterating: drawing from it there
     # would shift every later dropout draw against an uninterrupted run.
     windows = TokenWindows(open_tokens(str(text_file), val_fraction=0.1, cache_dir=str(tmp_path)).train, 16)
-    loader = build_loader(windows, 4, seed=3, settings=resolve_loader_settings(torch.device("cpu"), 0, False, 2))
+    loader = build_loader(
+        windows, 4, seed=3, settings=resolve_loader_settings(torch.device("cpu"), 0, False, 2)
+    )
     torch.manual_seed(0)
     expected = torch.rand(3)
     torch.manual_seed(0)
@@ -182,8 +190,7 @@ def test_starting_the_loader_leaves_the_global_rng_alone(tmp_path: Path, text_fi
 
 
 def test_vocab_check_scans_bounded_prefix_and_trusts_bytes(tmp_path: Path, monkeypatch):
-    from turbotrain.parts.data import check_vocab
-    from turbotrain.parts.data import sources
+    from turbotrain.parts.data import check_vocab, sources
 
     path = tmp_path / "toks.bin"
     tokens = np.zeros(1000, dtype=np.uint16)
@@ -285,8 +292,17 @@ def test_token_datasets_travel_to_a_worker_without_their_open_file_and_name_a_mi
             data.__getitems__([0])
 
 
-@pytest.mark.parametrize("meta", ['{"vocab_size": -5}', '{"vocab_size": 0}', '{"vocab_size": 1.5}',
-                                  '{"vocab_size": true}', '{"vocab_size": 99999999}', b"\xff\xfe{"])
+@pytest.mark.parametrize(
+    "meta",
+    [
+        '{"vocab_size": -5}',
+        '{"vocab_size": 0}',
+        '{"vocab_size": 1.5}',
+        '{"vocab_size": true}',
+        '{"vocab_size": 99999999}',
+        b"\xff\xfe{",
+    ],
+)
 def test_a_bad_vocab_size_in_meta_json_is_refused(tmp_path: Path, meta):
     path = tmp_path / "toks.bin"
     np.arange(100, dtype=np.uint16).tofile(path)

@@ -6,8 +6,15 @@ import os
 
 import pytest
 
+from turbotrain.app.doctor import (
+    build_report,
+    collect_distributed,
+    collect_env,
+    format_report,
+    run_checks,
+    run_probes,
+)
 from turbotrain.cli import main
-from turbotrain.app.doctor import build_report, collect_distributed, collect_env, format_report, run_checks, run_probes
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +28,19 @@ def _checks(env):
 
 def test_collect_env_is_json_with_versions_devices_and_nvml(env):
     data = json.loads(json.dumps(env, allow_nan=False))
-    for key in ("python", "torch", "cuda", "cudnn", "nccl", "driver", "gpus", "cpu", "ram_gib", "nvml", "turbotrain"):
+    for key in (
+        "python",
+        "torch",
+        "cuda",
+        "cudnn",
+        "nccl",
+        "driver",
+        "gpus",
+        "cpu",
+        "ram_gib",
+        "nvml",
+        "turbotrain",
+    ):
         assert key in data
     assert data["cpu"]["usable_cores"] >= 1 and data["ram_gib"] > 0
     assert isinstance(data["nvml"]["available"], bool) and data["nvml"]["detail"]
@@ -36,8 +55,18 @@ def test_every_check_has_a_level_a_finding_and_a_fix_when_not_ok(env):
 
 def _fake_gpu(env, **gpu):
     env = copy.deepcopy(env)
-    g = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "memory_gib": 79.1,
-         "multiprocessors": 132, "bf16": True, "tf32": True, "fp8": True, "flash_attention": True, "datasheet": None}
+    g = {
+        "index": 0,
+        "name": "NVIDIA H100 80GB HBM3",
+        "compute_capability": "9.0",
+        "memory_gib": 79.1,
+        "multiprocessors": 132,
+        "bf16": True,
+        "tf32": True,
+        "fp8": True,
+        "flash_attention": True,
+        "datasheet": None,
+    }
     g.update(gpu)
     env.update(cuda_available=True, cuda="12.6", gpus=[g], nvidia_hardware=True)
     env["cpu"]["usable_cores"] = 32
@@ -54,16 +83,29 @@ def test_cpu_only_torch_on_an_nvidia_machine_is_an_error_with_the_install_comman
 
 
 def test_old_gpu_warns_that_auto_uses_fp16(env):
-    checks = _checks(_fake_gpu(env, name="Tesla V100-SXM2-16GB", compute_capability="7.0", bf16=False, tf32=False))
+    checks = _checks(
+        _fake_gpu(env, name="Tesla V100-SXM2-16GB", compute_capability="7.0", bf16=False, tf32=False)
+    )
     assert checks["bf16"].level == "warn" and "fp16-mixed" in checks["bf16"].finding
     assert _checks(_fake_gpu(env))["bf16"].level == "ok"
 
 
 def test_busy_gpu_and_few_cores_and_oversubscribed_threads_warn(env):
     busy = _fake_gpu(env)
-    busy["nvml"] = {"available": True, "detail": "ok", "driver": "550.54",
-                    "gpus": [{"nvml_index": 0, "name": "NVIDIA H100", "util_pct": 97, "mem_used_gib": 40.0,
-                              "processes": [{"pid": 1, "mem_gib": 40.0}]}]}
+    busy["nvml"] = {
+        "available": True,
+        "detail": "ok",
+        "driver": "550.54",
+        "gpus": [
+            {
+                "nvml_index": 0,
+                "name": "NVIDIA H100",
+                "util_pct": 97,
+                "mem_used_gib": 40.0,
+                "processes": [{"pid": 1, "mem_gib": 40.0}],
+            }
+        ],
+    }
     busy["cpu"]["usable_cores"] = 2
     busy["torch_threads"] = 16
     checks = _checks(busy)
@@ -89,7 +131,10 @@ def test_cli_text_and_json(capsys, env):
         assert "Not checked on this machine (no GPU/NVML)" in text
     assert main(["doctor", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["env"]["torch"] == env["torch"] and {c["name"] for c in data["checks"]} >= {"CUDA device", "NVML"}
+    assert data["env"]["torch"] == env["torch"] and {c["name"] for c in data["checks"]} >= {
+        "CUDA device",
+        "NVML",
+    }
 
 
 def test_cpu_probes_measure_matmul_and_copy_without_a_datasheet():
@@ -108,4 +153,6 @@ def test_report_says_what_multi_process_training_can_use(monkeypatch, tmp_path):
     topo = collect_distributed(0)["topology"]
     assert "NV18" in topo
     text = format_report(build_report())
-    assert "torch.distributed: " in text and "GPU interconnect (nvidia-smi topo -m):" in text and "NV18" in text
+    assert (
+        "torch.distributed: " in text and "GPU interconnect (nvidia-smi topo -m):" in text and "NV18" in text
+    )

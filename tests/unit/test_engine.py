@@ -6,8 +6,8 @@ import torch
 
 from turbotrain import Engine
 from turbotrain.base.errors import NonFiniteError, PlacementError
-from turbotrain.parts.models.mlp import TinyMLP, synthetic_batches
 from turbotrain.core.precision import FP16Mixed, HostNonFiniteGuard, NonFiniteGuard
+from turbotrain.parts.models.mlp import TinyMLP, synthetic_batches
 
 
 def _engine(**sections) -> Engine:
@@ -25,7 +25,7 @@ def test_k_accumulated_micro_batches_equal_one_k_times_batch():
     torch.manual_seed(0)
     ref = TinyMLP(d_in=16, width=32, depth=2)
     acc = copy.deepcopy(ref)
-    (x, y), = synthetic_batches(1, batch_size=32, d_in=16)
+    ((x, y),) = synthetic_batches(1, batch_size=32, d_in=16)
 
     ref(x, y).backward()  # one batch of 32
 
@@ -51,7 +51,7 @@ def test_k_accumulated_micro_batches_equal_one_k_times_batch():
 def test_clipping_sees_unscaled_gradients(monkeypatch):
     torch.manual_seed(0)
     model = TinyMLP(d_in=8, width=8, depth=1)
-    (x, y), = synthetic_batches(1, batch_size=8, d_in=8)
+    ((x, y),) = synthetic_batches(1, batch_size=8, d_in=8)
     model(x, y).backward()
     true_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
     model.zero_grad()
@@ -79,11 +79,14 @@ def test_non_finite_loss_is_skipped_then_falls_back(caplog):
     torch.manual_seed(0)
     model = TinyMLP(d_in=8, width=8, depth=1)
     with pytest.warns(UserWarning):
-        engine = _engine(precision={"mode": "bf16-mixed", "max_nonfinite_steps": 2, "nonfinite": "fallback"}, optim={"grad_clip": 1.0})
+        engine = _engine(
+            precision={"mode": "bf16-mixed", "max_nonfinite_steps": 2, "nonfinite": "fallback"},
+            optim={"grad_clip": 1.0},
+        )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
     model, opt, _ = engine.setup(model, opt)
     before = [p.detach().clone() for p in model.parameters()]
-    (x, y), = synthetic_batches(1, batch_size=8, d_in=8)
+    ((x, y),) = synthetic_batches(1, batch_size=8, d_in=8)
     with caplog.at_level(logging.WARNING):
         for _ in range(2):
             with engine.autocast():
@@ -111,7 +114,7 @@ def test_fp16_gradient_overflow_is_left_to_the_grad_scaler():
     engine.precision.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**127)  # scaled gradients overflow
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model, opt, _ = engine.setup(model, opt)
-    (x, y), = synthetic_batches(1, batch_size=8, d_in=8)
+    ((x, y),) = synthetic_batches(1, batch_size=8, d_in=8)
     engine.backward(model(x, y) * 1e4)  # a finite loss, gradients beyond fp32 once scaled
     engine.step(opt)
     assert engine.precision.scaler.get_scale() < 2.0**127  # the scaler saw the overflow and backed off
@@ -123,7 +126,7 @@ def test_stop_policy_raises_a_clear_error():
     engine = _engine(precision={"nonfinite": "stop", "max_nonfinite_steps": 1})
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model, opt, _ = engine.setup(model, opt)
-    (x, y), = synthetic_batches(1, batch_size=8, d_in=8)
+    ((x, y),) = synthetic_batches(1, batch_size=8, d_in=8)
     engine.backward(model(x, y) * float("inf"))
     with pytest.raises(NonFiniteError, match="non-finite"):
         engine.step(opt)
@@ -134,7 +137,7 @@ def test_placement_check_names_the_stray_tensor():
     engine = _engine()
     model, opt, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
     engine.device = torch.device("meta")  # pretend the engine runs elsewhere
-    (x, y), = synthetic_batches(1, batch_size=8, d_in=8)
+    ((x, y),) = synthetic_batches(1, batch_size=8, d_in=8)
     with pytest.raises(PlacementError, match=r"body\.0\.weight"):
         engine.backward(model(x, y))
 
@@ -149,7 +152,12 @@ def test_loader_batches_arrive_and_state_counts_samples():
         engine.forward_backward(model, batch)
         steps += engine.step(opt)
     assert steps == 2
-    assert (engine.state.step, engine.state.micro_step, engine.state.batches, engine.state.samples) == (2, 4, 4, 32)
+    assert (engine.state.step, engine.state.micro_step, engine.state.batches, engine.state.samples) == (
+        2,
+        4,
+        4,
+        32,
+    )
 
 
 @pytest.mark.parametrize("guard", [HostNonFiniteGuard, NonFiniteGuard])
@@ -162,7 +170,7 @@ def test_skip_works_with_host_and_device_guards(guard, fused):
     engine.guard = guard(engine.device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=fused, foreach=not fused)
     model, opt, _ = engine.setup(model, opt)
-    (x, y), = synthetic_batches(1, batch_size=8, d_in=8)
+    ((x, y),) = synthetic_batches(1, batch_size=8, d_in=8)
     engine.backward(model(x, y))
     engine.step(opt)
     before = [p.detach().clone() for p in model.parameters()]
@@ -170,7 +178,8 @@ def test_skip_works_with_host_and_device_guards(guard, fused):
     engine.backward(model(x, y) * float("nan"))
     engine.step(opt)
     assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
-    assert torch.equal(opt.state[next(model.parameters())]["step"], state_step)  # Adam's bias correction untouched
+    # Adam's bias correction untouched
+    assert torch.equal(opt.state[next(model.parameters())]["step"], state_step)
     assert engine.guard.poll() == 1 and engine.state.step == 2
     engine.backward(model(x, y))
     engine.step(opt)
@@ -183,7 +192,7 @@ def test_skip_policy_logs_each_skipped_step_once(caplog):
     engine = _engine(precision={"nonfinite": "skip"}, monitor={"log_every": 1})
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model, opt, _ = engine.setup(model, opt)
-    (x, y), = synthetic_batches(1, batch_size=8, d_in=8)
+    ((x, y),) = synthetic_batches(1, batch_size=8, d_in=8)
     with caplog.at_level(logging.WARNING, logger="turbotrain.core.engine"):
         engine.backward(model(x, y) * float("nan"))
         engine.step(opt)
@@ -261,8 +270,12 @@ def test_clipping_divides_by_the_norm_set_grad_norm_gives():
     engine = _engine(optim={"grad_clip": 0.1})
     model, optimizer, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.0))
     seen, stepped = [], []
-    engine.set_grad_norm(lambda params: seen.append(len(params)) or 2 * torch.nn.utils.get_total_norm([p.grad for p in params]))
-    optimizer.register_step_pre_hook(lambda opt, *_: stepped.append([p.grad.clone() for p in model.parameters()]))
+    engine.set_grad_norm(
+        lambda params: seen.append(len(params)) or 2 * torch.nn.utils.get_total_norm([p.grad for p in params])
+    )
+    optimizer.register_step_pre_hook(
+        lambda opt, *_: stepped.append([p.grad.clone() for p in model.parameters()])
+    )
     engine.backward(model(x).pow(2).mean())
     engine.step(optimizer)
     assert seen == [2] and true_norm > 0.2  # the function saw the optimizer's parameters; clipping acts
@@ -293,7 +306,11 @@ def test_memory_cap_is_set_on_cuda_with_the_fraction_given(monkeypatch):
     from turbotrain.core.engine import apply_memory_cap
 
     calls = []
-    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda fraction, device=None: calls.append((fraction, device)))
+    monkeypatch.setattr(
+        torch.cuda,
+        "set_per_process_memory_fraction",
+        lambda fraction, device=None: calls.append((fraction, device)),
+    )
     apply_memory_cap(torch.device("cuda", 1), 0.6)
     apply_memory_cap(torch.device("cuda", 0), 0.0)  # 0 = no cap: nothing set
     assert calls == [(0.6, 1)]
@@ -310,7 +327,11 @@ def test_memory_cap_on_cpu_is_one_log_line_and_a_bad_value_names_the_field(monke
     assert calls == [] and len(said) == 1 and "does not apply on cpu" in said[0]
     with pytest.raises(ConfigError) as bad:
         _engine(memory={"max_fraction": 1.5})
-    assert "\n" not in str(bad.value) and "memory.max_fraction = 1.5" in str(bad.value) and "[0, 1]" in str(bad.value)
+    assert (
+        "\n" not in str(bad.value)
+        and "memory.max_fraction = 1.5" in str(bad.value)
+        and "[0, 1]" in str(bad.value)
+    )
 
 
 @pytest.fixture
@@ -318,8 +339,12 @@ def restore_determinism(monkeypatch):
     """run.deterministic sets process-wide switches: put them back for the other tests."""
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")  # absent now, and absent again afterwards
-    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+    )
     yield
     torch.use_deterministic_algorithms(before[0], warn_only=before[1])
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2:]
@@ -342,7 +367,9 @@ def _train_tiny_gpt(device: str = "cpu", steps: int = 4) -> tuple[Engine, list[f
     return engine, losses
 
 
-def test_deterministic_mode_sets_the_switches_and_trains_twice_to_identical_losses(restore_determinism, caplog):
+def test_deterministic_mode_sets_the_switches_and_trains_twice_to_identical_losses(
+    restore_determinism, caplog
+):
     with caplog.at_level(logging.INFO, logger="turbotrain.core.precision"):
         engine, first = _train_tiny_gpt()
     _, second = _train_tiny_gpt()
@@ -350,8 +377,14 @@ def test_deterministic_mode_sets_the_switches_and_trains_twice_to_identical_loss
     assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
     assert not torch.backends.cudnn.benchmark
     import os
+
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
-    assert engine.switches == {"tf32": False, "cudnn_benchmark": False, "deterministic": True}  # what the summary records
+    # what the summary records
+    assert engine.switches == {
+        "tf32": False,
+        "cudnn_benchmark": False,
+        "deterministic": True,
+    }
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("run.deterministic")]
     assert len(said) == 1 and "CUBLAS_WORKSPACE_CONFIG=:4096:8 (set before CUDA initialised)" in said[0]
     assert "no cuDNN autotuning" in said[0] and "raises an error" in said[0]

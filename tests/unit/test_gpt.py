@@ -1,8 +1,8 @@
 import torch
 
+from turbotrain.parts.models.gpt import GPT, GPTConfig, causal_mask, clear_mask_cache, mask_cache_size
 from turbotrain.parts.models.gpt import model as gpt
 from turbotrain.parts.models.loss import chunked_cross_entropy
-from turbotrain.parts.models.gpt import GPT, GPTConfig, causal_mask, clear_mask_cache, mask_cache_size
 
 
 def test_mask_cache_hits_per_length_device_dtype_and_clears():
@@ -80,7 +80,11 @@ def test_chunked_loss_equals_the_full_loss_and_its_gradients():
         torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=1e-5, msg=name)
     with torch.no_grad():  # evaluation: the loss alone
         torch.testing.assert_close(chunked(x, y), full(x, y), rtol=0, atol=1e-5)
-    h, w, t = torch.randn(10, 8, requires_grad=True), torch.randn(13, 8, requires_grad=True), torch.randint(13, (10,))
+    h, w, t = (
+        torch.randn(10, 8, requires_grad=True),
+        torch.randn(13, 8, requires_grad=True),
+        torch.randint(13, (10,)),
+    )
     loss = chunked_cross_entropy(h, w, t, chunk=3)  # 4 chunks, the last one short
     (gh, gw) = torch.autograd.grad(loss, (h, w))
     ref = torch.nn.functional.cross_entropy(h @ w.t(), t)

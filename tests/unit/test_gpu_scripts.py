@@ -55,18 +55,29 @@ echo "stand-in ran (TT_COMMIT=${TT_COMMIT:-}): $*"
 """
 
 
-def _dry_run(tmp_path: Path, script: str, *args: str, budget: int | None = None,
-             env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, Path]:
+def _dry_run(
+    tmp_path: Path, script: str, *args: str, budget: int | None = None, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess, Path]:
     python = tmp_path / "python"
     python.write_text(STAND_IN)
     python.chmod(0o755)
     out = tmp_path / "out"
     full = {k: v for k, v in os.environ.items() if k not in ("TT_COMMIT", "BUDGET_S")}
-    full.update({"PYTHON": str(python), "OUT": str(out), "CALLS": str(tmp_path / "calls"),
-                 "RESULTS": str(tmp_path / "results"), "WORK": str(tmp_path / "work"), **(env or {})})
+    full.update(
+        {
+            "PYTHON": str(python),
+            "OUT": str(out),
+            "CALLS": str(tmp_path / "calls"),
+            "RESULTS": str(tmp_path / "results"),
+            "WORK": str(tmp_path / "work"),
+            **(env or {}),
+        }
+    )
     if budget is not None:
         full["BUDGET_S"] = str(budget)
-    proc = subprocess.run(["bash", str(BENCH / script), *args], env=full, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["bash", str(BENCH / script), *args], env=full, capture_output=True, text=True, timeout=120
+    )
     return proc, out
 
 
@@ -124,7 +135,8 @@ def _check_call(argv: list[str]) -> None:
         pytest.fail(f"turbotrain refuses {' '.join(argv[2:])}")
     if extra:
         assert getattr(args, "accepts_overrides", False), f"unrecognized arguments: {extra}"
-        load_config(getattr(args, "preset", None), parse_overrides(extra))  # unknown key or bad value: ConfigError
+        # unknown key or bad value: ConfigError
+        load_config(getattr(args, "preset", None), parse_overrides(extra))
     if getattr(args, "model", None) and args.command.__name__ != "main_bench":
         file, func = args.model.split(":")
         assert f"def {func}(" in (REPO / file).read_text()
@@ -133,8 +145,11 @@ def _check_call(argv: list[str]) -> None:
         assert {c for c in args.contenders.split(",")} <= set(CONTENDERS)
         if args.rows:
             assert len(set(args.matrix)) == 1
-            names = ({v.name for v in precision_variants("cuda")} if args.matrix == ["precision"]
-                     else {v.name for v in ablation_variants(resolve_workload(args.workload, "cuda"), "cuda")})
+            names = (
+                {v.name for v in precision_variants("cuda")}
+                if args.matrix == ["precision"]
+                else {v.name for v in ablation_variants(resolve_workload(args.workload, "cuda"), "cuda")}
+            )
             assert set(args.rows.split(",")) <= names, f"{args.rows} not rows of {args.matrix}"
 
 
@@ -155,15 +170,23 @@ def test_the_plan_runs_its_phases_in_value_order_within_480_s_and_packs_each(tmp
     calls = _calls(tmp_path)
     assert len(calls) == len(steps)
     for n, (phase, _) in enumerate(steps):
-        earlier = PLAN_PHASES[:PLAN_PHASES.index(phase)]
+        earlier = PLAN_PHASES[: PLAN_PHASES.index(phase)]
         packed = (tmp_path / f"calls.packed.{n}").read_text() if earlier else ""
         for done in earlier:
             assert packed.count(f"== {done}: exit") == sum(p == done for p, _ in steps), (phase, done)
     with tarfile.open(out / "plan.tgz") as tar:
         names = tar.getnames()
-    assert all(re.match(r"nvidia-h100-80gb-hbm3/\d{4}-\d\d-\d\d/plan(/|$)", n) for n in names)  # <gpu>/<date>/plan
-    for member in ("COMMAND.txt", "plan.log", "w1-ladder/call-0.json", "logs/w1--fake-row-0.result.json",
-                   "logs/cnn-cifar--fake-row-1.txt", "runs/nccl-fsdp/summary.json", "runs/cnn-workload/summary.json"):
+    # <gpu>/<date>/plan
+    assert all(re.match(r"nvidia-h100-80gb-hbm3/\d{4}-\d\d-\d\d/plan(/|$)", n) for n in names)
+    for member in (
+        "COMMAND.txt",
+        "plan.log",
+        "w1-ladder/call-0.json",
+        "logs/w1--fake-row-0.result.json",
+        "logs/cnn-cifar--fake-row-1.txt",
+        "runs/nccl-fsdp/summary.json",
+        "runs/cnn-workload/summary.json",
+    ):
         assert f"nvidia-h100-80gb-hbm3/{names[0].split('/')[1]}/plan/{member}" in names, member
     for argv in calls:
         _check_call(argv)
@@ -176,8 +199,14 @@ def test_the_plan_asks_what_the_issue_owes(tmp_path):
     assert proc.returncode == 0, proc.stderr
     calls = [" ".join(c) for c in _calls(tmp_path)]
     ladder, cnn, tests, ddp, fsdp, precision, model, w1 = calls
-    assert "--matrix ablation --rows bf16-compile+chunked-loss,bf16-compile+cuda-graphs,bf16-compile+fp8" in ladder
-    assert "--workload cnn-cifar --compare --contenders eager --matrix ablation --rows bf16-compile+cuda-graphs" in cnn
+    assert (
+        "--matrix ablation --rows bf16-compile+chunked-loss,bf16-compile+cuda-graphs,bf16-compile+fp8"
+        in ladder
+    )
+    assert (
+        "--workload cnn-cifar --compare --contenders eager --matrix ablation --rows bf16-compile+cuda-graphs"
+        in cnn
+    )
     assert "tests/gpu" in tests and not re.search(r"\s-x\b|--exitfirst|--maxfail", tests)
     for line, strategy in ((ddp, "ddp"), (fsdp, "fsdp")):
         assert "-m torch.distributed.run --standalone --nproc-per-node 1 -m turbotrain train" in line
@@ -208,11 +237,17 @@ def test_the_second_command_runs_any_selection_within_180_s(tmp_path):
             _check_call(argv)
     over = sorted(menu, key=menu.get)[-2:]
     env = {**os.environ, "PYTHON": "/bin/false"}
-    for args, message in ((over, f"need {sum(menu[p] for p in over)} s of step limits, over the 180 s"),
-                          (["w1-ladder"], "unknown phase 'w1-ladder'; choose from: env (40 s)"),
-                          ([], "name the phases to run (step limits <= 180 s together)")):
-        proc = subprocess.run(["bash", str(BENCH / EXTRA), *args], env=env, capture_output=True, text=True, timeout=60)
-        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr, proc.stderr
+    for args, message in (
+        (over, f"need {sum(menu[p] for p in over)} s of step limits, over the 180 s"),
+        (["w1-ladder"], "unknown phase 'w1-ladder'; choose from: env (40 s)"),
+        ([], "name the phases to run (step limits <= 180 s together)"),
+    ):
+        proc = subprocess.run(
+            ["bash", str(BENCH / EXTRA), *args], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert (
+            proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr
+        ), proc.stderr
 
 
 def test_a_selection_runs_in_menu_order_and_only_what_was_named(tmp_path):
@@ -221,16 +256,24 @@ def test_a_selection_runs_in_menu_order_and_only_what_was_named(tmp_path):
     log = (out / "extra.log").read_text()
     assert re.findall(r"== (\S+): start", log) == ["env", "memory-report"]
     assert "ran env memory-report; skipped nothing" in log
-    assert "extra.sh memory-report env" in next((tmp_path / "results").glob("*/*/extra/COMMAND.txt")).read_text()
+    assert (
+        "extra.sh memory-report env" in next((tmp_path / "results").glob("*/*/extra/COMMAND.txt")).read_text()
+    )
 
 
 def test_the_readme_gives_the_15_minute_plan_and_its_run_command():
     readme = (BENCH / "README.md").read_text()
-    assert "15 minutes" in readme and "gpu_proof.sh" not in readme.split("## Committed results")[1].split("### `results/nvidia")[0]
+    assert (
+        "15 minutes" in readme
+        and "gpu_proof.sh" not in readme.split("## Committed results")[1].split("### `results/nvidia")[0]
+    )
     runs = [line for line in readme.splitlines() if "bash benchmarks/gpu_" in line and "TT_COMMIT=" in line]
-    assert any(f"bash benchmarks/{PLAN}" in line for line in runs) and any(f"bash benchmarks/{EXTRA}" in line for line in runs)
+    assert any(f"bash benchmarks/{PLAN}" in line for line in runs) and any(
+        f"bash benchmarks/{EXTRA}" in line for line in runs
+    )
     for phase in PLAN_PHASES:
-        assert f"| `{phase}` |" in readme, phase  # a row of the plan's table: limit, expected time, what it answers
+        # a row of the plan's table: limit, expected time, what it answers
+        assert f"| `{phase}` |" in readme, phase
 
 
 def test_a_short_budget_skips_phases_and_says_which(tmp_path):
@@ -238,7 +281,11 @@ def test_a_short_budget_skips_phases_and_says_which(tmp_path):
     proc, out = _dry_run(tmp_path, PLAN, budget=25)
     assert proc.returncode == 0, proc.stderr
     log = (out / "plan.log").read_text()
-    assert "w1-ladder: skipped (25s left, needs ~60s)" in log and "nccl: start" in log and "train-model: start" in log
+    assert (
+        "w1-ladder: skipped (25s left, needs ~60s)" in log
+        and "nccl: start" in log
+        and "train-model: start" in log
+    )
     assert "ran nccl train-model; skipped w1-ladder cnn-cifar gpu-tests w1-precision w1-compare" in log
 
 
@@ -260,13 +307,19 @@ def test_the_commit_comes_from_tt_commit_without_git(tmp_path):
     assert proc.returncode == 0, proc.stderr
     command = next((tmp_path / "results").glob("*/*/extra/COMMAND.txt")).read_text()
     assert "commit: 0123abcd (from TT_COMMIT)" in command
-    assert re.search(r"^command: TT_COMMIT=0123abcd OUT=\S+ BUDGET_S=200 bash benchmarks/gpu_extra.sh env$", command, re.M)
+    assert re.search(
+        r"^command: TT_COMMIT=0123abcd OUT=\S+ BUDGET_S=200 bash benchmarks/gpu_extra.sh env$", command, re.M
+    )
     assert "stand-in ran (TT_COMMIT=0123abcd): benchmarks/sdpa_probe.py" in (out / "extra.log").read_text()
 
     proc, out = _dry_run(tmp_path, PLAN, env=no_git)
     assert proc.returncode == 0, proc.stderr
     command = next((tmp_path / "results").glob("*/*/plan/COMMAND.txt")).read_text()
-    assert "commit: unknown" in command and "TT_COMMIT" not in command and "BUDGET_S=500 bash benchmarks/gpu_plan.sh" in command
+    assert (
+        "commit: unknown" in command
+        and "TT_COMMIT" not in command
+        and "BUDGET_S=500 bash benchmarks/gpu_plan.sh" in command
+    )
 
 
 def test_no_gpu_is_one_line_and_exit_1(tmp_path):
@@ -275,7 +328,9 @@ def test_no_gpu_is_one_line_and_exit_1(tmp_path):
     python.chmod(0o755)
     env = {**os.environ, "PYTHON": str(python), "OUT": str(tmp_path / "out"), "RESULTS": str(tmp_path / "r")}
     for script, args in ((PLAN, []), (EXTRA, ["env"])):
-        proc = subprocess.run(["bash", str(BENCH / script), *args], env=env, capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            ["bash", str(BENCH / script), *args], env=env, capture_output=True, text=True, timeout=60
+        )
         assert proc.returncode == 1 and proc.stderr.strip() == f"{script}: no CUDA GPU visible to torch"
 
 
@@ -284,7 +339,8 @@ def test_bench_rows_is_one_line_for_a_row_the_matrix_lacks(capsys):
     code = cli_main(["bench", "--workload", "mlp-tiny", "--matrix", "precision", "--rows", "bf16-compile"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.splitlines() == [
-        "turbotrain bench: error: unknown precision row(s) ['bf16-compile']; choose from fp32, tf32, fp16-mixed, bf16-mixed, bf16-true, fp8"]
+        "turbotrain bench: error: unknown precision row(s) ['bf16-compile']; choose from fp32, tf32, fp16-mixed, bf16-mixed, bf16-true, fp8"
+    ]
 
 
 # ------------------------------------------------------------------ the results' README, generated
@@ -293,7 +349,9 @@ H100 = REPO / "benchmarks/results/nvidia-h100-80gb-hbm3/2026-11-24"
 
 
 def _readme(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(BENCH / "results_readme.py"), *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, str(BENCH / "results_readme.py"), *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_the_results_readme_of_the_2026_11_24_h100_window_has_its_figures():
@@ -302,18 +360,34 @@ def test_the_results_readme_of_the_2026_11_24_h100_window_has_its_figures():
     text = proc.stdout
     assert "**NVIDIA H100 80GB HBM3** (sm 9.0" in text and "driver 580.159.04" in text
     assert "torch 2.11.0+cu130 (CUDA 13.0, cuDNN 9.19.0, NCCL 2.28.9)" in text
-    assert "| `turbotrain` | ok | 34.95 (35.0 / 34.9) | 468,823 tok/s | 40.5 % | 8.44 | 34.08 | 2.89311 |" in text
-    assert "| `eager` | ok | 5.57 | 45,974 samples/s | 5.3 % | 0.58 | 0.67 | 0.00062 | +0.00001 | 0.84x |" in text
-    assert re.search(r"\| `lightning` \| `proof/frameworks/gpt2-small-compare.json` \| 58.02 \| .* \| 0.60x \|", text)
-    assert "| `rest-train/memory-gpt2-small.json` | gpt2-small | 16 | bf16-mixed | off | 5.72 | 5.89 | -2.9 % |" in text
+    assert (
+        "| `turbotrain` | ok | 34.95 (35.0 / 34.9) | 468,823 tok/s | 40.5 % | 8.44 | 34.08 | 2.89311 |"
+        in text
+    )
+    assert (
+        "| `eager` | ok | 5.57 | 45,974 samples/s | 5.3 % | 0.58 | 0.67 | 0.00062 | +0.00001 | 0.84x |"
+        in text
+    )
+    assert re.search(
+        r"\| `lightning` \| `proof/frameworks/gpt2-small-compare.json` \| 58.02 \| .* \| 0.60x \|", text
+    )
+    assert (
+        "| `rest-train/memory-gpt2-small.json` | gpt2-small | 16 | bf16-mixed | off | 5.72 | 5.89 | -2.9 % |"
+        in text
+    )
     assert "`rest-bench`: cut at the step limit: w1-precision (at 100 s), w2-cnn-224 (at 120 s)" in text
     # its README was written by hand: never overwritten
     proc = _readme(str(H100))
-    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "was not written by this script" in proc.stderr
+    assert (
+        proc.returncode == 2
+        and proc.stderr.strip().count("\n") == 0
+        and "was not written by this script" in proc.stderr
+    )
 
 
 def test_the_results_readme_of_a_cpu_dry_run_names_what_is_owed_and_keeps_the_findings(tmp_path):
-    proc, out = _dry_run(tmp_path, PLAN, budget=25)  # w1-ladder, cnn-cifar, gpu-tests, w1-precision, w1-compare skipped
+    # w1-ladder, cnn-cifar, gpu-tests, w1-precision, w1-compare skipped
+    proc, out = _dry_run(tmp_path, PLAN, budget=25)
     assert proc.returncode == 0, proc.stderr
     day = next((tmp_path / "results").glob("*/*"))
     plan = day / "plan"
@@ -326,29 +400,58 @@ def test_the_results_readme_of_a_cpu_dry_run_names_what_is_owed_and_keeps_the_fi
         '<testsuites><testsuite name="pytest" tests="3" failures="1" errors="0" skipped="1" time="12.5">'
         '<testcase classname="tests.gpu.test_gpu_engine" name="test_a"/><testcase classname="tests.gpu.test_gpu_engine" '
         'name="test_b"><failure message="boom"/></testcase><testcase classname="c" name="d"><skipped/></testcase>'
-        '</testsuite></testsuites>')
-    (plan / "runs/nccl-ddp/summary.json").write_text(json.dumps(
-        {"run": "nccl-ddp", "status": "completed", "steps": 30, "max_steps": 30, "first_step_s": 4.7,
-         "tokens_per_s_median": 959.56, "peak_memory_gib": None, "final_train_loss": 4.178, "final_val_loss": 4.0994,
-         "steady_state": {"tokens_per_s": 959.56, "samples_per_s": 7.5, "mfu": None}}))
+        "</testsuite></testsuites>"
+    )
+    (plan / "runs/nccl-ddp/summary.json").write_text(
+        json.dumps(
+            {
+                "run": "nccl-ddp",
+                "status": "completed",
+                "steps": 30,
+                "max_steps": 30,
+                "first_step_s": 4.7,
+                "tokens_per_s_median": 959.56,
+                "peak_memory_gib": None,
+                "final_train_loss": 4.178,
+                "final_val_loss": 4.0994,
+                "steady_state": {"tokens_per_s": 959.56, "samples_per_s": 7.5, "mfu": None},
+            }
+        )
+    )
     (plan / "w1-precision").mkdir()
-    (plan / "w1-precision/gpt2-small-precision.json").write_text('{"schema": "turbotrain-bench/1", "rows": [')  # cut mid-write
+    # cut mid-write
+    (plan / "w1-precision/gpt2-small-precision.json").write_text('{"schema": "turbotrain-bench/1", "rows": [')
 
     proc = _readme(str(day))
     assert proc.returncode == 0, proc.stderr
     text = (day / "README.md").read_text()
-    assert "| `plan` | `OUT=" in text and "| nccl train-model | w1-ladder cnn-cifar gpu-tests w1-precision w1-compare |" in text
+    assert (
+        "| `plan` | `OUT=" in text
+        and "| nccl train-model | w1-ladder cnn-cifar gpu-tests w1-precision w1-compare |" in text
+    )
     for phase in ("w1-ladder", "cnn-cifar", "gpu-tests", "w1-precision", "w1-compare"):
         assert f"`plan`: phase `{phase}` did not run (skipped: too little time left)" in text
     assert "`plan/w1-ladder/gpt-tiny-ablation.json`: `+cuda-graphs` skipped (CUDA only)" in text
     assert "`plan/w1-precision/gpt2-small-precision.json`: unreadable or not a JSON object" in text
-    assert "**1 of 3 passed**, 1 failed, 0 errors, 1 skipped" in text and "failed: `tests.gpu.test_gpu_engine::test_b`" in text
-    assert "| `nccl-ddp` | `plan/runs/nccl-ddp` | completed | 30 / 30 | 960 tok/s | — | — | 4.7 | 4.0994 | 4.1780 |" in text
-    assert "### gpt-tiny: every row side by side" in text and re.search(r"\| `eager` \| `plan/w1-compare/gpt-tiny-compare.json` \| [\d.]+ \| .* \| 1.00x \|", text)
+    assert (
+        "**1 of 3 passed**, 1 failed, 0 errors, 1 skipped" in text
+        and "failed: `tests.gpu.test_gpu_engine::test_b`" in text
+    )
+    assert (
+        "| `nccl-ddp` | `plan/runs/nccl-ddp` | completed | 30 / 30 | 960 tok/s | — | — | 4.7 | 4.0994 | 4.1780 |"
+        in text
+    )
+    assert "### gpt-tiny: every row side by side" in text and re.search(
+        r"\| `eager` \| `plan/w1-compare/gpt-tiny-compare.json` \| [\d.]+ \| .* \| 1.00x \|", text
+    )
 
     with (day / "README.md").open("a") as f:
         f.write("## Findings\n\nWritten by hand.\n")
     (plan / "w1-precision/gpt2-small-precision.json").unlink()
     assert _readme(str(day)).returncode == 0
     text = (day / "README.md").read_text()
-    assert text.endswith("## Findings\n\nWritten by hand.\n") and "unreadable" not in text and text.count("## Findings") == 1
+    assert (
+        text.endswith("## Findings\n\nWritten by hand.\n")
+        and "unreadable" not in text
+        and text.count("## Findings") == 1
+    )

@@ -5,19 +5,22 @@ import pytest
 from turbotrain.parts.hardware import DeviceSpec, estimate_mfu, lookup_peak, precision_key
 
 
-@pytest.mark.parametrize("name, expected, bf16, bandwidth", [
-    ("NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM", 989, 3350),
-    ("NVIDIA H100 PCIe", "NVIDIA H100 PCIe", 756, 2000),
-    ("NVIDIA H200", "NVIDIA H200 SXM", 989, 4800),
-    ("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB SXM", 312, 2039),
-    ("NVIDIA A100-SXM4-40GB", "NVIDIA A100 40GB SXM", 312, 1555),
-    ("NVIDIA A100 80GB PCIe", "NVIDIA A100 80GB PCIe", 312, 1935),
-    ("NVIDIA A100-PCIE-40GB", "NVIDIA A100 40GB PCIe", 312, 1555),
-    ("NVIDIA L4", "NVIDIA L4", 121, 300),
-    ("NVIDIA L40S", "NVIDIA L40S", 362, 864),
-    ("NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 3090", 71, 936),
-    ("NVIDIA GeForce RTX 4090", "NVIDIA GeForce RTX 4090", 165.2, 1008),
-])
+@pytest.mark.parametrize(
+    "name, expected, bf16, bandwidth",
+    [
+        ("NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM", 989, 3350),
+        ("NVIDIA H100 PCIe", "NVIDIA H100 PCIe", 756, 2000),
+        ("NVIDIA H200", "NVIDIA H200 SXM", 989, 4800),
+        ("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB SXM", 312, 2039),
+        ("NVIDIA A100-SXM4-40GB", "NVIDIA A100 40GB SXM", 312, 1555),
+        ("NVIDIA A100 80GB PCIe", "NVIDIA A100 80GB PCIe", 312, 1935),
+        ("NVIDIA A100-PCIE-40GB", "NVIDIA A100 40GB PCIe", 312, 1555),
+        ("NVIDIA L4", "NVIDIA L4", 121, 300),
+        ("NVIDIA L40S", "NVIDIA L40S", 362, 864),
+        ("NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 3090", 71, 936),
+        ("NVIDIA GeForce RTX 4090", "NVIDIA GeForce RTX 4090", 165.2, 1008),
+    ],
+)
 def test_names_as_torch_reports_them_map_to_the_right_variant(name, expected, bf16, bandwidth):
     spec = lookup_peak(name)
     assert spec is not None and spec.name == expected
@@ -45,8 +48,9 @@ def test_estimate_mfu_is_a_fraction_of_the_dense_peak():
 
 
 def test_precision_names_map_to_peak_keys():
-    assert [precision_key(p) for p in ("bf16-mixed", "bf16-true", "fp16-mixed", "torch.float16", "tf32", "fp32")] == \
-        ["bf16", "bf16", "fp16", "fp16", "tf32", "fp32"]
+    assert [
+        precision_key(p) for p in ("bf16-mixed", "bf16-true", "fp16-mixed", "torch.float16", "tf32", "fp32")
+    ] == ["bf16", "bf16", "fp16", "fp16", "tf32", "fp32"]
     with pytest.raises(ValueError):
         precision_key("int4")
     assert isinstance(lookup_peak("NVIDIA H100 NVL"), DeviceSpec)

@@ -3,10 +3,9 @@ import signal
 
 import torch
 
+from turbotrain import Engine, fit
 from turbotrain.loop.checkpoint import Checkpointer, RunState, list_checkpoints
-from turbotrain import Engine
 from turbotrain.loop.hooks import Hook, StopAfter, StopOnSignal
-from turbotrain import fit
 from turbotrain.parts.models.mlp import TinyMLP, synthetic_batches
 
 
@@ -31,8 +30,14 @@ def test_sigterm_ends_after_the_step_and_saves_a_checkpoint(tmp_path):
     engine, model, opt = _setup()
     saver = Checkpointer(tmp_path, interval=0, keep_last=2, state=RunState(model=model))
     before = signal.getsignal(signal.SIGTERM)
-    ctx = fit(engine, model, opt, synthetic_batches(50, d_in=8), max_steps=50,
-              hooks=[StopOnSignal(), SendSignal(3), saver])
+    ctx = fit(
+        engine,
+        model,
+        opt,
+        synthetic_batches(50, d_in=8),
+        max_steps=50,
+        hooks=[StopOnSignal(), SendSignal(3), saver],
+    )
     assert engine.state.step == 3 and ctx.stop_reason == "signal SIGTERM"
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000003.pt"]
     assert signal.getsignal(signal.SIGTERM) == before  # handler restored

@@ -49,8 +49,10 @@ def picture() -> dict[str, Layer]:
         elif line.startswith(" ") and current is not None:
             current.text += " " + line.strip()
         elif line.strip():
-            raise AssertionError(f"README.md, the Architecture picture: cannot read {line!r} "
-                                 "(a layer is 'L<n> <folder>/ [<depth>]  <what it holds>', continued indented)")
+            raise AssertionError(
+                f"README.md, the Architecture picture: cannot read {line!r} "
+                "(a layer is 'L<n> <folder>/ [<depth>]  <what it holds>', continued indented)"
+            )
     assert layers, "README.md: no layer picture in section Architecture"
     return layers
 
@@ -66,8 +68,10 @@ def module_name(path: Path) -> str:
 def layer_of(module: str, layers: dict[str, Layer]) -> Layer:
     folder = "" if module in ("", "__main__") else module.split(".")[0]
     if folder not in layers or (folder and module == folder and not (SRC / folder / "__init__.py").exists()):
-        raise AssertionError(f"turbotrain.{module} is in no layer's folder: move it into the folder of its layer "
-                             "(the README's Architecture picture names them)")
+        raise AssertionError(
+            f"turbotrain.{module} is in no layer's folder: move it into the folder of its layer "
+            "(the README's Architecture picture names them)"
+        )
     return layers[folder]
 
 
@@ -89,7 +93,7 @@ def imports_of(path: Path) -> list[tuple[str, int, str]]:
         if node.level == 0:
             if not (node.module or "").startswith("turbotrain"):
                 return []
-            base = node.module[len("turbotrain"):].lstrip(".")
+            base = node.module[len("turbotrain") :].lstrip(".")
         else:
             parts = package.split(".") if package else []
             up = node.level - 1
@@ -98,7 +102,11 @@ def imports_of(path: Path) -> list[tuple[str, int, str]]:
         targets = []
         for alias in node.names:  # ``from . import bench`` names a submodule
             sub = f"{base}.{alias.name}" if base else alias.name
-            targets.append(sub if (SRC / Path(*sub.split("."))).exists() or (SRC / f"{sub.replace('.', '/')}.py").exists() else base)
+            targets.append(
+                sub
+                if (SRC / Path(*sub.split("."))).exists() or (SRC / f"{sub.replace('.', '/')}.py").exists()
+                else base
+            )
         return targets
 
     def visit(nodes: list[ast.stmt], where: str) -> None:
@@ -107,8 +115,9 @@ def imports_of(path: Path) -> list[tuple[str, int, str]]:
                 out.extend((t, node.lineno, where) for t in resolve(node))
             elif isinstance(node, ast.Import):
                 out.extend(
-                    (a.name[len("turbotrain"):].lstrip("."), node.lineno, where)
-                    for a in node.names if a.name.split(".")[0] == "turbotrain"
+                    (a.name[len("turbotrain") :].lstrip("."), node.lineno, where)
+                    for a in node.names
+                    if a.name.split(".")[0] == "turbotrain"
                 )
             elif isinstance(node, ast.If) and _is_type_checking(node):
                 visit(node.body, "type-checking")
@@ -132,22 +141,38 @@ def test_every_module_sits_in_the_folder_of_its_layer():
     folder of the package root is a layer's or data, and the picture names each module and
     package a layer folder holds, so ``ls`` and the picture show the same architecture."""
     layers = picture()
-    assert sorted(l.number for l in layers.values()) == list(range(len(layers))), "the layers are L0, L1, ... without gaps"
+    assert sorted(l.number for l in layers.values()) == list(range(len(layers))), (
+        "the layers are L0, L1, ... without gaps"
+    )
     wrong = []
     for path in sorted(SRC.rglob("*.py")):
         module = module_name(path)
-        if module not in ("", "__main__") and (len(path.relative_to(SRC).parts) < 2 or module.split(".")[0] not in layers):
+        if module not in ("", "__main__") and (
+            len(path.relative_to(SRC).parts) < 2 or module.split(".")[0] not in layers
+        ):
             wrong.append(f"turbotrain.{module} is in no layer's folder: move it into the folder of its layer")
-    folders = {p.name for p in SRC.iterdir() if p.is_dir() and p.name != "__pycache__" and p.name not in DATA_FOLDERS}
-    wrong += [f"{f}/ is a folder of the package but no layer of the picture" for f in sorted(folders - set(layers))]
+    folders = {
+        p.name for p in SRC.iterdir() if p.is_dir() and p.name != "__pycache__" and p.name not in DATA_FOLDERS
+    }
+    wrong += [
+        f"{f}/ is a folder of the package but no layer of the picture" for f in sorted(folders - set(layers))
+    ]
     wrong += [f"the picture's {f}/ is no folder of the package" for f in sorted(set(layers) - folders - {""})]
     for folder, layer in sorted(layers.items()):
         if not folder:
             continue
         for child in sorted((SRC / folder).iterdir()):
-            name = child.stem if child.suffix == ".py" else child.name if (child / "__init__.py").exists() else None
+            name = (
+                child.stem
+                if child.suffix == ".py"
+                else child.name
+                if (child / "__init__.py").exists()
+                else None
+            )
             if name and name != "__init__" and not re.search(rf"(?<![\w/]){re.escape(name)}\b", layer.text):
-                wrong.append(f"{folder}/{child.name}: the picture's L{layer.number} {folder}/ does not name {name}")
+                wrong.append(
+                    f"{folder}/{child.name}: the picture's L{layer.number} {folder}/ does not name {name}"
+                )
     assert not wrong, "\n".join(wrong)
 
 
@@ -160,15 +185,19 @@ def test_imports_go_only_downward_and_never_late():
             if where == "late":
                 wrong.append(f"turbotrain.{module}:{line} imports turbotrain.{target} inside a function")
             elif target != module and layer_of(target, layers).number > me:
-                wrong.append(f"turbotrain.{module}:{line} (layer {me}) imports turbotrain.{target} "
-                             f"(layer {layer_of(target, layers).number})")
+                wrong.append(
+                    f"turbotrain.{module}:{line} (layer {me}) imports turbotrain.{target} "
+                    f"(layer {layer_of(target, layers).number})"
+                )
     assert not wrong, "\n".join(wrong)
 
 
 def runtime_graph() -> dict[str, set[str]]:
     """module -> the turbotrain modules it imports when it runs (not under TYPE_CHECKING)."""
-    return {m: {t for t, _, where in imports if where != "type-checking" and t != m}
-            for m, imports in all_imports().items()}
+    return {
+        m: {t for t, _, where in imports if where != "type-checking" and t != m}
+        for m, imports in all_imports().items()
+    }
 
 
 def test_no_import_cycles():
@@ -181,7 +210,7 @@ def test_no_import_cycles():
         state[node] = 1
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                cycles.append(" -> ".join([*stack[stack.index(nxt):], nxt]))
+                cycles.append(" -> ".join([*stack[stack.index(nxt) :], nxt]))
             elif nxt not in state:
                 dfs(nxt, [*stack, nxt])
         state[node] = 2
@@ -228,9 +257,12 @@ def test_chains_inside_a_layer_are_no_deeper_than_the_picture_allows():
     for folder, chain in sorted(longest_chains(runtime_graph(), layers).items()):
         layer = layers[folder]
         if len(chain) - 1 > layer.depth:
-            wrong.append(f"L{layer.number} {folder or 'turbotrain'}/: a chain of {len(chain) - 1} imports, the picture "
-                         f"allows {layer.depth}: " + " -> ".join(f"turbotrain.{m}".rstrip(".") for m in chain)
-                         + " (flatten it, or raise the number in the README's picture and say why)")
+            wrong.append(
+                f"L{layer.number} {folder or 'turbotrain'}/: a chain of {len(chain) - 1} imports, the picture "
+                f"allows {layer.depth}: "
+                + " -> ".join(f"turbotrain.{m}".rstrip(".") for m in chain)
+                + " (flatten it, or raise the number in the README's picture and say why)"
+            )
     assert not wrong, "\n".join(wrong)
 
 
@@ -247,10 +279,17 @@ L0 base/       [{base_depth}]  errors, config, atomic, units
 """
 
 
-def fake_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: dict[str, str], base_depth: int = 2) -> None:
+def fake_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: dict[str, str], base_depth: int = 2
+) -> None:
     fake = tmp_path / "turbotrain"
-    for name, text in {"__init__.py": "", "base/__init__.py": "", "core/__init__.py": "", "tools/__init__.py": "",
-                       **files}.items():
+    for name, text in {
+        "__init__.py": "",
+        "base/__init__.py": "",
+        "core/__init__.py": "",
+        "tools/__init__.py": "",
+        **files,
+    }.items():
         (fake / name).parent.mkdir(parents=True, exist_ok=True)
         (fake / name).write_text(text)
     (tmp_path / "README.md").write_text(FAKE_PICTURE.format(base_depth=base_depth))
@@ -260,22 +299,46 @@ def fake_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: dict[str, 
 
 def test_the_checker_sees_late_upward_and_circular_imports(tmp_path, monkeypatch):
     """The checks above can fail: a late import, an upward import and a cycle are all caught."""
-    fake_tree(tmp_path, monkeypatch, {
-        "base/errors.py": "from ..core.engine import Engine\n",  # L0 -> L1: upward, and a cycle
-        "core/engine.py": "from ..base.errors import X\n\ndef f():\n    from ..tools.memory import finder\n",
-        "tools/memory/__init__.py": "", "tools/memory/finder.py": ""})
-    with pytest.raises(AssertionError, match="base.errors:1 .layer 0. imports turbotrain.core.engine .layer 1."):
+    fake_tree(
+        tmp_path,
+        monkeypatch,
+        {
+            "base/errors.py": "from ..core.engine import Engine\n",  # L0 -> L1: upward, and a cycle
+            "core/engine.py": "from ..base.errors import X\n\ndef f():\n    from ..tools.memory import finder\n",
+            "tools/memory/__init__.py": "",
+            "tools/memory/finder.py": "",
+        },
+    )
+    with pytest.raises(
+        AssertionError, match="base.errors:1 .layer 0. imports turbotrain.core.engine .layer 1."
+    ):
         test_imports_go_only_downward_and_never_late()
-    with pytest.raises(AssertionError, match="core.engine:4 imports turbotrain.tools.memory.finder inside a function"):
+    with pytest.raises(
+        AssertionError, match="core.engine:4 imports turbotrain.tools.memory.finder inside a function"
+    ):
         test_imports_go_only_downward_and_never_late()
     with pytest.raises(AssertionError, match="base.errors -> core.engine -> base.errors"):
         test_no_import_cycles()
 
 
-def test_the_checker_sees_a_module_outside_the_layer_folders_and_a_folder_outside_the_picture(tmp_path, monkeypatch):
-    fake_tree(tmp_path, monkeypatch, {"stray.py": "", "base/errors.py": "", "base/config.py": "",
-                                      "base/atomic.py": "", "base/units.py": "", "base/launch.py": "",
-                                      "core/engine.py": "", "tools/memory/__init__.py": "", "misc/__init__.py": ""})
+def test_the_checker_sees_a_module_outside_the_layer_folders_and_a_folder_outside_the_picture(
+    tmp_path, monkeypatch
+):
+    fake_tree(
+        tmp_path,
+        monkeypatch,
+        {
+            "stray.py": "",
+            "base/errors.py": "",
+            "base/config.py": "",
+            "base/atomic.py": "",
+            "base/units.py": "",
+            "base/launch.py": "",
+            "core/engine.py": "",
+            "tools/memory/__init__.py": "",
+            "misc/__init__.py": "",
+        },
+    )
     with pytest.raises(AssertionError) as caught:
         test_every_module_sits_in_the_folder_of_its_layer()
     assert "turbotrain.stray is in no layer's folder" in str(caught.value)
@@ -288,28 +351,57 @@ def test_the_checker_sees_a_module_outside_the_layer_folders_and_a_folder_outsid
 def test_the_checker_sees_a_chain_inside_a_layer_deeper_than_the_picture(tmp_path, monkeypatch):
     """errors <- config <- atomic <- units is a chain of 3 imports inside L0: allowed at [3], not at [2]
     (a TYPE_CHECKING import, a late one and an import of a lower layer do not lengthen it)."""
-    files = {"base/errors.py": "", "base/config.py": "from .errors import E\n",
-             "base/atomic.py": "from .config import C\n", "base/units.py": "from .atomic import A\n",
-             "core/engine.py": "from typing import TYPE_CHECKING\nfrom ..base.units import U\n"
-                               "if TYPE_CHECKING:\n    from ..base import units\n",
-             "tools/memory/__init__.py": "from ...core.engine import Engine\n"}
+    files = {
+        "base/errors.py": "",
+        "base/config.py": "from .errors import E\n",
+        "base/atomic.py": "from .config import C\n",
+        "base/units.py": "from .atomic import A\n",
+        "core/engine.py": "from typing import TYPE_CHECKING\nfrom ..base.units import U\n"
+        "if TYPE_CHECKING:\n    from ..base import units\n",
+        "tools/memory/__init__.py": "from ...core.engine import Engine\n",
+    }
     fake_tree(tmp_path, monkeypatch, files, base_depth=3)
     test_chains_inside_a_layer_are_no_deeper_than_the_picture_allows()
-    assert longest_chains(runtime_graph(), picture())["base"] == ["base.units", "base.atomic", "base.config", "base.errors"]
+    assert longest_chains(runtime_graph(), picture())["base"] == [
+        "base.units",
+        "base.atomic",
+        "base.config",
+        "base.errors",
+    ]
     fake_tree(tmp_path, monkeypatch, files, base_depth=2)
-    with pytest.raises(AssertionError, match=r"L0 base/: a chain of 3 imports, the picture allows 2: "
-                                             r"turbotrain.base.units -> turbotrain.base.atomic -> turbotrain.base.config "
-                                             r"-> turbotrain.base.errors"):
+    with pytest.raises(
+        AssertionError,
+        match=r"L0 base/: a chain of 3 imports, the picture allows 2: "
+        r"turbotrain.base.units -> turbotrain.base.atomic -> turbotrain.base.config "
+        r"-> turbotrain.base.errors",
+    ):
         test_chains_inside_a_layer_are_no_deeper_than_the_picture_allows()
 
 
-HEAVY = ("turbotrain.tools.memory", "turbotrain.tools.memory.finder", "turbotrain.tools.memory.stats", "turbotrain.app.bench",
-         "turbotrain.app.report", "turbotrain.app.training", "turbotrain.app.doctor", "matplotlib",
-         "turbotrain.app.measure", "turbotrain.app.profile", "turbotrain.app.tune", "optuna", "torchao", "transformers")
+HEAVY = (
+    "turbotrain.tools.memory",
+    "turbotrain.tools.memory.finder",
+    "turbotrain.tools.memory.stats",
+    "turbotrain.app.bench",
+    "turbotrain.app.report",
+    "turbotrain.app.training",
+    "turbotrain.app.doctor",
+    "matplotlib",
+    "turbotrain.app.measure",
+    "turbotrain.app.profile",
+    "turbotrain.app.tune",
+    "optuna",
+    "torchao",
+    "transformers",
+)
 # ~0.7 s of a 2.8 s import (issue 22): imported where an fsdp run, a sharded checkpoint or a
 # progress bar needs them, never by a one-process Engine
-DISTRIBUTED_HEAVY = ("torch.distributed.fsdp", "torch.distributed.tensor", "torch.distributed.checkpoint",
-                     "rich.progress")
+DISTRIBUTED_HEAVY = (
+    "torch.distributed.fsdp",
+    "torch.distributed.tensor",
+    "torch.distributed.checkpoint",
+    "rich.progress",
+)
 
 LIGHT_RUN = f"""
 import sys, torch, turbotrain
@@ -327,6 +419,8 @@ def test_import_turbotrain_stays_light():
     """``import turbotrain`` (the Engine and fit) loads none of the tools, the report, matplotlib,
     FSDP/DTensor/DCP or rich.progress; nor does a one-process Engine's setup, forward and backward.
     (A torch optimizer is left out: its constructor imports torch._dynamo, which imports FSDP.)"""
-    out = subprocess.run([sys.executable, "-c", LIGHT_RUN], capture_output=True, text=True, check=True).stdout.split("\n")
+    out = subprocess.run(
+        [sys.executable, "-c", LIGHT_RUN], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
     assert out[0] == "[]", f"import turbotrain loaded {out[0]}"
     assert out[1] == "[]", f"a one-process Engine loaded {out[1]}"

@@ -25,8 +25,16 @@ def _lr(opt: torch.optim.Optimizer) -> float:
 
 def test_plateau_warms_up_then_lowers_exactly_when_reduce_lr_on_plateau_does():
     opt = _optimizer(1.0)
-    sched = build_scheduler(opt, schedule="plateau", warmup_steps=4, max_steps=100, lr=1.0, min_lr=0.1,
-                            plateau_factor=0.5, plateau_patience=2)
+    sched = build_scheduler(
+        opt,
+        schedule="plateau",
+        warmup_steps=4,
+        max_steps=100,
+        lr=1.0,
+        min_lr=0.1,
+        plateau_factor=0.5,
+        plateau_patience=2,
+    )
     assert isinstance(sched, PlateauLR)
     seen = []
     for _ in range(4):  # warmup still applies: (s + 1) / 4 of the peak
@@ -102,5 +110,9 @@ def test_adaptive_lr_mistakes_are_one_line_config_errors():
         load_config(overrides={"optim": {"schedule": "plateau"}, "train": {"eval_every": 0}})
     with pytest.raises(ConfigError, match="linear, sqrt"):
         load_config(overrides={"optim": {"lr_scaling": "cubic"}})
-    assert math.isclose(load_config(overrides={"batch": {"micro": "auto", "global_size": 64},
-                                               "optim": {"lr_scaling": "linear"}}).optim.lr, 2e-3)
+    assert math.isclose(
+        load_config(
+            overrides={"batch": {"micro": "auto", "global_size": 64}, "optim": {"lr_scaling": "linear"}}
+        ).optim.lr,
+        2e-3,
+    )

@@ -12,11 +12,17 @@ import pytest
 import torch
 from torch import nn
 
-from turbotrain.core.assembly import build_trainable
-from turbotrain.cli import main
-from turbotrain import load_config
-from turbotrain import Engine
+from turbotrain import Engine, load_config
+from turbotrain.base.batch import split_batch
 from turbotrain.base.errors import ConfigError, TurbotrainError
+from turbotrain.base.rundir import BATCH_CACHE
+from turbotrain.cli import main
+from turbotrain.core.assembly import build_trainable
+from turbotrain.core.oom import HalveOnOOM
+from turbotrain.core.optim import build_optimizer
+from turbotrain.core.transforms import apply_activation_checkpointing, checkpointed_blocks
+from turbotrain.parts.models.gpt import GPT, GPTConfig
+from turbotrain.parts.models.mlp import TinyMLP, synthetic_batches
 from turbotrain.tools.memory import (
     BatchSearch,
     StepTrial,
@@ -28,14 +34,7 @@ from turbotrain.tools.memory import (
     resolve_batch_size,
     token_batches,
 )
-from turbotrain.base.rundir import BATCH_CACHE
 from turbotrain.tools.memory.finder import CPU_MAX_STEP_S
-from turbotrain.base.batch import split_batch
-from turbotrain.core.oom import HalveOnOOM
-from turbotrain.core.transforms import apply_activation_checkpointing, checkpointed_blocks
-from turbotrain.parts.models.gpt import GPT, GPTConfig
-from turbotrain.parts.models.mlp import TinyMLP, synthetic_batches
-from turbotrain.core.optim import build_optimizer
 
 
 class SimulatedDevice:
@@ -218,7 +217,8 @@ def test_resolve_batch_size_on_cpu_keeps_the_global_batch_and_caches(tmp_path):
     optimizer = build_optimizer(model, engine.device, lr=1e-2)
     model, optimizer, _ = engine.setup(model, optimizer)
 
-    resolved, search = resolve_batch_size(config, engine, model, optimizer, run_dir=tmp_path)  # memory decides, not timing
+    # memory decides, not timing
+    resolved, search = resolve_batch_size(config, engine, model, optimizer, run_dir=tmp_path)
     assert isinstance(search, BatchSearch) and not search.cached
     assert resolved.batch.micro * resolved.batch.accumulation == 48 == search.global_batch
     assert engine.accumulation == resolved.batch.accumulation
@@ -237,19 +237,29 @@ def test_the_cpu_search_stops_at_the_step_time_budget(monkeypatch, caplog):
     over CPU_MAX_STEP_S (here 0.1 s per sequence: 16 takes 1.6 s), which fails, and every
     size tried is a progress line (issue 32 item 7: 1024 sequences at a minute a step before)."""
     measure = StepTrial.__call__
-    monkeypatch.setattr(StepTrial, "__call__", lambda self, micro: TrialResult(measure(self, micro).peak_bytes, 0.1 * micro))
-    config = load_config(overrides={"run": {"device": "cpu"}, "batch": {"micro": "auto", "global_size": 64},
-                                    "model": {"n_layer": 1, "n_head": 2, "d_model": 16, "block_size": 8, "vocab_size": 64}})
+    monkeypatch.setattr(
+        StepTrial, "__call__", lambda self, micro: TrialResult(measure(self, micro).peak_bytes, 0.1 * micro)
+    )
+    config = load_config(
+        overrides={
+            "run": {"device": "cpu"},
+            "batch": {"micro": "auto", "global_size": 64},
+            "model": {"n_layer": 1, "n_head": 2, "d_model": 16, "block_size": 8, "vocab_size": 64},
+        }
+    )
     t = build_trainable(config, _tiny_gpt(n_layer=1, d_model=16, block_size=8))
     with caplog.at_level(logging.INFO):
         resolved, search = resolve_batch_size(config, t.engine, t.model, t.optimizer)
     assert CPU_MAX_STEP_S == 1.0
-    assert search.found == resolved.batch.micro == 8 and resolved.batch.accumulation == 8  # global batch 64 kept
+    # global batch 64 kept
+    assert search.found == resolved.batch.micro == 8 and resolved.batch.accumulation == 8
     assert [r.micro for r in search.trials] == [1, 2, 4, 8, 16]
     assert search.trials[-1].reason == "over the step-time budget (1.60 s > 1 s)"
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("batch finder: micro-batch")]
     assert lines[0].startswith("batch finder: micro-batch 1 fits, 0.10 s a step, peak ") and len(lines) == 6
-    assert lines[4].startswith("batch finder: micro-batch 16 over the step-time budget (1.60 s > 1 s), 1.60 s a step")
+    assert lines[4].startswith(
+        "batch finder: micro-batch 16 over the step-time budget (1.60 s > 1 s), 1.60 s a step"
+    )
 
 
 # ----------------------------------------------------------------------------- checkpointing
@@ -300,9 +310,17 @@ def test_checkpointing_errors_name_the_field_and_the_valid_values():
 
 
 def test_memory_report_shows_the_activation_drop_with_checkpointing():
-    config = load_config(overrides={"model": {"n_layer": 8, "n_head": 4, "d_model": 256, "block_size": 256, "vocab_size": 256}})
-    off, selective, full = (estimate_memory(config, micro=8, checkpointing=m, precision="fp32") for m in ("off", "selective", "full"))
-    n_params = sum(p.numel() for p in GPT(GPTConfig(vocab_size=256, n_layer=8, n_head=4, d_model=256, block_size=256)).parameters())
+    config = load_config(
+        overrides={"model": {"n_layer": 8, "n_head": 4, "d_model": 256, "block_size": 256, "vocab_size": 256}}
+    )
+    off, selective, full = (
+        estimate_memory(config, micro=8, checkpointing=m, precision="fp32")
+        for m in ("off", "selective", "full")
+    )
+    n_params = sum(
+        p.numel()
+        for p in GPT(GPTConfig(vocab_size=256, n_layer=8, n_head=4, d_model=256, block_size=256)).parameters()
+    )
 
     assert off.params_bytes == selective.params_bytes == full.params_bytes == 4 * n_params
     assert off.grads_bytes == off.params_bytes
@@ -313,14 +331,19 @@ def test_memory_report_shows_the_activation_drop_with_checkpointing():
 
 
 def test_meta_estimate_matches_a_real_cpu_step():
-    config = load_config(overrides={"model": {"n_layer": 2, "n_head": 2, "d_model": 64, "block_size": 64, "vocab_size": 128}})
+    config = load_config(
+        overrides={"model": {"n_layer": 2, "n_head": 2, "d_model": 64, "block_size": 64, "vocab_size": 128}}
+    )
     estimate = estimate_memory(config, micro=4, precision="fp32")
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=128, n_layer=2, n_head=2, d_model=64, block_size=64))
     optimizer = build_optimizer(model, torch.device("cpu"), lr=1e-3)
     measured = measure_step_memory(model, optimizer, token_batches(128, 64, torch.device("cpu"))(4))
     assert measured.method == "tensor-tracking" and estimate.method == "meta-estimate"
-    assert measured.params_bytes == estimate.params_bytes and measured.optimizer_bytes == estimate.optimizer_bytes
+    assert (
+        measured.params_bytes == estimate.params_bytes
+        and measured.optimizer_bytes == estimate.optimizer_bytes
+    )
     assert measured.activations_bytes == pytest.approx(estimate.activations_bytes, rel=0.05)
     assert measured.forward_peak_bytes == pytest.approx(estimate.forward_peak_bytes, rel=0.05)
 
@@ -336,7 +359,10 @@ def test_measured_activation_memory_drops_with_checkpointing_on_cpu():
 
 
 def test_memory_cli_prints_the_report_and_rejects_bad_values(capsys):
-    assert main(["memory", "--micro", "2", "--model.n_layer=2", "--model.d_model=32", "--model.block_size=32"]) == 0
+    assert (
+        main(["memory", "--micro", "2", "--model.n_layer=2", "--model.d_model=32", "--model.block_size=32"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "activations" in out and "ckpt full" in out and "peak: backward" in out
     assert main(["memory", "--memory.checkpointing=some"]) == 2
@@ -354,29 +380,62 @@ def test_memory_of_your_own_model_is_estimated_on_its_batch_and_matches_a_measur
     loader. A CNN without repeated blocks gets the checkpointing-off estimate (the other modes say
     why they are missing) and it matches one real step; a transformers GPT-2 (tied embeddings kept
     tied on the meta device) gets all three, full checkpointing holding the fewest activations."""
-    assert main(["memory", "--model", f"{EXAMPLES}/workload_cnn.py:make", "--micro", "16", "--measure", "--json"]) == 0
+    assert (
+        main(
+            ["memory", "--model", f"{EXAMPLES}/workload_cnn.py:make", "--micro", "16", "--measure", "--json"]
+        )
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)
-    assert doc["micro_batch"] == 16 and list(doc["estimate"]) == ["off"] and doc["model"].endswith("workload_cnn.py:make")
+    assert (
+        doc["micro_batch"] == 16
+        and list(doc["estimate"]) == ["off"]
+        and doc["model"].endswith("workload_cnn.py:make")
+    )
     estimate, measured = doc["estimate"]["off"], doc["measured"]
     assert estimate["params_bytes"] == measured["params_bytes"]
     assert estimate["peak_bytes"] == pytest.approx(measured["peak_bytes"], rel=0.05)
     assert main(["memory", "--model", f"{EXAMPLES}/workload_cnn.py:make", "--micro", "16"]) == 0
-    assert "checkpointing not estimated: memory.checkpointing needs a model with a ModuleList" in capsys.readouterr().out
+    assert (
+        "checkpointing not estimated: memory.checkpointing needs a model with a ModuleList"
+        in capsys.readouterr().out
+    )
 
     # a dropless mixture of experts sizes its work from its routing: no meta estimate, a real step says it
     assert main(["memory", "--model", f"{EXAMPLES}/moe_classifier.py:make", "--micro", "16"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "cannot be estimated on the meta device" in err and "--measure" in err, err
-    assert main(["memory", "--model", f"{EXAMPLES}/moe_classifier.py:make", "--micro", "16", "--measure", "--json"]) == 0
+    assert (
+        len(err.splitlines()) == 1 and "cannot be estimated on the meta device" in err and "--measure" in err
+    ), err
+    assert (
+        main(
+            [
+                "memory",
+                "--model",
+                f"{EXAMPLES}/moe_classifier.py:make",
+                "--micro",
+                "16",
+                "--measure",
+                "--json",
+            ]
+        )
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)
-    assert doc["estimate"] == {} and "tokens per expert" in doc["notes"][0] and doc["measured"]["peak_bytes"] > 0
+    assert (
+        doc["estimate"] == {} and "tokens per expert" in doc["notes"][0] and doc["measured"]["peak_bytes"] > 0
+    )
 
     pytest.importorskip("transformers")
     assert main(["memory", "--model", f"{EXAMPLES}/hf_causal_lm.py:make", "--measure", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     off, full, measured = doc["estimate"]["off"], doc["estimate"]["full"], doc["measured"]
     assert off["params_bytes"] == measured["params_bytes"]  # the tied lm_head counted once
-    assert full["activations_bytes"] < doc["estimate"]["selective"]["activations_bytes"] < off["activations_bytes"]
+    assert (
+        full["activations_bytes"]
+        < doc["estimate"]["selective"]["activations_bytes"]
+        < off["activations_bytes"]
+    )
     assert off["activations_bytes"] == pytest.approx(measured["activations_bytes"], rel=0.2)
 
 
@@ -401,7 +460,9 @@ def test_config_errors_name_the_field_and_valid_values(section, values, words):
 
 
 def _engine_with_runner(accumulation: int) -> tuple[Engine, TinyMLP, torch.optim.Optimizer]:
-    engine = Engine({"run": {"device": "cpu"}, "optim": {"grad_clip": 0.0}, "batch": {"accumulation": accumulation}})
+    engine = Engine(
+        {"run": {"device": "cpu"}, "optim": {"grad_clip": 0.0}, "batch": {"accumulation": accumulation}}
+    )
     torch.manual_seed(0)
     model = TinyMLP(d_in=8, width=16, depth=2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
@@ -430,8 +491,14 @@ def test_injected_oom_mid_accumulation_re_runs_the_step_with_identical_gradients
         engine.forward_backward(model, b)
     expected = _grads(model)
 
-    engine = Engine({"run": {"device": "cpu"}, "optim": {"grad_clip": 0.0}, "batch": {"accumulation": 2},
-                     "memory": {"inject_oom_at_step": 1}})
+    engine = Engine(
+        {
+            "run": {"device": "cpu"},
+            "optim": {"grad_clip": 0.0},
+            "batch": {"accumulation": 2},
+            "memory": {"inject_oom_at_step": 1},
+        }
+    )
     torch.manual_seed(0)
     model = TinyMLP(d_in=8, width=16, depth=2)
     model, optimizer, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.0))
@@ -444,13 +511,25 @@ def test_injected_oom_mid_accumulation_re_runs_the_step_with_identical_gradients
         torch.testing.assert_close(grad, expected[name], rtol=0, atol=1e-6)
     assert engine.step(optimizer) is True
     assert [e.kind for e in engine.events] == ["oom_recovery"]
-    assert "micro-batch 8 -> 4" in engine.events[0].detail and "global batch 16 unchanged" in engine.events[0].detail
+    assert (
+        "micro-batch 8 -> 4" in engine.events[0].detail
+        and "global batch 16 unchanged" in engine.events[0].detail
+    )
 
 
 def test_memory_of_an_emulated_fp8_run_on_cpu_is_estimated_not_refused(capsys):
     """The precision is checked with the whole [precision] section: fp8_emulate runs on a CPU."""
     pytest.importorskip("torchao")
-    args = ["memory", "--preset", "gpt-tiny", "--micro", "2", "--json", "--run.device=cpu", "--precision.mode=fp8"]
+    args = [
+        "memory",
+        "--preset",
+        "gpt-tiny",
+        "--micro",
+        "2",
+        "--json",
+        "--run.device=cpu",
+        "--precision.mode=fp8",
+    ]
     assert main([*args, "--precision.fp8_emulate=true"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["precision"] == "fp8" and out["estimate"]["off"]["activations_bytes"] > 0

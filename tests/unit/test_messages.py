@@ -16,13 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_overrides
 from torch import nn
 
 from turbotrain import Engine, fit
 from turbotrain.app import training
 from turbotrain.app.bench import worker
-from turbotrain.app.tune import space
 from turbotrain.app.training import train
+from turbotrain.app.tune import space
 from turbotrain.base.config import audience, load_config, setting, to_toml
 from turbotrain.base.errors import ConfigError, TurbotrainError, TurbotrainWarning, quiet_imports
 from turbotrain.base.rundir import CONFIG_FILE, run_name
@@ -33,8 +34,6 @@ from turbotrain.core.precision import FP8, DeviceCaps, resolve_precision
 from turbotrain.loop.monitor import Monitor
 from turbotrain.parts.data import sources
 
-from conftest import tiny_overrides
-
 
 def test_a_turbotrain_warning_is_one_line_without_a_source_line() -> None:
     with warnings.catch_warnings(record=True) as caught:
@@ -42,8 +41,11 @@ def test_a_turbotrain_warning_is_one_line_without_a_source_line() -> None:
         resolve_precision("bf16-mixed", DeviceCaps("cpu"))
     [w] = caught
     text = format_warning(w.message, w.category, w.filename, w.lineno, None)
-    assert text == "WARNING turbotrain: precision.mode = 'bf16-mixed' on CPU: without bf16 units this is often many " \
-                   "times slower than fp32\n"
+    assert (
+        text
+        == "WARNING turbotrain: precision.mode = 'bf16-mixed' on CPU: without bf16 units this is often many "
+        "times slower than fp32\n"
+    )
     other = format_warning(UserWarning("theirs"), UserWarning, "/x/lib.py", 7, "warn()")
     assert "/x/lib.py:7" in other  # someone else's warning keeps the line that points at it
 
@@ -60,8 +62,12 @@ def test_quiet_imports_hides_torchao_load_noise_only_inside(caplog: pytest.LogCa
 
 def test_help_config_into_head_ends_without_a_traceback() -> None:
     """As ``turbotrain train --help-config | head``, with the reader gone before the first write."""
-    child = subprocess.Popen([sys.executable, "-m", "turbotrain", "train", "--help-config"], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "turbotrain", "train", "--help-config"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     child.stdout.close()  # the reader leaves: every write meets a closed pipe
     err = child.stderr.read()
     assert child.wait(timeout=120) == 141
@@ -71,7 +77,9 @@ def test_help_config_into_head_ends_without_a_traceback() -> None:
 def test_the_default_warmup_is_not_a_warning_on_a_short_run(caplog: pytest.LogCaptureFixture) -> None:
     training._warn_long_warmup(load_config("gpt-tiny", {"train": {"max_steps": 20}}))
     assert not caplog.records
-    training._warn_long_warmup(load_config("gpt-tiny", {"train": {"max_steps": 20}, "optim": {"warmup_steps": 40}}))
+    training._warn_long_warmup(
+        load_config("gpt-tiny", {"train": {"max_steps": 20}, "optim": {"warmup_steps": 40}})
+    )
     assert "optim.warmup_steps = 40 is longer than the run" in caplog.text
 
 
@@ -115,19 +123,30 @@ def test_fp8_nothing_converted_advises_by_the_reason_not_min_size(caplog: pytest
 def test_fp8_fields_without_fp8_mode_are_refused_in_one_line() -> None:
     with audience("cli"), pytest.raises(ConfigError) as caught:
         load_config("gpt-tiny", {"precision": {"fp8_min_size": 1, "fp8_lm_head": True}})
-    assert str(caught.value) == ("precision.fp8_min_size, precision.fp8_lm_head configure precision.mode = 'fp8' and this "
-                                 "run is precision.mode = 'auto': they would do nothing; drop them, or add "
-                                 "--precision.mode=fp8")
-    assert load_config("gpt-tiny", {"precision": {"mode": "fp8", "fp8_min_size": 1}}).precision.fp8_min_size == 1
+    assert str(caught.value) == (
+        "precision.fp8_min_size, precision.fp8_lm_head configure precision.mode = 'fp8' and this "
+        "run is precision.mode = 'auto': they would do nothing; drop them, or add "
+        "--precision.mode=fp8"
+    )
+    assert (
+        load_config("gpt-tiny", {"precision": {"mode": "fp8", "fp8_min_size": 1}}).precision.fp8_min_size == 1
+    )
 
 
 def test_bench_out_of_memory_advice_is_a_flag(tmp_path, monkeypatch) -> None:
     def out_of_memory(name: str, spec: dict) -> dict:
-        raise TurbotrainError(f"out of memory at batch.micro 64: use {setting('memory.checkpointing', 'full')}")
+        raise TurbotrainError(
+            f"out of memory at batch.micro 64: use {setting('memory.checkpointing', 'full')}"
+        )
 
     monkeypatch.setattr(worker, "run", out_of_memory)
     (tmp_path / "spec.json").write_text("{}")
-    assert worker.main(["turbotrain", "--spec", str(tmp_path / "spec.json"), "--result", str(tmp_path / "r.json")]) == 1
+    assert (
+        worker.main(
+            ["turbotrain", "--spec", str(tmp_path / "spec.json"), "--result", str(tmp_path / "r.json")]
+        )
+        == 1
+    )
     reason = json.loads((tmp_path / "r.json").read_text())["reason"]
     assert "use --memory.checkpointing=full" in reason and "{" not in reason
 
@@ -137,9 +156,14 @@ def test_resume_of_a_complete_run_says_so(tmp_path, caplog: pytest.LogCaptureFix
     train(load_config("gpt-tiny", overrides), progress=False)
     caplog.clear()
     with caplog.at_level(logging.INFO):
-        summary = train(load_config("gpt-tiny", overrides), resume_dir=tmp_path / "runs" / "t", progress=False)
+        summary = train(
+            load_config("gpt-tiny", overrides), resume_dir=tmp_path / "runs" / "t", progress=False
+        )
     assert summary["status"] == "completed"
-    assert "is complete (step 2 of 2): nothing to train; to train on, resume with a larger train.max_steps" in caplog.text
+    assert (
+        "is complete (step 2 of 2): nothing to train; to train on, resume with a larger train.max_steps"
+        in caplog.text
+    )
 
 
 def _run(out: Path, name: str, overrides: dict) -> None:
@@ -167,7 +191,9 @@ def test_a_model_run_is_named_after_its_file() -> None:
 # ----------------------------------------------------------------------------- item 8: tune offers nothing train warns against
 
 
-@pytest.mark.parametrize("caps", [DeviceCaps("cpu"), DeviceCaps("cuda", (8, 0), bf16=True), DeviceCaps("cuda", (7, 0))])
+@pytest.mark.parametrize(
+    "caps", [DeviceCaps("cpu"), DeviceCaps("cuda", (8, 0), bf16=True), DeviceCaps("cuda", (7, 0))]
+)
 def test_tune_offers_no_precision_that_train_warns_against(caps: DeviceCaps, monkeypatch) -> None:
     monkeypatch.setattr(space.DeviceCaps, "of", classmethod(lambda cls, device: caps))
     choices = space.precision_choices(torch.device(caps.type))
@@ -189,8 +215,10 @@ def test_the_first_signal_is_acknowledged_at_once(capfd: pytest.CaptureFixture[s
         controller.on_first(stops.append)  # training's action: ask the loop to stop after the step
         os.kill(os.getpid(), signal.SIGTERM)
         assert stops == ["SIGTERM"]
-        assert capfd.readouterr().err == ("\nturbotrain: SIGTERM received: stopping after this step (it saves a "
-                                          "checkpoint); a second SIGTERM to abort\n")
+        assert capfd.readouterr().err == (
+            "\nturbotrain: SIGTERM received: stopping after this step (it saves a "
+            "checkpoint); a second SIGTERM to abort\n"
+        )
         with pytest.raises(KeyboardInterrupt):  # the second: stop now
             os.kill(os.getpid(), signal.SIGINT)
     finally:
@@ -209,14 +237,17 @@ class _WordTokenizer:
         return np.array([10], dtype=np.uint16)
 
 
-def test_tokenizing_off_a_terminal_says_how_far_it_is(tmp_path, monkeypatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_tokenizing_off_a_terminal_says_how_far_it_is(
+    tmp_path, monkeypatch, caplog: pytest.LogCaptureFixture
+) -> None:
     files = []
     for i in range(4):
         files.append(tmp_path / f"f{i}.txt")
         files[-1].write_bytes(b"x" * 1000)
     monkeypatch.setattr(sources, "ENCODE_CHUNK_BYTES", 1000)  # one file per chunk
     with caplog.at_level(logging.INFO):
-        sources.tokenize_files(files, tmp_path / "cache", _WordTokenizer(), progress=True)  # pytest's stderr: no terminal
+        # pytest's stderr: no terminal
+        sources.tokenize_files(files, tmp_path / "cache", _WordTokenizer(), progress=True)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("tokenizing: ")]
     assert len(lines) == 4 and all(line.startswith("tokenizing: 0.0 of 0.0 MB (") for line in lines)
     assert [line.split("(")[1].split(")")[0] for line in lines] == ["25%", "50%", "75%", "100%"]
@@ -230,8 +261,15 @@ def test_a_compiled_first_step_is_announced_and_timed(caplog: pytest.LogCaptureF
     model, optimizer, _ = engine.setup(model, optimizer)
     batches = [(torch.ones(2, 4), torch.zeros(2, 1))] * 2
     with caplog.at_level(logging.INFO):
-        fit(engine, model, optimizer, batches, max_steps=2, hooks=[Monitor(10)],
-            loss_fn=lambda m, b: nn.functional.mse_loss(m(b[0]), b[1]))
+        fit(
+            engine,
+            model,
+            optimizer,
+            batches,
+            max_steps=2,
+            hooks=[Monitor(10)],
+            loss_fn=lambda m, b: nn.functional.mse_loss(m(b[0]), b[1]),
+        )
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith(("compiling", "compiled"))]
     assert said[0] == "compiling (first step; torch.compile, model)..."
     assert len(said) == 2 and said[1].startswith("compiled: first step ") and said[1].endswith(" s")

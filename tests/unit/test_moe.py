@@ -12,18 +12,16 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from turbotrain.cli import main
-from turbotrain import load_config
-from turbotrain import Engine
-from turbotrain.base.errors import ConfigError
-from turbotrain.parts.models.moe.parallel import attach_optimizer
+from turbotrain import Engine, fit, load_config
 from turbotrain.app.expert_report import markdown, read_experts, summarize, write_plots
-from turbotrain.loop.experts_monitor import ExpertsMonitor
+from turbotrain.base.errors import ConfigError
 from turbotrain.base.rundir import EXPERTS_FILE
-from turbotrain import fit
-from turbotrain.parts.models.registry import build_model
+from turbotrain.cli import main
+from turbotrain.loop.experts_monitor import ExpertsMonitor
 from turbotrain.parts.models.gpt import GPT, GPTConfig
 from turbotrain.parts.models.moe import MoE, MoEConfig, MoEGPT, MoEMLP, aux_loss, route
+from turbotrain.parts.models.moe.parallel import attach_optimizer
+from turbotrain.parts.models.registry import build_model
 
 SMALL = dict(vocab_size=64, n_layer=2, n_head=2, d_model=32, block_size=16, n_experts=4, top_k=2)
 
@@ -37,7 +35,11 @@ def _loss_and_grads(impl: str, **extra: object) -> tuple[torch.Tensor, torch.Ten
     model.train()
     loss = model(idx, idx)
     loss.backward()
-    return logits.detach(), loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return (
+        logits.detach(),
+        loss.detach(),
+        {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+    )
 
 
 @pytest.mark.parametrize("impl", ["batched", "grouped"])
@@ -94,7 +96,9 @@ def test_capacity_factor_drops_overflow_in_token_order():
         for j in range(2):
             e = int(experts[n, j])
             if seen[e] < capacity:
-                expected[n] += weights[n, j] * (F.gelu(x[0, n] @ layer.w1[e], approximate="tanh") @ layer.w2[e])
+                expected[n] += weights[n, j] * (
+                    F.gelu(x[0, n] @ layer.w1[e], approximate="tanh") @ layer.w2[e]
+                )
             seen[e] += 1
     dropped = sum(max(0, s - capacity) for s in seen)
     assert dropped > 0 and int(layer.last_dropped) == dropped  # type: ignore[arg-type]
@@ -116,7 +120,9 @@ def test_aux_loss_only_in_training_and_bias_moves_against_the_load():
     model.eval()
     with torch.no_grad():
         eval_loss = model(idx, idx)
-    assert float(train_loss - eval_loss) == pytest.approx(float(torch.stack([m.last_aux for m in model.moe_layers()]).mean()), rel=1e-4)
+    assert float(train_loss - eval_loss) == pytest.approx(
+        float(torch.stack([m.last_aux for m in model.moe_layers()]).mean()), rel=1e-4
+    )
     model.train()
     with torch.no_grad():
         model(idx, idx)  # applies the previous training forward's loads
@@ -142,12 +148,17 @@ def test_moe_every_and_the_run_config_build_the_model():
     assert kinds == ["Sequential", "MoEMLP", "Sequential", "MoEMLP"]
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--moe.top_k=9"], ["moe.top_k = 9", "moe.n_experts = 8"]),
-    (["--distributed.expert_parallel=3"], ["distributed.expert_parallel = 3", "moe.n_experts = 8"]),
-    (["--moe.impl=fast"], ["moe.impl", "grouped", "loop"]),
-])
-def test_bad_moe_settings_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], args: list[str], words: list[str]):
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--moe.top_k=9"], ["moe.top_k = 9", "moe.n_experts = 8"]),
+        (["--distributed.expert_parallel=3"], ["distributed.expert_parallel = 3", "moe.n_experts = 8"]),
+        (["--moe.impl=fast"], ["moe.impl", "grouped", "loop"]),
+    ],
+)
+def test_bad_moe_settings_are_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], args: list[str], words: list[str]
+):
     with pytest.raises(ConfigError):
         load_config("moe-tiny", args)
     assert main(["train", "--preset", "moe-tiny", *args]) == 2
@@ -172,24 +183,37 @@ def test_experts_monitor_reads_at_the_log_cadence_and_the_report_draws_load_and_
     assert [h["step"] for h in data["history"]] == [3, 6, 7]  # every 3 steps, and the end
     windows = [3, 3, 1]
     for h, n in zip(data["history"], windows):
-        assert len(h["load"]) == 2 and all(sum(row) == n * 2 * 16 * 2 for row in h["load"])  # steps x tokens x top_k
+        # steps x tokens x top_k
+        assert len(h["load"]) == 2 and all(sum(row) == n * 2 * 16 * 2 for row in h["load"])
         assert h["max_mean"] >= 1.0
     assert data["placement"] == {"ep_degree": 1, "world": 1, "ranks": [[0, 1, 2, 3]]}
     section = summarize(data)
     assert sum(section["assignments_per_expert"]) == 7 * 2 * 16 * 2 * 2  # ... x MoE blocks
     assert any("max/mean" in line for line in markdown(section))
     assert write_plots(data, tmp_path / "plots") == ["plots/expert_load.png", "plots/expert_placement.png"]
-    assert all((tmp_path / "plots" / f).stat().st_size > 1000 for f in ("expert_load.png", "expert_placement.png"))
+    assert all(
+        (tmp_path / "plots" / f).stat().st_size > 1000 for f in ("expert_load.png", "expert_placement.png")
+    )
 
 
-def test_expert_parallel_degree_that_does_not_divide_the_world_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path):
+def test_expert_parallel_degree_that_does_not_divide_the_world_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+):
     text = tmp_path / "corpus.txt"
     text.write_text("def f(x):\n    return x + 1\n" * 400)
-    args = ["train", "--preset", "moe-tiny", f"--data.path={text}", f"--run.out_dir={tmp_path / 'runs'}",
-            "--distributed.expert_parallel=2"]
+    args = [
+        "train",
+        "--preset",
+        "moe-tiny",
+        f"--data.path={text}",
+        f"--run.out_dir={tmp_path / 'runs'}",
+        "--distributed.expert_parallel=2",
+    ]
     assert main(args) == 2  # one plain process: the world size is 1
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "distributed.expert_parallel = 2 must divide the world size 1" in err, err
+    assert (
+        len(err.splitlines()) == 1 and "distributed.expert_parallel = 2 must divide the world size 1" in err
+    ), err
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # nothing left behind
 
 
@@ -212,7 +236,9 @@ def test_resuming_with_more_experts_copies_existing_ones_with_noise_and_fresh_op
         assert torch.equal(b[:2], a)  # the trained experts, unchanged
         diff = (b[2:] - a).abs().max()  # experts 2, 3 copy experts 0, 1 plus a little noise
         assert 0 < diff < 0.1 * float(a.std()) * 5
-    assert torch.equal(new.router.weight[:2], old.router.weight) and not torch.equal(new.router.weight[2:], old.router.weight)
+    assert torch.equal(new.router.weight[:2], old.router.weight) and not torch.equal(
+        new.router.weight[2:], old.router.weight
+    )
     moments = big_opt.state[new.w1]["exp_avg"]
     assert torch.equal(moments[:2], opt.state[old.w1]["exp_avg"]) and not moments[2:].any()
     big(idx, idx).backward()  # and it trains
@@ -278,7 +304,9 @@ def test_the_moe_layer_takes_vectors_and_tokens_and_the_engine_adds_its_load_bal
     an own loop gets the same from aux_loss(model); checkpointing's recompute counts no token
     twice; a checkpoint with fewer experts grows into the layer."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), MoE(16, n_experts=4, top_k=2, hidden=32, aux_loss_coef=0.5))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), MoE(16, n_experts=4, top_k=2, hidden=32, aux_loss_coef=0.5)
+    )
     twin = copy.deepcopy(model)
     x = torch.randn(6, 8)
     engine = Engine({"run": {"device": "cpu"}})
@@ -309,11 +337,14 @@ def test_the_moe_layer_takes_vectors_and_tokens_and_the_engine_adds_its_load_bal
     assert bigger.grew_from == 4 and torch.equal(bigger.w1[:4], layer.w1)
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(n_experts=4, top_k=5), ["top_k=5", "n_experts = 4"]),
-    (dict(impl="fast"), ["impl='fast'", "grouped", "loop"]),
-    (dict(capacity_factor=-1.0), ["capacity_factor=-1.0", ">= 0"]),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(n_experts=4, top_k=5), ["top_k=5", "n_experts = 4"]),
+        (dict(impl="fast"), ["impl='fast'", "grouped", "loop"]),
+        (dict(capacity_factor=-1.0), ["capacity_factor=-1.0", ">= 0"]),
+    ],
+)
 def test_bad_moe_layer_arguments_are_one_line_naming_them(kwargs: dict, words: list[str]):
     with pytest.raises(ConfigError) as err:
         MoE(16, **kwargs)
@@ -325,7 +356,9 @@ def test_compiled_moe_layer_and_gpt_have_no_graph_breaks():
     GEMM in fp32; the batched path of CUDA fp32/fp16 with a capacity), and a training MoE GPT."""
     torch.manual_seed(0)
     for impl, shapes in (("auto", ((6, 16), (2, 3, 16))), ("batched", ((6, 16),))):
-        layer = MoE(16, n_experts=4, top_k=2, hidden=32, impl=impl, capacity_factor=1.0 if impl == "batched" else 0.0)
+        layer = MoE(
+            16, n_experts=4, top_k=2, hidden=32, impl=impl, capacity_factor=1.0 if impl == "batched" else 0.0
+        )
         compiled = torch.compile(layer, backend="eager", fullgraph=True)
         for shape in shapes:
             x = torch.randn(shape)

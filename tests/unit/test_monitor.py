@@ -12,19 +12,35 @@ import pytest
 import torch
 from torch import nn
 
-from turbotrain import Engine
+from turbotrain import Engine, fit
 from turbotrain.base.errors import TurbotrainError
-from turbotrain.parts.hardware import DeviceSpec, lookup_peak
 from turbotrain.loop.epochs import EpochLog
 from turbotrain.loop.hooks import Evaluate, FitContext
-from turbotrain import fit
+from turbotrain.loop.monitor import (
+    JsonlSink,
+    MemoryProbe,
+    MfuProbe,
+    Monitor,
+    NvmlSampler,
+    TensorBoardSink,
+    build_probes,
+    count_flops_per_sample,
+    estimate_flops_per_sample,
+    format_record,
+)
+from turbotrain.parts.hardware import DeviceSpec, lookup_peak
 from turbotrain.parts.models.gpt import GPT, GPTConfig
 from turbotrain.parts.models.mlp import TinyMLP, synthetic_batches
-from turbotrain.loop.monitor import (JsonlSink, MemoryProbe, MfuProbe, Monitor, NvmlSampler, TensorBoardSink, build_probes,
-                                count_flops_per_sample, estimate_flops_per_sample, format_record)
 
-SPEC = DeviceSpec("test GPU", bf16_tflops=100.0, fp16_tflops=100.0, tf32_tflops=50.0, fp32_tflops=10.0,
-                  fp8_tflops=None, mem_bandwidth_gbs=1000.0)
+SPEC = DeviceSpec(
+    "test GPU",
+    bf16_tflops=100.0,
+    fp16_tflops=100.0,
+    tf32_tflops=50.0,
+    fp32_tflops=10.0,
+    fp8_tflops=None,
+    mem_bandwidth_gbs=1000.0,
+)
 
 
 def test_flop_counter_mfu_agrees_with_the_gpt_formula_within_5_percent():
@@ -55,7 +71,9 @@ def test_counting_flops_leaves_the_model_untouched():
     x, y = torch.randn(4, 8) + 3.0, torch.randint(0, 2, (4,))
     stats = model[1].running_mean.clone()
     rng = torch.get_rng_state()
-    flops = count_flops_per_sample(model, (x, y), loss_fn=lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]))
+    flops = count_flops_per_sample(
+        model, (x, y), loss_fn=lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1])
+    )
     assert flops > 0
     assert all(p.grad is None for p in model.parameters())
     assert torch.equal(model[1].running_mean, stats) and torch.equal(torch.get_rng_state(), rng)
@@ -80,8 +98,10 @@ def test_tflops_and_mfu_stay_steady_across_token_batches_of_different_row_counts
     example = (torch.randint(0, 64, (4, 64)), torch.randint(0, 64, (4, 64)))
     probe = build_probes(torch.device("cpu"), model=model, example_batch=example)[0]
     probe.spec = SPEC
-    long_rows = probe({"samples_per_s": 4_000.0, "tokens_per_s": 256_000.0, "precision": "bf16-mixed"})  # 4 x 64
-    short_rows = probe({"samples_per_s": 16_000.0, "tokens_per_s": 256_000.0, "precision": "bf16-mixed"})  # 16 x 16
+    # 4 x 64
+    long_rows = probe({"samples_per_s": 4_000.0, "tokens_per_s": 256_000.0, "precision": "bf16-mixed"})
+    # 16 x 16
+    short_rows = probe({"samples_per_s": 16_000.0, "tokens_per_s": 256_000.0, "precision": "bf16-mixed"})
     assert short_rows["tflops"] == pytest.approx(long_rows["tflops"])
     assert short_rows["mfu"] == pytest.approx(long_rows["mfu"])
     # fixed windows (every sample 64 tokens): the same figure as samples/s x FLOPs per sample
@@ -95,7 +115,9 @@ def test_monitor_in_a_fit_records_achieved_tflops_from_the_same_window(tmp_path)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     batches = synthetic_batches(20, batch_size=16)
     model, optimizer, loader = engine.setup(model, optimizer, batches)
-    probes = build_probes(engine.device, model=model, example_batch=batches[0], precision=engine.precision.name)
+    probes = build_probes(
+        engine.device, model=model, example_batch=batches[0], precision=engine.precision.name
+    )
     assert [type(p) for p in probes] == [MfuProbe]  # CPU: no memory or NVML probe
     monitor = Monitor(5, probes=probes)
     fit(engine, model, optimizer, loader, max_steps=20, hooks=[monitor])
@@ -109,7 +131,8 @@ def test_monitor_in_your_own_loop(tmp_path):
     engine = Engine({"run": {"device": "cpu"}})
     model = TinyMLP()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    model, optimizer, loader = engine.setup(model, optimizer, synthetic_batches(12))  # counts samples as it yields
+    # counts samples as it yields
+    model, optimizer, loader = engine.setup(model, optimizer, synthetic_batches(12))
     monitor = Monitor(4, sinks=[JsonlSink(tmp_path / "metrics.jsonl")])
     monitor.start()
     for x, y in loader:
@@ -125,24 +148,43 @@ def test_monitor_in_your_own_loop(tmp_path):
     assert all(json.loads(line)["samples_per_s"] > 0 for line in lines)
 
 
-
 def test_a_validation_result_between_logging_steps_gets_its_own_record():
     monitor = Monitor(10)
     monitor.start()
     assert monitor.observe(3, torch.tensor(2.0)) is None  # not a logging step: nothing read
     record = monitor.observe(6, torch.tensor(1.5), val_loss=1.75, val_metrics={"val_accuracy": 0.5})
-    assert record is not None and (record["step"], record["loss"], record["val_loss"], record["val_accuracy"]) == (6, 1.5, 1.75, 0.5)
+    assert record is not None and (
+        record["step"],
+        record["loss"],
+        record["val_loss"],
+        record["val_accuracy"],
+    ) == (6, 1.5, 1.75, 0.5)
     assert "val 1.7500 | accuracy 0.5" in format_record(record)  # the progress line shows it
 
 
 def test_fit_records_every_evaluation_whatever_log_every():
     engine = Engine({"run": {"device": "cpu"}})
     model = TinyMLP(d_in=8, width=8, depth=1)
-    model, optimizer, loader = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1), synthetic_batches(12, 4, d_in=8))
+    model, optimizer, loader = engine.setup(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), synthetic_batches(12, 4, d_in=8)
+    )
     monitor = Monitor(5)
-    fit(engine, model, optimizer, loader, max_steps=12, hooks=[Evaluate(synthetic_batches(2, 4, d_in=8), 4), monitor])
+    fit(
+        engine,
+        model,
+        optimizer,
+        loader,
+        max_steps=12,
+        hooks=[Evaluate(synthetic_batches(2, 4, d_in=8), 4), monitor],
+    )
     assert [(r["step"], "val_loss" in r) for r in monitor.records] == [
-        (4, True), (5, False), (8, True), (10, False), (12, True)]
+        (4, True),
+        (5, False),
+        (8, True),
+        (10, False),
+        (12, True),
+    ]
+
 
 def test_a_crashed_fit_keeps_its_metrics_even_between_flushes(tmp_path):
     from turbotrain.loop.hooks import Hook
@@ -188,8 +230,12 @@ class _FakeNvml(NvmlSampler):
     def __init__(self) -> None:
         super().__init__(period_s=0.01)
         self.available = True
-        self.readings = iter([{"gpu_util_pct": 90, "gpu_temp_c": 60, "gpu_power_w": 300.0},
-                              {"gpu_util_pct": 100, "gpu_temp_c": 65, "gpu_power_w": 500.0}])
+        self.readings = iter(
+            [
+                {"gpu_util_pct": 90, "gpu_temp_c": 60, "gpu_power_w": 300.0},
+                {"gpu_util_pct": 100, "gpu_temp_c": 65, "gpu_power_w": 500.0},
+            ]
+        )
 
     def sample(self):
         return next(self.readings, {})
@@ -238,15 +284,27 @@ def test_tensorboard_sink_writes_event_files(tmp_path):
 
 
 def test_progress_line_shows_loss_throughput_mfu_memory_and_gpu():
-    line = format_record({"step": 10, "loss": 2.5, "tokens_per_s": 123456.0, "mfu": 0.4123, "mem_peak_gib": 12.345,
-                          "gpu_util_pct": 97.0})
+    line = format_record(
+        {
+            "step": 10,
+            "loss": 2.5,
+            "tokens_per_s": 123456.0,
+            "mfu": 0.4123,
+            "mem_peak_gib": 12.345,
+            "gpu_util_pct": 97.0,
+        }
+    )
     assert line == "loss 2.5000 | 123,456 tok/s | MFU 41.2% | peak 12.35 GiB | GPU 97%"
     assert "TFLOP/s" in format_record({"step": 1, "loss": 1.0, "tflops": 0.002})  # CPU: no MFU, show compute
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_memory_probe_keys():
-    assert set(MemoryProbe(torch.device("cuda"))()) == {"mem_allocated_gib", "mem_reserved_gib", "mem_peak_gib"}
+    assert set(MemoryProbe(torch.device("cuda"))()) == {
+        "mem_allocated_gib",
+        "mem_reserved_gib",
+        "mem_peak_gib",
+    }
 
 
 # ----------------------------------------------------------------------------- memory interval and warning
@@ -290,11 +348,20 @@ def _records_with_memory_every(every, tmp_path):
 def test_memory_every_is_its_own_interval_and_zero_logs_no_memory(tmp_path):
     records, reads = _records_with_memory_every(3, tmp_path)
     assert [(r["step"], "loss" in r, "mem_peak_gib" in r) for r in records] == [
-        (3, False, True), (4, True, False), (6, False, True), (8, True, False), (9, False, True), (12, True, True)]
+        (3, False, True),
+        (4, True, False),
+        (6, False, True),
+        (8, True, False),
+        (9, False, True),
+        (12, True, True),
+    ]
     assert reads == 3  # memory-only records read no loss: no host-device sync
     records, _ = _records_with_memory_every(0, tmp_path)
-    assert [r["step"] for r in records] == [4, 8, 12] and not any(k.startswith("mem_") for r in records for k in r)
-    records, _ = _records_with_memory_every(None, tmp_path)  # monitor.memory_every = -1: in each record, as before
+    assert [r["step"] for r in records] == [4, 8, 12] and not any(
+        k.startswith("mem_") for r in records for k in r
+    )
+    # monitor.memory_every = -1: in each record, as before
+    records, _ = _records_with_memory_every(None, tmp_path)
     assert [r["step"] for r in records] == [4, 8, 12] and all(r["mem_peak_gib"] == 0.5 for r in records)
 
 
@@ -323,7 +390,10 @@ def test_memory_warning_is_against_the_cap_when_one_is_set(monkeypatch):
     fake = _FakeAllocator(reserved=36 * GIB)  # 45% of the device, 90% of a 0.5 cap
     probe = MemoryProbe(torch.device("cuda", 0), warn_fraction=0.9, cap_fraction=0.5, read=fake)
     assert "of the cap (0.5 of the device) 40.00 GiB" in probe({"step": 1})["memory_warning"]
-    assert MemoryProbe(torch.device("cuda", 0), warn_fraction=0.9, read=fake)({"step": 1}).get("memory_warning") is None
+    assert (
+        MemoryProbe(torch.device("cuda", 0), warn_fraction=0.9, read=fake)({"step": 1}).get("memory_warning")
+        is None
+    )
 
 
 def test_memory_probe_reset_peak_restarts_the_device_peaks(monkeypatch):
@@ -337,11 +407,19 @@ def test_fit_with_memory_records_between_ends_on_a_loss_record():
     probe = MemoryProbe(torch.device("cuda", 0), every=3, limit_bytes=80 * GIB, read=_FakeAllocator())
     engine = Engine({"run": {"device": "cpu"}})
     model = TinyMLP(d_in=8, width=8, depth=1)
-    model, optimizer, loader = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1), synthetic_batches(12, 4, d_in=8))
+    model, optimizer, loader = engine.setup(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), synthetic_batches(12, 4, d_in=8)
+    )
     monitor = Monitor(5, probes=[probe])
     fit(engine, model, optimizer, loader, max_steps=12, hooks=[monitor])
     assert [(r["step"], "loss" in r, "mem_peak_gib" in r) for r in monitor.records] == [
-        (3, False, True), (5, True, False), (6, False, True), (9, False, True), (10, True, False), (12, True, True)]
+        (3, False, True),
+        (5, True, False),
+        (6, False, True),
+        (9, False, True),
+        (10, True, False),
+        (12, True, True),
+    ]
 
 
 class _Steps:

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from turbotrain import Engine
-from turbotrain.core.compile_guard import collect_compile_counts
-from turbotrain import load_config
-from turbotrain.tools.memory import resolve_batch_size, token_batches
-from turbotrain.parts.models.gpt import GPT, GPTConfig
-
 from conftest import tiny_overrides
+
+from turbotrain import Engine, load_config
+from turbotrain.core.compile_guard import collect_compile_counts
+from turbotrain.parts.models.gpt import GPT, GPTConfig
+from turbotrain.tools.memory import resolve_batch_size, token_batches
 
 
 def test_eval_and_the_batch_search_never_recompile_the_training_graph(tmp_path, monkeypatch):
-    monkeypatch.setattr(torch._dynamo, "reset", lambda: pytest.fail("the search must not drop compiled graphs"))
+    monkeypatch.setattr(
+        torch._dynamo, "reset", lambda: pytest.fail("the search must not drop compiled graphs")
+    )
     config = load_config(overrides=tiny_overrides(tmp_path, batch={"micro": "auto"}))
     engine = Engine(config)
     torch.manual_seed(0)

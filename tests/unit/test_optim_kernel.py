@@ -24,7 +24,7 @@ def _train(implementation: str, steps: int = 60) -> list[float]:
     x = torch.randn(16, 32, generator=g)
     y = torch.randint(0, 5, (16,), generator=g)  # one batch, fitted: the loss must fall
     losses = []
-    for i in range(steps):
+    for _i in range(steps):
         loss = nn.functional.cross_entropy(model(x), y)
         loss.backward()
         opt.step()

@@ -7,32 +7,56 @@ from pathlib import Path
 
 import pytest
 
-from turbotrain.cli import main
 from turbotrain import load_config
-from turbotrain.core.distributed import ParallelPlan
+from turbotrain.app.training import plan_run
 from turbotrain.base.errors import ConfigError
 from turbotrain.base.launch import Topology
-from turbotrain.app.training import plan_run
+from turbotrain.cli import main
+from turbotrain.core.distributed import ParallelPlan
 
 TORCHRUN_4 = Topology(rank=1, local_rank=1, world=4, launched=True, launcher="torchrun")
 
 
 def test_the_plan_resolves_the_strategy_and_the_expert_dimension_from_the_config_and_the_launch():
-    plan = ParallelPlan.resolve(load_config("moe-tiny", ["--distributed.expert_parallel=2"]).distributed, TORCHRUN_4, 8)
-    assert (plan.strategy, plan.expert, plan.data, plan.rank, plan.sharded) == ("ddp", 2, 4, 1, False)  # auto -> ddp
+    plan = ParallelPlan.resolve(
+        load_config("moe-tiny", ["--distributed.expert_parallel=2"]).distributed, TORCHRUN_4, 8
+    )
+    # auto -> ddp
+    assert (plan.strategy, plan.expert, plan.data, plan.rank, plan.sharded) == (
+        "ddp",
+        2,
+        4,
+        1,
+        False,
+    )
     assert ParallelPlan.resolve(load_config("gpt-tiny").distributed, Topology()).strategy == "single"
-    fsdp = ParallelPlan.resolve(load_config("gpt-tiny", ["--distributed.strategy=fsdp"]).distributed, TORCHRUN_4)
+    fsdp = ParallelPlan.resolve(
+        load_config("gpt-tiny", ["--distributed.strategy=fsdp"]).distributed, TORCHRUN_4
+    )
     assert fsdp.sharded and fsdp.experts is None  # no expert dimension: no groups to make
 
 
-@pytest.mark.parametrize("preset, args, topology, words", [
-    ("gpt-tiny", ["--distributed.strategy=ddp"], Topology(), ["needs processes started by torchrun"]),
-    ("gpt-tiny", ["--distributed.strategy=single"], TORCHRUN_4, ["'single' but 4 processes"]),
-    ("gpt-tiny", ["--distributed.expert_parallel=2"], TORCHRUN_4, ["needs a mixture-of-experts model"]),
-    ("moe-tiny", ["--distributed.expert_parallel=8"], TORCHRUN_4, ["must divide the world size 4"]),
-    ("moe-tiny", ["--distributed.expert_parallel=2", "--distributed.strategy=fsdp"], TORCHRUN_4, ["runs with DDP"]),
-    ("gpt-tiny", ["--batch.micro=3", "--batch.global_size=16"], TORCHRUN_4, ["batch.global_size = 16", "micro x world = 3 x 4"]),
-])
+@pytest.mark.parametrize(
+    "preset, args, topology, words",
+    [
+        ("gpt-tiny", ["--distributed.strategy=ddp"], Topology(), ["needs processes started by torchrun"]),
+        ("gpt-tiny", ["--distributed.strategy=single"], TORCHRUN_4, ["'single' but 4 processes"]),
+        ("gpt-tiny", ["--distributed.expert_parallel=2"], TORCHRUN_4, ["needs a mixture-of-experts model"]),
+        ("moe-tiny", ["--distributed.expert_parallel=8"], TORCHRUN_4, ["must divide the world size 4"]),
+        (
+            "moe-tiny",
+            ["--distributed.expert_parallel=2", "--distributed.strategy=fsdp"],
+            TORCHRUN_4,
+            ["runs with DDP"],
+        ),
+        (
+            "gpt-tiny",
+            ["--batch.micro=3", "--batch.global_size=16"],
+            TORCHRUN_4,
+            ["batch.global_size = 16", "micro x world = 3 x 4"],
+        ),
+    ],
+)
 def test_a_plan_that_cannot_run_is_one_line_before_any_process_joins(preset, args, topology, words):
     with pytest.raises(ConfigError) as err:
         plan_run(load_config(preset, args), topology)  # no process group needed: every rank says the same
@@ -40,7 +64,9 @@ def test_a_plan_that_cannot_run_is_one_line_before_any_process_joins(preset, arg
 
 
 def test_the_global_batch_is_split_over_the_data_dimension():
-    config, plan = plan_run(load_config("gpt-tiny", ["--batch.micro=2", "--batch.global_size=16"]), TORCHRUN_4)
+    config, plan = plan_run(
+        load_config("gpt-tiny", ["--batch.micro=2", "--batch.global_size=16"]), TORCHRUN_4
+    )
     assert config.batch.accumulation == 2 and plan.data == 4  # 16 = 2 x 2 x 4
 
 
@@ -51,7 +77,21 @@ def test_a_run_resolves_its_plan_once(tmp_path: Path, monkeypatch: pytest.Monkey
     def counted(cls, *args, **kwargs):
         calls.append(1)
         return resolve(cls, *args, **kwargs)
+
     monkeypatch.setattr(ParallelPlan, "resolve", classmethod(counted))
     args = ["--train.max_steps=2", "--train.eval_every=0", "--no-progress", "--run.out_dir", str(tmp_path)]
-    assert main(["train", "--preset", "gpt-tiny", "--model.n_layer=1", "--model.d_model=32", "--model.n_head=2", *args]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--preset",
+                "gpt-tiny",
+                "--model.n_layer=1",
+                "--model.d_model=32",
+                "--model.n_head=2",
+                *args,
+            ]
+        )
+        == 0
+    )
     assert len(calls) == 1  # the command's start; train(), the assembly and the Engine take that plan

@@ -13,7 +13,8 @@ CPU = DeviceCaps("cpu")
 
 
 @pytest.mark.parametrize(
-    "caps, expected", [(V100, "fp16-mixed"), (T4, "fp16-mixed"), (A100, "bf16-mixed"), (H100, "bf16-mixed"), (CPU, "fp32")]
+    "caps, expected",
+    [(V100, "fp16-mixed"), (T4, "fp16-mixed"), (A100, "bf16-mixed"), (H100, "bf16-mixed"), (CPU, "fp32")],
 )
 def test_auto_picks_by_device_capability(caps, expected):
     assert resolve_precision("auto", caps) == expected
@@ -115,7 +116,8 @@ def test_bf16_true_casts_float_inputs_to_the_weights_and_leaves_ids_alone():
     batch = {"x": torch.randn(8, 4), "ids": torch.zeros(8, dtype=torch.long), "y": torch.randn(8)}
     before = model.lin.weight.detach().clone()
     engine.forward_backward(model, batch)
-    assert engine.step(opt) and not torch.equal(model.lin.weight, before)  # a float32 batch trains bf16 weights
+    # a float32 batch trains bf16 weights
+    assert engine.step(opt) and not torch.equal(model.lin.weight, before)
     assert isinstance(engine.evaluate(model, [batch]), float)
     assert seen == [(torch.bfloat16, torch.long, torch.bfloat16)] * 2
     engine.switch_precision("fp32", opt)  # a fallback: the weights go back to fp32, and so do the inputs

@@ -9,12 +9,12 @@ import textwrap
 import pytest
 import torch
 
-from turbotrain.cli import main
-from turbotrain.base.config import PrecisionConfig
-from turbotrain.core.precision import DeviceCaps, resolve_precision
 from turbotrain.app.precision_check import check_precisions, format_check, load_target
+from turbotrain.base.config import PrecisionConfig
+from turbotrain.cli import main
+from turbotrain.core.precision import DeviceCaps, resolve_precision
 
-OVERFLOW = '''
+OVERFLOW = """
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -44,7 +44,7 @@ class Big(nn.Module):  # fine in fp16, but d loss / d output = 10 overflows the 
 
 def big():
     return Workload(model=Big(), train_loader=[(torch.randn(4, 16, generator=torch.Generator().manual_seed(0)),)])
-'''
+"""
 
 
 def _write(tmp_path):
@@ -69,13 +69,16 @@ def test_doctor_names_the_precision_that_overflows(tmp_path, capsys):
         old = next(g for g in verdict["on_gpu"] if g["auto"] == "fp16-mixed")
         assert not old["sound"] and old["use_instead"] == "fp32"
 
-    fp16_line = next(line for line in format_check(report).splitlines() if line.startswith("| fp16-mixed"))  # the text
+    # the text
+    fp16_line = next(line for line in format_check(report).splitlines() if line.startswith("| fp16-mixed"))
     assert "NON-FINITE: loss nan" in fp16_line
 
 
 def test_scaled_gradients_that_overflow_are_the_gradscalers_business_not_the_models(tmp_path):
     """fp16 as training runs it: the scale is lowered until the gradients are finite."""
-    report = check_precisions(load_target(f"{_write(tmp_path)}:big", None), "cpu", modes=("fp32", "fp16-mixed"))
+    report = check_precisions(
+        load_target(f"{_write(tmp_path)}:big", None), "cpu", modes=("fp32", "fp16-mixed")
+    )
     fp16 = report["results"][1]
     assert fp16["status"] == "ok" and fp16["loss_scale"] < 65536 and fp16["grad_norm_rel_diff"] < 0.01
 
@@ -88,7 +91,10 @@ def test_fp8_lists_the_layers_it_would_convert_and_says_in_one_line_where_it_can
     report = check_precisions(workload, "cpu", modes=("fp32",))
     plan = report["fp8"]
     assert plan["converted"] == [] and plan["with_min_size_1"] == 1
-    assert plan["kept"] == ["a: below the size threshold (precision.fp8_min_size)", "b: dims not divisible by 16"]
+    assert plan["kept"] == [
+        "a: below the size threshold (precision.fp8_min_size)",
+        "b: dims not divisible by 16",
+    ]
     assert not plan["runs_here"] and len(plan["note"].splitlines()) == 1 and ">= 8.9" in plan["note"]
     assert "fp8" not in {r["precision"] for r in report["results"]}
     text = format_check(report).split("fp8 (asked for by name")[1].splitlines()
@@ -99,8 +105,9 @@ def test_fp8_lists_the_layers_it_would_convert_and_says_in_one_line_where_it_can
 def test_fp8_is_a_row_where_it_runs_here_emulated_on_this_cpu(tmp_path):
     pytest.importorskip("torchao")
     workload = load_target(f"{_write(tmp_path)}:make", None)
-    report = check_precisions(workload, "cpu", modes=("fp32",),
-                              fp8=PrecisionConfig(fp8_emulate=True, fp8_min_size=1))
+    report = check_precisions(
+        workload, "cpu", modes=("fp32",), fp8=PrecisionConfig(fp8_emulate=True, fp8_min_size=1)
+    )
     assert report["fp8"]["runs_here"] and report["fp8"]["converted"] == ["a"]
     fp8 = {r["precision"]: r for r in report["results"]}["fp8"]
     assert fp8["status"] == "ok" and 0 < fp8["loss_rel_diff"] < 0.01  # float8 rounding: near fp32, not equal

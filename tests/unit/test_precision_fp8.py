@@ -10,20 +10,26 @@ import warnings
 
 import pytest
 import torch
+from conftest import tiny_overrides
 
-from turbotrain.loop.checkpoint import load_latest_weights
-from turbotrain.cli import main
-from turbotrain.base.config import PRECISION_MODES, PrecisionConfig, describe, load_config
 from turbotrain import Engine
+from turbotrain.app.training import train
+from turbotrain.base.config import PRECISION_MODES, PrecisionConfig, describe, load_config
 from turbotrain.base.errors import ConfigError
+from turbotrain.cli import main
+from turbotrain.core.precision import (
+    FP8,
+    PRECISIONS,
+    DeviceCaps,
+    build_precision,
+    fallback_mode,
+    resolve_precision,
+)
+from turbotrain.core.precision import fp8 as fp8_module
+from turbotrain.loop.checkpoint import load_latest_weights
 from turbotrain.loop.monitor import MfuProbe
 from turbotrain.parts.hardware import PEAK_KEYS, lookup_peak, precision_key
 from turbotrain.parts.models.gpt import GPT, GPTConfig
-from turbotrain.core.precision import FP8, PRECISIONS, DeviceCaps, build_precision, fallback_mode, resolve_precision
-from turbotrain.core.precision import fp8 as fp8_module
-from turbotrain.app.training import train
-
-from conftest import tiny_overrides
 
 pytest.importorskip("torchao")
 
@@ -61,7 +67,10 @@ def test_fp8_falls_back_to_bf16_mixed_then_fp32_and_is_measured_against_the_fp8_
 
 
 def test_each_refusal_is_one_line_naming_the_fix(monkeypatch):
-    for caps, words in [(CPU, ("on cpu", "fp8_emulate")), (A100, ("compute capability (8, 0)", ">= 8.9", "bf16-mixed"))]:
+    for caps, words in [
+        (CPU, ("on cpu", "fp8_emulate")),
+        (A100, ("compute capability (8, 0)", ">= 8.9", "bf16-mixed")),
+    ]:
         with pytest.raises(ConfigError) as err:
             resolve_precision("fp8", caps)
         assert len(str(err.value).splitlines()) == 1 and all(w in str(err.value) for w in words), err.value
@@ -73,7 +82,10 @@ def test_each_refusal_is_one_line_naming_the_fix(monkeypatch):
 
 def test_the_cli_refuses_fp8_in_one_line_with_exit_2(tmp_path, capsys, monkeypatch):
     args = ["train", "--no-progress", f"--run.out_dir={tmp_path}", "--run.device=cpu", "--precision.mode=fp8"]
-    for extra, word in [([], "fp8_emulate=True"), (["--precision.fp8_emulate=true"], "pip install 'turbotrain[fp8]'")]:
+    for extra, word in [
+        ([], "fp8_emulate=True"),
+        (["--precision.fp8_emulate=true"], "pip install 'turbotrain[fp8]'"),
+    ]:
         if extra:
             monkeypatch.setattr(fp8_module, "torchao_available", lambda: False)
         assert main(args + extra) == 2
@@ -106,17 +118,27 @@ def test_the_filter_converts_divisible_linears_above_the_size_and_keeps_the_outp
     h100 = lookup_peak("NVIDIA H100 80GB HBM3")
     record = {"samples_per_s": 1000.0, "precision": "fp8"}
     mfu = {peak: MfuProbe(1e9, h100)({**record, "mfu_peak": peak})["mfu"] for peak in ("fp8", "bf16")}
-    assert mfu["bf16"] == pytest.approx(1 / h100.bf16_tflops) and mfu["fp8"] == pytest.approx(1 / h100.fp8_tflops)
-    assert fp8_module.worth_converting(3072, 768, "tensorwise", 0) and not fp8_module.worth_converting(768, 768, "tensorwise", 0)
+    assert mfu["bf16"] == pytest.approx(1 / h100.bf16_tflops) and mfu["fp8"] == pytest.approx(
+        1 / h100.fp8_tflops
+    )
+    assert fp8_module.worth_converting(3072, 768, "tensorwise", 0) and not fp8_module.worth_converting(
+        768, 768, "tensorwise", 0
+    )
 
 
-def test_fp8_emulated_trains_near_bf16_lists_its_layers_resumes_exactly_and_loads_into_bf16(tmp_path, text_file):
+def test_fp8_emulated_trains_near_bf16_lists_its_layers_resumes_exactly_and_loads_into_bf16(
+    tmp_path, text_file
+):
     data = {"path": str(text_file)}
 
     def run(where, precision, **kw):
-        overrides = tiny_overrides(where, precision=precision, data=data,
-                                   train={"max_steps": 12, "eval_every": 0, "checkpoint_every": 6, **kw},
-                                   monitor={"log_every": 1})
+        overrides = tiny_overrides(
+            where,
+            precision=precision,
+            data=data,
+            train={"max_steps": 12, "eval_every": 0, "checkpoint_every": 6, **kw},
+            monitor={"log_every": 1},
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return train(load_config(overrides=overrides), progress=False)
@@ -129,18 +151,36 @@ def test_fp8_emulated_trains_near_bf16_lists_its_layers_resumes_exactly_and_load
 
     run(tmp_path / "b", {"mode": "bf16-mixed"})
     bf16 = [r["loss"] for r in _records(tmp_path / "b" / "runs" / "t")]
-    assert max(abs(a - b) for a, b in zip(losses, bf16)) < 0.05, (losses, bf16)  # the stated tolerance (docs/precision.md)
+    # the stated tolerance (docs/precision.md)
+    assert max(abs(a - b) for a, b in zip(losses, bf16)) < 0.05, (
+        losses,
+        bf16,
+    )
 
     assert run(tmp_path / "c", EMULATE, stop_after_steps=6)["status"] == "stopped"
     out = tmp_path / "c" / "runs"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert main(["train", "--resume", "--run.out_dir", str(out), "--run.name=t", "--train.stop_after_steps=0", "--no-progress"]) == 0
+        assert (
+            main(
+                [
+                    "train",
+                    "--resume",
+                    "--run.out_dir",
+                    str(out),
+                    "--run.name=t",
+                    "--train.stop_after_steps=0",
+                    "--no-progress",
+                ]
+            )
+            == 0
+        )
     resumed = {r["step"]: r["loss"] for r in _records(out / "t")}  # (the stop writes its step's record again)
     assert [resumed[step] for step in range(1, 13)] == losses  # exactly
 
     _, weights = load_latest_weights(tmp_path / "a" / "runs" / "t" / "checkpoints")
-    assert all(t.dtype == torch.float32 for t in weights.values() if t.is_floating_point())  # weights stay high precision
+    # weights stay high precision
+    assert all(t.dtype == torch.float32 for t in weights.values() if t.is_floating_point())
     plain = _tiny_gpt_like(full)
     plain.load_state_dict(weights)  # an fp8 checkpoint is a plain model's checkpoint
     with pytest.warns(UserWarning):
@@ -152,8 +192,15 @@ def test_fp8_emulated_trains_near_bf16_lists_its_layers_resumes_exactly_and_load
 
 def _tiny_gpt_like(summary) -> GPT:
     m = summary["config"]["model"]
-    return GPT(GPTConfig(vocab_size=summary["resolved"]["vocab_size"], block_size=m["block_size"], n_layer=m["n_layer"],
-                         n_head=m["n_head"], d_model=m["d_model"]))
+    return GPT(
+        GPTConfig(
+            vocab_size=summary["resolved"]["vocab_size"],
+            block_size=m["block_size"],
+            n_layer=m["n_layer"],
+            n_head=m["n_head"],
+            d_model=m["d_model"],
+        )
+    )
 
 
 # ----------------------------------------------------------------------------- FSDP2's float8 all-gather
@@ -163,11 +210,25 @@ def test_the_float8_all_gather_is_tensorwise_only_one_line_naming_both_fields(ca
     with pytest.raises(ConfigError) as err:
         load_config(overrides={"precision": {"mode": "fp8", "fp8_all_gather": True, "fp8_recipe": "rowwise"}})
     line = str(err.value)
-    assert len(line.splitlines()) == 1 and "precision.fp8_all_gather" in line and "precision.fp8_recipe" in line, line
-    load_config(overrides={"precision": {"mode": "fp8", "fp8_all_gather": True}})  # tensorwise (the default): accepted
-    with pytest.raises(ConfigError, match="precision.fp8_recipe"):  # a plugin object is checked by its own fields
+    assert (
+        len(line.splitlines()) == 1 and "precision.fp8_all_gather" in line and "precision.fp8_recipe" in line
+    ), line
+    # tensorwise (the default): accepted
+    load_config(overrides={"precision": {"mode": "fp8", "fp8_all_gather": True}})
+    # a plugin object is checked by its own fields
+    with pytest.raises(ConfigError, match="precision.fp8_recipe"):
         build_precision(FP8(recipe="rowwise", emulate=True, all_gather=True), torch.device("cpu"), CPU)
-    assert main(["train", "--precision.mode=fp8", "--precision.fp8_all_gather=true", "--precision.fp8_recipe=rowwise"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--precision.mode=fp8",
+                "--precision.fp8_all_gather=true",
+                "--precision.fp8_recipe=rowwise",
+            ]
+        )
+        == 2
+    )
     err_lines = capsys.readouterr().err.strip().splitlines()
     assert len(err_lines) == 1 and "--precision.fp8_recipe=tensorwise" in err_lines[0], err_lines
 
@@ -187,22 +248,29 @@ def test_sharded_conversion_wraps_the_weights_for_the_all_gather_keeps_them_and_
         return p, p.convert_module(_tiny_gpt(), sharded=sharded)
 
     plain_p, plain = converted(sharded=False)
-    assert not any(isinstance(w, subclass) for w in plain.parameters()) and not plain_p.summary()["fp8_all_gather"]
+    assert (
+        not any(isinstance(w, subclass) for w in plain.parameters())
+        and not plain_p.summary()["fp8_all_gather"]
+    )
     assert "FSDP2 does not shard this model" in plain_p.summary()["fp8"]
 
     model = _tiny_gpt()
     before = dict(model.named_parameters())
     p = FP8(torch.device("cpu"), emulate=True, min_size=1, lm_head=True, all_gather=True)
     p.convert_module(model, sharded=True)
-    assert len(p.converted) == 9 and p.summary()["fp8_all_gather"]  # 8 block linears and the (tied) output layer
+    # 8 block linears and the (tied) output layer
+    assert len(p.converted) == 9 and p.summary()["fp8_all_gather"]
     assert dict(model.named_parameters()) == before  # the same objects, by name
     wrapped = {n for n, w in model.named_parameters() if isinstance(w, subclass)}
-    assert wrapped == {f"{n}.weight" for n in p.converted} - {"lm_head.weight"} | {"wte.weight"}  # tied: one object
+    # tied: one object
+    assert wrapped == {f"{n}.weight" for n in p.converted} - {"lm_head.weight"} | {"wte.weight"}
     assert model.lm_head.weight is model.wte.weight
     state = model.state_dict()
-    assert all(type(t) is torch.Tensor and t.dtype == torch.float32 for t in state.values()), \
-        {k: type(t).__name__ for k, t in state.items()}
-    assert state["blocks.0.mlp.0.weight"].data_ptr() == before["blocks.0.mlp.0.weight"]._tensor.data_ptr()  # no copy
+    assert all(type(t) is torch.Tensor and t.dtype == torch.float32 for t in state.values()), {
+        k: type(t).__name__ for k, t in state.items()
+    }
+    # no copy
+    assert state["blocks.0.mlp.0.weight"].data_ptr() == before["blocks.0.mlp.0.weight"]._tensor.data_ptr()
 
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.equal(model(tokens), plain(tokens))
@@ -225,7 +293,9 @@ def test_fp8_composes_with_activation_checkpointing_to_the_same_losses():
 
     def losses(checkpointing: str) -> list[float]:
         with pytest.warns(UserWarning, match="correctness"):
-            engine = Engine({"run": {"device": "cpu"}, "precision": EMULATE, "memory": {"checkpointing": checkpointing}})
+            engine = Engine(
+                {"run": {"device": "cpu"}, "precision": EMULATE, "memory": {"checkpointing": checkpointing}}
+            )
         model = _tiny_gpt()
         model, opt, _ = engine.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
         assert len(engine.precision.converted) == 8
@@ -256,8 +326,13 @@ def test_tune_searches_fp8_only_where_it_runs_as_it_is(monkeypatch):
 
 def test_an_injected_inf_falls_back_from_fp8_to_bf16_mixed_with_plain_linears():
     with pytest.warns(UserWarning):
-        engine = Engine({"run": {"device": "cpu"}, "precision": {**EMULATE, "max_nonfinite_steps": 1},
-                         "monitor": {"log_every": 1}})
+        engine = Engine(
+            {
+                "run": {"device": "cpu"},
+                "precision": {**EMULATE, "max_nonfinite_steps": 1},
+                "monitor": {"log_every": 1},
+            }
+        )
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 16))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     params = list(model.parameters())
@@ -275,9 +350,12 @@ def test_an_injected_inf_falls_back_from_fp8_to_bf16_mixed_with_plain_linears():
     engine.step(opt)
     engine.poll(opt)
     assert engine.precision.name == "bf16-mixed"
-    assert [e.detail for e in engine.events if e.kind == "precision_fallback"] == ["fp8 -> bf16-mixed after 1 non-finite steps"]
+    assert [e.detail for e in engine.events if e.kind == "precision_fallback"] == [
+        "fp8 -> bf16-mixed after 1 non-finite steps"
+    ]
     assert [type(m) for m in model] == [torch.nn.Linear, torch.nn.GELU, torch.nn.Linear]
-    assert list(model.parameters()) == params  # the same parameter objects: the optimizer's state still applies
+    # the same parameter objects: the optimizer's state still applies
+    assert list(model.parameters()) == params
     engine.forward_backward(model, (x, y), loss_fn)
     assert engine.step(opt)
 
@@ -315,7 +393,9 @@ def test_the_docs_example_precision_is_one_file_that_imports_registers_and_passe
     import types
     from pathlib import Path
 
-    section = (Path(__file__).parents[2] / "docs" / "precision.md").read_text().split("## Adding a precision", 1)[1]
+    section = (
+        (Path(__file__).parents[2] / "docs" / "precision.md").read_text().split("## Adding a precision", 1)[1]
+    )
     plugin, its_test = re.findall(r"```python\n(.*?)```", section, flags=re.S)[:2]
     name = "turbotrain.core.precision.fp16_unscaled"
     module = types.ModuleType(name)
@@ -323,8 +403,14 @@ def test_the_docs_example_precision_is_one_file_that_imports_registers_and_passe
     sys.modules[name] = module
     try:
         exec(compile(plugin, name, "exec"), module.__dict__)
-        namespace = {"pytest": pytest, "PRECISION_MODES": PRECISION_MODES, "precision_key": precision_key,
-                     "ConfigError": ConfigError, "resolve_precision": resolve_precision, "DeviceCaps": DeviceCaps}
+        namespace = {
+            "pytest": pytest,
+            "PRECISION_MODES": PRECISION_MODES,
+            "precision_key": precision_key,
+            "ConfigError": ConfigError,
+            "resolve_precision": resolve_precision,
+            "DeviceCaps": DeviceCaps,
+        }
         exec(its_test, namespace)
         namespace["test_fp16_unscaled"]()
     finally:
@@ -358,14 +444,21 @@ def test_the_fp8_bench_rows_run_only_on_float8_hardware_with_torchao_and_say_why
     from turbotrain.app.bench import suite
     from turbotrain.app.bench.workloads import resolve_workload
 
-    assert "CUDA GPU with compute capability >= 8.9" in {v.name: v for v in suite.precision_variants("cpu")}["fp8"].skip
+    assert (
+        "CUDA GPU with compute capability >= 8.9"
+        in {v.name: v for v in suite.precision_variants("cpu")}["fp8"].skip
+    )
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
     assert "8.0 < 8.9" in {v.name: v for v in suite.precision_variants("cuda")}["fp8"].skip
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     ablation = {v.name: v for v in suite.ablation_variants(resolve_workload("gpt2-small", "cuda"), "cuda")}
     row = ablation["bf16-compile+fp8"]
-    assert not row.skip and row.overrides["precision"] == {"mode": "fp8"} and row.overrides["compile"]["scope"] == "model"
+    assert (
+        not row.skip
+        and row.overrides["precision"] == {"mode": "fp8"}
+        and row.overrides["compile"]["scope"] == "model"
+    )
     monkeypatch.setattr(suite, "torchao_available", lambda: False)
     assert "turbotrain[fp8]" in {v.name: v for v in suite.precision_variants("cuda")}["fp8"].skip
 

@@ -23,7 +23,10 @@ DOCUMENTED_BEFORE = {
     "from turbotrain.engine import Engine": ("Engine", "from turbotrain import Engine"),
     "from turbotrain.config import RunConfig": ("RunConfig", "from turbotrain import RunConfig, load_config"),
     "from turbotrain.optim import PlateauLR": ("PlateauLR", "from turbotrain import PlateauLR"),
-    "from turbotrain.models.moe import aux_loss": ("aux_loss", "from turbotrain import MoE, aux_loss, end_optimizer_step"),
+    "from turbotrain.models.moe import aux_loss": (
+        "aux_loss",
+        "from turbotrain import MoE, aux_loss, end_optimizer_step",
+    ),
 }
 
 SCRIPT = """
@@ -54,8 +57,10 @@ def test_every_old_module_and_submodule_imports_as_the_same_module_with_one_warn
         new, advice = turbotrain.MOVED[old]
         assert seen[old]["same"], f"turbotrain.{old} is not the module turbotrain.{new}"
         mine = [w for w in seen[old]["warnings"] if f"turbotrain.{old} moved" in w]
-        assert mine == [f"DeprecationWarning: turbotrain.{old} moved to turbotrain.{new} (turbotrain {turbotrain.__version__}); "
-                        f"write `{advice}`: the old path goes in the next release"], seen[old]["warnings"]
+        assert mine == [
+            f"DeprecationWarning: turbotrain.{old} moved to turbotrain.{new} (turbotrain {turbotrain.__version__}); "
+            f"write `{advice}`: the old path goes in the next release"
+        ], seen[old]["warnings"]
 
 
 def test_the_documented_old_imports_in_a_users_script_work_and_each_warning_points_at_its_line(tmp_path):
@@ -63,9 +68,12 @@ def test_the_documented_old_imports_in_a_users_script_work_and_each_warning_poin
     shows each warning at their own import line (a warning attributed to importlib would be hidden)."""
     statements = sorted(DOCUMENTED_BEFORE)
     script = tmp_path / "old_script.py"
-    script.write_text("import turbotrain\n" + "".join(f"{s}\n" for s in statements)
-                      + "".join(f"assert {name} is turbotrain.{name}\n" for name, _ in DOCUMENTED_BEFORE.values())
-                      + "print('ok')\n")
+    script.write_text(
+        "import turbotrain\n"
+        + "".join(f"{s}\n" for s in statements)
+        + "".join(f"assert {name} is turbotrain.{name}\n" for name, _ in DOCUMENTED_BEFORE.values())
+        + "print('ok')\n"
+    )
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout == "ok\n", run.stderr[-2000:]
     warnings = [line for line in run.stderr.splitlines() if "DeprecationWarning" in line]
@@ -80,10 +88,16 @@ def test_the_old_names_shadow_no_module_and_point_at_modules_that_exist():
     """The finder runs before the path finder: an old name that became a real module again would
     hide it, and a target that moved again would be a ModuleNotFoundError behind a warning."""
     for old, (new, _) in turbotrain.MOVED.items():
-        assert not (SRC / old).exists() and not (SRC / f"{old}.py").exists(), f"turbotrain.{old} exists again: drop it from MOVED"
+        assert not (SRC / old).exists() and not (SRC / f"{old}.py").exists(), (
+            f"turbotrain.{old} exists again: drop it from MOVED"
+        )
         path = SRC / Path(*new.split("."))
-        assert path.with_suffix(".py").is_file() or (path / "__init__.py").is_file(), f"turbotrain.{new} does not exist"
-    assert turbotrain.moved_to("turbotrain.base.config") is None and turbotrain.moved_to("torch.config") is None
+        assert path.with_suffix(".py").is_file() or (path / "__init__.py").is_file(), (
+            f"turbotrain.{new} does not exist"
+        )
+    assert (
+        turbotrain.moved_to("turbotrain.base.config") is None and turbotrain.moved_to("torch.config") is None
+    )
 
 
 def test_the_public_names_resolve_and_an_unknown_one_is_an_attribute_error():
@@ -98,7 +112,10 @@ def test_the_public_names_resolve_and_an_unknown_one_is_an_attribute_error():
 def test_docs_api_lists_every_public_name_and_every_old_module():
     text = (ROOT / "docs" / "api.md").read_text()
     missing = [n for n in turbotrain.__all__ if f"`{n}`" not in text]
-    missing += [f"turbotrain.{old}" for old in turbotrain.MOVED
-                if f"turbotrain.{old}" not in text and f"`{old}`" not in text]
+    missing += [
+        f"turbotrain.{old}"
+        for old in turbotrain.MOVED
+        if f"turbotrain.{old}" not in text and f"`{old}`" not in text
+    ]
     assert not missing, f"docs/api.md does not list {missing}"
     assert "(docs/api.md)" in (ROOT / "README.md").read_text(), "the README links docs/api.md"

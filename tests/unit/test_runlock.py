@@ -22,8 +22,12 @@ sys.stdin.read()
 
 
 def test_a_second_process_is_refused_with_the_holder_named(tmp_path: Path):
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path / LOCK_FILE)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(tmp_path / LOCK_FILE)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(RunInUseError, match=f"in use by process {holder.pid}.*kill -TERM {holder.pid}"):

@@ -29,7 +29,9 @@ def used_lrs(schedule: str) -> list[float]:
     """The LR of each of STEPS + 2 optimizer steps (past the end: it stays at the floor)."""
     w = torch.nn.Parameter(torch.zeros(2))
     optimizer = torch.optim.SGD([w], lr=PEAK)
-    scheduler = build_scheduler(optimizer, schedule=schedule, warmup_steps=WARMUP, max_steps=STEPS, lr=PEAK, min_lr=FLOOR)
+    scheduler = build_scheduler(
+        optimizer, schedule=schedule, warmup_steps=WARMUP, max_steps=STEPS, lr=PEAK, min_lr=FLOOR
+    )
     lrs = []
     for _ in range(STEPS + 2):
         lrs.append(optimizer.param_groups[0]["lr"])
@@ -42,7 +44,8 @@ def used_lrs(schedule: str) -> list[float]:
 def test_the_lr_at_every_step_is_the_closed_form_schedule(schedule: str) -> None:
     lrs = used_lrs(schedule)
     expected = [reference(schedule, s) for s in range(STEPS + 2)]
-    assert lrs == pytest.approx(expected, rel=1e-12, abs=0)  # the same formula; only the float order of operations may differ
+    # the same formula; only the float order of operations may differ
+    assert lrs == pytest.approx(expected, rel=1e-12, abs=0)
     assert lrs[WARMUP - 1] == pytest.approx(PEAK, rel=1e-12)  # the warmup ends at the peak
 
 
@@ -50,7 +53,11 @@ def test_cosine_and_linear_differ_where_their_shapes_do() -> None:
     # halfway through the decay both are at the midpoint; a quarter in, cosine is above linear
     cosine, linear = used_lrs("cosine"), used_lrs("linear")
     quarter, half = WARMUP + (STEPS - WARMUP) // 4, WARMUP + (STEPS - WARMUP) // 2
-    assert cosine[half] == pytest.approx(linear[half], rel=1e-12) == pytest.approx((PEAK + FLOOR) / 2, rel=1e-12)
-    assert cosine[quarter] == pytest.approx(FLOOR + (PEAK - FLOOR) * (1 + math.cos(math.pi / 4)) / 2, rel=1e-12)
+    assert (
+        cosine[half] == pytest.approx(linear[half], rel=1e-12) == pytest.approx((PEAK + FLOOR) / 2, rel=1e-12)
+    )
+    assert cosine[quarter] == pytest.approx(
+        FLOOR + (PEAK - FLOOR) * (1 + math.cos(math.pi / 4)) / 2, rel=1e-12
+    )
     assert cosine[quarter] > linear[quarter] + 1e-5
     assert cosine[STEPS] == linear[STEPS] == pytest.approx(FLOOR, rel=1e-12)

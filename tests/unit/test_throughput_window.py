@@ -14,7 +14,12 @@ import turbotrain.loop.monitor as monitor_module
 from turbotrain.loop.monitor import MfuProbe, Monitor
 from turbotrain.parts.hardware import lookup_peak
 
-SAMPLES, TOKENS_PER_SAMPLE, FLOPS_PER_SAMPLE = 8, 16, 3e9  # per step; FLOPs of one sample's forward + backward
+# per step; FLOPs of one sample's forward + backward
+SAMPLES, TOKENS_PER_SAMPLE, FLOPS_PER_SAMPLE = (
+    8,
+    16,
+    3e9,
+)
 
 
 class Clock:
@@ -40,8 +45,14 @@ def test_each_record_is_its_windows_throughput_tflops_and_mfu(monkeypatch: pytes
     for step in range(1, 7):
         clock.now += seconds[step]
         side_s += 0.5 if step == 6 else 0.0
-        record = monitor.observe(step, 1.0, lr=1e-3, samples=step * SAMPLES, tokens=step * SAMPLES * TOKENS_PER_SAMPLE,
-                                 side_s=side_s)
+        record = monitor.observe(
+            step,
+            1.0,
+            lr=1e-3,
+            samples=step * SAMPLES,
+            tokens=step * SAMPLES * TOKENS_PER_SAMPLE,
+            side_s=side_s,
+        )
         if record is not None:
             records[record["step"]] = record
     assert sorted(records) == [2, 4, 6] and monitor.first_step_s == 1.0
@@ -53,8 +64,14 @@ def test_each_record_is_its_windows_throughput_tflops_and_mfu(monkeypatch: pytes
         assert r["tokens_per_s"] == steps * SAMPLES * TOKENS_PER_SAMPLE / window_s
         flops_per_s = r["samples_per_s"] * FLOPS_PER_SAMPLE
         assert r["tflops"] == pytest.approx(flops_per_s / 1e12, rel=1e-12)
-        assert r["mfu"] == pytest.approx(flops_per_s / (989 * 1e12), rel=1e-12)  # H100 SXM: 989 dense bf16 TFLOP/s
-    assert [records[s]["samples_per_s"] for s in (2, 4, 6)] == [32.0, 32.0, 16.0]  # since the first step: 40 samples in 1.75 s, not 16/s
+        # H100 SXM: 989 dense bf16 TFLOP/s
+        assert r["mfu"] == pytest.approx(flops_per_s / (989 * 1e12), rel=1e-12)
+    # since the first step: 40 samples in 1.75 s, not 16/s
+    assert [records[s]["samples_per_s"] for s in (2, 4, 6)] == [
+        32.0,
+        32.0,
+        16.0,
+    ]
     assert records[6]["elapsed_s"] == 3.25 and records[6]["samples"] == 48
 
 

@@ -12,14 +12,13 @@ import threading
 
 import numpy as np
 import pytest
+from conftest import tiny_overrides
 
+from turbotrain.base.errors import TurbotrainError
+from turbotrain.base.rundir import TOKENIZER_FILE
 from turbotrain.cli import main
 from turbotrain.parts.data import open_tokens, stdlib_files
 from turbotrain.parts.data import tokenizer as tk
-from turbotrain.base.errors import TurbotrainError
-from turbotrain.base.rundir import TOKENIZER_FILE
-
-from conftest import tiny_overrides
 
 TEXT = ("def add(a, b):\n    return a + b\n\n" * 40 + "naïve café — ünïcode 😀\n").encode()
 
@@ -36,13 +35,20 @@ def test_bpe_trains_offline_compresses_and_round_trips(tmp_path):
     src.write_bytes(TEXT)
     bad = tmp_path / "latin1.py"
     bad.write_bytes("caf\xe9 = 1\n".encode("latin-1"))  # not UTF-8: read with replacement, not a crash
-    t = tk.build_tokenizer("bpe", train_files=[src, bad], vocab_size=300, cache_dir=tmp_path / "cache", key="k")
+    t = tk.build_tokenizer(
+        "bpe", train_files=[src, bad], vocab_size=300, cache_dir=tmp_path / "cache", key="k"
+    )
     assert t.vocab_size <= 300 and (tmp_path / "cache" / "bpe-k-300.json").is_file()
     ids = t.encode([TEXT])[0]
     assert len(ids) < len(TEXT) / 2  # merges learned from the repeated function
     assert t.decode(ids) == TEXT.decode()
-    again = tk.build_tokenizer(str(tmp_path / "cache" / "bpe-k-300.json"), train_files=[], vocab_size=0,
-                               cache_dir=tmp_path, key="unused")
+    again = tk.build_tokenizer(
+        str(tmp_path / "cache" / "bpe-k-300.json"),
+        train_files=[],
+        vocab_size=0,
+        cache_dir=tmp_path,
+        key="unused",
+    )
     assert again.name == t.name and list(again.encode([TEXT])[0]) == list(ids)  # a user's tokenizer.json
     assert tk.load_run_tokenizer(tmp_path).name == "bytes"
 
@@ -65,7 +71,9 @@ def test_mistakes_are_one_line(tmp_path, monkeypatch):
         return real(name, *args, **kwargs)
 
     monkeypatch.setattr(importlib, "import_module", missing)
-    with pytest.raises(TurbotrainError, match=r"pip install tokenizers \(or pip install 'turbotrain\[bpe\]'\)"):
+    with pytest.raises(
+        TurbotrainError, match=r"pip install tokenizers \(or pip install 'turbotrain\[bpe\]'\)"
+    ):
         tk.build_tokenizer("bpe", train_files=[], vocab_size=0, cache_dir=tmp_path, key="k")
 
 
@@ -77,14 +85,21 @@ def _folder(tmp_path):
     folder = tmp_path / "text"
     folder.mkdir()
     for n in range(2):
-        (folder / f"m{n}.py").write_text("".join(f"def f{i}(x):\n    return x * {i} + {n}\n\n" for i in range(600)))
+        (folder / f"m{n}.py").write_text(
+            "".join(f"def f{i}(x):\n    return x * {i} + {n}\n\n" for i in range(600))
+        )
     return folder
 
 
 def _train_args(tmp_path, data, *extra):
     o = tiny_overrides(tmp_path, data={"path": str(data)}, model={"vocab_size": 512})
     o["monitor"].pop("progress")
-    return ["train", "--no-progress", *(f"--{s}.{k}={v}" for s, vals in o.items() for k, v in vals.items()), *extra]
+    return [
+        "train",
+        "--no-progress",
+        *(f"--{s}.{k}={v}" for s, vals in o.items() for k, v in vals.items()),
+        *extra,
+    ]
 
 
 def test_bpe_run_trains_resumes_and_samples_with_its_own_tokenizer(tmp_path, capsys, monkeypatch):
@@ -111,20 +126,30 @@ def test_bpe_run_trains_resumes_and_samples_with_its_own_tokenizer(tmp_path, cap
 def test_text_tokenized_with_bpe_is_cached_and_reused(tmp_path, monkeypatch):
     pytest.importorskip("tokenizers")
     folder = _folder(tmp_path)
-    first = open_tokens(str(folder), val_fraction=0.1, cache_dir=str(tmp_path / "c"), tokenizer="bpe", vocab_size=400)
+    first = open_tokens(
+        str(folder), val_fraction=0.1, cache_dir=str(tmp_path / "c"), tokenizer="bpe", vocab_size=400
+    )
     n_bytes = sum(f.stat().st_size for f in folder.iterdir())
     assert first.vocab_size == 400 and len(first.train) + len(first.val) < n_bytes / 2
     assert first.tokenizer.decode(first.train.array()[:40].tolist()).startswith("def f0(x):")
     monkeypatch.setattr(tk, "train_bpe", lambda *a, **k: pytest.fail("the cached BPE must be reused"))
-    monkeypatch.setattr(tk.JsonTokenizer, "encode", lambda *a: pytest.fail("the cached tokens must be reused"))
-    again = open_tokens(str(folder), val_fraction=0.1, cache_dir=str(tmp_path / "c"), tokenizer="bpe", vocab_size=400)
+    monkeypatch.setattr(
+        tk.JsonTokenizer, "encode", lambda *a: pytest.fail("the cached tokens must be reused")
+    )
+    again = open_tokens(
+        str(folder), val_fraction=0.1, cache_dir=str(tmp_path / "c"), tokenizer="bpe", vocab_size=400
+    )
     assert again.train.path == first.train.path and again.tokenizer.name == first.tokenizer.name
     # another vocabulary is another tokenizer: never the same cache entry
     monkeypatch.undo()
-    other = open_tokens(str(folder), val_fraction=0.1, cache_dir=str(tmp_path / "c"), tokenizer="bpe", vocab_size=300)
+    other = open_tokens(
+        str(folder), val_fraction=0.1, cache_dir=str(tmp_path / "c"), tokenizer="bpe", vocab_size=300
+    )
     assert other.train.path != first.train.path and other.vocab_size == 300
     # bytes keep their own cache entries, as before
-    assert open_tokens(str(folder), val_fraction=0.1, cache_dir=str(tmp_path / "c")).train.path.name.startswith("bytes-")
+    assert open_tokens(
+        str(folder), val_fraction=0.1, cache_dir=str(tmp_path / "c")
+    ).train.path.name.startswith("bytes-")
 
 
 def test_a_users_tokenizer_json_is_used_and_padded(tmp_path):

@@ -14,15 +14,19 @@ G = torch.Generator().manual_seed(1)
 X, Y = torch.randn(32, 16, generator=G), torch.randint(0, 4, (32,), generator=G)
 
 
-def _train(tune: bool, opt_class: type = torch.optim.Adam, steps: int = 12) -> tuple[list[float], torch.optim.Optimizer, float]:
+def _train(
+    tune: bool, opt_class: type = torch.optim.Adam, steps: int = 12
+) -> tuple[list[float], torch.optim.Optimizer, float]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
     opt = opt_class(model.parameters(), lr=1e-2, betas=(0.8, 0.99), weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.1 * s))  # built before setup, stepped by the loop
+    # built before setup, stepped by the loop
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.1 * s))
     nn.functional.cross_entropy(model(X), Y).backward()  # one step before setup: the state must carry over
     opt.step()
     opt.zero_grad()
-    engine = Engine({"optim": {"tune_user_optimizer": tune, "grad_clip": 0.5}})  # fused: clipping folded into the kernel
+    # fused: clipping folded into the kernel
+    engine = Engine({"optim": {"tune_user_optimizer": tune, "grad_clip": 0.5}})
     model, out, _ = engine.setup(model, opt)
     assert out is opt
     losses = []
@@ -41,10 +45,14 @@ def test_the_fused_optimizer_trains_to_the_same_losses_and_keeps_the_schedule():
         tuned, tuned_opt, tuned_lr = _train(True, opt_class)
         assert plain_opt.param_groups[0]["fused"] is None  # off: the user's optimizer is untouched
         assert all(g["fused"] is True and not g["foreach"] for g in tuned_opt.param_groups)
-        assert tuned_opt.param_groups[0]["betas"] == (0.8, 0.99) and tuned_opt.param_groups[0]["weight_decay"] == 0.01
+        assert (
+            tuned_opt.param_groups[0]["betas"] == (0.8, 0.99)
+            and tuned_opt.param_groups[0]["weight_decay"] == 0.01
+        )
         assert tuned[-1] < tuned[0] - 0.3  # it trained
         assert max(abs(a - b) for a, b in zip(plain, tuned)) < 1e-5, (plain, tuned)
-        assert tuned_lr == plain_lr == 1e-2 / (1 + 0.1 * 12)  # the scheduler built before setup still drives the lr
+        # the scheduler built before setup still drives the lr
+        assert tuned_lr == plain_lr == 1e-2 / (1 + 0.1 * 12)
 
 
 def test_other_optimizers_are_left_alone():
@@ -65,7 +73,11 @@ def test_the_rebuilt_loader_yields_the_same_batches():
     engine = Engine({"data": {"tune_user_loader": True, "num_workers": 1, "prefetch_factor": 3}})
     _, _, tuned = engine.setup(nn.Linear(16, 4), None, loader)
     assert tuned.loader is not loader
-    assert (tuned.loader.num_workers, tuned.loader.persistent_workers, tuned.loader.prefetch_factor) == (1, True, 3)
+    assert (tuned.loader.num_workers, tuned.loader.persistent_workers, tuned.loader.prefetch_factor) == (
+        1,
+        True,
+        3,
+    )
     assert not tuned.loader.pin_memory  # pinning is for CUDA copies only
     got = _batches(tuned)
     assert len(got) == len(expected) == 4

@@ -8,7 +8,8 @@ calls. On CPU in fp32 every comparison here is bit-exact.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -25,20 +26,30 @@ STEPS = 6
 
 
 def _engine(**sections: dict[str, Any]) -> Engine:
-    base: dict[str, dict[str, Any]] = {"run": {"device": "cpu"}, "batch": {"accumulation": ACCUMULATION},
-                                       "optim": {"grad_clip": 0.5}, "monitor": {"log_every": 2}}
+    base: dict[str, dict[str, Any]] = {
+        "run": {"device": "cpu"},
+        "batch": {"accumulation": ACCUMULATION},
+        "optim": {"grad_clip": 0.5},
+        "monitor": {"log_every": 2},
+    }
     for k, v in sections.items():
         base.setdefault(k, {}).update(v)
     return Engine(base)
 
 
-def _run(how: str, wrapper: Callable[[WindowFn], WindowFn] | None = None, fused: bool = False,
-         **sections: dict[str, Any]) -> tuple[list[float], list[torch.Tensor], Engine]:
+def _run(
+    how: str,
+    wrapper: Callable[[WindowFn], WindowFn] | None = None,
+    fused: bool = False,
+    **sections: dict[str, Any],
+) -> tuple[list[float], list[torch.Tensor], Engine]:
     """Train STEPS optimizer steps of a tiny MLP (accumulation 2, clipping on) one way; the
     per-step losses as the engine reports them, the final weights, the engine."""
     torch.manual_seed(0)
     model = TinyMLP(d_in=16, width=32, depth=2)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, **({"fused": True} if fused else {"foreach": True}))
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=1e-2, **({"fused": True} if fused else {"foreach": True})
+    )
     engine = _engine(**sections)
     model, optimizer, _ = engine.setup(model, optimizer)
     if wrapper is not None:
@@ -46,7 +57,7 @@ def _run(how: str, wrapper: Callable[[WindowFn], WindowFn] | None = None, fused:
     batches = synthetic_batches(STEPS * ACCUMULATION, batch_size=8, d_in=16)
     losses = []
     for s in range(STEPS):
-        window = batches[s * ACCUMULATION:(s + 1) * ACCUMULATION]
+        window = batches[s * ACCUMULATION : (s + 1) * ACCUMULATION]
         if how == "pieces":  # what fit() and an own loop call
             for batch in window:
                 engine.forward_backward(model, batch)
@@ -70,8 +81,13 @@ class CountingWrapper:
     def __call__(self, body: WindowFn) -> WindowFn:
         self.wrapped += 1
 
-        def captured(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batches: Any,
-                     loss_fn: LossFn, accumulation: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        def captured(
+            model: torch.nn.Module,
+            optimizer: torch.optim.Optimizer,
+            micro_batches: Any,
+            loss_fn: LossFn,
+            accumulation: int,
+        ) -> tuple[torch.Tensor, torch.Tensor | None]:
             self.calls += 1
             if self.static is None:
                 self.static = [(tuple(t.clone() for t in batch), weight) for batch, weight in micro_batches]
@@ -93,8 +109,11 @@ def test_a_window_under_a_whole_step_wrapper_trains_to_the_same_losses_as_withou
     for a, b, c in zip(w_pieces, w_plain, w_wrapped):
         assert torch.equal(a, b) and torch.equal(a, c)
     assert (wrapper.wrapped, wrapper.calls) == (1, STEPS)  # wrapped once, one call per optimizer step
-    assert (engine.state.step, engine.state.micro_step, engine.state.batches) == (STEPS, STEPS * ACCUMULATION,
-                                                                                STEPS * ACCUMULATION)
+    assert (engine.state.step, engine.state.micro_step, engine.state.batches) == (
+        STEPS,
+        STEPS * ACCUMULATION,
+        STEPS * ACCUMULATION,
+    )
     assert pieces[-1] < pieces[0]  # it trains
 
 
@@ -130,6 +149,7 @@ def test_the_window_body_reads_nothing_on_the_host():
         def run(*args: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
             with seen:
                 return body(*args)
+
         return run
 
     torch.manual_seed(0)
@@ -141,7 +161,7 @@ def test_the_window_body_reads_nothing_on_the_host():
     engine.wrap_window(watched)
     batches = synthetic_batches(ACCUMULATION * 3, batch_size=8, d_in=16)
     for s in range(3):
-        engine.train_window(model, optimizer, batches[s * ACCUMULATION:(s + 1) * ACCUMULATION])
+        engine.train_window(model, optimizer, batches[s * ACCUMULATION : (s + 1) * ACCUMULATION])
     assert engine.state.step == 3 and seen.reads == 0
 
 
@@ -169,9 +189,14 @@ def test_an_out_of_memory_error_in_a_window_is_recovered_as_in_the_pieces():
     assert pieces == window
     for a, b in zip(w_pieces, w_window):
         assert torch.equal(a, b)
-    assert [(e.step, e.kind, e.detail) for e in e_window.events] == [(e.step, e.kind, e.detail) for e in e_pieces.events]
+    assert [(e.step, e.kind, e.detail) for e in e_window.events] == [
+        (e.step, e.kind, e.detail) for e in e_pieces.events
+    ]
     assert e_window.split == 2 and e_window.accumulation == 2 * ACCUMULATION
-    assert (e_window.state.step, e_window.state.micro_step) == (e_pieces.state.step, e_pieces.state.micro_step)
+    assert (e_window.state.step, e_window.state.micro_step) == (
+        e_pieces.state.step,
+        e_pieces.state.micro_step,
+    )
 
 
 def test_the_strategy_runs_a_windows_micro_batches_with_gradient_sync_before_the_last_only():
@@ -183,6 +208,8 @@ def test_the_strategy_runs_a_windows_micro_batches_with_gradient_sync_before_the
         def set_grad_sync(self, model: torch.nn.Module, sync: bool) -> None:
             calls.append(("sync", sync))
 
-    out = Recording().run_window([torch.nn.Linear(1, 1)], [1, 2, 3], lambda mb: calls.append(("run", mb)) or 10 * mb)
+    out = Recording().run_window(
+        [torch.nn.Linear(1, 1)], [1, 2, 3], lambda mb: calls.append(("run", mb)) or 10 * mb
+    )
     assert out == [10, 20, 30]
     assert calls == [("sync", False), ("run", 1), ("sync", False), ("run", 2), ("sync", True), ("run", 3)]

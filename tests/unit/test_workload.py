@@ -62,25 +62,31 @@ def test_the_same_seed_gives_the_same_weights(wl_file):
     assert torch.equal(a.model.weight, b.model.weight)
 
 
-@pytest.mark.parametrize("func, message", [
-    ("wrong", "returned a torch.nn.modules.linear.Linear; return turbotrain.Workload"),
-    ("wrong_key", "unknown key 'lr'; valid keys: model, train_loader, optimizer, loss_fn, eval_loader"),
-    ("broken", "calling broken() raised ZeroDivisionError at my_workload.py:22"),
-    ("not_a_model", "model is a str, not a torch.nn.Module"),
-    ("nope", "has no function 'nope'; it defines: as_dict, broken, make, not_a_model, wrong, wrong_key"),
-    ("value", "value is a int, not a function"),
-])
+@pytest.mark.parametrize(
+    "func, message",
+    [
+        ("wrong", "returned a torch.nn.modules.linear.Linear; return turbotrain.Workload"),
+        ("wrong_key", "unknown key 'lr'; valid keys: model, train_loader, optimizer, loss_fn, eval_loader"),
+        ("broken", "calling broken() raised ZeroDivisionError at my_workload.py:22"),
+        ("not_a_model", "model is a str, not a torch.nn.Module"),
+        ("nope", "has no function 'nope'; it defines: as_dict, broken, make, not_a_model, wrong, wrong_key"),
+        ("value", "value is a int, not a function"),
+    ],
+)
 def test_every_mistake_in_the_function_is_one_line(wl_file, func, message):
     with pytest.raises(TurbotrainError) as exc:
         load_workload(f"{wl_file}:{func}")
     assert message in str(exc.value) and "\n" not in str(exc.value)
 
 
-@pytest.mark.parametrize("ref, message", [
-    ("missing.py:make", "there is no file missing.py"),
-    ("no_such_package.mod:make", "no module named 'no_such_package'"),
-    ("file_without_func.py", "give FILE.py:FUNC or package.module:FUNC"),
-])
+@pytest.mark.parametrize(
+    "ref, message",
+    [
+        ("missing.py:make", "there is no file missing.py"),
+        ("no_such_package.mod:make", "no module named 'no_such_package'"),
+        ("file_without_func.py", "give FILE.py:FUNC or package.module:FUNC"),
+    ],
+)
 def test_a_wrong_reference_is_one_line(ref, message):
     with pytest.raises(TurbotrainError, match=message):
         load_workload(ref)

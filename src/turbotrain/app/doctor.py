@@ -16,22 +16,34 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ..parts.hardware import collect_nvml, lookup_peak, ram_bytes
 from ..base.units import GIB
 from ..base.version import __version__, collect_git
+from ..parts.hardware import collect_nvml, lookup_peak, ram_bytes
 
 LEVELS = ("ok", "info", "warn", "error", "skip")  # skip: could not be checked on this machine
 
 # Packages whose versions matter when a user reports a speed or correctness problem.
-PACKAGES = ("numpy", "rich", "matplotlib", "nvidia-ml-py", "safetensors", "triton", "tensorboard",
-            "accelerate", "lightning", "optuna", "torchao")
+PACKAGES = (
+    "numpy",
+    "rich",
+    "matplotlib",
+    "nvidia-ml-py",
+    "safetensors",
+    "triton",
+    "tensorboard",
+    "accelerate",
+    "lightning",
+    "optuna",
+    "torchao",
+)
 
 
 # ----------------------------------------------------------------------------- environment
@@ -97,12 +109,24 @@ def collect_distributed(gpu_count: int) -> dict[str, Any]:
     """What multi-process training can use: the torch.distributed backends built in, GPU pairs
     with peer-to-peer access, and the interconnect matrix ``nvidia-smi topo -m`` prints (NVLink
     vs PCIe), which decides how fast DDP/FSDP's collectives are. Read-only, no device work."""
-    out: dict[str, Any] = {"available": dist.is_available(),
-                           "backends": [b for b, ok in (("nccl", dist.is_available() and dist.is_nccl_available()),
-                                                        ("gloo", dist.is_available() and dist.is_gloo_available())) if ok]}
+    out: dict[str, Any] = {
+        "available": dist.is_available(),
+        "backends": [
+            b
+            for b, ok in (
+                ("nccl", dist.is_available() and dist.is_nccl_available()),
+                ("gloo", dist.is_available() and dist.is_gloo_available()),
+            )
+            if ok
+        ],
+    }
     if gpu_count > 1:
-        out["p2p"] = {f"{a}->{b}": torch.cuda.can_device_access_peer(a, b)
-                      for a in range(gpu_count) for b in range(gpu_count) if a != b}
+        out["p2p"] = {
+            f"{a}->{b}": torch.cuda.can_device_access_peer(a, b)
+            for a in range(gpu_count)
+            for b in range(gpu_count)
+            if a != b
+        }
     if shutil.which("nvidia-smi"):
         try:
             proc = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=10)
@@ -143,8 +167,12 @@ def collect_env() -> dict[str, Any]:
         "cuda_available": cuda_ok,
         "gpus": [_gpu(i) for i in range(torch.cuda.device_count())] if cuda_ok else [],
         "nvidia_hardware": _nvidia_hardware_present(),
-        "cpu": {"model": cpu_model(), "logical_cores": os.cpu_count(), "usable_cores": _usable_cores(),
-                "capability": torch.backends.cpu.get_cpu_capability()},
+        "cpu": {
+            "model": cpu_model(),
+            "logical_cores": os.cpu_count(),
+            "usable_cores": _usable_cores(),
+            "capability": torch.backends.cpu.get_cpu_capability(),
+        },
         "ram_gib": _ram_gib(),
         "torch_threads": torch.get_num_threads(),
         "nvml": nvml,
@@ -156,8 +184,17 @@ def collect_env() -> dict[str, Any]:
             "cudnn_benchmark": torch.backends.cudnn.benchmark,
         },
         "packages": _package_versions(),
-        "env": {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "PYTORCH_CUDA_ALLOC_CONF",
-                                           "TORCH_COMPILE_DISABLE", "NCCL_DEBUG") if k in os.environ},
+        "env": {
+            k: os.environ[k]
+            for k in (
+                "CUDA_VISIBLE_DEVICES",
+                "OMP_NUM_THREADS",
+                "PYTORCH_CUDA_ALLOC_CONF",
+                "TORCH_COMPILE_DISABLE",
+                "NCCL_DEBUG",
+            )
+            if k in os.environ
+        },
     }
 
 
@@ -165,12 +202,23 @@ def collect_hardware(device: torch.device | str) -> dict[str, Any]:
     """A compact description of the device a run used, for summaries and result files: its name,
     datasheet peaks (None for a CPU or an unknown GPU), the CPU, and torch/CUDA/driver versions."""
     device = torch.device(device)
-    out: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "cuda": torch.version.cuda,
-                           "cpu": cpu_model(), "cpu_cores": _usable_cores(), "torch_threads": torch.get_num_threads()}
+    out: dict[str, Any] = {
+        "device": str(device),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cpu": cpu_model(),
+        "cpu_cores": _usable_cores(),
+        "torch_threads": torch.get_num_threads(),
+    }
     if device.type == "cuda":
         gpu = _gpu(device.index if device.index is not None else torch.cuda.current_device())
-        out.update(name=gpu["name"], compute_capability=gpu["compute_capability"], memory_gib=gpu["memory_gib"],
-                   datasheet=gpu["datasheet"], driver=collect_nvml().get("driver"))
+        out.update(
+            name=gpu["name"],
+            compute_capability=gpu["compute_capability"],
+            memory_gib=gpu["memory_gib"],
+            datasheet=gpu["datasheet"],
+            driver=collect_nvml().get("driver"),
+        )
     else:
         out.update(name=out["cpu"], datasheet=None)
     return out
@@ -199,17 +247,36 @@ def fp8_check(gpus: list[dict[str, Any]], torchao: str | None) -> Check:
     """FP8 training (precision.mode = fp8): float8 tensor cores (compute capability >= 8.9) and torchao."""
     emulate = "--precision.fp8_emulate=true runs it emulated, for correctness tests only"
     if not gpus:
-        return Check("FP8", "skip", f"{GPU_ONLY}; " + (f"torchao {torchao} is installed: {emulate}" if torchao else
-                     "torchao is not installed either"), "" if torchao else "pip install 'turbotrain[fp8]'")
+        return Check(
+            "FP8",
+            "skip",
+            f"{GPU_ONLY}; "
+            + (
+                f"torchao {torchao} is installed: {emulate}" if torchao else "torchao is not installed either"
+            ),
+            "" if torchao else "pip install 'turbotrain[fp8]'",
+        )
     old = [g for g in gpus if not g["fp8"]]
     if old:
-        return Check("FP8", "info", f"{old[0]['name']} (compute capability {old[0]['compute_capability']}) has no float8 tensor "
-                     f"cores (>= 8.9): precision.mode = fp8 is refused; {emulate}")
+        return Check(
+            "FP8",
+            "info",
+            f"{old[0]['name']} (compute capability {old[0]['compute_capability']}) has no float8 tensor "
+            f"cores (>= 8.9): precision.mode = fp8 is refused; {emulate}",
+        )
     if torchao is None:
-        return Check("FP8", "warn", "float8 tensor cores present, but torchao is not installed: precision.mode = fp8 is refused",
-                     "pip install 'turbotrain[fp8]' (torchao 0.17 or later for torch 2.11+)")
-    return Check("FP8", "ok", f"float8 tensor cores and torchao {torchao}: --precision.mode=fp8 runs (with torch.compile for "
-                 "the speed; auto never picks it)")
+        return Check(
+            "FP8",
+            "warn",
+            "float8 tensor cores present, but torchao is not installed: precision.mode = fp8 is refused",
+            "pip install 'turbotrain[fp8]' (torchao 0.17 or later for torch 2.11+)",
+        )
+    return Check(
+        "FP8",
+        "ok",
+        f"float8 tensor cores and torchao {torchao}: --precision.mode=fp8 runs (with torch.compile for "
+        "the speed; auto never picks it)",
+    )
 
 
 def run_checks(env: dict[str, Any]) -> list[Check]:
@@ -225,27 +292,57 @@ def run_checks(env: dict[str, Any]) -> list[Check]:
     # torch build vs hardware
     if not env["cuda_available"]:
         if env["nvidia_hardware"] and not env["cuda"]:
-            add(Check("torch CUDA build", "error", f"this machine has an NVIDIA GPU but torch {env['torch']} is a CPU-only build",
-                      "pip install torch --index-url https://download.pytorch.org/whl/cu126 (pick your CUDA at pytorch.org)"))
+            add(
+                Check(
+                    "torch CUDA build",
+                    "error",
+                    f"this machine has an NVIDIA GPU but torch {env['torch']} is a CPU-only build",
+                    "pip install torch --index-url https://download.pytorch.org/whl/cu126 (pick your CUDA at pytorch.org)",
+                )
+            )
         elif env["cuda"]:
             visible = env["env"].get("CUDA_VISIBLE_DEVICES")
-            add(Check("CUDA device", "warn", f"torch is built for CUDA {env['cuda']} but sees no GPU"
-                      + (f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""),
-                      "check the driver with nvidia-smi and CUDA_VISIBLE_DEVICES; the driver must be new enough for this CUDA"))
+            add(
+                Check(
+                    "CUDA device",
+                    "warn",
+                    f"torch is built for CUDA {env['cuda']} but sees no GPU"
+                    + (f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""),
+                    "check the driver with nvidia-smi and CUDA_VISIBLE_DEVICES; the driver must be new enough for this CUDA",
+                )
+            )
         else:
-            add(Check("CUDA device", "info", f"no CUDA GPU; torch {env['torch']} is a CPU build: training runs on CPU in fp32",
-                      "on a GPU machine install a CUDA build of torch"))
+            add(
+                Check(
+                    "CUDA device",
+                    "info",
+                    f"no CUDA GPU; torch {env['torch']} is a CPU build: training runs on CPU in fp32",
+                    "on a GPU machine install a CUDA build of torch",
+                )
+            )
     else:
         names = ", ".join(sorted({g["name"] for g in gpus}))
-        add(Check("CUDA device", "ok", f"{len(gpus)} GPU(s): {names}; CUDA {env['cuda']}, cuDNN {env['cudnn']}, driver {env['driver']}"))
+        add(
+            Check(
+                "CUDA device",
+                "ok",
+                f"{len(gpus)} GPU(s): {names}; CUDA {env['cuda']}, cuDNN {env['cudnn']}, driver {env['driver']}",
+            )
+        )
 
     # precision support
     if gpus:
         old = [g for g in gpus if not g["bf16"]]
         if old:
-            add(Check("bf16", "warn", f"{old[0]['name']} (compute capability {old[0]['compute_capability']}) has no bf16: "
-                      "precision auto will use fp16-mixed with a GradScaler",
-                      "nothing to do; fp16 + loss scaling is handled, or use a GPU with compute capability >= 8.0 for bf16"))
+            add(
+                Check(
+                    "bf16",
+                    "warn",
+                    f"{old[0]['name']} (compute capability {old[0]['compute_capability']}) has no bf16: "
+                    "precision auto will use fp16-mixed with a GradScaler",
+                    "nothing to do; fp16 + loss scaling is handled, or use a GPU with compute capability >= 8.0 for bf16",
+                )
+            )
         else:
             add(Check("bf16", "ok", "bf16 supported: precision auto uses bf16-mixed"))
         add(fp8_check(gpus, env["packages"].get("torchao")))
@@ -253,20 +350,51 @@ def run_checks(env: dict[str, Any]) -> list[Check]:
             if env["backends"]["matmul_tf32"] or env["backends"]["float32_matmul_precision"] != "highest":
                 add(Check("TF32", "ok", "TF32 matmuls are on for fp32 work"))
             else:
-                add(Check("TF32", "info", "TF32 is off in this process for fp32 matmuls (torch's default); turbotrain runs turn it on "
-                          "(precision.tf32 = true)", "in your own loop: torch.set_float32_matmul_precision('high')"))
+                add(
+                    Check(
+                        "TF32",
+                        "info",
+                        "TF32 is off in this process for fp32 matmuls (torch's default); turbotrain runs turn it on "
+                        "(precision.tf32 = true)",
+                        "in your own loop: torch.set_float32_matmul_precision('high')",
+                    )
+                )
         else:
             add(Check("TF32", "info", "this GPU has no TF32 tensor cores (compute capability < 8.0)"))
         if all(g["flash_attention"] for g in gpus):
-            add(Check("flash attention", "ok", "SDPA flash attention kernels available (model.attention = 'sdpa')"))
+            add(
+                Check(
+                    "flash attention",
+                    "ok",
+                    "SDPA flash attention kernels available (model.attention = 'sdpa')",
+                )
+            )
         else:
-            add(Check("flash attention", "info", "no flash attention kernel here (needs compute capability >= 8.0 and the "
-                      "flash SDPA backend enabled); SDPA falls back to memory-efficient or math kernels"))
+            add(
+                Check(
+                    "flash attention",
+                    "info",
+                    "no flash attention kernel here (needs compute capability >= 8.0 and the "
+                    "flash SDPA backend enabled); SDPA falls back to memory-efficient or math kernels",
+                )
+            )
         if env["packages"].get("triton") is None:
-            add(Check("torch.compile", "warn", "triton is not installed: torch.compile cannot generate GPU kernels",
-                      "pip install triton, or run with --compile.scope=off"))
+            add(
+                Check(
+                    "torch.compile",
+                    "warn",
+                    "triton is not installed: torch.compile cannot generate GPU kernels",
+                    "pip install triton, or run with --compile.scope=off",
+                )
+            )
     else:
-        add(Check("bf16", "skip", f"{GPU_ONLY}; on CPU precision auto uses fp32 (bf16 autocast is often many times slower there)"))
+        add(
+            Check(
+                "bf16",
+                "skip",
+                f"{GPU_ONLY}; on CPU precision auto uses fp32 (bf16 autocast is often many times slower there)",
+            )
+        )
         add(Check("TF32", "skip", f"{GPU_ONLY} (TF32 is a tensor-core format)"))
         add(fp8_check([], env["packages"].get("torchao")))
         add(Check("flash attention", "skip", f"{GPU_ONLY}; on CPU SDPA uses its CPU kernels"))
@@ -275,18 +403,40 @@ def run_checks(env: dict[str, Any]) -> list[Check]:
     nvml = env["nvml"]
     if not nvml["available"]:
         level = "warn" if gpus else "skip"
-        add(Check("NVML", level, nvml["detail"] + ("" if gpus else "; GPU utilisation, power and temperature are not sampled"),
-                  "install nvidia-ml-py and an NVIDIA driver" if gpus else ""))
+        add(
+            Check(
+                "NVML",
+                level,
+                nvml["detail"] + ("" if gpus else "; GPU utilisation, power and temperature are not sampled"),
+                "install nvidia-ml-py and an NVIDIA driver" if gpus else "",
+            )
+        )
         if not gpus:
             add(Check("GPU busy", "skip", f"{GPU_ONLY} and NVML"))
     else:
-        add(Check("NVML", "ok", f"NVML works (driver {nvml.get('driver')}): utilisation, power and temperature are sampled"))
-        busy = [g for g in nvml.get("gpus", []) if (g.get("util_pct") or 0) > 10 or len(g.get("processes", [])) > 0]
+        add(
+            Check(
+                "NVML",
+                "ok",
+                f"NVML works (driver {nvml.get('driver')}): utilisation, power and temperature are sampled",
+            )
+        )
+        busy = [
+            g
+            for g in nvml.get("gpus", [])
+            if (g.get("util_pct") or 0) > 10 or len(g.get("processes", [])) > 0
+        ]
         if busy:
             g = busy[0]
-            add(Check("GPU busy", "warn", f"{g['name']} (NVML index {g['nvml_index']}) is already in use: {g.get('util_pct')}% "
-                      f"utilisation, {len(g.get('processes', []))} process(es), {g.get('mem_used_gib')} GiB used",
-                      "stop the other jobs or pick a free GPU with CUDA_VISIBLE_DEVICES; shared GPUs give slower, noisy runs"))
+            add(
+                Check(
+                    "GPU busy",
+                    "warn",
+                    f"{g['name']} (NVML index {g['nvml_index']}) is already in use: {g.get('util_pct')}% "
+                    f"utilisation, {len(g.get('processes', []))} process(es), {g.get('mem_used_gib')} GiB used",
+                    "stop the other jobs or pick a free GPU with CUDA_VISIBLE_DEVICES; shared GPUs give slower, noisy runs",
+                )
+            )
         else:
             add(Check("GPU busy", "ok", "no other process is using the GPU(s)"))
 
@@ -295,18 +445,42 @@ def run_checks(env: dict[str, Any]) -> list[Check]:
         per_gpu = cores // max(1, len(gpus))
         workers = max(1, min(8, cores // 2))
         if per_gpu < 4:
-            add(Check("DataLoader workers", "warn", f"only {cores} usable CPU core(s) for {len(gpus)} GPU(s): "
-                      f"about {per_gpu} per GPU, too few for DataLoader workers to keep up with a fast GPU",
-                      "use a pre-tokenized .bin dataset (memory-mapped, cheap to load) or a machine with more cores"))
+            add(
+                Check(
+                    "DataLoader workers",
+                    "warn",
+                    f"only {cores} usable CPU core(s) for {len(gpus)} GPU(s): "
+                    f"about {per_gpu} per GPU, too few for DataLoader workers to keep up with a fast GPU",
+                    "use a pre-tokenized .bin dataset (memory-mapped, cheap to load) or a machine with more cores",
+                )
+            )
         else:
-            add(Check("DataLoader workers", "ok", f"{cores} usable cores: data.num_workers auto will use {workers} per process"))
+            add(
+                Check(
+                    "DataLoader workers",
+                    "ok",
+                    f"{cores} usable cores: data.num_workers auto will use {workers} per process",
+                )
+            )
     else:
-        add(Check("DataLoader workers", "info", f"{cores} usable CPU core(s); on CPU batches load in the training process "
-                  "when there are 4 cores or fewer (workers would compete with the compute threads)"))
+        add(
+            Check(
+                "DataLoader workers",
+                "info",
+                f"{cores} usable CPU core(s); on CPU batches load in the training process "
+                "when there are 4 cores or fewer (workers would compete with the compute threads)",
+            )
+        )
     threads = env["torch_threads"]
     if threads > cores:
-        add(Check("torch threads", "warn", f"torch uses {threads} threads but only {cores} cores are usable: oversubscribed",
-                  f"export OMP_NUM_THREADS={cores} or call torch.set_num_threads({cores})"))
+        add(
+            Check(
+                "torch threads",
+                "warn",
+                f"torch uses {threads} threads but only {cores} cores are usable: oversubscribed",
+                f"export OMP_NUM_THREADS={cores} or call torch.set_num_threads({cores})",
+            )
+        )
     else:
         add(Check("torch threads", "ok", f"torch uses {threads} of {cores} usable core(s) for CPU ops"))
     return checks
@@ -390,9 +564,11 @@ def run_probes(device: torch.device | str | None = None, *, quick: bool = False)
         name = torch.cuda.get_device_name(device)
         spec = lookup_peak(name)
         size, mib = (1024, 64) if quick else (8192, 1024)
-        for label, dtype, key, tf32 in (("matmul bf16", torch.bfloat16, "bf16", False),
-                                        ("matmul fp32", torch.float32, "fp32", False),
-                                        ("matmul tf32", torch.float32, "tf32", True)):
+        for label, dtype, key, tf32 in (
+            ("matmul bf16", torch.bfloat16, "bf16", False),
+            ("matmul fp32", torch.float32, "fp32", False),
+            ("matmul tf32", torch.float32, "tf32", True),
+        ):
             if dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
                 continue
             previous = torch.backends.cuda.matmul.allow_tf32
@@ -401,21 +577,61 @@ def run_probes(device: torch.device | str | None = None, *, quick: bool = False)
                 value = measure_matmul_tflops(device, dtype, size)
             finally:
                 torch.backends.cuda.matmul.allow_tf32 = previous
-            results.append(ProbeResult(label, name, value, "TFLOP/s", spec.peak_tflops(key) if spec else None,
-                                       f"{size}x{size}, median of 10"))
-        results.append(ProbeResult("device copy", name, measure_copy_gbs(device, mib), "GB/s",
-                                   spec.mem_bandwidth_gbs if spec else None, f"{mib} MiB, read + write bytes"))
-        results.append(ProbeResult("host-to-device copy", name, measure_h2d_gbs(device, min(mib, 256)), "GB/s", None,
-                                   f"{min(mib, 256)} MiB pinned, non_blocking"))
+            results.append(
+                ProbeResult(
+                    label,
+                    name,
+                    value,
+                    "TFLOP/s",
+                    spec.peak_tflops(key) if spec else None,
+                    f"{size}x{size}, median of 10",
+                )
+            )
+        results.append(
+            ProbeResult(
+                "device copy",
+                name,
+                measure_copy_gbs(device, mib),
+                "GB/s",
+                spec.mem_bandwidth_gbs if spec else None,
+                f"{mib} MiB, read + write bytes",
+            )
+        )
+        results.append(
+            ProbeResult(
+                "host-to-device copy",
+                name,
+                measure_h2d_gbs(device, min(mib, 256)),
+                "GB/s",
+                None,
+                f"{min(mib, 256)} MiB pinned, non_blocking",
+            )
+        )
         torch.cuda.empty_cache()
     else:
         name = cpu_model()
         size, mib = (256, 16) if quick else (2048, 256)
         threads = torch.get_num_threads()
-        results.append(ProbeResult("matmul fp32", name, measure_matmul_tflops(device, torch.float32, size, repeats=5), "TFLOP/s",
-                                   None, f"{size}x{size}, {threads} thread(s), median of 5"))
-        results.append(ProbeResult("memory copy", name, measure_copy_gbs(device, mib, repeats=5), "GB/s", None,
-                                   f"{mib} MiB, read + write bytes, median of 5"))
+        results.append(
+            ProbeResult(
+                "matmul fp32",
+                name,
+                measure_matmul_tflops(device, torch.float32, size, repeats=5),
+                "TFLOP/s",
+                None,
+                f"{size}x{size}, {threads} thread(s), median of 5",
+            )
+        )
+        results.append(
+            ProbeResult(
+                "memory copy",
+                name,
+                measure_copy_gbs(device, mib, repeats=5),
+                "GB/s",
+                None,
+                f"{mib} MiB, read + write bytes, median of 5",
+            )
+        )
     return results
 
 
@@ -455,19 +671,31 @@ def format_report(report: dict[str, Any]) -> str:
     ]
     if env["gpus"]:
         for g in env["gpus"]:
-            feats = ", ".join(f"{k} {'yes' if g[k] else 'no'}" for k in ("bf16", "tf32", "fp8", "flash_attention"))
-            lines.append(f"- GPU {g['index']}: {g['name']}, compute capability {g['compute_capability']}, "
-                         f"{g['memory_gib']} GiB; {feats}")
+            feats = ", ".join(
+                f"{k} {'yes' if g[k] else 'no'}" for k in ("bf16", "tf32", "fp8", "flash_attention")
+            )
+            lines.append(
+                f"- GPU {g['index']}: {g['name']}, compute capability {g['compute_capability']}, "
+                f"{g['memory_gib']} GiB; {feats}"
+            )
             spec = g["datasheet"]
-            lines.append(f"    datasheet: {spec['bf16_tflops']} TFLOP/s bf16 dense, {spec['mem_bandwidth_gbs']:.0f} GB/s"
-                         if spec else "    datasheet: unknown device (MFU will be left out)")
+            lines.append(
+                f"    datasheet: {spec['bf16_tflops']} TFLOP/s bf16 dense, {spec['mem_bandwidth_gbs']:.0f} GB/s"
+                if spec
+                else "    datasheet: unknown device (MFU will be left out)"
+            )
     else:
         lines.append("- GPUs: none visible to torch")
     d = env["distributed"]
-    lines.append(f"- torch.distributed: {', '.join(d['backends']) or 'unavailable'}"
-                 + (f"; P2P {', '.join(k for k, ok in d['p2p'].items() if ok) or 'none'}" if d.get("p2p") else ""))
+    lines.append(
+        f"- torch.distributed: {', '.join(d['backends']) or 'unavailable'}"
+        + (f"; P2P {', '.join(k for k, ok in d['p2p'].items() if ok) or 'none'}" if d.get("p2p") else "")
+    )
     if d.get("topology"):
-        lines += ["- GPU interconnect (nvidia-smi topo -m):", *(f"    {row}" for row in d["topology"].splitlines())]
+        lines += [
+            "- GPU interconnect (nvidia-smi topo -m):",
+            *(f"    {row}" for row in d["topology"].splitlines()),
+        ]
     installed = ", ".join(f"{k} {v}" for k, v in env["packages"].items() if v)
     lines.append(f"- packages: {installed}")
     if env["env"]:
@@ -485,7 +713,10 @@ def format_report(report: dict[str, Any]) -> str:
         lines += ["", "### Probes (median)"]
         for p in report["probes"]:
             sheet = p["datasheet"]
-            beside = (f" vs datasheet {_num(sheet)} {p['unit']} ({100 * p['fraction_of_datasheet']:.0f}%)" if sheet
-                      else " (no datasheet figure)")
+            beside = (
+                f" vs datasheet {_num(sheet)} {p['unit']} ({100 * p['fraction_of_datasheet']:.0f}%)"
+                if sheet
+                else " (no datasheet figure)"
+            )
             lines.append(f"- {p['name']}: {_num(p['value'])} {p['unit']}{beside} [{p['detail']}]")
     return "\n".join(lines)

@@ -36,16 +36,21 @@ def summarize(data: dict[str, Any]) -> dict[str, Any]:
     routed = dropped = 0
     for h in history:
         for row in h["load"]:
-            total = [a + (row[e] if e < len(row) else 0) for e, a in enumerate(total)]  # fewer before a growth
+            # fewer before a growth
+            total = [a + (row[e] if e < len(row) else 0) for e, a in enumerate(total)]
             routed += sum(row)
         dropped += sum(h.get("dropped", []))
     ratios = [h["max_mean"] for h in history if h.get("max_mean") is not None]
     return {
-        "n_experts": data.get("n_experts"), "top_k": data.get("top_k"), "moe_layers": len(data.get("layers", [])),
+        "n_experts": data.get("n_experts"),
+        "top_k": data.get("top_k"),
+        "moe_layers": len(data.get("layers", [])),
         "placement": data.get("placement"),
-        "max_mean_first": ratios[0] if ratios else None, "max_mean_last": ratios[-1] if ratios else None,
+        "max_mean_first": ratios[0] if ratios else None,
+        "max_mean_last": ratios[-1] if ratios else None,
         "max_mean_best": min(ratios) if ratios else None,
-        "assignments_per_expert": total, "dropped_fraction": dropped / routed if routed else 0.0,
+        "assignments_per_expert": total,
+        "dropped_fraction": dropped / routed if routed else 0.0,
     }
 
 
@@ -58,13 +63,17 @@ def markdown(section: dict[str, Any] | None) -> list[str]:
         return "n/a" if v is None else f"{v:.3f}"
 
     p = section.get("placement") or {}
-    return ["", "## Experts", "",
-            f"- {section['n_experts']} experts, top-{section['top_k']}, in {section['moe_layers']} MoE blocks; "
-            f"expert parallel degree {p.get('ep_degree', 1)} over {p.get('world', 1)} rank(s)",
-            f"- load max/mean (1.0 = even): first window {f(section['max_mean_first'])}, "
-            f"last {f(section['max_mean_last'])}, best {f(section['max_mean_best'])}",
-            f"- assignments per expert over the run: {section['assignments_per_expert']}",
-            f"- dropped by the capacity: {100 * section['dropped_fraction']:.2f}%"]
+    return [
+        "",
+        "## Experts",
+        "",
+        f"- {section['n_experts']} experts, top-{section['top_k']}, in {section['moe_layers']} MoE blocks; "
+        f"expert parallel degree {p.get('ep_degree', 1)} over {p.get('world', 1)} rank(s)",
+        f"- load max/mean (1.0 = even): first window {f(section['max_mean_first'])}, "
+        f"last {f(section['max_mean_last'])}, best {f(section['max_mean_best'])}",
+        f"- assignments per expert over the run: {section['assignments_per_expert']}",
+        f"- dropped by the capacity: {100 * section['dropped_fraction']:.2f}%",
+    ]
 
 
 def write_plots(data: dict[str, Any], out_dir: Path, subtitle: str = "") -> list[str]:
@@ -82,12 +91,22 @@ def write_plots(data: dict[str, Any], out_dir: Path, subtitle: str = "") -> list
         steps = [h["step"] for h in history]
         n = data["n_experts"]
         # windows before a resume that grew the experts have fewer of them: the new ones had none
-        shares = [[sum(row[e] for row in h["load"] if e < len(row)) / max(sum(map(sum, h["load"])), 1) for h in history]
-                  for e in range(n)]
+        shares = [
+            [
+                sum(row[e] for row in h["load"] if e < len(row)) / max(sum(map(sum, h["load"])), 1)
+                for h in history
+            ]
+            for e in range(n)
+        ]
         fig, (ax, ax2) = plt.subplots(2, 1, figsize=(8, 7), dpi=110, sharex=True, height_ratios=(3, 2))
         fig.subplots_adjust(hspace=0.25)
         cmap = plt.get_cmap("tab20" if n > 10 else "tab10")
-        ax.stackplot(steps, shares, labels=[f"expert {e}" for e in range(n)], colors=[cmap(e % cmap.N) for e in range(n)])
+        ax.stackplot(
+            steps,
+            shares,
+            labels=[f"expert {e}" for e in range(n)],
+            colors=[cmap(e % cmap.N) for e in range(n)],
+        )
         ax.set_ylim(0, 1)
         ax.set_ylabel("share of routed tokens\n(all MoE blocks)")
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=min(n, 8), fontsize=7, frameon=False)
@@ -98,7 +117,10 @@ def write_plots(data: dict[str, Any], out_dir: Path, subtitle: str = "") -> list
         ax2.set_ylabel("max / mean load\n(1.0 = even)")
         ax2.set_xlabel("optimizer step")
         ax2.grid(True, alpha=0.3)
-        ax.set_title(f"Expert load over training (top-{data['top_k']} of {n})" + (f"\n{subtitle}" if subtitle else ""), fontsize=11)
+        ax.set_title(
+            f"Expert load over training (top-{data['top_k']} of {n})" + (f"\n{subtitle}" if subtitle else ""),
+            fontsize=11,
+        )
         atomic_write(out_dir / LOAD_PLOT, lambda fh: fig.savefig(fh, format="png", bbox_inches="tight"))
         plt.close(fig)
         written.append(f"{out_dir.name}/{LOAD_PLOT}")
@@ -118,7 +140,11 @@ def write_plots(data: dict[str, Any], out_dir: Path, subtitle: str = "") -> list
         ax.set_xlabel("expert")
         repeat = p.get("world", 1) // max(len(ranks), 1)
         note = f" (x{repeat} data-parallel copies)" if repeat > 1 else ""
-        ax.set_title(f"Expert placement: expert-parallel degree {len(ranks)}{note}" + (f"\n{subtitle}" if subtitle else ""), fontsize=11)
+        ax.set_title(
+            f"Expert placement: expert-parallel degree {len(ranks)}{note}"
+            + (f"\n{subtitle}" if subtitle else ""),
+            fontsize=11,
+        )
         atomic_write(out_dir / PLACEMENT_PLOT, lambda fh: fig.savefig(fh, format="png", bbox_inches="tight"))
         plt.close(fig)
         written.append(f"{out_dir.name}/{PLACEMENT_PLOT}")

@@ -21,30 +21,31 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 from torch import nn
 from torch.profiler import record_function
 from torch.utils.data import DataLoader
 
-from ..core.assembly import build_trainable
 from ..base.batch import batch_size, move_to
-from .bench.protocol import StepClock
-from ..core.compile_guard import collect_compile_counts, ranked_reasons
 from ..base.config import RunConfig, load_config
-from ..parts.data import TokenWindows, build_loader, fixed_batches, resolve_loader_settings
+from ..core.assembly import build_trainable
+from ..core.compile_guard import collect_compile_counts, ranked_reasons
 from ..core.engine import Engine, LossFn, as_loss, default_loss
-from ..parts.hardware import precision_key, tf32_enabled
-from ..loop.hooks import FitContext, Hook
 from ..loop.fit import fit
-from ..tools.memory import StepTrial, token_batches
+from ..loop.hooks import FitContext, Hook
 from ..loop.monitor import MfuProbe, Monitor
 from ..loop.run_hooks import MonitorPlan, build_monitor
-from .training import build_training
+from ..parts.data import TokenWindows, build_loader, fixed_batches, resolve_loader_settings
+from ..parts.hardware import precision_key, tf32_enabled
 from ..parts.workload import Workload, copy_workload, load_workload, loader_summary, rebuild_loader
+from ..tools.memory import StepTrial, token_batches
+from .bench.protocol import StepClock
+from .training import build_training
 
 DATA_LABEL = "turbotrain::data_wait"  # profiler ranges: the host blocked on the loader ...
 FORWARD_LABEL = "turbotrain::forward"  # ... and the forward pass (the loss function)
@@ -86,7 +87,8 @@ class Target:
     preset: str | None = None
     model: str | None = None
     overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    workload: Workload | None = field(default=None, compare=False)  # a live one (Python callers, in-process runs only)
+    # a live one (Python callers, in-process runs only)
+    workload: Workload | None = field(default=None, compare=False)
 
     @property
     def is_workload(self) -> bool:
@@ -98,11 +100,17 @@ class Target:
             return type(self.workload.model).__name__
         if self.model:
             return self.model.rpartition(":")[2]
-        return Path(self.preset).stem if self.preset and self.preset.endswith(".toml") else (self.preset or "gpt-tiny")
+        return (
+            Path(self.preset).stem
+            if self.preset and self.preset.endswith(".toml")
+            else (self.preset or "gpt-tiny")
+        )
 
     def config(self, changes: Mapping[str, Mapping[str, Any]] | None = None) -> RunConfig:
         """The run's config: the preset (a workload's may be None: the defaults) + overrides + ``changes``."""
-        return load_config(self.preset or (None if self.is_workload else "gpt-tiny"), merge(self.overrides, changes))
+        return load_config(
+            self.preset or (None if self.is_workload else "gpt-tiny"), merge(self.overrides, changes)
+        )
 
     def explicit(self, changes: Mapping[str, Mapping[str, Any]] | None, key: str) -> Any:
         """The value of ``section.key`` set by the overrides or ``changes`` (None when unset)."""
@@ -110,10 +118,14 @@ class Target:
         return merge(self.overrides, changes).get(section, {}).get(name)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"preset": self.preset, "model": self.model, "overrides": {k: dict(v) for k, v in self.overrides.items()}}
+        return {
+            "preset": self.preset,
+            "model": self.model,
+            "overrides": {k: dict(v) for k, v in self.overrides.items()},
+        }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Target":
+    def from_dict(cls, data: Mapping[str, Any]) -> Target:
         return cls(data.get("preset"), data.get("model"), data.get("overrides") or {})
 
 
@@ -225,8 +237,9 @@ def build(target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_d
         return _build_workload(target, changes, config, run_dir)
     training = build_training(config, run_dir, progress=False)
     config, engine = training.config, training.engine
-    settings = resolve_loader_settings(engine.device, config.data.num_workers, config.data.pin_memory,
-                                       config.data.prefetch_factor)
+    settings = resolve_loader_settings(
+        engine.device, config.data.num_workers, config.data.pin_memory, config.data.prefetch_factor
+    )
     micro, accumulation = int(config.batch.micro), config.batch.accumulation
     # Batches of the whole optimizer step, cut into ``accumulation`` micro-batches by the engine:
     # the same samples in the same order whatever the micro-batch, so runs differ only in arithmetic.
@@ -240,29 +253,49 @@ def build(target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_d
         val = TokenWindows(training.data.source.val, block)
         parity = fixed_batches(val, PARITY_BATCH, PARITY_BATCHES, seed=config.run.seed + 1)
     return Built(
-        target, config, engine, training.model, training.optimizer, engine.setup_loader(data), data,
-        labelled(default_loss), training.monitor,
+        target,
+        config,
+        engine,
+        training.model,
+        training.optimizer,
+        engine.setup_loader(data),
+        data,
+        labelled(default_loss),
+        training.monitor,
         token_batches(training.model.cfg.vocab_size, block, engine.device, seed=config.run.seed),
-        micro, parity,
-        {"num_workers": settings.num_workers, "pin_memory": settings.pin_memory,
-         "prefetch_factor": settings.prefetch_factor if settings.num_workers else None,
-         "device_prefetch": config.data.device_prefetch and engine.device.type == "cuda",
-         "batch_size": micro, "loader": f"DataLoader over {training.data.source.description}"},
-        "tokens/s", run_dir, batch_search=training.resolved.get("batch_search"),
+        micro,
+        parity,
+        {
+            "num_workers": settings.num_workers,
+            "pin_memory": settings.pin_memory,
+            "prefetch_factor": settings.prefetch_factor if settings.num_workers else None,
+            "device_prefetch": config.data.device_prefetch and engine.device.type == "cuda",
+            "batch_size": micro,
+            "loader": f"DataLoader over {training.data.source.description}",
+        },
+        "tokens/s",
+        run_dir,
+        batch_search=training.resolved.get("batch_search"),
     )
 
 
-def _build_workload(target: Target, changes: Mapping[str, Mapping[str, Any]] | None, config: RunConfig,
-                    run_dir: Path) -> Built:
+def _build_workload(
+    target: Target, changes: Mapping[str, Mapping[str, Any]] | None, config: RunConfig, run_dir: Path
+) -> Built:
     if target.workload is not None:
         w = copy_workload(target.workload)
     else:
         w = load_workload(target.model or "", seed=config.run.seed)
     workers, micro = target.explicit(changes, "data.num_workers"), target.explicit(changes, "batch.micro")
     loader = w.train_loader
-    if isinstance(loader, DataLoader):  # shuffled from a seeded generator: the same samples whatever the settings
-        loader = rebuild_loader(loader, num_workers=None if workers is None or int(workers) < 0 else int(workers),
-                                batch_size=None if micro is None else int(micro), seed=config.run.seed)
+    # shuffled from a seeded generator: the same samples whatever the settings
+    if isinstance(loader, DataLoader):
+        loader = rebuild_loader(
+            loader,
+            num_workers=None if workers is None or int(workers) < 0 else int(workers),
+            batch_size=None if micro is None else int(micro),
+            seed=config.run.seed,
+        )
     elif (workers is not None and int(workers) >= 0) or micro is not None:
         loader = rebuild_loader(loader, num_workers=0)  # refused with a one-line reason: not a DataLoader
     loss_fn = w.loss_fn or default_loss
@@ -280,16 +313,38 @@ def _build_workload(target: Target, changes: Mapping[str, Mapping[str, Any]] | N
     parity = [example]
     if parity_source is not None:
         parity = [move_to(b, engine.device) for b, _ in zip(parity_source, range(PARITY_BATCHES))] or parity
-    monitor, _ = build_monitor(engine, model, example, MonitorPlan(config.monitor.log_every, run_dir, nvml=config.monitor.nvml),
-                               loss_fn=loss_fn)
-    info = {"num_workers": getattr(loader, "num_workers", None), "pin_memory": getattr(loader, "pin_memory", None),
-            "prefetch_factor": getattr(loader, "prefetch_factor", None),
-            "device_prefetch": config.data.device_prefetch and engine.device.type == "cuda",
-            "batch_size": batch_size(example), "loader": loader_summary(loader)}
+    monitor, _ = build_monitor(
+        engine,
+        model,
+        example,
+        MonitorPlan(config.monitor.log_every, run_dir, nvml=config.monitor.nvml),
+        loss_fn=loss_fn,
+    )
+    info = {
+        "num_workers": getattr(loader, "num_workers", None),
+        "pin_memory": getattr(loader, "pin_memory", None),
+        "prefetch_factor": getattr(loader, "prefetch_factor", None),
+        "device_prefetch": config.data.device_prefetch and engine.device.type == "cuda",
+        "batch_size": batch_size(example),
+        "loader": loader_summary(loader),
+    }
     return Built(
-        target, config, engine, model, optimizer, device_loader, data, labelled(loss_fn), monitor,
-        lambda _micro: example, batch_size(example), parity, info,
-        "samples/s", run_dir, workload=w,
+        target,
+        config,
+        engine,
+        model,
+        optimizer,
+        device_loader,
+        data,
+        labelled(loss_fn),
+        monitor,
+        lambda _micro: example,
+        batch_size(example),
+        parity,
+        info,
+        "samples/s",
+        run_dir,
+        workload=w,
     )
 
 
@@ -313,8 +368,9 @@ def measure_memory(built: Built) -> int:
     (CUDA allocator peak; elsewhere the tensors' bytes), in eager mode (no compilation). The
     model, optimizer and RNG are restored afterwards. Raises torch.OutOfMemoryError."""
     raw = built.workload.loss_fn if built.workload is not None and built.workload.loss_fn else default_loss
-    with StepTrial(built.engine, built.model, built.optimizer, built.make_batch,
-                           lambda m, b: as_loss(raw(m, b))) as trial:
+    with StepTrial(
+        built.engine, built.model, built.optimizer, built.make_batch, lambda m, b: as_loss(raw(m, b))
+    ) as trial:
         return trial(built.micro).peak_bytes
 
 
@@ -323,9 +379,17 @@ class _Measure(Hook):
     every ``window`` timed steps reports the window's throughput (host clock) to ``on_window``;
     stops the loop after ``total`` steps."""
 
-    def __init__(self, built: Built, clock: StepClock, warmup: int, steps: int, total: int, window: int,
-                 on_window: Callable[[int, float], None] | None,
-                 on_warm: Callable[[dict[str, Any]], None] | None) -> None:
+    def __init__(
+        self,
+        built: Built,
+        clock: StepClock,
+        warmup: int,
+        steps: int,
+        total: int,
+        window: int,
+        on_window: Callable[[int, float], None] | None,
+        on_warm: Callable[[dict[str, Any]], None] | None,
+    ) -> None:
         self.built, self.clock, self.warmup, self.steps, self.total = built, clock, warmup, steps, total
         self.window, self.on_window, self.on_warm = window, on_window, on_warm
         self.at_warm: dict[str, Any] = {}
@@ -334,8 +398,13 @@ class _Measure(Hook):
 
     def _count(self) -> dict[str, Any]:
         s = self.built.engine.state
-        return {"t": time.perf_counter(), "samples": s.samples, "tokens": s.tokens, "data_s": self.built.data.seconds,
-                **compile_counters()}
+        return {
+            "t": time.perf_counter(),
+            "samples": s.samples,
+            "tokens": s.tokens,
+            "data_s": self.built.data.seconds,
+            **compile_counters(),
+        }
 
     def on_step_end(self, ctx: FitContext) -> None:
         step = ctx.engine.state.step
@@ -343,16 +412,23 @@ class _Measure(Hook):
             self.clock.mark(ctx.engine.last_loss)
         if step == self.warmup:
             self.at_warm = self._count()
-            self._mark = (self.at_warm["t"], self.at_warm["tokens" if self.built.throughput_unit == "tokens/s" else "samples"])
+            self._mark = (
+                self.at_warm["t"],
+                self.at_warm["tokens" if self.built.throughput_unit == "tokens/s" else "samples"],
+            )
             if self.built.engine.device.type == "cuda":
                 self.at_warm["peak_bytes"] = torch.cuda.max_memory_allocated(self.built.engine.device)
             if self.on_warm is not None:
                 self.on_warm(self.at_warm)
-        elif step > self.warmup and self.window and (step - self.warmup) % self.window == 0 and self.on_window:
+        elif (
+            step > self.warmup and self.window and (step - self.warmup) % self.window == 0 and self.on_window
+        ):
             key = "tokens" if self.built.throughput_unit == "tokens/s" else "samples"
             self.built.engine.synchronize()  # host-device sync point: once per window, for the pruner's figure
             now, count = time.perf_counter(), getattr(ctx.engine.state, key)
-            self.on_window((step - self.warmup) // self.window, (count - self._mark[1]) / max(now - self._mark[0], 1e-9))
+            self.on_window(
+                (step - self.warmup) // self.window, (count - self._mark[1]) / max(now - self._mark[0], 1e-9)
+            )
             self._mark = (now, count)
         if step == self.warmup + self.steps:
             self.clock.finish()  # one synchronize: the timed window ends here
@@ -361,9 +437,17 @@ class _Measure(Hook):
             ctx.request_stop("measured")
 
 
-def run(built: Built, warmup: int, steps: int, *, extra_steps: int = 0, hooks: Iterable[Hook] = (),
-        window: int = 0, on_window: Callable[[int, float], None] | None = None,
-        on_warm: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def run(
+    built: Built,
+    warmup: int,
+    steps: int,
+    *,
+    extra_steps: int = 0,
+    hooks: Iterable[Hook] = (),
+    window: int = 0,
+    on_window: Callable[[int, float], None] | None = None,
+    on_warm: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """Train ``warmup`` + ``steps`` (+ ``extra_steps``, e.g. a profiler window) optimizer steps
     with ``fit`` and return the figures of the ``steps`` timed ones."""
     engine = built.engine
@@ -374,8 +458,15 @@ def run(built: Built, warmup: int, steps: int, *, extra_steps: int = 0, hooks: I
     measure = _Measure(built, clock, warmup, steps, total, window, on_window, on_warm)
     clock.start()
     t0 = time.perf_counter()
-    fit(engine, built.model, built.optimizer, built.loader, max_steps=total, hooks=[measure, Labelled(built.monitor), *hooks],
-        loss_fn=built.loss_fn)
+    fit(
+        engine,
+        built.model,
+        built.optimizer,
+        built.loader,
+        max_steps=total,
+        hooks=[measure, Labelled(built.monitor), *hooks],
+        loss_fn=built.loss_fn,
+    )
     wall_s = time.perf_counter() - t0
     figures = clock.finish()
     warm, end = measure.at_warm, measure.at_end
@@ -401,7 +492,9 @@ def run(built: Built, warmup: int, steps: int, *, extra_steps: int = 0, hooks: I
         "final_loss": figures["final_loss"],
         "wall_s": wall_s,
         "precision": engine.precision.name,
-        "math_precision": precision_key(engine.precision.mfu_peak(), tf32=engine.device.type == "cuda" and tf32_enabled()),
+        "math_precision": precision_key(
+            engine.precision.mfu_peak(), tf32=engine.device.type == "cuda" and tf32_enabled()
+        ),
         "micro": built.micro,
         "accumulation": engine.accumulation,
     }
@@ -434,8 +527,14 @@ def release(built: Built) -> None:
         torch.cuda.empty_cache()
 
 
-def measure_once(target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_dir: Path, warmup: int,
-                 steps: int, memory: bool = False) -> dict[str, Any]:
+def measure_once(
+    target: Target,
+    changes: Mapping[str, Mapping[str, Any]] | None,
+    run_dir: Path,
+    warmup: int,
+    steps: int,
+    memory: bool = False,
+) -> dict[str, Any]:
     """:func:`build`, optionally :func:`measure_memory`, :func:`run`, :func:`release`: one
     measured run in this process."""
     built = build(target, changes, run_dir)

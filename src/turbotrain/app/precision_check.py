@@ -32,20 +32,26 @@ import torch
 
 from ..base.batch import move_to
 from ..base.config import PrecisionConfig, load_config
-from ..core.engine import Engine, default_loss, resolve_device
 from ..base.errors import ConfigError, TurbotrainError
+from ..core.engine import Engine, default_loss, resolve_device
+from ..core.precision import FP8, DeviceCaps, FP16Mixed, Precision, fallback_mode, resolve_precision
+from ..parts.models.registry import build_model
+from ..parts.workload import Workload, load_workload
 from ..tools.memory.finder import token_batches
 from ..tools.memory.stats import default_vocab_size
-from ..parts.models.registry import build_model
-from ..core.precision import FP8, DeviceCaps, FP16Mixed, Precision, fallback_mode, resolve_precision
-from ..parts.workload import Workload, load_workload
 
-CHECKED = ("fp32", "bf16-mixed", "fp16-mixed", "bf16-true")  # fp8 is asked for by name only, and needs torchao
+# fp8 is asked for by name only, and needs torchao
+CHECKED = (
+    "fp32",
+    "bf16-mixed",
+    "fp16-mixed",
+    "bf16-true",
+)
 REFERENCE = "fp32"
 LOSS_RTOL = 0.05  # 16-bit rounding moves a loss by well under 1 %; 5 % is a model that computes differently
 GRAD_RTOL = 0.25  # a parameter's gradient norm: bf16 keeps 3 significant digits, less after long reductions
 GRAD_FLOOR = 0.01  # norms below this share of the largest are compared against it: a bias before a BatchNorm
-                   # has a gradient that is zero up to rounding, and its relative difference would be noise
+# has a gradient that is zero up to rounding, and its relative difference would be noise
 MAX_SCALE_HALVINGS = 16  # fp16: the GradScaler's 65536 down to 1
 PRESET_MICRO = 8  # a preset's batch (random tokens) holds at most this many sequences
 FP8_LISTED = 8  # layer names shown per line of the text report (--json has them all)
@@ -84,11 +90,18 @@ class PrecisionResult:
 
 
 def _engine_config(device: torch.device) -> dict[str, dict[str, Any]]:
-    return {"run": {"device": str(device)}, "compile": {"scope": "off"}, "memory": {"on_oom": "stop"},
-            "precision": {"tf32": False, "cudnn_benchmark": False}}  # an exact fp32 reference
+    # an exact fp32 reference
+    return {
+        "run": {"device": str(device)},
+        "compile": {"scope": "off"},
+        "memory": {"on_oom": "stop"},
+        "precision": {"tf32": False, "cudnn_benchmark": False},
+    }
 
 
-def _forward_backward(mode: str | Precision, w: Workload, batch: Any, device: torch.device, seed: int) -> dict[str, Any]:
+def _forward_backward(
+    mode: str | Precision, w: Workload, batch: Any, device: torch.device, seed: int
+) -> dict[str, Any]:
     """The loss, the gradients (unscaled, float32, by parameter name) and the fp16 loss scale."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # bf16 on CPU "is slow": true, and beside the point here
@@ -109,7 +122,12 @@ def _forward_backward(mode: str | Precision, w: Workload, batch: Any, device: to
         if not bad or scaler is None or not math.isfinite(loss) or scaler.get_scale() <= 1.0:
             break
         scaler.update()  # found inf: halve the scale, as a skipped training step does
-    return {"loss": loss, "grads": grads, "bad": bad, "scale": scaler.get_scale() if scaler is not None else None}
+    return {
+        "loss": loss,
+        "grads": grads,
+        "bad": bad,
+        "scale": scaler.get_scale() if scaler is not None else None,
+    }
 
 
 def _compare(result: PrecisionResult, run: dict[str, Any], ref: dict[str, Any] | None) -> None:
@@ -141,14 +159,21 @@ def _compare(result: PrecisionResult, run: dict[str, Any], ref: dict[str, Any] |
         if rel > worst:
             worst, worst_name = rel, name
     result.grad_norm_rel_diff, result.grad_norm_worst = worst, worst_name
-    over = ([f"loss {100 * result.loss_rel_diff:.2g} % from fp32 (limit {100 * LOSS_RTOL:g} %)"]
-            if result.loss_rel_diff > LOSS_RTOL else [])
+    over = (
+        [f"loss {100 * result.loss_rel_diff:.2g} % from fp32 (limit {100 * LOSS_RTOL:g} %)"]
+        if result.loss_rel_diff > LOSS_RTOL
+        else []
+    )
     if worst > GRAD_RTOL:
-        over.append(f"gradient norm of {worst_name} {100 * worst:.2g} % from fp32 (limit {100 * GRAD_RTOL:g} %)")
+        over.append(
+            f"gradient norm of {worst_name} {100 * worst:.2g} % from fp32 (limit {100 * GRAD_RTOL:g} %)"
+        )
     result.status, result.detail = ("differs", ", ".join(over)) if over else ("ok", "")
 
 
-def fp8_plan(model: torch.nn.Module, device: torch.device, caps: DeviceCaps, settings: PrecisionConfig) -> dict[str, Any]:
+def fp8_plan(
+    model: torch.nn.Module, device: torch.device, caps: DeviceCaps, settings: PrecisionConfig
+) -> dict[str, Any]:
     """What ``precision.mode = fp8`` (with the fp8 fields of ``settings``) would do to ``model`` on
     ``caps``: the linear layers its filter converts, those it keeps in bf16 and why, how many
     ``fp8_min_size = 1`` would convert when torchao's size thresholds leave none, and whether
@@ -156,11 +181,21 @@ def fp8_plan(model: torch.nn.Module, device: torch.device, caps: DeviceCaps, set
     fp8 = FP8.from_settings(device, settings)
     plan = fp8.layer_plan(model)
     converted = [name for name, why in plan.items() if not why]
-    out: dict[str, Any] = {"recipe": fp8.recipe, "min_size": fp8.min_size, "converted": converted,
-                           "kept": [f"{name}: {why}" for name, why in plan.items() if why], "runs_here": True, "note": ""}
+    out: dict[str, Any] = {
+        "recipe": fp8.recipe,
+        "min_size": fp8.min_size,
+        "converted": converted,
+        "kept": [f"{name}: {why}" for name, why in plan.items() if why],
+        "runs_here": True,
+        "note": "",
+    }
     if not converted and not fp8.min_size:
-        out["with_min_size_1"] = sum(not why for why in FP8.from_settings(
-            device, dataclasses.replace(settings, fp8_min_size=1)).layer_plan(model).values())
+        out["with_min_size_1"] = sum(
+            not why
+            for why in FP8.from_settings(device, dataclasses.replace(settings, fp8_min_size=1))
+            .layer_plan(model)
+            .values()
+        )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # fp8_emulate's "correctness only": the caller asked for it
@@ -170,8 +205,14 @@ def fp8_plan(model: torch.nn.Module, device: torch.device, caps: DeviceCaps, set
     return out
 
 
-def check_precisions(w: Workload, device: torch.device | str | None = None, *, modes: tuple[str, ...] = CHECKED,
-                     seed: int = 0, fp8: PrecisionConfig | None = None) -> dict[str, Any]:
+def check_precisions(
+    w: Workload,
+    device: torch.device | str | None = None,
+    *,
+    modes: tuple[str, ...] = CHECKED,
+    seed: int = 0,
+    fp8: PrecisionConfig | None = None,
+) -> dict[str, Any]:
     """Run ``w``'s model on one batch of its ``train_loader`` in each of ``modes`` (see the module
     docstring), and fp8 too where this device runs it and its filter (``fp8``'s fields, default:
     the config's defaults) converts a layer. Returns ``{"model", "device", "batch", "results":
@@ -186,7 +227,9 @@ def check_precisions(w: Workload, device: torch.device | str | None = None, *, m
     try:
         first = next(iter(w.train_loader))
     except StopIteration:
-        raise TurbotrainError(f"{w.source or 'the workload'}: train_loader yields no batch to check") from None
+        raise TurbotrainError(
+            f"{w.source or 'the workload'}: train_loader yields no batch to check"
+        ) from None
     batch = move_to(first, device)
     results: list[PrecisionResult] = []
     ref: dict[str, Any] | None = None
@@ -211,27 +254,41 @@ def check_precisions(w: Workload, device: torch.device | str | None = None, *, m
             raise
         except Exception as exc:  # the user's model in this precision: one line, as a finding
             if mode == REFERENCE:
-                raise TurbotrainError(f"{w.source or 'the model'}: its fp32 forward/backward raised "
-                                      f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
-            result.status, result.detail = "error", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                raise TurbotrainError(
+                    f"{w.source or 'the model'}: its fp32 forward/backward raised "
+                    f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                ) from exc
+            result.status, result.detail = (
+                "error",
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+            )
             results.append(result)
             continue
         _compare(result, run, ref)
         if mode == REFERENCE:
             if result.status == "nonfinite":
-                raise TurbotrainError(f"{w.source or 'the model'}: already in fp32 the {result.detail}; "
-                                      "fix the model or the data before comparing precisions")
+                raise TurbotrainError(
+                    f"{w.source or 'the model'}: already in fp32 the {result.detail}; "
+                    "fix the model or the data before comparing precisions"
+                )
             ref = run
         results.append(result)
     out = verdict(results, caps)
     if device.type != "cuda":  # what a GPU run of this model would get, from the same rows
         out["on_gpu"] = [{"gpu": label, **verdict(results, gpu)} for label, gpu in GPUS]
-    return {"model": w.describe(), "device": str(device), "results": [r.to_dict() for r in results], "verdict": out,
-            "fp8": fp8_report}
+    return {
+        "model": w.describe(),
+        "device": str(device),
+        "results": [r.to_dict() for r in results],
+        "verdict": out,
+        "fp8": fp8_report,
+    }
 
 
-GPUS = (("compute capability >= 8.0", DeviceCaps("cuda", (8, 0), True)),
-        ("compute capability < 8.0", DeviceCaps("cuda", (7, 0), False)))
+GPUS = (
+    ("compute capability >= 8.0", DeviceCaps("cuda", (8, 0), True)),
+    ("compute capability < 8.0", DeviceCaps("cuda", (7, 0), False)),
+)
 
 
 def verdict(results: list[PrecisionResult], caps: DeviceCaps) -> dict[str, Any]:
@@ -246,7 +303,11 @@ def verdict(results: list[PrecisionResult], caps: DeviceCaps) -> dict[str, Any]:
         out["reason"] = f"{auto} was not checked"
         return out
     if sound:
-        out["reason"] = "finite; it is the reference" if row.status == "reference" else "finite and within rounding of fp32"
+        out["reason"] = (
+            "finite; it is the reference"
+            if row.status == "reference"
+            else "finite and within rounding of fp32"
+        )
         return out
     out["reason"] = row.detail
     mode = fallback_mode(auto, caps)
@@ -280,23 +341,46 @@ def _pct(value: float | None) -> str:
 def _sound(v: dict[str, Any]) -> str:
     if v["sound"]:
         return f"sound ({v['reason']})."
-    return f"NOT sound ({v['reason']})" + (f"; use --precision.mode={v['use_instead']}." if v.get("use_instead") else ".")
+    return f"NOT sound ({v['reason']})" + (
+        f"; use --precision.mode={v['use_instead']}." if v.get("use_instead") else "."
+    )
 
 
 def format_check(report: dict[str, Any]) -> str:
     """Markdown, like the rest of doctor's report: a table per precision and the verdict."""
-    lines = ["### Precisions: one forward/backward per precision against fp32", "",
-             f"- model: {report['model']}", f"- device: {report['device']} (fp32 reference without TF32)", "",
-             "| precision | trains here | loss | vs fp32: abs / rel | max grad-norm diff | result |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "### Precisions: one forward/backward per precision against fp32",
+        "",
+        f"- model: {report['model']}",
+        f"- device: {report['device']} (fp32 reference without TF32)",
+        "",
+        "| precision | trains here | loss | vs fp32: abs / rel | max grad-norm diff | result |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in report["results"]:
         loss = "-" if r["loss"] is None else f"{r['loss']:.6g}"
-        diff = "reference" if r["status"] == "reference" else \
-            "-" if r["loss_abs_diff"] is None else f"{r['loss_abs_diff']:.2g} / {_pct(r['loss_rel_diff'])}"
-        grad = "reference" if r["status"] == "reference" else \
-            "-" if r["grad_norm_rel_diff"] is None else f"{_pct(r['grad_norm_rel_diff'])} ({r['grad_norm_worst']})"
-        result = {"ok": "ok", "reference": "ok (reference)", "nonfinite": "NON-FINITE", "differs": "DIFFERS",
-                  "error": "ERROR", "unsupported": "not supported here"}[r["status"]]
+        diff = (
+            "reference"
+            if r["status"] == "reference"
+            else "-"
+            if r["loss_abs_diff"] is None
+            else f"{r['loss_abs_diff']:.2g} / {_pct(r['loss_rel_diff'])}"
+        )
+        grad = (
+            "reference"
+            if r["status"] == "reference"
+            else "-"
+            if r["grad_norm_rel_diff"] is None
+            else f"{_pct(r['grad_norm_rel_diff'])} ({r['grad_norm_worst']})"
+        )
+        result = {
+            "ok": "ok",
+            "reference": "ok (reference)",
+            "nonfinite": "NON-FINITE",
+            "differs": "DIFFERS",
+            "error": "ERROR",
+            "unsupported": "not supported here",
+        }[r["status"]]
         if r["detail"]:
             result += f": {r['detail']}"
         elif r["loss_scale"] is not None:
@@ -305,9 +389,14 @@ def format_check(report: dict[str, Any]) -> str:
         lines.append(f"| {r['precision']} | {here} | {loss} | {diff} | {grad} | {result} |")
     v = report["verdict"]
     lines += ["", f"Verdict: precision auto uses {v['auto']} on this device: {_sound(v)}"]
-    lines += [f"- on a GPU with {g['gpu']}, auto would use {g['auto']}: {_sound(g)}" for g in v.get("on_gpu", [])]
-    lines += ["", f"(Limits: loss {100 * LOSS_RTOL:g} %, gradient norm {100 * GRAD_RTOL:g} % from fp32; one batch, "
-              "so a model that overflows later in training is not caught.)"]
+    lines += [
+        f"- on a GPU with {g['gpu']}, auto would use {g['auto']}: {_sound(g)}" for g in v.get("on_gpu", [])
+    ]
+    lines += [
+        "",
+        f"(Limits: loss {100 * LOSS_RTOL:g} %, gradient norm {100 * GRAD_RTOL:g} % from fp32; one batch, "
+        "so a model that overflows later in training is not caught.)",
+    ]
     if "fp8" in report:
         lines += ["", *format_fp8(report["fp8"])]
     return "\n".join(lines)
@@ -325,10 +414,18 @@ def format_fp8(plan: dict[str, Any]) -> list[str]:
     lines.append(f"- this device: {'runs it' if plan['runs_here'] else 'no fp8: ' + plan['note']}")
     total = len(plan["converted"]) + len(plan["kept"])
     if plan["converted"]:
-        lines.append(f"- {len(plan['converted'])} of {total} linear layers would run in float8: {_names(plan['converted'])}")
+        lines.append(
+            f"- {len(plan['converted'])} of {total} linear layers would run in float8: {_names(plan['converted'])}"
+        )
     else:
-        lines.append(f"- none of its {total} linear layers would run in float8, so fp8 would be bf16-mixed in effect"
-                     + (f"; --precision.fp8_min_size=1 converts {plan['with_min_size_1']}" if plan.get("with_min_size_1") else ""))
+        lines.append(
+            f"- none of its {total} linear layers would run in float8, so fp8 would be bf16-mixed in effect"
+            + (
+                f"; --precision.fp8_min_size=1 converts {plan['with_min_size_1']}"
+                if plan.get("with_min_size_1")
+                else ""
+            )
+        )
     if plan["kept"]:
         lines.append(f"- kept in bf16: {_names(plan['kept'])}")
     return lines

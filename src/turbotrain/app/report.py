@@ -13,7 +13,6 @@ computed here once, by :func:`summarize_records`.
 
 from __future__ import annotations
 
-
 import json
 import statistics
 import tomllib
@@ -23,9 +22,8 @@ from typing import Any
 
 from ..base.atomic import atomic_write
 from ..base.errors import TurbotrainError
-from . import expert_report
 from ..base.rundir import CONFIG_FILE, METRICS_FILE, PLOTS_DIR, SUMMARY_FILE, SUMMARY_MD
-
+from . import expert_report
 
 # ----------------------------------------------------------------------------- reading
 
@@ -54,7 +52,9 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
             record = json.loads(line)
         except json.JSONDecodeError:
             where = "the last line" if number == len(lines) else f"line {number}"
-            problems.append(f"{path.name}: {where} is cut off or not JSON ({line[:40]!r}...); skipped it (a crashed run?)")
+            problems.append(
+                f"{path.name}: {where} is cut off or not JSON ({line[:40]!r}...); skipped it (a crashed run?)"
+            )
             continue
         if not isinstance(record, dict) or not isinstance(record.get("step"), int):
             problems.append(f"{path.name}: line {number} has no integer 'step'; skipped it")
@@ -67,11 +67,15 @@ def load_run(run_dir: str | Path) -> RunData:
     """Read a run directory. Raises TurbotrainError only when there is nothing to report on."""
     path = Path(run_dir)
     if not path.is_dir():
-        raise TurbotrainError(f"run directory {path} does not exist; pass a directory made by `turbotrain train` (e.g. runs/NAME)")
+        raise TurbotrainError(
+            f"run directory {path} does not exist; pass a directory made by `turbotrain train` (e.g. runs/NAME)"
+        )
     data = RunData(path)
     found = [name for name in (METRICS_FILE, CONFIG_FILE, SUMMARY_FILE) if (path / name).is_file()]
     if not found:
-        raise TurbotrainError(f"{path} is not a run directory: it has no {METRICS_FILE}, {CONFIG_FILE} or {SUMMARY_FILE}")
+        raise TurbotrainError(
+            f"{path} is not a run directory: it has no {METRICS_FILE}, {CONFIG_FILE} or {SUMMARY_FILE}"
+        )
     if (path / METRICS_FILE).is_file():
         data.records, data.problems = read_metrics(path / METRICS_FILE)
         if not data.records:
@@ -92,7 +96,9 @@ def load_run(run_dir: str | Path) -> RunData:
         except json.JSONDecodeError:
             data.problems.append(f"{SUMMARY_FILE} is not valid JSON; rebuilt from the metrics")
     else:
-        data.problems.append(f"no {SUMMARY_FILE} from training (the run did not finish?); summary built from the metrics")
+        data.problems.append(
+            f"no {SUMMARY_FILE} from training (the run did not finish?); summary built from the metrics"
+        )
     return data
 
 
@@ -100,7 +106,11 @@ def load_run(run_dir: str | Path) -> RunData:
 
 
 def _values(records: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
-    return [(r["step"], float(r[key])) for r in records if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+    return [
+        (r["step"], float(r[key]))
+        for r in records
+        if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)
+    ]
 
 
 def _median(values: list[float]) -> float | None:
@@ -144,12 +154,22 @@ def summarize_records(records: list[dict[str, Any]]) -> dict[str, Any]:
         "final_val_loss": vals[-1][1] if vals else None,
         "final_val_step": vals[-1][0] if vals else None,
         "best_val_loss": min(v for _, v in vals) if vals else None,
-        **{f"final_{key}": values[-1][1] for key in metric_keys(records) if (values := _values(records, key))},
+        **{
+            f"final_{key}": values[-1][1] for key in metric_keys(records) if (values := _values(records, key))
+        },
         "logged_steps": len(records),
         "last_step": records[-1]["step"] if records else None,
         **({"epochs": epochs} if epochs else {}),
-        **({"restarts": {"count": len(restarts), "each": [{k: v for k, v in r.items() if k != "event"} for r in restarts]}}
-           if restarts else {}),
+        **(
+            {
+                "restarts": {
+                    "count": len(restarts),
+                    "each": [{k: v for k, v in r.items() if k != "event"} for r in restarts],
+                }
+            }
+            if restarts
+            else {}
+        ),
     }
 
 
@@ -180,25 +200,57 @@ class PlotSpec:
 
 
 PLOTS: tuple[PlotSpec, ...] = (
-    PlotSpec("loss.png", "Training and validation loss", "loss (cross-entropy, nats per token)",
-             (Series("loss", "train loss (last step of each window)"), Series("val_loss", "validation loss", style="o-"))),
+    PlotSpec(
+        "loss.png",
+        "Training and validation loss",
+        "loss (cross-entropy, nats per token)",
+        (
+            Series("loss", "train loss (last step of each window)"),
+            Series("val_loss", "validation loss", style="o-"),
+        ),
+    ),
     PlotSpec("lr.png", "Learning rate schedule", "learning rate", (Series("lr", "learning rate"),)),
-    PlotSpec("throughput.png", "Training throughput", "tokens per second",
-             (Series("tokens_per_s", "tokens/s"),), right=(Series("step_ms", "step time (ms)", style="--"),),
-             right_label="step time (ms)"),
-    PlotSpec("mfu.png", "Model FLOPs utilisation (MFU)", "MFU (% of dense datasheet peak)",
-             (Series("mfu", "MFU", scale=100.0),), right=(Series("tflops", "achieved model TFLOP/s", style="--"),),
-             right_label="achieved TFLOP/s",
-             missing="no datasheet peak for this device (CPU or unknown GPU): MFU left out",
-             fallback_title="Achieved model TFLOP/s (MFU left out: no datasheet peak for this device)"),
-    PlotSpec("memory.png", "Device memory (CUDA caching allocator)", "memory (GiB)",
-             (Series("mem_allocated_gib", "allocated"), Series("mem_reserved_gib", "reserved", style="--"),
-              Series("mem_peak_gib", "peak allocated", style=":")),
-             missing="device memory is only measured on CUDA"),
-    PlotSpec("gpu.png", "GPU utilisation and power (NVML)", "GPU utilisation (%)",
-             (Series("gpu_util_pct", "SM utilisation (%)"), Series("gpu_mem_util_pct", "memory-bus utilisation (%)", style="--")),
-             right=(Series("gpu_power_w", "power (W)", style=":"),), right_label="power (W)",
-             missing="NVML sampling needs an NVIDIA GPU and driver (monitor.nvml = true)"),
+    PlotSpec(
+        "throughput.png",
+        "Training throughput",
+        "tokens per second",
+        (Series("tokens_per_s", "tokens/s"),),
+        right=(Series("step_ms", "step time (ms)", style="--"),),
+        right_label="step time (ms)",
+    ),
+    PlotSpec(
+        "mfu.png",
+        "Model FLOPs utilisation (MFU)",
+        "MFU (% of dense datasheet peak)",
+        (Series("mfu", "MFU", scale=100.0),),
+        right=(Series("tflops", "achieved model TFLOP/s", style="--"),),
+        right_label="achieved TFLOP/s",
+        missing="no datasheet peak for this device (CPU or unknown GPU): MFU left out",
+        fallback_title="Achieved model TFLOP/s (MFU left out: no datasheet peak for this device)",
+    ),
+    PlotSpec(
+        "memory.png",
+        "Device memory (CUDA caching allocator)",
+        "memory (GiB)",
+        (
+            Series("mem_allocated_gib", "allocated"),
+            Series("mem_reserved_gib", "reserved", style="--"),
+            Series("mem_peak_gib", "peak allocated", style=":"),
+        ),
+        missing="device memory is only measured on CUDA",
+    ),
+    PlotSpec(
+        "gpu.png",
+        "GPU utilisation and power (NVML)",
+        "GPU utilisation (%)",
+        (
+            Series("gpu_util_pct", "SM utilisation (%)"),
+            Series("gpu_mem_util_pct", "memory-bus utilisation (%)", style="--"),
+        ),
+        right=(Series("gpu_power_w", "power (W)", style=":"),),
+        right_label="power (W)",
+        missing="NVML sampling needs an NVIDIA GPU and driver (monitor.nvml = true)",
+    ),
 )
 
 NO_FLOPS = "no FLOP count for this model (give the monitor an example batch to count them)"
@@ -234,9 +286,23 @@ def plots_for(records: list[dict[str, Any]]) -> tuple[PlotSpec, ...]:
         out.append(spec)
     metrics = metric_keys(records)
     if metrics:  # the workload's own (accuracy, ...): validation metrics and what engine.log logged
-        out.insert(1, PlotSpec("metrics.png", "Your metrics", "value", tuple(
-            Series(k, ("validation " if k.startswith("val_") else "train ") + k.partition("_")[2].replace("_", " "),
-                   style="o-" if k.startswith("val_") else "-") for k in metrics)))
+        out.insert(
+            1,
+            PlotSpec(
+                "metrics.png",
+                "Your metrics",
+                "value",
+                tuple(
+                    Series(
+                        k,
+                        ("validation " if k.startswith("val_") else "train ")
+                        + k.partition("_")[2].replace("_", " "),
+                        style="o-" if k.startswith("val_") else "-",
+                    )
+                    for k in metrics
+                ),
+            ),
+        )
     return tuple(out)
 
 
@@ -273,8 +339,15 @@ def _draw(spec: PlotSpec, records: list[dict[str, Any]], path: Path, subtitle: s
     def draw(axis: Any, s: Series, v: list[tuple[int, float]]) -> list[Any]:
         xs, ys = zip(*v)
         marker = "o" if "o" in s.style else ("." if few else None)
-        return axis.plot(xs, [y * s.scale for y in ys], linestyle=s.style.replace("o", "") or "-", marker=marker,
-                         color=next(color), label=s.label, markersize=5)
+        return axis.plot(
+            xs,
+            [y * s.scale for y in ys],
+            linestyle=s.style.replace("o", "") or "-",
+            marker=marker,
+            color=next(color),
+            label=s.label,
+            markersize=5,
+        )
 
     for s, v in left:
         handles += draw(ax, s, v)
@@ -295,8 +368,15 @@ def _draw(spec: PlotSpec, records: list[dict[str, Any]], path: Path, subtitle: s
     if spec.file == "lr.png":
         ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     # Below the axes, so it never hides a line.
-    ax.legend(handles=handles, labels=[h.get_label() for h in handles], loc="upper center",
-              bbox_to_anchor=(0.5, -0.16), ncol=min(3, len(handles)), fontsize=9, frameon=False)
+    ax.legend(
+        handles=handles,
+        labels=[h.get_label() for h in handles],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.16),
+        ncol=min(3, len(handles)),
+        fontsize=9,
+        frameon=False,
+    )
     ax.set_title(f"{title}\n{subtitle}", fontsize=11)
     atomic_write(path, lambda f: fig.savefig(f, format="png", bbox_inches="tight"))
     plt.close(fig)
@@ -307,7 +387,7 @@ def write_plots(data: RunData, out_dir: Path) -> tuple[list[str], list[str]]:
     """PNG files written (relative to the run directory) and one line per plot skipped."""
     written, skipped = [], []
     if not data.records:
-        return written, [f"all plots: no metrics records"]
+        return written, ["all plots: no metrics records"]
     out_dir.mkdir(parents=True, exist_ok=True)
     name = data.summary.get("run") or data.path.name
     hw = data.summary.get("hardware", {}).get("name") or data.summary.get("resolved", {}).get("device", "")
@@ -319,7 +399,10 @@ def write_plots(data: RunData, out_dir: Path) -> tuple[list[str], list[str]]:
                 skipped.append(f"{spec.file}: shows achieved TFLOP/s only; {spec.missing}")
         else:
             keys = ", ".join(s.key for s in (*spec.series, *spec.right))
-            skipped.append(f"{spec.file}: skipped, no {keys} in the metrics" + (f" ({spec.missing})" if spec.missing else ""))
+            skipped.append(
+                f"{spec.file}: skipped, no {keys} in the metrics"
+                + (f" ({spec.missing})" if spec.missing else "")
+            )
     return written, skipped
 
 
@@ -332,7 +415,9 @@ def _fmt(value: Any, spec: str = ",.1f", unit: str = "") -> str:
     return f"{value:{spec}}{unit}"
 
 
-def write_summary(run_dir: Path, facts: dict[str, Any], records: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
+def write_summary(
+    run_dir: Path, facts: dict[str, Any], records: list[dict[str, Any]], **more: Any
+) -> dict[str, Any]:
     """Write the run's summary.json (atomically) and return it: ``facts`` (what training knows:
     status, steps, hardware, events, ...), the figures from the metrics ``records`` (when there
     are any) on top, then ``more``."""
@@ -357,28 +442,38 @@ def format_markdown(summary: dict[str, Any]) -> str:
     resolved = summary.get("resolved") or {}
     lines = [f"# Run `{summary['run']}`: {summary['status']}", ""]
     if summary.get("steps") is not None:
-        lines.append(f"{summary['steps']} of {summary.get('max_steps', '?')} optimizer steps, {_amount(summary)}, "
-                     f"{_fmt(summary.get('elapsed_s'), '.1f', ' s')} in total."
-                     + (f" Stop reason: {summary['stop_reason']}." if summary.get("stop_reason") else ""))
+        lines.append(
+            f"{summary['steps']} of {summary.get('max_steps', '?')} optimizer steps, {_amount(summary)}, "
+            f"{_fmt(summary.get('elapsed_s'), '.1f', ' s')} in total."
+            + (f" Stop reason: {summary['stop_reason']}." if summary.get("stop_reason") else "")
+        )
         lines.append("")
     lines += ["## Hardware", ""]
     if hw:
         sheet = hw.get("datasheet")
         lines.append(f"- device: {hw.get('device')} ({hw.get('name')})")
         if sheet:
-            lines.append(f"- datasheet: {sheet.get('bf16_tflops')} TFLOP/s dense bf16, {sheet.get('tf32_tflops')} TF32, "
-                         f"{sheet.get('fp32_tflops')} fp32; {sheet.get('mem_bandwidth_gbs')} GB/s ({sheet.get('name')})")
+            lines.append(
+                f"- datasheet: {sheet.get('bf16_tflops')} TFLOP/s dense bf16, {sheet.get('tf32_tflops')} TF32, "
+                f"{sheet.get('fp32_tflops')} fp32; {sheet.get('mem_bandwidth_gbs')} GB/s ({sheet.get('name')})"
+            )
         else:
             lines.append("- datasheet: none for this device, so MFU is left out")
-        lines.append(f"- torch {hw.get('torch')}, CUDA {hw.get('cuda') or 'none'}"
-                     + (f", driver {hw['driver']}" if hw.get("driver") else "")
-                     + f"; CPU {hw.get('cpu')} ({hw.get('cpu_cores')} cores, {hw.get('torch_threads')} torch threads)")
+        lines.append(
+            f"- torch {hw.get('torch')}, CUDA {hw.get('cuda') or 'none'}"
+            + (f", driver {hw['driver']}" if hw.get("driver") else "")
+            + f"; CPU {hw.get('cpu')} ({hw.get('cpu_cores')} cores, {hw.get('torch_threads')} torch threads)"
+        )
     elif resolved.get("device"):
         lines.append(f"- device: {resolved['device']}")
     else:
         lines.append("- not recorded")
     lines += ["", "## Optimizations in effect", ""]
-    table = opts or {k: resolved[k] for k in ("precision", "compile", "optimizer", "attention", "num_workers", "pin_memory") if k in resolved}
+    table = opts or {
+        k: resolved[k]
+        for k in ("precision", "compile", "optimizer", "attention", "num_workers", "pin_memory")
+        if k in resolved
+    }
     if table:
         lines += ["| setting | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in table.items()]
     else:
@@ -386,10 +481,14 @@ def format_markdown(summary: dict[str, Any]) -> str:
     sheet_pct = steady.get("mfu")
     tokens, windows = steady.get("tokens_per_s"), f"(median of {steady.get('windows', 0)} windows)"
     lines += [
-        "", "## Performance", "",
-        "| metric | value |", "|---|---|",
+        "",
+        "## Performance",
+        "",
+        "| metric | value |",
+        "|---|---|",
         f"| time to first step (warm-up, compilation) | {_fmt(summary.get('first_step_s'), '.2f', ' s')} |",
-        *([f"| steady-state tokens/s {windows} | {_fmt(tokens, ',.0f')} |"] if tokens else []),  # no token ids (images): left out
+        # no token ids (images): left out
+        *([f"| steady-state tokens/s {windows} | {_fmt(tokens, ',.0f')} |"] if tokens else []),
         f"| steady-state samples/s{'' if tokens else ' ' + windows} | {_fmt(steady.get('samples_per_s'), ',.1f')} |",
         f"| step time (median) | {_fmt(steady.get('step_ms'), ',.1f', ' ms')} |",
         f"| achieved model TFLOP/s | {_fmt(steady.get('tflops'), '.4g')} |",
@@ -397,32 +496,56 @@ def format_markdown(summary: dict[str, Any]) -> str:
         f"| peak device memory | {_fmt(summary.get('peak_memory_gib'), '.2f', ' GiB')} |",
     ]
     if summary.get("host_peak_rss_gib") is not None:
-        lines.append(f"| peak host memory (process RSS) | {_fmt(summary['host_peak_rss_gib'], '.2f', ' GiB')} |")
+        lines.append(
+            f"| peak host memory (process RSS) | {_fmt(summary['host_peak_rss_gib'], '.2f', ' GiB')} |"
+        )
     if steady.get("gpu_util_pct") is not None:
         lines.append(f"| GPU utilisation (median) | {_fmt(steady['gpu_util_pct'], '.0f', ' %')} |")
     if summary.get("flops_per_sample"):
-        lines.append(f"| training FLOPs per sample | {summary['flops_per_sample']:.4g} ({summary.get('flops_source', '')}) |")
+        lines.append(
+            f"| training FLOPs per sample | {summary['flops_per_sample']:.4g} ({summary.get('flops_source', '')}) |"
+        )
     lines += [
-        "", "## Losses", "",
+        "",
+        "## Losses",
+        "",
         f"- final train loss: {_fmt(summary.get('final_train_loss'), '.4f')} (step {summary.get('final_train_step', summary.get('steps', '?'))})",
         f"- final validation loss: {_fmt(summary.get('final_val_loss'), '.4f')} (step {summary.get('final_val_step')})",
         f"- best validation loss: {_fmt(summary.get('best_val_loss'), '.4f')}",
-        *(f"- final validation {k[len('final_val_'):].replace('_', ' ')}: {_fmt(v, '.4f')}"
-          for k, v in summary.items() if k.startswith("final_val_") and k not in ("final_val_loss", "final_val_step")),
-        *(f"- last logged train {k[len('final_train_'):].replace('_', ' ')} (engine.log): {_fmt(v, '.4f')}"
-          for k, v in summary.items() if k.startswith("final_train_") and k not in ("final_train_loss", "final_train_step")),
+        *(
+            f"- final validation {k[len('final_val_') :].replace('_', ' ')}: {_fmt(v, '.4f')}"
+            for k, v in summary.items()
+            if k.startswith("final_val_") and k not in ("final_val_loss", "final_val_step")
+        ),
+        *(
+            f"- last logged train {k[len('final_train_') :].replace('_', ' ')} (engine.log): {_fmt(v, '.4f')}"
+            for k, v in summary.items()
+            if k.startswith("final_train_") and k not in ("final_train_loss", "final_train_step")
+        ),
     ]
     epochs = summary.get("epochs") or []
     if epochs:  # train.epochs: one row per epoch
         keys = [k for k in epochs[-1] if k.startswith("epoch_")]
-        lines += ["", "## Epochs", "", "| epoch | step | " + " | ".join(k[len("epoch_"):].replace("_", " ") for k in keys) + " |",
-                  "|---|---|" + "---|" * len(keys)]
-        lines += [f"| {e['epoch']} | {e['step']} | " + " | ".join(_fmt(e.get(k), ".4g") for k in keys) + " |" for e in epochs]
+        lines += [
+            "",
+            "## Epochs",
+            "",
+            "| epoch | step | " + " | ".join(k[len("epoch_") :].replace("_", " ") for k in keys) + " |",
+            "|---|---|" + "---|" * len(keys),
+        ]
+        lines += [
+            f"| {e['epoch']} | {e['step']} | " + " | ".join(_fmt(e.get(k), ".4g") for k in keys) + " |"
+            for e in epochs
+        ]
     comp = summary.get("compile") or {}
     if comp.get("frames_compiled") or comp.get("graph_breaks"):
-        lines += ["", "## Compile", "",
-                  f"- frames compiled {comp['frames_compiled']}, recompilations {comp.get('recompiles')} "
-                  f"({_fmt(comp.get('recompiles_after_warmup'), 'd')} after warm-up), graph breaks {comp.get('graph_breaks')}"]
+        lines += [
+            "",
+            "## Compile",
+            "",
+            f"- frames compiled {comp['frames_compiled']}, recompilations {comp.get('recompiles')} "
+            f"({_fmt(comp.get('recompiles_after_warmup'), 'd')} after warm-up), graph breaks {comp.get('graph_breaks')}",
+        ]
         lines += [f"- recompiled because {r}" for r in comp.get("recompile_reasons", [])]
         lines += [f"- graph break: {r}" for r in comp.get("graph_break_reasons", [])]
         if comp.get("warning"):
@@ -430,11 +553,18 @@ def format_markdown(summary: dict[str, Any]) -> str:
     lines += expert_report.markdown(summary.get("experts"))
     restarts = summary.get("restarts") or {}
     if restarts.get("count"):
-        lines += ["", "## Restarts", "", f"{restarts['count']} restart(s), each resuming by itself from its newest "
-                  "verified checkpoint:", ""]
-        lines += [f"- {r.get('time')}: resumed at step {r.get('step')} from {r.get('resumed_from') or 'the start (no checkpoint yet)'}"
-                  f" on {r.get('world_size')} process(es), {r.get('steps_redone')} logged step(s) trained again ({r.get('why')})"
-                  for r in restarts.get("each", [])]
+        lines += [
+            "",
+            "## Restarts",
+            "",
+            f"{restarts['count']} restart(s), each resuming by itself from its newest verified checkpoint:",
+            "",
+        ]
+        lines += [
+            f"- {r.get('time')}: resumed at step {r.get('step')} from {r.get('resumed_from') or 'the start (no checkpoint yet)'}"
+            f" on {r.get('world_size')} process(es), {r.get('steps_redone')} logged step(s) trained again ({r.get('why')})"
+            for r in restarts.get("each", [])
+        ]
     events = summary.get("events") or []
     if events:
         lines += ["", "## Events", ""] + [f"- step {e['step']}: {e['kind']}: {e['detail']}" for e in events]
@@ -466,9 +596,19 @@ def write_report(run_dir: str | Path) -> ReportResult:
     experts = expert_report.read_experts(data.path)  # a mixture-of-experts run: its load and placement
     if experts is not None:
         plots += expert_report.write_plots(experts, data.path / PLOTS_DIR, f"run {data.path.name}")
-    known = {"run": data.path.name, "status": "unknown (no summary.json from training)",
-             **({"config": data.config} if data.config else {}), **data.summary}  # training's summary first
-    summary = write_summary(data.path, known, data.records, report={"plots": plots, "skipped": skipped, "problems": data.problems},
-                            **({"experts": expert_report.summarize(experts)} if experts is not None else {}))
+    # training's summary first
+    known = {
+        "run": data.path.name,
+        "status": "unknown (no summary.json from training)",
+        **({"config": data.config} if data.config else {}),
+        **data.summary,
+    }
+    summary = write_summary(
+        data.path,
+        known,
+        data.records,
+        report={"plots": plots, "skipped": skipped, "problems": data.problems},
+        **({"experts": expert_report.summarize(experts)} if experts is not None else {}),
+    )
     atomic_write(data.path / SUMMARY_MD, format_markdown(summary))
     return ReportResult(data.path, plots, skipped, data.problems, summary)

@@ -21,22 +21,23 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 from torch import nn
 
-from ..loop.checkpoint import Checkpointer, restore_latest, run_state
-from .doctor import collect_hardware
+from ..base.rundir import CHECKPOINTS
 from ..core.engine import Engine, LossFn, default_loss
+from ..loop.checkpoint import Checkpointer, restore_latest, run_state
 from ..loop.hooks import FitContext, HookList
 from ..loop.monitor import MfuProbe, Monitor
-from .report import write_report, write_summary
 from ..loop.run_hooks import MonitorPlan, build_hooks, build_monitor
-from ..base.rundir import CHECKPOINTS
+from .doctor import collect_hardware
+from .report import write_report, write_summary
 
 
 def run_facts(engine: Engine, monitor: Monitor) -> dict[str, Any]:
@@ -89,17 +90,29 @@ class Tracker:
     ) -> None:
         self.engine, self.run_dir, self.report = engine, Path(run_dir), report
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.state = run_state(engine, model, optimizer, scheduler if scheduler is not None else engine.scheduler)
+        self.state = run_state(
+            engine, model, optimizer, scheduler if scheduler is not None else engine.scheduler
+        )
         self.resumed_from = ""
         if resume and (self.run_dir / CHECKPOINTS).is_dir():
             self.resumed_from = restore_latest(self.run_dir / CHECKPOINTS, self.state).name
-        self.monitor, _ = build_monitor(engine, model, example_batch, MonitorPlan(
-            log_every, self.run_dir, progress_steps=max_steps if progress else None, nvml=nvml), loss_fn=loss_fn)
+        self.monitor, _ = build_monitor(
+            engine,
+            model,
+            example_batch,
+            MonitorPlan(log_every, self.run_dir, progress_steps=max_steps if progress else None, nvml=nvml),
+            loss_fn=loss_fn,
+        )
         hooks = build_hooks(  # evaluation before the monitor, the checkpointer last (run_hooks explains)
-            self.monitor, eval_batches=list(eval_batches) if eval_batches is not None else None, eval_every=eval_every,
-            loss_fn=loss_fn, scheduler=scheduler if scheduler is not None else engine.scheduler,
+            self.monitor,
+            eval_batches=list(eval_batches) if eval_batches is not None else None,
+            eval_every=eval_every,
+            loss_fn=loss_fn,
+            scheduler=scheduler if scheduler is not None else engine.scheduler,
             checkpointer=Checkpointer(self.run_dir / CHECKPOINTS, checkpoint_every, keep_last, self.state)
-            if checkpoint_every is not None else None)
+            if checkpoint_every is not None
+            else None,
+        )
         self.hooks = HookList(hooks)
         self.ctx = FitContext(engine, model, optimizer, max_steps or sys.maxsize)
         self._start = time.perf_counter()
@@ -142,18 +155,27 @@ class Tracker:
             **run_facts(engine, self.monitor),
             "elapsed_s": round(time.perf_counter() - self._start, 3),
             "resumed_from": self.resumed_from,
-            "optimizations": {"precision": engine.precision.name, "compile": engine.options.compile_scope, **engine.switches},
+            "optimizations": {
+                "precision": engine.precision.name,
+                "compile": engine.options.compile_scope,
+                **engine.switches,
+            },
         }
 
-    def __enter__(self) -> "Tracker":
+    def __enter__(self) -> Tracker:
         return self
 
     def __exit__(self, kind: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close(exc)
 
 
-def track(engine: Engine, model: nn.Module, optimizer: torch.optim.Optimizer | None, run_dir: str | Path,
-          **options: Any) -> Tracker:
+def track(
+    engine: Engine,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    run_dir: str | Path,
+    **options: Any,
+) -> Tracker:
     """Monitor (and optionally evaluate and checkpoint) an own loop in ``run_dir``; use it as a
     context manager, or call ``close()`` at the end. Options: ``example_batch`` (FLOPs and MFU),
     ``loss_fn``, ``log_every`` (steps between metric reads: the host-device syncs), ``max_steps``

@@ -22,41 +22,60 @@ import resource
 import shutil
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
-from ..core.assembly import build_trainable
-from ..base.version import collect_git
 from ..base.atomic import DiskFullError, atomic_write, clean_stale_temps, disk_full_cause
-from ..loop.checkpoint import (Checkpointer, RunState, finished_checkpoints, latest_verified, restore_latest, rng_state, run_state, seed_all,
-                              set_rng_state)
 from ..base.config import MAX_STEPS, OptimConfig, RunConfig, setting, to_toml
-from ..parts.data import resolve_loader_settings
-from ..parts.data.batching import processes
+from ..base.errors import ConfigError, TurbotrainError
+from ..base.launch import Topology
+from ..base.rundir import (
+    CHECKPOINTS,
+    CONFIG_FILE,
+    METRICS_FILE,
+    PLOTS_DIR,
+    already_exists,
+    holds_a_run,
+    new_run_dir,
+    truncate_metrics,
+)
+from ..base.runlock import RunLock
+from ..base.signals import held as held_signals
+from ..base.version import collect_git
+from ..core.assembly import build_trainable
 from ..core.distributed import ParallelPlan, ReportedByMainRank, decided_by_main, local_device, main_first
 from ..core.engine import Engine, default_loss, resolve_device
-from ..base.errors import ConfigError, TurbotrainError
-from ..parts.hardware import ram_bytes
-from ..loop.hooks import FitContext, Hook, StopAfter, StopOnSignal
-from ..base.launch import Topology
+from ..core.optim import lr_batch_factor, rescale_lr, resolve_implementation
+from ..loop.checkpoint import (
+    Checkpointer,
+    RunState,
+    finished_checkpoints,
+    latest_verified,
+    restore_latest,
+    rng_state,
+    run_state,
+    seed_all,
+    set_rng_state,
+)
 from ..loop.fit import fit
-from ..tools.memory import memory_summary, resolve_batch_size
+from ..loop.hooks import FitContext, Hook, StopAfter, StopOnSignal
+from ..loop.monitor import Monitor
+from ..loop.run_hooks import MonitorPlan, build_hooks, build_monitor
+from ..loop.sharded import clean_unfinished
+from ..loop.sharded import saved_world as saved_world_of
+from ..parts.data import resolve_loader_settings
+from ..parts.data.batching import processes
+from ..parts.hardware import ram_bytes
 from ..parts.models.blocks import declare_blocks
 from ..parts.models.registry import spec_for
 from ..parts.models.spec import ModelSpec, RunData
-from ..loop.monitor import Monitor
-from ..core.optim import lr_batch_factor, resolve_implementation, rescale_lr
+from ..tools.memory import memory_summary, resolve_batch_size
 from .report import read_metrics, write_summary
-from ..loop.run_hooks import MonitorPlan, build_hooks, build_monitor
-from ..base.rundir import CHECKPOINTS, CONFIG_FILE, METRICS_FILE, PLOTS_DIR, already_exists, holds_a_run, new_run_dir, truncate_metrics
-from ..base.runlock import RunLock
-from ..loop.sharded import clean_unfinished
-from ..loop.sharded import saved_world as saved_world_of
-from ..base.signals import held as held_signals
 from .tracking import run_facts
 
 log = logging.getLogger(__name__)
@@ -71,13 +90,19 @@ class StoppedBySignal(KeyboardInterrupt):
 
     def __init__(self, signame: str, run_dir: Path | None, resumable: bool) -> None:
         self.signame, self.run_dir, self.resumable = signame, run_dir, resumable
-        then = f"continue with --resume {run_dir or ''}".rstrip() if resumable else "nothing was written; start it again"
+        then = (
+            f"continue with --resume {run_dir or ''}".rstrip()
+            if resumable
+            else "nothing was written; start it again"
+        )
         super().__init__(f"stopped by {signame} during start-up, before the first step; {then}")
 
 
 def stopped_by_signal(summary: dict[str, Any]) -> bool:
     """Whether a run ended early because of SIGTERM/SIGINT (its final checkpoint is saved)."""
-    return summary.get("status") == "stopped" and str(summary.get("stop_reason", "")).startswith(SIGNAL_REASON)
+    return summary.get("status") == "stopped" and str(summary.get("stop_reason", "")).startswith(
+        SIGNAL_REASON
+    )
 
 
 @dataclass
@@ -99,12 +124,27 @@ class Training:
     resumed_from: str = ""
 
     def run(self) -> FitContext:
-        return fit(self.engine, self.model, self.optimizer, self.loader, max_steps=self.config.train.max_steps,
-                   hooks=self.hooks, loss_fn=self.spec.loss_fn() or default_loss)
+        return fit(
+            self.engine,
+            self.model,
+            self.optimizer,
+            self.loader,
+            max_steps=self.config.train.max_steps,
+            hooks=self.hooks,
+            loss_fn=self.spec.loss_fn() or default_loss,
+        )
 
 
-def build_training(config: RunConfig, run_dir: Path, plan: ParallelPlan | None = None, *, resume: bool = False,
-                   progress: bool | None = None, batch_given: bool = False, spec: ModelSpec | None = None) -> Training:
+def build_training(
+    config: RunConfig,
+    run_dir: Path,
+    plan: ParallelPlan | None = None,
+    *,
+    resume: bool = False,
+    progress: bool | None = None,
+    batch_given: bool = False,
+    spec: ModelSpec | None = None,
+) -> Training:
     """Build the data, model, optimizer, engine and hooks for ``config`` in ``run_dir``, in that
     order, through the run's model spec (``spec``, else :func:`turbotrain.parts.models.registry.spec_for`), spread over
     processes as ``plan`` says (:func:`plan_run` resolved it; None: resolved here). A resume at another world size that
@@ -117,23 +157,35 @@ def build_training(config: RunConfig, run_dir: Path, plan: ParallelPlan | None =
     main = plan.rank == 0  # under torchrun rank 0 alone writes the run's shared files and prints
     show = (c.monitor.progress if progress is None else progress) and main
     spec = spec or spec_for(c)
-    data = main_first(lambda: spec.open_data(c, run_dir, show=show))  # rank 0 first: it fills caches, the others read them
+    # rank 0 first: it fills caches, the others read them
+    data = main_first(lambda: spec.open_data(c, run_dir, show=show))
     loss_fn = spec.loss_fn()  # once the data is open (a workload's own); None: the model returns its loss
     if main:
         data.save(run_dir)
     c, epochs = _resolve_epochs(c, data, plan.data)  # train.epochs -> max_steps, before the schedule is made
     seed_all(c.run.seed)  # torch, random and numpy: a user's model or loss may draw from any of them
     plain = spec.build(c, data)  # the model itself: DDP wraps it, FSDP2 shards it in place
-    declare_blocks(plain, spec.blocks(plain))  # the units FSDP, activation checkpointing and per-block compile act on
-    own_optimizer = spec.optimizer(plain)  # a workload's own; None: AdamW from the optim section, with its schedule
+    # the units FSDP, activation checkpointing and per-block compile act on
+    declare_blocks(plain, spec.blocks(plain))
+    # a workload's own; None: AdamW from the optim section, with its schedule
+    own_optimizer = spec.optimizer(plain)
     # engine.setup carries the plan out: experts placed on their ranks, the rest wrapped for data parallelism
     t = build_trainable(c, plain, max_steps=c.train.max_steps, optimizer=own_optimizer, plan=plan)
     engine, model, optimizer = t.engine, t.model, t.optimizer
     rank, world = engine.strategy.rank, engine.strategy.world
     # batch.micro = 'auto': search the size (or read this run's cache) before any checkpoint loads
-    c, batch_search = resolve_batch_size(c, engine, model, optimizer, run_dir=run_dir, max_micro=data.positions,
-                                         make_batch=data.probe_batch(c, engine.device), loss_fn=loss_fn)
-    c, lr_note = _scale_lr(c, batch_search, optimizer, t.scheduler)  # optim.lr_scaling, before a checkpoint loads
+    c, batch_search = resolve_batch_size(
+        c,
+        engine,
+        model,
+        optimizer,
+        run_dir=run_dir,
+        max_micro=data.positions,
+        make_batch=data.probe_batch(c, engine.device),
+        loss_fn=loss_fn,
+    )
+    # optim.lr_scaling, before a checkpoint loads
+    c, lr_note = _scale_lr(c, batch_search, optimizer, t.scheduler)
     # the config rides along for reference only: a resume reads config.toml
     state = run_state(engine, model, optimizer, t.scheduler, config=(lambda: to_toml(c), lambda _: None))
     resumed_from = _resume(c, run_dir, state, engine, data, world, rank, batch_given) if resume else ""
@@ -142,7 +194,9 @@ def build_training(config: RunConfig, run_dir: Path, plan: ParallelPlan | None =
         truncate_metrics(run_dir / METRICS_FILE, engine.state.step)
     _warn_long_warmup(c)
 
-    settings = resolve_loader_settings(engine.device, c.data.num_workers, c.data.pin_memory, c.data.prefetch_factor)
+    settings = resolve_loader_settings(
+        engine.device, c.data.num_workers, c.data.pin_memory, c.data.prefetch_factor
+    )
     loader = engine.setup_loader(data.loader(c, settings, engine.state.batches, rank, world))
     val_batches, example = data.val_batches(c, rank, world), data.example(c)
     resolved = {
@@ -150,8 +204,11 @@ def build_training(config: RunConfig, run_dir: Path, plan: ParallelPlan | None =
         "precision": engine.precision.name,
         "compile": engine.options.compile_scope,
         "compile_mode": c.compile.mode,
-        "optimizer": (f"AdamW ({resolve_implementation(c.optim.implementation, engine.device)})" if own_optimizer is None
-                      else f"{type(own_optimizer).__name__} (the workload's)"),
+        "optimizer": (
+            f"AdamW ({resolve_implementation(c.optim.implementation, engine.device)})"
+            if own_optimizer is None
+            else f"{type(own_optimizer).__name__} (the workload's)"
+        ),
         "num_workers": settings.num_workers,
         "pin_memory": settings.pin_memory,
         "model_family": spec.name,
@@ -167,23 +224,63 @@ def build_training(config: RunConfig, run_dir: Path, plan: ParallelPlan | None =
     if lr_note:
         resolved["lr_scaling"] = lr_note
 
-    monitor, jsonl = build_monitor(engine, plain, example, MonitorPlan(
-        c.monitor.log_every, run_dir if main else None,  # the other ranks measure but write nothing
-        progress_steps=c.train.max_steps if show else None, nvml=c.monitor.nvml, tensorboard=c.monitor.tensorboard,
-        memory_every=c.monitor.memory_every, memory_warn_fraction=c.monitor.memory_warn_fraction,
-        memory_cap_fraction=c.memory.max_fraction), loss_fn=loss_fn)
-    set_rng_state(first_step_draws)  # reading the example and counting FLOPs (a forward: dropout, a user's augmentation) drew from them
+    monitor, jsonl = build_monitor(
+        engine,
+        plain,
+        example,
+        MonitorPlan(
+            c.monitor.log_every,
+            run_dir if main else None,  # the other ranks measure but write nothing
+            progress_steps=c.train.max_steps if show else None,
+            nvml=c.monitor.nvml,
+            tensorboard=c.monitor.tensorboard,
+            memory_every=c.monitor.memory_every,
+            memory_warn_fraction=c.monitor.memory_warn_fraction,
+            memory_cap_fraction=c.memory.max_fraction,
+        ),
+        loss_fn=loss_fn,
+    )
+    # reading the example and counting FLOPs (a forward: dropout, a user's augmentation) drew from them
+    set_rng_state(first_step_draws)
     hooks = build_hooks(
         monitor,
         # data parallel: the ranks agree on a signal every log_every steps, so they stop together
-        stops=[StopOnSignal(engine.strategy.any_rank if world > 1 else None, c.monitor.log_every),
-               StopAfter(c.train.stop_after_steps)],
-        eval_batches=val_batches, eval_every=c.train.eval_every, loss_fn=loss_fn, metrics_fn=spec.metrics_fn(),
-        scheduler=t.scheduler, experts_model=plain, experts_dir=run_dir if main else None, epochs=epochs,
-        checkpointer=Checkpointer(run_dir / CHECKPOINTS, c.train.checkpoint_every, c.train.keep_last, state,  # every rank: ddp/fsdp save together
-                                  before_save=jsonl.flush if jsonl is not None else None, async_write=c.train.async_checkpoint),
+        stops=[
+            StopOnSignal(engine.strategy.any_rank if world > 1 else None, c.monitor.log_every),
+            StopAfter(c.train.stop_after_steps),
+        ],
+        eval_batches=val_batches,
+        eval_every=c.train.eval_every,
+        loss_fn=loss_fn,
+        metrics_fn=spec.metrics_fn(),
+        scheduler=t.scheduler,
+        experts_model=plain,
+        experts_dir=run_dir if main else None,
+        epochs=epochs,
+        checkpointer=Checkpointer(
+            run_dir / CHECKPOINTS,
+            c.train.checkpoint_every,
+            c.train.keep_last,
+            state,  # every rank: ddp/fsdp save together
+            before_save=jsonl.flush if jsonl is not None else None,
+            async_write=c.train.async_checkpoint,
+        ),
     )
-    return Training(c, run_dir, spec, engine, model, optimizer, data, loader, hooks, monitor, state, resolved, resumed_from)
+    return Training(
+        c,
+        run_dir,
+        spec,
+        engine,
+        model,
+        optimizer,
+        data,
+        loader,
+        hooks,
+        monitor,
+        state,
+        resolved,
+        resumed_from,
+    )
 
 
 def _resolve_epochs(c: RunConfig, data: RunData, world: int) -> tuple[RunConfig, tuple[int, int] | None]:
@@ -192,28 +289,52 @@ def _resolve_epochs(c: RunConfig, data: RunData, world: int) -> tuple[RunConfig,
     if not c.train.epochs:
         return c, None
     if not isinstance(c.batch.micro, int):
-        raise ConfigError("train.epochs needs a numeric batch.micro (with 'auto' the steps per epoch are not known "
-                          f"before the search); use {setting('batch.micro', 32)} or train.max_steps")
+        raise ConfigError(
+            "train.epochs needs a numeric batch.micro (with 'auto' the steps per epoch are not known "
+            f"before the search); use {setting('batch.micro', 32)} or train.max_steps"
+        )
     per_epoch = data.steps_per_epoch(c, world)
-    if c.train.epochs * per_epoch > MAX_STEPS:  # said as the field the user set, not as the max_steps it becomes
-        raise ConfigError(f"train.epochs = {c.train.epochs} is too many for this data ({per_epoch} steps per epoch, at most "
-                          f"{MAX_STEPS} steps in a run); use {setting('train.epochs', MAX_STEPS // per_epoch)} or fewer")
-    log.info("train.epochs = %d: %d optimizer steps per epoch, %d in all", c.train.epochs, per_epoch, c.train.epochs * per_epoch)
-    return c.replace(train={"max_steps": c.train.epochs * per_epoch, "eval_every": per_epoch}), (per_epoch, c.train.epochs)
+    # said as the field the user set, not as the max_steps it becomes
+    if c.train.epochs * per_epoch > MAX_STEPS:
+        raise ConfigError(
+            f"train.epochs = {c.train.epochs} is too many for this data ({per_epoch} steps per epoch, at most "
+            f"{MAX_STEPS} steps in a run); use {setting('train.epochs', MAX_STEPS // per_epoch)} or fewer"
+        )
+    log.info(
+        "train.epochs = %d: %d optimizer steps per epoch, %d in all",
+        c.train.epochs,
+        per_epoch,
+        c.train.epochs * per_epoch,
+    )
+    return c.replace(train={"max_steps": c.train.epochs * per_epoch, "eval_every": per_epoch}), (
+        per_epoch,
+        c.train.epochs,
+    )
 
 
-def _resume(c: RunConfig, run_dir: Path, state: RunState, engine: Engine, data: RunData, world: int, rank: int,
-            batch_given: bool) -> str:
+def _resume(
+    c: RunConfig,
+    run_dir: Path,
+    state: RunState,
+    engine: Engine,
+    data: RunData,
+    world: int,
+    rank: int,
+    batch_given: bool,
+) -> str:
     """Load the newest finished checkpoint of ``run_dir`` into ``state`` and set the data position
     after it; returns its name ("" when the run stopped before its first checkpoint). A split-
     invariant data order keeps step s's rows for any split of the global batch, so only a global
     batch changed unasked is refused (:func:`check_resume_batch`)."""
     if not finished_checkpoints(run_dir / CHECKPOINTS):
-        log.info("%s has no finished checkpoint (it stopped before its first one): training from step 0", run_dir)
+        log.info(
+            "%s has no finished checkpoint (it stopped before its first one): training from step 0", run_dir
+        )
         return ""
 
     def same_batch(path: Path, written_by: int, saved: dict[str, Any]) -> None:  # before anything loads
-        if c.train.epochs:  # an epoch's steps are counted at the checkpoint's global batch, whatever the command asks
+        # an epoch's steps are counted at the checkpoint's global batch, whatever the command asks
+        if c.train.epochs:
             check_epochs_batch(path.name, saved.get("config"), written_by, c, world, rank)
         if data.split_invariant and not batch_given:
             check_resume_batch(path.name, saved.get("config"), written_by, c, world, rank)
@@ -225,13 +346,21 @@ def _resume(c: RunConfig, run_dir: Path, state: RunState, engine: Engine, data: 
 
 
 def _warn_long_warmup(c: RunConfig) -> None:
-    if c.optim.warmup_steps > c.train.max_steps and c.optim.warmup_steps != OptimConfig.warmup_steps:  # the default: no news on a short demo
-        log.warning("optim.warmup_steps = %d is longer than the run (train.max_steps = %d): the learning rate "
-                    "peaks at %.0f%% of optim.lr; use %s or fewer", c.optim.warmup_steps, c.train.max_steps,
-                    100 * c.train.max_steps / c.optim.warmup_steps, setting("optim.warmup_steps", c.train.max_steps))
+    # the default: no news on a short demo
+    if c.optim.warmup_steps > c.train.max_steps and c.optim.warmup_steps != OptimConfig.warmup_steps:
+        log.warning(
+            "optim.warmup_steps = %d is longer than the run (train.max_steps = %d): the learning rate "
+            "peaks at %.0f%% of optim.lr; use %s or fewer",
+            c.optim.warmup_steps,
+            c.train.max_steps,
+            100 * c.train.max_steps / c.optim.warmup_steps,
+            setting("optim.warmup_steps", c.train.max_steps),
+        )
 
 
-def check_resume_batch(checkpoint: str, saved_config: Any, saved_world: int, c: RunConfig, world: int, rank: int = 0) -> None:
+def check_resume_batch(
+    checkpoint: str, saved_config: Any, saved_world: int, c: RunConfig, world: int, rank: int = 0
+) -> None:
     """Refuse a resume whose global batch (``c``'s micro x accumulation over ``world`` processes)
     is not the one ``checkpoint`` trained with (its saved config's micro x accumulation over the
     ``saved_world`` processes that wrote it): only another world size changes it unasked. The user
@@ -249,14 +378,16 @@ def check_resume_batch(checkpoint: str, saved_config: Any, saved_world: int, c: 
 
     keep = []
     if old % (world * c.batch.accumulation) == 0:
-        keep.append(setting('batch.micro', old // (world * c.batch.accumulation)))
+        keep.append(setting("batch.micro", old // (world * c.batch.accumulation)))
     if old % (world * c.batch.micro) == 0:
         keep.append(f"{setting('batch.global_size', old)} (by accumulation {old // (world * c.batch.micro)})")
     # the rows of step s come from (seed, s) and the global batch: any split of it keeps them
     kept = f"{old} (the same batches) with {' or '.join(keep)}" if keep else f"{old} with another batch.micro"
-    text = (f"{checkpoint} was trained at a global batch of {old} ({processes(saved_world)} x batch.micro {micro} x "
-            f"accumulation {accumulation}) and this resume would train at {new} ({processes(world)} x {c.batch.micro} x "
-            f"{c.batch.accumulation}); keep {kept}, or train at {new} with {setting('batch.micro', c.batch.micro)}")
+    text = (
+        f"{checkpoint} was trained at a global batch of {old} ({processes(saved_world)} x batch.micro {micro} x "
+        f"accumulation {accumulation}) and this resume would train at {new} ({processes(world)} x {c.batch.micro} x "
+        f"{c.batch.accumulation}); keep {kept}, or train at {new} with {setting('batch.micro', c.batch.micro)}"
+    )
     raise TurbotrainError(text) if rank == 0 else ReportedByMainRank(text)
 
 
@@ -272,7 +403,9 @@ def _saved_batch(saved_config: Any) -> tuple[int, int] | None:
         return None
 
 
-def check_epochs_batch(checkpoint: str, saved_config: Any, saved_world: int, c: RunConfig, world: int, rank: int = 0) -> None:
+def check_epochs_batch(
+    checkpoint: str, saved_config: Any, saved_world: int, c: RunConfig, world: int, rank: int = 0
+) -> None:
     """Refuse, before any step, to resume an epochs run (``train.epochs``) at another global batch
     than ``checkpoint`` trained at, asked for or not: its place in its epochs is a step count at
     that batch (epoch ``s // steps_per_epoch``, the samples of step ``s`` from (seed, epoch)), so
@@ -291,10 +424,12 @@ def check_epochs_batch(checkpoint: str, saved_config: Any, saved_world: int, c: 
     if old % (world * c.batch.micro) == 0:
         keep.append(setting("batch.global_size", old))
     kept = " or ".join(keep) if keep else f"another batch.micro whose global batch is {old}"
-    text = (f"train.epochs: {checkpoint} was trained at a global batch of {old} ({processes(saved_world)} x batch.micro "
-            f"{micro} x accumulation {accumulation}) and its place in the epochs is counted in steps of that batch, so "
-            f"this resume at {new} ({processes(world)} x {c.batch.micro} x {c.batch.accumulation}) would lose its place "
-            f"(samples trained twice or skipped); resume with {kept}, or start a new run to train at {new}")
+    text = (
+        f"train.epochs: {checkpoint} was trained at a global batch of {old} ({processes(saved_world)} x batch.micro "
+        f"{micro} x accumulation {accumulation}) and its place in the epochs is counted in steps of that batch, so "
+        f"this resume at {new} ({processes(world)} x {c.batch.micro} x {c.batch.accumulation}) would lose its place "
+        f"(samples trained twice or skipped); resume with {kept}, or start a new run to train at {new}"
+    )
     raise TurbotrainError(text) if rank == 0 else ReportedByMainRank(text)
 
 
@@ -312,7 +447,9 @@ class WriteConfigOnce(Hook):
             write()
 
 
-def _scale_lr(c: RunConfig, search: Any, optimizer: torch.optim.Optimizer, scheduler: Any) -> tuple[RunConfig, str]:
+def _scale_lr(
+    c: RunConfig, search: Any, optimizer: torch.optim.Optimizer, scheduler: Any
+) -> tuple[RunConfig, str]:
     """``optim.lr_scaling``: when the batch finder (``batch.micro = 'auto'``) made the global batch
     differ from the one ``optim.lr`` was tuned for (``optim.lr_batch``, else ``batch.global_size``),
     scale lr and min_lr (config, optimizer and schedule alike). Returns the config and a note
@@ -324,17 +461,24 @@ def _scale_lr(c: RunConfig, search: Any, optimizer: torch.optim.Optimizer, sched
     if factor == 1.0:
         return c, ""
     rescale_lr(optimizer, scheduler, factor)
-    note = (f"{c.optim.lr_scaling}: global batch {search.global_batch} instead of {reference}, "
-            f"lr {c.optim.lr:.4g} x {factor:.4g} = {c.optim.lr * factor:.4g}")
+    note = (
+        f"{c.optim.lr_scaling}: global batch {search.global_batch} instead of {reference}, "
+        f"lr {c.optim.lr:.4g} x {factor:.4g} = {c.optim.lr * factor:.4g}"
+    )
     log.info("optim.lr_scaling %s", note)
     return c.replace(optim={"lr": c.optim.lr * factor, "min_lr": c.optim.min_lr * factor}), note
 
 
 def write_config(config: RunConfig, run_dir: Path, resolved: dict[str, Any]) -> None:
     """config.toml: the config as given, headed by what it resolved to (once start-up has done it)."""
-    header = "# turbotrain run config (reload with --preset this-file.toml)\n# resolved: " + (", ".join(
-        f"{k}={v}" for k, v in resolved.items() if k in ("device", "precision", "compile", "optimizer", "num_workers", "vocab_size")
-    ) or "not yet (start-up has not finished)")
+    header = "# turbotrain run config (reload with --preset this-file.toml)\n# resolved: " + (
+        ", ".join(
+            f"{k}={v}"
+            for k, v in resolved.items()
+            if k in ("device", "precision", "compile", "optimizer", "num_workers", "vocab_size")
+        )
+        or "not yet (start-up has not finished)"
+    )
     atomic_write(run_dir / CONFIG_FILE, header + "\n" + to_toml(config))
 
 
@@ -357,22 +501,26 @@ def facts(training: Training, ctx: FitContext | None, status: str, elapsed_s: fl
             "precision": engine.precision.name,  # after any fallback
             **engine.precision.summary(),  # fp8: recipe, the converted layers, those kept in bf16 and why
             **engine.switches,  # tf32, cudnn_benchmark, deterministic as applied
-            "compile": r.get("compile") if r.get("compile") == "off" else f"{r.get('compile')} ({c.compile.mode})",
+            "compile": r.get("compile")
+            if r.get("compile") == "off"
+            else f"{r.get('compile')} ({c.compile.mode})",
             "optimizer": r.get("optimizer"),
             **({"attention": r["attention"]} if "attention" in r else {}),
             "activation_checkpointing": c.memory.checkpointing,
             "micro_batch x accumulation": f"{c.batch.micro} x {c.batch.accumulation}",
             "data": f"{r.get('num_workers')} workers, pin_memory {r.get('pin_memory')}, "
-                    f"device prefetch {c.data.device_prefetch and cuda}",
+            f"device prefetch {c.data.device_prefetch and cuda}",
         },
-        "host_peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3),  # Linux: KiB
+        # Linux: KiB
+        "host_peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3),
         "git": collect_git(),  # the commit the run's code came from (TT_COMMIT where the tree has no .git)
         "config": c.to_dict(),
     }
 
 
-def plan_run(config: RunConfig, topology: Topology | None = None,
-             spec: ModelSpec | None = None) -> tuple[RunConfig, ParallelPlan]:
+def plan_run(
+    config: RunConfig, topology: Topology | None = None, spec: ModelSpec | None = None
+) -> tuple[RunConfig, ParallelPlan]:
     """``config`` checked against the launch, and its parallel plan: resolved once per process,
     without any communication, so every rank finds the same mistake before joining the process
     group (:meth:`ParallelPlan.resolve`: the strategy, the expert degree against the world size and
@@ -402,14 +550,23 @@ def _check_weights_fit(config: RunConfig, spec: ModelSpec) -> None:
     total, _ = ram_bytes()
     count = spec.weight_count(config)
     if total and 4 * count > total:
-        raise ConfigError(f"the model config describes at least {count:,} parameters: {4 * count / 2**30:,.1f} "
-                          f"GiB of float32 weights alone, more than this machine's {total / 2**30:,.1f} GiB of memory; make "
-                          "model.n_layer, model.d_model, moe.n_experts or moe.expert_hidden smaller")
+        raise ConfigError(
+            f"the model config describes at least {count:,} parameters: {4 * count / 2**30:,.1f} "
+            f"GiB of float32 weights alone, more than this machine's {total / 2**30:,.1f} GiB of memory; make "
+            "model.n_layer, model.d_model, moe.n_experts or moe.expert_hidden smaller"
+        )
 
 
-def train(config: RunConfig, *, resume_dir: Path | None = None, progress: bool | None = None,
-          run_dir: Path | None = None, batch_given: bool = False, plan: ParallelPlan | None = None,
-          spec: ModelSpec | None = None) -> dict[str, Any]:
+def train(
+    config: RunConfig,
+    *,
+    resume_dir: Path | None = None,
+    progress: bool | None = None,
+    run_dir: Path | None = None,
+    batch_given: bool = False,
+    plan: ParallelPlan | None = None,
+    spec: ModelSpec | None = None,
+) -> dict[str, Any]:
     """Train ``config`` in a new run directory (``run_dir``, else one named from the config) or
     continue ``resume_dir``; returns the summary. A resume at another world size than the
     checkpoint's that would change the global batch is refused in one line unless ``batch_given``
@@ -449,26 +606,41 @@ def train(config: RunConfig, *, resume_dir: Path | None = None, progress: bool |
             raise
 
 
-def _train_locked(config: RunConfig, run_dir: Path, plan: ParallelPlan, spec: ModelSpec | None, new: bool,
-                  progress: bool | None, main: bool = True, batch_given: bool = False) -> dict[str, Any]:
+def _train_locked(
+    config: RunConfig,
+    run_dir: Path,
+    plan: ParallelPlan,
+    spec: ModelSpec | None,
+    new: bool,
+    progress: bool | None,
+    main: bool = True,
+    batch_given: bool = False,
+) -> dict[str, Any]:
     """The run in ``run_dir``; ``main`` False (ranks other than 0): the same training, no shared file written."""
-    for folder in (run_dir, run_dir / PLOTS_DIR) if main else ():  # temp files of writes killed mid-way (checkpoints: the Checkpointer)
+    # temp files of writes killed mid-way (checkpoints: the Checkpointer)
+    for folder in (run_dir, run_dir / PLOTS_DIR) if main else ():
         clean_stale_temps(folder)
     with held_signals() as signals:
         try:
             signals.on_first(lambda name: stop_startup(name, run_dir, resumable=not new))
             if new and main:  # first of all: a run killed from here on has a config to resume from
                 write_config(config, run_dir, {})
-            training = build_training(config, run_dir, plan, resume=not new, progress=progress, batch_given=batch_given,
-                                      spec=spec)
+            training = build_training(
+                config, run_dir, plan, resume=not new, progress=progress, batch_given=batch_given, spec=spec
+            )
             if main and new:
-                write_config(config, run_dir, training.resolved)  # as given ('auto' stays 'auto'), with what it resolved to
+                # as given ('auto' stays 'auto'), with what it resolved to
+                write_config(config, run_dir, training.resolved)
             elif main:  # a resume's overrides reach config.toml once its first step has trained, never when it fails before
-                training.hooks.insert(0, WriteConfigOnce(lambda: write_config(config, run_dir, training.resolved)))
-            signals.on_first(None)  # from here a signal is kept for the loop, which stops after a step (and saves)
+                training.hooks.insert(
+                    0, WriteConfigOnce(lambda: write_config(config, run_dir, training.resolved))
+                )
+            # from here a signal is kept for the loop, which stops after a step (and saves)
+            signals.on_first(None)
         except BaseException:
             if new and main:
-                shutil.rmtree(run_dir, ignore_errors=True)  # created by this call, under its lock: nothing else is in it
+                # created by this call, under its lock: nothing else is in it
+                shutil.rmtree(run_dir, ignore_errors=True)
             raise
         return _train_built(training, run_dir, main)
 
@@ -486,15 +658,27 @@ def _train_built(training: Training, run_dir: Path, main: bool) -> dict[str, Any
         training.monitor.close()
         if main:
             c = training.config
-            more = ("train.epochs", 2 * c.train.epochs) if c.train.epochs else ("train.max_steps", 2 * c.train.max_steps)
-            log.info("%s is complete (step %d of %d): nothing to train; to train on, resume with a larger %s, e.g. %s",
-                     run_dir, training.engine.state.step, c.train.max_steps, more[0], setting(*more))
+            more = (
+                ("train.epochs", 2 * c.train.epochs)
+                if c.train.epochs
+                else ("train.max_steps", 2 * c.train.max_steps)
+            )
+            log.info(
+                "%s is complete (step %d of %d): nothing to train; to train on, resume with a larger %s, e.g. %s",
+                run_dir,
+                training.engine.state.step,
+                c.train.max_steps,
+                more[0],
+                setting(*more),
+            )
         if main:  # what killed saves left, which the Checkpointer's start (never reached here) removes
             clean_stale_temps(run_dir / CHECKPOINTS)
             clean_unfinished(run_dir / CHECKPOINTS)
         if not main:
             return facts(training, None, "completed", 0.0)
-        return write_summary(run_dir, facts(training, None, "completed", 0.0), read_metrics(run_dir / METRICS_FILE)[0])
+        return write_summary(
+            run_dir, facts(training, None, "completed", 0.0), read_metrics(run_dir / METRICS_FILE)[0]
+        )
     start = time.perf_counter()
 
     def finish(ctx: FitContext | None, status: str) -> dict[str, Any]:
@@ -504,7 +688,8 @@ def _train_built(training: Training, run_dir: Path, main: bool) -> dict[str, Any
     try:
         ctx = training.run()
     except BaseException as exc:
-        with contextlib.suppress(DiskFullError):  # the disk is full: the error that says so is the one to raise
+        # the disk is full: the error that says so is the one to raise
+        with contextlib.suppress(DiskFullError):
             finish(None, f"failed: {type(exc).__name__}: {exc}")
         raise
     return finish(ctx, "stopped" if ctx.should_stop else "completed")
@@ -519,7 +704,9 @@ def _disk_full(exc: BaseException, run_dir: Path) -> DiskFullError | None:
         cause = disk_full_cause(exc)
         if cause is None:
             return None
-        full = DiskFullError(cause.filename or f"the files of run {run_dir}", cause.strerror or "no space left")
+        full = DiskFullError(
+            cause.filename or f"the files of run {run_dir}", cause.strerror or "no space left"
+        )
     last = latest_verified(run_dir / CHECKPOINTS)
     if last is None:
         return full.with_note("no checkpoint was saved yet")

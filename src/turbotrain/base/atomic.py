@@ -20,19 +20,23 @@ import contextlib
 import errno
 import os
 import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator
+from typing import Any, BinaryIO
 
 from .errors import TurbotrainError
 
-Content = bytes | str | memoryview | Any | Callable[[BinaryIO], object]  # Any: an object with the buffer protocol (numpy array)
+# Any: an object with the buffer protocol (numpy array)
+Content = bytes | str | memoryview | Any | Callable[[BinaryIO], object]
 
 # ENOSPC: the file system is full; EDQUOT: the user's quota is; EFBIG: the file-size limit
 # (``ulimit -f``, RLIMIT_FSIZE) or the file system's largest file is reached.
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 # the file system refuses the write whatever the space: no permission, read-only, a path through
 # a file (ENOTDIR), a file where a folder must be (EEXIST from mkdir), a folder where a file must be
-REFUSED_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST, errno.EISDIR})
+REFUSED_ERRNOS = frozenset(
+    {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST, errno.EISDIR}
+)
 _TEMP = re.compile(r"^\.(?P<name>.+)\.tmp(?P<pid>\d+)$")
 
 
@@ -45,7 +49,7 @@ class DiskFullError(TurbotrainError):
         message = f"cannot write {path}: {reason}; free space on that disk (or raise the file-size limit, ulimit -f)"
         super().__init__(message + (f"; {note}" if note else ""))
 
-    def with_note(self, note: str) -> "DiskFullError":
+    def with_note(self, note: str) -> DiskFullError:
         return DiskFullError(self.path, self.reason, note)
 
 
@@ -55,7 +59,9 @@ class UnwritableError(TurbotrainError, OSError):
 
     def __init__(self, path: Path | str, reason: str, hint: str = "") -> None:
         self.path, self.reason = Path(path), reason
-        super().__init__(f"cannot write {path}: {reason}; " + (hint or "make that folder writable or choose another"))
+        super().__init__(
+            f"cannot write {path}: {reason}; " + (hint or "make that folder writable or choose another")
+        )
 
 
 def _refused(exc: OSError) -> str:

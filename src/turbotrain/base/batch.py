@@ -8,8 +8,8 @@ structure. Nothing here synchronises with the device: counts come from shapes on
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -95,4 +95,8 @@ def split_batch(batch: Any, parts: int) -> list[Any]:
 
 def misplaced(batch: Any, device: torch.device) -> list[str]:
     """Descriptions of the tensors in ``batch`` that are not on ``device``'s type."""
-    return [f"batch tensor {i} {tuple(t.shape)} ({t.device})" for i, t in enumerate(tensors_of(batch)) if t.device.type != device.type]
+    return [
+        f"batch tensor {i} {tuple(t.shape)} ({t.device})"
+        for i, t in enumerate(tensors_of(batch))
+        if t.device.type != device.type
+    ]

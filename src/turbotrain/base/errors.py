@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Iterator
+from collections.abc import Iterator
 
 
 class TurbotrainError(Exception):
@@ -36,7 +36,11 @@ class TurbotrainWarning(UserWarning):
     print it as one line, ``WARNING turbotrain: ...``, without Python's source line."""
 
 
-NOISY_IMPORT_LOGGERS = ("torchao", "torch.utils._pytree")  # optional CUDA extensions not loaded; Enum pytree deprecation
+# optional CUDA extensions not loaded; Enum pytree deprecation
+NOISY_IMPORT_LOGGERS = (
+    "torchao",
+    "torch.utils._pytree",
+)
 
 
 @contextlib.contextmanager

@@ -26,8 +26,16 @@ EMPTY_LOADER = "the train_loader yielded no batch (it is empty)"
 def _where(exc: BaseException) -> str:
     """``file:line, in function`` of the last frame of the user's code (not torch's, not ours)."""
     frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ is not None else []
-    own = [f for f in frames if not (f.filename.startswith(PACKAGE_DIR) or "site-packages" in f.filename
-                                     or f.filename.startswith("<") or "/lib/python" in f.filename)]
+    own = [
+        f
+        for f in frames
+        if not (
+            f.filename.startswith(PACKAGE_DIR)
+            or "site-packages" in f.filename
+            or f.filename.startswith("<")
+            or "/lib/python" in f.filename
+        )
+    ]
     if not own:
         return ""
     f = own[-1]
@@ -39,7 +47,8 @@ def one_line(exc: BaseException) -> str:
     if isinstance(exc, StopIteration):
         return EMPTY_LOADER
     text = str(exc).strip()
-    if text.startswith("Caught ") and "Traceback" in text:  # re-raised from a DataLoader worker: its last line is the cause
+    # re-raised from a DataLoader worker: its last line is the cause
+    if text.startswith("Caught ") and "Traceback" in text:
         return text.splitlines()[-1].strip()[:300]
     if isinstance(exc, TurbotrainError):
         return text.splitlines()[0][:300] if text else type(exc).__name__
@@ -59,9 +68,12 @@ def cause_in_log(text: str, code: int | None) -> str:
     """The cause of a process's failure from its log ``text`` and exit ``code``: the exception
     line of the last traceback; else the last line that names an error; else how it exited."""
     lines = [line.rstrip() for line in text.splitlines() if line.strip()]
-    last_tb = max((i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")), default=None)
+    last_tb = max(
+        (i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")),
+        default=None,
+    )
     if last_tb is not None:
-        after = [line for line in lines[last_tb + 1:] if not line.startswith((" ", "\t"))]
+        after = [line for line in lines[last_tb + 1 :] if not line.startswith((" ", "\t"))]
         if after:
             return after[0].strip()[:300]
     errors = [line.strip() for line in lines if _EXC_LINE.match(line.strip()) or " error: " in line]
@@ -72,5 +84,7 @@ def cause_in_log(text: str, code: int | None) -> str:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
-        return f"killed by {name}" + (" (out of memory? the kernel's OOM killer sends it)" if -code == signal.SIGKILL else "")
+        return f"killed by {name}" + (
+            " (out of memory? the kernel's OOM killer sends it)" if -code == signal.SIGKILL else ""
+        )
     return f"exit code {code} with no error in its log"

@@ -25,25 +25,29 @@ class Topology:
     world: int = 1
     launched: bool = False  # started by a launcher: torchrun (RANK/WORLD_SIZE) or SLURM's srun
     launcher: str = ""  # "torchrun" or "slurm" when launched
-    master_addr: str = ""  # SLURM only: where rank 0 hosts the rendezvous (torchrun's come from its own variables)
+    master_addr: str = (
+        ""  # SLURM only: where rank 0 hosts the rendezvous (torchrun's come from its own variables)
+    )
     master_port: int = 0
 
     @classmethod
-    def from_env(cls, environ: Any = None) -> "Topology":
+    def from_env(cls, environ: Any = None) -> Topology:
         """The launch, read from the environment in one place: torchrun's variables (``RANK``,
         ``WORLD_SIZE``, ``LOCAL_RANK``; also set by a Kubernetes PyTorchJob and TorchX) win; else
         the tasks of a SLURM ``srun`` with more than one task (:func:`slurm_topology`); else a
         plain process, rank 0 of 1."""
         env = os.environ if environ is None else environ
         if "RANK" in env and "WORLD_SIZE" in env:
-            return cls(int(env["RANK"]), int(env.get("LOCAL_RANK", 0)), int(env["WORLD_SIZE"]), True, "torchrun")
+            return cls(
+                int(env["RANK"]), int(env.get("LOCAL_RANK", 0)), int(env["WORLD_SIZE"]), True, "torchrun"
+            )
         return slurm_topology(env) or cls()
 
 
 SLURM_PORT_BASE, SLURM_PORT_SPAN = 15000, 20000  # the rendezvous port: MASTER_PORT, else base + job id % span
 
 
-def slurm_topology(env: Any) -> "Topology | None":
+def slurm_topology(env: Any) -> Topology | None:
     """The topology of a task started by SLURM's ``srun`` (no torchrun), as Lightning's
     ``SLURMEnvironment`` reads it: rank ``SLURM_PROCID`` of ``SLURM_NTASKS``, local rank
     ``SLURM_LOCALID``; rank 0 listens on the first host of ``SLURM_JOB_NODELIST`` (or
@@ -58,12 +62,18 @@ def slurm_topology(env: Any) -> "Topology | None":
     if any(k not in env for k in need) or not nodes or env.get("SLURM_JOB_NAME") in ("bash", "interactive"):
         return None
     try:
-        world, rank, local = int(env["SLURM_NTASKS"]), int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", 0))
+        world, rank, local = (
+            int(env["SLURM_NTASKS"]),
+            int(env["SLURM_PROCID"]),
+            int(env.get("SLURM_LOCALID", 0)),
+        )
         job = int(str(env["SLURM_JOB_ID"]).split("_")[0])
         port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else SLURM_PORT_BASE + job % SLURM_PORT_SPAN
     except ValueError as exc:
-        raise ConfigError(f"a SLURM variable is not a number ({exc}); check SLURM_NTASKS, SLURM_PROCID, SLURM_LOCALID, "
-                          "SLURM_JOB_ID and MASTER_PORT") from None
+        raise ConfigError(
+            f"a SLURM variable is not a number ({exc}); check SLURM_NTASKS, SLURM_PROCID, SLURM_LOCALID, "
+            "SLURM_JOB_ID and MASTER_PORT"
+        ) from None
     if world < 2:
         return None
     if not 0 <= rank < world:
@@ -126,25 +136,32 @@ class Launch:
       which holds the run, checks it; the other ranks (another node's agent differs) follow rank 0:
       when rank 0 finds another launch's run it refuses, and they end quietly."""
 
-    run_id: str = ""  # torchrun's rendezvous id ("" outside torchrun; "none" when multi-node without --rdzv-id)
+    run_id: str = (
+        ""  # torchrun's rendezvous id ("" outside torchrun; "none" when multi-node without --rdzv-id)
+    )
     restart: int = 0  # TORCHELASTIC_RESTART_COUNT
     max_restarts: int = 0  # TORCHELASTIC_MAX_RESTARTS
     slurm_job: str = ""
     slurm_restart: int = 0  # SLURM_RESTART_COUNT
-    agent: str = ""  # the torchrun agent that started this process, the same at its every restart (torchrun_agent)
+    agent: str = (
+        ""  # the torchrun agent that started this process, the same at its every restart (torchrun_agent)
+    )
 
     @classmethod
-    def from_env(cls, environ: Any = None) -> "Launch":
+    def from_env(cls, environ: Any = None) -> Launch:
         """This process's launch; ``environ`` (a mapping) instead of the process's own environment
         reads only what it holds (no parent process is looked at)."""
         env = os.environ if environ is None else environ
         torchrun = "RANK" in env and "WORLD_SIZE" in env
         slurm = "SLURM_JOB_ID" in env
-        return cls(env.get("TORCHELASTIC_RUN_ID", "") if torchrun else "",
-                   _count(env, "TORCHELASTIC_RESTART_COUNT") if torchrun else 0,
-                   _count(env, "TORCHELASTIC_MAX_RESTARTS") if torchrun else 0,
-                   env["SLURM_JOB_ID"] if slurm else "", _count(env, "SLURM_RESTART_COUNT") if slurm else 0,
-                   torchrun_agent(env, parent=environ is None) if torchrun and "TORCHELASTIC_RUN_ID" in env else "")
+        return cls(
+            env.get("TORCHELASTIC_RUN_ID", "") if torchrun else "",
+            _count(env, "TORCHELASTIC_RESTART_COUNT") if torchrun else 0,
+            _count(env, "TORCHELASTIC_MAX_RESTARTS") if torchrun else 0,
+            env["SLURM_JOB_ID"] if slurm else "",
+            _count(env, "SLURM_RESTART_COUNT") if slurm else 0,
+            torchrun_agent(env, parent=environ is None) if torchrun and "TORCHELASTIC_RUN_ID" in env else "",
+        )
 
     @property
     def job_known(self) -> bool:
@@ -163,8 +180,11 @@ class Launch:
 
     def record(self) -> dict[str, Any]:
         """What a run directory keeps of the job that last started it (see :meth:`relaunch_of`)."""
-        return {"torchrun_run_id": self.run_id, "slurm_job": self.slurm_job,
-                **({"torchrun_agent": self.agent} if self.agent else {})}
+        return {
+            "torchrun_run_id": self.run_id,
+            "slurm_job": self.slurm_job,
+            **({"torchrun_agent": self.agent} if self.agent else {}),
+        }
 
     def relaunch_of(self, recorded: Any, main: bool = True) -> str:
         """Why this start continues the run whose directory holds ``recorded`` (its last
@@ -173,11 +193,19 @@ class Launch:
         id (the others follow its answer, see the class docstring)."""
         if self.slurm_restart > 0:
             return f"SLURM requeued the job: SLURM_RESTART_COUNT={self.slurm_restart}"
-        if not self.run_id or not isinstance(recorded, dict) or recorded.get("torchrun_run_id") != self.run_id:
+        if (
+            not self.run_id
+            or not isinstance(recorded, dict)
+            or recorded.get("torchrun_run_id") != self.run_id
+        ):
             return ""
         restarted = f"torchrun restarted the workers: TORCHELASTIC_RESTART_COUNT={self.restart} of {self.max_restarts}"
         if self.job_known:
-            return restarted if self.restart > 0 else "torchrun restarted the workers after the elastic group changed"
+            return (
+                restarted
+                if self.restart > 0
+                else "torchrun restarted the workers after the elastic group changed"
+            )
         same_agent = bool(self.agent) and recorded.get("torchrun_agent") == self.agent
         return restarted if self.restart > 0 and (same_agent or not main) else ""
 

@@ -11,8 +11,8 @@ import contextlib
 import os
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 SRC_DIR = str(Path(__file__).resolve().parents[2])  # the folder holding the turbotrain package
 
@@ -31,8 +31,14 @@ def child_env(*, threads: int = 0, compile_cache: Path | None = None) -> dict[st
     return env
 
 
-def run_process(cmd: list[str], log_path: Path, env: dict[str, str], timeout_s: float,
-                poll: Callable[[], bool] | None = None, poll_every_s: float = 0.5) -> int | None:
+def run_process(
+    cmd: list[str],
+    log_path: Path,
+    env: dict[str, str],
+    timeout_s: float,
+    poll: Callable[[], bool] | None = None,
+    poll_every_s: float = 0.5,
+) -> int | None:
     """Run ``cmd`` with its output in ``log_path``; its exit code, or None when it ran past
     ``timeout_s`` seconds or ``poll()`` (called every ``poll_every_s`` while it runs) returned
     True (the caller's poll knows which). A session of its own, so ending it also ends its

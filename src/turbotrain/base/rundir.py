@@ -34,7 +34,11 @@ def run_name(config: RunConfig) -> str:
     """``run.name``, or ``<preset>-<timestamp>`` when it is empty (for a workload ``FILE.py:FUNC`` or
     ``package.module:FUNC``, ``<FILE>-<timestamp>`` or ``<module>-<timestamp>``: its FUNC is often just ``make``)."""
     module = config.model.workload.rpartition(":")[0]
-    label = (Path(module).stem if module.endswith(".py") else module.rpartition(".")[2]) if module else config.preset
+    label = (
+        (Path(module).stem if module.endswith(".py") else module.rpartition(".")[2])
+        if module
+        else config.preset
+    )
     return config.run.name or f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
@@ -55,12 +59,16 @@ def new_run_dir(config: RunConfig) -> Path:
             raise already_exists(path)
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # out_dir is a file, not writable, ...
-        raise TurbotrainError(f"cannot create run directory {path} ({exc.strerror}); choose another --run.out_dir") from None
+        raise TurbotrainError(
+            f"cannot create run directory {path} ({exc.strerror}); choose another --run.out_dir"
+        ) from None
     return path
 
 
 def already_exists(path: Path) -> TurbotrainError:
-    return TurbotrainError(f"run directory {path} already exists; pass --resume to continue it or choose another --run.name")
+    return TurbotrainError(
+        f"run directory {path} already exists; pass --resume to continue it or choose another --run.name"
+    )
 
 
 def find_run_dir(out_dir: str, name: str = "") -> Path:
@@ -70,8 +78,10 @@ def find_run_dir(out_dir: str, name: str = "") -> Path:
         if not (path / CONFIG_FILE).is_file():
             path = Path(name)  # a path given directly
         if not (path / CONFIG_FILE).is_file():
-            raise TurbotrainError(f"no run named {name!r} in {out_dir}/ and no run directory at that path "
-                                  f"(no {CONFIG_FILE}); check the name given to --resume or --run.name")
+            raise TurbotrainError(
+                f"no run named {name!r} in {out_dir}/ and no run directory at that path "
+                f"(no {CONFIG_FILE}); check the name given to --resume or --run.name"
+            )
         return path
     runs = [p for p in Path(out_dir).glob("*") if (p / CONFIG_FILE).is_file()]
     if not runs:

@@ -49,7 +49,7 @@ class RunLock:
         self.run_dir = Path(run_dir)
         self._key = os.path.realpath(self.run_dir)
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         held = _HELD.get(self._key)
         if held is not None:
             held[1] += 1
@@ -72,7 +72,11 @@ class RunLock:
             ) from None
         previous = _holder(fd)
         if previous not in ("unknown", str(os.getpid())):
-            log.info("run directory %s: taking over the lock of process %s, which ended without releasing it", self.run_dir, previous)
+            log.info(
+                "run directory %s: taking over the lock of process %s, which ended without releasing it",
+                self.run_dir,
+                previous,
+            )
         try:  # the PID is for messages only: a full disk must not stop the run here
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -82,8 +86,10 @@ class RunLock:
         return self
 
     def _cannot(self, exc: OSError) -> TurbotrainError:
-        return TurbotrainError(f"cannot lock run directory {self.run_dir} ({exc.strerror}); "
-                               f"choose another {setting('run.out_dir', 'DIR')} on a local disk")
+        return TurbotrainError(
+            f"cannot lock run directory {self.run_dir} ({exc.strerror}); "
+            f"choose another {setting('run.out_dir', 'DIR')} on a local disk"
+        )
 
     def release(self) -> None:
         held = _HELD.get(self._key)
@@ -103,7 +109,7 @@ class RunLock:
         """Whether this process holds the lock."""
         return self._key in _HELD
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         return self.acquire()
 
     def __exit__(self, kind: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:

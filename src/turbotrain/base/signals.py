@@ -30,12 +30,15 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-REQUEUE_SIGNAL = "SIGUSR1"  # SLURM's warning before the time limit (--signal=USR1@SECONDS): save, stop, requeue
+REQUEUE_SIGNAL = (
+    "SIGUSR1"  # SLURM's warning before the time limit (--signal=USR1@SECONDS): save, stop, requeue
+)
 
-_ACTIVE: list["StopSignals"] = []  # the installed controller (one per process, the innermost last)
+_ACTIVE: list[StopSignals] = []  # the installed controller (one per process, the innermost last)
 
 
 class StopSignals:
@@ -52,7 +55,7 @@ class StopSignals:
         """The first signal's name ("SIGTERM"), or "" when none came."""
         return self.received[0] if self.received else ""
 
-    def install(self) -> "StopSignals":
+    def install(self) -> StopSignals:
         try:
             for sig in SIGNALS:
                 if sig == signal.SIGINT and signal.getsignal(sig) == signal.SIG_IGN:
@@ -87,7 +90,8 @@ class StopSignals:
             raise KeyboardInterrupt  # the second: stop now
         if self._action is not None:
             self._acted = True
-            self._action(self.received[0])  # start-up's raises (its own message); training's asks the loop to stop
+            # start-up's raises (its own message); training's asks the loop to stop
+            self._action(self.received[0])
             acknowledge(self.received[0], "stopping after this step (it saves a checkpoint)")
         else:
             acknowledge(self.received[0], "finishing what is being written")

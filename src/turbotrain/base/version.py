@@ -21,15 +21,29 @@ def collect_git() -> dict[str, Any]:
     if os.environ.get("TT_COMMIT"):
         return {"commit": os.environ["TT_COMMIT"], "source": "TT_COMMIT"}
     try:
-        commit = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=PACKAGE_ROOT, capture_output=True,
-                                text=True, timeout=10)
+        commit = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel", "HEAD"],
+            cwd=PACKAGE_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         if commit.returncode != 0:
             return {"commit": None, "detail": commit.stderr.strip()[:200]}
         top, head = commit.stdout.split()
-        if Path(top).resolve() / "src" / "turbotrain" != PACKAGE_ROOT:  # installed inside another project's checkout
-            return {"commit": None, "detail": f"turbotrain is installed, not run from its checkout (the git tree at {top} is another's)"}
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=PACKAGE_ROOT,
-                                capture_output=True, text=True, timeout=10)
+        # installed inside another project's checkout
+        if Path(top).resolve() / "src" / "turbotrain" != PACKAGE_ROOT:
+            return {
+                "commit": None,
+                "detail": f"turbotrain is installed, not run from its checkout (the git tree at {top} is another's)",
+            }
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=PACKAGE_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return {"commit": head, "dirty": bool(status.stdout.strip()), "source": "git"}
     except (OSError, subprocess.SubprocessError) as exc:
         return {"commit": None, "detail": str(exc)[:200]}

@@ -7,15 +7,14 @@ import logging
 import os
 import sys
 import warnings
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from ..base.config import audience
-from ..core.distributed import ReportedByAnotherRank, announce_reported
 from ..base.errors import TurbotrainError, TurbotrainWarning
 from ..base.version import __version__
-from . import bench, doctor, report, sample, train
+from ..core.distributed import ReportedByAnotherRank, announce_reported
+from . import bench, doctor, profile, report, sample, train, tune
 from . import memory as memory_cmd
-from . import profile, tune
 
 # (name, add_parser(subparsers) -> parser whose defaults carry `run`)
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], argparse.ArgumentParser]] = [
@@ -31,7 +30,9 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], argparse.ArgumentParser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="turbotrain", description="Fast PyTorch training by default, measured.")
+    parser = argparse.ArgumentParser(
+        prog="turbotrain", description="Fast PyTorch training by default, measured."
+    )
     parser.add_argument("--version", action="version", version=f"turbotrain {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in SUBCOMMANDS:
@@ -39,8 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-                   line: str | None = None, *, python_format: Callable[..., str] = warnings.formatwarning) -> str:
+def format_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    line: str | None = None,
+    *,
+    python_format: Callable[..., str] = warnings.formatwarning,
+) -> str:
     """A :class:`TurbotrainWarning` as one line, like the log's (``WARNING turbotrain: ...``);
     every other warning as Python prints it (source line included: it points at someone's code)."""
     if issubclass(category, TurbotrainWarning):
@@ -59,7 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
         return code
     except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)  # what is still buffered goes nowhere at exit, not into a traceback
+        # what is still buffered goes nowhere at exit, not into a traceback
+        devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader left
     finally:
@@ -81,7 +90,8 @@ def _run(argv: Sequence[str] | None) -> int:
     except ReportedByAnotherRank:
         return 0  # under torchrun: the rank that found the error says it
     except TurbotrainError as exc:
-        announce_reported(str(exc))  # under torchrun: the other ranks end quietly, not as if this one were lost
+        # under torchrun: the other ranks end quietly, not as if this one were lost
+        announce_reported(str(exc))
         print(f"turbotrain {name}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

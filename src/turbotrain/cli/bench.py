@@ -30,44 +30,93 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Each row runs in its own process on the same model, data, seed and batch; warm-up and "
         "compilation are excluded from throughput and reported as time to first step.",
     )
-    p.add_argument("--workload", default=None,
-                   help=f"one of: {', '.join(workload_names())}"
-                   + (f" ({', '.join(NOT_BUILT)}: not built yet)" if NOT_BUILT else "") + "; "
-                   "default: gpt2-small on a GPU, gpt-tiny on CPU")
-    p.add_argument("--model", metavar="FILE.py:FUNC",
-                   help="your own model instead of a workload: FUNC() returns turbotrain.Workload(model=..., "
-                   "train_loader=...) (or a dict); every row calls it again, seeded, and trains it with the bench recipe")
-    p.add_argument("--compare", action="store_true", help="contenders side by side (the default when no --matrix)")
-    p.add_argument("--matrix", action="append", choices=("precision", "ablation"), default=[],
-                   help="precision matrix or optimization ablation (repeatable)")
-    p.add_argument("--rows", default="",
-                   help="with one --matrix: comma-separated rows to run, beside their reference rows (fp32; each "
-                   "ablation ladder's base); default: every row")
-    p.add_argument("--contenders", default=",".join(DEFAULT_ORDER),
-                   help=f"comma-separated subset of {', '.join(CONTENDERS)} (CUDA-only ones are left out on CPU)")
+    p.add_argument(
+        "--workload",
+        default=None,
+        help=f"one of: {', '.join(workload_names())}"
+        + (f" ({', '.join(NOT_BUILT)}: not built yet)" if NOT_BUILT else "")
+        + "; "
+        "default: gpt2-small on a GPU, gpt-tiny on CPU",
+    )
+    p.add_argument(
+        "--model",
+        metavar="FILE.py:FUNC",
+        help="your own model instead of a workload: FUNC() returns turbotrain.Workload(model=..., "
+        "train_loader=...) (or a dict); every row calls it again, seeded, and trains it with the bench recipe",
+    )
+    p.add_argument(
+        "--compare", action="store_true", help="contenders side by side (the default when no --matrix)"
+    )
+    p.add_argument(
+        "--matrix",
+        action="append",
+        choices=("precision", "ablation"),
+        default=[],
+        help="precision matrix or optimization ablation (repeatable)",
+    )
+    p.add_argument(
+        "--rows",
+        default="",
+        help="with one --matrix: comma-separated rows to run, beside their reference rows (fp32; each "
+        "ablation ladder's base); default: every row",
+    )
+    p.add_argument(
+        "--contenders",
+        default=",".join(DEFAULT_ORDER),
+        help=f"comma-separated subset of {', '.join(CONTENDERS)} (CUDA-only ones are left out on CPU)",
+    )
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    p.add_argument("--batch", type=_batch_arg, metavar="N|auto",
-                   help="global batch in samples (default: the workload's for this device); auto: the largest "
-                   "that turbotrain's defaults fit, found by the batch finder in its own process and then used "
-                   "by every row (a row that needs more memory at that size fails with out-of-memory)")
-    p.add_argument("--warmup", type=int, help="untimed warm-up steps, including compilation (default: the workload's)")
+    p.add_argument(
+        "--batch",
+        type=_batch_arg,
+        metavar="N|auto",
+        help="global batch in samples (default: the workload's for this device); auto: the largest "
+        "that turbotrain's defaults fit, found by the batch finder in its own process and then used "
+        "by every row (a row that needs more memory at that size fails with out-of-memory)",
+    )
+    p.add_argument(
+        "--warmup", type=int, help="untimed warm-up steps, including compilation (default: the workload's)"
+    )
     p.add_argument("--steps", type=int, help="timed steps (default: the workload's)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--repeat", type=int, default=1,
-                   help="processes per row, run round-robin; the run with the median step time is reported (default 1)")
-    p.add_argument("--threads", type=int, default=0,
-                   help="CPU threads per row process (OMP_NUM_THREADS); 0 = torch's default. On a shared CPU, 1 "
-                   "keeps timings stable (no thread barriers stalled by other processes)")
-    p.add_argument("--timeout-s", type=float, default=900.0, help="per-row time limit in seconds (default 900)")
-    p.add_argument("--handtuned-compile", choices=("auto", "on", "off"), default="auto",
-                   help="torch.compile in the hand-tuned contender (auto: on for CUDA, off for CPU)")
-    p.add_argument("--compile-cache", choices=("cold", "shared"), default="cold",
-                   help="cold: a fresh torch.compile cache per row, so time to first step is fair (default); "
-                   "shared: rows reuse each other's compilations (faster; time to first step becomes a lower bound)")
-    p.add_argument("--profile", metavar="DIR",
-                   help="compare: profile a few turbotrain steps after its timed window; trace and op table to DIR")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="processes per row, run round-robin; the run with the median step time is reported (default 1)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="CPU threads per row process (OMP_NUM_THREADS); 0 = torch's default. On a shared CPU, 1 "
+        "keeps timings stable (no thread barriers stalled by other processes)",
+    )
+    p.add_argument(
+        "--timeout-s", type=float, default=900.0, help="per-row time limit in seconds (default 900)"
+    )
+    p.add_argument(
+        "--handtuned-compile",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="torch.compile in the hand-tuned contender (auto: on for CUDA, off for CPU)",
+    )
+    p.add_argument(
+        "--compile-cache",
+        choices=("cold", "shared"),
+        default="cold",
+        help="cold: a fresh torch.compile cache per row, so time to first step is fair (default); "
+        "shared: rows reuse each other's compilations (faster; time to first step becomes a lower bound)",
+    )
+    p.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="compare: profile a few turbotrain steps after its timed window; trace and op table to DIR",
+    )
     p.add_argument("--out", help="write <workload>-<kind>.json and .md here")
-    p.add_argument("--work-dir", help="keep per-row specs, logs and data here (default: a temporary folder, removed)")
+    p.add_argument(
+        "--work-dir", help="keep per-row specs, logs and data here (default: a temporary folder, removed)"
+    )
     p.set_defaults(command=main_bench)
     return p
 
@@ -79,7 +128,9 @@ def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
     if args.model and args.workload:
         raise TurbotrainError("give --workload NAME or --model FILE.py:FUNC, not both")
     if args.model and args.batch == "auto":
-        raise TurbotrainError("--batch auto searches the built-in workloads only; with --model give --batch N (samples per batch)")
+        raise TurbotrainError(
+            "--batch auto searches the built-in workloads only; with --model give --batch N (samples per batch)"
+        )
     workload_arg = args.workload or ("gpt2-small" if device == "cuda" else "gpt-tiny")
     names = [args.model] if args.model else expand(workload_arg)
     if args.threads < 0:
@@ -90,13 +141,23 @@ def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
     contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     if rows and len(set(args.matrix)) != 1:
-        raise TurbotrainError("--rows picks rows of one --matrix (precision or ablation) at a time; "
-                              "--compare takes --contenders")
+        raise TurbotrainError(
+            "--rows picks rows of one --matrix (precision or ablation) at a time; "
+            "--compare takes --contenders"
+        )
     command = "turbotrain " + shlex.join(sys.argv[1:]) if _called_as_cli() else canonical_command(args)
     work_dir = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="turbotrain-bench-"))
-    opts = BenchOptions(device=device, work_dir=work_dir, seed=args.seed, timeout_s=args.timeout_s,
-                        handtuned_compile=args.handtuned_compile, repeat=args.repeat,
-                        compile_cache=args.compile_cache, threads=args.threads, profile_dir=Path(args.profile) if args.profile else None)
+    opts = BenchOptions(
+        device=device,
+        work_dir=work_dir,
+        seed=args.seed,
+        timeout_s=args.timeout_s,
+        handtuned_compile=args.handtuned_compile,
+        repeat=args.repeat,
+        compile_cache=args.compile_cache,
+        threads=args.threads,
+        profile_dir=Path(args.profile) if args.profile else None,
+    )
     exit_on_sigterm()  # so a running row is ended too (see process.run_process)
     runners = {
         "compare": lambda w: run_compare(w, opts, contenders),
@@ -113,12 +174,20 @@ def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
                 print(f"{name}: {search['summary']}", file=sys.stderr, flush=True)
                 batch = search["micro"]
             if args.out:  # the document after every finished row: a bench stopped at a limit keeps its rows
-                opts.progress = ReportWriter(Path(args.out), command, list(sys.orig_argv),
-                                             {"batch_search": search} if search is not None else None)
+                opts.progress = ReportWriter(
+                    Path(args.out),
+                    command,
+                    list(sys.orig_argv),
+                    {"batch_search": search} if search is not None else None,
+                )
             if args.model:
-                w = custom_workload(name, device, batch_size=batch, warmup_steps=args.warmup, timed_steps=args.steps)
+                w = custom_workload(
+                    name, device, batch_size=batch, warmup_steps=args.warmup, timed_steps=args.steps
+                )
             else:
-                w = resolve_workload(name, device, batch_size=batch, warmup_steps=args.warmup, timed_steps=args.steps)
+                w = resolve_workload(
+                    name, device, batch_size=batch, warmup_steps=args.warmup, timed_steps=args.steps
+                )
             for kind in kinds:
                 try:
                     report = runners[kind](w)
@@ -143,9 +212,14 @@ def _exit_code(rows: list[dict[str, Any]]) -> int:
     was skipped: a script must not read a table of failures as a benchmark."""
     if not rows or any(r.get("status") == "ok" for r in rows):
         return 0
-    reasons = "; ".join(f"{r.get('row') or r.get('contender')}: {r.get('status')} ({' '.join(str(r.get('reason', '')).split())[:120]})"
-                        for r in rows[:4]) + ("; ..." if len(rows) > 4 else "")
-    print(f"turbotrain bench: every row failed or was skipped, nothing was measured ({reasons})", file=sys.stderr)
+    reasons = "; ".join(
+        f"{r.get('row') or r.get('contender')}: {r.get('status')} ({' '.join(str(r.get('reason', '')).split())[:120]})"
+        for r in rows[:4]
+    ) + ("; ..." if len(rows) > 4 else "")
+    print(
+        f"turbotrain bench: every row failed or was skipped, nothing was measured ({reasons})",
+        file=sys.stderr,
+    )
     return 1
 
 
@@ -155,7 +229,9 @@ def _batch_arg(text: str) -> int | str:
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--batch = {text!r}: give a whole number of samples or auto") from None
+        raise argparse.ArgumentTypeError(
+            f"--batch = {text!r}: give a whole number of samples or auto"
+        ) from None
 
 
 def canonical_command(args: argparse.Namespace) -> str:
@@ -172,7 +248,14 @@ def canonical_command(args: argparse.Namespace) -> str:
     if args.rows:
         words += ["--rows", args.rows]
     words += ["--contenders", args.contenders, "--device", args.device, "--seed", str(args.seed)]
-    for flag, value in (("--repeat", args.repeat), ("--threads", args.threads or None), ("--batch", args.batch), ("--warmup", args.warmup), ("--steps", args.steps), ("--out", args.out)):
+    for flag, value in (
+        ("--repeat", args.repeat),
+        ("--threads", args.threads or None),
+        ("--batch", args.batch),
+        ("--warmup", args.warmup),
+        ("--steps", args.steps),
+        ("--out", args.out),
+    ):
         if value is not None:
             words += [flag, str(value)]
     return shlex.join(words)

@@ -17,17 +17,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--probe adds short matmul and copy measurements beside the datasheet figures.",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    p.add_argument("--probe", action="store_true", help="measure matmul TFLOP/s and copy GB/s (a few seconds)")
-    p.add_argument("--model", metavar="FILE.py:FUNC", help="also check your model in each precision: one forward/backward "
-                   "per precision on one batch of its train_loader, NaN/inf and the loss against fp32, and whether the "
-                   "precision auto picks is sound (exit code 1 when it is not)")
+    p.add_argument(
+        "--probe", action="store_true", help="measure matmul TFLOP/s and copy GB/s (a few seconds)"
+    )
+    p.add_argument(
+        "--model",
+        metavar="FILE.py:FUNC",
+        help="also check your model in each precision: one forward/backward "
+        "per precision on one batch of its train_loader, NaN/inf and the loss against fp32, and whether the "
+        "precision auto picks is sound (exit code 1 when it is not)",
+    )
     p.add_argument("--preset", help="the same check for a preset's model (on random tokens)")
     p.set_defaults(command=main_doctor)
     return p
 
 
 def main_doctor(args: argparse.Namespace, extra: list[str]) -> int:
-    target = load_target(args.model, args.preset) if args.model or args.preset else None  # a bad --model: one line, first
+    # a bad --model: one line, first
+    target = load_target(args.model, args.preset) if args.model or args.preset else None
     report = build_report(probe=args.probe)
     text = format_report(report)
     if target is not None:

@@ -6,24 +6,33 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ..core.assembly import build_trainable
-from ..base.version import collect_git
 from ..base.batch import batch_size, move_to
 from ..base.config import RunConfig, load_config, parse_overrides
 from ..base.errors import ConfigError, TurbotrainError
-from ..tools.memory.finder import token_batches
-from ..parts.workload import load_workload, rebuild_loader
-from ..tools.memory.stats import (COMPARED_MODES, MemoryStats, NotEstimable, default_vocab_size, estimate_memory,
-                                  estimate_step_memory, measure_step_memory, resolve_precision_name)
-from ..parts.models.registry import build_model
 from ..base.units import GIB
+from ..base.version import collect_git
+from ..core.assembly import build_trainable
+from ..parts.models.registry import build_model
+from ..parts.workload import load_workload, rebuild_loader
+from ..tools.memory.finder import token_batches
+from ..tools.memory.stats import (
+    COMPARED_MODES,
+    MemoryStats,
+    NotEstimable,
+    default_vocab_size,
+    estimate_memory,
+    estimate_step_memory,
+    measure_step_memory,
+    resolve_precision_name,
+)
 from .profile import add_target_args
 from .train import default_preset
 
@@ -48,22 +57,36 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--section.key=value, e.g. --precision.mode=bf16-mixed to estimate for a GPU from a CPU.",
     )
     add_target_args(p)  # --preset, --model: as profile and tune take them
-    p.add_argument("--micro", type=int, help="micro-batch (default: the config's, 8 when 'auto'; with --model: the "
-                   "loader's batch_size, rebuilt with this one)")
-    p.add_argument("--measure", action="store_true", help="also run one real step on the config's device and measure it")
+    p.add_argument(
+        "--micro",
+        type=int,
+        help="micro-batch (default: the config's, 8 when 'auto'; with --model: the "
+        "loader's batch_size, rebuilt with this one)",
+    )
+    p.add_argument(
+        "--measure", action="store_true", help="also run one real step on the config's device and measure it"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(command=main_memory, accepts_overrides=True)
     return p
 
 
-def measure(config: Any, model: nn.Module, batch: Any, loss_fn: Callable[[nn.Module, Any], Any] | None = None) -> MemoryStats:
+def measure(
+    config: Any, model: nn.Module, batch: Any, loss_fn: Callable[[nn.Module, Any], Any] | None = None
+) -> MemoryStats:
     """One real training step of ``model`` on ``batch`` on the config's device, set up by the
     Engine (precision, checkpointing, compile) with AdamW, measured per phase."""
     t = build_trainable(config, model)
     t.model.train()
-    return measure_step_memory(t.model, t.optimizer, move_to(batch, t.engine.device), loss_fn=loss_fn,
-                               autocast=t.engine.autocast, precision=t.engine.precision.name,
-                               checkpointing=config.memory.checkpointing)
+    return measure_step_memory(
+        t.model,
+        t.optimizer,
+        move_to(batch, t.engine.device),
+        loss_fn=loss_fn,
+        autocast=t.engine.autocast,
+        precision=t.engine.precision.name,
+        checkpointing=config.memory.checkpointing,
+    )
 
 
 @dataclass
@@ -80,7 +103,9 @@ class Report:
     notes: list[str]
 
 
-def estimate_modes(estimate: Callable[[str], MemoryStats], measuring: bool) -> tuple[dict[str, MemoryStats], list[str]]:
+def estimate_modes(
+    estimate: Callable[[str], MemoryStats], measuring: bool
+) -> tuple[dict[str, MemoryStats], list[str]]:
     """``estimate(mode)`` for each checkpointing mode that applies: a model without repeated blocks
     gets 'off' only, a model the meta device cannot run none (a line each says why; without
     ``--measure`` there would be nothing to show, so that is one error line)."""
@@ -103,16 +128,31 @@ def preset_report(args: argparse.Namespace, overrides: dict[str, dict[str, str]]
     """The preset's GPT: estimated as built on the meta device (any size, no weights), measured
     (``--measure``) on a batch of random tokens of ``--micro`` sequences."""
     config = load_config(args.preset or default_preset(), overrides)
-    micro = args.micro if args.micro is not None else config.batch.micro if isinstance(config.batch.micro, int) else 8
+    micro = (
+        args.micro
+        if args.micro is not None
+        else config.batch.micro
+        if isinstance(config.batch.micro, int)
+        else 8
+    )
     precision = resolve_precision_name(config)
-    estimates, notes = estimate_modes(lambda mode: estimate_memory(config, micro=micro, checkpointing=mode, precision=precision),
-                                      args.measure)
+    estimates, notes = estimate_modes(
+        lambda mode: estimate_memory(config, micro=micro, checkpointing=mode, precision=precision),
+        args.measure,
+    )
     vocab = default_vocab_size(config)
     torch.manual_seed(config.run.seed)
     model = build_model(config, vocab) if args.measure else None
-    measured = measure(config, model, token_batches(vocab, config.model.block_size, torch.device("cpu"))(micro)) if model else None
-    n_params = sum(p.numel() for p in model.parameters()) if model else \
-        estimates["off"].params_bytes // (2 if precision == "bf16-true" else 4)
+    measured = (
+        measure(config, model, token_batches(vocab, config.model.block_size, torch.device("cpu"))(micro))
+        if model
+        else None
+    )
+    n_params = (
+        sum(p.numel() for p in model.parameters())
+        if model
+        else estimates["off"].params_bytes // (2 if precision == "bf16-true" else 4)
+    )
     what = f"{config.preset}, {n_params:,} parameters, micro-batch {micro} x {config.model.block_size} tokens, {precision}, AdamW"
     return Report(config, what, micro, precision, estimates, measured, notes)
 
@@ -121,7 +161,9 @@ def workload_report(args: argparse.Namespace, overrides: dict[str, dict[str, str
     """``--model FILE.py:FUNC``: its model and loss on the first batch of its train_loader (rebuilt
     without workers, and with ``--micro`` samples when given), estimated on a copy moved to the
     meta device, measured (``--measure``) on the config's device."""
-    config = load_config(args.preset, {**overrides, "model": {**overrides.get("model", {}), "workload": args.model}})
+    config = load_config(
+        args.preset, {**overrides, "model": {**overrides.get("model", {}), "workload": args.model}}
+    )
     w = load_workload(args.model, seed=config.run.seed)
     loader = w.train_loader
     if args.micro is not None or isinstance(loader, DataLoader):
@@ -130,8 +172,17 @@ def workload_report(args: argparse.Namespace, overrides: dict[str, dict[str, str
     if batch is None:
         raise TurbotrainError(f"--model {args.model}: its train_loader gave no batch to measure")
     precision = resolve_precision_name(config)
-    estimates, notes = estimate_modes(lambda mode: estimate_step_memory(
-        copy.deepcopy(w.model), batch, config=config, loss_fn=w.loss_fn, checkpointing=mode, precision=precision), args.measure)
+    estimates, notes = estimate_modes(
+        lambda mode: estimate_step_memory(
+            copy.deepcopy(w.model),
+            batch,
+            config=config,
+            loss_fn=w.loss_fn,
+            checkpointing=mode,
+            precision=precision,
+        ),
+        args.measure,
+    )
     n_params = sum(p.numel() for p in w.model.parameters())
     measured = measure(config, w.model, batch, w.loss_fn) if args.measure else None
     what = f"{args.model} ({type(w.model).__name__}), {n_params:,} parameters, micro-batch {batch_size(batch)}, {precision}, AdamW"
@@ -145,10 +196,15 @@ def main_memory(args: argparse.Namespace, extra: list[str]) -> int:
     r = (workload_report if args.model else preset_report)(args, overrides)
     if args.json:
         out: dict[str, Any] = {
-            "preset": r.config.preset, "model": args.model, "micro_batch": r.micro,
-            "seq_len": None if args.model else r.config.model.block_size, "precision": r.precision,
-            "checkpointing": r.config.memory.checkpointing, "estimate": {k: v.to_dict() for k, v in r.estimates.items()},
-            "notes": r.notes, "git": collect_git(),
+            "preset": r.config.preset,
+            "model": args.model,
+            "micro_batch": r.micro,
+            "seq_len": None if args.model else r.config.model.block_size,
+            "precision": r.precision,
+            "checkpointing": r.config.memory.checkpointing,
+            "estimate": {k: v.to_dict() for k, v in r.estimates.items()},
+            "notes": r.notes,
+            "git": collect_git(),
         }
         if r.measured is not None:
             out["measured"] = r.measured.to_dict()
@@ -176,10 +232,20 @@ def format_table(r: Report) -> str:
         lines.append(f"{label:<22}" + "".join(f"{getattr(c, key) / GIB:>20.3f}" for c in cols))
     lines.append(f"{'peak':<22}" + "".join(f"{c.peak_bytes / GIB:>20.3f}" for c in cols))
     if estimates:
-        lines.append("estimates: one step on the meta device (tensor bytes; the allocator's cache, fragmentation and "
-                     "library workspaces come on top: keep ~10% free). * = this config's memory.checkpointing.")
+        lines.append(
+            "estimates: one step on the meta device (tensor bytes; the allocator's cache, fragmentation and "
+            "library workspaces come on top: keep ~10% free). * = this config's memory.checkpointing."
+        )
     if measured is not None:
-        how = "CUDA allocator counters" if measured.method == "cuda-allocator" else "tensors tracked per op (CPU has no allocator statistics)"
-        total = f"; device memory {measured.device_total_bytes / GIB:.1f} GiB" if measured.device_total_bytes else ""
+        how = (
+            "CUDA allocator counters"
+            if measured.method == "cuda-allocator"
+            else "tensors tracked per op (CPU has no allocator statistics)"
+        )
+        total = (
+            f"; device memory {measured.device_total_bytes / GIB:.1f} GiB"
+            if measured.device_total_bytes
+            else ""
+        )
         lines.append(f"measured: one real step with {own} checkpointing, {how}{total}.")
     return "\n".join(lines)

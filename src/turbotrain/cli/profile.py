@@ -7,12 +7,12 @@ import argparse
 import contextlib
 import json
 import sys
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
-from ..base.config import parse_overrides
-from ..base.errors import ConfigError
 from ..app.measure import Target
 from ..app.profile import ProfileOptions, profile_target, render
+from ..base.config import parse_overrides
+from ..base.errors import ConfigError
 from .train import default_preset
 
 
@@ -26,12 +26,27 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     add_target_args(p)
     p.add_argument("--steps", type=int, default=5, help="profiled steps (default 5)")
-    p.add_argument("--warmup", type=int, default=5, help="untimed warm-up steps, compilation included (default 5)")
-    p.add_argument("--timed", type=int, default=20, help="unprofiled timed steps for the throughput figures (default 20)")
-    p.add_argument("--verify", action="store_true", help="apply each recommended setting in its own short run and keep "
-                   "only those measurably faster than the baseline")
-    p.add_argument("--repeats", type=int, default=3, help="--verify: interleaved runs per variant (default 3)")
-    p.add_argument("--verify-steps", type=int, default=10, help="--verify: timed steps per run (default 10, after 3 warm-up)")
+    p.add_argument(
+        "--warmup", type=int, default=5, help="untimed warm-up steps, compilation included (default 5)"
+    )
+    p.add_argument(
+        "--timed", type=int, default=20, help="unprofiled timed steps for the throughput figures (default 20)"
+    )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="apply each recommended setting in its own short run and keep "
+        "only those measurably faster than the baseline",
+    )
+    p.add_argument(
+        "--repeats", type=int, default=3, help="--verify: interleaved runs per variant (default 3)"
+    )
+    p.add_argument(
+        "--verify-steps",
+        type=int,
+        default=10,
+        help="--verify: timed steps per run (default 10, after 3 warm-up)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
     p.set_defaults(command=main_profile, accepts_overrides=True)
     return p
@@ -39,16 +54,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def add_target_args(p: argparse.ArgumentParser) -> None:
     """--preset and --model: what profile and tune run (with --section.key=value overrides)."""
-    p.add_argument("--preset", help="preset name or .toml path (default: gpt2-small on a GPU, gpt-tiny on CPU; "
-                   "with --model: the config defaults, or this preset's settings for your model)")
-    p.add_argument("--model", metavar="FILE.py:FUNC", help="your workload: FUNC() returns turbotrain.Workload("
-                   "model=..., train_loader=...) or a dict with those keys (package.module:FUNC works too)")
+    p.add_argument(
+        "--preset",
+        help="preset name or .toml path (default: gpt2-small on a GPU, gpt-tiny on CPU; "
+        "with --model: the config defaults, or this preset's settings for your model)",
+    )
+    p.add_argument(
+        "--model",
+        metavar="FILE.py:FUNC",
+        help="your workload: FUNC() returns turbotrain.Workload("
+        "model=..., train_loader=...) or a dict with those keys (package.module:FUNC works too)",
+    )
 
 
 def target_of(args: argparse.Namespace, extra: list[str]) -> Target:
     """The Target the arguments name: --model, else --preset (default: the device's preset)."""
-    return Target(preset=args.preset or (None if args.model else default_preset()), model=args.model,
-                  overrides=parse_overrides(extra))
+    return Target(
+        preset=args.preset or (None if args.model else default_preset()),
+        model=args.model,
+        overrides=parse_overrides(extra),
+    )
 
 
 def check_at_least(*checks: tuple[str, int, int]) -> None:
@@ -59,15 +84,27 @@ def check_at_least(*checks: tuple[str, int, int]) -> None:
 
 
 def main_profile(args: argparse.Namespace, extra: list[str]) -> int:
-    check_at_least(("--steps", args.steps, 1), ("--warmup", args.warmup, 1), ("--timed", args.timed, 2),
-                   ("--repeats", args.repeats, 1), ("--verify-steps", args.verify_steps, 2))
+    check_at_least(
+        ("--steps", args.steps, 1),
+        ("--warmup", args.warmup, 1),
+        ("--timed", args.timed, 2),
+        ("--repeats", args.repeats, 1),
+        ("--verify-steps", args.verify_steps, 2),
+    )
     target = target_of(args, extra)
-    options = ProfileOptions(warmup=args.warmup, timed=args.timed, steps=args.steps, verify=args.verify,
-                             repeats=args.repeats, verify_steps=args.verify_steps)
+    options = ProfileOptions(
+        warmup=args.warmup,
+        timed=args.timed,
+        steps=args.steps,
+        verify=args.verify,
+        repeats=args.repeats,
+        verify_steps=args.verify_steps,
+    )
     with live_log() as log:
         doc = profile_target(target, options, log=log)
     print(json.dumps(doc, indent=1, default=str) if args.json else render(doc))
-    return 130 if (doc.get("verify") or {}).get("interrupted") else 0  # Ctrl-C: what ran is reported, then 130
+    # Ctrl-C: what ran is reported, then 130
+    return 130 if (doc.get("verify") or {}).get("interrupted") else 0
 
 
 @contextlib.contextmanager
@@ -79,6 +116,7 @@ def live_log() -> Iterator[Callable[..., None]]:
 
     console = Console(stderr=True)
     if not console.is_terminal:
+
         def plain(line: str, transient: bool = False) -> None:
             if not transient:
                 print(line, file=sys.stderr, flush=True)
@@ -86,6 +124,7 @@ def live_log() -> Iterator[Callable[..., None]]:
         yield plain
         return
     with console.status("starting") as status:
+
         def log(line: str, transient: bool = False) -> None:
             if not transient:
                 console.print(line)

@@ -16,7 +16,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Reads metrics.jsonl, config.toml and summary.json in a run directory and writes "
         "plots/*.png (loss, learning rate, throughput, MFU, memory, GPU utilisation), summary.md and summary.json.",
     )
-    p.add_argument("run_dir", nargs="?", default="", help="run directory, or a run name under --out-dir (default: the latest run)")
+    p.add_argument(
+        "run_dir",
+        nargs="?",
+        default="",
+        help="run directory, or a run name under --out-dir (default: the latest run)",
+    )
     p.add_argument("--out-dir", default="runs", help="where runs live (default runs/)")
     p.set_defaults(command=main_report)
     return p
@@ -36,6 +41,8 @@ def main_report(args: argparse.Namespace, extra: list[str]) -> int:
 def print_report(result: ReportResult) -> None:
     """What was written and what was not, one line each."""
     plots = ", ".join(Path(p).name for p in result.plots) or "none"
-    print(f"report {result.run_dir}: {SUMMARY_MD}, {SUMMARY_FILE}; plots in {result.run_dir / PLOTS_DIR}: {plots}")
+    print(
+        f"report {result.run_dir}: {SUMMARY_MD}, {SUMMARY_FILE}; plots in {result.run_dir / PLOTS_DIR}: {plots}"
+    )
     for line in result.problems + result.skipped:
         print(f"  note: {line}")

@@ -9,21 +9,25 @@ from pathlib import Path
 
 import torch
 
+from ..base.config import RunConfig
+from ..base.errors import TurbotrainError
+from ..base.rundir import CHECKPOINTS, CONFIG_FILE, find_run_dir, resume_config
 from ..loop.checkpoint import load_latest_weights
 from ..parts.data.tokenizer import BYTE_VOCAB, ByteTokenizer, load_run_tokenizer
-from ..base.errors import TurbotrainError
 from ..parts.models.registry import build_model, spec_for
-from ..base.config import RunConfig
-from ..base.rundir import CHECKPOINTS, CONFIG_FILE, find_run_dir, resume_config
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser("sample", help="print text generated from a run's latest checkpoint")
-    p.add_argument("run_dir", nargs="?", default="", help="run directory or name under runs/ (default: latest)")
+    p.add_argument(
+        "run_dir", nargs="?", default="", help="run directory or name under runs/ (default: latest)"
+    )
     p.add_argument("--prompt", default="def ", help="text to continue (default: 'def ')")
     p.add_argument("--tokens", type=int, default=400, help="tokens to generate (default 400)")
     p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=40, help="sample from the k most likely tokens (default 40; 0 = all)")
+    p.add_argument(
+        "--top-k", type=int, default=40, help="sample from the k most likely tokens (default 40; 0 = all)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", default="runs", help="where runs live (default runs/)")
     p.set_defaults(command=main_sample)
@@ -33,8 +37,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def newest_generating_run(out_dir: str) -> tuple[Path, RunConfig]:
     """The most recently written run under ``out_dir`` whose model generates text (a GPT or MoE
     run), with its config: a newer ``--model`` run (a CNN) is passed over, not refused."""
-    runs = sorted((p for p in Path(out_dir).glob("*") if (p / CONFIG_FILE).is_file()),
-                  key=lambda p: (p / CONFIG_FILE).stat().st_mtime, reverse=True)
+    runs = sorted(
+        (p for p in Path(out_dir).glob("*") if (p / CONFIG_FILE).is_file()),
+        key=lambda p: (p / CONFIG_FILE).stat().st_mtime,
+        reverse=True,
+    )
     for run in runs:
         try:
             config = resume_config(run)
@@ -42,8 +49,10 @@ def newest_generating_run(out_dir: str) -> tuple[Path, RunConfig]:
             continue
         if spec_for(config).generates:
             return run, config
-    raise TurbotrainError(f"no run under {out_dir}/ generates text ({len(runs)} run(s) of models that do not, or none); "
-                          "train one with `turbotrain train` (gpt-tiny), or name a run: turbotrain sample RUN")
+    raise TurbotrainError(
+        f"no run under {out_dir}/ generates text ({len(runs)} run(s) of models that do not, or none); "
+        "train one with `turbotrain train` (gpt-tiny), or name a run: turbotrain sample RUN"
+    )
 
 
 def main_sample(args: argparse.Namespace, extra: list[str]) -> int:
@@ -56,23 +65,35 @@ def main_sample(args: argparse.Namespace, extra: list[str]) -> int:
         config = resume_config(run_dir)
     else:
         run_dir, config = newest_generating_run(args.out_dir)
-        print(f"sampling {run_dir} (the newest run that generates text; name another: turbotrain sample RUN)", file=sys.stderr)
+        print(
+            f"sampling {run_dir} (the newest run that generates text; name another: turbotrain sample RUN)",
+            file=sys.stderr,
+        )
     spec = spec_for(config)
     if not spec.generates:
-        raise TurbotrainError(f"{run_dir} trained {config.model.workload or spec.name}, a {spec.name} model that does not generate "
-                              "text; sample reads checkpoints of GPT runs (--preset gpt-tiny, gpt2-small, moe-tiny)")
-    path, weights = load_latest_weights(run_dir / CHECKPOINTS)  # a .pt file or a sharded folder (ddp/fsdp runs)
+        raise TurbotrainError(
+            f"{run_dir} trained {config.model.workload or spec.name}, a {spec.name} model that does not generate "
+            "text; sample reads checkpoints of GPT runs (--preset gpt-tiny, gpt2-small, moe-tiny)"
+        )
+    # a .pt file or a sharded folder (ddp/fsdp runs)
+    path, weights = load_latest_weights(run_dir / CHECKPOINTS)
     embedding = weights.get("wte.weight") if isinstance(weights, dict) else None
     if not isinstance(embedding, torch.Tensor) or embedding.dim() != 2:
-        raise TurbotrainError(f"{path} holds no GPT token embedding (model.wte.weight); sample reads checkpoints of `turbotrain train` runs")
+        raise TurbotrainError(
+            f"{path} holds no GPT token embedding (model.wte.weight); sample reads checkpoints of `turbotrain train` runs"
+        )
     vocab = embedding.shape[0]
     tokenizer = load_run_tokenizer(run_dir)
     if tokenizer.name == ByteTokenizer.name and vocab != BYTE_VOCAB:
-        raise TurbotrainError(f"{run_dir} was trained on {vocab}-token ids and holds no tokenizer.json to decode them "
-                              "(runs trained with --data.tokenizer=bpe or PATH keep one); copy the tokenizer.json "
-                              f"that made its data into {run_dir}/")
+        raise TurbotrainError(
+            f"{run_dir} was trained on {vocab}-token ids and holds no tokenizer.json to decode them "
+            "(runs trained with --data.tokenizer=bpe or PATH keep one); copy the tokenizer.json "
+            f"that made its data into {run_dir}/"
+        )
     if tokenizer.vocab_size > vocab:
-        raise TurbotrainError(f"{run_dir}/tokenizer.json has {tokenizer.vocab_size} tokens but the model only {vocab}")
+        raise TurbotrainError(
+            f"{run_dir}/tokenizer.json has {tokenizer.vocab_size} tokens but the model only {vocab}"
+        )
     model = build_model(config, vocab)
     try:
         model.load_state_dict(weights)

@@ -33,23 +33,39 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..loop.checkpoint import checkpoint_step, latest_verified
+from ..app.report import read_metrics, write_report
+from ..app.training import StoppedBySignal, plan_run, split_batch, stop_startup, stopped_by_signal, train
 from ..base.config import RunConfig, describe, load_config, parse_overrides, read_preset
-from ..core.distributed import ParallelPlan, ReportedByAnotherRank, decided_by_main, local_device, reported_elsewhere
-from ..core.engine import resolve_device
-from ..parts.models.registry import spec_for
-from ..parts.models.spec import ModelSpec
-from ..parts.models.workload_spec import WorkloadSpec
 from ..base.errors import ConfigError, TurbotrainError
 from ..base.launch import Launch, Topology
-from ..app.report import read_metrics, write_report
-from ..base.rundir import (CHECKPOINTS, CONFIG_FILE, METRICS_FILE, find_run_dir, new_run_dir, read_launch, resume_config,
-                      run_name, truncate_metrics, write_launch)
+from ..base.rundir import (
+    CHECKPOINTS,
+    CONFIG_FILE,
+    METRICS_FILE,
+    find_run_dir,
+    new_run_dir,
+    read_launch,
+    resume_config,
+    run_name,
+    truncate_metrics,
+    write_launch,
+)
 from ..base.runlock import RunLock
 from ..base.signals import REQUEUE_SIGNAL, StopSignals
 from ..base.signals import active as active_signals
 from ..base.signals import held as held_signals
-from ..app.training import StoppedBySignal, plan_run, split_batch, stop_startup, stopped_by_signal, train
+from ..core.distributed import (
+    ParallelPlan,
+    ReportedByAnotherRank,
+    decided_by_main,
+    local_device,
+    reported_elsewhere,
+)
+from ..core.engine import resolve_device
+from ..loop.checkpoint import checkpoint_step, latest_verified
+from ..parts.models.registry import spec_for
+from ..parts.models.spec import ModelSpec
+from ..parts.models.workload_spec import WorkloadSpec
 from .report import print_report
 
 EXIT_STOPPED = 75  # sysexits' EX_TEMPFAIL: "try again later", here: continue with --resume
@@ -72,20 +88,37 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Train a GPT, or your own model and data with --model FILE.py:FUNC. Any config field can be set with --section.key=value "
         "(see --help-config), e.g. --train.max_steps=300 --precision.mode=bf16-mixed.",
     )
-    p.add_argument("--preset", help="preset name (gpt-tiny, gpt2-small, gpt2-medium) or a .toml path; "
-                   "default: gpt2-small on a GPU, gpt-tiny on CPU")
-    p.add_argument("--model", metavar="FILE.py:FUNC", help="train your own model and data: FUNC() returns "
-                   "turbotrain.Workload(model=..., train_loader=..., loss_fn=..., eval_loader=..., metrics_fn=...) "
-                   "(also package.module:FUNC); the preset then only sets speed and training settings")
+    p.add_argument(
+        "--preset",
+        help="preset name (gpt-tiny, gpt2-small, gpt2-medium) or a .toml path; "
+        "default: gpt2-small on a GPU, gpt-tiny on CPU",
+    )
+    p.add_argument(
+        "--model",
+        metavar="FILE.py:FUNC",
+        help="train your own model and data: FUNC() returns "
+        "turbotrain.Workload(model=..., train_loader=..., loss_fn=..., eval_loader=..., metrics_fn=...) "
+        "(also package.module:FUNC); the preset then only sets speed and training settings",
+    )
     p.add_argument("--data", help="a .bin token file, a text file or a folder (default: built-in corpus)")
-    p.add_argument("--resume", nargs="?", const="", default=None, metavar="RUN",
-                   help="continue a run from its latest checkpoint: a run name or directory "
-                   "(default: --run.name, else the latest run)")
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="RUN",
+        help="continue a run from its latest checkpoint: a run name or directory "
+        "(default: --run.name, else the latest run)",
+    )
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
-    p.add_argument("--help-config", action="store_true", help="list every config field with its default and meaning")
-    p.epilog = (f"exit status: 0 trained; 2 a mistake to fix (one line says what); {EXIT_STOPPED} stopped by SIGTERM/SIGINT "
-                f"with everything saved, continue with --resume; {EXIT_REQUEUE} the same after SIGUSR1 (SLURM's warning "
-                "before the time limit): requeue the job; 130 interrupted by a second Ctrl-C")
+    p.add_argument(
+        "--help-config", action="store_true", help="list every config field with its default and meaning"
+    )
+    p.epilog = (
+        f"exit status: 0 trained; 2 a mistake to fix (one line says what); {EXIT_STOPPED} stopped by SIGTERM/SIGINT "
+        f"with everything saved, continue with --resume; {EXIT_REQUEUE} the same after SIGUSR1 (SLURM's warning "
+        "before the time limit): requeue the job; 130 interrupted by a second Ctrl-C"
+    )
     p.set_defaults(command=main_train, accepts_overrides=True)
     return p
 
@@ -106,9 +139,15 @@ def main_train(args: argparse.Namespace, extra: list[str]) -> int:
             code = stopped_exit(signals)
             if topology.rank > 0:
                 return code  # rank 0 says it
-            then = (f"continue with `{resume_command(exc.run_dir or '', topology)}`" if exc.resumable
-                    else "nothing was written; start it again")
-            print(f"turbotrain train: stopped by {exc.signame} during start-up, before the first step; {then}", file=sys.stderr)
+            then = (
+                f"continue with `{resume_command(exc.run_dir or '', topology)}`"
+                if exc.resumable
+                else "nothing was written; start it again"
+            )
+            print(
+                f"turbotrain train: stopped by {exc.signame} during start-up, before the first step; {then}",
+                file=sys.stderr,
+            )
             return code
 
 
@@ -147,7 +186,8 @@ def _train_command(args: argparse.Namespace, extra: list[str], signals: StopSign
     relaunch = ""  # why this start continues its run by itself (a SLURM requeue, a torchrun restart)
     recorded: dict | None = None  # what the run keeps of the job that last started it
     signals.on_first(lambda name: stop_startup(name, None, resume))
-    if topology.rank > 0:  # under torchrun: rank 0 prints; the others only warnings and errors, with their rank
+    # under torchrun: rank 0 prints; the others only warnings and errors, with their rank
+    if topology.rank > 0:
         _quiet_logging(topology.rank)
     try:
         # Checked on every rank before any joins the process group: the same mistake everywhere,
@@ -157,13 +197,17 @@ def _train_command(args: argparse.Namespace, extra: list[str], signals: StopSign
             overrides.setdefault("data", {})["path"] = args.data
         if args.model is not None:
             if resume:
-                raise ConfigError("--model names the workload of a new run; a resume trains the run's own "
-                                  "(its config.toml's model.workload): leave --model out")
+                raise ConfigError(
+                    "--model names the workload of a new run; a resume trains the run's own "
+                    "(its config.toml's model.workload): leave --model out"
+                )
             overrides.setdefault("model", {})["workload"] = args.model
         if args.no_progress:
             overrides.setdefault("monitor", {})["progress"] = "false"
         if args.resume and "name" in overrides.get("run", {}):
-            raise ConfigError("name the run to resume once: --resume RUN or --resume --run.name NAME, not both")
+            raise ConfigError(
+                "name the run to resume once: --resume RUN or --resume --run.name NAME, not both"
+            )
         if not resume:  # a requeued SLURM job or a restarted torchrun group continues its run by itself
             found = _relaunched_run(args, overrides, topology, launch)
             if found is not None:
@@ -180,7 +224,8 @@ def _train_command(args: argparse.Namespace, extra: list[str], signals: StopSign
             base = _named_for_restarts(load_config(_preset(args), overrides), launch)
         spec = spec_for(base)  # made once: a workload's FUNC is called once per process
         if not resume and isinstance(spec, WorkloadSpec) and not _micro_given(args, overrides):
-            base = base.replace(batch={"micro": spec.micro_batch(base.run.seed) or base.batch.micro})  # the loader's batch size
+            # the loader's batch size
+            base = base.replace(batch={"micro": spec.micro_batch(base.run.seed) or base.batch.micro})
         _, plan = plan_run(base, topology, spec)  # the one resolution of this process's parallel plan
         plan.join(local_device(resolve_device(base.run.device), topology))
         # Rank 0 finds or names the run (a timestamped name, a resumed run's saved config); all use its answer.
@@ -191,7 +236,11 @@ def _train_command(args: argparse.Namespace, extra: list[str], signals: StopSign
         raise
     # a resume at another world size keeps the checkpoint's global batch unless the command sets the batch
     # (a relaunch repeats the first start's command: its batch settings are no choice made for this resume)
-    batch_given = resume and not relaunch and bool({"micro", "global_size", "accumulation"} & set(overrides.get("batch", {})))
+    batch_given = (
+        resume
+        and not relaunch
+        and bool({"micro", "global_size", "accumulation"} & set(overrides.get("batch", {})))
+    )
     if topology.rank > 0:
         return _train_other_rank(config, run_dir, resume, plan, spec, batch_given)
     if resume:
@@ -204,8 +253,14 @@ def _train_command(args: argparse.Namespace, extra: list[str], signals: StopSign
         if relaunch:
             _record_restart(run_dir, relaunch, topology.world)
         try:
-            summary = train(config, resume_dir=run_dir if resume else None, run_dir=run_dir, batch_given=batch_given,
-                            plan=plan, spec=spec)
+            summary = train(
+                config,
+                resume_dir=run_dir if resume else None,
+                run_dir=run_dir,
+                batch_given=batch_given,
+                plan=plan,
+                spec=spec,
+            )
         except Exception as exc:
             lost = _peer_lost(exc, topology, run_dir)
             if lost is None:
@@ -220,16 +275,28 @@ def _train_command(args: argparse.Namespace, extra: list[str], signals: StopSign
             signals.on_first(None)
     if stopped_by_signal(summary):
         code = stopped_exit(signals)
-        then = (f"exit {code} for the batch script to requeue the job, which resumes by itself; or continue with "
-                if code == EXIT_REQUEUE else "continue with ")
-        print(f"turbotrain train: {summary['stop_reason']} stopped the run at step {summary['steps']}, checkpoint saved; "
-              f"{then}`{resume_command(run_dir, topology)}`", file=sys.stderr)
+        then = (
+            f"exit {code} for the batch script to requeue the job, which resumes by itself; or continue with "
+            if code == EXIT_REQUEUE
+            else "continue with "
+        )
+        print(
+            f"turbotrain train: {summary['stop_reason']} stopped the run at step {summary['steps']}, checkpoint saved; "
+            f"{then}`{resume_command(run_dir, topology)}`",
+            file=sys.stderr,
+        )
         return code
     if signals.received:
-        print(f"turbotrain train: {signals.first} arrived as the run was ending; it {summary['status']} at step "
-              f"{summary['steps']} with everything saved (the plots: `turbotrain report {run_dir}`)"
-              + (f"; continue with `{resume_command(run_dir, topology)}`" if summary["steps"] < summary["max_steps"] else ""),
-              file=sys.stderr)
+        print(
+            f"turbotrain train: {signals.first} arrived as the run was ending; it {summary['status']} at step "
+            f"{summary['steps']} with everything saved (the plots: `turbotrain report {run_dir}`)"
+            + (
+                f"; continue with `{resume_command(run_dir, topology)}`"
+                if summary["steps"] < summary["max_steps"]
+                else ""
+            ),
+            file=sys.stderr,
+        )
         return stopped_exit(signals)
     return 0
 
@@ -243,7 +310,9 @@ def _preset(args: argparse.Namespace) -> str | None:
 def _micro_given(args: argparse.Namespace, overrides: dict) -> bool:
     """Whether the command or its preset sets ``batch.micro`` (else a workload's loader does)."""
     preset = _preset(args)
-    return "micro" in overrides.get("batch", {}) or (preset is not None and "micro" in read_preset(preset).get("batch", {}))
+    return "micro" in overrides.get("batch", {}) or (
+        preset is not None and "micro" in read_preset(preset).get("batch", {})
+    )
 
 
 def _resumed_run(args: argparse.Namespace, overrides: dict) -> tuple[Path, RunConfig]:
@@ -256,8 +325,9 @@ def _resumed_run(args: argparse.Namespace, overrides: dict) -> tuple[Path, RunCo
     return run_dir, resume_config(run_dir, overrides)
 
 
-def _relaunched_run(args: argparse.Namespace, overrides: dict, topology: Topology,
-                    launch: Launch) -> tuple[Path, str, dict | None] | None:
+def _relaunched_run(
+    args: argparse.Namespace, overrides: dict, topology: Topology, launch: Launch
+) -> tuple[Path, str, dict | None] | None:
     """The run this start continues by itself (:meth:`Launch.relaunch_of` decides: a requeued
     SLURM job, a worker group torchrun started again in the same job), why, and the job record it
     keeps: ``run.name`` (or the name :meth:`Launch.default_name` gives every start of the job) in
@@ -274,15 +344,20 @@ def _relaunched_run(args: argparse.Namespace, overrides: dict, topology: Topolog
     why = launch.relaunch_of(recorded, main=topology.rank == 0)
     if not why:
         if topology.rank == 0 and launch.restart and not launch.job_known and recorded is not None:
-            print(f"turbotrain train: torchrun restarted the workers (TORCHELASTIC_RESTART_COUNT={launch.restart}), but "
-                  f"{path} was started by another torchrun (another launch, or rank 0 on another node), so it is not "
-                  "taken over; to resume across nodes give torchrun --rdzv-id=UNIQUE_ID", file=sys.stderr)
+            print(
+                f"turbotrain train: torchrun restarted the workers (TORCHELASTIC_RESTART_COUNT={launch.restart}), but "
+                f"{path} was started by another torchrun (another launch, or rank 0 on another node), so it is not "
+                "taken over; to resume across nodes give torchrun --rdzv-id=UNIQUE_ID",
+                file=sys.stderr,
+            )
         return None
     if path is None:
         if topology.rank == 0:
-            print(f"turbotrain train: {why}, but the run has no --run.name, so its first start cannot be found: a new "
-                  "run starts; name the run (e.g. --run.name=$SLURM_JOB_NAME-$SLURM_JOB_ID) to resume automatically",
-                  file=sys.stderr)
+            print(
+                f"turbotrain train: {why}, but the run has no --run.name, so its first start cannot be found: a new "
+                "run starts; name the run (e.g. --run.name=$SLURM_JOB_NAME-$SLURM_JOB_ID) to resume automatically",
+                file=sys.stderr,
+            )
         return None
     return (path, why, recorded) if exists else None
 
@@ -297,13 +372,17 @@ def _named_for_restarts(config: RunConfig, launch: Launch) -> RunConfig:
     if not config.run.name:
         name = launch.default_name(config.preset)
         if not name:
-            raise ConfigError("torchrun --max-restarts starts the workers again with the same command, which must find its "
-                              "run: name it with --run.name=NAME (or give torchrun --rdzv-id, which names it)")
+            raise ConfigError(
+                "torchrun --max-restarts starts the workers again with the same command, which must find its "
+                "run: name it with --run.name=NAME (or give torchrun --rdzv-id, which names it)"
+            )
         config = config.replace(run={"name": name})
     if launch.restart_unfindable:
-        raise ConfigError("torchrun --max-restarts starts the workers again with the same command, but this launch gives "
-                          "them nothing to know their run by (TORCHELASTIC_RUN_ID=none and no torchrun agent known): "
-                          "give torchrun --rdzv-id=UNIQUE_ID (or --standalone on one node)")
+        raise ConfigError(
+            "torchrun --max-restarts starts the workers again with the same command, but this launch gives "
+            "them nothing to know their run by (TORCHELASTIC_RUN_ID=none and no torchrun agent known): "
+            "give torchrun --rdzv-id=UNIQUE_ID (or --standalone on one node)"
+        )
     return config
 
 
@@ -311,8 +390,10 @@ def _batch_record(config: RunConfig, plan: ParallelPlan) -> dict:
     """The global batch this start trains at, kept with the job record (what a relaunch at another
     world size keeps: :func:`_keep_global_batch`)."""
     b = split_batch(config, plan).batch
-    return {"world_size": plan.world, **({"global_batch": b.micro * b.accumulation * plan.data}
-                                         if isinstance(b.micro, int) else {})}
+    return {
+        "world_size": plan.world,
+        **({"global_batch": b.micro * b.accumulation * plan.data} if isinstance(b.micro, int) else {}),
+    }
 
 
 def _keep_global_batch(config: RunConfig, recorded: dict | None, topology: Topology) -> RunConfig:
@@ -338,10 +419,16 @@ def _record_restart(run_dir: Path, why: str, world: int) -> None:
     before = read_metrics(metrics)[0] if metrics.is_file() else []
     reached = max((r["step"] for r in before if "event" not in r), default=step)  # logged before the failure
     truncate_metrics(metrics, step)  # as the resume will: the later steps and a torn last line go first
-    record = {"step": step, "event": "restart", "restart": 1 + sum(r.get("event") == "restart" for r in before if r["step"] <= step),
-              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "why": why,
-              "resumed_from": newest.name if newest is not None else "", "steps_redone": max(0, reached - step),
-              "world_size": world}
+    record = {
+        "step": step,
+        "event": "restart",
+        "restart": 1 + sum(r.get("event") == "restart" for r in before if r["step"] <= step),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "why": why,
+        "resumed_from": newest.name if newest is not None else "",
+        "steps_redone": max(0, reached - step),
+        "world_size": world,
+    }
     with open(metrics, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
 
@@ -352,13 +439,26 @@ def _new_run(base: RunConfig) -> tuple[Path, RunConfig]:
     return new_run_dir(config), config
 
 
-def _train_other_rank(config: RunConfig, run_dir: Path, resume: bool, plan: ParallelPlan, spec: ModelSpec,
-                      batch_given: bool = False) -> int:
+def _train_other_rank(
+    config: RunConfig,
+    run_dir: Path,
+    resume: bool,
+    plan: ParallelPlan,
+    spec: ModelSpec,
+    batch_given: bool = False,
+) -> int:
     """A rank other than 0: the same training in rank 0's run directory, printing nothing but its errors."""
     rank = plan.rank
     try:
-        summary = train(config, resume_dir=run_dir if resume else None, run_dir=run_dir, progress=False,
-                        batch_given=batch_given, plan=plan, spec=spec)
+        summary = train(
+            config,
+            resume_dir=run_dir if resume else None,
+            run_dir=run_dir,
+            progress=False,
+            batch_given=batch_given,
+            plan=plan,
+            spec=spec,
+        )
     except ReportedByAnotherRank:
         return 0  # rank 0 (or the rank that found it) failed and says why
     except StoppedBySignal:
@@ -377,20 +477,31 @@ def _train_other_rank(config: RunConfig, run_dir: Path, resume: bool, plan: Para
 def _peer_lost(exc: BaseException, topology: Topology, run_dir: Path) -> str | None:
     """A collective that failed because another rank died or timed out, as one line that says
     so and how to continue (None for any other error, which keeps its traceback)."""
-    if topology.world < 2 or not isinstance(exc, (dist.DistError, RuntimeError)) or isinstance(exc, torch.OutOfMemoryError):
+    if (
+        topology.world < 2
+        or not isinstance(exc, (dist.DistError, RuntimeError))
+        or isinstance(exc, torch.OutOfMemoryError)
+    ):
         return None
     text = " ".join(str(exc).split())
-    if not isinstance(exc, dist.DistError) and not any(k in text.lower() for k in ("gloo", "nccl", "connection", "timed out", "timeout")):
+    if not isinstance(exc, dist.DistError) and not any(
+        k in text.lower() for k in ("gloo", "nccl", "connection", "timed out", "timeout")
+    ):
         return None
     reported = reported_elsewhere()
     if reported is not None:  # that rank stopped with its own one-line error: said once, there
         raise ReportedByAnotherRank(reported) from None
     launch = Launch.from_env()
-    then = (f"torchrun starts the workers again (restart {launch.restart + 1} of --max-restarts {launch.max_restarts}), "
-            "which resume from the newest one by themselves" if launch.restart < launch.max_restarts
-            else f"continue with `{resume_command(run_dir, topology)}`")
-    return (f"[rank {topology.rank}] another rank stopped or was lost: a collective failed ({text[:200]}); checkpoints "
-            f"already written are kept: {then}")
+    then = (
+        f"torchrun starts the workers again (restart {launch.restart + 1} of --max-restarts {launch.max_restarts}), "
+        "which resume from the newest one by themselves"
+        if launch.restart < launch.max_restarts
+        else f"continue with `{resume_command(run_dir, topology)}`"
+    )
+    return (
+        f"[rank {topology.rank}] another rank stopped or was lost: a collective failed ({text[:200]}); checkpoints "
+        f"already written are kept: {then}"
+    )
 
 
 def _quiet_logging(rank: int) -> None:
@@ -408,28 +519,43 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
         f"run {run_dir}: {summary['status']} at step {summary['steps']}/{summary['max_steps']}"
         + (f" ({summary['stop_reason']})" if summary.get("stop_reason") else ""),
         f"  {r['device']} | {r['precision']} | compile {r['compile']} | {r['optimizer']} | {r['params']:,} params"
-        + (f" | {r['strategy']} x {r['world_size']} processes, global batch {r['global_batch']}"
-           if r.get("world_size", 1) > 1 else ""),
+        + (
+            f" | {r['strategy']} x {r['world_size']} processes, global batch {r['global_batch']}"
+            if r.get("world_size", 1) > 1
+            else ""
+        ),
     ]
     if summary.get("final_val_loss") is not None:
         train_loss = summary.get("final_train_loss")
-        lines.append(f"  val loss {summary['final_val_loss']:.4f} at step {summary['final_val_step']}"
-                     + (f" | train loss {train_loss:.4f}" if train_loss is not None else ""))
-    metrics = [f"{k[len('final_val_'):].replace('_', ' ')} {v:.4f}" for k, v in summary.items()
-               if k.startswith("final_val_") and k not in ("final_val_loss", "final_val_step") and v is not None]
+        lines.append(
+            f"  val loss {summary['final_val_loss']:.4f} at step {summary['final_val_step']}"
+            + (f" | train loss {train_loss:.4f}" if train_loss is not None else "")
+        )
+    metrics = [
+        f"{k[len('final_val_') :].replace('_', ' ')} {v:.4f}"
+        for k, v in summary.items()
+        if k.startswith("final_val_") and k not in ("final_val_loss", "final_val_step") and v is not None
+    ]
     if metrics:
         lines.append("  validation " + " | ".join(metrics))
     samples = (summary.get("steady_state") or {}).get("samples_per_s")
     if not rate and samples:  # not a language model: throughput in samples
         first = summary.get("first_step_s")
-        lines.append(f"  {samples:,.1f} samples/s (median)" + (f" | first step {first:.2f} s" if first is not None else "")
-                     + f" | {summary['elapsed_s']:.1f} s total")
+        lines.append(
+            f"  {samples:,.1f} samples/s (median)"
+            + (f" | first step {first:.2f} s" if first is not None else "")
+            + f" | {summary['elapsed_s']:.1f} s total"
+        )
     if rate:
-        first = summary.get("first_step_s")  # None when this invocation trained no step (a finished run resumed)
+        # None when this invocation trained no step (a finished run resumed)
+        first = summary.get("first_step_s")
         per_rank = summary.get("rank_tokens_per_s_median") if r.get("world_size", 1) > 1 else None
-        lines.append(f"  {rate:,.0f} tokens/s (median" + (f"; {per_rank:,.0f} per process)" if per_rank else ")")
-                     + (f" | first step {first:.2f} s" if first is not None else "")
-                     + f" | {summary['elapsed_s']:.1f} s total")
+        lines.append(
+            f"  {rate:,.0f} tokens/s (median"
+            + (f"; {per_rank:,.0f} per process)" if per_rank else ")")
+            + (f" | first step {first:.2f} s" if first is not None else "")
+            + f" | {summary['elapsed_s']:.1f} s total"
+        )
     for e in summary.get("events", []):
         lines.append(f"  event at step {e['step']}: {e['kind']}: {e['detail']}")
     print("\n".join(lines))

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
+from ..app.tune import TuneOptions, require_optuna, summary, tune
 from ..base.errors import ConfigError
 from ..base.process import exit_on_sigterm
-from ..app.tune import TuneOptions, require_optuna, summary, tune
 from .profile import add_target_args, check_at_least, live_log, target_of
 
 # Trial length per device: (warm-up, timed steps, steps per pruning window). CPU steps of the
@@ -30,18 +30,39 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--batch.max_memory_gib caps memory. Needs the [tune] extra (pip install 'turbotrain[tune]').",
     )
     add_target_args(p)
-    p.add_argument("--trials", type=int, default=20, help="trials to run (default 20); over-budget and invalid "
-                   "proposals are not counted")
-    p.add_argument("--out", metavar="PATH.toml", help="where to write the best settings (default: best.toml in the run folder)")
+    p.add_argument(
+        "--trials",
+        type=int,
+        default=20,
+        help="trials to run (default 20); over-budget and invalid proposals are not counted",
+    )
+    p.add_argument(
+        "--out",
+        metavar="PATH.toml",
+        help="where to write the best settings (default: best.toml in the run folder)",
+    )
     p.add_argument("--trial-warmup", type=int, help="untimed steps per trial (default: 3 on CPU, 5 on CUDA)")
     p.add_argument("--trial-steps", type=int, help="timed steps per trial (default: 12 on CPU, 30 on CUDA)")
-    p.add_argument("--window", type=int, help="timed steps per value reported to the pruner (default: 4 on CPU, 10 on CUDA)")
-    p.add_argument("--trial-timeout-s", type=float, default=600.0, help="per-trial time limit in seconds (default 600)")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads per trial process (0 = torch's default)")
+    p.add_argument(
+        "--window",
+        type=int,
+        help="timed steps per value reported to the pruner (default: 4 on CPU, 10 on CUDA)",
+    )
+    p.add_argument(
+        "--trial-timeout-s", type=float, default=600.0, help="per-trial time limit in seconds (default 600)"
+    )
+    p.add_argument(
+        "--threads", type=int, default=0, help="CPU threads per trial process (0 = torch's default)"
+    )
     p.add_argument("--seed", type=int, default=0, help="the sampler's seed (default 0)")
     p.add_argument("--no-prune", action="store_true", help="run every trial to the end")
-    p.add_argument("--confirm", type=int, default=2, help="re-measure the best and the baseline this many times each, "
-                   "interleaved, before writing the preset; a best not >= 1.05x the baseline is not written (default 2, 0 = off)")
+    p.add_argument(
+        "--confirm",
+        type=int,
+        default=2,
+        help="re-measure the best and the baseline this many times each, "
+        "interleaved, before writing the preset; a best not >= 1.05x the baseline is not written (default 2, 0 = off)",
+    )
     p.set_defaults(command=main_tune, accepts_overrides=True)
     return p
 
@@ -52,19 +73,36 @@ def main_tune(args: argparse.Namespace, extra: list[str]) -> int:
     device = target.config().run.device
     kind = "cuda" if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()) else "cpu"
     warmup, steps, window = TRIAL_STEPS[kind]
-    options = TuneOptions(trials=args.trials, warmup=args.trial_warmup or warmup, steps=args.trial_steps or steps,
-                          window=args.window or window, timeout_s=args.trial_timeout_s, prune=not args.no_prune,
-                          threads=args.threads, seed=args.seed, confirm=args.confirm)
-    check_at_least(("--trials", options.trials, 1), ("--trial-warmup", options.warmup, 1),
-                   ("--trial-steps", options.steps, 2), ("--window", options.window, 1), ("--threads", options.threads, 0),
-                   ("--confirm", options.confirm, 0))
+    options = TuneOptions(
+        trials=args.trials,
+        warmup=args.trial_warmup or warmup,
+        steps=args.trial_steps or steps,
+        window=args.window or window,
+        timeout_s=args.trial_timeout_s,
+        prune=not args.no_prune,
+        threads=args.threads,
+        seed=args.seed,
+        confirm=args.confirm,
+    )
+    check_at_least(
+        ("--trials", options.trials, 1),
+        ("--trial-warmup", options.warmup, 1),
+        ("--trial-steps", options.steps, 2),
+        ("--window", options.window, 1),
+        ("--threads", options.threads, 0),
+        ("--confirm", options.confirm, 0),
+    )
     if args.out and not args.out.endswith(".toml"):
-        raise ConfigError(f"--out {args.out}: give a path ending in .toml (it is read back with --preset PATH.toml)")
+        raise ConfigError(
+            f"--out {args.out}: give a path ending in .toml (it is read back with --preset PATH.toml)"
+        )
     exit_on_sigterm()  # a running trial is ended too
     with live_log() as log:
         doc = tune(target, options, Path(args.out) if args.out else None, log)
     print(summary(doc))
     if doc["interrupted"]:
-        print(f"interrupted ({doc['interrupted']}): continue the study with the same command and {doc['resume']}")
+        print(
+            f"interrupted ({doc['interrupted']}): continue the study with the same command and {doc['resume']}"
+        )
         return 128 + signal.SIGTERM if doc["interrupted"].startswith("SIGTERM") else 130
     return 0 if doc.get("best") else 1

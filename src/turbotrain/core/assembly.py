@@ -8,8 +8,9 @@ keep their identity) and the config fields used cannot drift apart.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,8 +33,13 @@ class Trainable:
 
 
 def build_trainable(
-    config: RunConfig, model: nn.Module, *, max_steps: int | None = None, loader: Iterable[Any] | None = None,
-    optimizer: torch.optim.Optimizer | None = None, plan: ParallelPlan | None = None,
+    config: RunConfig,
+    model: nn.Module,
+    *,
+    max_steps: int | None = None,
+    loader: Iterable[Any] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    plan: ParallelPlan | None = None,
 ) -> Trainable:
     """The engine for ``config``, AdamW from ``config.optim`` over ``model`` (or the caller's
     ``optimizer``, used as it is), the warmup + decay schedule spanning ``max_steps`` optimizer
@@ -47,6 +53,8 @@ def build_trainable(
         optimizer = optimizer_from_config(model, engine.device, c)
         if max_steps is not None:
             scheduler = scheduler_from_config(optimizer, c, max_steps)
-    model, optimizer, loader = engine.setup(model, optimizer, loader, scheduler=scheduler, scheduler_interval="step")
+    model, optimizer, loader = engine.setup(
+        model, optimizer, loader, scheduler=scheduler, scheduler_interval="step"
+    )
     assert optimizer is not None
     return Trainable(engine, model, optimizer, scheduler, loader)

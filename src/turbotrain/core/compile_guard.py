@@ -71,14 +71,17 @@ class CompileCounts:
     def graph_breaks(self) -> int:
         return sum(self.break_reasons.values())
 
-    def minus(self, base: "CompileCounts") -> "CompileCounts":
+    def minus(self, base: CompileCounts) -> CompileCounts:
         """What happened since ``base`` (counters only grow)."""
         rec = Counter(self.recompile_reasons)
         rec.subtract(base.recompile_reasons)
         brk = Counter(self.break_reasons)
         brk.subtract(base.break_reasons)
-        return CompileCounts(self.frames - base.frames, {k: v for k, v in rec.items() if v > 0},
-                             {k: v for k, v in brk.items() if v > 0})
+        return CompileCounts(
+            self.frames - base.frames,
+            {k: v for k, v in rec.items() if v > 0},
+            {k: v for k, v in brk.items() if v > 0},
+        )
 
 
 def collect_compile_counts() -> CompileCounts:

@@ -37,8 +37,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -47,7 +48,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 # torch.distributed.fsdp and .tensor (DTensor) cost ~0.5 s to import: only an fsdp run imports
 # them (FSDP.wrap), so ``import turbotrain`` and a one-process run stay light.
-
 from ..base.config import DIST_STRATEGIES, DistributedConfig, choice_error, setting
 from ..base.errors import ConfigError, TurbotrainError
 from ..base.launch import Topology
@@ -86,11 +86,13 @@ class ParallelPlan:
     strategy: str = "single"  # single | ddp | fsdp: how the dense parameters are kept over the data dimension
     expert: int = 1
     settings: DistributedConfig = DistributedConfig()
-    _groups: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # made by join(), owned here
+    # made by join(), owned here
+    _groups: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def resolve(cls, cfg: DistributedConfig, topology: Topology | None = None,
-                n_experts: int | None = None) -> "ParallelPlan":
+    def resolve(
+        cls, cfg: DistributedConfig, topology: Topology | None = None, n_experts: int | None = None
+    ) -> ParallelPlan:
         """The plan for this launch: ``distributed.strategy`` (``auto``: ddp under a launcher with
         more than one process, else single) and ``distributed.expert_parallel`` checked against the
         world size and ``n_experts`` (the model's experts per MoE block, its spec says: 0 for a
@@ -103,21 +105,29 @@ class ParallelPlan:
         if strategy == "auto":
             strategy = "ddp" if topology.world > 1 else "single"
         if strategy == "single" and topology.world > 1:
-            raise ConfigError(f"distributed.strategy = 'single' but {topology.world} processes were launched; "
-                              f"use {setting('distributed.strategy', 'ddp')} or fsdp, or launch one process")
+            raise ConfigError(
+                f"distributed.strategy = 'single' but {topology.world} processes were launched; "
+                f"use {setting('distributed.strategy', 'ddp')} or fsdp, or launch one process"
+            )
         if strategy != "single" and not topology.launched:
-            raise ConfigError(f"distributed.strategy = {strategy!r} needs processes started by torchrun, e.g. "
-                              f"`torchrun --nproc-per-node 2 -m turbotrain train ...`; in one plain process use "
-                              f"{setting('distributed.strategy', 'single')}")
+            raise ConfigError(
+                f"distributed.strategy = {strategy!r} needs processes started by torchrun, e.g. "
+                f"`torchrun --nproc-per-node 2 -m turbotrain train ...`; in one plain process use "
+                f"{setting('distributed.strategy', 'single')}"
+            )
         degree = cfg.expert_parallel
         if degree > 1:  # (one plain process: the degree cannot divide its world of 1)
             if n_experts == 0:
-                raise ConfigError(f"distributed.expert_parallel = {degree} needs a mixture-of-experts model: "
-                                  f"{setting('model.arch', 'moe')} (or --preset moe-tiny), or a --model with turbotrain.MoE layers")
+                raise ConfigError(
+                    f"distributed.expert_parallel = {degree} needs a mixture-of-experts model: "
+                    f"{setting('model.arch', 'moe')} (or --preset moe-tiny), or a --model with turbotrain.MoE layers"
+                )
             check_degree(degree, topology.world, n_experts)
             if strategy == "fsdp":
-                raise ConfigError(f"distributed.expert_parallel = {degree} runs with DDP for the non-expert parameters; "
-                                  f"use {setting('distributed.strategy', 'ddp')}")
+                raise ConfigError(
+                    f"distributed.expert_parallel = {degree} runs with DDP for the non-expert parameters; "
+                    f"use {setting('distributed.strategy', 'ddp')}"
+                )
         return cls(topology, strategy, degree, cfg)
 
     @property
@@ -150,12 +160,14 @@ class ParallelPlan:
             lower = max(per_step, global_size // per_step * per_step)
             raise ConfigError(
                 f"batch.global_size = {global_size} does not divide by batch.micro x world = {micro} x {self.data}"
-                f" = {per_step}; use {setting('batch.global_size', lower)} (a multiple of {per_step}) or another batch.micro")
+                f" = {per_step}; use {setting('batch.global_size', lower)} (a multiple of {per_step}) or another batch.micro"
+            )
         split = global_size // per_step
         if accumulation not in (1, split):
             raise ConfigError(
                 f"batch.accumulation = {accumulation} contradicts batch.global_size = {global_size} = batch.micro x "
-                f"accumulation x world = {micro} x {split} x {self.data}; set one of them")
+                f"accumulation x world = {micro} x {split} x {self.data}; set one of them"
+            )
         return split
 
     def join(self, device: torch.device) -> None:
@@ -166,9 +178,13 @@ class ParallelPlan:
         join_process_group(self.settings, device, self.topology)
         if self.expert > 1 and "expert" not in self._groups:
             degree, world, rank = self.expert, self.world, self.rank
-            ep_groups = [dist.new_group(list(range(g * degree, (g + 1) * degree))) for g in range(world // degree)]
+            ep_groups = [
+                dist.new_group(list(range(g * degree, (g + 1) * degree))) for g in range(world // degree)
+            ]
             replica_groups = [dist.new_group(list(range(i, world, degree))) for i in range(degree)]
-            self._groups["expert"] = ExpertLayout(degree, world, rank, ep_groups[rank // degree], replica_groups[rank % degree])
+            self._groups["expert"] = ExpertLayout(
+                degree, world, rank, ep_groups[rank // degree], replica_groups[rank % degree]
+            )
 
     @property
     def experts(self) -> ExpertLayout | None:
@@ -176,7 +192,9 @@ class ParallelPlan:
         if self.expert == 1:
             return None
         if "expert" not in self._groups:
-            raise RuntimeError("ParallelPlan.join(device) makes the expert groups: call it before placing experts")
+            raise RuntimeError(
+                "ParallelPlan.join(device) makes the expert groups: call it before placing experts"
+            )
         return self._groups["expert"]
 
 
@@ -191,15 +209,22 @@ class Strategy:
         self.plan = plan or ParallelPlan(Topology())
         self.topology = self.plan.topology
         self.rank, self.world = self.topology.rank, self.topology.world
-        self.grad_norm: GradNormFn | None = None  # the global gradient norm when experts are spread (set by wrap)
+        self.grad_norm: GradNormFn | None = (
+            None  # the global gradient norm when experts are spread (set by wrap)
+        )
 
     @property
     def is_main(self) -> bool:
         """Rank 0: the one that prints, logs and writes files shared by the run."""
         return self.rank == 0
 
-    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, param_dtype: torch.dtype | None,
-             reduce_dtype: torch.dtype | None = torch.float32) -> nn.Module:
+    def wrap(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        param_dtype: torch.dtype | None,
+        reduce_dtype: torch.dtype | None = torch.float32,
+    ) -> nn.Module:
         """The model to train: each MoE block's experts placed on their ranks (the plan's expert
         dimension; the optimizer is pointed at this rank's slices and its checkpoints hold every
         expert), then the rest wrapped for the data dimension. ``param_dtype`` and
@@ -209,8 +234,14 @@ class Strategy:
         self.grad_norm = placed.grad_norm
         return self.wrap_data(model, optimizer, param_dtype, reduce_dtype, placed.params)
 
-    def wrap_data(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, param_dtype: torch.dtype | None,
-                  reduce_dtype: torch.dtype | None, experts: list[nn.Parameter]) -> nn.Module:
+    def wrap_data(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        param_dtype: torch.dtype | None,
+        reduce_dtype: torch.dtype | None,
+        experts: list[nn.Parameter],
+    ) -> nn.Module:
         """The data dimension: ``model`` wrapped so that its parameters other than ``experts``
         (this rank's expert slices, reduced over their replica group) are averaged over ranks."""
         return model
@@ -218,8 +249,9 @@ class Strategy:
     def set_grad_sync(self, model: nn.Module, sync: bool) -> None:
         """Whether the coming backward reduces gradients across ranks (only at accumulation boundaries)."""
 
-    def run_window(self, models: Sequence[nn.Module], micro_batches: Sequence[M],
-                   micro_step: Callable[[M], R]) -> list[R]:
+    def run_window(
+        self, models: Sequence[nn.Module], micro_batches: Sequence[M], micro_step: Callable[[M], R]
+    ) -> list[R]:
         """The micro-batches of one optimizer step (:mod:`turbotrain.core.window`): single, DDP
         and FSDP2 run them in order, gradients reduced across ranks only in the last one's
         backward (the flag is set before each forward, where DDP reads it). A pipeline strategy
@@ -255,7 +287,11 @@ class DataParallel(Strategy):
         return tensor.div_(self.world)
 
     def full(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.full_tensor() if is_loaded_instance(tensor, "torch.distributed.tensor", "DTensor") else tensor
+        return (
+            tensor.full_tensor()
+            if is_loaded_instance(tensor, "torch.distributed.tensor", "DTensor")
+            else tensor
+        )
 
     def any_rank(self, flag: bool, device: torch.device | None = None) -> bool:
         t = torch.tensor(int(flag), device=device or collective_device())
@@ -270,8 +306,14 @@ class DDP(DataParallel):
         super().__init__(plan)
         self.device = device
 
-    def wrap_data(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, param_dtype: torch.dtype | None,
-                  reduce_dtype: torch.dtype | None, experts: list[nn.Parameter]) -> nn.Module:
+    def wrap_data(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        param_dtype: torch.dtype | None,
+        reduce_dtype: torch.dtype | None,
+        experts: list[nn.Parameter],
+    ) -> nn.Module:
         if experts:
             # DDP has no public way to leave parameters out; this static method is the one its own
             # tests and torchrec use. (FSDP2's fully_shard takes ``ignored_params`` publicly.)
@@ -279,8 +321,10 @@ class DDP(DataParallel):
             DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
         cfg = self.plan.settings
         return DistributedDataParallel(
-            model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-            bucket_cap_mb=cfg.bucket_cap_mb, static_graph=cfg.static_graph,
+            model,
+            device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            bucket_cap_mb=cfg.bucket_cap_mb,
+            static_graph=cfg.static_graph,
             gradient_as_bucket_view=cfg.gradient_as_bucket_view,
         )
 
@@ -291,9 +335,19 @@ class DDP(DataParallel):
 class FSDP(DataParallel):
     name = "fsdp"
 
-    def wrap_data(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, param_dtype: torch.dtype | None,
-                  reduce_dtype: torch.dtype | None, experts: list[nn.Parameter]) -> nn.Module:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # on first use: see the note at the imports
+    def wrap_data(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        param_dtype: torch.dtype | None,
+        reduce_dtype: torch.dtype | None,
+        experts: list[nn.Parameter],
+    ) -> nn.Module:
+        # on first use: see the note at the imports
+        from torch.distributed.fsdp import (
+            MixedPrecisionPolicy,
+            fully_shard,
+        )
 
         names = {id(p): name for name, p in model.named_parameters()}
         policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
@@ -303,8 +357,10 @@ class FSDP(DataParallel):
         fully_shard(model, mp_policy=policy, reshard_after_forward=reshard)
         if optimizer is not None:
             if optimizer.state:
-                raise ConfigError("distributed.strategy = 'fsdp' shards the parameters: call engine.setup(model, optimizer) "
-                                  "before the optimizer's first step")
+                raise ConfigError(
+                    "distributed.strategy = 'fsdp' shards the parameters: call engine.setup(model, optimizer) "
+                    "before the optimizer's first step"
+                )
             sharded = dict(model.named_parameters())
             for group in optimizer.param_groups:
                 group["params"] = [sharded[names[id(p)]] for p in group["params"]]
@@ -326,11 +382,19 @@ def join_process_group(cfg: DistributedConfig, device: torch.device, topology: T
     where: dict[str, Any] = {}
     if topology.launcher == "slurm":  # no torchrun variables: rank 0 hosts the store at the first node
         host = f"[{topology.master_addr}]" if ":" in topology.master_addr else topology.master_addr
-        where = {"init_method": f"tcp://{host}:{topology.master_port}", "rank": topology.rank, "world_size": topology.world}
+        where = {
+            "init_method": f"tcp://{host}:{topology.master_port}",
+            "rank": topology.rank,
+            "world_size": topology.world,
+        }
     elif os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         where = _restart_safe_store(topology, cfg.timeout_s)
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.timeout_s), **where,
-                            **({"device_id": device} if device.type == "cuda" else {}))
+    dist.init_process_group(
+        backend,
+        timeout=datetime.timedelta(seconds=cfg.timeout_s),
+        **where,
+        **({"device_id": device} if device.type == "cuda" else {}),
+    )
     if not _leaving:
         _leaving.append(True)
         atexit.register(_leave_at_exit)
@@ -343,8 +407,13 @@ def _restart_safe_store(topology: Topology, timeout_s: float) -> dict[str, Any]:
     and connect to a process that is gone (gloo: "Connection refused", or a hang). A new group has
     a new restart count (after a failure) or a new world size (a node joined)."""
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), topology.world, is_master=False,
-                          timeout=timeout)
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        topology.world,
+        is_master=False,
+        timeout=timeout,
+    )
     group = f"turbotrain/group/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{topology.world}/"
     return {"store": dist.PrefixStore(group, store), "rank": topology.rank, "world_size": topology.world}
 
@@ -377,8 +446,11 @@ def watch_launcher(poll_s: float = LAUNCHER_POLL_S) -> None:
     def watch() -> None:
         while os.getppid() == launcher:
             time.sleep(poll_s)
-        log.warning("the launcher of this rank (process %d, torchrun) is gone: stopping after this step with a "
-                    "checkpoint, as for SIGTERM", launcher)
+        log.warning(
+            "the launcher of this rank (process %d, torchrun) is gone: stopping after this step with a "
+            "checkpoint, as for SIGTERM",
+            launcher,
+        )
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="turbotrain-launcher-watch", daemon=True).start()
@@ -389,7 +461,9 @@ def local_device(device: torch.device, topology: Topology) -> torch.device:
     in a plain process a bare ``cuda`` means the current GPU, given its index (torch's
     ``set_device`` and device comparisons need one)."""
     if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", topology.local_rank if topology.launched else torch.cuda.current_device())
+        device = torch.device(
+            "cuda", topology.local_rank if topology.launched else torch.cuda.current_device()
+        )
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return device
@@ -456,7 +530,7 @@ def _running_threads(name: str) -> int:
         for task in os.scandir("/proc/self/task"):
             with open(f"{task.path}/stat") as f:
                 stat = f.read()
-            comm, state = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2]
+            comm, state = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2]
             count += comm == name and state == "R"
     except OSError:
         return 0

@@ -28,25 +28,33 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, ContextManager, Iterable, Mapping, Sequence
+from typing import Any, ContextManager
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
 from ..base.batch import batch_size, misplaced, move_to, split_batch, token_count
-from .compile_guard import CompileGuard
 from ..base.config import PrecisionConfig, RunConfig, load_config, setting
+from ..base.errors import ConfigError, NonFiniteError, PlacementError
+from ..base.launch import Topology
 from ..parts.data.loader import LoaderSettings, resolve_loader_settings, tune_loader
 from ..parts.data.prefetch import DevicePrefetcher
-from ..base.errors import ConfigError, NonFiniteError, PlacementError
+from ..parts.models.moe.parallel import GradNormFn
+from .compile_guard import CompileGuard
+from .distributed import ParallelPlan, Strategy, build_strategy, local_device
 from .oom import build_oom_policy, is_oom, oom_reason
 from .optim import apply_fast_adam_kernel
-from .distributed import ParallelPlan, Strategy, build_strategy, local_device
-from ..base.launch import Topology
-from ..parts.models.moe.parallel import GradNormFn
-from .precision import DeviceCaps, NonFiniteGuard, Precision, apply_backend_switches, build_guard, build_precision
+from .precision import (
+    DeviceCaps,
+    NonFiniteGuard,
+    Precision,
+    apply_backend_switches,
+    build_guard,
+    build_precision,
+)
 from .transforms import apply_activation_checkpointing, apply_compile, eager, resolve_scope
 from .window import LossFn, MicroBatch, Window, WindowFn, as_loss, default_grad_norm, default_loss
 
@@ -64,7 +72,9 @@ def resolve_device(name: str) -> torch.device:
     except RuntimeError:
         raise ConfigError(f"run.device = {name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"run.device = {name!r} but no CUDA GPU is visible to torch; use {setting('run.device', 'cpu')} or auto")
+        raise ConfigError(
+            f"run.device = {name!r} but no CUDA GPU is visible to torch; use {setting('run.device', 'cpu')} or auto"
+        )
     return device
 
 
@@ -76,13 +86,20 @@ def apply_memory_cap(device: torch.device, fraction: float) -> None:
     if fraction <= 0:
         return
     if device.type != "cuda":
-        log.info("memory.max_fraction = %g does not apply on %s (it caps the CUDA caching allocator); training runs uncapped",
-                 fraction, device.type)
+        log.info(
+            "memory.max_fraction = %g does not apply on %s (it caps the CUDA caching allocator); training runs uncapped",
+            fraction,
+            device.type,
+        )
         return
     index = device.index if device.index is not None else torch.cuda.current_device()
     torch.cuda.set_per_process_memory_fraction(float(fraction), index)
-    log.info("memory.max_fraction: this process may hold at most %g of cuda:%d's memory; past it allocations fail "
-             "as out-of-memory (memory.on_oom applies)", fraction, index)
+    log.info(
+        "memory.max_fraction: this process may hold at most %g of cuda:%d's memory; past it allocations fail "
+        "as out-of-memory (memory.on_oom applies)",
+        fraction,
+        index,
+    )
 
 
 @dataclass
@@ -111,7 +128,8 @@ class EngineOptions:
 
     device: torch.device
     precision: str
-    precision_settings: PrecisionConfig = PrecisionConfig()  # the [precision] section, for the plugins' own fields
+    # the [precision] section, for the plugins' own fields
+    precision_settings: PrecisionConfig = PrecisionConfig()
     tf32: bool = True
     cudnn_benchmark: bool = True
     flush_denormal: bool = True
@@ -124,7 +142,9 @@ class EngineOptions:
     grad_clip: float = 0.0
     nonfinite: str = "fallback"
     max_nonfinite_steps: int = 3
-    sync_every: int = 10  # optimizer steps between guard reads: the monitor's logging cadence, so both share one sync
+    sync_every: int = (
+        10  # optimizer steps between guard reads: the monitor's logging cadence, so both share one sync
+    )
     track_grad_norm: bool = False
     device_prefetch: bool = True
     checkpointing: str = "off"
@@ -136,7 +156,7 @@ class EngineOptions:
     plan: ParallelPlan = ParallelPlan(Topology())  # how the run spreads over processes (one process: this)
 
     @classmethod
-    def from_config(cls, config: RunConfig, plan: ParallelPlan | None = None) -> "EngineOptions":
+    def from_config(cls, config: RunConfig, plan: ParallelPlan | None = None) -> EngineOptions:
         """The engine's options from ``config``; ``plan`` is the run's parallel plan when the caller
         resolved it already (once per process), else it is resolved here."""
         plan = plan or ParallelPlan.resolve(config.distributed)
@@ -164,8 +184,11 @@ class EngineOptions:
             on_oom=config.memory.on_oom,
             inject_oom_at_step=config.memory.inject_oom_at_step,
             tune_user_optimizer=config.optim.tune_user_optimizer,
-            tune_user_loader=resolve_loader_settings(device, config.data.num_workers, config.data.pin_memory,
-                                                     config.data.prefetch_factor) if config.data.tune_user_loader else None,
+            tune_user_loader=resolve_loader_settings(
+                device, config.data.num_workers, config.data.pin_memory, config.data.prefetch_factor
+            )
+            if config.data.tune_user_loader
+            else None,
             plan=plan,
         )
 
@@ -181,8 +204,13 @@ class Engine:
     train`` does, once per process); else ``distributed.*`` is resolved against the launch here.
     """
 
-    def __init__(self, config: RunConfig | Mapping[str, Mapping[str, Any]] | None = None, *,
-                 precision: str | Precision | None = None, plan: ParallelPlan | None = None) -> None:
+    def __init__(
+        self,
+        config: RunConfig | Mapping[str, Mapping[str, Any]] | None = None,
+        *,
+        precision: str | Precision | None = None,
+        plan: ParallelPlan | None = None,
+    ) -> None:
         if config is None or isinstance(config, Mapping):
             config = load_config(overrides=config or {})
         self.options = opts = EngineOptions.from_config(config, plan)
@@ -191,23 +219,40 @@ class Engine:
         chosen = opts.precision if precision is None else precision
         plugin = build_precision(chosen, self.device, self.caps, opts.precision_settings)
         # the switches as applied (tf32, cudnn_benchmark, deterministic), for the run's summary
-        self.switches = apply_backend_switches(self.device, tf32=opts.tf32, cudnn_benchmark=opts.cudnn_benchmark,
-                                               flush_denormal=opts.flush_denormal, deterministic=opts.deterministic)
+        self.switches = apply_backend_switches(
+            self.device,
+            tf32=opts.tf32,
+            cudnn_benchmark=opts.cudnn_benchmark,
+            flush_denormal=opts.flush_denormal,
+            deterministic=opts.deterministic,
+        )
         apply_memory_cap(self.device, opts.memory_max_fraction)
         self.strategy: Strategy = build_strategy(opts.plan, self.device)
-        self.oom_policy = build_oom_policy(opts.on_oom, self.strategy.rank, self.strategy.world)  # world > 1: stop, never halve alone
+        # world > 1: stop, never halve alone
+        self.oom_policy = build_oom_policy(opts.on_oom, self.strategy.rank, self.strategy.world)
         self.base_accumulation = opts.accumulation  # micro-batches per optimizer step as configured
         self.split = 1  # parts each loader batch is cut into (doubled by the OOM policy)
-        self.accumulation = opts.accumulation  # = base_accumulation x split: backward passes per optimizer step
+        # = base_accumulation x split: backward passes per optimizer step
+        self.accumulation = opts.accumulation
         self.pending_micro_steps = 0  # backward passes since the last optimizer step
         self.state = TrainState()
         self.events: list[Event] = []
-        self._logged: dict[str, tuple[torch.Tensor, int]] = {}  # engine.log: name -> (sum on the device, count)
+        self._logged: dict[
+            str, tuple[torch.Tensor, int]
+        ] = {}  # engine.log: name -> (sum on the device, count)
         self._aux_modules: list[Any] = []  # modules whose auxiliary loss backward adds (see setup)
         # the step's tensor work (window.py); precision, guard and grad norm live there, read through properties
-        self.window = Window(plugin, self.strategy, build_guard(self.device), self.device, grad_clip=opts.grad_clip,
-                             norm_needed=opts.grad_clip > 0 or opts.track_grad_norm, aux_modules=self._aux_modules)
-        self._run_window: WindowFn = self.window.run  # the body train_window calls: wrapped once by wrap_window
+        self.window = Window(
+            plugin,
+            self.strategy,
+            build_guard(self.device),
+            self.device,
+            grad_clip=opts.grad_clip,
+            norm_needed=opts.grad_clip > 0 or opts.track_grad_norm,
+            aux_modules=self._aux_modules,
+        )
+        # the body train_window calls: wrapped once by wrap_window
+        self._run_window: WindowFn = self.window.run
         self.scheduler: Any = None
         self.last_loss: torch.Tensor | None = None  # mean loss of the last optimizer step, on device
         self.last_grad_norm: torch.Tensor | None = None  # its global gradient norm, on device (when computed)
@@ -288,20 +333,29 @@ class Engine:
             if callable(getattr(module, "take_aux_loss", None)) and module not in self._aux_modules:
                 self._aux_modules.append(module)
         model.to(self.device)
-        self.precision.convert_module(model, sharded=self.strategy.plan.sharded)  # fp8 prepares its float8 all-gather for FSDP2
-        if optimizer is not None and self.options.tune_user_optimizer:  # optim.tune_user_optimizer: before any wrapper
+        # fp8 prepares its float8 all-gather for FSDP2
+        self.precision.convert_module(model, sharded=self.strategy.plan.sharded)
+        # optim.tune_user_optimizer: before any wrapper
+        if optimizer is not None and self.options.tune_user_optimizer:
             self._log_tuning("optim.tune_user_optimizer", apply_fast_adam_kernel(optimizer, self.device))
         apply_activation_checkpointing(model, self.options.checkpointing)
         apply_compile(model, self.options.compile_scope, self.options.compile_mode)
-        model = self.strategy.wrap(model, optimizer, self.precision.compute_dtype, self.precision.reduce_dtype)
-        if self.strategy.grad_norm is not None:  # experts spread over ranks: clip by the norm over all of them
+        model = self.strategy.wrap(
+            model, optimizer, self.precision.compute_dtype, self.precision.reduce_dtype
+        )
+        # experts spread over ranks: clip by the norm over all of them
+        if self.strategy.grad_norm is not None:
             self.set_grad_norm(self.strategy.grad_norm)
         self._models.append(model)
         self._sync_grads_for_next()
         self.scheduler = scheduler
         self.scheduler_interval = scheduler_interval if scheduler is not None else "manual"
         self._scheduler_per_step = self.scheduler_interval == "step"
-        if loader is not None and self.options.tune_user_loader is not None and not isinstance(loader, DevicePrefetcher):
+        if (
+            loader is not None
+            and self.options.tune_user_loader is not None
+            and not isinstance(loader, DevicePrefetcher)
+        ):
             loader = self._tuned_loader(loader, self.options.tune_user_loader)
         return model, optimizer, self.setup_loader(loader) if loader is not None else None
 
@@ -309,24 +363,35 @@ class Engine:
         """``data.tune_user_loader``: a torch DataLoader rebuilt with the data section's settings;
         any other iterable is kept (one log line says why)."""
         if not isinstance(loader, DataLoader):
-            log.warning("data.tune_user_loader: the loader is a %s, not a torch DataLoader; it is used as it is",
-                        type(loader).__name__)
+            log.warning(
+                "data.tune_user_loader: the loader is a %s, not a torch DataLoader; it is used as it is",
+                type(loader).__name__,
+            )
             return loader
         tuned = tune_loader(loader, settings)
-        self._log_tuning("data.tune_user_loader", f"DataLoader: num_workers {loader.num_workers} -> {tuned.num_workers}, "
-                         f"pin_memory {loader.pin_memory} -> {tuned.pin_memory}, persistent_workers "
-                         f"{loader.persistent_workers} -> {tuned.persistent_workers}")
+        self._log_tuning(
+            "data.tune_user_loader",
+            f"DataLoader: num_workers {loader.num_workers} -> {tuned.num_workers}, "
+            f"pin_memory {loader.pin_memory} -> {tuned.pin_memory}, persistent_workers "
+            f"{loader.persistent_workers} -> {tuned.persistent_workers}",
+        )
         return tuned
 
     def _log_tuning(self, switch: str, change: str | None) -> None:
-        log.info("%s: %s", switch, change or "left as it is (not a plain torch.optim.Adam/AdamW, or already that kernel)")
+        log.info(
+            "%s: %s",
+            switch,
+            change or "left as it is (not a plain torch.optim.Adam/AdamW, or already that kernel)",
+        )
 
     def setup_loader(self, loader: Iterable[Any]) -> DevicePrefetcher:
         """Wrap ``loader`` so each batch arrives on the device (side-stream prefetch on CUDA) and
         is counted (samples, tokens) for throughput as it is handed out."""
         if isinstance(loader, DevicePrefetcher):
             return loader
-        return DevicePrefetcher(loader, self.device, side_stream=self.options.device_prefetch, on_batch=self.count_batch)
+        return DevicePrefetcher(
+            loader, self.device, side_stream=self.options.device_prefetch, on_batch=self.count_batch
+        )
 
     # ------------------------------------------------------------------ hot path
 
@@ -426,18 +491,27 @@ class Engine:
         self.state.batches += 1
         return loss
 
-    def train_window(self, model: nn.Module, optimizer: torch.optim.Optimizer, batches: Sequence[Any],
-                     loss_fn: LossFn = default_loss) -> bool:
+    def train_window(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        batches: Sequence[Any],
+        loss_fn: LossFn = default_loss,
+    ) -> bool:
         """One optimizer step over ``batches`` (``accumulation`` loader batches, on the device): the
         step ``forward_backward`` on each and then ``step`` take, run as one window body
         (:meth:`Window.run`, through the wrapper of :meth:`wrap_window`). After an out-of-memory
         error the OOM policy re-runs the window's batches as in ``forward_backward``. Returns True."""
         if self.pending_micro_steps:
-            raise RuntimeError(f"train_window starts an optimizer step, but {self.pending_micro_steps} backward pass(es) "
-                               "are pending: call engine.step(optimizer) first")
+            raise RuntimeError(
+                f"train_window starts an optimizer step, but {self.pending_micro_steps} backward pass(es) "
+                "are pending: call engine.step(optimizer) first"
+            )
         if len(batches) != self.base_accumulation:
-            raise ValueError(f"train_window takes one optimizer step's {self.base_accumulation} loader batch(es) "
-                             f"(batch.accumulation), got {len(batches)}")
+            raise ValueError(
+                f"train_window takes one optimizer step's {self.base_accumulation} loader batch(es) "
+                f"(batch.accumulation), got {len(batches)}"
+            )
         if self.state.batches == 0:
             self._check_batch(batches[0])
         if not self._placement_checked:
@@ -454,7 +528,8 @@ class Engine:
                 raise
             reason = oom_reason(exc)
         self.state.batches += len(batches)
-        if reason:  # outside the except clause, as in forward_backward; the policy re-runs the batches one by one
+        # outside the except clause, as in forward_backward; the policy re-runs the batches one by one
+        if reason:
             self.oom_policy.recover(self, model, batches[-1], loss_fn, reason)
             return self._optimizer_step(optimizer)
         self.state.micro_step += len(micro)
@@ -563,7 +638,9 @@ class Engine:
 
     def _raise_injected_oom(self) -> None:
         step, self._inject_oom_at_step = self._inject_oom_at_step, 0  # once
-        raise torch.OutOfMemoryError(f"injected out-of-memory error in step {step} (memory.inject_oom_at_step = {step})")
+        raise torch.OutOfMemoryError(
+            f"injected out-of-memory error in step {step} (memory.inject_oom_at_step = {step})"
+        )
 
     def _oom_after_forward(self, loss_fn: LossFn, n: int) -> LossFn:
         """``_maybe_inject_oom`` in a whole window: the error after its last (``n``-th) forward."""
@@ -593,16 +670,25 @@ class Engine:
             return
         opts = self.options
         if count > self._nonfinite_logged:  # once per new skip, not again at every poll
-            log.warning("%d non-finite step(s) skipped by step %d (%s)", count - self._nonfinite_logged, self.state.step, self.precision.name)
+            log.warning(
+                "%d non-finite step(s) skipped by step %d (%s)",
+                count - self._nonfinite_logged,
+                self.state.step,
+                self.precision.name,
+            )
             self._nonfinite_logged = count
         if opts.nonfinite == "skip" or new < opts.max_nonfinite_steps:
             return
         where = f"{count} non-finite loss/gradient steps by step {self.state.step} in {self.precision.name}"
         if opts.nonfinite == "stop":
-            raise NonFiniteError(f"{where}; lower optim.lr, check the data, or use {setting('precision.nonfinite', 'fallback')}")
+            raise NonFiniteError(
+                f"{where}; lower optim.lr, check the data, or use {setting('precision.nonfinite', 'fallback')}"
+            )
         target = self.precision.fallback_for(self.caps)
         if target is None:
-            raise NonFiniteError(f"{where}, and there is no safer precision to fall back to; lower optim.lr or check the data")
+            raise NonFiniteError(
+                f"{where}, and there is no safer precision to fall back to; lower optim.lr or check the data"
+            )
         self.switch_precision(target, optimizer)
         self._nonfinite_acted = count
 
@@ -610,7 +696,9 @@ class Engine:
         """Change precision mid-run (fallback): new autocast/scaler, weights and state cast back up."""
         old = self.precision
         self.precision = build_precision(mode, self.device, self.caps, self.options.precision_settings)
-        for model in self._models:  # layer swaps (fp8's float8 linears) undone: the parameters stay the same objects
+        for (
+            model
+        ) in self._models:  # layer swaps (fp8's float8 linears) undone: the parameters stay the same objects
             old.revert_module(model)
         if old.param_dtype != self.precision.param_dtype:
             for model in self._models:
@@ -648,8 +736,13 @@ class Engine:
         the only one, and no eval-mode graph is compiled for a few batches."""
         return self.evaluate_metrics(model, batches, loss_fn)["loss"]
 
-    def evaluate_metrics(self, model: nn.Module, batches: Iterable[Any], loss_fn: LossFn = default_loss,
-                         metrics_fn: Callable[[nn.Module, Any], Mapping[str, torch.Tensor]] | None = None) -> dict[str, float]:
+    def evaluate_metrics(
+        self,
+        model: nn.Module,
+        batches: Iterable[Any],
+        loss_fn: LossFn = default_loss,
+        metrics_fn: Callable[[nn.Module, Any], Mapping[str, torch.Tensor]] | None = None,
+    ) -> dict[str, float]:
         """:meth:`evaluate`'s mean loss (``"loss"``) and, with ``metrics_fn(model, batch)`` (e.g.
         ``{"accuracy": (logits.argmax(1) == y).float().mean()}``), the mean of each metric over
         ``batches``; summed on the device, averaged over the ranks, read once at the end."""
@@ -667,7 +760,8 @@ class Engine:
                 n += 1
         model.train(was_training)
         names = ["loss", *sums]
-        means = self.strategy.mean_(torch.stack([total, *sums.values()]) / max(n, 1))  # every rank evaluated its own batches
+        # every rank evaluated its own batches
+        means = self.strategy.mean_(torch.stack([total, *sums.values()]) / max(n, 1))
         return dict(zip(names, means.tolist()))  # host-device sync point (once per evaluation)
 
     # ------------------------------------------------------------------ state

@@ -31,7 +31,8 @@ launcher then ends the other ranks, whose collectives fail as soon as this proce
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -72,7 +73,9 @@ class StopOnOOM:
     def remember(self, batch: Any, new_step: bool) -> None:
         """Called with each loader batch before it runs; this policy keeps nothing."""
 
-    def recover(self, engine: "Engine", model: nn.Module, batch: Any, loss_fn: LossFn, reason: str) -> torch.Tensor:
+    def recover(
+        self, engine: Engine, model: nn.Module, batch: Any, loss_fn: LossFn, reason: str
+    ) -> torch.Tensor:
         raise OutOfMemoryStop(
             f"out of memory in step {engine.state.step + 1} with micro-batch {engine.micro_batch(batch)} ({reason}; "
             f"memory.on_oom = 'stop'); use {setting('memory.on_oom', 'halve')}, {setting('batch.micro', 'auto')}, "
@@ -86,7 +89,9 @@ class StopOnOOMDistributed(StopOnOOM):
     def __init__(self, rank: int, world: int) -> None:
         self.rank, self.world = rank, world
 
-    def recover(self, engine: "Engine", model: nn.Module, batch: Any, loss_fn: LossFn, reason: str) -> torch.Tensor:
+    def recover(
+        self, engine: Engine, model: nn.Module, batch: Any, loss_fn: LossFn, reason: str
+    ) -> torch.Tensor:
         micro = engine.micro_batch(batch)
         raise OutOfMemoryStop(
             f"out of memory on rank {self.rank} of {self.world} in step {engine.state.step + 1} with micro-batch {micro} "
@@ -108,7 +113,9 @@ class HalveOnOOM(StopOnOOM):
             self.window.clear()
         self.window.append(batch)
 
-    def recover(self, engine: "Engine", model: nn.Module, batch: Any, loss_fn: LossFn, reason: str) -> torch.Tensor:
+    def recover(
+        self, engine: Engine, model: nn.Module, batch: Any, loss_fn: LossFn, reason: str
+    ) -> torch.Tensor:
         while True:
             engine.discard_step(model)
             step = engine.state.step + 1

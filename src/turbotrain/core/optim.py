@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -17,7 +17,9 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Two groups: matrices decay; norms, biases and embeddings (incl. tied heads) do not."""
     no_decay: set[int] = set()
     for module in model.modules():
-        if isinstance(module, (nn.Embedding, nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d, nn.RMSNorm)):
+        if isinstance(
+            module, (nn.Embedding, nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d, nn.RMSNorm)
+        ):
             no_decay.update(id(p) for p in module.parameters(recurse=False))
     decay, rest = [], []
     for p in model.parameters():  # parameters() deduplicates tied weights
@@ -96,8 +98,15 @@ def apply_fast_adam_kernel(optimizer: torch.optim.Optimizer, device: torch.devic
 
 def optimizer_from_config(model: nn.Module, device: torch.device, c: OptimConfig) -> torch.optim.AdamW:
     """:func:`build_optimizer` with the run's ``optim`` section (lr, decay, betas, eps, kernel)."""
-    return build_optimizer(model, device, lr=c.lr, weight_decay=c.weight_decay, betas=(c.beta1, c.beta2), eps=c.eps,
-                           implementation=c.implementation)
+    return build_optimizer(
+        model,
+        device,
+        lr=c.lr,
+        weight_decay=c.weight_decay,
+        betas=(c.beta1, c.beta2),
+        eps=c.eps,
+        implementation=c.implementation,
+    )
 
 
 def warmup_factor(s: int, warmup_steps: int) -> float:
@@ -137,13 +146,27 @@ class PlateauLR(torch.optim.lr_scheduler.LRScheduler):
     ``state_dict()``: checkpointed and resumed with the run.
     """
 
-    THRESHOLD = 1e-4  # relative improvement that counts, as torch.optim.lr_scheduler.ReduceLROnPlateau's default
+    THRESHOLD = (
+        1e-4  # relative improvement that counts, as torch.optim.lr_scheduler.ReduceLROnPlateau's default
+    )
 
-    def __init__(self, optimizer: torch.optim.Optimizer, *, warmup_steps: int, factor: float = 0.5,
-                 patience: int = 2, min_ratio: float = 0.0) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        warmup_steps: int,
+        factor: float = 0.5,
+        patience: int = 2,
+        min_ratio: float = 0.0,
+    ) -> None:
         if not 0.0 < factor < 1.0:
             raise ValueError(f"optim.plateau_factor = {factor} must be in (0, 1)")
-        self.warmup_steps, self.factor, self.patience, self.min_ratio = warmup_steps, factor, patience, min_ratio
+        self.warmup_steps, self.factor, self.patience, self.min_ratio = (
+            warmup_steps,
+            factor,
+            patience,
+            min_ratio,
+        )
         self.scale = 1.0  # the peak's multiplier after the lowerings so far
         self.best = math.inf  # best validation loss after warmup
         self.bad_evals = 0  # evaluations since it last improved
@@ -177,22 +200,44 @@ class PlateauLR(torch.optim.lr_scheduler.LRScheduler):
 
 
 def build_scheduler(
-    optimizer: torch.optim.Optimizer, *, schedule: str, warmup_steps: int, max_steps: int, lr: float, min_lr: float,
-    plateau_factor: float = 0.5, plateau_patience: int = 2,
+    optimizer: torch.optim.Optimizer,
+    *,
+    schedule: str,
+    warmup_steps: int,
+    max_steps: int,
+    lr: float,
+    min_lr: float,
+    plateau_factor: float = 0.5,
+    plateau_patience: int = 2,
 ) -> torch.optim.lr_scheduler.LRScheduler:
     """The LR schedule stepped after every optimizer step: warmup, then ``schedule`` (see
     :func:`lr_lambda`, or :class:`PlateauLR` for 'plateau')."""
     ratio = min_lr / lr if lr > 0 else 0.0
     if schedule == "plateau":
-        return PlateauLR(optimizer, warmup_steps=warmup_steps, factor=plateau_factor, patience=plateau_patience,
-                         min_ratio=ratio)
+        return PlateauLR(
+            optimizer,
+            warmup_steps=warmup_steps,
+            factor=plateau_factor,
+            patience=plateau_patience,
+            min_ratio=ratio,
+        )
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(schedule, warmup_steps, max_steps, ratio))
 
 
-def scheduler_from_config(optimizer: torch.optim.Optimizer, c: OptimConfig, max_steps: int) -> torch.optim.lr_scheduler.LRScheduler:
+def scheduler_from_config(
+    optimizer: torch.optim.Optimizer, c: OptimConfig, max_steps: int
+) -> torch.optim.lr_scheduler.LRScheduler:
     """:func:`build_scheduler` with the run's ``optim`` section, spanning ``max_steps`` optimizer steps."""
-    return build_scheduler(optimizer, schedule=c.schedule, warmup_steps=c.warmup_steps, max_steps=max_steps, lr=c.lr,
-                           min_lr=c.min_lr, plateau_factor=c.plateau_factor, plateau_patience=c.plateau_patience)
+    return build_scheduler(
+        optimizer,
+        schedule=c.schedule,
+        warmup_steps=c.warmup_steps,
+        max_steps=max_steps,
+        lr=c.lr,
+        min_lr=c.min_lr,
+        plateau_factor=c.plateau_factor,
+        plateau_patience=c.plateau_patience,
+    )
 
 
 def lr_batch_factor(rule: str, reference_batch: int, global_batch: int) -> float:
@@ -208,8 +253,9 @@ def lr_batch_factor(rule: str, reference_batch: int, global_batch: int) -> float
     return ratio if rule == "linear" else math.sqrt(ratio)
 
 
-def rescale_lr(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler | None,
-               factor: float) -> None:
+def rescale_lr(
+    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler | None, factor: float
+) -> None:
     """Multiply the peak LR of ``optimizer`` (and of its ``scheduler``, so warmup and decay follow)
     by ``factor``, before training starts."""
     for group in optimizer.param_groups:

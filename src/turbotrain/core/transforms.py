@@ -23,7 +23,8 @@ and ``torch.compile`` applied afterwards traces the checkpointed region as one u
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, ContextManager, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, ContextManager
 
 import torch
 from torch import nn
@@ -32,7 +33,6 @@ from torch.utils.checkpoint import checkpoint
 from ..base.config import CHECKPOINTING_MODES, COMPILE_SCOPES, choice_error, setting
 from ..base.errors import ConfigError
 from ..parts.models.blocks import repeated_blocks
-
 
 _RECOMPUTE: list[Callable[[], ContextManager[Any]]] = []  # see recompute_context
 
@@ -134,7 +134,9 @@ def apply_compile(model: nn.Module, scope: str, mode: str = "default") -> nn.Mod
     else:
         blocks = repeated_blocks(model)
         if blocks is None:
-            raise ConfigError(f"compile.scope = 'blocks' needs a model with a ModuleList of blocks; use {setting('compile.scope', 'model')}")
+            raise ConfigError(
+                f"compile.scope = 'blocks' needs a model with a ModuleList of blocks; use {setting('compile.scope', 'model')}"
+            )
         for block in blocks:
             block.compile(**options)
     return model

@@ -21,7 +21,8 @@ wrapper around :meth:`Window.run` (:meth:`turbotrain.core.engine.Engine.wrap_win
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,9 +33,12 @@ from .distributed import Strategy
 from .precision.core import NonFiniteGuard, Precision  # the class's own module: one import level less
 
 LossFn = Callable[[nn.Module, Any], Any]
-MicroBatch = tuple[Any, float]  # (a batch or a part of one, the weight of its loss: 1.0 for whole, equal parts)
-WindowFn = Callable[[nn.Module, torch.optim.Optimizer, Sequence[MicroBatch], LossFn, int],
-                    tuple[torch.Tensor, torch.Tensor | None]]
+# (a batch or a part of one, the weight of its loss: 1.0 for whole, equal parts)
+MicroBatch = tuple[Any, float]
+WindowFn = Callable[
+    [nn.Module, torch.optim.Optimizer, Sequence[MicroBatch], LossFn, int],
+    tuple[torch.Tensor, torch.Tensor | None],
+]
 """The signature of :meth:`Window.run` (and of a whole-step wrapper's result): (model, optimizer,
 micro-batches, loss_fn, accumulation) -> (the window's loss sum averaged over ranks, its gradient norm)."""
 
@@ -53,7 +57,11 @@ def as_loss(output: Any) -> torch.Tensor:
         loss = getattr(output, "loss", output)
     if isinstance(loss, torch.Tensor) and loss.ndim == 0:
         return loss
-    what = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else f"a {type(output).__name__}"
+    what = (
+        f"a tensor of shape {tuple(loss.shape)}"
+        if isinstance(loss, torch.Tensor)
+        else f"a {type(output).__name__}"
+    )
     raise LossError(
         f"the loss must be a scalar tensor (or a tuple starting with one, or an output with .loss), got {what}; "
         "reduce it (loss.mean()) or pass loss_fn=lambda model, batch: ... that returns the scalar"
@@ -81,8 +89,17 @@ class Window:
     ``set_grad_norm``); ``aux_modules`` is the Engine's list of modules with ``take_aux_loss``.
     """
 
-    def __init__(self, precision: Precision, strategy: Strategy, guard: NonFiniteGuard, device: torch.device, *,
-                 grad_clip: float = 0.0, norm_needed: bool = False, aux_modules: list[Any] | None = None) -> None:
+    def __init__(
+        self,
+        precision: Precision,
+        strategy: Strategy,
+        guard: NonFiniteGuard,
+        device: torch.device,
+        *,
+        grad_clip: float = 0.0,
+        norm_needed: bool = False,
+        aux_modules: list[Any] | None = None,
+    ) -> None:
         self.precision = precision
         self.strategy = strategy
         self.guard = guard
@@ -95,12 +112,19 @@ class Window:
 
     # ------------------------------------------------------------------ the pure body
 
-    def run(self, model: nn.Module, optimizer: torch.optim.Optimizer, micro_batches: Sequence[MicroBatch],
-            loss_fn: LossFn, accumulation: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        micro_batches: Sequence[MicroBatch],
+        loss_fn: LossFn,
+        accumulation: int,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One optimizer step over ``micro_batches``: each one's forward and backward (the
         strategy runs them; gradients reduced across ranks in the last one's backward), then
         :meth:`finish`. Returns the loss sum averaged over ranks and the gradient norm, on the
         device; no host-device sync (what whole-step capture needs)."""
+
         def micro_step(micro_batch: MicroBatch) -> torch.Tensor:
             batch, weight = micro_batch
             loss = self.forward(model, batch, loss_fn)
@@ -133,22 +157,29 @@ class Window:
         self.precision.scale_loss(scaled).backward()
         return loss.detach()
 
-    def finish(self, optimizer: torch.optim.Optimizer,
-               loss_sum: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def finish(
+        self, optimizer: torch.optim.Optimizer, loss_sum: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Unscale, average the loss over ranks, the norm and clipping, the guard's enqueue, the
         precision's optimizer step (skipped on the device when non-finite), the scale update and
         zeroing the gradients. Returns (the loss sum averaged over ranks, the whole gradient norm)."""
         self.precision.unscale_(optimizer)
         loss_sum = loss_sum if loss_sum is not None else torch.zeros((), device=self.device)
-        loss_sum = self.strategy.mean_(loss_sum)  # data parallel: the same value, and guard decision, on every rank
+        # data parallel: the same value, and guard decision, on every rank
+        loss_sum = self.strategy.mean_(loss_sum)
         norm = grad_scale = None
         if self.norm_needed:
             params, clip = self.params_of(optimizer), self.grad_clip
             norm = self.grad_norm(params)  # the global norm (see Engine.set_grad_norm), on the device
-            if clip > 0 and self.precision.scaler is None and getattr(optimizer, "_step_supports_amp_scaling", False):
+            if (
+                clip > 0
+                and self.precision.scaler is None
+                and getattr(optimizer, "_step_supports_amp_scaling", False)
+            ):
                 # A fused optimizer divides by grad_scale inside its kernel: clipping without a
                 # pass that rewrites every gradient (clip_grad_norm_'s factor, with its epsilon).
-                grad_scale = torch.clamp((norm.float() + 1e-6) / clip, min=1.0)  # fp32, as the kernel takes it
+                # fp32, as the kernel takes it
+                grad_scale = torch.clamp((norm.float() + 1e-6) / clip, min=1.0)
             elif clip > 0:  # clip_grad_norm_'s math, with the norm above
                 torch.nn.utils.clip_grads_with_norm_(params, clip, norm, foreach=True)
         norm = self.strategy.full(norm) if norm is not None else None

@@ -28,20 +28,21 @@ import shutil
 import threading
 import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import sharded
 from ..base.atomic import atomic_write, clean_stale_temps
 from ..base.config import MODEL_SECTIONS, TrainConfig, migrate
+from ..base.errors import TurbotrainError
 from ..core.distributed import ReportedByMainRank, Strategy, in_group, new_gloo_group, rank_world
 from ..core.engine import Engine
-from ..base.errors import TurbotrainError
+from . import sharded
 from .hooks import FitContext, Hook, every
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,11 @@ def finished_checkpoints(folder: Path) -> list[Path]:
     """Checkpoints whose save finished (a file's checksum file, a folder's finished marker
     exists), oldest first. A file without one is a save killed between the rename and the
     checksum; a folder without one a sharded save killed mid-way: neither counts as a checkpoint."""
-    return [p for p in list_checkpoints(folder) if (sharded.is_finished(p) if p.is_dir() else sidecar(p).is_file())]
+    return [
+        p
+        for p in list_checkpoints(folder)
+        if (sharded.is_finished(p) if p.is_dir() else sidecar(p).is_file())
+    ]
 
 
 def _stamp(path: Path) -> tuple[str, int, int, int] | None:
@@ -126,8 +131,12 @@ def _stamp(path: Path) -> tuple[str, int, int, int] | None:
     try:
         if path.is_dir():
             stats = [p.stat() for p in path.iterdir()]
-            return (str(path), sum(st.st_size for st in stats), max((st.st_mtime_ns for st in stats), default=0),
-                    (path / sharded.MARKER).stat().st_mtime_ns)
+            return (
+                str(path),
+                sum(st.st_size for st in stats),
+                max((st.st_mtime_ns for st in stats), default=0),
+                (path / sharded.MARKER).stat().st_mtime_ns,
+            )
         st, side = path.stat(), sidecar(path).stat()
     except OSError:
         return None
@@ -249,8 +258,10 @@ def unreadable(name: str, exc: BaseException) -> str:
     if isinstance(exc, pickle.UnpicklingError) or "weights_only" in text or "WeightsUnpickler" in text:
         found = _REFUSED_GLOBAL.search(text)
         what = f" ({found[1]})" if found else ""
-        return (f"{name} holds objects that are refused{what}: it was not loaded (a checkpoint holds tensors and "
-                "plain types only; anything else could run code when read)")
+        return (
+            f"{name} holds objects that are refused{what}: it was not loaded (a checkpoint holds tensors and "
+            "plain types only; anything else could run code when read)"
+        )
     return f"{name} cannot be read: {text[:200]}"
 
 
@@ -272,8 +283,9 @@ def model_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
             hooked.append(prefix + ".")
         if any((prefix + ".").startswith(h) for h in hooked):
             continue
-        tensors = list(module._parameters.items()) + [(n, b) for n, b in module._buffers.items()
-                                                      if n not in module._non_persistent_buffers_set]
+        tensors = list(module._parameters.items()) + [
+            (n, b) for n, b in module._buffers.items() if n not in module._non_persistent_buffers_set
+        ]
         for name, tensor in tensors:
             if tensor is not None:
                 shapes[_plain_name(f"{prefix}.{name}" if prefix else name)] = tuple(tensor.shape)
@@ -288,13 +300,18 @@ def model_settings_changed(saved_toml: Any, current_toml: Any) -> str:
         saved, current = (migrate(tomllib.loads(t)) for t in (saved_toml, current_toml))
     except (TypeError, ValueError, AttributeError):
         return ""
-    changed = [(s, k) for s in MODEL_SECTIONS for k in saved.get(s, {})
-               if k in current.get(s, {}) and saved[s][k] != current[s][k]]
+    changed = [
+        (s, k)
+        for s in MODEL_SECTIONS
+        for k in saved.get(s, {})
+        if k in current.get(s, {}) and saved[s][k] != current[s][k]
+    ]
     return " ".join(f"--{s}.{k}={saved[s][k]}" for s, k in changed)
 
 
-def shape_problem(name: str, saved: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]],
-                  settings: str = "") -> str:
+def shape_problem(
+    name: str, saved: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], settings: str = ""
+) -> str:
     """'' when the model tensors of checkpoint ``name`` (``saved``: plain name -> shape) fit a
     model of ``expected`` shapes, else one line naming the first that does not, and the
     ``settings`` (flags, from :func:`model_settings_changed`) that would build the saved model."""
@@ -306,8 +323,10 @@ def shape_problem(name: str, saved: dict[str, tuple[int, ...]], expected: dict[s
     parts = []
     if differ:
         k = differ[0]
-        parts.append(f"{len(differ)} tensor(s) of another shape, e.g. {k}: saved {list(saved[k])}, this config builds "
-                     f"{list(expected[k])}")
+        parts.append(
+            f"{len(differ)} tensor(s) of another shape, e.g. {k}: saved {list(saved[k])}, this config builds "
+            f"{list(expected[k])}"
+        )
     if missing:
         parts.append(f"{len(missing)} tensor(s) this config builds missing, e.g. {missing[0]}")
     again = f"; it was saved with {settings}" if settings else ""
@@ -327,13 +346,22 @@ class ShapeMismatch(TurbotrainError):
 
 T = TypeVar("T")
 
-RESUME_ADVICE = "move them away and resume to restart this run from step 0, or start a new run without --resume"
-SHAPE_ADVICE = ("resume with the model settings the run was saved with (its config.toml), or start a new run "
-                "without --resume")
+RESUME_ADVICE = (
+    "move them away and resume to restart this run from step 0, or start a new run without --resume"
+)
+SHAPE_ADVICE = (
+    "resume with the model settings the run was saved with (its config.toml), or start a new run "
+    "without --resume"
+)
 
 
-def newest_usable(candidates: list[Path], folder: Path, read: Callable[[Path], T], advice: str = RESUME_ADVICE,
-                  none: str = "start without --resume") -> tuple[Path, T]:
+def newest_usable(
+    candidates: list[Path],
+    folder: Path,
+    read: Callable[[Path], T],
+    advice: str = RESUME_ADVICE,
+    none: str = "start without --resume",
+) -> tuple[Path, T]:
     """The newest of ``candidates`` that ``read`` accepts, with what it returned; each one it
     refuses (a TurbotrainError: corrupt, unfinished, foreign, incomplete) is skipped with a
     warning, and when none is left the error lists why each was refused."""
@@ -349,7 +377,9 @@ def newest_usable(candidates: list[Path], folder: Path, read: Callable[[Path], T
             shapes += isinstance(exc, ShapeMismatch)
     if advice and shapes == len(problems):  # every one is another model's: moving them away is not the answer
         advice = SHAPE_ADVICE
-    raise TurbotrainError(f"no usable checkpoint in {folder} ({'; '.join(problems)})" + (f"; {advice}" if advice else ""))
+    raise TurbotrainError(
+        f"no usable checkpoint in {folder} ({'; '.join(problems)})" + (f"; {advice}" if advice else "")
+    )
 
 
 def _verified_folder(path: Path) -> None:
@@ -380,11 +410,17 @@ class RunState(dict[str, Stateful]):
     ``strategy`` (set by :func:`run_state`) picks the format a :class:`Checkpointer` writes."""
 
     def __init__(self, **entries: Any) -> None:
-        super().__init__({k: v if isinstance(v, tuple) else (v.state_dict, v.load_state_dict) for k, v in entries.items()})
+        super().__init__(
+            {k: v if isinstance(v, tuple) else (v.state_dict, v.load_state_dict) for k, v in entries.items()}
+        )
         self.model_key = next((k for k, v in entries.items() if isinstance(v, nn.Module)), None)
-        self.optimizer_key = next((k for k, v in entries.items() if isinstance(v, torch.optim.Optimizer)), None)
+        self.optimizer_key = next(
+            (k for k, v in entries.items() if isinstance(v, torch.optim.Optimizer)), None
+        )
         self.model: nn.Module | None = entries[self.model_key] if self.model_key else None
-        self.optimizer: torch.optim.Optimizer | None = entries[self.optimizer_key] if self.optimizer_key else None
+        self.optimizer: torch.optim.Optimizer | None = (
+            entries[self.optimizer_key] if self.optimizer_key else None
+        )
         self.per_rank: frozenset[str] = frozenset({"rng"} & set(entries))
         self.strategy: Strategy | None = None
 
@@ -394,14 +430,18 @@ class RunState(dict[str, Stateful]):
     def load_state_dict(self, payload: dict[str, Any], source: str = "checkpoint") -> None:
         missing = [name for name in self if name not in payload]
         if missing:  # checked before anything loads: never half a state
-            raise TurbotrainError(f"{source} holds no {', '.join(missing)} state; it was not saved by this kind of run")
+            raise TurbotrainError(
+                f"{source} holds no {', '.join(missing)} state; it was not saved by this kind of run"
+            )
         for name, (_, load) in self.items():
             _load_entry(name, load, payload[name], source)
 
     @property
     def tensor_keys(self) -> tuple[str, ...]:
         """The entries a sharded checkpoint stores through DCP (the model and its optimizer)."""
-        return tuple(k for k in (self.model_key, self.optimizer_key) if k is not None and self.model is not None)
+        return tuple(
+            k for k in (self.model_key, self.optimizer_key) if k is not None and self.model is not None
+        )
 
     @property
     def replicated_keys(self) -> tuple[str, ...]:
@@ -412,20 +452,36 @@ class RunState(dict[str, Stateful]):
 def _load_entry(name: str, load: Callable[[Any], None], value: Any, source: str) -> None:
     try:
         load(value)
-    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:  # shapes or groups changed by overrides
+    except (
+        RuntimeError,
+        ValueError,
+        KeyError,
+        TypeError,
+        AttributeError,
+    ) as exc:  # shapes or groups changed by overrides
         detail = " ".join(str(exc).split())[:300]
-        raise TurbotrainError(f"{source}: its {name} state does not fit the {name} this config builds "
-                              f"({detail}); resume with the settings the run was saved with (its config.toml)") from None
+        raise TurbotrainError(
+            f"{source}: its {name} state does not fit the {name} this config builds "
+            f"({detail}); resume with the settings the run was saved with (its config.toml)"
+        ) from None
 
 
-def run_state(engine: Engine, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None,
-              **extra: Any) -> RunState:
+def run_state(
+    engine: Engine,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any = None,
+    **extra: Any,
+) -> RunState:
     """What a training run saves and resumes: the engine first (its state holds the data position,
     ``state.batches``, and a precision fallback it restores recasts the weights, so they must load
     after it), then model, optimizer, scheduler (when there is one), every RNG, and ``extra``.
     The engine's strategy picks the checkpoint format (one process: ``.pt``; ddp/fsdp: sharded)."""
-    entries: dict[str, Any] = {"engine": (engine.state_dict, lambda sd: engine.load_state_dict(sd, optimizer)),
-                               "model": model, "optimizer": optimizer}
+    entries: dict[str, Any] = {
+        "engine": (engine.state_dict, lambda sd: engine.load_state_dict(sd, optimizer)),
+        "model": model,
+        "optimizer": optimizer,
+    }
     if scheduler is not None:
         entries["scheduler"] = scheduler
     state = RunState(**entries, rng=(rng_state, set_rng_state), **extra)
@@ -458,7 +514,11 @@ def _pick(folder: Path, state: RunState) -> tuple[Path, dict[str, Any] | None]:
     current = state["config"][0]() if "config" in state else None  # a training run's config, as TOML
 
     def fits(name: str, saved: dict[str, tuple[int, ...]], saved_config: Any) -> None:
-        problem = shape_problem(name, saved, expected, model_settings_changed(saved_config, current)) if expected else ""
+        problem = (
+            shape_problem(name, saved, expected, model_settings_changed(saved_config, current))
+            if expected
+            else ""
+        )
         if problem:
             raise ShapeMismatch(problem)
 
@@ -467,22 +527,27 @@ def _pick(folder: Path, state: RunState) -> tuple[Path, dict[str, Any] | None]:
             payload = _verified_load(path, required=tuple(state))
             weights = payload.get(state.model_key) if state.model_key else None
             if isinstance(weights, dict):
-                fits(path.name, {k: tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)},
-                     payload.get("config"))
+                fits(
+                    path.name,
+                    {k: tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)},
+                    payload.get("config"),
+                )
             return payload
         _verified_folder(path)
         entries = sharded.read_state(path).get("entries", {})
         missing = [k for k in state.replicated_keys if k not in entries]
         if missing:
             raise TurbotrainError(f"{path.name} holds no {', '.join(missing)} state")
-        fits(path.name, _sharded_model_shapes(path), entries.get("config"))  # .metadata through the safe reader
+        # .metadata through the safe reader
+        fits(path.name, _sharded_model_shapes(path), entries.get("config"))
         return None
 
     return newest_usable(list_checkpoints(folder), folder, read)
 
 
-def restore_latest(folder: Path, state: RunState,
-                   before_load: Callable[[Path, int, dict[str, Any]], None] | None = None) -> Path:
+def restore_latest(
+    folder: Path, state: RunState, before_load: Callable[[Path, int, dict[str, Any]], None] | None = None
+) -> Path:
     """Load the newest checkpoint in ``folder`` that verifies and holds every entry of ``state``
     into ``state``; returns its path. Either kind loads into any world size: a ``.pt`` written by
     one process into ddp/fsdp ranks, a sharded folder written by N processes into M (or into one
@@ -528,7 +593,9 @@ def _load_sharded(path: Path, state: RunState, rank: int, world: int) -> None:
     entries = replicated.get("entries", {})
     missing = [k for k in state.replicated_keys if k not in entries]
     if missing:  # checked before anything loads: never half a state
-        raise TurbotrainError(f"{path.name} holds no {', '.join(missing)} state; it was not saved by this kind of run")
+        raise TurbotrainError(
+            f"{path.name} holds no {', '.join(missing)} state; it was not saved by this kind of run"
+        )
     own = sharded.read_rank_state(path, rank, world)
     for name, (_, load) in state.items():
         if name == state.model_key and state.model is not None:
@@ -557,16 +624,21 @@ def _load_pt_into_ranks(path: Path, payload: dict[str, Any], state: RunState, ra
             _load_entry(name, load, payload[name], path.name)
 
 
-def _load_per_rank(name: str, load: Callable[[Any], None], own: dict[str, Any] | None, path: Path, rank: int,
-                   world: int) -> None:
+def _load_per_rank(
+    name: str, load: Callable[[Any], None], own: dict[str, Any] | None, path: Path, rank: int, world: int
+) -> None:
     if own is not None and name in own:
         _load_entry(name, load, own[name], path.name)
     elif name == "rng":
         reseed(checkpoint_step(path), rank)
         if rank == 0:
-            log.warning("%s was written by %d process(es), this run has %d: random number generators re-seeded from "
-                        "(step, rank) (the data order does not depend on them)",
-                        path.name, sharded.saved_world(path) if path.is_dir() else 1, world)
+            log.warning(
+                "%s was written by %d process(es), this run has %d: random number generators re-seeded from "
+                "(step, rank) (the data order does not depend on them)",
+                path.name,
+                sharded.saved_world(path) if path.is_dir() else 1,
+                world,
+            )
     else:
         log.warning("%s: no %s state for rank %d of %d; it starts fresh", path.name, name, rank, world)
 
@@ -603,8 +675,13 @@ def save_sharded(folder: Path, step: int, state: RunState, keep_last: int = 3) -
     return write_sharded(folder, step, sharded_parts(state), keep_last)
 
 
-def write_sharded(folder: Path, step: int, parts: tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]],
-                  keep_last: int = 3, group: dist.ProcessGroup | None = None) -> Path:
+def write_sharded(
+    folder: Path,
+    step: int,
+    parts: tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]],
+    keep_last: int = 3,
+    group: dist.ProcessGroup | None = None,
+) -> Path:
     """Write :func:`sharded_parts` (or a copy of them) as a sharded checkpoint folder from every
     rank, its collectives on ``group``; rank 0 then prunes."""
     path = sharded.save(folder, step, *parts, group=group)
@@ -629,7 +706,14 @@ def stage_to_host(tree: Any, buffers: dict[str, torch.Tensor]) -> Any:
     def copy_tensor(x: torch.Tensor, where: str) -> torch.Tensor:
         nonlocal from_cuda
         t = x.detach()
-        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+        key = (
+            t.device,
+            t.untyped_storage().data_ptr(),
+            t.storage_offset(),
+            tuple(t.shape),
+            t.stride(),
+            t.dtype,
+        )
         if key not in copies:
             out = buffers.get(where)
             if out is None or out.shape != t.shape or out.dtype != t.dtype:
@@ -729,9 +813,16 @@ class Checkpointer(Hook):
     a gloo group of their own, created at the first one.
     """
 
-    def __init__(self, folder: Path, interval: int, keep_last: int, state: RunState,
-                 before_save: Callable[[], None] | None = None, strategy: Strategy | None = None,
-                 async_write: bool = TrainConfig.async_checkpoint) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        interval: int,
+        keep_last: int,
+        state: RunState,
+        before_save: Callable[[], None] | None = None,
+        strategy: Strategy | None = None,
+        async_write: bool = TrainConfig.async_checkpoint,
+    ) -> None:
         self.folder, self.interval, self.keep_last, self.state = folder, interval, keep_last, state
         self.before_save = before_save  # e.g. flush the metrics: a resume starts after the checkpoint, so records up to it must be on disk
         self.saved_step = -1
@@ -756,7 +847,7 @@ class Checkpointer(Hook):
             return
         start = time.perf_counter()
         if self.background is not None:
-            self._finished(ctx, self.background.wait())  # the previous write first; its failure is raised here
+            self._finished(ctx, self.background.wait())  # the previous write first (its failure raised here)
         if self.before_save is not None:
             self.before_save()
         if background and self.background is not None:
@@ -774,11 +865,21 @@ class Checkpointer(Hook):
         """:func:`stage_to_host` for a sharded checkpoint's parts (FSDP2's DTensors: their local
         shards are copied), through DCP's stager, which keeps its buffers from one call to the next."""
         if self._stager is None:
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # costly (DCP): when first used
+            # costly (DCP): when first used
+            from torch.distributed.checkpoint.staging import (
+                DefaultStager,
+                StagingOptions,
+            )
 
             cuda = torch.cuda.is_available()
-            self._stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
-                                                        use_async_staging=False, use_non_blocking_copy=cuda))
+            self._stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=cuda,
+                    use_shared_memory=False,
+                    use_async_staging=False,
+                    use_non_blocking_copy=cuda,
+                )
+            )
         return self._stager.stage(tree)
 
     def _staged_write(self, step: int) -> Callable[[], Path]:
@@ -789,7 +890,8 @@ class Checkpointer(Hook):
             payload = stage_to_host(self.state.state_dict(), self._buffers)
             return lambda: save_checkpoint(folder, step, payload, keep_last)
         parts = self._stage_shards(sharded_parts(self.state))
-        if self._group is None and in_group():  # every rank saves at the same steps: created at the same point
+        # every rank saves at the same steps: created at the same point
+        if self._group is None and in_group():
             self._group = new_gloo_group()  # left at exit (core.distributed.shutdown)
         group = self._group
         return lambda: write_sharded(folder, step, parts, keep_last, group=group)

@@ -64,8 +64,12 @@ class EpochLog(Hook):
         if step % self.steps_per_epoch:
             return
         now = time.perf_counter()
-        record: dict[str, Any] = {"step": step, "event": "epoch", "epoch": step // self.steps_per_epoch,
-                                  "epoch_s": round(now - self._start, 3)}
+        record: dict[str, Any] = {
+            "step": step,
+            "event": "epoch",
+            "epoch": step // self.steps_per_epoch,
+            "epoch_s": round(now - self._start, 3),
+        }
         mean_loss = self._take_mean_loss()
         if mean_loss is not None:
             record["epoch_train_loss"] = mean_loss
@@ -86,7 +90,7 @@ def format_epoch(record: dict[str, Any], epochs: int) -> str:
     parts = [f"epoch {record['epoch']}/{epochs}", f"{record['epoch_s']:.1f} s"]
     for key, value in record.items():
         if key.startswith("epoch_") and key not in ("epoch_s", "epoch_peak_mem_gib") and value is not None:
-            parts.append(f"{key[len('epoch_'):].replace('_', ' ')} {value:.4f}")
+            parts.append(f"{key[len('epoch_') :].replace('_', ' ')} {value:.4f}")
     if record.get("epoch_peak_mem_gib") is not None:
         parts.append(f"peak {record['epoch_peak_mem_gib']:.2f} GiB")
     return " | ".join(parts)

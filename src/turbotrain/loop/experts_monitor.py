@@ -26,13 +26,12 @@ import torch.distributed as dist
 from torch import nn
 
 from ..base.atomic import atomic_write
-from ..core.distributed import rank_world
-from .hooks import FitContext, Hook, every
-from ..parts.models.moe import MoE, moe_layers
 from ..base.rundir import EXPERTS_FILE
+from ..core.distributed import rank_world
+from ..parts.models.moe import MoE, moe_layers
+from .hooks import FitContext, Hook, every
 
 log = logging.getLogger(__name__)
-
 
 
 def max_mean(load: list[float]) -> float | None:
@@ -74,7 +73,8 @@ class ExpertsMonitor(Hook):
     def on_fit_start(self, ctx: FitContext) -> None:
         step = ctx.engine.state.step
         path = self.run_dir / EXPERTS_FILE if self.run_dir else None
-        if step > 0 and path is not None and path.is_file():  # a resume: keep the windows up to the checkpoint
+        # a resume: keep the windows up to the checkpoint
+        if step > 0 and path is not None and path.is_file():
             try:
                 self.history = [h for h in json.loads(path.read_text())["history"] if h["step"] <= step]
             except (ValueError, KeyError, TypeError):
@@ -93,8 +93,12 @@ class ExpertsMonitor(Hook):
         rows = counts.cpu().tolist()  # sync: one copy of every layer's tallies, at the logging cadence
         load = [[int(v) for v in row[:-1]] for row in rows]
         ratios = [r for r in (max_mean(row) for row in load) if r is not None]
-        entry = {"step": step, "load": load, "dropped": [int(row[-1]) for row in rows],
-                 "max_mean": sum(ratios) / len(ratios) if ratios else None}
+        entry = {
+            "step": step,
+            "load": load,
+            "dropped": [int(row[-1]) for row in rows],
+            "max_mean": sum(ratios) / len(ratios) if ratios else None,
+        }
         self.history.append(entry)
         return entry
 

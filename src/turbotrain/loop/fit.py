@@ -6,7 +6,8 @@ synchronisation happens here; the hooks read device values every N steps.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,11 +37,14 @@ def fit(
     if epochs is not None:
         per_epoch = len(batches) // engine.accumulation  # type: ignore[arg-type]
         if per_epoch < 1:
-            raise ValueError(f"an epoch of {len(batches)} batches is shorter than one optimizer step "  # type: ignore[arg-type]
-                             f"({engine.accumulation} batches with accumulation)")
+            raise ValueError(
+                f"an epoch of {len(batches)} batches is shorter than one optimizer step "  # type: ignore[arg-type]
+                f"({engine.accumulation} batches with accumulation)"
+            )
         max_steps, passes = epochs * per_epoch, epochs
     assert max_steps is not None
-    batches = engine.setup_loader(batches)  # on the device and counted (a loader from setup() is kept as it is)
+    # on the device and counted (a loader from setup() is kept as it is)
+    batches = engine.setup_loader(batches)
     ctx = FitContext(engine, model, optimizer, max_steps)
     hook = HookList(hooks)
     hook.on_fit_start(ctx)
@@ -49,7 +53,9 @@ def fit(
         for _ in range(passes):
             if engine.state.step >= max_steps:
                 break
-            for batch in batches:  # a stop asked before the first step takes effect after it (hooks see one step)
+            for (
+                batch
+            ) in batches:  # a stop asked before the first step takes effect after it (hooks see one step)
                 engine.forward_backward(model, batch, loss_fn)
                 if engine.step(optimizer):
                     hook.on_step_end(ctx)

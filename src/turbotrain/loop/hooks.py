@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from ..base.signals import active as active_signals
 
@@ -23,13 +24,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
 @dataclass
 class FitContext:
     """What hooks see and may change: the run's objects, the latest metrics and a stop flag."""
 
-    engine: "Engine"
-    model: "nn.Module"
-    optimizer: "torch.optim.Optimizer"
+    engine: Engine
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
     max_steps: int
     should_stop: bool = False
     stop_reason: str = ""
@@ -144,7 +146,11 @@ class StopOnSignal(Hook):
         self._first(signal.Signals(signum).name)
 
     def on_step_end(self, ctx: FitContext) -> None:
-        if self.agree is not None and every(ctx.engine.state.step, self.interval) and self.agree(bool(self._pending)):
+        if (
+            self.agree is not None
+            and every(ctx.engine.state.step, self.interval)
+            and self.agree(bool(self._pending))
+        ):
             ctx.request_stop(self._pending or "signal on another rank")
 
     def _restore(self) -> None:
@@ -180,7 +186,9 @@ class Evaluate(Hook):
     """Validation loss every ``interval`` steps and at the end, into ``ctx.metrics['val_loss']``;
     with ``metrics_fn`` its metrics too, into ``ctx.metrics['val_metrics']`` as ``val_<name>``."""
 
-    def __init__(self, batches: list[Any], interval: int, loss_fn: Any = None, metrics_fn: Any = None) -> None:
+    def __init__(
+        self, batches: list[Any], interval: int, loss_fn: Any = None, metrics_fn: Any = None
+    ) -> None:
         self.batches, self.interval, self.loss_fn, self.metrics_fn = batches, interval, loss_fn, metrics_fn
         self.last_step = -1
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 
-from .hooks import FitContext, Hook
 from ..core.optim import PlateauLR
+from .hooks import FitContext, Hook
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,9 @@ class ObservePlateau(Hook):
         best = s.best
         if s.observe(float(ctx.metrics["val_loss"])):
             lr = s.get_last_lr()[0]
-            detail = (f"validation loss {ctx.metrics['val_loss']:.4f} has not improved on {best:.4f} for "
-                      f"{s.patience + 1} evaluations: lr x {s.factor} -> {lr:.3g}")
+            detail = (
+                f"validation loss {ctx.metrics['val_loss']:.4f} has not improved on {best:.4f} for "
+                f"{s.patience + 1} evaluations: lr x {s.factor} -> {lr:.3g}"
+            )
             log.info("plateau schedule: %s", detail)
             ctx.engine.record_event("lr_plateau", detail)

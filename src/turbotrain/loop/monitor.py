@@ -27,8 +27,9 @@ import math
 import statistics
 import threading
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -37,13 +38,22 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ..base.atomic import DiskFullError, reporting_disk_full
 from ..base.batch import batch_size, move_to, token_count
-from ..core.engine import as_loss, default_loss
 from ..base.errors import TurbotrainError
-from ..parts.hardware import (DeviceSpec, collect_nvml_device, device_total_bytes, estimate_mfu, lookup_peak, nvml, nvml_handle,
-                       precision_key, tf32_enabled)
-from .hooks import FitContext, Hook, every
-from ..core.transforms import eager
 from ..base.units import gib
+from ..core.engine import as_loss, default_loss
+from ..core.transforms import eager
+from ..parts.hardware import (
+    DeviceSpec,
+    collect_nvml_device,
+    device_total_bytes,
+    estimate_mfu,
+    lookup_peak,
+    nvml,
+    nvml_handle,
+    precision_key,
+    tf32_enabled,
+)
+from .hooks import FitContext, Hook, every
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -127,7 +137,8 @@ class ProgressSink:
         self.progress.start()
 
     def write(self, record: dict[str, Any]) -> None:
-        if "loss" not in record:  # a probe's own record (memory between logging steps): the line keeps the last loss
+        # a probe's own record (memory between logging steps): the line keeps the last loss
+        if "loss" not in record:
             return
         stats = format_record(record)
         if self.live:
@@ -146,8 +157,14 @@ def format_record(record: dict[str, Any]) -> str:
         parts.append(f"loss {record['loss']:.4f}")
     if record.get("val_loss") is not None:
         parts.append(f"val {record['val_loss']:.4f}")
-        parts.extend(f"{k[4:]} {v:.4g}" for k, v in record.items() if k.startswith("val_") and k not in ("val_loss", "val_step"))
-    parts.extend(f"{k[6:]} {v:.4g}" for k, v in record.items() if k.startswith("train_") and isinstance(v, float))
+        parts.extend(
+            f"{k[4:]} {v:.4g}"
+            for k, v in record.items()
+            if k.startswith("val_") and k not in ("val_loss", "val_step")
+        )
+    parts.extend(
+        f"{k[6:]} {v:.4g}" for k, v in record.items() if k.startswith("train_") and isinstance(v, float)
+    )
     if record.get("tokens_per_s"):
         parts.append(f"{record['tokens_per_s']:,.0f} tok/s")
     elif record.get("samples_per_s"):
@@ -189,7 +206,9 @@ class Monitor(Hook):
         monitor.close()
     """
 
-    def __init__(self, interval: int, sinks: Iterable[Sink] = (), probes: Iterable[Probe] = (), world: int = 1) -> None:
+    def __init__(
+        self, interval: int, sinks: Iterable[Sink] = (), probes: Iterable[Probe] = (), world: int = 1
+    ) -> None:
         self.interval = interval
         self.world = world  # data-parallel processes: rates are this rank's counts x world
         self.sinks = list(sinks)
@@ -200,7 +219,8 @@ class Monitor(Hook):
         self._first = -1  # the step whose time to first step is measured
         self._last: tuple[float, int, int, int] = (0.0, 0, 0, 0)  # time, step, samples, tokens
         self._side_s = 0.0  # side_s at the last record
-        self._own_steps = [p for p in self.probes if callable(getattr(p, "due", None))]  # probes with steps of their own
+        # probes with steps of their own
+        self._own_steps = [p for p in self.probes if callable(getattr(p, "due", None))]
 
     # ------------------------------------------------------------------ values
 
@@ -213,11 +233,23 @@ class Monitor(Hook):
         self._last = (self._t0, step, samples, tokens)
         self._first = step + 1
 
-    def observe(self, step: int, loss: Any = None, *, lr: float | None = None, samples: int = 0, tokens: int = 0,
-                val_loss: float | None = None, val_metrics: dict[str, float] | None = None,
-                logged: dict[str, Any] | None = None,
-                grad_norm: Any = None, precision: str | None = None, peak: str | None = None,
-                side_s: float = 0.0, force: bool = False) -> dict[str, Any] | None:
+    def observe(
+        self,
+        step: int,
+        loss: Any = None,
+        *,
+        lr: float | None = None,
+        samples: int = 0,
+        tokens: int = 0,
+        val_loss: float | None = None,
+        val_metrics: dict[str, float] | None = None,
+        logged: dict[str, Any] | None = None,
+        grad_norm: Any = None,
+        precision: str | None = None,
+        peak: str | None = None,
+        side_s: float = 0.0,
+        force: bool = False,
+    ) -> dict[str, Any] | None:
         """The values after optimizer step ``step``: its loss (a device tensor or a number), the
         samples and tokens this process trained on so far (x ``world`` for the run's rates), and what else is known; ``side_s``: seconds spent so
         far on work that is not training (evaluation, checkpoints), left out of the throughput;
@@ -251,11 +283,23 @@ class Monitor(Hook):
             if self.world > 1:
                 record["rank_tokens_per_s"] = (tokens - last_tokens) / dt
         self._last, self._side_s = (now, step, samples, tokens), side_s
-        known = {"lr": lr, "grad_norm": _read(grad_norm), "precision": precision, "mfu_peak": peak, "val_loss": val_loss}
-        record.update(elapsed_s=now - self._t0, samples=samples, tokens=tokens, **{k: v for k, v in known.items() if v is not None})
+        known = {
+            "lr": lr,
+            "grad_norm": _read(grad_norm),
+            "precision": precision,
+            "mfu_peak": peak,
+            "val_loss": val_loss,
+        }
+        record.update(
+            elapsed_s=now - self._t0,
+            samples=samples,
+            tokens=tokens,
+            **{k: v for k, v in known.items() if v is not None},
+        )
         if val_loss is not None:
             record.update(val_metrics or {})  # val_accuracy, ...: evaluated with the loss
-        record.update({k: _read(v) for k, v in (logged or {}).items()})  # engine.log's means: host-device sync point
+        # engine.log's means: host-device sync point
+        record.update({k: _read(v) for k, v in (logged or {}).items()})
         return self._emit(record, self.probes)
 
     def _emit(self, record: dict[str, Any], probes: Iterable[Probe]) -> dict[str, Any]:
@@ -282,15 +326,18 @@ class Monitor(Hook):
 
     def on_fit_start(self, ctx: FitContext) -> None:
         s = ctx.engine.state
-        self._compiling = ctx.engine.options.compile_scope != "off"  # the first step compiles: minutes, say so
+        # the first step compiles: minutes, say so
+        self._compiling = ctx.engine.options.compile_scope != "off"
         if self._compiling:
             log.info("compiling (first step; torch.compile, %s)...", ctx.engine.options.compile_scope)
         self.start(s.step, s.samples, s.tokens)
 
     def on_step_end(self, ctx: FitContext) -> None:
         step = ctx.engine.state.step
-        own = step < ctx.max_steps and any(p.due(step) for p in self._own_steps)  # the last step's record comes at the end
-        evaluated = ctx.metrics.get("val_step") == step  # Evaluate (before this hook) has just validated: record it
+        # the last step's record comes at the end
+        own = step < ctx.max_steps and any(p.due(step) for p in self._own_steps)
+        # Evaluate (before this hook) has just validated: record it
+        evaluated = ctx.metrics.get("val_step") == step
         if step == self._first or every(step, self.interval) or own or evaluated:
             self._observe(ctx)
         if step == self._first and self._compiling and self.first_step_s is not None:
@@ -310,11 +357,19 @@ class Monitor(Hook):
     def _observe(self, ctx: FitContext, force: bool = False) -> None:
         engine, s, m = ctx.engine, ctx.engine.state, ctx.metrics
         record = self.observe(
-            s.step, engine.last_loss, lr=ctx.optimizer.param_groups[0]["lr"] if ctx.optimizer is not None else None,
-            samples=s.samples, tokens=s.tokens, val_loss=m.get("val_loss") if m.get("val_step") == s.step else None,
-            val_metrics=m.get("val_metrics"), logged=engine.take_logged(),
-            grad_norm=engine.last_grad_norm, precision=engine.precision.name, peak=engine.precision.mfu_peak(),
-            side_s=ctx.side_s, force=force,
+            s.step,
+            engine.last_loss,
+            lr=ctx.optimizer.param_groups[0]["lr"] if ctx.optimizer is not None else None,
+            samples=s.samples,
+            tokens=s.tokens,
+            val_loss=m.get("val_loss") if m.get("val_step") == s.step else None,
+            val_metrics=m.get("val_metrics"),
+            logged=engine.take_logged(),
+            grad_norm=engine.last_grad_norm,
+            precision=engine.precision.name,
+            peak=engine.precision.mfu_peak(),
+            side_s=ctx.side_s,
+            force=force,
         )
         if record and record.get(MEMORY_WARNING):
             engine.record_event(MEMORY_WARNING, record[MEMORY_WARNING])  # into summary.json's events
@@ -354,9 +409,16 @@ class MemoryProbe:
     to the CUDA device's; pass your own to test it without a GPU.
     """
 
-    def __init__(self, device: torch.device, *, every: int | None = None, warn_fraction: float = 0.9,
-                 cap_fraction: float = 0.0, limit_bytes: int | None = None,
-                 read: Callable[[], dict[str, int]] | None = None) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        *,
+        every: int | None = None,
+        warn_fraction: float = 0.9,
+        cap_fraction: float = 0.0,
+        limit_bytes: int | None = None,
+        read: Callable[[], dict[str, int]] | None = None,
+    ) -> None:
         self.device = device
         self.every = every
         self.warn_fraction = warn_fraction
@@ -380,8 +442,11 @@ class MemoryProbe:
         counters = self.read()
         out: dict[str, Any] = {}
         if self.every is None or self.due((record or {}).get("step", 0)):
-            out.update(mem_allocated_gib=gib(counters["allocated"]), mem_reserved_gib=gib(counters["reserved"]),
-                       mem_peak_gib=gib(counters["peak"]))
+            out.update(
+                mem_allocated_gib=gib(counters["allocated"]),
+                mem_reserved_gib=gib(counters["reserved"]),
+                mem_peak_gib=gib(counters["peak"]),
+            )
         warning = self.check(counters["peak_reserved"])
         if warning:
             out[MEMORY_WARNING] = warning
@@ -393,9 +458,11 @@ class MemoryProbe:
         if self.warned or self.warn_fraction <= 0 or not limit or used_bytes < self.warn_fraction * limit:
             return None
         self.warned = True
-        text = (f"GPU memory is high: peak reserved {gib(used_bytes):.2f} GiB is {used_bytes / limit:.0%} of {self.limit_what} "
-                f"{gib(limit):.2f} GiB (monitor.memory_warn_fraction = {self.warn_fraction:g}); a longer batch or sequence "
-                "may run out of memory: lower batch.micro or set memory.checkpointing")
+        text = (
+            f"GPU memory is high: peak reserved {gib(used_bytes):.2f} GiB is {used_bytes / limit:.0%} of {self.limit_what} "
+            f"{gib(limit):.2f} GiB (monitor.memory_warn_fraction = {self.warn_fraction:g}); a longer batch or sequence "
+            "may run out of memory: lower batch.micro or set memory.checkpointing"
+        )
         log.warning(text)
         return text
 
@@ -407,14 +474,18 @@ def _cpu_sdpa_flop(query_shape: Any, key_shape: Any, value_shape: Any, *args: An
     return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
-def _cpu_sdpa_backward_flop(grad_out_shape: Any, query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any) -> int:
+def _cpu_sdpa_backward_flop(
+    grad_out_shape: Any, query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any
+) -> int:
     return flop_counter.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
 
 
 # torch's flop counter knows the CUDA attention kernels but not the CPU one SDPA dispatches to.
 _EXTRA_FLOP_FORMULAS: dict[Any, Any] = {}
-for _name, _fn in (("_scaled_dot_product_flash_attention_for_cpu", _cpu_sdpa_flop),
-                   ("_scaled_dot_product_flash_attention_for_cpu_backward", _cpu_sdpa_backward_flop)):
+for _name, _fn in (
+    ("_scaled_dot_product_flash_attention_for_cpu", _cpu_sdpa_flop),
+    ("_scaled_dot_product_flash_attention_for_cpu_backward", _cpu_sdpa_backward_flop),
+):
     _op = getattr(torch.ops.aten, _name, None)
     if _op is not None:
         _EXTRA_FLOP_FORMULAS[_op] = _fn
@@ -478,8 +549,15 @@ class MfuProbe:
     recorded and MFU is left out.
     """
 
-    def __init__(self, flops_per_sample: float, spec: DeviceSpec | None, precision: str = "fp32", source: str = "",
-                 devices: int = 1, tokens_per_sample: float = 0.0) -> None:
+    def __init__(
+        self,
+        flops_per_sample: float,
+        spec: DeviceSpec | None,
+        precision: str = "fp32",
+        source: str = "",
+        devices: int = 1,
+        tokens_per_sample: float = 0.0,
+    ) -> None:
         self.flops_per_sample = flops_per_sample
         self.tokens_per_sample = tokens_per_sample  # of the example the FLOPs were counted on; 0: no tokens
         self.spec = spec
@@ -497,7 +575,11 @@ class MfuProbe:
 
     def __call__(self, record: dict[str, Any]) -> dict[str, Any]:
         tokens = record.get("tokens_per_s")
-        rate = tokens / self.tokens_per_sample if tokens and self.tokens_per_sample else record.get("samples_per_s")
+        rate = (
+            tokens / self.tokens_per_sample
+            if tokens and self.tokens_per_sample
+            else record.get("samples_per_s")
+        )
         if not rate:
             return {}
         flops_per_s = rate * self.flops_per_sample  # with tokens: tokens/s x FLOPs per token
@@ -521,7 +603,8 @@ def build_mfu_probe(
     ``device`` here), the peak from the device name (x ``devices``, the data-parallel world).
     An unknown device is logged, not an error."""
     flops, source = estimate_flops_per_sample(model, move_to(example_batch, device), loss_fn, autocast)
-    tokens_per_sample = token_count(example_batch) / batch_size(example_batch)  # padding counted, as tokens_per_s
+    # padding counted, as tokens_per_s
+    tokens_per_sample = token_count(example_batch) / batch_size(example_batch)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     spec = lookup_peak(name) if device.type == "cuda" else None
     if spec is None:
@@ -540,8 +623,14 @@ class NvmlSampler:
     Without NVML (no package, no driver, no GPU) it records nothing: ``available`` is False.
     """
 
-    FIELDS = {"util_pct": "gpu_util_pct", "mem_util_pct": "gpu_mem_util_pct", "power_w": "gpu_power_w",
-              "temp_c": "gpu_temp_c", "sm_clock_mhz": "gpu_sm_clock_mhz", "mem_clock_mhz": "gpu_mem_clock_mhz"}
+    FIELDS = {
+        "util_pct": "gpu_util_pct",
+        "mem_util_pct": "gpu_mem_util_pct",
+        "power_w": "gpu_power_w",
+        "temp_c": "gpu_temp_c",
+        "sm_clock_mhz": "gpu_sm_clock_mhz",
+        "mem_clock_mhz": "gpu_mem_clock_mhz",
+    }
 
     def __init__(self, cuda_index: int = 0, period_s: float = 0.5) -> None:
         self.period_s = period_s
@@ -638,8 +727,14 @@ def build_probes(
     and ``monitor.memory_warn_fraction``; ``memory_cap_fraction``: ``memory.max_fraction``."""
     probes: list[Probe] = []
     if device.type == "cuda":
-        probes.append(MemoryProbe(device, every=None if memory_every < 0 else memory_every,
-                                  warn_fraction=memory_warn_fraction, cap_fraction=memory_cap_fraction))
+        probes.append(
+            MemoryProbe(
+                device,
+                every=None if memory_every < 0 else memory_every,
+                warn_fraction=memory_warn_fraction,
+                cap_fraction=memory_cap_fraction,
+            )
+        )
         if nvml_enabled:
             sampler = NvmlSampler(device.index if device.index is not None else torch.cuda.current_device())
             if sampler.available:
@@ -648,8 +743,14 @@ def build_probes(
                 log.info("GPU utilisation not sampled: %s", nvml()[1])
     if model is not None and example_batch is not None:
         try:
-            probes.append(build_mfu_probe(model, example_batch, device, precision, loss_fn, autocast, devices))
+            probes.append(
+                build_mfu_probe(model, example_batch, device, precision, loss_fn, autocast, devices)
+            )
         except Exception as exc:  # an optional measurement: training goes on without FLOPs
-            log.warning("FLOPs not counted, so no TFLOP/s or MFU (%s: %s); pass a loss_fn(model, batch) "
-                        "that returns the loss for the example batch", type(exc).__name__, exc)
+            log.warning(
+                "FLOPs not counted, so no TFLOP/s or MFU (%s: %s); pass a loss_fn(model, batch) "
+                "that returns the loss for the example batch",
+                type(exc).__name__,
+                exc,
+            )
     return probes

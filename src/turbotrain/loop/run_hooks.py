@@ -17,21 +17,22 @@ Hooks run in this order at every event, and the order matters:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from torch import nn
 
-from .checkpoint import Checkpointer
+from ..base.rundir import METRICS_FILE, TENSORBOARD_DIR
 from ..core.engine import Engine
+from ..core.optim import PlateauLR
+from .checkpoint import Checkpointer
 from .epochs import EpochLog
 from .experts_monitor import experts_hooks
 from .hooks import Evaluate, Hook
 from .lr_plateau import ObservePlateau
 from .monitor import JsonlSink, Monitor, ProgressSink, TensorBoardSink, build_probes
-from ..core.optim import PlateauLR
-from ..base.rundir import METRICS_FILE, TENSORBOARD_DIR
 
 
 @dataclass
@@ -48,8 +49,13 @@ class MonitorPlan:
     memory_cap_fraction: float = 0.0
 
 
-def build_monitor(engine: Engine, model: nn.Module, example: Any, plan: MonitorPlan,
-                  loss_fn: Callable[[nn.Module, Any], Any] | None = None) -> tuple[Monitor, JsonlSink | None]:
+def build_monitor(
+    engine: Engine,
+    model: nn.Module,
+    example: Any,
+    plan: MonitorPlan,
+    loss_fn: Callable[[nn.Module, Any], Any] | None = None,
+) -> tuple[Monitor, JsonlSink | None]:
     """The Monitor (and its metrics.jsonl sink, for a flush before checkpoints): sinks for the run
     directory, the progress bar and TensorBoard; probes for memory and NVML on CUDA and MFU from
     FLOPs counted once on ``example``. Data parallel: the rates are the run's (x world)."""
@@ -61,18 +67,35 @@ def build_monitor(engine: Engine, model: nn.Module, example: Any, plan: MonitorP
         sinks.append(ProgressSink(plan.progress_steps, engine.state.step))
     world = engine.strategy.world
     probes = build_probes(
-        engine.device, model=model, example_batch=example, precision=engine.precision.name, nvml_enabled=plan.nvml,
-        loss_fn=loss_fn, autocast=engine.autocast, devices=world, memory_every=plan.memory_every,
-        memory_warn_fraction=plan.memory_warn_fraction, memory_cap_fraction=plan.memory_cap_fraction,
+        engine.device,
+        model=model,
+        example_batch=example,
+        precision=engine.precision.name,
+        nvml_enabled=plan.nvml,
+        loss_fn=loss_fn,
+        autocast=engine.autocast,
+        devices=world,
+        memory_every=plan.memory_every,
+        memory_warn_fraction=plan.memory_warn_fraction,
+        memory_cap_fraction=plan.memory_cap_fraction,
     )
     return Monitor(plan.log_every, sinks, probes, world=world), jsonl
 
 
-def build_hooks(monitor: Monitor, *, stops: Sequence[Hook] = (), eval_batches: list[Any] | None = None,
-                eval_every: int = 0, loss_fn: Callable[[nn.Module, Any], Any] | None = None,
-                metrics_fn: Callable[[nn.Module, Any], Any] | None = None, scheduler: Any = None,
-                experts_model: nn.Module | None = None, experts_dir: Path | None = None,
-                epochs: tuple[int, int] | None = None, checkpointer: Checkpointer | None = None) -> list[Hook]:
+def build_hooks(
+    monitor: Monitor,
+    *,
+    stops: Sequence[Hook] = (),
+    eval_batches: list[Any] | None = None,
+    eval_every: int = 0,
+    loss_fn: Callable[[nn.Module, Any], Any] | None = None,
+    metrics_fn: Callable[[nn.Module, Any], Any] | None = None,
+    scheduler: Any = None,
+    experts_model: nn.Module | None = None,
+    experts_dir: Path | None = None,
+    epochs: tuple[int, int] | None = None,
+    checkpointer: Checkpointer | None = None,
+) -> list[Hook]:
     """The chain in the order the module docstring explains. ``eval_batches`` None: no evaluation;
     ``experts_model``: the unwrapped model whose MoE layers are monitored (none: nothing added);
     ``epochs``: (steps per epoch, epochs) for one record and line per epoch, after the Monitor."""

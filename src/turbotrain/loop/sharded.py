@@ -47,8 +47,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..base.atomic import DISK_FULL_ERRNOS, DiskFullError, atomic_write, disk_full_cause
-from ..core.distributed import ReportedByAnotherRank, decided_by_main, in_group, is_loaded_instance, rank_world
 from ..base.errors import TurbotrainError
+from ..core.distributed import (
+    ReportedByAnotherRank,
+    decided_by_main,
+    in_group,
+    is_loaded_instance,
+    rank_world,
+)
 from ..parts.models.moe import EXTRA_STATE_KEY
 
 FORMAT = 1
@@ -152,7 +158,9 @@ def clean_unfinished(folder: Path) -> list[Path]:
 # ---------------------------------------------------------------------------- state <-> flat tensors
 
 
-def _flatten(tree: dict[str, Any], prefix: str, tensors: dict[str, torch.Tensor], objects: dict[str, Any]) -> None:
+def _flatten(
+    tree: dict[str, Any], prefix: str, tensors: dict[str, torch.Tensor], objects: dict[str, Any]
+) -> None:
     for key, value in tree.items():
         name = f"{prefix}{_SEP}{key}"
         if isinstance(value, dict):
@@ -169,7 +177,7 @@ def _unflatten(flat: dict[str, Any], prefix: str) -> dict[str, Any]:
     for name, value in flat.items():
         if not name.startswith(start):
             continue
-        *parents, leaf = name[len(start):].split(_SEP)
+        *parents, leaf = name[len(start) :].split(_SEP)
         node = tree
         for part in parents:
             node = node.setdefault(part, {})
@@ -177,10 +185,16 @@ def _unflatten(flat: dict[str, Any], prefix: str) -> dict[str, Any]:
     return tree
 
 
-def split_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def split_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The model's and optimizer's state keyed by parameter names, independent of the wrapping and
     of the world size: (tensors for DCP, everything else for ``state.pt``)."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict  # costly: see the imports
+    # costly: see the imports
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_state_dict,
+    )
 
     if optimizer is None:
         from_model, from_optim = get_model_state_dict(model), {}
@@ -194,8 +208,14 @@ def split_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tu
     return tensors, rest
 
 
-def _set(model: nn.Module, optimizer: torch.optim.Optimizer | None, model_sd: dict[str, Any], optim_sd: dict[str, Any],
-         full: bool, source: str) -> None:
+def _set(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    model_sd: dict[str, Any],
+    optim_sd: dict[str, Any],
+    full: bool,
+    source: str,
+) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
 
     options = StateDictOptions(full_state_dict=full)
@@ -203,15 +223,24 @@ def _set(model: nn.Module, optimizer: torch.optim.Optimizer | None, model_sd: di
         if optimizer is None:
             set_model_state_dict(model, model_sd, options=options)
         else:
-            set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=options)
+            set_state_dict(
+                model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=options
+            )
     except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
         detail = " ".join(str(exc).split())[:300]
-        raise TurbotrainError(f"{source}: its model state does not fit the model this config builds ({detail}); "
-                              "resume without overrides that change --model.* settings") from None
+        raise TurbotrainError(
+            f"{source}: its model state does not fit the model this config builds ({detail}); "
+            "resume without overrides that change --model.* settings"
+        ) from None
 
 
-def load_full(model: nn.Module, optimizer: torch.optim.Optimizer | None, model_sd: dict[str, Any],
-              optim_sd: dict[str, Any] | None, source: str) -> None:
+def load_full(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    model_sd: dict[str, Any],
+    optim_sd: dict[str, Any] | None,
+    source: str,
+) -> None:
     """Load a one-process (``torch.save``) model and optimizer state into a possibly wrapped and
     sharded ``model`` (DDP, FSDP2): every rank holds the full state; each keeps its part. The
     optimizer's state is keyed by position (``optimizer.state_dict()``); it is re-keyed by the
@@ -222,16 +251,25 @@ def load_full(model: nn.Module, optimizer: torch.optim.Optimizer | None, model_s
         try:
             optim_sd = {
                 "state": {order[int(i)]: s for i, s in optim_sd["state"].items()},
-                "param_groups": [{**g, "params": [order[int(i)] for i in g["params"]]} for g in optim_sd["param_groups"]],
+                "param_groups": [
+                    {**g, "params": [order[int(i)] for i in g["params"]]} for g in optim_sd["param_groups"]
+                ],
             }
         except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise TurbotrainError(f"{source}: its optimizer state does not fit this optimizer ({exc!r})") from None
+            raise TurbotrainError(
+                f"{source}: its optimizer state does not fit this optimizer ({exc!r})"
+            ) from None
     _set(model, optimizer, model_sd, optim_sd or {}, True, source)
 
 
 def _param_names(model: nn.Module) -> dict[int, str]:
     """Parameter id -> the name a plain (unwrapped, uncompiled) model gives it."""
-    wrappers = {"_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"}  # compile, checkpointing, FSDP1
+    # compile, checkpointing, FSDP1
+    wrappers = {
+        "_orig_mod",
+        "_checkpoint_wrapped_module",
+        "_fsdp_wrapped_module",
+    }
     ddp = isinstance(model, DistributedDataParallel)  # its "module." prefix
     out = {}
     for name, p in model.named_parameters():
@@ -243,8 +281,14 @@ def _param_names(model: nn.Module) -> dict[int, str]:
 # ---------------------------------------------------------------------------- save
 
 
-def save(folder: Path, step: int, tensors: dict[str, torch.Tensor], replicated: dict[str, Any],
-         per_rank: dict[str, Any], group: dist.ProcessGroup | None = None) -> Path:
+def save(
+    folder: Path,
+    step: int,
+    tensors: dict[str, torch.Tensor],
+    replicated: dict[str, Any],
+    per_rank: dict[str, Any],
+    group: dist.ProcessGroup | None = None,
+) -> Path:
     """Write one sharded checkpoint at ``step`` from every rank (a collective: every rank calls it
     with its own shards and per-rank state; ``replicated`` is taken from rank 0). Returns the
     finished folder. Lack of space raises :class:`turbotrain.base.atomic.DiskFullError`. ``group``: the
@@ -264,17 +308,27 @@ def save(folder: Path, step: int, tensors: dict[str, torch.Tensor], replicated: 
     claimed: dict[str, Any] = {}
     try:
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process: as intended
+            # one process: as intended
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             # a collective: a failure on any rank raises on every rank
-            dcp.save(tensors, storage_writer=FileSystemWriter(tmp, sync_files=True), process_group=group,
-                     no_dist=not in_group())
-        atomic_write(tmp / rank_file(rank), lambda f: torch.save({"format": FORMAT, "rank": rank, "world": world, **per_rank}, f))
+            dcp.save(
+                tensors,
+                storage_writer=FileSystemWriter(tmp, sync_files=True),
+                process_group=group,
+                no_dist=not in_group(),
+            )
+        atomic_write(
+            tmp / rank_file(rank),
+            lambda f: torch.save({"format": FORMAT, "rank": rank, "world": world, **per_rank}, f),
+        )
         mine = [rank_file(rank)]
         if rank == 0:
             atomic_write(tmp / STATE_FILE, lambda f: torch.save({"format": FORMAT, **replicated}, f))
             mine.append(STATE_FILE)
         # each rank hashes what it wrote, in parallel; rank 0 hashes whatever nobody claimed (.metadata)
-        claimed = {name: _entry(tmp / name) for name in mine + [n.name for n in tmp.glob(f"__{rank}_*.distcp")]}
+        claimed = {
+            name: _entry(tmp / name) for name in mine + [n.name for n in tmp.glob(f"__{rank}_*.distcp")]
+        }
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - told to every rank below: none waits forever
         failure = exc
     problem = describe(failure) if failure is not None else ""
@@ -286,9 +340,11 @@ def save(folder: Path, step: int, tensors: dict[str, torch.Tensor], replicated: 
     if failed:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-        if rank != failed[0][0]:  # said once, by the first rank that failed (a full disk fails them all alike)
-            raise ReportedByAnotherRank(f"the checkpoint at step {step} was not saved: rank {failed[0][0]} failed "
-                                        f"({failed[0][1]})")
+        # said once, by the first rank that failed (a full disk fails them all alike)
+        if rank != failed[0][0]:
+            raise ReportedByAnotherRank(
+                f"the checkpoint at step {step} was not saved: rank {failed[0][0]} failed ({failed[0][1]})"
+            )
         full = _disk_full_reason(failure) if failure is not None else ""
         if full:
             raise DiskFullError(final, full) from None
@@ -316,7 +372,9 @@ def describe(exc: BaseException) -> str:
     """One line for ``exc``; for DCP's CheckpointException (a multi-line traceback per rank) the
     failures themselves."""
     if _dcp_failure(exc):
-        return "; ".join(f"rank {r}: {type(e).__name__}: {' '.join(str(e).split())}" for r, (e, _) in exc.failures.items())[:400]
+        return "; ".join(
+            f"rank {r}: {type(e).__name__}: {' '.join(str(e).split())}" for r, (e, _) in exc.failures.items()
+        )[:400]
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:400]
 
 
@@ -409,8 +467,11 @@ def saved_model_tensors(folder: Path) -> dict[str, TensorStorageMetadata]:
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     start = MODEL + _SEP
-    return {name[len(start):]: meta for name, meta in read_metadata(folder).state_dict_metadata.items()
-            if name.startswith(start) and isinstance(meta, TensorStorageMetadata)}
+    return {
+        name[len(start) :]: meta
+        for name, meta in read_metadata(folder).state_dict_metadata.items()
+        if name.startswith(start) and isinstance(meta, TensorStorageMetadata)
+    }
 
 
 @functools.cache
@@ -427,8 +488,10 @@ def _dcp_load_types() -> tuple[type[FileSystemReader], type]:
 
     class TensorsOnly(DefaultLoadPlanner):
         def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-            raise TurbotrainError(f"{read_item.dest_index.fqn} is stored as a pickled object; turbotrain checkpoints "
-                                  "hold tensors only")
+            raise TurbotrainError(
+                f"{read_item.dest_index.fqn} is stored as a pickled object; turbotrain checkpoints "
+                "hold tensors only"
+            )
 
     return SafeReader, TensorsOnly
 
@@ -447,8 +510,10 @@ def _dcp_load(path: Path, tensors: dict[str, torch.Tensor], source: str) -> None
         raise
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP wraps every rank's failure in CheckpointException
         detail = describe(exc)[:300]
-        raise TurbotrainError(f"{source}: its model or optimizer state does not fit the ones this config builds "
-                              f"({detail}); resume without overrides that change --model.* settings") from None
+        raise TurbotrainError(
+            f"{source}: its model or optimizer state does not fit the ones this config builds "
+            f"({detail}); resume without overrides that change --model.* settings"
+        ) from None
 
 
 def read_state(path: Path) -> dict[str, Any]:
@@ -467,13 +532,19 @@ def _torch_load(file: Path) -> dict[str, Any]:
     try:
         payload = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means an unusable file
-        raise TurbotrainError(f"{file.parent.name}/{file.name} cannot be read: {' '.join(str(exc).split())[:200]}") from None
+        raise TurbotrainError(
+            f"{file.parent.name}/{file.name} cannot be read: {' '.join(str(exc).split())[:200]}"
+        ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise TurbotrainError(f"{file.parent.name}/{file.name} is not part of a turbotrain checkpoint (format {FORMAT})")
+        raise TurbotrainError(
+            f"{file.parent.name}/{file.name} is not part of a turbotrain checkpoint (format {FORMAT})"
+        )
     return payload
 
 
-def load_into(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, state: dict[str, Any]) -> None:
+def load_into(
+    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, state: dict[str, Any]
+) -> None:
     """Load the model and optimizer of checkpoint folder ``path`` into ``model`` and ``optimizer``
     as they are wrapped here (plain, DDP or FSDP2, any world size). ``state`` is its
     :func:`read_state`. A collective under a process group: every rank calls it."""
@@ -493,7 +564,9 @@ def load_model_weights(path: Path) -> dict[str, torch.Tensor]:
     """The model's weights in checkpoint folder ``path`` as one plain state dict (full tensors, the
     names of an unwrapped model), read in this process alone: no process group, no model needed."""
     start = MODEL + _SEP
-    tensors = {start + name: torch.empty(meta.size, dtype=meta.properties.dtype)
-               for name, meta in saved_model_tensors(path).items()}
+    tensors = {
+        start + name: torch.empty(meta.size, dtype=meta.properties.dtype)
+        for name, meta in saved_model_tensors(path).items()
+    }
     _dcp_load(path, tensors, path.name)
-    return {name[len(start):]: t for name, t in tensors.items()}
+    return {name[len(start) :]: t for name, t in tensors.items()}

@@ -19,8 +19,19 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 __all__ = [
-    "DeviceSpec", "DEVICE_SPECS", "lookup_peak", "estimate_mfu", "precision_key", "register_peak", "tf32_enabled",
-    "nvml", "nvml_handle", "collect_nvml", "collect_nvml_device", "ram_bytes", "device_total_bytes",
+    "DeviceSpec",
+    "DEVICE_SPECS",
+    "lookup_peak",
+    "estimate_mfu",
+    "precision_key",
+    "register_peak",
+    "tf32_enabled",
+    "nvml",
+    "nvml_handle",
+    "collect_nvml",
+    "collect_nvml_device",
+    "ram_bytes",
+    "device_total_bytes",
 ]
 
 
@@ -105,8 +116,11 @@ def tf32_enabled(conv: bool = False) -> bool:
     """Whether float32 matmuls (with ``conv``, also cuDNN convolutions) run on TF32 tensor cores now."""
     import torch
 
-    return (torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
-            or (conv and torch.backends.cudnn.allow_tf32))
+    return (
+        torch.backends.cuda.matmul.allow_tf32
+        or torch.get_float32_matmul_precision() != "highest"
+        or (conv and torch.backends.cudnn.allow_tf32)
+    )
 
 
 def _spec(name: str, bf16, fp16, tf32, fp32, fp8, bw, mem=None) -> DeviceSpec:
@@ -132,7 +146,10 @@ DEVICE_SPECS: list[tuple[str, DeviceSpec]] = [
     (r"\bL4\b", _spec("NVIDIA L4", 121, 121, 60, 30.3, 242, 300, 24)),
     (r"RTX 4090", _spec("NVIDIA GeForce RTX 4090", 165.2, 165.2, 82.6, 82.6, 330.3, 1008, 24)),
     # Ampere
-    (r"\bA100\b.*80GB PCIe|\bA100\b.*PCIE.*80", _spec("NVIDIA A100 80GB PCIe", 312, 312, 156, 19.5, None, 1935, 80)),
+    (
+        r"\bA100\b.*80GB PCIe|\bA100\b.*PCIE.*80",
+        _spec("NVIDIA A100 80GB PCIe", 312, 312, 156, 19.5, None, 1935, 80),
+    ),
     (r"\bA100\b.*PCIE", _spec("NVIDIA A100 40GB PCIe", 312, 312, 156, 19.5, None, 1555, 40)),
     (r"\bA100\b.*80", _spec("NVIDIA A100 80GB SXM", 312, 312, 156, 19.5, None, 2039, 80)),
     (r"\bA100\b", _spec("NVIDIA A100 40GB SXM", 312, 312, 156, 19.5, None, 1555, 40)),
@@ -250,7 +267,9 @@ def collect_nvml_device(handle: Any) -> dict[str, Any]:
         out["max_sm_clock_mhz"] = value
     procs = _try(pynvml.nvmlDeviceGetComputeRunningProcesses, handle)
     if procs is not None:
-        out["processes"] = [{"pid": p.pid, "mem_gib": round((p.usedGpuMemory or 0) / 2**30, 3)} for p in procs]
+        out["processes"] = [
+            {"pid": p.pid, "mem_gib": round((p.usedGpuMemory or 0) / 2**30, 3)} for p in procs
+        ]
     return out
 
 
@@ -271,6 +290,12 @@ def collect_nvml() -> dict[str, Any]:
         if handle is None:
             continue
         name = _try(pynvml.nvmlDeviceGetName, handle)
-        gpus.append({"nvml_index": i, "name": name.decode() if isinstance(name, bytes) else name, **collect_nvml_device(handle)})
+        gpus.append(
+            {
+                "nvml_index": i,
+                "name": name.decode() if isinstance(name, bytes) else name,
+                **collect_nvml_device(handle),
+            }
+        )
     out["gpus"] = gpus
     return out

@@ -24,10 +24,10 @@ import importlib
 import importlib.util
 import sys
 import traceback
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -45,14 +45,22 @@ class Workload:
     optimizer: torch.optim.Optimizer | None = None
     loss_fn: Callable[[nn.Module, Any], Any] | None = None
     eval_loader: Iterable[Any] | None = None
-    metrics_fn: Callable[[nn.Module, Any], Mapping[str, torch.Tensor]] | None = None  # validation metrics, e.g. accuracy
+    metrics_fn: Callable[[nn.Module, Any], Mapping[str, torch.Tensor]] | None = (
+        None  # validation metrics, e.g. accuracy
+    )
     source: str = ""  # the FILE.py:FUNC it came from ("" when built in Python)
 
     def describe(self) -> str:
         """One line: the model, its size, the loader and the loss."""
         params = sum(p.numel() for p in self.model.parameters())
-        loss = getattr(self.loss_fn, "__name__", "loss_fn") if self.loss_fn is not None else "the model returns it"
-        optimizer = type(self.optimizer).__name__ if self.optimizer is not None else "AdamW from the optim section"
+        loss = (
+            getattr(self.loss_fn, "__name__", "loss_fn")
+            if self.loss_fn is not None
+            else "the model returns it"
+        )
+        optimizer = (
+            type(self.optimizer).__name__ if self.optimizer is not None else "AdamW from the optim section"
+        )
         where = f"{self.source}: " if self.source else ""
         return f"{where}{type(self.model).__name__} ({params:,} params); data {loader_summary(self.train_loader)}; loss: {loss}; optimizer: {optimizer}"
 
@@ -63,8 +71,10 @@ FIELDS = tuple(f.name for f in fields(Workload) if f.name != "source")
 def loader_summary(loader: Iterable[Any]) -> str:
     """``DataLoader(batch_size=64, num_workers=0, pin_memory=False)`` or the iterable's type."""
     if isinstance(loader, DataLoader):
-        return (f"DataLoader(batch_size={loader.batch_size}, num_workers={loader.num_workers}, "
-                f"pin_memory={loader.pin_memory})")
+        return (
+            f"DataLoader(batch_size={loader.batch_size}, num_workers={loader.num_workers}, "
+            f"pin_memory={loader.pin_memory})"
+        )
     return type(loader).__name__
 
 
@@ -77,7 +87,9 @@ def as_workload(obj: Any, where: str = "the workload function") -> Workload:
     elif isinstance(obj, Mapping):
         unknown = sorted(set(obj) - set(FIELDS))
         if unknown:
-            raise TurbotrainError(f"{where} returned a dict with unknown key {unknown[0]!r}; valid keys: {', '.join(FIELDS)}")
+            raise TurbotrainError(
+                f"{where} returned a dict with unknown key {unknown[0]!r}; valid keys: {', '.join(FIELDS)}"
+            )
         missing = [k for k in ("model", "train_loader") if k not in obj]
         if missing:
             raise TurbotrainError(f"{where} returned a dict without {missing[0]!r}; {expected}")
@@ -87,21 +99,35 @@ def as_workload(obj: Any, where: str = "the workload function") -> Workload:
     if not isinstance(w.model, nn.Module):
         raise TurbotrainError(f"{where}: model is {_what(w.model)}, not a torch.nn.Module")
     if isinstance(w.train_loader, (str, bytes)) or not isinstance(w.train_loader, Iterable):
-        raise TurbotrainError(f"{where}: train_loader is {_what(w.train_loader)}; give an iterable of batches (a DataLoader, a list)")
+        raise TurbotrainError(
+            f"{where}: train_loader is {_what(w.train_loader)}; give an iterable of batches (a DataLoader, a list)"
+        )
     if w.eval_loader is not None and not isinstance(w.eval_loader, Iterable):
-        raise TurbotrainError(f"{where}: eval_loader is {_what(w.eval_loader)}; give an iterable of batches or None")
+        raise TurbotrainError(
+            f"{where}: eval_loader is {_what(w.eval_loader)}; give an iterable of batches or None"
+        )
     if w.optimizer is not None and not isinstance(w.optimizer, torch.optim.Optimizer):
-        raise TurbotrainError(f"{where}: optimizer is {_what(w.optimizer)}; give a torch.optim.Optimizer over the model's parameters, or None")
+        raise TurbotrainError(
+            f"{where}: optimizer is {_what(w.optimizer)}; give a torch.optim.Optimizer over the model's parameters, or None"
+        )
     if w.metrics_fn is not None and not callable(w.metrics_fn):
-        raise TurbotrainError(f"{where}: metrics_fn is {_what(w.metrics_fn)}; give a function (model, batch) -> "
-                              "{name: scalar tensor}, or None")
+        raise TurbotrainError(
+            f"{where}: metrics_fn is {_what(w.metrics_fn)}; give a function (model, batch) -> "
+            "{name: scalar tensor}, or None"
+        )
     if w.loss_fn is not None and not callable(w.loss_fn):
-        raise TurbotrainError(f"{where}: loss_fn is {_what(w.loss_fn)}; give a function (model, batch) -> scalar loss, or None")
+        raise TurbotrainError(
+            f"{where}: loss_fn is {_what(w.loss_fn)}; give a function (model, batch) -> scalar loss, or None"
+        )
     return w
 
 
 def _what(obj: Any) -> str:
-    return "None" if obj is None else f"a {type(obj).__module__}.{type(obj).__qualname__}".replace("builtins.", "")
+    return (
+        "None"
+        if obj is None
+        else f"a {type(obj).__module__}.{type(obj).__qualname__}".replace("builtins.", "")
+    )
 
 
 def copy_workload(w: Workload) -> Workload:
@@ -118,7 +144,9 @@ def split_ref(ref: str) -> tuple[str, str]:
     """``"path/to/file.py:make"`` -> (``"path/to/file.py"``, ``"make"``); likewise ``pkg.mod:make``."""
     module, sep, func = ref.rpartition(":")
     if not sep or not module or not func.isidentifier():
-        raise TurbotrainError(f"--model {ref!r}: give FILE.py:FUNC or package.module:FUNC (FUNC returns a Workload)")
+        raise TurbotrainError(
+            f"--model {ref!r}: give FILE.py:FUNC or package.module:FUNC (FUNC returns a Workload)"
+        )
     return module, func
 
 
@@ -126,9 +154,15 @@ def _import(ref: str, module: str) -> Any:
     if module.endswith(".py") or "/" in module or "\\" in module:
         path = Path(module).expanduser().resolve()
         if not path.is_file():
-            raise TurbotrainError(f"--model {ref}: there is no file {module}; give FILE.py:FUNC with an existing file")
+            raise TurbotrainError(
+                f"--model {ref}: there is no file {module}; give FILE.py:FUNC with an existing file"
+            )
         taken = sys.modules.get(path.stem)
-        name = path.stem if taken is None or getattr(taken, "__file__", None) == str(path) else f"turbotrain_workload_{path.stem}"
+        name = (
+            path.stem
+            if taken is None or getattr(taken, "__file__", None) == str(path)
+            else f"turbotrain_workload_{path.stem}"
+        )
         spec = importlib.util.spec_from_file_location(name, path)
         assert spec is not None and spec.loader is not None
         mod = importlib.util.module_from_spec(spec)
@@ -141,7 +175,9 @@ def _import(ref: str, module: str) -> Any:
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:
         if exc.name and module.startswith(exc.name):
-            raise TurbotrainError(f"--model {ref}: no module named {exc.name!r}; give FILE.py:FUNC or an importable package.module:FUNC") from None
+            raise TurbotrainError(
+                f"--model {ref}: no module named {exc.name!r}; give FILE.py:FUNC or an importable package.module:FUNC"
+            ) from None
         return _call(ref, f"importing {module}", importlib.import_module, module)
 
 
@@ -167,10 +203,15 @@ def load_workload(ref: str, seed: int | None = 0) -> Workload:
         module = _import(ref, module_name)
     func = getattr(module, func_name, None)
     if func is None:
-        names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
-                       and getattr(v, "__module__", None) == module.__name__)
-        raise TurbotrainError(f"--model {ref}: {module_name} has no function {func_name!r}"
-                              + (f"; it defines: {', '.join(names)}" if names else ""))
+        names = sorted(
+            n
+            for n, v in vars(module).items()
+            if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
+        )
+        raise TurbotrainError(
+            f"--model {ref}: {module_name} has no function {func_name!r}"
+            + (f"; it defines: {', '.join(names)}" if names else "")
+        )
     if not callable(func):
         raise TurbotrainError(f"--model {ref}: {func_name} is {_what(func)}, not a function")
     if seed is not None:
@@ -183,8 +224,13 @@ def load_workload(ref: str, seed: int | None = 0) -> Workload:
 # ----------------------------------------------------------------------------- loader changes
 
 
-def rebuild_loader(loader: Iterable[Any], *, num_workers: int | None = None, batch_size: int | None = None,
-                   seed: int | None = None) -> DataLoader:
+def rebuild_loader(
+    loader: Iterable[Any],
+    *,
+    num_workers: int | None = None,
+    batch_size: int | None = None,
+    seed: int | None = None,
+) -> DataLoader:
     """A DataLoader like ``loader`` (dataset, sampling, collate_fn, drop_last, pin_memory) with
     ``num_workers`` and/or ``batch_size`` changed: how profile and tune apply a loader setting
     to your workload. With ``seed``, its shuffling draws from a generator of its own, so the
@@ -192,19 +238,28 @@ def rebuild_loader(loader: Iterable[Any], *, num_workers: int | None = None, bat
     with different settings then see the same samples). Only a torch DataLoader can be rebuilt
     (TurbotrainError otherwise)."""
     if not isinstance(loader, DataLoader):
-        raise TurbotrainError(f"only a torch DataLoader's settings can be changed, and train_loader is {_what(loader)}")
+        raise TurbotrainError(
+            f"only a torch DataLoader's settings can be changed, and train_loader is {_what(loader)}"
+        )
     workers = loader.num_workers if num_workers is None else num_workers
     kwargs: dict[str, Any] = dict(
-        collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn, generator=loader.generator, num_workers=workers,
-        persistent_workers=workers > 0, multiprocessing_context=loader.multiprocessing_context if workers > 0 else None,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        generator=loader.generator,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        multiprocessing_context=loader.multiprocessing_context if workers > 0 else None,
     )
     if workers > 0 and loader.prefetch_factor is not None:
         kwargs["prefetch_factor"] = loader.prefetch_factor
     iterable = isinstance(loader.dataset, IterableDataset)
     if loader.batch_size is None and loader.batch_sampler is not None and not iterable:
         if batch_size is not None:
-            raise TurbotrainError("this DataLoader batches with a custom batch_sampler; change its batch size in your code")
+            raise TurbotrainError(
+                "this DataLoader batches with a custom batch_sampler; change its batch size in your code"
+            )
         kwargs["batch_sampler"] = loader.batch_sampler  # its own batching, kept exactly
     else:
         kwargs.update(batch_size=batch_size or loader.batch_size, drop_last=loader.drop_last)
@@ -212,8 +267,12 @@ def rebuild_loader(loader: Iterable[Any], *, num_workers: int | None = None, bat
             kwargs["sampler"] = loader.sampler  # the same shuffling (or order)
             if seed is not None and isinstance(loader.sampler, RandomSampler):
                 s = loader.sampler
-                kwargs["sampler"] = RandomSampler(s.data_source, replacement=s.replacement, num_samples=s._num_samples,
-                                                  generator=torch.Generator().manual_seed(seed))
+                kwargs["sampler"] = RandomSampler(
+                    s.data_source,
+                    replacement=s.replacement,
+                    num_samples=s._num_samples,
+                    generator=torch.Generator().manual_seed(seed),
+                )
     if seed is not None:
         kwargs["generator"] = torch.Generator().manual_seed(seed)  # the workers' base seed
     return DataLoader(loader.dataset, **kwargs)

@@ -14,19 +14,20 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
-from ...core.assembly import build_trainable
 from ...base.atomic import atomic_write
 from ...base.batch import move_to
 from ...base.config import load_config
 from ...base.errors import TurbotrainError
+from ...base.process import run_process
+from ...core.assembly import build_trainable
 from ...tools.memory import resolve_batch_size
 from .contenders import turbotrain_overrides
-from ...base.process import run_process
 from .suite import BenchOptions, row_env
 from .workloads import make_data, resolve_workload, seeded_model, to_spec
 
@@ -48,30 +49,48 @@ def search(name: str, device_type: str, seed: int, max_micro: int = AUTO_MAX_MIC
         xs, ys = make_data(w.replace(batch_size=micro, pool=1), seed)
         return move_to((xs[0], ys[0]), t.engine.device)
 
-    _, found = resolve_batch_size(config, t.engine, t.model, t.optimizer, max_micro=max_micro, make_batch=make_batch)
+    _, found = resolve_batch_size(
+        config, t.engine, t.model, t.optimizer, max_micro=max_micro, make_batch=make_batch
+    )
     assert found is not None  # micro was "auto"
     return {"workload": name, "device": device_type, "summary": found.describe(), **found.to_dict()}
 
 
-def find_workload_batch(name: str, opts: BenchOptions, keep_log: bool = True,
-                        max_micro: int = AUTO_MAX_MICRO) -> dict[str, Any]:
+def find_workload_batch(
+    name: str, opts: BenchOptions, keep_log: bool = True, max_micro: int = AUTO_MAX_MICRO
+) -> dict[str, Any]:
     """:func:`search` in its own process, with the environment a row gets (threads, compile
     cache) so its answer holds for the rows; raises a one-line TurbotrainError when it fails."""
     work_dir = opts.work_dir / f"batch-{name}"
     work_dir.mkdir(parents=True, exist_ok=True)
     result, log = work_dir / "result.json", work_dir / "log.txt"
     result.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "turbotrain.app.bench.autobatch", name, "--device", opts.device, "--seed", str(opts.seed),
-           "--max-micro", str(max_micro), "--result", str(result)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "turbotrain.app.bench.autobatch",
+        name,
+        "--device",
+        opts.device,
+        "--seed",
+        str(opts.seed),
+        "--max-micro",
+        str(max_micro),
+        "--result",
+        str(result),
+    ]
     code = run_process(cmd, log, row_env(work_dir, opts), opts.timeout_s)
     where = f"see {log}" if keep_log else "pass --work-dir DIR to keep its log"
     if code is None:
-        raise TurbotrainError(f"--batch auto: the batch search for {name} took over {opts.timeout_s:g} s ({where}); "
-                              "pass --batch N or a larger --timeout-s")
+        raise TurbotrainError(
+            f"--batch auto: the batch search for {name} took over {opts.timeout_s:g} s ({where}); "
+            "pass --batch N or a larger --timeout-s"
+        )
     if code != 0 or not result.is_file():
         tail = log.read_text().strip().splitlines()[-1:] or ["no output"]
-        raise TurbotrainError(f"--batch auto: the batch search for {name} failed: {tail[0][:300]} ({where}); "
-                              "pass --batch N")
+        raise TurbotrainError(
+            f"--batch auto: the batch search for {name} failed: {tail[0][:300]} ({where}); pass --batch N"
+        )
     return json.loads(result.read_text())
 
 

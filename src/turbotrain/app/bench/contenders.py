@@ -18,20 +18,21 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
-from ...core.assembly import build_trainable
 from ...base.batch import move_to
 from ...base.config import load_config
 from ...base.errors import ConfigError
-from ...loop.hooks import FitContext, Hook
-from ...loop.fit import fit
+from ...core.assembly import build_trainable
 from ...core.optim import resolve_implementation
+from ...loop.fit import fit
+from ...loop.hooks import FitContext, Hook
 from .handtuned import train_handtuned
 from .protocol import Job, make_loader, math_precision
 
@@ -70,35 +71,42 @@ CONTENDERS: dict[str, Contender] = {
     c.name: c
     for c in (
         Contender(
-            "eager", "plain PyTorch eager fp32",
+            "eager",
+            "plain PyTorch eager fp32",
             "fp32, eager, AdamW (torch default implementation), batch.to(device)",
             "fp32, eager, AdamW (torch default implementation)",
         ),
         Contender(
-            "eager-bf16", "plain PyTorch eager bf16",
+            "eager-bf16",
+            "plain PyTorch eager bf16",
             "bf16 autocast, eager, AdamW (torch default implementation), batch.to(device)",
-            "", cuda_only=True,
+            "",
+            cuda_only=True,
         ),
         Contender(
-            "handtuned", "hand-tuned plain PyTorch (turbotrain.app.bench.handtuned)",
+            "handtuned",
+            "hand-tuned plain PyTorch (turbotrain.app.bench.handtuned)",
             "bf16 autocast, torch.compile, fused AdamW, TF32, cuDNN benchmark, SDPA is_causal, "
             "channels_last (CNNs), pinned non_blocking copies",
             "fp32 (auto: bf16 on CUDA only), eager (auto: compile on CUDA only), fused AdamW",
         ),
         Contender(
-            "accelerate", "Hugging Face Accelerate",
+            "accelerate",
+            "Hugging Face Accelerate",
             'Accelerator(mixed_precision="bf16"); prepare(model, optimizer, dataloader, scheduler)',
             f'Accelerator(mixed_precision="no") - {CPU_FP32}; prepare(...)',
             requires=("accelerate",),
         ),
         Contender(
-            "lightning", "PyTorch Lightning",
+            "lightning",
+            "PyTorch Lightning",
             'Trainer(precision="bf16-mixed", gradient_clip_val=1.0); logger, checkpoints, progress bar off',
             f'Trainer(precision="32-true", gradient_clip_val=1.0) - {CPU_FP32}; logger, checkpoints, progress bar off',
             requires=("lightning",),
         ),
         Contender(
-            "turbotrain", "turbotrain (defaults)",
+            "turbotrain",
+            "turbotrain (defaults)",
             "Engine + fit, defaults: auto precision (bf16-mixed), TF32, compile, fused AdamW, side-stream prefetch",
             "Engine + fit, defaults: auto precision (fp32 on CPU), no compile on CPU, fused AdamW",
         ),
@@ -117,7 +125,11 @@ def train_eager(job: Job, autocast_dtype: torch.dtype | None = None) -> dict[str
     model = job.model.to(device)
     opt, sched = job.plain_optimizer(model)
     loader = make_loader(job.batches)
-    amp = (lambda: torch.autocast(device.type, dtype=autocast_dtype)) if autocast_dtype else contextlib.nullcontext
+    amp = (
+        (lambda: torch.autocast(device.type, dtype=autocast_dtype))
+        if autocast_dtype
+        else contextlib.nullcontext
+    )
     clip = job.optim["grad_clip"]
     model.train()
     for batch in loader:
@@ -193,7 +205,9 @@ def train_lightning(job: Job) -> dict[str, Any]:
             return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     class Clock(L.Callback):
-        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        def on_train_batch_end(
+            self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+        ) -> None:
             clock.mark(outputs["loss"] if isinstance(outputs, dict) else outputs)
 
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
@@ -222,15 +236,23 @@ def train_lightning(job: Job) -> dict[str, Any]:
     )
 
 
-def turbotrain_overrides(spec: dict[str, Any], device: torch.device, total_steps: int) -> dict[str, dict[str, Any]]:
+def turbotrain_overrides(
+    spec: dict[str, Any], device: torch.device, total_steps: int
+) -> dict[str, dict[str, Any]]:
     """The config overrides that give turbotrain the workload's recipe on ``device``, on top of
     its defaults (plus a matrix row's ``turbotrain_overrides``)."""
     o = spec["optim"]
     overrides: dict[str, dict[str, Any]] = {
         "run": {"device": device.type, "seed": spec["seed"]},
         "optim": {
-            "lr": o["lr"], "min_lr": o["lr"], "beta1": o["betas"][0], "beta2": o["betas"][1], "eps": o["eps"],
-            "weight_decay": o["weight_decay"], "warmup_steps": o["lr_warmup_steps"], "schedule": "constant",
+            "lr": o["lr"],
+            "min_lr": o["lr"],
+            "beta1": o["betas"][0],
+            "beta2": o["betas"][1],
+            "eps": o["eps"],
+            "weight_decay": o["weight_decay"],
+            "warmup_steps": o["lr_warmup_steps"],
+            "schedule": "constant",
             "grad_clip": o["grad_clip"],
         },
         "train": {"max_steps": total_steps},
@@ -259,12 +281,21 @@ def train_turbotrain(job: Job) -> dict[str, Any]:
         config = load_config(overrides=turbotrain_overrides(job.spec, device, total))
         clock.start()
         pin = device.type == "cuda" and config.data.pin_memory and not job.spec.get("resident")
-        t = build_trainable(config, job.model, max_steps=total, loader=make_loader(job.batches, pin_memory=pin))
+        t = build_trainable(
+            config, job.model, max_steps=total, loader=make_loader(job.batches, pin_memory=pin)
+        )
     except ConfigError as exc:  # e.g. fp16-mixed on CPU, bf16 on a GPU without it
         raise SkipContender(str(exc)) from None
     engine = t.engine
-    fit(engine, t.model, t.optimizer, t.loader, max_steps=total + (profiler.steps if profiler else 0), hooks=[Clock()],
-        loss_fn=job.loss_fn)
+    fit(
+        engine,
+        t.model,
+        t.optimizer,
+        t.loader,
+        max_steps=total + (profiler.steps if profiler else 0),
+        hooks=[Clock()],
+        loss_fn=job.loss_fn,
+    )
     profile = profiler.stop() if profiler else None
     p = engine.precision
     impl = resolve_implementation(config.optim.implementation, engine.device)
@@ -272,7 +303,9 @@ def train_turbotrain(job: Job) -> dict[str, Any]:
     compile_desc = engine.options.compile_scope
     if compile_desc != "off" and config.compile.mode != "default":
         compile_desc += f" ({config.compile.mode})"
-    prefetch = "side-stream prefetch" if device.type == "cuda" and config.data.device_prefetch else "no prefetch"
+    prefetch = (
+        "side-stream prefetch" if device.type == "cuda" and config.data.device_prefetch else "no prefetch"
+    )
     tf32 = ", TF32" if device.type == "cuda" and config.precision.tf32 else ""
     return {
         "precision": p.name,

@@ -47,8 +47,11 @@ def train_handtuned(job: Job) -> dict[str, Any]:
     step_fn = torch.compile(model) if use_compile else model
     params = list(model.parameters())
     model.train()
+
     def to_device(t: torch.Tensor) -> torch.Tensor:  # images channels_last, everything asynchronously
-        return t.to(dev, non_blocking=True, memory_format=fmt) if t.ndim == 4 else t.to(dev, non_blocking=True)
+        return (
+            t.to(dev, non_blocking=True, memory_format=fmt) if t.ndim == 4 else t.to(dev, non_blocking=True)
+        )
 
     for batch in make_loader(job.batches, pin_memory=cuda and not resident):
         batch = map_tensors(batch, to_device)
@@ -60,12 +63,14 @@ def train_handtuned(job: Job) -> dict[str, Any]:
         sched.step()
         opt.zero_grad(set_to_none=True)
         clock.mark(loss)
-    recipe = ", ".join([
-        "bf16 autocast" if use_bf16 else "fp32",
-        "torch.compile" if use_compile else "eager",
-        "fused AdamW",
-        *(["TF32", "cuDNN benchmark"] if cuda else []),
-        *(["channels_last"] if cuda and job.has_conv else []),
-        *(["pinned non_blocking copies"] if cuda and not resident else []),
-    ])
+    recipe = ", ".join(
+        [
+            "bf16 autocast" if use_bf16 else "fp32",
+            "torch.compile" if use_compile else "eager",
+            "fused AdamW",
+            *(["TF32", "cuDNN benchmark"] if cuda else []),
+            *(["channels_last"] if cuda and job.has_conv else []),
+            *(["pinned non_blocking copies"] if cuda and not resident else []),
+        ]
+    )
     return job.plain_result(torch.bfloat16 if use_bf16 else None, compiled=use_compile, recipe=recipe)

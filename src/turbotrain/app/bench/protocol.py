@@ -20,19 +20,20 @@ import hashlib
 import resource
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ...base.batch import move_to
-from ...core.engine import as_loss, default_loss
 from ...base.errors import TurbotrainError
+from ...base.units import GIB
+from ...core.engine import as_loss, default_loss
 from ...parts.hardware import precision_key, tf32_enabled
 from ...parts.models.moe import MoE, moe_layers
-from ...base.units import GIB
 
 
 class StepClock:
@@ -184,10 +185,14 @@ def make_loader(batches: BatchList, pin_memory: bool = False) -> DataLoader:
     return DataLoader(batches, batch_size=None, shuffle=False, num_workers=0, pin_memory=pin_memory)
 
 
-def math_precision(device: torch.device, autocast_dtype: torch.dtype | None, param_dtype: torch.dtype, has_conv: bool) -> str:
+def math_precision(
+    device: torch.device, autocast_dtype: torch.dtype | None, param_dtype: torch.dtype, has_conv: bool
+) -> str:
     """Which datasheet peak the step's matmuls/convolutions run at: 'bf16', 'fp16', 'tf32' or 'fp32'
     (for MFU). fp32 work on CUDA counts as TF32 where PyTorch routes it to TF32 tensor cores."""
-    return precision_key(autocast_dtype or param_dtype, tf32=device.type == "cuda" and tf32_enabled(conv=has_conv))
+    return precision_key(
+        autocast_dtype or param_dtype, tf32=device.type == "cuda" and tf32_enabled(conv=has_conv)
+    )
 
 
 @dataclass
@@ -200,7 +205,9 @@ class Job:
     model: nn.Module  # built from the seed on the host, not yet moved
     batches: BatchList
     clock: StepClock
-    loss_fn: Callable[[nn.Module, Any], Any] = default_loss  # (model, batch) -> loss; a --model workload's own
+    loss_fn: Callable[[nn.Module, Any], Any] = (
+        default_loss  # (model, batch) -> loss; a --model workload's own
+    )
     moe: list[MoE] = field(init=False)  # the model's MoE layers, found once
 
     def __post_init__(self) -> None:
@@ -228,15 +235,25 @@ class Job:
     def has_conv(self) -> bool:
         return any(isinstance(m, nn.Conv2d) for m in self.model.modules())
 
-    def plain_optimizer(self, model: nn.Module, **impl: bool) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    def plain_optimizer(
+        self, model: nn.Module, **impl: bool
+    ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
         """The recipe's AdamW (``impl``: fused=True, foreach=...) and its warmup schedule."""
         o = self.optim
         opt = torch.optim.AdamW(
-            recipe_param_groups(model, o["weight_decay"]), lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"], **impl
+            recipe_param_groups(model, o["weight_decay"]),
+            lr=o["lr"],
+            betas=tuple(o["betas"]),
+            eps=o["eps"],
+            **impl,
         )
         return opt, torch.optim.lr_scheduler.LambdaLR(opt, warmup_factor(o["lr_warmup_steps"]))
 
     def plain_result(self, autocast_dtype: torch.dtype | None, **extra: Any) -> dict[str, Any]:
         """What a plain-PyTorch contender (fp32 weights, optional autocast) reports of its arithmetic."""
-        return {"precision": "bf16-mixed" if autocast_dtype == torch.bfloat16 else "fp32", "compiled": False,
-                "math_precision": math_precision(self.device, autocast_dtype, torch.float32, self.has_conv), **extra}
+        return {
+            "precision": "bf16-mixed" if autocast_dtype == torch.bfloat16 else "fp32",
+            "compiled": False,
+            "math_precision": math_precision(self.device, autocast_dtype, torch.float32, self.has_conv),
+            **extra,
+        }

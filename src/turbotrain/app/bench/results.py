@@ -89,7 +89,9 @@ class ReportWriter:
     every row it finished and the ones it did not (``complete: false``, ``missing``). Each write
     replaces the last atomically; the environment is probed once, at the first write."""
 
-    def __init__(self, out_dir: Path, command: str, argv: list[str], extra: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, out_dir: Path, command: str, argv: list[str], extra: dict[str, Any] | None = None
+    ) -> None:
         self.out_dir, self.command, self.argv, self.extra = out_dir, command, argv, extra or {}
         self._head: dict[str, Any] | None = None
 

@@ -15,16 +15,18 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
 from ...base.failure import cause_in_log
-from ...parts.hardware import estimate_mfu, lookup_peak
-from ...core.precision.fp8 import MIN_CAPABILITY as FP8_MIN_CAPABILITY, torchao_available
 from ...base.process import child_env, run_process
+from ...core.precision.fp8 import MIN_CAPABILITY as FP8_MIN_CAPABILITY
+from ...core.precision.fp8 import torchao_available
+from ...parts.hardware import estimate_mfu, lookup_peak
 from .contenders import CONTENDERS, DEFAULT_ORDER
 from .workloads import CUSTOM, Workload, flops_per_step, to_spec, write_data
 
@@ -53,7 +55,9 @@ class BenchOptions:
     timeout_s: float = 900.0
     log: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
     handtuned_compile: str = "auto"  # torch.compile in the hand-tuned row: auto (CUDA only), on, off
-    repeat: int = 1  # processes per row, run round-robin across rows (a noisy machine's bursts then hit every row)
+    repeat: int = (
+        1  # processes per row, run round-robin across rows (a noisy machine's bursts then hit every row)
+    )
     compile_cache: str = "cold"  # "cold": a fresh inductor/triton cache per row; "shared": one for all rows
     profile_dir: Path | None = None  # compare: profile a few turbotrain steps after its timed window
     profile_steps: int = 3
@@ -70,7 +74,9 @@ class BenchOptions:
 def row_env(row_dir: Path, opts: BenchOptions) -> dict[str, str]:
     """The contender's environment: turbotrain importable, and compile caches: by default cold
     ones of its own, so no row's time to first step profits from another's compilation."""
-    return child_env(threads=opts.threads, compile_cache=row_dir if opts.compile_cache == "cold" else opts.work_dir)
+    return child_env(
+        threads=opts.threads, compile_cache=row_dir if opts.compile_cache == "cold" else opts.work_dir
+    )
 
 
 def run_row(contender: str, spec: dict[str, Any], row_name: str, opts: BenchOptions) -> dict[str, Any]:
@@ -80,7 +86,16 @@ def run_row(contender: str, spec: dict[str, Any], row_name: str, opts: BenchOpti
     spec_path, result_path, log_path = row_dir / "spec.json", row_dir / "result.json", row_dir / "log.txt"
     spec_path.write_text(json.dumps(spec, indent=1))
     result_path.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "turbotrain.app.bench.worker", contender, "--spec", str(spec_path), "--result", str(result_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "turbotrain.app.bench.worker",
+        contender,
+        "--spec",
+        str(spec_path),
+        "--result",
+        str(result_path),
+    ]
     start = time.perf_counter()
     code = run_process(cmd, log_path, row_env(row_dir, opts), opts.timeout_s)
     wall_s = time.perf_counter() - start
@@ -108,8 +123,12 @@ class RowJob:
 NOT_RUN = "bench stopped before this row"  # a partial report's row that has no finished run
 
 
-def run_rows(jobs: list[RowJob], opts: BenchOptions, prefix: str,
-             on_rows: Callable[[list[dict[str, Any]], list[str]], None] | None = None) -> list[dict[str, Any]]:
+def run_rows(
+    jobs: list[RowJob],
+    opts: BenchOptions,
+    prefix: str,
+    on_rows: Callable[[list[dict[str, Any]], list[str]], None] | None = None,
+) -> list[dict[str, Any]]:
     """Run every job ``opts.repeat`` times, round-robin (row 1, row 2, ..., row 1, row 2, ...), and
     merge each row's runs: the representative run is the one with the median step time; the
     row's time to first step is the median over runs; every run's figures are kept.
@@ -129,8 +148,12 @@ def run_rows(jobs: list[RowJob], opts: BenchOptions, prefix: str,
     return _merged_rows(jobs, runs)
 
 
-def run_report(jobs: list[RowJob], opts: BenchOptions, prefix: str,
-               build: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> dict[str, Any]:
+def run_report(
+    jobs: list[RowJob],
+    opts: BenchOptions,
+    prefix: str,
+    build: Callable[[list[dict[str, Any]]], dict[str, Any]],
+) -> dict[str, Any]:
     """The rows' report (``build``: rows -> report), complete; with ``opts.progress``, the report
     so far goes there before every row and once more at the end (see BenchOptions.progress)."""
 
@@ -173,7 +196,10 @@ def merge_runs(results: list[dict[str, Any]]) -> dict[str, Any]:
     if len(results) > 1:
         row["time_to_first_step_s"] = statistics.median(r["time_to_first_step_s"] for r in results)
         row["runs"] = [
-            {k: r.get(k) for k in ("step_ms_median", "time_to_first_step_s", "final_loss", "process_s", "log")}
+            {
+                k: r.get(k)
+                for k in ("step_ms_median", "time_to_first_step_s", "final_loss", "process_s", "log")
+            }
             for r in results
         ]
     return row
@@ -237,10 +263,17 @@ def _base(kind: str, w: Workload, opts: BenchOptions, flops: float, flops_method
         "repeat": opts.repeat,
         "timing": "median of the timed steps; warm-up and compilation excluded (reported as time to first step); "
         + ("CUDA events, synchronized before reading" if opts.device == "cuda" else "host clock")
-        + (f"; each row run in {opts.repeat} processes round-robin, the run with the median step time reported"
-           if opts.repeat > 1 else "")
-        + ("; compile caches shared between rows (a later row may reuse an earlier row's compilation, so its "
-           "time to first step is a lower bound)" if opts.compile_cache == "shared" else "")
+        + (
+            f"; each row run in {opts.repeat} processes round-robin, the run with the median step time reported"
+            if opts.repeat > 1
+            else ""
+        )
+        + (
+            "; compile caches shared between rows (a later row may reuse an earlier row's compilation, so its "
+            "time to first step is a lower bound)"
+            if opts.compile_cache == "shared"
+            else ""
+        )
         + (f"; {opts.threads} CPU thread(s) per row" if opts.threads else "")
         + (". CPU shared with other processes: timings are noisy" if opts.device == "cpu" else ""),
         "compile_cache": opts.compile_cache,
@@ -261,8 +294,10 @@ def _device_name(rows: list[dict[str, Any]]) -> str | None:
 
 def _log_row(opts: BenchOptions, row: dict[str, Any], label: str) -> None:
     if row["status"] == "ok":
-        opts.log(f"  {label:<28} {row['step_ms_median']:9.2f} ms/step  loss {row['final_loss']:.4f}  "
-                 f"first step {row['time_to_first_step_s']:.2f} s")
+        opts.log(
+            f"  {label:<28} {row['step_ms_median']:9.2f} ms/step  loss {row['final_loss']:.4f}  "
+            f"first step {row['time_to_first_step_s']:.2f} s"
+        )
     else:
         opts.log(f"  {label:<28} {_status(row)}")
 
@@ -282,10 +317,21 @@ def run_compare(w: Workload, opts: BenchOptions, contenders: list[str] | None = 
     opts.log(f"compare: {w.describe()}")
     specs = {"handtuned": {**spec, "handtuned": {"compile": opts.handtuned_compile}}}
     if opts.profile_dir:
-        specs["turbotrain"] = {**spec, "profile_steps": opts.profile_steps, "profile_dir": str(opts.profile_dir)}
-    jobs = [RowJob(n, n, specs.get(n, spec), skip=CONTENDERS[n].unavailable(opts.device) or "",
-                   extra={"title": CONTENDERS[n].title})
-            for n in names]
+        specs["turbotrain"] = {
+            **spec,
+            "profile_steps": opts.profile_steps,
+            "profile_dir": str(opts.profile_dir),
+        }
+    jobs = [
+        RowJob(
+            n,
+            n,
+            specs.get(n, spec),
+            skip=CONTENDERS[n].unavailable(opts.device) or "",
+            extra={"title": CONTENDERS[n].title},
+        )
+        for n in names
+    ]
 
     def build(rows: list[dict[str, Any]]) -> dict[str, Any]:
         for row in rows:
@@ -303,8 +349,12 @@ def run_compare(w: Workload, opts: BenchOptions, contenders: list[str] | None = 
                 "contenders_ok": [r["contender"] for r in ok],
                 "same_initial_weights": len({r["init_digest"] for r in ok}) <= 1,
                 "init_digests": sorted({r["init_digest"] for r in ok}),
-                "first_loss_spread": (max(r["first_loss"] for r in ok) - min(r["first_loss"] for r in ok)) if ok else None,
-                "loss_parity": all(r.get("loss_within_tol", False) for r in ok) if ref and ref["status"] == "ok" else None,
+                "first_loss_spread": (max(r["first_loss"] for r in ok) - min(r["first_loss"] for r in ok))
+                if ok
+                else None,
+                "loss_parity": all(r.get("loss_within_tol", False) for r in ok)
+                if ref and ref["status"] == "ok"
+                else None,
             },
         )
         return report
@@ -357,8 +407,13 @@ def precision_variants(device: str) -> list[Variant]:
         Variant("fp16-mixed", "fp16 autocast + GradScaler", row("fp16-mixed")),
         Variant("bf16-mixed", "bf16 autocast, fp32 weights", row("bf16-mixed")),
         Variant("bf16-true", "bf16 weights, gradients and optimizer state", row("bf16-true")),
-        Variant("fp8", "bf16 autocast + torchao float8 linears (tensorwise, torchao's size filter), eager: "
-                "the float8 speed needs torch.compile (ablation row bf16-compile+fp8)", row("fp8"), skip=fp8_unavailable(device)),
+        Variant(
+            "fp8",
+            "bf16 autocast + torchao float8 linears (tensorwise, torchao's size filter), eager: "
+            "the float8 speed needs torch.compile (ablation row bf16-compile+fp8)",
+            row("fp8"),
+            skip=fp8_unavailable(device),
+        ),
     ]
 
 
@@ -375,8 +430,10 @@ def cudnn_attention_unavailable(device: str) -> str:
     version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     capability = torch.cuda.get_device_capability()
     if version is None or version < CUDNN_ATTENTION_MIN[0] or capability < CUDNN_ATTENTION_MIN[1]:
-        return (f"cuDNN attention needs cuDNN >= 9 and compute capability >= 8.0 "
-                f"(here cuDNN {version or 'none'}, {capability[0]}.{capability[1]})")
+        return (
+            f"cuDNN attention needs cuDNN >= 9 and compute capability >= 8.0 "
+            f"(here cuDNN {version or 'none'}, {capability[0]}.{capability[1]})"
+        )
     return ""
 
 
@@ -385,9 +442,14 @@ def cudnn_attention_unavailable(device: str) -> str:
 # still pays there (flash and cuDNN attention do not take fp32, so the fp32 ladder cannot say),
 # and a bench stopped at a time limit has measured them first.
 LADDERS = {
-    "bf16-compile": {"reference": "bf16-compile",
-                     "title": "bf16 + compile ladder: each change alone on bf16 autocast + torch.compile"},
-    "fp32-eager": {"reference": "baseline", "title": "fp32 eager ladder: each change alone on plain fp32 eager"},
+    "bf16-compile": {
+        "reference": "bf16-compile",
+        "title": "bf16 + compile ladder: each change alone on bf16 autocast + torch.compile",
+    },
+    "fp32-eager": {
+        "reference": "baseline",
+        "title": "fp32 eager ladder: each change alone on plain fp32 eager",
+    },
 }
 
 
@@ -419,29 +481,72 @@ def ablation_variants(w: Workload, device: str) -> list[Variant]:
 
     prefetch_skip = only_cuda or ("the data is already resident on the device" if w.resident else "")
     rows = [
-        Variant("baseline", "fp32, eager, AdamW torch default, explicit attention mask, no prefetch", on(), masked),
+        Variant(
+            "baseline", "fp32, eager, AdamW torch default, explicit attention mask, no prefetch", on(), masked
+        ),
         Variant("+bf16-mixed", "bf16 autocast", on(precision={"mode": "bf16-mixed"}), masked),
         Variant("+tf32", "TF32 matmuls/convolutions", on(precision={"tf32": True}), masked, skip=only_cuda),
-        Variant("+cudnn-benchmark", "cuDNN autotuning", on(precision={"cudnn_benchmark": True}), masked,
-                skip=only_cuda or ("" if conv else "no convolutions in this model")),
+        Variant(
+            "+cudnn-benchmark",
+            "cuDNN autotuning",
+            on(precision={"cudnn_benchmark": True}),
+            masked,
+            skip=only_cuda or ("" if conv else "no convolutions in this model"),
+        ),
         Variant("+compile", "torch.compile (model)", on(compile={"scope": "model"}), masked),
         Variant("+fused-adamw", "fused AdamW", on(optim={"implementation": "fused"}), masked),
-        Variant("+sdpa-flash", "SDPA is_causal (flash kernel) instead of an explicit mask", on(), {**moe},
-                skip=no_attention),
-        Variant("+cudnn-attention", "SDPA is_causal preferring cuDNN attention (model.sdpa_backend = 'cudnn'; "
-                "shapes cuDNN refuses fall back)", on(), {"sdpa_backend": "cudnn", **moe}, skip=no_cudnn_attention),
-        Variant("+chunked-loss", "linear + cross-entropy by chunks, no full logits (model.loss = 'chunked')", on(),
-                {**masked, "loss": "chunked"}, skip="" if gpt else "no language-model loss in this model"),
-        Variant("+prefetch", "pinned batches, side-stream copy", on(data={"device_prefetch": True, "pin_memory": True}),
-                masked, skip=prefetch_skip),
-        Variant("+cuda-graphs", "compile mode reduce-overhead (CUDA graphs)",
-                on(compile={"scope": "model", "mode": "reduce-overhead"}), masked, skip=only_cuda),
+        Variant(
+            "+sdpa-flash",
+            "SDPA is_causal (flash kernel) instead of an explicit mask",
+            on(),
+            {**moe},
+            skip=no_attention,
+        ),
+        Variant(
+            "+cudnn-attention",
+            "SDPA is_causal preferring cuDNN attention (model.sdpa_backend = 'cudnn'; "
+            "shapes cuDNN refuses fall back)",
+            on(),
+            {"sdpa_backend": "cudnn", **moe},
+            skip=no_cudnn_attention,
+        ),
+        Variant(
+            "+chunked-loss",
+            "linear + cross-entropy by chunks, no full logits (model.loss = 'chunked')",
+            on(),
+            {**masked, "loss": "chunked"},
+            skip="" if gpt else "no language-model loss in this model",
+        ),
+        Variant(
+            "+prefetch",
+            "pinned batches, side-stream copy",
+            on(data={"device_prefetch": True, "pin_memory": True}),
+            masked,
+            skip=prefetch_skip,
+        ),
+        Variant(
+            "+cuda-graphs",
+            "compile mode reduce-overhead (CUDA graphs)",
+            on(compile={"scope": "model", "mode": "reduce-overhead"}),
+            masked,
+            skip=only_cuda,
+        ),
     ]
     if moe:
-        rows += [Variant("+grouped-experts", "all experts as one grouped GEMM per projection (moe.impl = 'grouped')",
-                         on(), {**masked, "moe_impl": "grouped"}),
-                 Variant("+batched-experts", "all experts as one padded batched matmul (moe.impl = 'batched')",
-                         on(), {**masked, "moe_impl": "batched"})]
+        rows += [
+            Variant(
+                "+grouped-experts",
+                "all experts as one grouped GEMM per projection (moe.impl = 'grouped')",
+                on(),
+                {**masked, "moe_impl": "grouped"},
+            ),
+            Variant(
+                "+batched-experts",
+                "all experts as one padded batched matmul (moe.impl = 'batched')",
+                on(),
+                {**masked, "moe_impl": "batched"},
+            ),
+        ]
     everything = on(
         precision={"mode": "bf16-mixed", "tf32": cuda, "cudnn_benchmark": cuda},
         compile={"scope": "model", "mode": "reduce-overhead" if cuda else "default"},
@@ -459,35 +564,71 @@ def bf16_ladder(w: Workload, device: str) -> list[Variant]:
     at a time on it (fp8: float8 linears by torchao's size filter). Not run on CPU: there
     turbotrain trains fp32 eager, and bf16 autocast is the slow path on many CPUs."""
     gpt = w.model in ("gpt", "moe")
-    gpu_only = "" if device == "cuda" else "a GPU question: on CPU turbotrain trains fp32 eager (see the fp32 ladder)"
+    gpu_only = (
+        ""
+        if device == "cuda"
+        else "a GPU question: on CPU turbotrain trains fp32 eager (see the fp32 ladder)"
+    )
     base = {"precision": {"mode": "bf16-mixed"}, "compile": {"scope": "model", "mode": "default"}}
     graphs = {**base, "compile": {"scope": "model", "mode": "reduce-overhead"}}
     no_attention = "" if gpt else "no attention in this model"
     rows = [
-        Variant("bf16-compile", "bf16 autocast, torch.compile (model), SDPA is_causal; defaults otherwise", base),
-        Variant("bf16-compile+cudnn-attention", "SDPA preferring cuDNN attention (model.sdpa_backend = 'cudnn')", base,
-                {"sdpa_backend": "cudnn"}, skip=no_attention or cudnn_attention_unavailable(device)),
-        Variant("bf16-compile+chunked-loss", "linear + cross-entropy by chunks (model.loss = 'chunked')", base,
-                {"loss": "chunked"}, skip="" if gpt else "no language-model loss in this model"),
+        Variant(
+            "bf16-compile", "bf16 autocast, torch.compile (model), SDPA is_causal; defaults otherwise", base
+        ),
+        Variant(
+            "bf16-compile+cudnn-attention",
+            "SDPA preferring cuDNN attention (model.sdpa_backend = 'cudnn')",
+            base,
+            {"sdpa_backend": "cudnn"},
+            skip=no_attention or cudnn_attention_unavailable(device),
+        ),
+        Variant(
+            "bf16-compile+chunked-loss",
+            "linear + cross-entropy by chunks (model.loss = 'chunked')",
+            base,
+            {"loss": "chunked"},
+            skip="" if gpt else "no language-model loss in this model",
+        ),
         Variant("bf16-compile+cuda-graphs", "compile mode reduce-overhead (CUDA graphs)", graphs),
-        Variant("bf16-compile+fp8", "torchao float8 linears (precision.mode = 'fp8', tensorwise, torchao's size filter)",
-                {**base, "precision": {"mode": "fp8"}}, skip=fp8_unavailable(device)),
+        Variant(
+            "bf16-compile+fp8",
+            "torchao float8 linears (precision.mode = 'fp8', tensorwise, torchao's size filter)",
+            {**base, "precision": {"mode": "fp8"}},
+            skip=fp8_unavailable(device),
+        ),
     ]
     return [replace(v, ladder="bf16-compile", skip=gpu_only or v.skip) for v in rows]
 
 
-def _run_variants(w: Workload, opts: BenchOptions, variants: list[Variant], kind: str,
-                  finish: Callable[[list[dict[str, Any]], dict[str, Any]], None]) -> dict[str, Any]:
+def _run_variants(
+    w: Workload,
+    opts: BenchOptions,
+    variants: list[Variant],
+    kind: str,
+    finish: Callable[[list[dict[str, Any]], dict[str, Any]], None],
+) -> dict[str, Any]:
     """Run the variants as turbotrain rows; the report is ``_base`` plus what ``finish(rows,
     report)`` adds (references, summary), built again for every partial report."""
     spec, flops, method = _prepare(w, opts, kind)
     opts.log(f"{kind}: {w.describe()}")
     jobs = [
-        RowJob(v.name, "turbotrain",
-               {**spec, "turbotrain_overrides": v.overrides,
-                "model": {**spec["model"], "kwargs": {**spec["model"]["kwargs"], **v.model}}},
-               skip=v.skip, extra={"change": v.change, "overrides": v.overrides, "model_overrides": v.model,
-                                   **({"ladder": v.ladder} if v.ladder else {})})
+        RowJob(
+            v.name,
+            "turbotrain",
+            {
+                **spec,
+                "turbotrain_overrides": v.overrides,
+                "model": {**spec["model"], "kwargs": {**spec["model"]["kwargs"], **v.model}},
+            },
+            skip=v.skip,
+            extra={
+                "change": v.change,
+                "overrides": v.overrides,
+                "model_overrides": v.model,
+                **({"ladder": v.ladder} if v.ladder else {}),
+            },
+        )
         for v in variants
     ]
 
@@ -509,7 +650,9 @@ def run_precision_matrix(w: Workload, opts: BenchOptions, only: Sequence[str] = 
     every = precision_variants(opts.device)
     unknown = sorted(set(only) - {v.name for v in every})
     if unknown:
-        raise ValueError(f"unknown precision row(s) {unknown}; choose from {', '.join(v.name for v in every)}")
+        raise ValueError(
+            f"unknown precision row(s) {unknown}; choose from {', '.join(v.name for v in every)}"
+        )
     variants = [v for v in every if not only or v.name in only or v.name == "fp32"]
 
     def finish(rows: list[dict[str, Any]], report: dict[str, Any]) -> None:
@@ -519,9 +662,13 @@ def run_precision_matrix(w: Workload, opts: BenchOptions, only: Sequence[str] = 
             for r in rows:
                 if r.get("status") == "ok" and "peak_mem_gib" in r:
                     r["mem_reduction"] = 1.0 - r["peak_mem_gib"] / ref["peak_mem_gib"]
-        report.update(reference="fp32",
-                      notes=["rows run with compile off so each isolates the precision; see --matrix ablation for compile"],
-                      summary={"recommendation": recommend(rows)})
+        report.update(
+            reference="fp32",
+            notes=[
+                "rows run with compile off so each isolates the precision; see --matrix ablation for compile"
+            ],
+            summary={"recommendation": recommend(rows)},
+        )
 
     return _run_variants(w, opts, variants, "precision", finish)
 

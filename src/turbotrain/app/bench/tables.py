@@ -6,7 +6,8 @@ or on CPU; a skipped or failed row shows "skipped (reason)" / "failed (reason)" 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 DASH = "—"
 
@@ -25,7 +26,9 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def render_table(rows: list[dict[str, Any]], columns: list[tuple[str, Callable[[dict[str, Any]], str]]]) -> str:
+def render_table(
+    rows: list[dict[str, Any]], columns: list[tuple[str, Callable[[dict[str, Any]], str]]]
+) -> str:
     """Markdown table: ``columns`` are (header, row -> cell text)."""
     head = "| " + " | ".join(h for h, _ in columns) + " |"
     rule = "|" + "|".join("---" for _ in columns) + "|"
@@ -54,7 +57,9 @@ def _memory_column(rows: list[dict[str, Any]]) -> tuple[str, Callable[[dict[str,
 def _mfu_column(rows: list[dict[str, Any]]) -> tuple[str, Callable[[dict[str, Any]], str]] | None:
     if not any(r.get("mfu") is not None for r in rows):
         return None
-    return "MFU", _ok(lambda r: DASH if r.get("mfu") is None else f"{100 * r['mfu']:.1f}% of {r.get('math_precision')} peak")
+    return "MFU", _ok(
+        lambda r: DASH if r.get("mfu") is None else f"{100 * r['mfu']:.1f}% of {r.get('math_precision')} peak"
+    )
 
 
 def _loss_diff(r: dict[str, Any]) -> str:
@@ -68,7 +73,12 @@ def _common(report: dict[str, Any]) -> list[tuple[str, Callable[[dict[str, Any]]
     rows = report["rows"]
     cols = [("step ms (median)", _ok(lambda r: f"{r['step_ms_median']:.2f}"))]
     if any(r.get("runs") for r in rows):
-        cols.append(("step ms per run", _ok(lambda r: " / ".join(f"{x['step_ms_median']:.1f}" for x in r.get("runs", [])) or DASH)))
+        cols.append(
+            (
+                "step ms per run",
+                _ok(lambda r: " / ".join(f"{x['step_ms_median']:.1f}" for x in r.get("runs", [])) or DASH),
+            )
+        )
     cols.append(_throughput_column(report))
     for optional in (_mfu_column(rows), _memory_column(rows)):
         if optional:
@@ -85,7 +95,14 @@ def compare_table(report: dict[str, Any]) -> str:
         ("recipe", lambda r: r.get("recipe", "")),
         *_common(report),
         ("Δ loss vs turbotrain", _loss_diff),
-        ("turbotrain speedup", _ok(lambda r: _num(r.get("turbotrain_speedup"), ".2f") + ("x" if r.get("turbotrain_speedup") else ""))),
+        (
+            "turbotrain speedup",
+            _ok(
+                lambda r: (
+                    _num(r.get("turbotrain_speedup"), ".2f") + ("x" if r.get("turbotrain_speedup") else "")
+                )
+            ),
+        ),
     ]
     return render_table(report["rows"], cols)
 
@@ -98,7 +115,17 @@ def precision_table(report: dict[str, Any]) -> str:
         ("speedup vs fp32", _ok(lambda r: _num(r.get("speedup"), ".2f") + ("x" if r.get("speedup") else ""))),
     ]
     if any("mem_reduction" in r for r in report["rows"]):
-        cols.append(("memory saved vs fp32", _ok(lambda r: _num(None if r.get("mem_reduction") is None else 100 * r["mem_reduction"], ".0f") + ("%" if r.get("mem_reduction") is not None else ""))))
+        cols.append(
+            (
+                "memory saved vs fp32",
+                _ok(
+                    lambda r: (
+                        _num(None if r.get("mem_reduction") is None else 100 * r["mem_reduction"], ".0f")
+                        + ("%" if r.get("mem_reduction") is not None else "")
+                    )
+                ),
+            )
+        )
     cols.append(("Δ loss vs fp32", _loss_diff))
     return render_table(report["rows"], cols)
 
@@ -107,8 +134,12 @@ def ablation_table(report: dict[str, Any]) -> str:
     """One table per ladder (its rows against its own base); one table for a report without
     ladders (written before they existed)."""
     ladders = report.get("ladders") or {}
-    groups = [(about, [r for r in report["rows"] if r.get("ladder") == name]) for name, about in ladders.items()]
-    groups = [(about, rows) for about, rows in groups if rows] or [({"reference": "baseline"}, report["rows"])]
+    groups = [
+        (about, [r for r in report["rows"] if r.get("ladder") == name]) for name, about in ladders.items()
+    ]
+    groups = [(about, rows) for about, rows in groups if rows] or [
+        ({"reference": "baseline"}, report["rows"])
+    ]
     tables = []
     for about, rows in groups:
         ref = about["reference"]
@@ -117,7 +148,10 @@ def ablation_table(report: dict[str, Any]) -> str:
             ("change", lambda r: r.get("change", "")),
             ("status", _status),
             *_common({**report, "rows": rows}),
-            (f"speedup vs {ref}", _ok(lambda r: _num(r.get("speedup"), ".2f") + ("x" if r.get("speedup") else ""))),
+            (
+                f"speedup vs {ref}",
+                _ok(lambda r: _num(r.get("speedup"), ".2f") + ("x" if r.get("speedup") else "")),
+            ),
             (f"Δ loss vs {ref}", _loss_diff),
         ]
         title = [f"### {about['title']} (reference: {ref})", ""] if "title" in about else []
@@ -126,7 +160,11 @@ def ablation_table(report: dict[str, Any]) -> str:
 
 
 TABLES = {"compare": compare_table, "precision": precision_table, "ablation": ablation_table}
-TITLES = {"compare": "contenders side by side", "precision": "precision matrix", "ablation": "optimization ablation"}
+TITLES = {
+    "compare": "contenders side by side",
+    "precision": "precision matrix",
+    "ablation": "optimization ablation",
+}
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
@@ -135,13 +173,21 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     if report["kind"] == "compare":
         if s.get("contenders_ok"):
             same = "yes" if s.get("same_initial_weights") else "NO"
-            out.append(f"- same initial weights in every contender: {same} (digest {', '.join(s.get('init_digests', []))}); "
-                       f"first-step losses differ by at most {s['first_loss_spread']:.2e}")
+            out.append(
+                f"- same initial weights in every contender: {same} (digest {', '.join(s.get('init_digests', []))}); "
+                f"first-step losses differ by at most {s['first_loss_spread']:.2e}"
+            )
         if s.get("loss_parity") is not None:
-            out.append(f"- final losses within tolerance of turbotrain's: {'yes' if s['loss_parity'] else 'NO'}")
+            out.append(
+                f"- final losses within tolerance of turbotrain's: {'yes' if s['loss_parity'] else 'NO'}"
+            )
     if report["kind"] == "precision":
         rec = s.get("recommendation")
-        out.append(f"- recommended: {rec['text']}" if rec else "- no recommendation: the fp32 reference row did not run")
+        out.append(
+            f"- recommended: {rec['text']}"
+            if rec
+            else "- no recommendation: the fp32 reference row did not run"
+        )
     return out
 
 
@@ -165,7 +211,9 @@ def render_report(report: dict[str, Any]) -> str:
     if report.get("command"):
         lines.append(f"- command: `{report['command']}`")
     if report.get("complete") is False:
-        lines.append(f"- INCOMPLETE: written after each finished row; the bench stopped (or is still running) "
-                     f"before these: {', '.join(report.get('missing', [])) or 'none'}")
+        lines.append(
+            f"- INCOMPLETE: written after each finished row; the bench stopped (or is still running) "
+            f"before these: {', '.join(report.get('missing', [])) or 'none'}"
+        )
     lines += ["", TABLES[report["kind"]](report), "", *summary_lines(report)]
     return "\n".join(lines) + "\n"

@@ -14,15 +14,16 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from ...base.atomic import atomic_write
 from ...base.config import audience
-from ..doctor import cpu_model
 from ...base.version import __version__
+from ..doctor import cpu_model
 from .contenders import CONTENDERS, TRAINERS, SkipContender
 from .protocol import Job, StepClock, init_digest, load_batches
 from .workloads import seeded_workload
@@ -74,14 +75,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     result: dict[str, Any] = {"contender": args.contender, "pid": os.getpid()}
     code = 0
     try:
-        with audience("cli"):  # its messages (out-of-memory advice) reach `turbotrain bench`'s table: flags, not dicts
+        # its messages (out-of-memory advice) reach `turbotrain bench`'s table: flags, not dicts
+        with audience("cli"):
             result.update(status="ok", **run(args.contender, spec))
     except SkipContender as exc:
         result.update(status="skipped", reason=str(exc))
     except Exception as exc:  # reported in the table as "failed (...)", with the traceback here
         traceback.print_exc()
-        result.update(status="failed", reason=f"{type(exc).__name__}: {exc}".splitlines()[0][:300],
-                      traceback=traceback.format_exc()[-4000:])
+        result.update(
+            status="failed",
+            reason=f"{type(exc).__name__}: {exc}".splitlines()[0][:300],
+            traceback=traceback.format_exc()[-4000:],
+        )
         code = 1
     result["process_s"] = time.perf_counter() - start
     atomic_write(args.result, json.dumps(result, indent=1, default=str))

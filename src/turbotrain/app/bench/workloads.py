@@ -12,23 +12,24 @@ and ``cnn-224`` would take minutes per step there.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from ...base.batch import batch_size as _batch_size
-from ...parts.data.sources import stdlib_files
-from ...core.engine import LossFn, default_loss
 from ...base.errors import TurbotrainError
 from ...base.failure import one_line
+from ...core.engine import LossFn, default_loss
+from ...loop.monitor import count_flops_per_sample
+from ...parts.data.sources import stdlib_files
 from ...parts.models.build import build_named
 from ...parts.models.classifier import synthetic_images
 from ...parts.models.mlp import synthetic_batches
-from ...loop.monitor import count_flops_per_sample
 from ...parts.workload import load_workload, rebuild_loader
 
 CUSTOM = "custom"  # Workload.model of a --model FILE.py:FUNC workload
@@ -83,7 +84,13 @@ class Workload:
     def describe(self) -> str:
         """One line: the model and batch as they will run."""
         kw = ", ".join(f"{k}={v}" for k, v in self.model_kwargs.items())
-        shape = f"T={self.seq_len}" if self.seq_len else f"{self.image_size}x{self.image_size}" if self.image_size else ""
+        shape = (
+            f"T={self.seq_len}"
+            if self.seq_len
+            else f"{self.image_size}x{self.image_size}"
+            if self.image_size
+            else ""
+        )
         scaled = " (scaled down for CPU)" if self.scaled_for else ""
         model = "" if self.model == CUSTOM else f"; {self.model}({kw})"
         return (
@@ -91,84 +98,183 @@ class Workload:
             f"{' x ' + shape if shape else ''}; {self.warmup_steps} warm-up + {self.timed_steps} timed steps"
         )
 
-    def replace(self, **changes: Any) -> "Workload":
+    def replace(self, **changes: Any) -> Workload:
         return dataclasses.replace(self, **changes)
 
 
 def _gpt2_small(device_type: str) -> Workload:
     if device_type == "cuda":
         return Workload(
-            "gpt2-small", "W1 GPT-2 small", "lm", "gpt",
+            "gpt2-small",
+            "W1 GPT-2 small",
+            "lm",
+            "gpt",
             dict(vocab_size=50304, n_layer=12, n_head=12, d_model=768, block_size=1024),
-            batch_size=16, seq_len=1024, warmup_steps=8, timed_steps=20, lr=6e-4,
+            batch_size=16,
+            seq_len=1024,
+            warmup_steps=8,
+            timed_steps=20,
+            lr=6e-4,
         )
     return Workload(
-        "gpt2-small", "W1 GPT-2 small", "lm", "gpt",
+        "gpt2-small",
+        "W1 GPT-2 small",
+        "lm",
+        "gpt",
         dict(vocab_size=50304, n_layer=2, n_head=4, d_model=256, block_size=128),
-        batch_size=4, seq_len=128, warmup_steps=2, timed_steps=10, lr=6e-4, scaled_for="cpu",
-        notes=("CPU: 2 layers, d=256, T=128 instead of 12 layers, d=768, T=1024; the 50304-token vocabulary is kept",),
+        batch_size=4,
+        seq_len=128,
+        warmup_steps=2,
+        timed_steps=10,
+        lr=6e-4,
+        scaled_for="cpu",
+        notes=(
+            "CPU: 2 layers, d=256, T=128 instead of 12 layers, d=768, T=1024; the 50304-token vocabulary is kept",
+        ),
     )
 
 
 def _cnn_224(device_type: str) -> Workload:
     if device_type == "cuda":
         return Workload(
-            "cnn-224", "W2 ResNet-18-style CNN, 224x224", "classify", "resnet",
+            "cnn-224",
+            "W2 ResNet-18-style CNN, 224x224",
+            "classify",
+            "resnet",
             dict(layers=(2, 2, 2, 2), width=64, classes=1000),
-            batch_size=128, image_size=224, classes=1000, warmup_steps=8, timed_steps=20, lr=1e-3, pool=4,
+            batch_size=128,
+            image_size=224,
+            classes=1000,
+            warmup_steps=8,
+            timed_steps=20,
+            lr=1e-3,
+            pool=4,
         )
     return Workload(
-        "cnn-224", "W2 ResNet-style CNN", "classify", "resnet",
+        "cnn-224",
+        "W2 ResNet-style CNN",
+        "classify",
+        "resnet",
         dict(layers=(1, 1, 1, 1), width=16, classes=100),
-        batch_size=8, image_size=64, classes=100, warmup_steps=2, timed_steps=10, lr=1e-3, pool=4, scaled_for="cpu",
-        notes=("CPU: 64x64 images, width 16, one block per stage, 100 classes instead of ResNet-18 on 224x224",),
+        batch_size=8,
+        image_size=64,
+        classes=100,
+        warmup_steps=2,
+        timed_steps=10,
+        lr=1e-3,
+        pool=4,
+        scaled_for="cpu",
+        notes=(
+            "CPU: 64x64 images, width 16, one block per stage, 100 classes instead of ResNet-18 on 224x224",
+        ),
     )
 
 
 def _cnn_cifar(device_type: str) -> Workload:
     if device_type == "cuda":
         return Workload(
-            "cnn-cifar", "W2 CIFAR-sized ResNet-9-style CNN, data on the GPU", "classify", "cifar",
+            "cnn-cifar",
+            "W2 CIFAR-sized ResNet-9-style CNN, data on the GPU",
+            "classify",
+            "cifar",
             dict(width=32, classes=10),
-            batch_size=256, image_size=32, classes=10, warmup_steps=10, timed_steps=50, lr=2e-3, pool=16, resident=True,
+            batch_size=256,
+            image_size=32,
+            classes=10,
+            warmup_steps=10,
+            timed_steps=50,
+            lr=2e-3,
+            pool=16,
+            resident=True,
         )
     return Workload(
-        "cnn-cifar", "W2 CIFAR-sized ResNet-9-style CNN", "classify", "cifar",
+        "cnn-cifar",
+        "W2 CIFAR-sized ResNet-9-style CNN",
+        "classify",
+        "cifar",
         dict(width=8, classes=10),
-        batch_size=32, image_size=32, classes=10, warmup_steps=3, timed_steps=20, lr=2e-3, pool=16, scaled_for="cpu",
+        batch_size=32,
+        image_size=32,
+        classes=10,
+        warmup_steps=3,
+        timed_steps=20,
+        lr=2e-3,
+        pool=16,
+        scaled_for="cpu",
         notes=("CPU: width 8 instead of 32, batch 32 instead of 256; 'data on the device' is moot on CPU",),
     )
 
 
 def _gpt_tiny(device_type: str) -> Workload:
     return Workload(
-        "gpt-tiny", "tiny GPT (CPU workload)", "lm", "gpt",
+        "gpt-tiny",
+        "tiny GPT (CPU workload)",
+        "lm",
+        "gpt",
         dict(vocab_size=256, n_layer=4, n_head=4, d_model=128, block_size=64),
-        batch_size=16, seq_len=64, warmup_steps=5, timed_steps=40, lr=2e-3,
+        batch_size=16,
+        seq_len=64,
+        warmup_steps=5,
+        timed_steps=40,
+        lr=2e-3,
     )
 
 
 def _mlp_tiny(device_type: str) -> Workload:
     return Workload(
-        "mlp-tiny", "tiny MLP, overhead-bound (CPU workload)", "classify", "mlp",
+        "mlp-tiny",
+        "tiny MLP, overhead-bound (CPU workload)",
+        "classify",
+        "mlp",
         dict(d_in=256, width=256, depth=3, classes=10),
-        batch_size=64, warmup_steps=10, timed_steps=100, lr=1e-3, classes=10, pool=20,
+        batch_size=64,
+        warmup_steps=10,
+        timed_steps=100,
+        lr=1e-3,
+        classes=10,
+        pool=20,
     )
 
 
 def _moe(device_type: str) -> Workload:
     if device_type == "cuda":
         return Workload(
-            "moe", "W3 MoE: GPT-2 small backbone, 8 experts top-2", "lm", "moe",
+            "moe",
+            "W3 MoE: GPT-2 small backbone, 8 experts top-2",
+            "lm",
+            "moe",
             dict(vocab_size=50304, n_layer=12, n_head=12, d_model=768, block_size=1024, n_experts=8, top_k=2),
-            batch_size=8, seq_len=1024, warmup_steps=8, timed_steps=20, lr=6e-4,
+            batch_size=8,
+            seq_len=1024,
+            warmup_steps=8,
+            timed_steps=20,
+            lr=6e-4,
         )
     return Workload(
-        "moe", "W3 MoE: GPT backbone, 8 experts top-2", "lm", "moe",
-        dict(vocab_size=256, n_layer=2, n_head=4, d_model=128, block_size=64, n_experts=8, top_k=2, expert_hidden=256),
-        batch_size=16, seq_len=64, warmup_steps=3, timed_steps=20, lr=2e-3, scaled_for="cpu",
-        notes=("CPU: 2 layers, d=128, T=64, byte vocabulary, experts of half the dense MLP's width "
-               "instead of the GPT-2 small backbone",),
+        "moe",
+        "W3 MoE: GPT backbone, 8 experts top-2",
+        "lm",
+        "moe",
+        dict(
+            vocab_size=256,
+            n_layer=2,
+            n_head=4,
+            d_model=128,
+            block_size=64,
+            n_experts=8,
+            top_k=2,
+            expert_hidden=256,
+        ),
+        batch_size=16,
+        seq_len=64,
+        warmup_steps=3,
+        timed_steps=20,
+        lr=2e-3,
+        scaled_for="cpu",
+        notes=(
+            "CPU: 2 layers, d=128, T=64, byte vocabulary, experts of half the dense MLP's width "
+            "instead of the GPT-2 small backbone",
+        ),
     )
 
 
@@ -228,10 +334,14 @@ def resolve_workload(
 def resolve_bench(w: Workload, warmup_steps: int | None = None, timed_steps: int | None = None) -> Workload:
     """``w`` with the given step counts, checked: a warm-up step, two timed steps, one sample."""
     if warmup_steps is not None or timed_steps is not None:
-        w = w.replace(warmup_steps=w.warmup_steps if warmup_steps is None else warmup_steps,
-                      timed_steps=w.timed_steps if timed_steps is None else timed_steps)
+        w = w.replace(
+            warmup_steps=w.warmup_steps if warmup_steps is None else warmup_steps,
+            timed_steps=w.timed_steps if timed_steps is None else timed_steps,
+        )
     if w.warmup_steps < 1:
-        raise TurbotrainError(f"--warmup = {w.warmup_steps}: at least 1 warm-up step is needed (step 1 includes compilation)")
+        raise TurbotrainError(
+            f"--warmup = {w.warmup_steps}: at least 1 warm-up step is needed (step 1 includes compilation)"
+        )
     if w.timed_steps < 2:
         raise TurbotrainError(f"--steps = {w.timed_steps}: at least 2 timed steps are needed for a median")
     if w.batch_size < 1:
@@ -279,13 +389,19 @@ def flops_per_step(w: Workload) -> tuple[float, str]:
         try:
             per_sample = count_flops_per_sample(model, batch, loss_fn)
         except Exception as exc:  # the user's forward/backward, before any row: one line, not a traceback
-            raise TurbotrainError(f"--model workload: counting its FLOPs on one batch failed: {one_line(exc)}") from None
-        return per_sample * _batch_size(batch), "counted on one batch (torch.utils.flop_counter, forward + backward)"
+            raise TurbotrainError(
+                f"--model workload: counting its FLOPs on one batch failed: {one_line(exc)}"
+            ) from None
+        return per_sample * _batch_size(
+            batch
+        ), "counted on one batch (torch.utils.flop_counter, forward + backward)"
     if w.model in ("gpt", "moe"):
         with torch.device("meta"):
             gpt = build_named(w.model, w.model_kwargs)
         per_token = gpt.flops_per_token(w.seq_len)  # type: ignore[operator]
-        active = " (N = active parameters: the top-k experts a token is routed to)" if w.model == "moe" else ""
+        active = (
+            " (N = active parameters: the top-k experts a token is routed to)" if w.model == "moe" else ""
+        )
         return float(per_token * w.batch_size * (w.seq_len or 0)), "PaLM 6N + 12·L·H·Q·T per token" + active
     shape, dtype = sample_shape(w)
     with torch.device("meta"):
@@ -314,7 +430,9 @@ def corpus_windows(count: int, seq_len: int, seed: int) -> torch.Tensor:
             break
     tokens = torch.frombuffer(bytearray(b"".join(chunks)), dtype=torch.uint8).to(torch.int64)
     if tokens.numel() < seq_len + 2:
-        raise TurbotrainError("the built-in corpus is too small for one window; is the Python standard library present?")
+        raise TurbotrainError(
+            "the built-in corpus is too small for one window; is the Python standard library present?"
+        )
     g = torch.Generator().manual_seed(seed)
     offsets = torch.randint(tokens.numel() - seq_len - 1, (count,), generator=g)
     return tokens[offsets[:, None] + torch.arange(seq_len + 1)]
@@ -347,8 +465,14 @@ def write_data(w: Workload, seed: int, path: Path) -> Path:
 # ---------------------------------------------------------------------------------- your model
 
 
-def custom_workload(ref: str, device_type: str, *, batch_size: int | None = None, warmup_steps: int | None = None,
-                    timed_steps: int | None = None) -> Workload:
+def custom_workload(
+    ref: str,
+    device_type: str,
+    *,
+    batch_size: int | None = None,
+    warmup_steps: int | None = None,
+    timed_steps: int | None = None,
+) -> Workload:
     """A benchmark workload from ``--model FILE.py:FUNC`` (see :mod:`turbotrain.parts.workload`): its
     model, loss and batches (``batch_size`` rebuilds its DataLoader with that many samples per
     batch). Every row trains with the bench recipe's AdamW (lr 1e-3), so rows compare; the
@@ -360,11 +484,24 @@ def custom_workload(ref: str, device_type: str, *, batch_size: int | None = None
         raise TurbotrainError(f"--model {ref}: train_loader yielded no batch")
     cuda = device_type == "cuda"
     bench = Workload(
-        ref.rpartition(":")[2], f"your model ({ref}): {type(w.model).__name__}", "custom", CUSTOM,
-        {"ref": ref, "batch_size": batch_size, "conv": any(isinstance(m, nn.Conv2d) for m in w.model.modules())},
-        batch_size=_batch_size(first), warmup_steps=5 if cuda else 3, timed_steps=20, lr=1e-3, pool=8,
-        notes=(f"{w.describe()}; every row trains it with the bench recipe (AdamW lr 1e-3, linear warm-up, "
-               "clipping 1.0), not its own optimizer",),
+        ref.rpartition(":")[2],
+        f"your model ({ref}): {type(w.model).__name__}",
+        "custom",
+        CUSTOM,
+        {
+            "ref": ref,
+            "batch_size": batch_size,
+            "conv": any(isinstance(m, nn.Conv2d) for m in w.model.modules()),
+        },
+        batch_size=_batch_size(first),
+        warmup_steps=5 if cuda else 3,
+        timed_steps=20,
+        lr=1e-3,
+        pool=8,
+        notes=(
+            f"{w.describe()}; every row trains it with the bench recipe (AdamW lr 1e-3, linear warm-up, "
+            "clipping 1.0), not its own optimizer",
+        ),
     )
     return resolve_bench(bench, warmup_steps, timed_steps)
 

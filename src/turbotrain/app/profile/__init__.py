@@ -20,16 +20,22 @@ From Python, on a model and loader you already have::
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from ..measure import Target
 from ...parts.workload import Workload, as_workload
+from ..measure import Target
 from .render import render
 from .session import ProfileOptions, profile_target
 
 
-def profile_workload(workload: Workload | Mapping[str, Any], *, overrides: Mapping[str, Mapping[str, Any]] | None = None,
-                     verify: bool = False, **options: Any) -> dict[str, Any]:
+def profile_workload(
+    workload: Workload | Mapping[str, Any],
+    *,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    verify: bool = False,
+    **options: Any,
+) -> dict[str, Any]:
     """Profile a model and its data in this process (``turbotrain.app.measure`` copies the model and
     optimizer for every run, so yours stay untouched); ``overrides`` are config settings such as
     ``{"run": {"device": "cpu"}}``; ``options`` are :class:`ProfileOptions` fields. Returns the

@@ -39,7 +39,11 @@ OVERHEAD_IDLE_CUDA = 0.30
 OPTIMIZER_SHARE = 0.15
 COPY_SHARE = 0.10
 SMALL_MICRO = 8  # samples per forward below which accumulating micro-batches is itself the finding
-PER_OP_OVERHEAD_US = {"cpu": 8.0, "cuda": 5.0}  # fixed cost of one operator (dispatch, launch): the overhead model's c
+# fixed cost of one operator (dispatch, launch): the overhead model's c
+PER_OP_OVERHEAD_US = {
+    "cpu": 8.0,
+    "cuda": 5.0,
+}
 
 BOTTLENECKS = {
     "data": "data loading: the step waits for the next batch",
@@ -84,14 +88,17 @@ def _overall(share: float, local_speedup: float) -> float:
     return 1.0 / max((1.0 - share) + share / local_speedup, 1e-9)
 
 
-def diagnose(built: Built, figures: dict[str, Any], trace: dict[str, Any]) -> tuple[dict[str, str], list[Advice]]:
+def diagnose(
+    built: Built, figures: dict[str, Any], trace: dict[str, Any]
+) -> tuple[dict[str, str], list[Advice]]:
     """The bottleneck ({"name", "text"}) and the recommendations, best expected first."""
     c, device = built.config, built.engine.device.type
     step_ms = figures["step_ms_median"]
     advice: list[Advice] = []
     advice += _data(built, figures, trace, step_ms)
     advice += _syncs(built, trace, step_ms, device)
-    if not any(a.category == "data" and a.expected_speedup >= 1.5 for a in advice):  # bigger batches need more data
+    # bigger batches need more data
+    if not any(a.category == "data" and a.expected_speedup >= 1.5 for a in advice):
         advice += _overhead(built, c, trace, device)
     advice += _optimizer(built, c, trace)
     if device == "cuda":
@@ -103,7 +110,9 @@ def diagnose(built: Built, figures: dict[str, Any], trace: dict[str, Any]) -> tu
     else:
         phases = trace["phases"]
         top = max(phases, key=lambda p: phases[p]["share"])
-        name = {"data": "data", "optimizer": "optimizer", "hooks": "syncs", "other": "overhead"}.get(top, "compute")
+        name = {"data": "data", "optimizer": "optimizer", "hooks": "syncs", "other": "overhead"}.get(
+            top, "compute"
+        )
     return {"name": name, "text": BOTTLENECKS[name]}, advice
 
 
@@ -122,24 +131,44 @@ def _data(built: Built, figures: dict[str, Any], trace: dict[str, Any], step_ms:
     workers = built.loader_info.get("num_workers")
     why = f"the step waits {wait:.1f} ms of {step_ms:.1f} ms ({share:.0%}) for the next batch"
     if workers is None:
-        return [Advice("data", "load batches in a torch DataLoader with workers", why,
-                       "batches prepared in parallel while the model trains", _overall(share, 2.0),
-                       code="train_loader=DataLoader(dataset, batch_size=..., num_workers=4, persistent_workers=True)")]
+        return [
+            Advice(
+                "data",
+                "load batches in a torch DataLoader with workers",
+                why,
+                "batches prepared in parallel while the model trains",
+                _overall(share, 2.0),
+                code="train_loader=DataLoader(dataset, batch_size=..., num_workers=4, persistent_workers=True)",
+            )
+        ]
     if workers >= max(cores, 8):
-        return [Advice("data", "make reading a sample cheaper (decode once and cache, smaller files, a faster format)",
-                       why + f" with {workers} workers already", "as much as the read gets faster", _overall(share, 1.5),
-                       code="your Dataset.__getitem__")]
+        return [
+            Advice(
+                "data",
+                "make reading a sample cheaper (decode once and cache, smaller files, a faster format)",
+                why + f" with {workers} workers already",
+                "as much as the read gets faster",
+                _overall(share, 1.5),
+                code="your Dataset.__getitem__",
+            )
+        ]
     n = max(2, min(8, cores)) if workers == 0 else min(2 * workers, max(cores, 8))
     compute = max(step_ms - wait, 1e-3)
     new_step = max(compute, wait * (workers or 1) / n)  # workers load ahead while the step computes
     settings = {"data": {"num_workers": n}}
     code = "" if _is_preset(built) else f"DataLoader(..., num_workers={n}, persistent_workers=True)"
-    return [Advice(
-        "data", _flags(settings) + (f" (in your code: {code})" if code else ""), why + f" with {workers} loader workers",
-        f"{n} workers load batches ahead while the model trains: about {step_ms / new_step:.1f}x "
-        f"(step ~{new_step:.1f} ms: the larger of the compute and the loading split over {n} workers)",
-        step_ms / new_step, settings, code,
-    )]
+    return [
+        Advice(
+            "data",
+            _flags(settings) + (f" (in your code: {code})" if code else ""),
+            why + f" with {workers} loader workers",
+            f"{n} workers load batches ahead while the model trains: about {step_ms / new_step:.1f}x "
+            f"(step ~{new_step:.1f} ms: the larger of the compute and the loading split over {n} workers)",
+            step_ms / new_step,
+            settings,
+            code,
+        )
+    ]
 
 
 def _syncs(built: Built, trace: dict[str, Any], step_ms: float, device: str) -> list[Advice]:
@@ -155,38 +184,54 @@ def _syncs(built: Built, trace: dict[str, Any], step_ms: float, device: str) -> 
         if device == "cuda":
             gain = max(gain, _overall(idle, 2.0))
         settings = {"monitor": {"log_every": 10}}
-        out.append(Advice(
-            "syncs", _flags(settings),
-            f"the Monitor reads the loss on the host and writes a record every {log_every} step(s) "
-            f"({monitor:.1f} read(s)/step; its hook takes {hooks_ms:.2f} ms of the {step_ms:.2f} ms step)"
-            + (f"; the GPU is idle {idle:.0%} of the window" if device == "cuda" else ""),
-            f"a record every 10 steps saves ~{saved:.2f} ms per step (~{gain:.2f}x)"
-            + ("; on a GPU each read also drains the queue" if device != "cuda" else ""),
-            gain, settings,
-        ))
+        out.append(
+            Advice(
+                "syncs",
+                _flags(settings),
+                f"the Monitor reads the loss on the host and writes a record every {log_every} step(s) "
+                f"({monitor:.1f} read(s)/step; its hook takes {hooks_ms:.2f} ms of the {step_ms:.2f} ms step)"
+                + (f"; the GPU is idle {idle:.0%} of the window" if device == "cuda" else ""),
+                f"a record every 10 steps saves ~{saved:.2f} ms per step (~{gain:.2f}x)"
+                + ("; on a GPU each read also drains the queue" if device != "cuda" else ""),
+                gain,
+                settings,
+            )
+        )
     for s in sources:
         if s["kind"] == "user" and s["per_step"] >= 1:
             gain = _overall(idle, 2.0) if device == "cuda" else 1.0
-            out.append(Advice(
-                "syncs", f"{s['where']}: keep the value on the device and read it every N steps",
-                f"{s['where']} reads a device value on the host {s['per_step']:.0f} time(s) per step "
-                "(.item(), float(), print or an if on a tensor)",
-                "on a GPU each read makes the host wait until the queue drains, leaving the GPU idle while the "
-                "next step is enqueued" + ("" if device == "cuda" else "; on CPU there is no queue, so it costs little here"),
-                gain, code=f"{s['where']}: accumulate on the device (total += loss.detach()) and call .item() every 100 steps, "
-                "or let turbotrain's Monitor log the loss (monitor.log_every)",
-            ))
+            out.append(
+                Advice(
+                    "syncs",
+                    f"{s['where']}: keep the value on the device and read it every N steps",
+                    f"{s['where']} reads a device value on the host {s['per_step']:.0f} time(s) per step "
+                    "(.item(), float(), print or an if on a tensor)",
+                    "on a GPU each read makes the host wait until the queue drains, leaving the GPU idle while the "
+                    "next step is enqueued"
+                    + ("" if device == "cuda" else "; on CPU there is no queue, so it costs little here"),
+                    gain,
+                    code=f"{s['where']}: accumulate on the device (total += loss.detach()) and call .item() every 100 steps, "
+                    "or let turbotrain's Monitor log the loss (monitor.log_every)",
+                )
+            )
     guard = sum(s["per_step"] for s in sources if s["kind"] == "guard")
     if device == "cuda" and guard >= 1 and built.config.optim.implementation != "fused":
         settings = {"optim": {"implementation": "fused"}}
-        out.append(Advice(
-            "syncs", _flags(settings) if built.workload is None or built.workload.optimizer is None
-            else "torch.optim.AdamW(..., fused=True)",
-            f"the optimizer cannot skip a non-finite step on the GPU, so every step reads the finite flag on the host ({guard:.0f}/step)",
-            "a fused optimizer skips inside its kernel: no per-step sync", max(_overall(idle, 2.0), 1.02),
-            settings if built.workload is None or built.workload.optimizer is None else {},
-            "" if built.workload is None or built.workload.optimizer is None else "torch.optim.AdamW(..., fused=True)",
-        ))
+        out.append(
+            Advice(
+                "syncs",
+                _flags(settings)
+                if built.workload is None or built.workload.optimizer is None
+                else "torch.optim.AdamW(..., fused=True)",
+                f"the optimizer cannot skip a non-finite step on the GPU, so every step reads the finite flag on the host ({guard:.0f}/step)",
+                "a fused optimizer skips inside its kernel: no per-step sync",
+                max(_overall(idle, 2.0), 1.02),
+                settings if built.workload is None or built.workload.optimizer is None else {},
+                ""
+                if built.workload is None or built.workload.optimizer is None
+                else "torch.optim.AdamW(..., fused=True)",
+            )
+        )
     return out
 
 
@@ -205,9 +250,15 @@ def _overhead(built: Built, c: RunConfig, trace: dict[str, Any], device: str) ->
     phases = trace["phases"]
     share = sum(phases[p]["share"] for p in ("forward", "backward", "other"))
     overhead_us = min(PER_OP_OVERHEAD_US.get(device, 8.0), 0.9 * op_us)
-    what = "the median kernel takes" if device == "cuda" and dev else "half the forward's time goes to operators of at most"
-    why = (f"{micro} sample(s) per forward pass: {what} {op_us:.1f} us, "
-           f"close to the ~{overhead_us:.0f} us every operator costs whatever its size")
+    what = (
+        "the median kernel takes"
+        if device == "cuda" and dev
+        else "half the forward's time goes to operators of at most"
+    )
+    why = (
+        f"{micro} sample(s) per forward pass: {what} {op_us:.1f} us, "
+        f"close to the ~{overhead_us:.0f} us every operator costs whatever its size"
+    )
     if _is_preset(built) and acc > 1:
         k = acc
         settings = {"batch": {"micro": "auto", "global_size": micro * acc}}
@@ -216,15 +267,29 @@ def _overhead(built: Built, c: RunConfig, trace: dict[str, Any], device: str) ->
     else:
         k = 4
         settings = {"batch": {"micro": micro * k}}
-        change = _flags(settings) if _is_preset(built) else (
-            _flags(settings) + f" (in your code: DataLoader(..., batch_size={micro * k}))")
-        effect = (f"the global batch grows {k}x ({micro * acc} -> {micro * acc * k}): the math changes, so scale "
-                  "optim.lr with it (linear rule) and compare the loss")
-    local = op_us / (overhead_us / k + (op_us - overhead_us))  # per-op time t = c + s*b: fewer, larger operators
+        change = (
+            _flags(settings)
+            if _is_preset(built)
+            else (_flags(settings) + f" (in your code: DataLoader(..., batch_size={micro * k}))")
+        )
+        effect = (
+            f"the global batch grows {k}x ({micro * acc} -> {micro * acc * k}): the math changes, so scale "
+            "optim.lr with it (linear rule) and compare the loss"
+        )
+    # per-op time t = c + s*b: fewer, larger operators
+    local = op_us / (overhead_us / k + (op_us - overhead_us))
     gain = _overall(share, local)
-    return [Advice("overhead", change, why, f"{effect}; about {gain:.1f}x samples/s if the model is overhead-bound",
-                   gain, settings if _is_preset(built) or built.loader_info.get("num_workers") is not None else {},
-                   "" if _is_preset(built) else f"DataLoader(..., batch_size={micro * k})")]
+    return [
+        Advice(
+            "overhead",
+            change,
+            why,
+            f"{effect}; about {gain:.1f}x samples/s if the model is overhead-bound",
+            gain,
+            settings if _is_preset(built) or built.loader_info.get("num_workers") is not None else {},
+            "" if _is_preset(built) else f"DataLoader(..., batch_size={micro * k})",
+        )
+    ]
 
 
 def _optimizer(built: Built, c: RunConfig, trace: dict[str, Any]) -> list[Advice]:
@@ -237,10 +302,27 @@ def _optimizer(built: Built, c: RunConfig, trace: dict[str, Any]) -> list[Advice
     expected = "one fused kernel over all parameters instead of one (or a few) per tensor: about half the optimizer's time"
     gain = _overall(share, 2.0)
     if own:
-        return [Advice("optimizer", "torch.optim.AdamW(..., fused=True) in your workload", why, expected, gain,
-                       code="optimizer=torch.optim.AdamW(model.parameters(), ..., fused=True)")]
+        return [
+            Advice(
+                "optimizer",
+                "torch.optim.AdamW(..., fused=True) in your workload",
+                why,
+                expected,
+                gain,
+                code="optimizer=torch.optim.AdamW(model.parameters(), ..., fused=True)",
+            )
+        ]
     settings = {"optim": {"implementation": "fused"}}
-    return [Advice("optimizer", _flags(settings), why + f" ({setting('optim.implementation', impl)})", expected, gain, settings)]
+    return [
+        Advice(
+            "optimizer",
+            _flags(settings),
+            why + f" ({setting('optim.implementation', impl)})",
+            expected,
+            gain,
+            settings,
+        )
+    ]
 
 
 def _compute_cuda(built: Built, c: RunConfig, trace: dict[str, Any]) -> list[Advice]:
@@ -251,18 +333,40 @@ def _compute_cuda(built: Built, c: RunConfig, trace: dict[str, Any]) -> list[Adv
         return out
     if built.engine.precision.name == "fp32":
         settings = {"precision": {"mode": "bf16-mixed"}}
-        out.append(Advice("compute", _flags(settings), f"forward and backward take {share:.0%} of the step in fp32",
-                          "bf16 tensor-core matmuls: up to ~2x on the matmul-bound part (the loss changes within rounding)",
-                          _overall(share, 1.8), settings))
+        out.append(
+            Advice(
+                "compute",
+                _flags(settings),
+                f"forward and backward take {share:.0%} of the step in fp32",
+                "bf16 tensor-core matmuls: up to ~2x on the matmul-bound part (the loss changes within rounding)",
+                _overall(share, 1.8),
+                settings,
+            )
+        )
     if built.engine.options.compile_scope == "off":
         settings = {"compile": {"scope": "model"}}
-        out.append(Advice("compute", _flags(settings), "the model runs eagerly: one kernel per operator",
-                          "fused kernels, fewer launches: typically 1.1-1.3x after a one-time compilation",
-                          _overall(share, 1.2), settings))
+        out.append(
+            Advice(
+                "compute",
+                _flags(settings),
+                "the model runs eagerly: one kernel per operator",
+                "fused kernels, fewer launches: typically 1.1-1.3x after a one-time compilation",
+                _overall(share, 1.2),
+                settings,
+            )
+        )
     if _is_preset(built) and c.model.attention == "masked":
         settings = {"model": {"attention": "sdpa"}}
-        out.append(Advice("compute", _flags(settings), "attention with an explicit mask cannot use the flash kernels",
-                          "SDPA is_causal dispatches to flash attention", _overall(share, 1.15), settings))
+        out.append(
+            Advice(
+                "compute",
+                _flags(settings),
+                "attention with an explicit mask cannot use the flash kernels",
+                "SDPA is_causal dispatches to flash attention",
+                _overall(share, 1.15),
+                settings,
+            )
+        )
     return out
 
 
@@ -273,7 +377,14 @@ def _copies(built: Built, trace: dict[str, Any], step_ms: float) -> list[Advice]
         return []
     settings = {"data": {"pin_memory": True}}
     code = "" if _is_preset(built) else "DataLoader(..., pin_memory=True)"
-    return [Advice("copies", _flags(settings) + (f" (in your code: {code})" if code else ""),
-                   f"host-to-device copies take {copy_ms:.2f} ms per step from pageable memory",
-                   "pinned batches copy asynchronously on a side stream, overlapping compute",
-                   _overall(copy_ms / step_ms, 3.0), settings if _is_preset(built) else {}, code)]
+    return [
+        Advice(
+            "copies",
+            _flags(settings) + (f" (in your code: {code})" if code else ""),
+            f"host-to-device copies take {copy_ms:.2f} ms per step from pageable memory",
+            "pinned batches copy asynchronously on a side stream, overlapping compute",
+            _overall(copy_ms / step_ms, 3.0),
+            settings if _is_preset(built) else {},
+            code,
+        )
+    ]

@@ -7,8 +7,14 @@ from typing import Any
 
 from ..bench.tables import render_table
 
-PHASE_TITLES = {"data": "data wait (loader)", "forward": "forward", "backward": "backward", "optimizer": "optimizer step",
-                "hooks": "hooks (monitor, ...)", "other": "other host work"}
+PHASE_TITLES = {
+    "data": "data wait (loader)",
+    "forward": "forward",
+    "backward": "backward",
+    "optimizer": "optimizer step",
+    "hooks": "hooks (monitor, ...)",
+    "other": "other host work",
+}
 
 
 def _rate(value: float | None, unit: str) -> str:
@@ -32,28 +38,44 @@ def render(doc: dict[str, Any]) -> str:
         "",
     ]
     cuda = doc.get("device_timeline") is not None
-    columns = [("phase", lambda r: r["title"]), ("host ms/step", lambda r: f"{r['ms']:.2f}"), ("share", lambda r: f"{r['share']:.0%}")]
+    columns = [
+        ("phase", lambda r: r["title"]),
+        ("host ms/step", lambda r: f"{r['ms']:.2f}"),
+        ("share", lambda r: f"{r['share']:.0%}"),
+    ]
     if cuda:
         columns.append(("device ms/step", lambda r: f"{r.get('device_ms', 0.0):.2f}"))
     rows = [{"title": PHASE_TITLES[p], **v} for p, v in doc["breakdown"].items()]
     lines += [render_table(rows, columns), ""]
     if cuda:
         d = doc["device_timeline"]
-        lines.append(f"- device: busy {d['busy_ms']:.2f} ms/step, idle {d['idle_ms']:.2f} ms/step ({d['idle_share']:.0%}); "
-                     f"host-to-device copies {d['h2d_copy_ms']:.2f} ms/step; {d['kernels_per_step']:.0f} kernels/step, "
-                     f"median {d['kernel_median_us']:.1f} us")
+        lines.append(
+            f"- device: busy {d['busy_ms']:.2f} ms/step, idle {d['idle_ms']:.2f} ms/step ({d['idle_share']:.0%}); "
+            f"host-to-device copies {d['h2d_copy_ms']:.2f} ms/step; {d['kernels_per_step']:.0f} kernels/step, "
+            f"median {d['kernel_median_us']:.1f} us"
+        )
     sy = doc["syncs"]
-    lines.append(f"- host-device syncs: {sy['per_step']:.1f} per step ({sy['host_reads_per_step']:.1f} host reads of tensor values per step)")
+    lines.append(
+        f"- host-device syncs: {sy['per_step']:.1f} per step ({sy['host_reads_per_step']:.1f} host reads of tensor values per step)"
+    )
     for src in sy["sources"]:
-        tag = "sync" if src["sync"] else "no sync (" + ("host-side step counters" if src["kind"] == "optimizer" else "CPU only") + ")"
+        tag = (
+            "sync"
+            if src["sync"]
+            else "no sync (" + ("host-side step counters" if src["kind"] == "optimizer" else "CPU only") + ")"
+        )
         lines.append(f"  - {src['per_step']:.2f}/step {src['kind']}: {src['where']} — {tag}")
     ops = doc["operators"]
     if ops["forward_op_median_us"] is not None:
-        lines.append(f"- forward: {ops['forward_ops_per_step']:.0f} operators per step, median {ops['forward_op_median_us']:.1f} us, "
-                     f"half the time in operators up to {ops['forward_op_time_median_us']:.1f} us (host)")
+        lines.append(
+            f"- forward: {ops['forward_ops_per_step']:.0f} operators per step, median {ops['forward_op_median_us']:.1f} us, "
+            f"half the time in operators up to {ops['forward_op_time_median_us']:.1f} us (host)"
+        )
     comp = doc["compile"]
-    lines.append(f"- compile: {'on' if comp['compiled'] else 'off'}; recompilations after warm-up {comp['recompiles_after_warmup']}; "
-                 f"graph breaks {comp['graph_breaks']}" + "".join(f"\n  - {r}" for r in comp["graph_break_reasons"]))
+    lines.append(
+        f"- compile: {'on' if comp['compiled'] else 'off'}; recompilations after warm-up {comp['recompiles_after_warmup']}; "
+        f"graph breaks {comp['graph_breaks']}" + "".join(f"\n  - {r}" for r in comp["graph_break_reasons"])
+    )
     lines += ["", f"**bottleneck: {doc['bottleneck']['name']}** — {doc['bottleneck']['text']}", ""]
     recs = doc["recommendations"]
     if not recs:
@@ -65,14 +87,19 @@ def render(doc: dict[str, Any]) -> str:
         if v:
             if v["status"] in ("kept", "dropped"):
                 loss = f", loss {v['loss_diff']:+.4f} vs baseline" if v.get("loss_diff") is not None else ""
-                lines.append(f"   verified: **{v['speedup']:.2f}x** ({v['status']}; median of {v['runs']} runs{loss})")
+                lines.append(
+                    f"   verified: **{v['speedup']:.2f}x** ({v['status']}; median of {v['runs']} runs{loss})"
+                )
             else:
                 lines.append(f"   {v['status']}: {v['reason']}")
     if verify and verify.get("note"):
         lines += ["", f"verification: {verify['note']}"]
     elif verify:
         base = verify["baseline"]
-        lines += ["", f"verification: {verify['repeats']} interleaved runs of {verify['warmup']} + {verify['steps']} steps per "
-                  f"variant; baseline {_rate(base['throughput_median'], base['unit'] or '')} (median); kept when >= "
-                  f"{verify['min_speedup']:.2f}x" + ("; INTERRUPTED" if verify["interrupted"] else "")]
+        lines += [
+            "",
+            f"verification: {verify['repeats']} interleaved runs of {verify['warmup']} + {verify['steps']} steps per "
+            f"variant; baseline {_rate(base['throughput_median'], base['unit'] or '')} (median); kept when >= "
+            f"{verify['min_speedup']:.2f}x" + ("; INTERRUPTED" if verify["interrupted"] else ""),
+        ]
     return "\n".join(lines)

@@ -11,17 +11,18 @@ import math
 import shutil
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from ...base.atomic import atomic_write
-from ..bench.worker import device_name
 from ...base.errors import TurbotrainError
 from ...base.failure import one_line
-from ..measure import Target, build, graph_break_reasons, release, run
-from ...core.optim import resolve_implementation
 from ...base.rundir import new_run_dir
+from ...core.optim import resolve_implementation
+from ..bench.worker import device_name
+from ..measure import Target, build, graph_break_reasons, release, run
 from .advice import diagnose
 from .render import render
 from .trace import ProfilerWindow, analyze
@@ -46,8 +47,11 @@ class ProfileOptions:
     verify_steps: int = 10
 
 
-def profile_target(target: Target, options: ProfileOptions = ProfileOptions(),
-                   log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> dict[str, Any]:
+def profile_target(
+    target: Target,
+    options: ProfileOptions = ProfileOptions(),
+    log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+) -> dict[str, Any]:
     """Profile ``target`` (see the package docstring); returns the report document, also written
     to the run folder."""
     config = target.config()
@@ -55,7 +59,9 @@ def profile_target(target: Target, options: ProfileOptions = ProfileOptions(),
     run_dir = new_run_dir(config.replace(run={"name": name}))
     with _failing_run(target, run_dir):
         built = build(target, None, run_dir)
-    log(f"profiling {target.label}: {options.warmup} warm-up + {options.timed} timed + {options.steps} profiled steps ({run_dir})")
+    log(
+        f"profiling {target.label}: {options.warmup} warm-up + {options.timed} timed + {options.steps} profiled steps ({run_dir})"
+    )
     try:
         with _failing_run(target, run_dir):
             window = ProfilerWindow(built.engine.device, options.warmup + options.timed, options.steps)
@@ -63,7 +69,8 @@ def profile_target(target: Target, options: ProfileOptions = ProfileOptions(),
         trace = analyze(window)
         trace_path = window.export(run_dir / TRACE_FILE)
         bottleneck, advice = diagnose(built, figures, trace)
-        if not _finite(figures.get("final_loss")):  # timings of a model that does not train: say so before anything else
+        # timings of a model that does not train: say so before anything else
+        if not _finite(figures.get("final_loss")):
             bottleneck = {"name": "non-finite loss", "text": NAN_TEXT.format(loss=figures.get("final_loss"))}
         doc = _document(built, figures, trace, bottleneck, advice, trace_path)
     finally:
@@ -71,10 +78,18 @@ def profile_target(target: Target, options: ProfileOptions = ProfileOptions(),
     if options.verify:
         quiet = logging.getLogger("turbotrain")
         level = quiet.level
-        quiet.setLevel(max(level, logging.WARNING))  # each run's assembly notes: the profiled run said them once
+        # each run's assembly notes: the profiled run said them once
+        quiet.setLevel(max(level, logging.WARNING))
         try:
-            doc["verify"] = verify(target, advice, run_dir / "verify", warmup=options.verify_warmup,
-                                   steps=options.verify_steps, repeats=options.repeats, log=log)
+            doc["verify"] = verify(
+                target,
+                advice,
+                run_dir / "verify",
+                warmup=options.verify_warmup,
+                steps=options.verify_steps,
+                repeats=options.repeats,
+                log=log,
+            )
         finally:
             quiet.setLevel(level)
         doc["recommendations"] = [a.to_dict() for a in advice]
@@ -83,9 +98,11 @@ def profile_target(target: Target, options: ProfileOptions = ProfileOptions(),
     return doc
 
 
-NAN_TEXT = ("the loss is {loss} (not finite) at the end of the profiled run: the model is not training, so its "
-            "timings and the advice below describe a broken step; fix the loss first (an fp32 run, a lower learning "
-            "rate, the model's own arithmetic)")
+NAN_TEXT = (
+    "the loss is {loss} (not finite) at the end of the profiled run: the model is not training, so its "
+    "timings and the advice below describe a broken step; fix the loss first (an fp32 run, a lower learning "
+    "rate, the model's own arithmetic)"
+)
 
 
 def _finite(value: Any) -> bool:
@@ -102,57 +119,104 @@ def _failing_run(target: Target, run_dir: Path) -> Iterator[None]:
     except BaseException as exc:
         shutil.rmtree(run_dir, ignore_errors=True)
         if target.is_workload and isinstance(exc, Exception) and not isinstance(exc, TurbotrainError):
-            raise TurbotrainError(f"profile {target.label}: the workload failed: {one_line(exc)}; nothing was "
-                                  "profiled (no run folder kept)") from None
+            raise TurbotrainError(
+                f"profile {target.label}: the workload failed: {one_line(exc)}; nothing was "
+                "profiled (no run folder kept)"
+            ) from None
         raise
 
 
-def _document(built: Any, figures: dict[str, Any], trace: dict[str, Any], bottleneck: dict[str, str],
-              advice: list[Any], trace_path: Path) -> dict[str, Any]:
+def _document(
+    built: Any,
+    figures: dict[str, Any],
+    trace: dict[str, Any],
+    bottleneck: dict[str, str],
+    advice: list[Any],
+    trace_path: Path,
+) -> dict[str, Any]:
     c, engine = built.config, built.engine
     step_ms = figures["step_ms_median"]
     scale = step_ms / trace["profiled_step_ms"] if trace["profiled_step_ms"] else 1.0
-    breakdown = {p: {"ms": v["share"] * step_ms, "share": v["share"],
-                     **({"device_ms": v["device_ms"] * scale} if "device" in trace else {})}
-                 for p, v in trace["phases"].items()}
+    breakdown = {
+        p: {
+            "ms": v["share"] * step_ms,
+            "share": v["share"],
+            **({"device_ms": v["device_ms"] * scale} if "device" in trace else {}),
+        }
+        for p, v in trace["phases"].items()
+    }
     breakdown["data"]["ms"] = figures["data_wait_ms_per_step"]  # measured unprofiled, in the timed steps
     breakdown["data"]["share"] = figures["data_wait_ms_per_step"] / step_ms if step_ms else 0.0
     device = engine.device.type
     return {
         "schema": SCHEMA,
-        "target": {**built.target.to_dict(), "describe": built.workload.describe() if built.workload else c.preset},
+        "target": {
+            **built.target.to_dict(),
+            "describe": built.workload.describe() if built.workload else c.preset,
+        },
         "run_dir": str(built.run_dir),
         "trace": str(trace_path),
         "device": device,
         "device_name": device_name(engine.device),
         "settings": {
             "precision": engine.precision.name,
-            "compile": engine.options.compile_scope if engine.options.compile_scope == "off" else f"{engine.options.compile_scope} ({c.compile.mode})",
-            "optimizer": type(built.optimizer).__name__ + ("" if built.workload and built.workload.optimizer
-                                                           else f" ({resolve_implementation(c.optim.implementation, engine.device)})"),
+            "compile": engine.options.compile_scope
+            if engine.options.compile_scope == "off"
+            else f"{engine.options.compile_scope} ({c.compile.mode})",
+            "optimizer": type(built.optimizer).__name__
+            + (
+                ""
+                if built.workload and built.workload.optimizer
+                else f" ({resolve_implementation(c.optim.implementation, engine.device)})"
+            ),
             "micro_batch": built.micro,
             "accumulation": engine.accumulation,
             "log_every": c.monitor.log_every,
             "checkpointing": c.memory.checkpointing,
         },
         "loader": built.loader_info,
-        "figures": {k: figures.get(k) for k in ("step_ms_median", "throughput", "throughput_unit", "samples_per_s", "tokens_per_s",
-                                                 "first_step_s", "data_wait_ms_per_step", "tflops", "mfu", "peak_bytes",
-                                                 "warmup", "steps")},
-        "profiled": {"steps": trace["profiled_steps"], "step_ms": trace["profiled_step_ms"],
-                     "note": "phase shares come from the profiled steps (profiler overhead included) and are applied to "
-                     "the unprofiled median step; the data wait is measured in the unprofiled timed steps"},
+        "figures": {
+            k: figures.get(k)
+            for k in (
+                "step_ms_median",
+                "throughput",
+                "throughput_unit",
+                "samples_per_s",
+                "tokens_per_s",
+                "first_step_s",
+                "data_wait_ms_per_step",
+                "tflops",
+                "mfu",
+                "peak_bytes",
+                "warmup",
+                "steps",
+            )
+        },
+        "profiled": {
+            "steps": trace["profiled_steps"],
+            "step_ms": trace["profiled_step_ms"],
+            "note": "phase shares come from the profiled steps (profiler overhead included) and are applied to "
+            "the unprofiled median step; the data wait is measured in the unprofiled timed steps",
+        },
         "breakdown": breakdown,
         "device_timeline": trace.get("device"),
-        "syncs": {"per_step": trace["syncs_per_step"], "host_reads_per_step": trace["host_reads_per_step"],
-                  "sources": trace["read_sources"]},
-        "operators": {"forward_ops_per_step": trace["forward_ops_per_step"],
-                      "forward_op_median_us": trace["forward_op_median_us"],
-                      "forward_op_time_median_us": trace["forward_op_time_median_us"]},
-        "compile": {"compiled": figures["compiled"], "recompiles_after_warmup": figures["recompiles_after_warmup"],
-                    "graph_breaks": figures["graph_breaks"], "graph_break_reasons": graph_break_reasons()},
+        "syncs": {
+            "per_step": trace["syncs_per_step"],
+            "host_reads_per_step": trace["host_reads_per_step"],
+            "sources": trace["read_sources"],
+        },
+        "operators": {
+            "forward_ops_per_step": trace["forward_ops_per_step"],
+            "forward_op_median_us": trace["forward_op_median_us"],
+            "forward_op_time_median_us": trace["forward_op_time_median_us"],
+        },
+        "compile": {
+            "compiled": figures["compiled"],
+            "recompiles_after_warmup": figures["recompiles_after_warmup"],
+            "graph_breaks": figures["graph_breaks"],
+            "graph_break_reasons": graph_break_reasons(),
+        },
         "bottleneck": bottleneck,
         "recommendations": [a.to_dict() for a in advice],
         "verify": None,
     }
-

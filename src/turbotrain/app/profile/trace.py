@@ -23,8 +23,9 @@ import re
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 from torch.autograd import DeviceType
@@ -144,8 +145,13 @@ def read_source(event: Any) -> tuple[str, str]:
             continue
         if "turbotrain/" in norm:
             module = norm.rsplit("turbotrain/", 1)[1]
-            kind = ("guard" if module.startswith("core/precision/")  # the non-finite guard lives in the precision package
-                    else {"loop/monitor.py": "monitor", "app/bench/protocol.py": "clock"}.get(module, "turbotrain"))
+            kind = (
+                "guard"
+                if module.startswith("core/precision/")  # the non-finite guard lives in the precision package
+                else {"loop/monitor.py": "monitor", "app/bench/protocol.py": "clock"}.get(
+                    module, "turbotrain"
+                )
+            )
             return kind, where
         return "user", where
     return "unknown", "no Python stack recorded"
@@ -193,8 +199,10 @@ def analyze(window: ProfilerWindow) -> dict[str, Any]:
         outer = _outermost(host, lambda e, p=phase: phase_of(e.name) == p)  # type: ignore[misc]
         spans = [_span(e) for e in outer]
         covered.extend(spans)
-        phases[phase] = {"host_ms": _union_us(spans) / 1000 / steps,
-                         "device_ms": sum(_device_us(e) for e in outer) / 1000 / steps}
+        phases[phase] = {
+            "host_ms": _union_us(spans) / 1000 / steps,
+            "device_ms": sum(_device_us(e) for e in outer) / 1000 / steps,
+        }
     phases["other"] = {"host_ms": max(window_us - _union_us(covered), 0.0) / 1000 / steps, "device_ms": 0.0}
     step_ms = window_us / 1000 / steps
     for p in phases.values():
@@ -202,12 +210,23 @@ def analyze(window: ProfilerWindow) -> dict[str, Any]:
 
     reads = [e for e in host if e.name in READ_OPS]
     read_ids = {id(e) for e in reads}
-    syncs = [e for e in host if e.name in SYNC_CALLS and not any(id(a) in read_ids or a.name in READ_OPS for a in _ancestors(e))]
+    syncs = [
+        e
+        for e in host
+        if e.name in SYNC_CALLS and not any(id(a) in read_ids or a.name in READ_OPS for a in _ancestors(e))
+    ]
     by_source: Counter[tuple[str, str]] = Counter(read_source(e) for e in [*reads, *syncs])
-    sources = [{"kind": kind, "where": where, "per_step": n / steps} for (kind, where), n in by_source.most_common()]
+    sources = [
+        {"kind": kind, "where": where, "per_step": n / steps} for (kind, where), n in by_source.most_common()
+    ]
 
-    forward_ops = [e for e in host if e.name.startswith("aten::") and any(a.name == FORWARD_LABEL for a in _ancestors(e))
-                   and not any(a.name.startswith("aten::") for a in _ancestors(e))]
+    forward_ops = [
+        e
+        for e in host
+        if e.name.startswith("aten::")
+        and any(a.name == FORWARD_LABEL for a in _ancestors(e))
+        and not any(a.name.startswith("aten::") for a in _ancestors(e))
+    ]
     device_type = "cuda" if any(e.device_type == DeviceType.CUDA for e in events) or window.cuda else "cpu"
     out: dict[str, Any] = {
         "profiled_steps": steps,
@@ -217,7 +236,9 @@ def analyze(window: ProfilerWindow) -> dict[str, Any]:
         "syncs_per_step": sum(s["per_step"] for s in sources if is_sync(s["kind"], device_type)),
         "read_sources": [{**s, "sync": is_sync(s["kind"], device_type)} for s in sources],
         "forward_ops_per_step": len(forward_ops) / steps,
-        "forward_op_median_us": statistics.median(e.cpu_time_total for e in forward_ops) if forward_ops else None,
+        "forward_op_median_us": statistics.median(e.cpu_time_total for e in forward_ops)
+        if forward_ops
+        else None,
         "forward_op_time_median_us": time_weighted_median(e.cpu_time_total for e in forward_ops),
     }
     kernels = [e for e in events if e.device_type == DeviceType.CUDA]

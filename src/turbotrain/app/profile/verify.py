@@ -14,27 +14,47 @@ what ran is reported, the rest is marked unverified.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..bench.suite import RECOMMEND_MIN_SPEEDUP
 from ..measure import Target, measure_once
 from .advice import Advice
 
 
-def verify(target: Target, advice: list[Advice], run_dir: Path, *, warmup: int, steps: int, repeats: int,
-           log: Callable[[str], None]) -> dict[str, Any]:
+def verify(
+    target: Target,
+    advice: list[Advice],
+    run_dir: Path,
+    *,
+    warmup: int,
+    steps: int,
+    repeats: int,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
     """Fill ``a.verified`` for each recommendation; returns the baseline's runs and whether the
     verification was interrupted."""
     candidates = [a for a in advice if a.settings]
     for a in advice:
         if not a.settings:
-            a.verified = {"status": "not verified", "reason": "a change to your code: apply it and profile again"}
+            a.verified = {
+                "status": "not verified",
+                "reason": "a change to your code: apply it and profile again",
+            }
     if not candidates:
-        return {"repeats": 0, "warmup": warmup, "steps": steps, "interrupted": False, "min_speedup": RECOMMEND_MIN_SPEEDUP,
-                "baseline": {"throughput_median": None, "throughputs": [], "unit": None},
-                "note": "no recommendation is a setting: nothing to run"}
-    variants: list[tuple[str, dict[str, Any]]] = [("baseline", {})] + [(a.change, a.settings) for a in candidates]
+        return {
+            "repeats": 0,
+            "warmup": warmup,
+            "steps": steps,
+            "interrupted": False,
+            "min_speedup": RECOMMEND_MIN_SPEEDUP,
+            "baseline": {"throughput_median": None, "throughputs": [], "unit": None},
+            "note": "no recommendation is a setting: nothing to run",
+        }
+    variants: list[tuple[str, dict[str, Any]]] = [("baseline", {})] + [
+        (a.change, a.settings) for a in candidates
+    ]
     runs: list[list[dict[str, Any]]] = [[] for _ in variants]
     total, done, interrupted = repeats * len(variants), 0, False
     try:
@@ -45,7 +65,9 @@ def verify(target: Target, advice: list[Advice], run_dir: Path, *, warmup: int, 
             for i in order:
                 done += 1
                 log(f"verify {done}/{total}: {variants[i][0]}")
-                runs[i].append(measure_once(target, variants[i][1], run_dir / f"run{i}-{r + 1}", warmup, steps))
+                runs[i].append(
+                    measure_once(target, variants[i][1], run_dir / f"run{i}-{r + 1}", warmup, steps)
+                )
     except KeyboardInterrupt:
         interrupted = True
         log("verification interrupted: reporting the runs that finished")
@@ -69,9 +91,16 @@ def verify(target: Target, advice: list[Advice], run_dir: Path, *, warmup: int, 
             "loss_diff": None if loss is None or base_loss is None else loss - base_loss,
         }
     return {
-        "repeats": repeats, "warmup": warmup, "steps": steps, "interrupted": interrupted,
+        "repeats": repeats,
+        "warmup": warmup,
+        "steps": steps,
+        "interrupted": interrupted,
         "min_speedup": RECOMMEND_MIN_SPEEDUP,
-        "baseline": {"throughput_median": base_median, "throughputs": base, "unit": runs[0][0]["throughput_unit"] if runs[0] else None},
+        "baseline": {
+            "throughput_median": base_median,
+            "throughputs": base,
+            "unit": runs[0][0]["throughput_unit"] if runs[0] else None,
+        },
     }
 
 

@@ -8,12 +8,21 @@ from pathlib import Path
 from typing import Any
 
 from ...base.atomic import atomic_write
-from ..bench.tables import render_table
 from ...base.config import RunConfig, to_toml
+from ..bench.tables import render_table
 
 DASH = "—"
-COLORS = {"ok": "tab:green", "pruned": "tab:gray", "over budget": "tab:red", "predicted over budget": "salmon",
-          "oom": "darkred", "loss parity": "tab:orange", "failed": "black", "timeout": "black", "invalid": "tab:purple"}
+COLORS = {
+    "ok": "tab:green",
+    "pruned": "tab:gray",
+    "over budget": "tab:red",
+    "predicted over budget": "salmon",
+    "oom": "darkred",
+    "loss parity": "tab:orange",
+    "failed": "black",
+    "timeout": "black",
+    "invalid": "tab:purple",
+}
 
 
 def _mib(value: Any) -> str:
@@ -22,11 +31,16 @@ def _mib(value: Any) -> str:
 
 def trials_table(rows: list[dict[str, Any]], keys: list[str]) -> str:
     """Markdown: one row per trial with its parameters and figures."""
-    columns = [("#", lambda r: str(r["number"]) + (" (baseline)" if r.get("baseline") else "")),
-               ("status", lambda r: r.get("status", r["state"]))]
+    columns = [
+        ("#", lambda r: str(r["number"]) + (" (baseline)" if r.get("baseline") else "")),
+        ("status", lambda r: r.get("status", r["state"])),
+    ]
     columns += [(k.split(".", 1)[1], lambda r, k=k: str(r["params"].get(k, DASH))) for k in keys]
     columns += [
-        ("throughput", lambda r: DASH if not r.get("throughput") else f"{r['throughput']:,.0f} {r.get('unit') or ''}"),
+        (
+            "throughput",
+            lambda r: DASH if not r.get("throughput") else f"{r['throughput']:,.0f} {r.get('unit') or ''}",
+        ),
         ("peak MiB", lambda r: _mib(r.get("peak_bytes"))),
         ("Δ loss", lambda r: DASH if r.get("loss_diff") is None else f"{r['loss_diff']:+.4f}"),
         ("first step s", lambda r: DASH if r.get("first_step_s") is None else f"{r['first_step_s']:.1f}"),
@@ -57,9 +71,13 @@ def write_plot(rows: list[dict[str, Any]], limit_bytes: float | None, unit: str,
         status = r.get("status", r["state"])
         value = r.get("throughput") or (r.get("windows") or [0.0])[-1]
         color = COLORS.get(status, "tab:blue")
-        left.bar(r["number"], value, color=color if r.get("feasible") else "none", edgecolor=color, linewidth=1.5)
+        left.bar(
+            r["number"], value, color=color if r.get("feasible") else "none", edgecolor=color, linewidth=1.5
+        )
         if r.get("peak_bytes") is not None:
-            right.scatter(r["peak_bytes"] / 2**20, value, color=color, marker="o" if r.get("feasible") else "x")
+            right.scatter(
+                r["peak_bytes"] / 2**20, value, color=color, marker="o" if r.get("feasible") else "x"
+            )
     seen = [s for s in COLORS if any(r.get("status", r["state"]) == s for r in rows)]
     left.legend(handles=[Patch(color=COLORS[s], label=s) for s in seen], fontsize=7)
     left.set(xlabel="trial", ylabel=unit, title="throughput per trial (hollow: penalised or pruned)")

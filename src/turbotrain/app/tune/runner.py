@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from ...base.errors import TurbotrainError
 from ...base.failure import cause_in_log
-from ..measure import Target
 from ...base.process import child_env, run_process
+from ..measure import Target
 
 
 @dataclass
@@ -49,8 +50,13 @@ class Outcome:
 
 
 class Runner(Protocol):
-    def measure(self, name: str, changes: dict[str, dict[str, Any]], report: Callable[[int, float], bool],
-                over_budget: Callable[[int, int | None], bool]) -> Outcome: ...
+    def measure(
+        self,
+        name: str,
+        changes: dict[str, dict[str, Any]],
+        report: Callable[[int, float], bool],
+        over_budget: Callable[[int, int | None], bool],
+    ) -> Outcome: ...
 
     def find(self, changes: dict[str, dict[str, Any]]) -> dict[str, Any]: ...
 
@@ -59,19 +65,40 @@ class ProcessRunner:
     """Runs each trial as ``python -m turbotrain.app.tune.trial`` in ``run_dir/trials/NAME`` with a
     timeout, reading its progress events while it runs (process handling: turbotrain.base.process)."""
 
-    def __init__(self, target: Target, run_dir: Path, options: TuneOptions, status: Callable[[str], None]) -> None:
+    def __init__(
+        self, target: Target, run_dir: Path, options: TuneOptions, status: Callable[[str], None]
+    ) -> None:
         self.target, self.run_dir, self.options, self.status = target, run_dir, options, status
 
-    def _spawn(self, name: str, spec: dict[str, Any], poll: Callable[[list[dict[str, Any]]], str]) -> tuple[int | None, str, Path]:
+    def _spawn(
+        self, name: str, spec: dict[str, Any], poll: Callable[[list[dict[str, Any]]], str]
+    ) -> tuple[int | None, str, Path]:
         folder = self.run_dir / "trials" / name
         folder.mkdir(parents=True, exist_ok=True)
-        paths = {k: folder / f for k, f in (("spec", "spec.json"), ("result", "result.json"), ("progress", "progress.jsonl"), ("log", "log.txt"))}
+        paths = {
+            k: folder / f
+            for k, f in (
+                ("spec", "spec.json"),
+                ("result", "result.json"),
+                ("progress", "progress.jsonl"),
+                ("log", "log.txt"),
+            )
+        }
         for key in ("result", "progress"):
             paths[key].unlink(missing_ok=True)
         paths["progress"].touch()
         paths["spec"].write_text(json.dumps({**spec, "run_dir": str(folder)}, indent=1, default=str))
-        cmd = [sys.executable, "-m", "turbotrain.app.tune.trial", "--spec", str(paths["spec"]), "--result", str(paths["result"]),
-               "--progress", str(paths["progress"])]
+        cmd = [
+            sys.executable,
+            "-m",
+            "turbotrain.app.tune.trial",
+            "--spec",
+            str(paths["spec"]),
+            "--result",
+            str(paths["result"]),
+            "--progress",
+            str(paths["progress"]),
+        ]
         seen, stop = 0, ""
 
         def check() -> bool:
@@ -89,11 +116,22 @@ class ProcessRunner:
             check()  # events written just before it exited
         return code, stop, folder
 
-    def measure(self, name: str, changes: dict[str, dict[str, Any]], report: Callable[[int, float], bool],
-                over_budget: Callable[[int, int | None], bool]) -> Outcome:
+    def measure(
+        self,
+        name: str,
+        changes: dict[str, dict[str, Any]],
+        report: Callable[[int, float], bool],
+        over_budget: Callable[[int, int | None], bool],
+    ) -> Outcome:
         o = self.options
-        spec = {"mode": "measure", "target": self.target.to_dict(), "changes": changes, "warmup": o.warmup,
-                "steps": o.steps, "window": o.window}
+        spec = {
+            "mode": "measure",
+            "target": self.target.to_dict(),
+            "changes": changes,
+            "warmup": o.warmup,
+            "steps": o.steps,
+            "window": o.window,
+        }
         out = Outcome("failed")
 
         def poll(events: list[dict[str, Any]]) -> str:
@@ -121,17 +159,27 @@ class ProcessRunner:
             out.peak_bytes = out.result.get("peak_bytes", out.peak_bytes)
             out.budget_bytes = out.result.get("budget_bytes", out.budget_bytes)
         else:  # it died without a word of its own: the cause is in its log (the last line is often a warning's source)
-            out.status, out.reason = "failed", f"{cause_in_log(log.read_text(errors='replace'), code)} (see {log})"
+            out.status, out.reason = (
+                "failed",
+                f"{cause_in_log(log.read_text(errors='replace'), code)} (see {log})",
+            )
         return out
 
     def find(self, changes: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        code, _, folder = self._spawn("batch-finder", {"mode": "find", "target": self.target.to_dict(), "changes": changes},
-                                      lambda events: "")
+        code, _, folder = self._spawn(
+            "batch-finder",
+            {"mode": "find", "target": self.target.to_dict(), "changes": changes},
+            lambda events: "",
+        )
         result = folder / "result.json"
         if code is None or not result.is_file():
-            raise TurbotrainError(f"tune: the batch finder run failed or timed out (see {folder / 'log.txt'}); "
-                                  "fix the batch size with --batch.micro=N")
+            raise TurbotrainError(
+                f"tune: the batch finder run failed or timed out (see {folder / 'log.txt'}); "
+                "fix the batch size with --batch.micro=N"
+            )
         found = json.loads(result.read_text())
         if found.get("status") != "ok":
-            raise TurbotrainError(f"tune: the batch finder run ended with {found.get('status')}: {found.get('reason')}")
+            raise TurbotrainError(
+                f"tune: the batch finder run ended with {found.get('status')}: {found.get('reason')}"
+            )
         return found

@@ -17,17 +17,17 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from ...base.config import RunConfig
-from ...core.engine import resolve_device
 from ...base.errors import ConfigError
-from ..measure import Target
-from ...parts.models.blocks import repeated_blocks
-from ...core.precision import DeviceCaps, resolve_precision
 from ...base.rundir import new_run_dir
+from ...core.engine import resolve_device
+from ...core.precision import DeviceCaps, resolve_precision
+from ...parts.models.blocks import repeated_blocks
 from ...parts.models.workload_spec import WorkloadSpec
 from ...parts.workload import load_workload
+from ..measure import Target
 from .output import preset_text, trials_table, write_plot, write_text
-from .space import MICRO, Dim, ModelFacts, build_space, micro_choices
 from .runner import ProcessRunner, TuneOptions
+from .space import MICRO, Dim, ModelFacts, build_space, micro_choices
 from .study import STUDY_DB, Log, Study, StudyStopped, best_config, fixed_keys, require_optuna
 
 BEST_FILE, JSON_FILE, MD_FILE, PLOT_FILE = "best.toml", "tune.json", "tune.md", "tune.png"
@@ -39,9 +39,13 @@ def model_facts(target: Target) -> ModelFacts:
     if not target.is_workload:
         return ModelFacts(gpt=True, blocks=True, own_optimizer=False, dataloader=True)
     w = target.workload or load_workload(target.model or "")
-    return ModelFacts(gpt=False, blocks=repeated_blocks(w.model) is not None, own_optimizer=w.optimizer is not None,
-                      dataloader=isinstance(w.train_loader, DataLoader),
-                      loader_workers=w.train_loader.num_workers if isinstance(w.train_loader, DataLoader) else None)
+    return ModelFacts(
+        gpt=False,
+        blocks=repeated_blocks(w.model) is not None,
+        own_optimizer=w.optimizer is not None,
+        dataloader=isinstance(w.train_loader, DataLoader),
+        loader_workers=w.train_loader.num_workers if isinstance(w.train_loader, DataLoader) else None,
+    )
 
 
 def global_batch(base: RunConfig, target: Target) -> int:
@@ -52,8 +56,10 @@ def global_batch(base: RunConfig, target: Target) -> int:
     if base.batch.global_size > 0:
         return base.batch.global_size
     if not isinstance(base.batch.micro, int):
-        raise ConfigError("tune keeps the global batch while it searches the micro-batch: give --batch.global_size=N "
-                          "(or a whole --batch.micro, which is then not searched)")
+        raise ConfigError(
+            "tune keeps the global batch while it searches the micro-batch: give --batch.global_size=N "
+            "(or a whole --batch.micro, which is then not searched)"
+        )
     return base.batch.micro * base.batch.accumulation
 
 
@@ -97,25 +103,47 @@ def tune(target: Target, options: TuneOptions, out: Path | None, log: Log) -> di
     if space is None:
         micros = None
         if not target.is_workload and MICRO not in fixed and "batch.accumulation" not in fixed:
-            log("batch finder: the largest micro-batch that fits, bounding the micro-batch choices", transient=True)
+            log(
+                "batch finder: the largest micro-batch that fits, bounding the micro-batch choices",
+                transient=True,
+            )
             found = runner.find({"batch": {"micro": "auto", "global_size": g, "accumulation": 1}})
             fits = int(found["found"])
             micros = micro_choices(g, fits)
             log(f"batch finder: micro-batch {found['found']} fits; trying {', '.join(map(str, micros))}")
         space = build_space(base, device, facts, fixed, micros)
     if not space:
-        raise ConfigError("nothing to search: every setting tune would try is fixed on the command line or has one value here")
-    study = Study(target, base, space, options, folder, runner, log, g,
-                  base_precision=resolve_precision(base.precision.mode, DeviceCaps.of(device), base.precision), headroom=base.batch.headroom,
-                  fits_micro=fits)
+        raise ConfigError(
+            "nothing to search: every setting tune would try is fixed on the command line or has one value here"
+        )
+    study = Study(
+        target,
+        base,
+        space,
+        options,
+        folder,
+        runner,
+        log,
+        g,
+        base_precision=resolve_precision(base.precision.mode, DeviceCaps.of(device), base.precision),
+        headroom=base.batch.headroom,
+        fits_micro=fits,
+    )
     study.open()
-    log(f"tune {target.label} on {device}: {options.trials} trials of {options.warmup} warm-up + {options.steps} timed steps, "
-        f"searching {', '.join(d.key for d in space)} ({folder})")
+    log(
+        f"tune {target.label} on {device}: {options.trials} trials of {options.warmup} warm-up + {options.steps} timed steps, "
+        f"searching {', '.join(d.key for d in space)} ({folder})"
+    )
     interrupted, confirmation, stopped = "", None, None
     try:
         study.run()
         best = study.best()
-        if best is not None and options.confirm and not best.get("baseline") and study.baseline_row() is not None:
+        if (
+            best is not None
+            and options.confirm
+            and not best.get("baseline")
+            and study.baseline_row() is not None
+        ):
             confirmation = study.confirm(best, options.confirm)
     except KeyboardInterrupt:
         interrupted = "Ctrl-C"
@@ -132,8 +160,9 @@ def tune(target: Target, options: TuneOptions, out: Path | None, log: Log) -> di
     return doc
 
 
-def write_outputs(study: Study, folder: Path, out: Path | None, device_type: str,
-                  confirmation: dict[str, Any] | None = None) -> dict[str, Any]:
+def write_outputs(
+    study: Study, folder: Path, out: Path | None, device_type: str, confirmation: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """tune.json, tune.md, tune.png and the best preset (when a trial was feasible). A best
     trial that the confirmation runs did not find faster than the baseline is not written: the
     preset then holds the baseline's settings, and says why."""
@@ -145,38 +174,67 @@ def write_outputs(study: Study, folder: Path, out: Path | None, device_type: str
     unit = next((r["unit"] for r in rows if r.get("unit")), "throughput")
     keys = [d.key for d in study.space]
     doc: dict[str, Any] = {
-        "schema": "turbotrain-tune/1", "run_dir": str(folder), "target": study.target.to_dict(), "device": device_type,
-        "options": study.options.__dict__, "space": [d.to_dict() for d in study.space], "global_batch": study.global_batch,
-        "reference": ref, "memory_limit_bytes": limit, "trials": rows, "best": best, "preset": None,
-        "counted_trials": study.counted(), "confirmation": confirmation,
+        "schema": "turbotrain-tune/1",
+        "run_dir": str(folder),
+        "target": study.target.to_dict(),
+        "device": device_type,
+        "options": study.options.__dict__,
+        "space": [d.to_dict() for d in study.space],
+        "global_batch": study.global_batch,
+        "reference": ref,
+        "memory_limit_bytes": limit,
+        "trials": rows,
+        "best": best,
+        "preset": None,
+        "counted_trials": study.counted(),
+        "confirmation": confirmation,
     }
     if best is not None:
         chosen = best
         speedup = f", {best['throughput'] / baseline['throughput']:.2f}x the baseline" if baseline else ""
-        header = [f"turbotrain tune: the fastest feasible of {study.counted()} trials on {device_type} "
-                  f"(trial {best['number']}: {best['throughput']:,.0f} {unit}{speedup})"]
+        header = [
+            f"turbotrain tune: the fastest feasible of {study.counted()} trials on {device_type} "
+            f"(trial {best['number']}: {best['throughput']:,.0f} {unit}{speedup})"
+        ]
         if confirmation is not None:
-            header.append(f"re-measured against the baseline, {confirmation['repeats']} interleaved run(s) each: "
-                          + (f"{confirmation['speedup']:.2f}x" if "speedup" in confirmation else "no figure")
-                          + (" (confirmed)" if confirmation["confirmed"] else
-                             f" (under {confirmation['min_speedup']:.2f}x: within noise; these are the BASELINE's settings)"))
+            header.append(
+                f"re-measured against the baseline, {confirmation['repeats']} interleaved run(s) each: "
+                + (f"{confirmation['speedup']:.2f}x" if "speedup" in confirmation else "no figure")
+                + (
+                    " (confirmed)"
+                    if confirmation["confirmed"]
+                    else f" (under {confirmation['min_speedup']:.2f}x: within noise; these are the BASELINE's settings)"
+                )
+            )
             if not confirmation["confirmed"] and baseline is not None:
                 chosen = baseline
         header.append(f"searched: {', '.join(keys)}; study: {folder}")
         config = best_config(study.target, chosen["params"], study.global_batch)
-        if study.target.model:  # the workload and the micro-batch it was measured with (its loader's unless searched)
-            micro = config.batch.micro if "batch.micro" in chosen["params"] else WorkloadSpec(study.target.model).micro_batch(config.run.seed)
-            config = config.replace(model={"workload": study.target.model}, batch={"micro": micro or config.batch.micro})
-        header.append("train with: turbotrain train --preset THIS.toml" if not study.target.is_workload else
-                      f"train with: turbotrain train --model {study.target.model} --preset THIS.toml; an own loop: "
-                      "Engine(turbotrain.load_config('THIS.toml'))")
+        # the workload and the micro-batch it was measured with (its loader's unless searched)
+        if study.target.model:
+            micro = (
+                config.batch.micro
+                if "batch.micro" in chosen["params"]
+                else WorkloadSpec(study.target.model).micro_batch(config.run.seed)
+            )
+            config = config.replace(
+                model={"workload": study.target.model}, batch={"micro": micro or config.batch.micro}
+            )
+        header.append(
+            "train with: turbotrain train --preset THIS.toml"
+            if not study.target.is_workload
+            else f"train with: turbotrain train --model {study.target.model} --preset THIS.toml; an own loop: "
+            "Engine(turbotrain.load_config('THIS.toml'))"
+        )
         path = out or folder / BEST_FILE
         write_text(path, preset_text(config, header))
         doc["preset"] = str(path)
         doc["preset_trial"] = chosen["number"]
         doc["speedup_over_baseline"] = best["throughput"] / baseline["throughput"] if baseline else None
     write_text(folder / JSON_FILE, json.dumps(doc, indent=1, default=str) + "\n")
-    write_text(folder / MD_FILE, f"## turbotrain tune: {study.target.label}\n\n" + trials_table(rows, keys) + "\n")
+    write_text(
+        folder / MD_FILE, f"## turbotrain tune: {study.target.label}\n\n" + trials_table(rows, keys) + "\n"
+    )
     doc["plot"] = str(folder / PLOT_FILE) if write_plot(rows, limit, unit, folder / PLOT_FILE) else None
     return doc
 
@@ -191,14 +249,27 @@ def summary(doc: dict[str, Any]) -> str:
         lines.append("no feasible trial: nothing was written (see the notes above)")
     else:
         params = ", ".join(f"{k}={v}" for k, v in best["params"].items())
-        speed = f" ({doc['speedup_over_baseline']:.2f}x the baseline)" if doc.get("speedup_over_baseline") else ""
-        lines.append(f"best: trial {best['number']}: {best['throughput']:,.0f} {best.get('unit') or ''}{speed}: {params}")
+        speed = (
+            f" ({doc['speedup_over_baseline']:.2f}x the baseline)" if doc.get("speedup_over_baseline") else ""
+        )
+        lines.append(
+            f"best: trial {best['number']}: {best['throughput']:,.0f} {best.get('unit') or ''}{speed}: {params}"
+        )
         c = doc.get("confirmation")
         if c and "speedup" in c:
-            lines.append(f"re-measured, interleaved with the baseline: {c['speedup']:.2f}x "
-                         + ("(confirmed)" if c["confirmed"] else "(within noise: the preset keeps the baseline's settings)"))
+            lines.append(
+                f"re-measured, interleaved with the baseline: {c['speedup']:.2f}x "
+                + (
+                    "(confirmed)"
+                    if c["confirmed"]
+                    else "(within noise: the preset keeps the baseline's settings)"
+                )
+            )
         model = (doc.get("target") or {}).get("model")
-        lines.append(f"wrote {doc['preset']}: turbotrain train " + (f"--model {model} " if model else "") + f"--preset {doc['preset']}")
+        lines.append(
+            f"wrote {doc['preset']}: turbotrain train "
+            + (f"--model {model} " if model else "")
+            + f"--preset {doc['preset']}"
+        )
     lines.append(f"study, table and plot: {doc['run_dir']}")
     return "\n".join(lines)
-

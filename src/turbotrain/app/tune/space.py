@@ -16,22 +16,27 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
 from ...base.config import COMPILE_MODES, RunConfig
 from ...base.errors import ConfigError
-from ...parts.data import default_num_workers
 from ...core.optim import resolve_implementation
 from ...core.precision import PRECISIONS, DeviceCaps, resolve_precision
 from ...core.transforms import resolve_scope
+from ...parts.data import default_num_workers
 
 MICRO = "batch.micro"
 COMPILE_MODE = "compile.mode"
 SDPA_BACKEND = "model.sdpa_backend"
-CONDITIONAL = {COMPILE_MODE: ("compile.scope", "off"), SDPA_BACKEND: ("model.attention", "masked")}  # unused when that is set so
+# unused when that is set so
+CONDITIONAL = {
+    COMPILE_MODE: ("compile.scope", "off"),
+    SDPA_BACKEND: ("model.attention", "masked"),
+}
 
 
 @dataclass(frozen=True)
@@ -89,8 +94,9 @@ def micro_choices(global_batch: int, fits: int | None) -> tuple[int, ...]:
     return tuple(chosen or powers[:1])
 
 
-def build_space(base: RunConfig, device: torch.device, facts: ModelFacts, fixed: set[str],
-                micros: tuple[int, ...] | None) -> list[Dim]:
+def build_space(
+    base: RunConfig, device: torch.device, facts: ModelFacts, fixed: set[str], micros: tuple[int, ...] | None
+) -> list[Dim]:
     """The dimensions to search (see the module docstring)."""
     cuda = device.type == "cuda"
     cores = os.cpu_count() or 1
@@ -102,23 +108,38 @@ def build_space(base: RunConfig, device: torch.device, facts: ModelFacts, fixed:
         values = tuple(dict.fromkeys((*choices, base_value)))  # the baseline's value is always a choice
         dims.append(Dim(key, values, base_value))
 
-    add("precision.mode", precision_choices(device), resolve_precision(base.precision.mode, DeviceCaps.of(device), base.precision))
+    add(
+        "precision.mode",
+        precision_choices(device),
+        resolve_precision(base.precision.mode, DeviceCaps.of(device), base.precision),
+    )
     scope = resolve_scope(base.compile.scope, device)
     add("compile.scope", ("off", "model", *(("blocks",) if facts.blocks else ())), scope)
     if cuda:
         add(COMPILE_MODE, COMPILE_MODES, base.compile.mode)
     if micros and MICRO not in fixed and "batch.accumulation" not in fixed:
         base_micro = int(base.batch.micro) if isinstance(base.batch.micro, int) else micros[-1]
-        add(MICRO, micros, base_micro if base_micro in micros else max(m for m in micros if m <= max(base_micro, micros[0])))
+        add(
+            MICRO,
+            micros,
+            base_micro if base_micro in micros else max(m for m in micros if m <= max(base_micro, micros[0])),
+        )
     if facts.dataloader:
         workers = sorted({w for w in (0, 1, 2, 4, 8) if w <= max(2, cores)})
-        base_workers = base.data.num_workers if base.data.num_workers >= 0 else (
-            facts.loader_workers if facts.loader_workers is not None else default_num_workers(device))
+        base_workers = (
+            base.data.num_workers
+            if base.data.num_workers >= 0
+            else (facts.loader_workers if facts.loader_workers is not None else default_num_workers(device))
+        )
         add("data.num_workers", tuple(workers), base_workers)
     if facts.blocks:
         add("memory.checkpointing", ("off", "selective", "full"), base.memory.checkpointing)
     if not facts.own_optimizer:
-        add("optim.implementation", ("fused", "foreach"), resolve_implementation(base.optim.implementation, device))
+        add(
+            "optim.implementation",
+            ("fused", "foreach"),
+            resolve_implementation(base.optim.implementation, device),
+        )
     if facts.gpt:
         add("model.attention", ("sdpa", "masked"), base.model.attention)
         add("model.loss", ("full", "chunked"), base.model.loss)

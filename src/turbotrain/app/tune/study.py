@@ -29,13 +29,14 @@ import json
 import math
 import statistics
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from ..bench.suite import RECOMMEND_MIN_SPEEDUP, loss_tolerance
 from ...base.config import RunConfig
 from ...base.errors import ConfigError, TurbotrainError
+from ..bench.suite import RECOMMEND_MIN_SPEEDUP, loss_tolerance
 from ..measure import Target, flat, merge
 from .runner import Outcome, Runner, TuneOptions
 from .space import MICRO, Dim, applies, base_params, to_changes
@@ -57,7 +58,9 @@ def require_optuna() -> Any:
     try:
         import optuna
     except ImportError:
-        raise TurbotrainError("turbotrain tune needs Optuna: pip install 'turbotrain[tune]' (or pip install optuna)") from None
+        raise TurbotrainError(
+            "turbotrain tune needs Optuna: pip install 'turbotrain[tune]' (or pip install optuna)"
+        ) from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     return optuna
@@ -76,7 +79,9 @@ class Measured:
     over: bool
 
 
-def predicted_over(params: dict[str, Any], history: list[Measured], limit: float | None, base_micro: int) -> str:
+def predicted_over(
+    params: dict[str, Any], history: list[Measured], limit: float | None, base_micro: int
+) -> str:
     """Why ``params`` cannot fit (see the module docstring), or ''."""
     key = tuple(params.get(k) for k in MEMORY_KEYS)
     micro = int(params.get(MICRO, base_micro))
@@ -84,7 +89,11 @@ def predicted_over(params: dict[str, Any], history: list[Measured], limit: float
     for h in alike:
         if h.over and micro >= int(h.params.get(MICRO, base_micro)):
             return f"needs at least the memory of a trial over budget (micro-batch {h.params.get(MICRO, base_micro)})"
-    points = sorted({int(h.params.get(MICRO, base_micro)): h.peak_bytes for h in alike if h.peak_bytes is not None}.items())
+    points = sorted(
+        {
+            int(h.params.get(MICRO, base_micro)): h.peak_bytes for h in alike if h.peak_bytes is not None
+        }.items()
+    )
     if limit is not None and len(points) >= 2 and micro > points[-1][0]:
         (b0, p0), (b1, p1) = points[-2], points[-1]
         peak = p1 + (p1 - p0) / (b1 - b0) * (micro - b1)
@@ -141,18 +150,37 @@ class Study:
         storage = f"sqlite:///{self.run_dir / STUDY_DB}"
         o = self.options
         self.legacy_constraints = not hasattr(optuna.trial.Trial, "set_constraint")  # Optuna < 5
-        sampler = optuna.samplers.TPESampler(seed=o.seed, n_startup_trials=max(2, o.trials // 3), multivariate=True, group=True,
-                                             **({"constraints_func": constraints_of} if self.legacy_constraints else {}))
+        sampler = optuna.samplers.TPESampler(
+            seed=o.seed,
+            n_startup_trials=max(2, o.trials // 3),
+            multivariate=True,
+            group=True,
+            **({"constraints_func": constraints_of} if self.legacy_constraints else {}),
+        )
         # Prune a trial whose window is in the slowest quarter of earlier completed trials' at that
         # window, from its second window on and after four completed trials: on a shared CPU one
         # window's noise is as large as most differences (a median rule at the first window pruned
         # a repeat of the baseline). Far slower trials go at their first window (SLOW_FRACTION).
-        pruner = (optuna.pruners.PercentilePruner(25.0, n_startup_trials=4, n_warmup_steps=2) if o.prune
-                  else optuna.pruners.NopPruner())
-        self.study = optuna.create_study(study_name=STUDY_NAME, storage=storage, direction="maximize", sampler=sampler,
-                                         pruner=pruner, load_if_exists=True)
-        identity = {"target": self.target.to_dict(), "space": [d.to_dict() for d in self.space],
-                    "warmup": o.warmup, "steps": o.steps, "global_batch": self.global_batch}
+        pruner = (
+            optuna.pruners.PercentilePruner(25.0, n_startup_trials=4, n_warmup_steps=2)
+            if o.prune
+            else optuna.pruners.NopPruner()
+        )
+        self.study = optuna.create_study(
+            study_name=STUDY_NAME,
+            storage=storage,
+            direction="maximize",
+            sampler=sampler,
+            pruner=pruner,
+            load_if_exists=True,
+        )
+        identity = {
+            "target": self.target.to_dict(),
+            "space": [d.to_dict() for d in self.space],
+            "warmup": o.warmup,
+            "steps": o.steps,
+            "global_batch": self.global_batch,
+        }
         saved = self.study.user_attrs.get("identity")
         if saved is None:
             self.study.set_user_attr("identity", json.loads(json.dumps(identity, default=str)))
@@ -161,11 +189,14 @@ class Study:
             micro = next((d for d in self.space if d.key == MICRO), None)
             if micro is not None and self.fits_micro is not None and base.get(MICRO, 0) > self.fits_micro:
                 fitted = max((m for m in micro.choices if m <= self.fits_micro), default=None)
-                if fitted is not None:  # the base settings do not fit: also their largest micro-batch that does
+                # the base settings do not fit: also their largest micro-batch that does
+                if fitted is not None:
                     self.study.enqueue_trial({**base, MICRO: fitted}, user_attrs={"baseline": True})
         elif saved != json.loads(json.dumps(identity, default=str)):
-            raise ConfigError(f"{self.run_dir} holds a tune study of other settings (target, search space or trial "
-                              "length differ); give another --run.name to start a new one")
+            raise ConfigError(
+                f"{self.run_dir} holds a tune study of other settings (target, search space or trial "
+                "length differ); give another --run.name to start a new one"
+            )
         else:
             self.log(f"resuming the study in {self.run_dir}: {len(self.study.trials)} trial(s) so far")
         for t in self.study.trials:  # left running by a process that died: they will never report
@@ -174,7 +205,11 @@ class Study:
         self.reference = self.study.user_attrs.get("reference")
         for t in self.study.trials:
             if "peak_bytes" in t.user_attrs or t.user_attrs.get("status") == "oom":
-                self.history.append(Measured(dict(t.params), t.user_attrs.get("peak_bytes"), bool(t.user_attrs.get("over_budget"))))
+                self.history.append(
+                    Measured(
+                        dict(t.params), t.user_attrs.get("peak_bytes"), bool(t.user_attrs.get("over_budget"))
+                    )
+                )
 
     def counted(self) -> int:
         return sum(1 for t in self.study.trials if t.user_attrs.get("counted"))
@@ -184,40 +219,77 @@ class Study:
     def _limit(self, budget: int | None) -> float | None:
         return None if budget is None else budget / (1.0 + self.headroom)
 
-    def _tell(self, trial: Any, params: dict[str, Any], status: str, *,
-              result: dict[str, Any] | None = None, reason: str = "", peak: int | None = None,
-              budget: int | None = None, windows: list[float] | None = None) -> None:
+    def _tell(
+        self,
+        trial: Any,
+        params: dict[str, Any],
+        status: str,
+        *,
+        result: dict[str, Any] | None = None,
+        reason: str = "",
+        peak: int | None = None,
+        budget: int | None = None,
+        windows: list[float] | None = None,
+    ) -> None:
         optuna = require_optuna()
         result = result or {}
         loss = result.get("parity_loss")
-        if status == "ok" and not _finite(loss, result.get("throughput")):  # NaN/inf: a penalised trial, never a constraint of NaN
+        # NaN/inf: a penalised trial, never a constraint of NaN
+        if status == "ok" and not _finite(loss, result.get("throughput")):
             status, reason = "failed", f"the loss is {loss} (not finite): these settings do not train"
             result = {**result, "parity_loss": None}
-        if (self.reference is None and trial.user_attrs.get("baseline") and status == "ok" and self.base_precision == "fp32"
-                and result.get("parity_loss") is not None):
+        if (
+            self.reference is None
+            and trial.user_attrs.get("baseline")
+            and status == "ok"
+            and self.base_precision == "fp32"
+            and result.get("parity_loss") is not None
+        ):
             self._set_reference(result)  # the baseline computes in fp32: it is the reference
         limit = self._limit(budget)
         over = peak is not None and limit is not None and peak > limit
-        mem = (peak / limit - 1.0) if (peak is not None and limit) else (1.0 if status in ("oom", "predicted over budget") else 0.0)
+        mem = (
+            (peak / limit - 1.0)
+            if (peak is not None and limit)
+            else (1.0 if status in ("oom", "predicted over budget") else 0.0)
+        )
         parity, diff, tol = 0.0, None, None
         ref = (self.reference or {}).get("parity_loss")
         loss = result.get("parity_loss")
         if ref is not None and _finite(ref) and loss is not None:
-            tol = loss_tolerance({"math_precision": result.get("math_precision")}, {"math_precision": "fp32", "final_loss": ref})
+            tol = loss_tolerance(
+                {"math_precision": result.get("math_precision")},
+                {"math_precision": "fp32", "final_loss": ref},
+            )
             diff = loss - ref
             parity = abs(diff) / tol - 1.0
         failed = 0.0 if status in ("ok", "pruned", "over budget", "predicted over budget", "oom") else 1.0
         constraints = [mem, parity, failed]
         feasible = status == "ok" and all(c <= 0 for c in constraints)
         attrs = {
-            "status": status if status != "ok" or feasible else ("loss parity" if parity > 0 else "over budget"),
-            "reason": reason, "counted": status not in NOT_COUNTED, "constraints": constraints, "feasible": feasible,
-            "throughput": result.get("throughput"), "unit": result.get("throughput_unit"),
-            "peak_bytes": peak, "budget_bytes": budget, "over_budget": over or status in ("oom", "predicted over budget"),
-            "parity_loss": loss, "loss_diff": diff, "loss_tol": tol, "first_step_s": result.get("first_step_s"),
-            "step_ms_median": result.get("step_ms_median"), "windows": windows or [], "precision": result.get("precision"),
-            "math_precision": result.get("math_precision"), "recompiles_after_warmup": result.get("recompiles_after_warmup"),
-            "graph_breaks": result.get("graph_breaks"), "data_wait_ms_per_step": result.get("data_wait_ms_per_step"),
+            "status": status
+            if status != "ok" or feasible
+            else ("loss parity" if parity > 0 else "over budget"),
+            "reason": reason,
+            "counted": status not in NOT_COUNTED,
+            "constraints": constraints,
+            "feasible": feasible,
+            "throughput": result.get("throughput"),
+            "unit": result.get("throughput_unit"),
+            "peak_bytes": peak,
+            "budget_bytes": budget,
+            "over_budget": over or status in ("oom", "predicted over budget"),
+            "parity_loss": loss,
+            "loss_diff": diff,
+            "loss_tol": tol,
+            "first_step_s": result.get("first_step_s"),
+            "step_ms_median": result.get("step_ms_median"),
+            "windows": windows or [],
+            "precision": result.get("precision"),
+            "math_precision": result.get("math_precision"),
+            "recompiles_after_warmup": result.get("recompiles_after_warmup"),
+            "graph_breaks": result.get("graph_breaks"),
+            "data_wait_ms_per_step": result.get("data_wait_ms_per_step"),
         }
         for k, v in attrs.items():
             trial.set_user_attr(k, v)
@@ -249,29 +321,54 @@ class Study:
             self._tell(trial, params, "invalid", reason=str(exc))
             self.log(f"{name}: skipped, invalid: {exc}")
             return
-        same = next((t for t in self.study.trials if t.number != trial.number and t.params == params
-                     and t.state.name in ("COMPLETE", "PRUNED") and t.user_attrs.get("status") != "duplicate"), None)
+        same = next(
+            (
+                t
+                for t in self.study.trials
+                if t.number != trial.number
+                and t.params == params
+                and t.state.name in ("COMPLETE", "PRUNED")
+                and t.user_attrs.get("status") != "duplicate"
+            ),
+            None,
+        )
         if same is not None:
             self._repeat(trial, same)
             self.log(f"{name}: not run, the same settings as trial {same.number}; {label}", transient=True)
             return
         budget = (self.reference or {}).get("budget_bytes")
-        why = predicted_over(params, self.history, self._limit(budget), int(self.base.batch.micro) if isinstance(self.base.batch.micro, int) else 1)
+        why = predicted_over(
+            params,
+            self.history,
+            self._limit(budget),
+            int(self.base.batch.micro) if isinstance(self.base.batch.micro, int) else 1,
+        )
         if why:
             self._tell(trial, params, "predicted over budget", reason=why, budget=budget)
             self.log(f"{name}: not run, predicted over the memory budget ({why}); {label}")
             return
         self.log(f"{name} ({index}/{self.options.trials}): {label}", transient=True)
-        outcome = self.runner.measure(name, changes, report=lambda k, value: self._report(trial, k, value),
-                                      over_budget=self._over)
+        outcome = self.runner.measure(
+            name, changes, report=lambda k, value: self._report(trial, k, value), over_budget=self._over
+        )
         reason = self._pruned_why if outcome.status == "pruned" else outcome.reason
-        self._tell(trial, params, outcome.status, result=outcome.result, reason=reason, peak=outcome.peak_bytes,
-                   budget=outcome.budget_bytes, windows=outcome.windows)
+        self._tell(
+            trial,
+            params,
+            outcome.status,
+            result=outcome.result,
+            reason=reason,
+            peak=outcome.peak_bytes,
+            budget=outcome.budget_bytes,
+            windows=outcome.windows,
+        )
         self.log(self.describe_trial(self.study.trials[trial.number]))
         if outcome.result.get("fatal"):  # the loss is not a scalar, the loader is empty: no proposal can run
-            raise StudyStopped(f"{name} ({'the baseline' if trial.user_attrs.get('baseline') else label}) failed for a "
-                               f"reason no setting tune searches changes: {reason}; fix the workload, then run the same "
-                               "command again")
+            raise StudyStopped(
+                f"{name} ({'the baseline' if trial.user_attrs.get('baseline') else label}) failed for a "
+                f"reason no setting tune searches changes: {reason}; fix the workload, then run the same "
+                "command again"
+            )
 
     def _repeat(self, trial: Any, same: Any) -> None:
         """A proposal identical to an earlier trial: its outcome again, not run and not counted."""
@@ -300,12 +397,18 @@ class Study:
         trial.report(value, k)
         if not self.options.prune:
             return False
-        best = max((t.value for t in self.study.trials if t.state.name == "COMPLETE" and t.value), default=0.0)
+        best = max(
+            (t.value for t in self.study.trials if t.state.name == "COMPLETE" and t.value), default=0.0
+        )
         if best and value < SLOW_FRACTION * best:
-            self._pruned_why = f"window {k}: {value:,.0f}/s, under {SLOW_FRACTION:.0%} of the best trial's {best:,.0f}/s"
+            self._pruned_why = (
+                f"window {k}: {value:,.0f}/s, under {SLOW_FRACTION:.0%} of the best trial's {best:,.0f}/s"
+            )
             return True
         if trial.should_prune():
-            self._pruned_why = f"window {k}: {value:,.0f}/s, in the slowest quarter of earlier trials at this window"
+            self._pruned_why = (
+                f"window {k}: {value:,.0f}/s, in the slowest quarter of earlier trials at this window"
+            )
             return True
         return False
 
@@ -323,7 +426,9 @@ class Study:
         the base computes in fp32 and it completed, else one run of its own (fp32, the base
         settings at the largest micro-batch the finder found to fit: the same samples, so the same math), run
         whatever its memory, once."""
-        if self.reference is not None and (self.reference.get("parity_loss") is not None or self.reference.get("tried")):
+        if self.reference is not None and (
+            self.reference.get("parity_loss") is not None or self.reference.get("tried")
+        ):
             return
         if self.base_precision == "fp32" and not after_baseline:
             return  # the baseline trial, when it completes, is the reference
@@ -333,14 +438,22 @@ class Study:
             fits = [m for m in micro.choices if self.fits_micro is None or m <= self.fits_micro]
             params[MICRO] = max(fits) if fits else min(micro.choices)
         self.log("reference: the base settings in fp32, for loss parity", transient=True)
-        out = self.runner.measure("reference-fp32", to_changes(params, self.global_batch), lambda k, v: False,
-                                  lambda peak, budget: False)
+        out = self.runner.measure(
+            "reference-fp32",
+            to_changes(params, self.global_batch),
+            lambda k, v: False,
+            lambda peak, budget: False,
+        )
         if out.status != "ok":
             self.log(f"reference run {out.status} ({out.reason}): loss parity is not checked")
-        self._set_reference({**(out.result if out.status == "ok" else {"budget_bytes": out.budget_bytes}), "tried": True})
+        self._set_reference(
+            {**(out.result if out.status == "ok" else {"budget_bytes": out.budget_bytes}), "tried": True}
+        )
 
     def _set_reference(self, result: dict[str, Any]) -> None:
-        self.reference = {k: result.get(k) for k in ("parity_loss", "budget_bytes", "throughput", "math_precision", "tried")}
+        self.reference = {
+            k: result.get(k) for k in ("parity_loss", "budget_bytes", "throughput", "math_precision", "tried")
+        }
         if not _finite(self.reference["parity_loss"]):  # a NaN reference would make every trial's parity NaN
             self.reference["parity_loss"] = None
         self.study.set_user_attr("reference", self.reference)
@@ -361,11 +474,16 @@ class Study:
                     trial.set_user_attr("status", "interrupted")
                     self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 raise
-            waiting = any(t.state.name == "WAITING" and t.user_attrs.get("baseline") for t in self.study.trials)
+            waiting = any(
+                t.state.name == "WAITING" and t.user_attrs.get("baseline") for t in self.study.trials
+            )
             if self.reference is None and not waiting:
-                self.ensure_reference(after_baseline=True)  # no baseline completed in fp32: a reference of its own
+                # no baseline completed in fp32: a reference of its own
+                self.ensure_reference(after_baseline=True)
         if proposals >= limit and self.counted() < self.options.trials:
-            self.log(f"stopped after {proposals} proposals: the sampler kept proposing settings that cannot run here")
+            self.log(
+                f"stopped after {proposals} proposals: the sampler kept proposing settings that cannot run here"
+            )
 
     # ------------------------------------------------------------------ results
 
@@ -375,7 +493,9 @@ class Study:
         for t in self.study.trials:
             if t.state.name == "WAITING":
                 continue
-            out.append({"number": t.number, "state": t.state.name.lower(), "params": dict(t.params), **t.user_attrs})
+            out.append(
+                {"number": t.number, "state": t.state.name.lower(), "params": dict(t.params), **t.user_attrs}
+            )
         return out
 
     def confirm(self, best: dict[str, Any], repeats: int) -> dict[str, Any]:
@@ -384,25 +504,39 @@ class Study:
         machine hits both alike), and compare medians: a trial can win on a quiet minute alone."""
         base_row = self.baseline_row()
         if base_row is None:
-            return {"repeats": 0, "confirmed": None, "note": "no baseline trial was feasible: nothing to compare with"}
+            return {
+                "repeats": 0,
+                "confirmed": None,
+                "note": "no baseline trial was feasible: nothing to compare with",
+            }
         baseline = base_row["params"]
         runs: dict[str, list[float]] = {"baseline": [], "best": []}
         for r in range(repeats):
-            for label in (("baseline", "best") if r % 2 == 0 else ("best", "baseline")):
+            for label in ("baseline", "best") if r % 2 == 0 else ("best", "baseline"):
                 params = baseline if label == "baseline" else best["params"]
                 self.log(f"confirming: {label} ({r + 1}/{repeats})", transient=True)
-                out = self.runner.measure(f"confirm-{label}-{r + 1}", to_changes(params, self.global_batch),
-                                          lambda k, v: False, lambda peak, budget: False)
+                out = self.runner.measure(
+                    f"confirm-{label}-{r + 1}",
+                    to_changes(params, self.global_batch),
+                    lambda k, v: False,
+                    lambda peak, budget: False,
+                )
                 if out.status == "ok":
                     runs[label].append(float(out.result["throughput"]))
-        result: dict[str, Any] = {"repeats": repeats, "throughputs": runs, "min_speedup": RECOMMEND_MIN_SPEEDUP}
+        result: dict[str, Any] = {
+            "repeats": repeats,
+            "throughputs": runs,
+            "min_speedup": RECOMMEND_MIN_SPEEDUP,
+        }
         if runs["baseline"] and runs["best"]:
             result["speedup"] = statistics.median(runs["best"]) / statistics.median(runs["baseline"])
             result["confirmed"] = result["speedup"] >= RECOMMEND_MIN_SPEEDUP
         else:
             result["confirmed"] = False
-        self.log(f"confirmation: {result.get('speedup', float('nan')):.2f}x the baseline over {repeats} interleaved "
-                 f"run(s) each: {'confirmed' if result['confirmed'] else 'not confirmed (within noise)'}")
+        self.log(
+            f"confirmation: {result.get('speedup', float('nan')):.2f}x the baseline over {repeats} interleaved "
+            f"run(s) each: {'confirmed' if result['confirmed'] else 'not confirmed (within noise)'}"
+        )
         return result
 
     def baseline_row(self) -> dict[str, Any] | None:
@@ -413,7 +547,11 @@ class Study:
 
     def best(self) -> dict[str, Any] | None:
         """The fastest feasible trial (constraints all <= 0), or None."""
-        good = [r for r in self.rows() if r.get("feasible") and r.get("throughput") and r.get("status") != "duplicate"]
+        good = [
+            r
+            for r in self.rows()
+            if r.get("feasible") and r.get("throughput") and r.get("status") != "duplicate"
+        ]
         return max(good, key=lambda r: r["throughput"]) if good else None
 
 
@@ -429,4 +567,3 @@ def best_config(target: Target, params: dict[str, Any], global_batch: int) -> Ru
 def fixed_keys(target: Target) -> set[str]:
     """``section.key`` settings the user fixed on the command line (not searched)."""
     return set(flat(merge(target.overrides)))
-

@@ -21,17 +21,18 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ...base.atomic import atomic_write
 from ...base.config import audience
 from ...base.errors import TurbotrainError
 from ...base.failure import no_setting_fixes, one_line
-from ..measure import Target, build, measure_memory, release, run
+from ...core.oom import is_oom
 from ...tools.memory import usable_memory_bytes
 from ...tools.memory.stats import storage_bytes
-from ...core.oom import is_oom
+from ..measure import Target, build, measure_memory, release, run
 
 
 class Progress:
@@ -60,9 +61,14 @@ def measure_trial(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
             peak = measure_memory(built)
             progress.emit("memory", peak_bytes=peak, budget_bytes=budget)
         figures = run(
-            built, spec["warmup"], spec["steps"], window=spec["window"],
+            built,
+            spec["warmup"],
+            spec["steps"],
+            window=spec["window"],
             on_window=lambda k, value: progress.emit("window", k=k, throughput=value),
-            on_warm=(lambda at: progress.emit("memory", peak_bytes=at.get("peak_bytes"), budget_bytes=budget)) if cuda else None,
+            on_warm=(lambda at: progress.emit("memory", peak_bytes=at.get("peak_bytes"), budget_bytes=budget))
+            if cuda
+            else None,
         )
         figures["budget_bytes"] = budget
         if peak is not None:
@@ -96,11 +102,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = 0
     start = time.perf_counter()
     try:
-        with audience("cli"):  # the reasons are printed by `turbotrain tune`: settings read as flags, not dicts
+        # the reasons are printed by `turbotrain tune`: settings read as flags, not dicts
+        with audience("cli"):
             result.update(find_trial(spec) if spec["mode"] == "find" else measure_trial(spec, progress))
     except Exception as exc:
         if is_oom(exc):
-            result.update(status="oom", reason=str(exc).splitlines()[0][:300] if str(exc) else "out of memory")
+            result.update(
+                status="oom", reason=str(exc).splitlines()[0][:300] if str(exc) else "out of memory"
+            )
         elif isinstance(exc, TurbotrainError):
             result.update(status="invalid", reason=str(exc)[:500])
         else:

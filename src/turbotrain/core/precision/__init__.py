@@ -24,7 +24,21 @@ from .core import (
 from .fp8 import FP8
 
 __all__ = [
-    "PRECISIONS", "BF16Mixed", "BF16True", "DeviceCaps", "FP16Mixed", "FP8", "HostNonFiniteGuard", "MixedPrecision",
-    "NonFiniteGuard", "Precision", "apply_backend_switches", "build_guard", "build_precision", "fallback_mode",
-    "precision_class", "register_precision", "resolve_precision",
+    "PRECISIONS",
+    "BF16Mixed",
+    "BF16True",
+    "DeviceCaps",
+    "FP16Mixed",
+    "FP8",
+    "HostNonFiniteGuard",
+    "MixedPrecision",
+    "NonFiniteGuard",
+    "Precision",
+    "apply_backend_switches",
+    "build_guard",
+    "build_precision",
+    "fallback_mode",
+    "precision_class",
+    "register_precision",
+    "resolve_precision",
 ]

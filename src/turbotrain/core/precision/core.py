@@ -30,6 +30,7 @@ from ...parts.hardware import register_peak
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class DeviceCaps:
     """What the device can do, read once (mockable in tests)."""
@@ -39,18 +40,18 @@ class DeviceCaps:
     bf16: bool = False  # native bf16 support
 
     @classmethod
-    def of(cls, device: torch.device) -> "DeviceCaps":
+    def of(cls, device: torch.device) -> DeviceCaps:
         if device.type == "cuda":
             cap = torch.cuda.get_device_capability(device)
             return cls("cuda", cap, bool(torch.cuda.is_bf16_supported()) and cap >= (8, 0))
         return cls(device.type, None, False)
 
 
-PRECISIONS: dict[str, type["Precision"]] = {}
+PRECISIONS: dict[str, type[Precision]] = {}
 """Every precision by name, in the order the classes were defined (``precision.mode``'s valid values)."""
 
 
-def register_precision(cls: type["Precision"]) -> type["Precision"]:
+def register_precision(cls: type[Precision]) -> type[Precision]:
     """Make ``cls`` selectable by its ``name``: config validation, ``--help-config``, fallbacks and
     MFU (``cls.peak``) read it from here. Subclassing :class:`Precision` with a ``name`` calls this."""
     if not cls.name or cls.name == AUTO:
@@ -61,7 +62,7 @@ def register_precision(cls: type["Precision"]) -> type["Precision"]:
     return cls
 
 
-def precision_class(mode: str) -> type["Precision"]:
+def precision_class(mode: str) -> type[Precision]:
     try:
         return PRECISIONS[mode]
     except KeyError:
@@ -98,9 +99,14 @@ class Precision:
 
     name: ClassVar[str] = "fp32"
     fallback: ClassVar[str | None] = None  # the next safer precision after non-finite steps (None: stop)
-    peak: ClassVar[str] = "fp32"  # the datasheet peak MFU is measured against: bf16, fp16, fp8, tf32 or fp32 (hardware.py)
-    param_dtype: torch.dtype = torch.float32  # asked of the strategy: parameters (and optimizer state) in this dtype
-    compute_dtype: torch.dtype | None = None  # what matmuls run in, when it is not the parameters' dtype (FSDP2's param_dtype)
+    peak: ClassVar[str] = (
+        "fp32"  # the datasheet peak MFU is measured against: bf16, fp16, fp8, tf32 or fp32 (hardware.py)
+    )
+    # asked of the strategy: parameters (and optimizer state) in this dtype
+    param_dtype: torch.dtype = torch.float32
+    compute_dtype: torch.dtype | None = (
+        None  # what matmuls run in, when it is not the parameters' dtype (FSDP2's param_dtype)
+    )
     reduce_dtype: torch.dtype = torch.float32  # gradient reductions across ranks
     scaler: torch.amp.GradScaler | None = None
 
@@ -119,7 +125,7 @@ class Precision:
         return self.peak
 
     @classmethod
-    def from_settings(cls, device: torch.device, settings: PrecisionConfig) -> "Precision":
+    def from_settings(cls, device: torch.device, settings: PrecisionConfig) -> Precision:
         """The precision for ``device`` from the ``[precision]`` config section (its own fields, if any)."""
         return cls(device)
 
@@ -174,8 +180,12 @@ class Precision:
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Bring gradients back to their true magnitude before clipping."""
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, finite: torch.Tensor | bool,
-                       grad_scale: torch.Tensor | None = None) -> None:
+    def optimizer_step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        finite: torch.Tensor | bool,
+        grad_scale: torch.Tensor | None = None,
+    ) -> None:
         """Step unless ``finite`` (a host bool, or a 0-d bool tensor on the device) is False.
 
         Optimizers that accept an on-device ``found_inf`` (fused AdamW/Adam/SGD) skip inside the
@@ -230,7 +240,9 @@ register_precision(Precision)
 def bf16_slow_on(caps: DeviceCaps) -> str:
     """Why bf16 compute is slow on ``caps``: on a CPU (one without bf16 units ran bf16 autocast 14x
     slower than fp32), "" elsewhere."""
-    return "on CPU: without bf16 units this is often many times slower than fp32" if caps.type == "cpu" else ""
+    return (
+        "on CPU: without bf16 units this is often many times slower than fp32" if caps.type == "cpu" else ""
+    )
 
 
 def _warn_bf16_on_cpu(mode: str, caps: DeviceCaps) -> None:
@@ -301,7 +313,8 @@ class FP16Mixed(MixedPrecision):
 
     def place(self, device: torch.device) -> None:
         super().place(device)
-        if self.scaler._device != device.type:  # built without a device: a CPU GradScaler would assert on CUDA scales
+        # built without a device: a CPU GradScaler would assert on CUDA scales
+        if self.scaler._device != device.type:
             self.scaler = torch.amp.GradScaler(device.type)
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
@@ -310,8 +323,12 @@ class FP16Mixed(MixedPrecision):
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         self.scaler.unscale_(optimizer)
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, finite: torch.Tensor | bool,
-                       grad_scale: torch.Tensor | None = None) -> None:
+    def optimizer_step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        finite: torch.Tensor | bool,
+        grad_scale: torch.Tensor | None = None,
+    ) -> None:
         # The engine folds no clipping here (GradScaler owns the optimizer's grad_scale). GradScaler skips the step when it found inf/nan in the unscaled gradients; a non-finite
         # loss always yields non-finite gradients, so its skip covers the guard's. With an
         # optimizer that cannot take the flag on the device, GradScaler reads it on the host.
@@ -330,10 +347,13 @@ class FP16Mixed(MixedPrecision):
             self.scaler.load_state_dict(state["scaler"])
 
 
-_INPUT_CASTS: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # modules whose float inputs follow their weights
+# modules whose float inputs follow their weights
+_INPUT_CASTS: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
 
-def _cast_float_inputs(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+def _cast_float_inputs(
+    module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, Any]:
     """Forward pre-hook: floating-point inputs (anywhere in the arguments) to the dtype of the
     module's floating-point weights, read at each call so a fallback to fp32 turns it into a no-op.
     Integer inputs (token ids, labels) are left alone."""
@@ -373,8 +393,12 @@ class BF16True(Precision):
         return module
 
 
-def build_precision(mode: "str | Precision", device: torch.device, caps: DeviceCaps | None = None,
-                    settings: PrecisionConfig | None = None) -> Precision:
+def build_precision(
+    mode: str | Precision,
+    device: torch.device,
+    caps: DeviceCaps | None = None,
+    settings: PrecisionConfig | None = None,
+) -> Precision:
     """Config string (``auto`` resolved here, once) or a plugin object -> Precision for ``device``."""
     caps = caps or DeviceCaps.of(device)
     settings = settings or PrecisionConfig()
@@ -385,8 +409,14 @@ def build_precision(mode: "str | Precision", device: torch.device, caps: DeviceC
     return precision_class(resolve_precision(mode, caps, settings)).from_settings(device, settings)
 
 
-def apply_backend_switches(device: torch.device, *, tf32: bool, cudnn_benchmark: bool, flush_denormal: bool = True,
-                           deterministic: bool = False) -> dict[str, bool]:
+def apply_backend_switches(
+    device: torch.device,
+    *,
+    tf32: bool,
+    cudnn_benchmark: bool,
+    flush_denormal: bool = True,
+    deterministic: bool = False,
+) -> dict[str, bool]:
     """Process-wide switches, set once: TF32 matmuls/convolutions and cuDNN autotuning on CUDA;
     on CPU, denormal flushing (tiny early-training values otherwise take a slow microcode path:
     measured ~268 vs ~197 ms for the first gpt-tiny steps on the 2-core EPYC); with
@@ -403,10 +433,18 @@ def apply_backend_switches(device: torch.device, *, tf32: bool, cudnn_benchmark:
         torch.backends.cudnn.allow_tf32 = tf32
         torch.set_float32_matmul_precision("high" if tf32 else "highest")
         torch.backends.cudnn.benchmark = cudnn_benchmark
-    return {"tf32": tf32 and cuda, "cudnn_benchmark": cudnn_benchmark and cuda, "deterministic": deterministic}
+    return {
+        "tf32": tf32 and cuda,
+        "cudnn_benchmark": cudnn_benchmark and cuda,
+        "deterministic": deterministic,
+    }
 
 
-CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")  # the CUBLAS_WORKSPACE_CONFIG values that make cuBLAS deterministic (CUDA >= 10.2)
+# the CUBLAS_WORKSPACE_CONFIG values that make cuBLAS deterministic (CUDA >= 10.2)
+CUBLAS_DETERMINISTIC = (
+    ":4096:8",
+    ":16:8",
+)
 
 
 def apply_deterministic() -> None:
@@ -422,11 +460,20 @@ def apply_deterministic() -> None:
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     value = os.environ["CUBLAS_WORKSPACE_CONFIG"]
-    where = ("given in the environment" if given == value else "set before CUDA initialised" if early else
-             "set after CUDA initialised: it holds only if no cuBLAS call ran yet; export it before starting Python to be sure")
-    log.info("run.deterministic: torch.use_deterministic_algorithms(True), cuDNN deterministic, CUBLAS_WORKSPACE_CONFIG=%s (%s); "
-             "it costs speed: no cuDNN autotuning (precision.cudnn_benchmark is ignored), some kernels are slower, "
-             "and an op without a deterministic kernel raises an error naming it", value, where)
+    where = (
+        "given in the environment"
+        if given == value
+        else "set before CUDA initialised"
+        if early
+        else "set after CUDA initialised: it holds only if no cuBLAS call ran yet; export it before starting Python to be sure"
+    )
+    log.info(
+        "run.deterministic: torch.use_deterministic_algorithms(True), cuDNN deterministic, CUBLAS_WORKSPACE_CONFIG=%s (%s); "
+        "it costs speed: no cuDNN autotuning (precision.cudnn_benchmark is ignored), some kernels are slower, "
+        "and an op without a deterministic kernel raises an error naming it",
+        value,
+        where,
+    )
 
 
 class NonFiniteGuard:

@@ -32,7 +32,8 @@ import dataclasses
 import importlib.util
 import logging
 import warnings
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -80,8 +81,12 @@ def worth_converting(out_features: int, in_features: int, recipe: str, min_size:
 def output_layers(module: nn.Module) -> set[str]:
     """Names of the output layer(s): a linear named like one, or one whose weight an embedding shares (tied)."""
     embeddings = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
-    return {name for name, m in module.named_modules() if isinstance(m, nn.Linear)
-            and (name.rpartition(".")[2] in OUTPUT_NAMES or id(m.weight) in embeddings)}
+    return {
+        name
+        for name, m in module.named_modules()
+        if isinstance(m, nn.Linear)
+        and (name.rpartition(".")[2] in OUTPUT_NAMES or id(m.weight) in embeddings)
+    }
 
 
 class FP8(BF16Mixed):
@@ -91,25 +96,58 @@ class FP8(BF16Mixed):
     fallback = "bf16-mixed"
     peak = "fp8"
 
-    def __init__(self, device: torch.device | None = None, *, recipe: str = "tensorwise", emulate: bool = False,
-                 min_size: int = 0, lm_head: bool = False, skip: tuple[str, ...] = (), all_gather: bool = False) -> None:
+    def __init__(
+        self,
+        device: torch.device | None = None,
+        *,
+        recipe: str = "tensorwise",
+        emulate: bool = False,
+        min_size: int = 0,
+        lm_head: bool = False,
+        skip: tuple[str, ...] = (),
+        all_gather: bool = False,
+    ) -> None:
         super().__init__(device)
-        self.recipe, self.emulate, self.min_size, self.lm_head, self.skip = recipe, emulate, min_size, lm_head, skip
-        self.all_gather = all_gather  # asked for (precision.fp8_all_gather); it acts only on a model FSDP2 shards
+        self.recipe, self.emulate, self.min_size, self.lm_head, self.skip = (
+            recipe,
+            emulate,
+            min_size,
+            lm_head,
+            skip,
+        )
+        self.all_gather = (
+            all_gather  # asked for (precision.fp8_all_gather); it acts only on a model FSDP2 shards
+        )
         self.converted: list[str] = []  # names of the layers that run in float8
         self.kept: list[str] = []  # linear layers left in bf16, with the reason
         self.all_gathered: list[nn.Module] = []  # models whose float8 weights FSDP2 all-gathers in float8
-        self._hooks: list[Any] = []  # their state-dict hooks (plain weights in checkpoints, fresh scales on load), removed on revert
+        self._hooks: list[
+            Any
+        ] = []  # their state-dict hooks (plain weights in checkpoints, fresh scales on load), removed on revert
 
     def own_settings(self, settings: PrecisionConfig) -> PrecisionConfig:
-        return dataclasses.replace(settings, fp8_recipe=self.recipe, fp8_emulate=self.emulate, fp8_min_size=self.min_size,
-                                   fp8_lm_head=self.lm_head, fp8_skip=",".join(self.skip), fp8_all_gather=self.all_gather)
+        return dataclasses.replace(
+            settings,
+            fp8_recipe=self.recipe,
+            fp8_emulate=self.emulate,
+            fp8_min_size=self.min_size,
+            fp8_lm_head=self.lm_head,
+            fp8_skip=",".join(self.skip),
+            fp8_all_gather=self.all_gather,
+        )
 
     @classmethod
-    def from_settings(cls, device: torch.device, settings: PrecisionConfig) -> "FP8":
+    def from_settings(cls, device: torch.device, settings: PrecisionConfig) -> FP8:
         skip = tuple(p.strip() for p in settings.fp8_skip.split(",") if p.strip())
-        return cls(device, recipe=settings.fp8_recipe, emulate=settings.fp8_emulate, min_size=settings.fp8_min_size,
-                   lm_head=settings.fp8_lm_head, skip=skip, all_gather=settings.fp8_all_gather)
+        return cls(
+            device,
+            recipe=settings.fp8_recipe,
+            emulate=settings.fp8_emulate,
+            min_size=settings.fp8_min_size,
+            lm_head=settings.fp8_lm_head,
+            skip=skip,
+            all_gather=settings.fp8_all_gather,
+        )
 
     @classmethod
     def check(cls, caps: DeviceCaps, settings: PrecisionConfig) -> None:
@@ -120,21 +158,31 @@ class FP8(BF16Mixed):
             if caps.type != "cuda":
                 raise ConfigError(
                     f"precision.mode = 'fp8' needs a CUDA GPU with compute capability >= 8.9 (Ada, Hopper); on {caps.type} use "
-                    f"{setting('precision.mode', 'fp32')}, or add {setting('precision.fp8_emulate', True)} to test correctness (slower)")
+                    f"{setting('precision.mode', 'fp32')}, or add {setting('precision.fp8_emulate', True)} to test correctness (slower)"
+                )
             if caps.capability is None or caps.capability < MIN_CAPABILITY:
                 raise ConfigError(
                     f"precision.mode = 'fp8': this GPU (compute capability {caps.capability}) has no float8 tensor cores "
                     f"(>= 8.9 needed); use {setting('precision.mode', 'bf16-mixed')}, or add "
-                    f"{setting('precision.fp8_emulate', True)} to test correctness (slower)")
+                    f"{setting('precision.fp8_emulate', True)} to test correctness (slower)"
+                )
         if caps.type == "cuda" and not caps.bf16:
-            raise ConfigError(f"precision.mode = 'fp8' runs under bf16 autocast, which this GPU (compute capability "
-                              f"{caps.capability}) lacks; use {setting('precision.mode', 'fp16-mixed')}")
+            raise ConfigError(
+                f"precision.mode = 'fp8' runs under bf16 autocast, which this GPU (compute capability "
+                f"{caps.capability}) lacks; use {setting('precision.mode', 'fp16-mixed')}"
+            )
         if not torchao_available():
-            raise ConfigError("precision.mode = 'fp8' needs torchao, which is not installed: pip install 'turbotrain[fp8]' "
-                              f"(or use {setting('precision.mode', 'bf16-mixed')})")
+            raise ConfigError(
+                "precision.mode = 'fp8' needs torchao, which is not installed: pip install 'turbotrain[fp8]' "
+                f"(or use {setting('precision.mode', 'bf16-mixed')})"
+            )
         if settings.fp8_emulate:
-            warnings.warn("precision.fp8_emulate = true: float8 rounding emulated in higher-precision matmuls, for correctness "
-                          "tests only (slower than bf16, and no float8 speed-up to measure)", TurbotrainWarning, stacklevel=4)
+            warnings.warn(
+                "precision.fp8_emulate = true: float8 rounding emulated in higher-precision matmuls, for correctness "
+                "tests only (slower than bf16, and no float8 speed-up to measure)",
+                TurbotrainWarning,
+                stacklevel=4,
+            )
 
     # ------------------------------------------------------------------ the model transform
 
@@ -155,7 +203,9 @@ class FP8(BF16Mixed):
         """Every plain linear layer of ``module`` by name: '' when it would run in float8, else why
         not (the filter alone: no torchao needed, so ``doctor --model`` shows it anywhere)."""
         outputs = output_layers(module)
-        return {name: self.wants(m, name, outputs) for name, m in module.named_modules() if type(m) is nn.Linear}
+        return {
+            name: self.wants(m, name, outputs) for name, m in module.named_modules() if type(m) is nn.Linear
+        }
 
     def convert_module(self, module: nn.Module, *, sharded: bool = False) -> nn.Module:
         """Swap the linears the filter picks for ``Float8Linear``; with ``precision.fp8_all_gather``
@@ -163,13 +213,20 @@ class FP8(BF16Mixed):
         float8 = float8_module()
         all_gather = self.all_gather and sharded
         if self.all_gather and not sharded:
-            log.info("precision.fp8_all_gather: this model is not sharded by FSDP2, so there is no all-gather to run "
-                     "in float8; the weights stay plain (distributed.strategy = fsdp uses it)")
-        config = dataclasses.replace(float8.Float8LinearConfig.from_recipe_name(self.recipe), emulate=self.emulate,
-                                     enable_fsdp_float8_all_gather=all_gather)
+            log.info(
+                "precision.fp8_all_gather: this model is not sharded by FSDP2, so there is no all-gather to run "
+                "in float8; the weights stay plain (distributed.strategy = fsdp uses it)"
+            )
+        config = dataclasses.replace(
+            float8.Float8LinearConfig.from_recipe_name(self.recipe),
+            emulate=self.emulate,
+            enable_fsdp_float8_all_gather=all_gather,
+        )
         reasons = self.layer_plan(module)
         weights = {name: module.get_submodule(name).weight for name, why in reasons.items() if not why}
-        float8.convert_to_float8_training(module, config=config, module_filter_fn=lambda m, name: reasons.get(name) == "")
+        float8.convert_to_float8_training(
+            module, config=config, module_filter_fn=lambda m, name: reasons.get(name) == ""
+        )
         layers = {name: m for name, m in module.named_modules() if isinstance(m, float8.Float8Linear)}
         self.converted = list(layers)
         self.kept = [f"{name}: {why}" for name, why in reasons.items() if why]
@@ -179,12 +236,17 @@ class FP8(BF16Mixed):
             subclass = float8.WeightWithDynamicFloat8CastTensor
             for m in module.modules():
                 if any(isinstance(w, subclass) for w in m.parameters(recurse=False)):  # a tied embedding too
-                    self._hooks += [m.register_state_dict_post_hook(_plain_weights_in_state_dict),
-                                    m.register_load_state_dict_post_hook(_forget_precomputed_scales)]
+                    self._hooks += [
+                        m.register_state_dict_post_hook(_plain_weights_in_state_dict),
+                        m.register_load_state_dict_post_hook(_forget_precomputed_scales),
+                    ]
             self.all_gathered.append(module)
         if not self.converted:
-            log.warning("precision fp8: no linear layer passed the filter (%s), so this run is bf16-mixed in effect; %s",
-                        "; ".join(self.kept[:3]) or "the model has none", self.advice(reasons.values()))
+            log.warning(
+                "precision fp8: no linear layer passed the filter (%s), so this run is bf16-mixed in effect; %s",
+                "; ".join(self.kept[:3]) or "the model has none",
+                self.advice(reasons.values()),
+            )
         return module
 
     def advice(self, reasons: Iterable[str]) -> str:
@@ -200,8 +262,10 @@ class FP8(BF16Mixed):
             fixes.append(f"fewer precision.fp8_skip prefixes (now {','.join(self.skip)!r})")
         if fixes:
             return f"to convert some: {' or '.join(fixes)}"
-        return (f"no fp8 setting changes that (float8 needs linear layers whose dimensions divide by 16); "
-                f"use {setting('precision.mode', 'bf16-mixed')}")
+        return (
+            f"no fp8 setting changes that (float8 needs linear layers whose dimensions divide by 16); "
+            f"use {setting('precision.mode', 'bf16-mixed')}"
+        )
 
     def revert_module(self, module: nn.Module) -> nn.Module:
         """Float8 layers back to plain linears holding the same parameters (the optimizer's stay
@@ -221,8 +285,12 @@ class FP8(BF16Mixed):
             self._hooks = []
         return module
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, finite: torch.Tensor | bool,
-                       grad_scale: torch.Tensor | None = None) -> None:
+    def optimizer_step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        finite: torch.Tensor | bool,
+        grad_scale: torch.Tensor | None = None,
+    ) -> None:
         """The step, then (with the float8 all-gather) every float8 weight's scale for the next
         all-gathers in one all-reduce, instead of one small all-reduce per weight inside them. A
         skipped step leaves the weights, so the scales, as they were: no host sync is needed."""
@@ -237,11 +305,20 @@ class FP8(BF16Mixed):
 
     def summary(self) -> dict[str, Any]:
         how = f"{self.recipe} recipe{', emulated (correctness only)' if self.emulate else ''}"
-        gather = ("; FSDP2 all-gathers their weights in float8" if self.all_gathered else
-                  "; precision.fp8_all_gather asked for, but FSDP2 does not shard this model" if self.all_gather else "")
-        return {"fp8": f"{how}: {len(self.converted)} linear layers in float8, {len(self.kept)} kept in bf16{gather}",
-                "fp8_converted": self.converted, "fp8_kept_in_bf16": self.kept,
-                "fp8_all_gather": bool(self.all_gathered), "mfu_peak": f"{self.mfu_peak()} dense (datasheet)"}
+        gather = (
+            "; FSDP2 all-gathers their weights in float8"
+            if self.all_gathered
+            else "; precision.fp8_all_gather asked for, but FSDP2 does not shard this model"
+            if self.all_gather
+            else ""
+        )
+        return {
+            "fp8": f"{how}: {len(self.converted)} linear layers in float8, {len(self.kept)} kept in bf16{gather}",
+            "fp8_converted": self.converted,
+            "fp8_kept_in_bf16": self.kept,
+            "fp8_all_gather": bool(self.all_gathered),
+            "mfu_peak": f"{self.mfu_peak()} dense (datasheet)",
+        }
 
 
 def _keep_identity(layer: nn.Module, weight: nn.Parameter) -> None:
@@ -252,12 +329,15 @@ def _keep_identity(layer: nn.Module, weight: nn.Parameter) -> None:
     wrapped = layer.weight
     if wrapped is weight:
         return
-    wrapped._tensor = weight.detach()  # torchao wrapped the Parameter object itself, which is about to change class
+    # torchao wrapped the Parameter object itself, which is about to change class
+    wrapped._tensor = weight.detach()
     torch.utils.swap_tensors(weight, wrapped)
     layer.weight = weight
 
 
-def _plain_weights_in_state_dict(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+def _plain_weights_in_state_dict(
+    module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any
+) -> None:
     """State-dict hook of a module holding all-gather float8 weights: each as a plain float32
     tensor (a DTensor of plain shards under FSDP2) sharing the parameter's storage, so checkpoints
     (torch.save, or DCP, which loads in place on resume) hold what a bf16 run holds and load
@@ -272,8 +352,14 @@ def _plain_weights_in_state_dict(module: nn.Module, state_dict: dict[str, Any], 
             continue
         from torch.distributed.tensor import DTensor  # only sharded runs get here
 
-        state_dict[prefix + name] = DTensor.from_local(inner._tensor, value.device_mesh, value.placements,
-                                                       run_check=False, shape=value.shape, stride=value.stride())
+        state_dict[prefix + name] = DTensor.from_local(
+            inner._tensor,
+            value.device_mesh,
+            value.placements,
+            run_check=False,
+            shape=value.shape,
+            stride=value.stride(),
+        )
 
 
 def _forget_precomputed_scales(module: nn.Module, incompatible_keys: Any) -> None:
@@ -299,7 +385,11 @@ def _unwrap_all_gather_weights(module: nn.Module, subclass: type) -> None:
     for m in module.modules():
         state = getattr(m, "_get_fsdp_state", None)
         group = state()._fsdp_param_group if state is not None else None
-        wrapped = [f for f in group.fsdp_params if isinstance(f._sharded_local_tensor, subclass)] if group is not None else []
+        wrapped = (
+            [f for f in group.fsdp_params if isinstance(f._sharded_local_tensor, subclass)]
+            if group is not None
+            else []
+        )
         if not wrapped:
             continue
         m.reshard()  # every parameter sharded: the module holds the sharded parameters again

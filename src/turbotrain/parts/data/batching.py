@@ -33,8 +33,9 @@ rows keeps the work per step even: many short rows or a few long ones.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -96,12 +97,12 @@ def plan_epoch(inputs: np.ndarray, max_tokens: int, seq_len: int, seed: int, epo
     bucket = BUCKET_BATCHES * max(1, max_tokens // seq_len)
     batches: list[np.ndarray] = []
     for lo in range(0, len(order), bucket):
-        chunk = order[lo:lo + bucket]
+        chunk = order[lo : lo + bucket]
         chunk = chunk[np.argsort(-inputs[chunk], kind="stable")]  # longest first
         i = 0
         while i < len(chunk):
             rows = max(1, max_tokens // padded_length(int(inputs[chunk[i]]), seq_len))
-            batches.append(chunk[i:i + rows])
+            batches.append(chunk[i : i + rows])
             i += rows
     return [batches[i] for i in rng.permutation(len(batches))]
 
@@ -110,8 +111,16 @@ class TokenBudgetSampler(Sampler[list[int]]):
     """An endless stream of token-budget batches (lists of piece indices) from batch ``start``;
     with ``world`` ranks, rank ``r`` takes batches ``k * world + r`` of the one stream."""
 
-    def __init__(self, inputs: np.ndarray, max_tokens: int, seq_len: int, seed: int, start: int = 0,
-                 rank: int = 0, world: int = 1) -> None:
+    def __init__(
+        self,
+        inputs: np.ndarray,
+        max_tokens: int,
+        seq_len: int,
+        seed: int,
+        start: int = 0,
+        rank: int = 0,
+        world: int = 1,
+    ) -> None:
         if not len(inputs):
             raise TurbotrainError("the data holds no document of two tokens or more; nothing to train on")
         self.inputs, self.max_tokens, self.seq_len, self.seed = inputs, max_tokens, seq_len, seed
@@ -176,20 +185,33 @@ def _identity(batch: Any) -> Any:
     return batch  # __getitems__ already returns a padded batch
 
 
-def build_budget_loader(rows: PieceRows, max_tokens: int, seed: int, settings: LoaderSettings, start: int = 0,
-                        rank: int = 0, world: int = 1) -> DataLoader:
+def build_budget_loader(
+    rows: PieceRows,
+    max_tokens: int,
+    seed: int,
+    settings: LoaderSettings,
+    start: int = 0,
+    rank: int = 0,
+    world: int = 1,
+) -> DataLoader:
     """An endless DataLoader of token-budget (x, y) batches from batch ``start`` of the seeded stream."""
     sampler = TokenBudgetSampler(rows.pieces.inputs, max_tokens, rows.seq_len, seed, start, rank, world)
     workers = settings.num_workers
     return DataLoader(
-        rows, batch_sampler=sampler, collate_fn=_identity, num_workers=workers, pin_memory=settings.pin_memory,
-        persistent_workers=workers > 0, prefetch_factor=settings.prefetch_factor if workers > 0 else None,
+        rows,
+        batch_sampler=sampler,
+        collate_fn=_identity,
+        num_workers=workers,
+        pin_memory=settings.pin_memory,
+        persistent_workers=workers > 0,
+        prefetch_factor=settings.prefetch_factor if workers > 0 else None,
         generator=torch.Generator().manual_seed(seed),  # as build_loader: never from the global RNG
     )
 
 
-def fixed_budget_batches(rows: PieceRows, max_tokens: int, count: int, seed: int, rank: int = 0,
-                         world: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def fixed_budget_batches(
+    rows: PieceRows, max_tokens: int, count: int, seed: int, rank: int = 0, world: int = 1
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The same ``count`` token-budget batches every time (validation), read once on the host."""
     if not len(rows):
         return []
@@ -217,9 +239,17 @@ def resume_start(batches: int, step: int, saved_world: int, world: int, accumula
     if step and read == step * accumulation * world:
         return step * accumulation
     per_step = read // step if step and read % step == 0 else 0
-    old = f"{per_step} ({processes(saved_world)} x accumulation {per_step // saved_world})" if per_step else f"{read} in all"
-    keep = (f"--batch.accumulation={per_step // world}" if per_step and per_step % world == 0 else
-            f"{processes(saved_world)}" + (f" (torchrun --nproc-per-node {saved_world})" if saved_world > 1 else " (no torchrun)"))
+    old = (
+        f"{per_step} ({processes(saved_world)} x accumulation {per_step // saved_world})"
+        if per_step
+        else f"{read} in all"
+    )
+    keep = (
+        f"--batch.accumulation={per_step // world}"
+        if per_step and per_step % world == 0
+        else f"{processes(saved_world)}"
+        + (f" (torchrun --nproc-per-node {saved_world})" if saved_world > 1 else " (no torchrun)")
+    )
     raise TurbotrainError(
         f"data.batching = 'tokens' resumes exactly only with the same token-budget batches per optimizer step "
         f"(processes x accumulation): the checkpoint's run took {old} and this run takes {world * accumulation} "
@@ -242,8 +272,19 @@ class BudgetData:
     description: str
 
 
-def build_budget_data(path: str, source: TokenSource, seq_len: int, max_tokens: int, seed: int, settings: LoaderSettings,
-                      *, start: int = 0, eval_batches: int = 0, rank: int = 0, world: int = 1) -> BudgetData:
+def build_budget_data(
+    path: str,
+    source: TokenSource,
+    seq_len: int,
+    max_tokens: int,
+    seed: int,
+    settings: LoaderSettings,
+    *,
+    start: int = 0,
+    eval_batches: int = 0,
+    rank: int = 0,
+    world: int = 1,
+) -> BudgetData:
     """Documents of ``source`` (opened from ``data.path`` = ``path``) in token-budget batches of at
     most ``max_tokens``: the training loader from batch ``start``, ``eval_batches`` fixed
     validation batches (seed + 1), and a one-line description with the share of padding."""
@@ -252,7 +293,9 @@ def build_budget_data(path: str, source: TokenSource, seq_len: int, max_tokens: 
     loader = build_budget_loader(rows, max_tokens, seed, settings, start, rank, world)
     val = fixed_budget_batches(val_rows, max_tokens, eval_batches, seed + 1, rank, world)
     example = fixed_budget_batches(rows, max_tokens, 1, seed)[0]
-    description = (f"{len(train_docs):,} + {len(val_docs):,} documents in {len(rows):,} + {len(val_rows):,} rows of <= {seq_len} "
-                   f"tokens; batches of <= {max_tokens} tokens, {100 * padding_share(rows, max_tokens, seed):.1f}% padding")
+    description = (
+        f"{len(train_docs):,} + {len(val_docs):,} documents in {len(rows):,} + {len(val_rows):,} rows of <= {seq_len} "
+        f"tokens; batches of <= {max_tokens} tokens, {100 * padding_share(rows, max_tokens, seed):.1f}% padding"
+    )
     log.info("token batching: %s", description)
     return BudgetData(loader, val, example, description)

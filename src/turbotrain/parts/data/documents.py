@@ -73,14 +73,18 @@ def _from_sizes(split: TokenSplit, sizes: list[int]) -> Documents:
     return _clip(split, ends - lengths - gap, lengths)
 
 
-SCAN_CHUNK = 1 << 24  # tokens compared with the separator at a time (a bool each: 16 MB, not one per token of the file)
+# tokens compared with the separator at a time (a bool each: 16 MB, not one per token of the file)
+SCAN_CHUNK = 1 << 24
 
 
 def separator_ends(split: TokenSplit, sep: int, chunk: int = SCAN_CHUNK) -> np.ndarray:
     """Positions just after each ``sep`` token of ``split`` (int64, relative to it), scanning the
     memory map ``chunk`` tokens at a time so a large file never needs a mask of its own size."""
     tokens = split.array()
-    found = [np.flatnonzero(tokens[lo:lo + chunk] == sep).astype(np.int64) + (lo + 1) for lo in range(0, len(tokens), chunk)]
+    found = [
+        np.flatnonzero(tokens[lo : lo + chunk] == sep).astype(np.int64) + (lo + 1)
+        for lo in range(0, len(tokens), chunk)
+    ]
     return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
 
@@ -122,7 +126,9 @@ def open_documents(path: str, source: TokenSource) -> tuple[Documents, Documents
     if tok.name == "bytes" and not is_bin:
         train_files, val_files = _byte_files(path)
         if val_files is None:  # one token file, split by position
-            return _from_sizes(source.train, _sizes(train_files)), _from_sizes(source.val, _sizes(train_files))
+            return _from_sizes(source.train, _sizes(train_files)), _from_sizes(
+                source.val, _sizes(train_files)
+            )
         return _from_sizes(source.train, _sizes(train_files)), _from_sizes(source.val, _sizes(val_files))
     sep = tok.separator()
     if tok.name != "bytes" and len(sep) == 1 and not np.array_equal(sep, tok.encode([SEPARATOR])[0]):

@@ -21,7 +21,8 @@ augmentation draws from the global generators, which checkpoints save and restor
 from __future__ import annotations
 
 import random
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,17 +36,37 @@ class EpochSampler(Sampler[list[int]]):
     """An endless stream of this rank's micro-batches of dataset indices, from its batch ``start``
     (see the module docstring). ``steps_per_epoch`` optimizer steps make one epoch."""
 
-    def __init__(self, size: int, batch_size: int, seed: int, shuffle: bool, start: int = 0, rank: int = 0,
-                 world: int = 1, accumulation: int = 1) -> None:
-        self.size, self.batch_size, self.seed, self.shuffle, self.start = size, batch_size, seed, shuffle, start
+    def __init__(
+        self,
+        size: int,
+        batch_size: int,
+        seed: int,
+        shuffle: bool,
+        start: int = 0,
+        rank: int = 0,
+        world: int = 1,
+        accumulation: int = 1,
+    ) -> None:
+        self.size, self.batch_size, self.seed, self.shuffle, self.start = (
+            size,
+            batch_size,
+            seed,
+            shuffle,
+            start,
+        )
         self.rank, self.world, self.accumulation = rank, world, max(1, accumulation)
         self.global_batch = batch_size * self.accumulation * world
         if self.global_batch > size:
             raise TurbotrainError(
                 f"the global batch (batch.micro x accumulation x world = {batch_size} x {self.accumulation} x {world} = "
-                f"{self.global_batch}) is larger than the dataset's {size} samples; use a smaller --batch.micro")
+                f"{self.global_batch}) is larger than the dataset's {size} samples; use a smaller --batch.micro"
+            )
         self.steps_per_epoch = size // self.global_batch
-        self._order: tuple[int, torch.Tensor | None] = (-1, None)  # the last epoch's order: drawn once per epoch
+        # the last epoch's order: drawn once per epoch
+        self._order: tuple[int, torch.Tensor | None] = (
+            -1,
+            None,
+        )
 
     def order(self, epoch: int) -> torch.Tensor:
         """The dataset's indices in epoch ``epoch``'s order: a function of (seed, epoch) alone."""
@@ -62,7 +83,7 @@ class EpochSampler(Sampler[list[int]]):
         step, j = divmod(k, self.accumulation)
         epoch, i = divmod(step, self.steps_per_epoch)
         first = i * self.global_batch + (j * self.world + self.rank) * self.batch_size
-        return self.order(epoch)[first:first + self.batch_size].tolist()
+        return self.order(epoch)[first : first + self.batch_size].tolist()
 
     def __iter__(self) -> Iterator[list[int]]:
         k = self.start
@@ -120,8 +141,16 @@ def shuffles(loader: DataLoader) -> bool:
     return isinstance(loader.sampler, RandomSampler)
 
 
-def epoch_loader(loader: DataLoader, batch_size: int, seed: int, settings: LoaderSettings, start: int = 0,
-                 rank: int = 0, world: int = 1, accumulation: int = 1) -> DataLoader:
+def epoch_loader(
+    loader: DataLoader,
+    batch_size: int,
+    seed: int,
+    settings: LoaderSettings,
+    start: int = 0,
+    rank: int = 0,
+    world: int = 1,
+    accumulation: int = 1,
+) -> DataLoader:
     """``loader``'s dataset and collation, batched by :class:`EpochSampler` from this rank's batch
     ``start``, with the run's worker and pinning settings."""
     dataset = map_style(loader)
@@ -129,8 +158,14 @@ def epoch_loader(loader: DataLoader, batch_size: int, seed: int, settings: Loade
     workers = settings.num_workers
     sampler = EpochSampler(len(dataset), batch_size, seed, shuffles(loader), start, rank, world, accumulation)  # type: ignore[arg-type]
     return DataLoader(
-        SeededReads(dataset), batch_sampler=sampler, collate_fn=loader.collate_fn, worker_init_fn=loader.worker_init_fn,
-        num_workers=workers, pin_memory=settings.pin_memory, persistent_workers=workers > 0,
+        SeededReads(dataset),
+        batch_sampler=sampler,
+        collate_fn=loader.collate_fn,
+        worker_init_fn=loader.worker_init_fn,
+        num_workers=workers,
+        pin_memory=settings.pin_memory,
+        persistent_workers=workers > 0,
         prefetch_factor=settings.prefetch_factor if workers > 0 else None,
-        generator=torch.Generator().manual_seed(seed),  # the workers' base seed, not the global RNG (exact resume)
+        # the workers' base seed, not the global RNG (exact resume)
+        generator=torch.Generator().manual_seed(seed),
     )

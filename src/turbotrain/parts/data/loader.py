@@ -15,8 +15,8 @@ split of the same global batch. With accumulation 1 this is the order of earlier
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -63,23 +63,40 @@ class RandomWindowSampler(Sampler[list[int]]):
     batch ``k`` is chunk ``(k % accumulation) x world + rank`` (of ``batch_size`` rows) of the
     ``batch_size x accumulation x world`` offsets of optimizer step ``k // accumulation``."""
 
-    def __init__(self, positions: int, batch_size: int, seed: int, start: int = 0, rank: int = 0, world: int = 1,
-                 accumulation: int = 1) -> None:
+    def __init__(
+        self,
+        positions: int,
+        batch_size: int,
+        seed: int,
+        start: int = 0,
+        rank: int = 0,
+        world: int = 1,
+        accumulation: int = 1,
+    ) -> None:
         self.positions, self.batch_size, self.seed, self.start = positions, batch_size, seed, start
         self.rank, self.world, self.accumulation = rank, world, max(1, accumulation)
-        self._drawn: tuple[int, torch.Tensor | None] = (-1, None)  # the last step's offsets: drawn once per step
+        # the last step's offsets: drawn once per step
+        self._drawn: tuple[int, torch.Tensor | None] = (
+            -1,
+            None,
+        )
 
     def step_offsets(self, step: int) -> torch.Tensor:
         """Every window offset of optimizer step ``step`` (the global batch): a function of (seed, step)."""
         if self._drawn[0] != step or self._drawn[1] is None:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-            self._drawn = (step, torch.randint(self.positions, (self.batch_size * self.accumulation * self.world,), generator=g))
+            self._drawn = (
+                step,
+                torch.randint(
+                    self.positions, (self.batch_size * self.accumulation * self.world,), generator=g
+                ),
+            )
         return self._drawn[1]
 
     def batch(self, k: int) -> list[int]:
         step, j = divmod(k, self.accumulation)
         chunk = j * self.world + self.rank
-        return self.step_offsets(step)[chunk * self.batch_size:(chunk + 1) * self.batch_size].tolist()
+        return self.step_offsets(step)[chunk * self.batch_size : (chunk + 1) * self.batch_size].tolist()
 
     def __iter__(self) -> Iterator[list[int]]:
         k = self.start
@@ -110,7 +127,9 @@ class LoaderSettings:
     prefetch_factor: int
 
 
-def resolve_loader_settings(device: torch.device, num_workers: int, pin_memory: bool, prefetch_factor: int) -> LoaderSettings:
+def resolve_loader_settings(
+    device: torch.device, num_workers: int, pin_memory: bool, prefetch_factor: int
+) -> LoaderSettings:
     workers = default_num_workers(device) if num_workers < 0 else num_workers
     return LoaderSettings(workers, pin_memory and device.type == "cuda", prefetch_factor)
 
@@ -129,8 +148,16 @@ def tune_loader(loader: DataLoader, settings: LoaderSettings) -> DataLoader:
     return tuned
 
 
-def build_loader(dataset: TokenWindows, batch_size: int, seed: int, settings: LoaderSettings, start: int = 0,
-                 rank: int = 0, world: int = 1, accumulation: int = 1) -> DataLoader:
+def build_loader(
+    dataset: TokenWindows,
+    batch_size: int,
+    seed: int,
+    settings: LoaderSettings,
+    start: int = 0,
+    rank: int = 0,
+    world: int = 1,
+    accumulation: int = 1,
+) -> DataLoader:
     """An endless DataLoader of (x, y) batches of ``batch_size`` rows, from this ``rank``'s batch
     ``start`` of the seeded stream: ``accumulation`` batches per optimizer step, the ranks' together
     that step's global batch (:class:`RandomWindowSampler`)."""
@@ -142,7 +169,9 @@ def build_loader(dataset: TokenWindows, batch_size: int, seed: int, settings: Lo
     workers = settings.num_workers
     return DataLoader(
         dataset,
-        batch_sampler=RandomWindowSampler(dataset.positions, batch_size, seed, start, rank, world, accumulation),
+        batch_sampler=RandomWindowSampler(
+            dataset.positions, batch_size, seed, start, rank, world, accumulation
+        ),
         collate_fn=_identity,
         num_workers=workers,
         pin_memory=settings.pin_memory,
@@ -154,14 +183,27 @@ def build_loader(dataset: TokenWindows, batch_size: int, seed: int, settings: Lo
     )
 
 
-def fixed_batches(dataset: TokenWindows, batch_size: int, count: int, seed: int, rank: int = 0,
-                  world: int = 1, accumulation: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def fixed_batches(
+    dataset: TokenWindows,
+    batch_size: int,
+    count: int,
+    seed: int,
+    rank: int = 0,
+    world: int = 1,
+    accumulation: int = 1,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The same batches every time (validation), drawn once on the host: ``count`` global batches
     of ``batch_size x accumulation x world`` windows, split as the training batches are, this
     ``rank``'s ``accumulation`` chunks of each. Equal-sized chunks: the mean over the ranks of each
     rank's mean is the mean over every row, the same for any split of the same global batch."""
     if dataset.positions < 1:
         return []
-    sampler = RandomWindowSampler(dataset.positions, min(batch_size, dataset.positions), seed, rank=rank, world=world,
-                                  accumulation=accumulation)
+    sampler = RandomWindowSampler(
+        dataset.positions,
+        min(batch_size, dataset.positions),
+        seed,
+        rank=rank,
+        world=world,
+        accumulation=accumulation,
+    )
     return [dataset.__getitems__(sampler.batch(k)) for k in range(count * sampler.accumulation)]

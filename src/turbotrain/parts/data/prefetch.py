@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 
@@ -19,8 +20,13 @@ class DevicePrefetcher:
     iteration it behaves like the wrapped loader (``len``, ``dataset``, ``sampler``, ...).
     """
 
-    def __init__(self, loader: Iterable[Any], device: torch.device, side_stream: bool = True,
-                 on_batch: Callable[[Any], None] | None = None) -> None:
+    def __init__(
+        self,
+        loader: Iterable[Any],
+        device: torch.device,
+        side_stream: bool = True,
+        on_batch: Callable[[Any], None] | None = None,
+    ) -> None:
         self.loader, self.device = loader, device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" and side_stream else None
         self.on_batch = on_batch or (lambda batch: None)  # told of each batch as it is handed out

@@ -21,16 +21,27 @@ import os
 import sys
 import sysconfig
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Sequence
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
 from ...base.atomic import atomic_write, clean_stale_temps, make_dirs
 from ...base.errors import TurbotrainError
-from .tokenizer import (BYTE_VOCAB, CACHE_HINT, GPT2_VOCAB, MAX_VOCAB, SEPARATOR, ByteTokenizer, JsonTokenizer, Tokenizer,
-                        build_tokenizer, padded_vocab)
+from .tokenizer import (
+    BYTE_VOCAB,
+    CACHE_HINT,
+    GPT2_VOCAB,
+    MAX_VOCAB,
+    SEPARATOR,
+    ByteTokenizer,
+    JsonTokenizer,
+    Tokenizer,
+    build_tokenizer,
+    padded_vocab,
+)
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -39,8 +50,25 @@ log = logging.getLogger(__name__)
 
 LLMC_MAGIC = 20240520  # llm.c token files start with a 256 x int32 header
 CACHE_VERSION = 2  # part of every cache key: bump it when what a cache entry holds changes
-ENCODE_CHUNK_BYTES = 8 << 20  # text handed to a subword tokenizer per call (~1 s; Ctrl-C is seen between calls)
-TEXT_SUFFIXES = {".txt", ".py", ".md", ".rst", ".c", ".h", ".js", ".ts", ".java", ".go", ".rs", ".json", ".toml", ".html", ".css"}
+# text handed to a subword tokenizer per call (~1 s; Ctrl-C is seen between calls)
+ENCODE_CHUNK_BYTES = 8 << 20
+TEXT_SUFFIXES = {
+    ".txt",
+    ".py",
+    ".md",
+    ".rst",
+    ".c",
+    ".h",
+    ".js",
+    ".ts",
+    ".java",
+    ".go",
+    ".rs",
+    ".json",
+    ".toml",
+    ".html",
+    ".css",
+}
 
 
 class DataReadError(TurbotrainError):
@@ -68,7 +96,9 @@ class PreadFile:
             try:
                 self._file = open(self.path, "rb", buffering=0)
             except OSError as exc:
-                raise DataReadError(f"cannot read {self.path} ({exc.strerror}); put it back, then continue with --resume") from None
+                raise DataReadError(
+                    f"cannot read {self.path} ({exc.strerror}); put it back, then continue with --resume"
+                ) from None
         return self._file.fileno()
 
     def __getstate__(self) -> dict:
@@ -189,7 +219,9 @@ def _open_cache(cache_dir: Path) -> None:
 
 
 def _unreadable(path: Path | str, exc: OSError) -> DataReadError:
-    return DataReadError(f"cannot read {path} ({exc.strerror}); fix its permissions or move it out of the data folder")
+    return DataReadError(
+        f"cannot read {path} ({exc.strerror}); fix its permissions or move it out of the data folder"
+    )
 
 
 def _raise_unreadable(exc: OSError) -> None:
@@ -210,7 +242,8 @@ def text_files(path: Path) -> list[Path]:
         return [path]
     files = [
         Path(folder) / name
-        for folder, _, names in os.walk(path, onerror=_raise_unreadable)  # an unreadable subfolder is named too
+        # an unreadable subfolder is named too
+        for folder, _, names in os.walk(path, onerror=_raise_unreadable)
         for name in names
         if Path(name).suffix.lower() in TEXT_SUFFIXES and (Path(folder) / name).is_file()
     ]
@@ -298,8 +331,14 @@ def _encode_progress(total: int, label: str, show: bool) -> Progress:
     # rich.progress costs ~0.1 s to import: only a run that tokenizes files pays it
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
-    return Progress(TextColumn(label), BarColumn(), DownloadColumn(), TimeElapsedColumn(), transient=True,
-                    disable=not (show and sys.stderr.isatty()))
+    return Progress(
+        TextColumn(label),
+        BarColumn(),
+        DownloadColumn(),
+        TimeElapsedColumn(),
+        transient=True,
+        disable=not (show and sys.stderr.isatty()),
+    )
 
 
 def tokenize_files(files: list[Path], cache_dir: Path, tokenizer: Tokenizer, progress: bool = False) -> Path:
@@ -318,7 +357,12 @@ def tokenize_files(files: list[Path], cache_dir: Path, tokenizer: Tokenizer, pro
     if _complete(out):
         return out
     total = sum(size for _, size, _ in listed)
-    log.info("tokenizing %d files (%.1f MB) with %s; cached for later runs", len(files), total / 1e6, tokenizer.name)
+    log.info(
+        "tokenizing %d files (%.1f MB) with %s; cached for later runs",
+        len(files),
+        total / 1e6,
+        tokenizer.name,
+    )
     start = time.perf_counter()
     sep = tokenizer.separator()
     parts: list[np.ndarray] = []
@@ -334,17 +378,37 @@ def tokenize_files(files: list[Path], cache_dir: Path, tokenizer: Tokenizer, pro
             for ids in tokenizer.encode(texts):
                 parts += [ids, sep]
             bar.advance(task, sum(len(t) for t in texts))
-            if bar.disable:  # no bar (not a terminal): a line per chunk of ~8 MB, so a long encode is never silent
+            # no bar (not a terminal): a line per chunk of ~8 MB, so a long encode is never silent
+            if bar.disable:
                 done = sum(k[1] for k in read)
-                log.info("tokenizing: %.1f of %.1f MB (%.0f%%), %.0f s", done / 1e6, total / 1e6,
-                         100 * done / max(1, total), time.perf_counter() - start)
+                log.info(
+                    "tokenizing: %.1f of %.1f MB (%.0f%%), %.0f s",
+                    done / 1e6,
+                    total / 1e6,
+                    100 * done / max(1, total),
+                    time.perf_counter() - start,
+                )
     tokens = np.concatenate(parts) if parts else np.zeros(0, np.uint16)
-    out = _cache_path(cache_dir, read, tokenizer.name)  # a file changed between listing and reading: key what was read
+    # a file changed between listing and reading: key what was read
+    out = _cache_path(cache_dir, read, tokenizer.name)
     _cache_write(out, tokens)
-    _cache_write(out.with_suffix(".json"), json.dumps({"vocab_size": padded_vocab(tokenizer.vocab_size),
-                                                       "tokens": int(tokens.size), "tokenizer": tokenizer.name}))
-    log.info("%d files -> %s tokens (%.2f bytes/token) in %.1f s", len(files), f"{tokens.size:,}",
-             sum(k[1] for k in read) / max(1, tokens.size), time.perf_counter() - start)
+    _cache_write(
+        out.with_suffix(".json"),
+        json.dumps(
+            {
+                "vocab_size": padded_vocab(tokenizer.vocab_size),
+                "tokens": int(tokens.size),
+                "tokenizer": tokenizer.name,
+            }
+        ),
+    )
+    log.info(
+        "%d files -> %s tokens (%.2f bytes/token) in %.1f s",
+        len(files),
+        f"{tokens.size:,}",
+        sum(k[1] for k in read) / max(1, tokens.size),
+        time.perf_counter() - start,
+    )
     return out
 
 
@@ -367,7 +431,9 @@ def _bin_layout(path: Path) -> tuple[int, int, int]:
     if size >= 1024 and int(header[0]) == LLMC_MAGIC:
         n = int(header[2])
         if n < 0 or 1024 + 2 * n > size:
-            raise TurbotrainError(f"{path}: llm.c header says {n} tokens but the file holds fewer; re-export it")
+            raise TurbotrainError(
+                f"{path}: llm.c header says {n} tokens but the file holds fewer; re-export it"
+            )
         offset, n_tokens = 1024, n
     else:
         if size % 2:
@@ -384,8 +450,10 @@ def _bin_layout(path: Path) -> tuple[int, int, int]:
             except (ValueError, KeyError, TypeError, OSError):
                 vocab = None
             if not isinstance(vocab, int) or isinstance(vocab, bool) or not 1 <= vocab <= MAX_VOCAB:
-                raise TurbotrainError(f"{meta} must be JSON with a whole-number 'vocab_size' from 1 to {MAX_VOCAB} "
-                                      "(token ids are uint16)")
+                raise TurbotrainError(
+                    f"{meta} must be JSON with a whole-number 'vocab_size' from 1 to {MAX_VOCAB} "
+                    "(token ids are uint16)"
+                )
             break
     return offset, n_tokens, vocab
 
@@ -395,8 +463,9 @@ def _split(path: Path, offset: int, n_tokens: int, val_fraction: float) -> tuple
     return TokenSplit(path, offset, 0, n_tokens - n_val), TokenSplit(path, offset, n_tokens - n_val, n_tokens)
 
 
-def _tokenizer_for(spec: str, train_files: list[Path], vocab_size: int, cache: Path, progress: bool,
-                   saved: Path | None) -> Tokenizer:
+def _tokenizer_for(
+    spec: str, train_files: list[Path], vocab_size: int, cache: Path, progress: bool, saved: Path | None
+) -> Tokenizer:
     """``data.tokenizer`` for text whose training files are ``train_files`` (a BPE learns from them
     only); the ``saved`` copy of a run being resumed, where there is one."""
     if spec == "bytes":
@@ -404,7 +473,9 @@ def _tokenizer_for(spec: str, train_files: list[Path], vocab_size: int, cache: P
     if saved is not None and saved.is_file():
         return JsonTokenizer(saved)
     key = _files_key([_listed(f) for f in train_files]) if spec == "bpe" else ""
-    return build_tokenizer(spec, train_files=train_files, vocab_size=vocab_size, cache_dir=cache, key=key, progress=progress)
+    return build_tokenizer(
+        spec, train_files=train_files, vocab_size=vocab_size, cache_dir=cache, key=key, progress=progress
+    )
 
 
 def _text_vocab(spec: str, tokenizer: Tokenizer, vocab_size: int) -> int:
@@ -412,11 +483,21 @@ def _text_vocab(spec: str, tokenizer: Tokenizer, vocab_size: int) -> int:
     size (50304 when 0), a user's tokenizer.json's rounded up to a multiple of 64."""
     if spec == "bpe":
         return vocab_size or GPT2_VOCAB
-    return tokenizer.vocab_size if tokenizer.name == ByteTokenizer.name else padded_vocab(tokenizer.vocab_size)
+    return (
+        tokenizer.vocab_size if tokenizer.name == ByteTokenizer.name else padded_vocab(tokenizer.vocab_size)
+    )
 
 
-def open_tokens(path: str, *, val_fraction: float, cache_dir: str = "", tokenizer: str = "bytes",
-                vocab_size: int = 0, progress: bool = False, saved_tokenizer: Path | None = None) -> TokenSource:
+def open_tokens(
+    path: str,
+    *,
+    val_fraction: float,
+    cache_dir: str = "",
+    tokenizer: str = "bytes",
+    vocab_size: int = 0,
+    progress: bool = False,
+    saved_tokenizer: Path | None = None,
+) -> TokenSource:
     """Resolve ``data.path`` into train/validation token ranges.
 
     ``""`` -> built-in corpus; ``*.bin`` -> uint16 tokens (validation = the file's tail, or a
@@ -430,7 +511,9 @@ def open_tokens(path: str, *, val_fraction: float, cache_dir: str = "", tokenize
     if not path:
         files = stdlib_files()
         if not files:
-            raise TurbotrainError("the built-in corpus (Python stdlib sources) was not found; pass --data PATH")
+            raise TurbotrainError(
+                "the built-in corpus (Python stdlib sources) was not found; pass --data PATH"
+            )
         train_files, val_files = builtin_split(files)
         tok = _tokenizer_for(tokenizer, train_files, vocab_size, cache, progress, saved_tokenizer)
         tp = tokenize_files(train_files, cache, tok, progress)
@@ -444,15 +527,22 @@ def open_tokens(path: str, *, val_fraction: float, cache_dir: str = "", tokenize
         )
     p = Path(path).expanduser()
     if not p.exists():
-        raise TurbotrainError(f"data path {path!r} does not exist; pass --data with a .bin token file, a text file or a folder")
+        raise TurbotrainError(
+            f"data path {path!r} does not exist; pass --data with a .bin token file, a text file or a folder"
+        )
     if not (p.is_file() or p.is_dir()):
-        raise TurbotrainError(f"data path {path!r} is {_kind(p)}, not a file or a folder; pass --data with a .bin "
-                              "token file, a text file or a folder of text files")
+        raise TurbotrainError(
+            f"data path {path!r} is {_kind(p)}, not a file or a folder; pass --data with a .bin "
+            "token file, a text file or a folder of text files"
+        )
     if p.is_file() and p.suffix == ".bin":
         if tokenizer == "bpe":
-            raise TurbotrainError(f"data.tokenizer = 'bpe' trains on text, but {path} is already tokens; pass the "
-                                  "tokenizer.json that made it (so sample can decode) or leave data.tokenizer = 'bytes'")
-        tok = _tokenizer_for(tokenizer, [], vocab_size, cache, progress, saved_tokenizer)  # kept for decoding: the .bin's ids are its
+            raise TurbotrainError(
+                f"data.tokenizer = 'bpe' trains on text, but {path} is already tokens; pass the "
+                "tokenizer.json that made it (so sample can decode) or leave data.tokenizer = 'bytes'"
+            )
+        # kept for decoding: the .bin's ids are its
+        tok = _tokenizer_for(tokenizer, [], vocab_size, cache, progress, saved_tokenizer)
         offset, n, vocab = _bin_layout(p)
         if n == 0:
             raise TurbotrainError(f"{path} holds no tokens; pass a non-empty .bin file")
@@ -465,14 +555,18 @@ def open_tokens(path: str, *, val_fraction: float, cache_dir: str = "", tokenize
         return TokenSource(train, val, vocab, f"{p} ({n:,} tokens)", tok)
     files = text_files(p)
     if not files or sum(_listed(f)[1] for f in files) == 0:
-        raise TurbotrainError(f"data path {path!r} holds no text; pass --data with a non-empty text file, a folder of text files or a .bin token file")
+        raise TurbotrainError(
+            f"data path {path!r} holds no text; pass --data with a non-empty text file, a folder of text files or a .bin token file"
+        )
     # A BPE learns from the whole text: its split is by token position, after encoding.
     tok = _tokenizer_for(tokenizer, files, vocab_size, cache, progress, saved_tokenizer)
     tp = tokenize_files(files, cache, tok, progress)
     n = tp.stat().st_size // 2
     train, val = _split(tp, 0, n, val_fraction)
     unit = "bytes" if tok.name == ByteTokenizer.name else f"tokens, {tok.name}"
-    return TokenSource(train, val, _text_vocab(tokenizer, tok, vocab_size), f"{p} ({len(files)} files, {n:,} {unit})", tok)
+    return TokenSource(
+        train, val, _text_vocab(tokenizer, tok, vocab_size), f"{p} ({len(files)} files, {n:,} {unit})", tok
+    )
 
 
 def _kind(p: Path) -> str:

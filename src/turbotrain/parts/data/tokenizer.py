@@ -24,8 +24,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -82,15 +83,21 @@ class JsonTokenizer:
         try:
             self.tok = tokenizers.Tokenizer.from_file(str(path))
         except Exception as exc:  # the package raises its own exception types for a bad file
-            raise TurbotrainError(f"{path} is not a tokenizer.json the tokenizers package can read ({exc})") from None
+            raise TurbotrainError(
+                f"{path} is not a tokenizer.json the tokenizers package can read ({exc})"
+            ) from None
         self.file = path
         self.vocab_size = self.tok.get_vocab_size()
         if self.vocab_size > MAX_VOCAB:
-            raise TurbotrainError(f"{path} has {self.vocab_size} tokens; token files hold uint16 ids, at most {MAX_VOCAB}")
+            raise TurbotrainError(
+                f"{path} has {self.vocab_size} tokens; token files hold uint16 ids, at most {MAX_VOCAB}"
+            )
         self.name = "json-" + hashlib.blake2b(path.read_bytes(), digest_size=8).hexdigest()
 
     def encode(self, texts: Sequence[bytes]) -> list[np.ndarray]:
-        encoded = self.tok.encode_batch([t.decode("utf-8", errors="replace") for t in texts], add_special_tokens=False)
+        encoded = self.tok.encode_batch(
+            [t.decode("utf-8", errors="replace") for t in texts], add_special_tokens=False
+        )
         return [np.asarray(e.ids, dtype=np.uint16) for e in encoded]
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -106,8 +113,10 @@ def _tokenizers() -> Any:
     try:
         return importlib.import_module("tokenizers")
     except ImportError:
-        raise TurbotrainError("data.tokenizer = 'bpe' or a tokenizer.json needs the tokenizers package: "
-                              f"pip install tokenizers (or {INSTALL_HINT})") from None
+        raise TurbotrainError(
+            "data.tokenizer = 'bpe' or a tokenizer.json needs the tokenizers package: "
+            f"pip install tokenizers (or {INSTALL_HINT})"
+        ) from None
 
 
 def padded_vocab(n: int) -> int:
@@ -152,17 +161,32 @@ def train_bpe(files: Sequence[Path], vocab_size: int, out: Path, progress: bool 
     training runs in a child process, so Ctrl-C or SIGTERM end it at once and leave nothing
     behind (the signal's exception propagates from here)."""
     if not BYTE_VOCAB < vocab_size <= MAX_VOCAB:
-        raise TurbotrainError(f"model.vocab_size = {vocab_size}: a BPE needs more than {BYTE_VOCAB} tokens "
-                              f"and at most {MAX_VOCAB} (uint16 ids)")
+        raise TurbotrainError(
+            f"model.vocab_size = {vocab_size}: a BPE needs more than {BYTE_VOCAB} tokens "
+            f"and at most {MAX_VOCAB} (uint16 ids)"
+        )
     _tokenizers()  # the one-line install hint, before any child starts
     mb = sum(f.stat().st_size for f in files) / 1e6
-    log.info("training a byte-level BPE of %d tokens on %d files (%.1f MB); cached for later runs", vocab_size, len(files), mb)
+    log.info(
+        "training a byte-level BPE of %d tokens on %d files (%.1f MB); cached for later runs",
+        vocab_size,
+        len(files),
+        mb,
+    )
     start = time.perf_counter()
     make_dirs(out.parent, hint=CACHE_HINT)
-    partial = out.with_name(f".{out.stem}-train{out.suffix}.tmp{os.getpid()}")  # clean_stale_temps knows the pattern
-    request = {"files": [str(f) for f in files], "vocab": vocab_size, "eot": END_OF_TEXT, "progress": progress,
-               "out": str(partial)}
-    child = subprocess.Popen([sys.executable, "-c", _TRAIN_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    # clean_stale_temps knows the pattern
+    partial = out.with_name(f".{out.stem}-train{out.suffix}.tmp{os.getpid()}")
+    request = {
+        "files": [str(f) for f in files],
+        "vocab": vocab_size,
+        "eot": END_OF_TEXT,
+        "progress": progress,
+        "out": str(partial),
+    }
+    child = subprocess.Popen(
+        [sys.executable, "-c", _TRAIN_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         said, _ = child.communicate(json.dumps(request))  # a signal handler's exception interrupts the wait
         if child.returncode != 0:
@@ -178,8 +202,15 @@ def train_bpe(files: Sequence[Path], vocab_size: int, out: Path, progress: bool 
     return out
 
 
-def build_tokenizer(spec: str, *, train_files: Sequence[Path], vocab_size: int, cache_dir: Path, key: str,
-                    progress: bool = True) -> Tokenizer:
+def build_tokenizer(
+    spec: str,
+    *,
+    train_files: Sequence[Path],
+    vocab_size: int,
+    cache_dir: Path,
+    key: str,
+    progress: bool = True,
+) -> Tokenizer:
     """``data.tokenizer`` -> a tokenizer: ``bytes``; ``bpe`` (``vocab_size`` tokens, 50304 when
     0, trained on ``train_files`` and cached under ``cache_dir`` as ``bpe-<key>-<vocab>.json``,
     where ``key`` names the files as listed); or the path of a ``tokenizer.json``."""
@@ -190,13 +221,18 @@ def build_tokenizer(spec: str, *, train_files: Sequence[Path], vocab_size: int, 
         path = cache_dir / f"bpe-{key}-{vocab}.json"
         if not path.is_file():
             if not vocab_size:
-                log.info("model.vocab_size = 0: the BPE gets %d tokens (GPT-2's 50257 padded to a multiple of 64); "
-                         "set model.vocab_size for another size", GPT2_VOCAB)
+                log.info(
+                    "model.vocab_size = 0: the BPE gets %d tokens (GPT-2's 50257 padded to a multiple of 64); "
+                    "set model.vocab_size for another size",
+                    GPT2_VOCAB,
+                )
             train_bpe(train_files, vocab, path, progress=progress)
         return JsonTokenizer(path)
     path = Path(spec).expanduser()
     if not path.is_file():
-        raise TurbotrainError(f"data.tokenizer = {spec!r} is not 'bytes', 'bpe' or the path of a tokenizer.json")
+        raise TurbotrainError(
+            f"data.tokenizer = {spec!r} is not 'bytes', 'bpe' or the path of a tokenizer.json"
+        )
     return JsonTokenizer(path)
 
 

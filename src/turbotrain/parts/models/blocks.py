@@ -7,8 +7,7 @@ import weakref
 
 from torch import nn
 
-
-_DECLARED: "weakref.WeakKeyDictionary[nn.Module, nn.ModuleList]" = weakref.WeakKeyDictionary()
+_DECLARED: weakref.WeakKeyDictionary[nn.Module, nn.ModuleList] = weakref.WeakKeyDictionary()
 
 
 def declare_blocks(model: nn.Module, blocks: nn.ModuleList | None) -> None:

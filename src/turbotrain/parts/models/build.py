@@ -29,4 +29,3 @@ def build_named(kind: str, kwargs: dict[str, Any]) -> nn.Module:
     if kind == "cifar":
         return CifarResNet(**kwargs)
     raise ConfigError(f"unknown model kind {kind!r}; choose one of: {', '.join(KINDS)}")
-

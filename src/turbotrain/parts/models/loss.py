@@ -21,7 +21,9 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     """mean_i CE(hidden_i @ weight.T, target_i), with the gradient computed in forward."""
 
     @staticmethod
-    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
+    def forward(
+        ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int
+    ) -> torch.Tensor:
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         loss = _chunked(hidden, weight, targets, chunk, grad_hidden, grad_weight)
@@ -33,16 +35,27 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         grad_hidden, grad_weight = ctx.saved_tensors
         scale = grad_out / ctx.n
-        return grad_hidden * scale.to(grad_hidden.dtype), (grad_weight * scale).to(ctx.weight_dtype), None, None
+        return (
+            grad_hidden * scale.to(grad_hidden.dtype),
+            (grad_weight * scale).to(ctx.weight_dtype),
+            None,
+            None,
+        )
 
 
-def _chunked(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int,
-             grad_hidden: torch.Tensor | None = None, grad_weight: torch.Tensor | None = None) -> torch.Tensor:
+def _chunked(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    chunk: int,
+    grad_hidden: torch.Tensor | None = None,
+    grad_weight: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Summed cross-entropy over ``chunk``-row pieces; with the two buffers, also the gradients of
     the summed loss with respect to the hidden states and the weight, written into them."""
     loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
     for start in range(0, hidden.shape[0], chunk):
-        h, t = hidden[start:start + chunk], targets[start:start + chunk]
+        h, t = hidden[start : start + chunk], targets[start : start + chunk]
         logits = (h @ weight.t()).float()  # (chunk, V): under autocast the matmul runs in bf16/fp16
         lse = torch.logsumexp(logits, dim=-1)
         loss = loss + (lse - logits.gather(1, t[:, None]).squeeze(1)).sum()
@@ -50,13 +63,14 @@ def _chunked(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, 
             g = torch.exp(logits.sub_(lse[:, None]))  # softmax, reusing the logits' memory
             g.scatter_add_(1, t[:, None], torch.full_like(lse[:, None], -1.0))  # - one-hot
             g = g.to(h.dtype)
-            grad_hidden[start:start + chunk] = g @ weight.to(h.dtype)
+            grad_hidden[start : start + chunk] = g @ weight.to(h.dtype)
             grad_weight += (g.t() @ h).float()
     return loss
 
 
-def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                          chunk: int = 4096) -> torch.Tensor:
+def chunked_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = 4096
+) -> torch.Tensor:
     """Mean cross-entropy of ``hidden @ weight.T`` (N x d times V x d) against ``targets`` (N),
     ``chunk`` tokens at a time (see the module docstring). Without gradients (evaluation) only the
     loss is computed."""

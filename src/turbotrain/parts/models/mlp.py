@@ -23,7 +23,9 @@ class TinyMLP(nn.Module):
         return logits if y is None else F.cross_entropy(logits.float(), y)
 
 
-def synthetic_batches(n: int, batch_size: int = 64, d_in: int = 256, classes: int = 10, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def synthetic_batches(
+    n: int, batch_size: int = 64, d_in: int = 256, classes: int = 10, seed: int = 0
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``n`` fixed random (x, y) batches with a learnable rule (y from a random projection)."""
     g = torch.Generator().manual_seed(seed)
     proj = torch.randn(d_in, classes, generator=g)

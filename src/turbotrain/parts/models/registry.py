@@ -23,5 +23,7 @@ def build_model(c: RunConfig, vocab_size: int) -> GPT:
     data): its family's spec builds it (a GPT, or for ``arch = 'moe'`` a :class:`MoEGPT`)."""
     spec = spec_for(c)
     if not isinstance(spec, GPTSpec):
-        raise ConfigError(f"{c.model.workload} is your own model: its FUNC builds it with its data, not the config")
+        raise ConfigError(
+            f"{c.model.workload} is your own model: its FUNC builds it with its data, not the config"
+        )
     return spec.build_model(c, vocab_size)

@@ -16,8 +16,9 @@ it); the model returns its loss; throughput counts samples.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,11 +37,15 @@ class RunData(ABC):
 
     description: str = ""  # one line for the summary: what the data is
     positions: int = 2**62  # distinct training rows: the batch finder's upper bound for batch.micro
-    split_invariant: bool = True  # step s's rows depend only on (seed, s, the global batch): a resume may change the split
+    split_invariant: bool = (
+        True  # step s's rows depend only on (seed, s, the global batch): a resume may change the split
+    )
     facts: dict[str, Any] = {}  # more for summary.json's "resolved" (e.g. the token batching)
 
     @abstractmethod
-    def loader(self, c: RunConfig, settings: LoaderSettings, start: int, rank: int, world: int) -> Iterable[Any]:
+    def loader(
+        self, c: RunConfig, settings: LoaderSettings, start: int, rank: int, world: int
+    ) -> Iterable[Any]:
         """This rank's micro-batches from its batch ``start``: ``c.batch.accumulation`` per
         optimizer step, the ranks' together that step's global batch."""
 
@@ -66,7 +71,7 @@ class RunData(ABC):
         search's own (random tokens of ``model.block_size``, for language models)."""
         return None
 
-    def save(self, run_dir: Path) -> None:
+    def save(self, run_dir: Path) -> None:  # noqa: B027 (a no-op unless a family has data to save)
         """Files a later command needs (a tokenizer for ``sample``); rank 0 only."""
 
 
@@ -76,7 +81,9 @@ class ModelSpec(ABC):
     name: str = "model"
     unit: str = "samples"  # what throughput counts: 'tokens' for language models, 'samples' otherwise
     generates: bool = False  # `turbotrain sample` can ask it for text
-    memory_estimate: bool = False  # the analytic memory estimate (turbotrain.tools.memory.estimate) describes it
+    memory_estimate: bool = (
+        False  # the analytic memory estimate (turbotrain.tools.memory.estimate) describes it
+    )
 
     @abstractmethod
     def open_data(self, c: RunConfig, run_dir: Path, *, show: bool) -> RunData:

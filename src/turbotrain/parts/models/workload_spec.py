@@ -11,17 +11,18 @@ the iterable yields the same batches each time it is iterated)."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
 
 from ...base.batch import batch_size, move_to
 from ...base.config import RunConfig
+from ...base.errors import TurbotrainError
 from ..data.epochs import epoch_loader, map_style
 from ..data.loader import LoaderSettings
-from ...base.errors import TurbotrainError
 from ..workload import Workload, load_workload
 from .spec import LossFn, MetricsFn, ModelSpec, RunData
 
@@ -43,13 +44,25 @@ class WorkloadData(RunData):
         self.description = w.describe()
         self.facts = {}
 
-    def loader(self, c: RunConfig, settings: LoaderSettings, start: int, rank: int, world: int) -> Iterable[Any]:
+    def loader(
+        self, c: RunConfig, settings: LoaderSettings, start: int, rank: int, world: int
+    ) -> Iterable[Any]:
         if self.dataset is not None:
-            return epoch_loader(self.workload.train_loader, int(c.batch.micro), c.run.seed, settings,  # type: ignore[arg-type]
-                                start, rank, world, c.batch.accumulation)
+            return epoch_loader(
+                self.workload.train_loader,
+                int(c.batch.micro),
+                c.run.seed,
+                settings,  # type: ignore[arg-type]
+                start,
+                rank,
+                world,
+                c.batch.accumulation,
+            )
         if world > 1:
-            raise TurbotrainError(f"--model {self.workload.source}: its train_loader is not a torch DataLoader over a dataset "
-                                  "with a length, so it cannot be split over processes; give a DataLoader, or train in one process")
+            raise TurbotrainError(
+                f"--model {self.workload.source}: its train_loader is not a torch DataLoader over a dataset "
+                "with a length, so it cannot be split over processes; give a DataLoader, or train in one process"
+            )
         return _endless(self.workload.train_loader, start)
 
     def steps_per_epoch(self, c: RunConfig, world: int) -> int:
@@ -57,15 +70,18 @@ class WorkloadData(RunData):
             try:
                 return max(1, len(self.workload.train_loader) // (c.batch.accumulation * world))  # type: ignore[arg-type]
             except TypeError:
-                raise TurbotrainError(f"train.epochs needs to know how long an epoch is, and --model {self.workload.source}'s "
-                                      "train_loader has no length; use train.max_steps") from None
+                raise TurbotrainError(
+                    f"train.epochs needs to know how long an epoch is, and --model {self.workload.source}'s "
+                    "train_loader has no length; use train.max_steps"
+                ) from None
         return super().steps_per_epoch(c, world)
 
     def val_batches(self, c: RunConfig, rank: int, world: int) -> list[Any]:
         """The eval loader's first ``train.eval_batches x world`` batches, every ``world``-th for this rank."""
         if self.workload.eval_loader is None:
             return []
-        with torch.random.fork_rng(devices=[]):  # iterating a DataLoader draws its seed from the global RNG: keep it for the run
+        # iterating a DataLoader draws its seed from the global RNG: keep it for the run
+        with torch.random.fork_rng(devices=[]):
             first = list(itertools.islice(self.workload.eval_loader, c.train.eval_batches * world))
         return first[rank::world][: len(first) // world]  # the same count on every rank
 
@@ -77,6 +93,7 @@ class WorkloadData(RunData):
         def batch(micro: int) -> Any:  # the dataset's first micro samples, collated as the loader does
             rows = [self.dataset[i] for i in range(min(micro, self.positions))]  # type: ignore[index]
             return move_to(loader.collate_fn(rows), device)
+
         return batch
 
     def example(self, c: RunConfig) -> Any:
@@ -84,7 +101,9 @@ class WorkloadData(RunData):
             with torch.random.fork_rng(devices=[]):  # the global RNG stays the run's (exact resume)
                 return next(iter(self.workload.train_loader))
         in_process = LoaderSettings(num_workers=0, pin_memory=False, prefetch_factor=2)
-        return next(iter(epoch_loader(self.workload.train_loader, int(c.batch.micro), c.run.seed, in_process)))  # type: ignore[arg-type]
+        return next(
+            iter(epoch_loader(self.workload.train_loader, int(c.batch.micro), c.run.seed, in_process))
+        )  # type: ignore[arg-type]
 
 
 class WorkloadSpec(ModelSpec):

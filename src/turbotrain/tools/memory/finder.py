@@ -33,9 +33,10 @@ import json
 import logging
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -43,16 +44,16 @@ from torch import nn
 from ...base.atomic import atomic_write
 from ...base.batch import tensors_of
 from ...base.config import BATCH_PICKS, RunConfig, choice_error
-from ...parts.data.sources import BYTE_VOCAB
-from ...core.engine import Engine, default_loss
-from ...core.distributed import collective_device, in_group, rank_world
 from ...base.errors import ConfigError, TurbotrainError
+from ...base.rundir import BATCH_CACHE
+from ...base.units import GIB, gib
+from ...core.distributed import collective_device, in_group, rank_world
+from ...core.engine import Engine, default_loss
+from ...core.oom import is_oom
+from ...core.transforms import eager
+from ...parts.data.sources import BYTE_VOCAB
 from ...parts.hardware import ram_bytes
 from ...parts.models.moe import MoE
-from ...core.oom import is_oom
-from ...base.rundir import BATCH_CACHE
-from ...core.transforms import eager
-from ...base.units import GIB, gib
 from .stats import TensorMemoryTracker, optimizer_tensors, storage_bytes
 
 log = logging.getLogger(__name__)
@@ -115,7 +116,7 @@ class BatchSearch:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "BatchSearch":
+    def from_dict(cls, data: dict[str, Any]) -> BatchSearch:
         known = {f for f in cls.__dataclass_fields__}
         values = {k: v for k, v in data.items() if k in known}
         values["trials"] = [TrialRecord(**t) for t in data.get("trials", [])]
@@ -207,7 +208,11 @@ def find_batch_size(
     def attempt(micro: int) -> bool:
         record = TrialRecord(micro, False)
         fitting = [t for t in trials if t.fits]
-        expected = _interpolate(micro, fitting) if predict and budget_bytes is not None and len(fitting) >= 2 else None
+        expected = (
+            _interpolate(micro, fitting)
+            if predict and budget_bytes is not None and len(fitting) >= 2
+            else None
+        )
         if expected is not None and expected > budget_bytes:  # type: ignore[operator]
             record.reason = "over budget (predicted, not run)"
         else:
@@ -221,15 +226,26 @@ def find_batch_size(
                 record.peak_bytes, record.step_s = int(result.peak_bytes), float(result.step_s)
                 record.fits = budget_bytes is None or result.peak_bytes <= budget_bytes
                 record.reason = "" if record.fits else "over budget"
-                if record.fits and max_step_s and fitting and record.step_s > max_step_s:  # the first size always counts
-                    record.fits, record.reason = False, f"over the step-time budget ({record.step_s:.2f} s > {max_step_s:g} s)"
+                # the first size always counts
+                if record.fits and max_step_s and fitting and record.step_s > max_step_s:
+                    record.fits, record.reason = (
+                        False,
+                        f"over the step-time budget ({record.step_s:.2f} s > {max_step_s:g} s)",
+                    )
         if agree(int(record.fits)) == 0 and record.fits:
             record.fits, record.reason = False, "another rank ran out of memory"
         trials.append(record)
         measured = (f", {record.step_s:.2f} s a step" if record.step_s is not None else "") + (
-            f", peak {gib(record.peak_bytes):.2f} GiB" if record.peak_bytes is not None else "")
-        log.info("batch finder: micro-batch %d %s%s (%.0f s so far)", micro, "fits" if record.fits else record.reason,
-                 measured, time.perf_counter() - t0)  # one line per size: a long search shows it is alive
+            f", peak {gib(record.peak_bytes):.2f} GiB" if record.peak_bytes is not None else ""
+        )
+        # one line per size: a long search shows it is alive
+        log.info(
+            "batch finder: micro-batch %d %s%s (%.0f s so far)",
+            micro,
+            "fits" if record.fits else record.reason,
+            measured,
+            time.perf_counter() - t0,
+        )
         return record.fits
 
     lo, hi, micro = 0, 0, start
@@ -271,13 +287,27 @@ def find_batch_size(
     # Ranks saw the same fits but may have measured different peaks: all take the smallest answer.
     found = agree(_choose(fitting, largest.micro, limit, headroom, pick, multiple_of, max_micro))
     return BatchSearch(
-        micro=found, found=found, pick=pick, headroom=headroom, limit_bytes=limit, budget_bytes=budget_bytes,
-        trials=trials, search_s=time.perf_counter() - t0, global_batch=found,
+        micro=found,
+        found=found,
+        pick=pick,
+        headroom=headroom,
+        limit_bytes=limit,
+        budget_bytes=budget_bytes,
+        trials=trials,
+        search_s=time.perf_counter() - t0,
+        global_batch=found,
     )
 
 
-def _choose(fitting: list[TrialRecord], largest: int, limit: int | None, headroom: float, pick: str, multiple_of: int,
-            max_micro: int) -> int:
+def _choose(
+    fitting: list[TrialRecord],
+    largest: int,
+    limit: int | None,
+    headroom: float,
+    pick: str,
+    multiple_of: int,
+    max_micro: int,
+) -> int:
     """The answer: the fastest tried size within the headroom, or the largest size (a multiple
     of 8 from 8 up, unless it is the ceiling itself) whose interpolated peak keeps the headroom."""
     target = None if limit is None else limit / (1.0 + headroom)  # None: no memory limit was met
@@ -309,7 +339,9 @@ def _choose(fitting: list[TrialRecord], largest: int, limit: int | None, headroo
 # ----------------------------------------------------------------------------- global batch
 
 
-def plan_accumulation(found: int, global_size: int, accumulation: int, world: int = 1) -> tuple[int, int, int, str]:
+def plan_accumulation(
+    found: int, global_size: int, accumulation: int, world: int = 1
+) -> tuple[int, int, int, str]:
     """(micro, accumulation, global batch, note) for a per-rank micro-batch of at most ``found``.
 
     ``global_size`` 0 keeps ``accumulation`` and lets the global batch follow the found size.
@@ -322,7 +354,9 @@ def plan_accumulation(found: int, global_size: int, accumulation: int, world: in
     notes = []
     per_rank = -(-global_size // world)
     if per_rank * world != global_size:
-        notes.append(f"global batch {global_size} is not divisible by {world} ranks; each rank takes {per_rank}")
+        notes.append(
+            f"global batch {global_size} is not divisible by {world} ranks; each rank takes {per_rank}"
+        )
     if per_rank <= found:
         micro, acc = per_rank, 1
     else:
@@ -334,17 +368,23 @@ def plan_accumulation(found: int, global_size: int, accumulation: int, world: in
         else:
             acc = acc_min
             micro = -(-per_rank // acc)
-            notes.append(f"{per_rank} sequences per rank do not split into equal micro-batches of at most {found}")
+            notes.append(
+                f"{per_rank} sequences per rank do not split into equal micro-batches of at most {found}"
+            )
     total = micro * acc * world
     if total != global_size:
-        notes.append(f"training with global batch {total} = {micro} x {acc} x {world} instead of {global_size}")
+        notes.append(
+            f"training with global batch {total} = {micro} x {acc} x {world} instead of {global_size}"
+        )
     return micro, acc, total, "; ".join(notes)
 
 
 # ----------------------------------------------------------------------------- real trial
 
 
-def usable_memory_bytes(device: torch.device, max_memory_gib: float = 0.0, max_memory_fraction: float = 0.0) -> int | None:
+def usable_memory_bytes(
+    device: torch.device, max_memory_gib: float = 0.0, max_memory_fraction: float = 0.0
+) -> int | None:
     """The memory a search may fill, in bytes: on CUDA what is free plus what this process
     already holds; on CPU the available RAM; capped by ``max_memory_gib`` (GiB) and by
     ``max_memory_fraction`` of the device's total. None where nothing is known (meta)."""
@@ -395,19 +435,29 @@ class StepTrial:
         timed_steps: int = 1,
     ) -> None:
         self.engine, self.model, self.optimizer = engine, model, optimizer
-        self.make_batch, self.loss_fn, self.timed_steps = make_batch, loss_fn or default_loss, max(1, timed_steps)
+        self.make_batch, self.loss_fn, self.timed_steps = (
+            make_batch,
+            loss_fn or default_loss,
+            max(1, timed_steps),
+        )
         self.device = engine.device
         # The state dict, not the live tensors: under expert parallelism it holds every expert (the
         # modules' hooks gather them) and a MoE layer's pending router-bias loads (its extra state),
         # so loading it back (close) goes through the same hooks: each rank's slice, the loads reset.
         self._weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-        self._tallies = [(m, *(None if t is None else t.clone() for t in (m.load, m.dropped)))  # the expert monitor's
-                         for m in model.modules() if isinstance(m, MoE)]
+        self._tallies = [
+            (m, *(None if t is None else t.clone() for t in (m.load, m.dropped)))  # the expert monitor's
+            for m in model.modules()
+            if isinstance(m, MoE)
+        ]
         self._optimizer_state = optimizer.state_dict() if optimizer.state else None
-        self._rng = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+        self._rng = (
+            torch.get_rng_state(),
+            torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        )
         self._was_training = model.training
 
-    def __enter__(self) -> "StepTrial":
+    def __enter__(self) -> StepTrial:
         self.model.train()
         return self
 
@@ -471,7 +521,8 @@ class StepTrial:
         if self._optimizer_state is not None:
             self.optimizer.load_state_dict(self._optimizer_state)
         self._free()
-        self.model.load_state_dict(self._weights)  # in place: parameters keep their identity (the optimizer's)
+        # in place: parameters keep their identity (the optimizer's)
+        self.model.load_state_dict(self._weights)
         for layer, load, dropped in self._tallies:  # the trials' routing is not training's
             layer.load, layer.dropped = load, dropped
         torch.set_rng_state(self._rng[0])
@@ -495,8 +546,14 @@ def token_batches(vocab_size: int, seq_len: int, device: torch.device, seed: int
 # ----------------------------------------------------------------------------- config level
 
 
-def cache_key(config: RunConfig, engine: Engine, world: int, max_micro: int,
-              slowdown_stop: float = 0.0, max_step_s: float = 0.0) -> tuple[str, dict[str, Any]]:
+def cache_key(
+    config: RunConfig,
+    engine: Engine,
+    world: int,
+    max_micro: int,
+    slowdown_stop: float = 0.0,
+    max_step_s: float = 0.0,
+) -> tuple[str, dict[str, Any]]:
     """The cache entry's key: a hash of (model, precision, compile, sequence length, device,
     checkpointing, the search's own settings, world size), and the readable parts."""
     device = engine.device
@@ -513,7 +570,8 @@ def cache_key(config: RunConfig, engine: Engine, world: int, max_micro: int,
         "headroom": b.headroom,
         "max_memory_gib": b.max_memory_gib,
         "max_memory_fraction": b.max_memory_fraction,
-        **({"memory_max_fraction": config.memory.max_fraction} if config.memory.max_fraction else {}),  # old keys stay valid
+        # old keys stay valid
+        **({"memory_max_fraction": config.memory.max_fraction} if config.memory.max_fraction else {}),
         "max_micro": max_micro,
         "slowdown_stop": slowdown_stop,
         **({"max_step_s": max_step_s} if max_step_s else {}),  # CUDA's keys stay as they were
@@ -582,25 +640,42 @@ def resolve_batch_size(
         search.cached = True
     if search is None:
         if make_batch is None:
-            vocab = getattr(getattr(model, "cfg", None), "vocab_size", None) or config.model.vocab_size or BYTE_VOCAB
+            vocab = (
+                getattr(getattr(model, "cfg", None), "vocab_size", None)
+                or config.model.vocab_size
+                or BYTE_VOCAB
+            )
             make_batch = token_batches(vocab, config.model.block_size, engine.device, seed=config.run.seed)
-        cap = config.memory.max_fraction if engine.device.type == "cuda" else 0.0  # training's allocator cap: search under it
+        # training's allocator cap: search under it
+        cap = config.memory.max_fraction if engine.device.type == "cuda" else 0.0
         fraction = min((f for f in (b.max_memory_fraction, cap) if f > 0), default=0.0)
         budget = usable_memory_bytes(engine.device, b.max_memory_gib, fraction)
         if engine.device.type == "cpu" and budget is not None:  # the weights already sit in RAM
             budget += storage_bytes(list(model.parameters()) + list(model.buffers()))
-        timed = 3 if b.pick == "fastest" or slowdown_stop or max_step_s else 1  # timing rules decide on medians of 3
+        # timing rules decide on medians of 3
+        timed = 3 if b.pick == "fastest" or slowdown_stop or max_step_s else 1
         with StepTrial(engine, model, optimizer, make_batch, loss_fn, timed_steps=timed) as trial:
             search = find_batch_size(
-                trial, max_micro=ceiling, headroom=b.headroom, pick=b.pick, budget_bytes=budget,
+                trial,
+                max_micro=ceiling,
+                headroom=b.headroom,
+                pick=b.pick,
+                budget_bytes=budget,
                 predict=engine.device.type != "cuda",  # on CPU a real OOM kills the process
-                slowdown_stop=slowdown_stop, max_step_s=max_step_s,
+                slowdown_stop=slowdown_stop,
+                max_step_s=max_step_s,
             )
         search.found = search.micro = _agree_across_ranks(search.found)
         if cache is not None and rank_world()[0] == 0:
             _write_cache(cache, key, parts, search)
     micro, accumulation, total, note = plan_accumulation(search.found, global_size, b.accumulation, world)
-    search.micro, search.accumulation, search.global_batch, search.world_size, search.note = micro, accumulation, total, world, note
+    search.micro, search.accumulation, search.global_batch, search.world_size, search.note = (
+        micro,
+        accumulation,
+        total,
+        world,
+        note,
+    )
     log.info(search.describe())
     if note:
         log.warning("batch finder: %s", note)

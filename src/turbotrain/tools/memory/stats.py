@@ -28,8 +28,9 @@ import contextlib
 import gc
 import warnings
 import weakref
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, ContextManager, Iterable
+from typing import Any, ContextManager
 
 import torch
 from torch import nn
@@ -39,14 +40,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ...base.batch import batch_size, move_to, tensors_of
 from ...base.config import RunConfig
 from ...base.errors import TurbotrainError
-from ...parts.data.tokenizer import BYTE_VOCAB, GPT2_VOCAB
+from ...base.units import gib
 from ...core.engine import as_loss, default_loss, resolve_device
-from ...parts.hardware import device_total_bytes
-from ...parts.models.registry import build_model
 from ...core.optim import build_optimizer
 from ...core.precision import DeviceCaps, MixedPrecision, precision_class, resolve_precision
 from ...core.transforms import apply_activation_checkpointing, recompute_context
-from ...base.units import gib
+from ...parts.data.tokenizer import BYTE_VOCAB, GPT2_VOCAB
+from ...parts.hardware import device_total_bytes
+from ...parts.models.registry import build_model
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
@@ -118,13 +119,29 @@ class TensorMemoryTracker(TorchDispatchMode):
 
 
 _TO_LOW = {
-    torch._C._nn.linear, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm, torch.Tensor.__matmul__,
-    torch._C._nn.scaled_dot_product_attention, torch.conv1d, torch.conv2d, torch.conv3d,
+    torch._C._nn.linear,
+    torch.matmul,
+    torch.mm,
+    torch.bmm,
+    torch.addmm,
+    torch.baddbmm,
+    torch.Tensor.__matmul__,
+    torch._C._nn.scaled_dot_product_attention,
+    torch.conv1d,
+    torch.conv2d,
+    torch.conv3d,
 }
 _TO_FP32 = {
-    torch.nn.functional.layer_norm, torch.nn.functional.group_norm, torch.nn.functional.softmax,
-    torch.nn.functional.log_softmax, torch.nn.functional.cross_entropy, torch.nn.functional.nll_loss,
-    torch.nn.functional.mse_loss, torch.softmax, torch.log_softmax, torch.layer_norm,
+    torch.nn.functional.layer_norm,
+    torch.nn.functional.group_norm,
+    torch.nn.functional.softmax,
+    torch.nn.functional.log_softmax,
+    torch.nn.functional.cross_entropy,
+    torch.nn.functional.nll_loss,
+    torch.nn.functional.mse_loss,
+    torch.softmax,
+    torch.log_softmax,
+    torch.layer_norm,
 }
 
 
@@ -154,15 +171,25 @@ class MetaEmulation(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _cast(args: Any, kwargs: dict[str, Any], src: torch.dtype, dst: torch.dtype) -> tuple[Any, dict[str, Any]]:
+def _cast(
+    args: Any, kwargs: dict[str, Any], src: torch.dtype, dst: torch.dtype
+) -> tuple[Any, dict[str, Any]]:
     def cast(x: Any) -> Any:
         return x.to(dst) if isinstance(x, torch.Tensor) and x.dtype == src else x
 
     return [cast(a) for a in args], {k: cast(v) for k, v in kwargs.items()}
 
 
-def _fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
-                     dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None, **_: Any) -> torch.Tensor:
+def _fused_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    **_: Any,
+) -> torch.Tensor:
     if attn_mask is not None and attn_mask.dtype != query.dtype:
         attn_mask = attn_mask.to(query.dtype)
     out, _lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
@@ -238,7 +265,8 @@ def measure_step_memory(
         before = meter.current
         meter.reset_peak()
         with autocast():
-            loss = as_loss(loss_fn(model, batch))  # a model's output with .loss (Hugging Face) counts as its loss
+            # a model's output with .loss (Hugging Face) counts as its loss
+            loss = as_loss(loss_fn(model, batch))
         forward_peak, activations = meter.peak, meter.current - before
         meter.reset_peak()
         loss.backward()
@@ -317,16 +345,28 @@ def estimate_memory(
     ``precision`` defaults to what the config resolves to on its device; pass e.g.
     'bf16-mixed' to estimate for a GPU from a CPU machine.
     """
-    shape = (micro or (config.batch.micro if isinstance(config.batch.micro, int) else 8), config.model.block_size)
+    shape = (
+        micro or (config.batch.micro if isinstance(config.batch.micro, int) else 8),
+        config.model.block_size,
+    )
     meta = torch.device("meta")
     with meta:
         model = build_model(config, vocab_size or default_vocab_size(config))
     x, y = (torch.empty(shape, dtype=torch.int64, device=meta) for _ in range(2))
-    return estimate_step_memory(model, (x, y), config=config, checkpointing=checkpointing, precision=precision)
+    return estimate_step_memory(
+        model, (x, y), config=config, checkpointing=checkpointing, precision=precision
+    )
 
 
-def estimate_step_memory(model: nn.Module, batch: Any, *, config: RunConfig, loss_fn: Callable[[nn.Module, Any], Any] | None = None,
-                         checkpointing: str | None = None, precision: str | None = None) -> MemoryStats:
+def estimate_step_memory(
+    model: nn.Module,
+    batch: Any,
+    *,
+    config: RunConfig,
+    loss_fn: Callable[[nn.Module, Any], Any] | None = None,
+    checkpointing: str | None = None,
+    precision: str | None = None,
+) -> MemoryStats:
     """Memory of one training step of any ``model`` on ``batch`` (a workload's own, with its
     ``loss_fn``), measured on the meta device: both are moved there (the model's weights are
     lost: pass one built for this, or a copy), with ``config``'s precision (default: what it
@@ -335,7 +375,8 @@ def estimate_step_memory(model: nn.Module, batch: Any, *, config: RunConfig, los
     prec = precision or resolve_precision_name(config)
     meta = torch.device("meta")
     swap = torch.__future__.get_swap_module_params_on_conversion()
-    torch.__future__.set_swap_module_params_on_conversion(True)  # the same Parameter objects: tied weights stay tied
+    # the same Parameter objects: tied weights stay tied
+    torch.__future__.set_swap_module_params_on_conversion(True)
     try:
         model.to(meta)
     finally:
@@ -345,17 +386,24 @@ def estimate_step_memory(model: nn.Module, batch: Any, *, config: RunConfig, los
     if plugin.param_dtype != torch.float32:  # bf16-true
         model.to(plugin.param_dtype)
     apply_activation_checkpointing(model, mode)
-    optimizer = build_optimizer(model, meta, lr=config.optim.lr, weight_decay=config.optim.weight_decay, implementation="foreach")
-    low = plugin.dtype if issubclass(plugin, MixedPrecision) else None  # the autocast dtype (fp8: bf16 autocast)
+    optimizer = build_optimizer(
+        model, meta, lr=config.optim.lr, weight_decay=config.optim.weight_decay, implementation="foreach"
+    )
+    # the autocast dtype (fp8: bf16 autocast)
+    low = plugin.dtype if issubclass(plugin, MixedPrecision) else None
     model.train()
     try:
         with MetaEmulation(low), recompute_context(lambda: MetaEmulation(low)):
-            stats = measure_step_memory(model, optimizer, batch, loss_fn=loss_fn, precision=prec, checkpointing=mode)
+            stats = measure_step_memory(
+                model, optimizer, batch, loss_fn=loss_fn, precision=prec, checkpointing=mode
+            )
     except (RuntimeError, NotImplementedError) as exc:
         if "meta" not in str(exc).lower():
             raise
-        raise NotEstimable(f"{type(model).__name__} cannot be estimated on the meta device: its forward reads tensor values "
-                           f"(a dropless mixture of experts counts its tokens per expert)") from None
+        raise NotEstimable(
+            f"{type(model).__name__} cannot be estimated on the meta device: its forward reads tensor values "
+            f"(a dropless mixture of experts counts its tokens per expert)"
+        ) from None
     stats.method = "meta-estimate"
     return stats
 
@@ -379,11 +427,15 @@ def memory_summary(training: Any) -> dict[str, Any]:
     batch-size search if ``batch.micro`` was 'auto'. Never raises: a summary must be written."""
     out: dict[str, Any] = {}
     if not training.spec.memory_estimate:
-        out["estimate_error"] = f"no analytic estimate for a {training.spec.name} model (the measured peak is below on CUDA)"
+        out["estimate_error"] = (
+            f"no analytic estimate for a {training.spec.name} model (the measured peak is below on CUDA)"
+        )
     else:
         try:
             out["estimate"] = estimate_memory(
-                training.config, precision=training.engine.precision.name, vocab_size=training.resolved.get("vocab_size")
+                training.config,
+                precision=training.engine.precision.name,
+                vocab_size=training.resolved.get("vocab_size"),
             ).to_dict()
         except Exception as exc:  # a report must not fail the run
             out["estimate_error"] = f"{type(exc).__name__}: {exc}"

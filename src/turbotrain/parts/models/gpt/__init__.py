@@ -2,4 +2,12 @@
 
 from .model import GPT, Block, CausalSelfAttention, GPTConfig, causal_mask, clear_mask_cache, mask_cache_size
 
-__all__ = ["GPT", "Block", "CausalSelfAttention", "GPTConfig", "causal_mask", "clear_mask_cache", "mask_cache_size"]
+__all__ = [
+    "GPT",
+    "Block",
+    "CausalSelfAttention",
+    "GPTConfig",
+    "causal_mask",
+    "clear_mask_cache",
+    "mask_cache_size",
+]

@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager
+from typing import Any, ContextManager
 
 import torch
 import torch.nn.functional as F
@@ -64,8 +65,12 @@ def mask_cache_size() -> int:
     return len(_MASKS)
 
 
-_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
-             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+_BACKENDS = {
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "math": SDPBackend.MATH,
+}
 
 
 def _sdpa_preference(backend: str) -> Callable[[], ContextManager[Any]]:
@@ -109,7 +114,9 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(cfg)
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.mlp = nn.Sequential(
-            nn.Linear(cfg.d_model, 4 * cfg.d_model), nn.GELU(approximate="tanh"), nn.Linear(4 * cfg.d_model, cfg.d_model)
+            nn.Linear(cfg.d_model, 4 * cfg.d_model),
+            nn.GELU(approximate="tanh"),
+            nn.Linear(4 * cfg.d_model, cfg.d_model),
         )
         self.drop = nn.Dropout(cfg.dropout)
 
@@ -173,7 +180,9 @@ class GPT(nn.Module):
         return 6 * self.num_params() + 12 * cfg.n_layer * cfg.n_head * (cfg.d_model // cfg.n_head) * T
 
     @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.8, top_k: int | None = 40) -> torch.Tensor:
+    def generate(
+        self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.8, top_k: int | None = 40
+    ) -> torch.Tensor:
         """Sample ``max_new_tokens`` continuations of ``idx`` (B, T)."""
         for _ in range(max_new_tokens):
             logits = self(idx[:, -self.cfg.block_size :])[:, -1, :].float() / max(temperature, 1e-5)

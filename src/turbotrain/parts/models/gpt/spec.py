@@ -3,17 +3,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from torch import nn
 
 from ....base.config import ModelConfig, RunConfig
+from ....base.rundir import TOKENIZER_FILE
 from ...data import TokenSource, TokenWindows, build_loader, check_vocab, fixed_batches, open_tokens
 from ...data.batching import BudgetData, build_budget_data, resume_start
 from ...data.loader import LoaderSettings
 from ...data.tokenizer import save_run_tokenizer
-from ....base.rundir import TOKENIZER_FILE
 from ..spec import ModelSpec, RunData
 from .model import GPT, GPTConfig
 
@@ -26,33 +27,59 @@ class TokenData(RunData):
     def __init__(self, c: RunConfig, source: TokenSource) -> None:
         self.source, self.block_size = source, c.model.block_size
         self.train = TokenWindows(source.train, c.model.block_size)
-        self.val = TokenWindows(source.val, c.model.block_size) if len(source.val) > c.model.block_size else None
+        self.val = (
+            TokenWindows(source.val, c.model.block_size) if len(source.val) > c.model.block_size else None
+        )
         self.positions = self.train.positions
         self.description = source.description
         self.split_invariant = c.data.batching == "windows"
         self.facts = {}
         self._budget: BudgetData | None = None
 
-    def loader(self, c: RunConfig, settings: LoaderSettings, start: int, rank: int, world: int) -> Iterable[Any]:
+    def loader(
+        self, c: RunConfig, settings: LoaderSettings, start: int, rank: int, world: int
+    ) -> Iterable[Any]:
         if c.data.batching == "tokens":  # documents kept apart, batches by token budget
             self._budget = build_budget_data(
-                c.data.path, self.source, c.model.block_size, c.batch.max_tokens or c.batch.micro * c.model.block_size,
-                c.run.seed, settings, start=start, eval_batches=c.train.eval_batches * c.batch.accumulation,
-                rank=rank, world=world,  # validation: eval_batches x accumulation x world stream batches, for any split
+                c.data.path,
+                self.source,
+                c.model.block_size,
+                c.batch.max_tokens or c.batch.micro * c.model.block_size,
+                c.run.seed,
+                settings,
+                start=start,
+                eval_batches=c.train.eval_batches * c.batch.accumulation,
+                rank=rank,
+                world=world,  # validation: eval_batches x accumulation x world stream batches, for any split
             )
             self.facts = {"batching": self._budget.description}
             return self._budget.loader
         # step s: micro x accumulation x world rows from (seed, s); this rank its chunks of them
-        return build_loader(self.train, c.batch.micro, c.run.seed, settings, start=start, rank=rank, world=world,
-                            accumulation=c.batch.accumulation)
+        return build_loader(
+            self.train,
+            c.batch.micro,
+            c.run.seed,
+            settings,
+            start=start,
+            rank=rank,
+            world=world,
+            accumulation=c.batch.accumulation,
+        )
 
     def val_batches(self, c: RunConfig, rank: int, world: int) -> list[Any]:
         if self._budget is not None:
             return self._budget.val_batches
         if self.val is None:
             return []
-        return fixed_batches(self.val, c.batch.micro, c.train.eval_batches, seed=c.run.seed + 1, rank=rank, world=world,
-                             accumulation=c.batch.accumulation)
+        return fixed_batches(
+            self.val,
+            c.batch.micro,
+            c.train.eval_batches,
+            seed=c.run.seed + 1,
+            rank=rank,
+            world=world,
+            accumulation=c.batch.accumulation,
+        )
 
     def example(self, c: RunConfig) -> Any:
         if self._budget is not None:
@@ -61,7 +88,11 @@ class TokenData(RunData):
 
     def steps_per_epoch(self, c: RunConfig, world: int) -> int:
         """The steps whose windows hold as many tokens as the training split (windows are drawn at random)."""
-        return max(1, len(self.source.train) // (int(c.batch.micro) * c.batch.accumulation * world * c.model.block_size))
+        return max(
+            1,
+            len(self.source.train)
+            // (int(c.batch.micro) * c.batch.accumulation * world * c.model.block_size),
+        )
 
     def start_after(self, saved_batches: int, step: int, c: RunConfig, saved_world: int, world: int) -> int:
         if c.data.batching == "tokens":  # the stream's position holds only with the same batches per step
@@ -75,8 +106,15 @@ class TokenData(RunData):
 def gpt_config(m: ModelConfig, vocab_size: int) -> GPTConfig:
     """The GPT a run's ``model`` section describes; ``vocab_size`` when the section leaves it 0."""
     return GPTConfig(
-        vocab_size=m.vocab_size or vocab_size, n_layer=m.n_layer, n_head=m.n_head, d_model=m.d_model,
-        block_size=m.block_size, dropout=m.dropout, attention=m.attention, loss=m.loss, sdpa_backend=m.sdpa_backend,
+        vocab_size=m.vocab_size or vocab_size,
+        n_layer=m.n_layer,
+        n_head=m.n_head,
+        d_model=m.d_model,
+        block_size=m.block_size,
+        dropout=m.dropout,
+        attention=m.attention,
+        loss=m.loss,
+        sdpa_backend=m.sdpa_backend,
     )
 
 
@@ -89,9 +127,15 @@ class GPTSpec(ModelSpec):
     memory_estimate = True
 
     def open_data(self, c: RunConfig, run_dir: Path, *, show: bool) -> TokenData:
-        source = open_tokens(c.data.path, val_fraction=c.data.val_fraction, cache_dir=c.data.cache_dir, progress=show,
-                             tokenizer=c.data.tokenizer, vocab_size=c.model.vocab_size,
-                             saved_tokenizer=run_dir / TOKENIZER_FILE)
+        source = open_tokens(
+            c.data.path,
+            val_fraction=c.data.val_fraction,
+            cache_dir=c.data.cache_dir,
+            progress=show,
+            tokenizer=c.data.tokenizer,
+            vocab_size=c.model.vocab_size,
+            saved_tokenizer=run_dir / TOKENIZER_FILE,
+        )
         return TokenData(c, source)
 
     def build_model(self, c: RunConfig, vocab_size: int) -> GPT:

@@ -16,5 +16,19 @@ from .layer import (
 )
 from .model import MoEConfig, MoEGPT, MoEMLP
 
-__all__ = ["EXTRA_STATE_KEY", "MoE", "MoEConfig", "MoEGPT", "MoEMLP", "aux_loss", "end_optimizer_step", "expert_counts",
-           "follow_optimizer_steps", "grow_experts", "grown_order", "load_balance_loss", "moe_layers", "route"]
+__all__ = [
+    "EXTRA_STATE_KEY",
+    "MoE",
+    "MoEConfig",
+    "MoEGPT",
+    "MoEMLP",
+    "aux_loss",
+    "end_optimizer_step",
+    "expert_counts",
+    "follow_optimizer_steps",
+    "grow_experts",
+    "grown_order",
+    "load_balance_loss",
+    "moe_layers",
+    "route",
+]

@@ -74,7 +74,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Iterator, Protocol
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -90,10 +91,13 @@ EXTRA_STATE_KEY = "_extra_state"  # a MoE layer's state-dict entry for its route
 
 _grouped_mm = getattr(F, "grouped_mm", None) or torch._grouped_mm
 
+
 class Dispatcher(Protocol):
     """Moves expert-sorted tokens to the ranks holding their experts and back (expert parallelism)."""
 
-    def dispatch(self, x_sorted: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    def dispatch(
+        self, x_sorted: torch.Tensor, counts: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """(rows for this rank's experts sorted by local expert, their counts per local expert, state for combine)."""
         ...
 
@@ -114,11 +118,14 @@ def _compute_dtype(x: torch.Tensor, otherwise: torch.dtype) -> torch.dtype:
 
 def _without_autocast(x: torch.Tensor) -> Any:
     """Autocast turned off on ``x``'s device (nothing to turn off on the meta device)."""
-    return torch.autocast(x.device.type, enabled=False) if x.device.type != "meta" else contextlib.nullcontext()
+    return (
+        torch.autocast(x.device.type, enabled=False) if x.device.type != "meta" else contextlib.nullcontext()
+    )
 
 
-def route(x: torch.Tensor, router_weight: torch.Tensor, top_k: int, bias: torch.Tensor | None = None
-          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def route(
+    x: torch.Tensor, router_weight: torch.Tensor, top_k: int, bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top-k routing of tokens ``x`` (N, d) in fp32: (mixing weights (N, k) fp32 summing to 1 per
     token, experts (N, k) int64, router probabilities (N, E) fp32). ``bias`` (E,) shifts which
     experts are *selected*, not the weights."""
@@ -143,7 +150,9 @@ def load_balance_loss(probs: torch.Tensor, counts: torch.Tensor, top_k: int) -> 
 def expert_counts(experts: torch.Tensor, n_experts: int) -> torch.Tensor:
     """Assignments per expert (E,) int64, on the device (no host sync; shape is static)."""
     flat = experts.reshape(-1)
-    return torch.zeros(n_experts, dtype=torch.long, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
+    return torch.zeros(n_experts, dtype=torch.long, device=flat.device).scatter_add_(
+        0, flat, torch.ones_like(flat)
+    )
 
 
 # ----------------------------------------------------------------------------- expert compute
@@ -165,8 +174,9 @@ def _scatter_rows(x: torch.Tensor, rows: torch.Tensor, n_rows: int) -> torch.Ten
     return buf.index_put((rows,), x)
 
 
-def experts_batched(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-                    capacity: int | None = None) -> torch.Tensor:
+def experts_batched(
+    x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, capacity: int | None = None
+) -> torch.Tensor:
     """All experts as one ``bmm`` over an (E, C, d) buffer: each expert's rows padded to C, the
     largest group (read on the host: compiled, a graph break) or ``capacity`` (then rows past it
     must already be dropped by the caller: they are not computed and come back as zeros)."""
@@ -185,7 +195,9 @@ def experts_batched(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2:
     return y[rows]
 
 
-def experts_grouped(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+def experts_grouped(
+    x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
+) -> torch.Tensor:
     """All experts as one grouped GEMM per projection (``F.grouped_mm``): no loop, no host sync.
 
     Groups are padded to :data:`GROUP_ALIGN` rows in a buffer of static size ``rows + E x
@@ -222,11 +234,15 @@ def _grouped_mm_shape(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> t
     return a.new_empty(offs.shape[0], a.shape[0], b.shape[-1])
 
 
-def _grouped_mm_save(ctx: Any, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor], output: torch.Tensor) -> None:
+def _grouped_mm_save(
+    ctx: Any, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor], output: torch.Tensor
+) -> None:
     ctx.save_for_backward(*inputs)
 
 
-def _grouped_mm_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
+def _grouped_mm_backward(
+    ctx: Any, grad: torch.Tensor
+) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
     """(M, K) x (G, K, N): d a = grad x b^T per group, d b = a^T x grad per group (2-D x 2-D)."""
     a, b, offs = ctx.saved_tensors
     grad_a = grouped_mm_any(grad, b.transpose(-2, -1), offs) if ctx.needs_input_grad[0] else None
@@ -257,7 +273,9 @@ def grown_order(old: int, new: int, ranks: int = 1) -> list[tuple[int, bool]]:
     return [item for h in held for item in h]
 
 
-def grow_experts(tensor: torch.Tensor, order: list[tuple[int, bool]], noise: float, seed: int) -> torch.Tensor:
+def grow_experts(
+    tensor: torch.Tensor, order: list[tuple[int, bool]], noise: float, seed: int
+) -> torch.Tensor:
     """``tensor`` (old experts first dim) laid out by ``order``; new rows get ``noise`` x std noise."""
     g = torch.Generator().manual_seed(seed)
     rows = tensor[[src for src, _ in order]].clone()
@@ -287,11 +305,24 @@ class MoE(nn.Module):
     Expert weights are ``w1`` (E, d, hidden) and ``w2`` (E, hidden, d); under expert parallelism
     they hold only this rank's ``n_local`` experts starting at ``first_expert``."""
 
-    def __init__(self, d_model: int, n_experts: int = 8, top_k: int = 2, hidden: int = 0, *,
-                 capacity_factor: float = 0.0, aux_loss_coef: float = 0.01, router_bias_update: float = 0.0,
-                 impl: str = "auto", init_std: float = 0.02, out_std: float | None = None) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        n_experts: int = 8,
+        top_k: int = 2,
+        hidden: int = 0,
+        *,
+        capacity_factor: float = 0.0,
+        aux_loss_coef: float = 0.01,
+        router_bias_update: float = 0.0,
+        impl: str = "auto",
+        init_std: float = 0.02,
+        out_std: float | None = None,
+    ) -> None:
         super().__init__()
-        check_settings(d_model, n_experts, top_k, hidden, capacity_factor, aux_loss_coef, router_bias_update, impl)
+        check_settings(
+            d_model, n_experts, top_k, hidden, capacity_factor, aux_loss_coef, router_bias_update, impl
+        )
         E, d, h = n_experts, d_model, hidden or 4 * d_model
         self.n_experts, self.top_k = E, top_k
         self.capacity_factor, self.impl = capacity_factor, impl
@@ -312,14 +343,21 @@ class MoE(nn.Module):
         # written by forward, read by MoEGPT and the experts monitor (plain attributes: DDP does not
         # broadcast them, checkpoints do not hold them)
         self.last_counts: torch.Tensor | None = None  # (E,) this forward's assignments per expert
-        self.last_aux: torch.Tensor | None = None  # this forward's load-balancing loss (before the coefficient)
-        self.pending_aux: torch.Tensor | None = None  # aux_loss_coef x last_aux of the last training forward, until taken
+        self.last_aux: torch.Tensor | None = (
+            None  # this forward's load-balancing loss (before the coefficient)
+        )
+        self.pending_aux: torch.Tensor | None = (
+            None  # aux_loss_coef x last_aux of the last training forward, until taken
+        )
         self.last_dropped: torch.Tensor | None = None  # assignments dropped by the capacity
         # tallies made here and moved with the module (_apply), never None: a compiled forward
         # that met None in its first step would compile again in its second
-        self.load: torch.Tensor = torch.zeros(E, dtype=torch.long)  # (E,) assignments summed over training forwards since the last read
-        self.dropped: torch.Tensor = torch.zeros((), dtype=torch.long)  # () dropped assignments since the last read
-        self.pending: torch.Tensor | None = self._nothing_pending()  # (E,) loads of finished steps, for the next bias update
+        # (E,) assignments summed over training forwards since the last read
+        self.load: torch.Tensor = torch.zeros(E, dtype=torch.long)
+        # () dropped assignments since the last read
+        self.dropped: torch.Tensor = torch.zeros((), dtype=torch.long)
+        # (E,) loads of finished steps, for the next bias update
+        self.pending: torch.Tensor | None = self._nothing_pending()
         self.step_load: torch.Tensor | None = None  # (E,) this optimizer step's loads so far (per-step mode)
         self.per_step = False  # True: the bias moves once per optimizer step (follow_optimizer_steps)
         self.grew_from = 0  # experts in the checkpoint this layer was grown from (0: not grown)
@@ -332,20 +370,26 @@ class MoE(nn.Module):
     # moves the bias as the uninterrupted run would. A step's loads not finished yet
     # (``step_load``) are not saved: like its gradients, they belong to a step a resume redoes.
 
-    def _apply(self, fn: Any, recurse: bool = True) -> "MoE":
+    def _apply(self, fn: Any, recurse: bool = True) -> MoE:
         """``.to()``/``.cuda()`` move the token tallies too, to the buffers' device (plain
         attributes, not buffers: data parallelism must not broadcast them)."""
         super()._apply(fn, recurse)
         device = self.expert_bias.device
         self.load, self.dropped = self.load.to(device), self.dropped.to(device)
-        self.pending, self.step_load = (None if t is None else t.to(device) for t in (self.pending, self.step_load))
+        self.pending, self.step_load = (
+            None if t is None else t.to(device) for t in (self.pending, self.step_load)
+        )
         return self
 
     def _nothing_pending(self) -> torch.Tensor | None:
         """Zero loads with the router bias on (they move it by sign(0) = 0: not at all), None
         without: the first training forward then meets a tensor, as every later one does, and a
         compiled model is not compiled again for the second step."""
-        return torch.zeros(self.n_experts, dtype=torch.long, device=self.expert_bias.device) if self.use_bias else None
+        return (
+            torch.zeros(self.n_experts, dtype=torch.long, device=self.expert_bias.device)
+            if self.use_bias
+            else None
+        )
 
     def get_extra_state(self) -> torch.Tensor:
         """The (E,) loads since the last bias update, summed over every rank (zeros when none). A
@@ -382,8 +426,9 @@ class MoE(nn.Module):
         old = w1.shape[0]
         order = grown_order(old, self.n_experts, self.n_experts // self.n_local)
         self.grew_from = old
-        for i, (name, noise) in enumerate((("w1", GROW_NOISE), ("w2", GROW_NOISE), ("router.weight", GROW_NOISE),
-                                           ("expert_bias", 0.0))):
+        for i, (name, noise) in enumerate(
+            (("w1", GROW_NOISE), ("w2", GROW_NOISE), ("router.weight", GROW_NOISE), ("expert_bias", 0.0))
+        ):
             if isinstance(state.get(prefix + name), torch.Tensor):
                 state[prefix + name] = grow_experts(state[prefix + name], order, noise, seed=1000 * old + i)
 
@@ -465,7 +510,9 @@ class MoE(nn.Module):
         else:  # expert parallel: capacity drops by zero weight (the rows still travel and compute)
             x_local, local_counts, state = self.dispatcher.dispatch(x_sorted, counts)
             y_sorted = self.dispatcher.combine(self.compute(x_local, local_counts), state)
-        out = torch.zeros_like(x, dtype=y_sorted.dtype).index_add_(0, token, y_sorted * w[:, None].to(y_sorted.dtype))
+        out = torch.zeros_like(x, dtype=y_sorted.dtype).index_add_(
+            0, token, y_sorted * w[:, None].to(y_sorted.dtype)
+        )
         return out.view(shape).to(x.dtype) if out.dtype != x.dtype else out.view(shape)
 
     def follow_optimizer_steps(self) -> None:
@@ -497,9 +544,13 @@ class MoE(nn.Module):
         if self.last_dropped is not None:
             self.dropped += self.last_dropped
         if update_rate > 0 and self.per_step:
-            self.step_load = self.last_counts.clone() if self.step_load is None else self.step_load + self.last_counts
+            self.step_load = (
+                self.last_counts.clone() if self.step_load is None else self.step_load + self.last_counts
+            )
         elif update_rate > 0:
-            self.pending = self.last_counts.clone() if self.pending is None else self.pending + self.last_counts
+            self.pending = (
+                self.last_counts.clone() if self.pending is None else self.pending + self.last_counts
+            )
 
     @torch.no_grad()
     def update_bias(self, rate: float) -> None:
@@ -548,16 +599,29 @@ def aux_loss(model: nn.Module) -> torch.Tensor | float:
     return total
 
 
-def check_settings(d_model: int, n_experts: int, top_k: int, hidden: int, capacity_factor: float,
-                   aux_loss_coef: float, router_bias_update: float, impl: str) -> None:
+def check_settings(
+    d_model: int,
+    n_experts: int,
+    top_k: int,
+    hidden: int,
+    capacity_factor: float,
+    aux_loss_coef: float,
+    router_bias_update: float,
+    impl: str,
+) -> None:
     """One line naming the argument and what it may be (a ConfigError), for each bad one."""
     if d_model < 1 or n_experts < 1 or hidden < 0:
-        raise ConfigError(f"MoE(d_model={d_model}, n_experts={n_experts}, hidden={hidden}): d_model and n_experts "
-                          "must be >= 1, hidden >= 0 (0 = 4 x d_model)")
+        raise ConfigError(
+            f"MoE(d_model={d_model}, n_experts={n_experts}, hidden={hidden}): d_model and n_experts "
+            "must be >= 1, hidden >= 0 (0 = 4 x d_model)"
+        )
     if not 1 <= top_k <= n_experts:
         raise ConfigError(f"MoE(top_k={top_k}): top_k must be between 1 and n_experts = {n_experts}")
-    for name, value in (("capacity_factor", capacity_factor), ("aux_loss_coef", aux_loss_coef),
-                        ("router_bias_update", router_bias_update)):
+    for name, value in (
+        ("capacity_factor", capacity_factor),
+        ("aux_loss_coef", aux_loss_coef),
+        ("router_bias_update", router_bias_update),
+    ):
         if not value >= 0:
             raise ConfigError(f"MoE({name}={value}): must be >= 0 (0 = off)")
     if impl not in MOE_IMPLS:

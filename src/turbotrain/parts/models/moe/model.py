@@ -40,7 +40,9 @@ class MoEConfig(GPTConfig):
         if not 1 <= self.top_k <= self.n_experts:
             raise ValueError(f"top_k = {self.top_k} must be between 1 and n_experts = {self.n_experts}")
         if self.moe_impl not in MOE_IMPLS:
-            raise ValueError(f"moe_impl = {self.moe_impl!r} is not valid; choose one of: {', '.join(MOE_IMPLS)}")
+            raise ValueError(
+                f"moe_impl = {self.moe_impl!r} is not valid; choose one of: {', '.join(MOE_IMPLS)}"
+            )
 
     @property
     def hidden(self) -> int:
@@ -50,16 +52,24 @@ class MoEConfig(GPTConfig):
         return (i + 1) % self.moe_every == 0
 
 
-
 class MoEMLP(MoE):
     """The GPT's MoE block MLP: a :class:`MoE` layer built from a :class:`MoEConfig`, its second
     projection initialised with GPT-2's residual scaling, ``managed`` by :class:`MoEGPT` (which
     moves its bias, counts its tokens and adds the mean load-balancing loss itself)."""
 
     def __init__(self, cfg: MoEConfig) -> None:
-        super().__init__(cfg.d_model, cfg.n_experts, cfg.top_k, cfg.hidden, capacity_factor=cfg.capacity_factor,
-                         aux_loss_coef=0.0, router_bias_update=cfg.router_bias_update, impl=cfg.moe_impl,
-                         out_std=0.02 / math.sqrt(2 * cfg.n_layer))  # GPT-2's residual-projection scaling
+        # GPT-2's residual-projection scaling
+        super().__init__(
+            cfg.d_model,
+            cfg.n_experts,
+            cfg.top_k,
+            cfg.hidden,
+            capacity_factor=cfg.capacity_factor,
+            aux_loss_coef=0.0,
+            router_bias_update=cfg.router_bias_update,
+            impl=cfg.moe_impl,
+            out_std=0.02 / math.sqrt(2 * cfg.n_layer),
+        )
         self.managed = True
 
 
@@ -71,7 +81,9 @@ class MoEGPT(GPT):
     def __init__(self, cfg: MoEConfig) -> None:
         super().__init__(cfg)
         self.cfg: MoEConfig = cfg
-        self._moe: list[MoEMLP] = []  # the same objects for the model's life (wrappers wrap blocks, not these)
+        self._moe: list[
+            MoEMLP
+        ] = []  # the same objects for the model's life (wrappers wrap blocks, not these)
         for i, block in enumerate(self.blocks):
             if cfg.is_moe_block(i):
                 block.mlp = MoEMLP(cfg)
@@ -81,8 +93,9 @@ class MoEGPT(GPT):
         """The MoE layers, in block order (not walked per forward: read from a list kept at build)."""
         return list(self._moe)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         layers = self.moe_layers()
         rate = self.cfg.router_bias_update
         if self.training and rate > 0:
@@ -117,4 +130,3 @@ class MoEGPT(GPT):
         cfg = self.cfg
         T = seq_len or cfg.block_size
         return 6 * self.num_active_params() + 12 * cfg.n_layer * cfg.n_head * (cfg.d_model // cfg.n_head) * T
-

@@ -43,13 +43,14 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch import nn
+from torch.distributed._functional_collectives import all_to_all_single_autograd
 
 from ....base.config import setting
 from ....base.errors import ConfigError
@@ -68,23 +69,30 @@ class AllToAllDispatcher:
     def __init__(self, group: Any, size: int, n_local: int) -> None:
         self.group, self.size, self.n_local = group, size, n_local
 
-    def dispatch(self, x_sorted: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    def dispatch(
+        self, x_sorted: torch.Tensor, counts: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, Any]:
         P, E_l = self.size, self.n_local
         recv_counts = torch.empty_like(counts)
-        dist.all_to_all_single(recv_counts, counts, group=self.group)  # E_l counts to each rank: its experts' rows from me
+        # E_l counts to each rank: its experts' rows from me
+        dist.all_to_all_single(recv_counts, counts, group=self.group)
         recv = recv_counts.view(P, E_l)  # [source rank, local expert]
-        sizes = torch.cat([counts.view(P, E_l).sum(1), recv.sum(1)]).tolist()  # sync: uneven all-to-all splits on the host
+        sizes = torch.cat(
+            [counts.view(P, E_l).sum(1), recv.sum(1)]
+        ).tolist()  # sync: uneven all-to-all splits on the host
         send_sizes, recv_sizes = sizes[:P], sizes[P:]
         x_recv = all_to_all_single_autograd(x_sorted, recv_sizes, send_sizes, self.group)
         # rows arrive grouped by (source rank, local expert): regroup them by local expert
-        expert_of_row = torch.repeat_interleave(torch.arange(E_l, device=counts.device).repeat(P), recv.reshape(-1),
-                                                output_size=x_recv.shape[0])
+        expert_of_row = torch.repeat_interleave(
+            torch.arange(E_l, device=counts.device).repeat(P), recv.reshape(-1), output_size=x_recv.shape[0]
+        )
         order = torch.argsort(expert_of_row, stable=True)
         return x_recv[order], recv.sum(0), (order, send_sizes, recv_sizes)
 
     def combine(self, y_local: torch.Tensor, state: Any) -> torch.Tensor:
         order, send_sizes, recv_sizes = state
-        y_recv = torch.empty_like(y_local).index_copy(0, order, y_local)  # back to (source rank, expert) order
+        # back to (source rank, expert) order
+        y_recv = torch.empty_like(y_local).index_copy(0, order, y_local)
         return all_to_all_single_autograd(y_recv, send_sizes, recv_sizes, self.group)
 
 
@@ -112,10 +120,14 @@ def check_degree(degree: int, world: int, n_experts: int | None) -> None:
     (None: not known yet, a workload's MoE layers are checked when they are sharded)."""
     if degree < 1 or world % degree:
         example = world if n_experts is None or n_experts % world == 0 else 1
-        raise ConfigError(f"distributed.expert_parallel = {degree} must divide the world size {world} "
-                          f"(processes launched), e.g. {setting('distributed.expert_parallel', example)}")
+        raise ConfigError(
+            f"distributed.expert_parallel = {degree} must divide the world size {world} "
+            f"(processes launched), e.g. {setting('distributed.expert_parallel', example)}"
+        )
     if n_experts is not None and n_experts % degree:
-        raise ConfigError(f"distributed.expert_parallel = {degree} must divide the {n_experts} experts of each MoE block")
+        raise ConfigError(
+            f"distributed.expert_parallel = {degree} must divide the {n_experts} experts of each MoE block"
+        )
 
 
 def _reduce_hook(layout: ExpertLayout) -> Any:
@@ -125,8 +137,10 @@ def _reduce_hook(layout: ExpertLayout) -> Any:
         # by `world` and add the replicas' sums: the gradient of the mean loss over all ranks.
         grad = grad / layout.world
         if layout.replicas > 1:
-            dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=layout.replica_group)  # SUM: gloo's AVG has had bugs
+            # SUM: gloo's AVG has had bugs
+            dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=layout.replica_group)
         return grad
+
     return hook
 
 
@@ -140,10 +154,13 @@ class PlacedExperts:
     grad_norm: GradNormFn | None = None
 
 
-_attached: "weakref.WeakSet[torch.optim.Optimizer]" = weakref.WeakSet()  # optimizers whose state follows the experts
+# optimizers whose state follows the experts
+_attached: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
 
 
-def place_experts(model: nn.Module, optimizer: torch.optim.Optimizer | None, layout: ExpertLayout | None) -> PlacedExperts:
+def place_experts(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None, layout: ExpertLayout | None
+) -> PlacedExperts:
     """The expert dimension of a parallel plan, done before the data-parallel wrapper: with a
     ``layout`` (degree > 1), keep this rank's slice of every MoE block's experts, route tokens
     through :class:`AllToAllDispatcher`, reduce the expert gradients over their replica group and
@@ -152,21 +169,27 @@ def place_experts(model: nn.Module, optimizer: torch.optim.Optimizer | None, lay
     ``layout`` for a model without MoE layers is one line. Placing twice does nothing more."""
     layers = [layer for _, layer in moe_layers(model)]
     if layout is not None and not layers:
-        raise ConfigError(f"distributed.expert_parallel = {layout.degree} needs a mixture-of-experts model "
-                          f"({setting('model.arch', 'moe')}, or a --model with turbotrain.MoE layers)")
+        raise ConfigError(
+            f"distributed.expert_parallel = {layout.degree} needs a mixture-of-experts model "
+            f"({setting('model.arch', 'moe')}, or a --model with turbotrain.MoE layers)"
+        )
     if layout is not None and not any(isinstance(layer.dispatcher, AllToAllDispatcher) for layer in layers):
         check_degree(layout.degree, layout.world, layers[0].n_experts)
         if optimizer is not None and optimizer.state:
-            raise ConfigError(f"distributed.expert_parallel = {layout.degree} keeps a slice of the experts on each rank: "
-                              "call engine.setup(model, optimizer) before the optimizer's first step")
+            raise ConfigError(
+                f"distributed.expert_parallel = {layout.degree} keeps a slice of the experts on each rank: "
+                "call engine.setup(model, optimizer) before the optimizer's first step"
+            )
         slices = shard_experts(layers, layout)
         for group in optimizer.param_groups if optimizer is not None else ():
             group["params"] = [slices.get(id(p), p) for p in group["params"]]
     if optimizer is not None:
         attach_optimizer(model, optimizer)
     spread = layout is not None and layout.degree > 1
-    return PlacedExperts([p for layer in layers for p in (layer.w1, layer.w2)] if spread else [],
-                         grad_norm(model) if spread else None)
+    return PlacedExperts(
+        [p for layer in layers for p in (layer.w1, layer.w2)] if spread else [],
+        grad_norm(model) if spread else None,
+    )
 
 
 def shard_experts(layers: list[MoE], layout: ExpertLayout) -> dict[int, nn.Parameter]:
@@ -186,8 +209,13 @@ def shard_experts(layers: list[MoE], layout: ExpertLayout) -> dict[int, nn.Param
             p.register_hook(hook)
         layer.register_state_dict_post_hook(_full_experts_hook(layout))  # checkpoints hold every expert
         layer.register_load_state_dict_pre_hook(_local_experts_hook(layer))
-    log.info("expert parallel: degree %d, rank %d holds experts %d..%d of each MoE block", layout.degree, layout.rank,
-             first, first + n_local - 1)
+    log.info(
+        "expert parallel: degree %d, rank %d holds experts %d..%d of each MoE block",
+        layout.degree,
+        layout.rank,
+        first,
+        first + n_local - 1,
+    )
     return slices
 
 
@@ -208,12 +236,18 @@ def grad_norm(model: nn.Module) -> GradNormFn | None:
         dense = [p.grad for p in params if p.grad is not None and id(p) not in experts]
         local = [p.grad for p in params if p.grad is not None and id(p) in experts]
         device = next((p.device for p in params), torch.device("cpu"))
-        squared = (torch.nn.utils.get_total_norm(local, foreach=True).to(device, torch.float32).square() if local
-                   else torch.zeros((), device=device))  # every rank joins the all-reduce, with or without gradients
-        dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=group)  # all the experts of this group: every expert once
+        # every rank joins the all-reduce, with or without gradients
+        squared = (
+            torch.nn.utils.get_total_norm(local, foreach=True).to(device, torch.float32).square()
+            if local
+            else torch.zeros((), device=device)
+        )
+        # all the experts of this group: every expert once
+        dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=group)
         if dense:
             squared = squared + torch.nn.utils.get_total_norm(dense, foreach=True).float().square()
         return squared.sqrt()
+
     return norm
 
 
@@ -229,16 +263,19 @@ def _full_experts_hook(layout: ExpertLayout) -> Any:
     def hook(module: nn.Module, state: dict[str, Any], prefix: str, local_metadata: Any) -> None:
         for name in ("w1", "w2"):
             state[prefix + name] = gather_experts(state[prefix + name], layout)
+
     return hook
 
 
 def _local_experts_hook(layer: MoE) -> Any:
     """Loading: a checkpoint's full expert tensors (any degree wrote them) -> this rank's slice."""
+
     def hook(module: nn.Module, state: dict[str, Any], prefix: str, *args: Any) -> None:
         for name in ("w1", "w2"):
             value = state.get(prefix + name)
             if isinstance(value, torch.Tensor) and value.shape[0] == layer.n_experts != layer.n_local:
-                state[prefix + name] = value[layer.first_expert:layer.first_expert + layer.n_local]
+                state[prefix + name] = value[layer.first_expert : layer.first_expert + layer.n_local]
+
     return hook
 
 
@@ -254,8 +291,11 @@ def attach_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None
     if not layers or optimizer in _attached:
         return
     _attached.add(optimizer)
-    routed = {id(p): (layer, sharded) for layer in layers
-              for p, sharded in ((layer.w1, True), (layer.w2, True), (layer.router.weight, False))}
+    routed = {
+        id(p): (layer, sharded)
+        for layer in layers
+        for p, sharded in ((layer.w1, True), (layer.w2, True), (layer.router.weight, False))
+    }
 
     def positions() -> dict[int, tuple[MoE, bool]]:
         params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -287,12 +327,13 @@ def attach_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None
             for key, value in list(entry.items()):
                 if not isinstance(value, torch.Tensor) or value.dim() == 0:
                     continue
-                if value.shape[0] < layer.n_experts and value.shape[0] == layer.grew_from:  # grown: new experts start fresh
+                # grown: new experts start fresh
+                if value.shape[0] < layer.n_experts and value.shape[0] == layer.grew_from:
                     order = grown_order(value.shape[0], layer.n_experts, layer.n_experts // layer.n_local)
                     value = grow_experts(value, order, 0.0, 0)
                     value[[j for j, (_, is_new) in enumerate(order) if is_new]] = 0
                 if sharded and value.shape[0] == layer.n_experts != layer.n_local:
-                    value = value[layer.first_expert:layer.first_expert + layer.n_local]
+                    value = value[layer.first_expert : layer.first_expert + layer.n_local]
                 entry[key] = value
         return state_dict
 
@@ -318,6 +359,6 @@ def _saved_key(state_dict: dict[str, Any], position: int) -> Any:
 
 def _keep_slice(layer: MoE, first: int, n_local: int) -> None:
     with torch.no_grad():
-        layer.w1 = nn.Parameter(layer.w1[first:first + n_local].clone())
-        layer.w2 = nn.Parameter(layer.w2[first:first + n_local].clone())
+        layer.w1 = nn.Parameter(layer.w1[first : first + n_local].clone())
+        layer.w2 = nn.Parameter(layer.w2[first : first + n_local].clone())
     layer.first_expert, layer.n_local = first, n_local

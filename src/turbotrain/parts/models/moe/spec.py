@@ -17,9 +17,15 @@ from .model import MoEConfig, MoEGPT
 def moe_config(m: ModelConfig, e: MoESection, vocab_size: int) -> MoEConfig:
     """The mixture-of-experts GPT of a run's ``[model]`` (backbone) and ``[moe]`` (experts) sections."""
     return MoEConfig(
-        **vars(gpt_config(m, vocab_size)), n_experts=e.n_experts, top_k=e.top_k, moe_every=e.every,
-        expert_hidden=e.expert_hidden, aux_loss_coef=e.aux_loss_coef, capacity_factor=e.capacity_factor,
-        router_bias_update=e.router_bias_update, moe_impl=e.impl,
+        **vars(gpt_config(m, vocab_size)),
+        n_experts=e.n_experts,
+        top_k=e.top_k,
+        moe_every=e.every,
+        expert_hidden=e.expert_hidden,
+        aux_loss_coef=e.aux_loss_coef,
+        capacity_factor=e.capacity_factor,
+        router_bias_update=e.router_bias_update,
+        moe_impl=e.impl,
     )
 
 
@@ -33,8 +39,11 @@ class MoESpec(GPTSpec):
 
     def facts(self, c: RunConfig, model: nn.Module) -> dict[str, Any]:
         assert isinstance(model, MoEGPT)
-        return {**super().facts(c, model), "params": model.num_total_params(non_embedding=False),  # every expert
-                "active_params": model.num_active_params(non_embedding=False)}
+        return {
+            **super().facts(c, model),
+            "params": model.num_total_params(non_embedding=False),  # every expert
+            "active_params": model.num_active_params(non_embedding=False),
+        }
 
     def experts(self, c: RunConfig) -> int | None:
         return c.moe.n_experts
