@@ -160,12 +160,16 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Any = None, target: types.ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if moved_to(fullname) is None:
+        moved = moved_to(fullname)
+        # an old name of a module that does not exist now is not found (find_spec probes of
+        # optional modules must not get a false "exists")
+        if moved is None or importlib.util.find_spec(moved[1]) is None:
             return None
         return importlib.util.spec_from_loader(fullname, _MovedModuleLoader(), is_package=True)
 
 
-if not any(isinstance(f, _MovedModuleFinder) for f in sys.meta_path):
+# by name, not class: importlib.reload(turbotrain) defines the class anew
+if not any(type(f).__qualname__ == _MovedModuleFinder.__qualname__ for f in sys.meta_path):
     sys.meta_path.insert(0, _MovedModuleFinder())
 
 

@@ -13,9 +13,8 @@ from .cli import main
 
 code = main()
 if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun (its variables)
-    for (
-        thread
-    ) in threading.enumerate():  # what the interpreter's exit would wait for: a checkpoint write in flight
+    # what the interpreter's exit would wait for: a checkpoint write in flight
+    for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
     sys.stdout.flush()

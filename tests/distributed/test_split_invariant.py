@@ -211,7 +211,8 @@ def test_token_batching_keeps_the_batches_per_step_at_another_world_size(work):
     refused = inprocess.train(plain)
     assert refused.returncode == 2 and refused.stderr.strip().splitlines()[
         -1
-    ] == (  # after the RNG re-seed warning
+        # after the RNG re-seed warning
+    ] == (
         "turbotrain train: error: data.batching = 'tokens' resumes exactly only with the same token-budget batches per "
         "optimizer step (processes x accumulation): the checkpoint's run took 2 (2 processes x accumulation 1) and this "
         "run takes 1 (1 process x accumulation 1); resume with --batch.accumulation=2"

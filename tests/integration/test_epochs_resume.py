@@ -57,9 +57,8 @@ def test_an_epochs_run_resumed_at_another_micro_batch_is_refused_in_one_line(
     assert "train.epochs" in err[0] and "global batch of 256" in err[0] and "--batch.micro=256" in err[0], (
         err[0]
     )
-    assert (run / "config.toml").read_text() == config and (
-        run / "metrics.jsonl"
-    ).read_text() == metrics  # untouched
+    # untouched
+    assert (run / "config.toml").read_text() == config and (run / "metrics.jsonl").read_text() == metrics
 
     # at its own batch it ends where an uninterrupted run ends: 24 steps, each epoch once
     assert main(["train", "--resume", str(run), "--no-progress"]) == 0

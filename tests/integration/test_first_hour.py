@@ -41,10 +41,11 @@ def test_a_short_bf16_run_warns_in_one_clean_line_and_its_resume_says_it_is_comp
     done = _train(*common, "--precision.mode=bf16-mixed")
     assert done.returncode == 0, done.stderr
     warned = [line for line in done.stderr.splitlines() if "WARNING" in line or "Warning" in line]
+    # no source line, no default warm-up warning
     assert warned == [
         "WARNING turbotrain: precision.mode = 'bf16-mixed' on CPU: without bf16 units this is often many "
         "times slower than fp32"
-    ], done.stderr  # no source line, no default warm-up warning
+    ], done.stderr
     again = _train("--resume", str(tmp_path / "runs" / "first"))
     assert again.returncode == 0, again.stderr
     assert (

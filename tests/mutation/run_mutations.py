@@ -63,7 +63,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     # --- exact resume with randomness (issue 31) --------------------------------------------------
     Mutation(
         "rng-torch",
-        "src/turbotrain/loop/checkpoint.py",
+        "src/turbotrain/base/seeds.py",
         '    torch.set_rng_state(state["torch"])',
         "    pass  # mutation: torch's generator not restored",
         (RESUME,),
@@ -71,7 +71,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "rng-python",
-        "src/turbotrain/loop/checkpoint.py",
+        "src/turbotrain/base/seeds.py",
         '    random.setstate(_as_tuple(state["python"]))',
         "    pass  # mutation: Python's generator not restored",
         (RESUME,),
@@ -79,7 +79,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "rng-numpy",
-        "src/turbotrain/loop/checkpoint.py",
+        "src/turbotrain/base/seeds.py",
         "    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))",
         "    pass  # mutation: numpy's generator not restored",
         (RESUME,),

@@ -4,6 +4,7 @@ import errno
 import io
 import os
 import pickle
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from turbotrain.parts.data import (
 )
 from turbotrain.parts.data.batching import PieceRows
 from turbotrain.parts.data.documents import Documents
+from turbotrain.parts.data.epochs import EpochSampler
 from turbotrain.parts.data.sources import LLMC_MAGIC
 
 CPU = torch.device("cpu")
@@ -318,3 +320,18 @@ def test_an_llmc_header_with_a_negative_token_count_is_refused(tmp_path: Path):
     path.write_bytes(header.tobytes() + np.arange(50, dtype=np.uint16).tobytes())
     with pytest.raises(TurbotrainError, match="llm.c header says -7 tokens"):
         open_tokens(str(path), val_fraction=0.1)
+
+
+def test_each_micro_batch_of_a_step_gets_its_own_worker_seed_on_every_rank():
+    """A DataLoader worker seeds its augmentation from the micro-batch's slot in the step: two
+    ranks (or two accumulation micro-steps) never draw the same crops for different samples, and
+    a resumed stream (start at step 2) gives the same seeds as the unstopped one."""
+
+    def seeds(rank: int, start: int = 0) -> list[int]:
+        sampler = EpochSampler(64, 4, 7, True, start=start, rank=rank, world=2, accumulation=2)
+        return [batch.seed for batch in islice(iter(sampler), 6)]  # 3 steps of 2 micro-batches
+
+    rank0, rank1 = seeds(0), seeds(1)
+    per_step = [set(rank0[2 * s : 2 * s + 2]) | set(rank1[2 * s : 2 * s + 2]) for s in range(3)]
+    assert all(len(slots) == 4 for slots in per_step), (rank0, rank1)
+    assert seeds(1, start=4) == rank1[4:] + seeds(1, start=6)[:4]

@@ -209,9 +209,8 @@ class Strategy:
         self.plan = plan or ParallelPlan(Topology())
         self.topology = self.plan.topology
         self.rank, self.world = self.topology.rank, self.topology.world
-        self.grad_norm: GradNormFn | None = (
-            None  # the global gradient norm when experts are spread (set by wrap)
-        )
+        # the global gradient norm when experts are spread (set by wrap)
+        self.grad_norm: GradNormFn | None = None
 
     @property
     def is_main(self) -> bool:

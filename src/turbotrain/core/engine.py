@@ -142,9 +142,8 @@ class EngineOptions:
     grad_clip: float = 0.0
     nonfinite: str = "fallback"
     max_nonfinite_steps: int = 3
-    sync_every: int = (
-        10  # optimizer steps between guard reads: the monitor's logging cadence, so both share one sync
-    )
+    # optimizer steps between guard reads: the monitor's logging cadence, so both share one sync
+    sync_every: int = 10
     track_grad_norm: bool = False
     device_prefetch: bool = True
     checkpointing: str = "off"
@@ -237,9 +236,8 @@ class Engine:
         self.pending_micro_steps = 0  # backward passes since the last optimizer step
         self.state = TrainState()
         self.events: list[Event] = []
-        self._logged: dict[
-            str, tuple[torch.Tensor, int]
-        ] = {}  # engine.log: name -> (sum on the device, count)
+        # engine.log: name -> (sum on the device, count)
+        self._logged: dict[str, tuple[torch.Tensor, int]] = {}
         self._aux_modules: list[Any] = []  # modules whose auxiliary loss backward adds (see setup)
         # the step's tensor work (window.py); precision, guard and grad norm live there, read through properties
         self.window = Window(
@@ -696,9 +694,8 @@ class Engine:
         """Change precision mid-run (fallback): new autocast/scaler, weights and state cast back up."""
         old = self.precision
         self.precision = build_precision(mode, self.device, self.caps, self.options.precision_settings)
-        for (
-            model
-        ) in self._models:  # layer swaps (fp8's float8 linears) undone: the parameters stay the same objects
+        # layer swaps (fp8's float8 linears) undone: the parameters stay the same objects
+        for model in self._models:
             old.revert_module(model)
         if old.param_dtype != self.precision.param_dtype:
             for model in self._models:

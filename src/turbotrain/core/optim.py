@@ -146,9 +146,8 @@ class PlateauLR(torch.optim.lr_scheduler.LRScheduler):
     ``state_dict()``: checkpointed and resumed with the run.
     """
 
-    THRESHOLD = (
-        1e-4  # relative improvement that counts, as torch.optim.lr_scheduler.ReduceLROnPlateau's default
-    )
+    # relative improvement that counts, as torch.optim.lr_scheduler.ReduceLROnPlateau's default
+    THRESHOLD = 1e-4
 
     def __init__(
         self,

@@ -22,7 +22,6 @@ import copy
 import hashlib
 import logging
 import pickle
-import random
 import re
 import shutil
 import threading
@@ -32,7 +31,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -40,6 +38,7 @@ from torch import nn
 from ..base.atomic import atomic_write, clean_stale_temps
 from ..base.config import MODEL_SECTIONS, TrainConfig, migrate
 from ..base.errors import TurbotrainError
+from ..base.seeds import rng_state, seed_all, set_rng_state
 from ..core.distributed import ReportedByMainRank, Strategy, in_group, new_gloo_group, rank_world
 from ..core.engine import Engine
 from . import sharded
@@ -57,32 +56,6 @@ def sha256_of(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def rng_state() -> dict[str, Any]:
-    """Every RNG a training step may draw from, in weights_only-loadable types."""
-    np_state = np.random.get_state()
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "python": random.getstate(),
-        "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(_as_tuple(state["python"]))
-    name, keys, *rest = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _as_tuple(x: Any) -> Any:
-    return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 
 def checkpoint_path(folder: Path, step: int) -> Path:
@@ -452,13 +425,14 @@ class RunState(dict[str, Stateful]):
 def _load_entry(name: str, load: Callable[[Any], None], value: Any, source: str) -> None:
     try:
         load(value)
+    # shapes or groups changed by overrides
     except (
         RuntimeError,
         ValueError,
         KeyError,
         TypeError,
         AttributeError,
-    ) as exc:  # shapes or groups changed by overrides
+    ) as exc:
         detail = " ".join(str(exc).split())[:300]
         raise TurbotrainError(
             f"{source}: its {name} state does not fit the {name} this config builds "
@@ -487,15 +461,6 @@ def run_state(
     state = RunState(**entries, rng=(rng_state, set_rng_state), **extra)
     state.strategy = engine.strategy
     return state
-
-
-def seed_all(seed: int) -> None:
-    """Seed every generator a user's code may draw from: torch's (every device's too), Python's
-    ``random`` and numpy's. A run seeds all three at its start (``run.seed``), so a model or loss
-    that draws from ``random`` or numpy trains the same in every run, as a resumed run does."""
-    torch.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
 
 
 def reseed(step: int, rank: int) -> None:

@@ -32,30 +32,27 @@ class EpochLog(Hook):
         self.monitor, self.steps_per_epoch, self.epochs = monitor, steps_per_epoch, epochs
         self._start = time.perf_counter()
         self._memory = next((p for p in monitor.probes if isinstance(p, MemoryProbe)), None)
-        self._loss_sum: torch.Tensor | None = None  # this epoch's finite step losses, on the device
-        self._loss_steps: torch.Tensor | None = None  # how many there were, on the device
+        self._losses: list[torch.Tensor] = []  # this epoch's step losses, on the device
 
     def on_fit_start(self, ctx: FitContext) -> None:
         self._start = time.perf_counter()
 
     def _add_loss(self, loss: torch.Tensor | None) -> None:
-        """Add one step's loss to the epoch's running sum: device ops only, no host-device sync."""
-        if loss is None:
-            return
-        finite = torch.isfinite(loss)
-        # new tensors, not views of the loss: a CUDA-graph replay overwrites its output
-        value, count = torch.where(finite, loss.detach().float(), 0.0), finite.float()
-        if self._loss_sum is None or self._loss_steps is None:
-            self._loss_sum, self._loss_steps = value, count
-        else:
-            self._loss_sum, self._loss_steps = self._loss_sum + value, self._loss_steps + count
+        """Keep one step's loss for the epoch's mean: one device copy a step (a CUDA-graph replay
+        overwrites its output), no host-device sync; the sum is taken once per epoch."""
+        if loss is not None:
+            self._losses.append(loss.detach().clone())
 
     def _take_mean_loss(self) -> float | None:
-        """The epoch's mean step loss (a host-device sync point, once per epoch), and start over."""
-        total, steps, self._loss_sum, self._loss_steps = self._loss_sum, self._loss_steps, None, None
-        if total is None or steps is None:
+        """The mean of the epoch's finite step losses (a host-device sync point, once per epoch;
+        None when no step's loss was finite), and start over."""
+        losses, self._losses = self._losses, []
+        if not losses:
             return None
-        summed, n = torch.stack((total, steps)).tolist()  # host-device sync point (once per epoch)
+        stacked = torch.stack(losses).float()
+        finite = torch.isfinite(stacked)
+        # host-device sync point (once per epoch)
+        summed, n = torch.stack((stacked.where(finite, 0.0).sum(), finite.sum().float())).tolist()
         return summed / n if n else None
 
     def on_step_end(self, ctx: FitContext) -> None:

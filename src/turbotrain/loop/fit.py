@@ -53,9 +53,8 @@ def fit(
         for _ in range(passes):
             if engine.state.step >= max_steps:
                 break
-            for (
-                batch
-            ) in batches:  # a stop asked before the first step takes effect after it (hooks see one step)
+            # a stop asked before the first step takes effect after it (hooks see one step)
+            for batch in batches:
                 engine.forward_backward(model, batch, loss_fn)
                 if engine.step(optimizer):
                     hook.on_step_end(ctx)

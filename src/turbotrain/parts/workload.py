@@ -45,9 +45,8 @@ class Workload:
     optimizer: torch.optim.Optimizer | None = None
     loss_fn: Callable[[nn.Module, Any], Any] | None = None
     eval_loader: Iterable[Any] | None = None
-    metrics_fn: Callable[[nn.Module, Any], Mapping[str, torch.Tensor]] | None = (
-        None  # validation metrics, e.g. accuracy
-    )
+    # validation metrics, e.g. accuracy
+    metrics_fn: Callable[[nn.Module, Any], Mapping[str, torch.Tensor]] | None = None
     source: str = ""  # the FILE.py:FUNC it came from ("" when built in Python)
 
     def describe(self) -> str:

@@ -205,9 +205,8 @@ class Job:
     model: nn.Module  # built from the seed on the host, not yet moved
     batches: BatchList
     clock: StepClock
-    loss_fn: Callable[[nn.Module, Any], Any] = (
-        default_loss  # (model, batch) -> loss; a --model workload's own
-    )
+    # (model, batch) -> loss; a --model workload's own
+    loss_fn: Callable[[nn.Module, Any], Any] = default_loss
     moe: list[MoE] = field(init=False)  # the model's MoE layers, found once
 
     def __post_init__(self) -> None:

@@ -55,9 +55,8 @@ class BenchOptions:
     timeout_s: float = 900.0
     log: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
     handtuned_compile: str = "auto"  # torch.compile in the hand-tuned row: auto (CUDA only), on, off
-    repeat: int = (
-        1  # processes per row, run round-robin across rows (a noisy machine's bursts then hit every row)
-    )
+    # processes per row, run round-robin across rows (a noisy machine's bursts then hit every row)
+    repeat: int = 1
     compile_cache: str = "cold"  # "cold": a fresh inductor/triton cache per row; "shared": one for all rows
     profile_dir: Path | None = None  # compare: profile a few turbotrain steps after its timed window
     profile_steps: int = 3

@@ -104,9 +104,8 @@ class Precision:
     )
     # asked of the strategy: parameters (and optimizer state) in this dtype
     param_dtype: torch.dtype = torch.float32
-    compute_dtype: torch.dtype | None = (
-        None  # what matmuls run in, when it is not the parameters' dtype (FSDP2's param_dtype)
-    )
+    # what matmuls run in, when it is not the parameters' dtype (FSDP2's param_dtype)
+    compute_dtype: torch.dtype | None = None
     reduce_dtype: torch.dtype = torch.float32  # gradient reductions across ranks
     scaler: torch.amp.GradScaler | None = None
 

@@ -115,15 +115,13 @@ class FP8(BF16Mixed):
             lm_head,
             skip,
         )
-        self.all_gather = (
-            all_gather  # asked for (precision.fp8_all_gather); it acts only on a model FSDP2 shards
-        )
+        # asked for (precision.fp8_all_gather); it acts only on a model FSDP2 shards
+        self.all_gather = all_gather
         self.converted: list[str] = []  # names of the layers that run in float8
         self.kept: list[str] = []  # linear layers left in bf16, with the reason
         self.all_gathered: list[nn.Module] = []  # models whose float8 weights FSDP2 all-gathers in float8
-        self._hooks: list[
-            Any
-        ] = []  # their state-dict hooks (plain weights in checkpoints, fresh scales on load), removed on revert
+        # their state-dict hooks (plain weights in checkpoints, fresh scales on load), removed on revert
+        self._hooks: list[Any] = []
 
     def own_settings(self, settings: PrecisionConfig) -> PrecisionConfig:
         return dataclasses.replace(

@@ -12,23 +12,23 @@ the same optimizer steps, and a resume after step ``s`` starts exactly at batch 
 
 The loader keeps the user's dataset, ``collate_fn`` and ``worker_init_fn``; workers and pinning
 come from the run's ``data`` section. In a worker process, torch's, Python's and numpy's generators
-are seeded from ``(seed, k)`` before micro-batch ``k`` is read, so a random augmentation there draws
-the same numbers whichever worker reads the batch, and a resumed run draws what the unstopped run
+are seeded from ``(seed, step, slot)`` (the micro-batch's place among all ranks' micro-batches of
+that step) before it is read, so a random augmentation there draws the same numbers whichever
+worker reads the batch, each rank draws its own, and a resumed run draws what the unstopped run
 drew (a worker's own stream would restart with the resume). In the main process (no workers) the
 augmentation draws from the global generators, which checkpoints save and restore.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler
 
 from ...base.errors import TurbotrainError
+from ...base.seeds import derive_seed, seed_all
 from .loader import LoaderSettings
 
 
@@ -88,22 +88,25 @@ class EpochSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         k = self.start
         while True:
-            yield Indices(self.batch(k), k, self.seed)
+            step, j = divmod(k, self.accumulation)
+            # a worker's generators for this micro-batch: from its global slot in the step (all
+            # ranks' micro-batches of a step differ), never from the rank's own count alone
+            yield Indices(self.batch(k), derive_seed(self.seed, step, j * self.world + self.rank))
             k += 1
 
 
 class Indices(list):
-    """A micro-batch's dataset indices, with its number ``k`` in the rank's stream and the run's
-    seed: what a worker seeds its generators from before reading it (:class:`SeededReads`)."""
+    """A micro-batch's dataset indices, with the seed a worker seeds its generators from before
+    reading it (:class:`SeededReads`): derived from the run's seed and the batch's slot."""
 
-    def __init__(self, indices: list[int], k: int, seed: int) -> None:
+    def __init__(self, indices: list[int], seed: int) -> None:
         super().__init__(indices)
-        self.k, self.seed = k, seed
+        self.seed = seed
 
 
 class SeededReads(Dataset):
     """``dataset`` read a micro-batch at a time; in a DataLoader worker, torch's, Python's and
-    numpy's generators are first seeded from the batch's ``(seed, k)`` (see the module docstring)."""
+    numpy's generators are first seeded from the batch's seed (see the module docstring)."""
 
     def __init__(self, dataset: Dataset) -> None:
         self.dataset = dataset
@@ -116,10 +119,7 @@ class SeededReads(Dataset):
 
     def __getitems__(self, batch: list[int]) -> list[Any]:
         if isinstance(batch, Indices) and torch.utils.data.get_worker_info() is not None:
-            seed = (batch.seed * 1_000_003 + batch.k) % 2**32
-            torch.manual_seed(seed)
-            random.seed(seed)
-            np.random.seed(seed)
+            seed_all(batch.seed)
         own = getattr(self.dataset, "__getitems__", None)
         return own(list(batch)) if own else [self.dataset[i] for i in batch]
 

@@ -37,9 +37,8 @@ class RunData(ABC):
 
     description: str = ""  # one line for the summary: what the data is
     positions: int = 2**62  # distinct training rows: the batch finder's upper bound for batch.micro
-    split_invariant: bool = (
-        True  # step s's rows depend only on (seed, s, the global batch): a resume may change the split
-    )
+    # step s's rows depend only on (seed, s, the global batch): a resume may change the split
+    split_invariant: bool = True
     facts: dict[str, Any] = {}  # more for summary.json's "resolved" (e.g. the token batching)
 
     @abstractmethod
@@ -81,9 +80,8 @@ class ModelSpec(ABC):
     name: str = "model"
     unit: str = "samples"  # what throughput counts: 'tokens' for language models, 'samples' otherwise
     generates: bool = False  # `turbotrain sample` can ask it for text
-    memory_estimate: bool = (
-        False  # the analytic memory estimate (turbotrain.tools.memory.estimate) describes it
-    )
+    # the analytic memory estimate (turbotrain.tools.memory.estimate) describes it
+    memory_estimate: bool = False
 
     @abstractmethod
     def open_data(self, c: RunConfig, run_dir: Path, *, show: bool) -> RunData:

@@ -46,6 +46,7 @@ from ...base.batch import tensors_of
 from ...base.config import BATCH_PICKS, RunConfig, choice_error
 from ...base.errors import ConfigError, TurbotrainError
 from ...base.rundir import BATCH_CACHE
+from ...base.seeds import rng_state, set_rng_state
 from ...base.units import GIB, gib
 from ...core.distributed import collective_device, in_group, rank_world
 from ...core.engine import Engine, default_loss
@@ -451,10 +452,7 @@ class StepTrial:
             if isinstance(m, MoE)
         ]
         self._optimizer_state = optimizer.state_dict() if optimizer.state else None
-        self._rng = (
-            torch.get_rng_state(),
-            torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-        )
+        self._rng = rng_state()  # torch's, Python's and numpy's: a trial's model may draw from any
         self._was_training = model.training
 
     def __enter__(self) -> StepTrial:
@@ -525,9 +523,7 @@ class StepTrial:
         self.model.load_state_dict(self._weights)
         for layer, load, dropped in self._tallies:  # the trials' routing is not training's
             layer.load, layer.dropped = load, dropped
-        torch.set_rng_state(self._rng[0])
-        if self._rng[1] is not None:
-            torch.cuda.set_rng_state_all(self._rng[1])
+        set_rng_state(self._rng)
         self.model.train(self._was_training)
         self._free()
 

@@ -343,12 +343,10 @@ class MoE(nn.Module):
         # written by forward, read by MoEGPT and the experts monitor (plain attributes: DDP does not
         # broadcast them, checkpoints do not hold them)
         self.last_counts: torch.Tensor | None = None  # (E,) this forward's assignments per expert
-        self.last_aux: torch.Tensor | None = (
-            None  # this forward's load-balancing loss (before the coefficient)
-        )
-        self.pending_aux: torch.Tensor | None = (
-            None  # aux_loss_coef x last_aux of the last training forward, until taken
-        )
+        # this forward's load-balancing loss (before the coefficient)
+        self.last_aux: torch.Tensor | None = None
+        # aux_loss_coef x last_aux of the last training forward, until taken
+        self.pending_aux: torch.Tensor | None = None
         self.last_dropped: torch.Tensor | None = None  # assignments dropped by the capacity
         # tallies made here and moved with the module (_apply), never None: a compiled forward
         # that met None in its first step would compile again in its second

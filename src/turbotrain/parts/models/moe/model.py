@@ -81,9 +81,8 @@ class MoEGPT(GPT):
     def __init__(self, cfg: MoEConfig) -> None:
         super().__init__(cfg)
         self.cfg: MoEConfig = cfg
-        self._moe: list[
-            MoEMLP
-        ] = []  # the same objects for the model's life (wrappers wrap blocks, not these)
+        # the same objects for the model's life (wrappers wrap blocks, not these)
+        self._moe: list[MoEMLP] = []
         for i, block in enumerate(self.blocks):
             if cfg.is_moe_block(i):
                 block.mlp = MoEMLP(cfg)

@@ -77,9 +77,8 @@ class AllToAllDispatcher:
         # E_l counts to each rank: its experts' rows from me
         dist.all_to_all_single(recv_counts, counts, group=self.group)
         recv = recv_counts.view(P, E_l)  # [source rank, local expert]
-        sizes = torch.cat(
-            [counts.view(P, E_l).sum(1), recv.sum(1)]
-        ).tolist()  # sync: uneven all-to-all splits on the host
+        # sync: uneven all-to-all splits on the host
+        sizes = torch.cat([counts.view(P, E_l).sum(1), recv.sum(1)]).tolist()
         send_sizes, recv_sizes = sizes[:P], sizes[P:]
         x_recv = all_to_all_single_autograd(x_sorted, recv_sizes, send_sizes, self.group)
         # rows arrive grouped by (source rank, local expert): regroup them by local expert
