@@ -953,9 +953,10 @@ def issue23_cases(work: Path, corpus: Path, cache: Path) -> list[dict[str, Any]]
             }
         )
 
+    # a file a failed set-up never wrote: the case fails, the script goes on
     def read(
         path: Path,
-    ) -> bytes | None:  # a file a failed set-up never wrote: the case fails, the script goes on
+    ) -> bytes | None:
         return path.read_bytes() if path.exists() else None
 
     def summary(run: Path) -> dict[str, Any]:
