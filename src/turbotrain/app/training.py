@@ -368,17 +368,13 @@ def check_resume_batch(
     Said by rank 0; the other ranks end quietly. A checkpoint without a readable config passes."""
     if saved_world == world:
         return
-    saved = _saved_batch(saved_config)
-    if saved is None or not isinstance(c.batch.micro, int):
+    change = _batch_change(saved_config, saved_world, c, world)
+    if change is None:
         return
-    micro, accumulation = saved
-    old, new = micro * accumulation * saved_world, c.batch.micro * c.batch.accumulation * world
-    if old == new:
-        return
-
+    micro, accumulation, old, new = change
     keep = []
-    if old % (world * c.batch.accumulation) == 0:
-        keep.append(setting("batch.micro", old // (world * c.batch.accumulation)))
+    if (same_micro := _micro_keeping(old, c, world)) is not None:
+        keep.append(same_micro)
     if old % (world * c.batch.micro) == 0:
         keep.append(f"{setting('batch.global_size', old)} (by accumulation {old // (world * c.batch.micro)})")
     # the rows of step s come from (seed, s) and the global batch: any split of it keeps them
@@ -389,6 +385,28 @@ def check_resume_batch(
         f"{c.batch.accumulation}); keep {kept}, or train at {new} with {setting('batch.micro', c.batch.micro)}"
     )
     raise TurbotrainError(text) if rank == 0 else ReportedByMainRank(text)
+
+
+def _batch_change(
+    saved_config: Any, saved_world: int, c: RunConfig, world: int
+) -> tuple[int, int, int, int] | None:
+    """(saved micro, saved accumulation, saved global batch, this resume's global batch) when a
+    resume of a checkpoint saved by ``saved_world`` processes would train at another global batch;
+    None when it would not, or when the checkpoint's batch or this one is unknown ('auto')."""
+    saved = _saved_batch(saved_config)
+    if saved is None or not isinstance(c.batch.micro, int):
+        return None
+    micro, accumulation = saved
+    old, new = micro * accumulation * saved_world, c.batch.micro * c.batch.accumulation * world
+    return None if old == new else (micro, accumulation, old, new)
+
+
+def _micro_keeping(old: int, c: RunConfig, world: int) -> str | None:
+    """The ``batch.micro`` setting that trains at the global batch ``old`` with this resume's
+    accumulation over ``world`` processes; None when none does."""
+    if old % (world * c.batch.accumulation):
+        return None
+    return setting("batch.micro", old // (world * c.batch.accumulation))
 
 
 def _saved_batch(saved_config: Any) -> tuple[int, int] | None:
@@ -411,16 +429,13 @@ def check_epochs_batch(
     that batch (epoch ``s // steps_per_epoch``, the samples of step ``s`` from (seed, epoch)), so
     read at another one it would re-enter an epoch already trained (a smaller batch: samples trained
     twice) or leave one early (a larger batch: samples skipped). Names the settings that keep the batch. Said by rank 0; the others end quietly."""
-    saved = _saved_batch(saved_config)
-    if saved is None or not isinstance(c.batch.micro, int):
+    change = _batch_change(saved_config, saved_world, c, world)
+    if change is None:
         return
-    micro, accumulation = saved
-    old, new = micro * accumulation * saved_world, c.batch.micro * c.batch.accumulation * world
-    if old == new:
-        return
+    micro, accumulation, old, new = change
     keep = []
-    if old % (world * c.batch.accumulation) == 0:
-        keep.append(setting("batch.micro", old // (world * c.batch.accumulation)))
+    if (same_micro := _micro_keeping(old, c, world)) is not None:
+        keep.append(same_micro)
     if old % (world * c.batch.micro) == 0:
         keep.append(setting("batch.global_size", old))
     kept = " or ".join(keep) if keep else f"another batch.micro whose global batch is {old}"
