@@ -70,6 +70,19 @@ def reads_every_step():
     w = in_memory()
     w.loss_fn = logging_loss
     return w
+
+
+class Pruned(Net):
+    # routes only the positive rows: a data-dependent shape, so the host waits for the mask
+    def forward(self, x, y):
+        keep = (x[:, 0] > 0).nonzero().squeeze(1)  # the model's data-dependent line
+        return nn.functional.cross_entropy(self.net(x[keep]), y[keep])
+
+
+def reads_and_prunes():
+    w = reads_every_step()
+    w.model = Pruned(256, 256)
+    return w
 """
 
 QUICK = ProfileOptions(warmup=2, timed=6, steps=3)
@@ -220,3 +233,35 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, workloads, capsys, args, mes
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
     assert not list(tmp_path.glob("profile-*"))  # nothing left behind
+
+
+def _line_of(marker: str) -> int:
+    """The line number, in the workloads file, of the line holding ``marker``."""
+    lines = textwrap.dedent(WORKLOADS).splitlines()
+    return next(i for i, text in enumerate(lines, 1) if marker in text)
+
+
+def test_every_sync_is_named_by_its_exact_line_and_a_clean_model_has_none(tmp_path, workloads):
+    """A loss function calling .item() and a model with a data-dependent nonzero: both exact lines
+    (not their functions' def lines), once per step; the same model without them: zero syncs."""
+    settings = {"optim": {"implementation": "fused"}, "monitor": {"log_every": 100}}
+    doc = profile_target(
+        _target(tmp_path, f"{workloads}:reads_and_prunes", **settings), QUICK, log=lambda line: None
+    )
+    user = {s["where"]: s for s in doc["syncs"]["sources"] if s["kind"] == "user"}
+    item = f"user_workloads.py:{_line_of('seen.append(loss.item())')} (logging_loss)"
+    nonzero = f"user_workloads.py:{_line_of('.nonzero().squeeze(1)')} (forward)"
+    found = {where.rsplit("/", 1)[1]: s for where, s in user.items()}
+    assert set(found) == {item, nonzero}
+    assert ".item()" in found[item]["what"] and found[item]["per_step"] == pytest.approx(1.0)
+    assert "nonzero" in found[nonzero]["what"] and found[nonzero]["per_step"] == pytest.approx(1.0)
+    assert all(s["sync"] for s in found.values()) and doc["syncs"]["per_step"] == pytest.approx(2.0)
+    assert "seen.append(loss.item())" in render(doc) and "nonzero_static" in " ".join(
+        r["code"] for r in doc["recommendations"]
+    )
+
+    clean = profile_target(
+        _target(tmp_path, f"{workloads}:in_memory", **settings), QUICK, log=lambda line: None
+    )
+    assert clean["syncs"]["per_step"] == 0
+    assert not [s for s in clean["syncs"]["sources"] if s["kind"] == "user"]

@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
+import torch
+
 from ..app.doctor import build_report, format_report
 from ..app.precision_check import check_precisions, format_check, load_target
+from ..app.profile.syncs import format_syncs, locate_workload_syncs
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -40,5 +43,9 @@ def main_doctor(args: argparse.Namespace, extra: list[str]) -> int:
     if target is not None:
         report["precision_check"] = check_precisions(target)
         text += "\n\n" + format_check(report["precision_check"])
+        report["syncs"] = locate_workload_syncs(target, "cuda" if torch.cuda.is_available() else "cpu")
+        text += "\n\n## host-device syncs in a training step (eager, fp32)\n" + "\n".join(
+            format_syncs(report["syncs"])
+        )
     print(json.dumps(report, indent=2, default=str) if args.json else text)
     return 1 if target is not None and not report["precision_check"]["verdict"]["sound"] else 0

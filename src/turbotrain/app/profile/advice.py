@@ -173,7 +173,7 @@ def _data(built: Built, figures: dict[str, Any], trace: dict[str, Any], step_ms:
 
 def _syncs(built: Built, trace: dict[str, Any], step_ms: float, device: str) -> list[Advice]:
     out: list[Advice] = []
-    sources = trace["read_sources"]
+    sources = trace["syncs"]["sources"]
     hooks_ms = trace["phases"]["hooks"]["host_ms"] * step_ms / max(trace["profiled_step_ms"], 1e-9)
     log_every = built.config.monitor.log_every
     monitor = sum(s["per_step"] for s in sources if s["kind"] == "monitor")
@@ -200,18 +200,31 @@ def _syncs(built: Built, trace: dict[str, Any], step_ms: float, device: str) -> 
     for s in sources:
         if s["kind"] == "user" and s["per_step"] >= 1:
             gain = _overall(idle, 2.0) if device == "cuda" else 1.0
+            shape = "data-dependent" in s.get("what", "")
             out.append(
                 Advice(
                     "syncs",
-                    f"{s['where']}: keep the value on the device and read it every N steps",
-                    f"{s['where']} reads a device value on the host {s['per_step']:.0f} time(s) per step "
-                    "(.item(), float(), print or an if on a tensor)",
+                    f"{s['where']}: "
+                    + (
+                        "give the operation its output size"
+                        if shape
+                        else "keep the value on the device and read it every N steps"
+                    ),
+                    f"{s['where']} makes the host wait for the device {s['per_step']:.0f} time(s) per step: "
+                    f"{s.get('what') or 'a read of a tensor value'}"
+                    + (f" in `{s['code']}`" if s.get("code") else ""),
                     "on a GPU each read makes the host wait until the queue drains, leaving the GPU idle while the "
                     "next step is enqueued"
                     + ("" if device == "cuda" else "; on CPU there is no queue, so it costs little here"),
                     gain,
-                    code=f"{s['where']}: accumulate on the device (total += loss.detach()) and call .item() every 100 steps, "
-                    "or let turbotrain's Monitor log the loss (monitor.log_every)",
+                    code=f"{s['where']}: "
+                    + (
+                        "give the shape up front (torch.nonzero_static(x, size=...), torch.where(mask, x, 0) "
+                        "instead of x[mask], repeat_interleave(..., output_size=...))"
+                        if shape
+                        else "accumulate on the device (total += loss.detach()) and call .item() every 100 steps, "
+                        "or let turbotrain's Monitor log the loss (monitor.log_every)"
+                    ),
                 )
             )
     guard = sum(s["per_step"] for s in sources if s["kind"] == "guard")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..bench.tables import render_table
+from .syncs import format_syncs
 
 PHASE_TITLES = {
     "data": "data wait (loader)",
@@ -54,17 +55,7 @@ def render(doc: dict[str, Any]) -> str:
             f"host-to-device copies {d['h2d_copy_ms']:.2f} ms/step; {d['kernels_per_step']:.0f} kernels/step, "
             f"median {d['kernel_median_us']:.1f} us"
         )
-    sy = doc["syncs"]
-    lines.append(
-        f"- host-device syncs: {sy['per_step']:.1f} per step ({sy['host_reads_per_step']:.1f} host reads of tensor values per step)"
-    )
-    for src in sy["sources"]:
-        tag = (
-            "sync"
-            if src["sync"]
-            else "no sync (" + ("host-side step counters" if src["kind"] == "optimizer" else "CPU only") + ")"
-        )
-        lines.append(f"  - {src['per_step']:.2f}/step {src['kind']}: {src['where']} — {tag}")
+    lines += format_syncs(doc["syncs"])
     ops = doc["operators"]
     if ops["forward_op_median_us"] is not None:
         lines.append(

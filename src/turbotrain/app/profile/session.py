@@ -25,6 +25,7 @@ from ..bench.worker import device_name
 from ..measure import Target, build, graph_break_reasons, release, run
 from .advice import diagnose
 from .render import render
+from .syncs import SyncWindow
 from .trace import ProfilerWindow, analyze
 from .verify import verify
 
@@ -65,8 +66,14 @@ def profile_target(
     try:
         with _failing_run(target, run_dir):
             window = ProfilerWindow(built.engine.device, options.warmup + options.timed, options.steps)
-            figures = run(built, options.warmup, options.timed, extra_steps=options.steps, hooks=[window])
-        trace = analyze(window)
+            # the syncs are located in steps of their own: the locator's hooks slow every operator
+            syncs = SyncWindow(
+                built.engine.device, options.warmup + options.timed + options.steps, options.steps
+            )
+            figures = run(
+                built, options.warmup, options.timed, extra_steps=2 * options.steps, hooks=[window, syncs]
+            )
+        trace = {**analyze(window), "syncs": syncs.report()}
         trace_path = window.export(run_dir / TRACE_FILE)
         bottleneck, advice = diagnose(built, figures, trace)
         # timings of a model that does not train: say so before anything else
@@ -200,11 +207,7 @@ def _document(
         },
         "breakdown": breakdown,
         "device_timeline": trace.get("device"),
-        "syncs": {
-            "per_step": trace["syncs_per_step"],
-            "host_reads_per_step": trace["host_reads_per_step"],
-            "sources": trace["read_sources"],
-        },
+        "syncs": trace["syncs"],
         "operators": {
             "forward_ops_per_step": trace["forward_ops_per_step"],
             "forward_op_median_us": trace["forward_op_median_us"],

@@ -32,6 +32,7 @@ from torch.autograd import DeviceType
 
 from ...loop.hooks import FitContext, Hook
 from ..measure import DATA_LABEL, FORWARD_LABEL, HOOK_LABEL
+from .syncs import classify_frame, is_sync
 
 PHASES = ("data", "forward", "backward", "optimizer", "hooks")
 READ_OPS = ("aten::_local_scalar_dense",)
@@ -129,41 +130,17 @@ def _device_us(e: Any) -> float:
 
 
 def read_source(event: Any) -> tuple[str, str]:
-    """(kind, where) of a host read: kind is 'user', 'monitor', 'guard', 'optimizer', 'clock'
-    or 'turbotrain'; where is 'file.py:LINE (function)' of the innermost frame that is not
-    PyTorch's own (the optimizer's frames are kept: its implementation makes the read)."""
+    """(kind, where) of a host read in the profiler's events: where is 'file.py:LINE (function)'
+    of the innermost frame :func:`classify_frame` does not skip (the profiler's frames name a
+    function's first line; :mod:`.syncs` locates the exact line)."""
     for parent in _ancestors(event):
         m = _FRAME.match(parent.name)
         if not m:
             continue
-        path, line, func = m["path"], m["line"], m["func"]
-        norm = path.replace("\\", "/")
-        where = f"{norm}:{line} ({func})"
-        if "torch/optim/" in norm:
-            return "optimizer", where
-        if "/torch/" in f"/{norm}" or "site-packages/" in norm or norm.startswith("<"):
-            continue
-        if "turbotrain/" in norm:
-            module = norm.rsplit("turbotrain/", 1)[1]
-            kind = (
-                "guard"
-                if module.startswith("core/precision/")  # the non-finite guard lives in the precision package
-                else {"loop/monitor.py": "monitor", "app/bench/protocol.py": "clock"}.get(
-                    module, "turbotrain"
-                )
-            )
-            return kind, where
-        return "user", where
+        kind = classify_frame(m["path"])
+        if kind is not None:
+            return kind, f"{m['path'].replace(chr(92), '/')}:{m['line']} ({m['func']})"
     return "unknown", "no Python stack recorded"
-
-
-def is_sync(kind: str, device_type: str) -> bool:
-    """Whether a read of this kind makes the host wait for the device: not torch.optim's step
-    counters (host tensors), nor the CPU guard's reads (CPU only, where there is no device queue);
-    every other read would on a GPU."""
-    if kind in ("optimizer", "clock"):
-        return False
-    return kind != "guard" or device_type == "cuda"
 
 
 # ----------------------------------------------------------------------------- analysis

@@ -1,0 +1,374 @@
+"""Every host-device synchronisation of a training step, located to the file and line that made it.
+
+:class:`SyncLocator` watches the step at two levels while it is active:
+
+- the Python API (a ``TorchFunctionMode``): ``.item()``, ``float()`` / ``int()`` / ``bool()`` of a
+  tensor (an ``if`` on a tensor), ``.tolist()``, ``.cpu()``, ``.numpy()``, printing or formatting a
+  tensor, ``.to("cpu")`` of a tensor that is not on the host already;
+- the dispatcher (a ``TorchDispatchMode``): what the API level does not see, such as a read made
+  inside C++ (``aten::_local_scalar_dense``), operators whose output shape depends on the values
+  (``nonzero``, ``masked_select``, ``unique``, indexing with a boolean mask, ``repeat_interleave``
+  without ``output_size``) and copies from the device to the host.
+
+Each event is attributed to the innermost Python frame outside PyTorch and this module: its exact
+line (the frame's current line, not its function's ``def``), with the source text. Only values on
+the run's device count (on a GPU run, reading a CPU tensor such as torch.optim's step counter waits
+for nothing); on a CPU run every read is counted and marked with whether it would make the host
+wait on a GPU (:func:`~.trace.is_sync`: the non-finite guard on CPU reads host values by design).
+On CUDA, ``torch.cuda.set_sync_debug_mode("warn")`` also reports synchronising calls the two levels
+do not see (an explicit ``torch.cuda.synchronize()``, a blocking copy inside a library).
+
+Both modes add Python work to every operator, so the locator runs over its own few steps, after
+the profiled ones, and compiled code runs eagerly under it (``torch.compiler.set_stance``): a
+compiled graph breaks at a sync anyway, so eager shows the same syncs and the ones a graph hides.
+
+Used by ``turbotrain profile`` (:class:`SyncWindow`) and ``turbotrain doctor --model``
+(:func:`locate_workload_syncs`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import linecache
+import sys
+import warnings
+from collections import Counter
+from collections.abc import Iterator
+from itertools import cycle, islice
+from types import FrameType
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from ...core.engine import Engine, default_loss
+from ...loop.fit import fit
+from ...loop.hooks import FitContext, Hook
+from ...parts.workload import Workload
+
+_HERE = __file__.replace("\\", "/")
+READ = "read to the host"  # .item(), float(), bool(), an if on a tensor
+COPY = "copy to the host"  # .cpu(), .tolist(), .numpy(), .to("cpu")
+PRINT = "print/format"  # print(tensor), f"{tensor:.3f}"
+SHAPE = "data-dependent shape"  # nonzero, boolean masks, unique
+CUDA_CALL = "synchronising CUDA call"  # reported by torch.cuda.set_sync_debug_mode
+
+_API = {
+    "item": READ,
+    "__bool__": READ,
+    "__float__": READ,
+    "__int__": READ,
+    "__index__": READ,
+    "tolist": COPY,
+    "cpu": COPY,
+    "numpy": COPY,
+    "__array__": COPY,
+    "__repr__": PRINT,
+    "__str__": PRINT,
+    "__format__": PRINT,
+}
+_SHAPE_OPS = {
+    "nonzero",
+    "nonzero_static",  # excluded below: its size is given
+    "masked_select",
+    "unique",
+    "_unique",
+    "_unique2",
+    "unique_dim",
+    "unique_consecutive",
+    "argwhere",
+}
+
+
+def _is_cpu(device: Any) -> bool:
+    return device is not None and torch.device(device).type == "cpu"
+
+
+def classify_frame(path: str) -> str | None:
+    """The kind of a host read made in this file ('user', 'monitor', 'guard', 'optimizer',
+    'clock' or 'turbotrain'), or None for PyTorch's own frames (and other installed packages'),
+    which are skipped to find the caller. torch.optim's frames are kept: its implementation makes
+    the read."""
+    norm = path.replace("\\", "/")
+    if "torch/optim/" in norm:
+        return "optimizer"
+    if "/torch/" in f"/{norm}" or "site-packages/" in norm or norm.startswith("<"):
+        return None
+    if "turbotrain/" in norm:
+        module = norm.rsplit("turbotrain/", 1)[1]
+        if module.startswith("core/precision/"):  # the non-finite guard lives in the precision package
+            return "guard"
+        return {"loop/monitor.py": "monitor", "app/bench/protocol.py": "clock"}.get(module, "turbotrain")
+    return "user"
+
+
+def is_sync(kind: str, device_type: str) -> bool:
+    """Whether a read of this kind makes the host wait for the device: not torch.optim's step
+    counters (host tensors), nor the CPU guard's reads (CPU only, where there is no device queue);
+    every other read would on a GPU."""
+    if kind in ("optimizer", "clock"):
+        return False
+    return kind != "guard" or device_type == "cuda"
+
+
+class SyncLocator:
+    """Records each sync of the code run while it is active (a context manager; :meth:`start` and
+    :meth:`stop` for a window that spans calls). ``device`` is the run's device: only values on it
+    count. :meth:`sources` gives the table."""
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self.events: Counter[tuple[str, str, str, str]] = Counter()  # (kind, what, where, code)
+        self.depth = 0  # > 0 inside an API call already recorded: its own operators are not counted twice
+        self._stack: contextlib.ExitStack | None = None
+
+    # ------------------------------------------------------------------ recording
+
+    def _on_device(self, t: Any) -> bool:
+        return isinstance(t, torch.Tensor) and t.device.type == self.device.type
+
+    def record(self, what: str, op: str, frame: FrameType | None) -> None:
+        kind, where, code = locate(frame)
+        self.events[(kind, f"{op} ({what})", where, code)] += 1
+
+    # ------------------------------------------------------------------ window
+
+    def start(self) -> None:
+        stack = contextlib.ExitStack()
+        set_stance = getattr(torch.compiler, "set_stance", None)  # torch >= 2.6; older: compiled code as is
+        if set_stance is not None:
+            stack.enter_context(set_stance("force_eager"))
+        if self.device.type == "cuda" and torch.cuda.is_available():
+            stack.enter_context(_cuda_sync_debug(self))
+        stack.enter_context(_FunctionLevel(self))
+        stack.enter_context(_DispatchLevel(self))
+        self._stack = stack
+
+    def stop(self) -> None:
+        if self._stack is not None:
+            stack, self._stack = self._stack, None
+            stack.close()
+
+    def __enter__(self) -> SyncLocator:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def sources(self, steps: int) -> list[dict[str, Any]]:
+        """One row per (kind, operation, line), most frequent first: ``kind`` (user, monitor,
+        guard, optimizer, turbotrain, unknown), ``what``, ``where`` ('file.py:LINE (function)'),
+        ``code`` (that line's text), ``per_step`` and ``sync`` (whether the host waits for the
+        device there, on this device or, on a CPU, on a GPU)."""
+        return [
+            {
+                "kind": kind,
+                "what": what,
+                "where": where,
+                "code": code,
+                "per_step": n / max(steps, 1),
+                "sync": is_sync(kind, self.device.type),
+            }
+            for (kind, what, where, code), n in self.events.most_common()
+        ]
+
+
+def summarize(sources: list[dict[str, Any]]) -> dict[str, Any]:
+    """``per_step`` (syncs), ``host_reads_per_step`` (every located event) and the sources."""
+    return {
+        "per_step": sum(s["per_step"] for s in sources if s["sync"]),
+        "host_reads_per_step": sum(s["per_step"] for s in sources),
+        "sources": sources,
+        "located": True,
+    }
+
+
+def locate(frame: FrameType | None) -> tuple[str, str, str]:
+    """(kind, 'file.py:LINE (function)', the line's text) of the innermost frame that is not
+    PyTorch's or this module's (torch.optim's frames are kept: its implementation makes the read)."""
+    while frame is not None:
+        path = frame.f_code.co_filename.replace("\\", "/")
+        if path != _HERE:
+            kind = classify_frame(path)
+            if kind is not None:
+                line = frame.f_lineno
+                where = f"{path}:{line} ({frame.f_code.co_name})"
+                return kind, where, linecache.getline(frame.f_code.co_filename, line).strip()
+        frame = frame.f_back
+    return "unknown", "no Python frame (inside the autograd engine or C++)", ""
+
+
+class _FunctionLevel(TorchFunctionMode):
+    def __init__(self, locator: SyncLocator) -> None:
+        super().__init__()
+        self.loc = locator
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        what = _API.get(name)
+        if what is None and name == "to":
+            target = kwargs.get(
+                "device", next((a for a in args[1:] if isinstance(a, (str, torch.device))), None)
+            )
+            what = COPY if _is_cpu(target) else None
+        if what is None or self.loc.depth or not args or not self.loc._on_device(args[0]):
+            return func(*args, **kwargs)
+        if name == "to" and args[0].device.type == "cpu":
+            return func(*args, **kwargs)  # a host tensor to the host: no copy (a CPU run moving its batches)
+        self.loc.record(
+            what, f".{name.strip('_')}()" if not name.startswith("__") else name, sys._getframe(1)
+        )
+        self.loc.depth += 1
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self.loc.depth -= 1
+
+
+class _DispatchLevel(TorchDispatchMode):
+    def __init__(self, locator: SyncLocator) -> None:
+        super().__init__()
+        self.loc = locator
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if not self.loc.depth:
+            what = self._what(func, args, kwargs)
+            if what is not None:
+                self.loc.record(what, f"aten::{func._opname}", sys._getframe(1))
+        return func(*args, **kwargs)
+
+    def _what(self, func: Any, args: Any, kwargs: Any) -> str | None:
+        name = func._opname
+        first = args[0] if args else None
+        if not self.loc._on_device(first):
+            return None
+        if name == "_local_scalar_dense":
+            return READ
+        if name in _SHAPE_OPS and name != "nonzero_static":
+            return SHAPE
+        if (
+            name == "repeat_interleave"
+            and isinstance(first, torch.Tensor)
+            and kwargs.get("output_size") is None
+        ):
+            return SHAPE if len(args) < 4 or args[3] is None else None
+        if name in ("index", "index_put", "index_put_") and len(args) > 1:
+            masks = [
+                i for i in args[1] if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
+            ]
+            return SHAPE if masks else None
+        if name in ("_to_copy", "to") and first.device.type != "cpu" and _is_cpu(kwargs.get("device")):
+            return COPY
+        if (
+            name == "copy_"
+            and first.device.type == "cpu"
+            and any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in tree_leaves(args[1:]))
+        ):
+            return COPY
+        return None
+
+
+@contextlib.contextmanager
+def _cuda_sync_debug(locator: SyncLocator) -> Iterator[None]:
+    """torch.cuda's own sync report: each synchronising CUDA call warns; the warning is taken at
+    the call (its Python stack is still there) and recorded unless an API call or operator the
+    locator already counted made it."""
+    previous = torch.cuda.get_sync_debug_mode()
+    show = warnings.showwarning
+
+    def on_warning(message: Any, category: Any, filename: str, lineno: int, *rest: Any) -> None:
+        if "synchronizing" not in str(message):
+            show(message, category, filename, lineno, *rest)
+        elif not locator.depth:
+            locator.record(CUDA_CALL, "cuda synchronize", sys._getframe(1))
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("always", message=".*synchronizing")
+        warnings.showwarning = on_warning
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+
+
+class SyncWindow(Hook):
+    """Locates the syncs of optimizer steps ``after + 1`` to ``after + steps`` (a hook for ``fit``)."""
+
+    def __init__(self, device: torch.device, after: int, steps: int) -> None:
+        self.locator = SyncLocator(device)
+        self.after, self.steps, self.seen = after, steps, 0
+        self.running = False
+
+    def on_step_end(self, ctx: FitContext) -> None:
+        step = ctx.engine.state.step
+        if self.running:
+            self.seen += 1
+        if step == self.after:
+            self.locator.start()
+            self.running = True
+        elif step >= self.after + self.steps and self.running:
+            self.locator.stop()
+            self.running = False
+
+    def on_fit_end(self, ctx: FitContext) -> None:
+        self.on_exception(ctx, None)  # type: ignore[arg-type]
+
+    def on_exception(self, ctx: FitContext, exc: BaseException) -> None:
+        if self.running:
+            self.locator.stop()
+            self.running = False
+
+    def report(self) -> dict[str, Any]:
+        """:func:`summarize` of the window, with the steps it covered."""
+        return {**summarize(self.locator.sources(self.seen)), "steps": self.seen}
+
+
+def locate_workload_syncs(workload: Workload, device: str = "cpu", steps: int = 2) -> dict[str, Any]:
+    """Train a copy of ``workload`` for 1 + ``steps`` optimizer steps in eager fp32 on ``device``
+    (the first, with its one-time work, is not counted) and locate the syncs of the others:
+    :func:`summarize`'s document, with ``steps``. Your model and optimizer are not touched."""
+    engine = Engine({"run": {"device": device}, "compile": {"scope": "off"}, "precision": {"mode": "fp32"}})
+    model = copy.deepcopy(workload.model)
+    optimizer = (
+        type(workload.optimizer)(model.parameters(), **workload.optimizer.defaults)
+        if workload.optimizer is not None
+        else torch.optim.AdamW(model.parameters(), lr=1e-4)
+    )
+    model, optimizer, _ = engine.setup(model, optimizer)
+    batches = list(islice(cycle(workload.train_loader), (1 + steps) * engine.accumulation))
+    window = SyncWindow(engine.device, 1, steps)
+    fit(
+        engine,
+        model,
+        optimizer,
+        batches,
+        max_steps=1 + steps,
+        hooks=[window],
+        loss_fn=workload.loss_fn or default_loss,
+    )
+    return window.report()
+
+
+def format_syncs(doc: dict[str, Any], indent: str = "") -> list[str]:
+    """The lines ``profile`` and ``doctor`` print: the count per step, then each source with its line."""
+    lines = [
+        f"{indent}- host-device syncs: {doc['per_step']:.1f} per step "
+        f"({doc['host_reads_per_step']:.1f} host reads of tensor values per step)"
+    ]
+    for s in doc["sources"]:
+        tag = (
+            "sync"
+            if s["sync"]
+            else "no sync (" + ("host-side step counters" if s["kind"] == "optimizer" else "CPU only") + ")"
+        )
+        what = f" {s['what']}" if s.get("what") else ""
+        code = f" `{s['code']}`" if s.get("code") else ""
+        lines.append(f"{indent}  - {s['per_step']:.2f}/step {s['kind']}{what}: {s['where']}{code} — {tag}")
+    return lines
