@@ -36,7 +36,7 @@ def _install(point: str, n: int) -> None:
     import turbotrain.app.training as training
     import turbotrain.core.engine as engine
     import turbotrain.loop.checkpoint as checkpoint
-    import turbotrain.loop.monitor as monitor
+    import turbotrain.loop.monitor.sinks as monitor
     import turbotrain.parts.data.sources as sources
 
     calls = {"n": 0}

@@ -164,7 +164,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     # --- throughput --------------------------------------------------------------------------------
     Mutation(
         "samples-per-s-from-run-totals",
-        "src/turbotrain/loop/monitor.py",
+        "src/turbotrain/loop/monitor/hook.py",
         '            record["samples_per_s"] = self.world * (samples - last_samples) / dt',
         '            record["samples_per_s"] = self.world * samples / dt  # mutation: all samples over the window',
         (WINDOW,),
@@ -172,7 +172,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "tokens-per-s-from-run-totals",
-        "src/turbotrain/loop/monitor.py",
+        "src/turbotrain/loop/monitor/hook.py",
         '            record["tokens_per_s"] = self.world * (tokens - last_tokens) / dt',
         '            record["tokens_per_s"] = self.world * tokens / dt  # mutation: all tokens over the window',
         (WINDOW,),
@@ -180,7 +180,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "window-time-from-run-start",
-        "src/turbotrain/loop/monitor.py",
+        "src/turbotrain/loop/monitor/hook.py",
         "        dt = now - t - (side_s - self._side_s)  # evaluation and checkpoint time are not training",
         "        dt = now - self._t0 - side_s  # mutation: the time since the start",
         (WINDOW,),
@@ -188,7 +188,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "window-counts-evaluation-time",
-        "src/turbotrain/loop/monitor.py",
+        "src/turbotrain/loop/monitor/hook.py",
         "        dt = now - t - (side_s - self._side_s)  # evaluation and checkpoint time are not training",
         "        dt = now - t  # mutation: evaluation and checkpoint time counted as training",
         (WINDOW,),

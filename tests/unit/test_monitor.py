@@ -386,7 +386,7 @@ def test_memory_warning_fires_once_when_the_peak_crosses_the_fraction(tmp_path, 
 
 
 def test_memory_warning_is_against_the_cap_when_one_is_set(monkeypatch):
-    monkeypatch.setattr("turbotrain.loop.monitor.device_total_bytes", lambda device: 80 * GIB)
+    monkeypatch.setattr("turbotrain.loop.monitor.memory.device_total_bytes", lambda device: 80 * GIB)
     fake = _FakeAllocator(reserved=36 * GIB)  # 45% of the device, 90% of a 0.5 cap
     probe = MemoryProbe(torch.device("cuda", 0), warn_fraction=0.9, cap_fraction=0.5, read=fake)
     assert "of the cap (0.5 of the device) 40.00 GiB" in probe({"step": 1})["memory_warning"]

@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-import turbotrain.loop.monitor as monitor_module
+import turbotrain.loop.monitor.hook as monitor_module
 from turbotrain.loop.monitor import MfuProbe, Monitor
 from turbotrain.parts.hardware import lookup_peak
 

@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from .hooks import FitContext, Hook
-from .monitor import MemoryProbe, Monitor
+from .monitor.hook import Monitor
+from .monitor.memory import MemoryProbe
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,11 @@ from .epochs import EpochLog
 from .experts_monitor import experts_hooks
 from .hooks import Evaluate, Hook
 from .lr_plateau import ObservePlateau
-from .monitor import JsonlSink, Monitor, ProgressSink, TensorBoardSink, build_probes
+
+# the monitor's modules, not the package: its __init__ would add a link to the layer's import chain
+from .monitor.hook import Monitor
+from .monitor.probes import build_probes
+from .monitor.sinks import JsonlSink, ProgressSink, TensorBoardSink
 
 
 @dataclass

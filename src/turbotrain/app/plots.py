@@ -1,0 +1,225 @@
+"""The report's PNG plots: what each shows (:data:`PLOTS`, labelled for what was measured by
+:func:`plots_for`) and drawing them with matplotlib (:func:`write_plots`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..base.atomic import atomic_write
+from ..base.records import key_values, metric_keys
+
+
+@dataclass(frozen=True)
+class Series:
+    key: str
+    label: str
+    scale: float = 1.0
+    style: str = "-"
+
+
+@dataclass(frozen=True)
+class PlotSpec:
+    """One PNG: ``series`` on the left axis (and ``right`` on a second axis)."""
+
+    file: str
+    title: str
+    ylabel: str
+    series: tuple[Series, ...]
+    right: tuple[Series, ...] = ()
+    right_label: str = ""
+    logy: bool = False
+    missing: str = ""  # why the metric may be absent
+    fallback_title: str = ""  # when only the right-axis series has data
+
+
+PLOTS: tuple[PlotSpec, ...] = (
+    PlotSpec(
+        "loss.png",
+        "Training and validation loss",
+        "loss (cross-entropy, nats per token)",
+        (
+            Series("loss", "train loss (last step of each window)"),
+            Series("val_loss", "validation loss", style="o-"),
+        ),
+    ),
+    PlotSpec("lr.png", "Learning rate schedule", "learning rate", (Series("lr", "learning rate"),)),
+    PlotSpec(
+        "throughput.png",
+        "Training throughput",
+        "tokens per second",
+        (Series("tokens_per_s", "tokens/s"),),
+        right=(Series("step_ms", "step time (ms)", style="--"),),
+        right_label="step time (ms)",
+    ),
+    PlotSpec(
+        "mfu.png",
+        "Model FLOPs utilisation (MFU)",
+        "MFU (% of dense datasheet peak)",
+        (Series("mfu", "MFU", scale=100.0),),
+        right=(Series("tflops", "achieved model TFLOP/s", style="--"),),
+        right_label="achieved TFLOP/s",
+        missing="no datasheet peak for this device (CPU or unknown GPU): MFU left out",
+        fallback_title="Achieved model TFLOP/s (MFU left out: no datasheet peak for this device)",
+    ),
+    PlotSpec(
+        "memory.png",
+        "Device memory (CUDA caching allocator)",
+        "memory (GiB)",
+        (
+            Series("mem_allocated_gib", "allocated"),
+            Series("mem_reserved_gib", "reserved", style="--"),
+            Series("mem_peak_gib", "peak allocated", style=":"),
+        ),
+        missing="device memory is only measured on CUDA",
+    ),
+    PlotSpec(
+        "gpu.png",
+        "GPU utilisation and power (NVML)",
+        "GPU utilisation (%)",
+        (
+            Series("gpu_util_pct", "SM utilisation (%)"),
+            Series("gpu_mem_util_pct", "memory-bus utilisation (%)", style="--"),
+        ),
+        right=(Series("gpu_power_w", "power (W)", style=":"),),
+        right_label="power (W)",
+        missing="NVML sampling needs an NVIDIA GPU and driver (monitor.nvml = true)",
+    ),
+)
+
+NO_FLOPS = "no FLOP count for this model (give the monitor an example batch to count them)"
+
+
+def plots_for(records: list[dict[str, Any]]) -> tuple[PlotSpec, ...]:
+    """:data:`PLOTS` labelled for what was measured: a language model's loss is in nats per token
+    and its throughput in tokens/s; any other model's loss is just its loss and its throughput is
+    in samples/s. MFU's note says why it is missing: no FLOP count, or no datasheet peak."""
+    tokens = any(v for _, v in key_values(records, "tokens_per_s"))
+    counted = bool(key_values(records, "tflops"))
+    out = []
+    for spec in PLOTS:
+        if spec.file == "loss.png" and not tokens:
+            spec = replace(spec, ylabel="loss")
+        elif spec.file == "throughput.png" and not tokens:
+            spec = replace(spec, ylabel="samples per second", series=(Series("samples_per_s", "samples/s"),))
+        elif spec.file == "mfu.png" and not counted:
+            spec = replace(spec, missing=NO_FLOPS)
+        out.append(spec)
+    metrics = metric_keys(records)
+    if metrics:  # the workload's own (accuracy, ...): validation metrics and what engine.log logged
+        out.insert(
+            1,
+            PlotSpec(
+                "metrics.png",
+                "Your metrics",
+                "value",
+                tuple(
+                    Series(
+                        k,
+                        ("validation " if k.startswith("val_") else "train ")
+                        + k.partition("_")[2].replace("_", " "),
+                        style="o-" if k.startswith("val_") else "-",
+                    )
+                    for k in metrics
+                ),
+            ),
+        )
+    return tuple(out)
+
+
+COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")
+
+
+def _draw(spec: PlotSpec, records: list[dict[str, Any]], path: Path, subtitle: str) -> bool:
+    """Render one plot; False when none of its series has data."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    left = [(s, key_values(records, s.key)) for s in spec.series]
+    right = [(s, key_values(records, s.key)) for s in spec.right]
+    left = [(s, v) for s, v in left if v]
+    right = [(s, v) for s, v in right if v]
+    if not left and not right:
+        return False
+    title = spec.title
+    if not left:  # e.g. achieved TFLOP/s without an MFU: draw it on the main axis, say why
+        left, right = right, []
+        ylabel = right_label = spec.right_label
+        title = spec.fallback_title or spec.title
+    else:
+        ylabel, right_label = spec.ylabel, spec.right_label
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    handles = []
+    color = iter(COLORS)
+    few = len(records) <= 40  # mark the logged points when there are few of them
+
+    def draw(axis: Any, s: Series, v: list[tuple[int, float]]) -> list[Any]:
+        xs, ys = zip(*v)
+        marker = "o" if "o" in s.style else ("." if few else None)
+        return axis.plot(
+            xs,
+            [y * s.scale for y in ys],
+            linestyle=s.style.replace("o", "") or "-",
+            marker=marker,
+            color=next(color),
+            label=s.label,
+            markersize=5,
+        )
+
+    for s, v in left:
+        handles += draw(ax, s, v)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel(ylabel)
+    if spec.logy:
+        ax.set_yscale("log")
+    ax.grid(True, alpha=0.3)
+    if right:
+        ax2 = ax.twinx()
+        for s, v in right:
+            handles += draw(ax2, s, v)
+        ax2.set_ylabel(right_label)
+        ax2.set_ylim(0, ax2.get_ylim()[1] * 1.08)
+    if spec.file in ("throughput.png", "mfu.png", "memory.png", "gpu.png"):
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.08)  # rates from zero, with headroom above the line
+    if spec.file == "lr.png":
+        ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    # Below the axes, so it never hides a line.
+    ax.legend(
+        handles=handles,
+        labels=[h.get_label() for h in handles],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.16),
+        ncol=min(3, len(handles)),
+        fontsize=9,
+        frameon=False,
+    )
+    ax.set_title(f"{title}\n{subtitle}", fontsize=11)
+    atomic_write(path, lambda f: fig.savefig(f, format="png", bbox_inches="tight"))
+    plt.close(fig)
+    return True
+
+
+def write_plots(records: list[dict[str, Any]], out_dir: Path, subtitle: str) -> tuple[list[str], list[str]]:
+    """PNG files written (relative to the run directory) and one line per plot skipped."""
+    written, skipped = [], []
+    if not records:
+        return written, ["all plots: no metrics records"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for spec in plots_for(records):
+        if _draw(spec, records, out_dir / spec.file, subtitle):
+            written.append(f"{out_dir.name}/{spec.file}")
+            if spec.file == "mfu.png" and not key_values(records, "mfu"):
+                skipped.append(f"{spec.file}: shows achieved TFLOP/s only; {spec.missing}")
+        else:
+            keys = ", ".join(s.key for s in (*spec.series, *spec.right))
+            skipped.append(
+                f"{spec.file}: skipped, no {keys} in the metrics"
+                + (f" ({spec.missing})" if spec.missing else "")
+            )
+    return written, skipped

@@ -1,0 +1,92 @@
+"""summary.json: the one writer (:func:`write_summary`) and the figures computed from a run's
+metrics records (:func:`summarize_records`: steady-state medians, peaks, final and best losses).
+
+Training hands :func:`write_summary` the facts it knows (status, steps, hardware, events, ...);
+every figure that comes from the metrics is computed here, once. A new summary field is a key in
+the facts training passes (or a line in :func:`summarize_records` when it comes from the
+metrics), and its summary.md line a section function in :mod:`turbotrain.app.report`.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from ..base.atomic import atomic_write
+from ..base.records import key_values, metric_keys
+from ..base.rundir import SUMMARY_FILE
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def steady_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Records that describe steady-state speed: without the first logging window (warm-up,
+    compilation and caches settle there) when there are at least three windows."""
+    timed = [r for r in records if r.get("step_ms")]
+    return timed[1:] if len(timed) >= 3 else timed
+
+
+def summarize_records(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Steady-state medians (tokens/s, samples/s, step ms, achieved TFLOP/s, MFU), the median
+    tokens/s of all windows, peak device memory in GiB, GPU utilisation and the final/best
+    losses, from metrics records; the restarts (event records a relaunch wrote) as a list."""
+    restarts = [r for r in records if r.get("event") == "restart"]
+    epochs = [{k: v for k, v in r.items() if k != "event"} for r in records if r.get("event") == "epoch"]
+    records = [r for r in records if "event" not in r]
+    steady = steady_records(records)
+    med = lambda key: _median([v for _, v in key_values(steady, key)])  # noqa: E731
+    losses = key_values(records, "loss")
+    vals = key_values(records, "val_loss")
+    peaks = [v for _, v in key_values(records, "mem_peak_gib")]
+    return {
+        "tokens_per_s_median": _median([v for _, v in key_values(records, "tokens_per_s") if v]),
+        "steady_state": {
+            "windows": len(steady),
+            "tokens_per_s": med("tokens_per_s"),
+            "samples_per_s": med("samples_per_s"),
+            "step_ms": med("step_ms"),
+            "tflops": med("tflops"),
+            "mfu": med("mfu"),
+            "gpu_util_pct": med("gpu_util_pct"),
+            "gpu_power_w": med("gpu_power_w"),
+        },
+        "peak_memory_gib": max(peaks) if peaks else None,
+        "final_train_loss": losses[-1][1] if losses else None,
+        "final_train_step": losses[-1][0] if losses else None,
+        "final_val_loss": vals[-1][1] if vals else None,
+        "final_val_step": vals[-1][0] if vals else None,
+        "best_val_loss": min(v for _, v in vals) if vals else None,
+        **{
+            f"final_{key}": values[-1][1]
+            for key in metric_keys(records)
+            if (values := key_values(records, key))
+        },
+        "logged_steps": len(records),
+        "last_step": records[-1]["step"] if records else None,
+        **({"epochs": epochs} if epochs else {}),
+        **(
+            {
+                "restarts": {
+                    "count": len(restarts),
+                    "each": [{k: v for k, v in r.items() if k != "event"} for r in restarts],
+                }
+            }
+            if restarts
+            else {}
+        ),
+    }
+
+
+def write_summary(
+    run_dir: Path, facts: dict[str, Any], records: list[dict[str, Any]], **more: Any
+) -> dict[str, Any]:
+    """Write the run's summary.json (atomically) and return it: ``facts`` (what training knows:
+    status, steps, hardware, events, ...), the figures from the metrics ``records`` (when there
+    are any) on top, then ``more``."""
+    summary = {**facts, **(summarize_records(records) if records else {}), **more}
+    atomic_write(run_dir / SUMMARY_FILE, json.dumps(summary, indent=2, default=str) + "\n")
+    return summary

@@ -1,0 +1,164 @@
+"""FLOPs and MFU: training FLOPs per sample counted once before training (the model's own
+``flops_per_token`` or ``torch.utils.flop_counter``), and :class:`MfuProbe`, achieved TFLOP/s and
+MFU over each logging window against the datasheet peak."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import flop_counter
+from torch.utils.flop_counter import FlopCounterMode
+
+from ...base.batch import batch_size, move_to, token_count
+from ...core.engine import as_loss, default_loss
+from ...core.transforms import eager
+from ...parts.hardware import DeviceSpec, estimate_mfu, lookup_peak, precision_key, tf32_enabled
+
+log = logging.getLogger(__name__)
+
+
+def _cpu_sdpa_flop(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any) -> int:
+    return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _cpu_sdpa_backward_flop(
+    grad_out_shape: Any, query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any
+) -> int:
+    return flop_counter.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+# torch's flop counter knows the CUDA attention kernels but not the CPU one SDPA dispatches to.
+_EXTRA_FLOP_FORMULAS: dict[Any, Any] = {}
+for _name, _fn in (
+    ("_scaled_dot_product_flash_attention_for_cpu", _cpu_sdpa_flop),
+    ("_scaled_dot_product_flash_attention_for_cpu_backward", _cpu_sdpa_backward_flop),
+):
+    _op = getattr(torch.ops.aten, _name, None)
+    if _op is not None:
+        _EXTRA_FLOP_FORMULAS[_op] = _fn
+
+
+def count_flops_per_sample(
+    model: nn.Module,
+    batch: Any,
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+    autocast: Callable[[], Any] = contextlib.nullcontext,
+) -> float:
+    """Training FLOPs (forward + backward) per sample, counted with ``torch.utils.flop_counter``
+    on one real micro-batch. Run it once, before training: it costs one eager forward/backward.
+
+    Side-effect free: gradients come from ``torch.autograd.grad`` (nothing accumulates in
+    ``.grad``), buffers (e.g. BatchNorm statistics) and the RNG are restored, and compiled
+    modules run eagerly. Counts matrix products, convolutions and attention, like the PaLM
+    formula (element-wise ops are not counted; attention counts the full T x T square).
+    """
+    loss_fn = loss_fn or default_loss
+    params = [p for p in model.parameters() if p.requires_grad]
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices), eager():
+        with FlopCounterMode(display=False, custom_mapping=_EXTRA_FLOP_FORMULAS) as counter:
+            with autocast():
+                loss = as_loss(loss_fn(model, batch))
+            torch.autograd.grad(loss, params, allow_unused=True)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            b.copy_(buffers[name])
+    return counter.get_total_flops() / batch_size(batch)
+
+
+def estimate_flops_per_sample(
+    model: nn.Module,
+    batch: Any,
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+    autocast: Callable[[], Any] = contextlib.nullcontext,
+) -> tuple[float, str]:
+    """Training FLOPs per sample and how they were obtained: the model's own exact
+    ``flops_per_token(seq_len)`` when it has one and the batch holds token ids, otherwise counted
+    once with :func:`count_flops_per_sample`."""
+    tokens = token_count(batch) // batch_size(batch)  # per sample
+    own = getattr(model, "flops_per_token", None)
+    if callable(own) and tokens:
+        return float(own(tokens)) * tokens, "model.flops_per_token (6N + 12·L·H·Q·T)"
+    return count_flops_per_sample(model, batch, loss_fn, autocast), "torch.utils.flop_counter"
+
+
+class MfuProbe:
+    """Achieved model TFLOP/s and MFU over each logging window, from the Monitor's tokens/s
+    (samples/s for data without tokens).
+
+    ``flops_per_sample`` is counted once (see :func:`estimate_flops_per_sample`) on an example of
+    ``tokens_per_sample`` tokens (padding counted, as in ``tokens_per_s``); with tokens the rate is
+    FLOPs per token x tokens/s, so token-budget batches (rows per batch vary, tokens do not) give
+    a steady figure, and fixed windows the same as samples/s x FLOPs per sample. The peak comes
+    from ``spec`` (a datasheet entry) and the record's ``precision`` (the one in use, so a
+    precision fallback mid-run is accounted for), through :mod:`turbotrain.parts.hardware`. Without a spec (CPU, unknown GPU) only ``tflops`` is
+    recorded and MFU is left out.
+    """
+
+    def __init__(
+        self,
+        flops_per_sample: float,
+        spec: DeviceSpec | None,
+        precision: str = "fp32",
+        source: str = "",
+        devices: int = 1,
+        tokens_per_sample: float = 0.0,
+    ) -> None:
+        self.flops_per_sample = flops_per_sample
+        self.tokens_per_sample = tokens_per_sample  # of the example the FLOPs were counted on; 0: no tokens
+        self.spec = spec
+        self.precision = precision
+        self.source = source
+        self.devices = devices  # data parallel: the record's samples/s are the world's, so is the peak
+
+    def peak_tflops(self, precision: str | None = None) -> float | None:
+        """Dense datasheet TFLOP/s for ``precision`` (default: the one given at construction) of
+        all ``devices`` together; fp32 counts at the TF32 peak while TF32 matmuls are on."""
+        if not self.spec:
+            return None
+        peak = self.spec.peak_tflops(precision_key(precision or self.precision, tf32=tf32_enabled()))
+        return peak * self.devices if peak else peak
+
+    def __call__(self, record: dict[str, Any]) -> dict[str, Any]:
+        tokens = record.get("tokens_per_s")
+        rate = (
+            tokens / self.tokens_per_sample
+            if tokens and self.tokens_per_sample
+            else record.get("samples_per_s")
+        )
+        if not rate:
+            return {}
+        flops_per_s = rate * self.flops_per_sample  # with tokens: tokens/s x FLOPs per token
+        out: dict[str, Any] = {"tflops": flops_per_s / 1e12}
+        peak = self.peak_tflops(record.get("mfu_peak") or record.get("precision"))
+        if peak:
+            out["mfu"] = estimate_mfu(flops_per_s, peak)
+        return out
+
+
+def build_mfu_probe(
+    model: nn.Module,
+    example_batch: Any,
+    device: torch.device,
+    precision: str = "fp32",
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+    autocast: Callable[[], Any] = contextlib.nullcontext,
+    devices: int = 1,
+) -> MfuProbe:
+    """An :class:`MfuProbe` for ``model``: FLOPs per sample (and per token) from ``example_batch`` (moved to
+    ``device`` here), the peak from the device name (x ``devices``, the data-parallel world).
+    An unknown device is logged, not an error."""
+    flops, source = estimate_flops_per_sample(model, move_to(example_batch, device), loss_fn, autocast)
+    # padding counted, as tokens_per_s
+    tokens_per_sample = token_count(example_batch) / batch_size(example_batch)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    spec = lookup_peak(name) if device.type == "cuda" else None
+    if spec is None:
+        log.info("MFU left out: no datasheet peak for %s (achieved TFLOP/s is still recorded)", name)
+    return MfuProbe(flops, spec, precision, source, devices, tokens_per_sample)

@@ -1,0 +1,241 @@
+"""The Monitor: every ``log_every`` steps one record of the loss, lr and the throughput over the
+window since the last record, plus what its probes add, written to its sinks.
+
+The only host-device synchronisation is the loss read on logging steps; every other step the
+monitor does an integer modulo and returns. A step with a validation result is a logging step too
+(its evaluation has synced already), so every evaluation reaches the records, whatever
+``log_every``. A record key ending in ``_warning`` (a probe's one-time warning: high memory, low
+GPU utilisation) is also recorded as an engine event in ``fit()``, for summary.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+import torch
+
+from ...base.atomic import DiskFullError
+from ..hooks import FitContext, Hook, every
+
+log = logging.getLogger(__name__)
+
+# A record key ending so (``memory_warning``, ``gpu_util_warning``) holds a probe's one-time warning:
+# in ``fit()`` the Monitor also records it as an engine event of that kind (summary.json's events).
+WARNING_SUFFIX = "_warning"
+
+# A probe is called on logging steps only, with the record so far (loss, lr, ``precision`` when
+# known, and this window's ``step_ms``, ``samples_per_s``, ``tokens_per_s``); it returns keys to
+# merge into the record. A probe may also define ``start()`` and ``close()``: the Monitor calls
+# them when it starts and closes (NvmlSampler runs its thread between them). A probe with
+# ``due(step)`` also has steps of its own (MemoryProbe's ``monitor.memory_every``): on those that
+# are not logging steps the Monitor writes a record of just the step and the probes' keys (no loss
+# read, no sync).
+Probe = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class Sink(Protocol):
+    def write(self, record: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _read(value: Any) -> float | None:
+    """A device scalar as a float (a host-device sync point); None for None or a non-finite value."""
+    x = math.nan if value is None else float(value)
+    return x if math.isfinite(x) else None
+
+
+class Monitor(Hook):
+    """Every ``interval`` steps: loss (a host-device sync), lr, throughput over the window since
+    the last record, plus whatever the ``probes`` add (memory, MFU, GPU utilisation).
+
+    Also measures the time to the first step (one extra sync, once) so warm-up and compilation
+    are reported apart from steady-state throughput.
+
+    In ``fit()`` it is a hook. In your own loop, hand it the values after each optimizer step::
+
+        monitor = Monitor(10, [JsonlSink(Path("metrics.jsonl")), ProgressSink(max_steps)])
+        monitor.start()
+        for batch in loader:
+            engine.forward_backward(model, batch)  # or backward() + count_batch(batch)
+            if engine.step(optimizer):
+                s = engine.state
+                monitor.observe(s.step, engine.last_loss, lr=optimizer.param_groups[0]["lr"],
+                                samples=s.samples, tokens=s.tokens)
+        monitor.close()
+    """
+
+    def __init__(
+        self, interval: int, sinks: Iterable[Sink] = (), probes: Iterable[Probe] = (), world: int = 1
+    ) -> None:
+        self.interval = interval
+        self.world = world  # data-parallel processes: rates are this rank's counts x world
+        self.sinks = list(sinks)
+        self.probes = list(probes)
+        self.records: list[dict[str, Any]] = []
+        self.first_step_s: float | None = None
+        self._t0: float | None = None
+        self._first = -1  # the step whose time to first step is measured
+        self._last: tuple[float, int, int, int] = (0.0, 0, 0, 0)  # time, step, samples, tokens
+        self._side_s = 0.0  # side_s at the last record
+        # probes with steps of their own
+        self._own_steps = [p for p in self.probes if callable(getattr(p, "due", None))]
+
+    # ------------------------------------------------------------------ values
+
+    def start(self, step: int = 0, samples: int = 0, tokens: int = 0) -> None:
+        """Start the clock (and the probes' threads) at this progress; the next step's time is
+        the time to first step. Without it the first :meth:`observe` starts the clock."""
+        for probe in self.probes:
+            getattr(probe, "start", lambda: None)()
+        self._t0 = time.perf_counter()
+        self._last = (self._t0, step, samples, tokens)
+        self._first = step + 1
+
+    def observe(
+        self,
+        step: int,
+        loss: Any = None,
+        *,
+        lr: float | None = None,
+        samples: int = 0,
+        tokens: int = 0,
+        val_loss: float | None = None,
+        val_metrics: dict[str, float] | None = None,
+        logged: dict[str, Any] | None = None,
+        grad_norm: Any = None,
+        precision: str | None = None,
+        peak: str | None = None,
+        side_s: float = 0.0,
+        force: bool = False,
+    ) -> dict[str, Any] | None:
+        """The values after optimizer step ``step``: its loss (a device tensor or a number), the
+        samples and tokens this process trained on so far (x ``world`` for the run's rates), and what else is known; ``side_s``: seconds spent so
+        far on work that is not training (evaluation, checkpoints), left out of the throughput;
+        ``peak``: the datasheet peak MFU is measured against (``Precision.mfu_peak()``; default:
+        ``precision``'s).
+        On logging steps (every ``interval``, with a ``val_loss``, or ``force``) it reads ``loss`` and
+        ``grad_norm`` (host-device sync points) and writes and returns a record; otherwise it reads
+        nothing. A ``val_loss`` is never dropped: its step gets a whole record (the schema of any
+        other), where the evaluation has already synced the host."""
+        if self._t0 is None:
+            self.start(step, samples, tokens)
+            self._first = -1  # the clock starts now: no time to first step
+        elif step == self._first and self.first_step_s is None:
+            if isinstance(loss, torch.Tensor) and loss.is_cuda:
+                torch.cuda.synchronize(loss.device)  # host-device sync point, once: time to first step
+            now = time.perf_counter()
+            self.first_step_s = now - self._t0
+            self._last, self._side_s = (now, step, samples, tokens), side_s
+        if not (force or val_loss is not None or every(step, self.interval)):
+            due = [p for p in self._own_steps if p.due(step)]
+            return self._emit({"step": step}, due) if due else None  # allocator counters only: no sync
+        record: dict[str, Any] = {"step": step, "loss": _read(loss)}  # host-device sync point
+        now = time.perf_counter()
+        t, last_step, last_samples, last_tokens = self._last
+        dt = now - t - (side_s - self._side_s)  # evaluation and checkpoint time are not training
+        if dt > 0 and step > last_step:
+            record["step_ms"] = 1000 * dt / (step - last_step)
+            # The whole run's rates: every rank trains an equal share (the same micro-batch).
+            record["samples_per_s"] = self.world * (samples - last_samples) / dt
+            record["tokens_per_s"] = self.world * (tokens - last_tokens) / dt
+            if self.world > 1:
+                record["rank_tokens_per_s"] = (tokens - last_tokens) / dt
+        self._last, self._side_s = (now, step, samples, tokens), side_s
+        known = {
+            "lr": lr,
+            "grad_norm": _read(grad_norm),
+            "precision": precision,
+            "mfu_peak": peak,
+            "val_loss": val_loss,
+        }
+        record.update(
+            elapsed_s=now - self._t0,
+            samples=samples,
+            tokens=tokens,
+            **{k: v for k, v in known.items() if v is not None},
+        )
+        if val_loss is not None:
+            record.update(val_metrics or {})  # val_accuracy, ...: evaluated with the loss
+        # engine.log's means: host-device sync point
+        record.update({k: _read(v) for k, v in (logged or {}).items()})
+        return self._emit(record, self.probes)
+
+    def _emit(self, record: dict[str, Any], probes: Iterable[Probe]) -> dict[str, Any]:
+        for probe in probes:
+            record.update(probe(record))
+        self.write_event(record)
+        return record
+
+    def write_event(self, record: dict[str, Any]) -> None:
+        """A record into the run's records and every sink: a step's measurement, or an event
+        (``{"event": "epoch", ...}``) that the report keeps apart from the step records."""
+        self.records.append(record)
+        for sink in self.sinks:
+            sink.write(record)
+
+    def close(self) -> None:
+        """Stop the probes' threads and close the sinks (idempotent)."""
+        for probe in self.probes:
+            getattr(probe, "close", lambda: None)()
+        for sink in self.sinks:
+            sink.close()
+
+    # ------------------------------------------------------------------ hook side: public engine values only
+
+    def on_fit_start(self, ctx: FitContext) -> None:
+        s = ctx.engine.state
+        # the first step compiles: minutes, say so
+        self._compiling = ctx.engine.options.compile_scope != "off"
+        if self._compiling:
+            log.info("compiling (first step; torch.compile, %s)...", ctx.engine.options.compile_scope)
+        self.start(s.step, s.samples, s.tokens)
+
+    def on_step_end(self, ctx: FitContext) -> None:
+        step = ctx.engine.state.step
+        # the last step's record comes at the end
+        own = step < ctx.max_steps and any(p.due(step) for p in self._own_steps)
+        # Evaluate (before this hook) has just validated: record it
+        evaluated = ctx.metrics.get("val_step") == step
+        if step == self._first or every(step, self.interval) or own or evaluated:
+            self._observe(ctx)
+        if step == self._first and self._compiling and self.first_step_s is not None:
+            log.info("compiled: first step %.1f s", self.first_step_s)
+
+    def on_fit_end(self, ctx: FitContext) -> None:
+        step = ctx.engine.state.step
+        last = next((r for r in reversed(self.records) if "loss" in r), {})  # the last record of the loss's
+        if last.get("step") != step or (ctx.metrics.get("val_step") == step and "val_loss" not in last):
+            self._observe(ctx, force=True)
+        self.close()
+
+    def on_exception(self, ctx: FitContext, exc: BaseException) -> None:
+        with contextlib.suppress(DiskFullError):  # the error on its way is the one to report
+            self.close()
+
+    def _observe(self, ctx: FitContext, force: bool = False) -> None:
+        engine, s, m = ctx.engine, ctx.engine.state, ctx.metrics
+        record = self.observe(
+            s.step,
+            engine.last_loss,
+            lr=ctx.optimizer.param_groups[0]["lr"] if ctx.optimizer is not None else None,
+            samples=s.samples,
+            tokens=s.tokens,
+            val_loss=m.get("val_loss") if m.get("val_step") == s.step else None,
+            val_metrics=m.get("val_metrics"),
+            logged=engine.take_logged(),
+            grad_norm=engine.last_grad_norm,
+            precision=engine.precision.name,
+            peak=engine.precision.mfu_peak(),
+            side_s=ctx.side_s,
+            force=force,
+        )
+        for key, text in (record or {}).items():
+            if key.endswith(WARNING_SUFFIX) and text:  # a probe's one-time warning
+                engine.record_event(key, text)  # into summary.json's events
+        m.update(record or {}, first_step_s=self.first_step_s)

@@ -1,0 +1,103 @@
+"""Device memory in each record: the CUDA caching allocator's counters (no sync) and a one-time
+warning when the peak reserved memory nears the device's total or the allocator cap."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ...base.units import gib
+from ...parts.hardware import device_total_bytes
+from ..hooks import every
+
+log = logging.getLogger(__name__)
+
+MEMORY_WARNING = "memory_warning"  # the record key and engine event kind of the high-memory warning
+
+
+def collect_cuda_memory(device: torch.device) -> dict[str, int]:
+    """The CUDA caching allocator's counters in bytes: allocated, reserved, and their peaks since
+    the start or the last reset. Host-side counters: no sync."""
+    return {
+        "allocated": torch.cuda.memory_allocated(device),
+        "reserved": torch.cuda.memory_reserved(device),
+        "peak": torch.cuda.max_memory_allocated(device),
+        "peak_reserved": torch.cuda.max_memory_reserved(device),
+    }
+
+
+class MemoryProbe:
+    """GPU memory in GiB: allocated now, reserved now, peak allocated since the start (or the
+    last :meth:`reset_peak`), and a warning once when memory runs high. Host-side counters: no sync.
+
+    ``every`` (``monitor.memory_every``): None = these keys in each metrics record; N = on every
+    N-th step instead, between the loss's records too (see :meth:`due`); 0 = never. Whatever
+    ``every``, each call compares the peak reserved memory with ``warn_fraction`` of the limit
+    (the device's total, or ``cap_fraction`` of it: ``memory.max_fraction``'s allocator cap); the
+    first time it is reached, one log warning and a ``memory_warning`` key in that record (which
+    the Monitor, in ``fit()``, also records as an engine event for summary.json). Not again in
+    this process: a resumed run warns again.
+
+    ``read`` (a function returning :func:`collect_cuda_memory`'s keys) and ``limit_bytes`` default
+    to the CUDA device's; pass your own to test it without a GPU.
+    """
+
+    def __init__(
+        self,
+        device: torch.device,
+        *,
+        every: int | None = None,
+        warn_fraction: float = 0.9,
+        cap_fraction: float = 0.0,
+        limit_bytes: int | None = None,
+        read: Callable[[], dict[str, int]] | None = None,
+    ) -> None:
+        self.device = device
+        self.every = every
+        self.warn_fraction = warn_fraction
+        self.limit_what = f"the cap ({cap_fraction:g} of the device)" if cap_fraction > 0 else "the device's"
+        if limit_bytes is None and warn_fraction > 0:
+            total = device_total_bytes(device)
+            limit_bytes = int(total * cap_fraction) if total and cap_fraction > 0 else total
+        self.limit_bytes = limit_bytes
+        self.read = read or (lambda: collect_cuda_memory(device))
+        self.warned = False
+
+    def due(self, step: int) -> bool:
+        """Whether ``step`` is one of this probe's own steps (``every`` N; never for None or 0)."""
+        return self.every is not None and every(step, self.every)
+
+    def reset_peak(self) -> None:
+        """Start the peaks over (at each epoch, say): later records' ``mem_peak_gib`` is the peak since this call."""
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def __call__(self, record: dict[str, Any] | None = None) -> dict[str, Any]:
+        counters = self.read()
+        out: dict[str, Any] = {}
+        if self.every is None or self.due((record or {}).get("step", 0)):
+            out.update(
+                mem_allocated_gib=gib(counters["allocated"]),
+                mem_reserved_gib=gib(counters["reserved"]),
+                mem_peak_gib=gib(counters["peak"]),
+            )
+        warning = self.check(counters["peak_reserved"])
+        if warning:
+            out[MEMORY_WARNING] = warning
+        return out
+
+    def check(self, used_bytes: int) -> str | None:
+        """The warning's text the first time ``used_bytes`` reaches ``warn_fraction`` of the limit (also logged); else None."""
+        limit = self.limit_bytes
+        if self.warned or self.warn_fraction <= 0 or not limit or used_bytes < self.warn_fraction * limit:
+            return None
+        self.warned = True
+        text = (
+            f"GPU memory is high: peak reserved {gib(used_bytes):.2f} GiB is {used_bytes / limit:.0%} of {self.limit_what} "
+            f"{gib(limit):.2f} GiB (monitor.memory_warn_fraction = {self.warn_fraction:g}); a longer batch or sequence "
+            "may run out of memory: lower batch.micro or set memory.checkpointing"
+        )
+        log.warning(text)
+        return text

@@ -1,0 +1,69 @@
+"""The standard probes of a run (:func:`build_probes`): memory and NVML on CUDA, MFU when a model
+and an example batch are given."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...parts.hardware import nvml
+from .flops import build_mfu_probe
+from .hook import Probe
+from .memory import MemoryProbe
+from .nvml import NvmlSampler
+
+log = logging.getLogger(__name__)
+
+
+def build_probes(
+    device: torch.device,
+    *,
+    model: nn.Module | None = None,
+    example_batch: Any = None,
+    precision: str = "fp32",
+    nvml_enabled: bool = True,
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+    autocast: Callable[[], Any] = contextlib.nullcontext,
+    devices: int = 1,
+    memory_every: int = -1,
+    memory_warn_fraction: float = 0.9,
+    memory_cap_fraction: float = 0.0,
+) -> list[Probe]:
+    """The standard probes for ``device``: memory and NVML on CUDA (none on CPU), MFU when a
+    model and an example batch are given (over ``devices``, the data-parallel world).
+    ``memory_every``, ``memory_warn_fraction``: ``monitor.memory_every`` (-1 = with each record)
+    and ``monitor.memory_warn_fraction``; ``memory_cap_fraction``: ``memory.max_fraction``."""
+    probes: list[Probe] = []
+    if device.type == "cuda":
+        probes.append(
+            MemoryProbe(
+                device,
+                every=None if memory_every < 0 else memory_every,
+                warn_fraction=memory_warn_fraction,
+                cap_fraction=memory_cap_fraction,
+            )
+        )
+        if nvml_enabled:
+            sampler = NvmlSampler(device.index if device.index is not None else torch.cuda.current_device())
+            if sampler.available:
+                probes.append(sampler)
+            else:
+                log.info("GPU utilisation not sampled: %s", nvml()[1])
+    if model is not None and example_batch is not None:
+        try:
+            probes.append(
+                build_mfu_probe(model, example_batch, device, precision, loss_fn, autocast, devices)
+            )
+        except Exception as exc:  # an optional measurement: training goes on without FLOPs
+            log.warning(
+                "FLOPs not counted, so no TFLOP/s or MFU (%s: %s); pass a loss_fn(model, batch) "
+                "that returns the loss for the example batch",
+                type(exc).__name__,
+                exc,
+            )
+    return probes
