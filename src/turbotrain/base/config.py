@@ -1,599 +1,140 @@
-"""Run configuration: one frozen dataclass per concern, composed into :class:`RunConfig`.
+"""Run configuration: the mechanism that collects, parses, validates and describes every setting.
 
-Why: every knob is typed, documented (with its unit) and validated once, when the config is built.
-Nothing downstream reads raw strings; the engine and the loop receive resolved objects.
+Why: every knob is typed, documented (with its unit and range) and validated once, when the config
+is built. Nothing downstream reads raw strings; the engine and the loop receive resolved objects.
 
 Sources, later wins: field defaults < a TOML preset shipped in ``turbotrain/presets`` (or a TOML
 file path) < ``--section.key=value`` overrides. Errors name the field and the valid values.
+
+Who declares what: the run's own sections are in :mod:`.config_sections`; a plugin declares its
+settings in its own file, as a frozen dataclass of :func:`knob` fields, and registers it here with
+:func:`register_settings`: a model family (its fields join ``[model]``, or a section of its own
+such as ``[moe]``), a precision (its fields join ``[precision]``, as fp8's ``fp8_*`` do). Its
+rules that span fields, the one line for settings given where they do nothing, and the names its
+settings had before they moved (:data:`MOVED`) come with the registration. ``import turbotrain``
+imports every built-in plugin, so a config read anywhere knows all of them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import tomllib
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, fields, is_dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from .config_fields import (
+    AUTO,
+    MAX_BATCH,
+    MAX_SEED,
+    MAX_STEPS,
+    MAX_TIMEOUT_S,
+    PRECISION_CHOICES,
+    PRECISION_MODES,
+    Names,
+    audience,
+    choice_error,
+    in_range,
+    knob,
+    range_text,
+    setting,
+)
+from .config_sections import (
+    ARCHS,
+    BATCH_PICKS,
+    CHECKPOINTING_MODES,
+    COMPILE_MODES,
+    COMPILE_SCOPES,
+    CUDA_GRAPH_MODES,
+    DATA_BATCHINGS,
+    DIST_STRATEGIES,
+    LR_SCALINGS,
+    NONFINITE_POLICIES,
+    OOM_POLICIES,
+    OPTIM_IMPLEMENTATIONS,
+    SCHEDULES,
+    TOKENIZERS,
+    BatchConfig,
+    CompileConfig,
+    DataConfig,
+    DistributedConfig,
+    MemoryConfig,
+    ModelConfig,
+    MonitorConfig,
+    OptimConfig,
+    PrecisionConfig,
+    RunSection,
+    TrainConfig,
+)
 from .errors import ConfigError
 
-AUTO = "auto"
-
-# Every valid-value list, once. Consumers import these; nothing else spells them out.
-ARCHS = ("gpt", "moe")
-MOE_IMPLS = ("auto", "grouped", "batched", "loop")
-ATTENTIONS = ("sdpa", "masked")
-LM_LOSSES = ("full", "chunked")
-TOKENIZERS = ("bytes", "bpe")  # or the path of a tokenizer.json
-SDPA_BACKENDS = ("auto", "cudnn", "flash", "efficient", "math")
-BATCH_PICKS = ("largest", "fastest")
-SCHEDULES = ("cosine", "linear", "constant", "plateau")
-LR_SCALINGS = ("none", "linear", "sqrt")
-DATA_BATCHINGS = ("windows", "tokens")
-OPTIM_IMPLEMENTATIONS = ("fused", "foreach", "for-loop")
-NONFINITE_POLICIES = ("skip", "fallback", "stop")
-COMPILE_SCOPES = ("off", "model", "blocks")
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that turn on triton.cudagraphs
-CHECKPOINTING_MODES = ("off", "full", "selective")
-OOM_POLICIES = ("halve", "stop")
-DIST_STRATEGIES = ("single", "ddp", "fsdp")
-FP8_RECIPES = ("tensorwise", "rowwise")  # torchao's float8 scaling recipes
-
-
-class Names:
-    """A valid-value list that grows as plugins register: ``precision.mode``'s names come from the
-    precision classes (:mod:`turbotrain.core.precision` fills it on import, which ``import turbotrain``
-    does), so validation and ``--help-config`` read it live. ``first`` come before the registered."""
-
-    def __init__(self, *first: str, then: Names | None = None) -> None:
-        self._own, self._then = list(first), then
-
-    def add(self, name: str) -> None:
-        if name not in self._own:
-            self._own.append(name)
-
-    def __iter__(self) -> Iterator[str]:
-        yield from self._own
-        if self._then is not None:
-            yield from self._then
-
-    def __contains__(self, name: object) -> bool:
-        return any(name == n for n in self)
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-    def __repr__(self) -> str:
-        return repr(tuple(self))
-
-
-PRECISION_MODES = Names()  # filled by each Precision subclass's definition (turbotrain.core.precision)
-PRECISION_CHOICES = Names(AUTO, then=PRECISION_MODES)
-
-
-_AUDIENCE = ["python"]  # who reads error messages: "python" (a library caller) or "cli"
-
-
-@contextlib.contextmanager
-def audience(who: str) -> Iterator[None]:
-    """Within the block, :func:`setting` speaks to ``who``: "cli" (the ``turbotrain`` command
-    wraps each subcommand in this) or "python"."""
-    previous, _AUDIENCE[0] = _AUDIENCE[0], who
-    try:
-        yield
-    finally:
-        _AUDIENCE[0] = previous
-
-
-def setting(field_name: str, value: Any) -> str:
-    """How the reader sets ``section.key`` to ``value``: ``--run.device=cpu`` on the command line,
-    ``{"run": {"device": "cpu"}}`` for a Python caller of ``Engine``/``load_config``."""
-    if _AUDIENCE[0] == "cli":
-        return f"--{field_name}={value}"
-    section, key = field_name.split(".", 1)
-    return f"{{{section!r}: {{{key!r}: {value!r}}}}}".replace("'", '"')
-
-
-def choice_error(field_name: str, value: Any, choices: Iterable[Any]) -> ConfigError:
-    """The one wording of "not a valid value": the field, the value and every valid value."""
-    return ConfigError(
-        f"{field_name} = {value!r} is not valid; choose one of: {', '.join(map(str, choices))}"
-    )
-
-
-# Bounds that come from what the code can do (every numeric field declares a range; validate checks it).
-MAX_STEPS = 99_999_999  # checkpoint names hold the step in 8 digits (step_00000003.pt), and sort by them
-MAX_TIMEOUT_S = 2_147_483  # the largest whole number of milliseconds a C int holds (2**31 - 1 ms, 24.8 days)
-MAX_BATCH = 2**20  # sequences per micro-batch, per optimizer step or in a global batch
-MAX_SEED = 2**32 - 1  # numpy's seeds are 32 bits
-
-
-def knob(
-    default: Any,
-    doc: str,
-    *,
-    choices: Iterable[Any] | None = None,
-    min: float | None = None,
-    max: float | None = None,
-    below: float | None = None,
-) -> Any:
-    """A documented config field. A numeric one declares its range: ``min`` <= value <= ``max``
-    (or < ``below``, an open end). :func:`validate` checks ``choices`` and the range, and
-    :func:`describe` shows them."""
-    live = isinstance(choices, Names)  # read at each use: plugins may add values after this field is defined
-    meta = {
-        "doc": doc,
-        "choices": choices if live or choices is None else tuple(choices),
-        "min": min,
-        "max": below if below is not None else max,
-        "open": below is not None,
-    }
-    return field(default=default, metadata=meta)
-
-
-def _number(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() and abs(x) < 2**53 else f"{x:g}"
-
-
-def range_text(f: dataclasses.Field) -> str:
-    """A numeric field's declared range, ``[1, 99999999]`` or ``[0, 1)``; "" for other fields."""
-    low, high = f.metadata.get("min"), f.metadata.get("max")
-    if low is None and high is None:
-        return ""
-    return f"[{_number(low)}, {_number(high)}{')' if f.metadata.get('open') else ']'}"
-
-
-def in_range(f: dataclasses.Field, value: float) -> bool:
-    """Whether ``value`` lies in field ``f``'s declared range (NaN never does)."""
-    low, high = f.metadata.get("min"), f.metadata.get("max")
-    if low is not None and not value >= low:
-        return False
-    if high is not None and not (value < high if f.metadata.get("open") else value <= high):
-        return False
-    return True
-
-
-@dataclass(frozen=True)
-class RunSection:
-    name: str = knob("", "run directory name under out_dir; empty = '<preset>-<timestamp>'")
-    out_dir: str = knob("runs", "folder that holds run directories")
-    device: str = knob(AUTO, "'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'")
-    seed: int = knob(1337, "seed for weights, data order and dropout", min=0, max=MAX_SEED)
-    deterministic: bool = knob(
-        False,
-        "deterministic kernels: torch.use_deterministic_algorithms(True), cuDNN deterministic "
-        "without autotuning (overrides precision.cudnn_benchmark), CUBLAS_WORKSPACE_CONFIG=:4096:8; "
-        "costs speed (some kernels slower) and ops without a deterministic kernel raise an error",
-    )
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    arch: str = knob("gpt", "model family", choices=ARCHS)
-    workload: str = knob(
-        "",
-        "your own model and data instead: FILE.py:FUNC or package.module:FUNC returning a "
-        "turbotrain.Workload (`turbotrain train --model`); the GPT fields below and [moe] are then unused",
-    )
-    n_layer: int = knob(4, "transformer blocks", min=1, max=1024)
-    n_head: int = knob(4, "attention heads per block", min=1, max=1024)
-    d_model: int = knob(128, "embedding width (must divide by n_head)", min=1, max=65536)
-    block_size: int = knob(128, "sequence length T in tokens", min=2, max=2**20)
-    vocab_size: int = knob(
-        0,
-        "vocabulary size; 0 = follow the data (256 for bytes, 50304 for bpe, a tokenizer.json's "
-        "rounded up to a multiple of 64, the .bin's own or 50304)",
-        min=0,
-        max=2**24,
-    )
-    dropout: float = knob(0.0, "dropout probability", min=0.0, below=1.0)
-    attention: str = knob(
-        "sdpa", "'sdpa' (is_causal, flash kernels) or 'masked' (explicit cached mask)", choices=ATTENTIONS
-    )
-    loss: str = knob(
-        "full",
-        "'full' (logits, then cross-entropy) or 'chunked' (fused linear + cross-entropy by chunks: "
-        "no full logits in memory, same math)",
-        choices=LM_LOSSES,
-    )
-    sdpa_backend: str = knob(
-        "auto",
-        "SDPA kernel to prefer (falling back to the others): 'auto' = PyTorch's choice, "
-        "'cudnn', 'flash', 'efficient' or 'math'",
-        choices=SDPA_BACKENDS,
-    )
-
-
-@dataclass(frozen=True)
-class MoESection:
-    """The mixture-of-experts family's own settings (``model.arch = 'moe'``): the GPT backbone comes
-    from ``[model]``, the experts from here. Unused by other families (a ``--moe.*`` flag given for
-    one is refused: it would silently do nothing)."""
-
-    n_experts: int = knob(8, "experts per MoE block", min=1, max=4096)
-    top_k: int = knob(2, "experts each token is routed to (at most n_experts)", min=1, max=4096)
-    every: int = knob(
-        1,
-        "every k-th block is a MoE block (1 = all, 2 = blocks 2, 4, ...; at most model.n_layer)",
-        min=1,
-        max=1024,
-    )
-    expert_hidden: int = knob(0, "hidden width of each expert's MLP; 0 = 4 x model.d_model", min=0, max=2**20)
-    aux_loss_coef: float = knob(
-        0.01, "weight of the load-balancing loss added to the training loss; 0 = off", min=0.0, max=100.0
-    )
-    capacity_factor: float = knob(
-        0.0,
-        "expert slots = factor x tokens x top_k / n_experts, overflow dropped; 0 = dropless",
-        min=0.0,
-        max=4096.0,
-    )
-    router_bias_update: float = knob(
-        0.0,
-        "DeepSeek-V3 aux-loss-free balancing, the expert-bias step per optimizer step; 0 = off",
-        min=0.0,
-        max=1.0,
-    )
-    impl: str = knob(
-        "auto",
-        "expert compute, 'auto' (grouped GEMM on CPU and on CUDA with bf16, else batched), "
-        "'grouped', 'batched' or 'loop' (one matmul per expert: the reference)",
-        choices=MOE_IMPLS,
-    )
-
-
-MODEL_SECTIONS = ("model", "moe")  # the sections that decide the model's tensors (a checkpoint fits or not)
-
-# Settings that moved out of [model] into their family's section: a file written before the move (a saved
-# run's config.toml, a preset) is read with them moved; a new command line or dict that still names the old
-# place gets one line naming the new one.
-MOVED: dict[str, str] = {
-    "model.n_experts": "moe.n_experts",
-    "model.top_k": "moe.top_k",
-    "model.moe_every": "moe.every",
-    "model.expert_hidden": "moe.expert_hidden",
-    "model.aux_loss_coef": "moe.aux_loss_coef",
-    "model.capacity_factor": "moe.capacity_factor",
-    "model.router_bias_update": "moe.router_bias_update",
-    "model.moe_impl": "moe.impl",
-}
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    path: str = knob(
-        "", "token .bin file, text file or folder; empty = built-in corpus (Python stdlib sources)"
-    )
-    val_fraction: float = knob(0.05, "share of the data held out for validation (0..0.5)", min=0.0, max=0.5)
-    cache_dir: str = knob(
-        "", "where tokenized text (and trained tokenizers) are cached; empty = $XDG_CACHE_HOME/turbotrain"
-    )
-    tokenizer: str = knob(
-        "bytes",
-        "text to tokens: 'bytes' (256 ids), 'bpe' (a byte-level BPE of model.vocab_size tokens, "
-        "50304 when 0, trained offline on the training text and cached) or the path of a tokenizer.json; "
-        "subword tokens need pip install 'turbotrain[bpe]'",
-    )
-    num_workers: int = knob(
-        -1, "DataLoader worker processes; -1 = from the core count and device", min=-1, max=256
-    )
-    prefetch_factor: int = knob(4, "batches each worker keeps ready", min=1, max=256)
-    pin_memory: bool = knob(True, "page-locked host batches (CUDA only) so copies can be asynchronous")
-    device_prefetch: bool = knob(True, "copy the next batch to the device on a side stream (CUDA only)")
-    tune_user_loader: bool = knob(
-        False,
-        "engine.setup replaces a torch DataLoader you pass with one like it using "
-        "num_workers (persistent), pin_memory and prefetch_factor from this section",
-    )
-    batching: str = knob(
-        "windows",
-        "'windows' (batch.micro random block_size windows of the token stream) or 'tokens' "
-        "(one document, or piece of one, per row; batches of at most batch.max_tokens tokens, length-bucketed)",
-        choices=DATA_BATCHINGS,
-    )
-
-
-@dataclass(frozen=True)
-class BatchConfig:
-    micro: int | str = knob(
-        32,
-        "sequences per forward/backward, or 'auto' to search the largest that fits (on CPU: "
-        "the largest whose measured step takes at most 1 s)",
-        min=1,
-        max=MAX_BATCH,
-    )
-    accumulation: int = knob(
-        1, "micro-batches per optimizer step (global = micro x accumulation x world)", min=1, max=MAX_BATCH
-    )
-    pick: str = knob(
-        "largest", "with micro='auto': 'largest' size that fits or 'fastest' measured", choices=BATCH_PICKS
-    )
-    headroom: float = knob(
-        0.10, "with micro='auto': memory kept free, as a fraction of the measured peak", min=0.0, below=1.0
-    )
-    max_memory_gib: float = knob(
-        0.0, "with micro='auto': memory cap in GiB (0 = the whole device)", min=0.0, max=2.0**20
-    )
-    max_memory_fraction: float = knob(
-        0.0, "with micro='auto': memory cap as a fraction of the device's total (0 = none)", min=0.0, max=1.0
-    )
-    global_size: int = knob(
-        0,
-        "sequences per optimizer step over all ranks, kept by setting accumulation (a numeric micro: must divide by micro x world); 0 = micro x accumulation x world",
-        min=0,
-        max=MAX_BATCH,
-    )
-    max_tokens: int = knob(
-        0,
-        "with data.batching='tokens': input tokens per micro-batch, padding counted (>= model.block_size); "
-        "0 = micro x model.block_size",
-        min=0,
-        max=2**30,
-    )
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    lr: float = knob(2e-3, "peak learning rate", min=0.0, max=1000.0)
-    min_lr: float = knob(2e-4, "learning rate at the end of the decay", min=0.0, max=1000.0)
-    weight_decay: float = knob(
-        0.1, "AdamW decoupled weight decay (not applied to norms, biases, embeddings)", min=0.0, max=100.0
-    )
-    beta1: float = knob(0.9, "AdamW beta1", min=0.0, below=1.0)
-    beta2: float = knob(0.95, "AdamW beta2", min=0.0, below=1.0)
-    eps: float = knob(1e-8, "AdamW epsilon", min=0.0, max=1.0)
-    warmup_steps: int = knob(30, "linear warmup length in optimizer steps", min=0, max=MAX_STEPS)
-    schedule: str = knob(
-        "cosine",
-        "after warmup: 'cosine' or 'linear' decay to min_lr at train.max_steps, 'constant', or "
-        "'plateau' (lowered by plateau_factor when the validation loss stops improving)",
-        choices=SCHEDULES,
-    )
-    plateau_factor: float = knob(
-        0.5, "schedule 'plateau': multiplier of the LR at each lowering, in (0, 1)", min=0.0, max=1.0
-    )
-    plateau_patience: int = knob(
-        2,
-        "schedule 'plateau': evaluations after warmup without improvement (relative 1e-4) "
-        "before the LR is lowered",
-        min=0,
-        max=MAX_STEPS,
-    )
-    lr_scaling: str = knob(
-        "none",
-        "when batch.micro='auto' changes the global batch: scale lr and min_lr by new/old "
-        "('linear'), its square root ('sqrt'), or not at all ('none')",
-        choices=LR_SCALINGS,
-    )
-    lr_batch: int = knob(
-        0,
-        "global batch (sequences per optimizer step) that lr was tuned for, the 'old' of lr_scaling; "
-        "0 = batch.global_size",
-        min=0,
-        max=MAX_BATCH,
-    )
-    # any finite norm clips; 1e30 leaves headroom below float32 overflow
-    grad_clip: float = knob(
-        0.0,
-        "max global gradient norm, applied after unscaling; 0 = off (the presets use 1.0)",
-        min=0.0,
-        max=1e30,
-    )
-    implementation: str = knob(
-        AUTO,
-        "'auto' (fused where torch has the kernel: CUDA, CPU; else foreach), 'fused', 'foreach', 'for-loop'",
-        choices=(AUTO, *OPTIM_IMPLEMENTATIONS),
-    )
-    tune_user_optimizer: bool = knob(
-        False,
-        "engine.setup switches a torch.optim.Adam/AdamW you pass to the fused kernel "
-        "(foreach where there is none), in place: same object, hyper-parameters and state",
-    )
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    max_steps: int = knob(
-        300, "optimizer steps of the whole run; the LR schedule spans them", min=1, max=MAX_STEPS
-    )
-    epochs: int = knob(
-        0,
-        "passes over the training data instead of max_steps (steps = epochs x the data's steps per "
-        "epoch at the global batch; the schedule follows); validation then runs at each epoch's end "
-        "and eval_every is unused; 0 = train.max_steps",
-        min=0,
-        max=100_000,
-    )
-    stop_after_steps: int = knob(
-        0,
-        "end this invocation after this step (checkpointed; resume with --resume); 0 = run to max_steps",
-        min=0,
-        max=MAX_STEPS,
-    )
-    eval_every: int = knob(
-        100, "optimizer steps between validation passes; 0 = only at the end", min=0, max=MAX_STEPS
-    )
-    eval_batches: int = knob(20, "micro-batches per validation pass", min=1, max=10_000)
-    checkpoint_every: int = knob(
-        100, "optimizer steps between checkpoints; 0 = only at the end", min=0, max=MAX_STEPS
-    )
-    keep_last: int = knob(3, "checkpoints kept on disk", min=1, max=100_000)
-    async_checkpoint: bool = knob(
-        True,
-        "write the checkpoints of train.checkpoint_every in the background: the step "
-        "waits only for a copy of the state (device -> host); the final one and a "
-        "signal's wait for it",
-    )
-
-
-@dataclass(frozen=True)
-class PrecisionConfig:
-    mode: str = knob(
-        AUTO,
-        "'auto' (bf16-mixed on CUDA cc>=8.0, fp16-mixed below, fp32 on CPU; never fp8) or a registered "
-        "precision's name; 'fp8' (bf16 autocast + torchao float8 linears) needs pip install 'turbotrain[fp8]'",
-        choices=PRECISION_CHOICES,
-    )
-    tf32: bool = knob(True, "TF32 tensor-core matmuls and convolutions for fp32 work (CUDA)")
-    cudnn_benchmark: bool = knob(True, "let cuDNN time its kernels for fixed input shapes (CUDA)")
-    flush_denormal: bool = knob(
-        True, "flush fp32 denormals to zero on CPU: denormal arithmetic made the first steps ~35% slower"
-    )
-    nonfinite: str = knob(
-        "fallback",
-        "on non-finite loss/grad: 'skip' the step, skip then 'fallback' to a safer precision, or 'stop'",
-        choices=NONFINITE_POLICIES,
-    )
-    max_nonfinite_steps: int = knob(3, "skipped steps before 'fallback' or 'stop' acts", min=1, max=MAX_STEPS)
-    fp8_emulate: bool = knob(
-        False,
-        "mode 'fp8': emulate the float8 matmuls (CPU, or a GPU below compute capability 8.9): "
-        "for correctness tests only, slower than bf16",
-    )
-    fp8_recipe: str = knob(
-        "tensorwise",
-        "mode 'fp8': torchao's scaling recipe, 'tensorwise' (fastest; FSDP2 float8 all-gather) "
-        "or 'rowwise' (more accurate)",
-        choices=FP8_RECIPES,
-    )
-    fp8_min_size: int = knob(
-        0,
-        "mode 'fp8': convert a linear layer (both dims divisible by 16) only if in x out features >= this; "
-        "0 = torchao's per-recipe thresholds (measured on H100: small matmuls are slower in fp8)",
-        min=0,
-        max=2**40,
-    )
-    fp8_lm_head: bool = knob(False, "mode 'fp8': convert the output layer (lm_head) too")
-    fp8_skip: str = knob(
-        "",
-        "mode 'fp8': comma-separated module-name prefixes kept in bf16, e.g. 'blocks.0.,blocks.11.' "
-        "for the first and last block",
-    )
-    fp8_all_gather: bool = knob(
-        False,
-        "mode 'fp8' under FSDP2 (distributed.strategy = fsdp): all-gather the float8 layers' "
-        "weights in float8 (torchao's enable_fsdp_float8_all_gather: half bf16's bytes, the scales "
-        "precomputed in one all-reduce per step); tensorwise recipe only. Off by default, as in "
-        "torchtitan: it only pays where the all-gather is exposed (many ranks, large layers) and its "
-        "GPU speed is not measured here yet; no effect without FSDP2",
-    )
-
-
-@dataclass(frozen=True)
-class CompileConfig:
-    scope: str = knob(
-        AUTO,
-        "'auto' (model on CUDA, off on CPU), 'off', 'model' or 'blocks' (each block separately)",
-        choices=(AUTO, *COMPILE_SCOPES),
-    )
-    mode: str = knob("default", "torch.compile mode", choices=COMPILE_MODES)
-    max_recompiles: int = knob(
-        2,
-        "recompilations (and new graph breaks) after the first monitor.log_every steps "
-        "before a warning naming the cause; 0 = never warn (they are counted in the summary anyway)",
-        min=0,
-        max=1_000_000,
-    )
-
-
-@dataclass(frozen=True)
-class MemoryConfig:
-    checkpointing: str = knob("off", "activation checkpointing per block", choices=CHECKPOINTING_MODES)
-    on_oom: str = knob(
-        "halve",
-        "on out-of-memory mid-run: 'halve' the micro-batch and retry, or 'stop'",
-        choices=OOM_POLICIES,
-    )
-    inject_oom_at_step: int = knob(
-        0, "debug: raise an out-of-memory error once at this optimizer step; 0 = never", min=0, max=MAX_STEPS
-    )
-    max_fraction: float = knob(
-        0.0,
-        "CUDA: cap this process's GPU memory at this fraction of the device "
-        "(torch.cuda.set_per_process_memory_fraction; allocations past it are out-of-memory errors, "
-        "memory.on_oom applies; batch.micro='auto' searches under it); 0 = no cap; no effect on CPU",
-        min=0.0,
-        max=1.0,
-    )
-
-
-@dataclass(frozen=True)
-class MonitorConfig:
-    log_every: int = knob(
-        10,
-        "optimizer steps between metric and non-finite-guard reads (the only host-device syncs with a fused optimizer)",
-        min=1,
-        max=MAX_STEPS,
-    )
-    progress: bool = knob(True, "show a live progress bar")
-    memory_every: int = knob(
-        -1,
-        "optimizer steps between GPU memory records (allocated, reserved, peak; allocator counters, "
-        "no sync); -1 = in each metrics record (log_every), 0 = off",
-        min=-1,
-        max=MAX_STEPS,
-    )
-    memory_warn_fraction: float = knob(
-        0.9,
-        "warn once (log line, metrics.jsonl memory_warning, summary.json event) when the "
-        "peak reserved GPU memory passes this fraction of the device, or of memory.max_fraction's "
-        "cap when set; 0 = never",
-        min=0.0,
-        max=1.0,
-    )
-    grad_norm: bool = knob(
-        False,
-        "compute the global gradient norm every optimizer step (engine.last_grad_norm, logged as grad_norm) even without clipping: one extra reduction per step",
-    )
-    nvml: bool = knob(True, "sample GPU utilisation, power and temperature with NVML on a background thread")
-    tensorboard: bool = knob(False, "also log to TensorBoard (needs the tensorboard package)")
-
-
-@dataclass(frozen=True)
-class DistributedConfig:
-    strategy: str = knob(
-        AUTO,
-        "'auto' (ddp under torchrun with 2+ processes, else single), 'single', 'ddp' or 'fsdp' (FSDP2)",
-        choices=(AUTO, *DIST_STRATEGIES),
-    )
-    bucket_cap_mb: int = knob(
-        25, "ddp: gradient bucket size in MiB (larger: fewer, bigger all-reduces)", min=1, max=2**20
-    )
-    static_graph: bool = knob(
-        False, "ddp: the same parameters get gradients every step (lets DDP skip bookkeeping)"
-    )
-    gradient_as_bucket_view: bool = knob(
-        True, "ddp: gradients live in the communication buckets (no copy, less memory)"
-    )
-    reshard_after_forward: bool = knob(
-        True, "fsdp: free gathered parameters after forward (less memory, one more all-gather in backward)"
-    )
-    expert_parallel: int = knob(
-        1,
-        "ranks each MoE block's experts are spread over (divides the world size and the experts per block: moe.n_experts, or your MoE layers'); 1 = every rank holds all",
-        min=1,
-        max=4096,
-    )
-    timeout_s: float = knob(
-        300.0,
-        "seconds a collective waits for the other ranks before the run stops with an error",
-        min=1.0,
-        max=MAX_TIMEOUT_S,
-    )
+__all__ = [
+    "ARCHS",
+    "AUTO",
+    "BATCH_PICKS",
+    "CHECKPOINTING_MODES",
+    "COMPILE_MODES",
+    "COMPILE_SCOPES",
+    "CUDA_GRAPH_MODES",
+    "DATA_BATCHINGS",
+    "DIST_STRATEGIES",
+    "LR_SCALINGS",
+    "MAX_BATCH",
+    "MAX_SEED",
+    "MAX_STEPS",
+    "MAX_TIMEOUT_S",
+    "MODEL_SECTIONS",
+    "MOVED",
+    "NONFINITE_POLICIES",
+    "OOM_POLICIES",
+    "OPTIM_IMPLEMENTATIONS",
+    "PRECISION_CHOICES",
+    "PRECISION_MODES",
+    "SCHEDULES",
+    "SECTIONS",
+    "TOKENIZERS",
+    "BatchConfig",
+    "CompileConfig",
+    "DataConfig",
+    "DistributedConfig",
+    "MemoryConfig",
+    "ModelConfig",
+    "MonitorConfig",
+    "Names",
+    "OptimConfig",
+    "PrecisionConfig",
+    "RunConfig",
+    "RunSection",
+    "TrainConfig",
+    "audience",
+    "choice_error",
+    "describe",
+    "from_dict",
+    "in_range",
+    "knob",
+    "load_config",
+    "migrate",
+    "parse_overrides",
+    "preset_names",
+    "range_text",
+    "read_preset",
+    "register_settings",
+    "setting",
+    "to_toml",
+    "validate",
+]
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """The whole run. Each attribute is one concern's config; see ``turbotrain train --help-config``."""
+    """The whole run. Each attribute is one concern's config; see ``turbotrain train --help-config``.
+    A plugin's own section (``moe``) is an attribute too, added when the plugin registers it."""
 
     preset: str = knob("gpt-tiny", "the preset this config started from")
     run: RunSection = field(default_factory=RunSection)
     model: ModelConfig = field(default_factory=ModelConfig)
-    moe: MoESection = field(default_factory=MoESection)
     data: DataConfig = field(default_factory=DataConfig)
     batch: BatchConfig = field(default_factory=BatchConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -618,11 +159,139 @@ class RunConfig:
         return from_dict(data)
 
 
-SECTIONS: dict[str, type] = {
-    f.name: f.default_factory
-    for f in fields(RunConfig)
-    if f.default_factory is not dataclasses.MISSING  # type: ignore[misc]
-}
+SECTIONS: dict[str, type] = {}
+"""Every section by name, in ``--help-config`` order: the run's own and those plugins registered."""
+
+MODEL_SECTIONS = Names("model")
+"""The sections that decide the model's tensors (a checkpoint fits or not): ``[model]`` and the
+families' own sections (``[moe]``)."""
+
+MOVED: dict[str, str] = {}
+"""Settings that moved (old ``section.key`` -> new), declared by the plugin that owns them: a file
+written before the move (a saved run's config.toml, a preset) is read with them moved; a new
+command line or dict that still names the old place gets one line naming the new one."""
+
+
+# ----------------------------------------------------------------------------- plugin settings
+
+
+@dataclass(frozen=True)
+class Registration:
+    """One plugin's settings (see :func:`register_settings`)."""
+
+    section: str
+    cls: type
+    names: tuple[str, ...]  # the settings it declared, keys of ``section``
+    check: Callable[[RunConfig], None] | None
+    unused: Callable[[RunConfig, Sequence[str]], str] | None
+
+
+REGISTERED: list[Registration] = []
+
+# what a dataclass generates from its fields (copied onto a section grown in place; __setattr__ and
+# __delattr__ stay the original's, so the frozen check keeps naming the class)
+_GENERATED = ("__init__", "__repr__", "__eq__", "__hash__", "__match_args__", "__dataclass_fields__")
+
+
+def _registered_default(self: Any, name: str) -> Any:
+    """A section object made before a plugin added field ``name`` reads the field's default."""
+    f = type(self).__dataclass_fields__.get(name)
+    if f is None or name.startswith("__"):
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    return f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
+
+
+def _grow(cls: type, extra: list[tuple[str, Any, dataclasses.Field]], after: str | None = None) -> None:
+    """Add fields to the frozen dataclass ``cls`` in place (torchtitan merges its config dataclasses
+    with ``make_dataclass`` too; in place, so every module that imported ``cls``, and every pickle,
+    keeps meaning the one class). The new fields go after field ``after`` (else at the end)."""
+    hints = get_type_hints(cls)
+    own = [(f.name, hints[f.name], _copy_field(f)) for f in fields(cls)]
+    at = len(own) if after is None else [name for name, _, _ in own].index(after) + 1
+    merged = dataclasses.make_dataclass(cls.__name__, [*own[:at], *extra, *own[at:]], frozen=True)
+    for attr in _GENERATED:
+        setattr(cls, attr, merged.__dict__[attr])
+    for name, hint, f in extra:
+        cls.__annotations__[name] = hint
+        if f.default is not MISSING:
+            setattr(cls, name, f.default)
+    cls.__getattr__ = _registered_default  # type: ignore[attr-defined]
+
+
+def _copy_field(f: dataclasses.Field) -> dataclasses.Field:
+    return field(default=f.default, default_factory=f.default_factory, metadata=f.metadata)  # type: ignore[call-overload]
+
+
+def _declared(cls: type) -> list[tuple[str, Any, dataclasses.Field]]:
+    """``cls``'s fields as settings, each declared with :func:`knob` (help text; a range if numeric)."""
+    if not (is_dataclass(cls) and cls.__dataclass_params__.frozen):  # type: ignore[attr-defined]
+        raise TypeError(f"{cls.__name__}: settings are a @dataclass(frozen=True) of knob(...) fields")
+    hints = get_type_hints(cls)
+    out = []
+    for f in fields(cls):
+        numeric = isinstance(f.default, (int, float)) and not isinstance(f.default, bool)
+        if "doc" not in f.metadata or (numeric and not range_text(f)):
+            raise TypeError(
+                f"{cls.__name__}.{f.name}: declare it with knob(default, help, ...), a number with its range (min=, max=)"
+            )
+        out.append((f.name, hints[f.name], _copy_field(f)))
+    return out
+
+
+def register_settings(
+    section: str,
+    cls: type,
+    *,
+    after: str | None = None,
+    check: Callable[[RunConfig], None] | None = None,
+    unused: Callable[[RunConfig, Sequence[str]], str] | None = None,
+    moved: Mapping[str, str] | None = None,
+    model_shape: bool = False,
+) -> None:
+    """Make the settings ``cls`` (a frozen dataclass of :func:`knob` fields, in the plugin's own
+    file) part of every run config: parsed, validated, written, listed by ``--help-config``.
+
+    ``section`` names an existing section: the fields join it (``precision.fp8_recipe``); a new
+    name: ``cls`` is that section (``[moe]``, ``config.moe``), placed after section ``after``.
+    ``check(config)`` raises a one-line :class:`ConfigError` for rules that span fields (run by
+    :func:`validate`); ``unused(config, given)`` returns the one line for settings of ``cls`` the
+    caller gave (flags, an override dict) where they would do nothing ("" where they apply; files
+    are never held to it); ``moved`` maps a setting's old ``section.key`` to its key here;
+    ``model_shape``: the section decides the model's tensors (resume compares it). Registering the
+    same class again (a module reloaded) changes nothing."""
+    declared = _declared(cls)
+    names = tuple(name for name, _, _ in declared)
+    key = (cls.__module__, cls.__qualname__)
+    again = [r for r in REGISTERED if (r.cls.__module__, r.cls.__qualname__) == key and r.section == section]
+    if again:
+        REGISTERED[REGISTERED.index(again[0])] = Registration(section, cls, names, check, unused)
+        return
+    if section in SECTIONS:
+        target = SECTIONS[section]
+        clash = sorted(set(names) & {f.name for f in fields(target)})
+        if clash:
+            raise ValueError(f"{cls.__name__}: {section}.{clash[0]} is already a setting")
+        _grow(target, declared)
+    else:
+        _grow(RunConfig, [(section, cls, field(default_factory=cls))], after=after)
+        _index_sections()
+    REGISTERED.append(Registration(section, cls, names, check, unused))
+    MOVED.update({old: f"{section}.{new}" for old, new in (moved or {}).items()})
+    if model_shape:
+        MODEL_SECTIONS.add(section)
+
+
+def _index_sections() -> None:
+    SECTIONS.clear()
+    SECTIONS.update(
+        {f.name: f.default_factory for f in fields(RunConfig) if f.default_factory is not MISSING}  # type: ignore[misc]
+    )
+
+
+_index_sections()
+
+
+# ----------------------------------------------------------------------------- presets
 
 
 # ----------------------------------------------------------------------------- presets
@@ -776,84 +445,15 @@ def load_config(
             raise ConfigError(f"unknown section {section!r}; valid sections: {', '.join(SECTIONS)}")
         table.setdefault(section, {}).update(values)
     config = from_dict(table)
-    check_given_moe(config, extra.get("moe", {}))
-    check_given_fp8(config, extra.get("precision", {}))
+    for r in REGISTERED:  # settings given where they would do nothing: the plugin's one line
+        given = [k for k in extra.get(r.section, {}) if k in r.names]
+        message = r.unused(config, given) if given and r.unused is not None else ""
+        if message:
+            raise ConfigError(message)
     return config
 
 
 # ----------------------------------------------------------------------------- validation
-
-
-def check_precision(p: PrecisionConfig) -> None:
-    """The rules that span fields of the precision section (also run on an fp8 plugin object's own
-    fields, which no config load validates)."""
-    if p.fp8_all_gather and p.fp8_recipe != "tensorwise":
-        raise ConfigError(
-            f"precision.fp8_all_gather = true needs precision.fp8_recipe = 'tensorwise' (torchao all-gathers "
-            f"float8 weights with one scale per tensor), not {p.fp8_recipe!r}; use "
-            f"{setting('precision.fp8_recipe', 'tensorwise')} or {setting('precision.fp8_all_gather', False)}"
-        )
-
-
-def check_given_moe(config: RunConfig, given: Mapping[str, Any]) -> None:
-    """[moe] settings the caller gave (``--moe.*`` flags, an override dict) for a run of another family
-    would do nothing: one line. Files are not held to this (a preset switched to another arch, a run
-    saved with a setting that never applied): there the section is unused."""
-    m = config.model
-    if given and (m.arch != "moe" or m.workload):
-        names = ", ".join(f"moe.{k}" for k in given)
-        fix = (
-            "a workload's MoE layers take their own arguments (turbotrain.MoE(...)) in your FUNC"
-            if m.workload
-            else f"use {setting('model.arch', 'moe')}"
-        )
-        raise ConfigError(
-            f"{names} configure model.arch = 'moe' and this run is "
-            f"{'your model (model.workload)' if m.workload else f'model.arch = {m.arch!r}'}: they would do "
-            f"nothing; drop them, or {fix}"
-        )
-
-
-def check_given_fp8(config: RunConfig, given: Mapping[str, Any]) -> None:
-    """``precision.fp8_*`` settings the caller gave for a run whose precision.mode is not fp8 would do
-    nothing: one line, as for [moe] settings on another family. Files are not held to this (a run
-    saved with them, then resumed in another mode)."""
-    named = [f"precision.{k}" for k in given if k.startswith("fp8_")]
-    if named and config.precision.mode != "fp8":
-        raise ConfigError(
-            f"{', '.join(named)} configure{'s' if len(named) == 1 else ''} precision.mode = 'fp8' and this "
-            f"run is precision.mode = {config.precision.mode!r}: {'it' if len(named) == 1 else 'they'} "
-            f"would do nothing; drop {'it' if len(named) == 1 else 'them'}, or add "
-            f"{setting('precision.mode', 'fp8')}"
-        )
-
-
-def check_moe(config: RunConfig) -> None:
-    """The [moe] rules that span fields (for the family that uses them)."""
-    m, e = config.model, config.moe
-    if m.arch != "moe" or m.workload:
-        return
-    if e.top_k > e.n_experts:
-        raise ConfigError(
-            f"moe.top_k = {e.top_k} must be at most moe.n_experts = {e.n_experts}, "
-            f"e.g. {setting('moe.top_k', min(2, e.n_experts))}"
-        )
-    if e.every > m.n_layer:
-        raise ConfigError(
-            f"moe.every = {e.every} must be at most model.n_layer = {m.n_layer}: every "
-            f"moe.every-th block is a MoE block, so there would be none; e.g. {setting('moe.every', 1)}"
-        )
-    if e.capacity_factor > e.n_experts / e.top_k:
-        raise ConfigError(
-            f"moe.capacity_factor = {e.capacity_factor:g} must be at most moe.n_experts / moe.top_k = "
-            f"{e.n_experts / e.top_k:g} (there every expert has a slot for every token); 0 = dropless, e.g. "
-            f"{setting('moe.capacity_factor', 0)}"
-        )
-    # a dense model with expert_parallel > 1 is refused by the run's plan (its spec says 0 experts): an
-    # own loop's Engine takes this config's distributed section for its own MoE model
-    degree = config.distributed.expert_parallel
-    if degree > 1 and e.n_experts % degree:
-        raise ConfigError(f"distributed.expert_parallel = {degree} must divide moe.n_experts = {e.n_experts}")
 
 
 def validate(config: RunConfig) -> None:
@@ -883,7 +483,6 @@ def validate(config: RunConfig) -> None:
                 raise ConfigError(
                     f"{where} = {value!r} is outside its range {range_text(f)}, e.g. {setting(where, f.default)}"
                 )
-    check_precision(config.precision)
     device = config.run.device
     if device not in (AUTO, "cpu", "cuda") and not (device.startswith("cuda:") and device[5:].isdigit()):
         raise choice_error("run.device", device, (AUTO, "cpu", "cuda", "cuda:N"))
@@ -897,13 +496,8 @@ def validate(config: RunConfig) -> None:
         raise ConfigError(
             f"batch.micro = {config.batch.micro!r} is not valid; use a whole number >= 1 or 'auto'"
         )
-    if config.model.d_model % config.model.n_head:
-        raise ConfigError(
-            f"model.d_model = {config.model.d_model} must be divisible by model.n_head = {config.model.n_head}"
-        )
     if config.data.tokenizer not in TOKENIZERS and not config.data.tokenizer.endswith(".json"):
         raise choice_error("data.tokenizer", config.data.tokenizer, (*TOKENIZERS, "PATH/tokenizer.json"))
-    check_moe(config)
     if config.optim.min_lr > config.optim.lr:
         raise ConfigError(
             f"optim.min_lr = {config.optim.min_lr} must not exceed optim.lr = {config.optim.lr}"
@@ -936,27 +530,20 @@ def validate(config: RunConfig) -> None:
                 f"tokens: set {setting('batch.max_tokens', 4096)} with a number for batch.micro, or "
                 f"{setting('data.batching', 'windows')}"
             )
-        if config.model.loss == "chunked":
-            raise ConfigError(
-                "data.batching = 'tokens' pads targets with -100, which model.loss = 'chunked' does not skip; "
-                f"use {setting('model.loss', 'full')}"
-            )
         if config.compile.mode in CUDA_GRAPH_MODES:
             raise ConfigError(
                 f"compile.mode = {config.compile.mode!r} uses CUDA graphs, which record one graph (and its memory) "
                 "per batch shape, and data.batching = 'tokens' makes a new shape for most batches; use "
                 f"{setting('compile.mode', 'default')} or {setting('data.batching', 'windows')}"
             )
-        if 0 < config.batch.max_tokens < config.model.block_size:
-            raise ConfigError(
-                f"batch.max_tokens = {config.batch.max_tokens} must hold one row of model.block_size = "
-                f"{config.model.block_size} tokens; e.g. {setting('batch.max_tokens', 32 * config.model.block_size)}"
-            )
     if config.compile.mode == "reduce-overhead" and config.batch.accumulation > 1:
         raise ConfigError(
             "compile.mode = 'reduce-overhead' uses CUDA graphs, which re-record under gradient accumulation; "
             f"use {setting('compile.mode', 'default')} or {setting('batch.accumulation', 1)}"
         )
+    for r in REGISTERED:  # the plugins' rules that span fields
+        if r.check is not None:
+            r.check(config)
 
 
 # ----------------------------------------------------------------------------- writing

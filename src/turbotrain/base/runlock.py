@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 from types import TracebackType
 
-from .config import setting
+from .config_fields import setting
 from .errors import TurbotrainError
 
 log = logging.getLogger(__name__)

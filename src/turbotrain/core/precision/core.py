@@ -2,7 +2,8 @@
 non-finite guard.
 
 Each precision is one :class:`Precision` subclass carrying its own ``name`` (defining the class
-registers it: ``precision.mode`` accepts the name and ``--help-config`` lists it), the precision it
+registers it: ``precision.mode`` accepts the name and ``--help-config`` lists it), its own settings
+if it has any (``settings``, a dataclass of fields that join ``[precision]``), the precision it
 falls back to on non-finite values, the datasheet peak its MFU is measured against, the dtypes it
 asks of the distributed strategy, the device check that refuses it in one line, and a model
 transform if it needs one. The base class is full fp32 and does nothing; each other mode overrides
@@ -18,13 +19,22 @@ import math
 import os
 import warnings
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, ContextManager
 
 import torch
 
 from ...base.batch import map_tensors
-from ...base.config import AUTO, PRECISION_MODES, PrecisionConfig, choice_error, setting
+from ...base.config import (
+    AUTO,
+    PRECISION_MODES,
+    PrecisionConfig,
+    RunConfig,
+    choice_error,
+    register_settings,
+    setting,
+)
 from ...base.errors import ConfigError, TurbotrainWarning
 from ...parts.hardware import register_peak
 
@@ -59,7 +69,28 @@ def register_precision(cls: type[Precision]) -> type[Precision]:
     PRECISIONS[cls.name] = cls
     PRECISION_MODES.add(cls.name)
     register_peak(cls.name, cls.peak)
+    if cls.__dict__.get("settings") is not None:
+        register_settings(
+            "precision",
+            cls.settings,  # type: ignore[arg-type]
+            check=lambda config: cls.check_settings(config.precision),
+            unused=lambda config, given: _unused(cls.name, config, given),
+        )
     return cls
+
+
+def _unused(mode: str, config: RunConfig, given: Sequence[str]) -> str:
+    """The one line for a precision's own settings given (flags, an override dict) to a run of another
+    mode, where they would do nothing ("" when the run is that mode). Files are not held to this (a run
+    saved with them, then resumed in another mode)."""
+    if config.precision.mode == mode:
+        return ""
+    one = len(given) == 1
+    return (
+        f"{', '.join(f'precision.{k}' for k in given)} configure{'s' if one else ''} precision.mode = {mode!r} "
+        f"and this run is precision.mode = {config.precision.mode!r}: {'it' if one else 'they'} would do "
+        f"nothing; drop {'it' if one else 'them'}, or add {setting('precision.mode', mode)}"
+    )
 
 
 def precision_class(mode: str) -> type[Precision]:
@@ -108,6 +139,9 @@ class Precision:
     compute_dtype: torch.dtype | None = None
     reduce_dtype: torch.dtype = torch.float32  # gradient reductions across ranks
     scaler: torch.amp.GradScaler | None = None
+    # its own settings: a frozen dataclass of knob(...) fields (named after the mode, e.g. fp8_recipe),
+    # which join [precision] when the class registers; the plugin reads them in from_settings
+    settings: ClassVar[type | None] = None
 
     def __init_subclass__(cls, register: bool = True, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -141,6 +175,23 @@ class Precision:
     @classmethod
     def check(cls, caps: DeviceCaps, settings: PrecisionConfig) -> None:
         """Raise a one-line :class:`ConfigError` (the fix included) when ``caps`` cannot run this precision."""
+
+    @classmethod
+    def check_settings(cls, settings: PrecisionConfig) -> None:
+        """Raise a one-line :class:`ConfigError` for a rule that spans this precision's own
+        settings (run when any config is validated, and by :meth:`check` on a plugin object's own)."""
+
+    @classmethod
+    def unavailable(cls, caps: DeviceCaps, settings: PrecisionConfig | None = None) -> str:
+        """Why this precision cannot run on ``caps`` ("" when it can): :meth:`check`'s own line,
+        its warnings kept quiet. ``doctor``, ``bench`` and ``tune`` ask this rather than restate it."""
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                cls.check(caps, settings or PrecisionConfig())
+        except ConfigError as exc:
+            return str(exc)
+        return ""
 
     @classmethod
     def slow_on(cls, caps: DeviceCaps) -> str:

@@ -33,12 +33,13 @@ import importlib.util
 import logging
 import warnings
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ...base.config import PrecisionConfig, check_precision, setting
+from ...base.config import PrecisionConfig, knob, setting
 from ...base.errors import ConfigError, TurbotrainWarning, quiet_imports
 from .core import BF16Mixed, DeviceCaps
 
@@ -46,6 +47,51 @@ log = logging.getLogger(__name__)
 
 MIN_CAPABILITY = (8, 9)  # float8 tensor cores: Ada (8.9), Hopper (9.0), Blackwell
 OUTPUT_NAMES = ("lm_head", "output", "head")  # the output layer of a language model, by its usual names
+FP8_RECIPES = ("tensorwise", "rowwise")  # torchao's float8 scaling recipes
+
+
+@dataclass(frozen=True)
+class FP8Settings:
+    """fp8's own settings: they join ``[precision]`` when :class:`FP8` registers (``precision.fp8_*``)."""
+
+    fp8_emulate: bool = knob(
+        False,
+        "mode 'fp8': emulate the float8 matmuls (CPU, or a GPU below compute capability 8.9): "
+        "for correctness tests only, slower than bf16",
+    )
+    fp8_recipe: str = knob(
+        "tensorwise",
+        "mode 'fp8': torchao's scaling recipe, 'tensorwise' (fastest; FSDP2 float8 all-gather) "
+        "or 'rowwise' (more accurate)",
+        choices=FP8_RECIPES,
+    )
+    fp8_min_size: int = knob(
+        0,
+        "mode 'fp8': convert a linear layer (both dims divisible by 16) only if in x out features >= this; "
+        "0 = torchao's per-recipe thresholds (measured on H100: small matmuls are slower in fp8)",
+        min=0,
+        max=2**40,
+    )
+    fp8_lm_head: bool = knob(False, "mode 'fp8': convert the output layer (lm_head) too")
+    fp8_skip: str = knob(
+        "",
+        "mode 'fp8': comma-separated module-name prefixes kept in bf16, e.g. 'blocks.0.,blocks.11.' "
+        "for the first and last block",
+    )
+    fp8_all_gather: bool = knob(
+        False,
+        "mode 'fp8' under FSDP2 (distributed.strategy = fsdp): all-gather the float8 layers' "
+        "weights in float8 (torchao's enable_fsdp_float8_all_gather: half bf16's bytes, the scales "
+        "precomputed in one all-reduce per step); tensorwise recipe only. Off by default, as in "
+        "torchtitan: it only pays where the all-gather is exposed (many ranks, large layers) and its "
+        "GPU speed is not measured here yet; no effect without FSDP2",
+    )
+
+
+def float8_capable(caps: DeviceCaps) -> bool:
+    """Whether ``caps`` has float8 tensor cores (CUDA compute capability >= 8.9): the one statement
+    of the rule, asked by :meth:`FP8.check`, ``doctor`` and ``bench``."""
+    return caps.type == "cuda" and caps.capability is not None and caps.capability >= MIN_CAPABILITY
 
 
 def torchao_available() -> bool:
@@ -95,6 +141,7 @@ class FP8(BF16Mixed):
     name = "fp8"
     fallback = "bf16-mixed"
     peak = "fp8"
+    settings = FP8Settings
 
     def __init__(
         self,
@@ -148,17 +195,27 @@ class FP8(BF16Mixed):
         )
 
     @classmethod
+    def check_settings(cls, settings: PrecisionConfig) -> None:
+        """The float8 all-gather needs one scale per weight: the tensorwise recipe."""
+        if settings.fp8_all_gather and settings.fp8_recipe != "tensorwise":
+            raise ConfigError(
+                f"precision.fp8_all_gather = true needs precision.fp8_recipe = 'tensorwise' (torchao all-gathers "
+                f"float8 weights with one scale per tensor), not {settings.fp8_recipe!r}; use "
+                f"{setting('precision.fp8_recipe', 'tensorwise')} or {setting('precision.fp8_all_gather', False)}"
+            )
+
+    @classmethod
     def check(cls, caps: DeviceCaps, settings: PrecisionConfig) -> None:
         """One line per refusal: no float8 hardware (without emulation), no torchao, a float8
         all-gather with a recipe that has no single scale per weight."""
-        check_precision(settings)  # a plugin object's own fields: no config load checked them
+        cls.check_settings(settings)  # a plugin object's own fields: no config load checked them
         if not settings.fp8_emulate:
             if caps.type != "cuda":
                 raise ConfigError(
                     f"precision.mode = 'fp8' needs a CUDA GPU with compute capability >= 8.9 (Ada, Hopper); on {caps.type} use "
                     f"{setting('precision.mode', 'fp32')}, or add {setting('precision.fp8_emulate', True)} to test correctness (slower)"
                 )
-            if caps.capability is None or caps.capability < MIN_CAPABILITY:
+            if not float8_capable(caps):
                 raise ConfigError(
                     f"precision.mode = 'fp8': this GPU (compute capability {caps.capability}) has no float8 tensor cores "
                     f"(>= 8.9 needed); use {setting('precision.mode', 'bf16-mixed')}, or add "

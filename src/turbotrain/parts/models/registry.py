@@ -1,8 +1,10 @@
-"""Which spec a run's config names: the one place that maps ``model.workload`` / ``model.arch`` to a family."""
+"""Which spec a run's config names: the one place that maps ``model.workload`` / ``model.arch`` to a
+family. A family is one folder (its model, its settings registered on import, its
+:class:`~turbotrain.parts.models.spec.ModelSpec`) plus one line here (docs/model_specs.md)."""
 
 from __future__ import annotations
 
-from ...base.config import RunConfig
+from ...base.config import ARCHS, RunConfig
 from ...base.errors import ConfigError
 from .gpt import GPT
 from .gpt.spec import GPTSpec
@@ -10,12 +12,27 @@ from .moe.spec import MoESpec
 from .spec import ModelSpec
 from .workload_spec import WorkloadSpec
 
+FAMILIES: dict[str, type[ModelSpec]] = {}
+"""Every model family by its ``model.arch`` name (its spec's ``name``), in registration order."""
+
+
+def register_family(spec: type[ModelSpec]) -> type[ModelSpec]:
+    """Make ``spec`` selectable as ``model.arch = spec.name`` (validation and ``--help-config`` read
+    the names from here). Its settings registered themselves when its folder was imported."""
+    FAMILIES[spec.name] = spec
+    ARCHS.add(spec.name)
+    return spec
+
+
+register_family(GPTSpec)
+register_family(MoESpec)
+
 
 def spec_for(c: RunConfig) -> ModelSpec:
     """The spec of the run's model: a workload when ``model.workload`` names one, else ``model.arch``'s."""
     if c.model.workload:
         return WorkloadSpec(c.model.workload)
-    return MoESpec() if c.model.arch == "moe" else GPTSpec()
+    return FAMILIES[c.model.arch]()
 
 
 def build_model(c: RunConfig, vocab_size: int) -> GPT:
@@ -25,5 +42,7 @@ def build_model(c: RunConfig, vocab_size: int) -> GPT:
     if not isinstance(spec, GPTSpec):
         raise ConfigError(
             f"{c.model.workload} is your own model: its FUNC builds it with its data, not the config"
+            if c.model.workload
+            else f"model.arch = {c.model.arch!r} builds its model with its data, not from the config alone"
         )
     return spec.build_model(c, vocab_size)

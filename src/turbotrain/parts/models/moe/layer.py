@@ -82,8 +82,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ....base.config import MOE_IMPLS
 from ....base.errors import ConfigError
+from .settings import MOE_IMPLS
 
 GROUP_ALIGN = 16  # rows per expert group in the grouped GEMM's input (16-byte strides for any dtype)
 

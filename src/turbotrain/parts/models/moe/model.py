@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ....base.config import MOE_IMPLS
 from ..gpt import GPT, GPTConfig
 from .layer import MoE
+from .settings import MOE_IMPLS
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,13 @@ from typing import Any
 
 from torch import nn
 
-from ....base.config import ModelConfig, MoESection, RunConfig
+from ....base.config import ModelConfig, RunConfig
 from ..gpt.spec import GPTSpec, gpt_config
 from .model import MoEConfig, MoEGPT
+from .settings import MoESettings
 
 
-def moe_config(m: ModelConfig, e: MoESection, vocab_size: int) -> MoEConfig:
+def moe_config(m: ModelConfig, e: MoESettings, vocab_size: int) -> MoEConfig:
     """The mixture-of-experts GPT of a run's ``[model]`` (backbone) and ``[moe]`` (experts) sections."""
     return MoEConfig(
         **vars(gpt_config(m, vocab_size)),

@@ -1,0 +1,122 @@
+"""The mixture-of-experts family's settings: its own ``[moe]`` section (the experts; the GPT
+backbone is ``[model]``'s, :mod:`turbotrain.parts.models.gpt.settings`), the expert-compute choices
+(:data:`MOE_IMPLS`, which the :class:`~turbotrain.parts.models.moe.layer.MoE` layer of any model
+takes too), the rules that span them and the names they had in ``[model]`` before they moved.
+
+Registered on import (:func:`turbotrain.base.config.register_settings`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ....base.config import RunConfig, knob, register_settings, setting
+from ....base.errors import ConfigError
+
+MOE_IMPLS = ("auto", "grouped", "batched", "loop")
+
+
+@dataclass(frozen=True)
+class MoESettings:
+    """The mixture-of-experts family's own settings (``model.arch = 'moe'``): the GPT backbone comes
+    from ``[model]``, the experts from here. Unused by other families (a ``--moe.*`` flag given for
+    one is refused: it would silently do nothing)."""
+
+    n_experts: int = knob(8, "experts per MoE block", min=1, max=4096)
+    top_k: int = knob(2, "experts each token is routed to (at most n_experts)", min=1, max=4096)
+    every: int = knob(
+        1,
+        "every k-th block is a MoE block (1 = all, 2 = blocks 2, 4, ...; at most model.n_layer)",
+        min=1,
+        max=1024,
+    )
+    expert_hidden: int = knob(0, "hidden width of each expert's MLP; 0 = 4 x model.d_model", min=0, max=2**20)
+    aux_loss_coef: float = knob(
+        0.01, "weight of the load-balancing loss added to the training loss; 0 = off", min=0.0, max=100.0
+    )
+    capacity_factor: float = knob(
+        0.0,
+        "expert slots = factor x tokens x top_k / n_experts, overflow dropped; 0 = dropless",
+        min=0.0,
+        max=4096.0,
+    )
+    router_bias_update: float = knob(
+        0.0,
+        "DeepSeek-V3 aux-loss-free balancing, the expert-bias step per optimizer step; 0 = off",
+        min=0.0,
+        max=1.0,
+    )
+    impl: str = knob(
+        "auto",
+        "expert compute, 'auto' (grouped GEMM on CPU and on CUDA with bf16, else batched), "
+        "'grouped', 'batched' or 'loop' (one matmul per expert: the reference)",
+        choices=MOE_IMPLS,
+    )
+
+
+def check_moe(config: RunConfig) -> None:
+    """The [moe] rules that span fields (for the family that uses them)."""
+    m, e = config.model, config.moe
+    if m.arch != "moe" or m.workload:
+        return
+    if e.top_k > e.n_experts:
+        raise ConfigError(
+            f"moe.top_k = {e.top_k} must be at most moe.n_experts = {e.n_experts}, "
+            f"e.g. {setting('moe.top_k', min(2, e.n_experts))}"
+        )
+    if e.every > m.n_layer:
+        raise ConfigError(
+            f"moe.every = {e.every} must be at most model.n_layer = {m.n_layer}: every "
+            f"moe.every-th block is a MoE block, so there would be none; e.g. {setting('moe.every', 1)}"
+        )
+    if e.capacity_factor > e.n_experts / e.top_k:
+        raise ConfigError(
+            f"moe.capacity_factor = {e.capacity_factor:g} must be at most moe.n_experts / moe.top_k = "
+            f"{e.n_experts / e.top_k:g} (there every expert has a slot for every token); 0 = dropless, e.g. "
+            f"{setting('moe.capacity_factor', 0)}"
+        )
+    # a dense model with expert_parallel > 1 is refused by the run's plan (its spec says 0 experts): an
+    # own loop's Engine takes this config's distributed section for its own MoE model
+    degree = config.distributed.expert_parallel
+    if degree > 1 and e.n_experts % degree:
+        raise ConfigError(f"distributed.expert_parallel = {degree} must divide moe.n_experts = {e.n_experts}")
+
+
+def unused_moe(config: RunConfig, given: Sequence[str]) -> str:
+    """[moe] settings the caller gave (``--moe.*`` flags, an override dict) for a run of another family
+    would do nothing: one line. Files are not held to this (a preset switched to another arch, a run
+    saved with a setting that never applied): there the section is unused."""
+    m = config.model
+    if m.arch == "moe" and not m.workload:
+        return ""
+    fix = (
+        "a workload's MoE layers take their own arguments (turbotrain.MoE(...)) in your FUNC"
+        if m.workload
+        else f"use {setting('model.arch', 'moe')}"
+    )
+    return (
+        f"{', '.join(f'moe.{k}' for k in given)} configure model.arch = 'moe' and this run is "
+        f"{'your model (model.workload)' if m.workload else f'model.arch = {m.arch!r}'}: they would do "
+        f"nothing; drop them, or {fix}"
+    )
+
+
+register_settings(
+    "moe",
+    MoESettings,
+    after="model",
+    check=check_moe,
+    unused=unused_moe,
+    moved={
+        "model.n_experts": "n_experts",
+        "model.top_k": "top_k",
+        "model.moe_every": "every",
+        "model.expert_hidden": "expert_hidden",
+        "model.aux_loss_coef": "aux_loss_coef",
+        "model.capacity_factor": "capacity_factor",
+        "model.router_bias_update": "router_bias_update",
+        "model.moe_impl": "impl",
+    },
+    model_shape=True,
+)
