@@ -8,6 +8,12 @@ into the gradients of the hidden states and of the weight. Only those two (the s
 hidden states and of the weight) are kept for backward, so memory no longer grows with the
 vocabulary, and no matmul is recomputed: forward + backward FLOPs equal the plain path's.
 The math is the plain mean cross-entropy (fp32 within rounding: tests hold it to 1e-5).
+
+:func:`fused_cross_entropy` is the same idea from PyTorch itself
+(``torch.nn.functional.linear_cross_entropy`` with ``LinearCrossEntropyOptions``, torch 2.13 on
+this machine): its chunks and their gradient accumulation are PyTorch's, and it skips targets of
+-100 like ``cross_entropy``. Where the installed torch lacks it, :data:`FUSED_MISSING` is the one
+line that says what to use instead.
 """
 
 from __future__ import annotations
@@ -15,6 +21,15 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+
+# torch >= 2.13: the fused linear + cross-entropy, chunked (never the N x V logits)
+FUSED_AVAILABLE = hasattr(F, "linear_cross_entropy") and hasattr(torch.nn, "LinearCrossEntropyOptions")
+FUSED_MISSING = (
+    f"model.loss = 'fused' needs torch.nn.functional.linear_cross_entropy, which torch {torch.__version__} "
+    "does not have (torch 2.13 does): use --model.loss=chunked (turbotrain's own, the same math) or "
+    "--model.loss=full"
+)
 
 
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
@@ -77,3 +92,28 @@ def chunked_cross_entropy(
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
         return ChunkedLinearCrossEntropy.apply(hidden, weight, targets, chunk)
     return _chunked(hidden, weight, targets, chunk) / hidden.shape[0]
+
+
+def fused_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of ``hidden @ weight.T`` (N x d times V x d) against ``targets`` (N;
+    -100 skipped) through PyTorch's chunked ``linear_cross_entropy``, as an fp32 scalar. Under
+    autocast the matmuls run in the autocast dtype, as the full path's output layer does, with
+    fp32 accumulation of the softmax; the op returns its input's dtype, so each token's loss
+    comes out (bf16 keeps 3 digits of each) and their mean is taken in fp32 (a bf16 mean of
+    GPT-2's ~10 nats would be off by up to 0.03). torch.compile runs this op eagerly (PyTorch's
+    own fallback, a graph break)."""
+    device = hidden.device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+        hidden, weight = hidden.to(dtype), weight.to(dtype)
+    # the op's autocast policy is not declared: cast above, accumulate in fp32 inside
+    with torch.autocast(device, enabled=False):
+        per_token = F.linear_cross_entropy(  # type: ignore[attr-defined]
+            hidden,
+            weight,
+            targets,
+            reduction="none",
+            options=torch.nn.LinearCrossEntropyOptions(acc_dtype=torch.float32),  # type: ignore[attr-defined]
+        )
+    # a device-side count (no host sync): the tokens not skipped
+    return per_token.float().sum() / (targets != -100).sum()

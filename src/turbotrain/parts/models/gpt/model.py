@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ..loss import chunked_cross_entropy
+from ....base.errors import ConfigError
+from ..loss import FUSED_AVAILABLE, FUSED_MISSING, chunked_cross_entropy, fused_cross_entropy
 
 PRESETS: dict[str, dict[str, int]] = {
     "gpt-tiny": dict(n_layer=4, n_head=4, d_model=128, block_size=128),
@@ -38,7 +39,9 @@ class GPTConfig:
     block_size: int = 128
     dropout: float = 0.0
     attention: str = "sdpa"  # "sdpa" | "masked"
-    loss: str = "full"  # "full" (logits, then cross-entropy) | "chunked" (models/loss.py: no full logits)
+    # "full" (logits, then cross-entropy) | "chunked" (models/loss.py: no full logits) | "fused" (torch's
+    # linear_cross_entropy, torch >= 2.13: no full logits either)
+    loss: str = "full"
     sdpa_backend: str = "auto"  # "auto" (PyTorch's choice) or the SDPA kernel to prefer, with fallback
 
 
@@ -130,6 +133,8 @@ class GPT(nn.Module):
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
+        if cfg.loss == "fused" and not FUSED_AVAILABLE:
+            raise ConfigError(FUSED_MISSING)
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(cfg.block_size, cfg.d_model)
@@ -165,6 +170,8 @@ class GPT(nn.Module):
             return self.lm_head(x)
         if self.cfg.loss == "chunked":
             return chunked_cross_entropy(x.reshape(B * T, -1), self.lm_head.weight, targets.reshape(-1))
+        if self.cfg.loss == "fused":
+            return fused_cross_entropy(x.reshape(B * T, -1), self.lm_head.weight, targets.reshape(-1))
         logits = self.lm_head(x)
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
 

@@ -14,7 +14,7 @@ from ....base.config import RunConfig, knob, register_settings, setting
 from ....base.errors import ConfigError
 
 ATTENTIONS = ("sdpa", "masked")
-LM_LOSSES = ("full", "chunked")
+LM_LOSSES = ("full", "chunked", "fused")
 SDPA_BACKENDS = ("auto", "cudnn", "flash", "efficient", "math")
 
 
@@ -39,8 +39,8 @@ class GPTSettings:
     )
     loss: str = knob(
         "full",
-        "'full' (logits, then cross-entropy) or 'chunked' (fused linear + cross-entropy by chunks: "
-        "no full logits in memory, same math)",
+        "'full' (logits, then cross-entropy), 'chunked' (fused linear + cross-entropy by chunks: "
+        "no full logits in memory, same math) or 'fused' (torch's linear_cross_entropy, torch >= 2.13: the same)",
         choices=LM_LOSSES,
     )
     sdpa_backend: str = knob(
