@@ -71,7 +71,7 @@ MOVED: dict[str, tuple[str, str]] = {
     "hooks": ("loop.hooks", "import turbotrain.loop.hooks"),
     "run_hooks": ("loop.run_hooks", "import turbotrain.loop.run_hooks"),
     "checkpoint": ("loop.checkpoint", "import turbotrain.loop.checkpoint"),
-    "sharded": ("loop.sharded", "import turbotrain.loop.sharded"),
+    "sharded": ("loop.checkpoint", "import turbotrain.loop.checkpoint"),
     "monitor": ("loop.monitor", "import turbotrain.loop.monitor"),
     "epochs": ("loop.epochs", "import turbotrain.loop.epochs"),
     "lr_plateau": ("loop.lr_plateau", "import turbotrain.loop.lr_plateau"),
@@ -100,11 +100,26 @@ MOVED: dict[str, tuple[str, str]] = {
 }
 
 
+# Modules that moved inside a layer folder since (their dotted path under turbotrain -> the same
+# pair as above). turbotrain.loop.sharded: merged into the turbotrain.loop.checkpoint package
+# (issue 33), which exports its public names.
+MOVED_INSIDE: dict[str, tuple[str, str]] = {
+    "loop.sharded": ("loop.checkpoint", "from turbotrain.loop.checkpoint import saved_world, ..."),
+}
+
+
 def moved_to(fullname: str) -> tuple[str, str, str] | None:
-    """For an old module name (``turbotrain.tracking``, ``turbotrain.models.moe``): (the old
-    top-level name, the module's name now, the import to write); None for any other name."""
+    """For an old module name (``turbotrain.tracking``, ``turbotrain.models.moe``,
+    ``turbotrain.loop.sharded``): (the old name under turbotrain, the module's name now, the
+    import to write); None for any other name."""
     parts = fullname.split(".")
-    if len(parts) < 2 or parts[0] != __name__ or parts[1] not in MOVED:
+    if len(parts) < 2 or parts[0] != __name__:
+        return None
+    inside = ".".join(parts[1:3])
+    if len(parts) == 3 and inside in MOVED_INSIDE:
+        new, advice = MOVED_INSIDE[inside]
+        return inside, f"{__name__}.{new}", advice
+    if parts[1] not in MOVED:
         return None
     new, advice = MOVED[parts[1]]
     now = ".".join([__name__, new, *parts[2:]])

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from turbotrain.loop.checkpoint import finished_checkpoints, load_latest_weights
-from turbotrain.loop.sharded import saved_model_tensors
+from turbotrain.loop.checkpoint import finished_checkpoints, load_latest_weights, saved_model_tensors
 from turbotrain.parts.models.gpt import GPT, GPTConfig
 
 pytest.importorskip("torchao")

@@ -119,7 +119,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "async-staged-before-previous-write-ends",
-        "src/turbotrain/loop/checkpoint.py",
+        "src/turbotrain/loop/checkpoint/__init__.py",
         "            self._finished(ctx, self.background.wait())  # the previous write first (its failure raised here)",
         "            pass  # mutation: the next checkpoint is staged while the previous one is written",
         (ASYNC,),
@@ -213,7 +213,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "checksum-not-compared",
-        "src/turbotrain/loop/checkpoint.py",
+        "src/turbotrain/loop/checkpoint/format.py",
         '    return "" if actual == expected else f"{path.name} does not match its checksum (truncated or corrupt)"',
         '    return "" if True else f"{path.name} does not match its checksum (truncated or corrupt)"  # mutation',
         (
@@ -256,7 +256,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "scheduler-state-not-saved",
-        "src/turbotrain/loop/checkpoint.py",
+        "src/turbotrain/loop/checkpoint/state.py",
         '        entries["scheduler"] = scheduler',
         "        pass  # mutation: the LR schedule restarts at a resume",
         (RESUME, "tests/integration/test_train_cli.py::test_stop_and_resume_equals_an_uninterrupted_run"),

@@ -54,6 +54,7 @@ from ..core.optim import lr_batch_factor, rescale_lr, resolve_implementation
 from ..loop.checkpoint import (
     Checkpointer,
     RunState,
+    clean_unfinished,
     finished_checkpoints,
     latest_verified,
     restore_latest,
@@ -62,12 +63,11 @@ from ..loop.checkpoint import (
     seed_all,
     set_rng_state,
 )
+from ..loop.checkpoint import saved_world as saved_world_of
 from ..loop.fit import fit
 from ..loop.hooks import FitContext, Hook, StopAfter, StopOnSignal
 from ..loop.monitor import Monitor
 from ..loop.run_hooks import MonitorPlan, build_hooks, build_monitor
-from ..loop.sharded import clean_unfinished
-from ..loop.sharded import saved_world as saved_world_of
 from ..parts.data import resolve_loader_settings
 from ..parts.data.batching import processes
 from ..parts.hardware import ram_bytes

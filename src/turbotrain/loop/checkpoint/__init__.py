@@ -1,0 +1,293 @@
+"""Checkpoints that survive crashes and never execute code on load: the package's face.
+
+Writing is here: :class:`Checkpointer` (the hook that saves every ``interval`` steps and at the
+end, in the background when asked), :func:`save_checkpoint` (one process: one ``.pt`` file) and
+:func:`save_sharded` (ddp/fsdp: a folder from every rank). The strategy picks the kind; listing,
+verification, pruning (:func:`prune`: keep-last counts both) and resume treat both alike.
+
+A restore reads top-down in :mod:`.restore` (choose, then load into one process or many). The
+other modules, each one concern: :mod:`.format` (the names, the marker, verification, reading the
+plain files), :mod:`.choose` (which checkpoint: the newest usable, whether a model fits it),
+:mod:`.state` (:class:`RunState`, what a run saves), :mod:`.dcp` (the model and optimizer through
+torch.distributed.checkpoint, read safely), :mod:`.sharded_write` (a folder written atomically by
+every rank), :mod:`.background` (the asynchronous writer), :mod:`.prune`.
+
+Save: ``torch.save`` through :func:`turbotrain.base.atomic.atomic_write`, then a ``.sha256`` sidecar
+written the same way. Load: newest first, verify the checksum, load with ``weights_only=True`` (no
+arbitrary unpickling); a corrupt, foreign or incomplete checkpoint falls back to the previous.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ...base.atomic import atomic_write, clean_stale_temps
+from ...base.config import TrainConfig
+from ...base.seeds import rng_state, seed_all, set_rng_state
+from ...core.distributed import Strategy, in_group, new_gloo_group, rank_world
+from ..hooks import FitContext, Hook, every
+from .background import BackgroundWrite, stage_to_host
+from .choose import ShapeMismatch, model_settings_changed, model_shapes, newest_usable, shape_problem
+from .dcp import load_model_weights, read_metadata, saved_model_tensors, split_state
+from .format import (
+    FORMAT,
+    MARKER,
+    checkpoint_dir,
+    checkpoint_path,
+    checkpoint_step,
+    finished_checkpoints,
+    is_finished,
+    is_verified,
+    latest_verified,
+    list_checkpoints,
+    read_marker,
+    remember_verified,
+    saved_world,
+    sha256_of,
+    sidecar,
+    unreadable,
+)
+from .prune import clean_unfinished, prune
+from .restore import load_latest, load_latest_weights, restore_latest
+from .sharded_write import save_folder
+from .state import RunState, Stateful, reseed, run_state
+
+log = logging.getLogger(__name__)
+
+# the public names of both old modules (loop/checkpoint.py, loop/sharded.py) keep importing from here
+__all__ = [
+    "BackgroundWrite",
+    "Checkpointer",
+    "FORMAT",
+    "MARKER",
+    "RunState",
+    "ShapeMismatch",
+    "Stateful",
+    "checkpoint_dir",
+    "checkpoint_path",
+    "checkpoint_step",
+    "clean_unfinished",
+    "finished_checkpoints",
+    "is_finished",
+    "is_verified",
+    "latest_verified",
+    "list_checkpoints",
+    "load_latest",
+    "load_latest_weights",
+    "load_model_weights",
+    "model_settings_changed",
+    "model_shapes",
+    "newest_usable",
+    "prune",
+    "read_marker",
+    "read_metadata",
+    "reseed",
+    "restore_latest",
+    "rng_state",
+    "run_state",
+    "save_checkpoint",
+    "save_sharded",
+    "saved_model_tensors",
+    "saved_world",
+    "seed_all",
+    "set_rng_state",
+    "sha256_of",
+    "shape_problem",
+    "sharded_parts",
+    "sidecar",
+    "split_state",
+    "stage_to_host",
+    "unreadable",
+    "write_sharded",
+]
+
+
+def save_checkpoint(folder: Path, step: int, payload: dict[str, Any], keep_last: int = 3) -> Path:
+    """Write ``payload`` atomically as ``step_XXXXXXXX.pt`` with its checksum; prune old ones
+    (:func:`prune`). Lack of space raises :class:`turbotrain.base.atomic.DiskFullError`; the older
+    checkpoints are untouched then."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = checkpoint_path(folder, step)
+    atomic_write(path, lambda f: torch.save({"format": FORMAT, **payload}, f))
+    digest = sha256_of(path)  # read back from the disk: what the sidecar vouches for is what is there
+    atomic_write(sidecar(path), f"{digest}  {path.name}\n")
+    remember_verified(path)
+    prune(folder, keep_last)
+    return path
+
+
+def sharded_parts(state: RunState) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
+    """What a sharded checkpoint of ``state`` holds: (the model's and optimizer's tensors for DCP,
+    the replicated entries, this rank's per-rank entries). The tensors are the live ones."""
+    if state.model is not None:
+        tensors, rest = split_state(state.model, state.optimizer)
+    else:
+        tensors, rest = {}, {}
+    replicated = {"entries": {name: state[name][0]() for name in state.replicated_keys}, **rest}
+    per_rank = {name: state[name][0]() for name in state.per_rank}
+    return tensors, replicated, per_rank
+
+
+def save_sharded(folder: Path, step: int, state: RunState, keep_last: int = 3) -> Path:
+    """Write ``state`` as a sharded checkpoint folder (:mod:`.sharded_write`) from every rank
+    (a collective); rank 0 then prunes (:func:`prune`, counting both kinds)."""
+    return write_sharded(folder, step, sharded_parts(state), keep_last)
+
+
+def write_sharded(
+    folder: Path,
+    step: int,
+    parts: tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]],
+    keep_last: int = 3,
+    group: dist.ProcessGroup | None = None,
+) -> Path:
+    """Write :func:`sharded_parts` (or a copy of them) as a sharded checkpoint folder from every
+    rank, its collectives on ``group``; rank 0 then prunes."""
+    path = save_folder(folder, step, *parts, group=group)
+    if rank_world()[0] == 0:
+        remember_verified(path)
+        prune(folder, keep_last)
+    return path
+
+
+class Checkpointer(Hook):
+    """Saves ``state`` every ``interval`` steps and when the fit ends (also after a signal or
+    stop_after). ``state.state_dict()`` is called only when saving: other steps cost nothing.
+    At the start it removes the temporary files of writes killed mid-way (kill -9 during a save)
+    and the folders of sharded saves that never finished.
+
+    Format: ``strategy`` (default ``state.strategy``; without either, whether a process group
+    exists) decides: single -> one ``.pt`` file from this process; ddp/fsdp -> a sharded folder
+    written by every rank, so under a process group every rank must run this hook.
+
+    ``async_write`` (``train.async_checkpoint``): the checkpoints every ``interval`` steps are
+    staged (a copy of the state in host memory, reused from one checkpoint to the next) and
+    written by a :class:`BackgroundWrite` while training goes on. The next checkpoint waits for
+    the previous write; :meth:`save` (a checkpoint now), the final checkpoint, and so a signal's
+    (SIGTERM, SIGUSR1), wait for it and write synchronously; an exception waits for it too. A
+    failed background write is raised at the next step (one process) or at the next checkpoint
+    or the end (ddp/fsdp: every rank at the same point). Sharded writes run their collectives on
+    a gloo group of their own, created at the first one.
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        interval: int,
+        keep_last: int,
+        state: RunState,
+        before_save: Callable[[], None] | None = None,
+        strategy: Strategy | None = None,
+        async_write: bool = TrainConfig.async_checkpoint,
+    ) -> None:
+        self.folder, self.interval, self.keep_last, self.state = folder, interval, keep_last, state
+        self.before_save = before_save  # e.g. flush the metrics: a resume starts after the checkpoint, so records up to it must be on disk
+        self.saved_step = -1
+        strategy = strategy if strategy is not None else getattr(state, "strategy", None)
+        self.sharded = strategy.name != "single" if strategy is not None else in_group()
+        self.background = BackgroundWrite() if async_write else None
+        self._buffers: dict[str, torch.Tensor] = {}  # host copies of a .pt checkpoint's tensors, reused
+        self._stager: Any = None  # a DCP DefaultStager, made at the first background sharded checkpoint
+        self._group: dist.ProcessGroup | None = None
+
+    def _finished(self, ctx: FitContext, path: Path | None) -> None:
+        if path is not None:
+            ctx.metrics["checkpoint"] = str(path)
+
+    def save(self, ctx: FitContext) -> None:
+        """A checkpoint now, written before this returns (after the write in flight, if any)."""
+        self._save(ctx, background=False)
+
+    def _save(self, ctx: FitContext, background: bool) -> None:
+        step = ctx.engine.state.step
+        if step == self.saved_step or step == 0:
+            return
+        start = time.perf_counter()
+        if self.background is not None:
+            self._finished(ctx, self.background.wait())  # the previous write first (its failure raised here)
+        if self.before_save is not None:
+            self.before_save()
+        if background and self.background is not None:
+            self.background.start(self._staged_write(step))
+        else:
+            if self.sharded:
+                path = save_sharded(self.folder, step, self.state, self.keep_last)
+            else:
+                path = save_checkpoint(self.folder, step, self.state.state_dict(), self.keep_last)
+            self._finished(ctx, path)
+        ctx.side_s += time.perf_counter() - start
+        self.saved_step = step
+
+    def _stage_shards(self, tree: Any) -> Any:
+        """:func:`stage_to_host` for a sharded checkpoint's parts (FSDP2's DTensors: their local
+        shards are copied), through DCP's stager, which keeps its buffers from one call to the next."""
+        if self._stager is None:
+            # costly (DCP): when first used
+            from torch.distributed.checkpoint.staging import (
+                DefaultStager,
+                StagingOptions,
+            )
+
+            cuda = torch.cuda.is_available()
+            self._stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=cuda,
+                    use_shared_memory=False,
+                    use_async_staging=False,
+                    use_non_blocking_copy=cuda,
+                )
+            )
+        return self._stager.stage(tree)
+
+    def _staged_write(self, step: int) -> Callable[[], Path]:
+        """Copy the state now (in this thread: training changes it right after); return the
+        write of the copy, for the background thread."""
+        folder, keep_last = self.folder, self.keep_last
+        if not self.sharded:
+            payload = stage_to_host(self.state.state_dict(), self._buffers)
+            return lambda: save_checkpoint(folder, step, payload, keep_last)
+        parts = self._stage_shards(sharded_parts(self.state))
+        # every rank saves at the same steps: created at the same point
+        if self._group is None and in_group():
+            self._group = new_gloo_group()  # left at exit (core.distributed.shutdown)
+        group = self._group
+        return lambda: write_sharded(folder, step, parts, keep_last, group=group)
+
+    def on_fit_start(self, ctx: FitContext) -> None:
+        if self.background is not None and self.sharded and self._group is None and in_group():
+            # the background writes' own group, made now on every rank: later (at the first save) the
+            # launcher's store may be gone (orphaned ranks still save at their stop)
+            self._group = new_gloo_group()  # left at exit (core.distributed.shutdown)
+        for path in clean_stale_temps(self.folder):
+            log.info("removed %s, left by a checkpoint write that was killed", path)
+        if rank_world()[0] == 0:  # one process cleans; no save runs before every rank reaches it
+            for path in clean_unfinished(self.folder):
+                log.info("removed %s, a sharded checkpoint whose save did not finish", path)
+
+    def on_step_end(self, ctx: FitContext) -> None:
+        if self.background is not None and not self.sharded:
+            self._finished(ctx, self.background.poll())  # a failed write stops the run at the next step
+        if every(ctx.engine.state.step, self.interval):
+            self._save(ctx, background=True)
+
+    def on_fit_end(self, ctx: FitContext) -> None:
+        self.save(ctx)
+        if self.background is not None:  # the final step was saved already: the write in flight
+            self._finished(ctx, self.background.wait())
+
+    def on_exception(self, ctx: FitContext, exc: BaseException) -> None:
+        """The write in flight ends before the exception goes on (it is the newest checkpoint a
+        resume finds); its own failure is logged, the exception that stopped training propagates."""
+        if self.background is None:
+            return
+        try:
+            self.background.wait()
+        except Exception as failure:  # noqa: BLE001 - the training's exception is the one to raise
+            log.warning("the checkpoint write in flight failed too: %s", failure)

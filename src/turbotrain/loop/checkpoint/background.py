@@ -1,0 +1,113 @@
+"""The asynchronous checkpoint writer: a copy of the state in host memory, written in a thread
+while training goes on (``train.async_checkpoint``)."""
+
+from __future__ import annotations
+
+import collections
+import copy
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def stage_to_host(tree: Any, buffers: dict[str, torch.Tensor]) -> Any:
+    """A copy of ``tree`` (a checkpoint's payload) in host memory that training cannot change:
+    every tensor copied (a CUDA one into pinned memory), dicts (an ``OrderedDict``'s
+    ``_metadata`` too), lists and tuples rebuilt, anything else deep-copied; tensors that share
+    a storage (tied weights) stay shared, so the file is the one the live state gives. The
+    copies go into ``buffers`` (keyed by their place in the tree), kept for the next call: the
+    caller reuses them only after whatever read the previous copy is done."""
+    copies: dict[tuple[Any, ...], torch.Tensor] = {}
+    from_cuda = False
+
+    def copy_tensor(x: torch.Tensor, where: str) -> torch.Tensor:
+        nonlocal from_cuda
+        t = x.detach()
+        key = (
+            t.device,
+            t.untyped_storage().data_ptr(),
+            t.storage_offset(),
+            tuple(t.shape),
+            t.stride(),
+            t.dtype,
+        )
+        if key not in copies:
+            out = buffers.get(where)
+            if out is None or out.shape != t.shape or out.dtype != t.dtype:
+                out = buffers[where] = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+            out.copy_(t, non_blocking=t.is_cuda)
+            from_cuda |= t.is_cuda
+            copies[key] = out
+        return copies[key]
+
+    def copy_tree(x: Any, where: str) -> Any:
+        if isinstance(x, torch.Tensor):
+            return copy_tensor(x, where)
+        if isinstance(x, dict):
+            out: dict[Any, Any] = collections.OrderedDict() if isinstance(x, collections.OrderedDict) else {}
+            for key, value in x.items():
+                out[key] = copy_tree(value, f"{where}/{key}")
+            if hasattr(x, "_metadata"):  # a module state dict's versions, which load_state_dict reads
+                out._metadata = copy.deepcopy(x._metadata)  # type: ignore[attr-defined]
+            return out
+        if isinstance(x, (list, tuple)):
+            items = [copy_tree(value, f"{where}/{i}") for i, value in enumerate(x)]
+            if isinstance(x, list):
+                return items
+            return type(x)(*items) if hasattr(x, "_fields") else tuple(items)  # a namedtuple, or a tuple
+        return copy.deepcopy(x)
+
+    staged = copy_tree(tree, "")
+    if from_cuda:
+        torch.cuda.synchronize()  # host-device sync, once per checkpoint: the copies land before the write reads them
+    return staged
+
+
+class BackgroundWrite:
+    """At most one checkpoint write in flight, in a thread of its own: the step that checkpoints
+    pays for a copy of the state only (:func:`stage_to_host`), the write (torch.save, fsync,
+    checksum, pruning) overlaps the next steps. The write is the synchronous one, unchanged: the
+    same temp file, rename and checksum, so a kill -9 mid-write leaves the previous checkpoint as
+    it leaves it there. Its failure (a full disk) is kept and raised in the training thread by
+    :meth:`wait` or :meth:`poll`. The thread is not a daemon: an interpreter that exits waits for
+    the write."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._result: Path | None = None
+        self._error: BaseException | None = None
+
+    def start(self, write: Callable[[], Path]) -> None:
+        self.wait()  # one write at a time: the next waits for the previous (and raises its failure)
+
+        def run() -> None:
+            try:
+                self._result = write()
+            except BaseException as exc:  # noqa: BLE001 - kept for the training thread, raised there
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name="turbotrain-checkpoint-write", daemon=False)
+        self._thread.start()
+
+    @property
+    def in_flight(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self) -> Path | None:
+        """Block until the write in flight (if any) ends; its checkpoint's path, or its failure
+        raised here. None when no write was in flight."""
+        if self._thread is None:
+            return None
+        self._thread.join()
+        self._thread = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+        return self._result
+
+    def poll(self) -> Path | None:
+        """:meth:`wait` when the write has ended (its path, or its failure raised), else None: never blocks."""
+        return None if self._thread is None or self._thread.is_alive() else self.wait()

@@ -1,0 +1,65 @@
+"""Removing checkpoints: the one pruning rule (keep the newest verified ones) and the clean-up of
+saves that never finished."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from .format import (
+    MARKER,
+    checkpoint_step,
+    forget,
+    is_unfinished_save,
+    is_verified,
+    list_checkpoints,
+    sidecar,
+)
+
+
+def prune(folder: Path, keep_last: int) -> list[Path]:
+    """Keep the newest ``keep_last`` checkpoints that verify against their checksums and delete
+    every checkpoint older than the oldest of them. Files that do not verify never count as kept,
+    so they cannot push a usable checkpoint out; one newer than the kept ones stays (a resume
+    skips it; a save at its step replaces it). Checksum files whose checkpoint is gone go too.
+    Returns the deleted checkpoints."""
+    candidates = list_checkpoints(folder)
+    kept: list[Path] = []
+    for path in reversed(candidates):  # newest first; stops hashing once enough are found
+        if len(kept) == keep_last:
+            break
+        if is_verified(path):
+            kept.append(path)
+    if not kept:
+        return []
+    oldest = checkpoint_step(kept[-1])
+    deleted = [p for p in candidates if checkpoint_step(p) < oldest]
+    for old in deleted:
+        if old.is_dir():  # the marker first: a half-deleted folder is then an unfinished save
+            (old / MARKER).unlink(missing_ok=True)
+            shutil.rmtree(old, ignore_errors=True)
+            continue
+        old.unlink(missing_ok=True)  # the checkpoint first: an orphaned checksum file is harmless
+        sidecar(old).unlink(missing_ok=True)
+    for orphan in folder.glob("step_*.pt.sha256"):
+        if not orphan.with_name(orphan.name[: -len(".sha256")]).exists():
+            orphan.unlink(missing_ok=True)
+    forget(folder, {str(p) for p in candidates} - {str(p) for p in deleted})
+    return deleted
+
+
+def clean_unfinished(folder: Path) -> list[Path]:
+    """Remove the folders of sharded saves that never finished (``.step_*.partial``, or a
+    ``step_*`` folder without its marker): a process killed mid-save leaves them; nothing ever
+    loads them. Call it at the start of a run, on one process, before any save. Returns what was
+    removed."""
+    removed: list[Path] = []
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        if is_unfinished_save(entry):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed

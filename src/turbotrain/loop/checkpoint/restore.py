@@ -1,0 +1,202 @@
+"""Restoring a run from its checkpoint folder, top-down: choose, then load into one process or many.
+
+:func:`restore_latest` lists the checkpoints (:mod:`.format`), picks the newest that verifies, holds
+every entry the run needs and fits its model (:func:`_pick`; under a process group rank 0 picks and
+every rank loads its choice), shows it to the caller (how many processes wrote it, its config),
+then loads it: a sharded folder through DCP into any world size (:func:`_load_sharded`), a
+one-process file as it is (one process) or into the ranks of a ddp/fsdp run
+(:func:`_load_pt_into_ranks`). Per-rank state written by another world size is re-seeded.
+:func:`load_latest_weights` reads only the model, of either kind, in one plain process
+(``turbotrain sample``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ...base.errors import TurbotrainError
+from ...core.distributed import ReportedByMainRank, in_group, rank_world
+from . import dcp
+from .choose import ShapeMismatch, model_settings_changed, model_shapes, newest_usable, shape_problem
+from .format import (
+    checkpoint_step,
+    list_checkpoints,
+    read_payload,
+    read_rank_state,
+    read_state,
+    require_verified,
+    saved_world,
+)
+from .state import RunState, load_entry, reseed
+
+log = logging.getLogger(__name__)
+
+
+def restore_latest(
+    folder: Path, state: RunState, before_load: Callable[[Path, int, dict[str, Any]], None] | None = None
+) -> Path:
+    """Load the newest checkpoint in ``folder`` that verifies and holds every entry of ``state``
+    into ``state``; returns its path. Either kind loads into any world size: a ``.pt`` written by
+    one process into ddp/fsdp ranks, a sharded folder written by N processes into M (or into one
+    plain process). Under a process group rank 0 chooses (it alone verifies checksums) and every
+    rank loads that one: a collective, every rank calls it. ``before_load(path, world, entries)``,
+    when given, sees the chosen checkpoint on every rank before anything loads: how many processes
+    wrote it and its replicated entries (engine, config, ...); it may refuse it by raising."""
+    rank, world = rank_world()
+    if not in_group():
+        path, payload = _pick(folder, state)
+    else:
+        box: list[Any] = [None]
+        if rank == 0:
+            try:
+                box = [("", _pick(folder, state)[0].name)]
+            except TurbotrainError as exc:
+                box = [(str(exc), "")]
+        dist.broadcast_object_list(box, src=0)  # every rank loads rank 0's choice (a collective load follows)
+        problem, name = box[0]
+        if problem:  # said once, by rank 0, which found it; the others end quietly
+            raise TurbotrainError(problem) if rank == 0 else ReportedByMainRank(problem)
+        path, payload = folder / name, None
+    if not path.is_dir() and payload is None:
+        payload = read_payload(path, required=tuple(state))
+    if before_load is not None:
+        if path.is_dir():
+            before_load(path, saved_world(path), read_state(path).get("entries", {}))
+        else:
+            before_load(path, 1, payload or {})
+    if path.is_dir():
+        _load_sharded(path, state, rank, world)
+        return path
+    assert payload is not None
+    if world == 1 and not in_group():
+        state.load_state_dict(payload, source=path.name)  # the one-process format in one process: as always
+    else:
+        _load_pt_into_ranks(path, payload, state, rank, world)
+    return path
+
+
+def _pick(folder: Path, state: RunState) -> tuple[Path, dict[str, Any] | None]:
+    """The newest checkpoint of either kind that a load will accept (with the payload of a ``.pt``
+    one, read already): it verifies, holds what ``state`` needs, its model tensors have the shapes
+    of ``state.model``, and a sharded one's ``.metadata`` passes the safe reader. Each one refused
+    is skipped with a one-line warning saying why: the choice is made before anything loads."""
+    expected = model_shapes(state.model) if state.model is not None else {}
+    current = state["config"][0]() if "config" in state else None  # a training run's config, as TOML
+
+    def fits(name: str, saved: dict[str, tuple[int, ...]], saved_config: Any) -> None:
+        problem = (
+            shape_problem(name, saved, expected, model_settings_changed(saved_config, current))
+            if expected
+            else ""
+        )
+        if problem:
+            raise ShapeMismatch(problem)
+
+    def read(path: Path) -> dict[str, Any] | None:
+        if not path.is_dir():
+            payload = read_payload(path, required=tuple(state))
+            weights = payload.get(state.model_key) if state.model_key else None
+            if isinstance(weights, dict):
+                fits(
+                    path.name,
+                    {k: tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)},
+                    payload.get("config"),
+                )
+            return payload
+        require_verified(path)
+        entries = read_state(path).get("entries", {})
+        missing = [k for k in state.replicated_keys if k not in entries]
+        if missing:
+            raise TurbotrainError(f"{path.name} holds no {', '.join(missing)} state")
+        # .metadata through the safe reader
+        fits(
+            path.name,
+            {name: tuple(meta.size) for name, meta in dcp.saved_model_tensors(path).items()},
+            entries.get("config"),
+        )
+        return None
+
+    return newest_usable(list_checkpoints(folder), folder, read)
+
+
+def _load_sharded(path: Path, state: RunState, rank: int, world: int) -> None:
+    replicated = read_state(path)
+    entries = replicated.get("entries", {})
+    missing = [k for k in state.replicated_keys if k not in entries]
+    if missing:  # checked before anything loads: never half a state
+        raise TurbotrainError(
+            f"{path.name} holds no {', '.join(missing)} state; it was not saved by this kind of run"
+        )
+    own = read_rank_state(path, rank, world)
+    for name, (_, load) in state.items():
+        if name == state.model_key and state.model is not None:
+            dcp.load_into(path, state.model, state.optimizer, replicated)
+        elif name in state.tensor_keys:
+            continue  # the optimizer: loaded with the model
+        elif name in state.per_rank:
+            _load_per_rank(name, load, own, path, rank, world)
+        else:
+            load_entry(name, load, entries[name], path.name)
+
+
+def _load_pt_into_ranks(path: Path, payload: dict[str, Any], state: RunState, rank: int, world: int) -> None:
+    """A one-process checkpoint into the ranks of a ddp/fsdp run: every rank reads the whole file
+    and keeps its part of the model and optimizer."""
+    own = {k: payload[k] for k in state.per_rank} if world == 1 else None
+    for name, (_, load) in state.items():
+        if name == state.model_key and state.model is not None:
+            optim = payload.get(state.optimizer_key) if state.optimizer_key else None
+            dcp.load_full(state.model, state.optimizer, payload[name], optim, path.name)
+        elif name in state.tensor_keys:
+            continue
+        elif name in state.per_rank:
+            _load_per_rank(name, load, own, path, rank, world)
+        else:
+            load_entry(name, load, payload[name], path.name)
+
+
+def _load_per_rank(
+    name: str, load: Callable[[Any], None], own: dict[str, Any] | None, path: Path, rank: int, world: int
+) -> None:
+    if own is not None and name in own:
+        load_entry(name, load, own[name], path.name)
+    elif name == "rng":
+        reseed(checkpoint_step(path), rank)
+        if rank == 0:
+            log.warning(
+                "%s was written by %d process(es), this run has %d: random number generators re-seeded from "
+                "(step, rank) (the data order does not depend on them)",
+                path.name,
+                saved_world(path) if path.is_dir() else 1,
+                world,
+            )
+    else:
+        log.warning("%s: no %s state for rank %d of %d; it starts fresh", path.name, name, rank, world)
+
+
+def load_latest_weights(folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """The model weights of the newest verified checkpoint of either kind, as one plain state dict
+    (full tensors, unwrapped names), read in this process alone (no process group): for
+    ``turbotrain sample`` and anything else that only needs the model."""
+
+    def read(path: Path) -> dict[str, torch.Tensor]:
+        if not path.is_dir():
+            return read_payload(path, required=("model",))["model"]
+        require_verified(path)
+        return dcp.load_model_weights(path)
+
+    return newest_usable(list_checkpoints(folder), folder, read, advice="", none="train first")
+
+
+def load_latest(folder: Path, required: tuple[str, ...] = ()) -> tuple[Path, dict[str, Any]]:
+    """The newest one-process (``.pt``) checkpoint that verifies and holds every key in
+    ``required``; corrupt, foreign or incomplete ones are skipped with a warning. Sharded folders
+    are not read here: :func:`restore_latest` and :func:`load_latest_weights` read both kinds."""
+    candidates = [p for p in list_checkpoints(folder) if not p.is_dir()]
+    return newest_usable(candidates, folder, lambda path: read_payload(path, required))

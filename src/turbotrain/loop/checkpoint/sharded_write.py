@@ -1,0 +1,152 @@
+"""Writing a sharded checkpoint folder from every rank, atomically (the layout: :mod:`.format`).
+
+Every rank writes into ``.step_XXXXXXXX.partial/``: its shards through torch.distributed.checkpoint
+(replicated tensors once), its ``rankR.pt``; rank 0 also ``state.pt``. Each rank hashes its own
+files (in parallel); all gather, so a failure on any rank is said once and no rank waits forever;
+rank 0 writes the marker with every file's size and sha256, renames the folder into place and
+fsyncs. A folder without the marker is an unfinished save: never loaded, removed at the next start
+(:func:`.prune.clean_unfinished`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ...base.atomic import DISK_FULL_ERRNOS, DiskFullError, atomic_write, disk_full_cause
+from ...base.errors import TurbotrainError
+from ...core.distributed import ReportedByAnotherRank, in_group, rank_world
+from .dcp import describe, is_dcp_failure
+from .format import FORMAT, MARKER, STATE_FILE, checkpoint_dir, partial_dir, rank_file, sha256_of
+
+
+def save_folder(
+    folder: Path,
+    step: int,
+    tensors: dict[str, torch.Tensor],
+    replicated: dict[str, Any],
+    per_rank: dict[str, Any],
+    group: dist.ProcessGroup | None = None,
+) -> Path:
+    """Write one sharded checkpoint at ``step`` from every rank (a collective: every rank calls it
+    with its own shards and per-rank state; ``replicated`` is taken from rank 0). Returns the
+    finished folder. Lack of space raises :class:`turbotrain.base.atomic.DiskFullError`. ``group``: the
+    process group of its collectives (default: the default group); a save in a background thread
+    passes a group of its own, so its collectives never interleave with the training's."""
+    import torch.distributed.checkpoint as dcp  # costly (~0.7 s): imported when a sharded run saves
+    from torch.distributed.checkpoint import CheckpointException, FileSystemWriter
+
+    rank, world = rank_world()
+    final, tmp = checkpoint_dir(folder, step), partial_dir(folder, step)
+    if rank == 0:
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # a save at this step that was killed
+        tmp.mkdir()
+    _barrier(group)  # the folder exists (and is empty) before anyone writes into it
+    failure: BaseException | None = None
+    claimed: dict[str, Any] = {}
+    try:
+        with warnings.catch_warnings():
+            # one process: as intended
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            # a collective: a failure on any rank raises on every rank
+            dcp.save(
+                tensors,
+                storage_writer=FileSystemWriter(tmp, sync_files=True),
+                process_group=group,
+                no_dist=not in_group(),
+            )
+        atomic_write(
+            tmp / rank_file(rank),
+            lambda f: torch.save({"format": FORMAT, "rank": rank, "world": world, **per_rank}, f),
+        )
+        mine = [rank_file(rank)]
+        if rank == 0:
+            atomic_write(tmp / STATE_FILE, lambda f: torch.save({"format": FORMAT, **replicated}, f))
+            mine.append(STATE_FILE)
+        # each rank hashes what it wrote, in parallel; rank 0 hashes whatever nobody claimed (.metadata)
+        claimed = {
+            name: _entry(tmp / name) for name in mine + [n.name for n in tmp.glob(f"__{rank}_*.distcp")]
+        }
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - told to every rank below: none waits forever
+        failure = exc
+    problem = describe(failure) if failure is not None else ""
+    gathered: list[tuple[str, dict[str, Any]]] = [(problem, claimed)]
+    if world > 1:  # also the barrier: every rank's files are complete (and hashed) after it
+        gathered = [("", {}) for _ in range(world)]
+        dist.all_gather_object(gathered, (problem, claimed), group=group)
+    failed = [(r, why) for r, (why, _) in enumerate(gathered) if why]
+    if failed:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        # said once, by the first rank that failed (a full disk fails them all alike)
+        if rank != failed[0][0]:
+            raise ReportedByAnotherRank(
+                f"the checkpoint at step {step} was not saved: rank {failed[0][0]} failed ({failed[0][1]})"
+            )
+        full = _disk_full_reason(failure) if failure is not None else ""
+        if full:
+            raise DiskFullError(final, full) from None
+        if failure is not None and not isinstance(failure, CheckpointException):
+            raise failure  # a bug here: its traceback
+        r, why = failed[0]
+        raise TurbotrainError(f"the checkpoint at step {step} was not saved: rank {r} failed ({why})")
+    if rank == 0:
+        files = {k: v for _, part in gathered for k, v in part.items()}
+        for path in tmp.iterdir():
+            if path.name not in files and not path.name.startswith("."):
+                files[path.name] = _entry(path)
+        files[".metadata"] = _entry(tmp / ".metadata")
+        marker = {"format": FORMAT, "step": step, "world": world, "files": dict(sorted(files.items()))}
+        atomic_write(tmp / MARKER, json.dumps(marker, indent=1) + "\n")
+        if final.exists():  # an older save at this step (unfinished or corrupt): the new one replaces it
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(folder)
+    _barrier(group)  # nobody goes on (or reads the folder) before it is in place
+    return final
+
+
+def _disk_full_reason(exc: BaseException) -> str:
+    """Why a failed save failed when it was for lack of space ('' otherwise). Exceptions gathered
+    from other ranks arrive without their causes, so their text is read too (torch.save reports a
+    short write as 'unexpected pos')."""
+    excs = [exc, *(e for e, _ in exc.failures.values())] if is_dcp_failure(exc) else [exc]
+    for e in excs:
+        full = disk_full_cause(e)
+        if full is not None:
+            return full.strerror or os.strerror(full.errno or 0)
+        text = str(e)
+        for code in DISK_FULL_ERRNOS:
+            if os.strerror(code) in text:
+                return os.strerror(code)
+        if "unexpected pos" in text:
+            return "a write stopped short (no space left on the device, or a file-size limit)"
+    return ""
+
+
+def _entry(path: Path) -> dict[str, Any]:
+    """What the marker says of one file: its size and sha256."""
+    return {"size": path.stat().st_size, "sha256": sha256_of(path)}
+
+
+def _barrier(group: dist.ProcessGroup | None = None) -> None:
+    if in_group():
+        dist.barrier(group=group)
+
+
+def _fsync_dir(folder: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

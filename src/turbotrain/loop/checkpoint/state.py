@@ -1,0 +1,114 @@
+"""What a run saves: the :class:`RunState` registry of its stateful objects, in load order.
+
+The model and the optimizer go through torch.distributed.checkpoint in a sharded checkpoint (by
+parameter name, so they reshard); the per-rank entries (the RNG) are saved per rank and restored
+when the world size matches, otherwise re-seeded (:func:`reseed`); everything else is replicated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...base.errors import TurbotrainError
+from ...base.seeds import rng_state, seed_all, set_rng_state
+from ...core.distributed import Strategy
+from ...core.engine import Engine
+
+Stateful = tuple[Callable[[], Any], Callable[[Any], None]]  # (state_dict, load_state_dict)
+
+
+class RunState(dict[str, Stateful]):
+    """The registry of a run's stateful objects, in load order: name -> (state_dict,
+    load_state_dict). Entries may be given as objects with those two methods.
+
+    For sharded checkpoints it also remembers which entry is the model (an ``nn.Module``) and which
+    the optimizer (a ``torch.optim.Optimizer``): those two go through torch.distributed.checkpoint,
+    by parameter name, so they reshard. Entries in ``per_rank`` (the RNG) differ from rank to rank:
+    saved per rank, restored when the world size matches, otherwise re-seeded (:func:`reseed`).
+    ``strategy`` (set by :func:`run_state`) picks the format a :class:`Checkpointer` writes."""
+
+    def __init__(self, **entries: Any) -> None:
+        super().__init__(
+            {k: v if isinstance(v, tuple) else (v.state_dict, v.load_state_dict) for k, v in entries.items()}
+        )
+        self.model_key = next((k for k, v in entries.items() if isinstance(v, nn.Module)), None)
+        self.optimizer_key = next(
+            (k for k, v in entries.items() if isinstance(v, torch.optim.Optimizer)), None
+        )
+        self.model: nn.Module | None = entries[self.model_key] if self.model_key else None
+        self.optimizer: torch.optim.Optimizer | None = (
+            entries[self.optimizer_key] if self.optimizer_key else None
+        )
+        self.per_rank: frozenset[str] = frozenset({"rng"} & set(entries))
+        self.strategy: Strategy | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: save() for name, (save, _) in self.items()}
+
+    def load_state_dict(self, payload: dict[str, Any], source: str = "checkpoint") -> None:
+        missing = [name for name in self if name not in payload]
+        if missing:  # checked before anything loads: never half a state
+            raise TurbotrainError(
+                f"{source} holds no {', '.join(missing)} state; it was not saved by this kind of run"
+            )
+        for name, (_, load) in self.items():
+            load_entry(name, load, payload[name], source)
+
+    @property
+    def tensor_keys(self) -> tuple[str, ...]:
+        """The entries a sharded checkpoint stores through DCP (the model and its optimizer)."""
+        return tuple(
+            k for k in (self.model_key, self.optimizer_key) if k is not None and self.model is not None
+        )
+
+    @property
+    def replicated_keys(self) -> tuple[str, ...]:
+        """The entries every rank holds alike (the engine, scheduler, config, ...)."""
+        return tuple(k for k in self if k not in self.tensor_keys and k not in self.per_rank)
+
+
+def load_entry(name: str, load: Callable[[Any], None], value: Any, source: str) -> None:
+    """``load(value)``; a load that fails (shapes or groups changed by overrides) is one line
+    naming the entry and ``source``."""
+    try:
+        load(value)
+    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        detail = " ".join(str(exc).split())[:300]
+        raise TurbotrainError(
+            f"{source}: its {name} state does not fit the {name} this config builds "
+            f"({detail}); resume with the settings the run was saved with (its config.toml)"
+        ) from None
+
+
+def run_state(
+    engine: Engine,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any = None,
+    **extra: Any,
+) -> RunState:
+    """What a training run saves and resumes: the engine first (its state holds the data position,
+    ``state.batches``, and a precision fallback it restores recasts the weights, so they must load
+    after it), then model, optimizer, scheduler (when there is one), every RNG, and ``extra``.
+    The engine's strategy picks the checkpoint format (one process: ``.pt``; ddp/fsdp: sharded)."""
+    entries: dict[str, Any] = {
+        "engine": (engine.state_dict, lambda sd: engine.load_state_dict(sd, optimizer)),
+        "model": model,
+        "optimizer": optimizer,
+    }
+    if scheduler is not None:
+        entries["scheduler"] = scheduler
+    state = RunState(**entries, rng=(rng_state, set_rng_state), **extra)
+    state.strategy = engine.strategy
+    return state
+
+
+def reseed(step: int, rank: int) -> None:
+    """Seed every RNG from (step, rank): the deterministic stand-in for per-rank RNG state saved
+    by another world size. (The data order does not depend on it: it comes from the seed and the
+    batch index.)"""
+    seed_all((step * 1_000_003 + rank) % 2**32)
