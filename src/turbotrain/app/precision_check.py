@@ -35,6 +35,8 @@ from ..base.config import PrecisionConfig, load_config
 from ..base.errors import ConfigError, TurbotrainError
 from ..core.engine import Engine, default_loss, resolve_device
 from ..core.precision import FP8, DeviceCaps, FP16Mixed, Precision, fallback_mode, resolve_precision
+from ..core.precision.fp8 import float8_capable, torchao_available
+from ..core.precision.fp8_choice import FP8Choice, time_fp8_layers
 from ..parts.models.registry import build_model
 from ..parts.workload import Workload, load_workload
 from ..tools.memory.finder import token_batches
@@ -205,6 +207,17 @@ def fp8_plan(
     return out
 
 
+def _fp8_per_layer(
+    w: Workload, batch: Any, device: torch.device, caps: DeviceCaps, settings: PrecisionConfig
+) -> dict[str, Any]:
+    """fp8 per layer by timing (core/precision/fp8_choice.py) on a float8 GPU with torchao; elsewhere why not."""
+    if not (float8_capable(caps) and torchao_available()):
+        return {"line": "fp8 per layer by timing: needs a float8 GPU (compute capability >= 8.9) and torchao"}
+    model = copy.deepcopy(w.model).to(device)
+    fp8 = FP8.from_settings(device, settings)
+    return time_fp8_layers(model, lambda: (w.loss_fn or default_loss)(model, batch), device, fp8).to_dict()
+
+
 def check_precisions(
     w: Workload,
     device: torch.device | str | None = None,
@@ -231,6 +244,7 @@ def check_precisions(
             f"{w.source or 'the workload'}: train_loader yields no batch to check"
         ) from None
     batch = move_to(first, device)
+    fp8_report["per_layer"] = _fp8_per_layer(w, batch, device, caps, fp8_settings)
     results: list[PrecisionResult] = []
     ref: dict[str, Any] | None = None
     for mode in (REFERENCE, *(m for m in modes if m != REFERENCE)):
@@ -428,4 +442,9 @@ def format_fp8(plan: dict[str, Any]) -> list[str]:
         )
     if plan["kept"]:
         lines.append(f"- kept in bf16: {_names(plan['kept'])}")
+    per_layer = plan.get("per_layer") or {}
+    if per_layer:
+        lines.append(f"- {per_layer['line']}")
+    if per_layer.get("layers"):
+        lines.append(FP8Choice.from_dict(per_layer).table())
     return lines

@@ -1,0 +1,319 @@
+"""fp8 per layer, chosen by timing: float8 only where it measurably pays.
+
+float8 matmuls save time only when the matmul is large enough for the scaling and casting around
+it to be repaid (users report fp8 slower than bf16 below a few billion parameters: Accelerate
+#2597, torchao #1297); torchao's size thresholds are one machine's guess. Here each distinct
+linear shape of the model -- M x K x N with M the run's tokens per micro-batch, K the in and N the
+out features -- is timed forward + backward in bf16, fp8 tensorwise and fp8 rowwise (torchao
+``Float8Linear``, compiled where the run compiles: eager float8 is slower by construction), and
+only the layers where a float8 recipe beats bf16 by ``margin`` are converted, each with its own
+fastest recipe. No layer faster: the run stays bf16, with one line saying so.
+
+The candidates are the layers fp8's own filter would accept with no size threshold
+(:meth:`~.fp8.FP8.layer_plan` with ``min_size=1``: dims divisible by 16, the output layer only
+with ``precision.fp8_lm_head``, ``precision.fp8_skip`` honoured). The decision is a table (layer,
+shape, ms per recipe, choice), written as JSON and markdown, and cached under a key of what makes
+it valid (device, torch and torchao versions, shapes, micro-batch tokens, recipes, compile,
+margin), so a second run of the same model on the same machine does not time again.
+
+The timer is a parameter: tests inject one (on CPU torchao's float8 runs only in emulation, whose
+speed says nothing), the default times on the device with synchronisation around a median.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...base.atomic import atomic_write
+from .fp8 import FP8, FP8_RECIPES, float8_module
+
+BF16 = "bf16"
+RECIPES = (BF16, *FP8_RECIPES)
+MARGIN = 0.05  # a float8 recipe must be at least 5 % faster than bf16: timing noise never flips a layer
+TABLE_JSON, TABLE_MD = "fp8_layers.json", "fp8_layers.md"
+
+Shape = tuple[int, int, int]  # M (tokens per micro-batch), K (in features), N (out features)
+Timer = Callable[[Shape, str], float]  # (shape, recipe) -> ms for forward + backward
+
+
+@dataclass
+class LayerChoice:
+    """One linear layer: its shape, the ms per recipe (of its shape) and what it runs in."""
+
+    layer: str
+    shape: Shape
+    ms: dict[str, float]
+    choice: str  # 'bf16', 'tensorwise' or 'rowwise'
+
+
+@dataclass
+class FP8Choice:
+    """The per-layer decision: ``layers`` (every candidate), ``kept`` (linear layers that were
+    never candidates, with fp8's reason), the margin, and whether it came from the cache."""
+
+    layers: list[LayerChoice]
+    kept: dict[str, str] = field(default_factory=dict)
+    margin: float = MARGIN
+    cached: bool = False
+    key: str = ""
+
+    @property
+    def converted(self) -> dict[str, str]:
+        """Layer name -> recipe, for the layers that run in float8."""
+        return {c.layer: c.choice for c in self.layers if c.choice != BF16}
+
+    @property
+    def line(self) -> str:
+        """One line for the log and the summary."""
+        n = len(self.converted)
+        if not n:
+            return (
+                f"fp8 per layer: no linear layer is faster in float8 than in bf16 by {self.margin:.0%} "
+                f"({len(self.layers)} timed), so this run trains in bf16"
+            )
+        recipes = sorted(set(self.converted.values()))
+        return (
+            f"fp8 per layer: {n} of {len(self.layers)} timed linear layers in float8 "
+            f"({', '.join(recipes)}), the rest in bf16 (faster there, or within {self.margin:.0%})"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "line": self.line,
+            "margin": self.margin,
+            "cached": self.cached,
+            "key": self.key,
+            "layers": [asdict(c) for c in self.layers],
+            "kept": self.kept,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FP8Choice:
+        layers = [
+            LayerChoice(c["layer"], tuple(c["shape"]), dict(c["ms"]), c["choice"])  # type: ignore[arg-type]
+            for c in data["layers"]
+        ]
+        return cls(
+            layers, dict(data.get("kept", {})), data["margin"], bool(data.get("cached")), data.get("key", "")
+        )
+
+    def table(self) -> str:
+        """The markdown table: layer, shape, ms per recipe, choice."""
+        rows = [
+            "| layer | M x K x N | " + " | ".join(f"{r} ms" for r in RECIPES) + " | choice |",
+            "|---|---|" + "---|" * len(RECIPES) + "---|",
+        ]
+        for c in self.layers:
+            ms = " | ".join(f"{c.ms[r]:.3f}" if r in c.ms else "—" for r in RECIPES)
+            rows.append(f"| {c.layer} | {' x '.join(map(str, c.shape))} | {ms} | **{c.choice}** |")
+        return "\n".join(rows)
+
+    def write(self, run_dir: Path) -> None:
+        """``fp8_layers.json`` and ``fp8_layers.md`` in the run directory."""
+        atomic_write(run_dir / TABLE_JSON, json.dumps(self.to_dict(), indent=1) + "\n")
+        atomic_write(run_dir / TABLE_MD, f"{self.line}\n\n{self.table()}\n")
+
+
+def candidates(model: nn.Module, fp8: FP8) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
+    """The linear layers fp8's filter accepts with no size threshold, as name -> (K, N), and the
+    others with its reason (the size is what the timing decides)."""
+    plan = FP8(lm_head=fp8.lm_head, skip=fp8.skip, min_size=1).layer_plan(model)
+    shapes, kept = {}, {}
+    for name, why in plan.items():
+        if why:
+            kept[name] = why
+        else:
+            n, k = model.get_submodule(name).weight.shape
+            shapes[name] = (int(k), int(n))
+    return shapes, kept
+
+
+def decide(ms: dict[str, float], margin: float = MARGIN) -> str:
+    """The fastest float8 recipe if it beats bf16 by ``margin``, else 'bf16'."""
+    fp8 = {r: t for r, t in ms.items() if r != BF16}
+    if not fp8:
+        return BF16
+    best = min(fp8, key=fp8.__getitem__)
+    return best if fp8[best] < ms[BF16] * (1 - margin) else BF16
+
+
+def layer_rows(model: nn.Module, names: Iterable[str], forward: Callable[[], Any]) -> dict[str, int]:
+    """M of each named linear layer: the rows of its input (all dims but the last) in one
+    ``forward()`` of the run's micro-batch, run without gradients."""
+    rows: dict[str, int] = {}
+
+    def record(name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:  # returns None: the input is kept
+            rows.setdefault(name, args[0].numel() // args[0].shape[-1])
+
+        return hook
+
+    handles = [model.get_submodule(name).register_forward_pre_hook(record(name)) for name in names]
+    try:
+        with torch.no_grad():
+            forward()
+    finally:
+        for h in handles:
+            h.remove()
+    return rows
+
+
+def choose_fp8_layers(
+    model: nn.Module,
+    tokens_per_micro: int | dict[str, int],
+    fp8: FP8,
+    timer: Timer,
+    *,
+    recipes: Iterable[str] = RECIPES,
+    margin: float = MARGIN,
+    cache_dir: Path | None = None,
+    key_parts: dict[str, Any] | None = None,
+) -> FP8Choice:
+    """Time each distinct candidate shape once per recipe with ``timer`` and choose per layer (see
+    the module docstring). ``tokens_per_micro``: M for every layer, or per layer name
+    (:func:`layer_rows`; a layer that did not run is left out). With ``cache_dir``, a decision made
+    for the same key is read back."""
+    shapes, kept = candidates(model, fp8)
+    recipes = tuple(recipes)
+    if isinstance(tokens_per_micro, int):
+        m_of = dict.fromkeys(shapes, tokens_per_micro)
+    else:
+        m_of = {name: tokens_per_micro[name] for name in shapes if name in tokens_per_micro}
+        kept.update({name: "did not run in the forward pass" for name in shapes if name not in m_of})
+    full = {name: (m_of[name], k, n) for name, (k, n) in shapes.items() if name in m_of}
+    distinct = sorted(set(full.values()))
+    key = cache_key({"shapes": distinct, "recipes": recipes, "margin": margin, **(key_parts or {})})
+    path = cache_dir / f"{key}.json" if cache_dir is not None else None
+    if path is not None and path.exists():
+        choice = FP8Choice.from_dict(json.loads(path.read_text()))
+        if {c.layer for c in choice.layers} == set(full):
+            choice.cached = True
+            return choice
+    ms = {shape: {r: float(timer(shape, r)) for r in recipes} for shape in distinct}
+    layers = [LayerChoice(name, shape, ms[shape], decide(ms[shape], margin)) for name, shape in full.items()]
+    choice = FP8Choice(layers, kept, margin, key=key)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json.dumps(choice.to_dict(), indent=1) + "\n")
+    return choice
+
+
+def cache_key(parts: dict[str, Any]) -> str:
+    """A short hash of everything the decision depends on (with the torch version)."""
+    text = json.dumps({"torch": torch.__version__, **parts}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/turbotrain/fp8_layers`` (``~/.cache`` without it)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "turbotrain" / "fp8_layers"
+
+
+def apply_fp8_choice(model: nn.Module, choice: FP8Choice, emulate: bool = False) -> list[str]:
+    """Swap the chosen layers for torchao's ``Float8Linear``, each with its own recipe; returns
+    their names. Float8 layers revert as fp8's own do (:meth:`~.fp8.FP8.revert_module`)."""
+    float8 = float8_module()
+    by_recipe: dict[str, set[str]] = {}
+    for name, recipe in choice.converted.items():
+        by_recipe.setdefault(recipe, set()).add(name)
+    for recipe, names in by_recipe.items():
+        config = float8.Float8LinearConfig.from_recipe_name(recipe)
+        if emulate:
+            config = _replace(config, emulate=True)
+        float8.convert_to_float8_training(
+            model,
+            config=config,
+            module_filter_fn=lambda m, name, names=names: name in names and type(m) is nn.Linear,
+        )
+    return [name for name, m in model.named_modules() if isinstance(m, float8.Float8Linear)]
+
+
+def _replace(config: Any, **changes: Any) -> Any:
+    return dataclasses.replace(config, **changes)  # torchao's config is a frozen dataclass
+
+
+def linear_timer(
+    device: torch.device, *, compile: bool = False, emulate: bool = False, repeats: int = 10, warmup: int = 3
+) -> Timer:
+    """The default timer: a one-layer ``nn.Linear(K, N)`` (no bias) at input M x K, forward +
+    backward under bf16 autocast, plain or converted to float8 with the recipe, compiled when the
+    run compiles; median of ``repeats`` after ``warmup``, synchronising the device around each
+    call (timing only, never in training)."""
+
+    def timer(shape: Shape, recipe: str) -> float:
+        m, k, n = shape
+        layer = nn.Sequential(nn.Linear(k, n, bias=False)).to(device)
+        if recipe != BF16:
+            float8 = float8_module()
+            config = float8.Float8LinearConfig.from_recipe_name(recipe)
+            if emulate:
+                config = _replace(config, emulate=True)
+            float8.convert_to_float8_training(layer, config=config)
+        fn: Callable[[torch.Tensor], torch.Tensor] = torch.compile(layer) if compile else layer
+        x = torch.randn(m, k, device=device, requires_grad=True)
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+        def step() -> None:
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                fn(x).sum().backward()
+
+        for _ in range(warmup):
+            step()
+        times = []
+        for _ in range(repeats):
+            sync()  # host-device sync point: timing only
+            t0 = time.perf_counter()
+            step()
+            sync()  # host-device sync point: timing only
+            times.append((time.perf_counter() - t0) * 1000)
+        return statistics.median(times)
+
+    return timer
+
+
+def time_fp8_layers(
+    model: nn.Module,
+    forward: Callable[[], Any],
+    device: torch.device,
+    fp8: FP8,
+    *,
+    compile: bool = True,
+    cache_dir: Path | None = None,
+    timer: Timer | None = None,
+) -> FP8Choice:
+    """The decision for ``model`` at the micro-batch ``forward()`` runs: each candidate's M from
+    that forward (:func:`layer_rows`), timed with :func:`linear_timer` on ``device`` (or ``timer``),
+    cached under the device's name, torch's and torchao's versions and ``compile``."""
+    shapes, _ = candidates(model, fp8)
+    rows = layer_rows(model, shapes, forward)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    key_parts = {"device": name, "torchao": _torchao_version(), "compile": compile, "emulate": fp8.emulate}
+    return choose_fp8_layers(
+        model,
+        rows,
+        fp8,
+        timer or linear_timer(device, compile=compile, emulate=fp8.emulate),
+        cache_dir=cache_dir,
+        key_parts=key_parts,
+    )
+
+
+def _torchao_version() -> str | None:
+    try:
+        return importlib.metadata.version("torchao")
+    except importlib.metadata.PackageNotFoundError:
+        return None

@@ -1,0 +1,145 @@
+"""fp8 per layer by timing (core/precision/fp8_choice.py): with an injected timer, exactly the
+layers whose shape is faster in float8 (by the margin) are converted, each with its fastest recipe;
+the table is written; nothing faster means bf16 and one line; a second decision comes from the cache."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from turbotrain.core.precision.fp8 import FP8
+from turbotrain.core.precision.fp8_choice import (
+    apply_fp8_choice,
+    choose_fp8_layers,
+    decide,
+    linear_timer,
+    time_fp8_layers,
+)
+
+TOKENS = 256  # M: tokens per micro-batch
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(64, 192)  # 64 x 192: fp8 wins (rowwise)
+        self.proj = nn.Linear(64, 64)  # small: bf16 wins
+        self.up = nn.Linear(64, 256)  # fp8 wins (tensorwise)
+        self.down = nn.Linear(256, 64)  # fp8 only 3 % faster: within the margin, bf16
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.proj(self.qkv(x)[..., :64])
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(Block(), Block())
+        self.classifier = nn.Linear(64, 10)  # 10 outputs: not divisible by 16, never a candidate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.blocks(x))
+
+
+MS = {  # (K, N) -> ms per recipe, as a device would measure them
+    (64, 192): {"bf16": 1.0, "tensorwise": 0.8, "rowwise": 0.7},
+    (64, 64): {"bf16": 0.2, "tensorwise": 0.3, "rowwise": 0.35},
+    (64, 256): {"bf16": 1.0, "tensorwise": 0.6, "rowwise": 0.9},
+    (256, 64): {"bf16": 1.0, "tensorwise": 0.97, "rowwise": 1.1},
+}
+
+
+class Timer:
+    def __init__(self, table: dict) -> None:
+        self.table, self.calls = table, []
+
+    def __call__(self, shape, recipe):
+        self.calls.append((shape, recipe))
+        m, k, n = shape
+        assert m == TOKENS
+        return self.table[(k, n)][recipe]
+
+
+def test_exactly_the_faster_layers_are_converted_and_the_table_is_written(tmp_path):
+    timer = Timer(MS)
+    choice = choose_fp8_layers(Net(), TOKENS, FP8(), timer)
+    assert choice.converted == {
+        "blocks.0.qkv": "rowwise",
+        "blocks.1.qkv": "rowwise",
+        "blocks.0.up": "tensorwise",
+        "blocks.1.up": "tensorwise",
+    }
+    assert len(timer.calls) == 4 * 3  # each distinct shape once per recipe, not once per layer
+    assert choice.kept == {"classifier": "dims not divisible by 16"}
+    choice.write(tmp_path)
+    table = (tmp_path / "fp8_layers.md").read_text()
+    assert "| blocks.0.down | 256 x 256 x 64 | 1.000 | 0.970 | 1.100 | **bf16** |" in table
+    assert "4 of 8 timed linear layers in float8" in table
+    saved = json.loads((tmp_path / "fp8_layers.json").read_text())
+    assert {c["layer"]: c["choice"] for c in saved["layers"]}["blocks.1.proj"] == "bf16"
+
+
+def test_no_layer_faster_means_bf16_and_one_line():
+    slower = {shape: {"bf16": 1.0, "tensorwise": 1.2, "rowwise": 1.5} for shape in MS}
+    choice = choose_fp8_layers(Net(), TOKENS, FP8(), Timer(slower))
+    assert choice.converted == {}
+    assert "\n" not in choice.line and "trains in bf16" in choice.line
+
+
+def test_the_margin_keeps_a_near_tie_in_bf16():
+    assert decide({"bf16": 1.0, "tensorwise": 0.97}) == "bf16"
+    assert decide({"bf16": 1.0, "tensorwise": 0.94}) == "tensorwise"
+    assert decide({"bf16": 1.0, "tensorwise": 0.9, "rowwise": 0.8}) == "rowwise"
+
+
+def test_a_second_decision_comes_from_the_cache(tmp_path):
+    first = choose_fp8_layers(Net(), TOKENS, FP8(), Timer(MS), cache_dir=tmp_path)
+    again = Timer(MS)
+    second = choose_fp8_layers(Net(), TOKENS, FP8(), again, cache_dir=tmp_path)
+    assert not again.calls and second.cached and not first.cached
+    assert second.converted == first.converted
+    other = Timer(MS)  # another micro-batch: other shapes, timed again
+    choose_fp8_layers(Net(), 2 * TOKENS, FP8(), lambda s, r: other((TOKENS, *s[1:]), r), cache_dir=tmp_path)
+    assert other.calls
+
+
+def test_skip_prefixes_and_the_output_layer_rule_are_fp8s_own():
+    choice = choose_fp8_layers(Net(), TOKENS, FP8(skip=("blocks.1.",)), Timer(MS))
+    assert set(choice.converted) == {"blocks.0.qkv", "blocks.0.up"}
+    assert choice.kept["blocks.1.up"] == "precision.fp8_skip"
+
+
+def test_the_choice_converts_those_layers_with_their_recipes_in_emulation():
+    pytest.importorskip("torchao")
+    from torchao.float8.float8_linear import Float8Linear
+
+    torch.manual_seed(0)
+    net = Net()
+    choice = choose_fp8_layers(net, TOKENS, FP8(), Timer(MS))
+    converted = apply_fp8_choice(net, choice, emulate=True)
+    assert sorted(converted) == sorted(choice.converted)
+    assert isinstance(net.blocks[0].qkv, Float8Linear) and type(net.blocks[0].proj) is nn.Linear
+    assert net.blocks[0].qkv.config.cast_config_input.scaling_granularity.name == "AXISWISE"  # rowwise
+    assert net.blocks[0].up.config.cast_config_input.scaling_granularity.name == "TENSORWISE"
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        net(torch.randn(4, 64)).float().sum().backward()
+    assert torch.isfinite(net.blocks[0].qkv.weight.grad).all()
+
+
+def test_each_layers_m_comes_from_a_forward_and_the_default_timer_runs():
+    """M per layer from one forward (3 x 5 rows of 64 features: 15); the device timer on CPU
+    (bf16 and emulated float8: runs, its speed means nothing here)."""
+    pytest.importorskip("torchao")
+    net = Net()
+    x = torch.randn(3, 5, 64)
+    slower = Timer({shape: {"bf16": 1.0, "tensorwise": 2.0, "rowwise": 2.0} for shape in MS})
+    choice = time_fp8_layers(
+        net, lambda: net(x), torch.device("cpu"), FP8(), timer=lambda s, r: slower((TOKENS, *s[1:]), r)
+    )
+    assert {c.shape[0] for c in choice.layers} == {15} and not choice.converted
+    timer = linear_timer(torch.device("cpu"), emulate=True, repeats=1, warmup=1)
+    assert timer((16, 32, 32), "bf16") > 0 and timer((16, 32, 32), "tensorwise") > 0
