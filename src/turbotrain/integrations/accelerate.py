@@ -1,0 +1,167 @@
+"""turbotrain in a Hugging Face Accelerate loop: the ``Accelerator`` arguments of turbotrain's
+recipe and its monitoring, run directory and report (``pip install accelerate``)::
+
+    from turbotrain.integrations.accelerate import accelerator_kwargs_recipe, track_accelerate
+
+    accelerator = Accelerator(**accelerator_kwargs_recipe())
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    with track_accelerate(accelerator, model, "runs/acc", example_batch=batch) as run:
+        for batch in loader:
+            with accelerator.accumulate(model):
+                loss = model(**batch).loss
+                accelerator.backward(loss)
+                optimizer.step(); optimizer.zero_grad()
+            run.batch(batch)                      # its samples and tokens, from shapes
+            if accelerator.sync_gradients:        # an optimizer step is done
+                run.step(loss)                    # reads the loss every log_every steps only
+    # runs/acc: metrics.jsonl, summary.json, summary.md, plots/*.png
+
+turbotrain's own-loop :func:`turbotrain.track` needs turbotrain's ``Engine`` to take the steps;
+here Accelerate takes them, so :class:`AccelerateRun` is told about them instead, and writes the
+same run directory through the same monitor and report.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..base.version import __version__
+from .observer import LoopObserver
+from .recipe import Recipe, build_recipe, merge_user
+
+try:
+    import accelerate
+except ImportError:  # one line naming the package, not a chain of tracebacks
+    raise ImportError("turbotrain.integrations.accelerate needs accelerate: pip install accelerate") from None
+
+log = logging.getLogger("turbotrain.integrations")
+
+__all__ = ["AccelerateRun", "accelerator_kwargs_recipe", "recipe_to_accelerator_kwargs", "track_accelerate"]
+
+MIXED_PRECISION = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "fp32": "no"}
+TURBOTRAIN_PRECISION = {"bf16": "bf16-mixed", "fp16": "fp16-mixed", "no": "fp32", "fp8": "fp8"}
+
+
+def recipe_to_accelerator_kwargs(recipe: Recipe) -> dict[str, Any]:
+    """A :class:`~turbotrain.integrations.recipe.Recipe` as ``Accelerator`` keyword arguments
+    (mixed precision, torch.compile through ``dynamo_backend``). TF32 and the DataLoader and AdamW
+    settings are not the Accelerator's: ``recipe.apply_switches()``, ``recipe.loader_kwargs()``,
+    ``recipe.optimizer_kwargs()``."""
+    return {
+        "mixed_precision": MIXED_PRECISION[recipe.precision],
+        "dynamo_backend": "inductor" if recipe.compile else "no",
+    }
+
+
+def accelerator_kwargs_recipe(device: torch.device | str | None = None, **yours: Any) -> dict[str, Any]:
+    """``Accelerator`` keyword arguments of turbotrain's recipe for ``device``, every argument in
+    ``yours`` winning; one warning line where one of yours differs from the recipe."""
+    recipe = build_recipe(device)
+    for key, why in recipe.why.items():
+        log.info("turbotrain recipe: %s: %s", key, why)
+    return merge_user(recipe_to_accelerator_kwargs(recipe), yours, where=" (Accelerator)")
+
+
+class AccelerateRun:
+    """The run directory of an Accelerate loop: call :meth:`batch` for each micro-batch and
+    :meth:`step` after each optimizer step; :meth:`close` (or the ``with`` block's end) writes the
+    summary and report. Only the main process writes; on the others every call does nothing."""
+
+    def __init__(
+        self,
+        accelerator: Any,
+        model: nn.Module,
+        run_dir: str | Path,
+        *,
+        example_batch: Any = None,
+        loss_fn: Callable[[nn.Module, Any], Any] | None = None,
+        log_every: int = 10,
+        max_steps: int | None = None,
+        peak_tflops: float | None = None,
+        nvml: bool = True,
+        report: bool = True,
+        sinks: tuple[Any, ...] = (),
+    ) -> None:
+        if log_every < 1:
+            raise ValueError(f"log_every = {log_every!r}: give the optimizer steps between records (>= 1)")
+        self.log_every, self.report = log_every, report
+        self.steps = 0
+        self._recorded = 0  # the last step with a record
+        self._last_loss: Any = None  # the last step's loss (a device tensor: read only for a record)
+        self.summary: dict[str, Any] = {}
+        self.observer: LoopObserver | None = None
+        if not accelerator.is_main_process:
+            return
+        mixed = str(accelerator.mixed_precision)
+        self.observer = LoopObserver(
+            run_dir,
+            device=accelerator.device,
+            framework=f"accelerate {accelerate.__version__} loop (turbotrain {__version__})",
+            world=max(1, accelerator.num_processes),
+            precision=TURBOTRAIN_PRECISION.get(mixed, mixed),
+            peak_tflops=peak_tflops,
+            nvml=nvml,
+            sinks=sinks,
+            max_steps=max_steps,
+            optimizations={
+                "mixed_precision": mixed,
+                "gradient_accumulation_steps": accelerator.gradient_accumulation_steps,
+                "compile": "model" if accelerator.state.dynamo_plugin.backend.value != "NO" else "off",
+            },
+        )
+        if example_batch is not None:  # FLOPs counted once, before the clock starts
+            self.observer.count_flops(accelerator.unwrap_model(model), example_batch, loss_fn)
+        self.observer.start(0)
+
+    def batch(self, batch: Any) -> None:
+        """One training micro-batch: its samples and tokens, from shapes (no sync)."""
+        if self.observer is not None:
+            self.observer.count(batch)
+
+    def step(self, loss: Any = None, lr: float | None = None) -> None:
+        """An optimizer step is done; every ``log_every`` steps a record that reads ``loss`` (a
+        host-device sync point, once per record)."""
+        self.steps += 1
+        obs = self.observer
+        if obs is None:
+            return
+        loss = loss.detach() if isinstance(loss, torch.Tensor) else loss  # no sync
+        obs.step_end(self.steps, loss)
+        if self.steps % self.log_every == 0:
+            obs.record(self.steps, loss, lr=lr)
+            self._recorded = self.steps
+        self._last_loss = loss
+
+    def close(self, exc: BaseException | None = None) -> dict[str, Any]:
+        """The last record, summary.json and (with ``report``, when no error) plots and summary.md."""
+        obs = self.observer
+        if obs is None:
+            return {}
+        self.observer = None
+        if exc is None and self._last_loss is not None and self._recorded != self.steps:
+            obs.record(self.steps, self._last_loss)  # the last step's record
+        status = "completed" if exc is None else f"failed: {type(exc).__name__}: {exc}"
+        self.summary = obs.close(status, report=self.report)
+        return self.summary
+
+    def __enter__(self) -> AccelerateRun:
+        return self
+
+    def __exit__(self, kind: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close(exc)
+
+
+def track_accelerate(
+    accelerator: Any, model: nn.Module, run_dir: str | Path, **options: Any
+) -> AccelerateRun:
+    """An :class:`AccelerateRun` for this Accelerate loop in ``run_dir``. Options: ``example_batch``
+    (FLOPs, so TFLOP/s and MFU), ``loss_fn(model, batch)`` for it (default ``model(**batch)``),
+    ``log_every``, ``max_steps``, ``peak_tflops``, ``nvml``, ``report``, ``sinks``."""
+    return AccelerateRun(accelerator, model, run_dir, **options)

@@ -1,0 +1,216 @@
+"""turbotrain inside a Hugging Face ``Trainer``: a callback for its monitoring, run directory and
+report, and the ``TrainingArguments`` of turbotrain's recipe (``pip install 'turbotrain[hf]'``)::
+
+    from turbotrain.integrations.hf import TurbotrainCallback, training_args_recipe
+
+    args = TrainingArguments("out", **training_args_recipe(per_device_train_batch_size=8))
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[TurbotrainCallback()])
+    trainer.train()   # out/turbotrain: metrics.jsonl, summary.json, summary.md, plots/*.png
+
+What the callback records, at the Trainer's own logging steps (``logging_steps``): the loss the
+Trainer logged (it has read it already: the callback adds no host-device sync), samples/s and
+tokens/s (counted from the shapes of the batches the model receives: a forward pre-hook, skipped
+by torch.compile), achieved TFLOP/s and MFU (FLOPs counted once, for this model, on its first
+batch), memory and GPU utilisation on CUDA, evaluation losses; at the end, compiles and
+recompiles with their causes, time to first step, and the report. Only the main process writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..base.version import __version__
+from .observer import LoopObserver
+from .recipe import Recipe, build_recipe, merge_user
+
+try:
+    import transformers
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+except ImportError:  # one line naming the extra, not a chain of tracebacks
+    raise ImportError("turbotrain.integrations.hf needs transformers: pip install 'turbotrain[hf]'") from None
+
+log = logging.getLogger("turbotrain.integrations")
+
+__all__ = ["TurbotrainCallback", "training_args_recipe", "recipe_to_training_args"]
+
+# Settings that only make sense together: once you give one, the recipe's others step aside.
+GROUPS = (
+    ("bf16", "fp16"),
+    ("dataloader_num_workers", "dataloader_persistent_workers", "dataloader_prefetch_factor"),
+    ("torch_compile", "torch_compile_mode", "torch_compile_backend"),
+)
+
+
+def recipe_to_training_args(recipe: Recipe) -> dict[str, Any]:
+    """A :class:`~turbotrain.integrations.recipe.Recipe` as ``TrainingArguments`` keyword arguments."""
+    out: dict[str, Any] = {
+        "bf16": recipe.precision == "bf16-mixed",
+        "fp16": recipe.precision == "fp16-mixed",
+        "optim": "adamw_torch_fused" if recipe.optimizer == "fused" else "adamw_torch",
+        "torch_compile": recipe.compile,
+        "dataloader_num_workers": recipe.num_workers,
+        "dataloader_pin_memory": recipe.pin_memory,
+        "dataloader_persistent_workers": recipe.persistent_workers,
+        "dataloader_prefetch_factor": recipe.prefetch_factor,
+    }
+    if recipe.tf32:  # TrainingArguments refuses tf32=True on a device without TF32
+        out["tf32"] = True
+    if recipe.compile and recipe.compile_mode != "default":
+        out["torch_compile_mode"] = recipe.compile_mode
+    return out
+
+
+def training_args_recipe(device: torch.device | str | None = None, **yours: Any) -> dict[str, Any]:
+    """``TrainingArguments`` keyword arguments: turbotrain's recipe for ``device`` (default: the
+    one the Trainer will use) with every argument in ``yours`` winning. Where one of yours differs
+    from the recipe (or sets aside a setting of the recipe that only goes with it, such as ``fp16``
+    against the recipe's ``bf16``), one warning line names both. Pass the result on:
+    ``TrainingArguments(output_dir, **training_args_recipe(...))``."""
+    recipe = build_recipe(device)
+    for key, why in recipe.why.items():
+        log.info("turbotrain recipe: %s: %s", key, why)
+    return merge_user(recipe_to_training_args(recipe), yours, GROUPS, where=" (TrainingArguments)")
+
+
+def precision_of(args: TrainingArguments) -> str:
+    """turbotrain's name for the precision a Trainer runs in (for the MFU peak)."""
+    return "bf16-mixed" if args.bf16 else "fp16-mixed" if args.fp16 else "fp32"
+
+
+class TurbotrainCallback(TrainerCallback):
+    """turbotrain's monitoring, run directory and report for a ``Trainer`` run (module docstring).
+
+    ``run_dir``: where metrics.jsonl, summary.json/md and plots/ go (default
+    ``<output_dir>/turbotrain``); ``report``: plots and summary.md at the end; ``nvml``: sample GPU
+    utilisation; ``peak_tflops``: the device's dense peak for MFU where the GPU's name is not in
+    turbotrain's table (on a CPU, say); ``flops_per_sample``: skip the FLOP count and use this;
+    ``loss_fn(model, batch)``: how to get the loss for the FLOP count (default ``model(**batch)``);
+    ``sinks``: more sinks beside metrics.jsonl (objects with ``write(record)`` and ``close()``).
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path | None = None,
+        *,
+        report: bool = True,
+        nvml: bool = True,
+        peak_tflops: float | None = None,
+        flops_per_sample: float | None = None,
+        loss_fn: Any = None,
+        sinks: tuple[Any, ...] = (),
+    ) -> None:
+        self.run_dir = run_dir
+        self.report, self.nvml, self.peak_tflops = report, nvml, peak_tflops
+        self.flops_per_sample, self.loss_fn, self.sinks = flops_per_sample, loss_fn, sinks
+        self.observer: LoopObserver | None = None
+        self.summary: dict[str, Any] = {}
+        self._hook: Any = None
+        self._model: Any = None
+        self._first_batch: Any = None
+        self._step_end_t = 0.0
+        self._paused = False  # while the FLOP count runs its own forward
+
+    # ------------------------------------------------------------------ the batches
+
+    def _count(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Forward pre-hook: a training micro-batch's samples and tokens from its shapes (no sync)."""
+        if module.training and torch.is_grad_enabled() and self.observer is not None and not self._paused:
+            batch = kwargs if kwargs else args
+            self.observer.count(batch)
+            if self._first_batch is None:
+                self._first_batch = batch  # FLOPs are counted on it after the first step
+
+    # ------------------------------------------------------------------ Trainer events
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        model = kwargs.get("model")
+        if not state.is_world_process_zero or model is None:
+            return  # one process writes the run directory
+        self.observer = LoopObserver(
+            self.run_dir if self.run_dir is not None else Path(args.output_dir) / "turbotrain",
+            device=args.device,
+            framework=f"transformers {transformers.__version__} Trainer (turbotrain {__version__} callback)",
+            world=max(1, args.world_size),
+            precision=precision_of(args),
+            peak_tflops=self.peak_tflops,
+            nvml=self.nvml,
+            sinks=self.sinks,
+            max_steps=state.max_steps or None,
+            optimizations={
+                "optimizer": str(getattr(args.optim, "value", args.optim)),
+                "tf32": bool(args.tf32),
+                "compile": "model" if args.torch_compile else "off",
+                "gradient_accumulation_steps": args.gradient_accumulation_steps,
+                "num_workers": args.dataloader_num_workers,
+                "pin_memory": args.dataloader_pin_memory,
+            },
+            config={"per_device_train_batch_size": args.per_device_train_batch_size, "seed": args.seed},
+        )
+        # torch.compile runs the hook outside its graph: no recompile for the changing counts
+        self._hook = model.register_forward_pre_hook(torch.compiler.disable(self._count), with_kwargs=True)
+        self._model = model
+        self.observer.start(state.global_step)
+        if self.flops_per_sample is not None:
+            self.observer.set_flops(self.flops_per_sample, "given")
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        obs = self.observer
+        if obs is None:
+            return
+        first = state.global_step == obs.step + 1 and obs.monitor.first_step_s is None
+        obs.step_end(state.global_step)
+        if first and obs.flops_per_sample is None and self._first_batch is not None:
+            self._paused = True  # the count's own forward is not training
+            obs.count_flops(self._model, self._first_batch, self.loss_fn)
+            self._paused = False
+        self._first_batch = None if obs.flops_per_sample is not None else self._first_batch
+        self._step_end_t = time.perf_counter()
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        obs, logs = self.observer, logs or {}
+        if obs is None:
+            return
+        if "loss" in logs:  # the Trainer read the window's mean loss already: no sync here
+            obs.record(
+                state.global_step, logs["loss"], lr=logs.get("learning_rate"), grad_norm=logs.get("grad_norm")
+            )
+        elif "eval_loss" in logs:
+            skip = ("eval_loss", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second")
+            metrics = {
+                f"val_{k[5:]}": float(v)
+                for k, v in logs.items()
+                if k.startswith("eval_") and k not in skip and isinstance(v, (int, float))
+            }
+            obs.record(state.global_step, None, val_loss=float(logs["eval_loss"]), val_metrics=metrics)
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self.observer is not None:  # the checkpoint's time is not training
+            self.observer.add_side(time.perf_counter() - self._step_end_t)
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self.observer is None:
+            return
+        if self._hook is not None:
+            self._hook.remove()
+        self.summary = self.observer.close("completed", report=self.report)
+        self.observer = None

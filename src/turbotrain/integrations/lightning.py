@@ -1,0 +1,218 @@
+"""turbotrain inside a Lightning ``Trainer``: a callback for its monitoring, run directory and
+report, and the ``Trainer`` arguments of turbotrain's recipe (``pip install 'turbotrain[lightning]'``)::
+
+    from turbotrain.integrations.lightning import TurbotrainLightningCallback, trainer_kwargs_recipe
+
+    trainer = L.Trainer(max_steps=100, callbacks=[TurbotrainLightningCallback("runs/lit")],
+                        **trainer_kwargs_recipe())
+    trainer.fit(module, loader)   # runs/lit: metrics.jsonl, summary.json, summary.md, plots/*.png
+
+Every ``log_every`` optimizer steps (default: the Trainer's ``log_every_n_steps``) a record with
+the loss of the step's last micro-batch as Lightning hands it to callbacks (reading it is the one
+host-device sync, once per record), samples/s and tokens/s (counted from batch shapes), achieved
+TFLOP/s and MFU (FLOPs counted during the first optimizer step: torch's FLOP counter watching the
+step Lightning runs, so nothing extra runs and nothing is logged twice; a compiled module is not
+counted, give ``flops_per_sample``), memory and GPU utilisation on CUDA and the validation loss
+(``val_loss`` as the module logs it); at the end compiles and recompiles and the report.
+The recipe's other settings go into your own code: ``build_recipe().loader_kwargs()`` for your
+DataLoader, ``.optimizer_kwargs()`` for AdamW, ``.compile`` to ``torch.compile`` the module.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from ..base.version import __version__
+from ..loop.monitor import _EXTRA_FLOP_FORMULAS  # the CPU attention kernels' FLOP formulas
+from ..parts.hardware import tf32_enabled
+from .observer import LoopObserver
+from .recipe import Recipe, build_recipe, merge_user
+
+try:
+    import lightning
+    from lightning.pytorch import Callback, LightningModule, Trainer
+except ImportError:  # one line naming the extra, not a chain of tracebacks
+    raise ImportError(
+        "turbotrain.integrations.lightning needs lightning: pip install 'turbotrain[lightning]'"
+    ) from None
+
+log = logging.getLogger("turbotrain.integrations")
+
+__all__ = ["TurbotrainLightningCallback", "trainer_kwargs_recipe", "recipe_to_trainer_kwargs"]
+
+LIGHTNING_PRECISION = {"bf16-mixed": "bf16-mixed", "fp16-mixed": "16-mixed", "fp32": "32-true"}
+TURBOTRAIN_PRECISION = {
+    "bf16-mixed": "bf16-mixed",
+    "16-mixed": "fp16-mixed",
+    "bf16-true": "bf16-true",
+    "32-true": "fp32",
+    "32": "fp32",
+}
+
+
+def recipe_to_trainer_kwargs(recipe: Recipe) -> dict[str, Any]:
+    """A :class:`~turbotrain.integrations.recipe.Recipe` as ``lightning.pytorch.Trainer`` keyword
+    arguments (precision, cuDNN autotuning). TF32 has no Trainer argument: the callback leaves it
+    alone, call ``recipe.apply_switches()`` before ``fit``."""
+    return {"precision": LIGHTNING_PRECISION[recipe.precision], "benchmark": recipe.cudnn_benchmark}
+
+
+def trainer_kwargs_recipe(device: torch.device | str | None = None, **yours: Any) -> dict[str, Any]:
+    """``Trainer`` keyword arguments of turbotrain's recipe for ``device`` (default: the one
+    Lightning picks), every argument in ``yours`` winning; one warning line where one of yours
+    differs from the recipe."""
+    recipe = build_recipe(device)
+    for key, why in recipe.why.items():
+        log.info("turbotrain recipe: %s: %s", key, why)
+    return merge_user(recipe_to_trainer_kwargs(recipe), yours, where=" (lightning Trainer)")
+
+
+def _loss_of(outputs: Any) -> Any:
+    """The loss in what ``training_step`` returned, as Lightning passes it to callbacks."""
+    if isinstance(outputs, dict):
+        return outputs.get("loss")
+    return outputs if isinstance(outputs, torch.Tensor) else None
+
+
+class TurbotrainLightningCallback(Callback):
+    """turbotrain's monitoring, run directory and report for a Lightning run (module docstring).
+
+    ``run_dir``: default ``<default_root_dir>/turbotrain``; ``log_every``: optimizer steps between
+    records (default: the Trainer's ``log_every_n_steps``); ``peak_tflops``: the device's dense
+    peak where the GPU's name is not in turbotrain's table (a CPU, say); ``flops_per_sample``: use
+    this instead of counting; ``report``, ``nvml``, ``sinks``: as for the Hugging Face callback.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path | None = None,
+        *,
+        log_every: int | None = None,
+        report: bool = True,
+        nvml: bool = True,
+        peak_tflops: float | None = None,
+        flops_per_sample: float | None = None,
+        sinks: tuple[Any, ...] = (),
+    ) -> None:
+        if log_every is not None and log_every < 1:
+            raise ValueError(f"log_every = {log_every!r}: give the optimizer steps between records (>= 1)")
+        self.run_dir, self.log_every = run_dir, log_every
+        self.report, self.nvml, self.peak_tflops = report, nvml, peak_tflops
+        self.flops_per_sample, self.sinks = flops_per_sample, sinks
+        self.observer: LoopObserver | None = None
+        self.summary: dict[str, Any] = {}
+        self._every = 1
+        self._counter: FlopCounterMode | None = None
+        self._counted = (0, 0)  # samples and tokens under the FLOP counter
+        self._val_t0 = 0.0
+        self._to_count = False  # the first optimizer step's FLOPs are still to be counted
+        self._last_loss: Any = None  # the last step's loss (a device tensor: not read unless needed)
+
+    # ------------------------------------------------------------------ Trainer events
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return  # one process writes the run directory
+        precision = TURBOTRAIN_PRECISION.get(str(trainer.precision), str(trainer.precision))
+        self._every = self.log_every or trainer.log_every_n_steps or 50
+        self.observer = LoopObserver(
+            self.run_dir if self.run_dir is not None else Path(trainer.default_root_dir) / "turbotrain",
+            device=pl_module.device,
+            framework=f"lightning {lightning.__version__} Trainer (turbotrain {__version__} callback)",
+            world=max(1, trainer.world_size),
+            precision=precision,
+            peak_tflops=self.peak_tflops,
+            nvml=self.nvml,
+            sinks=self.sinks,
+            max_steps=trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None,
+            optimizations={
+                "lightning precision": str(trainer.precision),
+                "accumulate_grad_batches": trainer.accumulate_grad_batches,
+                "compile": "model" if getattr(pl_module, "_compiler_ctx", None) else "off",
+                "tf32": tf32_enabled() and pl_module.device.type == "cuda",
+            },
+        )
+        self.observer.start(trainer.global_step)
+        if self.flops_per_sample is not None:
+            self.observer.set_flops(self.flops_per_sample, "given")
+        elif getattr(pl_module, "_compiler_ctx", None):
+            log.info("FLOPs not counted for a compiled module: pass flops_per_sample for TFLOP/s and MFU")
+        else:
+            self._to_count = True
+
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        obs = self.observer
+        if obs is not None and self._to_count and self._counter is None:  # the first step: count it
+            self._counter = FlopCounterMode(display=False, custom_mapping=_EXTRA_FLOP_FORMULAS)
+            self._counter.__enter__()
+            self._counted = (obs.samples, obs.tokens)
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        obs = self.observer
+        if obs is None:
+            return
+        obs.count(batch)
+        step = trainer.global_step
+        if step == obs.step:
+            return  # gradient accumulation: the optimizer step is not done yet
+        loss = self._last_loss = _loss_of(outputs)
+        if self._counter is not None:
+            self._end_count()
+        obs.step_end(step, loss)
+        if step % self._every == 0:
+            obs.record(
+                step, loss, lr=trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else None
+            )
+
+    def _end_count(self) -> None:
+        """The first step's FLOPs over its samples: FLOPs per sample (and per token)."""
+        obs, counter = self.observer, self._counter
+        assert obs is not None and counter is not None
+        counter.__exit__(None, None, None)
+        self._counter, self._to_count = None, False
+        samples, tokens = obs.samples - self._counted[0], obs.tokens - self._counted[1]
+        if samples and counter.get_total_flops():
+            obs.set_flops(
+                counter.get_total_flops() / samples, "torch.utils.flop_counter (first step)", tokens / samples
+            )
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._val_t0 = time.perf_counter()
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        obs = self.observer
+        if obs is None or trainer.sanity_checking:
+            return
+        obs.add_side(time.perf_counter() - self._val_t0)
+        val = trainer.callback_metrics.get("val_loss")
+        if val is not None:  # validation has synced already: one more read of its result
+            obs.record(trainer.global_step, None, val_loss=float(val))
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._finish("completed")
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._finish(f"failed: {type(exception).__name__}: {exception}")
+
+    def _finish(self, status: str) -> None:
+        obs = self.observer
+        if obs is None:
+            return
+        if self._counter is not None:
+            self._counter.__exit__(None, None, None)
+            self._counter = None
+        last = next((r for r in reversed(obs.monitor.records) if "loss" in r), {})
+        if status == "completed" and last.get("step") != obs.step and self._last_loss is not None:
+            obs.record(obs.step, self._last_loss)
+        self.summary = obs.close(status, report=self.report)
+        self.observer = None

@@ -1,0 +1,236 @@
+"""turbotrain's monitoring, run directory and report for a training loop it does not drive.
+
+The Hugging Face and Lightning callbacks and the Accelerate helper all feed one
+:class:`LoopObserver` with what their trainer tells them: the batches (counted from their shapes,
+host-side: no sync), the end of each optimizer step, and on logging steps the loss. It reuses
+turbotrain's pieces unchanged: the :class:`~turbotrain.loop.monitor.Monitor` (windowed samples/s and
+tokens/s; memory and NVML probes on CUDA), FLOPs counted for the model
+(:func:`~turbotrain.loop.monitor.estimate_flops_per_sample`, or a count of a real step) for achieved
+TFLOP/s and MFU, the :class:`~turbotrain.core.compile_guard.CompileGuard` (compiles, recompiles and
+their causes) and the report (``summary.json``, ``summary.md``, ``plots/``).
+
+Host-device syncs: none of its own per step. A record reads the loss it is handed (a float the
+trainer already read, or a device tensor: one sync per logging step, marked there); on CUDA the
+first step's end is synchronised once, to time it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..app.doctor import collect_hardware
+from ..app.report import write_report, write_summary
+from ..base.batch import batch_size, token_count
+from ..base.rundir import METRICS_FILE
+from ..core.compile_guard import CompileGuard
+from ..loop.monitor import JsonlSink, MfuProbe, Monitor, ProgressSink, build_probes, estimate_flops_per_sample
+from ..parts.hardware import DeviceSpec, lookup_peak
+
+log = logging.getLogger("turbotrain.integrations")
+
+__all__ = ["LoopObserver", "peak_spec"]
+
+
+def peak_spec(device: torch.device, peak_tflops: float | None = None) -> DeviceSpec | None:
+    """The datasheet peak MFU is measured against: ``peak_tflops`` (dense TFLOP/s of one device,
+    whatever the precision) when given, else looked up from the GPU's name; None on a CPU or an
+    unknown GPU (MFU is then left out, the achieved TFLOP/s still recorded)."""
+    if peak_tflops is not None:
+        if not peak_tflops > 0:
+            raise ValueError(f"peak_tflops = {peak_tflops!r}: give the device's dense peak in TFLOP/s (> 0)")
+        p = float(peak_tflops)
+        return DeviceSpec(f"given peak {p:g} TFLOP/s", p, p, p, p, p, 0.0)
+    return lookup_peak(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+
+
+class _LateMfu:
+    """The MFU probe once FLOPs are known (after the first step); nothing before."""
+
+    def __init__(self) -> None:
+        self.probe: MfuProbe | None = None
+
+    def __call__(self, record: dict[str, Any]) -> dict[str, Any]:
+        return self.probe(record) if self.probe is not None else {}
+
+
+class LoopObserver:
+    """The run directory of one training run in another trainer (see the module docstring).
+
+    ``framework``: what drives the loop, for the summary ("transformers 5.24.0"); ``world``: the
+    data-parallel processes (rates are the run's: this process's counts x world; only the process
+    that writes makes an observer); ``precision``: turbotrain's name of the precision in use (the
+    peak MFU is measured against); ``peak_tflops``: see :func:`peak_spec`; ``sinks``: more sinks
+    beside metrics.jsonl; ``optimizations`` and ``config``: what summary.md lists.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        device: torch.device | str,
+        framework: str,
+        world: int = 1,
+        precision: str = "fp32",
+        peak_tflops: float | None = None,
+        nvml: bool = True,
+        progress_steps: int | None = None,
+        sinks: Iterable[Any] = (),
+        optimizations: Mapping[str, Any] | None = None,
+        config: Mapping[str, Any] | None = None,
+        max_steps: int | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.device = torch.device(device)
+        self.framework, self.world, self.precision = framework, world, precision
+        self.optimizations = dict(optimizations or {})
+        self.config = dict(config or {})
+        self.max_steps = max_steps
+        self.spec = peak_spec(self.device, peak_tflops)
+        if self.spec is None:
+            log.info(
+                "MFU left out: no datasheet peak for %s (achieved TFLOP/s is still recorded)", self.device
+            )
+        all_sinks: list[Any] = [JsonlSink(self.run_dir / METRICS_FILE), *sinks]
+        if progress_steps:
+            all_sinks.append(ProgressSink(progress_steps))
+        self.mfu = _LateMfu()
+        probes = [*build_probes(self.device, precision=precision, nvml_enabled=nvml), self.mfu]
+        # interval 0: the observer decides the logging steps (its trainer's), the Monitor never does
+        self.monitor = Monitor(0, all_sinks, probes, world=world)
+        self.guard = CompileGuard()
+        self.samples = 0  # this process's, counted from batch shapes
+        self.tokens = 0
+        self.step = 0
+        self.side_s = 0.0  # seconds of work that is not training (FLOP count, checkpoints)
+        self.flops_per_sample: float | None = None
+        self.flops_source = ""
+        self._start = time.perf_counter()
+        self._first = -1
+        self._closed = False
+
+    # ------------------------------------------------------------------ events
+
+    def start(self, step: int = 0) -> None:
+        """Training starts (or resumes) at optimizer step ``step``: the clocks and counters start."""
+        self.step, self._first = step, step + 1
+        self.guard.start()
+        self.monitor.start(step, self.samples, self.tokens)
+        self._start = time.perf_counter()
+
+    def count(self, batch: Any) -> None:
+        """One training micro-batch: its samples and tokens, from shapes (no sync)."""
+        self.samples += batch_size(batch)
+        self.tokens += token_count(batch)
+
+    def step_end(self, step: int, loss: Any = None) -> None:
+        """Optimizer step ``step`` is done. On the first one: the time to first step (on CUDA one
+        host-device sync, once, unless ``loss`` is a CUDA tensor the Monitor synchronises on)."""
+        self.step = step
+        if step == self._first:
+            if self.device.type == "cuda" and not (isinstance(loss, torch.Tensor) and loss.is_cuda):
+                torch.cuda.synchronize(self.device)  # host-device sync point, once: time to first step
+            self.monitor.observe(step, loss, samples=self.samples, tokens=self.tokens, side_s=self.side_s)
+
+    def record(
+        self,
+        step: int,
+        loss: Any = None,
+        *,
+        lr: float | None = None,
+        grad_norm: Any = None,
+        val_loss: float | None = None,
+        val_metrics: dict[str, float] | None = None,
+    ) -> dict[str, Any] | None:
+        """A logging step's record: ``loss`` (a float, or a device tensor read here: a host-device
+        sync point) and the window's throughput, TFLOP/s, MFU, memory and GPU utilisation."""
+        self.step = max(self.step, step)
+        self.guard.check(step)  # host dictionaries only
+        return self.monitor.observe(
+            step,
+            loss,
+            lr=lr,
+            grad_norm=grad_norm,
+            samples=self.samples,
+            tokens=self.tokens,
+            val_loss=val_loss,
+            val_metrics=val_metrics,
+            precision=self.precision,
+            side_s=self.side_s,
+            force=True,
+        )
+
+    def add_side(self, seconds: float) -> None:
+        """``seconds`` of work that is not training (a checkpoint), left out of the throughput."""
+        self.side_s += max(0.0, seconds)
+
+    # ------------------------------------------------------------------ FLOPs
+
+    def set_flops(self, flops_per_sample: float, source: str, tokens_per_sample: float = 0.0) -> None:
+        """Training FLOPs per sample (and the tokens per sample they were counted on; 0 for data
+        without tokens): from now on each record has TFLOP/s, and MFU where a peak is known."""
+        self.flops_per_sample, self.flops_source = float(flops_per_sample), source
+        self.mfu.probe = MfuProbe(
+            self.flops_per_sample, self.spec, self.precision, source, self.world, tokens_per_sample
+        )
+
+    def count_flops(
+        self, model: nn.Module, batch: Any, loss_fn: Callable[[nn.Module, Any], Any] | None = None
+    ) -> None:
+        """FLOPs per sample counted once on ``batch`` (one eager forward and backward, RNG and
+        buffers restored, nothing left in ``.grad``); its time is left out of the throughput. A
+        model the counter cannot run is one warning line, and the run goes on without MFU."""
+        t0 = time.perf_counter()
+        try:
+            flops, source = estimate_flops_per_sample(model, batch, loss_fn)
+        except Exception as exc:  # an optional measurement: training goes on without it
+            log.warning("FLOPs not counted, so no TFLOP/s or MFU (%s: %s)", type(exc).__name__, exc)
+            return
+        finally:
+            self.add_side(time.perf_counter() - t0)
+        self.set_flops(flops, source, token_count(batch) / batch_size(batch))
+
+    # ------------------------------------------------------------------ the end
+
+    def facts(self, status: str) -> dict[str, Any]:
+        """What summary.json says beyond the metrics (the keys :func:`turbotrain.app.report.format_markdown` reads)."""
+        peak = self.mfu.probe.peak_tflops() if self.mfu.probe is not None else None
+        return {
+            "run": self.run_dir.name,
+            "status": status,
+            "framework": self.framework,
+            "steps": self.step,
+            **({"max_steps": self.max_steps} if self.max_steps else {}),
+            "samples": self.samples * self.world,
+            "tokens": self.tokens * self.world,
+            "world_size": self.world,
+            "first_step_s": self.monitor.first_step_s,
+            "elapsed_s": round(time.perf_counter() - self._start, 3),
+            "events": [],
+            "hardware": collect_hardware(self.device),
+            "flops_per_sample": self.flops_per_sample,
+            "flops_source": self.flops_source or None,
+            "peak_tflops": peak,
+            "compile": self.guard.summary(),
+            "optimizations": {"precision": self.precision, **self.optimizations},
+            **({"config": self.config} if self.config else {}),
+        }
+
+    def close(self, status: str = "completed", report: bool = True) -> dict[str, Any]:
+        """The sinks closed, summary.json written and (with ``report``, when the run completed)
+        the plots and summary.md. Returns the summary; idempotent."""
+        if self._closed:
+            return {}
+        self._closed = True
+        self.monitor.close()
+        summary = write_summary(self.run_dir, self.facts(status), self.monitor.records)
+        if report and status == "completed":
+            summary = write_report(self.run_dir).summary
+        return summary

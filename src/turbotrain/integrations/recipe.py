@@ -1,0 +1,173 @@
+"""turbotrain's recipe for this machine, for trainers turbotrain does not drive (Hugging Face
+``Trainer``, Lightning, Accelerate).
+
+Why: the speed settings ``turbotrain train`` and ``Engine()`` pick (precision from the device's
+capability, TF32, the fused AdamW kernel, compile, DataLoader workers and pinning) are worth the
+same in another trainer, but each spells them its own way. :func:`build_recipe` resolves them once,
+through the same functions the engine uses (so the facts live where they were measured:
+``resolve_precision``, ``resolve_scope``, ``resolve_implementation``, ``resolve_loader_settings``);
+each integration maps the :class:`Recipe` to its own arguments, and :func:`merge_user` lets every
+setting the user gave win, with one log line per setting where the user and the recipe differ.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..base.config import RunConfig
+from ..core.optim import resolve_implementation
+from ..core.precision import DeviceCaps, apply_backend_switches, resolve_precision
+from ..core.transforms import resolve_scope
+from ..parts.data.loader import resolve_loader_settings
+
+log = logging.getLogger("turbotrain.integrations")
+
+__all__ = ["Recipe", "build_recipe", "default_device", "merge_user"]
+
+
+def default_device() -> torch.device:
+    """The device a trainer picks by itself: the current CUDA device when there is one, else the CPU."""
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if torch.cuda.is_available()
+        else torch.device("cpu")
+    )
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """turbotrain's speed settings for one device, resolved (no ``auto`` left)."""
+
+    device: str  # "cuda:0", "cpu"
+    precision: str  # "bf16-mixed", "fp16-mixed" or "fp32" (turbotrain's names)
+    tf32: bool  # TF32 tensor-core matmuls for fp32 work (CUDA compute capability >= 8.0 only)
+    cudnn_benchmark: bool
+    compile: bool  # torch.compile the model (CUDA: yes; CPU: ~40 s to compile for ~6 %, so no)
+    compile_mode: str
+    optimizer: str  # AdamW kernel: "fused" or "foreach"
+    num_workers: int  # DataLoader worker processes
+    pin_memory: bool
+    prefetch_factor: int | None  # batches each worker keeps ready (None without workers)
+    why: dict[str, str] = field(default_factory=dict)  # setting -> the reason, one line each
+
+    @property
+    def persistent_workers(self) -> bool:
+        """Keep the workers between epochs (only meaningful with workers)."""
+        return self.num_workers > 0
+
+    def loader_kwargs(self) -> dict[str, Any]:
+        """``torch.utils.data.DataLoader`` keyword arguments of the recipe."""
+        return {
+            "num_workers": self.num_workers,
+            "pin_memory": self.pin_memory,
+            "persistent_workers": self.persistent_workers,
+            **({"prefetch_factor": self.prefetch_factor} if self.num_workers > 0 else {}),
+        }
+
+    def optimizer_kwargs(self) -> dict[str, Any]:
+        """``torch.optim.AdamW`` keyword arguments of the recipe (``fused`` or ``foreach``)."""
+        return {self.optimizer: True}
+
+    def apply_switches(self) -> dict[str, bool]:
+        """Set the process-wide switches of the recipe (TF32 and cuDNN autotuning on CUDA; denormal
+        flushing on CPU) as ``Engine()`` does; returns them as they now stand. A trainer with its own
+        argument for a switch (``TrainingArguments.tf32``) does not need this."""
+        return apply_backend_switches(
+            torch.device(self.device), tf32=self.tf32, cudnn_benchmark=self.cudnn_benchmark
+        )
+
+
+def build_recipe(device: torch.device | str | None = None, config: RunConfig | None = None) -> Recipe:
+    """The recipe ``Engine()`` would use on ``device`` (default: :func:`default_device`), from the
+    defaults of a :class:`RunConfig` (or ``config``'s settings: a measured or tuned config)."""
+    device = torch.device(device) if device is not None else default_device()
+    config = config or RunConfig()
+    caps = DeviceCaps.of(device)
+    precision = resolve_precision(config.precision.mode, caps, config.precision)
+    tf32 = config.precision.tf32 and caps.capability is not None and caps.capability >= (8, 0)
+    cuda = device.type == "cuda"
+    compile_scope = resolve_scope(config.compile.scope, device)
+    optimizer = resolve_implementation(config.optim.implementation, device)
+    optimizer = optimizer if optimizer in ("fused", "foreach") else "foreach"
+    loader = resolve_loader_settings(
+        device, config.data.num_workers, config.data.pin_memory, config.data.prefetch_factor
+    )
+    where = f"CUDA sm_{caps.capability[0]}{caps.capability[1]}" if caps.capability else device.type.upper()
+    why = {
+        "precision": {
+            "bf16-mixed": f"{where}: bf16 autocast, no loss scaling",
+            "fp16-mixed": f"{where}: no bf16 units, fp16 autocast with loss scaling",
+            "fp32": f"{where}: fp32 (bf16 autocast on a CPU without bf16 units ran ~14x slower)",
+        }.get(precision, f"{where}: {precision}"),
+        "tf32": f"{where}: TF32 matmuls for fp32 work" if tf32 else f"{where}: no TF32 tensor cores",
+        "compile": "torch.compile the model (CUDA)"
+        if compile_scope != "off"
+        else f"{where}: eager (compiling costs ~40 s on a small CPU model for ~6 %)",
+        "optimizer": f"AdamW {optimizer}: one kernel for all parameters"
+        if optimizer == "fused"
+        else f"AdamW {optimizer}: no fused kernel for {device.type} in this torch",
+        "loader": f"{loader.num_workers} DataLoader workers"
+        + (" (persistent)" if loader.num_workers else " (training threads use every core)")
+        + (", pinned host memory" if loader.pin_memory else ""),
+    }
+    return Recipe(
+        device=str(device),
+        precision=precision,
+        tf32=tf32,
+        cudnn_benchmark=config.precision.cudnn_benchmark and cuda,
+        compile=compile_scope != "off",
+        compile_mode=config.compile.mode,
+        optimizer=optimizer,
+        num_workers=loader.num_workers,
+        pin_memory=loader.pin_memory,
+        prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
+        why=why,
+    )
+
+
+def merge_user(
+    recipe: Mapping[str, Any],
+    user: Mapping[str, Any],
+    groups: Iterable[tuple[str, ...]] = (),
+    *,
+    where: str = "",
+) -> dict[str, Any]:
+    """``recipe``'s settings with every one in ``user`` winning. A ``group`` holds settings that
+    only make sense together (``bf16``/``fp16``; workers, persistence and prefetch): once the user
+    gives one of a group, the recipe's others of that group are dropped too. One warning line per
+    recipe setting the user overrode with a different value or dropped this way, naming both."""
+    merged = dict(recipe)
+    dropped: dict[str, str] = {}
+    for group in groups:
+        given = [k for k in group if k in user]
+        if given:
+            for key in group:
+                if key not in user and key in merged:
+                    dropped[key] = ", ".join(f"{k} = {user[k]!r}" for k in given)
+                    del merged[key]
+    for key, value in user.items():
+        if key in recipe and recipe[key] != value:
+            log.warning(
+                "turbotrain recipe%s: %s = %r; you set %s = %r: yours is kept",
+                where,
+                key,
+                recipe[key],
+                key,
+                value,
+            )
+    for key, because in dropped.items():
+        if recipe[key] is not None:
+            log.warning(
+                "turbotrain recipe%s: %s = %r left out because you set %s: yours is kept",
+                where,
+                key,
+                recipe[key],
+                because,
+            )
+    merged.update(user)
+    return merged
