@@ -69,6 +69,10 @@ SKIPPED = {
     "turbotrain bench": "contenders in separate processes; tests/integration/test_bench_compare.py",
     "python benchmarks/checkpoint_stall.py": "a benchmark (timed rounds of checkpoint writes)",
     "python benchmarks/distributed_overhead.py": "a benchmark of torchrun launches (minutes)",
+    "python examples/hf_trainer.py": "tests/integration/test_integrations.py runs it (5 steps)",
+    "python examples/lightning_module.py": "tests/integration/test_integrations.py runs it (5 steps)",
+    "python examples/accelerate_loop.py": "tests/integration/test_integrations.py runs it (5 steps)",
+    "python benchmarks/integration_overhead.py": "a benchmark (interleaved Trainer runs, minutes)",
 }
 
 # Command prefix -> why it is parsed and its config validated, not run.
@@ -118,6 +122,13 @@ PYTHON: dict[tuple[str, str], tuple[str, str] | str] = {
     ("README.md", "from turbotrain import MoE"): (
         "import torch\nfrom torch import nn",
         "assert Net()(torch.randn(4, 784)).shape == (4, 10)",
+    ),
+    ("integrations.md", "from accelerate import Accelerator"): (
+        "import torch\nfrom torch.utils.data import DataLoader\n"
+        "from transformers import GPT2Config, GPT2LMHeadModel\n"
+        "dataset = [{'input_ids': r, 'labels': r} for r in torch.randint(0, 64, (32, 16))]\n"
+        "model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))",
+        "assert run.steps == 2 and Path('runs/acc/summary.json').is_file()",
     ),
     (
         "precision.md",
