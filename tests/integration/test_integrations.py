@@ -163,7 +163,9 @@ def test_accelerate_loop_tracked_trains_the_same(tmp_path):
         model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
         batches = list(loader)[:STEPS]
         tracker = (
-            track_accelerate(accelerator, model, run_dir, example_batch=batches[0], log_every=4, peak_tflops=PEAK)
+            track_accelerate(
+                accelerator, model, run_dir, example_batch=batches[0], log_every=4, peak_tflops=PEAK
+            )
             if run_dir
             else None
         )
@@ -190,7 +192,9 @@ def test_recipe_arguments_are_accepted_and_yours_win(tmp_path, caplog):
     assert kwargs["optim"] == "adamw_torch" and kwargs["dataloader_num_workers"] == 2
     assert "dataloader_persistent_workers" not in kwargs and kwargs["dataloader_pin_memory"] is False
     lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert any("optim = 'adamw_torch_fused'; you set optim = 'adamw_torch': yours is kept" in m for m in lines)
+    assert any(
+        "optim = 'adamw_torch_fused'; you set optim = 'adamw_torch': yours is kept" in m for m in lines
+    )
     assert any("dataloader_num_workers = 0; you set dataloader_num_workers = 2" in m for m in lines)
     TrainingArguments(str(tmp_path), use_cpu=True, **kwargs)  # transformers accepts every one
     assert trainer_kwargs_recipe("cpu") == {"precision": "32-true", "benchmark": False}

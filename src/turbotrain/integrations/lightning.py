@@ -29,7 +29,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..base.version import __version__
-from ..loop.monitor import _EXTRA_FLOP_FORMULAS  # the CPU attention kernels' FLOP formulas
+from ..loop.monitor.flops import _EXTRA_FLOP_FORMULAS  # the CPU attention kernels' FLOP formulas
 from ..parts.hardware import tf32_enabled
 from .observer import LoopObserver
 from .recipe import Recipe, build_recipe, merge_user

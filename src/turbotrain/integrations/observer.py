@@ -26,7 +26,8 @@ import torch
 from torch import nn
 
 from ..app.doctor import collect_hardware
-from ..app.report import write_report, write_summary
+from ..app.report import write_report
+from ..app.summary import write_summary
 from ..base.batch import batch_size, token_count
 from ..base.rundir import METRICS_FILE
 from ..core.compile_guard import CompileGuard
