@@ -3,7 +3,8 @@
 Reads what a run leaves behind (``metrics.jsonl``, ``config.toml``, ``summary.json``) and writes
 ``plots/*.png`` (loss, learning rate, throughput, MFU, memory, GPU utilisation against step:
 :mod:`turbotrain.app.plots`), ``summary.md`` and ``summary.json`` (:mod:`turbotrain.app.summary`,
-its only writer). A crashed run is fine: a last line cut off mid-write is skipped and reported,
+its only writer), and hands the summary and the plots to the experiment trackers the run logged
+to (:func:`turbotrain.loop.monitor.trackers.publish`). A crashed run is fine: a last line cut off mid-write is skipped and reported,
 and a plot whose metric was never recorded (memory and MFU on a CPU) is skipped with the reason.
 
 summary.md is a list of sections (:data:`SECTIONS`), each a function of the summary returning its
@@ -23,6 +24,7 @@ from ..base.atomic import atomic_write
 from ..base.errors import TurbotrainError
 from ..base.records import metric_keys, read_metrics
 from ..base.rundir import CONFIG_FILE, METRICS_FILE, PLOTS_DIR, SUMMARY_FILE, SUMMARY_MD
+from ..loop.monitor.trackers import publish
 from . import expert_report
 from .plots import NO_FLOPS, PLOTS, PlotSpec, Series, plots_for, write_plots
 from .summary import steady_records, summarize_records, write_summary
@@ -364,4 +366,7 @@ def write_report(run_dir: str | Path) -> ReportResult:
         **({"experts": expert_report.summarize(experts)} if experts is not None else {}),
     )
     atomic_write(data.path / SUMMARY_MD, format_markdown(summary))
-    return ReportResult(data.path, plots, skipped, data.problems, summary)
+    # the experiment trackers the run logged to (trackers.json): the summary, the plots as artefacts
+    files = [data.path / p for p in plots] + [data.path / SUMMARY_FILE, data.path / SUMMARY_MD]
+    problems = data.problems + publish(data.path, summary, files)
+    return ReportResult(data.path, plots, skipped, problems, summary)

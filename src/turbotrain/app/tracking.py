@@ -34,7 +34,7 @@ from ..base.rundir import CHECKPOINTS
 from ..core.engine import Engine, LossFn, default_loss
 from ..loop.checkpoint import Checkpointer, restore_latest, run_state
 from ..loop.hooks import FitContext, HookList
-from ..loop.monitor import MfuProbe, Monitor
+from ..loop.monitor import MfuProbe, Monitor, TrackerOptions
 from ..loop.run_hooks import MonitorPlan, build_hooks, build_monitor
 from .doctor import collect_hardware
 from .report import write_report, write_summary
@@ -87,6 +87,9 @@ class Tracker:
         progress: bool = True,
         nvml: bool = True,
         report: bool = True,
+        trackers: Iterable[str] = (),
+        config: dict[str, Any] | None = None,
+        project: str = "turbotrain",
     ) -> None:
         self.engine, self.run_dir, self.report = engine, Path(run_dir), report
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -100,7 +103,14 @@ class Tracker:
             engine,
             model,
             example_batch,
-            MonitorPlan(log_every, self.run_dir, progress_steps=max_steps if progress else None, nvml=nvml),
+            MonitorPlan(
+                log_every,
+                self.run_dir,
+                progress_steps=max_steps if progress else None,
+                nvml=nvml,
+                trackers=tuple(trackers),
+                tracker_options=TrackerOptions(project=project, name=self.run_dir.name, config=config or {}),
+            ),
             loss_fn=loss_fn,
         )
         hooks = build_hooks(  # evaluation before the monitor, the checkpointer last (run_hooks explains)
@@ -182,5 +192,7 @@ def track(
     (progress bar length), ``eval_batches`` + ``eval_every``, ``checkpoint_every`` (0 = at the
     end only; None = no checkpoints) + ``keep_last``, ``resume`` (load the newest checkpoint in
     ``run_dir`` first; ``engine.state.batches`` is then the data position), ``scheduler``,
-    ``progress``, ``nvml``, ``report`` (plots and summary.md at the end)."""
+    ``progress``, ``nvml``, ``report`` (plots and summary.md at the end), ``trackers`` (any of
+    ``"wandb"``, ``"mlflow"``, ``"trackio"``: the same records, ``config`` (your hyperparameters)
+    once, the summary and plots at the end, under ``project``)."""
     return Tracker(engine, model, optimizer, run_dir, **options)

@@ -67,7 +67,7 @@ from ..loop.checkpoint import saved_world as saved_world_of
 from ..loop.fit import fit
 from ..loop.hooks import FitContext, Hook, StopAfter, StopOnSignal
 from ..loop.monitor import Monitor
-from ..loop.run_hooks import MonitorPlan, build_hooks, build_monitor
+from ..loop.run_hooks import build_hooks, build_monitor, monitor_plan
 from ..parts.data import resolve_loader_settings
 from ..parts.data.batching import processes
 from ..parts.hardware import ram_bytes
@@ -228,16 +228,8 @@ def build_training(
         engine,
         plain,
         example,
-        MonitorPlan(
-            c.monitor.log_every,
-            run_dir if main else None,  # the other ranks measure but write nothing
-            progress_steps=c.train.max_steps if show else None,
-            nvml=c.monitor.nvml,
-            tensorboard=c.monitor.tensorboard,
-            memory_every=c.monitor.memory_every,
-            memory_warn_fraction=c.monitor.memory_warn_fraction,
-            memory_cap_fraction=c.memory.max_fraction,
-        ),
+        # the other ranks measure but write nothing
+        monitor_plan(c, run_dir if main else None, progress_steps=c.train.max_steps if show else None),
         loss_fn=loss_fn,
     )
     # reading the example and counting FLOPs (a forward: dropout, a user's augmentation) drew from them

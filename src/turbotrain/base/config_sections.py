@@ -327,6 +327,33 @@ class MonitorConfig:
     )
     nvml: bool = knob(True, "sample GPU utilisation, power and temperature with NVML on a background thread")
     tensorboard: bool = knob(False, "also log to TensorBoard (needs the tensorboard package)")
+    # the experiment trackers (loop/monitor/trackers.py) and the low-utilisation warning (monitor's)
+    wandb: bool = knob(
+        False, "also log to Weights & Biases (pip install 'turbotrain[wandb]'); offline by default"
+    )
+    wandb_mode: str = knob(
+        "offline",
+        "'offline' (written under RUN/wandb, no network; `wandb sync` uploads it) or 'online'",
+        choices=("offline", "online"),
+    )
+    mlflow: bool = knob(False, "also log to MLflow (pip install 'turbotrain[mlflow]')")
+    mlflow_uri: str = knob(
+        "", "MLflow tracking URI; '' = $MLFLOW_TRACKING_URI, else sqlite:///<run.out_dir>/mlflow.db"
+    )
+    trackio: bool = knob(
+        False, "also log to trackio (pip install 'turbotrain[trackio]'); its store is $TRACKIO_DIR"
+    )
+    project: str = knob("turbotrain", "the W&B project, MLflow experiment and trackio project runs log to")
+    util_warn_pct: float = knob(
+        80.0,
+        "warn once (log line, metrics.jsonl gpu_util_warning, summary.json event) when NVML's GPU "
+        "utilisation stays under this many percent for monitor.util_warn_s; 0 = never",
+        min=0.0,
+        max=100.0,
+    )
+    util_warn_s: float = knob(
+        120.0, "seconds of training under monitor.util_warn_pct before the warning", min=1.0, max=86400.0
+    )
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ SUMMARY_MD = "summary.md"
 CHECKPOINTS = "checkpoints"
 PLOTS_DIR = "plots"
 TENSORBOARD_DIR = "tensorboard"
+TRACKERS_FILE = "trackers.json"  # the experiment-tracker runs (W&B, MLflow, trackio) this run writes to
 BATCH_CACHE = "batch_size.json"  # the batch finder's answers for this run's settings
 TOKENIZER_FILE = "tokenizer.json"  # the run's subword tokenizer (none: bytes)
 EXPERTS_FILE = "experts.json"  # a mixture-of-experts run: tokens per expert over training, placement

@@ -24,7 +24,7 @@ from typing import Any
 
 from torch import nn
 
-from ..base.rundir import METRICS_FILE, TENSORBOARD_DIR
+from ..base.config import RunConfig
 from ..core.engine import Engine
 from ..core.optim import PlateauLR
 from .checkpoint import Checkpointer
@@ -36,7 +36,8 @@ from .lr_plateau import ObservePlateau
 # the monitor's modules, not the package: its __init__ would add a link to the layer's import chain
 from .monitor.hook import Monitor
 from .monitor.probes import build_probes
-from .monitor.sinks import JsonlSink, ProgressSink, TensorBoardSink
+from .monitor.sinks import JsonlSink, ProgressSink
+from .monitor.trackers import TRACKERS, TrackerOptions, build_sinks
 
 
 @dataclass
@@ -48,9 +49,40 @@ class MonitorPlan:
     progress_steps: int | None = None  # a progress bar up to this step; None: no bar
     nvml: bool = True
     tensorboard: bool = False
+    trackers: tuple[str, ...] = ()  # experiment trackers: "wandb", "mlflow", "trackio"
+    tracker_options: TrackerOptions | None = None  # their project, run name, config, store
     memory_every: int = -1  # monitor.memory_every (-1: with each record)
     memory_warn_fraction: float = 0.9
     memory_cap_fraction: float = 0.0
+    util_warn_pct: float = 80.0  # monitor.util_warn_pct: 0 = never
+    util_warn_s: float = 120.0
+
+
+def monitor_plan(c: RunConfig, run_dir: Path | None, progress_steps: int | None = None) -> MonitorPlan:
+    """The plan of a run's monitor from its config's ``monitor`` section (and
+    ``memory.max_fraction``): what ``turbotrain train`` measures and where it writes, the
+    experiment trackers included (named by the run directory, the whole config logged once)."""
+    m = c.monitor
+    return MonitorPlan(
+        m.log_every,
+        run_dir,
+        progress_steps=progress_steps,
+        nvml=m.nvml,
+        tensorboard=m.tensorboard,
+        trackers=tuple(t for t in TRACKERS if getattr(m, t)),
+        tracker_options=TrackerOptions(
+            project=m.project,
+            name=run_dir.name if run_dir is not None else "",
+            config=c.to_dict(),
+            wandb_mode=m.wandb_mode,
+            mlflow_uri=m.mlflow_uri,
+        ),
+        memory_every=m.memory_every,
+        memory_warn_fraction=m.memory_warn_fraction,
+        memory_cap_fraction=c.memory.max_fraction,
+        util_warn_pct=m.util_warn_pct,
+        util_warn_s=m.util_warn_s,
+    )
 
 
 def build_monitor(
@@ -61,12 +93,13 @@ def build_monitor(
     loss_fn: Callable[[nn.Module, Any], Any] | None = None,
 ) -> tuple[Monitor, JsonlSink | None]:
     """The Monitor (and its metrics.jsonl sink, for a flush before checkpoints): sinks for the run
-    directory, the progress bar and TensorBoard; probes for memory and NVML on CUDA and MFU from
+    directory (metrics.jsonl, TensorBoard, the experiment trackers), the progress bar; probes for memory and NVML on CUDA and MFU from
     FLOPs counted once on ``example``. Data parallel: the rates are the run's (x world)."""
-    jsonl = JsonlSink(plan.run_dir / METRICS_FILE) if plan.run_dir is not None else None
-    sinks: list[Any] = [jsonl] if jsonl is not None else []
-    if plan.tensorboard and plan.run_dir is not None:
-        sinks.append(TensorBoardSink(plan.run_dir / TENSORBOARD_DIR))
+    names = ["jsonl", *(["tensorboard"] if plan.tensorboard else []), *plan.trackers]
+    sinks: list[Any] = (
+        build_sinks(names, plan.run_dir, plan.tracker_options) if plan.run_dir is not None else []
+    )
+    jsonl = next((s for s in sinks if isinstance(s, JsonlSink)), None)
     if plan.progress_steps is not None:
         sinks.append(ProgressSink(plan.progress_steps, engine.state.step))
     world = engine.strategy.world

@@ -18,7 +18,7 @@ the whole run's (this rank's counts x world, every rank training an equal share)
 ``rank_tokens_per_s`` is one rank's, and MFU is over all devices (world x the datasheet peak).
 
 The package by concern: :mod:`.hook` (the Monitor, and the Sink and Probe interfaces),
-:mod:`.sinks` (JSONL, progress, TensorBoard), :mod:`.memory`, :mod:`.flops` (FLOPs and MFU),
+:mod:`.sinks` (JSONL, progress, TensorBoard), :mod:`.trackers` (W&B, MLflow, trackio), :mod:`.memory`, :mod:`.flops` (FLOPs and MFU),
 :mod:`.nvml` and :mod:`.probes` (the standard set). Everything is importable from here as before.
 """
 
@@ -30,9 +30,27 @@ from .memory import MEMORY_WARNING, MemoryProbe, collect_cuda_memory
 from .nvml import NvmlSampler
 from .probes import build_probes
 from .sinks import JsonlSink, ProgressSink, TensorBoardSink, format_record
+from .trackers import (
+    SINKS,
+    TRACKERS,
+    MlflowSink,
+    TrackerOptions,
+    TrackioSink,
+    WandbSink,
+    build_sinks,
+    publish,
+)
 
 __all__ = [
     "MEMORY_WARNING",
+    "SINKS",
+    "TRACKERS",
+    "MlflowSink",
+    "TrackerOptions",
+    "TrackioSink",
+    "WandbSink",
+    "build_sinks",
+    "publish",
     "JsonlSink",
     "MemoryProbe",
     "MfuProbe",

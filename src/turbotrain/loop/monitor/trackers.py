@@ -1,0 +1,334 @@
+"""The experiment trackers people already run, as sinks beside ``metrics.jsonl``: Weights & Biases
+(offline by default: no network, no account), MLflow (a SQLite store beside the runs, or any
+tracking URI) and trackio (its local SQLite store). Each is an optional extra
+(``pip install 'turbotrain[wandb]'``, ``[mlflow]``, ``[trackio]``); a missing package is one
+line naming it.
+
+Every numeric value of every record goes to the tracker at its step (the same history as
+metrics.jsonl), the run's config once at the start; at the end :func:`publish` (called by the
+report, after summary.json, summary.md and the plots exist) adds the summary and uploads the
+plots, summary.json and summary.md as artefacts. Which tracker runs belong to a run directory
+is kept in its ``trackers.json``, so a resumed run continues the same tracker runs and
+``turbotrain report RUN`` publishes again.
+
+Costs, measured on this CPU: W&B's init starts its wandb-core service (~1 s) and each ``log``
+hands the record to it; MLflow writes to its store on the training thread, so records are
+batched and written every ``flush_every_s`` seconds (and at the end); a new SQLite store takes
+~9 s to create its tables, once; trackio queues records for its own sender thread. Each
+tracker's threads and processes end in :meth:`close`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...base.atomic import atomic_write
+from ...base.errors import TurbotrainError
+from ...base.records import numbers
+from ...base.rundir import METRICS_FILE, TENSORBOARD_DIR, TRACKERS_FILE
+from .sinks import JsonlSink, TensorBoardSink
+
+log = logging.getLogger(__name__)
+
+TRACKERS = ("wandb", "mlflow", "trackio")  # the experiment trackers, by their config field's name
+SINKS = ("jsonl", "tensorboard", *TRACKERS)  # what build_sinks knows
+_EXTRA = {"wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow"), "trackio": ("trackio", "trackio")}
+
+
+@dataclass
+class TrackerOptions:
+    """How the tracker runs are named and where they are written (``monitor.*`` in a config)."""
+
+    project: str = "turbotrain"  # W&B project, MLflow experiment, trackio project
+    name: str = ""  # the tracker run's name; "" = the run directory's name
+    config: dict[str, Any] = field(default_factory=dict)  # the run's config, logged once
+    wandb_mode: str = "offline"  # offline: written under RUN/wandb, `wandb sync` uploads it later
+    mlflow_uri: str = ""  # "" = $MLFLOW_TRACKING_URI, else sqlite:///<the run's parent>/mlflow.db
+    flush_every_s: float = 5.0  # MLflow: seconds between batched writes
+
+
+def _import(tracker: str) -> Any:
+    """The tracker's package, or one line naming the extra to install."""
+    module, extra = _EXTRA[tracker]
+    try:
+        return __import__(module)
+    except ImportError:
+        raise TurbotrainError(
+            f"monitor.{tracker} = true needs the {module} package: pip install 'turbotrain[{extra}]' "
+            f"(or drop --monitor.{tracker})"
+        ) from None
+
+
+def _read_ids(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / TRACKERS_FILE
+    with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+        loaded = json.loads(path.read_text())
+        return loaded if isinstance(loaded, dict) else {}
+    return {}
+
+
+def _write_ids(run_dir: Path, tracker: str, ids: dict[str, Any]) -> None:
+    known = _read_ids(run_dir)
+    known[tracker] = ids
+    atomic_write(run_dir / TRACKERS_FILE, json.dumps(known, indent=2) + "\n")
+
+
+def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (MLflow's params and W&B's summary are flat)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flat(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+# ----------------------------------------------------------------------------- Weights & Biases
+
+
+def _wandb_settings(wandb: Any) -> Any:
+    # no console capture, no system-metrics sampler (NVML is the monitor's), no git or code upload
+    return wandb.Settings(silent=True, console="off", x_disable_stats=True, save_code=False, disable_git=True)
+
+
+class WandbSink:
+    """A W&B run (``monitor.wandb``): the records as history at their steps, the config once."""
+
+    def __init__(self, run_dir: Path, options: TrackerOptions) -> None:
+        self.wandb = _import("wandb")
+        ids = _read_ids(run_dir).get("wandb") or {"id": uuid.uuid4().hex[:12]}
+        ids.update(project=options.project, mode=options.wandb_mode)
+        _write_ids(run_dir, "wandb", ids)
+        self.run = self.wandb.init(
+            project=options.project,
+            name=options.name or run_dir.name,
+            id=ids["id"],
+            resume="allow",
+            mode=options.wandb_mode,
+            dir=str(run_dir),
+            config=options.config,
+            settings=_wandb_settings(self.wandb),
+        )
+
+    def write(self, record: dict[str, Any]) -> None:
+        values = numbers(record)
+        if values:
+            self.run.log(values, step=record["step"])
+
+    def close(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
+            self.wandb.teardown()  # ends the wandb-core service and its threads
+
+
+def _publish_wandb(run_dir: Path, ids: dict[str, Any], summary: dict[str, Any], files: list[Path]) -> None:
+    wandb = _import("wandb")
+    run = wandb.init(
+        project=ids.get("project"),
+        id=ids["id"],
+        resume="allow",
+        mode=ids.get("mode", "offline"),
+        dir=str(run_dir),
+        settings=_wandb_settings(wandb),
+    )
+    try:
+        run.summary.update({k: v for k, v in flat(summary).items() if isinstance(v, (int, float, str, bool))})
+        artifact = wandb.Artifact(f"{run_dir.name}-report", type="report")
+        for f in files:
+            artifact.add_file(str(f), name=str(f.relative_to(run_dir)))
+        run.log_artifact(artifact)
+    finally:
+        run.finish()
+        wandb.teardown()
+
+
+# ----------------------------------------------------------------------------- MLflow
+
+
+def _mlflow_client(uri: str) -> Any:
+    _import("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+class MlflowSink:
+    """An MLflow run (``monitor.mlflow``) in the store at ``mlflow_uri``: the records as metric
+    histories at their steps, the config as params (``section.field``). Batched: one write every
+    ``flush_every_s`` seconds, and at close."""
+
+    def __init__(self, run_dir: Path, options: TrackerOptions) -> None:
+        mlflow = _import("mlflow")
+        self.Metric = mlflow.entities.Metric
+        uri = options.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
+        store = run_dir.resolve().parent
+        uri = uri or f"sqlite:///{store / 'mlflow.db'}"
+        self.client = _mlflow_client(uri)
+        ids = _read_ids(run_dir).get("mlflow") or {}
+        if ids.get("uri") == uri and ids.get("run_id"):
+            self.run_id = ids["run_id"]  # a resumed run continues its MLflow run
+            self.client.update_run(self.run_id, status="RUNNING")
+        else:
+            experiment = self.client.get_experiment_by_name(options.project)
+            experiment_id = (
+                experiment.experiment_id
+                if experiment is not None
+                else self.client.create_experiment(
+                    options.project,
+                    # beside the store (MLflow's default is ./mlartifacts of the working directory)
+                    artifact_location=(store / "mlartifacts").as_uri() if uri.startswith("sqlite:") else None,
+                )
+            )
+            self.run_id = self.client.create_run(
+                experiment_id, run_name=options.name or run_dir.name
+            ).info.run_id
+            params = [mlflow.entities.Param(k, str(v)[:6000]) for k, v in flat(options.config).items()]
+            for i in range(0, len(params), 100):  # MLflow takes at most 100 params a batch
+                self.client.log_batch(self.run_id, params=params[i : i + 100])
+            _write_ids(run_dir, "mlflow", {"uri": uri, "run_id": self.run_id, "experiment": options.project})
+        self.flush_every_s = options.flush_every_s
+        self._pending: list[Any] = []
+        self._flushed_at = time.monotonic()
+
+    def write(self, record: dict[str, Any]) -> None:
+        now_ms = int(time.time() * 1000)
+        self._pending += [self.Metric(k, v, now_ms, record["step"]) for k, v in numbers(record).items()]
+        if time.monotonic() - self._flushed_at >= self.flush_every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        """The records held so far into the store."""
+        for i in range(0, len(self._pending), 1000):  # MLflow takes at most 1000 metrics a batch
+            self.client.log_batch(self.run_id, metrics=self._pending[i : i + 1000])
+        self._pending = []
+        self._flushed_at = time.monotonic()
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.flush()
+            self.client.set_terminated(self.run_id)
+            self.client = None
+
+
+def _publish_mlflow(run_dir: Path, ids: dict[str, Any], summary: dict[str, Any], files: list[Path]) -> None:
+    client = _mlflow_client(ids["uri"])
+    run_id = ids["run_id"]
+    client.log_dict(run_id, summary, "summary.json")
+    for f in files:
+        parent = str(f.relative_to(run_dir).parent)
+        client.log_artifact(run_id, str(f), None if parent == "." else parent)
+    status = str(summary.get("status", ""))
+    client.set_terminated(
+        run_id, "FINISHED" if status == "completed" else "KILLED" if status == "stopped" else "FAILED"
+    )
+
+
+# ----------------------------------------------------------------------------- trackio
+
+
+class TrackioSink:
+    """A trackio run (``monitor.trackio``) in trackio's local store (``$TRACKIO_DIR``, by default
+    under the Hugging Face cache; ``trackio show`` opens it): the records at their steps, the
+    config once."""
+
+    def __init__(self, run_dir: Path, options: TrackerOptions) -> None:
+        self.trackio = _import("trackio")
+        name = options.name or run_dir.name
+        resumed = "trackio" in _read_ids(run_dir)
+        self.run = self.trackio.init(
+            project=options.project,
+            name=name,
+            config=options.config,
+            resume="allow" if resumed else "never",
+            embed=False,
+            auto_log_gpu=False,  # NVML is the monitor's
+            auto_log_cpu=False,
+        )
+        _write_ids(run_dir, "trackio", {"project": options.project, "name": name})
+
+    def write(self, record: dict[str, Any]) -> None:
+        values = numbers(record)
+        if values:
+            self.run.log(values, step=record["step"])
+
+    def close(self) -> None:
+        if self.run is not None:
+            self.run.finish()  # flushes the queue and ends its sender thread
+            self.run = None
+
+
+def _publish_trackio(run_dir: Path, ids: dict[str, Any], summary: dict[str, Any], files: list[Path]) -> None:
+    trackio = _import("trackio")
+    run = trackio.init(project=ids["project"], name=ids["name"], resume="must", embed=False)
+    try:
+        artifact = trackio.Artifact(f"{run_dir.name}-report", type="report")
+        for f in files:
+            artifact.add_file(f, name=str(f.relative_to(run_dir)))
+        run.log_artifact(artifact)
+    finally:
+        run.finish()
+
+
+# ----------------------------------------------------------------------------- assembly
+
+_SINKS = {"wandb": WandbSink, "mlflow": MlflowSink, "trackio": TrackioSink}
+_PUBLISH = {"wandb": _publish_wandb, "mlflow": _publish_mlflow, "trackio": _publish_trackio}
+
+
+def build_sinks(names: Iterable[str], run_dir: Path, options: TrackerOptions | None = None) -> list[Any]:
+    """The sinks named (``jsonl``: metrics.jsonl; ``tensorboard``; ``wandb``, ``mlflow``,
+    ``trackio``), in that order, writing for ``run_dir``. A name not known, or a tracker whose
+    package is missing: one line (TurbotrainError) before any is opened."""
+    names = list(dict.fromkeys(names))
+    unknown = [n for n in names if n not in SINKS]
+    if unknown:
+        raise TurbotrainError(f"unknown sink {unknown[0]!r}; choose from: {', '.join(SINKS)}")
+    for name in names:
+        if name in TRACKERS:
+            _import(name)
+    options = options or TrackerOptions()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    sinks: list[Any] = []
+    try:
+        for name in names:
+            if name == "jsonl":
+                sinks.append(JsonlSink(run_dir / METRICS_FILE))
+            elif name == "tensorboard":
+                sinks.append(TensorBoardSink(run_dir / TENSORBOARD_DIR))
+            else:
+                sinks.append(_SINKS[name](run_dir, options))
+    except BaseException:
+        for sink in sinks:  # what opened before the failure: closed, its threads ended
+            with contextlib.suppress(Exception):
+                sink.close()
+        raise
+    return sinks
+
+
+def publish(run_dir: Path, summary: dict[str, Any], files: Iterable[Path]) -> list[str]:
+    """Add the summary and upload ``files`` (plots, summary.json, summary.md) to the tracker runs
+    of ``run_dir`` (its trackers.json); one line per tracker that could not be reached (the
+    report goes on without it)."""
+    problems: list[str] = []
+    files = [Path(f) for f in files if Path(f).is_file()]
+    for tracker, ids in _read_ids(run_dir).items():
+        if tracker not in _PUBLISH or not isinstance(ids, dict):
+            continue
+        try:
+            _PUBLISH[tracker](run_dir, ids, summary, files)
+        except Exception as exc:  # an optional upload: the report stands without it
+            problems.append(f"{tracker}: summary and plots not published ({type(exc).__name__}: {exc})")
+            log.warning("%s", problems[-1])
+    return problems

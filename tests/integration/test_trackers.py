@@ -1,0 +1,181 @@
+"""The experiment trackers: a `turbotrain train` run logged to W&B (offline), MLflow and trackio,
+each read back with the tracker's own client; the metric history equals metrics.jsonl, the config
+and the summary are there, the plots are artefacts.
+
+W&B 0.31 has no Python reader for an offline run (the one in ``wandb.sdk.internal`` went with its
+Go core): :func:`wandb_records` reads the run's ``.wandb`` transaction log (LevelDB log framing)
+into W&B's own protobuf ``Record``. trackio's store directory is read from ``$TRACKIO_DIR`` once,
+when trackio is first imported, so the run goes in a child process with its own ``TRACKIO_DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import tiny_overrides
+
+from turbotrain.base.errors import TurbotrainError
+from turbotrain.base.records import numbers, read_metrics
+from turbotrain.loop.monitor import build_sinks
+from turbotrain.loop.monitor.trackers import _import
+
+wandb = pytest.importorskip("wandb")
+mlflow = pytest.importorskip("mlflow")
+trackio = pytest.importorskip("trackio")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def wandb_records(path: Path) -> list:
+    """The records of a ``.wandb`` file: a 7-byte header, then 32 KiB blocks of chunks (crc32,
+    length, type: 1 full, 2 first, 3 middle, 4 last), each record a ``wandb_internal_pb2.Record``."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, pos, out, parts = path.read_bytes(), 7, [], b""
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a header: padding
+            pos += 32768 - pos % 32768
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        parts = chunk if kind in (1, 2) else parts + chunk
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(parts)
+            out.append(record)
+    return out
+
+
+def expected_history(run: Path) -> dict[str, list[tuple[int, float]]]:
+    """metrics.jsonl as per-key histories: what every tracker must hold."""
+    history: dict[str, list[tuple[int, float]]] = {}
+    for record in read_metrics(run / "metrics.jsonl")[0]:
+        for key, value in numbers(record).items():
+            history.setdefault(key, []).append((record["step"], value))
+    return history
+
+
+@pytest.fixture(scope="module")
+def tracked_run(tmp_path_factory) -> tuple[Path, Path]:
+    """One `turbotrain train` run with all three trackers, in a child process (see the module)."""
+    tmp = tmp_path_factory.mktemp("trackers")
+    text = tmp / "corpus.txt"
+    text.write_text("".join(f"def f{i}(x):\n    return x * {i}\n\n" for i in range(600)))
+    args = [sys.executable, "-m", "turbotrain", "train", "--no-progress"]
+    for section, values in tiny_overrides(tmp, data={"path": str(text)}).items():
+        args += [f"--{section}.{k}={v}" for k, v in values.items() if k != "progress"]
+    args += [
+        "--monitor.wandb=true",
+        "--monitor.mlflow=true",
+        "--monitor.trackio=true",
+        "--monitor.project=tt",
+    ]
+    env = {
+        **os.environ,
+        "TRACKIO_DIR": str(tmp / "trackio"),
+        "WANDB_SILENT": "true",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "DO_NOT_TRACK": "1",
+    }
+    env.pop("MLFLOW_TRACKING_URI", None)
+    done = subprocess.run(args, env=env, cwd=tmp, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return tmp / "runs" / "t", tmp / "trackio"
+
+
+def test_wandb_offline_holds_the_metrics_config_summary_and_plots(tracked_run):
+    run, _ = tracked_run
+    ids = json.loads((run / "trackers.json").read_text())["wandb"]
+    files = sorted(run.glob(f"wandb/offline-run-*-{ids['id']}/run-{ids['id']}.wandb"))
+    assert len(files) == 2  # the training's, then the report's (summary and artefact)
+    history: dict[str, list[tuple[int, float]]] = {}
+    config, summary, artifacts = {}, {}, []
+    for path in files:
+        for r in wandb_records(path):
+            kind = r.WhichOneof("record_type")
+            if kind == "history":
+                row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+                for key, value in row.items():
+                    if not key.startswith("_"):  # W&B's own _step, _runtime, _timestamp
+                        history.setdefault(key, []).append((r.history.step.num, value))
+            elif kind == "run":
+                config.update(
+                    {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.run.config.update}
+                )
+            elif kind == "summary":
+                summary.update(
+                    {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.summary.update}
+                )
+            elif kind == "artifact":
+                artifacts += [c.path for c in r.artifact.manifest.contents]
+    assert history == expected_history(run)
+    assert config["model"]["d_model"] == 32 and config["train"]["max_steps"] == 6
+    assert summary["status"] == "completed" and summary["steps"] == 6
+    assert "plots/loss.png" in artifacts and "summary.md" in artifacts
+
+
+def test_mlflow_holds_the_metrics_config_summary_and_plots(tracked_run):
+    from mlflow.tracking import MlflowClient
+
+    run, _ = tracked_run
+    ids = json.loads((run / "trackers.json").read_text())["mlflow"]
+    assert ids["uri"] == f"sqlite:///{run.parent / 'mlflow.db'}"  # the default store: beside the runs
+    client = MlflowClient(tracking_uri=ids["uri"])
+    info = client.get_run(ids["run_id"])
+    history = {
+        key: [(m.step, m.value) for m in client.get_metric_history(ids["run_id"], key)]
+        for key in info.data.metrics
+    }
+    assert history == expected_history(run)
+    assert info.data.params["model.d_model"] == "32" and info.info.status == "FINISHED"
+    assert info.info.run_name == "t" and client.get_experiment(info.info.experiment_id).name == "tt"
+    local = Path(client.download_artifacts(ids["run_id"], "", str(run.parent / "dl")))
+    assert json.loads((local / "summary.json").read_text())["steps"] == 6
+    assert (local / "plots" / "loss.png").stat().st_size > 0
+
+
+def test_trackio_holds_the_metrics_config_and_plots(tracked_run, monkeypatch):
+    import trackio.sqlite_storage
+
+    run, store = tracked_run
+    monkeypatch.setattr(trackio.sqlite_storage, "TRACKIO_DIR", store)  # the child's TRACKIO_DIR
+    (found,) = list(trackio.Api().runs("tt"))
+    assert found.name == "t" and found.config["model"]["d_model"] == 32
+    history: dict[str, list[tuple[int, float]]] = {}
+    for row in trackio.sqlite_storage.SQLiteStorage.get_logs("tt", "t"):
+        for key, value in row.items():
+            if key not in ("step", "timestamp") and value is not None:
+                history.setdefault(key, []).append((row["step"], value))
+    assert {k: sorted(v) for k, v in history.items()} == expected_history(run)
+    assert (store / "artifacts" / "tt").is_dir()  # the report's files, as a trackio artefact
+
+
+def test_a_missing_tracker_package_is_one_line_naming_the_extra(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # as if not installed
+    with pytest.raises(TurbotrainError, match=r"pip install 'turbotrain\[mlflow\]'") as caught:
+        _import("mlflow")
+    assert "\n" not in str(caught.value)
+    with pytest.raises(TurbotrainError, match=r"unknown sink 'neptune'; choose from: jsonl, tensorboard"):
+        build_sinks(["jsonl", "neptune"], tmp_path)
+
+
+def test_build_sinks_opens_and_closes_trackers_without_leaving_threads(tmp_path, monkeypatch):
+    """A callback's way in: sinks by name; closed, no tracker thread is left running."""
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    before = {t.ident for t in threading.enumerate()}
+    sinks = build_sinks(["jsonl", "wandb"], tmp_path / "r")
+    for step in (1, 2):
+        for sink in sinks:
+            sink.write({"step": step, "loss": 1.0 / step, "precision": "fp32"})
+    for sink in sinks:
+        sink.close()
+    assert read_metrics(tmp_path / "r" / "metrics.jsonl")[0][1]["loss"] == 0.5
+    left = [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+    assert not [n for n in left if "wandb" in n.lower()], left
