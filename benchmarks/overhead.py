@@ -5,6 +5,12 @@ its own process, pinned to one thread; rounds alternate hand/engine so drift in 
 both; each process reports the median of several timed windows after a warm-up.
 
     python benchmarks/overhead.py --rounds 10 --out benchmarks/results/cpu/overhead.json
+
+Two commits of turbotrain, interleaved on the same machine: ``--base-src`` runs the BASE variant
+from another checkout's ``src`` folder (e.g. ``mkdir /tmp/base && git archive 1eb9180 src | tar -x
+-C /tmp/base``), the TEST variant from this one:
+
+    python benchmarks/overhead.py --pair fit,fit --base-src /tmp/base/src --rounds 10
 """
 
 from __future__ import annotations
@@ -140,19 +146,35 @@ def main() -> None:
         "--pair", default="hand,engine", help="BASE,TEST variants (hand, engine, fit, fit-monitor)"
     )
     p.add_argument("--out", help="write the result JSON here")
+    p.add_argument(
+        "--base-src", help="run the BASE variant with this folder first on PYTHONPATH (another commit's src/)"
+    )
     p.add_argument("--variant", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.variant:
         print(json.dumps(measure(args.variant)))
         return
     base_name, test_name = args.pair.split(",")
-    runs: dict[str, list[dict]] = {base_name: [], test_name: []}
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    paths = {"base": args.base_src or src, "test": src}
+    runs: dict[str, list[dict]] = {"base": [], "test": []}
     for _ in range(args.rounds):
-        for variant in runs:
+        for role, variant in (("base", base_name), ("test", test_name)):
+            env = {
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join([paths[role], os.environ.get("PYTHONPATH", "")]),
+            }
             out = subprocess.run(
-                [sys.executable, __file__, "--variant", variant], capture_output=True, text=True, check=True
+                [sys.executable, __file__, "--variant", variant],
+                capture_output=True,
+                text=True,
+                check=True,
+                env=env,
             )
-            runs[variant].append(json.loads(out.stdout))
+            runs[role].append(json.loads(out.stdout))
+    if args.base_src:
+        base_name, test_name = f"{base_name}@base", f"{test_name}@head"
+    runs = {base_name: runs["base"], test_name: runs["test"]}
     base = statistics.median(r["step_ms"] for r in runs[base_name])
     test = statistics.median(r["step_ms"] for r in runs[test_name])
     # Each round runs both variants back to back; the median of the per-round ratios cancels
@@ -166,6 +188,7 @@ def main() -> None:
         "benchmark": f"per-step overhead of {test_name} over {base_name}",
         "workload": "TinyMLP(d_in=256, width=256, depth=3), batch 64, AdamW foreach, fp32, 1 thread on a pinned core",
         "base": base_name,
+        "base_src": args.base_src,
         "test": test_name,
         f"{base_name}_step_ms": base,
         f"{test_name}_step_ms": test,

@@ -2,7 +2,7 @@
 benchmarks/fault_injection.py put this folder on PYTHONPATH; Python imports ``sitecustomize`` at
 start-up). ``TT_FAULT=POINT:N`` acts at the N-th time the program reaches POINT:
 
-- ``step``: SIGKILL inside the N-th forward/backward (mid-step)
+- ``step``: SIGKILL inside the N-th optimizer step (``Engine.train_window``, before its forward)
 - ``ckpt-mid-write``: SIGKILL after half of the N-th checkpoint's bytes reached its temp file
 - ``ckpt-before-rename``: SIGKILL after the N-th checkpoint's temp file is complete and fsynced
 - ``ckpt-before-sidecar``: SIGKILL after the N-th checkpoint is renamed, before its .sha256
@@ -83,7 +83,7 @@ def _install(point: str, n: int) -> None:
 
     if point in ("step", "pause-step"):
         act = die if point == "step" else pause
-        wrap(engine.Engine, "forward_backward", before=lambda *a, **k: due() and act())
+        wrap(engine.Engine, "train_window", before=lambda *a, **k: due() and act())
     elif point == "pause-fit":
         wrap(training.Training, "run", before=lambda *a, **k: due() and pause())
     elif point == "pause-report":

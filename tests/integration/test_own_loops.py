@@ -394,7 +394,7 @@ def test_gradient_norm_is_a_device_tensor_when_asked_for_and_clipping_stays_off(
     torch.testing.assert_close(engine.last_grad_norm, expected)
     assert expected > 0.01  # not clipped: the update used the raw gradients
     plain, _, _ = _mlp_engine()
-    assert plain.last_grad_norm is None and not plain._norm_needed  # no reduction per step by default
+    assert plain.last_grad_norm is None and not plain.window.norm_needed  # no reduction per step by default
 
 
 def test_the_loader_from_setup_behaves_like_the_users():

@@ -280,7 +280,7 @@ def test_resume_overrides_are_checked_against_the_run_and_a_failed_resume_keeps_
     # its first step fails: the config stays the one the run trained with
     with monkeypatch.context() as patch:
         patch.setattr(
-            turbotrain.Engine, "forward_backward", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom"))
+            turbotrain.Engine, "train_window", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom"))
         )
         with pytest.raises(RuntimeError, match="boom"):
             main([*resume, "--optim.lr=1e-3"])

@@ -193,7 +193,7 @@ def test_skip_policy_logs_each_skipped_step_once(caplog):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model, opt, _ = engine.setup(model, opt)
     ((x, y),) = synthetic_batches(1, batch_size=8, d_in=8)
-    with caplog.at_level(logging.WARNING, logger="turbotrain.core.engine"):
+    with caplog.at_level(logging.WARNING, logger="turbotrain.core.nonfinite"):
         engine.backward(model(x, y) * float("nan"))
         engine.step(opt)
         for _ in range(3):  # finite steps: polled, nothing new to say
@@ -303,7 +303,7 @@ def test_folded_clipping_works_with_bf16_parameters():
 
 
 def test_memory_cap_is_set_on_cuda_with_the_fraction_given(monkeypatch):
-    from turbotrain.core.engine import apply_memory_cap
+    from turbotrain.core.device import apply_memory_cap
 
     calls = []
     monkeypatch.setattr(
@@ -321,7 +321,7 @@ def test_memory_cap_on_cpu_is_one_log_line_and_a_bad_value_names_the_field(monke
 
     calls = []
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda *a, **k: calls.append(a))
-    with caplog.at_level(logging.INFO, logger="turbotrain.core.engine"):
+    with caplog.at_level(logging.INFO, logger="turbotrain.core.device"):
         _engine(memory={"max_fraction": 0.5})
     said = [r.getMessage() for r in caplog.records if "memory.max_fraction" in r.getMessage()]
     assert calls == [] and len(said) == 1 and "does not apply on cpu" in said[0]

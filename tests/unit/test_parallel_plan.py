@@ -12,7 +12,7 @@ from turbotrain.app.training import plan_run
 from turbotrain.base.errors import ConfigError
 from turbotrain.base.launch import Topology
 from turbotrain.cli import main
-from turbotrain.core.distributed import ParallelPlan
+from turbotrain.core.plan import ParallelPlan
 
 TORCHRUN_4 = Topology(rank=1, local_rank=1, world=4, launched=True, launcher="torchrun")
 

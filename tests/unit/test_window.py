@@ -19,6 +19,8 @@ from turbotrain import Engine
 from turbotrain.core.distributed import Strategy
 from turbotrain.core.precision import NonFiniteGuard
 from turbotrain.core.window import LossFn, MicroBatch, WindowFn
+from turbotrain.loop.fit import fit
+from turbotrain.loop.hooks import Hook
 from turbotrain.parts.models.mlp import TinyMLP, synthetic_batches
 
 ACCUMULATION = 2
@@ -76,10 +78,10 @@ class CountingWrapper:
     def __init__(self) -> None:
         self.wrapped = 0
         self.calls = 0
-        self.static: list[MicroBatch] | None = None
 
     def __call__(self, body: WindowFn) -> WindowFn:
         self.wrapped += 1
+        static: list[MicroBatch] = []  # this capture's input buffers
 
         def captured(
             model: torch.nn.Module,
@@ -89,12 +91,13 @@ class CountingWrapper:
             accumulation: int,
         ) -> tuple[torch.Tensor, torch.Tensor | None]:
             self.calls += 1
-            if self.static is None:
-                self.static = [(tuple(t.clone() for t in batch), weight) for batch, weight in micro_batches]
-            for (static, _), (batch, _) in zip(self.static, micro_batches):
-                for buffer, t in zip(static, batch):
+            if not static:
+                static.extend((tuple(t.clone() for t in batch), weight) for batch, weight in micro_batches)
+            assert len(static) == len(micro_batches)  # a capture's shapes are fixed
+            for (buffers, _), (batch, _) in zip(static, micro_batches):
+                for buffer, t in zip(buffers, batch):
                     buffer.copy_(t)
-            loss_sum, norm = body(model, optimizer, self.static, loss_fn, accumulation)
+            loss_sum, norm = body(model, optimizer, static, loss_fn, accumulation)
             return loss_sum.clone(), None if norm is None else norm.clone()
 
         return captured
@@ -193,6 +196,11 @@ def test_an_out_of_memory_error_in_a_window_is_recovered_as_in_the_pieces():
         (e.step, e.kind, e.detail) for e in e_pieces.events
     ]
     assert e_window.split == 2 and e_window.accumulation == 2 * ACCUMULATION
+    # under a whole-step wrapper: the new split's shapes are wrapped anew (a CUDA graph recaptures)
+    wrapper = CountingWrapper()
+    wrapped, w_wrapped, _ = _run("window", wrapper, **oom)
+    assert wrapped == pieces and all(torch.equal(a, b) for a, b in zip(w_pieces, w_wrapped))
+    assert wrapper.wrapped == 2
     assert (e_window.state.step, e_window.state.micro_step) == (
         e_pieces.state.step,
         e_pieces.state.micro_step,
@@ -213,3 +221,35 @@ def test_the_strategy_runs_a_windows_micro_batches_with_gradient_sync_before_the
     )
     assert out == [10, 20, 30]
     assert calls == [("sync", False), ("run", 1), ("sync", False), ("run", 2), ("sync", True), ("run", 3)]
+
+
+def test_fit_iterates_windows_through_the_whole_step_wrapper_and_trains_as_the_pieces():
+    """fit hands each optimizer step's loader batches to train_window: under a stand-in wrapper,
+    one call per step, the same losses and weights as the own-loop pieces."""
+
+    class Losses(Hook):
+        def __init__(self) -> None:
+            self.losses: list[float] = []
+
+        def on_step_end(self, ctx: Any) -> None:
+            self.losses.append(float(ctx.engine.last_loss))
+
+    pieces, w_pieces, _ = _run("pieces")
+    torch.manual_seed(0)
+    model = TinyMLP(d_in=16, width=32, depth=2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
+    engine = _engine()
+    model, optimizer, _ = engine.setup(model, optimizer)
+    wrapper, seen = CountingWrapper(), Losses()
+    engine.wrap_window(wrapper)
+    # one batch more than STEPS windows: the last waits, pending, as an own loop's would
+    batches = synthetic_batches(STEPS * ACCUMULATION + 1, batch_size=8, d_in=16)
+    fit(engine, model, optimizer, batches, max_steps=STEPS + 1, hooks=[seen])
+    assert seen.losses == pieces and (wrapper.wrapped, wrapper.calls) == (1, STEPS)
+    for a, b in zip(w_pieces, model.parameters()):
+        assert torch.equal(a, b)
+    assert (engine.state.step, engine.state.batches, engine.pending_micro_steps) == (
+        STEPS,
+        STEPS * ACCUMULATION + 1,
+        1,
+    )

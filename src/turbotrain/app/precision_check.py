@@ -33,7 +33,8 @@ import torch
 from ..base.batch import move_to
 from ..base.config import PrecisionConfig, load_config
 from ..base.errors import ConfigError, TurbotrainError
-from ..core.engine import Engine, default_loss, resolve_device
+from ..core.device import resolve_device
+from ..core.engine import Engine, default_loss
 from ..core.precision import FP8, DeviceCaps, FP16Mixed, Precision, fallback_mode, resolve_precision
 from ..core.precision.fp8 import float8_capable, torchao_available
 from ..core.precision.fp8_choice import FP8Choice, time_fp8_layers

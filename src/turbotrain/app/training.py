@@ -48,9 +48,11 @@ from ..base.runlock import RunLock
 from ..base.signals import held as held_signals
 from ..base.version import collect_git
 from ..core.assembly import build_trainable
-from ..core.distributed import ParallelPlan, ReportedByMainRank, decided_by_main, local_device, main_first
-from ..core.engine import Engine, default_loss, resolve_device
+from ..core.device import local_device, resolve_device
+from ..core.engine import Engine, default_loss
+from ..core.main_rank import ReportedByMainRank, decided_by_main, main_first
 from ..core.optim import lr_batch_factor, rescale_lr, resolve_implementation
+from ..core.plan import ParallelPlan
 from ..loop.checkpoint import (
     Checkpointer,
     RunState,
@@ -547,7 +549,7 @@ def split_batch(config: RunConfig, plan: ParallelPlan) -> RunConfig:
     b = config.batch
     if not isinstance(b.micro, int):
         return config
-    accumulation = plan.split_batch(b.micro, b.global_size, b.accumulation)
+    accumulation = plan.accumulation_for(b.micro, b.global_size, b.accumulation)
     return config if accumulation == b.accumulation else config.replace(batch={"accumulation": accumulation})
 
 

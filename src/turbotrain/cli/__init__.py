@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from ..base.config import audience
 from ..base.errors import TurbotrainError, TurbotrainWarning
 from ..base.version import __version__
-from ..core.distributed import ReportedByAnotherRank, announce_reported
+from ..core.main_rank import ReportedByAnotherRank, announce_reported
 from . import bench, doctor, profile, report, sample, train, tune
 from . import memory as memory_cmd
 

@@ -54,14 +54,9 @@ from ..base.runlock import RunLock
 from ..base.signals import REQUEUE_SIGNAL, StopSignals
 from ..base.signals import active as active_signals
 from ..base.signals import held as held_signals
-from ..core.distributed import (
-    ParallelPlan,
-    ReportedByAnotherRank,
-    decided_by_main,
-    local_device,
-    reported_elsewhere,
-)
-from ..core.engine import resolve_device
+from ..core.device import local_device, resolve_device
+from ..core.main_rank import ReportedByAnotherRank, decided_by_main, reported_elsewhere
+from ..core.plan import ParallelPlan
 from ..loop.checkpoint import checkpoint_step, latest_verified
 from ..parts.models.registry import spec_for
 from ..parts.models.spec import ModelSpec

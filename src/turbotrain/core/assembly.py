@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from ..base.config import RunConfig
-from .distributed import ParallelPlan
 from .engine import Engine
 from .optim import optimizer_from_config, scheduler_from_config
+from .plan import ParallelPlan
 
 
 @dataclass

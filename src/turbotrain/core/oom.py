@@ -1,9 +1,11 @@
-"""Out-of-memory policy: what the Engine does when a forward or backward runs out of memory.
+"""Out-of-memory policy: what the Engine does when a window's forward or backward runs out of memory.
 
-The Engine runs every batch itself and calls the policy only after an out-of-memory error. Under
-``memory.on_oom = 'halve'`` the policy drops the partial step and re-runs it with each loader
-batch cut in twice as many parts and accumulation doubled (through the Engine's public
-``discard_step``, ``set_split`` and ``run_batch``), so:
+The Engine runs every batch itself, through one guarded path (``Engine._guarded``: the own loop's
+``forward_backward`` and ``fit``'s ``train_window`` alike), and calls the policy only after an
+out-of-memory error, with the step's loader batches and a ``rerun`` that runs the step again from
+its first batch. Under ``memory.on_oom = 'halve'`` the policy drops the partial step and re-runs it
+with each loader batch cut in twice as many parts and accumulation doubled (through the Engine's
+public ``discard_step`` and ``set_split``), so:
 
 - the loader keeps yielding the same full batches: the data order and ``engine.state.batches``
   (the data position used for exact resume) are untouched;
@@ -26,13 +28,16 @@ number of backward passes per step, and the other ranks would wait for it in the
 until the collective timeout. (FSDP2's state after an OOM is also known to be unreliable.) So every
 policy stops there at once with :class:`OutOfMemoryStop` naming the rank, step and micro-batch; the
 launcher then ends the other ranks, whose collectives fail as soon as this process is gone.
+
+``memory.inject_oom_at_step = N`` (:class:`OOMInjection`) raises a real out-of-memory error once,
+after the last forward of optimizer step N, to test all of this end to end.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
@@ -46,7 +51,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LossFn = Callable[[nn.Module, Any], torch.Tensor]
+LossFn = Callable[[nn.Module, Any], Any]
+T = TypeVar("T")  # what a re-run step returns
 
 
 class OutOfMemoryStop(TurbotrainError, torch.OutOfMemoryError):
@@ -70,16 +76,15 @@ def oom_reason(exc: BaseException) -> str:
 class StopOnOOM:
     """``memory.on_oom = 'stop'``: an out-of-memory error becomes :class:`OutOfMemoryStop`."""
 
-    def remember(self, batch: Any, new_step: bool) -> None:
-        """Called with each loader batch before it runs; this policy keeps nothing."""
-
     def recover(
-        self, engine: Engine, model: nn.Module, batch: Any, loss_fn: LossFn, reason: str
-    ) -> torch.Tensor:
+        self, engine: Engine, model: nn.Module, batches: Sequence[Any], reason: str, rerun: Callable[[], T]
+    ) -> T:
+        """After an out-of-memory error in the step of ``batches`` (its loader batches so far):
+        make it fit and return ``rerun()`` (the step again from its first batch), or raise."""
         raise OutOfMemoryStop(
-            f"out of memory in step {engine.state.step + 1} with micro-batch {engine.micro_batch(batch)} ({reason}; "
-            f"memory.on_oom = 'stop'); use {setting('memory.on_oom', 'halve')}, {setting('batch.micro', 'auto')}, "
-            f"a smaller batch.micro or {setting('memory.checkpointing', 'full')}"
+            f"out of memory in step {engine.state.step + 1} with micro-batch {engine.micro_batch(batches[-1])} "
+            f"({reason}; memory.on_oom = 'stop'); use {setting('memory.on_oom', 'halve')}, "
+            f"{setting('batch.micro', 'auto')}, a smaller batch.micro or {setting('memory.checkpointing', 'full')}"
         )
 
 
@@ -90,9 +95,9 @@ class StopOnOOMDistributed(StopOnOOM):
         self.rank, self.world = rank, world
 
     def recover(
-        self, engine: Engine, model: nn.Module, batch: Any, loss_fn: LossFn, reason: str
-    ) -> torch.Tensor:
-        micro = engine.micro_batch(batch)
+        self, engine: Engine, model: nn.Module, batches: Sequence[Any], reason: str, rerun: Callable[[], T]
+    ) -> T:
+        micro = engine.micro_batch(batches[-1])
         raise OutOfMemoryStop(
             f"out of memory on rank {self.rank} of {self.world} in step {engine.state.step + 1} with micro-batch {micro} "
             f"({reason}); with data parallelism the micro-batch is not halved on one rank alone (the others would wait "
@@ -105,45 +110,61 @@ class HalveOnOOM(StopOnOOM):
     """``memory.on_oom = 'halve'``: drop the partial step, double the split (and so the
     accumulation), re-run the step's batches; give up when a part would be empty."""
 
-    def __init__(self) -> None:
-        self.window: list[Any] = []  # this optimizer step's loader batches, by reference
-
-    def remember(self, batch: Any, new_step: bool) -> None:
-        if new_step:
-            self.window.clear()
-        self.window.append(batch)
-
     def recover(
-        self, engine: Engine, model: nn.Module, batch: Any, loss_fn: LossFn, reason: str
-    ) -> torch.Tensor:
+        self, engine: Engine, model: nn.Module, batches: Sequence[Any], reason: str, rerun: Callable[[], T]
+    ) -> T:
         while True:
             engine.discard_step(model)
             step = engine.state.step + 1
-            if engine.split * 2 > min(batch_size(b) for b in self.window):
+            if engine.split * 2 > min(batch_size(b) for b in batches):
                 raise OutOfMemoryStop(
-                    f"out of memory in step {step} even with micro-batch {engine.micro_batch(self.window[0])} ({reason}); "
+                    f"out of memory in step {step} even with micro-batch {engine.micro_batch(batches[0])} ({reason}); "
                     f"use {setting('memory.checkpointing', 'full')}, a lower precision, or a smaller model"
                 )
-            old_micro, old_acc = engine.micro_batch(self.window[0]), engine.accumulation
-            global_batch = batch_size(self.window[0]) * old_acc // engine.split
+            old_micro, old_acc = engine.micro_batch(batches[0]), engine.accumulation
+            global_batch = batch_size(batches[0]) * old_acc // engine.split
             engine.set_split(engine.split * 2)
             detail = (
-                f"out of memory in step {step} ({reason}); micro-batch {old_micro} -> {engine.micro_batch(self.window[0])}, "
+                f"out of memory in step {step} ({reason}); micro-batch {old_micro} -> {engine.micro_batch(batches[0])}, "
                 f"accumulation {old_acc} -> {engine.accumulation}, global batch {global_batch} unchanged; "
-                f"re-ran the step's {len(self.window)} batch(es)"
+                f"re-ran the step's {len(batches)} batch(es)"
             )
             log.warning("OOM recovery: %s", detail)
             engine.record_event("oom_recovery", detail, step)
             try:
-                loss: torch.Tensor | None = None
-                for b in self.window:
-                    loss = engine.run_batch(model, b, loss_fn)
-                assert loss is not None
-                return loss
+                return rerun()
             except RuntimeError as exc:
                 if not is_oom(exc):
                     raise
                 reason = oom_reason(exc)
+
+
+class OOMInjection:
+    """``memory.inject_oom_at_step = N``: a real ``torch.OutOfMemoryError`` once, after the forward
+    of the last micro-batch of optimizer step N (before its backward), to test recovery end to end.
+    ``at_step`` is 0 once it fired (saved with the engine's state, so a resume does not fire again)."""
+
+    def __init__(self, at_step: int) -> None:
+        self.at_step = at_step
+
+    def arm(self, loss_fn: LossFn, step: int, calls: int) -> LossFn:
+        """``loss_fn``, or when optimizer step ``step`` + 1 is the one: ``loss_fn`` raising after its
+        ``calls``-th call (the step's last forward). No check per step beyond one comparison."""
+        if not self.at_step or step + 1 != self.at_step or calls < 1:
+            return loss_fn
+        done = [0]
+
+        def loss_then_oom(model: nn.Module, batch: Any) -> Any:
+            out = loss_fn(model, batch)
+            done[0] += 1
+            if done[0] == calls:
+                at, self.at_step = self.at_step, 0  # once
+                raise torch.OutOfMemoryError(
+                    f"injected out-of-memory error in step {at} (memory.inject_oom_at_step = {at})"
+                )
+            return out
+
+        return loss_then_oom
 
 
 def build_oom_policy(on_oom: str, rank: int = 0, world: int = 1) -> StopOnOOM:

@@ -22,15 +22,17 @@ wrapper around :meth:`Window.run` (:meth:`turbotrain.core.engine.Engine.wrap_win
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from ..base.errors import LossError
 from ..parts.models.moe.parallel import GradNormFn
-from .distributed import Strategy
 from .precision.core import NonFiniteGuard, Precision  # the class's own module: one import level less
+
+if TYPE_CHECKING:  # the window calls the strategy it is given; it builds none
+    from .distributed import Strategy
 
 LossFn = Callable[[nn.Module, Any], Any]
 # (a batch or a part of one, the weight of its loss: 1.0 for whole, equal parts)

@@ -27,7 +27,7 @@ from torch import nn
 
 from ..base.atomic import atomic_write
 from ..base.rundir import EXPERTS_FILE
-from ..core.distributed import rank_world
+from ..core.process_group import rank_world
 from ..parts.models.moe import MoE, moe_layers
 from .hooks import FitContext, Hook, every
 

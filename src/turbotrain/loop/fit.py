@@ -1,7 +1,9 @@
 """fit(): the reference training loop. It calls the engine and the hooks, and nothing else.
 
-It reads no configuration: cadences live in the hooks, speed-ups in the engine. No host-device
-synchronisation happens here; the hooks read device values every N steps.
+It iterates windows: each optimizer step's ``batch.accumulation`` loader batches go to
+``engine.train_window`` together (one window body, core/window.py, where a whole-step wrapper such
+as a CUDA graph applies). It reads no configuration: cadences live in the hooks, speed-ups in the
+engine. No host-device synchronisation happens here; the hooks read device values every N steps.
 """
 
 from __future__ import annotations
@@ -30,16 +32,17 @@ def fit(
     """Train until ``engine.state.step`` reaches ``max_steps``, the batches run out, or a hook
     requests a stop. ``epochs`` instead of ``max_steps``: that many passes over ``batches`` (a
     loader with a length; each pass iterates it again, so a shuffling DataLoader reshuffles):
-    ``max_steps = epochs x (len(batches) // accumulation)``. Returns the context (latest metrics, stop reason)."""
+    ``max_steps = epochs x (len(batches) // engine.batches_per_step)``. Returns the context (latest metrics, stop reason)."""
     if (max_steps is None) == (epochs is None):
         raise TypeError("fit() takes one of max_steps or epochs")
     passes = 1
+    per_step = engine.batches_per_step
     if epochs is not None:
-        per_epoch = len(batches) // engine.accumulation  # type: ignore[arg-type]
+        per_epoch = len(batches) // per_step  # type: ignore[arg-type]
         if per_epoch < 1:
             raise ValueError(
                 f"an epoch of {len(batches)} batches is shorter than one optimizer step "  # type: ignore[arg-type]
-                f"({engine.accumulation} batches with accumulation)"
+                f"({per_step} batches with accumulation)"
             )
         max_steps, passes = epochs * per_epoch, epochs
     assert max_steps is not None
@@ -49,19 +52,27 @@ def fit(
     hook = HookList(hooks)
     hook.on_fit_start(ctx)
     model.train()
+    window: list[Any] = []  # this step's loader batches (a window may span two passes)
     try:
         for _ in range(passes):
             if engine.state.step >= max_steps:
                 break
             # a stop asked before the first step takes effect after it (hooks see one step)
             for batch in batches:
-                engine.forward_backward(model, batch, loss_fn)
-                if engine.step(optimizer):
-                    hook.on_step_end(ctx)
-                    if ctx.should_stop or engine.state.step >= max_steps:
-                        break
+                window.append(batch)
+                if len(window) < per_step:
+                    continue
+                engine.train_window(model, optimizer, window, loss_fn)
+                window = []
+                hook.on_step_end(ctx)
+                if ctx.should_stop or engine.state.step >= max_steps:
+                    break
             if ctx.should_stop:
                 break
+        # the batches ran out inside a window: its batches train as an own loop's would, their
+        # gradients pending (the data position counts them)
+        for batch in window:
+            engine.forward_backward(model, batch, loss_fn)
         hook.on_fit_end(ctx)
     except BaseException as exc:  # also a failing on_fit_end: every hook still gets to clean up
         hook.on_exception(ctx, exc)

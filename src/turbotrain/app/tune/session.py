@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 from ...base.config import RunConfig
 from ...base.errors import ConfigError
 from ...base.rundir import new_run_dir
-from ...core.engine import resolve_device
+from ...core.device import resolve_device
 from ...core.precision import DeviceCaps, resolve_precision
 from ...parts.models.blocks import repeated_blocks
 from ...parts.models.workload_spec import WorkloadSpec

@@ -31,7 +31,8 @@ import torch.distributed as dist
 from ...base.atomic import atomic_write, clean_stale_temps
 from ...base.config import TrainConfig
 from ...base.seeds import rng_state, seed_all, set_rng_state
-from ...core.distributed import Strategy, in_group, new_gloo_group, rank_world
+from ...core.distributed import Strategy
+from ...core.process_group import in_group, new_gloo_group, rank_world
 from ..hooks import FitContext, Hook, every
 from .background import BackgroundWrite, stage_to_host
 from .choose import ShapeMismatch, model_settings_changed, model_shapes, newest_usable, shape_problem
@@ -256,7 +257,7 @@ class Checkpointer(Hook):
         parts = self._stage_shards(sharded_parts(self.state))
         # every rank saves at the same steps: created at the same point
         if self._group is None and in_group():
-            self._group = new_gloo_group()  # left at exit (core.distributed.shutdown)
+            self._group = new_gloo_group()  # left at exit (core.process_group.shutdown)
         group = self._group
         return lambda: write_sharded(folder, step, parts, keep_last, group=group)
 
@@ -264,7 +265,7 @@ class Checkpointer(Hook):
         if self.background is not None and self.sharded and self._group is None and in_group():
             # the background writes' own group, made now on every rank: later (at the first save) the
             # launcher's store may be gone (orphaned ranks still save at their stop)
-            self._group = new_gloo_group()  # left at exit (core.distributed.shutdown)
+            self._group = new_gloo_group()  # left at exit (core.process_group.shutdown)
         for path in clean_stale_temps(self.folder):
             log.info("removed %s, left by a checkpoint write that was killed", path)
         if rank_world()[0] == 0:  # one process cleans; no save runs before every rank reaches it

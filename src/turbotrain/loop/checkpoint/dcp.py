@@ -28,7 +28,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ...base.errors import TurbotrainError
-from ...core.distributed import decided_by_main, in_group, is_loaded_instance
+from ...core.distributed import is_loaded_instance
+from ...core.main_rank import decided_by_main
+from ...core.process_group import in_group
 from ...parts.models.moe import EXTRA_STATE_KEY
 
 if TYPE_CHECKING:

@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 
 from ...base.errors import TurbotrainError
-from ...core.distributed import ReportedByMainRank, in_group, rank_world
+from ...core.main_rank import ReportedByMainRank
+from ...core.process_group import in_group, rank_world
 from . import dcp
 from .choose import ShapeMismatch, model_settings_changed, model_shapes, newest_usable, shape_problem
 from .format import (

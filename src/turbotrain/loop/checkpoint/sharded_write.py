@@ -23,7 +23,8 @@ import torch.distributed as dist
 
 from ...base.atomic import DISK_FULL_ERRNOS, DiskFullError, atomic_write, disk_full_cause
 from ...base.errors import TurbotrainError
-from ...core.distributed import ReportedByAnotherRank, in_group, rank_world
+from ...core.main_rank import ReportedByAnotherRank
+from ...core.process_group import in_group, rank_world
 from .dcp import describe, is_dcp_failure
 from .format import FORMAT, MARKER, STATE_FILE, checkpoint_dir, partial_dir, rank_file, sha256_of
 

@@ -48,9 +48,9 @@ from ...base.errors import ConfigError, TurbotrainError
 from ...base.rundir import BATCH_CACHE
 from ...base.seeds import rng_state, set_rng_state
 from ...base.units import GIB, gib
-from ...core.distributed import collective_device, in_group, rank_world
 from ...core.engine import Engine, default_loss
 from ...core.oom import is_oom
+from ...core.process_group import collective_device, in_group, rank_world
 from ...core.transforms import eager
 from ...parts.data.sources import BYTE_VOCAB
 from ...parts.hardware import ram_bytes

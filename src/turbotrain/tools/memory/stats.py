@@ -41,7 +41,8 @@ from ...base.batch import batch_size, move_to, tensors_of
 from ...base.config import RunConfig
 from ...base.errors import TurbotrainError
 from ...base.units import gib
-from ...core.engine import as_loss, default_loss, resolve_device
+from ...core.device import resolve_device
+from ...core.engine import as_loss, default_loss
 from ...core.optim import build_optimizer
 from ...core.precision import DeviceCaps, MixedPrecision, precision_class, resolve_precision
 from ...core.transforms import apply_activation_checkpointing, recompute_context

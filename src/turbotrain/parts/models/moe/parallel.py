@@ -1,7 +1,7 @@
 """Expert parallelism: each MoE block's experts spread over the ranks of an expert-parallel group,
 tokens sent to the rank of their expert with an all-to-all and brought back with the reverse one.
 
-The expert dimension of a run's parallel plan (:class:`turbotrain.core.distributed.ParallelPlan`, which
+The expert dimension of a run's parallel plan (:class:`turbotrain.core.plan.ParallelPlan`, which
 owns the groups; its strategy calls :func:`place_experts` in ``engine.setup``, before wrapping the
 rest of the model for data parallelism).
 

@@ -1,0 +1,112 @@
+"""Rank 0 speaks for the run: start-up decisions it makes for every rank (the run directory, a
+shared cache), and errors it reports once while the other ranks end quietly.
+
+When one rank reports an error in one line and exits, the others learn of it only as a failed
+collective (or torchrun's SIGTERM), which looks like a lost rank. The reporting rank first leaves
+word in the launcher's key-value store (torchrun's agent hosts it: it outlives the rank), and a
+rank whose collective failed reads it there before saying that a rank was lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+
+from ..base.errors import TurbotrainError
+from .process_group import in_group, rank_world
+
+T = TypeVar("T")
+
+
+class ReportedByAnotherRank(TurbotrainError):
+    """Another rank found the error and reports it itself (one line); this rank ends quietly, so
+    the user reads the failure once, from the rank that found it."""
+
+
+class ReportedByMainRank(ReportedByAnotherRank):
+    """Rank 0 failed at a start-up step every rank shares (a config, the run directory, the data)
+    and reports it itself; the other ranks end quietly with this, so the user reads one line."""
+
+
+def _failure_key() -> str:
+    return f"turbotrain/reported/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def _store() -> Any:
+    """The default process group's store, or None (no group, or a torch without it)."""
+    if not in_group():
+        return None
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:  # noqa: BLE001 - the store is a courtesy: without it ranks say a peer was lost
+        return None
+
+
+def announce_reported(message: str) -> None:
+    """This rank is about to report ``message`` as the run's error (one line) and exit: leave word
+    for the other ranks (see :func:`reported_elsewhere`). Nothing without a process group of more
+    than one rank; a store that cannot be reached is ignored."""
+    store = _store() if _grouped() else None
+    if store is None:
+        return
+    with contextlib.suppress(Exception):
+        store.set(_failure_key(), f"rank {dist.get_rank()}: {message}"[:500])
+
+
+def reported_elsewhere() -> str | None:
+    """What another rank reported before it exited (``rank R: message``), or None: call it when a
+    collective failed, to tell a rank that stopped with its own one-line error from one that was
+    lost. Does not wait: the word is left before the reporting rank exits, which is what fails
+    the collective."""
+    store = _store()
+    if store is None:
+        return None
+    try:
+        if not store.check([_failure_key()]):
+            return None
+        said = store.get(_failure_key()).decode("utf-8", "replace")
+    except Exception:  # noqa: BLE001 - the store went with the launcher: nothing to read
+        return None
+    return None if said.startswith(f"rank {dist.get_rank()}:") else said
+
+
+def _grouped() -> bool:
+    return rank_world()[1] > 1
+
+
+def decided_by_main(fn: Callable[[], T]) -> T:
+    """Rank 0 runs ``fn`` (e.g. creates the run directory) and every rank gets its result; when
+    it fails, rank 0 raises its error and the others :class:`ReportedByMainRank`. Without a
+    process group: ``fn()``. A pickled broadcast: start-up only, never in the hot loop."""
+    return _on_main(fn, share=True)
+
+
+def main_first(fn: Callable[[], T]) -> T:
+    """``fn`` on rank 0 first, then on the others (e.g. tokenizing into a shared cache once);
+    when it fails on rank 0 the others raise :class:`ReportedByMainRank` instead of running it."""
+    value = _on_main(fn, share=False)
+    return fn() if _grouped() and dist.get_rank() != 0 else value
+
+
+def _on_main(fn: Callable[[], T], share: bool) -> T:
+    if not _grouped():
+        return fn()
+    box: list[Any] = [None]
+    value: Any = None
+    if dist.get_rank() == 0:
+        try:
+            value = fn()
+        except BaseException as exc:
+            box[0] = ("error", f"{type(exc).__name__}: {exc}")
+            dist.broadcast_object_list(box, src=0)
+            raise
+        box[0] = ("ok", value if share else None)
+    dist.broadcast_object_list(box, src=0)
+    kind, shared = box[0]
+    if kind == "error":
+        raise ReportedByMainRank(f"rank 0 failed at start-up ({shared})")
+    return value if dist.get_rank() == 0 else shared

@@ -1,0 +1,87 @@
+"""What the Engine needs from a RunConfig, resolved once: devices, precision, compile, batch,
+guard, OOM and data settings as plain values (:class:`EngineOptions`), so that the Engine's hot path
+reads no configuration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..base.config import PrecisionConfig, RunConfig
+from ..base.launch import Topology
+from ..parts.data.loader import LoaderSettings, resolve_loader_settings
+from .device import local_device, resolve_device
+from .plan import ParallelPlan
+from .transforms import resolve_scope
+
+
+@dataclass
+class EngineOptions:
+    """What the engine needs from a RunConfig, resolved once."""
+
+    device: torch.device
+    precision: str
+    # the [precision] section, for the plugins' own fields
+    precision_settings: PrecisionConfig = PrecisionConfig()
+    tf32: bool = True
+    cudnn_benchmark: bool = True
+    flush_denormal: bool = True
+    deterministic: bool = False
+    memory_max_fraction: float = 0.0  # CUDA: the caching allocator's cap, a fraction of the device (0 = none)
+    compile_scope: str = "off"
+    compile_mode: str = "default"
+    max_recompiles: int = 2  # after the first sync_every steps, before the compile guard warns
+    accumulation: int = 1
+    grad_clip: float = 0.0
+    nonfinite: str = "fallback"
+    max_nonfinite_steps: int = 3
+    # optimizer steps between guard reads: the monitor's logging cadence, so both share one sync
+    sync_every: int = 10
+    track_grad_norm: bool = False
+    device_prefetch: bool = True
+    checkpointing: str = "off"
+    on_oom: str = "halve"
+    inject_oom_at_step: int = 0
+    tune_user_optimizer: bool = False  # engine.setup switches an Adam/AdamW to the fused kernel in place
+    tune_user_loader: LoaderSettings | None = None  # engine.setup rebuilds a DataLoader with these settings
+
+    plan: ParallelPlan = ParallelPlan(Topology())  # how the run spreads over processes (one process: this)
+
+    @classmethod
+    def from_config(cls, config: RunConfig, plan: ParallelPlan | None = None) -> EngineOptions:
+        """The engine's options from ``config``; ``plan`` is the run's parallel plan when the caller
+        resolved it already (once per process), else it is resolved here."""
+        plan = plan or ParallelPlan.resolve(config.distributed)
+        device = local_device(resolve_device(config.run.device), plan.topology)
+        return cls(
+            device=device,
+            precision=config.precision.mode,
+            precision_settings=config.precision,
+            tf32=config.precision.tf32,
+            cudnn_benchmark=config.precision.cudnn_benchmark,
+            flush_denormal=config.precision.flush_denormal,
+            deterministic=config.run.deterministic,
+            memory_max_fraction=config.memory.max_fraction,
+            compile_scope=resolve_scope(config.compile.scope, device),
+            compile_mode=config.compile.mode,
+            max_recompiles=config.compile.max_recompiles,
+            accumulation=config.batch.accumulation,
+            grad_clip=config.optim.grad_clip,
+            nonfinite=config.precision.nonfinite,
+            max_nonfinite_steps=config.precision.max_nonfinite_steps,
+            sync_every=config.monitor.log_every,
+            track_grad_norm=config.monitor.grad_norm,
+            device_prefetch=config.data.device_prefetch,
+            checkpointing=config.memory.checkpointing,
+            on_oom=config.memory.on_oom,
+            inject_oom_at_step=config.memory.inject_oom_at_step,
+            tune_user_optimizer=config.optim.tune_user_optimizer,
+            tune_user_loader=resolve_loader_settings(
+                device, config.data.num_workers, config.data.pin_memory, config.data.prefetch_factor
+            )
+            if config.data.tune_user_loader
+            else None,
+            plan=plan,
+        )

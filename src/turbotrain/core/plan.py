@@ -1,0 +1,155 @@
+"""The parallel plan: how a run spreads over its processes, resolved once per process.
+
+``torchrun`` (or SLURM's ``srun``) starts the processes (:mod:`turbotrain.base.launch` reads where each
+sits); :class:`ParallelPlan` is resolved from ``distributed.*`` and that launch, checked before any
+process group exists (every rank finds the same mistake before joining), and owns the process
+groups it makes in :meth:`ParallelPlan.join`. Its dimensions: ``data`` (every rank trains on its own
+share of the global batch) and ``expert`` (the experts of each MoE block spread over groups of
+ranks, :mod:`turbotrain.parts.models.moe.parallel`). The strategy (:mod:`turbotrain.core.distributed`)
+carries the plan out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..base.config import DIST_STRATEGIES, DistributedConfig, choice_error, setting
+from ..base.errors import ConfigError
+from ..base.launch import Topology
+from ..parts.models.moe.parallel import ExpertLayout, check_degree
+from .process_group import join_process_group
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """How a run spreads over its processes: resolved once per process (:meth:`resolve`) from
+    ``distributed.*`` and the launch, without any communication, so every rank finds the same
+    mistake before joining; then :meth:`join` makes the process groups, which the plan owns.
+
+    - ``data`` degree: every rank trains on its own share of the global batch (the world size);
+      the dense parameters are replicated (``strategy = ddp``) or sharded (``fsdp``) over it.
+    - ``expert`` degree: each MoE block's experts spread over groups of ``expert`` consecutive
+      ranks; the ``world / expert`` ranks holding the same experts form a replica group.
+
+    A tensor, pipeline or context degree would be one more field here, with its groups made in
+    :meth:`join` and used by the strategy's ``wrap``.
+    """
+
+    topology: Topology
+    strategy: str = "single"  # single | ddp | fsdp: how the dense parameters are kept over the data dimension
+    expert: int = 1
+    settings: DistributedConfig = DistributedConfig()
+    # made by join(), owned here
+    _groups: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def resolve(
+        cls, cfg: DistributedConfig, topology: Topology | None = None, n_experts: int | None = None
+    ) -> ParallelPlan:
+        """The plan for this launch: ``distributed.strategy`` (``auto``: ddp under a launcher with
+        more than one process, else single) and ``distributed.expert_parallel`` checked against the
+        world size and ``n_experts`` (the model's experts per MoE block, its spec says: 0 for a
+        dense model; None when not known yet, then the MoE layers are checked when their experts
+        are placed)."""
+        topology = topology or Topology.from_env()
+        strategy = cfg.strategy
+        if strategy not in ("auto", *DIST_STRATEGIES):
+            raise choice_error("distributed.strategy", strategy, ("auto", *DIST_STRATEGIES))
+        if strategy == "auto":
+            strategy = "ddp" if topology.world > 1 else "single"
+        if strategy == "single" and topology.world > 1:
+            raise ConfigError(
+                f"distributed.strategy = 'single' but {topology.world} processes were launched; "
+                f"use {setting('distributed.strategy', 'ddp')} or fsdp, or launch one process"
+            )
+        if strategy != "single" and not topology.launched:
+            raise ConfigError(
+                f"distributed.strategy = {strategy!r} needs processes started by torchrun, e.g. "
+                f"`torchrun --nproc-per-node 2 -m turbotrain train ...`; in one plain process use "
+                f"{setting('distributed.strategy', 'single')}"
+            )
+        degree = cfg.expert_parallel
+        if degree > 1:  # (one plain process: the degree cannot divide its world of 1)
+            if n_experts == 0:
+                raise ConfigError(
+                    f"distributed.expert_parallel = {degree} needs a mixture-of-experts model: "
+                    f"{setting('model.arch', 'moe')} (or --preset moe-tiny), or a --model with turbotrain.MoE layers"
+                )
+            check_degree(degree, topology.world, n_experts)
+            if strategy == "fsdp":
+                raise ConfigError(
+                    f"distributed.expert_parallel = {degree} runs with DDP for the non-expert parameters; "
+                    f"use {setting('distributed.strategy', 'ddp')}"
+                )
+        return cls(topology, strategy, degree, cfg)
+
+    @property
+    def rank(self) -> int:
+        return self.topology.rank
+
+    @property
+    def world(self) -> int:
+        return self.topology.world
+
+    @property
+    def data(self) -> int:
+        """The data-parallel degree: ranks that each train on their own share of the global batch."""
+        return self.topology.world
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the dense parameters are sharded over the data dimension (FSDP2)."""
+        return self.strategy == "fsdp"
+
+    def accumulation_for(self, micro: int, global_size: int, accumulation: int) -> int:
+        """The accumulation that makes ``global_size`` samples per optimizer step out of ``micro``
+        per rank and backward pass over the data dimension (global = micro x accumulation x data);
+        ``accumulation`` itself when no global size is asked for (0). One line naming the fields
+        when they do not fit together."""
+        if global_size <= 0:
+            return accumulation
+        per_step = micro * self.data
+        if global_size % per_step:
+            lower = max(per_step, global_size // per_step * per_step)
+            raise ConfigError(
+                f"batch.global_size = {global_size} does not divide by batch.micro x world = {micro} x {self.data}"
+                f" = {per_step}; use {setting('batch.global_size', lower)} (a multiple of {per_step}) or another batch.micro"
+            )
+        split = global_size // per_step
+        if accumulation not in (1, split):
+            raise ConfigError(
+                f"batch.accumulation = {accumulation} contradicts batch.global_size = {global_size} = batch.micro x "
+                f"accumulation x world = {micro} x {split} x {self.data}; set one of them"
+            )
+        return split
+
+    def join(self, device: torch.device) -> None:
+        """Join the launcher's process group (a no-op in a plain process, or when joined already;
+        one torchrun process joins a group of one) and make this plan's groups: the
+        expert-parallel and replica groups when ``expert`` > 1. Every rank calls it, in the same
+        order (group creation is a collective)."""
+        join_process_group(self.settings, device, self.topology)
+        if self.expert > 1 and "expert" not in self._groups:
+            degree, world, rank = self.expert, self.world, self.rank
+            ep_groups = [
+                dist.new_group(list(range(g * degree, (g + 1) * degree))) for g in range(world // degree)
+            ]
+            replica_groups = [dist.new_group(list(range(i, world, degree))) for i in range(degree)]
+            self._groups["expert"] = ExpertLayout(
+                degree, world, rank, ep_groups[rank // degree], replica_groups[rank % degree]
+            )
+
+    @property
+    def experts(self) -> ExpertLayout | None:
+        """This rank's expert-parallel and replica groups (made by :meth:`join`); None for degree 1."""
+        if self.expert == 1:
+            return None
+        if "expert" not in self._groups:
+            raise RuntimeError(
+                "ParallelPlan.join(device) makes the expert groups: call it before placing experts"
+            )
+        return self._groups["expert"]
