@@ -205,9 +205,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "fallback-threshold-off-by-one",
-        "src/turbotrain/core/engine.py",
-        '        if opts.nonfinite == "skip" or new < opts.max_nonfinite_steps:',
-        '        if opts.nonfinite == "skip" or new <= opts.max_nonfinite_steps:  # mutation',
+        "src/turbotrain/core/nonfinite.py",
+        '        if self.mode == "skip" or new < self.max_steps:',
+        '        if self.mode == "skip" or new <= self.max_steps:  # mutation',
         ("tests/unit/test_engine.py::test_non_finite_loss_is_skipped_then_falls_back",),
         "the precision fallback comes one non-finite step late",
     ),
