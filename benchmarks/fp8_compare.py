@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from turbotrain.app.bench.suite import fp8_unavailable
+from turbotrain.app.bench.variants import fp8_unavailable
 from turbotrain.base.version import collect_git
 
 

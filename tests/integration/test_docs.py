@@ -140,6 +140,18 @@ PYTHON: dict[tuple[str, str], tuple[str, str] | str] = {
         "precision.md",
         "def test_fp16_unscaled():",
     ): "run by tests/unit/test_precision_fp8.py with the block above",
+    **{
+        ("plugins.md", f"# {name}"): "a file of the page's plugin: tests/unit/test_plugins_docs.py writes it "
+        "where it says and runs the page's commands in a process of their own (registering a plugin here "
+        "would change every later config of this process)"
+        for name in (
+            "fp16_static.py",
+            "use_fp16_static.py",
+            "regression/settings.py",
+            "regression/spec.py",
+            "regression/__init__.py",
+        )
+    },
 }
 
 LINKED = ("examples", "benchmarks", "tests", "src")  # the repository's folders a command names

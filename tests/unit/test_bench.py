@@ -221,6 +221,7 @@ def test_the_step_changes_are_ablation_rows_that_say_when_they_cannot_run(monkey
     assert cpu["all"].model == {"loss": "chunked"}  # no cuDNN preference where it cannot run
     gpu = resolve_workload("gpt2-small", "cuda")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))
     monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
     monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91000)
@@ -396,6 +397,7 @@ def test_every_precision_row_runs_with_compile_off(device):
 
 def _h100(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
     monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91000)

@@ -441,26 +441,31 @@ def test_doctor_reports_fp8_capability():
 
 
 def test_the_fp8_bench_rows_run_only_on_float8_hardware_with_torchao_and_say_why_not(monkeypatch):
-    from turbotrain.app.bench import suite
+    """The reasons are the fp8 plugin's own (FP8.check), not a second statement of its rule."""
+    from turbotrain.app.bench import variants
     from turbotrain.app.bench.workloads import resolve_workload
+    from turbotrain.core.precision import fp8
 
     assert (
         "CUDA GPU with compute capability >= 8.9"
-        in {v.name: v for v in suite.precision_variants("cpu")}["fp8"].skip
+        in {v.name: v for v in variants.precision_variants("cpu")}["fp8"].skip
     )
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
-    assert "8.0 < 8.9" in {v.name: v for v in suite.precision_variants("cuda")}["fp8"].skip
+    skip = {v.name: v for v in variants.precision_variants("cuda")}["fp8"].skip
+    assert "compute capability (8, 0)) has no float8 tensor cores (>= 8.9 needed)" in skip, skip
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    ablation = {v.name: v for v in suite.ablation_variants(resolve_workload("gpt2-small", "cuda"), "cuda")}
+    monkeypatch.setattr(fp8, "torchao_available", lambda: True)
+    ablation = {v.name: v for v in variants.ablation_variants(resolve_workload("gpt2-small", "cuda"), "cuda")}
     row = ablation["bf16-compile+fp8"]
     assert (
         not row.skip
         and row.overrides["precision"] == {"mode": "fp8"}
         and row.overrides["compile"]["scope"] == "model"
     )
-    monkeypatch.setattr(suite, "torchao_available", lambda: False)
-    assert "turbotrain[fp8]" in {v.name: v for v in suite.precision_variants("cuda")}["fp8"].skip
+    monkeypatch.setattr(fp8, "torchao_available", lambda: False)
+    assert "turbotrain[fp8]" in {v.name: v for v in variants.precision_variants("cuda")}["fp8"].skip
 
 
 def test_a_plugin_object_is_checked_by_its_own_fields_and_placed_on_the_engine_device():

@@ -36,7 +36,7 @@ from ..loop.checkpoint import Checkpointer, restore_latest, run_state
 from ..loop.hooks import FitContext, HookList
 from ..loop.monitor import MfuProbe, Monitor, TrackerOptions
 from ..loop.run_hooks import MonitorPlan, build_hooks, build_monitor
-from .doctor import collect_hardware
+from .environment import collect_hardware
 from .report import write_report, write_summary
 
 

@@ -45,13 +45,13 @@ from torch import nn
 from ..base.batch import batch_size
 from ..base.config import OOM_POLICIES, choice_error, setting
 from ..base.errors import TurbotrainError
+from ..parts.models.spec import LossFn
 
 if TYPE_CHECKING:
     from .engine import Engine
 
 log = logging.getLogger(__name__)
 
-LossFn = Callable[[nn.Module, Any], Any]
 T = TypeVar("T")  # what a re-run step returns
 
 

@@ -29,12 +29,12 @@ from torch import nn
 
 from ..base.errors import LossError
 from ..parts.models.moe.parallel import GradNormFn
+from ..parts.models.spec import LossFn  # the one definition of (model, batch) -> loss
 from .precision.core import NonFiniteGuard, Precision  # the class's own module: one import level less
 
 if TYPE_CHECKING:  # the window calls the strategy it is given; it builds none
     from .distributed import Strategy
 
-LossFn = Callable[[nn.Module, Any], Any]
 # (a batch or a part of one, the weight of its loss: 1.0 for whole, equal parts)
 MicroBatch = tuple[Any, float]
 WindowFn = Callable[

@@ -8,12 +8,12 @@ expert's plain PyTorch), :mod:`.worker` (the per-row process), :mod:`.autobatch`
 """
 
 from .suite import BenchOptions, run_ablation, run_compare, run_precision_matrix
-from .workloads import WORKLOADS, Workload, resolve_workload
+from .workloads import WORKLOADS, BenchWorkload, resolve_workload
 
 __all__ = [
     "BenchOptions",
     "WORKLOADS",
-    "Workload",
+    "BenchWorkload",
     "resolve_workload",
     "run_ablation",
     "run_compare",

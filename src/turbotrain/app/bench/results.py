@@ -19,7 +19,7 @@ import torch
 
 from ...base.atomic import atomic_write
 from ...base.version import collect_git
-from ..doctor import collect_env
+from ..environment import collect_env
 from .tables import render_report
 
 SCHEMA = "turbotrain-bench/1"

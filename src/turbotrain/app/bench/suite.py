@@ -16,19 +16,16 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ...base.failure import cause_in_log
 from ...base.process import child_env, run_process
-from ...core.precision.fp8 import MIN_CAPABILITY as FP8_MIN_CAPABILITY
-from ...core.precision.fp8 import torchao_available
 from ...parts.hardware import estimate_mfu, lookup_peak
 from .contenders import CONTENDERS, DEFAULT_ORDER
-from .workloads import CUSTOM, Workload, flops_per_step, to_spec, write_data
+from .variants import LADDERS, Variant, ablation_variants, precision_variants
+from .workloads import BenchWorkload, flops_per_step, to_spec, write_data
 
 # Loss parity: the same recipe in the same arithmetic differs only by kernel summation order
 # (fused vs foreach vs for-loop AdamW, clipping): 1e-3 nats after a few dozen steps is generous.
@@ -211,7 +208,7 @@ def _status(row: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------- derived figures
 
 
-def derive(row: dict[str, Any], w: Workload, flops: float) -> None:
+def derive(row: dict[str, Any], w: BenchWorkload, flops: float) -> None:
     """Add throughput and MFU computed from the row's measured median step (in place)."""
     if row.get("status") != "ok":
         return
@@ -242,7 +239,7 @@ def compare_to(rows: list[dict[str, Any]], ref: dict[str, Any] | None, *, speed_
         row[speed_key] = ratio if speed_key == "turbotrain_speedup" else 1.0 / ratio
 
 
-def _base(kind: str, w: Workload, opts: BenchOptions, flops: float, flops_method: str) -> dict[str, Any]:
+def _base(kind: str, w: BenchWorkload, opts: BenchOptions, flops: float, flops_method: str) -> dict[str, Any]:
     return {
         "kind": kind,
         "workload": {**asdict(w), "describe": w.describe()},
@@ -280,7 +277,7 @@ def _base(kind: str, w: Workload, opts: BenchOptions, flops: float, flops_method
     }
 
 
-def _prepare(w: Workload, opts: BenchOptions, tag: str) -> tuple[dict[str, Any], float, str]:
+def _prepare(w: BenchWorkload, opts: BenchOptions, tag: str) -> tuple[dict[str, Any], float, str]:
     opts.work_dir.mkdir(parents=True, exist_ok=True)
     data = write_data(w, opts.seed, opts.work_dir / f"{w.name}-{tag}-data.pt")
     flops, method = flops_per_step(w)
@@ -304,7 +301,7 @@ def _log_row(opts: BenchOptions, row: dict[str, Any], label: str) -> None:
 # ---------------------------------------------------------------------------------- compare
 
 
-def run_compare(w: Workload, opts: BenchOptions, contenders: list[str] | None = None) -> dict[str, Any]:
+def run_compare(w: BenchWorkload, opts: BenchOptions, contenders: list[str] | None = None) -> dict[str, Any]:
     """Every contender on the same model, data, seed and batch, each in its own process."""
     names = list(contenders or DEFAULT_ORDER)
     unknown = [n for n in names if n not in CONTENDERS]
@@ -361,247 +358,8 @@ def run_compare(w: Workload, opts: BenchOptions, contenders: list[str] | None = 
     return run_report(jobs, opts, f"{w.name}-compare", build)
 
 
-# ---------------------------------------------------------------------------------- matrices
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One row of a matrix: turbotrain config overrides (+ model overrides) on a base."""
-
-    name: str
-    change: str
-    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
-    model: dict[str, Any] = field(default_factory=dict)
-    skip: str = ""  # why this row does not apply here (reported, not run)
-    ladder: str = ""  # ablation: which base this row changes one thing of (LADDERS)
-
-
-def fp8_unavailable(device: str) -> str:
-    """Why an fp8 row cannot run here ("" when it can): float8 tensor cores (CUDA, compute
-    capability >= 8.9) and torchao. Emulation (precision.fp8_emulate) is for tests and measures nothing."""
-    if device != "cuda":
-        return "float8 matmuls need a CUDA GPU with compute capability >= 8.9 (emulation is for tests, not speed)"
-    if not torch.cuda.is_available():
-        return "no CUDA device visible"
-    capability = torch.cuda.get_device_capability()
-    if capability < FP8_MIN_CAPABILITY:
-        return f"no float8 tensor cores: compute capability {capability[0]}.{capability[1]} < 8.9"
-    if not torchao_available():
-        return "torchao is not installed (pip install 'turbotrain[fp8]')"
-    return ""
-
-
-def precision_variants(device: str) -> list[Variant]:
-    """fp32 (TF32 off), TF32, fp16-mixed, bf16-mixed, bf16-true, fp8; compile off so each row isolates
-    precision (the ablation measures compile, and fp8 with it) and the matrix fits a device session."""
-    cuda_only = "" if device == "cuda" else "TF32 is a CUDA tensor-core mode; no effect on CPU"
-
-    def row(mode: str, tf32: bool = False) -> dict[str, dict[str, Any]]:
-        # compile's default scope is auto (model on CUDA): say off, or every row compiles.
-        return {"precision": {"mode": mode, "tf32": tf32}, "compile": {"scope": "off"}}
-
-    return [
-        Variant("fp32", "fp32 weights and math, TF32 off", row("fp32")),
-        Variant("tf32", "fp32 weights, TF32 matmuls/convolutions", row("fp32", tf32=True), skip=cuda_only),
-        Variant("fp16-mixed", "fp16 autocast + GradScaler", row("fp16-mixed")),
-        Variant("bf16-mixed", "bf16 autocast, fp32 weights", row("bf16-mixed")),
-        Variant("bf16-true", "bf16 weights, gradients and optimizer state", row("bf16-true")),
-        Variant(
-            "fp8",
-            "bf16 autocast + torchao float8 linears (tensorwise, torchao's size filter), eager: "
-            "the float8 speed needs torch.compile (ablation row bf16-compile+fp8)",
-            row("fp8"),
-            skip=fp8_unavailable(device),
-        ),
-    ]
-
-
-CUDNN_ATTENTION_MIN = (90000, (8, 0))  # cuDNN version, compute capability: cuDNN SDPA's floor in PyTorch
-
-
-def cudnn_attention_unavailable(device: str) -> str:
-    """Why SDPA's cuDNN kernel cannot run here ("" when it can): a CUDA kernel, cuDNN 9 or later,
-    compute capability 8.0 or later. (Shapes it refuses still run: the model falls back.)"""
-    if device != "cuda":
-        return "cuDNN attention is a CUDA kernel"
-    if not torch.cuda.is_available():
-        return "no CUDA device visible"
-    version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    capability = torch.cuda.get_device_capability()
-    if version is None or version < CUDNN_ATTENTION_MIN[0] or capability < CUDNN_ATTENTION_MIN[1]:
-        return (
-            f"cuDNN attention needs cuDNN >= 9 and compute capability >= 8.0 "
-            f"(here cuDNN {version or 'none'}, {capability[0]}.{capability[1]})"
-        )
-    return ""
-
-
-# The ablation's two ladders, each a base and one change at a time on top of it. bf16 + compile
-# comes first: it is what turbotrain trains with on a GPU, so its rows answer which step change
-# still pays there (flash and cuDNN attention do not take fp32, so the fp32 ladder cannot say),
-# and a bench stopped at a time limit has measured them first.
-LADDERS = {
-    "bf16-compile": {
-        "reference": "bf16-compile",
-        "title": "bf16 + compile ladder: each change alone on bf16 autocast + torch.compile",
-    },
-    "fp32-eager": {
-        "reference": "baseline",
-        "title": "fp32 eager ladder: each change alone on plain fp32 eager",
-    },
-}
-
-
-def ablation_variants(w: Workload, device: str) -> list[Variant]:
-    """Two ladders (LADDERS). On bf16 autocast + torch.compile: that base, then cuDNN attention,
-    the chunked loss and CUDA graphs each alone on it. On the plain fp32 eager baseline: each
-    optimization alone, then all together, then turbotrain's defaults. Rows that cannot apply
-    here say why."""
-    cuda = device == "cuda"
-    gpt = w.model in ("gpt", "moe")
-    moe = {"moe_impl": "loop"} if w.model == "moe" else {}  # MoE baseline: one matmul pair per expert
-    no_attention = "" if gpt else "no attention in this model"
-    no_cudnn_attention = no_attention or cudnn_attention_unavailable(device)
-    conv = w.model in ("resnet", "cifar") or (w.model == CUSTOM and bool(w.model_kwargs.get("conv")))
-    only_cuda = "" if cuda else "CUDA only"
-    baseline: dict[str, dict[str, Any]] = {
-        "precision": {"mode": "fp32", "tf32": False, "cudnn_benchmark": False},
-        "compile": {"scope": "off", "mode": "default"},
-        "optim": {"implementation": "foreach" if cuda else "for-loop"},  # torch's own default per device
-        "data": {"device_prefetch": False, "pin_memory": False},
-    }
-    masked = {"attention": "masked", **moe} if gpt else {}
-
-    def on(**sections: dict[str, Any]) -> dict[str, dict[str, Any]]:
-        merged = {k: dict(v) for k, v in baseline.items()}
-        for k, v in sections.items():
-            merged.setdefault(k, {}).update(v)
-        return merged
-
-    prefetch_skip = only_cuda or ("the data is already resident on the device" if w.resident else "")
-    rows = [
-        Variant(
-            "baseline", "fp32, eager, AdamW torch default, explicit attention mask, no prefetch", on(), masked
-        ),
-        Variant("+bf16-mixed", "bf16 autocast", on(precision={"mode": "bf16-mixed"}), masked),
-        Variant("+tf32", "TF32 matmuls/convolutions", on(precision={"tf32": True}), masked, skip=only_cuda),
-        Variant(
-            "+cudnn-benchmark",
-            "cuDNN autotuning",
-            on(precision={"cudnn_benchmark": True}),
-            masked,
-            skip=only_cuda or ("" if conv else "no convolutions in this model"),
-        ),
-        Variant("+compile", "torch.compile (model)", on(compile={"scope": "model"}), masked),
-        Variant("+fused-adamw", "fused AdamW", on(optim={"implementation": "fused"}), masked),
-        Variant(
-            "+sdpa-flash",
-            "SDPA is_causal (flash kernel) instead of an explicit mask",
-            on(),
-            {**moe},
-            skip=no_attention,
-        ),
-        Variant(
-            "+cudnn-attention",
-            "SDPA is_causal preferring cuDNN attention (model.sdpa_backend = 'cudnn'; "
-            "shapes cuDNN refuses fall back)",
-            on(),
-            {"sdpa_backend": "cudnn", **moe},
-            skip=no_cudnn_attention,
-        ),
-        Variant(
-            "+chunked-loss",
-            "linear + cross-entropy by chunks, no full logits (model.loss = 'chunked')",
-            on(),
-            {**masked, "loss": "chunked"},
-            skip="" if gpt else "no language-model loss in this model",
-        ),
-        Variant(
-            "+prefetch",
-            "pinned batches, side-stream copy",
-            on(data={"device_prefetch": True, "pin_memory": True}),
-            masked,
-            skip=prefetch_skip,
-        ),
-        Variant(
-            "+cuda-graphs",
-            "compile mode reduce-overhead (CUDA graphs)",
-            on(compile={"scope": "model", "mode": "reduce-overhead"}),
-            masked,
-            skip=only_cuda,
-        ),
-    ]
-    if moe:
-        rows += [
-            Variant(
-                "+grouped-experts",
-                "all experts as one grouped GEMM per projection (moe.impl = 'grouped')",
-                on(),
-                {**masked, "moe_impl": "grouped"},
-            ),
-            Variant(
-                "+batched-experts",
-                "all experts as one padded batched matmul (moe.impl = 'batched')",
-                on(),
-                {**masked, "moe_impl": "batched"},
-            ),
-        ]
-    everything = on(
-        precision={"mode": "bf16-mixed", "tf32": cuda, "cudnn_benchmark": cuda},
-        compile={"scope": "model", "mode": "reduce-overhead" if cuda else "default"},
-        optim={"implementation": "fused"},
-        data={"device_prefetch": cuda, "pin_memory": cuda},
-    )
-    together = {"loss": "chunked", **({} if no_cudnn_attention else {"sdpa_backend": "cudnn"})} if gpt else {}
-    rows.append(Variant("all", "every optimization above together", everything, together))
-    rows.append(Variant("turbotrain-defaults", "Engine defaults (auto)", {}, {}))
-    return bf16_ladder(w, device) + [replace(v, ladder="fp32-eager") for v in rows]
-
-
-def bf16_ladder(w: Workload, device: str) -> list[Variant]:
-    """bf16 autocast + torch.compile (model), the rest at turbotrain's defaults, then one change
-    at a time on it (fp8: float8 linears by torchao's size filter). Not run on CPU: there
-    turbotrain trains fp32 eager, and bf16 autocast is the slow path on many CPUs."""
-    gpt = w.model in ("gpt", "moe")
-    gpu_only = (
-        ""
-        if device == "cuda"
-        else "a GPU question: on CPU turbotrain trains fp32 eager (see the fp32 ladder)"
-    )
-    base = {"precision": {"mode": "bf16-mixed"}, "compile": {"scope": "model", "mode": "default"}}
-    graphs = {**base, "compile": {"scope": "model", "mode": "reduce-overhead"}}
-    no_attention = "" if gpt else "no attention in this model"
-    rows = [
-        Variant(
-            "bf16-compile", "bf16 autocast, torch.compile (model), SDPA is_causal; defaults otherwise", base
-        ),
-        Variant(
-            "bf16-compile+cudnn-attention",
-            "SDPA preferring cuDNN attention (model.sdpa_backend = 'cudnn')",
-            base,
-            {"sdpa_backend": "cudnn"},
-            skip=no_attention or cudnn_attention_unavailable(device),
-        ),
-        Variant(
-            "bf16-compile+chunked-loss",
-            "linear + cross-entropy by chunks (model.loss = 'chunked')",
-            base,
-            {"loss": "chunked"},
-            skip="" if gpt else "no language-model loss in this model",
-        ),
-        Variant("bf16-compile+cuda-graphs", "compile mode reduce-overhead (CUDA graphs)", graphs),
-        Variant(
-            "bf16-compile+fp8",
-            "torchao float8 linears (precision.mode = 'fp8', tensorwise, torchao's size filter)",
-            {**base, "precision": {"mode": "fp8"}},
-            skip=fp8_unavailable(device),
-        ),
-    ]
-    return [replace(v, ladder="bf16-compile", skip=gpu_only or v.skip) for v in rows]
-
-
 def _run_variants(
-    w: Workload,
+    w: BenchWorkload,
     opts: BenchOptions,
     variants: list[Variant],
     kind: str,
@@ -642,7 +400,7 @@ def _run_variants(
     return run_report(jobs, opts, f"{w.name}-{kind}", build)
 
 
-def run_precision_matrix(w: Workload, opts: BenchOptions, only: Sequence[str] = ()) -> dict[str, Any]:
+def run_precision_matrix(w: BenchWorkload, opts: BenchOptions, only: Sequence[str] = ()) -> dict[str, Any]:
     """Step time, speedup over fp32, peak memory and its reduction, loss and its difference from
     fp32 for each precision this device supports; recommends the fastest within tolerance
     (``only``: just these rows, beside fp32, the reference)."""
@@ -699,7 +457,7 @@ def recommend(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
-def run_ablation(w: Workload, opts: BenchOptions, only: Sequence[str] = ()) -> dict[str, Any]:
+def run_ablation(w: BenchWorkload, opts: BenchOptions, only: Sequence[str] = ()) -> dict[str, Any]:
     """Each ladder (LADDERS): its base, each optimization alone on it, (fp32: then all, then the
     defaults); every row compared with its own ladder's base (``only``: just these rows, beside
     the bases of their ladders)."""

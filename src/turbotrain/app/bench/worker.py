@@ -23,7 +23,7 @@ import torch
 from ...base.atomic import atomic_write
 from ...base.config import audience
 from ...base.version import __version__
-from ..doctor import cpu_model
+from ..environment import cpu_model
 from .contenders import CONTENDERS, TRAINERS, SkipContender
 from .protocol import Job, StepClock, init_digest, load_batches
 from .workloads import seeded_workload

@@ -1,6 +1,6 @@
 """Benchmark workloads: the model, its sizes on this device, the training recipe and the data.
 
-A :class:`Workload` is plain data. It turns into a JSON *spec* that every contender process reads,
+A :class:`BenchWorkload` is plain data. It turns into a JSON *spec* that every contender process reads,
 so all contenders build the same model (same class, same seed, hence the same initial weights),
 train on the same batches (written once to a file by the parent process) with the same recipe
 (AdamW, betas, weight decay on matrices only, linear LR warmup then constant, gradient clipping).
@@ -32,13 +32,13 @@ from ...parts.models.classifier import synthetic_images
 from ...parts.models.mlp import synthetic_batches
 from ...parts.workload import load_workload, rebuild_loader
 
-CUSTOM = "custom"  # Workload.model of a --model FILE.py:FUNC workload
+CUSTOM = "custom"  # BenchWorkload.model of a --model FILE.py:FUNC workload
 
 # ---------------------------------------------------------------------------------- workloads
 
 
 @dataclass(frozen=True)
-class Workload:
+class BenchWorkload:
     """One benchmark workload on one device type.
 
     ``batch_size`` is the global batch in samples (sequences or images), ``seq_len`` the tokens per
@@ -98,13 +98,13 @@ class Workload:
             f"{' x ' + shape if shape else ''}; {self.warmup_steps} warm-up + {self.timed_steps} timed steps"
         )
 
-    def replace(self, **changes: Any) -> Workload:
+    def replace(self, **changes: Any) -> BenchWorkload:
         return dataclasses.replace(self, **changes)
 
 
-def _gpt2_small(device_type: str) -> Workload:
+def _gpt2_small(device_type: str) -> BenchWorkload:
     if device_type == "cuda":
-        return Workload(
+        return BenchWorkload(
             "gpt2-small",
             "W1 GPT-2 small",
             "lm",
@@ -116,7 +116,7 @@ def _gpt2_small(device_type: str) -> Workload:
             timed_steps=20,
             lr=6e-4,
         )
-    return Workload(
+    return BenchWorkload(
         "gpt2-small",
         "W1 GPT-2 small",
         "lm",
@@ -134,9 +134,9 @@ def _gpt2_small(device_type: str) -> Workload:
     )
 
 
-def _cnn_224(device_type: str) -> Workload:
+def _cnn_224(device_type: str) -> BenchWorkload:
     if device_type == "cuda":
-        return Workload(
+        return BenchWorkload(
             "cnn-224",
             "W2 ResNet-18-style CNN, 224x224",
             "classify",
@@ -150,7 +150,7 @@ def _cnn_224(device_type: str) -> Workload:
             lr=1e-3,
             pool=4,
         )
-    return Workload(
+    return BenchWorkload(
         "cnn-224",
         "W2 ResNet-style CNN",
         "classify",
@@ -170,9 +170,9 @@ def _cnn_224(device_type: str) -> Workload:
     )
 
 
-def _cnn_cifar(device_type: str) -> Workload:
+def _cnn_cifar(device_type: str) -> BenchWorkload:
     if device_type == "cuda":
-        return Workload(
+        return BenchWorkload(
             "cnn-cifar",
             "W2 CIFAR-sized ResNet-9-style CNN, data on the GPU",
             "classify",
@@ -187,7 +187,7 @@ def _cnn_cifar(device_type: str) -> Workload:
             pool=16,
             resident=True,
         )
-    return Workload(
+    return BenchWorkload(
         "cnn-cifar",
         "W2 CIFAR-sized ResNet-9-style CNN",
         "classify",
@@ -205,8 +205,8 @@ def _cnn_cifar(device_type: str) -> Workload:
     )
 
 
-def _gpt_tiny(device_type: str) -> Workload:
-    return Workload(
+def _gpt_tiny(device_type: str) -> BenchWorkload:
+    return BenchWorkload(
         "gpt-tiny",
         "tiny GPT (CPU workload)",
         "lm",
@@ -220,8 +220,8 @@ def _gpt_tiny(device_type: str) -> Workload:
     )
 
 
-def _mlp_tiny(device_type: str) -> Workload:
-    return Workload(
+def _mlp_tiny(device_type: str) -> BenchWorkload:
+    return BenchWorkload(
         "mlp-tiny",
         "tiny MLP, overhead-bound (CPU workload)",
         "classify",
@@ -236,9 +236,9 @@ def _mlp_tiny(device_type: str) -> Workload:
     )
 
 
-def _moe(device_type: str) -> Workload:
+def _moe(device_type: str) -> BenchWorkload:
     if device_type == "cuda":
-        return Workload(
+        return BenchWorkload(
             "moe",
             "W3 MoE: GPT-2 small backbone, 8 experts top-2",
             "lm",
@@ -250,7 +250,7 @@ def _moe(device_type: str) -> Workload:
             timed_steps=20,
             lr=6e-4,
         )
-    return Workload(
+    return BenchWorkload(
         "moe",
         "W3 MoE: GPT backbone, 8 experts top-2",
         "lm",
@@ -278,7 +278,7 @@ def _moe(device_type: str) -> Workload:
     )
 
 
-WORKLOADS: dict[str, Callable[[str], Workload]] = {
+WORKLOADS: dict[str, Callable[[str], BenchWorkload]] = {
     "gpt2-small": _gpt2_small,
     "moe": _moe,
     "cnn-224": _cnn_224,
@@ -314,7 +314,7 @@ def resolve_workload(
     warmup_steps: int | None = None,
     timed_steps: int | None = None,
     model_overrides: dict[str, Any] | None = None,
-) -> Workload:
+) -> BenchWorkload:
     """The workload ``name`` sized for ``device_type`` ("cuda" or "cpu"), with optional overrides."""
     if name in GROUPS:
         raise TurbotrainError(f"{name!r} is a group of workloads ({', '.join(GROUPS[name])}); resolve each")
@@ -331,7 +331,9 @@ def resolve_workload(
     return resolve_bench(w.replace(**changes) if changes else w, warmup_steps, timed_steps)
 
 
-def resolve_bench(w: Workload, warmup_steps: int | None = None, timed_steps: int | None = None) -> Workload:
+def resolve_bench(
+    w: BenchWorkload, warmup_steps: int | None = None, timed_steps: int | None = None
+) -> BenchWorkload:
     """``w`` with the given step counts, checked: a warm-up step, two timed steps, one sample."""
     if warmup_steps is not None or timed_steps is not None:
         w = w.replace(
@@ -368,7 +370,7 @@ def seeded_workload(kind: str, kwargs: dict[str, Any], seed: int) -> tuple[nn.Mo
     return build_named(kind, kwargs), default_loss
 
 
-def sample_shape(w: Workload) -> tuple[tuple[int, ...], torch.dtype]:
+def sample_shape(w: BenchWorkload) -> tuple[tuple[int, ...], torch.dtype]:
     """Shape (without the batch dimension) and dtype of one input sample."""
     if w.task == "lm":
         return (w.seq_len or 0,), torch.int64
@@ -377,7 +379,7 @@ def sample_shape(w: Workload) -> tuple[tuple[int, ...], torch.dtype]:
     return (3, w.image_size or 0, w.image_size or 0), torch.uint8
 
 
-def flops_per_step(w: Workload) -> tuple[float, str]:
+def flops_per_step(w: BenchWorkload) -> tuple[float, str]:
     """Training FLOPs (forward + backward) of one optimizer step, and how they were obtained.
 
     GPT: the PaLM convention (6N + 12 L H Q T per token), as the design's protocol states. Other
@@ -438,7 +440,7 @@ def corpus_windows(count: int, seq_len: int, seed: int) -> torch.Tensor:
     return tokens[offsets[:, None] + torch.arange(seq_len + 1)]
 
 
-def make_data(w: Workload, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def make_data(w: BenchWorkload, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The workload's ``pool_size`` batches on the host: inputs (P, B, ...) and targets (P, B, ...)."""
     P, B = w.pool_size, w.batch_size
     if w.task == "lm":
@@ -452,7 +454,7 @@ def make_data(w: Workload, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return synthetic_images(P, B, w.image_size or 32, w.classes or 10, seed=seed)
 
 
-def write_data(w: Workload, seed: int, path: Path) -> Path:
+def write_data(w: BenchWorkload, seed: int, path: Path) -> Path:
     """Write the batches once, for every contender to read (``torch.load(weights_only=True)``)."""
     if w.model == CUSTOM:
         torch.save({"batches": custom_batches(w, seed)}, path)
@@ -472,7 +474,7 @@ def custom_workload(
     batch_size: int | None = None,
     warmup_steps: int | None = None,
     timed_steps: int | None = None,
-) -> Workload:
+) -> BenchWorkload:
     """A benchmark workload from ``--model FILE.py:FUNC`` (see :mod:`turbotrain.parts.workload`): its
     model, loss and batches (``batch_size`` rebuilds its DataLoader with that many samples per
     batch). Every row trains with the bench recipe's AdamW (lr 1e-3), so rows compare; the
@@ -483,7 +485,7 @@ def custom_workload(
     if first is None:
         raise TurbotrainError(f"--model {ref}: train_loader yielded no batch")
     cuda = device_type == "cuda"
-    bench = Workload(
+    bench = BenchWorkload(
         ref.rpartition(":")[2],
         f"your model ({ref}): {type(w.model).__name__}",
         "custom",
@@ -506,7 +508,7 @@ def custom_workload(
     return resolve_bench(bench, warmup_steps, timed_steps)
 
 
-def custom_batches(w: Workload, seed: int, count: int | None = None) -> list[Any]:
+def custom_batches(w: BenchWorkload, seed: int, count: int | None = None) -> list[Any]:
     """``count`` (default: the pool) batches of a ``--model`` workload's loader, drawn once after
     seeding, as plain tuples, lists and dicts of tensors (what ``torch.load(weights_only=True)``
     reads back); the loader is cycled when it holds fewer."""
@@ -533,7 +535,7 @@ def _plain(batch: Any) -> Any:
     return batch
 
 
-def to_spec(w: Workload, *, device: str, seed: int, data_file: Path) -> dict[str, Any]:
+def to_spec(w: BenchWorkload, *, device: str, seed: int, data_file: Path) -> dict[str, Any]:
     """The JSON spec a contender process reads: model, data, steps and the training recipe."""
     return {
         "workload": w.name,

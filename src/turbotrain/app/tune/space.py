@@ -15,19 +15,24 @@ the SDPA backend on CPU (one kernel there) and its "math" backend on CUDA (never
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
-from ...base.config import COMPILE_MODES, RunConfig
-from ...base.errors import ConfigError
+from ...base.config import (
+    CHECKPOINTING_MODES,
+    COMPILE_MODES,
+    COMPILE_SCOPES,
+    OPTIM_IMPLEMENTATIONS,
+    RunConfig,
+)
 from ...core.optim import resolve_implementation
 from ...core.precision import PRECISIONS, DeviceCaps, resolve_precision
 from ...core.transforms import resolve_scope
 from ...parts.data import default_num_workers
+from ...parts.models.gpt.settings import speed_choices
 
 MICRO = "batch.micro"
 COMPILE_MODE = "compile.mode"
@@ -65,23 +70,15 @@ class ModelFacts:
 
 
 def precision_choices(device: torch.device) -> tuple[str, ...]:
-    """Every registered precision this device runs as it is (fp8 only on a GPU with float8 tensor
-    cores and torchao installed: emulation is never searched) and not slower than fp32 by the
-    precision's own word (:meth:`Precision.slow_on`, what ``train`` warns with: bf16 on a CPU), so
-    a tuned preset never holds a choice ``train`` warns against; in registry order."""
+    """Every registered precision this device runs as it is, by its own check
+    (:meth:`Precision.unavailable`: fp8 only on a GPU with float8 tensor cores and torchao
+    installed, emulation is never searched) and not slower than fp32 by its own word
+    (:meth:`Precision.slow_on`, what ``train`` warns with: bf16 on a CPU), so a tuned preset never
+    holds a choice ``train`` warns against; in registry order."""
     caps = DeviceCaps.of(device)
-    usable = []
-    for name in PRECISIONS:
-        if PRECISIONS[name].slow_on(caps):
-            continue
-        try:
-            with warnings.catch_warnings():  # "bf16 on CPU is slow" is for a run, not for each candidate
-                warnings.simplefilter("ignore")
-                resolve_precision(name, caps)
-        except ConfigError:
-            continue
-        usable.append(name)
-    return tuple(usable)
+    return tuple(
+        name for name, cls in PRECISIONS.items() if not cls.slow_on(caps) and not cls.unavailable(caps)
+    )
 
 
 def micro_choices(global_batch: int, fits: int | None) -> tuple[int, ...]:
@@ -114,7 +111,7 @@ def build_space(
         resolve_precision(base.precision.mode, DeviceCaps.of(device), base.precision),
     )
     scope = resolve_scope(base.compile.scope, device)
-    add("compile.scope", ("off", "model", *(("blocks",) if facts.blocks else ())), scope)
+    add("compile.scope", tuple(s for s in COMPILE_SCOPES if facts.blocks or s != "blocks"), scope)
     if cuda:
         add(COMPILE_MODE, COMPILE_MODES, base.compile.mode)
     if micros and MICRO not in fixed and "batch.accumulation" not in fixed:
@@ -133,18 +130,17 @@ def build_space(
         )
         add("data.num_workers", tuple(workers), base_workers)
     if facts.blocks:
-        add("memory.checkpointing", ("off", "selective", "full"), base.memory.checkpointing)
+        add("memory.checkpointing", CHECKPOINTING_MODES, base.memory.checkpointing)
     if not facts.own_optimizer:
         add(
             "optim.implementation",
-            ("fused", "foreach"),
+            tuple(i for i in OPTIM_IMPLEMENTATIONS if i != "for-loop"),  # never faster than foreach
             resolve_implementation(base.optim.implementation, device),
         )
-    if facts.gpt:
-        add("model.attention", ("sdpa", "masked"), base.model.attention)
-        add("model.loss", ("full", "chunked"), base.model.loss)
-        if cuda:  # the CPU has one SDPA kernel; "math" is never the fastest on a GPU
-            add(SDPA_BACKEND, ("auto", "cudnn", "flash", "efficient"), base.model.sdpa_backend)
+    if facts.gpt:  # the family's own speed settings, as it declares them
+        for key, choices in speed_choices(cuda).items():
+            section, _, name = key.partition(".")
+            add(key, choices, getattr(getattr(base, section), name))
     return dims
 
 

@@ -1,0 +1,161 @@
+"""Short speed probes of ``turbotrain doctor --probe``: matmul TFLOP/s and copy GB/s, each beside
+the datasheet figure. The only device work the doctor runs."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from ...parts.hardware import lookup_peak
+from ..environment import cpu_model
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One measurement: ``value`` in ``unit`` (median over repeats) beside the datasheet figure."""
+
+    name: str
+    device: str
+    value: float
+    unit: str
+    datasheet: float | None = None  # same unit; None for a CPU or an unknown GPU
+    detail: str = ""
+
+    @property
+    def fraction_of_datasheet(self) -> float | None:
+        return self.value / self.datasheet if self.datasheet else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["fraction_of_datasheet"] = self.fraction_of_datasheet
+        return d
+
+
+def _time_median_s(fn: Callable[[], Any], device: torch.device, repeats: int, warmup: int = 2) -> float:
+    """Median wall time of ``fn`` in seconds, synchronizing the device around each call."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
+    for _ in range(warmup):
+        fn()
+    sync()  # host-device sync point (probe timing only)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()  # host-device sync point (probe timing only)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure_matmul_tflops(device: torch.device, dtype: torch.dtype, size: int, repeats: int = 10) -> float:
+    """Achieved TFLOP/s of a ``size`` x ``size`` matrix product (2·size³ FLOPs), median of ``repeats``."""
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    out = torch.empty(size, size, device=device, dtype=dtype)
+    seconds = _time_median_s(lambda: torch.matmul(a, b, out=out), device, repeats)
+    return 2 * size**3 / seconds / 1e12
+
+
+def measure_copy_gbs(device: torch.device, mib: int, repeats: int = 10) -> float:
+    """Achieved GB/s of a same-device copy of ``mib`` MiB, counting the bytes read and written."""
+    src = torch.empty(mib * 2**20, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    seconds = _time_median_s(lambda: dst.copy_(src), device, repeats)
+    return 2 * src.numel() / seconds / 1e9
+
+
+def measure_h2d_gbs(device: torch.device, mib: int, repeats: int = 10) -> float:
+    """Achieved GB/s of a pinned host-to-device copy of ``mib`` MiB (the PCIe/NVLink-C2C link)."""
+    src = torch.empty(mib * 2**20, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(src.numel(), dtype=torch.uint8, device=device)
+    seconds = _time_median_s(lambda: dst.copy_(src, non_blocking=True), device, repeats)
+    return src.numel() / seconds / 1e9
+
+
+def run_probes(device: torch.device | str | None = None, *, quick: bool = False) -> list[ProbeResult]:
+    """Short speed measurements on ``device`` (default: cuda:0 if present, else cpu).
+
+    GPU: bf16 and fp32 (and TF32) 8192² matmuls, a 1 GiB device copy and a pinned host-to-device
+    copy, each beside the datasheet figure. CPU: an fp32 matmul and a memory copy (no datasheet;
+    bf16 is skipped because CPUs without bf16 units run it many times slower than fp32).
+    ``quick`` shrinks sizes for tests. Takes a few seconds.
+    """
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    results: list[ProbeResult] = []
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        spec = lookup_peak(name)
+        size, mib = (1024, 64) if quick else (8192, 1024)
+        for label, dtype, key, tf32 in (
+            ("matmul bf16", torch.bfloat16, "bf16", False),
+            ("matmul fp32", torch.float32, "fp32", False),
+            ("matmul tf32", torch.float32, "tf32", True),
+        ):
+            if dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+                continue
+            previous = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            try:
+                value = measure_matmul_tflops(device, dtype, size)
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = previous
+            results.append(
+                ProbeResult(
+                    label,
+                    name,
+                    value,
+                    "TFLOP/s",
+                    spec.peak_tflops(key) if spec else None,
+                    f"{size}x{size}, median of 10",
+                )
+            )
+        results.append(
+            ProbeResult(
+                "device copy",
+                name,
+                measure_copy_gbs(device, mib),
+                "GB/s",
+                spec.mem_bandwidth_gbs if spec else None,
+                f"{mib} MiB, read + write bytes",
+            )
+        )
+        results.append(
+            ProbeResult(
+                "host-to-device copy",
+                name,
+                measure_h2d_gbs(device, min(mib, 256)),
+                "GB/s",
+                None,
+                f"{min(mib, 256)} MiB pinned, non_blocking",
+            )
+        )
+        torch.cuda.empty_cache()
+    else:
+        name = cpu_model()
+        size, mib = (256, 16) if quick else (2048, 256)
+        threads = torch.get_num_threads()
+        results.append(
+            ProbeResult(
+                "matmul fp32",
+                name,
+                measure_matmul_tflops(device, torch.float32, size, repeats=5),
+                "TFLOP/s",
+                None,
+                f"{size}x{size}, {threads} thread(s), median of 5",
+            )
+        )
+        results.append(
+            ProbeResult(
+                "memory copy",
+                name,
+                measure_copy_gbs(device, mib, repeats=5),
+                "GB/s",
+                None,
+                f"{mib} MiB, read + write bytes, median of 5",
+            )
+        )
+    return results

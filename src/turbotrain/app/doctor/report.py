@@ -1,0 +1,94 @@
+"""The report of ``turbotrain doctor``: the environment, the checks and the probes as one JSON
+object, and as text to paste into a bug report."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..environment import collect_env
+from .checks import run_checks
+from .probes import run_probes
+
+
+def build_report(*, probe: bool = False) -> dict[str, Any]:
+    """Everything ``turbotrain doctor`` prints: ``{"env": ..., "checks": [...], "probes": [...]}``."""
+    env = collect_env()
+    report: dict[str, Any] = {"env": env, "checks": [c.to_dict() for c in run_checks(env)]}
+    if probe:
+        report["probes"] = [p.to_dict() for p in run_probes()]
+    return report
+
+
+def _num(value: float) -> str:
+    """798 or 0.0612: whole numbers from 100 up, three significant digits below."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """Plain text (Markdown-friendly) to paste into a bug report."""
+    env = report["env"]
+    cpu = env["cpu"]
+    lines = [
+        "## turbotrain doctor",
+        "",
+        "### Environment",
+        f"- turbotrain: {env['turbotrain']}",
+        f"- Python: {env['python']} ({env['platform']})",
+        f"- torch: {env['torch']} (CUDA build: {env['cuda'] or 'none'}, cuDNN: {env['cudnn'] or 'n/a'}, NCCL: {env['nccl'] or 'n/a'})",
+        f"- NVIDIA driver: {env['driver'] or 'n/a'}",
+        f"- CPU: {cpu['model']}, {cpu['usable_cores']} usable of {cpu['logical_cores']} logical cores "
+        f"({cpu['capability']}), torch threads {env['torch_threads']}",
+        f"- RAM: {env['ram_gib']} GiB",
+        f"- NVML: {'ok' if env['nvml']['available'] else env['nvml']['detail']}",
+    ]
+    if env["gpus"]:
+        for g in env["gpus"]:
+            feats = ", ".join(
+                f"{k} {'yes' if g[k] else 'no'}" for k in ("bf16", "tf32", "fp8", "flash_attention")
+            )
+            lines.append(
+                f"- GPU {g['index']}: {g['name']}, compute capability {g['compute_capability']}, "
+                f"{g['memory_gib']} GiB; {feats}"
+            )
+            spec = g["datasheet"]
+            lines.append(
+                f"    datasheet: {spec['bf16_tflops']} TFLOP/s bf16 dense, {spec['mem_bandwidth_gbs']:.0f} GB/s"
+                if spec
+                else "    datasheet: unknown device (MFU will be left out)"
+            )
+    else:
+        lines.append("- GPUs: none visible to torch")
+    d = env["distributed"]
+    lines.append(
+        f"- torch.distributed: {', '.join(d['backends']) or 'unavailable'}"
+        + (f"; P2P {', '.join(k for k, ok in d['p2p'].items() if ok) or 'none'}" if d.get("p2p") else "")
+    )
+    if d.get("topology"):
+        lines += [
+            "- GPU interconnect (nvidia-smi topo -m):",
+            *(f"    {row}" for row in d["topology"].splitlines()),
+        ]
+    installed = ", ".join(f"{k} {v}" for k, v in env["packages"].items() if v)
+    lines.append(f"- packages: {installed}")
+    if env["env"]:
+        lines.append("- env: " + ", ".join(f"{k}={v}" for k, v in env["env"].items()))
+    lines += ["", "### Checks"]
+    marks = {"ok": "OK  ", "info": "INFO", "warn": "WARN", "error": "FAIL", "skip": "SKIP"}
+    for c in report["checks"]:
+        lines.append(f"- [{marks[c['level']]}] {c['name']}: {c['finding']}")
+        if c["fix"]:
+            lines.append(f"    fix: {c['fix']}")
+    skipped = [c["name"] for c in report["checks"] if c["level"] == "skip"]
+    if skipped:
+        lines.append(f"Not checked on this machine (no GPU/NVML): {', '.join(skipped)}.")
+    if "probes" in report:
+        lines += ["", "### Probes (median)"]
+        for p in report["probes"]:
+            sheet = p["datasheet"]
+            beside = (
+                f" vs datasheet {_num(sheet)} {p['unit']} ({100 * p['fraction_of_datasheet']:.0f}%)"
+                if sheet
+                else " (no datasheet figure)"
+            )
+            lines.append(f"- {p['name']}: {_num(p['value'])} {p['unit']}{beside} [{p['detail']}]")
+    return "\n".join(lines)

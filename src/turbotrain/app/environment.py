@@ -1,0 +1,221 @@
+"""The environment a run or a report records: versions, CPU, RAM, GPUs (with what each can run,
+asked of the precision plugins), NVML, torch.distributed's backends and the GPU interconnect.
+Read-only and JSON-serialisable: ``turbotrain doctor`` prints it, benchmark result files embed
+:func:`collect_env`, a tracked run's summary records :func:`collect_hardware`."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..base.units import GIB
+from ..base.version import __version__, collect_git
+from ..core.precision import DeviceCaps
+from ..core.precision.fp8 import float8_capable
+from ..parts.hardware import collect_nvml, lookup_peak, ram_bytes
+
+# Packages whose versions matter when a user reports a speed or correctness problem.
+PACKAGES = (
+    "numpy",
+    "rich",
+    "matplotlib",
+    "nvidia-ml-py",
+    "safetensors",
+    "triton",
+    "tensorboard",
+    "accelerate",
+    "lightning",
+    "optuna",
+    "torchao",
+)
+
+
+# ----------------------------------------------------------------------------- environment
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (or what platform knows)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _ram_gib() -> float | None:
+    total, _ = ram_bytes()
+    return None if total is None else round(total / GIB, 1)
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _package_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _nvidia_hardware_present() -> bool:
+    """An NVIDIA GPU or driver on this machine, whatever torch says (to catch a CPU-only wheel)."""
+    return Path("/proc/driver/nvidia/gpus").is_dir() or Path("/dev/nvidia0").exists()
+
+
+def _gpu(index: int) -> dict[str, Any]:
+    p = torch.cuda.get_device_properties(index)
+    cc = (p.major, p.minor)
+    caps = DeviceCaps.of(torch.device("cuda", index))  # what the precision plugins ask of the device
+    spec = lookup_peak(p.name)
+    return {
+        "index": index,
+        "name": p.name,
+        "compute_capability": f"{p.major}.{p.minor}",
+        "memory_gib": round(p.total_memory / GIB, 2),
+        "multiprocessors": p.multi_processor_count,
+        "bf16": caps.bf16,
+        "tf32": cc >= (8, 0),
+        "fp8": float8_capable(caps),  # the fp8 plugin's rule
+        "flash_attention": cc >= (8, 0) and torch.backends.cuda.flash_sdp_enabled(),
+        "datasheet": spec.to_dict() if spec else None,
+    }
+
+
+def collect_distributed(gpu_count: int) -> dict[str, Any]:
+    """What multi-process training can use: the torch.distributed backends built in, GPU pairs
+    with peer-to-peer access, and the interconnect matrix ``nvidia-smi topo -m`` prints (NVLink
+    vs PCIe), which decides how fast DDP/FSDP's collectives are. Read-only, no device work."""
+    out: dict[str, Any] = {
+        "available": dist.is_available(),
+        "backends": [
+            b
+            for b, ok in (
+                ("nccl", dist.is_available() and dist.is_nccl_available()),
+                ("gloo", dist.is_available() and dist.is_gloo_available()),
+            )
+            if ok
+        ],
+    }
+    if gpu_count > 1:
+        out["p2p"] = {
+            f"{a}->{b}": torch.cuda.can_device_access_peer(a, b)
+            for a in range(gpu_count)
+            for b in range(gpu_count)
+            if a != b
+        }
+    if shutil.which("nvidia-smi"):
+        try:
+            proc = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=10)
+            out["topology"] = proc.stdout.strip() if proc.returncode == 0 else None
+        except (OSError, subprocess.TimeoutExpired):
+            out["topology"] = None
+    return out
+
+
+def collect_env() -> dict[str, Any]:
+    """The software and hardware this process sees (JSON-serialisable, read-only, no device work).
+
+    Keys: turbotrain, git (the commit), python, platform, torch, cuda (torch's CUDA build), cudnn, nccl, driver,
+    cuda_available, gpus (name, compute capability, memory in GiB, bf16/TF32/fp8/flash support,
+    datasheet peaks), cpu (model, cores), ram_gib, torch_threads, nvml (status, live GPU state),
+    backends (TF32 and cuDNN switches as set now), packages, env (relevant variables).
+    """
+    cuda_ok = torch.cuda.is_available()
+    nccl = None
+    if cuda_ok:
+        try:
+            v = torch.cuda.nccl.version()
+            nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+        except Exception:
+            nccl = None
+    nvml = collect_nvml()
+    return {
+        "turbotrain": __version__,
+        "git": collect_git(),  # the commit (TT_COMMIT where the tree came without .git)
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "nccl": nccl,
+        "driver": nvml.get("driver"),
+        "cuda_available": cuda_ok,
+        "gpus": [_gpu(i) for i in range(torch.cuda.device_count())] if cuda_ok else [],
+        "nvidia_hardware": _nvidia_hardware_present(),
+        "cpu": {
+            "model": cpu_model(),
+            "logical_cores": os.cpu_count(),
+            "usable_cores": _usable_cores(),
+            "capability": torch.backends.cpu.get_cpu_capability(),
+        },
+        "ram_gib": _ram_gib(),
+        "torch_threads": torch.get_num_threads(),
+        "nvml": nvml,
+        "distributed": collect_distributed(torch.cuda.device_count() if cuda_ok else 0),
+        "backends": {
+            "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
+            "cudnn_tf32": torch.backends.cudnn.allow_tf32,
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        },
+        "packages": _package_versions(),
+        "env": {
+            k: os.environ[k]
+            for k in (
+                "CUDA_VISIBLE_DEVICES",
+                "OMP_NUM_THREADS",
+                "PYTORCH_CUDA_ALLOC_CONF",
+                "TORCH_COMPILE_DISABLE",
+                "NCCL_DEBUG",
+            )
+            if k in os.environ
+        },
+    }
+
+
+def collect_hardware(device: torch.device | str) -> dict[str, Any]:
+    """A compact description of the device a run used, for summaries and result files: its name,
+    datasheet peaks (None for a CPU or an unknown GPU), the CPU, and torch/CUDA/driver versions."""
+    device = torch.device(device)
+    out: dict[str, Any] = {
+        "device": str(device),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cpu": cpu_model(),
+        "cpu_cores": _usable_cores(),
+        "torch_threads": torch.get_num_threads(),
+    }
+    if device.type == "cuda":
+        gpu = _gpu(device.index if device.index is not None else torch.cuda.current_device())
+        out.update(
+            name=gpu["name"],
+            compute_capability=gpu["compute_capability"],
+            memory_gib=gpu["memory_gib"],
+            datasheet=gpu["datasheet"],
+            driver=collect_nvml().get("driver"),
+        )
+    else:
+        out.update(name=out["cpu"], datasheet=None)
+    return out
+
+
+# ----------------------------------------------------------------------------- checks

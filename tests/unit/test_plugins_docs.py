@@ -1,0 +1,97 @@
+"""docs/plugins.md, done exactly as written: its files written into a scratch folder (each code block
+names its file on its first line), imported, and its commands run there, outputs compared with the
+page's. Neither example touches base/config.py, tune, doctor or bench: the plugin registers itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "plugins.md"
+
+
+def blocks(lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```", PAGE.read_text(), re.M | re.S)
+
+
+def write_files(folder: Path) -> list[str]:
+    """Every python block whose first line names a file (``# regression/spec.py``), written there."""
+    names = []
+    for body in blocks("python"):
+        name = body.splitlines()[0].removeprefix("# ").strip()
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(body)
+        names.append(name)
+    return names
+
+
+def console(marker: str) -> list[tuple[list[str], list[str]]]:
+    """The console block holding ``marker``: each ``$ command`` with the output lines under it."""
+    body = next(b for b in blocks("console") if marker in b)
+    runs: list[tuple[list[str], list[str]]] = []
+    for line in body.splitlines():
+        if line.startswith("$ "):
+            runs.append((shlex.split(line[2:]), []))
+        else:
+            runs[-1][1].append(line)
+    return runs
+
+
+def run(words: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    assert words[0] == "python"
+    env = {**os.environ, "PYTHONPATH": str(cwd), "XDG_CACHE_HOME": str(cwd / "cache")}
+    return subprocess.run(
+        [sys.executable, *words[1:]], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("plugins")
+    names = write_files(d)
+    assert {"fp16_static.py", "use_fp16_static.py", "regression/settings.py", "regression/spec.py"} <= set(
+        names
+    )
+    assert "regression/__init__.py" in names
+    return d
+
+
+def test_the_pages_plugins_leave_the_shared_files_alone():
+    for shared in ("base/config.py", "base/config_sections.py", "app/tune/space.py", "app/bench/variants.py"):
+        text = (ROOT / "src" / "turbotrain" / shared).read_text()
+        assert "fp16_static" not in text and "regression" not in text, shared
+
+
+def test_a_precision_is_one_file_with_its_settings_registered_by_defining_it(folder: Path):
+    out = run(["python", "use_fp16_static.py"], folder)
+    assert out.returncode == 0, out.stderr[-3000:]
+    first, described = out.stdout.strip().splitlines()
+    name, scale, _, loss = first.split()
+    assert (name, scale) == ("FP16Static", "256.0") and float(loss) < 1.5, first  # it trained (y ~ N(0, 1))
+    assert described.startswith("  --precision.fp16_static_scale=1024.0: mode 'fp16-static'")
+    assert "(range [1, 16777216])" in described
+    ((words, expected),) = console("fp16_static_scale")
+    refused = run(words, folder)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == expected, refused.stderr
+
+
+def test_a_model_family_is_one_folder_and_one_registry_line(folder: Path):
+    (train, quiet), (bad, expected) = console("--model.arch=regression")
+    trained = run(train, folder)
+    assert trained.returncode == 0 and not quiet, trained.stderr[-3000:]
+    assert (folder / "runs" / "reg" / "summary.json").is_file()
+    records = [json.loads(x) for x in (folder / "runs" / "reg" / "metrics.jsonl").read_text().splitlines()]
+    vals = [r["val_loss"] for r in records if "val_loss" in r]
+    assert len(vals) == 2 and vals[-1] < vals[0], vals  # it learned: validation at step 10 and 20
+    saved = (folder / "runs" / "reg" / "config.toml").read_text()
+    assert "[regression]" in saved and "width = 32" in saved
+    refused = run(bad, folder)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == expected, refused.stderr
