@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..app.doctor import collect_hardware
+from ..app.environment import collect_hardware
 from ..app.report import write_report
 from ..app.summary import write_summary
 from ..base.batch import batch_size, token_count
