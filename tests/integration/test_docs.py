@@ -85,6 +85,8 @@ CHECKED = {
     "tests/integration/test_train_model.py",
     "turbotrain memory --model examples/hf_causal_lm.py:make": "imports transformers and measures each checkpointing mode",
     "turbotrain train --compile.scope=model": "torch.compile takes 40-125 s on this CPU",
+    "turbotrain train --preset gpt-tiny --choose.measure=always": "measures torch.compile (30-90 s on this CPU); "
+    "tests/integration/test_choose_train.py measures the eager candidates",
     "turbotrain train --train.max_steps 20 --memory.max_fraction": "sampled: the --monitor.log_every one runs",
     "turbotrain train --train.max_steps 20 --run.deterministic": "sampled: the --monitor.log_every one runs",
     "turbotrain train --optim.schedule=plateau": "sampled; tests/integration/test_lr_adaptive_train.py trains it",

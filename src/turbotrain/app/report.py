@@ -23,7 +23,8 @@ from typing import Any
 from ..base.atomic import atomic_write
 from ..base.errors import TurbotrainError
 from ..base.records import metric_keys, read_metrics
-from ..base.rundir import CONFIG_FILE, METRICS_FILE, PLOTS_DIR, SUMMARY_FILE, SUMMARY_MD
+from ..base.rundir import CHOOSE_FILE, CONFIG_FILE, METRICS_FILE, PLOTS_DIR, SUMMARY_FILE, SUMMARY_MD
+from ..core.compile_guard import payback_step
 from ..loop.monitor.trackers import publish
 from . import expert_report
 from .plots import NO_FLOPS, PLOTS, PlotSpec, Series, plots_for, write_plots
@@ -258,7 +259,20 @@ def _compile(summary: dict[str, Any]) -> list[str]:
     lines += [f"- graph break: {r}" for r in comp.get("graph_break_reasons", [])]
     if comp.get("warning"):
         lines.append(f"- **warning**: {comp['warning']}")
+    lines.append(
+        f"- compiling took {_fmt(comp.get('compile_s'), '.1f', ' s')} (dynamo's timers), paid back at step "
+        f"{_fmt(comp.get('paid_back_at_step'), ',d')} (against choose's eager step); {comp.get('warm_start', '')}"
+    )
     return lines
+
+
+def _choose(summary: dict[str, Any]) -> list[str]:
+    """The decision table of the settings chosen by measurement (choose.measure)."""
+    return (
+        ["", "## Settings chosen by measurement", "", *summary["choose"]["table"]]
+        if summary.get("choose")
+        else []
+    )
 
 
 def _experts(summary: dict[str, Any]) -> list[str]:
@@ -314,6 +328,7 @@ SECTIONS: list[Callable[[dict[str, Any]], list[str]]] = [
     _title,
     _hardware,
     _optimizations,
+    _choose,
     _performance,
     _losses,
     _epochs,
@@ -358,6 +373,13 @@ def write_report(run_dir: str | Path) -> ReportResult:
         **({"config": data.config} if data.config else {}),
         **data.summary,
     }
+    if (data.path / CHOOSE_FILE).is_file():  # settings chosen by measurement (choose.measure)
+        known["choose"] = json.loads((data.path / CHOOSE_FILE).read_text())
+        eager = next((r["step_ms"] for r in known["choose"]["rows"] if r.get("baseline")), None)
+        steady = summarize_records(data.records).get("steady_state") or {} if data.records else {}
+        if known.get("compile"):  # the step at which compiling paid back, against choose's eager step
+            comp = known["compile"]
+            comp["paid_back_at_step"] = payback_step(comp.get("compile_s"), eager, steady.get("step_ms"))
     summary = write_summary(
         data.path,
         known,

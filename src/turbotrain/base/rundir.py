@@ -28,6 +28,8 @@ TRACKERS_FILE = "trackers.json"  # the experiment-tracker runs (W&B, MLflow, tra
 BATCH_CACHE = "batch_size.json"  # the batch finder's answers for this run's settings
 TOKENIZER_FILE = "tokenizer.json"  # the run's subword tokenizer (none: bytes)
 EXPERTS_FILE = "experts.json"  # a mixture-of-experts run: tokens per expert over training, placement
+CHOOSE_FILE = "choose.json"  # the measured choice of the run's auto settings (before training: no run yet)
+CHOOSE_MD = "choose.md"  # its decision table
 LAUNCH_FILE = ".launch.json"  # the launcher job that last started the run: a restart of that job resumes it
 
 
@@ -44,9 +46,9 @@ def run_name(config: RunConfig) -> str:
 
 
 def holds_a_run(path: Path) -> bool:
-    """Whether ``path`` holds anything of a run (the lock and launch files alone are not a run)."""
+    """Whether ``path`` holds anything of a run (the lock, launch and choose files alone are not a run)."""
     try:
-        return any(p.name not in (LOCK_FILE, LAUNCH_FILE) for p in path.iterdir())
+        return any(p.name not in (LOCK_FILE, LAUNCH_FILE, CHOOSE_FILE, CHOOSE_MD) for p in path.iterdir())
     except OSError:
         return False
 

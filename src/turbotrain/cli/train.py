@@ -33,8 +33,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..app.choose.session import choose_for_run
 from ..app.report import read_metrics, write_report
 from ..app.training import StoppedBySignal, plan_run, split_batch, stop_startup, stopped_by_signal, train
+from ..app.warmstart import WarmStart
 from ..base.config import RunConfig, describe, load_config, parse_overrides, read_preset
 from ..base.errors import ConfigError, TurbotrainError
 from ..base.launch import Launch, Topology
@@ -247,6 +249,12 @@ def _train_command(args: argparse.Namespace, extra: list[str], signals: StopSign
             write_launch(run_dir, {**launch.record(), **_batch_record(config, plan)})
         if relaunch:
             _record_restart(run_dir, relaunch, topology.world)
+        # settings left at auto, by measurement (a resume never re-measures)
+        if not resume and topology.world == 1:
+            config = choose_for_run(config, run_dir)
+        # compile artefacts of an earlier run of this model: loaded before the first step
+        warm = WarmStart(config)
+        warm.begin()
         try:
             summary = train(
                 config,
@@ -262,6 +270,7 @@ def _train_command(args: argparse.Namespace, extra: list[str], signals: StopSign
                 raise
             print(f"turbotrain train: {lost}", file=sys.stderr)
             return EXIT_PEER_LOST
+        warm.save()
         _print_summary(summary, run_dir)
         if not signals.received:  # a signal after training stops the report: it can be made later
             with contextlib.suppress(_ReportStopped):

@@ -30,6 +30,32 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 REASON_CHARS = 200  # a reason is cut to its first line and this many characters
+_WARM_START: list[str] = []  # what the compile warm start did in this process (app/warmstart.py)
+
+
+def record_warm_start(note: str) -> None:
+    """Keep the warm start's one line for the run's summary (``compile.warm_start``)."""
+    _WARM_START[:] = [note]
+
+
+def compile_seconds() -> float:
+    """Seconds dynamo has spent compiling frames in this process (its own timers: tracing,
+    AOTAutograd and the backend, inductor's code generation included); 0 without dynamo."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    spent = getattr(utils, "calculate_time_spent", None) if utils is not None else None
+    if spent is None:
+        return 0.0
+    times = spent()
+    return float(times.get("total_wall_time", times.get("entire_frame_compile", 0.0)))
+
+
+def payback_step(compile_s: float | None, eager_ms: float | None, compiled_ms: float | None) -> int | None:
+    """The optimizer step at which compiling has paid back its ``compile_s`` seconds, given
+    plain eager's and the compiled run's step times (ms); None when it never does (no saving)
+    or a figure is missing."""
+    if compile_s is None or eager_ms is None or compiled_ms is None or compiled_ms >= eager_ms:
+        return None
+    return int(round(1000 * compile_s / (eager_ms - compiled_ms))) + 1
 
 
 def _first_line(text: str) -> str:
@@ -121,6 +147,7 @@ class CompileGuard:
     def __init__(self, max_recompiles: int = 2, warmup_steps: int = 10) -> None:
         self.max_recompiles, self.warmup_steps = max_recompiles, warmup_steps
         self.base = collect_compile_counts()
+        self.base_compile_s = compile_seconds()
         self.at_warmup: CompileCounts | None = None
         self.warning = ""
         self._frames_seen = -1  # dynamo's frame count at the last check
@@ -128,6 +155,7 @@ class CompileGuard:
     def start(self) -> None:
         """Count from now on (the engine calls it when it sets a model up)."""
         self.base = collect_compile_counts()
+        self.base_compile_s = compile_seconds()
         self.at_warmup, self.warning, self._frames_seen = None, "", -1
 
     def since_start(self) -> CompileCounts:
@@ -179,4 +207,6 @@ class CompileGuard:
             "recompile_reasons": ranked_reasons(now.recompile_reasons),
             "graph_break_reasons": ranked_reasons(now.break_reasons),
             "warning": self.warning,
+            "compile_s": round(compile_seconds() - self.base_compile_s, 3),
+            "warm_start": _WARM_START[0] if _WARM_START else "",
         }

@@ -1,0 +1,107 @@
+"""Compile warm start: torch.compile's artefacts saved after a run and loaded at the next start
+of the same model, so its first step skips most of the compiling.
+
+``torch.compiler.save_cache_artifacts`` collects what this process compiled (inductor's FX graph
+and kernel caches, AOTAutograd's, autotuning results) as one portable blob;
+``load_cache_artifacts`` puts a blob back into the local caches before the first compile. The
+blob lives in ``<cache>/compile/<key>.bin`` beside a ``<key>.json`` of what it was made for: the
+key is :mod:`turbotrain.app.choose.cache`'s (the model, every speed setting, the device name, the
+torch and turbotrain versions). A blob whose description differs (a stale or foreign file), or one
+torch refuses, is ignored with one line; never an error. On a torch without these functions
+(``hasattr`` check: both exist since torch 2.7) the start stays cold, said once.
+
+Inductor's own on-disk cache already warms a second start on the same machine; the blob also
+carries it to a fresh machine or container (the GPU machines here start bare).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..base.atomic import atomic_write
+from ..base.config import RunConfig
+from ..base.errors import TurbotrainError
+from ..core.compile_guard import record_warm_start
+from ..core.device import resolve_device
+from ..core.transforms import resolve_scope
+from .choose import cache
+
+log = logging.getLogger(__name__)
+
+FOLDER = "compile"
+
+
+class WarmStart:
+    """``begin`` before training (loads a matching blob), ``save`` after it (writes this
+    process's artefacts). Does nothing for a run that does not compile."""
+
+    def __init__(self, config: RunConfig, folder: Path | None = None) -> None:
+        device = resolve_device(config.run.device)
+        self.active = resolve_scope(config.compile.scope, device) != "off"
+        self.folder = folder or cache.cache_dir(config).parent / FOLDER
+        self.material: dict[str, Any] = {}
+        self.key = ""
+        self.note = ""
+        if self.active:
+            from_ = cache.key_material(config, cache.device_name(device))
+            self.material, self.key = from_, cache.key_of(from_)
+
+    @property
+    def blob(self) -> Path:
+        return self.folder / f"{self.key}.bin"
+
+    @property
+    def described(self) -> Path:
+        return self.folder / f"{self.key}.json"
+
+    def begin(self) -> str:
+        """Load the cached artefacts of this model, if any; returns (and records for the run's
+        summary) one line saying what happened."""
+        if not self.active:
+            return ""
+        if not hasattr(torch.compiler, "load_cache_artifacts"):
+            return self._say(f"cold: torch {torch.__version__} has no torch.compiler.load_cache_artifacts")
+        if not self.blob.is_file():
+            return self._say(f"cold: no saved compile artefacts for this model yet ({self.blob})")
+        try:
+            described = json.loads(self.described.read_text())
+            if described.get("material") != json.loads(json.dumps(self.material, default=str)):
+                return self._say(
+                    f"cold: ignoring {self.blob}: made for another model, device or version", warn=True
+                )
+            info = torch.compiler.load_cache_artifacts(self.blob.read_bytes())
+        except Exception as exc:  # a damaged or foreign blob: torch's own error, in one line
+            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+            return self._say(f"cold: ignoring {self.blob} ({type(exc).__name__}: {first})", warn=True)
+        kinds = getattr(info, "artifacts", None)  # CacheInfo: {artefact type: [keys]}
+        count = sum(len(v) for v in kinds.values()) if isinstance(kinds, dict) else 0
+        return self._say(f"warm: loaded {count} compile artefacts from {self.blob}")
+
+    def save(self) -> str:
+        """Write what this process compiled (nothing when it compiled nothing)."""
+        if not self.active or not hasattr(torch.compiler, "save_cache_artifacts"):
+            return ""
+        result = torch.compiler.save_cache_artifacts()
+        if result is None:
+            return ""
+        data, _ = result
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.blob, data)
+            atomic_write(self.described, json.dumps({"material": self.material}, default=str) + "\n")
+        except (OSError, TurbotrainError) as exc:  # a full disk, a refused write: the run is done anyway
+            log.warning("compile warm start: could not save %s (%s)", self.blob, exc)
+            return ""
+        log.info("compile warm start: saved %.1f MB of compile artefacts to %s", len(data) / 2**20, self.blob)
+        return str(self.blob)
+
+    def _say(self, note: str, warn: bool = False) -> str:
+        self.note = note
+        record_warm_start(note)
+        (log.warning if warn else log.info)("compile warm start: %s", note)
+        return note
