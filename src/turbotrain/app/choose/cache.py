@@ -24,7 +24,7 @@ from ...base.config import RunConfig
 from ...base.errors import TurbotrainError
 from ...base.version import __version__
 from ...parts.data.sources import default_cache_dir
-from ..doctor import cpu_model
+from ..environment import cpu_model
 
 log = logging.getLogger(__name__)
 
