@@ -134,6 +134,18 @@ PYTHON: dict[tuple[str, str], tuple[str, str] | str] = {
         "model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))",
         "assert run.steps == 2 and Path('runs/acc/summary.json').is_file()",
     ),
+    ("README.md", "from turbotrain.loop.best_checkpoint import KeepBest"): (
+        "import torch\nfrom turbotrain import Engine, fit\ntorch.manual_seed(0)\n"
+        "class Regressor(torch.nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.lin = torch.nn.Linear(8, 1)\n"
+        "    def forward(self, x, y):\n        return torch.nn.functional.mse_loss(self.lin(x), y)\n"
+        "engine = Engine()\nplain = Regressor()\n"
+        "model, optimizer, _ = engine.setup(plain, torch.optim.SGD(plain.parameters(), lr=0.1))\n"
+        "loader = [(torch.randn(4, 8), torch.randn(4, 1)) for _ in range(400)]\n"
+        "val_batches = [(torch.randn(4, 8), torch.randn(4, 1)) for _ in range(4)]\nrun_dir = Path('runs/best-demo')",
+        "from turbotrain.loop.best_checkpoint import load_best_weights\n"
+        "model.load_state_dict(load_best_weights(run_dir)[1])\nprint(ctx.stop_reason)",
+    ),
     (
         "precision.md",
         "# src/turbotrain/core/precision/fp16_unscaled.py",

@@ -213,6 +213,7 @@ def _losses(summary: dict[str, Any]) -> list[str]:
         f"- final train loss: {_fmt(summary.get('final_train_loss'), '.4f')} (step {summary.get('final_train_step', summary.get('steps', '?'))})",
         f"- final validation loss: {_fmt(summary.get('final_val_loss'), '.4f')} (step {summary.get('final_val_step')})",
         f"- best validation loss: {_fmt(summary.get('best_val_loss'), '.4f')}",
+        *_best(summary.get("best")),
         *(
             f"- final validation {k[len('final_val_') :].replace('_', ' ')}: {_fmt(v, '.4f')}"
             for k, v in summary.items()
@@ -223,6 +224,17 @@ def _losses(summary: dict[str, Any]) -> list[str]:
             for k, v in summary.items()
             if k.startswith("final_train_") and k not in ("final_train_loss", "final_train_step")
         ),
+    ]
+
+
+def _best(best: dict[str, Any] | None) -> list[str]:
+    """The watched metric's best pass and the checkpoint kept of it (``[best]``: early stopping,
+    the best checkpoint)."""
+    if not best:
+        return []
+    kept = f"; its checkpoint: `{best['checkpoint']}`" if best.get("checkpoint") else ""
+    return [
+        f"- best {best['metric']} ({best['mode']}): {_fmt(best.get('value'), '.4f')} at step {best['step']}{kept}"
     ]
 
 

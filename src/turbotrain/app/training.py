@@ -53,6 +53,7 @@ from ..core.engine import Engine, default_loss
 from ..core.main_rank import ReportedByMainRank, decided_by_main, main_first
 from ..core.optim import lr_batch_factor, rescale_lr, resolve_implementation
 from ..core.plan import ParallelPlan
+from ..loop.best_checkpoint import watched
 from ..loop.checkpoint import (
     Checkpointer,
     RunState,
@@ -66,6 +67,7 @@ from ..loop.checkpoint import (
     set_rng_state,
 )
 from ..loop.checkpoint import saved_world as saved_world_of
+from ..loop.early_stop import watch_for
 from ..loop.fit import fit
 from ..loop.hooks import FitContext, Hook, StopAfter, StopOnSignal
 from ..loop.monitor import Monitor
@@ -189,7 +191,15 @@ def build_training(
     # optim.lr_scaling, before a checkpoint loads
     c, lr_note = _scale_lr(c, batch_search, optimizer, t.scheduler)
     # the config rides along for reference only: a resume reads config.toml
-    state = run_state(engine, model, optimizer, t.scheduler, config=(lambda: to_toml(c), lambda _: None))
+    watch = watch_for(c.best)  # type: ignore[attr-defined]  # early stopping / the best checkpoint
+    state = run_state(
+        engine,
+        model,
+        optimizer,
+        t.scheduler,
+        config=(lambda: to_toml(c), lambda _: None),
+        optional={"best": watch} if watch is not None else None,
+    )
     resumed_from = _resume(c, run_dir, state, engine, data, world, rank, batch_given) if resume else ""
     first_step_draws = rng_state()  # the generators the first step draws from (a resume's, restored)
     if resume and main:  # the steps after the checkpoint run again: their old records would count twice
@@ -259,6 +269,9 @@ def build_training(
             before_save=jsonl.flush if jsonl is not None else None,
             async_write=c.train.async_checkpoint,
         ),
+        watch=watch,
+        patience=c.best.patience,  # type: ignore[attr-defined]
+        keep_best=c.best.checkpoint,  # type: ignore[attr-defined]
     )
     return Training(
         c,
@@ -503,6 +516,7 @@ def facts(training: Training, ctx: FitContext | None, status: str, elapsed_s: fl
         "max_steps": c.train.max_steps,
         "elapsed_s": round(elapsed_s, 3),
         "stop_reason": ctx.stop_reason if ctx else "",
+        **watched(training.hooks),  # best: the watched metric's best value, step and checkpoint
         "resumed_from": training.resumed_from,
         "resolved": r,
         "memory": memory_summary(training),

@@ -1,5 +1,6 @@
-"""``turbotrain sample RUN``: generate text from a run's latest checkpoint, encoding the prompt and
-decoding the output with the run's own tokenizer (its ``tokenizer.json``; bytes for runs without one)."""
+"""``turbotrain sample RUN``: generate text from a run's latest checkpoint (``--best``: its best
+checkpoint, kept with ``--best.checkpoint=true``), encoding the prompt and decoding the output with
+the run's own tokenizer (its ``tokenizer.json``; bytes for runs without one)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from ..base.config import RunConfig
 from ..base.errors import TurbotrainError
 from ..base.rundir import CHECKPOINTS, CONFIG_FILE, find_run_dir, resume_config
+from ..loop.best_checkpoint import load_best_weights
 from ..loop.checkpoint import load_latest_weights
 from ..parts.data.tokenizer import BYTE_VOCAB, ByteTokenizer, load_run_tokenizer
 from ..parts.models.registry import build_model, spec_for
@@ -29,6 +31,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--top-k", type=int, default=40, help="sample from the k most likely tokens (default 40; 0 = all)"
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--best",
+        action="store_true",
+        help="the run's best checkpoint (checkpoints/best/, by best.metric) instead of its latest",
+    )
     p.add_argument("--out-dir", default="runs", help="where runs live (default runs/)")
     p.set_defaults(command=main_sample)
     return p
@@ -76,7 +83,7 @@ def main_sample(args: argparse.Namespace, extra: list[str]) -> int:
             "text; sample reads checkpoints of GPT runs (--preset gpt-tiny, gpt2-small, moe-tiny)"
         )
     # a .pt file or a sharded folder (ddp/fsdp runs)
-    path, weights = load_latest_weights(run_dir / CHECKPOINTS)
+    path, weights = load_best_weights(run_dir) if args.best else load_latest_weights(run_dir / CHECKPOINTS)
     embedding = weights.get("wte.weight") if isinstance(weights, dict) else None
     if not isinstance(embedding, torch.Tensor) or embedding.dim() != 2:
         raise TurbotrainError(

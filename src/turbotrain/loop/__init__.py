@@ -3,3 +3,5 @@ checkpoints, the monitor.
 
 Layers import only downward (the README's "Architecture"; tests/unit/test_layers.py holds it).
 """
+
+from . import early_stop  # noqa: F401 - registers the [best] settings: a config that holds them parses anywhere

@@ -7,12 +7,15 @@ Hooks run in this order at every event, and the order matters:
 - the stop hooks only raise ``ctx.should_stop``, which the loop reads after all hooks have run;
 - Evaluate before the Monitor: the record the Monitor writes for a step carries the validation
   loss and metrics Evaluate has just put in ``ctx.metrics`` (at the end too: final evaluation,
-  then final record); an adaptive (plateau) schedule reads that loss right after Evaluate;
+  then final record); an adaptive (plateau) schedule reads that loss right after Evaluate, and
+  early stopping (``best.patience``) the metric it watches, so its stop and the watched best are
+  decided before the step's checkpoint saves them;
 - the experts monitor (models with MoE layers) before the Monitor, on the same cadence;
 - the epoch log (``train.epochs``) right after the Monitor: an epoch's record follows its last step's;
 - the Checkpointer last: its time is in ``ctx.side_s`` before the next window starts, and at the
   end the final record is written and the sinks closed before the save, so a failed save (a full
-  disk) loses no metrics.
+  disk) loses no metrics; only the best checkpoint (``best.checkpoint``) after it: it keeps the
+  step's checkpoint the Checkpointer wrote (or is writing) instead of writing it twice.
 """
 
 from __future__ import annotations
@@ -25,9 +28,12 @@ from typing import Any
 from torch import nn
 
 from ..base.config import RunConfig
+from ..base.errors import ConfigError
 from ..core.engine import Engine
 from ..core.optim import PlateauLR
+from .best_checkpoint import KeepBest
 from .checkpoint import Checkpointer
+from .early_stop import EarlyStopping, MetricWatch
 from .epochs import EpochLog
 from .experts_monitor import experts_hooks
 from .hooks import Evaluate, Hook
@@ -132,15 +138,28 @@ def build_hooks(
     experts_dir: Path | None = None,
     epochs: tuple[int, int] | None = None,
     checkpointer: Checkpointer | None = None,
+    watch: MetricWatch | None = None,
+    patience: int = 0,
+    keep_best: bool = False,
 ) -> list[Hook]:
     """The chain in the order the module docstring explains. ``eval_batches`` None: no evaluation;
     ``experts_model``: the unwrapped model whose MoE layers are monitored (none: nothing added);
-    ``epochs``: (steps per epoch, epochs) for one record and line per epoch, after the Monitor."""
+    ``epochs``: (steps per epoch, epochs) for one record and line per epoch, after the Monitor;
+    ``watch``: the validation metric early stopping (after ``patience`` passes without
+    improvement; 0: never) and, with ``keep_best`` and a ``checkpointer``, the best checkpoint
+    watch."""
+    if watch is not None and not eval_batches:
+        raise ConfigError(
+            f"best.patience / best.checkpoint watch {watch.metric} of the validation passes, and this run "
+            "has no validation data (a --model workload: give it an eval_loader)"
+        )
     hooks: list[Hook] = list(stops)
     if eval_batches is not None:
         hooks.append(Evaluate(eval_batches, eval_every, loss_fn, metrics_fn))
         if isinstance(scheduler, PlateauLR):  # the loss Evaluate just read
             hooks.append(ObservePlateau(scheduler))
+        if watch is not None:
+            hooks.append(EarlyStopping(watch, patience))
     if experts_model is not None:
         hooks.extend(experts_hooks(experts_model, monitor.interval, experts_dir))  # MoE: tokens per expert
     hooks.append(monitor)
@@ -148,4 +167,6 @@ def build_hooks(
         hooks.append(EpochLog(monitor, *epochs))
     if checkpointer is not None:
         hooks.append(checkpointer)
+        if watch is not None and keep_best and eval_batches is not None:
+            hooks.append(KeepBest(watch, checkpointer))
     return hooks

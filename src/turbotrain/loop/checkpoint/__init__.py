@@ -206,6 +206,16 @@ class Checkpointer(Hook):
         """A checkpoint now, written before this returns (after the write in flight, if any)."""
         self._save(ctx, background=False)
 
+    def written(self, ctx: FitContext) -> Path:
+        """The checkpoint of this step, on disk when this returns: saved now, unless it was saved
+        at this step already (then its background write, if in flight, is waited for). Under a
+        process group every rank calls it (a sharded save is a collective)."""
+        self.save(ctx)
+        if self.background is not None:
+            self._finished(ctx, self.background.wait())
+        step = ctx.engine.state.step
+        return checkpoint_dir(self.folder, step) if self.sharded else checkpoint_path(self.folder, step)
+
     def _save(self, ctx: FitContext, background: bool) -> None:
         step = ctx.engine.state.step
         if step == self.saved_step or step == 0:

@@ -65,7 +65,7 @@ def restore_latest(
             raise TurbotrainError(problem) if rank == 0 else ReportedByMainRank(problem)
         path, payload = folder / name, None
     if not path.is_dir() and payload is None:
-        payload = read_payload(path, required=tuple(state))
+        payload = read_payload(path, required=state.required)
     if before_load is not None:
         if path.is_dir():
             before_load(path, saved_world(path), read_state(path).get("entries", {}))
@@ -101,7 +101,7 @@ def _pick(folder: Path, state: RunState) -> tuple[Path, dict[str, Any] | None]:
 
     def read(path: Path) -> dict[str, Any] | None:
         if not path.is_dir():
-            payload = read_payload(path, required=tuple(state))
+            payload = read_payload(path, required=state.required)
             weights = payload.get(state.model_key) if state.model_key else None
             if isinstance(weights, dict):
                 fits(
@@ -112,7 +112,7 @@ def _pick(folder: Path, state: RunState) -> tuple[Path, dict[str, Any] | None]:
             return payload
         require_verified(path)
         entries = read_state(path).get("entries", {})
-        missing = [k for k in state.replicated_keys if k not in entries]
+        missing = state.missing(entries, state.replicated_keys)
         if missing:
             raise TurbotrainError(f"{path.name} holds no {', '.join(missing)} state")
         # .metadata through the safe reader
@@ -127,13 +127,11 @@ def _pick(folder: Path, state: RunState) -> tuple[Path, dict[str, Any] | None]:
 
 
 def _load_sharded(path: Path, state: RunState, rank: int, world: int) -> None:
+    """A sharded checkpoint into this process (one of any number): the model and optimizer through
+    DCP (resharded), the replicated entries from ``state.pt``, this rank's own from ``rankR.pt``."""
     replicated = read_state(path)
     entries = replicated.get("entries", {})
-    missing = [k for k in state.replicated_keys if k not in entries]
-    if missing:  # checked before anything loads: never half a state
-        raise TurbotrainError(
-            f"{path.name} holds no {', '.join(missing)} state; it was not saved by this kind of run"
-        )
+    state.check_holds(entries, path.name, state.replicated_keys)
     own = read_rank_state(path, rank, world)
     for name, (_, load) in state.items():
         if name == state.model_key and state.model is not None:
@@ -142,7 +140,7 @@ def _load_sharded(path: Path, state: RunState, rank: int, world: int) -> None:
             continue  # the optimizer: loaded with the model
         elif name in state.per_rank:
             _load_per_rank(name, load, own, path, rank, world)
-        else:
+        elif name in entries:  # an optional entry the checkpoint lacks starts fresh
             load_entry(name, load, entries[name], path.name)
 
 
@@ -158,13 +156,14 @@ def _load_pt_into_ranks(path: Path, payload: dict[str, Any], state: RunState, ra
             continue
         elif name in state.per_rank:
             _load_per_rank(name, load, own, path, rank, world)
-        else:
+        elif name in payload:  # an optional entry the checkpoint lacks starts fresh
             load_entry(name, load, payload[name], path.name)
 
 
 def _load_per_rank(
     name: str, load: Callable[[Any], None], own: dict[str, Any] | None, path: Path, rank: int, world: int
 ) -> None:
+    """A per-rank entry (the RNG): this rank's own when the world size matches, else re-seeded."""
     if own is not None and name in own:
         load_entry(name, load, own[name], path.name)
     elif name == "rng":

@@ -7,7 +7,7 @@ when the world size matches, otherwise re-seeded (:func:`reseed`); everything el
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -29,7 +29,9 @@ class RunState(dict[str, Stateful]):
     the optimizer (a ``torch.optim.Optimizer``): those two go through torch.distributed.checkpoint,
     by parameter name, so they reshard. Entries in ``per_rank`` (the RNG) differ from rank to rank:
     saved per rank, restored when the world size matches, otherwise re-seeded (:func:`reseed`).
-    ``strategy`` (set by :func:`run_state`) picks the format a :class:`Checkpointer` writes."""
+    ``strategy`` (set by :func:`run_state`) picks the format a :class:`Checkpointer` writes.
+    Entries in ``optional`` (set by :func:`run_state`: state a feature added later, such as the
+    watched metric's best value) may be missing from a checkpoint: they then start fresh."""
 
     def __init__(self, **entries: Any) -> None:
         super().__init__(
@@ -45,18 +47,35 @@ class RunState(dict[str, Stateful]):
         )
         self.per_rank: frozenset[str] = frozenset({"rng"} & set(entries))
         self.strategy: Strategy | None = None
+        self.optional: frozenset[str] = frozenset()
 
     def state_dict(self) -> dict[str, Any]:
         return {name: save() for name, (save, _) in self.items()}
 
     def load_state_dict(self, payload: dict[str, Any], source: str = "checkpoint") -> None:
-        missing = [name for name in self if name not in payload]
-        if missing:  # checked before anything loads: never half a state
+        self.check_holds(payload, source)
+        for name, (_, load) in self.items():
+            if name in payload:
+                load_entry(name, load, payload[name], source)
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        """The entries a checkpoint must hold to be loaded into this state (all but ``optional``)."""
+        return tuple(k for k in self if k not in self.optional)
+
+    def missing(self, saved: Any, keys: Iterable[str] | None = None) -> list[str]:
+        """The entries of ``keys`` (default: all) that ``saved`` (a payload, or a sharded
+        checkpoint's replicated entries) lacks and may not lack."""
+        return [k for k in (self if keys is None else keys) if k not in saved and k not in self.optional]
+
+    def check_holds(self, saved: Any, source: str, keys: Iterable[str] | None = None) -> None:
+        """Raise (one line) unless ``saved`` holds every entry of ``keys`` it may not lack:
+        checked before anything loads, never half a state."""
+        missing = self.missing(saved, keys)
+        if missing:
             raise TurbotrainError(
                 f"{source} holds no {', '.join(missing)} state; it was not saved by this kind of run"
             )
-        for name, (_, load) in self.items():
-            load_entry(name, load, payload[name], source)
 
     @property
     def tensor_keys(self) -> tuple[str, ...]:
@@ -89,12 +108,14 @@ def run_state(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: Any = None,
+    *,
+    optional: dict[str, Any] | None = None,
     **extra: Any,
 ) -> RunState:
     """What a training run saves and resumes: the engine first (its state holds the data position,
     ``state.batches``, and a precision fallback it restores recasts the weights, so they must load
-    after it), then model, optimizer, scheduler (when there is one), every RNG, and ``extra``.
-    The engine's strategy picks the checkpoint format (one process: ``.pt``; ddp/fsdp: sharded)."""
+    after it), then model, optimizer, scheduler (when there is one), every RNG, ``extra``, and
+    ``optional`` (entries an older checkpoint may lack). The engine's strategy picks the checkpoint format (one process: ``.pt``; ddp/fsdp: sharded)."""
     entries: dict[str, Any] = {
         "engine": (engine.state_dict, lambda sd: engine.load_state_dict(sd, optimizer)),
         "model": model,
@@ -102,8 +123,8 @@ def run_state(
     }
     if scheduler is not None:
         entries["scheduler"] = scheduler
-    state = RunState(**entries, rng=(rng_state, set_rng_state), **extra)
-    state.strategy = engine.strategy
+    state = RunState(**entries, rng=(rng_state, set_rng_state), **extra, **(optional or {}))
+    state.strategy, state.optional = engine.strategy, frozenset(optional or ())
     return state
 
 

@@ -1,0 +1,163 @@
+"""The best checkpoint: the run's checkpoint at its best validation pass, kept in
+``checkpoints/best/`` beside the last ``train.keep_last`` and never pruned by them.
+
+How: when the watched metric (:class:`turbotrain.loop.early_stop.MetricWatch`) improves, the
+Checkpointer writes the checkpoint of that step (it may have already), and its files are
+hard-linked into ``best/`` (no copy; copied where the file system has no hard links): pruning the
+main folder later removes only the main folder's names. ``best/best.json`` says which step, which
+metric and its value; the older best goes once the new one is in place. ``best/`` holds an ordinary
+checkpoint (file or sharded folder, with its checksums), so everything that reads checkpoints reads
+it: :func:`load_best_weights` (the model only, in one process: ``turbotrain sample --best``) and
+:func:`restore_best` (the whole run state, as a resume loads it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..base.atomic import atomic_write
+from ..base.errors import TurbotrainError
+from ..base.rundir import CHECKPOINTS
+from ..core.distributed import rank_world
+from .checkpoint.format import latest_verified, list_checkpoints, sidecar
+from .checkpoint.restore import load_latest_weights, restore_latest
+from .early_stop import EarlyStopping, MetricWatch
+from .hooks import FitContext, Hook
+
+if TYPE_CHECKING:
+    from .checkpoint import Checkpointer
+    from .checkpoint.state import RunState
+
+BEST_DIR = "best"  # under a run's checkpoints/
+BEST_FILE = "best.json"
+
+
+def best_folder(run_dir: Path) -> Path:
+    """Where run ``run_dir`` keeps its best checkpoint."""
+    return Path(run_dir) / CHECKPOINTS / BEST_DIR
+
+
+class KeepBest(Hook):
+    """After each validation pass that improves ``watch``, make the checkpoint of that step the
+    best one (every rank: a sharded save is a collective; rank 0 links it into ``best/``). Placed
+    after the Checkpointer, so a checkpoint of the step written in the background is waited for,
+    not written twice, and after the Monitor, whose record of the step is on disk first."""
+
+    def __init__(self, watch: MetricWatch, checkpointer: Checkpointer) -> None:
+        self.watch, self.checkpointer = watch, checkpointer
+        self.kept_step = -1
+        self.kept: Path | None = None
+
+    def _keep(self, ctx: FitContext) -> None:
+        step = ctx.engine.state.step
+        if self.watch.best_step != step or self.kept_step == step:
+            return
+        path = self.checkpointer.written(ctx)
+        best = self.checkpointer.folder / BEST_DIR
+        if rank_world()[0] == 0:
+            self.kept = _link_in(path, best)
+            record = {"checkpoint": self.kept.name, **self.watch.facts()}
+            atomic_write(best / BEST_FILE, json.dumps(record, indent=1) + "\n")
+            for old in list_checkpoints(best):  # the previous best, now that the new one is in place
+                if old != self.kept:
+                    _remove(old)
+        self.kept_step = step
+
+    def on_step_end(self, ctx: FitContext) -> None:
+        self._keep(ctx)
+
+    def on_fit_end(self, ctx: FitContext) -> None:
+        self._keep(ctx)  # a final validation pass that was the best
+
+
+def _link_or_copy(src: Path, dest: Path) -> None:
+    try:
+        os.link(src, dest)
+    except OSError:  # no hard links here (some network and FAT file systems): a copy
+        shutil.copy2(src, dest)
+
+
+def _link_in(path: Path, best: Path) -> Path:
+    """Checkpoint ``path`` (file or folder) linked into folder ``best`` under its own name, the way
+    a save finishes: a file before its checksum file, a folder complete before it is renamed into
+    place."""
+    best.mkdir(parents=True, exist_ok=True)
+    final = best / path.name
+    _remove(final)  # a best at this step from an earlier invocation of the run
+    if path.is_dir():
+        tmp = best / f".{path.name}.partial"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        for file in path.iterdir():
+            _link_or_copy(file, tmp / file.name)
+        os.replace(tmp, final)
+        return final
+    tmp = best / f".{path.name}.partial"
+    tmp.unlink(missing_ok=True)
+    _link_or_copy(path, tmp)
+    os.replace(tmp, final)
+    side_tmp = best / f".{sidecar(path).name}.partial"
+    side_tmp.unlink(missing_ok=True)
+    _link_or_copy(sidecar(path), side_tmp)
+    os.replace(side_tmp, sidecar(final))
+    return final
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        sidecar(path).unlink(missing_ok=True)
+
+
+def best_checkpoint(run_dir: Path) -> Path | None:
+    """The best checkpoint of run ``run_dir`` (``checkpoints/best/``) when one verifies, else None."""
+    return latest_verified(best_folder(run_dir))
+
+
+def load_best_weights(run_dir: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """The model weights of run ``run_dir``'s best checkpoint as one plain state dict (full tensors,
+    unwrapped names; either kind of checkpoint), read in this process alone:
+    ``model.load_state_dict(load_best_weights(run_dir)[1])``. A run without one (trained without
+    ``best.checkpoint``, or no validation pass yet) is a one-line TurbotrainError."""
+    if not list_checkpoints(best_folder(run_dir)):
+        raise TurbotrainError(
+            f"{run_dir} has no best checkpoint ({best_folder(run_dir)} holds none); train with "
+            "--best.checkpoint=true (and a validation set), or pass KeepBest to fit/track"
+        )
+    return load_latest_weights(best_folder(run_dir))
+
+
+def restore_best(run_dir: Path, state: RunState) -> Path:
+    """Load run ``run_dir``'s best checkpoint into ``state`` (a :class:`RunState`, as a resume
+    loads the latest: model, optimizer, engine, schedule, RNG), e.g. to continue from it in an own
+    loop; returns its path. A collective under a process group, like a resume."""
+    return restore_latest(best_folder(run_dir), state)
+
+
+def watched(hooks: Iterable[Hook]) -> dict[str, Any]:
+    """For the run's summary: ``{"best": {metric, mode, value, step, checkpoint}}`` when early
+    stopping or the best checkpoint watched a metric ({} otherwise). ``checkpoint``: the best
+    checkpoint's path inside the run directory (None when none was kept)."""
+    hooks = list(hooks)
+    keep = next((h for h in hooks if isinstance(h, KeepBest)), None)
+    stop = next((h for h in hooks if isinstance(h, EarlyStopping)), None)
+    watch = keep.watch if keep is not None else stop.watch if stop is not None else None
+    if watch is None:
+        return {}
+    name = keep.kept.name if keep is not None and keep.kept is not None else None
+    if keep is not None and name is None:  # a resumed run whose best came before the resume
+        with contextlib.suppress(OSError, ValueError):
+            name = json.loads((keep.checkpointer.folder / BEST_DIR / BEST_FILE).read_text())["checkpoint"]
+    where = f"{CHECKPOINTS}/{BEST_DIR}/{name}" if name else None
+    return {"best": {**watch.facts(), "checkpoint": where}}

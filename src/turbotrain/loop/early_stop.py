@@ -1,0 +1,194 @@
+"""Early stopping on a validation metric, and the one watch of that metric it shares with the best
+checkpoint (:mod:`turbotrain.loop.best_checkpoint`).
+
+Why a watch of its own: "improved" is one rule (mode, min_delta) read by two features, so both
+agree on which evaluation was the best. The watch reads the host floats that
+:class:`turbotrain.loop.hooks.Evaluate` left in ``ctx.metrics`` (its one host-device sync per
+validation pass): watching costs no sync. Its state (best value, its step, passes since) is part
+of the run's checkpoint, so a resumed run stops at the evaluation an uninterrupted one would.
+
+The settings, section ``[best]`` (``--best.patience=3``), registered on import.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..base.config import RunConfig, knob, register_settings, setting
+from ..base.errors import ConfigError, TurbotrainError
+from .hooks import FitContext, Hook
+
+log = logging.getLogger(__name__)
+
+MODES = ("min", "max")
+
+
+@dataclass(frozen=True)
+class BestSettings:
+    """The validation metric a run watches for its best evaluation: early stopping ends the run
+    when it stops improving, the best checkpoint keeps the weights of its best evaluation."""
+
+    metric: str = knob(
+        "val_loss",
+        "the validation metric watched: val_loss, or val_<name> for a metric <name> of the "
+        "workload's metrics_fn (val_accuracy)",
+    )
+    mode: str = knob(
+        "min", "min: lower is better (a loss); max: higher is better (an accuracy)", choices=MODES
+    )
+    min_delta: float = knob(
+        0.0,
+        "the smallest change of best.metric, in its own units, that counts as an improvement",
+        min=0.0,
+        max=1e12,
+    )
+    patience: int = knob(
+        0,
+        "early stopping: end the run after this many validation passes in a row without an "
+        "improvement (the summary's stop_reason says so); 0 = never",
+        min=0,
+        max=100_000,
+    )
+    checkpoint: bool = knob(
+        False,
+        "keep the checkpoint of the best validation pass in checkpoints/best/ beside the last "
+        "train.keep_last (never pruned); turbotrain sample --best and load_best_weights read it",
+    )
+
+
+def check_best(config: RunConfig) -> None:
+    """The metric is a validation metric, and what watches it gets validation passes during the run."""
+    b = config.best  # type: ignore[attr-defined]
+    if not b.metric.startswith("val_") or b.metric == "val_":
+        raise ConfigError(
+            f"best.metric = {b.metric!r} is not a validation metric: use val_loss or val_<name> for a "
+            f"metric of your metrics_fn, e.g. {setting('best.metric', 'val_accuracy')}"
+        )
+    t = config.train
+    if (b.patience or b.checkpoint) and t.eval_every == 0 and not t.epochs:
+        what = f"best.patience = {b.patience}" if b.patience else "best.checkpoint = true"
+        raise ConfigError(
+            f"{what} watches validation passes, which train.eval_every = 0 runs only at the end; "
+            f"use {setting('train.eval_every', 100)}"
+        )
+
+
+def unused_best(config: RunConfig, given: Sequence[str]) -> str:
+    """best.metric, mode or min_delta given while nothing watches the metric would do nothing."""
+    b = config.best  # type: ignore[attr-defined]
+    idle = [k for k in given if k in ("metric", "mode", "min_delta")]
+    if b.patience or b.checkpoint or not idle:
+        return ""
+    return (
+        f"{', '.join(f'best.{k}' for k in idle)} choose what early stopping and the best checkpoint watch, "
+        f"and neither is on: add {setting('best.patience', 3)} or {setting('best.checkpoint', 'true')}"
+    )
+
+
+register_settings("best", BestSettings, after="train", check=check_best, unused=unused_best)
+
+
+def watch_for(b: BestSettings) -> MetricWatch | None:
+    """The watch a run's ``[best]`` settings ask for; None when neither early stopping nor the
+    best checkpoint is on."""
+    return MetricWatch(b.metric, b.mode, b.min_delta) if b.patience or b.checkpoint else None
+
+
+class MetricWatch:
+    """The best value so far of one validation metric (``metric``: ``val_loss`` or ``val_<name>``)
+    by ``mode`` ('min' or 'max'); a value improves on it when it is better by more than
+    ``min_delta`` (in the metric's units). NaN never improves. :meth:`observe` reads each
+    validation pass once."""
+
+    def __init__(self, metric: str = "val_loss", mode: str = "min", min_delta: float = 0.0) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode = {mode!r}: use 'min' or 'max'")
+        self.metric, self.mode, self.min_delta = metric, mode, float(min_delta)
+        self.best: float | None = None
+        self.best_step = -1
+        self.stale = 0  # validation passes since the best one
+        self.seen_step = -1  # the step of the last validation pass read
+
+    def improves(self, value: float) -> bool:
+        if math.isnan(value):
+            return False
+        if self.best is None:
+            return True
+        if self.mode == "min":
+            return value < self.best - self.min_delta
+        return value > self.best + self.min_delta
+
+    def value(self, ctx: FitContext) -> float:
+        """This step's value of the metric, from what Evaluate left in ``ctx.metrics``; a metric
+        the run does not compute is one line naming the ones it does."""
+        if self.metric == "val_loss":
+            return float(ctx.metrics["val_loss"])
+        others = ctx.metrics.get("val_metrics") or {}
+        if self.metric not in others:
+            known = ", ".join(["val_loss", *others])
+            raise TurbotrainError(
+                f"best.metric = {self.metric!r} is not a metric of this run's validation (it computes {known}); "
+                f"use {setting('best.metric', 'val_loss')} or add it to your workload's metrics_fn"
+            )
+        return float(others[self.metric])
+
+    def observe(self, ctx: FitContext) -> bool | None:
+        """Read this step's validation pass, once: True when it improved on the best, False when
+        not, None when no validation pass ran at this step (or it was read already)."""
+        step = ctx.engine.state.step
+        if ctx.metrics.get("val_step") != step or step == self.seen_step or "val_loss" not in ctx.metrics:
+            return None
+        self.seen_step = step
+        value = self.value(ctx)
+        if self.improves(value):
+            self.best, self.best_step, self.stale = value, step, 0
+            return True
+        self.stale += 1
+        return False
+
+    def facts(self) -> dict[str, Any]:
+        """For the run's summary: the metric, its mode and its best value and step (None before any)."""
+        return {"metric": self.metric, "mode": self.mode, "value": self.best, "step": self.best_step}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "best": self.best,
+            "best_step": self.best_step,
+            "stale": self.stale,
+            "seen_step": self.seen_step,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best, self.best_step = state["best"], int(state["best_step"])
+        self.stale, self.seen_step = int(state["stale"]), int(state["seen_step"])
+
+
+class EarlyStopping(Hook):
+    """End the fit after ``patience`` validation passes in a row that did not improve on the best
+    by more than the watch's ``min_delta`` (``patience`` 0: it only watches). Placed right after
+    :class:`turbotrain.loop.hooks.Evaluate`: it reads the pass Evaluate just ran. The stop reason
+    says which metric, its best value and step; the final checkpoint is written as at any stop."""
+
+    def __init__(self, watch: MetricWatch, patience: int) -> None:
+        if patience < 0:
+            raise ValueError(f"patience = {patience} must be >= 0")
+        self.watch, self.patience = watch, patience
+
+    def on_step_end(self, ctx: FitContext) -> None:
+        improved = self.watch.observe(ctx)
+        # at the last step the run ends anyway: it completed, early stopping did not end it
+        last = ctx.engine.state.step >= ctx.max_steps
+        if improved is False and self.patience and self.watch.stale >= self.patience and not last:
+            w = self.watch
+            ctx.request_stop(
+                f"early stopping: {w.metric} did not improve on {w.best:.6g} (step {w.best_step}) "
+                f"by more than {w.min_delta:g} in {w.stale} validation passes"
+            )
+            log.info("%s", ctx.stop_reason)
+
+    def on_fit_end(self, ctx: FitContext) -> None:
+        self.watch.observe(ctx)  # a final pass (after a signal's stop) counts for the best

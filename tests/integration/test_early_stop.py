@@ -1,0 +1,82 @@
+"""Early stopping and the best checkpoint (``[best]``) on the example CNN through ``turbotrain train
+--model``: the run ends at the evaluation where the metric has not improved for ``patience``
+passes, says so in its summary, and keeps the best evaluation's checkpoint beside keep_last=1; a
+run stopped before and resumed ends at the same evaluation with the same best."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+
+from turbotrain.cli import main
+from turbotrain.loop.best_checkpoint import load_best_weights
+from turbotrain.loop.checkpoint import is_verified, list_checkpoints, load_latest_weights
+
+WORKLOAD = f"{Path(__file__).resolve().parent / 'best_workload.py'}:make"
+ARGS = [
+    "--model",
+    WORKLOAD,
+    "--train.max_steps=12",
+    "--train.eval_every=1",
+    "--train.eval_batches=1",
+    "--train.checkpoint_every=1",
+    "--train.keep_last=1",
+    "--monitor.log_every=1",
+    "--best.metric=val_score",
+    "--best.mode=max",
+    "--best.min_delta=0.05",
+    "--best.patience=2",
+    "--best.checkpoint=true",
+    "--no-progress",
+]
+REASON = "early stopping: val_score did not improve on 0.6 (step 3) by more than 0.05 in 2 validation passes"
+
+
+def _summary(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+def test_early_stopping_ends_the_cnn_at_the_right_evaluation_and_keeps_the_best_checkpoint(tmp_path: Path):
+    out = ["--run.out_dir", str(tmp_path)]
+    assert main(["train", *ARGS, *out, "--run.name=full"]) == 0
+    full = tmp_path / "full"
+    summary = _summary(full)
+    # passes at steps 1, 2, 3 improve; 4 (0.6) and 5 (0.64 < 0.6 + 0.05) do not: patience 2 ends it at 5
+    assert (summary["status"], summary["steps"], summary["stop_reason"]) == ("stopped", 5, REASON)
+    assert summary["best"] == {
+        "metric": "val_score",
+        "mode": "max",
+        "value": 0.6000000238418579,  # the float32 mean Evaluate read
+        "step": 3,
+        "checkpoint": "checkpoints/best/step_00000003.pt",
+    }
+    assert "early stopping: val_score" in (full / "summary.md").read_text()
+    assert "checkpoints/best/step_00000003.pt" in (full / "summary.md").read_text()
+    # keep_last=1 pruned every other step's checkpoint; the best one survives beside it and verifies
+    assert [p.name for p in list_checkpoints(full / "checkpoints")] == ["step_00000005.pt"]
+    best = list_checkpoints(full / "checkpoints" / "best")
+    assert [p.name for p in best] == ["step_00000003.pt"] and is_verified(best[0])
+
+    # the run stopped after step 3 (same schedule) holds step 3's weights: the best checkpoint is them
+    assert main(["train", *ARGS, *out, "--run.name=split", "--train.stop_after_steps=3"]) == 0
+    _, at_3 = load_latest_weights(tmp_path / "split" / "checkpoints")
+    path, weights = load_best_weights(full)
+    assert path.name == "step_00000003.pt" and weights.keys() == at_3.keys()
+    assert all(torch.equal(weights[k], at_3[k]) for k in weights)
+    _, at_5 = load_latest_weights(full / "checkpoints")
+    assert not all(torch.equal(weights[k], at_5[k]) for k in weights)
+    spec = importlib.util.spec_from_file_location(
+        "workload_cnn", Path(__file__).parents[2] / "examples/workload_cnn.py"
+    )
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    example.SmallCNN().load_state_dict(weights)  # the example's own model takes them as they are
+
+    # resumed, it ends at the evaluation the uninterrupted run ended at, with the same best
+    assert main(["train", "--resume", str(tmp_path / "split"), "--no-progress"]) == 0
+    resumed = _summary(tmp_path / "split")
+    assert (resumed["steps"], resumed["stop_reason"], resumed["best"]) == (5, REASON, summary["best"])

@@ -1,0 +1,177 @@
+"""Early stopping and the best checkpoint as hooks (what ``fit`` users pass; ``turbotrain train``
+builds the same ones): which pass improves, when the fit stops, the best checkpoint of either kind
+beside keep_last=1, and checkpoints saved before the watch existed still loading."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_overrides
+
+from turbotrain import Engine, fit
+from turbotrain.app.training import train
+from turbotrain.base.config import load_config
+from turbotrain.base.errors import TurbotrainError
+from turbotrain.cli import main
+from turbotrain.loop.best_checkpoint import KeepBest, best_checkpoint, load_best_weights, restore_best
+from turbotrain.loop.checkpoint import (
+    Checkpointer,
+    RunState,
+    list_checkpoints,
+    restore_latest,
+    run_state,
+    save_checkpoint,
+)
+from turbotrain.loop.early_stop import EarlyStopping, MetricWatch
+from turbotrain.loop.hooks import FitContext, Hook
+
+
+class _Scripted(Hook):
+    """Stands in for Evaluate: at each of ``values``' steps a validation pass with that value."""
+
+    def __init__(self, values: dict[int, float], name: str = "val_loss") -> None:
+        self.values, self.name = values, name
+
+    def on_step_end(self, ctx: FitContext) -> None:
+        step = ctx.engine.state.step
+        if step in self.values:
+            ctx.metrics["val_step"] = step
+            ctx.metrics["val_loss"] = self.values[step] if self.name == "val_loss" else 1.0
+            ctx.metrics["val_metrics"] = {} if self.name == "val_loss" else {self.name: self.values[step]}
+
+
+class _Run:
+    """A tiny regression set up for ``fit`` (seeded: two runs of the same seed train alike)."""
+
+    def __init__(self, steps: int = 12, seed: int = 0) -> None:
+        torch.manual_seed(seed)
+        self.engine = Engine({"run": {"device": "cpu"}})
+        plain = torch.nn.Linear(4, 2)
+        self.model, self.optimizer, _ = self.engine.setup(plain, torch.optim.SGD(plain.parameters(), lr=0.1))
+        self.batches = [(torch.randn(8, 4), torch.randn(8, 2)) for _ in range(steps)]
+        self.steps = steps
+
+    def state(self, watch: MetricWatch) -> RunState:
+        return run_state(self.engine, self.model, self.optimizer, optional={"best": watch})
+
+    def fit(self, hooks: list[Hook]) -> FitContext:
+        def loss(m: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            return torch.nn.functional.mse_loss(m(batch[0]), batch[1])
+
+        return fit(
+            self.engine,
+            self.model,
+            self.optimizer,
+            self.batches,
+            max_steps=self.steps,
+            hooks=hooks,
+            loss_fn=loss,
+        )
+
+
+def test_min_delta_mode_and_nan_decide_what_improves():
+    low = MetricWatch("val_loss", "min", min_delta=0.1)
+    assert low.improves(5.0)  # the first value always does
+    low.best = 1.0
+    assert low.improves(0.85) and not low.improves(0.95) and not low.improves(float("nan"))
+    high = MetricWatch("val_accuracy", "max", min_delta=0.01)
+    high.best = 0.5
+    assert high.improves(0.52) and not high.improves(0.505)
+
+
+def test_the_fit_stops_after_patience_passes_without_improvement_and_says_why():
+    watch = MetricWatch("val_loss", "min")
+    values = {2: 1.0, 4: 0.8, 6: 0.9, 8: 0.8, 10: 0.5}  # 6 and 8 do not beat 0.8: patience 2 ends at 8
+    run = _Run()
+    ctx = run.fit([_Scripted(values), EarlyStopping(watch, patience=2)])
+    assert run.engine.state.step == 8 and ctx.should_stop
+    assert ctx.stop_reason == (
+        "early stopping: val_loss did not improve on 0.8 (step 4) by more than 0 in 2 validation passes"
+    )
+    assert (watch.best, watch.best_step, watch.stale) == (0.8, 4, 2)
+    # patience 0 only watches; a stop due at the last step is the run completing, not early stopping
+    run = _Run()
+    assert not run.fit([_Scripted(values), EarlyStopping(MetricWatch(), patience=0)]).should_stop
+    assert run.engine.state.step == 12
+    run = _Run(steps=4)
+    assert not run.fit([_Scripted({2: 1.0, 4: 2.0}), EarlyStopping(MetricWatch(), patience=1)]).should_stop
+
+
+def test_a_metric_the_validation_does_not_compute_is_one_line():
+    watch = MetricWatch("val_f1", "max")
+    with pytest.raises(
+        TurbotrainError, match=r"best.metric = 'val_f1' is not a metric .*computes val_loss, val_accuracy"
+    ):
+        _Run().fit([_Scripted({2: 0.5}, name="val_accuracy"), EarlyStopping(watch, patience=1)])
+
+
+@pytest.mark.parametrize("kind", ["single", "ddp"])  # ddp: a sharded folder, written here by one process
+def test_the_best_checkpoint_survives_keep_last_1_and_loads(tmp_path: Path, kind: str):
+    values = {3: 1.0, 6: 0.5, 9: 0.7, 12: 0.6}  # the best pass: step 6
+    watch = MetricWatch()
+    run = _Run()
+    saver = Checkpointer(
+        tmp_path / "checkpoints",
+        3,
+        1,
+        run.state(watch),
+        strategy=type("S", (), {"name": kind})(),
+        async_write=True,
+    )
+    at_6: dict[str, torch.Tensor] = {}
+
+    class Snapshot(Hook):
+        def on_step_end(self, ctx: FitContext) -> None:
+            if ctx.engine.state.step == 6:
+                at_6.update({k: v.clone() for k, v in ctx.model.state_dict().items()})
+
+    run.fit([_Scripted(values), EarlyStopping(watch, 0), Snapshot(), saver, KeepBest(watch, saver)])
+    suffix = ".pt" if kind == "single" else ""
+    assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == [f"step_00000012{suffix}"]
+    best = best_checkpoint(tmp_path)
+    assert best is not None and best.name == f"step_00000006{suffix}"
+    path, weights = load_best_weights(tmp_path)
+    assert path == best and all(torch.equal(weights[k], at_6[k]) for k in at_6)
+    # the whole run state, as a resume loads the latest: the engine at step 6, the watch as it was then
+    again, later = _Run(seed=1), MetricWatch()
+    assert restore_best(tmp_path, again.state(later)) == best
+    assert again.engine.state.step == 6 and (later.best, later.best_step) == (0.5, 6)
+    assert all(torch.equal(again.model.state_dict()[k], at_6[k]) for k in at_6)
+
+
+def test_a_checkpoint_saved_without_the_watch_still_resumes_and_the_watch_starts_fresh(tmp_path: Path):
+    run = _Run(steps=4)
+    run.fit([])
+    save_checkpoint(tmp_path, 4, run_state(run.engine, run.model, run.optimizer).state_dict())
+    watch = MetricWatch()
+    fresh = _Run(seed=1)
+    restore_latest(tmp_path, fresh.state(watch))
+    assert fresh.engine.state.step == 4 and torch.equal(fresh.model.weight, run.model.weight)
+    assert (watch.best, watch.best_step) == (None, -1)
+
+
+def test_a_run_without_a_best_checkpoint_says_so_in_one_line(tmp_path: Path):
+    with pytest.raises(TurbotrainError, match="has no best checkpoint .*--best.checkpoint=true"):
+        load_best_weights(tmp_path)
+
+
+def test_sample_best_reads_the_best_checkpoint_of_a_gpt_run(tmp_path: Path, text_file: Path, capsys):
+    """``--best.checkpoint=true`` through ``train()``; with the latest checkpoints gone, ``sample``
+    (latest) has none to read and ``sample --best`` generates from the best one."""
+    overrides = tiny_overrides(
+        tmp_path, data={"path": str(text_file)}, best={"checkpoint": True, "mode": "max"}
+    )
+    config = load_config(overrides=overrides)  # mode max on val_loss: the first pass (step 3) stays the best
+    summary = train(config, progress=False)
+    run = tmp_path / "runs" / "t"
+    assert (
+        summary["best"]["step"] == 3 and summary["best"]["checkpoint"] == "checkpoints/best/step_00000003.pt"
+    )
+    for p in list_checkpoints(run / "checkpoints"):
+        p.unlink()
+    capsys.readouterr()
+    assert main(["sample", str(run), "--tokens", "8"]) == 2
+    assert main(["sample", str(run), "--best", "--tokens", "8"]) == 0
+    assert len(capsys.readouterr().out) > 8
