@@ -26,7 +26,7 @@ import torch
 from ..base.atomic import atomic_write
 from ..base.errors import TurbotrainError
 from ..base.rundir import CHECKPOINTS
-from ..core.distributed import rank_world
+from ..core.process_group import rank_world
 from .checkpoint.format import latest_verified, list_checkpoints, sidecar
 from .checkpoint.restore import load_latest_weights, restore_latest
 from .early_stop import EarlyStopping, MetricWatch
