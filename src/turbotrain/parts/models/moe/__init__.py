@@ -1,19 +1,9 @@
-"""The mixture-of-experts family: the layer any model can use (:class:`MoE`, :mod:`.layer`), the
+"""The mixture-of-experts family: the layer any model can use (:class:`MoE`, :mod:`.layer`; its routing and expert compute in :mod:`.experts`, growing in :mod:`.grow`), the
 MoE GPT (:mod:`.model`) and expert parallelism (:mod:`.parallel`)."""
 
-from .layer import (
-    EXTRA_STATE_KEY,
-    MoE,
-    aux_loss,
-    end_optimizer_step,
-    expert_counts,
-    follow_optimizer_steps,
-    grow_experts,
-    grown_order,
-    load_balance_loss,
-    moe_layers,
-    route,
-)
+from .experts import expert_counts, load_balance_loss, route
+from .grow import grow_experts, grown_order
+from .layer import EXTRA_STATE_KEY, MoE, aux_loss, end_optimizer_step, follow_optimizer_steps, moe_layers
 from .model import MoEConfig, MoEGPT, MoEMLP
 
 __all__ = [

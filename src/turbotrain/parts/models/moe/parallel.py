@@ -54,7 +54,8 @@ from torch.distributed._functional_collectives import all_to_all_single_autograd
 
 from ....base.config import setting
 from ....base.errors import ConfigError
-from .layer import MoE, grow_experts, grown_order, moe_layers
+from .grow import grow_experts, grown_order
+from .layer import MoE, moe_layers
 
 log = logging.getLogger(__name__)
 
