@@ -98,8 +98,9 @@ def knob(
     below: float | None = None,
 ) -> Any:
     """A documented config field. A numeric one declares its range: ``min`` <= value <= ``max``
-    (or < ``below``, an open end). :func:`validate` checks ``choices`` and the range, and
-    :func:`describe` shows them."""
+    (or < ``below``, an open end). :func:`turbotrain.base.config.validate` checks ``choices`` and
+    the range, and :func:`turbotrain.base.config.describe` shows them. A plugin's own settings are
+    declared with this too, in the plugin's file (:func:`turbotrain.base.config.register_settings`)."""
     live = isinstance(choices, Names)  # read at each use: plugins may add values after this field is defined
     meta = {
         "doc": doc,

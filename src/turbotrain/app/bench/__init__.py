@@ -4,7 +4,8 @@ Each row runs in its own process on the same model definition, data, seed and gl
 reports only what it measured (see :mod:`.protocol` for how). Modules: :mod:`.workloads` (models,
 sizes, data, FLOPs), :mod:`.contenders` (who competes and how each trains; :mod:`.handtuned` the
 expert's plain PyTorch), :mod:`.worker` (the per-row process), :mod:`.autobatch` (``--batch auto``),
-:mod:`.suite` (running rows, derived figures), :mod:`.tables` and :mod:`.results` (markdown and JSON).
+:mod:`.suite` (running rows, derived figures), :mod:`.variants` (the precision matrix's and
+the ablation's rows, and why one cannot run here), :mod:`.tables` and :mod:`.results` (markdown and JSON).
 """
 
 from .suite import BenchOptions, run_ablation, run_compare, run_precision_matrix

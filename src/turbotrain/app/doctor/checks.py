@@ -1,5 +1,6 @@
-"""The checks of ``turbotrain doctor``: findings from the environment (:mod:`.env`), each with a
-level and the fix. The precision facts come from the precision plugins (fp8's float8 rule)."""
+"""The checks of ``turbotrain doctor``: findings from the environment
+(:mod:`turbotrain.app.environment`), each with a level and the fix. The precision facts come from
+the precision plugins (fp8's float8 rule)."""
 
 from __future__ import annotations
 
