@@ -536,3 +536,36 @@ def test_memory_of_an_emulated_fp8_run_on_cpu_is_estimated_not_refused(capsys):
     assert main(args) == 2  # without emulation: refused in one line
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "fp8_emulate" in err[0]
+
+
+def test_get_optimal_batch_size_in_one_call_on_a_model_and_a_batch_or_a_loader():
+    """The finder for Python users: a size that fits the memory cap with its headroom, the sizes
+    tried with their measured peaks; the same from a loader; your model untouched."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from turbotrain.tools.memory import get_optimal_batch_size
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4))
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = torch.randn(4, 64), torch.randint(4, (4,))
+
+    def loss(m, batch):
+        return nn.functional.cross_entropy(m(batch[0]), batch[1])
+
+    cap_gib = 2 / 1024  # 2 MiB: weights + AdamW state are ~0.3 MiB, each row a few KiB more
+    search = get_optimal_batch_size(
+        model, (x, y), loss_fn=loss, config={"run": {"device": "cpu"}}, max_memory_gib=cap_gib, max_micro=4096
+    )
+    fitting = [t for t in search.trials if t.fits]
+    assert fitting and all(t.peak_bytes is not None for t in search.trials if t.fits)
+    # on CPU the budget is the cap plus the weights already in RAM; the choice keeps 10 % under it
+    assert search.budget_bytes > cap_gib * 2**30 and search.limit_bytes <= search.budget_bytes
+    assert 8 <= search.found < 4096 and search.chosen_peak_bytes <= search.limit_bytes / 1.1
+    assert any(not t.fits for t in search.trials)  # it met the cap
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    loader = DataLoader(TensorDataset(torch.randn(16, 64), torch.randint(4, (16,))), batch_size=4)
+    from_loader = get_optimal_batch_size(
+        model, loader, loss_fn=loss, config={"run": {"device": "cpu"}}, max_micro=16
+    )
+    assert from_loader.found == 16 and [t.micro for t in from_loader.trials][:2] == [1, 2]

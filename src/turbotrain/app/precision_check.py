@@ -40,8 +40,8 @@ from ..core.precision.fp8 import float8_capable, torchao_available
 from ..core.precision.fp8_choice import FP8Choice, time_fp8_layers
 from ..parts.models.registry import build_model
 from ..parts.workload import Workload, load_workload
-from ..tools.memory.finder import token_batches
 from ..tools.memory.stats import default_vocab_size
+from ..tools.memory.step_trial import token_batches
 
 # fp8 is asked for by name only, and needs torchao
 CHECKED = (

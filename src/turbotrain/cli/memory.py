@@ -22,7 +22,6 @@ from ..base.version import collect_git
 from ..core.assembly import build_trainable
 from ..parts.models.registry import build_model
 from ..parts.workload import load_workload, rebuild_loader
-from ..tools.memory.finder import token_batches
 from ..tools.memory.stats import (
     COMPARED_MODES,
     MemoryStats,
@@ -33,6 +32,7 @@ from ..tools.memory.stats import (
     measure_step_memory,
     resolve_precision_name,
 )
+from ..tools.memory.step_trial import token_batches
 from .profile import add_target_args
 from .train import default_preset
 

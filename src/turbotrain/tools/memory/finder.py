@@ -3,10 +3,11 @@ global batch through gradient accumulation.
 
 The search is written against a ``trial(micro) -> TrialResult(peak_bytes, step_s)`` callable that
 raises ``torch.OutOfMemoryError`` when a size does not fit, so it can be tested with a simulated
-device. :class:`StepTrial` is the real one: a genuine training step (forward under the run's
-autocast, backward, ``optimizer.step()``) on the engine's device, through whatever compile and
-checkpointing ``Engine.setup`` applied. :func:`resolve_batch_size` ties it to a RunConfig (what
-``--batch.micro=auto`` calls) and is the entry point for bench and tune.
+device. :class:`~.step_trial.StepTrial` is the real one: a genuine training step (forward under
+the run's autocast, backward, ``optimizer.step()``) on the engine's device, through whatever
+compile and checkpointing ``Engine.setup`` applied. :func:`~.resolve.resolve_batch_size` ties it
+to a RunConfig (what ``--batch.micro=auto`` calls) and is the entry point for bench and tune;
+:func:`~.resolve.get_optimal_batch_size` is the one call for a model and a batch.
 
 Algorithm: double from ``start`` until a size runs out of memory, measures a peak over the
 memory budget, or reaches ``max_micro``; then binary-search between the last success and the
@@ -27,35 +28,20 @@ size). On CUDA, with ``pick='largest'``, the answer depends on memory only, neve
 
 from __future__ import annotations
 
-import gc
-import hashlib
-import json
 import logging
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from torch import nn
 
-from ...base.atomic import atomic_write
-from ...base.batch import tensors_of
-from ...base.config import BATCH_PICKS, RunConfig, choice_error
+from ...base.config import BATCH_PICKS, choice_error
 from ...base.errors import ConfigError, TurbotrainError
-from ...base.rundir import BATCH_CACHE
-from ...base.seeds import rng_state, set_rng_state
 from ...base.units import GIB, gib
-from ...core.engine import Engine, default_loss
 from ...core.oom import is_oom
 from ...core.process_group import collective_device, in_group, rank_world
-from ...core.transforms import eager
-from ...parts.data.sources import BYTE_VOCAB
 from ...parts.hardware import ram_bytes
-from ...parts.models.moe import MoE
-from .stats import TensorMemoryTracker, optimizer_tensors, storage_bytes
 
 log = logging.getLogger(__name__)
 
@@ -402,279 +388,3 @@ def usable_memory_bytes(
         if total is not None:
             caps.append(int(max_memory_fraction * total))
     return min(caps) if caps else None
-
-
-class StepTrial:
-    """A real training step at a given micro-batch, for :func:`find_batch_size`.
-
-    Each call runs a warm-up step whose peak memory is measured (CUDA allocator counters; on
-    other devices :class:`TensorMemoryTracker`), then ``timed_steps`` steps timed after a
-    synchronize (host-device sync points: search only). Steps are forward under the engine's
-    autocast, backward, ``optimizer.step()``: optimizer state is allocated as in training; the
-    measured step does two forward/backward passes so the peak covers gradient accumulation.
-    Not covered: DDP/FSDP communication buckets (run it on the unwrapped model; the headroom is
-    for such extras, the allocator's fragmentation and library workspaces).
-
-    Trials run a compiled model eagerly (:func:`turbotrain.core.transforms.eager`): each size would
-    otherwise compile (batch 1, then 2 with dynamic shapes, then a static graph for the answer
-    after a reset: several cold compiles). Eager activations are at least the compiled ones, so
-    the answer errs on the safe side by what fusion saves; training compiles one graph, for the
-    size found, at its first step.
-
-    Use it as a context manager: on exit the weights and RNG states are restored, optimizer
-    state and gradients dropped and the CUDA cache emptied, so training starts exactly as if no
-    search had run.
-    """
-
-    def __init__(
-        self,
-        engine: Engine,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        make_batch: Callable[[int], Any],
-        loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
-        timed_steps: int = 1,
-    ) -> None:
-        self.engine, self.model, self.optimizer = engine, model, optimizer
-        self.make_batch, self.loss_fn, self.timed_steps = (
-            make_batch,
-            loss_fn or default_loss,
-            max(1, timed_steps),
-        )
-        self.device = engine.device
-        # The state dict, not the live tensors: under expert parallelism it holds every expert (the
-        # modules' hooks gather them) and a MoE layer's pending router-bias loads (its extra state),
-        # so loading it back (close) goes through the same hooks: each rank's slice, the loads reset.
-        self._weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-        self._tallies = [
-            (m, *(None if t is None else t.clone() for t in (m.load, m.dropped)))  # the expert monitor's
-            for m in model.modules()
-            if isinstance(m, MoE)
-        ]
-        self._optimizer_state = optimizer.state_dict() if optimizer.state else None
-        self._rng = rng_state()  # torch's, Python's and numpy's: a trial's model may draw from any
-        self._was_training = model.training
-
-    def __enter__(self) -> StepTrial:
-        self.model.train()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def _step(self, batch: Any, micro_steps: int = 1) -> None:
-        for _ in range(micro_steps):
-            with self.engine.autocast(), eager():
-                loss = self.loss_fn(self.model, batch)
-            loss.backward()
-            del loss
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def _measured_step(self, batch: Any) -> int:
-        """Peak bytes of a step of two micro-steps: the second forward runs with the first's
-        gradients allocated, as under gradient accumulation (an upper bound without it)."""
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self._step(batch, micro_steps=2)
-            return int(torch.cuda.max_memory_allocated(self.device))
-        tracker = TensorMemoryTracker()
-        tracker.add(list(self.model.parameters()) + list(self.model.buffers()))
-        tracker.add(optimizer_tensors(self.optimizer))
-        tracker.add(tensors_of(batch))
-        with tracker:
-            self._step(batch, micro_steps=2)
-        return tracker.peak
-
-    def __call__(self, micro: int) -> TrialResult:
-        failure = ""
-        try:
-            batch = self.make_batch(micro)
-            peak = self._measured_step(batch)
-            times = []
-            for _ in range(self.timed_steps):
-                t0 = time.perf_counter()
-                self._step(batch)
-                self.engine.synchronize()  # host-device sync point (search timing only)
-                times.append(time.perf_counter() - t0)
-            return TrialResult(peak, statistics.median(times))
-        except RuntimeError as exc:
-            if not is_oom(exc):
-                raise
-            failure = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        # Outside the except clause: the traceback, and the activations its frames held, are gone.
-        self._free()
-        raise torch.OutOfMemoryError(f"micro-batch {micro}: {failure}")
-
-    def _free(self) -> None:
-        self.model.zero_grad(set_to_none=True)
-        self.optimizer.zero_grad(set_to_none=True)
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-
-    def close(self) -> None:
-        """Undo everything the trials changed and free what they allocated."""
-        self.optimizer.state.clear()
-        if self._optimizer_state is not None:
-            self.optimizer.load_state_dict(self._optimizer_state)
-        self._free()
-        # in place: parameters keep their identity (the optimizer's)
-        self.model.load_state_dict(self._weights)
-        for layer, load, dropped in self._tallies:  # the trials' routing is not training's
-            layer.load, layer.dropped = load, dropped
-        set_rng_state(self._rng)
-        self.model.train(self._was_training)
-        self._free()
-
-
-def token_batches(vocab_size: int, seq_len: int, device: torch.device, seed: int = 0) -> Callable[[int], Any]:
-    """``make_batch`` for token models: random (inputs, targets) of shape (micro, seq_len)."""
-
-    def make(micro: int) -> tuple[torch.Tensor, torch.Tensor]:
-        g = torch.Generator().manual_seed(seed)
-        x = torch.randint(vocab_size, (micro, seq_len + 1), generator=g)
-        return x[:, :-1].contiguous().to(device), x[:, 1:].contiguous().to(device)
-
-    return make
-
-
-# ----------------------------------------------------------------------------- config level
-
-
-def cache_key(
-    config: RunConfig,
-    engine: Engine,
-    world: int,
-    max_micro: int,
-    slowdown_stop: float = 0.0,
-    max_step_s: float = 0.0,
-) -> tuple[str, dict[str, Any]]:
-    """The cache entry's key: a hash of (model, precision, compile, sequence length, device,
-    checkpointing, the search's own settings, world size), and the readable parts."""
-    device = engine.device
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-    b = config.batch
-    parts = {
-        "model": asdict(config.model),
-        "precision": engine.precision.name,
-        "compile": f"{engine.options.compile_scope}/{config.compile.mode}",
-        "seq_len": config.model.block_size,
-        "device": name,
-        "checkpointing": config.memory.checkpointing,
-        "pick": b.pick,
-        "headroom": b.headroom,
-        "max_memory_gib": b.max_memory_gib,
-        "max_memory_fraction": b.max_memory_fraction,
-        # old keys stay valid
-        **({"memory_max_fraction": config.memory.max_fraction} if config.memory.max_fraction else {}),
-        "max_micro": max_micro,
-        "slowdown_stop": slowdown_stop,
-        **({"max_step_s": max_step_s} if max_step_s else {}),  # CUDA's keys stay as they were
-        "world": world,
-        "torch": torch.__version__,
-    }
-    digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return digest, parts
-
-
-def _read_cache(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _write_cache(path: Path, key: str, parts: dict[str, Any], search: BatchSearch) -> None:
-    data = _read_cache(path)
-    data[key] = {"key": parts, "search": search.to_dict()}
-    atomic_write(path, json.dumps(data, indent=2, default=str) + "\n")
-
-
-def resolve_batch_size(
-    config: RunConfig,
-    engine: Engine,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    *,
-    run_dir: Path | str | None = None,
-    max_micro: int | None = None,
-    make_batch: Callable[[int], Any] | None = None,
-    loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
-    slowdown_stop: float = 0.0,
-    max_step_s: float | None = None,
-) -> tuple[RunConfig, BatchSearch | None]:
-    """Turn ``batch.micro = 'auto'`` into a number: search (or read the cache in ``run_dir``),
-    fit the global batch, set ``engine.accumulation``, and return the config with concrete
-    ``batch.micro`` and ``batch.accumulation`` plus the search (None when micro was a number).
-
-    Call after ``engine.setup(model, optimizer)`` (so precision, compile and checkpointing are
-    the run's) and before loading a checkpoint or training. ``make_batch(micro)`` builds a batch
-    on the device (default: random tokens of ``model.block_size`` for the GPT); ``max_micro``
-    bounds the search (default 1024, and the per-rank global batch when one is set).
-    ``slowdown_stop`` (0 = off, the default on every device) stops growth once samples/s fall
-    under that fraction of the best: a timing rule, so its answer can change with machine load.
-    ``max_step_s`` bounds a step's measured time (None: :data:`CPU_MAX_STEP_S` on CPU, none on CUDA).
-    """
-    b = config.batch
-    if isinstance(b.micro, int):
-        return config, None
-    world = world_size()
-    global_size = b.global_size
-    ceiling = min(max_micro or DEFAULT_MAX_MICRO, DEFAULT_MAX_MICRO)
-    if global_size > 0:
-        ceiling = min(ceiling, max(1, -(-global_size // world)))
-    if max_step_s is None:
-        max_step_s = CPU_MAX_STEP_S if engine.device.type == "cpu" else 0.0
-    key, parts = cache_key(config, engine, world, ceiling, slowdown_stop, max_step_s)
-    cache = Path(run_dir) / BATCH_CACHE if run_dir is not None else None
-    entry = _read_cache(cache).get(key) if cache is not None else None
-    search: BatchSearch | None = None
-    if _agree_across_ranks(int(entry is not None)) and entry is not None:
-        search = BatchSearch.from_dict(entry["search"])
-        search.cached = True
-    if search is None:
-        if make_batch is None:
-            vocab = (
-                getattr(getattr(model, "cfg", None), "vocab_size", None)
-                or config.model.vocab_size
-                or BYTE_VOCAB
-            )
-            make_batch = token_batches(vocab, config.model.block_size, engine.device, seed=config.run.seed)
-        # training's allocator cap: search under it
-        cap = config.memory.max_fraction if engine.device.type == "cuda" else 0.0
-        fraction = min((f for f in (b.max_memory_fraction, cap) if f > 0), default=0.0)
-        budget = usable_memory_bytes(engine.device, b.max_memory_gib, fraction)
-        if engine.device.type == "cpu" and budget is not None:  # the weights already sit in RAM
-            budget += storage_bytes(list(model.parameters()) + list(model.buffers()))
-        # timing rules decide on medians of 3
-        timed = 3 if b.pick == "fastest" or slowdown_stop or max_step_s else 1
-        with StepTrial(engine, model, optimizer, make_batch, loss_fn, timed_steps=timed) as trial:
-            search = find_batch_size(
-                trial,
-                max_micro=ceiling,
-                headroom=b.headroom,
-                pick=b.pick,
-                budget_bytes=budget,
-                predict=engine.device.type != "cuda",  # on CPU a real OOM kills the process
-                slowdown_stop=slowdown_stop,
-                max_step_s=max_step_s,
-            )
-        search.found = search.micro = _agree_across_ranks(search.found)
-        if cache is not None and rank_world()[0] == 0:
-            _write_cache(cache, key, parts, search)
-    micro, accumulation, total, note = plan_accumulation(search.found, global_size, b.accumulation, world)
-    search.micro, search.accumulation, search.global_batch, search.world_size, search.note = (
-        micro,
-        accumulation,
-        total,
-        world,
-        note,
-    )
-    log.info(search.describe())
-    if note:
-        log.warning("batch finder: %s", note)
-    resolved = config.replace(batch={"micro": micro, "accumulation": accumulation})
-    engine.set_accumulation(accumulation)
-    return resolved, search

@@ -1,0 +1,157 @@
+"""A real training step at a given micro-batch: what the batch finder measures
+(:class:`StepTrial`), and random token batches of any size to measure it with (:func:`token_batches`)."""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...base.batch import tensors_of
+from ...base.seeds import rng_state, set_rng_state
+from ...core.engine import Engine, default_loss
+from ...core.oom import is_oom
+from ...core.transforms import eager
+from ...parts.models.moe import MoE
+from .finder import TrialResult
+from .stats import TensorMemoryTracker, optimizer_tensors
+
+
+class StepTrial:
+    """A real training step at a given micro-batch, for :func:`find_batch_size`.
+
+    Each call runs a warm-up step whose peak memory is measured (CUDA allocator counters; on
+    other devices :class:`TensorMemoryTracker`), then ``timed_steps`` steps timed after a
+    synchronize (host-device sync points: search only). Steps are forward under the engine's
+    autocast, backward, ``optimizer.step()``: optimizer state is allocated as in training; the
+    measured step does two forward/backward passes so the peak covers gradient accumulation.
+    Not covered: DDP/FSDP communication buckets (run it on the unwrapped model; the headroom is
+    for such extras, the allocator's fragmentation and library workspaces).
+
+    Trials run a compiled model eagerly (:func:`turbotrain.core.transforms.eager`): each size would
+    otherwise compile (batch 1, then 2 with dynamic shapes, then a static graph for the answer
+    after a reset: several cold compiles). Eager activations are at least the compiled ones, so
+    the answer errs on the safe side by what fusion saves; training compiles one graph, for the
+    size found, at its first step.
+
+    Use it as a context manager: on exit the weights and RNG states are restored, optimizer
+    state and gradients dropped and the CUDA cache emptied, so training starts exactly as if no
+    search had run.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        make_batch: Callable[[int], Any],
+        loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+        timed_steps: int = 1,
+    ) -> None:
+        self.engine, self.model, self.optimizer = engine, model, optimizer
+        self.make_batch, self.loss_fn, self.timed_steps = (
+            make_batch,
+            loss_fn or default_loss,
+            max(1, timed_steps),
+        )
+        self.device = engine.device
+        # The state dict, not the live tensors: under expert parallelism it holds every expert (the
+        # modules' hooks gather them) and a MoE layer's pending router-bias loads (its extra state),
+        # so loading it back (close) goes through the same hooks: each rank's slice, the loads reset.
+        self._weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        self._tallies = [
+            (m, *(None if t is None else t.clone() for t in (m.load, m.dropped)))  # the expert monitor's
+            for m in model.modules()
+            if isinstance(m, MoE)
+        ]
+        self._optimizer_state = optimizer.state_dict() if optimizer.state else None
+        self._rng = rng_state()  # torch's, Python's and numpy's: a trial's model may draw from any
+        self._was_training = model.training
+
+    def __enter__(self) -> StepTrial:
+        self.model.train()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _step(self, batch: Any, micro_steps: int = 1) -> None:
+        for _ in range(micro_steps):
+            with self.engine.autocast(), eager():
+                loss = self.loss_fn(self.model, batch)
+            loss.backward()
+            del loss
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _measured_step(self, batch: Any) -> int:
+        """Peak bytes of a step of two micro-steps: the second forward runs with the first's
+        gradients allocated, as under gradient accumulation (an upper bound without it)."""
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._step(batch, micro_steps=2)
+            return int(torch.cuda.max_memory_allocated(self.device))
+        tracker = TensorMemoryTracker()
+        tracker.add(list(self.model.parameters()) + list(self.model.buffers()))
+        tracker.add(optimizer_tensors(self.optimizer))
+        tracker.add(tensors_of(batch))
+        with tracker:
+            self._step(batch, micro_steps=2)
+        return tracker.peak
+
+    def __call__(self, micro: int) -> TrialResult:
+        failure = ""
+        try:
+            batch = self.make_batch(micro)
+            peak = self._measured_step(batch)
+            times = []
+            for _ in range(self.timed_steps):
+                t0 = time.perf_counter()
+                self._step(batch)
+                self.engine.synchronize()  # host-device sync point (search timing only)
+                times.append(time.perf_counter() - t0)
+            return TrialResult(peak, statistics.median(times))
+        except RuntimeError as exc:
+            if not is_oom(exc):
+                raise
+            failure = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        # Outside the except clause: the traceback, and the activations its frames held, are gone.
+        self._free()
+        raise torch.OutOfMemoryError(f"micro-batch {micro}: {failure}")
+
+    def _free(self) -> None:
+        self.model.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=True)
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def close(self) -> None:
+        """Undo everything the trials changed and free what they allocated."""
+        self.optimizer.state.clear()
+        if self._optimizer_state is not None:
+            self.optimizer.load_state_dict(self._optimizer_state)
+        self._free()
+        # in place: parameters keep their identity (the optimizer's)
+        self.model.load_state_dict(self._weights)
+        for layer, load, dropped in self._tallies:  # the trials' routing is not training's
+            layer.load, layer.dropped = load, dropped
+        set_rng_state(self._rng)
+        self.model.train(self._was_training)
+        self._free()
+
+
+def token_batches(vocab_size: int, seq_len: int, device: torch.device, seed: int = 0) -> Callable[[int], Any]:
+    """``make_batch`` for token models: random (inputs, targets) of shape (micro, seq_len)."""
+
+    def make(micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randint(vocab_size, (micro, seq_len + 1), generator=g)
+        return x[:, :-1].contiguous().to(device), x[:, 1:].contiguous().to(device)
+
+    return make
