@@ -4,6 +4,8 @@ the effect of each precision and optimization, on this machine."""
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shlex
 import shutil
 import sys
@@ -15,12 +17,19 @@ import torch
 
 from ..app.bench.autobatch import find_workload_batch
 from ..app.bench.contenders import CONTENDERS, DEFAULT_ORDER
+from ..app.bench.inference import SCHEMA as INFERENCE_SCHEMA
+from ..app.bench.inference import benchmark_inference, inference_target, render_inference
 from ..app.bench.results import ReportWriter, build_document, write_document
 from ..app.bench.suite import BenchOptions, run_ablation, run_compare, run_precision_matrix
 from ..app.bench.tables import render_report
+from ..app.bench.to_loss import ToLossOptions, parse_contender, render_to_loss, run_to_loss
 from ..app.bench.workloads import NOT_BUILT, custom_workload, expand, resolve_workload, workload_names
+from ..app.measure import merge
+from ..base.atomic import atomic_write
+from ..base.config import parse_overrides
 from ..base.errors import TurbotrainError
 from ..base.process import exit_on_sigterm
+from .profile import check_at_least
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -113,15 +122,52 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         metavar="DIR",
         help="compare: profile a few turbotrain steps after its timed window; trace and op table to DIR",
     )
+    p.add_argument(
+        "--to-loss",
+        type=float,
+        metavar="LOSS",
+        help="time to a target validation loss: each --versus contender (config settings on --workload's "
+        "preset; --section.key=value for all) trains with --seeds seeds, each run in its own process, until "
+        "the loss on fixed held-out batches is <= LOSS; the table has wall time and tokens to target with "
+        "their seed spread, and a verdict whether the difference exceeds it",
+    )
+    p.add_argument(
+        "--versus",
+        action="append",
+        default=[],
+        metavar="NAME:section.key=value[,...]",
+        help="--to-loss: a contender (give two or more), e.g. lr2e-3:optim.lr=2e-3",
+    )
+    p.add_argument("--seeds", type=int, default=3, help="--to-loss: seeds per contender (default 3)")
+    p.add_argument("--tokens", type=int, default=0, help="--to-loss: token budget per run (default 0: none)")
+    p.add_argument(
+        "--max-steps", type=int, default=300, help="--to-loss: optimizer steps per run at most (default 300)"
+    )
+    p.add_argument(
+        "--eval-every", type=int, default=10, help="--to-loss: steps between validation losses (default 10)"
+    )
+    p.add_argument(
+        "--inference",
+        action="store_true",
+        help="evaluation throughput: the forward (and loss) of --workload's preset model (random tokens) or "
+        "--model's eval_loader under inference_mode, with the precision and compile of --section.key=value "
+        "(--rows fp32,bf16-mixed: one row per precision); --steps timed batches after --warmup",
+    )
     p.add_argument("--out", help="write <workload>-<kind>.json and .md here")
     p.add_argument(
         "--work-dir", help="keep per-row specs, logs and data here (default: a temporary folder, removed)"
     )
-    p.set_defaults(command=main_bench)
+    p.set_defaults(command=main_bench, accepts_overrides=True)
     return p
 
 
 def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
+    if args.to_loss is not None or args.versus:
+        return main_to_loss(args, extra)
+    if args.inference:
+        return main_inference(args, extra)
+    if extra:
+        raise TurbotrainError(f"--section.key=value settings ({' '.join(extra)}) apply to --to-loss only")
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise TurbotrainError("--device cuda but no CUDA GPU is visible to torch; use --device cpu or auto")
@@ -205,6 +251,105 @@ def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
         if not args.work_dir:
             shutil.rmtree(work_dir, ignore_errors=True)
     return _exit_code(outcomes)
+
+
+def main_inference(args: argparse.Namespace, extra: list[str]) -> int:
+    """``--inference``: evaluation throughput (app/bench/inference.py), one row per --rows precision."""
+    overrides = parse_overrides(extra)
+    if args.device != "auto":
+        overrides.setdefault("run", {})["device"] = args.device
+    if args.threads:
+        torch.set_num_threads(args.threads)  # in this process: the forward runs here
+    preset = (
+        None if args.model else (args.workload or ("gpt2-small" if torch.cuda.is_available() else "gpt-tiny"))
+    )
+    batch = args.batch if isinstance(args.batch, int) else None
+    model, batches, loss_fn, label = inference_target(preset, args.model, overrides, batch)
+    modes = [r.strip() for r in args.rows.split(",") if r.strip()] or [None]
+    rows = []
+    for mode in modes:
+        config = merge(overrides, {"precision": {"mode": mode}} if mode else {})
+        row = benchmark_inference(
+            model,
+            batches,
+            loss_fn=loss_fn,
+            iterations=args.steps or 20,
+            warmup=args.warmup or 3,
+            config=config,
+        )
+        rows.append({"label": label, **row})
+    doc = {
+        "schema": INFERENCE_SCHEMA,
+        "kind": "inference",
+        "rows": rows,
+        "overrides": overrides,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "load_avg_1m": os.getloadavg()[0],  # a shared CPU's other work slows every row
+        "command": "turbotrain " + shlex.join(sys.argv[1:]) if _called_as_cli() else None,
+    }
+    text = render_inference(doc)
+    print(text, flush=True)
+    if args.out:
+        _write(Path(args.out), f"{Path(label.partition(':')[0]).stem}-inference", doc, text)
+    return 0
+
+
+def _write(out: Path, stem: str, doc: dict[str, Any], text: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(out / f"{stem}.json", json.dumps(doc, indent=1, default=str) + "\n")
+    atomic_write(
+        out / f"{stem}.md", text + (f"\n\nCommand: `{doc['command']}`\n" if doc.get("command") else "\n")
+    )
+    print(f"wrote {out / stem}.json and .md", flush=True)
+
+
+def main_to_loss(args: argparse.Namespace, extra: list[str]) -> int:
+    """``--to-loss``: time and tokens to a target loss over seeds (app/bench/to_loss.py)."""
+    if args.model:
+        raise TurbotrainError(
+            "--to-loss runs a preset (--workload NAME); --model workloads are not supported yet"
+        )
+    try:
+        contenders = dict(parse_contender(text) for text in args.versus)
+    except ValueError as exc:
+        raise TurbotrainError(str(exc)) from None
+    if len(contenders) < 2:
+        raise TurbotrainError(
+            "--to-loss compares contenders: give two or more --versus NAME:section.key=value"
+        )
+    check_at_least(
+        ("--seeds", args.seeds, 1), ("--max-steps", args.max_steps, 1), ("--eval-every", args.eval_every, 1)
+    )
+    overrides = parse_overrides(extra)
+    if args.device != "auto":
+        overrides.setdefault("run", {})["device"] = args.device
+    work_dir = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="turbotrain-to-loss-"))
+    opts = ToLossOptions(
+        contenders=contenders,
+        preset=args.workload or ("gpt2-small" if torch.cuda.is_available() else "gpt-tiny"),
+        overrides=overrides,
+        target_loss=args.to_loss,
+        max_tokens=args.tokens,
+        max_steps=args.max_steps,
+        eval_every=args.eval_every,
+        seeds=tuple(range(args.seed, args.seed + args.seeds)),
+        threads=args.threads,
+        timeout_s=args.timeout_s,
+        work_dir=work_dir,
+    )
+    exit_on_sigterm()
+    try:
+        doc = run_to_loss(opts, log=lambda line: print(line, file=sys.stderr, flush=True))
+    finally:
+        if not args.work_dir:
+            shutil.rmtree(work_dir, ignore_errors=True)
+    doc["command"] = "turbotrain " + shlex.join(sys.argv[1:]) if _called_as_cli() else None
+    text = render_to_loss(doc)
+    print(text, flush=True)
+    if args.out:
+        _write(Path(args.out), f"{opts.preset}-to-loss", doc, text)
+    return 0 if any(r["reached"] for r in doc["rows"]) or args.to_loss is None else 1
 
 
 def _exit_code(rows: list[dict[str, Any]]) -> int:

@@ -1,0 +1,133 @@
+"""Evaluation / inference throughput: a model's forward (and its loss) under ``torch.inference_mode``
+with the run's precision and compile, as an evaluation pass or a serving loop runs it.
+
+:func:`benchmark_inference` is the performance document's
+``benchmark_model_performance(model, dataloader, num_iterations)``: it sets the model up through
+the :class:`~turbotrain.Engine` (device, the precision's casts, compile), runs ``warmup`` untimed
+batches (compilation included, reported as the time to the first batch), then ``iterations``
+timed ones, each between two synchronisations (timing only), and reports the median ms per
+batch, samples/s and tokens/s (token batches: a tensor of integer ids). What is timed is
+``loss_fn(model, batch)`` (the model's forward for a GPT with targets, a workload's own loss
+function otherwise): the evaluation step. ``turbotrain bench --inference`` runs it on a preset or
+``--model FILE.py:FUNC``.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections.abc import Iterable, Mapping
+from itertools import cycle, islice
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...base.batch import batch_size, move_to, token_count
+from ...base.config import load_config
+from ...core.engine import Engine, LossFn, default_loss
+from ...parts.models.registry import build_model
+from ...parts.workload import load_workload
+from ...tools.memory.stats import default_vocab_size
+from ...tools.memory.step_trial import token_batches
+from .worker import device_name
+
+SCHEMA = "turbotrain-bench-inference/1"
+
+
+def benchmark_inference(
+    model: nn.Module,
+    batches: Iterable[Any],
+    *,
+    loss_fn: LossFn = default_loss,
+    iterations: int = 20,
+    warmup: int = 3,
+    config: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Time ``iterations`` evaluation batches of a copy of ``model`` (yours is untouched) under
+    inference_mode with ``config``'s precision and compile (``{"precision": {"mode": ...},
+    "compile": {"scope": ...}}``; default: turbotrain's defaults for this device). ``batches`` is
+    cycled when shorter. Returns the figures (see the module docstring)."""
+    engine = Engine(dict(config or {}))
+    net, _, _ = engine.setup(copy.deepcopy(model))
+    net.eval()
+    data = [move_to(b, engine.device) for b in islice(cycle(batches), warmup + iterations)]
+    sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
+    times = []
+    t_first = 0.0
+    with torch.inference_mode(), engine.autocast():
+        for i, batch in enumerate(data):
+            sync()  # host-device sync point: timing only
+            t0 = time.perf_counter()
+            out = loss_fn(net, batch)
+            sync()  # host-device sync point: timing only
+            dt = time.perf_counter() - t0
+            if i == 0:
+                t_first = dt
+            if i >= warmup:
+                times.append(dt)
+    ms = statistics.median(times) * 1000
+    timed = data[warmup:]
+    samples = sum(batch_size(b) for b in timed) / len(timed)
+    tokens = sum(token_count(b) for b in timed) / len(timed)
+    loss = out if isinstance(out, torch.Tensor) else out[0] if isinstance(out, tuple) else None
+    return {
+        "iterations": iterations,
+        "warmup": warmup,
+        "ms_per_batch": ms,
+        "ms_per_batch_all": [t * 1000 for t in times],
+        "samples_per_batch": samples,
+        "samples_per_s": samples / (ms / 1000),
+        "tokens_per_s": tokens / (ms / 1000) if tokens else None,
+        "first_batch_s": t_first,
+        "precision": engine.precision.name,
+        "compile": engine.options.compile_scope,
+        "device": engine.device.type,
+        "device_name": device_name(engine.device),
+        "last_loss": float(loss.float()) if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None,
+    }
+
+
+def inference_target(
+    preset: str | None,
+    model: str | None,
+    overrides: Mapping[str, Mapping[str, Any]],
+    batch: int | None = None,
+) -> tuple[nn.Module, list[Any], LossFn, str]:
+    """(model, batches, loss function, label) for ``--model FILE.py:FUNC`` (its eval_loader, else
+    its train_loader) or a preset (its model on random tokens of ``batch`` or the preset's micro-batch)."""
+    if model:
+        w = load_workload(model, seed=0)
+        loader = w.eval_loader if w.eval_loader is not None else w.train_loader
+        return w.model, list(islice(loader, 8)), w.loss_fn or default_loss, model
+    config = load_config(preset, overrides)
+    vocab = default_vocab_size(config)
+    torch.manual_seed(config.run.seed)
+    net = build_model(config, vocab)
+    micro = batch or (config.batch.micro if isinstance(config.batch.micro, int) else 8)
+    make = token_batches(vocab, config.model.block_size, torch.device("cpu"), seed=config.run.seed)
+    return net, [make(micro) for _ in range(4)], default_loss, config.preset or str(preset)
+
+
+def render_inference(doc: dict[str, Any]) -> str:
+    """The markdown table of the rows."""
+    lines = [
+        "## turbotrain bench --inference: evaluation forward (and loss) under inference_mode",
+        "",
+        "| model | device | precision | compile | batch | ms/batch (median) | samples/s | tokens/s | first batch s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in doc["rows"]:
+        tok = f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else "—"
+        lines.append(
+            f"| {r['label']} | {r['device_name']} | {r['precision']} | {r['compile']} | {r['samples_per_batch']:.0f} | "
+            f"{r['ms_per_batch']:.2f} | {r['samples_per_s']:,.0f} | {tok} | {r['first_batch_s']:.2f} |"
+        )
+    if doc.get("load_avg_1m") is not None:
+        lines += [
+            "",
+            f"{doc['threads']} thread(s); load average {doc['load_avg_1m']:.1f} when the rows ended "
+            "(a shared CPU: other processes' work slows the figures)",
+        ]
+    return "\n".join(lines)
