@@ -42,6 +42,7 @@ from .compile_guard import CompileGuard
 from .device import apply_memory_cap
 from .distributed import Strategy, build_strategy
 from .evaluation import MetricsFn, evaluate_batches
+from .graphs import StepGraph
 from .logged_values import LoggedValues
 from .nonfinite import NonFinitePolicy, move_to_precision
 from .oom import OOMInjection, build_oom_policy, is_oom, oom_reason
@@ -215,6 +216,8 @@ class Engine:
             tune_user_optimizer(optimizer, self.device)
         apply_activation_checkpointing(model, self.options.checkpointing)
         apply_compile(model, self.options.compile_scope, self.options.compile_mode)
+        if self.options.cuda_graphs and self._window_wrapper is None:  # whole-step capture (core/graphs.py)
+            self.wrap_window(StepGraph(self.device))
         model = self.strategy.wrap(
             model, optimizer, self.precision.compute_dtype, self.precision.reduce_dtype
         )

@@ -32,6 +32,7 @@ class EngineOptions:
     memory_max_fraction: float = 0.0  # CUDA: the caching allocator's cap, a fraction of the device (0 = none)
     compile_scope: str = "off"
     compile_mode: str = "default"
+    cuda_graphs: bool = False  # whole-step CUDA graphs (core/graphs.py)
     max_recompiles: int = 2  # after the first sync_every steps, before the compile guard warns
     accumulation: int = 1
     grad_clip: float = 0.0
@@ -66,6 +67,7 @@ class EngineOptions:
             memory_max_fraction=config.memory.max_fraction,
             compile_scope=resolve_scope(config.compile.scope, device),
             compile_mode=config.compile.mode,
+            cuda_graphs=config.compile.cuda_graphs,
             max_recompiles=config.compile.max_recompiles,
             accumulation=config.batch.accumulation,
             grad_clip=config.optim.grad_clip,
