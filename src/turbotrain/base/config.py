@@ -67,6 +67,7 @@ from .config_sections import (
     PrecisionConfig,
     RunSection,
     TrainConfig,
+    check_run,
 )
 from .errors import ConfigError
 
@@ -461,8 +462,10 @@ def validate(config: RunConfig) -> None:
 
     Every float must be finite (a NaN passes every ``<`` check and an inf learning rate only
     fails after steps have run), every whole number must fit a 64-bit integer, every number lie in
-    its field's declared range (``knob(min=, max=)``: what the code can really do); the run name is one folder name (inside out_dir), the device one
-    turbotrain knows (auto, cpu, cuda, cuda:N)."""
+    its field's declared range (``knob(min=, max=)``: what the code can really do). Then the rules
+    that span fields: the run's own (:func:`~.config_sections.check_run`: the run name is one
+    folder name, the device one turbotrain knows, ...) and each plugin's (its registration's
+    ``check``)."""
     for name in SECTIONS:
         section = getattr(config, name)
         for f in fields(section):
@@ -483,64 +486,7 @@ def validate(config: RunConfig) -> None:
                 raise ConfigError(
                     f"{where} = {value!r} is outside its range {range_text(f)}, e.g. {setting(where, f.default)}"
                 )
-    device = config.run.device
-    if device not in (AUTO, "cpu", "cuda") and not (device.startswith("cuda:") and device[5:].isdigit()):
-        raise choice_error("run.device", device, (AUTO, "cpu", "cuda", "cuda:N"))
-    name = config.run.name
-    if name in (".", "..") or any(c in name for c in "/\\\0"):
-        raise ConfigError(
-            f"run.name = {name!r} must be one folder name (no '/', not '..'); to group runs, "
-            f"use {setting('run.out_dir', 'runs/GROUP')} with {setting('run.name', 'NAME')}"
-        )
-    if isinstance(config.batch.micro, str) and config.batch.micro != AUTO:
-        raise ConfigError(
-            f"batch.micro = {config.batch.micro!r} is not valid; use a whole number >= 1 or 'auto'"
-        )
-    if config.data.tokenizer not in TOKENIZERS and not config.data.tokenizer.endswith(".json"):
-        raise choice_error("data.tokenizer", config.data.tokenizer, (*TOKENIZERS, "PATH/tokenizer.json"))
-    if config.optim.min_lr > config.optim.lr:
-        raise ConfigError(
-            f"optim.min_lr = {config.optim.min_lr} must not exceed optim.lr = {config.optim.lr}"
-        )
-    if config.optim.schedule == "plateau":
-        if not 0.0 < config.optim.plateau_factor < 1.0:
-            raise ConfigError(
-                f"optim.plateau_factor = {config.optim.plateau_factor} must be in (0, 1), "
-                f"e.g. {setting('optim.plateau_factor', 0.5)}"
-            )
-        if config.train.eval_every == 0:
-            raise ConfigError(
-                "optim.schedule = 'plateau' lowers the LR from validation losses, which "
-                f"train.eval_every = 0 only computes at the end; use {setting('train.eval_every', 100)}"
-            )
-    if (
-        config.optim.lr_scaling != "none"
-        and config.batch.micro == AUTO
-        and not config.optim.lr_batch
-        and not config.batch.global_size
-    ):
-        raise ConfigError(
-            f"optim.lr_scaling = {config.optim.lr_scaling!r} needs the global batch optim.lr was tuned for: "
-            f"set {setting('optim.lr_batch', 32)} (or {setting('batch.global_size', 32)})"
-        )
-    if config.data.batching == "tokens":
-        if config.batch.micro == AUTO:
-            raise ConfigError(
-                "batch.micro = 'auto' searches a number of rows; data.batching = 'tokens' sizes batches in "
-                f"tokens: set {setting('batch.max_tokens', 4096)} with a number for batch.micro, or "
-                f"{setting('data.batching', 'windows')}"
-            )
-        if config.compile.mode in CUDA_GRAPH_MODES:
-            raise ConfigError(
-                f"compile.mode = {config.compile.mode!r} uses CUDA graphs, which record one graph (and its memory) "
-                "per batch shape, and data.batching = 'tokens' makes a new shape for most batches; use "
-                f"{setting('compile.mode', 'default')} or {setting('data.batching', 'windows')}"
-            )
-    if config.compile.mode == "reduce-overhead" and config.batch.accumulation > 1:
-        raise ConfigError(
-            "compile.mode = 'reduce-overhead' uses CUDA graphs, which re-record under gradient accumulation; "
-            f"use {setting('compile.mode', 'default')} or {setting('batch.accumulation', 1)}"
-        )
+    check_run(config)
     for r in REGISTERED:  # the plugins' rules that span fields
         if r.check is not None:
             r.check(config)

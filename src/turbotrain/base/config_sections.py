@@ -1,6 +1,7 @@
 """The run config's own sections: one frozen dataclass per concern of the run itself (the run
 directory, data, batch, optimizer, training length, precision switches, compile, memory,
-monitoring, distribution), each field documented with its unit and range.
+monitoring, distribution), each field documented with its unit and range, and the rules that span
+their fields (:func:`check_run`).
 
 What a plugin owns is not here: a model family's fields (the GPT's width and depth in ``[model]``,
 the experts' ``[moe]``) and a precision's own (``precision.fp8_*``) are declared in the plugin's
@@ -11,6 +12,7 @@ file and registered into these sections or as sections of their own
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .config_fields import (
     AUTO,
@@ -20,8 +22,14 @@ from .config_fields import (
     MAX_TIMEOUT_S,
     PRECISION_CHOICES,
     Names,
+    choice_error,
     knob,
+    setting,
 )
+from .errors import ConfigError
+
+if TYPE_CHECKING:  # the run config collects these sections; the rules below read it
+    from .config import RunConfig
 
 # The valid-value lists of these sections, once: consumers import them; nothing else spells them out.
 ARCHS = Names()  # the model families, filled by turbotrain.parts.models.registry.register_family
@@ -387,3 +395,67 @@ class DistributedConfig:
         min=1.0,
         max=MAX_TIMEOUT_S,
     )
+
+
+def check_run(config: RunConfig) -> None:
+    """The rules that span fields of these sections (after every field passed its own check): the
+    device and run name turbotrain knows, the batch, the learning-rate schedule, token batching
+    and CUDA graphs. A plugin's rules come with its registration."""
+    device = config.run.device
+    if device not in (AUTO, "cpu", "cuda") and not (device.startswith("cuda:") and device[5:].isdigit()):
+        raise choice_error("run.device", device, (AUTO, "cpu", "cuda", "cuda:N"))
+    name = config.run.name
+    if name in (".", "..") or any(c in name for c in "/\\\0"):
+        raise ConfigError(
+            f"run.name = {name!r} must be one folder name (no '/', not '..'); to group runs, "
+            f"use {setting('run.out_dir', 'runs/GROUP')} with {setting('run.name', 'NAME')}"
+        )
+    if isinstance(config.batch.micro, str) and config.batch.micro != AUTO:
+        raise ConfigError(
+            f"batch.micro = {config.batch.micro!r} is not valid; use a whole number >= 1 or 'auto'"
+        )
+    if config.data.tokenizer not in TOKENIZERS and not config.data.tokenizer.endswith(".json"):
+        raise choice_error("data.tokenizer", config.data.tokenizer, (*TOKENIZERS, "PATH/tokenizer.json"))
+    if config.optim.min_lr > config.optim.lr:
+        raise ConfigError(
+            f"optim.min_lr = {config.optim.min_lr} must not exceed optim.lr = {config.optim.lr}"
+        )
+    if config.optim.schedule == "plateau":
+        if not 0.0 < config.optim.plateau_factor < 1.0:
+            raise ConfigError(
+                f"optim.plateau_factor = {config.optim.plateau_factor} must be in (0, 1), "
+                f"e.g. {setting('optim.plateau_factor', 0.5)}"
+            )
+        if config.train.eval_every == 0:
+            raise ConfigError(
+                "optim.schedule = 'plateau' lowers the LR from validation losses, which "
+                f"train.eval_every = 0 only computes at the end; use {setting('train.eval_every', 100)}"
+            )
+    if (
+        config.optim.lr_scaling != "none"
+        and config.batch.micro == AUTO
+        and not config.optim.lr_batch
+        and not config.batch.global_size
+    ):
+        raise ConfigError(
+            f"optim.lr_scaling = {config.optim.lr_scaling!r} needs the global batch optim.lr was tuned for: "
+            f"set {setting('optim.lr_batch', 32)} (or {setting('batch.global_size', 32)})"
+        )
+    if config.data.batching == "tokens":
+        if config.batch.micro == AUTO:
+            raise ConfigError(
+                "batch.micro = 'auto' searches a number of rows; data.batching = 'tokens' sizes batches in "
+                f"tokens: set {setting('batch.max_tokens', 4096)} with a number for batch.micro, or "
+                f"{setting('data.batching', 'windows')}"
+            )
+        if config.compile.mode in CUDA_GRAPH_MODES:
+            raise ConfigError(
+                f"compile.mode = {config.compile.mode!r} uses CUDA graphs, which record one graph (and its memory) "
+                "per batch shape, and data.batching = 'tokens' makes a new shape for most batches; use "
+                f"{setting('compile.mode', 'default')} or {setting('data.batching', 'windows')}"
+            )
+    if config.compile.mode == "reduce-overhead" and config.batch.accumulation > 1:
+        raise ConfigError(
+            "compile.mode = 'reduce-overhead' uses CUDA graphs, which re-record under gradient accumulation; "
+            f"use {setting('compile.mode', 'default')} or {setting('batch.accumulation', 1)}"
+        )
