@@ -84,3 +84,26 @@ def test_doctor_names_the_line_of_a_models_sync(tmp_path, capsys):
     user = [s for s in report["syncs"]["sources"] if s["kind"] == "user"]
     assert [s["where"].rsplit("/", 1)[1] for s in user] == ["wl.py:10 (loss)"]
     assert user[0]["per_step"] == 1 and report["syncs"]["per_step"] == 1
+
+
+def test_cudas_own_sync_report_is_taken_at_the_callers_line(monkeypatch):
+    """On CUDA, torch.cuda.set_sync_debug_mode('warn') warns at each synchronising call; the
+    warning is recorded at the line below the warnings machinery (a stand-in warning here: no
+    GPU), and the debug mode is restored."""
+    import warnings
+
+    from turbotrain.app.profile import syncs
+
+    modes = [0]
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: modes[-1])
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: modes.append(mode))
+    loc = SyncLocator("cpu")
+
+    def synchronising_call() -> None:
+        warnings.warn("called a synchronizing CUDA operation", UserWarning)  # the sync
+
+    with syncs._cuda_sync_debug(loc):
+        synchronising_call()
+    (source,) = loc.sources(1)
+    assert source["code"].endswith("# the sync") and source["kind"] == "user"
+    assert source["where"].endswith("(synchronising_call)") and modes[-1] == 0

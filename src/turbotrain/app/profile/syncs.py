@@ -237,11 +237,15 @@ class _DispatchLevel(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if not self.loc.depth:
-            what = self._what(func, args, kwargs)
-            if what is not None:
-                self.loc.record(what, f"aten::{func._opname}", sys._getframe(1))
-        return func(*args, **kwargs)
+        what = None if self.loc.depth else self._what(func, args, kwargs)
+        if what is None:
+            return func(*args, **kwargs)
+        self.loc.record(what, f"aten::{func._opname}", sys._getframe(1))
+        self.loc.depth += 1  # the sync this operator makes (CUDA's debug mode reports it too) is counted once
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self.loc.depth -= 1
 
     def _what(self, func: Any, args: Any, kwargs: Any) -> str | None:
         name = func._opname
@@ -286,7 +290,10 @@ def _cuda_sync_debug(locator: SyncLocator) -> Iterator[None]:
         if "synchronizing" not in str(message):
             show(message, category, filename, lineno, *rest)
         elif not locator.depth:
-            locator.record(CUDA_CALL, "cuda synchronize", sys._getframe(1))
+            frame: FrameType | None = sys._getframe(1)
+            while frame is not None and frame.f_code.co_filename == warnings.__file__:
+                frame = frame.f_back  # the warnings machinery's own frames: the call is below them
+            locator.record(CUDA_CALL, "cuda synchronize", frame)
 
     with warnings.catch_warnings():
         warnings.filterwarnings("always", message=".*synchronizing")
