@@ -100,7 +100,7 @@ def test_cudas_own_sync_report_is_taken_at_the_callers_line(monkeypatch):
     loc = SyncLocator("cpu")
 
     def synchronising_call() -> None:
-        warnings.warn("called a synchronizing CUDA operation", UserWarning)  # the sync
+        warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)  # the sync
 
     with syncs._cuda_sync_debug(loc):
         synchronising_call()
