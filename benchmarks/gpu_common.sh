@@ -130,7 +130,8 @@ keep_runs() {  # summaries, metrics, configs and plots of the train runs under $
   for r in "$RUNS"/*/; do
     [ -d "$r" ] || continue
     mkdir -p "$RES/runs/$(basename "$r")"
-    cp "$r"/summary.json "$r"/summary.md "$r"/metrics.jsonl "$r"/config.toml "$RES/runs/$(basename "$r")/" 2>/dev/null
+    cp "$r"/summary.json "$r"/summary.md "$r"/metrics.jsonl "$r"/config.toml "$r"/choose.json "$r"/choose.md \
+      "$RES/runs/$(basename "$r")/" 2>/dev/null
     cp -r "$r"/plots "$RES/runs/$(basename "$r")/" 2>/dev/null
   done
   return 0

@@ -28,6 +28,15 @@
 #   checkpointing            100  58 s: activation checkpointing off / full, each at its found size
 #   memory-report             60  31 s: `turbotrain memory --measure` on gpt2-small and gpt2-medium
 #   checkpoint-stall          70  checkpoint_stall.py on gpt2-small: sync vs async checkpoint stall
+#   cnn-choose               170  issue 34: `train --model examples/workload_cnn.py:make` (32x32 CNN, B=64) with
+#                                 choose.measure=always: the decision table (eager bf16 vs fp32, compile,
+#                                 CUDA graphs) kept or rejected by measurement; then the same model
+#                                 again: the cached decision, nothing measured (choose.json measured=false)
+#   w1-warm-start            150  issue 34: GPT-2 small compiled, twice, each with its own empty inductor cache:
+#                                 the second loads the first's torch.compiler artefacts (goal: first step
+#                                 under 5 s; 34 s cold on 2026-11-24)
+#   cnn-graphs                80  issue 34: the same CNN, compile off, without and with compile.cuda_graphs
+#                                 (whole-step capture, core/graphs.py): samples/s both ways
 #
 # Results: benchmarks/results/<gpu>/<date>/extra/<phase>/, packed into $OUT/extra.tgz after every
 # phase that ran, with $OUT/extra.log. Phases run in the order above, whatever order they are named in.
@@ -36,9 +45,11 @@ declare -A LIMIT=(
   [env]=40 [w1-cudnn-attention]=120 [w1-fp32-eager]=170 [w1-fp32-compiled]=170 [w1-precision-rest]=60
   [w1-contenders]=110 [w1-fp8-train]=180 [cnn-cifar-contenders]=130 [cnn-cifar-fp32-graphs]=70 [cnn-224]=150
   [train-w1]=75 [finder]=120 [checkpointing]=100 [memory-report]=60 [checkpoint-stall]=70
+  [cnn-choose]=170 [w1-warm-start]=150 [cnn-graphs]=80
 )
 ORDER=(env w1-cudnn-attention w1-fp32-eager w1-fp32-compiled w1-precision-rest w1-contenders w1-fp8-train
-       cnn-cifar-contenders cnn-cifar-fp32-graphs cnn-224 train-w1 finder checkpointing memory-report checkpoint-stall)
+       cnn-cifar-contenders cnn-cifar-fp32-graphs cnn-224 train-w1 finder checkpointing memory-report checkpoint-stall
+       cnn-choose w1-warm-start cnn-graphs)
 COMMAND_LIMIT_S=180
 menu() { local p out=(); for p in "${ORDER[@]}"; do out+=("$p (${LIMIT[$p]} s)"); done; local IFS=,; echo "${out[*]}" | sed 's/,/, /g'; }
 if (( $# == 0 )); then
@@ -157,6 +168,30 @@ pack
 phase checkpoint-stall 60  # 2 processes (sync, async), 150 timed steps + 50 warm-up each, checkpoints at 50..200
 step 70 "$PY" benchmarks/checkpoint_stall.py --model gpt2-small --micro 4 --every 50 --warmup 50 --steps 150 \
   --rounds 1 --contenders sync,async --out "$RES/checkpoint_stall.json"
+pack
+
+phase cnn-choose 60  # a new run measures (compile included: ~20 s a compiled candidate), the next reuses the table
+CNN=(--model examples/workload_cnn.py:make --train.max_steps 100000 --train.stop_after_steps 30 --train.eval_every 0)
+step 130 env XDG_CACHE_HOME="$WORK/xdg-choose" "$PY" -m turbotrain train "${CNN[@]}" --choose.measure=always --choose.steps 20 \
+  --run.name cnn-choose-1 "${SHORT[@]}"
+step 40 env XDG_CACHE_HOME="$WORK/xdg-choose" "$PY" -m turbotrain train "${CNN[@]}" --run.name cnn-choose-2 "${SHORT[@]}"
+keep_runs
+pack
+
+phase w1-warm-start 60  # the second run's inductor cache is empty: only the saved artefacts can warm it
+WARM=("${GPT2[@]}" --compile.scope=model --choose.measure=off --train.max_steps 10 --train.eval_every 0)
+A=(XDG_CACHE_HOME="$WORK/xdg-warm" TORCHINDUCTOR_CACHE_DIR="$WORK/inductor-a" TRITON_CACHE_DIR="$WORK/triton-a")
+B=(XDG_CACHE_HOME="$WORK/xdg-warm" TORCHINDUCTOR_CACHE_DIR="$WORK/inductor-b" TRITON_CACHE_DIR="$WORK/triton-b")
+step 90 env "${A[@]}" "$PY" -m turbotrain train "${WARM[@]}" --run.name w1-cold "${SHORT[@]}"
+step 60 env "${B[@]}" "$PY" -m turbotrain train "${WARM[@]}" --run.name w1-warm "${SHORT[@]}"
+keep_runs
+pack
+
+phase cnn-graphs 30
+GRAPHS=(--model examples/workload_cnn.py:make --compile.scope=off --choose.measure=off --train.max_steps 300 --train.eval_every 0)
+step 40 "$PY" -m turbotrain train "${GRAPHS[@]}" --compile.cuda_graphs=false --run.name cnn-eager "${SHORT[@]}"
+step 40 "$PY" -m turbotrain train "${GRAPHS[@]}" --compile.cuda_graphs=true --run.name cnn-graphs "${SHORT[@]}"
+keep_runs
 pack
 
 finish_script
