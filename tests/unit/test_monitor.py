@@ -17,12 +17,14 @@ from turbotrain.base.errors import TurbotrainError
 from turbotrain.loop.epochs import EpochLog
 from turbotrain.loop.hooks import Evaluate, FitContext
 from turbotrain.loop.monitor import (
+    HostMemoryProbe,
     JsonlSink,
     MemoryProbe,
     MfuProbe,
     Monitor,
     NvmlSampler,
     TensorBoardSink,
+    UtilisationWatch,
     build_probes,
     count_flops_per_sample,
     estimate_flops_per_sample,
@@ -96,7 +98,7 @@ def test_tflops_and_mfu_stay_steady_across_token_batches_of_different_row_counts
     # second follows tokens/s, not samples/s.
     model = GPT(GPTConfig(vocab_size=64, n_layer=1, n_head=2, d_model=32, block_size=64))
     example = (torch.randint(0, 64, (4, 64)), torch.randint(0, 64, (4, 64)))
-    probe = build_probes(torch.device("cpu"), model=model, example_batch=example)[0]
+    probe = build_probes(torch.device("cpu"), model=model, example_batch=example)[-1]
     probe.spec = SPEC
     # 4 x 64
     long_rows = probe({"samples_per_s": 4_000.0, "tokens_per_s": 256_000.0, "precision": "bf16-mixed"})
@@ -118,13 +120,13 @@ def test_monitor_in_a_fit_records_achieved_tflops_from_the_same_window(tmp_path)
     probes = build_probes(
         engine.device, model=model, example_batch=batches[0], precision=engine.precision.name
     )
-    assert [type(p) for p in probes] == [MfuProbe]  # CPU: no memory or NVML probe
+    assert [type(p) for p in probes] == [HostMemoryProbe, MfuProbe]  # CPU: no GPU memory or NVML probe
     monitor = Monitor(5, probes=probes)
     fit(engine, model, optimizer, loader, max_steps=20, hooks=[monitor])
     assert [r["step"] for r in monitor.records] == [5, 10, 15, 20]
     for r in monitor.records:
         assert "mfu" not in r  # a CPU has no datasheet peak
-        assert r["tflops"] == pytest.approx(r["samples_per_s"] * probes[0].flops_per_sample / 1e12)
+        assert r["tflops"] == pytest.approx(r["samples_per_s"] * probes[1].flops_per_sample / 1e12)
 
 
 def test_monitor_in_your_own_loop(tmp_path):
@@ -265,7 +267,7 @@ def test_monitor_starts_and_closes_probe_threads():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
 def test_without_a_gpu_nvml_and_memory_are_simply_absent():
     assert NvmlSampler().available is False and NvmlSampler()() == {}
-    assert build_probes(torch.device("cpu")) == []
+    assert [type(p) for p in build_probes(torch.device("cpu"))] == [HostMemoryProbe]  # host RSS only
     assert lookup_peak("cpu") is None
 
 
@@ -442,3 +444,57 @@ def test_epoch_train_loss_is_the_mean_of_its_finite_steps():
         ctx.step(loss)
         log.on_step_end(ctx)
     assert [(r["epoch"], r["epoch_train_loss"]) for r in monitor.records] == [(1, 3.0), (2, 3.0)]
+
+
+def _fit_cpu(monitor: Monitor, steps: int = 6) -> Engine:
+    engine = Engine({"run": {"device": "cpu"}})
+    model = TinyMLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer, loader = engine.setup(model, optimizer, synthetic_batches(steps))
+    fit(engine, model, optimizer, loader, max_steps=steps, hooks=[monitor])
+    return engine
+
+
+def test_a_run_says_its_device_precision_and_compile_when_it_starts(caplog):
+    with caplog.at_level(logging.INFO, logger="turbotrain.loop.monitor"):
+        _fit_cpu(Monitor(2), steps=2)
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("device ")]
+    assert line.startswith("device cpu (") and "cores" in line and "GiB RAM" in line
+    assert line.endswith("; precision fp32; compile off")
+
+
+def test_each_record_has_the_host_memory_beside_the_gpu_memory():
+    monitor = Monitor(2, probes=build_probes(torch.device("cpu")))
+    _fit_cpu(monitor, steps=4)
+    rss = [r["host_rss_gib"] for r in monitor.records]
+    assert len(rss) == 2 and all(0.05 < x < 1024 for x in rss)  # this Python process: tens of MiB to GiB
+    assert HostMemoryProbe(read=lambda: 3 * 2**30)() == {"host_rss_gib": 3.0}
+    assert HostMemoryProbe(read=lambda: None)() == {}  # an OS without /proc: nothing
+
+
+class _StandInNvml:
+    """An NVML probe on CPU: the utilisation of each logging window, from a list."""
+
+    def __init__(self, utils: list[float]) -> None:
+        self.utils = iter(utils)
+
+    def __call__(self, record: dict) -> dict:
+        return {"gpu_util_pct": next(self.utils)}
+
+
+def test_gpu_utilisation_low_for_a_while_warns_once_naming_profile(monkeypatch, caplog):
+    clock = iter(range(0, 10_000, 60))  # every clock read is 60 s later: one read per 2-step window
+    monkeypatch.setattr(
+        "turbotrain.loop.monitor.hook.time",
+        type("T", (), {"perf_counter": staticmethod(lambda: next(clock))}),
+    )
+    # windows: warm-up (skipped), low, high (starts over), then low x3: 2 x 60 s under 80 % reach 120 s
+    nvml = _StandInNvml([10, 30, 95, 40, 50, 20, 10])
+    monitor = Monitor(2, probes=[nvml, UtilisationWatch(80, after_s=120)])
+    with caplog.at_level(logging.WARNING, logger="turbotrain.loop.monitor"):
+        engine = _fit_cpu(monitor, steps=14)
+    warned = [r["step"] for r in monitor.records if "gpu_util_warning" in r]
+    assert warned == [10]  # the second low window after the high one: 120 s under the threshold
+    (text,) = [r.getMessage() for r in caplog.records if "GPU utilisation" in r.getMessage()]
+    assert "under 80 % for 120 s (median 45 %" in text and "`turbotrain profile`" in text
+    assert [(e.step, e.kind) for e in engine.events] == [(10, "gpu_util_warning")]  # summary.json's events

@@ -65,14 +65,15 @@ PLOTS: tuple[PlotSpec, ...] = (
     ),
     PlotSpec(
         "memory.png",
-        "Device memory (CUDA caching allocator)",
+        "Memory: device (CUDA caching allocator) and host (process RSS)",
         "memory (GiB)",
         (
-            Series("mem_allocated_gib", "allocated"),
-            Series("mem_reserved_gib", "reserved", style="--"),
-            Series("mem_peak_gib", "peak allocated", style=":"),
+            Series("mem_allocated_gib", "device allocated"),
+            Series("mem_reserved_gib", "device reserved", style="--"),
+            Series("mem_peak_gib", "device peak allocated", style=":"),
+            Series("host_rss_gib", "host RSS (this process)", style="-."),
         ),
-        missing="device memory is only measured on CUDA",
+        missing="device memory is only measured on CUDA, host memory where /proc/self/statm exists",
     ),
     PlotSpec(
         "gpu.png",

@@ -198,10 +198,21 @@ def _performance(summary: dict[str, Any]) -> list[str]:
         )
     if steady.get("gpu_util_pct") is not None:
         lines.append(f"| GPU utilisation (median) | {_fmt(steady['gpu_util_pct'], '.0f', ' %')} |")
-    if summary.get("flops_per_sample"):
+    hfu = steady.get("hfu")
+    if hfu is not None or steady.get("hw_tflops") is not None:
         lines.append(
-            f"| training FLOPs per sample | {summary['flops_per_sample']:.4g} ({summary.get('flops_source', '')}) |"
+            f"| HFU (hardware FLOPs: with activation checkpointing's recomputation) | "
+            f"{_fmt(100 * hfu if hfu is not None else None, '.1f', ' %')} ({_fmt(steady.get('hw_tflops'), '.4g')} TFLOP/s) |"
         )
+    if summary.get("flops_per_sample"):
+        recompute = summary.get("recompute_flops_per_sample")
+        lines.append(
+            f"| training FLOPs per sample | {summary['flops_per_sample']:.4g} ({summary.get('flops_source', '')})"
+            + (f"; recomputed: {recompute:.4g} more" if recompute else "")
+            + " |"
+        )
+    if summary.get("flops_convention"):
+        lines.append(f"| MFU counts | {summary['flops_convention']}; recomputation not counted |")
     return lines
 
 

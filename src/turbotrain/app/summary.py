@@ -51,6 +51,8 @@ def summarize_records(records: list[dict[str, Any]]) -> dict[str, Any]:
             "step_ms": med("step_ms"),
             "tflops": med("tflops"),
             "mfu": med("mfu"),
+            "hw_tflops": med("hw_tflops"),  # activation checkpointing: with the recomputed forward
+            "hfu": med("hfu"),
             "gpu_util_pct": med("gpu_util_pct"),
             "gpu_power_w": med("gpu_power_w"),
         },

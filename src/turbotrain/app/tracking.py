@@ -44,7 +44,8 @@ def run_facts(engine: Engine, monitor: Monitor) -> dict[str, Any]:
     """What the engine and the monitor know of a run, for summary.json (``turbotrain train`` and
     :func:`track` alike): progress, time to first step, events, hardware, FLOPs per sample; data
     parallel: samples and tokens of all ranks, the world size, one rank's median tokens/s (the
-    peak behind MFU is every device's)."""
+    peak behind MFU is every device's); the FLOP convention MFU counts by, and the recomputed
+    FLOPs HFU adds."""
     mfu = next((p for p in monitor.probes if isinstance(p, MfuProbe)), None)
     world = engine.strategy.world  # data parallel: every rank trains an equal share
     rank_rates = [r["rank_tokens_per_s"] for r in monitor.records if r.get("rank_tokens_per_s")]
@@ -59,6 +60,9 @@ def run_facts(engine: Engine, monitor: Monitor) -> dict[str, Any]:
         "hardware": collect_hardware(engine.device),
         "flops_per_sample": mfu.flops_per_sample if mfu else None,
         "flops_source": mfu.source if mfu else None,
+        "flops_convention": mfu.convention if mfu else None,  # what MFU counts
+        # activation checkpointing's recomputed forward, per sample: in HFU, not in MFU
+        "recompute_flops_per_sample": mfu.recompute_per_sample if mfu else None,
         "peak_tflops": mfu.peak_tflops(engine.precision.mfu_peak()) if mfu else None,
         "compile": engine.compile_guard.summary(),
     }

@@ -121,6 +121,8 @@ def build_monitor(
         memory_every=plan.memory_every,
         memory_warn_fraction=plan.memory_warn_fraction,
         memory_cap_fraction=plan.memory_cap_fraction,
+        util_warn_pct=plan.util_warn_pct,
+        util_warn_s=plan.util_warn_s,
     )
     return Monitor(plan.log_every, sinks, probes, world=world), jsonl
 

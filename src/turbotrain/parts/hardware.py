@@ -14,6 +14,7 @@ Also the NVML access shared by ``turbotrain doctor`` and the monitor's backgroun
 from __future__ import annotations
 
 import os
+import platform
 import re
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -32,6 +33,8 @@ __all__ = [
     "collect_nvml_device",
     "ram_bytes",
     "device_total_bytes",
+    "process_rss_bytes",
+    "device_line",
 ]
 
 
@@ -51,6 +54,43 @@ def device_total_bytes(device: Any) -> int | None:
     if device.type == "cuda":
         return int(torch.cuda.get_device_properties(device).total_memory)
     return ram_bytes()[0] if device.type == "cpu" else None
+
+
+def process_rss_bytes() -> int | None:
+    """This process's resident memory now (RSS, bytes): one read of ``/proc/self/statm`` (~10 us,
+    no sync); None where the OS has no such file (the peak is ``resource.getrusage``'s)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def device_line(device: Any, precision: str, compile_scope: str) -> str:
+    """The one line a run prints when it starts: the device's name, compute capability and memory
+    (a CPU: its model, cores and RAM), the precision and what is compiled."""
+    import torch
+
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        what = f"{p.name} ({device}, sm_{p.major}{p.minor}, {p.total_memory / 2**30:.1f} GiB)"
+    else:
+        total = device_total_bytes(device)
+        memory = f", {total / 2**30:.1f} GiB RAM" if total else ""
+        what = f"{device} ({_cpu_name()}, {os.cpu_count()} cores{memory})"
+    return f"device {what}; precision {precision}; compile {compile_scope}"
+
+
+def _cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo (or what platform knows)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "CPU"
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,9 @@ speedup used to rank them. The rules, in the order they are checked:
   batch finder keeping the global batch when accumulation allows);
 - optimizer: the optimizer step takes >= 15% of the step with a non-fused implementation;
 - compute (CUDA): fp32 -> bf16-mixed, compile off -> model, an explicit attention mask -> SDPA;
-- copies (CUDA): host-to-device copies >= 10% of the step from unpinned memory -> pin_memory.
+- copies (CUDA): host-to-device copies >= 10% of the step from unpinned memory -> pin_memory;
+- memory and trend (:mod:`.pressure`): a step's peak memory over 80% of the budget, timed steps
+  that slow down.
 
 Estimates are rough models (stated in ``expected``); ``--verify`` measures each.
 """
@@ -30,7 +32,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ...base.config import RunConfig, setting
-from ..measure import Built, flat
+from ..measure import Built, flat, measure_memory
+from .pressure import BOTTLENECKS as PRESSURE
+from .pressure import rules as pressure_rules
 
 DATA_SHARE = 0.20
 OVERHEAD_OP_US_CPU = 20.0
@@ -52,6 +56,7 @@ BOTTLENECKS = {
     "optimizer": "the optimizer step",
     "copies": "host-to-device copies",
     "compute": "forward and backward compute",
+    **PRESSURE,  # memory, trend: the monitor's rules (pressure.py)
 }
 
 
@@ -104,6 +109,9 @@ def diagnose(
     if device == "cuda":
         advice += _compute_cuda(built, c, trace)
         advice += _copies(built, trace, step_ms)
+    advice += [
+        Advice(**f) for f in pressure_rules(built, figures, lambda: measure_memory(built))
+    ]  # memory, trend
     advice.sort(key=lambda a: -a.expected_speedup)
     if advice:
         name = advice[0].category

@@ -24,10 +24,20 @@ The package by concern: :mod:`.hook` (the Monitor, and the Sink and Probe interf
 
 from __future__ import annotations
 
-from .flops import MfuProbe, build_mfu_probe, count_flops_per_sample, estimate_flops_per_sample
+from .flops import (
+    COUNTED,
+    FORMULA,
+    FlopCount,
+    MfuProbe,
+    build_mfu_probe,
+    count_flops,
+    count_flops_per_sample,
+    estimate_flops,
+    estimate_flops_per_sample,
+)
 from .hook import Monitor, Probe, Sink
-from .memory import MEMORY_WARNING, MemoryProbe, collect_cuda_memory
-from .nvml import NvmlSampler
+from .memory import MEMORY_WARNING, HostMemoryProbe, MemoryProbe, collect_cuda_memory
+from .nvml import UTIL_WARNING, NvmlSampler, UtilisationWatch
 from .probes import build_probes
 from .sinks import JsonlSink, ProgressSink, TensorBoardSink, format_record
 from .trackers import (
@@ -42,7 +52,15 @@ from .trackers import (
 )
 
 __all__ = [
+    "COUNTED",
+    "FORMULA",
+    "FlopCount",
+    "count_flops",
+    "estimate_flops",
     "MEMORY_WARNING",
+    "UTIL_WARNING",
+    "HostMemoryProbe",
+    "UtilisationWatch",
     "SINKS",
     "TRACKERS",
     "MlflowSink",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,7 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ...base.batch import batch_size, move_to, token_count
 from ...core.engine import as_loss, default_loss
-from ...core.transforms import eager
+from ...core.transforms import checkpointed_blocks, eager, recompute_context
 from ...parts.hardware import DeviceSpec, estimate_mfu, lookup_peak, precision_key, tf32_enabled
 
 log = logging.getLogger(__name__)
@@ -43,14 +44,39 @@ for _name, _fn in (
         _EXTRA_FLOP_FORMULAS[_op] = _fn
 
 
-def count_flops_per_sample(
+COUNTED = (
+    "counted: torch.utils.flop_counter on one micro-batch (matrix products, convolutions, attention; "
+    "element-wise operations not counted)"
+)
+FORMULA = "6N + attention: 6 x parameters + 12 x layers x heads x head size x sequence per token (PaLM)"
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    """Training FLOPs per sample (forward + backward), and how they were obtained.
+
+    ``model``: the model's FLOPs, what MFU counts (recomputation not included), by ``convention``
+    (:data:`FORMULA` or :data:`COUNTED`); ``recompute``: the forward FLOPs activation
+    checkpointing runs again in backward (0 without it), counted; model + recompute is what the
+    hardware computes (HFU's numerator)."""
+
+    model: float
+    recompute: float = 0.0
+    source: str = ""  # the function or counter (summary.json's flops_source)
+    convention: str = COUNTED
+
+
+def count_flops(
     model: nn.Module,
     batch: Any,
     loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
     autocast: Callable[[], Any] = contextlib.nullcontext,
-) -> float:
-    """Training FLOPs (forward + backward) per sample, counted with ``torch.utils.flop_counter``
-    on one real micro-batch. Run it once, before training: it costs one eager forward/backward.
+) -> FlopCount:
+    """Training FLOPs per sample, counted with ``torch.utils.flop_counter`` on one real
+    micro-batch: the model's, and apart from them what activation checkpointing recomputes (a
+    second counter runs inside each checkpointed block's recomputation, through
+    :func:`turbotrain.core.transforms.recompute_context`). Run it once, before training: it costs
+    one eager forward/backward.
 
     Side-effect free: gradients come from ``torch.autograd.grad`` (nothing accumulates in
     ``.grad``), buffers (e.g. BatchNorm statistics) and the RNG are restored, and compiled
@@ -61,7 +87,13 @@ def count_flops_per_sample(
     params = [p for p in model.parameters() if p.requires_grad]
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=devices), eager():
+    recomputes: list[FlopCounterMode] = []
+
+    def recompute_counter() -> FlopCounterMode:  # one per checkpointed block's recomputation
+        recomputes.append(FlopCounterMode(display=False, custom_mapping=_EXTRA_FLOP_FORMULAS))
+        return recomputes[-1]
+
+    with torch.random.fork_rng(devices=devices), eager(), recompute_context(recompute_counter):
         with FlopCounterMode(display=False, custom_mapping=_EXTRA_FLOP_FORMULAS) as counter:
             with autocast():
                 loss = as_loss(loss_fn(model, batch))
@@ -69,7 +101,40 @@ def count_flops_per_sample(
     with torch.no_grad():
         for name, b in model.named_buffers():
             b.copy_(buffers[name])
-    return counter.get_total_flops() / batch_size(batch)
+    n = batch_size(batch)
+    recompute = sum(c.get_total_flops() for c in recomputes)  # the outer counter saw these too
+    return FlopCount((counter.get_total_flops() - recompute) / n, recompute / n, "torch.utils.flop_counter")
+
+
+def count_flops_per_sample(
+    model: nn.Module,
+    batch: Any,
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+    autocast: Callable[[], Any] = contextlib.nullcontext,
+) -> float:
+    """The model's training FLOPs per sample (recomputation not included): :func:`count_flops`."""
+    return count_flops(model, batch, loss_fn, autocast).model
+
+
+def estimate_flops(
+    model: nn.Module,
+    batch: Any,
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+    autocast: Callable[[], Any] = contextlib.nullcontext,
+) -> FlopCount:
+    """Training FLOPs per sample: the model's own exact ``flops_per_token(seq_len)`` when it has
+    one and the batch holds token ids (:data:`FORMULA`), otherwise counted once
+    (:func:`count_flops`); with activation checkpointing on, the recomputation counted apart."""
+    tokens = token_count(batch) // batch_size(batch)  # per sample
+    own = getattr(model, "flops_per_token", None)
+    if callable(own) and tokens:
+        recompute = (
+            count_flops(model, batch, loss_fn, autocast).recompute if checkpointed_blocks(model) else 0.0
+        )
+        return FlopCount(
+            float(own(tokens)) * tokens, recompute, "model.flops_per_token (6N + 12·L·H·Q·T)", FORMULA
+        )
+    return count_flops(model, batch, loss_fn, autocast)
 
 
 def estimate_flops_per_sample(
@@ -78,14 +143,9 @@ def estimate_flops_per_sample(
     loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
     autocast: Callable[[], Any] = contextlib.nullcontext,
 ) -> tuple[float, str]:
-    """Training FLOPs per sample and how they were obtained: the model's own exact
-    ``flops_per_token(seq_len)`` when it has one and the batch holds token ids, otherwise counted
-    once with :func:`count_flops_per_sample`."""
-    tokens = token_count(batch) // batch_size(batch)  # per sample
-    own = getattr(model, "flops_per_token", None)
-    if callable(own) and tokens:
-        return float(own(tokens)) * tokens, "model.flops_per_token (6N + 12·L·H·Q·T)"
-    return count_flops_per_sample(model, batch, loss_fn, autocast), "torch.utils.flop_counter"
+    """The model's training FLOPs per sample and how they were obtained (:func:`estimate_flops`)."""
+    found = estimate_flops(model, batch, loss_fn, autocast)
+    return found.model, found.source
 
 
 class MfuProbe:
@@ -97,8 +157,14 @@ class MfuProbe:
     FLOPs per token x tokens/s, so token-budget batches (rows per batch vary, tokens do not) give
     a steady figure, and fixed windows the same as samples/s x FLOPs per sample. The peak comes
     from ``spec`` (a datasheet entry) and the record's ``precision`` (the one in use, so a
-    precision fallback mid-run is accounted for), through :mod:`turbotrain.parts.hardware`. Without a spec (CPU, unknown GPU) only ``tflops`` is
-    recorded and MFU is left out.
+    precision fallback mid-run is accounted for), through :mod:`turbotrain.parts.hardware`.
+    Without a spec (CPU, unknown GPU) only ``tflops`` is recorded and MFU is left out.
+
+    MFU counts the model's FLOPs only (``convention`` says how they were obtained); with
+    activation checkpointing, ``recompute_per_sample`` (the forward FLOPs run again in backward)
+    adds ``hw_tflops`` and ``hfu`` (hardware FLOPs utilisation) beside them. Data parallel and
+    gradient accumulation need nothing more: the rates are the whole run's samples or tokens
+    (every micro-batch of every rank) and the peak is ``devices`` x one device's.
     """
 
     def __init__(
@@ -109,8 +175,12 @@ class MfuProbe:
         source: str = "",
         devices: int = 1,
         tokens_per_sample: float = 0.0,
+        recompute_per_sample: float = 0.0,
+        convention: str = "",
     ) -> None:
         self.flops_per_sample = flops_per_sample
+        self.recompute_per_sample = recompute_per_sample  # activation checkpointing's extra forward
+        self.convention = convention
         self.tokens_per_sample = tokens_per_sample  # of the example the FLOPs were counted on; 0: no tokens
         self.spec = spec
         self.precision = precision
@@ -135,10 +205,15 @@ class MfuProbe:
         if not rate:
             return {}
         flops_per_s = rate * self.flops_per_sample  # with tokens: tokens/s x FLOPs per token
+        hardware_per_s = rate * (self.flops_per_sample + self.recompute_per_sample)
         out: dict[str, Any] = {"tflops": flops_per_s / 1e12}
+        if self.recompute_per_sample:
+            out["hw_tflops"] = hardware_per_s / 1e12
         peak = self.peak_tflops(record.get("mfu_peak") or record.get("precision"))
         if peak:
             out["mfu"] = estimate_mfu(flops_per_s, peak)
+            if self.recompute_per_sample:
+                out["hfu"] = estimate_mfu(hardware_per_s, peak)
         return out
 
 
@@ -154,11 +229,20 @@ def build_mfu_probe(
     """An :class:`MfuProbe` for ``model``: FLOPs per sample (and per token) from ``example_batch`` (moved to
     ``device`` here), the peak from the device name (x ``devices``, the data-parallel world).
     An unknown device is logged, not an error."""
-    flops, source = estimate_flops_per_sample(model, move_to(example_batch, device), loss_fn, autocast)
+    flops = estimate_flops(model, move_to(example_batch, device), loss_fn, autocast)
     # padding counted, as tokens_per_s
     tokens_per_sample = token_count(example_batch) / batch_size(example_batch)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     spec = lookup_peak(name) if device.type == "cuda" else None
     if spec is None:
         log.info("MFU left out: no datasheet peak for %s (achieved TFLOP/s is still recorded)", name)
-    return MfuProbe(flops, spec, precision, source, devices, tokens_per_sample)
+    return MfuProbe(
+        flops.model,
+        spec,
+        precision,
+        flops.source,
+        devices,
+        tokens_per_sample,
+        flops.recompute,
+        flops.convention,
+    )

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import torch
 
 from ...base.atomic import DiskFullError
+from ...parts.hardware import device_line
 from ..hooks import FitContext, Hook, every
 
 log = logging.getLogger(__name__)
@@ -191,6 +192,9 @@ class Monitor(Hook):
     def on_fit_start(self, ctx: FitContext) -> None:
         s = ctx.engine.state
         # the first step compiles: minutes, say so
+        engine = ctx.engine
+        # what the run runs on, said when it starts (summary.md says it again at the end)
+        log.info("%s", device_line(engine.device, engine.precision.name, engine.options.compile_scope))
         self._compiling = ctx.engine.options.compile_scope != "off"
         if self._compiling:
             log.info("compiling (first step; torch.compile, %s)...", ctx.engine.options.compile_scope)

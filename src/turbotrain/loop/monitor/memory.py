@@ -1,5 +1,6 @@
-"""Device memory in each record: the CUDA caching allocator's counters (no sync) and a one-time
-warning when the peak reserved memory nears the device's total or the allocator cap."""
+"""Memory in each record: the CUDA caching allocator's counters (no sync), a one-time
+warning when the peak reserved memory nears the device's total or the allocator cap, and the
+process's host memory (RSS)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import torch
 
 from ...base.units import gib
-from ...parts.hardware import device_total_bytes
+from ...parts.hardware import device_total_bytes, process_rss_bytes
 from ..hooks import every
 
 log = logging.getLogger(__name__)
@@ -101,3 +102,17 @@ class MemoryProbe:
         )
         log.warning(text)
         return text
+
+
+class HostMemoryProbe:
+    """This process's resident host memory (RSS) in GiB at each record, ``host_rss_gib``, beside
+    the GPU's: a data pipeline or a list that keeps tensors alive grows it. One read of
+    ``/proc/self/statm`` per record (no sync); nothing where the OS has no such file.
+    ``read`` (bytes or None) defaults to :func:`turbotrain.parts.hardware.process_rss_bytes`."""
+
+    def __init__(self, read: Callable[[], int | None] | None = None) -> None:
+        self.read = read or process_rss_bytes
+
+    def __call__(self, record: dict[str, Any] | None = None) -> dict[str, Any]:
+        rss = self.read()
+        return {} if rss is None else {"host_rss_gib": gib(rss)}

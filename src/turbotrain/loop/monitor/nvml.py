@@ -1,7 +1,9 @@
-"""GPU utilisation, power, temperature and clocks from NVML, sampled on a background thread."""
+"""GPU utilisation, power, temperature and clocks from NVML, sampled on a background thread, and
+a one-time warning when the utilisation stays low (:class:`UtilisationWatch`)."""
 
 from __future__ import annotations
 
+import logging
 import statistics
 import threading
 from typing import Any
@@ -9,6 +11,9 @@ from typing import Any
 import torch
 
 from ...parts.hardware import collect_nvml_device, nvml_handle
+
+log = logging.getLogger(__name__)
+UTIL_WARNING = "gpu_util_warning"  # the record key and engine event kind of the low-utilisation warning
 
 
 class NvmlSampler:
@@ -71,3 +76,43 @@ class NvmlSampler:
             if values:
                 out[key] = max(values) if key == "gpu_temp_c" else round(statistics.fmean(values), 2)
         return out
+
+
+class UtilisationWatch:
+    """A probe after the NVML sampler: when ``gpu_util_pct`` stays under ``threshold_pct`` for
+    ``after_s`` seconds of training (the records' ``elapsed_s``, summed over consecutive low
+    windows; one window at or above the threshold starts over), one log warning and a
+    ``gpu_util_warning`` key in that record (the Monitor records it as an engine event in
+    ``fit()``), naming ``turbotrain profile``. Not again in this process. The first window is
+    skipped: it holds the warm-up and compilation, when the GPU waits on the host by design."""
+
+    def __init__(self, threshold_pct: float = 80.0, after_s: float = 120.0) -> None:
+        self.threshold_pct = threshold_pct
+        self.after_s = after_s
+        self.low_s = 0.0  # seconds of consecutive low windows so far
+        self.lows: list[float] = []  # their utilisation
+        self._last_s: float | None = None  # elapsed_s of the previous record
+        self.warned = False
+
+    def __call__(self, record: dict[str, Any]) -> dict[str, Any]:
+        util, now = record.get("gpu_util_pct"), record.get("elapsed_s")
+        if util is None or now is None or self.warned or self.threshold_pct <= 0:
+            return {}
+        last, self._last_s = self._last_s, now
+        if last is None:
+            return {}  # the first window: warm-up
+        if util >= self.threshold_pct:
+            self.low_s, self.lows = 0.0, []
+            return {}
+        self.low_s += now - last
+        self.lows.append(util)
+        if self.low_s < self.after_s:
+            return {}
+        self.warned = True
+        text = (
+            f"GPU utilisation has stayed under {self.threshold_pct:g} % for {self.low_s:.0f} s (median "
+            f"{statistics.median(self.lows):.0f} %, monitor.util_warn_pct): the GPU waits on something (data, "
+            "host syncs, small kernels); `turbotrain profile` finds what and says what to change"
+        )
+        log.warning(text)
+        return {UTIL_WARNING: text}

@@ -14,8 +14,8 @@ from torch import nn
 from ...parts.hardware import nvml
 from .flops import build_mfu_probe
 from .hook import Probe
-from .memory import MemoryProbe
-from .nvml import NvmlSampler
+from .memory import HostMemoryProbe, MemoryProbe
+from .nvml import NvmlSampler, UtilisationWatch
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +33,16 @@ def build_probes(
     memory_every: int = -1,
     memory_warn_fraction: float = 0.9,
     memory_cap_fraction: float = 0.0,
+    util_warn_pct: float = 80.0,
+    util_warn_s: float = 120.0,
 ) -> list[Probe]:
-    """The standard probes for ``device``: memory and NVML on CUDA (none on CPU), MFU when a
-    model and an example batch are given (over ``devices``, the data-parallel world).
-    ``memory_every``, ``memory_warn_fraction``: ``monitor.memory_every`` (-1 = with each record)
-    and ``monitor.memory_warn_fraction``; ``memory_cap_fraction``: ``memory.max_fraction``."""
-    probes: list[Probe] = []
+    """The standard probes for ``device``: host memory (RSS) everywhere; GPU memory, NVML and
+    the low-utilisation watch on CUDA; MFU when a model and an example batch are given (over
+    ``devices``, the data-parallel world). ``memory_every``, ``memory_warn_fraction``:
+    ``monitor.memory_every`` (-1 = with each record) and ``monitor.memory_warn_fraction``;
+    ``memory_cap_fraction``: ``memory.max_fraction``; ``util_warn_pct``, ``util_warn_s``:
+    ``monitor.util_warn_pct`` (0 = no watch) and ``monitor.util_warn_s``."""
+    probes: list[Probe] = [HostMemoryProbe()]
     if device.type == "cuda":
         probes.append(
             MemoryProbe(
@@ -52,6 +56,8 @@ def build_probes(
             sampler = NvmlSampler(device.index if device.index is not None else torch.cuda.current_device())
             if sampler.available:
                 probes.append(sampler)
+                if util_warn_pct > 0:  # after the sampler: it reads the window's gpu_util_pct
+                    probes.append(UtilisationWatch(util_warn_pct, util_warn_s))
             else:
                 log.info("GPU utilisation not sampled: %s", nvml()[1])
     if model is not None and example_batch is not None:
