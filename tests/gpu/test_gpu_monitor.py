@@ -126,3 +126,61 @@ def test_doctor_probes_report_beside_the_datasheet():
     spec = lookup_peak(torch.cuda.get_device_name())
     if spec is not None:
         assert results["device copy"].datasheet == spec.mem_bandwidth_gbs
+
+
+def test_start_line_host_memory_and_the_low_utilisation_warning_on_a_real_gpu(caplog):
+    """Issue 37 item 5 on a GPU: the start line names the GPU and its sm_XY; records carry
+    host_rss_gib beside the GPU memory; a loop that mostly sleeps (the GPU idle) warns once,
+    naming `turbotrain profile`, once its low windows add up to util_warn_s."""
+    import logging
+
+    from turbotrain import Engine, fit
+    from turbotrain.loop.monitor import Monitor, UtilisationWatch, build_probes
+
+    engine = Engine({"run": {"device": "cuda"}, "compile": {"scope": "off"}})
+    model = torch.nn.Linear(64, 64)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    batches = [torch.randn(8, 64) for _ in range(40)]
+    model, optimizer, loader = engine.setup(model, optimizer, batches)
+
+    def slow(batches):  # the GPU waits on the host: ~0 % utilisation
+        for b in batches:
+            time.sleep(0.05)
+            yield b
+
+    probes = [
+        p for p in build_probes(engine.device, nvml_enabled=True) if not isinstance(p, UtilisationWatch)
+    ]
+    if not any(isinstance(p, NvmlSampler) for p in probes):
+        pytest.skip("NVML not available on this GPU machine")
+    monitor = Monitor(4, probes=[*probes, UtilisationWatch(80, after_s=0.5)])
+    with caplog.at_level(logging.INFO, logger="turbotrain.loop.monitor"):
+        fit(
+            engine,
+            model,
+            optimizer,
+            slow(loader),
+            max_steps=40,
+            loss_fn=lambda m, b: m(b).square().mean(),
+            hooks=[monitor],
+        )
+    lines = [r.getMessage() for r in caplog.records]
+    start = next(line for line in lines if line.startswith("device "))
+    assert torch.cuda.get_device_name() in start and ", sm_" in start and "compile off" in start
+    assert all(r["host_rss_gib"] > 0.1 and "mem_allocated_gib" in r for r in monitor.records if "loss" in r)
+    assert sum("gpu_util_warning" in r for r in monitor.records) == 1
+    assert any("`turbotrain profile`" in line for line in lines)
+
+
+def test_hfu_counts_the_recomputation_of_a_checkpointed_gpt_on_cuda():
+    """Issue 35 item 5 on CUDA kernels: with full activation checkpointing the recomputed forward
+    is counted apart (the model FLOPs stay the formula's; recompute ~ a third of them)."""
+    from turbotrain.core.transforms import apply_activation_checkpointing
+    from turbotrain.loop.monitor import estimate_flops
+
+    model = GPT(GPTConfig(vocab_size=256, n_layer=4, n_head=4, d_model=128, block_size=128)).cuda()
+    apply_activation_checkpointing(model, "full")
+    x = torch.randint(0, 256, (2, 128), device="cuda")
+    found = estimate_flops(model, (x, x), autocast=lambda: torch.autocast("cuda", dtype=torch.bfloat16))
+    assert found.model == model.flops_per_token(128) * 128
+    assert 0.15 * found.model < found.recompute < 0.40 * found.model
