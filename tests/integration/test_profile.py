@@ -121,6 +121,7 @@ def test_a_slow_dataset_with_no_workers_is_diagnosed_and_verified(tmp_path, work
             log=lambda line: None,
         )
     assert doc["bottleneck"]["name"] == "data"
+    assert doc["regime"]["name"] == "data-bound"  # app/regime.py, from the same figures
     top = doc["recommendations"][0]
     assert top["category"] == "data" and top["settings"] == {
         "data": {"num_workers": top["settings"]["data"]["num_workers"]}
@@ -135,6 +136,7 @@ def test_a_slow_dataset_with_no_workers_is_diagnosed_and_verified(tmp_path, work
     assert (run_dir / "trace.json.gz").stat().st_size > 0
     assert json.loads((run_dir / "profile.json").read_text())["bottleneck"]["name"] == "data"
     assert "**bottleneck: data**" in (run_dir / "profile.md").read_text()
+    assert "**regime: data-bound** — the host waits" in (run_dir / "profile.md").read_text()
 
 
 def test_a_micro_batch_far_too_small_is_diagnosed_with_the_batch_finder(tmp_path, text_file):

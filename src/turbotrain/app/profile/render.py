@@ -67,6 +67,8 @@ def render(doc: dict[str, Any]) -> str:
         f"- compile: {'on' if comp['compiled'] else 'off'}; recompilations after warm-up {comp['recompiles_after_warmup']}; "
         f"graph breaks {comp['graph_breaks']}" + "".join(f"\n  - {r}" for r in comp["graph_break_reasons"])
     )
+    if doc.get("regime"):  # app/regime.py
+        lines += ["", f"**regime: {doc['regime']['name']}** — {doc['regime']['why']}"]
     lines += ["", f"**bottleneck: {doc['bottleneck']['name']}** — {doc['bottleneck']['text']}", ""]
     recs = doc["recommendations"]
     if not recs:

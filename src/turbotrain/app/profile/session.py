@@ -12,7 +12,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from ...base.rundir import new_run_dir
 from ...core.optim import resolve_implementation
 from ..bench.worker import device_name
 from ..measure import Target, build, graph_break_reasons, release, run
+from ..regime import classify, probe_from
 from .advice import diagnose
 from .render import render
 from .syncs import SyncWindow
@@ -80,6 +81,7 @@ def profile_target(
         if not _finite(figures.get("final_loss")):
             bottleneck = {"name": "non-finite loss", "text": NAN_TEXT.format(loss=figures.get("final_loss"))}
         doc = _document(built, figures, trace, bottleneck, advice, trace_path)
+        doc["regime"] = asdict(classify(probe_from(figures, trace, built.peak_tflops)))  # app/regime.py
     finally:
         release(built)
     if options.verify:
