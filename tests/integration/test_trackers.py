@@ -179,3 +179,51 @@ def test_build_sinks_opens_and_closes_trackers_without_leaving_threads(tmp_path,
     assert read_metrics(tmp_path / "r" / "metrics.jsonl")[0][1]["loss"] == 0.5
     left = [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
     assert not [n for n in left if "wandb" in n.lower()], left
+
+
+def test_track_logs_an_own_loop_to_wandb_with_the_config_and_the_report(tmp_path):
+    """``track(..., trackers=("wandb",), config=...)``: an own loop's records, its hyperparameters
+    and, from the report at the end, the summary and plots, in one offline W&B run."""
+    import torch
+
+    from turbotrain import Engine, track
+    from turbotrain.parts.models.mlp import TinyMLP, synthetic_batches
+
+    engine = Engine({"run": {"device": "cpu"}})
+    model = TinyMLP()
+    model, optimizer, loader = engine.setup(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), synthetic_batches(6)
+    )
+    run_dir = tmp_path / "own"
+    with track(
+        engine,
+        model,
+        optimizer,
+        run_dir,
+        log_every=2,
+        progress=False,
+        nvml=False,
+        trackers=("wandb",),
+        config={"lr": 0.1},
+    ):
+        for x, y in loader:
+            engine.backward(model(x, y))
+            engine.step(optimizer)
+    ids = json.loads((run_dir / "trackers.json").read_text())["wandb"]
+    history, config, artifacts = {}, {}, []
+    for path in sorted(run_dir.glob(f"wandb/offline-run-*-{ids['id']}/run-{ids['id']}.wandb")):
+        for r in wandb_records(path):
+            kind = r.WhichOneof("record_type")
+            if kind == "history":
+                for i in r.history.item:
+                    key = i.key or "/".join(i.nested_key)
+                    if not key.startswith("_"):
+                        history.setdefault(key, []).append((r.history.step.num, json.loads(i.value_json)))
+            elif kind == "run":
+                config.update(
+                    {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.run.config.update}
+                )
+            elif kind == "artifact":
+                artifacts += [c.path for c in r.artifact.manifest.contents]
+    assert history == expected_history(run_dir) and history["loss"]
+    assert config["lr"] == 0.1 and "summary.json" in artifacts and "plots/loss.png" in artifacts
