@@ -146,6 +146,11 @@ def test_lightning_callback_trains_the_same_and_writes_the_run_directory(tmp_pat
     assert same_weights(watched, plain)
     summary = check_run_dir(tmp_path / "run", STEPS, 4)
     assert summary["samples"] == STEPS * 16
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    # the loss of each record's step's last micro-batch, as training_step returned it
+    assert [r["loss"] for r in records] == pytest.approx(
+        [plain.seen[2 * r["step"] - 1] for r in records], rel=1e-6
+    )
     # FLOPs of the first step, counted as it ran: 6 x the weights per sample (forward + backward;
     # the first layer's input gradient is not needed: 2 x 16 x 32 fewer)
     assert summary["flops_per_sample"] == 6 * (16 * 32 + 32) - 2 * 16 * 32

@@ -8,7 +8,7 @@ report, and the ``Trainer`` arguments of turbotrain's recipe (``pip install 'tur
     trainer.fit(module, loader)   # runs/lit: metrics.jsonl, summary.json, summary.md, plots/*.png
 
 Every ``log_every`` optimizer steps (default: the Trainer's ``log_every_n_steps``) a record with
-the loss of the step's last micro-batch as Lightning hands it to callbacks (reading it is the one
+the loss of the step's last micro-batch as ``training_step`` returned it (reading it is the one
 host-device sync, once per record), samples/s and tokens/s (counted from batch shapes), achieved
 TFLOP/s and MFU (FLOPs counted during the first optimizer step: torch's FLOP counter watching the
 step Lightning runs, so nothing extra runs and nothing is logged twice; a compiled module is not
@@ -111,6 +111,7 @@ class TurbotrainLightningCallback(Callback):
         self._counter: FlopCounterMode | None = None
         self._counted = (0, 0)  # samples and tokens under the FLOP counter
         self._val_t0 = 0.0
+        self._accumulation = 1
         self._to_count = False  # the first optimizer step's FLOPs are still to be counted
         self._last_loss: Any = None  # the last step's loss (a device tensor: not read unless needed)
 
@@ -121,6 +122,7 @@ class TurbotrainLightningCallback(Callback):
             return  # one process writes the run directory
         precision = TURBOTRAIN_PRECISION.get(str(trainer.precision), str(trainer.precision))
         self._every = self.log_every or trainer.log_every_n_steps or 50
+        self._accumulation = trainer.accumulate_grad_batches
         self.observer = LoopObserver(
             self.run_dir if self.run_dir is not None else Path(trainer.default_root_dir) / "turbotrain",
             device=pl_module.device,
@@ -170,9 +172,13 @@ class TurbotrainLightningCallback(Callback):
             self._end_count()
         obs.step_end(step, loss)
         if step % self._every == 0:
-            obs.record(
-                step, loss, lr=trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else None
-            )
+            lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else None
+            obs.record(step, self._unscaled(loss), lr=lr)
+
+    def _unscaled(self, loss: Any) -> Any:
+        """Lightning hands callbacks the loss divided by ``accumulate_grad_batches``: the loss
+        ``training_step`` returned (a device op on logging steps only, no sync)."""
+        return loss * self._accumulation if loss is not None and self._accumulation > 1 else loss
 
     def _end_count(self) -> None:
         """The first step's FLOPs over its samples: FLOPs per sample (and per token)."""
@@ -213,6 +219,6 @@ class TurbotrainLightningCallback(Callback):
             self._counter = None
         last = next((r for r in reversed(obs.monitor.records) if "loss" in r), {})
         if status == "completed" and last.get("step") != obs.step and self._last_loss is not None:
-            obs.record(obs.step, self._last_loss)
+            obs.record(obs.step, self._unscaled(self._last_loss))
         self.summary = obs.close(status, report=self.report)
         self.observer = None
