@@ -10,12 +10,15 @@ drift hits both; the first round is warm-up and dropped), every run the same mod
 - ``recipe``: the ``Trainer`` with its default ``TrainingArguments`` vs
   ``training_args_recipe()`` (and which arguments the recipe changed on this machine).
 
-Per run: the mean step time over steps 3..N (the host clock at each optimizer step's end, read by
-a timing callback present in both variants; the first two steps, the callback's one-off FLOP
-count among them, are reported apart), so logging steps' costs are in the figure. Per round the
-ratio B/A; reported: the median of the paired ratios, each variant's median step, and for the
-callbacks their own time per step (every callback method and the batch-counting hook timed with
-the host clock): a figure the machine's noise does not blur.
+Per run: the mean step time over steps 3..N (a timing callback, present in both variants and
+called before turbotrain's, reads the clocks at each optimizer step's end; the first two steps, the
+callback's one-off FLOP count among them, are reported apart), so logging steps' costs are in the
+figure; both the wall clock and this process's CPU time (on a machine other processes load, the
+wall clock counts their time slices too; CPU time counts only this process's work). Per round the
+ratio B/A; reported: the median of the paired ratios and each variant's median step. For the
+callbacks also their own time per step: every callback method and the batch-counting hook timed
+in CPU time of the training thread, over the same steps 3..N, against the step's CPU time: the figure the
+machine's noise does not blur (end-to-end ratios on the shared 2-core machine scatter by +-10 %).
 
     python benchmarks/integration_overhead.py --out benchmarks/results/cpu/integration_overhead.json
 """
@@ -66,13 +69,16 @@ class Windows(Dataset):
 class Clock:
     """The host clock (wall, and this process's CPU time) at each optimizer step's end."""
 
-    def __init__(self) -> None:
+    def __init__(self, spent: list[float] | None = None) -> None:
         self.t: list[float] = []
         self.cpu: list[float] = []
+        self.spent = spent if spent is not None else [0.0]  # the callback's own seconds so far
+        self.own: list[float] = []
 
     def tick(self) -> None:
         self.t.append(time.perf_counter())
         self.cpu.append(time.process_time())
+        self.own.append(self.spent[0])
 
     def steady_ms(self) -> float:
         """Mean step time over steps 3..N in ms."""
@@ -86,12 +92,14 @@ class Clock:
     def first_ms(self) -> float:
         return 1000 * (self.t[1] - self.t[0])
 
-    def figures(self, callback_s: float) -> dict[str, float]:
+    def figures(self) -> dict[str, float]:
         return {
             "steady_ms": self.steady_ms(),
             "steady_cpu_ms": self.steady_cpu_ms(),
             "first_ms": self.first_ms(),
-            "callback_s": callback_s,
+            # the callback's own time per step over steps 3..N (its one-off FLOP count is in step 1)
+            "callback_ms": 1000 * (self.own[-1] - self.own[1]) / (len(self.own) - 2),
+            "callback_first_ms": 1000 * self.own[1],
         }
 
 
@@ -101,8 +109,8 @@ class HfClock(Clock, TrainerCallback):
 
 
 class LightningClock(Clock, L.Callback):
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, spent: list[float] | None = None) -> None:
+        super().__init__(spent)
         self._step = 0
 
     def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, idx: int) -> None:
@@ -114,11 +122,12 @@ class LightningClock(Clock, L.Callback):
 def timed(fn: Callable[..., Any], spent: list[float]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
+        # this thread's CPU time: the wall clock would count other processes' time slices too
+        t0 = time.thread_time()
         try:
             return fn(*args, **kwargs)
         finally:
-            spent[0] += time.perf_counter() - t0
+            spent[0] += time.thread_time() - t0
 
     return wrapper
 
@@ -148,18 +157,19 @@ def hf_run(steps: int, work: Path, watched: bool, recipe: bool | None = None) ->
         disable_tqdm=True,
     )
     kwargs = training_args_recipe("cpu", **base) if recipe else base
-    clock = HfClock()
-    callbacks: list[Any] = [clock]
+    callbacks: list[Any] = []
     spent = [0.0]
     if watched:
         cb = TurbotrainCallback(work / "turbotrain", report=False)
         spent = instrument(cb, HF_EVENTS)
         callbacks.append(cb)
+    clock = HfClock(spent)
+    callbacks.insert(0, clock)  # first: a step's tick comes before the callback's work for it
     trainer = Trainer(model=model, args=TrainingArguments(str(work), **kwargs), train_dataset=Windows())
     for c in callbacks:
         trainer.add_callback(c)
     trainer.train()
-    return clock.figures(spent[0])
+    return clock.figures()
 
 
 def lightning_run(steps: int, work: Path, watched: bool) -> dict[str, float]:
@@ -179,13 +189,14 @@ def lightning_run(steps: int, work: Path, watched: bool) -> dict[str, float]:
     data = TensorDataset(
         TEXT[starts[:, None] + torch.arange(SEQ)], TEXT[starts[:, None] + torch.arange(1, SEQ + 1)]
     )
-    clock = LightningClock()
-    callbacks: list[Any] = [clock]
+    callbacks: list[Any] = []
     spent = [0.0]
     if watched:
         cb = TurbotrainLightningCallback(work / "turbotrain", report=False, log_every=10)
         spent = instrument(cb, LIGHTNING_EVENTS)
         callbacks.append(cb)
+    clock = LightningClock(spent)
+    callbacks.insert(0, clock)
     trainer = L.Trainer(
         max_steps=steps,
         log_every_n_steps=10,
@@ -198,7 +209,7 @@ def lightning_run(steps: int, work: Path, watched: bool) -> dict[str, float]:
         accelerator="cpu",
     )
     trainer.fit(ByteLM(), DataLoader(data, batch_size=16, shuffle=True))
-    return clock.figures(spent[0])
+    return clock.figures()
 
 
 def compare(name: str, a: Callable[[Path], dict], b: Callable[[Path], dict], rounds: int, steps: int) -> dict:
@@ -237,12 +248,12 @@ def compare(name: str, a: Callable[[Path], dict], b: Callable[[Path], dict], rou
         "a_first_two_steps_ms_median": med("first_ms", "a"),
         "b_first_two_steps_ms_median": med("first_ms", "b"),
     }
-    own = [r["callback_s"] for r in runs["b"]]
-    if any(own):
-        out["callback_own_us_per_step_median"] = 1e6 * statistics.median(own) / steps
-        out["callback_own_fraction_of_step_median"] = statistics.median(
-            r["callback_s"] / steps / (r["steady_ms"] / 1000) for r in runs["b"]
+    if any(r["callback_ms"] for r in runs["b"]):
+        out["callback_own_us_per_step_median"] = 1000 * med("callback_ms", "b")
+        out["callback_own_fraction_of_cpu_step_median"] = statistics.median(
+            r["callback_ms"] / r["steady_cpu_ms"] for r in runs["b"]
         )
+        out["callback_own_first_step_ms_median"] = med("callback_first_ms", "b")
     return out
 
 
@@ -306,6 +317,39 @@ def main() -> None:
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+        a.out.with_suffix(".md").write_text(markdown(doc))
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The figures of ``doc`` as a table (every number from the JSON beside it)."""
+    names = {
+        "hf": "HF Trainer: without / with TurbotrainCallback",
+        "lightning": "Lightning: without / with TurbotrainLightningCallback",
+        "recipe": "HF Trainer: default TrainingArguments / training_args_recipe()",
+    }
+    lines = [
+        "# Integration overhead (CPU)",
+        "",
+        f"`{doc['command']}` at commit `{doc['commit']}`; {doc['env'].get('cpu', {}).get('model', '')}",
+        "",
+        "| comparison (A / B) | rounds x steps | wall ms/step A, B | CPU ms/step A, B | B/A wall (median) "
+        "| B/A CPU (median) | callback's own us/step | own / CPU step |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for key, r in doc["results"].items():
+        own = r.get("callback_own_us_per_step_median")
+        frac = r.get("callback_own_fraction_of_cpu_step_median")
+        lines.append(
+            f"| {names[key]} | {r['rounds']} x {r['steps_per_run']} | {r['a_steady_ms_median']:.1f}, "
+            f"{r['b_steady_ms_median']:.1f} | {r['a_steady_cpu_ms_median']:.2f}, {r['b_steady_cpu_ms_median']:.2f} | "
+            f"{r['ratio_b_over_a_median']:.3f} | {r['cpu_ratio_b_over_a_median']:.3f} | "
+            + (f"{own:.0f} | {100 * frac:.2f} % |" if own is not None else "- | - |")
+        )
+    recipe = doc["results"].get("recipe")
+    if recipe is not None:
+        changed = ", ".join(f"{k}: {v['default']} -> {v['recipe']}" for k, v in recipe["changed"].items())
+        lines += ["", f"What the recipe changed against the Trainer's defaults here: {changed or 'nothing'}."]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -212,5 +212,9 @@ class TurbotrainCallback(TrainerCallback):
             return
         if self._hook is not None:
             self._hook.remove()
-        self.summary = self.observer.close("completed", report=self.report)
+        obs = self.observer
+        last = next((r for r in reversed(obs.monitor.records) if "loss" in r), {})
+        if last.get("step") != state.global_step:  # the steps after the last logging step
+            obs.record(state.global_step, None)  # no loss read: the Trainer logged none for them
+        self.summary = obs.close("completed", report=self.report)
         self.observer = None
