@@ -37,6 +37,9 @@
 #                                 under 5 s; 34 s cold on 2026-11-24)
 #   cnn-graphs                80  issue 34: the same CNN, compile off, without and with compile.cuda_graphs
 #                                 (whole-step capture, core/graphs.py): samples/s both ways
+#   hf-trainer-w1            130  a Hugging Face Trainer on GPT-2 small, its defaults then
+#                                 training_args_recipe() (hf_trainer_recipe.py, one process each):
+#                                 tokens/s, MFU, first step; needs transformers there
 #
 # Results: benchmarks/results/<gpu>/<date>/extra/<phase>/, packed into $OUT/extra.tgz after every
 # phase that ran, with $OUT/extra.log. Phases run in the order above, whatever order they are named in.
@@ -45,11 +48,11 @@ declare -A LIMIT=(
   [env]=40 [w1-cudnn-attention]=120 [w1-fp32-eager]=170 [w1-fp32-compiled]=170 [w1-precision-rest]=60
   [w1-contenders]=110 [w1-fp8-train]=180 [cnn-cifar-contenders]=130 [cnn-cifar-fp32-graphs]=70 [cnn-224]=150
   [train-w1]=75 [finder]=120 [checkpointing]=100 [memory-report]=60 [checkpoint-stall]=70
-  [cnn-choose]=170 [w1-warm-start]=150 [cnn-graphs]=80
+  [cnn-choose]=170 [w1-warm-start]=150 [cnn-graphs]=80 [hf-trainer-w1]=130
 )
 ORDER=(env w1-cudnn-attention w1-fp32-eager w1-fp32-compiled w1-precision-rest w1-contenders w1-fp8-train
        cnn-cifar-contenders cnn-cifar-fp32-graphs cnn-224 train-w1 finder checkpointing memory-report checkpoint-stall
-       cnn-choose w1-warm-start cnn-graphs)
+       cnn-choose w1-warm-start cnn-graphs hf-trainer-w1)
 COMMAND_LIMIT_S=180
 menu() { local p out=(); for p in "${ORDER[@]}"; do out+=("$p (${LIMIT[$p]} s)"); done; local IFS=,; echo "${out[*]}" | sed 's/,/, /g'; }
 if (( $# == 0 )); then
@@ -192,6 +195,11 @@ GRAPHS=(--model examples/workload_cnn.py:make --compile.scope=off --choose.measu
 step 40 "$PY" -m turbotrain train "${GRAPHS[@]}" --compile.cuda_graphs=false --run.name cnn-eager "${SHORT[@]}"
 step 40 "$PY" -m turbotrain train "${GRAPHS[@]}" --compile.cuda_graphs=true --run.name cnn-graphs "${SHORT[@]}"
 keep_runs
+pack
+
+phase hf-trainer-w1 60  # issue 36: the Trainer's defaults (fp32, eager) vs turbotrain's recipe (bf16, TF32, compile)
+step 50 "$PY" benchmarks/hf_trainer_recipe.py --variant defaults --size small --steps 30 --out "$RES/hf-trainer-w1/defaults"
+step 80 "$PY" benchmarks/hf_trainer_recipe.py --variant recipe --size small --steps 30 --out "$RES/hf-trainer-w1/recipe"
 pack
 
 finish_script
