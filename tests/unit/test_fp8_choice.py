@@ -143,3 +143,46 @@ def test_each_layers_m_comes_from_a_forward_and_the_default_timer_runs():
     assert {c.shape[0] for c in choice.layers} == {15} and not choice.converted
     timer = linear_timer(torch.device("cpu"), emulate=True, repeats=1, warmup=1)
     assert timer((16, 32, 32), "bf16") > 0 and timer((16, 32, 32), "tensorwise") > 0
+
+
+def test_a_timed_fp8_run_converts_exactly_the_faster_layers_and_writes_the_table(
+    tmp_path, text_file, monkeypatch
+):
+    """precision.fp8_layers = 'timed' in turbotrain's own run (gpt-tiny cut down, emulated on CPU,
+    an injected timer: float8 pays only for the MLP's up-projection, K=32 x N=128): those layers
+    alone run in float8, the table is in the run directory, the summary says so in one line."""
+    pytest.importorskip("torchao")
+    import warnings
+
+    from conftest import tiny_overrides
+
+    from turbotrain.app.report import format_markdown
+    from turbotrain.app.training import train
+    from turbotrain.base.config import load_config
+    from turbotrain.core.precision import fp8_choice
+
+    def timer(shape, recipe):
+        m, k, n = shape
+        assert m == 4 * 32  # micro 4 x block 32 rows, from one forward
+        faster = (k, n) == (32, 128)
+        return {"bf16": 1.0, "tensorwise": 0.5 if faster else 1.5, "rowwise": 0.6 if faster else 1.6}[recipe]
+
+    monkeypatch.setattr(fp8_choice, "linear_timer", lambda *a, **k: timer)
+    monkeypatch.setattr(fp8_choice, "default_cache_dir", lambda: tmp_path / "fp8-cache")
+    overrides = tiny_overrides(
+        tmp_path,
+        precision={"mode": "fp8", "fp8_emulate": True, "fp8_layers": "timed"},
+        data={"path": str(text_file)},
+        train={"max_steps": 2, "eval_every": 0, "checkpoint_every": 0},
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        summary = train(load_config(overrides=overrides), progress=False)
+    assert sorted(summary["optimizations"]["fp8_converted"]) == ["blocks.0.mlp.0", "blocks.1.mlp.0"]
+    run_dir = tmp_path / "runs" / "t"
+    table = (run_dir / "fp8_layers.md").read_text()
+    assert "| blocks.0.mlp.0 | 128 x 32 x 128 | 1.000 | 0.500 | 0.600 | **tensorwise** |" in table
+    assert "| blocks.0.attn.qkv | 128 x 32 x 96 | 1.000 | 1.500 | 1.600 | **bf16** |" in table
+    assert "2 of 8 timed linear layers in float8" in json.dumps(summary)
+    markdown = format_markdown(summary)
+    assert "## fp8 per layer (timed)" in markdown and "| blocks.1.mlp.0 | 128 x 32 x 128 |" in markdown

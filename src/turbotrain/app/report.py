@@ -25,6 +25,7 @@ from ..base.errors import TurbotrainError
 from ..base.records import metric_keys, read_metrics
 from ..base.rundir import CHOOSE_FILE, CONFIG_FILE, METRICS_FILE, PLOTS_DIR, SUMMARY_FILE, SUMMARY_MD
 from ..core.compile_guard import payback_step
+from ..core.precision.fp8_choice import FP8Choice
 from ..loop.monitor.trackers import publish
 from . import expert_report
 from .plots import NO_FLOPS, PLOTS, PlotSpec, Series, plots_for, write_plots
@@ -171,6 +172,14 @@ def _optimizations(summary: dict[str, Any]) -> list[str]:
     else:
         lines.append("not recorded")
     return lines
+
+
+def _fp8_layers(summary: dict[str, Any]) -> list[str]:
+    """precision.fp8_layers = 'timed': the decision's line and table (core/precision/fp8_choice.py)."""
+    plan = (summary.get("resolved") or {}).get("fp8_layers")
+    if not isinstance(plan, dict) or "layers" not in plan:
+        return []
+    return ["", "## fp8 per layer (timed)", "", plan["line"], "", FP8Choice.from_dict(plan).table()]
 
 
 def _performance(summary: dict[str, Any]) -> list[str]:
@@ -351,6 +360,7 @@ SECTIONS: list[Callable[[dict[str, Any]], list[str]]] = [
     _title,
     _hardware,
     _optimizations,
+    _fp8_layers,
     _choose,
     _performance,
     _losses,

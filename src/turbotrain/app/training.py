@@ -53,6 +53,7 @@ from ..core.engine import Engine, default_loss
 from ..core.main_rank import ReportedByMainRank, decided_by_main, main_first
 from ..core.optim import lr_batch_factor, rescale_lr, resolve_implementation
 from ..core.plan import ParallelPlan
+from ..core.precision.fp8_choice import choose_for_run
 from ..loop.best_checkpoint import watched
 from ..loop.checkpoint import (
     Checkpointer,
@@ -169,6 +170,20 @@ def build_training(
     c, epochs = _resolve_epochs(c, data, plan.data)  # train.epochs -> max_steps, before the schedule is made
     seed_all(c.run.seed)  # torch, random and numpy: a user's model or loss may draw from any of them
     plain = spec.build(c, data)  # the model itself: DDP wraps it, FSDP2 shards it in place
+    fp8_plan: dict[str, Any] = {}
+    # float8 only where timing says it pays
+    if c.precision.mode == "fp8" and c.precision.fp8_layers == "timed":
+        micro = c if isinstance(c.batch.micro, int) else c.replace(batch={"micro": 8})  # 'auto': timed at 8
+        c, fp8_choice = choose_for_run(
+            c,
+            plain,
+            data.example(micro),
+            loss_fn or default_loss,
+            run_dir,
+            local_device(resolve_device(c.run.device), plan.topology),
+        )
+        fp8_plan = fp8_choice.to_dict()
+        log.info(fp8_choice.line)
     # the units FSDP, activation checkpointing and per-block compile act on
     declare_blocks(plain, spec.blocks(plain))
     # a workload's own; None: AdamW from the optim section, with its schedule
@@ -233,6 +248,8 @@ def build_training(
     }
     if batch_search is not None:
         resolved["batch_search"] = batch_search.to_dict()
+    if fp8_plan:
+        resolved["fp8_layers"] = fp8_plan  # summary.md's "fp8 per layer" table
     if lr_note:
         resolved["lr_scaling"] = lr_note
 

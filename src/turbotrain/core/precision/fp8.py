@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 MIN_CAPABILITY = (8, 9)  # float8 tensor cores: Ada (8.9), Hopper (9.0), Blackwell
 OUTPUT_NAMES = ("lm_head", "output", "head")  # the output layer of a language model, by its usual names
 FP8_RECIPES = ("tensorwise", "rowwise")  # torchao's float8 scaling recipes
+FP8_LAYER_CHOICES = ("filter", "timed")  # precision.fp8_layers: the size rule, or timing per layer
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,13 @@ class FP8Settings:
         "",
         "mode 'fp8': comma-separated module-name prefixes kept in bf16, e.g. 'blocks.0.,blocks.11.' "
         "for the first and last block",
+    )
+    fp8_layers: str = knob(
+        "filter",
+        "mode 'fp8': which linear layers run in float8: 'filter' (the size rule above) or 'timed' (each "
+        "distinct layer shape timed in bf16 and the recipe at the run's micro-batch, converted only where "
+        "float8 is 5 % faster: core/precision/fp8_choice.py; the table in the run directory, cached)",
+        choices=FP8_LAYER_CHOICES,
     )
     fp8_all_gather: bool = knob(
         False,

@@ -22,6 +22,7 @@ speed says nothing), the default times on the device with synchronisation around
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -38,6 +39,8 @@ import torch
 from torch import nn
 
 from ...base.atomic import atomic_write
+from ...base.batch import map_tensors
+from ...base.config import RunConfig
 from .fp8 import FP8, FP8_RECIPES, float8_module
 
 BF16 = "bf16"
@@ -317,3 +320,53 @@ def _torchao_version() -> str | None:
         return importlib.metadata.version("torchao")
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def choose_for_run(
+    config: RunConfig,
+    model: nn.Module,
+    example: Any,
+    loss_fn: Callable[[nn.Module, Any], Any],
+    run_dir: Path,
+    device: torch.device,
+    *,
+    timer: Timer | None = None,
+    cache_dir: Path | None = None,
+) -> tuple[RunConfig, FP8Choice]:
+    """``precision.fp8_layers = 'timed'`` for a run: M of each layer from one forward of ``example``
+    (shapes only, on the meta device; a real CPU forward where the model cannot run there), each
+    shape timed on ``device`` in bf16, tensorwise and rowwise (compiled when the run compiles), and
+    the run's recipe (``precision.fp8_recipe``) kept per layer only where it beats bf16 by the
+    margin. Returns the config whose fp8 filter converts exactly those layers (the others named in
+    ``precision.fp8_skip``, the size threshold off), and the decision, written to ``run_dir``."""
+    fp8 = FP8.from_settings(device, config.precision)
+    names, _ = candidates(model, fp8)
+    try:
+        shadow = copy.deepcopy(model).to("meta")
+        rows = layer_rows(
+            shadow, names, lambda: loss_fn(shadow, map_tensors(example, lambda t: t.to("meta")))
+        )
+    except Exception:  # a model that cannot run on meta tensors: one real forward on the host
+        rows = layer_rows(model, names, lambda: loss_fn(model, example))
+    compiled = config.compile.scope != "off"
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    choice = choose_fp8_layers(
+        model,
+        rows,
+        fp8,
+        timer or linear_timer(device, compile=compiled, emulate=fp8.emulate),
+        cache_dir=cache_dir if cache_dir is not None else default_cache_dir(),
+        key_parts={
+            "device": name,
+            "torchao": _torchao_version(),
+            "compile": compiled,
+            "emulate": fp8.emulate,
+        },
+    )
+    for layer in choice.layers:  # the run has one recipe: float8 in it, or bf16
+        layer.choice = decide({r: layer.ms[r] for r in (BF16, fp8.recipe) if r in layer.ms}, choice.margin)
+    choice.write(run_dir)
+    skip = [p.strip() for p in config.precision.fp8_skip.split(",") if p.strip()]
+    # whole names as prefixes: no GPT layer name is the start of another one's
+    skip += [c.layer for c in choice.layers if c.choice == BF16 and c.layer not in skip]
+    return config.replace(precision={"fp8_skip": ",".join(skip), "fp8_min_size": 1}), choice
