@@ -37,7 +37,7 @@ from ..core.device import resolve_device
 from ..core.engine import Engine, default_loss
 from ..core.precision import FP8, DeviceCaps, FP16Mixed, Precision, fallback_mode, resolve_precision
 from ..core.precision.fp8 import float8_capable, torchao_available
-from ..core.precision.fp8_choice import FP8Choice, time_fp8_layers
+from ..core.precision.fp8_choice import FP8Choice, default_cache_dir, time_fp8_layers
 from ..parts.models.registry import build_model
 from ..parts.workload import Workload, load_workload
 from ..tools.memory.stats import default_vocab_size
@@ -216,7 +216,8 @@ def _fp8_per_layer(
         return {"line": "fp8 per layer by timing: needs a float8 GPU (compute capability >= 8.9) and torchao"}
     model = copy.deepcopy(w.model).to(device)
     fp8 = FP8.from_settings(device, settings)
-    return time_fp8_layers(model, lambda: (w.loss_fn or default_loss)(model, batch), device, fp8).to_dict()
+    forward = lambda: (w.loss_fn or default_loss)(model, batch)  # noqa: E731
+    return time_fp8_layers(model, forward, device, fp8, cache_dir=default_cache_dir()).to_dict()
 
 
 def check_precisions(
