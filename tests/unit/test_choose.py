@@ -127,6 +127,8 @@ def test_compile_is_not_measured_when_it_cannot_fit_the_budget(tmp_path):
     assert _row(d, "compile model").status == "skipped"
     assert "save 6.0 ms a step" in _row(d, "compile model").reason  # 30 s over 5000 steps
     assert d.kept.name == "eager"
+    # unmeasured, compile is not turned off: it keeps its fixed rule (on a GPU: compiled)
+    assert d.changes == {"precision": {"mode": "fp32"}} and "left to its fixed rule" in d.summary
 
 
 def test_explicit_settings_are_never_overridden(tmp_path):

@@ -118,8 +118,13 @@ def choose(
                 _figures(row, cand, cached, timer, decision, say)
             rows.append(row)
         best = judge(rows, planned, c.min_speedup)
-    decision.rows, decision.changes = rows, best.changes
+    decision.rows, decision.changes = rows, {k: dict(v) for k, v in best.changes.items()}
     decision.summary = f"kept {best.name} ({best.what}) for {planned:,d} steps: {best.reason}"
+    compiled = [r for r in rows if r.compiles]
+    if compiled and not any(r.measured or r.status == "failed" for r in compiled) and not best.compiles:
+        # no compiled candidate was timed: compile.scope keeps its fixed rule (auto: model on CUDA, off on CPU)
+        decision.changes.pop("compile", None)
+        decision.summary += "; compile.scope not measured, left to its fixed rule (auto)"
     fresh = {r.name: _cached_form(r) for r in rows if r.status != "skipped" and not r.cached}
     if fresh:
         saved = cache.save(folder, key, material, {**cached, **fresh})
