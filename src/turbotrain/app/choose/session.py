@@ -121,7 +121,8 @@ def choose(
     decision.rows, decision.changes = rows, {k: dict(v) for k, v in best.changes.items()}
     decision.summary = f"kept {best.name} ({best.what}) for {planned:,d} steps: {best.reason}"
     compiled = [r for r in rows if r.compiles]
-    if compiled and not any(r.measured or r.status == "failed" for r in compiled) and not best.compiles:
+    plain = [r for r in compiled if "mode" not in r.changes.get("compile", {})]  # compile without CUDA graphs
+    if plain and not any(r.measured or r.status == "failed" for r in plain) and not best.compiles:
         # no compiled candidate was timed: compile.scope keeps its fixed rule (auto: model on CUDA, off on CPU)
         decision.changes.pop("compile", None)
         decision.summary += "; compile.scope not measured, left to its fixed rule (auto)"
