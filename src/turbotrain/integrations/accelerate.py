@@ -88,6 +88,8 @@ class AccelerateRun:
         nvml: bool = True,
         report: bool = True,
         sinks: tuple[Any, ...] = (),
+        trackers: tuple[str, ...] = (),
+        project: str = "turbotrain",
     ) -> None:
         if log_every < 1:
             raise ValueError(f"log_every = {log_every!r}: give the optimizer steps between records (>= 1)")
@@ -109,6 +111,8 @@ class AccelerateRun:
             peak_tflops=peak_tflops,
             nvml=nvml,
             sinks=sinks,
+            trackers=trackers,
+            project=project,
             max_steps=max_steps,
             optimizations={
                 "mixed_precision": mixed,
@@ -163,5 +167,6 @@ def track_accelerate(
 ) -> AccelerateRun:
     """An :class:`AccelerateRun` for this Accelerate loop in ``run_dir``. Options: ``example_batch``
     (FLOPs, so TFLOP/s and MFU), ``loss_fn(model, batch)`` for it (default ``model(**batch)``),
-    ``log_every``, ``max_steps``, ``peak_tflops``, ``nvml``, ``report``, ``sinks``."""
+    ``log_every``, ``max_steps``, ``peak_tflops``, ``nvml``, ``report``, ``sinks``, ``trackers``
+    (any of "wandb", "mlflow", "trackio"), ``project``."""
     return AccelerateRun(accelerator, model, run_dir, **options)

@@ -90,6 +90,8 @@ class TurbotrainCallback(TrainerCallback):
     utilisation; ``peak_tflops``: the device's dense peak for MFU where the GPU's name is not in
     turbotrain's table (on a CPU, say); ``flops_per_sample``: skip the FLOP count and use this;
     ``loss_fn(model, batch)``: how to get the loss for the FLOP count (default ``model(**batch)``);
+    ``trackers``: any of "wandb" (offline), "mlflow", "trackio", logged the same records, the
+    ``TrainingArguments`` and, at the end, the summary and plots (``project``: their project);
     ``sinks``: more sinks beside metrics.jsonl (objects with ``write(record)`` and ``close()``).
     """
 
@@ -103,10 +105,13 @@ class TurbotrainCallback(TrainerCallback):
         flops_per_sample: float | None = None,
         loss_fn: Any = None,
         sinks: tuple[Any, ...] = (),
+        trackers: tuple[str, ...] = (),
+        project: str = "turbotrain",
     ) -> None:
         self.run_dir = run_dir
         self.report, self.nvml, self.peak_tflops = report, nvml, peak_tflops
         self.flops_per_sample, self.loss_fn, self.sinks = flops_per_sample, loss_fn, sinks
+        self.trackers, self.project = trackers, project
         self.observer: LoopObserver | None = None
         self.summary: dict[str, Any] = {}
         self._hook: Any = None
@@ -151,7 +156,9 @@ class TurbotrainCallback(TrainerCallback):
                 "num_workers": args.dataloader_num_workers,
                 "pin_memory": args.dataloader_pin_memory,
             },
-            config={"per_device_train_batch_size": args.per_device_train_batch_size, "seed": args.seed},
+            trackers=self.trackers,
+            project=self.project,
+            config={"training_args": args.to_dict()},
         )
         # torch.compile runs the hook outside its graph: no recompile for the changing counts
         self._hook = model.register_forward_pre_hook(torch.compiler.disable(self._count), with_kwargs=True)

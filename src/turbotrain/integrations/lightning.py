@@ -86,7 +86,8 @@ class TurbotrainLightningCallback(Callback):
     ``run_dir``: default ``<default_root_dir>/turbotrain``; ``log_every``: optimizer steps between
     records (default: the Trainer's ``log_every_n_steps``); ``peak_tflops``: the device's dense
     peak where the GPU's name is not in turbotrain's table (a CPU, say); ``flops_per_sample``: use
-    this instead of counting; ``report``, ``nvml``, ``sinks``: as for the Hugging Face callback.
+    this instead of counting; ``report``, ``nvml``, ``sinks``, ``trackers``, ``project``: as for the
+    Hugging Face callback (the trackers get the Trainer's settings and the module's hparams).
     """
 
     def __init__(
@@ -99,12 +100,15 @@ class TurbotrainLightningCallback(Callback):
         peak_tflops: float | None = None,
         flops_per_sample: float | None = None,
         sinks: tuple[Any, ...] = (),
+        trackers: tuple[str, ...] = (),
+        project: str = "turbotrain",
     ) -> None:
         if log_every is not None and log_every < 1:
             raise ValueError(f"log_every = {log_every!r}: give the optimizer steps between records (>= 1)")
         self.run_dir, self.log_every = run_dir, log_every
         self.report, self.nvml, self.peak_tflops = report, nvml, peak_tflops
         self.flops_per_sample, self.sinks = flops_per_sample, sinks
+        self.trackers, self.project = trackers, project
         self.observer: LoopObserver | None = None
         self.summary: dict[str, Any] = {}
         self._every = 1
@@ -132,6 +136,14 @@ class TurbotrainLightningCallback(Callback):
             peak_tflops=self.peak_tflops,
             nvml=self.nvml,
             sinks=self.sinks,
+            trackers=self.trackers,
+            project=self.project,
+            config={
+                "max_steps": trainer.max_steps,
+                "precision": str(trainer.precision),
+                "accumulate_grad_batches": trainer.accumulate_grad_batches,
+                "hparams": dict(getattr(pl_module, "hparams", {}) or {}),
+            },
             max_steps=trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None,
             optimizations={
                 "lightning precision": str(trainer.precision),

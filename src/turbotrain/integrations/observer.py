@@ -29,9 +29,9 @@ from ..app.environment import collect_hardware
 from ..app.report import write_report
 from ..app.summary import write_summary
 from ..base.batch import batch_size, token_count
-from ..base.rundir import METRICS_FILE
 from ..core.compile_guard import CompileGuard
-from ..loop.monitor import JsonlSink, MfuProbe, Monitor, ProgressSink, build_probes, estimate_flops_per_sample
+from ..loop.monitor import MfuProbe, Monitor, ProgressSink, build_probes, estimate_flops_per_sample
+from ..loop.monitor.trackers import TrackerOptions, build_sinks
 from ..parts.hardware import DeviceSpec, lookup_peak
 
 log = logging.getLogger("turbotrain.integrations")
@@ -67,8 +67,10 @@ class LoopObserver:
     ``framework``: what drives the loop, for the summary ("transformers 5.24.0"); ``world``: the
     data-parallel processes (rates are the run's: this process's counts x world; only the process
     that writes makes an observer); ``precision``: turbotrain's name of the precision in use (the
-    peak MFU is measured against); ``peak_tflops``: see :func:`peak_spec`; ``sinks``: more sinks
-    beside metrics.jsonl; ``optimizations`` and ``config``: what summary.md lists.
+    peak MFU is measured against); ``peak_tflops``: see :func:`peak_spec`; ``trackers``: any of
+    "wandb" (offline), "mlflow", "trackio" (``project``: their project or experiment);
+    ``sinks``: more sinks beside metrics.jsonl; ``optimizations`` and ``config``: what summary.md
+    lists (``config`` also goes to the trackers).
     """
 
     def __init__(
@@ -83,6 +85,8 @@ class LoopObserver:
         nvml: bool = True,
         progress_steps: int | None = None,
         sinks: Iterable[Any] = (),
+        trackers: Iterable[str] = (),
+        project: str = "turbotrain",
         optimizations: Mapping[str, Any] | None = None,
         config: Mapping[str, Any] | None = None,
         max_steps: int | None = None,
@@ -99,7 +103,10 @@ class LoopObserver:
             log.info(
                 "MFU left out: no datasheet peak for %s (achieved TFLOP/s is still recorded)", self.device
             )
-        all_sinks: list[Any] = [JsonlSink(self.run_dir / METRICS_FILE), *sinks]
+        # metrics.jsonl and the experiment trackers (each named by the run directory, the config
+        # logged once; the report hands them the summary and the plots at the end)
+        options = TrackerOptions(project=project, name=self.run_dir.name, config=self.config)
+        all_sinks: list[Any] = [*build_sinks(["jsonl", *trackers], self.run_dir, options), *sinks]
         if progress_steps:
             all_sinks.append(ProgressSink(progress_steps))
         self.mfu = _LateMfu()
