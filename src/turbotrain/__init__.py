@@ -2,8 +2,9 @@
 
 The public API is what this module exports (``__all__``, listed in docs/api.md): :class:`Engine`
 for your own loop, :func:`fit` the reference loop, :func:`track` (monitoring, checkpoints and a
-report around an own loop), :class:`RunConfig` and :func:`load_config`, :class:`Workload` (your
-model for ``train``, ``bench``, ``profile`` and ``tune``), :class:`PlateauLR`, and :class:`MoE`
+report around an own loop), :func:`train` (a whole run in one call: ``turbotrain train --model``
+from Python), :class:`RunConfig` and :func:`load_config`, :class:`Workload` (your model for
+``train``, ``bench``, ``profile`` and ``tune``), :class:`PlateauLR`, and :class:`MoE`
 (a mixture-of-experts layer for any model) with :func:`aux_loss` and :func:`end_optimizer_step`.
 Everything else lives in the layer folders and may move between releases.
 
@@ -44,12 +45,13 @@ __all__ = [
     "fit",
     "load_config",
     "track",
+    "train",
     "__version__",
 ]
 
-# Public names imported on first use: turbotrain.app.tracking loads the report (matplotlib), which
+# Public names imported on first use: turbotrain.app.tracking and .run load the report (matplotlib), which
 # ``import turbotrain`` must not (tests/unit/test_layers.py, test_import_turbotrain_stays_light).
-LAZY = {"track": "app.tracking"}
+LAZY = {"track": "app.tracking", "train": "app.run"}
 
 # The old top-level modules (before the per-layer folders, commit d919ea6) -> (their module now,
 # the import to write). Kept for one release; the old ``turbotrain.loop`` (fit) is not here: its

@@ -87,9 +87,9 @@ def _install(point: str, n: int) -> None:
     elif point == "pause-fit":
         wrap(training.Training, "run", before=lambda *a, **k: due() and pause())
     elif point == "pause-report":
-        import turbotrain.cli.train as cli_train
+        import turbotrain.app.run as run
 
-        wrap(cli_train, "write_report", before=lambda *a, **k: due() and pause())
+        wrap(run, "write_report", before=lambda *a, **k: due() and pause())
     elif point == "eval":
         wrap(engine.Engine, "evaluate", before=lambda *a, **k: due() and die())
     elif point in ("startup", "pause-startup"):

@@ -2,7 +2,7 @@
 profiled run and each ``--verify`` run) and ``tune`` (each trial) are made of.
 
 A :class:`Target` names what to train: a preset (the GPT on turbotrain's data, assembled by
-:func:`turbotrain.app.training.build_training`, exactly as ``turbotrain train`` does) or a workload
+:func:`turbotrain.app.training.assemble`, exactly as ``turbotrain train`` does) or a workload
 ``FILE.py:FUNC`` (:mod:`turbotrain.parts.workload`), plus ``--section.key=value`` overrides. A run
 changes more settings on top (a dict of config overrides); for a workload, ``data.num_workers``
 and ``batch.micro`` set in those overrides are applied to its DataLoader. A preset's loader
@@ -33,19 +33,21 @@ from torch.utils.data import DataLoader
 
 from ..base.batch import batch_size, move_to
 from ..base.config import RunConfig, load_config
+from ..base.seeds import rng_state, set_rng_state
 from ..core.assembly import build_trainable
 from ..core.compile_guard import collect_compile_counts, ranked_reasons
 from ..core.engine import Engine, LossFn, as_loss, default_loss
 from ..loop.fit import fit
 from ..loop.hooks import FitContext, Hook
 from ..loop.monitor import MfuProbe, Monitor
-from ..loop.run_hooks import MonitorPlan, build_monitor
+from ..loop.run_hooks import MonitorPlan, build_monitor, monitor_plan
 from ..parts.data import TokenWindows, build_loader, fixed_batches, resolve_loader_settings
 from ..parts.hardware import precision_key, tf32_enabled
 from ..parts.workload import Workload, copy_workload, load_workload, loader_summary, rebuild_loader
 from ..tools.memory import StepTrial, token_batches
 from .bench.protocol import StepClock
-from .training import build_training
+from .prepare import prepare_config
+from .training import assemble
 
 DATA_LABEL = "turbotrain::data_wait"  # profiler ranges: the host blocked on the loader ...
 FORWARD_LABEL = "turbotrain::forward"  # ... and the forward pass (the loss function)
@@ -230,39 +232,46 @@ class Built:
 
 
 def build(target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_dir: Path) -> Built:
-    """Assemble ``target`` with ``changes`` in ``run_dir`` (metrics.jsonl goes there)."""
+    """Assemble ``target`` with ``changes`` in ``run_dir`` (metrics.jsonl goes there): prepared as
+    every run is (:func:`turbotrain.app.prepare.prepare_config`), then only what a measured run
+    uses is built (no checkpoints, no evaluation, no run loader: measure's own)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     config = target.config(merge(changes, {"monitor": {"progress": False}}))
     if target.is_workload:
         return _build_workload(target, changes, config, run_dir)
-    training = build_training(config, run_dir, progress=False)
-    config, engine = training.config, training.engine
+    a = assemble(prepare_config(config, run_dir), show=False)
+    config, engine, source = a.config, a.trainable.engine, a.data.source  # type: ignore[attr-defined]
+    draws = rng_state()  # counting FLOPs runs a forward: the steps draw from the generators as a run's do
+    monitor, _ = build_monitor(
+        engine, a.plain, a.data.example(config), monitor_plan(config, run_dir), loss_fn=a.loss_fn
+    )
+    set_rng_state(draws)
     settings = resolve_loader_settings(
         engine.device, config.data.num_workers, config.data.pin_memory, config.data.prefetch_factor
     )
     micro, accumulation = int(config.batch.micro), config.batch.accumulation
     # Batches of the whole optimizer step, cut into ``accumulation`` micro-batches by the engine:
     # the same samples in the same order whatever the micro-batch, so runs differ only in arithmetic.
-    train = TokenWindows(training.data.source.train, config.model.block_size)
+    train = TokenWindows(source.train, config.model.block_size)
     data = DataWait(build_loader(train, micro * accumulation, config.run.seed, settings))
     engine.set_accumulation(1)
     engine.set_split(accumulation)
     block = config.model.block_size
     parity = []
-    if len(training.data.source.val) > block + 1:
-        val = TokenWindows(training.data.source.val, block)
+    if len(source.val) > block + 1:
+        val = TokenWindows(source.val, block)
         parity = fixed_batches(val, PARITY_BATCH, PARITY_BATCHES, seed=config.run.seed + 1)
     return Built(
         target,
         config,
         engine,
-        training.model,
-        training.optimizer,
+        a.trainable.model,
+        a.trainable.optimizer,
         engine.setup_loader(data),
         data,
         labelled(default_loss),
-        training.monitor,
-        token_batches(training.model.cfg.vocab_size, block, engine.device, seed=config.run.seed),
+        monitor,
+        token_batches(a.trainable.model.cfg.vocab_size, block, engine.device, seed=config.run.seed),
         micro,
         parity,
         {
@@ -271,11 +280,11 @@ def build(target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_d
             "prefetch_factor": settings.prefetch_factor if settings.num_workers else None,
             "device_prefetch": config.data.device_prefetch and engine.device.type == "cuda",
             "batch_size": micro,
-            "loader": f"DataLoader over {training.data.source.description}",
+            "loader": f"DataLoader over {source.description}",
         },
         "tokens/s",
         run_dir,
-        batch_search=training.resolved.get("batch_search"),
+        batch_search=a.batch_search.to_dict() if a.batch_search is not None else None,
     )
 
 
@@ -301,11 +310,13 @@ def _build_workload(
     loss_fn = w.loss_fn or default_loss
     data = DataWait(loader, endless=True)
     model = w.model
+    # prepared as every run is; its micro-batch is the loader's, so the config trains as given
+    plan = prepare_config(config, run_dir, workload=w).plan
     if w.optimizer is None:
-        t = build_trainable(config, model, loader=data)
+        t = build_trainable(config, model, loader=data, plan=plan)
         engine, model, optimizer, device_loader = t.engine, t.model, t.optimizer, t.loader
     else:
-        engine = Engine(config)
+        engine = Engine(config, plan=plan)
         model, optimizer, device_loader = engine.setup(model, w.optimizer, data)
     assert optimizer is not None and device_loader is not None
     example = move_to(next(iter(loader)), engine.device)

@@ -1,17 +1,19 @@
-"""Assemble a whole training run from a RunConfig: data, model, optimizer, engine, hooks.
+"""Assemble a whole training run from a prepared run: data, model, optimizer, engine, hooks.
 
-This is the one place that reads the config for a run; ``fit()`` then receives built objects.
-The files it leaves in the run directory are named in :mod:`turbotrain.base.rundir`; its summary.json
-is written through :mod:`turbotrain.app.report`, which adds the figures from the metrics.
+The run arrives resolved once (:mod:`turbotrain.app.prepare`: the config, the spec, the plan
+joined, the run directory); this is the one place that builds from it, and ``fit()`` then receives
+built objects. The files it leaves in the run directory are named in :mod:`turbotrain.base.rundir`;
+its summary.json is written through :mod:`turbotrain.app.report`, which adds the figures from the
+metrics.
 
-Nothing lost, nothing overwritten: the run directory is locked for as long as ``train()`` works
-in it (:mod:`turbotrain.base.runlock`); ``config.toml`` is written before anything else, so a run
-killed at any moment can be resumed (from step 0 when no checkpoint was saved yet); a resume
-drops the metrics of steps it will run again, and rewrites ``config.toml`` (its overrides) only once
-its first step has trained; SIGTERM/SIGINT are handled from the start to the end
-(:mod:`turbotrain.base.signals`): during start-up they end it cleanly (:class:`StoppedBySignal`), during
-training save a checkpoint first (the summary says ``stop_reason = "signal SIGTERM"``); a full disk ends it with one line that names the file and
-the last intact checkpoint.
+Nothing lost, nothing overwritten: the caller holds the run directory's lock for as long as the run
+works in it (:mod:`turbotrain.base.runlock`; :func:`train` takes it); ``config.toml`` is written
+before anything else, so a run killed at any moment can be resumed (from step 0 when no checkpoint
+was saved yet); a resume drops the metrics of steps it will run again, and rewrites ``config.toml``
+(its overrides) only once its first step has trained; SIGTERM/SIGINT are handled from the start to
+the end (:mod:`turbotrain.base.signals`): during start-up they end it cleanly (:class:`StoppedBySignal`),
+during training save a checkpoint first (the summary says ``stop_reason = "signal SIGTERM"``); a full
+disk ends it with one line that names the file and the last intact checkpoint.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import logging
 import resource
 import shutil
 import time
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,8 +33,7 @@ from torch import nn
 
 from ..base.atomic import DiskFullError, atomic_write, clean_stale_temps, disk_full_cause
 from ..base.config import MAX_STEPS, OptimConfig, RunConfig, setting, to_toml
-from ..base.errors import ConfigError, TurbotrainError
-from ..base.launch import Topology
+from ..base.errors import ConfigError
 from ..base.rundir import (
     CHECKPOINTS,
     CONFIG_FILE,
@@ -41,66 +41,58 @@ from ..base.rundir import (
     PLOTS_DIR,
     already_exists,
     holds_a_run,
-    new_run_dir,
     truncate_metrics,
 )
 from ..base.runlock import RunLock
+from ..base.seeds import rng_state, seed_all, set_rng_state
+from ..base.signals import StopSignals
 from ..base.signals import held as held_signals
 from ..base.version import collect_git
-from ..core.assembly import build_trainable
-from ..core.device import local_device, resolve_device
+from ..core.assembly import Trainable, build_trainable
 from ..core.engine import Engine, default_loss
-from ..core.main_rank import ReportedByMainRank, decided_by_main, main_first
+from ..core.main_rank import main_first
 from ..core.optim import lr_batch_factor, rescale_lr, resolve_implementation
-from ..core.plan import ParallelPlan
-from ..core.precision.fp8_choice import choose_for_run
+from ..core.precision.fp8_choice import choose_for_run as choose_fp8_layers
 from ..loop.best_checkpoint import watched
 from ..loop.checkpoint import (
     Checkpointer,
     RunState,
     clean_unfinished,
-    finished_checkpoints,
     latest_verified,
-    restore_latest,
-    rng_state,
     run_state,
-    seed_all,
-    set_rng_state,
 )
-from ..loop.checkpoint import saved_world as saved_world_of
 from ..loop.early_stop import watch_for
 from ..loop.fit import fit
 from ..loop.hooks import FitContext, Hook, StopAfter, StopOnSignal
 from ..loop.monitor import Monitor
 from ..loop.run_hooks import build_hooks, build_monitor, monitor_plan
 from ..parts.data import resolve_loader_settings
-from ..parts.data.batching import processes
-from ..parts.hardware import ram_bytes
 from ..parts.models.blocks import declare_blocks
-from ..parts.models.registry import spec_for
-from ..parts.models.spec import ModelSpec, RunData
+from ..parts.models.spec import LossFn, ModelSpec, RunData
 from ..tools.memory import memory_summary, resolve_batch_size
+from .prepare import PreparedRun, StoppedBySignal, plan_run, prepare_config, split_batch, stop_startup
 from .report import read_metrics, write_summary
+from .resume import check_epochs_batch, check_resume_batch, resume_from
 from .tracking import run_facts
+
+# the names callers import from here (the prepare step moved to .prepare, the resume checks to .resume)
+__all__ = [
+    "StoppedBySignal",
+    "Training",
+    "build_training",
+    "check_epochs_batch",
+    "check_resume_batch",
+    "plan_run",
+    "split_batch",
+    "stop_startup",
+    "stopped_by_signal",
+    "train",
+    "train_prepared",
+]
 
 log = logging.getLogger(__name__)
 
 SIGNAL_REASON = "signal "  # how StopOnSignal's stop_reason starts ("signal SIGTERM")
-
-
-class StoppedBySignal(KeyboardInterrupt):
-    """SIGTERM or SIGINT arrived before the first step: nothing was trained, nothing is lost.
-    A KeyboardInterrupt, so no ``except Exception`` on the way can swallow it. ``run_dir`` is
-    None when the run was not found or named yet."""
-
-    def __init__(self, signame: str, run_dir: Path | None, resumable: bool) -> None:
-        self.signame, self.run_dir, self.resumable = signame, run_dir, resumable
-        then = (
-            f"continue with --resume {run_dir or ''}".rstrip()
-            if resumable
-            else "nothing was written; start it again"
-        )
-        super().__init__(f"stopped by {signame} during start-up, before the first step; {then}")
 
 
 def stopped_by_signal(summary: dict[str, Any]) -> bool:
@@ -140,32 +132,33 @@ class Training:
         )
 
 
-def build_training(
-    config: RunConfig,
-    run_dir: Path,
-    plan: ParallelPlan | None = None,
-    *,
-    resume: bool = False,
-    progress: bool | None = None,
-    batch_given: bool = False,
-    spec: ModelSpec | None = None,
-) -> Training:
-    """Build the data, model, optimizer, engine and hooks for ``config`` in ``run_dir``, in that
-    order, through the run's model spec (``spec``, else :func:`turbotrain.parts.models.registry.spec_for`), spread over
-    processes as ``plan`` says (:func:`plan_run` resolved it; None: resolved here). A resume at another world size that
-    would change the global batch is refused unless ``batch_given`` (the resume names the batch
-    itself: :func:`check_resume_batch`)."""
-    if plan is None:  # a caller that did not resolve it (measure, an own script): once, here
-        plan = plan_run(config, spec=spec)[1]
-        plan.join(local_device(resolve_device(config.run.device), plan.topology))
-    c = split_batch(config, plan)  # batch.global_size -> accumulation (the saved config keeps it as given)
-    main = plan.rank == 0  # under torchrun rank 0 alone writes the run's shared files and prints
-    show = (c.monitor.progress if progress is None else progress) and main
-    spec = spec or spec_for(c)
+@dataclass
+class Assembled:
+    """A prepared run's data, model, engine and optimizer, its batch searched and its learning
+    rate scaled (:func:`assemble`): what a training run and a measured run (``measure``) share."""
+
+    config: RunConfig  # the settings, with what the data and the batch search decided
+    data: RunData
+    loss_fn: LossFn | None  # the workload's; None: the model returns its loss
+    plain: nn.Module  # the model itself (DDP wraps it, FSDP2 shards it in place)
+    own_optimizer: torch.optim.Optimizer | None  # the workload's; None: AdamW from the optim section
+    trainable: Trainable
+    batch_search: Any  # the batch finder's answer (batch.micro = 'auto'), else None
+    lr_note: str
+    epochs: tuple[int, int] | None  # (steps per epoch, epochs) for train.epochs
+    fp8_plan: dict[str, Any] = field(default_factory=dict)  # fp8_layers = 'timed': the layers chosen
+
+
+def assemble(run: PreparedRun, show: bool) -> Assembled:
+    """Open the data, build the model, the engine and the optimizer for ``run``, in that order,
+    through the run's model spec, spread over processes as its plan says; then search the batch
+    (``batch.micro = 'auto'``) and scale the learning rate to it. ``show``: live progress for
+    anything slow (rank 0)."""
+    c, plan, spec, run_dir = run.settings, run.plan, run.spec, run.run_dir
     # rank 0 first: it fills caches, the others read them
     data = main_first(lambda: spec.open_data(c, run_dir, show=show))
     loss_fn = spec.loss_fn()  # once the data is open (a workload's own); None: the model returns its loss
-    if main:
+    if plan.rank == 0:
         data.save(run_dir)
     c, epochs = _resolve_epochs(c, data, plan.data)  # train.epochs -> max_steps, before the schedule is made
     seed_all(c.run.seed)  # torch, random and numpy: a user's model or loss may draw from any of them
@@ -174,13 +167,8 @@ def build_training(
     # float8 only where timing says it pays
     if c.precision.mode == "fp8" and c.precision.fp8_layers == "timed":
         micro = c if isinstance(c.batch.micro, int) else c.replace(batch={"micro": 8})  # 'auto': timed at 8
-        c, fp8_choice = choose_for_run(
-            c,
-            plain,
-            data.example(micro),
-            loss_fn or default_loss,
-            run_dir,
-            local_device(resolve_device(c.run.device), plan.topology),
+        c, fp8_choice = choose_fp8_layers(
+            c, plain, data.example(micro), loss_fn or default_loss, run_dir, run.device
         )
         fp8_plan = fp8_choice.to_dict()
         log.info(fp8_choice.line)
@@ -190,21 +178,38 @@ def build_training(
     own_optimizer = spec.optimizer(plain)
     # engine.setup carries the plan out: experts placed on their ranks, the rest wrapped for data parallelism
     t = build_trainable(c, plain, max_steps=c.train.max_steps, optimizer=own_optimizer, plan=plan)
-    engine, model, optimizer = t.engine, t.model, t.optimizer
-    rank, world = engine.strategy.rank, engine.strategy.world
     # batch.micro = 'auto': search the size (or read this run's cache) before any checkpoint loads
     c, batch_search = resolve_batch_size(
         c,
-        engine,
-        model,
-        optimizer,
+        t.engine,
+        t.model,
+        t.optimizer,
         run_dir=run_dir,
         max_micro=data.positions,
-        make_batch=data.probe_batch(c, engine.device),
+        make_batch=data.probe_batch(c, t.engine.device),
         loss_fn=loss_fn,
     )
     # optim.lr_scaling, before a checkpoint loads
-    c, lr_note = _scale_lr(c, batch_search, optimizer, t.scheduler)
+    c, lr_note = _scale_lr(c, batch_search, t.optimizer, t.scheduler)
+    return Assembled(c, data, loss_fn, plain, own_optimizer, t, batch_search, lr_note, epochs, fp8_plan)
+
+
+def build_training(
+    run: PreparedRun | RunConfig, run_dir: Path | None = None, *, progress: bool | None = None
+) -> Training:
+    """Build the data, model, optimizer, engine and hooks of the prepared ``run`` (a RunConfig:
+    a script's run of that config in ``run_dir``, prepared here, once: :func:`prepare_config`).
+    A resume at another world size that would change the global batch is refused unless the
+    resume names the batch itself (``run.batch_given``: :func:`check_resume_batch`)."""
+    if isinstance(run, RunConfig):
+        run = prepare_config(run, run_dir)
+    run_dir, spec = run.run_dir, run.spec
+    main = run.main  # under torchrun rank 0 alone writes the run's shared files and prints
+    show = (run.settings.monitor.progress if progress is None else progress) and main
+    a = assemble(run, show)
+    c, data, loss_fn, t = a.config, a.data, a.loss_fn, a.trainable
+    engine, model, optimizer = t.engine, t.model, t.optimizer
+    rank, world = engine.strategy.rank, engine.strategy.world
     # the config rides along for reference only: a resume reads config.toml
     watch = watch_for(c.best)  # type: ignore[attr-defined]  # early stopping / the best checkpoint
     state = run_state(
@@ -215,9 +220,11 @@ def build_training(
         config=(lambda: to_toml(c), lambda _: None),
         optional={"best": watch} if watch is not None else None,
     )
-    resumed_from = _resume(c, run_dir, state, engine, data, world, rank, batch_given) if resume else ""
+    resumed_from = (
+        resume_from(c, run_dir, state, engine, data, world, rank, run.batch_given) if run.resume else ""
+    )
     first_step_draws = rng_state()  # the generators the first step draws from (a resume's, restored)
-    if resume and main:  # the steps after the checkpoint run again: their old records would count twice
+    if run.resume and main:  # the steps after the checkpoint run again: their old records would count twice
         truncate_metrics(run_dir / METRICS_FILE, engine.state.step)
     _warn_long_warmup(c)
 
@@ -233,29 +240,29 @@ def build_training(
         "compile_mode": c.compile.mode,
         "optimizer": (
             f"AdamW ({resolve_implementation(c.optim.implementation, engine.device)})"
-            if own_optimizer is None
-            else f"{type(own_optimizer).__name__} (the workload's)"
+            if a.own_optimizer is None
+            else f"{type(a.own_optimizer).__name__} (the workload's)"
         ),
         "num_workers": settings.num_workers,
         "pin_memory": settings.pin_memory,
         "model_family": spec.name,
-        **spec.facts(c, plain),
+        **spec.facts(c, a.plain),
         "data": data.description,
         "global_batch": c.batch.micro * c.batch.accumulation * world,
         "strategy": engine.strategy.name,
         "world_size": world,
         **data.facts,
     }
-    if batch_search is not None:
-        resolved["batch_search"] = batch_search.to_dict()
-    if fp8_plan:
-        resolved["fp8_layers"] = fp8_plan  # summary.md's "fp8 per layer" table
-    if lr_note:
-        resolved["lr_scaling"] = lr_note
+    if a.batch_search is not None:
+        resolved["batch_search"] = a.batch_search.to_dict()
+    if a.fp8_plan:
+        resolved["fp8_layers"] = a.fp8_plan  # summary.md's "fp8 per layer" table
+    if a.lr_note:
+        resolved["lr_scaling"] = a.lr_note
 
     monitor, jsonl = build_monitor(
         engine,
-        plain,
+        a.plain,
         example,
         # the other ranks measure but write nothing
         monitor_plan(c, run_dir if main else None, progress_steps=c.train.max_steps if show else None),
@@ -275,9 +282,9 @@ def build_training(
         loss_fn=loss_fn,
         metrics_fn=spec.metrics_fn(),
         scheduler=t.scheduler,
-        experts_model=plain,
+        experts_model=a.plain,
         experts_dir=run_dir if main else None,
-        epochs=epochs,
+        epochs=a.epochs,
         checkpointer=Checkpointer(
             run_dir / CHECKPOINTS,
             c.train.checkpoint_every,
@@ -336,39 +343,6 @@ def _resolve_epochs(c: RunConfig, data: RunData, world: int) -> tuple[RunConfig,
     )
 
 
-def _resume(
-    c: RunConfig,
-    run_dir: Path,
-    state: RunState,
-    engine: Engine,
-    data: RunData,
-    world: int,
-    rank: int,
-    batch_given: bool,
-) -> str:
-    """Load the newest finished checkpoint of ``run_dir`` into ``state`` and set the data position
-    after it; returns its name ("" when the run stopped before its first checkpoint). A split-
-    invariant data order keeps step s's rows for any split of the global batch, so only a global
-    batch changed unasked is refused (:func:`check_resume_batch`)."""
-    if not finished_checkpoints(run_dir / CHECKPOINTS):
-        log.info(
-            "%s has no finished checkpoint (it stopped before its first one): training from step 0", run_dir
-        )
-        return ""
-
-    def same_batch(path: Path, written_by: int, saved: dict[str, Any]) -> None:  # before anything loads
-        # an epoch's steps are counted at the checkpoint's global batch, whatever the command asks
-        if c.train.epochs:
-            check_epochs_batch(path.name, saved.get("config"), written_by, c, world, rank)
-        if data.split_invariant and not batch_given:
-            check_resume_batch(path.name, saved.get("config"), written_by, c, world, rank)
-
-    resumed = restore_latest(run_dir / CHECKPOINTS, state, before_load=same_batch)
-    saved_world = saved_world_of(resumed) if resumed.is_dir() else 1
-    engine.state.batches = data.start_after(engine.state.batches, engine.state.step, c, saved_world, world)
-    return resumed.name
-
-
 def _warn_long_warmup(c: RunConfig) -> None:
     # the default: no news on a short demo
     if c.optim.warmup_steps > c.train.max_steps and c.optim.warmup_steps != OptimConfig.warmup_steps:
@@ -380,96 +354,6 @@ def _warn_long_warmup(c: RunConfig) -> None:
             100 * c.train.max_steps / c.optim.warmup_steps,
             setting("optim.warmup_steps", c.train.max_steps),
         )
-
-
-def check_resume_batch(
-    checkpoint: str, saved_config: Any, saved_world: int, c: RunConfig, world: int, rank: int = 0
-) -> None:
-    """Refuse a resume whose global batch (``c``'s micro x accumulation over ``world`` processes)
-    is not the one ``checkpoint`` trained with (its saved config's micro x accumulation over the
-    ``saved_world`` processes that wrote it): only another world size changes it unasked. The user
-    picks: the same global batch (the same rows per step, for any split), or a new one.
-    Said by rank 0; the other ranks end quietly. A checkpoint without a readable config passes."""
-    if saved_world == world:
-        return
-    change = _batch_change(saved_config, saved_world, c, world)
-    if change is None:
-        return
-    micro, accumulation, old, new = change
-    keep = []
-    if (same_micro := _micro_keeping(old, c, world)) is not None:
-        keep.append(same_micro)
-    if old % (world * c.batch.micro) == 0:
-        keep.append(f"{setting('batch.global_size', old)} (by accumulation {old // (world * c.batch.micro)})")
-    # the rows of step s come from (seed, s) and the global batch: any split of it keeps them
-    kept = f"{old} (the same batches) with {' or '.join(keep)}" if keep else f"{old} with another batch.micro"
-    text = (
-        f"{checkpoint} was trained at a global batch of {old} ({processes(saved_world)} x batch.micro {micro} x "
-        f"accumulation {accumulation}) and this resume would train at {new} ({processes(world)} x {c.batch.micro} x "
-        f"{c.batch.accumulation}); keep {kept}, or train at {new} with {setting('batch.micro', c.batch.micro)}"
-    )
-    raise TurbotrainError(text) if rank == 0 else ReportedByMainRank(text)
-
-
-def _batch_change(
-    saved_config: Any, saved_world: int, c: RunConfig, world: int
-) -> tuple[int, int, int, int] | None:
-    """(saved micro, saved accumulation, saved global batch, this resume's global batch) when a
-    resume of a checkpoint saved by ``saved_world`` processes would train at another global batch;
-    None when it would not, or when the checkpoint's batch or this one is unknown ('auto')."""
-    saved = _saved_batch(saved_config)
-    if saved is None or not isinstance(c.batch.micro, int):
-        return None
-    micro, accumulation = saved
-    old, new = micro * accumulation * saved_world, c.batch.micro * c.batch.accumulation * world
-    return None if old == new else (micro, accumulation, old, new)
-
-
-def _micro_keeping(old: int, c: RunConfig, world: int) -> str | None:
-    """The ``batch.micro`` setting that trains at the global batch ``old`` with this resume's
-    accumulation over ``world`` processes; None when none does."""
-    if old % (world * c.batch.accumulation):
-        return None
-    return setting("batch.micro", old // (world * c.batch.accumulation))
-
-
-def _saved_batch(saved_config: Any) -> tuple[int, int] | None:
-    """(batch.micro, batch.accumulation) of a checkpoint's saved config; None when it has none
-    readable ('auto' never resolved, or a config this version cannot read: nothing to compare)."""
-    if not isinstance(saved_config, str):
-        return None
-    try:
-        batch = tomllib.loads(saved_config).get("batch", {})
-        return int(batch["micro"]), int(batch.get("accumulation", 1))
-    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError, AttributeError):
-        return None
-
-
-def check_epochs_batch(
-    checkpoint: str, saved_config: Any, saved_world: int, c: RunConfig, world: int, rank: int = 0
-) -> None:
-    """Refuse, before any step, to resume an epochs run (``train.epochs``) at another global batch
-    than ``checkpoint`` trained at, asked for or not: its place in its epochs is a step count at
-    that batch (epoch ``s // steps_per_epoch``, the samples of step ``s`` from (seed, epoch)), so
-    read at another one it would re-enter an epoch already trained (a smaller batch: samples trained
-    twice) or leave one early (a larger batch: samples skipped). Names the settings that keep the batch. Said by rank 0; the others end quietly."""
-    change = _batch_change(saved_config, saved_world, c, world)
-    if change is None:
-        return
-    micro, accumulation, old, new = change
-    keep = []
-    if (same_micro := _micro_keeping(old, c, world)) is not None:
-        keep.append(same_micro)
-    if old % (world * c.batch.micro) == 0:
-        keep.append(setting("batch.global_size", old))
-    kept = " or ".join(keep) if keep else f"another batch.micro whose global batch is {old}"
-    text = (
-        f"train.epochs: {checkpoint} was trained at a global batch of {old} ({processes(saved_world)} x batch.micro "
-        f"{micro} x accumulation {accumulation}) and its place in the epochs is counted in steps of that batch, so "
-        f"this resume at {new} ({processes(world)} x {c.batch.micro} x {c.batch.accumulation}) would lose its place "
-        f"(samples trained twice or skipped); resume with {kept}, or start a new run to train at {new}"
-    )
-    raise TurbotrainError(text) if rank == 0 else ReportedByMainRank(text)
 
 
 class WriteConfigOnce(Hook):
@@ -558,45 +442,6 @@ def facts(training: Training, ctx: FitContext | None, status: str, elapsed_s: fl
     }
 
 
-def plan_run(
-    config: RunConfig, topology: Topology | None = None, spec: ModelSpec | None = None
-) -> tuple[RunConfig, ParallelPlan]:
-    """``config`` checked against the launch, and its parallel plan: resolved once per process,
-    without any communication, so every rank finds the same mistake before joining the process
-    group (:meth:`ParallelPlan.resolve`: the strategy, the expert degree against the world size and
-    the model's experts; weights that cannot fit this machine; the global batch over the data
-    dimension, :func:`split_batch`). Join the plan's groups with ``plan.join(device)``. ``spec``:
-    the run's model spec when the caller made it already."""
-    spec = spec or spec_for(config)
-    plan = ParallelPlan.resolve(config.distributed, topology, spec.experts(config))
-    _check_weights_fit(config, spec)
-    return split_batch(config, plan), plan
-
-
-def split_batch(config: RunConfig, plan: ParallelPlan) -> RunConfig:
-    """``config`` with the accumulation that ``batch.global_size`` asks for over the plan's data
-    dimension (global = micro x accumulation x data); unchanged without a global size or with
-    ``batch.micro = 'auto'`` (the search decides)."""
-    b = config.batch
-    if not isinstance(b.micro, int):
-        return config
-    accumulation = plan.accumulation_for(b.micro, b.global_size, b.accumulation)
-    return config if accumulation == b.accumulation else config.replace(batch={"accumulation": accumulation})
-
-
-def _check_weights_fit(config: RunConfig, spec: ModelSpec) -> None:
-    """Sizes each inside their range can still multiply into a model whose weights alone exceed
-    this machine's memory (an allocator traceback minutes later): said in one line instead."""
-    total, _ = ram_bytes()
-    count = spec.weight_count(config)
-    if total and 4 * count > total:
-        raise ConfigError(
-            f"the model config describes at least {count:,} parameters: {4 * count / 2**30:,.1f} "
-            f"GiB of float32 weights alone, more than this machine's {total / 2**30:,.1f} GiB of memory; make "
-            "model.n_layer, model.d_model, moe.n_experts or moe.expert_hidden smaller"
-        )
-
-
 def train(
     config: RunConfig,
     *,
@@ -604,8 +449,6 @@ def train(
     progress: bool | None = None,
     run_dir: Path | None = None,
     batch_given: bool = False,
-    plan: ParallelPlan | None = None,
-    spec: ModelSpec | None = None,
 ) -> dict[str, Any]:
     """Train ``config`` in a new run directory (``run_dir``, else one named from the config) or
     continue ``resume_dir``; returns the summary. A resume at another world size than the
@@ -618,62 +461,47 @@ def train(
     before its first step leaves no directory behind. Lack of space raises
     :class:`turbotrain.base.atomic.DiskFullError` naming the file and the last intact checkpoint.
 
-    Under torchrun every rank calls it: the config is checked before the process group is
-    joined (the same mistake on every rank: :func:`plan_run`, unless the caller passes the
-    ``plan`` it resolved and joined, and the ``spec`` it made); rank 0 creates the run directory (its name goes to
-    the others), holds its lock and writes every shared file (config, metrics, checkpoints,
-    summary); the other ranks train in the same directory and write nothing.
+    Under torchrun every rank calls it: the run is prepared once per process
+    (:func:`~turbotrain.app.prepare.prepare_config`: the config checked before the process group is
+    joined, the same mistake on every rank); rank 0 creates the run directory (its name goes to the
+    others), holds its lock and writes every shared file (config, metrics, checkpoints, summary);
+    the other ranks train in the same directory and write nothing. ``turbotrain train`` and
+    ``turbotrain.train()`` (:mod:`turbotrain.app.run`) also find a run to resume and restart it.
     """
-    if plan is None:
-        plan = plan_run(config, spec=spec)[1]
-        plan.join(local_device(resolve_device(config.run.device), plan.topology))
-    new = resume_dir is None
-    if resume_dir is not None:
-        run_dir = resume_dir
-    elif run_dir is None:
-        run_dir = decided_by_main(lambda: new_run_dir(config))
-    if plan.rank > 0:
-        return _train_locked(config, run_dir, plan, spec, new, progress, main=False, batch_given=batch_given)
-    with RunLock(run_dir):
-        if new and holds_a_run(run_dir):  # another process made it between the check and the lock
-            raise already_exists(run_dir)
-        try:
-            return _train_locked(config, run_dir, plan, spec, new, progress, batch_given=batch_given)
-        except BaseException as exc:
-            full = _disk_full(exc, run_dir)
-            if full is not None:
-                raise full from None
-            raise
-
-
-def _train_locked(
-    config: RunConfig,
-    run_dir: Path,
-    plan: ParallelPlan,
-    spec: ModelSpec | None,
-    new: bool,
-    progress: bool | None,
-    main: bool = True,
-    batch_given: bool = False,
-) -> dict[str, Any]:
-    """The run in ``run_dir``; ``main`` False (ranks other than 0): the same training, no shared file written."""
-    # temp files of writes killed mid-way (checkpoints: the Checkpointer)
-    for folder in (run_dir, run_dir / PLOTS_DIR) if main else ():
-        clean_stale_temps(folder)
     with held_signals() as signals:
+        resumable = resume_dir is not None
+        signals.on_first(lambda name: stop_startup(name, resume_dir, resumable))
+        run = prepare_config(config, resume_dir or run_dir, resume=resumable, batch_given=batch_given)
+        if not run.main:
+            return train_prepared(run, signals, progress)[0]
+        with RunLock(run.run_dir):
+            return train_prepared(run, signals, progress)[0]
+
+
+def train_prepared(
+    run: PreparedRun, signals: StopSignals, progress: bool | None = None
+) -> tuple[dict[str, Any], Training]:
+    """Train the prepared ``run`` to its end (or a stop) and write its summary; returns the
+    summary and the trained run. The caller holds ``signals`` and, on rank 0, the run's lock
+    (each is taken once per command)."""
+    new, main, run_dir = not run.resume, run.main, run.run_dir
+    if new and main and holds_a_run(run_dir):  # another process made it between the check and the lock
+        raise already_exists(run_dir)
+    try:
+        # temp files of writes killed mid-way (checkpoints: the Checkpointer)
+        for folder in (run_dir, run_dir / PLOTS_DIR) if main else ():
+            clean_stale_temps(folder)
         try:
             signals.on_first(lambda name: stop_startup(name, run_dir, resumable=not new))
             if new and main:  # first of all: a run killed from here on has a config to resume from
-                write_config(config, run_dir, {})
-            training = build_training(
-                config, run_dir, plan, resume=not new, progress=progress, batch_given=batch_given, spec=spec
-            )
+                write_config(run.config, run_dir, {})
+            training = build_training(run, progress=progress)
             if main and new:
                 # as given ('auto' stays 'auto'), with what it resolved to
-                write_config(config, run_dir, training.resolved)
+                write_config(run.config, run_dir, training.resolved)
             elif main:  # a resume's overrides reach config.toml once its first step has trained, never when it fails before
                 training.hooks.insert(
-                    0, WriteConfigOnce(lambda: write_config(config, run_dir, training.resolved))
+                    0, WriteConfigOnce(lambda: write_config(run.config, run_dir, training.resolved))
                 )
             # from here a signal is kept for the loop, which stops after a step (and saves)
             signals.on_first(None)
@@ -682,12 +510,12 @@ def _train_locked(
                 # created by this call, under its lock: nothing else is in it
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
-        return _train_built(training, run_dir, main)
-
-
-def stop_startup(name: str, run_dir: Path | None, resumable: bool) -> None:
-    """What the first SIGTERM/SIGINT does during start-up: raise :class:`StoppedBySignal`."""
-    raise StoppedBySignal(name, run_dir, resumable)
+        return _train_built(training, run_dir, main), training
+    except BaseException as exc:
+        full = _disk_full(exc, run_dir) if main else None
+        if full is not None:
+            raise full from None
+        raise
 
 
 def _train_built(training: Training, run_dir: Path, main: bool) -> dict[str, Any]:

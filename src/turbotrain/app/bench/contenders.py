@@ -33,6 +33,7 @@ from ...core.assembly import build_trainable
 from ...core.optim import resolve_implementation
 from ...loop.fit import fit
 from ...loop.hooks import FitContext, Hook
+from ..prepare import prepare_process
 from .handtuned import train_handtuned
 from .protocol import Job, make_loader, math_precision
 
@@ -278,11 +279,14 @@ def train_turbotrain(job: Job) -> dict[str, Any]:
                 profiler.start()
 
     try:
-        config = load_config(overrides=turbotrain_overrides(job.spec, device, total))
+        # prepared as every run is: its settings, its plan joined (the model is the bench's own)
+        config, plan, _ = prepare_process(
+            load_config(overrides=turbotrain_overrides(job.spec, device, total))
+        )
         clock.start()
         pin = device.type == "cuda" and config.data.pin_memory and not job.spec.get("resident")
         t = build_trainable(
-            config, job.model, max_steps=total, loader=make_loader(job.batches, pin_memory=pin)
+            config, job.model, max_steps=total, loader=make_loader(job.batches, pin_memory=pin), plan=plan
         )
     except ConfigError as exc:  # e.g. fp16-mixed on CPU, bf16 on a GPU without it
         raise SkipContender(str(exc)) from None

@@ -23,7 +23,7 @@ from ...base.config import RunConfig
 from ...base.errors import TurbotrainError
 from ..data.epochs import epoch_loader, map_style
 from ..data.loader import LoaderSettings
-from ..workload import Workload, load_workload
+from ..workload import Workload, as_workload, load_workload
 from .spec import LossFn, MetricsFn, ModelSpec, RunData
 
 
@@ -107,16 +107,23 @@ class WorkloadData(RunData):
 
 
 class WorkloadSpec(ModelSpec):
-    """A workload ``ref`` (``FILE.py:FUNC`` or ``package.module:FUNC``), imported and built once per run."""
+    """A workload ``ref`` (``FILE.py:FUNC`` or ``package.module:FUNC``), imported and built once per
+    run; ``make``: FUNC itself, or the Workload it built, handed over by a Python caller (``ref``
+    then only records it)."""
 
     name = "workload"
 
-    def __init__(self, ref: str) -> None:
+    def __init__(self, ref: str, make: Callable[[], Any] | Workload | None = None) -> None:
         self.ref = ref
-        self._workload: Workload | None = None
+        self._make = make
+        self._workload: Workload | None = make if isinstance(make, Workload) else None
 
     def workload(self, seed: int) -> Workload:
         """The workload, built once (FUNC is called after ``torch.manual_seed(seed)``)."""
+        if self._workload is None and self._make is not None:
+            torch.manual_seed(seed)
+            self._workload = as_workload(self._make(), f"{self.ref}()")  # type: ignore[operator]
+            self._workload.source = self._workload.source or self.ref
         if self._workload is None:
             self._workload = load_workload(self.ref, seed=seed)
         return self._workload

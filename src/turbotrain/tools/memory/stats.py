@@ -339,9 +339,11 @@ def estimate_memory(
     checkpointing: str | None = None,
     precision: str | None = None,
     vocab_size: int | None = None,
+    spec: Any = None,
 ) -> MemoryStats:
     """Memory of one training step of ``config``'s GPT at ``micro`` sequences (default: the
     config's micro-batch, 8 when 'auto'), measured on the meta device (see the module doc).
+    ``spec``: the run's model spec, which builds it (None: the config's).
 
     ``precision`` defaults to what the config resolves to on its device; pass e.g.
     'bf16-mixed' to estimate for a GPU from a CPU machine.
@@ -352,7 +354,8 @@ def estimate_memory(
     )
     meta = torch.device("meta")
     with meta:
-        model = build_model(config, vocab_size or default_vocab_size(config))
+        vocab = vocab_size or default_vocab_size(config)
+        model = spec.build_model(config, vocab) if spec is not None else build_model(config, vocab)
     x, y = (torch.empty(shape, dtype=torch.int64, device=meta) for _ in range(2))
     return estimate_step_memory(
         model, (x, y), config=config, checkpointing=checkpointing, precision=precision
@@ -437,6 +440,7 @@ def memory_summary(training: Any) -> dict[str, Any]:
                 training.config,
                 precision=training.engine.precision.name,
                 vocab_size=training.resolved.get("vocab_size"),
+                spec=training.spec,  # the run's: made once
             ).to_dict()
         except Exception as exc:  # a report must not fail the run
             out["estimate_error"] = f"{type(exc).__name__}: {exc}"

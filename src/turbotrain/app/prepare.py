@@ -1,0 +1,325 @@
+"""A run resolved once: the one prepare step every entry point calls before anything is built.
+
+``turbotrain train``, ``turbotrain.train()`` from Python, ``measure`` (profile and tune trials) and
+bench's turbotrain row each start a run the same way, here: the launch (torchrun / SLURM topology,
+a restart of the same job), the config (a preset or a run's saved config with the overrides),
+the model spec (made once: a workload's FUNC is called once per process), the parallel plan
+(resolved once, checked on every rank before any joins the process group, then joined), the run
+directory (found, or named by rank 0), the resume-or-relaunch decision and the batch a relaunch
+keeps. The result, a :class:`PreparedRun`, is what the assembly (:mod:`turbotrain.app.training`)
+builds from; nothing below resolves any of it again.
+
+:func:`settle` is the one place where a run's settings become final before its model is built
+(:attr:`PreparedRun.settings`): the split of ``batch.global_size`` into accumulation over the
+plan's data dimension. A decision at a run's start that changes its config (the ``auto`` settings
+chosen by measuring, which needs the run directory and its lock: :func:`turbotrain.app.run.train_run`)
+hands its config to :func:`decided`, which settles it again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..base.config import RunConfig, load_config, read_preset
+from ..base.errors import ConfigError
+from ..base.launch import Launch, Topology
+from ..base.rundir import find_run_dir, new_run_dir, resume_config, run_name
+from ..base.signals import StopSignals
+from ..core.device import local_device, resolve_device
+from ..core.main_rank import decided_by_main
+from ..core.plan import ParallelPlan
+from ..parts.hardware import ram_bytes
+from ..parts.models.registry import spec_for
+from ..parts.models.spec import ModelSpec
+from ..parts.models.workload_spec import WorkloadSpec
+from ..parts.workload import Workload
+from .restart import keep_global_batch, named_for_restarts, relaunched_run
+
+Overrides = Mapping[str, Mapping[str, Any]]
+# what trains: FILE.py:FUNC (or package.module:FUNC), FUNC itself, or a Workload built already
+WorkloadLike = str | Callable[[], Any] | Workload
+
+
+class StoppedBySignal(KeyboardInterrupt):
+    """SIGTERM or SIGINT arrived before the first step: nothing was trained, nothing is lost.
+    A KeyboardInterrupt, so no ``except Exception`` on the way can swallow it. ``run_dir`` is
+    None when the run was not found or named yet."""
+
+    def __init__(self, signame: str, run_dir: Path | None, resumable: bool) -> None:
+        self.signame, self.run_dir, self.resumable = signame, run_dir, resumable
+        then = (
+            f"continue with --resume {run_dir or ''}".rstrip()
+            if resumable
+            else "nothing was written; start it again"
+        )
+        super().__init__(f"stopped by {signame} during start-up, before the first step; {then}")
+
+
+def stop_startup(name: str, run_dir: Path | None, resumable: bool) -> None:
+    """What the first SIGTERM/SIGINT does during start-up: raise :class:`StoppedBySignal`."""
+    raise StoppedBySignal(name, run_dir, resumable)
+
+
+def default_preset() -> str:
+    """gpt2-small on a GPU, gpt-tiny (a few minutes) on CPU."""
+    return "gpt2-small" if torch.cuda.is_available() else "gpt-tiny"
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What a caller asks to train. ``preset``: a name or .toml path (None: the default for the
+    device, or the config's defaults for a workload); ``overrides``: ``{section: {key: value}}``;
+    ``resume``: None for a new run, "" for ``run.name`` or else the newest run, or a run name or
+    directory; ``workload``: your model and data (:data:`WorkloadLike`), None for the preset's GPT."""
+
+    preset: str | None = None
+    overrides: Overrides = field(default_factory=dict)
+    resume: str | None = None
+    workload: WorkloadLike | None = None
+
+    @property
+    def base_preset(self) -> str | None:
+        """The preset of a new run: ``preset``, else the default for the device (none for a
+        workload: the config's defaults, with the workload's own model and data)."""
+        return self.preset or (None if self.workload is not None else default_preset())
+
+
+@dataclass
+class PreparedRun:
+    """A run resolved once (see the module docstring). ``config`` is the run's config as given
+    (what config.toml keeps: 'auto' stays 'auto'); ``settings`` what it trains with (:func:`settle`)."""
+
+    config: RunConfig
+    settings: RunConfig
+    plan: ParallelPlan  # resolved and joined
+    spec: ModelSpec
+    device: torch.device  # this process's device
+    run_dir: Path
+    resume: bool = False
+    relaunch: str = ""  # why this start continues its run by itself ("" when it does not)
+    recorded: dict[str, Any] | None = None  # the job record of the start a relaunch continues
+    batch_given: bool = (
+        False  # a resume whose command sets the batch itself (not refused at another world size)
+    )
+
+    @property
+    def main(self) -> bool:
+        """Rank 0: it alone writes the run's shared files and prints."""
+        return self.plan.rank == 0
+
+
+def prepare_run(request: RunRequest, signals: StopSignals) -> PreparedRun:
+    """The run ``request`` asks for, resolved once in this process (see the module docstring).
+    A mistake raises a ConfigError (TurbotrainError) on every rank, before any joins the process
+    group; a first signal during it raises :class:`StoppedBySignal`."""
+    topology, launch = Topology.from_env(), Launch.from_env()
+    overrides = {section: dict(values) for section, values in request.overrides.items()}
+    resume = request.resume is not None
+    signals.on_first(lambda name: stop_startup(name, None, resume))
+    ref, make = _workload_ref(request.workload)
+    if ref:
+        if resume and make is None:
+            raise ConfigError(
+                "--model names the workload of a new run; a resume trains the run's own "
+                "(its config.toml's model.workload): leave --model out"
+            )
+        if not resume:
+            overrides.setdefault("model", {})["workload"] = ref
+    if request.resume and "name" in overrides.get("run", {}):
+        raise ConfigError("name the run to resume once: --resume RUN or --resume --run.name NAME, not both")
+    resume_at, relaunch, recorded = request.resume, "", None
+    fresh = None if resume else load_config(request.base_preset, overrides)
+    if fresh is not None:  # a requeued SLURM job or a restarted torchrun group continues its run by itself
+        found = relaunched_run(fresh, topology, launch)
+        if found is not None:
+            found_dir, relaunch, recorded = found
+            resume_at, resume = str(found_dir), True
+            overrides.get("run", {}).pop("name", None)  # named by the path now
+    if resume:  # the run's saved config with the overrides applied: what the resume will train
+        run_dir, base = _resumed_run(request.preset, resume_at or "", overrides)
+        if relaunch:
+            base = keep_global_batch(base, recorded, topology)
+        signals.on_first(lambda name: stop_startup(name, run_dir, True))
+    else:
+        assert fresh is not None
+        base = named_for_restarts(fresh, launch)
+    spec = WorkloadSpec(base.model.workload, make=make) if make is not None else spec_for(base)
+    if not resume and isinstance(spec, WorkloadSpec) and not _micro_given(request, overrides):
+        # the loader's batch size
+        base = base.replace(batch={"micro": spec.micro_batch(base.run.seed) or base.batch.micro})
+    plan, device = _plan_and_join(base, topology, spec)
+    # Rank 0 finds or names the run (a timestamped name, a resumed run's saved config); all use its answer.
+    run_dir, config = decided_by_main(lambda: (run_dir, base) if resume else _new_run(base))
+    # a resume at another world size keeps the checkpoint's global batch unless the command sets the batch
+    # (a relaunch repeats the first start's command: its batch settings are no choice made for this resume)
+    batch_given = (
+        resume
+        and not relaunch
+        and bool({"micro", "global_size", "accumulation"} & set(overrides.get("batch", {})))
+    )
+    return PreparedRun(
+        config,
+        settle(config, plan, spec),
+        plan,
+        spec,
+        device,
+        run_dir,
+        resume,
+        relaunch,
+        recorded,
+        batch_given,
+    )
+
+
+def prepare_config(
+    config: RunConfig,
+    run_dir: Path | None = None,
+    *,
+    resume: bool = False,
+    batch_given: bool = False,
+    workload: WorkloadLike | None = None,
+) -> PreparedRun:
+    """A run of ``config`` as it is (no preset, no relaunch search): in ``run_dir`` (a resume:
+    the run to continue; a new run: the folder to use, else one named from the config and made
+    by rank 0). ``workload``: a live one for ``config.model.workload`` (measure's copies). What
+    ``train(config)`` from Python, ``measure`` and tune trials prepare."""
+    _, make = _workload_ref(workload)
+    spec = WorkloadSpec(config.model.workload, make=make) if make is not None else spec_for(config)
+    plan, device = _plan_and_join(config, None, spec)
+    if run_dir is None:
+        run_dir = decided_by_main(lambda: new_run_dir(config))
+    return PreparedRun(
+        config, settle(config, plan, spec), plan, spec, device, run_dir, resume, batch_given=batch_given
+    )
+
+
+def prepare_process(config: RunConfig) -> tuple[RunConfig, ParallelPlan, torch.device]:
+    """For a run of a model the caller built, that keeps no directory (bench's turbotrain row):
+    ``config``'s settings, its plan (resolved and joined; the model's experts are checked when
+    they are placed) and this process's device, through the same steps as :func:`prepare_run`."""
+    plan, device = _plan_and_join(config, None, None)
+    return settle(config, plan, None), plan, device
+
+
+def decided(run: PreparedRun, config: RunConfig) -> PreparedRun:
+    """``run`` with ``config`` decided at its start, before its model is built (the settings left
+    at ``auto`` chosen by measuring candidates, :mod:`turbotrain.app.choose`: which needs the run
+    directory, under the run's lock), its settings settled anew from it."""
+    if config is run.config:
+        return run
+    return dataclasses.replace(run, config=config, settings=settle(config, run.plan, run.spec))
+
+
+def settle(config: RunConfig, plan: ParallelPlan, spec: ModelSpec | None) -> RunConfig:
+    """The settings the run trains with, final before its model is built (called once per run,
+    after the process group is joined): ``batch.global_size`` split into accumulation over the
+    plan's data dimension (:func:`split_batch`). The one place for a start-of-run decision that
+    changes settings."""
+    return split_batch(config, plan)
+
+
+def _plan_and_join(
+    config: RunConfig, topology: Topology | None, spec: ModelSpec | None
+) -> tuple[ParallelPlan, torch.device]:
+    """The one resolution of this process's parallel plan (:func:`plan_run`; without a spec, for a
+    model the caller built: the strategy and the batch only), then the join of its process groups
+    on this process's device."""
+    if spec is None:
+        plan = ParallelPlan.resolve(config.distributed, topology)
+        split_batch(config, plan)  # its mistakes, before any process joins
+    else:
+        _, plan = plan_run(config, topology, spec)
+    device = local_device(resolve_device(config.run.device), plan.topology)
+    plan.join(device)
+    return plan, device
+
+
+def plan_run(
+    config: RunConfig, topology: Topology | None = None, spec: ModelSpec | None = None
+) -> tuple[RunConfig, ParallelPlan]:
+    """``config`` checked against the launch, and its parallel plan, without any communication,
+    so every rank finds the same mistake before joining the process group
+    (:meth:`ParallelPlan.resolve`: the strategy, the expert degree against the world size and the
+    model's experts; weights that cannot fit this machine; the global batch over the data
+    dimension, :func:`split_batch`). ``spec``: the run's model spec (None: the config's)."""
+    spec = spec or spec_for(config)
+    plan = ParallelPlan.resolve(config.distributed, topology, spec.experts(config))
+    _check_weights_fit(config, spec)
+    return split_batch(config, plan), plan
+
+
+def split_batch(config: RunConfig, plan: ParallelPlan) -> RunConfig:
+    """``config`` with the accumulation that ``batch.global_size`` asks for over the plan's data
+    dimension (global = micro x accumulation x data); unchanged without a global size or with
+    ``batch.micro = 'auto'`` (the search decides)."""
+    b = config.batch
+    if not isinstance(b.micro, int):
+        return config
+    accumulation = plan.accumulation_for(b.micro, b.global_size, b.accumulation)
+    return config if accumulation == b.accumulation else config.replace(batch={"accumulation": accumulation})
+
+
+def _check_weights_fit(config: RunConfig, spec: ModelSpec) -> None:
+    """Sizes each inside their range can still multiply into a model whose weights alone exceed
+    this machine's memory (an allocator traceback minutes later): said in one line instead."""
+    total, _ = ram_bytes()
+    count = spec.weight_count(config)
+    if total and 4 * count > total:
+        raise ConfigError(
+            f"the model config describes at least {count:,} parameters: {4 * count / 2**30:,.1f} "
+            f"GiB of float32 weights alone, more than this machine's {total / 2**30:,.1f} GiB of memory; make "
+            "model.n_layer, model.d_model, moe.n_experts or moe.expert_hidden smaller"
+        )
+
+
+def _workload_ref(workload: WorkloadLike | None) -> tuple[str, Callable[[], Any] | Workload | None]:
+    """(the ``model.workload`` a run's config records, the live workload or FUNC to use instead of
+    importing it; None for a reference). A FUNC is recorded as FILE.py:FUNC (a script's) or
+    module:FUNC, so that ``turbotrain train --resume`` can import it again."""
+    if workload is None:
+        return "", None
+    if isinstance(workload, str):
+        return workload, None
+    if isinstance(workload, Workload):
+        return workload.source or "python:Workload", workload
+    if not callable(workload):
+        raise ConfigError(
+            f"train() takes FILE.py:FUNC, a function that returns a turbotrain.Workload, or a Workload; "
+            f"not a {type(workload).__name__}"
+        )
+    module, name = getattr(workload, "__module__", "") or "", getattr(workload, "__qualname__", "workload")
+    source = (
+        inspect.getsourcefile(workload) if module == "__main__" and inspect.isfunction(workload) else None
+    )
+    return (f"{source}:{name}" if source else f"{module or 'python'}:{name}"), workload
+
+
+def _micro_given(request: RunRequest, overrides: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Whether the request or its preset sets ``batch.micro`` (else a workload's loader does)."""
+    preset = request.base_preset
+    return "micro" in overrides.get("batch", {}) or (
+        preset is not None and "micro" in read_preset(preset).get("batch", {})
+    )
+
+
+def _resumed_run(preset: str | None, name: str, overrides: Overrides) -> tuple[Path, RunConfig]:
+    """The run to resume and its saved config with ``overrides`` applied, validated as a whole (not
+    the overrides against a preset the run may never have used). Its folder: ``name`` (a run name
+    or directory) or ``run.name``, in ``run.out_dir`` (else the preset's), or else the latest run there."""
+    run = overrides.get("run", {})
+    out_dir = run.get("out_dir") or load_config(preset or default_preset()).run.out_dir
+    run_dir = find_run_dir(out_dir, name or run.get("name", ""))
+    return run_dir, resume_config(run_dir, overrides)
+
+
+def _new_run(base: RunConfig) -> tuple[Path, RunConfig]:
+    """A new run's directory and config, its automatic name fixed once."""
+    config = base.replace(run={"name": run_name(base)})
+    return new_run_dir(config), config

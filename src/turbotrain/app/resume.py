@@ -1,0 +1,147 @@
+"""A resume: the newest finished checkpoint loaded and the data position after it
+(:func:`resume_from`), and the batch it trains at checked against the one its checkpoint was
+trained at: refused in one line when another world size would change it unasked
+(:func:`check_resume_batch`), or would lose an epochs run's place in its epochs
+(:func:`check_epochs_batch`); each names the settings that keep it."""
+
+from __future__ import annotations
+
+import logging
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from ..base.config import RunConfig, setting
+from ..base.errors import TurbotrainError
+from ..base.rundir import CHECKPOINTS
+from ..core.engine import Engine
+from ..core.main_rank import ReportedByMainRank
+from ..loop.checkpoint import RunState, finished_checkpoints, restore_latest
+from ..loop.checkpoint import saved_world as saved_world_of
+from ..parts.data.batching import processes
+from ..parts.models.spec import RunData
+
+log = logging.getLogger(__name__)
+
+
+def resume_from(
+    c: RunConfig,
+    run_dir: Path,
+    state: RunState,
+    engine: Engine,
+    data: RunData,
+    world: int,
+    rank: int,
+    batch_given: bool,
+) -> str:
+    """Load the newest finished checkpoint of ``run_dir`` into ``state`` and set the data position
+    after it; returns its name ("" when the run stopped before its first checkpoint). A split-
+    invariant data order keeps step s's rows for any split of the global batch, so only a global
+    batch changed unasked is refused (:func:`check_resume_batch`)."""
+    if not finished_checkpoints(run_dir / CHECKPOINTS):
+        log.info(
+            "%s has no finished checkpoint (it stopped before its first one): training from step 0", run_dir
+        )
+        return ""
+
+    def same_batch(path: Path, written_by: int, saved: dict[str, Any]) -> None:  # before anything loads
+        # an epoch's steps are counted at the checkpoint's global batch, whatever the command asks
+        if c.train.epochs:
+            check_epochs_batch(path.name, saved.get("config"), written_by, c, world, rank)
+        if data.split_invariant and not batch_given:
+            check_resume_batch(path.name, saved.get("config"), written_by, c, world, rank)
+
+    resumed = restore_latest(run_dir / CHECKPOINTS, state, before_load=same_batch)
+    saved_world = saved_world_of(resumed) if resumed.is_dir() else 1
+    engine.state.batches = data.start_after(engine.state.batches, engine.state.step, c, saved_world, world)
+    return resumed.name
+
+
+def check_resume_batch(
+    checkpoint: str, saved_config: Any, saved_world: int, c: RunConfig, world: int, rank: int = 0
+) -> None:
+    """Refuse a resume whose global batch (``c``'s micro x accumulation over ``world`` processes)
+    is not the one ``checkpoint`` trained with (its saved config's micro x accumulation over the
+    ``saved_world`` processes that wrote it): only another world size changes it unasked. The user
+    picks: the same global batch (the same rows per step, for any split), or a new one.
+    Said by rank 0; the other ranks end quietly. A checkpoint without a readable config passes."""
+    if saved_world == world:
+        return
+    change = _batch_change(saved_config, saved_world, c, world)
+    if change is None:
+        return
+    micro, accumulation, old, new = change
+    keep = []
+    if (same_micro := _micro_keeping(old, c, world)) is not None:
+        keep.append(same_micro)
+    if old % (world * c.batch.micro) == 0:
+        keep.append(f"{setting('batch.global_size', old)} (by accumulation {old // (world * c.batch.micro)})")
+    # the rows of step s come from (seed, s) and the global batch: any split of it keeps them
+    kept = f"{old} (the same batches) with {' or '.join(keep)}" if keep else f"{old} with another batch.micro"
+    text = (
+        f"{checkpoint} was trained at a global batch of {old} ({processes(saved_world)} x batch.micro {micro} x "
+        f"accumulation {accumulation}) and this resume would train at {new} ({processes(world)} x {c.batch.micro} x "
+        f"{c.batch.accumulation}); keep {kept}, or train at {new} with {setting('batch.micro', c.batch.micro)}"
+    )
+    raise TurbotrainError(text) if rank == 0 else ReportedByMainRank(text)
+
+
+def _batch_change(
+    saved_config: Any, saved_world: int, c: RunConfig, world: int
+) -> tuple[int, int, int, int] | None:
+    """(saved micro, saved accumulation, saved global batch, this resume's global batch) when a
+    resume of a checkpoint saved by ``saved_world`` processes would train at another global batch;
+    None when it would not, or when the checkpoint's batch or this one is unknown ('auto')."""
+    saved = _saved_batch(saved_config)
+    if saved is None or not isinstance(c.batch.micro, int):
+        return None
+    micro, accumulation = saved
+    old, new = micro * accumulation * saved_world, c.batch.micro * c.batch.accumulation * world
+    return None if old == new else (micro, accumulation, old, new)
+
+
+def _micro_keeping(old: int, c: RunConfig, world: int) -> str | None:
+    """The ``batch.micro`` setting that trains at the global batch ``old`` with this resume's
+    accumulation over ``world`` processes; None when none does."""
+    if old % (world * c.batch.accumulation):
+        return None
+    return setting("batch.micro", old // (world * c.batch.accumulation))
+
+
+def _saved_batch(saved_config: Any) -> tuple[int, int] | None:
+    """(batch.micro, batch.accumulation) of a checkpoint's saved config; None when it has none
+    readable ('auto' never resolved, or a config this version cannot read: nothing to compare)."""
+    if not isinstance(saved_config, str):
+        return None
+    try:
+        batch = tomllib.loads(saved_config).get("batch", {})
+        return int(batch["micro"]), int(batch.get("accumulation", 1))
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def check_epochs_batch(
+    checkpoint: str, saved_config: Any, saved_world: int, c: RunConfig, world: int, rank: int = 0
+) -> None:
+    """Refuse, before any step, to resume an epochs run (``train.epochs``) at another global batch
+    than ``checkpoint`` trained at, asked for or not: its place in its epochs is a step count at
+    that batch (epoch ``s // steps_per_epoch``, the samples of step ``s`` from (seed, epoch)), so
+    read at another one it would re-enter an epoch already trained (a smaller batch: samples trained
+    twice) or leave one early (a larger batch: samples skipped). Names the settings that keep the batch. Said by rank 0; the others end quietly."""
+    change = _batch_change(saved_config, saved_world, c, world)
+    if change is None:
+        return
+    micro, accumulation, old, new = change
+    keep = []
+    if (same_micro := _micro_keeping(old, c, world)) is not None:
+        keep.append(same_micro)
+    if old % (world * c.batch.micro) == 0:
+        keep.append(setting("batch.global_size", old))
+    kept = " or ".join(keep) if keep else f"another batch.micro whose global batch is {old}"
+    text = (
+        f"train.epochs: {checkpoint} was trained at a global batch of {old} ({processes(saved_world)} x batch.micro "
+        f"{micro} x accumulation {accumulation}) and its place in the epochs is counted in steps of that batch, so "
+        f"this resume at {new} ({processes(world)} x {c.batch.micro} x {c.batch.accumulation}) would lose its place "
+        f"(samples trained twice or skipped); resume with {kept}, or start a new run to train at {new}"
+    )
+    raise TurbotrainError(text) if rank == 0 else ReportedByMainRank(text)

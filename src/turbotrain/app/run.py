@@ -1,0 +1,299 @@
+"""One training run from the request to the report: what ``turbotrain train`` and
+``turbotrain.train()`` from Python share.
+
+:func:`train_run` holds the stop signals and the run's lock once for the whole run, prepares it
+(:func:`turbotrain.app.prepare.prepare_run`: a new run, ``--resume``, or a relaunch that continues
+its run by itself), keeps the job record a restart finds the run by, records a restart in
+metrics.jsonl, decides the settings left at ``auto`` by measuring (:mod:`turbotrain.app.choose`,
+a new run in one process), loads compile artefacts of an earlier run (:mod:`turbotrain.app.warmstart`),
+trains (:func:`turbotrain.app.training.train_prepared`) and writes the report.
+It returns a :class:`RunOutcome`; the CLI only maps it to an exit status and prints it.
+
+:func:`train` is the one call from Python: ``turbotrain.train(make, max_steps=64)`` trains your
+workload (``FILE.py:FUNC``, FUNC itself, or a :class:`~turbotrain.parts.workload.Workload`) or a
+preset as ``turbotrain train --model`` does (precision, compile, checkpoints, monitor, report,
+restarts) and returns a :class:`TrainedRun`: the summary, with ``evaluate`` and ``predict`` on the
+trained model under the run's precision.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..base.batch import move_to
+from ..base.config import SECTIONS
+from ..base.errors import ConfigError, TurbotrainError
+from ..base.launch import Launch, Topology
+from ..base.records import read_metrics
+from ..base.rundir import CHECKPOINTS, METRICS_FILE, truncate_metrics, write_launch
+from ..base.runlock import RunLock
+from ..base.signals import StopSignals
+from ..base.signals import held as held_signals
+from ..core.engine import Engine, default_loss
+from ..core.main_rank import ReportedByAnotherRank
+from ..core.transforms import eager
+from ..loop.checkpoint import checkpoint_step, latest_verified
+from .choose.session import choose_for_run
+from .prepare import PreparedRun, RunRequest, StoppedBySignal, WorkloadLike, decided, prepare_run
+from .report import ReportResult, write_report
+from .restart import batch_record, peer_lost
+from .training import Training, stopped_by_signal, train_prepared
+from .warmstart import WarmStart
+
+
+@dataclass
+class RunOutcome:
+    """How a run ended, for its caller to say. ``summary`` None: it did not train (``lost``: the
+    one line of a rank whose collective failed because another rank was lost; ``quiet``: a rank
+    other than 0 that ends without a word, another rank says why). ``signal``: the first stop
+    signal that arrived ("" none); ``report``: what the report wrote (None: not made)."""
+
+    run: PreparedRun | None = None
+    summary: dict[str, Any] | None = None
+    training: Training | None = None
+    report: ReportResult | None = None
+    signal: str = ""
+    lost: str = ""
+    quiet: bool = False
+
+    @property
+    def stopped_by_signal(self) -> bool:
+        """Stopped by SIGTERM/SIGINT/SIGUSR1 with its final checkpoint saved."""
+        return self.summary is not None and stopped_by_signal(self.summary)
+
+
+class _ReportStopped(KeyboardInterrupt):
+    """A signal while the report was being made (each file is written whole or not at all)."""
+
+
+def _stop_report(name: str) -> None:
+    raise _ReportStopped(name)
+
+
+def train_run(request: RunRequest, *, progress: bool | None = None, report: bool = True) -> RunOutcome:
+    """Prepare, train and report the run ``request`` asks for (see the module docstring). Raises
+    :class:`StoppedBySignal` for a signal during start-up (nothing trained), a TurbotrainError
+    (one line) for a mistake; under torchrun a rank other than 0 says nothing of a mistake that
+    rank 0 reports. ``report``: write the plots and summary.md after training (rank 0, unless a
+    signal came: the report can be made later)."""
+    topology = Topology.from_env()
+    # SIGTERM/SIGINT from here until the run returns, whichever phase they land in: one saves
+    # what there is to save and stops, two stop at once. Under torchrun the agent also sends
+    # SIGTERM to every rank when one fails: after training it is only recorded.
+    with held_signals() as signals:
+        try:
+            # Checked on every rank before any joins the process group: the same mistake
+            # everywhere, said once by rank 0; the others end quietly instead of waiting for it.
+            run = prepare_run(request, signals)
+        except TurbotrainError:
+            if topology.rank > 0:
+                return RunOutcome(quiet=True)
+            raise
+        if not run.main:
+            return _other_rank(run, signals)
+        if run.resume:
+            print(f"resuming {run.run_dir}" + (f" ({run.relaunch})" if run.relaunch else ""))
+        # The run's lock for the whole run: no other process trains in the run while this one
+        # trains it or writes its report.
+        with RunLock(run.run_dir):
+            launch = Launch.from_env()
+            if launch.run_id or launch.slurm_job:  # the job a restart of this one finds the run by
+                write_launch(run.run_dir, {**launch.record(), **batch_record(run.settings, run.plan)})
+            if run.relaunch:
+                record_restart(run.run_dir, run.relaunch, run.plan.world)
+            # settings left at auto, by measurement (one process; a resume never re-measures)
+            if not run.resume and run.plan.world == 1:
+                run = decided(run, choose_for_run(run.config, run.run_dir))
+            # compile artefacts of an earlier run of this model: loaded before the first step
+            warm = WarmStart(run.config)
+            warm.begin()
+            try:
+                summary, training = train_prepared(run, signals, progress)
+            except Exception as exc:
+                lost = peer_lost(exc, run.plan.topology, run.run_dir)
+                if lost is None:
+                    raise
+                return RunOutcome(run, lost=lost, signal=signals.first)
+            warm.save()
+            written = None
+            if report and not signals.received:  # a signal after training stops the report
+                with contextlib.suppress(_ReportStopped):
+                    signals.on_first(_stop_report)
+                    written = write_report(
+                        run.run_dir
+                    )  # plots + summary.md, as `turbotrain report RUN` would
+                signals.on_first(None)
+        return RunOutcome(run, summary, training, written, signals.first)
+
+
+def _other_rank(run: PreparedRun, signals: StopSignals) -> RunOutcome:
+    """A rank other than 0: the same training in rank 0's run directory, printing nothing but its errors."""
+    try:
+        summary, training = train_prepared(run, signals, progress=False)
+    except ReportedByAnotherRank:
+        return RunOutcome(run, quiet=True)  # rank 0 (or the rank that found it) failed and says why
+    except StoppedBySignal:
+        raise
+    except TurbotrainError as exc:
+        raise TurbotrainError(f"[rank {run.plan.rank}] {exc}") from None
+    except Exception as exc:
+        lost = peer_lost(exc, run.plan.topology, run.run_dir)
+        if lost is None:
+            raise
+        return RunOutcome(run, lost=lost, signal=signals.first)
+    return RunOutcome(run, summary, training, None, signals.first)
+
+
+def record_restart(run_dir: Path, why: str, world: int) -> None:
+    """An event record in metrics.jsonl for a relaunch, at the step it resumes from (the newest
+    verified checkpoint, which the resume loads; 0 without one): when, why, the checkpoint, how
+    many logged steps run again and on how many processes. The report counts them in the summary."""
+    newest = latest_verified(run_dir / CHECKPOINTS)
+    step = checkpoint_step(newest) if newest is not None else 0
+    metrics = run_dir / METRICS_FILE
+    before = read_metrics(metrics)[0] if metrics.is_file() else []
+    reached = max((r["step"] for r in before if "event" not in r), default=step)  # logged before the failure
+    truncate_metrics(metrics, step)  # as the resume will: the later steps and a torn last line go first
+    record = {
+        "step": step,
+        "event": "restart",
+        "restart": 1 + sum(r.get("event") == "restart" for r in before if r["step"] <= step),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "why": why,
+        "resumed_from": newest.name if newest is not None else "",
+        "steps_redone": max(0, reached - step),
+        "world_size": world,
+    }
+    with open(metrics, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+# ----------------------------------------------------------------------------- the one call from Python
+
+
+class TrainedRun(dict):  # type: ignore[type-arg]
+    """What :func:`train` returns: the run's summary (this dict, as summary.json holds it) and the
+    trained run, for :meth:`evaluate` and :meth:`predict` under the run's precision."""
+
+    def __init__(self, outcome: RunOutcome) -> None:
+        super().__init__(outcome.summary or {})
+        self.outcome = outcome
+        self.run_dir: Path | None = outcome.run.run_dir if outcome.run is not None else None
+
+    @property
+    def training(self) -> Training:
+        if self.outcome.training is None:
+            raise TurbotrainError("this process trained nothing (another rank reported why)")
+        return self.outcome.training
+
+    @property
+    def model(self) -> nn.Module:
+        """The trained model (wrapped as it trained: compiled, DDP/FSDP)."""
+        return self.training.model
+
+    @property
+    def engine(self) -> Engine:
+        return self.training.engine
+
+    def evaluate(
+        self,
+        loader: Iterable[Any],
+        loss_fn: Callable[[nn.Module, Any], Any] | None = None,
+        metrics_fn: Callable[[nn.Module, Any], Mapping[str, torch.Tensor]] | None = None,
+    ) -> dict[str, float]:
+        """Mean loss (``"loss"``) and metrics over ``loader``'s batches under the run's precision
+        and no_grad, with the run's loss and metrics (a workload's ``loss_fn``/``metrics_fn``)
+        unless given; one host-device sync, at the end."""
+        t = self.training
+        return t.engine.evaluate_metrics(
+            t.model,
+            loader,
+            loss_fn or t.spec.loss_fn() or default_loss,
+            metrics_fn if metrics_fn is not None else t.spec.metrics_fn(),
+        )
+
+    def predict(
+        self, loader: Iterable[Any], forward: Callable[[nn.Module, Any], Any] | None = None
+    ) -> list[Any]:
+        """The model's outputs for each batch of ``loader`` (on the host), under the run's
+        precision and inference mode, in eval mode. ``forward(model, batch)``; default: the model
+        on the batch's inputs (a tensor; the first item of a tuple or list, the rest being labels;
+        a mapping as keyword arguments)."""
+        t = self.training
+        model, engine = t.model, t.engine
+        was_training = model.training
+        model.eval()
+        outputs: list[Any] = []
+        try:
+            with torch.inference_mode(), engine.autocast(), eager():
+                for batch in loader:
+                    batch = move_to(batch, engine.device, non_blocking=True)
+                    out = (forward or _inputs_forward)(model, batch)
+                    outputs.append(move_to(out, torch.device("cpu")))  # host-device sync point (per batch)
+        finally:
+            model.train(was_training)
+        return outputs
+
+
+def _inputs_forward(model: nn.Module, batch: Any) -> Any:
+    if isinstance(batch, Mapping):
+        return model(**batch)
+    if isinstance(batch, (tuple, list)):
+        return model(batch[0])
+    return model(batch)
+
+
+def train(
+    workload: WorkloadLike | None = None,
+    *,
+    preset: str | None = None,
+    resume: str | bool | None = None,
+    **settings: Any,
+) -> TrainedRun:
+    """Train ``workload`` (``FILE.py:FUNC``, FUNC itself or a Workload; None: the preset's GPT on
+    its data) as ``turbotrain train --model`` does, and return the :class:`TrainedRun` (the
+    summary). ``settings``: config fields by name (``max_steps=64``: a name one section holds) or
+    whole sections (``optim={"lr": 1e-3}``); ``preset``: a name or .toml path; ``resume``: True (the
+    newest run, or ``run.name``'s) or a run name or directory. A mistake raises a one-line
+    TurbotrainError; a signal before the first step :class:`StoppedBySignal`; a rank lost under
+    torchrun a TurbotrainError saying how the run continues."""
+    request = RunRequest(
+        preset,
+        overrides_of(settings),
+        None if resume in (None, False) else ("" if resume is True else str(resume)),
+        workload,
+    )
+    outcome = train_run(request)
+    if outcome.lost:
+        raise TurbotrainError(outcome.lost)
+    return TrainedRun(outcome)
+
+
+def overrides_of(settings: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{"max_steps": 64, "optim": {"lr": 1e-3}}`` -> ``{"train": {"max_steps": 64}, "optim": {"lr": 1e-3}}``:
+    a section given whole, or a field by its name when one section alone has it."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in settings.items():
+        if key in SECTIONS and isinstance(value, Mapping):
+            out.setdefault(key, {}).update(value)
+            continue
+        owners = [name for name, cls in SECTIONS.items() if key in {f.name for f in fields(cls)}]
+        if len(owners) != 1:
+            raise ConfigError(
+                f"train(): {key}= is not a config field; give a field by its name or a whole section, e.g. "
+                "max_steps=64 or optim={'lr': 1e-3} (`turbotrain train --help-config` lists them)"
+                if not owners
+                else f"train(): {key}= is a field of several sections ({', '.join(owners)}); give the section, "
+                f"e.g. {owners[0]}={{{key!r}: {value!r}}}"
+            )
+        out.setdefault(owners[0], {})[key] = value
+    return out
