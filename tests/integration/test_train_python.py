@@ -21,7 +21,6 @@ import turbotrain
 from turbotrain.base.errors import ConfigError
 from turbotrain.cli import main
 from turbotrain.core.distributed import ParallelPlan
-from turbotrain.parts.models.spec import ModelSpec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CNN = EXAMPLES / "workload_cnn.py"
@@ -76,23 +75,36 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         return resolve(cls, *args, **kwargs)
 
     monkeypatch.setattr(ParallelPlan, "resolve", classmethod(counted_resolve))
-    classes = {cls: None for cls in _subclasses(ModelSpec)}
-    for cls in classes:
-
-        def init(self: Any, *args: Any, _cls: type = cls, **kwargs: Any) -> None:
-            counts["spec"] += 1
-            _cls.__init__(self, *args, **kwargs)
-
-        classes[cls] = type(cls.__name__, (cls,), {"__init__": init})
-    for module in [m for name, m in sys.modules.items() if name.startswith("turbotrain.")]:
+    # by name, not identity: a test that reloads turbotrain's modules leaves classes of both ages
+    modules = [m for name, m in list(sys.modules.items()) if name.startswith("turbotrain.")]
+    classes: dict[type, type] = {}
+    for module in modules:
+        for value in vars(module).values():
+            if isinstance(value, type) and value.__name__ != "ModelSpec" and _is_spec(value):
+                classes.setdefault(value, _counting(value, counts))
+    for module in modules:  # the names of the classes, and the registries (dicts) that hold them
         for attr, value in list(vars(module).items()):
             if isinstance(value, type) and value in classes:
                 monkeypatch.setattr(module, attr, classes[value])
+            elif isinstance(value, dict):
+                for key, item in list(value.items()):
+                    if isinstance(item, type) and item in classes:
+                        monkeypatch.setitem(value, key, classes[item])
     return counts
 
 
-def _subclasses(cls: type) -> list[type]:
-    return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
+def _is_spec(cls: type) -> bool:
+    return any(base.__name__ == "ModelSpec" for base in cls.__mro__)
+
+
+def _counting(cls: type, counts: dict[str, int]) -> type:
+    """A subclass of ``cls`` that counts its instances in ``counts['spec']``."""
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        counts["spec"] += 1
+        cls.__init__(self, *args, **kwargs)
+
+    return type(cls.__name__, (cls,), {"__init__": init})
 
 
 def test_turbotrain_train_resolves_the_plan_and_the_spec_once(tmp_path: Path, counted: dict[str, int]):

@@ -18,6 +18,7 @@ hands its config to :func:`decided`, which settles it again.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
@@ -295,9 +296,12 @@ def _workload_ref(workload: WorkloadLike | None) -> tuple[str, Callable[[], Any]
             f"not a {type(workload).__name__}"
         )
     module, name = getattr(workload, "__module__", "") or "", getattr(workload, "__qualname__", "workload")
-    source = (
-        inspect.getsourcefile(workload) if module == "__main__" and inspect.isfunction(workload) else None
-    )
+    source = None
+    if "." not in module and inspect.isfunction(workload):  # a script's (or __main__'s): by its file
+        with contextlib.suppress(TypeError):
+            source = inspect.getsourcefile(workload)
+    if source is not None and not Path(source).is_file():
+        source = None  # code typed in (python -c, a notebook cell): no file to import it from
     return (f"{source}:{name}" if source else f"{module or 'python'}:{name}"), workload
 
 
