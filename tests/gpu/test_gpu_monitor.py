@@ -10,7 +10,8 @@ from conftest import tiny_overrides
 
 from turbotrain import load_config
 from turbotrain.app.doctor import run_probes
-from turbotrain.app.training import build_training, new_run_dir
+from turbotrain.app.training import build_training
+from turbotrain.base.rundir import new_run_dir
 from turbotrain.loop.hooks import Hook
 from turbotrain.loop.monitor import MemoryProbe, NvmlSampler, count_flops_per_sample
 from turbotrain.parts.hardware import lookup_peak

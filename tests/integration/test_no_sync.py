@@ -18,7 +18,8 @@ import torch
 from conftest import tiny_overrides
 
 from turbotrain import load_config
-from turbotrain.app.training import build_training, new_run_dir
+from turbotrain.app.training import build_training
+from turbotrain.base.rundir import new_run_dir
 from turbotrain.core.precision import NonFiniteGuard
 
 READS = ("item", "cpu", "tolist", "numpy", "__float__", "__int__", "__bool__")

@@ -9,9 +9,11 @@ the next process takes it over and says whose it was. Unlike ``flock``, a record
 inherited by forked DataLoader workers, which could outlive a killed trainer for seconds. The
 file holds the holder's PID, for the message.
 
-The lock is re-entrant within a process (the CLI holds it around ``train()``, which takes it
-too): the process opens the lock file once, since closing any descriptor of it would drop a
-record lock. It needs a file system with working POSIX locks (local disks, NFS with lockd).
+The lock is taken once per run, by its entry point (``turbotrain train`` and ``turbotrain.train()``
+through :func:`turbotrain.app.run.train_run`, ``train(config)`` itself), for the whole run: start-up,
+training and the report. It is re-entrant within a process all the same (a caller's own lock
+around a run nests): the process opens the lock file once, since closing any descriptor of it
+would drop a record lock. It needs a file system with working POSIX locks (local disks, NFS with lockd).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ One signal means "save what there is to save, then stop"; what that takes depend
 the command is in, so each phase says it with :meth:`StopSignals.on_first`:
 
 - start-up (arguments, config, the process group, building the run): stop at once by raising
-  :class:`turbotrain.app.training.StoppedBySignal` (nothing trained yet; exit 75);
+  :class:`turbotrain.app.prepare.StoppedBySignal` (nothing trained yet; exit 75);
 - training: ask the loop to stop after the current step, which writes the final checkpoint
   (:class:`turbotrain.loop.hooks.StopOnSignal`; exit 75);
 - the end (summary, report): only recorded; the summary is still written, the command ends 75.
