@@ -213,3 +213,45 @@ def test_example_runs(example, tmp_path, monkeypatch):
     summary = json.loads((tmp_path / "turbotrain" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 5 and summary["tokens"] > 0
     assert (tmp_path / "turbotrain" / "summary.md").is_file()
+
+
+def test_hf_callback_is_invisible_to_torch_compile(tmp_path):
+    """With the Trainer's torch_compile (dynamo with its eager backend: no code generation, fast),
+    the callback's batch-counting hook adds no recompilation or graph break, counts every sample,
+    and the summary reports what dynamo did."""
+    import torch._dynamo
+
+    from turbotrain.core.compile_guard import collect_compile_counts
+
+    def run(callbacks: list) -> tuple[list, object]:
+        torch._dynamo.reset()
+        before = collect_compile_counts()
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))
+        args = TrainingArguments(
+            str(tmp_path / "out"),
+            max_steps=6,
+            per_device_train_batch_size=4,
+            logging_steps=2,
+            save_strategy="no",
+            report_to="none",
+            disable_tqdm=True,
+            use_cpu=True,
+            torch_compile=True,
+            torch_compile_backend="eager",
+        )
+        trainer = Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=callbacks)
+        trainer.train()
+        return losses(trainer), collect_compile_counts().minus(before)
+
+    plain_losses, plain = run([])
+    callback = TurbotrainCallback(tmp_path / "run", report=False)
+    watched_losses, watched = run([callback])
+    assert watched_losses == plain_losses
+    # frames compiled differ by what an earlier run in this process left cached, so compare what
+    # the hook could add: recompilations and graph breaks (the Trainer's own logging call's, both)
+    assert plain.frames > 0 and watched.frames > 0
+    assert (watched.recompiles, watched.break_reasons) == (plain.recompiles, plain.break_reasons)
+    summary = callback.summary
+    assert summary["samples"] == 6 * 4 and summary["compile"]["frames_compiled"] == watched.frames
+    assert summary["compile"]["graph_breaks"] == watched.graph_breaks

@@ -160,7 +160,7 @@ class TurbotrainCallback(TrainerCallback):
             project=self.project,
             config={"training_args": args.to_dict()},
         )
-        # torch.compile runs the hook outside its graph: no recompile for the changing counts
+        # outside any compiled graph: traced, the changing counts recompiled a small module once
         self._hook = model.register_forward_pre_hook(torch.compiler.disable(self._count), with_kwargs=True)
         self._model = model
         self.observer.start(state.global_step)
