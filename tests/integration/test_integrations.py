@@ -29,7 +29,7 @@ from turbotrain.integrations.hf import TurbotrainCallback, training_args_recipe 
 from turbotrain.integrations.lightning import TurbotrainLightningCallback, trainer_kwargs_recipe  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 24
+STEPS = 16  # optimizer steps (x2 micro-batches): 4 records, 3 steady windows
 PEAK = 0.01  # TFLOP/s: a stand-in peak so this CPU gets an MFU (no datasheet for CPUs)
 
 
