@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from turbotrain import load_config
 from turbotrain.app.training import plan_run
@@ -13,6 +14,8 @@ from turbotrain.base.errors import ConfigError
 from turbotrain.base.launch import Topology
 from turbotrain.cli import main
 from turbotrain.core.plan import ParallelPlan
+from turbotrain.parts.models.blocks import repeated_blocks
+from turbotrain.parts.models.spec import ModelSpec
 
 TORCHRUN_4 = Topology(rank=1, local_rank=1, world=4, launched=True, launcher="torchrun")
 
@@ -95,3 +98,44 @@ def test_a_run_resolves_its_plan_once(tmp_path: Path, monkeypatch: pytest.Monkey
         == 0
     )
     assert len(calls) == 1  # the command's start; train(), the assembly and the Engine take that plan
+
+
+def test_the_plans_mesh_has_the_data_dimension_or_replica_by_expert():
+    """One DeviceMesh per run (built by join under a launcher): its dimensions, outermost first.
+    With experts spread, a mesh row is an expert-parallel group of consecutive ranks and a column
+    the ranks holding the same experts (the groups the experts' all-to-all and reductions use)."""
+    dense = ParallelPlan.resolve(load_config("gpt-tiny").distributed, TORCHRUN_4)
+    assert dense.mesh_dims == (("data", 4),)
+    moe = ParallelPlan.resolve(
+        load_config("moe-tiny", ["--distributed.expert_parallel=2"]).distributed, TORCHRUN_4, 8
+    )
+    assert moe.mesh_dims == (("replica", 2), ("expert", 2))
+    plain = ParallelPlan.resolve(load_config("gpt-tiny").distributed, Topology())
+    plain.join(torch.device("cpu"))  # a plain process: no process group, no mesh
+    assert plain.mesh is None and plain.mesh_dims == (("data", 1),)
+
+
+class _TwoLists(ModelSpec):
+    """A family whose blocks are not the longest ModuleList (what the default search would pick)."""
+
+    def open_data(self, c, run_dir, *, show):  # type: ignore[no-untyped-def]
+        raise NotImplementedError
+
+    def build(self, c, data):  # type: ignore[no-untyped-def]
+        raise NotImplementedError
+
+    def blocks(self, model: torch.nn.Module) -> torch.nn.ModuleList:
+        return model.layers  # type: ignore[return-value]
+
+
+def test_a_specs_parallelize_declares_its_blocks_and_pipeline_is_declared_not_built():
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(2))
+    model.heads = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(3))
+    plan = ParallelPlan.resolve(load_config("gpt-tiny").distributed, Topology())
+    spec = _TwoLists()
+    assert repeated_blocks(model) is model.heads  # found by size
+    assert spec.parallelize(model, plan) is model
+    assert repeated_blocks(model) is model.layers  # FSDP's, checkpointing's and compile's units
+    with pytest.raises(NotImplementedError, match="pipeline"):
+        spec.pipeline(model, plan, None)

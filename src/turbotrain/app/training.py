@@ -67,7 +67,6 @@ from ..loop.hooks import FitContext, Hook, StopAfter, StopOnSignal
 from ..loop.monitor import Monitor
 from ..loop.run_hooks import build_hooks, build_monitor, monitor_plan
 from ..parts.data import resolve_loader_settings
-from ..parts.models.blocks import declare_blocks
 from ..parts.models.spec import LossFn, ModelSpec, RunData
 from ..tools.memory import memory_summary, resolve_batch_size
 from .prepare import PreparedRun, StoppedBySignal, plan_run, prepare_config, split_batch, stop_startup
@@ -172,8 +171,9 @@ def assemble(run: PreparedRun, show: bool) -> Assembled:
         )
         fp8_plan = fp8_choice.to_dict()
         log.info(fp8_choice.line)
-    # the units FSDP, activation checkpointing and per-block compile act on
-    declare_blocks(plain, spec.blocks(plain))
+    # the family's part of the plan (default: declare the units FSDP, activation checkpointing and
+    # per-block compile act on); engine.setup's strategy does the rest
+    plain = spec.parallelize(plain, plan)
     # a workload's own; None: AdamW from the optim section, with its schedule
     own_optimizer = spec.optimizer(plain)
     # engine.setup carries the plan out: experts placed on their ranks, the rest wrapped for data parallelism

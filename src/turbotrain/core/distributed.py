@@ -163,11 +163,14 @@ class DDP(DataParallel):
         experts: list[nn.Parameter],
     ) -> nn.Module:
         if experts:
-            # DDP has no public way to leave parameters out; this static method is the one its own
-            # tests and torchrec use. (FSDP2's fully_shard takes ``ignored_params`` publicly.)
+            # The one private call kept: DDP (torch 2.13) has no public way to leave parameters out
+            # (its constructor takes no ignored parameters, and a device mesh does not change
+            # that); this static method is the one its own tests and torchrec use. FSDP2's
+            # fully_shard takes ``ignored_params`` publicly.
             names = [name for name, p in model.named_parameters() if any(p is e for e in experts)]
             DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
         cfg = self.plan.settings
+        # the data dimension spans every rank (no pipeline or tensor dimension yet): the default group
         return DistributedDataParallel(
             model,
             device_ids=[self.device.index] if self.device.type == "cuda" else None,
@@ -200,9 +203,11 @@ class FSDP(DataParallel):
         names = {id(p): name for name, p in model.named_parameters()}
         policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
         reshard = self.plan.settings.reshard_after_forward
+        # the plan's mesh (its only dimension here is data: FSDP with experts is refused when resolved)
+        mesh = self.plan.mesh["data"] if self.plan.mesh is not None else None
         for block in repeated_blocks(model) or ():
-            fully_shard(block, mp_policy=policy, reshard_after_forward=reshard)
-        fully_shard(model, mp_policy=policy, reshard_after_forward=reshard)
+            fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
         if optimizer is not None:
             if optimizer.state:
                 raise ConfigError(

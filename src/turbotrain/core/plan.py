@@ -7,6 +7,15 @@ groups it makes in :meth:`ParallelPlan.join`. Its dimensions: ``data`` (every ra
 share of the global batch) and ``expert`` (the experts of each MoE block spread over groups of
 ranks, :mod:`turbotrain.parts.models.moe.parallel`). The strategy (:mod:`turbotrain.core.distributed`)
 carries the plan out.
+
+The groups come from one torch ``DeviceMesh`` (:attr:`ParallelPlan.mesh`), as torchtitan's
+``ParallelDims`` builds one: its dimensions (:attr:`ParallelPlan.mesh_dims`) are ``data`` alone, or
+``replica`` x ``expert`` when experts are spread (the data dimension is then both together). A
+pipeline degree would add an outer dimension (stages: point-to-point traffic, once per
+micro-batch) and a tensor degree an inner one (an all-reduce in every layer, on the fastest
+links); each would be one more field here, its dimension in :attr:`ParallelPlan.mesh_dims`, its
+use in the strategy (a pipeline strategy's ``run_window`` runs the schedule) and in the model
+spec's ``parallelize`` / ``pipeline`` hooks (:class:`turbotrain.parts.models.spec.ModelSpec`).
 """
 
 from __future__ import annotations
@@ -15,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from ..base.config import DIST_STRATEGIES, DistributedConfig, choice_error, setting
 from ..base.errors import ConfigError
@@ -35,8 +43,8 @@ class ParallelPlan:
     - ``expert`` degree: each MoE block's experts spread over groups of ``expert`` consecutive
       ranks; the ``world / expert`` ranks holding the same experts form a replica group.
 
-    A tensor, pipeline or context degree would be one more field here, with its groups made in
-    :meth:`join` and used by the strategy's ``wrap``.
+    A tensor, pipeline or context degree would be one more field here, one more dimension of
+    :attr:`mesh_dims`, used by the strategy and the model spec's ``parallelize``.
     """
 
     topology: Topology
@@ -81,6 +89,11 @@ class ParallelPlan:
                 )
             check_degree(degree, topology.world, n_experts)
             if strategy == "fsdp":
+                # Not a refusal in principle but a question of the mesh: FSDP2 would shard the
+                # dense parameters over the data dimension (replica x expert flattened into one
+                # dimension; DeviceMesh._flatten, private in torch 2.13) and each expert slice over
+                # ``replica`` only (its copies), as torchtitan's dp_shard_mod_ep does, with the
+                # experts kept out of the dense units (fully_shard's ignored_params). Not built yet.
                 raise ConfigError(
                     f"distributed.expert_parallel = {degree} runs with DDP for the non-expert parameters; "
                     f"use {setting('distributed.strategy', 'ddp')}"
@@ -127,25 +140,45 @@ class ParallelPlan:
             )
         return split
 
+    @property
+    def mesh_dims(self) -> tuple[tuple[str, int], ...]:
+        """The device mesh's dimensions, outermost first, as (name, size): ``(("data", world),)``;
+        with experts spread ``(("replica", world / expert), ("expert", expert))``: a row of the
+        mesh is an expert-parallel group of consecutive ranks, a column the ranks holding the same
+        experts, and the data dimension is both together (every rank trains on its own share)."""
+        if self.expert == 1:
+            return (("data", self.world),)
+        return (("replica", self.world // self.expert), ("expert", self.expert))
+
     def join(self, device: torch.device) -> None:
         """Join the launcher's process group (a no-op in a plain process, or when joined already;
-        one torchrun process joins a group of one) and make this plan's groups: the
-        expert-parallel and replica groups when ``expert`` > 1. Every rank calls it, in the same
-        order (group creation is a collective)."""
+        one torchrun process joins a group of one) and build this plan's device mesh, whose
+        dimensions' groups the strategy uses (:attr:`mesh`, :attr:`experts`). Every rank calls
+        it, in the same order (group creation is a collective)."""
         join_process_group(self.settings, device, self.topology)
-        if self.expert > 1 and "expert" not in self._groups:
-            degree, world, rank = self.expert, self.world, self.rank
-            ep_groups = [
-                dist.new_group(list(range(g * degree, (g + 1) * degree))) for g in range(world // degree)
-            ]
-            replica_groups = [dist.new_group(list(range(i, world, degree))) for i in range(degree)]
+        if not self.topology.launched or "mesh" in self._groups:
+            return
+        # torch.distributed.device_mesh loads only under a launcher (a plain process never needs it)
+        from torch.distributed.device_mesh import init_device_mesh
+
+        names, sizes = zip(*self.mesh_dims)
+        mesh = init_device_mesh(device.type, tuple(sizes), mesh_dim_names=tuple(names))
+        self._groups["mesh"] = mesh
+        if self.expert > 1:
             self._groups["expert"] = ExpertLayout(
-                degree, world, rank, ep_groups[rank // degree], replica_groups[rank % degree]
+                self.expert, self.world, self.rank, mesh.get_group("expert"), mesh.get_group("replica")
             )
 
     @property
+    def mesh(self) -> Any:
+        """The run's one ``torch.distributed.device_mesh.DeviceMesh`` (made by :meth:`join`), with
+        the dimensions of :attr:`mesh_dims`; None in a plain process (nothing to spread)."""
+        return self._groups.get("mesh")
+
+    @property
     def experts(self) -> ExpertLayout | None:
-        """This rank's expert-parallel and replica groups (made by :meth:`join`); None for degree 1."""
+        """This rank's expert-parallel and replica groups (the mesh's ``expert`` and ``replica``
+        dimensions, made by :meth:`join`); None for degree 1."""
         if self.expert == 1:
             return None
         if "expert" not in self._groups:

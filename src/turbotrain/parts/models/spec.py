@@ -9,6 +9,8 @@ GPT (:mod:`turbotrain.parts.models.moe.spec`) and a user's workload ``FILE.py:FU
 
 What every spec may leave to these defaults: the repeated blocks that FSDP, activation
 checkpointing and ``compile.scope = 'blocks'`` act on are found by size (:func:`repeated_blocks`);
+``parallelize`` declares them and leaves the rest of the parallel plan to the strategy (experts
+placed, then DDP / FSDP2 over the data dimension); ``pipeline`` is declared, not built;
 FLOPs per sample are counted once by torch's FLOP counter on the example batch (the monitor does
 it); the model returns its loss; throughput counts samples.
 """
@@ -25,7 +27,7 @@ from torch import nn
 
 from ...base.config import RunConfig
 from ..data.loader import LoaderSettings
-from .blocks import repeated_blocks
+from .blocks import declare_blocks, repeated_blocks
 
 LossFn = Callable[[nn.Module, Any], Any]  # (model, batch) -> the loss (or what holds it)
 MetricsFn = Callable[[nn.Module, Any], Mapping[str, torch.Tensor]]  # (model, batch) -> {name: 0-d tensor}
@@ -124,3 +126,24 @@ class ModelSpec(ABC):
         """A lower bound on the parameters the config describes, known before anything is built
         (0: unknown); a model whose weights alone exceed the host's memory is refused in one line."""
         return 0
+
+    def parallelize(self, model: nn.Module, plan: Any) -> nn.Module:
+        """This family's part in carrying out ``plan`` (a :class:`turbotrain.core.plan.ParallelPlan`:
+        its degrees and, under a launcher, its ``mesh``) on ``model``, before ``engine.setup``'s
+        strategy places the experts and wraps the data dimension (DDP, or FSDP2 with these blocks as
+        its units). As torchtitan's ``parallelize_fn``, the place for what only the family knows:
+        a tensor-parallel layout (``parallelize_module`` over a ``tensor`` mesh dimension, when the
+        plan has one), its own FSDP units. Default: declare :meth:`blocks` (the units FSDP,
+        activation checkpointing and per-block compile act on) and return ``model``."""
+        declare_blocks(model, self.blocks(model))
+        return model
+
+    def pipeline(self, model: nn.Module, plan: Any, loss_fn: LossFn | None) -> tuple[Any, list[nn.Module]]:
+        """Pipeline parallelism's hook, declared and not built (as torchtitan's ``pipelining_fn``):
+        cut ``model`` into the stages of the plan's pipeline dimension and return the schedule that
+        runs a window's micro-batches over them (``torch.distributed.pipelining``) with this
+        rank's stage modules; a pipeline strategy's ``run_window`` would run that schedule. No
+        plan has a pipeline dimension yet, so nothing calls it."""
+        raise NotImplementedError(
+            f"{self.name}: pipeline parallelism is not built (the parallel plan has no pipeline dimension yet)"
+        )
