@@ -67,19 +67,22 @@ def measure(variant: str) -> dict:
     else:
         return {"variant": variant, **_measure_fit(variant, model, optimizer, batches)}
 
-    def run(n: int) -> float:
-        start = time.perf_counter()  # CPU: no device queue to synchronize
+    def run(n: int) -> tuple[float, float]:
+        start, cpu = time.perf_counter(), time.process_time()  # CPU: no device queue to synchronize
         for i in range(n):
             step(*batches[i % len(batches)])
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() - cpu
 
     run(WARMUP_STEPS)
-    windows_ms = [1000 * run(WINDOW_STEPS) / WINDOW_STEPS for _ in range(WINDOWS)]
+    timed = [run(WINDOW_STEPS) for _ in range(WINDOWS)]
+    windows_ms = [1000 * wall / WINDOW_STEPS for wall, _ in timed]
+    cpu_ms = [1000 * cpu / WINDOW_STEPS for _, cpu in timed]
     with torch.no_grad():
         loss = float(model(*batches[0]))
     return {
         "variant": variant,
         "step_ms": statistics.median(windows_ms),
+        "cpu_step_ms": statistics.median(cpu_ms),
         "windows_ms": windows_ms,
         "loss": loss,
     }
@@ -100,13 +103,13 @@ def _measure_fit(variant: str, model, optimizer, batches) -> dict:  # type: igno
 
     engine = Engine({"run": {"device": "cpu"}})
     model, optimizer, loader = engine.setup(model, optimizer, itertools.cycle(batches))
-    marks: list[float] = []
+    marks: list[tuple[float, float]] = []
 
     class Clock(Hook):
         def on_step_end(self, ctx) -> None:  # type: ignore[no-untyped-def]
             step = ctx.engine.state.step
             if step >= WARMUP_STEPS and (step - WARMUP_STEPS) % WINDOW_STEPS == 0:
-                marks.append(time.perf_counter())
+                marks.append((time.perf_counter(), time.process_time()))
 
     hooks: list[Hook] = []
     tmp = tempfile.TemporaryDirectory()
@@ -131,12 +134,18 @@ def _measure_fit(variant: str, model, optimizer, batches) -> dict:  # type: igno
         hooks=[*hooks, Clock()],
     )
     tmp.cleanup()
-    windows_ms = [1000 * (b - a) / WINDOW_STEPS for a, b in zip(marks, marks[1:])]
+    windows_ms = [1000 * (b[0] - a[0]) / WINDOW_STEPS for a, b in zip(marks, marks[1:])]
+    cpu_ms = [1000 * (b[1] - a[1]) / WINDOW_STEPS for a, b in zip(marks, marks[1:])]
     import torch
 
     with torch.no_grad():
         loss = float(model(*batches[0]))
-    return {"step_ms": statistics.median(windows_ms), "windows_ms": windows_ms, "loss": loss}
+    return {
+        "step_ms": statistics.median(windows_ms),
+        "cpu_step_ms": statistics.median(cpu_ms),
+        "windows_ms": windows_ms,
+        "loss": loss,
+    }
 
 
 def main() -> None:
@@ -180,6 +189,13 @@ def main() -> None:
     # Each round runs both variants back to back; the median of the per-round ratios cancels
     # slow drifts in machine speed that the medians of absolute times still carry.
     paired = statistics.median(t["step_ms"] / b["step_ms"] for b, t in zip(runs[base_name], runs[test_name]))
+    # The process's CPU time per step: on a shared machine wall time also counts the time other
+    # processes held the core; CPU time counts only this process's own work (the overhead asked).
+    base_cpu = statistics.median(r["cpu_step_ms"] for r in runs[base_name])
+    test_cpu = statistics.median(r["cpu_step_ms"] for r in runs[test_name])
+    paired_cpu = statistics.median(
+        t["cpu_step_ms"] / b["cpu_step_ms"] for b, t in zip(runs[base_name], runs[test_name])
+    )
     import torch
 
     from turbotrain.base.version import collect_git
@@ -195,6 +211,10 @@ def main() -> None:
         "overhead_pct": 100 * (test / base - 1),
         "overhead_pct_paired": 100 * (paired - 1),
         "overhead_us": 1000 * (test - base),
+        f"{base_name}_cpu_step_ms": base_cpu,
+        f"{test_name}_cpu_step_ms": test_cpu,
+        "cpu_overhead_pct": 100 * (test_cpu / base_cpu - 1),
+        "cpu_overhead_pct_paired": 100 * (paired_cpu - 1),
         f"loss_{base_name}": runs[base_name][0]["loss"],
         f"loss_{test_name}": runs[test_name][0]["loss"],
         "runs": runs,
@@ -210,6 +230,10 @@ def main() -> None:
         f"{base_name} {base:.3f} ms/step | {test_name} {test:.3f} ms/step | overhead {result['overhead_pct']:+.2f}% "
         f"(paired rounds {result['overhead_pct_paired']:+.2f}%) ({result['overhead_us']:+.1f} us/step) | "
         f"final loss {result[f'loss_{base_name}']:.5f} vs {result[f'loss_{test_name}']:.5f}"
+    )
+    print(
+        f"process CPU time: {base_name} {base_cpu:.3f} ms/step | {test_name} {test_cpu:.3f} ms/step | "
+        f"overhead {result['cpu_overhead_pct']:+.2f}% (paired rounds {result['cpu_overhead_pct_paired']:+.2f}%)"
     )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
