@@ -20,7 +20,7 @@ import torch
 import turbotrain
 from turbotrain.base.errors import ConfigError
 from turbotrain.cli import main
-from turbotrain.core.distributed import ParallelPlan
+from turbotrain.core.plan import ParallelPlan
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CNN = EXAMPLES / "workload_cnn.py"
