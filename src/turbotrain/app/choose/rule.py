@@ -139,13 +139,19 @@ def auto_fields(config: RunConfig) -> list[str]:
     return out
 
 
-def precision_modes(device_type: str, resolved: str, tf32: bool) -> list[tuple[str, str]]:
+def precision_modes(device_type: str, resolved: str, tf32: bool, cpu_bf16: bool) -> list[tuple[str, str]]:
     """(mode, description) of the precisions to try besides ``resolved`` (auto's pick) when
-    ``precision.mode = auto``: bf16 autocast on a CPU, fp32 on a GPU (bf16 autocast's casts can cost
-    more than they save on a launch-bound step)."""
+    ``precision.mode = auto``: fp32 on a GPU (bf16 autocast's casts can cost more than they save on
+    a launch-bound step). On a CPU only with ``cpu_bf16`` (``choose.measure = always``, the user's
+    opt-in): by default ``auto`` is fp32 on every CPU, so a default run's math does not depend on
+    which CPU it meets (bf16 units or not) or on timing noise."""
     if device_type == "cuda":
-        return [("fp32", "fp32 weights and math" + (", TF32 matmuls" if tf32 else ""))]
-    return [] if resolved == "bf16-mixed" else [("bf16-mixed", "bf16 autocast")]
+        return (
+            []
+            if resolved == "fp32"
+            else [("fp32", "fp32 weights and math" + (", TF32 matmuls" if tf32 else ""))]
+        )
+    return [("bf16-mixed", "bf16 autocast")] if cpu_bf16 and resolved != "bf16-mixed" else []
 
 
 def stage1(config: RunConfig, device_type: str, resolved_precision: str) -> list[Candidate]:
@@ -156,7 +162,8 @@ def stage1(config: RunConfig, device_type: str, resolved_precision: str) -> list
         eager = {**eager, "precision": {"mode": resolved_precision}}
     out = [Candidate("eager", eager, f"plain eager, {resolved_precision}", baseline=True)]
     if "precision.mode" in fields_:
-        for mode, what in precision_modes(device_type, resolved_precision, config.precision.tf32):
+        cpu_bf16 = config.choose.measure == "always"
+        for mode, what in precision_modes(device_type, resolved_precision, config.precision.tf32, cpu_bf16):
             out.append(Candidate(f"eager {mode}", {**eager, "precision": {"mode": mode}}, f"eager, {what}"))
     return out
 

@@ -88,7 +88,9 @@ def choose(
     decision = Decision(changes={}, planned_steps=planned, key=key)
     first = stage1(config, device.type, resolve_precision("auto", DeviceCaps.of(device)))
     if c.measure == "auto" and first[0].name not in cached:
-        why = too_short(planned, len(first), c.warmup, c.steps, c.budget)
+        # the baseline plus at least one more to time (a compile candidate when stage 1 has only
+        # eager): the threshold a default run meets does not fall when the precision is not questioned
+        why = too_short(planned, max(len(first), 2), c.warmup, c.steps, c.budget)
         if why:
             decision.summary = (
                 f"fixed rules kept, nothing measured: {why} (choose.measure = always measures anyway)"

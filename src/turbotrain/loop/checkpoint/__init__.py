@@ -62,7 +62,8 @@ from .state import RunState, Stateful, reseed, run_state
 
 log = logging.getLogger(__name__)
 
-# the public names of both old modules (loop/checkpoint.py, loop/sharded.py) keep importing from here
+# the public names of the old loop/checkpoint.py keep importing from here; of the old loop/sharded.py,
+# the ones docs/api.md lists (its other helpers moved to the modules of their concern, not public)
 __all__ = [
     "BackgroundWrite",
     "Checkpointer",

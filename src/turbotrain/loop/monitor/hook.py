@@ -103,7 +103,7 @@ class Monitor(Hook):
         step: int,
         loss: Any = None,
         *,
-        lr: float | None = None,
+        lr: float | torch.Tensor | None = None,
         samples: int = 0,
         tokens: int = 0,
         val_loss: float | None = None,
@@ -149,7 +149,9 @@ class Monitor(Hook):
                 record["rank_tokens_per_s"] = (tokens - last_tokens) / dt
         self._last, self._side_s = (now, step, samples, tokens), side_s
         known = {
-            "lr": lr,
+            "lr": _read(
+                lr
+            ),  # a device tensor under whole-step CUDA graphs (capturable LR): sync, logging steps only
             "grad_norm": _read(grad_norm),
             "precision": precision,
             "mfu_peak": peak,

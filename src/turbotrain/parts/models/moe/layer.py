@@ -46,7 +46,7 @@ Why each piece is the way it is:
   twice).
 - **Grouped expert compute**: tokens are sorted by expert and all experts run as one grouped GEMM
   (``F.grouped_mm``) per projection on CUDA with bf16 compute and on CPU: no Python loop over
-  experts and no host sync; each expert's group is padded to ``GROUP_ALIGN`` rows into a buffer of
+  experts and no host sync; each expert's group is padded to ``experts.GROUP_ALIGN`` rows into a buffer of
   static size (the slack goes to the last group, so every row is defined). (On CPU, torch 2.13's
   fp32 grouped GEMM backward fails only for stride-0 output gradients, such as ``y.sum()``'s; the
   gradient reaching it here comes through the row gather and is dense.) Elsewhere (CUDA fp32/fp16)
