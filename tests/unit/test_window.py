@@ -253,3 +253,37 @@ def test_fit_iterates_windows_through_the_whole_step_wrapper_and_trains_as_the_p
         STEPS * ACCUMULATION + 1,
         1,
     )
+
+
+def test_a_second_fit_carries_on_the_window_the_first_left_open():
+    """fit called again (per chunk of data, per epoch) after its batches ran out mid-window: the
+    open window carries on with the next call's batches and steps where the pieces would, with the
+    same losses and weights as one fit over all the batches (found in review: it raised "backward
+    pass(es) are pending" instead)."""
+
+    def run(chunks: list[int]) -> tuple[list[float], list[torch.Tensor]]:
+        torch.manual_seed(0)
+        model = TinyMLP(d_in=16, width=32, depth=2)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
+        engine = _engine()
+        model, optimizer, _ = engine.setup(model, optimizer)
+        batches = synthetic_batches(STEPS * ACCUMULATION, batch_size=8, d_in=16)
+        losses: list[float] = []
+
+        class Losses(Hook):
+            def on_step_end(self, ctx: Any) -> None:
+                losses.append(float(ctx.engine.last_loss))
+
+        start = 0
+        for size in chunks:
+            fit(engine, model, optimizer, batches[start : start + size], max_steps=STEPS, hooks=[Losses()])
+            start += size
+        assert (engine.state.step, engine.pending_micro_steps) == (STEPS, 0)
+        return losses, [p.detach().clone() for p in model.parameters()]
+
+    whole, w_whole = run([STEPS * ACCUMULATION])
+    odd = ACCUMULATION + 1  # the first call ends one batch into its second window
+    chunked, w_chunked = run([odd, STEPS * ACCUMULATION - odd])
+    assert chunked == whole
+    for a, b in zip(w_whole, w_chunked):
+        assert torch.equal(a, b)

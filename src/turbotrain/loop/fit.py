@@ -59,6 +59,16 @@ def fit(
                 break
             # a stop asked before the first step takes effect after it (hooks see one step)
             for batch in batches:
+                if engine.pending_micro_steps:
+                    # a window an earlier fit() left open when its batches ran out: it carries on
+                    # batch by batch, as an own loop's would, and its step ends it
+                    engine.forward_backward(model, batch, loss_fn)
+                    if not engine.step(optimizer):
+                        continue
+                    hook.on_step_end(ctx)
+                    if ctx.should_stop or engine.state.step >= max_steps:
+                        break
+                    continue
                 window.append(batch)
                 if len(window) < per_step:
                     continue
