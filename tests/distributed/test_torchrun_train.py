@@ -304,13 +304,24 @@ def test_expert_parallel_run_resumes_exactly_at_its_degree_and_at_degree_1(work)
     resumed by the same command: every step and the final validation loss are the uninterrupted
     run's (the optimizer's expert state comes back sliced like the experts, the bias's pending
     loads too). The stopped run, resumed in one process with the documented batch (the same global
-    batch by accumulation, degree 1), ends at the same losses too."""
+    batch by accumulation, degree 1), ends at the same losses too. The experts grow during the run
+    (moe.grow_at_step 5: 8 -> 10): one new expert on each rank, the resumes past it exact, the new
+    experts in experts.json (the load plot's data) from step 6 on."""
     steps = STEPS // 2  # half the others' steps: the resume, not the learning, is what this checks
-    ep = [*MOE, "--distributed.expert_parallel=2", f"--train.max_steps={steps}"]
+    grow = ["--moe.grow_at_step=5", "--moe.grow_to=10"]
+    ep = [*MOE, *grow, "--distributed.expert_parallel=2", f"--train.max_steps={steps}"]
     proc = _run(_torchrun(2) + _args(work, "ep", MICRO, *ep))
     assert proc.returncode == 0, proc.stderr[-3000:]
     reference = _losses(work, "ep")
     assert sorted(reference) == list(range(1, steps + 1)) and reference[steps] < reference[1] - 0.3
+    # grown after step 5: each rank held 4 experts, kept them and got one new one (positions 4, 9)
+    experts = json.loads((work / "runs" / "ep" / "experts.json").read_text())
+    assert experts["grown"] == [{"step": 5, "from": 8, "to": 10, "new": [4, 9]}]
+    assert experts["placement"]["ranks"] == [list(range(5)), list(range(5, 10))]
+    loads = {h["step"]: h["load"] for h in experts["history"]}
+    assert all(row[4] == row[9] == 0 for s in range(1, 6) for row in loads[s])
+    assert all(sum(row[4] + row[9] for row in loads[s]) > 0 for s in range(6, steps + 1))
+    assert (work / "runs" / "ep" / "plots" / "expert_load.png").is_file()
 
     proc = _run(
         _torchrun(2) + _args(work, "ep-stopped", MICRO, *ep, f"--train.stop_after_steps={steps // 2}")

@@ -5,6 +5,7 @@ settings are one line."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -14,12 +15,13 @@ from torch.utils.checkpoint import checkpoint
 
 from turbotrain import Engine, fit, load_config
 from turbotrain.app.expert_report import markdown, read_experts, summarize, write_plots
+from turbotrain.app.training import train
 from turbotrain.base.errors import ConfigError
 from turbotrain.base.rundir import EXPERTS_FILE
 from turbotrain.cli import main
 from turbotrain.loop.experts_monitor import ExpertsMonitor
 from turbotrain.parts.models.gpt import GPT, GPTConfig
-from turbotrain.parts.models.moe import MoE, MoEConfig, MoEGPT, MoEMLP, aux_loss, route
+from turbotrain.parts.models.moe import MoE, MoEConfig, MoEGPT, MoEMLP, aux_loss, grown_order, regrown, route
 from turbotrain.parts.models.moe.parallel import attach_optimizer
 from turbotrain.parts.models.registry import build_model
 
@@ -154,6 +156,13 @@ def test_moe_every_and_the_run_config_build_the_model():
         (["--moe.top_k=9"], ["moe.top_k = 9", "moe.n_experts = 8"]),
         (["--distributed.expert_parallel=3"], ["distributed.expert_parallel = 3", "moe.n_experts = 8"]),
         (["--moe.impl=fast"], ["moe.impl", "grouped", "loop"]),
+        (["--moe.grow_to=16"], ["moe.grow_to needs moe.grow_at_step", "--moe.grow_at_step="]),
+        (["--moe.grow_at_step=5", "--moe.grow_to=8"], ["moe.grow_to = 8", "more than moe.n_experts = 8"]),
+        (
+            ["--moe.grow_at_step=5", "--moe.grow_to=11", "--distributed.expert_parallel=2"],
+            ["distributed.expert_parallel = 2 must divide moe.grow_to = 11", "--moe.grow_to=12"],
+        ),
+        (["--moe.grow_at_step=-1"], ["moe.grow_at_step = -1", "outside its range [0, "]),
     ],
 )
 def test_bad_moe_settings_are_one_line_and_exit_2(
@@ -369,3 +378,66 @@ def test_compiled_moe_layer_and_gpt_have_no_graph_breaks():
     idx = torch.randint(64, (2, 16))
     torch.compile(model, backend="eager", fullgraph=True)(idx, idx).backward()
     torch._dynamo.reset()
+
+
+def test_new_experts_go_to_the_rank_holding_the_fewest_and_old_ones_stay_on_theirs():
+    # 4 experts over 2 ranks grow to 6: experts 0, 1 stay on rank 0, 2, 3 on rank 1, one new each
+    assert grown_order(4, 6, 2) == [(0, False), (1, False), (0, True), (2, False), (3, False), (1, True)]
+    # 3 experts (a one-process checkpoint) into 2 ranks of 2: dealt 0 -> r0, 1 -> r1, 2 -> r0; the new
+    # one goes to rank 1, which holds fewer
+    assert grown_order(3, 4, 2) == [(0, False), (2, False), (1, False), (0, True)]
+    assert grown_order(2, 4) == [(0, False), (1, False), (0, True), (1, True)]  # one process: appended
+    # per-expert figures from before the growth, in the grown numbering (new experts 0)
+    assert regrown([5, 7], 4, 2) == [5, 0, 7, 0] and regrown([5, 7, 1, 2], 4, 2) == [5, 7, 1, 2]
+
+
+GROW = [
+    "--model.n_layer=1",
+    "--model.n_head=2",
+    "--model.d_model=32",
+    "--model.block_size=16",
+    "--moe.n_experts=2",
+    "--moe.top_k=1",
+    "--moe.expert_hidden=32",
+    "--moe.grow_at_step=3",
+    "--moe.grow_to=4",
+    "--train.max_steps=6",
+    "--batch.micro=4",
+    "--monitor.log_every=1",
+    "--train.eval_every=0",
+    "--train.eval_batches=1",
+    "--train.checkpoint_every=100",
+    "--monitor.nvml=false",
+    "--data.num_workers=0",
+    "--run.device=cpu",
+]
+
+
+def _step_losses(run: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+
+
+def test_experts_grow_at_a_step_of_a_run_that_resumes_exactly_and_plots_them(tmp_path: Path):
+    """moe.grow_at_step = 3, grow_to = 4 (from 2): the run trains on with 4 experts from step 4, the
+    new ones routed to; a run stopped after the growth (step 5) and resumed gives the same losses
+    at every step; experts.json (and so the load plot) has the new experts from step 4 on.
+    (The training function ``turbotrain train`` calls, without its report: 1 s a run.)"""
+    text = tmp_path / "corpus.txt"
+    text.write_text("".join(f"def f{i}(x):\n    return x * {i}\n\n" for i in range(300)))
+    runs = tmp_path / "runs"
+    config = load_config("moe-tiny", [*GROW, f"--data.path={text}", f"--run.out_dir={runs}"])
+    whole = train(config.replace(run={"name": "whole"}), progress=False)
+    assert whole["status"] == "completed" and whole["max_steps"] == 6
+    stopped = config.replace(train={"stop_after_steps": 5}, run={"name": "stopped"})
+    assert train(stopped, progress=False)["stop_reason"] == "stop_after_steps = 5"
+    assert train(stopped, resume_dir=runs / "stopped", progress=False)["status"] == "completed"
+    losses = _step_losses(runs / "whole")
+    assert sorted(losses) == list(range(1, 7)) and _step_losses(runs / "stopped") == losses  # bit for bit
+    data = read_experts(runs / "whole")
+    assert data is not None and data["n_experts"] == 4
+    assert data["grown"] == [{"step": 3, "from": 2, "to": 4, "new": [2, 3]}]
+    loads = {h["step"]: h["load"][0] for h in data["history"]}
+    assert all(len(row) == 4 for row in loads.values())
+    assert all(loads[s][2] == loads[s][3] == 0 for s in (1, 2, 3))  # before: no new expert
+    assert sum(loads[s][2] + loads[s][3] for s in (4, 5, 6)) > 0  # after: tokens reach them
+    assert "plots/expert_load.png" in write_plots(data, tmp_path / "plots")

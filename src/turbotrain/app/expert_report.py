@@ -101,12 +101,18 @@ def write_plots(data: dict[str, Any], out_dir: Path, subtitle: str = "") -> list
         fig, (ax, ax2) = plt.subplots(2, 1, figsize=(8, 7), dpi=110, sharex=True, height_ratios=(3, 2))
         fig.subplots_adjust(hspace=0.25)
         cmap = plt.get_cmap("tab20" if n > 10 else "tab10")
+        grown = data.get("grown") or []  # moe.grow_at_step: the new experts named, the step marked
+        born = {e: g["step"] for g in grown for e in g.get("new", [])}
         ax.stackplot(
             steps,
             shares,
-            labels=[f"expert {e}" for e in range(n)],
+            labels=[f"expert {e}" + (f" (new at {born[e]})" if e in born else "") for e in range(n)],
             colors=[cmap(e % cmap.N) for e in range(n)],
         )
+        for g in grown:
+            for a in (ax, ax2):
+                a.axvline(g["step"], color="black", ls=":", lw=1)
+            ax.text(g["step"], 0.98, f" {g['from']} -> {g['to']} experts", va="top", fontsize=8)
         ax.set_ylim(0, 1)
         ax.set_ylabel("share of routed tokens\n(all MoE blocks)")
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=min(n, 8), fontsize=7, frameon=False)

@@ -24,7 +24,7 @@ import resource
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,7 @@ from ..loop.run_hooks import build_hooks, build_monitor, monitor_plan
 from ..parts.data import resolve_loader_settings
 from ..parts.models.spec import LossFn, ModelSpec, RunData
 from ..tools.memory import memory_summary, resolve_batch_size
+from .experts_growth import growth_stops, model_config, stopped_to_grow
 from .prepare import PreparedRun, StoppedBySignal, plan_run, prepare_config, split_batch, stop_startup
 from .report import read_metrics, write_summary
 from .resume import check_epochs_batch, check_resume_batch, resume_from
@@ -161,7 +162,8 @@ def assemble(run: PreparedRun, show: bool) -> Assembled:
         data.save(run_dir)
     c, epochs = _resolve_epochs(c, data, plan.data)  # train.epochs -> max_steps, before the schedule is made
     seed_all(c.run.seed)  # torch, random and numpy: a user's model or loss may draw from any of them
-    plain = spec.build(c, data)  # the model itself: DDP wraps it, FSDP2 shards it in place
+    # the model itself: DDP wraps it, FSDP2 shards it in place (moe.grow_at_step: a resume after it, grown)
+    plain = spec.build(model_config(c, run_dir if run.resume else None), data)
     fp8_plan: dict[str, Any] = {}
     # float8 only where timing says it pays
     if c.precision.mode == "fp8" and c.precision.fp8_layers == "timed":
@@ -276,6 +278,7 @@ def build_training(
         stops=[
             StopOnSignal(engine.strategy.any_rank if world > 1 else None, c.monitor.log_every),
             StopAfter(c.train.stop_after_steps),
+            *growth_stops(c),  # moe.grow_at_step: stop there; train_prepared resumes with more experts
         ],
         eval_batches=val_batches,
         eval_every=c.train.eval_every,
@@ -483,7 +486,18 @@ def train_prepared(
 ) -> tuple[dict[str, Any], Training]:
     """Train the prepared ``run`` to its end (or a stop) and write its summary; returns the
     summary and the trained run. The caller holds ``signals`` and, on rank 0, the run's lock
-    (each is taken once per command)."""
+    (each is taken once per command). A stop for ``moe.grow_at_step`` resumes at once, grown
+    (:mod:`turbotrain.app.experts_growth`)."""
+    summary, training = _train_prepared_once(run, signals, progress)
+    while stopped_to_grow(summary):  # every rank alike: the step is in the config
+        summary, training = _train_prepared_once(replace(run, resume=True), signals, progress)
+    return summary, training
+
+
+def _train_prepared_once(
+    run: PreparedRun, signals: StopSignals, progress: bool | None = None
+) -> tuple[dict[str, Any], Training]:
+    """:func:`train_prepared` until the fit ends, for whatever reason."""
     new, main, run_dir = not run.resume, run.main, run.run_dir
     if new and main and holds_a_run(run_dir):  # another process made it between the check and the lock
         raise already_exists(run_dir)

@@ -28,7 +28,7 @@ from torch import nn
 from ..base.atomic import atomic_write
 from ..base.rundir import EXPERTS_FILE
 from ..core.process_group import rank_world
-from ..parts.models.moe import MoE, moe_layers
+from ..parts.models.moe import MoE, grown_order, moe_layers, new_positions, regrown
 from .hooks import FitContext, Hook, every
 
 log = logging.getLogger(__name__)
@@ -76,9 +76,23 @@ class ExpertsMonitor(Hook):
         # a resume: keep the windows up to the checkpoint
         if step > 0 and path is not None and path.is_file():
             try:
-                self.history = [h for h in json.loads(path.read_text())["history"] if h["step"] <= step]
+                saved = json.loads(path.read_text())
+                self.history = [h for h in saved["history"] if h["step"] <= step]
+                self.meta["grown"] = [g for g in saved.get("grown", []) if g["step"] <= step]
             except (ValueError, KeyError, TypeError):
                 log.warning("%s is unreadable; the expert-load history restarts at step %d", path, step)
+        # experts grown at this start (moe.grow_at_step, a resume with more): earlier windows in the new numbering
+        for h in self.history:
+            h["load"] = [
+                regrown(row, m.n_experts, m.n_experts // m.n_local)
+                for row, (_, m) in zip(h["load"], self.layers)
+            ]
+        first = self.layers[0][1] if self.layers else None
+        if first is not None and first.grew_from:
+            order = grown_order(first.grew_from, first.n_experts, first.n_experts // first.n_local)
+            self.meta.setdefault("grown", []).append(
+                {"step": step, "from": first.grew_from, "to": first.n_experts, "new": new_positions(order)}
+            )
         for _, layer in self.layers:  # counts from before the first step (a batch search) are not training's
             layer.take_load()
 

@@ -275,10 +275,20 @@ def load_into(
     saved = read_metadata(path).state_dict_metadata
     # written by newer versions only: an older checkpoint leaves them as the model has them
     absent = {n for n in tensors if n not in saved and n.rsplit(_SEP, 1)[-1].endswith(OPTIONAL_SUFFIXES)}
+    # a MoE layer grown since this checkpoint (fewer experts saved): read as saved, the layer's
+    # and the optimizer's load hooks grow them (other shapes were refused when it was chosen)
+    sizes = {n: getattr(saved.get(n), "size", None) for n in tensors}
+    grown = {n for n, t in tensors.items() if sizes[n] is not None and tuple(sizes[n]) != tuple(t.shape)}
+    tensors = {n: t.new_empty(sizes[n]) if n in grown else t for n, t in tensors.items()}
     _dcp_load(path, {n: t for n, t in tensors.items() if n not in absent}, path.name)
     flat = {**tensors, **state.get("objects", {})}
     optim_sd = {"state": _unflatten(flat, OPTIM), "param_groups": state.get("param_groups", [])}
-    _set(model, optimizer, _unflatten(flat, MODEL), optim_sd, False, path.name)
+    model_sd = _unflatten(flat, MODEL)
+    if grown and optimizer is not None:  # set_state_dict loads the optimizer first: the model first
+        # here, so its MoE layers have grown (and know from how many experts) when the optimizer's
+        # state grows; then both, as always (the same growth again: its noise is seeded)
+        _set(model, None, dict(model_sd), {}, False, path.name)
+    _set(model, optimizer, model_sd, optim_sd, False, path.name)
 
 
 def load_model_weights(path: Path) -> dict[str, torch.Tensor]:

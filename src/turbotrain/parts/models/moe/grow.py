@@ -1,7 +1,9 @@
 """Growing a mixture-of-experts layer: where each expert of a larger layer comes from when a
 checkpoint with fewer experts loads into it (:func:`grown_order`), and the grown tensors
 (:func:`grow_experts`). The layer applies them on load (``MoE._grow_on_load``); expert parallelism
-applies them to a one-process checkpoint's optimizer state."""
+applies them to the optimizer's state (:func:`turbotrain.parts.models.moe.parallel.attach_optimizer`).
+A run grows its experts at a step (``moe.grow_at_step``) through the same load: see
+:mod:`turbotrain.app.experts_growth`."""
 
 from __future__ import annotations
 
@@ -11,17 +13,45 @@ GROW_NOISE = 0.01  # new experts: a copy of an existing one plus noise of this x
 
 
 def grown_order(old: int, new: int, ranks: int = 1) -> list[tuple[int, bool]]:
-    """Where each of ``new`` experts comes from when a checkpoint with ``old`` experts loads into a
-    model with more: ``(source expert, is_new)`` per position. Positions are dealt to ``ranks``
-    contiguous slices of ``new / ranks`` (the expert-parallel layout); each old expert, then each
-    new one, goes to the rank holding the fewest so far (ties: the lowest rank), so the copies
-    spread over the ranks. New expert i copies old expert ``i mod old``."""
+    """Where each of ``new`` experts comes from when a layer with ``old`` experts grows (a
+    checkpoint with fewer loading into a layer with more, or ``moe.grow_at_step`` in a run):
+    ``(source expert, is_new)`` per position. Positions are dealt to ``ranks`` contiguous slices of
+    ``new / ranks`` (the expert-parallel layout). The old experts stay on the rank of their old
+    contiguous slice when ``old`` divides over the ranks (no expert moves), else each goes to the
+    rank holding the fewest so far; then each new expert goes to the rank holding the fewest so far
+    (ties: the lowest rank). New expert i copies old expert ``i mod old``."""
     per_rank = new // ranks
     held: list[list[tuple[int, bool]]] = [[] for _ in range(ranks)]
-    for item in [(e, False) for e in range(old)] + [(i % old, True) for i in range(new - old)]:
-        min(held, key=len).append(item)  # min() takes the first (lowest) rank among the fewest
+    if old % ranks == 0:  # where they live now: rank r holds old experts [r old/ranks, (r + 1) old/ranks)
+        for r in range(ranks):
+            held[r] = [(e, False) for e in range(r * old // ranks, (r + 1) * old // ranks)]
+    else:
+        for e in range(old):
+            min(held, key=len).append((e, False))
+    for i in range(new - old):
+        min(held, key=len).append((i % old, True))  # min() takes the first (lowest) rank among the fewest
     assert all(len(h) == per_rank for h in held)
     return [item for h in held for item in h]
+
+
+def new_positions(order: list[tuple[int, bool]]) -> list[int]:
+    """The positions of the new experts in a :func:`grown_order`."""
+    return [i for i, (_, is_new) in enumerate(order) if is_new]
+
+
+def grown_loads(loads: list[int], order: list[tuple[int, bool]]) -> list[int]:
+    """Per-expert figures of the layer before it grew (``loads``, old numbering) in the grown
+    layer's numbering: each old expert's at its new position, 0 for the new experts."""
+    return [0 if is_new else loads[src] for src, is_new in order]
+
+
+def regrown(loads: list[int], n_experts: int, ranks: int) -> list[int]:
+    """A layer's per-expert figures (``loads``) in its numbering now: unchanged when they have
+    ``n_experts`` entries, else taken before it grew to ``n_experts`` over ``ranks`` expert-parallel
+    ranks (:func:`grown_loads`: the old experts moved to their new positions, 0 for the new ones)."""
+    if len(loads) >= n_experts or not loads:
+        return loads
+    return grown_loads(loads, grown_order(len(loads), n_experts, ranks))
 
 
 def grow_experts(

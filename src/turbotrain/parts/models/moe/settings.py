@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ....base.config import RunConfig, knob, register_settings, setting
+from ....base.config import MAX_STEPS, RunConfig, knob, register_settings, setting
 from ....base.errors import ConfigError
 
 MOE_IMPLS = ("auto", "grouped", "batched", "loop")
@@ -53,6 +53,25 @@ class MoESettings:
         "'grouped', 'batched' or 'loop' (one matmul per expert: the reference)",
         choices=MOE_IMPLS,
     )
+    grow_at_step: int = knob(
+        0,
+        "grow every MoE block to moe.grow_to experts after this optimizer step (new experts on the "
+        "expert-parallel rank holding the fewest); 0 = never",
+        min=0,
+        max=MAX_STEPS,
+    )
+    grow_to: int = knob(
+        0,
+        "experts per MoE block from moe.grow_at_step on (more than moe.n_experts); 0 = no growth",
+        min=0,
+        max=4096,
+    )
+
+
+def experts_at(e: MoESettings, step: int) -> int:
+    """Experts per MoE block of a run that has trained ``step`` optimizer steps: ``grow_to`` from
+    ``grow_at_step`` on (the growth happens once that step has trained), ``n_experts`` before."""
+    return e.grow_to if e.grow_at_step and step >= e.grow_at_step else e.n_experts
 
 
 def check_moe(config: RunConfig) -> None:
@@ -76,11 +95,29 @@ def check_moe(config: RunConfig) -> None:
             f"{e.n_experts / e.top_k:g} (there every expert has a slot for every token); 0 = dropless, e.g. "
             f"{setting('moe.capacity_factor', 0)}"
         )
+    if bool(e.grow_at_step) != bool(e.grow_to):
+        given, other = (
+            ("moe.grow_at_step", "moe.grow_to") if e.grow_at_step else ("moe.grow_to", "moe.grow_at_step")
+        )
+        raise ConfigError(
+            f"{given} needs {other} too: grow to moe.grow_to experts after optimizer step moe.grow_at_step, e.g. "
+            f"{setting('moe.grow_at_step', e.grow_at_step or 100)} {setting('moe.grow_to', e.grow_to or 2 * e.n_experts)}"
+        )
+    if e.grow_to and e.grow_to <= e.n_experts:
+        raise ConfigError(
+            f"moe.grow_to = {e.grow_to} must be more than moe.n_experts = {e.n_experts} (the experts grow), "
+            f"e.g. {setting('moe.grow_to', 2 * e.n_experts)}"
+        )
     # a dense model with expert_parallel > 1 is refused by the run's plan (its spec says 0 experts): an
     # own loop's Engine takes this config's distributed section for its own MoE model
     degree = config.distributed.expert_parallel
     if degree > 1 and e.n_experts % degree:
         raise ConfigError(f"distributed.expert_parallel = {degree} must divide moe.n_experts = {e.n_experts}")
+    if degree > 1 and e.grow_to % degree:
+        raise ConfigError(
+            f"distributed.expert_parallel = {degree} must divide moe.grow_to = {e.grow_to} (every rank holds "
+            f"as many experts), e.g. {setting('moe.grow_to', e.grow_to + degree - e.grow_to % degree)}"
+        )
 
 
 def unused_moe(config: RunConfig, given: Sequence[str]) -> str:
