@@ -42,6 +42,7 @@ from ..core.engine import Engine, default_loss
 from ..core.main_rank import ReportedByAnotherRank
 from ..core.transforms import eager
 from ..loop.checkpoint import checkpoint_step, latest_verified
+from ..loop.monitor.trackers import TRACKERS, require_trackers
 from .choose.session import choose_for_run
 from .prepare import PreparedRun, RunRequest, StoppedBySignal, WorkloadLike, decided, prepare_run
 from .report import ReportResult, write_report
@@ -110,6 +111,8 @@ def train_run(request: RunRequest, *, progress: bool | None = None, report: bool
                 write_launch(run.run_dir, {**launch.record(), **batch_record(run.settings, run.plan)})
             if run.relaunch:
                 record_restart(run.run_dir, run.relaunch, run.plan.world)
+            # a tracker's missing package: one line now, not after the measuring below
+            require_trackers(t for t in TRACKERS if getattr(run.config.monitor, t))
             # settings left at auto, by measurement (one process; a resume never re-measures)
             if not run.resume and run.plan.world == 1:
                 run = decided(run, choose_for_run(run.config, run.run_dir))

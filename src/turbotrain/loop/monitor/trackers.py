@@ -68,6 +68,14 @@ def _import(tracker: str) -> Any:
         ) from None
 
 
+def require_trackers(names: Iterable[str]) -> None:
+    """Each named tracker's package imports, or one line naming the extra to install: what a run
+    checks at its start, before anything slow (measuring settings, compiling) makes the user wait
+    for the mistake."""
+    for name in names:
+        _import(name)
+
+
 def _read_ids(run_dir: Path) -> dict[str, Any]:
     path = run_dir / TRACKERS_FILE
     with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
@@ -295,9 +303,7 @@ def build_sinks(names: Iterable[str], run_dir: Path, options: TrackerOptions | N
     unknown = [n for n in names if n not in SINKS]
     if unknown:
         raise TurbotrainError(f"unknown sink {unknown[0]!r}; choose from: {', '.join(SINKS)}")
-    for name in names:
-        if name in TRACKERS:
-            _import(name)
+    require_trackers(n for n in names if n in TRACKERS)
     options = options or TrackerOptions()
     run_dir.mkdir(parents=True, exist_ok=True)
     sinks: list[Any] = []
