@@ -37,6 +37,7 @@ from turbotrain.app.bench.workloads import (
     seeded_model,
 )
 from turbotrain.base.errors import TurbotrainError
+from turbotrain.core.graphs import unavailable as graphs_unavailable
 from turbotrain.core.optim import lr_lambda, param_groups
 
 # ------------------------------------------------------------------------------------ workloads
@@ -161,8 +162,19 @@ def test_plain_warmup_matches_turbotrains_constant_schedule():
 
 def test_five_contenders_on_cpu_and_a_missing_package_is_a_reason(monkeypatch):
     on_cpu = [n for n in DEFAULT_ORDER if not CONTENDERS[n].cuda_only]
-    assert on_cpu == ["eager", "handtuned", "accelerate", "lightning", "turbotrain"]
+    assert on_cpu == [
+        "eager",
+        "handtuned",
+        "accelerate",
+        "lightning",
+        "turbotrain",
+        "turbotrain-auto",
+        "turbotrain-graphs",
+    ]
     assert CONTENDERS["eager-bf16"].unavailable("cpu") == "CUDA only"
+    # the CUDA-graph row is kept on CPU, refused with the graphs' own one line
+    assert CONTENDERS["turbotrain-graphs"].unavailable("cpu") == graphs_unavailable("cpu") != ""
+    assert CONTENDERS["turbotrain-graphs"].unavailable("cuda") is None
     monkeypatch.setattr(contenders_mod.importlib.util, "find_spec", lambda name: None)
     assert "lightning is not installed" in CONTENDERS["lightning"].unavailable("cpu")
 

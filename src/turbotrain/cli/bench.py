@@ -89,6 +89,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--steps", type=int, help="timed steps (default: the workload's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--auto-planned-steps",
+        type=int,
+        default=10_000,
+        help="the run length the turbotrain-auto row's measured choice decides for (default 10000)",
+    )
+    p.add_argument(
         "--repeat",
         type=int,
         default=1,
@@ -203,6 +209,7 @@ def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
         compile_cache=args.compile_cache,
         threads=args.threads,
         profile_dir=Path(args.profile) if args.profile else None,
+        auto_planned_steps=args.auto_planned_steps,
     )
     exit_on_sigterm()  # so a running row is ended too (see process.run_process)
     runners = {
@@ -396,6 +403,7 @@ def canonical_command(args: argparse.Namespace) -> str:
     for flag, value in (
         ("--repeat", args.repeat),
         ("--threads", args.threads or None),
+        ("--auto-planned-steps", getattr(args, "auto_planned_steps", 10_000)),
         ("--batch", args.batch),
         ("--warmup", args.warmup),
         ("--steps", args.steps),

@@ -76,6 +76,12 @@ class HostSyncFinder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def unavailable(device_type: str) -> str:
+    """Why whole-step CUDA graphs cannot run on a ``device_type`` device, in one line ("" on CUDA):
+    the refusal a run logs and ``turbotrain bench``'s CUDA-graph row reports."""
+    return "" if device_type == "cuda" else f"CUDA graphs need a CUDA device; this run is on {device_type}"
+
+
 class CudaGraph:
     """torch.cuda.CUDAGraph behind the two calls the wrapper makes: ``capture(fn)`` (records fn's
     kernels, runs none; ``outputs`` are fn's results, overwritten by each replay) and ``replay()``."""
@@ -178,7 +184,7 @@ class _Captured:
         if owner.refused:
             return self.body(*args)
         if owner.graph_factory is None:
-            owner.refuse(f"CUDA graphs need a CUDA device; this run is on {owner.device.type}")
+            owner.refuse(unavailable(owner.device.type) or "no CUDA graph for this device")
             return self.body(*args)
         self.calls += 1
         if self.calls == 1 and owner.captures == 0:

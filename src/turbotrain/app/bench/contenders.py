@@ -30,6 +30,7 @@ from ...base.batch import move_to
 from ...base.config import load_config
 from ...base.errors import ConfigError
 from ...core.assembly import build_trainable
+from ...core.graphs import unavailable as graphs_unavailable
 from ...core.optim import resolve_implementation
 from ...loop.fit import fit
 from ...loop.hooks import FitContext, Hook
@@ -52,6 +53,8 @@ class Contender:
     recipe_cpu: str
     requires: tuple[str, ...] = ()
     cuda_only: bool = False
+    refused: Callable[[str], str] | None = None  # device type -> why it cannot run there ("" when it can)
+    workloads: tuple[str, ...] = ()  # in the default list only for these workload models (all when empty)
 
     def recipe(self, device_type: str) -> str:
         return self.recipe_cuda if device_type == "cuda" else self.recipe_cpu
@@ -60,6 +63,8 @@ class Contender:
         """Why this contender cannot run here (None when it can)."""
         if self.cuda_only and device_type != "cuda":
             return "CUDA only"
+        if self.refused is not None and self.refused(device_type):
+            return self.refused(device_type)
         for module in self.requires:
             if importlib.util.find_spec(module) is None:
                 return f"{module} is not installed (pip install {module})"
@@ -111,9 +116,32 @@ CONTENDERS: dict[str, Contender] = {
             "Engine + fit, defaults: auto precision (bf16-mixed), TF32, compile, fused AdamW, side-stream prefetch",
             "Engine + fit, defaults: auto precision (fp32 on CPU), no compile on CPU, fused AdamW",
         ),
+        Contender(
+            "turbotrain-auto",
+            "turbotrain, settings chosen by measurement (choose, turbotrain.app.bench.auto)",
+            "Engine + fit, compile and precision as choose decides them for a long run (table in the row)",
+            "Engine + fit, compile and precision as choose decides them for a long run (table in the row)",
+        ),
+        Contender(
+            "turbotrain-graphs",
+            "turbotrain with whole-step CUDA graphs (compile.cuda_graphs)",
+            "Engine + fit, defaults + compile.cuda_graphs (each optimizer step captured once, replayed)",
+            "",
+            refused=graphs_unavailable,
+            workloads=("cifar",),
+        ),
     )
 }
-DEFAULT_ORDER = ("eager", "eager-bf16", "handtuned", "accelerate", "lightning", "turbotrain")
+DEFAULT_ORDER = (
+    "eager",
+    "eager-bf16",
+    "handtuned",
+    "accelerate",
+    "lightning",
+    "turbotrain",
+    "turbotrain-auto",
+    "turbotrain-graphs",
+)
 
 
 # ---------------------------------------------------------------------------------- in-process side

@@ -24,22 +24,9 @@ from ...base.failure import cause_in_log
 from ...base.process import child_env, run_process
 from ...parts.hardware import estimate_mfu, lookup_peak
 from .contenders import CONTENDERS, DEFAULT_ORDER
+from .parity import MIXED_PRECISION_REL_TOL, MIXED_PRECISION_TOL, SAME_PRECISION_TOL, loss_tolerance
 from .variants import LADDERS, Variant, ablation_variants, precision_variants
 from .workloads import BenchWorkload, flops_per_step, to_spec, write_data
-
-# Loss parity: the same recipe in the same arithmetic differs only by kernel summation order
-# (fused vs foreach vs for-loop AdamW, clipping): 1e-3 nats after a few dozen steps is generous.
-# Against 16-bit or TF32 arithmetic the rounding compounds: 0.05 nats or 1% of the loss.
-SAME_PRECISION_TOL = 1e-3
-MIXED_PRECISION_TOL = 0.05
-MIXED_PRECISION_REL_TOL = 0.01
-
-
-def loss_tolerance(a: dict[str, Any], b: dict[str, Any]) -> float:
-    """Largest acceptable |final loss difference| between rows ``a`` and ``b`` (nats)."""
-    if a.get("math_precision") == b.get("math_precision") == "fp32":
-        return SAME_PRECISION_TOL
-    return max(MIXED_PRECISION_TOL, MIXED_PRECISION_REL_TOL * abs(b.get("final_loss") or 0.0))
 
 
 @dataclass
@@ -58,6 +45,7 @@ class BenchOptions:
     profile_dir: Path | None = None  # compare: profile a few turbotrain steps after its timed window
     profile_steps: int = 3
     threads: int = 0  # CPU threads per row process (OMP_NUM_THREADS); 0 = torch's default
+    auto_planned_steps: int = 10_000  # the run length the turbotrain-auto row decides for (bench/auto.py)
     # Called with the report so far (``missing`` names the rows not yet run) before the first row
     # and after every finished one, the last time complete: so a bench killed at a time limit
     # keeps what it measured (results.ReportWriter writes each to disk).
@@ -309,9 +297,14 @@ def run_compare(w: BenchWorkload, opts: BenchOptions, contenders: list[str] | No
         raise ValueError(f"unknown contender(s) {unknown}; choose from {', '.join(CONTENDERS)}")
     if opts.device != "cuda":
         names = [n for n in names if not CONTENDERS[n].cuda_only]
+    if not contenders or list(contenders) == list(DEFAULT_ORDER):  # the default list: rows for this workload
+        names = [n for n in names if not CONTENDERS[n].workloads or w.model in CONTENDERS[n].workloads]
     spec, flops, method = _prepare(w, opts, "compare")
     opts.log(f"compare: {w.describe()}")
-    specs = {"handtuned": {**spec, "handtuned": {"compile": opts.handtuned_compile}}}
+    specs = {
+        "handtuned": {**spec, "handtuned": {"compile": opts.handtuned_compile}},
+        "turbotrain-auto": {**spec, "auto_planned_steps": opts.auto_planned_steps},
+    }
     if opts.profile_dir:
         specs["turbotrain"] = {
             **spec,

@@ -94,6 +94,11 @@ def compare_table(report: dict[str, Any]) -> str:
         ("status", _status),
         ("recipe", lambda r: r.get("recipe", "")),
         *_common(report),
+        *(
+            [("decision s (not in step time)", _ok(lambda r: _num(r.get("decision_s"), ".1f")))]
+            if any("decision_s" in r for r in report["rows"])
+            else []
+        ),
         ("Δ loss vs turbotrain", _loss_diff),
         (
             "turbotrain speedup",

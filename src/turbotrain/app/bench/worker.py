@@ -24,6 +24,7 @@ from ...base.atomic import atomic_write
 from ...base.config import audience
 from ...base.version import __version__
 from ..environment import cpu_model
+from .auto import TRAINERS as CHOSEN_TRAINERS
 from .contenders import CONTENDERS, TRAINERS, SkipContender
 from .protocol import Job, StepClock, init_digest, load_batches
 from .workloads import seeded_workload
@@ -36,7 +37,8 @@ def device_name(device: torch.device) -> str:
 
 def run(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     """Train contender ``name`` on ``spec``; the result's figures (raises SkipContender)."""
-    if name not in TRAINERS:
+    trainers = {**TRAINERS, **CHOSEN_TRAINERS}  # the measured choice and the CUDA-graph row (auto.py)
+    if name not in trainers:
         raise SkipContender(f"no in-process trainer for {name!r}")
     device = torch.device(spec["device"])
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -49,7 +51,7 @@ def run(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     digest = init_digest(model)
     batches = load_batches(spec, device)
     clock = StepClock(device, spec["warmup_steps"], spec["timed_steps"])
-    extra = TRAINERS[name](Job(spec, device, model, batches, clock, loss_fn))
+    extra = trainers[name](Job(spec, device, model, batches, clock, loss_fn))
     figures = clock.finish()
     versions = {"torch": torch.__version__, "turbotrain": __version__, **extra.pop("versions", {})}
     return {

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ...base.config import AUTO, RunConfig
-from ..bench.suite import loss_tolerance
+from ..bench.parity import loss_tolerance
 
 Overrides = dict[str, dict[str, Any]]
 

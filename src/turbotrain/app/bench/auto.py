@@ -1,0 +1,119 @@
+"""The ``turbotrain-auto`` and ``turbotrain-graphs`` rows of ``turbotrain bench --compare``, run
+inside their contender process (:mod:`turbotrain.app.bench.worker`).
+
+- ``turbotrain-auto``: what ``turbotrain train`` would run for this workload. :func:`choose
+  <turbotrain.app.choose.session.choose>` decides the settings left at ``auto`` for a run of
+  ``auto_planned_steps`` (the spec's, default :data:`PLANNED_STEPS`), each candidate timed by the
+  bench's own turbotrain row (:func:`~turbotrain.app.bench.contenders.train_turbotrain`) on a fresh
+  model from the seed and the same batches, under the same clock; then the row trains with the
+  decision under the protocol's clock. The decision's cost (``decision_s``: every candidate's
+  process-internal wall time) is reported beside the step time, never inside it, with the table.
+  Its cache is a fresh folder: the cost is that of a first run of the model.
+- ``turbotrain-graphs``: turbotrain's defaults plus ``compile.cuda_graphs`` (whole-step capture,
+  :mod:`turbotrain.core.graphs`); where graphs cannot run the parent reports the row skipped with
+  the graphs' own one-line reason (``Contender.refused``), never as an error.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ...base.config import load_config
+from ...base.errors import ConfigError, TurbotrainError, TurbotrainWarning
+from ..choose.rule import Candidate
+from ..choose.session import choose
+from .contenders import SkipContender, train_turbotrain, turbotrain_overrides
+from .protocol import BatchList, Job, StepClock
+from .workloads import seeded_workload
+
+PLANNED_STEPS = 10_000  # the run length the auto row decides for (bench --auto-planned-steps)
+
+
+def _merged(base: dict[str, dict[str, Any]], changes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    out = {k: dict(v) for k, v in base.items()}
+    for section, values in changes.items():
+        out.setdefault(section, {}).update(values)
+    return out
+
+
+def measure_candidates(job: Job) -> Callable[[Candidate], dict[str, Any]]:
+    """``choose``'s timer for the bench: a candidate is the turbotrain row with the candidate's
+    changes, on a fresh model from the seed and the job's batches, under the job's protocol
+    (its warm-up and timed steps); its figures as :func:`turbotrain.app.measure.run` names them."""
+    spec = {k: v for k, v in job.spec.items() if k not in ("profile_dir", "profile_steps")}
+
+    def measure(c: Candidate) -> dict[str, Any]:
+        model, loss_fn = seeded_workload(spec["model"]["kind"], spec["model"]["kwargs"], spec["seed"])
+        cand = {**spec, "turbotrain_overrides": _merged(spec.get("turbotrain_overrides", {}), c.changes)}
+        clock = StepClock(job.device, spec["warmup_steps"], spec["timed_steps"])
+        batches = BatchList(job.batches.batches, spec["warmup_steps"] + spec["timed_steps"])
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter(
+                    "ignore", TurbotrainWarning
+                )  # "bf16 on a CPU may be slow": we measure it
+                extra = train_turbotrain(Job(cand, job.device, model, batches, clock, loss_fn))
+            figures = clock.finish()
+        except SkipContender as exc:  # a refused setting: the candidate fails, the decision goes on
+            raise TurbotrainError(str(exc)) from None
+        finally:
+            if c.compiles:  # its graphs belong to a model that is gone
+                torch.compiler.reset()
+        return {
+            "step_ms_median": figures["step_ms_median"],
+            "first_step_s": figures["time_to_first_step_s"],
+            "final_loss": figures["final_loss"],
+            "math_precision": extra["math_precision"],
+        }
+
+    return measure
+
+
+def train_auto(job: Job) -> dict[str, Any]:
+    """Decide by measurement (choose), then train the row with the decision (see the module doc)."""
+    planned = int(job.spec.get("auto_planned_steps", PLANNED_STEPS))
+    base = turbotrain_overrides(job.spec, job.device, planned)
+    base["choose"] = {"measure": "auto", "warmup": job.spec["warmup_steps"], "steps": job.spec["timed_steps"]}
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="turbotrain-bench-choose-") as cache:
+        base["data"] = {**base.get("data", {}), "cache_dir": cache}  # a first run's cost: nothing cached
+        try:
+            config = load_config(overrides=base)
+        except ConfigError as exc:
+            raise SkipContender(str(exc)) from None
+        decision = choose(config, measure=measure_candidates(job), device=job.device)
+    decision_s = time.perf_counter() - t0
+    changes = decision.changes if decision is not None else {}
+    spec = {**job.spec, "turbotrain_overrides": _merged(job.spec.get("turbotrain_overrides", {}), changes)}
+    extra = train_turbotrain(Job(spec, job.device, job.model, job.batches, job.clock, job.loss_fn))
+    summary = decision.summary if decision is not None else "nothing left at auto: the defaults"
+    return {
+        **extra,
+        "recipe": f"{extra['recipe']}; choose for {planned:,d} planned steps: {summary} "
+        f"(decided in {decision_s:.1f} s, not in the step time)",
+        "decision_s": decision_s,
+        "decision_measure_s": decision.measure_s if decision is not None else 0.0,
+        "planned_steps": planned,
+        "decision": decision.to_dict() if decision is not None else None,
+    }
+
+
+def train_graphs(job: Job) -> dict[str, Any]:
+    """turbotrain's defaults plus whole-step CUDA graphs; how many steps were captured and replayed."""
+    spec = {**job.spec, "turbotrain_overrides": _merged(job.spec.get("turbotrain_overrides", {}), GRAPHS)}
+    extra = train_turbotrain(Job(spec, job.device, job.model, job.batches, job.clock, job.loss_fn))
+    return {**extra, "recipe": f"{extra['recipe']}, whole-step CUDA graphs (compile.cuda_graphs)"}
+
+
+GRAPHS = {"compile": {"cuda_graphs": True}}
+
+TRAINERS: dict[str, Callable[[Job], dict[str, Any]]] = {
+    "turbotrain-auto": train_auto,
+    "turbotrain-graphs": train_graphs,
+}
