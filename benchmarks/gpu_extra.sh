@@ -40,6 +40,17 @@
 #   hf-trainer-w1            130  a Hugging Face Trainer on GPT-2 small, its defaults then
 #                                 training_args_recipe() (hf_trainer_recipe.py, one process each):
 #                                 tokens/s, MFU, first step; needs transformers there
+#   cnn-cifar-auto           150  issue 34 item 5: cnn-cifar's eager, turbotrain, turbotrain-auto (choose's measured
+#                                 choice, its decision cost apart) and turbotrain-graphs (compile.cuda_graphs)
+#   levers                   180  the loss and memory levers: torch's version and whether it has
+#                                 F.linear_cross_entropy (levers.txt); loss_probe.py at W1's head
+#                                 (full / chunked / fused: ms and peak); `train` W1 with
+#                                 --model.loss=fused (compiled, 40 steps); `bench --inference` bf16-mixed
+#                                 and fp32 on gpt2-small; empty_cache_cost.py (a step with and without
+#                                 torch.cuda.empty_cache())
+#   fp8-layers               180  fp8 per layer: fp8_layers.py's table on gpt2-small (each shape in bf16,
+#                                 fp8 tensorwise and rowwise, compiled), then `train` W1 with
+#                                 --precision.mode=fp8 --precision.fp8_layers=timed (torchao wheel carried)
 #
 # Results: benchmarks/results/<gpu>/<date>/extra/<phase>/, packed into $OUT/extra.tgz after every
 # phase that ran, with $OUT/extra.log. Phases run in the order above, whatever order they are named in.
@@ -48,11 +59,11 @@ declare -A LIMIT=(
   [env]=40 [w1-cudnn-attention]=120 [w1-fp32-eager]=170 [w1-fp32-compiled]=170 [w1-precision-rest]=60
   [w1-contenders]=110 [w1-fp8-train]=180 [cnn-cifar-contenders]=130 [cnn-cifar-fp32-graphs]=70 [cnn-224]=150
   [train-w1]=75 [finder]=120 [checkpointing]=100 [memory-report]=60 [checkpoint-stall]=70
-  [cnn-choose]=170 [w1-warm-start]=150 [cnn-graphs]=80 [hf-trainer-w1]=130
+  [cnn-choose]=170 [w1-warm-start]=150 [cnn-graphs]=80 [hf-trainer-w1]=130 [cnn-cifar-auto]=150 [levers]=180 [fp8-layers]=180
 )
 ORDER=(env w1-cudnn-attention w1-fp32-eager w1-fp32-compiled w1-precision-rest w1-contenders w1-fp8-train
        cnn-cifar-contenders cnn-cifar-fp32-graphs cnn-224 train-w1 finder checkpointing memory-report checkpoint-stall
-       cnn-choose w1-warm-start cnn-graphs hf-trainer-w1)
+       cnn-choose w1-warm-start cnn-graphs hf-trainer-w1 cnn-cifar-auto levers fp8-layers)
 COMMAND_LIMIT_S=180
 menu() { local p out=(); for p in "${ORDER[@]}"; do out+=("$p (${LIMIT[$p]} s)"); done; local IFS=,; echo "${out[*]}" | sed 's/,/, /g'; }
 if (( $# == 0 )); then
@@ -200,6 +211,31 @@ pack
 phase hf-trainer-w1 60  # issue 36: the Trainer's defaults (fp32, eager) vs turbotrain's recipe (bf16, TF32, compile)
 step 50 "$PY" benchmarks/hf_trainer_recipe.py --variant defaults --size small --steps 30 --out "$RES/hf-trainer-w1/defaults"
 step 80 "$PY" benchmarks/hf_trainer_recipe.py --variant recipe --size small --steps 30 --out "$RES/hf-trainer-w1/recipe"
+pack
+
+phase cnn-cifar-auto 40  # each row cold: the auto row's first step and its decision cost are both a first run's
+step 150 "$PY" -m turbotrain bench --workload cnn-cifar --compare --contenders eager,turbotrain,turbotrain-auto,turbotrain-graphs \
+  --timeout-s 60 --out "$RES/cnn-cifar-auto" --work-dir "$WORK/cnn-cifar-auto"
+keep_row_logs cnn-cifar-auto
+pack
+
+phase levers 20  # torch's own fused loss, the loss three ways, a W1 run with it, inference, empty_cache's cost
+step_to "$RES/levers.txt" 10 "$PY" -c "import torch, torch.nn.functional as F; print(torch.__version__, hasattr(F, 'linear_cross_entropy'))"
+step 25 "$PY" benchmarks/loss_probe.py --tokens 16384 --d 768 --vocab 50304 --repeats 10 --out "$RES/loss_probe.json"
+W1F=("${GPT2[@]}" --train.max_steps 40 --train.eval_every 0 --monitor.log_every 10)
+step 75 "$PY" -m turbotrain train "${W1F[@]}" --model.loss=fused --run.name gpt2-small-fused-loss "${SHORT[@]}"
+step 40 "$PY" -m turbotrain bench --inference --workload gpt2-small --rows bf16-mixed,fp32 --steps 20 --warmup 3 \
+  --out "$RES/inference"
+step 30 "$PY" benchmarks/empty_cache_cost.py --preset gpt2-small --micro 8 --steps 30 --out "$RES/empty_cache.json"
+keep_runs
+pack
+
+phase fp8-layers 60  # needs the carried torchao wheel (benchmarks/README.md); without it both say why in one line
+step 90 "$PY" benchmarks/fp8_layers.py --preset gpt2-small --micro 16 --repeats 20 --out "$RES/fp8-layers"
+W1T=("${GPT2[@]}" --train.max_steps 60 --train.eval_every 0 --monitor.log_every 10)
+step 90 "$PY" -m turbotrain train "${W1T[@]}" --precision.mode=fp8 --precision.fp8_layers=timed \
+  --run.name gpt2-small-fp8-timed "${SHORT[@]}"
+keep_runs
 pack
 
 finish_script
