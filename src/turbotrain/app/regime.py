@@ -4,9 +4,11 @@ launch-bound step, lower precision and bigger matmuls for a compute-bound one, f
 and less traffic for a bandwidth-bound one, loader workers for a data-bound one.
 
 The probe's figures (per optimizer step, milliseconds): the step time; the host's time blocked on
-the loader; on CUDA the device's busy time (the union of kernel intervals in a profiler window)
-and the host's time to enqueue the step; the achieved FLOP/s against the device's datasheet peak.
-:func:`probe_from` reads them from ``profile``'s figures and trace; :func:`classify` is pure.
+the loader; on CUDA the device's busy time and the host's time to enqueue the step; the achieved
+FLOP/s against the device's datasheet peak. :func:`probe_from` reads them from ``profile``'s
+figures and trace (busy: the union of kernel intervals in a profiler window); :class:`Timeline`
+measures them on a few steps of the real run without a profiler (``doctor --model``, ``train``'s
+first lines through ``choose``); :func:`classify` is pure.
 
 The rule, in order:
 - **data-bound**: the host waits on the loader for >= ``DATA_SHARE`` of the step.
@@ -20,8 +22,15 @@ The rule, in order:
 
 from __future__ import annotations
 
+import statistics
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import torch
+
+from ..loop.hooks import FitContext, Hook
 
 DATA_SHARE = 0.25
 IDLE_SHARE = 0.30
@@ -108,3 +117,80 @@ def probe_from(
         tflops=figures.get("tflops"),
         peak_tflops=peak_tflops,
     )
+
+
+# ----------------------------------------------------------------------------- the timeline probe
+
+PROBE_STEPS = 3  # optimizer steps probed after the timed ones (CUDA only)
+SLEEP_CYCLES_PER_MS = (
+    1_500_000  # torch.cuda._sleep's spin: ~1.5 GHz; only needs to outlast the host's enqueue
+)
+QUEUE_FULL = 0.9  # the host's enqueue took this share of the sleep: the launch queue filled, the host waited
+
+
+class Timeline(Hook):
+    """Host enqueue time against device busy time of :data:`PROBE_STEPS` optimizer steps after
+    step ``after``, with no profiler and no sync per step (CUDA only; a no-op elsewhere).
+
+    Before each probed step the device is held by ``torch.cuda._sleep`` (a few times the last step's
+    wall), so the host enqueues the whole step while the device is still asleep: the host's
+    ``perf_counter`` span is its time to enqueue the step (data fetch included), and the CUDA events
+    around the same step time the device running it back to back, its busy time. The events are
+    read after one synchronize, at the probe's end. A host span near the sleep means the launch queue
+    filled and the host waited on the device: then the enqueue time is not known (the device was
+    the limit), and only the busy time counts."""
+
+    def __init__(self, after: int, steps: int = PROBE_STEPS) -> None:
+        self.after, self.steps = after, steps
+        self.pairs: list[tuple[Any, Any, float, float]] = []  # start event, end event, host ms, sleep ms
+        self._open: tuple[Any, float, float] | None = None
+        self._last = 0.0
+
+    def on_step_end(self, ctx: FitContext) -> None:
+        device = ctx.engine.device
+        now = time.perf_counter()
+        if device.type != "cuda":
+            return
+        step = ctx.engine.state.step
+        if self._open is not None:
+            start, t0, sleep_ms = self._open
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.pairs.append((start, end, 1000 * (now - t0), sleep_ms))
+            self._open = None
+        if self.after <= step < self.after + self.steps:
+            sleep_ms = min(max(3000 * (now - self._last), 20.0), 1000.0)
+            torch.cuda._sleep(int(sleep_ms * SLEEP_CYCLES_PER_MS))
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            self._open = (start, time.perf_counter(), sleep_ms)
+        self._last = time.perf_counter()
+
+    def figures(self) -> dict[str, Any]:
+        """``device_busy_ms`` and ``host_enqueue_ms`` (medians; None where not measured)."""
+        if not self.pairs:
+            return {}
+        torch.cuda.synchronize()  # host-device sync point: once, at the probe's end
+        busy = statistics.median(a.elapsed_time(b) for a, b, _, _ in self.pairs)
+        full = any(host >= QUEUE_FULL * sleep for _, _, host, sleep in self.pairs)
+        host = None if full else statistics.median(h for _, _, h, _ in self.pairs)
+        return {"device_busy_ms": busy, "host_enqueue_ms": host, "launch_queue_full": full}
+
+
+def probe_of(figures: Mapping[str, Any]) -> Probe:
+    """The probe from :func:`turbotrain.app.measure.run`'s figures with :meth:`Timeline.figures`
+    and ``peak_tflops`` merged in (what :func:`probe_run` and ``choose`` keep)."""
+    return Probe(
+        step_ms=float(figures["step_ms_median"]),
+        data_wait_ms=float(figures.get("data_wait_ms_per_step") or 0.0),
+        device_busy_ms=figures.get("device_busy_ms"),
+        host_enqueue_ms=figures.get("host_enqueue_ms"),
+        tflops=figures.get("tflops"),
+        peak_tflops=figures.get("peak_tflops"),
+    )
+
+
+CPU_LINE = (
+    "regime: not separable on a CPU (the host runs the kernels: launch overhead and compute cannot be "
+    "told apart)"
+)

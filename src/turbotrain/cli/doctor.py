@@ -7,6 +7,7 @@ import json
 
 import torch
 
+from ..app.choose.session import doctor_regime
 from ..app.doctor import build_report, format_report
 from ..app.precision_check import check_precisions, format_check, load_target
 from ..app.profile.syncs import format_syncs, locate_workload_syncs
@@ -43,6 +44,8 @@ def main_doctor(args: argparse.Namespace, extra: list[str]) -> int:
     if target is not None:
         report["precision_check"] = check_precisions(target)
         text += "\n\n" + format_check(report["precision_check"])
+        report["regime"] = doctor_regime(args.preset, args.model)  # app/regime.py: one probe on CUDA
+        text += "\n\n" + report["regime"]["line"]
         report["syncs"] = locate_workload_syncs(target, "cuda" if torch.cuda.is_available() else "cpu")
         text += "\n\n## host-device syncs in a training step (eager, fp32)\n" + "\n".join(
             format_syncs(report["syncs"])

@@ -30,6 +30,8 @@ from ...base.config import AUTO, RunConfig
 from ..bench.parity import loss_tolerance
 
 Overrides = dict[str, dict[str, Any]]
+# what a candidate's measurement keeps for naming the run's regime (app/regime.probe_of reads them)
+PROBE_KEYS = ("data_wait_ms_per_step", "tflops", "peak_tflops", "device_busy_ms", "host_enqueue_ms")
 
 # The first step of a compiled candidate, estimated before measuring it (seconds, compile included):
 # DESIGN's facts: a small GPT took 25-40 s to compile on a 2-core CPU; GPT-2 small's first step 34 s
@@ -66,6 +68,8 @@ class Row:
     projected_s: float | None = None  # first step + planned steps x step time
     measure_s: float | None = None  # wall time its measurement cost
     cached: bool = False  # figures reused from the cache
+    # the regime probe's figures (app/regime.py): data wait, FLOP/s, and on CUDA the device timeline
+    probe: dict[str, Any] = field(default_factory=dict)
     baseline: bool = False
     compiles: bool = False
 
@@ -85,6 +89,12 @@ class Row:
         if self.parity_loss is None:  # no held-out batches: the last timed step's loss
             self.parity_loss = figures.get("final_loss")
         self.math_precision = figures.get("math_precision")
+        cached_probe = figures.get("probe")
+        self.probe = (
+            dict(cached_probe)
+            if isinstance(cached_probe, Mapping)
+            else {k: figures[k] for k in PROBE_KEYS if figures.get(k) is not None}
+        )
 
     def figures(self) -> dict[str, Any]:
         return {
@@ -92,6 +102,7 @@ class Row:
             "first_step_s": self.first_step_s,
             "parity_loss": self.parity_loss,
             "math_precision": self.math_precision,
+            "probe": self.probe,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -110,6 +121,7 @@ class Decision:
     cache: str = ""  # where the figures were cached / reused from
     key: str = ""
     measure_s: float = 0.0  # wall time spent measuring in this process (the decision's cost)
+    regime: dict[str, str] | None = None  # the kept recipe's regime (app/regime.py), when named
 
     @property
     def kept(self) -> Row | None:
@@ -124,6 +136,7 @@ class Decision:
             "cache": self.cache,
             "key": self.key,
             "measure_s": round(self.measure_s, 3),
+            "regime": self.regime,
             "rows": [r.to_dict() for r in self.rows],
             "table": format_table(self),
         }

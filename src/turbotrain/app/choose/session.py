@@ -15,7 +15,7 @@ import logging
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +27,11 @@ from ...base.errors import TurbotrainError, TurbotrainWarning
 from ...base.rundir import CHOOSE_FILE, CHOOSE_MD
 from ...core.device import resolve_device
 from ...core.precision import DeviceCaps, resolve_precision
-from ..measure import Target, measure_once
+from ..measure import Target, build, release, run
+from ..regime import CPU_LINE, PROBE_STEPS, Regime, Timeline, classify, probe_of
 from . import cache
 from .rule import (
+    PROBE_KEYS,
     Candidate,
     Decision,
     Row,
@@ -47,6 +49,36 @@ log = logging.getLogger(__name__)
 MeasureFn = Callable[[Candidate], dict[str, Any]]  # a candidate -> measure.run's figures
 
 
+def measure_with_timeline(
+    target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_dir: Path, warmup: int, steps: int
+) -> dict[str, Any]:
+    """:func:`turbotrain.app.measure.measure_once` with the timeline probe after the timed steps on
+    CUDA (:data:`PROBE_STEPS` more steps there; none on a CPU): ``run``'s figures plus
+    ``device_busy_ms``, ``host_enqueue_ms`` and ``peak_tflops``."""
+    built = build(target, changes, run_dir)
+    try:
+        cuda = built.engine.device.type == "cuda"
+        timeline = Timeline(after=warmup + steps)
+        out = run(
+            built, warmup, steps, extra_steps=PROBE_STEPS if cuda else 0, hooks=[timeline] if cuda else []
+        )
+        return {**out, **timeline.figures(), "peak_tflops": built.peak_tflops}
+    finally:
+        release(built)
+
+
+def probe_run(
+    target: Target,
+    changes: Mapping[str, Mapping[str, Any]] | None,
+    run_dir: Path,
+    warmup: int = 3,
+    steps: int = 5,
+) -> tuple[Regime, dict[str, Any]]:
+    """A short run of the real step (``warmup`` + ``steps``, then the timeline on CUDA) and its regime."""
+    figures = measure_with_timeline(target, changes, run_dir, warmup, steps)
+    return classify(probe_of(figures)), figures
+
+
 def measure_in_process(config: RunConfig, work_dir: Path) -> MeasureFn:
     """Measure candidates of ``config`` in this process, each with a fresh model from the run's
     seed (``choose.warmup`` untimed and ``choose.steps`` timed steps), in ``work_dir``."""
@@ -59,7 +91,10 @@ def measure_in_process(config: RunConfig, work_dir: Path) -> MeasureFn:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", TurbotrainWarning)  # "bf16 on a CPU may be slow": we measure it
             try:
-                return measure_once(target, c.changes, folder, config.choose.warmup, config.choose.steps)
+                # measure_once's run, plus the regime's device timeline on CUDA (3 more steps there)
+                return measure_with_timeline(
+                    target, c.changes, folder, config.choose.warmup, config.choose.steps
+                )
             finally:
                 if c.compiles:  # its graphs belong to a model that is gone; the on-disk caches stay warm
                     torch.compiler.reset()
@@ -179,18 +214,90 @@ def write_decision(run_dir: Path, decision: Decision) -> None:
     atomic_write(run_dir / CHOOSE_MD, "\n".join(format_table(decision)) + "\n")
 
 
-def choose_for_run(config: RunConfig, run_dir: Path, say: Callable[[str], None] = print) -> RunConfig:
+def choose_for_run(
+    config: RunConfig,
+    run_dir: Path,
+    say: Callable[[str], None] = print,
+    measure: MeasureFn | None = None,
+) -> RunConfig:
     """What ``turbotrain train`` calls for a new run (one process): decide, show the table, write
-    it to the run directory, and return the config with the chosen settings."""
-    decision = choose(config, say=say)
-    if decision is None:
-        return config
-    if not decision.rows:  # a run too short to pay for measuring: one log line, no file
+    it to the run directory, name the run's regime, and return the config with the chosen settings."""
+    decision = choose(config, measure=measure, say=say)
+    if decision is not None and not decision.rows:  # too short to pay for measuring: a log line, no file
         log.info("choose: %s", decision.summary)
-        return config
-    say("\n".join(format_table(decision)))
-    write_decision(run_dir, decision)
-    return apply(config, decision)
+    chosen = apply(config, decision)
+    if decision is not None and decision.rows:
+        say("\n".join(format_table(decision)))
+    say(name_regime(chosen, decision))
+    if decision is not None and decision.rows:
+        write_decision(run_dir, decision)
+    return chosen
+
+
+# a shorter run is not probed: the probe's build and steps would cost more than it tells
+PROBE_MIN_STEPS = 100
+
+
+def name_regime(config: RunConfig, decision: Decision | None) -> str:
+    """The run's regime in one line (app/regime.py): from choose's figures of the recipe it keeps
+    when it has them (measured now or cached: no cost); else on CUDA from one short probe of the run's
+    step with its device timeline; on a CPU, where launch and compute cannot be told apart, the
+    caveat alone (nothing measured for it)."""
+    rows = decision.rows if decision is not None else []
+    row = next((r for r in rows if r.status == "kept" and r.measured), None)
+    row = row or next((r for r in rows if r.measured), None)  # the kept recipe unmeasured: the baseline's
+    if row is not None and row.step_ms is not None:
+        regime = classify(probe_of({**row.probe, "step_ms_median": row.step_ms}))
+        assert decision is not None
+        decision.regime = {"name": regime.name, "why": regime.why}
+        return f"{regime.line()} [choose's figures of {row.name}]"
+    if resolve_device(config.run.device).type != "cuda":
+        return CPU_LINE
+    if config.choose.measure == "off":
+        return "regime: not probed (choose.measure = off: nothing is measured before the run)"
+    if config.train.max_steps < PROBE_MIN_STEPS:
+        return f"regime: not probed (a run of {config.train.max_steps} steps: the probe would cost more than it tells)"
+    with tempfile.TemporaryDirectory(prefix="turbotrain-regime-") as tmp:
+        toml = Path(tmp) / "config.toml"
+        atomic_write(toml, to_toml(config))
+        target = Target(preset=str(toml), model=config.model.workload or None)
+        return probe_line(target, None, Path(tmp) / "run", "a probe of the run's step")["line"]
+
+
+def probe_line(
+    target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_dir: Path, label: str
+) -> dict[str, Any]:
+    """One short probe of ``target``'s step (:func:`probe_run`) as the regime's line, name, why and
+    figures; a probe that fails is one line (the run or check itself will say it better)."""
+    try:
+        regime, figures = probe_run(target, changes, run_dir)
+    except (TurbotrainError, RuntimeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+        return {"line": f"regime: not probed ({type(exc).__name__}: {first})"}
+    finally:
+        torch.compiler.reset()  # what the probe compiled belongs to a model that is gone (disk caches stay warm)
+    keys = ("step_ms_median", *PROBE_KEYS, "launch_queue_full")
+    return {
+        "line": f"{regime.line()} [{label}]",
+        "name": regime.name,
+        "why": regime.why,
+        "figures": {k: figures.get(k) for k in keys},
+    }
+
+
+def doctor_regime(preset: str | None, model: str | None) -> dict[str, Any]:
+    """``doctor --model``'s regime: on CUDA one short probe of the model's step in eager (turbotrain's
+    defaults otherwise: the question is whether launches or kernels hold the step, which compile and
+    CUDA graphs answer); on a CPU the caveat alone, nothing measured."""
+    if not torch.cuda.is_available():
+        return {"line": CPU_LINE}
+    with tempfile.TemporaryDirectory(prefix="turbotrain-regime-") as tmp:
+        return probe_line(
+            Target(preset=preset, model=model),
+            {"compile": {"scope": "off"}, "choose": {"measure": "off"}},
+            Path(tmp),
+            "a probe of 8 eager steps and 3 on the device timeline",
+        )
 
 
 def apply(config: RunConfig, decision: Decision | None) -> RunConfig:
