@@ -16,6 +16,7 @@ inside their contender process (:mod:`turbotrain.app.bench.worker`).
 
 from __future__ import annotations
 
+import gc
 import tempfile
 import time
 import warnings
@@ -65,6 +66,10 @@ def measure_candidates(job: Job) -> Callable[[Candidate], dict[str, Any]]:
         finally:
             if c.compiles:  # its graphs belong to a model that is gone
                 torch.compiler.reset()
+            del model
+            gc.collect()  # the candidate's model, optimizer and engine, before the next one is built
+            if job.device.type == "cuda":
+                torch.cuda.empty_cache()
         return {
             "step_ms_median": figures["step_ms_median"],
             "first_step_s": figures["time_to_first_step_s"],
