@@ -59,7 +59,7 @@ def test_a_relaunch_at_another_world_size_keeps_the_global_batch_by_accumulation
     config = load_config("gpt-tiny", {"batch": {"micro": "4"}})
     one = Topology(world=1)
     kept = _keep_global_batch(config, {"global_batch": 8}, one)
-    assert kept.batch.global_size == 8  # split_batch: accumulation 2 on one process
+    assert kept.batch.global_size == 8  # resolve_accumulation: accumulation 2 on one process
     assert _keep_global_batch(config, {"global_batch": 8}, Topology(world=2)) is config  # unchanged world
     # cannot: the resume refuses
     assert _keep_global_batch(config, {"global_batch": 6}, Topology(world=4)) is config

@@ -221,9 +221,9 @@ def decided(run: PreparedRun, config: RunConfig) -> PreparedRun:
 def settle(config: RunConfig, plan: ParallelPlan, spec: ModelSpec | None) -> RunConfig:
     """The settings the run trains with, final before its model is built (called once per run,
     after the process group is joined): ``batch.global_size`` split into accumulation over the
-    plan's data dimension (:func:`split_batch`). The one place for a start-of-run decision that
+    plan's data dimension (:func:`resolve_accumulation`). The one place for a start-of-run decision that
     changes settings."""
-    return split_batch(config, plan)
+    return resolve_accumulation(config, plan)
 
 
 def _plan_and_join(
@@ -234,7 +234,7 @@ def _plan_and_join(
     on this process's device."""
     if spec is None:
         plan = ParallelPlan.resolve(config.distributed, topology)
-        split_batch(config, plan)  # its mistakes, before any process joins
+        resolve_accumulation(config, plan)  # its mistakes, before any process joins
     else:
         _, plan = plan_run(config, topology, spec)
     device = local_device(resolve_device(config.run.device), plan.topology)
@@ -249,14 +249,14 @@ def plan_run(
     so every rank finds the same mistake before joining the process group
     (:meth:`ParallelPlan.resolve`: the strategy, the expert degree against the world size and the
     model's experts; weights that cannot fit this machine; the global batch over the data
-    dimension, :func:`split_batch`). ``spec``: the run's model spec (None: the config's)."""
+    dimension, :func:`resolve_accumulation`). ``spec``: the run's model spec (None: the config's)."""
     spec = spec or spec_for(config)
     plan = ParallelPlan.resolve(config.distributed, topology, spec.experts(config))
     _check_weights_fit(config, spec)
-    return split_batch(config, plan), plan
+    return resolve_accumulation(config, plan), plan
 
 
-def split_batch(config: RunConfig, plan: ParallelPlan) -> RunConfig:
+def resolve_accumulation(config: RunConfig, plan: ParallelPlan) -> RunConfig:
     """``config`` with the accumulation that ``batch.global_size`` asks for over the plan's data
     dimension (global = micro x accumulation x data); unchanged without a global size or with
     ``batch.micro = 'auto'`` (the search decides)."""

@@ -120,7 +120,7 @@ def keep_global_batch(config: RunConfig, recorded: Mapping[str, Any] | None, top
     settings that keep it. Any split of the same global batch trains on the same rows per step."""
     old, b = (recorded or {}).get("global_batch"), config.batch
     if not isinstance(old, int) or b.global_size or not isinstance(b.micro, int):
-        return config  # batch.global_size already keeps it (split_batch); 'auto' searches anew
+        return config  # batch.global_size already keeps it (resolve_accumulation); 'auto' searches anew
     if old == b.micro * b.accumulation * topology.world or old % (b.micro * topology.world):
         return config
     return config.replace(batch={"global_size": old, "accumulation": 1})

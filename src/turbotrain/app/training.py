@@ -70,7 +70,14 @@ from ..parts.data import resolve_loader_settings
 from ..parts.models.spec import LossFn, ModelSpec, RunData
 from ..tools.memory import memory_summary, resolve_batch_size
 from .experts_growth import growth_stops, model_config, stopped_to_grow
-from .prepare import PreparedRun, StoppedBySignal, plan_run, prepare_config, split_batch, stop_startup
+from .prepare import (
+    PreparedRun,
+    StoppedBySignal,
+    plan_run,
+    prepare_config,
+    resolve_accumulation,
+    stop_startup,
+)
 from .report import read_metrics, write_summary
 from .resume import check_epochs_batch, check_resume_batch, resume_from
 from .tracking import run_facts
@@ -83,7 +90,7 @@ __all__ = [
     "check_epochs_batch",
     "check_resume_batch",
     "plan_run",
-    "split_batch",
+    "resolve_accumulation",
     "stop_startup",
     "stopped_by_signal",
     "train",
