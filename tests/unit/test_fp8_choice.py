@@ -186,3 +186,58 @@ def test_a_timed_fp8_run_converts_exactly_the_faster_layers_and_writes_the_table
     assert "2 of 8 timed linear layers in float8" in json.dumps(summary)
     markdown = format_markdown(summary)
     assert "## fp8 per layer (timed)" in markdown and "| blocks.1.mlp.0 | 128 x 32 x 128 |" in markdown
+
+
+def test_a_timed_run_converts_each_layer_in_its_fastest_recipe(tmp_path):
+    """The run's fp8 plugin converts each chosen layer with the recipe that timed fastest for its
+    shape (qkv: rowwise, up: tensorwise), not one recipe for all (precision.fp8_layer_recipes)."""
+    pytest.importorskip("torchao")
+    from torchao.float8.float8_linear import Float8Linear
+
+    from turbotrain.base.config import load_config
+    from turbotrain.core.precision import fp8_choice
+
+    config = load_config(
+        overrides={"run": {"device": "cpu"}, "precision": {"mode": "fp8", "fp8_emulate": True}}
+    )
+    torch.manual_seed(0)
+    net = Net()
+    x = torch.randn(TOKENS, 64)
+    config, choice = fp8_choice.choose_for_run(
+        config,
+        net,
+        x,
+        lambda m, b: m(b).sum(),
+        tmp_path,
+        torch.device("cpu"),
+        timer=Timer(MS),
+        cache_dir=tmp_path / "cache",
+    )
+    assert config.precision.fp8_layer_recipes == "blocks.0.qkv=rowwise,blocks.1.qkv=rowwise"
+    fp8 = FP8.from_settings(torch.device("cpu"), config.precision)
+    fp8.convert_module(net)
+    granularity = {
+        name: m.config.cast_config_input.scaling_granularity.name
+        for name, m in net.named_modules()
+        if isinstance(m, Float8Linear)
+    }
+    assert granularity == {
+        "blocks.0.qkv": "AXISWISE",
+        "blocks.0.up": "TENSORWISE",
+        "blocks.1.qkv": "AXISWISE",
+        "blocks.1.up": "TENSORWISE",
+    }
+    assert "rowwise and tensorwise recipes" in fp8.summary()["fp8"]
+
+
+def test_a_malformed_layer_recipe_is_one_line():
+    from turbotrain.base.config import load_config
+    from turbotrain.base.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        load_config(
+            overrides={
+                "precision": {"mode": "fp8", "fp8_emulate": True, "fp8_layer_recipes": "blocks.0=colwise"}
+            }
+        )
+    assert "precision.fp8_layer_recipes" in str(err.value) and "\n" not in str(err.value)

@@ -79,6 +79,12 @@ class FP8Settings:
         "mode 'fp8': comma-separated module-name prefixes kept in bf16, e.g. 'blocks.0.,blocks.11.' "
         "for the first and last block",
     )
+    fp8_layer_recipes: str = knob(
+        "",
+        "mode 'fp8': comma-separated 'prefix=recipe' pairs: the linear layers whose names start with a "
+        "prefix use that recipe instead of precision.fp8_recipe (fp8_layers = 'timed' writes the layers "
+        "where the other recipe timed fastest)",
+    )
     fp8_layers: str = knob(
         "filter",
         "mode 'fp8': which linear layers run in float8: 'filter' (the size rule above) or 'timed' (each "
@@ -94,6 +100,21 @@ class FP8Settings:
         "torchtitan: it only pays where the all-gather is exposed (many ranks, large layers) and its "
         "GPU speed is not measured here yet; no effect without FSDP2",
     )
+
+
+def parse_layer_recipes(text: str) -> dict[str, str]:
+    """``precision.fp8_layer_recipes`` ('prefix=recipe,...') as prefix -> recipe; a malformed entry
+    or an unknown recipe: one line naming the field and the valid recipes."""
+    out: dict[str, str] = {}
+    for entry in (e.strip() for e in text.split(",") if e.strip()):
+        prefix, _, recipe = entry.partition("=")
+        if not prefix.strip() or recipe.strip() not in FP8_RECIPES:
+            raise ConfigError(
+                f"precision.fp8_layer_recipes: {entry!r} is not 'prefix=recipe' with a recipe of: "
+                f"{', '.join(FP8_RECIPES)} (e.g. 'blocks.0.attn.=rowwise')"
+            )
+        out[prefix.strip()] = recipe.strip()
+    return out
 
 
 def float8_capable(caps: DeviceCaps) -> bool:
@@ -161,8 +182,11 @@ class FP8(BF16Mixed):
         lm_head: bool = False,
         skip: tuple[str, ...] = (),
         all_gather: bool = False,
+        layer_recipes: dict[str, str] | None = None,
     ) -> None:
         super().__init__(device)
+        # name prefix -> recipe, where a layer's differs from ``recipe`` (precision.fp8_layer_recipes)
+        self.layer_recipes = dict(layer_recipes or {})
         self.recipe, self.emulate, self.min_size, self.lm_head, self.skip = (
             recipe,
             emulate,
@@ -187,6 +211,7 @@ class FP8(BF16Mixed):
             fp8_lm_head=self.lm_head,
             fp8_skip=",".join(self.skip),
             fp8_all_gather=self.all_gather,
+            fp8_layer_recipes=",".join(f"{k}={v}" for k, v in self.layer_recipes.items()),
         )
 
     @classmethod
@@ -200,11 +225,19 @@ class FP8(BF16Mixed):
             lm_head=settings.fp8_lm_head,
             skip=skip,
             all_gather=settings.fp8_all_gather,
+            layer_recipes=parse_layer_recipes(settings.fp8_layer_recipes),
         )
 
     @classmethod
     def check_settings(cls, settings: PrecisionConfig) -> None:
-        """The float8 all-gather needs one scale per weight: the tensorwise recipe."""
+        """The float8 all-gather needs one scale per weight: the tensorwise recipe (every layer's)."""
+        recipes = parse_layer_recipes(settings.fp8_layer_recipes)  # its own mistakes: one line
+        if settings.fp8_all_gather and any(r != "tensorwise" for r in recipes.values()):
+            raise ConfigError(
+                "precision.fp8_all_gather = true needs the tensorwise recipe for every float8 layer; "
+                f"precision.fp8_layer_recipes gives {settings.fp8_layer_recipes!r}: drop its rowwise entries or use "
+                f"{setting('precision.fp8_all_gather', False)}"
+            )
         if settings.fp8_all_gather and settings.fp8_recipe != "tensorwise":
             raise ConfigError(
                 f"precision.fp8_all_gather = true needs precision.fp8_recipe = 'tensorwise' (torchao all-gathers "
@@ -258,9 +291,15 @@ class FP8(BF16Mixed):
         n, k = module.weight.shape
         if n % 16 or k % 16:
             return "dims not divisible by 16"
-        if not worth_converting(n, k, self.recipe, self.min_size):
+        if not worth_converting(n, k, self.recipe_of(name), self.min_size):
             return "below the size threshold (precision.fp8_min_size)"
         return ""
+
+    def recipe_of(self, name: str) -> str:
+        """The scaling recipe of linear layer ``name``: its ``precision.fp8_layer_recipes`` entry (the
+        longest matching prefix), else ``precision.fp8_recipe``."""
+        hits = [p for p in self.layer_recipes if name.startswith(p)]
+        return self.layer_recipes[max(hits, key=len)] if hits else self.recipe
 
     def layer_plan(self, module: nn.Module) -> dict[str, str]:
         """Every plain linear layer of ``module`` by name: '' when it would run in float8, else why
@@ -280,16 +319,20 @@ class FP8(BF16Mixed):
                 "precision.fp8_all_gather: this model is not sharded by FSDP2, so there is no all-gather to run "
                 "in float8; the weights stay plain (distributed.strategy = fsdp uses it)"
             )
-        config = dataclasses.replace(
-            float8.Float8LinearConfig.from_recipe_name(self.recipe),
-            emulate=self.emulate,
-            enable_fsdp_float8_all_gather=all_gather,
-        )
         reasons = self.layer_plan(module)
         weights = {name: module.get_submodule(name).weight for name, why in reasons.items() if not why}
-        float8.convert_to_float8_training(
-            module, config=config, module_filter_fn=lambda m, name: reasons.get(name) == ""
-        )
+        by_recipe: dict[str, set[str]] = {}
+        for name in weights:
+            by_recipe.setdefault(self.recipe_of(name), set()).add(name)
+        for recipe, names in by_recipe.items():  # one conversion per recipe (fp8_layer_recipes: several)
+            config = dataclasses.replace(
+                float8.Float8LinearConfig.from_recipe_name(recipe),
+                emulate=self.emulate,
+                enable_fsdp_float8_all_gather=all_gather,
+            )
+            float8.convert_to_float8_training(
+                module, config=config, module_filter_fn=lambda m, name, names=names: name in names
+            )
         layers = {name: m for name, m in module.named_modules() if isinstance(m, float8.Float8Linear)}
         self.converted = list(layers)
         self.kept = [f"{name}: {why}" for name, why in reasons.items() if why]
@@ -367,7 +410,9 @@ class FP8(BF16Mixed):
         return self.peak if self.converted else BF16Mixed.peak  # no float8 matmul ran: bf16 is the ceiling
 
     def summary(self) -> dict[str, Any]:
-        how = f"{self.recipe} recipe{', emulated (correctness only)' if self.emulate else ''}"
+        recipes = sorted({self.recipe_of(name) for name in self.converted}) or [self.recipe]
+        how = f"{' and '.join(recipes)} recipe{'s' if len(recipes) > 1 else ''}"
+        how += ", emulated (correctness only)" if self.emulate else ""
         gather = (
             "; FSDP2 all-gathers their weights in float8"
             if self.all_gathered

@@ -336,9 +336,11 @@ def choose_for_run(
     """``precision.fp8_layers = 'timed'`` for a run: M of each layer from one forward of ``example``
     (shapes only, on the meta device; a real CPU forward where the model cannot run there), each
     shape timed on ``device`` in bf16, tensorwise and rowwise (compiled when the run compiles), and
-    the run's recipe (``precision.fp8_recipe``) kept per layer only where it beats bf16 by the
-    margin. Returns the config whose fp8 filter converts exactly those layers (the others named in
-    ``precision.fp8_skip``, the size threshold off), and the decision, written to ``run_dir``."""
+    each layer converted in its fastest float8 recipe only where that beats bf16 by the margin
+    (tensorwise only under ``precision.fp8_all_gather``). Returns the config whose fp8 filter
+    converts exactly those layers (the others named in ``precision.fp8_skip``, the size threshold
+    off; a recipe other than ``precision.fp8_recipe`` in ``precision.fp8_layer_recipes``), and the
+    decision, written to ``run_dir``."""
     fp8 = FP8.from_settings(device, config.precision)
     names, _ = candidates(model, fp8)
     try:
@@ -363,10 +365,19 @@ def choose_for_run(
             "emulate": fp8.emulate,
         },
     )
-    for layer in choice.layers:  # the run has one recipe: float8 in it, or bf16
-        layer.choice = decide({r: layer.ms[r] for r in (BF16, fp8.recipe) if r in layer.ms}, choice.margin)
+    # each layer in its fastest recipe (tensorwise alone under the float8 all-gather, which needs
+    # one scale per weight), or bf16 where neither beats it by the margin
+    recipes = (BF16, "tensorwise") if config.precision.fp8_all_gather else RECIPES
+    for layer in choice.layers:
+        layer.choice = decide({r: layer.ms[r] for r in recipes if r in layer.ms}, choice.margin)
     choice.write(run_dir)
     skip = [p.strip() for p in config.precision.fp8_skip.split(",") if p.strip()]
     # whole names as prefixes: no GPT layer name is the start of another one's
     skip += [c.layer for c in choice.layers if c.choice == BF16 and c.layer not in skip]
-    return config.replace(precision={"fp8_skip": ",".join(skip), "fp8_min_size": 1}), choice
+    own = {c.layer: c.choice for c in choice.layers if c.choice not in (BF16, config.precision.fp8_recipe)}
+    changes = {
+        "fp8_skip": ",".join(skip),
+        "fp8_min_size": 1,
+        "fp8_layer_recipes": ",".join(f"{name}={recipe}" for name, recipe in own.items()),
+    }
+    return config.replace(precision=changes), choice
