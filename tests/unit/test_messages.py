@@ -20,7 +20,7 @@ from conftest import tiny_overrides
 from torch import nn
 
 from turbotrain import Engine, fit
-from turbotrain.app import training
+from turbotrain.app import run_settings
 from turbotrain.app.bench import worker
 from turbotrain.app.training import train
 from turbotrain.app.tune import space
@@ -75,9 +75,9 @@ def test_help_config_into_head_ends_without_a_traceback() -> None:
 
 
 def test_the_default_warmup_is_not_a_warning_on_a_short_run(caplog: pytest.LogCaptureFixture) -> None:
-    training._warn_long_warmup(load_config("gpt-tiny", {"train": {"max_steps": 20}}))
+    run_settings.warn_long_warmup(load_config("gpt-tiny", {"train": {"max_steps": 20}}))
     assert not caplog.records
-    training._warn_long_warmup(
+    run_settings.warn_long_warmup(
         load_config("gpt-tiny", {"train": {"max_steps": 20}, "optim": {"warmup_steps": 40}})
     )
     assert "optim.warmup_steps = 40 is longer than the run" in caplog.text
@@ -96,7 +96,7 @@ class _HugeData:
 def test_too_many_epochs_names_train_epochs_and_its_largest_value() -> None:
     c = load_config("gpt-tiny", {"train": {"epochs": 20}})
     with audience("cli"), pytest.raises(ConfigError) as caught:
-        training._resolve_epochs(c, _HugeData(), 1)
+        run_settings.resolve_epochs(c, _HugeData(), 1)
     text = str(caught.value)
     assert text.startswith("train.epochs = 20 is too many for this data") and "--train.epochs=9 " in text
     assert "max_steps =" not in text

@@ -32,8 +32,7 @@ import torch
 from torch import nn
 
 from ..base.atomic import DiskFullError, atomic_write, clean_stale_temps, disk_full_cause
-from ..base.config import MAX_STEPS, OptimConfig, RunConfig, setting, to_toml
-from ..base.errors import ConfigError
+from ..base.config import RunConfig, setting, to_toml
 from ..base.rundir import (
     CHECKPOINTS,
     CONFIG_FILE,
@@ -51,7 +50,7 @@ from ..base.version import collect_git
 from ..core.assembly import Trainable, build_trainable
 from ..core.engine import Engine, default_loss
 from ..core.main_rank import main_first
-from ..core.optim import lr_batch_factor, rescale_lr, resolve_implementation
+from ..core.optim import resolve_implementation
 from ..core.precision.fp8_choice import choose_for_run as choose_fp8_layers
 from ..loop.best_checkpoint import watched
 from ..loop.checkpoint import (
@@ -80,6 +79,7 @@ from .prepare import (
 )
 from .report import read_metrics, write_summary
 from .resume import check_epochs_batch, check_resume_batch, resume_from
+from .run_settings import resolve_epochs, scale_lr, warn_long_warmup
 from .tracking import run_facts
 
 # the names callers import from here (the prepare step moved to .prepare, the resume checks to .resume)
@@ -167,7 +167,7 @@ def assemble(run: PreparedRun, show: bool) -> Assembled:
     loss_fn = spec.loss_fn()  # once the data is open (a workload's own); None: the model returns its loss
     if plan.rank == 0:
         data.save(run_dir)
-    c, epochs = _resolve_epochs(c, data, plan.data)  # train.epochs -> max_steps, before the schedule is made
+    c, epochs = resolve_epochs(c, data, plan.data)  # train.epochs -> max_steps, before the schedule is made
     seed_all(c.run.seed)  # torch, random and numpy: a user's model or loss may draw from any of them
     # the model itself: DDP wraps it, FSDP2 shards it in place (moe.grow_at_step: a resume after it, grown)
     plain = spec.build(model_config(c, run_dir if run.resume else None), data)
@@ -199,7 +199,7 @@ def assemble(run: PreparedRun, show: bool) -> Assembled:
         loss_fn=loss_fn,
     )
     # optim.lr_scaling, before a checkpoint loads
-    c, lr_note = _scale_lr(c, batch_search, t.optimizer, t.scheduler)
+    c, lr_note = scale_lr(c, batch_search, t.optimizer, t.scheduler)
     return Assembled(c, data, loss_fn, plain, own_optimizer, t, batch_search, lr_note, epochs, fp8_plan)
 
 
@@ -235,7 +235,7 @@ def build_training(
     first_step_draws = rng_state()  # the generators the first step draws from (a resume's, restored)
     if run.resume and main:  # the steps after the checkpoint run again: their old records would count twice
         truncate_metrics(run_dir / METRICS_FILE, engine.state.step)
-    _warn_long_warmup(c)
+    warn_long_warmup(c)
 
     settings = resolve_loader_settings(
         engine.device, c.data.num_workers, c.data.pin_memory, c.data.prefetch_factor
@@ -324,48 +324,6 @@ def build_training(
     )
 
 
-def _resolve_epochs(c: RunConfig, data: RunData, world: int) -> tuple[RunConfig, tuple[int, int] | None]:
-    """``train.epochs``: the run's ``max_steps`` (epochs x the data's steps per epoch at the global
-    batch) with validation at each epoch's end, and (steps per epoch, epochs) for the epoch log."""
-    if not c.train.epochs:
-        return c, None
-    if not isinstance(c.batch.micro, int):
-        raise ConfigError(
-            "train.epochs needs a numeric batch.micro (with 'auto' the steps per epoch are not known "
-            f"before the search); use {setting('batch.micro', 32)} or train.max_steps"
-        )
-    per_epoch = data.steps_per_epoch(c, world)
-    # said as the field the user set, not as the max_steps it becomes
-    if c.train.epochs * per_epoch > MAX_STEPS:
-        raise ConfigError(
-            f"train.epochs = {c.train.epochs} is too many for this data ({per_epoch} steps per epoch, at most "
-            f"{MAX_STEPS} steps in a run); use {setting('train.epochs', MAX_STEPS // per_epoch)} or fewer"
-        )
-    log.info(
-        "train.epochs = %d: %d optimizer steps per epoch, %d in all",
-        c.train.epochs,
-        per_epoch,
-        c.train.epochs * per_epoch,
-    )
-    return c.replace(train={"max_steps": c.train.epochs * per_epoch, "eval_every": per_epoch}), (
-        per_epoch,
-        c.train.epochs,
-    )
-
-
-def _warn_long_warmup(c: RunConfig) -> None:
-    # the default: no news on a short demo
-    if c.optim.warmup_steps > c.train.max_steps and c.optim.warmup_steps != OptimConfig.warmup_steps:
-        log.warning(
-            "optim.warmup_steps = %d is longer than the run (train.max_steps = %d): the learning rate "
-            "peaks at %.0f%% of optim.lr; use %s or fewer",
-            c.optim.warmup_steps,
-            c.train.max_steps,
-            100 * c.train.max_steps / c.optim.warmup_steps,
-            setting("optim.warmup_steps", c.train.max_steps),
-        )
-
-
 class WriteConfigOnce(Hook):
     """Calls ``write`` at the end of the first step (before that step's checkpoint): a resume
     rewrites the run's config.toml only once it has started, so a resume that fails (an override
@@ -378,28 +336,6 @@ class WriteConfigOnce(Hook):
         if self.write is not None:
             write, self.write = self.write, None
             write()
-
-
-def _scale_lr(
-    c: RunConfig, search: Any, optimizer: torch.optim.Optimizer, scheduler: Any
-) -> tuple[RunConfig, str]:
-    """``optim.lr_scaling``: when the batch finder (``batch.micro = 'auto'``) made the global batch
-    differ from the one ``optim.lr`` was tuned for (``optim.lr_batch``, else ``batch.global_size``),
-    scale lr and min_lr (config, optimizer and schedule alike). Returns the config and a note
-    ("" when nothing changed)."""
-    reference = c.optim.lr_batch or c.batch.global_size
-    if search is None or not reference:
-        return c, ""
-    factor = lr_batch_factor(c.optim.lr_scaling, reference, search.global_batch)
-    if factor == 1.0:
-        return c, ""
-    rescale_lr(optimizer, scheduler, factor)
-    note = (
-        f"{c.optim.lr_scaling}: global batch {search.global_batch} instead of {reference}, "
-        f"lr {c.optim.lr:.4g} x {factor:.4g} = {c.optim.lr * factor:.4g}"
-    )
-    log.info("optim.lr_scaling %s", note)
-    return c.replace(optim={"lr": c.optim.lr * factor, "min_lr": c.optim.min_lr * factor}), note
 
 
 def write_config(config: RunConfig, run_dir: Path, resolved: dict[str, Any]) -> None:

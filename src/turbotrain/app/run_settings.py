@@ -1,0 +1,82 @@
+"""Settings a run resolves from its data and its batch search, before it trains: ``train.epochs``
+into optimizer steps, ``optim.lr_scaling`` after the batch finder changed the global batch, and the
+warning for a warmup longer than the run. Split from app/training.py (the assembly calls them)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from ..base.config import MAX_STEPS, OptimConfig, RunConfig, setting
+from ..base.errors import ConfigError
+from ..core.optim import lr_batch_factor, rescale_lr
+from ..parts.models.spec import RunData
+
+log = logging.getLogger(__name__)
+
+
+def resolve_epochs(c: RunConfig, data: RunData, world: int) -> tuple[RunConfig, tuple[int, int] | None]:
+    """``train.epochs``: the run's ``max_steps`` (epochs x the data's steps per epoch at the global
+    batch) with validation at each epoch's end, and (steps per epoch, epochs) for the epoch log."""
+    if not c.train.epochs:
+        return c, None
+    if not isinstance(c.batch.micro, int):
+        raise ConfigError(
+            "train.epochs needs a numeric batch.micro (with 'auto' the steps per epoch are not known "
+            f"before the search); use {setting('batch.micro', 32)} or train.max_steps"
+        )
+    per_epoch = data.steps_per_epoch(c, world)
+    # said as the field the user set, not as the max_steps it becomes
+    if c.train.epochs * per_epoch > MAX_STEPS:
+        raise ConfigError(
+            f"train.epochs = {c.train.epochs} is too many for this data ({per_epoch} steps per epoch, at most "
+            f"{MAX_STEPS} steps in a run); use {setting('train.epochs', MAX_STEPS // per_epoch)} or fewer"
+        )
+    log.info(
+        "train.epochs = %d: %d optimizer steps per epoch, %d in all",
+        c.train.epochs,
+        per_epoch,
+        c.train.epochs * per_epoch,
+    )
+    return c.replace(train={"max_steps": c.train.epochs * per_epoch, "eval_every": per_epoch}), (
+        per_epoch,
+        c.train.epochs,
+    )
+
+
+def warn_long_warmup(c: RunConfig) -> None:
+    """A warmup longer than the run: one warning naming the setting (the default warmup on a short
+    demo says nothing)."""
+    if c.optim.warmup_steps > c.train.max_steps and c.optim.warmup_steps != OptimConfig.warmup_steps:
+        log.warning(
+            "optim.warmup_steps = %d is longer than the run (train.max_steps = %d): the learning rate "
+            "peaks at %.0f%% of optim.lr; use %s or fewer",
+            c.optim.warmup_steps,
+            c.train.max_steps,
+            100 * c.train.max_steps / c.optim.warmup_steps,
+            setting("optim.warmup_steps", c.train.max_steps),
+        )
+
+
+def scale_lr(
+    c: RunConfig, search: Any, optimizer: torch.optim.Optimizer, scheduler: Any
+) -> tuple[RunConfig, str]:
+    """``optim.lr_scaling``: when the batch finder (``batch.micro = 'auto'``) made the global batch
+    differ from the one ``optim.lr`` was tuned for (``optim.lr_batch``, else ``batch.global_size``),
+    scale lr and min_lr (config, optimizer and schedule alike). Returns the config and a note
+    ("" when nothing changed)."""
+    reference = c.optim.lr_batch or c.batch.global_size
+    if search is None or not reference:
+        return c, ""
+    factor = lr_batch_factor(c.optim.lr_scaling, reference, search.global_batch)
+    if factor == 1.0:
+        return c, ""
+    rescale_lr(optimizer, scheduler, factor)
+    note = (
+        f"{c.optim.lr_scaling}: global batch {search.global_batch} instead of {reference}, "
+        f"lr {c.optim.lr:.4g} x {factor:.4g} = {c.optim.lr * factor:.4g}"
+    )
+    log.info("optim.lr_scaling %s", note)
+    return c.replace(optim={"lr": c.optim.lr * factor, "min_lr": c.optim.min_lr * factor}), note
