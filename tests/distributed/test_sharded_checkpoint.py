@@ -11,6 +11,8 @@ and the Checkpointer (tests/distributed/ckpt_worker.py):
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -18,7 +20,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import inprocess
 import pytest
+
+from turbotrain.cli import main
 
 WORKER = Path(__file__).with_name("ckpt_worker.py")
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -32,11 +37,21 @@ def _run(folder: Path, strategy: str, nproc: int, max_steps: int, every: int, ke
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
     }
-    args = [str(WORKER), strategy, str(folder), str(max_steps), str(every), str(keep_last), str(out)]
-    if nproc > 1:
-        args = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *args]
-    proc = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    args = [strategy, str(folder), str(max_steps), str(every), str(keep_last), str(out)]
+    if nproc == 1:  # one plain process (no process group): this one
+        inprocess.worker(WORKER, *args)
+    else:
+        args = [
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            str(WORKER),
+            *args,
+        ]
+        proc = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(nproc)]
 
 
@@ -146,11 +161,18 @@ def test_turbotrain_train_under_torchrun_resumes_in_one_process_and_samples(tmp_
     ]
 
     def turbotrain(*args: str, nproc: int = 1) -> str:
-        launcher = (
-            ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
-            if nproc > 1
-            else []
-        )
+        """Under torchrun: its own processes; one process (the reference run, the resume, the
+        sample): in this one, as a plain process with no process group runs it."""
+        if nproc == 1:
+            if args[0] == "train":
+                proc = inprocess.train(list(args[1:]))
+                assert proc.returncode == 0, proc.stderr[-4000:]
+                return proc.stdout
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                assert main(list(args)) == 0
+            return out.getvalue()
+        launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
         proc = subprocess.run(
             [sys.executable, *launcher, "-m", "turbotrain", *args],
             env=env,
