@@ -53,7 +53,8 @@ def _evaluate_independently(checkpoint: Path) -> tuple[float, float]:
 def test_every_evaluation_between_logging_steps_is_recorded(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # the README's and docs/model_specs.md's command: eval_every 16 against the default log_every 10
+    # the README's and docs/model_specs.md's command (eval_every 16 against the default log_every 10)
+    # cut from 64 steps to 32: two evaluations, both between logging steps (test_docs runs the command)
     assert (
         main(
             [
@@ -61,7 +62,7 @@ def test_every_evaluation_between_logging_steps_is_recorded(
                 "--model",
                 CNN,
                 "--train.max_steps",
-                "64",
+                "32",
                 "--train.eval_every",
                 "16",
                 "--train.checkpoint_every",
@@ -78,7 +79,7 @@ def test_every_evaluation_between_logging_steps_is_recorded(
     )
     run = tmp_path / "cnn"
     vals = {r["step"]: r for r in _records(run) if "val_loss" in r}
-    assert sorted(vals) == [16, 32, 48, 64]
+    assert sorted(vals) == [16, 32]
     # whole records, the usual schema
     assert all(r.get("loss") is not None and "val_accuracy" in r for r in vals.values())
     for step, record in vals.items():  # the recorded values are the model's at that step
@@ -86,11 +87,11 @@ def test_every_evaluation_between_logging_steps_is_recorded(
         assert record["val_loss"] == pytest.approx(loss, rel=1e-4)
         assert record["val_accuracy"] == pytest.approx(accuracy, abs=1e-6)
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["final_val_step"] == 64 and summary["final_val_loss"] == vals[64]["val_loss"]
+    assert summary["final_val_step"] == 32 and summary["final_val_loss"] == vals[32]["val_loss"]
     assert summary["best_val_loss"] == min(r["val_loss"] for r in vals.values())
     progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("step ")]
     shown = [int(line.split("|")[0].split()[1]) for line in progress if "| val " in line]
-    assert shown == [16, 32, 48, 64]
+    assert shown == [16, 32]
 
 
 def test_epoch_train_loss_is_the_mean_of_the_epochs_steps_and_an_image_run_counts_samples(
