@@ -93,6 +93,8 @@ CHECKED = {
     "turbotrain train --batch.micro=auto": "the batch-size search takes minutes on a CPU",
     "turbotrain train --preset gpt-tiny --train.max_steps 20 --monitor.mlflow=true": "trackio writes to $TRACKIO_DIR "
     "(the user's cache here); tests/integration/test_trackers.py trains with all three trackers and reads them back",
+    "turbotrain train --preset gpt-tiny --train.max_steps 20 --monitor.wandb=true": "W&B's offline service starts "
+    "(~10 s here); tests/integration/test_trackers.py trains with all three trackers and reads them back",
     "turbotrain train --preset moe-tiny": "two steps of moe-tiny take 10-30 s on 2 cores; the MoE classifier "
     "example below runs, tests/distributed/test_torchrun_train.py trains moe-tiny",
     "turbotrain train --data.batching=tokens --batch.max_tokens=4096": "token batching indexes the corpus's 1,790 "
