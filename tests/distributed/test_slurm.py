@@ -164,15 +164,12 @@ def reference(work: Path) -> dict[int, float]:
     return _losses(work, "one")
 
 
-def test_two_srun_tasks_train_like_one_process_with_the_global_batch(work, reference):
-    results = _wait(_srun(work, "slurm", "--distributed.strategy=ddp"))
-    assert [r[0] for r in results] == [0, 0], results[0][2][-3000:] + results[1][2][-3000:]
-    summary = _summary(work, "slurm")
-    assert summary["resolved"]["world_size"] == 2 and summary["resolved"]["global_batch"] == 8
-    _assert_same(work, "slurm", reference)
-
-
-def test_sigusr1_saves_exits_79_and_the_requeued_job_resumes_exactly(work, reference):
+def test_two_srun_tasks_train_like_one_process_and_the_requeued_job_resumes_exactly(work, reference):
+    """One job, two launches of 2 tasks: the first trains steps 1 to PAUSE and more, gets SIGUSR1,
+    saves and exits 79; the requeued one resumes. Every step's loss (from both launches) and the
+    final validation loss equal one process with the global batch: the 2 tasks train like it, and
+    the requeue resumes exactly (one run for both facts: a run of its own for the first cost a
+    third launch)."""
     procs = _srun(work, "preempted", "--distributed.strategy=ddp", fault=f"pause-step:{PAUSE}")
     markers = [work / f"paused-{rank}" for rank in range(2)]
     deadline = time.monotonic() + 120
@@ -195,7 +192,9 @@ def test_sigusr1_saves_exits_79_and_the_requeued_job_resumes_exactly(work, refer
     results = _wait(_srun(work, "preempted", "--distributed.strategy=ddp", restart=1))
     assert [r[0] for r in results] == [0, 0], results[0][2][-3000:] + results[1][2][-3000:]
     assert "resuming" in results[0][1] and "SLURM_RESTART_COUNT=1" in results[0][1], results[0][1]
-    assert _summary(work, "preempted")["resumed_from"]
+    summary = _summary(work, "preempted")
+    assert summary["resumed_from"] and summary["status"] == "completed"
+    assert summary["resolved"]["world_size"] == 2 and summary["resolved"]["global_batch"] == 8
     _assert_same(work, "preempted", reference)
 
 
