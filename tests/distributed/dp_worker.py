@@ -2,7 +2,10 @@
 reference): trains a tiny GPT through the Engine on fixed batches and writes, per rank, the loss
 of every optimizer step, the gradients of the first step, DDP communication-hook calls per
 micro-step, the float8 layers (precision fp8) and FSDP2's mixed-precision dtypes to ``OUT.rank<R>.json``.
-Arguments: STRATEGY ACCUMULATION OUT [PRECISION (fp32|bf16|fp8) [STEPS]]."""
+Arguments: STRATEGY ACCUMULATION OUT [PRECISION (fp32|bf16|fp8) [STEPS]], or ``several`` and one
+``STRATEGY,ACCUMULATION,OUT,PRECISION,STEPS`` per case: the cases one after another in the same
+processes and process group (one torchrun launch for several cases: each launch costs seconds of
+imports and a rendezvous)."""
 
 from __future__ import annotations
 
@@ -97,4 +100,9 @@ def main(
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], *sys.argv[4:])
+    if sys.argv[1] == "several":
+        for case in sys.argv[2:]:
+            strategy, accumulation, out, precision, steps = case.split(",")
+            main(strategy, int(accumulation), out, precision, steps)
+    else:
+        main(sys.argv[1], int(sys.argv[2]), sys.argv[3], *sys.argv[4:])

@@ -4,6 +4,7 @@ same gradients by value (gloo's AVG has had silent bugs, so "it runs" proves not
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -17,42 +18,54 @@ WORKER = Path(__file__).with_name("dp_worker.py")
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
-def _run(tmp_path: Path, strategy: str, accumulation: int, nproc: int, *extra: str) -> list[dict]:
-    out = tmp_path / "-".join((strategy, str(nproc), str(accumulation), *extra))
+def _launch(cases: dict[str, tuple[str, int, str, int]], folder: Path) -> dict[str, list[dict]]:
+    """The cases (name -> strategy, accumulation, precision, steps) in one torchrun launch of 2
+    processes, one after another (dp_worker.py several); each case's per-rank results."""
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
     }
-    if nproc == 1:  # the one-process reference: in this process
-        inprocess.worker(WORKER, strategy, str(accumulation), str(out), *extra)
-    else:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            str(nproc),
-            str(WORKER),
-            strategy,
-            str(accumulation),
-            str(out),
-            *extra,
-        ]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-    return [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(nproc)]
+    specs = [f"{s},{a},{folder / name},{p},{n}" for name, (s, a, p, n) in cases.items()]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    proc = subprocess.run(
+        [*cmd, str(WORKER), "several", *specs], env=env, capture_output=True, text=True, timeout=400
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return {
+        name: [json.loads((folder / f"{name}.rank{r}.json").read_text()) for r in range(2)] for name in cases
+    }
+
+
+def _single(folder: Path, accumulation: int, precision: str, steps: int) -> dict:
+    """The one-process reference: in this process."""
+    out = folder / f"single-{accumulation}-{precision}-{steps}"
+    inprocess.worker(WORKER, "single", str(accumulation), str(out), precision, str(steps))
+    return json.loads(Path(f"{out}.rank0.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> dict[str, list[dict]]:
+    """Every 2-process case of this file in one launch (four launches before: ~10 s each on 2
+    cores); the fp8 one only where torchao is installed."""
+    cases = {
+        "ddp": ("ddp", 1, "fp32", 30),
+        "fsdp": ("fsdp", 1, "fp32", 30),
+        "ddp-accumulation": ("ddp", 4, "fp32", 6),
+    }
+    if importlib.util.find_spec("torchao") is not None:
+        cases["fsdp-fp8"] = ("fsdp", 1, "fp8", 8)
+    return _launch(cases, tmp_path_factory.mktemp("launched"))
 
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory) -> dict:
-    return _run(tmp_path_factory.mktemp("single"), "single", 1, 1)[0]
+    return _single(tmp_path_factory.mktemp("single"), 1, "fp32", 30)
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_two_processes_train_like_one_with_the_global_batch(tmp_path, single, strategy):
-    ranks = _run(tmp_path, strategy, 1, 2)
+def test_two_processes_train_like_one_with_the_global_batch(launched, single, strategy):
+    ranks = launched[strategy]
     for r in ranks:
         assert r["world"] == 2 and len(r["losses"]) == len(single["losses"]) == 30
         worst = max(abs(a - b) for a, b in zip(r["losses"], single["losses"]))
@@ -63,8 +76,8 @@ def test_two_processes_train_like_one_with_the_global_batch(tmp_path, single, st
     assert single["losses"][-1] < single["losses"][0]
 
 
-def test_ddp_accumulation_reduces_gradients_once_per_optimizer_step(tmp_path):
-    ranks = _run(tmp_path, "ddp", 4, 2, "fp32", "6")  # 6 optimizer steps of 4 micro-steps
+def test_ddp_accumulation_reduces_gradients_once_per_optimizer_step(launched):
+    ranks = launched["ddp-accumulation"]  # 6 optimizer steps of 4 micro-steps
     for r in ranks:
         calls = r["hook_calls"]
         assert len(calls) == 24
@@ -75,7 +88,7 @@ def test_ddp_accumulation_reduces_gradients_once_per_optimizer_step(tmp_path):
 
 # the one-process run warns in this process
 @pytest.mark.filterwarnings("ignore:precision.fp8_emulate = true")
-def test_fsdp_with_emulated_fp8_trains_like_one_fp8_process(tmp_path):
+def test_fsdp_with_emulated_fp8_trains_like_one_fp8_process(tmp_path, launched):
     """precision fp8 (emulated, every linear but the tied head) under FSDP2 on 2 processes of micro
     4 against one process of micro 8. The float8 layers are swapped in before fully_shard, so each
     holds a sharded (DTensor) weight, and FSDP2 gets fp8's dtypes: bf16 all-gather, fp32 reduction.
@@ -87,9 +100,8 @@ def test_fsdp_with_emulated_fp8_trains_like_one_fp8_process(tmp_path):
     3.3 % apart (relative L2), about fp8's own rounding against bf16 (3.1 %). A rank that skipped
     fp8, summed instead of averaging or lost a shard would be far outside these bounds."""
     pytest.importorskip("torchao")
-    steps = "8"
-    one = _run(tmp_path, "single", 1, 1, "fp8", steps)[0]
-    ranks = _run(tmp_path, "fsdp", 1, 2, "fp8", steps)
+    one = _single(tmp_path, 1, "fp8", 8)
+    ranks = launched["fsdp-fp8"]
     # every linear of the 2 blocks; the head is tied
     assert len(one["float8"]) == 8 and not one["sharded_float8"]
     for r in ranks:
