@@ -67,7 +67,7 @@ def test_hf_callback_logs_to_wandb_mlflow_and_trackio(tmp_path, monkeypatch):
 
     history: dict[str, list] = {}
     config, artifacts = {}, []
-    for path in sorted(run.glob(f"wandb/offline-run-*-{ids['wandb']['id']}/run-{ids['wandb']['id']}.wandb")):
+    for path in sorted(run.glob(f"wandb/offline-run-*-{ids['wandb']['id']}*/run-{ids['wandb']['id']}.wandb")):
         for r in wandb_records(path):
             kind = r.WhichOneof("record_type")
             if kind == "history":

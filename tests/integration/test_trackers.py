@@ -93,7 +93,7 @@ def tracked_run(tmp_path_factory) -> tuple[Path, Path]:
 def test_wandb_offline_holds_the_metrics_config_summary_and_plots(tracked_run):
     run, _ = tracked_run
     ids = json.loads((run / "trackers.json").read_text())["wandb"]
-    files = sorted(run.glob(f"wandb/offline-run-*-{ids['id']}/run-{ids['id']}.wandb"))
+    files = sorted(run.glob(f"wandb/offline-run-*-{ids['id']}*/run-{ids['id']}.wandb"))
     assert len(files) == 2  # the training's, then the report's (summary and artefact)
     history: dict[str, list[tuple[int, float]]] = {}
     config, summary, artifacts = {}, {}, []
@@ -211,7 +211,9 @@ def test_track_logs_an_own_loop_to_wandb_with_the_config_and_the_report(tmp_path
             engine.step(optimizer)
     ids = json.loads((run_dir / "trackers.json").read_text())["wandb"]
     history, config, artifacts = {}, {}, []
-    for path in sorted(run_dir.glob(f"wandb/offline-run-*-{ids['id']}/run-{ids['id']}.wandb")):
+    # the report's W&B run resumes the training's: started in the same second, W&B names its folder
+    # offline-run-<time>-<id>-1 (the trailing * of the pattern)
+    for path in sorted(run_dir.glob(f"wandb/offline-run-*-{ids['id']}*/run-{ids['id']}.wandb")):
         for r in wandb_records(path):
             kind = r.WhichOneof("record_type")
             if kind == "history":
