@@ -20,7 +20,7 @@ pytest.importorskip("wandb")
 pytest.importorskip("mlflow")
 trackio = pytest.importorskip("trackio")
 
-from test_trackers import expected_history, wandb_records  # noqa: E402
+from test_trackers import expected_history, read_wandb_run  # noqa: E402
 
 SCRIPT = textwrap.dedent(
     """
@@ -65,22 +65,8 @@ def test_hf_callback_logs_to_wandb_mlflow_and_trackio(tmp_path, monkeypatch):
     assert [s for s, _ in expected["loss"]] == [2, 4, 6, 8]
     ids = json.loads((run / "trackers.json").read_text())
 
-    history: dict[str, list] = {}
-    config, artifacts = {}, []
-    for path in sorted(run.glob(f"wandb/offline-run-*-{ids['wandb']['id']}*/run-{ids['wandb']['id']}.wandb")):
-        for r in wandb_records(path):
-            kind = r.WhichOneof("record_type")
-            if kind == "history":
-                for i in r.history.item:
-                    key = i.key or "/".join(i.nested_key)
-                    if not key.startswith("_"):
-                        history.setdefault(key, []).append((r.history.step.num, json.loads(i.value_json)))
-            elif kind == "run":
-                config.update(
-                    {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.run.config.update}
-                )
-            elif kind == "artifact":
-                artifacts += [c.path for c in r.artifact.manifest.contents]
+    w = read_wandb_run(run, ids["wandb"]["id"])
+    history, config, artifacts = w.history, w.config, w.artifacts
     assert history == expected
     assert config["training_args"]["per_device_train_batch_size"] == 4
     assert "summary.json" in artifacts and "plots/loss.png" in artifacts

@@ -16,7 +16,9 @@ import struct
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import tiny_overrides
@@ -50,6 +52,40 @@ def wandb_records(path: Path) -> list:
             record = wandb_internal_pb2.Record()
             record.ParseFromString(parts)
             out.append(record)
+    return out
+
+
+@dataclass
+class WandbRun:
+    """What an offline W&B run holds, read from its ``.wandb`` files: the history per key (W&B's
+    own ``_step``/``_runtime``/``_timestamp`` left out), the config, the summary, the artefacts."""
+
+    files: list[Path]
+    history: dict[str, list[tuple[int, Any]]] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    artifacts: list[str] = field(default_factory=list)
+
+
+def read_wandb_run(run: Path, run_id: str) -> WandbRun:
+    """Every ``.wandb`` file of W&B run ``run_id`` under ``run/wandb``: the training's, then the
+    report's, which resumes it (started in the same second, W&B names its folder
+    ``offline-run-<time>-<id>-1``: the trailing * of the pattern)."""
+    out = WandbRun(sorted(run.glob(f"wandb/offline-run-*-{run_id}*/run-{run_id}.wandb")))
+    for path in out.files:
+        for r in wandb_records(path):
+            kind = r.WhichOneof("record_type")
+            if kind == "history":
+                for i in r.history.item:
+                    key = i.key or "/".join(i.nested_key)
+                    if not key.startswith("_"):
+                        out.history.setdefault(key, []).append((r.history.step.num, json.loads(i.value_json)))
+            elif kind in ("run", "summary"):
+                items = r.run.config.update if kind == "run" else r.summary.update
+                target = out.config if kind == "run" else out.summary
+                target.update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in items})
+            elif kind == "artifact":
+                out.artifacts += [c.path for c in r.artifact.manifest.contents]
     return out
 
 
@@ -93,28 +129,9 @@ def tracked_run(tmp_path_factory) -> tuple[Path, Path]:
 def test_wandb_offline_holds_the_metrics_config_summary_and_plots(tracked_run):
     run, _ = tracked_run
     ids = json.loads((run / "trackers.json").read_text())["wandb"]
-    files = sorted(run.glob(f"wandb/offline-run-*-{ids['id']}*/run-{ids['id']}.wandb"))
-    assert len(files) == 2  # the training's, then the report's (summary and artefact)
-    history: dict[str, list[tuple[int, float]]] = {}
-    config, summary, artifacts = {}, {}, []
-    for path in files:
-        for r in wandb_records(path):
-            kind = r.WhichOneof("record_type")
-            if kind == "history":
-                row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
-                for key, value in row.items():
-                    if not key.startswith("_"):  # W&B's own _step, _runtime, _timestamp
-                        history.setdefault(key, []).append((r.history.step.num, value))
-            elif kind == "run":
-                config.update(
-                    {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.run.config.update}
-                )
-            elif kind == "summary":
-                summary.update(
-                    {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.summary.update}
-                )
-            elif kind == "artifact":
-                artifacts += [c.path for c in r.artifact.manifest.contents]
+    w = read_wandb_run(run, ids["id"])
+    assert len(w.files) == 2  # the training's, then the report's (summary and artefact)
+    history, config, summary, artifacts = w.history, w.config, w.summary, w.artifacts
     assert history == expected_history(run)
     assert config["model"]["d_model"] == 32 and config["train"]["max_steps"] == 6
     assert summary["status"] == "completed" and summary["steps"] == 6
@@ -210,22 +227,7 @@ def test_track_logs_an_own_loop_to_wandb_with_the_config_and_the_report(tmp_path
             engine.backward(model(x, y))
             engine.step(optimizer)
     ids = json.loads((run_dir / "trackers.json").read_text())["wandb"]
-    history, config, artifacts = {}, {}, []
-    # the report's W&B run resumes the training's: started in the same second, W&B names its folder
-    # offline-run-<time>-<id>-1 (the trailing * of the pattern)
-    for path in sorted(run_dir.glob(f"wandb/offline-run-*-{ids['id']}*/run-{ids['id']}.wandb")):
-        for r in wandb_records(path):
-            kind = r.WhichOneof("record_type")
-            if kind == "history":
-                for i in r.history.item:
-                    key = i.key or "/".join(i.nested_key)
-                    if not key.startswith("_"):
-                        history.setdefault(key, []).append((r.history.step.num, json.loads(i.value_json)))
-            elif kind == "run":
-                config.update(
-                    {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.run.config.update}
-                )
-            elif kind == "artifact":
-                artifacts += [c.path for c in r.artifact.manifest.contents]
+    w = read_wandb_run(run_dir, ids["id"])
+    history, config, artifacts = w.history, w.config, w.artifacts
     assert history == expected_history(run_dir) and history["loss"]
     assert config["lr"] == 0.1 and "summary.json" in artifacts and "plots/loss.png" in artifacts
