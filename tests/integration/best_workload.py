@@ -35,3 +35,14 @@ def make() -> Workload:
 
     w.optimizer, w.metrics_fn = optimizer, scored
     return w
+
+
+def make_nan() -> Workload:
+    """The example CNN whose metrics_fn scores NaN at every validation pass (#44 items 3 and 4)."""
+    w = cnn.make()
+
+    def scored(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {**cnn.accuracy(model, batch), "score": torch.tensor(float("nan"))}
+
+    w.metrics_fn = scored
+    return w

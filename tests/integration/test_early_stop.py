@@ -80,3 +80,42 @@ def test_early_stopping_ends_the_cnn_at_the_right_evaluation_and_keeps_the_best_
     assert main(["train", "--resume", str(tmp_path / "split"), "--no-progress"]) == 0
     resumed = _summary(tmp_path / "split")
     assert (resumed["steps"], resumed["stop_reason"], resumed["best"]) == (5, REASON, summary["best"])
+
+
+NAN_ARGS = [
+    "--model",
+    WORKLOAD.replace(":make", ":make_nan"),
+    "--train.max_steps=6",
+    "--train.eval_every=2",
+    "--train.eval_batches=1",
+    "--train.checkpoint_every=2",
+    "--monitor.log_every=1",
+    "--no-progress",
+]
+
+
+def test_a_nan_metric_is_written_as_null_with_one_warning_and_training_goes_on(tmp_path: Path, caplog):
+    """#44 item 4: a metrics_fn's NaN does not stop the run: its records hold null, one warning names it."""
+    assert main(["train", *NAN_ARGS, "--run.out_dir", str(tmp_path), "--run.name=n"]) == 0
+    run = tmp_path / "n"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    scored = [r for r in records if "val_score" in r]
+    assert [r["step"] for r in scored] == [2, 4, 6] and all(r["val_score"] is None for r in scored)
+    assert all(isinstance(r["val_accuracy"], float) for r in scored)
+    warned = [r.getMessage() for r in caplog.records if "val_score" in r.getMessage()]
+    assert len(warned) == 1 and "NaN" in warned[0] and "null" in warned[0], warned
+    assert (_summary(run)["status"], _summary(run)["steps"]) == ("completed", 6)
+    assert [p.name for p in list_checkpoints(run / "checkpoints")][-1] == "step_00000006.pt"
+
+
+def test_early_stopping_on_a_metric_nan_since_the_first_pass_stops_in_one_line(tmp_path: Path):
+    """#44 item 3: the stop says the metric was NaN; the stop step's checkpoint is written."""
+    args = [*NAN_ARGS, "--best.metric=val_score", "--best.mode=max", "--best.patience=2"]
+    assert main(["train", *args, "--run.out_dir", str(tmp_path), "--run.name=n"]) == 0
+    summary = _summary(tmp_path / "n")
+    assert (summary["status"], summary["steps"]) == ("stopped", 4)
+    assert (
+        summary["stop_reason"]
+        == "early stopping: val_score was NaN in all 2 validation passes, the last at step 4"
+    )
+    assert [p.name for p in list_checkpoints(tmp_path / "n" / "checkpoints")][-1] == "step_00000004.pt"

@@ -99,6 +99,19 @@ def test_the_fit_stops_after_patience_passes_without_improvement_and_says_why():
     assert not run.fit([_Scripted({2: 1.0, 4: 2.0}), EarlyStopping(MetricWatch(), patience=1)]).should_stop
 
 
+def test_a_metric_nan_since_the_first_pass_stops_with_one_line_saying_so():
+    """#44 item 3: NaN at every pass: nothing was ever the best; the stop says the metric is NaN."""
+    nan = float("nan")
+    watch = MetricWatch("val_loss", "min")
+    run = _Run()
+    ctx = run.fit([_Scripted({2: nan, 4: nan, 6: 0.5}), EarlyStopping(watch, patience=2)])
+    assert run.engine.state.step == 4 and ctx.should_stop
+    assert (
+        ctx.stop_reason == "early stopping: val_loss was NaN in all 2 validation passes, the last at step 4"
+    )
+    assert (watch.best, watch.best_step, watch.stale) == (None, -1, 2)
+
+
 def test_a_metric_the_validation_does_not_compute_is_one_line():
     watch = MetricWatch("val_f1", "max")
     with pytest.raises(

@@ -183,12 +183,21 @@ class EarlyStopping(Hook):
         # at the last step the run ends anyway: it completed, early stopping did not end it
         last = ctx.engine.state.step >= ctx.max_steps
         if improved is False and self.patience and self.watch.stale >= self.patience and not last:
-            w = self.watch
-            ctx.request_stop(
-                f"early stopping: {w.metric} did not improve on {w.best:.6g} (step {w.best_step}) "
-                f"by more than {w.min_delta:g} in {w.stale} validation passes"
-            )
+            ctx.request_stop(self.reason())
             log.info("%s", ctx.stop_reason)
+
+    def reason(self) -> str:
+        """Why the fit stops: the best value and its step, or that the metric was NaN at every pass."""
+        w = self.watch
+        if w.best is None:  # NaN never improves: no pass was ever the best
+            return (
+                f"early stopping: {w.metric} was NaN in all {w.stale} validation passes, "
+                f"the last at step {w.seen_step}"
+            )
+        return (
+            f"early stopping: {w.metric} did not improve on {w.best:.6g} (step {w.best_step}) "
+            f"by more than {w.min_delta:g} in {w.stale} validation passes"
+        )
 
     def on_fit_end(self, ctx: FitContext) -> None:
         self.watch.observe(ctx)  # a final pass (after a signal's stop) counts for the best

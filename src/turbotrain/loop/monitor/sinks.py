@@ -5,6 +5,8 @@ with ``write(record)`` and ``close()`` (:class:`turbotrain.loop.monitor.hook.Sin
 from __future__ import annotations
 
 import json
+import logging
+import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +16,15 @@ from ...base.errors import TurbotrainError
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+log = logging.getLogger(__name__)
+
+
+def finite_or_null(record: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``record`` with its NaN and infinite floats as None (JSON null: the file stays strict JSON)
+    and the keys that held one."""
+    bad = [k for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)]
+    return ({**record, **dict.fromkeys(bad)} if bad else record), bad
 
 
 class JsonlSink:
@@ -30,8 +41,18 @@ class JsonlSink:
         self.file = open(path, "a", encoding="utf-8")
         self.flush_every_s = flush_every_s
         self._flushed_at = time.monotonic()
+        self._warned: set[str] = set()  # the keys already named in a non-finite warning
 
     def write(self, record: dict[str, Any]) -> None:
+        record, bad = finite_or_null(record)
+        for key in sorted(set(bad) - self._warned):  # once per key: a metric NaN at every pass warns once
+            self._warned.add(key)
+            log.warning(
+                "%s is NaN or infinite at step %s: written as null in %s",
+                key,
+                record.get("step"),
+                self.path.name,
+            )
         with reporting_disk_full(self.path):  # a full disk: one DiskFullError naming the file
             self.file.write(json.dumps(record, allow_nan=False, default=str) + "\n")
             now = time.monotonic()
