@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from turbotrain.integrations.observer import LoopObserver, peak_spec
+from turbotrain.integrations.observer import LoopObserver, peak_spec, run_name
 from turbotrain.integrations.recipe import build_recipe, merge_user
 
 
@@ -88,3 +88,37 @@ def test_the_cpu_recipe_is_the_engines():
     assert recipe.optimizer_kwargs() in ({"fused": True}, {"foreach": True})
     assert recipe.loader_kwargs()["num_workers"] == recipe.num_workers
     assert set(recipe.why) == {"precision", "tf32", "compile", "optimizer", "loader"}
+
+
+def test_an_explicit_none_is_not_given_for_every_recipe_keyword(caplog):
+    """(#46 item 5) ``mixed_precision=None`` (an argparse default passed on) keeps the recipe's
+    setting, without a warning line and without setting aside the rest of its group."""
+    recipe = {"bf16": True, "fp16": False, "mixed_precision": "bf16", "workers": 2, "prefetch": 4}
+    groups = [("bf16", "fp16"), ("workers", "prefetch")]
+    with caplog.at_level(logging.WARNING, logger="turbotrain.integrations"):
+        merged = merge_user(recipe, dict.fromkeys(recipe), groups)
+        assert merged == recipe
+        assert merge_user(recipe, {"mixed_precision": None, "workers": 1}, groups) == {
+            "bf16": True,
+            "fp16": False,
+            "mixed_precision": "bf16",
+            "workers": 1,
+        }
+    assert [r.getMessage() for r in caplog.records] == [
+        "turbotrain recipe: workers = 2; you set workers = 1: yours is kept",
+        "turbotrain recipe: prefetch = 4 left out because you set workers = 1: yours is kept",
+    ]
+
+
+def test_runs_are_named_after_their_directory_not_turbotrain(tmp_path):
+    """(#46 item 6) The callbacks' default ``<output_dir>/turbotrain`` is named after the output
+    directory; any other run directory after itself; the summary and the trackers say so."""
+    assert run_name(tmp_path / "gpt-small" / "turbotrain") == "gpt-small"
+    assert run_name(tmp_path / "runs" / "acc") == "acc"
+    assert run_name("/turbotrain", "BertModel") == "BertModel"
+    obs = LoopObserver(tmp_path / "exp7" / "turbotrain", device="cpu", framework="test", nvml=False)
+    obs.start()
+    assert obs.close(report=False)["run"] == "exp7"
+    named = LoopObserver(tmp_path / "x", device="cpu", framework="test", nvml=False, name="mine")
+    named.start()
+    assert named.close(report=False)["run"] == "mine"

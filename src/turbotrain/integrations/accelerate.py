@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from ..base.version import __version__
-from .observer import LoopObserver
+from .observer import LoopObserver, run_name
 from .recipe import Recipe, build_recipe, merge_user
 
 try:
@@ -90,6 +90,7 @@ class AccelerateRun:
         sinks: tuple[Any, ...] = (),
         trackers: tuple[str, ...] = (),
         project: str = "turbotrain",
+        name: str | None = None,
     ) -> None:
         if log_every < 1:
             raise ValueError(f"log_every = {log_every!r}: give the optimizer steps between records (>= 1)")
@@ -104,6 +105,7 @@ class AccelerateRun:
         mixed = str(accelerator.mixed_precision)
         self.observer = LoopObserver(
             run_dir,
+            name=name or run_name(run_dir, type(accelerator.unwrap_model(model)).__name__),
             device=accelerator.device,
             framework=f"accelerate {accelerate.__version__} loop (turbotrain {__version__})",
             world=max(1, accelerator.num_processes),
@@ -168,5 +170,6 @@ def track_accelerate(
     """An :class:`AccelerateRun` for this Accelerate loop in ``run_dir``. Options: ``example_batch``
     (FLOPs, so TFLOP/s and MFU), ``loss_fn(model, batch)`` for it (default ``model(**batch)``),
     ``log_every``, ``max_steps``, ``peak_tflops``, ``nvml``, ``report``, ``sinks``, ``trackers``
-    (any of "wandb", "mlflow", "trackio"), ``project``."""
+    (any of "wandb", "mlflow", "trackio"), ``project``, ``name`` (the run's; default: the run
+    directory's, or the folder it is in where it is called ``turbotrain``)."""
     return AccelerateRun(accelerator, model, run_dir, **options)

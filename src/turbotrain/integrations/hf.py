@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ..base.version import __version__
-from .observer import LoopObserver
+from .observer import LoopObserver, run_name
 from .recipe import Recipe, build_recipe, merge_user
 
 try:
@@ -92,7 +92,9 @@ class TurbotrainCallback(TrainerCallback):
     ``loss_fn(model, batch)``: how to get the loss for the FLOP count (default ``model(**batch)``);
     ``trackers``: any of "wandb" (offline), "mlflow", "trackio", logged the same records, the
     ``TrainingArguments`` and, at the end, the summary and plots (``project``: their project);
-    ``sinks``: more sinks beside metrics.jsonl (objects with ``write(record)`` and ``close()``).
+    ``sinks``: more sinks beside metrics.jsonl (objects with ``write(record)`` and ``close()``);
+    ``name``: the run's, in the summary and the trackers (default: the name of ``run_dir``, or of
+    the output directory when ``run_dir`` is the default ``<output_dir>/turbotrain``).
     """
 
     def __init__(
@@ -107,8 +109,9 @@ class TurbotrainCallback(TrainerCallback):
         sinks: tuple[Any, ...] = (),
         trackers: tuple[str, ...] = (),
         project: str = "turbotrain",
+        name: str | None = None,
     ) -> None:
-        self.run_dir = run_dir
+        self.run_dir, self.name = run_dir, name
         self.report, self.nvml, self.peak_tflops = report, nvml, peak_tflops
         self.flops_per_sample, self.loss_fn, self.sinks = flops_per_sample, loss_fn, sinks
         self.trackers, self.project = trackers, project
@@ -138,8 +141,10 @@ class TurbotrainCallback(TrainerCallback):
         model = kwargs.get("model")
         if not state.is_world_process_zero or model is None:
             return  # one process writes the run directory
+        run_dir = self.run_dir if self.run_dir is not None else Path(args.output_dir) / "turbotrain"
         self.observer = LoopObserver(
-            self.run_dir if self.run_dir is not None else Path(args.output_dir) / "turbotrain",
+            run_dir,
+            name=self.name or run_name(run_dir, type(model).__name__),
             device=args.device,
             framework=f"transformers {transformers.__version__} Trainer (turbotrain {__version__} callback)",
             world=max(1, args.world_size),

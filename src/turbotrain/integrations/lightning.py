@@ -13,8 +13,8 @@ host-device sync, once per record), samples/s and tokens/s (counted from batch s
 TFLOP/s and MFU (FLOPs counted during the first optimizer step: torch's FLOP counter watching the
 step Lightning runs, so nothing extra runs and nothing is logged twice; a compiled module is not
 counted, give ``flops_per_sample``), memory and GPU utilisation on CUDA and the validation loss
-(``val_loss`` as the module logs it); at the end compiles and recompiles and the report.
-The recipe's other settings go into your own code: ``build_recipe().loader_kwargs()`` for your
+(``val_loss`` as the module logs it, or the ``val_key`` you name); at the end compiles and
+recompiles and the report. The recipe's other settings go into your own code: ``build_recipe().loader_kwargs()`` for your
 DataLoader, ``.optimizer_kwargs()`` for AdamW, ``.compile`` to ``torch.compile`` the module.
 """
 
@@ -31,7 +31,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..base.version import __version__
 from ..loop.monitor.flops import _EXTRA_FLOP_FORMULAS  # the CPU attention kernels' FLOP formulas
 from ..parts.hardware import tf32_enabled
-from .observer import LoopObserver
+from .observer import LoopObserver, run_name
 from .recipe import Recipe, build_recipe, merge_user
 
 try:
@@ -87,7 +87,11 @@ class TurbotrainLightningCallback(Callback):
     records (default: the Trainer's ``log_every_n_steps``); ``peak_tflops``: the device's dense
     peak where the GPU's name is not in turbotrain's table (a CPU, say); ``flops_per_sample``: use
     this instead of counting; ``report``, ``nvml``, ``sinks``, ``trackers``, ``project``: as for the
-    Hugging Face callback (the trackers get the Trainer's settings and the module's hparams).
+    Hugging Face callback (the trackers get the Trainer's settings and the module's hparams);
+    ``val_key``: the metric the module logs as its validation loss (``self.log("val_loss", ...)``
+    in ``validation_step``; one warning where validation ran and did not log it); ``name``: the
+    run's (default: the run directory's, or the ``default_root_dir``'s when the run
+    directory is the default one, or the module's class when neither was given).
     """
 
     def __init__(
@@ -102,13 +106,17 @@ class TurbotrainLightningCallback(Callback):
         sinks: tuple[Any, ...] = (),
         trackers: tuple[str, ...] = (),
         project: str = "turbotrain",
+        name: str | None = None,
+        val_key: str = "val_loss",
     ) -> None:
         if log_every is not None and log_every < 1:
             raise ValueError(f"log_every = {log_every!r}: give the optimizer steps between records (>= 1)")
         self.run_dir, self.log_every = run_dir, log_every
         self.report, self.nvml, self.peak_tflops = report, nvml, peak_tflops
         self.flops_per_sample, self.sinks = flops_per_sample, sinks
-        self.trackers, self.project = trackers, project
+        self.trackers, self.project, self.name = trackers, project, name
+        self.val_key = val_key
+        self._val_warned = False
         self.observer: LoopObserver | None = None
         self.summary: dict[str, Any] = {}
         self._every = 1
@@ -128,7 +136,8 @@ class TurbotrainLightningCallback(Callback):
         self._every = self.log_every or trainer.log_every_n_steps or 50
         self._accumulation = trainer.accumulate_grad_batches
         self.observer = LoopObserver(
-            self.run_dir if self.run_dir is not None else Path(trainer.default_root_dir) / "turbotrain",
+            self._run_dir(trainer),
+            name=self.name or self._name(trainer, pl_module),
             device=pl_module.device,
             framework=f"lightning {lightning.__version__} Trainer (turbotrain {__version__} callback)",
             world=max(1, trainer.world_size),
@@ -159,6 +168,18 @@ class TurbotrainLightningCallback(Callback):
             log.info("FLOPs not counted for a compiled module: pass flops_per_sample for TFLOP/s and MFU")
         else:
             self._to_count = True
+
+    def _run_dir(self, trainer: Trainer) -> Path:
+        return Path(
+            self.run_dir if self.run_dir is not None else Path(trainer.default_root_dir) / "turbotrain"
+        )
+
+    def _name(self, trainer: Trainer, pl_module: LightningModule) -> str:
+        """The run directory's name, or the module's class where the run directory is the
+        default one under the working directory (a Trainer given no ``default_root_dir``)."""
+        module = type(pl_module).__name__
+        unnamed = self.run_dir is None and Path(trainer.default_root_dir).resolve() == Path.cwd().resolve()
+        return module if unnamed else run_name(self._run_dir(trainer), module)
 
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
@@ -212,9 +233,18 @@ class TurbotrainLightningCallback(Callback):
         if obs is None or trainer.sanity_checking:
             return
         obs.add_side(time.perf_counter() - self._val_t0)
-        val = trainer.callback_metrics.get("val_loss")
+        val = trainer.callback_metrics.get(self.val_key)
         if val is not None:  # validation has synced already: one more read of its result
             obs.record(trainer.global_step, None, val_loss=float(val))
+        elif not self._val_warned:
+            self._val_warned = True
+            logged = ", ".join(sorted(trainer.callback_metrics)) or "nothing"
+            log.warning(
+                "validation ran but logged no %r (it logged: %s): no validation loss is recorded; "
+                "pass TurbotrainLightningCallback(val_key=...) to name yours",
+                self.val_key,
+                logged,
+            )
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._finish("completed")

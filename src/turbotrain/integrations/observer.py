@@ -36,7 +36,20 @@ from ..parts.hardware import DeviceSpec, lookup_peak
 
 log = logging.getLogger("turbotrain.integrations")
 
-__all__ = ["LoopObserver", "peak_spec"]
+__all__ = ["LoopObserver", "peak_spec", "run_name"]
+
+DEFAULT_FOLDER = "turbotrain"  # the callbacks' default run directory: <the trainer's directory>/turbotrain
+
+
+def run_name(run_dir: str | Path, fallback: str = "") -> str:
+    """The name of a run written to ``run_dir`` (the summary's and the trackers'), as ``turbotrain
+    train`` names a run after its file: the directory's name, or where that is the callbacks'
+    default folder ``turbotrain``, the name of the directory it is in (the trainer's output
+    directory); ``fallback`` (the model's class, say) where neither has a name."""
+    path = Path(run_dir).resolve()
+    if path.name != DEFAULT_FOLDER:
+        return path.name or fallback or DEFAULT_FOLDER
+    return path.parent.name or fallback or DEFAULT_FOLDER
 
 
 def peak_spec(device: torch.device, peak_tflops: float | None = None) -> DeviceSpec | None:
@@ -70,7 +83,8 @@ class LoopObserver:
     peak MFU is measured against); ``peak_tflops``: see :func:`peak_spec`; ``trackers``: any of
     "wandb" (offline), "mlflow", "trackio" (``project``: their project or experiment);
     ``sinks``: more sinks beside metrics.jsonl; ``optimizations`` and ``config``: what summary.md
-    lists (``config`` also goes to the trackers).
+    lists (``config`` also goes to the trackers); ``name``: the run's, in the summary and the
+    trackers (default: :func:`run_name` of ``run_dir``).
     """
 
     def __init__(
@@ -90,8 +104,10 @@ class LoopObserver:
         optimizations: Mapping[str, Any] | None = None,
         config: Mapping[str, Any] | None = None,
         max_steps: int | None = None,
+        name: str | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
+        self.name = name or run_name(self.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.device = torch.device(device)
         self.framework, self.world, self.precision = framework, world, precision
@@ -105,7 +121,7 @@ class LoopObserver:
             )
         # metrics.jsonl and the experiment trackers (each named by the run directory, the config
         # logged once; the report hands them the summary and the plots at the end)
-        options = TrackerOptions(project=project, name=self.run_dir.name, config=self.config)
+        options = TrackerOptions(project=project, name=self.name, config=self.config)
         all_sinks: list[Any] = [*build_sinks(["jsonl", *trackers], self.run_dir, options), *sinks]
         if progress_steps:
             all_sinks.append(ProgressSink(progress_steps))
@@ -211,7 +227,7 @@ class LoopObserver:
         """What summary.json says beyond the metrics (the keys :func:`turbotrain.app.report.format_markdown` reads)."""
         peak = self.mfu.probe.peak_tflops() if self.mfu.probe is not None else None
         return {
-            "run": self.run_dir.name,
+            "run": self.name,
             "status": status,
             "framework": self.framework,
             "steps": self.step,

@@ -137,10 +137,12 @@ def merge_user(
     *,
     where: str = "",
 ) -> dict[str, Any]:
-    """``recipe``'s settings with every one in ``user`` winning. A ``group`` holds settings that
+    """``recipe``'s settings with every one in ``user`` winning; a ``None`` in ``user`` means "not
+    given" (an argparse default passed on), so the recipe's setting stays. A ``group`` holds settings that
     only make sense together (``bf16``/``fp16``; workers, persistence and prefetch): once the user
     gives one of a group, the recipe's others of that group are dropped too. One warning line per
     recipe setting the user overrode with a different value or dropped this way, naming both."""
+    user = {key: value for key, value in user.items() if value is not None}
     merged = dict(recipe)
     dropped: dict[str, str] = {}
     for group in groups:
