@@ -467,7 +467,10 @@ def _train_prepared_once(
                 # created by this call, under its lock: nothing else is in it
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
-        return _train_built(training, run_dir, main), training
+        try:
+            return _train_built(training, run_dir, main), training
+        finally:
+            training.data.close()  # its token files: a notebook's or a long session's runs leave none open
     except BaseException as exc:
         full = _disk_full(exc, run_dir) if main else None
         if full is not None:

@@ -164,6 +164,10 @@ class PieceRows(Dataset):
     def __len__(self) -> int:
         return len(self.pieces)
 
+    def close(self) -> None:
+        """Close the token file (reopened by a later read)."""
+        self._reader.close()
+
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         offsets, lengths = self.pieces.offsets[indices], self.pieces.lengths[indices]
         width = padded_length(int(lengths.max()) - 1, self.seq_len)

@@ -48,6 +48,10 @@ class TokenWindows(Dataset):
     def __len__(self) -> int:
         return self.positions
 
+    def close(self) -> None:
+        """Close the token file (reopened by a later read)."""
+        self._reader.close()
+
     def __getitems__(self, offsets: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         rows = self.split.read_rows(self._reader.fd(), np.asarray(offsets, dtype=np.int64), self.seq_len + 1)
         window = torch.from_numpy(rows.astype(np.int64))

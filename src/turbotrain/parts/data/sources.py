@@ -101,6 +101,12 @@ class PreadFile:
                 ) from None
         return self._file.fileno()
 
+    def close(self) -> None:
+        """Close the file (the run's data is done with it); a later read opens it again."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_file": None}
 

@@ -75,6 +75,9 @@ class RunData(ABC):
     def save(self, run_dir: Path) -> None:  # noqa: B027 (a no-op unless a family has data to save)
         """Files a later command needs (a tokenizer for ``sample``); rank 0 only."""
 
+    def close(self) -> None:  # noqa: B027 (a no-op unless a family holds files open)
+        """Close the files the data holds open (the run is over; a later read reopens them)."""
+
 
 class ModelSpec(ABC):
     """One model family (see the module docstring)."""

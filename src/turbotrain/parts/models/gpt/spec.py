@@ -102,6 +102,11 @@ class TokenData(RunData):
     def save(self, run_dir: Path) -> None:
         save_run_tokenizer(self.source.tokenizer, run_dir)  # what `turbotrain sample` decodes with
 
+    def close(self) -> None:
+        for rows in (self.train, self.val, self._budget and self._budget.loader.dataset):
+            if rows is not None:
+                rows.close()
+
 
 def gpt_config(m: ModelConfig, vocab_size: int) -> GPTConfig:
     """The GPT a run's ``model`` section describes; ``vocab_size`` when the section leaves it 0."""
