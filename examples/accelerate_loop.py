@@ -49,9 +49,9 @@ def main() -> None:
     model = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=SEQ, n_embd=64, n_layer=2, n_head=2))
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, **recipe.optimizer_kwargs())
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    example = next(iter(loader))
+    # FLOPs are counted on the first batch handed to run.batch(): nothing is drawn from the loader
     with track_accelerate(
-        accelerator, model, f"{a.run_dir}/turbotrain", example_batch=example, log_every=5, max_steps=a.steps
+        accelerator, model, f"{a.run_dir}/turbotrain", log_every=5, max_steps=a.steps
     ) as run:
         model.train()
         while run.steps < a.steps:

@@ -5,20 +5,23 @@ recipe and its monitoring, run directory and report (``pip install accelerate``)
 
     accelerator = Accelerator(**accelerator_kwargs_recipe())
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    with track_accelerate(accelerator, model, "runs/acc", example_batch=batch) as run:
+    with track_accelerate(accelerator, model, "runs/acc") as run:
         for batch in loader:
             with accelerator.accumulate(model):
                 loss = model(**batch).loss
                 accelerator.backward(loss)
                 optimizer.step(); optimizer.zero_grad()
-            run.batch(batch)                      # its samples and tokens, from shapes
+            run.batch(batch)                      # its samples and tokens, from shapes (FLOPs: the first)
             if accelerator.sync_gradients:        # an optimizer step is done
                 run.step(loss)                    # reads the loss every log_every steps only
     # runs/acc: metrics.jsonl, summary.json, summary.md, plots/*.png
 
 turbotrain's own-loop :func:`turbotrain.track` needs turbotrain's ``Engine`` to take the steps;
 here Accelerate takes them, so :class:`AccelerateRun` is told about them instead, and writes the
-same run directory through the same monitor and report.
+same run directory through the same monitor and report. Nothing it does touches your loader or
+the RNG: FLOPs are counted after the first optimizer step, on the first batch you handed to
+``run.batch()`` (one eager forward and backward, the RNG, buffers and ``.grad`` left as they were),
+so the training is the one your loop runs without it, bit for bit.
 """
 
 from __future__ import annotations
@@ -100,12 +103,15 @@ class AccelerateRun:
         self._last_loss: Any = None  # the last step's loss (a device tensor: read only for a record)
         self.summary: dict[str, Any] = {}
         self.observer: LoopObserver | None = None
+        self._model = accelerator.unwrap_model(model)  # the FLOP count's, outside DDP and autocast
+        self._loss_fn = loss_fn
+        self._first_batch: Any = None  # FLOPs are counted on it after the first step
         if not accelerator.is_main_process:
             return
         mixed = str(accelerator.mixed_precision)
         self.observer = LoopObserver(
             run_dir,
-            name=name or run_name(run_dir, type(accelerator.unwrap_model(model)).__name__),
+            name=name or run_name(run_dir, type(self._model).__name__),
             device=accelerator.device,
             framework=f"accelerate {accelerate.__version__} loop (turbotrain {__version__})",
             world=max(1, accelerator.num_processes),
@@ -123,13 +129,17 @@ class AccelerateRun:
             },
         )
         if example_batch is not None:  # FLOPs counted once, before the clock starts
-            self.observer.count_flops(accelerator.unwrap_model(model), example_batch, loss_fn)
+            self.observer.count_flops(self._model, example_batch, loss_fn)
         self.observer.start(0)
 
     def batch(self, batch: Any) -> None:
-        """One training micro-batch: its samples and tokens, from shapes (no sync)."""
-        if self.observer is not None:
-            self.observer.count(batch)
+        """One training micro-batch: its samples and tokens, from shapes (no sync); the first
+        one is kept for the FLOP count after the first step."""
+        obs = self.observer
+        if obs is not None:
+            obs.count(batch)
+            if self._first_batch is None and obs.flops_per_sample is None:
+                self._first_batch = batch
 
     def step(self, loss: Any = None, lr: float | None = None) -> None:
         """An optimizer step is done; every ``log_every`` steps a record that reads ``loss`` (a
@@ -140,6 +150,9 @@ class AccelerateRun:
             return
         loss = loss.detach() if isinstance(loss, torch.Tensor) else loss  # no sync
         obs.step_end(self.steps, loss)
+        if self._first_batch is not None:  # once: after the first step, so not in its time
+            obs.count_flops(self._model, self._first_batch, self._loss_fn)
+            self._first_batch = None
         if self.steps % self.log_every == 0:
             obs.record(self.steps, loss, lr=lr)
             self._recorded = self.steps
@@ -167,8 +180,11 @@ class AccelerateRun:
 def track_accelerate(
     accelerator: Any, model: nn.Module, run_dir: str | Path, **options: Any
 ) -> AccelerateRun:
-    """An :class:`AccelerateRun` for this Accelerate loop in ``run_dir``. Options: ``example_batch``
-    (FLOPs, so TFLOP/s and MFU), ``loss_fn(model, batch)`` for it (default ``model(**batch)``),
+    """An :class:`AccelerateRun` for this Accelerate loop in ``run_dir``. FLOPs (so TFLOP/s and
+    MFU) are counted on the first batch handed to ``run.batch()``, after the first step;
+    ``example_batch``: count them on this batch instead, before the clock starts (a batch you
+    have, not one drawn from your loader: drawing it changes what the loop trains on);
+    ``loss_fn(model, batch)`` for the count (default ``model(**batch)``); options:
     ``log_every``, ``max_steps``, ``peak_tflops``, ``nvml``, ``report``, ``sinks``, ``trackers``
     (any of "wandb", "mlflow", "trackio"), ``project``, ``name`` (the run's; default: the run
     directory's, or the folder it is in where it is called ``turbotrain``)."""
