@@ -12,6 +12,8 @@ start-up). ``TT_FAULT=POINT:N`` acts at the N-th time the program reaches POINT:
 - ``eval``: SIGKILL inside the N-th validation pass
 - ``summary``: SIGKILL while summary.json is being written (N-th time)
 - ``startup``: SIGKILL when the run starts being built (N-th time)
+- ``best-link``: SIGKILL before the N-th best checkpoint is linked into ``checkpoints/best/``
+- ``best-sidecar``: SIGKILL with the N-th best checkpoint linked into ``best/``, before its .sha256
 - ``cache-mid-write``: SIGKILL after half of the N-th byte-token cache write
 - ``pause-step`` / ``pause-startup`` / ``pause-fit`` (the run built and its files written, the
   loop not started yet) / ``pause-report`` (trained, summary.json written, the report not yet): create ``$TT_FAULT_MARKER`` and wait (in 20 ms sleeps) until the test
@@ -141,6 +143,17 @@ def _install(point: str, n: int) -> None:
             return out
 
         pathlib.Path.unlink = unlink
+    elif point in ("best-link", "best-sidecar"):
+        import turbotrain.loop.best_checkpoint as best
+
+        if point == "best-link":
+            wrap(best, "_link_in", before=lambda *a, **k: due() and die())
+        else:
+            wrap(
+                best,
+                "_link_or_copy",
+                before=lambda src, dest: src.name.endswith(".sha256") and due() and die(),
+            )
     elif point == "metrics-torn":
 
         def write(self, record):

@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import torch
+from faults.faultenv import fault_env
 
 from turbotrain.cli import main
-from turbotrain.loop.best_checkpoint import load_best_weights
+from turbotrain.loop.best_checkpoint import BEST_FILE, best_folder, load_best_weights
 from turbotrain.loop.checkpoint import is_verified, list_checkpoints, load_latest_weights
 
 WORKLOAD = f"{Path(__file__).resolve().parent / 'best_workload.py'}:make"
@@ -119,3 +124,45 @@ def test_early_stopping_on_a_metric_nan_since_the_first_pass_stops_in_one_line(t
         == "early stopping: val_score was NaN in all 2 validation passes, the last at step 4"
     )
     assert [p.name for p in list_checkpoints(tmp_path / "n" / "checkpoints")][-1] == "step_00000004.pt"
+
+
+def _losses(run: Path) -> list[tuple[int, float]]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in records if "loss" in r]
+
+
+@pytest.mark.slow  # a killed subprocess
+@pytest.mark.parametrize("fault", ["best-link:4", "best-sidecar:4"])
+def test_a_kill_before_the_best_is_linked_is_finished_by_the_resume(tmp_path: Path, fault: str):
+    """#44 item 1: kill -9 after step 6's checkpoint (the new best) is written, before it is linked
+    into best/ (or with its file linked, not its checksum); --resume finishes the link: best/,
+    best.json, the summary and load_best_weights hold step 6 as in the uninterrupted run, no
+    leftover, and every step's loss and the final weights are the uninterrupted run's."""
+    # no early stopping, 8 steps: the passes at steps 1, 2, 3 and 6 improve (the 4th link: step 6's)
+    args = [a for a in ARGS if not a.startswith(("--best.patience", "--train.max_steps"))] + [
+        "--train.max_steps=8"
+    ]
+    out = ["--run.out_dir", str(tmp_path)]
+    assert main(["train", *args, *out, "--run.name=full"]) == 0
+    cmd = [sys.executable, "-m", "turbotrain", "train", *args, *out, "--run.name=killed"]
+    killed = subprocess.run(cmd, env=fault_env(fault), capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    full, run = tmp_path / "full", tmp_path / "killed"
+    assert json.loads((best_folder(run) / BEST_FILE).read_text())["step"] == 3  # the kill left step 3's
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 0
+    assert _summary(run)["best"] == _summary(full)["best"]
+    assert _summary(run)["best"]["checkpoint"] == "checkpoints/best/step_00000006.pt"
+    assert sorted(p.name for p in best_folder(run).iterdir()) == sorted(
+        p.name for p in best_folder(full).iterdir()
+    )
+    assert json.loads((best_folder(run) / BEST_FILE).read_text()) == json.loads(
+        (best_folder(full) / BEST_FILE).read_text()
+    )
+    (path, weights), (_, expected) = load_best_weights(run), load_best_weights(full)
+    assert path.name == "step_00000006.pt" and all(torch.equal(weights[k], expected[k]) for k in expected)
+    assert _losses(run) == _losses(full) and len(_losses(full)) == 8
+    (_, last), (_, last_full) = (
+        load_latest_weights(run / "checkpoints"),
+        load_latest_weights(full / "checkpoints"),
+    )
+    assert all(torch.equal(last[k], last_full[k]) for k in last_full)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 from collections.abc import Iterable
@@ -27,7 +28,14 @@ from ..base.atomic import atomic_write
 from ..base.errors import TurbotrainError
 from ..base.rundir import CHECKPOINTS
 from ..core.process_group import rank_world
-from .checkpoint.format import latest_verified, list_checkpoints, sidecar
+from .checkpoint.format import (
+    checkpoint_dir,
+    checkpoint_path,
+    is_verified,
+    latest_verified,
+    list_checkpoints,
+    sidecar,
+)
 from .checkpoint.restore import load_latest_weights, restore_latest
 from .early_stop import EarlyStopping, MetricWatch
 from .hooks import FitContext, Hook
@@ -35,6 +43,8 @@ from .hooks import FitContext, Hook
 if TYPE_CHECKING:
     from .checkpoint import Checkpointer
     from .checkpoint.state import RunState
+
+log = logging.getLogger(__name__)
 
 BEST_DIR = "best"  # under a run's checkpoints/
 BEST_FILE = "best.json"
@@ -61,15 +71,38 @@ class KeepBest(Hook):
         if self.watch.best_step != step or self.kept_step == step:
             return
         path = self.checkpointer.written(ctx)
-        best = self.checkpointer.folder / BEST_DIR
         if rank_world()[0] == 0:
-            self.kept = _link_in(path, best)
-            record = {"checkpoint": self.kept.name, **self.watch.facts()}
-            atomic_write(best / BEST_FILE, json.dumps(record, indent=1) + "\n")
-            for old in list_checkpoints(best):  # the previous best, now that the new one is in place
-                if old != self.kept:
-                    _remove(old)
+            self._link(path)
         self.kept_step = step
+
+    def _link(self, path: Path) -> None:
+        """Checkpoint ``path`` into ``best/`` with its best.json; then the previous best goes."""
+        best = self.checkpointer.folder / BEST_DIR
+        self.kept = _link_in(path, best)
+        record = {"checkpoint": self.kept.name, **self.watch.facts()}
+        atomic_write(best / BEST_FILE, json.dumps(record, indent=1) + "\n")
+        for old in list_checkpoints(best):  # the previous best, now that the new one is in place
+            if old != self.kept:
+                _remove(old)
+
+    def on_fit_start(self, ctx: FitContext) -> None:
+        """A resume finishes the update a kill interrupted: the restored watch names a best step
+        whose checkpoint is in the main folder but not (or not whole) in ``best/``."""
+        step, best = self.watch.best_step, self.checkpointer.folder / BEST_DIR
+        if rank_world()[0] != 0 or step < 0 or not best.is_dir():
+            return
+        for tmp in best.glob(".*.partial"):  # a link killed half-way
+            _remove(tmp)
+        name = (checkpoint_dir if self.checkpointer.sharded else checkpoint_path)(Path(), step).name
+        held = latest_verified(best)
+        if held is not None and held.name == name and (best / BEST_FILE).is_file():
+            self.kept, self.kept_step = held, step
+            return
+        source = self.checkpointer.folder / name
+        if is_verified(source):
+            log.info("best checkpoint: linking %s, which a stopped run had not linked yet", name)
+            self._link(source)
+            self.kept_step = step
 
     def on_step_end(self, ctx: FitContext) -> None:
         self._keep(ctx)
