@@ -25,7 +25,6 @@ import types
 import warnings
 from typing import Any
 
-from .app.choose import settings as _choose_settings  # noqa: F401  (registers the [choose] section)
 from .base.config import RunConfig, load_config
 from .base.version import __version__
 from .core.engine import Engine

@@ -220,7 +220,7 @@ def build_training(
     engine, model, optimizer = t.engine, t.model, t.optimizer
     rank, world = engine.strategy.rank, engine.strategy.world
     # the config rides along for reference only: a resume reads config.toml
-    watch = watch_for(c.best)  # type: ignore[attr-defined]  # early stopping / the best checkpoint
+    watch = watch_for(c.best)  # early stopping / the best checkpoint
     state = run_state(
         engine,
         model,
@@ -304,8 +304,8 @@ def build_training(
             async_write=c.train.async_checkpoint,
         ),
         watch=watch,
-        patience=c.best.patience,  # type: ignore[attr-defined]
-        keep_best=c.best.checkpoint,  # type: ignore[attr-defined]
+        patience=c.best.patience,
+        keep_best=c.best.checkpoint,
     )
     return Training(
         c,

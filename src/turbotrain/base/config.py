@@ -44,7 +44,9 @@ from .config_fields import (
 from .config_sections import (
     ARCHS,
     BATCH_PICKS,
+    BEST_MODES,
     CHECKPOINTING_MODES,
+    CHOOSE_MODES,
     COMPILE_MODES,
     COMPILE_SCOPES,
     CUDA_GRAPH_MODES,
@@ -57,6 +59,8 @@ from .config_sections import (
     SCHEDULES,
     TOKENIZERS,
     BatchConfig,
+    BestConfig,
+    ChooseConfig,
     CompileConfig,
     DataConfig,
     DistributedConfig,
@@ -68,6 +72,7 @@ from .config_sections import (
     RunSection,
     TrainConfig,
     check_run,
+    unused_run,
 )
 from .errors import ConfigError
 
@@ -75,7 +80,9 @@ __all__ = [
     "ARCHS",
     "AUTO",
     "BATCH_PICKS",
+    "BEST_MODES",
     "CHECKPOINTING_MODES",
+    "CHOOSE_MODES",
     "COMPILE_MODES",
     "COMPILE_SCOPES",
     "CUDA_GRAPH_MODES",
@@ -97,6 +104,8 @@ __all__ = [
     "SECTIONS",
     "TOKENIZERS",
     "BatchConfig",
+    "BestConfig",
+    "ChooseConfig",
     "CompileConfig",
     "DataConfig",
     "DistributedConfig",
@@ -140,11 +149,13 @@ class RunConfig:
     batch: BatchConfig = field(default_factory=BatchConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    best: BestConfig = field(default_factory=BestConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     compile: CompileConfig = field(default_factory=CompileConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    choose: ChooseConfig = field(default_factory=ChooseConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -446,6 +457,10 @@ def load_config(
             raise ConfigError(f"unknown section {section!r}; valid sections: {', '.join(SECTIONS)}")
         table.setdefault(section, {}).update(values)
     config = from_dict(table)
+    given = {section: list(values) for section, values in extra.items()}
+    message = unused_run(config, given)  # the run's own settings given where they would do nothing
+    if message:
+        raise ConfigError(message)
     for r in REGISTERED:  # settings given where they would do nothing: the plugin's one line
         given = [k for k in extra.get(r.section, {}) if k in r.names]
         message = r.unused(config, given) if given and r.unused is not None else ""

@@ -1,7 +1,8 @@
 """The run config's own sections: one frozen dataclass per concern of the run itself (the run
-directory, data, batch, optimizer, training length, precision switches, compile, memory,
-monitoring, distribution), each field documented with its unit and range, and the rules that span
-their fields (:func:`check_run`).
+directory, data, batch, optimizer, training length, the watched metric, precision switches,
+compile, memory, monitoring, distribution, measured choices), each field documented with its unit
+and range, and the rules that span their fields (:func:`check_run`; :func:`unused_run` for
+settings given where they would do nothing).
 
 What a plugin owns is not here: a model family's fields (the GPT's width and depth in ``[model]``,
 the experts' ``[moe]``) and a precision's own (``precision.fp8_*``) are declared in the plugin's
@@ -11,6 +12,7 @@ file and registered into these sections or as sections of their own
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -46,6 +48,8 @@ CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes th
 CHECKPOINTING_MODES = ("off", "full", "selective")
 OOM_POLICIES = ("halve", "stop")
 DIST_STRATEGIES = ("single", "ddp", "fsdp")
+BEST_MODES = ("min", "max")  # best.mode: lower or higher is better
+CHOOSE_MODES = (AUTO, "always", "off")
 
 
 @dataclass(frozen=True)
@@ -244,6 +248,40 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class BestConfig:
+    """The validation metric a run watches for its best evaluation: early stopping ends the run
+    when it stops improving, the best checkpoint keeps the weights of its best evaluation
+    (:mod:`turbotrain.loop.early_stop`)."""
+
+    metric: str = knob(
+        "val_loss",
+        "the validation metric watched: val_loss, or val_<name> for a metric <name> of the "
+        "workload's metrics_fn (val_accuracy)",
+    )
+    mode: str = knob(
+        "min", "min: lower is better (a loss); max: higher is better (an accuracy)", choices=BEST_MODES
+    )
+    min_delta: float = knob(
+        0.0,
+        "the smallest change of best.metric, in its own units, that counts as an improvement",
+        min=0.0,
+        max=1e12,
+    )
+    patience: int = knob(
+        0,
+        "early stopping: end the run after this many validation passes in a row without an "
+        "improvement (the summary's stop_reason says so); 0 = never",
+        min=0,
+        max=100_000,
+    )
+    checkpoint: bool = knob(
+        False,
+        "keep the checkpoint of the best validation pass in checkpoints/best/ beside the last "
+        "train.keep_last (never pruned); turbotrain sample --best and load_best_weights read it",
+    )
+
+
+@dataclass(frozen=True)
 class PrecisionConfig:
     """The precision switches every mode shares; a precision's own fields join this section when
     its class registers (fp8's ``fp8_*``: :class:`turbotrain.core.precision.fp8.FP8Settings`)."""
@@ -281,6 +319,12 @@ class CompileConfig:
         "before a warning naming the cause; 0 = never warn (they are counted in the summary anyway)",
         min=0,
         max=1_000_000,
+    )
+    cuda_graphs: bool = knob(
+        False,
+        "capture each optimizer step (forward, backward, optimizer step) as one CUDA graph and replay it: "
+        "less launch overhead for small static-shape steps; refused in one line where it cannot be safe "
+        "(CPU, dynamic shapes, a host sync in the step) and the run goes on without",
     )
 
 
@@ -397,10 +441,41 @@ class DistributedConfig:
     )
 
 
+@dataclass(frozen=True)
+class ChooseConfig:
+    """How ``turbotrain train`` decides the settings left at ``auto`` by measuring them
+    (:mod:`turbotrain.app.choose.session`)."""
+
+    measure: str = knob(
+        AUTO,
+        "settings left at 'auto' (compile.scope, precision.mode) chosen by timing candidates on your model "
+        "before a new run trains (turbotrain train): 'auto' when the planned run is long enough to pay for it, "
+        "'always', or 'off' (fixed rules)",
+        choices=CHOOSE_MODES,
+    )
+    budget: float = knob(
+        0.05,
+        "measuring may cost at most this fraction of the planned run's time in eager",
+        min=0.001,
+        max=1.0,
+    )
+    warmup: int = knob(3, "untimed steps per candidate (compilation happens here)", min=1, max=1000)
+    steps: int = knob(10, "timed steps per candidate (the median counts)", min=2, max=10_000)
+    min_speedup: float = knob(
+        1.03, "a candidate must be this many times faster than plain eager to be kept", min=1.0, max=100.0
+    )
+
+
 def check_run(config: RunConfig) -> None:
-    """The rules that span fields of these sections (after every field passed its own check): the
-    device and run name turbotrain knows, the batch, the learning-rate schedule, token batching
-    and CUDA graphs. A plugin's rules come with its registration."""
+    """The device and run name turbotrain knows, the batch, the learning-rate schedule, token
+    batching and CUDA graphs, the watched metric."""
+    _check_run_section(config)
+    _check_schedule(config)
+    _check_batching(config)
+    _check_best(config)
+
+
+def _check_run_section(config: RunConfig) -> None:
     device = config.run.device
     if device not in (AUTO, "cpu", "cuda") and not (device.startswith("cuda:") and device[5:].isdigit()):
         raise choice_error("run.device", device, (AUTO, "cpu", "cuda", "cuda:N"))
@@ -416,6 +491,9 @@ def check_run(config: RunConfig) -> None:
         )
     if config.data.tokenizer not in TOKENIZERS and not config.data.tokenizer.endswith(".json"):
         raise choice_error("data.tokenizer", config.data.tokenizer, (*TOKENIZERS, "PATH/tokenizer.json"))
+
+
+def _check_schedule(config: RunConfig) -> None:
     if config.optim.min_lr > config.optim.lr:
         raise ConfigError(
             f"optim.min_lr = {config.optim.min_lr} must not exceed optim.lr = {config.optim.lr}"
@@ -441,6 +519,9 @@ def check_run(config: RunConfig) -> None:
             f"optim.lr_scaling = {config.optim.lr_scaling!r} needs the global batch optim.lr was tuned for: "
             f"set {setting('optim.lr_batch', 32)} (or {setting('batch.global_size', 32)})"
         )
+
+
+def _check_batching(config: RunConfig) -> None:
     if config.data.batching == "tokens":
         if config.batch.micro == AUTO:
             raise ConfigError(
@@ -459,3 +540,34 @@ def check_run(config: RunConfig) -> None:
             "compile.mode = 'reduce-overhead' uses CUDA graphs, which re-record under gradient accumulation; "
             f"use {setting('compile.mode', 'default')} or {setting('batch.accumulation', 1)}"
         )
+
+
+def _check_best(config: RunConfig) -> None:
+    """The watched metric is a validation metric, and what watches it gets validation passes during the run."""
+    b = config.best
+    if not b.metric.startswith("val_") or b.metric == "val_":
+        raise ConfigError(
+            f"best.metric = {b.metric!r} is not a validation metric: use val_loss or val_<name> for a "
+            f"metric of your metrics_fn, e.g. {setting('best.metric', 'val_accuracy')}"
+        )
+    t = config.train
+    if (b.patience or b.checkpoint) and t.eval_every == 0 and not t.epochs:
+        what = f"best.patience = {b.patience}" if b.patience else "best.checkpoint = true"
+        raise ConfigError(
+            f"{what} watches validation passes, which train.eval_every = 0 runs only at the end; "
+            f"use {setting('train.eval_every', 100)}"
+        )
+
+
+def unused_run(config: RunConfig, given: Mapping[str, Sequence[str]]) -> str:
+    """The one line for settings of the run's own sections the caller gave (``given``: section ->
+    keys, from flags or an override dict) where they would do nothing; "" when all apply. Files
+    are never held to it. best.metric, mode or min_delta while nothing watches the metric:"""
+    b = config.best
+    idle = [k for k in given.get("best", ()) if k in ("metric", "mode", "min_delta")]
+    if b.patience or b.checkpoint or not idle:
+        return ""
+    return (
+        f"{', '.join(f'best.{k}' for k in idle)} choose what early stopping and the best checkpoint watch, "
+        f"and neither is on: add {setting('best.patience', 3)} or {setting('best.checkpoint', 'true')}"
+    )

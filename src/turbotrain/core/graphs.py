@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,23 +34,10 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..base.config import knob, register_settings
 from .window import LossFn, MicroBatch, WindowFn
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class GraphSettings:
-    cuda_graphs: bool = knob(
-        False,
-        "capture each optimizer step (forward, backward, optimizer step) as one CUDA graph and replay it: "
-        "less launch overhead for small static-shape steps; refused in one line where it cannot be safe "
-        "(CPU, dynamic shapes, a host sync in the step) and the run goes on without",
-    )
-
-
-register_settings("compile", GraphSettings)
 
 # ops that make the host wait for the device (a value read on the host): never inside a graph
 SYNC_OPS = ("_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "repeat_interleave")

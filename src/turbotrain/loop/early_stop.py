@@ -7,92 +7,23 @@ agree on which evaluation was the best. The watch reads the host floats that
 validation pass): watching costs no sync. Its state (best value, its step, passes since) is part
 of the run's checkpoint, so a resumed run stops at the evaluation an uninterrupted one would.
 
-The settings, section ``[best]`` (``--best.patience=3``), registered on import.
+The settings: section ``[best]`` (``--best.patience=3``, :class:`turbotrain.base.config.BestConfig`).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from ..base.config import RunConfig, knob, register_settings, setting
-from ..base.errors import ConfigError, TurbotrainError
+from ..base.config import BEST_MODES, BestConfig, setting
+from ..base.errors import TurbotrainError
 from .hooks import FitContext, Hook
 
 log = logging.getLogger(__name__)
 
-MODES = ("min", "max")
 
-
-@dataclass(frozen=True)
-class BestSettings:
-    """The validation metric a run watches for its best evaluation: early stopping ends the run
-    when it stops improving, the best checkpoint keeps the weights of its best evaluation."""
-
-    metric: str = knob(
-        "val_loss",
-        "the validation metric watched: val_loss, or val_<name> for a metric <name> of the "
-        "workload's metrics_fn (val_accuracy)",
-    )
-    mode: str = knob(
-        "min", "min: lower is better (a loss); max: higher is better (an accuracy)", choices=MODES
-    )
-    min_delta: float = knob(
-        0.0,
-        "the smallest change of best.metric, in its own units, that counts as an improvement",
-        min=0.0,
-        max=1e12,
-    )
-    patience: int = knob(
-        0,
-        "early stopping: end the run after this many validation passes in a row without an "
-        "improvement (the summary's stop_reason says so); 0 = never",
-        min=0,
-        max=100_000,
-    )
-    checkpoint: bool = knob(
-        False,
-        "keep the checkpoint of the best validation pass in checkpoints/best/ beside the last "
-        "train.keep_last (never pruned); turbotrain sample --best and load_best_weights read it",
-    )
-
-
-def check_best(config: RunConfig) -> None:
-    """The metric is a validation metric, and what watches it gets validation passes during the run."""
-    b = config.best  # type: ignore[attr-defined]
-    if not b.metric.startswith("val_") or b.metric == "val_":
-        raise ConfigError(
-            f"best.metric = {b.metric!r} is not a validation metric: use val_loss or val_<name> for a "
-            f"metric of your metrics_fn, e.g. {setting('best.metric', 'val_accuracy')}"
-        )
-    t = config.train
-    if (b.patience or b.checkpoint) and t.eval_every == 0 and not t.epochs:
-        what = f"best.patience = {b.patience}" if b.patience else "best.checkpoint = true"
-        raise ConfigError(
-            f"{what} watches validation passes, which train.eval_every = 0 runs only at the end; "
-            f"use {setting('train.eval_every', 100)}"
-        )
-
-
-def unused_best(config: RunConfig, given: Sequence[str]) -> str:
-    """best.metric, mode or min_delta given while nothing watches the metric would do nothing."""
-    b = config.best  # type: ignore[attr-defined]
-    idle = [k for k in given if k in ("metric", "mode", "min_delta")]
-    if b.patience or b.checkpoint or not idle:
-        return ""
-    return (
-        f"{', '.join(f'best.{k}' for k in idle)} choose what early stopping and the best checkpoint watch, "
-        f"and neither is on: add {setting('best.patience', 3)} or {setting('best.checkpoint', 'true')}"
-    )
-
-
-register_settings("best", BestSettings, after="train", check=check_best, unused=unused_best)
-
-
-def watch_for(b: BestSettings) -> MetricWatch | None:
+def watch_for(b: BestConfig) -> MetricWatch | None:
     """The watch a run's ``[best]`` settings ask for; None when neither early stopping nor the
     best checkpoint is on."""
     return MetricWatch(b.metric, b.mode, b.min_delta) if b.patience or b.checkpoint else None
@@ -105,7 +36,7 @@ class MetricWatch:
     validation pass once."""
 
     def __init__(self, metric: str = "val_loss", mode: str = "min", min_delta: float = 0.0) -> None:
-        if mode not in MODES:
+        if mode not in BEST_MODES:
             raise ValueError(f"mode = {mode!r}: use 'min' or 'max'")
         self.metric, self.mode, self.min_delta = metric, mode, float(min_delta)
         self.best: float | None = None
