@@ -19,6 +19,7 @@ from turbotrain.app.training import train
 from turbotrain.base.errors import ConfigError
 from turbotrain.base.rundir import EXPERTS_FILE
 from turbotrain.cli import main
+from turbotrain.loop.checkpoint import list_checkpoints, load_latest_weights
 from turbotrain.loop.experts_monitor import ExpertsMonitor
 from turbotrain.parts.models.gpt import GPT, GPTConfig
 from turbotrain.parts.models.moe import MoE, MoEConfig, MoEGPT, MoEMLP, aux_loss, grown_order, regrown, route
@@ -441,3 +442,41 @@ def test_experts_grow_at_a_step_of_a_run_that_resumes_exactly_and_plots_them(tmp
     assert all(loads[s][2] == loads[s][3] == 0 for s in (1, 2, 3))  # before: no new expert
     assert sum(loads[s][2] + loads[s][3] for s in (4, 5, 6)) > 0  # after: tokens reach them
     assert "plots/expert_load.png" in write_plots(data, tmp_path / "plots")
+
+
+def test_a_resume_that_falls_back_past_the_growth_builds_the_experts_of_the_checkpoint_it_loads(
+    tmp_path: Path,
+):
+    """#44 item 2: checkpoints at 2, 3 (the growth), 4 and 5 of a run stopped at 5; 3, 4 and 5
+    damaged: the resume loads step 2 (2 experts) into a model of 2 experts, grows at step 3 as
+    the uninterrupted run did, and every step's loss and the final weights are the uninterrupted
+    run's (before: built with 4 experts for step 5, step 2 grew into them at once)."""
+    text = tmp_path / "corpus.txt"
+    text.write_text("".join(f"def f{i}(x):\n    return x * {i}\n\n" for i in range(300)))
+    runs = tmp_path / "runs"
+    every = ["--train.checkpoint_every=2", "--train.keep_last=10"]
+    config = load_config("moe-tiny", [*GROW, *every, f"--data.path={text}", f"--run.out_dir={runs}"])
+    assert train(config.replace(run={"name": "whole"}), progress=False)["status"] == "completed"
+    stopped = config.replace(train={"stop_after_steps": 5}, run={"name": "stopped"})
+    assert train(stopped, progress=False)["steps"] == 5
+    saved = list_checkpoints(runs / "stopped" / "checkpoints")
+    assert [p.name for p in saved] == [f"step_0000000{s}.pt" for s in (2, 3, 4, 5)]
+    for path in saved[1:]:  # damaged: the checksum no longer matches
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2 : len(data) // 2 + 64] = bytes(
+            b ^ 0xFF for b in data[len(data) // 2 : len(data) // 2 + 64]
+        )
+        path.write_bytes(bytes(data))
+    resumed = train(
+        stopped.replace(train={"stop_after_steps": 0}), resume_dir=runs / "stopped", progress=False
+    )
+    assert resumed["status"] == "completed"  # resumed_from: step 3, where it grew (and resumed again)
+    losses = _step_losses(runs / "whole")
+    assert sorted(losses) == list(range(1, 7)) and _step_losses(runs / "stopped") == losses  # bit for bit
+    (_, got), (_, want) = (
+        load_latest_weights(runs / "stopped" / "checkpoints"),
+        load_latest_weights(runs / "whole" / "checkpoints"),
+    )
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    data = read_experts(runs / "stopped")
+    assert data is not None and data["grown"] == [{"step": 3, "from": 2, "to": 4, "new": [2, 3]}]

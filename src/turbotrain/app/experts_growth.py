@@ -17,7 +17,7 @@ checkpoint written after the growth resumes exactly like the unstopped run (the 
 such a resume). The cost: one checkpoint save and load, and the start-up again (a compiled model
 compiles again, which new shapes need anyway).
 
-A resume of the run builds the model for the step of its newest checkpoint: ``grow_to`` experts
+A resume of the run builds the model for the step of its newest checkpoint that verifies: ``grow_to`` experts
 from ``grow_at_step`` on, ``n_experts`` before (:func:`turbotrain.parts.models.moe.settings.experts_at`).
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 
 from ..base.config import RunConfig
 from ..base.rundir import CHECKPOINTS
-from ..loop.checkpoint import checkpoint_step, finished_checkpoints
+from ..loop.checkpoint import checkpoint_step, latest_verified
 from ..loop.hooks import FitContext, Hook
 from ..parts.models.moe.settings import experts_at
 
@@ -73,11 +73,11 @@ def growth_stops(c: RunConfig) -> list[Hook]:
 
 
 def resume_step(run_dir: Path) -> int:
-    """The step of the newest finished checkpoint in ``run_dir`` (0: none): the one a resume loads,
-    unless it fails to verify (then an older one loads, and grows into the model if it has fewer
-    experts)."""
-    done = finished_checkpoints(run_dir / CHECKPOINTS)
-    return checkpoint_step(done[-1]) if done else 0
+    """The step of the newest checkpoint in ``run_dir`` that verifies (0: none): the one a resume
+    loads. A damaged newer one is skipped here as the resume skips it, so a resume that falls back
+    past ``grow_at_step`` builds the experts of the checkpoint it loads, and grows at its step."""
+    usable = latest_verified(run_dir / CHECKPOINTS)  # remembered: the resume does not hash it again
+    return checkpoint_step(usable) if usable is not None else 0
 
 
 def model_config(c: RunConfig, run_dir: Path | None) -> RunConfig:
