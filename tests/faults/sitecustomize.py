@@ -15,10 +15,13 @@ start-up). ``TT_FAULT=POINT:N`` acts at the N-th time the program reaches POINT:
 - ``best-link``: SIGKILL before the N-th best checkpoint is linked into ``checkpoints/best/``
 - ``best-sidecar``: SIGKILL with the N-th best checkpoint linked into ``best/``, before its .sha256
 - ``cache-mid-write``: SIGKILL after half of the N-th byte-token cache write
+- ``remote-before-marker``: SIGKILL when the N-th checkpoint marker is about to be uploaded to
+  ``run.remote`` (its data is in the store): a half-uploaded checkpoint
 - ``pause-step`` / ``pause-startup`` / ``pause-fit`` (the run built and its files written, the
   loop not started yet) / ``pause-report`` (trained, summary.json written, the report not yet): create ``$TT_FAULT_MARKER`` and wait (in 20 ms sleeps) until the test
   deletes it; the process stays signalable.
 
+Several points, comma-separated (``pause-step:8,remote-before-marker:2``), each count their own.
 Nothing here runs unless TT_FAULT is set.
 """
 
@@ -175,10 +178,18 @@ def _install(point: str, n: int) -> None:
             return original_write(path, content)
 
         sources.atomic_write = atomic_write
+    elif point == "remote-before-marker":
+        import turbotrain.base.storage as storage
+
+        def marker(self, local, name):
+            if name.endswith((".sha256", "/finished.json")) and due():
+                die()
+
+        wrap(storage.Store, "put", before=marker)
     else:
         raise SystemExit(f"TT_FAULT: unknown point {point!r}")
 
 
-if _SPEC:
-    _point, _, _n = _SPEC.partition(":")
+for _one in filter(None, _SPEC.split(",")):  # several points: POINT:N,POINT:N
+    _point, _, _n = _one.partition(":")
     _install(_point, int(_n or 1))

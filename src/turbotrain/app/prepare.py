@@ -42,6 +42,7 @@ from ..parts.models.spec import ModelSpec
 from ..parts.models.workload_spec import WorkloadSpec
 from ..parts.workload import Workload
 from .restart import keep_global_batch, named_for_restarts, relaunched_run
+from .resume import local_copy
 
 Overrides = Mapping[str, Mapping[str, Any]]
 # what trains: FILE.py:FUNC (or package.module:FUNC), FUNC itself, or a Workload built already
@@ -319,6 +320,8 @@ def _resumed_run(preset: str | None, name: str, overrides: Overrides) -> tuple[P
     or directory) or ``run.name``, in ``run.out_dir`` (else the preset's), or else the latest run there."""
     run = overrides.get("run", {})
     out_dir = run.get("out_dir") or load_config(preset or default_preset()).run.out_dir
+    if "://" in name:  # a run in a store (run.remote): its local copy, fetched when not here
+        name = str(local_copy(name, out_dir))
     run_dir = find_run_dir(out_dir, name or run.get("name", ""))
     return run_dir, resume_config(run_dir, overrides)
 

@@ -7,17 +7,22 @@ trained at: refused in one line when another world size would change it unasked
 from __future__ import annotations
 
 import logging
+import shutil
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from ..base.config import RunConfig, setting
 from ..base.errors import TurbotrainError
-from ..base.rundir import CHECKPOINTS
+from ..base.launch import Topology
+from ..base.rundir import CHECKPOINTS, CONFIG_FILE
+from ..base.storage import Store, why
 from ..core.engine import Engine
 from ..core.main_rank import ReportedByMainRank
 from ..loop.checkpoint import RunState, finished_checkpoints, restore_latest
 from ..loop.checkpoint import saved_world as saved_world_of
+from ..loop.checkpoint.remote import fetch_run
 from ..parts.data.batching import processes
 from ..parts.models.spec import RunData
 
@@ -55,6 +60,40 @@ def resume_from(
     saved_world = saved_world_of(resumed) if resumed.is_dir() else 1
     engine.state.batches = data.start_after(engine.state.batches, engine.state.step, c, saved_world, world)
     return resumed.name
+
+
+def local_copy(uri: str, out_dir: str, wait_s: float = 600.0) -> Path:
+    """``--resume URI`` (a run in a store, ``<run.remote>/<name>``): its local folder
+    ``<out_dir>/<name>``, fetched from the store when it holds no run here (the config, the records
+    and the newest complete checkpoint: :func:`fetch_run`). On each node the process of local rank
+    0 fetches; the others wait for it."""
+    local = Path(out_dir) / uri.rstrip("/").rpartition("/")[2]
+    if (local / CONFIG_FILE).is_file():
+        return local
+    if Topology.from_env().local_rank != 0:
+        deadline = time.monotonic() + wait_s
+        while not (local / CONFIG_FILE).is_file():
+            if time.monotonic() > deadline:
+                raise TurbotrainError(f"--resume {uri}: local rank 0 did not fetch the run into {local}")
+            time.sleep(0.2)
+        return local
+    store = Store(uri, "--resume")
+    partial = local.with_name(f".{local.name}.fetching")  # renamed into place once whole
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        name = fetch_run(store, partial)
+    except TurbotrainError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the store refused: one line, the setting named
+        raise TurbotrainError(
+            f"--resume {uri}: the store cannot be read ({why(exc)}); check the URI, the credentials "
+            "(the back-end's environment or config files) and the endpoint"
+        ) from None
+    if local.is_dir() and not any(local.iterdir()):
+        local.rmdir()
+    partial.rename(local)
+    print(f"fetched {name or 'the config (no complete checkpoint)'} of {uri} into {local}")
+    return local
 
 
 def check_resume_batch(

@@ -42,6 +42,7 @@ from ..core.engine import Engine, default_loss
 from ..core.main_rank import ReportedByAnotherRank
 from ..core.transforms import eager
 from ..loop.checkpoint import checkpoint_step, latest_verified
+from ..loop.checkpoint.remote import remote_store
 from ..loop.monitor.trackers import TRACKERS, require_trackers
 from .choose.session import choose_for_run
 from .prepare import PreparedRun, RunRequest, StoppedBySignal, WorkloadLike, decided, prepare_run
@@ -113,6 +114,7 @@ def train_run(request: RunRequest, *, progress: bool | None = None, report: bool
                 record_restart(run.run_dir, run.relaunch, run.plan.world)
             # a tracker's missing package: one line now, not after the measuring below
             require_trackers(t for t in TRACKERS if getattr(run.config.monitor, t))
+            remote_store(run.config, run.run_dir)  # run.remote refusing: one line now, too
             # settings left at auto, by measurement (one process; a resume never re-measures)
             if not run.resume and run.plan.world == 1:
                 run = decided(run, choose_for_run(run.config, run.run_dir))
@@ -135,6 +137,10 @@ def train_run(request: RunRequest, *, progress: bool | None = None, report: bool
                         run.run_dir
                     )  # plots + summary.md, as `turbotrain report RUN` would
                 signals.on_first(None)
+            if (
+                training.mirror is not None
+            ):  # run.remote: the last uploads (the report's too), or what is missing
+                training.mirror.close()
         return RunOutcome(run, summary, training, written, signals.first)
 
 

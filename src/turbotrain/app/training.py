@@ -60,6 +60,7 @@ from ..loop.checkpoint import (
     latest_verified,
     run_state,
 )
+from ..loop.checkpoint.remote import MirrorHook, RemoteMirror, remote_store
 from ..loop.early_stop import watch_for
 from ..loop.fit import fit
 from ..loop.hooks import FitContext, Hook, StopAfter, StopOnSignal
@@ -126,6 +127,7 @@ class Training:
     state: RunState  # what checkpoints save and a resume loads
     resolved: dict[str, Any] = field(default_factory=dict)
     resumed_from: str = ""
+    mirror: RemoteMirror | None = None  # run.remote: the copy in the store (rank 0), closed by the caller
 
     def run(self) -> FitContext:
         return fit(
@@ -214,6 +216,9 @@ def build_training(
         run = prepare_config(run, run_dir)
     run_dir, spec = run.run_dir, run.spec
     main = run.main  # under torchrun rank 0 alone writes the run's shared files and prints
+    store = (
+        remote_store(run.config, run_dir) if main else None
+    )  # run.remote refuses: one line, before the work
     show = (run.settings.monitor.progress if progress is None else progress) and main
     a = assemble(run, show)
     c, data, loss_fn, t = a.config, a.data, a.loss_fn, a.trainable
@@ -307,6 +312,9 @@ def build_training(
         patience=c.best.patience,
         keep_best=c.best.checkpoint,
     )
+    mirror = RemoteMirror(store, run_dir, c.train.keep_last) if store is not None else None
+    if mirror is not None:
+        hooks.append(MirrorHook(mirror))  # after the Checkpointer and the best checkpoint
     return Training(
         c,
         run_dir,
@@ -321,6 +329,7 @@ def build_training(
         state,
         resolved,
         resumed_from,
+        mirror,
     )
 
 

@@ -29,6 +29,7 @@ from .config_fields import (
     setting,
 )
 from .errors import ConfigError
+from .storage import check_uri
 
 if TYPE_CHECKING:  # the run config collects these sections; the rules below read it
     from .config import RunConfig
@@ -63,6 +64,12 @@ class RunSection:
         "deterministic kernels: torch.use_deterministic_algorithms(True), cuDNN deterministic "
         "without autotuning (overrides precision.cudnn_benchmark), CUBLAS_WORKSPACE_CONFIG=:4096:8; "
         "costs speed (some kernels slower) and ops without a deterministic kernel raise an error",
+    )
+    remote: str = knob(
+        "",
+        "a store the run's checkpoints and records are mirrored to, as <remote>/<run name>/ "
+        "(s3://BUCKET/PREFIX, gs://, az://, file:///PATH; credentials from the back-end's environment); "
+        "'' none. pip install 'turbotrain[s3]' (or [gcs], [azure])",
     )
 
 
@@ -485,6 +492,8 @@ def _check_run_section(config: RunConfig) -> None:
             f"run.name = {name!r} must be one folder name (no '/', not '..'); to group runs, "
             f"use {setting('run.out_dir', 'runs/GROUP')} with {setting('run.name', 'NAME')}"
         )
+    if config.run.remote:
+        check_uri(config.run.remote)  # the scheme, and its back-end installed
     if isinstance(config.batch.micro, str) and config.batch.micro != AUTO:
         raise ConfigError(
             f"batch.micro = {config.batch.micro!r} is not valid; use a whole number >= 1 or 'auto'"

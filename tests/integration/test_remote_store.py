@@ -1,0 +1,221 @@
+"""Checkpoints and records in an S3 store (``run.remote``), against a real S3-compatible server:
+moto's standalone server, started here as its own process on a free port, spoken to over HTTP by
+s3fs, its endpoint and credentials in the standard AWS variables (never in turbotrain's config).
+
+- kill -9 while a checkpoint is half uploaded (its data in the store, its marker not), the local
+  run directory deleted, ``--resume s3://...`` alone: the half-uploaded checkpoint skipped in one
+  line, the run ends with the per-step losses and final weights of a run never killed;
+- the server stopped mid-run: one warning, training completes, the end names what is missing;
+- a bucket that does not exist: one line naming run.remote at the start, exit 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "faults"))
+from faultenv import fault_env  # noqa: E402
+
+pytest.importorskip("s3fs")
+boto3 = pytest.importorskip("boto3")
+pytestmark = pytest.mark.slow
+
+BUCKET = "turbotrain-test"
+TINY = [
+    "--run.device=cpu",
+    "--model.n_layer=2",
+    "--model.n_head=2",
+    "--model.d_model=64",
+    "--model.block_size=32",
+    "--model.dropout=0",
+    "--batch.micro=4",
+    "--train.max_steps=12",
+    "--train.checkpoint_every=3",
+    "--train.keep_last=2",
+    "--train.eval_every=0",
+    "--train.eval_batches=2",
+    "--monitor.log_every=1",
+    "--precision.mode=fp32",
+    "--data.num_workers=0",
+    "--monitor.nvml=false",
+    "--no-progress",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_server(port: int) -> subprocess.Popen:
+    server = subprocess.Popen(
+        [shutil.which("moto_server") or "moto_server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return server
+        time.sleep(0.1)
+    server.kill()
+    raise RuntimeError("moto_server did not start")
+
+
+@pytest.fixture
+def s3(tmp_path: Path) -> Iterator[tuple[dict[str, str], subprocess.Popen]]:
+    """A moto server with the bucket; the environment a run reaches it with (AWS variables)."""
+    port = _free_port()
+    server = _start_server(port)
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "OMP_NUM_THREADS": "1",
+    }
+    _client(env).create_bucket(Bucket=BUCKET)
+    try:
+        yield env, server
+    finally:
+        server.kill()
+        server.wait()
+
+
+def _client(env: dict[str, str]):
+    return boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+
+
+def _train(
+    args: list[str], env: dict[str, str], fault: str = "", marker: Path | None = None
+) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "turbotrain", "train", *TINY, *args],
+        env={**fault_env(fault, marker), **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _losses(run: Path) -> dict[int, float]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if "loss" in r and "event" not in r}
+
+
+def _weights(run: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run / "checkpoints" / "step_00000012.pt", weights_only=True)["model"]
+
+
+def test_kill_mid_upload_then_resume_from_the_uri_alone_equals_the_unkilled_run(tmp_path: Path, s3) -> None:
+    env, _ = s3
+    out = ["--run.out_dir", str(tmp_path)]
+    full = _train([*out, "--run.name=full"], env)
+    assert full.wait(timeout=300) == 0, full.stderr.read()
+    # training held at step 8 (checkpoints 3 and 6 written, synchronously: none pruned yet) while the
+    # mirror uploads them: step 6's marker is never uploaded, its data is in the store, it is not whole
+    killed = _train(
+        [*out, "--run.name=k", f"--run.remote=s3://{BUCKET}/runs", "--train.async_checkpoint=false"],
+        env,
+        "pause-step:8,remote-before-marker:2",
+        tmp_path / "paused",
+    )
+    assert killed.wait(timeout=300) == -9
+    listing = _client(env).list_objects_v2(Bucket=BUCKET, Prefix="runs/k/checkpoints/")["Contents"]
+    assert {o["Key"].rpartition("/")[2] for o in listing} == {
+        "step_00000003.pt",
+        "step_00000003.pt.sha256",
+        "step_00000006.pt",
+    }
+    shutil.rmtree(tmp_path / "k")  # the node is gone
+
+    resumed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "turbotrain",
+            "train",
+            "--resume",
+            f"s3://{BUCKET}/runs/k",
+            *out,
+            "--no-progress",
+        ],
+        env={**fault_env(), **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    skipped = [line for line in resumed.stderr.splitlines() if "skipped" in line]
+    assert skipped == [
+        f"WARNING turbotrain.loop.checkpoint.remote: skipped s3://{BUCKET}/runs/k/checkpoints/step_00000006.pt: "
+        "its upload did not finish (no marker)"
+    ]
+    assert "fetched step_00000003.pt" in resumed.stdout
+    assert _losses(tmp_path / "k") == _losses(
+        tmp_path / "full"
+    )  # steps 4-12 trained after the resume, to the bit
+    got, want = _weights(tmp_path / "k"), _weights(tmp_path / "full")
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert "not in the store" not in resumed.stderr  # everything reached it this time
+
+
+def test_server_stopped_mid_run_is_one_warning_and_the_end_names_what_is_missing(tmp_path: Path, s3) -> None:
+    env, server = s3
+    marker = tmp_path / "paused"
+    run = _train(
+        ["--run.out_dir", str(tmp_path), "--run.name=r", f"--run.remote=s3://{BUCKET}/runs"],
+        env,
+        "pause-step:5",
+        marker,
+    )
+    deadline = time.monotonic() + 300
+    while not marker.exists():
+        assert run.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    server.kill()
+    server.wait()
+    marker.unlink()
+    stdout, stderr = run.communicate(timeout=300)
+    assert run.returncode == 0, stderr
+    assert "completed at step 12/12" in stdout
+    warnings = [line for line in stderr.splitlines() if "uploads fail" in line]
+    assert len(warnings) == 1 and warnings[0].startswith(
+        f"WARNING turbotrain.loop.checkpoint.remote: run.remote=s3://{BUCKET}/runs/r"
+    )
+    missing = [line for line in stderr.splitlines() if "not in the store" in line]
+    assert len(missing) == 1 and "step_00000012.pt" in missing[0] and "summary.json" in missing[0], stderr
+    assert sorted(p.name for p in (tmp_path / "r" / "checkpoints").glob("*.pt")) == [
+        "step_00000009.pt",
+        "step_00000012.pt",
+    ]
+
+
+def test_a_bucket_that_does_not_exist_is_one_line_at_the_start(tmp_path: Path, s3) -> None:
+    env, _ = s3
+    run = _train(
+        ["--run.out_dir", str(tmp_path), "--run.name=b", "--run.remote=s3://no-such-bucket/runs"], env
+    )
+    stdout, stderr = run.communicate(timeout=300)
+    assert run.returncode == 2
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "run.remote=s3://no-such-bucket/runs/b" in lines[0], stderr
+    assert "Traceback" not in stderr and not (tmp_path / "b" / "config.toml").exists()
