@@ -180,3 +180,30 @@ def test_a_failing_candidate_is_one_row_and_the_run_goes_on(tmp_path):
     d = choose(_config(tmp_path, train={"max_steps": 10**6}), measure=timer, device=CPU, say=lambda s: None)
     assert _row(d, "compile model").status == "failed" and "RuntimeError" in _row(d, "compile model").reason
     assert d.kept.name == "eager"
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda data: [],
+        lambda data: None,
+        lambda data: {**data, "value": {"eager": {"first_step_s": 0.5}}},  # a row missing its step time
+        lambda data: {**data, "value": {"eager": "fast"}},  # a row as a string
+        lambda data: {**data, "value": []},
+    ],
+    ids=["list", "null", "row-missing-a-figure", "row-as-string", "rows-as-list"],
+)
+def test_a_cache_file_of_another_shape_is_one_line_and_measured_again(tmp_path, caplog, damage):
+    """Issue 44 item 5: valid JSON of another shape is no traceback: one line naming the file."""
+    d1 = choose(
+        _config(tmp_path, train={"max_steps": 2000}), measure=Timer(GAINS), device=CPU, say=lambda s: None
+    )
+    path = tmp_path / "cache" / "choose" / f"{d1.key}.json"
+    path.write_text(json.dumps(damage(json.loads(path.read_text()))))
+    caplog.set_level(logging.WARNING)
+    again = Timer(GAINS)
+    d2 = choose(_config(tmp_path, train={"max_steps": 2000}), measure=again, device=CPU, say=lambda s: None)
+    assert len(again.calls) == 4 and d2.kept.name == d1.kept.name
+    lines = [r.getMessage() for r in caplog.records if "ignoring the cached" in r.getMessage()]
+    assert len(lines) == 1 and str(path) in lines[0] and "\n" not in lines[0]
+    assert "eager" in json.loads(path.read_text())["value"]  # written again, whole

@@ -241,3 +241,26 @@ def test_a_malformed_layer_recipe_is_one_line():
             }
         )
     assert "precision.fp8_layer_recipes" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda data: [],
+        lambda data: None,
+        lambda data: {**data, "value": {**data["value"], "layers": [{"layer": "blocks.0.qkv"}]}},
+        lambda data: {**data, "value": {**data["value"], "layers": ["blocks.0.qkv"]}},
+    ],
+    ids=["list", "null", "layer-missing-its-figures", "layers-as-strings"],
+)
+def test_a_cache_file_of_another_shape_is_one_line_and_timed_again(tmp_path, caplog, damage):
+    """Issue 44 item 5: valid JSON of another shape is no traceback: one line naming the file."""
+    first = choose_fp8_layers(Net(), TOKENS, FP8(), Timer(MS), cache_dir=tmp_path)
+    (path,) = tmp_path.glob("*.json")
+    path.write_text(json.dumps(damage(json.loads(path.read_text()))))
+    again = Timer(MS)
+    with caplog.at_level("WARNING"):
+        second = choose_fp8_layers(Net(), TOKENS, FP8(), again, cache_dir=tmp_path)
+    assert again.calls and not second.cached and second.converted == first.converted
+    lines = [r.getMessage() for r in caplog.records if "ignoring the cached" in r.getMessage()]
+    assert len(lines) == 1 and str(path) in lines[0] and "\n" not in lines[0]

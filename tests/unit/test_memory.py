@@ -236,22 +236,28 @@ def test_resolve_batch_size_on_cpu_keeps_the_global_batch_and_caches(tmp_path, m
     assert cached.cached and again.batch == resolved.batch
 
 
-def test_the_cpu_search_stops_at_the_step_time_budget(monkeypatch, caplog):
-    """On CPU RAM is no useful limit: the doubling stops at the first size whose measured step takes
-    over CPU_MAX_STEP_S (here 0.1 s per sequence: 16 takes 1.6 s), which fails, and every
-    size tried is a progress line (issue 32 item 7: 1024 sequences at a minute a step before)."""
+def _timed_cpu_search(monkeypatch, global_size: int, step_s):
+    """A tiny GPT on the CPU with ``batch.micro = auto``, whose trials measure peaks but report
+    ``step_s(micro)`` seconds (a loaded CPU's real times would move the answer)."""
     measure = StepTrial.__call__
     monkeypatch.setattr(
-        StepTrial, "__call__", lambda self, micro: TrialResult(measure(self, micro).peak_bytes, 0.1 * micro)
+        StepTrial, "__call__", lambda self, micro: TrialResult(measure(self, micro).peak_bytes, step_s(micro))
     )
     config = load_config(
         overrides={
             "run": {"device": "cpu"},
-            "batch": {"micro": "auto", "global_size": 64},
+            "batch": {"micro": "auto", "global_size": global_size},
             "model": {"n_layer": 1, "n_head": 2, "d_model": 16, "block_size": 8, "vocab_size": 64},
         }
     )
-    t = build_trainable(config, _tiny_gpt(n_layer=1, d_model=16, block_size=8))
+    return config, build_trainable(config, _tiny_gpt(n_layer=1, d_model=16, block_size=8))
+
+
+def test_the_cpu_search_stops_at_the_step_time_budget(monkeypatch, caplog):
+    """On CPU RAM is no useful limit: the doubling stops at the first size whose measured step takes
+    over CPU_MAX_STEP_S (here 0.1 s per sequence: 16 takes 1.6 s), which fails, and every
+    size tried is a progress line (issue 32 item 7: 1024 sequences at a minute a step before)."""
+    config, t = _timed_cpu_search(monkeypatch, 64, lambda micro: 0.1 * micro)
     with caplog.at_level(logging.INFO):
         resolved, search = resolve_batch_size(config, t.engine, t.model, t.optimizer)
     assert CPU_MAX_STEP_S == 1.0
@@ -573,3 +579,23 @@ def test_get_optimal_batch_size_in_one_call_on_a_model_and_a_batch_or_a_loader()
         model, loader, loss_fn=loss, config={"run": {"device": "cpu"}}, max_micro=16
     )
     assert from_loader.found == 16 and [t.micro for t in from_loader.trials][:2] == [1, 2]
+
+
+def test_a_batch_cache_of_another_shape_is_one_line_and_searched_again(tmp_path, caplog, monkeypatch):
+    """Issue 44 item 5: the batch finder's cache holding valid JSON of another shape ([], null, an
+    entry missing its size, an entry as a string) is one line naming the file, and the search runs
+    again (before: silently, or a KeyError). Step times are fixed (a loaded CPU's would move the
+    answer); peaks are measured."""
+    config, t = _timed_cpu_search(monkeypatch, 4, lambda micro: 0.01)
+    first, search = resolve_batch_size(config, t.engine, t.model, t.optimizer, run_dir=tmp_path)
+    path = tmp_path / BATCH_CACHE
+    (key,) = data = json.loads(path.read_text())
+    for damaged in ([], None, {key: {**data[key], "value": {"pick": "largest"}}}, {key: "micro 4"}):
+        path.write_text(json.dumps(damaged))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            again, fresh = resolve_batch_size(config, t.engine, t.model, t.optimizer, run_dir=tmp_path)
+        assert not fresh.cached and fresh.trials and again.batch == first.batch, damaged
+        lines = [r.getMessage() for r in caplog.records if "ignoring the cached" in r.getMessage()]
+        assert len(lines) == 1 and str(path) in lines[0] and "\n" not in lines[0], damaged
+        assert json.loads(path.read_text())[key]["value"]["found"] == search.found  # written again

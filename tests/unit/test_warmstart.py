@@ -5,6 +5,7 @@ compile costs tens of seconds here; benchmarks/results/cpu/compile-warm-start.md
 
 from __future__ import annotations
 
+import json
 import logging
 import types
 
@@ -86,3 +87,20 @@ def test_a_run_that_does_not_compile_does_nothing(tmp_path, compiler):
 def test_payback_step():
     assert payback_step(30.0, 10.0, 9.0) == 30_001  # 30 s back at 1 ms a step
     assert payback_step(30.0, 10.0, 11.0) is None and payback_step(None, 10.0, 9.0) is None
+
+
+def test_a_damaged_blob_torch_reads_nothing_from_is_one_warning_and_a_refusal(tmp_path, caplog, capfd):
+    """Issue 44 item 7, with torch's real loader: it logs its own traceback and loads nothing;
+    that is one warning "cold: ignoring ...", torch's traceback not shown, never "warm: loaded 0"."""
+    w = WarmStart(_config(tmp_path))
+    w.folder.mkdir(parents=True)
+    w.described.write_text(json.dumps({"material": w.material}, default=str))
+    w.blob.write_bytes(b"garbage, not torch's artefacts")
+    caplog.set_level(logging.INFO)
+    note = WarmStart(_config(tmp_path)).begin()
+    assert note.startswith(f"cold: ignoring {w.blob} (") and "\n" not in note
+    assert "corrupted" in note  # torch's reason, in the one line
+    shown = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.getMessage() for r in shown] == [f"compile warm start: {note}"]
+    assert "Traceback" not in capfd.readouterr().err
+    assert CompileGuard().summary()["warm_start"] == note

@@ -21,7 +21,7 @@ from ..base.units import GIB
 from ..base.version import __version__, collect_git
 from ..core.precision import DeviceCaps
 from ..core.precision.fp8 import float8_capable
-from ..parts.hardware import collect_nvml, lookup_peak, ram_bytes
+from ..parts.hardware import collect_nvml, cpu_model, lookup_peak, ram_bytes
 
 # Packages whose versions matter when a user reports a speed or correctness problem.
 PACKAGES = (
@@ -40,17 +40,6 @@ PACKAGES = (
 
 
 # ----------------------------------------------------------------------------- environment
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (or what platform knows)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _ram_gib() -> float | None:

@@ -12,7 +12,7 @@ micro-batch: runs differ only in arithmetic, and their losses can be compared (l
 
 :func:`build` assembles the run with the Engine, the Monitor and ``fit``; :func:`run` trains
 ``warmup`` untimed steps and ``steps`` timed ones under the bench protocol's
-:class:`~turbotrain.app.bench.protocol.StepClock` (median step time; on CUDA events, no per-step sync)
+:class:`~turbotrain.core.meter.clock.StepClock` (median step time; on CUDA events, no per-step sync)
 and returns the figures: throughput, time to first step (compilation included), host time blocked
 on the loader, peak memory, the loss on fixed held-out batches (for parity), recompilations.
 """
@@ -37,6 +37,7 @@ from ..base.seeds import rng_state, set_rng_state
 from ..core.assembly import build_trainable
 from ..core.compile_guard import collect_compile_counts, ranked_reasons
 from ..core.engine import Engine, LossFn, as_loss, default_loss
+from ..core.meter.clock import StepClock
 from ..loop.fit import fit
 from ..loop.hooks import FitContext, Hook
 from ..loop.monitor import MfuProbe, Monitor
@@ -45,7 +46,6 @@ from ..parts.data import TokenWindows, build_loader, fixed_batches, resolve_load
 from ..parts.hardware import precision_key, tf32_enabled
 from ..parts.workload import Workload, copy_workload, load_workload, loader_summary, rebuild_loader
 from ..tools.memory import StepTrial, token_batches
-from .bench.protocol import StepClock
 from .prepare import prepare_config
 from .training import assemble
 

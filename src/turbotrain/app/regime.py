@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from ..core.meter.clock import Stamp
 from ..loop.hooks import FitContext, Hook
 
 DATA_SHARE = 0.25
@@ -134,16 +135,16 @@ class Timeline(Hook):
 
     Before each probed step the device is held by ``torch.cuda._sleep`` (a few times the last step's
     wall), so the host enqueues the whole step while the device is still asleep: the host's
-    ``perf_counter`` span is its time to enqueue the step (data fetch included), and the CUDA events
-    around the same step time the device running it back to back, its busy time. The events are
+    ``perf_counter`` span is its time to enqueue the step (data fetch included), and the kit's
+    stamps (CUDA events) around the same step time the device running it back to back, its busy time. The events are
     read after one synchronize, at the probe's end. A host span near the sleep means the launch queue
     filled and the host waited on the device: then the enqueue time is not known (the device was
     the limit), and only the busy time counts."""
 
     def __init__(self, after: int, steps: int = PROBE_STEPS) -> None:
         self.after, self.steps = after, steps
-        self.pairs: list[tuple[Any, Any, float, float]] = []  # start event, end event, host ms, sleep ms
-        self._open: tuple[Any, float, float] | None = None
+        self.pairs: list[tuple[Stamp, Stamp, float, float]] = []  # start, end, host ms, sleep ms
+        self._open: tuple[Stamp, float, float] | None = None
         self._last = 0.0
 
     def on_step_end(self, ctx: FitContext) -> None:
@@ -154,15 +155,13 @@ class Timeline(Hook):
         step = ctx.engine.state.step
         if self._open is not None:
             start, t0, sleep_ms = self._open
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
+            end = Stamp(device)
             self.pairs.append((start, end, 1000 * (now - t0), sleep_ms))
             self._open = None
         if self.after <= step < self.after + self.steps:
             sleep_ms = min(max(3000 * (now - self._last), 20.0), 1000.0)
             torch.cuda._sleep(int(sleep_ms * SLEEP_CYCLES_PER_MS))
-            start = torch.cuda.Event(enable_timing=True)
-            start.record()
+            start = Stamp(device)
             self._open = (start, time.perf_counter(), sleep_ms)
         self._last = time.perf_counter()
 
@@ -171,7 +170,7 @@ class Timeline(Hook):
         if not self.pairs:
             return {}
         torch.cuda.synchronize()  # host-device sync point: once, at the probe's end
-        busy = statistics.median(a.elapsed_time(b) for a, b, _, _ in self.pairs)
+        busy = statistics.median(a.ms_to(b) for a, b, _, _ in self.pairs)
         full = any(host >= QUEUE_FULL * sleep for _, _, host, sleep in self.pairs)
         host = None if full else statistics.median(h for _, _, h, _ in self.pairs)
         return {"device_busy_ms": busy, "host_enqueue_ms": host, "launch_queue_full": full}

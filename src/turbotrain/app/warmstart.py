@@ -7,7 +7,8 @@ and kernel caches, AOTAutograd's, autotuning results) as one portable blob;
 blob lives in ``<cache>/compile/<key>.bin`` beside a ``<key>.json`` of what it was made for: the
 key is :mod:`turbotrain.app.choose.cache`'s (the model, every speed setting, the device name, the
 torch and turbotrain versions). A blob whose description differs (a stale or foreign file), or one
-torch refuses, is ignored with one line; never an error. On a torch without these functions
+torch refuses or loads nothing from, is ignored with one warning "cold: ignoring ..." (torch's own
+logged traceback held back); never an error. On a torch without these functions
 (``hasattr`` check: both exist since torch 2.7) the start stays cold, said once.
 
 Inductor's own on-disk cache already warms a second start on the same machine; the blob also
@@ -28,12 +29,41 @@ from ..base.config import RunConfig
 from ..base.errors import TurbotrainError
 from ..core.compile_guard import record_warm_start
 from ..core.device import resolve_device
+from ..core.meter.cache import key_of
 from ..core.transforms import resolve_scope
 from .choose import cache
 
 log = logging.getLogger(__name__)
 
 FOLDER = "compile"
+TORCH_CACHE_LOGGER = "torch.compiler._cache"  # where torch logs a blob it cannot read, with its traceback
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:200]}" if text else type(exc).__name__
+
+
+class _HeldBack(logging.Filter):
+    """Holds back a torch logger's records while a blob loads (a traceback is no line for a user),
+    keeping the first as one line (its exception's, when it carries one)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.logger, self.first = logging.getLogger(name), ""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.first:
+            exc = record.exc_info[1] if record.exc_info else None
+            self.first = _first_line(exc) if exc is not None else record.getMessage().splitlines()[0][:200]
+        return False
+
+    def __enter__(self) -> _HeldBack:
+        self.logger.addFilter(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.logger.removeFilter(self)
 
 
 class WarmStart:
@@ -48,8 +78,8 @@ class WarmStart:
         self.key = ""
         self.note = ""
         if self.active:
-            from_ = cache.key_material(config, cache.device_name(device))
-            self.material, self.key = from_, cache.key_of(from_)
+            self.material = cache.key_material(config, device)
+            self.key = key_of(self.material)
 
     @property
     def blob(self) -> Path:
@@ -74,12 +104,15 @@ class WarmStart:
                 return self._say(
                     f"cold: ignoring {self.blob}: made for another model, device or version", warn=True
                 )
-            info = torch.compiler.load_cache_artifacts(self.blob.read_bytes())
+            with _HeldBack(TORCH_CACHE_LOGGER) as torch_said:
+                info = torch.compiler.load_cache_artifacts(self.blob.read_bytes())
         except Exception as exc:  # a damaged or foreign blob: torch's own error, in one line
-            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
-            return self._say(f"cold: ignoring {self.blob} ({type(exc).__name__}: {first})", warn=True)
+            return self._say(f"cold: ignoring {self.blob} ({_first_line(exc)})", warn=True)
         kinds = getattr(info, "artifacts", None)  # CacheInfo: {artefact type: [keys]}
         count = sum(len(v) for v in kinds.values()) if isinstance(kinds, dict) else 0
+        if not count:  # torch logged its refusal (held back above) and loaded nothing
+            why = torch_said.first or "torch loaded no compile artefacts from it"
+            return self._say(f"cold: ignoring {self.blob} ({why})", warn=True)
         return self._say(f"warm: loaded {count} compile artefacts from {self.blob}")
 
     def save(self) -> str:

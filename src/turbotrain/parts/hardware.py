@@ -35,6 +35,8 @@ __all__ = [
     "device_total_bytes",
     "process_rss_bytes",
     "device_line",
+    "cpu_model",
+    "device_name",
 ]
 
 
@@ -77,11 +79,11 @@ def device_line(device: Any, precision: str, compile_scope: str) -> str:
     else:
         total = device_total_bytes(device)
         memory = f", {total / 2**30:.1f} GiB RAM" if total else ""
-        what = f"{device} ({_cpu_name()}, {os.cpu_count()} cores{memory})"
+        what = f"{device} ({cpu_model()}, {os.cpu_count()} cores{memory})"
     return f"device {what}; precision {precision}; compile {compile_scope}"
 
 
-def _cpu_name() -> str:
+def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo (or what platform knows)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
@@ -91,6 +93,13 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "CPU"
+
+
+def device_name(device: Any) -> str:
+    """The GPU's name as CUDA reports it, or the CPU's model name (what a measurement ran on)."""
+    import torch
+
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
 
 
 @dataclass(frozen=True)

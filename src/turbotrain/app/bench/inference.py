@@ -27,11 +27,11 @@ from torch import nn
 from ...base.batch import batch_size, move_to, token_count
 from ...base.config import load_config
 from ...core.engine import Engine, LossFn, default_loss
+from ...parts.hardware import device_name
 from ...parts.models.registry import build_model
 from ...parts.workload import load_workload
 from ...tools.memory.stats import default_vocab_size
 from ...tools.memory.step_trial import token_batches
-from .worker import device_name
 
 SCHEMA = "turbotrain-bench-inference/1"
 

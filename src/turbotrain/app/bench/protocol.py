@@ -1,12 +1,8 @@
 """The measurement every contender process applies, so all figures mean the same thing.
 
-- :class:`StepClock`: time to first step (setup + compilation + step 1, one synchronize), then
-  warm-up steps (not timed), then the timed steps: on CUDA with events recorded on the stream (no
-  host-device sync per step; the events are read once at the end), on CPU with the host clock
-  (CPU kernels have finished when they return). The median timed step is the protocol's figure.
-- The per-step losses stay on the device until the end (one read), for the parity check. Each is
-  a copy made on the device when the step is marked: under CUDA graphs (compile mode
-  reduce-overhead / max-autotune) the loss is a graph output that the next replay overwrites.
+- The clock is the measuring kit's :class:`~turbotrain.core.meter.clock.StepClock` (time to first
+  step apart, warm-up untimed, the median timed step; CUDA events or the host clock), which also
+  keeps the per-step losses on the device for the parity check.
 - :func:`init_digest`: a SHA-256 of the initial weights, to prove every contender starts equal.
 - :func:`recipe_param_groups` and :func:`warmup_factor`: the training recipe in plain PyTorch,
   shared by the plain, hand-tuned, Accelerate and Lightning contenders (turbotrain uses its own
@@ -17,9 +13,6 @@
 from __future__ import annotations
 
 import hashlib
-import resource
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,107 +22,10 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ...base.batch import move_to
-from ...base.errors import TurbotrainError
-from ...base.units import GIB
 from ...core.engine import as_loss, default_loss
+from ...core.meter.clock import StepClock
 from ...parts.hardware import precision_key, tf32_enabled
 from ...parts.models.moe import MoE, moe_layers
-
-
-class StepClock:
-    """Times optimizer steps by the benchmark protocol. ``start()`` before the framework's setup,
-    ``mark(loss)`` after every optimizer step, ``finish()`` once after the last step."""
-
-    def __init__(self, device: torch.device, warmup_steps: int, timed_steps: int) -> None:
-        if warmup_steps < 1 or timed_steps < 1:
-            raise ValueError("StepClock needs at least one warm-up and one timed step")
-        self.device, self.warmup, self.timed = device, warmup_steps, timed_steps
-        self.cuda = device.type == "cuda"
-        self.steps = 0
-        self.losses: list[torch.Tensor] = []
-        self.t0 = 0.0
-        self.first_step_s: float | None = None
-        self.t_warm = 0.0  # host clock at the end of the warm-up
-        self.host_marks: list[float] = []  # CPU: host clock after each step from the end of warm-up
-        self.events: list[Any] = []  # CUDA: events after each step from the end of warm-up
-        self.figures: dict[str, Any] | None = None
-
-    def start(self) -> None:
-        if self.cuda:
-            torch.cuda.reset_peak_memory_stats(self.device)
-        self.t0 = time.perf_counter()
-
-    def _sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize(self.device)  # host-device sync point: only before reading clocks
-
-    def mark(self, loss: torch.Tensor | None) -> None:
-        """After an optimizer step: keep a copy of its loss (on the device: a copy kernel queued
-        behind the step, no host sync) and time it. A copy, not the tensor itself, because a CUDA
-        graph's replay (or any in-place reuse of the buffer) overwrites the passed tensor."""
-        self.steps += 1
-        if loss is not None:
-            self.losses.append(loss.detach().clone())
-        n = self.steps
-        if n == 1:
-            self._sync()
-            self.first_step_s = time.perf_counter() - self.t0
-        if n == self.warmup:
-            self._sync()
-            self.t_warm = time.perf_counter()
-            self._stamp()
-        elif n > self.warmup:
-            self._stamp()
-
-    def _stamp(self) -> None:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.events.append(event)
-        else:
-            self.host_marks.append(time.perf_counter())
-
-    def finish(self) -> dict[str, Any]:
-        """The figures (one synchronize, one loss read). Raises if the step count is wrong.
-        May be called right after the last timed step (then later calls return the same)."""
-        if self.figures is not None:
-            return self.figures
-        expected = self.warmup + self.timed
-        if self.steps != expected:
-            raise TurbotrainError(f"contender ran {self.steps} optimizer steps, expected {expected}")
-        self._sync()
-        timed_s = time.perf_counter() - self.t_warm
-        if self.cuda:
-            step_ms = [a.elapsed_time(b) for a, b in zip(self.events, self.events[1:])]
-        else:
-            step_ms = [1000 * (b - a) for a, b in zip(self.host_marks, self.host_marks[1:])]
-        losses = torch.stack([x.float().reshape(()) for x in self.losses]).tolist() if self.losses else []
-        if len(losses) != expected:
-            raise TurbotrainError(f"contender reported {len(losses)} losses for {expected} steps")
-        self.figures = {
-            "steps": self.steps,
-            "time_to_first_step_s": self.first_step_s,
-            "timed_s": timed_s,
-            "step_ms": step_ms,
-            "step_ms_median": statistics.median(step_ms),
-            "losses": losses,
-            "first_loss": losses[0],
-            "final_loss": losses[-1],
-            **peak_memory(self.device),
-        }
-        return self.figures
-
-
-def peak_memory(device: torch.device) -> dict[str, float]:
-    """CUDA: the caching allocator's peak allocated/reserved bytes since ``start`` (GiB).
-    CPU: the process's peak resident set size (GiB; includes the Python runtime and libraries,
-    so it is not comparable to a GPU's allocated bytes)."""
-    if device.type == "cuda":
-        return {
-            "peak_mem_gib": torch.cuda.max_memory_allocated(device) / GIB,
-            "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
-        }
-    return {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB}  # Linux: KiB
 
 
 def init_digest(model: nn.Module) -> str:

@@ -22,9 +22,16 @@ from typing import Any
 
 from ...base.failure import cause_in_log
 from ...base.process import child_env, run_process
+from ...core.meter.parity import (
+    MIXED_PRECISION_REL_TOL,
+    MIXED_PRECISION_TOL,
+    RECOMMEND_MIN_SPEEDUP,
+    RULE,
+    SAME_PRECISION_TOL,
+    loss_tolerance,
+)
 from ...parts.hardware import estimate_mfu, lookup_peak
 from .contenders import CONTENDERS, DEFAULT_ORDER
-from .parity import MIXED_PRECISION_REL_TOL, MIXED_PRECISION_TOL, SAME_PRECISION_TOL, loss_tolerance
 from .variants import LADDERS, Variant, ablation_variants, precision_variants
 from .workloads import BenchWorkload, flops_per_step, to_spec, write_data
 
@@ -239,8 +246,7 @@ def _base(kind: str, w: BenchWorkload, opts: BenchOptions, flops: float, flops_m
             "same_precision_nats": SAME_PRECISION_TOL,
             "mixed_precision_nats": MIXED_PRECISION_TOL,
             "mixed_precision_relative": MIXED_PRECISION_REL_TOL,
-            "rule": f"|final loss - reference| <= {SAME_PRECISION_TOL} nats when both rows compute in fp32, "
-            f"else <= max({MIXED_PRECISION_TOL} nats, {MIXED_PRECISION_REL_TOL:.0%} of the reference loss)",
+            "rule": RULE,
         },
         "mfu_basis": "model FLOPs per step / median step time / the GPU's dense datasheet peak for the precision "
         "each row computes in (turbotrain.parts.hardware); omitted when the device is unknown or a CPU",
@@ -421,9 +427,6 @@ def run_precision_matrix(w: BenchWorkload, opts: BenchOptions, only: Sequence[st
         )
 
     return _run_variants(w, opts, variants, "precision", finish)
-
-
-RECOMMEND_MIN_SPEEDUP = 1.05  # below this a faster row is within run-to-run noise: keep fp32
 
 
 def recommend(rows: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ...core.meter.table import render_table
+
 DASH = "—"
 
 
@@ -20,20 +22,6 @@ def _status(row: dict[str, Any]) -> str:
     if row.get("status") == "ok":
         return "ok"
     return f"{row.get('status', 'failed')} ({row.get('reason', 'no reason given')})"
-
-
-def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def render_table(
-    rows: list[dict[str, Any]], columns: list[tuple[str, Callable[[dict[str, Any]], str]]]
-) -> str:
-    """Markdown table: ``columns`` are (header, row -> cell text)."""
-    head = "| " + " | ".join(h for h, _ in columns) + " |"
-    rule = "|" + "|".join("---" for _ in columns) + "|"
-    body = ["| " + " | ".join(_cell(get(r)) for _, get in columns) + " |" for r in rows]
-    return "\n".join([head, rule, *body])
 
 
 def _ok(fn: Callable[[dict[str, Any]], str]) -> Callable[[dict[str, Any]], str]:

@@ -36,9 +36,9 @@ from ...base.process import child_env, run_process
 from ...core.engine import default_loss
 from ...loop.fit import fit
 from ...loop.hooks import FitContext, Hook
+from ...parts.hardware import device_name
 from ..measure import merge
 from ..training import build_training
-from .worker import device_name
 
 VAL_SEED = 1234  # the held-out batches every run evaluates: the same whatever the run's seed
 SCHEMA = "turbotrain-bench-to-loss/1"

@@ -23,16 +23,11 @@ import torch
 from ...base.atomic import atomic_write
 from ...base.config import audience
 from ...base.version import __version__
-from ..environment import cpu_model
+from ...parts.hardware import device_name
 from .auto import TRAINERS as CHOSEN_TRAINERS
 from .contenders import CONTENDERS, TRAINERS, SkipContender
 from .protocol import Job, StepClock, init_digest, load_batches
 from .workloads import seeded_workload
-
-
-def device_name(device: torch.device) -> str:
-    """The GPU's name as CUDA reports it, or the CPU's model name."""
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
 
 
 def run(name: str, spec: dict[str, Any]) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ...base.config import AUTO, RunConfig
-from ..bench.parity import loss_tolerance
+from ...core.meter.parity import loss_tolerance
 
 Overrides = dict[str, dict[str, Any]]
 # what a candidate's measurement keeps for naming the run's regime (app/regime.probe_of reads them)

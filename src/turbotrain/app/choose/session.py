@@ -26,6 +26,7 @@ from ...base.config import RunConfig, to_toml
 from ...base.errors import TurbotrainError, TurbotrainWarning
 from ...base.rundir import CHOOSE_FILE, CHOOSE_MD
 from ...core.device import resolve_device
+from ...core.meter import cache as meter_cache
 from ...core.precision import DeviceCaps, resolve_precision
 from ..measure import Target, build, release, run
 from ..regime import CPU_LINE, PROBE_STEPS, Regime, Timeline, classify, probe_of
@@ -115,8 +116,8 @@ def choose(
     if c.measure == "off" or not auto_fields(config):
         return None
     device = device or resolve_device(config.run.device)
-    material = cache.key_material(config, cache.device_name(device))
-    key = cache.key_of(material)
+    material = cache.key_material(config, device)
+    key = meter_cache.key_of(material)
     folder = cache.cache_dir(config)
     cached = cache.load(folder, key, material) or {}
     planned = config.train.max_steps

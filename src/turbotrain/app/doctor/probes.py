@@ -3,16 +3,14 @@ the datasheet figure. The only device work the doctor runs."""
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
-from ...parts.hardware import lookup_peak
-from ..environment import cpu_model
+from ...core.meter.clock import time_call
+from ...parts.hardware import cpu_model, lookup_peak
 
 
 @dataclass(frozen=True)
@@ -36,19 +34,9 @@ class ProbeResult:
         return d
 
 
-def _time_median_s(fn: Callable[[], Any], device: torch.device, repeats: int, warmup: int = 2) -> float:
-    """Median wall time of ``fn`` in seconds, synchronizing the device around each call."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
-    for _ in range(warmup):
-        fn()
-    sync()  # host-device sync point (probe timing only)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()  # host-device sync point (probe timing only)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def _median_s(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
+    """Median seconds of ``fn`` by the measuring kit's clock (probe timing only)."""
+    return time_call(fn, device, repeats).median / 1000
 
 
 def measure_matmul_tflops(device: torch.device, dtype: torch.dtype, size: int, repeats: int = 10) -> float:
@@ -56,7 +44,7 @@ def measure_matmul_tflops(device: torch.device, dtype: torch.dtype, size: int, r
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
     out = torch.empty(size, size, device=device, dtype=dtype)
-    seconds = _time_median_s(lambda: torch.matmul(a, b, out=out), device, repeats)
+    seconds = _median_s(lambda: torch.matmul(a, b, out=out), device, repeats)
     return 2 * size**3 / seconds / 1e12
 
 
@@ -64,7 +52,7 @@ def measure_copy_gbs(device: torch.device, mib: int, repeats: int = 10) -> float
     """Achieved GB/s of a same-device copy of ``mib`` MiB, counting the bytes read and written."""
     src = torch.empty(mib * 2**20, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    seconds = _time_median_s(lambda: dst.copy_(src), device, repeats)
+    seconds = _median_s(lambda: dst.copy_(src), device, repeats)
     return 2 * src.numel() / seconds / 1e9
 
 
@@ -72,7 +60,7 @@ def measure_h2d_gbs(device: torch.device, mib: int, repeats: int = 10) -> float:
     """Achieved GB/s of a pinned host-to-device copy of ``mib`` MiB (the PCIe/NVLink-C2C link)."""
     src = torch.empty(mib * 2**20, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(src.numel(), dtype=torch.uint8, device=device)
-    seconds = _time_median_s(lambda: dst.copy_(src, non_blocking=True), device, repeats)
+    seconds = _median_s(lambda: dst.copy_(src, non_blocking=True), device, repeats)
     return src.numel() / seconds / 1e9
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..bench.tables import render_table
+from ...core.meter.table import render_table
 from .syncs import format_syncs
 
 PHASE_TITLES = {

@@ -21,7 +21,7 @@ from ...base.errors import TurbotrainError
 from ...base.failure import one_line
 from ...base.rundir import new_run_dir
 from ...core.optim import resolve_implementation
-from ..choose.cache import device_name
+from ...parts.hardware import device_name
 from ..measure import Target, build, graph_break_reasons, release, run
 from ..regime import classify, probe_from
 from .advice import diagnose

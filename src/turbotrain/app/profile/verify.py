@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..bench.suite import RECOMMEND_MIN_SPEEDUP
+from ...core.meter.parity import RECOMMEND_MIN_SPEEDUP
 from ..measure import Target, measure_once
 from .advice import Advice
 

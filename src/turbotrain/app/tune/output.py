@@ -9,7 +9,7 @@ from typing import Any
 
 from ...base.atomic import atomic_write
 from ...base.config import RunConfig, to_toml
-from ..bench.tables import render_table
+from ...core.meter.table import render_table
 
 DASH = "—"
 COLORS = {

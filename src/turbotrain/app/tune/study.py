@@ -36,7 +36,7 @@ from typing import Any
 
 from ...base.config import RunConfig
 from ...base.errors import ConfigError, TurbotrainError
-from ..bench.suite import RECOMMEND_MIN_SPEEDUP, loss_tolerance
+from ...core.meter.parity import RECOMMEND_MIN_SPEEDUP, loss_tolerance
 from ..measure import Target, flat, merge
 from .runner import Outcome, Runner, TuneOptions
 from .space import MICRO, Dim, applies, base_params, to_changes

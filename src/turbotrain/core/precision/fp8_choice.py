@@ -12,24 +12,21 @@ fastest recipe. No layer faster: the run stays bf16, with one line saying so.
 The candidates are the layers fp8's own filter would accept with no size threshold
 (:meth:`~.fp8.FP8.layer_plan` with ``min_size=1``: dims divisible by 16, the output layer only
 with ``precision.fp8_lm_head``, ``precision.fp8_skip`` honoured). The decision is a table (layer,
-shape, ms per recipe, choice), written as JSON and markdown, and cached under a key of what makes
-it valid (device, torch and torchao versions, shapes, micro-batch tokens, recipes, compile,
+shape, ms per recipe, choice), written as JSON and markdown, and kept in the measuring kit's
+decision cache (:mod:`turbotrain.core.meter.cache`) under a key of what makes it valid (device,
+torch, turbotrain and torchao versions, shapes with the micro-batch's tokens, recipes, compile,
 margin), so a second run of the same model on the same machine does not time again.
 
 The timer is a parameter: tests inject one (on CPU torchao's float8 runs only in emulation, whose
-speed says nothing), the default times on the device with synchronisation around a median.
+speed says nothing), the default times on the device with the kit's clock, a median.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import importlib.metadata
 import json
-import os
-import statistics
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,12 +38,18 @@ from torch import nn
 from ...base.atomic import atomic_write
 from ...base.batch import map_tensors
 from ...base.config import RunConfig
+from ...parts.data.sources import default_cache_dir as cache_root
+from ...parts.hardware import device_name
+from ..meter import cache as meter_cache
+from ..meter.clock import time_call
+from ..meter.table import render_table
 from .fp8 import FP8, FP8_RECIPES, float8_module
 
 BF16 = "bf16"
 RECIPES = (BF16, *FP8_RECIPES)
 MARGIN = 0.05  # a float8 recipe must be at least 5 % faster than bf16: timing noise never flips a layer
 TABLE_JSON, TABLE_MD = "fp8_layers.json", "fp8_layers.md"
+WHAT = "fp8 per layer"
 
 Shape = tuple[int, int, int]  # M (tokens per micro-batch), K (in features), N (out features)
 Timer = Callable[[Shape, str], float]  # (shape, recipe) -> ms for forward + backward
@@ -115,14 +118,13 @@ class FP8Choice:
 
     def table(self) -> str:
         """The markdown table: layer, shape, ms per recipe, choice."""
-        rows = [
-            "| layer | M x K x N | " + " | ".join(f"{r} ms" for r in RECIPES) + " | choice |",
-            "|---|---|" + "---|" * len(RECIPES) + "---|",
+        columns: list[tuple[str, Callable[[LayerChoice], str]]] = [
+            ("layer", lambda c: c.layer),
+            ("M x K x N", lambda c: " x ".join(map(str, c.shape))),
+            *((f"{r} ms", lambda c, r=r: f"{c.ms[r]:.3f}" if r in c.ms else "—") for r in RECIPES),
+            ("choice", lambda c: f"**{c.choice}**"),
         ]
-        for c in self.layers:
-            ms = " | ".join(f"{c.ms[r]:.3f}" if r in c.ms else "—" for r in RECIPES)
-            rows.append(f"| {c.layer} | {' x '.join(map(str, c.shape))} | {ms} | **{c.choice}** |")
-        return "\n".join(rows)
+        return render_table(self.layers, columns)
 
     def write(self, run_dir: Path) -> None:
         """``fp8_layers.json`` and ``fp8_layers.md`` in the run directory."""
@@ -198,32 +200,44 @@ def choose_fp8_layers(
         kept.update({name: "did not run in the forward pass" for name in shapes if name not in m_of})
     full = {name: (m_of[name], k, n) for name, (k, n) in shapes.items() if name in m_of}
     distinct = sorted(set(full.values()))
-    key = cache_key({"shapes": distinct, "recipes": recipes, "margin": margin, **(key_parts or {})})
+    settings = {"recipes": recipes, "margin": margin, **(key_parts or {})}
+    material = meter_cache.material(settings, {"shapes": distinct}, str(settings.pop("device", "")))
+    key = meter_cache.key_of(material)
     path = cache_dir / f"{key}.json" if cache_dir is not None else None
-    if path is not None and path.exists():
-        choice = FP8Choice.from_dict(json.loads(path.read_text()))
-        if {c.layer for c in choice.layers} == set(full):
-            choice.cached = True
-            return choice
+
+    def check(value: Any) -> FP8Choice:
+        choice = FP8Choice.from_dict(value)
+        if {c.layer for c in choice.layers} != set(full):
+            raise ValueError("its layers are not this model's")
+        if not all(isinstance(c.ms.get(r), (int, float)) for c in choice.layers for r in recipes):
+            raise ValueError(f"a layer lacks the ms of a recipe ({', '.join(recipes)})")
+        choice.cached = True
+        return choice
+
+    cached = meter_cache.read(path, WHAT, material, check) if path is not None else None
+    if cached is not None:
+        return cached
     ms = {shape: {r: float(timer(shape, r)) for r in recipes} for shape in distinct}
     layers = [LayerChoice(name, shape, ms[shape], decide(ms[shape], margin)) for name, shape in full.items()]
     choice = FP8Choice(layers, kept, margin, key=key)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, json.dumps(choice.to_dict(), indent=1) + "\n")
+        meter_cache.write(path, WHAT, material, choice.to_dict())
     return choice
 
 
-def cache_key(parts: dict[str, Any]) -> str:
-    """A short hash of everything the decision depends on (with the torch version)."""
-    text = json.dumps({"torch": torch.__version__, **parts}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 def default_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/turbotrain/fp8_layers`` (``~/.cache`` without it)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "turbotrain" / "fp8_layers"
+    """``<cache>/fp8_layers`` (``$XDG_CACHE_HOME/turbotrain``, ``~/.cache/turbotrain`` without it)."""
+    return cache_root() / "fp8_layers"
+
+
+def timing_settings(device: torch.device, compile: bool, emulate: bool) -> dict[str, Any]:
+    """The settings besides the shapes that a timing depends on: the device, torchao, compile."""
+    return {
+        "device": device_name(device),
+        "torchao": _torchao_version(),
+        "compile": compile,
+        "emulate": emulate,
+    }
 
 
 def apply_fp8_choice(model: nn.Module, choice: FP8Choice, emulate: bool = False) -> list[str]:
@@ -254,8 +268,8 @@ def linear_timer(
 ) -> Timer:
     """The default timer: a one-layer ``nn.Linear(K, N)`` (no bias) at input M x K, forward +
     backward under bf16 autocast, plain or converted to float8 with the recipe, compiled when the
-    run compiles; median of ``repeats`` after ``warmup``, synchronising the device around each
-    call (timing only, never in training)."""
+    run compiles; the median of ``repeats`` after ``warmup`` by the measuring kit's clock
+    (:func:`~turbotrain.core.meter.clock.time_call`; timing only, never in training)."""
 
     def timer(shape: Shape, recipe: str) -> float:
         m, k, n = shape
@@ -268,22 +282,12 @@ def linear_timer(
             float8.convert_to_float8_training(layer, config=config)
         fn: Callable[[torch.Tensor], torch.Tensor] = torch.compile(layer) if compile else layer
         x = torch.randn(m, k, device=device, requires_grad=True)
-        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
         def step() -> None:
             with torch.autocast(device.type, dtype=torch.bfloat16):
                 fn(x).sum().backward()
 
-        for _ in range(warmup):
-            step()
-        times = []
-        for _ in range(repeats):
-            sync()  # host-device sync point: timing only
-            t0 = time.perf_counter()
-            step()
-            sync()  # host-device sync point: timing only
-            times.append((time.perf_counter() - t0) * 1000)
-        return statistics.median(times)
+        return time_call(step, device, repeats, warmup).median
 
     return timer
 
@@ -303,15 +307,13 @@ def time_fp8_layers(
     cached under the device's name, torch's and torchao's versions and ``compile``."""
     shapes, _ = candidates(model, fp8)
     rows = layer_rows(model, shapes, forward)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-    key_parts = {"device": name, "torchao": _torchao_version(), "compile": compile, "emulate": fp8.emulate}
     return choose_fp8_layers(
         model,
         rows,
         fp8,
         timer or linear_timer(device, compile=compile, emulate=fp8.emulate),
         cache_dir=cache_dir,
-        key_parts=key_parts,
+        key_parts=timing_settings(device, compile, fp8.emulate),
     )
 
 
@@ -351,19 +353,13 @@ def choose_for_run(
     except Exception:  # a model that cannot run on meta tensors: one real forward on the host
         rows = layer_rows(model, names, lambda: loss_fn(model, example))
     compiled = config.compile.scope != "off"
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     choice = choose_fp8_layers(
         model,
         rows,
         fp8,
         timer or linear_timer(device, compile=compiled, emulate=fp8.emulate),
         cache_dir=cache_dir if cache_dir is not None else default_cache_dir(),
-        key_parts={
-            "device": name,
-            "torchao": _torchao_version(),
-            "compile": compiled,
-            "emulate": fp8.emulate,
-        },
+        key_parts=timing_settings(device, compiled, fp8.emulate),
     )
     # each layer in its fastest recipe (tensorwise alone under the float8 all-gather, which needs
     # one scale per weight), or bf16 where neither beats it by the margin

@@ -5,8 +5,6 @@ one call on a model and an example batch or a loader)."""
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import asdict
@@ -16,11 +14,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...base.atomic import atomic_write
 from ...base.batch import batch_size, map_tensors, move_to
 from ...base.config import RunConfig
 from ...base.rundir import BATCH_CACHE
 from ...core.engine import Engine
+from ...core.meter import cache as meter_cache
 from ...core.process_group import rank_world
 from ...parts.data.sources import BYTE_VOCAB
 from .finder import (
@@ -39,54 +37,44 @@ from .step_trial import StepTrial, token_batches
 log = logging.getLogger(__name__)
 
 
-def cache_key(
+WHAT = "batch finder"
+
+
+def cache_material(
     config: RunConfig,
     engine: Engine,
     world: int,
     max_micro: int,
     slowdown_stop: float = 0.0,
     max_step_s: float = 0.0,
-) -> tuple[str, dict[str, Any]]:
-    """The cache entry's key: a hash of (model, precision, compile, sequence length, device,
-    checkpointing, the search's own settings, world size), and the readable parts."""
-    device = engine.device
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+) -> dict[str, Any]:
+    """The decision cache's key material: the model section, the device, and what changes the
+    answer (precision, compile, sequence length, checkpointing, the search's settings, world size)."""
     b = config.batch
-    parts = {
-        "model": asdict(config.model),
+    settings = {
         "precision": engine.precision.name,
         "compile": f"{engine.options.compile_scope}/{config.compile.mode}",
         "seq_len": config.model.block_size,
-        "device": name,
         "checkpointing": config.memory.checkpointing,
         "pick": b.pick,
         "headroom": b.headroom,
         "max_memory_gib": b.max_memory_gib,
         "max_memory_fraction": b.max_memory_fraction,
-        # old keys stay valid
-        **({"memory_max_fraction": config.memory.max_fraction} if config.memory.max_fraction else {}),
+        "memory_max_fraction": config.memory.max_fraction,
         "max_micro": max_micro,
         "slowdown_stop": slowdown_stop,
-        **({"max_step_s": max_step_s} if max_step_s else {}),  # CUDA's keys stay as they were
+        "max_step_s": max_step_s,
         "world": world,
-        "torch": torch.__version__,
     }
-    digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return digest, parts
+    return meter_cache.material(settings, asdict(config.model), engine.device)
 
 
-def _read_cache(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _write_cache(path: Path, key: str, parts: dict[str, Any], search: BatchSearch) -> None:
-    data = _read_cache(path)
-    data[key] = {"key": parts, "search": search.to_dict()}
-    atomic_write(path, json.dumps(data, indent=2, default=str) + "\n")
+def _search(value: Any) -> BatchSearch:
+    search = BatchSearch.from_dict(value)
+    if not isinstance(search.found, int) or search.found < 1:
+        raise ValueError(f"its micro-batch is {search.found!r}, not a positive integer")
+    search.cached = True
+    return search
 
 
 def resolve_batch_size(
@@ -124,13 +112,12 @@ def resolve_batch_size(
         ceiling = min(ceiling, max(1, -(-global_size // world)))
     if max_step_s is None:
         max_step_s = CPU_MAX_STEP_S if engine.device.type == "cpu" else 0.0
-    key, parts = cache_key(config, engine, world, ceiling, slowdown_stop, max_step_s)
+    material = cache_material(config, engine, world, ceiling, slowdown_stop, max_step_s)
+    key = meter_cache.key_of(material)
     cache = Path(run_dir) / BATCH_CACHE if run_dir is not None else None
-    entry = _read_cache(cache).get(key) if cache is not None else None
-    search: BatchSearch | None = None
-    if _agree_across_ranks(int(entry is not None)) and entry is not None:
-        search = BatchSearch.from_dict(entry["search"])
-        search.cached = True
+    search = meter_cache.read(cache, WHAT, material, _search, key=key) if cache is not None else None
+    if not _agree_across_ranks(int(search is not None)):
+        search = None
     if search is None:
         if make_batch is None:
             vocab = (
@@ -160,7 +147,7 @@ def resolve_batch_size(
             )
         search.found = search.micro = _agree_across_ranks(search.found)
         if cache is not None and rank_world()[0] == 0:
-            _write_cache(cache, key, parts, search)
+            meter_cache.write(cache, WHAT, material, search.to_dict(), key=key)
     micro, accumulation, total, note = plan_accumulation(search.found, global_size, b.accumulation, world)
     search.micro, search.accumulation, search.global_batch, search.world_size, search.note = (
         micro,

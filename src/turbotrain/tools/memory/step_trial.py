@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import gc
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +13,7 @@ from torch import nn
 from ...base.batch import tensors_of
 from ...base.seeds import rng_state, set_rng_state
 from ...core.engine import Engine, default_loss
+from ...core.meter.clock import time_call
 from ...core.oom import is_oom
 from ...core.transforms import eager
 from ...parts.models.moe import MoE
@@ -26,8 +25,8 @@ class StepTrial:
     """A real training step at a given micro-batch, for :func:`find_batch_size`.
 
     Each call runs a warm-up step whose peak memory is measured (CUDA allocator counters; on
-    other devices :class:`TensorMemoryTracker`), then ``timed_steps`` steps timed after a
-    synchronize (host-device sync points: search only). Steps are forward under the engine's
+    other devices :class:`TensorMemoryTracker`), then ``timed_steps`` steps timed by the measuring kit's
+    clock (:func:`~turbotrain.core.meter.clock.time_call`; host-device sync points: search only). Steps are forward under the engine's
     autocast, backward, ``optimizer.step()``: optimizer state is allocated as in training; the
     measured step does two forward/backward passes so the peak covers gradient accumulation.
     Not covered: DDP/FSDP communication buckets (run it on the unwrapped model; the headroom is
@@ -109,13 +108,8 @@ class StepTrial:
         try:
             batch = self.make_batch(micro)
             peak = self._measured_step(batch)
-            times = []
-            for _ in range(self.timed_steps):
-                t0 = time.perf_counter()
-                self._step(batch)
-                self.engine.synchronize()  # host-device sync point (search timing only)
-                times.append(time.perf_counter() - t0)
-            return TrialResult(peak, statistics.median(times))
+            timing = time_call(lambda: self._step(batch), self.engine.device, self.timed_steps, warmup=0)
+            return TrialResult(peak, timing.median / 1000)
         except RuntimeError as exc:
             if not is_oom(exc):
                 raise

@@ -1,5 +1,6 @@
-"""The bench's loss-parity rule: how far two rows' final losses may differ and still count as the
-same training (used by the bench's tables and by ``choose``'s decision)."""
+"""The one loss-parity rule: how far two measurements' final losses may differ and still count as
+the same training, and how much faster a candidate must be to be preferred (bench's tables and
+recommendations, choose, tune and profile's verification all decide by it)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ from typing import Any
 SAME_PRECISION_TOL = 1e-3
 MIXED_PRECISION_TOL = 0.05
 MIXED_PRECISION_REL_TOL = 0.01
+RECOMMEND_MIN_SPEEDUP = 1.05  # below this a faster candidate is within run-to-run noise: keep the reference
+RULE = (
+    f"|final loss - reference| <= {SAME_PRECISION_TOL} nats when both rows compute in fp32, "
+    f"else <= max({MIXED_PRECISION_TOL} nats, {MIXED_PRECISION_REL_TOL:.0%} of the reference loss)"
+)
 
 
 def loss_tolerance(a: dict[str, Any], b: dict[str, Any]) -> float:

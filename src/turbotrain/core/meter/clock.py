@@ -1,0 +1,165 @@
+"""The one clock of every measuring tool: the same code on every device.
+
+- :class:`Stamp`: a point on the device's timeline. On CUDA an event recorded on the current
+  stream (no host-device sync; read after one synchronize), elsewhere ``perf_counter`` (CPU
+  kernels have finished when they return). The only place ``torch.cuda.Event`` is created.
+- :class:`StepClock`: optimizer steps of a training run: time to first step (setup + compilation
+  + step 1, one synchronize) reported apart, warm-up steps not timed, then one stamp per timed
+  step, read once at the end; the median is the figure, the spread beside it.
+- :func:`time_call`: a callable timed ``repeats`` times after ``warmup`` calls (doctor's probes,
+  fp8's layer timing): a stamp before and after each call, one synchronize at the end.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ...base.errors import TurbotrainError
+from ...base.units import GIB
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op off CUDA)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # host-device sync point: only before reading clocks
+
+
+class Stamp:
+    """A point on ``device``'s timeline (see the module docstring); :meth:`ms_to` reads the
+    milliseconds to a later stamp (on CUDA only after a synchronize)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.event: Any = None
+        self.host = time.perf_counter()
+        if device.type == "cuda":
+            self.event = torch.cuda.Event(enable_timing=True)
+            self.event.record()
+
+    def ms_to(self, later: Stamp) -> float:
+        if self.event is not None:
+            return float(self.event.elapsed_time(later.event))
+        return 1000 * (later.host - self.host)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Milliseconds of repeated measurements: the median is the figure, the spread beside it."""
+
+    ms: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.ms)
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median: 0.1 means the samples span 10 % of the median."""
+        return (max(self.ms) - min(self.ms)) / max(self.median, 1e-12)
+
+
+def intervals(stamps: list[Stamp]) -> list[float]:
+    """Milliseconds between consecutive stamps (after a synchronize on CUDA)."""
+    return [a.ms_to(b) for a, b in zip(stamps, stamps[1:])]
+
+
+def time_call(fn: Callable[[], Any], device: torch.device, repeats: int, warmup: int = 2) -> Timing:
+    """``fn`` timed ``repeats`` times after ``warmup`` untimed calls (compilation, caches): a stamp
+    around each call, one synchronize before the first and after the last."""
+    for _ in range(warmup):
+        fn()
+    sync(device)  # host-device sync point: timing only
+    pairs = []
+    for _ in range(repeats):
+        start = Stamp(device)
+        fn()
+        if device.type != "cuda":
+            sync(device)
+        pairs.append((start, Stamp(device)))
+    sync(device)  # host-device sync point: timing only, once, before the events are read
+    return Timing(tuple(a.ms_to(b) for a, b in pairs))
+
+
+class StepClock:
+    """Times optimizer steps: ``start()`` before the framework's setup, ``mark(loss)`` after every
+    optimizer step, ``finish()`` once after the last step. The per-step losses stay on the device
+    (a copy each: a CUDA graph's replay overwrites its output) until one read at the end."""
+
+    def __init__(self, device: torch.device, warmup_steps: int, timed_steps: int) -> None:
+        if warmup_steps < 1 or timed_steps < 1:
+            raise ValueError("StepClock needs at least one warm-up and one timed step")
+        self.device, self.warmup, self.timed = device, warmup_steps, timed_steps
+        self.steps = 0
+        self.losses: list[torch.Tensor] = []
+        self.t0 = 0.0
+        self.first_step_s: float | None = None
+        self.t_warm = 0.0  # host clock at the end of the warm-up
+        self.stamps: list[Stamp] = []  # after each step from the end of warm-up
+        self.figures: dict[str, Any] | None = None
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.t0 = time.perf_counter()
+
+    def mark(self, loss: torch.Tensor | None) -> None:
+        """After an optimizer step: keep a copy of its loss (a copy kernel queued behind the step,
+        no host sync) and stamp it."""
+        self.steps += 1
+        if loss is not None:
+            self.losses.append(loss.detach().clone())
+        n = self.steps
+        if n == 1:
+            sync(self.device)
+            self.first_step_s = time.perf_counter() - self.t0
+        if n == self.warmup:
+            sync(self.device)
+            self.t_warm = time.perf_counter()
+        if n >= self.warmup:
+            self.stamps.append(Stamp(self.device))
+
+    def finish(self) -> dict[str, Any]:
+        """The figures (one synchronize, one loss read). Raises if the step count is wrong.
+        May be called right after the last timed step (then later calls return the same)."""
+        if self.figures is not None:
+            return self.figures
+        expected = self.warmup + self.timed
+        if self.steps != expected:
+            raise TurbotrainError(f"contender ran {self.steps} optimizer steps, expected {expected}")
+        sync(self.device)
+        timed_s = time.perf_counter() - self.t_warm
+        step_ms = intervals(self.stamps)
+        losses = torch.stack([x.float().reshape(()) for x in self.losses]).tolist() if self.losses else []
+        if len(losses) != expected:
+            raise TurbotrainError(f"contender reported {len(losses)} losses for {expected} steps")
+        self.figures = {
+            "steps": self.steps,
+            "time_to_first_step_s": self.first_step_s,
+            "timed_s": timed_s,
+            "step_ms": step_ms,
+            "step_ms_median": statistics.median(step_ms),
+            "step_ms_spread": Timing(tuple(step_ms)).spread,
+            "losses": losses,
+            "first_loss": losses[0],
+            "final_loss": losses[-1],
+            **peak_memory(self.device),
+        }
+        return self.figures
+
+
+def peak_memory(device: torch.device) -> dict[str, float]:
+    """CUDA: the caching allocator's peak allocated/reserved bytes since ``start`` (GiB).
+    CPU: the process's peak resident set size (GiB; includes the Python runtime and libraries,
+    so it is not comparable to a GPU's allocated bytes)."""
+    if device.type == "cuda":
+        return {
+            "peak_mem_gib": torch.cuda.max_memory_allocated(device) / GIB,
+            "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
+        }
+    return {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB}  # Linux: KiB
