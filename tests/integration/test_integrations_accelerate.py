@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 from accelerate import Accelerator  # noqa: E402
+from test_integrations import Tokens  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 from turbotrain.integrations.accelerate import accelerator_kwargs_recipe, track_accelerate  # noqa: E402
@@ -26,17 +27,6 @@ from turbotrain.integrations.recipe import build_recipe  # noqa: E402
 
 STEPS = 8  # optimizer steps, 2 micro-batches each
 PEAK = 0.01  # TFLOP/s: a stand-in peak so this CPU gets an MFU
-
-
-class Tokens(Dataset):
-    def __init__(self, n: int = 64, seq: int = 16) -> None:
-        self.ids = torch.randint(0, 64, (n, seq), generator=torch.Generator().manual_seed(1))
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
 def docs_loop(run_dir: Path | None, own_generator: bool) -> tuple[list[float], GPT2LMHeadModel]:
@@ -49,7 +39,7 @@ def docs_loop(run_dir: Path | None, own_generator: bool) -> tuple[list[float], G
     recipe = build_recipe("cpu")
     accelerator = Accelerator(**accelerator_kwargs_recipe("cpu", cpu=True, gradient_accumulation_steps=2))
     generator = {"generator": torch.Generator().manual_seed(7)} if own_generator else {}
-    loader = DataLoader(Tokens(), batch_size=4, shuffle=True, **generator, **recipe.loader_kwargs())
+    loader = DataLoader(Tokens(64), batch_size=4, shuffle=True, **generator, **recipe.loader_kwargs())
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, **recipe.optimizer_kwargs())
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     seen: list[float] = []

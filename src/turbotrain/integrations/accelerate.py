@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from ..base.version import __version__
-from .observer import LoopObserver, run_name
+from .observer import LoopObserver, failed_status, run_name
 from .recipe import Recipe, build_recipe, merge_user
 
 try:
@@ -166,7 +166,7 @@ class AccelerateRun:
         self.observer = None
         if exc is None and self._last_loss is not None and self._recorded != self.steps:
             obs.record(self.steps, self._last_loss)  # the last step's record
-        status = "completed" if exc is None else f"failed: {type(exc).__name__}: {exc}"
+        status = "completed" if exc is None else failed_status(exc)
         self.summary = obs.close(status, report=self.report)
         return self.summary
 

@@ -13,6 +13,12 @@ tokens/s (counted from the shapes of the batches the model receives: a forward p
 by torch.compile), achieved TFLOP/s and MFU (FLOPs counted once, for this model, on its first
 batch), memory and GPU utilisation on CUDA, evaluation losses; at the end, compiles and
 recompiles with their causes, time to first step, and the report. Only the main process writes.
+Evaluations and checkpoints are left out of the throughput (each once). Each checkpoint's
+samples and tokens go into metrics.jsonl, so ``trainer.train(resume_from_checkpoint=...)`` goes on
+from them: the records of the steps after the checkpoint are dropped (they are logged again) and
+the summary counts the whole run, as ``turbotrain train --resume`` does. The Trainer tells its
+callbacks nothing of an exception: a run it left open is closed with ``"status": "failed: ..."``
+when the process ends (or the next run starts in the same directory).
 """
 
 from __future__ import annotations
@@ -120,7 +126,7 @@ class TurbotrainCallback(TrainerCallback):
         self._hook: Any = None
         self._model: Any = None
         self._first_batch: Any = None
-        self._step_end_t = 0.0
+        self._mark = 0.0  # where the Monitor's window stands: the last step's end or record, whichever later
         self._paused = False  # while the FLOP count runs its own forward
 
     # ------------------------------------------------------------------ the batches
@@ -164,11 +170,13 @@ class TurbotrainCallback(TrainerCallback):
             trackers=self.trackers,
             project=self.project,
             config={"training_args": args.to_dict()},
+            resume_step=state.global_step,  # resume_from_checkpoint: the counts go on from its step
         )
         # outside any compiled graph: traced, the changing counts recompiled a small module once
         self._hook = model.register_forward_pre_hook(torch.compiler.disable(self._count), with_kwargs=True)
         self._model = model
         self.observer.start(state.global_step)
+        self._mark = time.perf_counter()
         if self.flops_per_sample is not None:
             self.observer.set_flops(self.flops_per_sample, "given")
 
@@ -185,7 +193,15 @@ class TurbotrainCallback(TrainerCallback):
             obs.count_flops(self._model, self._first_batch, self.loss_fn)
             self._paused = False
         self._first_batch = None if obs.flops_per_sample is not None else self._first_batch
-        self._step_end_t = time.perf_counter()
+        self._mark = time.perf_counter()
+
+    def _not_training(self) -> None:
+        """The time since the step's end (or the last record, which starts the Monitor's next
+        window), spent evaluating or saving, is left out of the throughput, once."""
+        now = time.perf_counter()
+        if self.observer is not None:
+            self.observer.add_side(now - self._mark)
+        self._mark = now
 
     def on_log(
         self,
@@ -202,7 +218,9 @@ class TurbotrainCallback(TrainerCallback):
             obs.record(
                 state.global_step, logs["loss"], lr=logs.get("learning_rate"), grad_norm=logs.get("grad_norm")
             )
+            self._mark = time.perf_counter()  # the record starts the Monitor's next window
         elif "eval_loss" in logs:
+            self._not_training()  # the evaluation that just ran
             skip = ("eval_loss", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second")
             metrics = {
                 f"val_{k[5:]}": float(v)
@@ -210,12 +228,19 @@ class TurbotrainCallback(TrainerCallback):
                 if k.startswith("eval_") and k not in skip and isinstance(v, (int, float))
             }
             obs.record(state.global_step, None, val_loss=float(logs["eval_loss"]), val_metrics=metrics)
+            self._mark = time.perf_counter()
+
+    def on_evaluate(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._not_training()  # an evaluation that logged no eval_loss (else ~0: done in on_log)
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        if self.observer is not None:  # the checkpoint's time is not training
-            self.observer.add_side(time.perf_counter() - self._step_end_t)
+        if self.observer is not None:
+            self._not_training()  # the checkpoint's time (after any evaluation's, not again)
+            self.observer.checkpointed(state.global_step)  # its counts, for resume_from_checkpoint
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

@@ -31,7 +31,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..base.version import __version__
 from ..loop.monitor.flops import _EXTRA_FLOP_FORMULAS  # the CPU attention kernels' FLOP formulas
 from ..parts.hardware import tf32_enabled
-from .observer import LoopObserver, run_name
+from .observer import LoopObserver, failed_status, run_name
 from .recipe import Recipe, build_recipe, merge_user
 
 try:
@@ -250,7 +250,7 @@ class TurbotrainLightningCallback(Callback):
         self._finish("completed")
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._finish(f"failed: {type(exception).__name__}: {exception}")
+        self._finish(failed_status(exception))
 
     def _finish(self, status: str) -> None:
         obs = self.observer

@@ -16,7 +16,9 @@ first step's end is synchronised once, to time it.
 
 from __future__ import annotations
 
+import atexit
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -29,6 +31,8 @@ from ..app.environment import collect_hardware
 from ..app.report import write_report
 from ..app.summary import write_summary
 from ..base.batch import batch_size, token_count
+from ..base.records import read_metrics
+from ..base.rundir import METRICS_FILE, truncate_metrics
 from ..core.compile_guard import CompileGuard
 from ..loop.monitor import MfuProbe, Monitor, ProgressSink, build_probes, estimate_flops_per_sample
 from ..loop.monitor.trackers import TrackerOptions, build_sinks
@@ -36,7 +40,7 @@ from ..parts.hardware import DeviceSpec, lookup_peak
 
 log = logging.getLogger("turbotrain.integrations")
 
-__all__ = ["LoopObserver", "peak_spec", "run_name"]
+__all__ = ["LoopObserver", "failed_status", "peak_spec", "resumed_counts", "run_name"]
 
 DEFAULT_FOLDER = "turbotrain"  # the callbacks' default run directory: <the trainer's directory>/turbotrain
 
@@ -64,6 +68,53 @@ def peak_spec(device: torch.device, peak_tflops: float | None = None) -> DeviceS
     return lookup_peak(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
 
 
+def failed_status(exc: BaseException | None) -> str:
+    """summary.json's ``status`` of a run that ended with ``exc`` (the same words from every
+    integration)."""
+    if exc is None:
+        return "failed: the process ended before training did"
+    return f"failed: {type(exc).__name__}: {exc}"
+
+
+def resumed_counts(run_dir: Path, step: int) -> tuple[int, int]:
+    """Before a resume from the checkpoint of ``step``: the samples and tokens this process had
+    trained on at that step (the ``checkpoint`` event :meth:`LoopObserver.checkpointed` wrote),
+    and metrics.jsonl without the records of later steps (the resumed run logs them again:
+    :func:`~turbotrain.base.rundir.truncate_metrics`, as ``turbotrain train --resume`` does).
+    Without that event (a checkpoint written elsewhere): the last record's counts, one warning."""
+    path = run_dir / METRICS_FILE
+    records = read_metrics(path)[0] if path.is_file() else []
+    truncate_metrics(path, step)
+    marks = [r for r in records if r.get("event") == "checkpoint" and r["step"] == step]
+    if marks:
+        return int(marks[-1].get("samples", 0)), int(marks[-1].get("tokens", 0))
+    kept = [r for r in records if "event" not in r and r["step"] <= step and "samples" in r]
+    last = kept[-1] if kept else {"step": 0, "samples": 0, "tokens": 0}
+    log.warning(
+        "resumed at step %d without its checkpoint's counts in %s: samples and tokens go on from "
+        "step %d's record (the steps between not counted)",
+        step,
+        path,
+        last["step"],
+    )
+    return int(last["samples"]), int(last["tokens"])
+
+
+_OPEN: dict[Path, LoopObserver] = {}  # runs not closed yet, by run directory
+
+
+@atexit.register
+def _close_open_runs() -> None:
+    """At the process's end, a run still open is one its trainer left by an exception (the
+    Hugging Face Trainer tells its callbacks nothing of one): its summary says it failed."""
+    exc = getattr(sys, "last_value", None)  # the exception that ended the process, if one did
+    for observer in list(_OPEN.values()):
+        try:
+            observer.close(failed_status(exc), report=False)
+        except Exception as err:  # the process is ending: one line, never a second traceback
+            log.warning("turbotrain: %s: summary not written (%s)", observer.run_dir, err)
+
+
 class _LateMfu:
     """The MFU probe once FLOPs are known (after the first step); nothing before."""
 
@@ -84,7 +135,11 @@ class LoopObserver:
     "wandb" (offline), "mlflow", "trackio" (``project``: their project or experiment);
     ``sinks``: more sinks beside metrics.jsonl; ``optimizations`` and ``config``: what summary.md
     lists (``config`` also goes to the trackers); ``name``: the run's, in the summary and the
-    trackers (default: :func:`run_name` of ``run_dir``).
+    trackers (default: :func:`run_name` of ``run_dir``); ``resume_step``: the trainer resumed from
+    its checkpoint of this step (:func:`resumed_counts`: the counts go on from there).
+
+    A run left open by an exception its trainer does not report is closed as failed when the
+    next run starts in the same directory, or when the process ends.
     """
 
     def __init__(
@@ -105,10 +160,16 @@ class LoopObserver:
         config: Mapping[str, Any] | None = None,
         max_steps: int | None = None,
         name: str | None = None,
+        resume_step: int = 0,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.name = name or run_name(self.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        left = _OPEN.get(self.run_dir.resolve())
+        if left is not None:  # its trainer raised and this one starts over (or resumes) here
+            left.close("failed: training stopped before its end (a new run started here)", report=False)
+        # this process's samples and tokens, counted from batch shapes (a resume's go on)
+        self.samples, self.tokens = resumed_counts(self.run_dir, resume_step) if resume_step else (0, 0)
         self.device = torch.device(device)
         self.framework, self.world, self.precision = framework, world, precision
         self.optimizations = dict(optimizations or {})
@@ -130,8 +191,6 @@ class LoopObserver:
         # interval 0: the observer decides the logging steps (its trainer's), the Monitor never does
         self.monitor = Monitor(0, all_sinks, probes, world=world)
         self.guard = CompileGuard()
-        self.samples = 0  # this process's, counted from batch shapes
-        self.tokens = 0
         self.step = 0
         self.side_s = 0.0  # seconds of work that is not training (FLOP count, checkpoints)
         self.flops_per_sample: float | None = None
@@ -139,6 +198,7 @@ class LoopObserver:
         self._start = time.perf_counter()
         self._first = -1
         self._closed = False
+        _OPEN[self.run_dir.resolve()] = self
 
     # ------------------------------------------------------------------ events
 
@@ -189,6 +249,13 @@ class LoopObserver:
             precision=self.precision,
             side_s=self.side_s,
             force=True,
+        )
+
+    def checkpointed(self, step: int) -> None:
+        """The trainer wrote its checkpoint of ``step``: the counts at that step go into
+        metrics.jsonl (an event the report keeps apart), for a resume from it."""
+        self.monitor.write_event(
+            {"event": "checkpoint", "step": step, "samples": self.samples, "tokens": self.tokens}
         )
 
     def add_side(self, seconds: float) -> None:
@@ -253,6 +320,8 @@ class LoopObserver:
         if self._closed:
             return {}
         self._closed = True
+        if _OPEN.get(self.run_dir.resolve()) is self:
+            del _OPEN[self.run_dir.resolve()]
         self.monitor.close()
         summary = write_summary(self.run_dir, self.facts(status), self.monitor.records)
         if report and status == "completed":
