@@ -5,8 +5,8 @@ with the run's precision and compile, as an evaluation pass or a serving loop ru
 ``benchmark_model_performance(model, dataloader, num_iterations)``: it sets the model up through
 the :class:`~turbotrain.Engine` (device, the precision's casts, compile), runs ``warmup`` untimed
 batches (compilation included, reported as the time to the first batch), then ``iterations``
-timed ones, each between two synchronisations (timing only), and reports the median ms per
-batch, samples/s and tokens/s (token batches: a tensor of integer ids). What is timed is
+timed ones on the measuring kit's clock (:func:`~turbotrain.core.meter.clock.time_call`), and
+reports the median ms per batch (and its spread), samples/s and tokens/s (token batches: a tensor of integer ids). What is timed is
 ``loss_fn(model, batch)`` (the model's forward for a GPT with targets, a workload's own loss
 function otherwise): the evaluation step. ``turbotrain bench --inference`` runs it on a preset or
 ``--model FILE.py:FUNC``.
@@ -15,9 +15,7 @@ function otherwise): the evaluation step. ``turbotrain bench --inference`` runs 
 from __future__ import annotations
 
 import copy
-import statistics
-import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from itertools import cycle, islice
 from typing import Any
 
@@ -27,6 +25,8 @@ from torch import nn
 from ...base.batch import batch_size, move_to, token_count
 from ...base.config import load_config
 from ...core.engine import Engine, LossFn, default_loss
+from ...core.meter.clock import time_call
+from ...core.meter.table import render_table
 from ...parts.hardware import device_name
 from ...parts.models.registry import build_model
 from ...parts.workload import load_workload
@@ -53,34 +53,33 @@ def benchmark_inference(
     net, _, _ = engine.setup(copy.deepcopy(model))
     net.eval()
     data = [move_to(b, engine.device) for b in islice(cycle(batches), warmup + iterations)]
-    sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
-    times = []
-    t_first = 0.0
+    last: list[Any] = [None]
+
+    def step(batch: Any) -> None:
+        last[0] = loss_fn(net, batch)
+
     with torch.inference_mode(), engine.autocast():
-        for i, batch in enumerate(data):
-            sync()  # host-device sync point: timing only
-            t0 = time.perf_counter()
-            out = loss_fn(net, batch)
-            sync()  # host-device sync point: timing only
-            dt = time.perf_counter() - t0
-            if i == 0:
-                t_first = dt
-            if i >= warmup:
-                times.append(dt)
-    ms = statistics.median(times) * 1000
+        first = time_call(lambda: step(data[0]), engine.device, 1, warmup=0) if warmup else None
+        for batch in data[1:warmup]:
+            step(batch)
+        rest = iter(data[warmup:])
+        timing = time_call(lambda: step(next(rest)), engine.device, iterations, warmup=0)
+    ms = timing.median
     timed = data[warmup:]
     samples = sum(batch_size(b) for b in timed) / len(timed)
     tokens = sum(token_count(b) for b in timed) / len(timed)
+    out = last[0]
     loss = out if isinstance(out, torch.Tensor) else out[0] if isinstance(out, tuple) else None
     return {
         "iterations": iterations,
         "warmup": warmup,
         "ms_per_batch": ms,
-        "ms_per_batch_all": [t * 1000 for t in times],
+        "ms_per_batch_all": list(timing.ms),
+        "ms_per_batch_spread": timing.spread,
         "samples_per_batch": samples,
         "samples_per_s": samples / (ms / 1000),
         "tokens_per_s": tokens / (ms / 1000) if tokens else None,
-        "first_batch_s": t_first,
+        "first_batch_s": (first or timing).ms[0] / 1000,
         "precision": engine.precision.name,
         "compile": engine.options.compile_scope,
         "device": engine.device.type,
@@ -112,18 +111,19 @@ def inference_target(
 
 def render_inference(doc: dict[str, Any]) -> str:
     """The markdown table of the rows."""
-    lines = [
-        "## turbotrain bench --inference: evaluation forward (and loss) under inference_mode",
-        "",
-        "| model | device | precision | compile | batch | ms/batch (median) | samples/s | tokens/s | first batch s |",
-        "|---|---|---|---|---|---|---|---|---|",
+    columns: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        ("model", lambda r: r["label"]),
+        ("device", lambda r: r["device_name"]),
+        ("precision", lambda r: r["precision"]),
+        ("compile", lambda r: r["compile"]),
+        ("batch", lambda r: f"{r['samples_per_batch']:.0f}"),
+        ("ms/batch (median)", lambda r: f"{r['ms_per_batch']:.2f}"),
+        ("samples/s", lambda r: f"{r['samples_per_s']:,.0f}"),
+        ("tokens/s", lambda r: f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else "—"),
+        ("first batch s", lambda r: f"{r['first_batch_s']:.2f}"),
     ]
-    for r in doc["rows"]:
-        tok = f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else "—"
-        lines.append(
-            f"| {r['label']} | {r['device_name']} | {r['precision']} | {r['compile']} | {r['samples_per_batch']:.0f} | "
-            f"{r['ms_per_batch']:.2f} | {r['samples_per_s']:,.0f} | {tok} | {r['first_batch_s']:.2f} |"
-        )
+    title = "## turbotrain bench --inference: evaluation forward (and loss) under inference_mode"
+    lines = [title, "", render_table(doc["rows"], columns)]
     if doc.get("load_avg_1m") is not None:
         lines += [
             "",
