@@ -13,6 +13,7 @@ import json
 import runpy
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -63,6 +64,22 @@ def hf_run(out: Path, callbacks: list) -> tuple[Trainer, GPT2LMHeadModel]:
     trainer = Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=callbacks)
     trainer.train()
     return trainer, model
+
+
+def tiny_hf_args(out: Path, **more: Any) -> TrainingArguments:
+    """A Trainer's arguments for a few CPU steps logged every 2, nothing saved or reported."""
+    return TrainingArguments(
+        str(out),
+        **{
+            "per_device_train_batch_size": 4,
+            "logging_steps": 2,
+            "save_strategy": "no",
+            "report_to": "none",
+            "disable_tqdm": True,
+            "use_cpu": True,
+            **more,
+        },
+    )
 
 
 def losses(trainer: Trainer) -> list[tuple[int, float, float]]:
@@ -215,6 +232,27 @@ def test_example_runs(example, tmp_path, monkeypatch):
     assert (tmp_path / "turbotrain" / "summary.md").is_file()
 
 
+def test_hf_callback_records_the_steps_after_the_trainers_last_logging_step(tmp_path):
+    """5 steps logged every 2: records at 2 and 4 (the Trainer's loss), and one at 5 for the step
+    after the last logging step (its throughput; no loss, the Trainer logged none)."""
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))
+    args = tiny_hf_args(tmp_path / "out", max_steps=5)
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=Tokens(),
+        callbacks=[TurbotrainCallback(tmp_path / "run", report=False)],
+    )
+    trainer.train()
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [2, 4, 5]
+    assert [r["loss"] for r in records[:2]] == [loss for _, loss, _ in losses(trainer)] and records[2].get(
+        "loss"
+    ) is None
+    assert records[2]["samples_per_s"] > 0
+
+
 def test_hf_callback_is_invisible_to_torch_compile(tmp_path):
     """With the Trainer's torch_compile (dynamo with its eager backend: no code generation, fast),
     the callback's batch-counting hook adds no recompilation or graph break, counts every sample,
@@ -228,18 +266,7 @@ def test_hf_callback_is_invisible_to_torch_compile(tmp_path):
         before = collect_compile_counts()
         torch.manual_seed(0)
         model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))
-        args = TrainingArguments(
-            str(tmp_path / "out"),
-            max_steps=6,
-            per_device_train_batch_size=4,
-            logging_steps=2,
-            save_strategy="no",
-            report_to="none",
-            disable_tqdm=True,
-            use_cpu=True,
-            torch_compile=True,
-            torch_compile_backend="eager",
-        )
+        args = tiny_hf_args(tmp_path / "out", max_steps=6, torch_compile=True, torch_compile_backend="eager")
         trainer = Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=callbacks)
         trainer.train()
         return losses(trainer), collect_compile_counts().minus(before)

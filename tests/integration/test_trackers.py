@@ -231,3 +231,29 @@ def test_track_logs_an_own_loop_to_wandb_with_the_config_and_the_report(tmp_path
     history, config, artifacts = w.history, w.config, w.artifacts
     assert history == expected_history(run_dir) and history["loss"]
     assert config["lr"] == 0.1 and "summary.json" in artifacts and "plots/loss.png" in artifacts
+
+
+@pytest.mark.slow  # W&B starts its wandb-core process, twice
+def test_a_resumed_run_continues_the_same_wandb_and_mlflow_runs_with_their_whole_history(
+    tmp_path, monkeypatch
+):
+    """The sinks opened again for the same run directory (a resume) write into the runs the first
+    opening made (trackers.json keeps their ids): one W&B run and one MLflow run, steps 1 to 4."""
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run = tmp_path / "r"
+    for steps in ((1, 2), (3, 4)):  # the first run, then its resume
+        sinks = build_sinks(["wandb", "mlflow"], run)
+        for step in steps:
+            for sink in sinks:
+                sink.write({"step": step, "loss": 1.0 / step})
+        for sink in sinks:
+            sink.close()
+    ids = json.loads((run / "trackers.json").read_text())
+    recorded = read_wandb_run(run, ids["wandb"]["id"])
+    assert len(recorded.files) == 2 and recorded.history["loss"] == [(s, 1.0 / s) for s in (1, 2, 3, 4)]
+    assert len(list(run.glob("wandb/offline-run-*"))) == 2  # no W&B run of another id
+    client = mlflow.tracking.MlflowClient(ids["mlflow"]["uri"])
+    assert len(client.search_runs([client.get_experiment_by_name("turbotrain").experiment_id])) == 1
+    history = client.get_metric_history(ids["mlflow"]["run_id"], "loss")
+    assert sorted((m.step, m.value) for m in history) == [(s, 1.0 / s) for s in (1, 2, 3, 4)]

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from turbotrain import load_config
+from turbotrain.app.resume import check_epochs_batch
 from turbotrain.base.errors import ConfigError, TurbotrainError
 from turbotrain.parts.data import open_tokens, resolve_loader_settings
 from turbotrain.parts.data.batching import (
@@ -202,3 +203,27 @@ def test_token_batching_mistakes_are_one_line_config_errors():
         load_config(overrides={"data": {"batching": "tokens"}, "model": {"loss": "chunked"}})
     with pytest.raises(ConfigError, match="windows, tokens"):
         load_config(overrides={"data": {"batching": "rows"}})
+
+
+def test_an_epochs_run_resumed_at_another_global_batch_is_refused_whatever_the_accumulation():
+    """An epochs run's place is a step count at its global batch (micro x accumulation x
+    processes): a resume that changes it through the accumulation is refused as one through the
+    micro-batch is, with the same world size; any split of the same global batch resumes."""
+    saved = "[batch]\nmicro = 4\naccumulation = 2\n"  # trained at 8
+
+    def resume(micro: int, accumulation: int, world: int = 1) -> None:
+        c = load_config(
+            overrides={"batch": {"micro": micro, "accumulation": accumulation}, "train": {"epochs": 2}}
+        )
+        check_epochs_batch("step_00000004", saved, 1, c, world)
+
+    for micro, accumulation in ((4, 4), (4, 1), (8, 2)):
+        with pytest.raises(
+            TurbotrainError, match=r"^train.epochs: step_00000004 was trained at a global batch of 8 "
+        ) as err:
+            resume(micro, accumulation)
+        assert f"this resume at {micro * accumulation} (1 process x {micro} x {accumulation})" in str(
+            err.value
+        )
+    for micro, accumulation, world in ((4, 2, 1), (8, 1, 1), (2, 4, 1), (2, 2, 2)):
+        resume(micro, accumulation, world)  # the same global batch

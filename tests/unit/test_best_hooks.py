@@ -188,3 +188,64 @@ def test_sample_best_reads_the_best_checkpoint_of_a_gpt_run(tmp_path: Path, text
     assert main(["sample", str(run), "--tokens", "8"]) == 2
     assert main(["sample", str(run), "--best", "--tokens", "8"]) == 0
     assert len(capsys.readouterr().out) > 8
+
+
+def test_a_resumed_run_stops_at_the_evaluation_the_uninterrupted_one_stops_at(tmp_path: Path):
+    """The watch's whole state (best, its step, the passes since it) travels in the checkpoint: a
+    run stopped after a pass that did not improve and resumed stops where the uninterrupted one does."""
+    values = {2: 1.0, 4: 0.8, 6: 0.9, 8: 0.85, 10: 0.5}  # 6 and 8 do not beat 0.8: patience 2 ends at 8
+    whole = MetricWatch()
+    run = _Run()
+    assert run.fit([_Scripted(values), EarlyStopping(whole, patience=2)]).should_stop
+    assert run.engine.state.step == 8
+
+    class StopAt6(Hook):
+        def on_step_end(self, ctx: FitContext) -> None:
+            if ctx.engine.state.step == 6:
+                ctx.request_stop("signal")
+
+    first, watch = _Run(), MetricWatch()
+    first.fit([_Scripted(values), EarlyStopping(watch, patience=2), StopAt6()])
+    assert first.engine.state.step == 6 and watch.stale == 1
+    save_checkpoint(tmp_path, 6, first.state(watch).state_dict())
+    again, resumed = _Run(), MetricWatch()
+    restore_latest(tmp_path, again.state(resumed))
+    assert resumed.state_dict() == watch.state_dict()
+    ctx = again.fit([_Scripted(values), EarlyStopping(resumed, patience=2)])
+    assert again.engine.state.step == 8 and ctx.should_stop
+    assert resumed.state_dict() == whole.state_dict()
+
+
+def test_nan_is_never_an_improvement_not_even_on_the_first_pass():
+    for mode in ("min", "max"):
+        watch = MetricWatch("val_loss", mode)
+        assert not watch.improves(float("nan"))  # no best yet: still not the best
+        watch.best = 1.0
+        assert not watch.improves(float("nan"))
+
+
+def test_a_final_validation_pass_at_a_stop_between_evaluations_that_is_the_best_is_kept(tmp_path: Path):
+    """Stopped at step 5 (a signal), between the passes at 3 and 6: the final pass Evaluate runs at
+    the stop is the best so far, so the best checkpoint is step 5's."""
+    watch = MetricWatch()
+    run = _Run()
+    saver = Checkpointer(
+        tmp_path / "checkpoints", 3, 2, run.state(watch), strategy=type("S", (), {"name": "single"})()
+    )
+
+    class StopAt5WithAFinalPass(Hook):
+        def on_step_end(self, ctx: FitContext) -> None:
+            if ctx.engine.state.step == 5:
+                ctx.request_stop("signal")
+
+        def on_fit_end(self, ctx: FitContext) -> None:  # Evaluate's final pass at a stop
+            ctx.metrics.update(val_step=ctx.engine.state.step, val_loss=0.2)
+
+    run.fit(
+        [_Scripted({3: 1.0}), StopAt5WithAFinalPass(), EarlyStopping(watch, 0), saver, KeepBest(watch, saver)]
+    )
+    assert run.engine.state.step == 5 and (watch.best, watch.best_step) == (0.2, 5)
+    best = best_checkpoint(tmp_path)
+    assert best is not None and best.name == "step_00000005.pt"
+    _, weights = load_best_weights(tmp_path)
+    assert all(torch.equal(weights[k], v) for k, v in run.model.state_dict().items())

@@ -18,6 +18,8 @@ import torch
 from turbotrain import load_config
 from turbotrain.app.choose.rule import Row, judge
 from turbotrain.app.choose.session import apply, choose
+from turbotrain.app.warmstart import WarmStart
+from turbotrain.core.meter import cache as meter_cache
 
 CPU = torch.device("cpu")
 
@@ -207,3 +209,37 @@ def test_a_cache_file_of_another_shape_is_one_line_and_measured_again(tmp_path, 
     lines = [r.getMessage() for r in caplog.records if "ignoring the cached" in r.getMessage()]
     assert len(lines) == 1 and str(path) in lines[0] and "\n" not in lines[0]
     assert "eager" in json.loads(path.read_text())["value"]  # written again, whole
+
+
+def test_of_the_candidates_that_pay_back_the_least_projected_run_time_is_kept_not_the_fastest_step():
+    """Projected run time = first step + planned steps x step: over 100,000 steps 'fast' (5 ms a
+    step, 200 s to its first) pays back but projects 700 s; 'quick' (6 ms, 2 s) projects 602 s."""
+    base = Row("eager", "", {}, baseline=True, step_ms=10.0, first_step_s=1.0, parity_loss=3.0)
+    fast = Row("fast", "", {}, step_ms=5.0, first_step_s=200.0, parity_loss=3.0)  # 200 + 500 = 700 s
+    quick = Row("quick", "", {}, step_ms=6.0, first_step_s=2.0, parity_loss=3.0)  # 2 + 600 = 602 s
+    for r in (base, fast, quick):
+        r.math_precision = "fp32"
+    kept = judge([base, fast, quick], 100_000, 1.03)
+    assert kept is quick and quick.status == "kept"
+    assert fast.break_even_step == pytest.approx(39_800)  # it pays back within the run, yet projects longer
+    assert (fast.projected_s, quick.projected_s, base.projected_s) == pytest.approx((700.0, 602.0, 1001.0))
+    assert fast.status == "rejected" and fast.reason.endswith("quick projects a shorter run")
+
+
+def test_the_cache_keys_of_choose_and_of_the_compile_warm_start_include_the_device_name(
+    tmp_path, monkeypatch
+):
+    """Figures measured on one GPU model are never reused on another (nor its compile artefacts)."""
+    keys = {}
+    for name in ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"):
+        monkeypatch.setattr(meter_cache, "device_name", lambda device, name=name: name)
+        timer = Timer(GAINS)
+        d = choose(
+            _config(tmp_path, train={"max_steps": 2000}), measure=timer, device=CPU, say=lambda s: None
+        )
+        assert len(timer.calls) == 4  # measured on each device: nothing cached for this one
+        material = json.loads((tmp_path / "cache" / "choose" / f"{d.key}.json").read_text())["material"]
+        assert material["device"] == name
+        keys[name] = (d.key, WarmStart(_config(tmp_path, compile={"scope": "model"})).key)
+    first, second = keys.values()
+    assert first[0] != second[0] and first[1] != second[1]

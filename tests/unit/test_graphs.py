@@ -6,6 +6,7 @@ A real capture needs CUDA: tests/gpu/test_graphs_gpu.py."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 
 import torch
@@ -133,3 +134,37 @@ def test_the_setting_turns_it_on_and_cpu_refuses(caplog):
     for batch in synthetic_batches(2, batch_size=8, d_in=16):
         assert engine.train_window(model, optimizer, [batch])
     assert any("CUDA graphs need a CUDA device" in r.message for r in caplog.records)
+
+
+def _sum_step(model, optimizer, micro, *_):
+    """A window body whose loss is its micro-batches' sum (fresh tensors each call, as a step's)."""
+    return sum(b.float().sum() for b, _ in micro), None
+
+
+def _call(step, batch: torch.Tensor):
+    """One window of one micro-batch through the wrapped body (the body's arguments after the loss
+    function, if any, are its accumulation)."""
+    extra = len(inspect.signature(step).parameters) - 4
+    return step(None, None, [(batch, 1.0)], None, *[1] * extra)
+
+
+def test_each_replays_loss_is_copied_out_before_the_next_replay_overwrites_it():
+    """The graph writes every replay's loss into the same output tensor: the step's returned loss
+    is a copy, so a loss a caller keeps (a list of losses, a logger's window) stays its own step's."""
+    graphs = StepGraph(torch.device("cpu"), warmup=1, graph_factory=StandInGraph)
+    step = graphs(_sum_step)
+    losses = [_call(step, torch.full((4,), float(s)))[0] for s in range(1, 5)]
+    assert (graphs.captures, graphs.replays) == (1, 3)
+    assert [float(x) for x in losses] == [4.0, 8.0, 12.0, 16.0]
+
+
+def test_a_step_whose_dtypes_differ_from_the_captured_ones_is_refused_naming_both():
+    graphs = StepGraph(torch.device("cpu"), warmup=1, graph_factory=StandInGraph)
+    step = graphs(_sum_step)
+    for s in range(3):
+        _call(step, torch.full((4,), float(s)))
+    assert graphs.captures == 1 and not graphs.refused
+    loss, _ = _call(step, torch.full((4,), 5.0, dtype=torch.float64))
+    assert float(loss) == 20.0  # run eagerly on its own inputs, not copied into the float32 buffer
+    assert graphs.refused.startswith("dynamic shapes: ") and "changed shape or dtype" in graphs.refused
+    assert "captured [4] float32, now [4] float64" in graphs.refused

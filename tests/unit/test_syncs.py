@@ -107,3 +107,20 @@ def test_cudas_own_sync_report_is_taken_at_the_callers_line(monkeypatch):
     (source,) = loc.sources(1)
     assert source["code"].endswith("# the sync") and source["kind"] == "user"
     assert source["where"].endswith("(synchronising_call)") and modes[-1] == 0
+
+
+def _repeats(counts: torch.Tensor) -> None:
+    torch.repeat_interleave(torch.arange(3), counts)  # without
+    torch.repeat_interleave(torch.arange(3), counts, output_size=6)
+
+
+def test_repeat_interleave_is_named_without_output_size_and_not_with_it():
+    """Without ``output_size`` the output's length is read from the counts on the host (a sync);
+    with it, none (what the MoE layers pass)."""
+    with SyncLocator("cpu") as loc:
+        _repeats(torch.tensor([1, 2, 3]))
+    lines, first = inspect.getsourcelines(_repeats)
+    without = first + next(i for i, text in enumerate(lines) if "# without" in text)
+    found = loc.sources(1)
+    assert [s["where"].rsplit(":", 1)[1] for s in found] == [f"{without} (_repeats)"]
+    assert "data-dependent shape" in found[0]["what"] and found[0]["sync"]
