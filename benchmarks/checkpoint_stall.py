@@ -6,7 +6,10 @@ Contenders, each in its own process (rounds alternate the order, so drift in mac
 
 - ``none``: ``fit()`` with no checkpoint (the baseline for the background write's cost);
 - ``sync``: the Checkpointer every ``--every`` steps, ``async_write=False``;
-- ``async``: the same, ``async_write=True``.
+- ``async``: the same, ``async_write=True``;
+- ``remote``: ``async`` with the checkpoints mirrored to ``--remote`` (``run.remote``: a
+  :class:`~turbotrain.loop.checkpoint.remote.RemoteMirror` uploading in its own thread; ``moto``:
+  a moto S3 server started here on localhost, the bucket made with boto3).
 
 Same preset model (``gpt-tiny`` on CPU, ``gpt2-small`` with ``--model gpt2-small``), seed, synthetic
 token batches and AdamW in every process; the Engine's defaults for the device (CPU: fp32; CUDA:
@@ -27,6 +30,7 @@ timed. Figures (medians over each contender's processes of per-process medians):
   processes on a loaded machine differ by more than a checkpoint costs.
 
     python benchmarks/checkpoint_stall.py --out benchmarks/results/cpu/checkpoint_stall.json
+    python benchmarks/checkpoint_stall.py --contenders async,remote --remote moto --rounds 3
     python benchmarks/checkpoint_stall.py --model gpt2-small --every 50 --steps 200 --warmup 60 --rounds 1 \\
         --out benchmarks/results/<gpu>/checkpoint_stall.json
 """
@@ -42,7 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
-CONTENDERS = ("none", "sync", "async")
+CONTENDERS = ("none", "sync", "async", "remote")
 # gpt-tiny is byte-level; gpt2-small padded to a multiple of 64
 VOCAB = {
     "gpt-tiny": 256,
@@ -95,16 +99,25 @@ def measure(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(dir=args.dir) as folder:
         state = RunState(engine=engine, model=model, optimizer=optimizer, rng=(rng_state, set_rng_state))
         state.strategy = engine.strategy
+        ckpts, mirror = Path(folder) / "checkpoints", None
         if args.variant != "none":
-            hooks.append(
-                Checkpointer(Path(folder), args.every, 2, state, async_write=args.variant == "async")
-            )
+            hooks.append(Checkpointer(ckpts, args.every, 2, state, async_write=args.variant != "sync"))
+        if args.variant == "remote":
+            from turbotrain.base.storage import Store
+            from turbotrain.loop.checkpoint.remote import MirrorHook, RemoteMirror
+
+            store = Store(f"{args.remote}/{Path(folder).name}")
+            store.probe()
+            mirror = RemoteMirror(store, Path(folder), 2)
+            hooks.append(MirrorHook(mirror))
         fit(engine, model, optimizer, batches(), max_steps=total, hooks=[*hooks, clock])
-        size = checkpoint_path(Path(folder), total).stat().st_size if hooks else 0
+        missing = mirror.close() if mirror is not None else []
+        size = checkpoint_path(ckpts, total).stat().st_size if hooks else 0
     step_ms = [1000 * (b - a) for a, b in zip(clock.ends, clock.ends[1:])]  # step_ms[i] is step i + 1
     return {
         "variant": args.variant,
         "step_ms": step_ms,
+        "not_uploaded": missing,
         "checkpoint_mb": size / 2**20,
         "loss": float(engine.last_loss),
         "device": str(engine.device),
@@ -160,10 +173,42 @@ def _launch(variant: str, args: argparse.Namespace, out: Path) -> dict:
     ]
     if args.dir:
         cmd += ["--dir", args.dir]
+    if args.remote:
+        cmd += ["--remote", args.remote]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{variant} failed:\n{proc.stderr[-3000:]}")
     return json.loads(out.read_text())
+
+
+def _moto(args: argparse.Namespace) -> subprocess.Popen:
+    """A moto S3 server on a free localhost port, its bucket made; ``args.remote`` and the AWS
+    variables (inherited by the contenders) point at it."""
+    import os
+    import socket
+
+    import boto3
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        ["moto_server", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
+    )
+    for _ in range(100):
+        try:
+            boto3.client("s3").create_bucket(Bucket="turbotrain-bench")
+            break
+        except Exception:  # noqa: BLE001 - not listening yet
+            time.sleep(0.2)
+    args.remote = "s3://turbotrain-bench/stall"
+    return server
 
 
 def _markdown(result: dict) -> str:
@@ -206,6 +251,9 @@ def main() -> None:
     p.add_argument("--contenders", default=",".join(CONTENDERS), help="which of none,sync,async to run")
     p.add_argument("--rounds", type=int, default=3, help="processes per contender, interleaved")
     p.add_argument("--dir", default=None, help="where the checkpoints are written (default: the temp folder)")
+    p.add_argument(
+        "--remote", default="", help="the remote contender's store URI ('moto': a local moto server)"
+    )
     p.add_argument("--out", help="write the result JSON here (and a .md beside it)")
     p.add_argument("--variant", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
@@ -214,12 +262,15 @@ def main() -> None:
         Path(args.result).write_text(json.dumps(measure(args)))
         return
     contenders = tuple(v for v in CONTENDERS if v in args.contenders.split(","))
+    server = _moto(args) if args.remote == "moto" else None
     runs: dict[str, list[dict]] = {v: [] for v in contenders}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.rounds):
             for v in contenders if i % 2 == 0 else contenders[::-1]:
                 runs[v].append(_launch(v, args, Path(tmp) / f"{v}-{i}.json"))
                 print(f"round {i + 1}/{args.rounds} {v}: done", file=sys.stderr)
+    if server is not None:
+        server.kill()
     per_run = {v: [summarize(r, args) for r in runs[v]] for v in contenders}
     median = {
         v: {
@@ -229,7 +280,7 @@ def main() -> None:
         }
         for v in contenders
     }
-    first = runs["sync"][0]
+    first = runs[contenders[0]][0]
     from turbotrain.app.doctor import collect_env
 
     result = {
@@ -240,15 +291,22 @@ def main() -> None:
         f"warm-up steps excluded; {args.steps} timed steps per process; medians of per-process medians",
         "checkpoint_mb": first["checkpoint_mb"],
         "median": median,
-        "stall_reduction_ms": median["sync"]["stall_ms"] - median["async"]["stall_ms"],
+        "stall_reduction_ms": (
+            median["sync"]["stall_ms"] - median["async"]["stall_ms"]
+            if {"sync", "async"} <= set(median)
+            else None
+        ),
+        "not_uploaded": {v: [r.get("not_uploaded", []) for r in runs[v]] for v in contenders},
         "per_run": per_run,
         "step_ms_per_run": {v: [r["step_ms"] for r in runs[v]] for v in contenders},
         "final_loss": {v: [r["loss"] for r in runs[v]] for v in contenders},
         "command": " ".join(["python", "benchmarks/checkpoint_stall.py", *sys.argv[1:]]),
         "env": collect_env(),
     }
-    for v in ("sync", "async"):
+    for v in contenders:
         m = median[v]
+        if "stall_ms" not in m:
+            continue
         print(
             f"{v}: step {m['step_ms']:.1f} ms, checkpoint step {m['checkpoint_step_ms']:.1f} ms, stall "
             f"{m['stall_ms']:.1f} ms, cost per checkpoint {m.get('cost_per_checkpoint_ms', float('nan')):.1f} ms"

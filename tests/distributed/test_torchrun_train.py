@@ -135,6 +135,22 @@ def test_torchrun_trains_like_one_process_with_the_global_batch(work, single, st
     assert "[rank 1]" not in proc.stderr
 
 
+def test_nproc_2_gives_the_losses_of_torchrun_nproc_per_node_2(work, single):
+    """``turbotrain train --nproc 2``: torchrun's launcher started from the command itself."""
+    ddp = ["--distributed.strategy=ddp"]
+    if not (work / "runs" / "ddp" / "summary.json").is_file():  # this test alone: the torchrun launch
+        assert _run(_torchrun(2) + _args(work, "ddp", MICRO, *ddp)).returncode == 0
+    proc = _run([*_plain(), "--nproc", "2", *_args(work, "nproc", MICRO, *ddp)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _losses(work, "nproc") == _losses(work, "ddp")  # the same launch: the same bits
+    _assert_same(_losses(work, "nproc"), single)
+    assert json.loads((work / "runs" / "nproc" / "summary.json").read_text())["world_size"] == 2
+    # a mistake only the world size makes: rank 0's one line and its status 2, not the agent's 1
+    bad = _run([*_plain(), "--nproc", "2", *_args(work, "bad-nproc", MICRO, "--batch.global_size=12")])
+    assert bad.returncode == 2, bad.stderr[-3000:]
+    assert bad.stderr.count("turbotrain train: error: batch.global_size = 12 does not divide") == 1
+
+
 def test_two_nodes_on_one_machine_match_one_process(work, single):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -26,6 +26,7 @@ import logging
 import sys
 from pathlib import Path
 
+from ..app.local_launch import launch_local
 from ..app.prepare import (
     RunRequest,
     StoppedBySignal,
@@ -81,6 +82,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
     p.add_argument(
+        "--nproc",
+        metavar="N",
+        help="start N processes on this machine (torchrun's launcher; 'auto': one per visible GPU), "
+        "as `torchrun --standalone --nproc-per-node N -m turbotrain train` would",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="K",
+        help="with --nproc: start the group again up to K times after a failure (it resumes itself)",
+    )
+    p.add_argument(
         "--help-config", action="store_true", help="list every config field with its default and meaning"
     )
     p.epilog = (
@@ -96,6 +110,10 @@ def main_train(args: argparse.Namespace, extra: list[str]) -> int:
     if args.help_config:
         print(describe())
         return 0
+    if args.nproc is not None:  # this process only launches: the N processes train
+        return launch_local(args.nproc, _child_argv(args, extra), args.max_restarts)
+    if args.max_restarts:
+        raise TurbotrainError("--max-restarts restarts the processes --nproc starts; give --nproc N too")
     topology = Topology.from_env()
     # under torchrun: rank 0 prints; the others only warnings and errors, with their rank
     if topology.rank > 0:
@@ -122,6 +140,17 @@ def main_train(args: argparse.Namespace, extra: list[str]) -> int:
         )
         return code
     return _exit_status(outcome, topology)
+
+
+def _child_argv(args: argparse.Namespace, extra: list[str]) -> list[str]:
+    """The command line of each process ``--nproc`` starts: this one without --nproc and --max-restarts."""
+    argv: list[str] = []
+    for name in ("preset", "model", "data"):
+        if getattr(args, name) is not None:
+            argv += [f"--{name}", getattr(args, name)]
+    if args.resume is not None:
+        argv += ["--resume", args.resume] if args.resume else ["--resume"]
+    return argv + (["--no-progress"] if args.no_progress else []) + extra
 
 
 def _request(args: argparse.Namespace, extra: list[str]) -> RunRequest:

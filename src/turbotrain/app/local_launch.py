@@ -1,0 +1,81 @@
+"""``turbotrain train --nproc N``: N processes on this machine from one command, started by
+torchrun's own launcher (``torch.distributed.launcher.api.elastic_launch``, the elastic agent
+``torchrun --standalone`` runs), so everything torchrun gives holds: the c10d rendezvous on a free
+local port, ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` for each process, ``--max-restarts`` (the whole
+group started again after a failure; the run resumes itself from its newest checkpoint, the
+restart recorded, as under torchrun). ``auto``: one process per visible GPU.
+
+The exit status is the first failed rank's (2 a mistake, 75 stopped by a signal, ...), not the
+agent's 1: the same statuses as one process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import uuid
+
+import torch
+
+from ..base.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def resolve_nproc(nproc: str) -> int:
+    """The process count ``--nproc`` asks for; a one-line ConfigError for a count that is not a
+    whole number >= 1, for ``auto`` without a GPU, and for more processes than visible GPUs."""
+    gpus = torch.cuda.device_count()  # counted without initialising CUDA in this process
+    if nproc == "auto":
+        if gpus == 0:
+            raise ConfigError(
+                "--nproc auto starts one process per visible GPU and none is visible; give a number "
+                "(CPU processes, gloo), e.g. --nproc 2"
+            )
+        return gpus
+    if not nproc.isdigit() or int(nproc) < 1:
+        raise ConfigError(f"--nproc {nproc!r} is not valid; give a whole number >= 1 or 'auto'")
+    n = int(nproc)
+    if gpus and n > gpus:
+        raise ConfigError(
+            f"--nproc {n}: this machine shows {gpus} GPU{'s' if gpus > 1 else ''} (CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); give --nproc {gpus} or fewer, or auto"
+        )
+    return n
+
+
+def launch_local(nproc: str, argv: list[str], max_restarts: int = 0) -> int:
+    """Run ``python -m turbotrain train ARGV`` in ``--nproc`` processes under the elastic agent
+    (see the module docstring); returns the exit status for the command."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        raise ConfigError(
+            "--nproc starts the processes itself; under torchrun (RANK and WORLD_SIZE are set) leave it out"
+        )
+    if max_restarts < 0:
+        raise ConfigError(f"--max-restarts {max_restarts} is not valid; give a whole number >= 0")
+    n = resolve_nproc(nproc)
+    # torchrun's launcher: imported when used (it pulls in the elastic agent)
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if n > 1 and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = "1"  # as torchrun does: N processes must not oversubscribe the cores
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=n,
+        run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",  # torchrun --standalone: a free port
+        max_restarts=max_restarts,
+        start_method="spawn",
+    )
+    try:
+        elastic_launch(config, sys.executable)("-m", "turbotrain", "train", *argv)
+    except ChildFailedError as exc:
+        failures = exc.failures
+        rank = 0 if 0 in failures else exc.get_first_failure()[0]
+        code = failures[rank].exitcode
+        return code if code > 0 else 128 - code  # a signal: 128 + its number, as a shell reports it
+    return 0
