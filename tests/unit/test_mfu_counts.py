@@ -14,7 +14,15 @@ from turbotrain import Engine, fit
 from turbotrain.app.report import format_markdown
 from turbotrain.app.summary import summarize_records
 from turbotrain.core.transforms import apply_activation_checkpointing
-from turbotrain.loop.monitor import COUNTED, FORMULA, MfuProbe, Monitor, count_flops, estimate_flops
+from turbotrain.loop.monitor import (
+    COUNTED,
+    FORMULA,
+    MfuProbe,
+    Monitor,
+    build_mfu_probe,
+    count_flops,
+    estimate_flops,
+)
 from turbotrain.parts.hardware import DeviceSpec
 from turbotrain.parts.models.gpt import GPT, GPTConfig
 
@@ -55,6 +63,9 @@ def test_recomputation_is_counted_apart_from_the_model_flops():
     apply_activation_checkpointing(model, "full")
     full = count_flops(model, _batch())
     assert (full.model, full.recompute) == (MODEL_FLOPS, RECOMPUTE_FULL)  # MFU's count does not move
+    # the probe a run builds carries it: the HFU in its records, the recomputation in its summary
+    probe = build_mfu_probe(model, _batch(), torch.device("cpu"))
+    assert (probe.flops_per_sample, probe.recompute_per_sample) == (MODEL_FLOPS, RECOMPUTE_FULL)
     selective = Stack()
     apply_activation_checkpointing(selective, "selective")  # blocks 0 and 2
     assert count_flops(selective, _batch()).recompute == 2 * 2 * D * D

@@ -4,9 +4,11 @@ DeprecationWarning that names the import to write instead (issue 32 item 5)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -61,6 +63,22 @@ def test_every_old_module_and_submodule_imports_as_the_same_module_with_one_warn
             f"DeprecationWarning: turbotrain.{old} moved to turbotrain.{new} (turbotrain {turbotrain.__version__}); "
             f"write `{advice}`: the old path goes in the next release"
         ], seen[old]["warnings"]
+
+
+def test_every_module_moved_inside_a_layer_imports_as_the_same_module_with_one_warning(monkeypatch):
+    """turbotrain.MOVED_INSIDE (e.g. turbotrain.loop.sharded, now turbotrain.loop.checkpoint): every
+    one, in this process (their packages are imported already; the old name is not)."""
+    assert turbotrain.MOVED_INSIDE
+    for old, (new, advice) in turbotrain.MOVED_INSIDE.items():
+        monkeypatch.delitem(sys.modules, f"turbotrain.{old}", raising=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module = importlib.import_module(f"turbotrain.{old}")
+        assert module is importlib.import_module(f"turbotrain.{new}")
+        assert [f"{w.category.__name__}: {w.message}" for w in caught] == [
+            f"DeprecationWarning: turbotrain.{old} moved to turbotrain.{new} (turbotrain {turbotrain.__version__}); "
+            f"write `{advice}`: the old path goes in the next release"
+        ]
 
 
 def test_the_documented_old_imports_in_a_users_script_work_and_each_warning_points_at_its_line(tmp_path):

@@ -42,6 +42,19 @@ def test_a_restarted_group_of_the_same_job_is_a_relaunch_and_a_new_job_is_not():
     assert Launch.from_env({}).relaunch_of(recorded) == ""
 
 
+def test_under_the_static_rendezvous_the_other_ranks_follow_rank_0s_decision_to_resume():
+    """No rendezvous id: rank 0 resumes only the run its own agent started; the other ranks (on
+    another node their agent differs from the recorded one) follow a restart, never decide alone."""
+    recorded = {"torchrun_run_id": "none", "torchrun_agent": "node0:/tmp/torchelastic_a"}
+    restarted = Launch(run_id="none", restart=1, max_restarts=3, agent="node0:/tmp/torchelastic_a")
+    other_node = Launch(run_id="none", restart=1, max_restarts=3, agent="node1:/tmp/torchelastic_b")
+    assert "TORCHELASTIC_RESTART_COUNT=1 of 3" in restarted.relaunch_of(recorded, main=True)
+    assert other_node.relaunch_of(recorded, main=True) == ""  # rank 0 of another launch: refused
+    assert "TORCHELASTIC_RESTART_COUNT=1 of 3" in other_node.relaunch_of(recorded, main=False)  # follows
+    first_start = Launch(run_id="none", restart=0, max_restarts=3, agent="node1:/tmp/torchelastic_b")
+    assert first_start.relaunch_of(recorded, main=False) == ""  # not a restart: nothing to follow
+
+
 def test_a_run_torchrun_may_restart_is_named_from_its_job():
     base = load_config("gpt-tiny")
     assert _named_for_restarts(base, _torchrun()).run.name == "gpt-tiny-3f0c6a2e"

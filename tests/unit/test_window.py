@@ -287,3 +287,37 @@ def test_a_second_fit_carries_on_the_window_the_first_left_open():
     assert chunked == whole
     for a, b in zip(w_whole, w_chunked):
         assert torch.equal(a, b)
+
+
+def test_after_an_oom_halving_unequal_parts_are_weighted_by_their_share_so_the_step_is_the_whole_batchs():
+    """A loader batch of 5 rows cut in 2 (the OOM policy's split) is parts of 3 and 2: each part's
+    loss weighted by its share, the step trains as the whole batch did, through train_window (fit's
+    path) and through forward_backward + step (an own loop's)."""
+
+    def train(split: int, how: str) -> tuple[list[float], list[torch.Tensor]]:
+        torch.manual_seed(0)
+        plain = torch.nn.Linear(4, 1)
+        engine = Engine({"run": {"device": "cpu"}})
+        model, optimizer, _ = engine.setup(plain, torch.optim.SGD(plain.parameters(), lr=0.1))
+        engine.set_split(split)
+        g = torch.Generator().manual_seed(1)
+        losses = []
+        for _ in range(3):
+            batch = (torch.randn(5, 4, generator=g), torch.randn(5, 1, generator=g))
+
+            def loss_fn(m: torch.nn.Module, b: Any) -> torch.Tensor:
+                return torch.nn.functional.mse_loss(m(b[0]), b[1])
+
+            if how == "window":
+                assert engine.train_window(model, optimizer, [batch], loss_fn)
+            else:
+                engine.forward_backward(model, batch, loss_fn)
+                assert engine.step(optimizer)
+            losses.append(float(engine.last_loss))
+        return losses, [p.detach().clone() for p in model.parameters()]
+
+    for how in ("window", "pieces"):
+        whole, w_whole = train(1, how)
+        halved, w_halved = train(2, how)
+        assert halved == pytest.approx(whole, rel=1e-6), how
+        assert all(torch.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(w_halved, w_whole)), how
