@@ -130,21 +130,8 @@ def resolve_batch_size(
         cap = config.memory.max_fraction if engine.device.type == "cuda" else 0.0
         fraction = min((f for f in (b.max_memory_fraction, cap) if f > 0), default=0.0)
         budget = usable_memory_bytes(engine.device, b.max_memory_gib, fraction)
-        if engine.device.type == "cpu" and budget is not None:  # the weights already sit in RAM
-            budget += storage_bytes(list(model.parameters()) + list(model.buffers()))
-        # timing rules decide on medians of 3
-        timed = 3 if b.pick == "fastest" or slowdown_stop or max_step_s else 1
-        with StepTrial(engine, model, optimizer, make_batch, loss_fn, timed_steps=timed) as trial:
-            search = find_batch_size(
-                trial,
-                max_micro=ceiling,
-                headroom=b.headroom,
-                pick=b.pick,
-                budget_bytes=budget,
-                predict=engine.device.type != "cuda",  # on CPU a real OOM kills the process
-                slowdown_stop=slowdown_stop,
-                max_step_s=max_step_s,
-            )
+        trial = StepTrial(engine, model, optimizer, make_batch, loss_fn)
+        search = _search_with(trial, ceiling, b.headroom, b.pick, budget, slowdown_stop, max_step_s)
         search.found = search.micro = _agree_across_ranks(search.found)
         if cache is not None and rank_world()[0] == 0:
             meter_cache.write(cache, WHAT, material, search.to_dict(), key=key)
@@ -162,6 +149,37 @@ def resolve_batch_size(
     resolved = config.replace(batch={"micro": micro, "accumulation": accumulation})
     engine.set_accumulation(accumulation)
     return resolved, search
+
+
+def _search_with(
+    trial: StepTrial,
+    max_micro: int,
+    headroom: float,
+    pick: str,
+    budget: int | None,
+    slowdown_stop: float,
+    max_step_s: float,
+) -> BatchSearch:
+    """The search on ``trial``'s engine and model: a CPU's budget counts the weights already in
+    RAM and a real OOM there kills the process (sizes are predicted first); timing rules decide
+    on medians of 3 steps."""
+    device = trial.engine.device
+    if device.type == "cpu" and budget is not None:  # the weights already sit in RAM
+        budget += storage_bytes(list(trial.model.parameters()) + list(trial.model.buffers()))
+    trial.timed_steps = (
+        3 if pick == "fastest" or slowdown_stop or max_step_s else 1
+    )  # timing rules: medians of 3
+    with trial:
+        return find_batch_size(
+            trial,
+            max_micro=max_micro,
+            headroom=headroom,
+            pick=pick,
+            budget_bytes=budget,
+            predict=device.type != "cuda",  # on CPU a real OOM kills the process
+            slowdown_stop=slowdown_stop,
+            max_step_s=max_step_s,
+        )
 
 
 def get_optimal_batch_size(
@@ -210,21 +228,9 @@ def get_optimal_batch_size(
             lambda t: t.repeat(reps, *([1] * (t.dim() - 1)))[:micro] if t.dim() and len(t) == rows else t,
         )
 
-    device = engine.device
-    budget = usable_memory_bytes(device, max_memory_gib)
-    if device.type == "cpu" and budget is not None:  # the weights already sit in RAM
-        budget += storage_bytes(list(net.parameters()) + list(net.buffers()))
-    max_step_s = CPU_MAX_STEP_S if device.type == "cpu" else 0.0
-    timed = 3 if pick == "fastest" or max_step_s else 1
-    with StepTrial(engine, net, opt, make_batch, loss_fn, timed_steps=timed) as trial:
-        search = find_batch_size(
-            trial,
-            max_micro=max_micro,
-            headroom=headroom,
-            pick=pick,
-            budget_bytes=budget,
-            predict=device.type != "cuda",
-            max_step_s=max_step_s,
-        )
+    max_step_s = CPU_MAX_STEP_S if engine.device.type == "cpu" else 0.0
+    trial = StepTrial(engine, net, opt, make_batch, loss_fn)
+    budget = usable_memory_bytes(engine.device, max_memory_gib)
+    search = _search_with(trial, max_micro, headroom, pick, budget, 0.0, max_step_s)
     search.micro = search.global_batch = search.found
     return search

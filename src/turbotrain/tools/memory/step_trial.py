@@ -25,9 +25,9 @@ class StepTrial:
     """A real training step at a given micro-batch, for :func:`find_batch_size`.
 
     Each call runs a warm-up step whose peak memory is measured (CUDA allocator counters; on
-    other devices :class:`TensorMemoryTracker`), then ``timed_steps`` steps timed by the measuring kit's
-    clock (:func:`~turbotrain.core.meter.clock.time_call`; host-device sync points: search only). Steps are forward under the engine's
-    autocast, backward, ``optimizer.step()``: optimizer state is allocated as in training; the
+    other devices :class:`TensorMemoryTracker`), then ``timed_steps`` steps timed by the measuring
+    kit's clock (:func:`~turbotrain.core.meter.clock.time_call`; host-device sync points: search
+    only). Steps are forward under the engine's autocast, backward, ``optimizer.step()``: optimizer state is allocated as in training; the
     measured step does two forward/backward passes so the peak covers gradient accumulation.
     Not covered: DDP/FSDP communication buckets (run it on the unwrapped model; the headroom is
     for such extras, the allocator's fragmentation and library workspaces).
