@@ -9,8 +9,9 @@ import textwrap
 
 import torch
 
-from turbotrain.app.profile.syncs import SyncLocator
+from turbotrain.app.profile.syncs import SyncLocator, classify_frame, is_sync
 from turbotrain.cli import main
+from turbotrain.core.meter import clock
 
 
 def _step(x: torch.Tensor) -> None:
@@ -124,3 +125,10 @@ def test_repeat_interleave_is_named_without_output_size_and_not_with_it():
     found = loc.sources(1)
     assert [s["where"].rsplit(":", 1)[1] for s in found] == [f"{without} (_repeats)"]
     assert "data-dependent shape" in found[0]["what"] and found[0]["sync"]
+
+
+def test_the_measuring_clocks_own_reads_are_the_clock_s_not_the_step_s():
+    """The step clock's one loss read at the end is the measurement's, never counted against the
+    user's step: named by the file the clock really lives in (the kit's), so a move is caught."""
+    assert classify_frame(clock.__file__) == "clock"
+    assert not is_sync("clock", "cuda")

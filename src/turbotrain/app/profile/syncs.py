@@ -101,7 +101,7 @@ def classify_frame(path: str) -> str | None:
         module = norm.rsplit("turbotrain/", 1)[1]
         if module.startswith("core/precision/"):  # the non-finite guard lives in the precision package
             return "guard"
-        return {"loop/monitor/hook.py": "monitor", "app/bench/protocol.py": "clock"}.get(module, "turbotrain")
+        return {"loop/monitor/hook.py": "monitor", "core/meter/clock.py": "clock"}.get(module, "turbotrain")
     return "user"
 
 
