@@ -45,7 +45,7 @@ from ..loop.run_hooks import MonitorPlan, build_monitor, monitor_plan
 from ..parts.data import TokenWindows, build_loader, fixed_batches, resolve_loader_settings
 from ..parts.hardware import precision_key, tf32_enabled
 from ..parts.workload import Workload, copy_workload, load_workload, loader_summary, rebuild_loader
-from ..tools.memory import StepTrial, token_batches
+from ..tools.memory import StepTrial
 from .prepare import prepare_config
 from .training import assemble
 
@@ -239,7 +239,8 @@ def build(target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_d
     config = target.config(merge(changes, {"monitor": {"progress": False}}))
     if target.is_workload:
         return _build_workload(target, changes, config, run_dir)
-    a = assemble(prepare_config(config, run_dir), show=False)
+    run = prepare_config(config, run_dir)
+    a, spec = assemble(run, show=False), run.spec
     config, engine, source = a.config, a.trainable.engine, a.data.source  # type: ignore[attr-defined]
     draws = rng_state()  # counting FLOPs runs a forward: the steps draw from the generators as a run's do
     monitor, _ = build_monitor(
@@ -252,11 +253,11 @@ def build(target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_d
     micro, accumulation = int(config.batch.micro), config.batch.accumulation
     # Batches of the whole optimizer step, cut into ``accumulation`` micro-batches by the engine:
     # the same samples in the same order whatever the micro-batch, so runs differ only in arithmetic.
-    train = TokenWindows(source.train, config.model.block_size)
+    train = TokenWindows(source.train, spec.seq_len(config))
     data = DataWait(build_loader(train, micro * accumulation, config.run.seed, settings))
     engine.set_accumulation(1)
     engine.set_split(accumulation)
-    block = config.model.block_size
+    block = spec.seq_len(config)
     parity = []
     if len(source.val) > block + 1:
         val = TokenWindows(source.val, block)
@@ -271,7 +272,9 @@ def build(target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_d
         data,
         labelled(default_loss),
         monitor,
-        token_batches(a.trainable.model.cfg.vocab_size, block, engine.device, seed=config.run.seed),
+        spec.random_batch(
+            config, spec.vocab_size(config) or source.vocab_size, engine.device, seed=config.run.seed
+        ),
         micro,
         parity,
         {

@@ -38,10 +38,9 @@ from ..core.engine import Engine, default_loss
 from ..core.precision import FP8, DeviceCaps, FP16Mixed, Precision, fallback_mode, resolve_precision
 from ..core.precision.fp8 import float8_capable, torchao_available
 from ..core.precision.fp8_choice import FP8Choice, default_cache_dir, time_fp8_layers
-from ..parts.models.registry import build_model
+from ..parts.models.registry import spec_for
 from ..parts.workload import Workload, load_workload
 from ..tools.memory.stats import default_vocab_size
-from ..tools.memory.step_trial import token_batches
 
 # fp8 is asked for by name only, and needs torchao
 CHECKED = (
@@ -342,11 +341,11 @@ def load_target(model: str | None, preset: str | None, seed: int = 0) -> Workloa
     if model:
         return load_workload(model, seed=seed)
     config = load_config(preset)
-    vocab = default_vocab_size(config)
+    spec, vocab = spec_for(config), default_vocab_size(config)
     torch.manual_seed(seed)
-    net = build_model(config, vocab)
+    net = spec.build_model(config, vocab)
     micro = min(config.batch.micro if isinstance(config.batch.micro, int) else PRESET_MICRO, PRESET_MICRO)
-    batch = token_batches(vocab, config.model.block_size, torch.device("cpu"), seed=seed)(micro)
+    batch = spec.random_batch(config, vocab, torch.device("cpu"), seed=seed)(micro)
     return Workload(model=net, train_loader=[batch], source=f"preset {config.preset} (random tokens)")
 
 

@@ -20,7 +20,7 @@ from ..base.errors import ConfigError, TurbotrainError
 from ..base.units import GIB
 from ..base.version import collect_git
 from ..core.assembly import build_trainable
-from ..parts.models.registry import build_model
+from ..parts.models.registry import spec_for
 from ..parts.workload import load_workload, rebuild_loader
 from ..tools.memory.stats import (
     COMPARED_MODES,
@@ -32,7 +32,6 @@ from ..tools.memory.stats import (
     measure_step_memory,
     resolve_precision_name,
 )
-from ..tools.memory.step_trial import token_batches
 from .profile import add_target_args
 from .train import default_preset
 
@@ -140,11 +139,11 @@ def preset_report(args: argparse.Namespace, overrides: dict[str, dict[str, str]]
         lambda mode: estimate_memory(config, micro=micro, checkpointing=mode, precision=precision),
         args.measure,
     )
-    vocab = default_vocab_size(config)
+    spec, vocab = spec_for(config), default_vocab_size(config)
     torch.manual_seed(config.run.seed)
-    model = build_model(config, vocab) if args.measure else None
+    model = spec.build_model(config, vocab) if args.measure else None
     measured = (
-        measure(config, model, token_batches(vocab, config.model.block_size, torch.device("cpu"))(micro))
+        measure(config, model, spec.random_batch(config, vocab, torch.device("cpu"))(micro))
         if model
         else None
     )
@@ -153,7 +152,7 @@ def preset_report(args: argparse.Namespace, overrides: dict[str, dict[str, str]]
         if model
         else estimates["off"].params_bytes // (2 if precision == "bf16-true" else 4)
     )
-    what = f"{config.preset}, {n_params:,} parameters, micro-batch {micro} x {config.model.block_size} tokens, {precision}, AdamW"
+    what = f"{config.preset}, {n_params:,} parameters, micro-batch {micro} x {spec.seq_len(config)} tokens, {precision}, AdamW"
     return Report(config, what, micro, precision, estimates, measured, notes)
 
 
@@ -199,7 +198,7 @@ def main_memory(args: argparse.Namespace, extra: list[str]) -> int:
             "preset": r.config.preset,
             "model": args.model,
             "micro_batch": r.micro,
-            "seq_len": None if args.model else r.config.model.block_size,
+            "seq_len": None if args.model else spec_for(r.config).seq_len(r.config),
             "precision": r.precision,
             "checkpointing": r.config.memory.checkpointing,
             "estimate": {k: v.to_dict() for k, v in r.estimates.items()},

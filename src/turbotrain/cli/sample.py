@@ -16,7 +16,7 @@ from ..base.rundir import CHECKPOINTS, CONFIG_FILE, find_run_dir, resume_config
 from ..loop.best_checkpoint import load_best_weights
 from ..loop.checkpoint import load_latest_weights
 from ..parts.data.tokenizer import BYTE_VOCAB, ByteTokenizer, load_run_tokenizer
-from ..parts.models.registry import build_model, spec_for
+from ..parts.models.registry import spec_for
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -80,14 +80,14 @@ def main_sample(args: argparse.Namespace, extra: list[str]) -> int:
     if not spec.generates:
         raise TurbotrainError(
             f"{run_dir} trained {config.model.workload or spec.name}, a {spec.name} model that does not generate "
-            "text; sample reads checkpoints of GPT runs (--preset gpt-tiny, gpt2-small, moe-tiny)"
+            "text; sample reads checkpoints of language-model runs (--preset gpt-tiny, gpt2-small, moe-tiny, llama-tiny)"
         )
     # a .pt file or a sharded folder (ddp/fsdp runs)
     path, weights = load_best_weights(run_dir) if args.best else load_latest_weights(run_dir / CHECKPOINTS)
     embedding = weights.get("wte.weight") if isinstance(weights, dict) else None
     if not isinstance(embedding, torch.Tensor) or embedding.dim() != 2:
         raise TurbotrainError(
-            f"{path} holds no GPT token embedding (model.wte.weight); sample reads checkpoints of `turbotrain train` runs"
+            f"{path} holds no token embedding (model.wte.weight); sample reads checkpoints of `turbotrain train` runs"
         )
     vocab = embedding.shape[0]
     tokenizer = load_run_tokenizer(run_dir)
@@ -101,7 +101,7 @@ def main_sample(args: argparse.Namespace, extra: list[str]) -> int:
         raise TurbotrainError(
             f"{run_dir}/tokenizer.json has {tokenizer.vocab_size} tokens but the model only {vocab}"
         )
-    model = build_model(config, vocab)
+    model = spec.build_model(config, vocab)
     try:
         model.load_state_dict(weights)
     except RuntimeError as exc:

@@ -28,10 +28,9 @@ from ...core.engine import Engine, LossFn, default_loss
 from ...core.meter.clock import time_call
 from ...core.meter.table import render_table
 from ...parts.hardware import device_name
-from ...parts.models.registry import build_model
+from ...parts.models.registry import spec_for
 from ...parts.workload import load_workload
 from ...tools.memory.stats import default_vocab_size
-from ...tools.memory.step_trial import token_batches
 
 SCHEMA = "turbotrain-bench-inference/1"
 
@@ -101,11 +100,11 @@ def inference_target(
         loader = w.eval_loader if w.eval_loader is not None else w.train_loader
         return w.model, list(islice(loader, 8)), w.loss_fn or default_loss, model
     config = load_config(preset, overrides)
-    vocab = default_vocab_size(config)
+    spec, vocab = spec_for(config), default_vocab_size(config)
     torch.manual_seed(config.run.seed)
-    net = build_model(config, vocab)
+    net = spec.build_model(config, vocab)
     micro = batch or (config.batch.micro if isinstance(config.batch.micro, int) else 8)
-    make = token_batches(vocab, config.model.block_size, torch.device("cpu"), seed=config.run.seed)
+    make = spec.random_batch(config, vocab, torch.device("cpu"), seed=config.run.seed)
     return net, [make(micro) for _ in range(4)], default_loss, config.preset or str(preset)
 
 

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ...base.config import RunConfig, setting
+from ...parts.models.registry import spec_for
 from ..measure import Built, flat, measure_memory
 from .pressure import BOTTLENECKS as PRESSURE
 from .pressure import rules as pressure_rules
@@ -376,18 +377,11 @@ def _compute_cuda(built: Built, c: RunConfig, trace: dict[str, Any]) -> list[Adv
                 settings,
             )
         )
-    if _is_preset(built) and c.model.attention == "masked":
-        settings = {"model": {"attention": "sdpa"}}
-        out.append(
-            Advice(
-                "compute",
-                _flags(settings),
-                "attention with an explicit mask cannot use the flash kernels",
-                "SDPA is_causal dispatches to flash attention",
-                _overall(share, 1.15),
-                settings,
-            )
-        )
+    hints = spec_for(c).speed_hints(c) if _is_preset(built) else []  # the family's own slow settings
+    out += [
+        Advice("compute", _flags(h.settings), h.why, h.gain, _overall(share, h.speedup), h.settings)
+        for h in hints
+    ]
     return out
 
 

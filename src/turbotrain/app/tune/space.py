@@ -32,7 +32,7 @@ from ...core.optim import resolve_implementation
 from ...core.precision import PRECISIONS, DeviceCaps, resolve_precision
 from ...core.transforms import resolve_scope
 from ...parts.data import default_num_workers
-from ...parts.models.gpt.settings import speed_choices
+from ...parts.models.registry import spec_for
 
 MICRO = "batch.micro"
 COMPILE_MODE = "compile.mode"
@@ -58,7 +58,8 @@ class Dim:
 
 @dataclass(frozen=True)
 class ModelFacts:
-    """What the target's model and data allow: a GPT (attention choice), repeated blocks
+    """What the target's model and data allow: a family of the registry (``gpt``: its spec's speed
+    choices, e.g. the GPT's attention), repeated blocks
     (activation checkpointing, per-block compile), an own optimizer (no implementation choice),
     a DataLoader (workers can change)."""
 
@@ -137,8 +138,8 @@ def build_space(
             tuple(i for i in OPTIM_IMPLEMENTATIONS if i != "for-loop"),  # never faster than foreach
             resolve_implementation(base.optim.implementation, device),
         )
-    if facts.gpt:  # the family's own speed settings, as it declares them
-        for key, choices in speed_choices(cuda).items():
+    if facts.gpt:  # the family's own speed settings, as its spec declares them
+        for key, choices in spec_for(base).speed_choices(cuda).items():
             section, _, name = key.partition(".")
             add(key, choices, getattr(getattr(base, section), name))
     return dims

@@ -15,8 +15,9 @@ split of the same global batch. With accumulation 1 this is the order of earlier
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -211,3 +212,14 @@ def fixed_batches(
         accumulation=accumulation,
     )
     return [dataset.__getitems__(sampler.batch(k)) for k in range(count * sampler.accumulation)]
+
+
+def token_batches(vocab_size: int, seq_len: int, device: torch.device, seed: int = 0) -> Callable[[int], Any]:
+    """``make_batch`` for token models: random (inputs, targets) of shape (micro, seq_len)."""
+
+    def make(micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randint(vocab_size, (micro, seq_len + 1), generator=g)
+        return x[:, :-1].contiguous().to(device), x[:, 1:].contiguous().to(device)
+
+    return make

@@ -4,9 +4,9 @@ family. A family is one folder (its model, its settings registered on import, it
 
 from __future__ import annotations
 
+from torch import nn
+
 from ...base.config import ARCHS, RunConfig
-from ...base.errors import ConfigError
-from .gpt import GPT
 from .gpt.spec import GPTSpec
 from .moe.spec import MoESpec
 from .spec import ModelSpec
@@ -35,14 +35,7 @@ def spec_for(c: RunConfig) -> ModelSpec:
     return FAMILIES[c.model.arch]()
 
 
-def build_model(c: RunConfig, vocab_size: int) -> GPT:
-    """The run's language model from its config alone (``sample`` and ``memory`` build it without
-    data): its family's spec builds it (a GPT, or for ``arch = 'moe'`` a :class:`MoEGPT`)."""
-    spec = spec_for(c)
-    if not isinstance(spec, GPTSpec):
-        raise ConfigError(
-            f"{c.model.workload} is your own model: its FUNC builds it with its data, not the config"
-            if c.model.workload
-            else f"model.arch = {c.model.arch!r} builds its model with its data, not from the config alone"
-        )
-    return spec.build_model(c, vocab_size)
+def build_model(c: RunConfig, vocab_size: int) -> nn.Module:
+    """The run's model from its config alone (``sample`` and ``memory`` build it without data), by
+    its family's spec (:meth:`~turbotrain.parts.models.spec.ModelSpec.build_model`)."""
+    return spec_for(c).build_model(c, vocab_size)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +27,24 @@ import torch
 from torch import nn
 
 from ...base.config import RunConfig
-from ..data.loader import LoaderSettings
+from ...base.errors import ConfigError
+from ..data.loader import LoaderSettings, token_batches
 from .blocks import declare_blocks, repeated_blocks
 
 LossFn = Callable[[nn.Module, Any], Any]  # (model, batch) -> the loss (or what holds it)
 MetricsFn = Callable[[nn.Module, Any], Mapping[str, torch.Tensor]]  # (model, batch) -> {name: 0-d tensor}
+
+
+@dataclass(frozen=True)
+class SpeedHint:
+    """A setting of the family that makes a run slower than it need be, for ``profile``'s advice:
+    the ``settings`` to change (``{section: {key: value}}``), why it is slow, what the change gives
+    and the expected speed-up of the compute share."""
+
+    settings: dict[str, dict[str, Any]]
+    why: str
+    gain: str
+    speedup: float
 
 
 class RunData(ABC):
@@ -96,6 +110,44 @@ class ModelSpec(ABC):
     @abstractmethod
     def build(self, c: RunConfig, data: RunData) -> nn.Module:
         """The model, in float32 on the host, in the caller's RNG state (seeded by the run)."""
+
+    def build_model(self, c: RunConfig, vocab_size: int) -> nn.Module:
+        """The model from the config alone, without its data (``sample``, ``memory``, the precision
+        check and ``bench --inference`` build it so), with ``vocab_size`` where the config leaves
+        the vocabulary to the data. Default: refused in one line (the family needs its data)."""
+        raise ConfigError(
+            f"model.arch = {c.model.arch!r} builds its model with its data, not from the config alone"
+        )
+
+    def seq_len(self, c: RunConfig) -> int | None:
+        """Tokens per sample (a language model's sequence length); None: the samples are not token rows."""
+        return None
+
+    def vocab_size(self, c: RunConfig) -> int:
+        """The vocabulary the config fixes; 0: the data decides (or the model has none)."""
+        return 0
+
+    def random_batch(
+        self, c: RunConfig, vocab_size: int, device: torch.device, seed: int = 0
+    ) -> Callable[[int], Any]:
+        """``micro -> a batch of micro random samples`` of what the model trains on, on ``device``: what
+        the memory tools, the batch search, the precision check and ``bench --inference`` measure
+        with. Default: random (inputs, targets) tokens of :meth:`seq_len` (a family without one refuses)."""
+        seq_len = self.seq_len(c)
+        if seq_len is None:
+            raise ConfigError(
+                f"model.arch = {c.model.arch!r}: its samples are not token rows; measure it on its data"
+            )
+        return token_batches(vocab_size, seq_len, device, seed=seed)
+
+    def speed_choices(self, cuda: bool) -> dict[str, tuple[str, ...]]:
+        """The family's settings that change speed and not the math, with the values ``tune`` may
+        try (``{"section.key": values}``); default none."""
+        return {}
+
+    def speed_hints(self, c: RunConfig) -> list[SpeedHint]:
+        """The family's settings in ``c`` that make it slower than it need be (``profile``'s advice)."""
+        return []
 
     def blocks(self, model: nn.Module) -> nn.ModuleList | None:
         """The repeated blocks FSDP, activation checkpointing and per-block compile act on (the run

@@ -20,7 +20,7 @@ from torch import nn
 
 from ...base.batch import batch_size, move_to
 from ...base.config import RunConfig
-from ...base.errors import TurbotrainError
+from ...base.errors import ConfigError, TurbotrainError
 from ..data.epochs import epoch_loader, map_style
 from ..data.loader import LoaderSettings
 from ..workload import Workload, as_workload, load_workload
@@ -117,6 +117,9 @@ class WorkloadSpec(ModelSpec):
         self.ref = ref
         self._make = make
         self._workload: Workload | None = make if isinstance(make, Workload) else None
+
+    def build_model(self, c: RunConfig, vocab_size: int) -> nn.Module:
+        raise ConfigError(f"{self.ref} is your own model: its FUNC builds it with its data, not the config")
 
     def workload(self, seed: int) -> Workload:
         """The workload, built once (FUNC is called after ``torch.manual_seed(seed)``)."""

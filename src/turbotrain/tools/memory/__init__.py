@@ -9,6 +9,7 @@ out-of-memory policy are part of the step: transforms.py, oom.py).
   per phase and per kind (params, grads, optimizer state, activations).
 """
 
+from ...parts.data.loader import token_batches
 from .finder import (
     BatchSearch,
     TrialRecord,
@@ -26,7 +27,7 @@ from .stats import (
     measure_step_memory,
     memory_summary,
 )
-from .step_trial import StepTrial, token_batches
+from .step_trial import StepTrial
 
 __all__ = [
     "BatchSearch",

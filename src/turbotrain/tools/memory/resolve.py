@@ -21,6 +21,7 @@ from ...core.engine import Engine
 from ...core.meter import cache as meter_cache
 from ...core.process_group import rank_world
 from ...parts.data.sources import BYTE_VOCAB
+from ...parts.models.registry import spec_for
 from .finder import (
     CPU_MAX_STEP_S,
     DEFAULT_MAX_MICRO,
@@ -32,7 +33,7 @@ from .finder import (
     world_size,
 )
 from .stats import storage_bytes
-from .step_trial import StepTrial, token_batches
+from .step_trial import StepTrial
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ def cache_material(
     settings = {
         "precision": engine.precision.name,
         "compile": f"{engine.options.compile_scope}/{config.compile.mode}",
-        "seq_len": config.model.block_size,
+        "seq_len": spec_for(config).seq_len(config),
         "checkpointing": config.memory.checkpointing,
         "pick": b.pick,
         "headroom": b.headroom,
@@ -96,7 +97,7 @@ def resolve_batch_size(
 
     Call after ``engine.setup(model, optimizer)`` (so precision, compile and checkpointing are
     the run's) and before loading a checkpoint or training. ``make_batch(micro)`` builds a batch
-    on the device (default: random tokens of ``model.block_size`` for the GPT); ``max_micro``
+    on the device (default: the model spec's random batch, tokens of its sequence length for a language model); ``max_micro``
     bounds the search (default 1024, and the per-rank global batch when one is set).
     ``slowdown_stop`` (0 = off, the default on every device) stops growth once samples/s fall
     under that fraction of the best: a timing rule, so its answer can change with machine load.
@@ -120,12 +121,13 @@ def resolve_batch_size(
         search = None
     if search is None:
         if make_batch is None:
+            spec = spec_for(config)
             vocab = (
                 getattr(getattr(model, "cfg", None), "vocab_size", None)
-                or config.model.vocab_size
+                or spec.vocab_size(config)
                 or BYTE_VOCAB
             )
-            make_batch = token_batches(vocab, config.model.block_size, engine.device, seed=config.run.seed)
+            make_batch = spec.random_batch(config, vocab, engine.device, seed=config.run.seed)
         # training's allocator cap: search under it
         cap = config.memory.max_fraction if engine.device.type == "cuda" else 0.0
         fraction = min((f for f in (b.max_memory_fraction, cap) if f > 0), default=0.0)

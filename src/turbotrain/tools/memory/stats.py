@@ -48,7 +48,7 @@ from ...core.precision import DeviceCaps, MixedPrecision, precision_class, resol
 from ...core.transforms import apply_activation_checkpointing, recompute_context
 from ...parts.data.tokenizer import BYTE_VOCAB, GPT2_VOCAB
 from ...parts.hardware import device_total_bytes
-from ...parts.models.registry import build_model
+from ...parts.models.registry import spec_for
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
@@ -320,7 +320,9 @@ class _CudaMeter(contextlib.nullcontext):
 def default_vocab_size(config: RunConfig) -> int:
     """The vocabulary a run of ``config`` will use without opening its data: the model's own,
     else GPT-2's (padded) for a .bin token file, else 256 (byte-level text)."""
-    return config.model.vocab_size or (GPT2_VOCAB if config.data.path.endswith(".bin") else BYTE_VOCAB)
+    return spec_for(config).vocab_size(config) or (
+        GPT2_VOCAB if config.data.path.endswith(".bin") else BYTE_VOCAB
+    )
 
 
 def resolve_precision_name(config: RunConfig, device: torch.device | None = None) -> str:
@@ -341,25 +343,21 @@ def estimate_memory(
     vocab_size: int | None = None,
     spec: Any = None,
 ) -> MemoryStats:
-    """Memory of one training step of ``config``'s GPT at ``micro`` sequences (default: the
+    """Memory of one training step of ``config``'s model at ``micro`` samples (default: the
     config's micro-batch, 8 when 'auto'), measured on the meta device (see the module doc).
-    ``spec``: the run's model spec, which builds it (None: the config's).
+    ``spec``: the run's model spec, which builds it and its random batch (None: the config's).
 
     ``precision`` defaults to what the config resolves to on its device; pass e.g.
     'bf16-mixed' to estimate for a GPU from a CPU machine.
     """
-    shape = (
-        micro or (config.batch.micro if isinstance(config.batch.micro, int) else 8),
-        config.model.block_size,
-    )
+    spec = spec or spec_for(config)
+    micro = micro or (config.batch.micro if isinstance(config.batch.micro, int) else 8)
     meta = torch.device("meta")
+    vocab = vocab_size or default_vocab_size(config)
     with meta:
-        vocab = vocab_size or default_vocab_size(config)
-        model = spec.build_model(config, vocab) if spec is not None else build_model(config, vocab)
-    x, y = (torch.empty(shape, dtype=torch.int64, device=meta) for _ in range(2))
-    return estimate_step_memory(
-        model, (x, y), config=config, checkpointing=checkpointing, precision=precision
-    )
+        model = spec.build_model(config, vocab)
+    batch = spec.random_batch(config, vocab, meta)(micro)
+    return estimate_step_memory(model, batch, config=config, checkpointing=checkpointing, precision=precision)
 
 
 def estimate_step_memory(

@@ -1,5 +1,5 @@
 """A real training step at a given micro-batch: what the batch finder measures
-(:class:`StepTrial`), and random token batches of any size to measure it with (:func:`token_batches`)."""
+(:class:`StepTrial`); a model spec's random batches measure it (:meth:`turbotrain.parts.models.spec.ModelSpec.random_batch`)."""
 
 from __future__ import annotations
 
@@ -138,14 +138,3 @@ class StepTrial:
         set_rng_state(self._rng)
         self.model.train(self._was_training)
         self._free()
-
-
-def token_batches(vocab_size: int, seq_len: int, device: torch.device, seed: int = 0) -> Callable[[int], Any]:
-    """``make_batch`` for token models: random (inputs, targets) of shape (micro, seq_len)."""
-
-    def make(micro: int) -> tuple[torch.Tensor, torch.Tensor]:
-        g = torch.Generator().manual_seed(seed)
-        x = torch.randint(vocab_size, (micro, seq_len + 1), generator=g)
-        return x[:, :-1].contiguous().to(device), x[:, 1:].contiguous().to(device)
-
-    return make

@@ -15,8 +15,9 @@ from ...data import TokenSource, TokenWindows, build_loader, check_vocab, fixed_
 from ...data.batching import BudgetData, build_budget_data, resume_start
 from ...data.loader import LoaderSettings
 from ...data.tokenizer import save_run_tokenizer
-from ..spec import ModelSpec, RunData
+from ..spec import ModelSpec, RunData, SpeedHint
 from .model import GPT, GPTConfig
+from .settings import speed_choices
 
 
 class TokenData(RunData):
@@ -152,6 +153,27 @@ class GPTSpec(ModelSpec):
         model = self.build_model(c, data.source.vocab_size)
         check_vocab(data.source, model.cfg.vocab_size)
         return model
+
+    def seq_len(self, c: RunConfig) -> int:
+        return c.model.block_size
+
+    def vocab_size(self, c: RunConfig) -> int:
+        return c.model.vocab_size
+
+    def speed_choices(self, cuda: bool) -> dict[str, tuple[str, ...]]:
+        return speed_choices(cuda)
+
+    def speed_hints(self, c: RunConfig) -> list[SpeedHint]:
+        if c.model.attention != "masked":
+            return []
+        return [
+            SpeedHint(
+                {"model": {"attention": "sdpa"}},
+                "attention with an explicit mask cannot use the flash kernels",
+                "SDPA is_causal dispatches to flash attention",
+                1.15,
+            )
+        ]
 
     def facts(self, c: RunConfig, model: nn.Module) -> dict[str, Any]:
         assert isinstance(model, GPT)
