@@ -117,3 +117,15 @@ def fused_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: tor
         )
     # a device-side count (no host sync): the tokens not skipped
     return per_token.float().sum() / (targets != -100).sum()
+
+
+def lm_loss(x: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor, mode: str) -> torch.Tensor:
+    """A language model's mean cross-entropy of its output layer ``head`` on the final hidden states
+    ``x`` (B, T, C) against ``targets`` (B, T), by ``model.loss``: 'full' (the logits, then
+    cross-entropy in fp32), 'chunked' or 'fused' (no full logits, the same math)."""
+    if mode == "chunked":
+        return chunked_cross_entropy(x.reshape(-1, x.size(-1)), head.weight, targets.reshape(-1))
+    if mode == "fused":
+        return fused_cross_entropy(x.reshape(-1, x.size(-1)), head.weight, targets.reshape(-1))
+    logits = head(x)
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))

@@ -8,6 +8,7 @@ from torch import nn
 
 from ...base.config import ARCHS, RunConfig
 from .gpt.spec import GPTSpec
+from .llama.spec import LlamaSpec
 from .moe.spec import MoESpec
 from .spec import ModelSpec
 from .workload_spec import WorkloadSpec
@@ -26,6 +27,7 @@ def register_family(spec: type[ModelSpec]) -> type[ModelSpec]:
 
 register_family(GPTSpec)
 register_family(MoESpec)
+register_family(LlamaSpec)
 
 
 def spec_for(c: RunConfig) -> ModelSpec:

@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ....base.errors import ConfigError
-from ..loss import FUSED_AVAILABLE, FUSED_MISSING, chunked_cross_entropy, fused_cross_entropy
+from ..loss import FUSED_AVAILABLE, FUSED_MISSING, lm_loss
 
 PRESETS: dict[str, dict[str, int]] = {
     "gpt-tiny": dict(n_layer=4, n_head=4, d_model=128, block_size=128),
@@ -76,7 +76,7 @@ _BACKENDS = {
 }
 
 
-def _sdpa_preference(backend: str) -> Callable[[], ContextManager[Any]]:
+def sdpa_preference(backend: str) -> Callable[[], ContextManager[Any]]:
     """A context factory that makes SDPA try ``backend`` first, then the others in PyTorch's order
     (so shapes or devices it does not support still run); 'auto' leaves PyTorch's choice alone.
     On an H100 cuDNN attention can beat FlashAttention-2: benchmarks/sdpa_probe.py measures it."""
@@ -94,7 +94,7 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.dropout = cfg.dropout
         self.masked = cfg.attention == "masked"
-        self.sdpa_context = _sdpa_preference(cfg.sdpa_backend)
+        self.sdpa_context = sdpa_preference(cfg.sdpa_backend)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, C = x.shape
@@ -128,14 +128,69 @@ class Block(nn.Module):
         return x + self.drop(self.mlp(self.ln2(x)))
 
 
-class GPT(nn.Module):
-    """``model(idx)`` -> logits (B, T, vocab); ``model(idx, targets)`` -> mean cross-entropy loss."""
+class DecoderLM(nn.Module):
+    """What the decoder-only language models here share (the GPT, the MoE GPT, the Llama): the
+    sequence-length check, the output layer ``lm_head`` and its loss (``cfg.loss``), FLOPs per
+    token for MFU and sampling. A subclass builds ``cfg`` (``vocab_size``, ``n_layer``, ``n_head``,
+    ``d_model``, ``block_size``, ``loss``), ``wte`` and ``lm_head``, and gives its final hidden
+    states (:meth:`hidden`) and its matmul parameter count (:meth:`num_params`).
 
-    def __init__(self, cfg: GPTConfig) -> None:
+    ``model(idx)`` -> logits (B, T, vocab); ``model(idx, targets)`` -> mean cross-entropy loss."""
+
+    cfg: Any
+
+    def __init__(self, cfg: Any) -> None:
         super().__init__()
         if cfg.loss == "fused" and not FUSED_AVAILABLE:
             raise ConfigError(FUSED_MISSING)
         self.cfg = cfg
+
+    def hidden(self, idx: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        """The final (normalised) hidden states (B, T, d_model) of tokens ``idx`` (B, T)."""
+        raise NotImplementedError
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count; ``non_embedding``: only those that take part in matmuls."""
+        raise NotImplementedError
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        T = idx.shape[1]
+        if T > self.cfg.block_size:
+            raise ValueError(f"sequence length {T} exceeds model.block_size = {self.cfg.block_size}")
+        x = self.hidden(idx, attn_mask)
+        if targets is None:
+            return self.lm_head(x)
+        return lm_loss(x, self.lm_head, targets, self.cfg.loss)
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs per token (forward + backward), PaLM convention: 6N + 12 L H Q T (the
+        attention's score and value matmuls run over all query heads)."""
+        cfg = self.cfg
+        T = seq_len or cfg.block_size
+        return 6 * self.num_params() + 12 * cfg.n_layer * cfg.n_head * (cfg.d_model // cfg.n_head) * T
+
+    @torch.no_grad()
+    def generate(
+        self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.8, top_k: int | None = 40
+    ) -> torch.Tensor:
+        """Sample ``max_new_tokens`` continuations of ``idx`` (B, T)."""
+        for _ in range(max_new_tokens):
+            logits = self(idx[:, -self.cfg.block_size :])[:, -1, :].float() / max(temperature, 1e-5)
+            if top_k is not None:
+                kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            nxt = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            idx = torch.cat([idx, nxt], dim=1)
+        return idx
+
+
+class GPT(DecoderLM):
+    """A pre-LayerNorm GPT-2 decoder with learned positions and tied embeddings."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__(cfg)
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(cfg.block_size, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
@@ -155,47 +210,14 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        B, T = idx.shape
-        if T > self.cfg.block_size:
-            raise ValueError(f"sequence length {T} exceeds model.block_size = {self.cfg.block_size}")
-        pos = torch.arange(T, device=idx.device)
+    def hidden(self, idx: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.blocks:
             x = block(x, attn_mask)
-        x = self.ln_f(x)
-        if targets is None:
-            return self.lm_head(x)
-        if self.cfg.loss == "chunked":
-            return chunked_cross_entropy(x.reshape(B * T, -1), self.lm_head.weight, targets.reshape(-1))
-        if self.cfg.loss == "fused":
-            return fused_cross_entropy(x.reshape(B * T, -1), self.lm_head.weight, targets.reshape(-1))
-        logits = self.lm_head(x)
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        return self.ln_f(x)
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count; without position embeddings by default (they cost no matmul FLOPs)."""
         n = sum(p.numel() for p in self.parameters())
         return n - self.wpe.weight.numel() if non_embedding else n
-
-    def flops_per_token(self, seq_len: int | None = None) -> float:
-        """Training FLOPs per token (forward + backward), PaLM convention: 6N + 12 L H Q T."""
-        cfg = self.cfg
-        T = seq_len or cfg.block_size
-        return 6 * self.num_params() + 12 * cfg.n_layer * cfg.n_head * (cfg.d_model // cfg.n_head) * T
-
-    @torch.no_grad()
-    def generate(
-        self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.8, top_k: int | None = 40
-    ) -> torch.Tensor:
-        """Sample ``max_new_tokens`` continuations of ``idx`` (B, T)."""
-        for _ in range(max_new_tokens):
-            logits = self(idx[:, -self.cfg.block_size :])[:, -1, :].float() / max(temperature, 1e-5)
-            if top_k is not None:
-                kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            nxt = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
-            idx = torch.cat([idx, nxt], dim=1)
-        return idx
