@@ -43,7 +43,8 @@ from ..core.main_rank import ReportedByAnotherRank
 from ..core.transforms import eager
 from ..loop.checkpoint import checkpoint_step, latest_verified
 from ..loop.checkpoint.remote import remote_store
-from ..loop.monitor.trackers import TRACKERS, require_trackers
+from ..loop.monitor.trackers import TrackerOptions, check_stores
+from ..loop.run_hooks import monitor_plan
 from .choose.session import choose_for_run
 from .prepare import PreparedRun, RunRequest, StoppedBySignal, WorkloadLike, decided, prepare_run
 from .report import ReportResult, write_report
@@ -112,8 +113,10 @@ def train_run(request: RunRequest, *, progress: bool | None = None, report: bool
                 write_launch(run.run_dir, {**launch.record(), **batch_record(run.settings, run.plan)})
             if run.relaunch:
                 record_restart(run.run_dir, run.relaunch, run.plan.world)
-            # a tracker's missing package: one line now, not after the measuring below
-            require_trackers(t for t in TRACKERS if getattr(run.config.monitor, t))
+            # a tracker's missing package or a store that does not open: one line now, not after
+            # the measuring below (an MLflow server: within trackers.OPEN_TIMEOUT_S)
+            trackers = monitor_plan(run.config, run.run_dir)
+            check_stores(trackers.trackers, run.run_dir, trackers.tracker_options or TrackerOptions())
             remote_store(run.config, run.run_dir)  # run.remote refusing: one line now, too
             # settings left at auto, by measurement (one process; a resume never re-measures)
             if not run.resume and run.plan.world == 1:
@@ -222,6 +225,10 @@ class TrainedRun(dict):  # type: ignore[type-arg]
         """Mean loss (``"loss"``) and metrics over ``loader``'s batches under the run's precision
         and no_grad, with the run's loss and metrics (a workload's ``loss_fn``/``metrics_fn``)
         unless given; one host-device sync, at the end."""
+        if isinstance(loader, (torch.Tensor, str, bytes)) or not isinstance(loader, Iterable):
+            raise TurbotrainError(
+                f"evaluate(): loader = {loader!r:.60} is not an iterable of batches; pass a DataLoader or a list of batches"
+            )
         t = self.training
         return t.engine.evaluate_metrics(
             t.model,
@@ -293,7 +300,7 @@ def overrides_of(settings: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for key, value in settings.items():
         if key in SECTIONS and isinstance(value, Mapping):
-            out.setdefault(key, {}).update(value)
+            _once(out, key, value)
             continue
         owners = [name for name, cls in SECTIONS.items() if key in {f.name for f in fields(cls)}]
         if len(owners) != 1:
@@ -304,5 +311,19 @@ def overrides_of(settings: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
                 else f"train(): {key}= is a field of several sections ({', '.join(owners)}); give the section, "
                 f"e.g. {owners[0]}={{{key!r}: {value!r}}}"
             )
-        out.setdefault(owners[0], {})[key] = value
+        _once(out, owners[0], {key: value})
     return out
+
+
+def _once(out: dict[str, dict[str, Any]], section: str, values: Mapping[str, Any]) -> None:
+    """``values`` into ``out[section]``; a field given a value already (a section and the field by
+    its name) is one line: which of the two would win is not for the reader to guess."""
+    given = out.setdefault(section, {})
+    twice = [k for k in values if k in given]
+    if twice:
+        k = twice[0]
+        raise ConfigError(
+            f"train(): {section}.{k} is given twice ({given[k]!r} and {values[k]!r}: as {k}= and in "
+            f"{section}={{...}}); give it once"
+        )
+    given.update(values)

@@ -165,6 +165,13 @@ def _publish_wandb(run_dir: Path, ids: dict[str, Any], summary: dict[str, Any], 
 # ----------------------------------------------------------------------------- MLflow
 
 
+def _mlflow_uri(run_dir: Path, options: TrackerOptions) -> str:
+    """The store a run's MLflow run goes to: monitor.mlflow_uri, $MLFLOW_TRACKING_URI, or a
+    SQLite file beside the run directory."""
+    uri = options.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
+    return uri or f"sqlite:///{run_dir.resolve().parent / 'mlflow.db'}"
+
+
 def _mlflow_client(uri: str) -> Any:
     _import("mlflow")
     from mlflow.tracking import MlflowClient
@@ -180,9 +187,8 @@ class MlflowSink:
     def __init__(self, run_dir: Path, options: TrackerOptions) -> None:
         mlflow = _import("mlflow")
         self.Metric = mlflow.entities.Metric
-        uri = options.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
         store = run_dir.resolve().parent
-        uri = uri or f"sqlite:///{store / 'mlflow.db'}"
+        uri = _mlflow_uri(run_dir, options)
         self.client = _mlflow_client(uri)
         ids = _read_ids(run_dir).get("mlflow") or {}
         if ids.get("uri") == uri and ids.get("run_id"):
@@ -208,6 +214,10 @@ class MlflowSink:
             _write_ids(run_dir, "mlflow", {"uri": uri, "run_id": self.run_id, "experiment": options.project})
         self.flush_every_s = options.flush_every_s
         self._pending: list[Any] = []
+        # a store failing mid-run is one warning (Guarded), not also MLflow's own logged traceback
+        self._quiet = logging.getLogger("mlflow.store.db.utils")
+        self._level = self._quiet.level
+        self._quiet.setLevel(logging.CRITICAL)
         self._flushed_at = time.monotonic()
 
     def write(self, record: dict[str, Any]) -> None:
@@ -218,16 +228,23 @@ class MlflowSink:
 
     def flush(self) -> None:
         """The records held so far into the store."""
-        for i in range(0, len(self._pending), 1000):  # MLflow takes at most 1000 metrics a batch
-            self.client.log_batch(self.run_id, metrics=self._pending[i : i + 1000])
-        self._pending = []
+        if self.client is not None:
+            self.flush_to(self.client)
+
+    def flush_to(self, client: Any) -> None:
+        pending, self._pending = self._pending, []
         self._flushed_at = time.monotonic()
+        for i in range(0, len(pending), 1000):  # MLflow takes at most 1000 metrics a batch
+            client.log_batch(self.run_id, metrics=pending[i : i + 1000])
 
     def close(self) -> None:
         if self.client is not None:
-            self.flush()
-            self.client.set_terminated(self.run_id)
-            self.client = None
+            client, self.client = self.client, None
+            try:
+                self.flush_to(client)
+                client.set_terminated(self.run_id)
+            finally:
+                self._quiet.setLevel(self._level)
 
 
 def _publish_mlflow(run_dir: Path, ids: dict[str, Any], summary: dict[str, Any], files: list[Path]) -> None:
@@ -289,10 +306,149 @@ def _publish_trackio(run_dir: Path, ids: dict[str, Any], summary: dict[str, Any]
         run.finish()
 
 
+# ----------------------------------------------------------------------------- the stores, checked
+
+OPEN_TIMEOUT_S = 10  # a tracker server's answer at the start (docs/monitoring.md states it)
+
+
+@contextlib.contextmanager
+def _bounded_http() -> Any:
+    """MLflow's HTTP requests without retries and with an OPEN_TIMEOUT_S timeout (where the user
+    set neither): an unreachable server is said in seconds, not after its 7 retries (~4.5 min)."""
+    keys = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(OPEN_TIMEOUT_S)}
+    added = {k: v for k, v in keys.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
+def _writable(folder: Path) -> None:
+    """``folder``, or the nearest of its parents that exists (nothing is created: the tracker
+    makes it), is a folder that takes a file; else an OSError saying why not."""
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        raise (FileExistsError if existing == folder else NotADirectoryError)(f"{existing} is a file")
+    probe = existing / f".turbotrain-probe-{os.getpid()}"
+    probe.write_bytes(b"")
+    probe.unlink()
+
+
+def _trackio_dir() -> Path:
+    return Path(os.environ.get("TRACKIO_DIR") or _import("trackio").utils.TRACKIO_DIR)
+
+
+def _check_mlflow(run_dir: Path, options: TrackerOptions) -> None:
+    with _bounded_http():
+        _mlflow_client(_mlflow_uri(run_dir, options)).search_experiments(max_results=1)
+
+
+def _check_wandb(run_dir: Path, options: TrackerOptions) -> None:
+    if options.wandb_mode == "offline":
+        _writable(run_dir / "wandb")
+
+
+def _check_trackio(run_dir: Path, options: TrackerOptions) -> None:
+    _writable(_trackio_dir())
+
+
+_CHECKS = {"mlflow": _check_mlflow, "wandb": _check_wandb, "trackio": _check_trackio}
+
+
+def _store(name: str, run_dir: Path, options: TrackerOptions) -> str:
+    """Tracker ``name``'s store, named by the setting that chose it."""
+    if name == "mlflow":
+        uri = _mlflow_uri(run_dir, options)
+        if options.mlflow_uri:
+            return f"monitor.mlflow_uri = {uri!r}"
+        return f"$MLFLOW_TRACKING_URI = {uri!r}" if os.environ.get("MLFLOW_TRACKING_URI") else repr(uri)
+    if name == "wandb":
+        return f"{str(run_dir / 'wandb')!r} (monitor.wandb_mode = {options.wandb_mode})"
+    return f"$TRACKIO_DIR = {str(_trackio_dir())!r}"
+
+
+def _first_line(exc: BaseException) -> str:
+    """``exc`` in one line, or the system's error under it (a refused connection, a read-only
+    file: the store's own cause, which the tracker's wrapping message buries)."""
+    chain = [exc]
+    while (cause := chain[-1].__cause__ or chain[-1].__context__) is not None and len(chain) < 10:
+        chain.append(cause)
+    system = (e for e in reversed(chain) if isinstance(e, OSError) or type(e).__name__ == "OperationalError")
+    inner = next((e for e in system if str(e).strip()), exc)
+    text = str(inner).strip()
+    return f"{type(inner).__name__}: {text.splitlines()[0] if text else ''}"[:400]
+
+
+def _store_error(name: str, run_dir: Path, options: TrackerOptions, exc: BaseException) -> TurbotrainError:
+    return TurbotrainError(
+        f"monitor.{name} = true: its store {_store(name, run_dir, options)} cannot be opened "
+        f"({_first_line(exc)}); fix it or drop --monitor.{name}"
+    )
+
+
+def check_stores(names: Iterable[str], run_dir: Path, options: TrackerOptions) -> None:
+    """Each named tracker's store opens (an MLflow server answers within OPEN_TIMEOUT_S, a local
+    store's folder takes a file), or one line naming the setting and the store's error: what a run
+    checks at its start, before any training."""
+    require_trackers(names := [n for n in names if n in _CHECKS])
+    for name in names:
+        try:
+            _CHECKS[name](run_dir, options)
+        except Exception as exc:  # noqa: BLE001 - any store's own error, said in one line
+            raise _store_error(name, run_dir, options, exc) from None
+
+
+class Guarded:
+    """A tracker sink whose store may fail during the run: the first failure is one warning and
+    the sink is dropped; training and the other sinks go on (metrics.jsonl keeps every record)."""
+
+    def __init__(self, name: str, sink: Any) -> None:
+        self.name, self.sink = name, sink
+
+    def _call(self, method: str, *args: Any) -> None:
+        if self.sink is None:
+            return
+        try:
+            getattr(self.sink, method, lambda *a: None)(*args)
+        except Exception as exc:  # noqa: BLE001 - a tracker's failure never stops the run
+            log.warning(
+                "monitor.%s: its store failed (%s); the run goes on without it (metrics.jsonl has every record)",
+                self.name,
+                _first_line(exc),
+            )
+            sink, self.sink = self.sink, None
+            if method != "close":
+                with contextlib.suppress(Exception):  # its threads ended all the same
+                    sink.close()
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._call("write", record)
+
+    def flush(self) -> None:
+        self._call("flush")
+
+    def close(self) -> None:
+        self._call("close")
+        self.sink = None
+
+
 # ----------------------------------------------------------------------------- assembly
 
 _SINKS = {"wandb": WandbSink, "mlflow": MlflowSink, "trackio": TrackioSink}
 _PUBLISH = {"wandb": _publish_wandb, "mlflow": _publish_mlflow, "trackio": _publish_trackio}
+
+
+def _open(name: str, run_dir: Path, options: TrackerOptions) -> Any:
+    """Tracker ``name``'s sink; its store's failure to open is one line naming the setting."""
+    try:
+        with _bounded_http() if name == "mlflow" else contextlib.nullcontext():
+            return _SINKS[name](run_dir, options)
+    except TurbotrainError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the tracker's own error, said in one line
+        raise _store_error(name, run_dir, options, exc) from None
 
 
 def build_sinks(names: Iterable[str], run_dir: Path, options: TrackerOptions | None = None) -> list[Any]:
@@ -314,7 +470,7 @@ def build_sinks(names: Iterable[str], run_dir: Path, options: TrackerOptions | N
             elif name == "tensorboard":
                 sinks.append(TensorBoardSink(run_dir / TENSORBOARD_DIR))
             else:
-                sinks.append(_SINKS[name](run_dir, options))
+                sinks.append(Guarded(name, _open(name, run_dir, options)))
     except BaseException:
         for sink in sinks:  # what opened before the failure: closed, its threads ended
             with contextlib.suppress(Exception):

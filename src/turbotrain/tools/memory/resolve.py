@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -16,9 +16,12 @@ from torch import nn
 
 from ...base.batch import batch_size, map_tensors, move_to
 from ...base.config import RunConfig
+from ...base.errors import TurbotrainError
+from ...base.failure import EMPTY_LOADER, one_line
 from ...base.rundir import BATCH_CACHE
 from ...core.engine import Engine
 from ...core.meter import cache as meter_cache
+from ...core.oom import is_oom
 from ...core.process_group import rank_world
 from ...parts.data.sources import BYTE_VOCAB
 from ...parts.models.registry import spec_for
@@ -184,6 +187,30 @@ def _search_with(
         )
 
 
+def _check_finder_call(model: Any, example: Any, config: Any, max_micro: Any) -> Any:
+    """get_optimal_batch_size's arguments, each wrong one a one-line TurbotrainError naming it;
+    returns the example batch (a loader's first)."""
+    name = "get_optimal_batch_size"
+    if not isinstance(model, nn.Module):
+        raise TurbotrainError(
+            f"{name}: model = {model!r:.60} is not a torch.nn.Module; pass the model to size"
+        )
+    if config is not None and not isinstance(config, Mapping):
+        raise TurbotrainError(
+            f"{name}: config = {config!r:.60} is not a dict of config sections, e.g. {{'run': {{'device': 'cuda'}}}}"
+        )
+    if isinstance(max_micro, bool) or not isinstance(max_micro, int) or max_micro < 1:
+        raise TurbotrainError(f"{name}: max_micro = {max_micro!r:.60} is not a whole number >= 1")
+    if not isinstance(example, (torch.Tensor, tuple, list, dict)) and isinstance(example, Iterable):
+        first = next(iter(example), None)
+        if first is None:
+            raise TurbotrainError(f"{name}: example: {EMPTY_LOADER.replace('train_loader', 'loader')}")
+        example = first
+    if batch_size(example) < 1:
+        raise TurbotrainError(f"{name}: example has 0 rows; give a batch (or a loader) of at least one row")
+    return example
+
+
 def get_optimal_batch_size(
     model: nn.Module,
     example: Any,
@@ -209,8 +236,7 @@ def get_optimal_batch_size(
     ``max_memory_gib`` are ``batch.pick``, ``batch.headroom``, the search's ceiling and
     ``batch.max_memory_gib`` (0: the device's free memory; on CPU the available RAM, and steps
     longer than 1 s count as too large)."""
-    if not isinstance(example, (torch.Tensor, tuple, list, dict)) and isinstance(example, Iterable):
-        example = next(iter(example))
+    example = _check_finder_call(model, example, config, max_micro)
     engine = Engine(dict(config or {}))
     net = copy.deepcopy(model)
     opt = (
@@ -233,6 +259,13 @@ def get_optimal_batch_size(
     max_step_s = CPU_MAX_STEP_S if engine.device.type == "cpu" else 0.0
     trial = StepTrial(engine, net, opt, make_batch, loss_fn)
     budget = usable_memory_bytes(engine.device, max_memory_gib)
-    search = _search_with(trial, max_micro, headroom, pick, budget, 0.0, max_step_s)
+    try:
+        search = _search_with(trial, max_micro, headroom, pick, budget, 0.0, max_step_s)
+    except (RuntimeError, TypeError, ValueError, IndexError) as exc:  # not out-of-memory: the step itself
+        if isinstance(exc, TurbotrainError) or is_oom(exc):
+            raise
+        raise TurbotrainError(
+            f"get_optimal_batch_size: a training step of the search failed: {one_line(exc)}"
+        ) from None
     search.micro = search.global_batch = search.found
     return search

@@ -16,6 +16,7 @@ from ...core.engine import Engine, default_loss
 from ...core.meter.clock import time_call
 from ...core.oom import is_oom
 from ...core.transforms import eager
+from ...core.window import as_loss
 from ...parts.models.moe import MoE
 from .finder import TrialResult
 from .stats import TensorMemoryTracker, optimizer_tensors
@@ -82,7 +83,9 @@ class StepTrial:
     def _step(self, batch: Any, micro_steps: int = 1) -> None:
         for _ in range(micro_steps):
             with self.engine.autocast(), eager():
-                loss = self.loss_fn(self.model, batch)
+                loss = as_loss(
+                    self.loss_fn(self.model, batch)
+                )  # not a scalar: the line Engine.backward gives
             loss.backward()
             del loss
         self.optimizer.step()
