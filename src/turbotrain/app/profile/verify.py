@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ...core.meter.parity import RECOMMEND_MIN_SPEEDUP
+from ...core.meter.parity import RECOMMEND_MIN_SPEEDUP, interleaved
 from ..measure import Target, measure_once
 from .advice import Advice
 
@@ -58,16 +58,10 @@ def verify(
     runs: list[list[dict[str, Any]]] = [[] for _ in variants]
     total, done, interrupted = repeats * len(variants), 0, False
     try:
-        for r in range(repeats):
-            order = list(range(len(variants)))
-            if r % 2:
-                order.reverse()
-            for i in order:
-                done += 1
-                log(f"verify {done}/{total}: {variants[i][0]}")
-                runs[i].append(
-                    measure_once(target, variants[i][1], run_dir / f"run{i}-{r + 1}", warmup, steps)
-                )
+        for r, i in interleaved(len(variants), repeats):
+            done += 1
+            log(f"verify {done}/{total}: {variants[i][0]}")
+            runs[i].append(measure_once(target, variants[i][1], run_dir / f"run{i}-{r + 1}", warmup, steps))
     except KeyboardInterrupt:
         interrupted = True
         log("verification interrupted: reporting the runs that finished")

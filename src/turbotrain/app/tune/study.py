@@ -36,7 +36,7 @@ from typing import Any
 
 from ...base.config import RunConfig
 from ...base.errors import ConfigError, TurbotrainError
-from ...core.meter.parity import RECOMMEND_MIN_SPEEDUP, loss_tolerance
+from ...core.meter.parity import RECOMMEND_MIN_SPEEDUP, interleaved, loss_tolerance
 from ..measure import Target, flat, merge
 from .runner import Outcome, Runner, TuneOptions
 from .space import MICRO, Dim, applies, base_params, to_changes
@@ -511,18 +511,17 @@ class Study:
             }
         baseline = base_row["params"]
         runs: dict[str, list[float]] = {"baseline": [], "best": []}
-        for r in range(repeats):
-            for label in ("baseline", "best") if r % 2 == 0 else ("best", "baseline"):
-                params = baseline if label == "baseline" else best["params"]
-                self.log(f"confirming: {label} ({r + 1}/{repeats})", transient=True)
-                out = self.runner.measure(
-                    f"confirm-{label}-{r + 1}",
-                    to_changes(params, self.global_batch),
-                    lambda k, v: False,
-                    lambda peak, budget: False,
-                )
-                if out.status == "ok":
-                    runs[label].append(float(out.result["throughput"]))
+        for r, i in interleaved(2, repeats):
+            label, params = ("baseline", baseline) if i == 0 else ("best", best["params"])
+            self.log(f"confirming: {label} ({r + 1}/{repeats})", transient=True)
+            out = self.runner.measure(
+                f"confirm-{label}-{r + 1}",
+                to_changes(params, self.global_batch),
+                lambda k, v: False,
+                lambda peak, budget: False,
+            )
+            if out.status == "ok":
+                runs[label].append(float(out.result["throughput"]))
         result: dict[str, Any] = {
             "repeats": repeats,
             "throughputs": runs,

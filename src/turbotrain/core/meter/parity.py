@@ -4,6 +4,7 @@ recommendations, choose, tune and profile's verification all decide by it)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 # Loss parity: the same recipe in the same arithmetic differs only by kernel summation order
@@ -24,3 +25,11 @@ def loss_tolerance(a: dict[str, Any], b: dict[str, Any]) -> float:
     if a.get("math_precision") == b.get("math_precision") == "fp32":
         return SAME_PRECISION_TOL
     return max(MIXED_PRECISION_TOL, MIXED_PRECISION_REL_TOL * abs(b.get("final_loss") or 0.0))
+
+
+def interleaved(variants: int, repeats: int) -> Iterator[tuple[int, int]]:
+    """(repeat, variant): every variant once a repeat, forwards on even repeats and backwards on odd
+    ones, so load that comes and goes on a shared machine hits each variant alike."""
+    for r in range(repeats):
+        for i in range(variants) if r % 2 == 0 else reversed(range(variants)):
+            yield r, i
