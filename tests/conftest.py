@@ -63,22 +63,27 @@ def _seed() -> None:
     np.random.seed(0)
 
 
-DISTRIBUTED = Path(__file__).parent / "distributed"
+# every test in these folders is slow: tests/distributed starts several processes (torchrun with
+# gloo, or a worker launched twice); tests/integration runs the product end to end (turbotrain
+# train, bench, profile, tune, the trackers and the framework callbacks: whole runs, many in a
+# process of their own)
+SLOW_FOLDERS = (Path(__file__).parent / "distributed", Path(__file__).parent / "integration")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test in tests/distributed starts several processes (torchrun with gloo, or a worker
-    launched twice): it is marked ``slow``, so ``pytest -m "not slow"`` is the quick run. Tests
-    marked ``gpu`` are skipped, with the reason, where torch sees no CUDA device: ``pytest -m gpu``
-    on a GPU machine runs exactly them. (One hook here, not a conftest in tests/distributed: a
-    second file imported as ``conftest`` shadowed this one's ``tiny_overrides``.)"""
+    """Every test in :data:`SLOW_FOLDERS` is marked ``slow``, as are the tests in tests/unit that
+    start a process, compile or train more than a few seconds (``@pytest.mark.slow`` at each):
+    ``pytest -m "not slow"`` is the fast tier, to run before each commit; the whole suite (CI's)
+    runs them all. Tests marked ``gpu`` are skipped, with the reason, where torch sees no CUDA
+    device: ``pytest -m gpu`` on a GPU machine runs exactly them. (One hook here, not a conftest
+    per folder: a second file imported as ``conftest`` shadowed this one's ``tiny_overrides``.)"""
     skip = (
         None
         if torch.cuda.is_available()
         else pytest.mark.skip(reason="needs a CUDA GPU (none visible to torch)")
     )
     for item in items:
-        if DISTRIBUTED in Path(item.path).parents:
+        if any(folder in Path(item.path).parents for folder in SLOW_FOLDERS):
             item.add_marker(pytest.mark.slow)
         if skip is not None and item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)

@@ -104,6 +104,7 @@ def test_overrides_and_bounds():
         resolve_workload("gpt-tiny", "cpu", timed_steps=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt-tiny", "mlp-tiny", "cnn-cifar"])
 def test_data_is_deterministic(name):
     w = resolve_workload(name, "cpu", warmup_steps=1, timed_steps=2)

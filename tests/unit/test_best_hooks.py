@@ -170,6 +170,7 @@ def test_a_run_without_a_best_checkpoint_says_so_in_one_line(tmp_path: Path):
         load_best_weights(tmp_path)
 
 
+@pytest.mark.slow
 def test_sample_best_reads_the_best_checkpoint_of_a_gpt_run(tmp_path: Path, text_file: Path, capsys):
     """``--best.checkpoint=true`` through ``train()``; with the latest checkpoints gone, ``sample``
     (latest) has none to read and ``sample --best`` generates from the best one."""

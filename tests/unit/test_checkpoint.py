@@ -342,6 +342,7 @@ def test_when_every_checkpoint_is_another_model_the_advice_names_the_saved_setti
     )
 
 
+@pytest.mark.slow
 def test_sample_reads_a_sharded_checkpoint_as_it_reads_a_pt_one(tmp_path: Path, tiny_config, capsys):
     train(tiny_config, progress=False)
     run = Path(tiny_config.run.out_dir) / tiny_config.run.name

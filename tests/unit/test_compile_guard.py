@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 
+import pytest
 import torch
 from torch import nn
 
@@ -26,6 +27,7 @@ class TinyMLP(nn.Module):
         return nn.functional.mse_loss(self.net(x).squeeze(-1), y)
 
 
+@pytest.mark.slow
 def test_recompiles_after_warmup_are_counted_in_the_summary_and_the_warning_names_the_cause(tmp_path, caplog):
     torch.manual_seed(0)
     model = TinyMLP()

@@ -258,6 +258,7 @@ def test_a_cache_entry_that_does_not_match_its_sources_is_rebuilt(tmp_path: Path
     assert b.train.path.read_bytes() == whole
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 1])
 def test_a_token_file_truncated_while_training_is_an_error_not_a_bus_error(tmp_path: Path, workers: int):
     """Defect 8: the memory map turned a data file truncated mid-run into a bus error that

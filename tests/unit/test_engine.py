@@ -367,6 +367,7 @@ def _train_tiny_gpt(device: str = "cpu", steps: int = 4) -> tuple[Engine, list[f
     return engine, losses
 
 
+@pytest.mark.slow
 def test_deterministic_mode_sets_the_switches_and_trains_twice_to_identical_losses(
     restore_determinism, caplog
 ):

@@ -159,6 +159,7 @@ def _check_call(argv: list[str]) -> None:
             assert set(args.rows.split(",")) <= names, f"{args.rows} not rows of {args.matrix}"
 
 
+@pytest.mark.slow
 def test_the_plan_runs_its_phases_in_value_order_within_480_s_and_packs_each(tmp_path):
     declared = _declared_limits(PLAN)
     assert declared and sum(declared) <= PLAN_LIMIT_S, f"{declared} sum to {sum(declared)} s"
@@ -198,6 +199,7 @@ def test_the_plan_runs_its_phases_in_value_order_within_480_s_and_packs_each(tmp
         _check_call(argv)
 
 
+@pytest.mark.slow
 def test_the_plan_asks_what_the_issue_owes(tmp_path):
     """The ladder's rows, the CNN's three, both NCCL strategies under torchrun with one process,
     the GPU tests to the end, the precision rows, `train --model`, W1 side by side."""
@@ -223,6 +225,7 @@ def test_the_plan_asks_what_the_issue_owes(tmp_path):
     assert ladder.split("--work-dir ")[1] == w1.split("--work-dir ")[1]  # one compile cache for W1's rows
 
 
+@pytest.mark.slow
 def test_the_second_command_runs_any_selection_within_180_s(tmp_path):
     """Each phase of gpu_extra.sh alone: the limits it logs are its LIMIT entry (<= 180 s) and
     every command line parses; a selection over 180 s, an unknown phase or none is one line, exit 2."""
@@ -256,6 +259,7 @@ def test_the_second_command_runs_any_selection_within_180_s(tmp_path):
         ), proc.stderr
 
 
+@pytest.mark.slow
 def test_a_selection_runs_in_menu_order_and_only_what_was_named(tmp_path):
     proc, out = _dry_run(tmp_path, EXTRA, "memory-report", "env")
     assert proc.returncode == 0, proc.stderr
@@ -282,6 +286,7 @@ def test_the_readme_gives_the_15_minute_plan_and_its_run_command():
         assert f"| `{phase}` |" in readme, phase
 
 
+@pytest.mark.slow
 def test_a_short_budget_skips_phases_and_says_which(tmp_path):
     """A phase that needs more seconds than are left is skipped, saying so; a later, smaller one still runs."""
     proc, out = _dry_run(tmp_path, PLAN, budget=25)
@@ -305,6 +310,7 @@ def test_every_python_step_runs_under_timeout_kill():
             assert head.startswith(("step ", "step_to ")) or "timeout -k" in head, f"{script}:{i + 1}: {head}"
 
 
+@pytest.mark.slow
 def test_the_commit_comes_from_tt_commit_without_git(tmp_path):
     """On the device the working tree arrives without .git: TT_COMMIT (set in the device command
     from the host) is what COMMAND.txt records and what every Python step sees."""
@@ -328,6 +334,7 @@ def test_the_commit_comes_from_tt_commit_without_git(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_no_gpu_is_one_line_and_exit_1(tmp_path):
     python = tmp_path / "python"
     python.write_text("#!/usr/bin/env bash\nexit 1\n")
@@ -360,6 +367,7 @@ def _readme(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_the_results_readme_of_the_2026_11_24_h100_window_has_its_figures():
     proc = _readme(str(H100), "--print")
     assert proc.returncode == 0, proc.stderr
@@ -391,6 +399,7 @@ def test_the_results_readme_of_the_2026_11_24_h100_window_has_its_figures():
     )
 
 
+@pytest.mark.slow
 def test_the_results_readme_of_a_cpu_dry_run_names_what_is_owed_and_keeps_the_findings(tmp_path):
     # w1-ladder, cnn-cifar, gpu-tests, w1-precision, w1-compare skipped
     proc, out = _dry_run(tmp_path, PLAN, budget=25)

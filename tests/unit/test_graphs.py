@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import logging
 
+import pytest
 import torch
 from torch import nn
 
@@ -81,6 +82,7 @@ def _train(graphs: StepGraph | None, model_cls=None, batches=None, device_guard=
     return [float(x) for x in kept], [p.detach().clone() for p in model.parameters()]
 
 
+@pytest.mark.slow
 def test_a_captured_step_trains_exactly_as_eager_and_its_losses_survive_the_next_replay():
     eager, w_eager = _train(None)
     graphs = StepGraph(torch.device("cpu"), warmup=2, graph_factory=StandInGraph)
@@ -92,6 +94,7 @@ def test_a_captured_step_trains_exactly_as_eager_and_its_losses_survive_the_next
     assert all(torch.equal(a, b) for a, b in zip(w_captured, w_eager))  # clipping, accumulation, schedule
 
 
+@pytest.mark.slow
 def test_on_cpu_without_a_stand_in_it_is_refused_in_one_line(caplog):
     caplog.set_level(logging.WARNING)
     eager, _ = _train(None)
@@ -102,6 +105,7 @@ def test_on_cpu_without_a_stand_in_it_is_refused_in_one_line(caplog):
     assert len(lines) == 1 and "\n" not in lines[0] and "goes on without" in lines[0]
 
 
+@pytest.mark.slow
 def test_a_host_sync_in_the_step_is_refused_naming_where():
     eager, _ = _train(None, Syncing)
     graphs = StepGraph(torch.device("cpu"), graph_factory=StandInGraph)
@@ -110,12 +114,14 @@ def test_a_host_sync_in_the_step_is_refused_naming_where():
     assert "data-dependent control flow" in graphs.refused and graphs.captures == 0
 
 
+@pytest.mark.slow
 def test_the_cpu_guard_reads_the_host_and_is_refused_too():
     graphs = StepGraph(torch.device("cpu"), graph_factory=StandInGraph)
     _train(graphs, device_guard=False)
     assert "aten._local_scalar_dense" in graphs.refused and graphs.captures == 0
 
 
+@pytest.mark.slow
 def test_dynamic_shapes_after_capture_are_refused_and_the_run_goes_on():
     batches = synthetic_batches(STEPS * ACCUMULATION, batch_size=8, d_in=16)
     batches[-2:] = synthetic_batches(2, batch_size=5, d_in=16, seed=1)  # a short last step

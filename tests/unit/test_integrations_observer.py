@@ -16,6 +16,7 @@ from turbotrain.integrations.observer import LoopObserver, peak_spec, run_name
 from turbotrain.integrations.recipe import build_recipe, merge_user
 
 
+@pytest.mark.slow
 def test_compiles_and_recompiles_reach_the_summary(tmp_path):
     obs = LoopObserver(tmp_path, device="cpu", framework="test", nvml=False)
     obs.start(0)

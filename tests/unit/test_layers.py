@@ -415,6 +415,7 @@ print([m for m in {DISTRIBUTED_HEAVY!r} if m in sys.modules])
 """
 
 
+@pytest.mark.slow
 def test_import_turbotrain_stays_light():
     """``import turbotrain`` (the Engine and fit) loads none of the tools, the report, matplotlib,
     FSDP/DTensor/DCP or rich.progress; nor does a one-process Engine's setup, forward and backward.

@@ -17,6 +17,7 @@ needs_fused = pytest.mark.skipif(not loss_module.FUSED_AVAILABLE, reason=loss_mo
 TINY = dict(PRESETS["gpt-tiny"], vocab_size=256)  # gpt-tiny on bytes
 
 
+@pytest.mark.slow
 @needs_fused
 def test_the_loss_and_every_gradient_equal_the_full_loss_on_gpt_tiny():
     """(chunked against full: tests/unit/test_gpt.py)"""

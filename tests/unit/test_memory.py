@@ -185,6 +185,7 @@ def _tiny_gpt(n_layer: int = 2, d_model: int = 32, block_size: int = 16) -> GPT:
     return GPT(GPTConfig(vocab_size=64, n_layer=n_layer, n_head=2, d_model=d_model, block_size=block_size))
 
 
+@pytest.mark.slow
 def test_step_trial_restores_everything_it_changed():
     engine = Engine({"run": {"device": "cpu"}})
     model = _tiny_gpt()
@@ -203,6 +204,7 @@ def test_step_trial_restores_everything_it_changed():
     assert torch.equal(torch.rand(3), expected_next)  # RNG state restored
 
 
+@pytest.mark.slow
 def test_resolve_batch_size_on_cpu_keeps_the_global_batch_and_caches(tmp_path, monkeypatch):
     # memory decides here: the CPU step-time rule is lifted (on a loaded machine a size-8 step of
     # this model took over CPU_MAX_STEP_S and the search stopped below 8: a flaky test)
@@ -253,6 +255,7 @@ def _timed_cpu_search(monkeypatch, global_size: int, step_s):
     return config, build_trainable(config, _tiny_gpt(n_layer=1, d_model=16, block_size=8))
 
 
+@pytest.mark.slow
 def test_the_cpu_search_stops_at_the_step_time_budget(monkeypatch, caplog):
     """On CPU RAM is no useful limit: the doubling stops at the first size whose measured step takes
     over CPU_MAX_STEP_S (here 0.1 s per sequence: 16 takes 1.6 s), which fails, and every
@@ -279,6 +282,7 @@ def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+@pytest.mark.slow
 def test_checkpointing_gives_the_same_gradients_and_recomputes_in_backward():
     torch.manual_seed(0)
     reference = _tiny_gpt(n_layer=4)
@@ -319,6 +323,7 @@ def test_checkpointing_errors_name_the_field_and_the_valid_values():
 # ----------------------------------------------------------------------------- memory report
 
 
+@pytest.mark.slow
 def test_memory_report_shows_the_activation_drop_with_checkpointing():
     config = load_config(
         overrides={"model": {"n_layer": 8, "n_head": 4, "d_model": 256, "block_size": 256, "vocab_size": 256}}
@@ -340,6 +345,7 @@ def test_memory_report_shows_the_activation_drop_with_checkpointing():
     assert full.peak_bytes < off.peak_bytes
 
 
+@pytest.mark.slow
 def test_meta_estimate_matches_a_real_cpu_step():
     config = load_config(
         overrides={"model": {"n_layer": 2, "n_head": 2, "d_model": 64, "block_size": 64, "vocab_size": 128}}
@@ -358,6 +364,7 @@ def test_meta_estimate_matches_a_real_cpu_step():
     assert measured.forward_peak_bytes == pytest.approx(estimate.forward_peak_bytes, rel=0.05)
 
 
+@pytest.mark.slow
 def test_measured_activation_memory_drops_with_checkpointing_on_cpu():
     stats = {}
     for mode in ("off", "full"):
@@ -385,6 +392,7 @@ def test_memory_cli_prints_the_report_and_rejects_bad_values(capsys):
 EXAMPLES = __import__("pathlib").Path(__file__).parents[2] / "examples"
 
 
+@pytest.mark.slow
 def test_memory_of_your_own_model_is_estimated_on_its_batch_and_matches_a_measured_step(capsys):
     """`turbotrain memory --model FILE.py:FUNC`: the workload's model and loss on one batch of its
     loader. A CNN without repeated blocks gets the checkpointing-off estimate (the other modes say
@@ -527,6 +535,7 @@ def test_injected_oom_mid_accumulation_re_runs_the_step_with_identical_gradients
     )
 
 
+@pytest.mark.slow
 def test_memory_of_an_emulated_fp8_run_on_cpu_is_estimated_not_refused(capsys):
     """The precision is checked with the whole [precision] section: fp8_emulate runs on a CPU."""
     pytest.importorskip("torchao")
@@ -548,6 +557,7 @@ def test_memory_of_an_emulated_fp8_run_on_cpu_is_estimated_not_refused(capsys):
     assert len(err) == 1 and "fp8_emulate" in err[0]
 
 
+@pytest.mark.slow
 def test_get_optimal_batch_size_in_one_call_on_a_model_and_a_batch_or_a_loader():
     """The finder for Python users: a size that fits the memory cap with its headroom, the sizes
     tried with their measured peaks; the same from a loader; your model untouched."""

@@ -60,6 +60,7 @@ def test_quiet_imports_hides_torchao_load_noise_only_inside(caplog: pytest.LogCa
     assert said == ["a real failure", "after the import"]
 
 
+@pytest.mark.slow
 def test_help_config_into_head_ends_without_a_traceback() -> None:
     """As ``turbotrain train --help-config | head``, with the reader gone before the first write."""
     child = subprocess.Popen(
@@ -151,6 +152,7 @@ def test_bench_out_of_memory_advice_is_a_flag(tmp_path, monkeypatch) -> None:
     assert "use --memory.checkpointing=full" in reason and "{" not in reason
 
 
+@pytest.mark.slow
 def test_resume_of_a_complete_run_says_so(tmp_path, caplog: pytest.LogCaptureFixture) -> None:
     overrides = tiny_overrides(tmp_path, train={"max_steps": 2, "eval_every": 2, "checkpoint_every": 2})
     train(load_config("gpt-tiny", overrides), progress=False)
@@ -255,6 +257,7 @@ def test_tokenizing_off_a_terminal_says_how_far_it_is(
     assert [line.split("(")[1].split(")")[0] for line in lines] == ["25%", "50%", "75%", "100%"]
 
 
+@pytest.mark.slow
 def test_a_compiled_first_step_is_announced_and_timed(caplog: pytest.LogCaptureFixture) -> None:
     """The one torch.compile test here: the tiniest model (a Linear), two steps."""
     engine = Engine({"run": {"device": "cpu"}, "compile": {"scope": "model"}})

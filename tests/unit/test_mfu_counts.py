@@ -56,6 +56,7 @@ def _batch(n: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(n, D), torch.randint(4, (n,))
 
 
+@pytest.mark.slow
 def test_recomputation_is_counted_apart_from_the_model_flops():
     model = Stack()
     assert count_flops(model, _batch()).model == MODEL_FLOPS
@@ -71,6 +72,7 @@ def test_recomputation_is_counted_apart_from_the_model_flops():
     assert count_flops(selective, _batch()).recompute == 2 * 2 * D * D
 
 
+@pytest.mark.slow
 def test_the_convention_is_named_the_formula_for_a_gpt_and_counted_otherwise():
     gpt = GPT(GPTConfig(vocab_size=64, n_layer=2, n_head=2, d_model=32, block_size=16))
     x = torch.randint(0, 64, (2, 16))
@@ -102,6 +104,7 @@ def _mfu_run(world: int, accumulation: int, checkpointing: str, monkeypatch) -> 
     return [r for r in monitor.records if "mfu" in r]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world, accumulation", [(1, 1), (1, 4), (2, 1), (4, 4)])
 def test_mfu_is_the_hand_count_under_accumulation_and_several_ranks(world, accumulation, monkeypatch):
     records = _mfu_run(world, accumulation, "off", monkeypatch)
@@ -113,6 +116,7 @@ def test_mfu_is_the_hand_count_under_accumulation_and_several_ranks(world, accum
         assert "hfu" not in r
 
 
+@pytest.mark.slow
 def test_hfu_adds_the_recomputation_and_the_summary_names_both(monkeypatch):
     records = _mfu_run(2, 2, "full", monkeypatch)
     for r in records:

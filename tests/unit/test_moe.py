@@ -45,6 +45,7 @@ def _loss_and_grads(impl: str, **extra: object) -> tuple[torch.Tensor, torch.Ten
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["batched", "grouped"])
 def test_vectorised_expert_paths_equal_the_per_expert_loop_in_fp32(impl: str):
     ref_logits, ref_loss, ref_grads = _loss_and_grads("loop")
@@ -178,6 +179,7 @@ def test_bad_moe_settings_are_one_line_and_exit_2(
         assert word in err, err
 
 
+@pytest.mark.slow
 def test_experts_monitor_reads_at_the_log_cadence_and_the_report_draws_load_and_placement(tmp_path: Path):
     torch.manual_seed(0)
     model = MoEGPT(MoEConfig(**{**SMALL, "router_bias_update": 0.01}))  # type: ignore[arg-type]
@@ -227,6 +229,7 @@ def test_expert_parallel_degree_that_does_not_divide_the_world_is_one_line(
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # nothing left behind
 
 
+@pytest.mark.slow
 def test_resuming_with_more_experts_copies_existing_ones_with_noise_and_fresh_optimizer_state():
     torch.manual_seed(0)
     idx = torch.randint(64, (2, 16))
@@ -275,6 +278,7 @@ def test_router_bias_moves_with_the_global_batch_loads_under_data_parallel(monke
     assert float(bias[3]) < 0 < min(float(b) for b in bias[:3]) and abs(float(bias.sum())) < 1e-6
 
 
+@pytest.mark.slow
 def test_under_the_engine_the_router_bias_moves_once_per_optimizer_step_from_all_its_micro_batches():
     """Accumulation 2: the bias stays put between a step's micro-batches; the first forward of the
     next step applies the sum of both micro-batches' loads (one update); the checkpoint's extra
@@ -308,6 +312,7 @@ def test_under_the_engine_the_router_bias_moves_once_per_optimizer_step_from_all
     assert torch.equal(fresh.moe_layers()[0].pending, loads[0] + loads[1])
 
 
+@pytest.mark.slow
 def test_the_moe_layer_takes_vectors_and_tokens_and_the_engine_adds_its_load_balancing_loss():
     """Any model: (B, d) and (B, T, d) in, the same shape out; engine.backward(plain loss) trains
     on loss + aux_loss_coef x load-balancing loss (the router's gradient includes it), taken once;
@@ -361,6 +366,7 @@ def test_bad_moe_layer_arguments_are_one_line_naming_them(kwargs: dict, words: l
     assert len(str(err.value).splitlines()) == 1 and all(w in str(err.value) for w in words), str(err.value)
 
 
+@pytest.mark.slow
 def test_compiled_moe_layer_and_gpt_have_no_graph_breaks():
     """fullgraph=True raises at the first graph break: the layer on vectors and tokens (grouped
     GEMM in fp32; the batched path of CUDA fp32/fp16 with a capacity), and a training MoE GPT."""
@@ -418,6 +424,7 @@ def _step_losses(run: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
 
 
+@pytest.mark.slow
 def test_experts_grow_at_a_step_of_a_run_that_resumes_exactly_and_plots_them(tmp_path: Path):
     """moe.grow_at_step = 3, grow_to = 4 (from 2): the run trains on with 4 experts from step 4, the
     new ones routed to; a run stopped after the growth (step 5) and resumed gives the same losses

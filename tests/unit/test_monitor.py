@@ -45,6 +45,7 @@ SPEC = DeviceSpec(
 )
 
 
+@pytest.mark.slow
 def test_flop_counter_mfu_agrees_with_the_gpt_formula_within_5_percent():
     model = GPT(GPTConfig(vocab_size=256, n_layer=4, n_head=4, d_model=128, block_size=128))
     x = torch.randint(0, 256, (2, 128))
@@ -110,6 +111,7 @@ def test_tflops_and_mfu_stay_steady_across_token_batches_of_different_row_counts
     assert long_rows["tflops"] == pytest.approx(4_000.0 * probe.flops_per_sample / 1e12)
 
 
+@pytest.mark.slow
 def test_monitor_in_a_fit_records_achieved_tflops_from_the_same_window(tmp_path):
     torch.manual_seed(0)
     engine = Engine({"run": {"device": "cpu"}, "monitor": {"log_every": 5}})
@@ -129,6 +131,7 @@ def test_monitor_in_a_fit_records_achieved_tflops_from_the_same_window(tmp_path)
         assert r["tflops"] == pytest.approx(r["samples_per_s"] * probes[1].flops_per_sample / 1e12)
 
 
+@pytest.mark.slow
 def test_monitor_in_your_own_loop(tmp_path):
     engine = Engine({"run": {"device": "cpu"}})
     model = TinyMLP()
@@ -188,6 +191,7 @@ def test_fit_records_every_evaluation_whatever_log_every():
     ]
 
 
+@pytest.mark.slow
 def test_a_crashed_fit_keeps_its_metrics_even_between_flushes(tmp_path):
     from turbotrain.loop.hooks import Hook
 
@@ -482,6 +486,7 @@ class _StandInNvml:
         return {"gpu_util_pct": next(self.utils)}
 
 
+@pytest.mark.slow
 def test_gpu_utilisation_low_for_a_while_warns_once_naming_profile(monkeypatch, caplog):
     clock = iter(range(0, 10_000, 60))  # every clock read is 60 s later: one read per 2-step window
     monkeypatch.setattr(

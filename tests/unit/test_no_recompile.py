@@ -16,6 +16,7 @@ from turbotrain.parts.models.gpt import GPT, GPTConfig
 from turbotrain.tools.memory import resolve_batch_size, token_batches
 
 
+@pytest.mark.slow
 def test_eval_and_the_batch_search_never_recompile_the_training_graph(tmp_path, monkeypatch):
     monkeypatch.setattr(
         torch._dynamo, "reset", lambda: pytest.fail("the search must not drop compiled graphs")

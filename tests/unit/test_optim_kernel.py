@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -33,6 +34,7 @@ def _train(implementation: str, steps: int = 60) -> list[float]:
     return losses
 
 
+@pytest.mark.slow
 def test_fused_trains_like_foreach():
     """The default changes the kernel, not the math: every step's loss agrees to rounding."""
     fused, foreach = _train("auto"), _train("foreach")

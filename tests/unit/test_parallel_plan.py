@@ -73,6 +73,7 @@ def test_the_global_batch_is_split_over_the_data_dimension():
     assert config.batch.accumulation == 2 and plan.data == 4  # 16 = 2 x 2 x 4
 
 
+@pytest.mark.slow
 def test_a_run_resolves_its_plan_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     calls: list[int] = []
     resolve = ParallelPlan.resolve.__func__  # type: ignore[attr-defined]

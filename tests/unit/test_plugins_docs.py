@@ -70,6 +70,7 @@ def test_the_pages_plugins_leave_the_shared_files_alone():
         assert "fp16_static" not in text and "regression" not in text, shared
 
 
+@pytest.mark.slow
 def test_a_precision_is_one_file_with_its_settings_registered_by_defining_it(folder: Path):
     out = run(["python", "use_fp16_static.py"], folder)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -83,6 +84,7 @@ def test_a_precision_is_one_file_with_its_settings_registered_by_defining_it(fol
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == expected, refused.stderr
 
 
+@pytest.mark.slow
 def test_a_model_family_is_one_folder_and_one_registry_line(folder: Path):
     (train, quiet), (bad, expected) = console("--model.arch=regression")
     trained = run(train, folder)

@@ -126,6 +126,7 @@ def test_the_filter_converts_divisible_linears_above_the_size_and_keeps_the_outp
     )
 
 
+@pytest.mark.slow
 def test_fp8_emulated_trains_near_bf16_lists_its_layers_resumes_exactly_and_loads_into_bf16(
     tmp_path, text_file
 ):
@@ -233,6 +234,7 @@ def test_the_float8_all_gather_is_tensorwise_only_one_line_naming_both_fields(ca
     assert len(err_lines) == 1 and "--precision.fp8_recipe=tensorwise" in err_lines[0], err_lines
 
 
+@pytest.mark.slow
 def test_sharded_conversion_wraps_the_weights_for_the_all_gather_keeps_them_and_reverts_to_plain():
     """convert_module(sharded=True) with fp8_all_gather: the float8 layers' weights become torchao's
     all-gather subclass, yet stay the same Parameter objects (an optimizer built before setup, and a
@@ -286,6 +288,7 @@ def test_sharded_conversion_wraps_the_weights_for_the_all_gather_keeps_them_and_
     model(tokens, tokens)  # trains on as plain linears
 
 
+@pytest.mark.slow
 def test_fp8_composes_with_activation_checkpointing_to_the_same_losses():
     """Recomputing the float8 blocks in backward is the same math: checkpointed and plain fp8 runs
     of the same GPT give the same losses step for step (emulated)."""

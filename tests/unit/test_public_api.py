@@ -49,6 +49,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_every_old_module_and_submodule_imports_as_the_same_module_with_one_warning_naming_the_new_path():
     names = sorted(turbotrain.MOVED)
     run = subprocess.run([sys.executable, "-c", SCRIPT, *names], capture_output=True, text=True, timeout=300)
@@ -81,6 +82,7 @@ def test_every_module_moved_inside_a_layer_imports_as_the_same_module_with_one_w
         ]
 
 
+@pytest.mark.slow
 def test_the_documented_old_imports_in_a_users_script_work_and_each_warning_points_at_its_line(tmp_path):
     """What the user sees: their script runs, gets the public objects, and Python's default filter
     shows each warning at their own import line (a warning attributed to importlib would be hidden)."""

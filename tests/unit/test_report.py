@@ -51,6 +51,7 @@ def _run_dir(tmp_path: Path, records: list[dict], *, tail: str = "", summary: di
     return run
 
 
+@pytest.mark.slow
 def test_gpu_run_gets_all_six_plots_and_a_summary(tmp_path):
     run = _run_dir(
         tmp_path,
@@ -89,6 +90,7 @@ def test_gpu_run_gets_all_six_plots_and_a_summary(tmp_path):
         assert text in md, text
 
 
+@pytest.mark.slow
 def test_cpu_run_skips_memory_and_gpu_plots_and_says_why(tmp_path):
     records = [
         {k: v for k, v in r.items() if not k.startswith(("mem_", "gpu_", "mfu"))} for r in _gpu_records(5)
@@ -101,6 +103,7 @@ def test_cpu_run_skips_memory_and_gpu_plots_and_says_why(tmp_path):
     assert any("no summary.json" in p for p in result.problems)
 
 
+@pytest.mark.slow
 def test_metrics_cut_off_mid_line_plot_what_is_there(tmp_path, capsys):
     run = _run_dir(tmp_path, _gpu_records(6), tail='{"step": 70, "loss": 0.7, "tokens_per')
     assert main(["report", str(run)]) == 0

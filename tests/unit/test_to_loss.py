@@ -50,6 +50,7 @@ def test_contenders_are_parsed_and_bad_ones_are_one_line(capsys):
     assert "two or more --versus" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_run_stops_at_the_target_and_records_where(tmp_path, text_file):
     data = {"data": {"path": str(text_file), "cache_dir": str(tmp_path / "cache"), "num_workers": 0}}
     opts = ToLossOptions(

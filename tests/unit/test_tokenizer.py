@@ -102,6 +102,7 @@ def _train_args(tmp_path, data, *extra):
     ]
 
 
+@pytest.mark.slow
 def test_bpe_run_trains_resumes_and_samples_with_its_own_tokenizer(tmp_path, capsys, monkeypatch):
     pytest.importorskip("tokenizers")
     folder = _folder(tmp_path)

@@ -145,6 +145,7 @@ def require_optuna_or_skip():
     pytest.importorskip("optuna")
 
 
+@pytest.mark.slow
 def test_a_memory_cap_makes_the_over_budget_region_lose_without_eating_the_trials(tmp_path):
     runner = FakeRunner(budget=10 * MiB)  # limit 10 / 1.1 = 9.1 MiB: micro-batches 16 and 32 do not fit
     study = _study(tmp_path, runner, trials=6)
@@ -183,6 +184,7 @@ def test_base_settings_over_the_cap_get_a_second_baseline_at_the_micro_batch_tha
     assert study.baseline_row()["number"] == second["number"]
 
 
+@pytest.mark.slow
 def test_a_failed_trial_is_a_penalised_constraint_violation_not_a_failure_optuna_ignores(tmp_path):
     study = _study(tmp_path, FakeRunner(budget=1024 * MiB, fail_fused=True), trials=4)
     study.run()
@@ -193,6 +195,7 @@ def test_a_failed_trial_is_a_penalised_constraint_violation_not_a_failure_optuna
     assert study.best()["params"]["optim.implementation"] == "foreach"
 
 
+@pytest.mark.slow
 def test_a_trial_far_slower_than_the_best_is_pruned_at_its_first_window(tmp_path):
     runner = FakeRunner(budget=1024 * MiB, fused_speed=0.1)  # fused: a tenth of the speed
     study = _study(
@@ -212,6 +215,7 @@ def test_a_trial_far_slower_than_the_best_is_pruned_at_its_first_window(tmp_path
     assert study.best()["params"] == {"optim.implementation": "foreach"}
 
 
+@pytest.mark.slow
 def test_a_study_resumes_from_its_sqlite_file_and_refuses_other_settings(tmp_path):
     first = FakeRunner(budget=1024 * MiB)
     _study(tmp_path, first, trials=2).run()
@@ -235,6 +239,7 @@ def test_without_optuna_tune_says_how_to_install_it(monkeypatch, capsys):
     assert len(err) == 1 and "turbotrain tune needs Optuna: pip install 'turbotrain[tune]'" in err[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fused_speed, confirmed", [(1.5, True), (1.01, False)])
 def test_the_best_is_re_measured_against_the_baseline_before_it_is_written(tmp_path, fused_speed, confirmed):
     from turbotrain.app.tune.session import write_outputs
@@ -279,6 +284,7 @@ class NanRunner(FakeRunner):
         return out
 
 
+@pytest.mark.slow
 def test_a_trial_whose_loss_is_nan_is_a_penalised_trial_and_the_results_are_written(tmp_path):
     """Issue 23 item 6: a NaN loss raised `Attempted to set a constraint ... NaN` and nothing was written."""
     from turbotrain.app.tune.session import write_outputs

@@ -4,6 +4,7 @@ with the data section's workers, pinning and persistent workers). Off by default
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -39,6 +40,7 @@ def _train(
     return losses, out, out.param_groups[0]["lr"]
 
 
+@pytest.mark.slow
 def test_the_fused_optimizer_trains_to_the_same_losses_and_keeps_the_schedule():
     for opt_class in (torch.optim.Adam, torch.optim.AdamW):
         plain, plain_opt, plain_lr = _train(False, opt_class)

@@ -103,6 +103,7 @@ class CountingWrapper:
         return captured
 
 
+@pytest.mark.slow
 def test_a_window_under_a_whole_step_wrapper_trains_to_the_same_losses_as_without_it():
     pieces, w_pieces, _ = _run("pieces")
     plain, w_plain, _ = _run("window")
@@ -183,6 +184,7 @@ def test_train_window_refuses_a_window_of_the_wrong_size_and_a_pending_step():
     assert engine.step(optimizer) is False and engine.state.step == 0  # nothing was run by the refused calls
 
 
+@pytest.mark.slow
 def test_an_out_of_memory_error_in_a_window_is_recovered_as_in_the_pieces():
     """memory.inject_oom_at_step in a whole window: the OOM policy halves the micro-batch and
     re-runs the window's batches; losses, weights and the event match the own-loop pieces."""
@@ -223,6 +225,7 @@ def test_the_strategy_runs_a_windows_micro_batches_with_gradient_sync_before_the
     assert calls == [("sync", False), ("run", 1), ("sync", False), ("run", 2), ("sync", True), ("run", 3)]
 
 
+@pytest.mark.slow
 def test_fit_iterates_windows_through_the_whole_step_wrapper_and_trains_as_the_pieces():
     """fit hands each optimizer step's loader batches to train_window: under a stand-in wrapper,
     one call per step, the same losses and weights as the own-loop pieces."""
@@ -255,6 +258,7 @@ def test_fit_iterates_windows_through_the_whole_step_wrapper_and_trains_as_the_p
     )
 
 
+@pytest.mark.slow
 def test_a_second_fit_carries_on_the_window_the_first_left_open():
     """fit called again (per chunk of data, per epoch) after its batches ran out mid-window: the
     open window carries on with the next call's batches and steps where the pieces would, with the
