@@ -166,3 +166,26 @@ def test_a_kill_before_the_best_is_linked_is_finished_by_the_resume(tmp_path: Pa
         load_latest_weights(full / "checkpoints"),
     )
     assert all(torch.equal(last[k], last_full[k]) for k in last_full)
+
+
+def test_a_resume_of_a_run_early_stopping_ended_trains_nothing_and_says_why(tmp_path: Path, caplog):
+    """#44 item 9: --resume of a run early stopping ended (was: another validation window trained
+    each time): nothing trained, the same summary, the reason and how to train on in one line; a
+    larger best.patience trains on."""
+    out = ["--run.out_dir", str(tmp_path), "--run.name=r"]
+    assert main(["train", *ARGS, *out]) == 0
+    run = tmp_path / "r"
+    records = (run / "metrics.jsonl").read_text()
+    with caplog.at_level("INFO"):
+        assert main(["train", "--resume", str(run), "--no-progress"]) == 0
+    summary = _summary(run)
+    assert (summary["status"], summary["steps"], summary["stop_reason"]) == ("stopped", 5, REASON)
+    assert (run / "metrics.jsonl").read_text() == records  # nothing trained, nothing logged
+    said = [r.getMessage() for r in caplog.records if "nothing to train" in r.getMessage()]
+    assert said == [
+        f"{run} was ended at step 5 by {REASON}: nothing to train; to train on, resume with a larger "
+        "best.patience, e.g. --best.patience=4"
+    ]
+    assert main(["train", "--resume", str(run), "--best.patience=3", "--no-progress"]) == 0
+    summary = _summary(run)  # 0.9 at step 6 improves; 7, 8 and 9 do not: patience 3 ends it at 9
+    assert (summary["steps"], summary["best"]["step"]) == (9, 6)

@@ -61,7 +61,7 @@ from ..loop.checkpoint import (
     run_state,
 )
 from ..loop.checkpoint.remote import MirrorHook, RemoteMirror, remote_store
-from ..loop.early_stop import watch_for
+from ..loop.early_stop import EarlyStopping, watch_for
 from ..loop.fit import fit
 from ..loop.hooks import FitContext, Hook, StopAfter, StopOnSignal
 from ..loop.monitor import Monitor
@@ -487,35 +487,50 @@ def _train_prepared_once(
         raise
 
 
+def _nothing_to_train(training: Training, run_dir: Path) -> tuple[str, str, str] | None:
+    """(status, stop reason, the line that says so) when a resume has nothing to train: the run is
+    complete, or early stopping ended it (its restored watch has gone best.patience passes without
+    an improvement: another pass would only train another validation window)."""
+    c, step = training.config, training.engine.state.step
+    if step >= c.train.max_steps:
+        more = (
+            ("train.epochs", 2 * c.train.epochs)
+            if c.train.epochs
+            else ("train.max_steps", 2 * c.train.max_steps)
+        )
+        return (
+            "completed",
+            "",
+            f"{run_dir} is complete (step {step} of {c.train.max_steps}): nothing to train; "
+            f"to train on, resume with a larger {more[0]}, e.g. {setting(*more)}",
+        )
+    stop = next((h for h in training.hooks if isinstance(h, EarlyStopping)), None)
+    if stop is None or not stop.patience or stop.watch.stale < stop.patience:
+        return None
+    reason = stop.reason()
+    return (
+        "stopped",
+        reason,
+        f"{run_dir} was ended at step {step} by {reason}: nothing to train; to train on, resume with "
+        f"a larger best.patience, e.g. {setting('best.patience', 2 * stop.patience)}",
+    )
+
+
 def _train_built(training: Training, run_dir: Path, main: bool) -> dict[str, Any]:
     """Train the built run to its end (or a stop) and write its summary."""
-    if training.engine.state.step >= training.config.train.max_steps:
+    done = _nothing_to_train(training, run_dir)
+    if done is not None:
         # A resume of a finished run: nothing to train, so nothing to log again (a final record
         # of this invocation would repeat the last step's); the summary comes from the metrics.
         training.monitor.close()
+        status, reason, line = done
         if main:
-            c = training.config
-            more = (
-                ("train.epochs", 2 * c.train.epochs)
-                if c.train.epochs
-                else ("train.max_steps", 2 * c.train.max_steps)
-            )
-            log.info(
-                "%s is complete (step %d of %d): nothing to train; to train on, resume with a larger %s, e.g. %s",
-                run_dir,
-                training.engine.state.step,
-                c.train.max_steps,
-                more[0],
-                setting(*more),
-            )
-        if main:  # what killed saves left, which the Checkpointer's start (never reached here) removes
+            log.info("%s", line)
+            # what killed saves left, which the Checkpointer's start (never reached here) removes
             clean_stale_temps(run_dir / CHECKPOINTS)
             clean_unfinished(run_dir / CHECKPOINTS)
-        if not main:
-            return facts(training, None, "completed", 0.0)
-        return write_summary(
-            run_dir, facts(training, None, "completed", 0.0), read_metrics(run_dir / METRICS_FILE)[0]
-        )
+        known = {**facts(training, None, status, 0.0), **({"stop_reason": reason} if reason else {})}
+        return write_summary(run_dir, known, read_metrics(run_dir / METRICS_FILE)[0]) if main else known
     start = time.perf_counter()
 
     def finish(ctx: FitContext | None, status: str) -> dict[str, Any]:
