@@ -135,6 +135,29 @@ def test_torchrun_trains_like_one_process_with_the_global_batch(work, single, st
     assert "[rank 1]" not in proc.stderr
 
 
+LLAMA = ["--preset=llama-tiny", "--llama.n_kv_head=1", "--train.max_steps=10"]  # grouped-query: 2 heads, 1 kv
+
+
+@pytest.fixture(scope="module")
+def llama_single(work: Path) -> dict[int, float]:
+    """The Llama family's reference (issue 42 item 4): one plain process with the global batch."""
+    proc = inprocess.train(_args(work, "llama-single", 2 * MICRO, *LLAMA))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses = _losses(work, "llama-single")
+    assert sorted(losses) == list(range(1, 11)) and losses[10] < losses[1]
+    return losses
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_the_llama_family_under_torchrun_trains_like_one_process(work, llama_single, strategy):
+    name = f"llama-{strategy}"
+    proc = _run(_torchrun(2) + _args(work, name, MICRO, *LLAMA, f"--distributed.strategy={strategy}"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _assert_same(_losses(work, name), llama_single)
+    resolved = json.loads((work / "runs" / name / "summary.json").read_text())["resolved"]
+    assert resolved["model_family"] == "llama" and resolved["strategy"] == strategy
+
+
 def test_nproc_2_gives_the_losses_of_torchrun_nproc_per_node_2(work, single):
     """``turbotrain train --nproc 2``: torchrun's launcher started from the command itself."""
     ddp = ["--distributed.strategy=ddp"]

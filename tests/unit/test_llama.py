@@ -9,8 +9,10 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from turbotrain import load_config
+from turbotrain.app.bench.workloads import flops_per_step, resolve_workload
 from turbotrain.base.errors import ConfigError
 from turbotrain.parts.models import spec_for
+from turbotrain.parts.models.build import build_named
 from turbotrain.parts.models.llama import Llama, LlamaConfig, apply_rotary, rotary_angles
 from turbotrain.parts.models.llama.model import Attention
 
@@ -126,3 +128,19 @@ def test_scaled_dot_product_attention_is_called_causal_with_grouped_heads(monkey
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
     Llama(SMALL)(torch.randint(64, (1, 8)))
     assert len(calls) == 2 and all(c["is_causal"] and c["enable_gqa"] for c in calls)
+
+
+def test_the_bench_workload_has_the_presets_shape_and_counts_flops_by_the_formula():
+    big = load_config("llama-125m")
+    with torch.device("meta"):
+        preset = spec_for(big).build_model(big, 50304)
+    for device in ("cuda", "cpu"):
+        w = resolve_workload("llama", device)
+        flops, how = flops_per_step(w)
+        with torch.device("meta"):
+            model = build_named("llama", w.model_kwargs)
+        assert flops == model.flops_per_token(w.seq_len) * w.batch_size * w.seq_len and how.startswith("PaLM")
+        if device == "cuda":  # the GPU plan's row is the 121M preset itself
+            assert (
+                model.cfg == preset.cfg and model.num_params(False) == preset.num_params(False) == 121_228_032
+            )

@@ -14,7 +14,7 @@ import torch
 
 from ...core.precision import DeviceCaps
 from ...core.precision.fp8 import FP8
-from .workloads import CUSTOM, BenchWorkload
+from .workloads import CUSTOM, LANGUAGE_MODELS, BenchWorkload
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def ablation_variants(w: BenchWorkload, device: str) -> list[Variant]:
     optimization alone, then all together, then turbotrain's defaults. Rows that cannot apply
     here say why."""
     cuda = device == "cuda"
-    gpt = w.model in ("gpt", "moe")
+    gpt = w.model in LANGUAGE_MODELS
     moe = {"moe_impl": "loop"} if w.model == "moe" else {}  # MoE baseline: one matmul pair per expert
     no_attention = "" if gpt else "no attention in this model"
     no_cudnn_attention = no_attention or cudnn_attention_unavailable(device)
@@ -210,7 +210,7 @@ def bf16_ladder(w: BenchWorkload, device: str) -> list[Variant]:
     """bf16 autocast + torch.compile (model), the rest at turbotrain's defaults, then one change
     at a time on it (fp8: float8 linears by torchao's size filter). Not run on CPU: there
     turbotrain trains fp32 eager, and bf16 autocast is the slow path on many CPUs."""
-    gpt = w.model in ("gpt", "moe")
+    gpt = w.model in LANGUAGE_MODELS
     gpu_only = (
         ""
         if device == "cuda"

@@ -50,7 +50,7 @@ class BenchWorkload:
     name: str
     title: str
     task: str  # "lm" (model(tokens, targets) -> loss) or "classify" (model(inputs, labels) -> loss)
-    model: str  # "gpt" | "moe" | "mlp" | "resnet" | "cifar"
+    model: str  # a parts.models.build kind: "gpt" | "moe" | "llama" | "mlp" | "resnet" | "cifar"
     model_kwargs: dict[str, Any]
     batch_size: int
     warmup_steps: int  # excluded from throughput; step 1 includes compilation
@@ -278,6 +278,37 @@ def _moe(device_type: str) -> BenchWorkload:
     )
 
 
+def _llama(device_type: str) -> BenchWorkload:
+    """The Llama-style family (presets llama-125m, llama-tiny) in W1's shape and steps on CUDA, in
+    the tiny GPT's on a CPU."""
+    if device_type == "cuda":
+        return _gpt2_small(device_type).replace(
+            name="llama",
+            title="Llama-style 121M beside W1 (12 layers, d=768, 12 query / 4 key-value heads, SwiGLU 2304)",
+            model="llama",
+            model_kwargs=dict(
+                vocab_size=50304,
+                n_layer=12,
+                n_head=12,
+                n_kv_head=4,
+                d_model=768,
+                ffn_hidden=2304,
+                block_size=1024,
+            ),
+        )
+    return _gpt_tiny(device_type).replace(
+        name="llama",
+        title="tiny Llama-style model (CPU workload)",
+        model="llama",
+        model_kwargs=dict(
+            vocab_size=256, n_layer=4, n_head=4, n_kv_head=2, d_model=128, ffn_hidden=384, block_size=64
+        ),
+        scaled_for="cpu",
+        notes=("CPU: llama-tiny's shape (4 layers, d=128) at T=64 instead of the 121M model",),
+    )
+
+
+LANGUAGE_MODELS = ("gpt", "moe", "llama")  # build kinds whose model has flops_per_token and SDPA attention
 WORKLOADS: dict[str, Callable[[str], BenchWorkload]] = {
     "gpt2-small": _gpt2_small,
     "moe": _moe,
@@ -285,6 +316,7 @@ WORKLOADS: dict[str, Callable[[str], BenchWorkload]] = {
     "cnn-cifar": _cnn_cifar,
     "gpt-tiny": _gpt_tiny,
     "mlp-tiny": _mlp_tiny,
+    "llama": _llama,
 }
 GROUPS: dict[str, tuple[str, ...]] = {"cnn": ("cnn-224", "cnn-cifar")}
 NOT_BUILT: dict[str, str] = {}  # workloads named in the design whose model is not built yet
@@ -326,7 +358,7 @@ def resolve_workload(
     if model_overrides:
         kwargs = {**w.model_kwargs, **model_overrides}
         changes["model_kwargs"] = kwargs
-        if w.model in ("gpt", "moe") and "block_size" in model_overrides:
+        if w.model in LANGUAGE_MODELS and "block_size" in model_overrides:
             changes["seq_len"] = kwargs["block_size"]
     return resolve_bench(w.replace(**changes) if changes else w, warmup_steps, timed_steps)
 
@@ -397,7 +429,7 @@ def flops_per_step(w: BenchWorkload) -> tuple[float, str]:
         return per_sample * _batch_size(
             batch
         ), "counted on one batch (torch.utils.flop_counter, forward + backward)"
-    if w.model in ("gpt", "moe"):
+    if w.model in LANGUAGE_MODELS:
         with torch.device("meta"):
             gpt = build_named(w.model, w.model_kwargs)
         per_token = gpt.flops_per_token(w.seq_len)  # type: ignore[operator]

@@ -10,10 +10,11 @@ from torch import nn
 from ...base.errors import ConfigError
 from .classifier import CifarResNet, ResNet
 from .gpt import GPT, GPTConfig
+from .llama import Llama, LlamaConfig
 from .mlp import TinyMLP
 from .moe import MoEConfig, MoEGPT
 
-KINDS = ("gpt", "moe", "mlp", "resnet", "cifar")
+KINDS = ("gpt", "moe", "llama", "mlp", "resnet", "cifar")
 
 
 def build_named(kind: str, kwargs: dict[str, Any]) -> nn.Module:
@@ -22,6 +23,8 @@ def build_named(kind: str, kwargs: dict[str, Any]) -> nn.Module:
         return GPT(GPTConfig(**kwargs))
     if kind == "moe":
         return MoEGPT(MoEConfig(**kwargs))
+    if kind == "llama":
+        return Llama(LlamaConfig(**kwargs))
     if kind == "mlp":
         return TinyMLP(**kwargs)
     if kind == "resnet":
