@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from turbotrain import Engine
+from turbotrain.app.experts_growth import growth_stops
 from turbotrain.base.config import (
     SECTIONS,
     RunConfig,
@@ -233,3 +234,46 @@ def test_moe_settings_in_the_old_place_or_for_another_family_are_one_line(
     for word in words:
         assert word in err, err
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (
+            ["--monitor.wandb_mode=online"],
+            "monitor.wandb_mode only configures monitor.wandb, off in this run: nothing would use it; "
+            "add --monitor.wandb=true, or drop it",
+        ),
+        (
+            ["--monitor.mlflow_uri=sqlite:///x.db", "--monitor.wandb=true"],
+            "monitor.mlflow_uri only configures monitor.mlflow, off in this run: nothing would use it; "
+            "add --monitor.mlflow=true, or drop it",
+        ),
+        (
+            ["--monitor.project=mine"],
+            "monitor.project only configures monitor.wandb / monitor.mlflow / monitor.trackio, off in this run: "
+            "nothing would use it; add --monitor.wandb=true or --monitor.mlflow=true or --monitor.trackio=true, "
+            "or drop it",
+        ),
+    ],
+)
+def test_tracker_settings_without_their_tracker_are_refused_in_one_line(flags, line, capsys, tmp_path):
+    """#44 item 11: accepted without a word before, while the same mistake elsewhere is refused."""
+    safe = [f"--run.out_dir={tmp_path}", "--train.max_steps=1", "--run.device=cpu"]  # were it to train
+    assert main(["train", "--preset=gpt-tiny", *safe, *flags]) == 2
+    assert capsys.readouterr().err.strip() == f"turbotrain train: error: {line}"
+    load_config("gpt-tiny", {"monitor": {"project": "mine", "trackio": True}})  # with its tracker: taken
+
+
+def test_a_growth_step_at_or_past_the_end_is_one_warning(caplog):
+    """#44 item 11: moe.grow_at_step >= train.max_steps grows nothing in this run: a warning (a
+    later, longer resume grows at that step), not a refusal."""
+    grow = {"moe": {"grow_at_step": 8, "grow_to": 16}}
+    with caplog.at_level("WARNING"):
+        assert growth_stops(load_config("moe-tiny", {**grow, "train": {"max_steps": 20}}))
+        assert not caplog.records
+        assert growth_stops(load_config("moe-tiny", {**grow, "train": {"max_steps": 8}}))
+    assert [r.getMessage() for r in caplog.records] == [
+        "moe.grow_at_step = 8 is at or past train.max_steps = 8: the experts do not grow in this run "
+        '(a resume with {"train": {"max_steps": 16}}, or any end past it, grows them at step 8)'
+    ]

@@ -27,7 +27,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ..base.config import RunConfig
+from ..base.config import RunConfig, setting
 from ..base.rundir import CHECKPOINTS
 from ..loop.checkpoint import checkpoint_step, latest_verified
 from ..loop.hooks import FitContext, Hook
@@ -69,7 +69,17 @@ def growth_stops(c: RunConfig) -> list[Hook]:
     """``[GrowExperts]`` for a run whose experts grow, ``[]`` otherwise (what training adds)."""
     if not grows(c):
         return []
-    return [GrowExperts(c.moe.grow_at_step, c.moe.grow_to, c.train.max_steps)]  # type: ignore[attr-defined]
+    step, end = c.moe.grow_at_step, c.train.max_steps  # type: ignore[attr-defined]
+    if step >= end:  # legitimate for a later extension of the run: a warning, not a refusal
+        log.warning(
+            "moe.grow_at_step = %d is at or past train.max_steps = %d: the experts do not grow in this "
+            "run (a resume with %s, or any end past it, grows them at step %d)",
+            step,
+            end,
+            setting("train.max_steps", 2 * step),
+            step,
+        )
+    return [GrowExperts(step, c.moe.grow_to, end)]  # type: ignore[attr-defined]
 
 
 def resume_step(run_dir: Path) -> int:
