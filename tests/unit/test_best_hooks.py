@@ -12,8 +12,8 @@ from conftest import tiny_overrides
 
 from turbotrain import Engine, fit
 from turbotrain.app.training import train
-from turbotrain.base.config import load_config
-from turbotrain.base.errors import TurbotrainError
+from turbotrain.base.config import audience, load_config
+from turbotrain.base.errors import ConfigError, TurbotrainError
 from turbotrain.cli import main
 from turbotrain.loop.best_checkpoint import KeepBest, best_checkpoint, load_best_weights, restore_best
 from turbotrain.loop.checkpoint import (
@@ -166,7 +166,9 @@ def test_a_checkpoint_saved_without_the_watch_still_resumes_and_the_watch_starts
 
 
 def test_a_run_without_a_best_checkpoint_says_so_in_one_line(tmp_path: Path):
-    with pytest.raises(TurbotrainError, match="has no best checkpoint .*--best.checkpoint=true"):
+    with pytest.raises(
+        TurbotrainError, match=r'has no best checkpoint .*\{"best": \{"checkpoint": "true"\}\}.*KeepBest'
+    ):
         load_best_weights(tmp_path)
 
 
@@ -250,3 +252,30 @@ def test_a_final_validation_pass_at_a_stop_between_evaluations_that_is_the_best_
     assert best is not None and best.name == "step_00000005.pt"
     _, weights = load_best_weights(tmp_path)
     assert all(torch.equal(weights[k], v) for k, v in run.model.state_dict().items())
+
+
+def test_best_metric_wording_a_close_name_the_cli_line_and_a_metric_known_at_start(
+    tmp_path: Path, text_file: Path
+):
+    """#44 item 12: val_acc for val_accuracy is named; one setting "chooses"; `sample --best`'s line
+    (the CLI's) advises no Python; the built-in GPT's validation computes val_loss alone, so another
+    best.metric is one line at the start, before any step (was: at the first validation pass)."""
+    with pytest.raises(
+        TurbotrainError, match=r"computes val_loss, val_accuracy\); did you mean val_accuracy\?"
+    ):
+        MetricWatch("val_acc", "max").require_known(["val_loss", "val_accuracy"])
+    with pytest.raises(ConfigError, match=r"^best.metric chooses what early stopping"):
+        load_config(overrides={"best": {"metric": "val_accuracy"}})
+    with audience("cli"), pytest.raises(TurbotrainError) as caught:
+        load_best_weights(tmp_path)
+    assert "--best.checkpoint=true (and a validation set)" in str(caught.value) and "KeepBest" not in str(
+        caught.value
+    )
+    overrides = tiny_overrides(
+        tmp_path, data={"path": str(text_file)}, best={"metric": "val_accuracy", "patience": 2}
+    )
+    with pytest.raises(
+        TurbotrainError, match=r"best.metric = 'val_accuracy' is not a metric .*computes val_loss\)"
+    ):
+        train(load_config(overrides=overrides), progress=False)
+    assert not list(tmp_path.rglob("metrics.jsonl"))  # nothing trained

@@ -215,6 +215,9 @@ def build_training(
     if isinstance(run, RunConfig):
         run = prepare_config(run, run_dir)
     run_dir, spec = run.run_dir, run.spec
+    early = watch_for(run.config.best)
+    if early is not None and spec.metrics_fn() is None:  # its validation computes the loss alone: known now
+        early.require_known(["val_loss"])
     main = run.main  # under torchrun rank 0 alone writes the run's shared files and prints
     store = (
         remote_store(run.config, run_dir) if main else None

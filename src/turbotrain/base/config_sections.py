@@ -608,6 +608,7 @@ def _unused_best(config: RunConfig, given: Mapping[str, Sequence[str]]) -> str:
     if b.patience or b.checkpoint or not idle:
         return ""
     return (
-        f"{', '.join(f'best.{k}' for k in idle)} choose what early stopping and the best checkpoint watch, "
+        f"{', '.join(f'best.{k}' for k in idle)} choose{'s' if len(idle) == 1 else ''} what early stopping "
+        "and the best checkpoint watch, "
         f"and neither is on: add {setting('best.patience', 3)} or {setting('best.checkpoint', 'true')}"
     )

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..base.atomic import atomic_write
+from ..base.config import setting
 from ..base.errors import TurbotrainError
 from ..base.rundir import CHECKPOINTS
 from ..core.process_group import rank_world
@@ -164,9 +165,11 @@ def load_best_weights(run_dir: Path) -> tuple[Path, dict[str, torch.Tensor]]:
     ``model.load_state_dict(load_best_weights(run_dir)[1])``. A run without one (trained without
     ``best.checkpoint``, or no validation pass yet) is a one-line TurbotrainError."""
     if not list_checkpoints(best_folder(run_dir)):
+        how = setting("best.checkpoint", "true")
+        own_loop = "" if how.startswith("--") else ", or pass KeepBest to fit/track"  # a Python caller's
         raise TurbotrainError(
             f"{run_dir} has no best checkpoint ({best_folder(run_dir)} holds none); train with "
-            "--best.checkpoint=true (and a validation set), or pass KeepBest to fit/track"
+            f"{how} (and a validation set){own_loop}"
         )
     return load_latest_weights(best_folder(run_dir))
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
+from difflib import get_close_matches
 from typing import Any
 
 from ..base.config import BEST_MODES, BestConfig, setting
@@ -59,13 +61,24 @@ class MetricWatch:
         if self.metric == "val_loss":
             return float(ctx.metrics["val_loss"])
         others = ctx.metrics.get("val_metrics") or {}
-        if self.metric not in others:
-            known = ", ".join(["val_loss", *others])
-            raise TurbotrainError(
-                f"best.metric = {self.metric!r} is not a metric of this run's validation (it computes {known}); "
-                f"use {setting('best.metric', 'val_loss')} or add it to your workload's metrics_fn"
-            )
+        self.require_known(["val_loss", *others])
         return float(others[self.metric])
+
+    def require_known(self, known: Sequence[str]) -> None:
+        """The metric is one of ``known`` (what the run's validation computes), or one line naming
+        them, with the close name when there is one (val_acc: val_accuracy)."""
+        if self.metric in known:
+            return
+        close = get_close_matches(self.metric, known, n=1)
+        advice = (
+            f"did you mean {close[0]}? ({setting('best.metric', close[0])})"
+            if close
+            else f"use {setting('best.metric', 'val_loss')} or add it to your workload's metrics_fn"
+        )
+        raise TurbotrainError(
+            f"best.metric = {self.metric!r} is not a metric of this run's validation "
+            f"(it computes {', '.join(known)}); {advice}"
+        )
 
     def observe(self, ctx: FitContext) -> bool | None:
         """Read this step's validation pass, once: True when it improved on the best, False when

@@ -244,7 +244,9 @@ def fetch_run(store: Store, local: Path) -> str:
     for step, (complete, names) in sorted(remote.items(), reverse=True):
         if not complete:
             name = names[0].partition("/")[0].removesuffix(".sha256")
-            log.warning("skipped %s: its upload did not finish (no marker)", store.url(f"{CHECKPOINTS}/{name}"))
+            log.warning(
+                "skipped %s: its upload did not finish (no marker)", store.url(f"{CHECKPOINTS}/{name}")
+            )
             continue
         for name in sorted(names, key=lambda n: n.endswith((".sha256", f"/{MARKER}"))):
             store.get(f"{CHECKPOINTS}/{name}", local / CHECKPOINTS / name)
