@@ -1,12 +1,15 @@
 """Cost of turbotrain's callbacks inside other trainers, and what its recipe does to a Trainer run.
 
-Three comparisons, each interleaved in ONE process (round k runs A then B, round k+1 B then A, so
+Four comparisons, each interleaved in ONE process (round k runs A then B, round k+1 B then A, so
 drift hits both; the first round is warm-up and dropped), every run the same model, seed and data:
 
 - ``hf``: a Hugging Face ``Trainer`` (the GPT-2 of examples/hf_trainer.py: 2 layers, d=64, 64
   tokens, batch 16) without and with :class:`~turbotrain.integrations.hf.TurbotrainCallback`;
 - ``lightning``: a Lightning ``Trainer`` (the GPT of examples/lightning_module.py) without and with
   :class:`~turbotrain.integrations.lightning.TurbotrainLightningCallback`;
+- ``accelerate``: an Accelerate loop (the GPT-2 of examples/accelerate_loop.py: 2 layers, d=64,
+  64 tokens, batch 16) without and with :func:`~turbotrain.integrations.accelerate.track_accelerate`
+  as docs/integrations.md writes it (``run.batch`` per micro-batch, ``run.step`` per step);
 - ``recipe``: the ``Trainer`` with its default ``TrainingArguments`` vs
   ``training_args_recipe()`` (and which arguments the recipe changed on this machine).
 
@@ -42,10 +45,12 @@ from typing import Any
 
 import lightning as L
 import torch
+from accelerate import Accelerator
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
 from turbotrain.app.doctor import collect_env
+from turbotrain.integrations.accelerate import track_accelerate
 from turbotrain.integrations.hf import TurbotrainCallback, training_args_recipe
 from turbotrain.integrations.lightning import TurbotrainLightningCallback
 from turbotrain.parts.models.gpt.model import GPT, GPTConfig
@@ -141,7 +146,8 @@ def instrument(callback: Any, names: tuple[str, ...]) -> list[float]:
     return spent
 
 
-HF_EVENTS = ("_count", "on_step_end", "on_log", "on_save")
+HF_EVENTS = ("_count", "on_step_end", "on_log", "on_evaluate", "on_save")
+ACCELERATE_EVENTS = ("batch", "step")
 LIGHTNING_EVENTS = ("on_train_batch_start", "on_train_batch_end", "on_validation_start", "on_validation_end")
 
 
@@ -212,6 +218,39 @@ def lightning_run(steps: int, work: Path, watched: bool) -> dict[str, float]:
     return clock.figures()
 
 
+def accelerate_run(steps: int, work: Path, watched: bool) -> dict[str, float]:
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=SEQ, n_embd=64, n_layer=2, n_head=2))
+    accelerator = Accelerator(cpu=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    loader = DataLoader(Windows(), batch_size=16, shuffle=True)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    run = (
+        track_accelerate(accelerator, model, work / "turbotrain", log_every=10, report=False)
+        if watched
+        else None
+    )
+    clock = Clock(instrument(run, ACCELERATE_EVENTS) if run else None)
+    model.train()
+    while len(clock.t) < steps:
+        for batch in loader:
+            with accelerator.accumulate(model):
+                loss = model(**batch).loss
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+            clock.tick()  # first: a step's tick comes before the tracker's work for it
+            if run:
+                run.batch(batch)
+                if accelerator.sync_gradients:
+                    run.step(loss)
+            if len(clock.t) == steps:
+                break
+    if run:
+        run.close()
+    return clock.figures()
+
+
 def compare(name: str, a: Callable[[Path], dict], b: Callable[[Path], dict], rounds: int, steps: int) -> dict:
     """``rounds`` interleaved A/B pairs (the first dropped as warm-up): paired ratios B/A."""
     runs: dict[str, list[dict]] = {"a": [], "b": []}
@@ -261,7 +300,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--only", choices=("hf", "lightning", "recipe"), action="append")
+    parser.add_argument("--only", choices=("hf", "lightning", "accelerate", "recipe"), action="append")
     parser.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (1: less noise on a shared machine)"
     )
@@ -269,7 +308,7 @@ def main() -> None:
     a = parser.parse_args()
     torch.set_num_threads(a.threads)
     logging.getLogger("turbotrain").setLevel(logging.ERROR)
-    only = a.only or ["hf", "lightning", "recipe"]
+    only = a.only or ["hf", "lightning", "accelerate", "recipe"]
     results: dict[str, Any] = {}
     if "hf" in only:
         results["hf"] = compare(
@@ -284,6 +323,14 @@ def main() -> None:
             "lightning",
             lambda w: lightning_run(a.steps, w, False),
             lambda w: lightning_run(a.steps, w, True),
+            a.rounds,
+            a.steps,
+        )
+    if "accelerate" in only:
+        results["accelerate"] = compare(
+            "accelerate",
+            lambda w: accelerate_run(a.steps, w, False),
+            lambda w: accelerate_run(a.steps, w, True),
             a.rounds,
             a.steps,
         )
@@ -325,6 +372,7 @@ def markdown(doc: dict[str, Any]) -> str:
     names = {
         "hf": "HF Trainer: without / with TurbotrainCallback",
         "lightning": "Lightning: without / with TurbotrainLightningCallback",
+        "accelerate": "Accelerate loop: without / with track_accelerate",
         "recipe": "HF Trainer: default TrainingArguments / training_args_recipe()",
     }
     lines = [
