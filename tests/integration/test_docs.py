@@ -73,6 +73,8 @@ SKIPPED = {
     "python examples/lightning_module.py": "tests/integration/test_integrations.py runs it (5 steps)",
     "python examples/accelerate_loop.py": "tests/integration/test_integrations.py runs it (5 steps)",
     "python benchmarks/integration_overhead.py": "a benchmark (interleaved Trainer runs, minutes)",
+    "python examples/bert_classifier.py": "tests/integration/test_integrations_encoder.py trains its model and "
+    "data with the Trainer and in an Accelerate loop (6 steps each)",
 }
 
 # Command prefix -> why it is parsed and its config validated, not run.
@@ -84,6 +86,8 @@ CHECKED = {
     "turbotrain train --model examples/hf_causal_lm.py:make": "imports transformers and builds a GPT-2 (tens of seconds); "
     "tests/integration/test_train_model.py",
     "turbotrain memory --model examples/hf_causal_lm.py:make": "imports transformers and measures each checkpointing mode",
+    "turbotrain train --model examples/bert_classifier.py:make": "imports transformers and builds a BERT; "
+    "tests/integration/test_integrations_encoder.py trains it (slow: three runs)",
     "turbotrain train --compile.scope=model": "torch.compile takes 40-125 s on this CPU",
     "turbotrain train --preset gpt-tiny --choose.measure=always": "measures torch.compile (30-90 s on this CPU); "
     "tests/integration/test_choose_train.py measures the eager candidates",

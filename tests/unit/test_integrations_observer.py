@@ -12,8 +12,11 @@ import sys
 import pytest
 import torch
 
+from turbotrain import Engine
+from turbotrain.base.batch import TokenTally, real_tokens, token_count
 from turbotrain.integrations.observer import LoopObserver, peak_spec, run_name
 from turbotrain.integrations.recipe import build_recipe, merge_user
+from turbotrain.loop.monitor.flops import flop_tokens_per_sample
 
 
 @pytest.mark.slow
@@ -123,3 +126,27 @@ def test_runs_are_named_after_their_directory_not_turbotrain(tmp_path):
     named = LoopObserver(tmp_path / "x", device="cpu", framework="test", nvml=False, name="mine")
     named.start()
     assert named.close(report=False)["run"] == "mine"
+
+
+def test_tokens_are_the_attention_masks_ones_and_flops_the_padded_shapes(tmp_path):
+    """(#46 item 7) A padded batch: tokens (the observer's, the engine's through its loader) are
+    the mask's ones; FLOPs scale by samples (their count is the padded shape's), not by tokens."""
+    padded = {
+        "input_ids": torch.zeros(2, 4, dtype=torch.long),
+        "attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]),
+    }
+    plain = {"input_ids": torch.zeros(2, 4, dtype=torch.long)}
+    assert (token_count(padded), real_tokens(padded), real_tokens(plain)) == (8, 5, 8)
+    tally = TokenTally(100)
+    tally.add(padded)
+    tally.add(plain)
+    assert tally.total() == 113
+    assert flop_tokens_per_sample(padded) == 0.0 and flop_tokens_per_sample(plain) == 4.0
+    engine = Engine({"run": {"device": "cpu"}})
+    assert len(list(engine.setup_loader([padded, padded, plain]))) == 3
+    assert (engine.state.samples, engine.state.tokens) == (6, 18)
+    obs = LoopObserver(tmp_path, device="cpu", framework="test", nvml=False)
+    obs.count(padded)
+    obs.count(plain)
+    assert (obs.samples, obs.tokens) == (4, 13)
+    obs.close(report=False)

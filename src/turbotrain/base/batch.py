@@ -65,14 +65,56 @@ def batch_size(batch: Any) -> int:
 
 
 def token_count(batch: Any) -> int:
-    """Tokens in a batch, from shapes (no sync): a mapping's ``input_ids`` or ``attention_mask``
-    (padding included), else a 2-D integer leading tensor (B x T token ids); 0 for other data."""
+    """Token positions in a batch, from shapes (no sync): a mapping's ``input_ids`` or
+    ``attention_mask`` (padding included: what the model computes on, so what FLOPs count),
+    else a 2-D integer leading tensor (B x T token ids); 0 for other data. The tokens a
+    throughput counts are :func:`real_tokens` (padding left out)."""
     lead = _lead(batch)
     if lead is None:
         return 0
     if isinstance(batch, Mapping) and any(isinstance(batch.get(k), torch.Tensor) for k in TOKEN_KEYS):
         return lead.numel() if lead.ndim >= 2 else 0
     return lead.numel() if lead.ndim == 2 and not lead.is_floating_point() else 0
+
+
+def attention_mask(batch: Any) -> torch.Tensor | None:
+    """A mapping's 2-D ``attention_mask`` (1 for a real token, 0 for padding), or None."""
+    mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+    return mask if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None
+
+
+def real_tokens(batch: Any) -> int | torch.Tensor:
+    """The tokens in a batch that are not padding: its attention mask's ones where it has one
+    (summed where the mask is: an int for a mask on the CPU, a 0-dim tensor on its device for
+    one on an accelerator, so no sync here), else :func:`token_count` (shapes)."""
+    mask = attention_mask(batch)
+    if mask is None:
+        return token_count(batch)
+    total = mask.sum()
+    return int(total) if total.device.type == "cpu" else total
+
+
+class TokenTally:
+    """Tokens counted batch by batch (:func:`real_tokens`) without a host-device sync per batch:
+    the sums of masks on a device stay there until :meth:`total` reads them (one sync)."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.counted = start
+        self.pending: torch.Tensor | None = None  # masks' sums still on their device
+
+    def add(self, batch: Any) -> None:
+        tokens = real_tokens(batch)
+        if isinstance(tokens, int):
+            self.counted += tokens
+        else:
+            self.pending = tokens if self.pending is None else self.pending + tokens
+
+    def total(self) -> int:
+        """Every token so far (a host-device sync point when masks' sums on a device are pending)."""
+        if self.pending is not None:
+            self.counted += int(self.pending)  # host-device sync point: read once per record
+            self.pending = None
+        return self.counted
 
 
 def split_batch(batch: Any, parts: int) -> list[Any]:

@@ -33,7 +33,7 @@ from typing import Any, ContextManager, TypeVar
 import torch
 from torch import nn
 
-from ..base.batch import batch_size, split_batch, token_count
+from ..base.batch import batch_size, real_tokens, split_batch
 from ..base.config import RunConfig, load_config
 from ..base.errors import ConfigError
 from ..parts.data.prefetch import DevicePrefetcher
@@ -454,11 +454,13 @@ class Engine:
         return micro
 
     def count_batch(self, batch: Any) -> None:
-        """Add a batch's samples and tokens (from shapes, no sync) to the state; any structure.
-        The loader from ``setup`` calls it for each batch; call it yourself only for batches that
-        do not come through that loader."""
+        """Add a batch's samples and tokens to the state; any structure. Tokens are the real ones
+        (:func:`~turbotrain.base.batch.real_tokens`: an attention mask's ones, padding left out;
+        else from shapes). The loader from ``setup`` calls it for each batch while it is still on
+        the host (no sync); call it yourself only for batches that do not come through that
+        loader (a mask already on an accelerator is read there: one host-device sync)."""
         self.state.samples += batch_size(batch)
-        self.state.tokens += token_count(batch)
+        self.state.tokens += int(real_tokens(batch))  # host-device sync point only for a mask on a device
 
     def micro_batch(self, batch: Any) -> int:
         """Samples per forward/backward for ``batch`` at the current split."""

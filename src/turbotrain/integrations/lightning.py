@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..base.batch import attention_mask
 from ..base.version import __version__
 from ..loop.monitor.flops import _EXTRA_FLOP_FORMULAS  # the CPU attention kernels' FLOP formulas
 from ..parts.hardware import tf32_enabled
@@ -202,7 +203,7 @@ class TurbotrainLightningCallback(Callback):
             return  # gradient accumulation: the optimizer step is not done yet
         loss = self._last_loss = _loss_of(outputs)
         if self._counter is not None:
-            self._end_count()
+            self._end_count(batch)
         obs.step_end(step, loss)
         if step % self._every == 0:
             lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else None
@@ -213,16 +214,18 @@ class TurbotrainLightningCallback(Callback):
         ``training_step`` returned (a device op on logging steps only, no sync)."""
         return loss * self._accumulation if loss is not None and self._accumulation > 1 else loss
 
-    def _end_count(self) -> None:
-        """The first step's FLOPs over its samples: FLOPs per sample (and per token)."""
+    def _end_count(self, batch: Any) -> None:
+        """The first step's FLOPs over its samples: FLOPs per sample (and per token position;
+        none for batches with an attention mask, whose tokens/s counts real tokens only)."""
         obs, counter = self.observer, self._counter
         assert obs is not None and counter is not None
         counter.__exit__(None, None, None)
         self._counter, self._to_count = None, False
         samples, tokens = obs.samples - self._counted[0], obs.tokens - self._counted[1]
         if samples and counter.get_total_flops():
+            per_sample = 0.0 if attention_mask(batch) is not None else tokens / samples
             obs.set_flops(
-                counter.get_total_flops() / samples, "torch.utils.flop_counter (first step)", tokens / samples
+                counter.get_total_flops() / samples, "torch.utils.flop_counter (first step)", per_sample
             )
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -30,11 +30,12 @@ from torch import nn
 from ..app.environment import collect_hardware
 from ..app.report import write_report
 from ..app.summary import write_summary
-from ..base.batch import batch_size, token_count
+from ..base.batch import TokenTally, batch_size
 from ..base.records import read_metrics
 from ..base.rundir import METRICS_FILE, truncate_metrics
 from ..core.compile_guard import CompileGuard
 from ..loop.monitor import MfuProbe, Monitor, ProgressSink, build_probes, estimate_flops_per_sample
+from ..loop.monitor.flops import flop_tokens_per_sample
 from ..loop.monitor.trackers import TrackerOptions, build_sinks
 from ..parts.hardware import DeviceSpec, lookup_peak
 
@@ -168,8 +169,9 @@ class LoopObserver:
         left = _OPEN.get(self.run_dir.resolve())
         if left is not None:  # its trainer raised and this one starts over (or resumes) here
             left.close("failed: training stopped before its end (a new run started here)", report=False)
-        # this process's samples and tokens, counted from batch shapes (a resume's go on)
-        self.samples, self.tokens = resumed_counts(self.run_dir, resume_step) if resume_step else (0, 0)
+        # this process's samples (from shapes) and real tokens (a resume's go on)
+        self.samples, tokens = resumed_counts(self.run_dir, resume_step) if resume_step else (0, 0)
+        self.tally = TokenTally(tokens)
         self.device = torch.device(device)
         self.framework, self.world, self.precision = framework, world, precision
         self.optimizations = dict(optimizations or {})
@@ -206,13 +208,20 @@ class LoopObserver:
         """Training starts (or resumes) at optimizer step ``step``: the clocks and counters start."""
         self.step, self._first = step, step + 1
         self.guard.start()
-        self.monitor.start(step, self.samples, self.tokens)
+        self.monitor.start(step, self.samples, self.tally.total())
         self._start = time.perf_counter()
 
     def count(self, batch: Any) -> None:
-        """One training micro-batch: its samples and tokens, from shapes (no sync)."""
+        """One training micro-batch: its samples (from shapes) and its real tokens (an attention
+        mask's ones, padding left out; summed on the device: no sync)."""
         self.samples += batch_size(batch)
-        self.tokens += token_count(batch)
+        self.tally.add(batch)
+
+    @property
+    def tokens(self) -> int:
+        """This process's tokens so far (a host-device sync point for masks on a device: read on
+        records only)."""
+        return self.tally.total()
 
     def step_end(self, step: int, loss: Any = None) -> None:
         """Optimizer step ``step`` is done. On the first one: the time to first step (on CUDA one
@@ -286,7 +295,7 @@ class LoopObserver:
             return
         finally:
             self.add_side(time.perf_counter() - t0)
-        self.set_flops(flops, source, token_count(batch) / batch_size(batch))
+        self.set_flops(flops, source, flop_tokens_per_sample(batch))
 
     # ------------------------------------------------------------------ the end
 

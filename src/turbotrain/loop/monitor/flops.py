@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
-from ...base.batch import batch_size, move_to, token_count
+from ...base.batch import attention_mask, batch_size, move_to, token_count
 from ...core.engine import as_loss, default_loss
 from ...core.transforms import checkpointed_blocks, eager, recompute_context
 from ...parts.hardware import DeviceSpec, estimate_mfu, lookup_peak, precision_key, tf32_enabled
@@ -153,7 +153,7 @@ class MfuProbe:
     (samples/s for data without tokens).
 
     ``flops_per_sample`` is counted once (see :func:`estimate_flops_per_sample`) on an example of
-    ``tokens_per_sample`` tokens (padding counted, as in ``tokens_per_s``); with tokens the rate is
+    ``tokens_per_sample`` tokens (:func:`flop_tokens_per_sample`); with tokens the rate is
     FLOPs per token x tokens/s, so token-budget batches (rows per batch vary, tokens do not) give
     a steady figure, and fixed windows the same as samples/s x FLOPs per sample. The peak comes
     from ``spec`` (a datasheet entry) and the record's ``precision`` (the one in use, so a
@@ -217,6 +217,16 @@ class MfuProbe:
         return out
 
 
+def flop_tokens_per_sample(batch: Any) -> float:
+    """The tokens per sample an :class:`MfuProbe` scales its FLOPs by (its ``tokens_per_sample``):
+    the token positions FLOPs were counted on (padding included); 0 for a batch with an attention
+    mask, whose tokens/s counts real tokens only (so the rate is samples/s x FLOPs per padded
+    sample), and for data without tokens."""
+    if attention_mask(batch) is not None:
+        return 0.0
+    return token_count(batch) / batch_size(batch)
+
+
 def build_mfu_probe(
     model: nn.Module,
     example_batch: Any,
@@ -230,8 +240,7 @@ def build_mfu_probe(
     ``device`` here), the peak from the device name (x ``devices``, the data-parallel world).
     An unknown device is logged, not an error."""
     flops = estimate_flops(model, move_to(example_batch, device), loss_fn, autocast)
-    # padding counted, as tokens_per_s
-    tokens_per_sample = token_count(example_batch) / batch_size(example_batch)
+    tokens_per_sample = flop_tokens_per_sample(example_batch)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     spec = lookup_peak(name) if device.type == "cuda" else None
     if spec is None:

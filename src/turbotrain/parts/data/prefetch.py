@@ -29,33 +29,35 @@ class DevicePrefetcher:
     ) -> None:
         self.loader, self.device = loader, device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" and side_stream else None
-        self.on_batch = on_batch or (lambda batch: None)  # told of each batch as it is handed out
+        # told of each batch as it is handed out, in its host form (counting it needs no sync)
+        self.on_batch = on_batch or (lambda batch: None)
 
     def __iter__(self) -> Iterator[Any]:
         it = iter(self.loader)
         if self.stream is None:
             for host in it:
                 batch = move_to(host, self.device, non_blocking=True)
-                self.on_batch(batch)
+                self.on_batch(host)
                 yield batch
             return
         nxt = self._issue(it)
         while nxt is not None:
-            batch = nxt
+            host, batch = nxt
             current = torch.cuda.current_stream(self.device)
             current.wait_stream(self.stream)
             map_tensors(batch, lambda t: t.record_stream(current))
             nxt = self._issue(it)
-            self.on_batch(batch)
+            self.on_batch(host)
             yield batch
 
-    def _issue(self, it: Iterator[Any]) -> Any:
+    def _issue(self, it: Iterator[Any]) -> tuple[Any, Any] | None:
+        """The next batch, as the loader gave it and as issued to the device on the side stream."""
         try:
             host = next(it)
         except StopIteration:
             return None
         with torch.cuda.stream(self.stream):
-            return move_to(host, self.device, non_blocking=True)
+            return host, move_to(host, self.device, non_blocking=True)
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
