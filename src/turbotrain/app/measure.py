@@ -465,8 +465,6 @@ def run(
     """Train ``warmup`` + ``steps`` (+ ``extra_steps``, e.g. a profiler window) optimizer steps
     with ``fit`` and return the figures of the ``steps`` timed ones."""
     engine = built.engine
-    if engine.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(engine.device)
     clock = StepClock(engine.device, warmup, steps)
     total = warmup + steps + extra_steps
     measure = _Measure(built, clock, warmup, steps, total, window, on_window, on_warm)
@@ -492,6 +490,7 @@ def run(
         "warmup": warmup,
         "step_ms_median": figures["step_ms_median"],
         "step_ms": figures["step_ms"],
+        "step_ms_spread": figures["step_ms_spread"],
         "samples_per_step": samples,
         "tokens_per_step": tokens,
         "samples_per_s": samples / step_s,
