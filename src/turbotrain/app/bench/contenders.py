@@ -37,6 +37,7 @@ from ...loop.hooks import FitContext, Hook
 from ..prepare import prepare_process
 from .handtuned import train_handtuned
 from .protocol import Job, make_loader, math_precision
+from .workloads import LANGUAGE_MODELS
 
 
 class SkipContender(Exception):
@@ -344,7 +345,7 @@ def train_turbotrain(job: Job) -> dict[str, Any]:
         "compiled": engine.options.compile_scope != "off",
         "math_precision": math_precision(device, autocast_dtype, p.param_dtype, job.has_conv),
         "recipe": f"Engine + fit: {p.name}{tf32}, compile {compile_desc}, AdamW {impl}, "
-        f"attention {job.spec['model']['kwargs'].get('attention', 'sdpa') if job.spec['model']['kind'] == 'gpt' else 'n/a'}, "
+        f"attention {job.spec['model']['kwargs'].get('attention', 'sdpa') if job.spec['model']['kind'] in LANGUAGE_MODELS else 'n/a'}, "
         f"{prefetch}",
         "resolved": {"precision": p.name, "compile": compile_desc, "optimizer": impl, "prefetch": prefetch},
         "events": [e.__dict__ for e in engine.events],
