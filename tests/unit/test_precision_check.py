@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from turbotrain.app.precision_check import check_precisions, format_check, load_target
-from turbotrain.base.config import PrecisionConfig
 from turbotrain.cli import main
 from turbotrain.core.precision import DeviceCaps, resolve_precision
+from turbotrain.core.precision.fp8 import FP8Settings
 
 OVERFLOW = """
 import torch
@@ -106,7 +106,7 @@ def test_fp8_is_a_row_where_it_runs_here_emulated_on_this_cpu(tmp_path):
     pytest.importorskip("torchao")
     workload = load_target(f"{_write(tmp_path)}:make", None)
     report = check_precisions(
-        workload, "cpu", modes=("fp32",), fp8=PrecisionConfig(fp8_emulate=True, fp8_min_size=1)
+        workload, "cpu", modes=("fp32",), fp8=FP8Settings(fp8_emulate=True, fp8_min_size=1)
     )
     assert report["fp8"]["runs_here"] and report["fp8"]["converted"] == ["a"]
     fp8 = {r["precision"]: r for r in report["results"]}["fp8"]

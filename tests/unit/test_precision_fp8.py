@@ -14,7 +14,7 @@ from conftest import tiny_overrides
 
 from turbotrain import Engine
 from turbotrain.app.training import train
-from turbotrain.base.config import PRECISION_MODES, PrecisionConfig, describe, load_config
+from turbotrain.base.config import PRECISION_MODES, describe, load_config
 from turbotrain.base.errors import ConfigError
 from turbotrain.cli import main
 from turbotrain.core.precision import (
@@ -26,6 +26,7 @@ from turbotrain.core.precision import (
     resolve_precision,
 )
 from turbotrain.core.precision import fp8 as fp8_module
+from turbotrain.core.precision.fp8 import FP8Settings
 from turbotrain.loop.checkpoint import load_latest_weights
 from turbotrain.loop.monitor import MfuProbe
 from turbotrain.parts.hardware import PEAK_KEYS, lookup_peak, precision_key
@@ -104,7 +105,7 @@ def _tiny_gpt(seed: int = 0) -> GPT:
 
 def test_the_filter_converts_divisible_linears_above_the_size_and_keeps_the_output_layer():
     with pytest.warns(UserWarning, match="correctness"):
-        p = build_precision("fp8", torch.device("cpu"), CPU, PrecisionConfig(**EMULATE, fp8_skip="blocks.1."))
+        p = build_precision("fp8", torch.device("cpu"), CPU, FP8Settings(**EMULATE, fp8_skip="blocks.1."))
     model = p.convert_module(_tiny_gpt())
     assert p.converted == ["blocks.0.attn.qkv", "blocks.0.attn.proj", "blocks.0.mlp.0", "blocks.0.mlp.2"]
     assert any(k.startswith("lm_head") and "output layer" in k for k in p.kept)

@@ -31,7 +31,7 @@ from ..base.config import RunConfig, setting
 from ..base.rundir import CHECKPOINTS
 from ..loop.checkpoint import checkpoint_step, latest_verified
 from ..loop.hooks import FitContext, Hook
-from ..parts.models.moe.settings import experts_at
+from ..parts.models.moe.settings import MoESettings, experts_at
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ GROW_REASON = "moe.grow_at_step"  # how the growth's stop reason starts
 
 def grows(c: RunConfig) -> bool:
     """Whether ``c`` is a MoE GPT run whose experts grow at a step."""
-    return c.model.arch == "moe" and not c.model.workload and bool(c.moe.grow_at_step)  # type: ignore[attr-defined]
+    return c.model.arch == "moe" and not c.model.workload and bool(c.table(MoESettings).grow_at_step)
 
 
 class GrowExperts(Hook):
@@ -69,7 +69,8 @@ def growth_stops(c: RunConfig) -> list[Hook]:
     """``[GrowExperts]`` for a run whose experts grow, ``[]`` otherwise (what training adds)."""
     if not grows(c):
         return []
-    step, end = c.moe.grow_at_step, c.train.max_steps  # type: ignore[attr-defined]
+    e = c.table(MoESettings)
+    step, end = e.grow_at_step, c.train.max_steps
     if step >= end:  # legitimate for a later extension of the run: a warning, not a refusal
         log.warning(
             "moe.grow_at_step = %d is at or past train.max_steps = %d: the experts do not grow in this "
@@ -79,7 +80,7 @@ def growth_stops(c: RunConfig) -> list[Hook]:
             setting("train.max_steps", 2 * step),
             step,
         )
-    return [GrowExperts(step, c.moe.grow_to, end)]  # type: ignore[attr-defined]
+    return [GrowExperts(step, e.grow_to, end)]
 
 
 def resume_step(run_dir: Path) -> int:
@@ -96,7 +97,7 @@ def model_config(c: RunConfig, run_dir: Path | None) -> RunConfig:
     ``moe.n_experts = grow_to`` (and no growth left)."""
     if not grows(c) or run_dir is None:
         return c
-    e = c.moe  # type: ignore[attr-defined]
+    e = c.table(MoESettings)
     n = experts_at(e, resume_step(run_dir))
     return c if n == e.n_experts else c.replace(moe={"n_experts": n, "grow_at_step": 0, "grow_to": 0})
 

@@ -31,12 +31,12 @@ from typing import Any
 import torch
 
 from ..base.batch import move_to
-from ..base.config import PrecisionConfig, load_config
+from ..base.config import PrecisionConfig, load_config, recast
 from ..base.errors import ConfigError, TurbotrainError
 from ..core.device import resolve_device
 from ..core.engine import Engine, default_loss
 from ..core.precision import FP8, DeviceCaps, FP16Mixed, Precision, fallback_mode, resolve_precision
-from ..core.precision.fp8 import float8_capable, torchao_available
+from ..core.precision.fp8 import FP8Settings, float8_capable, torchao_available
 from ..core.precision.fp8_choice import FP8Choice, default_cache_dir, time_fp8_layers
 from ..parts.models.registry import spec_for
 from ..parts.workload import Workload, load_workload
@@ -194,7 +194,9 @@ def fp8_plan(
     if not converted and not fp8.min_size:
         out["with_min_size_1"] = sum(
             not why
-            for why in FP8.from_settings(device, dataclasses.replace(settings, fp8_min_size=1))
+            for why in FP8.from_settings(
+                device, dataclasses.replace(recast(settings, FP8Settings), fp8_min_size=1)
+            )
             .layer_plan(model)
             .values()
         )
@@ -234,7 +236,7 @@ def check_precisions(
     fp32 itself is a TurbotrainError."""
     device = resolve_device("auto" if device is None else str(device))
     caps = DeviceCaps.of(device)
-    fp8_settings = dataclasses.replace(fp8 or PrecisionConfig(), mode=FP8.name)
+    fp8_settings = recast(dataclasses.replace(fp8 or PrecisionConfig(), mode=FP8.name), FP8Settings)
     fp8_report = fp8_plan(w.model, device, caps, fp8_settings)
     if fp8_report["runs_here"] and fp8_report["converted"] and FP8.name not in modes:
         modes = (*modes, FP8.name)

@@ -22,7 +22,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ..base.batch import move_to
-from ..base.config import SECTIONS
+from ..base.config import SECTIONS, known_keys
 from ..base.errors import ConfigError, TurbotrainError
 from ..base.launch import Launch, Topology
 from ..base.records import read_metrics
@@ -302,7 +302,7 @@ def overrides_of(settings: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         if key in SECTIONS and isinstance(value, Mapping):
             _once(out, key, value)
             continue
-        owners = [name for name, cls in SECTIONS.items() if key in {f.name for f in fields(cls)}]
+        owners = [name for name in SECTIONS if key in known_keys(name)]
         if len(owners) != 1:
             raise ConfigError(
                 f"train(): {key}= is not a config field; give a field by its name or a whole section, e.g. "

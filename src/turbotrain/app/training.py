@@ -51,6 +51,7 @@ from ..core.assembly import Trainable, build_trainable
 from ..core.engine import Engine, default_loss
 from ..core.main_rank import main_first
 from ..core.optim import resolve_implementation
+from ..core.precision.fp8 import FP8Settings
 from ..core.precision.fp8_choice import choose_for_run as choose_fp8_layers
 from ..loop.best_checkpoint import watched
 from ..loop.checkpoint import (
@@ -175,7 +176,7 @@ def assemble(run: PreparedRun, show: bool) -> Assembled:
     plain = spec.build(model_config(c, run_dir if run.resume else None), data)
     fp8_plan: dict[str, Any] = {}
     # float8 only where timing says it pays
-    if c.precision.mode == "fp8" and c.precision.fp8_layers == "timed":
+    if isinstance(c.precision, FP8Settings) and c.precision.fp8_layers == "timed":
         micro = c if isinstance(c.batch.micro, int) else c.replace(batch={"micro": 8})  # 'auto': timed at 8
         c, fp8_choice = choose_fp8_layers(
             c, plain, data.example(micro), loss_fn or default_loss, run_dir, run.device

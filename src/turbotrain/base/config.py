@@ -6,13 +6,15 @@ is built. Nothing downstream reads raw strings; the engine and the loop receive 
 Sources, later wins: field defaults < a TOML preset shipped in ``turbotrain/presets`` (or a TOML
 file path) < ``--section.key=value`` overrides. Errors name the field and the valid values.
 
-Who declares what: the run's own sections are in :mod:`.config_sections`; a plugin declares its
-settings in its own file, as a frozen dataclass of :func:`knob` fields, and registers it here with
-:func:`register_settings`: a model family (its fields join ``[model]``, or a section of its own
-such as ``[moe]``), a precision (its fields join ``[precision]``, as fp8's ``fp8_*`` do). Its
-rules that span fields, the one line for settings given where they do nothing, and the names its
-settings had before they moved (:data:`MOVED`) come with the registration. ``import turbotrain``
-imports every built-in plugin, so a config read anywhere knows all of them.
+Who declares what: the run's own sections are in :mod:`.config_sections` (their shape never
+changes); a plugin declares its settings in its own file, as a frozen dataclass of :func:`knob`
+fields, and says with :func:`register_settings` when they apply: a model family (a variant of
+``[model]``, as the GPT's ``GPTSettings``, or a table of its own such as ``[moe]``), a precision (a
+variant of ``[precision]``, as fp8's ``FP8Settings``). They are read only when the run selects the
+plugin (:mod:`.config_plugins`). Its rules that span fields, the one line for settings given where
+they do nothing, and the names its settings had before they moved (:data:`MOVED`) come with the
+registration. ``import turbotrain`` imports every built-in plugin, so a config read anywhere knows
+all of them.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, TypeVar, get_type_hints
 
 from .config_fields import (
     AUTO,
@@ -35,11 +37,23 @@ from .config_fields import (
     PRECISION_MODES,
     Names,
     audience,
+    check_value,
     choice_error,
     in_range,
     knob,
     range_text,
     setting,
+)
+from .config_plugins import (
+    REGISTERED,
+    Registration,
+    declared,
+    other_keys,
+    parse_when,
+    recast,
+    tables,
+    variant_class,
+    variants,
 )
 from .config_sections import (
     ARCHS,
@@ -76,6 +90,8 @@ from .config_sections import (
 )
 from .errors import ConfigError
 
+T = TypeVar("T")
+
 __all__ = [
     "ARCHS",
     "AUTO",
@@ -95,6 +111,7 @@ __all__ = [
     "MAX_TIMEOUT_S",
     "MODEL_SECTIONS",
     "MOVED",
+    "OWN_SECTIONS",
     "NONFINITE_POLICIES",
     "OOM_POLICIES",
     "OPTIM_IMPLEMENTATIONS",
@@ -124,12 +141,14 @@ __all__ = [
     "from_dict",
     "in_range",
     "knob",
+    "known_keys",
     "load_config",
     "migrate",
     "parse_overrides",
     "preset_names",
     "range_text",
     "read_preset",
+    "recast",
     "register_settings",
     "setting",
     "to_toml",
@@ -140,7 +159,12 @@ __all__ = [
 @dataclass(frozen=True)
 class RunConfig:
     """The whole run. Each attribute is one concern's config; see ``turbotrain train --help-config``.
-    A plugin's own section (``moe``) is an attribute too, added when the plugin registers it."""
+
+    Its shape is fixed: ``model`` and ``precision`` hold the variant their selector picks (a GPT's
+    ``GPTSettings``, fp8's ``FP8Settings``: :mod:`.config_plugins`), ``tables`` the plugins' own
+    tables the run selects or a file held (``[moe]``: ``config.table(MoESettings)``, or by its
+    name, ``config.moe``). Building one settles both (a section built by hand is read as its
+    selected variant)."""
 
     preset: str = knob("gpt-tiny", "the preset this config started from")
     run: RunSection = field(default_factory=RunSection)
@@ -156,9 +180,49 @@ class RunConfig:
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     choose: ChooseConfig = field(default_factory=ChooseConfig)
+    tables: tuple[Any, ...] = ()  # the plugins' own tables (``[moe]``), in --help-config order
+
+    def __post_init__(self) -> None:
+        for name, base in OWN_SECTIONS.items():
+            section = getattr(self, name)
+            wanted = variant_class(name, base, section)
+            if type(section) is not wanted:
+                object.__setattr__(self, name, recast(section, wanted))
+        have = {type(t): t for t in self.tables}
+        for r in tables():
+            if r.cls not in have and r.selected(self):
+                have[r.cls] = r.cls()
+        order = [r.cls for r in tables()]
+        settled = tuple(
+            sorted(have.values(), key=lambda t: order.index(type(t)) if type(t) in order else len(order))
+        )
+        if settled != self.tables:
+            object.__setattr__(self, "tables", settled)
+
+    def table(self, cls: type[T]) -> T:
+        """A plugin's own table (``config.table(MoESettings)``): as read, else its defaults."""
+        for t in self.__dict__.get("tables", ()):
+            if type(t) is cls:
+                return t  # type: ignore[no-any-return]
+        return cls()
+
+    def __getattr__(self, name: str) -> Any:
+        """A plugin's own table by its name (``config.moe``), for code written before it was a table."""
+        reg = next((r for r in tables() if r.section == name), None)
+        if reg is None or name.startswith("__"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return self.table(reg.cls)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The config as nested tables (as TOML gives them): ``from_dict`` reads it back."""
+        out: dict[str, Any] = {"preset": self.preset}
+        own = {r.cls: r.section for r in tables()}
+        present = {own[type(t)]: t for t in self.tables if type(t) in own}
+        for name in SECTIONS:
+            section = getattr(self, name) if name in OWN_SECTIONS else present.get(name)
+            if section is not None:
+                out[name] = dataclasses.asdict(section)
+        return out
 
     def replace(self, **sections: Any) -> RunConfig:
         """Copy with whole sections or ``section={"key": value}`` dicts replaced (validated)."""
@@ -171,12 +235,20 @@ class RunConfig:
         return from_dict(data)
 
 
-SECTIONS: dict[str, type] = {}
-"""Every section by name, in ``--help-config`` order: the run's own and those plugins registered."""
+OWN_SECTIONS: dict[str, type] = {
+    f.name: f.default_factory  # type: ignore[misc]
+    for f in fields(RunConfig)
+    if f.default_factory is not MISSING
+}
+"""The run's own sections by name, each with its class (a plugin's variant subclasses it)."""
+
+SECTIONS: dict[str, type] = dict(OWN_SECTIONS)
+"""Every section by name, in ``--help-config`` order: the run's own and the plugins' own tables
+(each after the section it names), with their classes (the run's own: the base class)."""
 
 MODEL_SECTIONS = Names("model")
 """The sections that decide the model's tensors (a checkpoint fits or not): ``[model]`` and the
-families' own sections (``[moe]``)."""
+families' own tables (``[moe]``)."""
 
 MOVED: dict[str, str] = {}
 """Settings that moved (old ``section.key`` -> new), declared by the plugin that owns them: a file
@@ -187,123 +259,82 @@ command line or dict that still names the old place gets one line naming the new
 # ----------------------------------------------------------------------------- plugin settings
 
 
-@dataclass(frozen=True)
-class Registration:
-    """One plugin's settings (see :func:`register_settings`)."""
-
-    section: str
-    cls: type
-    names: tuple[str, ...]  # the settings it declared, keys of ``section``
-    check: Callable[[RunConfig], None] | None
-    unused: Callable[[RunConfig, Sequence[str]], str] | None
-
-
-REGISTERED: list[Registration] = []
-
-# what a dataclass generates from its fields (copied onto a section grown in place; __setattr__ and
-# __delattr__ stay the original's, so the frozen check keeps naming the class)
-_GENERATED = ("__init__", "__repr__", "__eq__", "__hash__", "__match_args__", "__dataclass_fields__")
-
-
-def _registered_default(self: Any, name: str) -> Any:
-    """A section object made before a plugin added field ``name`` reads the field's default."""
-    f = type(self).__dataclass_fields__.get(name)
-    if f is None or name.startswith("__"):
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-    return f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
-
-
-def _grow(cls: type, extra: list[tuple[str, Any, dataclasses.Field]], after: str | None = None) -> None:
-    """Add fields to the frozen dataclass ``cls`` in place (torchtitan merges its config dataclasses
-    with ``make_dataclass`` too; in place, so every module that imported ``cls``, and every pickle,
-    keeps meaning the one class). The new fields go after field ``after`` (else at the end)."""
-    hints = get_type_hints(cls)
-    own = [(f.name, hints[f.name], _copy_field(f)) for f in fields(cls)]
-    at = len(own) if after is None else [name for name, _, _ in own].index(after) + 1
-    merged = dataclasses.make_dataclass(cls.__name__, [*own[:at], *extra, *own[at:]], frozen=True)
-    for attr in _GENERATED:
-        setattr(cls, attr, merged.__dict__[attr])
-    for name, hint, f in extra:
-        cls.__annotations__[name] = hint
-        if f.default is not MISSING:
-            setattr(cls, name, f.default)
-    cls.__getattr__ = _registered_default  # type: ignore[attr-defined]
-
-
-def _copy_field(f: dataclasses.Field) -> dataclasses.Field:
-    return field(default=f.default, default_factory=f.default_factory, metadata=f.metadata)  # type: ignore[call-overload]
-
-
-def _declared(cls: type) -> list[tuple[str, Any, dataclasses.Field]]:
-    """``cls``'s fields as settings, each declared with :func:`knob` (help text; a range if numeric)."""
-    if not (is_dataclass(cls) and cls.__dataclass_params__.frozen):  # type: ignore[attr-defined]
-        raise TypeError(f"{cls.__name__}: settings are a @dataclass(frozen=True) of knob(...) fields")
-    hints = get_type_hints(cls)
-    out = []
-    for f in fields(cls):
-        numeric = isinstance(f.default, (int, float)) and not isinstance(f.default, bool)
-        if "doc" not in f.metadata or (numeric and not range_text(f)):
-            raise TypeError(
-                f"{cls.__name__}.{f.name}: declare it with knob(default, help, ...), a number with its range (min=, max=)"
-            )
-        out.append((f.name, hints[f.name], _copy_field(f)))
-    return out
-
-
 def register_settings(
     section: str,
     cls: type,
     *,
+    when: str,
     after: str | None = None,
     check: Callable[[RunConfig], None] | None = None,
     unused: Callable[[RunConfig, Sequence[str]], str] | None = None,
     moved: Mapping[str, str] | None = None,
     model_shape: bool = False,
 ) -> None:
-    """Make the settings ``cls`` (a frozen dataclass of :func:`knob` fields, in the plugin's own
-    file) part of every run config: parsed, validated, written, listed by ``--help-config``.
+    """Declare a plugin's settings ``cls`` (a frozen dataclass of :func:`knob` fields, in the
+    plugin's own file), read only when ``when`` (``"model.arch=moe"``, values comma-separated)
+    selects it; from then on they are parsed, validated, written and listed by ``--help-config``
+    (:mod:`.config_plugins` explains the two forms).
 
-    ``section`` names an existing section: the fields join it (``precision.fp8_recipe``); a new
-    name: ``cls`` is that section (``[moe]``, ``config.moe``), placed after section ``after``.
-    ``check(config)`` raises a one-line :class:`ConfigError` for rules that span fields (run by
-    :func:`validate`); ``unused(config, given)`` returns the one line for settings of ``cls`` the
-    caller gave (flags, an override dict) where they would do nothing ("" where they apply; files
-    are never held to it); ``moved`` maps a setting's old ``section.key`` to its key here;
-    ``model_shape``: the section decides the model's tensors (resume compares it). Registering the
-    same class again (a module reloaded) changes nothing."""
-    declared = _declared(cls)
-    names = tuple(name for name, _, _ in declared)
-    key = (cls.__module__, cls.__qualname__)
-    again = [r for r in REGISTERED if (r.cls.__module__, r.cls.__qualname__) == key and r.section == section]
-    if again:
-        REGISTERED[REGISTERED.index(again[0])] = Registration(section, cls, names, check, unused)
-        return
-    if section in SECTIONS:
-        target = SECTIONS[section]
-        clash = sorted(set(names) & {f.name for f in fields(target)})
-        if clash:
-            raise ValueError(f"{cls.__name__}: {section}.{clash[0]} is already a setting")
-        _grow(target, declared)
-    else:
-        _grow(RunConfig, [(section, cls, field(default_factory=cls))], after=after)
-        _index_sections()
-    REGISTERED.append(Registration(section, cls, names, check, unused))
+    ``section`` names a run section (``"model"``, ``"precision"``): ``cls`` subclasses its class and
+    is that section when its own key (``when``'s) selects it; a new name: ``cls`` is a table of its
+    own (``[moe]``), listed after section ``after``. ``check(config)`` raises a one-line
+    :class:`ConfigError` for rules that span fields (run by :func:`validate` when selected);
+    ``unused(config, given)`` returns the one line for settings of ``cls`` the caller gave (flags,
+    an override dict) where they would do nothing ("" where they apply; a generic line naming the
+    selector when not given); ``moved`` maps a setting's old ``section.key`` to its key here;
+    ``model_shape``: the table decides the model's tensors (resume compares it). Registering a
+    class again adds its ``when`` values (a second family with the same backbone) or, from a module
+    reloaded, changes nothing else."""
+    selector = parse_when(when)
+    variant = section in OWN_SECTIONS
+    if variant and selector[0] != section:
+        raise ValueError(f"{cls.__name__}: a variant of [{section}] is selected by a key of [{section}]")
+    names = declared(cls, OWN_SECTIONS[section] if variant else None)
+    key = (cls.__module__, cls.__qualname__, section)
+    for i, r in enumerate(REGISTERED):
+        if (r.cls.__module__, r.cls.__qualname__, r.section) == key:
+            values = (
+                tuple(dict.fromkeys((*r.when[2], *selector[2])))
+                if r.when[:2] == selector[:2]
+                else selector[2]
+            )
+            REGISTERED[i] = Registration(
+                section,
+                cls,
+                (*selector[:2], values),
+                names,
+                check or r.check,
+                unused or r.unused,
+                not variant,
+            )
+            return
+    if not variant and section in SECTIONS:
+        raise ValueError(f"{cls.__name__}: [{section}] is already a section")
+    clash = sorted({n for r in variants(section) for n in r.names if r.cls is not cls} & set(names))
+    if clash:
+        raise ValueError(f"{cls.__name__}: {section}.{clash[0]} is already another plugin's setting")
+    REGISTERED.append(Registration(section, cls, selector, names, check, unused, not variant))
+    if not variant:
+        _place(section, cls, after)
     MOVED.update({old: f"{section}.{new}" for old, new in (moved or {}).items()})
     if model_shape:
         MODEL_SECTIONS.add(section)
 
 
-def _index_sections() -> None:
+def _place(name: str, cls: type, after: str | None) -> None:
+    """Put table ``name`` into :data:`SECTIONS` after section ``after`` (else at the end)."""
+    items = list(SECTIONS.items())
+    at = len(items) if after not in SECTIONS else [n for n, _ in items].index(after) + 1
+    items.insert(at, (name, cls))
     SECTIONS.clear()
-    SECTIONS.update(
-        {f.name: f.default_factory for f in fields(RunConfig) if f.default_factory is not MISSING}  # type: ignore[misc]
-    )
+    SECTIONS.update(items)
 
 
-_index_sections()
-
-
-# ----------------------------------------------------------------------------- presets
+def known_keys(section: str) -> list[str]:
+    """Every key ``[section]`` may hold: its own and its variants' (``--help-config`` order)."""
+    cls = SECTIONS[section]
+    own = [f.name for f in fields(cls)]
+    return list(dict.fromkeys([*own, *(n for r in variants(section) for n in r.names)]))
 
 
 # ----------------------------------------------------------------------------- presets
@@ -394,7 +425,8 @@ def _coerce(section: str, key: str, hint: Any, value: Any) -> Any:
 def _build_section(name: str, cls: type, table: Mapping[str, Any]) -> Any:
     hints = get_type_hints(cls)
     known = {f.name for f in fields(cls)}
-    unknown = sorted(set(table) - known)
+    elsewhere = other_keys(name, cls) if name in OWN_SECTIONS else set()  # another variant's: dropped
+    unknown = sorted(set(table) - known - elsewhere)
     moved = [k for k in unknown if f"{name}.{k}" in MOVED]
     if moved:
         new = MOVED[f"{name}.{moved[0]}"]
@@ -405,22 +437,34 @@ def _build_section(name: str, cls: type, table: Mapping[str, Any]) -> Any:
         raise ConfigError(
             f"unknown key {name}.{unknown[0]}; valid keys in [{name}]: {', '.join(sorted(known))}"
         )
-    values = {k: _coerce(name, k, hints[k], v) for k, v in table.items()}
+    values = {k: _coerce(name, k, hints[k], v) for k, v in table.items() if k in known}
     return cls(**values)
 
 
+def _table(data: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    table = data.get(name, {})
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"[{name}] must be a table of keys, got {table!r}")
+    return table
+
+
 def from_dict(data: Mapping[str, Any]) -> RunConfig:
-    """Build and validate a :class:`RunConfig` from nested tables (as TOML gives them)."""
+    """Build and validate a :class:`RunConfig` from nested tables (as TOML gives them): each run
+    section read into the variant its key selects, each plugin's own table read when the run
+    selects the plugin or ``data`` holds it."""
     unknown = sorted(set(data) - set(SECTIONS) - {"preset"})
     if unknown:
         raise ConfigError(f"unknown section {unknown[0]!r}; valid sections: {', '.join(SECTIONS)}")
     built: dict[str, Any] = {}
-    for name, cls in SECTIONS.items():
-        table = data.get(name, {})
-        if not isinstance(table, Mapping):
-            raise ConfigError(f"[{name}] must be a table of keys, got {table!r}")
-        built[name] = _build_section(name, cls, table)
-    config = RunConfig(preset=str(data.get("preset", "custom")), **built)
+    for name, base in OWN_SECTIONS.items():
+        table = _table(data, name)
+        built[name] = _build_section(name, variant_class(name, base, dict(table)), table)
+    own = tuple(
+        _build_section(r.section, r.cls, _table(data, r.section))
+        for r in tables()
+        if r.section in data or r.selected(built)
+    )
+    config = RunConfig(preset=str(data.get("preset", "custom")), **built, tables=own)
     validate(config)
     return config
 
@@ -459,13 +503,13 @@ def load_config(
     config = from_dict(table)
     given = {section: list(values) for section, values in extra.items()}
     message = unused_run(config, given)  # the run's own settings given where they would do nothing
+    for r in REGISTERED:  # a plugin's settings given where they would do nothing: its one line
+        if message:
+            break
+        mine = [k for k in given.get(r.section, ()) if k in r.names]
+        message = r.unused_line(config, mine) if mine else ""
     if message:
         raise ConfigError(message)
-    for r in REGISTERED:  # settings given where they would do nothing: the plugin's one line
-        given = [k for k in extra.get(r.section, {}) if k in r.names]
-        message = r.unused(config, given) if given and r.unused is not None else ""
-        if message:
-            raise ConfigError(message)
     return config
 
 
@@ -481,29 +525,14 @@ def validate(config: RunConfig) -> None:
     that span fields: the run's own (:func:`~.config_sections.check_run`: the run name is one
     folder name, the device one turbotrain knows, ...) and each plugin's (its registration's
     ``check``)."""
-    for name in SECTIONS:
-        section = getattr(config, name)
+    sections = [(name, getattr(config, name)) for name in OWN_SECTIONS]
+    own = {r.cls: r.section for r in tables()}
+    for name, section in [*sections, *((own.get(type(t), "?"), t) for t in config.tables)]:
         for f in fields(section):
-            value = getattr(section, f.name)
-            choices = f.metadata.get("choices")
-            where = f"{name}.{f.name}"
-            if choices and value not in choices:
-                raise choice_error(where, value, choices)
-            if isinstance(value, float) and not abs(value) < float("inf"):  # NaN or +-inf
-                raise ConfigError(
-                    f"{where} = {value!r} must be a finite number, e.g. {setting(where, f.default)}"
-                )
-            if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
-                raise ConfigError(
-                    f"{where} = {value} does not fit a 64-bit integer; e.g. {setting(where, f.default)}"
-                )
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and not in_range(f, value):
-                raise ConfigError(
-                    f"{where} = {value!r} is outside its range {range_text(f)}, e.g. {setting(where, f.default)}"
-                )
+            check_value(f"{name}.{f.name}", f, getattr(section, f.name))
     check_run(config)
-    for r in REGISTERED:  # the plugins' rules that span fields
-        if r.check is not None:
+    for r in REGISTERED:  # the rules of the plugins the run selects
+        if r.check is not None and r.selected(config):
             r.check(config)
 
 
@@ -521,23 +550,37 @@ def _toml_value(value: Any) -> str:
 def to_toml(config: RunConfig) -> str:
     """The resolved config as TOML, readable back with ``load_config(path)``."""
     lines = [f"preset = {_toml_value(config.preset)}"]
-    for name in SECTIONS:
+    for name, values in config.to_dict().items():
+        if name == "preset":
+            continue
         lines.append(f"\n[{name}]")
-        section = getattr(config, name)
-        for f in fields(section):
-            lines.append(f"{f.name} = {_toml_value(getattr(section, f.name))}  # {f.metadata['doc']}")
+        docs = {f.name: f.metadata["doc"] for f in fields(_section_of(config, name))}
+        for key, value in values.items():
+            lines.append(f"{key} = {_toml_value(value)}  # {docs[key]}")
     return "\n".join(lines) + "\n"
 
 
+def _section_of(config: RunConfig, name: str) -> Any:
+    if name in OWN_SECTIONS:
+        return getattr(config, name)
+    return config.table(next(r.cls for r in tables() if r.section == name))
+
+
 def describe() -> str:
-    """Every field with its default and documentation, for ``--help-config``."""
+    """Every field with its default and documentation, for ``--help-config``: each section's own,
+    then its variants' (a GPT's ``model.n_layer``, fp8's ``precision.fp8_recipe``)."""
     out = []
     for name, cls in SECTIONS.items():
         out.append(f"[{name}]")
-        for f in fields(cls):
-            choices = f.metadata.get("choices")
-            extra = f" (one of: {', '.join(map(str, choices))})" if choices else ""
-            if range_text(f):
-                extra += f" (range {range_text(f)})"
-            out.append(f"  --{name}.{f.name}={f.default!r}: {f.metadata['doc']}{extra}")
+        seen: set[str] = set()
+        for owner in [cls, *(r.cls for r in variants(name))]:
+            for f in fields(owner):
+                if f.name in seen:
+                    continue
+                seen.add(f.name)
+                choices = f.metadata.get("choices")
+                extra = f" (one of: {', '.join(map(str, choices))})" if choices else ""
+                if range_text(f):
+                    extra += f" (range {range_text(f)})"
+                out.append(f"  --{name}.{f.name}={f.default!r}: {f.metadata['doc']}{extra}")
     return "\n".join(out)

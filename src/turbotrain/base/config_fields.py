@@ -132,3 +132,20 @@ def in_range(f: dataclasses.Field, value: float) -> bool:
     if high is not None and not (value < high if f.metadata.get("open") else value <= high):
         return False
     return True
+
+
+def check_value(where: str, f: dataclasses.Field, value: Any) -> None:
+    """Raise the one line for a value outside field ``f``'s choices, not finite, past 64 bits or outside its range."""
+    choices = f.metadata.get("choices")
+    if choices and value not in choices:
+        raise choice_error(where, value, choices)
+    if isinstance(value, float) and not abs(value) < float("inf"):  # NaN or +-inf
+        raise ConfigError(f"{where} = {value!r} must be a finite number, e.g. {setting(where, f.default)}")
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+        raise ConfigError(
+            f"{where} = {value} does not fit a 64-bit integer; e.g. {setting(where, f.default)}"
+        )
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not in_range(f, value):
+        raise ConfigError(
+            f"{where} = {value!r} is outside its range {range_text(f)}, e.g. {setting(where, f.default)}"
+        )

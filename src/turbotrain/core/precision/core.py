@@ -3,7 +3,8 @@ non-finite guard.
 
 Each precision is one :class:`Precision` subclass carrying its own ``name`` (defining the class
 registers it: ``precision.mode`` accepts the name and ``--help-config`` lists it), its own settings
-if it has any (``settings``, a dataclass of fields that join ``[precision]``), the precision it
+if it has any (``settings``, a subclass of ``PrecisionConfig`` that ``[precision]`` is read into
+when the run selects the mode), the precision it
 falls back to on non-finite values, the datasheet peak its MFU is measured against, the dtypes it
 asks of the distributed strategy, the device check that refuses it in one line, and a model
 transform if it needs one. The base class is full fp32 and does nothing; each other mode overrides
@@ -73,6 +74,7 @@ def register_precision(cls: type[Precision]) -> type[Precision]:
         register_settings(
             "precision",
             cls.settings,  # type: ignore[arg-type]
+            when=f"precision.mode={cls.name}",
             check=lambda config: cls.check_settings(config.precision),
             unused=lambda config, given: _unused(cls.name, config, given),
         )
@@ -139,9 +141,10 @@ class Precision:
     compute_dtype: torch.dtype | None = None
     reduce_dtype: torch.dtype = torch.float32  # gradient reductions across ranks
     scaler: torch.amp.GradScaler | None = None
-    # its own settings: a frozen dataclass of knob(...) fields (named after the mode, e.g. fp8_recipe),
-    # which join [precision] when the class registers; the plugin reads them in from_settings
-    settings: ClassVar[type | None] = None
+    # its own settings: a subclass of PrecisionConfig adding knob(...) fields (named after the mode,
+    # e.g. fp8_recipe), which [precision] is read into when precision.mode names this class; the
+    # plugin reads them in from_settings (config.base.recast turns any PrecisionConfig into them)
+    settings: ClassVar[type[PrecisionConfig] | None] = None
 
     def __init_subclass__(cls, register: bool = True, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

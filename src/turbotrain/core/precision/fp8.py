@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...base.config import PrecisionConfig, knob, setting
+from ...base.config import PrecisionConfig, knob, recast, setting
 from ...base.errors import ConfigError, TurbotrainWarning, quiet_imports
 from .core import BF16Mixed, DeviceCaps
 
@@ -52,8 +52,9 @@ FP8_LAYER_CHOICES = ("filter", "timed")  # precision.fp8_layers: the size rule, 
 
 
 @dataclass(frozen=True)
-class FP8Settings:
-    """fp8's own settings: they join ``[precision]`` when :class:`FP8` registers (``precision.fp8_*``)."""
+class FP8Settings(PrecisionConfig):
+    """``[precision]`` of an fp8 run: the shared switches and fp8's own (``precision.fp8_*``), read
+    when ``precision.mode = 'fp8'`` (:class:`FP8` registers them)."""
 
     fp8_emulate: bool = knob(
         False,
@@ -204,7 +205,7 @@ class FP8(BF16Mixed):
 
     def own_settings(self, settings: PrecisionConfig) -> PrecisionConfig:
         return dataclasses.replace(
-            settings,
+            recast(settings, FP8Settings),
             fp8_recipe=self.recipe,
             fp8_emulate=self.emulate,
             fp8_min_size=self.min_size,
@@ -216,6 +217,7 @@ class FP8(BF16Mixed):
 
     @classmethod
     def from_settings(cls, device: torch.device, settings: PrecisionConfig) -> FP8:
+        settings = recast(settings, FP8Settings)  # a section of another mode: fp8's defaults
         skip = tuple(p.strip() for p in settings.fp8_skip.split(",") if p.strip())
         return cls(
             device,
@@ -231,6 +233,7 @@ class FP8(BF16Mixed):
     @classmethod
     def check_settings(cls, settings: PrecisionConfig) -> None:
         """The float8 all-gather needs one scale per weight: the tensorwise recipe (every layer's)."""
+        settings = recast(settings, FP8Settings)
         recipes = parse_layer_recipes(settings.fp8_layer_recipes)  # its own mistakes: one line
         if settings.fp8_all_gather and any(r != "tensorwise" for r in recipes.values()):
             raise ConfigError(
@@ -249,6 +252,7 @@ class FP8(BF16Mixed):
     def check(cls, caps: DeviceCaps, settings: PrecisionConfig) -> None:
         """One line per refusal: no float8 hardware (without emulation), no torchao, a float8
         all-gather with a recipe that has no single scale per weight."""
+        settings = recast(settings, FP8Settings)
         cls.check_settings(settings)  # a plugin object's own fields: no config load checked them
         if not settings.fp8_emulate:
             if caps.type != "cuda":

@@ -37,13 +37,13 @@ from torch import nn
 
 from ...base.atomic import atomic_write
 from ...base.batch import map_tensors
-from ...base.config import RunConfig
+from ...base.config import RunConfig, recast
 from ...parts.data.sources import default_cache_dir as cache_root
 from ...parts.hardware import device_name
 from ..meter import cache as meter_cache
 from ..meter.clock import time_call
 from ..meter.table import render_table
-from .fp8 import FP8, FP8_RECIPES, float8_module
+from .fp8 import FP8, FP8_RECIPES, FP8Settings, float8_module
 
 BF16 = "bf16"
 RECIPES = (BF16, *FP8_RECIPES)
@@ -343,7 +343,8 @@ def choose_for_run(
     converts exactly those layers (the others named in ``precision.fp8_skip``, the size threshold
     off; a recipe other than ``precision.fp8_recipe`` in ``precision.fp8_layer_recipes``), and the
     decision, written to ``run_dir``."""
-    fp8 = FP8.from_settings(device, config.precision)
+    own = recast(config.precision, FP8Settings)  # the run's [precision], typed as fp8's
+    fp8 = FP8.from_settings(device, own)
     names, _ = candidates(model, fp8)
     try:
         shadow = copy.deepcopy(model).to("meta")
@@ -363,17 +364,17 @@ def choose_for_run(
     )
     # each layer in its fastest recipe (tensorwise alone under the float8 all-gather, which needs
     # one scale per weight), or bf16 where neither beats it by the margin
-    recipes = (BF16, "tensorwise") if config.precision.fp8_all_gather else RECIPES
+    recipes = (BF16, "tensorwise") if own.fp8_all_gather else RECIPES
     for layer in choice.layers:
         layer.choice = decide({r: layer.ms[r] for r in recipes if r in layer.ms}, choice.margin)
     choice.write(run_dir)
-    skip = [p.strip() for p in config.precision.fp8_skip.split(",") if p.strip()]
+    skip = [p.strip() for p in own.fp8_skip.split(",") if p.strip()]
     # whole names as prefixes: no GPT layer name is the start of another one's
     skip += [c.layer for c in choice.layers if c.choice == BF16 and c.layer not in skip]
-    own = {c.layer: c.choice for c in choice.layers if c.choice not in (BF16, config.precision.fp8_recipe)}
+    layer_recipes = {c.layer: c.choice for c in choice.layers if c.choice not in (BF16, own.fp8_recipe)}
     changes = {
         "fp8_skip": ",".join(skip),
         "fp8_min_size": 1,
-        "fp8_layer_recipes": ",".join(f"{name}={recipe}" for name, recipe in own.items()),
+        "fp8_layer_recipes": ",".join(f"{name}={recipe}" for name, recipe in layer_recipes.items()),
     }
     return config.replace(precision=changes), choice

@@ -2,15 +2,18 @@
 loss), their valid values and the rules that span them. The mixture-of-experts family uses the
 same backbone (its experts are :mod:`turbotrain.parts.models.moe.settings`).
 
-Registered on import (:func:`turbotrain.base.config.register_settings`), which the family registry
-does; ``tune`` asks :func:`speed_choices` which of them it may search.
+They are a variant of ``[model]`` (``GPTSettings`` subclasses ``ModelConfig``), read when
+``model.arch`` names a family with the GPT backbone (registered on import,
+:func:`turbotrain.base.config.register_settings`): ``config.model`` is then a ``GPTSettings``,
+which :func:`gpt_settings` hands out typed. ``tune`` asks :func:`speed_choices` which of them it may
+search.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ....base.config import RunConfig, knob, register_settings, setting
+from ....base.config import ModelConfig, RunConfig, knob, register_settings, setting
 from ....base.errors import ConfigError
 
 ATTENTIONS = ("sdpa", "masked")
@@ -19,8 +22,8 @@ SDPA_BACKENDS = ("auto", "cudnn", "flash", "efficient", "math")
 
 
 @dataclass(frozen=True)
-class GPTSettings:
-    """``[model]``'s fields of a GPT (``model.arch = 'gpt'`` or ``'moe'``)."""
+class GPTSettings(ModelConfig):
+    """``[model]`` of a GPT (``model.arch = 'gpt'``, and the mixture-of-experts GPT's backbone)."""
 
     n_layer: int = knob(4, "transformer blocks", min=1, max=1024)
     n_head: int = knob(4, "attention heads per block", min=1, max=1024)
@@ -51,9 +54,17 @@ class GPTSettings:
     )
 
 
+def gpt_settings(config: RunConfig) -> GPTSettings:
+    """The run's GPT settings (``config.model`` of a run whose family has the GPT backbone), typed."""
+    m = config.model
+    if not isinstance(m, GPTSettings):
+        raise ConfigError(f"model.arch = {m.arch!r} has no GPT settings (n_layer, block_size, ...)")
+    return m
+
+
 def check_gpt(config: RunConfig) -> None:
     """The rules that span the GPT's fields (and the token batching its data offers)."""
-    m = config.model
+    m = gpt_settings(config)
     if m.d_model % m.n_head:
         raise ConfigError(f"model.d_model = {m.d_model} must be divisible by model.n_head = {m.n_head}")
     if config.data.batching != "tokens":
@@ -80,4 +91,4 @@ def speed_choices(cuda: bool) -> dict[str, tuple[str, ...]]:
     return choices
 
 
-register_settings("model", GPTSettings, check=check_gpt)
+register_settings("model", GPTSettings, when="model.arch=gpt", check=check_gpt)

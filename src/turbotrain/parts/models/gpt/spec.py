@@ -9,7 +9,7 @@ from typing import Any
 
 from torch import nn
 
-from ....base.config import ModelConfig, RunConfig
+from ....base.config import RunConfig
 from ....base.rundir import TOKENIZER_FILE
 from ...data import TokenSource, TokenWindows, build_loader, check_vocab, fixed_batches, open_tokens
 from ...data.batching import BudgetData, build_budget_data, resume_start
@@ -17,7 +17,7 @@ from ...data.loader import LoaderSettings
 from ...data.tokenizer import save_run_tokenizer
 from ..spec import ModelSpec, RunData, SpeedHint
 from .model import GPT, GPTConfig
-from .settings import speed_choices
+from .settings import GPTSettings, gpt_settings, speed_choices
 
 
 class TokenData(RunData):
@@ -26,11 +26,9 @@ class TokenData(RunData):
     (``'tokens'``: the stream depends on the ranks, see :func:`turbotrain.parts.data.batching.resume_start`)."""
 
     def __init__(self, c: RunConfig, source: TokenSource) -> None:
-        self.source, self.block_size = source, c.model.block_size
-        self.train = TokenWindows(source.train, c.model.block_size)
-        self.val = (
-            TokenWindows(source.val, c.model.block_size) if len(source.val) > c.model.block_size else None
-        )
+        self.source, self.block_size = source, gpt_settings(c).block_size
+        self.train = TokenWindows(source.train, self.block_size)
+        self.val = TokenWindows(source.val, self.block_size) if len(source.val) > self.block_size else None
         self.positions = self.train.positions
         self.description = source.description
         self.split_invariant = c.data.batching == "windows"
@@ -44,8 +42,8 @@ class TokenData(RunData):
             self._budget = build_budget_data(
                 c.data.path,
                 self.source,
-                c.model.block_size,
-                c.batch.max_tokens or c.batch.micro * c.model.block_size,
+                gpt_settings(c).block_size,
+                c.batch.max_tokens or c.batch.micro * gpt_settings(c).block_size,
                 c.run.seed,
                 settings,
                 start=start,
@@ -92,7 +90,7 @@ class TokenData(RunData):
         return max(
             1,
             len(self.source.train)
-            // (int(c.batch.micro) * c.batch.accumulation * world * c.model.block_size),
+            // (int(c.batch.micro) * c.batch.accumulation * world * gpt_settings(c).block_size),
         )
 
     def start_after(self, saved_batches: int, step: int, c: RunConfig, saved_world: int, world: int) -> int:
@@ -109,7 +107,7 @@ class TokenData(RunData):
                 rows.close()
 
 
-def gpt_config(m: ModelConfig, vocab_size: int) -> GPTConfig:
+def gpt_config(m: GPTSettings, vocab_size: int) -> GPTConfig:
     """The GPT a run's ``model`` section describes; ``vocab_size`` when the section leaves it 0."""
     return GPTConfig(
         vocab_size=m.vocab_size or vocab_size,
@@ -139,14 +137,14 @@ class GPTSpec(ModelSpec):
             cache_dir=c.data.cache_dir,
             progress=show,
             tokenizer=c.data.tokenizer,
-            vocab_size=c.model.vocab_size,
+            vocab_size=gpt_settings(c).vocab_size,
             saved_tokenizer=run_dir / TOKENIZER_FILE,
         )
         return TokenData(c, source)
 
     def build_model(self, c: RunConfig, vocab_size: int) -> GPT:
         """The model from the config alone (``sample`` and ``memory`` build it without data)."""
-        return GPT(gpt_config(c.model, vocab_size))
+        return GPT(gpt_config(gpt_settings(c), vocab_size))
 
     def build(self, c: RunConfig, data: RunData) -> nn.Module:
         assert isinstance(data, TokenData)
@@ -155,16 +153,16 @@ class GPTSpec(ModelSpec):
         return model
 
     def seq_len(self, c: RunConfig) -> int:
-        return c.model.block_size
+        return gpt_settings(c).block_size
 
     def vocab_size(self, c: RunConfig) -> int:
-        return c.model.vocab_size
+        return gpt_settings(c).vocab_size
 
     def speed_choices(self, cuda: bool) -> dict[str, tuple[str, ...]]:
         return speed_choices(cuda)
 
     def speed_hints(self, c: RunConfig) -> list[SpeedHint]:
-        if c.model.attention != "masked":
+        if gpt_settings(c).attention != "masked":
             return []
         return [
             SpeedHint(
@@ -178,7 +176,7 @@ class GPTSpec(ModelSpec):
     def facts(self, c: RunConfig, model: nn.Module) -> dict[str, Any]:
         assert isinstance(model, GPT)
         return {
-            "attention": "sdpa is_causal" if c.model.attention == "sdpa" else "sdpa + cached mask",
+            "attention": "sdpa is_causal" if gpt_settings(c).attention == "sdpa" else "sdpa + cached mask",
             "vocab_size": model.cfg.vocab_size,
             "params": model.num_params(non_embedding=False),
         }
@@ -188,6 +186,6 @@ class GPTSpec(ModelSpec):
 
     def weight_count(self, c: RunConfig) -> int:
         """Embeddings of at least 256 tokens, attention and MLPs."""
-        m = c.model
+        m = gpt_settings(c)
         d, vocab = m.d_model, max(m.vocab_size, 256)
         return vocab * d + m.block_size * d + m.n_layer * 12 * d * d

@@ -3,7 +3,8 @@ the rotary base, RMSNorm's epsilon, tied embeddings). Depth, width, heads, seque
 vocabulary, attention and loss are ``[model]``'s, as for the GPT
 (:mod:`turbotrain.parts.models.gpt.settings`).
 
-Registered on import (:func:`turbotrain.base.config.register_settings`).
+Registered on import (:func:`turbotrain.base.config.register_settings`): ``[llama]`` is read when
+``model.arch = 'llama'`` (``config.table(LlamaSettings)``), and ``[model]`` as the GPT's settings.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from ....base.config import RunConfig, knob, register_settings, setting
 from ....base.errors import ConfigError
+from ..gpt.settings import GPTSettings, check_gpt, gpt_settings
 
 
 @dataclass(frozen=True)
@@ -35,18 +37,18 @@ class LlamaSettings:
 
 def kv_heads(config: RunConfig) -> int:
     """The key/value heads of the run's Llama."""
-    return config.llama.n_kv_head or config.model.n_head  # type: ignore[attr-defined]
+    return config.table(LlamaSettings).n_kv_head or gpt_settings(config).n_head
 
 
 def ffn_width(config: RunConfig) -> int:
     """The SwiGLU hidden width of the run's Llama."""
-    return config.llama.ffn_hidden or -(-8 * config.model.d_model // 3 // 64) * 64  # type: ignore[attr-defined]
+    return config.table(LlamaSettings).ffn_hidden or -(-8 * gpt_settings(config).d_model // 3 // 64) * 64
 
 
 def check_llama(config: RunConfig) -> None:
     """The rules that span ``[llama]`` and ``[model]`` (for the family that uses them)."""
-    m = config.model
-    if m.arch != "llama" or m.workload:
+    m = gpt_settings(config)
+    if m.workload:
         return
     kv = kv_heads(config)
     if m.n_head % kv:
@@ -73,6 +75,13 @@ def unused_llama(config: RunConfig, given: Sequence[str]) -> str:
     )
 
 
+register_settings("model", GPTSettings, when="model.arch=llama", check=check_gpt)  # the GPT's [model]
 register_settings(
-    "llama", LlamaSettings, after="moe", check=check_llama, unused=unused_llama, model_shape=True
+    "llama",
+    LlamaSettings,
+    when="model.arch=llama",
+    after="moe",
+    check=check_llama,
+    unused=unused_llama,
+    model_shape=True,
 )

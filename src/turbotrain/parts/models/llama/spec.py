@@ -9,16 +9,17 @@ from typing import Any
 from torch import nn
 
 from ....base.config import RunConfig
+from ..gpt.settings import gpt_settings
 from ..gpt.spec import GPTSpec, gpt_config
 from .model import Llama, LlamaConfig
-from .settings import ffn_width, kv_heads
+from .settings import LlamaSettings, ffn_width, kv_heads
 
 
 def llama_config(c: RunConfig, vocab_size: int) -> LlamaConfig:
     """The Llama of a run's ``[model]`` and ``[llama]`` sections; ``vocab_size`` when ``[model]`` leaves it 0."""
-    own = c.llama  # type: ignore[attr-defined]
+    own = c.table(LlamaSettings)
     return LlamaConfig(
-        **vars(gpt_config(c.model, vocab_size)),  # the backbone's fields, as the GPT reads them
+        **vars(gpt_config(gpt_settings(c), vocab_size)),  # the backbone's fields, as the GPT reads them
         n_kv_head=kv_heads(c),
         ffn_hidden=ffn_width(c),
         rope_theta=own.rope_theta,
@@ -48,8 +49,8 @@ class LlamaSpec(GPTSpec):
 
     def weight_count(self, c: RunConfig) -> int:
         """Embeddings of at least 256 tokens (twice untied), attention and SwiGLU MLPs."""
-        m = c.model
+        m = gpt_settings(c)
         d, vocab, head = m.d_model, max(m.vocab_size, 256), m.d_model // m.n_head
-        embeddings = vocab * d * (1 if c.llama.tie_embeddings else 2)  # type: ignore[attr-defined]
+        embeddings = vocab * d * (1 if c.table(LlamaSettings).tie_embeddings else 2)
         attention = 2 * d * d + 2 * d * kv_heads(c) * head
         return embeddings + m.n_layer * (attention + 3 * d * ffn_width(c))

@@ -3,7 +3,8 @@ backbone is ``[model]``'s, :mod:`turbotrain.parts.models.gpt.settings`), the exp
 (:data:`MOE_IMPLS`, which the :class:`~turbotrain.parts.models.moe.layer.MoE` layer of any model
 takes too), the rules that span them and the names they had in ``[model]`` before they moved.
 
-Registered on import (:func:`turbotrain.base.config.register_settings`).
+Registered on import (:func:`turbotrain.base.config.register_settings`): ``[moe]`` is read when
+``model.arch = 'moe'`` (``config.table(MoESettings)``), and ``[model]`` as the GPT's settings.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from ....base.config import MAX_STEPS, RunConfig, knob, register_settings, setting
 from ....base.errors import ConfigError
+from ..gpt.settings import GPTSettings, check_gpt, gpt_settings
 
 MOE_IMPLS = ("auto", "grouped", "batched", "loop")
 
@@ -76,8 +78,8 @@ def experts_at(e: MoESettings, step: int) -> int:
 
 def check_moe(config: RunConfig) -> None:
     """The [moe] rules that span fields (for the family that uses them)."""
-    m, e = config.model, config.moe
-    if m.arch != "moe" or m.workload:
+    m, e = gpt_settings(config), config.table(MoESettings)
+    if m.workload:
         return
     if e.top_k > e.n_experts:
         raise ConfigError(
@@ -139,9 +141,11 @@ def unused_moe(config: RunConfig, given: Sequence[str]) -> str:
     )
 
 
+register_settings("model", GPTSettings, when="model.arch=moe", check=check_gpt)  # the GPT backbone
 register_settings(
     "moe",
     MoESettings,
+    when="model.arch=moe",
     after="model",
     check=check_moe,
     unused=unused_moe,

@@ -9,13 +9,14 @@ from typing import Any
 
 from torch import nn
 
-from ....base.config import ModelConfig, RunConfig
+from ....base.config import RunConfig
+from ..gpt.settings import GPTSettings, gpt_settings
 from ..gpt.spec import GPTSpec, gpt_config
 from .model import MoEConfig, MoEGPT
 from .settings import MoESettings
 
 
-def moe_config(m: ModelConfig, e: MoESettings, vocab_size: int) -> MoEConfig:
+def moe_config(m: GPTSettings, e: MoESettings, vocab_size: int) -> MoEConfig:
     """The mixture-of-experts GPT of a run's ``[model]`` (backbone) and ``[moe]`` (experts) sections."""
     return MoEConfig(
         **vars(gpt_config(m, vocab_size)),
@@ -36,7 +37,7 @@ class MoESpec(GPTSpec):
     name = "moe"
 
     def build_model(self, c: RunConfig, vocab_size: int) -> MoEGPT:
-        return MoEGPT(moe_config(c.model, c.moe, vocab_size))
+        return MoEGPT(moe_config(gpt_settings(c), c.table(MoESettings), vocab_size))
 
     def facts(self, c: RunConfig, model: nn.Module) -> dict[str, Any]:
         assert isinstance(model, MoEGPT)
@@ -47,10 +48,10 @@ class MoESpec(GPTSpec):
         }
 
     def experts(self, c: RunConfig) -> int | None:
-        return c.moe.n_experts
+        return c.table(MoESettings).n_experts
 
     def weight_count(self, c: RunConfig) -> int:
         """The GPT's count with every MoE block's experts in place of its MLP."""
-        m, e = c.model, c.moe
+        m, e = gpt_settings(c), c.table(MoESettings)
         d, hidden, moe = m.d_model, e.expert_hidden or 4 * m.d_model, m.n_layer // e.every
         return super().weight_count(c) - moe * 8 * d * d + moe * e.n_experts * 2 * d * hidden

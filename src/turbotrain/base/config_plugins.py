@@ -1,0 +1,147 @@
+"""A plugin's settings: its own type, read only when the run selects the plugin.
+
+Why: a model family or a precision owns settings no other run has. Nothing is added to the run
+config's classes: the config's shape is the same whatever was imported, and a type checker sees
+all of it. A plugin declares its settings as a frozen dataclass of :func:`~.config_fields.knob`
+fields and says when they apply (``when="model.arch=moe"``), in one of two forms:
+
+- a *variant* of a run section: a subclass of the section's class (``GPTSettings(ModelConfig)``,
+  ``FP8Settings(PrecisionConfig)``), its keys in that section's table (``[model] n_layer``,
+  ``[precision] fp8_recipe``). The table is read into the variant its own key selects
+  (``model.arch``, ``precision.mode``), so ``config.model`` *is* a ``GPTSettings`` in a GPT run
+  and a plain ``ModelConfig`` in a run of a family without one; a consumer narrows with
+  ``isinstance`` (or the family's own accessor) and the type checker follows.
+- a *table* of its own (``[moe]``): read when the run selects the plugin, or when a file holds
+  the table (a saved run switched to another family keeps it), into the plugin's class; asked
+  with ``config.table(MoESettings)``.
+
+Its rules that span fields run only when it is selected; the keys of a plugin the run did not
+select are dropped when read from a file and refused in one line when given as flags or in an
+override dict (the plugin's ``unused`` line, or a generic one naming the selector).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import MISSING, dataclass, fields, is_dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .config_fields import range_text, setting
+
+if TYPE_CHECKING:  # the rules read the whole run config
+    from .config import RunConfig
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Registration:
+    """One plugin's settings (see :func:`turbotrain.base.config.register_settings`)."""
+
+    section: str  # the run section it is a variant of ("model", "precision"), or its own table ("moe")
+    cls: type
+    when: tuple[str, str, tuple[str, ...]]  # selected when config.<section>.<key> is one of the values
+    names: tuple[str, ...]  # the keys it declared (a variant: beyond its section's own)
+    check: Callable[[RunConfig], None] | None = None
+    unused: Callable[[RunConfig, Sequence[str]], str] | None = None
+    table: bool = False  # a table of its own (else a variant of a run section)
+
+    def selected(self, config: Any) -> bool:
+        """Whether ``config`` (a run config, or a mapping of built sections) selects this plugin."""
+        section, key, values = self.when
+        owner = config[section] if isinstance(config, dict) else getattr(config, section)
+        return getattr(owner, key) in values
+
+    def unused_line(self, config: RunConfig, given: Sequence[str]) -> str:
+        """The one line for its keys ``given`` (flags, an override dict) where they would do
+        nothing ("" where they apply): the plugin's own, else one naming its selector."""
+        if self.unused is not None:
+            return self.unused(config, given)
+        if self.selected(config):
+            return ""
+        section, key, values = self.when
+        now = getattr(getattr(config, section), key)
+        one = len(given) == 1
+        return (
+            f"{', '.join(f'{self.section}.{k}' for k in given)} configure{'s' if one else ''} "
+            f"{section}.{key} = {' or '.join(map(repr, values))} and this run is {section}.{key} = {now!r}: "
+            f"{'it' if one else 'they'} would do nothing; drop {'it' if one else 'them'}, or add "
+            f"{setting(f'{section}.{key}', values[0])}"
+        )
+
+
+REGISTERED: list[Registration] = []
+"""Every plugin's settings, in registration order."""
+
+
+def parse_when(when: str) -> tuple[str, str, tuple[str, ...]]:
+    """``"model.arch=gpt,moe"`` -> ``("model", "arch", ("gpt", "moe"))``."""
+    target, sep, values = when.partition("=")
+    section, dot, key = target.partition(".")
+    if not (sep and dot and section and key and values):
+        raise ValueError(f"when={when!r}: write the selector as 'section.key=value' (or value,value)")
+    return section, key, tuple(v.strip() for v in values.split(","))
+
+
+def declared(cls: type, base: type | None = None) -> tuple[str, ...]:
+    """The fields ``cls`` declares beyond ``base``'s, each with :func:`~.config_fields.knob` (help
+    text; a range if numeric), or a TypeError naming the first that is not."""
+    if not (is_dataclass(cls) and cls.__dataclass_params__.frozen):  # type: ignore[attr-defined]
+        raise TypeError(f"{cls.__name__}: settings are a @dataclass(frozen=True) of knob(...) fields")
+    if base is not None and not issubclass(cls, base):
+        raise TypeError(
+            f"{cls.__name__}: settings that live in a run section subclass its class, {base.__name__}"
+        )
+    inherited = {f.name for f in fields(base)} if base is not None else set()
+    out = []
+    for f in fields(cls):
+        if f.name in inherited:
+            continue
+        numeric = isinstance(f.default, (int, float)) and not isinstance(f.default, bool)
+        if "doc" not in f.metadata or (numeric and not range_text(f)):
+            raise TypeError(
+                f"{cls.__name__}.{f.name}: declare it with knob(default, help, ...), a number with its range (min=, max=)"
+            )
+        out.append(f.name)
+    return tuple(out)
+
+
+def variants(section: str) -> list[Registration]:
+    """The plugins whose settings are variants of run section ``section``."""
+    return [r for r in REGISTERED if r.section == section and not r.table]
+
+
+def tables() -> list[Registration]:
+    """The plugins with a table of their own."""
+    return [r for r in REGISTERED if r.table]
+
+
+def variant_class(section: str, base: type, values: Any) -> type:
+    """The class ``[section]`` is read into: the variant its selector names in ``values`` (a raw
+    table, or a section object), else ``base``."""
+    for r in variants(section):
+        key = r.when[1]
+        value = values.get(key, _default(base, key)) if isinstance(values, dict) else getattr(values, key)
+        if value in r.when[2]:
+            return r.cls
+    return base
+
+
+def other_keys(section: str, cls: type) -> set[str]:
+    """Keys of ``section``'s variants that ``cls`` does not have (a file written for another
+    selection holds them: dropped there)."""
+    own = {f.name for f in fields(cls)}
+    return {name for r in variants(section) for name in r.names} - own
+
+
+def recast(obj: Any, cls: type[T]) -> T:
+    """``obj`` (a section) as a ``cls``: the fields both have keep ``obj``'s values, the others
+    their defaults (a precision section read as fp8's own settings, and back)."""
+    if type(obj) is cls:
+        return obj  # type: ignore[no-any-return]
+    return cls(**{f.name: getattr(obj, f.name) for f in fields(cls) if hasattr(obj, f.name)})
+
+
+def _default(cls: type, key: str) -> Any:
+    f = next(f for f in fields(cls) if f.name == key)
+    return f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
