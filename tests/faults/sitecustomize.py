@@ -17,7 +17,7 @@ start-up). ``TT_FAULT=POINT:N`` acts at the N-th time the program reaches POINT:
 - ``cache-mid-write``: SIGKILL after half of the N-th byte-token cache write
 - ``remote-before-marker``: SIGKILL when the N-th checkpoint marker is about to be uploaded to
   ``run.remote`` (its data is in the store): a half-uploaded checkpoint
-- ``pause-step`` / ``pause-startup`` / ``pause-fit`` (the run built and its files written, the
+- ``pause-step`` / ``pause-startup`` / ``pause-choose`` (a new run's settings about to be measured) / ``pause-fit`` (the run built and its files written, the
   loop not started yet) / ``pause-report`` (trained, summary.json written, the report not yet): create ``$TT_FAULT_MARKER`` and wait (in 20 ms sleeps) until the test
   deletes it; the process stays signalable.
 
@@ -91,6 +91,10 @@ def _install(point: str, n: int) -> None:
         wrap(engine.Engine, "train_window", before=lambda *a, **k: due() and act())
     elif point == "pause-fit":
         wrap(training.Training, "run", before=lambda *a, **k: due() and pause())
+    elif point == "pause-choose":
+        import turbotrain.app.run as run
+
+        wrap(run, "choose_for_run", before=lambda *a, **k: due() and pause())
     elif point == "pause-report":
         import turbotrain.app.run as run
 

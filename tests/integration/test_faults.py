@@ -183,6 +183,19 @@ def test_a_signal_during_start_up_stops_cleanly(tmp_path, text_file):
     ]
 
 
+@pytest.mark.slow  # a signalled subprocess
+def test_a_signal_while_choose_measures_leaves_no_run_folder(tmp_path, text_file):
+    """#44 item 12: SIGTERM while `choose` measures a new run's settings said "nothing was written"
+    and left a run folder holding only its .lock (which then refused a new start)."""
+    marker = tmp_path / "paused"
+    proc = _start_paused(tmp_path, text_file, marker, "pause-choose:1", "--choose.measure=always")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_STOPPED and "nothing was written" in err and "Traceback" not in err, err
+    assert not (tmp_path / "runs" / "t").exists()
+    assert main(_args(tmp_path, text_file, "--train.max_steps=2")) == 0  # started again as it says
+
+
 def _small_disk(folder: Path, size_bytes: int):
     """A tmpfs of ``size_bytes`` at ``folder`` (root with mount rights); otherwise None."""
     return tmpfs(folder, f"size={size_bytes}")

@@ -276,3 +276,26 @@ def test_tune_stopped_by_sigterm_writes_what_it_has_and_prints_the_resume_comman
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "interrupted (SIGTERM): continue the study with the same command and --run.out_dir=" in out
     assert "Traceback" not in err and (run / "tune.json").is_file() and (run / "tune.md").is_file()
+
+
+def test_a_missing_data_path_is_said_before_choose_measures(tmp_path, capsys):
+    """#44 item 12: was found after `choose` had measured twice and printed a failure table."""
+    code = main(
+        [
+            "train",
+            "--preset=gpt-tiny",
+            "--run.device=cpu",
+            f"--run.out_dir={tmp_path / 'runs'}",
+            f"--data.path={tmp_path / 'nope.txt'}",
+            "--choose.measure=always",
+            "--train.max_steps=2",
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 2 and "choose" not in captured.out + captured.err
+    runs = tmp_path / "runs"
+    assert not runs.exists() or not list(runs.iterdir())  # no run folder holding only its lock file
+    assert captured.err.strip() == (
+        f"turbotrain train: error: data path {str(tmp_path / 'nope.txt')!r} does not exist; "
+        "pass --data with a .bin token file, a text file or a folder"
+    )

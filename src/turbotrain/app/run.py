@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from ..base.errors import ConfigError, TurbotrainError
 from ..base.launch import Launch, Topology
 from ..base.records import read_metrics
 from ..base.rundir import CHECKPOINTS, METRICS_FILE, truncate_metrics, write_launch
-from ..base.runlock import RunLock
+from ..base.runlock import LOCK_FILE, RunLock
 from ..base.signals import StopSignals
 from ..base.signals import held as held_signals
 from ..core.engine import Engine, default_loss
@@ -45,6 +46,7 @@ from ..loop.checkpoint import checkpoint_step, latest_verified
 from ..loop.checkpoint.remote import remote_store
 from ..loop.monitor.trackers import TrackerOptions, check_stores
 from ..loop.run_hooks import monitor_plan
+from ..parts.data.sources import check_data_path
 from .choose.session import choose_for_run
 from .prepare import PreparedRun, RunRequest, StoppedBySignal, WorkloadLike, decided, prepare_run
 from .report import ReportResult, write_report
@@ -107,7 +109,7 @@ def train_run(request: RunRequest, *, progress: bool | None = None, report: bool
             print(f"resuming {run.run_dir}" + (f" ({run.relaunch})" if run.relaunch else ""))
         # The run's lock for the whole run: no other process trains in the run while this one
         # trains it or writes its report.
-        with RunLock(run.run_dir):
+        with _locked(run):
             launch = Launch.from_env()
             if launch.run_id or launch.slurm_job:  # the job a restart of this one finds the run by
                 write_launch(run.run_dir, {**launch.record(), **batch_record(run.settings, run.plan)})
@@ -118,6 +120,8 @@ def train_run(request: RunRequest, *, progress: bool | None = None, report: bool
             trackers = monitor_plan(run.config, run.run_dir)
             check_stores(trackers.trackers, run.run_dir, trackers.tracker_options or TrackerOptions())
             remote_store(run.config, run.run_dir)  # run.remote refusing: one line now, too
+            if run.config.data.path and not run.config.model.workload:  # a missing --data path: too
+                check_data_path(run.config.data.path)
             # settings left at auto, by measurement (one process; a resume never re-measures)
             if not run.resume and run.plan.world == 1:
                 run = decided(run, choose_for_run(run.config, run.run_dir))
@@ -266,6 +270,20 @@ def _inputs_forward(model: nn.Module, batch: Any) -> Any:
     if isinstance(batch, (tuple, list)):
         return model(batch[0])
     return model(batch)
+
+
+@contextlib.contextmanager
+def _locked(run: PreparedRun) -> Iterator[None]:
+    """The run's lock for the block. A new run that ends before it wrote anything (a mistake found
+    at the start, a signal while ``choose`` measures) leaves no folder holding only its lock file."""
+    try:
+        with RunLock(run.run_dir):
+            yield
+    except BaseException:
+        left = {p.name for p in run.run_dir.iterdir()} if run.run_dir.is_dir() else {LOCK_FILE}
+        if not run.resume and left <= {LOCK_FILE}:  # the start-up's own clean-up may have removed it
+            shutil.rmtree(run.run_dir, ignore_errors=True)
+        raise
 
 
 def train(

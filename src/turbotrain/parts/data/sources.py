@@ -494,6 +494,22 @@ def _text_vocab(spec: str, tokenizer: Tokenizer, vocab_size: int) -> int:
     )
 
 
+def check_data_path(path: str) -> Path:
+    """``data.path`` as a Path when it names a file or a folder, else one line: what a run checks
+    at its start, before anything is measured."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise TurbotrainError(
+            f"data path {path!r} does not exist; pass --data with a .bin token file, a text file or a folder"
+        )
+    if not (p.is_file() or p.is_dir()):
+        raise TurbotrainError(
+            f"data path {path!r} is {_kind(p)}, not a file or a folder; pass --data with a .bin "
+            "token file, a text file or a folder of text files"
+        )
+    return p
+
+
 def open_tokens(
     path: str,
     *,
@@ -531,16 +547,7 @@ def open_tokens(
             f"built-in corpus: {len(train_files)} + {len(val_files)} Python stdlib files" + _tokens_note(tok),
             tok,
         )
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise TurbotrainError(
-            f"data path {path!r} does not exist; pass --data with a .bin token file, a text file or a folder"
-        )
-    if not (p.is_file() or p.is_dir()):
-        raise TurbotrainError(
-            f"data path {path!r} is {_kind(p)}, not a file or a folder; pass --data with a .bin "
-            "token file, a text file or a folder of text files"
-        )
+    p = check_data_path(path)
     if p.is_file() and p.suffix == ".bin":
         if tokenizer == "bpe":
             raise TurbotrainError(
