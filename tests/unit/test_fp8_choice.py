@@ -267,3 +267,20 @@ def test_a_cache_file_of_another_shape_is_one_line_and_timed_again(tmp_path, cap
     assert again.calls and not second.cached and second.converted == first.converted
     lines = [r.getMessage() for r in caplog.records if "ignoring the cached" in r.getMessage()]
     assert len(lines) == 1 and str(path) in lines[0] and "\n" not in lines[0]
+
+
+def test_a_layer_recipe_prefix_that_matches_no_layer_is_one_line():
+    """#44 item 11: a prefix that matches no layer would do nothing: refused in one line."""
+    pytest.importorskip("torchao")
+    from turbotrain.base.config import load_config
+    from turbotrain.base.errors import ConfigError
+
+    precision = {"mode": "fp8", "fp8_emulate": True, "fp8_layer_recipes": "block.0.qkv=rowwise"}
+    config = load_config(overrides={"run": {"device": "cpu"}, "precision": precision})
+    fp8 = FP8.from_settings(torch.device("cpu"), config.precision)
+    with pytest.raises(ConfigError) as err:
+        fp8.convert_module(Net())
+    assert str(err.value).startswith(
+        "precision.fp8_layer_recipes: the prefix 'block.0.qkv' matches no linear layer of this model (they are blocks.0.qkv"
+    )
+    assert "\n" not in str(err.value)

@@ -324,6 +324,13 @@ class FP8(BF16Mixed):
                 "in float8; the weights stay plain (distributed.strategy = fsdp uses it)"
             )
         reasons = self.layer_plan(module)
+        unmatched = [p for p in self.layer_recipes if not any(name.startswith(p) for name in reasons)]
+        if unmatched:  # a recipe for no layer would do nothing: refused, as other such settings are
+            raise ConfigError(
+                f"precision.fp8_layer_recipes: the prefix {unmatched[0]!r} matches no linear layer of this model "
+                f"(they are {', '.join(list(reasons)[:4])}{', ...' if len(reasons) > 4 else ''}); "
+                "fix the prefix or drop its entry"
+            )
         weights = {name: module.get_submodule(name).weight for name, why in reasons.items() if not why}
         by_recipe: dict[str, set[str]] = {}
         for name in weights:
