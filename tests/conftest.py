@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -87,3 +93,65 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
         if skip is not None and item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+# ---------------------------------------------------------------------------- an S3 server (run.remote tests)
+
+BUCKET = "turbotrain-test"
+
+
+def free_port() -> int:
+    """A TCP port free on localhost now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_server(port: int) -> subprocess.Popen:
+    server = subprocess.Popen(
+        [shutil.which("moto_server") or "moto_server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return server
+        time.sleep(0.1)
+    server.kill()
+    raise RuntimeError("moto_server did not start")
+
+
+@pytest.fixture
+def s3(tmp_path: Path) -> Iterator[tuple[dict[str, str], subprocess.Popen]]:
+    """A moto S3 server (``moto_server``, its own process on a free port) with the bucket; the
+    environment a run reaches it with (the standard AWS variables: endpoint and test credentials)."""
+    pytest.importorskip("s3fs")
+    port = free_port()
+    server = _start_server(port)
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "OMP_NUM_THREADS": "1",
+    }
+    s3_client(env).create_bucket(Bucket=BUCKET)
+    try:
+        yield env, server
+    finally:
+        server.kill()
+        server.wait()
+
+
+def s3_client(env: dict[str, str]) -> Any:
+    """A boto3 S3 client of the server ``env`` (the ``s3`` fixture's) points at."""
+    boto3 = pytest.importorskip("boto3")
+    return boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )

@@ -75,6 +75,8 @@ SKIPPED = {
     "python benchmarks/integration_overhead.py": "a benchmark (interleaved Trainer runs, minutes)",
     "python examples/bert_classifier.py": "tests/integration/test_integrations_encoder.py trains its model and "
     "data with the Trainer and in an Accelerate loop (6 steps each)",
+    "turbotrain train --resume s3://": "needs the S3 store of the run above it; tests/integration/test_remote_store.py "
+    "resumes from a moto server",
 }
 
 # Command prefix -> why it is parsed and its config validated, not run.
@@ -105,6 +107,10 @@ CHECKED = {
     "documents; tests/integration/test_token_batching_train.py",
     "turbotrain train --data path/to/folder --data.batching=tokens": "a folder of the user's; "
     "tests/integration/test_token_batching_train.py",
+    "turbotrain train --preset gpt-tiny --nproc 2": "starts processes through torchrun's launcher; "
+    "tests/distributed/test_torchrun_train.py runs --nproc 2",
+    "turbotrain train --preset gpt-tiny --run.name=gpt --run.remote=s3://": "needs an S3 store; "
+    "tests/integration/test_remote_store.py trains against a moto server",
 }
 
 # Python snippets: (page, first line) -> (code run before it, code run after it). A snippet that is

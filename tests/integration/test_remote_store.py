@@ -13,24 +13,20 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "faults"))
+from conftest import BUCKET, s3_client  # noqa: E402
 from faultenv import fault_env  # noqa: E402
 
-pytest.importorskip("s3fs")
-boto3 = pytest.importorskip("boto3")
 pytestmark = pytest.mark.slow
 
-BUCKET = "turbotrain-test"
 TINY = [
     "--run.device=cpu",
     "--model.n_layer=2",
@@ -50,58 +46,6 @@ TINY = [
     "--monitor.nvml=false",
     "--no-progress",
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_server(port: int) -> subprocess.Popen:
-    server = subprocess.Popen(
-        [shutil.which("moto_server") or "moto_server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return server
-        time.sleep(0.1)
-    server.kill()
-    raise RuntimeError("moto_server did not start")
-
-
-@pytest.fixture
-def s3(tmp_path: Path) -> Iterator[tuple[dict[str, str], subprocess.Popen]]:
-    """A moto server with the bucket; the environment a run reaches it with (AWS variables)."""
-    port = _free_port()
-    server = _start_server(port)
-    env = {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "OMP_NUM_THREADS": "1",
-    }
-    _client(env).create_bucket(Bucket=BUCKET)
-    try:
-        yield env, server
-    finally:
-        server.kill()
-        server.wait()
-
-
-def _client(env: dict[str, str]):
-    return boto3.client(
-        "s3",
-        endpoint_url=env["AWS_ENDPOINT_URL"],
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
 
 
 def _train(
@@ -139,7 +83,7 @@ def test_kill_mid_upload_then_resume_from_the_uri_alone_equals_the_unkilled_run(
         tmp_path / "paused",
     )
     assert killed.wait(timeout=300) == -9
-    listing = _client(env).list_objects_v2(Bucket=BUCKET, Prefix="runs/k/checkpoints/")["Contents"]
+    listing = s3_client(env).list_objects_v2(Bucket=BUCKET, Prefix="runs/k/checkpoints/")["Contents"]
     assert {o["Key"].rpartition("/")[2] for o in listing} == {
         "step_00000003.pt",
         "step_00000003.pt.sha256",
@@ -219,3 +163,33 @@ def test_a_bucket_that_does_not_exist_is_one_line_at_the_start(tmp_path: Path, s
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "run.remote=s3://no-such-bucket/runs/b" in lines[0], stderr
     assert "Traceback" not in stderr and not (tmp_path / "b" / "config.toml").exists()
+
+
+def test_the_same_command_on_an_empty_disk_continues_the_run_in_the_store(tmp_path: Path) -> None:
+    """A Kubernetes pod rescheduled on another node runs the same command (same run.name and
+    run.remote) with no run directory: the run in the store continues (file:// store: no server)."""
+    store = f"file://{tmp_path / 'store'}"
+    args = [*TINY, "--run.out_dir", str(tmp_path / "runs"), "--run.name=pod", f"--run.remote={store}"]
+    first = subprocess.run(
+        [sys.executable, "-m", "turbotrain", "train", *args, "--train.max_steps=6"],
+        env=fault_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert first.returncode == 0, first.stderr
+    shutil.rmtree(tmp_path / "runs")
+    again = subprocess.run(
+        [sys.executable, "-m", "turbotrain", "train", *args, "--train.max_steps=9"],
+        env=fault_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 0, again.stderr
+    assert f"continuing {store}/pod: run.remote holds a run named pod" in again.stdout
+    assert sorted(_losses(tmp_path / "runs" / "pod")) == list(range(1, 10))  # steps 1-6 fetched, 7-9 trained
+    assert (
+        json.loads((tmp_path / "runs" / "pod" / "summary.json").read_text())["resumed_from"]
+        == "step_00000006.pt"
+    )

@@ -42,7 +42,7 @@ from ..parts.models.spec import ModelSpec
 from ..parts.models.workload_spec import WorkloadSpec
 from ..parts.workload import Workload
 from .restart import keep_global_batch, named_for_restarts, relaunched_run
-from .resume import local_copy
+from .resume import local_copy, stored_run
 
 Overrides = Mapping[str, Mapping[str, Any]]
 # what trains: FILE.py:FUNC (or package.module:FUNC), FUNC itself, or a Workload built already
@@ -144,6 +144,9 @@ def prepare_run(request: RunRequest, signals: StopSignals) -> PreparedRun:
             found_dir, relaunch, recorded = found
             resume_at, resume = str(found_dir), True
             overrides.get("run", {}).pop("name", None)  # named by the path now
+        elif (stored := stored_run(fresh)) is not None:  # a pod rescheduled on an empty disk
+            resume_at, resume = str(stored), True
+            overrides.get("run", {}).pop("name", None)
     if resume:  # the run's saved config with the overrides applied: what the resume will train
         run_dir, base = _resumed_run(request.preset, resume_at or "", overrides)
         if relaunch:

@@ -96,6 +96,27 @@ def local_copy(uri: str, out_dir: str, wait_s: float = 600.0) -> Path:
     return local
 
 
+def stored_run(config: RunConfig) -> Path | None:
+    """A new start of a named run with ``run.remote`` whose run is in the store and not here (a
+    Kubernetes pod rescheduled on an empty disk, run with the same command): its local copy,
+    fetched (:func:`local_copy`), to continue. None otherwise: a run of this name here is the
+    local rules' (already exists, or a relaunch), and a store that cannot be read is said by the
+    start's check of run.remote."""
+    if not (config.run.remote and config.run.name):
+        return None
+    if (Path(config.run.out_dir) / config.run.name / CONFIG_FILE).is_file():
+        return None
+    uri = f"{config.run.remote.rstrip('/')}/{config.run.name}"
+    try:
+        Store(uri).read(CONFIG_FILE)
+    except Exception:  # noqa: BLE001 - none there (or the store refuses: said at the start, in one line)
+        return None
+    local = local_copy(uri, config.run.out_dir)
+    if Topology.from_env().rank == 0:
+        print(f"continuing {uri}: run.remote holds a run named {config.run.name} and {local} held none")
+    return local
+
+
 def check_resume_batch(
     checkpoint: str, saved_config: Any, saved_world: int, c: RunConfig, world: int, rank: int = 0
 ) -> None:

@@ -434,7 +434,10 @@ def train(
         if not run.main:
             return train_prepared(run, signals, progress)[0]
         with RunLock(run.run_dir):
-            return train_prepared(run, signals, progress)[0]
+            summary, training = train_prepared(run, signals, progress)
+            if training.mirror is not None:  # run.remote: the last uploads, or what is missing
+                training.mirror.close()
+            return summary
 
 
 def train_prepared(
@@ -446,6 +449,8 @@ def train_prepared(
     (:mod:`turbotrain.app.experts_growth`)."""
     summary, training = _train_prepared_once(run, signals, progress)
     while stopped_to_grow(summary):  # every rank alike: the step is in the config
+        if training.mirror is not None:  # the next part mirrors the same run with a mirror of its own
+            training.mirror.close()
         summary, training = _train_prepared_once(replace(run, resume=True), signals, progress)
     return summary, training
 
