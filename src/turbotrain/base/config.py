@@ -86,8 +86,8 @@ from .config_sections import (
     RunSection,
     TrainConfig,
     check_run,
-    unused_run,
 )
+from .config_unused import unused_run
 from .errors import ConfigError
 
 T = TypeVar("T")
