@@ -51,8 +51,18 @@ from .choose.session import choose_for_run
 from .prepare import PreparedRun, RunRequest, StoppedBySignal, WorkloadLike, decided, prepare_run
 from .report import ReportResult, write_report
 from .restart import batch_record, peer_lost
+from .run_settings import planned_steps
 from .training import Training, stopped_by_signal, train_prepared
 from .warmstart import WarmStart
+
+
+def _planned(run: PreparedRun) -> int:
+    """The run's length for choose: ``train.epochs`` resolved on its data (a workload's is built
+    once and kept), else ``train.max_steps``."""
+    if not run.config.train.epochs:
+        return run.config.train.max_steps
+    data = run.spec.open_data(run.settings, run.run_dir, show=False)
+    return planned_steps(run.settings, data, run.plan.data)
 
 
 @dataclass
@@ -124,7 +134,7 @@ def train_run(request: RunRequest, *, progress: bool | None = None, report: bool
                 check_data_path(run.config.data.path)
             # settings left at auto, by measurement (one process; a resume never re-measures)
             if not run.resume and run.plan.world == 1:
-                run = decided(run, choose_for_run(run.config, run.run_dir))
+                run = decided(run, choose_for_run(run.config, run.run_dir, planned=_planned(run)))
             # compile artefacts of an earlier run of this model: loaded before the first step
             warm = WarmStart(run.config)
             warm.begin()

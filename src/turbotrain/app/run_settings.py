@@ -22,6 +22,27 @@ def resolve_epochs(c: RunConfig, data: RunData, world: int) -> tuple[RunConfig, 
     batch) with validation at each epoch's end, and (steps per epoch, epochs) for the epoch log."""
     if not c.train.epochs:
         return c, None
+    per_epoch = epoch_steps(c, data, world)
+    log.info(
+        "train.epochs = %d: %d optimizer steps per epoch, %d in all",
+        c.train.epochs,
+        per_epoch,
+        c.train.epochs * per_epoch,
+    )
+    return c.replace(train={"max_steps": c.train.epochs * per_epoch, "eval_every": per_epoch}), (
+        per_epoch,
+        c.train.epochs,
+    )
+
+
+def planned_steps(c: RunConfig, data: RunData, world: int) -> int:
+    """The run's length in optimizer steps: ``train.epochs`` resolved on the data, else
+    ``train.max_steps`` (what choose weighs its measuring against)."""
+    return c.train.epochs * epoch_steps(c, data, world) if c.train.epochs else c.train.max_steps
+
+
+def epoch_steps(c: RunConfig, data: RunData, world: int) -> int:
+    """Optimizer steps per epoch for ``train.epochs`` (a refusal when they cannot be known)."""
     if not isinstance(c.batch.micro, int):
         raise ConfigError(
             "train.epochs needs a numeric batch.micro (with 'auto' the steps per epoch are not known "
@@ -34,16 +55,7 @@ def resolve_epochs(c: RunConfig, data: RunData, world: int) -> tuple[RunConfig, 
             f"train.epochs = {c.train.epochs} is too many for this data ({per_epoch} steps per epoch, at most "
             f"{MAX_STEPS} steps in a run); use {setting('train.epochs', MAX_STEPS // per_epoch)} or fewer"
         )
-    log.info(
-        "train.epochs = %d: %d optimizer steps per epoch, %d in all",
-        c.train.epochs,
-        per_epoch,
-        c.train.epochs * per_epoch,
-    )
-    return c.replace(train={"max_steps": c.train.epochs * per_epoch, "eval_every": per_epoch}), (
-        per_epoch,
-        c.train.epochs,
-    )
+    return per_epoch
 
 
 def warn_long_warmup(c: RunConfig) -> None:

@@ -109,9 +109,11 @@ def choose(
     measure: MeasureFn | None = None,
     device: torch.device | None = None,
     say: Callable[[str], None] = print,
+    planned: int | None = None,
 ) -> Decision | None:
     """Decide the run's ``auto`` settings by measurement; None when ``choose.measure = off`` or no
-    setting is left at ``auto``. ``measure`` (injectable for tests) times one candidate."""
+    setting is left at ``auto``. ``measure`` (injectable for tests) times one candidate; ``planned``:
+    the run's resolved length (``train.epochs`` on its data), else ``train.max_steps``."""
     c = config.choose
     if c.measure == "off" or not auto_fields(config):
         return None
@@ -120,7 +122,7 @@ def choose(
     key = meter_cache.key_of(material)
     folder = cache.cache_dir(config)
     cached = cache.load(folder, key, material) or {}
-    planned = config.train.max_steps
+    planned = planned or config.train.max_steps
     decision = Decision(changes={}, planned_steps=planned, key=key)
     first = stage1(config, device.type, resolve_precision("auto", DeviceCaps.of(device)))
     if c.measure == "auto" and first[0].name not in cached:
@@ -220,10 +222,12 @@ def choose_for_run(
     run_dir: Path,
     say: Callable[[str], None] = print,
     measure: MeasureFn | None = None,
+    planned: int | None = None,
 ) -> RunConfig:
     """What ``turbotrain train`` calls for a new run (one process): decide, show the table, write
-    it to the run directory, name the run's regime, and return the config with the chosen settings."""
-    decision = choose(config, measure=measure, say=say)
+    it to the run directory, name the run's regime, and return the config with the chosen settings.
+    ``planned``: the run's resolved length (``train.epochs`` on its data), else ``train.max_steps``."""
+    decision = choose(config, measure=measure, say=say, planned=planned)
     if decision is not None and not decision.rows:  # too short to pay for measuring: a log line, no file
         log.info("choose: %s", decision.summary)
     chosen = apply(config, decision)
