@@ -20,6 +20,7 @@ import contextlib
 import errno
 import os
 import re
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -119,15 +120,15 @@ def temp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp{os.getpid()}")
 
 
-def _fsync_dir(folder: Path) -> None:
-    try:
+def fsync_dir(folder: Path) -> None:
+    """Make a rename or a new entry in ``folder`` durable, where the file system allows it (one
+    that cannot open or fsync a folder is left as it is)."""
+    with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def atomic_write(path: Path | str, content: Content, hint: str = "") -> None:
@@ -154,7 +155,7 @@ def atomic_write(path: Path | str, content: Content, hint: str = "") -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _write_all(f: BinaryIO, view: memoryview) -> None:
@@ -178,16 +179,25 @@ def clean_stale_temps(folder: Path | str) -> list[Path]:
     """Remove the temporary files that writers killed mid-write (kill -9, power loss) left in
     ``folder``: those whose process is gone. A live process's temp file is left alone, so this
     is safe on folders shared between runs (the data cache). Returns what was removed."""
-    folder = Path(folder)
+
+    def stale(entry: Path) -> bool:
+        m = _TEMP.match(entry.name)
+        return m is not None and int(m["pid"]) != os.getpid() and not _alive(int(m["pid"]))
+
+    return remove_leftovers(folder, stale)
+
+
+def remove_leftovers(folder: Path | str, leftover: Callable[[Path], bool]) -> list[Path]:
+    """The one scan for what a killed writer left behind: remove each entry of ``folder`` that
+    ``leftover(entry)`` names (a file, or a folder with all it holds). Returns what was removed."""
     removed: list[Path] = []
     try:
-        entries = list(folder.iterdir())
+        entries = list(Path(folder).iterdir())
     except OSError:
         return removed
     for entry in entries:
-        m = _TEMP.match(entry.name)
-        if m and int(m["pid"]) != os.getpid() and not _alive(int(m["pid"])):
+        if leftover(entry):
             with contextlib.suppress(OSError):
-                entry.unlink()
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
                 removed.append(entry)
     return removed

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from ...base.atomic import remove_leftovers
 from .format import (
     MARKER,
     checkpoint_step,
@@ -53,13 +54,4 @@ def clean_unfinished(folder: Path) -> list[Path]:
     ``step_*`` folder without its marker): a process killed mid-save leaves them; nothing ever
     loads them. Call it at the start of a run, on one process, before any save. Returns what was
     removed."""
-    removed: list[Path] = []
-    try:
-        entries = list(folder.iterdir())
-    except OSError:
-        return removed
-    for entry in entries:
-        if is_unfinished_save(entry):
-            shutil.rmtree(entry, ignore_errors=True)
-            removed.append(entry)
-    return removed
+    return remove_leftovers(folder, is_unfinished_save)

@@ -10,7 +10,6 @@ fsyncs. A folder without the marker is an unfinished save: never loaded, removed
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -21,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ...base.atomic import DISK_FULL_ERRNOS, DiskFullError, atomic_write, disk_full_cause
+from ...base.atomic import DISK_FULL_ERRNOS, DiskFullError, atomic_write, disk_full_cause, fsync_dir
 from ...base.errors import TurbotrainError
 from ...core.main_rank import ReportedByAnotherRank
 from ...core.process_group import in_group, rank_world
@@ -111,7 +110,7 @@ def save_folder(
         if final.exists():  # an older save at this step (unfinished or corrupt): the new one replaces it
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync_dir(folder)
+        fsync_dir(folder)
     _barrier(group)  # nobody goes on (or reads the folder) before it is in place
     return final
 
@@ -142,12 +141,3 @@ def _entry(path: Path) -> dict[str, Any]:
 def _barrier(group: dist.ProcessGroup | None = None) -> None:
     if in_group():
         dist.barrier(group=group)
-
-
-def _fsync_dir(folder: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
