@@ -24,6 +24,7 @@ from pathlib import Path
 
 import inprocess
 import pytest
+from faults.faultenv import FAULTS
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 STEPS = 40
@@ -88,8 +89,12 @@ def _args(work: Path, name: str, micro: int = MICRO, *more: str) -> list[str]:
     ]
 
 
-def _run(cmd: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
+def _run(cmd: list[str], timeout: float = 240, fault: str = "") -> subprocess.CompletedProcess:
+    """``cmd`` to its end; ``fault``: TT_FAULT=POINT:N for each process (tests/faults/sitecustomize.py)."""
+    env = _env()
+    if fault:
+        env.update(TT_FAULT=fault, PYTHONPATH=f"{FAULTS}{os.pathsep}{env['PYTHONPATH']}")
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def _losses(work: Path, name: str) -> dict[int, float]:
@@ -322,10 +327,10 @@ def test_out_of_memory_under_data_parallel_stops_with_the_rank_and_what_to_lower
             work,
             f"oom-{strategy}",
             MICRO,
-            "--memory.inject_oom_at_step=3",
             f"--distributed.strategy={strategy}",
         ),
         timeout=180,
+        fault="oom:3",  # an out-of-memory error in step 3 (tests/faults/oom.py)
     )
     assert time.monotonic() - start < 120, "bounded: no rank waits for the one that stopped"
     assert proc.returncode != 0

@@ -17,6 +17,8 @@ start-up). ``TT_FAULT=POINT:N`` acts at the N-th time the program reaches POINT:
 - ``cache-mid-write``: SIGKILL after half of the N-th byte-token cache write
 - ``remote-before-marker``: SIGKILL when the N-th checkpoint marker is about to be uploaded to
   ``run.remote`` (its data is in the store): a half-uploaded checkpoint
+- ``oom``: a real torch.OutOfMemoryError in optimizer step N, after its last micro-batch's
+  forward (oom.py), for the out-of-memory policy
 - ``pause-step`` / ``pause-startup`` / ``pause-choose`` (a new run's settings about to be measured) / ``pause-fit`` (the run built and its files written, the
   loop not started yet) / ``pause-report`` (trained, summary.json written, the report not yet): create ``$TT_FAULT_MARKER`` and wait (in 20 ms sleeps) until the test
   deletes it; the process stays signalable.
@@ -86,7 +88,11 @@ def _install(point: str, n: int) -> None:
 
         return writer
 
-    if point in ("step", "pause-step"):
+    if point == "oom":
+        from oom import inject_oom
+
+        inject_oom(n).__enter__()  # every Engine of this process armed, to its end
+    elif point in ("step", "pause-step"):
         act = die if point == "step" else pause
         wrap(engine.Engine, "train_window", before=lambda *a, **k: due() and act())
     elif point == "pause-fit":

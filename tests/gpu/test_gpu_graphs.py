@@ -44,7 +44,7 @@ def _train(graphs: bool):
 def test_a_captured_step_trains_as_eager_on_the_gpu():
     eager, eager_ms, _ = _train(False)
     captured, graph_ms, engine = _train(True)
-    wrapper = engine._window_wrapper
+    wrapper = engine.window.wrapper
     assert isinstance(wrapper, StepGraph) and not wrapper.refused, wrapper.refused
     assert wrapper.captures == 1 and wrapper.replays == STEPS - 2
     assert captured == pytest.approx(eager, rel=1e-5, abs=1e-6)  # the schedule reached the graph

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import tiny_overrides
+from faults.oom import inject_oom
 
 from turbotrain import Engine, fit, load_config
 from turbotrain.app.training import train
@@ -136,7 +137,8 @@ def test_injected_oom_recovers_on_cuda(tmp_path, text_file):
         )
 
     plain = train(config("plain"))
-    hit = train(config("oom", inject_oom_at_step=20))
+    with inject_oom(20):
+        hit = train(config("oom"))
     assert [e["kind"] for e in hit["events"]] == ["oom_recovery"]
     assert hit["final_train_loss"] == pytest.approx(plain["final_train_loss"], abs=1e-4)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import tiny_overrides
+from faults.oom import inject_oom
 
 from turbotrain import load_config
 from turbotrain.app.training import train
@@ -36,15 +37,8 @@ def _curve(run_dir: Path) -> list[tuple[int, float]]:
 @pytest.mark.parametrize("accumulation", [1, 2])
 def test_injected_oom_at_step_20_changes_neither_global_batch_nor_loss(tmp_path, text_file, accumulation):
     plain = train(_config(tmp_path, text_file, "plain", batch={"accumulation": accumulation}))
-    hit = train(
-        _config(
-            tmp_path,
-            text_file,
-            "oom",
-            batch={"accumulation": accumulation},
-            memory={"inject_oom_at_step": 20},
-        )
-    )
+    with inject_oom(20):
+        hit = train(_config(tmp_path, text_file, "oom", batch={"accumulation": accumulation}))
 
     assert plain["status"] == hit["status"] == "completed" and hit["steps"] == 24
     assert hit["final_train_loss"] == pytest.approx(plain["final_train_loss"], abs=1e-5)
@@ -66,15 +60,11 @@ def test_injected_oom_at_step_20_changes_neither_global_batch_nor_loss(tmp_path,
 
 
 def test_resume_after_recovery_keeps_the_smaller_micro_batch(tmp_path, text_file):
-    straight = train(_config(tmp_path, text_file, "straight", memory={"inject_oom_at_step": 10}))
-    first = _config(
-        tmp_path,
-        text_file,
-        "resumed",
-        memory={"inject_oom_at_step": 10},
-        train={"stop_after_steps": 16, "checkpoint_every": 8},
-    )
-    assert train(first)["status"] == "stopped"
+    with inject_oom(10):
+        straight = train(_config(tmp_path, text_file, "straight"))
+    first = _config(tmp_path, text_file, "resumed", train={"stop_after_steps": 16, "checkpoint_every": 8})
+    with inject_oom(10):
+        assert train(first)["status"] == "stopped"
     run_dir = tmp_path / "runs" / "resumed"
     _, payload = load_latest(run_dir / "checkpoints")
     assert payload["engine"]["batch_runner"]["split"] == 2
@@ -85,8 +75,8 @@ def test_resume_after_recovery_keeps_the_smaller_micro_batch(tmp_path, text_file
 
 
 def test_on_oom_stop_fails_with_a_clear_error(tmp_path, text_file, capsys):
-    config = _config(tmp_path, text_file, "stop", memory={"inject_oom_at_step": 3, "on_oom": "stop"})
-    with pytest.raises(OutOfMemoryStop) as info:
+    config = _config(tmp_path, text_file, "stop", memory={"on_oom": "stop"})
+    with pytest.raises(OutOfMemoryStop) as info, inject_oom(3):
         train(config)
     assert isinstance(info.value, TurbotrainError) and isinstance(info.value, torch.OutOfMemoryError)
     # a Python caller

@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from faults.oom import inject_oom
 from torch import nn
 
 from turbotrain import Engine, load_config
@@ -464,7 +465,6 @@ def test_memory_of_your_own_model_is_estimated_on_its_batch_and_matches_a_measur
         ("batch", {"micro": "big"}, ["batch.micro", "'auto'"]),
         ("batch", {"headroom": "1.5"}, ["batch.headroom", "[0, 1)"]),
         ("memory", {"on_oom": "retry"}, ["memory.on_oom", "halve, stop"]),
-        ("memory", {"inject_oom_at_step": "-1"}, ["memory.inject_oom_at_step", "[0, 99999999]"]),
     ],
 )
 def test_config_errors_name_the_field_and_valid_values(section, values, words):
@@ -509,14 +509,8 @@ def test_injected_oom_mid_accumulation_re_runs_the_step_with_identical_gradients
         engine.forward_backward(model, b)
     expected = _grads(model)
 
-    engine = Engine(
-        {
-            "run": {"device": "cpu"},
-            "optim": {"grad_clip": 0.0},
-            "batch": {"accumulation": 2},
-            "memory": {"inject_oom_at_step": 1},
-        }
-    )
+    with inject_oom(1):
+        engine = Engine({"run": {"device": "cpu"}, "optim": {"grad_clip": 0.0}, "batch": {"accumulation": 2}})
     torch.manual_seed(0)
     model = TinyMLP(d_in=8, width=16, depth=2)
     model, optimizer, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.0))

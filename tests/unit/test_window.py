@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 import torch
+from faults.oom import inject_oom
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from turbotrain import Engine
 from turbotrain.core.distributed import Strategy
 from turbotrain.core.precision import NonFiniteGuard
-from turbotrain.core.window import LossFn, MicroBatch, WindowFn
+from turbotrain.core.window import LossFn, MicroBatch, Window, WindowFn
 from turbotrain.loop.fit import fit
 from turbotrain.loop.hooks import Hook
 from turbotrain.parts.models.mlp import TinyMLP, synthetic_batches
@@ -88,7 +89,6 @@ class CountingWrapper:
             optimizer: torch.optim.Optimizer,
             micro_batches: Any,
             loss_fn: LossFn,
-            accumulation: int,
         ) -> tuple[torch.Tensor, torch.Tensor | None]:
             self.calls += 1
             if not static:
@@ -97,7 +97,7 @@ class CountingWrapper:
             for (buffers, _), (batch, _) in zip(static, micro_batches):
                 for buffer, t in zip(buffers, batch):
                     buffer.copy_(t)
-            loss_sum, norm = body(model, optimizer, static, loss_fn, accumulation)
+            loss_sum, norm = body(model, optimizer, static, loss_fn)
             return loss_sum.clone(), None if norm is None else norm.clone()
 
         return captured
@@ -186,11 +186,12 @@ def test_train_window_refuses_a_window_of_the_wrong_size_and_a_pending_step():
 
 @pytest.mark.slow
 def test_an_out_of_memory_error_in_a_window_is_recovered_as_in_the_pieces():
-    """memory.inject_oom_at_step in a whole window: the OOM policy halves the micro-batch and
-    re-runs the window's batches; losses, weights and the event match the own-loop pieces."""
-    oom = {"memory": {"inject_oom_at_step": 3, "on_oom": "halve"}}
-    pieces, w_pieces, e_pieces = _run("pieces", **oom)
-    window, w_window, e_window = _run("window", **oom)
+    """An out-of-memory error (injected, in step 3) in a whole window: the OOM policy halves the
+    micro-batch and re-runs the window's batches; losses, weights and the event match the own-loop pieces."""
+    oom = {"memory": {"on_oom": "halve"}}
+    with inject_oom(3):
+        pieces, w_pieces, e_pieces = _run("pieces", **oom)
+        window, w_window, e_window = _run("window", **oom)
     assert pieces == window
     for a, b in zip(w_pieces, w_window):
         assert torch.equal(a, b)
@@ -200,7 +201,8 @@ def test_an_out_of_memory_error_in_a_window_is_recovered_as_in_the_pieces():
     assert e_window.split == 2 and e_window.accumulation == 2 * ACCUMULATION
     # under a whole-step wrapper: the new split's shapes are wrapped anew (a CUDA graph recaptures)
     wrapper = CountingWrapper()
-    wrapped, w_wrapped, _ = _run("window", wrapper, **oom)
+    with inject_oom(3):
+        wrapped, w_wrapped, _ = _run("window", wrapper, **oom)
     assert wrapped == pieces and all(torch.equal(a, b) for a, b in zip(w_pieces, w_wrapped))
     assert wrapper.wrapped == 2
     assert (e_window.state.step, e_window.state.micro_step) == (
@@ -209,18 +211,30 @@ def test_an_out_of_memory_error_in_a_window_is_recovered_as_in_the_pieces():
     )
 
 
-def test_the_strategy_runs_a_windows_micro_batches_with_gradient_sync_before_the_last_only():
+def test_the_window_runs_its_micro_batches_with_gradient_sync_before_the_last_only():
     """Single/DDP/FSDP: the micro-batches in order, the sync flag set before each one's forward
-    (where DDP reads it), on only for the last."""
+    (where DDP reads it), on only for the last: the one decision an own loop's backward shares."""
     calls: list[tuple[str, Any]] = []
 
     class Recording(Strategy):
-        def set_grad_sync(self, model: torch.nn.Module, sync: bool) -> None:
-            calls.append(("sync", sync))
+        sync = None
 
-    out = Recording().run_window(
-        [torch.nn.Linear(1, 1)], [1, 2, 3], lambda mb: calls.append(("run", mb)) or 10 * mb
-    )
+        def set_grad_sync(self, model: torch.nn.Module, sync: bool) -> None:
+            self.sync = sync
+
+    engine, strategy = _engine(), Recording()
+    window = Window(engine.precision, strategy, engine.guard, engine.device)
+    window.set_accumulation(3)
+    model = torch.nn.Linear(1, 1)
+    window.add_model(model)
+    out: list[int] = []
+
+    def loss_fn(m: torch.nn.Module, mb: int) -> torch.Tensor:
+        calls.extend([("sync", strategy.sync), ("run", mb)])  # the flag this forward sees
+        out.append(10 * mb)
+        return m(torch.ones(1)).sum()
+
+    window.run(model, torch.optim.SGD(model.parameters(), lr=0.1), [(1, 1.0), (2, 1.0), (3, 1.0)], loss_fn)
     assert out == [10, 20, 30]
     assert calls == [("sync", False), ("run", 1), ("sync", False), ("run", 2), ("sync", True), ("run", 3)]
 

@@ -2,9 +2,10 @@
 
 :meth:`Strategy.wrap` places the experts on their ranks (the plan's expert dimension, degree > 1),
 leaves them out of data parallelism, and wraps the rest of the model for its data dimension;
-:meth:`Strategy.run_window` runs one optimizer step's micro-batches (:mod:`turbotrain.core.window`):
+:meth:`Strategy.set_grad_sync` is what the window (:mod:`turbotrain.core.window`) switches before
+each backward:
 
-- ``single``: one process; every method does nothing but run the micro-batches (the base class).
+- ``single``: one process; every method does nothing (the base class).
 - ``ddp``: ``DistributedDataParallel`` (bucket size, static graph, gradients as bucket views).
   Gradient sync is switched off for the micro-steps before an accumulation boundary (what
   ``no_sync()`` does, but settable from an own loop that calls ``engine.backward``).
@@ -13,8 +14,8 @@ leaves them out of data parallelism, and wraps the rest of the model for its dat
   bf16 in the mixed modes and fp8, and its ``reduce_dtype`` for gradient reduction, fp32 in all
   built-in modes); reshard-after-forward configurable. Parameters become DTensors, so the
   optimizer, built before, is pointed at them (its state is still empty then).
-- a pipeline strategy (not built) would cut the model into stages (the spec's ``pipeline`` hook)
-  and run a window's micro-batches as its schedule in :meth:`Strategy.run_window`.
+- pipeline parallelism is not built: its schedule would cut the model into stages (the spec's
+  ``pipeline`` hook) and take the window body's place (:data:`~turbotrain.core.window.WindowFn`).
 
 Across ranks the window averages each step's loss on the device (:meth:`Strategy.mean_`, a small
 all-reduce, no host sync), so every rank's non-finite guard sees the same value and they skip
@@ -24,8 +25,7 @@ together.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -40,9 +40,6 @@ from ..parts.models.blocks import repeated_blocks
 from ..parts.models.moe.parallel import GradNormFn, place_experts
 from .plan import ParallelPlan
 from .process_group import collective_device
-
-M = TypeVar("M")  # a micro-batch, as the window hands it over
-R = TypeVar("R")  # what one micro-step returns
 
 
 def is_loaded_instance(obj: Any, module: str, cls: str) -> bool:
@@ -96,21 +93,6 @@ class Strategy:
 
     def set_grad_sync(self, model: nn.Module, sync: bool) -> None:
         """Whether the coming backward reduces gradients across ranks (only at accumulation boundaries)."""
-
-    def run_window(
-        self, models: Sequence[nn.Module], micro_batches: Sequence[M], micro_step: Callable[[M], R]
-    ) -> list[R]:
-        """The micro-batches of one optimizer step (:mod:`turbotrain.core.window`): single, DDP
-        and FSDP2 run them in order, gradients reduced across ranks only in the last one's
-        backward (the flag is set before each forward, where DDP reads it). A pipeline strategy
-        would run its schedule over the stages here instead. Returns ``micro_step``'s results."""
-        last = len(micro_batches) - 1
-        results = []
-        for i, micro_batch in enumerate(micro_batches):
-            for model in models:
-                self.set_grad_sync(model, i == last)
-            results.append(micro_step(micro_batch))
-        return results
 
     def mean_(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` averaged over ranks in place, enqueued on the device (no host sync)."""

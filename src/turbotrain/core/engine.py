@@ -10,30 +10,29 @@
 
 Configuration is resolved once (:class:`~turbotrain.core.options.EngineOptions`, ``setup``) into
 objects: the precision plugin, the strategy carrying the parallel plan out, the guard, the OOM
-policy. A step's tensor work reads top-down in window.py; the strategy runs a window's
-micro-batches. This file keeps the policies and bookkeeping around it: counters, the guard's poll
-and the precision fallback (nonfinite.py), the OOM policy (oom.py), events, the compile guard and
-the step callbacks; no config reads and no host-device sync per step, except the guard's poll
-every ``sync_every`` optimizer steps. Two ways in, one body: :meth:`Engine.train_window` (what
-``fit`` calls) runs one optimizer step's loader batches as one window (:meth:`Window.run`, wrapped
-once by :meth:`Engine.wrap_window`: where CUDA graphs go); the own-loop API (``backward`` per
-micro-batch, ``step``; ``forward_backward`` for one loader batch) runs the window's pieces one at a
-time. Both go through one out-of-memory path (``_guarded``); the OOM policy acts through the
-public ``discard_step``, ``set_split`` and ``record_event``: no other module writes the engine's state.
+policy. One optimizer step is one window (window.py: the one orchestration of forward, backward,
+gradient sync, loss sum, placement check and the optimizer step). Two ways in, one window:
+:meth:`Engine.train_window` (what ``fit`` calls) runs one step's loader batches as
+:meth:`Window.run` (wrapped once by :meth:`Engine.wrap_window`: where CUDA graphs go); the own-loop
+API (``backward`` per micro-batch, ``step``; ``forward_backward`` for one loader batch) calls the
+window's pieces one at a time. This file keeps the policies and bookkeeping around it: counters,
+the guard's poll and the precision fallback (nonfinite.py), the OOM policy (oom.py: one guarded
+path, acting through the public ``discard_step``, ``set_split`` and ``record_event``), events, the
+compile guard and the step callbacks; no config reads and no host-device sync per step, except the
+guard's poll every ``sync_every`` optimizer steps. No other module writes the engine's state.
 """
 
 from __future__ import annotations
 
 import gc
-import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict
-from typing import Any, ContextManager, TypeVar
+from typing import Any, ContextManager
 
 import torch
 from torch import nn
 
-from ..base.batch import batch_size, real_tokens, split_batch
+from ..base.batch import batch_size, real_tokens
 from ..base.config import RunConfig, load_config
 from ..base.errors import ConfigError
 from ..parts.data.prefetch import DevicePrefetcher
@@ -44,10 +43,9 @@ from .distributed import Strategy, build_strategy
 from .evaluation import MetricsFn, evaluate_batches
 from .graphs import StepGraph
 from .logged_values import LoggedValues
-from .nonfinite import NonFinitePolicy, move_to_precision
-from .oom import OOMInjection, build_oom_policy, is_oom, oom_reason
+from .nonfinite import NonFinitePolicy
+from .oom import build_oom_policy, run_guarded
 from .options import EngineOptions
-from .placement import check_batch_placed, check_models_placed
 from .plan import ParallelPlan
 from .precision import (
     DeviceCaps,
@@ -60,12 +58,9 @@ from .precision import (
 from .train_state import Event, TrainState
 from .transforms import apply_activation_checkpointing, apply_compile
 from .user_objects import tune_user_loader, tune_user_optimizer
-from .window import LossFn, MicroBatch, Window, WindowFn, as_loss, default_grad_norm, default_loss
-
-log = logging.getLogger(__name__)
+from .window import LossFn, Window, WindowFn, as_loss, default_loss, micro_batches
 
 SCHEDULER_INTERVALS = ("step", "epoch", "manual")
-T = TypeVar("T")
 
 
 class Engine:
@@ -89,57 +84,50 @@ class Engine:
         if config is None or isinstance(config, Mapping):
             config = load_config(overrides=config or {})
         self.options = opts = EngineOptions.from_config(config, plan)
-        self.device = opts.device
-        self.caps = DeviceCaps.of(self.device)
+        device = opts.device
+        self.caps = DeviceCaps.of(device)
         chosen = opts.precision if precision is None else precision
-        plugin = build_precision(chosen, self.device, self.caps, opts.precision_settings)
+        plugin = build_precision(chosen, device, self.caps, opts.precision_settings)
         # the switches as applied (tf32, cudnn_benchmark, deterministic), for the run's summary
         self.switches = apply_backend_switches(
-            self.device,
+            device,
             tf32=opts.tf32,
             cudnn_benchmark=opts.cudnn_benchmark,
             flush_denormal=opts.flush_denormal,
             deterministic=opts.deterministic,
         )
-        apply_memory_cap(self.device, opts.memory_max_fraction)
-        self.strategy: Strategy = build_strategy(opts.plan, self.device)
+        apply_memory_cap(device, opts.memory_max_fraction)
+        self.strategy: Strategy = build_strategy(opts.plan, device)
         # world > 1: stop, never halve alone
         self.oom_policy = build_oom_policy(opts.on_oom, self.strategy.rank, self.strategy.world)
-        self._oom_injection = OOMInjection(opts.inject_oom_at_step)
-        self.nonfinite = NonFinitePolicy(opts.nonfinite, opts.max_nonfinite_steps)
         self.base_accumulation = opts.accumulation  # micro-batches per optimizer step as configured
         self.split = 1  # parts each loader batch is cut into (doubled by the OOM policy)
-        # = base_accumulation x split: backward passes per optimizer step
-        self.accumulation = opts.accumulation
-        self.pending_micro_steps = 0  # backward passes since the last optimizer step
         self.state = TrainState()
         self.events: list[Event] = []
         self._logged = LoggedValues()  # engine.log's values, summed on the device
-        self._aux_modules: list[Any] = []  # modules whose auxiliary loss backward adds (see setup)
-        # the step's tensor work (window.py); precision, guard and grad norm live there, read through properties
+        # one optimizer step (window.py): precision, guard, grad norm, the open window live there
         self.window = Window(
             plugin,
             self.strategy,
-            build_guard(self.device),
-            self.device,
+            build_guard(device),
+            device,
             grad_clip=opts.grad_clip,
             norm_needed=opts.grad_clip > 0 or opts.track_grad_norm,
-            aux_modules=self._aux_modules,
         )
-        self._window_wrapper: Callable[[WindowFn], WindowFn] | None = None  # see wrap_window
-        self._run_window: WindowFn = self.window.run  # the body train_window calls, wrapped or not
+        self.window.set_accumulation(opts.accumulation)
+        self.nonfinite = NonFinitePolicy(
+            opts.nonfinite,
+            opts.max_nonfinite_steps,
+            self.window,
+            self.caps,
+            lambda mode: build_precision(mode, self.device, self.caps, opts.precision_settings),
+        )
         self.scheduler: Any = None
+        self.scheduler_interval = "manual"
         self.last_loss: torch.Tensor | None = None  # mean loss of the last optimizer step, on device
         self.last_grad_norm: torch.Tensor | None = None  # its global gradient norm, on device (when computed)
-        self._scheduler_per_step = False
         self._after_step: list[Callable[[], None]] = []  # see add_step_callback
-        self._step_modules: list[Any] = []  # modules told of each optimizer step (see setup)
-        self._step_batches: list[
-            Any
-        ] = []  # forward_backward's loader batches of this step (an OOM re-runs them)
-        self._loss_sum: torch.Tensor | None = None
-        self._models: list[nn.Module] = []
-        self._placement_checked = False
+        self._step_batches: list[Any] = []  # forward_backward's batches of this step (an OOM re-runs them)
         # torch.compile's recompilations and graph breaks, read at each poll (host counters, no sync)
         self.compile_guard = CompileGuard(opts.max_recompiles, warmup_steps=opts.sync_every)
 
@@ -150,7 +138,7 @@ class Engine:
 
     @precision.setter
     def precision(self, precision: Precision) -> None:
-        self.window.precision = precision
+        self.window.set_precision(precision)
 
     @property
     def guard(self) -> NonFiniteGuard:
@@ -160,6 +148,25 @@ class Engine:
     @guard.setter
     def guard(self, guard: NonFiniteGuard) -> None:
         self.window.guard = guard
+
+    @property
+    def device(self) -> torch.device:
+        """The device the run trains on (the window's)."""
+        return self.window.device
+
+    @device.setter
+    def device(self, device: torch.device) -> None:
+        self.window.device = device
+
+    @property
+    def accumulation(self) -> int:
+        """Backward passes per optimizer step: ``batch.accumulation`` x ``split``."""
+        return self.window.accumulation
+
+    @property
+    def pending_micro_steps(self) -> int:
+        """Backward passes since the last optimizer step (the open window's)."""
+        return self.window.pending
 
     @property
     def batches_per_step(self) -> int:
@@ -186,28 +193,20 @@ class Engine:
         Call before the first step. Parameters keep their identity, so an optimizer built
         before ``setup`` stays valid.
 
-        Submodules with ``follow_optimizer_steps()`` (a MoE layer's router bias, which moves once
-        per optimizer step) are told here that the engine marks the steps: it then calls their
-        ``end_optimizer_step()`` after every optimizer step (taken or skipped) and their
-        ``discard_optimizer_step()`` when the out-of-memory policy drops a partial one.
-
-        Submodules with ``take_aux_loss()`` (a :class:`turbotrain.MoE` layer's load-balancing
-        loss) are found here too: ``backward`` adds what each returns (a tensor, or None) to the
-        loss, so a model with MoE layers trains with their auxiliary loss without adding it.
+        The model's MoE layers are found here (:meth:`Window.adopt`): ``backward`` adds their
+        auxiliary loss (``take_aux_loss()``), and the engine calls ``end_optimizer_step()`` after
+        every optimizer step (taken or skipped) of those with ``follow_optimizer_steps()`` (a
+        router bias that moves once per step), ``discard_optimizer_step()`` when the
+        out-of-memory policy drops a partial one.
         """
         if scheduler is not None and scheduler_interval not in SCHEDULER_INTERVALS:
             raise ConfigError(
                 f"scheduler_interval = {scheduler_interval!r}: say how the scheduler steps, "
                 "engine.setup(..., scheduler=s, scheduler_interval='step' | 'epoch' | 'manual')"
             )
-        if not self._models:
+        if not self.window.models:
             self.compile_guard.start()  # count what this run compiles, not what the process did before
-        for module in model.modules():  # once, before any wrapper: the module objects stay the same
-            if callable(getattr(module, "follow_optimizer_steps", None)) and module not in self._step_modules:
-                module.follow_optimizer_steps()
-                self._step_modules.append(module)
-            if callable(getattr(module, "take_aux_loss", None)) and module not in self._aux_modules:
-                self._aux_modules.append(module)
+        self.window.adopt(model)
         model.to(self.device)
         # fp8 prepares its float8 all-gather for FSDP2
         self.precision.convert_module(model, sharded=self.strategy.plan.sharded)
@@ -216,7 +215,7 @@ class Engine:
             tune_user_optimizer(optimizer, self.device)
         apply_activation_checkpointing(model, self.options.checkpointing)
         apply_compile(model, self.options.compile_scope, self.options.compile_mode)
-        if self.options.cuda_graphs and self._window_wrapper is None:  # whole-step capture (core/graphs.py)
+        if self.options.cuda_graphs and self.window.wrapper is None:  # whole-step capture (core/graphs.py)
             self.wrap_window(StepGraph(self.device))
         model = self.strategy.wrap(
             model, optimizer, self.precision.compute_dtype, self.precision.reduce_dtype
@@ -224,11 +223,9 @@ class Engine:
         # experts spread over ranks: clip by the norm over all of them
         if self.strategy.grad_norm is not None:
             self.set_grad_norm(self.strategy.grad_norm)
-        self._models.append(model)
-        self._sync_grads_for_next()
+        self.window.add_model(model)
         self.scheduler = scheduler
         self.scheduler_interval = scheduler_interval if scheduler is not None else "manual"
-        self._scheduler_per_step = self.scheduler_interval == "step"
         if (
             loader is not None
             and self.options.tune_user_loader is not None
@@ -257,54 +254,43 @@ class Engine:
         ``loss`` may be a model's output (see :func:`as_loss`). A rejected loss changes nothing.
         The auxiliary losses of the model's MoE layers from their last training forward are
         added (see ``setup``); the recorded loss includes them, as a MoE GPT's own loss does."""
-        loss = self.window.add_aux(as_loss(loss))
-        if not self._placement_checked:
-            self._placement_checked = True
-            check_models_placed(self._models, self.device)
-        detached = self.window.backward(loss, self.accumulation)
-        self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
+        self.window.backward(as_loss(loss))
         self.state.micro_step += 1
-        self.pending_micro_steps += 1
-        self._sync_grads_for_next()
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
         """On the accumulation boundary: unscale, clip, step (skipped on-device if non-finite),
         update the loss scale, zero gradients (set_to_none), advance the scheduler. Returns
         True when an optimizer step was taken, False between accumulation boundaries."""
-        if self.pending_micro_steps < self.accumulation:
+        if self.window.pending < self.accumulation:
             return False
-        return self._optimizer_step(optimizer)
+        return self._end_step(optimizer, *self.window.close(optimizer))
 
     def end_epoch(self, optimizer: torch.optim.Optimizer | None = None) -> bool:
         """Call after the last batch of an epoch: a partial accumulation window (fewer backward
         passes than ``accumulation``) is applied as a step of its own, its gradients renormalised
         to the passes it had (so it is the mean over its batches, like a full window); then an
         ``'epoch'``-interval scheduler steps. Returns True when a partial step was taken."""
-        took = False
-        if optimizer is not None and self.pending_micro_steps:
+        took, pending = False, self.window.pending
+        if optimizer is not None and pending:
             grads = [p.grad for p in self.window.params_of(optimizer) if p.grad is not None]
-            if grads and self.pending_micro_steps != self.accumulation:
-                torch._foreach_mul_(grads, self.accumulation / self.pending_micro_steps)
-            took = self._optimizer_step(optimizer)
+            if grads and pending != self.accumulation:
+                torch._foreach_mul_(grads, self.accumulation / pending)
+            took = self._end_step(optimizer, *self.window.close(optimizer))
         if self.scheduler is not None and self.scheduler_interval == "epoch":
             self.scheduler.step()
         return took
 
-    def _optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
-        micro_steps, self.pending_micro_steps = self.pending_micro_steps, 0
-        loss_sum, self.last_grad_norm = self.window.finish(optimizer, self._loss_sum)
-        return self._end_step(optimizer, loss_sum, micro_steps)
-
-    def _end_step(self, optimizer: torch.optim.Optimizer, loss_sum: torch.Tensor, micro_steps: int) -> bool:
+    def _end_step(
+        self, optimizer: torch.optim.Optimizer, loss: torch.Tensor, norm: torch.Tensor | None
+    ) -> bool:
         """The bookkeeping after a window's optimizer step: MoE step modules, the scheduler, the
         step's mean loss and counter, the guard's poll and the compile guard every ``sync_every``
         steps, the step callbacks."""
-        for module in self._step_modules:
+        for module in self.window.step_modules:
             module.end_optimizer_step()
-        if self._scheduler_per_step:
+        if self.scheduler is not None and self.scheduler_interval == "step":
             self.scheduler.step()
-        self.last_loss = loss_sum if micro_steps == 1 else loss_sum / micro_steps
-        self._loss_sum = None
+        self.last_loss, self.last_grad_norm = loss, norm
         self.state.step += 1
         if self.state.step % self.options.sync_every == 0:
             self.poll(optimizer)
@@ -320,8 +306,7 @@ class Engine:
         without a host sync. For gradients the engine cannot see whole (``setup`` sets it when
         the parallel plan spreads experts over ranks: each rank holds some experts'). None
         restores the default, :func:`default_grad_norm`."""
-        self.window.grad_norm = fn if fn is not None else default_grad_norm
-        self._wrap_body()
+        self.window.set_grad_norm(fn)
 
     def add_step_callback(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` after every optimizer step (monitoring an own loop: see
@@ -333,9 +318,7 @@ class Engine:
         parts after an out-of-memory error halved the micro-batch); returns the batch's loss.
         After an out-of-memory error the OOM policy takes over (``memory.on_oom``: halve and
         re-run the step's batches so far, or stop)."""
-        if self.state.batches == 0:
-            check_batch_placed(batch, self.device)
-        if self.pending_micro_steps == 0:  # a new step: its batches are kept (by reference) for a re-run
+        if self.window.pending == 0:  # a new step: its batches are kept (by reference) for a re-run
             self._step_batches.clear()
         self._step_batches.append(batch)
         step_batches = self._step_batches
@@ -345,24 +328,19 @@ class Engine:
                 loss = self._run_batch(model, b, loss_fn)
             return loss
 
-        loss = self._guarded(model, step_batches, lambda: self._run_batch(model, batch, loss_fn), rerun)
+        loss = run_guarded(self, model, step_batches, lambda: self._run_batch(model, batch, loss_fn), rerun)
         self.state.batches += 1
         return loss
 
     def _run_batch(self, model: nn.Module, batch: Any, loss_fn: LossFn) -> torch.Tensor:
-        """Forward under autocast and backward of one loader batch, in ``split`` parts, each part's
-        loss weighted by its share of the batch x ``split`` (1.0 for equal parts); its loss."""
-        loss_fn = self._oom_injection.arm(
-            loss_fn, self.state.step, self.accumulation - self.pending_micro_steps
-        )
-        if self.split == 1:
-            loss = self.window.forward(model, batch, loss_fn)
-            self.backward(loss)
-            return loss
+        """Forward and backward of one loader batch, in ``split`` parts (:func:`micro_batches`);
+        its loss (the parts' weighted mean)."""
         total: torch.Tensor | None = None
-        for part, weight in self._micro_batches([batch]):
+        for part, weight in micro_batches([batch], self.split):
             loss = self.window.forward(model, part, loss_fn)
             self.backward(loss if weight == 1.0 else loss * weight)
+            if self.split == 1:
+                return loss
             piece = loss.detach() * (weight / self.split)  # its share of the batch (split: a power of 2)
             total = piece if total is None else total + piece
         assert total is not None
@@ -383,9 +361,9 @@ class Engine:
         then ``step`` compute, to the bit. After an out-of-memory error the OOM policy re-runs the
         whole window (an error in its optimizer step too: the first step allocates the optimizer's
         state). Returns True."""
-        if self.pending_micro_steps:
+        if self.window.pending:
             raise RuntimeError(
-                f"train_window starts an optimizer step, but {self.pending_micro_steps} backward pass(es) "
+                f"train_window starts an optimizer step, but {self.window.pending} backward pass(es) "
                 "are pending: call engine.step(optimizer) first"
             )
         if len(batches) != self.base_accumulation:
@@ -393,65 +371,28 @@ class Engine:
                 f"train_window takes one optimizer step's {self.base_accumulation} loader batch(es) "
                 f"(batch.accumulation), got {len(batches)}"
             )
-        if self.state.batches == 0:
-            check_batch_placed(batches[0], self.device)
-        if not self._placement_checked:
-            self._placement_checked = True
-            check_models_placed(self._models, self.device)
 
         def run() -> tuple[int, torch.Tensor, torch.Tensor | None]:
-            micro = self._micro_batches(batches)  # at the split of the moment: a re-run's is finer
-            armed = self._oom_injection.arm(loss_fn, self.state.step, len(micro))
-            return len(micro), *self._run_window(model, optimizer, micro, armed, self.accumulation)
+            micro = micro_batches(batches, self.split)  # at the split of the moment: a re-run's is finer
+            return len(micro), *self.window.body(model, optimizer, micro, loss_fn)
 
-        micro_steps, loss_sum, self.last_grad_norm = self._guarded(model, batches, run, run)
+        start = self.state.micro_step  # an OOM's discard_step takes the failed body's passes off
+        micro_steps, loss, norm = run_guarded(self, model, batches, run, run)
         self.state.batches += len(batches)
-        self.state.micro_step += micro_steps
-        self._sync_grads_for_next()  # the own-loop API's flags, as after a window's last backward
-        return self._end_step(optimizer, loss_sum, micro_steps)
+        self.state.micro_step = start + micro_steps
+        return self._end_step(optimizer, loss, norm)
 
     def wrap_window(self, wrapper: Callable[[WindowFn], WindowFn] | None) -> None:
         """Whole-step capture's one seam: from now on :meth:`train_window` runs ``wrapper(body)``,
         where ``body`` is :meth:`Window.run` with the signature :data:`~turbotrain.core.window.WindowFn`
-        ``(model, optimizer, micro_batches, loss_fn, accumulation) -> (loss_sum, grad_norm)``: the
-        step's tensor work, no host sync. The wrapper returns a function of the same arguments with
-        the same effect (e.g. a CUDA graph: capture on the first call, then copy each step's
-        micro-batches into the captured inputs and replay). The engine calls ``wrapper`` again, on
-        the plain body, whenever what the body computes changes (the split after an OOM, the
-        accumulation, a precision fallback, the gradient-norm function), so a capturing wrapper
-        captures anew then. None: the plain body again."""
-        self._window_wrapper = wrapper
-        self._wrap_body()
-
-    def _wrap_body(self) -> None:
-        wrapper = self._window_wrapper
-        self._run_window = wrapper(self.window.run) if wrapper is not None else self.window.run
-
-    def _guarded(
-        self, model: nn.Module, batches: Sequence[Any], run: Callable[[], T], rerun: Callable[[], T]
-    ) -> T:
-        """The one out-of-memory path: ``run()``; after an out-of-memory error the OOM policy
-        (``memory.on_oom``) drops the partial step of ``batches`` (its loader batches so far),
-        halves the micro-batch and returns ``rerun()`` (the step from its first batch), or stops."""
-        try:
-            return run()
-        except RuntimeError as exc:
-            if not is_oom(exc):
-                raise
-            reason = oom_reason(exc)
-        # outside the except clause: the traceback, and the activations its frames held, are gone
-        return self.oom_policy.recover(self, model, batches, reason, rerun)
-
-    def _micro_batches(self, batches: Sequence[Any]) -> list[MicroBatch]:
-        """A window's micro-batches: each loader batch whole, or in ``split`` parts after an OOM,
-        each part's loss weighted by its share of the batch x ``split`` (as in :meth:`_run_batch`)."""
-        if self.split == 1:
-            return [(batch, 1.0) for batch in batches]
-        micro: list[MicroBatch] = []
-        for batch in batches:
-            n = batch_size(batch)
-            micro.extend((part, batch_size(part) / n * self.split) for part in split_batch(batch, self.split))
-        return micro
+        ``(model, optimizer, micro_batches, loss_fn) -> (loss, grad_norm)``: the step's tensor work,
+        no host sync. The wrapper returns a function of the same arguments with the same effect
+        (e.g. a CUDA graph: capture on the first call, then copy each step's micro-batches into the
+        captured inputs and replay). The engine calls ``wrapper`` again, on the plain body, whenever
+        what the body computes changes (the split after an OOM, the accumulation, a precision
+        fallback, the gradient-norm function), so a capturing wrapper captures anew then. None:
+        the plain body again."""
+        self.window.wrap(wrapper)
 
     def count_batch(self, batch: Any) -> None:
         """Add a batch's samples and tokens to the state; any structure. Tokens are the real ones
@@ -469,42 +410,29 @@ class Engine:
     def discard_step(self, model: nn.Module) -> None:  # the OOM policy's levers: this, set_split
         """Forget the partial optimizer step (gradients, loss sum, its micro-steps) and free memory."""
         model.zero_grad(set_to_none=True)
-        for module in self._step_modules:
+        for module in self.window.step_modules:
             module.discard_optimizer_step()
-        self.state.micro_step -= self.pending_micro_steps
-        self.pending_micro_steps = 0
-        self._loss_sum = None
-        self._sync_grads_for_next()
+        self.state.micro_step -= self.window.pending
+        self.window.discard()
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
     def set_split(self, split: int) -> None:
         """Cut each loader batch into ``split`` parts; accumulation follows, so the global batch stays."""
-        changed = split != self.split
         self.split = split
-        self.accumulation = self.base_accumulation * split
-        self._sync_grads_for_next()
-        if changed:
-            self._wrap_body()  # new shapes: a capturing wrapper captures anew
+        self.window.set_accumulation(self.base_accumulation * split)
 
     def set_accumulation(self, accumulation: int) -> None:
         """Micro-batches per optimizer step (the batch finder sets it to keep the global batch)."""
         if accumulation < 1:
             raise ConfigError(f"batch.accumulation = {accumulation} must be >= 1")
-        changed = accumulation != self.base_accumulation
         self.base_accumulation = accumulation
-        self.accumulation = accumulation * self.split
-        self._sync_grads_for_next()
-        if changed:
-            self._wrap_body()
+        self.window.set_accumulation(accumulation * self.split)
 
-    def _sync_grads_for_next(self) -> None:
-        """Data parallel: reduce gradients across ranks only in the backward that completes an
-        accumulation window (once per optimizer step); the micro-steps before it accumulate locally."""
-        sync = self.pending_micro_steps % self.accumulation + 1 == self.accumulation
-        for model in self._models:
-            self.strategy.set_grad_sync(model, sync)
+    def seek(self, batches: int) -> None:
+        """Start from data position ``batches`` (loader batches consumed): where a resume's data goes on."""
+        self.state.batches = batches
 
     def record_event(self, kind: str, detail: str, step: int | None = None) -> None:
         """Note something that changed how the run trains (goes to summary.json)."""
@@ -519,19 +447,13 @@ class Engine:
 
     def poll(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Read the non-finite counter (host-device sync point) and apply the policy (nonfinite.py)."""
-        target = self.nonfinite.decide(self.guard.poll(), self.state.step, self.precision, self.caps)
-        if target is not None:
-            self.switch_precision(target, optimizer)
+        detail = self.nonfinite.poll(self.state.step, optimizer)
+        if detail:
+            self.record_event("precision_fallback", detail)
 
     def switch_precision(self, mode: str, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Change precision mid-run (fallback): new autocast/scaler, weights and state cast back up."""
-        old = self.precision
-        self.precision = build_precision(mode, self.device, self.caps, self.options.precision_settings)
-        move_to_precision(self._models, optimizer, old, self.precision)
-        detail = f"{old.name} -> {mode} after {self.guard.seen} non-finite steps"
-        log.warning("precision fallback: %s", detail)
-        self.record_event("precision_fallback", detail)
-        self._wrap_body()  # the body runs in the new precision
+        self.record_event("precision_fallback", self.nonfinite.switch(mode, optimizer))
 
     def log(self, name: str, value: torch.Tensor | float) -> None:
         """Log a scalar of your own (a training accuracy, a loss term) without a host sync: it stays
@@ -560,42 +482,23 @@ class Engine:
         """:meth:`evaluate`'s mean loss (``"loss"``) and, with ``metrics_fn(model, batch)`` (e.g.
         ``{"accuracy": (logits.argmax(1) == y).float().mean()}``), the mean of each metric over
         ``batches``; summed on the device, averaged over the ranks, read once at the end."""
-        return evaluate_batches(
-            model,
-            batches,
-            loss_fn,
-            metrics_fn,
-            device=self.device,
-            autocast=self.autocast,
-            mean_over_ranks=self.strategy.mean_,
-        )
+        return evaluate_batches(model, batches, loss_fn, metrics_fn, self.window)
 
     # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "state": asdict(self.state),
-            "precision_name": self.precision.name,
-            "precision": self.precision.state_dict(),
-            "guard": self.guard.state_dict(),
-            "nonfinite_acted": self.nonfinite.acted,
+            **self.nonfinite.state_dict(),
             "events": [asdict(e) for e in self.events],
-            "batch_runner": {"split": self.split, "inject_at_step": self._oom_injection.at_step},
+            "batch_runner": {"split": self.split},
         }
 
     def load_state_dict(self, sd: Mapping[str, Any], optimizer: torch.optim.Optimizer | None = None) -> None:
         self.state = TrainState(**sd["state"])
         fell_back = any(e.get("kind") == "precision_fallback" for e in sd.get("events", []))
-        if fell_back and sd.get("precision_name") and sd["precision_name"] != self.precision.name:
-            # A fallback happened before the save: keep training in the safer precision. (A
-            # precision the user changed for the resume, with no fallback, is kept.) Call this
-            # before loading the weights, so that a cast back up happens before they load.
-            self.switch_precision(sd["precision_name"], optimizer)
-            self.events.pop()
-        self.precision.load_state_dict(sd.get("precision", {}))
-        self.guard.load_state_dict(sd.get("guard", {}))
-        self.nonfinite.load(int(sd.get("nonfinite_acted", 0)), self.guard.seen)
+        self.nonfinite.load_state_dict(sd, fell_back, optimizer)  # call before loading the weights
         self.events = [Event(**e) for e in sd.get("events", [])]
-        oom = sd.get("batch_runner", {})
-        self._oom_injection.at_step = int(oom.get("inject_at_step", self._oom_injection.at_step))
-        self.set_split(int(oom.get("split", 1)))  # a micro-batch halved after an OOM stays halved
+        self.set_split(
+            int(sd.get("batch_runner", {}).get("split", 1))
+        )  # a micro-batch halved after an OOM stays halved

@@ -9,31 +9,25 @@ evaluation).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, ContextManager
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..base.batch import move_to
 from .transforms import eager
-from .window import LossFn, as_loss
+from .window import LossFn, Window, as_loss
 
 MetricsFn = Callable[[nn.Module, Any], Mapping[str, torch.Tensor]]
 
 
 def evaluate_batches(
-    model: nn.Module,
-    batches: Iterable[Any],
-    loss_fn: LossFn,
-    metrics_fn: MetricsFn | None,
-    *,
-    device: torch.device,
-    autocast: Callable[[], ContextManager[Any]],
-    mean_over_ranks: Callable[[torch.Tensor], torch.Tensor],
+    model: nn.Module, batches: Iterable[Any], loss_fn: LossFn, metrics_fn: MetricsFn | None, window: Window
 ) -> dict[str, float]:
     """The mean loss (``"loss"``) and each of ``metrics_fn(model, batch)``'s values over
-    ``batches``, moved to ``device``, under ``autocast()`` and no_grad; the model's train/eval
-    mode is restored after."""
+    ``batches``, moved to the ``window``'s device, under its precision's autocast and no_grad,
+    averaged over its strategy's ranks; the model's train/eval mode is restored after."""
+    device, autocast, mean_over_ranks = window.device, window.precision.autocast, window.strategy.mean_
     was_training = model.training
     model.eval()
     total, n = torch.zeros((), device=device), 0

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +34,29 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..base.batch import map_tensors, tensors_of
 from .window import LossFn, MicroBatch, WindowFn
 
 log = logging.getLogger(__name__)
 
 
-# ops that make the host wait for the device (a value read on the host): never inside a graph
-SYNC_OPS = ("_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "repeat_interleave")
+# the ops whose output shape depends on the input's values: the host waits to learn it
+SHAPE_SYNC_OPS = frozenset(
+    {
+        "nonzero",
+        "masked_select",
+        "unique",
+        "_unique",
+        "_unique2",
+        "unique_dim",
+        "unique_consecutive",
+        "argwhere",
+    }
+)
+# ops that make the host wait for the device (a value read on the host, a value-dependent shape;
+# repeat_interleave without its output_size): never inside a graph. The one list: turbotrain
+# profile's sync finder (app/profile/syncs.py) reads it too.
+SYNC_OPS = frozenset({"_local_scalar_dense", "repeat_interleave", *SHAPE_SYNC_OPS})
 TORCH_DIR = str(Path(torch.__file__).parent)
 OWN_DIR = str(Path(__file__).resolve().parents[1])
 
@@ -84,31 +100,10 @@ class CudaGraph:
         self.graph.replay()
 
 
-def _tensors(batch: Any) -> list[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    if isinstance(batch, Mapping):
-        return [t for v in batch.values() for t in _tensors(v)]
-    if isinstance(batch, (tuple, list)):
-        return [t for v in batch for t in _tensors(v)]
-    return []
-
-
-def _rebuild(batch: Any, new: list[torch.Tensor]) -> Any:
-    """``batch`` with its tensors replaced, in order, by ``new`` (consumed from the front)."""
-    if isinstance(batch, torch.Tensor):
-        return new.pop(0)
-    if isinstance(batch, Mapping):
-        return type(batch)({k: _rebuild(v, new) for k, v in batch.items()})  # type: ignore[call-arg]
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(_rebuild(v, new) for v in batch)
-    return batch
-
-
 def signature(micro: Sequence[MicroBatch]) -> tuple:
     """What a capture depends on: each micro-batch's tensor shapes, dtypes, devices and weight."""
     return tuple(
-        (tuple((tuple(t.shape), t.dtype, str(t.device)) for t in _tensors(b)), float(w)) for b, w in micro
+        (tuple((tuple(t.shape), t.dtype, str(t.device)) for t in tensors_of(b)), float(w)) for b, w in micro
     )
 
 
@@ -163,10 +158,9 @@ class _Captured:
         optimizer: torch.optim.Optimizer,
         micro: Sequence[MicroBatch],
         loss_fn: LossFn,
-        accumulation: int,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         owner = self.owner
-        args = (model, optimizer, micro, loss_fn, accumulation)
+        args = (model, optimizer, micro, loss_fn)
         if owner.refused:
             return self.body(*args)
         if owner.graph_factory is None:
@@ -202,7 +196,7 @@ class _Captured:
             )
             return self.body(*args)
         else:
-            for dst, src in zip(self.static, [t for b, _ in micro for t in _tensors(b)]):
+            for dst, src in zip(self.static, [t for b, _ in micro for t in tensors_of(b)]):
                 dst.copy_(src, non_blocking=True)
         self.graph.replay()
         owner.replays += 1
@@ -222,12 +216,12 @@ class _Captured:
         return out
 
     def _capture(self, args: tuple, sig: tuple) -> None:
-        model, optimizer, micro, loss_fn, accumulation = args
-        self.static = [t.clone() for b, _ in micro for t in _tensors(b)]
+        model, optimizer, micro, loss_fn = args
+        self.static = [t.clone() for b, _ in micro for t in tensors_of(b)]
         pool = list(self.static)
-        static_micro = [(_rebuild(b, pool), w) for b, w in micro]
+        static_micro = [(map_tensors(b, lambda _: pool.pop(0)), w) for b, w in micro]
         graph = self.owner.graph_factory()
-        graph.capture(lambda: self.body(model, optimizer, static_micro, loss_fn, accumulation))
+        graph.capture(lambda: self.body(model, optimizer, static_micro, loss_fn))
         self.graph, self.sig = graph, sig
         self.owner.captures += 1
 

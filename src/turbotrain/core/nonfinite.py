@@ -10,7 +10,8 @@ guard's count (the host-device sync it shares with the monitor) and asks this po
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -18,20 +19,62 @@ from torch import nn
 from ..base.config import setting
 from ..base.errors import NonFiniteError
 from .precision.core import DeviceCaps, Precision  # the classes' own module: one import level less
+from .window import Window
 
 log = logging.getLogger(__name__)
 
 
 class NonFinitePolicy:
-    """``precision.nonfinite`` and ``max_nonfinite_steps``, with the guard counts it last acted
-    on and logged (saved with the engine's state, so a resumed run neither repeats a fallback nor
-    logs old skips again)."""
+    """``precision.nonfinite`` and ``max_nonfinite_steps`` over the ``window``'s guard and
+    precision (``build(mode)`` makes a fallback's precision for ``caps``), with the guard counts it last acted on and logged (saved with the engine's state,
+    so a resumed run neither repeats a fallback nor logs old skips again)."""
 
-    def __init__(self, mode: str, max_steps: int) -> None:
+    def __init__(
+        self, mode: str, max_steps: int, window: Window, caps: DeviceCaps, build: Callable[[str], Precision]
+    ) -> None:
         self.mode = mode
         self.max_steps = max_steps
+        self.window, self.caps, self.build = window, caps, build
         self.acted = 0  # the guard's count when the policy last acted
         self.logged = 0  # the guard's count when skips were last logged
+
+    def poll(self, step: int, optimizer: torch.optim.Optimizer | None) -> str:
+        """Read the guard's count (host-device sync point) and act on it: the fallback's event
+        detail when the precision changed, else ""."""
+        target = self.decide(self.window.guard.poll(), step, self.window.precision, self.caps)
+        return self.switch(target, optimizer) if target is not None else ""
+
+    def switch(self, mode: str, optimizer: torch.optim.Optimizer | None) -> str:
+        """Change the window's precision mid-run (a fallback): new autocast/scaler, weights and
+        optimizer state cast back up (:func:`move_to_precision`). Returns the event's detail."""
+        old = self.window.precision
+        self.window.set_precision(self.build(mode))
+        move_to_precision(self.window.models, optimizer, old, self.window.precision)
+        detail = f"{old.name} -> {mode} after {self.window.guard.seen} non-finite steps"
+        log.warning("precision fallback: %s", detail)
+        return detail
+
+    def state_dict(self) -> dict[str, Any]:
+        """The precision's, the guard's and the policy's state, for the engine's."""
+        precision = self.window.precision
+        return {
+            "precision_name": precision.name,
+            "precision": precision.state_dict(),
+            "guard": self.window.guard.state_dict(),
+            "nonfinite_acted": self.acted,
+        }
+
+    def load_state_dict(
+        self, sd: Mapping[str, Any], fell_back: bool, optimizer: torch.optim.Optimizer | None
+    ) -> None:
+        """:meth:`state_dict`'s; ``fell_back``: a fallback happened before the save, so the run
+        keeps training in the saved, safer precision (a precision the user changed for the
+        resume, with no fallback, is kept). Before the weights load, so a cast back up comes first."""
+        if fell_back and sd.get("precision_name") and sd["precision_name"] != self.window.precision.name:
+            self.switch(sd["precision_name"], optimizer)
+        self.window.precision.load_state_dict(sd.get("precision", {}))
+        self.window.guard.load_state_dict(sd.get("guard", {}))
+        self.acted, self.logged = int(sd.get("nonfinite_acted", 0)), self.window.guard.seen
 
     def decide(self, count: int, step: int, precision: Precision, caps: DeviceCaps) -> str | None:
         """Given the guard's ``count`` at optimizer step ``step``: the precision to fall back to,
@@ -59,10 +102,6 @@ class NonFinitePolicy:
             )
         self.acted = count
         return target
-
-    def load(self, acted: int, seen: int) -> None:
-        """A resumed run's counts: ``acted`` as saved, skips up to the guard's ``seen`` already logged."""
-        self.acted, self.logged = acted, seen
 
 
 def move_to_precision(

@@ -1,7 +1,7 @@
 """Out-of-memory policy: what the Engine does when a window's forward or backward runs out of memory.
 
-The Engine runs every batch itself, through one guarded path (``Engine._guarded``: the own loop's
-``forward_backward`` and ``fit``'s ``train_window`` alike), and calls the policy only after an
+The Engine runs every batch itself, through one guarded path (:func:`run_guarded`: the own loop's
+``forward_backward`` and ``fit``'s ``train_window`` alike), which calls the policy only after an
 out-of-memory error, with the step's loader batches and a ``rerun`` that runs the step again from
 its first batch. Under ``memory.on_oom = 'halve'`` the policy drops the partial step and re-runs it
 with each loader batch cut in twice as many parts and accumulation doubled (through the Engine's
@@ -29,8 +29,7 @@ until the collective timeout. (FSDP2's state after an OOM is also known to be un
 policy stops there at once with :class:`OutOfMemoryStop` naming the rank, step and micro-batch; the
 launcher then ends the other ranks, whose collectives fail as soon as this process is gone.
 
-``memory.inject_oom_at_step = N`` (:class:`OOMInjection`) raises a real out-of-memory error once,
-after the last forward of optimizer step N, to test all of this end to end.
+The tests inject a real out-of-memory error (tests/faults/oom.py) to test all of this end to end.
 """
 
 from __future__ import annotations
@@ -45,7 +44,6 @@ from torch import nn
 from ..base.batch import batch_size
 from ..base.config import OOM_POLICIES, choice_error, setting
 from ..base.errors import TurbotrainError
-from ..parts.models.spec import LossFn
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -139,32 +137,20 @@ class HalveOnOOM(StopOnOOM):
                 reason = oom_reason(exc)
 
 
-class OOMInjection:
-    """``memory.inject_oom_at_step = N``: a real ``torch.OutOfMemoryError`` once, after the forward
-    of the last micro-batch of optimizer step N (before its backward), to test recovery end to end.
-    ``at_step`` is 0 once it fired (saved with the engine's state, so a resume does not fire again)."""
-
-    def __init__(self, at_step: int) -> None:
-        self.at_step = at_step
-
-    def arm(self, loss_fn: LossFn, step: int, calls: int) -> LossFn:
-        """``loss_fn``, or when optimizer step ``step`` + 1 is the one: ``loss_fn`` raising after its
-        ``calls``-th call (the step's last forward). No check per step beyond one comparison."""
-        if not self.at_step or step + 1 != self.at_step or calls < 1:
-            return loss_fn
-        done = [0]
-
-        def loss_then_oom(model: nn.Module, batch: Any) -> Any:
-            out = loss_fn(model, batch)
-            done[0] += 1
-            if done[0] == calls:
-                at, self.at_step = self.at_step, 0  # once
-                raise torch.OutOfMemoryError(
-                    f"injected out-of-memory error in step {at} (memory.inject_oom_at_step = {at})"
-                )
-            return out
-
-        return loss_then_oom
+def run_guarded(
+    engine: Engine, model: nn.Module, batches: Sequence[Any], run: Callable[[], T], rerun: Callable[[], T]
+) -> T:
+    """The one out-of-memory path: ``run()``; after an out-of-memory error the engine's OOM policy
+    (``memory.on_oom``) drops the partial step of ``batches`` (its loader batches so far), halves
+    the micro-batch and returns ``rerun()`` (the step from its first batch), or stops."""
+    try:
+        return run()
+    except RuntimeError as exc:
+        if not is_oom(exc):
+            raise
+        reason = oom_reason(exc)
+    # outside the except clause: the traceback, and the activations its frames held, are gone
+    return engine.oom_policy.recover(engine, model, batches, reason, rerun)
 
 
 def build_oom_policy(on_oom: str, rank: int = 0, world: int = 1) -> StopOnOOM:

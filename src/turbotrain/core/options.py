@@ -44,7 +44,6 @@ class EngineOptions:
     device_prefetch: bool = True
     checkpointing: str = "off"
     on_oom: str = "halve"
-    inject_oom_at_step: int = 0
     tune_user_optimizer: bool = False  # engine.setup switches an Adam/AdamW to the fused kernel in place
     tune_user_loader: LoaderSettings | None = None  # engine.setup rebuilds a DataLoader with these settings
 
@@ -78,7 +77,6 @@ class EngineOptions:
             device_prefetch=config.data.device_prefetch,
             checkpointing=config.memory.checkpointing,
             on_oom=config.memory.on_oom,
-            inject_oom_at_step=config.memory.inject_oom_at_step,
             tune_user_optimizer=config.optim.tune_user_optimizer,
             tune_user_loader=resolve_loader_settings(
                 device, config.data.num_workers, config.data.pin_memory, config.data.prefetch_factor

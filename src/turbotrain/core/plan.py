@@ -14,7 +14,7 @@ The groups come from one torch ``DeviceMesh`` (:attr:`ParallelPlan.mesh`), as to
 pipeline degree would add an outer dimension (stages: point-to-point traffic, once per
 micro-batch) and a tensor degree an inner one (an all-reduce in every layer, on the fastest
 links); each would be one more field here, its dimension in :attr:`ParallelPlan.mesh_dims`, its
-use in the strategy (a pipeline strategy's ``run_window`` runs the schedule) and in the model
+use in the strategy (a pipeline schedule takes the window body's place) and in the model
 spec's ``parallelize`` / ``pipeline`` hooks (:class:`turbotrain.parts.models.spec.ModelSpec`).
 """
 

@@ -1,22 +1,30 @@
-"""One optimizer step's tensor work, top-down: the window body.
+"""One optimizer step, top-down: the window, the one orchestration both ways of training share.
 
-A *window* is the micro-batches of one optimizer step. Its tensor work, in order:
+A *window* is the micro-batches (backward passes) of one optimizer step. ``fit`` hands a whole
+window to :meth:`Window.run` (through the Engine's ``train_window``); an own loop calls the same
+pieces one at a time (the Engine's ``backward`` per micro-batch, ``step`` at the boundary). In order:
 
-    Window.run(model, optimizer, micro_batches, loss_fn, accumulation)    the pure body
-      strategy.run_window(...)       the micro-batches: single/DDP/FSDP loop over them, gradients
-                                     reduced across ranks in the last one's backward only (a
-                                     pipeline strategy would run its schedule here instead)
-        micro_step -> forward        the model under the precision's autocast, its scalar loss
-                   -> backward       + the MoE layers' auxiliary losses, / accumulation, loss-scaled
-      finish(optimizer, loss_sum)    unscale, the loss averaged over ranks, the gradient norm over
-                                     the plan's groups, clipping, the non-finite guard's enqueue,
-                                     the precision's optimizer step, the scale update, zero grads
+    Window.run(model, optimizer, micro_batches, loss_fn)    the pure body of a whole window
+      forward(model, batch, loss_fn)   the placement check (once), the model under the precision's
+                                       autocast, its scalar loss
+      backward(loss)                   + the MoE layers' auxiliary losses, / accumulation, loss-scaled;
+                                       the detached loss added to the window's sum, and the gradient
+                                       sync set for the next backward (on for the window's last only)
+      close(optimizer)                 finish: unscale, the loss averaged over ranks, the gradient
+                                       norm over the plan's groups, clipping, the non-finite guard's
+                                       enqueue, the precision's optimizer step, the scale update, zero
+                                       grads; then the window's mean loss, and a new window opens
 
-Nothing here reads configuration, counts steps, polls the guard or handles errors: the Engine
-(engine.py) keeps those policies and the bookkeeping around the body, and its own-loop API calls
-the same pieces one at a time (``backward`` per micro-batch, ``finish`` at ``step``). Because the
-body is one function of tensors with no host-device sync, whole-step capture (CUDA graphs) is one
-wrapper around :meth:`Window.run` (:meth:`turbotrain.core.engine.Engine.wrap_window`).
+So one place decides the gradient sync (:meth:`Window.sync_next`), one sums the loss, one checks
+placement, for ``fit`` and an own loop alike. Nothing here reads configuration, counts steps,
+polls the guard or handles errors: the Engine (engine.py) keeps those policies and bookkeeping.
+
+:meth:`Window.run` is one function of tensors with no host-device sync, and leaves the window's
+host state (backward passes, loss sum) as it found it, so whole-step capture (CUDA graphs) is one
+wrapper around it (:meth:`turbotrain.core.engine.Engine.wrap_window`). A pipeline schedule
+(``torch.distributed.pipelining``: a window's micro-batches and the loss function in, forward and
+backward over the stages, the losses out) has the same shape, :data:`WindowFn`, and would take the
+body's place through that seam when pipeline parallelism is built.
 """
 
 from __future__ import annotations
@@ -27,9 +35,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from ..base.batch import batch_size, split_batch
 from ..base.errors import LossError
 from ..parts.models.moe.parallel import GradNormFn
 from ..parts.models.spec import LossFn  # the one definition of (model, batch) -> loss
+from .placement import check_batch_placed, check_models_placed
 from .precision.core import NonFiniteGuard, Precision  # the class's own module: one import level less
 
 if TYPE_CHECKING:  # the window calls the strategy it is given; it builds none
@@ -38,11 +48,23 @@ if TYPE_CHECKING:  # the window calls the strategy it is given; it builds none
 # (a batch or a part of one, the weight of its loss: 1.0 for whole, equal parts)
 MicroBatch = tuple[Any, float]
 WindowFn = Callable[
-    [nn.Module, torch.optim.Optimizer, Sequence[MicroBatch], LossFn, int],
+    [nn.Module, torch.optim.Optimizer, Sequence[MicroBatch], LossFn],
     tuple[torch.Tensor, torch.Tensor | None],
 ]
 """The signature of :meth:`Window.run` (and of a whole-step wrapper's result): (model, optimizer,
-micro-batches, loss_fn, accumulation) -> (the window's loss sum averaged over ranks, its gradient norm)."""
+micro-batches, loss_fn) -> (the window's mean loss averaged over ranks, its gradient norm)."""
+
+
+def micro_batches(batches: Sequence[Any], split: int) -> list[MicroBatch]:
+    """A window's micro-batches: each loader batch whole, or in ``split`` parts (after an
+    out-of-memory error), each part's loss weighted by its share of the batch x ``split``."""
+    if split == 1:
+        return [(batch, 1.0) for batch in batches]
+    micro: list[MicroBatch] = []
+    for batch in batches:
+        n = batch_size(batch)
+        micro.extend((part, batch_size(part) / n * split) for part in split_batch(batch, split))
+    return micro
 
 
 def as_loss(output: Any) -> torch.Tensor:
@@ -85,10 +107,14 @@ def default_grad_norm(params: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 class Window:
-    """The tensor work of one optimizer step, built once by the Engine from resolved objects.
+    """The window of one optimizer step, built once by the Engine from resolved objects.
 
-    ``precision`` and ``grad_norm`` are replaced by the Engine (a precision fallback,
-    ``set_grad_norm``); ``aux_modules`` is the Engine's list of modules with ``take_aux_loss``.
+    :attr:`body` is what a whole window runs: :meth:`run`, or what the wrapper of :meth:`wrap`
+    made of it, made anew whenever what the body computes changes (:meth:`set_precision`,
+    :meth:`set_grad_norm`, :meth:`set_accumulation`). :meth:`adopt`
+    finds a model's MoE layers: those with ``take_aux_loss()`` (their load-balancing loss, added
+    in :meth:`backward`) and those with ``follow_optimizer_steps()`` (their router bias moves once
+    per optimizer step: ``step_modules``, told by the Engine of each step's end or discard).
     """
 
     def __init__(
@@ -100,7 +126,6 @@ class Window:
         *,
         grad_clip: float = 0.0,
         norm_needed: bool = False,
-        aux_modules: list[Any] | None = None,
     ) -> None:
         self.precision = precision
         self.strategy = strategy
@@ -109,10 +134,34 @@ class Window:
         self.grad_clip = grad_clip
         self.norm_needed = norm_needed  # clipping or monitor.grad_norm: compute the norm each step
         self.grad_norm: GradNormFn = default_grad_norm
-        self.aux_modules: list[Any] = aux_modules if aux_modules is not None else []
+        self.aux_modules: list[Any] = []
+        self.step_modules: list[Any] = []
+        self.models: list[nn.Module] = []  # the wrapped models whose gradient sync backward sets
+        self.accumulation = 1  # backward passes per optimizer step
+        self.pending = 0  # backward passes of the open window
+        self.loss_sum: torch.Tensor | None = None  # their detached losses, summed on the device
+        self._checked = {"models": False, "batch": False}  # placement, checked once each
         self._params: dict[int, list[torch.Tensor]] = {}
+        self.wrapper: Callable[[WindowFn], WindowFn] | None = None  # see wrap
+        self.body: WindowFn = self.run
 
-    # ------------------------------------------------------------------ the pure body
+    def wrap(self, wrapper: Callable[[WindowFn], WindowFn] | None) -> None:
+        """Run a whole window as ``wrapper(run)`` from now on, wrapped anew on every change of
+        what :meth:`run` computes (a capturing wrapper captures anew then); None: :meth:`run`."""
+        self.wrapper = wrapper
+        self.body = wrapper(self.run) if wrapper is not None else self.run
+
+    def set_precision(self, precision: Precision) -> None:
+        """Run in ``precision`` from now on (a fallback)."""
+        self.precision = precision
+        self.wrap(self.wrapper)
+
+    def set_grad_norm(self, fn: GradNormFn | None) -> None:
+        """``fn(params) -> norm`` for the global gradient norm; None: :func:`default_grad_norm`."""
+        self.grad_norm = fn if fn is not None else default_grad_norm
+        self.wrap(self.wrapper)
+
+    # ------------------------------------------------------------------ the body of a whole window
 
     def run(
         self,
@@ -120,29 +169,62 @@ class Window:
         optimizer: torch.optim.Optimizer,
         micro_batches: Sequence[MicroBatch],
         loss_fn: LossFn,
-        accumulation: int,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One optimizer step over ``micro_batches``: each one's forward and backward (the
-        strategy runs them; gradients reduced across ranks in the last one's backward), then
-        :meth:`finish`. Returns the loss sum averaged over ranks and the gradient norm, on the
-        device; no host-device sync (what whole-step capture needs)."""
-
-        def micro_step(micro_batch: MicroBatch) -> torch.Tensor:
-            batch, weight = micro_batch
+        """One optimizer step over ``micro_batches`` (a fresh window): each one's :meth:`forward`
+        and :meth:`backward`, then :meth:`close`. Returns the mean loss averaged over ranks and
+        the gradient norm, on the device; no host-device sync (what whole-step capture needs)."""
+        self.discard()  # a re-run after a failed capture starts the window afresh
+        for batch, weight in micro_batches:
             loss = self.forward(model, batch, loss_fn)
-            return self.backward(self.add_aux(loss if weight == 1.0 else loss * weight), accumulation)
-
-        loss_sum: torch.Tensor | None = None
-        for detached in self.strategy.run_window([model], micro_batches, micro_step):
-            loss_sum = detached if loss_sum is None else loss_sum + detached
-        return self.finish(optimizer, loss_sum)
+            self.backward(loss if weight == 1.0 else loss * weight)
+        return self.close(optimizer)
 
     # ------------------------------------------------------------------ its pieces (the own-loop API calls them)
 
+    def adopt(self, model: nn.Module) -> None:
+        """Find ``model``'s modules with ``take_aux_loss`` and ``follow_optimizer_steps`` (see the
+        class docstring); before any wrapper, so the module objects stay the same."""
+        for module in model.modules():
+            if callable(getattr(module, "follow_optimizer_steps", None)) and module not in self.step_modules:
+                module.follow_optimizer_steps()
+                self.step_modules.append(module)
+            if callable(getattr(module, "take_aux_loss", None)) and module not in self.aux_modules:
+                self.aux_modules.append(module)
+
+    def add_model(self, model: nn.Module) -> None:
+        """A wrapped model whose gradients this window reduces across ranks."""
+        self.models.append(model)
+        self.sync_next()
+
+    def check_placed(self, batch: Any = None) -> None:
+        """Once each: the models' tensors, and the first ``batch`` given, on the device (else one
+        PlacementError naming them and the fix)."""
+        if batch is not None and not self._checked["batch"]:
+            self._checked["batch"] = True
+            check_batch_placed(batch, self.device)
+        if not self._checked["models"]:
+            self._checked["models"] = True
+            check_models_placed(self.models, self.device)
+
     def forward(self, model: nn.Module, batch: Any, loss_fn: LossFn) -> torch.Tensor:
         """The scalar loss of ``batch`` under the precision's autocast."""
+        self.check_placed(batch)
         with self.precision.autocast():
             return as_loss(loss_fn(model, batch))
+
+    def backward(self, loss: torch.Tensor) -> torch.Tensor:
+        """Backward of ``loss`` plus the auxiliary losses of the model's MoE layers from their last
+        forward, / accumulation and loss-scaled by the precision; adds it, detached, to the
+        window's loss sum (returned) and sets the gradient sync for the next backward."""
+        self.check_placed()
+        loss = self.add_aux(loss)
+        scaled = loss / self.accumulation if self.accumulation > 1 else loss
+        self.precision.scale_loss(scaled).backward()
+        detached = loss.detach()
+        self.loss_sum = detached if self.loss_sum is None else self.loss_sum + detached
+        self.pending += 1
+        self.sync_next()
+        return detached
 
     def add_aux(self, loss: torch.Tensor) -> torch.Tensor:
         """``loss`` plus the auxiliary losses of the model's MoE layers from their last forward."""
@@ -152,12 +234,34 @@ class Window:
                 loss = loss + aux
         return loss
 
-    def backward(self, loss: torch.Tensor, accumulation: int) -> torch.Tensor:
-        """Backward of ``loss / accumulation`` (loss-scaled by the precision); returns ``loss``
-        detached, to be summed for the step's mean."""
-        scaled = loss / accumulation if accumulation > 1 else loss
-        self.precision.scale_loss(scaled).backward()
-        return loss.detach()
+    def sync_next(self) -> None:
+        """The one gradient-sync decision: the coming backward reduces gradients across ranks only
+        when it completes the window (once per optimizer step); the ones before it accumulate
+        locally. Set after each backward, before the next forward (where DDP reads it)."""
+        sync = self.pending % self.accumulation + 1 == self.accumulation
+        for model in self.models:
+            self.strategy.set_grad_sync(model, sync)
+
+    def set_accumulation(self, accumulation: int) -> None:
+        """Backward passes per optimizer step."""
+        changed, self.accumulation = accumulation != self.accumulation, accumulation
+        self.sync_next()
+        if changed:
+            self.wrap(self.wrapper)  # new shapes, a new scale: a capturing wrapper captures anew
+
+    def discard(self) -> None:
+        """Forget the open window's backward passes and loss sum (not its gradients)."""
+        self.pending, self.loss_sum = 0, None
+        self.sync_next()
+
+    def close(self, optimizer: torch.optim.Optimizer) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`finish` the open window's optimizer step, then open a new window. Returns the
+        window's mean loss (its loss sum over its backward passes) averaged over ranks, and the
+        gradient norm."""
+        micro_steps = self.pending
+        loss_sum, norm = self.finish(optimizer, self.loss_sum)
+        self.discard()
+        return (loss_sum if micro_steps <= 1 else loss_sum / micro_steps), norm
 
     def finish(
         self, optimizer: torch.optim.Optimizer, loss_sum: torch.Tensor | None

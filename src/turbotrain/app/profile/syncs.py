@@ -45,6 +45,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ...core.engine import Engine, default_loss
+from ...core.graphs import SHAPE_SYNC_OPS
 from ...loop.fit import fit
 from ...loop.hooks import FitContext, Hook
 from ...parts.workload import Workload
@@ -69,17 +70,6 @@ _API = {
     "__repr__": PRINT,
     "__str__": PRINT,
     "__format__": PRINT,
-}
-_SHAPE_OPS = {
-    "nonzero",
-    "nonzero_static",  # excluded below: its size is given
-    "masked_select",
-    "unique",
-    "_unique",
-    "_unique2",
-    "unique_dim",
-    "unique_consecutive",
-    "argwhere",
 }
 
 
@@ -254,7 +244,7 @@ class _DispatchLevel(TorchDispatchMode):
             return None
         if name == "_local_scalar_dense":
             return READ
-        if name in _SHAPE_OPS and name != "nonzero_static":
+        if name in SHAPE_SYNC_OPS:
             return SHAPE
         if (
             name == "repeat_interleave"

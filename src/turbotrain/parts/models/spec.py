@@ -197,8 +197,9 @@ class ModelSpec(ABC):
         """Pipeline parallelism's hook, declared and not built (as torchtitan's ``pipelining_fn``):
         cut ``model`` into the stages of the plan's pipeline dimension and return the schedule that
         runs a window's micro-batches over them (``torch.distributed.pipelining``) with this
-        rank's stage modules; a pipeline strategy's ``run_window`` would run that schedule. No
-        plan has a pipeline dimension yet, so nothing calls it."""
+        rank's stage modules; that schedule would take the window body's place
+        (:data:`turbotrain.core.window.WindowFn`). No plan has a pipeline dimension yet, so
+        nothing calls it."""
         raise NotImplementedError(
             f"{self.name}: pipeline parallelism is not built (the parallel plan has no pipeline dimension yet)"
         )
