@@ -58,7 +58,7 @@ def resume_from(
 
     resumed = restore_latest(run_dir / CHECKPOINTS, state, before_load=same_batch)
     saved_world = saved_world_of(resumed) if resumed.is_dir() else 1
-    engine.state.batches = data.start_after(engine.state.batches, engine.state.step, c, saved_world, world)
+    engine.seek(data.start_after(engine.state.batches, engine.state.step, c, saved_world, world))
     return resumed.name
 
 
@@ -130,42 +130,49 @@ def check_resume_batch(
     change = _batch_change(saved_config, saved_world, c, world)
     if change is None:
         return
-    micro, accumulation, old, new = change
-    keep = []
-    if (same_micro := _micro_keeping(old, c, world)) is not None:
-        keep.append(same_micro)
-    if old % (world * c.batch.micro) == 0:
-        keep.append(f"{setting('batch.global_size', old)} (by accumulation {old // (world * c.batch.micro)})")
+    old, new, trained, resumed = change
+    keep = _keeping(old, c, world, by_accumulation=True)
     # the rows of step s come from (seed, s) and the global batch: any split of it keeps them
     kept = f"{old} (the same batches) with {' or '.join(keep)}" if keep else f"{old} with another batch.micro"
-    text = (
-        f"{checkpoint} was trained at a global batch of {old} ({processes(saved_world)} x batch.micro {micro} x "
-        f"accumulation {accumulation}) and this resume would train at {new} ({processes(world)} x {c.batch.micro} x "
-        f"{c.batch.accumulation}); keep {kept}, or train at {new} with {setting('batch.micro', c.batch.micro)}"
+    _refuse(
+        f"{checkpoint} was trained at a global batch of {old} ({trained}) and this resume would train at {new} "
+        f"({resumed}); keep {kept}, or train at {new} with {setting('batch.micro', c.batch.micro)}",
+        rank,
     )
-    raise TurbotrainError(text) if rank == 0 else ReportedByMainRank(text)
 
 
 def _batch_change(
     saved_config: Any, saved_world: int, c: RunConfig, world: int
-) -> tuple[int, int, int, int] | None:
-    """(saved micro, saved accumulation, saved global batch, this resume's global batch) when a
-    resume of a checkpoint saved by ``saved_world`` processes would train at another global batch;
-    None when it would not, or when the checkpoint's batch or this one is unknown ('auto')."""
+) -> tuple[int, int, str, str] | None:
+    """(saved global batch, this resume's, how each is made: "N processes x batch.micro M x
+    accumulation A") when a resume of a checkpoint saved by ``saved_world`` processes would train
+    at another global batch; None when it would not, or when either batch is unknown ('auto')."""
     saved = _saved_batch(saved_config)
     if saved is None or not isinstance(c.batch.micro, int):
         return None
     micro, accumulation = saved
     old, new = micro * accumulation * saved_world, c.batch.micro * c.batch.accumulation * world
-    return None if old == new else (micro, accumulation, old, new)
+    trained = f"{processes(saved_world)} x batch.micro {micro} x accumulation {accumulation}"
+    resumed = f"{processes(world)} x {c.batch.micro} x {c.batch.accumulation}"
+    return None if old == new else (old, new, trained, resumed)
 
 
-def _micro_keeping(old: int, c: RunConfig, world: int) -> str | None:
-    """The ``batch.micro`` setting that trains at the global batch ``old`` with this resume's
-    accumulation over ``world`` processes; None when none does."""
-    if old % (world * c.batch.accumulation):
-        return None
-    return setting("batch.micro", old // (world * c.batch.accumulation))
+def _keeping(old: int, c: RunConfig, world: int, by_accumulation: bool) -> list[str]:
+    """The settings that train at the global batch ``old`` over ``world`` processes: this
+    resume's accumulation with another ``batch.micro``, or ``batch.global_size`` (with the
+    accumulation it takes, when ``by_accumulation``) with this micro-batch."""
+    keep = []
+    if old % (world * c.batch.accumulation) == 0:
+        keep.append(setting("batch.micro", old // (world * c.batch.accumulation)))
+    if old % (world * c.batch.micro) == 0:
+        by = f" (by accumulation {old // (world * c.batch.micro)})" if by_accumulation else ""
+        keep.append(f"{setting('batch.global_size', old)}{by}")
+    return keep
+
+
+def _refuse(text: str, rank: int) -> None:
+    """A refused resume, said by rank 0; the other ranks end quietly."""
+    raise TurbotrainError(text) if rank == 0 else ReportedByMainRank(text)
 
 
 def _saved_batch(saved_config: Any) -> tuple[int, int] | None:
@@ -191,17 +198,12 @@ def check_epochs_batch(
     change = _batch_change(saved_config, saved_world, c, world)
     if change is None:
         return
-    micro, accumulation, old, new = change
-    keep = []
-    if (same_micro := _micro_keeping(old, c, world)) is not None:
-        keep.append(same_micro)
-    if old % (world * c.batch.micro) == 0:
-        keep.append(setting("batch.global_size", old))
+    old, new, trained, resumed = change
+    keep = _keeping(old, c, world, by_accumulation=False)
     kept = " or ".join(keep) if keep else f"another batch.micro whose global batch is {old}"
-    text = (
-        f"train.epochs: {checkpoint} was trained at a global batch of {old} ({processes(saved_world)} x batch.micro "
-        f"{micro} x accumulation {accumulation}) and its place in the epochs is counted in steps of that batch, so "
-        f"this resume at {new} ({processes(world)} x {c.batch.micro} x {c.batch.accumulation}) would lose its place "
-        f"(samples trained twice or skipped); resume with {kept}, or start a new run to train at {new}"
+    _refuse(
+        f"train.epochs: {checkpoint} was trained at a global batch of {old} ({trained}) and its place in the "
+        f"epochs is counted in steps of that batch, so this resume at {new} ({resumed}) would lose its place "
+        f"(samples trained twice or skipped); resume with {kept}, or start a new run to train at {new}",
+        rank,
     )
-    raise TurbotrainError(text) if rank == 0 else ReportedByMainRank(text)
