@@ -277,3 +277,18 @@ def test_a_growth_step_at_or_past_the_end_is_one_warning(caplog):
         "moe.grow_at_step = 8 is at or past train.max_steps = 8: the experts do not grow in this run "
         '(a resume with {"train": {"max_steps": 16}}, or any end past it, grows them at step 8)'
     ]
+
+
+# Issue 42, item 6: the out-of-memory fault injection is the tests' (tests/faults/oom.py), no setting.
+def test_a_saved_config_with_the_dropped_oom_injection_key_loads_with_one_line_saying_so(tmp_path):
+    old = tmp_path / "config.toml"
+    old.write_text('preset = "gpt-tiny"\n[memory]\non_oom = "stop"\ninject_oom_at_step = 20\n')
+    with pytest.warns(UserWarning) as caught:
+        config = load_config(str(old))
+    assert config.memory.on_oom == "stop" and not hasattr(config.memory, "inject_oom_at_step")
+    (line,) = [str(w.message) for w in caught if "inject_oom_at_step" in str(w.message)]
+    assert line == (
+        "memory.inject_oom_at_step is no longer a setting (the tests inject out-of-memory errors themselves); ignored"
+    )
+    with pytest.raises(ConfigError, match="unknown key memory.inject_oom_at_step"):
+        load_config(overrides={"memory": {"inject_oom_at_step": 20}})  # a new setting given: refused

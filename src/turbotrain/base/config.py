@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from importlib import resources
@@ -88,7 +89,7 @@ from .config_sections import (
     check_run,
 )
 from .config_unused import unused_run
-from .errors import ConfigError
+from .errors import ConfigError, TurbotrainWarning
 
 T = TypeVar("T")
 
@@ -255,6 +256,13 @@ MOVED: dict[str, str] = {}
 written before the move (a saved run's config.toml, a preset) is read with them moved; a new
 command line or dict that still names the old place gets one line naming the new one."""
 
+DROPPED: dict[str, str] = {
+    "memory.inject_oom_at_step": "the tests inject out-of-memory errors themselves",
+}
+"""Settings that are no more (``section.key`` -> where what it did went): a file that still
+carries one loads without it, with one line saying so; a new command line or dict is refused
+as with any unknown key."""
+
 
 # ----------------------------------------------------------------------------- plugin settings
 
@@ -374,7 +382,13 @@ def read_preset(name_or_path: str) -> dict[str, Any]:
 
 def migrate(table: dict[str, Any]) -> dict[str, Any]:
     """A config table written before settings moved (:data:`MOVED`), with them in their new place
-    (a value already there wins). Files only: a saved run's config.toml, a preset, a checkpoint's."""
+    (a value already there wins), without the settings that are no more (:data:`DROPPED`, one
+    line each). Files only: a saved run's config.toml, a preset, a checkpoint's."""
+    for old, why in DROPPED.items():
+        section, key = old.split(".")
+        if isinstance(table.get(section), dict) and key in table[section]:
+            del table[section][key]
+            warnings.warn(f"{old} is no longer a setting ({why}); ignored", TurbotrainWarning, stacklevel=2)
     for old, new in MOVED.items():
         (section, key), (to_section, to_key) = old.split("."), new.split(".")
         if isinstance(table.get(section), dict) and key in table[section]:

@@ -342,9 +342,6 @@ class MemoryConfig:
         "on out-of-memory mid-run: 'halve' the micro-batch and retry, or 'stop'",
         choices=OOM_POLICIES,
     )
-    inject_oom_at_step: int = knob(
-        0, "debug: raise an out-of-memory error once at this optimizer step; 0 = never", min=0, max=MAX_STEPS
-    )
     max_fraction: float = knob(
         0.0,
         "CUDA: cap this process's GPU memory at this fraction of the device "
