@@ -1,22 +1,57 @@
 """summary.json: the one writer (:func:`write_summary`) and the figures computed from a run's
 metrics records (:func:`summarize_records`: steady-state medians, peaks, final and best losses).
 
-Training hands :func:`write_summary` the facts it knows (status, steps, hardware, events, ...);
-every figure that comes from the metrics is computed here, once. A new summary field is a key in
-the facts training passes (or a line in :func:`summarize_records` when it comes from the
-metrics), and its summary.md line a section function in :mod:`turbotrain.app.report`.
+Training hands :func:`write_summary` the facts it knows, one typed shape (:class:`RunFacts`)
+whoever trains (``turbotrain train``, ``track`` around an own loop, an observed framework's loop);
+every figure that comes from the metrics is computed here, once. A new summary field is a field
+of :class:`RunFacts` (or a line in :func:`summarize_records` when it comes from the metrics), and
+its summary.md line a section function in :mod:`turbotrain.app.report`.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from ..base.atomic import atomic_write
 from ..base.records import key_values, metric_keys
 from ..base.rundir import SUMMARY_FILE
+
+
+@dataclass
+class RunFacts:
+    """What summary.json says of a run beyond its metrics, in the one shape every trainer fills:
+    ``turbotrain train`` and ``track`` from the engine and the monitor
+    (:func:`turbotrain.app.tracking.engine_facts`), an observed framework's loop
+    (:mod:`turbotrain.integrations.observer`) from what it counted. ``more``: what only one kind
+    of run knows (the resolved settings, memory, the stop reason, the framework driving it, ...)."""
+
+    run: str
+    status: str
+    steps: int
+    samples: int  # of every rank
+    tokens: int
+    world_size: int
+    first_step_s: float | None
+    elapsed_s: float
+    hardware: dict[str, Any]
+    events: list[dict[str, Any]] = field(default_factory=list)  # what changed how the run trains
+    flops_per_sample: float | None = None
+    flops_source: str | None = None
+    flops_convention: str | None = None  # what MFU counts
+    # activation checkpointing's recomputed forward, per sample: in HFU, not in MFU
+    recompute_flops_per_sample: float | None = None
+    peak_tflops: float | None = None
+    compile: dict[str, Any] = field(default_factory=dict)  # recompiles, graph breaks, compile time
+    optimizations: dict[str, Any] = field(default_factory=dict)  # what was in effect (precision, ...)
+    more: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The facts as summary.json's keys (``more``'s at the top level, after the others)."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "more"}, **self.more}
 
 
 def _median(values: list[float]) -> float | None:
@@ -84,11 +119,12 @@ def summarize_records(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def write_summary(
-    run_dir: Path, facts: dict[str, Any], records: list[dict[str, Any]], **more: Any
+    run_dir: Path, facts: RunFacts | dict[str, Any], records: list[dict[str, Any]], **more: Any
 ) -> dict[str, Any]:
-    """Write the run's summary.json (atomically) and return it: ``facts`` (what training knows:
-    status, steps, hardware, events, ...), the figures from the metrics ``records`` (when there
-    are any) on top, then ``more``."""
-    summary = {**facts, **(summarize_records(records) if records else {}), **more}
+    """Write the run's summary.json (atomically) and return it: ``facts`` (what training knows, or
+    a summary read back for the report), the figures from the metrics ``records`` (when there are
+    any) on top, then ``more``."""
+    known = facts.to_dict() if isinstance(facts, RunFacts) else facts
+    summary = {**known, **(summarize_records(records) if records else {}), **more}
     atomic_write(run_dir / SUMMARY_FILE, json.dumps(summary, indent=2, default=str) + "\n")
     return summary

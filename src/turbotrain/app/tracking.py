@@ -38,34 +38,46 @@ from ..loop.monitor import MfuProbe, Monitor, TrackerOptions
 from ..loop.run_hooks import MonitorPlan, build_hooks, build_monitor
 from .environment import collect_hardware
 from .report import write_report, write_summary
+from .summary import RunFacts
 
 
-def run_facts(engine: Engine, monitor: Monitor) -> dict[str, Any]:
-    """What the engine and the monitor know of a run, for summary.json (``turbotrain train`` and
-    :func:`track` alike): progress, time to first step, events, hardware, FLOPs per sample; data
-    parallel: samples and tokens of all ranks, the world size, one rank's median tokens/s (the
-    peak behind MFU is every device's); the FLOP convention MFU counts by, and the recomputed
-    FLOPs HFU adds."""
+def engine_facts(
+    engine: Engine,
+    monitor: Monitor,
+    run: str,
+    status: str,
+    elapsed_s: float,
+    optimizations: dict[str, Any],
+    **more: Any,
+) -> RunFacts:
+    """What the engine and the monitor know of a run (``turbotrain train`` and :func:`track`
+    alike): progress, time to first step, events, hardware, FLOPs per sample; data parallel:
+    samples and tokens of all ranks, the world size, one rank's median tokens/s (the peak behind
+    MFU is every device's); the FLOP convention MFU counts by, and the recomputed FLOPs HFU adds.
+    ``more``: what only this kind of run knows."""
     mfu = next((p for p in monitor.probes if isinstance(p, MfuProbe)), None)
     world = engine.strategy.world  # data parallel: every rank trains an equal share
     rank_rates = [r["rank_tokens_per_s"] for r in monitor.records if r.get("rank_tokens_per_s")]
-    return {
-        "steps": engine.state.step,
-        "samples": engine.state.samples * world,
-        "tokens": engine.state.tokens * world,
-        "world_size": world,
-        **({"rank_tokens_per_s_median": statistics.median(rank_rates)} if rank_rates else {}),
-        "first_step_s": monitor.first_step_s,
-        "events": [asdict(e) for e in engine.events],
-        "hardware": collect_hardware(engine.device),
-        "flops_per_sample": mfu.flops_per_sample if mfu else None,
-        "flops_source": mfu.source if mfu else None,
-        "flops_convention": mfu.convention if mfu else None,  # what MFU counts
-        # activation checkpointing's recomputed forward, per sample: in HFU, not in MFU
-        "recompute_flops_per_sample": mfu.recompute_per_sample if mfu else None,
-        "peak_tflops": mfu.peak_tflops(engine.precision.mfu_peak()) if mfu else None,
-        "compile": engine.compile_guard.summary(),
-    }
+    return RunFacts(
+        run=run,
+        status=status,
+        steps=engine.state.step,
+        samples=engine.state.samples * world,
+        tokens=engine.state.tokens * world,
+        world_size=world,
+        first_step_s=monitor.first_step_s,
+        elapsed_s=round(elapsed_s, 3),
+        hardware=collect_hardware(engine.device),
+        events=[asdict(e) for e in engine.events],
+        flops_per_sample=mfu.flops_per_sample if mfu else None,
+        flops_source=mfu.source if mfu else None,
+        flops_convention=mfu.convention if mfu else None,
+        recompute_flops_per_sample=mfu.recompute_per_sample if mfu else None,
+        peak_tflops=mfu.peak_tflops(engine.precision.mfu_peak()) if mfu else None,
+        compile=engine.compile_guard.summary(),
+        optimizations=optimizations,
+        more={**({"rank_tokens_per_s_median": statistics.median(rank_rates)} if rank_rates else {}), **more},
+    )
 
 
 class Tracker:
@@ -160,21 +172,24 @@ class Tracker:
             summary = write_report(self.run_dir).summary
         return summary
 
-    def facts(self, status: str) -> dict[str, Any]:
+    def facts(self, status: str) -> RunFacts:
         """What summary.json says beyond the metrics: what ran, how long, events, hardware, FLOPs."""
         engine = self.engine
-        return {
-            "run": self.run_dir.name,
-            "status": status,
-            **run_facts(engine, self.monitor),
-            "elapsed_s": round(time.perf_counter() - self._start, 3),
-            "resumed_from": self.resumed_from,
-            "optimizations": {
-                "precision": engine.precision.name,
-                "compile": engine.options.compile_scope,
-                **engine.switches,
-            },
+        optimizations = {
+            "precision": engine.precision.name,
+            "compile": engine.options.compile_scope,
+            **engine.switches,
         }
+        elapsed = time.perf_counter() - self._start
+        return engine_facts(
+            engine,
+            self.monitor,
+            self.run_dir.name,
+            status,
+            elapsed,
+            optimizations,
+            resumed_from=self.resumed_from,
+        )
 
     def __enter__(self) -> Tracker:
         return self

@@ -82,7 +82,8 @@ from .prepare import (
 from .report import read_metrics, write_summary
 from .resume import check_epochs_batch, check_resume_batch, resume_from
 from .run_settings import resolve_epochs, scale_lr, warn_long_warmup
-from .tracking import run_facts
+from .summary import RunFacts
+from .tracking import engine_facts
 
 # the names callers import from here (the prepare step moved to .prepare, the resume checks to .resume)
 __all__ = [
@@ -364,23 +365,18 @@ def write_config(config: RunConfig, run_dir: Path, resolved: dict[str, Any]) -> 
     atomic_write(run_dir / CONFIG_FILE, header + "\n" + to_toml(config))
 
 
-def facts(training: Training, ctx: FitContext | None, status: str, elapsed_s: float) -> dict[str, Any]:
+def facts(training: Training, ctx: FitContext | None, status: str, elapsed_s: float) -> RunFacts:
     """What the run knows beyond its metrics, for summary.json: what ran, how long, where it stopped,
     events such as fallbacks, hardware, the optimizations in effect, memory, FLOPs per sample."""
     c, engine, r = training.config, training.engine, training.resolved
     cuda = engine.device.type == "cuda"
-    return {
-        "run": training.run_dir.name,
-        "status": status,
-        **run_facts(engine, training.monitor),
-        "max_steps": c.train.max_steps,
-        "elapsed_s": round(elapsed_s, 3),
-        "stop_reason": ctx.stop_reason if ctx else "",
-        **watched(training.hooks),  # best: the watched metric's best value, step and checkpoint
-        "resumed_from": training.resumed_from,
-        "resolved": r,
-        "memory": memory_summary(training),
-        "optimizations": {
+    return engine_facts(
+        engine,
+        training.monitor,
+        training.run_dir.name,
+        status,
+        elapsed_s,
+        {
             "precision": engine.precision.name,  # after any fallback
             **engine.precision.summary(),  # fp8: recipe, the converted layers, those kept in bf16 and why
             **engine.switches,  # tf32, cudnn_benchmark, deterministic as applied
@@ -394,11 +390,17 @@ def facts(training: Training, ctx: FitContext | None, status: str, elapsed_s: fl
             "data": f"{r.get('num_workers')} workers, pin_memory {r.get('pin_memory')}, "
             f"device prefetch {c.data.device_prefetch and cuda}",
         },
+        max_steps=c.train.max_steps,
+        stop_reason=ctx.stop_reason if ctx else "",
+        **watched(training.hooks),  # best: the watched metric's best value, step and checkpoint
+        resumed_from=training.resumed_from,
+        resolved=r,
+        memory=memory_summary(training),
         # Linux: KiB
-        "host_peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3),
-        "git": collect_git(),  # the commit the run's code came from (TT_COMMIT where the tree has no .git)
-        "config": c.to_dict(),
-    }
+        host_peak_rss_gib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3),
+        git=collect_git(),  # the commit the run's code came from (TT_COMMIT where the tree has no .git)
+        config=c.to_dict(),
+    )
 
 
 def train(
@@ -538,13 +540,14 @@ def _train_built(training: Training, run_dir: Path, main: bool) -> dict[str, Any
             # what killed saves left, which the Checkpointer's start (never reached here) removes
             clean_stale_temps(run_dir / CHECKPOINTS)
             clean_unfinished(run_dir / CHECKPOINTS)
-        known = {**facts(training, None, status, 0.0), **({"stop_reason": reason} if reason else {})}
+        known = facts(training, None, status, 0.0).to_dict()
+        known.update({"stop_reason": reason} if reason else {})
         return write_summary(run_dir, known, read_metrics(run_dir / METRICS_FILE)[0]) if main else known
     start = time.perf_counter()
 
     def finish(ctx: FitContext | None, status: str) -> dict[str, Any]:
         known = facts(training, ctx, status, time.perf_counter() - start)
-        return write_summary(run_dir, known, training.monitor.records) if main else known
+        return write_summary(run_dir, known, training.monitor.records) if main else known.to_dict()
 
     try:
         ctx = training.run()

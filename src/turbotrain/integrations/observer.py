@@ -29,7 +29,7 @@ from torch import nn
 
 from ..app.environment import collect_hardware
 from ..app.report import write_report
-from ..app.summary import write_summary
+from ..app.summary import RunFacts, write_summary
 from ..base.batch import TokenTally, batch_size
 from ..base.records import read_metrics
 from ..base.rundir import METRICS_FILE, truncate_metrics
@@ -299,29 +299,29 @@ class LoopObserver:
 
     # ------------------------------------------------------------------ the end
 
-    def facts(self, status: str) -> dict[str, Any]:
+    def facts(self, status: str) -> RunFacts:
         """What summary.json says beyond the metrics (the keys :func:`turbotrain.app.report.format_markdown` reads)."""
-        peak = self.mfu.probe.peak_tflops() if self.mfu.probe is not None else None
-        return {
-            "run": self.name,
-            "status": status,
-            "framework": self.framework,
-            "steps": self.step,
-            **({"max_steps": self.max_steps} if self.max_steps else {}),
-            "samples": self.samples * self.world,
-            "tokens": self.tokens * self.world,
-            "world_size": self.world,
-            "first_step_s": self.monitor.first_step_s,
-            "elapsed_s": round(time.perf_counter() - self._start, 3),
-            "events": [],
-            "hardware": collect_hardware(self.device),
-            "flops_per_sample": self.flops_per_sample,
-            "flops_source": self.flops_source or None,
-            "peak_tflops": peak,
-            "compile": self.guard.summary(),
-            "optimizations": {"precision": self.precision, **self.optimizations},
-            **({"config": self.config} if self.config else {}),
-        }
+        return RunFacts(
+            run=self.name,
+            status=status,
+            steps=self.step,
+            samples=self.samples * self.world,
+            tokens=self.tokens * self.world,
+            world_size=self.world,
+            first_step_s=self.monitor.first_step_s,
+            elapsed_s=round(time.perf_counter() - self._start, 3),
+            hardware=collect_hardware(self.device),
+            flops_per_sample=self.flops_per_sample,
+            flops_source=self.flops_source or None,
+            peak_tflops=self.mfu.probe.peak_tflops() if self.mfu.probe is not None else None,
+            compile=self.guard.summary(),
+            optimizations={"precision": self.precision, **self.optimizations},
+            more={
+                "framework": self.framework,
+                **({"max_steps": self.max_steps} if self.max_steps else {}),
+                **({"config": self.config} if self.config else {}),
+            },
+        )
 
     def close(self, status: str = "completed", report: bool = True) -> dict[str, Any]:
         """The sinks closed, summary.json written and (with ``report``, when the run completed)
