@@ -173,7 +173,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "accumulation-not-divided",
         "src/turbotrain/core/window.py",
-        "        scaled = loss / accumulation if accumulation > 1 else loss",
+        "        scaled = loss / self.accumulation if self.accumulation > 1 else loss",
         "        scaled = loss  # mutation: accumulated gradients k times too large",
         ("tests/unit/test_engine.py::test_k_accumulated_micro_batches_equal_one_k_times_batch",),
         "k accumulated micro-batches sum their gradients instead of averaging",
@@ -240,9 +240,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     # --- issue 45: the promises of the features added in the round before it ----------------------
     Mutation(
         "oom-parts-weighted-equally",
-        "src/turbotrain/core/engine.py",
-        "            micro.extend((part, batch_size(part) / n * self.split) for part in split_batch(batch, self.split))",
-        "            micro.extend((part, 1.0) for part in split_batch(batch, self.split))  # mutation: equal weights",
+        "src/turbotrain/core/window.py",
+        "        micro.extend((part, batch_size(part) / n * split) for part in split_batch(batch, split))",
+        "        micro.extend((part, 1.0) for part in split_batch(batch, split))  # mutation: equal weights",
         (
             "tests/unit/test_window.py::test_after_an_oom_halving_unequal_parts_are_weighted_by_their_share_so_the_step_is_the_whole_batchs",
         ),
@@ -250,12 +250,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "window-syncs-every-micro-batch",
-        "src/turbotrain/core/distributed.py",
-        "                self.set_grad_sync(model, i == last)",
-        "                self.set_grad_sync(model, True)  # mutation: gradients reduced at every micro-batch",
-        (
-            "tests/unit/test_window.py::test_the_strategy_runs_a_windows_micro_batches_with_gradient_sync_before_the_last_only",
-        ),
+        "src/turbotrain/core/window.py",
+        "        sync = self.pending % self.accumulation + 1 == self.accumulation",
+        "        sync = True  # mutation: gradients reduced at every micro-batch",
+        ("tests/unit/test_window.py::test_the_window_runs_its_micro_batches_with_gradient_sync_before_the_last_only",),
         "on the fit path gradients are reduced across ranks in every micro-batch's backward",
     ),
     Mutation(
@@ -277,8 +275,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "graph-dtypes-not-compared",
         "src/turbotrain/core/graphs.py",
-        "        (tuple((tuple(t.shape), t.dtype, str(t.device)) for t in _tensors(b)), float(w)) for b, w in micro",
-        "        (tuple((tuple(t.shape), torch.float32, str(t.device)) for t in _tensors(b)), float(w)) for b, w in micro",
+        "        (tuple((tuple(t.shape), t.dtype, str(t.device)) for t in tensors_of(b)), float(w)) for b, w in micro",
+        "        (tuple((tuple(t.shape), torch.float32, str(t.device)) for t in tensors_of(b)), float(w)) for b, w in micro",
         (f"{GRAPHS}::test_a_step_whose_dtypes_differ_from_the_captured_ones_is_refused_naming_both",),
         "a micro-batch of another dtype is copied into the captured buffers instead of refused",
     ),

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from ..base.batch import batch_size, real_tokens
-from ..base.config import RunConfig, load_config
+from ..base.config import RunConfig
 from ..base.errors import ConfigError
 from ..parts.data.prefetch import DevicePrefetcher
 from ..parts.models.moe.parallel import GradNormFn
@@ -44,7 +44,7 @@ from .evaluation import MetricsFn, evaluate_batches
 from .graphs import StepGraph
 from .logged_values import LoggedValues
 from .nonfinite import NonFinitePolicy
-from .oom import build_oom_policy, run_guarded
+from .oom import build_oom_policy, run_guarded, run_guarded_batch
 from .options import EngineOptions
 from .plan import ParallelPlan
 from .precision import (
@@ -81,8 +81,6 @@ class Engine:
         precision: str | Precision | None = None,
         plan: ParallelPlan | None = None,
     ) -> None:
-        if config is None or isinstance(config, Mapping):
-            config = load_config(overrides=config or {})
         self.options = opts = EngineOptions.from_config(config, plan)
         device = opts.device
         self.caps = DeviceCaps.of(device)
@@ -113,8 +111,8 @@ class Engine:
             device,
             grad_clip=opts.grad_clip,
             norm_needed=opts.grad_clip > 0 or opts.track_grad_norm,
+            accumulation=opts.accumulation,
         )
-        self.window.set_accumulation(opts.accumulation)
         self.nonfinite = NonFinitePolicy(
             opts.nonfinite,
             opts.max_nonfinite_steps,
@@ -226,13 +224,9 @@ class Engine:
         self.window.add_model(model)
         self.scheduler = scheduler
         self.scheduler_interval = scheduler_interval if scheduler is not None else "manual"
-        if (
-            loader is not None
-            and self.options.tune_user_loader is not None
-            and not isinstance(loader, DevicePrefetcher)
-        ):
-            loader = tune_user_loader(loader, self.options.tune_user_loader)
-        return model, optimizer, self.setup_loader(loader) if loader is not None else None
+        if loader is None:
+            return model, optimizer, None
+        return model, optimizer, self.setup_loader(tune_user_loader(loader, self.options.tune_user_loader))
 
     def setup_loader(self, loader: Iterable[Any]) -> DevicePrefetcher:
         """Wrap ``loader`` so each batch arrives on the device (side-stream prefetch on CUDA) and
@@ -270,12 +264,9 @@ class Engine:
         passes than ``accumulation``) is applied as a step of its own, its gradients renormalised
         to the passes it had (so it is the mean over its batches, like a full window); then an
         ``'epoch'``-interval scheduler steps. Returns True when a partial step was taken."""
-        took, pending = False, self.window.pending
-        if optimizer is not None and pending:
-            grads = [p.grad for p in self.window.params_of(optimizer) if p.grad is not None]
-            if grads and pending != self.accumulation:
-                torch._foreach_mul_(grads, self.accumulation / pending)
-            took = self._end_step(optimizer, *self.window.close(optimizer))
+        took = False
+        if optimizer is not None and self.window.pending:
+            took = self._end_step(optimizer, *self.window.close(optimizer, partial=True))
         if self.scheduler is not None and self.scheduler_interval == "epoch":
             self.scheduler.step()
         return took
@@ -300,12 +291,10 @@ class Engine:
         return True
 
     def set_grad_norm(self, fn: GradNormFn | None) -> None:
-        """Use ``fn(params) -> norm`` for the global gradient norm that clipping divides by and
-        ``last_grad_norm`` reports: ``params`` are the optimizer's parameters (it reads their
-        ``.grad``), the result a 0-dim tensor on the device, the same on every rank, computed
-        without a host sync. For gradients the engine cannot see whole (``setup`` sets it when
-        the parallel plan spreads experts over ranks: each rank holds some experts'). None
-        restores the default, :func:`default_grad_norm`."""
+        """Use ``fn(params) -> norm`` (the optimizer's parameters in, a 0-dim device tensor out, the
+        same on every rank, no host sync) for the global gradient norm that clipping divides by and
+        ``last_grad_norm`` reports: for gradients the engine cannot see whole (``setup`` sets it when
+        experts are spread over ranks). None: :func:`~turbotrain.core.window.default_grad_norm`."""
         self.window.set_grad_norm(fn)
 
     def add_step_callback(self, callback: Callable[[], None]) -> None:
@@ -320,31 +309,10 @@ class Engine:
         re-run the step's batches so far, or stop)."""
         if self.window.pending == 0:  # a new step: its batches are kept (by reference) for a re-run
             self._step_batches.clear()
-        self._step_batches.append(batch)
-        step_batches = self._step_batches
-
-        def rerun() -> torch.Tensor:
-            for b in step_batches:
-                loss = self._run_batch(model, b, loss_fn)
-            return loss
-
-        loss = run_guarded(self, model, step_batches, lambda: self._run_batch(model, batch, loss_fn), rerun)
+        run_one = lambda b: self.window.run_batch(model, b, loss_fn, self.split, self.backward)  # noqa: E731
+        loss = run_guarded_batch(self, model, self._step_batches, batch, run_one)
         self.state.batches += 1
         return loss
-
-    def _run_batch(self, model: nn.Module, batch: Any, loss_fn: LossFn) -> torch.Tensor:
-        """Forward and backward of one loader batch, in ``split`` parts (:func:`micro_batches`);
-        its loss (the parts' weighted mean)."""
-        total: torch.Tensor | None = None
-        for part, weight in micro_batches([batch], self.split):
-            loss = self.window.forward(model, part, loss_fn)
-            self.backward(loss if weight == 1.0 else loss * weight)
-            if self.split == 1:
-                return loss
-            piece = loss.detach() * (weight / self.split)  # its share of the batch (split: a power of 2)
-            total = piece if total is None else total + piece
-        assert total is not None
-        return total
 
     # ------------------------------------------------------------------ a whole window
 
@@ -383,15 +351,12 @@ class Engine:
         return self._end_step(optimizer, loss, norm)
 
     def wrap_window(self, wrapper: Callable[[WindowFn], WindowFn] | None) -> None:
-        """Whole-step capture's one seam: from now on :meth:`train_window` runs ``wrapper(body)``,
-        where ``body`` is :meth:`Window.run` with the signature :data:`~turbotrain.core.window.WindowFn`
-        ``(model, optimizer, micro_batches, loss_fn) -> (loss, grad_norm)``: the step's tensor work,
-        no host sync. The wrapper returns a function of the same arguments with the same effect
-        (e.g. a CUDA graph: capture on the first call, then copy each step's micro-batches into the
-        captured inputs and replay). The engine calls ``wrapper`` again, on the plain body, whenever
-        what the body computes changes (the split after an OOM, the accumulation, a precision
-        fallback, the gradient-norm function), so a capturing wrapper captures anew then. None:
-        the plain body again."""
+        """Whole-step capture's one seam: :meth:`train_window` runs ``wrapper(body)`` from now on,
+        ``body`` being :meth:`Window.run` (:data:`~turbotrain.core.window.WindowFn`: the step's tensor
+        work, no host sync) and the result a function of the same arguments with the same effect
+        (a CUDA graph: capture, then copy each step's micro-batches in and replay). ``wrapper`` is
+        called again whenever what the body computes changes (split, accumulation, precision,
+        gradient-norm function), so a capturing wrapper captures anew. None: the plain body."""
         self.window.wrap(wrapper)
 
     def count_batch(self, batch: Any) -> None:
@@ -499,6 +464,5 @@ class Engine:
         fell_back = any(e.get("kind") == "precision_fallback" for e in sd.get("events", []))
         self.nonfinite.load_state_dict(sd, fell_back, optimizer)  # call before loading the weights
         self.events = [Event(**e) for e in sd.get("events", [])]
-        self.set_split(
-            int(sd.get("batch_runner", {}).get("split", 1))
-        )  # a micro-batch halved after an OOM stays halved
+        # a micro-batch halved after an OOM stays halved
+        self.set_split(int(sd.get("batch_runner", {}).get("split", 1)))

@@ -153,6 +153,22 @@ def run_guarded(
     return engine.oom_policy.recover(engine, model, batches, reason, rerun)
 
 
+def run_guarded_batch(
+    engine: Engine, model: nn.Module, kept: list[Any], batch: Any, run_one: Callable[[Any], T]
+) -> T:
+    """An own loop's loader ``batch`` through :func:`run_guarded`: ``run_one(batch)``; after an
+    out-of-memory error the step's batches so far (``kept``, by reference; ``batch`` added last)
+    again, from the first."""
+    kept.append(batch)
+
+    def rerun() -> T:
+        for b in kept:
+            out = run_one(b)
+        return out
+
+    return run_guarded(engine, model, kept, lambda: run_one(batch), rerun)
+
+
 def build_oom_policy(on_oom: str, rank: int = 0, world: int = 1) -> StopOnOOM:
     """``memory.on_oom`` -> the policy the engine calls after an out-of-memory error (with
     ``world`` > 1 data-parallel processes: stop, naming ``rank``; see the module docstring)."""

@@ -5,11 +5,13 @@ reads no configuration.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from ..base.config import PrecisionConfig, RunConfig
+from ..base.config import PrecisionConfig, RunConfig, load_config
 from ..base.launch import Topology
 from ..parts.data.loader import LoaderSettings, resolve_loader_settings
 from .device import local_device, resolve_device
@@ -50,9 +52,14 @@ class EngineOptions:
     plan: ParallelPlan = ParallelPlan(Topology())  # how the run spreads over processes (one process: this)
 
     @classmethod
-    def from_config(cls, config: RunConfig, plan: ParallelPlan | None = None) -> EngineOptions:
-        """The engine's options from ``config``; ``plan`` is the run's parallel plan when the caller
-        resolved it already (once per process), else it is resolved here."""
+    def from_config(
+        cls, config: RunConfig | Mapping[str, Mapping[str, Any]] | None, plan: ParallelPlan | None = None
+    ) -> EngineOptions:
+        """The engine's options from ``config`` (a RunConfig, a mapping of overrides, or None for
+        the defaults); ``plan`` is the run's parallel plan when the caller resolved it already
+        (once per process), else it is resolved here."""
+        if config is None or isinstance(config, Mapping):
+            config = load_config(overrides=config or {})
         plan = plan or ParallelPlan.resolve(config.distributed)
         device = local_device(resolve_device(config.run.device), plan.topology)
         return cls(

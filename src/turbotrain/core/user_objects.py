@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..parts.data.loader import LoaderSettings, tune_loader
+from ..parts.data.prefetch import DevicePrefetcher
 from .optim import apply_fast_adam_kernel
 
 log = logging.getLogger(__name__)
@@ -26,9 +27,12 @@ def tune_user_optimizer(optimizer: torch.optim.Optimizer, device: torch.device) 
     _log_tuning("optim.tune_user_optimizer", apply_fast_adam_kernel(optimizer, device))
 
 
-def tune_user_loader(loader: Iterable[Any], settings: LoaderSettings) -> Iterable[Any]:
+def tune_user_loader(loader: Iterable[Any], settings: LoaderSettings | None) -> Iterable[Any]:
     """``data.tune_user_loader``: a torch DataLoader rebuilt with ``settings``; any other iterable
-    is kept (one log line says why)."""
+    is kept (one log line says why). ``settings`` None (off) or a loader the engine set up already:
+    ``loader`` as it is."""
+    if settings is None or isinstance(loader, DevicePrefetcher):
+        return loader
     if not isinstance(loader, DataLoader):
         log.warning(
             "data.tune_user_loader: the loader is a %s, not a torch DataLoader; it is used as it is",

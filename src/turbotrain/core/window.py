@@ -126,6 +126,7 @@ class Window:
         *,
         grad_clip: float = 0.0,
         norm_needed: bool = False,
+        accumulation: int = 1,
     ) -> None:
         self.precision = precision
         self.strategy = strategy
@@ -137,7 +138,7 @@ class Window:
         self.aux_modules: list[Any] = []
         self.step_modules: list[Any] = []
         self.models: list[nn.Module] = []  # the wrapped models whose gradient sync backward sets
-        self.accumulation = 1  # backward passes per optimizer step
+        self.accumulation = accumulation  # backward passes per optimizer step
         self.pending = 0  # backward passes of the open window
         self.loss_sum: torch.Tensor | None = None  # their detached losses, summed on the device
         self._checked = {"models": False, "batch": False}  # placement, checked once each
@@ -180,6 +181,28 @@ class Window:
         return self.close(optimizer)
 
     # ------------------------------------------------------------------ its pieces (the own-loop API calls them)
+
+    def run_batch(
+        self,
+        model: nn.Module,
+        batch: Any,
+        loss_fn: LossFn,
+        split: int,
+        backward: Callable[[torch.Tensor], None],
+    ) -> torch.Tensor:
+        """An own loop's loader ``batch``: :meth:`forward` and ``backward`` (the Engine's, which
+        counts the pass) of each of its ``split`` parts (:func:`micro_batches`); the batch's loss
+        (the parts' weighted mean)."""
+        total: torch.Tensor | None = None
+        for part, weight in micro_batches([batch], split):
+            loss = self.forward(model, part, loss_fn)
+            backward(loss if weight == 1.0 else loss * weight)
+            if split == 1:
+                return loss
+            piece = loss.detach() * (weight / split)  # its share of the batch (split: a power of 2)
+            total = piece if total is None else total + piece
+        assert total is not None
+        return total
 
     def adopt(self, model: nn.Module) -> None:
         """Find ``model``'s modules with ``take_aux_loss`` and ``follow_optimizer_steps`` (see the
@@ -254,11 +277,18 @@ class Window:
         self.pending, self.loss_sum = 0, None
         self.sync_next()
 
-    def close(self, optimizer: torch.optim.Optimizer) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def close(
+        self, optimizer: torch.optim.Optimizer, partial: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`finish` the open window's optimizer step, then open a new window. Returns the
         window's mean loss (its loss sum over its backward passes) averaged over ranks, and the
-        gradient norm."""
+        gradient norm. ``partial``: a window of fewer backward passes than ``accumulation`` (an
+        epoch's last), its gradients renormalised to the passes it had (the mean over its batches)."""
         micro_steps = self.pending
+        if partial and 0 < micro_steps != self.accumulation:
+            grads = [p.grad for p in self.params_of(optimizer) if p.grad is not None]
+            if grads:
+                torch._foreach_mul_(grads, self.accumulation / micro_steps)
         loss_sum, norm = self.finish(optimizer, self.loss_sum)
         self.discard()
         return (loss_sum if micro_steps <= 1 else loss_sum / micro_steps), norm
