@@ -113,12 +113,12 @@ class Engine:
             norm_needed=opts.grad_clip > 0 or opts.track_grad_norm,
             accumulation=opts.accumulation,
         )
+
+        def fallback(mode: str) -> Precision:  # the precision a fallback switches to
+            return build_precision(mode, self.device, self.caps, opts.precision_settings)
+
         self.nonfinite = NonFinitePolicy(
-            opts.nonfinite,
-            opts.max_nonfinite_steps,
-            self.window,
-            self.caps,
-            lambda mode: build_precision(mode, self.device, self.caps, opts.precision_settings),
+            opts.nonfinite, opts.max_nonfinite_steps, self.window, self.caps, fallback
         )
         self.scheduler: Any = None
         self.scheduler_interval = "manual"
@@ -191,11 +191,8 @@ class Engine:
         Call before the first step. Parameters keep their identity, so an optimizer built
         before ``setup`` stays valid.
 
-        The model's MoE layers are found here (:meth:`Window.adopt`): ``backward`` adds their
-        auxiliary loss (``take_aux_loss()``), and the engine calls ``end_optimizer_step()`` after
-        every optimizer step (taken or skipped) of those with ``follow_optimizer_steps()`` (a
-        router bias that moves once per step), ``discard_optimizer_step()`` when the
-        out-of-memory policy drops a partial one.
+        The model's MoE layers are found here (:meth:`Window.adopt`: their auxiliary loss, their
+        router bias moved once per optimizer step).
         """
         if scheduler is not None and scheduler_interval not in SCHEDULER_INTERVALS:
             raise ConfigError(
