@@ -253,7 +253,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "src/turbotrain/core/window.py",
         "        sync = self.pending % self.accumulation + 1 == self.accumulation",
         "        sync = True  # mutation: gradients reduced at every micro-batch",
-        ("tests/unit/test_window.py::test_the_window_runs_its_micro_batches_with_gradient_sync_before_the_last_only",),
+        (
+            "tests/unit/test_window.py::test_the_window_runs_its_micro_batches_with_gradient_sync_before_the_last_only",
+        ),
         "on the fit path gradients are reduced across ranks in every micro-batch's backward",
     ),
     Mutation(
