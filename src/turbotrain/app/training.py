@@ -218,7 +218,9 @@ def build_training(
         run = prepare_config(run, run_dir)
     run_dir, spec = run.run_dir, run.spec
     early = watch_for(run.config.best)
-    if early is not None and spec.metrics_fn() is None:  # its validation computes the loss alone: known now
+    # a built-in model's validation computes the loss alone: known now (a workload's metrics_fn is
+    # read when its FUNC runs, later)
+    if early is not None and not run.config.model.workload and spec.metrics_fn() is None:
         early.require_known(["val_loss"])
     main = run.main  # under torchrun rank 0 alone writes the run's shared files and prints
     store = (
