@@ -462,9 +462,10 @@ def _fit_cpu(monitor: Monitor, steps: int = 6) -> Engine:
 def test_a_run_says_its_device_precision_and_compile_when_it_starts(caplog):
     with caplog.at_level(logging.INFO, logger="turbotrain.loop.monitor"):
         _fit_cpu(Monitor(2), steps=2)
-    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("device ")]
-    assert line.startswith("device cpu (") and "cores" in line and "GiB RAM" in line
-    assert line.endswith("; precision fp32; compile off")
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("training ")]
+    # one opening line: parameters, device, precision, compile, steps (#47 item 1)
+    assert line.startswith("training 199,946 params: device cpu (") and "cores" in line and "GiB RAM" in line
+    assert line.endswith("; precision fp32; compile off; 2 steps")
 
 
 def test_each_record_has_the_host_memory_beside_the_gpu_memory():

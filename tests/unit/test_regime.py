@@ -4,6 +4,7 @@ from the figures that define it, the CPU caveat, and the probe read from profile
 from __future__ import annotations
 
 import json
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -177,10 +178,13 @@ def test_train_says_the_regime_from_chooses_figures_and_again_from_the_cache(tmp
     assert said[-1] == line
 
 
-def test_a_cpu_run_that_measures_nothing_says_the_caveat_in_one_line(tmp_path):
+def test_a_cpu_run_that_measures_nothing_says_the_caveat_in_one_line(tmp_path, caplog):
     said: list[str] = []
     config = _config(tmp_path, choose={"measure": "off"})
-    assert choose_for_run(config, tmp_path / "run", say=said.append) == config
-    assert said == [CPU_LINE] and "cannot be" in CPU_LINE and not (tmp_path / "run").exists()
+    with caplog.at_level(logging.DEBUG, logger="turbotrain.app.choose"):
+        assert choose_for_run(config, tmp_path / "run", say=said.append) == config
+    # nothing measured: the caveat at debug level, off the first screen (#47 item 1)
+    assert said == [] and [r.getMessage() for r in caplog.records] == [CPU_LINE]
+    assert "cannot be" in CPU_LINE and not (tmp_path / "run").exists()
     assert name_regime(config, None) == CPU_LINE
     assert doctor_regime("gpt-tiny", None) == {"line": CPU_LINE}  # no GPU here: nothing probed

@@ -124,7 +124,7 @@ def build_monitor(
         util_warn_pct=plan.util_warn_pct,
         util_warn_s=plan.util_warn_s,
     )
-    return Monitor(plan.log_every, sinks, probes, world=world), jsonl
+    return Monitor(plan.log_every, sinks, probes, world=world, run_dir=plan.run_dir), jsonl
 
 
 def build_hooks(

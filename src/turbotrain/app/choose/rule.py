@@ -335,8 +335,12 @@ def parity(r: Row, base: Row) -> bool:
 
 def format_table(d: Decision) -> list[str]:
     """The decision table as markdown lines (also what the terminal shows)."""
+    regime = [(d.regime or {}).get("line", "")] if (d.regime or {}).get("line") else []
+    if not d.rows:  # nothing weighed: the reason (and the regime) alone
+        return [f"choose: {d.summary}", *regime]
     lines = [
         f"choose: {d.summary}",
+        *regime,
         "",
         "| candidate | recipe | step ms | first step s | parity | break-even step | verdict | why |",
         "|---|---|---|---|---|---|---|---|",

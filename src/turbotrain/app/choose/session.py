@@ -228,13 +228,19 @@ def choose_for_run(
     it to the run directory, name the run's regime, and return the config with the chosen settings.
     ``planned``: the run's resolved length (``train.epochs`` on its data), else ``train.max_steps``."""
     decision = choose(config, measure=measure, say=say, planned=planned)
-    if decision is not None and not decision.rows:  # too short to pay for measuring: a log line, no file
-        log.info("choose: %s", decision.summary)
     chosen = apply(config, decision)
-    if decision is not None and decision.rows:
+    if decision is not None and decision.rows:  # a table only when something was weighed
         say("\n".join(format_table(decision)))
-    say(name_regime(chosen, decision))
-    if decision is not None and decision.rows:
+    # the reasons (nothing measured, the regime) at debug level and in choose.json / summary.md
+    regime = name_regime(chosen, decision)
+    if decision is not None and not decision.rows:  # too short to pay for measuring
+        log.debug("choose: %s", decision.summary)
+    if decision is not None and decision.regime:  # named from figures measured: said below the table
+        say(regime)
+    else:
+        log.debug("%s", regime)
+    if decision is not None:
+        decision.regime = {**(decision.regime or {}), "line": regime}
         write_decision(run_dir, decision)
     return chosen
 

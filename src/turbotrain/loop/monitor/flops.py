@@ -244,7 +244,7 @@ def build_mfu_probe(
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     spec = lookup_peak(name) if device.type == "cuda" else None
     if spec is None:
-        log.info("MFU left out: no datasheet peak for %s (achieved TFLOP/s is still recorded)", name)
+        log.debug("MFU left out: no datasheet peak for %s (achieved TFLOP/s is still recorded)", name)
     return MfuProbe(
         flops.model,
         spec,

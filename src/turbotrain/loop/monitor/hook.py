@@ -15,6 +15,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -72,9 +73,15 @@ class Monitor(Hook):
     """
 
     def __init__(
-        self, interval: int, sinks: Iterable[Sink] = (), probes: Iterable[Probe] = (), world: int = 1
+        self,
+        interval: int,
+        sinks: Iterable[Sink] = (),
+        probes: Iterable[Probe] = (),
+        world: int = 1,
+        run_dir: Path | None = None,
     ) -> None:
         self.interval = interval
+        self.run_dir = run_dir  # named in the run's opening line
         self.world = world  # data-parallel processes: rates are this rank's counts x world
         self.sinks = list(sinks)
         self.probes = list(probes)
@@ -195,8 +202,16 @@ class Monitor(Hook):
         s = ctx.engine.state
         # the first step compiles: minutes, say so
         engine = ctx.engine
-        # what the run runs on, said when it starts (summary.md says it again at the end)
-        log.info("%s", device_line(engine.device, engine.precision.name, engine.options.compile_scope))
+        # the run's one opening line: what it trains, on what, how long, where (summary.md says it again at the end)
+        params = sum(p.numel() for p in ctx.model.parameters())
+        where = f"; run {self.run_dir}" if self.run_dir is not None else ""
+        log.info(
+            "training %s params: %s; %d steps%s",
+            f"{params:,}",
+            device_line(engine.device, engine.precision.name, engine.options.compile_scope),
+            ctx.max_steps,
+            where,
+        )
         self._compiling = ctx.engine.options.compile_scope != "off"
         if self._compiling:
             log.info("compiling (first step; torch.compile, %s)...", ctx.engine.options.compile_scope)
