@@ -580,21 +580,24 @@ def _section_of(config: RunConfig, name: str) -> Any:
     return config.table(next(r.cls for r in tables() if r.section == name))
 
 
+def section_fields(name: str) -> list[dataclasses.Field]:
+    """The fields ``[name]`` lists in ``--help-config`` (and the docs' config reference), in order:
+    the section's own, then its variants' (a GPT's ``model.n_layer``, fp8's ``precision.fp8_recipe``)."""
+    out: dict[str, dataclasses.Field] = {}
+    for owner in [SECTIONS[name], *(r.cls for r in variants(name))]:
+        out.update({f.name: f for f in fields(owner) if f.name not in out})
+    return list(out.values())
+
+
 def describe() -> str:
-    """Every field with its default and documentation, for ``--help-config``: each section's own,
-    then its variants' (a GPT's ``model.n_layer``, fp8's ``precision.fp8_recipe``)."""
+    """Every field with its default and documentation, for ``--help-config``."""
     out = []
-    for name, cls in SECTIONS.items():
+    for name in SECTIONS:
         out.append(f"[{name}]")
-        seen: set[str] = set()
-        for owner in [cls, *(r.cls for r in variants(name))]:
-            for f in fields(owner):
-                if f.name in seen:
-                    continue
-                seen.add(f.name)
-                choices = f.metadata.get("choices")
-                extra = f" (one of: {', '.join(map(str, choices))})" if choices else ""
-                if range_text(f):
-                    extra += f" (range {range_text(f)})"
-                out.append(f"  --{name}.{f.name}={f.default!r}: {f.metadata['doc']}{extra}")
+        for f in section_fields(name):
+            choices = f.metadata.get("choices")
+            extra = f" (one of: {', '.join(map(str, choices))})" if choices else ""
+            if range_text(f):
+                extra += f" (range {range_text(f)})"
+            out.append(f"  --{name}.{f.name}={f.default!r}: {f.metadata['doc']}{extra}")
     return "\n".join(out)
