@@ -4,6 +4,8 @@
 - :func:`one_line`: ``RuntimeError: my forward is broken (wl.py:10, in forward)``: the exception
   and the last frame of the user's own code; an empty loader's bare ``StopIteration`` says so; a
   DataLoader worker's re-raised error is its cause, not "Caught ... in DataLoader worker process 0".
+- :func:`workload_failed`: that line as the error every command raises (train, profile, bench,
+  tune, memory, ``turbotrain.train()``): exit 2, no traceback.
 - :func:`no_setting_fixes`: failures that no setting tune or profile changes can fix (the loss is
   not a scalar, the loader yields nothing): a study stops at once instead of proposing more.
 - :func:`cause_in_log`: the cause in a dead process's log: the last traceback's exception line,
@@ -54,6 +56,18 @@ def one_line(exc: BaseException) -> str:
         return text.splitlines()[0][:300] if text else type(exc).__name__
     first = text.splitlines()[0] if text else ""
     return (f"{type(exc).__name__}: {first}"[:300] if first else type(exc).__name__) + _where(exc)
+
+
+def workload_failed(
+    what: str, exc: BaseException, after: str = "", *, in_user_code: bool = True
+) -> TurbotrainError | None:
+    """The one line every command says when the user's own code fails (the forward or the loss on
+    the example batch): ``WHAT: the workload failed: RuntimeError: ... (file.py:28, in loss)AFTER``,
+    a :class:`TurbotrainError` (exit 2, no traceback); None when ``exc`` is not the user's code
+    failing (ours, or a mistake already said in one line), to be raised as it is."""
+    if not isinstance(exc, Exception) or isinstance(exc, TurbotrainError) or not _where(exc):
+        return None
+    return TurbotrainError(f"{what}: the workload failed: {one_line(exc)}{after}")
 
 
 def no_setting_fixes(exc: BaseException) -> bool:

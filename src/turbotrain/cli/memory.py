@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 from ..base.batch import batch_size, move_to
 from ..base.config import RunConfig, load_config, parse_overrides
 from ..base.errors import ConfigError, TurbotrainError
+from ..base.failure import workload_failed
 from ..base.units import GIB
 from ..base.version import collect_git
 from ..core.assembly import build_trainable
@@ -192,7 +193,13 @@ def main_memory(args: argparse.Namespace, extra: list[str]) -> int:
     if args.micro is not None and args.micro < 1:
         raise ConfigError(f"--micro = {args.micro} must be >= 1")
     overrides = parse_overrides(extra)
-    r = (workload_report if args.model else preset_report)(args, overrides)
+    try:
+        r = (workload_report if args.model else preset_report)(args, overrides)
+    except Exception as exc:  # the user's own forward or loss failing on its batch: one line
+        failed = workload_failed(f"memory --model {args.model}", exc) if args.model else None
+        if failed is None:
+            raise
+        raise failed from None
     if args.json:
         out: dict[str, Any] = {
             "preset": r.config.preset,

@@ -23,7 +23,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ...base.batch import batch_size as _batch_size
 from ...base.errors import TurbotrainError
-from ...base.failure import one_line
+from ...base.failure import workload_failed
 from ...core.engine import LossFn, default_loss
 from ...loop.monitor import count_flops_per_sample
 from ...parts.data.sources import stdlib_files
@@ -423,9 +423,12 @@ def flops_per_step(w: BenchWorkload) -> tuple[float, str]:
         try:
             per_sample = count_flops_per_sample(model, batch, loss_fn)
         except Exception as exc:  # the user's forward/backward, before any row: one line, not a traceback
-            raise TurbotrainError(
-                f"--model workload: counting its FLOPs on one batch failed: {one_line(exc)}"
-            ) from None
+            failed = workload_failed(
+                "bench --model (counting its FLOPs on one batch)", exc, in_user_code=False
+            )
+            if failed is None:
+                raise
+            raise failed from None
         return per_sample * _batch_size(
             batch
         ), "counted on one batch (torch.utils.flop_counter, forward + backward)"

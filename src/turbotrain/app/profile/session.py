@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ...base.atomic import atomic_write
-from ...base.errors import TurbotrainError
-from ...base.failure import one_line
+from ...base.failure import workload_failed
 from ...base.rundir import new_run_dir
 from ...core.optim import resolve_implementation
 from ...parts.hardware import device_name
@@ -127,11 +126,11 @@ def _failing_run(target: Target, run_dir: Path) -> Iterator[None]:
         yield
     except BaseException as exc:
         shutil.rmtree(run_dir, ignore_errors=True)
-        if target.is_workload and isinstance(exc, Exception) and not isinstance(exc, TurbotrainError):
-            raise TurbotrainError(
-                f"profile {target.label}: the workload failed: {one_line(exc)}; nothing was "
-                "profiled (no run folder kept)"
-            ) from None
+        failed = workload_failed(
+            f"profile {target.label}", exc, "; nothing was profiled (no run folder kept)", in_user_code=False
+        )
+        if target.is_workload and failed is not None:
+            raise failed from None
         raise
 
 

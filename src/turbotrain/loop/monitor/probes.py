@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...base.failure import workload_failed
 from ...parts.hardware import nvml
 from .flops import build_mfu_probe
 from .hook import Probe
@@ -66,6 +67,10 @@ def build_probes(
                 build_mfu_probe(model, example_batch, device, precision, loss_fn, autocast, devices)
             )
         except Exception as exc:  # an optional measurement: training goes on without FLOPs
+            # ... unless the user's own forward or loss failed on the example batch: one line, now
+            failed = workload_failed("the model's forward or loss on the example batch", exc)
+            if failed is not None:
+                raise failed from None
             log.warning(
                 "FLOPs not counted, so no TFLOP/s or MFU (%s: %s); pass a loss_fn(model, batch) "
                 "that returns the loss for the example batch",
