@@ -603,3 +603,12 @@ def test_a_batch_cache_of_another_shape_is_one_line_and_searched_again(tmp_path,
         lines = [r.getMessage() for r in caplog.records if "ignoring the cached" in r.getMessage()]
         assert len(lines) == 1 and str(path) in lines[0] and "\n" not in lines[0], damaged
         assert json.loads(path.read_text())[key]["value"]["found"] == search.found  # written again
+
+
+def test_a_small_models_table_reads_in_mib_or_kib_not_zero_gib(capsys):
+    """#47 item 8: below 1 GiB the table's unit is MiB (or KiB), so its cells are not 0.000."""
+    assert main(["memory", "--model", f"{EXAMPLES}/workload_cnn.py:make", "--micro", "16"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    (head,) = [x for x in lines if x.split()[:1] in (["GiB"], ["MiB"], ["KiB"])]
+    (peak,) = [x for x in lines if x.startswith("peak ")]
+    assert head.split()[0] in ("MiB", "KiB") and all(float(v) > 0.01 for v in peak.split()[1:]), (head, peak)

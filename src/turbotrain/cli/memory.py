@@ -18,7 +18,7 @@ from ..base.batch import batch_size, move_to
 from ..base.config import RunConfig, load_config, parse_overrides
 from ..base.errors import ConfigError, TurbotrainError
 from ..base.failure import workload_failed
-from ..base.units import GIB
+from ..base.units import GIB, unit_for
 from ..base.version import collect_git
 from ..core.assembly import build_trainable
 from ..parts.models.registry import spec_for
@@ -229,14 +229,15 @@ def format_table(r: Report) -> str:
     if measured is not None:
         heads.append(f"measured ({measured.device})")
         cols.append(measured)
+    unit, scale = unit_for(max((c.peak_bytes for c in cols), default=0))
     lines = [
         f"turbotrain memory: {r.what}",
         *r.notes,
-        f"{'GiB':<22}" + "".join(f"{h:>20}" for h in heads),
+        f"{unit:<22}" + "".join(f"{h:>20}" for h in heads),
     ]
     for label, key in ROWS:
-        lines.append(f"{label:<22}" + "".join(f"{getattr(c, key) / GIB:>20.3f}" for c in cols))
-    lines.append(f"{'peak':<22}" + "".join(f"{c.peak_bytes / GIB:>20.3f}" for c in cols))
+        lines.append(f"{label:<22}" + "".join(f"{getattr(c, key) / scale:>20.3f}" for c in cols))
+    lines.append(f"{'peak':<22}" + "".join(f"{c.peak_bytes / scale:>20.3f}" for c in cols))
     if estimates:
         lines.append(
             "estimates: one step on the meta device (tensor bytes; the allocator's cache, fragmentation and "
