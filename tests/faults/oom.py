@@ -11,7 +11,7 @@ In a test's own process: ``with inject_oom(N): ...`` arms every Engine made insi
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -36,9 +36,8 @@ def arm(engine: Engine, at_step: int) -> None:
     window.forward = forward_then_oom  # type: ignore[method-assign]
 
 
-@contextlib.contextmanager
-def inject_oom(at_step: int) -> Iterator[None]:
-    """Arm every Engine made inside the block (see :func:`arm`)."""
+def install(at_step: int) -> Callable[[], None]:
+    """Arm every Engine made from now on (see :func:`arm`); returns what undoes it."""
     init = Engine.__init__
 
     def armed_init(self: Engine, *args: Any, **kwargs: Any) -> None:
@@ -46,7 +45,14 @@ def inject_oom(at_step: int) -> Iterator[None]:
         arm(self, at_step)
 
     Engine.__init__ = armed_init  # type: ignore[method-assign]
+    return lambda: setattr(Engine, "__init__", init)
+
+
+@contextlib.contextmanager
+def inject_oom(at_step: int) -> Iterator[None]:
+    """Arm every Engine made inside the block (see :func:`arm`)."""
+    undo = install(at_step)
     try:
         yield
     finally:
-        Engine.__init__ = init  # type: ignore[method-assign]
+        undo()

@@ -89,9 +89,9 @@ def _install(point: str, n: int) -> None:
         return writer
 
     if point == "oom":
-        from oom import inject_oom
+        from oom import install
 
-        inject_oom(n).__enter__()  # every Engine of this process armed, to its end
+        install(n)  # every Engine of this process armed, to its end
     elif point in ("step", "pause-step"):
         act = die if point == "step" else pause
         wrap(engine.Engine, "train_window", before=lambda *a, **k: due() and act())
