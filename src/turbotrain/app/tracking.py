@@ -4,7 +4,8 @@
 gets the same hooks from :func:`track`, which the engine calls after every step it takes::
 
     model, optimizer, loader = engine.setup(model, optimizer, loader)
-    with track(engine, model, optimizer, "runs/mnist", example_batch=next(iter(loader))) as run:
+    example = (x_train[:64], y_train[:64])  # cut from the data: drawing from the loader moves its RNG
+    with track(engine, model, optimizer, "runs/mnist", example_batch=example) as run:
         for epoch in range(epochs):
             for x, y in loader:
                 ...                      # your loop, unchanged
