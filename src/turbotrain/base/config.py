@@ -40,6 +40,7 @@ from .config_fields import (
     audience,
     check_value,
     choice_error,
+    field_notes,
     in_range,
     knob,
     range_text,
@@ -595,9 +596,5 @@ def describe() -> str:
     for name in SECTIONS:
         out.append(f"[{name}]")
         for f in section_fields(name):
-            choices = f.metadata.get("choices")
-            extra = f" (one of: {', '.join(map(str, choices))})" if choices else ""
-            if range_text(f):
-                extra += f" (range {range_text(f)})"
-            out.append(f"  --{name}.{f.name}={f.default!r}: {f.metadata['doc']}{extra}")
+            out.append(f"  --{name}.{f.name}={f.default!r}: {f.metadata['doc']}{field_notes(f)}")
     return "\n".join(out)

@@ -124,6 +124,13 @@ def range_text(f: dataclasses.Field) -> str:
     return f"[{_number(low)}, {_number(high)}{')' if f.metadata.get('open') else ']'}"
 
 
+def field_notes(f: dataclasses.Field) -> str:
+    """What ``--help-config`` adds after a field's doc: its choices and its range, if it has them."""
+    choices = f.metadata.get("choices")
+    notes = f" (one of: {', '.join(map(str, choices))})" if choices else ""
+    return notes + (f" (range {range_text(f)})" if range_text(f) else "")
+
+
 def in_range(f: dataclasses.Field, value: float) -> bool:
     """Whether ``value`` lies in field ``f``'s declared range (NaN never does)."""
     low, high = f.metadata.get("min"), f.metadata.get("max")
