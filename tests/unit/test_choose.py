@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from turbotrain import load_config
 from turbotrain.app.choose.rule import Row, judge
 from turbotrain.app.choose.session import apply, choose
 from turbotrain.app.warmstart import WarmStart
+from turbotrain.base.errors import TurbotrainWarning
 from turbotrain.core.meter import cache as meter_cache
 
 CPU = torch.device("cpu")
@@ -243,3 +245,17 @@ def test_the_cache_keys_of_choose_and_of_the_compile_warm_start_include_the_devi
         keys[name] = (d.key, WarmStart(_config(tmp_path, compile={"scope": "model"})).key)
     first, second = keys.values()
     assert first[0] != second[0] and first[1] != second[1]
+
+
+def test_measure_always_with_nothing_left_at_auto_is_one_warning_and_measures_nothing(tmp_path):
+    """#44 item 11: ``choose.measure = always`` with compile.scope and precision.mode both set
+    would do nothing: said in one warning naming the setting, nothing timed."""
+    timer = Timer(GAINS)
+    both = _config(tmp_path, compile={"scope": "off"}, precision={"mode": "fp32"})
+    with pytest.warns(TurbotrainWarning, match=r"choose\.measure = always does nothing") as caught:
+        assert choose(both, measure=timer, device=CPU, say=lambda s: None) is None
+    assert timer.calls == [] and len(caught) == 1 and "\n" not in str(caught[0].message)
+    auto = _config(tmp_path, choose={"measure": "auto"}, compile={"scope": "off"}, precision={"mode": "fp32"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TurbotrainWarning)  # measure = auto: nothing to say
+        assert choose(auto, measure=timer, device=CPU) is None

@@ -116,6 +116,13 @@ def choose(
     the run's resolved length (``train.epochs`` on its data), else ``train.max_steps``."""
     c = config.choose
     if c.measure == "off" or not auto_fields(config):
+        if c.measure == "always":  # a setting that does nothing here: a warning (a preset may carry it)
+            warnings.warn(
+                "choose.measure = always does nothing in this run: no setting is left at auto "
+                "(compile.scope and precision.mode are set), so nothing is measured",
+                TurbotrainWarning,
+                stacklevel=2,
+            )
         return None
     device = device or resolve_device(config.run.device)
     material = cache.key_material(config, device)
