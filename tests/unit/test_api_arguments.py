@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import turbotrain
 from turbotrain.app.run import overrides_of
 from turbotrain.base.errors import TurbotrainError
+from turbotrain.cli import main
 from turbotrain.tools.memory import get_optimal_batch_size
 
 CPU = {"run": {"device": "cpu"}}
@@ -96,3 +97,21 @@ def test_run_evaluate_refuses_what_is_not_batches(tmp_path: Path, text_file: Pat
         run.evaluate(5)  # type: ignore[arg-type]
     t = run.training
     assert set(run.evaluate(t.data.val_batches(t.config, 0, 1))) >= {"loss"}  # what it takes
+
+
+def test_train_errors_speak_python_to_a_python_caller_and_flags_on_the_command_line(tmp_path, capsys):
+    """#44 item 12: turbotrain.train()'s resume mistakes name its own arguments, not CLI flags;
+    the command line's words are unchanged."""
+    out = str(tmp_path / "none")
+    with pytest.raises(TurbotrainError) as nothing:
+        turbotrain.train(run={"out_dir": out}, resume=True)
+    assert "start one with turbotrain.train()" in str(nothing.value) and "`turbotrain train`" not in str(
+        nothing.value
+    )
+    with pytest.raises(TurbotrainError) as both:
+        turbotrain.train("examples/workload_cnn.py:make", run={"out_dir": out}, resume=True)
+    assert "a workload names the workload of a new run" in str(both.value) and "--model" not in str(
+        both.value
+    )
+    assert main(["train", "--resume", "--run.out_dir", out]) == 2
+    assert "start one with `turbotrain train`" in capsys.readouterr().err

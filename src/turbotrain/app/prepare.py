@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from ..base.config import RunConfig, load_config, read_preset
+from ..base.config_fields import said
 from ..base.errors import ConfigError
 from ..base.launch import Launch, Topology
 from ..base.rundir import find_run_dir, new_run_dir, resume_config, run_name
@@ -129,13 +130,19 @@ def prepare_run(request: RunRequest, signals: StopSignals) -> PreparedRun:
     if ref:
         if resume and make is None:
             raise ConfigError(
-                "--model names the workload of a new run; a resume trains the run's own "
-                "(its config.toml's model.workload): leave --model out"
+                said("--model", "a workload")
+                + " names the workload of a new run; a resume trains the run's own "
+                "(its config.toml's model.workload): "
+                + said("leave --model out", "call turbotrain.train(resume=...) without one")
             )
         if not resume:
             overrides.setdefault("model", {})["workload"] = ref
     if request.resume and "name" in overrides.get("run", {}):
-        raise ConfigError("name the run to resume once: --resume RUN or --resume --run.name NAME, not both")
+        raise ConfigError(
+            "name the run to resume once: "
+            + said("--resume RUN or --resume --run.name NAME", "resume=RUN or run.name, with resume=True")
+            + ", not both"
+        )
     resume_at, relaunch, recorded = request.resume, "", None
     fresh = None if resume else load_config(request.base_preset, overrides)
     if fresh is not None:  # a requeued SLURM job or a restarted torchrun group continues its run by itself

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base.config import RunConfig, setting
+from ..base.config_fields import said
 from ..base.errors import TurbotrainError
 from ..base.launch import Topology
 from ..base.rundir import CHECKPOINTS, CONFIG_FILE
@@ -74,7 +75,7 @@ def local_copy(uri: str, out_dir: str, wait_s: float = 600.0) -> Path:
         deadline = time.monotonic() + wait_s
         while not (local / CONFIG_FILE).is_file():
             if time.monotonic() > deadline:
-                raise TurbotrainError(f"--resume {uri}: local rank 0 did not fetch the run into {local}")
+                raise TurbotrainError(f"{_resume(uri)}: local rank 0 did not fetch the run into {local}")
             time.sleep(0.2)
         return local
     store = Store(uri, "--resume")
@@ -86,7 +87,7 @@ def local_copy(uri: str, out_dir: str, wait_s: float = 600.0) -> Path:
         raise
     except Exception as exc:  # noqa: BLE001 - the store refused: one line, the setting named
         raise TurbotrainError(
-            f"--resume {uri}: the store cannot be read ({why(exc)}); check the URI, the credentials "
+            f"{_resume(uri)}: the store cannot be read ({why(exc)}); check the URI, the credentials "
             "(the back-end's environment or config files) and the endpoint"
         ) from None
     if local.is_dir() and not any(local.iterdir()):
@@ -207,3 +208,8 @@ def check_epochs_batch(
         f"(samples trained twice or skipped); resume with {kept}, or start a new run to train at {new}",
         rank,
     )
+
+
+def _resume(uri: str) -> str:
+    """How the reader asked to resume from ``uri``: the flag, or train()'s argument."""
+    return said(f"--resume {uri}", f"resume={uri!r}")

@@ -74,6 +74,12 @@ def setting(field_name: str, value: Any) -> str:
     return f"{{{section!r}: {{{key!r}: {value!r}}}}}".replace("'", '"')
 
 
+def said(cli: str, python: str) -> str:
+    """The words of a message that differ by reader: ``cli`` on the command line (a flag, a
+    ``turbotrain`` command), ``python`` for a library caller (an argument, a function)."""
+    return cli if _AUDIENCE[0] == "cli" else python
+
+
 def choice_error(field_name: str, value: Any, choices: Iterable[Any]) -> ConfigError:
     """The one wording of "not a valid value": the field, the value and every valid value."""
     return ConfigError(

@@ -14,6 +14,7 @@ from typing import Any
 
 from .atomic import atomic_write
 from .config import RunConfig, load_config
+from .config_fields import said
 from .errors import TurbotrainError
 from .runlock import LOCK_FILE
 
@@ -83,12 +84,14 @@ def find_run_dir(out_dir: str, name: str = "") -> Path:
         if not (path / CONFIG_FILE).is_file():
             raise TurbotrainError(
                 f"no run named {name!r} in {out_dir}/ and no run directory at that path "
-                f"(no {CONFIG_FILE}); check the name given to --resume or --run.name"
+                f"(no {CONFIG_FILE}); check the name given to "
+                + said("--resume or --run.name", "resume= or run.name")
             )
         return path
     runs = [p for p in Path(out_dir).glob("*") if (p / CONFIG_FILE).is_file()]
     if not runs:
-        raise TurbotrainError(f"no run to resume in {out_dir}/; start one with `turbotrain train`")
+        start = said("`turbotrain train`", "turbotrain.train() without resume=")
+        raise TurbotrainError(f"no run to resume in {out_dir}/; start one with {start}")
     return max(runs, key=lambda p: (p / CONFIG_FILE).stat().st_mtime)
 
 
