@@ -87,7 +87,7 @@ def main_sample(args: argparse.Namespace, extra: list[str]) -> int:
     embedding = weights.get("wte.weight") if isinstance(weights, dict) else None
     if not isinstance(embedding, torch.Tensor) or embedding.dim() != 2:
         raise TurbotrainError(
-            f"{path} holds no token embedding (model.wte.weight); sample reads checkpoints of `turbotrain train` runs"
+            f"{path} holds no GPT token embedding (model.wte.weight, as the GPT and Llama families name it); sample reads checkpoints of `turbotrain train` runs"
         )
     vocab = embedding.shape[0]
     tokenizer = load_run_tokenizer(run_dir)
