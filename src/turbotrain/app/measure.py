@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader
 
 from ..base.batch import batch_size, move_to
 from ..base.config import RunConfig, load_config
+from ..base.errors import TurbotrainError
 from ..base.seeds import rng_state, set_rng_state
 from ..core.assembly import build_trainable
 from ..core.compile_guard import collect_compile_counts, ranked_reasons
@@ -322,7 +323,10 @@ def _build_workload(
         engine = Engine(config, plan=plan)
         model, optimizer, device_loader = engine.setup(model, w.optimizer, data)
     assert optimizer is not None and device_loader is not None
-    example = move_to(next(iter(loader)), engine.device)
+    first = next(iter(loader), None)
+    if first is None:  # an empty loader: one line, not a bare StopIteration
+        raise TurbotrainError(f"--model {target.model or 'workload'}: train_loader yielded no batch")
+    example = move_to(first, engine.device)
     parity_source = w.eval_loader if w.eval_loader is not None else None
     parity = [example]
     if parity_source is not None:
