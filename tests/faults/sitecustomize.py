@@ -17,6 +17,8 @@ start-up). ``TT_FAULT=POINT:N`` acts at the N-th time the program reaches POINT:
 - ``cache-mid-write``: SIGKILL after half of the N-th byte-token cache write
 - ``remote-before-marker``: SIGKILL when the N-th checkpoint marker is about to be uploaded to
   ``run.remote`` (its data is in the store): a half-uploaded checkpoint
+- ``finder-step-ms``: the batch finder's trials (real steps, their peaks measured) report N ms a
+  step, not the time measured (a loaded CPU's would pass the 1 s step budget and move the answer)
 - ``oom``: a real torch.OutOfMemoryError in optimizer step N, after its last micro-batch's
   forward (oom.py), for the out-of-memory policy
 - ``pause-step`` / ``pause-startup`` / ``pause-choose`` (a new run's settings about to be measured) / ``pause-fit`` (the run built and its files written, the
@@ -88,7 +90,14 @@ def _install(point: str, n: int) -> None:
 
         return writer
 
-    if point == "oom":
+    if point == "finder-step-ms":
+        from turbotrain.tools.memory import step_trial
+
+        measure = step_trial.StepTrial.__call__
+        step_trial.StepTrial.__call__ = lambda self, micro: step_trial.TrialResult(
+            measure(self, micro).peak_bytes, n / 1000
+        )
+    elif point == "oom":
         from oom import install
 
         install(n)  # every Engine of this process armed, to its end

@@ -7,6 +7,7 @@ import json
 import sys
 
 import pytest
+from faults.faultenv import fault_env
 
 from turbotrain.app.bench import worker
 from turbotrain.app.bench.contenders import CONTENDERS
@@ -109,9 +110,15 @@ def test_a_tiny_ablation_runs_the_chunked_loss_row_and_skips_cudnn_attention_on_
     assert "+chunked-loss" in render_report(report)
 
 
-def test_batch_auto_searches_in_its_own_process_and_every_row_uses_the_answer(tmp_path, capsys):
+def test_batch_auto_searches_in_its_own_process_and_every_row_uses_the_answer(tmp_path, capsys, monkeypatch):
+    """The search's trials report 1 ms a step (tests/faults: ``finder-step-ms``; their peaks are
+    measured): on a loaded CPU a real step of 1024 rows could pass the CPU's 1 s step budget and
+    move the answer, which here is the ceiling (no memory limit met)."""
     from turbotrain.cli import main
 
+    env = fault_env("finder-step-ms:1")
+    for name in ("PYTHONPATH", "TT_FAULT"):  # the search's process inherits them
+        monkeypatch.setenv(name, env[name])
     out = tmp_path / "out"
     assert (
         main(

@@ -239,13 +239,19 @@ def test_resolve_batch_size_on_cpu_keeps_the_global_batch_and_caches(tmp_path, m
     assert cached.cached and again.batch == resolved.batch
 
 
-def _timed_cpu_search(monkeypatch, global_size: int, step_s):
-    """A tiny GPT on the CPU with ``batch.micro = auto``, whose trials measure peaks but report
-    ``step_s(micro)`` seconds (a loaded CPU's real times would move the answer)."""
+def _steps_taking(monkeypatch, step_s) -> None:
+    """The finder's trials (real steps) measure their peaks but report ``step_s(micro)`` seconds:
+    a loaded CPU's real times would move the answer (the CPU's 1 s step budget)."""
     measure = StepTrial.__call__
     monkeypatch.setattr(
         StepTrial, "__call__", lambda self, micro: TrialResult(measure(self, micro).peak_bytes, step_s(micro))
     )
+
+
+def _timed_cpu_search(monkeypatch, global_size: int, step_s):
+    """A tiny GPT on the CPU with ``batch.micro = auto``, whose trials measure peaks but report
+    ``step_s(micro)`` seconds (:func:`_steps_taking`)."""
+    _steps_taking(monkeypatch, step_s)
     config = load_config(
         overrides={
             "run": {"device": "cpu"},
@@ -552,13 +558,16 @@ def test_memory_of_an_emulated_fp8_run_on_cpu_is_estimated_not_refused(capsys):
 
 
 @pytest.mark.slow
-def test_get_optimal_batch_size_in_one_call_on_a_model_and_a_batch_or_a_loader():
+def test_get_optimal_batch_size_in_one_call_on_a_model_and_a_batch_or_a_loader(monkeypatch):
     """The finder for Python users: a size that fits the memory cap with its headroom, the sizes
-    tried with their measured peaks; the same from a loader; your model untouched."""
+    tried with their measured peaks; the same from a loader; your model untouched. Step times are
+    fixed at 10 ms (on a loaded CPU a real step could pass the 1 s budget and move the answer,
+    which is memory's here); peaks are measured."""
     from torch.utils.data import DataLoader, TensorDataset
 
     from turbotrain.tools.memory import get_optimal_batch_size
 
+    _steps_taking(monkeypatch, lambda micro: 0.01)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4))
     before = [p.detach().clone() for p in model.parameters()]
