@@ -71,203 +71,196 @@ def run_checks(env: dict[str, Any]) -> list[Check]:
 
     Without a GPU, the GPU checks come back with level "skip" saying what could not be checked.
     """
-    checks: list[Check] = []
-    add = checks.append
-    gpus = env["gpus"]
-    cores = env["cpu"]["usable_cores"]
+    return [
+        _device_check(env),
+        *(_gpu_precision_checks(env) if env["gpus"] else _cpu_precision_checks(env)),
+        *_nvml_checks(env),
+        _workers_check(env),
+        _threads_check(env),
+    ]
 
-    # torch build vs hardware
-    if not env["cuda_available"]:
-        if env["nvidia_hardware"] and not env["cuda"]:
-            add(
-                Check(
-                    "torch CUDA build",
-                    "error",
-                    f"this machine has an NVIDIA GPU but torch {env['torch']} is a CPU-only build",
-                    "pip install torch --index-url https://download.pytorch.org/whl/cu126 (pick your CUDA at pytorch.org)",
-                )
-            )
-        elif env["cuda"]:
-            visible = env["env"].get("CUDA_VISIBLE_DEVICES")
-            add(
-                Check(
-                    "CUDA device",
-                    "warn",
-                    f"torch is built for CUDA {env['cuda']} but sees no GPU"
-                    + (f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""),
-                    "check the driver with nvidia-smi and CUDA_VISIBLE_DEVICES; the driver must be new enough for this CUDA",
-                )
-            )
-        else:
-            add(
-                Check(
-                    "CUDA device",
-                    "info",
-                    f"no CUDA GPU; torch {env['torch']} is a CPU build: training runs on CPU in fp32",
-                    "on a GPU machine install a CUDA build of torch",
-                )
-            )
-    else:
+
+def _device_check(env: dict[str, Any]) -> Check:
+    """The torch build against the hardware: a CUDA build that sees the GPU(s)."""
+    if env["cuda_available"]:
+        gpus = env["gpus"]
         names = ", ".join(sorted({g["name"] for g in gpus}))
-        add(
+        return Check(
+            "CUDA device",
+            "ok",
+            f"{len(gpus)} GPU(s): {names}; CUDA {env['cuda']}, cuDNN {env['cudnn']}, driver {env['driver']}",
+        )
+    if env["nvidia_hardware"] and not env["cuda"]:
+        return Check(
+            "torch CUDA build",
+            "error",
+            f"this machine has an NVIDIA GPU but torch {env['torch']} is a CPU-only build",
+            "pip install torch --index-url https://download.pytorch.org/whl/cu126 (pick your CUDA at pytorch.org)",
+        )
+    if env["cuda"]:
+        visible = env["env"].get("CUDA_VISIBLE_DEVICES")
+        return Check(
+            "CUDA device",
+            "warn",
+            f"torch is built for CUDA {env['cuda']} but sees no GPU"
+            + (f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""),
+            "check the driver with nvidia-smi and CUDA_VISIBLE_DEVICES; the driver must be new enough for this CUDA",
+        )
+    return Check(
+        "CUDA device",
+        "info",
+        f"no CUDA GPU; torch {env['torch']} is a CPU build: training runs on CPU in fp32",
+        "on a GPU machine install a CUDA build of torch",
+    )
+
+
+def _gpu_precision_checks(env: dict[str, Any]) -> list[Check]:
+    """bf16, FP8, TF32, flash attention and triton on the GPU(s)."""
+    gpus = env["gpus"]
+    checks = [_bf16_check(gpus), fp8_check(gpus, env["packages"].get("torchao")), _tf32_check(env)]
+    if all(g["flash_attention"] for g in gpus):
+        checks.append(
             Check(
-                "CUDA device",
-                "ok",
-                f"{len(gpus)} GPU(s): {names}; CUDA {env['cuda']}, cuDNN {env['cudnn']}, driver {env['driver']}",
+                "flash attention", "ok", "SDPA flash attention kernels available (model.attention = 'sdpa')"
             )
         )
-
-    # precision support
-    if gpus:
-        old = [g for g in gpus if not g["bf16"]]
-        if old:
-            add(
-                Check(
-                    "bf16",
-                    "warn",
-                    f"{old[0]['name']} (compute capability {old[0]['compute_capability']}) has no bf16: "
-                    "precision auto will use fp16-mixed with a GradScaler",
-                    "nothing to do; fp16 + loss scaling is handled, or use a GPU with compute capability >= 8.0 for bf16",
-                )
-            )
-        else:
-            add(Check("bf16", "ok", "bf16 supported: precision auto uses bf16-mixed"))
-        add(fp8_check(gpus, env["packages"].get("torchao")))
-        if all(g["tf32"] for g in gpus):
-            if env["backends"]["matmul_tf32"] or env["backends"]["float32_matmul_precision"] != "highest":
-                add(Check("TF32", "ok", "TF32 matmuls are on for fp32 work"))
-            else:
-                add(
-                    Check(
-                        "TF32",
-                        "info",
-                        "TF32 is off in this process for fp32 matmuls (torch's default); turbotrain runs turn it on "
-                        "(precision.tf32 = true)",
-                        "in your own loop: torch.set_float32_matmul_precision('high')",
-                    )
-                )
-        else:
-            add(Check("TF32", "info", "this GPU has no TF32 tensor cores (compute capability < 8.0)"))
-        if all(g["flash_attention"] for g in gpus):
-            add(
-                Check(
-                    "flash attention",
-                    "ok",
-                    "SDPA flash attention kernels available (model.attention = 'sdpa')",
-                )
-            )
-        else:
-            add(
-                Check(
-                    "flash attention",
-                    "info",
-                    "no flash attention kernel here (needs compute capability >= 8.0 and the "
-                    "flash SDPA backend enabled); SDPA falls back to memory-efficient or math kernels",
-                )
-            )
-        if env["packages"].get("triton") is None:
-            add(
-                Check(
-                    "torch.compile",
-                    "warn",
-                    "triton is not installed: torch.compile cannot generate GPU kernels",
-                    "pip install triton, or run with --compile.scope=off",
-                )
-            )
     else:
-        add(
+        checks.append(
             Check(
-                "bf16",
-                "skip",
-                f"{GPU_ONLY}; on CPU precision auto uses fp32 (bf16 autocast is often many times slower there)",
+                "flash attention",
+                "info",
+                "no flash attention kernel here (needs compute capability >= 8.0 and the "
+                "flash SDPA backend enabled); SDPA falls back to memory-efficient or math kernels",
             )
         )
-        add(Check("TF32", "skip", f"{GPU_ONLY} (TF32 is a tensor-core format)"))
-        add(fp8_check([], env["packages"].get("torchao")))
-        add(Check("flash attention", "skip", f"{GPU_ONLY}; on CPU SDPA uses its CPU kernels"))
+    if env["packages"].get("triton") is None:
+        checks.append(
+            Check(
+                "torch.compile",
+                "warn",
+                "triton is not installed: torch.compile cannot generate GPU kernels",
+                "pip install triton, or run with --compile.scope=off",
+            )
+        )
+    return checks
 
-    # NVML and a busy GPU
-    nvml = env["nvml"]
+
+def _bf16_check(gpus: list[dict[str, Any]]) -> Check:
+    """bf16 on every GPU, else fp16 with a GradScaler."""
+    old = [g for g in gpus if not g["bf16"]]
+    if not old:
+        return Check("bf16", "ok", "bf16 supported: precision auto uses bf16-mixed")
+    return Check(
+        "bf16",
+        "warn",
+        f"{old[0]['name']} (compute capability {old[0]['compute_capability']}) has no bf16: "
+        "precision auto will use fp16-mixed with a GradScaler",
+        "nothing to do; fp16 + loss scaling is handled, or use a GPU with compute capability >= 8.0 for bf16",
+    )
+
+
+def _tf32_check(env: dict[str, Any]) -> Check:
+    """TF32 tensor cores, and whether this process has TF32 matmuls on."""
+    if not all(g["tf32"] for g in env["gpus"]):
+        return Check("TF32", "info", "this GPU has no TF32 tensor cores (compute capability < 8.0)")
+    if env["backends"]["matmul_tf32"] or env["backends"]["float32_matmul_precision"] != "highest":
+        return Check("TF32", "ok", "TF32 matmuls are on for fp32 work")
+    return Check(
+        "TF32",
+        "info",
+        "TF32 is off in this process for fp32 matmuls (torch's default); turbotrain runs turn it on "
+        "(precision.tf32 = true)",
+        "in your own loop: torch.set_float32_matmul_precision('high')",
+    )
+
+
+def _cpu_precision_checks(env: dict[str, Any]) -> list[Check]:
+    """Without a GPU the precision checks are skipped, saying what CPU runs do instead."""
+    return [
+        Check(
+            "bf16",
+            "skip",
+            f"{GPU_ONLY}; on CPU precision auto uses fp32 (bf16 autocast is often many times slower there)",
+        ),
+        Check("TF32", "skip", f"{GPU_ONLY} (TF32 is a tensor-core format)"),
+        fp8_check([], env["packages"].get("torchao")),
+        Check("flash attention", "skip", f"{GPU_ONLY}; on CPU SDPA uses its CPU kernels"),
+    ]
+
+
+def _nvml_checks(env: dict[str, Any]) -> list[Check]:
+    """NVML sampling, and whether another process already uses a GPU."""
+    nvml, gpus = env["nvml"], env["gpus"]
     if not nvml["available"]:
-        level = "warn" if gpus else "skip"
-        add(
+        checks = [
             Check(
                 "NVML",
-                level,
+                "warn" if gpus else "skip",
                 nvml["detail"] + ("" if gpus else "; GPU utilisation, power and temperature are not sampled"),
                 "install nvidia-ml-py and an NVIDIA driver" if gpus else "",
             )
-        )
-        if not gpus:
-            add(Check("GPU busy", "skip", f"{GPU_ONLY} and NVML"))
-    else:
-        add(
-            Check(
-                "NVML",
-                "ok",
-                f"NVML works (driver {nvml.get('driver')}): utilisation, power and temperature are sampled",
-            )
-        )
-        busy = [
-            g
-            for g in nvml.get("gpus", [])
-            if (g.get("util_pct") or 0) > 10 or len(g.get("processes", [])) > 0
         ]
-        if busy:
-            g = busy[0]
-            add(
-                Check(
-                    "GPU busy",
-                    "warn",
-                    f"{g['name']} (NVML index {g['nvml_index']}) is already in use: {g.get('util_pct')}% "
-                    f"utilisation, {len(g.get('processes', []))} process(es), {g.get('mem_used_gib')} GiB used",
-                    "stop the other jobs or pick a free GPU with CUDA_VISIBLE_DEVICES; shared GPUs give slower, noisy runs",
-                )
-            )
-        else:
-            add(Check("GPU busy", "ok", "no other process is using the GPU(s)"))
+        if not gpus:
+            checks.append(Check("GPU busy", "skip", f"{GPU_ONLY} and NVML"))
+        return checks
+    nvml_ok = Check(
+        "NVML",
+        "ok",
+        f"NVML works (driver {nvml.get('driver')}): utilisation, power and temperature are sampled",
+    )
+    busy = [
+        g for g in nvml.get("gpus", []) if (g.get("util_pct") or 0) > 10 or len(g.get("processes", [])) > 0
+    ]
+    if not busy:
+        return [nvml_ok, Check("GPU busy", "ok", "no other process is using the GPU(s)")]
+    g = busy[0]
+    return [
+        nvml_ok,
+        Check(
+            "GPU busy",
+            "warn",
+            f"{g['name']} (NVML index {g['nvml_index']}) is already in use: {g.get('util_pct')}% "
+            f"utilisation, {len(g.get('processes', []))} process(es), {g.get('mem_used_gib')} GiB used",
+            "stop the other jobs or pick a free GPU with CUDA_VISIBLE_DEVICES; shared GPUs give slower, noisy runs",
+        ),
+    ]
 
-    # CPU side: data loading and threads
-    if gpus:
-        per_gpu = cores // max(1, len(gpus))
-        workers = max(1, min(8, cores // 2))
-        if per_gpu < 4:
-            add(
-                Check(
-                    "DataLoader workers",
-                    "warn",
-                    f"only {cores} usable CPU core(s) for {len(gpus)} GPU(s): "
-                    f"about {per_gpu} per GPU, too few for DataLoader workers to keep up with a fast GPU",
-                    "use a pre-tokenized .bin dataset (memory-mapped, cheap to load) or a machine with more cores",
-                )
-            )
-        else:
-            add(
-                Check(
-                    "DataLoader workers",
-                    "ok",
-                    f"{cores} usable cores: data.num_workers auto will use {workers} per process",
-                )
-            )
-    else:
-        add(
-            Check(
-                "DataLoader workers",
-                "info",
-                f"{cores} usable CPU core(s); on CPU batches load in the training process "
-                "when there are 4 cores or fewer (workers would compete with the compute threads)",
-            )
+
+def _workers_check(env: dict[str, Any]) -> Check:
+    """Enough CPU cores per GPU for the DataLoader workers to keep up."""
+    gpus, cores = env["gpus"], env["cpu"]["usable_cores"]
+    if not gpus:
+        return Check(
+            "DataLoader workers",
+            "info",
+            f"{cores} usable CPU core(s); on CPU batches load in the training process "
+            "when there are 4 cores or fewer (workers would compete with the compute threads)",
         )
-    threads = env["torch_threads"]
+    per_gpu = cores // max(1, len(gpus))
+    if per_gpu < 4:
+        return Check(
+            "DataLoader workers",
+            "warn",
+            f"only {cores} usable CPU core(s) for {len(gpus)} GPU(s): "
+            f"about {per_gpu} per GPU, too few for DataLoader workers to keep up with a fast GPU",
+            "use a pre-tokenized .bin dataset (memory-mapped, cheap to load) or a machine with more cores",
+        )
+    workers = max(1, min(8, cores // 2))
+    return Check(
+        "DataLoader workers",
+        "ok",
+        f"{cores} usable cores: data.num_workers auto will use {workers} per process",
+    )
+
+
+def _threads_check(env: dict[str, Any]) -> Check:
+    """torch's intra-op threads against the usable cores."""
+    threads, cores = env["torch_threads"], env["cpu"]["usable_cores"]
     if threads > cores:
-        add(
-            Check(
-                "torch threads",
-                "warn",
-                f"torch uses {threads} threads but only {cores} cores are usable: oversubscribed",
-                f"export OMP_NUM_THREADS={cores} or call torch.set_num_threads({cores})",
-            )
+        return Check(
+            "torch threads",
+            "warn",
+            f"torch uses {threads} threads but only {cores} cores are usable: oversubscribed",
+            f"export OMP_NUM_THREADS={cores} or call torch.set_num_threads({cores})",
         )
-    else:
-        add(Check("torch threads", "ok", f"torch uses {threads} of {cores} usable core(s) for CPU ops"))
-    return checks
+    return Check("torch threads", "ok", f"torch uses {threads} of {cores} usable core(s) for CPU ops")

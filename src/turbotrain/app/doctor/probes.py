@@ -73,77 +73,65 @@ def run_probes(device: torch.device | str | None = None, *, quick: bool = False)
     ``quick`` shrinks sizes for tests. Takes a few seconds.
     """
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    return _gpu_probes(device, quick) if device.type == "cuda" else _cpu_probes(device, quick)
+
+
+def _matmul_tflops_tf32(device: torch.device, dtype: torch.dtype, size: int, tf32: bool) -> float:
+    """:func:`measure_matmul_tflops` with TF32 matmuls set to ``tf32`` for the measurement only."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        return measure_matmul_tflops(device, dtype, size)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def _gpu_probes(device: torch.device, quick: bool) -> list[ProbeResult]:
+    """The GPU's matmuls (bf16 where supported, fp32, TF32), device copy and host-to-device copy."""
+    name = torch.cuda.get_device_name(device)
+    spec = lookup_peak(name)
+    size, mib = (1024, 64) if quick else (8192, 1024)
     results: list[ProbeResult] = []
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        spec = lookup_peak(name)
-        size, mib = (1024, 64) if quick else (8192, 1024)
-        for label, dtype, key, tf32 in (
-            ("matmul bf16", torch.bfloat16, "bf16", False),
-            ("matmul fp32", torch.float32, "fp32", False),
-            ("matmul tf32", torch.float32, "tf32", True),
-        ):
-            if dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
-                continue
-            previous = torch.backends.cuda.matmul.allow_tf32
-            torch.backends.cuda.matmul.allow_tf32 = tf32
-            try:
-                value = measure_matmul_tflops(device, dtype, size)
-            finally:
-                torch.backends.cuda.matmul.allow_tf32 = previous
-            results.append(
-                ProbeResult(
-                    label,
-                    name,
-                    value,
-                    "TFLOP/s",
-                    spec.peak_tflops(key) if spec else None,
-                    f"{size}x{size}, median of 10",
-                )
-            )
-        results.append(
-            ProbeResult(
-                "device copy",
-                name,
-                measure_copy_gbs(device, mib),
-                "GB/s",
-                spec.mem_bandwidth_gbs if spec else None,
-                f"{mib} MiB, read + write bytes",
-            )
+    for label, dtype, key, tf32 in (
+        ("matmul bf16", torch.bfloat16, "bf16", False),
+        ("matmul fp32", torch.float32, "fp32", False),
+        ("matmul tf32", torch.float32, "tf32", True),
+    ):
+        if dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+            continue
+        value = _matmul_tflops_tf32(device, dtype, size, tf32)
+        sheet = spec.peak_tflops(key) if spec else None
+        results.append(ProbeResult(label, name, value, "TFLOP/s", sheet, f"{size}x{size}, median of 10"))
+    copy_gbs = measure_copy_gbs(device, mib)
+    sheet_gbs = spec.mem_bandwidth_gbs if spec else None
+    results.append(
+        ProbeResult("device copy", name, copy_gbs, "GB/s", sheet_gbs, f"{mib} MiB, read + write bytes")
+    )
+    h2d_mib = min(mib, 256)
+    results.append(
+        ProbeResult(
+            "host-to-device copy",
+            name,
+            measure_h2d_gbs(device, h2d_mib),
+            "GB/s",
+            None,
+            f"{h2d_mib} MiB pinned, non_blocking",
         )
-        results.append(
-            ProbeResult(
-                "host-to-device copy",
-                name,
-                measure_h2d_gbs(device, min(mib, 256)),
-                "GB/s",
-                None,
-                f"{min(mib, 256)} MiB pinned, non_blocking",
-            )
-        )
-        torch.cuda.empty_cache()
-    else:
-        name = cpu_model()
-        size, mib = (256, 16) if quick else (2048, 256)
-        threads = torch.get_num_threads()
-        results.append(
-            ProbeResult(
-                "matmul fp32",
-                name,
-                measure_matmul_tflops(device, torch.float32, size, repeats=5),
-                "TFLOP/s",
-                None,
-                f"{size}x{size}, {threads} thread(s), median of 5",
-            )
-        )
-        results.append(
-            ProbeResult(
-                "memory copy",
-                name,
-                measure_copy_gbs(device, mib, repeats=5),
-                "GB/s",
-                None,
-                f"{mib} MiB, read + write bytes, median of 5",
-            )
-        )
+    )
+    torch.cuda.empty_cache()
     return results
+
+
+def _cpu_probes(device: torch.device, quick: bool) -> list[ProbeResult]:
+    """The CPU's fp32 matmul and memory copy (no datasheet figure)."""
+    name = cpu_model()
+    size, mib = (256, 16) if quick else (2048, 256)
+    threads = torch.get_num_threads()
+    tflops = measure_matmul_tflops(device, torch.float32, size, repeats=5)
+    gbs = measure_copy_gbs(device, mib, repeats=5)
+    return [
+        ProbeResult(
+            "matmul fp32", name, tflops, "TFLOP/s", None, f"{size}x{size}, {threads} thread(s), median of 5"
+        ),
+        ProbeResult("memory copy", name, gbs, "GB/s", None, f"{mib} MiB, read + write bytes, median of 5"),
+    ]

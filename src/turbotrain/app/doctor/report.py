@@ -26,12 +26,17 @@ def _num(value: float) -> str:
 
 def format_report(report: dict[str, Any]) -> str:
     """Plain text (Markdown-friendly) to paste into a bug report."""
-    env = report["env"]
+    lines = ["## turbotrain doctor", "", "### Environment", *_env_lines(report["env"])]
+    lines += ["", "### Checks", *_check_lines(report["checks"])]
+    if "probes" in report:
+        lines += ["", "### Probes (median)", *_probe_lines(report["probes"])]
+    return "\n".join(lines)
+
+
+def _env_lines(env: dict[str, Any]) -> list[str]:
+    """The environment: versions, CPU, RAM, NVML, GPUs, distributed, packages and env vars."""
     cpu = env["cpu"]
     lines = [
-        "## turbotrain doctor",
-        "",
-        "### Environment",
         f"- turbotrain: {env['turbotrain']}",
         f"- Python: {env['python']} ({env['platform']})",
         f"- torch: {env['torch']} (CUDA build: {env['cuda'] or 'none'}, cuDNN: {env['cudnn'] or 'n/a'}, NCCL: {env['nccl'] or 'n/a'})",
@@ -40,24 +45,8 @@ def format_report(report: dict[str, Any]) -> str:
         f"({cpu['capability']}), torch threads {env['torch_threads']}",
         f"- RAM: {env['ram_gib']} GiB",
         f"- NVML: {'ok' if env['nvml']['available'] else env['nvml']['detail']}",
+        *(_gpu_lines(env["gpus"]) if env["gpus"] else ["- GPUs: none visible to torch"]),
     ]
-    if env["gpus"]:
-        for g in env["gpus"]:
-            feats = ", ".join(
-                f"{k} {'yes' if g[k] else 'no'}" for k in ("bf16", "tf32", "fp8", "flash_attention")
-            )
-            lines.append(
-                f"- GPU {g['index']}: {g['name']}, compute capability {g['compute_capability']}, "
-                f"{g['memory_gib']} GiB; {feats}"
-            )
-            spec = g["datasheet"]
-            lines.append(
-                f"    datasheet: {spec['bf16_tflops']} TFLOP/s bf16 dense, {spec['mem_bandwidth_gbs']:.0f} GB/s"
-                if spec
-                else "    datasheet: unknown device (MFU will be left out)"
-            )
-    else:
-        lines.append("- GPUs: none visible to torch")
     d = env["distributed"]
     lines.append(
         f"- torch.distributed: {', '.join(d['backends']) or 'unavailable'}"
@@ -72,23 +61,52 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append(f"- packages: {installed}")
     if env["env"]:
         lines.append("- env: " + ", ".join(f"{k}={v}" for k, v in env["env"].items()))
-    lines += ["", "### Checks"]
+    return lines
+
+
+def _gpu_lines(gpus: list[dict[str, Any]]) -> list[str]:
+    """Two lines per GPU: its features, then its datasheet figures."""
+    lines = []
+    for g in gpus:
+        feats = ", ".join(
+            f"{k} {'yes' if g[k] else 'no'}" for k in ("bf16", "tf32", "fp8", "flash_attention")
+        )
+        lines.append(
+            f"- GPU {g['index']}: {g['name']}, compute capability {g['compute_capability']}, "
+            f"{g['memory_gib']} GiB; {feats}"
+        )
+        spec = g["datasheet"]
+        lines.append(
+            f"    datasheet: {spec['bf16_tflops']} TFLOP/s bf16 dense, {spec['mem_bandwidth_gbs']:.0f} GB/s"
+            if spec
+            else "    datasheet: unknown device (MFU will be left out)"
+        )
+    return lines
+
+
+def _check_lines(checks: list[dict[str, str]]) -> list[str]:
+    """One line per check with its level mark and fix, then the names that could not be checked."""
     marks = {"ok": "OK  ", "info": "INFO", "warn": "WARN", "error": "FAIL", "skip": "SKIP"}
-    for c in report["checks"]:
+    lines = []
+    for c in checks:
         lines.append(f"- [{marks[c['level']]}] {c['name']}: {c['finding']}")
         if c["fix"]:
             lines.append(f"    fix: {c['fix']}")
-    skipped = [c["name"] for c in report["checks"] if c["level"] == "skip"]
+    skipped = [c["name"] for c in checks if c["level"] == "skip"]
     if skipped:
         lines.append(f"Not checked on this machine (no GPU/NVML): {', '.join(skipped)}.")
-    if "probes" in report:
-        lines += ["", "### Probes (median)"]
-        for p in report["probes"]:
-            sheet = p["datasheet"]
-            beside = (
-                f" vs datasheet {_num(sheet)} {p['unit']} ({100 * p['fraction_of_datasheet']:.0f}%)"
-                if sheet
-                else " (no datasheet figure)"
-            )
-            lines.append(f"- {p['name']}: {_num(p['value'])} {p['unit']}{beside} [{p['detail']}]")
-    return "\n".join(lines)
+    return lines
+
+
+def _probe_lines(probes: list[dict[str, Any]]) -> list[str]:
+    """One line per probe, beside its datasheet figure where there is one."""
+    lines = []
+    for p in probes:
+        sheet = p["datasheet"]
+        beside = (
+            f" vs datasheet {_num(sheet)} {p['unit']} ({100 * p['fraction_of_datasheet']:.0f}%)"
+            if sheet
+            else " (no datasheet figure)"
+        )
+        lines.append(f"- {p['name']}: {_num(p['value'])} {p['unit']}{beside} [{p['detail']}]")
+    return lines
