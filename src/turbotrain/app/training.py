@@ -62,43 +62,25 @@ from ..loop.checkpoint import (
     run_state,
 )
 from ..loop.checkpoint.remote import MirrorHook, RemoteMirror, remote_store
-from ..loop.early_stop import EarlyStopping, watch_for
+from ..loop.early_stop import EarlyStopping, MetricWatch, watch_for
 from ..loop.fit import fit
 from ..loop.hooks import FitContext, Hook, StopAfter, StopOnSignal
 from ..loop.monitor import Monitor
+from ..loop.monitor.sinks import JsonlSink
 from ..loop.run_hooks import build_hooks, build_monitor, monitor_plan
-from ..parts.data import resolve_loader_settings
+from ..parts.data import LoaderSettings, resolve_loader_settings
 from ..parts.models.spec import LossFn, ModelSpec, RunData
 from ..tools.memory import memory_summary, resolve_batch_size
 from .experts_growth import growth_stops, model_config, stopped_to_grow
-from .prepare import (
-    PreparedRun,
-    StoppedBySignal,
-    plan_run,
-    prepare_config,
-    resolve_accumulation,
-    stop_startup,
-)
+from .prepare import PreparedRun, plan_run, prepare_config, stop_startup
 from .report import read_metrics, write_summary
-from .resume import check_epochs_batch, check_resume_batch, resume_from
+from .resume import resume_from
 from .run_settings import resolve_epochs, scale_lr, warn_long_warmup
 from .summary import RunFacts
 from .tracking import engine_facts
 
-# the names callers import from here (the prepare step moved to .prepare, the resume checks to .resume)
-__all__ = [
-    "StoppedBySignal",
-    "Training",
-    "build_training",
-    "check_epochs_batch",
-    "check_resume_batch",
-    "plan_run",
-    "resolve_accumulation",
-    "stop_startup",
-    "stopped_by_signal",
-    "train",
-    "train_prepared",
-]
+# plan_run: the prepare step's, which callers still import from here
+__all__ = ["Training", "build_training", "plan_run", "stopped_by_signal", "train", "train_prepared"]
 
 log = logging.getLogger(__name__)
 
@@ -223,20 +205,19 @@ def build_training(
     if early is not None and not run.config.model.workload and spec.metrics_fn() is None:
         early.require_known(["val_loss"])
     main = run.main  # under torchrun rank 0 alone writes the run's shared files and prints
-    store = (
-        remote_store(run.config, run_dir) if main else None
-    )  # run.remote refuses: one line, before the work
+    # run.remote refuses: one line, before the work
+    store = remote_store(run.config, run_dir) if main else None
     show = (run.settings.monitor.progress if progress is None else progress) and main
     a = assemble(run, show)
-    c, data, loss_fn, t = a.config, a.data, a.loss_fn, a.trainable
-    engine, model, optimizer = t.engine, t.model, t.optimizer
+    c, data, t = a.config, a.data, a.trainable
+    engine = t.engine
     rank, world = engine.strategy.rank, engine.strategy.world
     # the config rides along for reference only: a resume reads config.toml
     watch = watch_for(c.best)  # early stopping / the best checkpoint
     state = run_state(
         engine,
-        model,
-        optimizer,
+        t.model,
+        t.optimizer,
         t.scheduler,
         config=(lambda: to_toml(c), lambda _: None),
         optional={"best": watch} if watch is not None else None,
@@ -254,6 +235,43 @@ def build_training(
     )
     loader = engine.setup_loader(data.loader(c, settings, engine.state.batches, rank, world))
     val_batches, example = data.val_batches(c, rank, world), data.example(c)
+    resolved = _resolved(a, spec, settings)
+    monitor, jsonl = build_monitor(
+        engine,
+        a.plain,
+        example,
+        # the other ranks measure but write nothing
+        monitor_plan(c, run_dir if main else None, progress_steps=c.train.max_steps if show else None),
+        loss_fn=a.loss_fn,
+    )
+    # reading the example and counting FLOPs (a forward: dropout, a user's augmentation) drew from them
+    set_rng_state(first_step_draws)
+    hooks = _run_hooks(run, a, monitor, jsonl, state, watch, val_batches)
+    mirror = RemoteMirror(store, run_dir, c.train.keep_last) if store is not None else None
+    if mirror is not None:
+        hooks.append(MirrorHook(mirror))  # after the Checkpointer and the best checkpoint
+    return Training(
+        c,
+        run_dir,
+        spec,
+        engine,
+        t.model,
+        t.optimizer,
+        data,
+        loader,
+        hooks,
+        monitor,
+        state,
+        resolved,
+        resumed_from,
+        mirror,
+    )
+
+
+def _resolved(a: Assembled, spec: ModelSpec, settings: LoaderSettings) -> dict[str, Any]:
+    """What the run's 'auto' settings and its assembly resolved to (config.toml's header, summary.json)."""
+    c, engine = a.config, a.trainable.engine
+    world = engine.strategy.world
     resolved = {
         "device": str(engine.device),
         "precision": engine.precision.name,
@@ -268,11 +286,11 @@ def build_training(
         "pin_memory": settings.pin_memory,
         "model_family": spec.name,
         **spec.facts(c, a.plain),
-        "data": data.description,
+        "data": a.data.description,
         "global_batch": c.batch.micro * c.batch.accumulation * world,
         "strategy": engine.strategy.name,
         "world_size": world,
-        **data.facts,
+        **a.data.facts,
     }
     if a.batch_search is not None:
         resolved["batch_search"] = a.batch_search.to_dict()
@@ -280,35 +298,40 @@ def build_training(
         resolved["fp8_layers"] = a.fp8_plan  # summary.md's "fp8 per layer" table
     if a.lr_note:
         resolved["lr_scaling"] = a.lr_note
+    return resolved
 
-    monitor, jsonl = build_monitor(
-        engine,
-        a.plain,
-        example,
-        # the other ranks measure but write nothing
-        monitor_plan(c, run_dir if main else None, progress_steps=c.train.max_steps if show else None),
-        loss_fn=loss_fn,
-    )
-    # reading the example and counting FLOPs (a forward: dropout, a user's augmentation) drew from them
-    set_rng_state(first_step_draws)
-    hooks = build_hooks(
+
+def _run_hooks(
+    run: PreparedRun,
+    a: Assembled,
+    monitor: Monitor,
+    jsonl: JsonlSink | None,
+    state: RunState,
+    watch: MetricWatch | None,
+    val_batches: list[Any] | None,
+) -> list[Hook]:
+    """The run's hooks in order: the stops, evaluation, the schedule, experts, epochs, checkpoints."""
+    c, engine = a.config, a.trainable.engine
+    world = engine.strategy.world
+    # data parallel: the ranks agree on a signal every log_every steps, so they stop together
+    stops = [
+        StopOnSignal(engine.strategy.any_rank if world > 1 else None, c.monitor.log_every),
+        StopAfter(c.train.stop_after_steps),
+        *growth_stops(c),  # moe.grow_at_step: stop there; train_prepared resumes with more experts
+    ]
+    return build_hooks(
         monitor,
-        # data parallel: the ranks agree on a signal every log_every steps, so they stop together
-        stops=[
-            StopOnSignal(engine.strategy.any_rank if world > 1 else None, c.monitor.log_every),
-            StopAfter(c.train.stop_after_steps),
-            *growth_stops(c),  # moe.grow_at_step: stop there; train_prepared resumes with more experts
-        ],
+        stops=stops,
         eval_batches=val_batches,
         eval_every=c.train.eval_every,
-        loss_fn=loss_fn,
-        metrics_fn=spec.metrics_fn(),
-        scheduler=t.scheduler,
+        loss_fn=a.loss_fn,
+        metrics_fn=run.spec.metrics_fn(),
+        scheduler=a.trainable.scheduler,
         experts_model=a.plain,
-        experts_dir=run_dir if main else None,
+        experts_dir=run.run_dir if run.main else None,
         epochs=a.epochs,
         checkpointer=Checkpointer(
-            run_dir / CHECKPOINTS,
+            run.run_dir / CHECKPOINTS,
             c.train.checkpoint_every,
             c.train.keep_last,
             state,  # every rank: ddp/fsdp save together
@@ -318,25 +341,6 @@ def build_training(
         watch=watch,
         patience=c.best.patience,
         keep_best=c.best.checkpoint,
-    )
-    mirror = RemoteMirror(store, run_dir, c.train.keep_last) if store is not None else None
-    if mirror is not None:
-        hooks.append(MirrorHook(mirror))  # after the Checkpointer and the best checkpoint
-    return Training(
-        c,
-        run_dir,
-        spec,
-        engine,
-        model,
-        optimizer,
-        data,
-        loader,
-        hooks,
-        monitor,
-        state,
-        resolved,
-        resumed_from,
-        mirror,
     )
 
 
