@@ -220,6 +220,7 @@ class Built:
     run_dir: Path
     workload: Workload | None = None
     batch_search: dict[str, Any] | None = None  # the batch finder's answer (preset with batch.micro = auto)
+    files: list[Any] = field(default_factory=list)  # what holds the run's token files open: closed by release
 
     @property
     def flops_per_sample(self) -> float | None:
@@ -259,10 +260,11 @@ def build(target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_d
     engine.set_accumulation(1)
     engine.set_split(accumulation)
     block = spec.seq_len(config)
-    parity = []
+    parity, files = [], [train, a.data]
     if len(source.val) > block + 1:
         val = TokenWindows(source.val, block)
         parity = fixed_batches(val, PARITY_BATCH, PARITY_BATCHES, seed=config.run.seed + 1)
+        files.append(val)
     return Built(
         target,
         config,
@@ -289,6 +291,7 @@ def build(target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_d
         "tokens/s",
         run_dir,
         batch_search=a.batch_search.to_dict() if a.batch_search is not None else None,
+        files=files,
     )
 
 
@@ -536,8 +539,11 @@ def parity_loss(built: Built) -> float | None:
 
 
 def release(built: Built) -> None:
-    """Drop the run's loader workers and memory (before the next run in this process)."""
+    """Drop the run's loader workers and memory and close its token files (before the next run
+    in this process)."""
     built.monitor.close()
+    for f in built.files:
+        f.close()
     built.loader = built.data = None  # type: ignore[assignment]
     gc.collect()
     if built.engine.device.type == "cuda":
