@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader
 
 from ...base.config import RunConfig
@@ -95,23 +96,12 @@ def tune(target: Target, options: TuneOptions, out: Path | None, log: Log) -> di
     g = global_batch(base, target)
     folder, resuming = open_run_dir(target, base)
     runner = ProcessRunner(target, folder, options, status=lambda line: log(line, transient=True))
-    fixed = fixed_keys(target)
     space, fits = None, None
     if resuming:
         stored = saved_space(folder)
         space = [Dim(d["key"], tuple(d["choices"]), d["base"]) for d in stored] if stored else None
     if space is None:
-        micros = None
-        if not target.is_workload and MICRO not in fixed and "batch.accumulation" not in fixed:
-            log(
-                "batch finder: the largest micro-batch that fits, bounding the micro-batch choices",
-                transient=True,
-            )
-            found = runner.find({"batch": {"micro": "auto", "global_size": g, "accumulation": 1}})
-            fits = int(found["found"])
-            micros = micro_choices(g, fits)
-            log(f"batch finder: micro-batch {found['found']} fits; trying {', '.join(map(str, micros))}")
-        space = build_space(base, device, facts, fixed, micros)
+        space, fits = _new_space(target, base, device, facts, runner, g, log)
     if not space:
         raise ConfigError(
             "nothing to search: every setting tune would try is fixed on the command line or has one value here"
@@ -134,6 +124,43 @@ def tune(target: Target, options: TuneOptions, out: Path | None, log: Log) -> di
         f"tune {target.label} on {device}: {options.trials} trials of {options.warmup} warm-up + {options.steps} timed steps, "
         f"searching {', '.join(d.key for d in space)} ({folder})"
     )
+    interrupted, confirmation, stopped = _run_study(study, options)
+    doc = write_outputs(study, folder, out, device.type, confirmation)
+    doc["interrupted"] = interrupted
+    doc["resume"] = f"--run.out_dir={folder.parent} --run.name={folder.name}"
+    if stopped is not None:
+        raise StudyStopped(f"{stopped} (trials so far: {folder / JSON_FILE})") from None
+    return doc
+
+
+def _new_space(
+    target: Target,
+    base: RunConfig,
+    device: torch.device,
+    facts: ModelFacts,
+    runner: ProcessRunner,
+    g: int,
+    log: Log,
+) -> tuple[list[Dim], int | None]:
+    """A new study's search space, and the micro-batch the batch finder found to fit (None when
+    the micro-batch is not searched: a workload's, or fixed on the command line)."""
+    fixed = fixed_keys(target)
+    micros, fits = None, None
+    if not target.is_workload and MICRO not in fixed and "batch.accumulation" not in fixed:
+        log(
+            "batch finder: the largest micro-batch that fits, bounding the micro-batch choices",
+            transient=True,
+        )
+        found = runner.find({"batch": {"micro": "auto", "global_size": g, "accumulation": 1}})
+        fits = int(found["found"])
+        micros = micro_choices(g, fits)
+        log(f"batch finder: micro-batch {found['found']} fits; trying {', '.join(map(str, micros))}")
+    return build_space(base, device, facts, fixed, micros), fits
+
+
+def _run_study(study: Study, options: TuneOptions) -> tuple[str, dict[str, Any] | None, StudyStopped | None]:
+    """Run the trials, then confirm the best against the baseline: (the signal that interrupted
+    it or '', the confirmation, the reason that stopped the study)."""
     interrupted, confirmation, stopped = "", None, None
     try:
         study.run()
@@ -152,12 +179,7 @@ def tune(target: Target, options: TuneOptions, out: Path | None, log: Log) -> di
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one does not cut the files being written
     except StudyStopped as exc:
         stopped = exc
-    doc = write_outputs(study, folder, out, device.type, confirmation)
-    doc["interrupted"] = interrupted
-    doc["resume"] = f"--run.out_dir={folder.parent} --run.name={folder.name}"
-    if stopped is not None:
-        raise StudyStopped(f"{stopped} (trials so far: {folder / JSON_FILE})") from None
-    return doc
+    return interrupted, confirmation, stopped
 
 
 def write_outputs(
@@ -190,53 +212,75 @@ def write_outputs(
         "confirmation": confirmation,
     }
     if best is not None:
-        chosen = best
-        speedup = f", {best['throughput'] / baseline['throughput']:.2f}x the baseline" if baseline else ""
-        header = [
-            f"turbotrain tune: the fastest feasible of {study.counted()} trials on {device_type} "
-            f"(trial {best['number']}: {best['throughput']:,.0f} {unit}{speedup})"
-        ]
-        if confirmation is not None:
-            header.append(
-                f"re-measured against the baseline, {confirmation['repeats']} interleaved run(s) each: "
-                + (f"{confirmation['speedup']:.2f}x" if "speedup" in confirmation else "no figure")
-                + (
-                    " (confirmed)"
-                    if confirmation["confirmed"]
-                    else f" (under {confirmation['min_speedup']:.2f}x: within noise; these are the BASELINE's settings)"
-                )
-            )
-            if not confirmation["confirmed"] and baseline is not None:
-                chosen = baseline
-        header.append(f"searched: {', '.join(keys)}; study: {folder}")
-        config = best_config(study.target, chosen["params"], study.global_batch)
-        # the workload and the micro-batch it was measured with (its loader's unless searched)
-        if study.target.model:
-            micro = (
-                config.batch.micro
-                if "batch.micro" in chosen["params"]
-                else WorkloadSpec(study.target.model).micro_batch(config.run.seed)
-            )
-            config = config.replace(
-                model={"workload": study.target.model}, batch={"micro": micro or config.batch.micro}
-            )
-        header.append(
-            "train with: turbotrain train --preset THIS.toml"
-            if not study.target.is_workload
-            else f"train with: turbotrain train --model {study.target.model} --preset THIS.toml; an own loop: "
-            "Engine(turbotrain.load_config('THIS.toml'))"
-        )
-        path = out or folder / BEST_FILE
-        write_text(path, preset_text(config, header))
-        doc["preset"] = str(path)
-        doc["preset_trial"] = chosen["number"]
-        doc["speedup_over_baseline"] = best["throughput"] / baseline["throughput"] if baseline else None
+        doc.update(_write_preset(study, folder, out, device_type, best, baseline, confirmation, unit))
     write_text(folder / JSON_FILE, json.dumps(doc, indent=1, default=str) + "\n")
     write_text(
         folder / MD_FILE, f"## turbotrain tune: {study.target.label}\n\n" + trials_table(rows, keys) + "\n"
     )
     doc["plot"] = str(folder / PLOT_FILE) if write_plot(rows, limit, unit, folder / PLOT_FILE) else None
     return doc
+
+
+def _write_preset(
+    study: Study,
+    folder: Path,
+    out: Path | None,
+    device_type: str,
+    best: dict[str, Any],
+    baseline: dict[str, Any] | None,
+    confirmation: dict[str, Any] | None,
+    unit: str,
+) -> dict[str, Any]:
+    """Write the best preset (the baseline's settings when the confirmation did not find the best
+    faster), headed by how it was found; returns what the tune document says of it."""
+    chosen = best
+    speedup = f", {best['throughput'] / baseline['throughput']:.2f}x the baseline" if baseline else ""
+    header = [
+        f"turbotrain tune: the fastest feasible of {study.counted()} trials on {device_type} "
+        f"(trial {best['number']}: {best['throughput']:,.0f} {unit}{speedup})"
+    ]
+    if confirmation is not None:
+        header.append(
+            f"re-measured against the baseline, {confirmation['repeats']} interleaved run(s) each: "
+            + (f"{confirmation['speedup']:.2f}x" if "speedup" in confirmation else "no figure")
+            + (
+                " (confirmed)"
+                if confirmation["confirmed"]
+                else f" (under {confirmation['min_speedup']:.2f}x: within noise; these are the BASELINE's settings)"
+            )
+        )
+        if not confirmation["confirmed"] and baseline is not None:
+            chosen = baseline
+    header.append(f"searched: {', '.join(d.key for d in study.space)}; study: {folder}")
+    header.append(
+        "train with: turbotrain train --preset THIS.toml"
+        if not study.target.is_workload
+        else f"train with: turbotrain train --model {study.target.model} --preset THIS.toml; an own loop: "
+        "Engine(turbotrain.load_config('THIS.toml'))"
+    )
+    path = out or folder / BEST_FILE
+    write_text(path, preset_text(_preset_config(study, chosen), header))
+    return {
+        "preset": str(path),
+        "preset_trial": chosen["number"],
+        "speedup_over_baseline": best["throughput"] / baseline["throughput"] if baseline else None,
+    }
+
+
+def _preset_config(study: Study, chosen: dict[str, Any]) -> RunConfig:
+    """The full training config of the chosen trial; a workload's names the workload and the
+    micro-batch it was measured with (its loader's unless searched)."""
+    config = best_config(study.target, chosen["params"], study.global_batch)
+    if study.target.model:
+        micro = (
+            config.batch.micro
+            if "batch.micro" in chosen["params"]
+            else WorkloadSpec(study.target.model).micro_batch(config.run.seed)
+        )
+        config = config.replace(
+            model={"workload": study.target.model}, batch={"micro": micro or config.batch.micro}
+        )
+    return config
 
 
 def summary(doc: dict[str, Any]) -> str:

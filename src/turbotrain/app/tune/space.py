@@ -124,12 +124,7 @@ def build_space(
         )
     if facts.dataloader:
         workers = sorted({w for w in (0, 1, 2, 4, 8) if w <= max(2, cores)})
-        base_workers = (
-            base.data.num_workers
-            if base.data.num_workers >= 0
-            else (facts.loader_workers if facts.loader_workers is not None else default_num_workers(device))
-        )
-        add("data.num_workers", tuple(workers), base_workers)
+        add("data.num_workers", tuple(workers), _base_workers(base, device, facts))
     if facts.blocks:
         add("memory.checkpointing", CHECKPOINTING_MODES, base.memory.checkpointing)
     if not facts.own_optimizer:
@@ -143,6 +138,13 @@ def build_space(
             section, _, name = key.partition(".")
             add(key, choices, getattr(getattr(base, section), name))
     return dims
+
+
+def _base_workers(base: RunConfig, device: torch.device, facts: ModelFacts) -> int:
+    """The baseline's DataLoader workers: the config's, else the workload loader's, else the default."""
+    if base.data.num_workers >= 0:
+        return base.data.num_workers
+    return facts.loader_workers if facts.loader_workers is not None else default_num_workers(device)
 
 
 def applies(key: str, params: dict[str, Any]) -> bool:

@@ -48,6 +48,15 @@ STUDY_DB = "study.db"
 MEMORY_KEYS = ("precision.mode", "memory.checkpointing", "compile.scope", "model.attention", "model.loss")
 NOT_COUNTED = ("over budget", "predicted over budget", "oom", "invalid", "duplicate")
 CONSTRAINTS = ("memory", "loss_parity", "failed")  # each <= 0 when satisfied
+RESULT_ATTRS = (
+    "first_step_s",
+    "step_ms_median",
+    "precision",
+    "math_precision",
+    "recompiles_after_warmup",
+    "graph_breaks",
+    "data_wait_ms_per_step",
+)
 
 Log = Callable[..., None]
 __all__ = ["Outcome", "Runner", "Study", "TuneOptions", "require_optuna"]
@@ -147,7 +156,37 @@ class Study:
         """Create the study in ``run_dir/study.db``, or load it (a resume: the same target,
         space and trial settings are required)."""
         optuna = require_optuna()
-        storage = f"sqlite:///{self.run_dir / STUDY_DB}"
+        self.study = self._create_study(optuna)
+        o = self.options
+        identity = {
+            "target": self.target.to_dict(),
+            "space": [d.to_dict() for d in self.space],
+            "warmup": o.warmup,
+            "steps": o.steps,
+            "global_batch": self.global_batch,
+        }
+        saved = self.study.user_attrs.get("identity")
+        if saved is None:
+            self.study.set_user_attr("identity", json.loads(json.dumps(identity, default=str)))
+            self._enqueue_baselines()
+        elif saved != json.loads(json.dumps(identity, default=str)):
+            raise ConfigError(
+                f"{self.run_dir} holds a tune study of other settings (target, search space or trial "
+                "length differ); give another --run.name to start a new one"
+            )
+        else:
+            self.log(f"resuming the study in {self.run_dir}: {len(self.study.trials)} trial(s) so far")
+        for t in self.study.trials:  # left running by a process that died: they will never report
+            if t.state == optuna.trial.TrialState.RUNNING:
+                self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+        self.reference = self.study.user_attrs.get("reference")
+        for t in self.study.trials:
+            if "peak_bytes" in t.user_attrs or t.user_attrs.get("status") == "oom":
+                over = bool(t.user_attrs.get("over_budget"))
+                self.history.append(Measured(dict(t.params), t.user_attrs.get("peak_bytes"), over))
+
+    def _create_study(self, optuna: Any) -> Any:
+        """The Optuna study in SQLite (loaded if it exists): TPE with the constraints, and the pruner."""
         o = self.options
         self.legacy_constraints = not hasattr(optuna.trial.Trial, "set_constraint")  # Optuna < 5
         sampler = optuna.samplers.TPESampler(
@@ -166,50 +205,25 @@ class Study:
             if o.prune
             else optuna.pruners.NopPruner()
         )
-        self.study = optuna.create_study(
+        return optuna.create_study(
             study_name=STUDY_NAME,
-            storage=storage,
+            storage=f"sqlite:///{self.run_dir / STUDY_DB}",
             direction="maximize",
             sampler=sampler,
             pruner=pruner,
             load_if_exists=True,
         )
-        identity = {
-            "target": self.target.to_dict(),
-            "space": [d.to_dict() for d in self.space],
-            "warmup": o.warmup,
-            "steps": o.steps,
-            "global_batch": self.global_batch,
-        }
-        saved = self.study.user_attrs.get("identity")
-        if saved is None:
-            self.study.set_user_attr("identity", json.loads(json.dumps(identity, default=str)))
-            base = base_params(self.space)
-            self.study.enqueue_trial(base, user_attrs={"baseline": True})
-            micro = next((d for d in self.space if d.key == MICRO), None)
-            if micro is not None and self.fits_micro is not None and base.get(MICRO, 0) > self.fits_micro:
-                fitted = max((m for m in micro.choices if m <= self.fits_micro), default=None)
-                # the base settings do not fit: also their largest micro-batch that does
-                if fitted is not None:
-                    self.study.enqueue_trial({**base, MICRO: fitted}, user_attrs={"baseline": True})
-        elif saved != json.loads(json.dumps(identity, default=str)):
-            raise ConfigError(
-                f"{self.run_dir} holds a tune study of other settings (target, search space or trial "
-                "length differ); give another --run.name to start a new one"
-            )
-        else:
-            self.log(f"resuming the study in {self.run_dir}: {len(self.study.trials)} trial(s) so far")
-        for t in self.study.trials:  # left running by a process that died: they will never report
-            if t.state == optuna.trial.TrialState.RUNNING:
-                self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
-        self.reference = self.study.user_attrs.get("reference")
-        for t in self.study.trials:
-            if "peak_bytes" in t.user_attrs or t.user_attrs.get("status") == "oom":
-                self.history.append(
-                    Measured(
-                        dict(t.params), t.user_attrs.get("peak_bytes"), bool(t.user_attrs.get("over_budget"))
-                    )
-                )
+
+    def _enqueue_baselines(self) -> None:
+        """A new study's first trial: the base settings; when those do not fit, also the base
+        settings at their largest micro-batch that does (the batch finder's answer)."""
+        base = base_params(self.space)
+        self.study.enqueue_trial(base, user_attrs={"baseline": True})
+        micro = next((d for d in self.space if d.key == MICRO), None)
+        if micro is not None and self.fits_micro is not None and base.get(MICRO, 0) > self.fits_micro:
+            fitted = max((m for m in micro.choices if m <= self.fits_micro), default=None)
+            if fitted is not None:
+                self.study.enqueue_trial({**base, MICRO: fitted}, user_attrs={"baseline": True})
 
     def counted(self) -> int:
         return sum(1 for t in self.study.trials if t.user_attrs.get("counted"))
@@ -231,6 +245,8 @@ class Study:
         budget: int | None = None,
         windows: list[float] | None = None,
     ) -> None:
+        """Record a trial's outcome: its attributes and constraints, its memory for predictions,
+        and its value (throughput when feasible, else the penalty; pruned trials as PRUNED)."""
         optuna = require_optuna()
         result = result or {}
         loss = result.get("parity_loss")
@@ -246,6 +262,30 @@ class Study:
             and result.get("parity_loss") is not None
         ):
             self._set_reference(result)  # the baseline computes in fp32: it is the reference
+        attrs = self._judge(status, reason, result, peak, budget, windows)
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
+        if not self.legacy_constraints:
+            for k, v in zip(CONSTRAINTS, attrs["constraints"]):
+                trial.set_constraint(k, v)
+        if status in ("ok", "over budget", "predicted over budget", "oom") or peak is not None:
+            self.history.append(Measured(params, peak, bool(attrs["over_budget"])))
+        if status == "pruned":
+            self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        else:  # every other outcome is COMPLETE: feasible with its throughput, or the penalty
+            self.study.tell(trial, float(result["throughput"]) if attrs["feasible"] else PENALTY)
+
+    def _judge(
+        self,
+        status: str,
+        reason: str,
+        result: dict[str, Any],
+        peak: int | None,
+        budget: int | None,
+        windows: list[float] | None,
+    ) -> dict[str, Any]:
+        """A trial's attributes: its constraints (memory, loss parity, failure), whether it is
+        feasible, and what it measured."""
         limit = self._limit(budget)
         over = peak is not None and limit is not None and peak > limit
         mem = (
@@ -253,20 +293,11 @@ class Study:
             if (peak is not None and limit)
             else (1.0 if status in ("oom", "predicted over budget") else 0.0)
         )
-        parity, diff, tol = 0.0, None, None
-        ref = (self.reference or {}).get("parity_loss")
-        loss = result.get("parity_loss")
-        if ref is not None and _finite(ref) and loss is not None:
-            tol = loss_tolerance(
-                {"math_precision": result.get("math_precision")},
-                {"math_precision": "fp32", "final_loss": ref},
-            )
-            diff = loss - ref
-            parity = abs(diff) / tol - 1.0
+        parity, diff, tol = self._parity(result)
         failed = 0.0 if status in ("ok", "pruned", "over budget", "predicted over budget", "oom") else 1.0
         constraints = [mem, parity, failed]
         feasible = status == "ok" and all(c <= 0 for c in constraints)
-        attrs = {
+        return {
             "status": status
             if status != "ok" or feasible
             else ("loss parity" if parity > 0 else "over budget"),
@@ -279,7 +310,7 @@ class Study:
             "peak_bytes": peak,
             "budget_bytes": budget,
             "over_budget": over or status in ("oom", "predicted over budget"),
-            "parity_loss": loss,
+            "parity_loss": result.get("parity_loss"),
             "loss_diff": diff,
             "loss_tol": tol,
             "first_step_s": result.get("first_step_s"),
@@ -291,17 +322,19 @@ class Study:
             "graph_breaks": result.get("graph_breaks"),
             "data_wait_ms_per_step": result.get("data_wait_ms_per_step"),
         }
-        for k, v in attrs.items():
-            trial.set_user_attr(k, v)
-        if not self.legacy_constraints:
-            for k, v in zip(CONSTRAINTS, constraints):
-                trial.set_constraint(k, v)
-        if status in ("ok", "over budget", "predicted over budget", "oom") or peak is not None:
-            self.history.append(Measured(params, peak, bool(attrs["over_budget"])))
-        if status == "pruned":
-            self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        else:  # every other outcome is COMPLETE: feasible with its throughput, or the penalty
-            self.study.tell(trial, float(result["throughput"]) if feasible else PENALTY)
+
+    def _parity(self, result: dict[str, Any]) -> tuple[float, float | None, float | None]:
+        """(loss-parity constraint, loss - reference, tolerance): (0, None, None) without a reference."""
+        ref = (self.reference or {}).get("parity_loss")
+        loss = result.get("parity_loss")
+        if ref is None or not _finite(ref) or loss is None:
+            return 0.0, None, None
+        tol = loss_tolerance(
+            {"math_precision": result.get("math_precision")},
+            {"math_precision": "fp32", "final_loss": ref},
+        )
+        diff = loss - ref
+        return abs(diff) / tol - 1.0, diff, tol
 
     def _suggest(self, trial: Any) -> dict[str, Any]:
         params: dict[str, Any] = {}
@@ -311,41 +344,13 @@ class Study:
         return params
 
     def run_trial(self, trial: Any, index: int) -> None:
+        """Propose, then run the trial in its own process unless its settings are refused, repeat
+        an earlier trial's, or are predicted over the memory budget; record the outcome."""
         params = self._suggest(trial)
         name = f"trial-{trial.number:03d}"
         label = ", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in params.items())
         changes = to_changes(params, self.global_batch)
-        try:
-            self.target.config(changes)  # a combination the config refuses costs no process
-        except ConfigError as exc:
-            self._tell(trial, params, "invalid", reason=str(exc))
-            self.log(f"{name}: skipped, invalid: {exc}")
-            return
-        same = next(
-            (
-                t
-                for t in self.study.trials
-                if t.number != trial.number
-                and t.params == params
-                and t.state.name in ("COMPLETE", "PRUNED")
-                and t.user_attrs.get("status") != "duplicate"
-            ),
-            None,
-        )
-        if same is not None:
-            self._repeat(trial, same)
-            self.log(f"{name}: not run, the same settings as trial {same.number}; {label}", transient=True)
-            return
-        budget = (self.reference or {}).get("budget_bytes")
-        why = predicted_over(
-            params,
-            self.history,
-            self._limit(budget),
-            int(self.base.batch.micro) if isinstance(self.base.batch.micro, int) else 1,
-        )
-        if why:
-            self._tell(trial, params, "predicted over budget", reason=why, budget=budget)
-            self.log(f"{name}: not run, predicted over the memory budget ({why}); {label}")
+        if self._skipped(trial, params, changes, name, label):
             return
         self.log(f"{name} ({index}/{self.options.trials}): {label}", transient=True)
         outcome = self.runner.measure(
@@ -369,6 +374,41 @@ class Study:
                 f"reason no setting tune searches changes: {reason}; fix the workload, then run the same "
                 "command again"
             )
+
+    def _skipped(
+        self, trial: Any, params: dict[str, Any], changes: dict[str, Any], name: str, label: str
+    ) -> bool:
+        """Record and log a proposal that is not run (refused by the config, the same settings
+        as an earlier trial, predicted over the memory budget); True when it was one."""
+        try:
+            self.target.config(changes)  # a combination the config refuses costs no process
+        except ConfigError as exc:
+            self._tell(trial, params, "invalid", reason=str(exc))
+            self.log(f"{name}: skipped, invalid: {exc}")
+            return True
+        same = next(
+            (
+                t
+                for t in self.study.trials
+                if t.number != trial.number
+                and t.params == params
+                and t.state.name in ("COMPLETE", "PRUNED")
+                and t.user_attrs.get("status") != "duplicate"
+            ),
+            None,
+        )
+        if same is not None:
+            self._repeat(trial, same)
+            self.log(f"{name}: not run, the same settings as trial {same.number}; {label}", transient=True)
+            return True
+        budget = (self.reference or {}).get("budget_bytes")
+        base_micro = int(self.base.batch.micro) if isinstance(self.base.batch.micro, int) else 1
+        why = predicted_over(params, self.history, self._limit(budget), base_micro)
+        if why:
+            self._tell(trial, params, "predicted over budget", reason=why, budget=budget)
+            self.log(f"{name}: not run, predicted over the memory budget ({why}); {label}")
+            return True
+        return False
 
     def _repeat(self, trial: Any, same: Any) -> None:
         """A proposal identical to an earlier trial: its outcome again, not run and not counted."""
@@ -438,16 +478,17 @@ class Study:
             fits = [m for m in micro.choices if self.fits_micro is None or m <= self.fits_micro]
             params[MICRO] = max(fits) if fits else min(micro.choices)
         self.log("reference: the base settings in fp32, for loss parity", transient=True)
-        out = self.runner.measure(
-            "reference-fp32",
-            to_changes(params, self.global_batch),
-            lambda k, v: False,
-            lambda peak, budget: False,
-        )
+        out = self._measure_plain("reference-fp32", params)
         if out.status != "ok":
             self.log(f"reference run {out.status} ({out.reason}): loss parity is not checked")
         self._set_reference(
             {**(out.result if out.status == "ok" else {"budget_bytes": out.budget_bytes}), "tried": True}
+        )
+
+    def _measure_plain(self, name: str, params: dict[str, Any]) -> Outcome:
+        """Run ``params`` to the end: never pruned, never stopped for memory (reference, confirmation)."""
+        return self.runner.measure(
+            name, to_changes(params, self.global_batch), lambda k, v: False, lambda peak, budget: False
         )
 
     def _set_reference(self, result: dict[str, Any]) -> None:
@@ -489,14 +530,11 @@ class Study:
 
     def rows(self) -> list[dict[str, Any]]:
         """Every trial as a row: number, state, parameters and what it measured."""
-        out = []
-        for t in self.study.trials:
-            if t.state.name == "WAITING":
-                continue
-            out.append(
-                {"number": t.number, "state": t.state.name.lower(), "params": dict(t.params), **t.user_attrs}
-            )
-        return out
+        return [
+            {"number": t.number, "state": t.state.name.lower(), "params": dict(t.params), **t.user_attrs}
+            for t in self.study.trials
+            if t.state.name != "WAITING"
+        ]
 
     def confirm(self, best: dict[str, Any], repeats: int) -> dict[str, Any]:
         """Measure the best trial's settings against the baseline's again, ``repeats`` times each,
@@ -504,22 +542,14 @@ class Study:
         machine hits both alike), and compare medians: a trial can win on a quiet minute alone."""
         base_row = self.baseline_row()
         if base_row is None:
-            return {
-                "repeats": 0,
-                "confirmed": None,
-                "note": "no baseline trial was feasible: nothing to compare with",
-            }
+            note = "no baseline trial was feasible: nothing to compare with"
+            return {"repeats": 0, "confirmed": None, "note": note}
         baseline = base_row["params"]
         runs: dict[str, list[float]] = {"baseline": [], "best": []}
         for r, i in interleaved(2, repeats):
             label, params = ("baseline", baseline) if i == 0 else ("best", best["params"])
             self.log(f"confirming: {label} ({r + 1}/{repeats})", transient=True)
-            out = self.runner.measure(
-                f"confirm-{label}-{r + 1}",
-                to_changes(params, self.global_batch),
-                lambda k, v: False,
-                lambda peak, budget: False,
-            )
+            out = self._measure_plain(f"confirm-{label}-{r + 1}", params)
             if out.status == "ok":
                 runs[label].append(float(out.result["throughput"]))
         result: dict[str, Any] = {
