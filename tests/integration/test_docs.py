@@ -51,6 +51,7 @@ SKIPPED = {
     ". .venv/bin/activate": "the suite already runs inside the environment",
     "pip install": "installs packages (no network here): .ci/run runs the README's install",
     "python -m pytest -q": "the test suite itself",
+    "mkdocs serve": "serves the site until stopped; .ci/run builds it (mkdocs build --strict) and tests/unit/test_docs_reference.py checks its generated pages",
     "PORT=": "a shell variable for the two-node torchrun commands below it",
     "torchrun --standalone --nproc-per-node 2 tests/distributed/dp_worker.py": "tests/distributed/test_data_parallel.py "
     "launches this worker",
@@ -116,11 +117,11 @@ CHECKED = {
 # Python snippets: (page, first line) -> (code run before it, code run after it). A snippet that is
 # a fragment of a loop gets the objects it names; None = skipped, with the reason.
 PYTHON: dict[tuple[str, str], tuple[str, str] | str] = {
-    ("README.md", "def make() -> Workload:"): (
+    ("own-model.md", "def make() -> Workload:"): (
         "exec(Path('examples/workload_cnn.py').read_text())",
         "batch = next(iter(make().train_loader))",
     ),
-    ("README.md", "from turbotrain import Engine"): (
+    ("own-loop.md", "from turbotrain import Engine"): (
         "import torch\n"
         "class Regressor(torch.nn.Module):\n"
         "    def __init__(self):\n        super().__init__()\n        self.lin = torch.nn.Linear(8, 1)\n"
@@ -129,13 +130,13 @@ PYTHON: dict[tuple[str, str], tuple[str, str] | str] = {
         "loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 8), torch.randn(32, 1)), batch_size=4)",
         "assert engine.state.step == 2",
     ),
-    ("README.md", "from turbotrain import track"): (
+    ("own-loop.md", "from turbotrain import track"): (
         "import torch\nfrom turbotrain import Engine\nengine = Engine()\n"
         "model = torch.nn.Linear(8, 2)\nmodel, optimizer, _ = engine.setup(model, torch.optim.AdamW(model.parameters()))\n"
         "batch = torch.randn(4, 8)",
         "assert Path('runs/mine/summary.json').is_file()",
     ),
-    ("README.md", "from turbotrain import MoE"): (
+    ("moe.md", "from turbotrain import MoE"): (
         "import torch\nfrom torch import nn",
         "assert Net()(torch.randn(4, 784)).shape == (4, 10)",
     ),
@@ -146,7 +147,7 @@ PYTHON: dict[tuple[str, str], tuple[str, str] | str] = {
         "model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))",
         "assert run.steps == 2 and Path('runs/acc/summary.json').is_file()",
     ),
-    ("README.md", "from turbotrain.loop.best_checkpoint import KeepBest"): (
+    ("early-stopping.md", "from turbotrain.loop.best_checkpoint import KeepBest"): (
         "import torch\nfrom turbotrain import Engine, fit\ntorch.manual_seed(0)\n"
         "class Regressor(torch.nn.Module):\n"
         "    def __init__(self):\n        super().__init__()\n        self.lin = torch.nn.Linear(8, 1)\n"

@@ -2,7 +2,7 @@
 downward, never late, never in a circle, in chains inside a layer no longer than the picture says,
 and ``import turbotrain`` stays light.
 
-The layers are the README's picture (section "Architecture"), read from there: one line per layer,
+The layers are the picture in docs/architecture.md (section "Layers"), read from there: one line per layer,
 ``L<n> <folder>/ [<depth>]  <what it holds>``. A module's layer is the folder it sits in (the
 package root's ``__init__`` and ``__main__`` are the top layer); ``depth`` is the longest chain of
 imports allowed between modules of that layer (``a`` imports ``b`` imports ``c``: 2). Imports under
@@ -22,7 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "turbotrain"
-README = ROOT / "README.md"
+PICTURE = ROOT / "docs" / "architecture.md"  # the layer picture (the README links it)
 DATA_FOLDERS = {"presets"}  # folders of the package root that hold data, not modules
 
 
@@ -35,9 +35,9 @@ class Layer:
 
 
 def picture() -> dict[str, Layer]:
-    """The README's layer picture, by folder: the first code block of section "Architecture"."""
-    text = README.read_text()
-    section = text.split("\n## Architecture\n", 1)[1].split("\n## ", 1)[0]
+    """The layer picture of docs/architecture.md, by folder: the first code block of section "Layers"."""
+    text = PICTURE.read_text()
+    section = text.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
     block = section.split("```", 2)[1]
     layers: dict[str, Layer] = {}
     current: Layer | None = None
@@ -50,10 +50,10 @@ def picture() -> dict[str, Layer]:
             current.text += " " + line.strip()
         elif line.strip():
             raise AssertionError(
-                f"README.md, the Architecture picture: cannot read {line!r} "
+                f"docs/architecture.md, the layer picture: cannot read {line!r} "
                 "(a layer is 'L<n> <folder>/ [<depth>]  <what it holds>', continued indented)"
             )
-    assert layers, "README.md: no layer picture in section Architecture"
+    assert layers, "docs/architecture.md: no layer picture in section Layers"
     return layers
 
 
@@ -70,7 +70,7 @@ def layer_of(module: str, layers: dict[str, Layer]) -> Layer:
     if folder not in layers or (folder and module == folder and not (SRC / folder / "__init__.py").exists()):
         raise AssertionError(
             f"turbotrain.{module} is in no layer's folder: move it into the folder of its layer "
-            "(the README's Architecture picture names them)"
+            "(the layer picture in docs/architecture.md names them)"
         )
     return layers[folder]
 
@@ -251,7 +251,7 @@ def longest_chains(graph: dict[str, set[str]], layers: dict[str, Layer]) -> dict
 
 def test_chains_inside_a_layer_are_no_deeper_than_the_picture_allows():
     """Inside a layer, modules may import each other, but in chains no longer than the number in
-    brackets in the README's picture: a deeper chain is a layer growing a layer inside it."""
+    brackets in the layer picture: a deeper chain is a layer growing a layer inside it."""
     layers = picture()
     wrong = []
     for folder, chain in sorted(longest_chains(runtime_graph(), layers).items()):
@@ -261,14 +261,14 @@ def test_chains_inside_a_layer_are_no_deeper_than_the_picture_allows():
                 f"L{layer.number} {folder or 'turbotrain'}/: a chain of {len(chain) - 1} imports, the picture "
                 f"allows {layer.depth}: "
                 + " -> ".join(f"turbotrain.{m}".rstrip(".") for m in chain)
-                + " (flatten it, or raise the number in the README's picture and say why)"
+                + " (flatten it, or raise the number in docs/architecture.md's picture and say why)"
             )
     assert not wrong, "\n".join(wrong)
 
 
 FAKE_PICTURE = """# fake
 
-## Architecture
+## Layers
 
 ```
 L3 turbotrain/ [0]  the package root
@@ -292,9 +292,9 @@ def fake_tree(
     }.items():
         (fake / name).parent.mkdir(parents=True, exist_ok=True)
         (fake / name).write_text(text)
-    (tmp_path / "README.md").write_text(FAKE_PICTURE.format(base_depth=base_depth))
+    (tmp_path / "architecture.md").write_text(FAKE_PICTURE.format(base_depth=base_depth))
     monkeypatch.setattr(sys.modules[__name__], "SRC", fake)
-    monkeypatch.setattr(sys.modules[__name__], "README", tmp_path / "README.md")
+    monkeypatch.setattr(sys.modules[__name__], "PICTURE", tmp_path / "architecture.md")
 
 
 def test_the_checker_sees_late_upward_and_circular_imports(tmp_path, monkeypatch):
