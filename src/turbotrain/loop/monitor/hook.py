@@ -93,6 +93,8 @@ class Monitor(Hook):
         self._side_s = 0.0  # side_s at the last record
         # probes with steps of their own
         self._own_steps = [p for p in self.probes if callable(getattr(p, "due", None))]
+        # sinks told of every step (the progress bar): a step count, no device read
+        self._tickers: list[Any] = [s for s in self.sinks if callable(getattr(s, "tick", None))]
 
     # ------------------------------------------------------------------ values
 
@@ -131,6 +133,7 @@ class Monitor(Hook):
         ``grad_norm`` (host-device sync points) and writes and returns a record; otherwise it reads
         nothing. A ``val_loss`` is never dropped: its step gets a whole record (the schema of any
         other), where the evaluation has already synced the host."""
+        self.tick(step)
         if self._t0 is None:
             self.start(step, samples, tokens)
             self._first = -1  # the clock starts now: no time to first step
@@ -175,6 +178,12 @@ class Monitor(Hook):
         # engine.log's means: host-device sync point
         record.update({k: _read(v) for k, v in (logged or {}).items()})
         return self._emit(record, self.probes)
+
+    def tick(self, step: int) -> None:
+        """Step ``step`` is done: the sinks that show every step (the progress bar) advance; no
+        record, no device read."""
+        for sink in self._tickers:
+            sink.tick(step)
 
     def _emit(self, record: dict[str, Any], probes: Iterable[Probe]) -> dict[str, Any]:
         for probe in probes:
@@ -225,6 +234,8 @@ class Monitor(Hook):
         evaluated = ctx.metrics.get("val_step") == step
         if step == self._first or every(step, self.interval) or own or evaluated:
             self._observe(ctx)
+        else:
+            self.tick(step)  # the bar advances every step: a count, no sync
         if step == self._first and self._compiling and self.first_step_s is not None:
             log.info("compiled: first step %.1f s", self.first_step_s)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -74,41 +75,87 @@ class JsonlSink:
 
 
 class ProgressSink:
-    """A rich progress bar with loss, tokens/s and ETA on a terminal; plain lines otherwise."""
+    """A rich progress bar on a terminal; plain lines otherwise (a pipe or a file).
+
+    On a terminal the bar ticks at every step (:meth:`tick`: a step count, no device read), shows
+    the step, the elapsed time and the ETA first and the last logged loss and rate after them (cut
+    to the terminal's width, never the times), and stays on the last line: log records and
+    warnings are written above it, and a validation result prints as a line of its own that stays.
+    Elsewhere each logged record is one plain line (``step     20 | loss ... | val ...``).
+    """
 
     def __init__(self, total_steps: int, start_step: int = 0, console: Console | None = None) -> None:
         # rich.progress costs ~0.1 s to import: a run without a progress bar (or an own loop) skips it
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.table import Column
 
         self.console = console or Console(stderr=True)
         self.live = self.console.is_terminal
+        fixed = Column(no_wrap=True)  # the step, the times: never cut
         self.progress = Progress(
-            TextColumn("[bold]step {task.completed}/{task.total}"),
-            BarColumn(),
-            TextColumn("{task.fields[stats]}"),
-            TimeElapsedColumn(),
-            TextColumn("eta"),
-            TimeRemainingColumn(),
+            TextColumn("step {task.completed}/{task.total}", table_column=fixed),
+            BarColumn(bar_width=16),
+            TimeElapsedColumn(table_column=fixed),
+            TextColumn("eta", table_column=fixed),
+            TimeRemainingColumn(table_column=fixed),
+            # the rest of the line: cut to the terminal's width, never wrapped onto a second one
+            TextColumn(
+                "{task.fields[stats]}", table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis")
+            ),
             console=self.console,
             disable=not self.live,
+            expand=True,
             refresh_per_second=2,  # redraws run on rich's thread and take the GIL: keep them rare
         )
         self.task = self.progress.add_task("train", total=total_steps, completed=start_step, stats="")
         self.progress.start()
+        self._handlers = _log_above(self.console) if self.live else []
+
+    def tick(self, step: int) -> None:
+        """Optimizer step ``step`` is done: the bar advances (a count: no device read)."""
+        if self.live:
+            self.progress.update(self.task, completed=step)
 
     def write(self, record: dict[str, Any]) -> None:
         # a probe's own record (memory between logging steps): the line keeps the last loss
         if "loss" not in record:
             return
         stats = format_record(record)
-        if self.live:
-            self.progress.update(self.task, completed=record["step"], stats=stats)
-        else:  # plain lines for logs and pipes; rich's renderer costs ~200 us per line
+        if not self.live:  # plain lines for logs and pipes; rich's renderer costs ~200 us per line
             print(f"step {record['step']:>6} | {stats}", file=self.console.file, flush=True)
+            return
+        short = " | ".join(
+            p for p in stats.split(" | ") if p.startswith(("loss", "val ")) or p.endswith(RATES)
+        )
+        self.progress.update(self.task, completed=record["step"], stats=short)
+        if record.get("val_loss") is not None:  # a validation result stays, above the bar
+            self.progress.console.print(f"step {record['step']:>6} | {stats}", highlight=False)
 
     def close(self) -> None:
         self.progress.stop()
+        for handler, stream in self._handlers:
+            handler.setStream(stream)
+        self._handlers = []
+
+
+RATES = (" tok/s", " samples/s")  # the rates the bar shows (format_record's words)
+
+
+def _log_above(console: Console) -> list[tuple[logging.StreamHandler[Any], Any]]:
+    """The root logger's handlers that write to the bar's terminal now write through rich's proxy
+    of it (``sys.stderr`` while the bar is live), which prints each line above the bar instead of
+    onto it; the handlers and their streams, to put back."""
+    proxy = next(
+        (f for f in (sys.stderr, sys.stdout) if getattr(f, "rich_proxied_file", None) is console.file), None
+    )
+    if proxy is None:
+        return []
+    return [
+        (handler, handler.setStream(proxy))
+        for handler in logging.getLogger().handlers
+        if type(handler) is logging.StreamHandler and handler.stream is console.file
+    ]
 
 
 def format_record(record: dict[str, Any]) -> str:
