@@ -3,7 +3,8 @@
 How: once optimizer step ``grow_at_step`` has trained, the run stops there (:class:`GrowExperts`:
 its checkpoint is saved, as at any stop) and resumes at once in the same process
 (:func:`turbotrain.app.training.train_prepared`, when :func:`stopped_to_grow`), with a model
-built with ``grow_to`` experts per MoE block (:func:`model_config`): the checkpoint's fewer experts
+built with ``grow_to`` experts per MoE block (the family's start hook,
+:func:`turbotrain.parts.models.moe.settings.grown`): the checkpoint's fewer experts
 grow into it on load (:func:`turbotrain.parts.models.moe.grown_order`: old experts stay on their
 rank, each new one copies an old one plus 1 % noise and goes to the expert-parallel rank holding
 the fewest; the optimizer's moments of the new experts start at zero, the old ones are kept).
@@ -24,23 +25,15 @@ from ``grow_at_step`` on, ``n_experts`` before (:func:`turbotrain.parts.models.m
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 from ..base.config import RunConfig, setting
-from ..base.rundir import CHECKPOINTS
-from ..loop.checkpoint import checkpoint_step, latest_verified
 from ..loop.hooks import FitContext, Hook
-from ..parts.models.moe.settings import MoESettings, experts_at
+from ..parts.models.moe.settings import MoESettings, grows
 
 log = logging.getLogger(__name__)
 
 GROW_REASON = "moe.grow_at_step"  # how the growth's stop reason starts
-
-
-def grows(c: RunConfig) -> bool:
-    """Whether ``c`` is a MoE GPT run whose experts grow at a step."""
-    return c.model.arch == "moe" and not c.model.workload and bool(c.table(MoESettings).grow_at_step)
 
 
 class GrowExperts(Hook):
@@ -81,25 +74,6 @@ def growth_stops(c: RunConfig) -> list[Hook]:
             step,
         )
     return [GrowExperts(step, e.grow_to, end)]
-
-
-def resume_step(run_dir: Path) -> int:
-    """The step of the newest checkpoint in ``run_dir`` that verifies (0: none): the one a resume
-    loads. A damaged newer one is skipped here as the resume skips it, so a resume that falls back
-    past ``grow_at_step`` builds the experts of the checkpoint it loads, and grows at its step."""
-    usable = latest_verified(run_dir / CHECKPOINTS)  # remembered: the resume does not hash it again
-    return checkpoint_step(usable) if usable is not None else 0
-
-
-def model_config(c: RunConfig, run_dir: Path | None) -> RunConfig:
-    """The config the model is built from: ``c`` itself, or for a run whose experts grow and a
-    resume (``run_dir``) from a checkpoint at or after ``grow_at_step``, ``c`` with
-    ``moe.n_experts = grow_to`` (and no growth left)."""
-    if not grows(c) or run_dir is None:
-        return c
-    e = c.table(MoESettings)
-    n = experts_at(e, resume_step(run_dir))
-    return c if n == e.n_experts else c.replace(moe={"n_experts": n, "grow_at_step": 0, "grow_to": 0})
 
 
 def stopped_to_grow(summary: dict[str, Any]) -> bool:

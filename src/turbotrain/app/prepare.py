@@ -9,11 +9,13 @@ directory (found, or named by rank 0), the resume-or-relaunch decision and the b
 keeps. The result, a :class:`PreparedRun`, is what the assembly (:mod:`turbotrain.app.training`)
 builds from; nothing below resolves any of it again.
 
-:func:`settle` is the one place where a run's settings become final before its model is built
-(:attr:`PreparedRun.settings`): the split of ``batch.global_size`` into accumulation over the
-plan's data dimension. A decision at a run's start that changes its config (the ``auto`` settings
-chosen by measuring, which needs the run directory and its lock: :func:`turbotrain.app.run.train_run`)
-hands its config to :func:`decided`, which settles it again.
+:func:`settle` makes a run's settings final before its model is built (:attr:`PreparedRun.settings`):
+the split of ``batch.global_size`` into accumulation over the plan's data dimension. A decision at
+a run's start that changes its config (the ``auto`` settings chosen by measuring, which needs the
+run directory and its lock: :func:`turbotrain.app.run.train_run`) hands its config to
+:func:`decided`, which settles it again. :func:`start` is the one place where the plugins'
+start-of-run decisions run (:func:`turbotrain.base.config_plugins.register_start`: a family's
+for the model it builds, a precision's once it is built), before the assembly builds anything else.
 """
 
 from __future__ import annotations
@@ -27,19 +29,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..base.config import RunConfig, load_config, read_preset
 from ..base.config_fields import said
+from ..base.config_plugins import Start, start_hooks
 from ..base.errors import ConfigError
 from ..base.launch import Launch, Topology
-from ..base.rundir import find_run_dir, new_run_dir, resume_config, run_name
+from ..base.rundir import CHECKPOINTS, find_run_dir, new_run_dir, resume_config, run_name
 from ..base.signals import StopSignals
 from ..core.device import local_device, resolve_device
+from ..core.engine import default_loss
 from ..core.main_rank import decided_by_main
 from ..core.plan import ParallelPlan
+from ..loop.checkpoint import checkpoint_step, latest_verified
 from ..parts.hardware import ram_bytes
 from ..parts.models.registry import spec_for
-from ..parts.models.spec import ModelSpec
+from ..parts.models.spec import LossFn, ModelSpec, RunData
 from ..parts.models.workload_spec import WorkloadSpec
 from ..parts.workload import Workload
 from .restart import keep_global_batch, named_for_restarts, relaunched_run
@@ -235,6 +241,46 @@ def settle(config: RunConfig, plan: ParallelPlan, spec: ModelSpec | None) -> Run
     plan's data dimension (:func:`resolve_accumulation`). The one place for a start-of-run decision that
     changes settings."""
     return resolve_accumulation(config, plan)
+
+
+@dataclass(frozen=True)
+class Started:
+    """What :func:`start` decided: the run's settings, its model (built from the config its family's
+    hook chose) and facts for the summary's ``resolved`` (fp8's timed layers)."""
+
+    config: RunConfig
+    model: nn.Module
+    facts: dict[str, Any]
+
+
+def start(run: PreparedRun, config: RunConfig, data: RunData, loss_fn: LossFn | None) -> Started:
+    """The one place of the plugins' start-of-run decisions for the prepared ``run`` with settings
+    ``config`` and its data open: every start hook of the plugins it selects, once
+    (:func:`~turbotrain.base.config_plugins.register_start`): the ``build`` hooks decide the config
+    its model is built from, the model is built (:meth:`ModelSpec.build`), then the ``settle``
+    hooks make its settings final. Nothing re-settles them after this but the batch search."""
+    hooks = start_hooks(config)
+    at = Start(config, run.run_dir, run.device, lambda: _resume_step(run))
+    built = config
+    for hook in hooks:
+        built = hook.build(dataclasses.replace(at, config=built)) if hook.build else built
+    model = run.spec.build(built, data)
+    at = dataclasses.replace(at, model=model, example=data.example, loss_fn=loss_fn or default_loss)
+    facts: dict[str, Any] = {}
+    for hook in hooks:
+        if hook.settle is not None:
+            config, more = hook.settle(dataclasses.replace(at, config=config))
+            facts.update(more)
+    return Started(config, model, facts)
+
+
+def _resume_step(run: PreparedRun) -> int:
+    """The step of the newest checkpoint that verifies (0: none; a new run: 0): the one a resume
+    loads. A damaged newer one is skipped here as the resume skips it."""
+    if not run.resume:
+        return 0
+    usable = latest_verified(run.run_dir / CHECKPOINTS)  # remembered: the resume does not hash it again
+    return checkpoint_step(usable) if usable is not None else 0
 
 
 def _plan_and_join(

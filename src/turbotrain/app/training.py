@@ -51,8 +51,6 @@ from ..core.assembly import Trainable, build_trainable
 from ..core.engine import Engine, default_loss
 from ..core.main_rank import main_first
 from ..core.optim import resolve_implementation
-from ..core.precision.fp8 import FP8Settings
-from ..core.precision.fp8_choice import choose_for_run as choose_fp8_layers
 from ..loop.best_checkpoint import watched
 from ..loop.checkpoint import (
     Checkpointer,
@@ -71,8 +69,8 @@ from ..loop.run_hooks import build_hooks, build_monitor, monitor_plan
 from ..parts.data import LoaderSettings, resolve_loader_settings
 from ..parts.models.spec import LossFn, ModelSpec, RunData
 from ..tools.memory import memory_summary, resolve_batch_size
-from .experts_growth import growth_stops, model_config, stopped_to_grow
-from .prepare import PreparedRun, plan_run, prepare_config, stop_startup
+from .experts_growth import growth_stops, stopped_to_grow
+from .prepare import PreparedRun, plan_run, prepare_config, start, stop_startup
 from .report import read_metrics, write_summary
 from .resume import resume_from
 from .run_settings import resolve_epochs, scale_lr, warn_long_warmup
@@ -139,7 +137,7 @@ class Assembled:
     batch_search: Any  # the batch finder's answer (batch.micro = 'auto'), else None
     lr_note: str
     epochs: tuple[int, int] | None  # (steps per epoch, epochs) for train.epochs
-    fp8_plan: dict[str, Any] = field(default_factory=dict)  # fp8_layers = 'timed': the layers chosen
+    started: dict[str, Any] = field(default_factory=dict)  # the start hooks' facts (fp8's timed layers)
 
 
 def assemble(run: PreparedRun, show: bool) -> Assembled:
@@ -155,17 +153,10 @@ def assemble(run: PreparedRun, show: bool) -> Assembled:
         data.save(run_dir)
     c, epochs = resolve_epochs(c, data, plan.data)  # train.epochs -> max_steps, before the schedule is made
     seed_all(c.run.seed)  # torch, random and numpy: a user's model or loss may draw from any of them
-    # the model itself: DDP wraps it, FSDP2 shards it in place (moe.grow_at_step: a resume after it, grown)
-    plain = spec.build(model_config(c, run_dir if run.resume else None), data)
-    fp8_plan: dict[str, Any] = {}
-    # float8 only where timing says it pays
-    if isinstance(c.precision, FP8Settings) and c.precision.fp8_layers == "timed":
-        micro = c if isinstance(c.batch.micro, int) else c.replace(batch={"micro": 8})  # 'auto': timed at 8
-        c, fp8_choice = choose_fp8_layers(
-            c, plain, data.example(micro), loss_fn or default_loss, run_dir, run.device
-        )
-        fp8_plan = fp8_choice.to_dict()
-        log.info(fp8_choice.line)
+    # the plugins' start hooks, then the model itself: DDP wraps it, FSDP2 shards it in place
+    # (moe.grow_at_step: a resume after it, grown; precision.fp8_layers = 'timed': the layers timed)
+    started = start(run, c, data, loss_fn)
+    c, plain = started.config, started.model
     # the family's part of the plan (default: declare the units FSDP, activation checkpointing and
     # per-block compile act on); engine.setup's strategy does the rest
     plain = spec.parallelize(plain, plan)
@@ -186,7 +177,7 @@ def assemble(run: PreparedRun, show: bool) -> Assembled:
     )
     # optim.lr_scaling, before a checkpoint loads
     c, lr_note = scale_lr(c, batch_search, t.optimizer, t.scheduler)
-    return Assembled(c, data, loss_fn, plain, own_optimizer, t, batch_search, lr_note, epochs, fp8_plan)
+    return Assembled(c, data, loss_fn, plain, own_optimizer, t, batch_search, lr_note, epochs, started.facts)
 
 
 def build_training(
@@ -294,8 +285,7 @@ def _resolved(a: Assembled, spec: ModelSpec, settings: LoaderSettings) -> dict[s
     }
     if a.batch_search is not None:
         resolved["batch_search"] = a.batch_search.to_dict()
-    if a.fp8_plan:
-        resolved["fp8_layers"] = a.fp8_plan  # summary.md's "fp8 per layer" table
+    resolved.update(a.started)  # fp8_layers: summary.md's "fp8 per layer" table
     if a.lr_note:
         resolved["lr_scaling"] = a.lr_note
     return resolved

@@ -18,13 +18,23 @@ fields and says when they apply (``when="model.arch=moe"``), in one of two forms
 Its rules that span fields run only when it is selected; the keys of a plugin the run did not
 select are dropped when read from a file and refused in one line when given as flags or in an
 override dict (the plugin's ``unused`` line, or a generic one naming the selector).
+
+A plugin's start-of-run decisions are hooks of it too (:func:`register_start`), selected the same
+way and called in one place, :func:`turbotrain.app.prepare.start`, before the run's settings are
+final: ``build`` decides the config its model is built from (moe: grown experts on a resume past
+``moe.grow_at_step``), ``settle`` the run's settings once the model is built (fp8: the layers
+timed to pay). Nothing outside the plugin asks which plugin the run selected.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, fields, is_dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+from torch import nn
 
 from .config_fields import range_text, setting
 
@@ -48,9 +58,7 @@ class Registration:
 
     def selected(self, config: Any) -> bool:
         """Whether ``config`` (a run config, or a mapping of built sections) selects this plugin."""
-        section, key, values = self.when
-        owner = config[section] if isinstance(config, dict) else getattr(config, section)
-        return getattr(owner, key) in values
+        return selects(self.when, config)
 
     def unused_line(self, config: RunConfig, given: Sequence[str]) -> str:
         """The one line for its keys ``given`` (flags, an override dict) where they would do
@@ -72,6 +80,60 @@ class Registration:
 
 REGISTERED: list[Registration] = []
 """Every plugin's settings, in registration order."""
+
+
+def selects(when: tuple[str, str, tuple[str, ...]], config: Any) -> bool:
+    """Whether ``config`` (a run config, or a mapping of built sections) is one ``when`` selects."""
+    section, key, values = when
+    owner = config[section] if isinstance(config, dict) else getattr(config, section)
+    return getattr(owner, key) in values
+
+
+@dataclass(frozen=True)
+class Start:
+    """A run at its start, as a plugin's start hooks see it (:func:`register_start`)."""
+
+    config: RunConfig  # its settings so far
+    run_dir: Path
+    device: torch.device
+    resume_step: Callable[[], int] = lambda: 0  # the step of the checkpoint a resume loads (0: none)
+    # once the model is built (``settle``): the model, an example micro-batch of a config, the loss
+    model: nn.Module | None = None
+    example: Callable[[RunConfig], Any] | None = None
+    loss_fn: Callable[[nn.Module, Any], Any] | None = None
+
+
+@dataclass(frozen=True)
+class StartHook:
+    """One plugin's start-of-run decisions, called when ``when`` selects the run: ``build`` returns
+    the config the model is built from; ``settle`` the run's settings once it is built, and facts
+    for the summary's ``resolved`` (``{}``: none)."""
+
+    when: tuple[str, str, tuple[str, ...]]
+    build: Callable[[Start], RunConfig] | None = None
+    settle: Callable[[Start], tuple[RunConfig, dict[str, Any]]] | None = None
+
+
+START_HOOKS: dict[str, StartHook] = {}
+"""Every plugin's start hooks, by the name it registered them under."""
+
+
+def register_start(
+    name: str,
+    when: str,
+    *,
+    build: Callable[[Start], RunConfig] | None = None,
+    settle: Callable[[Start], tuple[RunConfig, dict[str, Any]]] | None = None,
+) -> None:
+    """Declare a plugin's start-of-run decisions (:class:`StartHook`), called by
+    :func:`turbotrain.app.prepare.start` for a run ``when`` selects (``"precision.mode=fp8"``).
+    ``name`` is the plugin's (registering it again replaces them: a module reloaded)."""
+    START_HOOKS[name] = StartHook(parse_when(when), build, settle)
+
+
+def start_hooks(config: RunConfig) -> list[StartHook]:
+    """The start hooks of the plugins ``config`` selects, in registration order."""
+    return [h for h in START_HOOKS.values() if selects(h.when, config)]
 
 
 def parse_when(when: str) -> tuple[str, str, tuple[str, ...]]:

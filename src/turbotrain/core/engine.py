@@ -47,7 +47,7 @@ from .nonfinite import NonFinitePolicy
 from .oom import build_oom_policy, run_guarded, run_guarded_batch
 from .options import EngineOptions
 from .plan import ParallelPlan
-from .precision import (
+from .precision.core import (  # the classes' own module: one import level less
     DeviceCaps,
     NonFiniteGuard,
     Precision,

@@ -3,6 +3,7 @@ guard and the backend switches. ``core`` holds the base class, the built-in 16/3
 guard; ``fp8`` the torchao float8 mode (torchao itself is imported only when an fp8 run starts).
 A new precision is one subclass in one file, imported here (or by your own code before use)."""
 
+from . import fp8_choice  # noqa: F401 (fp8's start hook registers itself)
 from .core import (
     PRECISIONS,
     BF16Mixed,

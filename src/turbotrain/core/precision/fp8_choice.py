@@ -17,6 +17,10 @@ decision cache (:mod:`turbotrain.core.meter.cache`) under a key of what makes it
 torch, turbotrain and torchao versions, shapes with the micro-batch's tokens, recipes, compile,
 margin), so a second run of the same model on the same machine does not time again.
 
+The fp8 plugin's start hook (:func:`timed_layers`, registered here) runs it for a run with
+``precision.fp8_layers = 'timed'``, once its model is built, before its settings are final
+(:func:`turbotrain.app.prepare.start`): the one file of fp8's preparation.
+
 The timer is a parameter: tests inject one (on CPU torchao's float8 runs only in emulation, whose
 speed says nothing), the default times on the device with the kit's clock, a median.
 """
@@ -27,6 +31,7 @@ import copy
 import dataclasses
 import importlib.metadata
 import json
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,12 +43,15 @@ from torch import nn
 from ...base.atomic import atomic_write
 from ...base.batch import map_tensors
 from ...base.config import RunConfig, recast
+from ...base.config_plugins import Start, register_start
 from ...parts.data.sources import default_cache_dir as cache_root
 from ...parts.hardware import device_name
 from ..meter import cache as meter_cache
 from ..meter.clock import time_call
 from ..meter.table import render_table
 from .fp8 import FP8, FP8_RECIPES, FP8Settings, float8_module
+
+log = logging.getLogger(__name__)
 
 BF16 = "bf16"
 RECIPES = (BF16, *FP8_RECIPES)
@@ -378,3 +386,22 @@ def choose_for_run(
         "fp8_layer_recipes": ",".join(f"{name}={recipe}" for name, recipe in layer_recipes.items()),
     }
     return config.replace(precision=changes), choice
+
+
+def timed_layers(start: Start) -> tuple[RunConfig, dict[str, Any]]:
+    """fp8's start hook: for ``precision.fp8_layers = 'timed'``, the settings that convert the
+    layers where float8 pays (:func:`choose_for_run`, at the run's micro-batch; 8 while the batch
+    search has yet to choose it) and the decision for the summary (``fp8_layers``)."""
+    c = start.config
+    if not isinstance(c.precision, FP8Settings) or c.precision.fp8_layers != "timed":
+        return c, {}
+    assert start.model is not None and start.example is not None and start.loss_fn is not None
+    micro = c if isinstance(c.batch.micro, int) else c.replace(batch={"micro": 8})
+    c, choice = choose_for_run(
+        c, start.model, start.example(micro), start.loss_fn, start.run_dir, start.device
+    )
+    log.info(choice.line)
+    return c, {"fp8_layers": choice.to_dict()}  # summary.md's "fp8 per layer" table
+
+
+register_start("fp8", f"precision.mode={FP8.name}", settle=timed_layers)

@@ -4,7 +4,8 @@ backbone is ``[model]``'s, :mod:`turbotrain.parts.models.gpt.settings`), the exp
 takes too), the rules that span them and the names they had in ``[model]`` before they moved.
 
 Registered on import (:func:`turbotrain.base.config.register_settings`): ``[moe]`` is read when
-``model.arch = 'moe'`` (``config.table(MoESettings)``), and ``[model]`` as the GPT's settings.
+``model.arch = 'moe'`` (``config.table(MoESettings)``), and ``[model]`` as the GPT's settings; its
+start hook (:func:`grown`) builds a resume past ``moe.grow_at_step`` with the grown experts.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ....base.config import MAX_STEPS, RunConfig, knob, register_settings, setting
+from ....base.config_plugins import Start, register_start
 from ....base.errors import ConfigError
 from ..gpt.settings import GPTSettings, check_gpt, gpt_settings
 
@@ -74,6 +76,24 @@ def experts_at(e: MoESettings, step: int) -> int:
     """Experts per MoE block of a run that has trained ``step`` optimizer steps: ``grow_to`` from
     ``grow_at_step`` on (the growth happens once that step has trained), ``n_experts`` before."""
     return e.grow_to if e.grow_at_step and step >= e.grow_at_step else e.n_experts
+
+
+def grows(c: RunConfig) -> bool:
+    """Whether ``c`` is a MoE GPT run whose experts grow at a step (``moe.grow_at_step``)."""
+    return c.model.arch == "moe" and not c.model.workload and bool(c.table(MoESettings).grow_at_step)
+
+
+def grown(start: Start) -> RunConfig:
+    """The family's start hook: the config the model is built from, ``start.config`` itself, or for
+    a run whose experts grow that resumes from a checkpoint at or after ``grow_at_step`` (the one
+    the resume loads: a damaged newer one is skipped as the resume skips it), the config with
+    ``moe.n_experts = grow_to`` and no growth left (:mod:`turbotrain.app.experts_growth`)."""
+    c = start.config
+    if not grows(c):
+        return c
+    e = c.table(MoESettings)
+    n = experts_at(e, start.resume_step())
+    return c if n == e.n_experts else c.replace(moe={"n_experts": n, "grow_at_step": 0, "grow_to": 0})
 
 
 def check_moe(config: RunConfig) -> None:
@@ -161,3 +181,4 @@ register_settings(
     },
     model_shape=True,
 )
+register_start("moe", "model.arch=moe", build=grown)
