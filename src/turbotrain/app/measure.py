@@ -37,7 +37,7 @@ from ..base.errors import TurbotrainError
 from ..base.seeds import rng_state, set_rng_state
 from ..core.assembly import build_trainable
 from ..core.compile_guard import collect_compile_counts, ranked_reasons
-from ..core.engine import Engine, LossFn, as_loss, default_loss
+from ..core.engine import Engine, LossFn, default_loss
 from ..core.meter.clock import StepClock
 from ..loop.fit import fit
 from ..loop.hooks import FitContext, Hook
@@ -388,10 +388,8 @@ def measure_memory(built: Built) -> int:
     """Peak bytes of one training step at the run's micro-batch, as the batch finder measures it
     (CUDA allocator peak; elsewhere the tensors' bytes), in eager mode (no compilation). The
     model, optimizer and RNG are restored afterwards. Raises torch.OutOfMemoryError."""
-    raw = built.workload.loss_fn if built.workload is not None and built.workload.loss_fn else default_loss
-    with StepTrial(
-        built.engine, built.model, built.optimizer, built.make_batch, lambda m, b: as_loss(raw(m, b))
-    ) as trial:
+    raw = built.workload.loss_fn if built.workload is not None else None
+    with StepTrial(built.engine, built.model, built.optimizer, built.make_batch, raw) as trial:
         return trial(built.micro).peak_bytes
 
 

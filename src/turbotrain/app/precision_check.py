@@ -35,6 +35,7 @@ from ..base.config import PrecisionConfig, load_config, recast
 from ..base.errors import ConfigError, TurbotrainError
 from ..core.device import resolve_device
 from ..core.engine import Engine, default_loss
+from ..core.meter.trial import copy_on
 from ..core.precision import FP8, DeviceCaps, FP16Mixed, Precision, fallback_mode, resolve_precision
 from ..core.precision.fp8 import FP8Settings, float8_capable, torchao_available
 from ..core.precision.fp8_choice import FP8Choice, default_cache_dir, time_fp8_layers
@@ -108,7 +109,7 @@ def _forward_backward(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # bf16 on CPU "is slow": true, and beside the point here
         engine = Engine(_engine_config(device), precision=mode)
-    model, _, _ = engine.setup(copy.deepcopy(w.model))
+    model, _ = copy_on(engine, w.model)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     carrier = torch.optim.SGD(params, lr=0.0)  # GradScaler unscales through an optimizer; never stepped

@@ -14,7 +14,6 @@ function otherwise): the evaluation step. ``turbotrain bench --inference`` runs 
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterable, Mapping
 from itertools import cycle, islice
 from typing import Any
@@ -27,6 +26,7 @@ from ...base.config import load_config
 from ...core.engine import Engine, LossFn, default_loss
 from ...core.meter.clock import time_call
 from ...core.meter.table import render_table
+from ...core.meter.trial import copy_on
 from ...parts.hardware import device_name
 from ...parts.models.registry import spec_for
 from ...parts.workload import load_workload
@@ -49,7 +49,7 @@ def benchmark_inference(
     "compile": {"scope": ...}}``; default: turbotrain's defaults for this device). ``batches`` is
     cycled when shorter. Returns the figures (see the module docstring)."""
     engine = Engine(dict(config or {}))
-    net, _, _ = engine.setup(copy.deepcopy(model))
+    net, _ = copy_on(engine, model)
     net.eval()
     data = [move_to(b, engine.device) for b in islice(cycle(batches), warmup + iterations)]
     last: list[Any] = [None]

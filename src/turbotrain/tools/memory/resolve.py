@@ -4,7 +4,6 @@ one call on a model and an example batch or a loader)."""
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict
@@ -21,6 +20,7 @@ from ...base.failure import EMPTY_LOADER, one_line
 from ...base.rundir import BATCH_CACHE
 from ...core.engine import Engine
 from ...core.meter import cache as meter_cache
+from ...core.meter.trial import copy_on
 from ...core.oom import is_oom
 from ...core.process_group import rank_world
 from ...parts.data.sources import BYTE_VOCAB
@@ -238,13 +238,7 @@ def get_optimal_batch_size(
     longer than 1 s count as too large)."""
     example = _check_finder_call(model, example, config, max_micro)
     engine = Engine(dict(config or {}))
-    net = copy.deepcopy(model)
-    opt = (
-        type(optimizer)(net.parameters(), **optimizer.defaults)
-        if optimizer is not None
-        else torch.optim.AdamW(net.parameters())
-    )
-    net, opt, _ = engine.setup(net, opt)
+    net, opt = copy_on(engine, model, optimizer or torch.optim.AdamW)
     assert opt is not None
     rows = batch_size(example)
     base = move_to(example, engine.device)

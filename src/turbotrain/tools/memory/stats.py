@@ -42,7 +42,7 @@ from ...base.config import RunConfig
 from ...base.errors import TurbotrainError
 from ...base.units import gib
 from ...core.device import resolve_device
-from ...core.engine import as_loss, default_loss
+from ...core.meter.trial import train_step
 from ...core.optim import build_optimizer
 from ...core.precision import DeviceCaps, MixedPrecision, precision_class, resolve_precision
 from ...core.transforms import apply_activation_checkpointing, recompute_context
@@ -246,7 +246,6 @@ def measure_step_memory(
     """Run one real training step (forward, backward, ``optimizer.step()``, zero_grad) on
     ``batch`` and return its memory per phase. It changes the weights: use it on a model whose
     training has not started, or a copy. Gradients are set to None first."""
-    loss_fn = loss_fn or default_loss
     autocast = autocast or contextlib.nullcontext
     params = list(model.parameters()) + list(model.buffers())
     device = params[0].device if params else torch.device("cpu")
@@ -262,20 +261,20 @@ def measure_step_memory(
         meter.add(optimizer_tensors(optimizer))
         meter.add(tensors_of(batch))
         method = "meta-estimate" if device.type == "meta" else "tensor-tracking"
+    phases: dict[str, int] = {}
+
+    def read(phase: str) -> None:  # the peak of each phase; after the forward, the activations kept
+        phases[phase], phases[phase + "_kept"] = meter.peak, meter.current
+        meter.reset_peak()
+
     with meter:
         before = meter.current
         meter.reset_peak()
-        with autocast():
-            # a model's output with .loss (Hugging Face) counts as its loss
-            loss = as_loss(loss_fn(model, batch))
-        forward_peak, activations = meter.peak, meter.current - before
-        meter.reset_peak()
-        loss.backward()
-        del loss
-        backward_peak = meter.peak
-        meter.reset_peak()
-        optimizer.step()
-        optimizer_peak = meter.peak
+        train_step(
+            model, optimizer, batch, loss_fn=loss_fn, autocast=autocast, on_phase=read, zero_grad=False
+        )
+    forward_peak, activations = phases["forward"], phases["forward_kept"] - before
+    backward_peak, optimizer_peak = phases["backward"], phases["optimizer"]
     stats = MemoryStats(
         micro_batch=batch_size(batch),
         params_bytes=storage_bytes(model.parameters()),

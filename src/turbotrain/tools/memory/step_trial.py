@@ -14,9 +14,8 @@ from ...base.batch import tensors_of
 from ...base.seeds import rng_state, set_rng_state
 from ...core.engine import Engine, default_loss
 from ...core.meter.clock import time_call
+from ...core.meter.trial import train_step
 from ...core.oom import is_oom
-from ...core.transforms import eager
-from ...core.window import as_loss
 from ...parts.models.moe import MoE
 from .finder import TrialResult
 from .stats import TensorMemoryTracker, optimizer_tensors
@@ -28,7 +27,8 @@ class StepTrial:
     Each call runs a warm-up step whose peak memory is measured (CUDA allocator counters; on
     other devices :class:`TensorMemoryTracker`), then ``timed_steps`` steps timed by the measuring
     kit's clock (:func:`~turbotrain.core.meter.clock.time_call`; host-device sync points: search
-    only). Steps are forward under the engine's autocast, backward, ``optimizer.step()``: optimizer state is allocated as in training; the
+    only). Steps are the kit's trial step (:func:`~turbotrain.core.meter.trial.train_step`): forward
+    under the engine's autocast, backward, ``optimizer.step()``: optimizer state is allocated as in training; the
     measured step does two forward/backward passes so the peak covers gradient accumulation.
     Not covered: DDP/FSDP communication buckets (run it on the unwrapped model; the headroom is
     for such extras, the allocator's fragmentation and library workspaces).
@@ -81,15 +81,15 @@ class StepTrial:
         self.close()
 
     def _step(self, batch: Any, micro_steps: int = 1) -> None:
-        for _ in range(micro_steps):
-            with self.engine.autocast(), eager():
-                loss = as_loss(
-                    self.loss_fn(self.model, batch)
-                )  # not a scalar: the line Engine.backward gives
-            loss.backward()
-            del loss
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        train_step(
+            self.model,
+            self.optimizer,
+            batch,
+            loss_fn=self.loss_fn,
+            autocast=self.engine.autocast,
+            eagerly=True,
+            micro_steps=micro_steps,
+        )
 
     def _measured_step(self, batch: Any) -> int:
         """Peak bytes of a step of two micro-steps: the second forward runs with the first's

@@ -1,0 +1,80 @@
+"""The one trial runner of the measuring tools: a step of a copy of the user's model on the run's
+device and precision.
+
+- :func:`copy_on`: a copy of the model (the user's is untouched) set up by an Engine (its device,
+  precision, compile and checkpointing), with a fresh optimizer of the user's type and settings.
+- :func:`train_step`: one real optimizer step of it: forward under the engine's autocast (eagerly
+  when asked: a compiled model is not recompiled for trial sizes), backward, ``optimizer.step()``;
+  ``on_phase`` is called after each phase (memory stats read their meter there).
+
+Users: the batch finder's :class:`~turbotrain.tools.memory.StepTrial` (the run's, measure's
+memory figure, ``get_optimal_batch_size``), ``turbotrain memory --measure`` and the meta-device
+estimate (:func:`~turbotrain.tools.memory.measure_step_memory`), the precision check's copy per
+mode, ``bench --inference``'s copy. Bench's plain PyTorch, Accelerate, Lightning and hand-tuned
+contenders are written as their users write them (that is what bench compares): they use only
+the kit's clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ContextManager
+
+import torch
+from torch import nn
+
+from ..transforms import eager
+from ..window import LossFn, as_loss, default_loss
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+
+Optimizer = torch.optim.Optimizer
+
+
+def copy_on(
+    engine: Engine, model: nn.Module, optimizer: Optimizer | Callable[..., Optimizer] | None = None
+) -> tuple[nn.Module, Optimizer | None]:
+    """A deep copy of ``model`` set up by ``engine``, with a new optimizer of ``optimizer``'s type
+    and settings (a class: its defaults; None: no optimizer)."""
+    net = copy.deepcopy(model)
+    opt = None
+    if isinstance(optimizer, Optimizer):
+        opt = type(optimizer)(net.parameters(), **optimizer.defaults)
+    elif optimizer is not None:
+        opt = optimizer(net.parameters())
+    net, opt, _ = engine.setup(net, opt)
+    return net, opt
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: Optimizer,
+    batch: Any,
+    *,
+    loss_fn: LossFn | None = None,
+    autocast: Callable[[], ContextManager[Any]] = contextlib.nullcontext,
+    eagerly: bool = False,
+    micro_steps: int = 1,
+    on_phase: Callable[[str], None] | None = None,
+    zero_grad: bool = True,
+) -> None:
+    """``micro_steps`` forward/backward passes on ``batch`` (the later ones with the earlier ones'
+    gradients allocated, as under gradient accumulation), then ``optimizer.step()`` and, with
+    ``zero_grad``, the gradients set to None. ``on_phase("forward" | "backward" | "optimizer")``
+    after each phase (after "forward" the loss and activations are still alive)."""
+    loss_fn = loss_fn or default_loss
+    note = on_phase or (lambda _phase: None)
+    for _ in range(micro_steps):
+        with autocast(), eager() if eagerly else contextlib.nullcontext():
+            loss = as_loss(loss_fn(model, batch))  # a model's output with .loss counts as its loss
+        note("forward")
+        loss.backward()
+        del loss
+        note("backward")
+    optimizer.step()
+    note("optimizer")
+    if zero_grad:
+        optimizer.zero_grad(set_to_none=True)
