@@ -10,6 +10,7 @@ import shlex
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         default=",".join(DEFAULT_ORDER),
         help=f"comma-separated subset of {', '.join(CONTENDERS)} (CUDA-only ones are left out on CPU)",
     )
+    _add_run_options(p)
+    _add_to_loss_options(p)
+    p.add_argument(
+        "--inference",
+        action="store_true",
+        help="evaluation throughput: the forward (and loss) of --workload's preset model (random tokens) or "
+        "--model's eval_loader under inference_mode, with the precision and compile of --section.key=value "
+        "(--rows fp32,bf16-mixed: one row per precision); --steps timed batches after --warmup",
+    )
+    p.add_argument("--out", help="write <workload>-<kind>.json and .md here")
+    p.add_argument(
+        "--work-dir", help="keep per-row specs, logs and data here (default: a temporary folder, removed)"
+    )
+    p.set_defaults(command=main_bench, accepts_overrides=True)
+    return p
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    """How each row runs: device, batch, steps, processes, compilation."""
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument(
         "--batch",
@@ -128,6 +148,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         metavar="DIR",
         help="compare: profile a few turbotrain steps after its timed window; trace and op table to DIR",
     )
+
+
+def _add_to_loss_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--to-loss",
         type=float,
@@ -152,19 +175,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument(
         "--eval-every", type=int, default=10, help="--to-loss: steps between validation losses (default 10)"
     )
-    p.add_argument(
-        "--inference",
-        action="store_true",
-        help="evaluation throughput: the forward (and loss) of --workload's preset model (random tokens) or "
-        "--model's eval_loader under inference_mode, with the precision and compile of --section.key=value "
-        "(--rows fp32,bf16-mixed: one row per precision); --steps timed batches after --warmup",
-    )
-    p.add_argument("--out", help="write <workload>-<kind>.json and .md here")
-    p.add_argument(
-        "--work-dir", help="keep per-row specs, logs and data here (default: a temporary folder, removed)"
-    )
-    p.set_defaults(command=main_bench, accepts_overrides=True)
-    return p
 
 
 def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
@@ -174,21 +184,7 @@ def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
         return main_inference(args, extra)
     if extra:
         raise TurbotrainError(f"--section.key=value settings ({' '.join(extra)}) apply to --to-loss only")
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise TurbotrainError("--device cuda but no CUDA GPU is visible to torch; use --device cpu or auto")
-    if args.model and args.workload:
-        raise TurbotrainError("give --workload NAME or --model FILE.py:FUNC, not both")
-    if args.model and args.batch == "auto":
-        raise TurbotrainError(
-            "--batch auto searches the built-in workloads only; with --model give --batch N (samples per batch)"
-        )
-    workload_arg = args.workload or ("gpt2-small" if device == "cuda" else "gpt-tiny")
-    names = [args.model] if args.model else expand(workload_arg)
-    if args.threads < 0:
-        raise TurbotrainError(f"--threads = {args.threads} must be 0 (default) or more")
-    if args.repeat < 1:
-        raise TurbotrainError(f"--repeat = {args.repeat} must be at least 1")
+    device, names = _device_and_names(args)
     kinds = (["compare"] if args.compare or not args.matrix else []) + list(dict.fromkeys(args.matrix))
     contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
@@ -212,7 +208,7 @@ def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
         auto_planned_steps=args.auto_planned_steps,
     )
     exit_on_sigterm()  # so a running row is ended too (see process.run_process)
-    runners = {
+    runners: dict[str, Callable[[Any], dict[str, Any]]] = {
         "compare": lambda w: run_compare(w, opts, contenders),
         "precision": lambda w: run_precision_matrix(w, opts, rows),
         "ablation": lambda w: run_ablation(w, opts, rows),
@@ -220,44 +216,71 @@ def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
     outcomes: list[dict[str, Any]] = []  # every row of every report: did any measure?
     try:
         for name in names:
-            batch, search = args.batch, None
-            if batch == "auto":
-                print(f"{name}: searching the batch size (--batch auto) ...", file=sys.stderr, flush=True)
-                search = find_workload_batch(name, opts, keep_log=bool(args.work_dir))
-                print(f"{name}: {search['summary']}", file=sys.stderr, flush=True)
-                batch = search["micro"]
-            if args.out:  # the document after every finished row: a bench stopped at a limit keeps its rows
-                opts.progress = ReportWriter(
-                    Path(args.out),
-                    command,
-                    list(sys.orig_argv),
-                    {"batch_search": search} if search is not None else None,
-                )
-            if args.model:
-                w = custom_workload(
-                    name, device, batch_size=batch, warmup_steps=args.warmup, timed_steps=args.steps
-                )
-            else:
-                w = resolve_workload(
-                    name, device, batch_size=batch, warmup_steps=args.warmup, timed_steps=args.steps
-                )
-            for kind in kinds:
-                try:
-                    report = runners[kind](w)
-                except ValueError as exc:
-                    raise TurbotrainError(str(exc)) from None
-                if search is not None:
-                    report["batch_search"] = search
-                outcomes += report.get("rows", [])
-                doc = build_document(report, command, list(sys.orig_argv))
-                print(render_report(doc), flush=True)
-                if args.out:
-                    json_path, md_path = write_document(doc, Path(args.out))
-                    print(f"wrote {json_path} and {md_path}\n", flush=True)
+            outcomes += _bench_workload(args, name, opts, [runners[kind] for kind in kinds], command)
     finally:
         if not args.work_dir:
             shutil.rmtree(work_dir, ignore_errors=True)
     return _exit_code(outcomes)
+
+
+def _device_and_names(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """The device and the workloads (names, or the --model) of a bench, each mistake one line."""
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise TurbotrainError("--device cuda but no CUDA GPU is visible to torch; use --device cpu or auto")
+    if args.model and args.workload:
+        raise TurbotrainError("give --workload NAME or --model FILE.py:FUNC, not both")
+    if args.model and args.batch == "auto":
+        raise TurbotrainError(
+            "--batch auto searches the built-in workloads only; with --model give --batch N (samples per batch)"
+        )
+    if args.threads < 0:
+        raise TurbotrainError(f"--threads = {args.threads} must be 0 (default) or more")
+    if args.repeat < 1:
+        raise TurbotrainError(f"--repeat = {args.repeat} must be at least 1")
+    workload_arg = args.workload or ("gpt2-small" if device == "cuda" else "gpt-tiny")
+    return device, [args.model] if args.model else expand(workload_arg)
+
+
+def _bench_workload(
+    args: argparse.Namespace,
+    name: str,
+    opts: BenchOptions,
+    runners: list[Callable[[Any], dict[str, Any]]],
+    command: str,
+) -> list[dict[str, Any]]:
+    """Each report of one workload (its batch searched first with --batch auto), printed and
+    written; returns their rows."""
+    batch, search = args.batch, None
+    if batch == "auto":
+        print(f"{name}: searching the batch size (--batch auto) ...", file=sys.stderr, flush=True)
+        search = find_workload_batch(name, opts, keep_log=bool(args.work_dir))
+        print(f"{name}: {search['summary']}", file=sys.stderr, flush=True)
+        batch = search["micro"]
+    if args.out:  # the document after every finished row: a bench stopped at a limit keeps its rows
+        opts.progress = ReportWriter(
+            Path(args.out),
+            command,
+            list(sys.orig_argv),
+            {"batch_search": search} if search is not None else None,
+        )
+    make = custom_workload if args.model else resolve_workload
+    w = make(name, opts.device, batch_size=batch, warmup_steps=args.warmup, timed_steps=args.steps)
+    rows: list[dict[str, Any]] = []
+    for runner in runners:
+        try:
+            report = runner(w)
+        except ValueError as exc:
+            raise TurbotrainError(str(exc)) from None
+        if search is not None:
+            report["batch_search"] = search
+        rows += report.get("rows", [])
+        doc = build_document(report, command, list(sys.orig_argv))
+        print(render_report(doc), flush=True)
+        if args.out:
+            json_path, md_path = write_document(doc, Path(args.out))
+            print(f"wrote {json_path} and {md_path}\n", flush=True)
+    return rows
 
 
 def main_inference(args: argparse.Namespace, extra: list[str]) -> int:

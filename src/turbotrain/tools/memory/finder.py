@@ -189,87 +189,19 @@ def find_batch_size(
         raise ConfigError(f"batch.headroom = {headroom!r} must be in [0, 1), a fraction of the measured peak")
     if start < 1 or max_micro < start:
         raise ConfigError(f"the batch-size search needs 1 <= start ({start}) <= max_micro ({max_micro})")
-    t0 = time.perf_counter()
-    trials: list[TrialRecord] = []
-
-    def attempt(micro: int) -> bool:
-        record = TrialRecord(micro, False)
-        fitting = [t for t in trials if t.fits]
-        expected = (
-            _interpolate(micro, fitting)
-            if predict and budget_bytes is not None and len(fitting) >= 2
-            else None
-        )
-        if expected is not None and expected > budget_bytes:  # type: ignore[operator]
-            record.reason = "over budget (predicted, not run)"
-        else:
-            try:
-                result = trial(micro)
-            except RuntimeError as exc:
-                if not is_oom(exc):
-                    raise
-                record.reason = "out of memory"
-            else:
-                record.peak_bytes, record.step_s = int(result.peak_bytes), float(result.step_s)
-                record.fits = budget_bytes is None or result.peak_bytes <= budget_bytes
-                record.reason = "" if record.fits else "over budget"
-                # the first size always counts
-                if record.fits and max_step_s and fitting and record.step_s > max_step_s:
-                    record.fits, record.reason = (
-                        False,
-                        f"over the step-time budget ({record.step_s:.2f} s > {max_step_s:g} s)",
-                    )
-        if agree(int(record.fits)) == 0 and record.fits:
-            record.fits, record.reason = False, "another rank ran out of memory"
-        trials.append(record)
-        measured = (f", {record.step_s:.2f} s a step" if record.step_s is not None else "") + (
-            f", peak {gib(record.peak_bytes):.2f} GiB" if record.peak_bytes is not None else ""
-        )
-        # one line per size: a long search shows it is alive
-        log.info(
-            "batch finder: micro-batch %d %s%s (%.0f s so far)",
-            micro,
-            "fits" if record.fits else record.reason,
-            measured,
-            time.perf_counter() - t0,
-        )
-        return record.fits
-
-    lo, hi, micro = 0, 0, start
-    while True:  # grow by doubling
-        if not attempt(micro):
-            hi = micro
-            break
-        last, best = trials[-1], max(t.samples_per_s for t in trials if t.fits)
-        if slowdown_stop and last.samples_per_s < slowdown_stop * best:
-            last.fits, last.reason = False, f"slower (under {slowdown_stop:.0%} of the best samples/s)"
-            break  # a ceiling from speed, not memory: no binary search above it
-        lo = micro
-        if micro >= max_micro:
-            break
-        micro = min(2 * micro, max_micro)
+    search = _Search(trial, budget_bytes, predict, max_step_s, agree)
+    lo, hi = search.grow(start, max_micro, slowdown_stop)
     if lo == 0:
-        reason = trials[-1].reason
+        reason = search.trials[-1].reason
         raise TurbotrainError(
             f"batch finder: even micro-batch {start} does not fit ({reason}); use --memory.checkpointing=full, "
             "a lower precision (--precision.mode=bf16-mixed), a smaller model, or a larger --batch.max_memory_gib"
         )
-    while hi:  # binary search between the last success and the first failure
-        grid = multiple_of if lo >= multiple_of else 1
-        if hi - lo <= grid:
-            break
-        mid = lo + max(grid, (hi - lo) // 2 // grid * grid)
-        if mid >= hi:
-            break
-        if attempt(mid):
-            lo = mid
-        else:
-            hi = mid
-
-    fitting = [t for t in trials if t.fits]
+    search.bisect(lo, hi, multiple_of)
+    fitting = [t for t in search.trials if t.fits]
     largest = max(fitting, key=lambda t: t.micro)
     limit = budget_bytes
-    if any(t.reason == "out of memory" for t in trials) and largest.peak_bytes is not None:
+    if any(t.reason == "out of memory" for t in search.trials) and largest.peak_bytes is not None:
         limit = largest.peak_bytes if limit is None else min(limit, largest.peak_bytes)
     # Ranks saw the same fits but may have measured different peaks: all take the smallest answer.
     found = agree(_choose(fitting, largest.micro, limit, headroom, pick, multiple_of, max_micro))
@@ -280,10 +212,97 @@ def find_batch_size(
         headroom=headroom,
         limit_bytes=limit,
         budget_bytes=budget_bytes,
-        trials=trials,
-        search_s=time.perf_counter() - t0,
+        trials=search.trials,
+        search_s=time.perf_counter() - search.t0,
         global_batch=found,
     )
+
+
+@dataclass
+class _Search:
+    """The sizes tried so far and how to try the next (:func:`find_batch_size`)."""
+
+    trial: Trial | Callable[[int], TrialResult]
+    budget_bytes: int | None
+    predict: bool
+    max_step_s: float
+    agree: Callable[[int], int]
+    trials: list[TrialRecord] = field(default_factory=list)
+    t0: float = field(default_factory=time.perf_counter)
+
+    def _run(self, record: TrialRecord, fitting: list[TrialRecord]) -> None:
+        try:
+            result = self.trial(record.micro)
+        except RuntimeError as exc:
+            if not is_oom(exc):
+                raise
+            record.reason = "out of memory"
+            return
+        record.peak_bytes, record.step_s = int(result.peak_bytes), float(result.step_s)
+        record.fits = self.budget_bytes is None or result.peak_bytes <= self.budget_bytes
+        record.reason = "" if record.fits else "over budget"
+        # the first size always counts
+        if record.fits and self.max_step_s and fitting and record.step_s > self.max_step_s:
+            record.fits = False
+            record.reason = f"over the step-time budget ({record.step_s:.2f} s > {self.max_step_s:g} s)"
+
+    def attempt(self, micro: int) -> bool:
+        record = TrialRecord(micro, False)
+        fitting = [t for t in self.trials if t.fits]
+        budget = self.budget_bytes
+        expected = (
+            _interpolate(micro, fitting)
+            if self.predict and budget is not None and len(fitting) >= 2
+            else None
+        )
+        if expected is not None and budget is not None and expected > budget:
+            record.reason = "over budget (predicted, not run)"
+        else:
+            self._run(record, fitting)
+        if self.agree(int(record.fits)) == 0 and record.fits:
+            record.fits, record.reason = False, "another rank ran out of memory"
+        self.trials.append(record)
+        measured = (f", {record.step_s:.2f} s a step" if record.step_s is not None else "") + (
+            f", peak {gib(record.peak_bytes):.2f} GiB" if record.peak_bytes is not None else ""
+        )
+        # one line per size: a long search shows it is alive
+        log.info(
+            "batch finder: micro-batch %d %s%s (%.0f s so far)",
+            micro,
+            "fits" if record.fits else record.reason,
+            measured,
+            time.perf_counter() - self.t0,
+        )
+        return record.fits
+
+    def grow(self, micro: int, max_micro: int, slowdown_stop: float) -> tuple[int, int]:
+        """Double from ``micro``: (the last size that fits or 0, the first that does not or 0)."""
+        lo = hi = 0
+        while True:
+            if not self.attempt(micro):
+                return lo, micro
+            last, best = self.trials[-1], max(t.samples_per_s for t in self.trials if t.fits)
+            if slowdown_stop and last.samples_per_s < slowdown_stop * best:
+                last.fits, last.reason = False, f"slower (under {slowdown_stop:.0%} of the best samples/s)"
+                return lo, hi  # a ceiling from speed, not memory: no binary search above it
+            lo = micro
+            if micro >= max_micro:
+                return lo, hi
+            micro = min(2 * micro, max_micro)
+
+    def bisect(self, lo: int, hi: int, multiple_of: int) -> None:
+        """Binary search between the last success and the first failure."""
+        while hi:
+            grid = multiple_of if lo >= multiple_of else 1
+            if hi - lo <= grid:
+                return
+            mid = lo + max(grid, (hi - lo) // 2 // grid * grid)
+            if mid >= hi:
+                return
+            if self.attempt(mid):
+                lo = mid
+            else:
+                hi = mid
 
 
 def _choose(
