@@ -134,7 +134,8 @@ def _user_stacklevel() -> int:
     """The stacklevel of the first frame outside the import machinery and this module, so that
     a DeprecationWarning points at the user's import line (and shows in a script's __main__).
     ``warnings.warn`` does not count the frames of importlib's bootstrap; neither does this."""
-    frame, level = sys._getframe(1), 1
+    frame: types.FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None:
         name = frame.f_code.co_filename
         if "importlib" in name and "_bootstrap" in name:

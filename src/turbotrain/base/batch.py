@@ -28,8 +28,9 @@ def map_tensors(batch: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
         return type(batch)(map_tensors(b, fn) for b in batch)
     if isinstance(batch, Mapping):
         items = {k: map_tensors(v, fn) for k, v in batch.items()}
+        rebuild: Callable[..., Any] = type(batch)  # its constructor may not take the items
         try:
-            return type(batch)(items)
+            return rebuild(items)
         except Exception:
             return items
     return batch

@@ -233,7 +233,11 @@ class RunConfig:
             if isinstance(value, Mapping) and isinstance(data.get(name), dict):
                 data[name].update(value)
             else:
-                data[name] = dataclasses.asdict(value) if is_dataclass(value) else value
+                data[name] = (
+                    dataclasses.asdict(value)
+                    if is_dataclass(value) and not isinstance(value, type)
+                    else value
+                )
         return from_dict(data)
 
 

@@ -127,7 +127,9 @@ def range_text(f: dataclasses.Field) -> str:
     low, high = f.metadata.get("min"), f.metadata.get("max")
     if low is None and high is None:
         return ""
-    return f"[{_number(low)}, {_number(high)}{')' if f.metadata.get('open') else ']'}"
+    low_text = "-inf" if low is None else _number(low)  # one open end (in_range admits it)
+    high_text = "inf" if high is None else _number(high)
+    return f"[{low_text}, {high_text}{')' if f.metadata.get('open') else ']'}"
 
 
 def field_notes(f: dataclasses.Field) -> str:

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 from torch import nn
@@ -39,9 +39,11 @@ from torch import nn
 from .config_fields import range_text, setting
 
 if TYPE_CHECKING:  # the rules read the whole run config
+    from _typeshed import DataclassInstance
+
     from .config import RunConfig
 
-T = TypeVar("T")
+T = TypeVar("T", bound="DataclassInstance")
 
 
 @dataclass(frozen=True)
@@ -206,4 +208,6 @@ def recast(obj: Any, cls: type[T]) -> T:
 
 def _default(cls: type, key: str) -> Any:
     f = next(f for f in fields(cls) if f.name == key)
-    return f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
+    if f.default is not MISSING:
+        return f.default
+    return cast(Callable[[], Any], f.default_factory)()  # no default: a settings field has a factory

@@ -14,7 +14,8 @@ import torch
 
 def rng_state() -> dict[str, Any]:
     """Every RNG a training step may draw from, in weights_only-loadable types."""
-    np_state = np.random.get_state()
+    np_state = np.random.get_state()  # legacy=True (the default): a tuple
+    assert isinstance(np_state, tuple)
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),

@@ -270,7 +270,8 @@ def nvml_handle(cuda_index: int = 0) -> Any:
 
         if torch.cuda.is_available():
             p = torch.cuda.get_device_properties(cuda_index)
-            bus = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+            # torch's stub of _CudaDeviceProperties lacks the pci_* fields the CUDA build has (2.5+)
+            bus = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"  # type: ignore[attr-defined]
             return pynvml.nvmlDeviceGetHandleByPciBusId(bus)
     except Exception:
         pass

@@ -21,7 +21,7 @@ augmentation draws from the global generators, which checkpoints save and restor
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -70,13 +70,15 @@ class EpochSampler(Sampler[list[int]]):
 
     def order(self, epoch: int) -> torch.Tensor:
         """The dataset's indices in epoch ``epoch``'s order: a function of (seed, epoch) alone."""
-        if self._order[0] != epoch or self._order[1] is None:
+        ordered_epoch, order = self._order
+        if ordered_epoch != epoch or order is None:
             if self.shuffle:
                 g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-                self._order = (epoch, torch.randperm(self.size, generator=g))
+                order = torch.randperm(self.size, generator=g)
             else:
-                self._order = (epoch, torch.arange(self.size))
-        return self._order[1]
+                order = torch.arange(self.size)
+            self._order = (epoch, order)
+        return order
 
     def batch(self, k: int) -> list[int]:
         """This rank's micro-batch ``k`` (micro-step ``k % accumulation`` of optimizer step ``k // accumulation``)."""
@@ -142,7 +144,7 @@ def shuffles(loader: DataLoader) -> bool:
 
 
 def epoch_loader(
-    loader: DataLoader,
+    loader: Iterable[Any],
     batch_size: int,
     seed: int,
     settings: LoaderSettings,
@@ -154,7 +156,9 @@ def epoch_loader(
     """``loader``'s dataset and collation, batched by :class:`EpochSampler` from this rank's batch
     ``start``, with the run's worker and pinning settings."""
     dataset = map_style(loader)
-    assert dataset is not None, "epoch_loader needs a DataLoader over a map-style dataset"
+    assert isinstance(loader, DataLoader) and dataset is not None, (
+        "epoch_loader needs a DataLoader over a map-style dataset"
+    )
     workers = settings.num_workers
     sampler = EpochSampler(len(dataset), batch_size, seed, shuffles(loader), start, rank, world, accumulation)  # type: ignore[arg-type]
     return DataLoader(

@@ -88,15 +88,14 @@ class RandomWindowSampler(Sampler[list[int]]):
 
     def step_offsets(self, step: int) -> torch.Tensor:
         """Every window offset of optimizer step ``step`` (the global batch): a function of (seed, step)."""
-        if self._drawn[0] != step or self._drawn[1] is None:
+        drawn_step, offsets = self._drawn
+        if drawn_step != step or offsets is None:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-            self._drawn = (
-                step,
-                torch.randint(
-                    self.positions, (self.batch_size * self.accumulation * self.world,), generator=g
-                ),
+            offsets = torch.randint(
+                self.positions, (self.batch_size * self.accumulation * self.world,), generator=g
             )
-        return self._drawn[1]
+            self._drawn = (step, offsets)
+        return offsets
 
     def batch(self, k: int) -> list[int]:
         step, j = divmod(k, self.accumulation)
@@ -110,7 +109,7 @@ class RandomWindowSampler(Sampler[list[int]]):
             k += 1
 
 
-def _identity(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def _identity(batch: Any) -> Any:  # what __getitems__ returned (torch types it a list)
     return batch  # __getitems__ already returns a stacked batch
 
 

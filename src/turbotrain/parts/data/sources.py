@@ -314,8 +314,8 @@ def byte_tokenize(files: list[Path], cache_dir: Path) -> Path:
         chunks += [data, SEPARATOR]
         read.append(key)
     out = _cache_path(cache_dir, read)  # a file changed between listing and reading: key what was read
-    data = np.frombuffer(b"".join(chunks), dtype=np.uint8).astype(np.uint16)
-    _cache_write(out, data)
+    tokens = np.frombuffer(b"".join(chunks), dtype=np.uint8).astype(np.uint16)
+    _cache_write(out, tokens)
     return out
 
 
@@ -452,14 +452,15 @@ def _bin_layout(path: Path) -> tuple[int, int, int]:
     for meta in (path.with_suffix(".json"), path.parent / "meta.json"):
         if meta.is_file():
             try:
-                vocab = json.loads(meta.read_bytes())["vocab_size"]
+                found: object = json.loads(meta.read_bytes())["vocab_size"]
             except (ValueError, KeyError, TypeError, OSError):
-                vocab = None
-            if not isinstance(vocab, int) or isinstance(vocab, bool) or not 1 <= vocab <= MAX_VOCAB:
+                found = None
+            if not isinstance(found, int) or isinstance(found, bool) or not 1 <= found <= MAX_VOCAB:
                 raise TurbotrainError(
                     f"{meta} must be JSON with a whole-number 'vocab_size' from 1 to {MAX_VOCAB} "
                     "(token ids are uint16)"
                 )
+            vocab = found
             break
     return offset, n_tokens, vocab
 

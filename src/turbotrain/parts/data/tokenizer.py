@@ -49,7 +49,10 @@ CACHE_HINT = "choose another folder with --data.cache_dir (or make that one writ
 class Tokenizer(Protocol):
     name: str  # part of the token cache key: a different tokenizer never reuses a cache entry
     vocab_size: int
-    file: Path | None  # the tokenizer.json a run copies (None: bytes, nothing to copy)
+
+    @property
+    def file(self) -> Path | None:
+        """The tokenizer.json a run copies (None: bytes, nothing to copy)."""
 
     def encode(self, texts: Sequence[bytes]) -> list[np.ndarray]: ...
 

@@ -12,6 +12,8 @@ host-device link at one byte per pixel):
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -78,7 +80,7 @@ class ResNet(nn.Module):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
     def forward(self, images: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        x = self.stem(_normalise(images, self.stem[0].weight.dtype))
+        x = self.stem(_normalise(images, cast(nn.Conv2d, self.stem[0]).weight.dtype))
         for block in self.blocks:
             x = block(x)
         return _loss_or_logits(self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)), labels)

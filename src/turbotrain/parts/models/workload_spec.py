@@ -52,7 +52,7 @@ class WorkloadData(RunData):
                 self.workload.train_loader,
                 int(c.batch.micro),
                 c.run.seed,
-                settings,  # type: ignore[arg-type]
+                settings,
                 start,
                 rank,
                 world,
@@ -103,7 +103,7 @@ class WorkloadData(RunData):
         in_process = LoaderSettings(num_workers=0, pin_memory=False, prefetch_factor=2)
         return next(
             iter(epoch_loader(self.workload.train_loader, int(c.batch.micro), c.run.seed, in_process))
-        )  # type: ignore[arg-type]
+        )
 
 
 class WorkloadSpec(ModelSpec):

@@ -138,6 +138,8 @@ class DecoderLM(nn.Module):
     ``model(idx)`` -> logits (B, T, vocab); ``model(idx, targets)`` -> mean cross-entropy loss."""
 
     cfg: Any
+    wte: nn.Embedding  # built by the subclass
+    lm_head: nn.Linear
 
     def __init__(self, cfg: Any) -> None:
         super().__init__()

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from torch import nn
 
 from ....base.config import RunConfig
 from ....base.rundir import TOKENIZER_FILE
 from ...data import TokenSource, TokenWindows, build_loader, check_vocab, fixed_batches, open_tokens
-from ...data.batching import BudgetData, build_budget_data, resume_start
+from ...data.batching import BudgetData, PieceRows, build_budget_data, resume_start
 from ...data.loader import LoaderSettings
 from ...data.tokenizer import save_run_tokenizer
 from ..spec import ModelSpec, RunData, SpeedHint
@@ -43,7 +43,7 @@ class TokenData(RunData):
                 c.data.path,
                 self.source,
                 gpt_settings(c).block_size,
-                c.batch.max_tokens or c.batch.micro * gpt_settings(c).block_size,
+                c.batch.max_tokens or int(c.batch.micro) * gpt_settings(c).block_size,
                 c.run.seed,
                 settings,
                 start=start,
@@ -56,7 +56,7 @@ class TokenData(RunData):
         # step s: micro x accumulation x world rows from (seed, s); this rank its chunks of them
         return build_loader(
             self.train,
-            c.batch.micro,
+            int(c.batch.micro),
             c.run.seed,
             settings,
             start=start,
@@ -72,7 +72,7 @@ class TokenData(RunData):
             return []
         return fixed_batches(
             self.val,
-            c.batch.micro,
+            int(c.batch.micro),
             c.train.eval_batches,
             seed=c.run.seed + 1,
             rank=rank,
@@ -83,7 +83,7 @@ class TokenData(RunData):
     def example(self, c: RunConfig) -> Any:
         if self._budget is not None:
             return self._budget.example
-        return fixed_batches(self.train, c.batch.micro, 1, seed=c.run.seed)[0]
+        return fixed_batches(self.train, int(c.batch.micro), 1, seed=c.run.seed)[0]
 
     def steps_per_epoch(self, c: RunConfig, world: int) -> int:
         """The steps whose windows hold as many tokens as the training split (windows are drawn at random)."""
@@ -102,7 +102,9 @@ class TokenData(RunData):
         save_run_tokenizer(self.source.tokenizer, run_dir)  # what `turbotrain sample` decodes with
 
     def close(self) -> None:
-        for rows in (self.train, self.val, self._budget and self._budget.loader.dataset):
+        budget_rows = cast(PieceRows, self._budget.loader.dataset) if self._budget is not None else None
+        opened: tuple[TokenWindows | PieceRows | None, ...] = (self.train, self.val, budget_rows)
+        for rows in opened:
             if rows is not None:
                 rows.close()
 

@@ -129,6 +129,8 @@ class MoE(nn.Module):
     Expert weights are ``w1`` (E, d, hidden) and ``w2`` (E, hidden, d); under expert parallelism
     they hold only this rank's ``n_local`` experts starting at ``first_expert``."""
 
+    expert_bias: torch.Tensor  # a buffer, registered in __init__
+
     def __init__(
         self,
         d_model: int,

@@ -229,7 +229,9 @@ def grad_norm(model: nn.Module) -> GradNormFn | None:
     layers = [layer for _, layer in moe_layers(model) if isinstance(layer.dispatcher, AllToAllDispatcher)]
     if not layers:
         return None
-    group = layers[0].dispatcher.group  # every MoE block shares this rank's expert-parallel group
+    first = layers[0].dispatcher
+    assert isinstance(first, AllToAllDispatcher)  # the filter above
+    group = first.group  # every MoE block shares this rank's expert-parallel group
     experts = {id(p) for layer in layers for p in (layer.w1, layer.w2)}
 
     def norm(params: Sequence[torch.Tensor]) -> torch.Tensor:
