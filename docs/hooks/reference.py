@@ -35,9 +35,10 @@ def _cell(text: Any) -> str:
 
 
 def _outside(match: re.Match) -> str:
-    """A link to a file outside docs/ as the file's path in code (its text too when it is not the path)."""
+    """A link to a file outside docs/ as the file's path in code (its text too when it is not the path
+    or its tail)."""
     text, path = match.group(1), match.group(2)
-    return f"`{path}`" if text.strip("`") == path else f"{text} (`{path}`)"
+    return f"`{path}`" if path.endswith(text.strip("`")) else f"{text} (`{path}`)"
 
 
 def config_reference() -> str:

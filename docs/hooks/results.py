@@ -2,7 +2,7 @@
 the command that made it, generated from the files there at build time (never a copy):
 
 - a result's ``.md`` (what ``turbotrain bench --out`` and the benchmark scripts write beside their JSON) as it is,
-  its headings moved under the file's own;
+  its headings as bold lines under the file's own;
 - a ``.json`` with no ``.md`` beside it: its top-level figures as a table and its ``command``.
 
 Logs and raw traces (``.log``, ``.txt``, ``.gz``) are not shown; their paths are listed.
@@ -23,9 +23,9 @@ _LINK = re.compile(r"(?<!!)\[([^\]]+)\]\((?!https?://)([^)]+)\)")
 
 
 def _markdown(path: Path) -> str:
-    """A result's markdown, its headings two levels down and its relative links as paths (the site
-    holds no copy of the results folder)."""
-    text = re.sub(r"^(#{1,4}) ", lambda m: "#" * (len(m[1]) + 2) + " ", path.read_text(), flags=re.M)
+    """A result's markdown, its headings as bold lines (the page's contents list the files, not their
+    headings) and its relative links as paths (the site holds no copy of the results folder)."""
+    text = re.sub(r"^#{1,6} (.+)$", r"**\1**", path.read_text(), flags=re.M)
     return _LINK.sub(lambda m: m[1] if m[1].strip("`") == m[2] else f"{m[1]} (`{m[2]}`)", text)
 
 
