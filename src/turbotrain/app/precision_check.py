@@ -35,6 +35,7 @@ from ..base.config import PrecisionConfig, load_config, recast
 from ..base.errors import ConfigError, TurbotrainError
 from ..core.device import resolve_device
 from ..core.engine import Engine, default_loss
+from ..core.meter.table import render_table
 from ..core.meter.trial import copy_on
 from ..core.precision import FP8, DeviceCaps, FP16Mixed, Precision, fallback_mode, resolve_precision
 from ..core.precision.fp8 import FP8Settings, float8_capable, torchao_available
@@ -364,53 +365,64 @@ def _sound(v: dict[str, Any]) -> str:
     )
 
 
+_RESULT = {
+    "ok": "ok",
+    "reference": "ok (reference)",
+    "nonfinite": "NON-FINITE",
+    "differs": "DIFFERS",
+    "error": "ERROR",
+    "unsupported": "not supported here",
+}
+
+
+def _against_fp32(r: dict[str, Any], value: str, text: str) -> str:
+    """A "vs fp32" cell: the reference's own, '-' when not measured, else ``text``."""
+    return "reference" if r["status"] == "reference" else "-" if r[value] is None else text
+
+
+def _result(r: dict[str, Any]) -> str:
+    if r["detail"]:
+        return f"{_RESULT[r['status']]}: {r['detail']}"
+    scale = f" at loss scale {r['loss_scale']:g}" if r["loss_scale"] is not None else ""
+    return _RESULT[r["status"]] + scale
+
+
+CHECK_COLUMNS: list[tuple[str, Any]] = [
+    ("precision", lambda r: r["precision"]),
+    ("trains here", lambda r: "yes" if r["trains_here"] else f"no: {r['note']}"),
+    ("loss", lambda r: "-" if r["loss"] is None else f"{r['loss']:.6g}"),
+    (
+        "vs fp32: abs / rel",
+        lambda r: _against_fp32(
+            r, "loss_abs_diff", f"{r['loss_abs_diff'] or 0:.2g} / {_pct(r['loss_rel_diff'])}"
+        ),
+    ),
+    (
+        "max grad-norm diff",
+        lambda r: _against_fp32(
+            r, "grad_norm_rel_diff", f"{_pct(r['grad_norm_rel_diff'])} ({r['grad_norm_worst']})"
+        ),
+    ),
+    ("result", _result),
+]
+
+
 def format_check(report: dict[str, Any]) -> str:
     """Markdown, like the rest of doctor's report: a table per precision and the verdict."""
+    v = report["verdict"]
     lines = [
         "### Precisions: one forward/backward per precision against fp32",
         "",
         f"- model: {report['model']}",
         f"- device: {report['device']} (fp32 reference without TF32)",
         "",
-        "| precision | trains here | loss | vs fp32: abs / rel | max grad-norm diff | result |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in report["results"]:
-        loss = "-" if r["loss"] is None else f"{r['loss']:.6g}"
-        diff = (
-            "reference"
-            if r["status"] == "reference"
-            else "-"
-            if r["loss_abs_diff"] is None
-            else f"{r['loss_abs_diff']:.2g} / {_pct(r['loss_rel_diff'])}"
-        )
-        grad = (
-            "reference"
-            if r["status"] == "reference"
-            else "-"
-            if r["grad_norm_rel_diff"] is None
-            else f"{_pct(r['grad_norm_rel_diff'])} ({r['grad_norm_worst']})"
-        )
-        result = {
-            "ok": "ok",
-            "reference": "ok (reference)",
-            "nonfinite": "NON-FINITE",
-            "differs": "DIFFERS",
-            "error": "ERROR",
-            "unsupported": "not supported here",
-        }[r["status"]]
-        if r["detail"]:
-            result += f": {r['detail']}"
-        elif r["loss_scale"] is not None:
-            result += f" at loss scale {r['loss_scale']:g}"
-        here = "yes" if r["trains_here"] else f"no: {r['note']}"
-        lines.append(f"| {r['precision']} | {here} | {loss} | {diff} | {grad} | {result} |")
-    v = report["verdict"]
-    lines += ["", f"Verdict: precision auto uses {v['auto']} on this device: {_sound(v)}"]
-    lines += [
-        f"- on a GPU with {g['gpu']}, auto would use {g['auto']}: {_sound(g)}" for g in v.get("on_gpu", [])
-    ]
-    lines += [
+        render_table(report["results"], CHECK_COLUMNS),
+        "",
+        f"Verdict: precision auto uses {v['auto']} on this device: {_sound(v)}",
+        *(
+            f"- on a GPU with {g['gpu']}, auto would use {g['auto']}: {_sound(g)}"
+            for g in v.get("on_gpu", [])
+        ),
         "",
         f"(Limits: loss {100 * LOSS_RTOL:g} %, gradient norm {100 * GRAD_RTOL:g} % from fp32; one batch, "
         "so a model that overflows later in training is not caught.)",

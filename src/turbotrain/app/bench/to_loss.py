@@ -34,6 +34,7 @@ from ...base.atomic import atomic_write
 from ...base.config import load_config
 from ...base.process import child_env, run_process
 from ...core.engine import default_loss
+from ...core.meter.table import render_table
 from ...loop.fit import fit
 from ...loop.hooks import FitContext, Hook
 from ...parts.hardware import device_name
@@ -198,13 +199,7 @@ def summarize(opts: ToLossOptions, runs: list[dict[str, Any]]) -> dict[str, Any]
     return {
         "schema": SCHEMA,
         "kind": "to-loss",
-        "preset": opts.preset,
-        "overrides": opts.overrides,
-        "target_loss": opts.target_loss,
-        "max_tokens": opts.max_tokens,
-        "max_steps": opts.max_steps,
-        "eval_every": opts.eval_every,
-        "seeds": list(opts.seeds),
+        **{k: v for k, v in _shared(opts).items() if k != "contenders"},
         "rows": rows,
         "verdicts": verdicts(rows),
         "runs": runs,
@@ -268,16 +263,8 @@ def render_to_loss(doc: dict[str, Any]) -> str:
         + (f" or {doc['max_tokens']:,} tokens" if doc["max_tokens"] else "")
         + f", evaluated every {doc['eval_every']} steps; {doc.get('device_name')})",
         "",
-        "| contender | settings | reached | time to target (s): median [min-max] | tokens to target: median [min-max] "
-        "| steps | final val loss |",
-        "|---|---|---|---|---|---|---|",
+        render_table(doc["rows"], TO_LOSS_COLUMNS),
     ]
-    for r in doc["rows"]:
-        settings = " ".join(f"--{s}.{k}={v}" for s, kv in r["settings"].items() for k, v in kv.items()) or "—"
-        lines.append(
-            f"| {r['contender']} | `{settings}` | {r['reached']}/{r['seeds']} | {_range(r['time_s'], '{:.1f}')} | "
-            f"{_range(r['tokens'], '{:,.0f}')} | {_range(r['steps'], '{:.0f}')} | {_range(r['final_val_loss'], '{:.4f}')} |"
-        )
     lines += ["", *[f"- {v}" for v in doc["verdicts"]]]
     failed = [r for r in doc["runs"] if r.get("failed")]
     lines += [f"- {r['contender']} seed {r['seed']} failed: {r['failed']}" for r in failed]
@@ -287,6 +274,25 @@ def render_to_loss(doc: dict[str, Any]) -> str:
             "not the tokens)"
         )
     return "\n".join(lines)
+
+
+def _settings(r: dict[str, Any]) -> str:
+    return (
+        "`"
+        + (" ".join(f"--{s}.{k}={v}" for s, kv in r["settings"].items() for k, v in kv.items()) or "—")
+        + "`"
+    )
+
+
+TO_LOSS_COLUMNS: list[tuple[str, Any]] = [
+    ("contender", lambda r: r["contender"]),
+    ("settings", _settings),
+    ("reached", lambda r: f"{r['reached']}/{r['seeds']}"),
+    ("time to target (s): median [min-max]", lambda r: _range(r["time_s"], "{:.1f}")),
+    ("tokens to target: median [min-max]", lambda r: _range(r["tokens"], "{:,.0f}")),
+    ("steps", lambda r: _range(r["steps"], "{:.0f}")),
+    ("final val loss", lambda r: _range(r["final_val_loss"], "{:.4f}")),
+]
 
 
 def _range(s: dict[str, float] | None, fmt: str) -> str:
@@ -329,17 +335,25 @@ def _job_dict(opts: ToLossOptions, contender: str, seed: int) -> dict[str, Any]:
         "contender": contender,
         "seed": seed,
         "run_dir": str(opts.work_dir / f"{contender}-seed{seed}" / "run"),
-        "options": {
-            "contenders": opts.contenders,
-            "preset": opts.preset,
-            "overrides": opts.overrides,
-            "target_loss": opts.target_loss,
-            "max_tokens": opts.max_tokens,
-            "max_steps": opts.max_steps,
-            "eval_every": opts.eval_every,
-            "seeds": list(opts.seeds),
-        },
+        "options": _shared(opts),
     }
+
+
+def _shared(opts: ToLossOptions) -> dict[str, Any]:
+    """The options a run's child needs (and the document records), as JSON."""
+    return {name: getattr(opts, name) for name in SHARED} | {"seeds": list(opts.seeds)}
+
+
+SHARED = (
+    "contenders",
+    "preset",
+    "overrides",
+    "target_loss",
+    "max_tokens",
+    "max_steps",
+    "eval_every",
+    "seeds",
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -349,17 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("result")
     args = parser.parse_args(argv)
     job: Mapping[str, Any] = json.loads(Path(args.job).read_text())
-    o = job["options"]
-    opts = ToLossOptions(
-        contenders=o["contenders"],
-        preset=o["preset"],
-        overrides=o["overrides"],
-        target_loss=o["target_loss"],
-        max_tokens=o["max_tokens"],
-        max_steps=o["max_steps"],
-        eval_every=o["eval_every"],
-        seeds=tuple(o["seeds"]),
-    )
+    opts = ToLossOptions(**{**job["options"], "seeds": tuple(job["options"]["seeds"])})
     result = run_one(opts, job["contender"], job["seed"], Path(job["run_dir"]))
     atomic_write(args.result, json.dumps(result, indent=1, default=str))
     return 0

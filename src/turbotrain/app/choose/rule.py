@@ -28,6 +28,7 @@ from typing import Any
 
 from ...base.config import AUTO, RunConfig
 from ...core.meter.parity import loss_tolerance
+from ...core.meter.table import render_table
 
 Overrides = dict[str, dict[str, Any]]
 # what a candidate's measurement keeps for naming the run's regime (app/regime.probe_of reads them)
@@ -338,17 +339,23 @@ def format_table(d: Decision) -> list[str]:
     regime = [(d.regime or {}).get("line", "")] if (d.regime or {}).get("line") else []
     if not d.rows:  # nothing weighed: the reason (and the regime) alone
         return [f"choose: {d.summary}", *regime]
-    lines = [
-        f"choose: {d.summary}",
-        *regime,
-        "",
-        "| candidate | recipe | step ms | first step s | parity | break-even step | verdict | why |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in d.rows:
-        par = "-" if r.parity_ok is None else ("ok" if r.parity_ok else "FAIL")
-        be = "-" if r.break_even_step is None else f"{r.break_even_step:,.0f}"
-        step = "-" if r.step_ms is None else f"{r.step_ms:.2f}" + (" (cached)" if r.cached else "")
-        first = "-" if r.first_step_s is None else f"{r.first_step_s:.2f}"
-        lines.append(f"| {r.name} | {r.what} | {step} | {first} | {par} | {be} | {r.status} | {r.reason} |")
-    return lines
+    return [f"choose: {d.summary}", *regime, "", *render_table(d.rows, DECISION_COLUMNS).splitlines()]
+
+
+def _or_dash(value: float | None, form: str) -> str:
+    return "-" if value is None else format(value, form)
+
+
+DECISION_COLUMNS: list[tuple[str, Any]] = [
+    ("candidate", lambda r: r.name),
+    ("recipe", lambda r: r.what),
+    (
+        "step ms",
+        lambda r: _or_dash(r.step_ms, ".2f") + (" (cached)" if r.cached and r.step_ms is not None else ""),
+    ),
+    ("first step s", lambda r: _or_dash(r.first_step_s, ".2f")),
+    ("parity", lambda r: "-" if r.parity_ok is None else ("ok" if r.parity_ok else "FAIL")),
+    ("break-even step", lambda r: _or_dash(r.break_even_step, ",.0f")),
+    ("verdict", lambda r: r.status),
+    ("why", lambda r: r.reason),
+]
