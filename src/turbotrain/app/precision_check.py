@@ -223,6 +223,42 @@ def _fp8_per_layer(
     return time_fp8_layers(model, forward, device, fp8, cache_dir=default_cache_dir()).to_dict()
 
 
+def _check_mode(
+    mode: str,
+    w: Workload,
+    batch: Any,
+    device: torch.device,
+    caps: DeviceCaps,
+    fp8: PrecisionConfig,
+    seed: int,
+) -> tuple[PrecisionResult, dict[str, Any] | None]:
+    """One precision's row and its forward/backward (None when it does not run here or raised)."""
+    plugin: str | Precision = FP8.from_settings(device, fp8) if mode == FP8.name else mode
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # bf16 on CPU "is slow": true, and beside the point here
+            resolve_precision(mode, caps, fp8)
+        result = PrecisionResult(mode, "ok", True)
+    except ConfigError as exc:
+        result = PrecisionResult(mode, "unsupported", False, note=str(exc))
+        if not (mode == FP16Mixed.name and device.type == "cpu"):
+            return result, None
+        plugin = _FP16MixedForTheCheck()
+        result.note = "a GPU mode; checked with CPU fp16 autocast"
+    try:
+        return result, _forward_backward(plugin, w, batch, device, seed)
+    except TurbotrainError:
+        raise
+    except Exception as exc:  # the user's model in this precision: one line, as a finding
+        line = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        if mode == REFERENCE:
+            raise TurbotrainError(
+                f"{w.source or 'the model'}: its fp32 forward/backward raised {line}"
+            ) from exc
+        result.status, result.detail = "error", line
+        return result, None
+
+
 def check_precisions(
     w: Workload,
     device: torch.device | str | None = None,
@@ -253,45 +289,17 @@ def check_precisions(
     results: list[PrecisionResult] = []
     ref: dict[str, Any] | None = None
     for mode in (REFERENCE, *(m for m in modes if m != REFERENCE)):
-        plugin: str | Precision = FP8.from_settings(device, fp8_settings) if mode == FP8.name else mode
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # bf16 on CPU "is slow": true, and beside the point here
-                resolve_precision(mode, caps, fp8_settings)
-            result = PrecisionResult(mode, "ok", True)
-        except ConfigError as exc:
-            result = PrecisionResult(mode, "unsupported", False, note=str(exc))
-            if mode == FP16Mixed.name and device.type == "cpu":
-                plugin = _FP16MixedForTheCheck()
-                result.note = "a GPU mode; checked with CPU fp16 autocast"
-            else:
-                results.append(result)
-                continue
-        try:
-            run = _forward_backward(plugin, w, batch, device, seed)
-        except TurbotrainError:
-            raise
-        except Exception as exc:  # the user's model in this precision: one line, as a finding
-            if mode == REFERENCE:
-                raise TurbotrainError(
-                    f"{w.source or 'the model'}: its fp32 forward/backward raised "
-                    f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                ) from exc
-            result.status, result.detail = (
-                "error",
-                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-            )
-            results.append(result)
-            continue
-        _compare(result, run, ref)
-        if mode == REFERENCE:
+        result, run = _check_mode(mode, w, batch, device, caps, fp8_settings, seed)
+        results.append(result)
+        if run is not None:
+            _compare(result, run, ref)
+        if mode == REFERENCE and run is not None:
             if result.status == "nonfinite":
                 raise TurbotrainError(
                     f"{w.source or 'the model'}: already in fp32 the {result.detail}; "
                     "fix the model or the data before comparing precisions"
                 )
             ref = run
-        results.append(result)
     out = verdict(results, caps)
     if device.type != "cuda":  # what a GPU run of this model would get, from the same rows
         out["on_gpu"] = [{"gpu": label, **verdict(results, gpu)} for label, gpu in GPUS]

@@ -7,6 +7,7 @@ The two ablation ladders (:data:`LADDERS`) each start from a base and change one
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -107,18 +108,12 @@ def ablation_variants(w: BenchWorkload, device: str) -> list[Variant]:
     here say why."""
     cuda = device == "cuda"
     gpt = w.model in LANGUAGE_MODELS
-    moe = {"moe_impl": "loop"} if w.model == "moe" else {}  # MoE baseline: one matmul pair per expert
-    no_attention = "" if gpt else "no attention in this model"
-    no_cudnn_attention = no_attention or cudnn_attention_unavailable(device)
-    conv = w.model in ("resnet", "cifar") or (w.model == CUSTOM and bool(w.model_kwargs.get("conv")))
-    only_cuda = "" if cuda else "CUDA only"
     baseline: dict[str, dict[str, Any]] = {
         "precision": {"mode": "fp32", "tf32": False, "cudnn_benchmark": False},
         "compile": {"scope": "off", "mode": "default"},
         "optim": {"implementation": "foreach" if cuda else "for-loop"},  # torch's own default per device
         "data": {"device_prefetch": False, "pin_memory": False},
     }
-    masked = {"attention": "masked", **moe} if gpt else {}
 
     def on(**sections: dict[str, Any]) -> dict[str, dict[str, Any]]:
         merged = {k: dict(v) for k, v in baseline.items()}
@@ -126,6 +121,31 @@ def ablation_variants(w: BenchWorkload, device: str) -> list[Variant]:
             merged.setdefault(k, {}).update(v)
         return merged
 
+    rows = _one_change_rows(w, device, on)
+    everything = on(
+        precision={"mode": "bf16-mixed", "tf32": cuda, "cudnn_benchmark": cuda},
+        compile={"scope": "model", "mode": "reduce-overhead" if cuda else "default"},
+        optim={"implementation": "fused"},
+        data={"device_prefetch": cuda, "pin_memory": cuda},
+    )
+    cudnn_attention = not cudnn_attention_unavailable(device)
+    together = {"loss": "chunked", **({"sdpa_backend": "cudnn"} if cudnn_attention else {})} if gpt else {}
+    rows.append(Variant("all", "every optimization above together", everything, together))
+    rows.append(Variant("turbotrain-defaults", "Engine defaults (auto)", {}, {}))
+    return bf16_ladder(w, device) + [replace(v, ladder="fp32-eager") for v in rows]
+
+
+def _one_change_rows(
+    w: BenchWorkload, device: str, on: Callable[..., dict[str, dict[str, Any]]]
+) -> list[Variant]:
+    """The fp32 ladder's rows of one optimization each on the baseline (``on(**sections)``)."""
+    gpt = w.model in LANGUAGE_MODELS
+    moe = {"moe_impl": "loop"} if w.model == "moe" else {}  # MoE baseline: one matmul pair per expert
+    no_attention = "" if gpt else "no attention in this model"
+    no_cudnn_attention = no_attention or cudnn_attention_unavailable(device)
+    conv = w.model in ("resnet", "cifar") or (w.model == CUSTOM and bool(w.model_kwargs.get("conv")))
+    only_cuda = "" if device == "cuda" else "CUDA only"
+    masked = {"attention": "masked", **moe} if gpt else {}
     prefetch_skip = only_cuda or ("the data is already resident on the device" if w.resident else "")
     rows = [
         Variant(
@@ -194,16 +214,7 @@ def ablation_variants(w: BenchWorkload, device: str) -> list[Variant]:
                 {**masked, "moe_impl": "batched"},
             ),
         ]
-    everything = on(
-        precision={"mode": "bf16-mixed", "tf32": cuda, "cudnn_benchmark": cuda},
-        compile={"scope": "model", "mode": "reduce-overhead" if cuda else "default"},
-        optim={"implementation": "fused"},
-        data={"device_prefetch": cuda, "pin_memory": cuda},
-    )
-    together = {"loss": "chunked", **({} if no_cudnn_attention else {"sdpa_backend": "cudnn"})} if gpt else {}
-    rows.append(Variant("all", "every optimization above together", everything, together))
-    rows.append(Variant("turbotrain-defaults", "Engine defaults (auto)", {}, {}))
-    return bf16_ladder(w, device) + [replace(v, ladder="fp32-eager") for v in rows]
+    return rows
 
 
 def bf16_ladder(w: BenchWorkload, device: str) -> list[Variant]:
