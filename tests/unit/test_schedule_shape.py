@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from turbotrain.core.optim import build_scheduler
+from turbotrain.base.config import OptimConfig
+from turbotrain.core.optim import build_scheduler, scheduler_from_config
 
 PEAK, FLOOR, WARMUP, STEPS = 1e-3, 1e-4, 4, 20
 
@@ -61,3 +62,25 @@ def test_cosine_and_linear_differ_where_their_shapes_do() -> None:
     )
     assert cosine[quarter] > linear[quarter] + 1e-5
     assert cosine[STEPS] == linear[STEPS] == pytest.approx(FLOOR, rel=1e-12)
+
+
+@pytest.mark.parametrize(("steps", "warmup"), [(16, 1), (20, 2), (300, 30), (3000, 30)])
+def test_the_default_warmup_is_a_tenth_of_a_short_run_so_it_reaches_the_peak_and_decays(
+    steps: int, warmup: int
+) -> None:
+    """#47 item 4a: the default warm-up (30 steps) left the README's 16-step epochs example at 57 %
+    of its learning rate, never decaying; 'auto' is 10 % of the run, at most 30 (the default
+    300-step run keeps its 30)."""
+    optim = OptimConfig()
+    assert optim.warmup_steps == "auto"
+    w = torch.nn.Parameter(torch.zeros(2))
+    optimizer = torch.optim.SGD([w], lr=optim.lr)
+    scheduler = scheduler_from_config(optimizer, optim, steps)
+    lrs = []
+    for _ in range(steps):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert lrs.index(max(lrs)) == warmup - 1 and max(lrs) == pytest.approx(optim.lr)  # the full LR
+    assert lrs[-1] < 0.02 * optim.lr + optim.min_lr  # decayed to about the floor at the run's end
+    assert all(a >= b for a, b in zip(lrs[warmup:], lrs[warmup + 1 :]))

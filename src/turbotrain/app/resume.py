@@ -13,6 +13,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from torch.optim.lr_scheduler import LambdaLR
+
 from ..base.config import RunConfig, setting
 from ..base.config_fields import said
 from ..base.errors import TurbotrainError
@@ -39,18 +41,23 @@ def resume_from(
     world: int,
     rank: int,
     batch_given: bool,
+    scheduler: Any = None,
 ) -> str:
     """Load the newest finished checkpoint of ``run_dir`` into ``state`` and set the data position
     after it; returns its name ("" when the run stopped before its first checkpoint). A split-
     invariant data order keeps step s's rows for any split of the global batch, so only a global
-    batch changed unasked is refused (:func:`check_resume_batch`)."""
+    batch changed unasked is refused (:func:`check_resume_batch`). A ``scheduler`` is re-planned
+    for this resume's length and learning rate (:func:`replan`)."""
     if not finished_checkpoints(run_dir / CHECKPOINTS):
         log.info(
             "%s has no finished checkpoint (it stopped before its first one): training from step 0", run_dir
         )
         return ""
 
+    saved_configs: list[Any] = []
+
     def same_batch(path: Path, written_by: int, saved: dict[str, Any]) -> None:  # before anything loads
+        saved_configs.append(saved.get("config"))
         # an epoch's steps are counted at the checkpoint's global batch, whatever the command asks
         if c.train.epochs:
             check_epochs_batch(path.name, saved.get("config"), written_by, c, world, rank)
@@ -60,7 +67,49 @@ def resume_from(
     resumed = restore_latest(run_dir / CHECKPOINTS, state, before_load=same_batch)
     saved_world = saved_world_of(resumed) if resumed.is_dir() else 1
     engine.seek(data.start_after(engine.state.batches, engine.state.step, c, saved_world, world))
+    if isinstance(scheduler, LambdaLR) and saved_configs:
+        replan(_saved_table(saved_configs[-1]), c, engine.state.step, scheduler)
     return resumed.name
+
+
+def replan(saved: dict[str, Any], c: RunConfig, step: int, scheduler: LambdaLR) -> None:
+    """The schedule of a resume at ``step`` whose ``optim.lr`` or ``train.max_steps`` is not its
+    checkpoint's (``saved``, the checkpoint's config): another ``optim.lr`` is the new peak; a
+    new length re-plans the schedule over it, said in one line with what the learning rate does
+    next (and, when it rises again, the settings that keep it decaying from where it was)."""
+    old_lr, old_steps = saved.get("optim", {}).get("lr"), saved.get("train", {}).get("max_steps")
+    if isinstance(old_lr, (int, float)) and old_lr > 0 and old_lr != c.optim.lr:
+        scheduler.base_lrs = [b * c.optim.lr / old_lr for b in scheduler.base_lrs]  # asked: the new peak
+    was = scheduler.optimizer.param_groups[0]["lr"]  # the old schedule's, for the step after `step`
+    for group, base, factor in zip(
+        scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas
+    ):
+        group["lr"] = base * factor(step)  # the next step trains at the new schedule's learning rate
+    if not isinstance(old_steps, int) or old_steps == c.train.max_steps or c.optim.schedule == "constant":
+        return
+    now, end = scheduler.optimizer.param_groups[0]["lr"], scheduler.base_lrs[0] * c.optim.min_lr / c.optim.lr
+    keep = ""
+    if now > was * 1.001:
+        keep = (
+            f"; to keep decaying from {was:.3g} instead, resume with {setting('optim.lr', float(f'{was:.3g}'))} "
+            f"{setting('optim.warmup_steps', step)} {setting('optim.min_lr', float(f'{was / 10:.3g}'))} "
+            "(a new peak at this step and a lower floor)"
+        )
+    log.info(
+        "train.max_steps %d -> %d: the %s schedule now spans %d steps: the learning rate goes from %.3g "
+        "to %.3g at step %d, then %s to %.3g at step %d%s",
+        old_steps,
+        c.train.max_steps,
+        c.optim.schedule,
+        c.train.max_steps,
+        was,
+        now,
+        step + 1,
+        "follows the validation loss down" if c.optim.schedule == "plateau" else "decays",
+        end,
+        c.train.max_steps,
+        keep,
+    )
 
 
 def local_copy(uri: str, out_dir: str, wait_s: float = 600.0) -> Path:
@@ -176,15 +225,21 @@ def _refuse(text: str, rank: int) -> None:
     raise TurbotrainError(text) if rank == 0 else ReportedByMainRank(text)
 
 
+def _saved_table(saved_config: Any) -> dict[str, Any]:
+    """A checkpoint's saved config as tables; empty when it has none readable."""
+    try:
+        return tomllib.loads(saved_config) if isinstance(saved_config, str) else {}
+    except tomllib.TOMLDecodeError:
+        return {}
+
+
 def _saved_batch(saved_config: Any) -> tuple[int, int] | None:
     """(batch.micro, batch.accumulation) of a checkpoint's saved config; None when it has none
     readable ('auto' never resolved, or a config this version cannot read: nothing to compare)."""
-    if not isinstance(saved_config, str):
-        return None
     try:
-        batch = tomllib.loads(saved_config).get("batch", {})
+        batch = _saved_table(saved_config).get("batch", {})
         return int(batch["micro"]), int(batch.get("accumulation", 1))
-    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError, AttributeError):
+    except (KeyError, TypeError, ValueError, AttributeError):
         return None
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..base.config import MAX_STEPS, OptimConfig, RunConfig, setting
+from ..base.config import MAX_STEPS, RunConfig, setting
 from ..base.errors import ConfigError
 from ..core.optim import lr_batch_factor, rescale_lr
 from ..parts.models.spec import RunData
@@ -59,9 +59,9 @@ def epoch_steps(c: RunConfig, data: RunData, world: int) -> int:
 
 
 def warn_long_warmup(c: RunConfig) -> None:
-    """A warmup longer than the run: one warning naming the setting (the default warmup on a short
-    demo says nothing)."""
-    if c.optim.warmup_steps > c.train.max_steps and c.optim.warmup_steps != OptimConfig.warmup_steps:
+    """A warmup longer than the run: one warning naming the setting (the default, 'auto', is 10 %
+    of the run)."""
+    if isinstance(c.optim.warmup_steps, int) and c.optim.warmup_steps > c.train.max_steps:
         log.warning(
             "optim.warmup_steps = %d is longer than the run (train.max_steps = %d): the learning rate "
             "peaks at %.0f%% of optim.lr; use %s or fewer",

@@ -214,7 +214,9 @@ def build_training(
         optional={"best": watch} if watch is not None else None,
     )
     resumed_from = (
-        resume_from(c, run_dir, state, engine, data, world, rank, run.batch_given) if run.resume else ""
+        resume_from(c, run_dir, state, engine, data, world, rank, run.batch_given, t.scheduler)
+        if run.resume
+        else ""
     )
     first_step_draws = rng_state()  # the generators the first step draws from (a resume's, restored)
     if run.resume and main:  # the steps after the checkpoint run again: their old records would count twice

@@ -169,7 +169,13 @@ class OptimConfig:
     beta1: float = knob(0.9, "AdamW beta1", min=0.0, below=1.0)
     beta2: float = knob(0.95, "AdamW beta2", min=0.0, below=1.0)
     eps: float = knob(1e-8, "AdamW epsilon", min=0.0, max=1.0)
-    warmup_steps: int = knob(30, "linear warmup length in optimizer steps", min=0, max=MAX_STEPS)
+    warmup_steps: int | str = knob(
+        AUTO,
+        "linear warmup length in optimizer steps, or 'auto': 10% of the run's steps, at most 30 "
+        "(30 for a run of 300 steps or more, 2 for 20)",
+        min=0,
+        max=MAX_STEPS,
+    )
     schedule: str = knob(
         "cosine",
         "after warmup: 'cosine' or 'linear' decay to min_lr at train.max_steps, 'constant', or "
@@ -490,6 +496,10 @@ def _check_run_section(config: RunConfig) -> None:
         )
     if config.run.remote:
         check_uri(config.run.remote)  # the scheme, and its back-end installed
+    if isinstance(config.optim.warmup_steps, str) and config.optim.warmup_steps != AUTO:
+        raise ConfigError(
+            f"optim.warmup_steps = {config.optim.warmup_steps!r} is not valid; use a whole number >= 0 or 'auto'"
+        )
     if isinstance(config.batch.micro, str) and config.batch.micro != AUTO:
         raise ConfigError(
             f"batch.micro = {config.batch.micro!r} is not valid; use a whole number >= 1 or 'auto'"

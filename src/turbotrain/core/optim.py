@@ -109,6 +109,17 @@ def optimizer_from_config(model: nn.Module, device: torch.device, c: OptimConfig
     )
 
 
+AUTO_WARMUP_SHARE, AUTO_WARMUP_MAX = 0.1, 30  # optim.warmup_steps = 'auto': 10 % of the run, at most 30
+
+
+def warmup_length(warmup_steps: int | str, max_steps: int) -> int:
+    """The warmup in optimizer steps: ``warmup_steps`` itself, or for 'auto' 10 % of ``max_steps``
+    (at least 1), at most 30: the default 300-step run warms up for 30, a 20-step one for 2."""
+    if isinstance(warmup_steps, int):
+        return warmup_steps
+    return max(1, min(AUTO_WARMUP_MAX, int(AUTO_WARMUP_SHARE * max_steps)))
+
+
 def warmup_factor(s: int, warmup_steps: int) -> float:
     """Linear warmup: the share of the peak LR at optimizer step ``s`` (1.0 once it is over)."""
     return (s + 1) / warmup_steps if s < warmup_steps else 1.0
@@ -230,7 +241,7 @@ def scheduler_from_config(
     return build_scheduler(
         optimizer,
         schedule=c.schedule,
-        warmup_steps=c.warmup_steps,
+        warmup_steps=warmup_length(c.warmup_steps, max_steps),
         max_steps=max_steps,
         lr=c.lr,
         min_lr=c.min_lr,
