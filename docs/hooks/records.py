@@ -15,6 +15,7 @@ import ast
 import dataclasses
 import importlib
 import io
+import re
 import tokenize
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,9 @@ def _written(func: ast.AST, module: Any) -> list[tuple[str, int]]:
 def metrics_rows() -> list[tuple[str, str, str]]:
     """(key, written by, the comment beside it) for every key of a ``metrics.jsonl`` step record."""
     rows: dict[str, tuple[str, str, str]] = {}
-    for path in sorted(MONITOR.glob("*.py")):
+    for path in sorted(
+        MONITOR.glob("*.py"), key=lambda p: (p.name != "hook.py", p.name)
+    ):  # the Monitor first
         tree, module, notes = ast.parse(path.read_text()), _module(path), _comments(path)
         for cls in [n for n in tree.body if isinstance(n, ast.ClassDef)]:
             fields = [
@@ -87,7 +90,7 @@ def metrics_rows() -> list[tuple[str, str, str]]:
 def _found(node: ast.AST, name: str, own: set[str]) -> list[tuple[str | None, int]]:
     """(key, line) that one call adds to summary.json: ``engine_facts``' keywords, ``RunFacts``'
     ``more={...}``, ``write_summary``'s keywords (and a ``**{...}`` among them); ``known["k"] = ...``."""
-    if name in ("engine_facts", "write_summary", "RunFacts"):
+    if isinstance(node, ast.Call) and name in ("engine_facts", "write_summary", "RunFacts"):
         keys = [(k.arg, k.lineno) for k in node.keywords if k.arg and k.arg not in own | {"more"}]
         extra = [k.value for k in node.keywords if k.arg in (None, "more")]
         dicts = [d for v in extra for d in ast.walk(v) if isinstance(d, ast.Dict)]
@@ -109,7 +112,8 @@ def _run_keywords() -> list[tuple[str, str, str]]:
         tree, notes = ast.parse(path.read_text()), _comments(path)
         where = ".".join(path.relative_to(SRC).with_suffix("").parts)
         for node in ast.walk(tree):
-            name = getattr(node.func, "id", "") if isinstance(node, ast.Call) else "known[...]"
+            # known["k"] = ...: the facts a module hands write_summary (app.report)
+            name = getattr(node.func, "id", "") if isinstance(node, ast.Call) else "write_summary"
             for key, line in _found(node, name, own):
                 if not key or key in own:
                     continue
@@ -158,13 +162,42 @@ def summary_rows() -> list[tuple[str, str, str]]:
     return rows
 
 
-def _table(rows: list[tuple[str, str, str]]) -> list[str]:
-    out = ["| Key | Written by | Note (from the code) |", "|---|---|---|"]
-    return out + [f"| `{k}` | `{w}` | {n.replace('|', chr(92) + '|')} |" for k, w, n in rows]
+def _docstrings() -> dict[str, str]:
+    """Class or function name -> the first paragraph of its docstring, over the package (first found)."""
+    found: dict[str, str] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and ast.get_docstring(node):
+                text = ast.get_docstring(node).split("\n\n")[0].replace("\n", " ")
+                found.setdefault(node.name, re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text).replace("``", "`"))
+    return found
+
+
+def _tables(rows: list[tuple[str, str, str]], docs: dict[str, str]) -> list[str]:
+    """One table per writer (its docstring's first paragraph above it), in the order they first write."""
+    groups: dict[str, list[tuple[str, str, str]]] = {}
+    for row in rows:
+        groups.setdefault(re.split(r"[ .(]", row[1])[0], []).append(row)
+    out = []
+    for name, group in groups.items():
+        out += [
+            "",
+            f"### `{name}`",
+            "",
+            docs.get(name, ""),
+            "",
+            "| Key | Written by | Note (from the code) |",
+        ]
+        out += [
+            "|---|---|---|",
+            *(f"| `{k}` | `{w}` | {n.replace('|', chr(92) + '|')} |" for k, w, n in group),
+        ]
+    return out
 
 
 def metrics_reference() -> str:
     """Markdown: the keys of ``metrics.jsonl`` records and of ``summary.json``."""
+    docs = _docstrings()
     return (
         "\n".join(
             [
@@ -178,14 +211,12 @@ def metrics_reference() -> str:
                 "counts: [mfu.md](../mfu.md).",
                 "",
                 "## `metrics.jsonl`: a step record",
-                "",
-                *_table(metrics_rows()),
+                *_tables(metrics_rows(), docs),
                 "",
                 "Records with an `event` key (`epoch`, `restart`) are not step records: the report keeps them apart.",
                 "",
                 "## `summary.json`",
-                "",
-                *_table(summary_rows()),
+                *_tables(summary_rows(), docs),
             ]
         )
         + "\n"
