@@ -23,7 +23,7 @@ import dataclasses
 import tomllib
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
@@ -223,7 +223,7 @@ class RunConfig:
         for name in SECTIONS:
             section = getattr(self, name) if name in OWN_SECTIONS else present.get(name)
             if section is not None:
-                out[name] = dataclasses.asdict(section)
+                out[name] = asdict(section)
         return out
 
     def replace(self, **sections: Any) -> RunConfig:
@@ -233,11 +233,7 @@ class RunConfig:
             if isinstance(value, Mapping) and isinstance(data.get(name), dict):
                 data[name].update(value)
             else:
-                data[name] = (
-                    dataclasses.asdict(value)
-                    if is_dataclass(value) and not isinstance(value, type)
-                    else value
-                )
+                data[name] = asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
         return from_dict(data)
 
 
