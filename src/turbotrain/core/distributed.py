@@ -25,7 +25,7 @@ together.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -40,6 +40,9 @@ from ..parts.models.blocks import repeated_blocks
 from ..parts.models.moe.parallel import GradNormFn, place_experts
 from .plan import ParallelPlan
 from .process_group import collective_device
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 
 def is_loaded_instance(obj: Any, module: str, cls: str) -> bool:
@@ -118,7 +121,7 @@ class DataParallel(Strategy):
 
     def full(self, tensor: torch.Tensor) -> torch.Tensor:
         return (
-            tensor.full_tensor()
+            cast("DTensor", tensor).full_tensor()
             if is_loaded_instance(tensor, "torch.distributed.tensor", "DTensor")
             else tensor
         )
@@ -162,7 +165,8 @@ class DDP(DataParallel):
         )
 
     def set_grad_sync(self, model: nn.Module, sync: bool) -> None:
-        model.require_backward_grad_sync = sync  # the flag DDP's no_sync() context sets
+        # the flag DDP's no_sync() context sets (the window holds what wrap() returned: a DDP)
+        cast(DistributedDataParallel, model).require_backward_grad_sync = sync
 
 
 class FSDP(DataParallel):

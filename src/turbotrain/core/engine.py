@@ -220,7 +220,9 @@ class Engine:
             self.set_grad_norm(self.strategy.grad_norm)
         self.window.add_model(model)
         self.scheduler = scheduler
-        self.scheduler_interval = scheduler_interval if scheduler is not None else "manual"
+        self.scheduler_interval = (
+            scheduler_interval if scheduler is not None and scheduler_interval else "manual"
+        )
         if loader is None:
             return model, optimizer, None
         return model, optimizer, self.setup_loader(tune_user_loader(loader, self.options.tune_user_loader))

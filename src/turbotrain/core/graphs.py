@@ -220,6 +220,7 @@ class _Captured:
         self.static = [t.clone() for b, _ in micro for t in tensors_of(b)]
         pool = list(self.static)
         static_micro = [(map_tensors(b, lambda _: pool.pop(0)), w) for b, w in micro]
+        assert self.owner.graph_factory is not None  # __call__ runs uncaptured without one
         graph = self.owner.graph_factory()
         graph.capture(lambda: self.body(model, optimizer, static_micro, loss_fn))
         self.graph, self.sig = graph, sig

@@ -21,7 +21,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
             module, (nn.Embedding, nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d, nn.RMSNorm)
         ):
             no_decay.update(id(p) for p in module.parameters(recurse=False))
-    decay, rest = [], []
+    decay: list[nn.Parameter] = []
+    rest: list[nn.Parameter] = []
     for p in model.parameters():  # parameters() deduplicates tied weights
         if not p.requires_grad:
             continue
@@ -183,7 +184,7 @@ class PlateauLR(torch.optim.lr_scheduler.LRScheduler):
         self.lowerings = 0
         super().__init__(optimizer)
 
-    def get_lr(self) -> list[float]:  # type: ignore[override]
+    def get_lr(self) -> list[float | torch.Tensor]:
         factor = warmup_factor(self.last_epoch, self.warmup_steps) * self.scale
         return [base * factor for base in self.base_lrs]
 

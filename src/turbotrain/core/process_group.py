@@ -45,12 +45,9 @@ def join_process_group(cfg: DistributedConfig, device: torch.device, topology: T
         }
     elif os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         where = _restart_safe_store(topology, cfg.timeout_s)
-    dist.init_process_group(
-        backend,
-        timeout=datetime.timedelta(seconds=cfg.timeout_s),
-        **where,
-        **({"device_id": device} if device.type == "cuda" else {}),
-    )
+    if device.type == "cuda":
+        where["device_id"] = device
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.timeout_s), **where)
     if not _leaving:
         _leaving.append(True)
         atexit.register(_leave_at_exit)

@@ -58,7 +58,8 @@ class CheckpointedBlock:
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return super().forward(*args, **kwargs)  # type: ignore[misc]
-        extra = {"context_fn": _context_fn} if _RECOMPUTE else {}  # default context keeps torch.compile happy
+        # the default context keeps torch.compile happy
+        extra: dict[str, Any] = {"context_fn": _context_fn} if _RECOMPUTE else {}
         return checkpoint(super().forward, *args, use_reentrant=False, **extra, **kwargs)  # type: ignore[misc]
 
 

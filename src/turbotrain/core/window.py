@@ -208,8 +208,9 @@ class Window:
         """Find ``model``'s modules with ``take_aux_loss`` and ``follow_optimizer_steps`` (see the
         class docstring); before any wrapper, so the module objects stay the same."""
         for module in model.modules():
-            if callable(getattr(module, "follow_optimizer_steps", None)) and module not in self.step_modules:
-                module.follow_optimizer_steps()
+            follow = getattr(module, "follow_optimizer_steps", None)
+            if callable(follow) and module not in self.step_modules:
+                follow()
                 self.step_modules.append(module)
             if callable(getattr(module, "take_aux_loss", None)) and module not in self.aux_modules:
                 self.aux_modules.append(module)

@@ -41,7 +41,8 @@ def recipe_param_groups(model: nn.Module, weight_decay: float) -> list[dict[str,
     """AdamW groups of the recipe: weight decay on matrices and convolution kernels, none on
     biases, norms and embeddings (tied heads included) - the same split as turbotrain's."""
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    decay, rest = [], []
+    decay: list[nn.Parameter] = []
+    rest: list[nn.Parameter] = []
     for p in model.parameters():
         (decay if p.ndim >= 2 and id(p) not in embeddings else rest).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]

@@ -346,6 +346,7 @@ class FP16Mixed(MixedPrecision):
     name = "fp16-mixed"
     peak = "fp16"
     dtype = torch.float16
+    scaler: torch.amp.GradScaler  # always one (built in __init__)
 
     def __init__(self, device: torch.device | None = None) -> None:
         super().__init__(device)

@@ -34,7 +34,7 @@ import logging
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -286,7 +286,7 @@ class FP8(BF16Mixed):
 
     # ------------------------------------------------------------------ the model transform
 
-    def wants(self, module: nn.Module, name: str, outputs: set[str]) -> str:
+    def wants(self, module: nn.Linear, name: str, outputs: set[str]) -> str:
         """'' when the linear ``name`` should run in float8, else why not."""
         if any(name.startswith(p) for p in self.skip):
             return "precision.fp8_skip"
@@ -331,7 +331,11 @@ class FP8(BF16Mixed):
                 f"(they are {', '.join(list(reasons)[:4])}{', ...' if len(reasons) > 4 else ''}); "
                 "fix the prefix or drop its entry"
             )
-        weights = {name: module.get_submodule(name).weight for name, why in reasons.items() if not why}
+        weights = {
+            name: cast(nn.Linear, module.get_submodule(name)).weight
+            for name, why in reasons.items()
+            if not why
+        }
         by_recipe: dict[str, set[str]] = {}
         for name in weights:
             by_recipe.setdefault(self.recipe_of(name), set()).add(name)
@@ -440,12 +444,12 @@ class FP8(BF16Mixed):
         }
 
 
-def _keep_identity(layer: nn.Module, weight: nn.Parameter) -> None:
+def _keep_identity(layer: nn.Module, weight: torch.Tensor) -> None:
     """torchao gives ``layer`` a new Parameter wrapping ``weight`` in the all-gather subclass. Swap
     the two objects' contents so that ``weight`` itself becomes that subclass, wrapping a plain
     tensor of the same storage: an optimizer built before ``Engine.setup`` (and FSDP2's mapping of
     it) still holds the layer's weight, and a weight tied to another module stays tied."""
-    wrapped = layer.weight
+    wrapped: Any = layer.weight  # torchao's all-gather weight subclass (holds the plain tensor in _tensor)
     if wrapped is weight:
         return
     # torchao wrapped the Parameter object itself, which is about to change class
@@ -463,8 +467,10 @@ def _plain_weights_in_state_dict(
     without torchao."""
     for name, _ in module.named_parameters(recurse=False):
         value = state_dict.get(prefix + name)
+        if value is None:
+            continue
         inner = getattr(value, "_local_tensor", value)
-        if inner is None or not hasattr(inner, "fsdp_pre_all_gather"):
+        if not hasattr(inner, "fsdp_pre_all_gather"):
             continue
         if inner is value:
             state_dict[prefix + name] = inner._tensor
@@ -501,9 +507,12 @@ def _unwrap_all_gather_weights(module: nn.Module, subclass: type) -> None:
     all-gather buffers, the unsharded parameter built from them) is dropped, so the next
     all-gather is FSDP2's plain one in its mixed-precision dtype. That state is torch's private
     (checked with torch 2.13; the fallback test in tests/distributed fails if it moves)."""
+    from torch.distributed.fsdp import FSDPModule  # on first use, as core/distributed.py imports FSDP2
+
     for m in module.modules():
-        state = getattr(m, "_get_fsdp_state", None)
-        group = state()._fsdp_param_group if state is not None else None
+        if not isinstance(m, FSDPModule):
+            continue
+        group: Any = m._get_fsdp_state()._fsdp_param_group  # torch's private state, untyped here: see above
         wrapped = (
             [f for f in group.fsdp_params if isinstance(f._sharded_local_tensor, subclass)]
             if group is not None
@@ -520,6 +529,6 @@ def _unwrap_all_gather_weights(module: nn.Module, subclass: type) -> None:
             fsdp_param.__dict__.pop("_unsharded_param", None)
     for p in module.parameters():
         if isinstance(p, subclass):
-            grad = p.grad
-            torch.utils.swap_tensors(p, nn.Parameter(p._tensor, requires_grad=p.requires_grad))
+            grad, plain = p.grad, cast(Any, p)._tensor  # torchao's subclass holds the plain tensor
+            torch.utils.swap_tensors(p, nn.Parameter(plain, requires_grad=p.requires_grad))
             p.grad = grad

@@ -35,7 +35,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -149,7 +149,7 @@ def candidates(model: nn.Module, fp8: FP8) -> tuple[dict[str, tuple[int, int]], 
         if why:
             kept[name] = why
         else:
-            n, k = model.get_submodule(name).weight.shape
+            n, k = cast(nn.Linear, model.get_submodule(name)).weight.shape  # layer_plan lists nn.Linear only
             shapes[name] = (int(k), int(n))
     return shapes, kept
 
