@@ -87,71 +87,74 @@ def write_plots(data: dict[str, Any], out_dir: Path, subtitle: str = "") -> list
     history = [h for h in data["history"] if h.get("load") and sum(map(sum, h["load"]))]
     written: list[str] = []
     out_dir.mkdir(parents=True, exist_ok=True)
+    title_end = f"\n{subtitle}" if subtitle else ""
     if history:
-        steps = [h["step"] for h in history]
-        n = data["n_experts"]
-        # windows before a resume that grew the experts have fewer of them: the new ones had none
-        shares = [
-            [
-                sum(row[e] for row in h["load"] if e < len(row)) / max(sum(map(sum, h["load"])), 1)
-                for h in history
-            ]
-            for e in range(n)
-        ]
-        fig, (ax, ax2) = plt.subplots(2, 1, figsize=(8, 7), dpi=110, sharex=True, height_ratios=(3, 2))
-        fig.subplots_adjust(hspace=0.25)
-        cmap = plt.get_cmap("tab20" if n > 10 else "tab10")
-        grown = data.get("grown") or []  # moe.grow_at_step: the new experts named, the step marked
-        born = {e: g["step"] for g in grown for e in g.get("new", [])}
-        ax.stackplot(
-            steps,
-            shares,
-            labels=[f"expert {e}" + (f" (new at {born[e]})" if e in born else "") for e in range(n)],
-            colors=[cmap(e % cmap.N) for e in range(n)],
-        )
-        for g in grown:
-            for a in (ax, ax2):
-                a.axvline(g["step"], color="black", ls=":", lw=1)
-            ax.text(g["step"], 0.98, f" {g['from']} -> {g['to']} experts", va="top", fontsize=8)
-        ax.set_ylim(0, 1)
-        ax.set_ylabel("share of routed tokens\n(all MoE blocks)")
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=min(n, 8), fontsize=7, frameon=False)
-        ratios = [(h["step"], h["max_mean"]) for h in history if h.get("max_mean") is not None]
-        if ratios:
-            ax2.plot(*zip(*ratios), marker="." if len(ratios) <= 40 else None, color="tab:red")
-        ax2.axhline(1.0, color="gray", ls="--", lw=1)
-        ax2.set_ylabel("max / mean load\n(1.0 = even)")
-        ax2.set_xlabel("optimizer step")
-        ax2.grid(True, alpha=0.3)
-        ax.set_title(
-            f"Expert load over training (top-{data['top_k']} of {n})" + (f"\n{subtitle}" if subtitle else ""),
-            fontsize=11,
-        )
+        fig = _load_figure(plt, data, history, title_end)
         atomic_write(out_dir / LOAD_PLOT, lambda fh: fig.savefig(fh, format="png", bbox_inches="tight"))
         plt.close(fig)
         written.append(f"{out_dir.name}/{LOAD_PLOT}")
     p = data.get("placement") or {}
-    ranks = p.get("ranks") or []
-    if ranks:
-        n = data["n_experts"]
-        grid = [[1.0 if e in held else 0.0 for e in range(n)] for held in ranks]
-        fig, ax = plt.subplots(figsize=(max(5, 0.5 * n + 2), max(2.2, 0.5 * len(ranks) + 1.5)), dpi=110)
-        ax.imshow(grid, cmap="Blues", vmin=0, vmax=1.4, aspect="auto")
-        for r, held in enumerate(ranks):
-            for e in held:
-                ax.text(e, r, str(e), ha="center", va="center", fontsize=8)
-        ax.set_xticks(range(n))
-        ax.set_yticks(range(len(ranks)))
-        ax.set_yticklabels([f"rank {r}" for r in range(len(ranks))])
-        ax.set_xlabel("expert")
-        repeat = p.get("world", 1) // max(len(ranks), 1)
-        note = f" (x{repeat} data-parallel copies)" if repeat > 1 else ""
-        ax.set_title(
-            f"Expert placement: expert-parallel degree {len(ranks)}{note}"
-            + (f"\n{subtitle}" if subtitle else ""),
-            fontsize=11,
-        )
+    if p.get("ranks"):
+        fig = _placement_figure(plt, data["n_experts"], p, title_end)
         atomic_write(out_dir / PLACEMENT_PLOT, lambda fh: fig.savefig(fh, format="png", bbox_inches="tight"))
         plt.close(fig)
         written.append(f"{out_dir.name}/{PLACEMENT_PLOT}")
     return written
+
+
+def _load_figure(plt: Any, data: dict[str, Any], history: list[dict[str, Any]], title_end: str) -> Any:
+    """Each expert's share of the routed tokens over the steps (stacked), above the max/mean
+    load ratio; a growth of the experts marked at its step."""
+    steps = [h["step"] for h in history]
+    n = data["n_experts"]
+    # windows before a resume that grew the experts have fewer of them: the new ones had none
+    shares = [
+        [sum(row[e] for row in h["load"] if e < len(row)) / max(sum(map(sum, h["load"])), 1) for h in history]
+        for e in range(n)
+    ]
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(8, 7), dpi=110, sharex=True, height_ratios=(3, 2))
+    fig.subplots_adjust(hspace=0.25)
+    cmap = plt.get_cmap("tab20" if n > 10 else "tab10")
+    grown = data.get("grown") or []  # moe.grow_at_step: the new experts named, the step marked
+    born = {e: g["step"] for g in grown for e in g.get("new", [])}
+    ax.stackplot(
+        steps,
+        shares,
+        labels=[f"expert {e}" + (f" (new at {born[e]})" if e in born else "") for e in range(n)],
+        colors=[cmap(e % cmap.N) for e in range(n)],
+    )
+    for g in grown:
+        for a in (ax, ax2):
+            a.axvline(g["step"], color="black", ls=":", lw=1)
+        ax.text(g["step"], 0.98, f" {g['from']} -> {g['to']} experts", va="top", fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("share of routed tokens\n(all MoE blocks)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=min(n, 8), fontsize=7, frameon=False)
+    ratios = [(h["step"], h["max_mean"]) for h in history if h.get("max_mean") is not None]
+    if ratios:
+        ax2.plot(*zip(*ratios), marker="." if len(ratios) <= 40 else None, color="tab:red")
+    ax2.axhline(1.0, color="gray", ls="--", lw=1)
+    ax2.set_ylabel("max / mean load\n(1.0 = even)")
+    ax2.set_xlabel("optimizer step")
+    ax2.grid(True, alpha=0.3)
+    ax.set_title(f"Expert load over training (top-{data['top_k']} of {n})" + title_end, fontsize=11)
+    return fig
+
+
+def _placement_figure(plt: Any, n: int, p: dict[str, Any], title_end: str) -> Any:
+    """Which rank holds which expert, as a grid of ranks by experts."""
+    ranks = p["ranks"]
+    grid = [[1.0 if e in held else 0.0 for e in range(n)] for held in ranks]
+    fig, ax = plt.subplots(figsize=(max(5, 0.5 * n + 2), max(2.2, 0.5 * len(ranks) + 1.5)), dpi=110)
+    ax.imshow(grid, cmap="Blues", vmin=0, vmax=1.4, aspect="auto")
+    for r, held in enumerate(ranks):
+        for e in held:
+            ax.text(e, r, str(e), ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(n))
+    ax.set_yticks(range(len(ranks)))
+    ax.set_yticklabels([f"rank {r}" for r in range(len(ranks))])
+    ax.set_xlabel("expert")
+    repeat = p.get("world", 1) // max(len(ranks), 1)
+    note = f" (x{repeat} data-parallel copies)" if repeat > 1 else ""
+    ax.set_title(f"Expert placement: expert-parallel degree {len(ranks)}{note}" + title_end, fontsize=11)
+    return fig

@@ -132,48 +132,42 @@ def plots_for(records: list[dict[str, Any]]) -> tuple[PlotSpec, ...]:
 COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")
 
 
+def _line(axis: Any, s: Series, v: list[tuple[int, float]], color: str, few: bool) -> list[Any]:
+    """One series on ``axis`` in its style; its points marked when there are ``few``."""
+    xs, ys = zip(*v)
+    marker = "o" if "o" in s.style else ("." if few else None)
+    return axis.plot(
+        xs,
+        [y * s.scale for y in ys],
+        linestyle=s.style.replace("o", "") or "-",
+        marker=marker,
+        color=color,
+        label=s.label,
+        markersize=5,
+    )
+
+
 def _draw(spec: PlotSpec, records: list[dict[str, Any]], path: Path, subtitle: str) -> bool:
     """Render one plot; False when none of its series has data."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    left = [(s, key_values(records, s.key)) for s in spec.series]
-    right = [(s, key_values(records, s.key)) for s in spec.right]
-    left = [(s, v) for s, v in left if v]
-    right = [(s, v) for s, v in right if v]
+    left = [(s, v) for s in spec.series if (v := key_values(records, s.key))]
+    right = [(s, v) for s in spec.right if (v := key_values(records, s.key))]
     if not left and not right:
         return False
-    title = spec.title
+    ylabel, right_label, title = spec.ylabel, spec.right_label, spec.title
     if not left:  # e.g. achieved TFLOP/s without an MFU: draw it on the main axis, say why
         left, right = right, []
         ylabel = right_label = spec.right_label
         title = spec.fallback_title or spec.title
-    else:
-        ylabel, right_label = spec.ylabel, spec.right_label
-    from matplotlib.ticker import MaxNLocator
-
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
-    handles = []
     color = iter(COLORS)
     few = len(records) <= 40  # mark the logged points when there are few of them
-
-    def draw(axis: Any, s: Series, v: list[tuple[int, float]]) -> list[Any]:
-        xs, ys = zip(*v)
-        marker = "o" if "o" in s.style else ("." if few else None)
-        return axis.plot(
-            xs,
-            [y * s.scale for y in ys],
-            linestyle=s.style.replace("o", "") or "-",
-            marker=marker,
-            color=next(color),
-            label=s.label,
-            markersize=5,
-        )
-
-    for s, v in left:
-        handles += draw(ax, s, v)
+    handles = [h for s, v in left for h in _line(ax, s, v, next(color), few)]
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("optimizer step")
     ax.set_ylabel(ylabel)
@@ -182,8 +176,7 @@ def _draw(spec: PlotSpec, records: list[dict[str, Any]], path: Path, subtitle: s
     ax.grid(True, alpha=0.3)
     if right:
         ax2 = ax.twinx()
-        for s, v in right:
-            handles += draw(ax2, s, v)
+        handles += [h for s, v in right for h in _line(ax2, s, v, next(color), few)]
         ax2.set_ylabel(right_label)
         ax2.set_ylim(0, ax2.get_ylim()[1] * 1.08)
     if spec.file in ("throughput.png", "mfu.png", "memory.png", "gpu.png"):

@@ -15,7 +15,7 @@ import os
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -41,8 +41,7 @@ def save_folder(
     finished folder. Lack of space raises :class:`turbotrain.base.atomic.DiskFullError`. ``group``: the
     process group of its collectives (default: the default group); a save in a background thread
     passes a group of its own, so its collectives never interleave with the training's."""
-    import torch.distributed.checkpoint as dcp  # costly (~0.7 s): imported when a sharded run saves
-    from torch.distributed.checkpoint import CheckpointException, FileSystemWriter
+    from torch.distributed.checkpoint import CheckpointException
 
     rank, world = rank_world()
     final, tmp = checkpoint_dir(folder, step), partial_dir(folder, step)
@@ -54,28 +53,7 @@ def save_folder(
     failure: BaseException | None = None
     claimed: dict[str, Any] = {}
     try:
-        with warnings.catch_warnings():
-            # one process: as intended
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            # a collective: a failure on any rank raises on every rank
-            dcp.save(
-                tensors,
-                storage_writer=FileSystemWriter(tmp, sync_files=True),
-                process_group=group,
-                no_dist=not in_group(),
-            )
-        atomic_write(
-            tmp / rank_file(rank),
-            lambda f: torch.save({"format": FORMAT, "rank": rank, "world": world, **per_rank}, f),
-        )
-        mine = [rank_file(rank)]
-        if rank == 0:
-            atomic_write(tmp / STATE_FILE, lambda f: torch.save({"format": FORMAT, **replicated}, f))
-            mine.append(STATE_FILE)
-        # each rank hashes what it wrote, in parallel; rank 0 hashes whatever nobody claimed (.metadata)
-        claimed = {
-            name: _entry(tmp / name) for name in mine + [n.name for n in tmp.glob(f"__{rank}_*.distcp")]
-        }
+        claimed = _write_own(tmp, tensors, replicated, per_rank, group)
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - told to every rank below: none waits forever
         failure = exc
     problem = describe(failure) if failure is not None else ""
@@ -87,32 +65,82 @@ def save_folder(
     if failed:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-        # said once, by the first rank that failed (a full disk fails them all alike)
-        if rank != failed[0][0]:
-            raise ReportedByAnotherRank(
-                f"the checkpoint at step {step} was not saved: rank {failed[0][0]} failed ({failed[0][1]})"
-            )
-        full = _disk_full_reason(failure) if failure is not None else ""
-        if full:
-            raise DiskFullError(final, full) from None
-        if failure is not None and not isinstance(failure, CheckpointException):
-            raise failure  # a bug here: its traceback
-        r, why = failed[0]
-        raise TurbotrainError(f"the checkpoint at step {step} was not saved: rank {r} failed ({why})")
+        _raise_failed(step, final, failed, failure)
     if rank == 0:
-        files = {k: v for _, part in gathered for k, v in part.items()}
-        for path in tmp.iterdir():
-            if path.name not in files and not path.name.startswith("."):
-                files[path.name] = _entry(path)
-        files[".metadata"] = _entry(tmp / ".metadata")
-        marker = {"format": FORMAT, "step": step, "world": world, "files": dict(sorted(files.items()))}
-        atomic_write(tmp / MARKER, json.dumps(marker, indent=1) + "\n")
-        if final.exists():  # an older save at this step (unfinished or corrupt): the new one replaces it
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        fsync_dir(folder)
+        _publish(folder, step, world, gathered)
     _barrier(group)  # nobody goes on (or reads the folder) before it is in place
     return final
+
+
+def _write_own(
+    tmp: Path,
+    tensors: dict[str, torch.Tensor],
+    replicated: dict[str, Any],
+    per_rank: dict[str, Any],
+    group: dist.ProcessGroup | None,
+) -> dict[str, Any]:
+    """This rank's part of the save into ``tmp``: its shards, its per-rank state (rank 0: also
+    the replicated state); returns the entries (hashes) of the files it wrote."""
+    import torch.distributed.checkpoint as dcp  # costly (~0.7 s): imported when a sharded run saves
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    rank, world = rank_world()
+    with warnings.catch_warnings():
+        # one process: as intended
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        # a collective: a failure on any rank raises on every rank
+        dcp.save(
+            tensors,
+            storage_writer=FileSystemWriter(tmp, sync_files=True),
+            process_group=group,
+            no_dist=not in_group(),
+        )
+    atomic_write(
+        tmp / rank_file(rank),
+        lambda f: torch.save({"format": FORMAT, "rank": rank, "world": world, **per_rank}, f),
+    )
+    mine = [rank_file(rank)]
+    if rank == 0:
+        atomic_write(tmp / STATE_FILE, lambda f: torch.save({"format": FORMAT, **replicated}, f))
+        mine.append(STATE_FILE)
+    # each rank hashes what it wrote, in parallel; rank 0 hashes whatever nobody claimed (.metadata)
+    return {name: _entry(tmp / name) for name in mine + [n.name for n in tmp.glob(f"__{rank}_*.distcp")]}
+
+
+def _raise_failed(
+    step: int, final: Path, failed: list[tuple[int, str]], failure: BaseException | None
+) -> NoReturn:
+    """The save failed on some rank: said once, by the first rank that failed (a full disk fails
+    them all alike); the others raise :class:`ReportedByAnotherRank`."""
+    from torch.distributed.checkpoint import CheckpointException
+
+    first, first_why = failed[0]
+    if rank_world()[0] != first:
+        raise ReportedByAnotherRank(
+            f"the checkpoint at step {step} was not saved: rank {first} failed ({first_why})"
+        )
+    full = _disk_full_reason(failure) if failure is not None else ""
+    if full:
+        raise DiskFullError(final, full) from None
+    if failure is not None and not isinstance(failure, CheckpointException):
+        raise failure  # a bug here: its traceback
+    raise TurbotrainError(f"the checkpoint at step {step} was not saved: rank {first} failed ({first_why})")
+
+
+def _publish(folder: Path, step: int, world: int, gathered: list[tuple[str, dict[str, Any]]]) -> None:
+    """Rank 0: the marker listing every file's entry, then the finished folder in its place."""
+    tmp, final = partial_dir(folder, step), checkpoint_dir(folder, step)
+    files = {k: v for _, part in gathered for k, v in part.items()}
+    for path in tmp.iterdir():
+        if path.name not in files and not path.name.startswith("."):
+            files[path.name] = _entry(path)
+    files[".metadata"] = _entry(tmp / ".metadata")
+    marker = {"format": FORMAT, "step": step, "world": world, "files": dict(sorted(files.items()))}
+    atomic_write(tmp / MARKER, json.dumps(marker, indent=1) + "\n")
+    if final.exists():  # an older save at this step (unfinished or corrupt): the new one replaces it
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    fsync_dir(folder)
 
 
 def _disk_full_reason(exc: BaseException) -> str:
