@@ -21,7 +21,7 @@ import os
 import sys
 import sysconfig
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
@@ -52,23 +52,7 @@ LLMC_MAGIC = 20240520  # llm.c token files start with a 256 x int32 header
 CACHE_VERSION = 2  # part of every cache key: bump it when what a cache entry holds changes
 # text handed to a subword tokenizer per call (~1 s; Ctrl-C is seen between calls)
 ENCODE_CHUNK_BYTES = 8 << 20
-TEXT_SUFFIXES = {
-    ".txt",
-    ".py",
-    ".md",
-    ".rst",
-    ".c",
-    ".h",
-    ".js",
-    ".ts",
-    ".java",
-    ".go",
-    ".rs",
-    ".json",
-    ".toml",
-    ".html",
-    ".css",
-}
+TEXT_SUFFIXES = set(".txt .py .md .rst .c .h .js .ts .java .go .rs .json .toml .html .css".split())
 
 
 class DataReadError(TurbotrainError):
@@ -370,6 +354,28 @@ def tokenize_files(files: list[Path], cache_dir: Path, tokenizer: Tokenizer, pro
         tokenizer.name,
     )
     start = time.perf_counter()
+    parts, read = _encode_files(files, tokenizer, total, progress, start)
+    tokens = np.concatenate(parts) if parts else np.zeros(0, np.uint16)
+    # a file changed between listing and reading: key what was read
+    out = _cache_path(cache_dir, read, tokenizer.name)
+    _cache_write(out, tokens)
+    meta = {"vocab_size": padded_vocab(tokenizer.vocab_size), "tokens": int(tokens.size)}
+    _cache_write(out.with_suffix(".json"), json.dumps({**meta, "tokenizer": tokenizer.name}))
+    log.info(
+        "%d files -> %s tokens (%.2f bytes/token) in %.1f s",
+        len(files),
+        f"{tokens.size:,}",
+        sum(k[1] for k in read) / max(1, tokens.size),
+        time.perf_counter() - start,
+    )
+    return out
+
+
+def _encode_files(
+    files: list[Path], tokenizer: Tokenizer, total: int, progress: bool, start: float
+) -> tuple[list[np.ndarray], list[FileKey]]:
+    """Encode the files in chunks of ~8 MB, a separator after each: (the token arrays, the keys
+    of the files as they were read), with a bar on a terminal or a log line per chunk."""
     sep = tokenizer.separator()
     parts: list[np.ndarray] = []
     read: list[FileKey] = []
@@ -394,28 +400,7 @@ def tokenize_files(files: list[Path], cache_dir: Path, tokenizer: Tokenizer, pro
                     100 * done / max(1, total),
                     time.perf_counter() - start,
                 )
-    tokens = np.concatenate(parts) if parts else np.zeros(0, np.uint16)
-    # a file changed between listing and reading: key what was read
-    out = _cache_path(cache_dir, read, tokenizer.name)
-    _cache_write(out, tokens)
-    _cache_write(
-        out.with_suffix(".json"),
-        json.dumps(
-            {
-                "vocab_size": padded_vocab(tokenizer.vocab_size),
-                "tokens": int(tokens.size),
-                "tokenizer": tokenizer.name,
-            }
-        ),
-    )
-    log.info(
-        "%d files -> %s tokens (%.2f bytes/token) in %.1f s",
-        len(files),
-        f"{tokens.size:,}",
-        sum(k[1] for k in read) / max(1, tokens.size),
-        time.perf_counter() - start,
-    )
-    return out
+    return parts, read
 
 
 def _complete(path: Path) -> bool:
@@ -531,23 +516,12 @@ def open_tokens(
     exists) is used instead of building the tokenizer again.
     """
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
+
+    def make_tokenizer(files: list[Path]) -> Tokenizer:
+        return _tokenizer_for(tokenizer, files, vocab_size, cache, progress, saved_tokenizer)
+
     if not path:
-        files = stdlib_files()
-        if not files:
-            raise TurbotrainError(
-                "the built-in corpus (Python stdlib sources) was not found; pass --data PATH"
-            )
-        train_files, val_files = builtin_split(files)
-        tok = _tokenizer_for(tokenizer, train_files, vocab_size, cache, progress, saved_tokenizer)
-        tp = tokenize_files(train_files, cache, tok, progress)
-        vp = tokenize_files(val_files, cache, tok, progress)
-        return TokenSource(
-            TokenSplit(tp, 0, 0, tp.stat().st_size // 2),
-            TokenSplit(vp, 0, 0, vp.stat().st_size // 2),
-            _text_vocab(tokenizer, tok, vocab_size),
-            f"built-in corpus: {len(train_files)} + {len(val_files)} Python stdlib files" + _tokens_note(tok),
-            tok,
-        )
+        return _builtin_source(make_tokenizer, tokenizer, vocab_size, cache, progress)
     p = check_data_path(path)
     if p.is_file() and p.suffix == ".bin":
         if tokenizer == "bpe":
@@ -556,24 +530,14 @@ def open_tokens(
                 "tokenizer.json that made it (so sample can decode) or leave data.tokenizer = 'bytes'"
             )
         # kept for decoding: the .bin's ids are its
-        tok = _tokenizer_for(tokenizer, [], vocab_size, cache, progress, saved_tokenizer)
-        offset, n, vocab = _bin_layout(p)
-        if n == 0:
-            raise TurbotrainError(f"{path} holds no tokens; pass a non-empty .bin file")
-        sibling = p.with_name("val.bin")
-        if p.name == "train.bin" and sibling.is_file():
-            v_offset, v_n, _ = _bin_layout(sibling)
-            train, val = TokenSplit(p, offset, 0, n), TokenSplit(sibling, v_offset, 0, v_n)
-        else:
-            train, val = _split(p, offset, n, val_fraction)
-        return TokenSource(train, val, vocab, f"{p} ({n:,} tokens)", tok)
+        return _bin_source(p, path, val_fraction, make_tokenizer([]))
     files = text_files(p)
     if not files or sum(_listed(f)[1] for f in files) == 0:
         raise TurbotrainError(
             f"data path {path!r} holds no text; pass --data with a non-empty text file, a folder of text files or a .bin token file"
         )
     # A BPE learns from the whole text: its split is by token position, after encoding.
-    tok = _tokenizer_for(tokenizer, files, vocab_size, cache, progress, saved_tokenizer)
+    tok = make_tokenizer(files)
     tp = tokenize_files(files, cache, tok, progress)
     n = tp.stat().st_size // 2
     train, val = _split(tp, 0, n, val_fraction)
@@ -581,6 +545,44 @@ def open_tokens(
     return TokenSource(
         train, val, _text_vocab(tokenizer, tok, vocab_size), f"{p} ({len(files)} files, {n:,} {unit})", tok
     )
+
+
+def _builtin_source(
+    make_tokenizer: Callable[[list[Path]], Tokenizer],
+    tokenizer: str,
+    vocab_size: int,
+    cache: Path,
+    progress: bool,
+) -> TokenSource:
+    """The built-in corpus (Python's stdlib sources), split by file, tokenized and cached."""
+    files = stdlib_files()
+    if not files:
+        raise TurbotrainError("the built-in corpus (Python stdlib sources) was not found; pass --data PATH")
+    train_files, val_files = builtin_split(files)
+    tok = make_tokenizer(train_files)
+    tp = tokenize_files(train_files, cache, tok, progress)
+    vp = tokenize_files(val_files, cache, tok, progress)
+    return TokenSource(
+        TokenSplit(tp, 0, 0, tp.stat().st_size // 2),
+        TokenSplit(vp, 0, 0, vp.stat().st_size // 2),
+        _text_vocab(tokenizer, tok, vocab_size),
+        f"built-in corpus: {len(train_files)} + {len(val_files)} Python stdlib files" + _tokens_note(tok),
+        tok,
+    )
+
+
+def _bin_source(p: Path, path: str, val_fraction: float, tok: Tokenizer) -> TokenSource:
+    """A ``.bin`` of tokens: validation is its tail, or a sibling ``val.bin`` beside ``train.bin``."""
+    offset, n, vocab = _bin_layout(p)
+    if n == 0:
+        raise TurbotrainError(f"{path} holds no tokens; pass a non-empty .bin file")
+    sibling = p.with_name("val.bin")
+    if p.name == "train.bin" and sibling.is_file():
+        v_offset, v_n, _ = _bin_layout(sibling)
+        train, val = TokenSplit(p, offset, 0, n), TokenSplit(sibling, v_offset, 0, v_n)
+    else:
+        train, val = _split(p, offset, n, val_fraction)
+    return TokenSource(train, val, vocab, f"{p} ({n:,} tokens)", tok)
 
 
 def _kind(p: Path) -> str:
