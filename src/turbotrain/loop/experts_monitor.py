@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from .hooks import FitContext, Hook, every
 log = logging.getLogger(__name__)
 
 
-def max_mean(load: list[float]) -> float | None:
+def max_mean(load: Sequence[float]) -> float | None:
     """max / mean of one layer's per-expert load; None when nothing was routed."""
     mean = sum(load) / len(load) if load else 0.0
     return max(load) / mean if mean > 0 else None
@@ -62,7 +63,7 @@ class ExpertsMonitor(Hook):
         self.layers: list[tuple[str, MoE]] = list(moe_layers(model))
         self.interval, self.run_dir = interval, run_dir
         first = self.layers[0][1] if self.layers else None
-        self.meta = {
+        self.meta: dict[str, Any] = {
             "n_experts": first.n_experts if first else 0,
             "top_k": first.top_k if first else 0,
             "layers": [name for name, _ in self.layers],

@@ -21,7 +21,7 @@ import io
 import pickle
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 from torch import nn
@@ -34,7 +34,7 @@ from ...core.process_group import in_group
 from ...parts.models.moe import EXTRA_STATE_KEY
 
 if TYPE_CHECKING:
-    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint import CheckpointException, FileSystemReader
     from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 _SEP = "/"  # between a key's parts: parameter names contain dots
@@ -84,8 +84,9 @@ def split_state(
         get_state_dict,
     )
 
+    from_optim: dict[str, Any] = {}
     if optimizer is None:
-        from_model, from_optim = get_model_state_dict(model), {}
+        from_model = get_model_state_dict(model)
     else:
         from_model, from_optim = get_state_dict(model, optimizer)
     tensors: dict[str, torch.Tensor] = {}
@@ -203,8 +204,9 @@ def read_metadata(folder: Path, load_id: str | None = None) -> Metadata:
         raise TurbotrainError(f"{path} cannot be read: {' '.join(str(exc).split())[:200]}") from None
     if not isinstance(metadata, Metadata):
         raise TurbotrainError(f"{path} is not DCP metadata")
-    if load_id is not None and getattr(metadata, "storage_meta", None) is not None:
-        metadata.storage_meta.load_id = load_id
+    storage_meta = getattr(metadata, "storage_meta", None)
+    if load_id is not None and storage_meta is not None:
+        storage_meta.load_id = load_id
     return metadata
 
 
@@ -278,8 +280,8 @@ def load_into(
     # a MoE layer grown since this checkpoint (fewer experts saved): read as saved, the layer's
     # and the optimizer's load hooks grow them (other shapes were refused when it was chosen)
     sizes = {n: getattr(saved.get(n), "size", None) for n in tensors}
-    grown = {n for n, t in tensors.items() if sizes[n] is not None and tuple(sizes[n]) != tuple(t.shape)}
-    tensors = {n: t.new_empty(sizes[n]) if n in grown else t for n, t in tensors.items()}
+    grown = {n: s for n, t in tensors.items() if (s := sizes[n]) is not None and tuple(s) != tuple(t.shape)}
+    tensors = {n: t.new_empty(grown[n]) if n in grown else t for n, t in tensors.items()}
     _dcp_load(path, {n: t for n, t in tensors.items() if n not in absent}, path.name)
     flat = {**tensors, **state.get("objects", {})}
     optim_sd = {"state": _unflatten(flat, OPTIM), "param_groups": state.get("param_groups", [])}
@@ -316,6 +318,6 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:400]
 
 
-def is_dcp_failure(exc: BaseException) -> bool:
+def is_dcp_failure(exc: BaseException) -> TypeGuard[CheckpointException]:
     """``exc`` is DCP's CheckpointException (DCP imported only where it raised one)."""
     return is_loaded_instance(exc, "torch.distributed.checkpoint", "CheckpointException")

@@ -16,7 +16,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -38,6 +38,14 @@ WARNING_SUFFIX = "_warning"
 # are not logging steps the Monitor writes a record of just the step and the probes' keys (no loss
 # read, no sync).
 Probe = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class StepProbe(Protocol):
+    """A probe with steps of its own (``due``)."""
+
+    def __call__(self, record: dict[str, Any]) -> dict[str, Any]: ...
+
+    def due(self, step: int) -> bool: ...
 
 
 class Sink(Protocol):
@@ -92,7 +100,7 @@ class Monitor(Hook):
         self._last: tuple[float, int, int, int] = (0.0, 0, 0, 0)  # time, step, samples, tokens
         self._side_s = 0.0  # side_s at the last record
         # probes with steps of their own
-        self._own_steps = [p for p in self.probes if callable(getattr(p, "due", None))]
+        self._own_steps = [cast(StepProbe, p) for p in self.probes if callable(getattr(p, "due", None))]
         # sinks told of every step (the progress bar): a step count, no device read
         self._tickers: list[Any] = [s for s in self.sinks if callable(getattr(s, "tick", None))]
 
@@ -167,6 +175,7 @@ class Monitor(Hook):
             "mfu_peak": peak,
             "val_loss": val_loss,
         }
+        assert self._t0 is not None  # started above
         record.update(
             elapsed_s=now - self._t0,
             samples=samples,
@@ -241,7 +250,8 @@ class Monitor(Hook):
 
     def on_fit_end(self, ctx: FitContext) -> None:
         step = ctx.engine.state.step
-        last = next((r for r in reversed(self.records) if "loss" in r), {})  # the last record of the loss's
+        # the last record of the loss's
+        last: dict[str, Any] = next((r for r in reversed(self.records) if "loss" in r), {})
         if last.get("step") != step or (ctx.metrics.get("val_step") == step and "val_loss" not in last):
             self._observe(ctx, force=True)
         self.close()

@@ -65,7 +65,7 @@ class StepTrial:
         # so loading it back (close) goes through the same hooks: each rank's slice, the loads reset.
         self._weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
         self._tallies = [
-            (m, *(None if t is None else t.clone() for t in (m.load, m.dropped)))  # the expert monitor's
+            (m, m.load.clone(), m.dropped.clone())  # the expert monitor's
             for m in model.modules()
             if isinstance(m, MoE)
         ]
