@@ -295,6 +295,24 @@ def build(target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_d
     )
 
 
+def _workload_loader(
+    loader: Any, target: Target, changes: Mapping[str, Mapping[str, Any]] | None, seed: int
+) -> Any:
+    """The workload's train_loader with the run's ``data.num_workers`` and ``batch.micro`` (when
+    set), shuffled from a seeded generator: the same samples whatever the settings."""
+    workers, micro = target.explicit(changes, "data.num_workers"), target.explicit(changes, "batch.micro")
+    if isinstance(loader, DataLoader):
+        return rebuild_loader(
+            loader,
+            num_workers=None if workers is None or int(workers) < 0 else int(workers),
+            batch_size=None if micro is None else int(micro),
+            seed=seed,
+        )
+    if (workers is not None and int(workers) >= 0) or micro is not None:
+        return rebuild_loader(loader, num_workers=0)  # refused with a one-line reason: not a DataLoader
+    return loader
+
+
 def _build_workload(
     target: Target, changes: Mapping[str, Mapping[str, Any]] | None, config: RunConfig, run_dir: Path
 ) -> Built:
@@ -302,18 +320,7 @@ def _build_workload(
         w = copy_workload(target.workload)
     else:
         w = load_workload(target.model or "", seed=config.run.seed)
-    workers, micro = target.explicit(changes, "data.num_workers"), target.explicit(changes, "batch.micro")
-    loader = w.train_loader
-    # shuffled from a seeded generator: the same samples whatever the settings
-    if isinstance(loader, DataLoader):
-        loader = rebuild_loader(
-            loader,
-            num_workers=None if workers is None or int(workers) < 0 else int(workers),
-            batch_size=None if micro is None else int(micro),
-            seed=config.run.seed,
-        )
-    elif (workers is not None and int(workers) >= 0) or micro is not None:
-        loader = rebuild_loader(loader, num_workers=0)  # refused with a one-line reason: not a DataLoader
+    loader = _workload_loader(w.train_loader, target, changes, config.run.seed)
     loss_fn = w.loss_fn or default_loss
     data = DataWait(loader, endless=True)
     model = w.model
@@ -485,12 +492,33 @@ def run(
         loss_fn=built.loss_fn,
     )
     wall_s = time.perf_counter() - t0
-    figures = clock.finish()
-    warm, end = measure.at_warm, measure.at_end
+    out = _figures(built, clock.finish(), measure.at_warm, measure.at_end, (warmup, steps, wall_s))
+    if engine.device.type == "cuda":
+        out["peak_bytes"] = int(torch.cuda.max_memory_allocated(engine.device))
+    flops = built.flops_per_sample
+    if flops:
+        out["tflops"] = flops * out["samples_per_s"] / 1e12
+        peak = built.peak_tflops
+        if peak:
+            out["mfu"] = out["tflops"] / peak
+    out["parity_loss"] = parity_loss(built)
+    return out
+
+
+def _figures(
+    built: Built,
+    figures: dict[str, Any],
+    warm: dict[str, Any],
+    end: dict[str, Any],
+    run: tuple[int, int, float],
+) -> dict[str, Any]:
+    """A measured run's figures from the clock's and the counters at the end of warm-up and of
+    the timed steps; ``run``: (warm-up steps, timed steps, wall seconds)."""
+    engine, (warmup, steps, wall_s) = built.engine, run
     step_s = figures["step_ms_median"] / 1000
     samples = (end["samples"] - warm["samples"]) / steps
     tokens = (end["tokens"] - warm["tokens"]) / steps
-    out: dict[str, Any] = {
+    return {
         "steps": steps,
         "warmup": warmup,
         "step_ms_median": figures["step_ms_median"],
@@ -516,16 +544,6 @@ def run(
         "micro": built.micro,
         "accumulation": engine.accumulation,
     }
-    if engine.device.type == "cuda":
-        out["peak_bytes"] = int(torch.cuda.max_memory_allocated(engine.device))
-    flops = built.flops_per_sample
-    if flops:
-        out["tflops"] = flops * out["samples_per_s"] / 1e12
-        peak = built.peak_tflops
-        if peak:
-            out["mfu"] = out["tflops"] / peak
-    out["parity_loss"] = parity_loss(built)
-    return out
 
 
 def parity_loss(built: Built) -> float | None:

@@ -40,6 +40,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Each row runs in its own process on the same model, data, seed and batch; warm-up and "
         "compilation are excluded from throughput and reported as time to first step.",
     )
+    _add_what_options(p)
+    _add_run_options(p)
+    _add_to_loss_options(p)
+    p.add_argument(
+        "--inference",
+        action="store_true",
+        help="evaluation throughput: the forward (and loss) of --workload's preset model (random tokens) or "
+        "--model's eval_loader under inference_mode, with the precision and compile of --section.key=value "
+        "(--rows fp32,bf16-mixed: one row per precision); --steps timed batches after --warmup",
+    )
+    p.add_argument("--out", help="write <workload>-<kind>.json and .md here")
+    p.add_argument(
+        "--work-dir", help="keep per-row specs, logs and data here (default: a temporary folder, removed)"
+    )
+    p.set_defaults(command=main_bench, accepts_overrides=True)
+    return p
+
+
+def _add_what_options(p: argparse.ArgumentParser) -> None:
+    """What a bench measures: the workload or model, the reports, their rows."""
     p.add_argument(
         "--workload",
         default=None,
@@ -75,21 +95,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         default=",".join(DEFAULT_ORDER),
         help=f"comma-separated subset of {', '.join(CONTENDERS)} (CUDA-only ones are left out on CPU)",
     )
-    _add_run_options(p)
-    _add_to_loss_options(p)
-    p.add_argument(
-        "--inference",
-        action="store_true",
-        help="evaluation throughput: the forward (and loss) of --workload's preset model (random tokens) or "
-        "--model's eval_loader under inference_mode, with the precision and compile of --section.key=value "
-        "(--rows fp32,bf16-mixed: one row per precision); --steps timed batches after --warmup",
-    )
-    p.add_argument("--out", help="write <workload>-<kind>.json and .md here")
-    p.add_argument(
-        "--work-dir", help="keep per-row specs, logs and data here (default: a temporary folder, removed)"
-    )
-    p.set_defaults(command=main_bench, accepts_overrides=True)
-    return p
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:

@@ -297,14 +297,7 @@ def _log_row(opts: BenchOptions, row: dict[str, Any], label: str) -> None:
 
 def run_compare(w: BenchWorkload, opts: BenchOptions, contenders: list[str] | None = None) -> dict[str, Any]:
     """Every contender on the same model, data, seed and batch, each in its own process."""
-    names = list(contenders or DEFAULT_ORDER)
-    unknown = [n for n in names if n not in CONTENDERS]
-    if unknown:
-        raise ValueError(f"unknown contender(s) {unknown}; choose from {', '.join(CONTENDERS)}")
-    if opts.device != "cuda":
-        names = [n for n in names if not CONTENDERS[n].cuda_only]
-    if not contenders or list(contenders) == list(DEFAULT_ORDER):  # the default list: rows for this workload
-        names = [n for n in names if not CONTENDERS[n].workloads or w.model in CONTENDERS[n].workloads]
+    names = _contender_names(w, opts.device, contenders)
     spec, flops, method = _prepare(w, opts, "compare")
     opts.log(f"compare: {w.describe()}")
     specs = {
@@ -334,27 +327,44 @@ def run_compare(w: BenchWorkload, opts: BenchOptions, contenders: list[str] | No
             derive(row, w, flops)
         ref = next((r for r in rows if r["contender"] == "turbotrain"), None)
         compare_to(rows, ref, speed_key="turbotrain_speedup")
-        ok = [r for r in rows if r["status"] == "ok"]
         report = _base("compare", w, opts, flops, method)
         report.update(
             reference="turbotrain",
             device_name=_device_name(rows),
             rows=rows,
-            summary={
-                "contenders_ok": [r["contender"] for r in ok],
-                "same_initial_weights": len({r["init_digest"] for r in ok}) <= 1,
-                "init_digests": sorted({r["init_digest"] for r in ok}),
-                "first_loss_spread": (max(r["first_loss"] for r in ok) - min(r["first_loss"] for r in ok))
-                if ok
-                else None,
-                "loss_parity": all(r.get("loss_within_tol", False) for r in ok)
-                if ref and ref["status"] == "ok"
-                else None,
-            },
+            summary=_compare_summary(rows, ref),
         )
         return report
 
     return run_report(jobs, opts, f"{w.name}-compare", build)
+
+
+def _contender_names(w: BenchWorkload, device: str, contenders: list[str] | None) -> list[str]:
+    """The contenders asked for (default: those for this workload) that run on ``device``."""
+    names = list(contenders or DEFAULT_ORDER)
+    unknown = [n for n in names if n not in CONTENDERS]
+    if unknown:
+        raise ValueError(f"unknown contender(s) {unknown}; choose from {', '.join(CONTENDERS)}")
+    if device != "cuda":
+        names = [n for n in names if not CONTENDERS[n].cuda_only]
+    if not contenders or list(contenders) == list(DEFAULT_ORDER):  # the default list: rows for this workload
+        names = [n for n in names if not CONTENDERS[n].workloads or w.model in CONTENDERS[n].workloads]
+    return names
+
+
+def _compare_summary(rows: list[dict[str, Any]], ref: dict[str, Any] | None) -> dict[str, Any]:
+    ok = [r for r in rows if r["status"] == "ok"]
+    return {
+        "contenders_ok": [r["contender"] for r in ok],
+        "same_initial_weights": len({r["init_digest"] for r in ok}) <= 1,
+        "init_digests": sorted({r["init_digest"] for r in ok}),
+        "first_loss_spread": (max(r["first_loss"] for r in ok) - min(r["first_loss"] for r in ok))
+        if ok
+        else None,
+        "loss_parity": all(r.get("loss_within_tol", False) for r in ok)
+        if ref and ref["status"] == "ok"
+        else None,
+    }
 
 
 def _run_variants(

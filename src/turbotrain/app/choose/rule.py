@@ -272,25 +272,8 @@ def judge(rows: list[Row], planned_steps: int, min_speedup: float) -> Row:
         r.break_even_step = 1000 * extra_s / saving_ms if saving_ms > 0 else None
         r.parity_ok = parity(r, base)
         r.status = "rejected"
-        if not r.parity_ok:
-            tol = loss_tolerance(_prec(r), _prec(base))
-            r.reason = (
-                f"loss parity: {r.parity_loss:.5f} vs eager's {base.parity_loss:.5f} "
-                f"(|diff| > {tol:g}, the bench's rule)"
-            )
-        elif r.step_ms >= base.step_ms:
-            r.reason = f"slower than plain eager ({r.step_ms:.2f} vs {base.step_ms:.2f} ms a step)"
-        elif base.step_ms / r.step_ms < min_speedup:
-            r.reason = (
-                f"{base.step_ms / r.step_ms:.2f}x eager, under the {min_speedup:.2f}x a change must gain "
-                "(choose.min_speedup: within timing noise)"
-            )
-        elif r.break_even_step is not None and r.break_even_step > planned_steps:
-            r.reason = (
-                f"{base.step_ms / r.step_ms:.2f}x eager, but its first step costs {extra_s:.1f} s more: it pays "
-                f"back at step {r.break_even_step:,.0f}, after the run's {planned_steps:,d} steps"
-            )
-        else:
+        r.reason = _rejection(r, base, extra_s, planned_steps, min_speedup)
+        if not r.reason:
             eligible.append(r)
     best = min(eligible, key=lambda r: r.projected_s or math.inf)
     for r in eligible:
@@ -319,6 +302,30 @@ def judge(rows: list[Row], planned_steps: int, min_speedup: float) -> Row:
         )
         base.status, base.reason = "rejected", f"{best.name} is faster"
     return best
+
+
+def _rejection(r: Row, base: Row, extra_s: float, planned_steps: int, min_speedup: float) -> str:
+    """Why measured ``r`` loses to the baseline by a rule ("" when it passes every one)."""
+    assert r.step_ms is not None and base.step_ms is not None
+    if not r.parity_ok:
+        tol = loss_tolerance(_prec(r), _prec(base))
+        return (
+            f"loss parity: {r.parity_loss:.5f} vs eager's {base.parity_loss:.5f} "
+            f"(|diff| > {tol:g}, the bench's rule)"
+        )
+    if r.step_ms >= base.step_ms:
+        return f"slower than plain eager ({r.step_ms:.2f} vs {base.step_ms:.2f} ms a step)"
+    if base.step_ms / r.step_ms < min_speedup:
+        return (
+            f"{base.step_ms / r.step_ms:.2f}x eager, under the {min_speedup:.2f}x a change must gain "
+            "(choose.min_speedup: within timing noise)"
+        )
+    if r.break_even_step is not None and r.break_even_step > planned_steps:
+        return (
+            f"{base.step_ms / r.step_ms:.2f}x eager, but its first step costs {extra_s:.1f} s more: it pays "
+            f"back at step {r.break_even_step:,.0f}, after the run's {planned_steps:,d} steps"
+        )
+    return ""
 
 
 def _prec(r: Row) -> dict[str, Any]:

@@ -115,14 +115,7 @@ def choose(
     setting is left at ``auto``. ``measure`` (injectable for tests) times one candidate; ``planned``:
     the run's resolved length (``train.epochs`` on its data), else ``train.max_steps``."""
     c = config.choose
-    if c.measure == "off" or not auto_fields(config):
-        if c.measure == "always":  # a setting that does nothing here: a warning (a preset may carry it)
-            warnings.warn(
-                "choose.measure = always does nothing in this run: no setting is left at auto "
-                "(compile.scope and precision.mode are set), so nothing is measured",
-                TurbotrainWarning,
-                stacklevel=2,
-            )
+    if _nothing_to_choose(config):
         return None
     device = device or resolve_device(config.run.device)
     material = cache.key_material(config, device)
@@ -132,15 +125,14 @@ def choose(
     planned = planned or config.train.max_steps
     decision = Decision(changes={}, planned_steps=planned, key=key)
     first = stage1(config, device.type, resolve_precision("auto", DeviceCaps.of(device)))
-    if c.measure == "auto" and first[0].name not in cached:
-        # the baseline plus at least one more to time (a compile candidate when stage 1 has only
-        # eager): the threshold a default run meets does not fall when the precision is not questioned
-        why = too_short(planned, max(len(first), 2), c.warmup, c.steps, c.budget)
-        if why:
-            decision.summary = (
-                f"fixed rules kept, nothing measured: {why} (choose.measure = always measures anyway)"
-            )
-            return decision
+    # the baseline plus at least one more to time (a compile candidate when stage 1 has only
+    # eager): the threshold a default run meets does not fall when the precision is not questioned
+    why = too_short(planned, max(len(first), 2), c.warmup, c.steps, c.budget)
+    if c.measure == "auto" and first[0].name not in cached and why:
+        decision.summary = (
+            f"fixed rules kept, nothing measured: {why} (choose.measure = always measures anyway)"
+        )
+        return decision
     with tempfile.TemporaryDirectory(prefix="turbotrain-choose-") as tmp:
         timer = measure or measure_in_process(config, Path(tmp))
         rows = [_figures(Row.of(cand), cand, cached, timer, decision, say) for cand in first]
@@ -164,7 +156,35 @@ def choose(
             else:
                 _figures(row, cand, cached, timer, decision, say)
             rows.append(row)
-        best = judge(rows, planned, c.min_speedup)
+        _keep(decision, rows, judge(rows, planned, c.min_speedup), planned)
+    fresh = {r.name: _cached_form(r) for r in rows if r.status != "skipped" and not r.cached}
+    if fresh:
+        saved = cache.save(folder, key, material, {**cached, **fresh})
+        decision.cache = str(saved or "")
+    else:
+        decision.cache = str(folder / f"{key}.json")
+    return decision
+
+
+def _nothing_to_choose(config: RunConfig) -> bool:
+    """``choose.measure = off``, or no setting left at auto (then ``always`` is one warning: a
+    setting that does nothing here, which a preset may carry)."""
+    c = config.choose
+    if c.measure != "off" and auto_fields(config):
+        return False
+    if c.measure == "always":
+        warnings.warn(
+            "choose.measure = always does nothing in this run: no setting is left at auto "
+            "(compile.scope and precision.mode are set), so nothing is measured",
+            TurbotrainWarning,
+            stacklevel=3,
+        )
+    return True
+
+
+def _keep(decision: Decision, rows: list[Row], best: Row, planned: int) -> None:
+    """``best``'s changes and the summary into ``decision``; compile.scope left to its fixed rule
+    when no compiled candidate was timed."""
     decision.rows, decision.changes = rows, {k: dict(v) for k, v in best.changes.items()}
     decision.summary = f"kept {best.name} ({best.what}) for {planned:,d} steps: {best.reason}"
     compiled = [r for r in rows if r.compiles]
@@ -173,13 +193,6 @@ def choose(
         # no compiled candidate was timed: compile.scope keeps its fixed rule (auto: model on CUDA, off on CPU)
         decision.changes.pop("compile", None)
         decision.summary += "; compile.scope not measured, left to its fixed rule (auto)"
-    fresh = {r.name: _cached_form(r) for r in rows if r.status != "skipped" and not r.cached}
-    if fresh:
-        saved = cache.save(folder, key, material, {**cached, **fresh})
-        decision.cache = str(saved or "")
-    else:
-        decision.cache = str(folder / f"{key}.json")
-    return decision
 
 
 def _cached_form(r: Row) -> dict[str, Any]:

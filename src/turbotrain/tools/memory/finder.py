@@ -183,12 +183,7 @@ def find_batch_size(
     longer than that many seconds as not fitting (``start`` always fits): the doubling stops there
     and the binary search finds the largest size under it.
     """
-    if pick not in BATCH_PICKS:
-        raise choice_error("batch.pick", pick, BATCH_PICKS)
-    if headroom < 0 or headroom >= 1:
-        raise ConfigError(f"batch.headroom = {headroom!r} must be in [0, 1), a fraction of the measured peak")
-    if start < 1 or max_micro < start:
-        raise ConfigError(f"the batch-size search needs 1 <= start ({start}) <= max_micro ({max_micro})")
+    _check_search(pick, headroom, start, max_micro)
     search = _Search(trial, budget_bytes, predict, max_step_s, agree)
     lo, hi = search.grow(start, max_micro, slowdown_stop)
     if lo == 0:
@@ -216,6 +211,15 @@ def find_batch_size(
         search_s=time.perf_counter() - search.t0,
         global_batch=found,
     )
+
+
+def _check_search(pick: str, headroom: float, start: int, max_micro: int) -> None:
+    if pick not in BATCH_PICKS:
+        raise choice_error("batch.pick", pick, BATCH_PICKS)
+    if headroom < 0 or headroom >= 1:
+        raise ConfigError(f"batch.headroom = {headroom!r} must be in [0, 1), a fraction of the measured peak")
+    if start < 1 or max_micro < start:
+        raise ConfigError(f"the batch-size search needs 1 <= start ({start}) <= max_micro ({max_micro})")
 
 
 @dataclass

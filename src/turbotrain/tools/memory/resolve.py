@@ -123,14 +123,7 @@ def resolve_batch_size(
     if not _agree_across_ranks(int(search is not None)):
         search = None
     if search is None:
-        if make_batch is None:
-            spec = spec_for(config)
-            vocab = (
-                getattr(getattr(model, "cfg", None), "vocab_size", None)
-                or spec.vocab_size(config)
-                or BYTE_VOCAB
-            )
-            make_batch = spec.random_batch(config, vocab, engine.device, seed=config.run.seed)
+        make_batch = make_batch or _random_batches(config, model, engine.device)
         # training's allocator cap: search under it
         cap = config.memory.max_fraction if engine.device.type == "cuda" else 0.0
         fraction = min((f for f in (b.max_memory_fraction, cap) if f > 0), default=0.0)
@@ -140,20 +133,23 @@ def resolve_batch_size(
         search.found = search.micro = _agree_across_ranks(search.found)
         if cache is not None and rank_world()[0] == 0:
             meter_cache.write(cache, WHAT, material, search.to_dict(), key=key)
-    micro, accumulation, total, note = plan_accumulation(search.found, global_size, b.accumulation, world)
-    search.micro, search.accumulation, search.global_batch, search.world_size, search.note = (
-        micro,
-        accumulation,
-        total,
-        world,
-        note,
+    micro, accumulation, search.global_batch, note = plan_accumulation(
+        search.found, global_size, b.accumulation, world
     )
+    search.micro, search.accumulation, search.world_size, search.note = micro, accumulation, world, note
     log.info(search.describe())
     if note:
         log.warning("batch finder: %s", note)
     resolved = config.replace(batch={"micro": micro, "accumulation": accumulation})
     engine.set_accumulation(accumulation)
     return resolved, search
+
+
+def _random_batches(config: RunConfig, model: nn.Module, device: torch.device) -> Callable[[int], Any]:
+    """The model spec's random batches (tokens of its sequence length for a language model)."""
+    spec = spec_for(config)
+    vocab = getattr(getattr(model, "cfg", None), "vocab_size", None) or spec.vocab_size(config) or BYTE_VOCAB
+    return spec.random_batch(config, vocab, device, seed=config.run.seed)
 
 
 def _search_with(

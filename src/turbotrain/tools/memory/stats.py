@@ -251,16 +251,7 @@ def measure_step_memory(
     device = params[0].device if params else torch.device("cpu")
     optimizer.zero_grad(set_to_none=True)
     model.zero_grad(set_to_none=True)
-    if device.type == "cuda":
-        gc.collect()
-        meter: Any = _CudaMeter(device)
-        method = "cuda-allocator"
-    else:
-        meter = TensorMemoryTracker()
-        meter.add(params)
-        meter.add(optimizer_tensors(optimizer))
-        meter.add(tensors_of(batch))
-        method = "meta-estimate" if device.type == "meta" else "tensor-tracking"
+    meter, method = _meter(device, params, optimizer, batch)
     phases: dict[str, int] = {}
 
     def read(phase: str) -> None:  # the peak of each phase; after the forward, the activations kept
@@ -292,6 +283,19 @@ def measure_step_memory(
     )
     optimizer.zero_grad(set_to_none=True)
     return stats
+
+
+def _meter(device: torch.device, params: list[torch.Tensor], optimizer: Any, batch: Any) -> tuple[Any, str]:
+    """What reads a step's memory on ``device`` (the CUDA allocator's counters, else the tracked
+    tensors: weights, optimizer state, batch and what the step allocates), and its method's name."""
+    if device.type == "cuda":
+        gc.collect()
+        return _CudaMeter(device), "cuda-allocator"
+    meter = TensorMemoryTracker()
+    meter.add(params)
+    meter.add(optimizer_tensors(optimizer))
+    meter.add(tensors_of(batch))
+    return meter, "meta-estimate" if device.type == "meta" else "tensor-tracking"
 
 
 class _CudaMeter(contextlib.nullcontext):
