@@ -102,32 +102,26 @@ class BenchWorkload:
         return dataclasses.replace(self, **changes)
 
 
+def _on(device_type: str, cuda: BenchWorkload, **cpu: Any) -> BenchWorkload:
+    """``cuda`` on a GPU; elsewhere with the ``cpu`` sizes (scaled down for a CPU)."""
+    return cuda if device_type == "cuda" else cuda.replace(scaled_for="cpu", **cpu)
+
+
+GPT2_SMALL = dict(vocab_size=50304, n_layer=12, n_head=12, d_model=768, block_size=1024)
+
+
 def _gpt2_small(device_type: str) -> BenchWorkload:
-    if device_type == "cuda":
-        return BenchWorkload(
-            "gpt2-small",
-            "W1 GPT-2 small",
-            "lm",
-            "gpt",
-            dict(vocab_size=50304, n_layer=12, n_head=12, d_model=768, block_size=1024),
-            batch_size=16,
-            seq_len=1024,
-            warmup_steps=8,
-            timed_steps=20,
-            lr=6e-4,
-        )
-    return BenchWorkload(
-        "gpt2-small",
-        "W1 GPT-2 small",
-        "lm",
-        "gpt",
-        dict(vocab_size=50304, n_layer=2, n_head=4, d_model=256, block_size=128),
+    cuda = BenchWorkload(
+        "gpt2-small", "W1 GPT-2 small", "lm", "gpt", GPT2_SMALL, 16, 8, 20, 6e-4, seq_len=1024
+    )
+    return _on(
+        device_type,
+        cuda,
+        model_kwargs=dict(vocab_size=50304, n_layer=2, n_head=4, d_model=256, block_size=128),
         batch_size=4,
         seq_len=128,
         warmup_steps=2,
         timed_steps=10,
-        lr=6e-4,
-        scaled_for="cpu",
         notes=(
             "CPU: 2 layers, d=256, T=128 instead of 12 layers, d=768, T=1024; the 50304-token vocabulary is kept",
         ),
@@ -135,35 +129,21 @@ def _gpt2_small(device_type: str) -> BenchWorkload:
 
 
 def _cnn_224(device_type: str) -> BenchWorkload:
-    if device_type == "cuda":
-        return BenchWorkload(
-            "cnn-224",
-            "W2 ResNet-18-style CNN, 224x224",
-            "classify",
-            "resnet",
-            dict(layers=(2, 2, 2, 2), width=64, classes=1000),
-            batch_size=128,
-            image_size=224,
-            classes=1000,
-            warmup_steps=8,
-            timed_steps=20,
-            lr=1e-3,
-            pool=4,
-        )
-    return BenchWorkload(
-        "cnn-224",
-        "W2 ResNet-style CNN",
-        "classify",
-        "resnet",
-        dict(layers=(1, 1, 1, 1), width=16, classes=100),
+    resnet18 = dict(layers=(2, 2, 2, 2), width=64, classes=1000)
+    cuda = BenchWorkload(
+        "cnn-224", "W2 ResNet-18-style CNN, 224x224", "classify", "resnet", resnet18, 128, 8, 20, 1e-3,
+        image_size=224, classes=1000, pool=4,
+    )  # fmt: skip
+    return _on(
+        device_type,
+        cuda,
+        title="W2 ResNet-style CNN",
+        model_kwargs=dict(layers=(1, 1, 1, 1), width=16, classes=100),
         batch_size=8,
         image_size=64,
         classes=100,
         warmup_steps=2,
         timed_steps=10,
-        lr=1e-3,
-        pool=4,
-        scaled_for="cpu",
         notes=(
             "CPU: 64x64 images, width 16, one block per stage, 100 classes instead of ResNet-18 on 224x224",
         ),
@@ -171,106 +151,54 @@ def _cnn_224(device_type: str) -> BenchWorkload:
 
 
 def _cnn_cifar(device_type: str) -> BenchWorkload:
-    if device_type == "cuda":
-        return BenchWorkload(
-            "cnn-cifar",
-            "W2 CIFAR-sized ResNet-9-style CNN, data on the GPU",
-            "classify",
-            "cifar",
-            dict(width=32, classes=10),
-            batch_size=256,
-            image_size=32,
-            classes=10,
-            warmup_steps=10,
-            timed_steps=50,
-            lr=2e-3,
-            pool=16,
-            resident=True,
-        )
-    return BenchWorkload(
-        "cnn-cifar",
-        "W2 CIFAR-sized ResNet-9-style CNN",
-        "classify",
-        "cifar",
-        dict(width=8, classes=10),
+    cuda = BenchWorkload(
+        "cnn-cifar", "W2 CIFAR-sized ResNet-9-style CNN, data on the GPU", "classify", "cifar",
+        dict(width=32, classes=10), 256, 10, 50, 2e-3, image_size=32, classes=10, pool=16, resident=True,
+    )  # fmt: skip
+    return _on(
+        device_type,
+        cuda,
+        title="W2 CIFAR-sized ResNet-9-style CNN",
+        model_kwargs=dict(width=8, classes=10),
         batch_size=32,
-        image_size=32,
-        classes=10,
         warmup_steps=3,
         timed_steps=20,
-        lr=2e-3,
-        pool=16,
-        scaled_for="cpu",
+        resident=False,
         notes=("CPU: width 8 instead of 32, batch 32 instead of 256; 'data on the device' is moot on CPU",),
     )
 
 
 def _gpt_tiny(device_type: str) -> BenchWorkload:
+    tiny = dict(vocab_size=256, n_layer=4, n_head=4, d_model=128, block_size=64)
     return BenchWorkload(
-        "gpt-tiny",
-        "tiny GPT (CPU workload)",
-        "lm",
-        "gpt",
-        dict(vocab_size=256, n_layer=4, n_head=4, d_model=128, block_size=64),
-        batch_size=16,
-        seq_len=64,
-        warmup_steps=5,
-        timed_steps=40,
-        lr=2e-3,
+        "gpt-tiny", "tiny GPT (CPU workload)", "lm", "gpt", tiny, 16, 5, 40, 2e-3, seq_len=64
     )
 
 
 def _mlp_tiny(device_type: str) -> BenchWorkload:
+    mlp = dict(d_in=256, width=256, depth=3, classes=10)
     return BenchWorkload(
-        "mlp-tiny",
-        "tiny MLP, overhead-bound (CPU workload)",
-        "classify",
-        "mlp",
-        dict(d_in=256, width=256, depth=3, classes=10),
-        batch_size=64,
-        warmup_steps=10,
-        timed_steps=100,
-        lr=1e-3,
-        classes=10,
-        pool=20,
-    )
+        "mlp-tiny", "tiny MLP, overhead-bound (CPU workload)", "classify", "mlp", mlp, 64, 10, 100, 1e-3,
+        classes=10, pool=20,
+    )  # fmt: skip
 
 
 def _moe(device_type: str) -> BenchWorkload:
-    if device_type == "cuda":
-        return BenchWorkload(
-            "moe",
-            "W3 MoE: GPT-2 small backbone, 8 experts top-2",
-            "lm",
-            "moe",
-            dict(vocab_size=50304, n_layer=12, n_head=12, d_model=768, block_size=1024, n_experts=8, top_k=2),
-            batch_size=8,
-            seq_len=1024,
-            warmup_steps=8,
-            timed_steps=20,
-            lr=6e-4,
-        )
-    return BenchWorkload(
-        "moe",
-        "W3 MoE: GPT backbone, 8 experts top-2",
-        "lm",
-        "moe",
-        dict(
-            vocab_size=256,
-            n_layer=2,
-            n_head=4,
-            d_model=128,
-            block_size=64,
-            n_experts=8,
-            top_k=2,
-            expert_hidden=256,
-        ),
+    cuda = BenchWorkload(
+        "moe", "W3 MoE: GPT-2 small backbone, 8 experts top-2", "lm", "moe",
+        dict(GPT2_SMALL, n_experts=8, top_k=2), 8, 8, 20, 6e-4, seq_len=1024,
+    )  # fmt: skip
+    cpu_kwargs = dict(vocab_size=256, n_layer=2, n_head=4, d_model=128, block_size=64)
+    return _on(
+        device_type,
+        cuda,
+        title="W3 MoE: GPT backbone, 8 experts top-2",
+        model_kwargs=dict(cpu_kwargs, n_experts=8, top_k=2, expert_hidden=256),
         batch_size=16,
         seq_len=64,
         warmup_steps=3,
         timed_steps=20,
         lr=2e-3,
-        scaled_for="cpu",
         notes=(
             "CPU: 2 layers, d=128, T=64, byte vocabulary, experts of half the dense MLP's width "
             "instead of the GPT-2 small backbone",
