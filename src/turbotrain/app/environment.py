@@ -119,6 +119,16 @@ def collect_distributed(gpu_count: int) -> dict[str, Any]:
     return out
 
 
+# the environment variables a bug report shows (those set)
+ENV_VARS = (
+    "CUDA_VISIBLE_DEVICES",
+    "OMP_NUM_THREADS",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "TORCH_COMPILE_DISABLE",
+    "NCCL_DEBUG",
+)
+
+
 def collect_env() -> dict[str, Any]:
     """The software and hardware this process sees (JSON-serialisable, read-only, no device work).
 
@@ -128,13 +138,6 @@ def collect_env() -> dict[str, Any]:
     backends (TF32 and cuDNN switches as set now), packages, env (relevant variables).
     """
     cuda_ok = torch.cuda.is_available()
-    nccl = None
-    if cuda_ok:
-        try:
-            v = torch.cuda.nccl.version()
-            nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
-        except Exception:
-            nccl = None
     nvml = collect_nvml()
     return {
         "turbotrain": __version__,
@@ -145,7 +148,7 @@ def collect_env() -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "hip": getattr(torch.version, "hip", None),
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "nccl": nccl,
+        "nccl": _nccl_version() if cuda_ok else None,
         "driver": nvml.get("driver"),
         "cuda_available": cuda_ok,
         "gpus": [_gpu(i) for i in range(torch.cuda.device_count())] if cuda_ok else [],
@@ -167,18 +170,17 @@ def collect_env() -> dict[str, Any]:
             "cudnn_benchmark": torch.backends.cudnn.benchmark,
         },
         "packages": _package_versions(),
-        "env": {
-            k: os.environ[k]
-            for k in (
-                "CUDA_VISIBLE_DEVICES",
-                "OMP_NUM_THREADS",
-                "PYTORCH_CUDA_ALLOC_CONF",
-                "TORCH_COMPILE_DISABLE",
-                "NCCL_DEBUG",
-            )
-            if k in os.environ
-        },
+        "env": {k: os.environ[k] for k in ENV_VARS if k in os.environ},
     }
+
+
+def _nccl_version() -> str | None:
+    """The NCCL torch was built with ("2.21.5"), or None where it cannot say."""
+    try:
+        v = torch.cuda.nccl.version()
+        return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    except Exception:
+        return None
 
 
 def collect_hardware(device: torch.device | str) -> dict[str, Any]:

@@ -65,12 +65,31 @@ def steady_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return timed[1:] if len(timed) >= 3 else timed
 
 
+# the steady-state medians summary.json gives (hw_tflops, activation checkpointing: with the recomputed forward)
+STEADY_KEYS = (
+    "tokens_per_s",
+    "samples_per_s",
+    "step_ms",
+    "tflops",
+    "mfu",
+    "hw_tflops",
+    "hfu",
+    "gpu_util_pct",
+    "gpu_power_w",
+)
+
+
+def _no_event(record: dict[str, Any]) -> dict[str, Any]:
+    """An event record without its ``event`` key."""
+    return {k: v for k, v in record.items() if k != "event"}
+
+
 def summarize_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Steady-state medians (tokens/s, samples/s, step ms, achieved TFLOP/s, MFU), the median
     tokens/s of all windows, peak device memory in GiB, GPU utilisation and the final/best
     losses, from metrics records; the restarts (event records a relaunch wrote) as a list."""
     restarts = [r for r in records if r.get("event") == "restart"]
-    epochs = [{k: v for k, v in r.items() if k != "event"} for r in records if r.get("event") == "epoch"]
+    epochs = [_no_event(r) for r in records if r.get("event") == "epoch"]
     records = [r for r in records if "event" not in r]
     steady = steady_records(records)
     med = lambda key: _median([v for _, v in key_values(steady, key)])  # noqa: E731
@@ -79,18 +98,7 @@ def summarize_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     peaks = [v for _, v in key_values(records, "mem_peak_gib")]
     return {
         "tokens_per_s_median": _median([v for _, v in key_values(records, "tokens_per_s") if v]),
-        "steady_state": {
-            "windows": len(steady),
-            "tokens_per_s": med("tokens_per_s"),
-            "samples_per_s": med("samples_per_s"),
-            "step_ms": med("step_ms"),
-            "tflops": med("tflops"),
-            "mfu": med("mfu"),
-            "hw_tflops": med("hw_tflops"),  # activation checkpointing: with the recomputed forward
-            "hfu": med("hfu"),
-            "gpu_util_pct": med("gpu_util_pct"),
-            "gpu_power_w": med("gpu_power_w"),
-        },
+        "steady_state": {"windows": len(steady), **{k: med(k) for k in STEADY_KEYS}},
         "peak_memory_gib": max(peaks) if peaks else None,
         "final_train_loss": losses[-1][1] if losses else None,
         "final_train_step": losses[-1][0] if losses else None,
@@ -106,12 +114,7 @@ def summarize_records(records: list[dict[str, Any]]) -> dict[str, Any]:
         "last_step": records[-1]["step"] if records else None,
         **({"epochs": epochs} if epochs else {}),
         **(
-            {
-                "restarts": {
-                    "count": len(restarts),
-                    "each": [{k: v for k, v in r.items() if k != "event"} for r in restarts],
-                }
-            }
+            {"restarts": {"count": len(restarts), "each": [_no_event(r) for r in restarts]}}
             if restarts
             else {}
         ),
