@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -15,8 +16,9 @@ from ..base.errors import TurbotrainError
 from ..base.rundir import CHECKPOINTS, CONFIG_FILE, find_run_dir, resume_config
 from ..loop.best_checkpoint import load_best_weights
 from ..loop.checkpoint import load_latest_weights
-from ..parts.data.tokenizer import BYTE_VOCAB, ByteTokenizer, load_run_tokenizer
+from ..parts.data.tokenizer import BYTE_VOCAB, ByteTokenizer, Tokenizer, load_run_tokenizer
 from ..parts.models.registry import spec_for
+from ..parts.models.spec import ModelSpec
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -82,8 +84,22 @@ def main_sample(args: argparse.Namespace, extra: list[str]) -> int:
             f"{run_dir} trained {config.model.workload or spec.name}, a {spec.name} model that does not generate "
             "text; sample reads checkpoints of language-model runs (--preset gpt-tiny, gpt2-small, moe-tiny, llama-tiny)"
         )
+    model, tokenizer = _load_model(run_dir, config, spec, args.best)
+    torch.manual_seed(args.seed)
+    prompt = tokenizer.encode([args.prompt.encode("utf-8") or b"\n"])[0]
+    if len(prompt) == 0:  # a tokenizer may encode some text to nothing
+        prompt = tokenizer.separator()
+    idx = torch.tensor([prompt.tolist()], dtype=torch.long)
+    out = model.generate(idx, args.tokens, temperature=args.temperature, top_k=args.top_k or None)
+    sys.stdout.write(tokenizer.decode(out[0].tolist()) + "\n")
+    return 0
+
+
+def _load_model(run_dir: Path, config: RunConfig, spec: ModelSpec, best: bool) -> tuple[Any, Tokenizer]:
+    """The run's model with its latest (or best) weights, in eval mode, and the tokenizer that
+    decodes its ids; one line when the checkpoint or the tokenizer does not fit."""
     # a .pt file or a sharded folder (ddp/fsdp runs)
-    path, weights = load_best_weights(run_dir) if args.best else load_latest_weights(run_dir / CHECKPOINTS)
+    path, weights = load_best_weights(run_dir) if best else load_latest_weights(run_dir / CHECKPOINTS)
     embedding = weights.get("wte.weight") if isinstance(weights, dict) else None
     if not isinstance(embedding, torch.Tensor) or embedding.dim() != 2:
         raise TurbotrainError(
@@ -108,11 +124,4 @@ def main_sample(args: argparse.Namespace, extra: list[str]) -> int:
         detail = " ".join(str(exc).split())[:200]
         raise TurbotrainError(f"{path} does not fit the model in {run_dir}/config.toml ({detail})") from None
     model.eval()
-    torch.manual_seed(args.seed)
-    prompt = tokenizer.encode([args.prompt.encode("utf-8") or b"\n"])[0]
-    if len(prompt) == 0:  # a tokenizer may encode some text to nothing
-        prompt = tokenizer.separator()
-    idx = torch.tensor([prompt.tolist()], dtype=torch.long)
-    out = model.generate(idx, args.tokens, temperature=args.temperature, top_k=args.top_k or None)
-    sys.stdout.write(tokenizer.decode(out[0].tolist()) + "\n")
-    return 0
+    return model, tokenizer

@@ -81,6 +81,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "(default: --run.name, else the latest run)",
     )
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
+    _add_launch_args(p)
+    p.add_argument(
+        "--help-config", action="store_true", help="list every config field with its default and meaning"
+    )
+    p.epilog = (
+        f"exit status: 0 trained; 2 a mistake to fix (one line says what); {EXIT_STOPPED} stopped by SIGTERM/SIGINT "
+        f"with everything saved, continue with --resume; {EXIT_REQUEUE} the same after SIGUSR1 (SLURM's warning "
+        "before the time limit): requeue the job; 130 interrupted by a second Ctrl-C"
+    )
+    p.set_defaults(command=main_train, accepts_overrides=True)
+    return p
+
+
+def _add_launch_args(p: argparse.ArgumentParser) -> None:
+    """--nproc and --max-restarts: train starts its own processes, as torchrun would."""
     p.add_argument(
         "--nproc",
         metavar="N",
@@ -94,16 +109,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         metavar="K",
         help="with --nproc: start the group again up to K times after a failure (it resumes itself)",
     )
-    p.add_argument(
-        "--help-config", action="store_true", help="list every config field with its default and meaning"
-    )
-    p.epilog = (
-        f"exit status: 0 trained; 2 a mistake to fix (one line says what); {EXIT_STOPPED} stopped by SIGTERM/SIGINT "
-        f"with everything saved, continue with --resume; {EXIT_REQUEUE} the same after SIGUSR1 (SLURM's warning "
-        "before the time limit): requeue the job; 130 interrupted by a second Ctrl-C"
-    )
-    p.set_defaults(command=main_train, accepts_overrides=True)
-    return p
 
 
 def main_train(args: argparse.Namespace, extra: list[str]) -> int:
