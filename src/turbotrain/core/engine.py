@@ -24,7 +24,6 @@ guard's poll every ``sync_every`` optimizer steps. No other module writes the en
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, ContextManager
@@ -32,26 +31,24 @@ from typing import Any, ContextManager
 import torch
 from torch import nn
 
-from ..base.batch import batch_size, real_tokens
+from ..base.batch import batch_size
 from ..base.config import RunConfig
 from ..base.errors import ConfigError
 from ..parts.data.prefetch import DevicePrefetcher
 from ..parts.models.moe.parallel import GradNormFn
 from .compile_guard import CompileGuard
-from .device import apply_memory_cap
 from .distributed import Strategy, build_strategy
 from .evaluation import MetricsFn, evaluate_batches
 from .graphs import StepGraph
 from .logged_values import LoggedValues
 from .nonfinite import NonFinitePolicy
 from .oom import build_oom_policy, run_guarded, run_guarded_batch
-from .options import EngineOptions
+from .options import EngineOptions, scheduler_interval_of
 from .plan import ParallelPlan
 from .precision.core import (  # the classes' own module: one import level less
     DeviceCaps,
     NonFiniteGuard,
     Precision,
-    apply_backend_switches,
     build_guard,
     build_precision,
 )
@@ -59,8 +56,6 @@ from .train_state import Event, TrainState
 from .transforms import apply_activation_checkpointing, apply_compile
 from .user_objects import tune_user_loader, tune_user_optimizer
 from .window import LossFn, Window, WindowFn, as_loss, default_loss, micro_batches
-
-SCHEDULER_INTERVALS = ("step", "epoch", "manual")
 
 
 class Engine:
@@ -86,15 +81,7 @@ class Engine:
         self.caps = DeviceCaps.of(device)
         chosen = opts.precision if precision is None else precision
         plugin = build_precision(chosen, device, self.caps, opts.precision_settings)
-        # the switches as applied (tf32, cudnn_benchmark, deterministic), for the run's summary
-        self.switches = apply_backend_switches(
-            device,
-            tf32=opts.tf32,
-            cudnn_benchmark=opts.cudnn_benchmark,
-            flush_denormal=opts.flush_denormal,
-            deterministic=opts.deterministic,
-        )
-        apply_memory_cap(device, opts.memory_max_fraction)
+        self.switches = opts.apply_switches()  # as applied (tf32, cudnn_benchmark, ...), for the summary
         self.strategy: Strategy = build_strategy(opts.plan, device)
         # world > 1: stop, never halve alone
         self.oom_policy = build_oom_policy(opts.on_oom, self.strategy.rank, self.strategy.world)
@@ -104,15 +91,7 @@ class Engine:
         self.events: list[Event] = []
         self._logged = LoggedValues()  # engine.log's values, summed on the device
         # one optimizer step (window.py): precision, guard, grad norm, the open window live there
-        self.window = Window(
-            plugin,
-            self.strategy,
-            build_guard(device),
-            device,
-            grad_clip=opts.grad_clip,
-            norm_needed=opts.grad_clip > 0 or opts.track_grad_norm,
-            accumulation=opts.accumulation,
-        )
+        self.window = Window(plugin, self.strategy, build_guard(device), device, **opts.window_args())
 
         def fallback(mode: str) -> Precision:  # the precision a fallback switches to
             return build_precision(mode, self.device, self.caps, opts.precision_settings)
@@ -194,11 +173,7 @@ class Engine:
         The model's MoE layers are found here (:meth:`Window.adopt`: their auxiliary loss, their
         router bias moved once per optimizer step).
         """
-        if scheduler is not None and scheduler_interval not in SCHEDULER_INTERVALS:
-            raise ConfigError(
-                f"scheduler_interval = {scheduler_interval!r}: say how the scheduler steps, "
-                "engine.setup(..., scheduler=s, scheduler_interval='step' | 'epoch' | 'manual')"
-            )
+        interval = scheduler_interval_of(scheduler, scheduler_interval)
         if not self.window.models:
             self.compile_guard.start()  # count what this run compiles, not what the process did before
         self.window.adopt(model)
@@ -212,17 +187,8 @@ class Engine:
         apply_compile(model, self.options.compile_scope, self.options.compile_mode)
         if self.options.cuda_graphs and self.window.wrapper is None:  # whole-step capture (core/graphs.py)
             self.wrap_window(StepGraph(self.device))
-        model = self.strategy.wrap(
-            model, optimizer, self.precision.compute_dtype, self.precision.reduce_dtype
-        )
-        # experts spread over ranks: clip by the norm over all of them
-        if self.strategy.grad_norm is not None:
-            self.set_grad_norm(self.strategy.grad_norm)
-        self.window.add_model(model)
-        self.scheduler = scheduler
-        self.scheduler_interval = (
-            scheduler_interval if scheduler is not None and scheduler_interval else "manual"
-        )
+        model = self.window.place(model, optimizer)  # DDP / FSDP2 / experts placed, in the precision's dtypes
+        self.scheduler, self.scheduler_interval = scheduler, interval
         if loader is None:
             return model, optimizer, None
         return model, optimizer, self.setup_loader(tune_user_loader(loader, self.options.tune_user_loader))
@@ -276,8 +242,7 @@ class Engine:
         """The bookkeeping after a window's optimizer step: MoE step modules, the scheduler, the
         step's mean loss and counter, the guard's poll and the compile guard every ``sync_every``
         steps, the step callbacks."""
-        for module in self.window.step_modules:
-            module.end_optimizer_step()
+        self.window.end_step()
         if self.scheduler is not None and self.scheduler_interval == "step":
             self.scheduler.step()
         self.last_loss, self.last_grad_norm = loss, norm
@@ -328,16 +293,7 @@ class Engine:
         then ``step`` compute, to the bit. After an out-of-memory error the OOM policy re-runs the
         whole window (an error in its optimizer step too: the first step allocates the optimizer's
         state). Returns True."""
-        if self.window.pending:
-            raise RuntimeError(
-                f"train_window starts an optimizer step, but {self.window.pending} backward pass(es) "
-                "are pending: call engine.step(optimizer) first"
-            )
-        if len(batches) != self.base_accumulation:
-            raise ValueError(
-                f"train_window takes one optimizer step's {self.base_accumulation} loader batch(es) "
-                f"(batch.accumulation), got {len(batches)}"
-            )
+        self.window.expect(len(batches), self.base_accumulation)
 
         def run() -> tuple[int, torch.Tensor, torch.Tensor | None]:
             micro = micro_batches(batches, self.split)  # at the split of the moment: a re-run's is finer
@@ -350,22 +306,15 @@ class Engine:
         return self._end_step(optimizer, loss, norm)
 
     def wrap_window(self, wrapper: Callable[[WindowFn], WindowFn] | None) -> None:
-        """Whole-step capture's one seam: :meth:`train_window` runs ``wrapper(body)`` from now on,
-        ``body`` being :meth:`Window.run` (:data:`~turbotrain.core.window.WindowFn`: the step's tensor
-        work, no host sync) and the result a function of the same arguments with the same effect
-        (a CUDA graph: capture, then copy each step's micro-batches in and replay). ``wrapper`` is
-        called again whenever what the body computes changes (split, accumulation, precision,
-        gradient-norm function), so a capturing wrapper captures anew. None: the plain body."""
+        """Whole-step capture's one seam: :meth:`train_window` runs ``wrapper(body)`` from now on
+        (:meth:`Window.wrap`: the same effect, e.g. a CUDA graph's capture and replay; wrapped anew
+        whenever what the body computes changes). None: the plain body."""
         self.window.wrap(wrapper)
 
     def count_batch(self, batch: Any) -> None:
-        """Add a batch's samples and tokens to the state; any structure. Tokens are the real ones
-        (:func:`~turbotrain.base.batch.real_tokens`: an attention mask's ones, padding left out;
-        else from shapes). The loader from ``setup`` calls it for each batch while it is still on
-        the host (no sync); call it yourself only for batches that do not come through that
-        loader (a mask already on an accelerator is read there: one host-device sync)."""
-        self.state.samples += batch_size(batch)
-        self.state.tokens += int(real_tokens(batch))  # host-device sync point only for a mask on a device
+        """Add a batch's samples and tokens to the state (:meth:`TrainState.count`); the loader from
+        ``setup`` does it for each of its batches on the host (no sync): call it only for others."""
+        self.state.count(batch)
 
     def micro_batch(self, batch: Any) -> int:
         """Samples per forward/backward for ``batch`` at the current split."""
@@ -373,14 +322,7 @@ class Engine:
 
     def discard_step(self, model: nn.Module) -> None:  # the OOM policy's levers: this, set_split
         """Forget the partial optimizer step (gradients, loss sum, its micro-steps) and free memory."""
-        model.zero_grad(set_to_none=True)
-        for module in self.window.step_modules:
-            module.discard_optimizer_step()
-        self.state.micro_step -= self.window.pending
-        self.window.discard()
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        self.state.micro_step -= self.window.drop(model)
 
     def set_split(self, split: int) -> None:
         """Cut each loader batch into ``split`` parts; accumulation follows, so the global batch stays."""

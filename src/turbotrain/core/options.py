@@ -12,11 +12,27 @@ from typing import Any
 import torch
 
 from ..base.config import PrecisionConfig, RunConfig, load_config
+from ..base.errors import ConfigError
 from ..base.launch import Topology
 from ..parts.data.loader import LoaderSettings, resolve_loader_settings
-from .device import local_device, resolve_device
+from .device import apply_memory_cap, local_device, resolve_device
 from .plan import ParallelPlan
+from .precision.core import apply_backend_switches  # the function's own module: one import level less
 from .transforms import resolve_scope
+
+SCHEDULER_INTERVALS = ("step", "epoch", "manual")
+
+
+def scheduler_interval_of(scheduler: Any, interval: str | None) -> str:
+    """How ``engine.setup``'s ``scheduler`` steps (``"manual"`` without one), or the mistake in one line."""
+    if scheduler is None:
+        return "manual"
+    if interval is None or interval not in SCHEDULER_INTERVALS:
+        raise ConfigError(
+            f"scheduler_interval = {interval!r}: say how the scheduler steps, "
+            "engine.setup(..., scheduler=s, scheduler_interval='step' | 'epoch' | 'manual')"
+        )
+    return interval
 
 
 @dataclass
@@ -50,6 +66,25 @@ class EngineOptions:
     tune_user_loader: LoaderSettings | None = None  # engine.setup rebuilds a DataLoader with these settings
 
     plan: ParallelPlan = ParallelPlan(Topology())  # how the run spreads over processes (one process: this)
+
+    def apply_switches(self) -> dict[str, bool]:
+        """The process-wide switches, set once (tf32, cudnn_benchmark, denormals, deterministic; the
+        CUDA allocator's cap); returns them as applied, for the run's summary."""
+        switches = apply_backend_switches(
+            self.device,
+            tf32=self.tf32,
+            cudnn_benchmark=self.cudnn_benchmark,
+            flush_denormal=self.flush_denormal,
+            deterministic=self.deterministic,
+        )
+        apply_memory_cap(self.device, self.memory_max_fraction)
+        return switches
+
+    def window_args(self) -> dict[str, Any]:
+        """The window's own settings (:class:`~turbotrain.core.window.Window`): clipping, whether it
+        computes the gradient norm, backward passes per optimizer step."""
+        norm_needed = self.grad_clip > 0 or self.track_grad_norm
+        return {"grad_clip": self.grad_clip, "norm_needed": norm_needed, "accumulation": self.accumulation}
 
     @classmethod
     def from_config(

@@ -29,6 +29,7 @@ body's place through that seam when pipeline parallelism is built.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -147,8 +148,11 @@ class Window:
         self.body: WindowFn = self.run
 
     def wrap(self, wrapper: Callable[[WindowFn], WindowFn] | None) -> None:
-        """Run a whole window as ``wrapper(run)`` from now on, wrapped anew on every change of
-        what :meth:`run` computes (a capturing wrapper captures anew then); None: :meth:`run`."""
+        """Run a whole window as ``wrapper(run)`` from now on: ``run`` is the step's tensor work, no
+        host sync (:data:`WindowFn`), and the result a function of the same arguments with the same
+        effect (a CUDA graph: capture, then copy each step's micro-batches in and replay). Wrapped
+        anew on every change of what :meth:`run` computes (split, accumulation, precision,
+        gradient-norm function), so a capturing wrapper captures anew; None: :meth:`run`."""
         self.wrapper = wrapper
         self.body = wrapper(self.run) if wrapper is not None else self.run
 
@@ -219,6 +223,48 @@ class Window:
         """A wrapped model whose gradients this window reduces across ranks."""
         self.models.append(model)
         self.sync_next()
+
+    def place(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> nn.Module:
+        """``model`` wrapped by the strategy in the precision's dtypes (DDP, FSDP2, experts placed),
+        clipped by the strategy's global norm where experts are spread over ranks, and added."""
+        precision = self.precision
+        model = self.strategy.wrap(model, optimizer, precision.compute_dtype, precision.reduce_dtype)
+        if self.strategy.grad_norm is not None:  # experts spread over ranks: the norm over all of them
+            self.set_grad_norm(self.strategy.grad_norm)
+        self.add_model(model)
+        return model
+
+    def expect(self, batches: int, per_step: int) -> None:
+        """A whole window of ``batches`` loader batches starts: none pending, and ``per_step`` of
+        them (``batch.accumulation``), else the mistake in one line."""
+        if self.pending:
+            raise RuntimeError(
+                f"train_window starts an optimizer step, but {self.pending} backward pass(es) "
+                "are pending: call engine.step(optimizer) first"
+            )
+        if batches != per_step:
+            raise ValueError(
+                f"train_window takes one optimizer step's {per_step} loader batch(es) "
+                f"(batch.accumulation), got {batches}"
+            )
+
+    def end_step(self) -> None:
+        """An optimizer step ended: the MoE layers that follow optimizer steps move their router bias."""
+        for module in self.step_modules:
+            module.end_optimizer_step()
+
+    def drop(self, model: nn.Module) -> int:
+        """Forget the open window (gradients, loss sum, the MoE layers' step) and free memory; returns
+        the backward passes it had."""
+        model.zero_grad(set_to_none=True)
+        for module in self.step_modules:
+            module.discard_optimizer_step()
+        pending = self.pending
+        self.discard()
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return pending
 
     def check_placed(self, batch: Any = None) -> None:
         """Once each: the models' tensors, and the first ``batch`` given, on the device (else one
