@@ -78,6 +78,8 @@ SKIPPED = {
     "data with the Trainer and in an Accelerate loop (6 steps each)",
     "turbotrain train --resume s3://": "needs the S3 store of the run above it; tests/integration/test_remote_store.py "
     "resumes from a moto server",
+    "python examples/ray_train.py": "starts a Ray cluster and its workers (minutes on 2 shared cores); "
+    "tests/distributed/test_ray_train.py trains under TorchTrainer on a local Ray cluster",
 }
 
 # Command prefix -> why it is parsed and its config validated, not run.
@@ -159,6 +161,8 @@ PYTHON: dict[tuple[str, str], tuple[str, str] | str] = {
         "from turbotrain.loop.best_checkpoint import load_best_weights\n"
         "model.load_state_dict(load_best_weights(run_dir)[1])\nprint(ctx.stop_reason)",
     ),
+    ("cluster.md", "from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig"): "starts "
+    "Ray workers and names an S3 bucket; tests/distributed/test_ray_train.py runs TorchTrainer with train_loop",
     (
         "precision.md",
         "# src/turbotrain/core/precision/fp16_unscaled.py",

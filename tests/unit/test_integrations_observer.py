@@ -61,10 +61,11 @@ def test_peak_and_flops_give_mfu(tmp_path):
         ("turbotrain.integrations.hf", "turbotrain[hf]"),
         ("turbotrain.integrations.lightning", "turbotrain[lightning]"),
         ("turbotrain.integrations.accelerate", "pip install accelerate"),
+        ("turbotrain.integrations.ray", "turbotrain[ray]"),
     ],
 )
 def test_a_missing_framework_is_one_line_naming_the_extra(module, extra, monkeypatch):
-    framework = {"hf": "transformers", "lightning": "lightning", "accelerate": "accelerate"}[
+    framework = {"hf": "transformers", "lightning": "lightning", "accelerate": "accelerate", "ray": "ray"}[
         module.rsplit(".", 1)[1]
     ]
     monkeypatch.setitem(sys.modules, framework, None)  # import fails as if not installed

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from ..core.engine import default_loss
 from ..core.main_rank import decided_by_main
 from ..core.plan import ParallelPlan
 from ..loop.checkpoint import checkpoint_step, latest_verified
+from ..loop.hooks import Hook
 from ..parts.hardware import ram_bytes
 from ..parts.models.registry import spec_for
 from ..parts.models.spec import LossFn, ModelSpec, RunData
@@ -86,12 +87,17 @@ class RunRequest:
     """What a caller asks to train. ``preset``: a name or .toml path (None: the default for the
     device, or the config's defaults for a workload); ``overrides``: ``{section: {key: value}}``;
     ``resume``: None for a new run, "" for ``run.name`` or else the newest run, or a run name or
-    directory; ``workload``: your model and data (:data:`WorkloadLike`), None for the preset's GPT."""
+    directory; ``workload``: your model and data (:data:`WorkloadLike`), None for the preset's GPT.
+    ``relaunch``: why a resume is its launcher's restart of the run (recorded as torchrun's are);
+    ``hooks``: more hooks for the run, made from the prepared run, called after its own (an
+    integration's: :mod:`turbotrain.integrations.ray` reports checkpoints to Ray)."""
 
     preset: str | None = None
     overrides: Overrides = field(default_factory=dict)
     resume: str | None = None
     workload: WorkloadLike | None = None
+    relaunch: str = ""
+    hooks: Callable[[PreparedRun], Sequence[Hook]] | None = None
 
     @property
     def base_preset(self) -> str | None:
@@ -117,6 +123,7 @@ class PreparedRun:
     batch_given: bool = (
         False  # a resume whose command sets the batch itself (not refused at another world size)
     )
+    hooks: Callable[[PreparedRun], Sequence[Hook]] | None = None  # RunRequest.hooks
 
     @property
     def main(self) -> bool:
@@ -149,7 +156,7 @@ def prepare_run(request: RunRequest, signals: StopSignals) -> PreparedRun:
             + said("--resume RUN or --resume --run.name NAME", "resume=RUN or run.name, with resume=True")
             + ", not both"
         )
-    resume_at, relaunch, recorded = request.resume, "", None
+    resume_at, relaunch, recorded = request.resume, request.relaunch if resume else "", None
     fresh = None if resume else load_config(request.base_preset, overrides)
     if fresh is not None:  # a requeued SLURM job or a restarted torchrun group continues its run by itself
         found = relaunched_run(fresh, topology, launch)
@@ -193,6 +200,7 @@ def prepare_run(request: RunRequest, signals: StopSignals) -> PreparedRun:
         relaunch,
         recorded,
         batch_given,
+        request.hooks,
     )
 
 

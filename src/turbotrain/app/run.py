@@ -310,12 +310,12 @@ def train(
     newest run, or ``run.name``'s) or a run name or directory. A mistake raises a one-line
     TurbotrainError; a signal before the first step :class:`StoppedBySignal`; a rank lost under
     torchrun a TurbotrainError saying how the run continues."""
-    request = RunRequest(
-        preset,
-        overrides_of(settings),
-        None if resume in (None, False) else ("" if resume is True else str(resume)),
-        workload,
-    )
+    resumed = None if resume in (None, False) else ("" if resume is True else str(resume))
+    return train_request(RunRequest(preset, overrides_of(settings), resumed, workload))
+
+
+def train_request(request: RunRequest) -> TrainedRun:
+    """:func:`train` of a :class:`RunRequest` (an integration's, with its hooks)."""
     outcome = train_run(request)
     if outcome.lost:
         raise TurbotrainError(outcome.lost)

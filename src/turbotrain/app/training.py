@@ -471,6 +471,8 @@ def _train_prepared_once(
             if new and main:  # first of all: a run killed from here on has a config to resume from
                 write_config(run.config, run_dir, {})
             training = build_training(run, progress=progress)
+            if run.hooks is not None:  # an integration's, after the run's own (RunRequest.hooks)
+                training.hooks.extend(run.hooks(run))
             if main and new:
                 # as given ('auto' stays 'auto'), with what it resolved to
                 write_config(run.config, run_dir, training.resolved)

@@ -1,0 +1,173 @@
+"""turbotrain under Ray Train (``pip install 'turbotrain[ray]'``): a run of ``turbotrain train``
+(the preset GPT or a ``--model`` workload, any setting) as the per-worker function of
+``ray.train.torch.TorchTrainer``::
+
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+    from turbotrain.integrations.ray import loop_config, train_loop
+
+    trainer = TorchTrainer(
+        train_loop,
+        train_loop_config=loop_config("examples/workload_cnn.py:make", max_steps=200),
+        scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
+        run_config=RunConfig(name="cnn", storage_path="/shared/ray",
+                             failure_config=FailureConfig(max_failures=2),
+                             checkpoint_config=CheckpointConfig(num_to_keep=2)),
+    )
+    result = trainer.fit()  # result.checkpoint: turbotrain.json names the run to --resume
+
+:func:`loop_config` takes what :func:`turbotrain.train` takes; :func:`train_loop` runs it on each
+worker, in the driver's working directory:
+
+- **process group**: Ray's torch backend made it (gloo on CPU, NCCL on GPU) before the function
+  runs; the Engine uses it as it is (turbotrain initialises no group that exists);
+- **ranks** from ``ray.train.get_context()``, set as the torchrun variables turbotrain reads;
+- **checkpoints** are turbotrain's own (its format, ``keep_last``, async and sharded writes), in
+  its run directory and its store (``run.remote``: given, else ``<storage_path>/<name>/turbotrain``,
+  in Ray's experiment folder). Ray is told of each with ``ray.train.report(metrics,
+  checkpoint=...)``: a checkpoint of a few hundred bytes, ``turbotrain.json``, that names the run
+  in the store, not a second copy of its weights;
+- **a failure** (a worker lost, under ``FailureConfig(max_failures=N)``): Ray starts the group
+  again; ``ray.train.get_checkpoint()`` names the run, which resumes from its store's newest
+  complete checkpoint (the local run directory when the node still has it), exactly, the
+  restart recorded in its summary as torchrun's are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..app.prepare import PreparedRun, RunRequest, WorkloadLike
+from ..app.run import overrides_of, train_request
+from ..base.config import load_config
+from ..base.errors import ConfigError
+from ..loop.hooks import FitContext, Hook, every
+
+try:
+    import ray.train
+except ImportError:  # one line naming the extra, not a chain of tracebacks
+    raise ImportError("turbotrain.integrations.ray needs ray: pip install 'turbotrain[ray]'") from None
+
+__all__ = ["POINTER", "ReportToRay", "loop_config", "store_of_ray", "train_loop"]
+
+POINTER = "turbotrain.json"  # the file of the checkpoint Ray keeps: the run, its store, its step
+SCHEMES = {"local": "file://", "s3": "s3://", "gcs": "gs://"}  # pyarrow's file systems as fsspec URIs
+
+
+def loop_config(
+    workload: WorkloadLike | None = None, *, preset: str | None = None, **settings: Any
+) -> dict[str, Any]:
+    """``train_loop_config`` for :func:`train_loop`: what :func:`turbotrain.train` takes (a
+    ``FILE.py:FUNC`` workload, as ``--model``; config fields by name or whole sections), checked
+    here on the driver (a mistake is one line before Ray starts a worker), and the driver's working
+    directory, where the workers run (relative paths mean what they mean here)."""
+    overrides = overrides_of(settings)
+    load_config(RunRequest(preset, workload=workload).base_preset, overrides)  # a wrong value: one line, here
+    return {"workload": workload, "preset": preset, "overrides": overrides, "cwd": os.getcwd()}
+
+
+def train_loop(config: dict[str, Any]) -> dict[str, Any]:
+    """Ray's per-worker function: the run :func:`loop_config` describes, a new one, or the one
+    ``ray.train.get_checkpoint()`` names when Ray started the group again after a failure. Returns
+    the run's summary (rank 0's; Ray's ``result.return_value``): Ray sends it to the driver, so
+    not the trained model."""
+    context = ray.train.get_context()
+    os.environ.update(  # the torchrun variables turbotrain reads its place from (Ray sets the same)
+        RANK=str(context.get_world_rank()),
+        LOCAL_RANK=str(context.get_local_rank()),
+        WORLD_SIZE=str(context.get_world_size()),
+        LOCAL_WORLD_SIZE=str(context.get_local_world_size()),
+    )
+    if config.get("cwd") and Path(config["cwd"]).is_dir():
+        os.chdir(config["cwd"])  # Ray starts each worker in a folder of its session
+    return dict(train_request(_request(config, context)))
+
+
+def _request(config: dict[str, Any], context: Any) -> RunRequest:
+    """The run of ``config``: a new one named after Ray's experiment (unless named), its store
+    Ray's (unless ``run.remote`` is given); or, after a restart, the run Ray's checkpoint names."""
+    workload, preset = config.get("workload"), config.get("preset")
+    overrides = {section: dict(values) for section, values in config.get("overrides", {}).items()}
+    given = load_config(RunRequest(preset, workload=workload).base_preset, overrides).run
+    run = overrides.setdefault("run", {})
+    run.setdefault("remote", given.remote or store_of_ray(context))
+    pointer = _pointer(ray.train.get_checkpoint())
+    if pointer is None:
+        run.setdefault("name", given.name or context.get_experiment_name())
+        return RunRequest(preset, overrides, None, workload, hooks=_reporting)
+    run.pop("name", None)  # the run is named by its place in the store
+    why = f"Ray Train started the worker group again; its checkpoint names step {pointer['step']}"
+    # a FILE.py:FUNC workload is in the run's config.toml; a live one comes along again
+    live = None if isinstance(workload, str) else workload
+    return RunRequest(preset, overrides, pointer["resume"], live, relaunch=why, hooks=_reporting)
+
+
+def store_of_ray(context: Any) -> str:
+    """turbotrain's store in Ray's experiment folder (``RunConfig(storage_path=...)``), as a URI:
+    ``<storage_path>/<name>/turbotrain``. A file system fsspec has no scheme for is one line."""
+    storage = context.get_storage()  # a DeveloperAPI of Ray's: the storage_path's file system and path
+    kind = storage.storage_filesystem.type_name
+    if kind not in SCHEMES:
+        raise ConfigError(
+            f"Ray's storage_path is on a {kind!r} file system, which turbotrain's store cannot name: give "
+            "run.remote=URI (s3://, gs://, az://, file://) for the run's checkpoints"
+        )
+    return f"{SCHEMES[kind]}{storage.experiment_fs_path.rstrip('/')}/turbotrain"
+
+
+def _pointer(checkpoint: Any) -> dict[str, Any] | None:
+    """What the checkpoint Ray hands a restarted group says (:data:`POINTER`); None without one."""
+    if checkpoint is None:
+        return None
+    with checkpoint.as_directory() as folder:
+        return dict(json.loads((Path(folder) / POINTER).read_text()))
+
+
+def _reporting(run: PreparedRun) -> Sequence[Hook]:
+    return [ReportToRay(run)]
+
+
+class ReportToRay(Hook):
+    """Tells Ray of the run at its start and at each checkpoint (``train.checkpoint_every``, and
+    the end): ``ray.train.report(metrics, checkpoint=...)`` on every rank (a barrier in Ray: each
+    rank calls it at the same steps), rank 0's with the checkpoint, :data:`POINTER`. The report at
+    the start makes a restart before the first checkpoint resume the run, not refuse its folder.
+    The metrics are the step's values the monitor has read already: no host-device sync here."""
+
+    def __init__(self, run: PreparedRun) -> None:
+        c = run.config
+        self.interval, self.main = c.train.checkpoint_every, run.main
+        self.run = {
+            "run": run.run_dir.name,
+            "resume": f"{c.run.remote.rstrip('/')}/{run.run_dir.name}",
+            "run_dir": str(run.run_dir.resolve()),
+        }
+        self.reported = -1
+
+    def _report(self, ctx: FitContext) -> None:
+        step = ctx.engine.state.step
+        self.reported = step
+        metrics = {k: v for k, v in ctx.metrics.items() if isinstance(v, (int, float, str))}
+        metrics["step"] = step
+        if not self.main:
+            ray.train.report(metrics)
+            return
+        with tempfile.TemporaryDirectory(prefix="turbotrain-ray-") as folder:
+            (Path(folder) / POINTER).write_text(json.dumps({**self.run, "step": step}))
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))
+
+    def on_fit_start(self, ctx: FitContext) -> None:
+        self._report(ctx)
+
+    def on_step_end(self, ctx: FitContext) -> None:
+        if every(ctx.engine.state.step, self.interval):
+            self._report(ctx)
+
+    def on_fit_end(self, ctx: FitContext) -> None:
+        if ctx.engine.state.step != self.reported:
+            self._report(ctx)
