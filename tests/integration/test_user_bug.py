@@ -32,12 +32,17 @@ def test_train_says_a_loss_bug_in_one_line(tmp_path: Path, capsys: pytest.Captur
             ["bench", "--steps", "2"],
             "turbotrain bench: error: bench --model (counting its FLOPs on one batch): the workload failed: ",
         ),
+        (  # before any trial's process (#47 item 5): it failed in each, for minutes
+            ["tune", "--trials", "2"],
+            "turbotrain tune: error: tune --model make (its loss on one batch): the workload failed: ",
+        ),
     ],
 )
-def test_memory_and_bench_say_a_loss_bug_in_one_line(
+def test_memory_bench_and_tune_say_a_loss_bug_in_one_line(
     command: list[str], said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main([command[0], "--model", f"{WORKLOAD}:make", *command[1:]]) == 2
+    out = ["--run.out_dir", str(tmp_path)] if command[0] == "tune" else []
+    assert main([command[0], "--model", f"{WORKLOAD}:make", *command[1:], *out]) == 2
     err = capsys.readouterr().err
     (line,) = [x for x in err.splitlines() if "error:" in x]
     assert line.startswith(said) and line.endswith(WHERE) and "Traceback" not in err

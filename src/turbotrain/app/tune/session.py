@@ -19,12 +19,14 @@ from torch.utils.data import DataLoader
 
 from ...base.config import RunConfig
 from ...base.errors import ConfigError
+from ...base.failure import workload_failed
 from ...base.rundir import new_run_dir
 from ...core.device import resolve_device
 from ...core.precision import DeviceCaps, resolve_precision
+from ...core.window import default_loss
 from ...parts.models.blocks import repeated_blocks
 from ...parts.models.workload_spec import WorkloadSpec
-from ...parts.workload import load_workload
+from ...parts.workload import Workload, load_workload
 from ..measure import Target
 from .output import preset_text, trials_table, write_plot, write_text
 from .runner import ProcessRunner, TuneOptions
@@ -40,6 +42,7 @@ def model_facts(target: Target) -> ModelFacts:
     if not target.is_workload:
         return ModelFacts(gpt=True, blocks=True, own_optimizer=False, dataloader=True)
     w = target.workload or load_workload(target.model or "")
+    _check_first_batch(w, target.label)
     return ModelFacts(
         gpt=False,
         blocks=repeated_blocks(w.model) is not None,
@@ -47,6 +50,25 @@ def model_facts(target: Target) -> ModelFacts:
         dataloader=isinstance(w.train_loader, DataLoader),
         loader_workers=w.train_loader.num_workers if isinstance(w.train_loader, DataLoader) else None,
     )
+
+
+def _check_first_batch(w: Workload, label: str) -> None:
+    """The workload's loss on its first batch, once, before any trial: a bug in the user's own
+    forward or loss is one line naming their file and line (as train, bench, memory and profile
+    say it), not the same failure in every trial's process. Evaluation mode, no gradients: the
+    model's running statistics and weights are untouched."""
+    training = w.model.training
+    w.model.eval()
+    try:
+        with torch.no_grad():
+            (w.loss_fn or default_loss)(w.model, next(iter(w.train_loader)))
+    except Exception as exc:  # noqa: BLE001 - the user's code: one line when it is theirs
+        failed = workload_failed(f"tune --model {label} (its loss on one batch)", exc)
+        if failed is None:
+            raise
+        raise failed from None
+    finally:
+        w.model.train(training)
 
 
 def global_batch(base: RunConfig, target: Target) -> int:
