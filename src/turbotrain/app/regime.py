@@ -17,7 +17,7 @@ The rule, in order:
 - **memory-bandwidth-bound**: the device is busy, but well under its peak FLOP/s: its kernels wait
   on memory.
 - On a CPU (no device timeline, no datasheet peak) launch overhead and compute cannot be told
-  apart: the step is named compute-bound, with that caveat.
+  apart: the step is named 'not separable' (train's and doctor's word too), with that caveat.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def classify(p: Probe) -> Regime:
             "compute and bandwidth cannot be told apart)",
         )
     return Regime(
-        "compute-bound",
+        "not separable",
         "on a CPU the host runs the kernels: launch overhead and compute cannot be told apart, "
         f"{p.data_wait_ms:.2f} ms of the {step:.2f} ms step waits on the loader",
     )
@@ -107,11 +107,15 @@ def probe_from(
     trace = trace or {}
     device = trace.get("device") or {}
     phases = trace.get("phases") or {}
+    step_ms = float(figures["step_ms_median"])  # the report's one step time: the timed steps' median
+    # the profiled steps run slower under the profiler: their host time, scaled to the timed step
+    scale = step_ms / trace["profiled_step_ms"] if trace.get("profiled_step_ms") else 1.0
     host = (
-        sum(v.get("host_ms", 0.0) for k, v in phases.items() if k not in ("data", "hooks", "other")) or None
+        scale * sum(v.get("host_ms", 0.0) for k, v in phases.items() if k not in ("data", "hooks", "other"))
+        or None
     )
     return Probe(
-        step_ms=float(trace.get("profiled_step_ms") or figures["step_ms_median"]),
+        step_ms=step_ms,
         data_wait_ms=float(figures.get("data_wait_ms_per_step") or 0.0),
         device_busy_ms=device.get("busy_ms"),
         host_enqueue_ms=host,

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ...base.config import RunConfig, setting
+from ...parts.data.loader import default_num_workers
 from ...parts.models.registry import spec_for
 from ..measure import Built, flat, measure_memory
 from .pressure import BOTTLENECKS as PRESSURE
@@ -115,7 +116,8 @@ def diagnose(
     ]  # memory, trend
     advice.sort(key=lambda a: -a.expected_speedup)
     if advice:
-        name = advice[0].category
+        # a step that waits on its loader is data-bound (the regime's word) whatever advice ranks first
+        name = "data" if any(a.category == "data" for a in advice) else advice[0].category
     else:
         phases = trace["phases"]
         top = max(phases, key=lambda p: phases[p]["share"])
@@ -166,14 +168,28 @@ def _data(built: Built, figures: dict[str, Any], trace: dict[str, Any], step_ms:
     new_step = max(compute, wait * (workers or 1) / n)  # workers load ahead while the step computes
     settings = {"data": {"num_workers": n}}
     code = "" if _is_preset(built) else f"DataLoader(..., num_workers={n}, persistent_workers=True)"
+    expected = (
+        f"{n} workers load batches ahead while the model trains: about {step_ms / new_step:.1f}x "
+        f"(step ~{new_step:.1f} ms: the larger of the compute and the loading split over {n} workers)"
+    )
+    speedup = step_ms / new_step
+    if default_num_workers(built.engine.device, cores) == 0:
+        # the loader's own rule (data.num_workers auto, doctor): on a CPU of 4 cores or fewer the
+        # training threads use every core, so batches load in-process; workers pay only for a
+        # loader that waits (disk, network), not for one that computes: no speedup is claimed
+        expected = (
+            f"against the rule for {cores} cores (data.num_workers auto and doctor load batches in the "
+            "training process on a CPU with 4 cores or fewer: workers compete with the training threads); "
+            "it pays only if __getitem__ waits on a disk or network rather than computing, which --verify measures"
+        )
+        speedup = 1.0
     return [
         Advice(
             "data",
             _flags(settings) + (f" (in your code: {code})" if code else ""),
             why + f" with {workers} loader workers",
-            f"{n} workers load batches ahead while the model trains: about {step_ms / new_step:.1f}x "
-            f"(step ~{new_step:.1f} ms: the larger of the compute and the loading split over {n} workers)",
-            step_ms / new_step,
+            expected,
+            speedup,
             settings,
             code,
         )

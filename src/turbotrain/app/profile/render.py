@@ -75,8 +75,11 @@ def render(doc: dict[str, Any]) -> str:
         lines.append("No recommendation: nothing stands out in this profile.")
     verify = doc.get("verify")
     for i, r in enumerate(recs, 1):
-        lines.append(f"{i}. `{r['change']}` — {r['why']}. Expected: {r['expected']}.")
         v = r.get("verified")
+        measured = v and v["status"] in ("kept", "dropped")
+        # an estimate is a model of the step, not a measurement: said so until --verify measures it
+        said = "Expected" if measured else "Expected (an estimate, not measured; --verify measures it)"
+        lines.append(f"{i}. `{r['change']}` — {r['why']}. {said}: {r['expected']}.")
         if v:
             if v["status"] in ("kept", "dropped"):
                 loss = f", loss {v['loss_diff']:+.4f} vs baseline" if v.get("loss_diff") is not None else ""

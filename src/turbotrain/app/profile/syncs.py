@@ -91,7 +91,12 @@ def classify_frame(path: str) -> str | None:
         module = norm.rsplit("turbotrain/", 1)[1]
         if module.startswith("core/precision/"):  # the non-finite guard lives in the precision package
             return "guard"
-        return {"loop/monitor/hook.py": "monitor", "core/meter/clock.py": "clock"}.get(module, "turbotrain")
+        # the measuring kit (its clock, app/measure.py's wrapper around the step) measures, it is not the step
+        return {
+            "loop/monitor/hook.py": "monitor",
+            "core/meter/clock.py": "clock",
+            "app/measure.py": "clock",
+        }.get(module, "turbotrain")
     return "user"
 
 
@@ -164,6 +169,7 @@ class SyncLocator:
                 "sync": is_sync(kind, self.device.type),
             }
             for (kind, what, where, code), n in self.events.most_common()
+            if kind != "clock"  # turbotrain's own measuring: not a read of the step's
         ]
 
 

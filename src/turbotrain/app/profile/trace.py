@@ -19,11 +19,15 @@ traced to the line that made it). :func:`analyze` turns the events into per-step
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import statistics
+import sys
+import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +59,26 @@ def phase_of(name: str) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def _without_kineto_markers() -> Iterator[None]:
+    """The profiler's start and stop with what they write to the process's stderr (file
+    descriptor 2) passed on, less kineto's own markers (``USDT: ... profiler_start``), which
+    no log level turns off and which say nothing to the reader."""
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as caught:
+        saved = os.dup(2)
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = [line for line in caught.read().splitlines(keepends=True) if not line.startswith(b"USDT:")]
+            if kept:
+                os.write(2, b"".join(kept))
+
+
 class ProfilerWindow(Hook):
     """Profile optimizer steps ``after + 1`` to ``after + steps`` (CPU activity, and CUDA's on a GPU)."""
 
@@ -72,13 +96,15 @@ class ProfilerWindow(Hook):
         step = ctx.engine.state.step
         if step == self.after:
             ctx.engine.synchronize()  # host-device sync point: the window starts with an empty queue
-            self.prof.start()
+            with _without_kineto_markers():
+                self.prof.start()
             self.running = True
             self._t0 = time.perf_counter()
         elif step == self.after + self.steps and self.running:
             ctx.engine.synchronize()  # host-device sync point: the window's last kernels are in it
             self.window_s = time.perf_counter() - self._t0
-            self.prof.stop()
+            with _without_kineto_markers():
+                self.prof.stop()
             self.running = False
 
     def on_exception(self, ctx: FitContext, exc: BaseException) -> None:
