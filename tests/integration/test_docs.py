@@ -149,7 +149,7 @@ PYTHON: dict[tuple[str, str], tuple[str, str] | str] = {
         "model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))",
         "assert run.steps == 2 and Path('runs/acc/summary.json').is_file()",
     ),
-    ("early-stopping.md", "from turbotrain.loop.best_checkpoint import KeepBest"): (
+    ("early-stopping.md", "from turbotrain.plugins import Checkpointer"): (
         "import torch\nfrom turbotrain import Engine, fit\ntorch.manual_seed(0)\n"
         "class Regressor(torch.nn.Module):\n"
         "    def __init__(self):\n        super().__init__()\n        self.lin = torch.nn.Linear(8, 1)\n"

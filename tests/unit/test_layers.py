@@ -24,6 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "turbotrain"
 PICTURE = ROOT / "docs" / "architecture.md"  # the layer picture (the README links it)
 DATA_FOLDERS = {"presets"}  # folders of the package root that hold data, not modules
+# the package root's own modules: its __init__ (the public API), __main__, and plugins (the stable
+# names extenders import, docs/plugins.md: the layer folders may move their modules)
+ROOT_MODULES = ("", "__main__", "plugins")
 
 
 @dataclass
@@ -66,7 +69,7 @@ def module_name(path: Path) -> str:
 
 
 def layer_of(module: str, layers: dict[str, Layer]) -> Layer:
-    folder = "" if module in ("", "__main__") else module.split(".")[0]
+    folder = "" if module in ROOT_MODULES else module.split(".")[0]
     if folder not in layers or (folder and module == folder and not (SRC / folder / "__init__.py").exists()):
         raise AssertionError(
             f"turbotrain.{module} is in no layer's folder: move it into the folder of its layer "
@@ -147,7 +150,7 @@ def test_every_module_sits_in_the_folder_of_its_layer():
     wrong = []
     for path in sorted(SRC.rglob("*.py")):
         module = module_name(path)
-        if module not in ("", "__main__") and (
+        if module not in ROOT_MODULES and (
             len(path.relative_to(SRC).parts) < 2 or module.split(".")[0] not in layers
         ):
             wrong.append(f"turbotrain.{module} is in no layer's folder: move it into the folder of its layer")
