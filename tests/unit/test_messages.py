@@ -278,3 +278,18 @@ def test_a_compiled_first_step_is_announced_and_timed(caplog: pytest.LogCaptureF
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith(("compiling", "compiled"))]
     assert said[0] == "compiling (first step; torch.compile, model)..."
     assert len(said) == 2 and said[1].startswith("compiled: first step ") and said[1].endswith(" s")
+
+
+def test_a_model_run_says_the_recipe_it_inherits(caplog: pytest.LogCaptureFixture) -> None:
+    """#47 item 8: a --model run's opening lists turbotrain's defaults it trains with."""
+    caplog.set_level("INFO")
+    c = load_config(overrides={"model": {"workload": "w.py:make"}})
+    run_settings.say_recipe(c, own_optimizer=False, evaluates=True)
+    run_settings.say_recipe(c.replace(train={"max_steps": 20}), own_optimizer=True, evaluates=False)
+    assert [r.getMessage() for r in caplog.records] == [
+        "--model w.py:make: turbotrain's recipe: 300 steps, AdamW lr 0.002 (weight decay 0.1), warm-up 30 "
+        "steps (auto: 10% of the run), cosine decay to 0.0002, evaluation every 100 steps (change any with "
+        "--section.key=value)",
+        "--model w.py:make: turbotrain's recipe: 20 steps, your optimizer as it is (no schedule), no "
+        "evaluation (the workload has no eval_loader) (change any with --section.key=value)",
+    ]

@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from ..base.config import MAX_STEPS, RunConfig, setting
+from ..base.config import AUTO, MAX_STEPS, RunConfig, setting
 from ..base.errors import ConfigError
-from ..core.optim import lr_batch_factor, rescale_lr
+from ..core.optim import lr_batch_factor, rescale_lr, warmup_length
 from ..parts.models.spec import RunData
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,33 @@ def warn_long_warmup(c: RunConfig) -> None:
             100 * c.train.max_steps / c.optim.warmup_steps,
             setting("optim.warmup_steps", c.train.max_steps),
         )
+
+
+def say_recipe(c: RunConfig, own_optimizer: bool, evaluates: bool) -> None:
+    """A ``--model`` run's one line of what it inherits from turbotrain's training recipe (the
+    config's values, each changed with ``--section.key=value``): length, optimizer, warm-up,
+    decay, evaluation cadence."""
+    o, t = c.optim, c.train
+    if own_optimizer:
+        optimizer = "your optimizer as it is (no schedule)"
+    else:
+        warmup = warmup_length(o.warmup_steps, t.max_steps)
+        auto = " (auto: 10% of the run)" if o.warmup_steps == AUTO else ""
+        decay = "constant" if o.schedule == "constant" else f"{o.schedule} decay to {o.min_lr:g}"
+        optimizer = (
+            f"AdamW lr {o.lr:g} (weight decay {o.weight_decay:g}), warm-up {warmup} steps{auto}, {decay}"
+        )
+    every = t.eval_every or t.max_steps
+    evaluation = (
+        f"evaluation every {every} steps" if evaluates else "no evaluation (the workload has no eval_loader)"
+    )
+    log.info(
+        "--model %s: turbotrain's recipe: %d steps, %s, %s (change any with --section.key=value)",
+        c.model.workload,
+        t.max_steps,
+        optimizer,
+        evaluation,
+    )
 
 
 def scale_lr(

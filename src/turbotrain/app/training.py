@@ -73,7 +73,7 @@ from .experts_growth import growth_stops, stopped_to_grow
 from .prepare import PreparedRun, plan_run, prepare_config, start, stop_startup
 from .report import read_metrics, write_summary
 from .resume import resume_from
-from .run_settings import resolve_epochs, scale_lr, warn_long_warmup
+from .run_settings import resolve_epochs, say_recipe, scale_lr, warn_long_warmup
 from .summary import RunFacts
 from .tracking import engine_facts
 
@@ -228,6 +228,8 @@ def build_training(
     )
     loader = engine.setup_loader(data.loader(c, settings, engine.state.batches, rank, world))
     val_batches, example = data.val_batches(c, rank, world), data.example(c)
+    if c.model.workload and main:
+        say_recipe(c, a.own_optimizer is not None, bool(val_batches))
     resolved = _resolved(a, spec, settings)
     monitor, jsonl = build_monitor(
         engine,
