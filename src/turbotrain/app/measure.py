@@ -255,11 +255,12 @@ def build(target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_d
     micro, accumulation = int(config.batch.micro), config.batch.accumulation
     # Batches of the whole optimizer step, cut into ``accumulation`` micro-batches by the engine:
     # the same samples in the same order whatever the micro-batch, so runs differ only in arithmetic.
-    train = TokenWindows(source.train, spec.seq_len(config))
+    block = spec.seq_len(config)
+    assert block is not None  # not a workload: a language model's token rows
+    train = TokenWindows(source.train, block)
     data = DataWait(build_loader(train, micro * accumulation, config.run.seed, settings))
     engine.set_accumulation(1)
     engine.set_split(accumulation)
-    block = spec.seq_len(config)
     parity, files = [], [train, a.data]
     if len(source.val) > block + 1:
         val = TokenWindows(source.val, block)
@@ -331,7 +332,8 @@ def _build_workload(
         engine, model, optimizer, device_loader = t.engine, t.model, t.optimizer, t.loader
     else:
         engine = Engine(config, plan=plan)
-        model, optimizer, device_loader = engine.setup(model, w.optimizer, data)
+        optimizer = w.optimizer  # setup returns the optimizer it is given
+        model, _, device_loader = engine.setup(model, optimizer, data)
     assert optimizer is not None and device_loader is not None
     first = next(iter(loader), None)
     if first is None:  # an empty loader: one line, not a bare StopIteration

@@ -201,7 +201,8 @@ def _draw(spec: PlotSpec, records: list[dict[str, Any]], path: Path, subtitle: s
 
 def write_plots(records: list[dict[str, Any]], out_dir: Path, subtitle: str) -> tuple[list[str], list[str]]:
     """PNG files written (relative to the run directory) and one line per plot skipped."""
-    written, skipped = [], []
+    written: list[str] = []
+    skipped: list[str] = []
     if not records:
         return written, ["all plots: no metrics records"]
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -158,8 +158,8 @@ def _compare(result: PrecisionResult, run: dict[str, Any], ref: dict[str, Any] |
         g = run["grads"].get(name)
         if g is None:
             continue
-        n, scale = float(g.norm()), max(n_ref, floor)
-        rel = abs(n - n_ref) / scale if scale > 0 else (0.0 if n == 0 else math.inf)
+        n, norm_scale = float(g.norm()), max(n_ref, floor)
+        rel = abs(n - n_ref) / norm_scale if norm_scale > 0 else (0.0 if n == 0 else math.inf)
         if rel > worst:
             worst, worst_name = rel, name
     result.grad_norm_rel_diff, result.grad_norm_worst = worst, worst_name

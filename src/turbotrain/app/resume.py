@@ -211,11 +211,12 @@ def _keeping(old: int, c: RunConfig, world: int, by_accumulation: bool) -> list[
     """The settings that train at the global batch ``old`` over ``world`` processes: this
     resume's accumulation with another ``batch.micro``, or ``batch.global_size`` (with the
     accumulation it takes, when ``by_accumulation``) with this micro-batch."""
-    keep = []
+    keep: list[str] = []
+    micro = int(c.batch.micro)  # a number: _batch_change passes only then
     if old % (world * c.batch.accumulation) == 0:
         keep.append(setting("batch.micro", old // (world * c.batch.accumulation)))
-    if old % (world * c.batch.micro) == 0:
-        by = f" (by accumulation {old // (world * c.batch.micro)})" if by_accumulation else ""
+    if old % (world * micro) == 0:
+        by = f" (by accumulation {old // (world * micro)})" if by_accumulation else ""
         keep.append(f"{setting('batch.global_size', old)}{by}")
     return keep
 

@@ -88,7 +88,7 @@ class Tracker:
         self,
         engine: Engine,
         model: nn.Module,
-        optimizer: torch.optim.Optimizer | None,
+        optimizer: torch.optim.Optimizer,
         run_dir: str | Path,
         *,
         scheduler: Any = None,
@@ -215,4 +215,5 @@ def track(
     ``progress``, ``nvml``, ``report`` (plots and summary.md at the end), ``trackers`` (any of
     ``"wandb"``, ``"mlflow"``, ``"trackio"``: the same records, ``config`` (your hyperparameters)
     once, the summary and plots at the end, under ``project``)."""
+    assert optimizer is not None, "track() needs the optimizer engine.setup returned"
     return Tracker(engine, model, optimizer, run_dir, **options)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 import torch
 
@@ -18,7 +18,7 @@ from ..loop.best_checkpoint import load_best_weights
 from ..loop.checkpoint import load_latest_weights
 from ..parts.data.tokenizer import BYTE_VOCAB, ByteTokenizer, Tokenizer, load_run_tokenizer
 from ..parts.models.registry import spec_for
-from ..parts.models.spec import ModelSpec
+from ..parts.models.spec import ModelSpec, TextGenerator
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -95,7 +95,9 @@ def main_sample(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
-def _load_model(run_dir: Path, config: RunConfig, spec: ModelSpec, best: bool) -> tuple[Any, Tokenizer]:
+def _load_model(
+    run_dir: Path, config: RunConfig, spec: ModelSpec, best: bool
+) -> tuple[TextGenerator, Tokenizer]:
     """The run's model with its latest (or best) weights, in eval mode, and the tokenizer that
     decodes its ids; one line when the checkpoint or the tokenizer does not fit."""
     # a .pt file or a sharded folder (ddp/fsdp runs)
@@ -124,4 +126,4 @@ def _load_model(run_dir: Path, config: RunConfig, spec: ModelSpec, best: bool) -
         detail = " ".join(str(exc).split())[:200]
         raise TurbotrainError(f"{path} does not fit the model in {run_dir}/config.toml ({detail})") from None
     model.eval()
-    return model, tokenizer
+    return cast(TextGenerator, model), tokenizer  # the caller checked spec.generates

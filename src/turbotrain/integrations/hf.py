@@ -147,6 +147,7 @@ class TurbotrainCallback(TrainerCallback):
         model = kwargs.get("model")
         if not state.is_world_process_zero or model is None:
             return  # one process writes the run directory
+        assert args.output_dir is not None  # TrainingArguments fills in its default ('trainer_output')
         run_dir = self.run_dir if self.run_dir is not None else Path(args.output_dir) / "turbotrain"
         self.observer = LoopObserver(
             run_dir,
@@ -250,7 +251,7 @@ class TurbotrainCallback(TrainerCallback):
         if self._hook is not None:
             self._hook.remove()
         obs = self.observer
-        last = next((r for r in reversed(obs.monitor.records) if "loss" in r), {})
+        last = obs.monitor.last_loss_record()
         if last.get("step") != state.global_step:  # the steps after the last logging step
             obs.record(state.global_step, None)  # no loss read: the Trainer logged none for them
         self.summary = obs.close("completed", report=self.report)

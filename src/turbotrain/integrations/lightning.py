@@ -134,7 +134,8 @@ class TurbotrainLightningCallback(Callback):
         if not trainer.is_global_zero:
             return  # one process writes the run directory
         precision = TURBOTRAIN_PRECISION.get(str(trainer.precision), str(trainer.precision))
-        self._every = self.log_every or trainer.log_every_n_steps or 50
+        # Lightning's Trainer sets log_every_n_steps in its logger connector: its type does not declare it
+        self._every = self.log_every or trainer.log_every_n_steps or 50  # type: ignore[attr-defined]
         self._accumulation = trainer.accumulate_grad_batches
         self.observer = LoopObserver(
             self._run_dir(trainer),
@@ -262,7 +263,7 @@ class TurbotrainLightningCallback(Callback):
         if self._counter is not None:
             self._counter.__exit__(None, None, None)
             self._counter = None
-        last = next((r for r in reversed(obs.monitor.records) if "loss" in r), {})
+        last = obs.monitor.last_loss_record()
         if status == "completed" and last.get("step") != obs.step and self._last_loss is not None:
             obs.record(obs.step, self._unscaled(self._last_loss))
         self.summary = obs.close(status, report=self.report)

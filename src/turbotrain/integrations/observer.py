@@ -34,7 +34,7 @@ from ..base.batch import TokenTally, batch_size
 from ..base.records import read_metrics
 from ..base.rundir import METRICS_FILE, truncate_metrics
 from ..core.compile_guard import CompileGuard
-from ..loop.monitor import MfuProbe, Monitor, ProgressSink, build_probes, estimate_flops_per_sample
+from ..loop.monitor import MfuProbe, Monitor, Probe, ProgressSink, build_probes, estimate_flops_per_sample
 from ..loop.monitor.flops import flop_tokens_per_sample
 from ..loop.monitor.trackers import TrackerOptions, build_sinks
 from ..parts.hardware import DeviceSpec, lookup_peak
@@ -189,7 +189,7 @@ class LoopObserver:
         if progress_steps:
             all_sinks.append(ProgressSink(progress_steps))
         self.mfu = _LateMfu()
-        probes = [*build_probes(self.device, precision=precision, nvml_enabled=nvml), self.mfu]
+        probes: list[Probe] = [*build_probes(self.device, precision=precision, nvml_enabled=nvml), self.mfu]
         # interval 0: the observer decides the logging steps (its trainer's), the Monitor never does
         self.monitor = Monitor(0, all_sinks, probes, world=world)
         self.guard = CompileGuard()

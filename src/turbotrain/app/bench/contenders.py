@@ -221,8 +221,10 @@ def train_lightning(job: Job) -> dict[str, Any]:
     L = _require("lightning")
     device, clock = job.device, job.clock
     precision = "bf16-mixed" if device.type == "cuda" else "32-true"
+    lightning_module: Any = L.LightningModule  # imported here: its classes are known at run time only
+    lightning_callback: Any = L.Callback
 
-    class Module(L.LightningModule):
+    class Module(lightning_module):
         def __init__(self, model: nn.Module) -> None:
             super().__init__()
             self.model = model
@@ -234,7 +236,7 @@ def train_lightning(job: Job) -> dict[str, Any]:
             opt, sched = job.plain_optimizer(self.model)
             return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
-    class Clock(L.Callback):
+    class Clock(lightning_callback):
         def on_train_batch_end(
             self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
         ) -> None:
@@ -320,6 +322,7 @@ def train_turbotrain(job: Job) -> dict[str, Any]:
     except ConfigError as exc:  # e.g. fp16-mixed on CPU, bf16 on a GPU without it
         raise SkipContender(str(exc)) from None
     engine = t.engine
+    assert t.loader is not None  # build_trainable was given one
     fit(
         engine,
         t.model,

@@ -15,9 +15,10 @@ spec's ``handtuned`` entry may set ``compile`` and ``bf16`` to "auto" (on for CU
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
+from torch import nn
 
 from ...base.batch import map_tensors
 from .protocol import Job, make_loader
@@ -42,9 +43,9 @@ def train_handtuned(job: Job) -> dict[str, Any]:
     else:
         torch.set_flush_denormal(True)  # CPU: no slow denormal arithmetic
     fmt = torch.channels_last if (cuda and job.has_conv) else torch.preserve_format
-    model = job.model.to(dev, memory_format=fmt)
+    model = job.model.to(dev, memory_format=fmt)  # type: ignore[call-overload]  # torch's stub omits memory_format
     opt, sched = job.plain_optimizer(model, fused=True)
-    step_fn = torch.compile(model) if use_compile else model
+    step_fn = cast(nn.Module, torch.compile(model)) if use_compile else model  # an OptimizedModule
     params = list(model.parameters())
     model.train()
 

@@ -56,7 +56,7 @@ class BenchOptions:
     # Called with the report so far (``missing`` names the rows not yet run) before the first row
     # and after every finished one, the last time complete: so a bench killed at a time limit
     # keeps what it measured (results.ReportWriter writes each to disk).
-    progress: Callable[[dict[str, Any]], None] | None = None
+    progress: Callable[[dict[str, Any]], object] | None = None  # what it returns is not read
 
 
 # ---------------------------------------------------------------------------------- processes
@@ -90,6 +90,7 @@ def run_row(contender: str, spec: dict[str, Any], row_name: str, opts: BenchOpti
     start = time.perf_counter()
     code = run_process(cmd, log_path, row_env(row_dir, opts), opts.timeout_s)
     wall_s = time.perf_counter() - start
+    result: dict[str, Any]
     if code is None:
         result = {"status": "failed", "reason": f"timed out after {opts.timeout_s:.0f} s"}
     elif result_path.is_file():
@@ -214,7 +215,7 @@ def derive(row: dict[str, Any], w: BenchWorkload, flops: float) -> None:
     row["model_tflops_per_s"] = flops / step_s / 1e12
     spec = lookup_peak(row.get("device_name")) if row.get("device") == "cuda" else None
     peak = spec.peak_tflops(row.get("math_precision", "bf16")) if spec else None
-    if peak:
+    if spec and peak:
         row["mfu"] = estimate_mfu(flops / step_s, peak)
         row["mfu_peak_tflops"] = peak
         row["mfu_peak_source"] = f"{spec.name} dense {row.get('math_precision')} datasheet peak"

@@ -279,6 +279,7 @@ def judge(rows: list[Row], planned_steps: int, min_speedup: float) -> Row:
     for r in eligible:
         if r is best:
             continue
+        assert r.step_ms is not None  # eligible rows were measured
         r.status, r.reason = (
             "rejected",
             f"{base.step_ms / r.step_ms:.2f}x eager, pays back at step {r.break_even_step or 0:,.0f}; "

@@ -208,7 +208,7 @@ def _syncs(built: Built, trace: dict[str, Any], step_ms: float, device: str) -> 
         gain = step_ms / max(step_ms - saved, 1e-9)
         if device == "cuda":
             gain = max(gain, _overall(idle, 2.0))
-        settings = {"monitor": {"log_every": 10}}
+        settings: dict[str, dict[str, Any]] = {"monitor": {"log_every": 10}}
         out.append(
             Advice(
                 "syncs",

@@ -37,7 +37,7 @@ from collections import Counter
 from collections.abc import Iterator
 from itertools import cycle, islice
 from types import FrameType
-from typing import Any
+from typing import Any, TextIO, TypeGuard
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -122,7 +122,7 @@ class SyncLocator:
 
     # ------------------------------------------------------------------ recording
 
-    def _on_device(self, t: Any) -> bool:
+    def _on_device(self, t: Any) -> TypeGuard[torch.Tensor]:
         return isinstance(t, torch.Tensor) and t.device.type == self.device.type
 
     def record(self, what: str, op: str, frame: FrameType | None) -> None:
@@ -282,9 +282,16 @@ def _cuda_sync_debug(locator: SyncLocator) -> Iterator[None]:
     previous = torch.cuda.get_sync_debug_mode()
     show = warnings.showwarning
 
-    def on_warning(message: Any, category: Any, filename: str, lineno: int, *rest: Any) -> None:
+    def on_warning(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
         if "synchronizing" not in str(message):
-            show(message, category, filename, lineno, *rest)
+            show(message, category, filename, lineno, file, line)
         elif not locator.depth:
             frame: FrameType | None = sys._getframe(1)
             while frame is not None and frame.f_code.co_filename == warnings.__file__:
@@ -344,7 +351,7 @@ def locate_workload_syncs(workload: Workload, device: str = "cpu", steps: int = 
         if workload.optimizer is not None
         else torch.optim.AdamW(model.parameters(), lr=1e-4)
     )
-    model, optimizer, _ = engine.setup(model, optimizer)
+    model = engine.setup(model, optimizer)[0]  # the same optimizer back
     batches = list(islice(cycle(workload.train_loader), (1 + steps) * engine.accumulation))
     window = SyncWindow(engine.device, 1, steps)
     fit(

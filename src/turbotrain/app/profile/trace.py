@@ -219,7 +219,7 @@ def analyze(window: ProfilerWindow) -> dict[str, Any]:
         if e.name in SYNC_CALLS and not any(id(a) in read_ids or a.name in READ_OPS for a in _ancestors(e))
     ]
     by_source: Counter[tuple[str, str]] = Counter(read_source(e) for e in [*reads, *syncs])
-    sources = [
+    sources: list[dict[str, Any]] = [
         {"kind": kind, "where": where, "per_step": n / steps} for (kind, where), n in by_source.most_common()
     ]
 

@@ -4,6 +4,7 @@ throughput against peak memory with the memory limit)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +30,17 @@ def _mib(value: Any) -> str:
     return DASH if value is None else f"{value / 2**20:,.1f}"
 
 
+def _param(key: str) -> Callable[[dict[str, Any]], str]:
+    return lambda r: str(r["params"].get(key, DASH))
+
+
 def trials_table(rows: list[dict[str, Any]], keys: list[str]) -> str:
     """Markdown: one row per trial with its parameters and figures."""
-    columns = [
+    columns: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
         ("#", lambda r: str(r["number"]) + (" (baseline)" if r.get("baseline") else "")),
         ("status", lambda r: r.get("status", r["state"])),
     ]
-    columns += [(k.split(".", 1)[1], lambda r, k=k: str(r["params"].get(k, DASH))) for k in keys]
+    columns += [(k.split(".", 1)[1], _param(k)) for k in keys]
     columns += [
         (
             "throughput",

@@ -106,6 +106,10 @@ class Monitor(Hook):
 
     # ------------------------------------------------------------------ values
 
+    def last_loss_record(self) -> dict[str, Any]:
+        """The last record holding a loss ({} before the first)."""
+        return next((r for r in reversed(self.records) if "loss" in r), {})
+
     def start(self, step: int = 0, samples: int = 0, tokens: int = 0) -> None:
         """Start the clock (and the probes' threads) at this progress; the next step's time is
         the time to first step. Without it the first :meth:`observe` starts the clock."""
@@ -250,8 +254,7 @@ class Monitor(Hook):
 
     def on_fit_end(self, ctx: FitContext) -> None:
         step = ctx.engine.state.step
-        # the last record of the loss's
-        last: dict[str, Any] = next((r for r in reversed(self.records) if "loss" in r), {})
+        last = self.last_loss_record()
         if last.get("step") != step or (ctx.metrics.get("val_step") == step and "val_loss" not in last):
             self._observe(ctx, force=True)
         self.close()

@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -33,6 +33,14 @@ from .blocks import declare_blocks, repeated_blocks
 
 LossFn = Callable[[nn.Module, Any], Any]  # (model, batch) -> the loss (or what holds it)
 MetricsFn = Callable[[nn.Module, Any], Mapping[str, torch.Tensor]]  # (model, batch) -> {name: 0-d tensor}
+
+
+class TextGenerator(Protocol):
+    """The model of a spec that ``generates`` (``turbotrain sample`` asks it for text)."""
+
+    def generate(
+        self, idx: torch.Tensor, max_new_tokens: int, temperature: float = ..., top_k: int | None = ...
+    ) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
