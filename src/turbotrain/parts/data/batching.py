@@ -35,7 +35,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -43,7 +42,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ...base.errors import TurbotrainError
 from .documents import Documents, open_documents
-from .loader import LoaderSettings
+from .loader import LoaderSettings, sampled_loader
 from .sources import PreadFile, TokenSource
 
 log = logging.getLogger(__name__)
@@ -185,10 +184,6 @@ class PieceRows(Dataset):
         return x[0], y[0]
 
 
-def _identity(batch: Any) -> Any:
-    return batch  # __getitems__ already returns a padded batch
-
-
 def build_budget_loader(
     rows: PieceRows,
     max_tokens: int,
@@ -200,17 +195,7 @@ def build_budget_loader(
 ) -> DataLoader:
     """An endless DataLoader of token-budget (x, y) batches from batch ``start`` of the seeded stream."""
     sampler = TokenBudgetSampler(rows.pieces.inputs, max_tokens, rows.seq_len, seed, start, rank, world)
-    workers = settings.num_workers
-    return DataLoader(
-        rows,
-        batch_sampler=sampler,
-        collate_fn=_identity,
-        num_workers=workers,
-        pin_memory=settings.pin_memory,
-        persistent_workers=workers > 0,
-        prefetch_factor=settings.prefetch_factor if workers > 0 else None,
-        generator=torch.Generator().manual_seed(seed),  # as build_loader: never from the global RNG
-    )
+    return sampled_loader(rows, sampler, seed, settings)
 
 
 def fixed_budget_batches(

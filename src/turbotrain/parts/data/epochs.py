@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler
 
 from ...base.errors import TurbotrainError
 from ...base.seeds import derive_seed, seed_all
-from .loader import LoaderSettings
+from .loader import LoaderSettings, sampled_loader
 
 
 class EpochSampler(Sampler[list[int]]):
@@ -159,17 +159,7 @@ def epoch_loader(
     assert isinstance(loader, DataLoader) and dataset is not None, (
         "epoch_loader needs a DataLoader over a map-style dataset"
     )
-    workers = settings.num_workers
     sampler = EpochSampler(len(dataset), batch_size, seed, shuffles(loader), start, rank, world, accumulation)  # type: ignore[arg-type]
-    return DataLoader(
-        SeededReads(dataset),
-        batch_sampler=sampler,
-        collate_fn=loader.collate_fn,
-        worker_init_fn=loader.worker_init_fn,
-        num_workers=workers,
-        pin_memory=settings.pin_memory,
-        persistent_workers=workers > 0,
-        prefetch_factor=settings.prefetch_factor if workers > 0 else None,
-        # the workers' base seed, not the global RNG (exact resume)
-        generator=torch.Generator().manual_seed(seed),
+    return sampled_loader(
+        SeededReads(dataset), sampler, seed, settings, loader.collate_fn, loader.worker_init_fn
     )

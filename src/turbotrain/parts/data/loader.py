@@ -170,13 +170,25 @@ def build_loader(
             f"batch.micro = {batch_size} is larger than the {dataset.positions} distinct windows in the data; "
             "use a smaller --batch.micro or more data"
         )
+    sampler = RandomWindowSampler(dataset.positions, batch_size, seed, start, rank, world, accumulation)
+    return sampled_loader(dataset, sampler, seed, settings)
+
+
+def sampled_loader(
+    dataset: Dataset,
+    sampler: Sampler[list[int]],
+    seed: int,
+    settings: LoaderSettings,
+    collate_fn: Callable[[Any], Any] = _identity,
+    worker_init_fn: Callable[[int], None] | None = None,
+) -> DataLoader:
+    """A DataLoader of ``sampler``'s batches of ``dataset`` with the run's worker and pinning settings."""
     workers = settings.num_workers
     return DataLoader(
         dataset,
-        batch_sampler=RandomWindowSampler(
-            dataset.positions, batch_size, seed, start, rank, world, accumulation
-        ),
-        collate_fn=_identity,
+        batch_sampler=sampler,
+        collate_fn=collate_fn,
+        worker_init_fn=worker_init_fn,
         num_workers=workers,
         pin_memory=settings.pin_memory,
         persistent_workers=workers > 0,
