@@ -161,7 +161,10 @@ PYTHON: dict[tuple[str, str], tuple[str, str] | str] = {
         "from turbotrain.loop.best_checkpoint import load_best_weights\n"
         "model.load_state_dict(load_best_weights(run_dir)[1])\nprint(ctx.stop_reason)",
     ),
-    ("cluster.md", "from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig"): "starts "
+    (
+        "cluster.md",
+        "from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig",
+    ): "starts "
     "Ray workers and names an S3 bucket; tests/distributed/test_ray_train.py runs TorchTrainer with train_loop",
     (
         "precision.md",
