@@ -34,7 +34,7 @@ def test_train_says_a_loss_bug_in_one_line(tmp_path: Path, capsys: pytest.Captur
         ),
         (  # before any trial's process (#47 item 5): it failed in each, for minutes
             ["tune", "--trials", "2"],
-            "turbotrain tune: error: tune --model make (its loss on one batch): the workload failed: ",
+            "turbotrain tune: error: tune --model loss_bug_workload (its loss on one batch): the workload failed: ",
         ),
     ],
 )

@@ -22,11 +22,12 @@ from torch import nn
 from turbotrain import Engine, fit
 from turbotrain.app import run_settings
 from turbotrain.app.bench import worker
+from turbotrain.app.measure import Target
 from turbotrain.app.training import train
 from turbotrain.app.tune import space
 from turbotrain.base.config import audience, load_config, setting, to_toml
 from turbotrain.base.errors import ConfigError, TurbotrainError, TurbotrainWarning, quiet_imports
-from turbotrain.base.rundir import CONFIG_FILE, run_name
+from turbotrain.base.rundir import CONFIG_FILE, run_name, workload_label
 from turbotrain.base.signals import StopSignals
 from turbotrain.cli import format_warning
 from turbotrain.cli.sample import newest_generating_run
@@ -293,3 +294,11 @@ def test_a_model_run_says_the_recipe_it_inherits(caplog: pytest.LogCaptureFixtur
         "--model w.py:make: turbotrain's recipe: 20 steps, your optimizer as it is (no schedule), no "
         "evaluation (the workload has no eval_loader) (change any with --section.key=value)",
     ]
+
+
+def test_profile_bench_and_tune_name_a_workload_after_its_file_as_train_does() -> None:
+    """#47 item 8: tune and bench named runs 'make' (the function) where train says the file."""
+    ref = "examples/workload_cnn.py:make"
+    assert Target(model=ref).label == workload_label(ref) == "workload_cnn"
+    assert run_name(load_config(overrides={"model": {"workload": ref}})).startswith("workload_cnn-")
+    assert workload_label("mypkg.models:make") == "models"

@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader
 from ..base.batch import batch_size, move_to
 from ..base.config import RunConfig, load_config
 from ..base.errors import TurbotrainError
+from ..base.rundir import workload_label
 from ..base.seeds import rng_state, set_rng_state
 from ..core.assembly import build_trainable
 from ..core.compile_guard import collect_compile_counts, ranked_reasons
@@ -102,7 +103,7 @@ class Target:
         if self.workload is not None and not self.model:
             return type(self.workload.model).__name__
         if self.model:
-            return self.model.rpartition(":")[2]
+            return workload_label(self.model)  # the file's name, as train names its runs
         return (
             Path(self.preset).stem
             if self.preset and self.preset.endswith(".toml")

@@ -37,13 +37,15 @@ LAUNCH_FILE = ".launch.json"  # the launcher job that last started the run: a re
 def run_name(config: RunConfig) -> str:
     """``run.name``, or ``<preset>-<timestamp>`` when it is empty (for a workload ``FILE.py:FUNC`` or
     ``package.module:FUNC``, ``<FILE>-<timestamp>`` or ``<module>-<timestamp>``: its FUNC is often just ``make``)."""
-    module = config.model.workload.rpartition(":")[0]
-    label = (
-        (Path(module).stem if module.endswith(".py") else module.rpartition(".")[2])
-        if module
-        else config.preset
-    )
+    label = workload_label(config.model.workload) if config.model.workload else config.preset
     return config.run.name or f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def workload_label(ref: str) -> str:
+    """A workload's short name, the one its runs are named after (train, profile, bench, tune):
+    ``FILE`` of ``FILE.py:FUNC``, ``module`` of ``package.module:FUNC`` (FUNC is often just ``make``)."""
+    module = ref.rpartition(":")[0] or ref
+    return Path(module).stem if module.endswith(".py") else module.rpartition(".")[2]
 
 
 def holds_a_run(path: Path) -> bool:

@@ -24,6 +24,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ...base.batch import batch_size as _batch_size
 from ...base.errors import TurbotrainError
 from ...base.failure import workload_failed
+from ...base.rundir import workload_label
 from ...core.engine import LossFn, default_loss
 from ...loop.monitor import count_flops_per_sample
 from ...parts.data.sources import stdlib_files
@@ -449,7 +450,7 @@ def custom_workload(
         raise TurbotrainError(f"--model {ref}: train_loader yielded no batch")
     cuda = device_type == "cuda"
     bench = BenchWorkload(
-        ref.rpartition(":")[2],
+        workload_label(ref),  # the file's name, as train names its runs
         f"your model ({ref}): {type(w.model).__name__}",
         "custom",
         CUSTOM,
