@@ -182,16 +182,8 @@ class LoopObserver:
             log.info(
                 "MFU left out: no datasheet peak for %s (achieved TFLOP/s is still recorded)", self.device
             )
-        # metrics.jsonl and the experiment trackers (each named by the run directory, the config
-        # logged once; the report hands them the summary and the plots at the end)
-        options = TrackerOptions(project=project, name=self.name, config=self.config)
-        all_sinks: list[Any] = [*build_sinks(["jsonl", *trackers], self.run_dir, options), *sinks]
-        if progress_steps:
-            all_sinks.append(ProgressSink(progress_steps))
         self.mfu = _LateMfu()
-        probes: list[Probe] = [*build_probes(self.device, precision=precision, nvml_enabled=nvml), self.mfu]
-        # interval 0: the observer decides the logging steps (its trainer's), the Monitor never does
-        self.monitor = Monitor(0, all_sinks, probes, world=world)
+        self.monitor = self._monitor(sinks, trackers, project, progress_steps, nvml)
         self.guard = CompileGuard()
         self.step = 0
         self.side_s = 0.0  # seconds of work that is not training (FLOP count, checkpoints)
@@ -201,6 +193,28 @@ class LoopObserver:
         self._first = -1
         self._closed = False
         _OPEN[self.run_dir.resolve()] = self
+
+    def _monitor(
+        self,
+        sinks: Iterable[Any],
+        trackers: Iterable[str],
+        project: str,
+        progress_steps: int | None,
+        nvml: bool,
+    ) -> Monitor:
+        """The Monitor of the observed run: metrics.jsonl and the experiment trackers (each named
+        by the run directory, the config logged once; the report hands them the summary and the
+        plots at the end), a progress bar, and the probes with the MFU known once FLOPs are counted."""
+        options = TrackerOptions(project=project, name=self.name, config=self.config)
+        all_sinks: list[Any] = [*build_sinks(["jsonl", *trackers], self.run_dir, options), *sinks]
+        if progress_steps:
+            all_sinks.append(ProgressSink(progress_steps))
+        probes: list[Probe] = [
+            *build_probes(self.device, precision=self.precision, nvml_enabled=nvml),
+            self.mfu,
+        ]
+        # interval 0: the observer decides the logging steps (its trainer's), the Monitor never does
+        return Monitor(0, all_sinks, probes, world=self.world)
 
     # ------------------------------------------------------------------ events
 

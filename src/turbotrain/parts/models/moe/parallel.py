@@ -253,18 +253,18 @@ def grad_norm(model: nn.Module) -> GradNormFn | None:
     return norm
 
 
-def gather_experts(local: torch.Tensor, layout: ExpertLayout) -> torch.Tensor:
+def gather_experts(local: torch.Tensor, degree: int, group: Any) -> torch.Tensor:
     """The whole (n_experts, ...) tensor from each rank's (n_local, ...) slice: a collective over
-    the expert-parallel group (every rank of it calls it, in the same order)."""
-    parts = [torch.empty_like(local) for _ in range(layout.degree)]
-    dist.all_gather(parts, local.detach().contiguous(), group=layout.ep_group)
+    the expert-parallel ``group`` of ``degree`` ranks (every rank of it calls it, in the same order)."""
+    parts = [torch.empty_like(local) for _ in range(degree)]
+    dist.all_gather(parts, local.detach().contiguous(), group=group)
     return torch.cat(parts)
 
 
 def _full_experts_hook(layout: ExpertLayout) -> Any:
     def hook(module: nn.Module, state: dict[str, Any], prefix: str, local_metadata: Any) -> None:
         for name in ("w1", "w2"):
-            state[prefix + name] = gather_experts(state[prefix + name], layout)
+            state[prefix + name] = gather_experts(state[prefix + name], layout.degree, layout.ep_group)
 
     return hook
 
@@ -308,15 +308,13 @@ def attach_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None
     def gather(opt: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
         state_dict["state"] = dict(state_dict["state"])
         for i, (layer, sharded) in sorted(positions().items()):
-            dispatcher = layer.dispatcher
-            if not sharded or dispatcher is None or i not in state_dict["state"]:
+            if not sharded or layer.dispatcher is None or i not in state_dict["state"]:
                 continue
             entry = state_dict["state"][i] = dict(state_dict["state"][i])
             for key, value in list(entry.items()):
                 if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == layer.n_local:
-                    parts = [torch.empty_like(value) for _ in range(layer.n_experts // layer.n_local)]
-                    dist.all_gather(parts, value.contiguous(), group=getattr(dispatcher, "group", None))
-                    entry[key] = torch.cat(parts)
+                    group = getattr(layer.dispatcher, "group", None)
+                    entry[key] = gather_experts(value, layer.n_experts // layer.n_local, group)
         return state_dict
 
     def scatter(opt: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
@@ -327,20 +325,24 @@ def attach_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None
                 continue
             entry = state_dict["state"][key_i] = dict(state_dict["state"][key_i])
             for key, value in list(entry.items()):
-                if not isinstance(value, torch.Tensor) or value.dim() == 0:
-                    continue
-                # grown: new experts start fresh
-                if value.shape[0] < layer.n_experts and value.shape[0] == layer.grew_from:
-                    order = grown_order(value.shape[0], layer.n_experts, layer.n_experts // layer.n_local)
-                    value = grow_experts(value, order, 0.0, 0)
-                    value[[j for j, (_, is_new) in enumerate(order) if is_new]] = 0
-                if sharded and value.shape[0] == layer.n_experts != layer.n_local:
-                    value = value[layer.first_expert : layer.first_expert + layer.n_local]
-                entry[key] = value
+                if isinstance(value, torch.Tensor) and value.dim() > 0:
+                    entry[key] = _local_experts(value, layer, sharded)
         return state_dict
 
     optimizer.register_state_dict_post_hook(gather)
     optimizer.register_load_state_dict_pre_hook(scatter)
+
+
+def _local_experts(value: torch.Tensor, layer: MoE, sharded: bool) -> torch.Tensor:
+    """A saved per-expert optimizer state as this rank keeps it: grown to the layer's experts
+    (the new ones start fresh, at zero), then this rank's slice of a sharded parameter's."""
+    if value.shape[0] < layer.n_experts and value.shape[0] == layer.grew_from:
+        order = grown_order(value.shape[0], layer.n_experts, layer.n_experts // layer.n_local)
+        value = grow_experts(value, order, 0.0, 0)
+        value[[j for j, (_, is_new) in enumerate(order) if is_new]] = 0
+    if sharded and value.shape[0] == layer.n_experts != layer.n_local:
+        value = value[layer.first_expert : layer.first_expert + layer.n_local]
+    return value
 
 
 def _saved_key(state_dict: dict[str, Any], position: int) -> Any:
