@@ -18,6 +18,56 @@ from ..core.engine import Engine, LossFn, default_loss
 from .hooks import FitContext, Hook, HookList
 
 
+def _steps_and_passes(
+    engine: Engine, batches: Iterable[Any], max_steps: int | None, epochs: int | None
+) -> tuple[int, int]:
+    """(max_steps, passes over ``batches``): ``max_steps`` in one pass, or ``epochs`` passes of
+    ``len(batches) // engine.batches_per_step`` steps each."""
+    if (max_steps is None) == (epochs is None):
+        raise TypeError("fit() takes one of max_steps or epochs")
+    if epochs is None:
+        assert max_steps is not None
+        return max_steps, 1
+    per_step = engine.batches_per_step
+    per_epoch = len(batches) // per_step  # type: ignore[arg-type]
+    if per_epoch < 1:
+        raise ValueError(
+            f"an epoch of {len(batches)} batches is shorter than one optimizer step "  # type: ignore[arg-type]
+            f"({per_step} batches with accumulation)"
+        )
+    return epochs * per_epoch, epochs
+
+
+def _train_pass(
+    ctx: FitContext, hook: HookList, batches: Iterable[Any], window: list[Any], per_step: int, loss_fn: LossFn
+) -> list[Any]:
+    """One pass over ``batches``: a step per window of ``per_step`` batches, until
+    they run out, a hook asks to stop or ``ctx.max_steps`` is reached; returns the batches of the
+    window the pass left unfinished (the next pass completes it)."""
+    engine, model, optimizer, max_steps = ctx.engine, ctx.model, ctx.optimizer, ctx.max_steps
+    # a stop asked before the first step takes effect after it (hooks see one step)
+    for batch in batches:
+        if engine.pending_micro_steps:
+            # a window an earlier fit() left open when its batches ran out: it carries on
+            # batch by batch, as an own loop's would, and its step ends it
+            engine.forward_backward(model, batch, loss_fn)
+            if not engine.step(optimizer):
+                continue
+            hook.on_step_end(ctx)
+            if ctx.should_stop or engine.state.step >= max_steps:
+                break
+            continue
+        window.append(batch)
+        if len(window) < per_step:
+            continue
+        engine.train_window(model, optimizer, window, loss_fn)
+        window = []
+        hook.on_step_end(ctx)
+        if ctx.should_stop or engine.state.step >= max_steps:
+            break
+    return window
+
+
 def fit(
     engine: Engine,
     model: nn.Module,
@@ -33,19 +83,8 @@ def fit(
     requests a stop. ``epochs`` instead of ``max_steps``: that many passes over ``batches`` (a
     loader with a length; each pass iterates it again, so a shuffling DataLoader reshuffles):
     ``max_steps = epochs x (len(batches) // engine.batches_per_step)``. Returns the context (latest metrics, stop reason)."""
-    if (max_steps is None) == (epochs is None):
-        raise TypeError("fit() takes one of max_steps or epochs")
-    passes = 1
+    max_steps, passes = _steps_and_passes(engine, batches, max_steps, epochs)
     per_step = engine.batches_per_step
-    if epochs is not None:
-        per_epoch = len(batches) // per_step  # type: ignore[arg-type]
-        if per_epoch < 1:
-            raise ValueError(
-                f"an epoch of {len(batches)} batches is shorter than one optimizer step "  # type: ignore[arg-type]
-                f"({per_step} batches with accumulation)"
-            )
-        max_steps, passes = epochs * per_epoch, epochs
-    assert max_steps is not None
     # on the device and counted (a loader from setup() is kept as it is)
     batches = engine.setup_loader(batches)
     ctx = FitContext(engine, model, optimizer, max_steps)
@@ -57,26 +96,7 @@ def fit(
         for _ in range(passes):
             if engine.state.step >= max_steps:
                 break
-            # a stop asked before the first step takes effect after it (hooks see one step)
-            for batch in batches:
-                if engine.pending_micro_steps:
-                    # a window an earlier fit() left open when its batches ran out: it carries on
-                    # batch by batch, as an own loop's would, and its step ends it
-                    engine.forward_backward(model, batch, loss_fn)
-                    if not engine.step(optimizer):
-                        continue
-                    hook.on_step_end(ctx)
-                    if ctx.should_stop or engine.state.step >= max_steps:
-                        break
-                    continue
-                window.append(batch)
-                if len(window) < per_step:
-                    continue
-                engine.train_window(model, optimizer, window, loss_fn)
-                window = []
-                hook.on_step_end(ctx)
-                if ctx.should_stop or engine.state.step >= max_steps:
-                    break
+            window = _train_pass(ctx, hook, batches, window, per_step, loss_fn)
             if ctx.should_stop:
                 break
         # the batches ran out inside a window: its batches train as an own loop's would, their
