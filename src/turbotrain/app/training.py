@@ -190,11 +190,7 @@ def build_training(
     if isinstance(run, RunConfig):
         run = prepare_config(run, run_dir)
     run_dir, spec = run.run_dir, run.spec
-    early = watch_for(run.config.best)
-    # a built-in model's validation computes the loss alone: known now (a workload's metrics_fn is
-    # read when its FUNC runs, later)
-    if early is not None and not run.config.model.workload and spec.metrics_fn() is None:
-        early.require_known(["val_loss"])
+    _check_watch(run)
     main = run.main  # under torchrun rank 0 alone writes the run's shared files and prints
     # run.remote refuses: one line, before the work
     store = remote_store(run.config, run_dir) if main else None
@@ -203,21 +199,8 @@ def build_training(
     c, data, t = a.config, a.data, a.trainable
     engine = t.engine
     rank, world = engine.strategy.rank, engine.strategy.world
-    # the config rides along for reference only: a resume reads config.toml
     watch = watch_for(c.best)  # early stopping / the best checkpoint
-    state = run_state(
-        engine,
-        t.model,
-        t.optimizer,
-        t.scheduler,
-        config=(lambda: to_toml(c), lambda _: None),
-        optional={"best": watch} if watch is not None else None,
-    )
-    resumed_from = (
-        resume_from(c, run_dir, state, engine, data, world, rank, run.batch_given, t.scheduler)
-        if run.resume
-        else ""
-    )
+    state, resumed_from = _state(run, a, watch)
     first_step_draws = rng_state()  # the generators the first step draws from (a resume's, restored)
     if run.resume and main:  # the steps after the checkpoint run again: their old records would count twice
         truncate_metrics(run_dir / METRICS_FILE, engine.state.step)
@@ -231,14 +214,7 @@ def build_training(
     if c.model.workload and main:
         say_recipe(c, a.own_optimizer is not None, bool(val_batches))
     resolved = _resolved(a, spec, settings)
-    monitor, jsonl = build_monitor(
-        engine,
-        a.plain,
-        example,
-        # the other ranks measure but write nothing
-        monitor_plan(c, run_dir if main else None, progress_steps=c.train.max_steps if show else None),
-        loss_fn=a.loss_fn,
-    )
+    monitor, jsonl = _monitor(run, a, example, show)
     # reading the example and counting FLOPs (a forward: dropout, a user's augmentation) drew from them
     set_rng_state(first_step_draws)
     hooks = _run_hooks(run, a, monitor, jsonl, state, watch, val_batches)
@@ -260,6 +236,50 @@ def build_training(
         resolved,
         resumed_from,
         mirror,
+    )
+
+
+def _monitor(run: PreparedRun, a: Assembled, example: Any, show: bool) -> tuple[Monitor, JsonlSink | None]:
+    """The run's Monitor (FLOPs counted on ``example``) and its metrics.jsonl sink (rank 0)."""
+    c = a.config
+    return build_monitor(
+        a.trainable.engine,
+        a.plain,
+        example,
+        # the other ranks measure but write nothing
+        monitor_plan(
+            c, run.run_dir if run.main else None, progress_steps=c.train.max_steps if show else None
+        ),
+        loss_fn=a.loss_fn,
+    )
+
+
+def _check_watch(run: PreparedRun) -> None:
+    """A built-in model's validation computes the loss alone: the metric ``[best]`` watches is
+    known now (a workload's metrics_fn is read when its FUNC runs, later)."""
+    early = watch_for(run.config.best)
+    if early is not None and not run.config.model.workload and run.spec.metrics_fn() is None:
+        early.require_known(["val_loss"])
+
+
+def _state(run: PreparedRun, a: Assembled, watch: MetricWatch | None) -> tuple[RunState, str]:
+    """What checkpoints save and a resume loads, and (a resume) the checkpoint it loaded."""
+    c, t = a.config, a.trainable
+    engine = t.engine
+    state = run_state(
+        engine,
+        t.model,
+        t.optimizer,
+        t.scheduler,
+        # the config rides along for reference only: a resume reads config.toml
+        config=(lambda: to_toml(c), lambda _: None),
+        optional={"best": watch} if watch is not None else None,
+    )
+    if not run.resume:
+        return state, ""
+    rank, world = engine.strategy.rank, engine.strategy.world
+    return state, resume_from(
+        c, run.run_dir, state, engine, a.data, world, rank, run.batch_given, t.scheduler
     )
 
 
