@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -184,7 +185,6 @@ def _launch(variant: str, args: argparse.Namespace, out: Path) -> dict:
 def _moto(args: argparse.Namespace) -> subprocess.Popen:
     """A moto S3 server on a free localhost port, its bucket made; ``args.remote`` and the AWS
     variables (inherited by the contenders) point at it."""
-    import os
     import socket
 
     import boto3
@@ -231,7 +231,18 @@ def _markdown(result: dict) -> str:
             f"| {v} | {f('step_ms')} | {f('checkpoint_step_ms')} | {f('stall_ms')} | "
             f"{f('cost_per_checkpoint_ms')} | {f('first_checkpoint_step_ms')} |"
         )
-    lines += ["", f"Checkpoint size: {result['checkpoint_mb']:.1f} MiB. Command: `{result['command']}`", ""]
+    load = result.get("load_avg_1m_5m_15m") or {}
+    said = (
+        f" Load average (1, 5, 15 min) at the start {load['start']}, at the end {load['end']}: other jobs shared "
+        "the CPU."
+        if load
+        else ""
+    )
+    lines += [
+        "",
+        f"Checkpoint size: {result['checkpoint_mb']:.1f} MiB. Command: `{result['command']}`.{said}",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -263,6 +274,9 @@ def main() -> None:
         return
     contenders = tuple(v for v in CONTENDERS if v in args.contenders.split(","))
     server = _moto(args) if args.remote == "moto" else None
+    load_start = [
+        round(x, 1) for x in os.getloadavg()
+    ]  # a shared CPU's other work slows every process: said with the figures
     runs: dict[str, list[dict]] = {v: [] for v in contenders}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.rounds):
@@ -301,6 +315,7 @@ def main() -> None:
         "step_ms_per_run": {v: [r["step_ms"] for r in runs[v]] for v in contenders},
         "final_loss": {v: [r["loss"] for r in runs[v]] for v in contenders},
         "command": " ".join(["python", "benchmarks/checkpoint_stall.py", *sys.argv[1:]]),
+        "load_avg_1m_5m_15m": {"start": load_start, "end": [round(x, 1) for x in os.getloadavg()]},
         "env": collect_env(),
     }
     for v in contenders:
