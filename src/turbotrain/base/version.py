@@ -13,6 +13,10 @@ __version__ = "0.1.0"
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
 
+def _git(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", *args], cwd=PACKAGE_ROOT, capture_output=True, text=True, timeout=10)
+
+
 def collect_git() -> dict[str, Any]:
     """The commit this package's code came from. ``TT_COMMIT`` in the environment wins: a
     device machine receives the tree without its ``.git``, so the command that ships it says the
@@ -21,13 +25,7 @@ def collect_git() -> dict[str, Any]:
     if os.environ.get("TT_COMMIT"):
         return {"commit": os.environ["TT_COMMIT"], "source": "TT_COMMIT"}
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--show-toplevel", "HEAD"],
-            cwd=PACKAGE_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
+        commit = _git("rev-parse", "--show-toplevel", "HEAD")
         if commit.returncode != 0:
             return {"commit": None, "detail": commit.stderr.strip()[:200]}
         top, head = commit.stdout.split()
@@ -37,13 +35,7 @@ def collect_git() -> dict[str, Any]:
                 "commit": None,
                 "detail": f"turbotrain is installed, not run from its checkout (the git tree at {top} is another's)",
             }
-        status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=PACKAGE_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
+        status = _git("status", "--porcelain", "--untracked-files=no")
         return {"commit": head, "dirty": bool(status.stdout.strip()), "source": "git"}
     except (OSError, subprocess.SubprocessError) as exc:
         return {"commit": None, "detail": str(exc)[:200]}
