@@ -78,7 +78,8 @@ def render(doc: dict[str, Any]) -> str:
         v = r.get("verified")
         measured = v and v["status"] in ("kept", "dropped")
         # an estimate is a model of the step, not a measurement: said so until --verify measures it
-        said = "Expected" if measured else "Expected (an estimate, not measured; --verify measures it)"
+        how = "; --verify measures it" if r.get("settings") and not v else ""  # a code change: not run
+        said = "Expected" if measured else f"Expected (an estimate, not measured{how})"
         lines.append(f"{i}. `{r['change']}` — {r['why']}. {said}: {r['expected']}.")
         if v:
             if v["status"] in ("kept", "dropped"):
