@@ -166,8 +166,16 @@ class MoE(nn.Module):
         self.managed = False
         self.first_expert, self.n_local = 0, E
         self.dispatcher: Dispatcher | None = None
-        # written by forward, read by MoEGPT and the experts monitor (plain attributes: DDP does not
-        # broadcast them, checkpoints do not hold them)
+        self._init_tallies(E)
+        self.per_step = False  # True: the bias moves once per optimizer step (follow_optimizer_steps)
+        self.grew_from = 0  # experts in the checkpoint this layer was grown from (0: not grown)
+        self.register_load_state_dict_pre_hook(MoE._grow_on_load)  # called as (module, state, prefix, ...)
+        self.register_load_state_dict_pre_hook(MoE._default_extra_state)
+
+    def _init_tallies(self, E: int) -> None:
+        """What the forward writes: the last forward's results, read by MoEGPT and the experts
+        monitor (plain attributes: DDP does not broadcast them, checkpoints do not hold them),
+        and the tallies kept across forwards."""
         self.last_counts: torch.Tensor | None = None  # (E,) this forward's assignments per expert
         # this forward's load-balancing loss (before the coefficient)
         self.last_aux: torch.Tensor | None = None
@@ -183,10 +191,6 @@ class MoE(nn.Module):
         # (E,) loads of finished steps, for the next bias update
         self.pending: torch.Tensor | None = self._nothing_pending()
         self.step_load: torch.Tensor | None = None  # (E,) this optimizer step's loads so far (per-step mode)
-        self.per_step = False  # True: the bias moves once per optimizer step (follow_optimizer_steps)
-        self.grew_from = 0  # experts in the checkpoint this layer was grown from (0: not grown)
-        self.register_load_state_dict_pre_hook(MoE._grow_on_load)  # called as (module, state, prefix, ...)
-        self.register_load_state_dict_pre_hook(MoE._default_extra_state)
 
     # Checkpoints hold the router-bias loads not applied yet (``pending``: the last optimizer
     # step's, or the last training forward's without step marks, which the next training forward
