@@ -13,6 +13,11 @@ from typing import Any
 import torch
 
 
+def _view_key(t: torch.Tensor) -> tuple[Any, ...]:
+    """What makes two tensors the same view of the same memory (tied weights): staged once."""
+    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+
+
 def stage_to_host(tree: Any, buffers: dict[str, torch.Tensor]) -> Any:
     """A copy of ``tree`` (a checkpoint's payload) in host memory that training cannot change:
     every tensor copied (a CUDA one into pinned memory), dicts (an ``OrderedDict``'s
@@ -26,14 +31,7 @@ def stage_to_host(tree: Any, buffers: dict[str, torch.Tensor]) -> Any:
     def copy_tensor(x: torch.Tensor, where: str) -> torch.Tensor:
         nonlocal from_cuda
         t = x.detach()
-        key = (
-            t.device,
-            t.untyped_storage().data_ptr(),
-            t.storage_offset(),
-            tuple(t.shape),
-            t.stride(),
-            t.dtype,
-        )
+        key = _view_key(t)
         if key not in copies:
             out = buffers.get(where)
             if out is None or out.shape != t.shape or out.dtype != t.dtype:
