@@ -44,10 +44,15 @@ def _summary(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())
 
 
-def test_early_stopping_ends_the_cnn_at_the_right_evaluation_and_keeps_the_best_checkpoint(tmp_path: Path):
+def test_early_stopping_ends_the_cnn_at_the_right_evaluation_and_keeps_the_best_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
     out = ["--run.out_dir", str(tmp_path)]
     assert main(["train", *ARGS, *out, "--run.name=full"]) == 0
     full = tmp_path / "full"
+    # the closing lines show the best pass and its checkpoint, not only the last pass (#47 item 8)
+    best = f"  best val_score 0.6000 at step 3 (max); checkpoint {full / 'checkpoints/best/step_00000003.pt'}"
+    assert best in capsys.readouterr().out.splitlines()
     summary = _summary(full)
     # passes at steps 1, 2, 3 improve; 4 (0.6) and 5 (0.64 < 0.6 + 0.05) do not: patience 2 ends it at 5
     assert (summary["status"], summary["steps"], summary["stop_reason"]) == ("stopped", 5, REASON)

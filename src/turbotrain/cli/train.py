@@ -251,6 +251,12 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
     ]
     if metrics:
         lines.append("  validation " + " | ".join(metrics))
+    best = summary.get("best") or {}
+    if best.get("value") is not None:  # [best]: the best pass, not the last one, and its checkpoint
+        kept = f"; checkpoint {run_dir / best['checkpoint']}" if best.get("checkpoint") else ""
+        lines.append(
+            f"  best {best['metric']} {best['value']:.4f} at step {best['step']} ({best['mode']}){kept}"
+        )
     samples = (summary.get("steady_state") or {}).get("samples_per_s")
     if not rate and samples:  # not a language model: throughput in samples
         first = summary.get("first_step_s")
