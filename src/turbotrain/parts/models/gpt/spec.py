@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, cast
 
@@ -109,19 +110,14 @@ class TokenData(RunData):
                 rows.close()
 
 
+def same_fields(config: type, settings: object) -> dict[str, Any]:
+    """The fields of the dataclass ``config`` that ``settings`` holds under the same name, with its values."""
+    return {f.name: getattr(settings, f.name) for f in fields(config) if hasattr(settings, f.name)}
+
+
 def gpt_config(m: GPTSettings, vocab_size: int) -> GPTConfig:
     """The GPT a run's ``model`` section describes; ``vocab_size`` when the section leaves it 0."""
-    return GPTConfig(
-        vocab_size=m.vocab_size or vocab_size,
-        n_layer=m.n_layer,
-        n_head=m.n_head,
-        d_model=m.d_model,
-        block_size=m.block_size,
-        dropout=m.dropout,
-        attention=m.attention,
-        loss=m.loss,
-        sdpa_backend=m.sdpa_backend,
-    )
+    return GPTConfig(**{**same_fields(GPTConfig, m), "vocab_size": m.vocab_size or vocab_size})
 
 
 class GPTSpec(ModelSpec):

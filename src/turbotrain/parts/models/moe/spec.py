@@ -11,7 +11,7 @@ from torch import nn
 
 from ....base.config import RunConfig
 from ..gpt.settings import GPTSettings, gpt_settings
-from ..gpt.spec import GPTSpec, gpt_config
+from ..gpt.spec import GPTSpec, gpt_config, same_fields
 from .model import MoEConfig, MoEGPT
 from .settings import MoESettings
 
@@ -20,13 +20,8 @@ def moe_config(m: GPTSettings, e: MoESettings, vocab_size: int) -> MoEConfig:
     """The mixture-of-experts GPT of a run's ``[model]`` (backbone) and ``[moe]`` (experts) sections."""
     return MoEConfig(
         **vars(gpt_config(m, vocab_size)),
-        n_experts=e.n_experts,
-        top_k=e.top_k,
+        **same_fields(MoEConfig, e),
         moe_every=e.every,
-        expert_hidden=e.expert_hidden,
-        aux_loss_coef=e.aux_loss_coef,
-        capacity_factor=e.capacity_factor,
-        router_bias_update=e.router_bias_update,
         moe_impl=e.impl,
     )
 
