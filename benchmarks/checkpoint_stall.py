@@ -278,13 +278,15 @@ def main() -> None:
         round(x, 1) for x in os.getloadavg()
     ]  # a shared CPU's other work slows every process: said with the figures
     runs: dict[str, list[dict]] = {v: [] for v in contenders}
-    with tempfile.TemporaryDirectory() as tmp:
-        for i in range(args.rounds):
-            for v in contenders if i % 2 == 0 else contenders[::-1]:
-                runs[v].append(_launch(v, args, Path(tmp) / f"{v}-{i}.json"))
-                print(f"round {i + 1}/{args.rounds} {v}: done", file=sys.stderr)
-    if server is not None:
-        server.kill()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for i in range(args.rounds):
+                for v in contenders if i % 2 == 0 else contenders[::-1]:
+                    runs[v].append(_launch(v, args, Path(tmp) / f"{v}-{i}.json"))
+                    print(f"round {i + 1}/{args.rounds} {v}: done", file=sys.stderr)
+    finally:  # a contender that fails (SystemExit) leaves no moto server behind
+        if server is not None:
+            server.kill()
     per_run = {v: [summarize(r, args) for r in runs[v]] for v in contenders}
     median = {
         v: {
