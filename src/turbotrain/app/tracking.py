@@ -110,12 +110,12 @@ class Tracker:
     ) -> None:
         self.engine, self.run_dir, self.report = engine, Path(run_dir), report
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.state = run_state(
-            engine, model, optimizer, scheduler if scheduler is not None else engine.scheduler
+        scheduler = scheduler if scheduler is not None else engine.scheduler
+        self.state = run_state(engine, model, optimizer, scheduler)
+        checkpoints = self.run_dir / CHECKPOINTS
+        self.resumed_from = (
+            restore_latest(checkpoints, self.state).name if resume and checkpoints.is_dir() else ""
         )
-        self.resumed_from = ""
-        if resume and (self.run_dir / CHECKPOINTS).is_dir():
-            self.resumed_from = restore_latest(self.run_dir / CHECKPOINTS, self.state).name
         self.monitor, _ = build_monitor(
             engine,
             model,
@@ -130,22 +130,37 @@ class Tracker:
             ),
             loss_fn=loss_fn,
         )
-        hooks = build_hooks(  # evaluation before the monitor, the checkpointer last (run_hooks explains)
-            self.monitor,
-            eval_batches=list(eval_batches) if eval_batches is not None else None,
-            eval_every=eval_every,
-            loss_fn=loss_fn,
-            scheduler=scheduler if scheduler is not None else engine.scheduler,
-            checkpointer=Checkpointer(self.run_dir / CHECKPOINTS, checkpoint_every, keep_last, self.state)
-            if checkpoint_every is not None
-            else None,
-        )
-        self.hooks = HookList(hooks)
+        self.hooks = self._hooks(eval_batches, eval_every, loss_fn, scheduler, checkpoint_every, keep_last)
         self.ctx = FitContext(engine, model, optimizer, max_steps or sys.maxsize)
         self._start = time.perf_counter()
         self._closed = False
         self.hooks.on_fit_start(self.ctx)
         engine.add_step_callback(self._after_step)
+
+    def _hooks(
+        self,
+        eval_batches: Iterable[Any] | None,
+        eval_every: int,
+        loss_fn: LossFn,
+        scheduler: Any,
+        checkpoint_every: int | None,
+        keep_last: int,
+    ) -> HookList:
+        """The hook chain: evaluation before the monitor, the checkpointer last (run_hooks explains)."""
+        checkpointer = (
+            Checkpointer(self.run_dir / CHECKPOINTS, checkpoint_every, keep_last, self.state)
+            if checkpoint_every is not None
+            else None
+        )
+        hooks = build_hooks(
+            self.monitor,
+            eval_batches=list(eval_batches) if eval_batches is not None else None,
+            eval_every=eval_every,
+            loss_fn=loss_fn,
+            scheduler=scheduler,
+            checkpointer=checkpointer,
+        )
+        return HookList(hooks)
 
     def _after_step(self) -> None:
         if not self._closed:
