@@ -28,10 +28,30 @@ def _args(tmp_path: Path, text_file: Path, *extra: str) -> list[str]:
     return args + list(extra)
 
 
-def test_train_writes_the_run_directory_and_sample_prints_text(tmp_path, text_file, capsys, monkeypatch):
-    monkeypatch.setenv("TT_COMMIT", "0123abc")  # as a device machine's command gives it (no .git there)
-    assert main(_args(tmp_path, text_file)) == 0
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """The tiny run of :func:`_args` (6 steps), trained once for the tests that read it or take a
+    copy of it (:func:`_trained_in`): ``ROOT/runs/t``, on ``ROOT/corpus.txt``."""
+    root = tmp_path_factory.mktemp("trained")
+    text = root / "corpus.txt"
+    text.write_text("".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(1200)))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TT_COMMIT", "0123abc")  # as a device machine's command gives it (no .git there)
+        assert main(_args(root, text)) == 0
+    return root
+
+
+def _trained_in(trained: Path, tmp_path: Path, text_file: Path) -> Path:
+    """A copy of the :func:`trained` run where ``main(_args(tmp_path, text_file))`` would have
+    trained it (``tmp_path/runs/t``; the same tokens: ``text_file`` holds the same text)."""
+    assert text_file.read_text() == (trained / "corpus.txt").read_text()
     run = tmp_path / "runs" / "t"
+    shutil.copytree(trained / "runs" / "t", run)
+    return run
+
+
+def test_train_writes_the_run_directory_and_sample_prints_text(trained, capsys):
+    run = trained / "runs" / "t"
     assert {"config.toml", "metrics.jsonl", "summary.json", "checkpoints"} <= {p.name for p in run.iterdir()}
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [2, 3, 4, 6]  # logging every 2, evaluating every 3: both kept
@@ -179,12 +199,11 @@ def test_a_resume_never_counts_a_step_twice_in_the_metrics(tmp_path, text_file, 
     assert json.loads((run / "summary.json").read_text())["resumed_from"] == "step_00000004.pt"
 
 
-def test_a_run_without_a_checkpoint_resumes_from_step_zero(tmp_path, text_file, capsys):
+def test_a_run_without_a_checkpoint_resumes_from_step_zero(trained, tmp_path, text_file, capsys):
     """Defect 3: a run killed before its first checkpoint could neither resume ("no checkpoint;
     start without --resume") nor restart ("already exists; pass --resume"). Also: `sample`
     refuses a checkpoint that holds no GPT in one line."""
-    assert main(_args(tmp_path, text_file)) == 0
-    run = tmp_path / "runs" / "t"
+    run = _trained_in(trained, tmp_path, text_file)
     straight = json.loads((run / "summary.json").read_text())
     shutil.rmtree(run / "checkpoints")  # what a run killed before its first checkpoint has
     (run / "summary.json").unlink()
@@ -200,9 +219,10 @@ def test_a_run_without_a_checkpoint_resumes_from_step_zero(tmp_path, text_file, 
     )
 
 
-def test_existing_run_is_never_overwritten_and_corrupt_checkpoints_are_reported(tmp_path, text_file, capsys):
-    assert main(_args(tmp_path, text_file)) == 0
-    run = tmp_path / "runs" / "t"
+def test_existing_run_is_never_overwritten_and_corrupt_checkpoints_are_reported(
+    trained, tmp_path, text_file, capsys
+):
+    run = _trained_in(trained, tmp_path, text_file)
     before = (run / "metrics.jsonl").read_text()
     _one_line_error(capsys, main(_args(tmp_path, text_file)), "already exists", "--resume")
     assert (run / "metrics.jsonl").read_text() == before
@@ -232,9 +252,8 @@ def test_own_loop_example_runs(capsys):
     assert len(losses) == 5 and losses[-1] < 0.7 * losses[0]
 
 
-def test_resume_mistakes_give_one_line_errors_and_lose_nothing(tmp_path, text_file, capsys):
-    assert main(_args(tmp_path, text_file)) == 0
-    run = tmp_path / "runs" / "t"
+def test_resume_mistakes_give_one_line_errors_and_lose_nothing(trained, tmp_path, text_file, capsys):
+    run = _trained_in(trained, tmp_path, text_file)
     before = (run / "metrics.jsonl").read_text()
     capsys.readouterr()
     _one_line_error(
@@ -251,9 +270,8 @@ def test_resume_mistakes_give_one_line_errors_and_lose_nothing(tmp_path, text_fi
     )
 
 
-def test_resume_takes_a_run_directory(tmp_path, text_file, capsys):
-    assert main(_args(tmp_path, text_file)) == 0
-    run = tmp_path / "runs" / "t"
+def test_resume_takes_a_run_directory(trained, tmp_path, text_file, capsys):
+    run = _trained_in(trained, tmp_path, text_file)
     capsys.readouterr()
     _one_line_error(
         capsys,
