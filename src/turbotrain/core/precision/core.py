@@ -326,10 +326,12 @@ class MixedPrecision(Precision):
         return torch.autocast(self.device.type, dtype=self.dtype)
 
 
-class BF16Mixed(MixedPrecision):
-    name = "bf16-mixed"
-    fallback = "fp32"
-    peak = "bf16"
+class _BF16:
+    """What the bf16 precisions share: fp32 after non-finite steps, the bf16 peak, bf16 checked."""
+
+    name: ClassVar[str]
+    fallback: ClassVar[str | None] = "fp32"
+    peak: ClassVar[str] = "bf16"
 
     @classmethod
     def check(cls, caps: DeviceCaps, settings: PrecisionConfig) -> None:
@@ -338,6 +340,10 @@ class BF16Mixed(MixedPrecision):
     @classmethod
     def slow_on(cls, caps: DeviceCaps) -> str:
         return bf16_slow_on(caps)
+
+
+class BF16Mixed(_BF16, MixedPrecision):
+    name = "bf16-mixed"
 
 
 class FP16Mixed(MixedPrecision):
@@ -421,23 +427,13 @@ def _cast_float_inputs(
     return map_tensors(args, cast), map_tensors(kwargs, cast)
 
 
-class BF16True(Precision):
+class BF16True(_BF16, Precision):
     """Parameters, gradients and optimizer state in bf16: half the memory, less accuracy. Float
     inputs are cast to bf16 on their way into the model (a float32 batch would otherwise meet
     bf16 weights: "mat1 and mat2 must have the same dtype"), as Fabric's true-half precision does."""
 
     name = "bf16-true"
-    fallback = "fp32"
-    peak = "bf16"
     param_dtype = torch.bfloat16
-
-    @classmethod
-    def check(cls, caps: DeviceCaps, settings: PrecisionConfig) -> None:
-        _check_bf16(cls.name, caps)
-
-    @classmethod
-    def slow_on(cls, caps: DeviceCaps) -> str:
-        return bf16_slow_on(caps)
 
     def convert_module(self, module: torch.nn.Module, *, sharded: bool = False) -> torch.nn.Module:
         module.to(torch.bfloat16)
