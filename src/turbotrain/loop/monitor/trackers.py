@@ -110,7 +110,27 @@ def _wandb_settings(wandb: Any) -> Any:
     return wandb.Settings(silent=True, console="off", x_disable_stats=True, save_code=False, disable_git=True)
 
 
-class WandbSink:
+class _StepLoggedRun:
+    """A tracker's run (W&B's, trackio's): the records' numbers at their steps; close finishes it."""
+
+    run: Any
+
+    def write(self, record: dict[str, Any]) -> None:
+        values = numbers(record)
+        if values:
+            self.run.log(values, step=record["step"])
+
+    def close(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
+            self.finished()
+
+    def finished(self) -> None:  # what else the tracker ends after its run
+        pass
+
+
+class WandbSink(_StepLoggedRun):
     """A W&B run (``monitor.wandb``): the records as history at their steps, the config once."""
 
     def __init__(self, run_dir: Path, options: TrackerOptions) -> None:
@@ -129,16 +149,8 @@ class WandbSink:
             settings=_wandb_settings(self.wandb),
         )
 
-    def write(self, record: dict[str, Any]) -> None:
-        values = numbers(record)
-        if values:
-            self.run.log(values, step=record["step"])
-
-    def close(self) -> None:
-        if self.run is not None:
-            self.run.finish()
-            self.run = None
-            self.wandb.teardown()  # ends the wandb-core service and its threads
+    def finished(self) -> None:
+        self.wandb.teardown()  # ends the wandb-core service and its threads
 
 
 def _publish_wandb(run_dir: Path, ids: dict[str, Any], summary: dict[str, Any], files: list[Path]) -> None:
@@ -263,7 +275,7 @@ def _publish_mlflow(run_dir: Path, ids: dict[str, Any], summary: dict[str, Any],
 # ----------------------------------------------------------------------------- trackio
 
 
-class TrackioSink:
+class TrackioSink(_StepLoggedRun):
     """A trackio run (``monitor.trackio``) in trackio's local store (``$TRACKIO_DIR``, by default
     under the Hugging Face cache; ``trackio show`` opens it): the records at their steps, the
     config once."""
@@ -282,16 +294,6 @@ class TrackioSink:
             auto_log_cpu=False,
         )
         _write_ids(run_dir, "trackio", {"project": options.project, "name": name})
-
-    def write(self, record: dict[str, Any]) -> None:
-        values = numbers(record)
-        if values:
-            self.run.log(values, step=record["step"])
-
-    def close(self) -> None:
-        if self.run is not None:
-            self.run.finish()  # flushes the queue and ends its sender thread
-            self.run = None
 
 
 def _publish_trackio(run_dir: Path, ids: dict[str, Any], summary: dict[str, Any], files: list[Path]) -> None:
