@@ -206,7 +206,7 @@ def record_restart(run_dir: Path, why: str, world: int) -> None:
 # ----------------------------------------------------------------------------- the one call from Python
 
 
-class TrainedRun(dict):  # type: ignore[type-arg]
+class TrainedRun(dict):
     """What :func:`train` returns: the run's summary (this dict, as summary.json holds it) and the
     trained run, for :meth:`evaluate` and :meth:`predict` under the run's precision."""
 

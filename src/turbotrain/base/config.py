@@ -205,7 +205,7 @@ class RunConfig:
         """A plugin's own table (``config.table(MoESettings)``): as read, else its defaults."""
         for t in self.__dict__.get("tables", ()):
             if type(t) is cls:
-                return t  # type: ignore[no-any-return]
+                return t
         return cls()
 
     def __getattr__(self, name: str) -> Any:

@@ -202,7 +202,7 @@ def recast(obj: Any, cls: type[T]) -> T:
     """``obj`` (a section) as a ``cls``: the fields both have keep ``obj``'s values, the others
     their defaults (a precision section read as fp8's own settings, and back)."""
     if type(obj) is cls:
-        return obj  # type: ignore[no-any-return]
+        return obj
     return cls(**{f.name: getattr(obj, f.name) for f in fields(cls) if hasattr(obj, f.name)})
 
 

@@ -102,7 +102,7 @@ class ExpertsMonitor(Hook):
         taken = [layer.take_load() for _, layer in self.layers]
         if not self.layers or any(t is None for t in taken):
             return None
-        counts = torch.stack([torch.cat([load.float(), dropped.float()[None]]) for load, dropped in taken])  # type: ignore[misc]
+        counts = torch.stack([torch.cat([load.float(), dropped.float()[None]]) for load, dropped in taken])
         if rank_world()[1] > 1:
             dist.all_reduce(counts, op=dist.ReduceOp.SUM)  # every rank routed its own tokens
         rows = counts.cpu().tolist()  # sync: one copy of every layer's tallies, at the logging cadence

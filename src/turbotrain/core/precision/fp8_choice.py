@@ -117,8 +117,7 @@ class FP8Choice:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FP8Choice:
         layers = [
-            LayerChoice(c["layer"], tuple(c["shape"]), dict(c["ms"]), c["choice"])  # type: ignore[arg-type]
-            for c in data["layers"]
+            LayerChoice(c["layer"], tuple(c["shape"]), dict(c["ms"]), c["choice"]) for c in data["layers"]
         ]
         return cls(
             layers, dict(data.get("kept", {})), data["margin"], bool(data.get("cached")), data.get("key", "")
