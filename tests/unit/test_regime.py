@@ -3,6 +3,7 @@ from the figures that define it, the CPU caveat, and the probe read from profile
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from types import SimpleNamespace
@@ -53,7 +54,7 @@ def test_the_probe_from_profiles_figures_and_trace():
     }
     p = probe_from(figures, trace, peak_tflops=989.0)
     # the report's one step time (the timed median, #47 item 6); the profiled host time scaled to it
-    assert p == pytest.approx(Probe(9.0, 0.5, 4.0, 5.4, 12.0, 989.0))
+    assert dataclasses.astuple(p) == pytest.approx((9.0, 0.5, 4.0, 5.4, 12.0, 989.0))
     assert classify(p).name == "launch-bound"
     assert probe_from(figures).step_ms == 9.0 and probe_from(figures).device_busy_ms is None
 

@@ -9,6 +9,8 @@ import math
 import pytest
 import torch
 
+from turbotrain import load_config
+from turbotrain.app.resume import kept_schedule
 from turbotrain.base.config import OptimConfig
 from turbotrain.core.optim import build_scheduler, scheduler_from_config
 
@@ -84,3 +86,16 @@ def test_the_default_warmup_is_a_tenth_of_a_short_run_so_it_reaches_the_peak_and
     assert lrs.index(max(lrs)) == warmup - 1 and max(lrs) == pytest.approx(optim.lr)  # the full LR
     assert lrs[-1] < 0.02 * optim.lr + optim.min_lr  # decayed to about the floor at the run's end
     assert all(a >= b for a, b in zip(lrs[warmup:], lrs[warmup + 1 :]))
+
+
+def test_a_plateau_schedule_resumed_with_another_lr_or_length_says_it_keeps_its_learning_rate(caplog):
+    """A resume re-plans only the built-in step schedules; a plateau schedule keeps the checkpoint's
+    learning rate, and a new optim.lr / train.max_steps given on the resume is said, not dropped."""
+    c = load_config(overrides={"optim": {"schedule": "plateau", "lr": 0.001}, "train": {"max_steps": 40}})
+    with caplog.at_level("WARNING"):
+        kept_schedule({"optim": {"lr": 0.002}, "train": {"max_steps": 20}}, c)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert '"lr": 0.001' in line and '"max_steps": 40' in line and "plateau keeps" in line
+    caplog.clear()
+    kept_schedule({"optim": {"lr": 0.001}, "train": {"max_steps": 40}}, c)
+    assert not caplog.records  # nothing changed: nothing said

@@ -69,6 +69,8 @@ def resume_from(
     engine.seek(data.start_after(engine.state.batches, engine.state.step, c, saved_world, world))
     if isinstance(scheduler, LambdaLR) and saved_configs:
         replan(_saved_table(saved_configs[-1]), c, engine.state.step, scheduler)
+    elif scheduler is not None and saved_configs:
+        kept_schedule(_saved_table(saved_configs[-1]), c)
     return resumed.name
 
 
@@ -105,11 +107,32 @@ def replan(saved: dict[str, Any], c: RunConfig, step: int, scheduler: LambdaLR) 
         was,
         now,
         step + 1,
-        "follows the validation loss down" if c.optim.schedule == "plateau" else "decays",
+        "decays",
         end,
         c.train.max_steps,
         keep,
     )
+
+
+def kept_schedule(saved: dict[str, Any], c: RunConfig) -> None:
+    """A schedule that follows the run (``plateau``) is restored as its checkpoint left it: a new
+    ``optim.lr`` or ``train.max_steps`` on the resume does not re-plan it, said in one line."""
+    old_lr, old_steps = saved.get("optim", {}).get("lr"), saved.get("train", {}).get("max_steps")
+    changed = [
+        setting(key, new)
+        for key, old, new in (
+            ("optim.lr", old_lr, c.optim.lr),
+            ("train.max_steps", old_steps, c.train.max_steps),
+        )
+        if old is not None and old != new
+    ]
+    if changed:
+        log.warning(
+            "%s on a resume: optim.schedule = %s keeps the learning rate its checkpoint restored "
+            "(a cosine, linear or constant schedule is re-planned)",
+            " ".join(changed),
+            c.optim.schedule,
+        )
 
 
 def local_copy(uri: str, out_dir: str, wait_s: float = 600.0) -> Path:

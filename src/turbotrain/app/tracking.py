@@ -230,5 +230,8 @@ def track(
     ``progress``, ``nvml``, ``report`` (plots and summary.md at the end), ``trackers`` (any of
     ``"wandb"``, ``"mlflow"``, ``"trackio"``: the same records, ``config`` (your hyperparameters)
     once, the summary and plots at the end, under ``project``)."""
-    assert optimizer is not None, "track() needs the optimizer engine.setup returned"
+    if optimizer is None:
+        raise TypeError(
+            "track(engine, model, optimizer, run_dir): optimizer is None: pass the optimizer engine.setup returned"
+        )
     return Tracker(engine, model, optimizer, run_dir, **options)

@@ -7,7 +7,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import torch
+
 from ...core.precision.fp8 import MIN_CAPABILITY
+from ...parts.data.loader import default_num_workers
 
 LEVELS = ("ok", "info", "warn", "error", "skip")  # skip: could not be checked on this machine
 
@@ -233,8 +236,9 @@ def _workers_check(env: dict[str, Any]) -> Check:
         return Check(
             "DataLoader workers",
             "info",
-            f"{cores} usable CPU core(s); on CPU batches load in the training process "
-            "when there are 4 cores or fewer (workers would compete with the compute threads)",
+            f"{cores} usable CPU core(s): data.num_workers auto will use "
+            f"{default_num_workers(torch.device('cpu'), cores)} (on CPU batches load in the training process "
+            "when there are 4 cores or fewer: workers would compete with the compute threads)",
         )
     per_gpu = cores // max(1, len(gpus))
     if per_gpu < 4:
@@ -245,7 +249,7 @@ def _workers_check(env: dict[str, Any]) -> Check:
             f"about {per_gpu} per GPU, too few for DataLoader workers to keep up with a fast GPU",
             "use a pre-tokenized .bin dataset (memory-mapped, cheap to load) or a machine with more cores",
         )
-    workers = max(1, min(8, cores // 2))
+    workers = default_num_workers(torch.device("cuda"), cores)  # the loader's own rule, not a copy
     return Check(
         "DataLoader workers",
         "ok",

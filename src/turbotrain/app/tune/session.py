@@ -8,6 +8,7 @@ trial's spec, log and metrics under ``trials/``, and ``tune.json``, ``tune.md``,
 
 from __future__ import annotations
 
+import copy
 import json
 import signal
 import time
@@ -19,7 +20,7 @@ from torch.utils.data import DataLoader
 
 from ...base.config import RunConfig
 from ...base.errors import ConfigError
-from ...base.failure import workload_failed
+from ...base.failure import EMPTY_LOADER, workload_failed
 from ...base.rundir import new_run_dir
 from ...core.device import resolve_device
 from ...core.precision import DeviceCaps, resolve_precision
@@ -55,20 +56,22 @@ def model_facts(target: Target) -> ModelFacts:
 def _check_first_batch(w: Workload, label: str) -> None:
     """The workload's loss on its first batch, once, before any trial: a bug in the user's own
     forward or loss is one line naming their file and line (as train, bench, memory and profile
-    say it), not the same failure in every trial's process. Evaluation mode, no gradients: the
-    model's running statistics and weights are untouched."""
-    training = w.model.training
-    w.model.eval()
+    say it), not the same failure in every trial's process. On a copy of the model in training
+    mode with gradients on (a loss may need either), so the user's model is untouched."""
     try:
-        with torch.no_grad():
-            (w.loss_fn or default_loss)(w.model, next(iter(w.train_loader)))
+        batch = next(iter(w.train_loader))
+    except StopIteration:
+        raise ConfigError(f"tune --model {label}: {EMPTY_LOADER}") from None
+    model = copy.deepcopy(w.model).train()
+    try:
+        (w.loss_fn or default_loss)(model, batch)
     except Exception as exc:  # noqa: BLE001 - the user's code: one line when it is theirs
         failed = workload_failed(f"tune --model {label} (its loss on one batch)", exc)
         if failed is None:
             raise
         raise failed from None
     finally:
-        w.model.train(training)
+        del model
 
 
 def global_batch(base: RunConfig, target: Target) -> int:
