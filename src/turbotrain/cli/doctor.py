@@ -45,7 +45,7 @@ def main_doctor(args: argparse.Namespace, extra: list[str]) -> int:
         report["precision_check"] = check_precisions(target)
         text += "\n\n" + format_check(report["precision_check"])
         report["regime"] = doctor_regime(args.preset, args.model)  # app/regime.py: one probe on CUDA
-        text += "\n\n" + report["regime"]["line"]
+        text += "\n\n### Regime\n- [INFO] " + report["regime"]["line"]  # a check line, as the report's others
         report["syncs"] = locate_workload_syncs(target, "cuda" if torch.cuda.is_available() else "cpu")
         text += "\n\n## host-device syncs in a training step (eager, fp32)\n" + "\n".join(
             format_syncs(report["syncs"])
