@@ -46,7 +46,11 @@ def main() -> None:
     loader = DataLoader(
         TensorDataset(windows), batch_size=8, shuffle=True, collate_fn=collate, **recipe.loader_kwargs()
     )
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=SEQ, n_embd=64, n_layer=2, n_head=2))
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=256, n_positions=SEQ, n_embd=64, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0
+        )
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, **recipe.optimizer_kwargs())
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     # FLOPs are counted on the first batch handed to run.batch(): nothing is drawn from the loader

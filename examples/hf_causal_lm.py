@@ -42,7 +42,11 @@ def make() -> Workload:
     """A 2-layer GPT-2 (d=64, 256 byte tokens) on windows of os.py; the last 10% held out."""
     text = inspect.getsource(os).encode()
     cut = int(len(text) * 0.9)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=SEQ, n_embd=64, n_layer=2, n_head=2))
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=256, n_positions=SEQ, n_embd=64, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0
+        )
+    )
     return Workload(
         model=model,
         train_loader=DataLoader(ByteWindows(text[:cut]), batch_size=16, shuffle=True),

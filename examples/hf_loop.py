@@ -15,7 +15,9 @@ from transformers import GPT2Config, GPT2LMHeadModel, get_linear_schedule_with_w
 from turbotrain import Engine, track
 
 torch.manual_seed(0)
-config = GPT2Config(vocab_size=256, n_positions=64, n_embd=64, n_layer=2, n_head=2)
+config = GPT2Config(
+    vocab_size=256, n_positions=64, n_embd=64, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0
+)
 model = GPT2LMHeadModel(config)
 text = torch.tensor(list(open(__file__, "rb").read()), dtype=torch.long)  # this file, byte-level
 starts = torch.randint(len(text) - 65, (40, 8))

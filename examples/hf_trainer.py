@@ -45,7 +45,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     a = parser.parse_args()
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=SEQ, n_embd=64, n_layer=2, n_head=2))
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=256, n_positions=SEQ, n_embd=64, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0
+        )
+    )
     args = TrainingArguments(
         a.run_dir,
         **training_args_recipe(
