@@ -154,12 +154,29 @@ def summary_rows() -> list[tuple[str, str, str]]:
         elif isinstance(v, ast.Dict):
             name = _key(k, module)
             rows.append((name, "summarize_records", notes.get(k.lineno, "")))
-            rows += [
-                (f"{name}.{_key(ik, module)}", "summarize_records", notes.get(ik.lineno, "")) for ik in v.keys
+            inner = [
+                pair
+                for ik, iv in zip(v.keys, v.values, strict=True)
+                for pair in ([(_key(ik, module), ik.lineno)] if ik is not None else _listed_keys(iv, tree))
             ]
+            rows += [(f"{name}.{key}", "summarize_records", notes.get(line, "")) for key, line in inner]
         else:
             rows.append((_key(k, module), "summarize_records", notes.get(k.lineno, "")))
     return rows
+
+
+def _listed_keys(node: ast.AST, tree: ast.Module) -> list[tuple[str, int]]:
+    """(key, line) of a ``**{k: ... for k in NAME}`` whose NAME is a module-level tuple of strings."""
+    if not (isinstance(node, ast.DictComp) and isinstance(node.generators[0].iter, ast.Name)):
+        return []
+    name = node.generators[0].iter.id
+    for n in tree.body:
+        if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in n.targets):
+            elts = n.value.elts if isinstance(n.value, (ast.Tuple, ast.List)) else []
+            return [
+                (e.value, e.lineno) for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)
+            ]
+    return []
 
 
 def _docstrings() -> dict[str, str]:
