@@ -207,7 +207,7 @@ def test_the_precision_matrix_runs_what_cpu_supports_on_your_own_cnn(tmp_path, c
         )
         == 0
     )
-    doc = json.loads((out / "make-precision.json").read_text())
+    doc = json.loads((out / "my_cnn-precision.json").read_text())  # named after the file, as train names runs
     rows = {r["row"]: r for r in doc["rows"]}
     assert rows["fp32"]["status"] == "ok" and rows["bf16-mixed"]["status"] == "ok"
     assert rows["tf32"]["status"] == "skipped" and "CUDA" in rows["tf32"]["reason"]
