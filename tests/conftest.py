@@ -33,12 +33,15 @@ def tiny_overrides(tmp_path: Path, **sections: dict) -> dict:
     return base
 
 
+# about 40 KB of Python-like text: the tiny GPT's corpus in every test that trains on a file
+CORPUS = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(1200))
+
+
 @pytest.fixture
 def text_file(tmp_path: Path) -> Path:
     """About 40 KB of Python-like text."""
     path = tmp_path / "corpus.txt"
-    lines = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(1200)]
-    path.write_text("".join(lines))
+    path.write_text(CORPUS)
     return path
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import CORPUS
 
 ray = pytest.importorskip("ray", reason="Ray Train is an optional extra: pip install 'turbotrain[ray]'")
 from ray.train import FailureConfig, RunConfig, ScalingConfig  # noqa: E402
@@ -51,8 +52,7 @@ ARGS = [
 @pytest.fixture(scope="module")
 def work(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("ray_train")
-    lines = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(1200)]
-    (root / "corpus.txt").write_text("".join(lines))
+    (root / "corpus.txt").write_text(CORPUS)
     return root
 
 

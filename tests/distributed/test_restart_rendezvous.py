@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from conftest import CORPUS
+
 from turbotrain.base.launch import Launch
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -93,9 +95,7 @@ def _rank_1(pid: int) -> int | None:
 
 def test_a_static_rendezvous_restart_resumes_and_another_launch_never_takes_the_run(tmp_path: Path) -> None:
     work = tmp_path
-    (work / "corpus.txt").write_text(
-        "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(1200))
-    )
+    (work / "corpus.txt").write_text(CORPUS)
     run = work / "runs" / "el"
     proc = subprocess.Popen(
         _static_torchrun(work, "el"), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import inprocess
 import pytest
+from conftest import CORPUS
 from faults.faultenv import FAULTS
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -71,8 +72,7 @@ def _plain() -> list[str]:
 @pytest.fixture(scope="module")
 def work(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("train_cli")
-    lines = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(1200)]
-    (root / "corpus.txt").write_text("".join(lines))
+    (root / "corpus.txt").write_text(CORPUS)
     return root
 
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import tiny_overrides
+from conftest import CORPUS, tiny_overrides
 from faults.faultenv import fault_env
 from faults.limits import tmpfs
 from test_train_cli import _args, _one_line_error
@@ -58,7 +58,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The uninterrupted run's summary (same preset, tiny config and text as the CLI's)."""
     tmp = tmp_path_factory.mktemp("reference")
     text = tmp / "corpus.txt"
-    text.write_text("".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(1200)))
+    text.write_text(CORPUS)
     overrides = tiny_overrides(tmp, data={"path": str(text)}, train={"max_steps": MAX_STEPS})
     return train(load_config(default_preset(), overrides), progress=False)
 

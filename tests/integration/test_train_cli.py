@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_overrides
+from conftest import CORPUS, tiny_overrides
 
 import turbotrain.core.engine
 import turbotrain.loop.fit
@@ -34,7 +34,7 @@ def trained(tmp_path_factory) -> Path:
     copy of it (:func:`_trained_in`): ``ROOT/runs/t``, on ``ROOT/corpus.txt``."""
     root = tmp_path_factory.mktemp("trained")
     text = root / "corpus.txt"
-    text.write_text("".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(1200)))
+    text.write_text(CORPUS)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TT_COMMIT", "0123abc")  # as a device machine's command gives it (no .git there)
         assert main(_args(root, text)) == 0
