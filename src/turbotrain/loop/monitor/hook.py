@@ -101,8 +101,6 @@ class Monitor(Hook):
         self._side_s = 0.0  # side_s at the last record
         # probes with steps of their own
         self._own_steps = [cast(StepProbe, p) for p in self.probes if callable(getattr(p, "due", None))]
-        # sinks told of every step (the progress bar): a step count, no device read
-        self._tickers: list[Any] = [s for s in self.sinks if callable(getattr(s, "tick", None))]
 
     # ------------------------------------------------------------------ values
 
@@ -195,8 +193,10 @@ class Monitor(Hook):
     def tick(self, step: int) -> None:
         """Step ``step`` is done: the sinks that show every step (the progress bar) advance; no
         record, no device read."""
-        for sink in self._tickers:
-            sink.tick(step)
+        for sink in self.sinks:  # read each step, so a sink added after the Monitor is built ticks too
+            tick = getattr(sink, "tick", None)
+            if callable(tick):
+                tick(step)
 
     def _emit(self, record: dict[str, Any], probes: Iterable[Probe]) -> dict[str, Any]:
         for probe in probes:
