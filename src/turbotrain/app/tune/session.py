@@ -70,8 +70,6 @@ def _check_first_batch(w: Workload, label: str) -> None:
         if failed is None:
             raise
         raise failed from None
-    finally:
-        del model
 
 
 def global_batch(base: RunConfig, target: Target) -> int:
