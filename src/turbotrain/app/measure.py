@@ -74,15 +74,6 @@ def flat(overrides: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     return {f"{s}.{k}": v for s, values in overrides.items() for k, v in values.items()}
 
 
-def nested(settings: Mapping[str, Any]) -> Overrides:
-    """``{"batch.micro": 8}`` -> ``{"batch": {"micro": 8}}``."""
-    out: Overrides = {}
-    for key, value in settings.items():
-        section, _, name = key.partition(".")
-        out.setdefault(section, {})[name] = value
-    return out
-
-
 @dataclass(frozen=True)
 class Target:
     """What to run: ``preset`` (a name or .toml path) or ``model`` (FILE.py:FUNC), and the
@@ -235,9 +226,8 @@ class Built:
 
 
 def build(target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_dir: Path) -> Built:
-    """Assemble ``target`` with ``changes`` in ``run_dir`` (metrics.jsonl goes there): prepared as
-    every run is (:func:`turbotrain.app.prepare.prepare_config`), then only what a measured run
-    uses is built (no checkpoints, no evaluation, no run loader: measure's own)."""
+    """Assemble ``target`` with ``changes`` in ``run_dir`` (metrics.jsonl goes there), prepared as every
+    run is; only what a measured run uses is built (no checkpoints, evaluation or run loader)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     config = target.config(merge(changes, {"monitor": {"progress": False}}))
     if target.is_workload:
@@ -254,19 +244,17 @@ def build(target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_d
         engine.device, config.data.num_workers, config.data.pin_memory, config.data.prefetch_factor
     )
     micro, accumulation = int(config.batch.micro), config.batch.accumulation
-    # Batches of the whole optimizer step, cut into ``accumulation`` micro-batches by the engine:
-    # the same samples in the same order whatever the micro-batch, so runs differ only in arithmetic.
+    # whole optimizer steps, cut by the engine: the same samples whatever the micro-batch (loss parity)
     block = spec.seq_len(config)
     assert block is not None  # not a workload: a language model's token rows
     train = TokenWindows(source.train, block)
     data = DataWait(build_loader(train, micro * accumulation, config.run.seed, settings))
     engine.set_accumulation(1)
     engine.set_split(accumulation)
-    parity, files = [], [train, a.data]
-    if len(source.val) > block + 1:
-        val = TokenWindows(source.val, block)
-        parity = fixed_batches(val, PARITY_BATCH, PARITY_BATCHES, seed=config.run.seed + 1)
-        files.append(val)
+    parity, val = _preset_parity(source, block, config.run.seed)
+    batch = spec.random_batch(
+        config, spec.vocab_size(config) or source.vocab_size, engine.device, seed=config.run.seed
+    )
     return Built(
         target,
         config,
@@ -277,24 +265,36 @@ def build(target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_d
         data,
         labelled(default_loss),
         monitor,
-        spec.random_batch(
-            config, spec.vocab_size(config) or source.vocab_size, engine.device, seed=config.run.seed
-        ),
+        batch,
         micro,
         parity,
-        {
-            "num_workers": settings.num_workers,
-            "pin_memory": settings.pin_memory,
-            "prefetch_factor": settings.prefetch_factor if settings.num_workers else None,
-            "device_prefetch": config.data.device_prefetch and engine.device.type == "cuda",
-            "batch_size": micro,
-            "loader": f"DataLoader over {source.description}",
-        },
+        _loader_info(config, engine, settings, micro, f"DataLoader over {source.description}"),
         "tokens/s",
         run_dir,
         batch_search=a.batch_search.to_dict() if a.batch_search is not None else None,
-        files=files,
+        files=[train, a.data, *val],
     )
+
+
+def _preset_parity(source: Any, block: int, seed: int) -> tuple[list[Any], list[TokenWindows]]:
+    """The fixed held-out batches of a preset's validation tokens (none when too few), and their windows."""
+    if len(source.val) <= block + 1:
+        return [], []
+    val = TokenWindows(source.val, block)
+    return fixed_batches(val, PARITY_BATCH, PARITY_BATCHES, seed=seed + 1), [val]
+
+
+def _loader_info(config: RunConfig, engine: Engine, loader: Any, micro: int, what: str) -> dict[str, Any]:
+    """How the run's batches are loaded (``loader``: a DataLoader or the resolved loader settings)."""
+    workers = getattr(loader, "num_workers", None)
+    return {
+        "num_workers": workers,
+        "pin_memory": getattr(loader, "pin_memory", None),
+        "prefetch_factor": getattr(loader, "prefetch_factor", None) if workers else None,
+        "device_prefetch": config.data.device_prefetch and engine.device.type == "cuda",
+        "batch_size": micro,
+        "loader": what,
+    }
 
 
 def _workload_loader(
@@ -340,25 +340,11 @@ def _build_workload(
     if first is None:  # an empty loader: one line, not a bare StopIteration
         raise TurbotrainError(f"--model {target.model or 'workload'}: train_loader yielded no batch")
     example = move_to(first, engine.device)
-    parity_source = w.eval_loader if w.eval_loader is not None else None
-    parity = [example]
-    if parity_source is not None:
-        parity = [move_to(b, engine.device) for b, _ in zip(parity_source, range(PARITY_BATCHES))] or parity
-    monitor, _ = build_monitor(
-        engine,
-        model,
-        example,
-        MonitorPlan(config.monitor.log_every, run_dir, nvml=config.monitor.nvml),
-        loss_fn=loss_fn,
-    )
-    info = {
-        "num_workers": getattr(loader, "num_workers", None),
-        "pin_memory": getattr(loader, "pin_memory", None),
-        "prefetch_factor": getattr(loader, "prefetch_factor", None),
-        "device_prefetch": config.data.device_prefetch and engine.device.type == "cuda",
-        "batch_size": batch_size(example),
-        "loader": loader_summary(loader),
-    }
+    held_out = w.eval_loader if w.eval_loader is not None else ()
+    parity = [move_to(b, engine.device) for b, _ in zip(held_out, range(PARITY_BATCHES))] or [example]
+    watch = MonitorPlan(config.monitor.log_every, run_dir, nvml=config.monitor.nvml)
+    monitor, _ = build_monitor(engine, model, example, watch, loss_fn=loss_fn)
+    info = _loader_info(config, engine, loader, batch_size(example), loader_summary(loader))
     return Built(
         target,
         config,

@@ -27,9 +27,10 @@ import torch
 from torch import nn
 
 from ...base.batch import move_to
-from ...base.config import load_config
+from ...base.config import RunConfig, load_config
 from ...base.errors import ConfigError
 from ...core.assembly import build_trainable
+from ...core.engine import Engine
 from ...core.graphs import unavailable as graphs_unavailable
 from ...core.optim import resolve_implementation
 from ...loop.fit import fit
@@ -332,8 +333,14 @@ def train_turbotrain(job: Job) -> dict[str, Any]:
         hooks=[Clock()],
         loss_fn=job.loss_fn,
     )
-    profile = profiler.stop() if profiler else None
-    p = engine.precision
+    return _turbotrain_result(job, engine, config, profiler.stop() if profiler else None)
+
+
+def _turbotrain_result(
+    job: Job, engine: Engine, config: RunConfig, profile: dict[str, Any] | None
+) -> dict[str, Any]:
+    """What the turbotrain row resolved to (precision, compile, optimizer, prefetch), as its recipe."""
+    device, p = job.device, engine.precision
     impl = resolve_implementation(config.optim.implementation, engine.device)
     autocast_dtype = getattr(p, "dtype", None)
     compile_desc = engine.options.compile_scope

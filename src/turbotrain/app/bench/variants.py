@@ -142,79 +142,40 @@ def _one_change_rows(
     gpt = w.model in LANGUAGE_MODELS
     moe = {"moe_impl": "loop"} if w.model == "moe" else {}  # MoE baseline: one matmul pair per expert
     no_attention = "" if gpt else "no attention in this model"
-    no_cudnn_attention = no_attention or cudnn_attention_unavailable(device)
     conv = w.model in ("resnet", "cifar") or (w.model == CUSTOM and bool(w.model_kwargs.get("conv")))
     only_cuda = "" if device == "cuda" else "CUDA only"
     masked = {"attention": "masked", **moe} if gpt else {}
-    prefetch_skip = only_cuda or ("the data is already resident on the device" if w.resident else "")
-    rows = [
-        Variant(
-            "baseline", "fp32, eager, AdamW torch default, explicit attention mask, no prefetch", on(), masked
-        ),
-        Variant("+bf16-mixed", "bf16 autocast", on(precision={"mode": "bf16-mixed"}), masked),
-        Variant("+tf32", "TF32 matmuls/convolutions", on(precision={"tf32": True}), masked, skip=only_cuda),
-        Variant(
-            "+cudnn-benchmark",
-            "cuDNN autotuning",
-            on(precision={"cudnn_benchmark": True}),
-            masked,
-            skip=only_cuda or ("" if conv else "no convolutions in this model"),
-        ),
-        Variant("+compile", "torch.compile (model)", on(compile={"scope": "model"}), masked),
-        Variant("+fused-adamw", "fused AdamW", on(optim={"implementation": "fused"}), masked),
-        Variant(
-            "+sdpa-flash",
-            "SDPA is_causal (flash kernel) instead of an explicit mask",
-            on(),
-            {**moe},
-            skip=no_attention,
-        ),
-        Variant(
-            "+cudnn-attention",
-            "SDPA is_causal preferring cuDNN attention (model.sdpa_backend = 'cudnn'; "
-            "shapes cuDNN refuses fall back)",
-            on(),
-            {"sdpa_backend": "cudnn", **moe},
-            skip=no_cudnn_attention,
-        ),
-        Variant(
-            "+chunked-loss",
-            "linear + cross-entropy by chunks, no full logits (model.loss = 'chunked')",
-            on(),
-            {**masked, "loss": "chunked"},
-            skip="" if gpt else "no language-model loss in this model",
-        ),
-        Variant(
-            "+prefetch",
-            "pinned batches, side-stream copy",
-            on(data={"device_prefetch": True, "pin_memory": True}),
-            masked,
-            skip=prefetch_skip,
-        ),
-        Variant(
-            "+cuda-graphs",
-            "compile mode reduce-overhead (CUDA graphs)",
-            on(compile={"scope": "model", "mode": "reduce-overhead"}),
-            masked,
-            skip=only_cuda,
-        ),
-    ]
+    graphs = {"scope": "model", "mode": "reduce-overhead"}
+    # name, what it changes, config sections, model overrides, why it does not apply here
+    rows: list[tuple[str, str, dict[str, dict[str, Any]], dict[str, Any], str]] = [
+        ("baseline", "fp32, eager, AdamW torch default, explicit attention mask, no prefetch", {}, masked, ""),
+        ("+bf16-mixed", "bf16 autocast", {"precision": {"mode": "bf16-mixed"}}, masked, ""),
+        ("+tf32", "TF32 matmuls/convolutions", {"precision": {"tf32": True}}, masked, only_cuda),
+        ("+cudnn-benchmark", "cuDNN autotuning", {"precision": {"cudnn_benchmark": True}}, masked,
+         only_cuda or ("" if conv else "no convolutions in this model")),
+        ("+compile", "torch.compile (model)", {"compile": {"scope": "model"}}, masked, ""),
+        ("+fused-adamw", "fused AdamW", {"optim": {"implementation": "fused"}}, masked, ""),
+        ("+sdpa-flash", "SDPA is_causal (flash kernel) instead of an explicit mask", {}, {**moe}, no_attention),
+        ("+cudnn-attention", "SDPA is_causal preferring cuDNN attention (model.sdpa_backend = 'cudnn'; "
+         "shapes cuDNN refuses fall back)", {}, {"sdpa_backend": "cudnn", **moe},
+         no_attention or cudnn_attention_unavailable(device)),
+        ("+chunked-loss", "linear + cross-entropy by chunks, no full logits (model.loss = 'chunked')", {},
+         {**masked, "loss": "chunked"}, "" if gpt else "no language-model loss in this model"),
+        ("+prefetch", "pinned batches, side-stream copy", {"data": {"device_prefetch": True, "pin_memory": True}},
+         masked, only_cuda or ("the data is already resident on the device" if w.resident else "")),
+        ("+cuda-graphs", "compile mode reduce-overhead (CUDA graphs)", {"compile": graphs}, masked, only_cuda),
+    ]  # fmt: skip
     if moe:
         rows += [
-            Variant(
-                "+grouped-experts",
-                "all experts as one grouped GEMM per projection (moe.impl = 'grouped')",
-                on(),
-                {**masked, "moe_impl": "grouped"},
-            ),
-            Variant(
-                "+batched-experts",
-                "all experts as one padded batched matmul (moe.impl = 'batched')",
-                on(),
-                {**masked, "moe_impl": "batched"},
-            ),
-        ]
-    return rows
+            ("+grouped-experts", "all experts as one grouped GEMM per projection (moe.impl = 'grouped')", {},
+             {**masked, "moe_impl": "grouped"}, ""),
+            ("+batched-experts", "all experts as one padded batched matmul (moe.impl = 'batched')", {},
+             {**masked, "moe_impl": "batched"}, ""),
+        ]  # fmt: skip
+    return [
+        Variant(name, change, on(**sections), model, skip=skip)
+        for name, change, sections, model, skip in rows
+    ]
 
 
 def bf16_ladder(w: BenchWorkload, device: str) -> list[Variant]:

@@ -98,13 +98,8 @@ class Row:
         )
 
     def figures(self) -> dict[str, Any]:
-        return {
-            "step_ms_median": self.step_ms,
-            "first_step_s": self.first_step_s,
-            "parity_loss": self.parity_loss,
-            "math_precision": self.math_precision,
-            "probe": self.probe,
-        }
+        rest = ("first_step_s", "parity_loss", "math_precision", "probe")
+        return {"step_ms_median": self.step_ms, **{k: getattr(self, k) for k in rest}}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -129,18 +124,12 @@ class Decision:
         return next((r for r in self.rows if r.status == "kept"), None)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "changes": self.changes,
-            "planned_steps": self.planned_steps,
-            "summary": self.summary,
-            "measured": self.measured,
-            "cache": self.cache,
-            "key": self.key,
+        keys = ("changes", "planned_steps", "summary", "measured", "cache", "key")
+        out = {k: getattr(self, k) for k in keys} | {
             "measure_s": round(self.measure_s, 3),
             "regime": self.regime,
-            "rows": [r.to_dict() for r in self.rows],
-            "table": format_table(self),
         }
+        return {**out, "rows": [r.to_dict() for r in self.rows], "table": format_table(self)}
 
 
 def auto_fields(config: RunConfig) -> list[str]:

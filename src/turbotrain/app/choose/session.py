@@ -142,28 +142,39 @@ def choose(
             decision.rows = rows
             say(f"choose: {decision.summary}")
             return decision
-        best = judge(rows, planned, c.min_speedup)
-        assert base.step_ms is not None
-        for cand in stage2(config, device.type, best):
-            row = Row.of(cand)
-            why = (
-                ""
-                if cand.name in cached or c.measure == "always"
-                else worth_measuring(cand, base.step_ms, planned, c.warmup, c.steps, c.budget, device.type)
-            )
-            if why:
-                row.status, row.reason = "skipped", why
-            else:
-                _figures(row, cand, cached, timer, decision, say)
-            rows.append(row)
+        _stage2_rows(config, device.type, rows, cached, timer, decision, say)
         _keep(decision, rows, judge(rows, planned, c.min_speedup), planned)
     fresh = {r.name: _cached_form(r) for r in rows if r.status != "skipped" and not r.cached}
-    if fresh:
-        saved = cache.save(folder, key, material, {**cached, **fresh})
-        decision.cache = str(saved or "")
-    else:
-        decision.cache = str(folder / f"{key}.json")
+    saved = cache.save(folder, key, material, {**cached, **fresh}) if fresh else folder / f"{key}.json"
+    decision.cache = str(saved or "")
     return decision
+
+
+def _stage2_rows(
+    config: RunConfig,
+    device_type: str,
+    rows: list[Row],
+    cached: dict[str, Any],
+    timer: MeasureFn,
+    decision: Decision,
+    say: Callable[[str], None],
+) -> None:
+    """Stage 2's compiled candidates (in stage 1's best precision) appended to ``rows``: measured,
+    or skipped when their first step would not fit the budget."""
+    c, planned, eager_ms = config.choose, decision.planned_steps, rows[0].step_ms
+    assert eager_ms is not None
+    for cand in stage2(config, device_type, judge(rows, planned, c.min_speedup)):
+        row = Row.of(cand)
+        why = (
+            ""
+            if cand.name in cached or c.measure == "always"
+            else worth_measuring(cand, eager_ms, planned, c.warmup, c.steps, c.budget, device_type)
+        )
+        if why:
+            row.status, row.reason = "skipped", why
+        else:
+            _figures(row, cand, cached, timer, decision, say)
+        rows.append(row)
 
 
 def _nothing_to_choose(config: RunConfig) -> bool:

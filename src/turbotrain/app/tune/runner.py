@@ -49,16 +49,15 @@ class Outcome:
     windows: list[float] = field(default_factory=list)
 
 
-class Runner(Protocol):
-    def measure(
-        self,
-        name: str,
-        changes: dict[str, dict[str, Any]],
-        report: Callable[[int, float], bool],
-        over_budget: Callable[[int, int | None], bool],
-    ) -> Outcome: ...
+Changes = dict[str, dict[str, Any]]
+Report = Callable[[int, float], bool]  # (window, throughput) -> prune now
+OverBudget = Callable[[int, int | None], bool]  # (peak bytes, budget bytes) -> stop now
 
-    def find(self, changes: dict[str, dict[str, Any]]) -> dict[str, Any]: ...
+
+class Runner(Protocol):
+    def measure(self, name: str, changes: Changes, report: Report, over_budget: OverBudget) -> Outcome: ...
+
+    def find(self, changes: Changes) -> dict[str, Any]: ...
 
 
 class ProcessRunner:
@@ -116,13 +115,7 @@ class ProcessRunner:
             check()  # events written just before it exited
         return code, stop, folder
 
-    def measure(
-        self,
-        name: str,
-        changes: dict[str, dict[str, Any]],
-        report: Callable[[int, float], bool],
-        over_budget: Callable[[int, int | None], bool],
-    ) -> Outcome:
+    def measure(self, name: str, changes: Changes, report: Report, over_budget: OverBudget) -> Outcome:
         o = self.options
         spec = {
             "mode": "measure",
@@ -165,7 +158,7 @@ class ProcessRunner:
             )
         return out
 
-    def find(self, changes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    def find(self, changes: Changes) -> dict[str, Any]:
         code, _, folder = self._spawn(
             "batch-finder",
             {"mode": "find", "target": self.target.to_dict(), "changes": changes},

@@ -48,15 +48,6 @@ STUDY_DB = "study.db"
 MEMORY_KEYS = ("precision.mode", "memory.checkpointing", "compile.scope", "model.attention", "model.loss")
 NOT_COUNTED = ("over budget", "predicted over budget", "oom", "invalid", "duplicate")
 CONSTRAINTS = ("memory", "loss_parity", "failed")  # each <= 0 when satisfied
-RESULT_ATTRS = (
-    "first_step_s",
-    "step_ms_median",
-    "precision",
-    "math_precision",
-    "recompiles_after_warmup",
-    "graph_breaks",
-    "data_wait_ms_per_step",
-)
 
 Log = Callable[..., None]
 __all__ = ["Outcome", "Runner", "Study", "TuneOptions", "require_optuna"]
