@@ -279,55 +279,49 @@ def register_settings(
     moved: Mapping[str, str] | None = None,
     model_shape: bool = False,
 ) -> None:
-    """Declare a plugin's settings ``cls`` (a frozen dataclass of :func:`knob` fields, in the
-    plugin's own file), read only when ``when`` (``"model.arch=moe"``, values comma-separated)
-    selects it; from then on they are parsed, validated, written and listed by ``--help-config``
-    (:mod:`.config_plugins` explains the two forms).
+    """Declare a plugin's settings ``cls`` (a frozen dataclass of :func:`knob` fields), read only
+    when ``when`` (``"model.arch=moe"``, values comma-separated) selects it (:mod:`.config_plugins`).
 
-    ``section`` names a run section (``"model"``, ``"precision"``): ``cls`` subclasses its class and
-    is that section when its own key (``when``'s) selects it; a new name: ``cls`` is a table of its
-    own (``[moe]``), listed after section ``after``. ``check(config)`` raises a one-line
-    :class:`ConfigError` for rules that span fields (run by :func:`validate` when selected);
-    ``unused(config, given)`` returns the one line for settings of ``cls`` the caller gave (flags,
-    an override dict) where they would do nothing ("" where they apply; a generic line naming the
-    selector when not given); ``moved`` maps a setting's old ``section.key`` to its key here;
-    ``model_shape``: the table decides the model's tensors (resume compares it). Registering a
-    class again adds its ``when`` values (a second family with the same backbone) or, from a module
-    reloaded, changes nothing else."""
+    ``section``: a run section (``cls`` subclasses it and is that section when selected) or a new
+    name (a table of its own, listed after ``after``). ``check(config)`` raises a one-line
+    :class:`ConfigError` for rules that span fields; ``unused(config, given)`` returns the one line
+    for its settings given where they would do nothing ("" where they apply); ``moved`` maps an old
+    ``section.key`` to its key here; ``model_shape``: the table decides the model's tensors (resume
+    compares it)."""
     selector = parse_when(when)
     variant = section in OWN_SECTIONS
     if variant and selector[0] != section:
         raise ValueError(f"{cls.__name__}: a variant of [{section}] is selected by a key of [{section}]")
     names = declared(cls, OWN_SECTIONS[section] if variant else None)
-    key = (cls.__module__, cls.__qualname__, section)
-    for i, r in enumerate(REGISTERED):
-        if (r.cls.__module__, r.cls.__qualname__, r.section) == key:
-            values = (
-                tuple(dict.fromkeys((*r.when[2], *selector[2])))
-                if r.when[:2] == selector[:2]
-                else selector[2]
-            )
-            REGISTERED[i] = Registration(
-                section,
-                cls,
-                (*selector[:2], values),
-                names,
-                check or r.check,
-                unused or r.unused,
-                not variant,
-            )
-            return
+    registration = Registration(section, cls, selector, names, check, unused, not variant)
+    if _registered_again(registration):
+        return
     if not variant and section in SECTIONS:
         raise ValueError(f"{cls.__name__}: [{section}] is already a section")
     clash = sorted({n for r in variants(section) for n in r.names if r.cls is not cls} & set(names))
     if clash:
         raise ValueError(f"{cls.__name__}: {section}.{clash[0]} is already another plugin's setting")
-    REGISTERED.append(Registration(section, cls, selector, names, check, unused, not variant))
+    REGISTERED.append(registration)
     if not variant:
         _place(section, cls, after)
     MOVED.update({old: f"{section}.{new}" for old, new in (moved or {}).items()})
     if model_shape:
         MODEL_SECTIONS.add(section)
+
+
+def _registered_again(new: Registration) -> bool:
+    """A class registered before (a second family with the same backbone, a reloaded module):
+    its ``when`` values joined, its rules kept unless given again; False when it is new."""
+    key = (new.cls.__module__, new.cls.__qualname__, new.section)
+    for i, r in enumerate(REGISTERED):
+        if (r.cls.__module__, r.cls.__qualname__, r.section) == key:
+            same_key = r.when[:2] == new.when[:2]
+            values = tuple(dict.fromkeys((*r.when[2], *new.when[2]))) if same_key else new.when[2]
+            REGISTERED[i] = dataclasses.replace(
+                new, when=(*new.when[:2], values), check=new.check or r.check, unused=new.unused or r.unused
+            )
+            return True
+    return False
 
 
 def _place(name: str, cls: type, after: str | None) -> None:

@@ -30,156 +30,140 @@ from ..base.atomic import atomic_write
 from ..base.config import parse_overrides
 from ..base.errors import TurbotrainError
 from ..base.process import exit_on_sigterm
+from .options import Options, add_command, switch
 from .profile import check_at_least
+
+HELP = "benchmark contenders side by side, the precision matrix or the optimization ablation"
+DESCRIPTION = (
+    "Each row runs in its own process on the same model, data, seed and batch; warm-up and "
+    "compilation are excluded from throughput and reported as time to first step."
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "bench",
-        help="benchmark contenders side by side, the precision matrix or the optimization ablation",
-        description="Each row runs in its own process on the same model, data, seed and batch; warm-up and "
-        "compilation are excluded from throughput and reported as time to first step.",
-    )
-    _add_what_options(p)
-    _add_run_options(p)
-    _add_to_loss_options(p)
-    p.add_argument(
-        "--inference",
-        action="store_true",
-        help="evaluation throughput: the forward (and loss) of --workload's preset model (random tokens) or "
-        "--model's eval_loader under inference_mode, with the precision and compile of --section.key=value "
-        "(--rows fp32,bf16-mixed: one row per precision); --steps timed batches after --warmup",
-    )
-    p.add_argument("--out", help="write <workload>-<kind>.json and .md here")
-    p.add_argument(
-        "--work-dir", help="keep per-row specs, logs and data here (default: a temporary folder, removed)"
-    )
-    p.set_defaults(command=main_bench, accepts_overrides=True)
-    return p
+    tables = (_what_options(), RUN_OPTIONS, TO_LOSS_OPTIONS, OUTPUT_OPTIONS)
+    return add_command(subparsers, main_bench, HELP, *tables, description=DESCRIPTION, overrides=True)
 
 
-def _add_what_options(p: argparse.ArgumentParser) -> None:
+def _what_options() -> Options:
     """What a bench measures: the workload or model, the reports, their rows."""
-    p.add_argument(
-        "--workload",
-        default=None,
-        help=f"one of: {', '.join(workload_names())}"
-        + (f" ({', '.join(NOT_BUILT)}: not built yet)" if NOT_BUILT else "")
-        + "; "
+    not_built = f" ({', '.join(NOT_BUILT)}: not built yet)" if NOT_BUILT else ""
+    return {
+        "--workload": f"one of: {', '.join(workload_names())}{not_built}; "
         "default: gpt2-small on a GPU, gpt-tiny on CPU",
-    )
-    p.add_argument(
-        "--model",
-        metavar="FILE.py:FUNC",
-        help="your own model instead of a workload: FUNC() returns turbotrain.Workload(model=..., "
+        "--model": "your own model instead of a workload: FUNC() returns turbotrain.Workload(model=..., "
         "train_loader=...) (or a dict); every row calls it again, seeded, and trains it with the bench recipe",
-    )
-    p.add_argument(
-        "--compare", action="store_true", help="contenders side by side (the default when no --matrix)"
-    )
-    p.add_argument(
-        "--matrix",
-        action="append",
-        choices=("precision", "ablation"),
-        default=[],
-        help="precision matrix or optimization ablation (repeatable)",
-    )
-    p.add_argument(
-        "--rows",
-        default="",
-        help="with one --matrix: comma-separated rows to run, beside their reference rows (fp32; each "
-        "ablation ladder's base); default: every row",
-    )
-    p.add_argument(
-        "--contenders",
-        default=",".join(DEFAULT_ORDER),
-        help=f"comma-separated subset of {', '.join(CONTENDERS)} (CUDA-only ones are left out on CPU)",
-    )
+        "--compare": switch("contenders side by side (the default when no --matrix)"),
+        "--matrix": {
+            "action": "append",
+            "choices": ("precision", "ablation"),
+            "default": [],
+            "help": "precision matrix or optimization ablation (repeatable)",
+        },
+        "--rows": {
+            "default": "",
+            "help": "with one --matrix: comma-separated rows to run, beside their reference rows (fp32; each "
+            "ablation ladder's base); default: every row",
+        },
+        "--contenders": {
+            "default": ",".join(DEFAULT_ORDER),
+            "help": f"comma-separated subset of {', '.join(CONTENDERS)} (CUDA-only ones are left out on CPU)",
+        },
+    }
 
 
-def _add_run_options(p: argparse.ArgumentParser) -> None:
-    """How each row runs: device, batch, steps, processes, compilation."""
-    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    p.add_argument(
-        "--batch",
-        type=_batch_arg,
-        metavar="N|auto",
-        help="global batch in samples (default: the workload's for this device); auto: the largest "
+def _batch_arg(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--batch = {text!r}: give a whole number of samples or auto"
+        ) from None
+
+
+# How each row runs: device, batch, steps, processes, compilation.
+RUN_OPTIONS: Options = {
+    "--device": {"choices": ("auto", "cuda", "cpu"), "default": "auto"},
+    "--batch": {
+        "type": _batch_arg,
+        "metavar": "N|auto",
+        "help": "global batch in samples (default: the workload's for this device); auto: the largest "
         "that turbotrain's defaults fit, found by the batch finder in its own process and then used "
         "by every row (a row that needs more memory at that size fails with out-of-memory)",
-    )
-    p.add_argument(
-        "--warmup", type=int, help="untimed warm-up steps, including compilation (default: the workload's)"
-    )
-    p.add_argument("--steps", type=int, help="timed steps (default: the workload's)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--auto-planned-steps",
-        type=int,
-        default=10_000,
-        help="the run length the turbotrain-auto row's measured choice decides for (default 10000)",
-    )
-    p.add_argument(
-        "--repeat",
-        type=int,
-        default=1,
-        help="processes per row, run round-robin; the run with the median step time is reported (default 1)",
-    )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=0,
-        help="CPU threads per row process (OMP_NUM_THREADS); 0 = torch's default. On a shared CPU, 1 "
-        "keeps timings stable (no thread barriers stalled by other processes)",
-    )
-    p.add_argument(
-        "--timeout-s", type=float, default=900.0, help="per-row time limit in seconds (default 900)"
-    )
-    p.add_argument(
-        "--handtuned-compile",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="torch.compile in the hand-tuned contender (auto: on for CUDA, off for CPU)",
-    )
-    p.add_argument(
-        "--compile-cache",
-        choices=("cold", "shared"),
-        default="cold",
-        help="cold: a fresh torch.compile cache per row, so time to first step is fair (default); "
+    },
+    "--warmup": "untimed warm-up steps, including compilation (default: the workload's)",
+    "--steps": "timed steps (default: the workload's)",
+    "--seed": {},
+    "--auto-planned-steps": {
+        "type": int,
+        "default": 10_000,
+        "help": "the run length the turbotrain-auto row's measured choice decides for (default 10000)",
+    },
+    "--repeat": {
+        "type": int,
+        "default": 1,
+        "help": "processes per row, run round-robin; the run with the median step time is reported (default 1)",
+    },
+    "--threads": "CPU threads per row process (OMP_NUM_THREADS); 0 = torch's default. On a shared CPU, 1 "
+    "keeps timings stable (no thread barriers stalled by other processes)",
+    "--timeout-s": {"type": float, "default": 900.0, "help": "per-row time limit in seconds (default 900)"},
+    "--handtuned-compile": {
+        "choices": ("auto", "on", "off"),
+        "default": "auto",
+        "help": "torch.compile in the hand-tuned contender (auto: on for CUDA, off for CPU)",
+    },
+    "--compile-cache": {
+        "choices": ("cold", "shared"),
+        "default": "cold",
+        "help": "cold: a fresh torch.compile cache per row, so time to first step is fair (default); "
         "shared: rows reuse each other's compilations (faster; time to first step becomes a lower bound)",
-    )
-    p.add_argument(
-        "--profile",
-        metavar="DIR",
-        help="compare: profile a few turbotrain steps after its timed window; trace and op table to DIR",
-    )
+    },
+    "--profile": {
+        "metavar": "DIR",
+        "help": "compare: profile a few turbotrain steps after its timed window; trace and op table to DIR",
+    },
+}
 
-
-def _add_to_loss_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--to-loss",
-        type=float,
-        metavar="LOSS",
-        help="time to a target validation loss: each --versus contender (config settings on --workload's "
+TO_LOSS_OPTIONS: Options = {
+    "--to-loss": {
+        "type": float,
+        "metavar": "LOSS",
+        "help": "time to a target validation loss: each --versus contender (config settings on --workload's "
         "preset; --section.key=value for all) trains with --seeds seeds, each run in its own process, until "
         "the loss on fixed held-out batches is <= LOSS; the table has wall time and tokens to target with "
         "their seed spread, and a verdict whether the difference exceeds it",
-    )
-    p.add_argument(
-        "--versus",
-        action="append",
-        default=[],
-        metavar="NAME:section.key=value[,...]",
-        help="--to-loss: a contender (give two or more), e.g. lr2e-3:optim.lr=2e-3",
-    )
-    p.add_argument("--seeds", type=int, default=3, help="--to-loss: seeds per contender (default 3)")
-    p.add_argument("--tokens", type=int, default=0, help="--to-loss: token budget per run (default 0: none)")
-    p.add_argument(
-        "--max-steps", type=int, default=300, help="--to-loss: optimizer steps per run at most (default 300)"
-    )
-    p.add_argument(
-        "--eval-every", type=int, default=10, help="--to-loss: steps between validation losses (default 10)"
-    )
+    },
+    "--versus": {
+        "action": "append",
+        "default": [],
+        "metavar": "NAME:section.key=value[,...]",
+        "help": "--to-loss: a contender (give two or more), e.g. lr2e-3:optim.lr=2e-3",
+    },
+    "--seeds": {"type": int, "default": 3, "help": "--to-loss: seeds per contender (default 3)"},
+    "--tokens": {"type": int, "default": 0, "help": "--to-loss: token budget per run (default 0: none)"},
+    "--max-steps": {
+        "type": int,
+        "default": 300,
+        "help": "--to-loss: optimizer steps per run at most (default 300)",
+    },
+    "--eval-every": {
+        "type": int,
+        "default": 10,
+        "help": "--to-loss: steps between validation losses (default 10)",
+    },
+}
+
+OUTPUT_OPTIONS: Options = {
+    "--inference": switch(
+        "evaluation throughput: the forward (and loss) of --workload's preset model (random tokens) or "
+        "--model's eval_loader under inference_mode, with the precision and compile of --section.key=value "
+        "(--rows fp32,bf16-mixed: one row per precision); --steps timed batches after --warmup"
+    ),
+    "--out": "write <workload>-<kind>.json and .md here",
+    "--work-dir": "keep per-row specs, logs and data here (default: a temporary folder, removed)",
+}
 
 
 def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
@@ -401,17 +385,6 @@ def _exit_code(rows: list[dict[str, Any]]) -> int:
         file=sys.stderr,
     )
     return 1
-
-
-def _batch_arg(text: str) -> int | str:
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--batch = {text!r}: give a whole number of samples or auto"
-        ) from None
 
 
 def canonical_command(args: argparse.Namespace) -> str:

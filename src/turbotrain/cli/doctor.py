@@ -11,29 +11,25 @@ from ..app.choose.session import doctor_regime
 from ..app.doctor import build_report, format_report
 from ..app.precision_check import check_precisions, format_check, load_target
 from ..app.profile.syncs import format_syncs, locate_workload_syncs
+from .options import Options, add_command, switch
+
+HELP = "report the environment and check the setup (paste the output into bug reports)"
+DESCRIPTION = (
+    "Versions, devices and checks with fixes. Exit code 0 even when checks warn; "
+    "--probe adds short matmul and copy measurements beside the datasheet figures."
+)
+OPTIONS: Options = {
+    "--json": "print one JSON object instead of text",
+    "--probe": switch("measure matmul TFLOP/s and copy GB/s (a few seconds)"),
+    "--model": "also check your model in each precision: one forward/backward per precision on one "
+    "batch of its train_loader, NaN/inf and the loss against fp32, and whether the precision auto "
+    "picks is sound (exit code 1 when it is not)",
+    "--preset": "the same check for a preset's model (on random tokens)",
+}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "doctor",
-        help="report the environment and check the setup (paste the output into bug reports)",
-        description="Versions, devices and checks with fixes. Exit code 0 even when checks warn; "
-        "--probe adds short matmul and copy measurements beside the datasheet figures.",
-    )
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    p.add_argument(
-        "--probe", action="store_true", help="measure matmul TFLOP/s and copy GB/s (a few seconds)"
-    )
-    p.add_argument(
-        "--model",
-        metavar="FILE.py:FUNC",
-        help="also check your model in each precision: one forward/backward "
-        "per precision on one batch of its train_loader, NaN/inf and the loss against fp32, and whether the "
-        "precision auto picks is sound (exit code 1 when it is not)",
-    )
-    p.add_argument("--preset", help="the same check for a preset's model (on random tokens)")
-    p.set_defaults(command=main_doctor)
-    return p
+    return add_command(subparsers, main_doctor, HELP, OPTIONS, description=DESCRIPTION)
 
 
 def main_doctor(args: argparse.Namespace, extra: list[str]) -> int:

@@ -33,7 +33,8 @@ from ..tools.memory.stats import (
     measure_step_memory,
     resolve_precision_name,
 )
-from .profile import add_target_args
+from .options import Options, add_command, switch
+from .profile import TARGET_OPTIONS
 from .train import default_preset
 
 ROWS = [
@@ -47,28 +48,27 @@ ROWS = [
 ]
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "memory",
-        help="memory of a config's training step: params, grads, optimizer state, activations, peaks",
-        description="Estimate (on the meta device, in about a second, for any size) the memory of one training "
-        "step per phase and per kind, with activation checkpointing off, selective and full, for a preset's GPT or "
-        "your model (--model FILE.py:FUNC, on one batch of its train_loader). Any config field can be set with "
-        "--section.key=value, e.g. --precision.mode=bf16-mixed to estimate for a GPU from a CPU.",
-    )
-    add_target_args(p)  # --preset, --model: as profile and tune take them
-    p.add_argument(
-        "--micro",
-        type=int,
-        help="micro-batch (default: the config's, 8 when 'auto'; with --model: the "
+HELP = "memory of a config's training step: params, grads, optimizer state, activations, peaks"
+DESCRIPTION = (
+    "Estimate (on the meta device, in about a second, for any size) the memory of one training "
+    "step per phase and per kind, with activation checkpointing off, selective and full, for a preset's GPT or "
+    "your model (--model FILE.py:FUNC, on one batch of its train_loader). Any config field can be set with "
+    "--section.key=value, e.g. --precision.mode=bf16-mixed to estimate for a GPU from a CPU."
+)
+OPTIONS: Options = {
+    "--micro": {
+        "type": int,
+        "help": "micro-batch (default: the config's, 8 when 'auto'; with --model: the "
         "loader's batch_size, rebuilt with this one)",
-    )
-    p.add_argument(
-        "--measure", action="store_true", help="also run one real step on the config's device and measure it"
-    )
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    p.set_defaults(command=main_memory, accepts_overrides=True)
-    return p
+    },
+    "--measure": switch("also run one real step on the config's device and measure it"),
+    "--json": "print one JSON object instead of a table",
+}
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    tables = (TARGET_OPTIONS, OPTIONS)  # --preset, --model: as profile and tune take them
+    return add_command(subparsers, main_memory, HELP, *tables, description=DESCRIPTION, overrides=True)
 
 
 def measure(

@@ -13,58 +13,46 @@ from ..app.measure import Target
 from ..app.profile import ProfileOptions, profile_target, render
 from ..base.config import parse_overrides
 from ..base.errors import ConfigError
+from .options import Options, add_command, switch
 from .train import default_preset
+
+HELP = "why training is slow: the step's time split, syncs, the bottleneck and (verified) advice"
+DESCRIPTION = (
+    "Train a few steps of a preset or your model (--model FILE.py:FUNC) through turbotrain, profile "
+    "them with torch.profiler and name the bottleneck with ranked, exact changes. Any config field can be set "
+    "with --section.key=value, as for train. Files go to a run folder (trace.json.gz, profile.json, profile.md)."
+)
+# --preset and --model: what profile, tune and memory run (with --section.key=value overrides)
+TARGET_OPTIONS: Options = {
+    "--preset": "preset name or .toml path (default: gpt2-small on a GPU, gpt-tiny on CPU; "
+    "with --model: the config defaults, or this preset's settings for your model)",
+    "--model": "your workload: FUNC() returns turbotrain.Workload("
+    "model=..., train_loader=...) or a dict with those keys (package.module:FUNC works too)",
+}
+OPTIONS: Options = {
+    "--steps": {"default": 5, "help": "profiled steps (default 5)"},
+    "--warmup": {"default": 5, "help": "untimed warm-up steps, compilation included (default 5)"},
+    "--timed": {
+        "type": int,
+        "default": 20,
+        "help": "unprofiled timed steps for the throughput figures (default 20)",
+    },
+    "--verify": switch(
+        "apply each recommended setting in its own short run and keep only those measurably faster than the baseline"
+    ),
+    "--repeats": {"type": int, "default": 3, "help": "--verify: interleaved runs per variant (default 3)"},
+    "--verify-steps": {
+        "type": int,
+        "default": 10,
+        "help": "--verify: timed steps per run (default 10, after 3 warm-up)",
+    },
+    "--json": "print the report as JSON instead of text",
+}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "profile",
-        help="why training is slow: the step's time split, syncs, the bottleneck and (verified) advice",
-        description="Train a few steps of a preset or your model (--model FILE.py:FUNC) through turbotrain, profile "
-        "them with torch.profiler and name the bottleneck with ranked, exact changes. Any config field can be set "
-        "with --section.key=value, as for train. Files go to a run folder (trace.json.gz, profile.json, profile.md).",
-    )
-    add_target_args(p)
-    p.add_argument("--steps", type=int, default=5, help="profiled steps (default 5)")
-    p.add_argument(
-        "--warmup", type=int, default=5, help="untimed warm-up steps, compilation included (default 5)"
-    )
-    p.add_argument(
-        "--timed", type=int, default=20, help="unprofiled timed steps for the throughput figures (default 20)"
-    )
-    p.add_argument(
-        "--verify",
-        action="store_true",
-        help="apply each recommended setting in its own short run and keep "
-        "only those measurably faster than the baseline",
-    )
-    p.add_argument(
-        "--repeats", type=int, default=3, help="--verify: interleaved runs per variant (default 3)"
-    )
-    p.add_argument(
-        "--verify-steps",
-        type=int,
-        default=10,
-        help="--verify: timed steps per run (default 10, after 3 warm-up)",
-    )
-    p.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
-    p.set_defaults(command=main_profile, accepts_overrides=True)
-    return p
-
-
-def add_target_args(p: argparse.ArgumentParser) -> None:
-    """--preset and --model: what profile and tune run (with --section.key=value overrides)."""
-    p.add_argument(
-        "--preset",
-        help="preset name or .toml path (default: gpt2-small on a GPU, gpt-tiny on CPU; "
-        "with --model: the config defaults, or this preset's settings for your model)",
-    )
-    p.add_argument(
-        "--model",
-        metavar="FILE.py:FUNC",
-        help="your workload: FUNC() returns turbotrain.Workload("
-        "model=..., train_loader=...) or a dict with those keys (package.module:FUNC works too)",
-    )
+    tables = (TARGET_OPTIONS, OPTIONS)
+    return add_command(subparsers, main_profile, HELP, *tables, description=DESCRIPTION, overrides=True)
 
 
 def target_of(args: argparse.Namespace, extra: list[str]) -> Target:

@@ -7,24 +7,21 @@ from pathlib import Path
 
 from ..app.report import ReportResult, write_report
 from ..base.rundir import PLOTS_DIR, SUMMARY_FILE, SUMMARY_MD, find_run_dir
+from .options import Options, add_command
+
+HELP = "write PNG plots, summary.md and summary.json for a run"
+DESCRIPTION = (
+    "Reads metrics.jsonl, config.toml and summary.json in a run directory and writes plots/*.png (loss, "
+    "learning rate, throughput, MFU, memory, GPU utilisation), summary.md and summary.json."
+)
+OPTIONS: Options = {
+    "run_dir": "run directory, or a run name under --out-dir (default: the latest run)",
+    "--out-dir": {},
+}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "report",
-        help="write PNG plots, summary.md and summary.json for a run",
-        description="Reads metrics.jsonl, config.toml and summary.json in a run directory and writes "
-        "plots/*.png (loss, learning rate, throughput, MFU, memory, GPU utilisation), summary.md and summary.json.",
-    )
-    p.add_argument(
-        "run_dir",
-        nargs="?",
-        default="",
-        help="run directory, or a run name under --out-dir (default: the latest run)",
-    )
-    p.add_argument("--out-dir", default="runs", help="where runs live (default runs/)")
-    p.set_defaults(command=main_report)
-    return p
+    return add_command(subparsers, main_report, HELP, OPTIONS, description=DESCRIPTION)
 
 
 def main_report(args: argparse.Namespace, extra: list[str]) -> int:

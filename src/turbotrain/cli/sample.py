@@ -19,28 +19,28 @@ from ..loop.checkpoint import load_latest_weights
 from ..parts.data.tokenizer import BYTE_VOCAB, ByteTokenizer, Tokenizer, load_run_tokenizer
 from ..parts.models.registry import spec_for
 from ..parts.models.spec import ModelSpec, TextGenerator
+from .options import Options, add_command, switch
+
+OPTIONS: Options = {
+    "run_dir": "run directory or name under runs/ (default: latest)",
+    "--prompt": {"default": "def ", "help": "text to continue (default: 'def ')"},
+    "--tokens": {"type": int, "default": 400, "help": "tokens to generate (default 400)"},
+    "--temperature": {"type": float, "default": 0.8},
+    "--top-k": {
+        "type": int,
+        "default": 40,
+        "help": "sample from the k most likely tokens (default 40; 0 = all)",
+    },
+    "--seed": {},
+    "--best": switch("the run's best checkpoint (checkpoints/best/, by best.metric) instead of its latest"),
+    "--out-dir": {},
+}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("sample", help="print text generated from a run's latest checkpoint")
-    p.add_argument(
-        "run_dir", nargs="?", default="", help="run directory or name under runs/ (default: latest)"
+    return add_command(
+        subparsers, main_sample, "print text generated from a run's latest checkpoint", OPTIONS
     )
-    p.add_argument("--prompt", default="def ", help="text to continue (default: 'def ')")
-    p.add_argument("--tokens", type=int, default=400, help="tokens to generate (default 400)")
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument(
-        "--top-k", type=int, default=40, help="sample from the k most likely tokens (default 40; 0 = all)"
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--best",
-        action="store_true",
-        help="the run's best checkpoint (checkpoints/best/, by best.metric) instead of its latest",
-    )
-    p.add_argument("--out-dir", default="runs", help="where runs live (default runs/)")
-    p.set_defaults(command=main_sample)
-    return p
 
 
 def newest_generating_run(out_dir: str) -> tuple[Path, RunConfig]:

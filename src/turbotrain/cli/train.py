@@ -41,6 +41,7 @@ from ..base.config import describe, parse_overrides
 from ..base.errors import TurbotrainError
 from ..base.launch import Topology
 from ..base.signals import REQUEUE_SIGNAL
+from .options import Options, add_command, switch
 from .report import print_report
 
 EXIT_STOPPED = 75  # sysexits' EX_TEMPFAIL: "try again later", here: continue with --resume
@@ -50,64 +51,53 @@ EXIT_STOPPED = 75  # sysexits' EX_TEMPFAIL: "try again later", here: continue wi
 EXIT_REQUEUE = 79
 EXIT_PEER_LOST = 1  # under torchrun: another rank died or a collective timed out (said in one line)
 
+OPTIONS: Options = {
+    "--preset": "preset name (gpt-tiny, gpt2-small, gpt2-medium) or a .toml path; "
+    "default: gpt2-small on a GPU, gpt-tiny on CPU",
+    "--model": "train your own model and data: FUNC() returns "
+    "turbotrain.Workload(model=..., train_loader=..., loss_fn=..., eval_loader=..., metrics_fn=...) "
+    "(also package.module:FUNC); the preset then only sets speed and training settings",
+    "--data": "a .bin token file, a text file or a folder (default: built-in corpus)",
+    "--resume": {
+        "nargs": "?",
+        "const": "",
+        "default": None,
+        "metavar": "RUN",
+        "help": "continue a run from its latest checkpoint: a run name or directory "
+        "(default: --run.name, else the latest run)",
+    },
+    "--no-progress": switch("plain log lines instead of a progress bar"),
+    # train starts its own processes, as torchrun would
+    "--nproc": {
+        "metavar": "N",
+        "help": "start N processes on this machine (torchrun's launcher; 'auto': one per visible GPU), "
+        "as `torchrun --standalone --nproc-per-node N -m turbotrain train` would",
+    },
+    "--max-restarts": {
+        "type": int,
+        "default": 0,
+        "metavar": "K",
+        "help": "with --nproc: start the group again up to K times after a failure (it resumes itself)",
+    },
+    "--help-config": switch("list every config field with its default and meaning"),
+}
+
+
+HELP = "train a model (default: a GPT on the built-in corpus; --model FILE.py:FUNC: yours)"
+DESCRIPTION = (
+    "Train a GPT, or your own model and data with --model FILE.py:FUNC. Any config field can be set with "
+    "--section.key=value (see --help-config), e.g. --train.max_steps=300 --precision.mode=bf16-mixed."
+)
+EPILOG = (
+    f"exit status: 0 trained; 2 a mistake to fix (one line says what); {EXIT_STOPPED} stopped by SIGTERM/SIGINT "
+    f"with everything saved, continue with --resume; {EXIT_REQUEUE} the same after SIGUSR1 (SLURM's warning "
+    "before the time limit): requeue the job; 130 interrupted by a second Ctrl-C"
+)
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "train",
-        help="train a model (default: a GPT on the built-in corpus; --model FILE.py:FUNC: yours)",
-        description="Train a GPT, or your own model and data with --model FILE.py:FUNC. Any config field can be set with --section.key=value "
-        "(see --help-config), e.g. --train.max_steps=300 --precision.mode=bf16-mixed.",
-    )
-    p.add_argument(
-        "--preset",
-        help="preset name (gpt-tiny, gpt2-small, gpt2-medium) or a .toml path; "
-        "default: gpt2-small on a GPU, gpt-tiny on CPU",
-    )
-    p.add_argument(
-        "--model",
-        metavar="FILE.py:FUNC",
-        help="train your own model and data: FUNC() returns "
-        "turbotrain.Workload(model=..., train_loader=..., loss_fn=..., eval_loader=..., metrics_fn=...) "
-        "(also package.module:FUNC); the preset then only sets speed and training settings",
-    )
-    p.add_argument("--data", help="a .bin token file, a text file or a folder (default: built-in corpus)")
-    p.add_argument(
-        "--resume",
-        nargs="?",
-        const="",
-        default=None,
-        metavar="RUN",
-        help="continue a run from its latest checkpoint: a run name or directory "
-        "(default: --run.name, else the latest run)",
-    )
-    p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
-    _add_launch_args(p)
-    p.add_argument(
-        "--help-config", action="store_true", help="list every config field with its default and meaning"
-    )
-    p.epilog = (
-        f"exit status: 0 trained; 2 a mistake to fix (one line says what); {EXIT_STOPPED} stopped by SIGTERM/SIGINT "
-        f"with everything saved, continue with --resume; {EXIT_REQUEUE} the same after SIGUSR1 (SLURM's warning "
-        "before the time limit): requeue the job; 130 interrupted by a second Ctrl-C"
-    )
-    p.set_defaults(command=main_train, accepts_overrides=True)
-    return p
-
-
-def _add_launch_args(p: argparse.ArgumentParser) -> None:
-    """--nproc and --max-restarts: train starts its own processes, as torchrun would."""
-    p.add_argument(
-        "--nproc",
-        metavar="N",
-        help="start N processes on this machine (torchrun's launcher; 'auto': one per visible GPU), "
-        "as `torchrun --standalone --nproc-per-node N -m turbotrain train` would",
-    )
-    p.add_argument(
-        "--max-restarts",
-        type=int,
-        default=0,
-        metavar="K",
-        help="with --nproc: start the group again up to K times after a failure (it resumes itself)",
+    return add_command(
+        subparsers, main_train, HELP, OPTIONS, description=DESCRIPTION, epilog=EPILOG, overrides=True
     )
 
 
@@ -227,7 +217,6 @@ def _quiet_logging(rank: int) -> None:
 
 def _print_summary(summary: dict, run_dir: Path) -> None:
     r = summary["resolved"]
-    rate = summary.get("tokens_per_s_median")
     lines = [
         f"run {run_dir}: {summary['status']} at step {summary['steps']}/{summary['max_steps']}"
         + (f" ({summary['stop_reason']})" if summary.get("stop_reason") else ""),
@@ -257,24 +246,27 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
         lines.append(
             f"  best {best['metric']} {best['value']:.4f} at step {best['step']} ({best['mode']}){kept}"
         )
+    lines += _throughput_lines(summary, r.get("world_size", 1) > 1)
+    lines += [f"  event at step {e['step']}: {e['kind']}: {e['detail']}" for e in summary.get("events", [])]
+    print("\n".join(lines))
+
+
+def _throughput_lines(summary: dict, distributed: bool) -> list[str]:
+    """Tokens/s for a language model, else samples/s; none when this invocation trained no step
+    (a finished run resumed)."""
+    rate = summary.get("tokens_per_s_median")
     samples = (summary.get("steady_state") or {}).get("samples_per_s")
-    if not rate and samples:  # not a language model: throughput in samples
-        first = summary.get("first_step_s")
-        lines.append(
-            f"  {samples:,.1f} samples/s (median)"
-            + (f" | first step {first:.2f} s" if first is not None else "")
-            + f" | {summary['elapsed_s']:.1f} s total"
-        )
+    first = summary.get("first_step_s")
+    tail = (
+        f" | first step {first:.2f} s" if first is not None else ""
+    ) + f" | {summary['elapsed_s']:.1f} s total"
     if rate:
-        # None when this invocation trained no step (a finished run resumed)
-        first = summary.get("first_step_s")
-        per_rank = summary.get("rank_tokens_per_s_median") if r.get("world_size", 1) > 1 else None
-        lines.append(
+        per_rank = summary.get("rank_tokens_per_s_median") if distributed else None
+        return [
             f"  {rate:,.0f} tokens/s (median"
             + (f"; {per_rank:,.0f} per process)" if per_rank else ")")
-            + (f" | first step {first:.2f} s" if first is not None else "")
-            + f" | {summary['elapsed_s']:.1f} s total"
-        )
-    for e in summary.get("events", []):
-        lines.append(f"  event at step {e['step']}: {e['kind']}: {e['detail']}")
-    print("\n".join(lines))
+            + tail
+        ]
+    if samples:  # not a language model: throughput in samples
+        return [f"  {samples:,.1f} samples/s (median)" + tail]
+    return []

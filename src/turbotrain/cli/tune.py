@@ -12,59 +12,58 @@ import torch
 from ..app.tune import TuneOptions, require_optuna, summary, tune
 from ..base.errors import ConfigError
 from ..base.process import exit_on_sigterm
-from .profile import add_target_args, check_at_least, live_log, target_of
+from .options import Options, add_command, switch
+from .profile import TARGET_OPTIONS, check_at_least, live_log, target_of
 
 # Trial length per device: (warm-up, timed steps, steps per pruning window). CPU steps of the
 # small presets take 0.1-1 s; a GPU's take milliseconds, so more of them cost less.
 TRIAL_STEPS = {"cpu": (3, 12, 4), "cuda": (5, 30, 10)}
 
 
+HELP = "search the fastest settings (precision, compile, micro-batch, workers, ...) with Optuna"
+DESCRIPTION = (
+    "An Optuna study over precision, compile scope and mode, micro-batch (accumulation keeps the global "
+    "batch), loader workers, activation checkpointing, optimizer implementation and attention. Each trial runs in "
+    "its own process; out-of-memory, over-budget and failed trials are penalised constraint violations. Takes "
+    "--preset, --model and --section.key=value like train (a setting given is not searched); "
+    "--batch.max_memory_gib caps memory. Needs the [tune] extra (pip install 'turbotrain[tune]')."
+)
+OPTIONS: Options = {
+    "--trials": {
+        "type": int,
+        "default": 20,
+        "help": "trials to run (default 20); over-budget and invalid proposals are not counted",
+    },
+    "--out": {
+        "metavar": "PATH.toml",
+        "help": "where to write the best settings (default: best.toml in the run folder)",
+    },
+    "--trial-warmup": {"type": int, "help": "untimed steps per trial (default: 3 on CPU, 5 on CUDA)"},
+    "--trial-steps": {"type": int, "help": "timed steps per trial (default: 12 on CPU, 30 on CUDA)"},
+    "--window": {
+        "type": int,
+        "help": "timed steps per value reported to the pruner (default: 4 on CPU, 10 on CUDA)",
+    },
+    "--trial-timeout-s": {
+        "type": float,
+        "default": 600.0,
+        "help": "per-trial time limit in seconds (default 600)",
+    },
+    "--threads": "CPU threads per trial process (0 = torch's default)",
+    "--seed": "the sampler's seed (default 0)",
+    "--no-prune": switch("run every trial to the end"),
+    "--confirm": {
+        "type": int,
+        "default": 2,
+        "help": "re-measure the best and the baseline this many times each, interleaved, before "
+        "writing the preset; a best not >= 1.05x the baseline is not written (default 2, 0 = off)",
+    },
+}
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "tune",
-        help="search the fastest settings (precision, compile, micro-batch, workers, ...) with Optuna",
-        description="An Optuna study over precision, compile scope and mode, micro-batch (accumulation keeps the global "
-        "batch), loader workers, activation checkpointing, optimizer implementation and attention. Each trial runs in "
-        "its own process; out-of-memory, over-budget and failed trials are penalised constraint violations. Takes "
-        "--preset, --model and --section.key=value like train (a setting given is not searched); "
-        "--batch.max_memory_gib caps memory. Needs the [tune] extra (pip install 'turbotrain[tune]').",
-    )
-    add_target_args(p)
-    p.add_argument(
-        "--trials",
-        type=int,
-        default=20,
-        help="trials to run (default 20); over-budget and invalid proposals are not counted",
-    )
-    p.add_argument(
-        "--out",
-        metavar="PATH.toml",
-        help="where to write the best settings (default: best.toml in the run folder)",
-    )
-    p.add_argument("--trial-warmup", type=int, help="untimed steps per trial (default: 3 on CPU, 5 on CUDA)")
-    p.add_argument("--trial-steps", type=int, help="timed steps per trial (default: 12 on CPU, 30 on CUDA)")
-    p.add_argument(
-        "--window",
-        type=int,
-        help="timed steps per value reported to the pruner (default: 4 on CPU, 10 on CUDA)",
-    )
-    p.add_argument(
-        "--trial-timeout-s", type=float, default=600.0, help="per-trial time limit in seconds (default 600)"
-    )
-    p.add_argument(
-        "--threads", type=int, default=0, help="CPU threads per trial process (0 = torch's default)"
-    )
-    p.add_argument("--seed", type=int, default=0, help="the sampler's seed (default 0)")
-    p.add_argument("--no-prune", action="store_true", help="run every trial to the end")
-    p.add_argument(
-        "--confirm",
-        type=int,
-        default=2,
-        help="re-measure the best and the baseline this many times each, "
-        "interleaved, before writing the preset; a best not >= 1.05x the baseline is not written (default 2, 0 = off)",
-    )
-    p.set_defaults(command=main_tune, accepts_overrides=True)
-    return p
+    tables = (TARGET_OPTIONS, OPTIONS)
+    return add_command(subparsers, main_tune, HELP, *tables, description=DESCRIPTION, overrides=True)
 
 
 def main_tune(args: argparse.Namespace, extra: list[str]) -> int:
