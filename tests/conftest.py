@@ -33,6 +33,11 @@ def tiny_overrides(tmp_path: Path, **sections: dict) -> dict:
     return base
 
 
+# A bound on a hang, never on speed: every wait on a process the tests start (a subprocess's timeout,
+# a wait for a file it writes) uses it. On a shared 2-core machine at load 30 a 16-step torchrun
+# launch of 2 ranks took over 240 s (test_split_invariant failed so, its run complete, 1 in 6).
+HANG_S = 900
+
 # about 40 KB of Python-like text: the tiny GPT's corpus in every test that trains on a file
 CORPUS = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(1200))
 

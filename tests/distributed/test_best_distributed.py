@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import HANG_S
 
 from turbotrain.loop.best_checkpoint import load_best_weights
 from turbotrain.loop.checkpoint import is_verified, list_checkpoints
@@ -39,7 +40,7 @@ def test_two_ddp_ranks_stop_at_the_same_pass_and_keep_a_sharded_best_checkpoint(
     ]
     cmd += ["--best.metric=val_score", "--best.mode=max", "--best.min_delta=0.05", "--best.patience=2"]
     cmd += ["--best.checkpoint=true"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-4000:]
     run = tmp_path / "ddp"
     summary = json.loads((run / "summary.json").read_text())

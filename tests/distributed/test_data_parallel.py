@@ -13,6 +13,7 @@ from pathlib import Path
 
 import inprocess
 import pytest
+from conftest import HANG_S
 
 WORKER = Path(__file__).with_name("dp_worker.py")
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -29,7 +30,7 @@ def _launch(cases: dict[str, tuple[str, int, str, int]], folder: Path) -> dict[s
     specs = [f"{s},{a},{folder / name},{p},{n}" for name, (s, a, p, n) in cases.items()]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     proc = subprocess.run(
-        [*cmd, str(WORKER), "several", *specs], env=env, capture_output=True, text=True, timeout=400
+        [*cmd, str(WORKER), "several", *specs], env=env, capture_output=True, text=True, timeout=HANG_S
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return {

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import HANG_S
+
 WORKER = Path(__file__).with_name("exit_worker.py")
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -25,7 +27,7 @@ def test_an_own_ddp_loop_exits_cleanly_with_its_group_left_at_exit():
         env=env,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=HANG_S,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "terminate called" not in proc.stderr

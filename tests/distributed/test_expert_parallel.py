@@ -14,6 +14,7 @@ from pathlib import Path
 
 import inprocess
 import torch
+from conftest import HANG_S
 
 WORKER = Path(__file__).with_name("ep_worker.py")
 N_EXPERTS = 4
@@ -42,7 +43,7 @@ def _run(tmp_path: Path, mode: str, degree: int, nproc: int) -> list[dict]:
             str(degree),
             str(out),
         ]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_S)
         assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(nproc)]
 
@@ -117,7 +118,7 @@ def _ckpt(tmp_path: Path, nproc: int, *jobs: tuple[str, int, Path, str]) -> list
             str(CKPT_WORKER),
             *args,
         ]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_S)
         assert proc.returncode == 0, proc.stderr[-4000:]
     return [
         [torch.load(f"{tmp_path / tag}.rank{r}.pt", weights_only=True) for r in range(nproc)]

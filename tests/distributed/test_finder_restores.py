@@ -14,6 +14,7 @@ from pathlib import Path
 
 import inprocess
 import pytest
+from conftest import HANG_S
 
 WORKER = Path(__file__).with_name("finder_ep_worker.py")
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -41,7 +42,7 @@ def test_the_search_leaves_experts_router_bias_and_loads_as_they_were(tmp_path, 
             mode,
             str(out),
         ]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_S)
         assert proc.returncode == 0, proc.stderr[-4000:]
     for rank in range(nproc):
         r = json.loads(Path(f"{out}.rank{rank}.json").read_text())

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import HANG_S
 
 from turbotrain.loop.checkpoint import finished_checkpoints, load_latest_weights, saved_model_tensors
 from turbotrain.parts.models.gpt import GPT, GPTConfig
@@ -45,7 +46,7 @@ def _run(tmp_path: Path) -> list[dict]:
         str(out),
         str(STEPS),
     ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(2)]
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import BUCKET, free_port, s3_client
+from conftest import BUCKET, HANG_S, free_port, s3_client
 
 pytestmark = pytest.mark.slow
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -62,14 +62,14 @@ def test_sigterm_to_torchrun_from_pet_variables_ends_with_the_newest_checkpoint_
     }
     proc = subprocess.Popen(cmd, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "k8s" / "metrics.jsonl"
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + HANG_S
     while not (metrics.is_file() and metrics.read_text().count('"loss"') >= 8):  # past the first checkpoint
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.monotonic() < deadline
         time.sleep(0.2)
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)  # the kubelet's preemption
-    stdout, stderr = proc.communicate(timeout=120)
+    stdout, stderr = proc.communicate(timeout=HANG_S)
     took = time.monotonic() - sent
     print(f"SIGTERM to exit: {took:.1f} s")
     # torchrun's agent ends with 1 after a signal (its SignalException); the ranks stopped as asked

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import CORPUS
+from conftest import CORPUS, HANG_S
 
 ray = pytest.importorskip("ray", reason="Ray Train is an optional extra: pip install 'turbotrain[ray]'")
 from ray.train import FailureConfig, RunConfig, ScalingConfig  # noqa: E402
@@ -157,7 +157,7 @@ def under_ray(work: Path, torchrun: subprocess.Popen) -> dict[int, float]:
 def test_two_ray_workers_give_the_losses_of_torchrun_nproc_per_node_2(
     work: Path, under_ray: dict[int, float], torchrun: subprocess.Popen
 ) -> None:
-    assert torchrun.wait(timeout=300) == 0, (work / "torchrun.log").read_text()[-3000:]
+    assert torchrun.wait(timeout=HANG_S) == 0, (work / "torchrun.log").read_text()[-3000:]
     reference = _losses(work, "torchrun")
     assert sorted(reference) == sorted(under_ray)
     worst = max(abs(under_ray[s] - reference[s]) for s in reference)

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import CORPUS
+from conftest import CORPUS, HANG_S
 
 from turbotrain.base.launch import Launch
 
@@ -100,7 +100,7 @@ def test_a_static_rendezvous_restart_resumes_and_another_launch_never_takes_the_
     proc = subprocess.Popen(
         _static_torchrun(work, "el"), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + HANG_S
     while (
         not any((run / "checkpoints").glob("step_*")) and proc.poll() is None and time.monotonic() < deadline
     ):
@@ -108,7 +108,7 @@ def test_a_static_rendezvous_restart_resumes_and_another_launch_never_takes_the_
     victim = _rank_1(proc.pid)
     assert victim is not None and proc.poll() is None, "the run ended before a rank could be killed"
     os.kill(victim, signal.SIGKILL)
-    out, err = proc.communicate(timeout=240)
+    out, err = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 0, err[-3000:]
     assert "torchrun starts the workers again (restart 1 of --max-restarts 1)" in err  # promised ...
     assert "resuming" in out and "TORCHELASTIC_RESTART_COUNT=1 of 1" in out, out  # ... and kept
@@ -130,7 +130,7 @@ def test_a_static_rendezvous_restart_resumes_and_another_launch_never_takes_the_
         p.name: p.read_bytes() for p in (run / "summary.json", run / "metrics.jsonl", run / "config.toml")
     }
     other = subprocess.run(
-        _static_torchrun(work, "el"), env=_env(), capture_output=True, text=True, timeout=240
+        _static_torchrun(work, "el"), env=_env(), capture_output=True, text=True, timeout=HANG_S
     )
     assert other.returncode != 0
     assert other.stderr.count("run directory") >= 2 and "already exists" in other.stderr, other.stderr[-3000:]

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import inprocess
 import pytest
+from conftest import HANG_S
 
 from turbotrain.cli import main
 
@@ -50,7 +51,9 @@ def _run(folder: Path, strategy: str, nproc: int, max_steps: int, every: int, ke
             str(WORKER),
             *args,
         ]
-        proc = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=240)
+        proc = subprocess.run(
+            [sys.executable, *args], env=env, capture_output=True, text=True, timeout=HANG_S
+        )
         assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(nproc)]
 
@@ -178,7 +181,7 @@ def test_turbotrain_train_under_torchrun_resumes_in_one_process_and_samples(tmp_
             env=env,
             capture_output=True,
             text=True,
-            timeout=240,
+            timeout=HANG_S,
         )
         assert proc.returncode == 0, proc.stderr[-4000:]
         return proc.stdout

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import inprocess
 import pytest
+from conftest import HANG_S
 from test_torchrun_train import SRC, _plain
 
 FAULTS = Path(__file__).resolve().parents[1] / "faults"
@@ -129,7 +130,7 @@ def _wait(procs: list[subprocess.Popen]) -> list[tuple[int, str, str]]:
     out = []
     for p in procs:
         try:
-            stdout, stderr = p.communicate(timeout=120)
+            stdout, stderr = p.communicate(timeout=HANG_S)
         finally:
             p.kill()
         out.append((p.returncode, stdout, stderr))
@@ -172,7 +173,7 @@ def test_two_srun_tasks_train_like_one_process_and_the_requeued_job_resumes_exac
     third launch)."""
     procs = _srun(work, "preempted", "--distributed.strategy=ddp", fault=f"pause-step:{PAUSE}")
     markers = [work / f"paused-{rank}" for rank in range(2)]
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + HANG_S
     while not all(m.exists() for m in markers):  # both tasks inside step PAUSE: a state, not a time
         assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, _wait(procs)
         time.sleep(0.02)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import inprocess
 import pytest
-from conftest import CORPUS
+from conftest import CORPUS, HANG_S
 from faults.faultenv import FAULTS
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -87,11 +87,6 @@ def _args(work: Path, name: str, micro: int = MICRO, *more: str) -> list[str]:
         *TINY,
         *more,
     ]
-
-
-# A bound on a hang, not on speed: on a shared 2-core machine at load 30 a 16-step torchrun launch
-# of 2 ranks took over 240 s (test_split_invariant failed so, its run complete, 1 in 6)
-HANG_S = 900
 
 
 def _run(cmd: list[str], timeout: float = HANG_S, fault: str = "") -> subprocess.CompletedProcess:
@@ -214,7 +209,7 @@ def test_two_nodes_on_one_machine_match_one_process(work, single):
         nodes.append(
             subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         )
-    outputs = [p.communicate(timeout=240) for p in nodes]
+    outputs = [p.communicate(timeout=HANG_S) for p in nodes]
     for p, (_, err) in zip(nodes, outputs):
         assert p.returncode == 0, err[-3000:]
     _assert_same(_losses(work, "nodes"), single)
@@ -238,7 +233,7 @@ def test_bad_input_under_torchrun_is_one_line_on_rank_0(work, tmp_path):
             "4 x 2 = 8; use --batch.global_size=8"
         ),
     )
-    proc = _run(_torchrun(2, log_dir=tmp_path / "logs") + _args(work, "bad", MICRO, bad), timeout=120)
+    proc = _run(_torchrun(2, log_dir=tmp_path / "logs") + _args(work, "bad", MICRO, bad))
     assert proc.returncode != 0
     logs = _rank_logs(tmp_path / "logs")
     assert sorted(logs) == [0, 1]
@@ -296,7 +291,7 @@ def test_kill_9_of_one_rank_restarts_the_group_which_resumes_by_itself(work, sin
         text=True,
     )
     checkpoints = work / "runs" / name / "checkpoints"
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + HANG_S
     while (
         not any(checkpoints.glob("step_*/finished.json"))
         and proc.poll() is None
@@ -306,7 +301,7 @@ def test_kill_9_of_one_rank_restarts_the_group_which_resumes_by_itself(work, sin
     victim = next((p for p in _children(proc.pid) if _rank_of(p) == 1), None)
     assert victim is not None and proc.poll() is None, "the run ended before a rank could be killed"
     os.kill(victim, signal.SIGKILL)
-    out, err = proc.communicate(timeout=180)
+    out, err = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 0, err[-3000:]
     # torchrun names the first failure it polled: the killed rank, or the survivor when it ended (status 1)
     # within the same poll, whose timestamp comes first
@@ -325,7 +320,6 @@ def test_kill_9_of_one_rank_restarts_the_group_which_resumes_by_itself(work, sin
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_out_of_memory_under_data_parallel_stops_with_the_rank_and_what_to_lower(work, tmp_path, strategy):
-    start = time.monotonic()
     proc = _run(
         _torchrun(2, log_dir=tmp_path / "logs")
         + _args(
@@ -334,12 +328,13 @@ def test_out_of_memory_under_data_parallel_stops_with_the_rank_and_what_to_lower
             MICRO,
             f"--distributed.strategy={strategy}",
         ),
-        timeout=180,
         fault="oom:3",  # an out-of-memory error in step 3 (tests/faults/oom.py)
     )
-    assert time.monotonic() - start < 120, "bounded: no rank waits for the one that stopped"
     assert proc.returncode != 0
     logs = _rank_logs(tmp_path / "logs")
+    # bounded, read from what the ranks said, not from the clock: a rank that waited for the one that
+    # stopped would end at distributed.timeout_s (300 s, under HANG_S) with its collective "timed out"
+    assert all("timed out" not in text.lower() for text in logs.values()), logs
     assert "out of memory on rank 0 of 2 in step 3 with micro-batch 4" in logs[0]
     assert "lower --batch.micro (e.g. --batch.micro=2)" in logs[0]
     assert all("Traceback" not in text for text in logs.values()), logs
@@ -440,9 +435,7 @@ def test_a_run_in_use_is_said_once_by_rank_0(stopped_ddp_run, tmp_path):
 
     run = _copy_run(stopped_ddp_run, "in-use")
     with RunLock(run):  # this process trains it, as far as the resume can tell
-        proc = _run(
-            _torchrun(2, log_dir=tmp_path / "logs") + ["--resume", str(run), "--no-progress"], timeout=120
-        )
+        proc = _run(_torchrun(2, log_dir=tmp_path / "logs") + ["--resume", str(run), "--no-progress"])
     _said_once_by_rank_0(proc, tmp_path / "logs", f"run directory {run} is in use by process {os.getpid()}")
 
 
@@ -450,9 +443,7 @@ def test_no_usable_checkpoint_is_said_once_by_rank_0(stopped_ddp_run, tmp_path):
     run = _copy_run(stopped_ddp_run, "no-usable")
     # no longer matches its marker
     (next(run.glob("checkpoints/step_*")) / ".metadata").write_bytes(b"garbage")
-    proc = _run(
-        _torchrun(2, log_dir=tmp_path / "logs") + ["--resume", str(run), "--no-progress"], timeout=120
-    )
+    proc = _run(_torchrun(2, log_dir=tmp_path / "logs") + ["--resume", str(run), "--no-progress"])
     _said_once_by_rank_0(proc, tmp_path / "logs", f"no usable checkpoint in {run / 'checkpoints'}")
 
 
@@ -468,9 +459,7 @@ def test_a_refused_metadata_is_said_once_by_rank_0(stopped_ddp_run, tmp_path):
     marker = json.loads((folder / "finished.json").read_text())
     marker["files"][".metadata"] = {"size": len(evil), "sha256": hashlib.sha256(evil).hexdigest()}
     (folder / "finished.json").write_text(json.dumps(marker))
-    proc = _run(
-        _torchrun(2, log_dir=tmp_path / "logs") + ["--resume", str(run), "--no-progress"], timeout=120
-    )
+    proc = _run(_torchrun(2, log_dir=tmp_path / "logs") + ["--resume", str(run), "--no-progress"])
     _said_once_by_rank_0(proc, tmp_path / "logs", "is not part of a checkpoint's metadata")
 
 
@@ -485,7 +474,7 @@ def test_a_full_disk_at_a_sharded_save_is_said_once(work, tmp_path):
     cmd = _torchrun(2, log_dir=tmp_path / "logs") + _args(
         work, "full-disk", MICRO, "--distributed.strategy=ddp"
     )
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=240, preexec_fn=limit)
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=HANG_S, preexec_fn=limit)
     _said_once_by_rank_0(proc, tmp_path / "logs", "full-disk/checkpoints/step_00000020")
 
 
@@ -509,7 +498,7 @@ def test_ranks_whose_launcher_was_killed_stop_with_a_checkpoint(work, tmp_path):
         cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     metrics = work / "runs" / name / "metrics.jsonl"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + HANG_S
     while time.monotonic() < deadline and proc.poll() is None and len(_losses_if_any(metrics)) < 5:
         time.sleep(0.05)
     ranks = [p for p in _children(proc.pid) if _rank_of(p) is not None]
@@ -517,7 +506,9 @@ def test_ranks_whose_launcher_was_killed_stop_with_a_checkpoint(work, tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its agent; the ranks live in their own sessions
     proc.wait()
     killed_at = time.monotonic()
-    while any(_alive(p) for p in ranks) and time.monotonic() - killed_at < 60:
+    # a bound on a hang: ranks that trained on without their launcher would end at step 2000 (the
+    # summary below says so), not here
+    while any(_alive(p) for p in ranks) and time.monotonic() - killed_at < HANG_S:
         time.sleep(0.1)
     assert not any(_alive(p) for p in ranks), "orphaned ranks must stop on their own"
     summary = json.loads((work / "runs" / name / "summary.json").read_text())

@@ -7,6 +7,7 @@ import json
 import sys
 
 import pytest
+from conftest import HANG_S
 from faults.faultenv import fault_env
 
 from turbotrain.app.bench import worker
@@ -287,14 +288,14 @@ def test_a_bench_stopped_at_its_limit_keeps_every_finished_row(
         [sys.executable, "-c", DRIVER, str(standin), str(tmp_path / "work"), str(out), kind, str(repeat)]
     )
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HANG_S
         while not (tmp_path / "hanging").exists():
             assert proc.poll() is None and time.monotonic() < deadline, (
                 "the bench ended before the hanging row"
             )
             time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)  # the step limit: `timeout` sends SIGTERM
-        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        assert proc.wait(timeout=HANG_S) == 128 + signal.SIGTERM
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import HANG_S
 from faults.faultenv import fault_env
 
 from turbotrain.cli import main
@@ -150,7 +151,7 @@ def test_a_kill_before_the_best_is_linked_is_finished_by_the_resume(tmp_path: Pa
     out = ["--run.out_dir", str(tmp_path)]
     assert main(["train", *args, *out, "--run.name=full"]) == 0
     cmd = [sys.executable, "-m", "turbotrain", "train", *args, *out, "--run.name=killed"]
-    killed = subprocess.run(cmd, env=fault_env(fault), capture_output=True, text=True, timeout=300)
+    killed = subprocess.run(cmd, env=fault_env(fault), capture_output=True, text=True, timeout=HANG_S)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     full, run = tmp_path / "full", tmp_path / "killed"
     assert json.loads((best_folder(run) / BEST_FILE).read_text())["step"] == 3  # the kill left step 3's

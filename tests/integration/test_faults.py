@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import CORPUS, tiny_overrides
+from conftest import CORPUS, HANG_S, tiny_overrides
 from faults.faultenv import fault_env
 from faults.limits import tmpfs
 from test_train_cli import _args, _one_line_error
@@ -42,7 +42,7 @@ def _cli(tmp_path: Path, text_file: Path, *extra: str, fault: str = "") -> subpr
         "turbotrain",
         *_args(tmp_path, text_file, f"--train.max_steps={MAX_STEPS}", *extra),
     ]
-    return subprocess.run(args, env=fault_env(fault), capture_output=True, text=True, timeout=300)
+    return subprocess.run(args, env=fault_env(fault), capture_output=True, text=True, timeout=HANG_S)
 
 
 def _summary(run: Path) -> dict:
@@ -146,7 +146,7 @@ def test_sigterm_saves_exits_75_and_a_second_process_is_refused(tmp_path, text_f
         before = (run / "config.toml").read_text()
         proc.send_signal(signal.SIGTERM)
         marker.unlink()
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=HANG_S)
     finally:
         proc.kill()
     assert proc.returncode == EXIT_STOPPED, err
@@ -167,7 +167,7 @@ def test_a_signal_during_start_up_stops_cleanly(tmp_path, text_file):
     marker = tmp_path / "paused"
     proc = _start_paused(tmp_path, text_file, marker, "pause-startup:1")
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=HANG_S)
     assert proc.returncode == EXIT_STOPPED and "start it again" in err and "Traceback" not in err, err
     assert not run.exists()
     assert (
@@ -176,7 +176,7 @@ def test_a_signal_during_start_up_stops_cleanly(tmp_path, text_file):
     marker.unlink()  # left by the process stopped while it waited
     proc = _start_paused(tmp_path, text_file, marker, "pause-startup:1", "--resume")
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=HANG_S)
     assert proc.returncode == EXIT_STOPPED and "--resume" in err and "Traceback" not in err, err
     assert _summary(run)["steps"] == 3 and [p.name for p in list_checkpoints(run / "checkpoints")] == [
         "step_00000003.pt"
@@ -190,7 +190,7 @@ def test_a_signal_while_choose_measures_leaves_no_run_folder(tmp_path, text_file
     marker = tmp_path / "paused"
     proc = _start_paused(tmp_path, text_file, marker, "pause-choose:1", "--choose.measure=always")
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=HANG_S)
     assert proc.returncode == EXIT_STOPPED and "nothing was written" in err and "Traceback" not in err, err
     assert not (tmp_path / "runs" / "t").exists()
     assert main(_args(tmp_path, text_file, "--train.max_steps=2")) == 0  # started again as it says
@@ -245,7 +245,7 @@ def test_a_signal_between_start_up_and_training_saves_and_stops(tmp_path, text_f
         proc = _start_paused(tmp_path, text_file, marker, "pause-fit:1", *extra)
         proc.send_signal(sig)
         marker.unlink()
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=HANG_S)
         assert proc.returncode == EXIT_STOPPED, err
         assert sig.name in err and "--resume" in err and "Traceback" not in err, err
         assert _temp_files(run) == []
@@ -263,7 +263,7 @@ def test_a_signal_after_training_keeps_the_run_skips_the_report_and_says_how_to_
     marker = tmp_path / "paused"
     proc = _start_paused(tmp_path, text_file, marker, "pause-report:1")
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=HANG_S)
     assert proc.returncode == EXIT_STOPPED, err
     said = [line for line in err.splitlines() if line.startswith("turbotrain train:")]
     assert (
@@ -307,7 +307,7 @@ def test_sigint_inherited_as_ignored_stays_ignored_and_sigterm_still_stops(tmp_p
             time.sleep(0.2)
         with contextlib.suppress(FileNotFoundError):
             marker.unlink()
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=HANG_S)
         assert proc.returncode == code, (fault, err)
         assert "Traceback" not in err, err
         if code == 0:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import HANG_S
+
 TINY = [
     "--model.n_layer=1",
     "--model.n_head=2",
@@ -25,7 +27,7 @@ TINY = [
 
 def _train(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "turbotrain", "train", *args], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "turbotrain", "train", *args], capture_output=True, text=True, timeout=HANG_S
     )
 
 

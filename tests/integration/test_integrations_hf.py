@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import HANG_S
 from torch.utils.data import Dataset
 
 pytest.importorskip("transformers")
@@ -190,7 +191,11 @@ def test_a_crashed_trainer_run_leaves_a_failed_summary(tmp_path):
     script = CRASHING_SCRIPT.format(tests=str(Path(__file__).parent), out=str(tmp_path / "out"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", textwrap.dedent(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
     )
     assert done.returncode == 1 and "RuntimeError: boom at step 3" in done.stderr
     summary = json.loads((tmp_path / "out" / "turbotrain" / "summary.json").read_text())

@@ -14,6 +14,7 @@ import sys
 import textwrap
 
 import pytest
+from conftest import HANG_S
 
 pytest.importorskip("transformers")
 pytest.importorskip("wandb")
@@ -57,7 +58,7 @@ def test_hf_callback_logs_to_wandb_mlflow_and_trackio(tmp_path, monkeypatch):
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=HANG_S,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     run = tmp_path / "out" / "hf"

@@ -8,6 +8,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from conftest import HANG_S
 from faults.limits import file_size_limit, tmpfs
 from test_train_cli import _args, _one_line_error
 
@@ -268,11 +269,11 @@ def test_tune_stopped_by_sigterm_writes_what_it_has_and_prints_the_resume_comman
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + HANG_S
     while not (run / "trials" / "trial-001").exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "interrupted (SIGTERM): continue the study with the same command and --run.out_dir=" in out
     assert "Traceback" not in err and (run / "tune.json").is_file() and (run / "tune.md").is_file()

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "faults"))
-from conftest import BUCKET, s3_client  # noqa: E402
+from conftest import BUCKET, HANG_S, s3_client  # noqa: E402  # noqa: E402
 from faultenv import fault_env  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -73,7 +73,7 @@ def test_kill_mid_upload_then_resume_from_the_uri_alone_equals_the_unkilled_run(
     env, _ = s3
     out = ["--run.out_dir", str(tmp_path)]
     full = _train([*out, "--run.name=full"], env)
-    assert full.wait(timeout=300) == 0, full.stderr.read()
+    assert full.wait(timeout=HANG_S) == 0, full.stderr.read()
     # training held at step 8 (checkpoints 3 and 6 written, synchronously: none pruned yet) while the
     # mirror uploads them: step 6's marker is never uploaded, its data is in the store, it is not whole
     killed = _train(
@@ -82,7 +82,7 @@ def test_kill_mid_upload_then_resume_from_the_uri_alone_equals_the_unkilled_run(
         "pause-step:8,remote-before-marker:2",
         tmp_path / "paused",
     )
-    assert killed.wait(timeout=300) == -9
+    assert killed.wait(timeout=HANG_S) == -9
     listing = s3_client(env).list_objects_v2(Bucket=BUCKET, Prefix="runs/k/checkpoints/")["Contents"]
     assert {o["Key"].rpartition("/")[2] for o in listing} == {
         "step_00000003.pt",
@@ -105,7 +105,7 @@ def test_kill_mid_upload_then_resume_from_the_uri_alone_equals_the_unkilled_run(
         env={**fault_env(), **env},
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_S,
     )
     assert resumed.returncode == 0, resumed.stderr
     skipped = [line for line in resumed.stderr.splitlines() if "skipped" in line]
@@ -131,14 +131,14 @@ def test_server_stopped_mid_run_is_one_warning_and_the_end_names_what_is_missing
         "pause-step:5",
         marker,
     )
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + HANG_S
     while not marker.exists():
         assert run.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
     server.kill()
     server.wait()
     marker.unlink()
-    stdout, stderr = run.communicate(timeout=300)
+    stdout, stderr = run.communicate(timeout=HANG_S)
     assert run.returncode == 0, stderr
     assert "completed at step 12/12" in stdout
     warnings = [line for line in stderr.splitlines() if "uploads fail" in line]
@@ -158,7 +158,7 @@ def test_a_bucket_that_does_not_exist_is_one_line_at_the_start(tmp_path: Path, s
     run = _train(
         ["--run.out_dir", str(tmp_path), "--run.name=b", "--run.remote=s3://no-such-bucket/runs"], env
     )
-    stdout, stderr = run.communicate(timeout=300)
+    stdout, stderr = run.communicate(timeout=HANG_S)
     assert run.returncode == 2
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "run.remote=s3://no-such-bucket/runs/b" in lines[0], stderr
@@ -175,7 +175,7 @@ def test_the_same_command_on_an_empty_disk_continues_the_run_in_the_store(tmp_pa
         env=fault_env(),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_S,
     )
     assert first.returncode == 0, first.stderr
     shutil.rmtree(tmp_path / "runs")
@@ -184,7 +184,7 @@ def test_the_same_command_on_an_empty_disk_continues_the_run_in_the_store(tmp_pa
         env=fault_env(),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_S,
     )
     assert again.returncode == 0, again.stderr
     assert f"continuing {store}/pod: run.remote holds a run named pod" in again.stdout

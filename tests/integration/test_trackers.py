@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import tiny_overrides
+from conftest import HANG_S, tiny_overrides
 
 from turbotrain.base.errors import TurbotrainError
 from turbotrain.base.records import numbers, read_metrics
@@ -121,7 +121,7 @@ def tracked_run(tmp_path_factory) -> tuple[Path, Path]:
         "DO_NOT_TRACK": "1",
     }
     env.pop("MLFLOW_TRACKING_URI", None)
-    done = subprocess.run(args, env=env, cwd=tmp, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(args, env=env, cwd=tmp, capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stderr[-3000:]
     return tmp / "runs" / "t", tmp / "trackio"
 

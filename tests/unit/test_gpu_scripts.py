@@ -16,6 +16,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from conftest import HANG_S
 
 from turbotrain.app.bench.contenders import CONTENDERS
 from turbotrain.app.bench.suite import ablation_variants, precision_variants
@@ -76,7 +77,7 @@ def _dry_run(
     if budget is not None:
         full["BUDGET_S"] = str(budget)
     proc = subprocess.run(
-        ["bash", str(BENCH / script), *args], env=full, capture_output=True, text=True, timeout=120
+        ["bash", str(BENCH / script), *args], env=full, capture_output=True, text=True, timeout=HANG_S
     )
     return proc, out
 
@@ -252,7 +253,7 @@ def test_the_second_command_runs_any_selection_within_180_s(tmp_path):
         ([], "name the phases to run (step limits <= 180 s together)"),
     ):
         proc = subprocess.run(
-            ["bash", str(BENCH / EXTRA), *args], env=env, capture_output=True, text=True, timeout=60
+            ["bash", str(BENCH / EXTRA), *args], env=env, capture_output=True, text=True, timeout=HANG_S
         )
         assert (
             proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr
@@ -342,7 +343,7 @@ def test_no_gpu_is_one_line_and_exit_1(tmp_path):
     env = {**os.environ, "PYTHON": str(python), "OUT": str(tmp_path / "out"), "RESULTS": str(tmp_path / "r")}
     for script, args in ((PLAN, []), (EXTRA, ["env"])):
         proc = subprocess.run(
-            ["bash", str(BENCH / script), *args], env=env, capture_output=True, text=True, timeout=60
+            ["bash", str(BENCH / script), *args], env=env, capture_output=True, text=True, timeout=HANG_S
         )
         assert proc.returncode == 1 and proc.stderr.strip() == f"{script}: no CUDA GPU visible to torch"
 
@@ -363,7 +364,10 @@ H100 = REPO / "benchmarks/results/nvidia-h100-80gb-hbm3/2026-11-24"
 
 def _readme(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(BENCH / "results_readme.py"), *args], capture_output=True, text=True, timeout=60
+        [sys.executable, str(BENCH / "results_readme.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
     )
 
 

@@ -8,6 +8,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from conftest import HANG_S
+
 ROOT = Path(__file__).resolve().parents[2]
 TREES = ["src", "tests", "benchmarks", "examples"]
 
@@ -15,7 +17,7 @@ TREES = ["src", "tests", "benchmarks", "examples"]
 def _ruff(*args: str) -> subprocess.CompletedProcess:
     ruff = shutil.which("ruff")
     assert ruff is not None, 'ruff is missing: pip install -e ".[dev]" installs it'
-    return subprocess.run([ruff, *args, *TREES], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return subprocess.run([ruff, *args, *TREES], cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
 
 
 def test_the_tree_is_formatted_and_lint_clean():

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_overrides
+from conftest import HANG_S, tiny_overrides
 from torch import nn
 
 from turbotrain import Engine, fit
@@ -72,7 +72,7 @@ def test_help_config_into_head_ends_without_a_traceback() -> None:
     )
     child.stdout.close()  # the reader leaves: every write meets a closed pipe
     err = child.stderr.read()
-    assert child.wait(timeout=120) == 141
+    assert child.wait(timeout=HANG_S) == 141
     assert "Traceback" not in err and "BrokenPipe" not in err, err
 
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import HANG_S
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "plugins.md"
@@ -49,7 +50,7 @@ def run(words: list[str], cwd: Path) -> subprocess.CompletedProcess:
     assert words[0] == "python"
     env = {**os.environ, "PYTHONPATH": str(cwd), "XDG_CACHE_HOME": str(cwd / "cache")}
     return subprocess.run(
-        [sys.executable, *words[1:]], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, *words[1:]], cwd=cwd, env=env, capture_output=True, text=True, timeout=HANG_S
     )
 
 

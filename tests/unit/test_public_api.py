@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from conftest import HANG_S
 
 import turbotrain
 
@@ -52,7 +53,9 @@ print(json.dumps(out))
 @pytest.mark.slow
 def test_every_old_module_and_submodule_imports_as_the_same_module_with_one_warning_naming_the_new_path():
     names = sorted(turbotrain.MOVED)
-    run = subprocess.run([sys.executable, "-c", SCRIPT, *names], capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", SCRIPT, *names], capture_output=True, text=True, timeout=HANG_S
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     seen = json.loads(run.stdout.splitlines()[-1])
     assert seen.pop("submodule") == [True, True, "turbotrain.parts.models.moe.layer"]
@@ -94,7 +97,7 @@ def test_the_documented_old_imports_in_a_users_script_work_and_each_warning_poin
         + "".join(f"assert {name} is turbotrain.{name}\n" for name, _ in DOCUMENTED_BEFORE.values())
         + "print('ok')\n"
     )
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=HANG_S)
     assert run.returncode == 0 and run.stdout == "ok\n", run.stderr[-2000:]
     warnings = [line for line in run.stderr.splitlines() if "DeprecationWarning" in line]
     assert len(warnings) == len(statements), run.stderr
