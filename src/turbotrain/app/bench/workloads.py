@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -103,150 +104,76 @@ class BenchWorkload:
         return dataclasses.replace(self, **changes)
 
 
-def _on(device_type: str, cuda: BenchWorkload, **cpu: Any) -> BenchWorkload:
-    """``cuda`` on a GPU; elsewhere with the ``cpu`` sizes (scaled down for a CPU)."""
-    return cuda if device_type == "cuda" else cuda.replace(scaled_for="cpu", **cpu)
-
-
 GPT2_SMALL = dict(vocab_size=50304, n_layer=12, n_head=12, d_model=768, block_size=1024)
+LLAMA_121M = dict(
+    vocab_size=50304, n_layer=12, n_head=12, n_kv_head=4, d_model=768, ffn_hidden=2304, block_size=1024
+)
+BYTES_2L = dict(vocab_size=256, n_layer=2, n_head=4, d_model=128, block_size=64)  # the MoE's CPU backbone
+
+# Each workload as it runs on CUDA, and what changes on a CPU (there scaled_for = "cpu"; None: the
+# same workload), where CUDA's sizes of gpt2-small and cnn-224 would take minutes per step.
+# fmt: off
+_TABLE: dict[str, tuple[BenchWorkload, dict[str, Any] | None]] = {
+    "gpt2-small": (
+        BenchWorkload("gpt2-small", "W1 GPT-2 small", "lm", "gpt", GPT2_SMALL, 16, 8, 20, 6e-4, seq_len=1024),
+        dict(model_kwargs=dict(GPT2_SMALL, n_layer=2, n_head=4, d_model=256, block_size=128), batch_size=4,
+             seq_len=128, warmup_steps=2, timed_steps=10, notes=(
+             "CPU: 2 layers, d=256, T=128 instead of 12 layers, d=768, T=1024; the 50304-token vocabulary is kept",)),
+    ),
+    "moe": (
+        BenchWorkload("moe", "W3 MoE: GPT-2 small backbone, 8 experts top-2", "lm", "moe",
+                      dict(GPT2_SMALL, n_experts=8, top_k=2), 8, 8, 20, 6e-4, seq_len=1024),
+        dict(title="W3 MoE: GPT backbone, 8 experts top-2", batch_size=16, seq_len=64, warmup_steps=3,
+             timed_steps=20, lr=2e-3, model_kwargs=dict(BYTES_2L, n_experts=8, top_k=2, expert_hidden=256),
+             notes=("CPU: 2 layers, d=128, T=64, byte vocabulary, experts of half the dense MLP's width "
+                    "instead of the GPT-2 small backbone",)),
+    ),
+    "cnn-224": (
+        BenchWorkload("cnn-224", "W2 ResNet-18-style CNN, 224x224", "classify", "resnet",
+                      dict(layers=(2, 2, 2, 2), width=64, classes=1000), 128, 8, 20, 1e-3,
+                      image_size=224, classes=1000, pool=4),
+        dict(title="W2 ResNet-style CNN", model_kwargs=dict(layers=(1, 1, 1, 1), width=16, classes=100),
+             batch_size=8, image_size=64, classes=100, warmup_steps=2, timed_steps=10, notes=(
+             "CPU: 64x64 images, width 16, one block per stage, 100 classes instead of ResNet-18 on 224x224",)),
+    ),
+    "cnn-cifar": (
+        BenchWorkload("cnn-cifar", "W2 CIFAR-sized ResNet-9-style CNN, data on the GPU", "classify", "cifar",
+                      dict(width=32, classes=10), 256, 10, 50, 2e-3, image_size=32, classes=10, pool=16,
+                      resident=True),
+        dict(title="W2 CIFAR-sized ResNet-9-style CNN", model_kwargs=dict(width=8, classes=10), batch_size=32,
+             warmup_steps=3, timed_steps=20, resident=False,
+             notes=("CPU: width 8 instead of 32, batch 32 instead of 256; 'data on the device' is moot on CPU",)),
+    ),
+    "gpt-tiny": (
+        BenchWorkload("gpt-tiny", "tiny GPT (CPU workload)", "lm", "gpt",
+                      dict(BYTES_2L, n_layer=4), 16, 5, 40, 2e-3, seq_len=64),
+        None,
+    ),
+    "mlp-tiny": (
+        BenchWorkload("mlp-tiny", "tiny MLP, overhead-bound (CPU workload)", "classify", "mlp",
+                      dict(d_in=256, width=256, depth=3, classes=10), 64, 10, 100, 1e-3, classes=10, pool=20),
+        None,
+    ),
+    # the Llama-style family (presets llama-125m, llama-tiny) in W1's shape and steps on CUDA, the tiny GPT's on a CPU
+    "llama": (
+        BenchWorkload("llama", "Llama-style 121M beside W1 (12 layers, d=768, 12 query / 4 key-value heads, "
+                      "SwiGLU 2304)", "lm", "llama", LLAMA_121M, 16, 8, 20, 6e-4, seq_len=1024),
+        dict(title="tiny Llama-style model (CPU workload)", warmup_steps=5, timed_steps=40, lr=2e-3, seq_len=64,
+             model_kwargs=dict(vocab_size=256, n_layer=4, n_head=4, n_kv_head=2, d_model=128, ffn_hidden=384,
+                               block_size=64),
+             notes=("CPU: llama-tiny's shape (4 layers, d=128) at T=64 instead of the 121M model",)),
+    ),
+}
+# fmt: on
 
 
-def _gpt2_small(device_type: str) -> BenchWorkload:
-    cuda = BenchWorkload(
-        "gpt2-small", "W1 GPT-2 small", "lm", "gpt", GPT2_SMALL, 16, 8, 20, 6e-4, seq_len=1024
-    )
-    return _on(
-        device_type,
-        cuda,
-        model_kwargs=dict(vocab_size=50304, n_layer=2, n_head=4, d_model=256, block_size=128),
-        batch_size=4,
-        seq_len=128,
-        warmup_steps=2,
-        timed_steps=10,
-        notes=(
-            "CPU: 2 layers, d=256, T=128 instead of 12 layers, d=768, T=1024; the 50304-token vocabulary is kept",
-        ),
-    )
-
-
-def _cnn_224(device_type: str) -> BenchWorkload:
-    resnet18 = dict(layers=(2, 2, 2, 2), width=64, classes=1000)
-    cuda = BenchWorkload(
-        "cnn-224", "W2 ResNet-18-style CNN, 224x224", "classify", "resnet", resnet18, 128, 8, 20, 1e-3,
-        image_size=224, classes=1000, pool=4,
-    )  # fmt: skip
-    return _on(
-        device_type,
-        cuda,
-        title="W2 ResNet-style CNN",
-        model_kwargs=dict(layers=(1, 1, 1, 1), width=16, classes=100),
-        batch_size=8,
-        image_size=64,
-        classes=100,
-        warmup_steps=2,
-        timed_steps=10,
-        notes=(
-            "CPU: 64x64 images, width 16, one block per stage, 100 classes instead of ResNet-18 on 224x224",
-        ),
-    )
-
-
-def _cnn_cifar(device_type: str) -> BenchWorkload:
-    cuda = BenchWorkload(
-        "cnn-cifar", "W2 CIFAR-sized ResNet-9-style CNN, data on the GPU", "classify", "cifar",
-        dict(width=32, classes=10), 256, 10, 50, 2e-3, image_size=32, classes=10, pool=16, resident=True,
-    )  # fmt: skip
-    return _on(
-        device_type,
-        cuda,
-        title="W2 CIFAR-sized ResNet-9-style CNN",
-        model_kwargs=dict(width=8, classes=10),
-        batch_size=32,
-        warmup_steps=3,
-        timed_steps=20,
-        resident=False,
-        notes=("CPU: width 8 instead of 32, batch 32 instead of 256; 'data on the device' is moot on CPU",),
-    )
-
-
-def _gpt_tiny(device_type: str) -> BenchWorkload:
-    tiny = dict(vocab_size=256, n_layer=4, n_head=4, d_model=128, block_size=64)
-    return BenchWorkload(
-        "gpt-tiny", "tiny GPT (CPU workload)", "lm", "gpt", tiny, 16, 5, 40, 2e-3, seq_len=64
-    )
-
-
-def _mlp_tiny(device_type: str) -> BenchWorkload:
-    mlp = dict(d_in=256, width=256, depth=3, classes=10)
-    return BenchWorkload(
-        "mlp-tiny", "tiny MLP, overhead-bound (CPU workload)", "classify", "mlp", mlp, 64, 10, 100, 1e-3,
-        classes=10, pool=20,
-    )  # fmt: skip
-
-
-def _moe(device_type: str) -> BenchWorkload:
-    cuda = BenchWorkload(
-        "moe", "W3 MoE: GPT-2 small backbone, 8 experts top-2", "lm", "moe",
-        dict(GPT2_SMALL, n_experts=8, top_k=2), 8, 8, 20, 6e-4, seq_len=1024,
-    )  # fmt: skip
-    cpu_kwargs = dict(vocab_size=256, n_layer=2, n_head=4, d_model=128, block_size=64)
-    return _on(
-        device_type,
-        cuda,
-        title="W3 MoE: GPT backbone, 8 experts top-2",
-        model_kwargs=dict(cpu_kwargs, n_experts=8, top_k=2, expert_hidden=256),
-        batch_size=16,
-        seq_len=64,
-        warmup_steps=3,
-        timed_steps=20,
-        lr=2e-3,
-        notes=(
-            "CPU: 2 layers, d=128, T=64, byte vocabulary, experts of half the dense MLP's width "
-            "instead of the GPT-2 small backbone",
-        ),
-    )
-
-
-def _llama(device_type: str) -> BenchWorkload:
-    """The Llama-style family (presets llama-125m, llama-tiny) in W1's shape and steps on CUDA, in
-    the tiny GPT's on a CPU."""
-    if device_type == "cuda":
-        return _gpt2_small(device_type).replace(
-            name="llama",
-            title="Llama-style 121M beside W1 (12 layers, d=768, 12 query / 4 key-value heads, SwiGLU 2304)",
-            model="llama",
-            model_kwargs=dict(
-                vocab_size=50304,
-                n_layer=12,
-                n_head=12,
-                n_kv_head=4,
-                d_model=768,
-                ffn_hidden=2304,
-                block_size=1024,
-            ),
-        )
-    return _gpt_tiny(device_type).replace(
-        name="llama",
-        title="tiny Llama-style model (CPU workload)",
-        model="llama",
-        model_kwargs=dict(
-            vocab_size=256, n_layer=4, n_head=4, n_kv_head=2, d_model=128, ffn_hidden=384, block_size=64
-        ),
-        scaled_for="cpu",
-        notes=("CPU: llama-tiny's shape (4 layers, d=128) at T=64 instead of the 121M model",),
-    )
+def _sized(name: str, device_type: str) -> BenchWorkload:
+    cuda, cpu = _TABLE[name]
+    return cuda if device_type == "cuda" or cpu is None else cuda.replace(scaled_for="cpu", **cpu)
 
 
 LANGUAGE_MODELS = ("gpt", "moe", "llama")  # build kinds whose model has flops_per_token and SDPA attention
-WORKLOADS: dict[str, Callable[[str], BenchWorkload]] = {
-    "gpt2-small": _gpt2_small,
-    "moe": _moe,
-    "cnn-224": _cnn_224,
-    "cnn-cifar": _cnn_cifar,
-    "gpt-tiny": _gpt_tiny,
-    "mlp-tiny": _mlp_tiny,
-    "llama": _llama,
-}
+WORKLOADS: dict[str, Callable[[str], BenchWorkload]] = {name: partial(_sized, name) for name in _TABLE}
 GROUPS: dict[str, tuple[str, ...]] = {"cnn": ("cnn-224", "cnn-cifar")}
 NOT_BUILT: dict[str, str] = {}  # workloads named in the design whose model is not built yet
 
