@@ -1,21 +1,7 @@
-"""Short measured runs of a preset or your workload with given settings: what ``profile`` (its
-profiled run and each ``--verify`` run) and ``tune`` (each trial) are made of.
-
-A :class:`Target` names what to train: a preset (the GPT on turbotrain's data, assembled by
-:func:`turbotrain.app.training.assemble`, exactly as ``turbotrain train`` does) or a workload
-``FILE.py:FUNC`` (:mod:`turbotrain.parts.workload`), plus ``--section.key=value`` overrides. A run
-changes more settings on top (a dict of config overrides); for a workload, ``data.num_workers``
-and ``batch.micro`` set in those overrides are applied to its DataLoader. A preset's loader
-hands out whole optimizer steps (micro-batch x accumulation samples) that the engine cuts into
-micro-batches, so every run trains on the same samples in the same order whatever its
-micro-batch: runs differ only in arithmetic, and their losses can be compared (loss parity).
-
-:func:`build` assembles the run with the Engine, the Monitor and ``fit``; :func:`run` trains
-``warmup`` untimed steps and ``steps`` timed ones under the bench protocol's
-:class:`~turbotrain.core.meter.clock.StepClock` (median step time; on CUDA events, no per-step sync)
-and returns the figures: throughput, time to first step (compilation included), host time blocked
-on the loader, peak memory, the loss on fixed held-out batches (for parity), recompilations.
-"""
+"""Short measured runs of a preset or your workload with given settings: what ``profile`` and
+``tune`` are made of. A preset's loader hands out whole optimizer steps that the engine cuts into
+micro-batches, so every run trains on the same samples in the same order whatever its micro-batch:
+runs differ only in arithmetic, and their losses compare (loss parity)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,11 @@
-"""The ``turbotrain-auto`` and ``turbotrain-graphs`` rows of ``turbotrain bench --compare``, run
-inside their contender process (:mod:`turbotrain.app.bench.worker`).
+"""The ``turbotrain-auto`` and ``turbotrain-graphs`` rows of ``bench --compare``, in their contender process.
 
-- ``turbotrain-auto``: what ``turbotrain train`` would run for this workload. :func:`choose
-  <turbotrain.app.choose.session.choose>` decides the settings left at ``auto`` for a run of
-  ``auto_planned_steps`` (the spec's, default :data:`PLANNED_STEPS`), each candidate timed by the
-  bench's own turbotrain row (:func:`~turbotrain.app.bench.contenders.train_turbotrain`) on a fresh
-  model from the seed and the same batches, under the same clock; then the row trains with the
-  decision under the protocol's clock. The decision's cost (``decision_s``: every candidate's
-  process-internal wall time) is reported beside the step time, never inside it, with the table.
-  Its cache is a fresh folder: the cost is that of a first run of the model.
-- ``turbotrain-graphs``: turbotrain's defaults plus ``compile.cuda_graphs`` (whole-step capture,
-  :mod:`turbotrain.core.graphs`); where graphs cannot run the parent reports the row skipped with
-  the graphs' own one-line reason (``Contender.refused``), never as an error.
+``turbotrain-auto``: :func:`~turbotrain.app.choose.session.choose` decides the settings left at
+``auto`` for a run of ``auto_planned_steps``, each candidate timed by the bench's own turbotrain row
+on a fresh model and the same batches, under the same clock; then the row trains with the decision.
+The decision's cost (``decision_s``) is reported beside the step time, never inside it; its cache is
+a fresh folder (the cost of a first run). ``turbotrain-graphs``: the defaults plus
+``compile.cuda_graphs``; where graphs cannot run the row is skipped with their one-line reason.
 """
 
 from __future__ import annotations

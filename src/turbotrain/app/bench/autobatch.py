@@ -1,12 +1,7 @@
-"""``turbotrain bench --batch auto``: the workload's batch chosen by turbotrain's batch finder.
-
-The search runs in a process of its own (``python -m turbotrain.app.bench.autobatch``), like every
-contender, so the memory it filled and the graphs it compiled are gone before the first row starts.
-It trains the workload's model with turbotrain's defaults for the device (the configuration the
-``turbotrain`` row uses) on batches of the workload's shape, and the largest size that fits with
-the finder's headroom becomes the global batch of EVERY row: contenders that need more memory at
-that size (fp32 eager, say) then fail with out-of-memory, which the table reports.
-"""
+"""``turbotrain bench --batch auto``: the workload's batch chosen by turbotrain's batch finder, in a
+process of its own (its memory and compiled graphs are gone before the first row). The largest size
+that fits at turbotrain's defaults becomes the global batch of EVERY row: a contender that needs
+more memory there (fp32 eager, say) fails with out-of-memory, which the table reports."""
 
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
-"""The contenders: what each one is (registry, read by the parent process) and how each trains
-(``train_*``, run inside its own contender process by :mod:`turbotrain.app.bench.worker`).
-
-Every contender gets the same :class:`~turbotrain.app.bench.protocol.Job`: the model already built from
-the seed on the host, the same batches, the same recipe and a :class:`StepClock`. Each then does
-what its documentation or its users would do, and nothing more:
-
-- ``eager``: plain PyTorch, fp32, eager, ``torch.optim.AdamW`` with its default implementation.
-- ``eager-bf16`` (CUDA): the same with ``torch.autocast(dtype=torch.bfloat16)``.
-- ``handtuned``: :mod:`turbotrain.app.bench.handtuned`, plain PyTorch written the way an expert tunes.
-- ``accelerate``: Hugging Face Accelerate's documented recipe.
-- ``lightning``: PyTorch Lightning's documented recipe.
-- ``turbotrain``: ``Engine`` + ``fit`` with turbotrain's defaults.
-"""
+"""The contenders: what each one is (:data:`CONTENDERS`, read by the parent process) and how each
+trains (:data:`TRAINERS`, run in its own process by :mod:`.worker`). Every contender gets the same
+:class:`~.protocol.Job` and does what its documentation or its users would do, and nothing more."""
 
 from __future__ import annotations
 

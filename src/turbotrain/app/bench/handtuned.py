@@ -1,16 +1,9 @@
-"""Plain PyTorch, hand-tuned the way an expert would: the "hand-tuned" contender of `turbotrain bench`.
+"""Plain PyTorch, hand-tuned the way an expert would: the ``handtuned`` contender (its recipe:
+``CONTENDERS["handtuned"]``), using nothing of turbotrain's training code.
 
-On CUDA: bf16 autocast, torch.compile, fused AdamW, TF32 and cuDNN autotuning, SDPA with
-is_causal (the GPT's default attention path), channels_last for CNNs, pinned host batches copied
-with non_blocking=True, gradients set to None, no host-device sync in the loop. On CPU: fp32 (a
-CPU without bf16 units runs bf16 autocast ~14x slower), eager (compiling costs ~40 s for ~6%
-there; ``--handtuned-compile on`` forces it), fused AdamW.
-
-The loop below is the whole recipe and uses nothing of turbotrain's training code; it runs in a
-contender process of its own (``python -m turbotrain.app.bench.worker handtuned``) under the same
-model, batches and :class:`~turbotrain.app.bench.protocol.StepClock` as every other contender. The
-spec's ``handtuned`` entry may set ``compile`` and ``bf16`` to "auto" (on for CUDA, off for CPU),
-"on" or "off".
+On CPU it trains fp32 (a CPU without bf16 units runs bf16 autocast ~14x slower) and eager
+(compiling costs ~40 s for ~6% there); the spec's ``handtuned`` entry may set ``compile`` and
+``bf16`` to "auto" (on for CUDA, off for CPU), "on" or "off".
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
-"""Evaluation / inference throughput: a model's forward (and its loss) under ``torch.inference_mode``
-with the run's precision and compile, as an evaluation pass or a serving loop runs it.
-
-:func:`benchmark_inference` is the performance document's
-``benchmark_model_performance(model, dataloader, num_iterations)``: it sets the model up through
-the :class:`~turbotrain.Engine` (device, the precision's casts, compile), runs ``warmup`` untimed
-batches (compilation included, reported as the time to the first batch), then ``iterations``
-timed ones on the measuring kit's clock (:func:`~turbotrain.core.meter.clock.time_call`), and
-reports the median ms per batch (and its spread), samples/s and tokens/s (token batches: a tensor of integer ids). What is timed is
-``loss_fn(model, batch)`` (the model's forward for a GPT with targets, a workload's own loss
-function otherwise): the evaluation step. ``turbotrain bench --inference`` runs it on a preset or
-``--model FILE.py:FUNC``.
-"""
+"""Evaluation / inference throughput (``turbotrain bench --inference``): ``loss_fn(model, batch)``
+of a copy of the model under ``torch.inference_mode`` with the run's precision and compile, set up
+by the Engine and timed on the measuring kit's clock (:func:`~turbotrain.core.meter.clock.time_call`):
+warm-up apart (compilation included), then the median ms per batch, samples/s and tokens/s."""
 
 from __future__ import annotations
 

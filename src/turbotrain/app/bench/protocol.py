@@ -1,14 +1,7 @@
-"""The measurement every contender process applies, so all figures mean the same thing.
-
-- The clock is the measuring kit's :class:`~turbotrain.core.meter.clock.StepClock` (time to first
-  step apart, warm-up untimed, the median timed step; CUDA events or the host clock), which also
-  keeps the per-step losses on the device for the parity check.
-- :func:`init_digest`: a SHA-256 of the initial weights, to prove every contender starts equal.
-- :func:`recipe_param_groups` and :func:`warmup_factor`: the training recipe in plain PyTorch,
-  shared by the plain, hand-tuned, Accelerate and Lightning contenders (turbotrain uses its own
-  ``build_optimizer``/``build_scheduler``; the math is the same).
-- :class:`Job`: what every contender process trains, identical for all of them.
-"""
+"""What every contender process shares, so all figures mean the same thing: the measuring kit's
+:class:`~turbotrain.core.meter.clock.StepClock`, :func:`init_digest` (every contender starts from
+the same weights), the training recipe in plain PyTorch (turbotrain's own optimizer and schedule do
+the same math) and :class:`Job`, what every contender trains."""
 
 from __future__ import annotations
 

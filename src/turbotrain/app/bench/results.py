@@ -1,8 +1,5 @@
-"""Result files: every figure of a report plus where it came from (environment, command, commit).
-
-``--out DIR`` writes ``DIR/<workload>-<kind>.json`` (the report, the full environment from
-``turbotrain.app.doctor.collect_env()``, the exact command, the git commit) and ``.md`` (the table).
-"""
+"""Result files: ``--out DIR`` writes ``DIR/<workload>-<kind>.json`` (the report, the environment,
+the exact command, the git commit) and ``.md`` (the table)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
-"""Run a comparison, the precision matrix or the ablation: each row in its own process.
-
-The rows of the matrices (what each changes) are :mod:`.variants`'. The parent writes the batches
-and a spec once, launches one process per row (``python -m turbotrain.app.bench.worker``), reads
-each JSON result and derives what the rows need to be compared: throughput from the median step, MFU where the GPU's
-peak is known, the loss difference from the reference row and whether it is within tolerance.
-Nothing is filled in that a process did not measure: a skipped or failed row keeps only its reason.
-The report so far is handed out before every row (``BenchOptions.progress``), so a bench stopped at
-a time limit still leaves every row it finished, and names the ones it did not run.
-"""
+"""Run a comparison, the precision matrix or the ablation, each row in its own process
+(``python -m turbotrain.app.bench.worker``), and derive what rows need to be compared: throughput,
+MFU where the GPU's peak is known, the loss difference from the reference row. Nothing is filled in
+that a process did not measure; the report so far is handed out before every row
+(``BenchOptions.progress``), so a bench stopped at a time limit keeps every row it finished."""
 
 from __future__ import annotations
 

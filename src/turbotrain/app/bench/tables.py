@@ -50,6 +50,11 @@ def _mfu_column(rows: list[dict[str, Any]]) -> tuple[str, Callable[[dict[str, An
     )
 
 
+def _times(key: str) -> Callable[[dict[str, Any]], str]:
+    """A speedup column: ``1.23x``."""
+    return _ok(lambda r: _num(r.get(key), ".2f") + ("x" if r.get(key) else ""))
+
+
 def _loss_diff(r: dict[str, Any]) -> str:
     if r.get("loss_diff") is None:
         return DASH
@@ -61,12 +66,8 @@ def _common(report: dict[str, Any]) -> list[tuple[str, Callable[[dict[str, Any]]
     rows = report["rows"]
     cols = [("step ms (median)", _ok(lambda r: f"{r['step_ms_median']:.2f}"))]
     if any(r.get("runs") for r in rows):
-        cols.append(
-            (
-                "step ms per run",
-                _ok(lambda r: " / ".join(f"{x['step_ms_median']:.1f}" for x in r.get("runs", [])) or DASH),
-            )
-        )
+        runs = _ok(lambda r: " / ".join(f"{x['step_ms_median']:.1f}" for x in r.get("runs", [])) or DASH)
+        cols.append(("step ms per run", runs))
     cols.append(_throughput_column(report))
     for optional in (_mfu_column(rows), _memory_column(rows)):
         if optional:
@@ -88,14 +89,7 @@ def compare_table(report: dict[str, Any]) -> str:
             else []
         ),
         ("Δ loss vs turbotrain", _loss_diff),
-        (
-            "turbotrain speedup",
-            _ok(
-                lambda r: (
-                    _num(r.get("turbotrain_speedup"), ".2f") + ("x" if r.get("turbotrain_speedup") else "")
-                )
-            ),
-        ),
+        ("turbotrain speedup", _times("turbotrain_speedup")),
     ]
     return render_table(report["rows"], cols)
 
@@ -105,20 +99,11 @@ def precision_table(report: dict[str, Any]) -> str:
         ("precision", lambda r: r["row"]),
         ("status", _status),
         *_common(report),
-        ("speedup vs fp32", _ok(lambda r: _num(r.get("speedup"), ".2f") + ("x" if r.get("speedup") else ""))),
+        ("speedup vs fp32", _times("speedup")),
     ]
     if any("mem_reduction" in r for r in report["rows"]):
-        cols.append(
-            (
-                "memory saved vs fp32",
-                _ok(
-                    lambda r: (
-                        _num(None if r.get("mem_reduction") is None else 100 * r["mem_reduction"], ".0f")
-                        + ("%" if r.get("mem_reduction") is not None else "")
-                    )
-                ),
-            )
-        )
+        saved = _ok(lambda r: DASH if r.get("mem_reduction") is None else f"{100 * r['mem_reduction']:.0f}%")
+        cols.append(("memory saved vs fp32", saved))
     cols.append(("Δ loss vs fp32", _loss_diff))
     return render_table(report["rows"], cols)
 
@@ -141,10 +126,7 @@ def ablation_table(report: dict[str, Any]) -> str:
             ("change", lambda r: r.get("change", "")),
             ("status", _status),
             *_common({**report, "rows": rows}),
-            (
-                f"speedup vs {ref}",
-                _ok(lambda r: _num(r.get("speedup"), ".2f") + ("x" if r.get("speedup") else "")),
-            ),
+            (f"speedup vs {ref}", _times("speedup")),
             (f"Δ loss vs {ref}", _loss_diff),
         ]
         title = [f"### {about['title']} (reference: {ref})", ""] if "title" in about else []

@@ -1,18 +1,9 @@
-"""``turbotrain bench --to-loss L``: wall time and tokens to a target validation loss, over seeds.
-
-Tokens per second says nothing about a setting that changes the math (fp8, bf16 weights, another
-learning rate, a larger batch): it may be faster per step and slower to a given loss. Here each
-contender (a name and config settings on top of a preset) trains with several seeds, each run in
-its own process, until the validation loss on fixed held-out batches (the same for every run) is
-at or below the target, or a token budget (``--tokens``) or ``--max-steps`` is spent. Per run:
-the step, tokens and training wall time from the first step (model building, data loading and
-evaluations excluded: the evaluations are the same work for every contender) at which the target
-was first reached, or that it was not; the loss is read every ``eval_every`` steps, so the step
-and tokens are multiples of that. Per contender: the median
-and the spread (min-max) over the seeds. The verdict compares each contender with the first: the
-difference of the medians counts only when it is larger than both contenders' seed spreads (their
-min-max ranges do not overlap); otherwise it is within the seed-to-seed noise and says so.
-"""
+"""``turbotrain bench --to-loss L``: wall time and tokens to a target validation loss, over seeds
+(docs/bench.md). Tokens per second says nothing about a setting that changes the math: it may be
+faster per step and slower to a given loss. Each run is its own process; the training wall time
+excludes model building, data loading and the evaluations (the same work for every contender), and
+the loss is read every ``eval_every`` steps. A difference of medians counts only when the
+contenders' seed ranges (min-max) do not overlap; otherwise it is within seed-to-seed noise."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The rows of ``turbotrain bench``'s precision matrix and ablation: what each row changes, and
-why a row does not apply on this machine (each reason asked of what owns the fact: the fp8 plugin
-for float8, cuDNN for its attention kernel).
-
-The two ablation ladders (:data:`LADDERS`) each start from a base and change one thing at a time.
-"""
+"""The rows of ``turbotrain bench``'s precision matrix and ablation (two ladders, :data:`LADDERS`,
+each a base and one change at a time), and why a row does not apply here, asked of what owns the
+fact (the fp8 plugin for float8, cuDNN for its attention kernel)."""
 
 from __future__ import annotations
 

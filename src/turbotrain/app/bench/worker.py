@@ -1,9 +1,5 @@
-"""One contender in its own process: ``python -m turbotrain.app.bench.worker NAME --spec S --result R``.
-
-Builds the model from the spec's seed on the host, loads the batches, trains with the contender's
-recipe under the protocol's clock and writes one JSON result: ``status`` "ok", "skipped" (with the
-reason: a missing package, a mode this device lacks) or "failed" (with the error).
-"""
+"""One contender in its own process: ``python -m turbotrain.app.bench.worker NAME --spec S --result R``;
+one JSON result with ``status`` "ok", "skipped" (a missing package, a mode this device lacks) or "failed"."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""Benchmark workloads: the model, its sizes on this device, the training recipe and the data.
-
-A :class:`BenchWorkload` is plain data. It turns into a JSON *spec* that every contender process reads,
-so all contenders build the same model (same class, same seed, hence the same initial weights),
-train on the same batches (written once to a file by the parent process) with the same recipe
-(AdamW, betas, weight decay on matrices only, linear LR warmup then constant, gradient clipping).
-
-Sizes scale down automatically on CPU (``scaled_for = "cpu"``): the CUDA sizes of ``gpt2-small``
-and ``cnn-224`` would take minutes per step there.
-"""
+"""Benchmark workloads: plain data that turns into the JSON spec every contender process reads, so
+all build the same model from the same seed, train on the same batches (written once by the parent)
+with the same recipe; sized down on a CPU (``scaled_for = "cpu"``)."""
 
 from __future__ import annotations
 

@@ -1,23 +1,6 @@
-"""The decision rule of ``choose.measure``: which recipes are candidates, which are worth
-measuring for a run of a given length, and which measured one is kept.
-
-Pure functions over figures (no timing here: :mod:`.session` measures), so the rule is tested
-with figures given by hand.
-
-- Candidates vary only the settings left at ``auto`` (a setting the user gave is never changed),
-  and never the math beyond what the user's precision setting allows: ``compile.scope`` (off /
-  model / blocks; on CUDA also CUDA graphs through compile mode ``reduce-overhead``) and, with
-  ``precision.mode = auto``, bf16 autocast against fp32 (TF32 on CUDA when ``precision.tf32``).
-  The baseline is plain eager in the user's own precision (what ``auto`` resolves to).
-- Stage 1 measures the cheap candidates (eager, each precision); stage 2 the compiled ones with
-  stage 1's precision. A compiled candidate is measured only when its first-step cost (estimated
-  before measuring: :data:`COMPILE_COST_S`) fits the measuring budget, a fraction of the planned
-  run's time in eager (``choose.budget``).
-- Kept: the candidate with the least projected run time (first-step cost + planned steps x step
-  time) among those that pass the bench's loss-parity rule, are at least ``choose.min_speedup``
-  times faster than eager, and pay back their extra first-step cost within the planned steps (the
-  break-even step). Otherwise the baseline: a recipe slower than plain eager is never kept.
-"""
+"""The decision rule of ``choose.measure`` (docs/choose.md): the candidates, which are worth measuring
+for a run of a given length, and which measured one is kept. Pure functions over figures (no timing:
+:mod:`.session` measures), so the rule is tested with figures given by hand."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""``choose``: settings left at ``auto`` decided by measuring candidate recipes on the run's own
-model before it trains (the rule: :mod:`.rule`; the cache: :mod:`.cache`).
-
-Each candidate is one short run of the user's config with the candidate's changes, through
-:func:`turbotrain.app.measure.measure_once` (the bench protocol's clock: warm-up, then the
-median timed step; the loss on fixed held-out batches for parity): no second harness. The
-measurements are cached under the key of what makes them valid; the next run of the same model
-reuses them (and only measures a candidate it has no figures for, when that fits its budget).
-"""
+"""``choose``: settings left at ``auto`` decided by measuring candidate recipes on the run's own model
+before it trains (the rule: :mod:`.rule`; the cache: :mod:`.cache`), each one short run through
+:mod:`turbotrain.app.measure`: no second harness."""
 
 from __future__ import annotations
 

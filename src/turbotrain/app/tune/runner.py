@@ -1,10 +1,5 @@
-"""Tune trials as processes: ``python -m turbotrain.app.tune.trial`` in ``run_dir/trials/NAME`` under
-a timeout, its progress events read while it runs (process handling: :mod:`turbotrain.base.process`).
-
-The study talks to a :class:`Runner`; :class:`ProcessRunner` is the real one (tests use a
-simulated one): ``measure`` returns an :class:`Outcome` and calls back with each window's
-throughput (True: prune) and with the trial's peak memory (True: over budget, stop it).
-"""
+"""Tune trials as processes: ``python -m turbotrain.app.tune.trial`` under a timeout, its progress
+events read while it runs. The study talks to a :class:`Runner` (tests use a simulated one)."""
 
 from __future__ import annotations
 

@@ -38,10 +38,7 @@ MICRO = "batch.micro"
 COMPILE_MODE = "compile.mode"
 SDPA_BACKEND = "model.sdpa_backend"
 # unused when that is set so
-CONDITIONAL = {
-    COMPILE_MODE: ("compile.scope", "off"),
-    SDPA_BACKEND: ("model.attention", "masked"),
-}
+CONDITIONAL = {COMPILE_MODE: ("compile.scope", "off"), SDPA_BACKEND: ("model.attention", "masked")}
 
 
 @dataclass(frozen=True)

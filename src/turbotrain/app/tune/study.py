@@ -321,8 +321,7 @@ class Study:
         if ref is None or not _finite(ref) or loss is None:
             return 0.0, None, None
         tol = loss_tolerance(
-            {"math_precision": result.get("math_precision")},
-            {"math_precision": "fp32", "final_loss": ref},
+            {"math_precision": result.get("math_precision")}, {"math_precision": "fp32", "final_loss": ref}
         )
         diff = loss - ref
         return abs(diff) / tol - 1.0, diff, tol

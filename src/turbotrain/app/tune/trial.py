@@ -1,15 +1,10 @@
 """One tune trial in its own process: ``python -m turbotrain.app.tune.trial --spec S --result R``.
 
-The spec (JSON, written by the study) names the target, the trial's config changes and how long
-to run. Mode ``measure``: peak memory first (CPU: one eager step counted as the batch finder
-counts it; CUDA: the allocator's peak at the end of the warm-up), written at once as a progress
-event so the study can stop an over-budget trial before its timed steps; then the timed steps,
-each window's throughput a progress event (for the pruner); the result last. Mode ``find``: the
-batch finder's largest micro-batch for the target (bounds the micro-batch choices).
-
-Progress events are JSON lines appended to ``--progress``; the result is written atomically.
-Status: ``ok``, ``oom`` (out of memory), ``invalid`` (a setting this device or model refuses),
-``failed`` (anything else; the traceback is in the log, the reason is its cause in one line);
+Mode ``measure``: peak memory first (CPU: one eager step as the batch finder counts it; CUDA: the
+allocator's peak at the end of the warm-up), a progress event at once so the study can stop an
+over-budget trial before its timed steps; then each window's throughput (for the pruner); the
+result last, atomically. Mode ``find``: the batch finder's largest micro-batch for the target.
+Status ``ok``, ``oom``, ``invalid`` (a setting this device or model refuses) or ``failed``;
 ``fatal`` marks a failure no setting changes (:func:`turbotrain.base.failure.no_setting_fixes`).
 """
 
