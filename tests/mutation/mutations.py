@@ -104,8 +104,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "loader-shuffle-ignored",
         "src/turbotrain/parts/data/epochs.py",
-        "    sampler = EpochSampler(len(dataset), batch_size, seed, shuffles(loader), start, rank, world, accumulation)  # type: ignore[arg-type]",
-        "    sampler = EpochSampler(len(dataset), batch_size, seed, False, start, rank, world, accumulation)  # type: ignore[arg-type]",
+        "    sampler = EpochSampler(len(dataset), batch_size, seed, shuffles(loader), at)  # type: ignore[arg-type]",
+        "    sampler = EpochSampler(len(dataset), batch_size, seed, False, at)  # type: ignore[arg-type]",
         (EPOCHS,),
         "a --model loader with shuffle=True trains in the dataset's order",
     ),
@@ -261,8 +261,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "worker-seed-from-the-ranks-own-count",
         "src/turbotrain/parts/data/epochs.py",
-        "            yield Indices(self.batch(k), derive_seed(self.seed, step, j * self.world + self.rank))",
-        "            yield Indices(self.batch(k), derive_seed(self.seed, step, j))  # mutation: the rank's own count",
+        "            yield Indices(self.batch(k), derive_seed(self.seed, *self.at.slot(k)))",
+        "            yield Indices(self.batch(k), derive_seed(self.seed, *divmod(k, self.at.accumulation)))  # mutation: the rank's own count",
         ("tests/unit/test_data.py::test_each_micro_batch_of_a_step_gets_its_own_worker_seed_on_every_rank",),
         "the ranks' data workers draw the same augmentation for their micro-batches of a step",
     ),

@@ -14,7 +14,7 @@ import torch
 from turbotrain import load_config
 from turbotrain.app.resume import check_epochs_batch
 from turbotrain.base.errors import ConfigError, TurbotrainError
-from turbotrain.parts.data import open_tokens, resolve_loader_settings
+from turbotrain.parts.data import Position, open_tokens, resolve_loader_settings
 from turbotrain.parts.data.batching import (
     IGNORE_INDEX,
     PieceRows,
@@ -89,20 +89,20 @@ def test_batch_k_depends_on_seed_and_k_only_so_a_resume_is_exact(folder, tmp_pat
     straight = TokenBudgetSampler(inputs, 40, SEQ, seed=5)
     stream = [straight.batch(k) for k in range(2 * per_epoch + 3)]  # across two epoch boundaries
     start = per_epoch - 2
-    resumed = iter(TokenBudgetSampler(inputs, 40, SEQ, seed=5, start=start))
+    resumed = iter(TokenBudgetSampler(inputs, 40, SEQ, seed=5, at=Position(start=start)))
     assert [next(resumed) for _ in range(len(stream) - start)] == stream[start:]
     assert stream[:per_epoch] != stream[per_epoch : 2 * per_epoch]  # each epoch is shuffled anew
     settings = resolve_loader_settings(torch.device("cpu"), 0, False, 2)
     a, b = (
         iter(build_budget_loader(rows, 40, 5, settings)),
-        iter(build_budget_loader(rows, 40, 5, settings, start=3)),
+        iter(build_budget_loader(rows, 40, 5, settings, at=Position(start=3))),
     )
     for _ in range(3):
         next(a)
     for _ in range(4):
         (xa, ya), (xb, yb) = next(a), next(b)
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
-    ranks = [TokenBudgetSampler(inputs, 40, SEQ, seed=5, rank=r, world=2) for r in (0, 1)]
+    ranks = [TokenBudgetSampler(inputs, 40, SEQ, seed=5, at=Position(rank=r, world=2)) for r in (0, 1)]
     assert [ranks[k % 2].batch(k // 2) for k in range(6)] == stream[:6]  # ranks share one stream
 
 
@@ -168,7 +168,7 @@ def test_separator_scan_in_chunks_finds_every_separator(tmp_path, chunk):
 def test_a_resume_at_another_world_size_keeps_the_batches_per_step_or_is_refused():
     # rank r reads stream batches k * world + r: after 10 batches per rank, 2 ranks have trained
     # stream batches 0..19; with accumulation a, step s is stream batches s*a*world ... (s+1)*a*world - 1
-    two = [TokenBudgetSampler(np.full(400, 7), 16, SEQ, seed=0, rank=r, world=2) for r in (0, 1)]
+    two = [TokenBudgetSampler(np.full(400, 7), 16, SEQ, seed=0, at=Position(rank=r, world=2)) for r in (0, 1)]
     one = TokenBudgetSampler(np.full(400, 7), 16, SEQ, seed=0)
     assert [one.batch(k) for k in range(20)] == [two[k % 2].batch(k // 2) for k in range(20)]
     # 2 processes, accumulation 1, 10 steps -> one process with accumulation 2 starts at its batch 20

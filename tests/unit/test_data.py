@@ -14,6 +14,7 @@ import torch
 from turbotrain.base.errors import TurbotrainError
 from turbotrain.parts.data import (
     DevicePrefetcher,
+    Position,
     RandomWindowSampler,
     TokenWindows,
     build_loader,
@@ -99,7 +100,7 @@ def test_loader_stream_resumes_at_any_batch(tmp_path: Path, text_file: Path):
     ds = TokenWindows(src.train, 16)
     settings = resolve_loader_settings(CPU, 0, True, 2)
     full = [b for _, b in zip(range(6), build_loader(ds, 4, seed=3, settings=settings))]
-    tail = [b for _, b in zip(range(3), build_loader(ds, 4, seed=3, settings=settings, start=3))]
+    tail = [b for _, b in zip(range(3), build_loader(ds, 4, seed=3, settings=settings, at=Position(start=3)))]
     for (x1, y1), (x2, y2) in zip(full[3:], tail):
         assert torch.equal(x1, x2) and torch.equal(y1, y2)
     assert not torch.equal(full[0][0], full[1][0])
@@ -108,7 +109,7 @@ def test_loader_stream_resumes_at_any_batch(tmp_path: Path, text_file: Path):
 def _step_rows(micro: int, accumulation: int, world: int, steps: int = 4) -> list[list[list[int]]]:
     """Each optimizer step's micro-batches (window offsets), over every rank and micro-step."""
     ranks = [
-        RandomWindowSampler(5000, micro, 11, rank=r, world=world, accumulation=accumulation)
+        RandomWindowSampler(5000, micro, 11, Position(rank=r, world=world, accumulation=accumulation))
         for r in range(world)
     ]
     return [
@@ -126,17 +127,20 @@ def test_the_rows_of_a_step_depend_only_on_the_seed_the_step_and_the_global_batc
     assert _step_rows(4, 2, 1) == _step_rows(4, 1, 2) and _step_rows(2, 2, 2) == _step_rows(2, 4, 1)
     # accumulation 1 keeps the order of earlier versions: step s = global micro-batch s, rank r its slice
     offsets = torch.randint(5000, (8,), generator=torch.Generator().manual_seed(11 * 1_000_003 + 3)).tolist()
-    assert RandomWindowSampler(5000, 4, 11, rank=1, world=2).batch(3) == offsets[4:]
+    assert RandomWindowSampler(5000, 4, 11, Position(rank=1, world=2)).batch(3) == offsets[4:]
     # a resume after step s starts at s x accumulation, whatever the split
-    resumed = RandomWindowSampler(5000, 2, 11, start=2 * 4, accumulation=4)
+    resumed = RandomWindowSampler(5000, 2, 11, Position(start=2 * 4, accumulation=4))
     assert [b for _, b in zip(range(4), resumed)] == _step_rows(2, 2, 2)[2]
 
 
 def test_validation_batches_are_the_same_rows_for_any_split(tmp_path: Path, text_file: Path):
     val = TokenWindows(open_tokens(str(text_file), val_fraction=0.1, cache_dir=str(tmp_path)).val, 16)
     one = fixed_batches(val, 8, 3, seed=5)
-    split = [fixed_batches(val, 4, 3, seed=5, rank=r, world=2, accumulation=a) for r, a in [(0, 1), (1, 1)]]
-    accumulated = fixed_batches(val, 4, 3, seed=5, accumulation=2)
+    split = [
+        fixed_batches(val, 4, 3, seed=5, at=Position(rank=r, world=2, accumulation=a))
+        for r, a in [(0, 1), (1, 1)]
+    ]
+    accumulated = fixed_batches(val, 4, 3, seed=5, at=Position(accumulation=2))
     assert len(one) == 3 and len(accumulated) == 6 and all(len(b) == 3 for b in split)
     rows = sorted(map(tuple, torch.cat([x for x, _ in one]).tolist()))
     assert sorted(map(tuple, torch.cat([x for x, _ in accumulated]).tolist())) == rows
@@ -329,7 +333,7 @@ def test_each_micro_batch_of_a_step_gets_its_own_worker_seed_on_every_rank():
     a resumed stream (start at step 2) gives the same seeds as the unstopped one."""
 
     def seeds(rank: int, start: int = 0) -> list[int]:
-        sampler = EpochSampler(64, 4, 7, True, start=start, rank=rank, world=2, accumulation=2)
+        sampler = EpochSampler(64, 4, 7, True, Position(start=start, rank=rank, world=2, accumulation=2))
         return [batch.seed for batch in islice(iter(sampler), 6)]  # 3 steps of 2 micro-batches
 
     rank0, rank1 = seeds(0), seeds(1)

@@ -6,6 +6,7 @@ from torch import nn
 
 from turbotrain import load_config
 from turbotrain.parts.data.epochs import EpochSampler
+from turbotrain.parts.data.loader import Position
 from turbotrain.parts.models.blocks import declare_blocks, repeated_blocks
 from turbotrain.parts.models.gpt.spec import GPTSpec
 from turbotrain.parts.models.moe.spec import MoESpec
@@ -23,9 +24,7 @@ def _step_rows(sampler_args: dict, step: int) -> list[int]:
             sampler_args["micro"],
             seed=7,
             shuffle=True,
-            rank=rank,
-            world=world,
-            accumulation=accumulation,
+            at=Position(rank=rank, world=world, accumulation=accumulation),
         )
         for j in range(accumulation):
             rows += s.batch(step * accumulation + j)
@@ -45,8 +44,10 @@ def test_every_split_of_the_global_batch_gets_the_same_rows_per_step_and_an_epoc
     second = [r for step in range(12, 24) for r in _step_rows(splits[0], step)]
     assert len(set(first)) == len(first) == 96 and first != second  # each row once, then a new order
     # after step 3, micro-step 1
-    resumed = EpochSampler(100, 4, seed=7, shuffle=True, start=7, accumulation=2)
-    assert next(iter(resumed)) == EpochSampler(100, 4, seed=7, shuffle=True, accumulation=2).batch(7)
+    resumed = EpochSampler(100, 4, seed=7, shuffle=True, at=Position(start=7, accumulation=2))
+    assert next(iter(resumed)) == EpochSampler(
+        100, 4, seed=7, shuffle=True, at=Position(accumulation=2)
+    ).batch(7)
 
 
 def test_the_config_names_the_spec_and_a_spec_declares_the_blocks_the_engine_acts_on():

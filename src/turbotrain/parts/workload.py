@@ -231,11 +231,9 @@ def rebuild_loader(
     seed: int | None = None,
 ) -> DataLoader:
     """A DataLoader like ``loader`` (dataset, sampling, collate_fn, drop_last, pin_memory) with
-    ``num_workers`` and/or ``batch_size`` changed: how profile and tune apply a loader setting
-    to your workload. With ``seed``, its shuffling draws from a generator of its own, so the
-    order of the samples no longer depends on the global RNG or on the number of workers (runs
-    with different settings then see the same samples). Only a torch DataLoader can be rebuilt
-    (TurbotrainError otherwise)."""
+    ``num_workers`` and/or ``batch_size`` changed: how profile and tune change your workload's
+    loader (a torch DataLoader only). With ``seed``, shuffling and the workers' base seed draw from
+    generators of their own: runs with other settings see the same samples in the same order."""
     if not isinstance(loader, DataLoader):
         raise TurbotrainError(
             f"only a torch DataLoader's settings can be changed, and train_loader is {_what(loader)}"
@@ -265,13 +263,8 @@ def rebuild_loader(
         if not iterable:
             kwargs["sampler"] = loader.sampler  # the same shuffling (or order)
             if seed is not None and isinstance(loader.sampler, RandomSampler):
-                s = loader.sampler
-                kwargs["sampler"] = RandomSampler(
-                    s.data_source,
-                    replacement=s.replacement,
-                    num_samples=s._num_samples,
-                    generator=torch.Generator().manual_seed(seed),
-                )
+                s, g = loader.sampler, torch.Generator().manual_seed(seed)
+                kwargs["sampler"] = RandomSampler(s.data_source, s.replacement, s._num_samples, g)
     if seed is not None:
         kwargs["generator"] = torch.Generator().manual_seed(seed)  # the workers' base seed
     return DataLoader(loader.dataset, **kwargs)

@@ -2,6 +2,7 @@
 
 from .loader import (
     LoaderSettings,
+    Position,
     RandomWindowSampler,
     TokenWindows,
     build_loader,
@@ -16,6 +17,7 @@ from .sources import TokenSource, TokenSplit, check_vocab, open_tokens, stdlib_f
 __all__ = [
     "DevicePrefetcher",
     "LoaderSettings",
+    "Position",
     "RandomWindowSampler",
     "TokenSource",
     "TokenSplit",

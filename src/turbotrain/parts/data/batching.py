@@ -33,16 +33,15 @@ rows keeps the work per step even: many short rows or a few long ones.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset
 
 from ...base.errors import TurbotrainError
 from .documents import Documents, open_documents
-from .loader import LoaderSettings, sampled_loader
+from .loader import START, LoaderSettings, Position, StreamSampler, sampled_loader
 from .sources import PreadFile, TokenSource
 
 log = logging.getLogger(__name__)
@@ -106,35 +105,27 @@ def plan_epoch(inputs: np.ndarray, max_tokens: int, seq_len: int, seed: int, epo
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-class TokenBudgetSampler(Sampler[list[int]]):
-    """An endless stream of token-budget batches (lists of piece indices) from batch ``start``;
-    with ``world`` ranks, rank ``r`` takes batches ``k * world + r`` of the one stream."""
+class TokenBudgetSampler(StreamSampler):
+    """Token-budget batches (lists of piece indices): rank ``r`` of ``world`` takes batches
+    ``k * world + r`` of the one stream (``at.accumulation`` is not used: see the module docstring)."""
 
     def __init__(
-        self,
-        inputs: np.ndarray,
-        max_tokens: int,
-        seq_len: int,
-        seed: int,
-        start: int = 0,
-        rank: int = 0,
-        world: int = 1,
+        self, inputs: np.ndarray, max_tokens: int, seq_len: int, seed: int, at: Position = START
     ) -> None:
         if not len(inputs):
             raise TurbotrainError("the data holds no document of two tokens or more; nothing to train on")
-        self.inputs, self.max_tokens, self.seq_len, self.seed = inputs, max_tokens, seq_len, seed
-        self.start, self.rank, self.world = start, rank, world
+        super().__init__(max_tokens, seed, at)
+        self.inputs, self.seq_len = inputs, seq_len
         self._sizes: list[int] = []  # batches in each epoch planned so far
-        self._plan: tuple[int, list[np.ndarray]] = (-1, [])
 
     def _epoch(self, epoch: int) -> list[np.ndarray]:
-        if self._plan[0] != epoch:
-            self._plan = (epoch, plan_epoch(self.inputs, self.max_tokens, self.seq_len, self.seed, epoch))
-        return self._plan[1]
+        return self.drawn(
+            epoch, lambda e: plan_epoch(self.inputs, self.batch_size, self.seq_len, self.seed, e)
+        )
 
     def batch(self, k: int) -> list[int]:
         """Batch ``k`` of this rank's stream: a function of (seed, k) only."""
-        index, epoch = k * self.world + self.rank, 0
+        index, epoch = k * self.at.world + self.at.rank, 0
         while True:
             if epoch == len(self._sizes):
                 self._sizes.append(len(self._epoch(epoch)))
@@ -142,12 +133,6 @@ class TokenBudgetSampler(Sampler[list[int]]):
                 return self._epoch(epoch)[index].tolist()
             index -= self._sizes[epoch]
             epoch += 1
-
-    def __iter__(self) -> Iterator[list[int]]:
-        k = self.start
-        while True:
-            yield self.batch(k)
-            k += 1
 
 
 class PieceRows(Dataset):
@@ -185,26 +170,20 @@ class PieceRows(Dataset):
 
 
 def build_budget_loader(
-    rows: PieceRows,
-    max_tokens: int,
-    seed: int,
-    settings: LoaderSettings,
-    start: int = 0,
-    rank: int = 0,
-    world: int = 1,
+    rows: PieceRows, max_tokens: int, seed: int, settings: LoaderSettings, at: Position = START
 ) -> DataLoader:
-    """An endless DataLoader of token-budget (x, y) batches from batch ``start`` of the seeded stream."""
-    sampler = TokenBudgetSampler(rows.pieces.inputs, max_tokens, rows.seq_len, seed, start, rank, world)
+    """An endless DataLoader of token-budget (x, y) batches of the seeded stream at ``at``."""
+    sampler = TokenBudgetSampler(rows.pieces.inputs, max_tokens, rows.seq_len, seed, at)
     return sampled_loader(rows, sampler, seed, settings)
 
 
 def fixed_budget_batches(
-    rows: PieceRows, max_tokens: int, count: int, seed: int, rank: int = 0, world: int = 1
+    rows: PieceRows, max_tokens: int, count: int, seed: int, at: Position = START
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The same ``count`` token-budget batches every time (validation), read once on the host."""
     if not len(rows):
         return []
-    sampler = TokenBudgetSampler(rows.pieces.inputs, max_tokens, rows.seq_len, seed, rank=rank, world=world)
+    sampler = TokenBudgetSampler(rows.pieces.inputs, max_tokens, rows.seq_len, seed, at)
     return [rows.__getitems__(sampler.batch(k)) for k in range(count)]
 
 
@@ -269,18 +248,16 @@ def build_budget_data(
     seed: int,
     settings: LoaderSettings,
     *,
-    start: int = 0,
+    at: Position,
     eval_batches: int = 0,
-    rank: int = 0,
-    world: int = 1,
 ) -> BudgetData:
     """Documents of ``source`` (opened from ``data.path`` = ``path``) in token-budget batches of at
-    most ``max_tokens``: the training loader from batch ``start``, ``eval_batches`` fixed
-    validation batches (seed + 1), and a one-line description with the share of padding."""
+    most ``max_tokens``: the training loader at ``at``, ``eval_batches`` fixed validation batches
+    (seed + 1), and a one-line description with the share of padding."""
     train_docs, val_docs = open_documents(path, source)
     rows, val_rows = PieceRows(train_docs, seq_len), PieceRows(val_docs, seq_len)
-    loader = build_budget_loader(rows, max_tokens, seed, settings, start, rank, world)
-    val = fixed_budget_batches(val_rows, max_tokens, eval_batches, seed + 1, rank, world)
+    loader = build_budget_loader(rows, max_tokens, seed, settings, at)
+    val = fixed_budget_batches(val_rows, max_tokens, eval_batches, seed + 1, at)
     example = fixed_budget_batches(rows, max_tokens, 1, seed)[0]
     description = (
         f"{len(train_docs):,} + {len(val_docs):,} documents in {len(rows):,} + {len(val_rows):,} rows of <= {seq_len} "

@@ -21,80 +21,53 @@ augmentation draws from the global generators, which checkpoints save and restor
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, RandomSampler
 
 from ...base.errors import TurbotrainError
 from ...base.seeds import derive_seed, seed_all
-from .loader import LoaderSettings, sampled_loader
+from .loader import START, LoaderSettings, Position, StreamSampler, sampled_loader
 
 
-class EpochSampler(Sampler[list[int]]):
-    """An endless stream of this rank's micro-batches of dataset indices, from its batch ``start``
-    (see the module docstring). ``steps_per_epoch`` optimizer steps make one epoch."""
+class EpochSampler(StreamSampler):
+    """This rank's micro-batches of dataset indices in epochs (see the module docstring);
+    ``steps_per_epoch`` optimizer steps make one epoch."""
 
-    def __init__(
-        self,
-        size: int,
-        batch_size: int,
-        seed: int,
-        shuffle: bool,
-        start: int = 0,
-        rank: int = 0,
-        world: int = 1,
-        accumulation: int = 1,
-    ) -> None:
-        self.size, self.batch_size, self.seed, self.shuffle, self.start = (
-            size,
-            batch_size,
-            seed,
-            shuffle,
-            start,
-        )
-        self.rank, self.world, self.accumulation = rank, world, max(1, accumulation)
-        self.global_batch = batch_size * self.accumulation * world
+    def __init__(self, size: int, batch_size: int, seed: int, shuffle: bool, at: Position = START) -> None:
+        super().__init__(batch_size, seed, at)
+        self.size, self.shuffle = size, shuffle
+        self.global_batch = batch_size * at.chunks
         if self.global_batch > size:
             raise TurbotrainError(
-                f"the global batch (batch.micro x accumulation x world = {batch_size} x {self.accumulation} x {world} = "
+                f"the global batch (batch.micro x accumulation x world = {batch_size} x {at.accumulation} x {at.world} = "
                 f"{self.global_batch}) is larger than the dataset's {size} samples; use a smaller --batch.micro"
             )
         self.steps_per_epoch = size // self.global_batch
-        # the last epoch's order: drawn once per epoch
-        self._order: tuple[int, torch.Tensor | None] = (
-            -1,
-            None,
-        )
 
     def order(self, epoch: int) -> torch.Tensor:
         """The dataset's indices in epoch ``epoch``'s order: a function of (seed, epoch) alone."""
-        ordered_epoch, order = self._order
-        if ordered_epoch != epoch or order is None:
-            if self.shuffle:
-                g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-                order = torch.randperm(self.size, generator=g)
-            else:
-                order = torch.arange(self.size)
-            self._order = (epoch, order)
-        return order
+        if not self.shuffle:
+            return torch.arange(self.size)
+        return torch.randperm(
+            self.size, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        )
 
     def batch(self, k: int) -> list[int]:
         """This rank's micro-batch ``k`` (micro-step ``k % accumulation`` of optimizer step ``k // accumulation``)."""
-        step, j = divmod(k, self.accumulation)
+        step, chunk = self.at.slot(k)
         epoch, i = divmod(step, self.steps_per_epoch)
-        first = i * self.global_batch + (j * self.world + self.rank) * self.batch_size
-        return self.order(epoch)[first : first + self.batch_size].tolist()
+        first = i * self.global_batch + chunk * self.batch_size
+        return self.drawn(epoch, self.order)[first : first + self.batch_size].tolist()
 
     def __iter__(self) -> Iterator[list[int]]:
-        k = self.start
-        while True:
-            step, j = divmod(k, self.accumulation)
-            # a worker's generators for this micro-batch: from its global slot in the step (all
-            # ranks' micro-batches of a step differ), never from the rank's own count alone
-            yield Indices(self.batch(k), derive_seed(self.seed, step, j * self.world + self.rank))
-            k += 1
+        # a worker's generators for this micro-batch: from its global slot in the step (all
+        # ranks' micro-batches of a step differ), never from the rank's own count alone
+        for k in itertools.count(self.at.start):
+            yield Indices(self.batch(k), derive_seed(self.seed, *self.at.slot(k)))
 
 
 class Indices(list):
@@ -144,22 +117,15 @@ def shuffles(loader: DataLoader) -> bool:
 
 
 def epoch_loader(
-    loader: Iterable[Any],
-    batch_size: int,
-    seed: int,
-    settings: LoaderSettings,
-    start: int = 0,
-    rank: int = 0,
-    world: int = 1,
-    accumulation: int = 1,
+    loader: Iterable[Any], batch_size: int, seed: int, settings: LoaderSettings, at: Position = START
 ) -> DataLoader:
-    """``loader``'s dataset and collation, batched by :class:`EpochSampler` from this rank's batch
-    ``start``, with the run's worker and pinning settings."""
+    """``loader``'s dataset and collation, batched by :class:`EpochSampler` at ``at``, with the
+    run's worker and pinning settings."""
     dataset = map_style(loader)
     assert isinstance(loader, DataLoader) and dataset is not None, (
         "epoch_loader needs a DataLoader over a map-style dataset"
     )
-    sampler = EpochSampler(len(dataset), batch_size, seed, shuffles(loader), start, rank, world, accumulation)  # type: ignore[arg-type]
+    sampler = EpochSampler(len(dataset), batch_size, seed, shuffles(loader), at)  # type: ignore[arg-type]
     return sampled_loader(
         SeededReads(dataset), sampler, seed, settings, loader.collate_fn, loader.worker_init_fn
     )

@@ -14,6 +14,7 @@ split of the same global batch. With accumulation 1 this is the order of earlier
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -63,50 +64,69 @@ class TokenWindows(Dataset):
         return x[0], y[0]
 
 
-class RandomWindowSampler(Sampler[list[int]]):
-    """An endless stream of this rank's batches of random window offsets, from its batch ``start``:
-    batch ``k`` is chunk ``(k % accumulation) x world + rank`` (of ``batch_size`` rows) of the
-    ``batch_size x accumulation x world`` offsets of optimizer step ``k // accumulation``."""
+@dataclass(frozen=True)
+class Position:
+    """Where this rank reads a seeded batch stream: from its batch ``start``, as rank ``rank`` of
+    ``world``, ``accumulation`` batches per optimizer step. The one owner of the stream's place:
+    every sampler and loader here takes it, and a resume sets ``start``."""
 
-    def __init__(
-        self,
-        positions: int,
-        batch_size: int,
-        seed: int,
-        start: int = 0,
-        rank: int = 0,
-        world: int = 1,
-        accumulation: int = 1,
-    ) -> None:
-        self.positions, self.batch_size, self.seed, self.start = positions, batch_size, seed, start
-        self.rank, self.world, self.accumulation = rank, world, max(1, accumulation)
-        # the last step's offsets: drawn once per step
-        self._drawn: tuple[int, torch.Tensor | None] = (
-            -1,
-            None,
-        )
+    start: int = 0
+    rank: int = 0
+    world: int = 1
+    accumulation: int = 1
+
+    @property
+    def chunks(self) -> int:
+        """Batches of all ranks in one optimizer step."""
+        return self.accumulation * self.world
+
+    def slot(self, k: int) -> tuple[int, int]:
+        """(optimizer step, chunk of that step's global batch) of this rank's batch ``k``."""
+        step, j = divmod(k, self.accumulation)
+        return step, j * self.world + self.rank
+
+
+START = Position()  # one process, from the stream's first batch
+
+
+class StreamSampler(Sampler[list[int]]):
+    """An endless stream of this rank's batches from its batch ``at.start``; ``batch(k)`` is a
+    function of (seed, k) alone, so a resume is exact."""
+
+    def __init__(self, batch_size: int, seed: int, at: Position) -> None:
+        self.batch_size, self.seed, self.at = batch_size, seed, at
+        self._drawn: tuple[int, Any] = (-1, None)
+
+    def drawn(self, key: int, draw: Callable[[int], Any]) -> Any:
+        """``draw(key)``, kept until another key is asked for (a step's or an epoch's draw)."""
+        if self._drawn[0] != key:
+            self._drawn = (key, draw(key))
+        return self._drawn[1]
+
+    def batch(self, k: int) -> list[int]:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return map(self.batch, itertools.count(self.at.start))
+
+
+class RandomWindowSampler(StreamSampler):
+    """Random window offsets: batch ``k`` is chunk ``(k % accumulation) x world + rank`` (of
+    ``batch_size`` rows) of the ``batch_size x accumulation x world`` offsets of step ``k // accumulation``."""
+
+    def __init__(self, positions: int, batch_size: int, seed: int, at: Position = START) -> None:
+        super().__init__(batch_size, seed, at)
+        self.positions = positions
 
     def step_offsets(self, step: int) -> torch.Tensor:
         """Every window offset of optimizer step ``step`` (the global batch): a function of (seed, step)."""
-        drawn_step, offsets = self._drawn
-        if drawn_step != step or offsets is None:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-            offsets = torch.randint(
-                self.positions, (self.batch_size * self.accumulation * self.world,), generator=g
-            )
-            self._drawn = (step, offsets)
-        return offsets
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        return torch.randint(self.positions, (self.batch_size * self.at.chunks,), generator=g)
 
     def batch(self, k: int) -> list[int]:
-        step, j = divmod(k, self.accumulation)
-        chunk = j * self.world + self.rank
-        return self.step_offsets(step)[chunk * self.batch_size : (chunk + 1) * self.batch_size].tolist()
-
-    def __iter__(self) -> Iterator[list[int]]:
-        k = self.start
-        while True:
-            yield self.batch(k)
-            k += 1
+        step, chunk = self.at.slot(k)
+        offsets = self.drawn(step, self.step_offsets)
+        return offsets[chunk * self.batch_size : (chunk + 1) * self.batch_size].tolist()
 
 
 def _identity(batch: Any) -> Any:  # what __getitems__ returned (torch types it a list)
@@ -153,25 +173,18 @@ def tune_loader(loader: DataLoader, settings: LoaderSettings) -> DataLoader:
 
 
 def build_loader(
-    dataset: TokenWindows,
-    batch_size: int,
-    seed: int,
-    settings: LoaderSettings,
-    start: int = 0,
-    rank: int = 0,
-    world: int = 1,
-    accumulation: int = 1,
+    dataset: TokenWindows, batch_size: int, seed: int, settings: LoaderSettings, at: Position = START
 ) -> DataLoader:
-    """An endless DataLoader of (x, y) batches of ``batch_size`` rows, from this ``rank``'s batch
-    ``start`` of the seeded stream: ``accumulation`` batches per optimizer step, the ranks' together
-    that step's global batch (:class:`RandomWindowSampler`)."""
+    """An endless DataLoader of (x, y) batches of ``batch_size`` rows of the seeded stream at ``at``
+    (:class:`RandomWindowSampler`)."""
     if batch_size > dataset.positions:
         raise TurbotrainError(
             f"batch.micro = {batch_size} is larger than the {dataset.positions} distinct windows in the data; "
             "use a smaller --batch.micro or more data"
         )
-    sampler = RandomWindowSampler(dataset.positions, batch_size, seed, start, rank, world, accumulation)
-    return sampled_loader(dataset, sampler, seed, settings)
+    return sampled_loader(
+        dataset, RandomWindowSampler(dataset.positions, batch_size, seed, at), seed, settings
+    )
 
 
 def sampled_loader(
@@ -200,29 +213,15 @@ def sampled_loader(
 
 
 def fixed_batches(
-    dataset: TokenWindows,
-    batch_size: int,
-    count: int,
-    seed: int,
-    rank: int = 0,
-    world: int = 1,
-    accumulation: int = 1,
+    dataset: TokenWindows, batch_size: int, count: int, seed: int, at: Position = START
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The same batches every time (validation), drawn once on the host: ``count`` global batches
-    of ``batch_size x accumulation x world`` windows, split as the training batches are, this
-    ``rank``'s ``accumulation`` chunks of each. Equal-sized chunks: the mean over the ranks of each
-    rank's mean is the mean over every row, the same for any split of the same global batch."""
+    """The same batches every time (validation), drawn once on the host: this rank's chunks of
+    ``count`` global batches, split as the training batches are (``at.start`` is not used). Equal
+    chunks: the mean of the ranks' means is the mean over every row, for any split."""
     if dataset.positions < 1:
         return []
-    sampler = RandomWindowSampler(
-        dataset.positions,
-        min(batch_size, dataset.positions),
-        seed,
-        rank=rank,
-        world=world,
-        accumulation=accumulation,
-    )
-    return [dataset.__getitems__(sampler.batch(k)) for k in range(count * sampler.accumulation)]
+    sampler = RandomWindowSampler(dataset.positions, min(batch_size, dataset.positions), seed, at)
+    return [dataset.__getitems__(sampler.batch(k)) for k in range(count * at.accumulation)]
 
 
 def token_batches(vocab_size: int, seq_len: int, device: torch.device, seed: int = 0) -> Callable[[int], Any]:

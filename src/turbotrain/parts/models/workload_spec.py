@@ -22,7 +22,7 @@ from ...base.batch import batch_size, move_to
 from ...base.config import RunConfig
 from ...base.errors import ConfigError, TurbotrainError
 from ..data.epochs import epoch_loader, map_style
-from ..data.loader import LoaderSettings
+from ..data.loader import LoaderSettings, Position
 from ..workload import Workload, as_workload, load_workload
 from .spec import LossFn, MetricsFn, ModelSpec, RunData
 
@@ -48,16 +48,8 @@ class WorkloadData(RunData):
         self, c: RunConfig, settings: LoaderSettings, start: int, rank: int, world: int
     ) -> Iterable[Any]:
         if self.dataset is not None:
-            return epoch_loader(
-                self.workload.train_loader,
-                int(c.batch.micro),
-                c.run.seed,
-                settings,
-                start,
-                rank,
-                world,
-                c.batch.accumulation,
-            )
+            at = Position(start, rank, world, c.batch.accumulation)
+            return epoch_loader(self.workload.train_loader, int(c.batch.micro), c.run.seed, settings, at)
         if world > 1:
             raise TurbotrainError(
                 f"--model {self.workload.source}: its train_loader is not a torch DataLoader over a dataset "

@@ -170,19 +170,14 @@ def find_batch_size(
     agree: Callable[[int], int] = _agree_across_ranks,
 ) -> BatchSearch:
     """Search the micro-batch for ``trial`` (see the module doc). Never returns a size that ran
-    out of memory or exceeded ``budget_bytes``; ``pick='fastest'`` returns the tried size with the
-    most samples/s among those within the headroom. Under torch.distributed every rank must call
-    it: each trial's verdict is the all-ranks minimum, so all ranks walk the same sizes.
+    out of memory or exceeded ``budget_bytes``; ``pick='fastest'``: the tried size with the most
+    samples/s within the headroom. Under torch.distributed every rank must call it: each verdict
+    is the all-ranks minimum, so all ranks walk the same sizes.
 
-    ``predict=True`` skips a size whose peak, extrapolated from the sizes measured so far, would
-    exceed ``budget_bytes``: for devices where running out of memory kills the process (CPU:
-    the kernel's OOM killer) instead of raising an error. ``slowdown_stop`` (0 = off) stops
-    growing once a size runs at less than that fraction of the best samples/s so far (on CPU
-    oversized batches may thrash the caches): a timing rule, so its answer varies with load.
-    ``max_step_s`` (0 = off; :data:`CPU_MAX_STEP_S` on CPU) counts a size whose measured step takes
-    longer than that many seconds as not fitting (``start`` always fits): the doubling stops there
-    and the binary search finds the largest size under it.
-    """
+    ``predict``: skip a size whose extrapolated peak exceeds ``budget_bytes`` (CPU, where running
+    out of memory kills the process). ``slowdown_stop`` (0 = off): stop growing under that
+    fraction of the best samples/s so far. ``max_step_s`` (0 = off): a size whose measured step
+    takes longer does not fit (``start`` always does). Both are timing rules: answers vary with load."""
     _check_search(pick, headroom, start, max_micro)
     search = _Search(trial, budget_bytes, predict, max_step_s, agree)
     lo, hi = search.grow(start, max_micro, slowdown_stop)
@@ -200,16 +195,9 @@ def find_batch_size(
         limit = largest.peak_bytes if limit is None else min(limit, largest.peak_bytes)
     # Ranks saw the same fits but may have measured different peaks: all take the smallest answer.
     found = agree(_choose(fitting, largest.micro, limit, headroom, pick, multiple_of, max_micro))
+    elapsed = time.perf_counter() - search.t0
     return BatchSearch(
-        micro=found,
-        found=found,
-        pick=pick,
-        headroom=headroom,
-        limit_bytes=limit,
-        budget_bytes=budget_bytes,
-        trials=search.trials,
-        search_s=time.perf_counter() - search.t0,
-        global_batch=found,
+        found, found, pick, headroom, limit, budget_bytes, search.trials, elapsed, global_batch=found
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,14 +44,19 @@ log = logging.getLogger(__name__)
 WHAT = "batch finder"
 
 
-def cache_material(
-    config: RunConfig,
-    engine: Engine,
-    world: int,
-    max_micro: int,
-    slowdown_stop: float = 0.0,
-    max_step_s: float = 0.0,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SearchRules:
+    """A search's settings, all part of the cache key: its ceiling, ``batch.headroom`` and
+    ``batch.pick``, and the timing rules (0 = off)."""
+
+    max_micro: int
+    headroom: float
+    pick: str
+    slowdown_stop: float = 0.0
+    max_step_s: float = 0.0
+
+
+def cache_material(config: RunConfig, engine: Engine, world: int, rules: SearchRules) -> dict[str, Any]:
     """The decision cache's key material: the model section, the device, and what changes the
     answer (precision, compile, sequence length, checkpointing, the search's settings, world size)."""
     b = config.batch
@@ -60,14 +65,14 @@ def cache_material(
         "compile": f"{engine.options.compile_scope}/{config.compile.mode}",
         "seq_len": spec_for(config).seq_len(config),
         "checkpointing": config.memory.checkpointing,
-        "pick": b.pick,
-        "headroom": b.headroom,
+        "pick": rules.pick,
+        "headroom": rules.headroom,
         "max_memory_gib": b.max_memory_gib,
         "max_memory_fraction": b.max_memory_fraction,
         "memory_max_fraction": config.memory.max_fraction,
-        "max_micro": max_micro,
-        "slowdown_stop": slowdown_stop,
-        "max_step_s": max_step_s,
+        "max_micro": rules.max_micro,
+        "slowdown_stop": rules.slowdown_stop,
+        "max_step_s": rules.max_step_s,
         "world": world,
     }
     return meter_cache.material(settings, asdict(config.model), engine.device)
@@ -94,55 +99,56 @@ def resolve_batch_size(
     slowdown_stop: float = 0.0,
     max_step_s: float | None = None,
 ) -> tuple[RunConfig, BatchSearch | None]:
-    """Turn ``batch.micro = 'auto'`` into a number: search (or read the cache in ``run_dir``),
-    fit the global batch, set ``engine.accumulation``, and return the config with concrete
-    ``batch.micro`` and ``batch.accumulation`` plus the search (None when micro was a number).
-
-    Call after ``engine.setup(model, optimizer)`` (so precision, compile and checkpointing are
-    the run's) and before loading a checkpoint or training. ``make_batch(micro)`` builds a batch
-    on the device (default: the model spec's random batch, tokens of its sequence length for a language model); ``max_micro``
-    bounds the search (default 1024, and the per-rank global batch when one is set).
-    ``slowdown_stop`` (0 = off, the default on every device) stops growth once samples/s fall
-    under that fraction of the best: a timing rule, so its answer can change with machine load.
-    ``max_step_s`` bounds a step's measured time (None: :data:`CPU_MAX_STEP_S` on CPU, none on CUDA).
-    """
+    """Turn ``batch.micro = 'auto'`` into a number: search (or read the cache in ``run_dir``), fit
+    the global batch, set ``engine.accumulation``; returns the config with concrete ``batch.micro``
+    and ``batch.accumulation``, and the search (None when micro was a number). Call after
+    ``engine.setup`` (the run's precision, compile and checkpointing), before loading a checkpoint.
+    ``make_batch(micro)``: a batch on the device (default: the model spec's random batch);
+    ``max_micro``: the ceiling (default 1024, and the per-rank global batch when one is set);
+    ``slowdown_stop``, ``max_step_s``: :func:`find_batch_size`'s timing rules (``max_step_s``
+    None: :data:`CPU_MAX_STEP_S` on CPU, none on CUDA)."""
     b = config.batch
     if isinstance(b.micro, int):
         return config, None
     world = world_size()
-    global_size = b.global_size
     ceiling = min(max_micro or DEFAULT_MAX_MICRO, DEFAULT_MAX_MICRO)
-    if global_size > 0:
-        ceiling = min(ceiling, max(1, -(-global_size // world)))
+    if b.global_size > 0:
+        ceiling = min(ceiling, max(1, -(-b.global_size // world)))
     if max_step_s is None:
         max_step_s = CPU_MAX_STEP_S if engine.device.type == "cpu" else 0.0
-    material = cache_material(config, engine, world, ceiling, slowdown_stop, max_step_s)
-    key = meter_cache.key_of(material)
-    cache = Path(run_dir) / BATCH_CACHE if run_dir is not None else None
-    search = meter_cache.read(cache, WHAT, material, _search, key=key) if cache is not None else None
-    if not _agree_across_ranks(int(search is not None)):
-        search = None
+    rules = SearchRules(ceiling, b.headroom, b.pick, slowdown_stop, max_step_s)
+    material = cache_material(config, engine, world, rules)
+    key, cache = meter_cache.key_of(material), Path(run_dir) / BATCH_CACHE if run_dir is not None else None
+    search = _read_cache(cache, material, key)
     if search is None:
         make_batch = make_batch or _random_batches(config, model, engine.device)
-        # training's allocator cap: search under it
-        cap = config.memory.max_fraction if engine.device.type == "cuda" else 0.0
-        fraction = min((f for f in (b.max_memory_fraction, cap) if f > 0), default=0.0)
-        budget = usable_memory_bytes(engine.device, b.max_memory_gib, fraction)
-        trial = StepTrial(engine, model, optimizer, make_batch, loss_fn)
-        search = _search_with(trial, ceiling, b.headroom, b.pick, budget, slowdown_stop, max_step_s)
+        budget = _run_budget(config, engine.device)
+        search = _search_with(StepTrial(engine, model, optimizer, make_batch, loss_fn), rules, budget)
         search.found = search.micro = _agree_across_ranks(search.found)
         if cache is not None and rank_world()[0] == 0:
             meter_cache.write(cache, WHAT, material, search.to_dict(), key=key)
     micro, accumulation, search.global_batch, note = plan_accumulation(
-        search.found, global_size, b.accumulation, world
+        search.found, b.global_size, b.accumulation, world
     )
     search.micro, search.accumulation, search.world_size, search.note = micro, accumulation, world, note
     log.info(search.describe())
     if note:
         log.warning("batch finder: %s", note)
-    resolved = config.replace(batch={"micro": micro, "accumulation": accumulation})
     engine.set_accumulation(accumulation)
-    return resolved, search
+    return config.replace(batch={"micro": micro, "accumulation": accumulation}), search
+
+
+def _read_cache(cache: Path | None, material: dict[str, Any], key: str) -> BatchSearch | None:
+    """The cached search, when every rank has one (else every rank searches)."""
+    search = meter_cache.read(cache, WHAT, material, _search, key=key) if cache is not None else None
+    return search if _agree_across_ranks(int(search is not None)) else None
+
+
+def _run_budget(config: RunConfig, device: torch.device) -> int | None:
+    """The memory a run's search may fill: under ``batch.max_memory_*`` and training's allocator cap."""
+    cap = config.memory.max_fraction if device.type == "cuda" else 0.0
+    fraction = min((f for f in (config.batch.max_memory_fraction, cap) if f > 0), default=0.0)
+    return usable_memory_bytes(device, config.batch.max_memory_gib, fraction)
 
 
 def _random_batches(config: RunConfig, model: nn.Module, device: torch.device) -> Callable[[int], Any]:
@@ -152,34 +158,25 @@ def _random_batches(config: RunConfig, model: nn.Module, device: torch.device) -
     return spec.random_batch(config, vocab, device, seed=config.run.seed)
 
 
-def _search_with(
-    trial: StepTrial,
-    max_micro: int,
-    headroom: float,
-    pick: str,
-    budget: int | None,
-    slowdown_stop: float,
-    max_step_s: float,
-) -> BatchSearch:
+def _search_with(trial: StepTrial, rules: SearchRules, budget: int | None) -> BatchSearch:
     """The search on ``trial``'s engine and model: a CPU's budget counts the weights already in
     RAM and a real OOM there kills the process (sizes are predicted first); timing rules decide
     on medians of 3 steps."""
     device = trial.engine.device
     if device.type == "cpu" and budget is not None:  # the weights already sit in RAM
         budget += storage_bytes(list(trial.model.parameters()) + list(trial.model.buffers()))
-    trial.timed_steps = (
-        3 if pick == "fastest" or slowdown_stop or max_step_s else 1
-    )  # timing rules: medians of 3
+    timing = rules.pick == "fastest" or rules.slowdown_stop or rules.max_step_s
+    trial.timed_steps = 3 if timing else 1  # timing rules: medians of 3
     with trial:
         return find_batch_size(
             trial,
-            max_micro=max_micro,
-            headroom=headroom,
-            pick=pick,
+            max_micro=rules.max_micro,
+            headroom=rules.headroom,
+            pick=rules.pick,
             budget_bytes=budget,
             predict=device.type != "cuda",  # on CPU a real OOM kills the process
-            slowdown_stop=slowdown_stop,
-            max_step_s=max_step_s,
+            slowdown_stop=rules.slowdown_stop,
+            max_step_s=rules.max_step_s,
         )
 
 
@@ -236,21 +233,11 @@ def get_optimal_batch_size(
     engine = Engine(dict(config or {}))
     net, opt = copy_on(engine, model, optimizer or torch.optim.AdamW)
     assert opt is not None
-    rows = batch_size(example)
-    base = move_to(example, engine.device)
-
-    def make_batch(micro: int) -> Any:
-        reps = -(-micro // rows)
-        return map_tensors(
-            base,
-            lambda t: t.repeat(reps, *([1] * (t.dim() - 1)))[:micro] if t.dim() and len(t) == rows else t,
-        )
-
     max_step_s = CPU_MAX_STEP_S if engine.device.type == "cpu" else 0.0
-    trial = StepTrial(engine, net, opt, make_batch, loss_fn)
+    trial = StepTrial(engine, net, opt, _repeated_rows(move_to(example, engine.device)), loss_fn)
     budget = usable_memory_bytes(engine.device, max_memory_gib)
     try:
-        search = _search_with(trial, max_micro, headroom, pick, budget, 0.0, max_step_s)
+        search = _search_with(trial, SearchRules(max_micro, headroom, pick, 0.0, max_step_s), budget)
     except (RuntimeError, TypeError, ValueError, IndexError) as exc:  # not out-of-memory: the step itself
         if isinstance(exc, TurbotrainError) or is_oom(exc):
             raise
@@ -259,3 +246,17 @@ def get_optimal_batch_size(
         ) from None
     search.micro = search.global_batch = search.found
     return search
+
+
+def _repeated_rows(base: Any) -> Callable[[int], Any]:
+    """``micro -> a batch of micro rows``: ``base``'s rows repeated (tensors without its rows kept)."""
+    rows = batch_size(base)
+
+    def make_batch(micro: int) -> Any:
+        reps = -(-micro // rows)
+        return map_tensors(
+            base,
+            lambda t: t.repeat(reps, *([1] * (t.dim() - 1)))[:micro] if t.dim() and len(t) == rows else t,
+        )
+
+    return make_batch

@@ -14,7 +14,7 @@ from ....base.config import RunConfig
 from ....base.rundir import TOKENIZER_FILE
 from ...data import TokenSource, TokenWindows, build_loader, check_vocab, fixed_batches, open_tokens
 from ...data.batching import BudgetData, PieceRows, build_budget_data, resume_start
-from ...data.loader import LoaderSettings
+from ...data.loader import LoaderSettings, Position
 from ...data.tokenizer import save_run_tokenizer
 from ..spec import ModelSpec, RunData, SpeedHint
 from .model import GPT, GPTConfig
@@ -39,6 +39,7 @@ class TokenData(RunData):
     def loader(
         self, c: RunConfig, settings: LoaderSettings, start: int, rank: int, world: int
     ) -> Iterable[Any]:
+        at = Position(start, rank, world, c.batch.accumulation)
         if c.data.batching == "tokens":  # documents kept apart, batches by token budget
             self._budget = build_budget_data(
                 c.data.path,
@@ -47,39 +48,22 @@ class TokenData(RunData):
                 c.batch.max_tokens or int(c.batch.micro) * gpt_settings(c).block_size,
                 c.run.seed,
                 settings,
-                start=start,
+                at=at,
+                # validation: eval_batches x accumulation x world stream batches, for any split
                 eval_batches=c.train.eval_batches * c.batch.accumulation,
-                rank=rank,
-                world=world,  # validation: eval_batches x accumulation x world stream batches, for any split
             )
             self.facts = {"batching": self._budget.description}
             return self._budget.loader
         # step s: micro x accumulation x world rows from (seed, s); this rank its chunks of them
-        return build_loader(
-            self.train,
-            int(c.batch.micro),
-            c.run.seed,
-            settings,
-            start=start,
-            rank=rank,
-            world=world,
-            accumulation=c.batch.accumulation,
-        )
+        return build_loader(self.train, int(c.batch.micro), c.run.seed, settings, at)
 
     def val_batches(self, c: RunConfig, rank: int, world: int) -> list[Any]:
         if self._budget is not None:
             return self._budget.val_batches
         if self.val is None:
             return []
-        return fixed_batches(
-            self.val,
-            int(c.batch.micro),
-            c.train.eval_batches,
-            seed=c.run.seed + 1,
-            rank=rank,
-            world=world,
-            accumulation=c.batch.accumulation,
-        )
+        at = Position(0, rank, world, c.batch.accumulation)
+        return fixed_batches(self.val, int(c.batch.micro), c.train.eval_batches, c.run.seed + 1, at)
 
     def example(self, c: RunConfig) -> Any:
         if self._budget is not None:
