@@ -19,26 +19,6 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = [
-    "DeviceSpec",
-    "DEVICE_SPECS",
-    "lookup_peak",
-    "estimate_mfu",
-    "precision_key",
-    "register_peak",
-    "tf32_enabled",
-    "nvml",
-    "nvml_handle",
-    "collect_nvml",
-    "collect_nvml_device",
-    "ram_bytes",
-    "device_total_bytes",
-    "process_rss_bytes",
-    "device_line",
-    "cpu_model",
-    "device_name",
-]
-
 
 def ram_bytes() -> tuple[int | None, int | None]:
     """This machine's (total, available) RAM in bytes; None where the OS does not say."""

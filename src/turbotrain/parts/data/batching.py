@@ -1,33 +1,18 @@
-"""Dynamic batching (``data.batching = 'tokens'``): batches by token budget, with length
-bucketing, that keep documents apart.
+"""Dynamic batching (``data.batching = 'tokens'``, docs/data.md): batches by token budget, with
+length bucketing, whose rows never mix documents.
 
-Why: random windows of a concatenated stream make every row ``block_size`` long but run one
-document into the next. Variable-length data trains better, and a budget in tokens instead of
-rows keeps the work per step even: many short rows or a few long ones.
+Each row is one piece of one document (:func:`cut_pieces`): consecutive pieces overlap by one token,
+so every token after a document's first is a target exactly once per epoch. Rows are padded at
+the end with targets of -100 (``F.cross_entropy``'s ``ignore_index``); causal attention never lets
+a real token see the padding after it. Padded lengths are multiples of 8 (fewer distinct shapes
+for kernels and ``torch.compile``), never past ``block_size``.
 
-- **Rows never mix documents.** Each row is one piece of one document
-  (:mod:`turbotrain.parts.data.documents`): a document longer than ``block_size + 1`` tokens is cut into
-  consecutive pieces that overlap by one token, so every token after a document's first is a
-  target exactly once per epoch and every token is seen. Rows are padded at the end to the
-  batch's length with targets of -100, which the loss ignores (``F.cross_entropy``'s
-  ``ignore_index``); causal attention never lets a real token see the padding after it.
-- **Budget.** A batch holds at most ``batch.max_tokens`` input tokens, padding counted: rows x
-  padded length <= max_tokens. Lengths are padded up to a multiple of 8 (fewer distinct shapes
-  for kernels and ``torch.compile``), never past ``block_size``.
-- **Bucketing.** Each epoch shuffles the pieces with a generator seeded by (seed, epoch), sorts
-  them by length within buckets of about 64 batches, cuts each bucket greedily into batches, and
-  shuffles the batches: similar lengths share a batch, so little is padding.
-- **Exact resume, and splits.** Batch ``k`` of the stream is a function of (seed, k) alone. With
-  ``world`` ranks, rank ``r`` reads stream batches ``k * world + r``; with accumulation ``A``, its
-  batches ``s*A ... s*A + A-1`` make optimizer step ``s``, so step ``s`` trains on stream batches
-  ``s*A*world ... (s+1)*A*world - 1``. Any split with the same ``A x world`` (token-budget batches
-  per step) and the same ``batch.max_tokens`` trains on the same batches in the same steps: each
-  batch's loss is the mean over its real targets and every batch counts equally, so the loss per
-  step matches to fp32 rounding (one process with accumulation 2 = two processes). A split that
-  changes ``A x world`` or ``max_tokens`` trains on other batches: the rows are packed per batch,
-  so no rule keeps them. A resume at another world size is exact when ``A x world`` is kept (set
-  ``--batch.accumulation``); otherwise it would skip or regroup the stream and
-  :func:`resume_start` refuses it in one line.
+Batch ``k`` of the stream is a function of (seed, k) alone; rank ``r`` of ``world`` reads stream
+batches ``k * world + r``, so step ``s`` trains on stream batches ``s*A*world ... (s+1)*A*world - 1``
+(``A`` the accumulation). A split that keeps ``A x world`` and ``batch.max_tokens`` trains on the
+same batches in the same steps (each batch's loss is the mean over its real targets, every batch
+counts equally); one that changes them trains on other batches (rows are packed per batch, no rule
+keeps them), so :func:`resume_start` refuses such a resume in one line.
 """
 
 from __future__ import annotations

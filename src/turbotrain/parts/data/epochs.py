@@ -1,22 +1,16 @@
 """Your dataset in epochs, in an order that does not depend on how the global batch is split.
 
-A user's DataLoader over a map-style dataset (``len`` and ``dataset[i]``) is re-batched the way
-the token windows are (:mod:`.loader`): epoch ``e`` visits the dataset in one order, a permutation
-drawn from ``(seed, e)`` when the loader shuffles (its own order otherwise); optimizer step ``s`` is
-the ``G = micro x accumulation x world`` consecutive indices ``[i G, (i + 1) G)`` of its epoch's
-order (``e, i = divmod(s, steps_per_epoch)``, the last partial global batch of an epoch dropped);
-rank ``r`` trains on chunk ``j x world + r`` of them at micro-step ``j``. So one process with micro
-8, one with micro 4 and accumulation 2 and two processes with micro 4 train on the same samples in
-the same optimizer steps, and a resume after step ``s`` starts exactly at batch ``s x accumulation``
-(no batch is read twice or skipped) under any split of the same global batch.
+A user's DataLoader over a map-style dataset is re-batched the way the token windows are
+(:mod:`.loader`), from one order per epoch (a permutation drawn from ``(seed, e)`` when the loader
+shuffles, its own order otherwise): step ``s`` is the ``G = micro x accumulation x world``
+consecutive indices ``[i G, (i + 1) G)`` of its epoch's order (``e, i = divmod(s,
+steps_per_epoch)``, an epoch's last partial global batch dropped), cut into chunks as there.
 
-The loader keeps the user's dataset, ``collate_fn`` and ``worker_init_fn``; workers and pinning
-come from the run's ``data`` section. In a worker process, torch's, Python's and numpy's generators
-are seeded from ``(seed, step, slot)`` (the micro-batch's place among all ranks' micro-batches of
-that step) before it is read, so a random augmentation there draws the same numbers whichever
-worker reads the batch, each rank draws its own, and a resumed run draws what the unstopped run
-drew (a worker's own stream would restart with the resume). In the main process (no workers) the
-augmentation draws from the global generators, which checkpoints save and restore.
+The loader keeps the user's dataset, ``collate_fn`` and ``worker_init_fn``. A worker process seeds
+torch's, Python's and numpy's generators from ``(seed, step, slot)`` before reading a micro-batch,
+so an augmentation there draws the same numbers whichever worker reads it, each rank draws its
+own, and a resumed run draws what the unstopped run drew (a worker's own stream would restart).
+In-process reads draw from the global generators, which checkpoints save and restore.
 """
 
 from __future__ import annotations

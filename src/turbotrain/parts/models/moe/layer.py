@@ -1,73 +1,24 @@
-"""The mixture-of-experts layer, for any model: :class:`MoE` (``turbotrain.MoE``).
+"""The mixture-of-experts layer, for any model: :class:`MoE` (``turbotrain.MoE``); what it does and
+how a loop uses it: docs/moe.md. The whys the docs leave out:
 
-    from turbotrain import MoE
-
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.stem = nn.Linear(784, 128)
-            self.moe = MoE(d_model=128, n_experts=8, top_k=2)   # (B, d) or (B, T, d) in, same shape out
-            self.head = nn.Linear(128, 10)
-
-Its load-balancing loss reaches the training loss by itself: the :class:`~turbotrain.Engine`
-finds the MoE layers at ``setup`` and ``engine.backward(loss)`` adds each one's ``aux_loss_coef x``
-load-balancing loss of the last training forward (:meth:`MoE.take_aux_loss`); a loop without the
-engine adds :func:`aux_loss` (``loss = loss + aux_loss(model)``). Tokens per expert are counted on
-the device (``turbotrain train`` plots them: ``plots/expert_load.png``), a checkpoint with fewer
-experts grows into a layer with more (:func:`grown_order`), and
-:func:`turbotrain.parts.models.moe.parallel.place_experts` spreads the experts over the ranks (the expert
-dimension of the run's parallel plan, in ``engine.setup``).
-
-Why each piece is the way it is:
-
-- **Router in fp32**: the softmax over experts decides which weights a token meets; bf16 scores
-  flip near-ties between steps, so the router's matmul and softmax run in fp32 even under autocast.
-- **Top-k, dropless by default**: each token goes to its ``top_k`` best experts, weighted by its
-  router probabilities renormalised over those k (Mixtral). ``capacity_factor > 0`` instead gives
-  each expert ``ceil(capacity_factor x tokens x top_k / n_experts)`` slots and drops the
-  assignments past them in token order (DeepSpeed / GShard); a dropped assignment adds nothing
-  (the token keeps its residual).
-- **Load balancing**, two ways that can be combined: the auxiliary loss ``aux_loss_coef x E x
-  sum_e f_e P_e`` (Switch / GShard: ``f_e`` the share of assignments, ``P_e`` the mean router
-  probability), added to the training loss only (validation reports the plain loss); and the
-  auxiliary-loss-free expert bias of DeepSeek-V3 (``router_bias_update`` = its update rate gamma):
-  a per-expert bias added to the scores for *selection only* (the mixing weights stay unbiased),
-  moved by ``gamma x sign(mean load - load)`` once per optimizer step, from the loads of that
-  step: every micro-batch of it, summed over all ranks (the global batch's loads, one all-reduce
-  on the device per step), so any split of the global batch (processes x accumulation) moves it
-  alike. The :class:`~turbotrain.Engine` marks the steps (``engine.step``, see
-  :meth:`MoE.follow_optimizer_steps`); a loop without the engine calls
-  :func:`follow_optimizer_steps` once and :func:`end_optimizer_step` after each optimizer step,
-  or else the bias moves after every training forward (the same thing without accumulation); a
-  loop set up by the engine that steps the optimizer itself, not through ``engine.step``, calls
-  :func:`end_optimizer_step` after each step (else the bias stays put).
-  The update happens at the start of a training forward, never in activation checkpointing's
-  recompute, so the recompute routes exactly as the forward did (and its tokens are not counted
-  twice).
-- **Grouped expert compute**: tokens are sorted by expert and all experts run as one grouped GEMM
-  (``F.grouped_mm``) per projection on CUDA with bf16 compute and on CPU: no Python loop over
-  experts and no host sync; each expert's group is padded to ``experts.GROUP_ALIGN`` rows into a buffer of
-  static size (the slack goes to the last group, so every row is defined). (On CPU, torch 2.13's
-  fp32 grouped GEMM backward fails only for stride-0 output gradients, such as ``y.sum()``'s; the
-  gradient reaching it here comes through the row gather and is dense.) Elsewhere (CUDA fp32/fp16)
-  a batched path pads the groups to the largest and runs ``bmm``: it reads that size on the host
-  once per layer (marked ``# sync:``), and computes the padding (2.2x the loop's step time on the
-  CPU bench, whose loads are uneven). ``impl='loop'`` runs one matmul pair per expert: the
-  reference the tests compare with, and the bench's ablation baseline.
-- **Compiled without graph breaks** on CPU (fp32, bf16) and on CUDA with bf16 compute: nothing in
-  the compiled forward reads a device value on the host. torch's grouped GEMM has a fake (meta)
-  implementation for bf16 only, so an fp32 grouped GEMM goes through :func:`grouped_mm_any`, a
-  custom op with its own shape function and backward. The batched path (CUDA fp32/fp16) reads the
-  largest group on the host, one graph break per layer, unless ``capacity_factor`` > 0 fixes the
-  slots: padding every group to a static bound instead would compute E/k times the experts'
-  FLOPs (measured on CPU at E 8, k 2: 3.4x the eager batched layer's forward + backward), more
-  than a break costs.
-- **Observability without syncs**: each MoE layer keeps the tokens it routed to each expert in a
-  device tensor (:attr:`MoE.load`), summed over training forwards; :mod:`turbotrain.loop.experts_monitor`
-  reads and clears it at the logging cadence.
-- **Expert parallelism** plugs in through :attr:`MoE.dispatcher` (see
-  :mod:`turbotrain.parts.models.moe.parallel`): the layer then holds only its rank's slice of the experts and
-  the dispatcher moves the sorted tokens to the rank of their expert and back.
+- **Router in fp32**: bf16 scores flip near-ties between steps, so the router's matmul and softmax
+  run in fp32 even under autocast.
+- **The expert bias** (DeepSeek-V3, ``router_bias_update``) moves once per optimizer step from the
+  loads of every micro-batch summed over all ranks (one all-reduce on the device per step), so any
+  split of the global batch moves it alike. It moves at the start of a training forward, never in
+  activation checkpointing's recompute, so the recompute routes exactly as the forward did (and
+  its tokens are not counted twice).
+- **Grouped expert compute** pads each expert's group to ``experts.GROUP_ALIGN`` rows in a buffer
+  of static size (the slack goes to the last group, so every row is defined). On CPU torch 2.13's
+  fp32 grouped GEMM backward fails only for stride-0 output gradients (``y.sum()``'s); the gradient
+  here comes through the row gather and is dense. The batched path (CUDA fp32/fp16) pads the
+  groups to the largest (2.2x the loop's step time on the CPU bench, whose loads are uneven) and
+  reads that size on the host once per layer (``# sync:``, one graph break); padding every group
+  to a static bound instead would compute E/k times the experts' FLOPs (3.4x the eager batched
+  layer's forward + backward on CPU at E 8, k 2), more than a break costs. torch's grouped GEMM
+  has a fake (meta) implementation for bf16 only, hence :func:`grouped_mm_any` for fp32.
+- **Expert parallelism** plugs in through :attr:`MoE.dispatcher` (:mod:`.parallel`): the layer
+  holds its rank's slice of the experts; the dispatcher moves the sorted tokens there and back.
 """
 
 from __future__ import annotations

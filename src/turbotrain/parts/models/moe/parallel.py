@@ -1,42 +1,21 @@
-"""Expert parallelism: each MoE block's experts spread over the ranks of an expert-parallel group,
-tokens sent to the rank of their expert with an all-to-all and brought back with the reverse one.
+"""Expert parallelism: each MoE block's experts spread over an expert-parallel group, tokens sent
+to their expert's rank with an all-to-all and back (docs/moe.md); the expert dimension of the run's
+:class:`turbotrain.core.plan.ParallelPlan`, whose strategy calls :func:`place_experts` in
+``engine.setup`` before wrapping the rest for data parallelism.
 
-The expert dimension of a run's parallel plan (:class:`turbotrain.core.plan.ParallelPlan`, which
-owns the groups; its strategy calls :func:`place_experts` in ``engine.setup``, before wrapping the
-rest of the model for data parallelism).
+Layout for degree ``P``: consecutive ranks ``[g P, (g + 1) P)`` form expert-parallel group g; rank
+r holds experts ``[(r mod P) E/P, (r mod P + 1) E/P)`` of every block; the ranks with the same
+``r mod P`` hold copies of the same experts (their replica group).
 
-Layout for ``world`` ranks and degree ``P`` (``--distributed.expert_parallel=P``, dividing both
-the world size and the experts per MoE block, ``moe.n_experts`` for the MoE GPT): consecutive ranks ``[g P, (g + 1) P)`` form expert-parallel
-group g; rank r holds experts ``[(r mod P) E/P, (r mod P + 1) E/P)`` of every MoE block. The
-``world / P`` ranks with the same ``r mod P`` hold copies of the same experts (their replica group).
-
-Per MoE block and forward (:class:`AllToAllDispatcher`, plugged into
-:attr:`turbotrain.MoE.dispatcher`): the tokens are already sorted by expert, so the
-rows for each destination rank are contiguous. The per-expert counts go first (an all-to-all of E
-integers), then the split sizes are read on the host (the one sync an uneven all-to-all needs),
-then the rows travel with ``all_to_all_single`` (variable splits), are regrouped by local expert,
-computed (grouped GEMM / batched / loop, as without parallelism) and travel back the same way.
-Both exchanges are autograd functions (functional collectives' ``all_to_all_single_autograd``, as torchtitan uses):
-backward sends the gradients along the reverse routes.
-
-Gradients: non-expert parameters stay data parallel over all ranks (DDP averages them); expert
-parameters are left out of DDP and a hook on each reduces their gradient only over its replica
-group, scaled so the result is the gradient of the mean loss over all ranks, exactly what one
-process training on the whole global batch computes (tests/distributed/test_expert_parallel.py
-holds every gradient to 1e-5). The hook runs on every backward, so gradient accumulation sums
-already-reduced gradients (linear, so the same result; more communication than reducing once).
-
-Checkpoints hold every expert whole: the layers' state-dict hooks gather the shards over the
-expert-parallel group (a collective: every rank saves together, as sharded checkpoints do) and the
-load hooks keep this rank's slice, so a run resumes at any degree, one process included;
-:func:`attach_optimizer` does the same for the optimizer's state.
-
-Gradient norm (clipping, ``last_grad_norm``): :func:`grad_norm` gives the engine
-(``engine.set_grad_norm``) the norm over every expert, not only this rank's: the squared norm of
-the non-expert gradients (the same on every rank after DDP's reduce) plus the sum over the
-expert-parallel group of each rank's squared expert-gradient norm (an all-reduce on the device, no
-host sync; the replicas hold identical copies, so one group covers every expert once). Every rank
-clips by the same factor, as one process on the global batch would.
+The tokens arrive sorted by expert, so each destination's rows are contiguous: the per-expert
+counts travel first, the split sizes are read on the host (the one sync an uneven all-to-all
+needs), then the rows (``all_to_all_single_autograd``, so backward sends the gradients along the
+reverse routes). Expert gradients skip DDP: a hook reduces each over its replica group, scaled to
+the gradient of the mean loss over all ranks. It runs on every backward, so accumulation sums
+already-reduced gradients (linear: the same result, more communication). :func:`grad_norm` adds
+the expert-parallel group's expert-gradient norms (on the device) to the non-expert norm, so every
+rank clips by the factor one process on the global batch would. Checkpoints hold every expert
+whole (the state-dict hooks gather the shards: a collective), so a run resumes at any degree.
 """
 
 from __future__ import annotations
