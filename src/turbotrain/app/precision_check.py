@@ -1,22 +1,12 @@
 """``turbotrain doctor --model FILE.py:FUNC``: is your model sound in each precision, before a long run?
 
-One forward/backward of the model on one batch of its ``train_loader`` per precision, each through
-the :class:`~turbotrain.Engine` (its autocast, its GradScaler for fp16, its casts for
-bf16-true), so it checks what training would run. fp32 is the reference (TF32 off). Per precision:
-whether the loss and every gradient are finite, the loss against fp32 (absolute and relative) and
-the largest relative difference of a parameter's gradient norm. Then the verdict: the precision
-``auto`` picks on this device (:func:`~turbotrain.core.precision.resolve_precision`) and whether it is sound.
-
-fp16-mixed runs the way training runs it: when the scaled gradients overflow, the GradScaler's
-scale is lowered and the batch run again, as the skipped steps of a real run would do; only a
-non-finite loss, or gradients still non-finite at scale 1, count against it. On a CPU, where
-training refuses fp16-mixed (it is a GPU mode), it is still checked with CPU fp16 autocast: the
-same fp16 arithmetic a GPU would do, so a model that overflows fp16 is found on a laptop.
-
-fp8 (asked for by name only) gets a section of its own: which linear layers its filter would run in
-float8 and which it keeps in bf16 (with why: dims not divisible by 16, below the size threshold,
-the output layer), read from the model without torchao; on a device that runs fp8 and with a
-layer to convert, its forward/backward is a row of the table too; elsewhere one line says why not.
+One forward/backward on one batch per precision, each through the :class:`~turbotrain.Engine`
+(what training would run), against fp32 without TF32: finite loss and gradients, the loss's and
+the gradient norms' differences, then the verdict on the precision ``auto`` picks here. fp16-mixed
+runs as training does: on overflow the GradScaler's scale is lowered and the batch run again; on a
+CPU, where training refuses it, it is checked with CPU fp16 autocast (the same fp16 arithmetic, so
+a model that overflows fp16 is found on a laptop). fp8 (by name only) gets a section: which linear
+layers its filter would convert and why the others stay in bf16, read without torchao.
 """
 
 from __future__ import annotations
@@ -44,13 +34,12 @@ from ..parts.models.registry import spec_for
 from ..parts.workload import Workload, load_workload
 from ..tools.memory.stats import default_vocab_size
 
-# fp8 is asked for by name only, and needs torchao
 CHECKED = (
     "fp32",
     "bf16-mixed",
     "fp16-mixed",
     "bf16-true",
-)
+)  # fp8 is asked for by name only, and needs torchao
 REFERENCE = "fp32"
 LOSS_RTOL = 0.05  # 16-bit rounding moves a loss by well under 1 %; 5 % is a model that computes differently
 GRAD_RTOL = 0.25  # a parameter's gradient norm: bf16 keeps 3 significant digits, less after long reductions
@@ -267,11 +256,9 @@ def check_precisions(
     seed: int = 0,
     fp8: PrecisionConfig | None = None,
 ) -> dict[str, Any]:
-    """Run ``w``'s model on one batch of its ``train_loader`` in each of ``modes`` (see the module
-    docstring), and fp8 too where this device runs it and its filter (``fp8``'s fields, default:
-    the config's defaults) converts a layer. Returns ``{"model", "device", "batch", "results":
-    [PrecisionResult as dict], "verdict": {...}, "fp8": fp8_plan(...)}``; a model that fails in
-    fp32 itself is a TurbotrainError."""
+    """Run ``w``'s model on one batch of its ``train_loader`` in each of ``modes``, and fp8 too where
+    this device runs it and its filter (``fp8``'s fields) converts a layer. Returns ``{"model",
+    "device", "results", "verdict", "fp8"}``; a model that fails in fp32 is a TurbotrainError."""
     device = resolve_device("auto" if device is None else str(device))
     caps = DeviceCaps.of(device)
     fp8_settings = recast(dataclasses.replace(fp8 or PrecisionConfig(), mode=FP8.name), FP8Settings)
@@ -279,12 +266,11 @@ def check_precisions(
     if fp8_report["runs_here"] and fp8_report["converted"] and FP8.name not in modes:
         modes = (*modes, FP8.name)
     try:
-        first = next(iter(w.train_loader))
+        batch = move_to(next(iter(w.train_loader)), device)
     except StopIteration:
         raise TurbotrainError(
             f"{w.source or 'the workload'}: train_loader yields no batch to check"
         ) from None
-    batch = move_to(first, device)
     fp8_report["per_layer"] = _fp8_per_layer(w, batch, device, caps, fp8_settings)
     results: list[PrecisionResult] = []
     ref: dict[str, Any] | None = None

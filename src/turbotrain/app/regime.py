@@ -1,23 +1,10 @@
-"""The run's regime, named from a short probe of its real step: launch-bound, compute-bound,
-memory-bandwidth-bound or data-bound. It says which lever can pay: CUDA graphs and compile for a
-launch-bound step, lower precision and bigger matmuls for a compute-bound one, fusion (compile)
-and less traffic for a bandwidth-bound one, loader workers for a data-bound one.
-
-The probe's figures (per optimizer step, milliseconds): the step time; the host's time blocked on
-the loader; on CUDA the device's busy time and the host's time to enqueue the step; the achieved
-FLOP/s against the device's datasheet peak. :func:`probe_from` reads them from ``profile``'s
-figures and trace (busy: the union of kernel intervals in a profiler window); :class:`Timeline`
-measures them on a few steps of the real run without a profiler (``doctor --model``, ``train``'s
-first lines through ``choose``); :func:`classify` is pure.
-
-The rule, in order:
-- **data-bound**: the host waits on the loader for >= ``DATA_SHARE`` of the step.
-- **launch-bound**: the device idles >= ``IDLE_SHARE`` of the step (it waits on the host's launches).
-- **compute-bound**: achieved FLOP/s >= ``COMPUTE_SHARE`` of the datasheet peak.
-- **memory-bandwidth-bound**: the device is busy, but well under its peak FLOP/s: its kernels wait
-  on memory.
-- On a CPU (no device timeline, no datasheet peak) launch overhead and compute cannot be told
-  apart: the step is named 'not separable' (train's and doctor's word too), with that caveat.
+"""The run's regime, named from a short probe of its real step: data-bound (the loader wait >=
+``DATA_SHARE`` of the step), launch-bound (the device idles >= ``IDLE_SHARE``: it waits on the host's
+launches), compute-bound (achieved FLOP/s >= ``COMPUTE_SHARE`` of the datasheet peak) or
+memory-bandwidth-bound (busy, well under the peak); on a CPU launch overhead and compute cannot be
+told apart: 'not separable'. The probe comes from ``profile``'s trace (:func:`probe_from`) or from
+:class:`Timeline` on a few steps of the real run (``doctor --model``, ``train`` through ``choose``);
+:func:`classify` is pure. docs/choose.md#the-regime.
 """
 
 from __future__ import annotations
@@ -114,36 +101,22 @@ def probe_from(
         scale * sum(v.get("host_ms", 0.0) for k, v in phases.items() if k not in ("data", "hooks", "other"))
         or None
     )
-    return Probe(
-        step_ms=step_ms,
-        data_wait_ms=float(figures.get("data_wait_ms_per_step") or 0.0),
-        device_busy_ms=device.get("busy_ms"),
-        host_enqueue_ms=host,
-        tflops=figures.get("tflops"),
-        peak_tflops=peak_tflops,
-    )
+    found = {"device_busy_ms": device.get("busy_ms"), "host_enqueue_ms": host, "peak_tflops": peak_tflops}
+    return probe_of({**figures, **found})
 
-
-# ----------------------------------------------------------------------------- the timeline probe
 
 PROBE_STEPS = 3  # optimizer steps probed after the timed ones (CUDA only)
-SLEEP_CYCLES_PER_MS = (
-    1_500_000  # torch.cuda._sleep's spin: ~1.5 GHz; only needs to outlast the host's enqueue
-)
+# torch.cuda._sleep's spin: ~1.5 GHz; only needs to outlast the host's enqueue
+SLEEP_CYCLES_PER_MS = 1_500_000
 QUEUE_FULL = 0.9  # the host's enqueue took this share of the sleep: the launch queue filled, the host waited
 
 
 class Timeline(Hook):
-    """Host enqueue time against device busy time of :data:`PROBE_STEPS` optimizer steps after
-    step ``after``, with no profiler and no sync per step (CUDA only; a no-op elsewhere).
-
-    Before each probed step the device is held by ``torch.cuda._sleep`` (a few times the last step's
-    wall), so the host enqueues the whole step while the device is still asleep: the host's
-    ``perf_counter`` span is its time to enqueue the step (data fetch included), and the kit's
-    stamps (CUDA events) around the same step time the device running it back to back, its busy time. The events are
-    read after one synchronize, at the probe's end. A host span near the sleep means the launch queue
-    filled and the host waited on the device: then the enqueue time is not known (the device was
-    the limit), and only the busy time counts."""
+    """Host enqueue time against device busy time of :data:`PROBE_STEPS` steps after ``after``, with
+    no profiler and no sync per step (CUDA only). The device sleeps (``torch.cuda._sleep``) while the
+    host enqueues each probed step: the host's span is its enqueue time, the kit's stamps around the
+    step its busy time. A host span near the sleep means the launch queue filled: then only the busy
+    time counts."""
 
     def __init__(self, after: int, steps: int = PROBE_STEPS) -> None:
         self.after, self.steps = after, steps

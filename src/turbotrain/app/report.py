@@ -1,14 +1,7 @@
-"""``turbotrain report RUN``: PNG plots and a performance summary from a run directory.
-
-Reads what a run leaves behind (``metrics.jsonl``, ``config.toml``, ``summary.json``) and writes
-``plots/*.png`` (loss, learning rate, throughput, MFU, memory, GPU utilisation against step:
-:mod:`turbotrain.app.plots`), ``summary.md`` and ``summary.json`` (:mod:`turbotrain.app.summary`,
-its only writer), and hands the summary and the plots to the experiment trackers the run logged
-to (:func:`turbotrain.loop.monitor.trackers.publish`). A crashed run is fine: a last line cut off mid-write is skipped and reported,
-and a plot whose metric was never recorded (memory and MFU on a CPU) is skipped with the reason.
-
-summary.md is a list of sections (:data:`SECTIONS`), each a function of the summary returning its
-lines: a new summary field shows in summary.md by a section function (or a line in one) here.
+"""``turbotrain report RUN``: PNG plots (:mod:`.plots`), summary.md and summary.json
+(:mod:`.summary`) from a run directory, handed to the run's experiment trackers. A crashed run is
+fine: a cut-off last line is skipped and reported, a plot whose metric was never recorded is
+skipped with the reason. summary.md is the list of :data:`SECTIONS`.
 """
 
 from __future__ import annotations

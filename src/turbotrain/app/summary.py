@@ -1,11 +1,6 @@
 """summary.json: the one writer (:func:`write_summary`) and the figures computed from a run's
-metrics records (:func:`summarize_records`: steady-state medians, peaks, final and best losses).
-
-Training hands :func:`write_summary` the facts it knows, one typed shape (:class:`RunFacts`)
-whoever trains (``turbotrain train``, ``track`` around an own loop, an observed framework's loop);
-every figure that comes from the metrics is computed here, once. A new summary field is a field
-of :class:`RunFacts` (or a line in :func:`summarize_records` when it comes from the metrics), and
-its summary.md line a section function in :mod:`turbotrain.app.report`.
+metrics records (:func:`summarize_records`). A new summary field is a field of :class:`RunFacts`
+(or a line in :func:`summarize_records`), and its summary.md line a section in :mod:`.report`.
 """
 
 from __future__ import annotations
@@ -23,11 +18,8 @@ from ..base.rundir import SUMMARY_FILE
 
 @dataclass
 class RunFacts:
-    """What summary.json says of a run beyond its metrics, in the one shape every trainer fills:
-    ``turbotrain train`` and ``track`` from the engine and the monitor
-    (:func:`turbotrain.app.tracking.engine_facts`), an observed framework's loop
-    (:mod:`turbotrain.integrations.observer`) from what it counted. ``more``: what only one kind
-    of run knows (the resolved settings, memory, the stop reason, the framework driving it, ...)."""
+    """What summary.json says of a run beyond its metrics, in the one shape every trainer fills;
+    ``more``: what only one kind of run knows (the resolved settings, the stop reason, ...)."""
 
     run: str
     status: str

@@ -1,27 +1,13 @@
 """From a profiled run's figures to the bottleneck and ranked recommendations.
 
-Each :class:`Advice` is one exact change: config ``settings`` (a flag on the command line, a key
-for Python callers; ``--verify`` can apply these) and/or a ``code`` line to change in your
-workload (applied by you, so not verified), with why, the expected effect and an estimated
-speedup used to rank them. The rules, in the order they are checked:
-
-- data: the host waits on the loader for >= 20% of the step, in the timed and in the profiled
-  steps -> more loader workers;
-- syncs: host reads of device values every step (the Monitor logging every step, a read in
-  your code, the non-finite guard of a non-fused optimizer on CUDA) -> read less often;
-- overhead: forward operators so short (on CPU: half the forward's time in operators under 20 us,
-  the time-weighted median, so one large matmul among tiny element-wise operators is arithmetic,
-  on any CPU; on CUDA: median kernel < 10 us with the GPU idle >= 30% of the time) that
-  per-operator cost, not arithmetic, sets the pace, or fewer than 8
-  samples per forward accumulated over several micro-batches -> a larger micro-batch (with the
-  batch finder keeping the global batch when accumulation allows);
-- optimizer: the optimizer step takes >= 15% of the step with a non-fused implementation;
-- compute (CUDA): fp32 -> bf16-mixed, compile off -> model, an explicit attention mask -> SDPA;
-- copies (CUDA): host-to-device copies >= 10% of the step from unpinned memory -> pin_memory;
-- memory and trend (:mod:`.pressure`): a step's peak memory over 80% of the budget, timed steps
-  that slow down.
-
-Estimates are rough models (stated in ``expected``); ``--verify`` measures each.
+Each :class:`Advice` is one exact change: config ``settings`` (``--verify`` can apply these) and/or
+a ``code`` line to change in your workload (not verified), with why, the expected effect and an
+estimated speedup (a rough model, stated in ``expected``) that ranks them. The rules, in order:
+data (loader wait >= 20% in the timed and the profiled steps), syncs (host reads every step),
+overhead (operators so short that per-operator cost sets the pace: on CPU the time-weighted median
+forward operator under 20 us, on CUDA the median kernel under 10 us with the GPU idle >= 30%; or
+fewer than 8 samples per forward accumulated), optimizer (>= 15% of the step, not fused), compute
+and copies (CUDA), then memory and trend (:mod:`.pressure`).
 """
 
 from __future__ import annotations
@@ -31,7 +17,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ...base.config import RunConfig, setting
+from ...base.config import setting
 from ...parts.data.loader import default_num_workers
 from ...parts.models.registry import spec_for
 from ..measure import Built, flat, measure_memory
@@ -46,10 +32,7 @@ OPTIMIZER_SHARE = 0.15
 COPY_SHARE = 0.10
 SMALL_MICRO = 8  # samples per forward below which accumulating micro-batches is itself the finding
 # fixed cost of one operator (dispatch, launch): the overhead model's c
-PER_OP_OVERHEAD_US = {
-    "cpu": 8.0,
-    "cuda": 5.0,
-}
+PER_OP_OVERHEAD_US = {"cpu": 8.0, "cuda": 5.0}
 
 BOTTLENECKS = {
     "data": "data loading: the step waits for the next batch",
@@ -88,6 +71,11 @@ def _flags(settings: dict[str, dict[str, Any]]) -> str:
     return json.dumps(settings)
 
 
+def _change(settings: dict[str, dict[str, Any]], code: str) -> str:
+    """The flags, with the line of your code that sets the same when there is one."""
+    return _flags(settings) + (f" (in your code: {code})" if code else "")
+
+
 def _overall(share: float, local_speedup: float) -> float:
     """Amdahl: the step's speedup when a part taking ``share`` of it gets ``local_speedup`` faster."""
     if local_speedup <= 0:
@@ -99,17 +87,17 @@ def diagnose(
     built: Built, figures: dict[str, Any], trace: dict[str, Any]
 ) -> tuple[dict[str, str], list[Advice]]:
     """The bottleneck ({"name", "text"}) and the recommendations, best expected first."""
-    c, device = built.config, built.engine.device.type
+    device = built.engine.device.type
     step_ms = figures["step_ms_median"]
     advice: list[Advice] = []
     advice += _data(built, figures, trace, step_ms)
     advice += _syncs(built, trace, step_ms, device)
     # bigger batches need more data
     if not any(a.category == "data" and a.expected_speedup >= 1.5 for a in advice):
-        advice += _overhead(built, c, trace, device)
-    advice += _optimizer(built, c, trace)
+        advice += _overhead(built, trace, device)
+    advice += _optimizer(built, trace)
     if device == "cuda":
-        advice += _compute_cuda(built, c, trace)
+        advice += _compute_cuda(built, trace)
         advice += _copies(built, trace, step_ms)
     advice += [
         Advice(**f) for f in pressure_rules(built, figures, lambda: measure_memory(built))
@@ -163,9 +151,14 @@ def _data(built: Built, figures: dict[str, Any], trace: dict[str, Any], step_ms:
                 code="your Dataset.__getitem__",
             )
         ]
+    return [_more_workers(built, why, wait, step_ms, workers, cores)]
+
+
+def _more_workers(built: Built, why: str, wait: float, step_ms: float, workers: int, cores: int) -> Advice:
     n = max(2, min(8, cores)) if workers == 0 else min(2 * workers, max(cores, 8))
-    compute = max(step_ms - wait, 1e-3)
-    new_step = max(compute, wait * (workers or 1) / n)  # workers load ahead while the step computes
+    new_step = max(
+        step_ms - wait, 1e-3, wait * (workers or 1) / n
+    )  # workers load ahead while the step computes
     settings = {"data": {"num_workers": n}}
     code = "" if _is_preset(built) else f"DataLoader(..., num_workers={n}, persistent_workers=True)"
     expected = (
@@ -183,97 +176,94 @@ def _data(built: Built, figures: dict[str, Any], trace: dict[str, Any], step_ms:
             "it pays only if __getitem__ waits on a disk or network rather than computing, which --verify measures"
         )
         speedup = 1.0
+    why += f" with {workers} loader workers"
+    return Advice("data", _change(settings, code), why, expected, speedup, settings, code)
+
+
+def _syncs(built: Built, trace: dict[str, Any], step_ms: float, device: str) -> list[Advice]:
+    sources = trace["syncs"]["sources"]
+    idle = trace.get("device", {}).get("idle_share", 0.0)
+    # on a GPU a read drains the queue: at best the idle share of the step comes back
+    gain = _overall(idle, 2.0) if device == "cuda" else 1.0
+    users = [_user_read(s, device, gain) for s in sources if s["kind"] == "user" and s["per_step"] >= 1]
+    return [
+        *_monitor_reads(built, trace, step_ms, device, idle),
+        *users,
+        *_guard_reads(built, sources, device, idle),
+    ]
+
+
+def _monitor_reads(
+    built: Built, trace: dict[str, Any], step_ms: float, device: str, idle: float
+) -> list[Advice]:
+    log_every = built.config.monitor.log_every
+    monitor = sum(s["per_step"] for s in trace["syncs"]["sources"] if s["kind"] == "monitor")
+    if monitor < 0.5 or log_every >= 10:
+        return []
+    hooks_ms = trace["phases"]["hooks"]["host_ms"] * step_ms / max(trace["profiled_step_ms"], 1e-9)
+    saved = hooks_ms * (1 - log_every / 10)
+    gain = step_ms / max(step_ms - saved, 1e-9)
+    if device == "cuda":
+        gain = max(gain, _overall(idle, 2.0))
+    settings: dict[str, dict[str, Any]] = {"monitor": {"log_every": 10}}
+    why = (
+        f"the Monitor reads the loss on the host and writes a record every {log_every} step(s) "
+        f"({monitor:.1f} read(s)/step; its hook takes {hooks_ms:.2f} ms of the {step_ms:.2f} ms step)"
+        + (f"; the GPU is idle {idle:.0%} of the window" if device == "cuda" else "")
+    )
+    expected = f"a record every 10 steps saves ~{saved:.2f} ms per step (~{gain:.2f}x)" + (
+        "; on a GPU each read also drains the queue" if device != "cuda" else ""
+    )
+    return [Advice("syncs", _flags(settings), why, expected, gain, settings)]
+
+
+def _user_read(s: dict[str, Any], device: str, gain: float) -> Advice:
+    shape = "data-dependent" in s.get("what", "")
+    change = (
+        "give the operation its output size"
+        if shape
+        else "keep the value on the device and read it every N steps"
+    )
+    why = (
+        f"{s['where']} makes the host wait for the device {s['per_step']:.0f} time(s) per step: "
+        f"{s.get('what') or 'a read of a tensor value'}" + (f" in `{s['code']}`" if s.get("code") else "")
+    )
+    expected = (
+        "on a GPU each read makes the host wait until the queue drains, leaving the GPU idle while the "
+        "next step is enqueued"
+        + ("" if device == "cuda" else "; on CPU there is no queue, so it costs little here")
+    )
+    code = (
+        "give the shape up front (torch.nonzero_static(x, size=...), torch.where(mask, x, 0) "
+        "instead of x[mask], repeat_interleave(..., output_size=...))"
+        if shape
+        else "accumulate on the device (total += loss.detach()) and call .item() every 100 steps, "
+        "or let turbotrain's Monitor log the loss (monitor.log_every)"
+    )
+    return Advice("syncs", f"{s['where']}: {change}", why, expected, gain, code=f"{s['where']}: {code}")
+
+
+def _guard_reads(built: Built, sources: list[dict[str, Any]], device: str, idle: float) -> list[Advice]:
+    guard = sum(s["per_step"] for s in sources if s["kind"] == "guard")
+    if device != "cuda" or guard < 1 or built.config.optim.implementation == "fused":
+        return []
+    own = built.workload is not None and built.workload.optimizer is not None
+    fused = "torch.optim.AdamW(..., fused=True)"
+    settings = {} if own else {"optim": {"implementation": "fused"}}
     return [
         Advice(
-            "data",
-            _flags(settings) + (f" (in your code: {code})" if code else ""),
-            why + f" with {workers} loader workers",
-            expected,
-            speedup,
+            "syncs",
+            fused if own else _flags(settings),
+            f"the optimizer cannot skip a non-finite step on the GPU, so every step reads the finite flag on the host ({guard:.0f}/step)",
+            "a fused optimizer skips inside its kernel: no per-step sync",
+            max(_overall(idle, 2.0), 1.02),
             settings,
-            code,
+            fused if own else "",
         )
     ]
 
 
-def _syncs(built: Built, trace: dict[str, Any], step_ms: float, device: str) -> list[Advice]:
-    out: list[Advice] = []
-    sources = trace["syncs"]["sources"]
-    hooks_ms = trace["phases"]["hooks"]["host_ms"] * step_ms / max(trace["profiled_step_ms"], 1e-9)
-    log_every = built.config.monitor.log_every
-    monitor = sum(s["per_step"] for s in sources if s["kind"] == "monitor")
-    idle = trace.get("device", {}).get("idle_share", 0.0)
-    if monitor >= 0.5 and log_every < 10:
-        saved = hooks_ms * (1 - log_every / 10)
-        gain = step_ms / max(step_ms - saved, 1e-9)
-        if device == "cuda":
-            gain = max(gain, _overall(idle, 2.0))
-        settings: dict[str, dict[str, Any]] = {"monitor": {"log_every": 10}}
-        out.append(
-            Advice(
-                "syncs",
-                _flags(settings),
-                f"the Monitor reads the loss on the host and writes a record every {log_every} step(s) "
-                f"({monitor:.1f} read(s)/step; its hook takes {hooks_ms:.2f} ms of the {step_ms:.2f} ms step)"
-                + (f"; the GPU is idle {idle:.0%} of the window" if device == "cuda" else ""),
-                f"a record every 10 steps saves ~{saved:.2f} ms per step (~{gain:.2f}x)"
-                + ("; on a GPU each read also drains the queue" if device != "cuda" else ""),
-                gain,
-                settings,
-            )
-        )
-    for s in sources:
-        if s["kind"] == "user" and s["per_step"] >= 1:
-            gain = _overall(idle, 2.0) if device == "cuda" else 1.0
-            shape = "data-dependent" in s.get("what", "")
-            out.append(
-                Advice(
-                    "syncs",
-                    f"{s['where']}: "
-                    + (
-                        "give the operation its output size"
-                        if shape
-                        else "keep the value on the device and read it every N steps"
-                    ),
-                    f"{s['where']} makes the host wait for the device {s['per_step']:.0f} time(s) per step: "
-                    f"{s.get('what') or 'a read of a tensor value'}"
-                    + (f" in `{s['code']}`" if s.get("code") else ""),
-                    "on a GPU each read makes the host wait until the queue drains, leaving the GPU idle while the "
-                    "next step is enqueued"
-                    + ("" if device == "cuda" else "; on CPU there is no queue, so it costs little here"),
-                    gain,
-                    code=f"{s['where']}: "
-                    + (
-                        "give the shape up front (torch.nonzero_static(x, size=...), torch.where(mask, x, 0) "
-                        "instead of x[mask], repeat_interleave(..., output_size=...))"
-                        if shape
-                        else "accumulate on the device (total += loss.detach()) and call .item() every 100 steps, "
-                        "or let turbotrain's Monitor log the loss (monitor.log_every)"
-                    ),
-                )
-            )
-    guard = sum(s["per_step"] for s in sources if s["kind"] == "guard")
-    if device == "cuda" and guard >= 1 and built.config.optim.implementation != "fused":
-        settings = {"optim": {"implementation": "fused"}}
-        out.append(
-            Advice(
-                "syncs",
-                _flags(settings)
-                if built.workload is None or built.workload.optimizer is None
-                else "torch.optim.AdamW(..., fused=True)",
-                f"the optimizer cannot skip a non-finite step on the GPU, so every step reads the finite flag on the host ({guard:.0f}/step)",
-                "a fused optimizer skips inside its kernel: no per-step sync",
-                max(_overall(idle, 2.0), 1.02),
-                settings if built.workload is None or built.workload.optimizer is None else {},
-                ""
-                if built.workload is None or built.workload.optimizer is None
-                else "torch.optim.AdamW(..., fused=True)",
-            )
-        )
-    return out
-
-
-def _overhead(built: Built, c: RunConfig, trace: dict[str, Any], device: str) -> list[Advice]:
+def _overhead(built: Built, trace: dict[str, Any], device: str) -> list[Advice]:
     dev = trace.get("device")
     micro, acc = built.micro, built.engine.accumulation
     if device == "cuda" and dev:
@@ -285,8 +275,7 @@ def _overhead(built: Built, c: RunConfig, trace: dict[str, Any], device: str) ->
     # Accumulating tiny micro-batches is a sign on any machine: the finder only raises it if it fits.
     if not (small or (acc > 1 and micro < SMALL_MICRO)) or op_us is None:
         return []
-    phases = trace["phases"]
-    share = sum(phases[p]["share"] for p in ("forward", "backward", "other"))
+    share = sum(trace["phases"][p]["share"] for p in ("forward", "backward", "other"))
     overhead_us = min(PER_OP_OVERHEAD_US.get(device, 8.0), 0.9 * op_us)
     what = (
         "the median kernel takes"
@@ -297,124 +286,97 @@ def _overhead(built: Built, c: RunConfig, trace: dict[str, Any], device: str) ->
         f"{micro} sample(s) per forward pass: {what} {op_us:.1f} us, "
         f"close to the ~{overhead_us:.0f} us every operator costs whatever its size"
     )
-    if _is_preset(built) and acc > 1:
-        k = acc
-        settings = {"batch": {"micro": "auto", "global_size": micro * acc}}
-        change = _flags(settings)
-        effect = f"the batch finder picks the largest micro-batch that fits and keeps the global batch {micro * acc} (same math)"
-    else:
-        k = 4
-        settings = {"batch": {"micro": micro * k}}
-        change = (
-            _flags(settings)
-            if _is_preset(built)
-            else (_flags(settings) + f" (in your code: DataLoader(..., batch_size={micro * k}))")
-        )
-        effect = (
-            f"the global batch grows {k}x ({micro * acc} -> {micro * acc * k}): the math changes, so scale "
-            "optim.lr with it (linear rule) and compare the loss"
-        )
+    k, settings, effect = _larger_micro(built, micro, acc)
     # per-op time t = c + s*b: fewer, larger operators
-    local = op_us / (overhead_us / k + (op_us - overhead_us))
-    gain = _overall(share, local)
+    gain = _overall(share, op_us / (overhead_us / k + (op_us - overhead_us)))
+    code = "" if _is_preset(built) else f"DataLoader(..., batch_size={micro * k})"
+    applies = _is_preset(built) or built.loader_info.get("num_workers") is not None
+    expected = f"{effect}; about {gain:.1f}x samples/s if the model is overhead-bound"
     return [
-        Advice(
-            "overhead",
-            change,
-            why,
-            f"{effect}; about {gain:.1f}x samples/s if the model is overhead-bound",
-            gain,
-            settings if _is_preset(built) or built.loader_info.get("num_workers") is not None else {},
-            "" if _is_preset(built) else f"DataLoader(..., batch_size={micro * k})",
-        )
+        Advice("overhead", _change(settings, code), why, expected, gain, settings if applies else {}, code)
     ]
 
 
-def _optimizer(built: Built, c: RunConfig, trace: dict[str, Any]) -> list[Advice]:
+def _larger_micro(built: Built, micro: int, acc: int) -> tuple[int, dict[str, dict[str, Any]], str]:
+    """(how many times larger, the settings, their effect): the batch finder keeps a preset's global
+    batch when it accumulates; otherwise the batch grows, and with it the math."""
+    if _is_preset(built) and acc > 1:
+        settings: dict[str, dict[str, Any]] = {"batch": {"micro": "auto", "global_size": micro * acc}}
+        return (
+            acc,
+            settings,
+            (
+                f"the batch finder picks the largest micro-batch that fits and keeps the global batch {micro * acc} (same math)"
+            ),
+        )
+    return (
+        4,
+        {"batch": {"micro": micro * 4}},
+        (
+            f"the global batch grows 4x ({micro * acc} -> {micro * acc * 4}): the math changes, so scale "
+            "optim.lr with it (linear rule) and compare the loss"
+        ),
+    )
+
+
+def _optimizer(built: Built, trace: dict[str, Any]) -> list[Advice]:
     share = trace["phases"]["optimizer"]["share"]
     own = built.workload is not None and built.workload.optimizer is not None
-    impl = c.optim.implementation
+    impl = built.config.optim.implementation
     if share < OPTIMIZER_SHARE or (not own and impl == "fused"):
         return []
     why = f"the optimizer step takes {share:.0%} of the step"
     expected = "one fused kernel over all parameters instead of one (or a few) per tensor: about half the optimizer's time"
-    gain = _overall(share, 2.0)
     if own:
-        return [
-            Advice(
-                "optimizer",
-                "torch.optim.AdamW(..., fused=True) in your workload",
-                why,
-                expected,
-                gain,
-                code="optimizer=torch.optim.AdamW(model.parameters(), ..., fused=True)",
-            )
-        ]
+        code = "optimizer=torch.optim.AdamW(model.parameters(), ..., fused=True)"
+        change = "torch.optim.AdamW(..., fused=True) in your workload"
+        return [Advice("optimizer", change, why, expected, _overall(share, 2.0), code=code)]
     settings = {"optim": {"implementation": "fused"}}
-    return [
-        Advice(
-            "optimizer",
-            _flags(settings),
-            why + f" ({setting('optim.implementation', impl)})",
-            expected,
-            gain,
-            settings,
-        )
-    ]
+    why += f" ({setting('optim.implementation', impl)})"
+    return [Advice("optimizer", _flags(settings), why, expected, _overall(share, 2.0), settings)]
 
 
-def _compute_cuda(built: Built, c: RunConfig, trace: dict[str, Any]) -> list[Advice]:
-    phases = trace["phases"]
+def _compute_cuda(built: Built, trace: dict[str, Any]) -> list[Advice]:
+    phases, c = trace["phases"], built.config
     share = phases["forward"]["share"] + phases["backward"]["share"]
-    out: list[Advice] = []
     if share < 0.4:
-        return out
+        return []
+    rules: list[
+        tuple[dict[str, dict[str, Any]], str, str, float]
+    ] = []  # settings, why, expected, local speedup
     if built.engine.precision.name == "fp32":
-        settings = {"precision": {"mode": "bf16-mixed"}}
-        out.append(
-            Advice(
-                "compute",
-                _flags(settings),
-                f"forward and backward take {share:.0%} of the step in fp32",
-                "bf16 tensor-core matmuls: up to ~2x on the matmul-bound part (the loss changes within rounding)",
-                _overall(share, 1.8),
-                settings,
-            )
+        why = f"forward and backward take {share:.0%} of the step in fp32"
+        expected = (
+            "bf16 tensor-core matmuls: up to ~2x on the matmul-bound part (the loss changes within rounding)"
         )
+        rules.append(({"precision": {"mode": "bf16-mixed"}}, why, expected, 1.8))
     if built.engine.options.compile_scope == "off":
-        settings = {"compile": {"scope": "model"}}
-        out.append(
-            Advice(
-                "compute",
-                _flags(settings),
-                "the model runs eagerly: one kernel per operator",
-                "fused kernels, fewer launches: typically 1.1-1.3x after a one-time compilation",
-                _overall(share, 1.2),
-                settings,
-            )
+        why, expected = (
+            "the model runs eagerly: one kernel per operator",
+            ("fused kernels, fewer launches: typically 1.1-1.3x after a one-time compilation"),
         )
+        rules.append(({"compile": {"scope": "model"}}, why, expected, 1.2))
     hints = spec_for(c).speed_hints(c) if _is_preset(built) else []  # the family's own slow settings
-    out += [
-        Advice("compute", _flags(h.settings), h.why, h.gain, _overall(share, h.speedup), h.settings)
-        for h in hints
-    ]
-    return out
+    rules += [(h.settings, h.why, h.gain, h.speedup) for h in hints]
+    return [Advice("compute", _flags(s), why, exp, _overall(share, k), s) for s, why, exp, k in rules]
 
 
 def _copies(built: Built, trace: dict[str, Any], step_ms: float) -> list[Advice]:
-    dev = trace.get("device") or {}
-    copy_ms = dev.get("h2d_copy_ms", 0.0)
+    copy_ms = (trace.get("device") or {}).get("h2d_copy_ms", 0.0)
     if not step_ms or copy_ms / step_ms < COPY_SHARE or built.loader_info.get("pin_memory"):
         return []
     settings = {"data": {"pin_memory": True}}
     code = "" if _is_preset(built) else "DataLoader(..., pin_memory=True)"
+    why = f"host-to-device copies take {copy_ms:.2f} ms per step from pageable memory"
+    expected = "pinned batches copy asynchronously on a side stream, overlapping compute"
+    gain = _overall(copy_ms / step_ms, 3.0)
     return [
         Advice(
             "copies",
-            _flags(settings) + (f" (in your code: {code})" if code else ""),
-            f"host-to-device copies take {copy_ms:.2f} ms per step from pageable memory",
-            "pinned batches copy asynchronously on a side stream, overlapping compute",
-            _overall(copy_ms / step_ms, 3.0),
+            _change(settings, code),
+            why,
+            expected,
+            gain,
             settings if _is_preset(built) else {},
             code,
         )

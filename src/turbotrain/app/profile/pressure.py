@@ -1,15 +1,8 @@
-"""Two of ``profile``'s rules that watch the run rather than one step's time (the monitor's, issue
-37): memory pressure and a falling throughput trend. :func:`turbotrain.app.profile.advice.diagnose`
-calls :func:`rules`; each finding is the fields of an ``Advice`` (no config ``settings``: neither
-change is a speed-up for ``--verify`` to measure, so both rank after the ones that are).
-
-- memory: one step's peak memory over 80 % of the budget (CUDA: the device's memory, or
-  ``memory.max_fraction`` of it, or ``batch.max_memory_gib``; CPU: the batch finder's budget, the
-  available RAM or ``batch.max_memory_gib``, plus the weights already in it) -> activation
-  checkpointing, or half the micro-batch with twice the accumulation (the same global batch and
-  math);
-- trend: the timed steps slow down, the median of their last third 10 % or more above the
-  median of their first third -> what to watch in metrics.jsonl for the cause.
+"""Two of ``profile``'s rules that watch the run rather than one step's time: memory pressure
+(one step's peak memory over 80 % of the budget -> activation checkpointing, or half the
+micro-batch with twice the accumulation) and a falling throughput trend (the last third of the
+timed steps 10 % slower than the first). Findings are ``Advice`` fields without ``settings``:
+neither is a speed-up for ``--verify`` to measure.
 """
 
 from __future__ import annotations
@@ -38,8 +31,7 @@ BOTTLENECKS = {
 
 
 def rules(built: Built, figures: dict[str, Any], cpu_peak: Callable[[], int]) -> list[dict[str, Any]]:
-    """The findings of both rules for a profiled run (``figures``: measure's; ``cpu_peak``: one
-    eager step's peak bytes off CUDA, ``measure.measure_memory``)."""
+    """The findings of both rules (``cpu_peak``: one eager step's peak bytes off CUDA)."""
     return [*memory_pressure(built, figures, cpu_peak), *throughput_trend(figures.get("step_ms") or [])]
 
 
@@ -67,9 +59,8 @@ def memory_budget(built: Built) -> tuple[int | None, str]:
 def memory_pressure(
     built: Built, figures: dict[str, Any], cpu_peak: Callable[[], int]
 ) -> list[dict[str, Any]]:
-    """One finding when a step's peak memory passes :data:`MEMORY_SHARE` of the budget. CUDA: the
-    allocator's peak over the profiled run; CPU: one eager step's tensors, as the batch finder
-    measures them."""
+    """One finding when a step's peak memory (CUDA: the allocator's; CPU: one eager step's tensors)
+    passes :data:`MEMORY_SHARE` of the budget."""
     budget, what = memory_budget(built)
     peak = figures.get("peak_bytes") if built.engine.device.type == "cuda" else cpu_peak()
     if not budget or not peak or peak < MEMORY_SHARE * budget:

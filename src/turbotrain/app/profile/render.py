@@ -23,8 +23,30 @@ def _rate(value: float | None, unit: str) -> str:
 
 
 def render(doc: dict[str, Any]) -> str:
+    lines = [*_header(doc), *_phases(doc), *format_syncs(doc["syncs"])]
+    ops, comp = doc["operators"], doc["compile"]
+    if ops["forward_op_median_us"] is not None:
+        lines.append(
+            f"- forward: {ops['forward_ops_per_step']:.0f} operators per step, median {ops['forward_op_median_us']:.1f} us, "
+            f"half the time in operators up to {ops['forward_op_time_median_us']:.1f} us (host)"
+        )
+    lines.append(
+        f"- compile: {'on' if comp['compiled'] else 'off'}; recompilations after warm-up {comp['recompiles_after_warmup']}; "
+        f"graph breaks {comp['graph_breaks']}" + "".join(f"\n  - {r}" for r in comp["graph_break_reasons"])
+    )
+    if doc.get("regime"):  # app/regime.py
+        lines += ["", f"**regime: {doc['regime']['name']}** — {doc['regime']['why']}"]
+    lines += ["", f"**bottleneck: {doc['bottleneck']['name']}** — {doc['bottleneck']['text']}", ""]
+    if not doc["recommendations"]:
+        lines.append("No recommendation: nothing stands out in this profile.")
+    for i, r in enumerate(doc["recommendations"], 1):
+        lines += _recommendation(i, r)
+    return "\n".join(lines + _verification(doc.get("verify")))
+
+
+def _header(doc: dict[str, Any]) -> list[str]:
     f, s, loader = doc["figures"], doc["settings"], doc["loader"]
-    lines = [
+    return [
         f"## turbotrain profile: {doc['target']['describe']}",
         "",
         f"- device: {doc['device_name']} ({doc['device']}); trace: `{doc['trace']}`",
@@ -38,65 +60,55 @@ def render(doc: dict[str, Any]) -> str:
         + (f" | MFU {100 * f['mfu']:.1f}%" if f.get("mfu") is not None else " | MFU n/a (no datasheet peak)"),
         "",
     ]
-    cuda = doc.get("device_timeline") is not None
+
+
+def _phases(doc: dict[str, Any]) -> list[str]:
+    """The step's phases as a table (device time beside on CUDA), then the device's timeline."""
+    d = doc.get("device_timeline")
     columns = [
         ("phase", lambda r: r["title"]),
         ("host ms/step", lambda r: f"{r['ms']:.2f}"),
         ("share", lambda r: f"{r['share']:.0%}"),
     ]
-    if cuda:
+    if d is not None:
         columns.append(("device ms/step", lambda r: f"{r.get('device_ms', 0.0):.2f}"))
     rows = [{"title": PHASE_TITLES[p], **v} for p, v in doc["breakdown"].items()]
-    lines += [render_table(rows, columns), ""]
-    if cuda:
-        d = doc["device_timeline"]
+    lines = [render_table(rows, columns), ""]
+    if d is not None:
         lines.append(
             f"- device: busy {d['busy_ms']:.2f} ms/step, idle {d['idle_ms']:.2f} ms/step ({d['idle_share']:.0%}); "
             f"host-to-device copies {d['h2d_copy_ms']:.2f} ms/step; {d['kernels_per_step']:.0f} kernels/step, "
             f"median {d['kernel_median_us']:.1f} us"
         )
-    lines += format_syncs(doc["syncs"])
-    ops = doc["operators"]
-    if ops["forward_op_median_us"] is not None:
+    return lines
+
+
+def _recommendation(i: int, r: dict[str, Any]) -> list[str]:
+    v = r.get("verified")
+    measured = v and v["status"] in ("kept", "dropped")
+    # an estimate is a model of the step, not a measurement: said so until --verify measures it
+    how = "; --verify measures it" if r.get("settings") and not v else ""  # a code change: not run
+    said = "Expected" if measured else f"Expected (an estimate, not measured{how})"
+    lines = [f"{i}. `{r['change']}` — {r['why']}. {said}: {r['expected']}."]
+    if v and measured:
+        loss = f", loss {v['loss_diff']:+.4f} vs baseline" if v.get("loss_diff") is not None else ""
         lines.append(
-            f"- forward: {ops['forward_ops_per_step']:.0f} operators per step, median {ops['forward_op_median_us']:.1f} us, "
-            f"half the time in operators up to {ops['forward_op_time_median_us']:.1f} us (host)"
+            f"   verified: **{v['speedup']:.2f}x** ({v['status']}; median of {v['runs']} runs{loss})"
         )
-    comp = doc["compile"]
-    lines.append(
-        f"- compile: {'on' if comp['compiled'] else 'off'}; recompilations after warm-up {comp['recompiles_after_warmup']}; "
-        f"graph breaks {comp['graph_breaks']}" + "".join(f"\n  - {r}" for r in comp["graph_break_reasons"])
-    )
-    if doc.get("regime"):  # app/regime.py
-        lines += ["", f"**regime: {doc['regime']['name']}** — {doc['regime']['why']}"]
-    lines += ["", f"**bottleneck: {doc['bottleneck']['name']}** — {doc['bottleneck']['text']}", ""]
-    recs = doc["recommendations"]
-    if not recs:
-        lines.append("No recommendation: nothing stands out in this profile.")
-    verify = doc.get("verify")
-    for i, r in enumerate(recs, 1):
-        v = r.get("verified")
-        measured = v and v["status"] in ("kept", "dropped")
-        # an estimate is a model of the step, not a measurement: said so until --verify measures it
-        how = "; --verify measures it" if r.get("settings") and not v else ""  # a code change: not run
-        said = "Expected" if measured else f"Expected (an estimate, not measured{how})"
-        lines.append(f"{i}. `{r['change']}` — {r['why']}. {said}: {r['expected']}.")
-        if v:
-            if v["status"] in ("kept", "dropped"):
-                loss = f", loss {v['loss_diff']:+.4f} vs baseline" if v.get("loss_diff") is not None else ""
-                lines.append(
-                    f"   verified: **{v['speedup']:.2f}x** ({v['status']}; median of {v['runs']} runs{loss})"
-                )
-            else:
-                lines.append(f"   {v['status']}: {v['reason']}")
-    if verify and verify.get("note"):
-        lines += ["", f"verification: {verify['note']}"]
-    elif verify:
-        base = verify["baseline"]
-        lines += [
-            "",
-            f"verification: {verify['repeats']} interleaved runs of {verify['warmup']} + {verify['steps']} steps per "
-            f"variant; baseline {_rate(base['throughput_median'], base['unit'] or '')} (median); kept when >= "
-            f"{verify['min_speedup']:.2f}x" + ("; INTERRUPTED" if verify["interrupted"] else ""),
-        ]
-    return "\n".join(lines)
+    elif v:
+        lines.append(f"   {v['status']}: {v['reason']}")
+    return lines
+
+
+def _verification(verify: dict[str, Any] | None) -> list[str]:
+    if not verify:
+        return []
+    if verify.get("note"):
+        return ["", f"verification: {verify['note']}"]
+    base = verify["baseline"]
+    return [
+        "",
+        f"verification: {verify['repeats']} interleaved runs of {verify['warmup']} + {verify['steps']} steps per "
+        f"variant; baseline {_rate(base['throughput_median'], base['unit'] or '')} (median); kept when >= "
+        f"{verify['min_speedup']:.2f}x" + ("; INTERRUPTED" if verify["interrupted"] else ""),
+    ]

@@ -35,9 +35,8 @@ TRACE_FILE, JSON_FILE, MD_FILE = "trace.json.gz", "profile.json", "profile.md"
 
 @dataclass(frozen=True)
 class ProfileOptions:
-    """How long to run: ``warmup`` untimed steps (compilation included), ``timed`` steps for the
-    throughput figures, ``steps`` profiled steps; ``verify`` with ``repeats`` interleaved runs of
-    ``verify_warmup`` + ``verify_steps`` steps per variant."""
+    """``warmup`` untimed steps, ``timed`` steps for the figures, ``steps`` profiled steps; ``verify``
+    with ``repeats`` interleaved runs of ``verify_warmup`` + ``verify_steps`` steps per variant."""
 
     warmup: int = 5
     timed: int = 20
@@ -64,46 +63,58 @@ def profile_target(
         f"profiling {target.label}: {options.warmup} warm-up + {options.timed} timed + {options.steps} profiled steps ({run_dir})"
     )
     try:
-        with _failing_run(target, run_dir):
-            window = ProfilerWindow(built.engine.device, options.warmup + options.timed, options.steps)
-            # the syncs are located in steps of their own: the locator's hooks slow every operator
-            syncs = SyncWindow(
-                built.engine.device, options.warmup + options.timed + options.steps, options.steps
-            )
-            figures = run(
-                built, options.warmup, options.timed, extra_steps=2 * options.steps, hooks=[window, syncs]
-            )
-        trace = {**analyze(window), "syncs": syncs.report()}
-        trace_path = window.export(run_dir / TRACE_FILE)
-        bottleneck, advice = diagnose(built, figures, trace)
-        # timings of a model that does not train: say so before anything else
-        if not _finite(figures.get("final_loss")):
-            bottleneck = {"name": "non-finite loss", "text": NAN_TEXT.format(loss=figures.get("final_loss"))}
-        doc = _document(built, figures, trace, bottleneck, advice, trace_path)
-        doc["regime"] = asdict(classify(probe_from(figures, trace, built.peak_tflops)))  # app/regime.py
+        doc, advice = _profiled(target, built, options, run_dir)
     finally:
         release(built)
     if options.verify:
-        quiet = logging.getLogger("turbotrain")
-        level = quiet.level
-        # each run's assembly notes: the profiled run said them once
-        quiet.setLevel(max(level, logging.WARNING))
-        try:
-            doc["verify"] = verify(
-                target,
-                advice,
-                run_dir / "verify",
-                warmup=options.verify_warmup,
-                steps=options.verify_steps,
-                repeats=options.repeats,
-                log=log,
-            )
-        finally:
-            quiet.setLevel(level)
+        doc["verify"] = _verify(target, advice, run_dir, options, log)
         doc["recommendations"] = [a.to_dict() for a in advice]
     atomic_write(run_dir / JSON_FILE, json.dumps(doc, indent=1, default=str) + "\n")
     atomic_write(run_dir / MD_FILE, render(doc) + "\n")
     return doc
+
+
+def _profiled(
+    target: Target, built: Any, options: ProfileOptions, run_dir: Path
+) -> tuple[dict[str, Any], list[Any]]:
+    """The measured run with its profiler and sync windows, and the report document of it."""
+    with _failing_run(target, run_dir):
+        timed = options.warmup + options.timed
+        window = ProfilerWindow(built.engine.device, timed, options.steps)
+        # the syncs are located in steps of their own: the locator's hooks slow every operator
+        syncs = SyncWindow(built.engine.device, timed + options.steps, options.steps)
+        figures = run(
+            built, options.warmup, options.timed, extra_steps=2 * options.steps, hooks=[window, syncs]
+        )
+    trace = {**analyze(window), "syncs": syncs.report()}
+    trace_path = window.export(run_dir / TRACE_FILE)
+    bottleneck, advice = diagnose(built, figures, trace)
+    # timings of a model that does not train: say so before anything else
+    if not _finite(figures.get("final_loss")):
+        bottleneck = {"name": "non-finite loss", "text": NAN_TEXT.format(loss=figures.get("final_loss"))}
+    doc = _document(built, figures, trace, bottleneck, advice, trace_path)
+    doc["regime"] = asdict(classify(probe_from(figures, trace, built.peak_tflops)))  # app/regime.py
+    return doc, advice
+
+
+def _verify(
+    target: Target, advice: list[Any], run_dir: Path, options: ProfileOptions, log: Callable[[str], None]
+) -> dict[str, Any]:
+    quiet = logging.getLogger("turbotrain")
+    level = quiet.level
+    quiet.setLevel(max(level, logging.WARNING))  # each run's assembly notes: the profiled run said them once
+    try:
+        return verify(
+            target,
+            advice,
+            run_dir / "verify",
+            warmup=options.verify_warmup,
+            steps=options.verify_steps,
+            repeats=options.repeats,
+            log=log,
+        )
+    finally:
+        quiet.setLevel(level)
 
 
 NAN_TEXT = (
@@ -134,6 +145,16 @@ def _failing_run(target: Target, run_dir: Path) -> Iterator[None]:
         raise
 
 
+FIGURES = (  # the measured run's figures the report keeps, in this order
+    "step_ms_median throughput throughput_unit samples_per_s tokens_per_s first_step_s data_wait_ms_per_step "
+    "tflops mfu peak_bytes warmup steps"
+).split()
+PROFILED_NOTE = (
+    "phase shares come from the profiled steps (profiler overhead included) and are applied to "
+    "the unprofiled median step; the data wait is measured in the unprofiled timed steps"
+)
+
+
 def _document(
     built: Any,
     figures: dict[str, Any],
@@ -143,19 +164,6 @@ def _document(
     trace_path: Path,
 ) -> dict[str, Any]:
     c, engine = built.config, built.engine
-    step_ms = figures["step_ms_median"]
-    scale = step_ms / trace["profiled_step_ms"] if trace["profiled_step_ms"] else 1.0
-    breakdown = {
-        p: {
-            "ms": v["share"] * step_ms,
-            "share": v["share"],
-            **({"device_ms": v["device_ms"] * scale} if "device" in trace else {}),
-        }
-        for p, v in trace["phases"].items()
-    }
-    breakdown["data"]["ms"] = figures["data_wait_ms_per_step"]  # measured unprofiled, in the timed steps
-    breakdown["data"]["share"] = figures["data_wait_ms_per_step"] / step_ms if step_ms else 0.0
-    device = engine.device.type
     return {
         "schema": SCHEMA,
         "target": {
@@ -164,63 +172,61 @@ def _document(
         },
         "run_dir": str(built.run_dir),
         "trace": str(trace_path),
-        "device": device,
+        "device": engine.device.type,
         "device_name": device_name(engine.device),
-        "settings": {
-            "precision": engine.precision.name,
-            "compile": engine.options.compile_scope
-            if engine.options.compile_scope == "off"
-            else f"{engine.options.compile_scope} ({c.compile.mode})",
-            "optimizer": type(built.optimizer).__name__
-            + (
-                ""
-                if built.workload and built.workload.optimizer
-                else f" ({resolve_implementation(c.optim.implementation, engine.device)})"
-            ),
-            "micro_batch": built.micro,
-            "accumulation": engine.accumulation,
-            "log_every": c.monitor.log_every,
-            "checkpointing": c.memory.checkpointing,
-        },
+        "settings": _settings(built),
         "loader": built.loader_info,
-        "figures": {
-            k: figures.get(k)
-            for k in (
-                "step_ms_median",
-                "throughput",
-                "throughput_unit",
-                "samples_per_s",
-                "tokens_per_s",
-                "first_step_s",
-                "data_wait_ms_per_step",
-                "tflops",
-                "mfu",
-                "peak_bytes",
-                "warmup",
-                "steps",
-            )
-        },
+        "figures": {k: figures.get(k) for k in FIGURES},
         "profiled": {
             "steps": trace["profiled_steps"],
             "step_ms": trace["profiled_step_ms"],
-            "note": "phase shares come from the profiled steps (profiler overhead included) and are applied to "
-            "the unprofiled median step; the data wait is measured in the unprofiled timed steps",
+            "note": PROFILED_NOTE,
         },
-        "breakdown": breakdown,
+        "breakdown": _breakdown(figures, trace),
         "device_timeline": trace.get("device"),
         "syncs": trace["syncs"],
         "operators": {
-            "forward_ops_per_step": trace["forward_ops_per_step"],
-            "forward_op_median_us": trace["forward_op_median_us"],
-            "forward_op_time_median_us": trace["forward_op_time_median_us"],
+            k: trace[k] for k in ("forward_ops_per_step", "forward_op_median_us", "forward_op_time_median_us")
         },
         "compile": {
-            "compiled": figures["compiled"],
-            "recompiles_after_warmup": figures["recompiles_after_warmup"],
-            "graph_breaks": figures["graph_breaks"],
+            **{k: figures[k] for k in ("compiled", "recompiles_after_warmup", "graph_breaks")},
             "graph_break_reasons": graph_break_reasons(),
         },
         "bottleneck": bottleneck,
         "recommendations": [a.to_dict() for a in advice],
         "verify": None,
+    }
+
+
+def _breakdown(figures: dict[str, Any], trace: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Each phase's share of the profiled steps applied to the unprofiled median step."""
+    step_ms = figures["step_ms_median"]
+    scale = step_ms / trace["profiled_step_ms"] if trace["profiled_step_ms"] else 1.0
+    out = {
+        p: {
+            "ms": v["share"] * step_ms,
+            "share": v["share"],
+            **({"device_ms": v["device_ms"] * scale} if "device" in trace else {}),
+        }
+        for p, v in trace["phases"].items()
+    }
+    out["data"]["ms"] = figures["data_wait_ms_per_step"]  # measured unprofiled, in the timed steps
+    out["data"]["share"] = figures["data_wait_ms_per_step"] / step_ms if step_ms else 0.0
+    return out
+
+
+def _settings(built: Any) -> dict[str, Any]:
+    c, engine, scope = built.config, built.engine, built.engine.options.compile_scope
+    own_optimizer = built.workload and built.workload.optimizer
+    implementation = (
+        "" if own_optimizer else f" ({resolve_implementation(c.optim.implementation, engine.device)})"
+    )
+    return {
+        "precision": engine.precision.name,
+        "compile": scope if scope == "off" else f"{scope} ({c.compile.mode})",
+        "optimizer": type(built.optimizer).__name__ + implementation,
+        "micro_batch": built.micro,
+        "accumulation": engine.accumulation,
+        "log_every": c.monitor.log_every,
+        "checkpointing": c.memory.checkpointing,
     }

@@ -1,35 +1,21 @@
 """Every host-device synchronisation of a training step, located to the file and line that made it.
 
-:class:`SyncLocator` watches the step at two levels while it is active:
+:class:`SyncLocator` watches the step at two levels: the Python API (a ``TorchFunctionMode``:
+``.item()``, ``float()``/``bool()`` of a tensor, ``.tolist()``, ``.cpu()``, printing a tensor, ...)
+and the dispatcher (a ``TorchDispatchMode``: reads made inside C++, operators whose output shape
+depends on the values, device-to-host copies); on CUDA ``torch.cuda.set_sync_debug_mode("warn")``
+adds the synchronising calls neither sees. Each event is attributed to the innermost Python frame
+outside PyTorch and this module, at its exact line. Only values on the run's device count; on a CPU
+run every read is counted and marked with whether it would wait on a GPU (:func:`is_sync`).
 
-- the Python API (a ``TorchFunctionMode``): ``.item()``, ``float()`` / ``int()`` / ``bool()`` of a
-  tensor (an ``if`` on a tensor), ``.tolist()``, ``.cpu()``, ``.numpy()``, printing or formatting a
-  tensor, ``.to("cpu")`` of a tensor that is not on the host already;
-- the dispatcher (a ``TorchDispatchMode``): what the API level does not see, such as a read made
-  inside C++ (``aten::_local_scalar_dense``), operators whose output shape depends on the values
-  (``nonzero``, ``masked_select``, ``unique``, indexing with a boolean mask, ``repeat_interleave``
-  without ``output_size``) and copies from the device to the host.
-
-Each event is attributed to the innermost Python frame outside PyTorch and this module: its exact
-line (the frame's current line, not its function's ``def``), with the source text. Only values on
-the run's device count (on a GPU run, reading a CPU tensor such as torch.optim's step counter waits
-for nothing); on a CPU run every read is counted and marked with whether it would make the host
-wait on a GPU (:func:`~.trace.is_sync`: the non-finite guard on CPU reads host values by design).
-On CUDA, ``torch.cuda.set_sync_debug_mode("warn")`` also reports synchronising calls the two levels
-do not see (an explicit ``torch.cuda.synchronize()``, a blocking copy inside a library).
-
-Both modes add Python work to every operator, so the locator runs over its own few steps, after
-the profiled ones, and compiled code runs eagerly under it (``torch.compiler.set_stance``): a
-compiled graph breaks at a sync anyway, so eager shows the same syncs and the ones a graph hides.
-
-Used by ``turbotrain profile`` (:class:`SyncWindow`) and ``turbotrain doctor --model``
-(:func:`locate_workload_syncs`).
+Both modes add Python work to every operator, so the locator runs over its own few steps, and
+compiled code runs eagerly under it: a compiled graph breaks at a sync anyway, so eager shows the
+same syncs and the ones a graph hides.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import linecache
 import sys
 import warnings
@@ -46,6 +32,7 @@ from torch.utils._pytree import tree_leaves
 
 from ...core.engine import Engine, default_loss
 from ...core.graphs import SHAPE_SYNC_OPS
+from ...core.meter.trial import copy_on
 from ...loop.fit import fit
 from ...loop.hooks import FitContext, Hook
 from ...parts.workload import Workload
@@ -58,18 +45,9 @@ SHAPE = "data-dependent shape"  # nonzero, boolean masks, unique
 CUDA_CALL = "synchronising CUDA call"  # reported by torch.cuda.set_sync_debug_mode
 
 _API = {
-    "item": READ,
-    "__bool__": READ,
-    "__float__": READ,
-    "__int__": READ,
-    "__index__": READ,
-    "tolist": COPY,
-    "cpu": COPY,
-    "numpy": COPY,
-    "__array__": COPY,
-    "__repr__": PRINT,
-    "__str__": PRINT,
-    "__format__": PRINT,
+    **dict.fromkeys(("item", "__bool__", "__float__", "__int__", "__index__"), READ),
+    **dict.fromkeys(("tolist", "cpu", "numpy", "__array__"), COPY),
+    **dict.fromkeys(("__repr__", "__str__", "__format__"), PRINT),
 }
 
 
@@ -78,10 +56,9 @@ def _is_cpu(device: Any) -> bool:
 
 
 def classify_frame(path: str) -> str | None:
-    """The kind of a host read made in this file ('user', 'monitor', 'guard', 'optimizer',
-    'clock' or 'turbotrain'), or None for PyTorch's own frames (and other installed packages'),
-    which are skipped to find the caller. torch.optim's frames are kept: its implementation makes
-    the read."""
+    """The kind of a host read made in this file ('user', 'monitor', 'guard', 'optimizer', 'clock',
+    'turbotrain'), or None for other packages' frames, skipped to find the caller (torch.optim's
+    are kept: its implementation makes the read)."""
     norm = path.replace("\\", "/")
     if "torch/optim/" in norm:
         return "optimizer"
@@ -92,11 +69,8 @@ def classify_frame(path: str) -> str | None:
         if module.startswith("core/precision/"):  # the non-finite guard lives in the precision package
             return "guard"
         # the measuring kit (its clock, app/measure.py's wrapper around the step) measures, it is not the step
-        return {
-            "loop/monitor/hook.py": "monitor",
-            "core/meter/clock.py": "clock",
-            "app/measure.py": "clock",
-        }.get(module, "turbotrain")
+        kinds = {"loop/monitor/hook.py": "monitor", "core/meter/clock.py": "clock", "app/measure.py": "clock"}
+        return kinds.get(module, "turbotrain")
     return "user"
 
 
@@ -110,17 +84,14 @@ def is_sync(kind: str, device_type: str) -> bool:
 
 
 class SyncLocator:
-    """Records each sync of the code run while it is active (a context manager; :meth:`start` and
-    :meth:`stop` for a window that spans calls). ``device`` is the run's device: only values on it
-    count. :meth:`sources` gives the table."""
+    """Records each sync of the code run while active (a context manager, or :meth:`start` and
+    :meth:`stop`); only values on ``device`` count."""
 
     def __init__(self, device: torch.device | str) -> None:
         self.device = torch.device(device)
         self.events: Counter[tuple[str, str, str, str]] = Counter()  # (kind, what, where, code)
         self.depth = 0  # > 0 inside an API call already recorded: its own operators are not counted twice
         self._stack: contextlib.ExitStack | None = None
-
-    # ------------------------------------------------------------------ recording
 
     def _on_device(self, t: Any) -> TypeGuard[torch.Tensor]:
         return isinstance(t, torch.Tensor) and t.device.type == self.device.type
@@ -129,7 +100,15 @@ class SyncLocator:
         kind, where, code = locate(frame)
         self.events[(kind, f"{op} ({what})", where, code)] += 1
 
-    # ------------------------------------------------------------------ window
+    def counted(self, what: str, op: str, frame: FrameType | None, func: Any, args: Any, kwargs: Any) -> Any:
+        """Record one sync and make the call; what the call does inside (its operators, the sync
+        CUDA's debug mode reports) is not counted again."""
+        self.record(what, op, frame)
+        self.depth += 1
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self.depth -= 1
 
     def start(self) -> None:
         stack = contextlib.ExitStack()
@@ -155,10 +134,8 @@ class SyncLocator:
         self.stop()
 
     def sources(self, steps: int) -> list[dict[str, Any]]:
-        """One row per (kind, operation, line), most frequent first: ``kind`` (user, monitor,
-        guard, optimizer, turbotrain, unknown), ``what``, ``where`` ('file.py:LINE (function)'),
-        ``code`` (that line's text), ``per_step`` and ``sync`` (whether the host waits for the
-        device there, on this device or, on a CPU, on a GPU)."""
+        """One row per (kind, operation, line), most frequent first, with ``per_step`` and ``sync``
+        (whether the host waits for the device there: on this device or, on a CPU, on a GPU)."""
         return [
             {
                 "kind": kind,
@@ -173,19 +150,9 @@ class SyncLocator:
         ]
 
 
-def summarize(sources: list[dict[str, Any]]) -> dict[str, Any]:
-    """``per_step`` (syncs), ``host_reads_per_step`` (every located event) and the sources."""
-    return {
-        "per_step": sum(s["per_step"] for s in sources if s["sync"]),
-        "host_reads_per_step": sum(s["per_step"] for s in sources),
-        "sources": sources,
-        "located": True,
-    }
-
-
 def locate(frame: FrameType | None) -> tuple[str, str, str]:
     """(kind, 'file.py:LINE (function)', the line's text) of the innermost frame that is not
-    PyTorch's or this module's (torch.optim's frames are kept: its implementation makes the read)."""
+    PyTorch's or this module's."""
     while frame is not None:
         path = frame.f_code.co_filename.replace("\\", "/")
         if path != _HERE:
@@ -198,11 +165,13 @@ def locate(frame: FrameType | None) -> tuple[str, str, str]:
     return "unknown", "no Python frame (inside the autograd engine or C++)", ""
 
 
-class _FunctionLevel(TorchFunctionMode):
+class _Level:
     def __init__(self, locator: SyncLocator) -> None:
         super().__init__()
         self.loc = locator
 
+
+class _FunctionLevel(_Level, TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
@@ -216,32 +185,17 @@ class _FunctionLevel(TorchFunctionMode):
             return func(*args, **kwargs)
         if name == "to" and args[0].device.type == "cpu":
             return func(*args, **kwargs)  # a host tensor to the host: no copy (a CPU run moving its batches)
-        self.loc.record(
-            what, f".{name.strip('_')}()" if not name.startswith("__") else name, sys._getframe(1)
-        )
-        self.loc.depth += 1
-        try:
-            return func(*args, **kwargs)
-        finally:
-            self.loc.depth -= 1
+        op = f".{name.strip('_')}()" if not name.startswith("__") else name
+        return self.loc.counted(what, op, sys._getframe(1), func, args, kwargs)
 
 
-class _DispatchLevel(TorchDispatchMode):
-    def __init__(self, locator: SyncLocator) -> None:
-        super().__init__()
-        self.loc = locator
-
+class _DispatchLevel(_Level, TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         what = None if self.loc.depth else self._what(func, args, kwargs)
         if what is None:
             return func(*args, **kwargs)
-        self.loc.record(what, f"aten::{func._opname}", sys._getframe(1))
-        self.loc.depth += 1  # the sync this operator makes (CUDA's debug mode reports it too) is counted once
-        try:
-            return func(*args, **kwargs)
-        finally:
-            self.loc.depth -= 1
+        return self.loc.counted(what, f"aten::{func._opname}", sys._getframe(1), func, args, kwargs)
 
     def _what(self, func: Any, args: Any, kwargs: Any) -> str | None:
         name = func._opname
@@ -336,22 +290,25 @@ class SyncWindow(Hook):
             self.running = False
 
     def report(self) -> dict[str, Any]:
-        """:func:`summarize` of the window, with the steps it covered."""
-        return {**summarize(self.locator.sources(self.seen)), "steps": self.seen}
+        """``per_step`` (syncs), ``host_reads_per_step`` (every located event), the sources and the steps."""
+        sources = self.locator.sources(self.seen)
+        return {
+            "per_step": sum(s["per_step"] for s in sources if s["sync"]),
+            "host_reads_per_step": sum(s["per_step"] for s in sources),
+            "sources": sources,
+            "located": True,
+            "steps": self.seen,
+        }
 
 
 def locate_workload_syncs(workload: Workload, device: str = "cpu", steps: int = 2) -> dict[str, Any]:
     """Train a copy of ``workload`` for 1 + ``steps`` optimizer steps in eager fp32 on ``device``
-    (the first, with its one-time work, is not counted) and locate the syncs of the others:
-    :func:`summarize`'s document, with ``steps``. Your model and optimizer are not touched."""
+    (the first, with its one-time work, is not counted) and locate the syncs of the others
+    (:meth:`SyncWindow.report`). Your model and optimizer are not touched."""
     engine = Engine({"run": {"device": device}, "compile": {"scope": "off"}, "precision": {"mode": "fp32"}})
-    model = copy.deepcopy(workload.model)
-    optimizer = (
-        type(workload.optimizer)(model.parameters(), **workload.optimizer.defaults)
-        if workload.optimizer is not None
-        else torch.optim.AdamW(model.parameters(), lr=1e-4)
-    )
-    model = engine.setup(model, optimizer)[0]  # the same optimizer back
+    default = lambda params: torch.optim.AdamW(params, lr=1e-4)  # noqa: E731
+    model, optimizer = copy_on(engine, workload.model, workload.optimizer or default)
+    assert optimizer is not None
     batches = list(islice(cycle(workload.train_loader), (1 + steps) * engine.accumulation))
     window = SyncWindow(engine.device, 1, steps)
     fit(

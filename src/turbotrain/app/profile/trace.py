@@ -1,32 +1,21 @@
 """A torch.profiler window over a few training steps, and what its events say.
 
-:class:`ProfilerWindow` is a hook: it starts ``torch.profiler`` after a given optimizer step and
-stops it ``steps`` steps later (Python stacks on, so every host read of a device value can be
-traced to the line that made it). :func:`analyze` turns the events into per-step figures:
-
-- host time per phase, from the ranges turbotrain marks (:mod:`turbotrain.app.measure`: the loader
-  wait, the forward pass, each hook) and the ones PyTorch emits (``autograd::engine`` for
-  backward, ``Optimizer.step#...`` / ``Optimizer.zero_grad#...``); the rest is "other";
-- on CUDA, device time per phase (kernels launched inside each range), host-to-device copies
-  (``Memcpy HtoD``) and the device's idle gaps (window minus the union of kernel intervals);
-- host reads of device values (``aten::_local_scalar_dense``: ``.item()``, ``float()``,
-  ``bool()`` of a tensor; on CUDA each is a host-device sync, as are explicit
-  ``cuda*Synchronize`` calls), each attributed to its source by the Python stack;
-- the median operator duration in the forward pass (host on CPU, kernels on CUDA), and on the
-  host its time-weighted median (:func:`time_weighted_median`): when the operators that hold most
-  of the forward's time are tiny, per-operator overhead, not arithmetic, sets the pace.
+:class:`ProfilerWindow` is a hook that profiles a few optimizer steps; :func:`analyze` turns the
+events into per-step figures: host time per phase, from the ranges turbotrain marks
+(:mod:`turbotrain.app.measure`) and the ones PyTorch emits (``autograd::engine`` for backward,
+``Optimizer.step#...``), the rest "other"; on CUDA device time per phase, host-to-device copies and
+the device's idle gaps; the forward's median operator duration and its time-weighted median
+(:func:`time_weighted_median`). Host reads of device values are located by :mod:`.syncs`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import statistics
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -36,27 +25,20 @@ from torch.autograd import DeviceType
 
 from ...loop.hooks import FitContext, Hook
 from ..measure import DATA_LABEL, FORWARD_LABEL, HOOK_LABEL
-from .syncs import classify_frame, is_sync
 
 PHASES = ("data", "forward", "backward", "optimizer", "hooks")
-READ_OPS = ("aten::_local_scalar_dense",)
-SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
-_FRAME = re.compile(r"^(?P<path>.+\.py)\((?P<line>\d+)\): (?P<func>.+)$")
+PHASE_PREFIXES = (
+    ("autograd::engine::evaluate_function", "backward"),
+    (("Optimizer.step#", "Optimizer.zero_grad#"), "optimizer"),
+    (HOOK_LABEL, "hooks"),
+)
 
 
 def phase_of(name: str) -> str | None:
     """The phase a host range belongs to, by the name PyTorch or turbotrain gave it."""
-    if name == DATA_LABEL:
-        return "data"
-    if name == FORWARD_LABEL:
-        return "forward"
-    if name.startswith("autograd::engine::evaluate_function"):
-        return "backward"
-    if name.startswith(("Optimizer.step#", "Optimizer.zero_grad#")):
-        return "optimizer"
-    if name.startswith(HOOK_LABEL):
-        return "hooks"
-    return None
+    if name in (DATA_LABEL, FORWARD_LABEL):
+        return "data" if name == DATA_LABEL else "forward"
+    return next((phase for prefix, phase in PHASE_PREFIXES if name.startswith(prefix)), None)
 
 
 @contextlib.contextmanager
@@ -119,9 +101,6 @@ class ProfilerWindow(Hook):
         return path
 
 
-# ----------------------------------------------------------------------------- intervals
-
-
 def _union_us(intervals: Iterable[tuple[float, float]]) -> float:
     total, end = 0.0, float("-inf")
     for a, b in sorted(intervals):
@@ -152,26 +131,6 @@ def _device_us(e: Any) -> float:
     return float(getattr(e, "device_time_total", 0.0) or 0.0)
 
 
-# ----------------------------------------------------------------------------- attribution
-
-
-def read_source(event: Any) -> tuple[str, str]:
-    """(kind, where) of a host read in the profiler's events: where is 'file.py:LINE (function)'
-    of the innermost frame :func:`classify_frame` does not skip (the profiler's frames name a
-    function's first line; :mod:`.syncs` locates the exact line)."""
-    for parent in _ancestors(event):
-        m = _FRAME.match(parent.name)
-        if not m:
-            continue
-        kind = classify_frame(m["path"])
-        if kind is not None:
-            return kind, f"{m['path'].replace(chr(92), '/')}:{m['line']} ({m['func']})"
-    return "unknown", "no Python stack recorded"
-
-
-# ----------------------------------------------------------------------------- analysis
-
-
 def time_weighted_median(durations_us: Iterable[float]) -> float | None:
     """The duration (us) of the operator in which half of the total time is reached, shortest
     first: half of the time goes to operators at most this long. Unlike the plain median it
@@ -196,6 +155,31 @@ def analyze(window: ProfilerWindow) -> dict[str, Any]:
     steps = max(window.steps, 1)
     host = [e for e in events if e.device_type == DeviceType.CPU]
     window_us = window.window_s * 1e6
+    step_ms = window_us / 1000 / steps
+    forward_ops = [
+        e
+        for e in host
+        if e.name.startswith("aten::")
+        and any(a.name == FORWARD_LABEL for a in _ancestors(e))
+        and not any(a.name.startswith("aten::") for a in _ancestors(e))
+    ]
+    forward_us = [e.cpu_time_total for e in forward_ops]
+    out: dict[str, Any] = {
+        "profiled_steps": steps,
+        "profiled_step_ms": step_ms,
+        "phases": _phases(host, window_us, steps),
+        "forward_ops_per_step": len(forward_ops) / steps,
+        "forward_op_median_us": statistics.median(forward_us) if forward_us else None,
+        "forward_op_time_median_us": time_weighted_median(forward_us),
+    }
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    if kernels:
+        out["device"] = _device_timeline(kernels, window_us, steps)
+    return out
+
+
+def _phases(host: list[Any], window_us: float, steps: int) -> dict[str, dict[str, float]]:
+    """Host (and device) ms per step of each phase; "other" is the window's time outside them."""
     phases: dict[str, dict[str, float]] = {}
     covered: list[tuple[float, float]] = []
     for phase in PHASES:
@@ -210,49 +194,18 @@ def analyze(window: ProfilerWindow) -> dict[str, Any]:
     step_ms = window_us / 1000 / steps
     for p in phases.values():
         p["share"] = p["host_ms"] / step_ms if step_ms else 0.0
+    return phases
 
-    reads = [e for e in host if e.name in READ_OPS]
-    read_ids = {id(e) for e in reads}
-    syncs = [
-        e
-        for e in host
-        if e.name in SYNC_CALLS and not any(id(a) in read_ids or a.name in READ_OPS for a in _ancestors(e))
-    ]
-    by_source: Counter[tuple[str, str]] = Counter(read_source(e) for e in [*reads, *syncs])
-    sources: list[dict[str, Any]] = [
-        {"kind": kind, "where": where, "per_step": n / steps} for (kind, where), n in by_source.most_common()
-    ]
 
-    forward_ops = [
-        e
-        for e in host
-        if e.name.startswith("aten::")
-        and any(a.name == FORWARD_LABEL for a in _ancestors(e))
-        and not any(a.name.startswith("aten::") for a in _ancestors(e))
-    ]
-    device_type = "cuda" if any(e.device_type == DeviceType.CUDA for e in events) or window.cuda else "cpu"
-    out: dict[str, Any] = {
-        "profiled_steps": steps,
-        "profiled_step_ms": step_ms,
-        "phases": phases,
-        "host_reads_per_step": (len(reads) + len(syncs)) / steps,
-        "syncs_per_step": sum(s["per_step"] for s in sources if is_sync(s["kind"], device_type)),
-        "read_sources": [{**s, "sync": is_sync(s["kind"], device_type)} for s in sources],
-        "forward_ops_per_step": len(forward_ops) / steps,
-        "forward_op_median_us": statistics.median(e.cpu_time_total for e in forward_ops)
-        if forward_ops
-        else None,
-        "forward_op_time_median_us": time_weighted_median(e.cpu_time_total for e in forward_ops),
+def _device_timeline(kernels: list[Any], window_us: float, steps: int) -> dict[str, float]:
+    """CUDA: busy and idle ms per step, host-to-device copies, kernels per step and their median."""
+    busy = _union_us(_span(k) for k in kernels)
+    durations = [_span(k)[1] - _span(k)[0] for k in kernels]
+    return {
+        "busy_ms": busy / 1000 / steps,
+        "idle_ms": max(window_us - busy, 0.0) / 1000 / steps,
+        "idle_share": max(window_us - busy, 0.0) / window_us if window_us else 0.0,
+        "h2d_copy_ms": sum(d for d, k in zip(durations, kernels) if "HtoD" in k.name) / 1000 / steps,
+        "kernels_per_step": len(kernels) / steps,
+        "kernel_median_us": statistics.median(durations),
     }
-    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
-    if kernels:
-        busy = _union_us(_span(k) for k in kernels)
-        out["device"] = {
-            "busy_ms": busy / 1000 / steps,
-            "idle_ms": max(window_us - busy, 0.0) / 1000 / steps,
-            "idle_share": max(window_us - busy, 0.0) / window_us if window_us else 0.0,
-            "h2d_copy_ms": sum(_span(k)[1] - _span(k)[0] for k in kernels if "HtoD" in k.name) / 1000 / steps,
-            "kernels_per_step": len(kernels) / steps,
-            "kernel_median_us": statistics.median(_span(k)[1] - _span(k)[0] for k in kernels),
-        }
-    return out

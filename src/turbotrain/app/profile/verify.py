@@ -1,14 +1,11 @@
 """``turbotrain profile --verify``: apply each recommendation in its own short run and keep only
 what measurably helped.
 
-Every recommendation with config ``settings`` becomes a variant; the baseline and the variants
-run ``repeats`` times, interleaved (baseline, A, B, ..., then the reverse order, and so on, so a
-burst of load on a shared machine hits all of them alike), each a fresh short run in this process
-(:func:`turbotrain.app.measure.measure_once`: warm-up excluded, median step). A variant's speedup is
-the median of its throughputs over the baseline's median; it is kept when that is at least the
-bench's RECOMMEND_MIN_SPEEDUP (1.05x: below it, run-to-run noise). Changes to your own code
-cannot be applied here and are reported as "not verified". Ctrl-C ends the verification early:
-what ran is reported, the rest is marked unverified.
+The baseline and each recommendation with config ``settings`` run ``repeats`` times, interleaved
+(so a burst of load on a shared machine hits all of them alike), each a fresh short run
+(:func:`turbotrain.app.measure.measure_once`). A variant is kept when the median of its
+throughputs over the baseline's is at least RECOMMEND_MIN_SPEEDUP (below it, run-to-run noise).
+Changes to your own code are "not verified". Ctrl-C reports what ran; the rest is unverified.
 """
 
 from __future__ import annotations
@@ -21,6 +18,9 @@ from typing import Any
 from ...core.meter.parity import RECOMMEND_MIN_SPEEDUP, interleaved
 from ..measure import Target, measure_once
 from .advice import Advice
+
+CODE_CHANGE = {"status": "not verified", "reason": "a change to your code: apply it and profile again"}
+NOT_RUN = {"status": "not verified", "reason": "interrupted before it ran"}
 
 
 def verify(
@@ -38,17 +38,13 @@ def verify(
     candidates = [a for a in advice if a.settings]
     for a in advice:
         if not a.settings:
-            a.verified = {
-                "status": "not verified",
-                "reason": "a change to your code: apply it and profile again",
-            }
+            a.verified = dict(CODE_CHANGE)
+    head: dict[str, Any] = {"repeats": repeats, "warmup": warmup, "steps": steps, "interrupted": False}
+    head["min_speedup"] = RECOMMEND_MIN_SPEEDUP
     if not candidates:
         return {
+            **head,
             "repeats": 0,
-            "warmup": warmup,
-            "steps": steps,
-            "interrupted": False,
-            "min_speedup": RECOMMEND_MIN_SPEEDUP,
             "baseline": {"throughput_median": None, "throughputs": [], "unit": None},
             "note": "no recommendation is a setting: nothing to run",
         }
@@ -56,45 +52,35 @@ def verify(
         (a.change, a.settings) for a in candidates
     ]
     runs: list[list[dict[str, Any]]] = [[] for _ in variants]
-    total, done, interrupted = repeats * len(variants), 0, False
     try:
-        for r, i in interleaved(len(variants), repeats):
-            done += 1
-            log(f"verify {done}/{total}: {variants[i][0]}")
+        for done, (r, i) in enumerate(interleaved(len(variants), repeats), 1):
+            log(f"verify {done}/{repeats * len(variants)}: {variants[i][0]}")
             runs[i].append(measure_once(target, variants[i][1], run_dir / f"run{i}-{r + 1}", warmup, steps))
     except KeyboardInterrupt:
-        interrupted = True
+        head["interrupted"] = True
         log("verification interrupted: reporting the runs that finished")
     base = [f["throughput"] for f in runs[0]]
     base_median = statistics.median(base) if base else None
     base_loss = _median([f.get("parity_loss") for f in runs[0]])
-    for a in candidates:
-        mine = runs[1 + candidates.index(a)]
-        if not mine or base_median is None:
-            a.verified = {"status": "not verified", "reason": "interrupted before it ran"}
-            continue
-        median = statistics.median(f["throughput"] for f in mine)
-        speedup = median / base_median
-        loss = _median([f.get("parity_loss") for f in mine])
-        a.verified = {
-            "status": "kept" if speedup >= RECOMMEND_MIN_SPEEDUP else "dropped",
-            "speedup": speedup,
-            "throughput_median": median,
-            "throughputs": [f["throughput"] for f in mine],
-            "runs": len(mine),
-            "loss_diff": None if loss is None or base_loss is None else loss - base_loss,
-        }
+    for a, mine in zip(candidates, runs[1:]):
+        a.verified = (
+            _verdict(mine, base_median, base_loss) if mine and base_median is not None else dict(NOT_RUN)
+        )
+    unit = runs[0][0]["throughput_unit"] if runs[0] else None
+    return {**head, "baseline": {"throughput_median": base_median, "throughputs": base, "unit": unit}}
+
+
+def _verdict(mine: list[dict[str, Any]], base_median: float, base_loss: float | None) -> dict[str, Any]:
+    median = statistics.median(f["throughput"] for f in mine)
+    speedup = median / base_median
+    loss = _median([f.get("parity_loss") for f in mine])
     return {
-        "repeats": repeats,
-        "warmup": warmup,
-        "steps": steps,
-        "interrupted": interrupted,
-        "min_speedup": RECOMMEND_MIN_SPEEDUP,
-        "baseline": {
-            "throughput_median": base_median,
-            "throughputs": base,
-            "unit": runs[0][0]["throughput_unit"] if runs[0] else None,
-        },
+        "status": "kept" if speedup >= RECOMMEND_MIN_SPEEDUP else "dropped",
+        "speedup": speedup,
+        "throughput_median": median,
+        "throughputs": [f["throughput"] for f in mine],
+        "runs": len(mine),
+        "loss_diff": None if loss is None or base_loss is None else loss - base_loss,
     }
 
 

@@ -1,13 +1,9 @@
 """The one decision cache: a measured answer kept so the next run of the same model on the same
-machine does not measure again (choose's candidates, the batch finder's size, fp8's layer timing).
+machine does not measure again (choose, the batch finder, fp8's layer timing).
 
-One key, :func:`material`: the model's fingerprint, the device's name, the torch and turbotrain
-versions and the settings that change the answer, hashed by :func:`key_of`. One format: an entry
-is a JSON object ``{"material": ..., "value": ...}``, kept in a file of its own
-(``<folder>/<key>.json``) or, for answers that belong to one run directory, in one file of entries
-by key (:func:`read` and :func:`write` with ``key``). A file that cannot be read, holds JSON of
-another shape, or whose material differs (a hash collision, another version) is ignored with one
-line naming it, and the tool measures again; a cache that cannot be written is one line too.
+One key (:func:`material`, hashed by :func:`key_of`) and one format: ``{"material": ..., "value":
+...}`` in a file of its own or in one file of entries by key. A file that cannot be read, of another
+shape or another material is ignored with one line naming it, and the tool measures again.
 """
 
 from __future__ import annotations

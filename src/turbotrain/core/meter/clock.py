@@ -1,13 +1,6 @@
-"""The one clock of every measuring tool: the same code on every device.
-
-- :class:`Stamp`: a point on the device's timeline. On CUDA an event recorded on the current
-  stream (no host-device sync; read after one synchronize), elsewhere ``perf_counter`` (CPU
-  kernels have finished when they return). The only place ``torch.cuda.Event`` is created.
-- :class:`StepClock`: optimizer steps of a training run: time to first step (setup + compilation
-  + step 1, one synchronize) reported apart, warm-up steps not timed, then one stamp per timed
-  step, read once at the end; the median is the figure, the spread beside it.
-- :func:`time_call`: a callable timed ``repeats`` times after ``warmup`` calls (doctor's probes,
-  fp8's layer timing): a stamp before and after each call, one synchronize at the end.
+"""The one clock of every measuring tool, the same code on every device: :class:`Stamp` (the only
+place ``torch.cuda.Event`` is created), :class:`StepClock` (optimizer steps: time to first step
+apart, warm-up not timed, one read at the end) and :func:`time_call` (a callable, repeated).
 """
 
 from __future__ import annotations

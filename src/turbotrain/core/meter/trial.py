@@ -1,18 +1,7 @@
 """The one trial runner of the measuring tools: a step of a copy of the user's model on the run's
-device and precision.
-
-- :func:`copy_on`: a copy of the model (the user's is untouched) set up by an Engine (its device,
-  precision, compile and checkpointing), with a fresh optimizer of the user's type and settings.
-- :func:`train_step`: one real optimizer step of it: forward under the engine's autocast (eagerly
-  when asked: a compiled model is not recompiled for trial sizes), backward, ``optimizer.step()``;
-  ``on_phase`` is called after each phase (memory stats read their meter there).
-
-Users: the batch finder's :class:`~turbotrain.tools.memory.StepTrial` (the run's, measure's
-memory figure, ``get_optimal_batch_size``), ``turbotrain memory --measure`` and the meta-device
-estimate (:func:`~turbotrain.tools.memory.measure_step_memory`), the precision check's copy per
-mode, ``bench --inference``'s copy. Bench's plain PyTorch, Accelerate, Lightning and hand-tuned
-contenders are written as their users write them (that is what bench compares): they use only
-the kit's clock.
+device and precision (the batch finder, ``memory --measure``, the precision check, ``bench
+--inference``). Bench's other contenders are written as their users write them: they use only the
+kit's clock.
 """
 
 from __future__ import annotations
