@@ -34,12 +34,8 @@ from ..parts.models.registry import spec_for
 from ..parts.workload import Workload, load_workload
 from ..tools.memory.stats import default_vocab_size
 
-CHECKED = (
-    "fp32",
-    "bf16-mixed",
-    "fp16-mixed",
-    "bf16-true",
-)  # fp8 is asked for by name only, and needs torchao
+# fp8 is asked for by name only, and needs torchao
+CHECKED = ("fp32", "bf16-mixed", "fp16-mixed", "bf16-true")
 REFERENCE = "fp32"
 LOSS_RTOL = 0.05  # 16-bit rounding moves a loss by well under 1 %; 5 % is a model that computes differently
 GRAD_RTOL = 0.25  # a parameter's gradient norm: bf16 keeps 3 significant digits, less after long reductions
@@ -82,14 +78,11 @@ class PrecisionResult:
         return asdict(self)
 
 
-def _engine_config(device: torch.device) -> dict[str, dict[str, Any]]:
-    # an exact fp32 reference
-    return {
-        "run": {"device": str(device)},
-        "compile": {"scope": "off"},
-        "memory": {"on_oom": "stop"},
-        "precision": {"tf32": False, "cudnn_benchmark": False},
-    }
+EXACT: dict[str, dict[str, Any]] = {
+    "compile": {"scope": "off"},
+    "memory": {"on_oom": "stop"},
+    "precision": {"tf32": False, "cudnn_benchmark": False},
+}
 
 
 def _forward_backward(
@@ -98,7 +91,7 @@ def _forward_backward(
     """The loss, the gradients (unscaled, float32, by parameter name) and the fp16 loss scale."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # bf16 on CPU "is slow": true, and beside the point here
-        engine = Engine(_engine_config(device), precision=mode)
+        engine = Engine({"run": {"device": str(device)}, **EXACT}, precision=mode)  # an exact fp32 reference
     model, _ = copy_on(engine, w.model)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -167,10 +160,9 @@ def _compare(result: PrecisionResult, run: dict[str, Any], ref: dict[str, Any] |
 def fp8_plan(
     model: torch.nn.Module, device: torch.device, caps: DeviceCaps, settings: PrecisionConfig
 ) -> dict[str, Any]:
-    """What ``precision.mode = fp8`` (with the fp8 fields of ``settings``) would do to ``model`` on
-    ``caps``: the linear layers its filter converts, those it keeps in bf16 and why, how many
-    ``fp8_min_size = 1`` would convert when torchao's size thresholds leave none, and whether
-    this device runs it (else ``note``: the one-line refusal training would give)."""
+    """What ``precision.mode = fp8`` would do to ``model``: the linear layers its filter converts, those
+    kept in bf16 and why, how many ``fp8_min_size = 1`` would convert when none is, and whether this
+    device runs it (else ``note``: training's one-line refusal)."""
     fp8 = FP8.from_settings(device, settings)
     plan = fp8.layer_plan(model)
     converted = [name for name, why in plan.items() if not why]
@@ -183,14 +175,8 @@ def fp8_plan(
         "note": "",
     }
     if not converted and not fp8.min_size:
-        out["with_min_size_1"] = sum(
-            not why
-            for why in FP8.from_settings(
-                device, dataclasses.replace(recast(settings, FP8Settings), fp8_min_size=1)
-            )
-            .layer_plan(model)
-            .values()
-        )
+        ones = FP8.from_settings(device, dataclasses.replace(recast(settings, FP8Settings), fp8_min_size=1))
+        out["with_min_size_1"] = sum(not why for why in ones.layer_plan(model).values())
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # fp8_emulate's "correctness only": the caller asked for it
@@ -304,6 +290,9 @@ GPUS = (
 )
 
 
+_WITHIN = "finite and within rounding of fp32"
+
+
 def verdict(results: list[PrecisionResult], caps: DeviceCaps) -> dict[str, Any]:
     """The precision ``auto`` picks on ``caps``, whether it is sound for this model, and if not
     the first sound one on its fallback chain (the chain a run falls back along)."""
@@ -316,21 +305,13 @@ def verdict(results: list[PrecisionResult], caps: DeviceCaps) -> dict[str, Any]:
         out["reason"] = f"{auto} was not checked"
         return out
     if sound:
-        out["reason"] = (
-            "finite; it is the reference"
-            if row.status == "reference"
-            else "finite and within rounding of fp32"
-        )
+        out["reason"] = "finite; it is the reference" if row.status == "reference" else _WITHIN
         return out
     out["reason"] = row.detail
     mode = fallback_mode(auto, caps)
-    while mode is not None:
-        r = by_name.get(mode)
-        if r is not None and r.status in ("ok", "reference"):
-            out["use_instead"] = mode
-            break
+    while mode is not None and getattr(by_name.get(mode), "status", None) not in ("ok", "reference"):
         mode = fallback_mode(mode, caps)
-    return out
+    return {**out, "use_instead": mode} if mode is not None else out
 
 
 def load_target(model: str | None, preset: str | None, seed: int = 0) -> Workload:
@@ -442,13 +423,10 @@ def format_fp8(plan: dict[str, Any]) -> list[str]:
             f"- {len(plan['converted'])} of {total} linear layers would run in float8: {_names(plan['converted'])}"
         )
     else:
+        ones = plan.get("with_min_size_1")
         lines.append(
             f"- none of its {total} linear layers would run in float8, so fp8 would be bf16-mixed in effect"
-            + (
-                f"; --precision.fp8_min_size=1 converts {plan['with_min_size_1']}"
-                if plan.get("with_min_size_1")
-                else ""
-            )
+            + (f"; --precision.fp8_min_size=1 converts {ones}" if ones else "")
         )
     if plan["kept"]:
         lines.append(f"- kept in bf16: {_names(plan['kept'])}")

@@ -44,8 +44,6 @@ __all__ = [  # the report's names, from where they live now (turbotrain.app.repo
     "write_summary",
 ]
 
-# ----------------------------------------------------------------------------- reading
-
 
 @dataclass
 class RunFiles:
@@ -97,13 +95,8 @@ def load_run(run_dir: str | Path) -> RunFiles:
     return data
 
 
-# ----------------------------------------------------------------------------- summary.md
-
-
 def _fmt(value: Any, spec: str = ",.1f", unit: str = "") -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:{spec}}{unit}"
+    return "n/a" if value is None else f"{value:{spec}}{unit}"
 
 
 def _amount(summary: dict[str, Any]) -> str:
@@ -167,12 +160,17 @@ def _optimizations(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _section(title: str, lines: list[str]) -> list[str]:
+    """A summary.md section after the first: none when it has no lines."""
+    return ["", f"## {title}", "", *lines] if lines else []
+
+
 def _fp8_layers(summary: dict[str, Any]) -> list[str]:
     """precision.fp8_layers = 'timed': the decision's line and table (core/precision/fp8_choice.py)."""
     plan = (summary.get("resolved") or {}).get("fp8_layers")
     if not isinstance(plan, dict) or "layers" not in plan:
         return []
-    return ["", "## fp8 per layer (timed)", "", plan["line"], "", FP8Choice.from_dict(plan).table()]
+    return _section("fp8 per layer (timed)", [plan["line"], "", FP8Choice.from_dict(plan).table()])
 
 
 def _performance(summary: dict[str, Any]) -> list[str]:
@@ -256,17 +254,17 @@ def _epochs(summary: dict[str, Any]) -> list[str]:
     if not epochs:  # train.epochs: one row per epoch
         return []
     keys = [k for k in epochs[-1] if k.startswith("epoch_")]
-    lines = [
-        "",
-        "## Epochs",
-        "",
-        "| epoch | step | " + " | ".join(k[len("epoch_") :].replace("_", " ") for k in keys) + " |",
-        "|---|---|" + "---|" * len(keys),
-    ]
-    return lines + [
-        f"| {e['epoch']} | {e['step']} | " + " | ".join(_fmt(e.get(k), ".4g") for k in keys) + " |"
-        for e in epochs
-    ]
+    return _section(
+        "Epochs",
+        [
+            "| epoch | step | " + " | ".join(k[len("epoch_") :].replace("_", " ") for k in keys) + " |",
+            "|---|---|" + "---|" * len(keys),
+            *(
+                f"| {e['epoch']} | {e['step']} | " + " | ".join(_fmt(e.get(k), ".4g") for k in keys) + " |"
+                for e in epochs
+            ),
+        ],
+    )
 
 
 def _compile(summary: dict[str, Any]) -> list[str]:
@@ -293,29 +291,16 @@ def _compile(summary: dict[str, Any]) -> list[str]:
 
 def _choose(summary: dict[str, Any]) -> list[str]:
     """The decision table of the settings chosen by measurement (choose.measure)."""
-    return (
-        ["", "## Settings chosen by measurement", "", *summary["choose"]["table"]]
-        if summary.get("choose")
-        else []
-    )
-
-
-def _experts(summary: dict[str, Any]) -> list[str]:
-    return expert_report.markdown(summary.get("experts"))
+    choose = summary.get("choose")
+    return ["", "## Settings chosen by measurement", "", *choose["table"]] if choose else []
 
 
 def _restarts(summary: dict[str, Any]) -> list[str]:
     restarts = summary.get("restarts") or {}
     if not restarts.get("count"):
         return []
-    lines = [
-        "",
-        "## Restarts",
-        "",
-        f"{restarts['count']} restart(s), each resuming by itself from its newest verified checkpoint:",
-        "",
-    ]
-    return lines + [
+    head = f"{restarts['count']} restart(s), each resuming by itself from its newest verified checkpoint:"
+    return _section("Restarts", [head, ""]) + [
         f"- {r.get('time')}: resumed at step {r.get('step')} from {r.get('resumed_from') or 'the start (no checkpoint yet)'}"
         f" on {r.get('world_size')} process(es), {r.get('steps_redone')} logged step(s) trained again ({r.get('why')})"
         for r in restarts.get("each", [])
@@ -324,26 +309,23 @@ def _restarts(summary: dict[str, Any]) -> list[str]:
 
 def _events(summary: dict[str, Any]) -> list[str]:
     events = summary.get("events") or []
-    if not events:
-        return []
-    return ["", "## Events", ""] + [f"- step {e['step']}: {e['kind']}: {e['detail']}" for e in events]
+    return _section("Events", [f"- step {e['step']}: {e['kind']}: {e['detail']}" for e in events])
 
 
 def _plots_and_notes(summary: dict[str, Any]) -> list[str]:
     report = summary.get("report", {})
     lines = ["", "## Plots", ""]
     lines += [f"![{Path(p).stem}]({p})" for p in report.get("plots", [])] or ["none"]
-    notes = report.get("skipped", []) + report.get("problems", [])
-    if notes:
-        lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
-    return lines
+    return lines + _section(
+        "Notes", [f"- {n}" for n in report.get("skipped", []) + report.get("problems", [])]
+    )
 
 
 def _config(summary: dict[str, Any]) -> list[str]:
     config = summary.get("config")
-    if not config:
-        return []
-    return ["", "## Resolved config", "", "```json", json.dumps(config, indent=2, default=str), "```"]
+    return _section(
+        "Resolved config", ["```json", json.dumps(config, indent=2, default=str), "```"] if config else []
+    )
 
 
 # summary.md, top to bottom: each section is a function of summary.json's dict that returns its
@@ -359,7 +341,7 @@ SECTIONS: list[Callable[[dict[str, Any]], list[str]]] = [
     _losses,
     _epochs,
     _compile,
-    _experts,
+    lambda summary: expert_report.markdown(summary.get("experts")),
     _restarts,
     _events,
     _plots_and_notes,

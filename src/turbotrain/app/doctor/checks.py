@@ -37,14 +37,9 @@ def fp8_check(gpus: list[dict[str, Any]], torchao: str | None) -> Check:
     emulate = "--precision.fp8_emulate=true runs it emulated, for correctness tests only"
     needed = ".".join(map(str, MIN_CAPABILITY))
     if not gpus:
+        found = f"torchao {torchao} is installed: {emulate}" if torchao else "torchao is not installed either"
         return Check(
-            "FP8",
-            "skip",
-            f"{GPU_ONLY}; "
-            + (
-                f"torchao {torchao} is installed: {emulate}" if torchao else "torchao is not installed either"
-            ),
-            "" if torchao else "pip install 'turbotrain[fp8]'",
+            "FP8", "skip", f"{GPU_ONLY}; {found}", "" if torchao else "pip install 'turbotrain[fp8]'"
         )
     old = [g for g in gpus if not g["fp8"]]
     if old:
@@ -70,10 +65,8 @@ def fp8_check(gpus: list[dict[str, Any]], torchao: str | None) -> Check:
 
 
 def run_checks(env: dict[str, Any]) -> list[Check]:
-    """Findings for ``env`` (from :func:`collect_env`), most important first within each topic.
-
-    Without a GPU, the GPU checks come back with level "skip" saying what could not be checked.
-    """
+    """Findings for ``env`` (:func:`collect_env`), most important first within each topic; without a
+    GPU the GPU checks are "skip", saying what could not be checked."""
     return [
         _device_check(env),
         *(_gpu_precision_checks(env) if env["gpus"] else _cpu_precision_checks(env)),
@@ -121,21 +114,17 @@ def _gpu_precision_checks(env: dict[str, Any]) -> list[Check]:
     """bf16, FP8, TF32, flash attention and triton on the GPU(s)."""
     gpus = env["gpus"]
     checks = [_bf16_check(gpus), fp8_check(gpus, env["packages"].get("torchao")), _tf32_check(env)]
-    if all(g["flash_attention"] for g in gpus):
-        checks.append(
-            Check(
-                "flash attention", "ok", "SDPA flash attention kernels available (model.attention = 'sdpa')"
-            )
+    flash = all(g["flash_attention"] for g in gpus)
+    checks.append(
+        Check("flash attention", "ok", "SDPA flash attention kernels available (model.attention = 'sdpa')")
+        if flash
+        else Check(
+            "flash attention",
+            "info",
+            "no flash attention kernel here (needs compute capability >= 8.0 and the "
+            "flash SDPA backend enabled); SDPA falls back to memory-efficient or math kernels",
         )
-    else:
-        checks.append(
-            Check(
-                "flash attention",
-                "info",
-                "no flash attention kernel here (needs compute capability >= 8.0 and the "
-                "flash SDPA backend enabled); SDPA falls back to memory-efficient or math kernels",
-            )
-        )
+    )
     if env["packages"].get("triton") is None:
         checks.append(
             Check(

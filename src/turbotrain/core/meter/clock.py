@@ -25,8 +25,8 @@ def sync(device: torch.device) -> None:
 
 
 class Stamp:
-    """A point on ``device``'s timeline (see the module docstring); :meth:`ms_to` reads the
-    milliseconds to a later stamp (on CUDA only after a synchronize)."""
+    """A point on ``device``'s timeline: on CUDA an event on the current stream (no sync; :meth:`ms_to`
+    reads it after a synchronize), elsewhere ``perf_counter`` (CPU kernels are done when they return)."""
 
     def __init__(self, device: torch.device) -> None:
         self.event: Any = None
@@ -55,11 +55,6 @@ class Timing:
     def spread(self) -> float:
         """(max - min) / median: 0.1 means the samples span 10 % of the median."""
         return (max(self.ms) - min(self.ms)) / max(self.median, 1e-12)
-
-
-def intervals(stamps: list[Stamp]) -> list[float]:
-    """Milliseconds between consecutive stamps (after a synchronize on CUDA)."""
-    return [a.ms_to(b) for a, b in zip(stamps, stamps[1:])]
 
 
 def time_call(fn: Callable[[], Any], device: torch.device, repeats: int, warmup: int = 2) -> Timing:
@@ -127,7 +122,7 @@ class StepClock:
             raise TurbotrainError(f"contender ran {self.steps} optimizer steps, expected {expected}")
         sync(self.device)
         timed_s = time.perf_counter() - self.t_warm
-        step_ms = intervals(self.stamps)
+        step_ms = [a.ms_to(b) for a, b in zip(self.stamps, self.stamps[1:])]
         losses = torch.stack([x.float().reshape(()) for x in self.losses]).tolist() if self.losses else []
         if len(losses) != expected:
             raise TurbotrainError(f"contender reported {len(losses)} losses for {expected} steps")
