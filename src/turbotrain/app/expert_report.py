@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..base.atomic import atomic_write
 from ..base.rundir import EXPERTS_FILE
-from .plots import pyplot, save_png
 
 LOAD_PLOT, PLACEMENT_PLOT = "expert_load.png", "expert_placement.png"
 
@@ -76,19 +76,25 @@ def markdown(section: dict[str, Any] | None) -> list[str]:
 def write_plots(data: dict[str, Any], out_dir: Path, subtitle: str = "") -> list[str]:
     """plots/expert_load.png and plots/expert_placement.png; returns the files written (relative
     to the run directory)."""
-    plt = pyplot()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     history = [h for h in data["history"] if h.get("load") and sum(map(sum, h["load"]))]
     written: list[str] = []
     out_dir.mkdir(parents=True, exist_ok=True)
     title_end = f"\n{subtitle}" if subtitle else ""
     if history:
         fig = _load_figure(plt, data, history, title_end)
-        save_png(fig, out_dir / LOAD_PLOT)
+        atomic_write(out_dir / LOAD_PLOT, lambda fh: fig.savefig(fh, format="png", bbox_inches="tight"))
+        plt.close(fig)
         written.append(f"{out_dir.name}/{LOAD_PLOT}")
     p = data.get("placement") or {}
     if p.get("ranks"):
         fig = _placement_figure(plt, data["n_experts"], p, title_end)
-        save_png(fig, out_dir / PLACEMENT_PLOT)
+        atomic_write(out_dir / PLACEMENT_PLOT, lambda fh: fig.savefig(fh, format="png", bbox_inches="tight"))
+        plt.close(fig)
         written.append(f"{out_dir.name}/{PLACEMENT_PLOT}")
     return written
 

@@ -148,9 +148,12 @@ def _line(axis: Any, s: Series, v: list[tuple[int, float]], color: str, few: boo
 
 def _draw(spec: PlotSpec, records: list[dict[str, Any]], path: Path, subtitle: str) -> bool:
     """Render one plot; False when none of its series has data."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    plt = pyplot()
     left = [(s, v) for s in spec.series if (v := key_values(records, s.key))]
     right = [(s, v) for s in spec.right if (v := key_values(records, s.key))]
     if not left and not right:
@@ -188,23 +191,9 @@ def _draw(spec: PlotSpec, records: list[dict[str, Any]], path: Path, subtitle: s
         frameon=False,
     )
     ax.set_title(f"{title}\n{subtitle}", fontsize=11)
-    save_png(fig, path)
-    return True
-
-
-def pyplot() -> Any:
-    """matplotlib's pyplot on its file-only backend (imported only when a plot is drawn)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_png(fig: Any, path: Path) -> None:
     atomic_write(path, lambda f: fig.savefig(f, format="png", bbox_inches="tight"))
-    pyplot().close(fig)
+    plt.close(fig)
+    return True
 
 
 def write_plots(records: list[dict[str, Any]], out_dir: Path, subtitle: str) -> tuple[list[str], list[str]]:
