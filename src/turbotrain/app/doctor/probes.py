@@ -65,13 +65,9 @@ def measure_h2d_gbs(device: torch.device, mib: int, repeats: int = 10) -> float:
 
 
 def run_probes(device: torch.device | str | None = None, *, quick: bool = False) -> list[ProbeResult]:
-    """Short speed measurements on ``device`` (default: cuda:0 if present, else cpu).
-
-    GPU: bf16 and fp32 (and TF32) 8192² matmuls, a 1 GiB device copy and a pinned host-to-device
-    copy, each beside the datasheet figure. CPU: an fp32 matmul and a memory copy (no datasheet;
-    bf16 is skipped because CPUs without bf16 units run it many times slower than fp32).
-    ``quick`` shrinks sizes for tests. Takes a few seconds.
-    """
+    """Short speed measurements on ``device`` (default: cuda:0 if present, else cpu), a few seconds;
+    ``quick`` shrinks sizes for tests. On a CPU no bf16: CPUs without bf16 units run it many times
+    slower than fp32."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     return _gpu_probes(device, quick) if device.type == "cuda" else _cpu_probes(device, quick)
 
@@ -102,22 +98,12 @@ def _gpu_probes(device: torch.device, quick: bool) -> list[ProbeResult]:
         value = _matmul_tflops_tf32(device, dtype, size, tf32)
         sheet = spec.peak_tflops(key) if spec else None
         results.append(ProbeResult(label, name, value, "TFLOP/s", sheet, f"{size}x{size}, median of 10"))
-    copy_gbs = measure_copy_gbs(device, mib)
     sheet_gbs = spec.mem_bandwidth_gbs if spec else None
-    results.append(
-        ProbeResult("device copy", name, copy_gbs, "GB/s", sheet_gbs, f"{mib} MiB, read + write bytes")
-    )
+    copied = f"{mib} MiB, read + write bytes"
+    results.append(ProbeResult("device copy", name, measure_copy_gbs(device, mib), "GB/s", sheet_gbs, copied))
     h2d_mib = min(mib, 256)
-    results.append(
-        ProbeResult(
-            "host-to-device copy",
-            name,
-            measure_h2d_gbs(device, h2d_mib),
-            "GB/s",
-            None,
-            f"{h2d_mib} MiB pinned, non_blocking",
-        )
-    )
+    h2d, pinned = measure_h2d_gbs(device, h2d_mib), f"{h2d_mib} MiB pinned, non_blocking"
+    results.append(ProbeResult("host-to-device copy", name, h2d, "GB/s", None, pinned))
     torch.cuda.empty_cache()
     return results
 
