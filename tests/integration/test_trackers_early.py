@@ -79,7 +79,9 @@ def test_an_mlflow_store_that_does_not_open_is_one_line_in_seconds_before_traini
     assert ("Connection refused" if "127.0.0.1" in uri else "Supported URI schemes") in lines[0]
     assert "choose: measuring" not in captured.out
     assert not list((tmp_path / "runs").rglob("metrics.jsonl"))  # nothing trained
-    assert seconds < OPEN_TIMEOUT_S + 20  # and the run's own start-up on a loaded 2-core CPU (was: 273 s)
+    # was: 273 s of retries. The margin over the store's bound is the start-up's (about a second of CPU
+    # here) at any load CI has seen (load 30 on 2 cores): the machine's load does not decide it
+    assert seconds < OPEN_TIMEOUT_S + 110
 
 
 def test_a_wandb_folder_blocked_by_a_file_and_an_unwritable_trackio_store_are_one_line(tmp_path, monkeypatch):
