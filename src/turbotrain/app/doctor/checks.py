@@ -183,23 +183,13 @@ def _cpu_precision_checks(env: dict[str, Any]) -> list[Check]:
 def _nvml_checks(env: dict[str, Any]) -> list[Check]:
     """NVML sampling, and whether another process already uses a GPU."""
     nvml, gpus = env["nvml"], env["gpus"]
+    if not nvml["available"] and gpus:
+        return [Check("NVML", "warn", nvml["detail"], "install nvidia-ml-py and an NVIDIA driver")]
     if not nvml["available"]:
-        checks = [
-            Check(
-                "NVML",
-                "warn" if gpus else "skip",
-                nvml["detail"] + ("" if gpus else "; GPU utilisation, power and temperature are not sampled"),
-                "install nvidia-ml-py and an NVIDIA driver" if gpus else "",
-            )
-        ]
-        if not gpus:
-            checks.append(Check("GPU busy", "skip", f"{GPU_ONLY} and NVML"))
-        return checks
-    nvml_ok = Check(
-        "NVML",
-        "ok",
-        f"NVML works (driver {nvml.get('driver')}): utilisation, power and temperature are sampled",
-    )
+        unsampled = nvml["detail"] + "; GPU utilisation, power and temperature are not sampled"
+        return [Check("NVML", "skip", unsampled), Check("GPU busy", "skip", f"{GPU_ONLY} and NVML")]
+    works = f"NVML works (driver {nvml.get('driver')}): utilisation, power and temperature are sampled"
+    nvml_ok = Check("NVML", "ok", works)
     busy = [
         g for g in nvml.get("gpus", []) if (g.get("util_pct") or 0) > 10 or len(g.get("processes", [])) > 0
     ]
