@@ -147,17 +147,10 @@ def _hardware(summary: dict[str, Any]) -> list[str]:
 
 def _optimizations(summary: dict[str, Any]) -> list[str]:
     resolved = summary.get("resolved") or {}
-    lines = ["", "## Optimizations in effect", ""]
-    table = summary.get("optimizations") or {
-        k: resolved[k]
-        for k in ("precision", "compile", "optimizer", "attention", "num_workers", "pin_memory")
-        if k in resolved
-    }
-    if table:
-        lines += ["| setting | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in table.items()]
-    else:
-        lines.append("not recorded")
-    return lines
+    keys = ("precision", "compile", "optimizer", "attention", "num_workers", "pin_memory")
+    table = summary.get("optimizations") or {k: resolved[k] for k in keys if k in resolved}
+    rows = ["| setting | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in table.items())]
+    return _section("Optimizations in effect", rows if table else ["not recorded"])
 
 
 def _section(title: str, lines: list[str]) -> list[str]:
@@ -217,25 +210,25 @@ def _performance(summary: dict[str, Any]) -> list[str]:
 
 
 def _losses(summary: dict[str, Any]) -> list[str]:
-    return [
-        "",
-        "## Losses",
-        "",
-        f"- final train loss: {_fmt(summary.get('final_train_loss'), '.4f')} (step {summary.get('final_train_step', summary.get('steps', '?'))})",
-        f"- final validation loss: {_fmt(summary.get('final_val_loss'), '.4f')} (step {summary.get('final_val_step')})",
-        f"- best validation loss: {_fmt(summary.get('best_val_loss'), '.4f')}",
-        *_best(summary.get("best")),
-        *(
-            f"- final validation {k[len('final_val_') :].replace('_', ' ')}: {_fmt(v, '.4f')}"
-            for k, v in summary.items()
-            if k.startswith("final_val_") and k not in ("final_val_loss", "final_val_step")
-        ),
-        *(
-            f"- last logged train {k[len('final_train_') :].replace('_', ' ')} (engine.log): {_fmt(v, '.4f')}"
-            for k, v in summary.items()
-            if k.startswith("final_train_") and k not in ("final_train_loss", "final_train_step")
-        ),
-    ]
+    return _section(
+        "Losses",
+        [
+            f"- final train loss: {_fmt(summary.get('final_train_loss'), '.4f')} (step {summary.get('final_train_step', summary.get('steps', '?'))})",
+            f"- final validation loss: {_fmt(summary.get('final_val_loss'), '.4f')} (step {summary.get('final_val_step')})",
+            f"- best validation loss: {_fmt(summary.get('best_val_loss'), '.4f')}",
+            *_best(summary.get("best")),
+            *(
+                f"- final validation {k[len('final_val_') :].replace('_', ' ')}: {_fmt(v, '.4f')}"
+                for k, v in summary.items()
+                if k.startswith("final_val_") and k not in ("final_val_loss", "final_val_step")
+            ),
+            *(
+                f"- last logged train {k[len('final_train_') :].replace('_', ' ')} (engine.log): {_fmt(v, '.4f')}"
+                for k, v in summary.items()
+                if k.startswith("final_train_") and k not in ("final_train_loss", "final_train_step")
+            ),
+        ],
+    )
 
 
 def _best(best: dict[str, Any] | None) -> list[str]:
