@@ -16,13 +16,15 @@ import argparse
 import inspect
 import os
 
+# turbotrain first: importing it keeps off the screen the lines torchao prints when transformers imports it
+from turbotrain.integrations.accelerate import accelerator_kwargs_recipe, track_accelerate
+from turbotrain.integrations.recipe import build_recipe
+
+# isort: split
 import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader, TensorDataset
 from transformers import GPT2Config, GPT2LMHeadModel
-
-from turbotrain.integrations.accelerate import accelerator_kwargs_recipe, track_accelerate
-from turbotrain.integrations.recipe import build_recipe
 
 SEQ = 64
 
@@ -51,6 +53,7 @@ def main() -> None:
             vocab_size=256, n_positions=SEQ, n_embd=64, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0
         )
     )
+    model.loss_type = "ForCausalLM"  # the name "GPT2LMHeadModel" names no loss: transformers would warn
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, **recipe.optimizer_kwargs())
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     # FLOPs are counted on the first batch handed to run.batch(): nothing is drawn from the loader

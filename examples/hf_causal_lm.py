@@ -47,6 +47,7 @@ def make() -> Workload:
             vocab_size=256, n_positions=SEQ, n_embd=64, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0
         )
     )
+    model.loss_type = "ForCausalLM"  # the name "GPT2LMHeadModel" names no loss: transformers would warn
     return Workload(
         model=model,
         train_loader=DataLoader(ByteWindows(text[:cut]), batch_size=16, shuffle=True),

@@ -9,16 +9,19 @@ engine takes. tokens/s come from `input_ids`, MFU from FLOPs counted on one batc
 
 import sys
 
+# turbotrain first: importing it keeps off the screen the lines torchao prints when transformers imports it
+from turbotrain import Engine, track
+
+# isort: split
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, get_linear_schedule_with_warmup
-
-from turbotrain import Engine, track
 
 torch.manual_seed(0)
 config = GPT2Config(
     vocab_size=256, n_positions=64, n_embd=64, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0
 )
 model = GPT2LMHeadModel(config)
+model.loss_type = "ForCausalLM"  # the name "GPT2LMHeadModel" names no loss: transformers would warn
 text = torch.tensor(list(open(__file__, "rb").read()), dtype=torch.long)  # this file, byte-level
 starts = torch.randint(len(text) - 65, (40, 8))
 batches = [

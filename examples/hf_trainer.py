@@ -15,11 +15,13 @@ import argparse
 import inspect
 import os
 
+# turbotrain first: importing it keeps off the screen the lines torchao prints when transformers imports it
+from turbotrain.integrations.hf import TurbotrainCallback, training_args_recipe
+
+# isort: split
 import torch
 from torch.utils.data import Dataset
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
-
-from turbotrain.integrations.hf import TurbotrainCallback, training_args_recipe
 
 SEQ = 64
 
@@ -50,6 +52,9 @@ def main() -> None:
             vocab_size=256, n_positions=SEQ, n_embd=64, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0
         )
     )
+    # the name "GPT2LMHeadModel" names no loss: without this transformers warns, and its Trainer
+    # counts the labels unshifted (one target too many per row) when it averages the loss
+    model.loss_type = "ForCausalLM"
     args = TrainingArguments(
         a.run_dir,
         **training_args_recipe(

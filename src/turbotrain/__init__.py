@@ -26,6 +26,7 @@ import warnings
 from typing import Any
 
 from .base.config import RunConfig, load_config
+from .base.errors import filter_import_noise
 from .base.version import __version__
 from .core.engine import Engine
 from .core.optim import PlateauLR
@@ -47,6 +48,8 @@ __all__ = [
     "train",
     "__version__",
 ]
+
+filter_import_noise()  # torchao's import lines, whoever imports it after turbotrain (transformers)
 
 # Public names imported on first use: turbotrain.app.tracking and .run load the report (matplotlib), which
 # ``import turbotrain`` must not (tests/unit/test_layers.py, test_import_turbotrain_stays_light).

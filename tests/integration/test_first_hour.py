@@ -57,3 +57,47 @@ def test_a_short_bf16_run_warns_in_one_clean_line_and_its_resume_says_it_is_comp
         "--train.max_steps=4" in again.stderr
     )
     assert "Traceback" not in done.stderr + again.stderr
+
+
+def test_turbotrain_train_in_a_plain_script_opens_with_the_clis_line(tmp_path: Path, text_file: Path) -> None:
+    """``python -c "import turbotrain; turbotrain.train(...)"`` with no logging set up (issue 47):
+    the same opening line as ``turbotrain train``, and no traceback."""
+    sections = {
+        "model": {"n_layer": 1, "n_head": 2, "d_model": 32, "block_size": 32},
+        "batch": {"micro": 4},
+        "train": {"max_steps": 2, "eval_every": 2, "eval_batches": 1},
+        "monitor": {"progress": False},
+        "data": {"num_workers": 0, "path": str(text_file), "cache_dir": str(tmp_path / "cache")},
+        "run": {"device": "cpu", "name": "first", "out_dir": str(tmp_path)},
+    }
+    script = f"import turbotrain; turbotrain.train(**{sections!r})"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    opening = [
+        line for line in done.stderr.splitlines() if line.startswith("INFO turbotrain.loop.monitor.hook")
+    ]
+    assert opening, done.stderr
+    assert opening[0].startswith("INFO turbotrain.loop.monitor.hook: training "), opening
+    assert (
+        " params: device cpu (" in opening[0] and "precision fp32; compile off; 2 steps; run " in opening[0]
+    )
+    assert opening[0].endswith(str(tmp_path / "first")), opening
+    assert "Traceback" not in done.stderr
+
+
+def test_the_hugging_face_example_prints_no_library_noise(tmp_path: Path) -> None:
+    """``python examples/hf_trainer.py`` as the docs run it (issue 47): torchao's extension load
+    failures and torch's pytree deprecation (transformers imports torchao) and transformers'
+    ``loss_type=None`` line are not on the screen; the Trainer's own lines are."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "hf_trainer.py"
+    done = subprocess.run(
+        [sys.executable, str(example), str(tmp_path), "--steps", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    screen = done.stdout + done.stderr
+    for noise in ("Failed to load", "is an Enum subclass", "loss_type", "Traceback"):
+        assert noise not in screen, screen
+    assert "'train_runtime'" in screen and f"run directory: {tmp_path}/turbotrain" in screen

@@ -26,7 +26,14 @@ from turbotrain.app.measure import Target
 from turbotrain.app.training import train
 from turbotrain.app.tune import space
 from turbotrain.base.config import audience, load_config, setting, to_toml
-from turbotrain.base.errors import ConfigError, TurbotrainError, TurbotrainWarning, quiet_imports
+from turbotrain.base.errors import (
+    ConfigError,
+    ImportNoise,
+    TurbotrainError,
+    TurbotrainWarning,
+    logging_unless_configured,
+    quiet_imports,
+)
 from turbotrain.base.rundir import CONFIG_FILE, run_name, workload_label
 from turbotrain.base.signals import StopSignals
 from turbotrain.cli import format_warning
@@ -59,6 +66,38 @@ def test_quiet_imports_hides_torchao_load_noise_only_inside(caplog: pytest.LogCa
     logging.getLogger("torchao").warning("after the import")
     said = [r.getMessage() for r in caplog.records]
     assert said == ["a real failure", "after the import"]
+
+
+def test_import_noise_filter_drops_torchaos_two_import_lines_only(caplog: pytest.LogCaptureFixture) -> None:
+    """What ``import turbotrain`` installs for the process (transformers imports torchao after it)."""
+    assert any(isinstance(f, ImportNoise) for f in logging.getLogger("torchao").filters)
+    torchao, pytree = logging.getLogger("torchao"), logging.getLogger("torch.utils._pytree")
+    torchao.warning("Failed to load /x/torchao/_C_mxfp8.so: Could not load this library: /x/_C_mxfp8.so")
+    pytree.warning("%s is an Enum subclass and is now natively supported by torch.compile as ...", "<enum>")
+    torchao.warning("Failed to load the checkpoint")  # not an extension: a real message
+    pytree.warning("something else")
+    logging.getLogger("mine").warning("Failed to load /my/own.so: mine")  # the user's own logger
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["Failed to load the checkpoint", "something else", "Failed to load /my/own.so: mine"]
+
+
+def test_turbotrains_lines_show_as_the_clis_only_where_no_logging_is_set_up(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``turbotrain.train()`` in a plain script: its INFO lines on stderr, in the CLI's format;
+    another library's INFO stays silent, the root logger gets no handler, and a program's own
+    logging set-up (here pytest's handler on the root) is left to do its job."""
+    root = logging.getLogger()
+    with logging_unless_configured():  # pytest's capture handler is on the root: nothing added
+        assert logging.getLogger("turbotrain").handlers == []
+    monkeypatch.setattr(root, "handlers", [])
+    with logging_unless_configured():
+        logging.getLogger("turbotrain.loop.monitor.hook").info("training 10 params")
+        logging.getLogger("other").info("not turbotrain's")
+        assert root.handlers == []
+    logging.getLogger("turbotrain.loop.monitor.hook").info("after the call")
+    assert capsys.readouterr().err == "INFO turbotrain.loop.monitor.hook: training 10 params\n"
+    assert logging.getLogger("turbotrain").handlers == [] and logging.getLogger("turbotrain").level == 0
 
 
 @pytest.mark.slow

@@ -32,7 +32,7 @@ from torch import nn
 
 from ..base.batch import move_to
 from ..base.config import SECTIONS, known_keys
-from ..base.errors import ConfigError, TurbotrainError
+from ..base.errors import ConfigError, TurbotrainError, logging_unless_configured
 from ..base.launch import Launch, Topology
 from ..base.records import read_metrics
 from ..base.rundir import CHECKPOINTS, METRICS_FILE, truncate_metrics, write_launch
@@ -315,8 +315,10 @@ def train(
 
 
 def train_request(request: RunRequest) -> TrainedRun:
-    """:func:`train` of a :class:`RunRequest` (an integration's, with its hooks)."""
-    outcome = train_run(request)
+    """:func:`train` of a :class:`RunRequest` (an integration's, with its hooks). Its lines (the
+    opening one first) show as the CLI's do when the program has set up no logging."""
+    with logging_unless_configured():
+        outcome = train_run(request)
     if outcome.lost:
         raise TurbotrainError(outcome.lost)
     return TrainedRun(outcome)

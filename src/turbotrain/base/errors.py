@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from collections.abc import Iterator
 
 
@@ -43,6 +44,27 @@ NOISY_IMPORT_LOGGERS = (
 )
 
 
+class ImportNoise(logging.Filter):
+    """Drops two lines importing torchao prints wherever it is imported from (transformers imports
+    it through its quantizers): each optional CUDA extension it cannot load, and torch's deprecation
+    notice for the Enums it registers. Every other record of these loggers passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)  # unformatted: torchao's is an f-string, pytree's a %s template
+        extension = message.startswith("Failed to load ") and ".so: " in message
+        return not extension and "is an Enum subclass and is now natively supported" not in message
+
+
+def filter_import_noise() -> None:
+    """Installs :class:`ImportNoise` on torchao's and torch's pytree loggers for the process, once
+    (``import turbotrain`` does): a script that imports turbotrain before transformers or torchao
+    then shows neither line. The user's own loggers are untouched."""
+    for name in NOISY_IMPORT_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, ImportNoise) for f in logger.filters):
+            logger.addFilter(ImportNoise())
+
+
 @contextlib.contextmanager
 def quiet_imports() -> Iterator[None]:
     """Within the block, importing torchao (directly, or through transformers) logs no warnings:
@@ -58,3 +80,28 @@ def quiet_imports() -> Iterator[None]:
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
+
+
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"  # the CLI's lines (its logging.basicConfig)
+
+
+@contextlib.contextmanager
+def logging_unless_configured() -> Iterator[None]:
+    """For the block, turbotrain's INFO lines go to stderr in the CLI's format when the program has
+    set up no logging (no handler on turbotrain's logger or above it): ``turbotrain.train()`` in a
+    plain script opens as ``turbotrain train`` does. A program that configures logging keeps its
+    own; the root logger is not touched."""
+    logger = logging.getLogger("turbotrain")
+    if logger.hasHandlers():
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    level = logger.level
+    logger.setLevel(level or logging.INFO)  # a level the program gave turbotrain's logger stays
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)

@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Callable, Sequence
 
 from ..base.config import audience
-from ..base.errors import TurbotrainError, TurbotrainWarning
+from ..base.errors import LOG_FORMAT, TurbotrainError, TurbotrainWarning
 from ..base.version import __version__
 from ..core.main_rank import ReportedByAnotherRank, announce_reported
 from . import bench, doctor, profile, report, sample, train, tune
@@ -59,7 +59,7 @@ def format_warning(
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point. User mistakes (TurbotrainError) print one line and exit with code 2. Output
     piped into a reader that stops early (``| head``) ends quietly with 141, as SIGPIPE would."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     warnings.simplefilter("default", UserWarning)
     previous_format, warnings.formatwarning = warnings.formatwarning, format_warning
     try:

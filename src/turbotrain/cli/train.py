@@ -38,7 +38,7 @@ from ..app.restart import peer_lost as _peer_lost  # noqa: F401
 from ..app.restart import resume_command
 from ..app.run import RunOutcome, train_run
 from ..base.config import describe, parse_overrides
-from ..base.errors import TurbotrainError
+from ..base.errors import LOG_FORMAT, TurbotrainError
 from ..base.launch import Topology
 from ..base.signals import REQUEUE_SIGNAL
 from .options import Options, add_command, switch
@@ -212,7 +212,7 @@ def _quiet_logging(rank: int) -> None:
     root = logging.getLogger()
     root.setLevel(logging.WARNING)
     for handler in root.handlers:
-        handler.setFormatter(logging.Formatter(f"[rank {rank}] %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(logging.Formatter(f"[rank {rank}] {LOG_FORMAT}"))
 
 
 def _print_summary(summary: dict, run_dir: Path) -> None:

@@ -143,9 +143,9 @@ RATES = (" tok/s", " samples/s")  # the rates the bar shows (format_record's wor
 
 
 def _log_above(console: Console) -> list[tuple[logging.StreamHandler[Any], Any]]:
-    """The root logger's handlers that write to the bar's terminal now write through rich's proxy
-    of it (``sys.stderr`` while the bar is live), which prints each line above the bar instead of
-    onto it; the handlers and their streams, to put back."""
+    """The root logger's and turbotrain's handlers that write to the bar's terminal now write
+    through rich's proxy of it (``sys.stderr`` while the bar is live), which prints each line
+    above the bar instead of onto it; the handlers and their streams, to put back."""
     proxy = next(
         (f for f in (sys.stderr, sys.stdout) if getattr(f, "rich_proxied_file", None) is console.file), None
     )
@@ -153,7 +153,7 @@ def _log_above(console: Console) -> list[tuple[logging.StreamHandler[Any], Any]]
         return []
     return [
         (handler, handler.setStream(proxy))
-        for handler in logging.getLogger().handlers
+        for handler in (*logging.getLogger().handlers, *logging.getLogger("turbotrain").handlers)
         if type(handler) is logging.StreamHandler and handler.stream is console.file
     ]
 
