@@ -211,8 +211,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "ddp-always-syncs",
         "src/turbotrain/core/distributed.py",
-        "        model.require_backward_grad_sync = sync  # the flag DDP's no_sync() context sets",
-        "        model.require_backward_grad_sync = True  # mutation: no no_sync under accumulation",
+        "        cast(DistributedDataParallel, model).require_backward_grad_sync = sync",
+        "        cast(DistributedDataParallel, model).require_backward_grad_sync = True  # mutation: no no_sync under accumulation",
         (
             "tests/distributed/test_data_parallel.py::test_ddp_accumulation_reduces_gradients_once_per_optimizer_step",
         ),

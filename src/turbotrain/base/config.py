@@ -1,20 +1,11 @@
 """Run configuration: the mechanism that collects, parses, validates and describes every setting.
 
 Why: every knob is typed, documented (with its unit and range) and validated once, when the config
-is built. Nothing downstream reads raw strings; the engine and the loop receive resolved objects.
-
-Sources, later wins: field defaults < a TOML preset shipped in ``turbotrain/presets`` (or a TOML
-file path) < ``--section.key=value`` overrides. Errors name the field and the valid values.
-
-Who declares what: the run's own sections are in :mod:`.config_sections` (their shape never
-changes); a plugin declares its settings in its own file, as a frozen dataclass of :func:`knob`
-fields, and says with :func:`register_settings` when they apply: a model family (a variant of
-``[model]``, as the GPT's ``GPTSettings``, or a table of its own such as ``[moe]``), a precision (a
-variant of ``[precision]``, as fp8's ``FP8Settings``). They are read only when the run selects the
-plugin (:mod:`.config_plugins`). Its rules that span fields, the one line for settings given where
-they do nothing, and the names its settings had before they moved (:data:`MOVED`) come with the
-registration. ``import turbotrain`` imports every built-in plugin, so a config read anywhere knows
-all of them.
+is built; nothing downstream reads raw strings. Sources, later wins: field defaults < a TOML preset
+(a shipped name or a path) < ``--section.key=value`` overrides. Errors name the field and the
+valid values. The run's own sections are in :mod:`.config_sections`; a plugin's settings in its
+own file, registered with :func:`register_settings` (:mod:`.config_plugins` explains the forms).
+``import turbotrain`` imports every built-in plugin, so a config read anywhere knows all of them.
 """
 
 from __future__ import annotations
@@ -160,13 +151,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class RunConfig:
-    """The whole run. Each attribute is one concern's config; see ``turbotrain train --help-config``.
-
-    Its shape is fixed: ``model`` and ``precision`` hold the variant their selector picks (a GPT's
-    ``GPTSettings``, fp8's ``FP8Settings``: :mod:`.config_plugins`), ``tables`` the plugins' own
-    tables the run selects or a file held (``[moe]``: ``config.table(MoESettings)``, or by its
-    name, ``config.moe``). Building one settles both (a section built by hand is read as its
-    selected variant)."""
+    """The whole run, one attribute per concern (``turbotrain train --help-config``). Its shape is
+    fixed: ``model`` and ``precision`` hold the variant their selector picks, ``tables`` the plugins'
+    own tables (``config.table(MoESettings)`` or ``config.moe``); building one settles both."""
 
     preset: str = knob("gpt-tiny", "the preset this config started from")
     run: RunSection = field(default_factory=RunSection)
@@ -526,14 +513,9 @@ def load_config(
 
 
 def validate(config: RunConfig) -> None:
-    """Check every field against its choices and bounds, then the rules that span fields.
-
-    Every float must be finite (a NaN passes every ``<`` check and an inf learning rate only
-    fails after steps have run), every whole number must fit a 64-bit integer, every number lie in
-    its field's declared range (``knob(min=, max=)``: what the code can really do). Then the rules
-    that span fields: the run's own (:func:`~.config_sections.check_run`: the run name is one
-    folder name, the device one turbotrain knows, ...) and each plugin's (its registration's
-    ``check``)."""
+    """Check every field against its choices and bounds (:func:`~.config_fields.check_value`),
+    then the rules that span fields: the run's own (:func:`~.config_sections.check_run`) and each
+    selected plugin's."""
     sections = [(name, getattr(config, name)) for name in OWN_SECTIONS]
     own = {r.cls: r.section for r in tables()}
     for name, section in [*sections, *((own.get(type(t), "?"), t) for t in config.tables)]:

@@ -150,7 +150,8 @@ def in_range(f: dataclasses.Field, value: float) -> bool:
 
 
 def check_value(where: str, f: dataclasses.Field, value: Any) -> None:
-    """Raise the one line for a value outside field ``f``'s choices, not finite, past 64 bits or outside its range."""
+    """Raise the one line for a value outside field ``f``'s choices, not finite (a NaN passes every ``<``
+    check; an inf lr fails only after steps have run), past 64 bits or outside its range."""
     choices = f.metadata.get("choices")
     if choices and value not in choices:
         raise choice_error(where, value, choices)

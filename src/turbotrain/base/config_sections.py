@@ -496,14 +496,12 @@ def _check_run_section(config: RunConfig) -> None:
         )
     if config.run.remote:
         check_uri(config.run.remote)  # the scheme, and its back-end installed
-    if isinstance(config.optim.warmup_steps, str) and config.optim.warmup_steps != AUTO:
-        raise ConfigError(
-            f"optim.warmup_steps = {config.optim.warmup_steps!r} is not valid; use a whole number >= 0 or 'auto'"
-        )
-    if isinstance(config.batch.micro, str) and config.batch.micro != AUTO:
-        raise ConfigError(
-            f"batch.micro = {config.batch.micro!r} is not valid; use a whole number >= 1 or 'auto'"
-        )
+    for where, value, low in (
+        ("optim.warmup_steps", config.optim.warmup_steps, 0),
+        ("batch.micro", config.batch.micro, 1),
+    ):
+        if isinstance(value, str) and value != AUTO:
+            raise ConfigError(f"{where} = {value!r} is not valid; use a whole number >= {low} or 'auto'")
     if config.data.tokenizer not in TOKENIZERS and not config.data.tokenizer.endswith(".json"):
         raise choice_error("data.tokenizer", config.data.tokenizer, (*TOKENIZERS, "PATH/tokenizer.json"))
 

@@ -1,22 +1,9 @@
 """``turbotrain train``: train a preset on the built-in corpus or your data.
 
-Exit status: 0 trained (to max_steps, or to stop_after_steps); 2 a mistake to fix, said in one
-line; 75 stopped by SIGTERM or SIGINT with everything saved (a checkpoint at the step it stopped,
-or nothing trained yet): continue with ``--resume``; 79 the same after SIGUSR1, the signal a SLURM job
-asks for before its time limit (``--signal=USR1@90``): the batch script requeues the job on 79, and
-a requeued job (``SLURM_RESTART_COUNT`` > 0) resumes its run by itself; 130 a second signal interrupted it at once
-(the last periodic checkpoint is intact); 1 a bug, with its traceback, or under torchrun another
-rank lost (one line: continue with ``--resume``; under ``torchrun --max-restarts N`` torchrun starts
-the group again and it resumes by itself, the restart recorded in metrics.jsonl and the summary).
-
-Signals (:mod:`turbotrain.base.signals`) are handled from the moment the command starts until it exits,
-in every phase alike: during start-up one stops it at once (75; a new run leaves nothing behind),
-while training it stops after the current step and saves (75), after training it lets the summary
-be written and skips the plots (75). A process started with SIGINT ignored (a background job of a
-non-interactive shell) keeps ignoring SIGINT; SIGTERM still stops it. Under torchrun the line that
-says how to continue names the torchrun command; torchrun itself, when it is the one signalled,
-forwards the signal to the ranks (which save and exit 75) and then ends with its own
-``SignalException`` traceback and status 1.
+Exit statuses: :data:`EPILOG` (docs/resume.md; 79 and SLURM's requeue: docs/cluster.md); 1 is a
+bug with its traceback, or under torchrun another rank lost (one line: continue with ``--resume``).
+Signals are handled in every phase, from start to exit, as :mod:`turbotrain.base.signals` says;
+under torchrun the line that says how to continue names the torchrun command.
 """
 
 from __future__ import annotations

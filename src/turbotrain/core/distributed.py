@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim import Optimizer
 
 # torch.distributed.fsdp and .tensor (DTensor) cost ~0.5 s to import: only an fsdp run imports
 # them (FSDP.wrap_data), so ``import turbotrain`` and a one-process run stay light.
@@ -63,13 +64,14 @@ class Strategy:
         self.plan = plan or ParallelPlan(Topology())
         self.topology = self.plan.topology
         self.rank, self.world = self.topology.rank, self.topology.world
-        # the global gradient norm when experts are spread (set by wrap)
+        # the global gradient norm when experts are spread, and the precision's dtypes (set by wrap)
         self.grad_norm: GradNormFn | None = None
+        self.dtypes: tuple[torch.dtype | None, torch.dtype | None] = (None, torch.float32)
 
     def wrap(
         self,
         model: nn.Module,
-        optimizer: torch.optim.Optimizer | None,
+        optimizer: Optimizer | None,
         param_dtype: torch.dtype | None,
         reduce_dtype: torch.dtype | None = torch.float32,
     ) -> nn.Module:
@@ -79,16 +81,11 @@ class Strategy:
         ``reduce_dtype`` are the precision's (its ``compute_dtype`` and ``reduce_dtype``): what
         FSDP2 all-gathers parameters in for compute and reduces gradients in."""
         placed = place_experts(model, optimizer, self.plan.experts)
-        self.grad_norm = placed.grad_norm
-        return self.wrap_data(model, optimizer, param_dtype, reduce_dtype, placed.params)
+        self.grad_norm, self.dtypes = placed.grad_norm, (param_dtype, reduce_dtype)
+        return self.wrap_data(model, optimizer, placed.params)
 
     def wrap_data(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer | None,
-        param_dtype: torch.dtype | None,
-        reduce_dtype: torch.dtype | None,
-        experts: list[nn.Parameter],
+        self, model: nn.Module, optimizer: Optimizer | None, experts: list[nn.Parameter]
     ) -> nn.Module:
         """The data dimension: ``model`` wrapped so that its parameters other than ``experts``
         (this rank's expert slices, reduced over their replica group) are averaged over ranks."""
@@ -140,12 +137,7 @@ class DDP(DataParallel):
         self.device = device
 
     def wrap_data(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer | None,
-        param_dtype: torch.dtype | None,
-        reduce_dtype: torch.dtype | None,
-        experts: list[nn.Parameter],
+        self, model: nn.Module, optimizer: Optimizer | None, experts: list[nn.Parameter]
     ) -> nn.Module:
         if experts:
             # The one private call kept: DDP (torch 2.13) has no public way to leave parameters out
@@ -173,21 +165,15 @@ class FSDP(DataParallel):
     name = "fsdp"
 
     def wrap_data(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer | None,
-        param_dtype: torch.dtype | None,
-        reduce_dtype: torch.dtype | None,
-        experts: list[nn.Parameter],
+        self, model: nn.Module, optimizer: Optimizer | None, experts: list[nn.Parameter]
     ) -> nn.Module:
-        # on first use: see the note at the imports
         from torch.distributed.fsdp import (
             MixedPrecisionPolicy,
             fully_shard,
-        )
+        )  # on first use: the imports' note
 
         names = {id(p): name for name, p in model.named_parameters()}
-        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+        policy = MixedPrecisionPolicy(param_dtype=self.dtypes[0], reduce_dtype=self.dtypes[1])
         reshard = self.plan.settings.reshard_after_forward
         # the plan's mesh (its only dimension here is data: FSDP with experts is refused when resolved)
         mesh = self.plan.mesh["data"] if self.plan.mesh is not None else None

@@ -1,25 +1,17 @@
-"""Whole-step CUDA graphs (``compile.cuda_graphs``): the window body (one optimizer step's
-forward, backward and optimizer step, :mod:`turbotrain.core.window`) captured once as a CUDA graph
-and replayed every step, through the engine's one seam, :meth:`Engine.wrap_window`.
+"""Whole-step CUDA graphs (``compile.cuda_graphs``, docs/cuda-graphs.md): the window body
+(:mod:`turbotrain.core.window`) captured once and replayed every step, through the engine's one
+seam, :meth:`Engine.wrap_window`.
 
-Why: a small step is launch-bound: the GPU waits on the host's kernel launches (TorchBench: +24-44%
-at small batch from CUDA graphs, nothing at large batch). A replay launches the whole step at once.
+Why: a small step is launch-bound (TorchBench: +24-44% at small batch from CUDA graphs, nothing
+at large batch); a replay launches the whole step at once.
 
-How (after torch's whole-network capture recipe): the first ``warmup`` steps run eagerly (on a
-side stream on CUDA: the optimizer creates its state, cuBLAS its workspace); the first of them runs
-under a dispatch mode that looks for host syncs. Then the step's micro-batches are copied into
-static input buffers, the body is captured, and every step copies its micro-batches into those
-buffers and replays. The loss and gradient norm are graph outputs that the next replay
-overwrites: each step returns copies of them. The optimizer is made capturable (its step count on
-the device) and its learning rates become device tensors, so the LR schedule (which runs outside
-the graph, and fills a tensor learning rate in place) keeps acting; clipping, the non-finite guard's
-on-device check and accumulation are inside the captured body.
-
-Refused, with one line each, and the run goes on without graphs (never a crash, never wrong
-numbers): not a CUDA device; a host sync inside the step (``.item()``, a Python ``if`` on a tensor:
-data-dependent control flow, ``nonzero``; the location named); a later step whose micro-batch shapes
-or dtypes differ from the captured ones (dynamic shapes); capture itself failing. A change of what
-the body computes (the engine re-wraps after an OOM split, a precision fallback) captures anew.
+How (torch's whole-network capture recipe): the ``warmup`` steps run eagerly on a side stream (the
+optimizer creates its state, cuBLAS its workspace), the first under a dispatch mode that looks for
+host syncs; then the micro-batches are copied into static buffers and the body captured. The loss
+and norm are outputs the next replay overwrites (each step returns copies); the optimizer is made
+capturable and its learning rates device tensors, which the LR schedule fills in place. Every
+refusal is one line and the run goes on eagerly; a change of what the body computes (an OOM
+split, a precision fallback) captures anew.
 """
 
 from __future__ import annotations
@@ -168,16 +160,7 @@ class _Captured:
             return self.body(*args)
         self.calls += 1
         if self.calls == 1 and owner.captures == 0:
-            make_capturable(optimizer, owner.device)
-            finder = HostSyncFinder()
-            with finder:
-                out = self._eager(*args)
-            if finder.found:
-                owner.refuse(
-                    f"the step reads a device value on the host ({finder.found}: .item(), a Python if on a "
-                    "tensor or other data-dependent control flow), which a graph cannot hold"
-                )
-            return out
+            return self._first_step(args)
         if self.calls <= owner.warmup and owner.captures == 0:
             return self._eager(*args)
         sig = signature(micro)
@@ -203,6 +186,19 @@ class _Captured:
         loss_sum, norm = self.graph.outputs
         # the next replay overwrites the outputs: the caller keeps copies
         return loss_sum.clone(), (norm.clone() if norm is not None else None)
+
+    def _first_step(self, args: tuple) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The first warm-up step, watched for host syncs (each one refuses the graph)."""
+        make_capturable(args[1], self.owner.device)
+        finder = HostSyncFinder()
+        with finder:
+            out = self._eager(*args)
+        if finder.found:
+            self.owner.refuse(
+                f"the step reads a device value on the host ({finder.found}: .item(), a Python if on a "
+                "tensor or other data-dependent control flow), which a graph cannot hold"
+            )
+        return out
 
     def _eager(self, *args: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A warm-up step; on CUDA on a side stream, as capture requires."""

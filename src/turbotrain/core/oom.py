@@ -1,42 +1,29 @@
 """Out-of-memory policy: what the Engine does when a window's forward or backward runs out of memory.
 
-The Engine runs every batch itself, through one guarded path (:func:`run_guarded`: the own loop's
-``forward_backward`` and ``fit``'s ``train_window`` alike), which calls the policy only after an
-out-of-memory error, with the step's loader batches and a ``rerun`` that runs the step again from
-its first batch. Under ``memory.on_oom = 'halve'`` the policy drops the partial step and re-runs it
-with each loader batch cut in twice as many parts and accumulation doubled (through the Engine's
-public ``discard_step`` and ``set_split``), so:
+Every batch runs through one guarded path (:func:`run_guarded`: the own loop's
+``forward_backward`` and ``fit``'s ``train_window`` alike), which calls the policy after an
+out-of-memory error with the step's loader batches and a ``rerun`` of the step from its first
+batch. ``memory.on_oom = 'halve'`` drops the partial step and re-runs it with each loader batch cut
+in twice as many parts and accumulation doubled (the Engine's public ``discard_step`` and
+``set_split``), so the loader's batches, the data order and ``engine.state.batches`` (exact resume)
+are untouched; each part's loss is weighted by its share x ``split``, so the summed gradient and
+the logged loss are the whole batch's; the step re-runs from its first batch because gradients of
+its earlier micro-batches may be partly accumulated. The split is saved in the engine's
+state_dict (a resumed run keeps it); with dropout 0 the loss curve matches a run without the error
+to rounding. ``'stop'`` raises :class:`OutOfMemoryStop`, one line saying what to change.
 
-- the loader keeps yielding the same full batches: the data order and ``engine.state.batches``
-  (the data position used for exact resume) are untouched;
-- each part's loss is weighted by its share of the batch x ``split``, so with ``backward()``
-  dividing by the doubled accumulation the summed gradient, and the logged loss, are the whole
-  batch's;
-- the failed step is re-run from its first batch: gradients of its earlier micro-batches may have
-  been partly accumulated when the error hit backward, so they are dropped and recomputed (the
-  step's loader batches are kept by reference until the step ends, which costs nothing).
+Data parallel: halving on one rank alone would change its backward passes per step and the
+others would wait in the next all-reduce until the timeout (and FSDP2's state after an OOM is
+unreliable), so every policy stops at once naming the rank, step and micro-batch.
 
-The event goes to ``engine.events`` (and so to summary.json); the split is saved in the engine's
-state_dict, so a resumed run keeps the smaller micro-batch. Dropout draws differ in a re-run step;
-with dropout 0 the loss curve matches a run without the error to rounding.
-
-``memory.on_oom = 'stop'`` raises :class:`OutOfMemoryStop`, a one-line user error that says what
-to change.
-
-Data parallel (more than one process): halving on the rank that ran out alone would change its
-number of backward passes per step, and the other ranks would wait for it in the next all-reduce
-until the collective timeout. (FSDP2's state after an OOM is also known to be unreliable.) So every
-policy stops there at once with :class:`OutOfMemoryStop` naming the rank, step and micro-batch; the
-launcher then ends the other ranks, whose collectives fail as soon as this process is gone.
-
-The tests inject a real out-of-memory error (tests/faults/oom.py) to test all of this end to end.
+The tests inject a real out-of-memory error (tests/faults/oom.py).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 from torch import nn
@@ -129,12 +116,9 @@ class HalveOnOOM(StopOnOOM):
             )
             log.warning("OOM recovery: %s", detail)
             engine.record_event("oom_recovery", detail, step)
-            try:
-                return rerun()
-            except RuntimeError as exc:
-                if not is_oom(exc):
-                    raise
-                reason = oom_reason(exc)
+            done, out, reason = _attempt(rerun)
+            if done:
+                return cast(T, out)
 
 
 def run_guarded(
@@ -143,14 +127,22 @@ def run_guarded(
     """The one out-of-memory path: ``run()``; after an out-of-memory error the engine's OOM policy
     (``memory.on_oom``) drops the partial step of ``batches`` (its loader batches so far), halves
     the micro-batch and returns ``rerun()`` (the step from its first batch), or stops."""
+    done, out, reason = _attempt(run)
+    if done:
+        return cast(T, out)
+    # outside the except clause: the traceback, and the activations its frames held, are gone
+    return engine.oom_policy.recover(engine, model, batches, reason, rerun)
+
+
+def _attempt(call: Callable[[], T]) -> tuple[bool, T | None, str]:
+    """(True, ``call()``, "") or, after an out-of-memory error, (False, None, its reason); any
+    other error propagates."""
     try:
-        return run()
+        return True, call(), ""
     except RuntimeError as exc:
         if not is_oom(exc):
             raise
-        reason = oom_reason(exc)
-    # outside the except clause: the traceback, and the activations its frames held, are gone
-    return engine.oom_policy.recover(engine, model, batches, reason, rerun)
+        return False, None, oom_reason(exc)
 
 
 def run_guarded_batch(

@@ -22,6 +22,29 @@ from .transforms import resolve_scope
 
 SCHEDULER_INTERVALS = ("step", "epoch", "manual")
 
+# EngineOptions' fields read from the config as they are: field -> (section, key)
+READ_AS_IS = {
+    "precision": ("precision", "mode"),
+    "tf32": ("precision", "tf32"),
+    "cudnn_benchmark": ("precision", "cudnn_benchmark"),
+    "flush_denormal": ("precision", "flush_denormal"),
+    "deterministic": ("run", "deterministic"),
+    "memory_max_fraction": ("memory", "max_fraction"),
+    "compile_mode": ("compile", "mode"),
+    "cuda_graphs": ("compile", "cuda_graphs"),
+    "max_recompiles": ("compile", "max_recompiles"),
+    "accumulation": ("batch", "accumulation"),
+    "grad_clip": ("optim", "grad_clip"),
+    "nonfinite": ("precision", "nonfinite"),
+    "max_nonfinite_steps": ("precision", "max_nonfinite_steps"),
+    "sync_every": ("monitor", "log_every"),
+    "track_grad_norm": ("monitor", "grad_norm"),
+    "device_prefetch": ("data", "device_prefetch"),
+    "checkpointing": ("memory", "checkpointing"),
+    "on_oom": ("memory", "on_oom"),
+    "tune_user_optimizer": ("optim", "tune_user_optimizer"),
+}
+
 
 def scheduler_interval_of(scheduler: Any, interval: str | None) -> str:
     """How ``engine.setup``'s ``scheduler`` steps (``"manual"`` without one), or the mistake in one line."""
@@ -97,33 +120,16 @@ class EngineOptions:
             config = load_config(overrides=config or {})
         plan = plan or ParallelPlan.resolve(config.distributed)
         device = local_device(resolve_device(config.run.device), plan.topology)
+        loader = config.data
         return cls(
             device=device,
-            precision=config.precision.mode,
             precision_settings=config.precision,
-            tf32=config.precision.tf32,
-            cudnn_benchmark=config.precision.cudnn_benchmark,
-            flush_denormal=config.precision.flush_denormal,
-            deterministic=config.run.deterministic,
-            memory_max_fraction=config.memory.max_fraction,
             compile_scope=resolve_scope(config.compile.scope, device),
-            compile_mode=config.compile.mode,
-            cuda_graphs=config.compile.cuda_graphs,
-            max_recompiles=config.compile.max_recompiles,
-            accumulation=config.batch.accumulation,
-            grad_clip=config.optim.grad_clip,
-            nonfinite=config.precision.nonfinite,
-            max_nonfinite_steps=config.precision.max_nonfinite_steps,
-            sync_every=config.monitor.log_every,
-            track_grad_norm=config.monitor.grad_norm,
-            device_prefetch=config.data.device_prefetch,
-            checkpointing=config.memory.checkpointing,
-            on_oom=config.memory.on_oom,
-            tune_user_optimizer=config.optim.tune_user_optimizer,
             tune_user_loader=resolve_loader_settings(
-                device, config.data.num_workers, config.data.pin_memory, config.data.prefetch_factor
+                device, loader.num_workers, loader.pin_memory, loader.prefetch_factor
             )
-            if config.data.tune_user_loader
+            if loader.tune_user_loader
             else None,
             plan=plan,
+            **{name: getattr(getattr(config, section), key) for name, (section, key) in READ_AS_IS.items()},
         )

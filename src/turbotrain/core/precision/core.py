@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, ContextManager
 
 import torch
+from torch import Tensor
+from torch.optim import Optimizer
 
 from ...base.batch import map_tensors
 from ...base.config import (
@@ -230,14 +232,11 @@ class Precision:
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return loss
 
-    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+    def unscale_(self, optimizer: Optimizer) -> None:
         """Bring gradients back to their true magnitude before clipping."""
 
     def optimizer_step(
-        self,
-        optimizer: torch.optim.Optimizer,
-        finite: torch.Tensor | bool,
-        grad_scale: torch.Tensor | None = None,
+        self, optimizer: Optimizer, finite: Tensor | bool, grad_scale: Tensor | None = None
     ) -> None:
         """Step unless ``finite`` (a host bool, or a 0-d bool tensor on the device) is False.
 
@@ -265,7 +264,7 @@ class Precision:
             if bool(finite):  # host-device sync point, every step: this optimizer cannot skip on the device
                 optimizer.step()
 
-    def warn_host_skip(self, optimizer: torch.optim.Optimizer) -> None:
+    def warn_host_skip(self, optimizer: Optimizer) -> None:
         """Say once that ``optimizer`` makes every step wait for the device, and what to use instead."""
         if getattr(self, "_warned_host_skip", False):
             return
@@ -380,14 +379,11 @@ class FP16Mixed(MixedPrecision):
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return self.scaler.scale(loss)
 
-    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+    def unscale_(self, optimizer: Optimizer) -> None:
         self.scaler.unscale_(optimizer)
 
     def optimizer_step(
-        self,
-        optimizer: torch.optim.Optimizer,
-        finite: torch.Tensor | bool,
-        grad_scale: torch.Tensor | None = None,
+        self, optimizer: Optimizer, finite: Tensor | bool, grad_scale: Tensor | None = None
     ) -> None:
         # The engine folds no clipping here (GradScaler owns the optimizer's grad_scale). GradScaler skips the step when it found inf/nan in the unscaled gradients; a non-finite
         # loss always yields non-finite gradients, so its skip covers the guard's. With an

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
-from torch import nn
+from torch import Tensor, nn
+from torch.optim import Optimizer
 
 from ...base.config import PrecisionConfig, knob, recast, setting
 from ...base.errors import ConfigError, TurbotrainWarning, quiet_imports
@@ -352,16 +353,7 @@ class FP8(BF16Mixed):
         self.converted = list(layers)
         self.kept = [f"{name}: {why}" for name, why in reasons.items() if why]
         if all_gather and layers:
-            for name, layer in layers.items():
-                _keep_identity(layer, weights[name])
-            subclass = float8.WeightWithDynamicFloat8CastTensor
-            for m in module.modules():
-                if any(isinstance(w, subclass) for w in m.parameters(recurse=False)):  # a tied embedding too
-                    self._hooks += [
-                        m.register_state_dict_post_hook(_plain_weights_in_state_dict),
-                        m.register_load_state_dict_post_hook(_forget_precomputed_scales),
-                    ]
-            self.all_gathered.append(module)
+            self._gather_in_float8(module, layers, weights)
         if not self.converted:
             log.warning(
                 "precision fp8: no linear layer passed the filter (%s), so this run is bf16-mixed in effect; %s",
@@ -369,6 +361,22 @@ class FP8(BF16Mixed):
                 self.advice(reasons.values()),
             )
         return module
+
+    def _gather_in_float8(
+        self, module: nn.Module, layers: dict[str, nn.Module], weights: dict[str, torch.Tensor]
+    ) -> None:
+        """The converted ``layers``' weights made the float8 all-gather subclass, with the hooks
+        that keep checkpoints plain (a tied embedding's module too)."""
+        for name, layer in layers.items():
+            _keep_identity(layer, weights[name])
+        subclass = float8_module().WeightWithDynamicFloat8CastTensor
+        for m in module.modules():
+            if any(isinstance(w, subclass) for w in m.parameters(recurse=False)):
+                self._hooks += [
+                    m.register_state_dict_post_hook(_plain_weights_in_state_dict),
+                    m.register_load_state_dict_post_hook(_forget_precomputed_scales),
+                ]
+        self.all_gathered.append(module)
 
     def advice(self, reasons: Iterable[str]) -> str:
         """What would convert layers that ``reasons`` (:meth:`wants`'s, for each kept layer) kept out,
@@ -407,10 +415,7 @@ class FP8(BF16Mixed):
         return module
 
     def optimizer_step(
-        self,
-        optimizer: torch.optim.Optimizer,
-        finite: torch.Tensor | bool,
-        grad_scale: torch.Tensor | None = None,
+        self, optimizer: Optimizer, finite: Tensor | bool, grad_scale: Tensor | None = None
     ) -> None:
         """The step, then (with the float8 all-gather) every float8 weight's scale for the next
         all-gathers in one all-reduce, instead of one small all-reduce per weight inside them. A

@@ -347,9 +347,7 @@ def choose_for_run(
     shape timed on ``device`` in bf16, tensorwise and rowwise (compiled when the run compiles), and
     each layer converted in its fastest float8 recipe only where that beats bf16 by the margin
     (tensorwise only under ``precision.fp8_all_gather``). Returns the config whose fp8 filter
-    converts exactly those layers (the others named in ``precision.fp8_skip``, the size threshold
-    off; a recipe other than ``precision.fp8_recipe`` in ``precision.fp8_layer_recipes``), and the
-    decision, written to ``run_dir``."""
+    converts exactly those layers, and the decision, written to ``run_dir``."""
     own = recast(config.precision, FP8Settings)  # the run's [precision], typed as fp8's
     fp8 = FP8.from_settings(device, own)
     names, _ = candidates(model, fp8)
@@ -375,16 +373,22 @@ def choose_for_run(
     for layer in choice.layers:
         layer.choice = decide({r: layer.ms[r] for r in recipes if r in layer.ms}, choice.margin)
     choice.write(run_dir)
+    return config.replace(precision=_filter_settings(own, choice)), choice
+
+
+def _filter_settings(own: FP8Settings, choice: FP8Choice) -> dict[str, Any]:
+    """The fp8 filter that converts exactly the chosen layers: the others named in
+    ``precision.fp8_skip``, the size threshold off, a recipe other than ``precision.fp8_recipe``
+    in ``precision.fp8_layer_recipes``."""
     skip = [p.strip() for p in own.fp8_skip.split(",") if p.strip()]
     # whole names as prefixes: no GPT layer name is the start of another one's
     skip += [c.layer for c in choice.layers if c.choice == BF16 and c.layer not in skip]
     layer_recipes = {c.layer: c.choice for c in choice.layers if c.choice not in (BF16, own.fp8_recipe)}
-    changes = {
+    return {
         "fp8_skip": ",".join(skip),
         "fp8_min_size": 1,
         "fp8_layer_recipes": ",".join(f"{name}={recipe}" for name, recipe in layer_recipes.items()),
     }
-    return config.replace(precision=changes), choice
 
 
 def timed_layers(start: Start) -> tuple[RunConfig, dict[str, Any]]:
