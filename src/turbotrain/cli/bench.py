@@ -4,13 +4,14 @@ the effect of each precision and optimization, on this machine."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from ..base.errors import TurbotrainError
 from ..base.process import exit_on_sigterm
 from .options import Options, add_command, switch
 from .profile import check_at_least
+from .train import default_preset
 
 HELP = "benchmark contenders side by side, the precision matrix or the optimization ablation"
 DESCRIPTION = (
@@ -182,34 +184,51 @@ def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
             "--rows picks rows of one --matrix (precision or ablation) at a time; "
             "--compare takes --contenders"
         )
-    command = "turbotrain " + shlex.join(sys.argv[1:]) if _called_as_cli() else canonical_command(args)
-    work_dir = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="turbotrain-bench-"))
-    opts = BenchOptions(
-        device=device,
-        work_dir=work_dir,
-        seed=args.seed,
-        timeout_s=args.timeout_s,
-        handtuned_compile=args.handtuned_compile,
-        repeat=args.repeat,
-        compile_cache=args.compile_cache,
-        threads=args.threads,
-        profile_dir=Path(args.profile) if args.profile else None,
-        auto_planned_steps=args.auto_planned_steps,
-    )
+    command = _cli_command() or canonical_command(args)
     exit_on_sigterm()  # so a running row is ended too (see process.run_process)
-    runners: dict[str, Callable[[Any], dict[str, Any]]] = {
-        "compare": lambda w: run_compare(w, opts, contenders),
-        "precision": lambda w: run_precision_matrix(w, opts, rows),
-        "ablation": lambda w: run_ablation(w, opts, rows),
-    }
     outcomes: list[dict[str, Any]] = []  # every row of every report: did any measure?
-    try:
+    with _work_dir(args, "bench") as work_dir:
+        opts = BenchOptions(
+            device=device,
+            work_dir=work_dir,
+            seed=args.seed,
+            timeout_s=args.timeout_s,
+            handtuned_compile=args.handtuned_compile,
+            repeat=args.repeat,
+            compile_cache=args.compile_cache,
+            threads=args.threads,
+            profile_dir=Path(args.profile) if args.profile else None,
+            auto_planned_steps=args.auto_planned_steps,
+        )
+        runners: dict[str, Callable[[Any], dict[str, Any]]] = {
+            "compare": lambda w: run_compare(w, opts, contenders),
+            "precision": lambda w: run_precision_matrix(w, opts, rows),
+            "ablation": lambda w: run_ablation(w, opts, rows),
+        }
         for name in names:
             outcomes += _bench_workload(args, name, opts, [runners[kind] for kind in kinds], command)
-    finally:
-        if not args.work_dir:
-            shutil.rmtree(work_dir, ignore_errors=True)
     return _exit_code(outcomes)
+
+
+@contextlib.contextmanager
+def _work_dir(args: argparse.Namespace, kind: str) -> Iterator[Path]:
+    """``--work-dir``, kept; else a temporary folder, removed afterwards."""
+    if args.work_dir:
+        yield Path(args.work_dir)
+        return
+    path = Path(tempfile.mkdtemp(prefix=f"turbotrain-{kind}-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _overrides(args: argparse.Namespace, extra: list[str]) -> dict[str, dict[str, str]]:
+    """The --section.key=value settings, with --device as run.device."""
+    overrides = parse_overrides(extra)
+    if args.device != "auto":
+        overrides.setdefault("run", {})["device"] = args.device
+    return overrides
 
 
 def _device_and_names(args: argparse.Namespace) -> tuple[str, list[str]]:
@@ -274,14 +293,10 @@ def _bench_workload(
 
 def main_inference(args: argparse.Namespace, extra: list[str]) -> int:
     """``--inference``: evaluation throughput (app/bench/inference.py), one row per --rows precision."""
-    overrides = parse_overrides(extra)
-    if args.device != "auto":
-        overrides.setdefault("run", {})["device"] = args.device
+    overrides = _overrides(args, extra)
     if args.threads:
         torch.set_num_threads(args.threads)  # in this process: the forward runs here
-    preset = (
-        None if args.model else (args.workload or ("gpt2-small" if torch.cuda.is_available() else "gpt-tiny"))
-    )
+    preset = None if args.model else (args.workload or default_preset())
     batch = args.batch if isinstance(args.batch, int) else None
     model, batches, loss_fn, label = inference_target(preset, args.model, overrides, batch)
     modes = [r.strip() for r in args.rows.split(",") if r.strip()] or [None]
@@ -305,7 +320,7 @@ def main_inference(args: argparse.Namespace, extra: list[str]) -> int:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "load_avg_1m": os.getloadavg()[0],  # a shared CPU's other work slows every row
-        "command": "turbotrain " + shlex.join(sys.argv[1:]) if _called_as_cli() else None,
+        "command": _cli_command(),
     }
     text = render_inference(doc)
     print(text, flush=True)
@@ -340,30 +355,23 @@ def main_to_loss(args: argparse.Namespace, extra: list[str]) -> int:
     check_at_least(
         ("--seeds", args.seeds, 1), ("--max-steps", args.max_steps, 1), ("--eval-every", args.eval_every, 1)
     )
-    overrides = parse_overrides(extra)
-    if args.device != "auto":
-        overrides.setdefault("run", {})["device"] = args.device
-    work_dir = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="turbotrain-to-loss-"))
-    opts = ToLossOptions(
-        contenders=contenders,
-        preset=args.workload or ("gpt2-small" if torch.cuda.is_available() else "gpt-tiny"),
-        overrides=overrides,
-        target_loss=args.to_loss,
-        max_tokens=args.tokens,
-        max_steps=args.max_steps,
-        eval_every=args.eval_every,
-        seeds=tuple(range(args.seed, args.seed + args.seeds)),
-        threads=args.threads,
-        timeout_s=args.timeout_s,
-        work_dir=work_dir,
-    )
-    exit_on_sigterm()
-    try:
+    with _work_dir(args, "to-loss") as work_dir:
+        opts = ToLossOptions(
+            contenders=contenders,
+            preset=args.workload or default_preset(),
+            overrides=_overrides(args, extra),
+            target_loss=args.to_loss,
+            max_tokens=args.tokens,
+            max_steps=args.max_steps,
+            eval_every=args.eval_every,
+            seeds=tuple(range(args.seed, args.seed + args.seeds)),
+            threads=args.threads,
+            timeout_s=args.timeout_s,
+            work_dir=work_dir,
+        )
+        exit_on_sigterm()
         doc = run_to_loss(opts, log=lambda line: print(line, file=sys.stderr, flush=True))
-    finally:
-        if not args.work_dir:
-            shutil.rmtree(work_dir, ignore_errors=True)
-    doc["command"] = "turbotrain " + shlex.join(sys.argv[1:]) if _called_as_cli() else None
+    doc["command"] = _cli_command()
     text = render_to_loss(doc)
     print(text, flush=True)
     if args.out:
@@ -415,6 +423,7 @@ def canonical_command(args: argparse.Namespace) -> str:
     return shlex.join(words)
 
 
-def _called_as_cli() -> bool:
-    """True when this process is the `turbotrain` (or `python -m turbotrain`) command line."""
-    return len(sys.argv) > 1 and sys.argv[1] == "bench"
+def _cli_command() -> str | None:
+    """This process's command line when it is ``turbotrain bench`` (or ``python -m turbotrain``);
+    None for an in-process call, where sys.argv is not ours."""
+    return "turbotrain " + shlex.join(sys.argv[1:]) if len(sys.argv) > 1 and sys.argv[1] == "bench" else None
