@@ -1,25 +1,20 @@
 """The strategy: carries a :class:`~turbotrain.core.plan.ParallelPlan` out, chosen once per process.
 
-:meth:`Strategy.wrap` places the experts on their ranks (the plan's expert dimension, degree > 1),
-leaves them out of data parallelism, and wraps the rest of the model for its data dimension;
-:meth:`Strategy.set_grad_sync` is what the window (:mod:`turbotrain.core.window`) switches before
-each backward:
+:meth:`Strategy.wrap` places the experts on their ranks (the plan's expert dimension), leaves them
+out of data parallelism and wraps the rest for the data dimension; :meth:`Strategy.set_grad_sync`
+is what the window switches before each backward (docs/distributed.md):
 
 - ``single``: one process; every method does nothing (the base class).
-- ``ddp``: ``DistributedDataParallel`` (bucket size, static graph, gradients as bucket views).
-  Gradient sync is switched off for the micro-steps before an accumulation boundary (what
-  ``no_sync()`` does, but settable from an own loop that calls ``engine.backward``).
-- ``fsdp``: FSDP2 ``fully_shard`` on each repeated block and on the root, with a mixed-precision
-  policy from the precision plugin's dtypes (its ``compute_dtype`` for the all-gathered parameters,
-  bf16 in the mixed modes and fp8, and its ``reduce_dtype`` for gradient reduction, fp32 in all
-  built-in modes); reshard-after-forward configurable. Parameters become DTensors, so the
-  optimizer, built before, is pointed at them (its state is still empty then).
+- ``ddp``: ``DistributedDataParallel``; gradient sync off for the micro-steps before an
+  accumulation boundary (``no_sync()``'s flag, settable from an own loop's ``engine.backward``).
+- ``fsdp``: FSDP2 ``fully_shard`` on each repeated block and on the root, its mixed-precision
+  policy from the precision plugin's ``compute_dtype`` and ``reduce_dtype``. Parameters become
+  DTensors, so the optimizer, built before, is pointed at them (its state is still empty then).
 - pipeline parallelism is not built: its schedule would cut the model into stages (the spec's
   ``pipeline`` hook) and take the window body's place (:data:`~turbotrain.core.window.WindowFn`).
 
-Across ranks the window averages each step's loss on the device (:meth:`Strategy.mean_`, a small
-all-reduce, no host sync), so every rank's non-finite guard sees the same value and they skip
-together.
+Each step's loss is averaged over ranks on the device (:meth:`Strategy.mean_`, no host sync), so
+every rank's non-finite guard sees the same value and they skip together.
 """
 
 from __future__ import annotations

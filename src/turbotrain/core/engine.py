@@ -10,16 +10,12 @@
 
 Configuration is resolved once (:class:`~turbotrain.core.options.EngineOptions`, ``setup``) into
 objects: the precision plugin, the strategy carrying the parallel plan out, the guard, the OOM
-policy. One optimizer step is one window (window.py: the one orchestration of forward, backward,
-gradient sync, loss sum, placement check and the optimizer step). Two ways in, one window:
-:meth:`Engine.train_window` (what ``fit`` calls) runs one step's loader batches as
-:meth:`Window.run` (wrapped once by :meth:`Engine.wrap_window`: where CUDA graphs go); the own-loop
-API (``backward`` per micro-batch, ``step``; ``forward_backward`` for one loader batch) calls the
-window's pieces one at a time. This file keeps the policies and bookkeeping around it: counters,
-the guard's poll and the precision fallback (nonfinite.py), the OOM policy (oom.py: one guarded
-path, acting through the public ``discard_step``, ``set_split`` and ``record_event``), events, the
-compile guard and the step callbacks; no config reads and no host-device sync per step, except the
-guard's poll every ``sync_every`` optimizer steps. No other module writes the engine's state.
+policy. One optimizer step is one window (window.py, docs/architecture.md "The window"), run whole
+by :meth:`Engine.train_window` (``fit``) or a piece at a time by the own-loop API. This file keeps
+the policies and bookkeeping around it: counters, the guard's poll and the precision fallback, the
+OOM policy, events, the compile guard and the step callbacks; no config reads and no host-device
+sync per step, except the guard's poll every ``sync_every`` optimizer steps. No other module
+writes the engine's state.
 """
 
 from __future__ import annotations

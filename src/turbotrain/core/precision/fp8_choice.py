@@ -1,28 +1,19 @@
-"""fp8 per layer, chosen by timing: float8 only where it measurably pays.
+"""fp8 per layer, chosen by timing: float8 only where it measurably pays (docs/fp8.md).
 
-float8 matmuls save time only when the matmul is large enough for the scaling and casting around
-it to be repaid (users report fp8 slower than bf16 below a few billion parameters: Accelerate
-#2597, torchao #1297); torchao's size thresholds are one machine's guess. Here each distinct
-linear shape of the model -- M x K x N with M the run's tokens per micro-batch, K the in and N the
-out features -- is timed forward + backward in bf16, fp8 tensorwise and fp8 rowwise (torchao
-``Float8Linear``, compiled where the run compiles: eager float8 is slower by construction), and
-only the layers where a float8 recipe beats bf16 by ``margin`` are converted, each with its own
-fastest recipe. No layer faster: the run stays bf16, with one line saying so.
+float8 saves time only when the matmul is large enough to repay the scaling and casting around it
+(users report fp8 slower than bf16 below a few billion parameters: Accelerate #2597, torchao
+#1297); torchao's size thresholds are one machine's guess. So each distinct linear shape (M x K x
+N, M the run's tokens per micro-batch) is timed forward + backward in bf16, fp8 tensorwise and
+rowwise (compiled where the run compiles: eager float8 is slower by construction), and a layer is
+converted, in its fastest recipe, only where that beats bf16 by ``margin``. The candidates are
+those fp8's own filter accepts with no size threshold. The decision table is written as JSON and
+markdown and kept in the measuring kit's decision cache (:mod:`turbotrain.core.meter.cache`) under
+a key of what makes it valid (device, versions, shapes, recipes, compile, margin).
 
-The candidates are the layers fp8's own filter would accept with no size threshold
-(:meth:`~.fp8.FP8.layer_plan` with ``min_size=1``: dims divisible by 16, the output layer only
-with ``precision.fp8_lm_head``, ``precision.fp8_skip`` honoured). The decision is a table (layer,
-shape, ms per recipe, choice), written as JSON and markdown, and kept in the measuring kit's
-decision cache (:mod:`turbotrain.core.meter.cache`) under a key of what makes it valid (device,
-torch, turbotrain and torchao versions, shapes with the micro-batch's tokens, recipes, compile,
-margin), so a second run of the same model on the same machine does not time again.
-
-The fp8 plugin's start hook (:func:`timed_layers`, registered here) runs it for a run with
-``precision.fp8_layers = 'timed'``, once its model is built, before its settings are final
-(:func:`turbotrain.app.prepare.start`): the one file of fp8's preparation.
-
-The timer is a parameter: tests inject one (on CPU torchao's float8 runs only in emulation, whose
-speed says nothing), the default times on the device with the kit's clock, a median.
+The fp8 plugin's start hook (:func:`timed_layers`, registered here) runs it for
+``precision.fp8_layers = 'timed'`` once the model is built, before the run's settings are final:
+the one file of fp8's preparation. The timer is a parameter: tests inject one (CPU float8 is
+emulation only, whose speed says nothing).
 """
 
 from __future__ import annotations
