@@ -107,9 +107,9 @@ def _install(point: str, n: int) -> None:
     elif point == "pause-fit":
         wrap(training.Training, "run", before=lambda *a, **k: due() and pause())
     elif point == "pause-choose":
-        import turbotrain.app.run as run
+        import turbotrain.app.choose.session as choose
 
-        wrap(run, "choose_for_run", before=lambda *a, **k: due() and pause())
+        wrap(choose, "decide_for_run", before=lambda *a, **k: due() and pause())
     elif point == "pause-report":
         import turbotrain.app.run as run
 

@@ -70,9 +70,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "run-seeds-torch-only",
-        "src/turbotrain/app/training.py",
-        "    seed_all(c.run.seed)  # torch, random and numpy: a user's model or loss may draw from any of them",
-        "    torch.manual_seed(c.run.seed)  # mutation: random and numpy left unseeded",
+        "src/turbotrain/app/prepare.py",
+        "    seed_all(config.run.seed)  # torch, random and numpy: a user's model or loss may draw from any of them",
+        "    torch.manual_seed(config.run.seed)  # mutation: random and numpy left unseeded",
         (RESUME,),
         "Python's random and numpy unseeded: two runs with one seed differ",
     ),

@@ -10,12 +10,13 @@ keeps. The result, a :class:`PreparedRun`, is what the assembly (:mod:`turbotrai
 builds from; nothing below resolves any of it again.
 
 :func:`settle` makes a run's settings final before its model is built (:attr:`PreparedRun.settings`):
-the split of ``batch.global_size`` into accumulation over the plan's data dimension. A decision at
-a run's start that changes its config (the ``auto`` settings chosen by measuring, which needs the
-run directory and its lock: :func:`turbotrain.app.run.train_run`) hands its config to
-:func:`decided`, which settles it again. :func:`start` is the one place where the plugins'
-start-of-run decisions run (:func:`turbotrain.base.config_plugins.register_start`: a family's
-for the model it builds, a precision's once it is built), before the assembly builds anything else.
+the split of ``batch.global_size`` into accumulation over the plan's data dimension. :func:`start`
+is the one place of the start-of-run decisions, once the run's data is open: first the
+preparation's own (:attr:`PreparedRun.starts`, what its entry point asks for: ``turbotrain train``'s
+``choose`` and compile warm start), before the generators are seeded; then the plugins'
+(:func:`turbotrain.base.config_plugins.register_start`: a family's for the model it builds, a
+precision's once it is built). What they decide is part of the started run (:attr:`Started.run`,
+which a restart for the experts' growth continues); nothing re-settles the config after it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from ..base.config_plugins import Start, start_hooks
 from ..base.errors import ConfigError
 from ..base.launch import Launch, Topology
 from ..base.rundir import CHECKPOINTS, find_run_dir, new_run_dir, resume_config, run_name
+from ..base.seeds import seed_all
 from ..base.signals import StopSignals
 from ..core.device import local_device, resolve_device
 from ..core.engine import default_loss
@@ -109,7 +111,8 @@ class RunRequest:
 @dataclass
 class PreparedRun:
     """A run resolved once (see the module docstring). ``config`` is the run's config as given
-    (what config.toml keeps: 'auto' stays 'auto'); ``settings`` what it trains with (:func:`settle`)."""
+    (what config.toml keeps: 'auto' stays 'auto' unless a start decision settles it);
+    ``settings`` what it trains with (:func:`settle`)."""
 
     config: RunConfig
     settings: RunConfig
@@ -120,10 +123,10 @@ class PreparedRun:
     resume: bool = False
     relaunch: str = ""  # why this start continues its run by itself ("" when it does not)
     recorded: dict[str, Any] | None = None  # the job record of the start a relaunch continues
-    batch_given: bool = (
-        False  # a resume whose command sets the batch itself (not refused at another world size)
-    )
+    batch_given: bool = False  # a resume whose command sets the batch (not refused at another world size)
     hooks: Callable[[PreparedRun], Sequence[Hook]] | None = None  # RunRequest.hooks
+    starts: Sequence[PrepareStart] = ()  # the preparation's start hooks (:func:`start`), called once
+    ends: Sequence[Callable[[], Any]] = ()  # what they do once the run has trained (train_prepared)
 
     @property
     def main(self) -> bool:
@@ -131,42 +134,40 @@ class PreparedRun:
         return self.plan.rank == 0
 
 
-def prepare_run(request: RunRequest, signals: StopSignals) -> PreparedRun:
-    """The run ``request`` asks for, resolved once in this process (see the module docstring).
-    A mistake raises a ConfigError (TurbotrainError) on every rank, before any joins the process
-    group; a first signal during it raises :class:`StoppedBySignal`."""
+@dataclass(frozen=True)
+class Begun:
+    """What a start hook of the preparation decided: ``changes`` to the run's config, alike to the
+    config as given and to its settings (``{section: {key: value}}``: choose's measured settings),
+    and ``end``, called once the run has trained (the compile warm start's save)."""
+
+    changes: Overrides = field(default_factory=dict)
+    end: Callable[[], Any] | None = None
+
+
+# a start hook of the preparation: the prepared run (its decisions so far) and its settings -> Begun
+PrepareStart = Callable[[PreparedRun, RunConfig], Begun]
+
+
+def prepare_run(
+    request: RunRequest, signals: StopSignals, starts: Sequence[PrepareStart] = ()
+) -> PreparedRun:
+    """The run ``request`` asks for, resolved once in this process (see the module docstring),
+    with the preparation's start hooks ``starts``. A mistake raises a ConfigError
+    (TurbotrainError) on every rank, before any joins the process group; a first signal during it
+    raises :class:`StoppedBySignal`."""
     topology, launch = Topology.from_env(), Launch.from_env()
-    overrides = {section: dict(values) for section, values in request.overrides.items()}
     resume = request.resume is not None
     signals.on_first(lambda name: stop_startup(name, None, resume))
-    ref, make = _workload_ref(request.workload)
-    if ref:
-        if resume and make is None:
-            raise ConfigError(
-                said("--model", "a workload")
-                + " names the workload of a new run; a resume trains the run's own "
-                "(its config.toml's model.workload): "
-                + said("leave --model out", "call turbotrain.train(resume=...) without one")
-            )
-        if not resume:
-            overrides.setdefault("model", {})["workload"] = ref
-    if request.resume and "name" in overrides.get("run", {}):
-        raise ConfigError(
-            "name the run to resume once: "
-            + said("--resume RUN or --resume --run.name NAME", "resume=RUN or run.name, with resume=True")
-            + ", not both"
-        )
+    make, overrides = _request_overrides(request)
     resume_at, relaunch, recorded = request.resume, request.relaunch if resume else "", None
     fresh = None if resume else load_config(request.base_preset, overrides)
     if fresh is not None:  # a requeued SLURM job or a restarted torchrun group continues its run by itself
         found = relaunched_run(fresh, topology, launch)
-        if found is not None:
-            found_dir, relaunch, recorded = found
+        stored = stored_run(fresh) if found is None else None  # a pod rescheduled on an empty disk
+        if found is not None or stored is not None:
+            found_dir, relaunch, recorded = found or (stored, "", None)
             resume_at, resume = str(found_dir), True
             overrides.get("run", {}).pop("name", None)  # named by the path now
-        elif (stored := stored_run(fresh)) is not None:  # a pod rescheduled on an empty disk
-            resume_at, resume = str(stored), True
-            overrides.get("run", {}).pop("name", None)
     if resume:  # the run's saved config with the overrides applied: what the resume will train
         run_dir, base = _resumed_run(request.preset, resume_at or "", overrides)
         if relaunch:
@@ -184,14 +185,15 @@ def prepare_run(request: RunRequest, signals: StopSignals) -> PreparedRun:
     run_dir, config = decided_by_main(lambda: (run_dir, base) if resume else _new_run(base))
     # a resume at another world size keeps the checkpoint's global batch unless the command sets the batch
     # (a relaunch repeats the first start's command: its batch settings are no choice made for this resume)
-    batch_given = (
+    given = (
         resume
         and not relaunch
         and bool({"micro", "global_size", "accumulation"} & set(overrides.get("batch", {})))
     )
+    settings = settle(config, plan, spec)
     return PreparedRun(
         config,
-        settle(config, plan, spec),
+        settings,
         plan,
         spec,
         device,
@@ -199,9 +201,34 @@ def prepare_run(request: RunRequest, signals: StopSignals) -> PreparedRun:
         resume,
         relaunch,
         recorded,
-        batch_given,
+        given,
         request.hooks,
+        starts,
     )
+
+
+def _request_overrides(
+    request: RunRequest,
+) -> tuple[Callable[[], Any] | Workload | None, dict[str, dict[str, Any]]]:
+    """(the live workload or FUNC of ``request``, its overrides with the workload's reference),
+    refusing what a resume cannot take."""
+    overrides = {section: dict(values) for section, values in request.overrides.items()}
+    ref, make = _workload_ref(request.workload)
+    if ref and request.resume is not None and make is None:
+        raise ConfigError(
+            said("--model", "a workload") + " names the workload of a new run; a resume trains the run's own "
+            "(its config.toml's model.workload): "
+            + said("leave --model out", "call turbotrain.train(resume=...) without one")
+        )
+    if ref and request.resume is None:
+        overrides.setdefault("model", {})["workload"] = ref
+    if request.resume and "name" in overrides.get("run", {}):
+        raise ConfigError(
+            "name the run to resume once: "
+            + said("--resume RUN or --resume --run.name NAME", "resume=RUN or run.name, with resume=True")
+            + ", not both"
+        )
+    return make, overrides
 
 
 def prepare_config(
@@ -234,39 +261,37 @@ def prepare_process(config: RunConfig) -> tuple[RunConfig, ParallelPlan, torch.d
     return settle(config, plan, None), plan, device
 
 
-def decided(run: PreparedRun, config: RunConfig) -> PreparedRun:
-    """``run`` with ``config`` decided at its start, before its model is built (the settings left
-    at ``auto`` chosen by measuring candidates, :mod:`turbotrain.app.choose`: which needs the run
-    directory, under the run's lock), its settings settled anew from it."""
-    if config is run.config:
-        return run
-    return dataclasses.replace(run, config=config, settings=settle(config, run.plan, run.spec))
-
-
 def settle(config: RunConfig, plan: ParallelPlan, spec: ModelSpec | None) -> RunConfig:
     """The settings the run trains with, final before its model is built (called once per run,
     after the process group is joined): ``batch.global_size`` split into accumulation over the
-    plan's data dimension (:func:`resolve_accumulation`). The one place for a start-of-run decision that
-    changes settings."""
+    plan's data dimension (:func:`resolve_accumulation`)."""
     return resolve_accumulation(config, plan)
 
 
 @dataclass(frozen=True)
 class Started:
-    """What :func:`start` decided: the run's settings, its model (built from the config its family's
-    hook chose) and facts for the summary's ``resolved`` (fp8's timed layers)."""
+    """What :func:`start` decided: the run as started (its config and settings with the
+    preparation's decisions; its ``starts`` done, their ``ends`` kept), the settings it trains
+    with, its model (built from the config its family's hook chose) and facts for the summary's
+    ``resolved`` (fp8's timed layers)."""
 
+    run: PreparedRun
     config: RunConfig
     model: nn.Module
     facts: dict[str, Any]
 
 
 def start(run: PreparedRun, config: RunConfig, data: RunData, loss_fn: LossFn | None) -> Started:
-    """The one place of the plugins' start-of-run decisions for the prepared ``run`` with settings
-    ``config`` and its data open: every start hook of the plugins it selects, once
-    (:func:`~turbotrain.base.config_plugins.register_start`): the ``build`` hooks decide the config
-    its model is built from, the model is built (:meth:`ModelSpec.build`), then the ``settle``
-    hooks make its settings final. Nothing re-settles them after this but the batch search."""
+    """The one place of the start-of-run decisions for the prepared ``run`` with settings
+    ``config`` and its data open: the preparation's start hooks (:attr:`PreparedRun.starts`, once
+    per run: a restart of the started run does not call them again), then the generators seeded
+    (``run.seed``: what a hook measured drew nothing the run draws), then every start hook of the
+    plugins it selects (:func:`~turbotrain.base.config_plugins.register_start`): the ``build``
+    hooks decide the config its model is built from, the model is built (:meth:`ModelSpec.build`),
+    then the ``settle`` hooks make its settings final. Nothing re-settles them after this but
+    the batch search."""
+    run, config = _begin(run, config)
+    seed_all(config.run.seed)  # torch, random and numpy: a user's model or loss may draw from any of them
     hooks = start_hooks(config)
     at = Start(config, run.run_dir, run.device, lambda: _resume_step(run))
     built = config
@@ -279,7 +304,24 @@ def start(run: PreparedRun, config: RunConfig, data: RunData, loss_fn: LossFn | 
         if hook.settle is not None:
             config, more = hook.settle(dataclasses.replace(at, config=config))
             facts.update(more)
-    return Started(config, model, facts)
+    return Started(run, config, model, facts)
+
+
+def _begin(run: PreparedRun, config: RunConfig) -> tuple[PreparedRun, RunConfig]:
+    """The preparation's start hooks in order, each seeing the decisions before it: their changes
+    applied alike to the config as given, the run's settings and ``config``."""
+    ends = list(run.ends)
+    for hook in run.starts:
+        begun = hook(run, config)
+        if begun.changes:
+            changes = begun.changes
+            run = dataclasses.replace(
+                run, config=run.config.replace(**changes), settings=run.settings.replace(**changes)
+            )
+            config = config.replace(**changes)
+        if begun.end is not None:
+            ends.append(begun.end)
+    return dataclasses.replace(run, starts=(), ends=tuple(ends)), config
 
 
 def _resume_step(run: PreparedRun) -> int:

@@ -4,9 +4,10 @@
 :func:`train_run` holds the stop signals and the run's lock once for the whole run, prepares it
 (:func:`turbotrain.app.prepare.prepare_run`: a new run, ``--resume``, or a relaunch that continues
 its run by itself), keeps the job record a restart finds the run by, records a restart in
-metrics.jsonl, decides the settings left at ``auto`` by measuring (:mod:`turbotrain.app.choose`,
-a new run in one process), loads compile artefacts of an earlier run (:mod:`turbotrain.app.warmstart`),
-trains (:func:`turbotrain.app.training.train_prepared`) and writes the report.
+metrics.jsonl, trains (:func:`turbotrain.app.training.train_prepared`) and writes the report. Its
+preparation's start hooks (:data:`STARTS`, called by :func:`turbotrain.app.prepare.start`): the
+settings left at ``auto`` decided by measuring (:mod:`turbotrain.app.choose`, a new run in one
+process), then compile artefacts of an earlier run loaded (:mod:`turbotrain.app.warmstart`).
 It returns a :class:`RunOutcome`; the CLI only maps it to an exit status and prints it.
 
 :func:`train` is the one call from Python: ``turbotrain.train(make, max_steps=64)`` trains your
@@ -47,22 +48,16 @@ from ..loop.checkpoint.remote import remote_store
 from ..loop.monitor.trackers import TrackerOptions, check_stores
 from ..loop.run_hooks import monitor_plan
 from ..parts.data.sources import check_data_path
-from .choose.session import choose_for_run
-from .prepare import PreparedRun, RunRequest, StoppedBySignal, WorkloadLike, decided, prepare_run
+from . import warmstart
+from .choose import session as choose
+from .prepare import PreparedRun, PrepareStart, RunRequest, StoppedBySignal, WorkloadLike, prepare_run
 from .report import ReportResult, write_report
 from .restart import batch_record, peer_lost
-from .run_settings import planned_steps
 from .training import Training, stopped_by_signal, train_prepared
-from .warmstart import WarmStart
 
-
-def _planned(run: PreparedRun) -> int:
-    """The run's length for choose: ``train.epochs`` resolved on its data (a workload's is built
-    once and kept), else ``train.max_steps``."""
-    if not run.config.train.epochs:
-        return run.config.train.max_steps
-    data = run.spec.open_data(run.settings, run.run_dir, show=False)
-    return planned_steps(run.settings, data, run.plan.data)
+# the preparation's start hooks of a run trained here, in order: choose, then the warm start of
+# what it chose (turbotrain.app.prepare.start calls them, once per run, before it seeds)
+STARTS: tuple[PrepareStart, ...] = (choose.at_start, warmstart.at_start)
 
 
 @dataclass
@@ -108,7 +103,7 @@ def train_run(request: RunRequest, *, progress: bool | None = None, report: bool
         try:
             # Checked on every rank before any joins the process group: the same mistake
             # everywhere, said once by rank 0; the others end quietly instead of waiting for it.
-            run = prepare_run(request, signals)
+            run = prepare_run(request, signals, STARTS)
         except TurbotrainError:
             if topology.rank > 0:
                 return RunOutcome(quiet=True)
@@ -120,45 +115,45 @@ def train_run(request: RunRequest, *, progress: bool | None = None, report: bool
         # The run's lock for the whole run: no other process trains in the run while this one
         # trains it or writes its report.
         with _locked(run):
-            launch = Launch.from_env()
-            if launch.run_id or launch.slurm_job:  # the job a restart of this one finds the run by
-                write_launch(run.run_dir, {**launch.record(), **batch_record(run.settings, run.plan)})
-            if run.relaunch:
-                record_restart(run.run_dir, run.relaunch, run.plan.world)
-            # a tracker's missing package or a store that does not open: one line now, not after
-            # the measuring below (an MLflow server: within trackers.OPEN_TIMEOUT_S)
-            trackers = monitor_plan(run.config, run.run_dir)
-            check_stores(trackers.trackers, run.run_dir, trackers.tracker_options or TrackerOptions())
-            remote_store(run.config, run.run_dir)  # run.remote refusing: one line now, too
-            if run.config.data.path and not run.config.model.workload:  # a missing --data path: too
-                check_data_path(run.config.data.path)
-            # settings left at auto, by measurement (one process; a resume never re-measures)
-            if not run.resume and run.plan.world == 1:
-                run = decided(run, choose_for_run(run.config, run.run_dir, planned=_planned(run)))
-            # compile artefacts of an earlier run of this model: loaded before the first step
-            warm = WarmStart(run.config)
-            warm.begin()
-            try:
-                summary, training = train_prepared(run, signals, progress)
-            except Exception as exc:
-                lost = peer_lost(exc, run.plan.topology, run.run_dir)
-                if lost is None:
-                    raise
-                return RunOutcome(run, lost=lost, signal=signals.first)
-            warm.save()
-            written = None
-            if report and not signals.received:  # a signal after training stops the report
-                with contextlib.suppress(_ReportStopped):
-                    signals.on_first(_stop_report)
-                    written = write_report(
-                        run.run_dir
-                    )  # plots + summary.md, as `turbotrain report RUN` would
-                signals.on_first(None)
-            if (
-                training.mirror is not None
-            ):  # run.remote: the last uploads (the report's too), or what is missing
-                training.mirror.close()
-        return RunOutcome(run, summary, training, written, signals.first)
+            _before_training(run)
+            return _main_rank(run, signals, progress, report)
+
+
+def _before_training(run: PreparedRun) -> None:
+    """Rank 0 under the run's lock: the job record a restart finds the run by, a relaunch's restart
+    record, and the mistakes said in one line now rather than after start-up's measuring."""
+    launch = Launch.from_env()
+    if launch.run_id or launch.slurm_job:  # the job a restart of this one finds the run by
+        write_launch(run.run_dir, {**launch.record(), **batch_record(run.settings, run.plan)})
+    if run.relaunch:
+        record_restart(run.run_dir, run.relaunch, run.plan.world)
+    # a tracker's missing package or a store that does not open (an MLflow server: within
+    # trackers.OPEN_TIMEOUT_S), run.remote refusing, a missing --data path
+    trackers = monitor_plan(run.config, run.run_dir)
+    check_stores(trackers.trackers, run.run_dir, trackers.tracker_options or TrackerOptions())
+    remote_store(run.config, run.run_dir)
+    if run.config.data.path and not run.config.model.workload:
+        check_data_path(run.config.data.path)
+
+
+def _main_rank(run: PreparedRun, signals: StopSignals, progress: bool | None, report: bool) -> RunOutcome:
+    """Rank 0 trains the run and (``report``) writes its report, as `turbotrain report RUN` would."""
+    try:
+        summary, training = train_prepared(run, signals, progress)
+    except Exception as exc:
+        lost = peer_lost(exc, run.plan.topology, run.run_dir)
+        if lost is None:
+            raise
+        return RunOutcome(run, lost=lost, signal=signals.first)
+    written = None
+    if report and not signals.received:  # a signal after training stops the report
+        with contextlib.suppress(_ReportStopped):
+            signals.on_first(_stop_report)
+            written = write_report(run.run_dir)  # plots + summary.md
+        signals.on_first(None)
+    if training.mirror is not None:  # run.remote: the last uploads (the report's too), or what is missing
+        training.mirror.close()
+    return RunOutcome(training.prepared, summary, training, written, signals.first)
 
 
 def _other_rank(run: PreparedRun, signals: StopSignals) -> RunOutcome:

@@ -43,7 +43,7 @@ from ..base.rundir import (
     truncate_metrics,
 )
 from ..base.runlock import RunLock
-from ..base.seeds import rng_state, seed_all, set_rng_state
+from ..base.seeds import rng_state, set_rng_state
 from ..base.signals import StopSignals
 from ..base.signals import held as held_signals
 from ..base.version import collect_git
@@ -107,6 +107,7 @@ class Training:
     hooks: list[Hook]
     monitor: Monitor
     state: RunState  # what checkpoints save and a resume loads
+    prepared: PreparedRun  # the run as started (with its start decisions): what a restart continues
     resolved: dict[str, Any] = field(default_factory=dict)
     resumed_from: str = ""
     mirror: RemoteMirror | None = None  # run.remote: the copy in the store (rank 0), closed by the caller
@@ -128,6 +129,7 @@ class Assembled:
     """A prepared run's data, model, engine and optimizer, its batch searched and its learning
     rate scaled (:func:`assemble`): what a training run and a measured run (``measure``) share."""
 
+    run: PreparedRun  # as started: with the decisions of its start (:func:`~turbotrain.app.prepare.start`)
     config: RunConfig  # the settings, with what the data and the batch search decided
     data: RunData
     loss_fn: LossFn | None  # the workload's; None: the model returns its loss
@@ -152,9 +154,8 @@ def assemble(run: PreparedRun, show: bool) -> Assembled:
     if plan.rank == 0:
         data.save(run_dir)
     c, epochs = resolve_epochs(c, data, plan.data)  # train.epochs -> max_steps, before the schedule is made
-    seed_all(c.run.seed)  # torch, random and numpy: a user's model or loss may draw from any of them
-    # the plugins' start hooks, then the model itself: DDP wraps it, FSDP2 shards it in place
-    # (moe.grow_at_step: a resume after it, grown; precision.fp8_layers = 'timed': the layers timed)
+    # the start decisions (choose, the compile warm start; then the plugins': moe.grow_at_step, a
+    # resume after it grown; precision.fp8_layers = 'timed'), the generators seeded, the model built
     started = start(run, c, data, loss_fn)
     c, plain = started.config, started.model
     # the family's part of the plan (default: declare the units FSDP, activation checkpointing and
@@ -177,7 +178,9 @@ def assemble(run: PreparedRun, show: bool) -> Assembled:
     )
     # optim.lr_scaling, before a checkpoint loads
     c, lr_note = scale_lr(c, batch_search, t.optimizer, t.scheduler)
-    return Assembled(c, data, loss_fn, plain, own_optimizer, t, batch_search, lr_note, epochs, started.facts)
+    return Assembled(
+        started.run, c, data, loss_fn, plain, own_optimizer, t, batch_search, lr_note, epochs, started.facts
+    )
 
 
 def build_training(
@@ -189,54 +192,39 @@ def build_training(
     resume names the batch itself (``run.batch_given``: :func:`check_resume_batch`)."""
     if isinstance(run, RunConfig):
         run = prepare_config(run, run_dir)
-    run_dir, spec = run.run_dir, run.spec
     _check_watch(run)
     main = run.main  # under torchrun rank 0 alone writes the run's shared files and prints
-    # run.remote refuses: one line, before the work
-    store = remote_store(run.config, run_dir) if main else None
+    store = remote_store(run.config, run.run_dir) if main else None  # run.remote refuses: one line, first
     show = (run.settings.monitor.progress if progress is None else progress) and main
     a = assemble(run, show)
-    c, data, t = a.config, a.data, a.trainable
-    engine = t.engine
-    rank, world = engine.strategy.rank, engine.strategy.world
+    run, c, engine = a.run, a.config, a.trainable.engine
     watch = watch_for(c.best)  # early stopping / the best checkpoint
     state, resumed_from = _state(run, a, watch)
     first_step_draws = rng_state()  # the generators the first step draws from (a resume's, restored)
     if run.resume and main:  # the steps after the checkpoint run again: their old records would count twice
-        truncate_metrics(run_dir / METRICS_FILE, engine.state.step)
+        truncate_metrics(run.run_dir / METRICS_FILE, engine.state.step)
     warn_long_warmup(c)
-
     settings = resolve_loader_settings(
         engine.device, c.data.num_workers, c.data.pin_memory, c.data.prefetch_factor
     )
-    loader = engine.setup_loader(data.loader(c, settings, engine.state.batches, rank, world))
-    val_batches, example = data.val_batches(c, rank, world), data.example(c)
+    rank, world = engine.strategy.rank, engine.strategy.world
+    loader = engine.setup_loader(a.data.loader(c, settings, engine.state.batches, rank, world))
+    val_batches, example = a.data.val_batches(c, rank, world), a.data.example(c)
     if c.model.workload and main:
         say_recipe(c, a.own_optimizer is not None, bool(val_batches))
-    resolved = _resolved(a, spec, settings)
+    resolved = _resolved(a, run.spec, settings)
     monitor, jsonl = _monitor(run, a, example, show)
     # reading the example and counting FLOPs (a forward: dropout, a user's augmentation) drew from them
     set_rng_state(first_step_draws)
     hooks = _run_hooks(run, a, monitor, jsonl, state, watch, val_batches)
-    mirror = RemoteMirror(store, run_dir, c.train.keep_last) if store is not None else None
+    mirror = RemoteMirror(store, run.run_dir, c.train.keep_last) if store is not None else None
     if mirror is not None:
         hooks.append(MirrorHook(mirror))  # after the Checkpointer and the best checkpoint
+    t = a.trainable
     return Training(
-        c,
-        run_dir,
-        spec,
-        engine,
-        t.model,
-        t.optimizer,
-        data,
-        loader,
-        hooks,
-        monitor,
-        state,
-        resolved,
-        resumed_from,
-        mirror,
-    )
+        c, run.run_dir, run.spec, engine, t.model, t.optimizer, a.data, loader, hooks, monitor, state, run,
+        resolved, resumed_from, mirror,
+    )  # fmt: skip
 
 
 def _monitor(run: PreparedRun, a: Assembled, example: Any, show: bool) -> tuple[Monitor, JsonlSink | None]:
@@ -468,12 +456,15 @@ def train_prepared(
     """Train the prepared ``run`` to its end (or a stop) and write its summary; returns the
     summary and the trained run. The caller holds ``signals`` and, on rank 0, the run's lock
     (each is taken once per command). A stop for ``moe.grow_at_step`` resumes at once, grown
-    (:mod:`turbotrain.app.experts_growth`)."""
+    (:mod:`turbotrain.app.experts_growth`), the run as started (its start decisions kept);
+    once it has trained, what its start hooks left to do (``ends``: the compile warm start's save)."""
     summary, training = _train_prepared_once(run, signals, progress)
     while stopped_to_grow(summary):  # every rank alike: the step is in the config
         if training.mirror is not None:  # the next part mirrors the same run with a mirror of its own
             training.mirror.close()
-        summary, training = _train_prepared_once(replace(run, resume=True), signals, progress)
+        summary, training = _train_prepared_once(replace(training.prepared, resume=True), signals, progress)
+    for end in training.prepared.ends:
+        end()
     return summary, training
 
 
@@ -495,12 +486,13 @@ def _train_prepared_once(
             training = build_training(run, progress=progress)
             if run.hooks is not None:  # an integration's, after the run's own (RunRequest.hooks)
                 training.hooks.extend(run.hooks(run))
+            # as given ('auto' stays 'auto' unless a start decision settled it), with what it resolved to
+            given = training.prepared.config
             if main and new:
-                # as given ('auto' stays 'auto'), with what it resolved to
-                write_config(run.config, run_dir, training.resolved)
+                write_config(given, run_dir, training.resolved)
             elif main:  # a resume's overrides reach config.toml once its first step has trained, never when it fails before
                 training.hooks.insert(
-                    0, WriteConfigOnce(lambda: write_config(run.config, run_dir, training.resolved))
+                    0, WriteConfigOnce(lambda: write_config(given, run_dir, training.resolved))
                 )
             # from here a signal is kept for the loop, which stops after a step (and saves)
             signals.on_first(None)

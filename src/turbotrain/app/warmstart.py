@@ -11,6 +11,9 @@ torch refuses or loads nothing from, is ignored with one warning "cold: ignoring
 logged traceback held back); never an error. On a torch without these functions
 (``hasattr`` check: both exist since torch 2.7) the start stays cold, said once.
 
+``turbotrain train`` runs it as a start hook of its preparation (:func:`at_start`): rank 0 loads
+before the model is built, and saves once the run has trained.
+
 Inductor's own on-disk cache already warms a second start on the same machine; the blob also
 carries it to a fresh machine or container (the GPU machines here start bare).
 """
@@ -32,6 +35,7 @@ from ..core.device import resolve_device
 from ..core.meter.cache import key_of
 from ..core.transforms import resolve_scope
 from .choose import cache
+from .prepare import Begun, PreparedRun
 
 log = logging.getLogger(__name__)
 
@@ -138,3 +142,14 @@ class WarmStart:
         record_warm_start(note)
         (log.warning if warn else log.info)("compile warm start: %s", note)
         return note
+
+
+def at_start(run: PreparedRun, settings: RunConfig) -> Begun:
+    """The warm start as a start hook of ``turbotrain train``'s preparation
+    (:func:`turbotrain.app.prepare.start`, after choose): rank 0 loads the artefacts for the run's
+    config before its model is built and saves them once the run has trained (``Begun.end``)."""
+    if not run.main:
+        return Begun()
+    warm = WarmStart(run.config)
+    warm.begin()
+    return Begun(end=warm.save)

@@ -23,6 +23,7 @@ from ...core.device import resolve_device
 from ...core.meter import cache as meter_cache
 from ...core.precision import DeviceCaps, resolve_precision
 from ..measure import Target, build, release, run
+from ..prepare import Begun, PreparedRun
 from ..regime import CPU_LINE, PROBE_STEPS, Regime, Timeline, classify, probe_of
 from . import cache
 from .rule import (
@@ -249,8 +250,19 @@ def choose_for_run(
     measure: MeasureFn | None = None,
     planned: int | None = None,
 ) -> RunConfig:
-    """What ``turbotrain train`` calls for a new run (one process): decide, show the table, write
-    it to the run directory, name the run's regime, and return the config with the chosen settings.
+    """``config`` with the settings :func:`decide_for_run` chooses."""
+    return apply(config, decide_for_run(config, run_dir, say, measure, planned))
+
+
+def decide_for_run(
+    config: RunConfig,
+    run_dir: Path,
+    say: Callable[[str], None] = print,
+    measure: MeasureFn | None = None,
+    planned: int | None = None,
+) -> Decision | None:
+    """What ``turbotrain train`` decides for a new run (one process): decide, show the table, write
+    it to the run directory and name the run's regime.
     ``planned``: the run's resolved length (``train.epochs`` on its data), else ``train.max_steps``."""
     decision = choose(config, measure=measure, say=say, planned=planned)
     chosen = apply(config, decision)
@@ -267,7 +279,17 @@ def choose_for_run(
     if decision is not None:
         decision.regime = {**(decision.regime or {}), "line": regime}
         write_decision(run_dir, decision)
-    return chosen
+    return decision
+
+
+def at_start(prepared: PreparedRun, settings: RunConfig) -> Begun:
+    """choose as a start hook of ``turbotrain train``'s preparation (:func:`turbotrain.app.prepare.start`,
+    before the generators are seeded): a new run in one process decides its settings left at
+    ``auto`` for its resolved length; a resume never measures again (config.toml keeps the choice)."""
+    if prepared.resume or prepared.plan.world > 1:
+        return Begun()
+    decision = decide_for_run(prepared.config, prepared.run_dir, planned=settings.train.max_steps)
+    return Begun(decision.changes if decision is not None else {})
 
 
 # a shorter run is not probed: the probe's build and steps would cost more than it tells
