@@ -24,18 +24,8 @@ from ..core.precision.fp8 import float8_capable
 from ..parts.hardware import collect_nvml, cpu_model, lookup_peak, ram_bytes
 
 # Packages whose versions matter when a user reports a speed or correctness problem.
-PACKAGES = (
-    "numpy",
-    "rich",
-    "matplotlib",
-    "nvidia-ml-py",
-    "safetensors",
-    "triton",
-    "tensorboard",
-    "accelerate",
-    "lightning",
-    "optuna",
-    "torchao",
+PACKAGES = tuple(
+    "numpy rich matplotlib nvidia-ml-py safetensors triton tensorboard accelerate lightning optuna torchao".split()
 )
 
 
@@ -120,23 +110,13 @@ def collect_distributed(gpu_count: int) -> dict[str, Any]:
 
 
 # the environment variables a bug report shows (those set)
-ENV_VARS = (
-    "CUDA_VISIBLE_DEVICES",
-    "OMP_NUM_THREADS",
-    "PYTORCH_CUDA_ALLOC_CONF",
-    "TORCH_COMPILE_DISABLE",
-    "NCCL_DEBUG",
+ENV_VARS = tuple(
+    "CUDA_VISIBLE_DEVICES OMP_NUM_THREADS PYTORCH_CUDA_ALLOC_CONF TORCH_COMPILE_DISABLE NCCL_DEBUG".split()
 )
 
 
 def collect_env() -> dict[str, Any]:
-    """The software and hardware this process sees (JSON-serialisable, read-only, no device work).
-
-    Keys: turbotrain, git (the commit), python, platform, torch, cuda (torch's CUDA build), cudnn, nccl, driver,
-    cuda_available, gpus (name, compute capability, memory in GiB, bf16/TF32/fp8/flash support,
-    datasheet peaks), cpu (model, cores), ram_gib, torch_threads, nvml (status, live GPU state),
-    backends (TF32 and cuDNN switches as set now), packages, env (relevant variables).
-    """
+    """The software and hardware this process sees (JSON-serialisable, read-only, no device work)."""
     cuda_ok = torch.cuda.is_available()
     nvml = collect_nvml()
     return {

@@ -1,25 +1,15 @@
 """Experts that grow during a ``turbotrain train`` run: ``moe.grow_at_step`` and ``moe.grow_to``.
 
-How: once optimizer step ``grow_at_step`` has trained, the run stops there (:class:`GrowExperts`:
-its checkpoint is saved, as at any stop) and resumes at once in the same process
-(:func:`turbotrain.app.training.train_prepared`, when :func:`stopped_to_grow`), with a model
-built with ``grow_to`` experts per MoE block (the family's start hook,
-:func:`turbotrain.parts.models.moe.settings.grown`): the checkpoint's fewer experts
-grow into it on load (:func:`turbotrain.parts.models.moe.grown_order`: old experts stay on their
-rank, each new one copies an old one plus 1 % noise and goes to the expert-parallel rank holding
-the fewest; the optimizer's moments of the new experts start at zero, the old ones are kept).
+Once step ``grow_at_step`` has trained, the run stops there (:class:`GrowExperts`, its checkpoint
+saved) and resumes at once in the same process (:func:`turbotrain.app.training.train_prepared`)
+with ``grow_to`` experts per MoE block (the family's start hook,
+:func:`turbotrain.parts.models.moe.settings.grown`); the checkpoint's experts grow into it on load
+(:func:`turbotrain.parts.models.moe.grown_order`).
 
-Why a rebuild through the resume path rather than swapping tensors in the live objects: many
-objects hold references to the expert parameters (the optimizer's groups and state, the DDP
-wrapper, a compiled graph, expert parallelism's gradient hooks, its global gradient norm and the
-optimizer's checkpoint hooks, the precision's scaler); building them all anew from a checkpoint
-keeps each of them consistent by construction, and it is the path a resume takes anyway, so the
-checkpoint written after the growth resumes exactly like the unstopped run (the unstopped run *is*
-such a resume). The cost: one checkpoint save and load, and the start-up again (a compiled model
-compiles again, which new shapes need anyway).
-
-A resume of the run builds the model for the step of its newest checkpoint that verifies: ``grow_to`` experts
-from ``grow_at_step`` on, ``n_experts`` before (:func:`turbotrain.parts.models.moe.settings.experts_at`).
+Why a rebuild through the resume path rather than swapping tensors in the live objects: the
+optimizer's state, the DDP wrapper, a compiled graph, expert parallelism's hooks and the scaler
+all hold references to the expert parameters; building them anew from a checkpoint keeps each
+consistent by construction, and the run after the growth resumes exactly like an unstopped one.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""``turbotrain train --nproc N``: N processes on this machine from one command, started by
-torchrun's own launcher (``torch.distributed.launcher.api.elastic_launch``, the elastic agent
-``torchrun --standalone`` runs), so everything torchrun gives holds: the c10d rendezvous on a free
-local port, ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` for each process, ``--max-restarts`` (the whole
-group started again after a failure; the run resumes itself from its newest checkpoint, the
-restart recorded, as under torchrun). ``auto``: one process per visible GPU.
-
-The exit status is the first failed rank's (2 a mistake, 75 stopped by a signal, ...), not the
-agent's 1: the same statuses as one process.
+"""``turbotrain train --nproc N``: N processes on this machine, started by torchrun's own launcher
+(``elastic_launch``, what ``torchrun --standalone`` runs), so everything torchrun gives holds (the
+rendezvous, the rank variables, ``--max-restarts``). ``auto``: one process per visible GPU. The
+exit status is the first failed rank's, not the agent's 1.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""A run resolved once: the one prepare step every entry point calls before anything is built.
-
-``turbotrain train``, ``turbotrain.train()`` from Python, ``measure`` (profile and tune trials) and
-bench's turbotrain row each start a run the same way, here: the launch (torchrun / SLURM topology,
-a restart of the same job), the config (a preset or a run's saved config with the overrides),
-the model spec (made once: a workload's FUNC is called once per process), the parallel plan
-(resolved once, checked on every rank before any joins the process group, then joined), the run
-directory (found, or named by rank 0), the resume-or-relaunch decision and the batch a relaunch
-keeps. The result, a :class:`PreparedRun`, is what the assembly (:mod:`turbotrain.app.training`)
-builds from; nothing below resolves any of it again.
+"""A run resolved once: the one prepare step every entry point calls before anything is built
+(docs/architecture.md, "The prepared run"): the launch, the config, the model spec, the parallel
+plan (checked on every rank before any joins the process group, then joined), the run directory,
+the resume-or-relaunch decision. The result, a :class:`PreparedRun`, is what the assembly
+(:mod:`turbotrain.app.training`) builds from; nothing below resolves any of it again.
 
 :func:`settle` makes a run's settings final before its model is built (:attr:`PreparedRun.settings`):
 the split of ``batch.global_size`` into accumulation over the plan's data dimension. :func:`start`
@@ -60,9 +55,8 @@ WorkloadLike = str | Callable[[], Any] | Workload
 
 
 class StoppedBySignal(KeyboardInterrupt):
-    """SIGTERM or SIGINT arrived before the first step: nothing was trained, nothing is lost.
-    A KeyboardInterrupt, so no ``except Exception`` on the way can swallow it. ``run_dir`` is
-    None when the run was not found or named yet."""
+    """SIGTERM or SIGINT arrived before the first step: nothing was trained, nothing is lost (a
+    KeyboardInterrupt: no ``except Exception`` on the way swallows it)."""
 
     def __init__(self, signame: str, run_dir: Path | None, resumable: bool) -> None:
         self.signame, self.run_dir, self.resumable = signame, run_dir, resumable
@@ -155,34 +149,20 @@ def prepare_run(
     with the preparation's start hooks ``starts``. A mistake raises a ConfigError
     (TurbotrainError) on every rank, before any joins the process group; a first signal during it
     raises :class:`StoppedBySignal`."""
-    topology, launch = Topology.from_env(), Launch.from_env()
-    resume = request.resume is not None
-    signals.on_first(lambda name: stop_startup(name, None, resume))
+    topology = Topology.from_env()
+    signals.on_first(lambda name: stop_startup(name, None, request.resume is not None))
     make, overrides = _request_overrides(request)
-    resume_at, relaunch, recorded = request.resume, request.relaunch if resume else "", None
-    fresh = None if resume else load_config(request.base_preset, overrides)
-    if fresh is not None:  # a requeued SLURM job or a restarted torchrun group continues its run by itself
-        found = relaunched_run(fresh, topology, launch)
-        stored = stored_run(fresh) if found is None else None  # a pod rescheduled on an empty disk
-        if found is not None or stored is not None:
-            found_dir, relaunch, recorded = found or (stored, "", None)
-            resume_at, resume = str(found_dir), True
-            overrides.get("run", {}).pop("name", None)  # named by the path now
-    if resume:  # the run's saved config with the overrides applied: what the resume will train
-        run_dir, base = _resumed_run(request.preset, resume_at or "", overrides)
-        if relaunch:
-            base = keep_global_batch(base, recorded, topology)
-        signals.on_first(lambda name: stop_startup(name, run_dir, True))
-    else:
-        assert fresh is not None
-        base = named_for_restarts(fresh, launch)
+    base, found, relaunch, recorded = _starting_config(request, overrides, topology)
+    resume = found is not None
+    if found is not None:
+        signals.on_first(lambda name: stop_startup(name, found, True))
     spec = WorkloadSpec(base.model.workload, make=make) if make is not None else spec_for(base)
     if not resume and isinstance(spec, WorkloadSpec) and not _micro_given(request, overrides):
         # the loader's batch size
         base = base.replace(batch={"micro": spec.micro_batch(base.run.seed) or base.batch.micro})
     plan, device = _plan_and_join(base, topology, spec)
     # Rank 0 finds or names the run (a timestamped name, a resumed run's saved config); all use its answer.
-    run_dir, config = decided_by_main(lambda: (run_dir, base) if resume else _new_run(base))
+    run_dir, config = decided_by_main(lambda: (found, base) if found is not None else _new_run(base))
     # a resume at another world size keeps the checkpoint's global batch unless the command sets the batch
     # (a relaunch repeats the first start's command: its batch settings are no choice made for this resume)
     given = (
@@ -190,21 +170,34 @@ def prepare_run(
         and not relaunch
         and bool({"micro", "global_size", "accumulation"} & set(overrides.get("batch", {})))
     )
-    settings = settle(config, plan, spec)
     return PreparedRun(
-        config,
-        settings,
-        plan,
-        spec,
-        device,
-        run_dir,
-        resume,
-        relaunch,
-        recorded,
-        given,
-        request.hooks,
-        starts,
-    )
+        config, settle(config, plan, spec), plan, spec, device, run_dir, resume, relaunch, recorded, given,
+        request.hooks, starts,
+    )  # fmt: skip
+
+
+def _starting_config(
+    request: RunRequest, overrides: dict[str, dict[str, Any]], topology: Topology
+) -> tuple[RunConfig, Path | None, str, dict[str, Any] | None]:
+    """The config the run starts from and, for a resume, its folder, why a relaunch continues it
+    ("" when none) and the job record it keeps. A new run's start may continue its run by itself:
+    a requeued SLURM job, a restarted torchrun group, a pod rescheduled on an empty disk."""
+    launch = Launch.from_env()
+    resume_at, relaunch, recorded = request.resume, request.relaunch, None
+    if resume_at is None:
+        fresh = load_config(request.base_preset, overrides)
+        found = relaunched_run(fresh, topology, launch)
+        stored = stored_run(fresh) if found is None else None
+        if found is None and stored is None:
+            return named_for_restarts(fresh, launch), None, "", None
+        found_dir, relaunch, recorded = found or (stored, "", None)
+        resume_at = str(found_dir)
+        overrides.get("run", {}).pop("name", None)  # named by the path now
+    # the run's saved config with the overrides applied: what the resume will train
+    run_dir, base = _resumed_run(request.preset, resume_at, overrides)
+    if relaunch:
+        base = keep_global_batch(base, recorded, topology)
+    return base, run_dir, relaunch, recorded
 
 
 def _request_overrides(

@@ -1,14 +1,11 @@
 """A run started again by its launcher: which start continues which run, at which batch, and what a
 rank says when another was lost.
 
-A requeued SLURM job and a worker group torchrun starts again (``--max-restarts``, an elastic
-``--nnodes MIN:MAX``) repeat the first start's command: :func:`relaunched_run` finds the run that
-command started (by ``run.name``, or the name every start of the job shares:
-:func:`named_for_restarts`), :func:`keep_global_batch` keeps its global batch at another world size,
-and a rank whose collective failed because another rank died says so in one line
-(:func:`peer_lost`) with the command that continues the run (:func:`resume_command`). The prepare
-step (:mod:`turbotrain.app.prepare`) asks these, so ``turbotrain train`` and ``turbotrain.train()``
-from Python restart alike.
+A requeued SLURM job and a worker group torchrun starts again repeat the first start's command:
+:func:`relaunched_run` finds the run it started (by ``run.name``, or the job's name:
+:func:`named_for_restarts`), :func:`keep_global_batch` keeps its global batch at another world
+size, and :func:`peer_lost` says in one line that another rank died, with the command that
+continues the run (:func:`resume_command`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""A resume: the newest finished checkpoint loaded and the data position after it
-(:func:`resume_from`), and the batch it trains at checked against the one its checkpoint was
-trained at: refused in one line when another world size would change it unasked
-(:func:`check_resume_batch`), or would lose an epochs run's place in its epochs
-(:func:`check_epochs_batch`); each names the settings that keep it."""
+"""A resume: the newest finished checkpoint loaded, the data position after it and the schedule
+re-planned (:func:`resume_from`); a batch another world size would change unasked, or that would
+lose an epochs run's place, refused in one line (:func:`check_resume_batch`, :func:`check_epochs_batch`)."""
 
 from __future__ import annotations
 
@@ -43,11 +41,9 @@ def resume_from(
     batch_given: bool,
     scheduler: Any = None,
 ) -> str:
-    """Load the newest finished checkpoint of ``run_dir`` into ``state`` and set the data position
-    after it; returns its name ("" when the run stopped before its first checkpoint). A split-
-    invariant data order keeps step s's rows for any split of the global batch, so only a global
-    batch changed unasked is refused (:func:`check_resume_batch`). A ``scheduler`` is re-planned
-    for this resume's length and learning rate (:func:`replan`)."""
+    """Load the newest finished checkpoint of ``run_dir`` into ``state``, set the data position after
+    it and re-plan ``scheduler`` (:func:`replan`); returns its name ("" when there is none). Only a
+    global batch changed unasked is refused (:func:`check_resume_batch`)."""
     if not finished_checkpoints(run_dir / CHECKPOINTS):
         log.info(
             "%s has no finished checkpoint (it stopped before its first one): training from step 0", run_dir
@@ -136,10 +132,8 @@ def kept_schedule(saved: dict[str, Any], c: RunConfig) -> None:
 
 
 def local_copy(uri: str, out_dir: str, wait_s: float = 600.0) -> Path:
-    """``--resume URI`` (a run in a store, ``<run.remote>/<name>``): its local folder
-    ``<out_dir>/<name>``, fetched from the store when it holds no run here (the config, the records
-    and the newest complete checkpoint: :func:`fetch_run`). On each node the process of local rank
-    0 fetches; the others wait for it."""
+    """``--resume URI`` (``<run.remote>/<name>``): its local folder ``<out_dir>/<name>``, fetched
+    from the store (:func:`fetch_run`) by local rank 0 when none is here; the others wait for it."""
     local = Path(out_dir) / uri.rstrip("/").rpartition("/")[2]
     if (local / CONFIG_FILE).is_file():
         return local
@@ -170,11 +164,8 @@ def local_copy(uri: str, out_dir: str, wait_s: float = 600.0) -> Path:
 
 
 def stored_run(config: RunConfig) -> Path | None:
-    """A new start of a named run with ``run.remote`` whose run is in the store and not here (a
-    Kubernetes pod rescheduled on an empty disk, run with the same command): its local copy,
-    fetched (:func:`local_copy`), to continue. None otherwise: a run of this name here is the
-    local rules' (already exists, or a relaunch), and a store that cannot be read is said by the
-    start's check of run.remote."""
+    """A new start of a named run whose run is in ``run.remote`` and not here (a pod rescheduled on
+    an empty disk): its local copy (:func:`local_copy`), to continue; None otherwise."""
     if not (config.run.remote and config.run.name):
         return None
     if (Path(config.run.out_dir) / config.run.name / CONFIG_FILE).is_file():
@@ -193,11 +184,9 @@ def stored_run(config: RunConfig) -> Path | None:
 def check_resume_batch(
     checkpoint: str, saved_config: Any, saved_world: int, c: RunConfig, world: int, rank: int = 0
 ) -> None:
-    """Refuse a resume whose global batch (``c``'s micro x accumulation over ``world`` processes)
-    is not the one ``checkpoint`` trained with (its saved config's micro x accumulation over the
-    ``saved_world`` processes that wrote it): only another world size changes it unasked. The user
-    picks: the same global batch (the same rows per step, for any split), or a new one.
-    Said by rank 0; the other ranks end quietly. A checkpoint without a readable config passes."""
+    """Refuse a resume at another world size whose global batch is not the one ``checkpoint``
+    trained with, naming the settings that keep it or change it (said by rank 0). A checkpoint
+    without a readable config passes."""
     if saved_world == world:
         return
     change = _batch_change(saved_config, saved_world, c, world)
@@ -217,9 +206,8 @@ def check_resume_batch(
 def _batch_change(
     saved_config: Any, saved_world: int, c: RunConfig, world: int
 ) -> tuple[int, int, str, str] | None:
-    """(saved global batch, this resume's, how each is made: "N processes x batch.micro M x
-    accumulation A") when a resume of a checkpoint saved by ``saved_world`` processes would train
-    at another global batch; None when it would not, or when either batch is unknown ('auto')."""
+    """(saved global batch, this resume's, how each is made) when a resume would train at another
+    global batch; None when it would not, or when either is unknown ('auto')."""
     saved = _saved_batch(saved_config)
     if saved is None or not isinstance(c.batch.micro, int):
         return None
@@ -231,9 +219,7 @@ def _batch_change(
 
 
 def _keeping(old: int, c: RunConfig, world: int, by_accumulation: bool) -> list[str]:
-    """The settings that train at the global batch ``old`` over ``world`` processes: this
-    resume's accumulation with another ``batch.micro``, or ``batch.global_size`` (with the
-    accumulation it takes, when ``by_accumulation``) with this micro-batch."""
+    """The settings that train at the global batch ``old`` over ``world`` processes."""
     keep: list[str] = []
     micro = int(c.batch.micro)  # a number: _batch_change passes only then
     if old % (world * c.batch.accumulation) == 0:
@@ -258,8 +244,7 @@ def _saved_table(saved_config: Any) -> dict[str, Any]:
 
 
 def _saved_batch(saved_config: Any) -> tuple[int, int] | None:
-    """(batch.micro, batch.accumulation) of a checkpoint's saved config; None when it has none
-    readable ('auto' never resolved, or a config this version cannot read: nothing to compare)."""
+    """(batch.micro, batch.accumulation) of a checkpoint's saved config; None when unreadable."""
     try:
         batch = _saved_table(saved_config).get("batch", {})
         return int(batch["micro"]), int(batch.get("accumulation", 1))
@@ -270,11 +255,9 @@ def _saved_batch(saved_config: Any) -> tuple[int, int] | None:
 def check_epochs_batch(
     checkpoint: str, saved_config: Any, saved_world: int, c: RunConfig, world: int, rank: int = 0
 ) -> None:
-    """Refuse, before any step, to resume an epochs run (``train.epochs``) at another global batch
-    than ``checkpoint`` trained at, asked for or not: its place in its epochs is a step count at
-    that batch (epoch ``s // steps_per_epoch``, the samples of step ``s`` from (seed, epoch)), so
-    read at another one it would re-enter an epoch already trained (a smaller batch: samples trained
-    twice) or leave one early (a larger batch: samples skipped). Names the settings that keep the batch. Said by rank 0; the others end quietly."""
+    """Refuse to resume an epochs run at another global batch than ``checkpoint`` trained at, asked
+    for or not: its place in its epochs is a step count at that batch, so at another one samples
+    would be trained twice or skipped. Names the settings that keep the batch (said by rank 0)."""
     change = _batch_change(saved_config, saved_world, c, world)
     if change is None:
         return

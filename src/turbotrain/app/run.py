@@ -1,20 +1,13 @@
 """One training run from the request to the report: what ``turbotrain train`` and
 ``turbotrain.train()`` from Python share.
 
-:func:`train_run` holds the stop signals and the run's lock once for the whole run, prepares it
-(:func:`turbotrain.app.prepare.prepare_run`: a new run, ``--resume``, or a relaunch that continues
-its run by itself), keeps the job record a restart finds the run by, records a restart in
-metrics.jsonl, trains (:func:`turbotrain.app.training.train_prepared`) and writes the report. Its
-preparation's start hooks (:data:`STARTS`, called by :func:`turbotrain.app.prepare.start`): the
-settings left at ``auto`` decided by measuring (:mod:`turbotrain.app.choose`, a new run in one
-process), then compile artefacts of an earlier run loaded (:mod:`turbotrain.app.warmstart`).
-It returns a :class:`RunOutcome`; the CLI only maps it to an exit status and prints it.
-
-:func:`train` is the one call from Python: ``turbotrain.train(make, max_steps=64)`` trains your
-workload (``FILE.py:FUNC``, FUNC itself, or a :class:`~turbotrain.parts.workload.Workload`) or a
-preset as ``turbotrain train --model`` does (precision, compile, checkpoints, monitor, report,
-restarts) and returns a :class:`TrainedRun`: the summary, with ``evaluate`` and ``predict`` on the
-trained model under the run's precision.
+:func:`train_run` holds the stop signals and the run's lock for the whole run, prepares it
+(:func:`turbotrain.app.prepare.prepare_run`, with the start hooks :data:`STARTS`: choose, then the
+compile warm start), keeps the job record a restart finds the run by, trains
+(:func:`turbotrain.app.training.train_prepared`) and writes the report; it returns a
+:class:`RunOutcome`. :func:`train` is the one call from Python: it trains a workload or a preset as
+``turbotrain train --model`` does and returns a :class:`TrainedRun` (the summary, with
+``evaluate`` and ``predict`` under the run's precision).
 """
 
 from __future__ import annotations

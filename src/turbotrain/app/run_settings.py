@@ -35,12 +35,6 @@ def resolve_epochs(c: RunConfig, data: RunData, world: int) -> tuple[RunConfig, 
     )
 
 
-def planned_steps(c: RunConfig, data: RunData, world: int) -> int:
-    """The run's length in optimizer steps: ``train.epochs`` resolved on the data, else
-    ``train.max_steps`` (what choose weighs its measuring against)."""
-    return c.train.epochs * epoch_steps(c, data, world) if c.train.epochs else c.train.max_steps
-
-
 def epoch_steps(c: RunConfig, data: RunData, world: int) -> int:
     """Optimizer steps per epoch for ``train.epochs`` (a refusal when they cannot be known)."""
     if not isinstance(c.batch.micro, int):

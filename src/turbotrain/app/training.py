@@ -1,19 +1,12 @@
-"""Assemble a whole training run from a prepared run: data, model, optimizer, engine, hooks.
+"""Assemble a whole training run from a prepared run (:mod:`turbotrain.app.prepare`): data, model,
+optimizer, engine, hooks; ``fit()`` then receives built objects. The files it leaves are named in
+:mod:`turbotrain.base.rundir`; summary.json is written through :mod:`turbotrain.app.report`.
 
-The run arrives resolved once (:mod:`turbotrain.app.prepare`: the config, the spec, the plan
-joined, the run directory); this is the one place that builds from it, and ``fit()`` then receives
-built objects. The files it leaves in the run directory are named in :mod:`turbotrain.base.rundir`;
-its summary.json is written through :mod:`turbotrain.app.report`, which adds the figures from the
-metrics.
-
-Nothing lost, nothing overwritten: the caller holds the run directory's lock for as long as the run
-works in it (:mod:`turbotrain.base.runlock`; :func:`train` takes it); ``config.toml`` is written
-before anything else, so a run killed at any moment can be resumed (from step 0 when no checkpoint
-was saved yet); a resume drops the metrics of steps it will run again, and rewrites ``config.toml``
-(its overrides) only once its first step has trained; SIGTERM/SIGINT are handled from the start to
-the end (:mod:`turbotrain.base.signals`): during start-up they end it cleanly (:class:`StoppedBySignal`),
-during training save a checkpoint first (the summary says ``stop_reason = "signal SIGTERM"``); a full
-disk ends it with one line that names the file and the last intact checkpoint.
+Nothing lost, nothing overwritten: the caller holds the run directory's lock; ``config.toml`` is
+written before anything else (a run killed at any moment can be resumed); a resume drops the
+metrics of steps it will run again and rewrites ``config.toml`` only once its first step has
+trained; SIGTERM/SIGINT end start-up cleanly (:class:`StoppedBySignal`) and save a checkpoint
+during training; a full disk ends it with one line naming the file and the last intact checkpoint.
 """
 
 from __future__ import annotations
@@ -52,13 +45,7 @@ from ..core.engine import Engine, default_loss
 from ..core.main_rank import main_first
 from ..core.optim import resolve_implementation
 from ..loop.best_checkpoint import watched
-from ..loop.checkpoint import (
-    Checkpointer,
-    RunState,
-    clean_unfinished,
-    latest_verified,
-    run_state,
-)
+from ..loop.checkpoint import Checkpointer, RunState, clean_unfinished, latest_verified, run_state
 from ..loop.checkpoint.remote import MirrorHook, RemoteMirror, remote_store
 from ..loop.early_stop import EarlyStopping, MetricWatch, watch_for
 from ..loop.fit import fit
@@ -420,22 +407,13 @@ def train(
     batch_given: bool = False,
 ) -> dict[str, Any]:
     """Train ``config`` in a new run directory (``run_dir``, else one named from the config) or
-    continue ``resume_dir``; returns the summary. A resume at another world size than the
-    checkpoint's that would change the global batch is refused in one line unless ``batch_given``
-    (the caller chose the batch for this resume: ``--batch.micro``/``global_size``/``accumulation``).
+    continue ``resume_dir``; returns the summary. A resume at another world size that would change
+    the global batch is refused in one line unless ``batch_given`` (the caller chose the batch).
 
-    A failure still writes summary.json (status "failed: ...") and keeps checkpoints and metrics.
-    A run stopped by SIGTERM/SIGINT saves a checkpoint and returns (:func:`stopped_by_signal`);
-    before the first step such a signal raises :class:`StoppedBySignal`. A new run that fails
-    before its first step leaves no directory behind. Lack of space raises
-    :class:`turbotrain.base.atomic.DiskFullError` naming the file and the last intact checkpoint.
-
-    Under torchrun every rank calls it: the run is prepared once per process
-    (:func:`~turbotrain.app.prepare.prepare_config`: the config checked before the process group is
-    joined, the same mistake on every rank); rank 0 creates the run directory (its name goes to the
-    others), holds its lock and writes every shared file (config, metrics, checkpoints, summary);
-    the other ranks train in the same directory and write nothing. ``turbotrain train`` and
-    ``turbotrain.train()`` (:mod:`turbotrain.app.run`) also find a run to resume and restart it.
+    A failure still writes summary.json (status "failed: ...") and keeps checkpoints and metrics;
+    a new run that fails before its first step leaves no directory behind. Under torchrun every
+    rank calls it: rank 0 names the run directory, holds its lock and writes every shared file;
+    the others train in the same directory and write nothing.
     """
     with held_signals() as signals:
         resumable = resume_dir is not None

@@ -1,21 +1,13 @@
 """Compile warm start: torch.compile's artefacts saved after a run and loaded at the next start
-of the same model, so its first step skips most of the compiling.
+of the same model, so its first step skips most of the compiling (also on a fresh machine, where
+inductor's own on-disk cache is empty).
 
-``torch.compiler.save_cache_artifacts`` collects what this process compiled (inductor's FX graph
-and kernel caches, AOTAutograd's, autotuning results) as one portable blob;
-``load_cache_artifacts`` puts a blob back into the local caches before the first compile. The
-blob lives in ``<cache>/compile/<key>.bin`` beside a ``<key>.json`` of what it was made for: the
-key is :mod:`turbotrain.app.choose.cache`'s (the model, every speed setting, the device name, the
-torch and turbotrain versions). A blob whose description differs (a stale or foreign file), or one
-torch refuses or loads nothing from, is ignored with one warning "cold: ignoring ..." (torch's own
-logged traceback held back); never an error. On a torch without these functions
-(``hasattr`` check: both exist since torch 2.7) the start stays cold, said once.
-
-``turbotrain train`` runs it as a start hook of its preparation (:func:`at_start`): rank 0 loads
-before the model is built, and saves once the run has trained.
-
-Inductor's own on-disk cache already warms a second start on the same machine; the blob also
-carries it to a fresh machine or container (the GPU machines here start bare).
+``torch.compiler.save_cache_artifacts`` / ``load_cache_artifacts`` (torch >= 2.7; without them the
+start stays cold, said once): one blob in ``<cache>/compile/<key>.bin`` beside a ``<key>.json`` of
+what it was made for, keyed as :mod:`turbotrain.app.choose.cache` keys (the model, every speed
+setting, the device name, the versions). A stale, foreign or damaged blob is ignored with one
+warning "cold: ignoring ...", never an error. ``turbotrain train`` runs it as a start hook of its
+preparation (:func:`at_start`).
 """
 
 from __future__ import annotations
