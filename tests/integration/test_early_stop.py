@@ -5,8 +5,11 @@ run stopped before and resumed ends at the same evaluation with the same best.""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,15 +48,25 @@ def _summary(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())
 
 
+@pytest.fixture(scope="module")
+def early_stopped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The ARGS run, which early stopping ends at step 5, trained once for the tests that read it
+    (a test that resumes it resumes a copy): its run directory and what it printed."""
+    out = tmp_path_factory.mktemp("early")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["train", *ARGS, "--run.out_dir", str(out), "--run.name=full"]) == 0
+    return out / "full", printed.getvalue()
+
+
 def test_early_stopping_ends_the_cnn_at_the_right_evaluation_and_keeps_the_best_checkpoint(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, early_stopped: tuple[Path, str]
 ):
     out = ["--run.out_dir", str(tmp_path)]
-    assert main(["train", *ARGS, *out, "--run.name=full"]) == 0
-    full = tmp_path / "full"
+    full, printed = early_stopped
     # the closing lines show the best pass and its checkpoint, not only the last pass (#47 item 8)
     best = f"  best val_score 0.6000 at step 3 (max); checkpoint {full / 'checkpoints/best/step_00000003.pt'}"
-    assert best in capsys.readouterr().out.splitlines()
+    assert best in printed.splitlines()
     summary = _summary(full)
     # passes at steps 1, 2, 3 improve; 4 (0.6) and 5 (0.64 < 0.6 + 0.05) do not: patience 2 ends it at 5
     assert (summary["status"], summary["steps"], summary["stop_reason"]) == ("stopped", 5, REASON)
@@ -137,23 +150,34 @@ def _losses(run: Path) -> list[tuple[int, float]]:
     return [(r["step"], r["loss"]) for r in records if "loss" in r]
 
 
+# no early stopping, 8 steps: the passes at steps 1, 2, 3 and 6 improve (the 4th link: step 6's)
+EIGHT = [a for a in ARGS if not a.startswith(("--best.patience", "--train.max_steps"))] + [
+    "--train.max_steps=8"
+]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_eight(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The EIGHT run never killed, trained once for both kill points (read, never resumed)."""
+    out = tmp_path_factory.mktemp("eight")
+    assert main(["train", *EIGHT, "--run.out_dir", str(out), "--run.name=full"]) == 0
+    return out / "full"
+
+
 @pytest.mark.slow  # a killed subprocess
 @pytest.mark.parametrize("fault", ["best-link:4", "best-sidecar:4"])
-def test_a_kill_before_the_best_is_linked_is_finished_by_the_resume(tmp_path: Path, fault: str):
+def test_a_kill_before_the_best_is_linked_is_finished_by_the_resume(
+    tmp_path: Path, fault: str, uninterrupted_eight: Path
+):
     """#44 item 1: kill -9 after step 6's checkpoint (the new best) is written, before it is linked
     into best/ (or with its file linked, not its checksum); --resume finishes the link: best/,
     best.json, the summary and load_best_weights hold step 6 as in the uninterrupted run, no
     leftover, and every step's loss and the final weights are the uninterrupted run's."""
-    # no early stopping, 8 steps: the passes at steps 1, 2, 3 and 6 improve (the 4th link: step 6's)
-    args = [a for a in ARGS if not a.startswith(("--best.patience", "--train.max_steps"))] + [
-        "--train.max_steps=8"
-    ]
     out = ["--run.out_dir", str(tmp_path)]
-    assert main(["train", *args, *out, "--run.name=full"]) == 0
-    cmd = [sys.executable, "-m", "turbotrain", "train", *args, *out, "--run.name=killed"]
+    cmd = [sys.executable, "-m", "turbotrain", "train", *EIGHT, *out, "--run.name=killed"]
     killed = subprocess.run(cmd, env=fault_env(fault), capture_output=True, text=True, timeout=HANG_S)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    full, run = tmp_path / "full", tmp_path / "killed"
+    full, run = uninterrupted_eight, tmp_path / "killed"
     assert json.loads((best_folder(run) / BEST_FILE).read_text())["step"] == 3  # the kill left step 3's
     assert main(["train", "--resume", str(run), "--no-progress"]) == 0
     assert _summary(run)["best"] == _summary(full)["best"]
@@ -174,13 +198,14 @@ def test_a_kill_before_the_best_is_linked_is_finished_by_the_resume(tmp_path: Pa
     assert all(torch.equal(last[k], last_full[k]) for k in last_full)
 
 
-def test_a_resume_of_a_run_early_stopping_ended_trains_nothing_and_says_why(tmp_path: Path, caplog):
+def test_a_resume_of_a_run_early_stopping_ended_trains_nothing_and_says_why(
+    tmp_path: Path, caplog, early_stopped: tuple[Path, str]
+):
     """#44 item 9: --resume of a run early stopping ended (was: another validation window trained
     each time): nothing trained, the same summary, the reason and how to train on in one line; a
     larger best.patience trains on."""
-    out = ["--run.out_dir", str(tmp_path), "--run.name=r"]
-    assert main(["train", *ARGS, *out]) == 0
     run = tmp_path / "r"
+    shutil.copytree(early_stopped[0], run)  # the ARGS run, as `train ARGS --run.name=r` leaves it
     records = (run / "metrics.jsonl").read_text()
     with caplog.at_level("INFO"):
         assert main(["train", "--resume", str(run), "--no-progress"]) == 0
