@@ -28,6 +28,7 @@ from ...parts.models.mlp import synthetic_batches
 from ...parts.workload import load_workload, rebuild_loader
 
 CUSTOM = "custom"  # BenchWorkload.model of a --model FILE.py:FUNC workload
+Size = int | None  # a --batch, --warmup or --steps given on the command line (None: the workload's)
 
 # ---------------------------------------------------------------------------------- workloads
 
@@ -191,9 +192,9 @@ def resolve_workload(
     name: str,
     device_type: str,
     *,
-    batch_size: int | None = None,
-    warmup_steps: int | None = None,
-    timed_steps: int | None = None,
+    batch_size: Size = None,
+    warmup_steps: Size = None,
+    timed_steps: Size = None,
     model_overrides: dict[str, Any] | None = None,
 ) -> BenchWorkload:
     """The workload ``name`` sized for ``device_type`` ("cuda" or "cpu"), with optional overrides."""
@@ -212,9 +213,7 @@ def resolve_workload(
     return resolve_bench(w.replace(**changes) if changes else w, warmup_steps, timed_steps)
 
 
-def resolve_bench(
-    w: BenchWorkload, warmup_steps: int | None = None, timed_steps: int | None = None
-) -> BenchWorkload:
+def resolve_bench(w: BenchWorkload, warmup_steps: Size = None, timed_steps: Size = None) -> BenchWorkload:
     """``w`` with the given step counts, checked: a warm-up step, two timed steps, one sample."""
     if warmup_steps is not None or timed_steps is not None:
         w = w.replace(
@@ -352,12 +351,7 @@ def write_data(w: BenchWorkload, seed: int, path: Path) -> Path:
 
 
 def custom_workload(
-    ref: str,
-    device_type: str,
-    *,
-    batch_size: int | None = None,
-    warmup_steps: int | None = None,
-    timed_steps: int | None = None,
+    ref: str, device: str, *, batch_size: Size = None, warmup_steps: Size = None, timed_steps: Size = None
 ) -> BenchWorkload:
     """A benchmark workload from ``--model FILE.py:FUNC`` (see :mod:`turbotrain.parts.workload`): its
     model, loss and batches (``batch_size`` rebuilds its DataLoader with that many samples per
@@ -368,7 +362,7 @@ def custom_workload(
     first = next(iter(loader), None)
     if first is None:
         raise TurbotrainError(f"--model {ref}: train_loader yielded no batch")
-    cuda = device_type == "cuda"
+    cuda = device == "cuda"
     bench = BenchWorkload(
         workload_label(ref),  # the file's name, as train names its runs
         f"your model ({ref}): {type(w.model).__name__}",
