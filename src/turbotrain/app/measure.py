@@ -35,6 +35,7 @@ from ..parts.hardware import precision_key, tf32_enabled
 from ..parts.workload import Workload, copy_workload, load_workload, loader_summary, rebuild_loader
 from ..tools.memory import StepTrial
 from .prepare import prepare_config
+from .regime import PROBE_STEPS, Timeline
 from .training import assemble
 
 DATA_LABEL = "turbotrain::data_wait"  # profiler ranges: the host blocked on the loader ...
@@ -548,15 +549,23 @@ def measure_once(
     warmup: int,
     steps: int,
     memory: bool = False,
+    timeline: bool = False,
 ) -> dict[str, Any]:
-    """:func:`build`, optionally :func:`measure_memory`, :func:`run`, :func:`release`: one
-    measured run in this process."""
+    """:func:`build`, optionally :func:`measure_memory`, :func:`run`, :func:`release`: one measured run
+    in this process. ``timeline``: on CUDA the regime's device timeline over :data:`PROBE_STEPS` more
+    steps after the timed ones (``device_busy_ms``, ``host_enqueue_ms``), and ``peak_tflops``."""
     built = build(target, changes, run_dir)
     try:
-        peak = measure_memory(built) if memory and built.engine.device.type != "cuda" else None
-        out = run(built, warmup, steps)
+        cuda = built.engine.device.type == "cuda"
+        peak = measure_memory(built) if memory and not cuda else None
+        probe, watch = Timeline(after=warmup + steps), timeline and cuda
+        out = run(
+            built, warmup, steps, extra_steps=PROBE_STEPS if watch else 0, hooks=[probe] if watch else []
+        )
         if peak is not None:
             out["peak_bytes"] = peak
+        if timeline:
+            out.update(probe.figures(), peak_tflops=built.peak_tflops)
         return out
     finally:
         release(built)

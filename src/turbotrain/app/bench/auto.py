@@ -14,7 +14,8 @@ import gc
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from ...base.config import load_config
 from ...base.errors import ConfigError, TurbotrainError, TurbotrainWarning
 from ..choose.rule import Candidate
 from ..choose.session import choose
+from ..measure import merge
 from .contenders import SkipContender, train_turbotrain, turbotrain_overrides
 from .protocol import BatchList, Job, StepClock
 from .workloads import seeded_workload
@@ -30,11 +32,11 @@ from .workloads import seeded_workload
 PLANNED_STEPS = 10_000  # the run length the auto row decides for (bench --auto-planned-steps)
 
 
-def _merged(base: dict[str, dict[str, Any]], changes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    out = {k: dict(v) for k, v in base.items()}
-    for section, values in changes.items():
-        out.setdefault(section, {}).update(values)
-    return out
+def _with(job: Job, changes: Mapping[str, Mapping[str, Any]]) -> Job:
+    """``job`` with ``changes`` on top of its turbotrain overrides."""
+    return replace(
+        job, spec={**job.spec, "turbotrain_overrides": merge(job.spec.get("turbotrain_overrides"), changes)}
+    )
 
 
 def measure_candidates(job: Job) -> Callable[[Candidate], dict[str, Any]]:
@@ -45,14 +47,12 @@ def measure_candidates(job: Job) -> Callable[[Candidate], dict[str, Any]]:
 
     def measure(c: Candidate) -> dict[str, Any]:
         model, loss_fn = seeded_workload(spec["model"]["kind"], spec["model"]["kwargs"], spec["seed"])
-        cand = {**spec, "turbotrain_overrides": _merged(spec.get("turbotrain_overrides", {}), c.changes)}
+        cand = {**spec, "turbotrain_overrides": merge(spec.get("turbotrain_overrides"), c.changes)}
         clock = StepClock(job.device, spec["warmup_steps"], spec["timed_steps"])
         batches = BatchList(job.batches.batches, spec["warmup_steps"] + spec["timed_steps"])
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter(
-                    "ignore", TurbotrainWarning
-                )  # "bf16 on a CPU may be slow": we measure it
+            with warnings.catch_warnings():  # "bf16 on a CPU may be slow": we measure it
+                warnings.simplefilter("ignore", TurbotrainWarning)
                 extra = train_turbotrain(Job(cand, job.device, model, batches, clock, loss_fn))
             figures = clock.finish()
         except SkipContender as exc:  # a refused setting: the candidate fails, the decision goes on
@@ -89,8 +89,7 @@ def train_auto(job: Job) -> dict[str, Any]:
         decision = choose(config, measure=measure_candidates(job), device=job.device)
     decision_s = time.perf_counter() - t0
     changes = decision.changes if decision is not None else {}
-    spec = {**job.spec, "turbotrain_overrides": _merged(job.spec.get("turbotrain_overrides", {}), changes)}
-    extra = train_turbotrain(Job(spec, job.device, job.model, job.batches, job.clock, job.loss_fn))
+    extra = train_turbotrain(_with(job, changes))
     summary = decision.summary if decision is not None else "nothing left at auto: the defaults"
     return {
         **extra,
@@ -105,8 +104,7 @@ def train_auto(job: Job) -> dict[str, Any]:
 
 def train_graphs(job: Job) -> dict[str, Any]:
     """turbotrain's defaults plus whole-step CUDA graphs; how many steps were captured and replayed."""
-    spec = {**job.spec, "turbotrain_overrides": _merged(job.spec.get("turbotrain_overrides", {}), GRAPHS)}
-    extra = train_turbotrain(Job(spec, job.device, job.model, job.batches, job.clock, job.loss_fn))
+    extra = train_turbotrain(_with(job, GRAPHS))
     return {**extra, "recipe": f"{extra['recipe']}, whole-step CUDA graphs (compile.cuda_graphs)"}
 
 

@@ -60,20 +60,8 @@ def find_workload_batch(
     work_dir.mkdir(parents=True, exist_ok=True)
     result, log = work_dir / "result.json", work_dir / "log.txt"
     result.unlink(missing_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "turbotrain.app.bench.autobatch",
-        name,
-        "--device",
-        opts.device,
-        "--seed",
-        str(opts.seed),
-        "--max-micro",
-        str(max_micro),
-        "--result",
-        str(result),
-    ]
+    cmd = [sys.executable, "-m", "turbotrain.app.bench.autobatch", name, "--device", opts.device]
+    cmd += ["--seed", str(opts.seed), "--max-micro", str(max_micro), "--result", str(result)]
     code = run_process(cmd, log, row_env(work_dir, opts), opts.timeout_s)
     where = f"see {log}" if keep_log else "pass --work-dir DIR to keep its log"
     if code is None:

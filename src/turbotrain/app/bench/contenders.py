@@ -24,6 +24,7 @@ from ...core.graphs import unavailable as graphs_unavailable
 from ...core.optim import resolve_implementation
 from ...loop.fit import fit
 from ...loop.hooks import FitContext, Hook
+from ..measure import merge
 from ..prepare import prepare_process
 from .handtuned import train_handtuned
 from .protocol import Job, make_loader, math_precision
@@ -264,7 +265,7 @@ def turbotrain_overrides(
     """The config overrides that give turbotrain the workload's recipe on ``device``, on top of
     its defaults (plus a matrix row's ``turbotrain_overrides``)."""
     o = spec["optim"]
-    overrides: dict[str, dict[str, Any]] = {
+    overrides = {
         "run": {"device": device.type, "seed": spec["seed"]},
         "optim": {
             "lr": o["lr"],
@@ -280,9 +281,7 @@ def turbotrain_overrides(
         "train": {"max_steps": total_steps},
         "monitor": {"progress": False, "nvml": False},
     }
-    for section, values in spec.get("turbotrain_overrides", {}).items():
-        overrides.setdefault(section, {}).update(values)
-    return overrides
+    return merge(overrides, spec.get("turbotrain_overrides"))
 
 
 def train_turbotrain(job: Job) -> dict[str, Any]:

@@ -72,16 +72,8 @@ def run_row(contender: str, spec: dict[str, Any], row_name: str, opts: BenchOpti
     spec_path, result_path, log_path = row_dir / "spec.json", row_dir / "result.json", row_dir / "log.txt"
     spec_path.write_text(json.dumps(spec, indent=1))
     result_path.unlink(missing_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "turbotrain.app.bench.worker",
-        contender,
-        "--spec",
-        str(spec_path),
-        "--result",
-        str(result_path),
-    ]
+    cmd = [sys.executable, "-m", "turbotrain.app.bench.worker", contender]
+    cmd += ["--spec", str(spec_path), "--result", str(result_path)]
     start = time.perf_counter()
     code = run_process(cmd, log_path, row_env(row_dir, opts), opts.timeout_s)
     wall_s = time.perf_counter() - start

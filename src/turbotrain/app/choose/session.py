@@ -22,9 +22,9 @@ from ...base.rundir import CHOOSE_FILE, CHOOSE_MD
 from ...core.device import resolve_device
 from ...core.meter import cache as meter_cache
 from ...core.precision import DeviceCaps, resolve_precision
-from ..measure import Target, build, release, run
+from ..measure import Target, measure_once
 from ..prepare import Begun, PreparedRun
-from ..regime import CPU_LINE, PROBE_STEPS, Regime, Timeline, classify, probe_of
+from ..regime import CPU_LINE, Regime, classify, probe_of
 from . import cache
 from .rule import (
     PROBE_KEYS,
@@ -45,24 +45,6 @@ log = logging.getLogger(__name__)
 MeasureFn = Callable[[Candidate], dict[str, Any]]  # a candidate -> measure.run's figures
 
 
-def measure_with_timeline(
-    target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_dir: Path, warmup: int, steps: int
-) -> dict[str, Any]:
-    """:func:`turbotrain.app.measure.measure_once` with the timeline probe after the timed steps on
-    CUDA (:data:`PROBE_STEPS` more steps there; none on a CPU): ``run``'s figures plus
-    ``device_busy_ms``, ``host_enqueue_ms`` and ``peak_tflops``."""
-    built = build(target, changes, run_dir)
-    try:
-        cuda = built.engine.device.type == "cuda"
-        timeline = Timeline(after=warmup + steps)
-        out = run(
-            built, warmup, steps, extra_steps=PROBE_STEPS if cuda else 0, hooks=[timeline] if cuda else []
-        )
-        return {**out, **timeline.figures(), "peak_tflops": built.peak_tflops}
-    finally:
-        release(built)
-
-
 def probe_run(
     target: Target,
     changes: Mapping[str, Mapping[str, Any]] | None,
@@ -71,7 +53,7 @@ def probe_run(
     steps: int = 5,
 ) -> tuple[Regime, dict[str, Any]]:
     """A short run of the real step (``warmup`` + ``steps``, then the timeline on CUDA) and its regime."""
-    figures = measure_with_timeline(target, changes, run_dir, warmup, steps)
+    figures = measure_once(target, changes, run_dir, warmup, steps, timeline=True)
     return classify(probe_of(figures)), figures
 
 
@@ -87,9 +69,9 @@ def measure_in_process(config: RunConfig, work_dir: Path) -> MeasureFn:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", TurbotrainWarning)  # "bf16 on a CPU may be slow": we measure it
             try:
-                # measure_once's run, plus the regime's device timeline on CUDA (3 more steps there)
-                return measure_with_timeline(
-                    target, c.changes, folder, config.choose.warmup, config.choose.steps
+                # plus the regime's device timeline on CUDA (3 more steps there)
+                return measure_once(
+                    target, c.changes, folder, config.choose.warmup, config.choose.steps, timeline=True
                 )
             finally:
                 if c.compiles:  # its graphs belong to a model that is gone; the on-disk caches stay warm

@@ -69,30 +69,14 @@ class ProcessRunner:
     ) -> tuple[int | None, str, Path]:
         folder = self.run_dir / "trials" / name
         folder.mkdir(parents=True, exist_ok=True)
-        paths = {
-            k: folder / f
-            for k, f in (
-                ("spec", "spec.json"),
-                ("result", "result.json"),
-                ("progress", "progress.jsonl"),
-                ("log", "log.txt"),
-            )
-        }
+        names = {"spec": "spec.json", "result": "result.json", "progress": "progress.jsonl", "log": "log.txt"}
+        paths = {k: folder / f for k, f in names.items()}
         for key in ("result", "progress"):
             paths[key].unlink(missing_ok=True)
         paths["progress"].touch()
         paths["spec"].write_text(json.dumps({**spec, "run_dir": str(folder)}, indent=1, default=str))
-        cmd = [
-            sys.executable,
-            "-m",
-            "turbotrain.app.tune.trial",
-            "--spec",
-            str(paths["spec"]),
-            "--result",
-            str(paths["result"]),
-            "--progress",
-            str(paths["progress"]),
-        ]
+        cmd = [sys.executable, "-m", "turbotrain.app.tune.trial", "--spec", str(paths["spec"])]
+        cmd += ["--result", str(paths["result"]), "--progress", str(paths["progress"])]
         seen, stop = 0, ""
 
         def check() -> bool:
