@@ -65,75 +65,35 @@ class Contender:
 
 CPU_FP32 = "CPU: fp32 like every CPU contender (turbotrain's auto precision is fp32 on CPU)"
 
-CONTENDERS: dict[str, Contender] = {
-    c.name: c
-    for c in (
-        Contender(
-            "eager",
-            "plain PyTorch eager fp32",
-            "fp32, eager, AdamW (torch default implementation), batch.to(device)",
-            "fp32, eager, AdamW (torch default implementation)",
-        ),
-        Contender(
-            "eager-bf16",
-            "plain PyTorch eager bf16",
-            "bf16 autocast, eager, AdamW (torch default implementation), batch.to(device)",
-            "",
-            cuda_only=True,
-        ),
-        Contender(
-            "handtuned",
-            "hand-tuned plain PyTorch (turbotrain.app.bench.handtuned)",
-            "bf16 autocast, torch.compile, fused AdamW, TF32, cuDNN benchmark, SDPA is_causal, "
-            "channels_last (CNNs), pinned non_blocking copies",
-            "fp32 (auto: bf16 on CUDA only), eager (auto: compile on CUDA only), fused AdamW",
-        ),
-        Contender(
-            "accelerate",
-            "Hugging Face Accelerate",
-            'Accelerator(mixed_precision="bf16"); prepare(model, optimizer, dataloader, scheduler)',
-            f'Accelerator(mixed_precision="no") - {CPU_FP32}; prepare(...)',
-            requires=("accelerate",),
-        ),
-        Contender(
-            "lightning",
-            "PyTorch Lightning",
-            'Trainer(precision="bf16-mixed", gradient_clip_val=1.0); logger, checkpoints, progress bar off',
-            f'Trainer(precision="32-true", gradient_clip_val=1.0) - {CPU_FP32}; logger, checkpoints, progress bar off',
-            requires=("lightning",),
-        ),
-        Contender(
-            "turbotrain",
-            "turbotrain (defaults)",
-            "Engine + fit, defaults: auto precision (bf16-mixed), TF32, compile, fused AdamW, side-stream prefetch",
-            "Engine + fit, defaults: auto precision (fp32 on CPU), no compile on CPU, fused AdamW",
-        ),
-        Contender(
-            "turbotrain-auto",
-            "turbotrain, settings chosen by measurement (choose, turbotrain.app.bench.auto)",
-            "Engine + fit, compile and precision as choose decides them for a long run (table in the row)",
-            "Engine + fit, compile and precision as choose decides them for a long run (table in the row)",
-        ),
-        Contender(
-            "turbotrain-graphs",
-            "turbotrain with whole-step CUDA graphs (compile.cuda_graphs)",
-            "Engine + fit, defaults + compile.cuda_graphs (each optimizer step captured once, replayed)",
-            "",
-            refused=graphs_unavailable,
-            workloads=("cifar",),
-        ),
-    )
-}
-DEFAULT_ORDER = (
-    "eager",
-    "eager-bf16",
-    "handtuned",
-    "accelerate",
-    "lightning",
-    "turbotrain",
-    "turbotrain-auto",
-    "turbotrain-graphs",
-)
+PLAIN = "fp32, eager, AdamW (torch default implementation)"
+CHOSEN = "Engine + fit, compile and precision as choose decides them for a long run (table in the row)"
+# fmt: off
+CONTENDERS: dict[str, Contender] = {c.name: c for c in (
+    Contender("eager", "plain PyTorch eager fp32", f"{PLAIN}, batch.to(device)", PLAIN),
+    Contender("eager-bf16", "plain PyTorch eager bf16",
+              "bf16 autocast, eager, AdamW (torch default implementation), batch.to(device)", "", cuda_only=True),
+    Contender("handtuned", "hand-tuned plain PyTorch (turbotrain.app.bench.handtuned)",
+              "bf16 autocast, torch.compile, fused AdamW, TF32, cuDNN benchmark, SDPA is_causal, "
+              "channels_last (CNNs), pinned non_blocking copies",
+              "fp32 (auto: bf16 on CUDA only), eager (auto: compile on CUDA only), fused AdamW"),
+    Contender("accelerate", "Hugging Face Accelerate",
+              'Accelerator(mixed_precision="bf16"); prepare(model, optimizer, dataloader, scheduler)',
+              f'Accelerator(mixed_precision="no") - {CPU_FP32}; prepare(...)', requires=("accelerate",)),
+    Contender("lightning", "PyTorch Lightning",
+              'Trainer(precision="bf16-mixed", gradient_clip_val=1.0); logger, checkpoints, progress bar off',
+              f'Trainer(precision="32-true", gradient_clip_val=1.0) - {CPU_FP32}; logger, checkpoints, progress bar off',
+              requires=("lightning",)),
+    Contender("turbotrain", "turbotrain (defaults)",
+              "Engine + fit, defaults: auto precision (bf16-mixed), TF32, compile, fused AdamW, side-stream prefetch",
+              "Engine + fit, defaults: auto precision (fp32 on CPU), no compile on CPU, fused AdamW"),
+    Contender("turbotrain-auto", "turbotrain, settings chosen by measurement (choose, turbotrain.app.bench.auto)",
+              CHOSEN, CHOSEN),
+    Contender("turbotrain-graphs", "turbotrain with whole-step CUDA graphs (compile.cuda_graphs)",
+              "Engine + fit, defaults + compile.cuda_graphs (each optimizer step captured once, replayed)", "",
+              refused=graphs_unavailable, workloads=("cifar",)),
+)}
+# fmt: on
+DEFAULT_ORDER = tuple(CONTENDERS)
 
 
 # ---------------------------------------------------------------------------------- in-process side

@@ -108,12 +108,8 @@ def run_rows(
     prefix: str,
     on_rows: Callable[[list[dict[str, Any]], list[str]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every job ``opts.repeat`` times, round-robin (row 1, row 2, ..., row 1, row 2, ...), and
-    merge each row's runs: the representative run is the one with the median step time; the
-    row's time to first step is the median over runs; every run's figures are kept.
-
-    Before each run, ``on_rows(rows so far, runs still to come)`` (so also after every finished
-    run but the last): a row without a finished run has status "not run"."""
+    """Run every job ``opts.repeat`` times, round-robin (a noisy machine's bursts then hit every row),
+    merged by :func:`merge_runs`; before each run, ``on_rows(rows so far, runs still to come)``."""
     runs: dict[str, list[dict[str, Any]]] = {j.row: [] for j in jobs}
     todo = [(k, j) for k in range(max(1, opts.repeat)) for j in jobs if not j.skip]
     label = (lambda k, j: f"{j.row} (run {k + 1})") if opts.repeat > 1 else (lambda k, j: j.row)

@@ -1,8 +1,5 @@
-"""Markdown tables (printed to the terminal and written next to the JSON) for bench reports.
-
-A column appears only when some row measured it: no MFU column when the GPU's peak is unknown
-or on CPU; a skipped or failed row shows "skipped (reason)" / "failed (reason)" and dashes.
-"""
+"""Markdown tables for bench reports: a column appears only when some row measured it (no MFU
+column when the GPU's peak is unknown); a skipped or failed row shows its reason and dashes."""
 
 from __future__ import annotations
 

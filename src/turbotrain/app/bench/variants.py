@@ -12,6 +12,7 @@ import torch
 
 from ...core.precision import DeviceCaps
 from ...core.precision.fp8 import FP8
+from ..measure import merge
 from .workloads import CUSTOM, LANGUAGE_MODELS, BenchWorkload
 
 
@@ -28,10 +29,8 @@ class Variant:
 
 
 def fp8_unavailable(device: str) -> str:
-    """Why an fp8 row cannot run here ("" when it can), in the fp8 plugin's own words
-    (:meth:`FP8.unavailable <turbotrain.core.precision.Precision.unavailable>`: float8 tensor cores
-    and torchao). Emulation (precision.fp8_emulate) is for tests and measures nothing, so it is
-    never asked for here."""
+    """Why an fp8 row cannot run here ("" when it can), in the fp8 plugin's own words; emulation
+    (precision.fp8_emulate) is for tests and measures nothing, so it is never asked for here."""
     if device == "cuda" and not torch.cuda.is_available():
         return "no CUDA device visible"
     return FP8.unavailable(DeviceCaps.of(torch.device(device)))
@@ -99,10 +98,8 @@ LADDERS = {
 
 
 def ablation_variants(w: BenchWorkload, device: str) -> list[Variant]:
-    """Two ladders (LADDERS). On bf16 autocast + torch.compile: that base, then cuDNN attention,
-    the chunked loss and CUDA graphs each alone on it. On the plain fp32 eager baseline: each
-    optimization alone, then all together, then turbotrain's defaults. Rows that cannot apply
-    here say why."""
+    """The two ladders (LADDERS); the fp32 one ends with every optimization together, then
+    turbotrain's defaults. Rows that cannot apply here say why."""
     cuda = device == "cuda"
     gpt = w.model in LANGUAGE_MODELS
     baseline: dict[str, dict[str, Any]] = {
@@ -113,10 +110,7 @@ def ablation_variants(w: BenchWorkload, device: str) -> list[Variant]:
     }
 
     def on(**sections: dict[str, Any]) -> dict[str, dict[str, Any]]:
-        merged = {k: dict(v) for k, v in baseline.items()}
-        for k, v in sections.items():
-            merged.setdefault(k, {}).update(v)
-        return merged
+        return merge(baseline, sections)
 
     rows = _one_change_rows(w, device, on)
     everything = on(
@@ -189,29 +183,14 @@ def bf16_ladder(w: BenchWorkload, device: str) -> list[Variant]:
     graphs = {**base, "compile": {"scope": "model", "mode": "reduce-overhead"}}
     no_attention = "" if gpt else "no attention in this model"
     rows = [
-        Variant(
-            "bf16-compile", "bf16 autocast, torch.compile (model), SDPA is_causal; defaults otherwise", base
-        ),
-        Variant(
-            "bf16-compile+cudnn-attention",
-            "SDPA preferring cuDNN attention (model.sdpa_backend = 'cudnn')",
-            base,
-            {"sdpa_backend": "cudnn"},
-            skip=no_attention or cudnn_attention_unavailable(device),
-        ),
-        Variant(
-            "bf16-compile+chunked-loss",
-            "linear + cross-entropy by chunks (model.loss = 'chunked')",
-            base,
-            {"loss": "chunked"},
-            skip="" if gpt else "no language-model loss in this model",
-        ),
+        Variant("bf16-compile", "bf16 autocast, torch.compile (model), SDPA is_causal; defaults otherwise", base),
+        Variant("bf16-compile+cudnn-attention", "SDPA preferring cuDNN attention (model.sdpa_backend = 'cudnn')",
+                base, {"sdpa_backend": "cudnn"}, skip=no_attention or cudnn_attention_unavailable(device)),
+        Variant("bf16-compile+chunked-loss", "linear + cross-entropy by chunks (model.loss = 'chunked')", base,
+                {"loss": "chunked"}, skip="" if gpt else "no language-model loss in this model"),
         Variant("bf16-compile+cuda-graphs", "compile mode reduce-overhead (CUDA graphs)", graphs),
-        Variant(
-            "bf16-compile+fp8",
-            "torchao float8 linears (precision.mode = 'fp8', tensorwise, torchao's size filter)",
-            {**base, "precision": {"mode": "fp8"}},
-            skip=fp8_unavailable(device),
-        ),
-    ]
+        Variant("bf16-compile+fp8",
+                "torchao float8 linears (precision.mode = 'fp8', tensorwise, torchao's size filter)",
+                {**base, "precision": {"mode": "fp8"}}, skip=fp8_unavailable(device)),
+    ]  # fmt: skip
     return [replace(v, ladder="bf16-compile", skip=gpu_only or v.skip) for v in rows]

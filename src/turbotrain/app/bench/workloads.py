@@ -260,11 +260,8 @@ def sample_shape(w: BenchWorkload) -> tuple[tuple[int, ...], torch.dtype]:
 
 
 def flops_per_step(w: BenchWorkload) -> tuple[float, str]:
-    """Training FLOPs (forward + backward) of one optimizer step, and how they were obtained.
-
-    GPT: the PaLM convention (6N + 12 L H Q T per token), as the design's protocol states. Other
-    models: counted with ``torch.utils.flop_counter`` on the meta device (no memory, no compute).
-    """
+    """Training FLOPs of one optimizer step, and how they were obtained: language models by the
+    PaLM convention (as the design's protocol states), others counted on the meta device."""
     if w.model == CUSTOM:
         model, loss_fn = seeded_workload(CUSTOM, w.model_kwargs, 0)
         batch = custom_batches(w, 0, count=1)[0]
