@@ -155,11 +155,8 @@ def run_to_loss(opts: ToLossOptions, log: Callable[[str], None] = print) -> dict
             if code == 0 and result.exists():
                 run = json.loads(result.read_text())
             else:
-                tail = (
-                    (job / "log.txt").read_text().strip().splitlines()[-1:]
-                    if (job / "log.txt").exists()
-                    else []
-                )
+                log_file = job / "log.txt"
+                tail = log_file.read_text().strip().splitlines()[-1:] if log_file.exists() else []
                 reason = "timed out" if code is None else f"exit {code}: {' '.join(tail)[:200]}"
                 run = {"contender": name, "seed": seed, "failed": reason}
             run["process_s"] = time.perf_counter() - t0
@@ -268,11 +265,8 @@ def render_to_loss(doc: dict[str, Any]) -> str:
 
 
 def _settings(r: dict[str, Any]) -> str:
-    return (
-        "`"
-        + (" ".join(f"--{s}.{k}={v}" for s, kv in r["settings"].items() for k, v in kv.items()) or "—")
-        + "`"
-    )
+    flags = " ".join(f"--{s}.{k}={v}" for s, kv in r["settings"].items() for k, v in kv.items())
+    return f"`{flags or '—'}`"
 
 
 TO_LOSS_COLUMNS: list[tuple[str, Any]] = [
@@ -335,16 +329,7 @@ def _shared(opts: ToLossOptions) -> dict[str, Any]:
     return {name: getattr(opts, name) for name in SHARED} | {"seeds": list(opts.seeds)}
 
 
-SHARED = (
-    "contenders",
-    "preset",
-    "overrides",
-    "target_loss",
-    "max_tokens",
-    "max_steps",
-    "eval_every",
-    "seeds",
-)
+SHARED = ("contenders", "preset", "overrides", "target_loss", "max_tokens", "max_steps", "eval_every")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
