@@ -34,18 +34,8 @@ from .process_group import join_process_group
 
 @dataclass(frozen=True)
 class ParallelPlan:
-    """How a run spreads over its processes: resolved once per process (:meth:`resolve`) from
-    ``distributed.*`` and the launch, without any communication, so every rank finds the same
-    mistake before joining; then :meth:`join` makes the process groups, which the plan owns.
-
-    - ``data`` degree: every rank trains on its own share of the global batch (the world size);
-      the dense parameters are replicated (``strategy = ddp``) or sharded (``fsdp``) over it.
-    - ``expert`` degree: each MoE block's experts spread over groups of ``expert`` consecutive
-      ranks; the ``world / expert`` ranks holding the same experts form a replica group.
-
-    A tensor, pipeline or context degree would be one more field here, one more dimension of
-    :attr:`mesh_dims`, used by the strategy and the model spec's ``parallelize``.
-    """
+    """How a run spreads over its processes (the module docstring): :meth:`resolve` once per
+    process without communication, then :meth:`join` makes the process groups the plan owns."""
 
     topology: Topology
     strategy: str = "single"  # single | ddp | fsdp: how the dense parameters are kept over the data dimension
