@@ -27,13 +27,13 @@ from ..app.bench.tables import render_report
 from ..app.bench.to_loss import ToLossOptions, parse_contender, render_to_loss, run_to_loss
 from ..app.bench.workloads import NOT_BUILT, custom_workload, expand, resolve_workload, workload_names
 from ..app.measure import merge
+from ..app.prepare import default_preset
 from ..base.atomic import atomic_write
 from ..base.config import parse_overrides
 from ..base.errors import TurbotrainError
 from ..base.process import exit_on_sigterm
 from .options import Options, add_command, switch
 from .profile import check_at_least
-from .train import default_preset
 
 HELP = "benchmark contenders side by side, the precision matrix or the optimization ablation"
 DESCRIPTION = (

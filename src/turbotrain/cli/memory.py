@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from ..app.prepare import default_preset
 from ..base.batch import batch_size, move_to
 from ..base.config import RunConfig, load_config, parse_overrides
 from ..base.errors import ConfigError, TurbotrainError
@@ -35,7 +36,6 @@ from ..tools.memory.stats import (
 )
 from .options import Options, add_command, switch
 from .profile import TARGET_OPTIONS
-from .train import default_preset
 
 ROWS = [
     ("parameters", "params_bytes"),

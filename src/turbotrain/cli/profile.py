@@ -10,11 +10,11 @@ import sys
 from collections.abc import Callable, Iterator
 
 from ..app.measure import Target
+from ..app.prepare import default_preset
 from ..app.profile import ProfileOptions, profile_target, render
 from ..base.config import parse_overrides
 from ..base.errors import ConfigError
 from .options import Options, add_command, switch
-from .train import default_preset
 
 HELP = "why training is slow: the step's time split, syncs, the bottleneck and (verified) advice"
 DESCRIPTION = (

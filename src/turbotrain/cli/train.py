@@ -17,7 +17,7 @@ from ..app.local_launch import launch_local
 from ..app.prepare import (
     RunRequest,
     StoppedBySignal,
-    default_preset,  # noqa: F401 (cli/memory.py, cli/profile.py, tests)
+    default_preset,  # noqa: F401 (tests)
 )
 from ..app.restart import keep_global_batch as _keep_global_batch  # noqa: F401 (tests/unit/test_relaunch.py)
 from ..app.restart import named_for_restarts as _named_for_restarts  # noqa: F401
