@@ -27,10 +27,8 @@ GROW_REASON = "moe.grow_at_step"  # how the growth's stop reason starts
 
 
 class GrowExperts(Hook):
-    """Stops the fit once step ``step`` has trained, for the growth (the Checkpointer saves that
-    step): only when the fit started before it, the run goes on after it (``max_steps``) and
-    nothing else stopped it at that step (a signal's or ``stop_after_steps``'s stop wins: the
-    resume that follows builds the grown model all the same)."""
+    """Stops the fit once step ``step`` has trained (the Checkpointer saves it), when the fit started
+    before it, the run goes on after it and nothing else stopped it there (that stop wins)."""
 
     def __init__(self, step: int, grow_to: int, max_steps: int) -> None:
         self.step, self.grow_to, self.max_steps = step, grow_to, max_steps

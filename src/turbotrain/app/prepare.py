@@ -232,10 +232,9 @@ def prepare_config(
     batch_given: bool = False,
     workload: WorkloadLike | None = None,
 ) -> PreparedRun:
-    """A run of ``config`` as it is (no preset, no relaunch search): in ``run_dir`` (a resume:
-    the run to continue; a new run: the folder to use, else one named from the config and made
-    by rank 0). ``workload``: a live one for ``config.model.workload`` (measure's copies). What
-    ``train(config)`` from Python, ``measure`` and tune trials prepare."""
+    """A run of ``config`` as it is (no preset, no relaunch search, no start hooks of its own) in
+    ``run_dir`` (else one named by rank 0); ``workload``: a live one for ``config.model.workload``.
+    What ``training.train(config)``, ``measure`` and tune trials prepare."""
     _, make = _workload_ref(workload)
     spec = WorkloadSpec(config.model.workload, make=make) if make is not None else spec_for(config)
     plan, device = _plan_and_join(config, None, spec)
@@ -263,10 +262,8 @@ def settle(config: RunConfig, plan: ParallelPlan, spec: ModelSpec | None) -> Run
 
 @dataclass(frozen=True)
 class Started:
-    """What :func:`start` decided: the run as started (its config and settings with the
-    preparation's decisions; its ``starts`` done, their ``ends`` kept), the settings it trains
-    with, its model (built from the config its family's hook chose) and facts for the summary's
-    ``resolved`` (fp8's timed layers)."""
+    """What :func:`start` decided: the run as started (with the preparation's decisions, its
+    ``starts`` done), its settings, its model and facts for the summary's ``resolved``."""
 
     run: PreparedRun
     config: RunConfig
@@ -345,11 +342,9 @@ def _plan_and_join(
 def plan_run(
     config: RunConfig, topology: Topology | None = None, spec: ModelSpec | None = None
 ) -> tuple[RunConfig, ParallelPlan]:
-    """``config`` checked against the launch, and its parallel plan, without any communication,
-    so every rank finds the same mistake before joining the process group
-    (:meth:`ParallelPlan.resolve`: the strategy, the expert degree against the world size and the
-    model's experts; weights that cannot fit this machine; the global batch over the data
-    dimension, :func:`resolve_accumulation`). ``spec``: the run's model spec (None: the config's)."""
+    """``config`` checked against the launch, and its parallel plan (:meth:`ParallelPlan.resolve`,
+    the weights' size, :func:`resolve_accumulation`), without any communication, so every rank
+    finds the same mistake before joining the process group. ``spec``: None: the config's."""
     spec = spec or spec_for(config)
     plan = ParallelPlan.resolve(config.distributed, topology, spec.experts(config))
     _check_weights_fit(config, spec)

@@ -77,10 +77,8 @@ def relaunched_run(
 
 
 def named_for_restarts(config: RunConfig, launch: Launch) -> RunConfig:
-    """A new run that torchrun may restart (``--max-restarts``) needs a name its restarts find
-    again: without ``--run.name`` it is named from the job (:meth:`Launch.default_name`); and a
-    launch its restarts can be told by (:attr:`Launch.restart_unfindable`): refused at the start
-    otherwise, in one line, rather than a restart that finds its run taken."""
+    """A new run that torchrun may restart (``--max-restarts``), named so its restarts find it (from
+    the job without ``--run.name``); a launch its restarts cannot be told by is refused in one line."""
     if not launch.restartable:
         return config
     if not config.run.name:
@@ -111,10 +109,8 @@ def batch_record(settings: RunConfig, plan: ParallelPlan) -> dict[str, Any]:
 
 
 def keep_global_batch(config: RunConfig, recorded: Mapping[str, Any] | None, topology: Topology) -> RunConfig:
-    """A relaunch at another world size (an elastic group that lost or gained a node) keeps the
-    global batch the run trained at, by accumulation, when the micro-batch times the new world
-    divides it; otherwise the resume refuses in one line, as a ``--resume`` would, naming the
-    settings that keep it. Any split of the same global batch trains on the same rows per step."""
+    """A relaunch at another world size keeps the global batch the run trained at, by accumulation,
+    when the micro-batch times the new world divides it; otherwise the resume refuses in one line."""
     old, b = (recorded or {}).get("global_batch"), config.batch
     if not isinstance(old, int) or b.global_size or not isinstance(b.micro, int):
         return config  # batch.global_size already keeps it (resolve_accumulation); 'auto' searches anew

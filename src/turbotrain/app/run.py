@@ -55,10 +55,8 @@ STARTS: tuple[PrepareStart, ...] = (choose.at_start, warmstart.at_start)
 
 @dataclass
 class RunOutcome:
-    """How a run ended, for its caller to say. ``summary`` None: it did not train (``lost``: the
-    one line of a rank whose collective failed because another rank was lost; ``quiet``: a rank
-    other than 0 that ends without a word, another rank says why). ``signal``: the first stop
-    signal that arrived ("" none); ``report``: what the report wrote (None: not made)."""
+    """How a run ended, for its caller to say. ``summary`` None: it did not train (``lost``: another
+    rank was lost, in one line; ``quiet``: another rank says why). ``signal``: the first stop signal."""
 
     run: PreparedRun | None = None
     summary: dict[str, Any] | None = None
@@ -83,11 +81,9 @@ def _stop_report(name: str) -> None:
 
 
 def train_run(request: RunRequest, *, progress: bool | None = None, report: bool = True) -> RunOutcome:
-    """Prepare, train and report the run ``request`` asks for (see the module docstring). Raises
-    :class:`StoppedBySignal` for a signal during start-up (nothing trained), a TurbotrainError
-    (one line) for a mistake; under torchrun a rank other than 0 says nothing of a mistake that
-    rank 0 reports. ``report``: write the plots and summary.md after training (rank 0, unless a
-    signal came: the report can be made later)."""
+    """Prepare, train and (``report``, rank 0, no signal) report the run ``request`` asks for.
+    Raises :class:`StoppedBySignal` for a signal during start-up, a one-line TurbotrainError for a
+    mistake (said by rank 0 alone under torchrun)."""
     topology = Topology.from_env()
     # SIGTERM/SIGINT from here until the run returns, whichever phase they land in: one saves
     # what there is to save and stops, two stop at once. Under torchrun the agent also sends
@@ -168,9 +164,8 @@ def _other_rank(run: PreparedRun, signals: StopSignals) -> RunOutcome:
 
 
 def record_restart(run_dir: Path, why: str, world: int) -> None:
-    """An event record in metrics.jsonl for a relaunch, at the step it resumes from (the newest
-    verified checkpoint, which the resume loads; 0 without one): when, why, the checkpoint, how
-    many logged steps run again and on how many processes. The report counts them in the summary."""
+    """An event record in metrics.jsonl for a relaunch, at the step the resume loads (0 without a
+    checkpoint): when, why, the checkpoint, the logged steps that run again, the world size."""
     newest = latest_verified(run_dir / CHECKPOINTS)
     step = checkpoint_step(newest) if newest is not None else 0
     metrics = run_dir / METRICS_FILE

@@ -130,10 +130,9 @@ class Assembled:
 
 
 def assemble(run: PreparedRun, show: bool) -> Assembled:
-    """Open the data, build the model, the engine and the optimizer for ``run``, in that order,
-    through the run's model spec, spread over processes as its plan says; then search the batch
-    (``batch.micro = 'auto'``) and scale the learning rate to it. ``show``: live progress for
-    anything slow (rank 0)."""
+    """Open the data, start the run (:func:`~turbotrain.app.prepare.start`), build the engine and
+    the optimizer as its plan says, then search the batch and scale the learning rate to it.
+    ``show``: live progress for anything slow (rank 0)."""
     c, plan, spec, run_dir = run.settings, run.plan, run.spec, run.run_dir
     # rank 0 first: it fills caches, the others read them
     data = main_first(lambda: spec.open_data(c, run_dir, show=show))
@@ -173,10 +172,8 @@ def assemble(run: PreparedRun, show: bool) -> Assembled:
 def build_training(
     run: PreparedRun | RunConfig, run_dir: Path | None = None, *, progress: bool | None = None
 ) -> Training:
-    """Build the data, model, optimizer, engine and hooks of the prepared ``run`` (a RunConfig:
-    a script's run of that config in ``run_dir``, prepared here, once: :func:`prepare_config`).
-    A resume at another world size that would change the global batch is refused unless the
-    resume names the batch itself (``run.batch_given``: :func:`check_resume_batch`)."""
+    """Build the data, model, optimizer, engine and hooks of the prepared ``run`` (a RunConfig: a
+    script's run of that config in ``run_dir``, prepared here: :func:`prepare_config`)."""
     if isinstance(run, RunConfig):
         run = prepare_config(run, run_dir)
     _check_watch(run)
@@ -334,9 +331,8 @@ def _run_hooks(
 
 
 class WriteConfigOnce(Hook):
-    """Calls ``write`` at the end of the first step (before that step's checkpoint): a resume
-    rewrites the run's config.toml only once it has started, so a resume that fails (an override
-    that does not work) leaves the config the run trained with."""
+    """Calls ``write`` at the end of the first step (before its checkpoint): a resume that fails
+    leaves config.toml as the run trained with it."""
 
     def __init__(self, write: Callable[[], None]) -> None:
         self.write: Callable[[], None] | None = write
@@ -431,11 +427,9 @@ def train(
 def train_prepared(
     run: PreparedRun, signals: StopSignals, progress: bool | None = None
 ) -> tuple[dict[str, Any], Training]:
-    """Train the prepared ``run`` to its end (or a stop) and write its summary; returns the
-    summary and the trained run. The caller holds ``signals`` and, on rank 0, the run's lock
-    (each is taken once per command). A stop for ``moe.grow_at_step`` resumes at once, grown
-    (:mod:`turbotrain.app.experts_growth`), the run as started (its start decisions kept);
-    once it has trained, what its start hooks left to do (``ends``: the compile warm start's save)."""
+    """Train the prepared ``run`` to its end (or a stop), write its summary, then call its start
+    hooks' ``ends``; returns the summary and the trained run. The caller holds ``signals`` and (rank
+    0) the run's lock. A stop for ``moe.grow_at_step`` resumes the started run at once, grown."""
     summary, training = _train_prepared_once(run, signals, progress)
     while stopped_to_grow(summary):  # every rank alike: the step is in the config
         if training.mirror is not None:  # the next part mirrors the same run with a mirror of its own
@@ -492,8 +486,7 @@ def _train_prepared_once(
 
 def _nothing_to_train(training: Training, run_dir: Path) -> tuple[str, str, str] | None:
     """(status, stop reason, the line that says so) when a resume has nothing to train: the run is
-    complete, or early stopping ended it (its restored watch has gone best.patience passes without
-    an improvement: another pass would only train another validation window)."""
+    complete, or early stopping ended it (its restored watch is stale for best.patience passes)."""
     c, step = training.config, training.engine.state.step
     if step >= c.train.max_steps:
         more = (

@@ -137,9 +137,8 @@ class WarmStart:
 
 
 def at_start(run: PreparedRun, settings: RunConfig) -> Begun:
-    """The warm start as a start hook of ``turbotrain train``'s preparation
-    (:func:`turbotrain.app.prepare.start`, after choose): rank 0 loads the artefacts for the run's
-    config before its model is built and saves them once the run has trained (``Begun.end``)."""
+    """The warm start as a start hook of ``turbotrain train``'s preparation, after choose: rank 0
+    loads the artefacts for the run's config before its model is built, saves them at the end."""
     if not run.main:
         return Begun()
     warm = WarmStart(run.config)
