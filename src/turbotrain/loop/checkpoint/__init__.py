@@ -1,20 +1,9 @@
 """Checkpoints that survive crashes and never execute code on load: the package's face.
 
-Writing is here: :class:`Checkpointer` (the hook that saves every ``interval`` steps and at the
-end, in the background when asked), :func:`save_checkpoint` (one process: one ``.pt`` file) and
-:func:`save_sharded` (ddp/fsdp: a folder from every rank). The strategy picks the kind; listing,
-verification, pruning (:func:`prune`: keep-last counts both) and resume treat both alike.
-
-A restore reads top-down in :mod:`.restore` (choose, then load into one process or many). The
-other modules, each one concern: :mod:`.format` (the names, the marker, verification, reading the
-plain files), :mod:`.choose` (which checkpoint: the newest usable, whether a model fits it),
-:mod:`.state` (:class:`RunState`, what a run saves), :mod:`.dcp` (the model and optimizer through
-torch.distributed.checkpoint, read safely), :mod:`.sharded_write` (a folder written atomically by
-every rank), :mod:`.background` (the asynchronous writer), :mod:`.prune`.
-
-Save: ``torch.save`` through :func:`turbotrain.base.atomic.atomic_write`, then a ``.sha256`` sidecar
-written the same way. Load: newest first, verify the checksum, load with ``weights_only=True`` (no
-arbitrary unpickling); a corrupt, foreign or incomplete checkpoint falls back to the previous.
+Writing is here: :class:`Checkpointer`, :func:`save_checkpoint` (one process: one ``.pt`` file) and
+:func:`save_sharded` (ddp/fsdp: a folder from every rank); restoring in :mod:`.restore`; the other
+modules one concern each. Load: newest first, verify the checksum, ``weights_only=True``; a
+corrupt, foreign or incomplete checkpoint falls back to the previous.
 """
 
 from __future__ import annotations
@@ -112,9 +101,8 @@ __all__ = [
 
 
 def save_checkpoint(folder: Path, step: int, payload: dict[str, Any], keep_last: int = 3) -> Path:
-    """Write ``payload`` atomically as ``step_XXXXXXXX.pt`` with its checksum; prune old ones
-    (:func:`prune`). Lack of space raises :class:`turbotrain.base.atomic.DiskFullError`; the older
-    checkpoints are untouched then."""
+    """Write ``payload`` atomically as ``step_XXXXXXXX.pt`` with its checksum; prune old ones. Lack of
+    space raises DiskFullError, the older checkpoints untouched."""
     folder.mkdir(parents=True, exist_ok=True)
     path = checkpoint_path(folder, step)
     atomic_write(path, lambda f: torch.save({"format": FORMAT, **payload}, f))
@@ -126,20 +114,15 @@ def save_checkpoint(folder: Path, step: int, payload: dict[str, Any], keep_last:
 
 
 def sharded_parts(state: RunState) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
-    """What a sharded checkpoint of ``state`` holds: (the model's and optimizer's tensors for DCP,
-    the replicated entries, this rank's per-rank entries). The tensors are the live ones."""
-    if state.model is not None:
-        tensors, rest = split_state(state.model, state.optimizer)
-    else:
-        tensors, rest = {}, {}
+    """(the live model and optimizer tensors for DCP, the replicated entries, this rank's entries)."""
+    tensors, rest = split_state(state.model, state.optimizer) if state.model is not None else ({}, {})
     replicated = {"entries": {name: state[name][0]() for name in state.replicated_keys}, **rest}
     per_rank = {name: state[name][0]() for name in state.per_rank}
     return tensors, replicated, per_rank
 
 
 def save_sharded(folder: Path, step: int, state: RunState, keep_last: int = 3) -> Path:
-    """Write ``state`` as a sharded checkpoint folder (:mod:`.sharded_write`) from every rank
-    (a collective); rank 0 then prunes (:func:`prune`, counting both kinds)."""
+    """Write ``state`` as a sharded checkpoint folder from every rank (a collective); rank 0 prunes."""
     return write_sharded(folder, step, sharded_parts(state), keep_last)
 
 
@@ -150,8 +133,7 @@ def write_sharded(
     keep_last: int = 3,
     group: dist.ProcessGroup | None = None,
 ) -> Path:
-    """Write :func:`sharded_parts` (or a copy of them) as a sharded checkpoint folder from every
-    rank, its collectives on ``group``; rank 0 then prunes."""
+    """Write :func:`sharded_parts` (or a copy) as a sharded folder, collectives on ``group``."""
     path = save_folder(folder, step, *parts, group=group)
     if rank_world()[0] == 0:
         remember_verified(path)
@@ -161,22 +143,14 @@ def write_sharded(
 
 class Checkpointer(Hook):
     """Saves ``state`` every ``interval`` steps and when the fit ends (also after a signal or
-    stop_after). ``state.state_dict()`` is called only when saving: other steps cost nothing.
-    At the start it removes the temporary files of writes killed mid-way (kill -9 during a save)
-    and the folders of sharded saves that never finished.
+    stop_after); at the start removes what killed writes left. ``strategy`` (default
+    ``state.strategy``, else whether a process group exists) picks one ``.pt`` file or a sharded
+    folder written by every rank (so every rank must run this hook).
 
-    Format: ``strategy`` (default ``state.strategy``; without either, whether a process group
-    exists) decides: single -> one ``.pt`` file from this process; ddp/fsdp -> a sharded folder
-    written by every rank, so under a process group every rank must run this hook.
-
-    ``async_write`` (``train.async_checkpoint``): the checkpoints every ``interval`` steps are
-    staged (a copy of the state in host memory, reused from one checkpoint to the next) and
-    written by a :class:`BackgroundWrite` while training goes on. The next checkpoint waits for
-    the previous write; :meth:`save` (a checkpoint now), the final checkpoint, and so a signal's
-    (SIGTERM, SIGUSR1), wait for it and write synchronously; an exception waits for it too. A
-    failed background write is raised at the next step (one process) or at the next checkpoint
-    or the end (ddp/fsdp: every rank at the same point). Sharded writes run their collectives on
-    a gloo group of their own, created at the first one.
+    ``async_write`` (``train.async_checkpoint``): the interval checkpoints are staged in host memory
+    and written by a :class:`BackgroundWrite` while training goes on; :meth:`save`, the final one
+    (and so a signal's) and an exception wait for the write in flight. A failed background write
+    is raised at the next step (one process) or the next checkpoint (ddp/fsdp: every rank alike).
     """
 
     def __init__(
@@ -190,7 +164,7 @@ class Checkpointer(Hook):
         async_write: bool = TrainConfig.async_checkpoint,
     ) -> None:
         self.folder, self.interval, self.keep_last, self.state = folder, interval, keep_last, state
-        self.before_save = before_save  # e.g. flush the metrics: a resume starts after the checkpoint, so records up to it must be on disk
+        self.before_save = before_save  # flush the metrics: a resume starts after the checkpoint
         self.saved_step = -1
         strategy = strategy if strategy is not None else getattr(state, "strategy", None)
         self.sharded = strategy.name != "single" if strategy is not None else in_group()
@@ -208,9 +182,8 @@ class Checkpointer(Hook):
         self._save(ctx, background=False)
 
     def written(self, ctx: FitContext) -> Path:
-        """The checkpoint of this step, on disk when this returns: saved now, unless it was saved
-        at this step already (then its background write, if in flight, is waited for). Under a
-        process group every rank calls it (a sharded save is a collective)."""
+        """The checkpoint of this step, on disk when this returns (under a process group every rank
+        calls it: a sharded save is a collective)."""
         self.save(ctx)
         if self.background is not None:
             self._finished(ctx, self.background.wait())
@@ -238,24 +211,17 @@ class Checkpointer(Hook):
         self.saved_step = step
 
     def _stage_shards(self, tree: Any) -> Any:
-        """:func:`stage_to_host` for a sharded checkpoint's parts (FSDP2's DTensors: their local
-        shards are copied), through DCP's stager, which keeps its buffers from one call to the next."""
+        """A sharded checkpoint's parts copied to the host (FSDP2's local shards) through DCP's
+        stager, which keeps its buffers from one call to the next."""
         if self._stager is None:
-            # costly (DCP): when first used
             from torch.distributed.checkpoint.staging import (
                 DefaultStager,
                 StagingOptions,
-            )
+            )  # costly: when used
 
             cuda = torch.cuda.is_available()
-            self._stager = DefaultStager(
-                StagingOptions(
-                    use_pinned_memory=cuda,
-                    use_shared_memory=False,
-                    use_async_staging=False,
-                    use_non_blocking_copy=cuda,
-                )
-            )
+            options = StagingOptions(cuda, False, False, cuda)  # pinned, shared, async, non-blocking
+            self._stager = DefaultStager(options)
         return self._stager.stage(tree)
 
     def _staged_write(self, step: int) -> Callable[[], Path]:
@@ -295,8 +261,8 @@ class Checkpointer(Hook):
             self._finished(ctx, self.background.wait())
 
     def on_exception(self, ctx: FitContext, exc: BaseException) -> None:
-        """The write in flight ends before the exception goes on (it is the newest checkpoint a
-        resume finds); its own failure is logged, the exception that stopped training propagates."""
+        """The write in flight ends before the exception goes on (a resume finds it); its own failure
+        is logged."""
         if self.background is None:
             return
         try:

@@ -19,12 +19,9 @@ def _view_key(t: torch.Tensor) -> tuple[Any, ...]:
 
 
 def stage_to_host(tree: Any, buffers: dict[str, torch.Tensor]) -> Any:
-    """A copy of ``tree`` (a checkpoint's payload) in host memory that training cannot change:
-    every tensor copied (a CUDA one into pinned memory), dicts (an ``OrderedDict``'s
-    ``_metadata`` too), lists and tuples rebuilt, anything else deep-copied; tensors that share
-    a storage (tied weights) stay shared, so the file is the one the live state gives. The
-    copies go into ``buffers`` (keyed by their place in the tree), kept for the next call: the
-    caller reuses them only after whatever read the previous copy is done."""
+    """A copy of ``tree`` (a checkpoint's payload) in host memory that training cannot change (CUDA
+    tensors into pinned memory; tied weights stay shared, so the file is the one the live state
+    gives). The copies go into ``buffers``, reused by the next call once the previous is written."""
     copies: dict[tuple[Any, ...], torch.Tensor] = {}
     from_cuda = False
 
@@ -65,13 +62,9 @@ def stage_to_host(tree: Any, buffers: dict[str, torch.Tensor]) -> Any:
 
 
 class BackgroundWrite:
-    """At most one checkpoint write in flight, in a thread of its own: the step that checkpoints
-    pays for a copy of the state only (:func:`stage_to_host`), the write (torch.save, fsync,
-    checksum, pruning) overlaps the next steps. The write is the synchronous one, unchanged: the
-    same temp file, rename and checksum, so a kill -9 mid-write leaves the previous checkpoint as
-    it leaves it there. Its failure (a full disk) is kept and raised in the training thread by
-    :meth:`wait` or :meth:`poll`. The thread is not a daemon: an interpreter that exits waits for
-    the write."""
+    """At most one checkpoint write in flight, in a thread of its own (the synchronous write,
+    unchanged, so a kill -9 mid-write leaves the previous checkpoint). Its failure is raised in the
+    training thread by :meth:`wait` or :meth:`poll`. Not a daemon: an exiting interpreter waits."""
 
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
@@ -95,8 +88,7 @@ class BackgroundWrite:
         return self._thread is not None and self._thread.is_alive()
 
     def wait(self) -> Path | None:
-        """Block until the write in flight (if any) ends; its checkpoint's path, or its failure
-        raised here. None when no write was in flight."""
+        """Block until the write in flight ends: its path (None if none), or its failure raised."""
         if self._thread is None:
             return None
         self._thread.join()

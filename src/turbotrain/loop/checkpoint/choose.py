@@ -1,10 +1,4 @@
-"""Which checkpoint to restore: the newest one a reader accepts, and whether a model fits it.
-
-A restore tries the newest checkpoint first and falls back to older ones, each refusal a one-line
-warning; the final error lists every reason. A checkpoint of another model shape is refused before
-anything loads, naming the first tensor that differs and the settings that would build the saved
-model (read from the config it was saved with).
-"""
+"""Which checkpoint to restore: the newest one a reader accepts, and whether a model fits it."""
 
 from __future__ import annotations
 
@@ -30,10 +24,7 @@ T = TypeVar("T")
 RESUME_ADVICE = (
     "move them away and resume to restart this run from step 0, or start a new run without --resume"
 )
-SHAPE_ADVICE = (
-    "resume with the model settings the run was saved with (its config.toml), or start a new run "
-    "without --resume"
-)
+SHAPE_ADVICE = "resume with the model settings the run was saved with (its config.toml), or start a new run without --resume"
 
 
 def newest_usable(
@@ -43,9 +34,8 @@ def newest_usable(
     advice: str = RESUME_ADVICE,
     none: str = "start without --resume",
 ) -> tuple[Path, T]:
-    """The newest of ``candidates`` that ``read`` accepts, with what it returned; each one it
-    refuses (a TurbotrainError: corrupt, unfinished, foreign, incomplete) is skipped with a
-    warning, and when none is left the error lists why each was refused."""
+    """The newest of ``candidates`` that ``read`` accepts, with what it returned; each refused one
+    (a TurbotrainError) is a warning, and when none is left the error lists every reason."""
     if not candidates:
         raise TurbotrainError(f"no checkpoint in {folder}; {none}")
     problems, shapes = [], 0
@@ -69,11 +59,9 @@ def _plain_name(name: str) -> str:
 
 
 def model_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
-    """The shape of every tensor ``model``'s state dict holds (persistent buffers included; a
-    sharded parameter's full shape), keyed by plain names. Read from the modules themselves, not
-    ``state_dict()``: no state-dict hook runs (expert parallelism's gathers every rank's
-    experts, a collective). Modules with load-time hooks (MoE layers grow or slice their experts
-    while loading) are left out: what fits them is theirs to decide."""
+    """The shape of every tensor ``model``'s state dict holds, keyed by plain names. Read from the
+    modules, not ``state_dict()``: no state-dict hook runs (expert parallelism's is a collective).
+    Modules with load-time hooks (MoE layers grow their experts) are left out: theirs to decide."""
     shapes: dict[str, tuple[int, ...]] = {}
     hooked: list[str] = []
     for prefix, module in model.named_modules(remove_duplicate=False):
@@ -91,9 +79,8 @@ def model_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
 
 
 def model_settings_changed(saved_toml: Any, current_toml: Any) -> str:
-    """The model settings (:data:`MODEL_SECTIONS`) that differ between the config a checkpoint was
-    saved with and this run's (both as ``to_toml`` text; an old one's moved settings read in their
-    new place), as flags that give back the saved values; '' when either is unknown or none differs."""
+    """The model settings that differ between the config a checkpoint was saved with and this run's
+    (both ``to_toml`` text), as flags that give back the saved values; '' when unknown or none."""
     try:
         saved, current = (migrate(tomllib.loads(t)) for t in (saved_toml, current_toml))
     except (TypeError, ValueError, AttributeError):
@@ -110,9 +97,8 @@ def model_settings_changed(saved_toml: Any, current_toml: Any) -> str:
 def shape_problem(
     name: str, saved: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], settings: str = ""
 ) -> str:
-    """'' when the model tensors of checkpoint ``name`` (``saved``: plain name -> shape) fit a
-    model of ``expected`` shapes, else one line naming the first that does not, and the
-    ``settings`` (flags, from :func:`model_settings_changed`) that would build the saved model."""
+    """'' when the model tensors of checkpoint ``name`` fit ``expected``, else one line naming the
+    first that does not and the ``settings`` that would build the saved model."""
     saved = {_plain_name(k): tuple(v) for k, v in saved.items()}
     missing = [k for k in expected if k not in saved]
     differ = [k for k in expected if k in saved and saved[k] != expected[k]]

@@ -1,17 +1,10 @@
 """The torch.distributed.checkpoint (DCP) side of a sharded checkpoint: the model's and optimizer's
-state as flat tensors keyed by parameter names, read back safely, into any wrapping and world size.
-
-Why by name: ``torch.distributed.checkpoint.state_dict`` strips DDP's ``module.`` prefix and turns
-FSDP2's DTensors into shards, so the same tensors load into 1, 2 or N processes (DCP reshards) and
-into a plain model in a process with no process group (``turbotrain sample``). A one-process
-``.pt`` checkpoint loads into ddp/fsdp ranks through the same setter (:func:`load_full`).
+state as flat tensors keyed by parameter names (so they load into any wrapping and world size, and
+into a plain model with no process group), read back safely.
 
 Safe loading: DCP unpickles ``.metadata`` and non-tensor values with plain pickle. Here only
-tensors go through DCP (a load that meets a non-tensor value refuses it), ``.metadata`` is read by
-an unpickler that admits only DCP's metadata classes (:func:`read_metadata`).
-
-torch.distributed.checkpoint (it imports FSDP and DTensor) costs ~0.7 s to import: the functions
-that save or load through DCP import it when called, so a run that never does stays light.
+tensors go through DCP, and ``.metadata`` is read by an unpickler that admits only DCP's metadata
+classes. DCP costs ~0.7 s to import: the functions that use it import it when called.
 """
 
 from __future__ import annotations
@@ -41,9 +34,6 @@ _SEP = "/"  # between a key's parts: parameter names contain dots
 MODEL, OPTIM = "model", "optim"
 # model state entries an older checkpoint may lack (a MoE layer's router-bias loads not applied yet)
 OPTIONAL_SUFFIXES = ("." + EXTRA_STATE_KEY,)
-
-
-# ---------------------------------------------------------------------------- state <-> flat tensors
 
 
 def _flatten(
@@ -78,11 +68,7 @@ def split_state(
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The model's and optimizer's state keyed by parameter names, independent of the wrapping and
     of the world size: (tensors for DCP, everything else for ``state.pt``)."""
-    # costly: see the module's docstring
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_state_dict,
-    )
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict  # costly
 
     from_optim: dict[str, Any] = {}
     if optimizer is None:
@@ -130,10 +116,8 @@ def load_full(
     optim_sd: dict[str, Any] | None,
     source: str,
 ) -> None:
-    """Load a one-process (``torch.save``) model and optimizer state into a possibly wrapped and
-    sharded ``model`` (DDP, FSDP2): every rank holds the full state; each keeps its part. The
-    optimizer's state is keyed by position (``optimizer.state_dict()``); it is re-keyed by the
-    parameter names of this optimizer's groups, whose order the one-process run shared."""
+    """Load a one-process model and optimizer state into a possibly wrapped and sharded ``model``
+    (every rank keeps its part); the optimizer's state, keyed by position, is re-keyed by name."""
     names = _param_names(model)
     if optimizer is not None and optim_sd is not None:
         order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
@@ -153,12 +137,11 @@ def load_full(
 
 def _param_names(model: nn.Module) -> dict[int, str]:
     """Parameter id -> the name a plain (unwrapped, uncompiled) model gives it."""
-    # compile, checkpointing, FSDP1
     wrappers = {
         "_orig_mod",
         "_checkpoint_wrapped_module",
         "_fsdp_wrapped_module",
-    }
+    }  # compile, checkpointing, FSDP1
     ddp = isinstance(model, DistributedDataParallel)  # its "module." prefix
     out = {}
     for name, p in model.named_parameters():
@@ -167,12 +150,8 @@ def _param_names(model: nn.Module) -> dict[int, str]:
     return out
 
 
-# ---------------------------------------------------------------------------- safe reading and loading
-
-
 class _MetadataUnpickler(pickle.Unpickler):
-    """Admits only what DCP's ``.metadata`` holds: its metadata classes, tensor sizes, dtypes and
-    layouts, paths. Anything else (a function to call, a foreign class) is refused."""
+    """Admits only what DCP's ``.metadata`` holds (its classes, sizes, dtypes, paths); refuses the rest."""
 
     _ALLOWED = {
         "torch.distributed.checkpoint.metadata": None,  # any name: plain dataclasses and enums
@@ -193,9 +172,8 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 def read_metadata(folder: Path, load_id: str | None = None) -> Metadata:
-    """The DCP ``.metadata`` of checkpoint folder ``folder``, read by a restricted unpickler (a
-    ``.metadata`` holding anything else is refused: a one-line TurbotrainError)."""
-    from torch.distributed.checkpoint.metadata import Metadata  # costly: see the module's docstring
+    """The DCP ``.metadata`` of checkpoint folder ``folder``, read by a restricted unpickler."""
+    from torch.distributed.checkpoint.metadata import Metadata  # costly
 
     path = folder / ".metadata"
     try:
@@ -211,8 +189,7 @@ def read_metadata(folder: Path, load_id: str | None = None) -> Metadata:
 
 
 def saved_model_tensors(folder: Path) -> dict[str, TensorStorageMetadata]:
-    """Name (as a plain model names it) -> DCP's metadata (``.size``, ``.properties.dtype``) of each
-    model tensor in checkpoint folder ``folder``, from its ``.metadata`` (:func:`read_metadata`)."""
+    """Name (as a plain model names it) -> DCP's metadata of each model tensor in ``folder``."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     start = MODEL + _SEP
@@ -225,9 +202,8 @@ def saved_model_tensors(folder: Path) -> dict[str, TensorStorageMetadata]:
 
 @functools.cache
 def _dcp_load_types() -> tuple[type[FileSystemReader], type]:
-    """DCP's file reader with :func:`read_metadata` for ``.metadata``, and a load planner for
-    tensors only (a non-tensor value would be unpickled by plain pickle, so it is refused); defined
-    on first use, as subclasses of DCP's classes (costly to import: see the module's docstring)."""
+    """DCP's file reader with :func:`read_metadata`, and a load planner that refuses a non-tensor
+    value (plain pickle would read it); defined on first use (DCP is costly to import)."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
@@ -246,7 +222,7 @@ def _dcp_load_types() -> tuple[type[FileSystemReader], type]:
 
 
 def _dcp_load(path: Path, tensors: dict[str, torch.Tensor], source: str) -> None:
-    import torch.distributed.checkpoint as dcp  # costly: see the module's docstring
+    import torch.distributed.checkpoint as dcp  # costly
     from torch.distributed.checkpoint import CheckpointException
 
     read_metadata(path)  # an unreadable or foreign .metadata says so, not "does not fit"
@@ -268,9 +244,8 @@ def _dcp_load(path: Path, tensors: dict[str, torch.Tensor], source: str) -> None
 def load_into(
     path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, state: dict[str, Any]
 ) -> None:
-    """Load the model and optimizer of checkpoint folder ``path`` into ``model`` and ``optimizer``
-    as they are wrapped here (plain, DDP or FSDP2, any world size). ``state`` is its
-    :func:`.format.read_state`. A collective under a process group: every rank calls it."""
+    """Load checkpoint folder ``path`` into ``model`` and ``optimizer`` as they are wrapped here (any
+    world size); ``state`` is its ``state.pt``. A collective: every rank calls it."""
     tensors, _ = split_state(model, optimizer)  # targets shaped as here: DCP fills them (reshards)
     # an unreadable or refused .metadata is said once, by rank 0; then each rank reads its own
     decided_by_main(lambda: read_metadata(path) and None)
@@ -305,12 +280,8 @@ def load_model_weights(path: Path) -> dict[str, torch.Tensor]:
     return {name[len(start) :]: t for name, t in tensors.items()}
 
 
-# ---------------------------------------------------------------------------- failures
-
-
 def describe(exc: BaseException) -> str:
-    """One line for ``exc``; for DCP's CheckpointException (a multi-line traceback per rank) the
-    failures themselves."""
+    """One line for ``exc`` (for DCP's CheckpointException, the ranks' failures themselves)."""
     if is_dcp_failure(exc):
         return "; ".join(
             f"rank {r}: {type(e).__name__}: {' '.join(str(e).split())}" for r, (e, _) in exc.failures.items()

@@ -1,17 +1,10 @@
 """What a checkpoint is on disk, whether its save finished and whether it is intact.
 
-Two kinds share one name, ``step_XXXXXXXX`` (the optimizer step, 8 digits at least):
-
-- a file ``step_XXXXXXXX.pt`` (one process): ``torch.save`` of the run's state, then a
-  ``step_XXXXXXXX.pt.sha256`` sidecar with its checksum, written after it;
-- a folder ``step_XXXXXXXX/`` (ddp, fsdp: :mod:`.sharded_write`): ``__R_I.distcp`` + ``.metadata``
-  (the model's and optimizer's tensors, through torch.distributed.checkpoint), ``state.pt`` (the
-  replicated rest), ``rankR.pt`` (each rank's RNG) and ``finished.json``, the marker written last:
-  the world size and each file's size and sha256.
-
-A save finished when its sidecar (its marker) exists; a checkpoint is usable when every byte
-matches (:func:`is_verified`, remembered per sizes and modification times, so a check after every
-save hashes each checkpoint once). The plain files load with ``weights_only=True``: no code runs.
+Two kinds share one name, ``step_XXXXXXXX`` (the optimizer step): a file ``step_XXXXXXXX.pt`` (one
+process) with its ``.sha256`` sidecar written after it; a folder ``step_XXXXXXXX/`` (ddp, fsdp:
+DCP's files, ``state.pt``, ``rankR.pt`` and ``finished.json``, the marker written last with the
+world size and each file's size and sha256). A save finished when its sidecar (marker) exists; it
+is usable when every byte matches. The plain files load with ``weights_only=True``: no code runs.
 """
 
 from __future__ import annotations
@@ -32,9 +25,6 @@ MARKER = "finished.json"
 STATE_FILE = "state.pt"
 _NAME = re.compile(r"^step_(\d{8,})(\.pt)?$")  # a .pt file (one process) or a folder (sharded)
 _PARTIAL = re.compile(r"^\.step_(\d{8,})\.partial$")
-
-
-# ---------------------------------------------------------------------------- names
 
 
 def checkpoint_path(folder: Path, step: int) -> Path:
@@ -76,14 +66,10 @@ def _is_checkpoint(path: Path) -> bool:
 
 
 def is_unfinished_save(entry: Path) -> bool:
-    """``entry`` is what a sharded save killed mid-way leaves: a ``.step_*.partial`` folder, or a
-    ``step_*`` folder without its marker."""
+    """``entry`` is what a killed sharded save leaves: a ``.step_*.partial`` or unmarked folder."""
     if not entry.is_dir():
         return False
     return bool(_PARTIAL.match(entry.name)) or (_is_checkpoint(entry) and not is_finished(entry))
-
-
-# ---------------------------------------------------------------------------- listing
 
 
 def list_checkpoints(folder: Path) -> list[Path]:
@@ -94,18 +80,12 @@ def list_checkpoints(folder: Path) -> list[Path]:
 
 
 def finished_checkpoints(folder: Path) -> list[Path]:
-    """Checkpoints whose save finished (a file's checksum file, a folder's finished marker
-    exists), oldest first. A file without one is a save killed between the rename and the
-    checksum; a folder without one a sharded save killed mid-way: neither counts as a checkpoint."""
+    """Checkpoints whose save finished (a file's checksum file, a folder's marker exists), oldest first."""
     return [p for p in list_checkpoints(folder) if (is_finished(p) if p.is_dir() else sidecar(p).is_file())]
 
 
-# ---------------------------------------------------------------------------- a sharded folder's marker
-
-
 def read_marker(path: Path) -> dict[str, Any] | None:
-    """The finished marker of checkpoint folder ``path``, or None when the save never finished
-    (or the marker is unreadable)."""
+    """The finished marker of checkpoint folder ``path``, or None (unfinished or unreadable)."""
     try:
         marker = json.loads((path / MARKER).read_text())
     except (OSError, ValueError):
@@ -124,9 +104,6 @@ def saved_world(path: Path) -> int:
     return int(marker.get("world", 0)) if marker else 0
 
 
-# ---------------------------------------------------------------------------- verification
-
-
 def sha256_of(path: Path) -> str:
     """The sha256 of the file at ``path``, hex."""
     with open(path, "rb") as f:
@@ -134,8 +111,7 @@ def sha256_of(path: Path) -> str:
 
 
 def _check_folder(path: Path) -> str:
-    """'' when every file the marker of ``path`` lists is there with its size and sha256, else why
-    not (one line). Reads every byte."""
+    """'' when every file the marker of ``path`` lists has its size and sha256, else why not."""
     marker = read_marker(path)
     if marker is None:
         return f"{path.name} has no finished marker ({MARKER}): its save did not finish"
@@ -157,8 +133,7 @@ def _check_folder(path: Path) -> str:
 
 
 def _check_file(path: Path) -> str:
-    """'' when ``path`` matches its sidecar, else why not. The sidecar's bytes are read as they
-    are: a damaged one (not even ASCII) is a mismatch, not a crash."""
+    """'' when ``path`` matches its sidecar, else why not (a damaged sidecar is a mismatch)."""
     try:
         raw = sidecar(path).read_bytes()
     except FileNotFoundError:
@@ -175,14 +150,12 @@ def _check_file(path: Path) -> str:
 
 
 def verify_problem(path: Path) -> str:
-    """'' when checkpoint ``path`` (either kind) is intact, else why not, in one line. Reads every
-    byte, every time: :func:`is_verified` remembers the answer."""
+    """'' when checkpoint ``path`` (either kind) is intact, else why not, in one line."""
     return _check_folder(path) if path.is_dir() else _check_file(path)
 
 
 def _stamp(path: Path) -> tuple[str, int, int, int] | None:
-    """What a remembered verification is tied to: sizes and modification times (of a folder, of
-    every file in it)."""
+    """What a remembered verification is tied to: sizes and modification times."""
     try:
         if path.is_dir():
             stats = [p.stat() for p in path.iterdir()]
@@ -202,8 +175,8 @@ _VERIFIED: dict[tuple[str, int, int, int], bool] = {}  # (path, size, mtimes) ->
 
 
 def is_verified(path: Path) -> bool:
-    """Whether checkpoint ``path`` matches its checksums. Remembered per (size, modification
-    times), so pruning after every save hashes each checkpoint once, not every time."""
+    """Whether checkpoint ``path`` matches its checksums; remembered, so pruning after every save
+    hashes each checkpoint once."""
     stamp = _stamp(path)
     if stamp is None:
         return False
@@ -220,8 +193,7 @@ def remember_verified(path: Path) -> None:
 
 
 def forget(folder: Path, live: set[str]) -> None:
-    """Forget the verifications of checkpoints in ``folder`` not in ``live`` (deleted): the
-    memory stays flat over long runs."""
+    """Forget the verifications of checkpoints in ``folder`` not in ``live`` (deleted)."""
     for stamp in [k for k in _VERIFIED if k[0] not in live and Path(k[0]).parent == folder]:
         del _VERIFIED[stamp]
 
@@ -237,15 +209,12 @@ def latest_verified(folder: Path) -> Path | None:
     return next((p for p in reversed(list_checkpoints(folder)) if is_verified(p)), None)
 
 
-# ---------------------------------------------------------------------------- reading the plain files
-
 _REFUSED_GLOBAL = re.compile(r"Unsupported (?:global|class): (?:GLOBAL )?([\w.]+)")
 
 
 def unreadable(name: str, exc: BaseException) -> str:
-    """Why ``torch.load(..., weights_only=True)`` refused file ``name``, in one line. A file
-    that holds objects other than tensors and plain types (a pickle that would run code) says
-    so, and that it was not loaded: torch's own text reads as advice to load it anyway."""
+    """Why ``torch.load(..., weights_only=True)`` refused file ``name``, in one line (torch's own
+    text reads as advice to load it anyway)."""
     text = " ".join(str(exc).split())
     if isinstance(exc, pickle.UnpicklingError) or "weights_only" in text or "WeightsUnpickler" in text:
         found = _REFUSED_GLOBAL.search(text)
@@ -258,8 +227,8 @@ def unreadable(name: str, exc: BaseException) -> str:
 
 
 def _load_plain(file: Path, name: str, what: str) -> dict[str, Any]:
-    """``file`` loaded with ``weights_only=True`` into the CPU; a TurbotrainError naming ``name``
-    when it cannot be read or is not ``what`` (a dict of this :data:`FORMAT`)."""
+    """``file`` loaded with ``weights_only=True``; a TurbotrainError naming ``name`` when it cannot be
+    read or is not ``what``."""
     try:
         payload = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means an unusable file
@@ -270,8 +239,7 @@ def _load_plain(file: Path, name: str, what: str) -> dict[str, Any]:
 
 
 def read_payload(path: Path, required: tuple[str, ...] = ()) -> dict[str, Any]:
-    """What one-process checkpoint ``path`` holds, after its checksum is checked; a one-line
-    TurbotrainError when it does not verify, cannot be read, or lacks a key of ``required``."""
+    """What one-process checkpoint ``path`` holds, verified; else a one-line TurbotrainError."""
     problem = _check_file(path)
     if problem:
         raise TurbotrainError(problem)
@@ -288,8 +256,7 @@ def read_state(path: Path) -> dict[str, Any]:
 
 
 def read_rank_state(path: Path, rank: int, world: int) -> dict[str, Any] | None:
-    """This rank's per-rank state in checkpoint folder ``path``, or None when another world size
-    wrote it."""
+    """This rank's state in checkpoint folder ``path``, or None when another world size wrote it."""
     if saved_world(path) != world:
         return None
     name = rank_file(rank)

@@ -19,11 +19,8 @@ from .format import (
 
 
 def prune(folder: Path, keep_last: int) -> list[Path]:
-    """Keep the newest ``keep_last`` checkpoints that verify against their checksums and delete
-    every checkpoint older than the oldest of them. Files that do not verify never count as kept,
-    so they cannot push a usable checkpoint out; one newer than the kept ones stays (a resume
-    skips it; a save at its step replaces it). Checksum files whose checkpoint is gone go too.
-    Returns the deleted checkpoints."""
+    """Keep the newest ``keep_last`` checkpoints that verify and delete every older one (one that
+    does not verify never counts as kept, so it cannot push a usable one out); returns them."""
     candidates = list_checkpoints(folder)
     kept: list[Path] = []
     for path in reversed(candidates):  # newest first; stops hashing once enough are found
@@ -50,8 +47,5 @@ def prune(folder: Path, keep_last: int) -> list[Path]:
 
 
 def clean_unfinished(folder: Path) -> list[Path]:
-    """Remove the folders of sharded saves that never finished (``.step_*.partial``, or a
-    ``step_*`` folder without its marker): a process killed mid-save leaves them; nothing ever
-    loads them. Call it at the start of a run, on one process, before any save. Returns what was
-    removed."""
+    """Remove the folders of sharded saves that never finished; at the start, on one process."""
     return remove_leftovers(folder, is_unfinished_save)

@@ -1,18 +1,11 @@
 """A run's checkpoints and records mirrored to a remote store (``run.remote``), and a resume from it.
 
-The store holds ``<run.remote>/<run name>/``, laid out as the run directory: ``config.toml``,
-``metrics.jsonl``, ``summary.json``, ``summary.md``, ``plots/``, ``checkpoints/`` (and
-``checkpoints/best/``). A checkpoint is uploaded after its local save finished, its data first
-and its marker last (a file's ``.sha256`` sidecar, a sharded folder's ``finished.json``): an object
-store has no atomic rename, so a checkpoint without its marker there is a half-uploaded one, which
-a resume skips (one line) and the next sync completes or prunes. ``train.keep_last`` applies there
-too: the newest complete ones stay, every older one goes (marker first).
-
-:class:`RemoteMirror` does it in a thread of its own, woken when a checkpoint was written: the step
-pays nothing. A sync that fails (the store down mid-run) is one warning; training goes on with the
-local checkpoints and the next sync retries everything not there yet. :meth:`RemoteMirror.close`
-syncs a last time and says what did not reach the store. :func:`fetch_run` is the other way: the
-config, records and newest complete checkpoint of a run in the store, into a local folder.
+The store holds ``<run.remote>/<run name>/``, laid out as the run directory. A checkpoint is
+uploaded after its local save finished, its data first and its marker last: an object store has no
+atomic rename, so a checkpoint without its marker there is a half-uploaded one, which a resume
+skips and the next sync completes or prunes. ``train.keep_last`` applies there too (marker first).
+The mirror runs in a thread of its own (the step pays nothing); a failing store is one warning and
+the next sync retries.
 """
 
 from __future__ import annotations
@@ -36,7 +29,7 @@ from ...base.rundir import (
 )
 from ...base.storage import Store, why
 from ..hooks import FitContext, Hook
-from .format import MARKER, finished_checkpoints, verify_problem
+from .format import MARKER, checkpoint_step, finished_checkpoints, verify_problem
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +39,8 @@ _REMOTE = re.compile(r"^step_(\d{8,})(?:(\.pt)(\.sha256)?|/(.+))$")  # under che
 
 
 def remote_checkpoints(files: dict[str, int]) -> dict[int, tuple[bool, list[str]]]:
-    """The checkpoints among the store's ``files`` (names under ``checkpoints/``, as
-    :meth:`Store.files` gives them): step -> (complete: its marker is there, its files)."""
+    """The checkpoints among the store's ``files`` (names under ``checkpoints/``): step -> (its
+    marker is there, its files)."""
     found: dict[int, tuple[bool, list[str]]] = {}
     for name in files:
         m = _REMOTE.match(name)
@@ -112,8 +105,7 @@ class RemoteMirror:
             return True
 
     def sync(self) -> None:
-        """Upload what is not in the store yet, prune the store's old checkpoints; raises when the
-        store fails."""
+        """Upload what is not in the store yet, prune its old checkpoints; raises when the store fails."""
         for name in RECORDS:  # the config first: a run in the store is resumable from its first checkpoint
             self._upload_changed(self.run_dir / name, name)
         folder = self.run_dir / CHECKPOINTS
@@ -121,7 +113,7 @@ class RemoteMirror:
         remote = remote_checkpoints({n[len(CHECKPOINTS) + 1 :]: s for n, s in listing.items()})
         self._complete = {step for step, (complete, _) in remote.items() if complete}
         for path in finished_checkpoints(folder):
-            step = int(path.name[5:].partition(".")[0])
+            step = checkpoint_step(path)
             if step not in self._complete and self._upload_checkpoint(path, listing):
                 self._complete.add(step)
         self._prune(remote)
@@ -147,8 +139,7 @@ class RemoteMirror:
         return True
 
     def _prune(self, remote: dict[int, tuple[bool, list[str]]]) -> None:
-        """``train.keep_last`` in the store: every checkpoint older than the oldest of the newest
-        ``keep_last`` complete ones goes, its marker first."""
+        """``train.keep_last`` in the store: older than the newest ``keep_last`` complete goes, marker first."""
         kept = sorted(self._complete)[-self.keep_last :]
         for step, (_, names) in sorted(remote.items()):
             if kept and step < kept[0]:
@@ -176,8 +167,8 @@ class RemoteMirror:
 
     def missing(self) -> list[str]:
         """What of the run directory is not in the store as it is locally (names)."""
-        steps = [p for p in finished_checkpoints(self.run_dir / CHECKPOINTS)]
-        out = [p.name for p in steps if int(p.name[5:].partition(".")[0]) not in self._complete]
+        steps = finished_checkpoints(self.run_dir / CHECKPOINTS)
+        out = [p.name for p in steps if checkpoint_step(p) not in self._complete]
         for name in RECORDS:
             local = self.run_dir / name
             if local.is_file() and self._sent.get(name) != (local.stat().st_size, local.stat().st_mtime_ns):
@@ -185,8 +176,7 @@ class RemoteMirror:
         return out
 
     def close(self) -> list[str]:
-        """Stop the thread, sync a last time (here, waiting for it) and say in one line what did
-        not reach the store; returns those names."""
+        """Stop the thread, sync a last time and say in one line what did not reach the store."""
         self._stop = True
         self._wake.set()
         self._thread.join()
@@ -205,8 +195,7 @@ class RemoteMirror:
 
 
 class MirrorHook(Hook):
-    """Wakes the mirror when a checkpoint was written (the Checkpointer's ``ctx.metrics['checkpoint']``
-    changed): after the Checkpointer and the best checkpoint in the chain."""
+    """Wakes the mirror when ``ctx.metrics['checkpoint']`` changed (after the Checkpointer and best)."""
 
     def __init__(self, mirror: RemoteMirror) -> None:
         self.mirror, self.seen = mirror, ""
@@ -219,8 +208,8 @@ class MirrorHook(Hook):
 
 
 def remote_store(config: RunConfig, run_dir: Path) -> Store | None:
-    """The store of run ``run_dir`` (``<run.remote>/<run name>``), checked writable now: a
-    one-line ConfigError naming run.remote when it refuses. None without ``run.remote``."""
+    """The store of run ``run_dir`` (``<run.remote>/<run name>``), checked writable now (a one-line
+    ConfigError when it refuses); None without ``run.remote``."""
     if not config.run.remote:
         return None
     store = Store(f"{config.run.remote.rstrip('/')}/{run_dir.name}")
@@ -230,8 +219,7 @@ def remote_store(config: RunConfig, run_dir: Path) -> Store | None:
 
 def fetch_run(store: Store, local: Path) -> str:
     """Download run ``store``'s config, records and newest complete checkpoint that verifies into
-    ``local``; returns its name ("" none). A newer checkpoint whose upload did not finish is skipped
-    with one line. A TurbotrainError when the store holds no run there."""
+    ``local``; returns its name ("" none); an unfinished upload is skipped with one line."""
     files = store.files()
     if CONFIG_FILE not in files:
         raise TurbotrainError(f"--resume {store.url()}: no run there (no {CONFIG_FILE}); check the URI")

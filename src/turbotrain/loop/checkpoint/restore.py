@@ -1,14 +1,4 @@
-"""Restoring a run from its checkpoint folder, top-down: choose, then load into one process or many.
-
-:func:`restore_latest` lists the checkpoints (:mod:`.format`), picks the newest that verifies, holds
-every entry the run needs and fits its model (:func:`_pick`; under a process group rank 0 picks and
-every rank loads its choice), shows it to the caller (how many processes wrote it, its config),
-then loads it: a sharded folder through DCP into any world size (:func:`_load_sharded`), a
-one-process file as it is (one process) or into the ranks of a ddp/fsdp run
-(:func:`_load_pt_into_ranks`). Per-rank state written by another world size is re-seeded.
-:func:`load_latest_weights` reads only the model, of either kind, in one plain process
-(``turbotrain sample``).
-"""
+"""Restoring a run from its checkpoint folder, top-down: choose, then load into one process or many."""
 
 from __future__ import annotations
 
@@ -42,13 +32,10 @@ log = logging.getLogger(__name__)
 def restore_latest(
     folder: Path, state: RunState, before_load: Callable[[Path, int, dict[str, Any]], None] | None = None
 ) -> Path:
-    """Load the newest checkpoint in ``folder`` that verifies and holds every entry of ``state``
-    into ``state``; returns its path. Either kind loads into any world size: a ``.pt`` written by
-    one process into ddp/fsdp ranks, a sharded folder written by N processes into M (or into one
-    plain process). Under a process group rank 0 chooses (it alone verifies checksums) and every
-    rank loads that one: a collective, every rank calls it. ``before_load(path, world, entries)``,
-    when given, sees the chosen checkpoint on every rank before anything loads: how many processes
-    wrote it and its replicated entries (engine, config, ...); it may refuse it by raising."""
+    """Load the newest checkpoint in ``folder`` that verifies and holds every entry of ``state`` into
+    ``state`` (either kind, into any world size); returns its path. Under a process group rank 0
+    chooses and every rank loads that one (a collective). ``before_load(path, world, entries)`` sees
+    the chosen checkpoint on every rank before anything loads, and may refuse it by raising."""
     rank, world = rank_world()
     if not in_group():
         path, payload = _pick(folder, state)
@@ -83,20 +70,15 @@ def restore_latest(
 
 
 def _pick(folder: Path, state: RunState) -> tuple[Path, dict[str, Any] | None]:
-    """The newest checkpoint of either kind that a load will accept (with the payload of a ``.pt``
-    one, read already): it verifies, holds what ``state`` needs, its model tensors have the shapes
-    of ``state.model``, and a sharded one's ``.metadata`` passes the safe reader. Each one refused
-    is skipped with a one-line warning saying why: the choice is made before anything loads."""
+    """The newest checkpoint a load will accept (with a ``.pt`` one's payload): it verifies, holds
+    what ``state`` needs and fits ``state.model``; chosen before anything loads."""
     expected = model_shapes(state.model) if state.model is not None else {}
     current = state["config"][0]() if "config" in state else None  # a training run's config, as TOML
 
     def fits(name: str, saved: dict[str, tuple[int, ...]], saved_config: Any) -> None:
-        problem = (
-            shape_problem(name, saved, expected, model_settings_changed(saved_config, current))
-            if expected
-            else ""
-        )
-        if problem:
+        if expected and (
+            problem := shape_problem(name, saved, expected, model_settings_changed(saved_config, current))
+        ):
             raise ShapeMismatch(problem)
 
     def read(path: Path) -> dict[str, Any] | None:
@@ -104,23 +86,16 @@ def _pick(folder: Path, state: RunState) -> tuple[Path, dict[str, Any] | None]:
             payload = read_payload(path, required=state.required)
             weights = payload.get(state.model_key) if state.model_key else None
             if isinstance(weights, dict):
-                fits(
-                    path.name,
-                    {k: tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)},
-                    payload.get("config"),
-                )
+                shapes = {k: tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)}
+                fits(path.name, shapes, payload.get("config"))
             return payload
         require_verified(path)
         entries = read_state(path).get("entries", {})
         missing = state.missing(entries, state.replicated_keys)
         if missing:
             raise TurbotrainError(f"{path.name} holds no {', '.join(missing)} state")
-        # .metadata through the safe reader
-        fits(
-            path.name,
-            {name: tuple(meta.size) for name, meta in dcp.saved_model_tensors(path).items()},
-            entries.get("config"),
-        )
+        saved = dcp.saved_model_tensors(path)  # .metadata through the safe reader
+        fits(path.name, {name: tuple(meta.size) for name, meta in saved.items()}, entries.get("config"))
         return None
 
     return newest_usable(list_checkpoints(folder), folder, read)
@@ -133,31 +108,38 @@ def _load_sharded(path: Path, state: RunState, rank: int, world: int) -> None:
     entries = replicated.get("entries", {})
     state.check_holds(entries, path.name, state.replicated_keys)
     own = read_rank_state(path, rank, world)
-    for name, (_, load) in state.items():
-        if name == state.model_key and state.model is not None:
-            dcp.load_into(path, state.model, state.optimizer, replicated)
-        elif name in state.tensor_keys:
-            continue  # the optimizer: loaded with the model
-        elif name in state.per_rank:
-            _load_per_rank(name, load, own, path, rank, world)
-        elif name in entries:  # an optional entry the checkpoint lacks starts fresh
-            load_entry(name, load, entries[name], path.name)
+    model = lambda m: dcp.load_into(path, m, state.optimizer, replicated)  # noqa: E731
+    _load_entries(path, state, rank, world, entries, own, model)
 
 
 def _load_pt_into_ranks(path: Path, payload: dict[str, Any], state: RunState, rank: int, world: int) -> None:
     """A one-process checkpoint into the ranks of a ddp/fsdp run: every rank reads the whole file
     and keeps its part of the model and optimizer."""
     own = {k: payload[k] for k in state.per_rank} if world == 1 else None
+    optim = payload.get(state.optimizer_key) if state.optimizer_key else None
+    model = lambda m: dcp.load_full(m, state.optimizer, payload[str(state.model_key)], optim, path.name)  # noqa: E731
+    _load_entries(path, state, rank, world, payload, own, model)
+
+
+def _load_entries(
+    path: Path,
+    state: RunState,
+    rank: int,
+    world: int,
+    entries: dict[str, Any],
+    own: dict[str, Any] | None,
+    load_model: Callable[[torch.nn.Module], None],
+) -> None:
+    """Every entry of ``state`` in load order: the model (and its optimizer) by ``load_model``."""
     for name, (_, load) in state.items():
         if name == state.model_key and state.model is not None:
-            optim = payload.get(state.optimizer_key) if state.optimizer_key else None
-            dcp.load_full(state.model, state.optimizer, payload[name], optim, path.name)
+            load_model(state.model)
         elif name in state.tensor_keys:
-            continue
+            continue  # the optimizer: loaded with the model
         elif name in state.per_rank:
             _load_per_rank(name, load, own, path, rank, world)
-        elif name in payload:  # an optional entry the checkpoint lacks starts fresh
-            load_entry(name, load, payload[name], path.name)
+        elif name in entries:  # an optional entry the checkpoint lacks starts fresh
+            load_entry(name, load, entries[name], path.name)
 
 
 def _load_per_rank(
@@ -181,9 +163,8 @@ def _load_per_rank(
 
 
 def load_latest_weights(folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
-    """The model weights of the newest verified checkpoint of either kind, as one plain state dict
-    (full tensors, unwrapped names), read in this process alone (no process group): for
-    ``turbotrain sample`` and anything else that only needs the model."""
+    """The model weights of the newest verified checkpoint of either kind, as one plain state dict,
+    read in this process alone (``turbotrain sample``)."""
 
     def read(path: Path) -> dict[str, torch.Tensor]:
         if not path.is_dir():
@@ -195,8 +176,7 @@ def load_latest_weights(folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
 
 
 def load_latest(folder: Path, required: tuple[str, ...] = ()) -> tuple[Path, dict[str, Any]]:
-    """The newest one-process (``.pt``) checkpoint that verifies and holds every key in
-    ``required``; corrupt, foreign or incomplete ones are skipped with a warning. Sharded folders
-    are not read here: :func:`restore_latest` and :func:`load_latest_weights` read both kinds."""
+    """The newest ``.pt`` checkpoint that verifies and holds every key in ``required`` (others are
+    skipped with a warning); sharded folders are not read here."""
     candidates = [p for p in list_checkpoints(folder) if not p.is_dir()]
     return newest_usable(candidates, folder, lambda path: read_payload(path, required))

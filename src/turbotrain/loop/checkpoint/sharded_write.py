@@ -1,11 +1,8 @@
 """Writing a sharded checkpoint folder from every rank, atomically (the layout: :mod:`.format`).
 
-Every rank writes into ``.step_XXXXXXXX.partial/``: its shards through torch.distributed.checkpoint
-(replicated tensors once), its ``rankR.pt``; rank 0 also ``state.pt``. Each rank hashes its own
-files (in parallel); all gather, so a failure on any rank is said once and no rank waits forever;
-rank 0 writes the marker with every file's size and sha256, renames the folder into place and
-fsyncs. A folder without the marker is an unfinished save: never loaded, removed at the next start
-(:func:`.prune.clean_unfinished`).
+Every rank writes and hashes its files in ``.step_XXXXXXXX.partial/``; all gather, so a failure on
+any rank is said once and no rank waits forever; rank 0 writes the marker, renames the folder into
+place and fsyncs.
 """
 
 from __future__ import annotations
@@ -36,11 +33,9 @@ def save_folder(
     per_rank: dict[str, Any],
     group: dist.ProcessGroup | None = None,
 ) -> Path:
-    """Write one sharded checkpoint at ``step`` from every rank (a collective: every rank calls it
-    with its own shards and per-rank state; ``replicated`` is taken from rank 0). Returns the
-    finished folder. Lack of space raises :class:`turbotrain.base.atomic.DiskFullError`. ``group``: the
-    process group of its collectives (default: the default group); a save in a background thread
-    passes a group of its own, so its collectives never interleave with the training's."""
+    """Write one sharded checkpoint at ``step`` from every rank (a collective; ``replicated`` from
+    rank 0); returns the finished folder. ``group``: of its collectives (a background save passes
+    its own, so they never interleave with the training's)."""
     from torch.distributed.checkpoint import CheckpointException
 
     rank, world = rank_world()
@@ -86,15 +81,10 @@ def _write_own(
 
     rank, world = rank_world()
     with warnings.catch_warnings():
-        # one process: as intended
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process: as intended
         # a collective: a failure on any rank raises on every rank
-        dcp.save(
-            tensors,
-            storage_writer=FileSystemWriter(tmp, sync_files=True),
-            process_group=group,
-            no_dist=not in_group(),
-        )
+        writer = FileSystemWriter(tmp, sync_files=True)
+        dcp.save(tensors, storage_writer=writer, process_group=group, no_dist=not in_group())
     atomic_write(
         tmp / rank_file(rank),
         lambda f: torch.save({"format": FORMAT, "rank": rank, "world": world, **per_rank}, f),
@@ -144,9 +134,8 @@ def _publish(folder: Path, step: int, world: int, gathered: list[tuple[str, dict
 
 
 def _disk_full_reason(exc: BaseException) -> str:
-    """Why a failed save failed when it was for lack of space ('' otherwise). Exceptions gathered
-    from other ranks arrive without their causes, so their text is read too (torch.save reports a
-    short write as 'unexpected pos')."""
+    """Why a failed save failed when it was for lack of space ('' otherwise); other ranks'
+    exceptions arrive without their causes, so their text is read too."""
     excs = [exc, *(e for e, _ in exc.failures.values())] if is_dcp_failure(exc) else [exc]
     for e in excs:
         full = disk_full_cause(e)

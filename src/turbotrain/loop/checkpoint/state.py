@@ -1,9 +1,4 @@
-"""What a run saves: the :class:`RunState` registry of its stateful objects, in load order.
-
-The model and the optimizer go through torch.distributed.checkpoint in a sharded checkpoint (by
-parameter name, so they reshard); the per-rank entries (the RNG) are saved per rank and restored
-when the world size matches, otherwise re-seeded (:func:`reseed`); everything else is replicated.
-"""
+"""What a run saves: the :class:`RunState` registry of its stateful objects, in load order."""
 
 from __future__ import annotations
 
@@ -23,15 +18,9 @@ Stateful = tuple[Callable[[], Any], Callable[[Any], None]]  # (state_dict, load_
 
 class RunState(dict[str, Stateful]):
     """The registry of a run's stateful objects, in load order: name -> (state_dict,
-    load_state_dict). Entries may be given as objects with those two methods.
-
-    For sharded checkpoints it also remembers which entry is the model (an ``nn.Module``) and which
-    the optimizer (a ``torch.optim.Optimizer``): those two go through torch.distributed.checkpoint,
-    by parameter name, so they reshard. Entries in ``per_rank`` (the RNG) differ from rank to rank:
-    saved per rank, restored when the world size matches, otherwise re-seeded (:func:`reseed`).
-    ``strategy`` (set by :func:`run_state`) picks the format a :class:`Checkpointer` writes.
-    Entries in ``optional`` (set by :func:`run_state`: state a feature added later, such as the
-    watched metric's best value) may be missing from a checkpoint: they then start fresh."""
+    load_state_dict), or objects with those two methods. In a sharded checkpoint the model and
+    optimizer go through DCP by name (they reshard); ``per_rank`` entries (the RNG) are restored
+    when the world size matches, else re-seeded; ``optional`` ones may be missing (start fresh)."""
 
     def __init__(self, **entries: Any) -> None:
         super().__init__(
@@ -64,13 +53,11 @@ class RunState(dict[str, Stateful]):
         return tuple(k for k in self if k not in self.optional)
 
     def missing(self, saved: Any, keys: Iterable[str] | None = None) -> list[str]:
-        """The entries of ``keys`` (default: all) that ``saved`` (a payload, or a sharded
-        checkpoint's replicated entries) lacks and may not lack."""
+        """The entries of ``keys`` (default: all) that ``saved`` lacks and may not lack."""
         return [k for k in (self if keys is None else keys) if k not in saved and k not in self.optional]
 
     def check_holds(self, saved: Any, source: str, keys: Iterable[str] | None = None) -> None:
-        """Raise (one line) unless ``saved`` holds every entry of ``keys`` it may not lack:
-        checked before anything loads, never half a state."""
+        """Raise (one line) unless ``saved`` holds every entry it may not lack: before anything loads."""
         missing = self.missing(saved, keys)
         if missing:
             raise TurbotrainError(
@@ -91,8 +78,7 @@ class RunState(dict[str, Stateful]):
 
 
 def load_entry(name: str, load: Callable[[Any], None], value: Any, source: str) -> None:
-    """``load(value)``; a load that fails (shapes or groups changed by overrides) is one line
-    naming the entry and ``source``."""
+    """``load(value)``; a failure (shapes changed by overrides) is one line naming the entry."""
     try:
         load(value)
     except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -112,10 +98,9 @@ def run_state(
     optional: dict[str, Any] | None = None,
     **extra: Any,
 ) -> RunState:
-    """What a training run saves and resumes: the engine first (its state holds the data position,
-    ``state.batches``, and a precision fallback it restores recasts the weights, so they must load
-    after it), then model, optimizer, scheduler (when there is one), every RNG, ``extra``, and
-    ``optional`` (entries an older checkpoint may lack). The engine's strategy picks the checkpoint format (one process: ``.pt``; ddp/fsdp: sharded)."""
+    """What a training run saves and resumes: the engine first (a precision fallback it restores
+    recasts the weights, so they load after it), then model, optimizer, scheduler, every RNG,
+    ``extra``, and ``optional`` (entries an older checkpoint may lack)."""
     entries: dict[str, Any] = {
         "engine": (engine.state_dict, lambda sd: engine.load_state_dict(sd, optimizer)),
         "model": model,
@@ -129,7 +114,6 @@ def run_state(
 
 
 def reseed(step: int, rank: int) -> None:
-    """Seed every RNG from (step, rank): the deterministic stand-in for per-rank RNG state saved
-    by another world size. (The data order does not depend on it: it comes from the seed and the
-    batch index.)"""
+    """Seed every RNG from (step, rank): the stand-in for per-rank RNG state of another world size
+    (the data order does not depend on it)."""
     seed_all((step * 1_000_003 + rank) % 2**32)

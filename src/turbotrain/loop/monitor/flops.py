@@ -53,12 +53,8 @@ FORMULA = "6N + attention: 6 x parameters + 12 x layers x heads x head size x se
 
 @dataclass(frozen=True)
 class FlopCount:
-    """Training FLOPs per sample (forward + backward), and how they were obtained.
-
-    ``model``: the model's FLOPs, what MFU counts (recomputation not included), by ``convention``
-    (:data:`FORMULA` or :data:`COUNTED`); ``recompute``: the forward FLOPs activation
-    checkpointing runs again in backward (0 without it), counted; model + recompute is what the
-    hardware computes (HFU's numerator)."""
+    """Training FLOPs per sample (forward + backward): ``model``'s (what MFU counts) by
+    ``convention``, and ``recompute``, what activation checkpointing runs again (HFU adds it)."""
 
     model: float
     recompute: float = 0.0
@@ -73,16 +69,10 @@ def count_flops(
     autocast: Callable[[], Any] = contextlib.nullcontext,
 ) -> FlopCount:
     """Training FLOPs per sample, counted with ``torch.utils.flop_counter`` on one real
-    micro-batch: the model's, and apart from them what activation checkpointing recomputes (a
-    second counter runs inside each checkpointed block's recomputation, through
-    :func:`turbotrain.core.transforms.recompute_context`). Run it once, before training: it costs
-    one eager forward/backward.
-
-    Side-effect free: gradients come from ``torch.autograd.grad`` (nothing accumulates in
-    ``.grad``), buffers (e.g. BatchNorm statistics) and the RNG are restored, and compiled
-    modules run eagerly. Counts matrix products, convolutions and attention, like the PaLM
-    formula (element-wise ops are not counted; attention counts the full T x T square).
-    """
+    micro-batch: the model's, and apart what activation checkpointing recomputes (a second counter
+    inside each checkpointed block's recomputation). One eager forward/backward, side-effect free:
+    ``torch.autograd.grad`` (nothing in ``.grad``), buffers and the RNG restored. Attention counts
+    the full T x T square."""
     loss_fn = loss_fn or default_loss
     params = [p for p in model.parameters() if p.requires_grad]
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
@@ -106,66 +96,40 @@ def count_flops(
     return FlopCount((counter.get_total_flops() - recompute) / n, recompute / n, "torch.utils.flop_counter")
 
 
-def count_flops_per_sample(
-    model: nn.Module,
-    batch: Any,
-    loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
-    autocast: Callable[[], Any] = contextlib.nullcontext,
-) -> float:
-    """The model's training FLOPs per sample (recomputation not included): :func:`count_flops`."""
-    return count_flops(model, batch, loss_fn, autocast).model
+def count_flops_per_sample(model: nn.Module, batch: Any, *args: Any, **kwargs: Any) -> float:
+    """The model's training FLOPs per sample (no recomputation): :func:`count_flops`'s arguments."""
+    return count_flops(model, batch, *args, **kwargs).model
 
 
-def estimate_flops(
-    model: nn.Module,
-    batch: Any,
-    loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
-    autocast: Callable[[], Any] = contextlib.nullcontext,
-) -> FlopCount:
+def estimate_flops(model: nn.Module, batch: Any, *args: Any, **kwargs: Any) -> FlopCount:
     """Training FLOPs per sample: the model's own exact ``flops_per_token(seq_len)`` when it has
     one and the batch holds token ids (:data:`FORMULA`), otherwise counted once
-    (:func:`count_flops`); with activation checkpointing on, the recomputation counted apart."""
+    (:func:`count_flops`, whose arguments it takes); with activation checkpointing on, the
+    recomputation counted apart."""
     tokens = token_count(batch) // batch_size(batch)  # per sample
     own = getattr(model, "flops_per_token", None)
     if callable(own) and tokens:
         recompute = (
-            count_flops(model, batch, loss_fn, autocast).recompute if checkpointed_blocks(model) else 0.0
+            count_flops(model, batch, *args, **kwargs).recompute if checkpointed_blocks(model) else 0.0
         )
         return FlopCount(
             float(own(tokens)) * tokens, recompute, "model.flops_per_token (6N + 12·L·H·Q·T)", FORMULA
         )
-    return count_flops(model, batch, loss_fn, autocast)
+    return count_flops(model, batch, *args, **kwargs)
 
 
-def estimate_flops_per_sample(
-    model: nn.Module,
-    batch: Any,
-    loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
-    autocast: Callable[[], Any] = contextlib.nullcontext,
-) -> tuple[float, str]:
-    """The model's training FLOPs per sample and how they were obtained (:func:`estimate_flops`)."""
-    found = estimate_flops(model, batch, loss_fn, autocast)
+def estimate_flops_per_sample(model: nn.Module, batch: Any, *args: Any, **kwargs: Any) -> tuple[float, str]:
+    """The model's training FLOPs per sample and their source: :func:`estimate_flops`'s arguments."""
+    found = estimate_flops(model, batch, *args, **kwargs)
     return found.model, found.source
 
 
 class MfuProbe:
     """Achieved model TFLOP/s and MFU over each logging window, from the Monitor's tokens/s
-    (samples/s for data without tokens).
-
-    ``flops_per_sample`` is counted once (see :func:`estimate_flops_per_sample`) on an example of
-    ``tokens_per_sample`` tokens (:func:`flop_tokens_per_sample`); with tokens the rate is
-    FLOPs per token x tokens/s, so token-budget batches (rows per batch vary, tokens do not) give
-    a steady figure, and fixed windows the same as samples/s x FLOPs per sample. The peak comes
-    from ``spec`` (a datasheet entry) and the record's ``precision`` (the one in use, so a
-    precision fallback mid-run is accounted for), through :mod:`turbotrain.parts.hardware`.
-    Without a spec (CPU, unknown GPU) only ``tflops`` is recorded and MFU is left out.
-
-    MFU counts the model's FLOPs only (``convention`` says how they were obtained); with
-    activation checkpointing, ``recompute_per_sample`` (the forward FLOPs run again in backward)
-    adds ``hw_tflops`` and ``hfu`` (hardware FLOPs utilisation) beside them. Data parallel and
-    gradient accumulation need nothing more: the rates are the whole run's samples or tokens
-    (every micro-batch of every rank) and the peak is ``devices`` x one device's.
-    """
+    (samples/s for data without tokens): FLOPs per token x tokens/s, so token-budget batches give a
+    steady figure. The peak is ``spec``'s for the record's ``precision`` (a fallback mid-run is
+    accounted for) x ``devices``; without a spec only ``tflops``. With activation checkpointing,
+    ``recompute_per_sample`` adds ``hw_tflops`` and ``hfu`` beside them."""
 
     def __init__(
         self,
@@ -179,7 +143,7 @@ class MfuProbe:
         convention: str = "",
     ) -> None:
         self.flops_per_sample = flops_per_sample
-        self.recompute_per_sample = recompute_per_sample  # activation checkpointing's extra forward
+        self.recompute_per_sample = recompute_per_sample
         self.convention = convention
         self.tokens_per_sample = tokens_per_sample  # of the example the FLOPs were counted on; 0: no tokens
         self.spec = spec
@@ -236,22 +200,13 @@ def build_mfu_probe(
     autocast: Callable[[], Any] = contextlib.nullcontext,
     devices: int = 1,
 ) -> MfuProbe:
-    """An :class:`MfuProbe` for ``model``: FLOPs per sample (and per token) from ``example_batch`` (moved to
-    ``device`` here), the peak from the device name (x ``devices``, the data-parallel world).
-    An unknown device is logged, not an error."""
+    """An :class:`MfuProbe` for ``model``: FLOPs from ``example_batch`` (moved to ``device``), the
+    peak from the device name (x ``devices``); an unknown device is logged, not an error."""
     flops = estimate_flops(model, move_to(example_batch, device), loss_fn, autocast)
     tokens_per_sample = flop_tokens_per_sample(example_batch)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     spec = lookup_peak(name) if device.type == "cuda" else None
     if spec is None:
         log.debug("MFU left out: no datasheet peak for %s (achieved TFLOP/s is still recorded)", name)
-    return MfuProbe(
-        flops.model,
-        spec,
-        precision,
-        flops.source,
-        devices,
-        tokens_per_sample,
-        flops.recompute,
-        flops.convention,
-    )
+    args = (flops.source, devices, tokens_per_sample, flops.recompute, flops.convention)
+    return MfuProbe(flops.model, spec, precision, *args)

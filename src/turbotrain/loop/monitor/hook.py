@@ -1,12 +1,5 @@
-"""The Monitor: every ``log_every`` steps one record of the loss, lr and the throughput over the
-window since the last record, plus what its probes add, written to its sinks.
-
-The only host-device synchronisation is the loss read on logging steps; every other step the
-monitor does an integer modulo and returns. A step with a validation result is a logging step too
-(its evaluation has synced already), so every evaluation reaches the records, whatever
-``log_every``. A record key ending in ``_warning`` (a probe's one-time warning: high memory, low
-GPU utilisation) is also recorded as an engine event in ``fit()``, for summary.json.
-"""
+"""The Monitor: every ``log_every`` steps one record of the loss, lr and the window's throughput,
+plus what its probes add, written to its sinks (the package docstring says more)."""
 
 from __future__ import annotations
 
@@ -102,8 +95,6 @@ class Monitor(Hook):
         # probes with steps of their own
         self._own_steps = [cast(StepProbe, p) for p in self.probes if callable(getattr(p, "due", None))]
 
-    # ------------------------------------------------------------------ values
-
     def last_loss_record(self) -> dict[str, Any]:
         """The last record holding a loss ({} before the first)."""
         return next((r for r in reversed(self.records) if "loss" in r), {})
@@ -134,16 +125,39 @@ class Monitor(Hook):
         side_s: float = 0.0,
         force: bool = False,
     ) -> dict[str, Any] | None:
-        """The values after optimizer step ``step``: its loss (a device tensor or a number), the
-        samples and tokens this process trained on so far (x ``world`` for the run's rates), and what else is known; ``side_s``: seconds spent so
-        far on work that is not training (evaluation, checkpoints), left out of the throughput;
-        ``peak``: the datasheet peak MFU is measured against (``Precision.mfu_peak()``; default:
-        ``precision``'s).
-        On logging steps (every ``interval``, with a ``val_loss``, or ``force``) it reads ``loss`` and
-        ``grad_norm`` (host-device sync points) and writes and returns a record; otherwise it reads
-        nothing. A ``val_loss`` is never dropped: its step gets a whole record (the schema of any
-        other), where the evaluation has already synced the host."""
+        """The values after optimizer step ``step``; ``samples``/``tokens`` are this process's so
+        far (x ``world`` for the run's rates); ``side_s``: seconds so far on work that is not
+        training (evaluation, checkpoints), left out of the throughput; ``peak``: the datasheet
+        peak MFU is measured against. On logging steps (every ``interval``, with a ``val_loss``, or
+        ``force``) it reads ``loss`` and ``grad_norm`` (host-device sync points) and writes and
+        returns a record; otherwise it reads nothing. A ``val_loss`` is never dropped: its step
+        gets a whole record, where the evaluation has already synced the host."""
         self.tick(step)
+        self._clock(step, loss, samples, tokens, side_s)
+        if not (force or val_loss is not None or every(step, self.interval)):
+            due = [p for p in self._own_steps if p.due(step)]
+            return self._emit({"step": step}, due) if due else None  # allocator counters only: no sync
+        record: dict[str, Any] = {"step": step, "loss": _read(loss)}  # host-device sync point
+        now = self._rates(record, step, samples, tokens, side_s)
+        known = {
+            # a device tensor under whole-step CUDA graphs (capturable LR): sync, logging steps only
+            "lr": _read(lr),
+            "grad_norm": _read(grad_norm),
+            "precision": precision,
+            "mfu_peak": peak,
+            "val_loss": val_loss,
+        }
+        assert self._t0 is not None  # started by _clock
+        record.update(elapsed_s=now - self._t0, samples=samples, tokens=tokens)
+        record.update({k: v for k, v in known.items() if v is not None})
+        if val_loss is not None:
+            record.update(val_metrics or {})  # val_accuracy, ...: evaluated with the loss
+        # engine.log's means: host-device sync point
+        record.update({k: _read(v) for k, v in (logged or {}).items()})
+        return self._emit(record, self.probes)
+
+    def _clock(self, step: int, loss: Any, samples: int, tokens: int, side_s: float) -> None:
+        """Start the clock at the first observation, or take the time to first step."""
         if self._t0 is None:
             self.start(step, samples, tokens)
             self._first = -1  # the clock starts now: no time to first step
@@ -153,10 +167,9 @@ class Monitor(Hook):
             now = time.perf_counter()
             self.first_step_s = now - self._t0
             self._last, self._side_s = (now, step, samples, tokens), side_s
-        if not (force or val_loss is not None or every(step, self.interval)):
-            due = [p for p in self._own_steps if p.due(step)]
-            return self._emit({"step": step}, due) if due else None  # allocator counters only: no sync
-        record: dict[str, Any] = {"step": step, "loss": _read(loss)}  # host-device sync point
+
+    def _rates(self, record: dict[str, Any], step: int, samples: int, tokens: int, side_s: float) -> float:
+        """The window's step time and rates into ``record``; starts the next window; returns now."""
         now = time.perf_counter()
         t, last_step, last_samples, last_tokens = self._last
         dt = now - t - (side_s - self._side_s)  # evaluation and checkpoint time are not training
@@ -168,27 +181,7 @@ class Monitor(Hook):
             if self.world > 1:
                 record["rank_tokens_per_s"] = (tokens - last_tokens) / dt
         self._last, self._side_s = (now, step, samples, tokens), side_s
-        known = {
-            "lr": _read(
-                lr
-            ),  # a device tensor under whole-step CUDA graphs (capturable LR): sync, logging steps only
-            "grad_norm": _read(grad_norm),
-            "precision": precision,
-            "mfu_peak": peak,
-            "val_loss": val_loss,
-        }
-        assert self._t0 is not None  # started above
-        record.update(
-            elapsed_s=now - self._t0,
-            samples=samples,
-            tokens=tokens,
-            **{k: v for k, v in known.items() if v is not None},
-        )
-        if val_loss is not None:
-            record.update(val_metrics or {})  # val_accuracy, ...: evaluated with the loss
-        # engine.log's means: host-device sync point
-        record.update({k: _read(v) for k, v in (logged or {}).items()})
-        return self._emit(record, self.probes)
+        return now
 
     def tick(self, step: int) -> None:
         """Step ``step`` is done: the sinks that show every step (the progress bar) advance; no
@@ -218,12 +211,8 @@ class Monitor(Hook):
         for sink in self.sinks:
             sink.close()
 
-    # ------------------------------------------------------------------ hook side: public engine values only
-
     def on_fit_start(self, ctx: FitContext) -> None:
-        s = ctx.engine.state
-        # the first step compiles: minutes, say so
-        engine = ctx.engine
+        s, engine = ctx.engine.state, ctx.engine
         # the run's one opening line: what it trains, on what, how long, where (summary.md says it again at the end)
         params = sum(p.numel() for p in ctx.model.parameters())
         where = f"; run {self.run_dir}" if self.run_dir is not None else ""
@@ -234,9 +223,9 @@ class Monitor(Hook):
             ctx.max_steps,
             where,
         )
-        self._compiling = ctx.engine.options.compile_scope != "off"
-        if self._compiling:
-            log.info("compiling (first step; torch.compile, %s)...", ctx.engine.options.compile_scope)
+        self._compiling = engine.options.compile_scope != "off"
+        if self._compiling:  # the first step compiles: minutes, say so
+            log.info("compiling (first step; torch.compile, %s)...", engine.options.compile_scope)
         self.start(s.step, s.samples, s.tokens)
 
     def on_step_end(self, ctx: FitContext) -> None:

@@ -20,8 +20,7 @@ MEMORY_WARNING = "memory_warning"  # the record key and engine event kind of the
 
 
 def collect_cuda_memory(device: torch.device) -> dict[str, int]:
-    """The CUDA caching allocator's counters in bytes: allocated, reserved, and their peaks since
-    the start or the last reset. Host-side counters: no sync."""
+    """The CUDA caching allocator's counters in bytes (host-side: no sync)."""
     return {
         "allocated": torch.cuda.memory_allocated(device),
         "reserved": torch.cuda.memory_reserved(device),
@@ -31,20 +30,11 @@ def collect_cuda_memory(device: torch.device) -> dict[str, int]:
 
 
 class MemoryProbe:
-    """GPU memory in GiB: allocated now, reserved now, peak allocated since the start (or the
-    last :meth:`reset_peak`), and a warning once when memory runs high. Host-side counters: no sync.
-
-    ``every`` (``monitor.memory_every``): None = these keys in each metrics record; N = on every
-    N-th step instead, between the loss's records too (see :meth:`due`); 0 = never. Whatever
-    ``every``, each call compares the peak reserved memory with ``warn_fraction`` of the limit
-    (the device's total, or ``cap_fraction`` of it: ``memory.max_fraction``'s allocator cap); the
-    first time it is reached, one log warning and a ``memory_warning`` key in that record (which
-    the Monitor, in ``fit()``, also records as an engine event for summary.json). Not again in
-    this process: a resumed run warns again.
-
-    ``read`` (a function returning :func:`collect_cuda_memory`'s keys) and ``limit_bytes`` default
-    to the CUDA device's; pass your own to test it without a GPU.
-    """
+    """GPU memory in GiB (allocated, reserved, peak since the start or :meth:`reset_peak`), and a
+    warning once when the peak reserved reaches ``warn_fraction`` of the limit (the device's total,
+    or ``cap_fraction`` of it). Host-side counters: no sync. ``every`` (``monitor.memory_every``):
+    None = in each record; N = every N-th step, between the loss's records too; 0 = never.
+    ``read`` and ``limit_bytes`` default to the CUDA device's (pass your own to test without one)."""
 
     def __init__(
         self,
@@ -105,10 +95,8 @@ class MemoryProbe:
 
 
 class HostMemoryProbe:
-    """This process's resident host memory (RSS) in GiB at each record, ``host_rss_gib``, beside
-    the GPU's: a data pipeline or a list that keeps tensors alive grows it. One read of
-    ``/proc/self/statm`` per record (no sync); nothing where the OS has no such file.
-    ``read`` (bytes or None) defaults to :func:`turbotrain.parts.hardware.process_rss_bytes`."""
+    """This process's resident host memory (RSS) in GiB at each record, ``host_rss_gib`` (no sync;
+    nothing where the OS does not say); ``read`` defaults to ``process_rss_bytes``."""
 
     def __init__(self, read: Callable[[], int | None] | None = None) -> None:
         self.read = read or process_rss_bytes

@@ -17,12 +17,9 @@ UTIL_WARNING = "gpu_util_warning"  # the record key and engine event kind of the
 
 
 class NvmlSampler:
-    """GPU utilisation (%), power (W), temperature (C) and SM/memory clocks (MHz) read from NVML
-    every ``period_s`` on a daemon thread; each call returns the means (temperature: max) over
-    the samples since the previous call. The training thread never calls the driver.
-
-    Without NVML (no package, no driver, no GPU) it records nothing: ``available`` is False.
-    """
+    """GPU utilisation, power, temperature and clocks read from NVML every ``period_s`` on a daemon
+    thread (the training thread never calls the driver); each call returns the means (temperature:
+    max) since the previous call. Without NVML ``available`` is False and it records nothing."""
 
     FIELDS = {
         "util_pct": "gpu_util_pct",
@@ -80,11 +77,8 @@ class NvmlSampler:
 
 class UtilisationWatch:
     """A probe after the NVML sampler: when ``gpu_util_pct`` stays under ``threshold_pct`` for
-    ``after_s`` seconds of training (the records' ``elapsed_s``, summed over consecutive low
-    windows; one window at or above the threshold starts over), one log warning and a
-    ``gpu_util_warning`` key in that record (the Monitor records it as an engine event in
-    ``fit()``), naming ``turbotrain profile``. Not again in this process. The first window is
-    skipped: it holds the warm-up and compilation, when the GPU waits on the host by design."""
+    ``after_s`` seconds of consecutive low windows, one warning (a ``gpu_util_warning`` key) naming
+    ``turbotrain profile``, once. The first window (warm-up, compilation) is skipped."""
 
     def __init__(self, threshold_pct: float = 80.0, after_s: float = 120.0) -> None:
         self.threshold_pct = threshold_pct

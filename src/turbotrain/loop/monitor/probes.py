@@ -37,20 +37,17 @@ def build_probes(
     util_warn_pct: float = 80.0,
     util_warn_s: float = 120.0,
 ) -> list[Probe]:
-    """The standard probes for ``device``: host memory (RSS) everywhere; GPU memory, NVML and
-    the low-utilisation watch on CUDA; MFU when a model and an example batch are given (over
-    ``devices``, the data-parallel world). ``memory_every``, ``memory_warn_fraction``:
-    ``monitor.memory_every`` (-1 = with each record) and ``monitor.memory_warn_fraction``;
-    ``memory_cap_fraction``: ``memory.max_fraction``; ``util_warn_pct``, ``util_warn_s``:
-    ``monitor.util_warn_pct`` (0 = no watch) and ``monitor.util_warn_s``."""
+    """The standard probes for ``device``: host memory everywhere; GPU memory, NVML and the
+    low-utilisation watch on CUDA; MFU when a model and an example batch are given (over
+    ``devices``). The other arguments are the ``monitor.*`` settings of their names
+    (``memory_every`` -1 = with each record, ``util_warn_pct`` 0 = no watch) and
+    ``memory.max_fraction`` (``memory_cap_fraction``)."""
     probes: list[Probe] = [HostMemoryProbe()]
     if device.type == "cuda":
+        every = None if memory_every < 0 else memory_every
         probes.append(
             MemoryProbe(
-                device,
-                every=None if memory_every < 0 else memory_every,
-                warn_fraction=memory_warn_fraction,
-                cap_fraction=memory_cap_fraction,
+                device, every=every, warn_fraction=memory_warn_fraction, cap_fraction=memory_cap_fraction
             )
         )
         if nvml_enabled:
@@ -62,19 +59,23 @@ def build_probes(
             else:
                 log.info("GPU utilisation not sampled: %s", nvml()[1])
     if model is not None and example_batch is not None:
-        try:
-            probes.append(
-                build_mfu_probe(model, example_batch, device, precision, loss_fn, autocast, devices)
-            )
-        except Exception as exc:  # an optional measurement: training goes on without FLOPs
-            # ... unless the user's own forward or loss failed on the example batch: one line, now
-            failed = workload_failed("the model's forward or loss on the example batch", exc)
-            if failed is not None:
-                raise failed from None
-            log.warning(
-                "FLOPs not counted, so no TFLOP/s or MFU (%s: %s); pass a loss_fn(model, batch) "
-                "that returns the loss for the example batch",
-                type(exc).__name__,
-                exc,
-            )
+        probes += _mfu_probe(model, example_batch, device, precision, loss_fn, autocast, devices)
     return probes
+
+
+def _mfu_probe(model: nn.Module, batch: Any, device: torch.device, *args: Any) -> list[Probe]:
+    """The MFU probe, or none (logged) when the FLOPs cannot be counted: an optional measurement."""
+    try:
+        return [build_mfu_probe(model, batch, device, *args)]
+    except Exception as exc:  # training goes on without FLOPs ...
+        # ... unless the user's own forward or loss failed on the example batch: one line, now
+        failed = workload_failed("the model's forward or loss on the example batch", exc)
+        if failed is not None:
+            raise failed from None
+        log.warning(
+            "FLOPs not counted, so no TFLOP/s or MFU (%s: %s); pass a loss_fn(model, batch) "
+            "that returns the loss for the example batch",
+            type(exc).__name__,
+            exc,
+        )
+        return []

@@ -29,12 +29,8 @@ def finite_or_null(record: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 
 class JsonlSink:
-    """One JSON object per logged step, appended to ``path``.
-
-    The file is flushed at most every ``flush_every_s`` seconds (and on close, which an exception
-    in ``fit`` also reaches): a write syscall per record cost ~80 us on the tiny-MLP benchmark,
-    while a killed process loses at most that many seconds of records.
-    """
+    """One JSON object per logged step, appended to ``path``; flushed at most every
+    ``flush_every_s`` (a write syscall per record cost ~80 us on the tiny-MLP benchmark) and on close."""
 
     def __init__(self, path: Path, flush_every_s: float = 1.0) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -62,8 +58,7 @@ class JsonlSink:
                 self._flushed_at = now
 
     def flush(self) -> None:
-        """The records buffered so far onto the disk (e.g. before a checkpoint: a process killed
-        later resumes after it, so records up to it would otherwise be lost). Closed: nothing."""
+        """The records buffered so far onto the disk (before a checkpoint: a resume starts after it)."""
         if not self.file.closed:
             with reporting_disk_full(self.path):
                 self.file.flush()
@@ -75,14 +70,8 @@ class JsonlSink:
 
 
 class ProgressSink:
-    """A rich progress bar on a terminal; plain lines otherwise (a pipe or a file).
-
-    On a terminal the bar ticks at every step (:meth:`tick`: a step count, no device read), shows
-    the step, the elapsed time and the ETA first and the last logged loss and rate after them (cut
-    to the terminal's width, never the times), and stays on the last line: log records and
-    warnings are written above it, and a validation result prints as a line of its own that stays.
-    Elsewhere each logged record is one plain line (``step     20 | loss ... | val ...``).
-    """
+    """A rich progress bar on a terminal (ticks every step, the times first, the last loss and rate
+    cut to the width; logs and validation lines print above it); plain lines otherwise."""
 
     def __init__(self, total_steps: int, start_step: int = 0, console: Console | None = None) -> None:
         # rich.progress costs ~0.1 s to import: a run without a progress bar (or an own loop) skips it
@@ -143,9 +132,8 @@ RATES = (" tok/s", " samples/s")  # the rates the bar shows (format_record's wor
 
 
 def _log_above(console: Console) -> list[tuple[logging.StreamHandler[Any], Any]]:
-    """The root logger's and turbotrain's handlers that write to the bar's terminal now write
-    through rich's proxy of it (``sys.stderr`` while the bar is live), which prints each line
-    above the bar instead of onto it; the handlers and their streams, to put back."""
+    """The root logger's and turbotrain's handlers on the bar's terminal write through rich's proxy
+    of it (lines above the bar, not onto it); returns the handlers and their streams, to put back."""
     proxy = next(
         (f for f in (sys.stderr, sys.stdout) if getattr(f, "rich_proxied_file", None) is console.file), None
     )

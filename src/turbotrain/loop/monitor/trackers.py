@@ -1,22 +1,8 @@
-"""The experiment trackers people already run, as sinks beside ``metrics.jsonl``: Weights & Biases
-(offline by default: no network, no account), MLflow (a SQLite store beside the runs, or any
-tracking URI) and trackio (its local SQLite store). Each is an optional extra
-(``pip install 'turbotrain[wandb]'``, ``[mlflow]``, ``[trackio]``); a missing package is one
-line naming it.
-
-Every numeric value of every record goes to the tracker at its step (the same history as
-metrics.jsonl), the run's config once at the start; at the end :func:`publish` (called by the
-report, after summary.json, summary.md and the plots exist) adds the summary and uploads the
-plots, summary.json and summary.md as artefacts. Which tracker runs belong to a run directory
-is kept in its ``trackers.json``, so a resumed run continues the same tracker runs and
-``turbotrain report RUN`` publishes again.
-
-Costs, measured on this CPU: W&B's init starts its wandb-core service (~1 s) and each ``log``
-hands the record to it; MLflow writes to its store on the training thread, so records are
-batched and written every ``flush_every_s`` seconds (and at the end); a new SQLite store takes
-~9 s to create its tables, once; trackio queues records for its own sender thread. Each
-tracker's threads and processes end in :meth:`close`.
-"""
+"""The experiment trackers as sinks beside ``metrics.jsonl``: W&B (offline by default), MLflow and
+trackio, each an optional extra (docs/monitoring.md). Every numeric value of every record goes to
+the tracker at its step, the config once; :func:`publish` adds the summary and artefacts at the
+end. ``trackers.json`` in the run directory names the tracker runs, so a resumed run continues
+them. MLflow writes on the training thread, so its records are batched every ``flush_every_s``."""
 
 from __future__ import annotations
 
@@ -41,7 +27,6 @@ log = logging.getLogger(__name__)
 
 TRACKERS = ("wandb", "mlflow", "trackio")  # the experiment trackers, by their config field's name
 SINKS = ("jsonl", "tensorboard", *TRACKERS)  # what build_sinks knows
-_EXTRA = {"wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow"), "trackio": ("trackio", "trackio")}
 
 
 @dataclass
@@ -57,21 +42,18 @@ class TrackerOptions:
 
 
 def _import(tracker: str) -> Any:
-    """The tracker's package, or one line naming the extra to install."""
-    module, extra = _EXTRA[tracker]
+    """The tracker's package (its extra has its name), or one line naming the extra to install."""
     try:
-        return __import__(module)
+        return __import__(tracker)
     except ImportError:
         raise TurbotrainError(
-            f"monitor.{tracker} = true needs the {module} package: pip install 'turbotrain[{extra}]' "
+            f"monitor.{tracker} = true needs the {tracker} package: pip install 'turbotrain[{tracker}]' "
             f"(or drop --monitor.{tracker})"
         ) from None
 
 
 def require_trackers(names: Iterable[str]) -> None:
-    """Each named tracker's package imports, or one line naming the extra to install: what a run
-    checks at its start, before anything slow (measuring settings, compiling) makes the user wait
-    for the mistake."""
+    """Each named tracker's package imports, or one line: checked before anything slow."""
     for name in names:
         _import(name)
 
@@ -102,16 +84,13 @@ def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-# ----------------------------------------------------------------------------- Weights & Biases
-
-
 def _wandb_settings(wandb: Any) -> Any:
     # no console capture, no system-metrics sampler (NVML is the monitor's), no git or code upload
     return wandb.Settings(silent=True, console="off", x_disable_stats=True, save_code=False, disable_git=True)
 
 
 class _StepLoggedRun:
-    """A tracker's run (W&B's, trackio's): the records' numbers at their steps; close finishes it."""
+    """A W&B or trackio run: the records' numbers at their steps; close finishes it."""
 
     run: Any
 
@@ -174,12 +153,7 @@ def _publish_wandb(run_dir: Path, ids: dict[str, Any], summary: dict[str, Any], 
         wandb.teardown()
 
 
-# ----------------------------------------------------------------------------- MLflow
-
-
 def _mlflow_uri(run_dir: Path, options: TrackerOptions) -> str:
-    """The store a run's MLflow run goes to: monitor.mlflow_uri, $MLFLOW_TRACKING_URI, or a
-    SQLite file beside the run directory."""
     uri = options.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
     return uri or f"sqlite:///{run_dir.resolve().parent / 'mlflow.db'}"
 
@@ -192,9 +166,7 @@ def _mlflow_client(uri: str) -> Any:
 
 
 class MlflowSink:
-    """An MLflow run (``monitor.mlflow``) in the store at ``mlflow_uri``: the records as metric
-    histories at their steps, the config as params (``section.field``). Batched: one write every
-    ``flush_every_s`` seconds, and at close."""
+    """An MLflow run (``monitor.mlflow``): metric histories at their steps, the config as params."""
 
     def __init__(self, run_dir: Path, options: TrackerOptions) -> None:
         mlflow = _import("mlflow")
@@ -272,13 +244,8 @@ def _publish_mlflow(run_dir: Path, ids: dict[str, Any], summary: dict[str, Any],
     )
 
 
-# ----------------------------------------------------------------------------- trackio
-
-
 class TrackioSink(_StepLoggedRun):
-    """A trackio run (``monitor.trackio``) in trackio's local store (``$TRACKIO_DIR``, by default
-    under the Hugging Face cache; ``trackio show`` opens it): the records at their steps, the
-    config once."""
+    """A trackio run (``monitor.trackio``) in trackio's local store (``$TRACKIO_DIR``)."""
 
     def __init__(self, run_dir: Path, options: TrackerOptions) -> None:
         self.trackio = _import("trackio")
@@ -308,8 +275,6 @@ def _publish_trackio(run_dir: Path, ids: dict[str, Any], summary: dict[str, Any]
         run.finish()
 
 
-# ----------------------------------------------------------------------------- the stores, checked
-
 OPEN_TIMEOUT_S = 10  # a tracker server's answer at the start (docs/monitoring.md states it)
 
 
@@ -328,8 +293,7 @@ def _bounded_http() -> Any:
 
 
 def _writable(folder: Path) -> None:
-    """``folder``, or the nearest of its parents that exists (nothing is created: the tracker
-    makes it), is a folder that takes a file; else an OSError saying why not."""
+    """``folder``, or its nearest existing parent (the tracker makes it), takes a file; else OSError."""
     existing = next(p for p in (folder, *folder.parents) if p.exists())
     if not existing.is_dir():
         raise (FileExistsError if existing == folder else NotADirectoryError)(f"{existing} is a file")
@@ -342,21 +306,15 @@ def _trackio_dir() -> Path:
     return Path(os.environ.get("TRACKIO_DIR") or _import("trackio").utils.TRACKIO_DIR)
 
 
-def _check_mlflow(run_dir: Path, options: TrackerOptions) -> None:
-    with _bounded_http():
-        _mlflow_client(_mlflow_uri(run_dir, options)).search_experiments(max_results=1)
-
-
-def _check_wandb(run_dir: Path, options: TrackerOptions) -> None:
-    if options.wandb_mode == "offline":
+def _check(name: str, run_dir: Path, options: TrackerOptions) -> None:
+    """Tracker ``name``'s store opens (an MLflow server answers, a local folder takes a file)."""
+    if name == "mlflow":
+        with _bounded_http():
+            _mlflow_client(_mlflow_uri(run_dir, options)).search_experiments(max_results=1)
+    elif name == "trackio":
+        _writable(_trackio_dir())
+    elif options.wandb_mode == "offline":
         _writable(run_dir / "wandb")
-
-
-def _check_trackio(run_dir: Path, options: TrackerOptions) -> None:
-    _writable(_trackio_dir())
-
-
-_CHECKS = {"mlflow": _check_mlflow, "wandb": _check_wandb, "trackio": _check_trackio}
 
 
 def _store(name: str, run_dir: Path, options: TrackerOptions) -> str:
@@ -372,8 +330,8 @@ def _store(name: str, run_dir: Path, options: TrackerOptions) -> str:
 
 
 def _first_line(exc: BaseException) -> str:
-    """``exc`` in one line, or the system's error under it (a refused connection, a read-only
-    file: the store's own cause, which the tracker's wrapping message buries)."""
+    """``exc`` in one line, or the system's error under it (the store's own cause, which the
+    tracker's wrapping message buries)."""
     chain = [exc]
     while (cause := chain[-1].__cause__ or chain[-1].__context__) is not None and len(chain) < 10:
         chain.append(cause)
@@ -391,20 +349,19 @@ def _store_error(name: str, run_dir: Path, options: TrackerOptions, exc: BaseExc
 
 
 def check_stores(names: Iterable[str], run_dir: Path, options: TrackerOptions) -> None:
-    """Each named tracker's store opens (an MLflow server answers within OPEN_TIMEOUT_S, a local
-    store's folder takes a file), or one line naming the setting and the store's error: what a run
-    checks at its start, before any training."""
-    require_trackers(names := [n for n in names if n in _CHECKS])
+    """Each named tracker's store opens, or one line naming the setting and the store's error:
+    checked at the run's start, before any training."""
+    require_trackers(names := [n for n in names if n in TRACKERS])
     for name in names:
         try:
-            _CHECKS[name](run_dir, options)
+            _check(name, run_dir, options)
         except Exception as exc:  # noqa: BLE001 - any store's own error, said in one line
             raise _store_error(name, run_dir, options, exc) from None
 
 
 class Guarded:
     """A tracker sink whose store may fail during the run: the first failure is one warning and
-    the sink is dropped; training and the other sinks go on (metrics.jsonl keeps every record)."""
+    the sink is dropped; training and the other sinks go on."""
 
     def __init__(self, name: str, sink: Any) -> None:
         self.name, self.sink = name, sink
@@ -436,8 +393,6 @@ class Guarded:
         self.sink = None
 
 
-# ----------------------------------------------------------------------------- assembly
-
 _SINKS = {"wandb": WandbSink, "mlflow": MlflowSink, "trackio": TrackioSink}
 _PUBLISH = {"wandb": _publish_wandb, "mlflow": _publish_mlflow, "trackio": _publish_trackio}
 
@@ -454,9 +409,8 @@ def _open(name: str, run_dir: Path, options: TrackerOptions) -> Any:
 
 
 def build_sinks(names: Iterable[str], run_dir: Path, options: TrackerOptions | None = None) -> list[Any]:
-    """The sinks named (``jsonl``: metrics.jsonl; ``tensorboard``; ``wandb``, ``mlflow``,
-    ``trackio``), in that order, writing for ``run_dir``. A name not known, or a tracker whose
-    package is missing: one line (TurbotrainError) before any is opened."""
+    """The sinks named (of ``SINKS``), in that order, writing for ``run_dir``. An unknown name or a
+    tracker whose package is missing: one line (TurbotrainError) before any is opened."""
     names = list(dict.fromkeys(names))
     unknown = [n for n in names if n not in SINKS]
     if unknown:
@@ -482,9 +436,8 @@ def build_sinks(names: Iterable[str], run_dir: Path, options: TrackerOptions | N
 
 
 def publish(run_dir: Path, summary: dict[str, Any], files: Iterable[Path]) -> list[str]:
-    """Add the summary and upload ``files`` (plots, summary.json, summary.md) to the tracker runs
-    of ``run_dir`` (its trackers.json); one line per tracker that could not be reached (the
-    report goes on without it)."""
+    """Add the summary and upload ``files`` to the tracker runs of ``run_dir`` (its trackers.json);
+    one line per tracker that could not be reached (the report goes on without it)."""
     problems: list[str] = []
     files = [Path(f) for f in files if Path(f).is_file()]
     for tracker, ids in _read_ids(run_dir).items():
