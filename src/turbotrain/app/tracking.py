@@ -51,11 +51,8 @@ def engine_facts(
     optimizations: dict[str, Any],
     **more: Any,
 ) -> RunFacts:
-    """What the engine and the monitor know of a run (``turbotrain train`` and :func:`track`
-    alike): progress, time to first step, events, hardware, FLOPs per sample; data parallel:
-    samples and tokens of all ranks, the world size, one rank's median tokens/s (the peak behind
-    MFU is every device's); the FLOP convention MFU counts by, and the recomputed FLOPs HFU adds.
-    ``more``: what only this kind of run knows."""
+    """What the engine and the monitor know of a run (``turbotrain train`` and :func:`track` alike;
+    data parallel: all ranks' counts, one rank's median tokens/s); ``more``: what only it knows."""
     mfu = next((p for p in monitor.probes if isinstance(p, MfuProbe)), None)
     world = engine.strategy.world  # data parallel: every rank trains an equal share
     rank_rates = [r["rank_tokens_per_s"] for r in monitor.records if r.get("rank_tokens_per_s")]
@@ -116,20 +113,12 @@ class Tracker:
         self.resumed_from = (
             restore_latest(checkpoints, self.state).name if resume and checkpoints.is_dir() else ""
         )
-        self.monitor, _ = build_monitor(
-            engine,
-            model,
-            example_batch,
-            MonitorPlan(
-                log_every,
-                self.run_dir,
-                progress_steps=max_steps if progress else None,
-                nvml=nvml,
-                trackers=tuple(trackers),
-                tracker_options=TrackerOptions(project=project, name=self.run_dir.name, config=config or {}),
-            ),
-            loss_fn=loss_fn,
+        options = TrackerOptions(project=project, name=self.run_dir.name, config=config or {})
+        progress_steps = max_steps if progress else None
+        plan = MonitorPlan(
+            log_every, self.run_dir, progress_steps, nvml, trackers=tuple(trackers), tracker_options=options
         )
+        self.monitor, _ = build_monitor(engine, model, example_batch, plan, loss_fn=loss_fn)
         self.hooks = self._hooks(eval_batches, eval_every, loss_fn, scheduler, checkpoint_every, keep_last)
         self.ctx = FitContext(engine, model, optimizer, max_steps or sys.maxsize)
         self._start = time.perf_counter()
@@ -190,21 +179,15 @@ class Tracker:
 
     def facts(self, status: str) -> RunFacts:
         """What summary.json says beyond the metrics: what ran, how long, events, hardware, FLOPs."""
-        engine = self.engine
+        engine, elapsed = self.engine, time.perf_counter() - self._start
         optimizations = {
             "precision": engine.precision.name,
             "compile": engine.options.compile_scope,
             **engine.switches,
         }
-        elapsed = time.perf_counter() - self._start
+        run = self.run_dir.name
         return engine_facts(
-            engine,
-            self.monitor,
-            self.run_dir.name,
-            status,
-            elapsed,
-            optimizations,
-            resumed_from=self.resumed_from,
+            engine, self.monitor, run, status, elapsed, optimizations, resumed_from=self.resumed_from
         )
 
     def __enter__(self) -> Tracker:

@@ -16,12 +16,9 @@ recipe and its monitoring, run directory and report (``pip install accelerate``)
                 run.step(loss)                    # reads the loss every log_every steps only
     # runs/acc: metrics.jsonl, summary.json, summary.md, plots/*.png
 
-turbotrain's own-loop :func:`turbotrain.track` needs turbotrain's ``Engine`` to take the steps;
-here Accelerate takes them, so :class:`AccelerateRun` is told about them instead, and writes the
-same run directory through the same monitor and report. Nothing it does touches your loader or
-the RNG: FLOPs are counted after the first optimizer step, on the first batch you handed to
-``run.batch()`` (one eager forward and backward, the RNG, buffers and ``.grad`` left as they were),
-so the training is the one your loop runs without it, bit for bit.
+Nothing it does touches your loader or the RNG: FLOPs are counted after the first optimizer step,
+on the first batch you handed to ``run.batch()`` (side-effect free), so the training is the one
+your loop runs without it, bit for bit.
 """
 
 from __future__ import annotations
@@ -30,13 +27,13 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 from torch import nn
 
 from ..base.version import __version__
-from .observer import LoopObserver, failed_status, run_name
+from .observer import LoopObserver, ObserverOptions, failed_status, run_name
 from .recipe import Recipe, build_recipe, merge_user
 
 try:
@@ -53,10 +50,8 @@ TURBOTRAIN_PRECISION = {"bf16": "bf16-mixed", "fp16": "fp16-mixed", "no": "fp32"
 
 
 def recipe_to_accelerator_kwargs(recipe: Recipe) -> dict[str, Any]:
-    """A :class:`~turbotrain.integrations.recipe.Recipe` as ``Accelerator`` keyword arguments
-    (mixed precision, torch.compile through ``dynamo_backend``). TF32 and the DataLoader and AdamW
-    settings are not the Accelerator's: ``recipe.apply_switches()``, ``recipe.loader_kwargs()``,
-    ``recipe.optimizer_kwargs()``."""
+    """A :class:`~turbotrain.integrations.recipe.Recipe` as ``Accelerator`` keyword arguments (TF32,
+    the DataLoader and AdamW settings are not the Accelerator's: the recipe's own methods)."""
     return {
         "mixed_precision": MIXED_PRECISION[recipe.precision],
         "dynamo_backend": "inductor" if recipe.compile else "no",
@@ -87,13 +82,9 @@ class AccelerateRun:
         loss_fn: Callable[[nn.Module, Any], Any] | None = None,
         log_every: int = 10,
         max_steps: int | None = None,
-        peak_tflops: float | None = None,
-        nvml: bool = True,
         report: bool = True,
-        sinks: tuple[Any, ...] = (),
-        trackers: tuple[str, ...] = (),
-        project: str = "turbotrain",
         name: str | None = None,
+        **options: Unpack[ObserverOptions],
     ) -> None:
         if log_every < 1:
             raise ValueError(f"log_every = {log_every!r}: give the optimizer steps between records (>= 1)")
@@ -116,17 +107,13 @@ class AccelerateRun:
             framework=f"accelerate {accelerate.__version__} loop (turbotrain {__version__})",
             world=max(1, accelerator.num_processes),
             precision=TURBOTRAIN_PRECISION.get(mixed, mixed),
-            peak_tflops=peak_tflops,
-            nvml=nvml,
-            sinks=sinks,
-            trackers=trackers,
-            project=project,
             max_steps=max_steps,
             optimizations={
                 "mixed_precision": mixed,
                 "gradient_accumulation_steps": accelerator.gradient_accumulation_steps,
                 "compile": "model" if accelerator.state.dynamo_plugin.backend.value != "NO" else "off",
             },
+            **options,
         )
         if example_batch is not None:  # FLOPs counted once, before the clock starts
             self.observer.count_flops(self._model, example_batch, loss_fn)
@@ -180,12 +167,9 @@ class AccelerateRun:
 def track_accelerate(
     accelerator: Any, model: nn.Module, run_dir: str | Path, **options: Any
 ) -> AccelerateRun:
-    """An :class:`AccelerateRun` for this Accelerate loop in ``run_dir``. FLOPs (so TFLOP/s and
-    MFU) are counted on the first batch handed to ``run.batch()``, after the first step;
-    ``example_batch``: count them on this batch instead, before the clock starts (a batch you
-    have, not one drawn from your loader: drawing it changes what the loop trains on);
-    ``loss_fn(model, batch)`` for the count (default ``model(**batch)``); options:
-    ``log_every``, ``max_steps``, ``peak_tflops``, ``nvml``, ``report``, ``sinks``, ``trackers``
-    (any of "wandb", "mlflow", "trackio"), ``project``, ``name`` (the run's; default: the run
-    directory's, or the folder it is in where it is called ``turbotrain``)."""
+    """An :class:`AccelerateRun` for this Accelerate loop in ``run_dir``. FLOPs are counted on the
+    first batch handed to ``run.batch()``, after the first step; ``example_batch``: count them on
+    this batch instead, before the clock starts (not one drawn from your loader: that changes what
+    the loop trains on); ``loss_fn(model, batch)`` for the count (default ``model(**batch)``);
+    options: ``log_every``, ``max_steps``, ``report`` and :class:`ObserverOptions`."""
     return AccelerateRun(accelerator, model, run_dir, **options)

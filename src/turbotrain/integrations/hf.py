@@ -7,18 +7,10 @@ report, and the ``TrainingArguments`` of turbotrain's recipe (``pip install 'tur
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[TurbotrainCallback()])
     trainer.train()   # out/turbotrain: metrics.jsonl, summary.json, summary.md, plots/*.png
 
-What the callback records, at the Trainer's own logging steps (``logging_steps``): the loss the
-Trainer logged (it has read it already: the callback adds no host-device sync), samples/s and
-tokens/s (counted from the shapes of the batches the model receives: a forward pre-hook, skipped
-by torch.compile), achieved TFLOP/s and MFU (FLOPs counted once, for this model, on its first
-batch), memory and GPU utilisation on CUDA, evaluation losses; at the end, compiles and
-recompiles with their causes, time to first step, and the report. Only the main process writes.
-Evaluations and checkpoints are left out of the throughput (each once). Each checkpoint's
-samples and tokens go into metrics.jsonl, so ``trainer.train(resume_from_checkpoint=...)`` goes on
-from them: the records of the steps after the checkpoint are dropped (they are logged again) and
-the summary counts the whole run, as ``turbotrain train --resume`` does. The Trainer tells its
-callbacks nothing of an exception: a run it left open is closed with ``"status": "failed: ..."``
-when the process ends (or the next run starts in the same directory).
+At the Trainer's own logging steps, the loss it logged (read already: the callback adds no
+host-device sync), samples/s and tokens/s (from the shapes a forward pre-hook sees), TFLOP/s and MFU,
+memory and GPU utilisation, evaluation losses; the report at the end. Only the main process writes.
+Each checkpoint's counts go into metrics.jsonl, so ``resume_from_checkpoint`` goes on from them.
 """
 
 from __future__ import annotations
@@ -26,12 +18,12 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 
 from ..base.version import __version__
-from .observer import LoopObserver, run_name
+from .observer import LoopObserver, ObserverOptions, run_name
 from .recipe import Recipe, build_recipe, merge_user
 
 try:
@@ -72,11 +64,9 @@ def recipe_to_training_args(recipe: Recipe) -> dict[str, Any]:
 
 
 def training_args_recipe(device: torch.device | str | None = None, **yours: Any) -> dict[str, Any]:
-    """``TrainingArguments`` keyword arguments: turbotrain's recipe for ``device`` (default: the
-    one the Trainer will use) with every argument in ``yours`` winning. Where one of yours differs
-    from the recipe (or sets aside a setting of the recipe that only goes with it, such as ``fp16``
-    against the recipe's ``bf16``), one warning line names both. Pass the result on:
-    ``TrainingArguments(output_dir, **training_args_recipe(...))``."""
+    """``TrainingArguments`` keyword arguments: turbotrain's recipe for ``device`` with every argument
+    in ``yours`` winning; one warning line where one of yours differs from the recipe (or sets
+    aside a setting that only goes with it, such as ``fp16`` against ``bf16``)."""
     recipe = build_recipe(device)
     for key, why in recipe.why.items():
         log.info("turbotrain recipe: %s: %s", key, why)
@@ -91,16 +81,10 @@ def precision_of(args: TrainingArguments) -> str:
 class TurbotrainCallback(TrainerCallback):
     """turbotrain's monitoring, run directory and report for a ``Trainer`` run (module docstring).
 
-    ``run_dir``: where metrics.jsonl, summary.json/md and plots/ go (default
-    ``<output_dir>/turbotrain``); ``report``: plots and summary.md at the end; ``nvml``: sample GPU
-    utilisation; ``peak_tflops``: the device's dense peak for MFU where the GPU's name is not in
-    turbotrain's table (on a CPU, say); ``flops_per_sample``: skip the FLOP count and use this;
-    ``loss_fn(model, batch)``: how to get the loss for the FLOP count (default ``model(**batch)``);
-    ``trackers``: any of "wandb" (offline), "mlflow", "trackio", logged the same records, the
-    ``TrainingArguments`` and, at the end, the summary and plots (``project``: their project);
-    ``sinks``: more sinks beside metrics.jsonl (objects with ``write(record)`` and ``close()``);
-    ``name``: the run's, in the summary and the trackers (default: the name of ``run_dir``, or of
-    the output directory when ``run_dir`` is the default ``<output_dir>/turbotrain``).
+    ``run_dir``: default ``<output_dir>/turbotrain``; ``report``: plots and summary.md at the end;
+    ``flops_per_sample``: skip the FLOP count and use this; ``loss_fn(model, batch)``: the loss for
+    the FLOP count (default ``model(**batch)``); the rest: :class:`ObserverOptions` (the trackers
+    also get the ``TrainingArguments``).
     """
 
     def __init__(
@@ -108,19 +92,13 @@ class TurbotrainCallback(TrainerCallback):
         run_dir: str | Path | None = None,
         *,
         report: bool = True,
-        nvml: bool = True,
-        peak_tflops: float | None = None,
         flops_per_sample: float | None = None,
         loss_fn: Any = None,
-        sinks: tuple[Any, ...] = (),
-        trackers: tuple[str, ...] = (),
-        project: str = "turbotrain",
         name: str | None = None,
+        **options: Unpack[ObserverOptions],
     ) -> None:
-        self.run_dir, self.name = run_dir, name
-        self.report, self.nvml, self.peak_tflops = report, nvml, peak_tflops
-        self.flops_per_sample, self.loss_fn, self.sinks = flops_per_sample, loss_fn, sinks
-        self.trackers, self.project = trackers, project
+        self.run_dir, self.report, self.name, self.options = run_dir, report, name, options
+        self.flops_per_sample, self.loss_fn = flops_per_sample, loss_fn
         self.observer: LoopObserver | None = None
         self.summary: dict[str, Any] = {}
         self._hook: Any = None
@@ -129,8 +107,6 @@ class TurbotrainCallback(TrainerCallback):
         self._mark = 0.0  # where the Monitor's window stands: the last step's end or record, whichever later
         self._paused = False  # while the FLOP count runs its own forward
 
-    # ------------------------------------------------------------------ the batches
-
     def _count(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Forward pre-hook: a training micro-batch's samples and tokens from its shapes (no sync)."""
         if module.training and torch.is_grad_enabled() and self.observer is not None and not self._paused:
@@ -138,8 +114,6 @@ class TurbotrainCallback(TrainerCallback):
             self.observer.count(batch)
             if self._first_batch is None:
                 self._first_batch = batch  # FLOPs are counted on it after the first step
-
-    # ------------------------------------------------------------------ Trainer events
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -156,9 +130,6 @@ class TurbotrainCallback(TrainerCallback):
             framework=f"transformers {transformers.__version__} Trainer (turbotrain {__version__} callback)",
             world=max(1, args.world_size),
             precision=precision_of(args),
-            peak_tflops=self.peak_tflops,
-            nvml=self.nvml,
-            sinks=self.sinks,
             max_steps=state.max_steps or None,
             optimizations={
                 "optimizer": str(getattr(args.optim, "value", args.optim)),
@@ -168,10 +139,9 @@ class TurbotrainCallback(TrainerCallback):
                 "num_workers": args.dataloader_num_workers,
                 "pin_memory": args.dataloader_pin_memory,
             },
-            trackers=self.trackers,
-            project=self.project,
             config={"training_args": args.to_dict()},
             resume_step=state.global_step,  # resume_from_checkpoint: the counts go on from its step
+            **self.options,
         )
         # outside any compiled graph: traced, the changing counts recompiled a small module once
         self._hook = model.register_forward_pre_hook(torch.compiler.disable(self._count), with_kwargs=True)

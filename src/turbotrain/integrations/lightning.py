@@ -7,15 +7,11 @@ report, and the ``Trainer`` arguments of turbotrain's recipe (``pip install 'tur
                         **trainer_kwargs_recipe())
     trainer.fit(module, loader)   # runs/lit: metrics.jsonl, summary.json, summary.md, plots/*.png
 
-Every ``log_every`` optimizer steps (default: the Trainer's ``log_every_n_steps``) a record with
-the loss of the step's last micro-batch as ``training_step`` returned it (reading it is the one
-host-device sync, once per record), samples/s and tokens/s (counted from batch shapes), achieved
-TFLOP/s and MFU (FLOPs counted during the first optimizer step: torch's FLOP counter watching the
-step Lightning runs, so nothing extra runs and nothing is logged twice; a compiled module is not
-counted, give ``flops_per_sample``), memory and GPU utilisation on CUDA and the validation loss
-(``val_loss`` as the module logs it, or the ``val_key`` you name); at the end compiles and
-recompiles and the report. The recipe's other settings go into your own code: ``build_recipe().loader_kwargs()`` for your
-DataLoader, ``.optimizer_kwargs()`` for AdamW, ``.compile`` to ``torch.compile`` the module.
+Every ``log_every`` optimizer steps a record with the step's last loss (reading it is the one
+host-device sync, once per record), samples/s and tokens/s, TFLOP/s and MFU (FLOPs counted by
+torch's FLOP counter watching the first optimizer step: nothing extra runs; a compiled module is not
+counted, give ``flops_per_sample``), memory, GPU utilisation and the validation loss. The recipe's
+other settings go into your own code: ``build_recipe().loader_kwargs()``, ``.optimizer_kwargs()``.
 """
 
 from __future__ import annotations
@@ -23,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -32,7 +28,7 @@ from ..base.batch import attention_mask
 from ..base.version import __version__
 from ..loop.monitor.flops import _EXTRA_FLOP_FORMULAS  # the CPU attention kernels' FLOP formulas
 from ..parts.hardware import tf32_enabled
-from .observer import LoopObserver, failed_status, run_name
+from .observer import LoopObserver, ObserverOptions, failed_status, run_name
 from .recipe import Recipe, build_recipe, merge_user
 
 try:
@@ -58,16 +54,14 @@ TURBOTRAIN_PRECISION = {
 
 
 def recipe_to_trainer_kwargs(recipe: Recipe) -> dict[str, Any]:
-    """A :class:`~turbotrain.integrations.recipe.Recipe` as ``lightning.pytorch.Trainer`` keyword
-    arguments (precision, cuDNN autotuning). TF32 has no Trainer argument: the callback leaves it
-    alone, call ``recipe.apply_switches()`` before ``fit``."""
+    """A :class:`~turbotrain.integrations.recipe.Recipe` as ``Trainer`` keyword arguments (TF32 has no
+    Trainer argument: call ``recipe.apply_switches()`` before ``fit``)."""
     return {"precision": LIGHTNING_PRECISION[recipe.precision], "benchmark": recipe.cudnn_benchmark}
 
 
 def trainer_kwargs_recipe(device: torch.device | str | None = None, **yours: Any) -> dict[str, Any]:
-    """``Trainer`` keyword arguments of turbotrain's recipe for ``device`` (default: the one
-    Lightning picks), every argument in ``yours`` winning; one warning line where one of yours
-    differs from the recipe."""
+    """``Trainer`` keyword arguments of turbotrain's recipe for ``device``, every argument in ``yours``
+    winning; one warning line where one of yours differs from the recipe."""
     recipe = build_recipe(device)
     for key, why in recipe.why.items():
         log.info("turbotrain recipe: %s: %s", key, why)
@@ -85,14 +79,10 @@ class TurbotrainLightningCallback(Callback):
     """turbotrain's monitoring, run directory and report for a Lightning run (module docstring).
 
     ``run_dir``: default ``<default_root_dir>/turbotrain``; ``log_every``: optimizer steps between
-    records (default: the Trainer's ``log_every_n_steps``); ``peak_tflops``: the device's dense
-    peak where the GPU's name is not in turbotrain's table (a CPU, say); ``flops_per_sample``: use
-    this instead of counting; ``report``, ``nvml``, ``sinks``, ``trackers``, ``project``: as for the
-    Hugging Face callback (the trackers get the Trainer's settings and the module's hparams);
-    ``val_key``: the metric the module logs as its validation loss (``self.log("val_loss", ...)``
-    in ``validation_step``; one warning where validation ran and did not log it); ``name``: the
-    run's (default: the run directory's, or the ``default_root_dir``'s when the run
-    directory is the default one, or the module's class when neither was given).
+    records (default: the Trainer's ``log_every_n_steps``); ``flops_per_sample``: use this instead
+    of counting; ``val_key``: the metric the module logs as its validation loss (one warning where
+    validation ran and did not log it); ``report`` and :class:`ObserverOptions` as for the Hugging
+    Face callback (``name`` defaults to the module's class when no directory was given).
     """
 
     def __init__(
@@ -101,22 +91,16 @@ class TurbotrainLightningCallback(Callback):
         *,
         log_every: int | None = None,
         report: bool = True,
-        nvml: bool = True,
-        peak_tflops: float | None = None,
         flops_per_sample: float | None = None,
-        sinks: tuple[Any, ...] = (),
-        trackers: tuple[str, ...] = (),
-        project: str = "turbotrain",
-        name: str | None = None,
         val_key: str = "val_loss",
+        name: str | None = None,
+        **options: Unpack[ObserverOptions],
     ) -> None:
         if log_every is not None and log_every < 1:
             raise ValueError(f"log_every = {log_every!r}: give the optimizer steps between records (>= 1)")
-        self.run_dir, self.log_every = run_dir, log_every
-        self.report, self.nvml, self.peak_tflops = report, nvml, peak_tflops
-        self.flops_per_sample, self.sinks = flops_per_sample, sinks
-        self.trackers, self.project, self.name = trackers, project, name
-        self.val_key = val_key
+        self.run_dir, self.log_every, self.report = run_dir, log_every, report
+        self.name, self.options = name, options
+        self.flops_per_sample, self.val_key = flops_per_sample, val_key
         self._val_warned = False
         self.observer: LoopObserver | None = None
         self.summary: dict[str, Any] = {}
@@ -127,8 +111,6 @@ class TurbotrainLightningCallback(Callback):
         self._accumulation = 1
         self._to_count = False  # the first optimizer step's FLOPs are still to be counted
         self._last_loss: Any = None  # the last step's loss (a device tensor: not read unless needed)
-
-    # ------------------------------------------------------------------ Trainer events
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.is_global_zero:
@@ -144,11 +126,6 @@ class TurbotrainLightningCallback(Callback):
             framework=f"lightning {lightning.__version__} Trainer (turbotrain {__version__} callback)",
             world=max(1, trainer.world_size),
             precision=precision,
-            peak_tflops=self.peak_tflops,
-            nvml=self.nvml,
-            sinks=self.sinks,
-            trackers=self.trackers,
-            project=self.project,
             config={
                 "max_steps": trainer.max_steps,
                 "precision": str(trainer.precision),
@@ -162,6 +139,7 @@ class TurbotrainLightningCallback(Callback):
                 "compile": "model" if getattr(pl_module, "_compiler_ctx", None) else "off",
                 "tf32": tf32_enabled() and pl_module.device.type == "cuda",
             },
+            **self.options,
         )
         self.observer.start(trainer.global_step)
         if self.flops_per_sample is not None:
@@ -177,8 +155,7 @@ class TurbotrainLightningCallback(Callback):
         )
 
     def _name(self, trainer: Trainer, pl_module: LightningModule) -> str:
-        """The run directory's name, or the module's class where the run directory is the
-        default one under the working directory (a Trainer given no ``default_root_dir``)."""
+        """The run directory's name, or the module's class where no directory was given."""
         module = type(pl_module).__name__
         unnamed = self.run_dir is None and Path(trainer.default_root_dir).resolve() == Path.cwd().resolve()
         return module if unnamed else run_name(self._run_dir(trainer), module)
@@ -211,13 +188,12 @@ class TurbotrainLightningCallback(Callback):
             obs.record(step, self._unscaled(loss), lr=lr)
 
     def _unscaled(self, loss: Any) -> Any:
-        """Lightning hands callbacks the loss divided by ``accumulate_grad_batches``: the loss
-        ``training_step`` returned (a device op on logging steps only, no sync)."""
+        """The loss ``training_step`` returned (Lightning hands callbacks it divided by the
+        accumulation; a device op on logging steps only, no sync)."""
         return loss * self._accumulation if loss is not None and self._accumulation > 1 else loss
 
     def _end_count(self, batch: Any) -> None:
-        """The first step's FLOPs over its samples: FLOPs per sample (and per token position;
-        none for batches with an attention mask, whose tokens/s counts real tokens only)."""
+        """The first step's FLOPs over its samples (per token position: none with an attention mask)."""
         obs, counter = self.observer, self._counter
         assert obs is not None and counter is not None
         counter.__exit__(None, None, None)

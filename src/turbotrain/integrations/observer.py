@@ -2,16 +2,11 @@
 
 The Hugging Face and Lightning callbacks and the Accelerate helper all feed one
 :class:`LoopObserver` with what their trainer tells them: the batches (counted from their shapes,
-host-side: no sync), the end of each optimizer step, and on logging steps the loss. It reuses
-turbotrain's pieces unchanged: the :class:`~turbotrain.loop.monitor.Monitor` (windowed samples/s and
-tokens/s; memory and NVML probes on CUDA), FLOPs counted for the model
-(:func:`~turbotrain.loop.monitor.estimate_flops_per_sample`, or a count of a real step) for achieved
-TFLOP/s and MFU, the :class:`~turbotrain.core.compile_guard.CompileGuard` (compiles, recompiles and
-their causes) and the report (``summary.json``, ``summary.md``, ``plots/``).
+host-side: no sync), the end of each optimizer step, and on logging steps the loss; it reuses the
+Monitor, the FLOP count, the CompileGuard and the report unchanged.
 
-Host-device syncs: none of its own per step. A record reads the loss it is handed (a float the
-trainer already read, or a device tensor: one sync per logging step, marked there); on CUDA the
-first step's end is synchronised once, to time it.
+Host-device syncs: none of its own per step. A record reads the loss it is handed (one sync per
+logging step, marked there); on CUDA the first step's end is synchronised once, to time it.
 """
 
 from __future__ import annotations
@@ -22,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch import nn
@@ -41,16 +36,25 @@ from ..parts.hardware import DeviceSpec, lookup_peak
 
 log = logging.getLogger("turbotrain.integrations")
 
-__all__ = ["LoopObserver", "failed_status", "peak_spec", "resumed_counts", "run_name"]
+__all__ = ["LoopObserver", "ObserverOptions", "failed_status", "peak_spec", "resumed_counts", "run_name"]
 
 DEFAULT_FOLDER = "turbotrain"  # the callbacks' default run directory: <the trainer's directory>/turbotrain
 
 
+class ObserverOptions(TypedDict, total=False):
+    """The options every integration passes on to its :class:`LoopObserver` (defaults there); each
+    also takes ``name``, the run's in the summary and the trackers (default: :func:`run_name`)."""
+
+    peak_tflops: float | None  # the device's dense peak for MFU where the GPU is not in the table
+    nvml: bool  # sample GPU utilisation
+    sinks: tuple[Any, ...]  # more sinks beside metrics.jsonl
+    trackers: tuple[str, ...]  # any of "wandb" (offline), "mlflow", "trackio"
+    project: str  # the trackers' project or experiment
+
+
 def run_name(run_dir: str | Path, fallback: str = "") -> str:
-    """The name of a run written to ``run_dir`` (the summary's and the trackers'), as ``turbotrain
-    train`` names a run after its file: the directory's name, or where that is the callbacks'
-    default folder ``turbotrain``, the name of the directory it is in (the trainer's output
-    directory); ``fallback`` (the model's class, say) where neither has a name."""
+    """The name of a run written to ``run_dir``: the directory's name, or where that is the
+    callbacks' default folder ``turbotrain``, its parent's; ``fallback`` where neither has one."""
     path = Path(run_dir).resolve()
     if path.name != DEFAULT_FOLDER:
         return path.name or fallback or DEFAULT_FOLDER
@@ -58,9 +62,8 @@ def run_name(run_dir: str | Path, fallback: str = "") -> str:
 
 
 def peak_spec(device: torch.device, peak_tflops: float | None = None) -> DeviceSpec | None:
-    """The datasheet peak MFU is measured against: ``peak_tflops`` (dense TFLOP/s of one device,
-    whatever the precision) when given, else looked up from the GPU's name; None on a CPU or an
-    unknown GPU (MFU is then left out, the achieved TFLOP/s still recorded)."""
+    """The datasheet peak MFU is measured against: ``peak_tflops`` (dense, one device, any precision)
+    when given, else looked up from the GPU's name; None on a CPU or an unknown GPU."""
     if peak_tflops is not None:
         if not peak_tflops > 0:
             raise ValueError(f"peak_tflops = {peak_tflops!r}: give the device's dense peak in TFLOP/s (> 0)")
@@ -70,8 +73,7 @@ def peak_spec(device: torch.device, peak_tflops: float | None = None) -> DeviceS
 
 
 def failed_status(exc: BaseException | None) -> str:
-    """summary.json's ``status`` of a run that ended with ``exc`` (the same words from every
-    integration)."""
+    """summary.json's ``status`` of a run that ended with ``exc`` (the same words everywhere)."""
     if exc is None:
         return "failed: the process ended before training did"
     return f"failed: {type(exc).__name__}: {exc}"
@@ -79,10 +81,8 @@ def failed_status(exc: BaseException | None) -> str:
 
 def resumed_counts(run_dir: Path, step: int) -> tuple[int, int]:
     """Before a resume from the checkpoint of ``step``: the samples and tokens this process had
-    trained on at that step (the ``checkpoint`` event :meth:`LoopObserver.checkpointed` wrote),
-    and metrics.jsonl without the records of later steps (the resumed run logs them again:
-    :func:`~turbotrain.base.rundir.truncate_metrics`, as ``turbotrain train --resume`` does).
-    Without that event (a checkpoint written elsewhere): the last record's counts, one warning."""
+    trained on at that step (its ``checkpoint`` event; else the last record's, one warning), and
+    metrics.jsonl without the records of later steps (the resumed run logs them again)."""
     path = run_dir / METRICS_FILE
     records = read_metrics(path)[0] if path.is_file() else []
     truncate_metrics(path, step)
@@ -106,8 +106,7 @@ _OPEN: dict[Path, LoopObserver] = {}  # runs not closed yet, by run directory
 
 @atexit.register
 def _close_open_runs() -> None:
-    """At the process's end, a run still open is one its trainer left by an exception (the
-    Hugging Face Trainer tells its callbacks nothing of one): its summary says it failed."""
+    """At the process's end, a run still open was left by an exception: its summary says failed."""
     exc = getattr(sys, "last_value", None)  # the exception that ended the process, if one did
     for observer in list(_OPEN.values()):
         try:
@@ -129,18 +128,12 @@ class _LateMfu:
 class LoopObserver:
     """The run directory of one training run in another trainer (see the module docstring).
 
-    ``framework``: what drives the loop, for the summary ("transformers 5.24.0"); ``world``: the
-    data-parallel processes (rates are the run's: this process's counts x world; only the process
-    that writes makes an observer); ``precision``: turbotrain's name of the precision in use (the
-    peak MFU is measured against); ``peak_tflops``: see :func:`peak_spec`; ``trackers``: any of
-    "wandb" (offline), "mlflow", "trackio" (``project``: their project or experiment);
-    ``sinks``: more sinks beside metrics.jsonl; ``optimizations`` and ``config``: what summary.md
-    lists (``config`` also goes to the trackers); ``name``: the run's, in the summary and the
-    trackers (default: :func:`run_name` of ``run_dir``); ``resume_step``: the trainer resumed from
-    its checkpoint of this step (:func:`resumed_counts`: the counts go on from there).
-
-    A run left open by an exception its trainer does not report is closed as failed when the
-    next run starts in the same directory, or when the process ends.
+    ``framework``: what drives the loop, for the summary; ``world``: the data-parallel processes
+    (rates are this process's counts x world); ``precision``: turbotrain's name of the one in use;
+    ``optimizations`` and ``config``: what summary.md lists (``config`` also goes to the trackers);
+    ``resume_step``: the trainer resumed from its checkpoint of this step; the rest:
+    :class:`ObserverOptions`. A run left open by an exception its trainer does not report is closed
+    as failed when the next run starts in the same directory, or when the process ends.
     """
 
     def __init__(
@@ -202,9 +195,8 @@ class LoopObserver:
         progress_steps: int | None,
         nvml: bool,
     ) -> Monitor:
-        """The Monitor of the observed run: metrics.jsonl and the experiment trackers (each named
-        by the run directory, the config logged once; the report hands them the summary and the
-        plots at the end), a progress bar, and the probes with the MFU known once FLOPs are counted."""
+        """The Monitor of the observed run: metrics.jsonl, the trackers, more sinks, a progress bar,
+        and the probes with the MFU known once FLOPs are counted."""
         options = TrackerOptions(project=project, name=self.name, config=self.config)
         all_sinks: list[Any] = [*build_sinks(["jsonl", *trackers], self.run_dir, options), *sinks]
         if progress_steps:
@@ -215,8 +207,6 @@ class LoopObserver:
         ]
         # interval 0: the observer decides the logging steps (its trainer's), the Monitor never does
         return Monitor(0, all_sinks, probes, world=self.world)
-
-    # ------------------------------------------------------------------ events
 
     def start(self, step: int = 0) -> None:
         """Training starts (or resumes) at optimizer step ``step``: the clocks and counters start."""
@@ -275,8 +265,7 @@ class LoopObserver:
         )
 
     def checkpointed(self, step: int) -> None:
-        """The trainer wrote its checkpoint of ``step``: the counts at that step go into
-        metrics.jsonl (an event the report keeps apart), for a resume from it."""
+        """The trainer wrote its checkpoint of ``step``: the counts go into metrics.jsonl, for a resume."""
         self.monitor.write_event(
             {"event": "checkpoint", "step": step, "samples": self.samples, "tokens": self.tokens}
         )
@@ -285,11 +274,9 @@ class LoopObserver:
         """``seconds`` of work that is not training (a checkpoint), left out of the throughput."""
         self.side_s += max(0.0, seconds)
 
-    # ------------------------------------------------------------------ FLOPs
-
     def set_flops(self, flops_per_sample: float, source: str, tokens_per_sample: float = 0.0) -> None:
-        """Training FLOPs per sample (and the tokens per sample they were counted on; 0 for data
-        without tokens): from now on each record has TFLOP/s, and MFU where a peak is known."""
+        """Training FLOPs per sample (counted on ``tokens_per_sample``): from now on each record has
+        TFLOP/s, and MFU where a peak is known."""
         self.flops_per_sample, self.flops_source = float(flops_per_sample), source
         self.mfu.probe = MfuProbe(
             self.flops_per_sample, self.spec, self.precision, source, self.world, tokens_per_sample
@@ -298,9 +285,8 @@ class LoopObserver:
     def count_flops(
         self, model: nn.Module, batch: Any, loss_fn: Callable[[nn.Module, Any], Any] | None = None
     ) -> None:
-        """FLOPs per sample counted once on ``batch`` (one eager forward and backward, RNG and
-        buffers restored, nothing left in ``.grad``); its time is left out of the throughput. A
-        model the counter cannot run is one warning line, and the run goes on without MFU."""
+        """FLOPs per sample counted once on ``batch`` (side-effect free; its time left out of the
+        throughput); a model the counter cannot run is one warning line, and no MFU."""
         t0 = time.perf_counter()
         try:
             flops, source = estimate_flops_per_sample(model, batch, loss_fn)
@@ -310,8 +296,6 @@ class LoopObserver:
         finally:
             self.add_side(time.perf_counter() - t0)
         self.set_flops(flops, source, flop_tokens_per_sample(batch))
-
-    # ------------------------------------------------------------------ the end
 
     def facts(self, status: str) -> RunFacts:
         """What summary.json says beyond the metrics (the keys :func:`turbotrain.app.report.format_markdown` reads)."""
@@ -338,8 +322,8 @@ class LoopObserver:
         )
 
     def close(self, status: str = "completed", report: bool = True) -> dict[str, Any]:
-        """The sinks closed, summary.json written and (with ``report``, when the run completed)
-        the plots and summary.md. Returns the summary; idempotent."""
+        """The sinks closed, summary.json written and (with ``report``, completed) the plots and
+        summary.md; returns the summary; idempotent."""
         if self._closed:
             return {}
         self._closed = True

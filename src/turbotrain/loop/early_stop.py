@@ -99,12 +99,7 @@ class MetricWatch:
         return {"metric": self.metric, "mode": self.mode, "value": self.best, "step": self.best_step}
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "best": self.best,
-            "best_step": self.best_step,
-            "stale": self.stale,
-            "seen_step": self.seen_step,
-        }
+        return dict(best=self.best, best_step=self.best_step, stale=self.stale, seen_step=self.seen_step)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best, self.best_step = state["best"], int(state["best_step"])

@@ -1,6 +1,5 @@
-"""The hook chain of a run, assembled in one place: ``turbotrain train`` (:mod:`turbotrain.app.training`),
-an own loop's :func:`turbotrain.app.tracking.track` and the short measured runs of ``profile`` and
-``tune`` (:mod:`turbotrain.app.measure`) all build their monitor and hooks here.
+"""The hook chain of a run, assembled in one place: ``turbotrain train``, an own loop's ``track`` and
+the short measured runs of ``profile`` and ``tune`` all build their monitor and hooks here.
 
 Hooks run in this order at every event, and the order matters:
 
@@ -64,10 +63,17 @@ class MonitorPlan:
     util_warn_s: float = 120.0
 
 
+_PROBE_SETTINGS = (
+    "memory_every",
+    "memory_warn_fraction",
+    "memory_cap_fraction",
+    "util_warn_pct",
+    "util_warn_s",
+)
+
+
 def monitor_plan(c: RunConfig, run_dir: Path | None, progress_steps: int | None = None) -> MonitorPlan:
-    """The plan of a run's monitor from its config's ``monitor`` section (and
-    ``memory.max_fraction``): what ``turbotrain train`` measures and where it writes, the
-    experiment trackers included (named by the run directory, the whole config logged once)."""
+    """The plan of a run's monitor from its config's ``monitor`` section (and ``memory.max_fraction``)."""
     m = c.monitor
     return MonitorPlan(
         m.log_every,
@@ -98,9 +104,8 @@ def build_monitor(
     plan: MonitorPlan,
     loss_fn: Callable[[nn.Module, Any], Any] | None = None,
 ) -> tuple[Monitor, JsonlSink | None]:
-    """The Monitor (and its metrics.jsonl sink, for a flush before checkpoints): sinks for the run
-    directory (metrics.jsonl, TensorBoard, the experiment trackers), the progress bar; probes for memory and NVML on CUDA and MFU from
-    FLOPs counted once on ``example``. Data parallel: the rates are the run's (x world)."""
+    """The Monitor (and its metrics.jsonl sink, for a flush before checkpoints): the plan's sinks and
+    progress bar; the standard probes, MFU from FLOPs counted once on ``example``."""
     names = ["jsonl", *(["tensorboard"] if plan.tensorboard else []), *plan.trackers]
     sinks: list[Any] = (
         build_sinks(names, plan.run_dir, plan.tracker_options) if plan.run_dir is not None else []
@@ -109,6 +114,7 @@ def build_monitor(
     if plan.progress_steps is not None:
         sinks.append(ProgressSink(plan.progress_steps, engine.state.step))
     world = engine.strategy.world
+    settings = {k: getattr(plan, k) for k in _PROBE_SETTINGS}
     probes = build_probes(
         engine.device,
         model=model,
@@ -118,11 +124,7 @@ def build_monitor(
         loss_fn=loss_fn,
         autocast=engine.autocast,
         devices=world,
-        memory_every=plan.memory_every,
-        memory_warn_fraction=plan.memory_warn_fraction,
-        memory_cap_fraction=plan.memory_cap_fraction,
-        util_warn_pct=plan.util_warn_pct,
-        util_warn_s=plan.util_warn_s,
+        **settings,
     )
     return Monitor(plan.log_every, sinks, probes, world=world, run_dir=plan.run_dir), jsonl
 
