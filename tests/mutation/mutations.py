@@ -311,8 +311,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "watch-stale-count-not-saved",
         "src/turbotrain/loop/early_stop.py",
-        '            "stale": self.stale,',
-        '            "stale": 0,  # mutation: the passes since the best forgotten at a resume',
+        "        return dict(best=self.best, best_step=self.best_step, stale=self.stale, seen_step=self.seen_step)",
+        "        return dict(best=self.best, best_step=self.best_step, stale=0, seen_step=self.seen_step)  # mutation",
         (f"{BEST}::test_a_resumed_run_stops_at_the_evaluation_the_uninterrupted_one_stops_at",),
         "a resumed run stops evaluations later than the uninterrupted one",
     ),

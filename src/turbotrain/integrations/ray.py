@@ -17,20 +17,9 @@
     result = trainer.fit()  # result.checkpoint: turbotrain.json names the run to --resume
 
 :func:`loop_config` takes what :func:`turbotrain.train` takes; :func:`train_loop` runs it on each
-worker, in the driver's working directory:
-
-- **process group**: Ray's torch backend made it (gloo on CPU, NCCL on GPU) before the function
-  runs; the Engine uses it as it is (turbotrain initialises no group that exists);
-- **ranks** from ``ray.train.get_context()``, set as the torchrun variables turbotrain reads;
-- **checkpoints** are turbotrain's own (its format, ``keep_last``, async and sharded writes), in
-  its run directory and its store (``run.remote``: given, else ``<storage_path>/<name>/turbotrain``,
-  in Ray's experiment folder). Ray is told of each with ``ray.train.report(metrics,
-  checkpoint=...)``: a checkpoint of a few hundred bytes, ``turbotrain.json``, that names the run
-  in the store, not a second copy of its weights;
-- **a failure** (a worker lost, under ``FailureConfig(max_failures=N)``): Ray starts the group
-  again; ``ray.train.get_checkpoint()`` names the run, which resumes from its store's newest
-  complete checkpoint (the local run directory when the node still has it), exactly, the
-  restart recorded in its summary as torchrun's are.
+worker in Ray's process group. Checkpoints are turbotrain's own, in its store (``run.remote``, else
+``<storage_path>/<name>/turbotrain``); Ray is told of each by a small ``turbotrain.json`` that names
+the run, so a restarted group resumes from the store exactly (docs/cluster.md).
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """turbotrain's recipe for this machine, for trainers turbotrain does not drive (Hugging Face
 ``Trainer``, Lightning, Accelerate).
 
-Why: the speed settings ``turbotrain train`` and ``Engine()`` pick (precision from the device's
-capability, TF32, the fused AdamW kernel, compile, DataLoader workers and pinning) are worth the
-same in another trainer, but each spells them its own way. :func:`build_recipe` resolves them once,
-through the same functions the engine uses (so the facts live where they were measured:
-``resolve_precision``, ``resolve_scope``, ``resolve_implementation``, ``resolve_loader_settings``);
-each integration maps the :class:`Recipe` to its own arguments, and :func:`merge_user` lets every
-setting the user gave win, with one log line per setting where the user and the recipe differ.
+The speed settings ``turbotrain train`` picks are worth the same in another trainer:
+:func:`build_recipe` resolves them once, through the functions the engine uses (one owner for each
+fact); each integration maps the :class:`Recipe` to its own arguments, and :func:`merge_user` lets
+every setting the user gave win, with one log line where they differ.
 """
 
 from __future__ import annotations

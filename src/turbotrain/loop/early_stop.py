@@ -2,12 +2,8 @@
 checkpoint (:mod:`turbotrain.loop.best_checkpoint`).
 
 Why a watch of its own: "improved" is one rule (mode, min_delta) read by two features, so both
-agree on which evaluation was the best. The watch reads the host floats that
-:class:`turbotrain.loop.hooks.Evaluate` left in ``ctx.metrics`` (its one host-device sync per
-validation pass): watching costs no sync. Its state (best value, its step, passes since) is part
-of the run's checkpoint, so a resumed run stops at the evaluation an uninterrupted one would.
-
-The settings: section ``[best]`` (``--best.patience=3``, :class:`turbotrain.base.config.BestConfig`).
+agree on the best. It reads the host floats Evaluate left in ``ctx.metrics``: no sync of its own.
+Its state is in the run's checkpoint, so a resumed run stops where an uninterrupted one would.
 """
 
 from __future__ import annotations

@@ -107,19 +107,12 @@ class StopAfter(Hook):
 
 class StopOnSignal(Hook):
     """SIGTERM/SIGINT (and SIGUSR1, SLURM's warning before the time limit) end the run after the
-    current step, so the final checkpoint is written; a second signal interrupts at once
-    (KeyboardInterrupt).
+    current step, so the final checkpoint is written; a second signal interrupts at once. Under a
+    command's process-wide handlers (:mod:`turbotrain.base.signals`) it tells them what the first
+    signal does; without them it installs its own for the fit (an ignored SIGINT stays ignored).
 
-    Under a command's process-wide handlers (:mod:`turbotrain.base.signals`, which ``turbotrain
-    train`` and :func:`turbotrain.app.training.train` install) it tells them what the first signal
-    does while training, and a signal that came just before the fit started stops it after its
-    first step; without them (``fit`` called on its own) it installs handlers for the fit. SIGINT
-    inherited as ignored stays ignored.
-
-    Data parallel (``agree`` given): a signal may reach the ranks at different steps, and a rank
-    that stopped alone would leave the others waiting in their next collective. So the ranks
-    agree (``agree(flag)``: True when any rank has one) every ``interval`` steps, at the same
-    steps on all of them, and stop together there."""
+    Data parallel (``agree`` given): a rank that stopped alone would leave the others waiting in
+    their next collective, so the ranks agree every ``interval`` steps and stop together."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
