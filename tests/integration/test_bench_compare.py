@@ -230,7 +230,7 @@ STAND_IN = """#!/bin/sh
 dir=$(dirname "$0")
 n=$(( $(cat "$dir/count" 2>/dev/null || echo 0) + 1 )); echo $n > "$dir/count"
 while [ "$1" != --result ]; do shift; done
-if [ $n -eq {hang_at} ]; then touch "$dir/hanging"; sleep 60; fi
+if [ $n -eq {hang_at} ]; then touch "$dir/hanging"; sleep {hang_s}; fi
 sleep 0.2
 printf '{{"status": "ok", "step_ms_median": %s.0, "step_ms": [1.0], "time_to_first_step_s": 0.5, "first_loss": 2.0,
  "final_loss": 1.0, "losses": [2.0, 1.0], "init_digest": "d", "math_precision": "fp32", "device": "cpu",
@@ -281,7 +281,8 @@ def test_a_bench_stopped_at_its_limit_keeps_every_finished_row(
     import time
 
     standin = tmp_path / "python"
-    standin.write_text(STAND_IN.format(hang_at=hang_at))
+    # the hanging row outlives the SIGTERM wait below: a bench that waited for it would fail the test
+    standin.write_text(STAND_IN.format(hang_at=hang_at, hang_s=int(3 * HANG_S)))
     standin.chmod(0o755)
     out = tmp_path / "out"
     proc = subprocess.Popen(

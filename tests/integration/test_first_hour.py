@@ -71,7 +71,7 @@ def test_turbotrain_train_in_a_plain_script_opens_with_the_clis_line(tmp_path: P
         "run": {"device": "cpu", "name": "first", "out_dir": str(tmp_path)},
     }
     script = f"import turbotrain; turbotrain.train(**{sections!r})"
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stderr
     opening = [
         line for line in done.stderr.splitlines() if line.startswith("INFO turbotrain.loop.monitor.hook")
@@ -94,7 +94,7 @@ def test_the_hugging_face_example_prints_no_library_noise(tmp_path: Path) -> Non
         [sys.executable, str(example), str(tmp_path), "--steps", "2"],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_S,
     )
     assert done.returncode == 0, done.stderr
     screen = done.stdout + done.stderr
