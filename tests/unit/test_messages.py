@@ -100,6 +100,21 @@ def test_turbotrains_lines_show_as_the_clis_only_where_no_logging_is_set_up(
     assert logging.getLogger("turbotrain").handlers == [] and logging.getLogger("turbotrain").level == 0
 
 
+def test_turbotrains_warnings_are_one_line_where_no_logging_is_set_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As the CLI: in ``turbotrain.train()`` a TurbotrainWarning is one line, another warning keeps
+    Python's format (its source line), and Python's format is back after the call."""
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    python_format = warnings.formatwarning
+    with logging_unless_configured():
+        ours = warnings.formatwarning(TurbotrainWarning("slow here"), TurbotrainWarning, "/x/t.py", 3)
+        theirs = warnings.formatwarning(UserWarning("theirs"), UserWarning, "/x/lib.py", 7, "warn()")
+    assert ours == "WARNING turbotrain: slow here\n"
+    assert "/x/lib.py:7" in theirs
+    assert warnings.formatwarning is python_format
+
+
 @pytest.mark.slow
 def test_help_config_into_head_ends_without_a_traceback() -> None:
     """As ``turbotrain train --help-config | head``, with the reader gone before the first write."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 
 
 class TurbotrainError(Exception):
@@ -35,6 +36,22 @@ class LossError(TurbotrainError, TypeError):
 class TurbotrainWarning(UserWarning):
     """A warning about the user's own settings (slow here, for tests only): ``turbotrain`` commands
     print it as one line, ``WARNING turbotrain: ...``, without Python's source line."""
+
+
+def format_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    line: str | None = None,
+    *,
+    python_format: Callable[..., str] = warnings.formatwarning,
+) -> str:
+    """A :class:`TurbotrainWarning` as one line, like the log's (``WARNING turbotrain: ...``);
+    every other warning as Python prints it (source line included: it points at someone's code)."""
+    if issubclass(category, TurbotrainWarning):
+        return f"WARNING turbotrain: {message}\n"
+    return python_format(message, category, filename, lineno, line)
 
 
 # optional CUDA extensions not loaded; Enum pytree deprecation
@@ -89,7 +106,7 @@ LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"  # the CLI's lines (its loggi
 def logging_unless_configured() -> Iterator[None]:
     """For the block, turbotrain's INFO lines go to stderr in the CLI's format when the program has
     set up no logging (no handler on turbotrain's logger or above it): ``turbotrain.train()`` in a
-    plain script opens as ``turbotrain train`` does. A program that configures logging keeps its
+    plain script opens as ``turbotrain train`` does, its warnings one line each as there. A program that configures logging keeps its
     own; the root logger is not touched."""
     logger = logging.getLogger("turbotrain")
     if logger.hasHandlers():
@@ -100,8 +117,11 @@ def logging_unless_configured() -> Iterator[None]:
     level = logger.level
     logger.setLevel(level or logging.INFO)  # a level the program gave turbotrain's logger stays
     logger.addHandler(handler)
+    # turbotrain's warnings in the same one-line format (others as Python prints them), for the block
+    previous_format, warnings.formatwarning = warnings.formatwarning, format_warning
     try:
         yield
     finally:
+        warnings.formatwarning = previous_format
         logger.removeHandler(handler)
         logger.setLevel(level)

@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Callable, Sequence
 
 from ..base.config import audience
-from ..base.errors import LOG_FORMAT, TurbotrainError, TurbotrainWarning
+from ..base.errors import LOG_FORMAT, TurbotrainError, format_warning
 from ..base.version import __version__
 from ..core.main_rank import ReportedByAnotherRank, announce_reported
 from . import bench, doctor, profile, report, sample, train, tune
@@ -38,22 +38,6 @@ def build_parser() -> argparse.ArgumentParser:
     for add in SUBCOMMANDS:
         add(subparsers)
     return parser
-
-
-def format_warning(
-    message: Warning | str,
-    category: type[Warning],
-    filename: str,
-    lineno: int,
-    line: str | None = None,
-    *,
-    python_format: Callable[..., str] = warnings.formatwarning,
-) -> str:
-    """A :class:`TurbotrainWarning` as one line, like the log's (``WARNING turbotrain: ...``);
-    every other warning as Python prints it (source line included: it points at someone's code)."""
-    if issubclass(category, TurbotrainWarning):
-        return f"WARNING turbotrain: {message}\n"
-    return python_format(message, category, filename, lineno, line)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
