@@ -26,7 +26,7 @@ from turbotrain.app.summary import RunFacts
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "turbotrain"
 MONITOR = SRC / "loop" / "monitor"
-WRITERS = ("observe", "__call__")  # the monitor's record and each probe's part of it
+WRITERS = ("observe", "_rates", "__call__")  # the monitor's record (_rates: its rates) and each probe's
 
 
 def _comments(path: Path) -> dict[int, str]:

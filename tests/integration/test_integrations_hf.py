@@ -176,7 +176,7 @@ def test_resume_from_checkpoint_after_a_crash_records_each_step_once(tmp_path):
 
 CRASHING_SCRIPT = """
 import sys, torch
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, {shared!r}]  # this folder, and tests/ for the conftest it imports
 from test_integrations_hf import CrashAt, gpt_train
 from turbotrain.integrations.hf import TurbotrainCallback
 gpt_train(__import__("pathlib").Path({out!r}), [TurbotrainCallback(report=False, nvml=False), CrashAt(3)])
@@ -188,7 +188,8 @@ def test_a_crashed_trainer_run_leaves_a_failed_summary(tmp_path):
     """(#44 item 10) A script whose Trainer raises at step 3: the process ends with the error and
     summary.json says ``failed: RuntimeError: boom at step 3``, as Lightning's and Accelerate's
     do, with the records up to the crash."""
-    script = CRASHING_SCRIPT.format(tests=str(Path(__file__).parent), out=str(tmp_path / "out"))
+    here = Path(__file__).parent
+    script = CRASHING_SCRIPT.format(tests=str(here), shared=str(here.parent), out=str(tmp_path / "out"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script)],
