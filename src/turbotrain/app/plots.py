@@ -128,6 +128,7 @@ def plots_for(records: list[dict[str, Any]]) -> tuple[PlotSpec, ...]:
     return tuple(out)
 
 
+COMPRESS = 1  # zlib level: a third of the time of PIL's default 6, files about 10 % larger
 COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")
 
 
@@ -146,24 +147,32 @@ def _line(axis: Any, s: Series, v: list[tuple[int, float]], color: str, few: boo
     )
 
 
-def _draw(spec: PlotSpec, records: list[dict[str, Any]], path: Path, subtitle: str) -> bool:
-    """Render one plot; False when none of its series has data."""
-    import matplotlib
+# The axes keep the size they had on pyplot's default 8 x 4.5 in figure; the canvas around them is
+# wide enough for any label, title or legend, and the PNG is cropped to what was drawn (as
+# ``bbox_inches="tight"`` does, without its second drawing of the figure).
+AXES_IN = (6.2, 3.465)
+MARGIN_IN = 2.0
+DPI = 110
+PAD_PX = 11  # 0.1 in, bbox_inches="tight"'s default padding
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def _figure(spec: PlotSpec, records: list[dict[str, Any]], subtitle: str) -> Any:
+    """One plot's figure; None when none of its series has data."""
+    from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     left = [(s, v) for s in spec.series if (v := key_values(records, s.key))]
     right = [(s, v) for s in spec.right if (v := key_values(records, s.key))]
     if not left and not right:
-        return False
+        return None
     ylabel, right_label, title = spec.ylabel, spec.right_label, spec.title
     if not left:  # e.g. achieved TFLOP/s without an MFU: draw it on the main axis, say why
         left, right = right, []
         ylabel = right_label = spec.right_label
         title = spec.fallback_title or spec.title
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    width, height = (size + 2 * MARGIN_IN for size in AXES_IN)
+    fig = Figure(figsize=(width, height), dpi=DPI)
+    ax = fig.add_axes((MARGIN_IN / width, MARGIN_IN / height, AXES_IN[0] / width, AXES_IN[1] / height))
     color = iter(COLORS)
     few = len(records) <= 40  # mark the logged points when there are few of them
     handles = [h for s, v in left for h in _line(ax, s, v, next(color), few)]
@@ -191,8 +200,32 @@ def _draw(spec: PlotSpec, records: list[dict[str, Any]], path: Path, subtitle: s
         frameon=False,
     )
     ax.set_title(f"{title}\n{subtitle}", fontsize=11)
-    atomic_write(path, lambda f: fig.savefig(f, format="png", bbox_inches="tight"))
-    plt.close(fig)
+    return fig
+
+
+def _save_png(fig: Any, path: Path) -> None:
+    """Draw ``fig`` once and write what was drawn, cropped to its ink and padded, as a PNG."""
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from PIL import Image
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    rgba = np.asarray(canvas.buffer_rgba())
+    ink = rgba.view(np.uint32)[:, :, 0] != np.uint32(0xFFFFFFFF)  # an opaque white figure elsewhere
+    rows, cols = np.flatnonzero(ink.any(axis=1)), np.flatnonzero(ink.any(axis=0))
+    top, bottom = max(rows[0] - PAD_PX, 0), rows[-1] + 1 + PAD_PX
+    left, right = max(cols[0] - PAD_PX, 0), cols[-1] + 1 + PAD_PX
+    image = Image.fromarray(np.ascontiguousarray(rgba[top:bottom, left:right, :3]))
+    atomic_write(path, lambda f: image.save(f, format="png", dpi=(DPI, DPI), compress_level=COMPRESS))
+
+
+def _draw(spec: PlotSpec, records: list[dict[str, Any]], path: Path, subtitle: str) -> bool:
+    """Render one plot; False when none of its series has data."""
+    fig = _figure(spec, records, subtitle)
+    if fig is None:
+        return False
+    _save_png(fig, path)
     return True
 
 
