@@ -1,6 +1,5 @@
 """The decision rule of ``choose.measure`` (docs/choose.md): the candidates, which are worth measuring
-for a run of a given length, and which measured one is kept. Pure functions over figures (no timing:
-:mod:`.session` measures), so the rule is tested with figures given by hand."""
+and which measured one is kept. Pure functions over figures, tested with figures given by hand."""
 
 from __future__ import annotations
 
@@ -107,22 +106,17 @@ class Decision:
         return next((r for r in self.rows if r.status == "kept"), None)
 
     def to_dict(self) -> dict[str, Any]:
-        keys = ("changes", "planned_steps", "summary", "measured", "cache", "key")
-        out = {k: getattr(self, k) for k in keys} | {
-            "measure_s": round(self.measure_s, 3),
-            "regime": self.regime,
+        out = {
+            k: getattr(self, k) for k in ("changes", "planned_steps", "summary", "measured", "cache", "key")
         }
+        out |= {"measure_s": round(self.measure_s, 3), "regime": self.regime}
         return {**out, "rows": [r.to_dict() for r in self.rows], "table": format_table(self)}
 
 
 def auto_fields(config: RunConfig) -> list[str]:
     """The settings ``choose`` may decide: those left at ``auto``."""
-    out = []
-    if config.compile.scope == AUTO:
-        out.append("compile.scope")
-    if config.precision.mode == AUTO:
-        out.append("precision.mode")
-    return out
+    auto = {"compile.scope": config.compile.scope, "precision.mode": config.precision.mode}
+    return [name for name, value in auto.items() if value == AUTO]
 
 
 def precision_modes(device_type: str, resolved: str, tf32: bool, cpu_bf16: bool) -> list[tuple[str, str]]:
@@ -170,14 +164,9 @@ def stage2(config: RunConfig, device_type: str, best: Row) -> list[Candidate]:
         for scope in ("model", "blocks")
     ]
     if device_type == "cuda" and config.compile.mode == "default":
-        out.append(
-            Candidate(
-                "compile model + CUDA graphs",
-                {**precision, "compile": {"scope": "model", "mode": "reduce-overhead"}},
-                f"torch.compile mode reduce-overhead (CUDA graphs){label}",
-                compiles=True,
-            )
-        )
+        graphs = {**precision, "compile": {"scope": "model", "mode": "reduce-overhead"}}
+        what = f"torch.compile mode reduce-overhead (CUDA graphs){label}"
+        out.append(Candidate("compile model + CUDA graphs", graphs, what, compiles=True))
     return out
 
 
@@ -252,11 +241,9 @@ def judge(rows: list[Row], planned_steps: int, min_speedup: float) -> Row:
         if r is best:
             continue
         assert r.step_ms is not None  # eligible rows were measured
-        r.status, r.reason = (
-            "rejected",
-            f"{base.step_ms / r.step_ms:.2f}x eager, pays back at step {r.break_even_step or 0:,.0f}; "
-            f"{best.name} projects a shorter run",
-        )
+        r.status = "rejected"
+        r.reason = f"{base.step_ms / r.step_ms:.2f}x eager, pays back at step {r.break_even_step or 0:,.0f}; "
+        r.reason += f"{best.name} projects a shorter run"
     if best is base:
         base.status = "kept"
         better = [r for r in rows if r is not base and r.measured]

@@ -1,6 +1,5 @@
-"""``choose``: settings left at ``auto`` decided by measuring candidate recipes on the run's own model
-before it trains (the rule: :mod:`.rule`; the cache: :mod:`.cache`), each one short run through
-:mod:`turbotrain.app.measure`: no second harness."""
+"""``choose``: settings left at ``auto`` decided by measuring candidate recipes on the run's own
+model before it trains (docs/choose.md), each one short run through :mod:`turbotrain.app.measure`."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +58,7 @@ def probe_run(
 
 
 def measure_in_process(config: RunConfig, work_dir: Path) -> MeasureFn:
-    """Measure candidates of ``config`` in this process, each with a fresh model from the run's
-    seed (``choose.warmup`` untimed and ``choose.steps`` timed steps), in ``work_dir``."""
+    """Measure candidates of ``config`` in this process, each with a fresh model from the run's seed."""
     toml = work_dir / "config.toml"
     atomic_write(toml, to_toml(config))
     target = Target(preset=str(toml), model=config.model.workload or None)
@@ -89,8 +88,7 @@ def choose(
     planned: int | None = None,
 ) -> Decision | None:
     """Decide the run's ``auto`` settings by measurement; None when ``choose.measure = off`` or no
-    setting is left at ``auto``. ``measure`` (injectable for tests) times one candidate; ``planned``:
-    the run's resolved length (``train.epochs`` on its data), else ``train.max_steps``."""
+    setting is left at ``auto``. ``planned``: the run's resolved length, else ``train.max_steps``."""
     c = config.choose
     if _nothing_to_choose(config):
         return None
@@ -111,47 +109,20 @@ def choose(
         )
         return decision
     with tempfile.TemporaryDirectory(prefix="turbotrain-choose-") as tmp:
-        timer = measure or measure_in_process(config, Path(tmp))
-        rows = [_figures(Row.of(cand), cand, cached, timer, decision, say) for cand in first]
+        m = _Measuring(cached, measure or measure_in_process(config, Path(tmp)), decision, say)
+        rows = [m.figures(Row.of(cand), cand) for cand in first]
         base = rows[0]
         if not base.measured:
             decision.summary = f"fixed rules kept: plain eager could not be measured ({base.reason})"
             decision.rows = rows
             say(f"choose: {decision.summary}")
             return decision
-        _stage2_rows(config, device.type, rows, cached, timer, decision, say)
+        m.stage2(config, device.type, rows)
         _keep(decision, rows, judge(rows, planned, c.min_speedup), planned)
     fresh = {r.name: _cached_form(r) for r in rows if r.status != "skipped" and not r.cached}
     saved = cache.save(folder, key, material, {**cached, **fresh}) if fresh else folder / f"{key}.json"
     decision.cache = str(saved or "")
     return decision
-
-
-def _stage2_rows(
-    config: RunConfig,
-    device_type: str,
-    rows: list[Row],
-    cached: dict[str, Any],
-    timer: MeasureFn,
-    decision: Decision,
-    say: Callable[[str], None],
-) -> None:
-    """Stage 2's compiled candidates (in stage 1's best precision) appended to ``rows``: measured,
-    or skipped when their first step would not fit the budget."""
-    c, planned, eager_ms = config.choose, decision.planned_steps, rows[0].step_ms
-    assert eager_ms is not None
-    for cand in stage2(config, device_type, judge(rows, planned, c.min_speedup)):
-        row = Row.of(cand)
-        why = (
-            ""
-            if cand.name in cached or c.measure == "always"
-            else worth_measuring(cand, eager_ms, planned, c.warmup, c.steps, c.budget, device_type)
-        )
-        if why:
-            row.status, row.reason = "skipped", why
-        else:
-            _figures(row, cand, cached, timer, decision, say)
-        rows.append(row)
 
 
 def _nothing_to_choose(config: RunConfig) -> bool:
@@ -189,34 +160,54 @@ def _cached_form(r: Row) -> dict[str, Any]:
     return {**r.figures(), "measure_s": r.measure_s}
 
 
-def _figures(
-    row: Row,
-    cand: Candidate,
-    cached: dict[str, Any],
-    timer: MeasureFn,
-    decision: Decision,
-    say: Callable[[str], None],
-) -> Row:
-    """Fill ``row`` from the cache, else by measuring ``cand`` (a failure is one line in the row)."""
-    hit = cached.get(cand.name)
-    if hit is not None:
-        row.cached = True
-        if "failed" in hit:
-            row.status, row.reason = "failed", str(hit["failed"])
-        else:
-            row.set_figures(hit)
-            row.measure_s = hit.get("measure_s")
+@dataclass
+class _Measuring:
+    """The candidates' figures of one decision: the cache's, else timed by ``timer``."""
+
+    cached: dict[str, Any]
+    timer: MeasureFn
+    decision: Decision
+    say: Callable[[str], None]
+
+    def stage2(self, config: RunConfig, device_type: str, rows: list[Row]) -> None:
+        """Stage 2's compiled candidates (in stage 1's best precision) appended to ``rows``: measured,
+        or skipped when their first step would not fit the budget."""
+        c, planned, eager_ms = config.choose, self.decision.planned_steps, rows[0].step_ms
+        assert eager_ms is not None
+        for cand in stage2(config, device_type, judge(rows, planned, c.min_speedup)):
+            row, why = Row.of(cand), ""
+            if cand.name not in self.cached and c.measure != "always":
+                why = worth_measuring(cand, eager_ms, planned, c.warmup, c.steps, c.budget, device_type)
+            if why:
+                row.status, row.reason = "skipped", why
+            else:
+                self.figures(row, cand)
+            rows.append(row)
+
+    def figures(self, row: Row, cand: Candidate) -> Row:
+        """Fill ``row`` from the cache, else by measuring ``cand`` (a failure is one line in the row)."""
+        hit = self.cached.get(cand.name)
+        if hit is not None:
+            row.cached = True
+            if "failed" in hit:
+                row.status, row.reason = "failed", str(hit["failed"])
+            else:
+                row.set_figures(hit)
+                row.measure_s = hit.get("measure_s")
+            return row
+        self.say(f"choose: measuring {cand.name} ({cand.what}) ...")
+        t0 = time.perf_counter()
+        try:
+            row.set_figures(self.timer(cand))
+        except (TurbotrainError, RuntimeError, ValueError) as exc:  # a refused setting, a failing compile
+            row.status, row.reason = (
+                "failed",
+                f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}",
+            )
+        row.measure_s = time.perf_counter() - t0
+        self.decision.measure_s += row.measure_s
+        self.decision.measured = True
         return row
-    say(f"choose: measuring {cand.name} ({cand.what}) ...")
-    t0 = time.perf_counter()
-    try:
-        row.set_figures(timer(cand))
-    except (TurbotrainError, RuntimeError, ValueError) as exc:  # a refused setting, a failing compile
-        row.status, row.reason = "failed", f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
-    row.measure_s = time.perf_counter() - t0
-    decision.measure_s += row.measure_s
-    decision.measured = True
-    return row
 
 
 def write_decision(run_dir: Path, decision: Decision) -> None:
@@ -244,8 +235,7 @@ def decide_for_run(
     planned: int | None = None,
 ) -> Decision | None:
     """What ``turbotrain train`` decides for a new run (one process): decide, show the table, write
-    it to the run directory and name the run's regime.
-    ``planned``: the run's resolved length (``train.epochs`` on its data), else ``train.max_steps``."""
+    it to the run directory and name the run's regime."""
     decision = choose(config, measure=measure, say=say, planned=planned)
     chosen = apply(config, decision)
     if decision is not None and decision.rows:  # a table only when something was weighed
@@ -265,9 +255,8 @@ def decide_for_run(
 
 
 def at_start(prepared: PreparedRun, settings: RunConfig) -> Begun:
-    """choose as a start hook of ``turbotrain train``'s preparation (:func:`turbotrain.app.prepare.start`,
-    before the generators are seeded): a new run in one process decides its settings left at
-    ``auto`` for its resolved length; a resume never measures again (config.toml keeps the choice)."""
+    """choose as a start hook of ``train``'s preparation (before the generators are seeded); a
+    resume never measures again (config.toml keeps the choice)."""
     if prepared.resume or prepared.plan.world > 1:
         return Begun()
     decision = decide_for_run(prepared.config, prepared.run_dir, planned=settings.train.max_steps)
@@ -279,10 +268,9 @@ PROBE_MIN_STEPS = 100
 
 
 def name_regime(config: RunConfig, decision: Decision | None) -> str:
-    """The run's regime in one line (app/regime.py): from choose's figures of the recipe it keeps
-    when it has them (measured now or cached: no cost); else on CUDA from one short probe of the run's
-    step with its device timeline; on a CPU, where launch and compute cannot be told apart, the
-    caveat alone (nothing measured for it)."""
+    """The run's regime in one line (app/regime.py): from choose's figures of the kept recipe (no
+    cost); else on CUDA one short probe of the run's step; on a CPU, where launch and compute cannot
+    be told apart, the caveat alone."""
     rows = decision.rows if decision is not None else []
     row = next((r for r in rows if r.status == "kept" and r.measured), None)
     row = row or next((r for r in rows if r.measured), None)  # the kept recipe unmeasured: the baseline's
@@ -307,8 +295,8 @@ def name_regime(config: RunConfig, decision: Decision | None) -> str:
 def probe_line(
     target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_dir: Path, label: str
 ) -> dict[str, Any]:
-    """One short probe of ``target``'s step (:func:`probe_run`) as the regime's line, name, why and
-    figures; a probe that fails is one line (the run or check itself will say it better)."""
+    """One short probe of ``target``'s step as the regime's line, name, why and figures; a probe
+    that fails is one line (the run or check itself will say it better)."""
     try:
         regime, figures = probe_run(target, changes, run_dir)
     except (TurbotrainError, RuntimeError, ValueError) as exc:
@@ -326,9 +314,8 @@ def probe_line(
 
 
 def doctor_regime(preset: str | None, model: str | None) -> dict[str, Any]:
-    """``doctor --model``'s regime: on CUDA one short probe of the model's step in eager (turbotrain's
-    defaults otherwise: the question is whether launches or kernels hold the step, which compile and
-    CUDA graphs answer); on a CPU the caveat alone, nothing measured."""
+    """``doctor --model``'s regime: on CUDA one short probe of the model's step in eager (whether
+    launches or kernels hold the step, which compile and CUDA graphs answer); on a CPU the caveat."""
     if not torch.cuda.is_available():
         return {"line": CPU_LINE}
     with tempfile.TemporaryDirectory(prefix="turbotrain-regime-") as tmp:

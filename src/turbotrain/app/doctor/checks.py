@@ -43,25 +43,21 @@ def fp8_check(gpus: list[dict[str, Any]], torchao: str | None) -> Check:
         )
     old = [g for g in gpus if not g["fp8"]]
     if old:
-        return Check(
-            "FP8",
-            "info",
-            f"{old[0]['name']} (compute capability {old[0]['compute_capability']}) has no float8 tensor "
-            f"cores (>= {needed}): precision.mode = fp8 is refused; {emulate}",
-        )
+        no = f"{_gpu(old[0])} has no float8 tensor cores (>= {needed}): precision.mode = fp8 is refused; "
+        no += emulate
+        return Check("FP8", "info", no)
     if torchao is None:
+        missing = "float8 tensor cores present, but torchao is not installed: precision.mode = fp8 is refused"
         return Check(
-            "FP8",
-            "warn",
-            "float8 tensor cores present, but torchao is not installed: precision.mode = fp8 is refused",
-            "pip install 'turbotrain[fp8]' (torchao 0.17 or later for torch 2.11+)",
+            "FP8", "warn", missing, "pip install 'turbotrain[fp8]' (torchao 0.17 or later for torch 2.11+)"
         )
-    return Check(
-        "FP8",
-        "ok",
-        f"float8 tensor cores and torchao {torchao}: --precision.mode=fp8 runs (with torch.compile for "
-        "the speed; auto never picks it)",
-    )
+    runs = f"float8 tensor cores and torchao {torchao}: --precision.mode=fp8 runs (with torch.compile for "
+    runs += "the speed; auto never picks it)"
+    return Check("FP8", "ok", runs)
+
+
+def _gpu(g: dict[str, Any]) -> str:
+    return f"{g['name']} (compute capability {g['compute_capability']})"
 
 
 def run_checks(env: dict[str, Any]) -> list[Check]:
@@ -81,11 +77,10 @@ def _device_check(env: dict[str, Any]) -> Check:
     if env["cuda_available"]:
         gpus = env["gpus"]
         names = ", ".join(sorted({g["name"] for g in gpus}))
-        return Check(
-            "CUDA device",
-            "ok",
-            f"{len(gpus)} GPU(s): {names}; CUDA {env['cuda']}, cuDNN {env['cudnn']}, driver {env['driver']}",
+        seen = (
+            f"{len(gpus)} GPU(s): {names}; CUDA {env['cuda']}, cuDNN {env['cudnn']}, driver {env['driver']}"
         )
+        return Check("CUDA device", "ok", seen)
     if env["nvidia_hardware"] and not env["cuda"]:
         return Check(
             "torch CUDA build",
@@ -114,25 +109,22 @@ def _gpu_precision_checks(env: dict[str, Any]) -> list[Check]:
     """bf16, FP8, TF32, flash attention and triton on the GPU(s)."""
     gpus = env["gpus"]
     checks = [_bf16_check(gpus), fp8_check(gpus, env["packages"].get("torchao")), _tf32_check(env)]
-    flash = all(g["flash_attention"] for g in gpus)
-    checks.append(
-        Check("flash attention", "ok", "SDPA flash attention kernels available (model.attention = 'sdpa')")
-        if flash
-        else Check(
-            "flash attention",
-            "info",
-            "no flash attention kernel here (needs compute capability >= 8.0 and the "
-            "flash SDPA backend enabled); SDPA falls back to memory-efficient or math kernels",
-        )
-    )
-    if env["packages"].get("triton") is None:
+    if all(g["flash_attention"] for g in gpus):
         checks.append(
             Check(
-                "torch.compile",
-                "warn",
-                "triton is not installed: torch.compile cannot generate GPU kernels",
-                "pip install triton, or run with --compile.scope=off",
+                "flash attention", "ok", "SDPA flash attention kernels available (model.attention = 'sdpa')"
             )
+        )
+    else:
+        no_flash = (
+            "no flash attention kernel here (needs compute capability >= 8.0 and the "
+            "flash SDPA backend enabled); SDPA falls back to memory-efficient or math kernels"
+        )
+        checks.append(Check("flash attention", "info", no_flash))
+    if env["packages"].get("triton") is None:
+        no_triton = "triton is not installed: torch.compile cannot generate GPU kernels"
+        checks.append(
+            Check("torch.compile", "warn", no_triton, "pip install triton, or run with --compile.scope=off")
         )
     return checks
 
@@ -142,13 +134,11 @@ def _bf16_check(gpus: list[dict[str, Any]]) -> Check:
     old = [g for g in gpus if not g["bf16"]]
     if not old:
         return Check("bf16", "ok", "bf16 supported: precision auto uses bf16-mixed")
-    return Check(
-        "bf16",
-        "warn",
-        f"{old[0]['name']} (compute capability {old[0]['compute_capability']}) has no bf16: "
-        "precision auto will use fp16-mixed with a GradScaler",
-        "nothing to do; fp16 + loss scaling is handled, or use a GPU with compute capability >= 8.0 for bf16",
+    no_bf16 = f"{_gpu(old[0])} has no bf16: precision auto will use fp16-mixed with a GradScaler"
+    fix = (
+        "nothing to do; fp16 + loss scaling is handled, or use a GPU with compute capability >= 8.0 for bf16"
     )
+    return Check("bf16", "warn", no_bf16, fix)
 
 
 def _tf32_check(env: dict[str, Any]) -> Check:
@@ -168,12 +158,9 @@ def _tf32_check(env: dict[str, Any]) -> Check:
 
 def _cpu_precision_checks(env: dict[str, Any]) -> list[Check]:
     """Without a GPU the precision checks are skipped, saying what CPU runs do instead."""
+    cpu_bf16 = f"{GPU_ONLY}; on CPU precision auto uses fp32 (bf16 autocast is often many times slower there)"
     return [
-        Check(
-            "bf16",
-            "skip",
-            f"{GPU_ONLY}; on CPU precision auto uses fp32 (bf16 autocast is often many times slower there)",
-        ),
+        Check("bf16", "skip", cpu_bf16),
         Check("TF32", "skip", f"{GPU_ONLY} (TF32 is a tensor-core format)"),
         fp8_check([], env["packages"].get("torchao")),
         Check("flash attention", "skip", f"{GPU_ONLY}; on CPU SDPA uses its CPU kernels"),
@@ -196,16 +183,12 @@ def _nvml_checks(env: dict[str, Any]) -> list[Check]:
     if not busy:
         return [nvml_ok, Check("GPU busy", "ok", "no other process is using the GPU(s)")]
     g = busy[0]
-    return [
-        nvml_ok,
-        Check(
-            "GPU busy",
-            "warn",
-            f"{g['name']} (NVML index {g['nvml_index']}) is already in use: {g.get('util_pct')}% "
-            f"utilisation, {len(g.get('processes', []))} process(es), {g.get('mem_used_gib')} GiB used",
-            "stop the other jobs or pick a free GPU with CUDA_VISIBLE_DEVICES; shared GPUs give slower, noisy runs",
-        ),
-    ]
+    in_use = (
+        f"{g['name']} (NVML index {g['nvml_index']}) is already in use: {g.get('util_pct')}% "
+        f"utilisation, {len(g.get('processes', []))} process(es), {g.get('mem_used_gib')} GiB used"
+    )
+    fix = "stop the other jobs or pick a free GPU with CUDA_VISIBLE_DEVICES; shared GPUs give slower, noisy runs"
+    return [nvml_ok, Check("GPU busy", "warn", in_use, fix)]
 
 
 def _workers_check(env: dict[str, Any]) -> Check:
@@ -240,10 +223,11 @@ def _threads_check(env: dict[str, Any]) -> Check:
     """torch's intra-op threads against the usable cores."""
     threads, cores = env["torch_threads"], env["cpu"]["usable_cores"]
     if threads > cores:
+        over = f"torch uses {threads} threads but only {cores} cores are usable: oversubscribed"
         return Check(
             "torch threads",
             "warn",
-            f"torch uses {threads} threads but only {cores} cores are usable: oversubscribed",
+            over,
             f"export OMP_NUM_THREADS={cores} or call torch.set_num_threads({cores})",
         )
     return Check("torch threads", "ok", f"torch uses {threads} of {cores} usable core(s) for CPU ops")

@@ -1,9 +1,5 @@
-"""``turbotrain profile``: why a training step is slow, and what to change, verified.
-
-A short run through the Engine, ``fit`` and the Monitor with a ``torch.profiler`` window
-(:mod:`.trace`) and a sync locator (:mod:`.syncs`); :mod:`.advice` names the bottleneck and ranks
-exact changes; ``--verify`` (:mod:`.verify`) measures each config change against the baseline.
-:mod:`.session` runs it and writes the run folder; :mod:`.render` prints. From Python::
+"""``turbotrain profile`` (docs/profile-tune.md): :mod:`.session` runs a profiled run
+(:mod:`.trace`, :mod:`.syncs`), :mod:`.advice` ranks changes, :mod:`.verify` measures them. From Python::
 
     from turbotrain.app.profile import profile_workload
     from turbotrain import Workload

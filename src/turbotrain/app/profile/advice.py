@@ -62,18 +62,13 @@ class Advice:
         return asdict(self)
 
 
-def _flags(settings: dict[str, dict[str, Any]]) -> str:
+def _flags(settings: dict[str, dict[str, Any]], code: str = "") -> str:
     """The settings as the reader writes them: ``--a.b=1 --c.d=2`` on the command line, one
-    ``{"a": {"b": 1}, "c": {"d": 2}}`` for a Python caller (see ``config.setting``)."""
+    ``{"a": {"b": 1}, "c": {"d": 2}}`` for a Python caller (see ``config.setting``); then the line
+    of your ``code`` that sets the same when there is one."""
     words = [setting(k, v) for k, v in flat(settings).items()]
-    if all(w.startswith("--") for w in words):
-        return " ".join(words)
-    return json.dumps(settings)
-
-
-def _change(settings: dict[str, dict[str, Any]], code: str) -> str:
-    """The flags, with the line of your code that sets the same when there is one."""
-    return _flags(settings) + (f" (in your code: {code})" if code else "")
+    flags = " ".join(words) if all(w.startswith("--") for w in words) else json.dumps(settings)
+    return flags + (f" (in your code: {code})" if code else "")
 
 
 def _overall(share: float, local_speedup: float) -> float:
@@ -89,16 +84,13 @@ def diagnose(
     """The bottleneck ({"name", "text"}) and the recommendations, best expected first."""
     device = built.engine.device.type
     step_ms = figures["step_ms_median"]
-    advice: list[Advice] = []
-    advice += _data(built, figures, trace, step_ms)
-    advice += _syncs(built, trace, step_ms, device)
+    advice = [*_data(built, figures, trace, step_ms), *_syncs(built, trace, step_ms, device)]
     # bigger batches need more data
     if not any(a.category == "data" and a.expected_speedup >= 1.5 for a in advice):
         advice += _overhead(built, trace, device)
     advice += _optimizer(built, trace)
     if device == "cuda":
-        advice += _compute_cuda(built, trace)
-        advice += _copies(built, trace, step_ms)
+        advice += [*_compute_cuda(built, trace), *_copies(built, trace, step_ms)]
     advice += [
         Advice(**f) for f in pressure_rules(built, figures, lambda: measure_memory(built))
     ]  # memory, trend
@@ -119,6 +111,10 @@ def _is_preset(built: Built) -> bool:
     return built.workload is None
 
 
+def _own_optimizer(built: Built) -> bool:
+    return built.workload is not None and built.workload.optimizer is not None
+
+
 def _data(built: Built, figures: dict[str, Any], trace: dict[str, Any], step_ms: float) -> list[Advice]:
     wait = figures["data_wait_ms_per_step"]
     share = wait / step_ms if step_ms else 0.0
@@ -130,27 +126,15 @@ def _data(built: Built, figures: dict[str, Any], trace: dict[str, Any], step_ms:
     workers = built.loader_info.get("num_workers")
     why = f"the step waits {wait:.1f} ms of {step_ms:.1f} ms ({share:.0%}) for the next batch"
     if workers is None:
-        return [
-            Advice(
-                "data",
-                "load batches in a torch DataLoader with workers",
-                why,
-                "batches prepared in parallel while the model trains",
-                _overall(share, 2.0),
-                code="train_loader=DataLoader(dataset, batch_size=..., num_workers=4, persistent_workers=True)",
-            )
-        ]
+        code = "train_loader=DataLoader(dataset, batch_size=..., num_workers=4, persistent_workers=True)"
+        change = "load batches in a torch DataLoader with workers"
+        expected = "batches prepared in parallel while the model trains"
+        return [Advice("data", change, why, expected, _overall(share, 2.0), code=code)]
     if workers >= max(cores, 8):
-        return [
-            Advice(
-                "data",
-                "make reading a sample cheaper (decode once and cache, smaller files, a faster format)",
-                why + f" with {workers} workers already",
-                "as much as the read gets faster",
-                _overall(share, 1.5),
-                code="your Dataset.__getitem__",
-            )
-        ]
+        change = "make reading a sample cheaper (decode once and cache, smaller files, a faster format)"
+        why += f" with {workers} workers already"
+        expected = "as much as the read gets faster"
+        return [Advice("data", change, why, expected, _overall(share, 1.5), code="your Dataset.__getitem__")]
     return [_more_workers(built, why, wait, step_ms, workers, cores)]
 
 
@@ -177,7 +161,7 @@ def _more_workers(built: Built, why: str, wait: float, step_ms: float, workers: 
         )
         speedup = 1.0
     why += f" with {workers} loader workers"
-    return Advice("data", _change(settings, code), why, expected, speedup, settings, code)
+    return Advice("data", _flags(settings, code), why, expected, speedup, settings, code)
 
 
 def _syncs(built: Built, trace: dict[str, Any], step_ms: float, device: str) -> list[Advice]:
@@ -247,20 +231,12 @@ def _guard_reads(built: Built, sources: list[dict[str, Any]], device: str, idle:
     guard = sum(s["per_step"] for s in sources if s["kind"] == "guard")
     if device != "cuda" or guard < 1 or built.config.optim.implementation == "fused":
         return []
-    own = built.workload is not None and built.workload.optimizer is not None
-    fused = "torch.optim.AdamW(..., fused=True)"
+    own, fused = _own_optimizer(built), "torch.optim.AdamW(..., fused=True)"
     settings = {} if own else {"optim": {"implementation": "fused"}}
-    return [
-        Advice(
-            "syncs",
-            fused if own else _flags(settings),
-            f"the optimizer cannot skip a non-finite step on the GPU, so every step reads the finite flag on the host ({guard:.0f}/step)",
-            "a fused optimizer skips inside its kernel: no per-step sync",
-            max(_overall(idle, 2.0), 1.02),
-            settings,
-            fused if own else "",
-        )
-    ]
+    why = f"the optimizer cannot skip a non-finite step on the GPU, so every step reads the finite flag on the host ({guard:.0f}/step)"
+    expected = "a fused optimizer skips inside its kernel: no per-step sync"
+    change, gain = fused if own else _flags(settings), max(_overall(idle, 2.0), 1.02)
+    return [Advice("syncs", change, why, expected, gain, settings, fused if own else "")]
 
 
 def _overhead(built: Built, trace: dict[str, Any], device: str) -> list[Advice]:
@@ -293,7 +269,7 @@ def _overhead(built: Built, trace: dict[str, Any], device: str) -> list[Advice]:
     applies = _is_preset(built) or built.loader_info.get("num_workers") is not None
     expected = f"{effect}; about {gain:.1f}x samples/s if the model is overhead-bound"
     return [
-        Advice("overhead", _change(settings, code), why, expected, gain, settings if applies else {}, code)
+        Advice("overhead", _flags(settings, code), why, expected, gain, settings if applies else {}, code)
     ]
 
 
@@ -301,28 +277,18 @@ def _larger_micro(built: Built, micro: int, acc: int) -> tuple[int, dict[str, di
     """(how many times larger, the settings, their effect): the batch finder keeps a preset's global
     batch when it accumulates; otherwise the batch grows, and with it the math."""
     if _is_preset(built) and acc > 1:
-        settings: dict[str, dict[str, Any]] = {"batch": {"micro": "auto", "global_size": micro * acc}}
-        return (
-            acc,
-            settings,
-            (
-                f"the batch finder picks the largest micro-batch that fits and keeps the global batch {micro * acc} (same math)"
-            ),
-        )
-    return (
-        4,
-        {"batch": {"micro": micro * 4}},
-        (
-            f"the global batch grows 4x ({micro * acc} -> {micro * acc * 4}): the math changes, so scale "
-            "optim.lr with it (linear rule) and compare the loss"
-        ),
+        same = f"the batch finder picks the largest micro-batch that fits and keeps the global batch {micro * acc} (same math)"
+        return acc, {"batch": {"micro": "auto", "global_size": micro * acc}}, same
+    grows = (
+        f"the global batch grows 4x ({micro * acc} -> {micro * acc * 4}): the math changes, so scale "
+        "optim.lr with it (linear rule) and compare the loss"
     )
+    return 4, {"batch": {"micro": micro * 4}}, grows
 
 
 def _optimizer(built: Built, trace: dict[str, Any]) -> list[Advice]:
     share = trace["phases"]["optimizer"]["share"]
-    own = built.workload is not None and built.workload.optimizer is not None
-    impl = built.config.optim.implementation
+    own, impl = _own_optimizer(built), built.config.optim.implementation
     if share < OPTIMIZER_SHARE or (not own and impl == "fused"):
         return []
     why = f"the optimizer step takes {share:.0%} of the step"
@@ -351,10 +317,8 @@ def _compute_cuda(built: Built, trace: dict[str, Any]) -> list[Advice]:
         )
         rules.append(({"precision": {"mode": "bf16-mixed"}}, why, expected, 1.8))
     if built.engine.options.compile_scope == "off":
-        why, expected = (
-            "the model runs eagerly: one kernel per operator",
-            ("fused kernels, fewer launches: typically 1.1-1.3x after a one-time compilation"),
-        )
+        why = "the model runs eagerly: one kernel per operator"
+        expected = "fused kernels, fewer launches: typically 1.1-1.3x after a one-time compilation"
         rules.append(({"compile": {"scope": "model"}}, why, expected, 1.2))
     hints = spec_for(c).speed_hints(c) if _is_preset(built) else []  # the family's own slow settings
     rules += [(h.settings, h.why, h.gain, h.speedup) for h in hints]
@@ -372,12 +336,6 @@ def _copies(built: Built, trace: dict[str, Any], step_ms: float) -> list[Advice]
     gain = _overall(copy_ms / step_ms, 3.0)
     return [
         Advice(
-            "copies",
-            _change(settings, code),
-            why,
-            expected,
-            gain,
-            settings if _is_preset(built) else {},
-            code,
+            "copies", _flags(settings, code), why, expected, gain, settings if _is_preset(built) else {}, code
         )
     ]

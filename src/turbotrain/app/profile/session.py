@@ -98,21 +98,13 @@ def _profiled(
 
 
 def _verify(
-    target: Target, advice: list[Any], run_dir: Path, options: ProfileOptions, log: Callable[[str], None]
+    target: Target, advice: list[Any], run_dir: Path, o: ProfileOptions, log: Callable[[str], None]
 ) -> dict[str, Any]:
     quiet = logging.getLogger("turbotrain")
     level = quiet.level
     quiet.setLevel(max(level, logging.WARNING))  # each run's assembly notes: the profiled run said them once
     try:
-        return verify(
-            target,
-            advice,
-            run_dir / "verify",
-            warmup=options.verify_warmup,
-            steps=options.verify_steps,
-            repeats=options.repeats,
-            log=log,
-        )
+        return verify(target, advice, run_dir / "verify", o.verify_warmup, o.verify_steps, o.repeats, log)
     finally:
         quiet.setLevel(level)
 

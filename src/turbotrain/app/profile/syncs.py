@@ -1,16 +1,8 @@
-"""Every host-device synchronisation of a training step, located to the file and line that made it.
-
-:class:`SyncLocator` watches the step at two levels: the Python API (a ``TorchFunctionMode``:
-``.item()``, ``float()``/``bool()`` of a tensor, ``.tolist()``, ``.cpu()``, printing a tensor, ...)
-and the dispatcher (a ``TorchDispatchMode``: reads made inside C++, operators whose output shape
-depends on the values, device-to-host copies); on CUDA ``torch.cuda.set_sync_debug_mode("warn")``
-adds the synchronising calls neither sees. Each event is attributed to the innermost Python frame
-outside PyTorch and this module, at its exact line. Only values on the run's device count; on a CPU
-run every read is counted and marked with whether it would wait on a GPU (:func:`is_sync`).
-
-Both modes add Python work to every operator, so the locator runs over its own few steps, and
-compiled code runs eagerly under it: a compiled graph breaks at a sync anyway, so eager shows the
-same syncs and the ones a graph hides.
+"""Every host-device synchronisation of a training step, located to the file and line that made it
+(docs/profile-tune.md). Each event goes to the innermost Python frame outside PyTorch and this
+module; on a CPU run every read is counted and marked with whether it would wait on a GPU
+(:func:`is_sync`). Compiled code runs eagerly under the locator: a compiled graph breaks at a sync
+anyway, so eager shows the same syncs and the ones a graph hides.
 """
 
 from __future__ import annotations
@@ -111,7 +103,7 @@ class SyncLocator:
             self.depth -= 1
 
     def start(self) -> None:
-        stack = contextlib.ExitStack()
+        stack = self._stack = contextlib.ExitStack()
         set_stance = getattr(torch.compiler, "set_stance", None)  # torch >= 2.6; older: compiled code as is
         if set_stance is not None:
             stack.enter_context(set_stance("force_eager"))
@@ -119,7 +111,6 @@ class SyncLocator:
             stack.enter_context(_cuda_sync_debug(self))
         stack.enter_context(_FunctionLevel(self))
         stack.enter_context(_DispatchLevel(self))
-        self._stack = stack
 
     def stop(self) -> None:
         if self._stack is not None:
@@ -137,14 +128,8 @@ class SyncLocator:
         """One row per (kind, operation, line), most frequent first, with ``per_step`` and ``sync``
         (whether the host waits for the device there: on this device or, on a CPU, on a GPU)."""
         return [
-            {
-                "kind": kind,
-                "what": what,
-                "where": where,
-                "code": code,
-                "per_step": n / max(steps, 1),
-                "sync": is_sync(kind, self.device.type),
-            }
+            {"kind": kind, "what": what, "where": where, "code": code, "per_step": n / max(steps, 1)}
+            | {"sync": is_sync(kind, self.device.type)}
             for (kind, what, where, code), n in self.events.most_common()
             if kind != "clock"  # turbotrain's own measuring: not a read of the step's
         ]
@@ -213,9 +198,7 @@ class _DispatchLevel(_Level, TorchDispatchMode):
         ):
             return SHAPE if len(args) < 4 or args[3] is None else None
         if name in ("index", "index_put", "index_put_") and len(args) > 1:
-            masks = [
-                i for i in args[1] if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
-            ]
+            masks = any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1])
             return SHAPE if masks else None
         if name in ("_to_copy", "to") and first.device.type != "cpu" and _is_cpu(kwargs.get("device")):
             return COPY
@@ -262,32 +245,48 @@ def _cuda_sync_debug(locator: SyncLocator) -> Iterator[None]:
             torch.cuda.set_sync_debug_mode(previous)
 
 
-class SyncWindow(Hook):
-    """Locates the syncs of optimizer steps ``after + 1`` to ``after + steps`` (a hook for ``fit``)."""
+class StepWindow(Hook):
+    """``begin`` after optimizer step ``after``, ``end`` after step ``after + steps`` (or at an
+    exception; profile's two windows); ``seen`` counts the steps inside."""
 
-    def __init__(self, device: torch.device, after: int, steps: int) -> None:
-        self.locator = SyncLocator(device)
-        self.after, self.steps, self.seen = after, steps, 0
-        self.running = False
+    def __init__(self, after: int, steps: int) -> None:
+        self.after, self.steps, self.seen, self.running = after, steps, 0, False
+
+    def begin(self, ctx: FitContext) -> None: ...
+
+    def end(self, ctx: FitContext | None) -> None: ...
 
     def on_step_end(self, ctx: FitContext) -> None:
         step = ctx.engine.state.step
-        if self.running:
-            self.seen += 1
+        self.seen += self.running
         if step == self.after:
-            self.locator.start()
+            self.begin(ctx)
             self.running = True
         elif step >= self.after + self.steps and self.running:
-            self.locator.stop()
+            self.end(ctx)
             self.running = False
-
-    def on_fit_end(self, ctx: FitContext) -> None:
-        self.on_exception(ctx, None)  # type: ignore[arg-type]
 
     def on_exception(self, ctx: FitContext, exc: BaseException) -> None:
         if self.running:
-            self.locator.stop()
+            self.end(None)
             self.running = False
+
+
+class SyncWindow(StepWindow):
+    """Locates the syncs of optimizer steps ``after + 1`` to ``after + steps`` (a hook for ``fit``)."""
+
+    def __init__(self, device: torch.device, after: int, steps: int) -> None:
+        super().__init__(after, steps)
+        self.locator = SyncLocator(device)
+
+    def begin(self, ctx: FitContext) -> None:
+        self.locator.start()
+
+    def end(self, ctx: FitContext | None) -> None:
+        self.locator.stop()
+
+    def on_fit_end(self, ctx: FitContext) -> None:
+        self.on_exception(ctx, None)  # type: ignore[arg-type]
 
     def report(self) -> dict[str, Any]:
         """``per_step`` (syncs), ``host_reads_per_step`` (every located event), the sources and the steps."""
@@ -330,11 +329,8 @@ def format_syncs(doc: dict[str, Any], indent: str = "") -> list[str]:
         f"({doc['host_reads_per_step']:.1f} host reads of tensor values per step)"
     ]
     for s in doc["sources"]:
-        tag = (
-            "sync"
-            if s["sync"]
-            else "no sync (" + ("host-side step counters" if s["kind"] == "optimizer" else "CPU only") + ")"
-        )
+        why = "host-side step counters" if s["kind"] == "optimizer" else "CPU only"
+        tag = "sync" if s["sync"] else f"no sync ({why})"
         what = f" {s['what']}" if s.get("what") else ""
         code = f" `{s['code']}`" if s.get("code") else ""
         lines.append(f"{indent}  - {s['per_step']:.2f}/step {s['kind']}{what}: {s['where']}{code} — {tag}")

@@ -23,8 +23,9 @@ from typing import Any
 import torch
 from torch.autograd import DeviceType
 
-from ...loop.hooks import FitContext, Hook
+from ...loop.hooks import FitContext
 from ..measure import DATA_LABEL, FORWARD_LABEL, HOOK_LABEL
+from .syncs import StepWindow
 
 PHASES = ("data", "forward", "backward", "optimizer", "hooks")
 PHASE_PREFIXES = (
@@ -61,38 +62,29 @@ def _without_kineto_markers() -> Iterator[None]:
                 os.write(2, b"".join(kept))
 
 
-class ProfilerWindow(Hook):
+class ProfilerWindow(StepWindow):
     """Profile optimizer steps ``after + 1`` to ``after + steps`` (CPU activity, and CUDA's on a GPU)."""
 
     def __init__(self, device: torch.device, after: int, steps: int) -> None:
+        super().__init__(after, steps)
         activities = [torch.profiler.ProfilerActivity.CPU]
         if device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        self.after, self.steps, self.cuda = after, steps, device.type == "cuda"
         self.prof = torch.profiler.profile(activities=activities, with_stack=True)
-        self.window_s = 0.0
-        self._t0 = 0.0
-        self.running = False
+        self.window_s = self._t0 = 0.0
 
-    def on_step_end(self, ctx: FitContext) -> None:
-        step = ctx.engine.state.step
-        if step == self.after:
-            ctx.engine.synchronize()  # host-device sync point: the window starts with an empty queue
-            with _without_kineto_markers():
-                self.prof.start()
-            self.running = True
-            self._t0 = time.perf_counter()
-        elif step == self.after + self.steps and self.running:
+    def begin(self, ctx: FitContext) -> None:
+        ctx.engine.synchronize()  # host-device sync point: the window starts with an empty queue
+        with _without_kineto_markers():
+            self.prof.start()
+        self._t0 = time.perf_counter()
+
+    def end(self, ctx: FitContext | None) -> None:
+        if ctx is not None:  # not at an exception: timed
             ctx.engine.synchronize()  # host-device sync point: the window's last kernels are in it
             self.window_s = time.perf_counter() - self._t0
-            with _without_kineto_markers():
-                self.prof.stop()
-            self.running = False
-
-    def on_exception(self, ctx: FitContext, exc: BaseException) -> None:
-        if self.running:
+        with _without_kineto_markers():
             self.prof.stop()
-            self.running = False
 
     def export(self, path: Path) -> Path:
         """The window's Chrome trace (open in chrome://tracing or ui.perfetto.dev); gzipped for .gz."""

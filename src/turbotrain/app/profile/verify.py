@@ -27,7 +27,6 @@ def verify(
     target: Target,
     advice: list[Advice],
     run_dir: Path,
-    *,
     warmup: int,
     steps: int,
     repeats: int,
