@@ -137,19 +137,16 @@ def _compare(result: PrecisionResult, run: dict[str, Any], ref: dict[str, Any] |
     floor = GRAD_FLOOR * max(ref_norms.values(), default=0.0)
     worst, worst_name = 0.0, None
     for name, n_ref in ref_norms.items():
-        g = run["grads"].get(name)
-        if g is None:
+        if (g := run["grads"].get(name)) is None:
             continue
         n, norm_scale = float(g.norm()), max(n_ref, floor)
         rel = abs(n - n_ref) / norm_scale if norm_scale > 0 else (0.0 if n == 0 else math.inf)
         if rel > worst:
             worst, worst_name = rel, name
     result.grad_norm_rel_diff, result.grad_norm_worst = worst, worst_name
-    over = (
-        [f"loss {100 * result.loss_rel_diff:.2g} % from fp32 (limit {100 * LOSS_RTOL:g} %)"]
-        if result.loss_rel_diff > LOSS_RTOL
-        else []
-    )
+    over: list[str] = []
+    if result.loss_rel_diff > LOSS_RTOL:
+        over.append(f"loss {100 * result.loss_rel_diff:.2g} % from fp32 (limit {100 * LOSS_RTOL:g} %)")
     if worst > GRAD_RTOL:
         over.append(
             f"gradient norm of {worst_name} {100 * worst:.2g} % from fp32 (limit {100 * GRAD_RTOL:g} %)"
@@ -340,14 +337,8 @@ def _sound(v: dict[str, Any]) -> str:
     )
 
 
-_RESULT = {
-    "ok": "ok",
-    "reference": "ok (reference)",
-    "nonfinite": "NON-FINITE",
-    "differs": "DIFFERS",
-    "error": "ERROR",
-    "unsupported": "not supported here",
-}
+_RESULT = {"ok": "ok", "reference": "ok (reference)", "nonfinite": "NON-FINITE", "differs": "DIFFERS"}
+_RESULT |= {"error": "ERROR", "unsupported": "not supported here"}
 
 
 def _against_fp32(r: dict[str, Any], value: str, text: str) -> str:
@@ -362,22 +353,20 @@ def _result(r: dict[str, Any]) -> str:
     return _RESULT[r["status"]] + scale
 
 
+def _loss_diff(r: dict[str, Any]) -> str:
+    return _against_fp32(r, "loss_abs_diff", f"{r['loss_abs_diff'] or 0:.2g} / {_pct(r['loss_rel_diff'])}")
+
+
+def _grad_diff(r: dict[str, Any]) -> str:
+    return _against_fp32(r, "grad_norm_rel_diff", f"{_pct(r['grad_norm_rel_diff'])} ({r['grad_norm_worst']})")
+
+
 CHECK_COLUMNS: list[tuple[str, Any]] = [
     ("precision", lambda r: r["precision"]),
     ("trains here", lambda r: "yes" if r["trains_here"] else f"no: {r['note']}"),
     ("loss", lambda r: "-" if r["loss"] is None else f"{r['loss']:.6g}"),
-    (
-        "vs fp32: abs / rel",
-        lambda r: _against_fp32(
-            r, "loss_abs_diff", f"{r['loss_abs_diff'] or 0:.2g} / {_pct(r['loss_rel_diff'])}"
-        ),
-    ),
-    (
-        "max grad-norm diff",
-        lambda r: _against_fp32(
-            r, "grad_norm_rel_diff", f"{_pct(r['grad_norm_rel_diff'])} ({r['grad_norm_worst']})"
-        ),
-    ),
+    ("vs fp32: abs / rel", _loss_diff),
+    ("max grad-norm diff", _grad_diff),
     ("result", _result),
 ]
 
@@ -419,9 +408,8 @@ def format_fp8(plan: dict[str, Any]) -> list[str]:
     lines.append(f"- this device: {'runs it' if plan['runs_here'] else 'no fp8: ' + plan['note']}")
     total = len(plan["converted"]) + len(plan["kept"])
     if plan["converted"]:
-        lines.append(
-            f"- {len(plan['converted'])} of {total} linear layers would run in float8: {_names(plan['converted'])}"
-        )
+        converted = f"{len(plan['converted'])} of {total} linear layers would run in float8"
+        lines.append(f"- {converted}: {_names(plan['converted'])}")
     else:
         ones = plan.get("with_min_size_1")
         lines.append(
