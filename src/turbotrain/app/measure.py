@@ -27,7 +27,7 @@ from ..core.compile_guard import collect_compile_counts, ranked_reasons
 from ..core.engine import Engine, LossFn, default_loss
 from ..core.meter.clock import StepClock
 from ..loop.fit import fit
-from ..loop.hooks import FitContext, Hook
+from ..loop.hooks import FitContext, Hook, HookList
 from ..loop.monitor import MfuProbe, Monitor
 from ..loop.run_hooks import MonitorPlan, build_monitor, monitor_plan
 from ..parts.data import TokenWindows, build_loader, fixed_batches, resolve_loader_settings
@@ -145,24 +145,16 @@ class DataWait:
         return getattr(self.loader, name)
 
 
-class Labelled(Hook):
+class Labelled(HookList):
     """``hook`` with its per-step work marked as a profiler range (``HOOK_LABEL`` + its class)."""
 
     def __init__(self, hook: Hook) -> None:
-        self.hook, self.label = hook, HOOK_LABEL + type(hook).__name__
-
-    def on_fit_start(self, ctx: FitContext) -> None:
-        self.hook.on_fit_start(ctx)
+        super().__init__([hook])
+        self.label = HOOK_LABEL + type(hook).__name__
 
     def on_step_end(self, ctx: FitContext) -> None:
         with record_function(self.label):
-            self.hook.on_step_end(ctx)
-
-    def on_fit_end(self, ctx: FitContext) -> None:
-        self.hook.on_fit_end(ctx)
-
-    def on_exception(self, ctx: FitContext, exc: BaseException) -> None:
-        self.hook.on_exception(ctx, exc)
+            super().on_step_end(ctx)
 
 
 def labelled(loss_fn: LossFn) -> LossFn:
@@ -195,21 +187,26 @@ class Built:
     micro: int  # samples per forward/backward
     parity_batches: list[Any]
     loader_info: dict[str, Any]
-    throughput_unit: str  # "tokens/s" or "samples/s"
     run_dir: Path
     workload: Workload | None = None
     batch_search: dict[str, Any] | None = None  # the batch finder's answer (preset with batch.micro = auto)
     files: list[Any] = field(default_factory=list)  # what holds the run's token files open: closed by release
 
     @property
+    def throughput_unit(self) -> str:
+        return "tokens/s" if self.workload is None else "samples/s"
+
+    @property
+    def _mfu(self) -> MfuProbe | None:
+        return next((p for p in self.monitor.probes if isinstance(p, MfuProbe)), None)
+
+    @property
     def flops_per_sample(self) -> float | None:
-        probe = next((p for p in self.monitor.probes if isinstance(p, MfuProbe)), None)
-        return probe.flops_per_sample if probe else None
+        return self._mfu.flops_per_sample if self._mfu else None
 
     @property
     def peak_tflops(self) -> float | None:
-        probe = next((p for p in self.monitor.probes if isinstance(p, MfuProbe)), None)
-        return probe.peak_tflops(self.engine.precision.mfu_peak()) if probe else None
+        return self._mfu.peak_tflops(self.engine.precision.mfu_peak()) if self._mfu else None
 
 
 def build(target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_dir: Path) -> Built:
@@ -256,7 +253,6 @@ def build(target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_d
         micro,
         parity,
         _loader_info(config, engine, settings, micro, f"DataLoader over {source.description}"),
-        "tokens/s",
         run_dir,
         batch_search=a.batch_search.to_dict() if a.batch_search is not None else None,
         files=[train, a.data, *val],
@@ -346,7 +342,6 @@ def _build_workload(
         batch_size(example),
         parity,
         info,
-        "samples/s",
         run_dir,
         workload=w,
     )
@@ -356,8 +351,7 @@ def _build_workload(
 
 
 def compile_counters() -> dict[str, int]:
-    """torch.compile's frames compiled and graph breaks so far in this process (0 when dynamo
-    was never loaded), from the compile guard's one reading of dynamo's counters."""
+    """torch.compile's frames compiled and graph breaks so far in this process (0 without dynamo)."""
     counts = collect_compile_counts()
     return {"compiled_frames": counts.frames, "graph_breaks": counts.graph_breaks}
 
@@ -380,6 +374,8 @@ class _Measure(Hook):
     """Marks every optimizer step on the clock; notes the counters at the end of the warm-up;
     every ``window`` timed steps reports the window's throughput (host clock) to ``on_window``;
     stops the loop after ``total`` steps."""
+
+    KEYS = {"tokens/s": "tokens", "samples/s": "samples"}
 
     def __init__(
         self,
@@ -414,10 +410,7 @@ class _Measure(Hook):
             self.clock.mark(ctx.engine.last_loss)
         if step == self.warmup:
             self.at_warm = self._count()
-            self._mark = (
-                self.at_warm["t"],
-                self.at_warm["tokens" if self.built.throughput_unit == "tokens/s" else "samples"],
-            )
+            self._mark = (self.at_warm["t"], self.at_warm[self.KEYS[self.built.throughput_unit]])
             if self.built.engine.device.type == "cuda":
                 self.at_warm["peak_bytes"] = torch.cuda.max_memory_allocated(self.built.engine.device)
             if self.on_warm is not None:
@@ -425,9 +418,8 @@ class _Measure(Hook):
         elif (
             step > self.warmup and self.window and (step - self.warmup) % self.window == 0 and self.on_window
         ):
-            key = "tokens" if self.built.throughput_unit == "tokens/s" else "samples"
             self.built.engine.synchronize()  # host-device sync point: once per window, for the pruner's figure
-            now, count = time.perf_counter(), getattr(ctx.engine.state, key)
+            now, count = time.perf_counter(), getattr(ctx.engine.state, self.KEYS[self.built.throughput_unit])
             self.on_window(
                 (step - self.warmup) // self.window, (count - self._mark[1]) / max(now - self._mark[0], 1e-9)
             )
@@ -551,9 +543,8 @@ def measure_once(
     memory: bool = False,
     timeline: bool = False,
 ) -> dict[str, Any]:
-    """:func:`build`, optionally :func:`measure_memory`, :func:`run`, :func:`release`: one measured run
-    in this process. ``timeline``: on CUDA the regime's device timeline over :data:`PROBE_STEPS` more
-    steps after the timed ones (``device_busy_ms``, ``host_enqueue_ms``), and ``peak_tflops``."""
+    """One measured run in this process (:func:`build`, :func:`run`, :func:`release`). ``timeline``:
+    on CUDA the regime's device timeline over :data:`PROBE_STEPS` more steps, and ``peak_tflops``."""
     built = build(target, changes, run_dir)
     try:
         cuda = built.engine.device.type == "cuda"

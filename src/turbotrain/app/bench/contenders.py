@@ -4,10 +4,10 @@ trains (:data:`TRAINERS`, run in its own process by :mod:`.worker`). Every conte
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import warnings
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,8 +55,9 @@ class Contender:
         """Why this contender cannot run here (None when it can)."""
         if self.cuda_only and device_type != "cuda":
             return "CUDA only"
-        if self.refused is not None and self.refused(device_type):
-            return self.refused(device_type)
+        refused = self.refused(device_type) if self.refused is not None else ""
+        if refused:
+            return refused
         for module in self.requires:
             if importlib.util.find_spec(module) is None:
                 return f"{module} is not installed (pip install {module})"
@@ -105,15 +106,10 @@ def train_eager(job: Job, autocast_dtype: torch.dtype | None = None) -> dict[str
     clock.start()
     model = job.model.to(device)
     opt, sched = job.plain_optimizer(model)
-    loader = make_loader(job.batches)
-    amp = (
-        (lambda: torch.autocast(device.type, dtype=autocast_dtype))
-        if autocast_dtype
-        else contextlib.nullcontext
-    )
+    amp = (lambda: torch.autocast(device.type, dtype=autocast_dtype)) if autocast_dtype else nullcontext
     clip = job.optim["grad_clip"]
     model.train()
-    for batch in loader:
+    for batch in make_loader(job.batches):
         batch = move_to(batch, device)
         with amp():
             loss = job.loss(model, batch)
@@ -133,7 +129,7 @@ def train_eager_bf16(job: Job) -> dict[str, Any]:
 
 
 def _require(package: str) -> Any:
-    """Import an optional package inside its contender process (a SkipContender when missing)."""
+    """Import an optional package in its contender process (a SkipContender when missing)."""
     try:
         return importlib.import_module(package)
     except ImportError as exc:

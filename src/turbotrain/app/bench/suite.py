@@ -1,8 +1,7 @@
 """Run a comparison, the precision matrix or the ablation, each row in its own process
-(``python -m turbotrain.app.bench.worker``), and derive what rows need to be compared: throughput,
-MFU where the GPU's peak is known, the loss difference from the reference row. Nothing is filled in
-that a process did not measure; the report so far is handed out before every row
-(``BenchOptions.progress``), so a bench stopped at a time limit keeps every row it finished."""
+(``python -m turbotrain.app.bench.worker``), and derive throughput, MFU (where the GPU's peak is
+known) and the loss difference from the reference row. Nothing is filled in that a process did not
+measure."""
 
 from __future__ import annotations
 
@@ -48,18 +47,17 @@ class BenchOptions:
     profile_steps: int = 3
     threads: int = 0  # CPU threads per row process (OMP_NUM_THREADS); 0 = torch's default
     auto_planned_steps: int = 10_000  # the run length the turbotrain-auto row decides for (bench/auto.py)
-    # Called with the report so far (``missing`` names the rows not yet run) before the first row
-    # and after every finished one, the last time complete: so a bench killed at a time limit
-    # keeps what it measured (results.ReportWriter writes each to disk).
-    progress: Callable[[dict[str, Any]], object] | None = None  # what it returns is not read
+    # Called with the report so far (``missing``: the rows not yet run) before every row and once
+    # at the end: a bench killed at a time limit keeps what it measured (results.ReportWriter).
+    progress: Callable[[dict[str, Any]], object] | None = None
 
 
 # ---------------------------------------------------------------------------------- processes
 
 
 def row_env(row_dir: Path, opts: BenchOptions) -> dict[str, str]:
-    """The contender's environment: turbotrain importable, and compile caches: by default cold
-    ones of its own, so no row's time to first step profits from another's compilation."""
+    """The row's environment; compile caches by default cold, its own: no row's time to first step
+    profits from another's compilation."""
     return child_env(
         threads=opts.threads, compile_cache=row_dir if opts.compile_cache == "cold" else opts.work_dir
     )
@@ -108,8 +106,8 @@ def run_rows(
     prefix: str,
     on_rows: Callable[[list[dict[str, Any]], list[str]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every job ``opts.repeat`` times, round-robin (a noisy machine's bursts then hit every row),
-    merged by :func:`merge_runs`; before each run, ``on_rows(rows so far, runs still to come)``."""
+    """Run every job ``opts.repeat`` times, round-robin, merged by :func:`merge_runs`; before each
+    run, ``on_rows(rows so far, runs still to come)``."""
     runs: dict[str, list[dict[str, Any]]] = {j.row: [] for j in jobs}
     todo = [(k, j) for k in range(max(1, opts.repeat)) for j in jobs if not j.skip]
     label = (lambda k, j: f"{j.row} (run {k + 1})") if opts.repeat > 1 else (lambda k, j: j.row)
@@ -129,8 +127,7 @@ def run_report(
     prefix: str,
     build: Callable[[list[dict[str, Any]]], dict[str, Any]],
 ) -> dict[str, Any]:
-    """The rows' report (``build``: rows -> report), complete; with ``opts.progress``, the report
-    so far goes there before every row and once more at the end (see BenchOptions.progress)."""
+    """The rows' report (``build``: rows -> report), handed to ``opts.progress`` as it grows."""
 
     def stamped(rows: list[dict[str, Any]], missing: list[str]) -> dict[str, Any]:
         return {**build(rows), "complete": not missing, "missing": missing}
@@ -149,15 +146,12 @@ def _merged_rows(jobs: list[RowJob], runs: dict[str, list[dict[str, Any]]]) -> l
     """One fresh row per job from the runs finished so far (derived figures are added later)."""
     rows = []
     for j in jobs:
-        if j.skip:
-            row = {"contender": j.contender, "row": j.row, "status": "skipped", "reason": j.skip}
-        elif not runs[j.row]:
-            row = {"contender": j.contender, "row": j.row, "status": "not run", "reason": NOT_RUN}
+        if j.skip or not runs[j.row]:
+            status = ("skipped", j.skip) if j.skip else ("not run", NOT_RUN)
+            row = {"contender": j.contender, "row": j.row, "status": status[0], "reason": status[1]}
         else:
-            row = merge_runs(runs[j.row])
-            row["row"] = j.row
-        row.update(j.extra)
-        rows.append(row)
+            row = {**merge_runs(runs[j.row]), "row": j.row}
+        rows.append({**row, **j.extra})
     return rows
 
 
@@ -170,25 +164,16 @@ def merge_runs(results: list[dict[str, Any]]) -> dict[str, Any]:
     row = dict(order[(len(order) - 1) // 2])
     if len(results) > 1:
         row["time_to_first_step_s"] = statistics.median(r["time_to_first_step_s"] for r in results)
-        row["runs"] = [
-            {
-                k: r.get(k)
-                for k in ("step_ms_median", "time_to_first_step_s", "final_loss", "process_s", "log")
-            }
-            for r in results
-        ]
+        keys = ("step_ms_median", "time_to_first_step_s", "final_loss", "process_s", "log")
+        row["runs"] = [{k: r.get(k) for k in keys} for r in results]
     return row
-
-
-def _status(row: dict[str, Any]) -> str:
-    return row["status"] if row["status"] == "ok" else f"{row['status']} ({row.get('reason', '')})"
 
 
 # ---------------------------------------------------------------------------------- derived figures
 
 
 def derive(row: dict[str, Any], w: BenchWorkload, flops: float) -> None:
-    """Add throughput and MFU computed from the row's measured median step (in place)."""
+    """Add throughput and MFU from the row's median step (in place)."""
     if row.get("status") != "ok":
         return
     step_s = row["step_ms_median"] / 1000.0
@@ -273,7 +258,7 @@ def _log_row(opts: BenchOptions, row: dict[str, Any], label: str) -> None:
             f"first step {row['time_to_first_step_s']:.2f} s"
         )
     else:
-        opts.log(f"  {label:<28} {_status(row)}")
+        opts.log(f"  {label:<28} {row['status']} ({row.get('reason', '')})")
 
 
 # ---------------------------------------------------------------------------------- compare
@@ -358,8 +343,7 @@ def _run_variants(
     kind: str,
     finish: Callable[[list[dict[str, Any]], dict[str, Any]], None],
 ) -> dict[str, Any]:
-    """Run the variants as turbotrain rows; the report is ``_base`` plus what ``finish(rows,
-    report)`` adds (references, summary), built again for every partial report."""
+    """The variants as turbotrain rows; the report is ``_base`` plus what ``finish(rows, report)`` adds."""
     spec, flops, method = _prepare(w, opts, kind)
     opts.log(f"{kind}: {w.describe()}")
     jobs = [
@@ -393,16 +377,19 @@ def _run_variants(
     return run_report(jobs, opts, f"{w.name}-{kind}", build)
 
 
+def _known(every: list[Variant], only: Sequence[str], kind: str) -> list[Variant]:
+    """``every`` row of a matrix, once ``only`` is checked to name rows of it (a one-line error)."""
+    unknown = sorted(set(only) - {v.name for v in every})
+    if unknown:
+        raise ValueError(f"unknown {kind} row(s) {unknown}; choose from {', '.join(v.name for v in every)}")
+    return every
+
+
 def run_precision_matrix(w: BenchWorkload, opts: BenchOptions, only: Sequence[str] = ()) -> dict[str, Any]:
     """Step time, speedup over fp32, peak memory and its reduction, loss and its difference from
     fp32 for each precision this device supports; recommends the fastest within tolerance
     (``only``: just these rows, beside fp32, the reference)."""
-    every = precision_variants(opts.device)
-    unknown = sorted(set(only) - {v.name for v in every})
-    if unknown:
-        raise ValueError(
-            f"unknown precision row(s) {unknown}; choose from {', '.join(v.name for v in every)}"
-        )
+    every = _known(precision_variants(opts.device), only, "precision")
     variants = [v for v in every if not only or v.name in only or v.name == "fp32"]
 
     def finish(rows: list[dict[str, Any]], report: dict[str, Any]) -> None:
@@ -451,10 +438,7 @@ def run_ablation(w: BenchWorkload, opts: BenchOptions, only: Sequence[str] = ())
     """Each ladder (LADDERS): its base, each optimization alone on it, (fp32: then all, then the
     defaults); every row compared with its own ladder's base (``only``: just these rows, beside
     the bases of their ladders)."""
-    every = ablation_variants(w, opts.device)
-    unknown = sorted(set(only) - {v.name for v in every})
-    if unknown:
-        raise ValueError(f"unknown ablation row(s) {unknown}; choose from {', '.join(v.name for v in every)}")
+    every = _known(ablation_variants(w, opts.device), only, "ablation")
     ladders = {v.ladder for v in every if v.name in only}
     bases = {LADDERS[ladder]["reference"] for ladder in ladders}
     variants = [v for v in every if not only or v.name in only or v.name in bases]

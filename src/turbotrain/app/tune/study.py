@@ -48,6 +48,7 @@ STUDY_DB = "study.db"
 MEMORY_KEYS = ("precision.mode", "memory.checkpointing", "compile.scope", "model.attention", "model.loss")
 NOT_COUNTED = ("over budget", "predicted over budget", "oom", "invalid", "duplicate")
 CONSTRAINTS = ("memory", "loss_parity", "failed")  # each <= 0 when satisfied
+KEPT = ("precision", "math_precision", "recompiles_after_warmup", "graph_breaks", "data_wait_ms_per_step")
 
 Log = Callable[..., None]
 __all__ = ["Outcome", "Runner", "Study", "TuneOptions", "require_optuna"]
@@ -156,22 +157,22 @@ class Study:
             "steps": o.steps,
             "global_batch": self.global_batch,
         }
+        identity = json.loads(json.dumps(identity, default=str))
         saved = self.study.user_attrs.get("identity")
         if saved is None:
-            self.study.set_user_attr("identity", json.loads(json.dumps(identity, default=str)))
+            self.study.set_user_attr("identity", identity)
             self._enqueue_baselines()
-        elif saved != json.loads(json.dumps(identity, default=str)):
+        elif saved != identity:
             raise ConfigError(
                 f"{self.run_dir} holds a tune study of other settings (target, search space or trial "
                 "length differ); give another --run.name to start a new one"
             )
         else:
             self.log(f"resuming the study in {self.run_dir}: {len(self.study.trials)} trial(s) so far")
-        for t in self.study.trials:  # left running by a process that died: they will never report
-            if t.state == optuna.trial.TrialState.RUNNING:
-                self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
         self.reference = self.study.user_attrs.get("reference")
         for t in self.study.trials:
+            if t.state == optuna.trial.TrialState.RUNNING:  # left by a process that died: it never reports
+                self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
             if "peak_bytes" in t.user_attrs or t.user_attrs.get("status") == "oom":
                 over = bool(t.user_attrs.get("over_budget"))
                 self.history.append(Measured(dict(t.params), t.user_attrs.get("peak_bytes"), over))
@@ -229,7 +230,6 @@ class Study:
         trial: Any,
         params: dict[str, Any],
         status: str,
-        *,
         result: dict[str, Any] | None = None,
         reason: str = "",
         peak: int | None = None,
@@ -307,11 +307,7 @@ class Study:
             "first_step_s": result.get("first_step_s"),
             "step_ms_median": result.get("step_ms_median"),
             "windows": windows or [],
-            "precision": result.get("precision"),
-            "math_precision": result.get("math_precision"),
-            "recompiles_after_warmup": result.get("recompiles_after_warmup"),
-            "graph_breaks": result.get("graph_breaks"),
-            "data_wait_ms_per_step": result.get("data_wait_ms_per_step"),
+            **{k: result.get(k) for k in KEPT},
         }
 
     def _parity(self, result: dict[str, Any]) -> tuple[float, float | None, float | None]:
@@ -347,16 +343,8 @@ class Study:
             name, changes, report=lambda k, value: self._report(trial, k, value), over_budget=self._over
         )
         reason = self._pruned_why if outcome.status == "pruned" else outcome.reason
-        self._tell(
-            trial,
-            params,
-            outcome.status,
-            result=outcome.result,
-            reason=reason,
-            peak=outcome.peak_bytes,
-            budget=outcome.budget_bytes,
-            windows=outcome.windows,
-        )
+        o = outcome
+        self._tell(trial, params, o.status, o.result, reason, o.peak_bytes, o.budget_bytes, o.windows)
         self.log(self.describe_trial(self.study.trials[trial.number]))
         if outcome.result.get("fatal"):  # the loss is not a scalar, the loader is empty: no proposal can run
             raise StudyStopped(
@@ -368,24 +356,20 @@ class Study:
     def _skipped(
         self, trial: Any, params: dict[str, Any], changes: dict[str, Any], name: str, label: str
     ) -> bool:
-        """Record and log a proposal that is not run (refused by the config, the same settings
-        as an earlier trial, predicted over the memory budget); True when it was one."""
+        """Record and log a proposal not run (refused by the config, a repeat, predicted over budget)."""
         try:
             self.target.config(changes)  # a combination the config refuses costs no process
         except ConfigError as exc:
             self._tell(trial, params, "invalid", reason=str(exc))
             self.log(f"{name}: skipped, invalid: {exc}")
             return True
+        done = [
+            t
+            for t in self.study.trials
+            if t.state.name in ("COMPLETE", "PRUNED") and t.number != trial.number
+        ]
         same = next(
-            (
-                t
-                for t in self.study.trials
-                if t.number != trial.number
-                and t.params == params
-                and t.state.name in ("COMPLETE", "PRUNED")
-                and t.user_attrs.get("status") != "duplicate"
-            ),
-            None,
+            (t for t in done if t.params == params and t.user_attrs.get("status") != "duplicate"), None
         )
         if same is not None:
             self._repeat(trial, same)
@@ -406,9 +390,9 @@ class Study:
         for k, v in same.user_attrs.items():
             if k != "baseline":
                 trial.set_user_attr(k, v)
-        trial.set_user_attr("status", "duplicate")
-        trial.set_user_attr("counted", False)
-        trial.set_user_attr("reason", f"the settings of trial {same.number}")
+        repeat = {"status": "duplicate", "counted": False, "reason": f"the settings of trial {same.number}"}
+        for k, v in repeat.items():
+            trial.set_user_attr(k, v)
         if not self.legacy_constraints:
             for k, v in zip(CONSTRAINTS, same.user_attrs.get("constraints", [1.0, 1.0, 1.0])):
                 trial.set_constraint(k, v)
@@ -427,9 +411,7 @@ class Study:
         trial.report(value, k)
         if not self.options.prune:
             return False
-        best = max(
-            (t.value for t in self.study.trials if t.state.name == "COMPLETE" and t.value), default=0.0
-        )
+        best = max((t.value for t in self.study.trials if t.state.name == "COMPLETE" and t.value), default=0)
         if best and value < SLOW_FRACTION * best:
             self._pruned_why = (
                 f"window {k}: {value:,.0f}/s, under {SLOW_FRACTION:.0%} of the best trial's {best:,.0f}/s"
@@ -567,9 +549,7 @@ class Study:
     def best(self) -> dict[str, Any] | None:
         """The fastest feasible trial (constraints all <= 0), or None."""
         good = [
-            r
-            for r in self.rows()
-            if r.get("feasible") and r.get("throughput") and r.get("status") != "duplicate"
+            r for r in self.rows() if r.get("feasible") and r.get("throughput") and r["status"] != "duplicate"
         ]
         return max(good, key=lambda r: r["throughput"]) if good else None
 
