@@ -6,6 +6,8 @@ runs differ only in arithmetic, and their losses compare (loss parity)."""
 from __future__ import annotations
 
 import gc
+import json
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -20,6 +22,7 @@ from torch.utils.data import DataLoader
 from ..base.batch import batch_size, move_to
 from ..base.config import RunConfig, load_config
 from ..base.errors import TurbotrainError
+from ..base.process import run_process
 from ..base.rundir import workload_label
 from ..base.seeds import rng_state, set_rng_state
 from ..core.assembly import build_trainable
@@ -111,7 +114,28 @@ class Target:
         return cls(data.get("preset"), data.get("model"), data.get("overrides") or {})
 
 
-# ----------------------------------------------------------------------------- loader wrappers
+def run_child(
+    module: str,
+    folder: Path,
+    spec: Mapping[str, Any] | None,
+    env: dict[str, str],
+    timeout_s: float,
+    *args: str,
+    poll: Callable[[], bool] | None = None,
+) -> tuple[int | None, dict[str, Any] | None, list[str]]:
+    """``python -m module *args [--spec folder/spec.json] --result folder/result.json``, its output
+    in ``folder/log.txt``: its exit code (None: past ``timeout_s`` or stopped by ``poll``), the
+    result it wrote (None when none) and the command."""
+    folder.mkdir(parents=True, exist_ok=True)
+    spec_path, result = folder / "spec.json", folder / "result.json"
+    result.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", module, *args]
+    if spec is not None:
+        spec_path.write_text(json.dumps(spec, indent=1, default=str))
+        cmd += ["--spec", str(spec_path)]
+    cmd += ["--result", str(result)]
+    code = run_process(cmd, folder / "log.txt", env, timeout_s, poll=poll)
+    return code, json.loads(result.read_text()) if result.is_file() else None, cmd
 
 
 class DataWait:
@@ -165,9 +189,6 @@ def labelled(loss_fn: LossFn) -> LossFn:
             return loss_fn(model, batch)
 
     return forward
-
-
-# ----------------------------------------------------------------------------- assembly
 
 
 @dataclass
@@ -345,9 +366,6 @@ def _build_workload(
         run_dir,
         workload=w,
     )
-
-
-# ----------------------------------------------------------------------------- running
 
 
 def compile_counters() -> dict[str, int]:

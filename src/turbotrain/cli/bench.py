@@ -25,7 +25,7 @@ from ..app.bench.results import ReportWriter, build_document, write_document
 from ..app.bench.suite import BenchOptions, run_ablation, run_compare, run_precision_matrix
 from ..app.bench.tables import render_report
 from ..app.bench.to_loss import ToLossOptions, parse_contender, render_to_loss, run_to_loss
-from ..app.bench.workloads import NOT_BUILT, custom_workload, expand, resolve_workload, workload_names
+from ..app.bench.workloads import custom_workload, expand, resolve_workload, workload_names
 from ..app.measure import merge
 from ..app.prepare import default_preset
 from ..base.atomic import atomic_write
@@ -49,10 +49,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def _what_options() -> Options:
     """What a bench measures: the workload or model, the reports, their rows."""
-    not_built = f" ({', '.join(NOT_BUILT)}: not built yet)" if NOT_BUILT else ""
     return {
-        "--workload": f"one of: {', '.join(workload_names())}{not_built}; "
-        "default: gpt2-small on a GPU, gpt-tiny on CPU",
+        "--workload": f"one of: {', '.join(workload_names())}; default: gpt2-small on a GPU, gpt-tiny on CPU",
         "--model": "your own model instead of a workload: FUNC() returns turbotrain.Workload(model=..., "
         "train_loader=...) (or a dict); every row calls it again, seeded, and trains it with the bench recipe",
         "--compare": switch("contenders side by side (the default when no --matrix)"),

@@ -19,9 +19,9 @@ from ...base.atomic import atomic_write
 from ...base.batch import move_to
 from ...base.config import load_config
 from ...base.errors import TurbotrainError
-from ...base.process import run_process
 from ...core.assembly import build_trainable
 from ...tools.memory import resolve_batch_size
+from ..measure import run_child
 from .contenders import turbotrain_overrides
 from .suite import BenchOptions, row_env
 from .workloads import make_data, resolve_workload, seeded_model, to_spec
@@ -57,24 +57,21 @@ def find_workload_batch(
     """:func:`search` in its own process, with the environment a row gets (threads, compile
     cache) so its answer holds for the rows; raises a one-line TurbotrainError when it fails."""
     work_dir = opts.work_dir / f"batch-{name}"
-    work_dir.mkdir(parents=True, exist_ok=True)
-    result, log = work_dir / "result.json", work_dir / "log.txt"
-    result.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "turbotrain.app.bench.autobatch", name, "--device", opts.device]
-    cmd += ["--seed", str(opts.seed), "--max-micro", str(max_micro), "--result", str(result)]
-    code = run_process(cmd, log, row_env(work_dir, opts), opts.timeout_s)
+    args = (name, "--device", opts.device, "--seed", str(opts.seed), "--max-micro", str(max_micro))
+    env, log = row_env(work_dir, opts), work_dir / "log.txt"
+    code, result, _ = run_child("turbotrain.app.bench.autobatch", work_dir, None, env, opts.timeout_s, *args)
     where = f"see {log}" if keep_log else "pass --work-dir DIR to keep its log"
     if code is None:
         raise TurbotrainError(
             f"--batch auto: the batch search for {name} took over {opts.timeout_s:g} s ({where}); "
             "pass --batch N or a larger --timeout-s"
         )
-    if code != 0 or not result.is_file():
+    if code != 0 or result is None:
         tail = log.read_text().strip().splitlines()[-1:] or ["no output"]
         raise TurbotrainError(
             f"--batch auto: the batch search for {name} failed: {tail[0][:300]} ({where}); pass --batch N"
         )
-    return json.loads(result.read_text())
+    return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:

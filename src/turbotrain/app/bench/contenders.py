@@ -97,9 +97,6 @@ CONTENDERS: dict[str, Contender] = {c.name: c for c in (
 DEFAULT_ORDER = tuple(CONTENDERS)
 
 
-# ---------------------------------------------------------------------------------- in-process side
-
-
 def train_eager(job: Job, autocast_dtype: torch.dtype | None = None) -> dict[str, Any]:
     """Plain PyTorch: the loop everyone starts from."""
     device, clock = job.device, job.clock

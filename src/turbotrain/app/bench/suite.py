@@ -5,7 +5,6 @@ measure."""
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ...base.failure import cause_in_log
-from ...base.process import child_env, run_process
+from ...base.process import child_env
 from ...core.meter.parity import (
     MIXED_PRECISION_REL_TOL,
     MIXED_PRECISION_TOL,
@@ -25,6 +24,7 @@ from ...core.meter.parity import (
     loss_tolerance,
 )
 from ...parts.hardware import estimate_mfu, lookup_peak
+from ..measure import run_child
 from .contenders import CONTENDERS, DEFAULT_ORDER
 from .variants import LADDERS, Variant, ablation_variants, precision_variants
 from .workloads import BenchWorkload, flops_per_step, to_spec, write_data
@@ -52,9 +52,6 @@ class BenchOptions:
     progress: Callable[[dict[str, Any]], object] | None = None
 
 
-# ---------------------------------------------------------------------------------- processes
-
-
 def row_env(row_dir: Path, opts: BenchOptions) -> dict[str, str]:
     """The row's environment; compile caches by default cold, its own: no row's time to first step
     profits from another's compilation."""
@@ -65,21 +62,15 @@ def row_env(row_dir: Path, opts: BenchOptions) -> dict[str, str]:
 
 def run_row(contender: str, spec: dict[str, Any], row_name: str, opts: BenchOptions) -> dict[str, Any]:
     """One row in its own process; its JSON result (status ok / skipped / failed)."""
-    row_dir = opts.work_dir / row_name
-    row_dir.mkdir(parents=True, exist_ok=True)
-    spec_path, result_path, log_path = row_dir / "spec.json", row_dir / "result.json", row_dir / "log.txt"
-    spec_path.write_text(json.dumps(spec, indent=1))
-    result_path.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "turbotrain.app.bench.worker", contender]
-    cmd += ["--spec", str(spec_path), "--result", str(result_path)]
-    start = time.perf_counter()
-    code = run_process(cmd, log_path, row_env(row_dir, opts), opts.timeout_s)
+    row_dir, start = opts.work_dir / row_name, time.perf_counter()
+    env, log_path = row_env(row_dir, opts), row_dir / "log.txt"
+    code, out, cmd = run_child("turbotrain.app.bench.worker", row_dir, spec, env, opts.timeout_s, contender)
     wall_s = time.perf_counter() - start
     result: dict[str, Any]
     if code is None:
         result = {"status": "failed", "reason": f"timed out after {opts.timeout_s:.0f} s"}
-    elif result_path.is_file():
-        result = json.loads(result_path.read_text())
+    elif out is not None:
+        result = out
     else:  # it died without a result of its own: the cause is in its log (the last line is often a warning's source)
         result = {"status": "failed", "reason": cause_in_log(log_path.read_text(errors="replace"), code)}
     result.update(contender=contender, row=row_name, command=" ".join(cmd), log=str(log_path), wall_s=wall_s)
@@ -169,9 +160,6 @@ def merge_runs(results: list[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
-# ---------------------------------------------------------------------------------- derived figures
-
-
 def derive(row: dict[str, Any], w: BenchWorkload, flops: float) -> None:
     """Add throughput and MFU from the row's median step (in place)."""
     if row.get("status") != "ok":
@@ -259,9 +247,6 @@ def _log_row(opts: BenchOptions, row: dict[str, Any], label: str) -> None:
         )
     else:
         opts.log(f"  {label:<28} {row['status']} ({row.get('reason', '')})")
-
-
-# ---------------------------------------------------------------------------------- compare
 
 
 def run_compare(w: BenchWorkload, opts: BenchOptions, contenders: list[str] | None = None) -> dict[str, Any]:

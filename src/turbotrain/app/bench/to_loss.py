@@ -23,13 +23,13 @@ import torch
 
 from ...base.atomic import atomic_write
 from ...base.config import load_config
-from ...base.process import child_env, run_process
+from ...base.process import child_env
 from ...core.engine import default_loss
 from ...core.meter.table import render_table
 from ...loop.fit import fit
 from ...loop.hooks import FitContext, Hook
 from ...parts.hardware import device_name
-from ..measure import merge
+from ..measure import merge, run_child
 from ..training import build_training
 
 VAL_SEED = 1234  # the held-out batches every run evaluates: the same whatever the run's seed
@@ -132,28 +132,17 @@ def run_one(opts: ToLossOptions, contender: str, seed: int, run_dir: Path) -> di
     }
 
 
-# ----------------------------------------------------------------------------- the comparison
-
-
 def run_to_loss(opts: ToLossOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Every (contender, seed) in its own process, round-robin over the seeds; the document."""
     opts.work_dir.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = []
     for seed in opts.seeds:
         for name in opts.contenders:
-            job = opts.work_dir / f"{name}-seed{seed}"
-            job.mkdir(parents=True, exist_ok=True)
-            (job / "job.json").write_text(json.dumps(_job_dict(opts, name, seed)))
-            result = job / "result.json"
-            t0 = time.perf_counter()
-            code = run_process(
-                [sys.executable, "-m", "turbotrain.app.bench.to_loss", str(job / "job.json"), str(result)],
-                job / "log.txt",
-                child_env(threads=opts.threads),
-                opts.timeout_s,
-            )
-            if code == 0 and result.exists():
-                run = json.loads(result.read_text())
+            job, t0 = opts.work_dir / f"{name}-seed{seed}", time.perf_counter()
+            spec, env = _job_dict(opts, name, seed), child_env(threads=opts.threads)
+            code, out, _ = run_child("turbotrain.app.bench.to_loss", job, spec, env, opts.timeout_s)
+            if code == 0 and out is not None:
+                run = out
             else:
                 log_file = job / "log.txt"
                 tail = log_file.read_text().strip().splitlines()[-1:] if log_file.exists() else []
@@ -333,12 +322,12 @@ SHARED = ("contenders", "preset", "overrides", "target_loss", "max_tokens", "max
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The child: ``python -m turbotrain.app.bench.to_loss JOB.json RESULT.json``."""
+    """The child: ``python -m turbotrain.app.bench.to_loss --spec JOB.json --result RESULT.json``."""
     parser = argparse.ArgumentParser(description="one to-loss run (turbotrain bench --to-loss starts these)")
-    parser.add_argument("job")
-    parser.add_argument("result")
+    parser.add_argument("--spec", required=True)
+    parser.add_argument("--result", required=True)
     args = parser.parse_args(argv)
-    job: Mapping[str, Any] = json.loads(Path(args.job).read_text())
+    job: Mapping[str, Any] = json.loads(Path(args.spec).read_text())
     opts = ToLossOptions(**{**job["options"], "seeds": tuple(job["options"]["seeds"])})
     result = run_one(opts, job["contender"], job["seed"], Path(job["run_dir"]))
     atomic_write(args.result, json.dumps(result, indent=1, default=str))

@@ -30,8 +30,6 @@ from ...parts.workload import load_workload, rebuild_loader
 CUSTOM = "custom"  # BenchWorkload.model of a --model FILE.py:FUNC workload
 Size = int | None  # a --batch, --warmup or --steps given on the command line (None: the workload's)
 
-# ---------------------------------------------------------------------------------- workloads
-
 
 @dataclass(frozen=True)
 class BenchWorkload:
@@ -169,7 +167,6 @@ def _sized(name: str, device_type: str) -> BenchWorkload:
 LANGUAGE_MODELS = ("gpt", "moe", "llama")  # build kinds whose model has flops_per_token and SDPA attention
 WORKLOADS: dict[str, Callable[[str], BenchWorkload]] = {name: partial(_sized, name) for name in _TABLE}
 GROUPS: dict[str, tuple[str, ...]] = {"cnn": ("cnn-224", "cnn-cifar")}
-NOT_BUILT: dict[str, str] = {}  # workloads named in the design whose model is not built yet
 
 
 def workload_names() -> list[str]:
@@ -178,9 +175,7 @@ def workload_names() -> list[str]:
 
 
 def expand(name: str) -> list[str]:
-    """'cnn' -> ['cnn-224', 'cnn-cifar']; a single workload -> [name]; unknown or unbuilt -> error."""
-    if name in NOT_BUILT:
-        raise TurbotrainError(f"{NOT_BUILT[name]}; choose one of: {', '.join(workload_names())}")
+    """'cnn' -> ['cnn-224', 'cnn-cifar']; a single workload -> [name]; unknown -> error."""
     if name in GROUPS:
         return list(GROUPS[name])
     if name not in WORKLOADS:
@@ -202,24 +197,19 @@ def resolve_workload(
         raise TurbotrainError(f"{name!r} is a group of workloads ({', '.join(GROUPS[name])}); resolve each")
     (only,) = expand(name)
     w = WORKLOADS[only](device_type)
-    changes: dict[str, Any] = {}
-    if batch_size is not None:
-        changes["batch_size"] = batch_size
+    changes: dict[str, Any] = {} if batch_size is None else {"batch_size": batch_size}
     if model_overrides:
         kwargs = {**w.model_kwargs, **model_overrides}
         changes["model_kwargs"] = kwargs
         if w.model in LANGUAGE_MODELS and "block_size" in model_overrides:
             changes["seq_len"] = kwargs["block_size"]
-    return resolve_bench(w.replace(**changes) if changes else w, warmup_steps, timed_steps)
+    return resolve_bench(w.replace(**changes), warmup_steps, timed_steps)
 
 
 def resolve_bench(w: BenchWorkload, warmup_steps: Size = None, timed_steps: Size = None) -> BenchWorkload:
     """``w`` with the given step counts, checked: a warm-up step, two timed steps, one sample."""
-    if warmup_steps is not None or timed_steps is not None:
-        w = w.replace(
-            warmup_steps=w.warmup_steps if warmup_steps is None else warmup_steps,
-            timed_steps=w.timed_steps if timed_steps is None else timed_steps,
-        )
+    steps = {"warmup_steps": warmup_steps, "timed_steps": timed_steps}
+    w = w.replace(**{k: v for k, v in steps.items() if v is not None})
     if w.warmup_steps < 1:
         raise TurbotrainError(
             f"--warmup = {w.warmup_steps}: at least 1 warm-up step is needed (step 1 includes compilation)"
@@ -231,11 +221,7 @@ def resolve_bench(w: BenchWorkload, warmup_steps: Size = None, timed_steps: Size
     return w
 
 
-# ---------------------------------------------------------------------------------- models
-
-
 def seeded_model(kind: str, kwargs: dict[str, Any], seed: int) -> nn.Module:
-    """``build_named`` right after ``torch.manual_seed(seed)``: the same weights in every process."""
     return seeded_workload(kind, kwargs, seed)[0]
 
 
@@ -274,9 +260,8 @@ def flops_per_step(w: BenchWorkload) -> tuple[float, str]:
             if failed is None:
                 raise
             raise failed from None
-        return per_sample * _batch_size(
-            batch
-        ), "counted on one batch (torch.utils.flop_counter, forward + backward)"
+        how = "counted on one batch (torch.utils.flop_counter, forward + backward)"
+        return per_sample * _batch_size(batch), how
     if w.model in LANGUAGE_MODELS:
         with torch.device("meta"):
             gpt = build_named(w.model, w.model_kwargs)
@@ -293,9 +278,6 @@ def flops_per_step(w: BenchWorkload) -> tuple[float, str]:
     with FlopCounterMode(display=False) as counter:
         model(x, y).backward()
     return float(counter.get_total_flops()), "counted (torch.utils.flop_counter, forward + backward)"
-
-
-# ---------------------------------------------------------------------------------- data
 
 
 def corpus_windows(count: int, seq_len: int, seed: int) -> torch.Tensor:
@@ -338,13 +320,10 @@ def write_data(w: BenchWorkload, seed: int, path: Path) -> Path:
     """Write the batches once, for every contender to read (``torch.load(weights_only=True)``)."""
     if w.model == CUSTOM:
         torch.save({"batches": custom_batches(w, seed)}, path)
-        return path
-    xs, ys = make_data(w, seed)
-    torch.save({"x": xs, "y": ys}, path)
+    else:
+        xs, ys = make_data(w, seed)
+        torch.save({"x": xs, "y": ys}, path)
     return path
-
-
-# ---------------------------------------------------------------------------------- your model
 
 
 def custom_workload(
@@ -406,7 +385,7 @@ def _plain(batch: Any) -> Any:
     if isinstance(batch, Mapping):
         return {k: _plain(v) for k, v in batch.items()}
     if isinstance(batch, (list, tuple)):
-        return [_plain(b) for b in batch] if isinstance(batch, list) else tuple(_plain(b) for b in batch)
+        return (list if isinstance(batch, list) else tuple)(_plain(b) for b in batch)
     return batch
 
 

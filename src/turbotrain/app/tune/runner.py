@@ -4,7 +4,6 @@ events read while it runs. The study talks to a :class:`Runner` (tests use a sim
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,8 +11,8 @@ from typing import Any, Protocol
 
 from ...base.errors import TurbotrainError
 from ...base.failure import cause_in_log
-from ...base.process import child_env, run_process
-from ..measure import Target
+from ...base.process import child_env
+from ..measure import Target, run_child
 
 
 @dataclass
@@ -66,33 +65,39 @@ class ProcessRunner:
 
     def _spawn(
         self, name: str, spec: dict[str, Any], poll: Callable[[list[dict[str, Any]]], str]
-    ) -> tuple[int | None, str, Path]:
+    ) -> tuple[int | None, str, Path, dict[str, Any] | None]:
         folder = self.run_dir / "trials" / name
+        progress = folder / "progress.jsonl"
         folder.mkdir(parents=True, exist_ok=True)
-        names = {"spec": "spec.json", "result": "result.json", "progress": "progress.jsonl", "log": "log.txt"}
-        paths = {k: folder / f for k, f in names.items()}
-        for key in ("result", "progress"):
-            paths[key].unlink(missing_ok=True)
-        paths["progress"].touch()
-        paths["spec"].write_text(json.dumps({**spec, "run_dir": str(folder)}, indent=1, default=str))
-        cmd = [sys.executable, "-m", "turbotrain.app.tune.trial", "--spec", str(paths["spec"])]
-        cmd += ["--result", str(paths["result"]), "--progress", str(paths["progress"])]
+        progress.unlink(missing_ok=True)
+        progress.touch()
         seen, stop = 0, ""
 
         def check() -> bool:
             nonlocal seen, stop
-            lines = paths["progress"].read_text().splitlines()
-            complete = lines if paths["progress"].read_text().endswith("\n") else lines[:-1]
+            text = progress.read_text()
+            lines = text.splitlines()
+            complete = lines if text.endswith("\n") else lines[:-1]
             events = [json.loads(line) for line in complete[seen:]]
             seen = len(complete)
             stop = poll(events) if events else ""
             return bool(stop)
 
         env = child_env(threads=self.options.threads, compile_cache=self.run_dir / "compile-cache")
-        code = run_process(cmd, paths["log"], env, self.options.timeout_s, poll=check)
-        if code is not None and not stop and paths["progress"].exists():
+        spec = {**spec, "run_dir": str(folder)}
+        code, result, _ = run_child(
+            "turbotrain.app.tune.trial",
+            folder,
+            spec,
+            env,
+            self.options.timeout_s,
+            "--progress",
+            str(progress),
+            poll=check,
+        )
+        if code is not None and not stop and progress.exists():
             check()  # events written just before it exited
-        return code, stop, folder
+        return code, stop, folder, result
 
     def measure(self, name: str, changes: Changes, report: Report, over_budget: OverBudget) -> Outcome:
         o = self.options
@@ -119,14 +124,14 @@ class ProcessRunner:
                         return "pruned"
             return ""
 
-        code, stop, folder = self._spawn(name, spec, poll)
-        result_path, log = folder / "result.json", folder / "log.txt"
+        code, stop, folder, result = self._spawn(name, spec, poll)
+        log = folder / "log.txt"
         if stop:
             out.status, out.reason = stop, ""
         elif code is None:
             out.status, out.reason = "timeout", f"ran past {o.timeout_s:g} s (--trial-timeout-s)"
-        elif result_path.is_file():
-            out.result = json.loads(result_path.read_text())
+        elif result is not None:
+            out.result = result
             out.status, out.reason = out.result.get("status", "failed"), out.result.get("reason", "")
             out.peak_bytes = out.result.get("peak_bytes", out.peak_bytes)
             out.budget_bytes = out.result.get("budget_bytes", out.budget_bytes)
@@ -138,18 +143,13 @@ class ProcessRunner:
         return out
 
     def find(self, changes: Changes) -> dict[str, Any]:
-        code, _, folder = self._spawn(
-            "batch-finder",
-            {"mode": "find", "target": self.target.to_dict(), "changes": changes},
-            lambda events: "",
-        )
-        result = folder / "result.json"
-        if code is None or not result.is_file():
+        spec = {"mode": "find", "target": self.target.to_dict(), "changes": changes}
+        code, _, folder, found = self._spawn("batch-finder", spec, lambda events: "")
+        if code is None or found is None:
             raise TurbotrainError(
                 f"tune: the batch finder run failed or timed out (see {folder / 'log.txt'}); "
                 "fix the batch size with --batch.micro=N"
             )
-        found = json.loads(result.read_text())
         if found.get("status") != "ok":
             raise TurbotrainError(
                 f"tune: the batch finder run ended with {found.get('status')}: {found.get('reason')}"

@@ -67,9 +67,6 @@ def require_optuna() -> Any:
     return optuna
 
 
-# ----------------------------------------------------------------------------- memory prediction
-
-
 @dataclass
 class Measured:
     """A trial's memory, for predicting others: its parameters, peak bytes (None after an
@@ -101,9 +98,6 @@ def predicted_over(
         if peak > limit:
             return f"extrapolated peak {peak / 2**20:,.0f} MiB over the {limit / 2**20:,.0f} MiB limit"
     return ""
-
-
-# ----------------------------------------------------------------------------- the study
 
 
 def _finite(*values: Any) -> bool:
@@ -141,8 +135,6 @@ class Study:
     reference: dict[str, Any] | None = None
     legacy_constraints: bool = False  # Optuna < 5: constraints through the sampler's constraints_func
     _pruned_why: str = ""
-
-    # ------------------------------------------------------------------ setup
 
     def open(self) -> None:
         """Create the study in ``run_dir/study.db``, or load it (a resume: the same target,
@@ -219,8 +211,6 @@ class Study:
 
     def counted(self) -> int:
         return sum(1 for t in self.study.trials if t.user_attrs.get("counted"))
-
-    # ------------------------------------------------------------------ one trial
 
     def _limit(self, budget: int | None) -> float | None:
         return None if budget is None else budget / (1.0 + self.headroom)
@@ -431,8 +421,6 @@ class Study:
         extra = f" ({a['reason']})" if a.get("reason") else ""
         return f"trial {t.number:3d}: {a.get('status', t.state.name.lower())}: {rate}{mem}{extra}"
 
-    # ------------------------------------------------------------------ loop
-
     def ensure_reference(self, after_baseline: bool = False) -> None:
         """The fp32 reference for loss parity (and the memory budget): the baseline trial when
         the base computes in fp32 and it completed, else one run of its own (fp32, the base
@@ -497,8 +485,6 @@ class Study:
             self.log(
                 f"stopped after {proposals} proposals: the sampler kept proposing settings that cannot run here"
             )
-
-    # ------------------------------------------------------------------ results
 
     def rows(self) -> list[dict[str, Any]]:
         """Every trial as a row: number, state, parameters and what it measured."""
