@@ -199,7 +199,7 @@ def _figure(spec: PlotSpec, records: list[dict[str, Any]], subtitle: str) -> Any
         fontsize=9,
         frameon=False,
     )
-    ax.set_title(f"{title}\n{subtitle}", fontsize=11)
+    ax.set_title(f"{title}\n{subtitle}", fontsize=11, y=1.0)  # no top ticks: where auto puts it
     return fig
 
 
