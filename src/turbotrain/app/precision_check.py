@@ -1,13 +1,6 @@
-"""``turbotrain doctor --model FILE.py:FUNC``: is your model sound in each precision, before a long run?
-
-One forward/backward on one batch per precision, each through the :class:`~turbotrain.Engine`
-(what training would run), against fp32 without TF32: finite loss and gradients, the loss's and
-the gradient norms' differences, then the verdict on the precision ``auto`` picks here. fp16-mixed
-runs as training does: on overflow the GradScaler's scale is lowered and the batch run again; on a
-CPU, where training refuses it, it is checked with CPU fp16 autocast (the same fp16 arithmetic, so
-a model that overflows fp16 is found on a laptop). fp8 (by name only) gets a section: which linear
-layers its filter would convert and why the others stay in bf16, read without torchao.
-"""
+"""``turbotrain doctor --model FILE.py:FUNC``: is your model sound in each precision, before a long
+run? One forward/backward on one batch per precision through the Engine, against fp32 without TF32
+(docs/fp8.md)."""
 
 from __future__ import annotations
 
@@ -47,8 +40,7 @@ FP8_LISTED = 8  # layer names shown per line of the text report (--json has them
 
 
 class _FP16MixedForTheCheck(FP16Mixed, register=False):
-    """fp16-mixed on a device whose training refuses it (CPU): the same autocast and GradScaler,
-    for this check only."""
+    """fp16-mixed on a device whose training refuses it (CPU), for this check only."""
 
     @classmethod
     def check(cls, caps: DeviceCaps, settings: PrecisionConfig) -> None:
@@ -157,9 +149,8 @@ def _compare(result: PrecisionResult, run: dict[str, Any], ref: dict[str, Any] |
 def fp8_plan(
     model: torch.nn.Module, device: torch.device, caps: DeviceCaps, settings: PrecisionConfig
 ) -> dict[str, Any]:
-    """What ``precision.mode = fp8`` would do to ``model``: the linear layers its filter converts, those
-    kept in bf16 and why, how many ``fp8_min_size = 1`` would convert when none is, and whether this
-    device runs it (else ``note``: training's one-line refusal)."""
+    """What ``precision.mode = fp8`` would do to ``model``: the linear layers converted, those kept in
+    bf16 and why, and whether this device runs it (else ``note``: training's one-line refusal)."""
     fp8 = FP8.from_settings(device, settings)
     plan = fp8.layer_plan(model)
     converted = [name for name, why in plan.items() if not why]
@@ -239,9 +230,8 @@ def check_precisions(
     seed: int = 0,
     fp8: PrecisionConfig | None = None,
 ) -> dict[str, Any]:
-    """Run ``w``'s model on one batch of its ``train_loader`` in each of ``modes``, and fp8 too where
-    this device runs it and its filter (``fp8``'s fields) converts a layer. Returns ``{"model",
-    "device", "results", "verdict", "fp8"}``; a model that fails in fp32 is a TurbotrainError."""
+    """Run ``w``'s model on one batch in each of ``modes``, and fp8 too where this device runs it and
+    its filter converts a layer; a model that fails in fp32 is a TurbotrainError."""
     device = resolve_device("auto" if device is None else str(device))
     caps = DeviceCaps.of(device)
     fp8_settings = recast(dataclasses.replace(fp8 or PrecisionConfig(), mode=FP8.name), FP8Settings)

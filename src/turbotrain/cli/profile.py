@@ -81,12 +81,7 @@ def main_profile(args: argparse.Namespace, extra: list[str]) -> int:
     )
     target = target_of(args, extra)
     options = ProfileOptions(
-        warmup=args.warmup,
-        timed=args.timed,
-        steps=args.steps,
-        verify=args.verify,
-        repeats=args.repeats,
-        verify_steps=args.verify_steps,
+        args.warmup, args.timed, args.steps, args.verify, args.repeats, verify_steps=args.verify_steps
     )
     with live_log() as log:
         doc = profile_target(target, options, log=log)
@@ -97,9 +92,8 @@ def main_profile(args: argparse.Namespace, extra: list[str]) -> int:
 
 @contextlib.contextmanager
 def live_log() -> Iterator[Callable[..., None]]:
-    """``log(line, transient=False)`` for long operations, on stderr: on a terminal (rich) a
-    line is printed and a transient one replaces the live status line below; otherwise lines
-    are printed and transient ones dropped."""
+    """``log(line, transient=False)`` on stderr: on a terminal a transient line replaces the live
+    status line; otherwise lines are printed and transient ones dropped."""
     from rich.console import Console  # on first use: ``turbotrain --help`` and other commands skip rich
 
     console = Console(stderr=True)

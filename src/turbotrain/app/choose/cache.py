@@ -1,12 +1,6 @@
-"""Where ``choose`` keeps its measurements between runs: the measuring kit's decision cache
-(:mod:`turbotrain.core.meter.cache`), one file per key under ``<cache>/choose/`` (``<cache>`` is
-``data.cache_dir``, else ``$XDG_CACHE_HOME/turbotrain``).
-
-The key's settings are every setting that changes a step's speed (precision, compile, memory,
-optimizer, data, distributed sections as given; the model section's shapes); the model is a
-workload file's bytes and FUNC. The value is ``{candidate name: figures}``; a file of another shape
-is ignored with one line naming it and measured again.
-"""
+"""Where ``choose`` keeps its measurements between runs (docs/choose.md): the measuring kit's
+decision cache, one file per key under ``<cache>/choose/``, keyed by every setting that changes a
+step's speed and the workload file's bytes; the value is ``{candidate name: figures}``."""
 
 from __future__ import annotations
 

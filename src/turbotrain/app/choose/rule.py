@@ -106,9 +106,8 @@ class Decision:
         return next((r for r in self.rows if r.status == "kept"), None)
 
     def to_dict(self) -> dict[str, Any]:
-        out = {
-            k: getattr(self, k) for k in ("changes", "planned_steps", "summary", "measured", "cache", "key")
-        }
+        keys = ("changes", "planned_steps", "summary", "measured", "cache", "key")
+        out = {k: getattr(self, k) for k in keys}
         out |= {"measure_s": round(self.measure_s, 3), "regime": self.regime}
         return {**out, "rows": [r.to_dict() for r in self.rows], "table": format_table(self)}
 
@@ -126,11 +125,8 @@ def precision_modes(device_type: str, resolved: str, tf32: bool, cpu_bf16: bool)
     opt-in): by default ``auto`` is fp32 on every CPU, so a default run's math does not depend on
     which CPU it meets (bf16 units or not) or on timing noise."""
     if device_type == "cuda":
-        return (
-            []
-            if resolved == "fp32"
-            else [("fp32", "fp32 weights and math" + (", TF32 matmuls" if tf32 else ""))]
-        )
+        fp32 = [("fp32", "fp32 weights and math" + (", TF32 matmuls" if tf32 else ""))]
+        return [] if resolved == "fp32" else fp32
     return [("bf16-mixed", "bf16 autocast")] if cpu_bf16 and resolved != "bf16-mixed" else []
 
 

@@ -216,15 +216,9 @@ def write_decision(run_dir: Path, decision: Decision) -> None:
     atomic_write(run_dir / CHOOSE_MD, "\n".join(format_table(decision)) + "\n")
 
 
-def choose_for_run(
-    config: RunConfig,
-    run_dir: Path,
-    say: Callable[[str], None] = print,
-    measure: MeasureFn | None = None,
-    planned: int | None = None,
-) -> RunConfig:
-    """``config`` with the settings :func:`decide_for_run` chooses."""
-    return apply(config, decide_for_run(config, run_dir, say, measure, planned))
+def choose_for_run(config: RunConfig, run_dir: Path, **options: Any) -> RunConfig:
+    """``config`` with the settings :func:`decide_for_run` (its ``options``) chooses."""
+    return apply(config, decide_for_run(config, run_dir, **options))
 
 
 def decide_for_run(

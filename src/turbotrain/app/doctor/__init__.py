@@ -1,11 +1,6 @@
-"""``turbotrain doctor``: an environment report to paste into a bug report, checks with fixes, and
-short speed probes (matmul TFLOP/s, copy GB/s) beside the datasheet figures.
-
-:func:`collect_env` (:mod:`turbotrain.app.environment`) is read-only and JSON-serialisable
-(benchmark result files embed it). :func:`run_checks` (:mod:`.checks`) turns it into findings,
-each with a level and the fix. :func:`run_probes` (:mod:`.probes`) measures; nothing else here runs
-device work. :mod:`.report` puts the three together as JSON and as text.
-"""
+"""``turbotrain doctor``: the environment (:func:`collect_env`, read-only, JSON), checks with fixes
+(:mod:`.checks`), speed probes beside the datasheet (:mod:`.probes`: the only device work), and the
+report of the three (:mod:`.report`)."""
 
 from ..environment import PACKAGES, collect_distributed, collect_env, collect_hardware, cpu_model
 from .checks import GPU_ONLY, LEVELS, Check, fp8_check, run_checks

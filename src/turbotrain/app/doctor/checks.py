@@ -1,6 +1,4 @@
-"""The checks of ``turbotrain doctor``: findings from the environment
-(:mod:`turbotrain.app.environment`), each with a level and the fix. The precision facts come from
-the precision plugins (fp8's float8 rule)."""
+"""The checks of ``turbotrain doctor``: findings from the environment, each with a level and the fix."""
 
 from __future__ import annotations
 
@@ -32,8 +30,7 @@ GPU_ONLY = "needs a CUDA GPU"
 
 
 def fp8_check(gpus: list[dict[str, Any]], torchao: str | None) -> Check:
-    """FP8 training (precision.mode = fp8): float8 tensor cores (each GPU's ``fp8``, the fp8
-    plugin's :func:`~turbotrain.core.precision.fp8.float8_capable`) and torchao."""
+    """FP8 training (precision.mode = fp8): float8 tensor cores and torchao."""
     emulate = "--precision.fp8_emulate=true runs it emulated, for correctness tests only"
     needed = ".".join(map(str, MIN_CAPABILITY))
     if not gpus:
@@ -61,8 +58,8 @@ def _gpu(g: dict[str, Any]) -> str:
 
 
 def run_checks(env: dict[str, Any]) -> list[Check]:
-    """Findings for ``env`` (:func:`collect_env`), most important first within each topic; without a
-    GPU the GPU checks are "skip", saying what could not be checked."""
+    """Findings for ``env``, most important first within each topic; without a GPU the GPU checks
+    are "skip", saying what could not be checked."""
     return [
         _device_check(env),
         *(_gpu_precision_checks(env) if env["gpus"] else _cpu_precision_checks(env)),

@@ -1,5 +1,4 @@
-"""Short speed probes of ``turbotrain doctor --probe``: matmul TFLOP/s and copy GB/s, each beside
-the datasheet figure. The only device work the doctor runs."""
+"""Short speed probes of ``turbotrain doctor --probe``: matmul TFLOP/s and copy GB/s."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ class ProbeResult:
 
 
 def _median_s(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
-    """Median seconds of ``fn`` by the measuring kit's clock (probe timing only)."""
-    return time_call(fn, device, repeats).median / 1000
+    return time_call(fn, device, repeats).median / 1000  # the measuring kit's clock, in seconds
 
 
 def measure_matmul_tflops(device: torch.device, dtype: torch.dtype, size: int, repeats: int = 10) -> float:
@@ -65,16 +63,14 @@ def measure_h2d_gbs(device: torch.device, mib: int, repeats: int = 10) -> float:
 
 
 def run_probes(device: torch.device | str | None = None, *, quick: bool = False) -> list[ProbeResult]:
-    """Short speed measurements on ``device`` (default: cuda:0 if present, else cpu), a few seconds;
-    ``quick`` shrinks sizes for tests. On a CPU no bf16: CPUs without bf16 units run it many times
-    slower than fp32."""
+    """Short speed measurements on ``device`` (default: cuda:0 if present, else cpu); ``quick``
+    shrinks sizes for tests. On a CPU no bf16: CPUs without bf16 units run it many times slower."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     return _gpu_probes(device, quick) if device.type == "cuda" else _cpu_probes(device, quick)
 
 
 def _matmul_tflops_tf32(device: torch.device, dtype: torch.dtype, size: int, tf32: bool) -> float:
-    """:func:`measure_matmul_tflops` with TF32 matmuls set to ``tf32`` for the measurement only."""
-    previous = torch.backends.cuda.matmul.allow_tf32
+    previous = torch.backends.cuda.matmul.allow_tf32  # TF32 set for this measurement only
     torch.backends.cuda.matmul.allow_tf32 = tf32
     try:
         return measure_matmul_tflops(device, dtype, size)
@@ -83,7 +79,6 @@ def _matmul_tflops_tf32(device: torch.device, dtype: torch.dtype, size: int, tf3
 
 
 def _gpu_probes(device: torch.device, quick: bool) -> list[ProbeResult]:
-    """The GPU's matmuls (bf16 where supported, fp32, TF32), device copy and host-to-device copy."""
     name = torch.cuda.get_device_name(device)
     spec = lookup_peak(name)
     size, mib = (1024, 64) if quick else (8192, 1024)
@@ -109,15 +104,14 @@ def _gpu_probes(device: torch.device, quick: bool) -> list[ProbeResult]:
 
 
 def _cpu_probes(device: torch.device, quick: bool) -> list[ProbeResult]:
-    """The CPU's fp32 matmul and memory copy (no datasheet figure)."""
     name = cpu_model()
     size, mib = (256, 16) if quick else (2048, 256)
     threads = torch.get_num_threads()
     tflops = measure_matmul_tflops(device, torch.float32, size, repeats=5)
     gbs = measure_copy_gbs(device, mib, repeats=5)
+    detail = f"{size}x{size}, {threads} thread(s), median of 5"
+    copied = f"{mib} MiB, read + write bytes, median of 5"
     return [
-        ProbeResult(
-            "matmul fp32", name, tflops, "TFLOP/s", None, f"{size}x{size}, {threads} thread(s), median of 5"
-        ),
-        ProbeResult("memory copy", name, gbs, "GB/s", None, f"{mib} MiB, read + write bytes, median of 5"),
+        ProbeResult("matmul fp32", name, tflops, "TFLOP/s", None, detail),
+        ProbeResult("memory copy", name, gbs, "GB/s", None, copied),
     ]

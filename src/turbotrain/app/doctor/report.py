@@ -1,5 +1,4 @@
-"""The report of ``turbotrain doctor``: the environment, the checks and the probes as one JSON
-object, and as text to paste into a bug report."""
+"""The report of ``turbotrain doctor``: one JSON object, and text to paste into a bug report."""
 
 from __future__ import annotations
 
@@ -34,7 +33,6 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def _env_lines(env: dict[str, Any]) -> list[str]:
-    """The environment: versions, CPU, RAM, NVML, GPUs, distributed, packages and env vars."""
     cpu = env["cpu"]
     lines = [
         f"- turbotrain: {env['turbotrain']}",
@@ -65,7 +63,6 @@ def _env_lines(env: dict[str, Any]) -> list[str]:
 
 
 def _gpu_lines(gpus: list[dict[str, Any]]) -> list[str]:
-    """Two lines per GPU: its features, then its datasheet figures."""
     lines = []
     for g in gpus:
         feats = ", ".join(
@@ -99,7 +96,6 @@ def _check_lines(checks: list[dict[str, str]]) -> list[str]:
 
 
 def _probe_lines(probes: list[dict[str, Any]]) -> list[str]:
-    """One line per probe, beside its datasheet figure where there is one."""
     lines = []
     for p in probes:
         sheet = p["datasheet"]

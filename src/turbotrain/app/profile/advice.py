@@ -43,6 +43,7 @@ BOTTLENECKS = {
     "compute": "forward and backward compute",
     **PRESSURE,  # memory, trend: the monitor's rules (pressure.py)
 }
+PHASE_BOTTLENECK = {"data": "data", "optimizer": "optimizer", "hooks": "syncs", "other": "overhead"}
 
 
 @dataclass
@@ -91,9 +92,8 @@ def diagnose(
     advice += _optimizer(built, trace)
     if device == "cuda":
         advice += [*_compute_cuda(built, trace), *_copies(built, trace, step_ms)]
-    advice += [
-        Advice(**f) for f in pressure_rules(built, figures, lambda: measure_memory(built))
-    ]  # memory, trend
+    # memory, trend
+    advice += [Advice(**f) for f in pressure_rules(built, figures, lambda: measure_memory(built))]
     advice.sort(key=lambda a: -a.expected_speedup)
     if advice:
         # a step that waits on its loader is data-bound (the regime's word) whatever advice ranks first
@@ -101,9 +101,7 @@ def diagnose(
     else:
         phases = trace["phases"]
         top = max(phases, key=lambda p: phases[p]["share"])
-        name = {"data": "data", "optimizer": "optimizer", "hooks": "syncs", "other": "overhead"}.get(
-            top, "compute"
-        )
+        name = PHASE_BOTTLENECK.get(top, "compute")
     return {"name": name, "text": BOTTLENECKS[name]}, advice
 
 
@@ -140,9 +138,8 @@ def _data(built: Built, figures: dict[str, Any], trace: dict[str, Any], step_ms:
 
 def _more_workers(built: Built, why: str, wait: float, step_ms: float, workers: int, cores: int) -> Advice:
     n = max(2, min(8, cores)) if workers == 0 else min(2 * workers, max(cores, 8))
-    new_step = max(
-        step_ms - wait, 1e-3, wait * (workers or 1) / n
-    )  # workers load ahead while the step computes
+    # workers load ahead while the step computes
+    new_step = max(step_ms - wait, 1e-3, wait * (workers or 1) / n)
     settings = {"data": {"num_workers": n}}
     code = "" if _is_preset(built) else f"DataLoader(..., num_workers={n}, persistent_workers=True)"
     expected = (
@@ -170,11 +167,8 @@ def _syncs(built: Built, trace: dict[str, Any], step_ms: float, device: str) -> 
     # on a GPU a read drains the queue: at best the idle share of the step comes back
     gain = _overall(idle, 2.0) if device == "cuda" else 1.0
     users = [_user_read(s, device, gain) for s in sources if s["kind"] == "user" and s["per_step"] >= 1]
-    return [
-        *_monitor_reads(built, trace, step_ms, device, idle),
-        *users,
-        *_guard_reads(built, sources, device, idle),
-    ]
+    monitor = _monitor_reads(built, trace, step_ms, device, idle)
+    return [*monitor, *users, *_guard_reads(built, sources, device, idle)]
 
 
 def _monitor_reads(
@@ -268,9 +262,8 @@ def _overhead(built: Built, trace: dict[str, Any], device: str) -> list[Advice]:
     code = "" if _is_preset(built) else f"DataLoader(..., batch_size={micro * k})"
     applies = _is_preset(built) or built.loader_info.get("num_workers") is not None
     expected = f"{effect}; about {gain:.1f}x samples/s if the model is overhead-bound"
-    return [
-        Advice("overhead", _flags(settings, code), why, expected, gain, settings if applies else {}, code)
-    ]
+    kept = settings if applies else {}
+    return [Advice("overhead", _flags(settings, code), why, expected, gain, kept, code)]
 
 
 def _larger_micro(built: Built, micro: int, acc: int) -> tuple[int, dict[str, dict[str, Any]], str]:
@@ -307,9 +300,8 @@ def _compute_cuda(built: Built, trace: dict[str, Any]) -> list[Advice]:
     share = phases["forward"]["share"] + phases["backward"]["share"]
     if share < 0.4:
         return []
-    rules: list[
-        tuple[dict[str, dict[str, Any]], str, str, float]
-    ] = []  # settings, why, expected, local speedup
+    # settings, why, expected, local speedup
+    rules: list[tuple[dict[str, dict[str, Any]], str, str, float]] = []
     if built.engine.precision.name == "fp32":
         why = f"forward and backward take {share:.0%} of the step in fp32"
         expected = (
@@ -333,9 +325,5 @@ def _copies(built: Built, trace: dict[str, Any], step_ms: float) -> list[Advice]
     code = "" if _is_preset(built) else "DataLoader(..., pin_memory=True)"
     why = f"host-to-device copies take {copy_ms:.2f} ms per step from pageable memory"
     expected = "pinned batches copy asynchronously on a side stream, overlapping compute"
-    gain = _overall(copy_ms / step_ms, 3.0)
-    return [
-        Advice(
-            "copies", _flags(settings, code), why, expected, gain, settings if _is_preset(built) else {}, code
-        )
-    ]
+    gain, kept = _overall(copy_ms / step_ms, 3.0), settings if _is_preset(built) else {}
+    return [Advice("copies", _flags(settings, code), why, expected, gain, kept, code)]

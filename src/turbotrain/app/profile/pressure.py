@@ -1,9 +1,6 @@
-"""Two of ``profile``'s rules that watch the run rather than one step's time: memory pressure
-(one step's peak memory over 80 % of the budget -> activation checkpointing, or half the
-micro-batch with twice the accumulation) and a falling throughput trend (the last third of the
-timed steps 10 % slower than the first). Findings are ``Advice`` fields without ``settings``:
-neither is a speed-up for ``--verify`` to measure.
-"""
+"""``profile``'s rules that watch the run rather than one step's time: memory pressure and a
+falling throughput trend. Findings are ``Advice`` fields without ``settings``: neither is a
+speed-up for ``--verify`` to measure."""
 
 from __future__ import annotations
 
@@ -42,10 +39,8 @@ def memory_budget(built: Built) -> tuple[int | None, str]:
         total = device_total_bytes(device)
         budget, what = total, "the device's"
         if c.memory.max_fraction > 0 and total:
-            budget, what = (
-                int(total * c.memory.max_fraction),
-                f"the cap (memory.max_fraction = {c.memory.max_fraction:g})",
-            )
+            budget = int(total * c.memory.max_fraction)
+            what = f"the cap (memory.max_fraction = {c.memory.max_fraction:g})"
     else:  # as the batch finder counts it: the weights already sit in RAM
         budget, what = usable_memory_bytes(device, 0.0, c.batch.max_memory_fraction), "the available RAM"
     if c.batch.max_memory_gib > 0 and (budget is None or c.batch.max_memory_gib * GIB < budget):
@@ -88,7 +83,7 @@ def memory_pressure(
 
 
 def throughput_trend(step_ms: list[float]) -> list[dict[str, Any]]:
-    """One finding when the timed steps slow down (see the module docstring)."""
+    """One finding when the last third of the timed steps is TREND_DROP slower than the first."""
     if len(step_ms) < TREND_MIN_STEPS:
         return []
     third = len(step_ms) // 3

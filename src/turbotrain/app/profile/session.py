@@ -1,6 +1,5 @@
 """One profile: a measured run with a torch.profiler window, the diagnosis, optional verification,
-and the files left in the run folder (``trace.json.gz``, ``profile.json``, ``profile.md``,
-``metrics.jsonl``; ``verify/`` holds the verification runs' metrics)."""
+and its run folder (``trace.json.gz``, ``profile.json``, ``profile.md``, ``metrics.jsonl``, ``verify/``)."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ TRACE_FILE, JSON_FILE, MD_FILE = "trace.json.gz", "profile.json", "profile.md"
 
 @dataclass(frozen=True)
 class ProfileOptions:
-    """``warmup`` untimed steps, ``timed`` steps for the figures, ``steps`` profiled steps; ``verify``
-    with ``repeats`` interleaved runs of ``verify_warmup`` + ``verify_steps`` steps per variant."""
+    """Steps of each kind (``turbotrain profile --help``); ``verify``: ``repeats`` runs per variant."""
 
     warmup: int = 5
     timed: int = 20
@@ -52,8 +50,7 @@ def profile_target(
     options: ProfileOptions = ProfileOptions(),
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
 ) -> dict[str, Any]:
-    """Profile ``target`` (see the package docstring); returns the report document, also written
-    to the run folder."""
+    """Profile ``target``; returns the report document, also written to the run folder."""
     config = target.config()
     name = config.run.name or f"profile-{target.label}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = new_run_dir(config.replace(run={"name": name}))
@@ -92,7 +89,8 @@ def _profiled(
     # timings of a model that does not train: say so before anything else
     if not _finite(figures.get("final_loss")):
         bottleneck = {"name": "non-finite loss", "text": NAN_TEXT.format(loss=figures.get("final_loss"))}
-    doc = _document(built, figures, trace, bottleneck, advice, trace_path)
+    doc = _document(built, figures, trace, trace_path)
+    doc |= {"bottleneck": bottleneck, "recommendations": [a.to_dict() for a in advice], "verify": None}
     doc["regime"] = asdict(classify(probe_from(figures, trace, built.peak_tflops)))  # app/regime.py
     return doc, advice
 
@@ -141,27 +139,21 @@ FIGURES = (  # the measured run's figures the report keeps, in this order
     "step_ms_median throughput throughput_unit samples_per_s tokens_per_s first_step_s data_wait_ms_per_step "
     "tflops mfu peak_bytes warmup steps"
 ).split()
+OPERATORS = ("forward_ops_per_step", "forward_op_median_us", "forward_op_time_median_us")
 PROFILED_NOTE = (
     "phase shares come from the profiled steps (profiler overhead included) and are applied to "
     "the unprofiled median step; the data wait is measured in the unprofiled timed steps"
 )
 
 
-def _document(
-    built: Any,
-    figures: dict[str, Any],
-    trace: dict[str, Any],
-    bottleneck: dict[str, str],
-    advice: list[Any],
-    trace_path: Path,
-) -> dict[str, Any]:
+def _document(built: Any, figures: dict[str, Any], trace: dict[str, Any], trace_path: Path) -> dict[str, Any]:
     c, engine = built.config, built.engine
+    target = {**built.target.to_dict(), "describe": built.workload.describe() if built.workload else c.preset}
+    profiled = {"steps": trace["profiled_steps"], "step_ms": trace["profiled_step_ms"], "note": PROFILED_NOTE}
+    compiled = {k: figures[k] for k in ("compiled", "recompiles_after_warmup", "graph_breaks")}
     return {
         "schema": SCHEMA,
-        "target": {
-            **built.target.to_dict(),
-            "describe": built.workload.describe() if built.workload else c.preset,
-        },
+        "target": target,
         "run_dir": str(built.run_dir),
         "trace": str(trace_path),
         "device": engine.device.type,
@@ -169,24 +161,12 @@ def _document(
         "settings": _settings(built),
         "loader": built.loader_info,
         "figures": {k: figures.get(k) for k in FIGURES},
-        "profiled": {
-            "steps": trace["profiled_steps"],
-            "step_ms": trace["profiled_step_ms"],
-            "note": PROFILED_NOTE,
-        },
+        "profiled": profiled,
         "breakdown": _breakdown(figures, trace),
         "device_timeline": trace.get("device"),
         "syncs": trace["syncs"],
-        "operators": {
-            k: trace[k] for k in ("forward_ops_per_step", "forward_op_median_us", "forward_op_time_median_us")
-        },
-        "compile": {
-            **{k: figures[k] for k in ("compiled", "recompiles_after_warmup", "graph_breaks")},
-            "graph_break_reasons": graph_break_reasons(),
-        },
-        "bottleneck": bottleneck,
-        "recommendations": [a.to_dict() for a in advice],
-        "verify": None,
+        "operators": {k: trace[k] for k in OPERATORS},
+        "compile": {**compiled, "graph_break_reasons": graph_break_reasons()},
     }
 
 

@@ -162,10 +162,8 @@ class _FunctionLevel(_Level, TorchFunctionMode):
         name = getattr(func, "__name__", "")
         what = _API.get(name)
         if what is None and name == "to":
-            target = kwargs.get(
-                "device", next((a for a in args[1:] if isinstance(a, (str, torch.device))), None)
-            )
-            what = COPY if _is_cpu(target) else None
+            positional = next((a for a in args[1:] if isinstance(a, (str, torch.device))), None)
+            what = COPY if _is_cpu(kwargs.get("device", positional)) else None
         if what is None or self.loc.depth or not args or not self.loc._on_device(args[0]):
             return func(*args, **kwargs)
         if name == "to" and args[0].device.type == "cpu":

@@ -1,12 +1,6 @@
-"""A torch.profiler window over a few training steps, and what its events say.
-
-:class:`ProfilerWindow` is a hook that profiles a few optimizer steps; :func:`analyze` turns the
-events into per-step figures: host time per phase, from the ranges turbotrain marks
-(:mod:`turbotrain.app.measure`) and the ones PyTorch emits (``autograd::engine`` for backward,
-``Optimizer.step#...``), the rest "other"; on CUDA device time per phase, host-to-device copies and
-the device's idle gaps; the forward's median operator duration and its time-weighted median
-(:func:`time_weighted_median`). Host reads of device values are located by :mod:`.syncs`.
-"""
+"""A torch.profiler window over a few training steps (:class:`ProfilerWindow`), and the per-step
+figures of its events (:func:`analyze`): host time per phase from the ranges turbotrain marks and
+PyTorch emits, the rest "other"; on CUDA device time, host-to-device copies and idle gaps."""
 
 from __future__ import annotations
 
@@ -142,7 +136,7 @@ def time_weighted_median(durations_us: Iterable[float]) -> float | None:
 
 
 def analyze(window: ProfilerWindow) -> dict[str, Any]:
-    """Per-step figures of the profiled window (see the module docstring)."""
+    """Per-step figures of the profiled window."""
     events = list(window.prof.events())
     steps = max(window.steps, 1)
     host = [e for e in events if e.device_type == DeviceType.CPU]

@@ -1,12 +1,6 @@
-"""``turbotrain profile --verify``: apply each recommendation in its own short run and keep only
-what measurably helped.
-
-The baseline and each recommendation with config ``settings`` run ``repeats`` times, interleaved
-(so a burst of load on a shared machine hits all of them alike), each a fresh short run
-(:func:`turbotrain.app.measure.measure_once`). A variant is kept when the median of its
-throughputs over the baseline's is at least RECOMMEND_MIN_SPEEDUP (below it, run-to-run noise).
-Changes to your own code are "not verified". Ctrl-C reports what ran; the rest is unverified.
-"""
+"""``turbotrain profile --verify``: the baseline and each recommended setting run ``repeats`` times,
+interleaved (a burst of load hits all alike); a variant is kept when its median throughput is at
+least RECOMMEND_MIN_SPEEDUP x the baseline's. Ctrl-C reports what ran; the rest is unverified."""
 
 from __future__ import annotations
 
@@ -32,8 +26,7 @@ def verify(
     repeats: int,
     log: Callable[[str], None],
 ) -> dict[str, Any]:
-    """Fill ``a.verified`` for each recommendation; returns the baseline's runs and whether the
-    verification was interrupted."""
+    """Fill ``a.verified`` for each recommendation; returns the baseline's runs."""
     candidates = [a for a in advice if a.settings]
     for a in advice:
         if not a.settings:
