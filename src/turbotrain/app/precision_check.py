@@ -81,8 +81,7 @@ def _forward_backward(
     mode: str | Precision, w: Workload, batch: Any, device: torch.device, seed: int
 ) -> dict[str, Any]:
     """The loss, the gradients (unscaled, float32, by parameter name) and the fp16 loss scale."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # bf16 on CPU "is slow": true, and beside the point here
+    with warnings.catch_warnings(action="ignore"):  # bf16 on CPU "is slow": true, and beside the point here
         engine = Engine({"run": {"device": str(device)}, **EXACT}, precision=mode)  # an exact fp32 reference
     model, _ = copy_on(engine, w.model)
     model.train()
@@ -166,8 +165,7 @@ def fp8_plan(
         ones = FP8.from_settings(device, dataclasses.replace(recast(settings, FP8Settings), fp8_min_size=1))
         out["with_min_size_1"] = sum(not why for why in ones.layer_plan(model).values())
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # fp8_emulate's "correctness only": the caller asked for it
+        with warnings.catch_warnings(action="ignore"):  # fp8_emulate's "correctness only": the caller asked
             resolve_precision(FP8.name, caps, settings)
     except ConfigError as exc:
         out["runs_here"], out["note"] = False, str(exc)
@@ -198,8 +196,7 @@ def _check_mode(
     """One precision's row and its forward/backward (None when it does not run here or raised)."""
     plugin: str | Precision = FP8.from_settings(device, fp8) if mode == FP8.name else mode
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # bf16 on CPU "is slow": true, and beside the point here
+        with warnings.catch_warnings(action="ignore"):  # bf16 on CPU "is slow": beside the point here
             resolve_precision(mode, caps, fp8)
         result = PrecisionResult(mode, "ok", True)
     except ConfigError as exc:

@@ -65,8 +65,8 @@ def measure_in_process(config: RunConfig, work_dir: Path) -> MeasureFn:
 
     def measure(c: Candidate) -> dict[str, Any]:
         folder = work_dir / c.name.replace(" ", "-").replace("/", "-").replace("(", "").replace(")", "")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", TurbotrainWarning)  # "bf16 on a CPU may be slow": we measure it
+        # "bf16 on a CPU may be slow": we measure it
+        with warnings.catch_warnings(action="ignore", category=TurbotrainWarning):
             try:
                 # plus the regime's device timeline on CUDA (3 more steps there)
                 return measure_once(

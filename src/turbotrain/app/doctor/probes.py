@@ -28,9 +28,7 @@ class ProbeResult:
         return self.value / self.datasheet if self.datasheet else None
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["fraction_of_datasheet"] = self.fraction_of_datasheet
-        return d
+        return asdict(self) | {"fraction_of_datasheet": self.fraction_of_datasheet}
 
 
 def _median_s(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
