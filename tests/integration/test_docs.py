@@ -36,10 +36,10 @@ from pathlib import Path
 
 import pytest
 
+from turbotrain.app.prepare import default_preset
 from turbotrain.base.config import load_config, parse_overrides
 from turbotrain.base.errors import ConfigError
 from turbotrain.cli import build_parser, main
-from turbotrain.cli.train import default_preset
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

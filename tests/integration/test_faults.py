@@ -26,9 +26,10 @@ from faults.limits import tmpfs
 from test_train_cli import _args, _one_line_error
 
 from turbotrain import load_config
+from turbotrain.app.prepare import default_preset
 from turbotrain.app.training import train
 from turbotrain.cli import main
-from turbotrain.cli.train import EXIT_STOPPED, default_preset
+from turbotrain.cli.train import EXIT_STOPPED
 from turbotrain.loop.checkpoint import is_verified, list_checkpoints
 
 MAX_STEPS = 8  # checkpoints at 3, 6 and 8 (tiny config: checkpoint_every 3)

@@ -11,9 +11,12 @@ import pytest
 
 from turbotrain import load_config
 from turbotrain.app.report import format_markdown, summarize_records
+from turbotrain.app.restart import keep_global_batch as _keep_global_batch
+from turbotrain.app.restart import named_for_restarts as _named_for_restarts
+from turbotrain.app.restart import peer_lost as _peer_lost
+from turbotrain.app.restart import resume_command
 from turbotrain.base.errors import ConfigError
 from turbotrain.base.launch import Launch, Topology
-from turbotrain.cli.train import _keep_global_batch, _named_for_restarts, _peer_lost, resume_command
 
 UUID = "3f0c6a2e-8d1b-4b7e-9a55-0c2f1e7d9b31"
 

@@ -1,7 +1,6 @@
-"""The environment a run or a report records: versions, CPU, RAM, GPUs (with what each can run,
-asked of the precision plugins), NVML, torch.distributed's backends and the GPU interconnect.
-Read-only and JSON-serialisable: ``turbotrain doctor`` prints it, benchmark result files embed
-:func:`collect_env`, a tracked run's summary records :func:`collect_hardware`."""
+"""The environment a run or a report records (read-only, JSON-serialisable): ``turbotrain doctor``
+prints :func:`collect_env`, benchmark result files embed it, a run's summary records
+:func:`collect_hardware`."""
 
 from __future__ import annotations
 
@@ -29,9 +28,6 @@ PACKAGES = tuple(
 )
 
 
-# ----------------------------------------------------------------------------- environment
-
-
 def _ram_gib() -> float | None:
     total, _ = ram_bytes()
     return None if total is None else round(total / GIB, 1)
@@ -44,14 +40,11 @@ def _usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _package_versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for name in PACKAGES:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _nvidia_hardware_present() -> bool:
@@ -80,19 +73,14 @@ def _gpu(index: int) -> dict[str, Any]:
 
 def collect_distributed(gpu_count: int) -> dict[str, Any]:
     """What multi-process training can use: the torch.distributed backends built in, GPU pairs
-    with peer-to-peer access, and the interconnect matrix ``nvidia-smi topo -m`` prints (NVLink
-    vs PCIe), which decides how fast DDP/FSDP's collectives are. Read-only, no device work."""
-    out: dict[str, Any] = {
-        "available": dist.is_available(),
-        "backends": [
-            b
-            for b, ok in (
-                ("nccl", dist.is_available() and dist.is_nccl_available()),
-                ("gloo", dist.is_available() and dist.is_gloo_available()),
-            )
-            if ok
-        ],
-    }
+    with peer-to-peer access, the interconnect matrix ``nvidia-smi topo -m`` prints (NVLink vs PCIe)."""
+    ok = dist.is_available()
+    backends = [
+        b
+        for b, built in (("nccl", ok and dist.is_nccl_available()), ("gloo", ok and dist.is_gloo_available()))
+        if built
+    ]
+    out: dict[str, Any] = {"available": ok, "backends": backends}
     if gpu_count > 1:
         out["p2p"] = {
             f"{a}->{b}": torch.cuda.can_device_access_peer(a, b)
@@ -149,7 +137,7 @@ def collect_env() -> dict[str, Any]:
             "float32_matmul_precision": torch.get_float32_matmul_precision(),
             "cudnn_benchmark": torch.backends.cudnn.benchmark,
         },
-        "packages": _package_versions(),
+        "packages": {name: _version(name) for name in PACKAGES},
         "env": {k: os.environ[k] for k in ENV_VARS if k in os.environ},
     }
 
@@ -164,8 +152,8 @@ def _nccl_version() -> str | None:
 
 
 def collect_hardware(device: torch.device | str) -> dict[str, Any]:
-    """A compact description of the device a run used, for summaries and result files: its name,
-    datasheet peaks (None for a CPU or an unknown GPU), the CPU, and torch/CUDA/driver versions."""
+    """The device a run used, for summaries and result files: its name, datasheet peaks (None for a
+    CPU or an unknown GPU), the CPU, and torch/CUDA/driver versions."""
     device = torch.device(device)
     out: dict[str, Any] = {
         "device": str(device),
@@ -187,6 +175,3 @@ def collect_hardware(device: torch.device | str) -> dict[str, Any]:
     else:
         out.update(name=out["cpu"], datasheet=None)
     return out
-
-
-# ----------------------------------------------------------------------------- checks

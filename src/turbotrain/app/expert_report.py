@@ -1,6 +1,5 @@
-"""The mixture-of-experts part of a run's report: ``experts.json`` turned into
-``plots/expert_load.png``, ``plots/expert_placement.png`` and the Experts section of the summary.
-Kept out of the hook's module: this runs once afterwards (and imports matplotlib).
+"""The mixture-of-experts part of a run's report: ``experts.json`` turned into two plots and the
+Experts section of the summary (out of the hook's module: it runs once afterwards, with matplotlib).
 """
 
 from __future__ import annotations
@@ -26,8 +25,7 @@ def read_experts(run_dir: Path) -> dict[str, Any] | None:
 
 
 def summarize(data: dict[str, Any]) -> dict[str, Any]:
-    """The summary section: layout, the first and last windows' max/mean load, tokens per expert
-    over the run (all layers), dropped share."""
+    """The summary section: layout, max/mean load, tokens per expert over the run, dropped share."""
     history = [h for h in data["history"] if h.get("load")]
     total = [0] * data.get("n_experts", 0)
     routed = dropped = 0
@@ -74,8 +72,7 @@ def markdown(section: dict[str, Any] | None) -> list[str]:
 
 
 def write_plots(data: dict[str, Any], out_dir: Path, subtitle: str = "") -> list[str]:
-    """plots/expert_load.png and plots/expert_placement.png; returns the files written (relative
-    to the run directory)."""
+    """The two plots; returns the files written (relative to the run directory)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -85,23 +82,20 @@ def write_plots(data: dict[str, Any], out_dir: Path, subtitle: str = "") -> list
     written: list[str] = []
     out_dir.mkdir(parents=True, exist_ok=True)
     title_end = f"\n{subtitle}" if subtitle else ""
-    if history:
-        fig = _load_figure(plt, data, history, title_end)
-        atomic_write(out_dir / LOAD_PLOT, lambda fh: fig.savefig(fh, format="png", bbox_inches="tight"))
-        plt.close(fig)
-        written.append(f"{out_dir.name}/{LOAD_PLOT}")
     p = data.get("placement") or {}
-    if p.get("ranks"):
-        fig = _placement_figure(plt, data["n_experts"], p, title_end)
-        atomic_write(out_dir / PLACEMENT_PLOT, lambda fh: fig.savefig(fh, format="png", bbox_inches="tight"))
-        plt.close(fig)
-        written.append(f"{out_dir.name}/{PLACEMENT_PLOT}")
+    for name, fig in (
+        (LOAD_PLOT, _load_figure(plt, data, history, title_end) if history else None),
+        (PLACEMENT_PLOT, _placement_figure(plt, data["n_experts"], p, title_end) if p.get("ranks") else None),
+    ):
+        if fig is not None:
+            atomic_write(out_dir / name, lambda fh: fig.savefig(fh, format="png", bbox_inches="tight"))
+            plt.close(fig)
+            written.append(f"{out_dir.name}/{name}")
     return written
 
 
 def _load_figure(plt: Any, data: dict[str, Any], history: list[dict[str, Any]], title_end: str) -> Any:
-    """Each expert's share of the routed tokens over the steps (stacked), above the max/mean
-    load ratio; a growth of the experts marked at its step."""
+    """Each expert's share of the routed tokens (stacked) above the max/mean load; growths marked."""
     steps = [h["step"] for h in history]
     n = data["n_experts"]
     # windows before a resume that grew the experts have fewer of them: the new ones had none

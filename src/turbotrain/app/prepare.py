@@ -1,17 +1,8 @@
-"""A run resolved once: the one prepare step every entry point calls before anything is built
-(docs/architecture.md, "The prepared run"): the launch, the config, the model spec, the parallel
-plan (checked on every rank before any joins the process group, then joined), the run directory,
-the resume-or-relaunch decision. The result, a :class:`PreparedRun`, is what the assembly
-(:mod:`turbotrain.app.training`) builds from; nothing below resolves any of it again.
-
-:func:`settle` makes a run's settings final before its model is built (:attr:`PreparedRun.settings`):
-the split of ``batch.global_size`` into accumulation over the plan's data dimension. :func:`start`
-is the one place of the start-of-run decisions, once the run's data is open: first the
-preparation's own (:attr:`PreparedRun.starts`, what its entry point asks for: ``turbotrain train``'s
-``choose`` and compile warm start), before the generators are seeded; then the plugins'
-(:func:`turbotrain.base.config_plugins.register_start`: a family's for the model it builds, a
-precision's once it is built). What they decide is part of the started run (:attr:`Started.run`,
-which a restart for the experts' growth continues); nothing re-settles the config after it.
+"""A run resolved once, before anything is built (docs/architecture.md, "The prepared run"): the
+launch, the config, the model spec, the parallel plan (checked on every rank before any joins the
+process group), the run directory, the resume-or-relaunch decision: a :class:`PreparedRun`, which
+the assembly (:mod:`turbotrain.app.training`) builds from. :func:`start` is the one place of the
+start-of-run decisions; nothing re-settles the config after it.
 """
 
 from __future__ import annotations
@@ -55,21 +46,19 @@ WorkloadLike = str | Callable[[], Any] | Workload
 
 
 class StoppedBySignal(KeyboardInterrupt):
-    """SIGTERM or SIGINT arrived before the first step: nothing was trained, nothing is lost (a
-    KeyboardInterrupt: no ``except Exception`` on the way swallows it)."""
+    """SIGTERM or SIGINT before the first step (a KeyboardInterrupt: no ``except Exception`` swallows it)."""
 
     def __init__(self, signame: str, run_dir: Path | None, resumable: bool) -> None:
         self.signame, self.run_dir, self.resumable = signame, run_dir, resumable
-        then = (
-            f"continue with --resume {run_dir or ''}".rstrip()
-            if resumable
-            else "nothing was written; start it again"
-        )
-        super().__init__(f"stopped by {signame} during start-up, before the first step; {then}")
+        super().__init__(self.line(f"--resume {run_dir or ''}".rstrip()))
+
+    def line(self, resume: str) -> str:
+        """The line that says so; ``resume``: the command that continues the run."""
+        then = f"continue with {resume}" if self.resumable else "nothing was written; start it again"
+        return f"stopped by {self.signame} during start-up, before the first step; {then}"
 
 
 def stop_startup(name: str, run_dir: Path | None, resumable: bool) -> None:
-    """What the first SIGTERM/SIGINT does during start-up: raise :class:`StoppedBySignal`."""
     raise StoppedBySignal(name, run_dir, resumable)
 
 
@@ -80,36 +69,28 @@ def default_preset() -> str:
 
 @dataclass(frozen=True)
 class RunRequest:
-    """What a caller asks to train. ``preset``: a name or .toml path (None: the default for the
-    device, or the config's defaults for a workload); ``overrides``: ``{section: {key: value}}``;
-    ``resume``: None for a new run, "" for ``run.name`` or else the newest run, or a run name or
-    directory; ``workload``: your model and data (:data:`WorkloadLike`), None for the preset's GPT.
-    ``relaunch``: why a resume is its launcher's restart of the run (recorded as torchrun's are);
-    ``hooks``: more hooks for the run, made from the prepared run, called after its own (an
-    integration's: :mod:`turbotrain.integrations.ray` reports checkpoints to Ray)."""
+    """What a caller asks to train."""
 
-    preset: str | None = None
-    overrides: Overrides = field(default_factory=dict)
-    resume: str | None = None
-    workload: WorkloadLike | None = None
-    relaunch: str = ""
+    preset: str | None = None  # a name or .toml path; None: the device's default (a workload: none)
+    overrides: Overrides = field(default_factory=dict)  # {section: {key: value}}
+    resume: str | None = None  # None: a new run; "": run.name, else the newest; or a run name or folder
+    workload: WorkloadLike | None = None  # None: the preset's GPT
+    relaunch: str = ""  # why a resume is its launcher's restart of the run (recorded as torchrun's are)
+    # more hooks, made from the prepared run, after its own (integrations.ray reports checkpoints to Ray)
     hooks: Callable[[PreparedRun], Sequence[Hook]] | None = None
 
     @property
     def base_preset(self) -> str | None:
-        """The preset of a new run: ``preset``, else the default for the device (none for a
-        workload: the config's defaults, with the workload's own model and data)."""
+        """The preset of a new run: ``preset``, else the device's default (none for a workload)."""
         return self.preset or (None if self.workload is not None else default_preset())
 
 
 @dataclass
 class PreparedRun:
-    """A run resolved once (see the module docstring). ``config`` is the run's config as given
-    (what config.toml keeps: 'auto' stays 'auto' unless a start decision settles it);
-    ``settings`` what it trains with (:func:`settle`)."""
+    """A run resolved once (see the module docstring)."""
 
-    config: RunConfig
-    settings: RunConfig
+    config: RunConfig  # as given (config.toml's): 'auto' stays unless a start decision settles it
+    settings: RunConfig  # what it trains with: batch.global_size split into accumulation
     plan: ParallelPlan  # resolved and joined
     spec: ModelSpec
     device: torch.device  # this process's device
@@ -130,12 +111,10 @@ class PreparedRun:
 
 @dataclass(frozen=True)
 class Begun:
-    """What a start hook of the preparation decided: ``changes`` to the run's config, alike to the
-    config as given and to its settings (``{section: {key: value}}``: choose's measured settings),
-    and ``end``, called once the run has trained (the compile warm start's save)."""
+    """What a start hook of the preparation decided."""
 
-    changes: Overrides = field(default_factory=dict)
-    end: Callable[[], Any] | None = None
+    changes: Overrides = field(default_factory=dict)  # to the config as given and its settings (choose's)
+    end: Callable[[], Any] | None = None  # called once the run has trained (the compile warm start's save)
 
 
 # a start hook of the preparation: the prepared run (its decisions so far) and its settings -> Begun
@@ -145,10 +124,8 @@ PrepareStart = Callable[[PreparedRun, RunConfig], Begun]
 def prepare_run(
     request: RunRequest, signals: StopSignals, starts: Sequence[PrepareStart] = ()
 ) -> PreparedRun:
-    """The run ``request`` asks for, resolved once in this process (see the module docstring),
-    with the preparation's start hooks ``starts``. A mistake raises a ConfigError
-    (TurbotrainError) on every rank, before any joins the process group; a first signal during it
-    raises :class:`StoppedBySignal`."""
+    """The run ``request`` asks for, resolved once in this process, with the preparation's start
+    hooks ``starts``. A mistake raises a ConfigError on every rank, before any joins the process group."""
     topology = Topology.from_env()
     signals.on_first(lambda name: stop_startup(name, None, request.resume is not None))
     make, overrides = _request_overrides(request)
@@ -171,7 +148,8 @@ def prepare_run(
         and bool({"micro", "global_size", "accumulation"} & set(overrides.get("batch", {})))
     )
     return PreparedRun(
-        config, settle(config, plan, spec), plan, spec, device, run_dir, resume, relaunch, recorded, given,
+        config, resolve_accumulation(config, plan), plan, spec, device, run_dir, resume, relaunch, recorded,
+        given,
         request.hooks, starts,
     )  # fmt: skip
 
@@ -180,8 +158,8 @@ def _starting_config(
     request: RunRequest, overrides: dict[str, dict[str, Any]], topology: Topology
 ) -> tuple[RunConfig, Path | None, str, dict[str, Any] | None]:
     """The config the run starts from and, for a resume, its folder, why a relaunch continues it
-    ("" when none) and the job record it keeps. A new run's start may continue its run by itself:
-    a requeued SLURM job, a restarted torchrun group, a pod rescheduled on an empty disk."""
+    and the job record it keeps (a requeued SLURM job, a restarted torchrun group, a pod
+    rescheduled on an empty disk continue their run by themselves)."""
     launch = Launch.from_env()
     resume_at, relaunch, recorded = request.resume, request.relaunch, None
     if resume_at is None:
@@ -203,8 +181,7 @@ def _starting_config(
 def _request_overrides(
     request: RunRequest,
 ) -> tuple[Callable[[], Any] | Workload | None, dict[str, dict[str, Any]]]:
-    """(the live workload or FUNC of ``request``, its overrides with the workload's reference),
-    refusing what a resume cannot take."""
+    """(the live workload or FUNC, the overrides with its reference), refusing what a resume cannot take."""
     overrides = {section: dict(values) for section, values in request.overrides.items()}
     ref, make = _workload_ref(request.workload)
     if ref and request.resume is not None and make is None:
@@ -232,38 +209,27 @@ def prepare_config(
     batch_given: bool = False,
     workload: WorkloadLike | None = None,
 ) -> PreparedRun:
-    """A run of ``config`` as it is (no preset, no relaunch search, no start hooks of its own) in
-    ``run_dir`` (else one named by rank 0); ``workload``: a live one for ``config.model.workload``.
-    What ``training.train(config)``, ``measure`` and tune trials prepare."""
+    """A run of ``config`` as it is (no preset, relaunch search or start hooks) in ``run_dir`` (else
+    one named by rank 0): what ``training.train(config)``, ``measure`` and tune trials prepare."""
     _, make = _workload_ref(workload)
     spec = WorkloadSpec(config.model.workload, make=make) if make is not None else spec_for(config)
     plan, device = _plan_and_join(config, None, spec)
     if run_dir is None:
         run_dir = decided_by_main(lambda: new_run_dir(config))
-    return PreparedRun(
-        config, settle(config, plan, spec), plan, spec, device, run_dir, resume, batch_given=batch_given
-    )
+    settings = resolve_accumulation(config, plan)
+    return PreparedRun(config, settings, plan, spec, device, run_dir, resume, batch_given=batch_given)
 
 
 def prepare_process(config: RunConfig) -> tuple[RunConfig, ParallelPlan, torch.device]:
-    """For a run of a model the caller built, that keeps no directory (bench's turbotrain row):
-    ``config``'s settings, its plan (resolved and joined; the model's experts are checked when
-    they are placed) and this process's device, through the same steps as :func:`prepare_run`."""
+    """A run of a model the caller built, keeping no directory (bench's turbotrain row): its
+    settings, plan (joined) and this process's device, as :func:`prepare_run` resolves them."""
     plan, device = _plan_and_join(config, None, None)
-    return settle(config, plan, None), plan, device
-
-
-def settle(config: RunConfig, plan: ParallelPlan, spec: ModelSpec | None) -> RunConfig:
-    """The settings the run trains with, final before its model is built (called once per run,
-    after the process group is joined): ``batch.global_size`` split into accumulation over the
-    plan's data dimension (:func:`resolve_accumulation`)."""
-    return resolve_accumulation(config, plan)
+    return resolve_accumulation(config, plan), plan, device
 
 
 @dataclass(frozen=True)
 class Started:
-    """What :func:`start` decided: the run as started (with the preparation's decisions, its
-    ``starts`` done), its settings, its model and facts for the summary's ``resolved``."""
+    """What :func:`start` decided: the run as started, its settings, its model, facts for ``resolved``."""
 
     run: PreparedRun
     config: RunConfig
@@ -272,14 +238,10 @@ class Started:
 
 
 def start(run: PreparedRun, config: RunConfig, data: RunData, loss_fn: LossFn | None) -> Started:
-    """The one place of the start-of-run decisions for the prepared ``run`` with settings
-    ``config`` and its data open: the preparation's start hooks (:attr:`PreparedRun.starts`, once
-    per run: a restart of the started run does not call them again), then the generators seeded
-    (``run.seed``: what a hook measured drew nothing the run draws), then every start hook of the
-    plugins it selects (:func:`~turbotrain.base.config_plugins.register_start`): the ``build``
-    hooks decide the config its model is built from, the model is built (:meth:`ModelSpec.build`),
-    then the ``settle`` hooks make its settings final. Nothing re-settles them after this but
-    the batch search."""
+    """The start-of-run decisions, the data open: the preparation's start hooks (once per run: a
+    restart does not call them again), then the generators seeded (nothing a hook measured draws
+    from the run's), then the plugins' (:func:`~turbotrain.base.config_plugins.register_start`):
+    ``build`` hooks decide the config the model is built from, ``settle`` hooks the final settings."""
     run, config = _begin(run, config)
     seed_all(config.run.seed)  # torch, random and numpy: a user's model or loss may draw from any of them
     hooks = start_hooks(config)
@@ -298,8 +260,8 @@ def start(run: PreparedRun, config: RunConfig, data: RunData, loss_fn: LossFn | 
 
 
 def _begin(run: PreparedRun, config: RunConfig) -> tuple[PreparedRun, RunConfig]:
-    """The preparation's start hooks in order, each seeing the decisions before it: their changes
-    applied alike to the config as given, the run's settings and ``config``."""
+    """The preparation's start hooks in order, their changes applied to the config as given, the
+    settings and ``config`` alike."""
     ends = list(run.ends)
     for hook in run.starts:
         begun = hook(run, config)
@@ -315,8 +277,7 @@ def _begin(run: PreparedRun, config: RunConfig) -> tuple[PreparedRun, RunConfig]
 
 
 def _resume_step(run: PreparedRun) -> int:
-    """The step of the newest checkpoint that verifies (0: none; a new run: 0): the one a resume
-    loads. A damaged newer one is skipped here as the resume skips it."""
+    """The step of the newest checkpoint that verifies (the one a resume loads); 0: none, a new run."""
     if not run.resume:
         return 0
     usable = latest_verified(run.run_dir / CHECKPOINTS)  # remembered: the resume does not hash it again
@@ -326,9 +287,8 @@ def _resume_step(run: PreparedRun) -> int:
 def _plan_and_join(
     config: RunConfig, topology: Topology | None, spec: ModelSpec | None
 ) -> tuple[ParallelPlan, torch.device]:
-    """The one resolution of this process's parallel plan (:func:`plan_run`; without a spec, for a
-    model the caller built: the strategy and the batch only), then the join of its process groups
-    on this process's device."""
+    """This process's parallel plan (:func:`plan_run`; without a spec: the strategy and the batch
+    only), its process groups joined on this process's device."""
     if spec is None:
         plan = ParallelPlan.resolve(config.distributed, topology)
         resolve_accumulation(config, plan)  # its mistakes, before any process joins
@@ -342,9 +302,8 @@ def _plan_and_join(
 def plan_run(
     config: RunConfig, topology: Topology | None = None, spec: ModelSpec | None = None
 ) -> tuple[RunConfig, ParallelPlan]:
-    """``config`` checked against the launch, and its parallel plan (:meth:`ParallelPlan.resolve`,
-    the weights' size, :func:`resolve_accumulation`), without any communication, so every rank
-    finds the same mistake before joining the process group. ``spec``: None: the config's."""
+    """``config`` checked against the launch, and its parallel plan, without any communication: every
+    rank finds the same mistake before joining the process group. ``spec``: None: the config's."""
     spec = spec or spec_for(config)
     plan = ParallelPlan.resolve(config.distributed, topology, spec.experts(config))
     _check_weights_fit(config, spec)
@@ -352,9 +311,8 @@ def plan_run(
 
 
 def resolve_accumulation(config: RunConfig, plan: ParallelPlan) -> RunConfig:
-    """``config`` with the accumulation that ``batch.global_size`` asks for over the plan's data
-    dimension (global = micro x accumulation x data); unchanged without a global size or with
-    ``batch.micro = 'auto'`` (the search decides)."""
+    """``config`` with the accumulation ``batch.global_size`` asks for over the plan's data dimension
+    (unchanged without one, or with ``batch.micro = 'auto'``: the search decides)."""
     b = config.batch
     if not isinstance(b.micro, int):
         return config
@@ -363,8 +321,7 @@ def resolve_accumulation(config: RunConfig, plan: ParallelPlan) -> RunConfig:
 
 
 def _check_weights_fit(config: RunConfig, spec: ModelSpec) -> None:
-    """Sizes each inside their range can still multiply into a model whose weights alone exceed
-    this machine's memory (an allocator traceback minutes later): said in one line instead."""
+    """Weights alone past this machine's memory (sizes each in range can multiply into that): one line."""
     total, _ = ram_bytes()
     count = spec.weight_count(config)
     if total and 4 * count > total:
@@ -376,9 +333,8 @@ def _check_weights_fit(config: RunConfig, spec: ModelSpec) -> None:
 
 
 def _workload_ref(workload: WorkloadLike | None) -> tuple[str, Callable[[], Any] | Workload | None]:
-    """(the ``model.workload`` a run's config records, the live workload or FUNC to use instead of
-    importing it; None for a reference). A FUNC is recorded as FILE.py:FUNC (a script's) or
-    module:FUNC, so that ``turbotrain train --resume`` can import it again."""
+    """(the ``model.workload`` the config records, the live workload or FUNC; None for a reference).
+    A FUNC is recorded as FILE.py:FUNC or module:FUNC, so that ``--resume`` can import it again."""
     if workload is None:
         return "", None
     if isinstance(workload, str):
@@ -409,9 +365,8 @@ def _micro_given(request: RunRequest, overrides: Mapping[str, Mapping[str, Any]]
 
 
 def _resumed_run(preset: str | None, name: str, overrides: Overrides) -> tuple[Path, RunConfig]:
-    """The run to resume and its saved config with ``overrides`` applied, validated as a whole (not
-    the overrides against a preset the run may never have used). Its folder: ``name`` (a run name
-    or directory) or ``run.name``, in ``run.out_dir`` (else the preset's), or else the latest run there."""
+    """The run to resume (``name`` or ``run.name``, in ``run.out_dir``, else the latest there) and its
+    saved config with ``overrides`` applied, validated as a whole (not against a preset it never used)."""
     run = overrides.get("run", {})
     out_dir = run.get("out_dir") or load_config(preset or default_preset()).run.out_dir
     if "://" in name:  # a run in a store (run.remote): its local copy, fetched when not here

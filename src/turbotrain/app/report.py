@@ -1,7 +1,6 @@
-"""``turbotrain report RUN``: PNG plots (:mod:`.plots`), summary.md and summary.json
-(:mod:`.summary`) from a run directory, handed to the run's experiment trackers. A crashed run is
-fine: a cut-off last line is skipped and reported, a plot whose metric was never recorded is
-skipped with the reason. summary.md is the list of :data:`SECTIONS`.
+"""``turbotrain report RUN``: PNG plots, summary.md and summary.json from a run directory, handed to
+the run's experiment trackers. A crashed run is fine: a cut-off last line or a plot whose metric was
+never recorded is skipped, with the reason.
 """
 
 from __future__ import annotations
@@ -15,34 +14,14 @@ from typing import Any
 
 from ..base.atomic import atomic_write
 from ..base.errors import TurbotrainError
-from ..base.records import metric_keys, read_metrics
+from ..base.records import metric_keys, read_metrics  # noqa: F401 (the report's names before the split)
 from ..base.rundir import CHOOSE_FILE, CONFIG_FILE, METRICS_FILE, PLOTS_DIR, SUMMARY_FILE, SUMMARY_MD
 from ..core.compile_guard import payback_step
 from ..core.precision.fp8_choice import FP8Choice
 from ..loop.monitor.trackers import publish
 from . import expert_report
-from .plots import NO_FLOPS, PLOTS, PlotSpec, Series, plots_for, write_plots
-from .summary import steady_records, summarize_records, write_summary
-
-__all__ = [  # the report's names, from where they live now (turbotrain.app.report before the split)
-    "NO_FLOPS",
-    "PLOTS",
-    "PlotSpec",
-    "ReportResult",
-    "RunFiles",
-    "SECTIONS",
-    "Series",
-    "format_markdown",
-    "load_run",
-    "metric_keys",
-    "plots_for",
-    "read_metrics",
-    "steady_records",
-    "summarize_records",
-    "write_plots",
-    "write_report",
-    "write_summary",
-]
+from .plots import NO_FLOPS, PLOTS, PlotSpec, Series, plots_for, write_plots  # noqa: F401 (as above)
+from .summary import steady_records, summarize_records, write_summary  # noqa: F401 (as above)
 
 
 @dataclass
@@ -159,7 +138,7 @@ def _section(title: str, lines: list[str]) -> list[str]:
 
 
 def _fp8_layers(summary: dict[str, Any]) -> list[str]:
-    """precision.fp8_layers = 'timed': the decision's line and table (core/precision/fp8_choice.py)."""
+    """precision.fp8_layers = 'timed': the decision's line and table."""
     plan = (summary.get("resolved") or {}).get("fp8_layers")
     if not isinstance(plan, dict) or "layers" not in plan:
         return []
@@ -171,9 +150,6 @@ def _performance(summary: dict[str, Any]) -> list[str]:
     sheet_pct = steady.get("mfu")
     tokens, windows = steady.get("tokens_per_s"), f"(median of {steady.get('windows', 0)} windows)"
     lines = [
-        "",
-        "## Performance",
-        "",
         "| metric | value |",
         "|---|---|",
         f"| time to first step (warm-up, compilation) | {_fmt(summary.get('first_step_s'), '.2f', ' s')} |",
@@ -206,7 +182,7 @@ def _performance(summary: dict[str, Any]) -> list[str]:
         )
     if summary.get("flops_convention"):
         lines.append(f"| MFU counts | {summary['flops_convention']}; recomputation not counted |")
-    return lines
+    return _section("Performance", lines)
 
 
 def _losses(summary: dict[str, Any]) -> list[str]:
@@ -265,9 +241,6 @@ def _compile(summary: dict[str, Any]) -> list[str]:
     if not (comp.get("frames_compiled") or comp.get("graph_breaks")):
         return []
     lines = [
-        "",
-        "## Compile",
-        "",
         f"- frames compiled {comp['frames_compiled']}, recompilations {comp.get('recompiles')} "
         f"({_fmt(comp.get('recompiles_after_warmup'), 'd')} after warm-up), graph breaks {comp.get('graph_breaks')}",
     ]
@@ -279,7 +252,7 @@ def _compile(summary: dict[str, Any]) -> list[str]:
         f"- compiling took {_fmt(comp.get('compile_s'), '.1f', ' s')} (dynamo's timers), paid back at step "
         f"{_fmt(comp.get('paid_back_at_step'), ',d')} (against choose's eager step); {comp.get('warm_start', '')}"
     )
-    return lines
+    return _section("Compile", lines)
 
 
 def _choose(summary: dict[str, Any]) -> list[str]:
@@ -307,11 +280,9 @@ def _events(summary: dict[str, Any]) -> list[str]:
 
 def _plots_and_notes(summary: dict[str, Any]) -> list[str]:
     report = summary.get("report", {})
-    lines = ["", "## Plots", ""]
-    lines += [f"![{Path(p).stem}]({p})" for p in report.get("plots", [])] or ["none"]
-    return lines + _section(
-        "Notes", [f"- {n}" for n in report.get("skipped", []) + report.get("problems", [])]
-    )
+    plots = [f"![{Path(p).stem}]({p})" for p in report.get("plots", [])] or ["none"]
+    notes = [f"- {n}" for n in report.get("skipped", []) + report.get("problems", [])]
+    return _section("Plots", plots) + _section("Notes", notes)
 
 
 def _config(summary: dict[str, Any]) -> list[str]:
@@ -321,9 +292,7 @@ def _config(summary: dict[str, Any]) -> list[str]:
     )
 
 
-# summary.md, top to bottom: each section is a function of summary.json's dict that returns its
-# lines (a section after the first starts with a blank line; none when it has nothing to say).
-# A new field in the summary gets its line by a new function listed here, or a line in one.
+# summary.md, top to bottom: each a function of summary.json's dict that returns its lines
 SECTIONS: list[Callable[[dict[str, Any]], list[str]]] = [
     _title,
     _hardware,
@@ -343,7 +312,7 @@ SECTIONS: list[Callable[[dict[str, Any]], list[str]]] = [
 
 
 def format_markdown(summary: dict[str, Any]) -> str:
-    """summary.md: hardware, optimizations, speed, losses, config, plots, notes (:data:`SECTIONS`)."""
+    """summary.md: :data:`SECTIONS` in order."""
     return "\n".join(line for section in SECTIONS for line in section(summary)) + "\n"
 
 
@@ -357,7 +326,7 @@ class ReportResult:
 
 
 def write_report(run_dir: str | Path) -> ReportResult:
-    """Plots, summary.md and summary.json for ``run_dir``; see the module docstring."""
+    """Plots, summary.md and summary.json for ``run_dir``."""
     data = load_run(run_dir)
     name = data.summary.get("run") or data.path.name
     hw = data.summary.get("hardware", {}).get("name") or data.summary.get("resolved", {}).get("device", "")

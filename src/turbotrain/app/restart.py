@@ -1,11 +1,6 @@
-"""A run started again by its launcher: which start continues which run, at which batch, and what a
+"""A run started again by its launcher (a requeued SLURM job, a worker group torchrun starts again:
+both repeat the first start's command): which start continues which run, at which batch, and what a
 rank says when another was lost.
-
-A requeued SLURM job and a worker group torchrun starts again repeat the first start's command:
-:func:`relaunched_run` finds the run it started (by ``run.name``, or the job's name:
-:func:`named_for_restarts`), :func:`keep_global_batch` keeps its global batch at another world
-size, and :func:`peer_lost` says in one line that another rank died, with the command that
-continues the run (:func:`resume_command`).
 """
 
 from __future__ import annotations
@@ -28,8 +23,7 @@ from ..core.plan import ParallelPlan
 
 
 def resume_command(run_dir: Path | str, topology: Topology) -> str:
-    """The command that continues the run in ``run_dir``: the torchrun one for a run of several
-    processes (a ddp/fsdp run refuses a plain ``turbotrain train --resume``)."""
+    """The command that continues the run in ``run_dir`` (torchrun's for several processes)."""
     target = f"--resume {run_dir}".rstrip()
     if topology.world < 2:
         return f"turbotrain train {target}"
@@ -43,12 +37,9 @@ def resume_command(run_dir: Path | str, topology: Topology) -> str:
 def relaunched_run(
     config: RunConfig, topology: Topology, launch: Launch
 ) -> tuple[Path, str, dict[str, Any] | None] | None:
-    """The run this start continues by itself (:meth:`Launch.relaunch_of` decides: a requeued
-    SLURM job, a worker group torchrun started again in the same job), why, and the job record it
-    keeps: ``run.name`` (or the name :meth:`Launch.default_name` gives every start of the job) in
-    ``run.out_dir`` of ``config`` (the new run's config this start would make). None for a new
-    start, and when the run does not exist yet (the job stopped before it made it: it starts as
-    new) or has no name (an automatic name differs at every start: said once)."""
+    """The run this start continues by itself (:meth:`Launch.relaunch_of` decides), why, and the job
+    record it keeps: ``run.name`` (or the job's :meth:`Launch.default_name`) in ``run.out_dir``.
+    None for a new start, a run not made yet, or one without a name (said once)."""
     if not (launch.job_known or launch.slurm_restart or launch.restart):
         return None  # a plain process, or a first start
     name = config.run.name or launch.default_name(config.preset)
@@ -77,8 +68,8 @@ def relaunched_run(
 
 
 def named_for_restarts(config: RunConfig, launch: Launch) -> RunConfig:
-    """A new run that torchrun may restart (``--max-restarts``), named so its restarts find it (from
-    the job without ``--run.name``); a launch its restarts cannot be told by is refused in one line."""
+    """A new run that torchrun may restart, named so its restarts find it; a launch its restarts cannot
+    be told by is refused in one line."""
     if not launch.restartable:
         return config
     if not config.run.name:
@@ -99,8 +90,7 @@ def named_for_restarts(config: RunConfig, launch: Launch) -> RunConfig:
 
 
 def batch_record(settings: RunConfig, plan: ParallelPlan) -> dict[str, Any]:
-    """The global batch this start trains at (``settings``: the run's settled config), kept with
-    the job record: what a relaunch at another world size keeps (:func:`keep_global_batch`)."""
+    """The global batch this start trains at, kept with the job record for a relaunch to keep."""
     b = settings.batch
     return {
         "world_size": plan.world,
@@ -109,8 +99,8 @@ def batch_record(settings: RunConfig, plan: ParallelPlan) -> dict[str, Any]:
 
 
 def keep_global_batch(config: RunConfig, recorded: Mapping[str, Any] | None, topology: Topology) -> RunConfig:
-    """A relaunch at another world size keeps the global batch the run trained at, by accumulation,
-    when the micro-batch times the new world divides it; otherwise the resume refuses in one line."""
+    """A relaunch at another world size keeps the run's global batch by accumulation, when the
+    micro-batch times the new world divides it (otherwise the resume refuses in one line)."""
     old, b = (recorded or {}).get("global_batch"), config.batch
     if not isinstance(old, int) or b.global_size or not isinstance(b.micro, int):
         return config  # batch.global_size already keeps it (resolve_accumulation); 'auto' searches anew
@@ -120,9 +110,8 @@ def keep_global_batch(config: RunConfig, recorded: Mapping[str, Any] | None, top
 
 
 def peer_lost(exc: BaseException, topology: Topology, run_dir: Path) -> str | None:
-    """A collective that failed because another rank died or timed out, as one line that says
-    so and how to continue (None for any other error, which keeps its traceback). Raises
-    :class:`ReportedByAnotherRank` when that rank stopped with its own one-line error."""
+    """A collective failed because another rank died or timed out: one line saying so and how to
+    continue (None for any other error). Raises :class:`ReportedByAnotherRank` when that rank said why."""
     if (
         topology.world < 2
         or not isinstance(exc, (dist.DistError, RuntimeError))

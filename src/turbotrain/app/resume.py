@@ -1,6 +1,5 @@
 """A resume: the newest finished checkpoint loaded, the data position after it and the schedule
-re-planned (:func:`resume_from`); a batch another world size would change unasked, or that would
-lose an epochs run's place, refused in one line (:func:`check_resume_batch`, :func:`check_epochs_batch`)."""
+re-planned; a global batch changed unasked, or one that would lose an epochs run's place, refused."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ def resume_from(
     scheduler: Any = None,
 ) -> str:
     """Load the newest finished checkpoint of ``run_dir`` into ``state``, set the data position after
-    it and re-plan ``scheduler`` (:func:`replan`); returns its name ("" when there is none). Only a
-    global batch changed unasked is refused (:func:`check_resume_batch`)."""
+    it and re-plan ``scheduler``; returns its name ("" when there is none)."""
     if not finished_checkpoints(run_dir / CHECKPOINTS):
         log.info(
             "%s has no finished checkpoint (it stopped before its first one): training from step 0", run_dir
@@ -71,10 +69,8 @@ def resume_from(
 
 
 def replan(saved: dict[str, Any], c: RunConfig, step: int, scheduler: LambdaLR) -> None:
-    """The schedule of a resume at ``step`` whose ``optim.lr`` or ``train.max_steps`` is not its
-    checkpoint's (``saved``, the checkpoint's config): another ``optim.lr`` is the new peak; a
-    new length re-plans the schedule over it, said in one line with what the learning rate does
-    next (and, when it rises again, the settings that keep it decaying from where it was)."""
+    """The schedule of a resume at ``step`` whose ``optim.lr`` (the new peak) or ``train.max_steps``
+    (re-planned over it, said in one line) is not its checkpoint's (``saved``, its config)."""
     old_lr, old_steps = saved.get("optim", {}).get("lr"), saved.get("train", {}).get("max_steps")
     if isinstance(old_lr, (int, float)) and old_lr > 0 and old_lr != c.optim.lr:
         scheduler.base_lrs = [b * c.optim.lr / old_lr for b in scheduler.base_lrs]  # asked: the new peak
@@ -93,26 +89,17 @@ def replan(saved: dict[str, Any], c: RunConfig, step: int, scheduler: LambdaLR) 
             f"{setting('optim.warmup_steps', step)} {setting('optim.min_lr', float(f'{was / 10:.3g}'))} "
             "(a new peak at this step and a lower floor)"
         )
+    steps = c.train.max_steps
     log.info(
-        "train.max_steps %d -> %d: the %s schedule now spans %d steps: the learning rate goes from %.3g "
-        "to %.3g at step %d, then %s to %.3g at step %d%s",
-        old_steps,
-        c.train.max_steps,
-        c.optim.schedule,
-        c.train.max_steps,
-        was,
-        now,
-        step + 1,
-        "decays",
-        end,
-        c.train.max_steps,
-        keep,
+        f"train.max_steps {old_steps} -> {steps}: the {c.optim.schedule} schedule now spans {steps} steps: "
+        f"the learning rate goes from {was:.3g} to {now:.3g} at step {step + 1}, then decays to {end:.3g} "
+        f"at step {steps}{keep}"
     )
 
 
 def kept_schedule(saved: dict[str, Any], c: RunConfig) -> None:
     """A schedule that follows the run (``plateau``) is restored as its checkpoint left it: a new
-    ``optim.lr`` or ``train.max_steps`` on the resume does not re-plan it, said in one line."""
+    ``optim.lr`` or ``train.max_steps`` does not re-plan it, said in one line."""
     old_lr, old_steps = saved.get("optim", {}).get("lr"), saved.get("train", {}).get("max_steps")
     changed = [
         setting(key, new)
@@ -132,8 +119,7 @@ def kept_schedule(saved: dict[str, Any], c: RunConfig) -> None:
 
 
 def local_copy(uri: str, out_dir: str, wait_s: float = 600.0) -> Path:
-    """``--resume URI`` (``<run.remote>/<name>``): its local folder ``<out_dir>/<name>``, fetched
-    from the store (:func:`fetch_run`) by local rank 0 when none is here; the others wait for it."""
+    """``--resume URI``: its local folder ``<out_dir>/<name>``, fetched by local rank 0 when none is here."""
     local = Path(out_dir) / uri.rstrip("/").rpartition("/")[2]
     if (local / CONFIG_FILE).is_file():
         return local
@@ -164,8 +150,8 @@ def local_copy(uri: str, out_dir: str, wait_s: float = 600.0) -> Path:
 
 
 def stored_run(config: RunConfig) -> Path | None:
-    """A new start of a named run whose run is in ``run.remote`` and not here (a pod rescheduled on
-    an empty disk): its local copy (:func:`local_copy`), to continue; None otherwise."""
+    """The local copy of a named run that is in ``run.remote`` and not here (a pod rescheduled on an
+    empty disk), to continue; None otherwise."""
     if not (config.run.remote and config.run.name):
         return None
     if (Path(config.run.out_dir) / config.run.name / CONFIG_FILE).is_file():
@@ -184,12 +170,9 @@ def stored_run(config: RunConfig) -> Path | None:
 def check_resume_batch(
     checkpoint: str, saved_config: Any, saved_world: int, c: RunConfig, world: int, rank: int = 0
 ) -> None:
-    """Refuse a resume at another world size whose global batch is not the one ``checkpoint``
-    trained with, naming the settings that keep it or change it (said by rank 0). A checkpoint
-    without a readable config passes."""
-    if saved_world == world:
-        return
-    change = _batch_change(saved_config, saved_world, c, world)
+    """Refuse a resume at another world size whose global batch is not ``checkpoint``'s, naming the
+    settings that keep it or change it. A checkpoint without a readable config passes."""
+    change = _batch_change(saved_config, saved_world, c, world) if saved_world != world else None
     if change is None:
         return
     old, new, trained, resumed = change
@@ -206,8 +189,8 @@ def check_resume_batch(
 def _batch_change(
     saved_config: Any, saved_world: int, c: RunConfig, world: int
 ) -> tuple[int, int, str, str] | None:
-    """(saved global batch, this resume's, how each is made) when a resume would train at another
-    global batch; None when it would not, or when either is unknown ('auto')."""
+    """(saved global batch, this resume's, how each is made) when they differ; None when they do not,
+    or either is unknown."""
     saved = _saved_batch(saved_config)
     if saved is None or not isinstance(c.batch.micro, int):
         return None
@@ -255,9 +238,8 @@ def _saved_batch(saved_config: Any) -> tuple[int, int] | None:
 def check_epochs_batch(
     checkpoint: str, saved_config: Any, saved_world: int, c: RunConfig, world: int, rank: int = 0
 ) -> None:
-    """Refuse to resume an epochs run at another global batch than ``checkpoint`` trained at, asked
-    for or not: its place in its epochs is a step count at that batch, so at another one samples
-    would be trained twice or skipped. Names the settings that keep the batch (said by rank 0)."""
+    """Refuse to resume an epochs run at another global batch than ``checkpoint``'s, asked for or not
+    (its place is a step count at that batch), naming the settings that keep the batch."""
     change = _batch_change(saved_config, saved_world, c, world)
     if change is None:
         return
@@ -273,5 +255,4 @@ def check_epochs_batch(
 
 
 def _resume(uri: str) -> str:
-    """How the reader asked to resume from ``uri``: the flag, or train()'s argument."""
     return said(f"--resume {uri}", f"resume={uri!r}")

@@ -1,13 +1,5 @@
-"""One training run from the request to the report: what ``turbotrain train`` and
-``turbotrain.train()`` from Python share.
-
-:func:`train_run` holds the stop signals and the run's lock for the whole run, prepares it
-(:func:`turbotrain.app.prepare.prepare_run`, with the start hooks :data:`STARTS`: choose, then the
-compile warm start), keeps the job record a restart finds the run by, trains
-(:func:`turbotrain.app.training.train_prepared`) and writes the report; it returns a
-:class:`RunOutcome`. :func:`train` is the one call from Python: it trains a workload or a preset as
-``turbotrain train --model`` does and returns a :class:`TrainedRun` (the summary, with
-``evaluate`` and ``predict`` under the run's precision).
+"""One training run from the request to the report: what ``turbotrain train`` (:func:`train_run`)
+and ``turbotrain.train()`` (:func:`train`) share.
 """
 
 from __future__ import annotations
@@ -48,23 +40,21 @@ from .report import ReportResult, write_report
 from .restart import batch_record, peer_lost
 from .training import Training, stopped_by_signal, train_prepared
 
-# the preparation's start hooks of a run trained here, in order: choose, then the warm start of
-# what it chose (turbotrain.app.prepare.start calls them, once per run, before it seeds)
+# the preparation's start hooks, in order: choose, then the warm start of what it chose
 STARTS: tuple[PrepareStart, ...] = (choose.at_start, warmstart.at_start)
 
 
 @dataclass
 class RunOutcome:
-    """How a run ended, for its caller to say. ``summary`` None: it did not train (``lost``: another
-    rank was lost, in one line; ``quiet``: another rank says why). ``signal``: the first stop signal."""
+    """How a run ended, for its caller to say."""
 
     run: PreparedRun | None = None
-    summary: dict[str, Any] | None = None
+    summary: dict[str, Any] | None = None  # None: it did not train
     training: Training | None = None
     report: ReportResult | None = None
-    signal: str = ""
-    lost: str = ""
-    quiet: bool = False
+    signal: str = ""  # the first stop signal
+    lost: str = ""  # another rank was lost, in one line
+    quiet: bool = False  # another rank says why
 
     @property
     def stopped_by_signal(self) -> bool:
@@ -81,17 +71,12 @@ def _stop_report(name: str) -> None:
 
 
 def train_run(request: RunRequest, *, progress: bool | None = None, report: bool = True) -> RunOutcome:
-    """Prepare, train and (``report``, rank 0, no signal) report the run ``request`` asks for.
-    Raises :class:`StoppedBySignal` for a signal during start-up, a one-line TurbotrainError for a
-    mistake (said by rank 0 alone under torchrun)."""
+    """Prepare, train and (``report``, rank 0, no signal) report the run ``request`` asks for."""
     topology = Topology.from_env()
-    # SIGTERM/SIGINT from here until the run returns, whichever phase they land in: one saves
-    # what there is to save and stops, two stop at once. Under torchrun the agent also sends
-    # SIGTERM to every rank when one fails: after training it is only recorded.
+    # SIGTERM/SIGINT in any phase: one saves what there is to save and stops, two stop at once
     with held_signals() as signals:
         try:
-            # Checked on every rank before any joins the process group: the same mistake
-            # everywhere, said once by rank 0; the others end quietly instead of waiting for it.
+            # the same mistake on every rank, said once by rank 0; the others end quietly
             run = prepare_run(request, signals, STARTS)
         except TurbotrainError:
             if topology.rank > 0:
@@ -101,16 +86,14 @@ def train_run(request: RunRequest, *, progress: bool | None = None, report: bool
             return _other_rank(run, signals)
         if run.resume:
             print(f"resuming {run.run_dir}" + (f" ({run.relaunch})" if run.relaunch else ""))
-        # The run's lock for the whole run: no other process trains in the run while this one
-        # trains it or writes its report.
-        with _locked(run):
+        with _locked(run):  # for the whole run, its report included
             _before_training(run)
             return _main_rank(run, signals, progress, report)
 
 
 def _before_training(run: PreparedRun) -> None:
-    """Rank 0 under the run's lock: the job record a restart finds the run by, a relaunch's restart
-    record, and the mistakes said in one line now rather than after start-up's measuring."""
+    """Rank 0 under the lock: the job record a restart finds the run by, a relaunch's restart record,
+    and the mistakes said now rather than after start-up's measuring."""
     launch = Launch.from_env()
     if launch.run_id or launch.slurm_job:  # the job a restart of this one finds the run by
         write_launch(run.run_dir, {**launch.record(), **batch_record(run.settings, run.plan)})
@@ -130,10 +113,7 @@ def _main_rank(run: PreparedRun, signals: StopSignals, progress: bool | None, re
     try:
         summary, training = train_prepared(run, signals, progress)
     except Exception as exc:
-        lost = peer_lost(exc, run.plan.topology, run.run_dir)
-        if lost is None:
-            raise
-        return RunOutcome(run, lost=lost, signal=signals.first)
+        return _lost(exc, run, signals)
     written = None
     if report and not signals.received:  # a signal after training stops the report
         with contextlib.suppress(_ReportStopped):
@@ -156,16 +136,20 @@ def _other_rank(run: PreparedRun, signals: StopSignals) -> RunOutcome:
     except TurbotrainError as exc:
         raise TurbotrainError(f"[rank {run.plan.rank}] {exc}") from None
     except Exception as exc:
-        lost = peer_lost(exc, run.plan.topology, run.run_dir)
-        if lost is None:
-            raise
-        return RunOutcome(run, lost=lost, signal=signals.first)
+        return _lost(exc, run, signals)
     return RunOutcome(run, summary, training, None, signals.first)
 
 
+def _lost(exc: Exception, run: PreparedRun, signals: StopSignals) -> RunOutcome:
+    """Another rank lost (one line), else ``exc`` raised again."""
+    lost = peer_lost(exc, run.plan.topology, run.run_dir)
+    if lost is None:
+        raise exc
+    return RunOutcome(run, lost=lost, signal=signals.first)
+
+
 def record_restart(run_dir: Path, why: str, world: int) -> None:
-    """An event record in metrics.jsonl for a relaunch, at the step the resume loads (0 without a
-    checkpoint): when, why, the checkpoint, the logged steps that run again, the world size."""
+    """An event record in metrics.jsonl for a relaunch, at the step the resume loads."""
     newest = latest_verified(run_dir / CHECKPOINTS)
     step = checkpoint_step(newest) if newest is not None else 0
     metrics = run_dir / METRICS_FILE
@@ -190,8 +174,7 @@ def record_restart(run_dir: Path, why: str, world: int) -> None:
 
 
 class TrainedRun(dict):
-    """What :func:`train` returns: the run's summary (this dict, as summary.json holds it) and the
-    trained run, for :meth:`evaluate` and :meth:`predict` under the run's precision."""
+    """What :func:`train` returns: the run's summary (this dict) and the trained run."""
 
     def __init__(self, outcome: RunOutcome) -> None:
         super().__init__(outcome.summary or {})
@@ -219,9 +202,8 @@ class TrainedRun(dict):
         loss_fn: Callable[[nn.Module, Any], Any] | None = None,
         metrics_fn: Callable[[nn.Module, Any], Mapping[str, torch.Tensor]] | None = None,
     ) -> dict[str, float]:
-        """Mean loss (``"loss"``) and metrics over ``loader``'s batches under the run's precision
-        and no_grad, with the run's loss and metrics (a workload's ``loss_fn``/``metrics_fn``)
-        unless given; one host-device sync, at the end."""
+        """Mean loss (``"loss"``) and metrics over ``loader`` under the run's precision and no_grad,
+        with the run's loss and metrics unless given; one host-device sync, at the end."""
         if isinstance(loader, (torch.Tensor, str, bytes)) or not isinstance(loader, Iterable):
             raise TurbotrainError(
                 f"evaluate(): loader = {loader!r:.60} is not an iterable of batches; pass a DataLoader or a list of batches"
@@ -237,10 +219,9 @@ class TrainedRun(dict):
     def predict(
         self, loader: Iterable[Any], forward: Callable[[nn.Module, Any], Any] | None = None
     ) -> list[Any]:
-        """The model's outputs for each batch of ``loader`` (on the host), under the run's
-        precision and inference mode, in eval mode. ``forward(model, batch)``; default: the model
-        on the batch's inputs (a tensor; the first item of a tuple or list, the rest being labels;
-        a mapping as keyword arguments)."""
+        """The model's outputs for each batch of ``loader`` (on the host), under the run's precision,
+        inference and eval mode. ``forward(model, batch)``; default: the model on the batch's inputs
+        (the first item of a tuple or list; a mapping as keyword arguments)."""
         t = self.training
         model, engine = t.model, t.engine
         was_training = model.training
@@ -267,8 +248,7 @@ def _inputs_forward(model: nn.Module, batch: Any) -> Any:
 
 @contextlib.contextmanager
 def _locked(run: PreparedRun) -> Iterator[None]:
-    """The run's lock for the block. A new run that ends before it wrote anything (a mistake found
-    at the start, a signal while ``choose`` measures) leaves no folder holding only its lock file."""
+    """The run's lock for the block; a new run that ends before it wrote anything leaves no folder."""
     try:
         with RunLock(run.run_dir):
             yield
@@ -298,8 +278,7 @@ def train(
 
 
 def train_request(request: RunRequest) -> TrainedRun:
-    """:func:`train` of a :class:`RunRequest` (an integration's, with its hooks). Its lines (the
-    opening one first) show as the CLI's do when the program has set up no logging."""
+    """:func:`train` of a :class:`RunRequest` (an integration's, with its hooks)."""
     with logging_unless_configured():
         outcome = train_run(request)
     if outcome.lost:
@@ -308,8 +287,7 @@ def train_request(request: RunRequest) -> TrainedRun:
 
 
 def overrides_of(settings: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """``{"max_steps": 64, "optim": {"lr": 1e-3}}`` -> ``{"train": {"max_steps": 64}, "optim": {"lr": 1e-3}}``:
-    a section given whole, or a field by its name when one section alone has it."""
+    """``{"max_steps": 64, "optim": {...}}`` -> ``{"train": {"max_steps": 64}, "optim": {...}}``."""
     out: dict[str, dict[str, Any]] = {}
     for key, value in settings.items():
         if key in SECTIONS and isinstance(value, Mapping):
@@ -329,8 +307,7 @@ def overrides_of(settings: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _once(out: dict[str, dict[str, Any]], section: str, values: Mapping[str, Any]) -> None:
-    """``values`` into ``out[section]``; a field given a value already (a section and the field by
-    its name) is one line: which of the two would win is not for the reader to guess."""
+    """``values`` into ``out[section]``; a field given twice is refused in one line."""
     given = out.setdefault(section, {})
     twice = [k for k in values if k in given]
     if twice:

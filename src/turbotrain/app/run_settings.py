@@ -1,6 +1,5 @@
-"""Settings a run resolves from its data and its batch search, before it trains: ``train.epochs``
-into optimizer steps, ``optim.lr_scaling`` after the batch finder changed the global batch, and the
-warning for a warmup longer than the run. Split from app/training.py (the assembly calls them)."""
+"""Settings a run resolves from its data and its batch search before it trains (``train.epochs``,
+``optim.lr_scaling``), and the warning for a warmup longer than the run."""
 
 from __future__ import annotations
 
@@ -18,21 +17,16 @@ log = logging.getLogger(__name__)
 
 
 def resolve_epochs(c: RunConfig, data: RunData, world: int) -> tuple[RunConfig, tuple[int, int] | None]:
-    """``train.epochs``: the run's ``max_steps`` (epochs x the data's steps per epoch at the global
-    batch) with validation at each epoch's end, and (steps per epoch, epochs) for the epoch log."""
-    if not c.train.epochs:
+    """``train.epochs``: the run's ``max_steps`` with validation at each epoch's end, and (steps per
+    epoch, epochs) for the epoch log."""
+    epochs = c.train.epochs
+    if not epochs:
         return c, None
     per_epoch = epoch_steps(c, data, world)
     log.info(
-        "train.epochs = %d: %d optimizer steps per epoch, %d in all",
-        c.train.epochs,
-        per_epoch,
-        c.train.epochs * per_epoch,
+        "train.epochs = %d: %d optimizer steps per epoch, %d in all", epochs, per_epoch, epochs * per_epoch
     )
-    return c.replace(train={"max_steps": c.train.epochs * per_epoch, "eval_every": per_epoch}), (
-        per_epoch,
-        c.train.epochs,
-    )
+    return c.replace(train={"max_steps": epochs * per_epoch, "eval_every": per_epoch}), (per_epoch, epochs)
 
 
 def epoch_steps(c: RunConfig, data: RunData, world: int) -> int:
@@ -53,23 +47,18 @@ def epoch_steps(c: RunConfig, data: RunData, world: int) -> int:
 
 
 def warn_long_warmup(c: RunConfig) -> None:
-    """A warmup longer than the run: one warning naming the setting (the default, 'auto', is 10 %
-    of the run)."""
-    if isinstance(c.optim.warmup_steps, int) and c.optim.warmup_steps > c.train.max_steps:
+    """A warmup longer than the run: one warning naming the setting."""
+    warmup, steps = c.optim.warmup_steps, c.train.max_steps
+    if isinstance(warmup, int) and warmup > steps:
         log.warning(
-            "optim.warmup_steps = %d is longer than the run (train.max_steps = %d): the learning rate "
-            "peaks at %.0f%% of optim.lr; use %s or fewer",
-            c.optim.warmup_steps,
-            c.train.max_steps,
-            100 * c.train.max_steps / c.optim.warmup_steps,
-            setting("optim.warmup_steps", c.train.max_steps),
+            f"optim.warmup_steps = {warmup} is longer than the run (train.max_steps = {steps}): the "
+            f"learning rate peaks at {100 * steps / warmup:.0f}% of optim.lr; use "
+            f"{setting('optim.warmup_steps', steps)} or fewer"
         )
 
 
 def say_recipe(c: RunConfig, own_optimizer: bool, evaluates: bool) -> None:
-    """A ``--model`` run's one line of what it inherits from turbotrain's training recipe (the
-    config's values, each changed with ``--section.key=value``): length, optimizer, warm-up,
-    decay, evaluation cadence."""
+    """A ``--model`` run's one line of what it inherits from turbotrain's training recipe."""
     o, t = c.optim, c.train
     if own_optimizer:
         optimizer = "your optimizer as it is (no schedule)"
@@ -85,21 +74,17 @@ def say_recipe(c: RunConfig, own_optimizer: bool, evaluates: bool) -> None:
         f"evaluation every {every} steps" if evaluates else "no evaluation (the workload has no eval_loader)"
     )
     log.info(
-        "--model %s: turbotrain's recipe: %d steps, %s, %s (change any with --section.key=value)",
-        c.model.workload,
-        t.max_steps,
-        optimizer,
-        evaluation,
+        f"--model {c.model.workload}: turbotrain's recipe: {t.max_steps} steps, {optimizer}, {evaluation} "
+        "(change any with --section.key=value)"
     )
 
 
 def scale_lr(
     c: RunConfig, search: Any, optimizer: torch.optim.Optimizer, scheduler: Any
 ) -> tuple[RunConfig, str]:
-    """``optim.lr_scaling``: when the batch finder (``batch.micro = 'auto'``) made the global batch
-    differ from the one ``optim.lr`` was tuned for (``optim.lr_batch``, else ``batch.global_size``),
-    scale lr and min_lr (config, optimizer and schedule alike). Returns the config and a note
-    ("" when nothing changed)."""
+    """``optim.lr_scaling``: lr and min_lr scaled (config, optimizer and schedule alike) when the batch
+    finder made the global batch differ from the one ``optim.lr`` was tuned for; returns the config
+    and a note ("" when nothing changed)."""
     reference = c.optim.lr_batch or c.batch.global_size
     if search is None or not reference:
         return c, ""

@@ -1,20 +1,6 @@
-"""Monitoring, checkpoints and a report for your own training loop, in one call.
-
-``fit()`` runs hooks (monitor, evaluation, checkpoints) after each optimizer step; an own loop
-gets the same hooks from :func:`track`, which the engine calls after every step it takes::
-
-    model, optimizer, loader = engine.setup(model, optimizer, loader)
-    example = (x_train[:64], y_train[:64])  # cut from the data: drawing from the loader moves its RNG
-    with track(engine, model, optimizer, "runs/mnist", example_batch=example) as run:
-        for epoch in range(epochs):
-            for x, y in loader:
-                ...                      # your loop, unchanged
-            engine.end_epoch(optimizer)
-    # runs/mnist: metrics.jsonl, summary.json, summary.md, plots/*.png (checkpoints/ when asked)
-
-Throughput is counted from the batches the engine's loader hands out (samples/s always, tokens/s
-where a batch has token ids); MFU from FLOPs counted once on ``example_batch``, for any model. The
-hooks read device values only on logging steps, as in ``fit()``.
+"""Monitoring, checkpoints and a report for your own training loop, in one call (docs/own-loop.md):
+:func:`track` gives an own loop the hooks ``fit()`` runs, called by the engine after every step it
+takes; they read device values only on logging steps, as in ``fit()``.
 """
 
 from __future__ import annotations
@@ -51,8 +37,8 @@ def engine_facts(
     optimizations: dict[str, Any],
     **more: Any,
 ) -> RunFacts:
-    """What the engine and the monitor know of a run (``turbotrain train`` and :func:`track` alike;
-    data parallel: all ranks' counts, one rank's median tokens/s); ``more``: what only it knows."""
+    """What the engine and the monitor know of a run (data parallel: all ranks' counts, one rank's
+    median tokens/s); ``more``: what only one kind of run knows."""
     mfu = next((p for p in monitor.probes if isinstance(p, MfuProbe)), None)
     world = engine.strategy.world  # data parallel: every rank trains an equal share
     rank_rates = [r["rank_tokens_per_s"] for r in monitor.records if r.get("rank_tokens_per_s")]
@@ -136,20 +122,20 @@ class Tracker:
         keep_last: int,
     ) -> HookList:
         """The hook chain: evaluation before the monitor, the checkpointer last (run_hooks explains)."""
-        checkpointer = (
-            Checkpointer(self.run_dir / CHECKPOINTS, checkpoint_every, keep_last, self.state)
-            if checkpoint_every is not None
-            else None
+        saver = None
+        if checkpoint_every is not None:
+            saver = Checkpointer(self.run_dir / CHECKPOINTS, checkpoint_every, keep_last, self.state)
+        batches = list(eval_batches) if eval_batches is not None else None
+        return HookList(
+            build_hooks(
+                self.monitor,
+                eval_batches=batches,
+                eval_every=eval_every,
+                loss_fn=loss_fn,
+                scheduler=scheduler,
+                checkpointer=saver,
+            )
         )
-        hooks = build_hooks(
-            self.monitor,
-            eval_batches=list(eval_batches) if eval_batches is not None else None,
-            eval_every=eval_every,
-            loss_fn=loss_fn,
-            scheduler=scheduler,
-            checkpointer=checkpointer,
-        )
-        return HookList(hooks)
 
     def _after_step(self) -> None:
         if not self._closed:
@@ -163,7 +149,7 @@ class Tracker:
 
     def close(self, exc: BaseException | None = None) -> dict[str, Any]:
         """End of training: the last record, the final checkpoint and evaluation, summary.json and
-        (with ``report``) plots and summary.md. Returns the summary. Idempotent."""
+        (``report``) plots and summary.md; returns the summary. Idempotent."""
         if self._closed:
             return {}
         self._closed = True
@@ -178,22 +164,19 @@ class Tracker:
         return summary
 
     def facts(self, status: str) -> RunFacts:
-        """What summary.json says beyond the metrics: what ran, how long, events, hardware, FLOPs."""
-        engine, elapsed = self.engine, time.perf_counter() - self._start
-        optimizations = {
+        """What summary.json says beyond the metrics."""
+        engine, elapsed, run = self.engine, time.perf_counter() - self._start, self.run_dir.name
+        done = {
             "precision": engine.precision.name,
             "compile": engine.options.compile_scope,
             **engine.switches,
         }
-        run = self.run_dir.name
-        return engine_facts(
-            engine, self.monitor, run, status, elapsed, optimizations, resumed_from=self.resumed_from
-        )
+        return engine_facts(engine, self.monitor, run, status, elapsed, done, resumed_from=self.resumed_from)
 
     def __enter__(self) -> Tracker:
         return self
 
-    def __exit__(self, kind: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(self, _kind: type | None, exc: BaseException | None, _tb: TracebackType | None) -> None:
         self.close(exc)
 
 

@@ -1,12 +1,9 @@
-"""Assemble a whole training run from a prepared run (:mod:`turbotrain.app.prepare`): data, model,
-optimizer, engine, hooks; ``fit()`` then receives built objects. The files it leaves are named in
-:mod:`turbotrain.base.rundir`; summary.json is written through :mod:`turbotrain.app.report`.
+"""A whole training run assembled from a prepared run (:mod:`turbotrain.app.prepare`) and trained.
 
-Nothing lost, nothing overwritten: the caller holds the run directory's lock; ``config.toml`` is
-written before anything else (a run killed at any moment can be resumed); a resume drops the
-metrics of steps it will run again and rewrites ``config.toml`` only once its first step has
-trained; SIGTERM/SIGINT end start-up cleanly (:class:`StoppedBySignal`) and save a checkpoint
-during training; a full disk ends it with one line naming the file and the last intact checkpoint.
+Nothing lost, nothing overwritten: ``config.toml`` is written first (a run killed at any moment can
+be resumed); a resume drops the metrics of steps it runs again and rewrites ``config.toml`` once its
+first step has trained; a full disk ends the run with one line naming the file and the last intact
+checkpoint.
 """
 
 from __future__ import annotations
@@ -64,19 +61,15 @@ from .run_settings import resolve_epochs, say_recipe, scale_lr, warn_long_warmup
 from .summary import RunFacts
 from .tracking import engine_facts
 
-# plan_run: the prepare step's, which callers still import from here
 __all__ = ["Training", "build_training", "plan_run", "stopped_by_signal", "train", "train_prepared"]
 
 log = logging.getLogger(__name__)
 
-SIGNAL_REASON = "signal "  # how StopOnSignal's stop_reason starts ("signal SIGTERM")
-
 
 def stopped_by_signal(summary: dict[str, Any]) -> bool:
     """Whether a run ended early because of SIGTERM/SIGINT (its final checkpoint is saved)."""
-    return summary.get("status") == "stopped" and str(summary.get("stop_reason", "")).startswith(
-        SIGNAL_REASON
-    )
+    reason = str(summary.get("stop_reason", ""))
+    return summary.get("status") == "stopped" and reason.startswith("signal ")  # StopOnSignal's
 
 
 @dataclass
@@ -113,8 +106,7 @@ class Training:
 
 @dataclass
 class Assembled:
-    """A prepared run's data, model, engine and optimizer, its batch searched and its learning
-    rate scaled (:func:`assemble`): what a training run and a measured run (``measure``) share."""
+    """What a training run and a measured run (``measure``) share (:func:`assemble`)."""
 
     run: PreparedRun  # as started: with the decisions of its start (:func:`~turbotrain.app.prepare.start`)
     config: RunConfig  # the settings, with what the data and the batch search decided
@@ -130,9 +122,8 @@ class Assembled:
 
 
 def assemble(run: PreparedRun, show: bool) -> Assembled:
-    """Open the data, start the run (:func:`~turbotrain.app.prepare.start`), build the engine and
-    the optimizer as its plan says, then search the batch and scale the learning rate to it.
-    ``show``: live progress for anything slow (rank 0)."""
+    """Open the data, start the run, build the engine and optimizer as its plan says, then search the
+    batch and scale the learning rate to it. ``show``: live progress for anything slow (rank 0)."""
     c, plan, spec, run_dir = run.settings, run.plan, run.spec, run.run_dir
     # rank 0 first: it fills caches, the others read them
     data = main_first(lambda: spec.open_data(c, run_dir, show=show))
@@ -140,16 +131,10 @@ def assemble(run: PreparedRun, show: bool) -> Assembled:
     if plan.rank == 0:
         data.save(run_dir)
     c, epochs = resolve_epochs(c, data, plan.data)  # train.epochs -> max_steps, before the schedule is made
-    # the start decisions (choose, the compile warm start; then the plugins': moe.grow_at_step, a
-    # resume after it grown; precision.fp8_layers = 'timed'), the generators seeded, the model built
-    started = start(run, c, data, loss_fn)
+    started = start(run, c, data, loss_fn)  # the start decisions, the generators seeded, the model built
     c, plain = started.config, started.model
-    # the family's part of the plan (default: declare the units FSDP, activation checkpointing and
-    # per-block compile act on); engine.setup's strategy does the rest
-    plain = spec.parallelize(plain, plan)
-    # a workload's own; None: AdamW from the optim section, with its schedule
-    own_optimizer = spec.optimizer(plain)
-    # engine.setup carries the plan out: experts placed on their ranks, the rest wrapped for data parallelism
+    plain = spec.parallelize(plain, plan)  # the family's part of the plan; engine.setup does the rest
+    own_optimizer = spec.optimizer(plain)  # a workload's own; None: AdamW from the optim section
     t = build_trainable(c, plain, max_steps=c.train.max_steps, optimizer=own_optimizer, plan=plan)
     # batch.micro = 'auto': search the size (or read this run's cache) before any checkpoint loads
     c, batch_search = resolve_batch_size(
@@ -173,7 +158,7 @@ def build_training(
     run: PreparedRun | RunConfig, run_dir: Path | None = None, *, progress: bool | None = None
 ) -> Training:
     """Build the data, model, optimizer, engine and hooks of the prepared ``run`` (a RunConfig: a
-    script's run of that config in ``run_dir``, prepared here: :func:`prepare_config`)."""
+    script's run of it in ``run_dir``, prepared here)."""
     if isinstance(run, RunConfig):
         run = prepare_config(run, run_dir)
     _check_watch(run)
@@ -197,7 +182,9 @@ def build_training(
     if c.model.workload and main:
         say_recipe(c, a.own_optimizer is not None, bool(val_batches))
     resolved = _resolved(a, run.spec, settings)
-    monitor, jsonl = _monitor(run, a, example, show)
+    # the other ranks measure but write nothing
+    plan = monitor_plan(c, run.run_dir if main else None, progress_steps=c.train.max_steps if show else None)
+    monitor, jsonl = build_monitor(engine, a.plain, example, plan, loss_fn=a.loss_fn)
     # reading the example and counting FLOPs (a forward: dropout, a user's augmentation) drew from them
     set_rng_state(first_step_draws)
     hooks = _run_hooks(run, a, monitor, jsonl, state, watch, val_batches)
@@ -211,24 +198,8 @@ def build_training(
     )  # fmt: skip
 
 
-def _monitor(run: PreparedRun, a: Assembled, example: Any, show: bool) -> tuple[Monitor, JsonlSink | None]:
-    """The run's Monitor (FLOPs counted on ``example``) and its metrics.jsonl sink (rank 0)."""
-    c = a.config
-    return build_monitor(
-        a.trainable.engine,
-        a.plain,
-        example,
-        # the other ranks measure but write nothing
-        monitor_plan(
-            c, run.run_dir if run.main else None, progress_steps=c.train.max_steps if show else None
-        ),
-        loss_fn=a.loss_fn,
-    )
-
-
 def _check_watch(run: PreparedRun) -> None:
-    """A built-in model's validation computes the loss alone: the metric ``[best]`` watches is
-    known now (a workload's metrics_fn is read when its FUNC runs, later)."""
+    """A built-in model's validation computes the loss alone: ``[best]``'s metric is checked now."""
     early = watch_for(run.config.best)
     if early is not None and not run.config.model.workload and run.spec.metrics_fn() is None:
         early.require_known(["val_loss"])
@@ -238,15 +209,10 @@ def _state(run: PreparedRun, a: Assembled, watch: MetricWatch | None) -> tuple[R
     """What checkpoints save and a resume loads, and (a resume) the checkpoint it loaded."""
     c, t = a.config, a.trainable
     engine = t.engine
-    state = run_state(
-        engine,
-        t.model,
-        t.optimizer,
-        t.scheduler,
-        # the config rides along for reference only: a resume reads config.toml
-        config=(lambda: to_toml(c), lambda _: None),
-        optional={"best": watch} if watch is not None else None,
-    )
+    # the config rides along for reference only: a resume reads config.toml
+    config = (lambda: to_toml(c), lambda _: None)
+    best = {"best": watch} if watch is not None else None
+    state = run_state(engine, t.model, t.optimizer, t.scheduler, config=config, optional=best)
     if not run.resume:
         return state, ""
     rank, world = engine.strategy.rank, engine.strategy.world
@@ -331,8 +297,7 @@ def _run_hooks(
 
 
 class WriteConfigOnce(Hook):
-    """Calls ``write`` at the end of the first step (before its checkpoint): a resume that fails
-    leaves config.toml as the run trained with it."""
+    """Calls ``write`` at the end of the first step (before its checkpoint)."""
 
     def __init__(self, write: Callable[[], None]) -> None:
         self.write: Callable[[], None] | None = write
@@ -357,8 +322,7 @@ def write_config(config: RunConfig, run_dir: Path, resolved: dict[str, Any]) -> 
 
 
 def facts(training: Training, ctx: FitContext | None, status: str, elapsed_s: float) -> RunFacts:
-    """What the run knows beyond its metrics, for summary.json: what ran, how long, where it stopped,
-    events such as fallbacks, hardware, the optimizations in effect, memory, FLOPs per sample."""
+    """What the run knows beyond its metrics, for summary.json."""
     c, engine, r = training.config, training.engine, training.resolved
     cuda = engine.device.type == "cuda"
     return engine_facts(
@@ -403,14 +367,9 @@ def train(
     batch_given: bool = False,
 ) -> dict[str, Any]:
     """Train ``config`` in a new run directory (``run_dir``, else one named from the config) or
-    continue ``resume_dir``; returns the summary. A resume at another world size that would change
-    the global batch is refused in one line unless ``batch_given`` (the caller chose the batch).
-
-    A failure still writes summary.json (status "failed: ...") and keeps checkpoints and metrics;
-    a new run that fails before its first step leaves no directory behind. Under torchrun every
-    rank calls it: rank 0 names the run directory, holds its lock and writes every shared file;
-    the others train in the same directory and write nothing.
-    """
+    continue ``resume_dir``; returns the summary. ``batch_given``: the caller chose the batch (a
+    resume at another world size is not refused). A failure still writes summary.json; a new run
+    that fails before its first step leaves no directory. Under torchrun rank 0 alone writes."""
     with held_signals() as signals:
         resumable = resume_dir is not None
         signals.on_first(lambda name: stop_startup(name, resume_dir, resumable))
@@ -427,9 +386,8 @@ def train(
 def train_prepared(
     run: PreparedRun, signals: StopSignals, progress: bool | None = None
 ) -> tuple[dict[str, Any], Training]:
-    """Train the prepared ``run`` to its end (or a stop), write its summary, then call its start
-    hooks' ``ends``; returns the summary and the trained run. The caller holds ``signals`` and (rank
-    0) the run's lock. A stop for ``moe.grow_at_step`` resumes the started run at once, grown."""
+    """Train the prepared ``run`` to its end (a stop for ``moe.grow_at_step``: resumed at once, grown),
+    write its summary, then call its start hooks' ``ends``. The caller holds ``signals`` and the lock."""
     summary, training = _train_prepared_once(run, signals, progress)
     while stopped_to_grow(summary):  # every rank alike: the step is in the config
         if training.mirror is not None:  # the next part mirrors the same run with a mirror of its own
@@ -486,14 +444,11 @@ def _train_prepared_once(
 
 def _nothing_to_train(training: Training, run_dir: Path) -> tuple[str, str, str] | None:
     """(status, stop reason, the line that says so) when a resume has nothing to train: the run is
-    complete, or early stopping ended it (its restored watch is stale for best.patience passes)."""
+    complete, or early stopping ended it."""
     c, step = training.config, training.engine.state.step
     if step >= c.train.max_steps:
-        more = (
-            ("train.epochs", 2 * c.train.epochs)
-            if c.train.epochs
-            else ("train.max_steps", 2 * c.train.max_steps)
-        )
+        t = c.train
+        more = ("train.epochs", 2 * t.epochs) if t.epochs else ("train.max_steps", 2 * t.max_steps)
         return (
             "completed",
             "",
@@ -545,8 +500,8 @@ def _train_built(training: Training, run_dir: Path, main: bool) -> dict[str, Any
 
 
 def _disk_full(exc: BaseException, run_dir: Path) -> DiskFullError | None:
-    """``exc`` as one DiskFullError naming the file and the run's last intact checkpoint, when a
-    lack of space caused it (through the atomic writer, or an append such as metrics.jsonl)."""
+    """``exc`` as one DiskFullError naming the file and the last intact checkpoint, when a lack of
+    space caused it."""
     if isinstance(exc, DiskFullError):
         full = exc
     else:

@@ -1,13 +1,8 @@
-"""Compile warm start: torch.compile's artefacts saved after a run and loaded at the next start
-of the same model, so its first step skips most of the compiling (also on a fresh machine, where
-inductor's own on-disk cache is empty).
+"""Compile warm start: torch.compile's artefacts saved after a run and loaded at the next start of
+the same model (also on a fresh machine), so its first step skips most of the compiling.
 
-``torch.compiler.save_cache_artifacts`` / ``load_cache_artifacts`` (torch >= 2.7; without them the
-start stays cold, said once): one blob in ``<cache>/compile/<key>.bin`` beside a ``<key>.json`` of
-what it was made for, keyed as :mod:`turbotrain.app.choose.cache` keys (the model, every speed
-setting, the device name, the versions). A stale, foreign or damaged blob is ignored with one
-warning "cold: ignoring ...", never an error. ``turbotrain train`` runs it as a start hook of its
-preparation (:func:`at_start`).
+One blob in ``<cache>/compile/<key>.bin`` beside a ``<key>.json`` of what it was made for, keyed as
+choose's cache keys; a stale, foreign or damaged blob is ignored with one warning, never an error.
 """
 
 from __future__ import annotations
@@ -41,8 +36,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 class _HeldBack(logging.Filter):
-    """Holds back a torch logger's records while a blob loads (a traceback is no line for a user),
-    keeping the first as one line (its exception's, when it carries one)."""
+    """Holds back a torch logger's records while a blob loads, keeping the first as one line."""
 
     def __init__(self, name: str) -> None:
         super().__init__()
@@ -63,8 +57,7 @@ class _HeldBack(logging.Filter):
 
 
 class WarmStart:
-    """``begin`` before training (loads a matching blob), ``save`` after it (writes this
-    process's artefacts). Does nothing for a run that does not compile."""
+    """``begin`` before training, ``save`` after it; nothing for a run that does not compile."""
 
     def __init__(self, config: RunConfig, folder: Path | None = None) -> None:
         device = resolve_device(config.run.device)
@@ -86,8 +79,7 @@ class WarmStart:
         return self.folder / f"{self.key}.json"
 
     def begin(self) -> str:
-        """Load the cached artefacts of this model, if any; returns (and records for the run's
-        summary) one line saying what happened."""
+        """Load the cached artefacts of this model, if any; returns (and records) one line saying so."""
         if not self.active:
             return ""
         if not hasattr(torch.compiler, "load_cache_artifacts"):
@@ -137,8 +129,8 @@ class WarmStart:
 
 
 def at_start(run: PreparedRun, settings: RunConfig) -> Begun:
-    """The warm start as a start hook of ``turbotrain train``'s preparation, after choose: rank 0
-    loads the artefacts for the run's config before its model is built, saves them at the end."""
+    """The warm start as a start hook of ``turbotrain train``'s preparation: rank 0 loads before the
+    model is built, saves at the end."""
     if not run.main:
         return Begun()
     warm = WarmStart(run.config)

@@ -74,8 +74,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def measure(
     config: Any, model: nn.Module, batch: Any, loss_fn: Callable[[nn.Module, Any], Any] | None = None
 ) -> MemoryStats:
-    """One real training step of ``model`` on ``batch`` on the config's device, set up by the
-    Engine (precision, checkpointing, compile) with AdamW, measured per phase."""
+    """One real training step of ``model`` on ``batch`` as the Engine sets it up, measured per phase."""
     t = build_trainable(config, model)
     t.model.train()
     return measure_step_memory(
@@ -91,8 +90,7 @@ def measure(
 
 @dataclass
 class Report:
-    """What ``turbotrain memory`` prints: the estimates per checkpointing mode that apply, the
-    measured step (``--measure``) and why any estimate is missing."""
+    """What ``turbotrain memory`` prints."""
 
     config: RunConfig
     what: str  # the first line: the model, its size, the micro-batch, the precision
@@ -106,9 +104,8 @@ class Report:
 def estimate_modes(
     estimate: Callable[[str], MemoryStats], measuring: bool
 ) -> tuple[dict[str, MemoryStats], list[str]]:
-    """``estimate(mode)`` for each checkpointing mode that applies: a model without repeated blocks
-    gets 'off' only, a model the meta device cannot run none (a line each says why; without
-    ``--measure`` there would be nothing to show, so that is one error line)."""
+    """``estimate(mode)`` for each checkpointing mode that applies, and the lines that say why any is
+    missing (without ``--measure``, none at all is one error line)."""
     estimates: dict[str, MemoryStats] = {}
     for mode in COMPARED_MODES:
         try:
@@ -125,16 +122,10 @@ def estimate_modes(
 
 
 def preset_report(args: argparse.Namespace, overrides: dict[str, dict[str, str]]) -> Report:
-    """The preset's GPT: estimated as built on the meta device (any size, no weights), measured
-    (``--measure``) on a batch of random tokens of ``--micro`` sequences."""
+    """The preset's GPT: estimated on the meta device, measured on a batch of random tokens."""
     config = load_config(args.preset or default_preset(), overrides)
-    micro = (
-        args.micro
-        if args.micro is not None
-        else config.batch.micro
-        if isinstance(config.batch.micro, int)
-        else 8
-    )
+    micro = args.micro if args.micro is not None else config.batch.micro
+    micro = micro if isinstance(micro, int) else 8
     precision = resolve_precision_name(config)
     estimates, notes = estimate_modes(
         lambda mode: estimate_memory(config, micro=micro, checkpointing=mode, precision=precision),
@@ -159,8 +150,7 @@ def preset_report(args: argparse.Namespace, overrides: dict[str, dict[str, str]]
 
 def workload_report(args: argparse.Namespace, overrides: dict[str, dict[str, str]]) -> Report:
     """``--model FILE.py:FUNC``: its model and loss on the first batch of its train_loader (rebuilt
-    without workers, and with ``--micro`` samples when given), estimated on a copy moved to the
-    meta device, measured (``--measure``) on the config's device."""
+    without workers), estimated on a copy on the meta device, measured on the config's device."""
     config = load_config(
         args.preset, {**overrides, "model": {**overrides.get("model", {}), "workload": args.model}}
     )
@@ -221,7 +211,7 @@ def main_memory(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def format_table(r: Report) -> str:
-    """The text report: one row per kind/phase, one column per checkpointing mode (+ measured)."""
+    """One row per kind/phase, one column per checkpointing mode (+ measured)."""
     config, estimates, measured = r.config, r.estimates, r.measured
     own = config.memory.checkpointing
     heads = [f"ckpt {m}{'*' if m == own else ''}" for m in estimates]

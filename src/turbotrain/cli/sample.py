@@ -44,8 +44,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def newest_generating_run(out_dir: str) -> tuple[Path, RunConfig]:
-    """The most recently written run under ``out_dir`` whose model generates text (a GPT or MoE
-    run), with its config: a newer ``--model`` run (a CNN) is passed over, not refused."""
+    """The newest run under ``out_dir`` whose model generates text, with its config (a newer
+    ``--model`` run is passed over, not refused)."""
     runs = sorted(
         (p for p in Path(out_dir).glob("*") if (p / CONFIG_FILE).is_file()),
         key=lambda p: (p / CONFIG_FILE).stat().st_mtime,
@@ -98,9 +98,7 @@ def main_sample(args: argparse.Namespace, extra: list[str]) -> int:
 def _load_model(
     run_dir: Path, config: RunConfig, spec: ModelSpec, best: bool
 ) -> tuple[TextGenerator, Tokenizer]:
-    """The run's model with its latest (or best) weights, in eval mode, and the tokenizer that
-    decodes its ids; one line when the checkpoint or the tokenizer does not fit."""
-    # a .pt file or a sharded folder (ddp/fsdp runs)
+    """The run's model with its latest (or best) weights, in eval mode, and its tokenizer."""
     path, weights = load_best_weights(run_dir) if best else load_latest_weights(run_dir / CHECKPOINTS)
     embedding = weights.get("wte.weight") if isinstance(weights, dict) else None
     if not isinstance(embedding, torch.Tensor) or embedding.dim() != 2:

@@ -1,9 +1,7 @@
 """``turbotrain train``: train a preset on the built-in corpus or your data.
 
-Exit statuses: :data:`EPILOG` (docs/resume.md; 79 and SLURM's requeue: docs/cluster.md); 1 is a
-bug with its traceback, or under torchrun another rank lost (one line: continue with ``--resume``).
-Signals are handled in every phase, from start to exit, as :mod:`turbotrain.base.signals` says;
-under torchrun the line that says how to continue names the torchrun command.
+Exit statuses: :data:`EPILOG` (docs/resume.md, docs/cluster.md); 1 is a bug with its traceback, or
+under torchrun another rank lost (one line: continue with ``--resume``).
 """
 
 from __future__ import annotations
@@ -14,14 +12,7 @@ import sys
 from pathlib import Path
 
 from ..app.local_launch import launch_local
-from ..app.prepare import (
-    RunRequest,
-    StoppedBySignal,
-    default_preset,  # noqa: F401 (tests)
-)
-from ..app.restart import keep_global_batch as _keep_global_batch  # noqa: F401 (tests/unit/test_relaunch.py)
-from ..app.restart import named_for_restarts as _named_for_restarts  # noqa: F401
-from ..app.restart import peer_lost as _peer_lost  # noqa: F401
+from ..app.prepare import RunRequest, StoppedBySignal
 from ..app.restart import resume_command
 from ..app.run import RunOutcome, train_run
 from ..base.config import describe, parse_overrides
@@ -99,7 +90,10 @@ def main_train(args: argparse.Namespace, extra: list[str]) -> int:
     topology = Topology.from_env()
     # under torchrun: rank 0 prints; the others only warnings and errors, with their rank
     if topology.rank > 0:
-        _quiet_logging(topology.rank)
+        root = logging.getLogger()
+        root.setLevel(logging.WARNING)
+        for handler in root.handlers:
+            handler.setFormatter(logging.Formatter(f"[rank {topology.rank}] {LOG_FORMAT}"))
     try:
         request = _request(args, extra)
         outcome = train_run(request)
@@ -111,15 +105,8 @@ def main_train(args: argparse.Namespace, extra: list[str]) -> int:
         code = stopped_exit(exc.signame)
         if topology.rank > 0:
             return code  # rank 0 says it
-        then = (
-            f"continue with `{resume_command(exc.run_dir or '', topology)}`"
-            if exc.resumable
-            else "nothing was written; start it again"
-        )
-        print(
-            f"turbotrain train: stopped by {exc.signame} during start-up, before the first step; {then}",
-            file=sys.stderr,
-        )
+        resume = f"`{resume_command(exc.run_dir or '', topology)}`"
+        print(f"turbotrain train: {exc.line(resume)}", file=sys.stderr)
         return code
     return _exit_status(outcome, topology)
 
@@ -188,18 +175,9 @@ def _exit_status(outcome: RunOutcome, topology: Topology) -> int:
 
 
 def stopped_exit(first_signal: str) -> int:
-    """The exit status of a command stopped by a signal with everything saved: 79 (requeue) when
-    the first signal was SIGUSR1, else 75. A rank stopped because another rank got the signal
-    says 75; ``srun`` reports the highest status of its tasks, so the job still ends 79."""
+    """79 (requeue) when the first signal was SIGUSR1, else 75 (a rank stopped because another got it
+    says 75; ``srun`` reports the highest status of its tasks, so the job still ends 79)."""
     return EXIT_REQUEUE if first_signal == REQUEUE_SIGNAL else EXIT_STOPPED
-
-
-def _quiet_logging(rank: int) -> None:
-    """Ranks other than 0 log warnings and errors only, each line prefixed with the rank."""
-    root = logging.getLogger()
-    root.setLevel(logging.WARNING)
-    for handler in root.handlers:
-        handler.setFormatter(logging.Formatter(f"[rank {rank}] {LOG_FORMAT}"))
 
 
 def _print_summary(summary: dict, run_dir: Path) -> None:
@@ -239,8 +217,7 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
 
 
 def _throughput_lines(summary: dict, distributed: bool) -> list[str]:
-    """Tokens/s for a language model, else samples/s; none when this invocation trained no step
-    (a finished run resumed)."""
+    """Tokens/s for a language model, else samples/s; none when this invocation trained no step."""
     rate = summary.get("tokens_per_s_median")
     samples = (summary.get("steady_state") or {}).get("samples_per_s")
     first = summary.get("first_step_s")
