@@ -1,5 +1,1 @@
-"""L5 application: training (run assembly), tracking (own loops), report, doctor, bench, measure,
-profile, tune.
-
-Layers import only downward (the README's "Architecture"; tests/unit/test_layers.py holds it).
-"""
+"""L5 application: training, tracking (own loops), report, doctor, bench, measure, profile, tune."""

@@ -28,11 +28,6 @@ PACKAGES = tuple(
 )
 
 
-def _ram_gib() -> float | None:
-    total, _ = ram_bytes()
-    return None if total is None else round(total / GIB, 1)
-
-
 def _usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -45,11 +40,6 @@ def _version(name: str) -> str | None:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def _nvidia_hardware_present() -> bool:
-    """An NVIDIA GPU or driver on this machine, whatever torch says (to catch a CPU-only wheel)."""
-    return Path("/proc/driver/nvidia/gpus").is_dir() or Path("/dev/nvidia0").exists()
 
 
 def _gpu(index: int) -> dict[str, Any]:
@@ -120,14 +110,15 @@ def collect_env() -> dict[str, Any]:
         "driver": nvml.get("driver"),
         "cuda_available": cuda_ok,
         "gpus": [_gpu(i) for i in range(torch.cuda.device_count())] if cuda_ok else [],
-        "nvidia_hardware": _nvidia_hardware_present(),
+        # an NVIDIA GPU or driver, whatever torch says (to catch a CPU-only wheel)
+        "nvidia_hardware": Path("/proc/driver/nvidia/gpus").is_dir() or Path("/dev/nvidia0").exists(),
         "cpu": {
             "model": cpu_model(),
             "logical_cores": os.cpu_count(),
             "usable_cores": _usable_cores(),
             "capability": torch.backends.cpu.get_cpu_capability(),
         },
-        "ram_gib": _ram_gib(),
+        "ram_gib": None if (ram := ram_bytes()[0]) is None else round(ram / GIB, 1),
         "torch_threads": torch.get_num_threads(),
         "nvml": nvml,
         "distributed": collect_distributed(torch.cuda.device_count() if cuda_ok else 0),

@@ -1,15 +1,7 @@
-"""Experts that grow during a ``turbotrain train`` run: ``moe.grow_at_step`` and ``moe.grow_to``.
-
-Once step ``grow_at_step`` has trained, the run stops there (:class:`GrowExperts`, its checkpoint
-saved) and resumes at once in the same process (:func:`turbotrain.app.training.train_prepared`)
-with ``grow_to`` experts per MoE block (the family's start hook,
-:func:`turbotrain.parts.models.moe.settings.grown`); the checkpoint's experts grow into it on load
-(:func:`turbotrain.parts.models.moe.grown_order`).
-
-Why a rebuild through the resume path rather than swapping tensors in the live objects: the
-optimizer's state, the DDP wrapper, a compiled graph, expert parallelism's hooks and the scaler
-all hold references to the expert parameters; building them anew from a checkpoint keeps each
-consistent by construction, and the run after the growth resumes exactly like an unstopped one.
+"""Experts that grow during a ``turbotrain train`` run (``moe.grow_at_step``, ``moe.grow_to``;
+docs/moe.md): the run stops at the step, its checkpoint saved, and resumes at once in the same
+process with the grown model (a rebuild: the optimizer, DDP, a compiled graph and expert
+parallelism's hooks all hold the expert parameters, so each is built anew, consistent).
 """
 
 from __future__ import annotations
@@ -18,7 +10,7 @@ import logging
 from typing import Any
 
 from ..base.config import RunConfig, setting
-from ..loop.hooks import FitContext, Hook
+from ..loop.hooks import FitContext, Hook, StopAfter
 from ..parts.models.moe.settings import MoESettings, grows
 
 log = logging.getLogger(__name__)
@@ -26,16 +18,13 @@ log = logging.getLogger(__name__)
 GROW_REASON = "moe.grow_at_step"  # how the growth's stop reason starts
 
 
-class GrowExperts(Hook):
+class GrowExperts(StopAfter):
     """Stops the fit once step ``step`` has trained (the Checkpointer saves it), when the fit started
-    before it, the run goes on after it and nothing else stopped it there (that stop wins)."""
+    before it, the run goes on after it and nothing else stopped it there."""
 
     def __init__(self, step: int, grow_to: int, max_steps: int) -> None:
-        self.step, self.grow_to, self.max_steps = step, grow_to, max_steps
-        self.start_step = 0
-
-    def on_fit_start(self, ctx: FitContext) -> None:
-        self.start_step = ctx.engine.state.step
+        super().__init__(step)
+        self.grow_to, self.max_steps = grow_to, max_steps
 
     def on_step_end(self, ctx: FitContext) -> None:
         step = ctx.engine.state.step
@@ -47,7 +36,7 @@ class GrowExperts(Hook):
 
 
 def growth_stops(c: RunConfig) -> list[Hook]:
-    """``[GrowExperts]`` for a run whose experts grow, ``[]`` otherwise (what training adds)."""
+    """``[GrowExperts]`` for a run whose experts grow, ``[]`` otherwise."""
     if not grows(c):
         return []
     e = c.table(MoESettings)

@@ -1,7 +1,5 @@
 """``turbotrain train --nproc N``: N processes on this machine, started by torchrun's own launcher
-(``elastic_launch``, what ``torchrun --standalone`` runs), so everything torchrun gives holds (the
-rendezvous, the rank variables, ``--max-restarts``). ``auto``: one process per visible GPU. The
-exit status is the first failed rank's, not the agent's 1.
+(``elastic_launch``), so everything torchrun gives holds (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -19,8 +17,7 @@ log = logging.getLogger(__name__)
 
 
 def resolve_nproc(nproc: str) -> int:
-    """The process count ``--nproc`` asks for; a one-line ConfigError for a count that is not a
-    whole number >= 1, for ``auto`` without a GPU, and for more processes than visible GPUs."""
+    """The process count ``--nproc`` asks for (a mistake: one ConfigError line)."""
     gpus = torch.cuda.device_count()  # counted without initialising CUDA in this process
     if nproc == "auto":
         if gpus == 0:
@@ -41,8 +38,8 @@ def resolve_nproc(nproc: str) -> int:
 
 
 def launch_local(nproc: str, argv: list[str], max_restarts: int = 0) -> int:
-    """Run ``python -m turbotrain train ARGV`` in ``--nproc`` processes under the elastic agent
-    (see the module docstring); returns the exit status for the command."""
+    """Run ``python -m turbotrain train ARGV`` in ``--nproc`` processes; returns the first failed
+    rank's exit status (not the agent's 1)."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         raise ConfigError(
             "--nproc starts the processes itself; under torchrun (RANK and WORLD_SIZE are set) leave it out"

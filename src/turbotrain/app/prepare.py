@@ -142,15 +142,11 @@ def prepare_run(
     run_dir, config = decided_by_main(lambda: (found, base) if found is not None else _new_run(base))
     # a resume at another world size keeps the checkpoint's global batch unless the command sets the batch
     # (a relaunch repeats the first start's command: its batch settings are no choice made for this resume)
-    given = (
-        resume
-        and not relaunch
-        and bool({"micro", "global_size", "accumulation"} & set(overrides.get("batch", {})))
-    )
+    batch_set = {"micro", "global_size", "accumulation"} & set(overrides.get("batch", {}))
+    given = resume and not relaunch and bool(batch_set)
     return PreparedRun(
         config, resolve_accumulation(config, plan), plan, spec, device, run_dir, resume, relaunch, recorded,
-        given,
-        request.hooks, starts,
+        given, request.hooks, starts,
     )  # fmt: skip
 
 

@@ -99,29 +99,22 @@ def _title(summary: dict[str, Any]) -> list[str]:
 
 
 def _hardware(summary: dict[str, Any]) -> list[str]:
-    hw = summary.get("hardware") or {}
-    resolved = summary.get("resolved") or {}
-    lines = ["## Hardware", ""]
-    if hw:
-        sheet = hw.get("datasheet")
-        lines.append(f"- device: {hw.get('device')} ({hw.get('name')})")
-        if sheet:
-            lines.append(
-                f"- datasheet: {sheet.get('bf16_tflops')} TFLOP/s dense bf16, {sheet.get('tf32_tflops')} TF32, "
-                f"{sheet.get('fp32_tflops')} fp32; {sheet.get('mem_bandwidth_gbs')} GB/s ({sheet.get('name')})"
-            )
-        else:
-            lines.append("- datasheet: none for this device, so MFU is left out")
-        lines.append(
-            f"- torch {hw.get('torch')}, CUDA {hw.get('cuda') or 'none'}"
-            + (f", driver {hw['driver']}" if hw.get("driver") else "")
-            + f"; CPU {hw.get('cpu')} ({hw.get('cpu_cores')} cores, {hw.get('torch_threads')} torch threads)"
-        )
-    elif resolved.get("device"):
-        lines.append(f"- device: {resolved['device']}")
-    else:
-        lines.append("- not recorded")
-    return lines
+    hw, device = summary.get("hardware") or {}, (summary.get("resolved") or {}).get("device")
+    if not hw:
+        return ["## Hardware", "", f"- device: {device}" if device else "- not recorded"]
+    sheet = hw.get("datasheet")
+    return [
+        "## Hardware",
+        "",
+        f"- device: {hw.get('device')} ({hw.get('name')})",
+        f"- datasheet: {sheet.get('bf16_tflops')} TFLOP/s dense bf16, {sheet.get('tf32_tflops')} TF32, "
+        f"{sheet.get('fp32_tflops')} fp32; {sheet.get('mem_bandwidth_gbs')} GB/s ({sheet.get('name')})"
+        if sheet
+        else "- datasheet: none for this device, so MFU is left out",
+        f"- torch {hw.get('torch')}, CUDA {hw.get('cuda') or 'none'}"
+        + (f", driver {hw['driver']}" if hw.get("driver") else "")
+        + f"; CPU {hw.get('cpu')} ({hw.get('cpu_cores')} cores, {hw.get('torch_threads')} torch threads)",
+    ]
 
 
 def _optimizations(summary: dict[str, Any]) -> list[str]:

@@ -172,11 +172,10 @@ def check_resume_batch(
 ) -> None:
     """Refuse a resume at another world size whose global batch is not ``checkpoint``'s, naming the
     settings that keep it or change it. A checkpoint without a readable config passes."""
-    change = _batch_change(saved_config, saved_world, c, world) if saved_world != world else None
+    change = _batch_change(saved_config, saved_world, c, world, True) if saved_world != world else None
     if change is None:
         return
-    old, new, trained, resumed = change
-    keep = _keeping(old, c, world, by_accumulation=True)
+    old, new, trained, resumed, keep = change
     # the rows of step s come from (seed, s) and the global batch: any split of it keeps them
     kept = f"{old} (the same batches) with {' or '.join(keep)}" if keep else f"{old} with another batch.micro"
     _refuse(
@@ -187,10 +186,10 @@ def check_resume_batch(
 
 
 def _batch_change(
-    saved_config: Any, saved_world: int, c: RunConfig, world: int
-) -> tuple[int, int, str, str] | None:
-    """(saved global batch, this resume's, how each is made) when they differ; None when they do not,
-    or either is unknown."""
+    saved_config: Any, saved_world: int, c: RunConfig, world: int, by_accumulation: bool
+) -> tuple[int, int, str, str, list[str]] | None:
+    """(saved global batch, this resume's, how each is made, the settings that keep the saved one)
+    when they differ; None when they do not, or either is unknown."""
     saved = _saved_batch(saved_config)
     if saved is None or not isinstance(c.batch.micro, int):
         return None
@@ -198,7 +197,7 @@ def _batch_change(
     old, new = micro * accumulation * saved_world, c.batch.micro * c.batch.accumulation * world
     trained = f"{processes(saved_world)} x batch.micro {micro} x accumulation {accumulation}"
     resumed = f"{processes(world)} x {c.batch.micro} x {c.batch.accumulation}"
-    return None if old == new else (old, new, trained, resumed)
+    return None if old == new else (old, new, trained, resumed, _keeping(old, c, world, by_accumulation))
 
 
 def _keeping(old: int, c: RunConfig, world: int, by_accumulation: bool) -> list[str]:
@@ -240,11 +239,10 @@ def check_epochs_batch(
 ) -> None:
     """Refuse to resume an epochs run at another global batch than ``checkpoint``'s, asked for or not
     (its place is a step count at that batch), naming the settings that keep the batch."""
-    change = _batch_change(saved_config, saved_world, c, world)
+    change = _batch_change(saved_config, saved_world, c, world, False)
     if change is None:
         return
-    old, new, trained, resumed = change
-    keep = _keeping(old, c, world, by_accumulation=False)
+    old, new, trained, resumed, keep = change
     kept = " or ".join(keep) if keep else f"another batch.micro whose global batch is {old}"
     _refuse(
         f"train.epochs: {checkpoint} was trained at a global batch of {old} ({trained}) and its place in the "

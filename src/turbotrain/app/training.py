@@ -310,15 +310,13 @@ class WriteConfigOnce(Hook):
 
 def write_config(config: RunConfig, run_dir: Path, resolved: dict[str, Any]) -> None:
     """config.toml: the config as given, headed by what it resolved to (once start-up has done it)."""
-    header = "# turbotrain run config (reload with --preset this-file.toml)\n# resolved: " + (
-        ", ".join(
-            f"{k}={v}"
-            for k, v in resolved.items()
-            if k in ("device", "precision", "compile", "optimizer", "num_workers", "vocab_size")
-        )
+    keys = ("device", "precision", "compile", "optimizer", "num_workers", "vocab_size")
+    said = (
+        ", ".join(f"{k}={v}" for k, v in resolved.items() if k in keys)
         or "not yet (start-up has not finished)"
     )
-    atomic_write(run_dir / CONFIG_FILE, header + "\n" + to_toml(config))
+    header = f"# turbotrain run config (reload with --preset this-file.toml)\n# resolved: {said}\n"
+    atomic_write(run_dir / CONFIG_FILE, header + to_toml(config))
 
 
 def facts(training: Training, ctx: FitContext | None, status: str, elapsed_s: float) -> RunFacts:
@@ -449,22 +447,15 @@ def _nothing_to_train(training: Training, run_dir: Path) -> tuple[str, str, str]
     if step >= c.train.max_steps:
         t = c.train
         more = ("train.epochs", 2 * t.epochs) if t.epochs else ("train.max_steps", 2 * t.max_steps)
-        return (
-            "completed",
-            "",
-            f"{run_dir} is complete (step {step} of {c.train.max_steps}): nothing to train; "
-            f"to train on, resume with a larger {more[0]}, e.g. {setting(*more)}",
-        )
+        line = f"{run_dir} is complete (step {step} of {t.max_steps}): nothing to train; to train on, resume"
+        return "completed", "", f"{line} with a larger {more[0]}, e.g. {setting(*more)}"
     stop = next((h for h in training.hooks if isinstance(h, EarlyStopping)), None)
     if stop is None or not stop.patience or stop.watch.stale < stop.patience:
         return None
     reason = stop.reason()
-    return (
-        "stopped",
-        reason,
-        f"{run_dir} was ended at step {step} by {reason}: nothing to train; to train on, resume with "
-        f"a larger best.patience, e.g. {setting('best.patience', 2 * stop.patience)}",
-    )
+    larger = setting("best.patience", 2 * stop.patience)
+    line = f"{run_dir} was ended at step {step} by {reason}: nothing to train; to train on, resume with"
+    return "stopped", reason, f"{line} a larger best.patience, e.g. {larger}"
 
 
 def _train_built(training: Training, run_dir: Path, main: bool) -> dict[str, Any]:

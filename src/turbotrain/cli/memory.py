@@ -190,23 +190,22 @@ def main_memory(args: argparse.Namespace, extra: list[str]) -> int:
         if failed is None:
             raise
         raise failed from None
-    if args.json:
-        out: dict[str, Any] = {
-            "preset": r.config.preset,
-            "model": args.model,
-            "micro_batch": r.micro,
-            "seq_len": None if args.model else spec_for(r.config).seq_len(r.config),
-            "precision": r.precision,
-            "checkpointing": r.config.memory.checkpointing,
-            "estimate": {k: v.to_dict() for k, v in r.estimates.items()},
-            "notes": r.notes,
-            "git": collect_git(),
-        }
-        if r.measured is not None:
-            out["measured"] = r.measured.to_dict()
-        print(json.dumps(out, indent=2))
+    if not args.json:
+        print(format_table(r))
         return 0
-    print(format_table(r))
+    out: dict[str, Any] = {
+        "preset": r.config.preset,
+        "model": args.model,
+        "micro_batch": r.micro,
+        "seq_len": None if args.model else spec_for(r.config).seq_len(r.config),
+        "precision": r.precision,
+        "checkpointing": r.config.memory.checkpointing,
+        "estimate": {k: v.to_dict() for k, v in r.estimates.items()},
+        "notes": r.notes,
+        "git": collect_git(),
+        **({"measured": r.measured.to_dict()} if r.measured is not None else {}),
+    }
+    print(json.dumps(out, indent=2))
     return 0
 
 
@@ -220,11 +219,7 @@ def format_table(r: Report) -> str:
         heads.append(f"measured ({measured.device})")
         cols.append(measured)
     unit, scale = unit_for(max((c.peak_bytes for c in cols), default=0))
-    lines = [
-        f"turbotrain memory: {r.what}",
-        *r.notes,
-        f"{unit:<22}" + "".join(f"{h:>20}" for h in heads),
-    ]
+    lines = [f"turbotrain memory: {r.what}", *r.notes, f"{unit:<22}" + "".join(f"{h:>20}" for h in heads)]
     for label, key in ROWS:
         lines.append(f"{label:<22}" + "".join(f"{getattr(c, key) / scale:>20.3f}" for c in cols))
     lines.append(f"{'peak':<22}" + "".join(f"{c.peak_bytes / scale:>20.3f}" for c in cols))
@@ -234,15 +229,10 @@ def format_table(r: Report) -> str:
             "library workspaces come on top: keep ~10% free). * = this config's memory.checkpointing."
         )
     if measured is not None:
+        cuda, gib = measured.method == "cuda-allocator", (measured.device_total_bytes or 0) / GIB
         how = (
-            "CUDA allocator counters"
-            if measured.method == "cuda-allocator"
-            else "tensors tracked per op (CPU has no allocator statistics)"
+            "CUDA allocator counters" if cuda else "tensors tracked per op (CPU has no allocator statistics)"
         )
-        total = (
-            f"; device memory {measured.device_total_bytes / GIB:.1f} GiB"
-            if measured.device_total_bytes
-            else ""
-        )
+        total = f"; device memory {gib:.1f} GiB" if measured.device_total_bytes else ""
         lines.append(f"measured: one real step with {own} checkpointing, {how}{total}.")
     return "\n".join(lines)

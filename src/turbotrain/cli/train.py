@@ -146,31 +146,23 @@ def _exit_status(outcome: RunOutcome, topology: Topology) -> int:
     _print_summary(summary, run.run_dir)
     if outcome.report is not None:
         print_report(outcome.report)
+    resume, code = f"`{resume_command(run.run_dir, topology)}`", stopped_exit(outcome.signal)
     if outcome.stopped_by_signal:
-        code = stopped_exit(outcome.signal)
-        then = (
-            f"exit {code} for the batch script to requeue the job, which resumes by itself; or continue with "
-            if code == EXIT_REQUEUE
-            else "continue with "
-        )
+        requeue = f"exit {code} for the batch script to requeue the job, which resumes by itself; or "
         print(
-            f"turbotrain train: {summary['stop_reason']} stopped the run at step {summary['steps']}, checkpoint saved; "
-            f"{then}`{resume_command(run.run_dir, topology)}`",
+            f"turbotrain train: {summary['stop_reason']} stopped the run at step {summary['steps']}, checkpoint "
+            f"saved; {requeue if code == EXIT_REQUEUE else ''}continue with {resume}",
             file=sys.stderr,
         )
         return code
     if outcome.signal:
+        more = f"; continue with {resume}" if summary["steps"] < summary["max_steps"] else ""
         print(
             f"turbotrain train: {outcome.signal} arrived as the run was ending; it {summary['status']} at step "
-            f"{summary['steps']} with everything saved (the plots: `turbotrain report {run.run_dir}`)"
-            + (
-                f"; continue with `{resume_command(run.run_dir, topology)}`"
-                if summary["steps"] < summary["max_steps"]
-                else ""
-            ),
+            f"{summary['steps']} with everything saved (the plots: `turbotrain report {run.run_dir}`){more}",
             file=sys.stderr,
         )
-        return stopped_exit(outcome.signal)
+        return code
     return 0
 
 
