@@ -1,17 +1,7 @@
-"""One atomic file write for every file turbotrain leaves behind.
-
-Why: a crash (or kill -9) mid-write must leave either the old file or the new one, never half of
-one. The content goes to a temporary sibling (``.NAME.tmpPID``), is fsynced, renamed over the
-target (atomic on POSIX), and the folder is fsynced so the rename itself survives a power loss.
-
-A write that fails leaves no temporary file; one that fails for lack of space (a full file system,
-a quota, or a ``ulimit -f`` file-size limit) raises :class:`DiskFullError`, and one refused by the
-file system (a read-only folder, a path through a file, no permission) :class:`UnwritableError`:
-each one line naming the file. Content is written with ``file.write`` (bytes, text, or any buffer
-such as a numpy array): numpy's ``tofile`` reports a short write as an OSError without an errno,
-which no one can tell from any other failure. :func:`make_dirs` creates a folder with the same
-one-line errors. A process killed mid-write cannot clean up: :func:`clean_stale_temps` removes what such a
-process left, and the run's start calls it.
+"""One atomic file write for every file turbotrain leaves behind: a crash (or kill -9) mid-write
+leaves the old file or the new one, never half. Lack of space raises :class:`DiskFullError`, a
+refused write :class:`UnwritableError`, each one line naming the file. Content goes through
+``file.write``: numpy's ``tofile`` reports a short write as an OSError without an errno.
 """
 
 from __future__ import annotations
@@ -30,11 +20,9 @@ from .errors import TurbotrainError
 # Any: an object with the buffer protocol (numpy array)
 Content = bytes | str | memoryview | Any | Callable[[BinaryIO], object]
 
-# ENOSPC: the file system is full; EDQUOT: the user's quota is; EFBIG: the file-size limit
-# (``ulimit -f``, RLIMIT_FSIZE) or the file system's largest file is reached.
+# a full file system, a quota, the file-size limit (ulimit -f)
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
-# the file system refuses the write whatever the space: no permission, read-only, a path through
-# a file (ENOTDIR), a file where a folder must be (EEXIST from mkdir), a folder where a file must be
+# refused whatever the space: permission, read-only, a file or folder in the way
 REFUSED_ERRNOS = frozenset(
     {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST, errno.EISDIR}
 )
@@ -42,8 +30,7 @@ _TEMP = re.compile(r"^\.(?P<name>.+)\.tmp(?P<pid>\d+)$")
 
 
 class DiskFullError(TurbotrainError):
-    """A write failed for lack of space. ``path`` is the file; ``note`` (added by whoever knows
-    it, e.g. the run's last intact checkpoint) goes at the end of the one-line message."""
+    """A write failed for lack of space; ``note`` (e.g. the last intact checkpoint) ends the line."""
 
     def __init__(self, path: Path | str, reason: str, note: str = "") -> None:
         self.path, self.reason, self.note = Path(path), reason, note
@@ -55,8 +42,7 @@ class DiskFullError(TurbotrainError):
 
 
 class UnwritableError(TurbotrainError, OSError):
-    """The file system refused a write (see REFUSED_ERRNOS): one line naming the path, the reason
-    and ``hint`` (what to change, e.g. the setting that chose the folder)."""
+    """The file system refused a write: one line naming the path, the reason and ``hint``."""
 
     def __init__(self, path: Path | str, reason: str, hint: str = "") -> None:
         self.path, self.reason = Path(path), reason
@@ -74,8 +60,7 @@ def _refused(exc: OSError) -> str:
 
 
 def disk_full_cause(exc: BaseException | None) -> OSError | None:
-    """The OSError with a disk-full errno in ``exc`` or its causes, if any. ``torch.save``
-    reports a failed write as ``RuntimeError: ... unexpected pos``: the OSError is its context."""
+    """The OSError with a disk-full errno in ``exc`` or its causes (``torch.save`` wraps it in a RuntimeError)."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
@@ -87,9 +72,8 @@ def disk_full_cause(exc: BaseException | None) -> OSError | None:
 
 @contextlib.contextmanager
 def reporting_disk_full(path: Path | str, hint: str = "") -> Iterator[None]:
-    """Within the block, a write that fails for lack of space raises :class:`DiskFullError`
-    naming ``path`` (for files appended to in place, such as metrics.jsonl); one the file system
-    refuses (permission, read-only, a file in the way) :class:`UnwritableError` with ``hint``."""
+    """Within the block, a failed write raises :class:`DiskFullError` or :class:`UnwritableError`
+    naming ``path`` (for files appended to in place, such as metrics.jsonl)."""
     try:
         yield
     except (DiskFullError, UnwritableError):
@@ -105,8 +89,7 @@ def reporting_disk_full(path: Path | str, hint: str = "") -> Iterator[None]:
 
 
 def make_dirs(folder: Path | str, hint: str = "") -> Path:
-    """``mkdir -p folder``, its failures one line: :class:`UnwritableError` (read-only, no
-    permission, a file in the way) or :class:`DiskFullError`."""
+    """``mkdir -p folder``, its failures one line."""
     folder = Path(folder)
     if folder.is_dir():
         return folder
@@ -121,8 +104,7 @@ def temp_path(path: Path) -> Path:
 
 
 def fsync_dir(folder: Path) -> None:
-    """Make a rename or a new entry in ``folder`` durable, where the file system allows it (one
-    that cannot open or fsync a folder is left as it is)."""
+    """Make a rename or a new entry in ``folder`` durable, where the file system allows it."""
     with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
         try:
@@ -132,11 +114,9 @@ def fsync_dir(folder: Path) -> None:
 
 
 def atomic_write(path: Path | str, content: Content, hint: str = "") -> None:
-    """Write ``content`` (bytes, UTF-8 text, a buffer such as a contiguous numpy array, or a
-    ``write(file)`` callable given a binary file) to ``path`` atomically: temp sibling, fsync,
-    rename, fsync of the folder. The temp file never outlives the call (not even a
-    KeyboardInterrupt); lack of space raises :class:`DiskFullError`, a refused write
-    :class:`UnwritableError` (with ``hint``, what to change)."""
+    """Write ``content`` (bytes, UTF-8 text, a buffer, or a ``write(file)`` callable) to ``path``
+    atomically: temp sibling, fsync, rename, fsync of the folder. The temp file never outlives
+    the call (not even a KeyboardInterrupt)."""
     path = Path(path)
     tmp = temp_path(path)
     try:
@@ -176,9 +156,8 @@ def _alive(pid: int) -> bool:
 
 
 def clean_stale_temps(folder: Path | str) -> list[Path]:
-    """Remove the temporary files that writers killed mid-write (kill -9, power loss) left in
-    ``folder``: those whose process is gone. A live process's temp file is left alone, so this
-    is safe on folders shared between runs (the data cache). Returns what was removed."""
+    """Remove the temp files of writers killed mid-write (their process gone) from ``folder``; a live
+    process's is left alone, so this is safe on shared folders. Returns what was removed."""
 
     def stale(entry: Path) -> bool:
         m = _TEMP.match(entry.name)
@@ -188,8 +167,7 @@ def clean_stale_temps(folder: Path | str) -> list[Path]:
 
 
 def remove_leftovers(folder: Path | str, leftover: Callable[[Path], bool]) -> list[Path]:
-    """The one scan for what a killed writer left behind: remove each entry of ``folder`` that
-    ``leftover(entry)`` names (a file, or a folder with all it holds). Returns what was removed."""
+    """The one scan for what a killed writer left: remove each entry ``leftover(entry)`` names."""
     removed: list[Path] = []
     try:
         entries = list(Path(folder).iterdir())

@@ -1,9 +1,5 @@
-"""What is in a batch: the one place that walks a batch's structure.
-
-A batch may be a tensor, a tuple or list, a dict or any ``Mapping`` (a Hugging Face
-``BatchEncoding``), nested. Device placement, the placement check, prefetch, sample and token
-counting, and the out-of-memory split all go through these functions, so they agree on every
-structure. Nothing here synchronises with the device: counts come from shapes only.
+"""What is in a batch: the one place that walks a batch's structure (a tensor, tuple, list or any
+``Mapping``, nested), so placement, counting and the OOM split agree. No device sync: shapes only.
 """
 
 from __future__ import annotations
@@ -49,8 +45,7 @@ def move_to(batch: Any, device: torch.device, non_blocking: bool = False) -> Any
 
 
 def _lead(batch: Any) -> torch.Tensor | None:
-    """The tensor whose first dimension is the batch: a mapping's ``input_ids`` (or first
-    tensor), otherwise the first tensor found."""
+    """The tensor whose first dimension is the batch: a mapping's ``input_ids``, else the first found."""
     if isinstance(batch, Mapping):
         for key in TOKEN_KEYS:
             if isinstance(batch.get(key), torch.Tensor):
@@ -66,10 +61,8 @@ def batch_size(batch: Any) -> int:
 
 
 def token_count(batch: Any) -> int:
-    """Token positions in a batch, from shapes (no sync): a mapping's ``input_ids`` or
-    ``attention_mask`` (padding included: what the model computes on, so what FLOPs count),
-    else a 2-D integer leading tensor (B x T token ids); 0 for other data. The tokens a
-    throughput counts are :func:`real_tokens` (padding left out)."""
+    """Token positions in a batch, from shapes (padding included: what FLOPs count): a mapping's
+    ``input_ids``/``attention_mask``, else a 2-D integer leading tensor; 0 for other data."""
     lead = _lead(batch)
     if lead is None:
         return 0
@@ -85,9 +78,8 @@ def attention_mask(batch: Any) -> torch.Tensor | None:
 
 
 def real_tokens(batch: Any) -> int | torch.Tensor:
-    """The tokens in a batch that are not padding: its attention mask's ones where it has one
-    (summed where the mask is: an int for a mask on the CPU, a 0-dim tensor on its device for
-    one on an accelerator, so no sync here), else :func:`token_count` (shapes)."""
+    """The tokens that are not padding: the attention mask's sum (a 0-dim device tensor off the CPU:
+    no sync), else :func:`token_count`."""
     mask = attention_mask(batch)
     if mask is None:
         return token_count(batch)
@@ -96,8 +88,7 @@ def real_tokens(batch: Any) -> int | torch.Tensor:
 
 
 class TokenTally:
-    """Tokens counted batch by batch (:func:`real_tokens`) without a host-device sync per batch:
-    the sums of masks on a device stay there until :meth:`total` reads them (one sync)."""
+    """Tokens counted batch by batch (:func:`real_tokens`), device sums read once by :meth:`total`."""
 
     def __init__(self, start: int = 0) -> None:
         self.counted = start
@@ -119,8 +110,7 @@ class TokenTally:
 
 
 def split_batch(batch: Any, parts: int) -> list[Any]:
-    """``batch`` cut into ``parts`` near-equal pieces along dim 0. Tensors whose first dimension
-    is not the batch's, and non-tensors, are repeated in every piece."""
+    """``batch`` cut into ``parts`` near-equal pieces along dim 0 (other tensors repeated in each)."""
     n = batch_size(batch)
     pieces: list[list[torch.Tensor]] = []  # per tensor, in tensors_of order
 

@@ -1,11 +1,6 @@
-"""Run configuration: the mechanism that collects, parses, validates and describes every setting.
-
-Why: every knob is typed, documented (with its unit and range) and validated once, when the config
-is built; nothing downstream reads raw strings. Sources, later wins: field defaults < a TOML preset
-(a shipped name or a path) < ``--section.key=value`` overrides. Errors name the field and the
-valid values. The run's own sections are in :mod:`.config_sections`; a plugin's settings in its
-own file, registered with :func:`register_settings` (:mod:`.config_plugins` explains the forms).
-``import turbotrain`` imports every built-in plugin, so a config read anywhere knows all of them.
+"""Run configuration: collects, parses, validates and describes every setting, once, when the config
+is built. Sources, later wins: field defaults < a TOML preset < ``--section.key=value`` overrides.
+The run's own sections are in :mod:`.config_sections`; a plugin's registered with :func:`register_settings`.
 """
 
 from __future__ import annotations
@@ -151,9 +146,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class RunConfig:
-    """The whole run, one attribute per concern (``turbotrain train --help-config``). Its shape is
-    fixed: ``model`` and ``precision`` hold the variant their selector picks, ``tables`` the plugins'
-    own tables (``config.table(MoESettings)`` or ``config.moe``); building one settles both."""
+    """The whole run, one attribute per concern (``turbotrain train --help-config``): ``model`` and
+    ``precision`` hold the variant their selector picks, ``tables`` the plugins' own tables
+    (``config.table(MoESettings)`` or ``config.moe``)."""
 
     preset: str = knob("gpt-tiny", "the preset this config started from")
     run: RunSection = field(default_factory=RunSection)
@@ -232,24 +227,19 @@ OWN_SECTIONS: dict[str, type] = {
 """The run's own sections by name, each with its class (a plugin's variant subclasses it)."""
 
 SECTIONS: dict[str, type] = dict(OWN_SECTIONS)
-"""Every section by name, in ``--help-config`` order: the run's own and the plugins' own tables
-(each after the section it names), with their classes (the run's own: the base class)."""
+"""Every section by name, in ``--help-config`` order (the plugins' tables after the section they name)."""
 
 MODEL_SECTIONS = Names("model")
-"""The sections that decide the model's tensors (a checkpoint fits or not): ``[model]`` and the
-families' own tables (``[moe]``)."""
+"""The sections that decide the model's tensors (a checkpoint fits or not): ``[model]``, ``[moe]``."""
 
 MOVED: dict[str, str] = {}
-"""Settings that moved (old ``section.key`` -> new), declared by the plugin that owns them: a file
-written before the move (a saved run's config.toml, a preset) is read with them moved; a new
-command line or dict that still names the old place gets one line naming the new one."""
+"""Settings that moved (old ``section.key`` -> new): a file is read with them moved; a new command
+line or dict that names the old place gets one line naming the new one."""
 
 DROPPED: dict[str, str] = {
     "memory.inject_oom_at_step": "the tests inject out-of-memory errors themselves",
 }
-"""Settings that are no more (``section.key`` -> where what it did went): a file that still
-carries one loads without it, with one line saying so; a new command line or dict is refused
-as with any unknown key."""
+"""Settings that are no more (-> where what it did went): a file loads without them, with one line."""
 
 
 # ----------------------------------------------------------------------------- plugin settings
@@ -267,14 +257,12 @@ def register_settings(
     model_shape: bool = False,
 ) -> None:
     """Declare a plugin's settings ``cls`` (a frozen dataclass of :func:`knob` fields), read only
-    when ``when`` (``"model.arch=moe"``, values comma-separated) selects it (:mod:`.config_plugins`).
+    when ``when`` (``"model.arch=moe"``, values comma-separated) selects it.
 
-    ``section``: a run section (``cls`` subclasses it and is that section when selected) or a new
-    name (a table of its own, listed after ``after``). ``check(config)`` raises a one-line
-    :class:`ConfigError` for rules that span fields; ``unused(config, given)`` returns the one line
-    for its settings given where they would do nothing ("" where they apply); ``moved`` maps an old
-    ``section.key`` to its key here; ``model_shape``: the table decides the model's tensors (resume
-    compares it)."""
+    ``section``: a run section (``cls`` subclasses it) or a new table's name (listed after
+    ``after``). ``check(config)`` raises one line for rules that span fields; ``unused(config,
+    given)`` returns the one line for settings that would do nothing ("" where they apply);
+    ``moved`` maps an old ``section.key`` to its key here; ``model_shape``: resume compares it."""
     selector = parse_when(when)
     variant = section in OWN_SECTIONS
     if variant and selector[0] != section:
@@ -297,8 +285,8 @@ def register_settings(
 
 
 def _registered_again(new: Registration) -> bool:
-    """A class registered before (a second family with the same backbone, a reloaded module):
-    its ``when`` values joined, its rules kept unless given again; False when it is new."""
+    """A class registered before (a second family, a reloaded module): its ``when`` values joined,
+    its rules kept unless given again; False when it is new."""
     key = (new.cls.__module__, new.cls.__qualname__, new.section)
     for i, r in enumerate(REGISTERED):
         if (r.cls.__module__, r.cls.__qualname__, r.section) == key:
@@ -363,9 +351,8 @@ def read_preset(name_or_path: str) -> dict[str, Any]:
 
 
 def migrate(table: dict[str, Any]) -> dict[str, Any]:
-    """A config table written before settings moved (:data:`MOVED`), with them in their new place
-    (a value already there wins), without the settings that are no more (:data:`DROPPED`, one
-    line each). Files only: a saved run's config.toml, a preset, a checkpoint's."""
+    """A file's config table with :data:`MOVED` settings in their new place (a value there wins) and
+    without the :data:`DROPPED` ones (one line each)."""
     for old, why in DROPPED.items():
         section, key = old.split(".")
         if isinstance(table.get(section), dict) and key in table[section]:
@@ -403,17 +390,13 @@ def _coerce(section: str, key: str, hint: Any, value: Any) -> Any:
                     pass
         if str in allowed:
             return value
-    else:
-        if bool in allowed and isinstance(value, bool):
+    elif isinstance(value, bool):  # a bool is not an int here
+        if bool in allowed:
             return value
-        if isinstance(value, bool):
-            pass  # a bool is not an int here
-        elif int in allowed and isinstance(value, int):
-            return value
-        elif float in allowed and isinstance(value, (int, float)):
-            return float(value)
-        elif str in allowed and isinstance(value, str):
-            return value
+    elif int in allowed and isinstance(value, int):
+        return value
+    elif float in allowed and isinstance(value, (int, float)):
+        return float(value)
     names = " or ".join(t.__name__ for t in allowed)
     raise ConfigError(f"{where} must be {names}, got {value!r}")
 
@@ -445,9 +428,7 @@ def _table(data: Mapping[str, Any], name: str) -> Mapping[str, Any]:
 
 
 def from_dict(data: Mapping[str, Any]) -> RunConfig:
-    """Build and validate a :class:`RunConfig` from nested tables (as TOML gives them): each run
-    section read into the variant its key selects, each plugin's own table read when the run
-    selects the plugin or ``data`` holds it."""
+    """Build and validate a :class:`RunConfig` from nested tables (as TOML gives them)."""
     unknown = sorted(set(data) - set(SECTIONS) - {"preset"})
     if unknown:
         raise ConfigError(f"unknown section {unknown[0]!r}; valid sections: {', '.join(SECTIONS)}")
@@ -513,9 +494,7 @@ def load_config(
 
 
 def validate(config: RunConfig) -> None:
-    """Check every field against its choices and bounds (:func:`~.config_fields.check_value`),
-    then the rules that span fields: the run's own (:func:`~.config_sections.check_run`) and each
-    selected plugin's."""
+    """Check every field's choices and bounds, then the run's and each selected plugin's rules."""
     sections = [(name, getattr(config, name)) for name in OWN_SECTIONS]
     own = {r.cls: r.section for r in tables()}
     for name, section in [*sections, *((own.get(type(t), "?"), t) for t in config.tables)]:
@@ -558,8 +537,7 @@ def _section_of(config: RunConfig, name: str) -> Any:
 
 
 def section_fields(name: str) -> list[dataclasses.Field]:
-    """The fields ``[name]`` lists in ``--help-config`` (and the docs' config reference), in order:
-    the section's own, then its variants' (a GPT's ``model.n_layer``, fp8's ``precision.fp8_recipe``)."""
+    """The fields ``[name]`` lists in ``--help-config`` and the docs: its own, then its variants'."""
     out: dict[str, dataclasses.Field] = {}
     for owner in [SECTIONS[name], *(r.cls for r in variants(name))]:
         out.update({f.name: f for f in fields(owner) if f.name not in out})

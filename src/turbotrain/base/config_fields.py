@@ -1,10 +1,5 @@
-"""How a config field is declared: :func:`knob` (its default, help text, choices and numeric range),
-the live valid-value list :class:`Names` that plugins grow, and the one wording of a setting
-(:func:`setting`: a ``--section.key=value`` flag for the command line, a dict for Python) and of a
-wrong value (:func:`choice_error`).
-
-Why a module of its own: a plugin (a precision, a model family) declares its settings with these
-alone, in its own file, without importing the run config that collects them (:mod:`.config`).
+"""How a config field is declared (:func:`knob`, :class:`Names`) and the one wording of a setting and
+of a wrong value; a module of its own so a plugin declares its settings without importing :mod:`.config`.
 """
 
 from __future__ import annotations
@@ -21,9 +16,8 @@ AUTO = "auto"
 
 
 class Names:
-    """A valid-value list that grows as plugins register: ``precision.mode``'s names come from the
-    precision classes (:mod:`turbotrain.core.precision` fills it on import, which ``import turbotrain``
-    does), so validation and ``--help-config`` read it live. ``first`` come before the registered."""
+    """A valid-value list that grows as plugins register, read live by validation and ``--help-config``;
+    ``first`` come before the registered."""
 
     def __init__(self, *first: str, then: Names | None = None) -> None:
         self._own, self._then = list(first), then
@@ -56,8 +50,7 @@ _AUDIENCE = ["python"]  # who reads error messages: "python" (a library caller) 
 
 @contextlib.contextmanager
 def audience(who: str) -> Iterator[None]:
-    """Within the block, :func:`setting` speaks to ``who``: "cli" (the ``turbotrain`` command
-    wraps each subcommand in this) or "python"."""
+    """Within the block, :func:`setting` speaks to ``who``: "cli" or "python"."""
     previous, _AUDIENCE[0] = _AUDIENCE[0], who
     try:
         yield
@@ -75,8 +68,7 @@ def setting(field_name: str, value: Any) -> str:
 
 
 def said(cli: str, python: str) -> str:
-    """The words of a message that differ by reader: ``cli`` on the command line (a flag, a
-    ``turbotrain`` command), ``python`` for a library caller (an argument, a function)."""
+    """The words of a message that differ by reader: ``cli`` on the command line, else ``python``."""
     return cli if _AUDIENCE[0] == "cli" else python
 
 
@@ -103,10 +95,8 @@ def knob(
     max: float | None = None,
     below: float | None = None,
 ) -> Any:
-    """A documented config field. A numeric one declares its range: ``min`` <= value <= ``max``
-    (or < ``below``, an open end). :func:`turbotrain.base.config.validate` checks ``choices`` and
-    the range, and :func:`turbotrain.base.config.describe` shows them. A plugin's own settings are
-    declared with this too, in the plugin's file (:func:`turbotrain.base.config.register_settings`)."""
+    """A documented config field; a numeric one declares its range: ``min`` <= value <= ``max``
+    (or < ``below``, an open end). ``validate`` checks it, ``describe`` shows it."""
     live = isinstance(choices, Names)  # read at each use: plugins may add values after this field is defined
     meta = {
         "doc": doc,
@@ -150,8 +140,8 @@ def in_range(f: dataclasses.Field, value: float) -> bool:
 
 
 def check_value(where: str, f: dataclasses.Field, value: Any) -> None:
-    """Raise the one line for a value outside field ``f``'s choices, not finite (a NaN passes every ``<``
-    check; an inf lr fails only after steps have run), past 64 bits or outside its range."""
+    """Raise the one line for a value outside ``f``'s choices, not finite (a NaN passes every ``<``),
+    past 64 bits or outside its range."""
     choices = f.metadata.get("choices")
     if choices and value not in choices:
         raise choice_error(where, value, choices)

@@ -1,29 +1,8 @@
-"""A plugin's settings: its own type, read only when the run selects the plugin.
-
-Why: a model family or a precision owns settings no other run has. Nothing is added to the run
-config's classes: the config's shape is the same whatever was imported, and a type checker sees
-all of it. A plugin declares its settings as a frozen dataclass of :func:`~.config_fields.knob`
-fields and says when they apply (``when="model.arch=moe"``), in one of two forms:
-
-- a *variant* of a run section: a subclass of the section's class (``GPTSettings(ModelConfig)``,
-  ``FP8Settings(PrecisionConfig)``), its keys in that section's table (``[model] n_layer``,
-  ``[precision] fp8_recipe``). The table is read into the variant its own key selects
-  (``model.arch``, ``precision.mode``), so ``config.model`` *is* a ``GPTSettings`` in a GPT run
-  and a plain ``ModelConfig`` in a run of a family without one; a consumer narrows with
-  ``isinstance`` (or the family's own accessor) and the type checker follows.
-- a *table* of its own (``[moe]``): read when the run selects the plugin, or when a file holds
-  the table (a saved run switched to another family keeps it), into the plugin's class; asked
-  with ``config.table(MoESettings)``.
-
-Its rules that span fields run only when it is selected; the keys of a plugin the run did not
-select are dropped when read from a file and refused in one line when given as flags or in an
-override dict (the plugin's ``unused`` line, or a generic one naming the selector).
-
-A plugin's start-of-run decisions are hooks of it too (:func:`register_start`), selected the same
-way and called in one place, :func:`turbotrain.app.prepare.start`, before the run's settings are
-final: ``build`` decides the config its model is built from (moe: grown experts on a resume past
-``moe.grow_at_step``), ``settle`` the run's settings once the model is built (fp8: the layers
-timed to pay). Nothing outside the plugin asks which plugin the run selected.
+"""A plugin's settings: its own type, read only when the run selects the plugin (docs/architecture.md
+"Plugins"): a *variant* of a run section (``GPTSettings(ModelConfig)``: ``config.model`` *is* one in
+a GPT run) or a *table* of its own (``[moe]``). The keys of a plugin the run did not select are
+dropped when read from a file and refused in one line as flags. Its start-of-run decisions are
+hooks too (:func:`register_start`), called in one place, :func:`turbotrain.app.prepare.start`.
 """
 
 from __future__ import annotations
@@ -63,8 +42,7 @@ class Registration:
         return selects(self.when, config)
 
     def unused_line(self, config: RunConfig, given: Sequence[str]) -> str:
-        """The one line for its keys ``given`` (flags, an override dict) where they would do
-        nothing ("" where they apply): the plugin's own, else one naming its selector."""
+        """The one line for its keys ``given`` where they would do nothing ("" where they apply)."""
         if self.unused is not None:
             return self.unused(config, given)
         if self.selected(config):
@@ -107,9 +85,8 @@ class Start:
 
 @dataclass(frozen=True)
 class StartHook:
-    """One plugin's start-of-run decisions, called when ``when`` selects the run: ``build`` returns
-    the config the model is built from; ``settle`` the run's settings once it is built, and facts
-    for the summary's ``resolved`` (``{}``: none)."""
+    """One plugin's start-of-run decisions: ``build`` returns the config the model is built from;
+    ``settle`` the run's settings once it is built, and facts for the summary's ``resolved``."""
 
     when: tuple[str, str, tuple[str, ...]]
     build: Callable[[Start], RunConfig] | None = None
@@ -127,9 +104,8 @@ def register_start(
     build: Callable[[Start], RunConfig] | None = None,
     settle: Callable[[Start], tuple[RunConfig, dict[str, Any]]] | None = None,
 ) -> None:
-    """Declare a plugin's start-of-run decisions (:class:`StartHook`), called by
-    :func:`turbotrain.app.prepare.start` for a run ``when`` selects (``"precision.mode=fp8"``).
-    ``name`` is the plugin's (registering it again replaces them: a module reloaded)."""
+    """Declare a plugin's start-of-run decisions for a run ``when`` selects (``"precision.mode=fp8"``);
+    registering ``name`` again replaces them (a module reloaded)."""
     START_HOOKS[name] = StartHook(parse_when(when), build, settle)
 
 
@@ -148,8 +124,7 @@ def parse_when(when: str) -> tuple[str, str, tuple[str, ...]]:
 
 
 def declared(cls: type, base: type | None = None) -> tuple[str, ...]:
-    """The fields ``cls`` declares beyond ``base``'s, each with :func:`~.config_fields.knob` (help
-    text; a range if numeric), or a TypeError naming the first that is not."""
+    """The fields ``cls`` declares beyond ``base``'s, each a :func:`~.config_fields.knob`, else a TypeError."""
     if not (is_dataclass(cls) and cls.__dataclass_params__.frozen):  # type: ignore[attr-defined]
         raise TypeError(f"{cls.__name__}: settings are a @dataclass(frozen=True) of knob(...) fields")
     if base is not None and not issubclass(cls, base):
@@ -181,8 +156,7 @@ def tables() -> list[Registration]:
 
 
 def variant_class(section: str, base: type, values: Any) -> type:
-    """The class ``[section]`` is read into: the variant its selector names in ``values`` (a raw
-    table, or a section object), else ``base``."""
+    """The class ``[section]`` is read into: the variant ``values`` (a table or a section) selects, else ``base``."""
     for r in variants(section):
         key = r.when[1]
         value = values.get(key, _default(base, key)) if isinstance(values, dict) else getattr(values, key)
@@ -192,15 +166,13 @@ def variant_class(section: str, base: type, values: Any) -> type:
 
 
 def other_keys(section: str, cls: type) -> set[str]:
-    """Keys of ``section``'s variants that ``cls`` does not have (a file written for another
-    selection holds them: dropped there)."""
+    """Keys of ``section``'s variants that ``cls`` does not have (dropped from a file)."""
     own = {f.name for f in fields(cls)}
     return {name for r in variants(section) for name in r.names} - own
 
 
 def recast(obj: Any, cls: type[T]) -> T:
-    """``obj`` (a section) as a ``cls``: the fields both have keep ``obj``'s values, the others
-    their defaults (a precision section read as fp8's own settings, and back)."""
+    """``obj`` (a section) as a ``cls``: shared fields keep ``obj``'s values, the others their defaults."""
     if type(obj) is cls:
         return obj
     return cls(**{f.name: getattr(obj, f.name) for f in fields(cls) if hasattr(obj, f.name)})

@@ -1,13 +1,6 @@
-"""The run config's own sections: one frozen dataclass per concern of the run itself (the run
-directory, data, batch, optimizer, training length, the watched metric, precision switches,
-compile, memory, monitoring, distribution, measured choices), each field documented with its unit
-and range, and the rules that span their fields (:func:`check_run`; settings given where they would do
-nothing: :mod:`.config_unused`).
-
-What a plugin owns is not here: a model family's fields (the GPT's width and depth in ``[model]``,
-the experts' ``[moe]``) and a precision's own (``precision.fp8_*``) are declared in the plugin's
-file and registered into these sections or as sections of their own
-(:func:`turbotrain.base.config.register_settings`).
+"""The run config's own sections: one frozen dataclass per concern of the run itself, each field
+documented with its unit and range, and the rules that span their fields (:func:`check_run`).
+What a plugin owns (a model family's fields, ``precision.fp8_*``) is declared in the plugin's file.
 """
 
 from __future__ import annotations
@@ -476,8 +469,7 @@ class ChooseConfig:
 
 
 def check_run(config: RunConfig) -> None:
-    """The device and run name turbotrain knows, the batch, the learning-rate schedule, token
-    batching and CUDA graphs, the watched metric."""
+    """The rules that span fields of the run's own sections."""
     _check_run_section(config)
     _check_schedule(config)
     _check_batching(config)

@@ -1,6 +1,4 @@
-"""The one line for settings of the run's own sections given where they would do nothing
-(:func:`unused_run`, read by :func:`turbotrain.base.config.load_config`): best.metric, mode or
-min_delta while nothing watches the metric; the trackers' settings while the trackers are off."""
+"""The one line for settings of the run's own sections given where they would do nothing."""
 
 from __future__ import annotations
 
@@ -14,9 +12,7 @@ if TYPE_CHECKING:
 
 
 def unused_run(config: RunConfig, given: Mapping[str, Sequence[str]]) -> str:
-    """The one line for settings of the run's own sections the caller gave (``given``: section ->
-    keys, from flags or an override dict) where they would do nothing; "" when all apply. Files
-    are never held to it."""
+    """The one line for settings ``given`` (section -> keys, never a file's) that would do nothing; "" if none."""
     return _unused_best(config, given) or _unused_trackers(config, given)
 
 

@@ -1,8 +1,5 @@
-"""Exceptions that mean "the user asked for something that cannot work".
-
-The CLI turns every :class:`TurbotrainError` into a one-line message and exit code 2, so each
-message must say what to change, not just what went wrong.
-"""
+"""Exceptions that mean "the user asked for something that cannot work": the CLI turns each into a
+one-line message and exit code 2, so each message must say what to change."""
 
 from __future__ import annotations
 
@@ -34,8 +31,7 @@ class LossError(TurbotrainError, TypeError):
 
 
 class TurbotrainWarning(UserWarning):
-    """A warning about the user's own settings (slow here, for tests only): ``turbotrain`` commands
-    print it as one line, ``WARNING turbotrain: ...``, without Python's source line."""
+    """A warning about the user's own settings, printed as one line ``WARNING turbotrain: ...``."""
 
 
 def format_warning(
@@ -47,24 +43,18 @@ def format_warning(
     *,
     python_format: Callable[..., str] = warnings.formatwarning,
 ) -> str:
-    """A :class:`TurbotrainWarning` as one line, like the log's (``WARNING turbotrain: ...``);
-    every other warning as Python prints it (source line included: it points at someone's code)."""
+    """A :class:`TurbotrainWarning` as one line like the log's; every other warning as Python prints it."""
     if issubclass(category, TurbotrainWarning):
         return f"WARNING turbotrain: {message}\n"
     return python_format(message, category, filename, lineno, line)
 
 
-# optional CUDA extensions not loaded; Enum pytree deprecation
-NOISY_IMPORT_LOGGERS = (
-    "torchao",
-    "torch.utils._pytree",
-)
+NOISY_IMPORT_LOGGERS = ("torchao", "torch.utils._pytree")  # CUDA extensions not loaded; Enum deprecation
 
 
 class ImportNoise(logging.Filter):
-    """Drops two lines importing torchao prints wherever it is imported from (transformers imports
-    it through its quantizers): each optional CUDA extension it cannot load, and torch's deprecation
-    notice for the Enums it registers. Every other record of these loggers passes."""
+    """Drops the two lines importing torchao prints (from anywhere: transformers imports it): each
+    CUDA extension it cannot load, and torch's notice for its Enums. Every other record passes."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = str(record.msg)  # unformatted: torchao's is an f-string, pytree's a %s template
@@ -73,9 +63,7 @@ class ImportNoise(logging.Filter):
 
 
 def filter_import_noise() -> None:
-    """Installs :class:`ImportNoise` on torchao's and torch's pytree loggers for the process, once
-    (``import turbotrain`` does): a script that imports turbotrain before transformers or torchao
-    then shows neither line. The user's own loggers are untouched."""
+    """Installs :class:`ImportNoise` on those loggers, once (``import turbotrain`` does)."""
     for name in NOISY_IMPORT_LOGGERS:
         logger = logging.getLogger(name)
         if not any(isinstance(f, ImportNoise) for f in logger.filters):
@@ -84,10 +72,7 @@ def filter_import_noise() -> None:
 
 @contextlib.contextmanager
 def quiet_imports() -> Iterator[None]:
-    """Within the block, importing torchao (directly, or through transformers) logs no warnings:
-    one per optional CUDA extension it cannot load (all of them on a CPU), one that triton is
-    missing, and torch's deprecation notice for the Enums it registers. Noise at every import, not
-    news; errors still show. Only these loggers, only for the block."""
+    """Within the block, importing torchao logs no warnings (noise at every import); errors still show."""
     loggers = [logging.getLogger(name) for name in NOISY_IMPORT_LOGGERS]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
@@ -104,10 +89,8 @@ LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"  # the CLI's lines (its loggi
 
 @contextlib.contextmanager
 def logging_unless_configured() -> Iterator[None]:
-    """For the block, turbotrain's INFO lines go to stderr in the CLI's format when the program has
-    set up no logging (no handler on turbotrain's logger or above it): ``turbotrain.train()`` in a
-    plain script opens as ``turbotrain train`` does, its warnings one line each as there. A program that configures logging keeps its
-    own; the root logger is not touched."""
+    """For the block, turbotrain's INFO lines and warnings go to stderr in the CLI's format when the
+    program has set up no logging; a program that configures logging keeps its own."""
     logger = logging.getLogger("turbotrain")
     if logger.hasHandlers():
         yield

@@ -1,15 +1,5 @@
-"""One line for a failure inside a user's workload (``--model FILE.py:FUNC``): what ``profile`` and
-``tune`` print instead of a traceback, and what tune reads back from a trial process that died.
-
-- :func:`one_line`: ``RuntimeError: my forward is broken (wl.py:10, in forward)``: the exception
-  and the last frame of the user's own code; an empty loader's bare ``StopIteration`` says so; a
-  DataLoader worker's re-raised error is its cause, not "Caught ... in DataLoader worker process 0".
-- :func:`workload_failed`: that line as the error every command raises (train, profile, bench,
-  tune, memory, ``turbotrain.train()``): exit 2, no traceback.
-- :func:`no_setting_fixes`: failures that no setting tune or profile changes can fix (the loss is
-  not a scalar, the loader yields nothing): a study stops at once instead of proposing more.
-- :func:`cause_in_log`: the cause in a dead process's log: the last traceback's exception line,
-  not the log's last line (often a warning's source line).
+"""One line for a failure inside a user's workload (``--model FILE.py:FUNC``), instead of a
+traceback, and the cause read back from a dead trial process's log.
 """
 
 from __future__ import annotations
@@ -45,7 +35,8 @@ def _where(exc: BaseException) -> str:
 
 
 def one_line(exc: BaseException) -> str:
-    """``exc`` as one line: its type, first line of its message and where in the user's code."""
+    """``exc`` as one line: its type, first line of its message and where in the user's code
+    (``RuntimeError: broken (wl.py:10, in forward)``); a DataLoader worker's re-raised error is its cause."""
     if isinstance(exc, StopIteration):
         return EMPTY_LOADER
     text = str(exc).strip()
@@ -61,17 +52,15 @@ def one_line(exc: BaseException) -> str:
 def workload_failed(
     what: str, exc: BaseException, after: str = "", *, in_user_code: bool = True
 ) -> TurbotrainError | None:
-    """The one line every command says when the user's own code fails (the forward or the loss on
-    the example batch): ``WHAT: the workload failed: RuntimeError: ... (file.py:28, in loss)AFTER``,
-    a :class:`TurbotrainError` (exit 2, no traceback); None when ``exc`` is not the user's code
-    failing (ours, or a mistake already said in one line), to be raised as it is."""
+    """The one line every command says when the user's own code fails (``WHAT: the workload failed:
+    ...AFTER``), a :class:`TurbotrainError`; None when ``exc`` is not the user's code failing."""
     if not isinstance(exc, Exception) or isinstance(exc, TurbotrainError) or not _where(exc):
         return None
     return TurbotrainError(f"{what}: the workload failed: {one_line(exc)}{after}")
 
 
 def no_setting_fixes(exc: BaseException) -> bool:
-    """Whether ``exc`` is a failure no searched setting changes (see the module docstring)."""
+    """Whether ``exc`` is a failure no searched setting changes (a study stops at once)."""
     return isinstance(exc, (LossError, StopIteration)) or "yielded no batch" in str(exc)
 
 
@@ -79,8 +68,8 @@ _EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|StopIte
 
 
 def cause_in_log(text: str, code: int | None) -> str:
-    """The cause of a process's failure from its log ``text`` and exit ``code``: the exception
-    line of the last traceback; else the last line that names an error; else how it exited."""
+    """The cause of a process's failure: the last traceback's exception line (not the log's last
+    line); else the last line that names an error; else how it exited."""
     lines = [line.rstrip() for line in text.splitlines() if line.strip()]
     last_tb = max(
         (i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")),

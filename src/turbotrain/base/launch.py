@@ -1,7 +1,5 @@
-"""Where this process sits in its launch, read from the environment in one place: torchrun's
-variables, else a SLURM ``srun`` task, else a plain process (:class:`Topology`); and which job of a
-launcher started it, how often (:class:`Launch`): the facts a run is planned from before any
-process group exists. No torch.distributed here: reading them costs nothing and needs no peer.
+"""Where this process sits in its launch (:class:`Topology`) and which launcher job started it, how
+often (:class:`Launch`), read from the environment in one place, before any process group exists.
 """
 
 from __future__ import annotations
@@ -25,17 +23,14 @@ class Topology:
     world: int = 1
     launched: bool = False  # started by a launcher: torchrun (RANK/WORLD_SIZE) or SLURM's srun
     launcher: str = ""  # "torchrun" or "slurm" when launched
-    master_addr: str = (
-        ""  # SLURM only: where rank 0 hosts the rendezvous (torchrun's come from its own variables)
-    )
+    # SLURM only: where rank 0 hosts the rendezvous (torchrun's come from its own variables)
+    master_addr: str = ""
     master_port: int = 0
 
     @classmethod
     def from_env(cls, environ: Any = None) -> Topology:
-        """The launch, read from the environment in one place: torchrun's variables (``RANK``,
-        ``WORLD_SIZE``, ``LOCAL_RANK``; also set by a Kubernetes PyTorchJob and TorchX) win; else
-        the tasks of a SLURM ``srun`` with more than one task (:func:`slurm_topology`); else a
-        plain process, rank 0 of 1."""
+        """torchrun's variables (also a Kubernetes PyTorchJob's and TorchX's) win; else the tasks of
+        a SLURM ``srun`` with more than one task; else a plain process, rank 0 of 1."""
         env = os.environ if environ is None else environ
         if "RANK" in env and "WORLD_SIZE" in env:
             return cls(
@@ -48,25 +43,17 @@ SLURM_PORT_BASE, SLURM_PORT_SPAN = 15000, 20000  # the rendezvous port: MASTER_P
 
 
 def slurm_topology(env: Any) -> Topology | None:
-    """The topology of a task started by SLURM's ``srun`` (no torchrun), as Lightning's
-    ``SLURMEnvironment`` reads it: rank ``SLURM_PROCID`` of ``SLURM_NTASKS``, local rank
-    ``SLURM_LOCALID``; rank 0 listens on the first host of ``SLURM_JOB_NODELIST`` (or
-    ``SLURM_NODELIST``) unless ``MASTER_ADDR`` is set, at ``MASTER_PORT`` or else a port derived
-    from ``SLURM_JOB_ID`` (the same on every task of the job). None when this is not such a task:
-    one task (an interactive ``salloc`` shell, ``srun -n 1``), an interactive job (named ``bash``
-    or ``interactive``), or a variable missing. Start it with ``srun``: the batch script itself
-    also sees ``SLURM_NTASKS`` and ``SLURM_PROCID=0``, and a bare ``python`` there would wait for
-    the other tasks until ``distributed.timeout_s``."""
+    """The topology of a task started by SLURM's ``srun``, as Lightning's ``SLURMEnvironment`` reads
+    it (rank 0 on the node list's first host, unless ``MASTER_ADDR``; the port from ``MASTER_PORT``
+    or the job id). None for one task, an interactive job (``bash``, ``interactive``) or a missing
+    variable."""
     need = ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS")
     nodes = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
     if any(k not in env for k in need) or not nodes or env.get("SLURM_JOB_NAME") in ("bash", "interactive"):
         return None
     try:
-        world, rank, local = (
-            int(env["SLURM_NTASKS"]),
-            int(env["SLURM_PROCID"]),
-            int(env.get("SLURM_LOCALID", 0)),
-        )
+        world, rank = int(env["SLURM_NTASKS"]), int(env["SLURM_PROCID"])
+        local = int(env.get("SLURM_LOCALID", 0))
         job = int(str(env["SLURM_JOB_ID"]).split("_")[0])
         port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else SLURM_PORT_BASE + job % SLURM_PORT_SPAN
     except ValueError as exc:
@@ -82,9 +69,8 @@ def slurm_topology(env: Any) -> Topology | None:
 
 
 def slurm_hosts(nodelist: str) -> list[str]:
-    """The hosts of a SLURM node list in its compact form, in order: ``node[01-03,07],gpu5`` ->
-    node01, node02, node03, node07, gpu5 (zero padding kept; one bracket group per name, which is
-    what SLURM prints for a job's nodes)."""
+    """The hosts of a compact SLURM node list, in order: ``node[01-03,07],gpu5`` -> node01, node02,
+    node03, node07, gpu5 (zero padding kept; one bracket group per name)."""
     hosts: list[str] = []
     for item in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,\[]*", nodelist):
         match = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", item)
@@ -119,38 +105,24 @@ def _count(env: Any, key: str) -> int:
 
 @dataclass(frozen=True)
 class Launch:
-    """The launcher's job this process belongs to, and how often that job started it again: the
-    one place that decides whether a start is a relaunch of the same run (which then resumes by
-    itself) or a new start (which refuses an existing run directory, as always).
+    """The launcher's job this process belongs to, and how often it started it again: the one place
+    that decides whether a start is a relaunch of the same run (which resumes by itself) or a new
+    start (docs/resume.md). SLURM: a requeued job continues its run. torchrun: a restarted worker
+    group continues the run its rendezvous id ``TORCHELASTIC_RUN_ID`` last started (:meth:`record`);
+    a static rendezvous has no id (``none``): a restart continues when the same torchrun agent
+    started it, checked by rank 0 (the other ranks follow its answer)."""
 
-    - SLURM: a requeued job (``SLURM_RESTART_COUNT`` > 0) continues its run.
-    - torchrun: a worker group that torchrun started again in the same job (``--max-restarts``
-      after a failure: ``TORCHELASTIC_RESTART_COUNT`` > 0; an elastic ``--nnodes MIN:MAX``
-      membership change, which keeps the count) continues the run that this job, known by its
-      rendezvous id ``TORCHELASTIC_RUN_ID``, last started (:meth:`record`, kept in the run
-      directory). A new torchrun gets a new id (``--standalone`` and one-node runs draw one), so
-      it cannot take over a run of another job even under the same name.
-    - torchrun's static rendezvous (``--master-addr``/``--master-port`` without ``--rdzv-id``) has
-      no id (``none``): a restart (``TORCHELASTIC_RESTART_COUNT`` > 0) continues the run when the
-      same torchrun agent started it (``agent``: :func:`torchrun_agent`, recorded too). Rank 0,
-      which holds the run, checks it; the other ranks (another node's agent differs) follow rank 0:
-      when rank 0 finds another launch's run it refuses, and they end quietly."""
-
-    run_id: str = (
-        ""  # torchrun's rendezvous id ("" outside torchrun; "none" when multi-node without --rdzv-id)
-    )
+    # torchrun's rendezvous id ("" outside torchrun; "none" when multi-node without --rdzv-id)
+    run_id: str = ""
     restart: int = 0  # TORCHELASTIC_RESTART_COUNT
     max_restarts: int = 0  # TORCHELASTIC_MAX_RESTARTS
     slurm_job: str = ""
     slurm_restart: int = 0  # SLURM_RESTART_COUNT
-    agent: str = (
-        ""  # the torchrun agent that started this process, the same at its every restart (torchrun_agent)
-    )
+    agent: str = ""  # the torchrun agent that started this process, the same at its every restart
 
     @classmethod
     def from_env(cls, environ: Any = None) -> Launch:
-        """This process's launch; ``environ`` (a mapping) instead of the process's own environment
-        reads only what it holds (no parent process is looked at)."""
+        """This process's launch; ``environ`` (a mapping) reads only what it holds (no parent process)."""
         env = os.environ if environ is None else environ
         torchrun = "RANK" in env and "WORLD_SIZE" in env
         slurm = "SLURM_JOB_ID" in env
@@ -174,8 +146,7 @@ class Launch:
 
     @property
     def restart_unfindable(self) -> bool:
-        """torchrun may restart the workers but nothing tells a restart of this launch from another
-        launch (no rendezvous id, no agent known): a restart could not find its run."""
+        """torchrun may restart the workers, but a restart could not find its run (no id, no agent)."""
         return self.restartable and not self.job_known and not self.agent
 
     def record(self) -> dict[str, Any]:
@@ -187,10 +158,8 @@ class Launch:
         }
 
     def relaunch_of(self, recorded: Any, main: bool = True) -> str:
-        """Why this start continues the run whose directory holds ``recorded`` (its last
-        :meth:`record`, None when it has none), in words for the "resuming" line; "" when it is a
-        new start. ``main``: rank 0, which alone checks the agent of a launch without a rendezvous
-        id (the others follow its answer, see the class docstring)."""
+        """Why this start continues the run whose last :meth:`record` is ``recorded``, for the
+        "resuming" line; "" for a new start. ``main``: rank 0, which alone checks the agent."""
         if self.slurm_restart > 0:
             return f"SLURM requeued the job: SLURM_RESTART_COUNT={self.slurm_restart}"
         if (
@@ -210,8 +179,7 @@ class Launch:
         return restarted if self.restart > 0 and (same_agent or not main) else ""
 
     def default_name(self, preset: str) -> str:
-        """A run name the same at every start of this job, for a run without ``--run.name`` that
-        torchrun may restart (a timestamped name would differ); "" when none is needed or known."""
+        """A run name the same at every start of this job, for a run torchrun may restart ("" if unneeded)."""
         if not (self.restartable and self.job_known):
             return ""
         job = re.sub(r"[^A-Za-z0-9._-]", "_", self.run_id)
@@ -221,11 +189,9 @@ class Launch:
 
 
 def torchrun_agent(env: Any, parent: bool = True) -> str:
-    """The torchrun agent that started this worker, the same at each of its restarts and another
-    for every torchrun started: the launch's log directory (``TORCHELASTIC_ERROR_FILE`` is
-    ``<log dir>/attempt_<n>/<local rank>/error.json``, the log directory made once per agent with a
-    unique name), else (``parent``) the parent process (torchrun itself: its pid and start time),
-    with the host; "" when neither is known."""
+    """The torchrun agent that started this worker, the same at each of its restarts: the launch's
+    log directory (from ``TORCHELASTIC_ERROR_FILE``), else (``parent``) the parent process's pid and
+    start time, with the host; "" when neither is known."""
     host = socket.gethostname()
     match = re.fullmatch(r"(.+)/attempt_\d+/\d+/error\.json", env.get("TORCHELASTIC_ERROR_FILE") or "")
     if match is not None:

@@ -1,8 +1,5 @@
-"""Child processes that never outlive their parent: bench rows, the batch search, tune trials.
-
-Each child runs in a session of its own with its output in a log file, so ending it also ends
-whatever it started (DataLoader workers, torch.compile's worker pool). A timeout, Ctrl-C or
-SIGTERM in the parent ends the child first (SIGKILL to its process group), then propagates.
+"""Child processes that never outlive their parent (bench rows, the batch search, tune trials): each
+in a session of its own, so ending it also ends its workers.
 """
 
 from __future__ import annotations
@@ -18,9 +15,8 @@ SRC_DIR = str(Path(__file__).resolve().parents[2])  # the folder holding the tur
 
 
 def child_env(*, threads: int = 0, compile_cache: Path | None = None) -> dict[str, str]:
-    """This process's environment for a child: turbotrain importable from the same source,
-    ``threads`` CPU threads (OMP/MKL; 0 = torch's default) and, when given, torch.compile caches
-    (inductor, triton) under ``compile_cache``."""
+    """This process's environment for a child: turbotrain from the same source, ``threads`` CPU
+    threads (0 = torch's default), torch.compile caches under ``compile_cache``."""
     env = dict(os.environ)
     env["PYTHONPATH"] = SRC_DIR + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     if threads:
@@ -39,10 +35,8 @@ def run_process(
     poll: Callable[[], bool] | None = None,
     poll_every_s: float = 0.5,
 ) -> int | None:
-    """Run ``cmd`` with its output in ``log_path``; its exit code, or None when it ran past
-    ``timeout_s`` seconds or ``poll()`` (called every ``poll_every_s`` while it runs) returned
-    True (the caller's poll knows which). A session of its own, so ending it also ends its
-    workers; it never outlives this process (a timeout, Ctrl-C or SIGTERM here ends it first)."""
+    """Run ``cmd`` with its output in ``log_path``; its exit code, or None past ``timeout_s`` or when
+    ``poll()`` returned True. A timeout, Ctrl-C or SIGTERM here ends it first (SIGKILL to its group)."""
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         code: int | None = None
@@ -66,8 +60,7 @@ def run_process(
 
 
 def exit_on_sigterm() -> None:
-    """Make SIGTERM raise SystemExit(143) in this (main-thread) process, so the ``finally``
-    clauses of :func:`run_process` end a running child before this process goes."""
+    """Make SIGTERM raise SystemExit(143), so :func:`run_process` ends its child before this process goes."""
     signal.signal(signal.SIGTERM, _terminate)
 
 

@@ -1,6 +1,4 @@
-"""Metrics records (what ``metrics.jsonl`` holds, one JSON object a line): reading them back, the
-values of one key, and the workload's own metric keys. The report, its plots and the tracker sinks
-read records through here."""
+"""Metrics records (``metrics.jsonl``, one JSON object a line), read back through here."""
 
 from __future__ import annotations
 
@@ -10,8 +8,7 @@ from typing import Any
 
 
 def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """Records from a metrics.jsonl, skipping (and naming) lines that are not whole JSON records,
-    such as the last line of a run killed mid-write."""
+    """Records from a metrics.jsonl, skipping (and naming) lines that are not whole JSON records."""
     records: list[dict[str, Any]] = []
     problems: list[str] = []
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -55,8 +52,7 @@ NOT_METRICS = ("val_loss", "val_step")
 
 
 def metric_keys(records: list[dict[str, Any]]) -> list[str]:
-    """The validation metrics besides the loss (``val_accuracy``, ...) and what ``engine.log`` logged
-    (``train_accuracy``, ...) in ``records``, in first-seen order."""
+    """The ``val_*`` metrics besides the loss and ``engine.log``'s ``train_*``, in first-seen order."""
     keys: dict[str, None] = {}
     for r in records:
         if "event" not in r:

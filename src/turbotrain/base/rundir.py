@@ -1,8 +1,5 @@
-"""A run directory: the names of the files a run leaves behind, and finding or creating one.
-
-``turbotrain train`` writes ``config.toml``, ``metrics.jsonl``, ``checkpoints/``,
-``summary.json`` and, for subword tokens, ``tokenizer.json`` (what ``turbotrain sample`` decodes with); ``turbotrain report`` adds ``summary.md`` and ``plots/``; ``.lock`` (``LOCK_FILE``) is the run
-lock (:mod:`turbotrain.base.runlock`). Every module that reads or writes them takes the names from here.
+"""A run directory: the names of the files a run leaves behind (every module takes them from here),
+and finding or creating one.
 """
 
 from __future__ import annotations
@@ -35,15 +32,13 @@ LAUNCH_FILE = ".launch.json"  # the launcher job that last started the run: a re
 
 
 def run_name(config: RunConfig) -> str:
-    """``run.name``, or ``<preset>-<timestamp>`` when it is empty (for a workload ``FILE.py:FUNC`` or
-    ``package.module:FUNC``, ``<FILE>-<timestamp>`` or ``<module>-<timestamp>``: its FUNC is often just ``make``)."""
+    """``run.name``, or ``<preset>-<timestamp>`` (a workload: ``<FILE>-`` or ``<module>-<timestamp>``)."""
     label = workload_label(config.model.workload) if config.model.workload else config.preset
     return config.run.name or f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def workload_label(ref: str) -> str:
-    """A workload's short name, the one its runs are named after (train, profile, bench, tune):
-    ``FILE`` of ``FILE.py:FUNC``, ``module`` of ``package.module:FUNC`` (FUNC is often just ``make``)."""
+    """A workload's short name: ``FILE`` of ``FILE.py:FUNC``, ``module`` of ``package.module:FUNC``."""
     module = ref.rpartition(":")[0] or ref
     return Path(module).stem if module.endswith(".py") else module.rpartition(".")[2]
 
@@ -57,8 +52,7 @@ def holds_a_run(path: Path) -> bool:
 
 
 def new_run_dir(config: RunConfig) -> Path:
-    """A fresh run directory; refuses to reuse one that already holds a run. (Check again under
-    the run's lock: another process may be creating the same run.)"""
+    """A fresh run directory; refuses one that holds a run (check again under the run's lock)."""
     path = Path(config.run.out_dir) / run_name(config)
     try:
         if path.exists() and holds_a_run(path):
@@ -117,10 +111,8 @@ def resume_config(run_dir: Path, overrides: Any = ()) -> RunConfig:
 
 
 def truncate_metrics(path: Path, step: int) -> int:
-    """Before a resume from ``step``: drop the records of later steps from the metrics file (the
-    resumed run logs those steps again; kept, they would count twice in the report's medians) and
-    a torn last line (a process killed mid-write; appended to, it would spoil the next record).
-    Rewritten atomically. Returns the number of lines dropped."""
+    """Before a resume from ``step``: drop later steps' records (logged again) and a torn last line
+    from the metrics file, atomically; returns the number of lines dropped."""
     try:
         lines = path.read_bytes().splitlines(keepends=True)
     except FileNotFoundError:

@@ -1,19 +1,9 @@
 """One lock per run directory: a second process cannot train, resume or start a run in it.
 
-Why: two ``turbotrain train --run.name X`` started together both wrote into X (checkpoints of
-two configs alternating, metrics interleaved), and ``--resume X`` of a run still training logged
-every step twice. The lock is an exclusive POSIX record lock (``lockf``) on ``RUN/.lock``, held
-from before the first file is written until the process is done with the run. The kernel drops it
-when the process dies, however it dies (kill -9 included), so a stale lock cannot block a resume:
-the next process takes it over and says whose it was. Unlike ``flock``, a record lock is not
-inherited by forked DataLoader workers, which could outlive a killed trainer for seconds. The
-file holds the holder's PID, for the message.
-
-The lock is taken once per run, by its entry point (``turbotrain train`` and ``turbotrain.train()``
-through :func:`turbotrain.app.run.train_run`, ``train(config)`` itself), for the whole run: start-up,
-training and the report. It is re-entrant within a process all the same (a caller's own lock
-around a run nests): the process opens the lock file once, since closing any descriptor of it
-would drop a record lock. It needs a file system with working POSIX locks (local disks, NFS with lockd).
+An exclusive POSIX record lock (``lockf``) on ``RUN/.lock``, taken once per run by its entry point:
+the kernel drops it however the process dies (a stale lock cannot block a resume), and unlike
+``flock`` forked DataLoader workers do not inherit it. Re-entrant within a process (the file is
+opened once: closing any descriptor would drop the lock); needs working POSIX locks (NFS: lockd).
 """
 
 from __future__ import annotations

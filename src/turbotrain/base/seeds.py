@@ -1,7 +1,5 @@
-"""The random generators a training step may draw from, in one place: seeding all of them
-(torch's on every device, Python's ``random``, numpy's), reading and restoring their state (what a
-checkpoint saves, what the batch finder puts back after its trials), and deriving independent seeds
-from a run's seed and a position (a data-loader worker's micro-batch)."""
+"""The random generators a training step may draw from (torch's, Python's, numpy's), in one place:
+seeding, saving and restoring them, and deriving independent seeds."""
 
 from __future__ import annotations
 
@@ -40,16 +38,14 @@ def _as_tuple(x: Any) -> Any:
 
 
 def seed_all(seed: int) -> None:
-    """Seed every generator a user's code may draw from: torch's (every device's too), Python's
-    ``random`` and numpy's. A run seeds all three at its start (``run.seed``), so a model or loss
-    that draws from ``random`` or numpy trains the same in every run, as a resumed run does."""
+    """Seed torch's (every device's), Python's and numpy's generators: a model that draws from any
+    trains the same in every run."""
     torch.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
 
 
 def derive_seed(seed: int, *position: int) -> int:
-    """A 32-bit seed for ``position`` (e.g. step and global micro-batch slot) of a run seeded
-    ``seed``: numpy's SeedSequence hashes them, so nearby positions give unrelated streams and no
-    position's stream is another's (unlike ``seed * c + k``, where two formulas can collide)."""
+    """A 32-bit seed for ``position`` of a run seeded ``seed``: numpy's SeedSequence hashes them, so
+    nearby positions give unrelated streams (unlike ``seed * c + k``, which can collide)."""
     return int(np.random.SeedSequence([seed % 2**63, *position]).generate_state(1)[0])

@@ -1,28 +1,11 @@
 """SIGTERM, SIGINT and SIGUSR1 for a whole command: handled from the moment it starts until it exits.
 
-One signal means "save what there is to save, then stop"; what that takes depends on the phase
-the command is in, so each phase says it with :meth:`StopSignals.on_first`:
-
-- start-up (arguments, config, the process group, building the run): stop at once by raising
-  :class:`turbotrain.app.prepare.StoppedBySignal` (nothing trained yet; exit 75);
-- training: ask the loop to stop after the current step, which writes the final checkpoint
-  (:class:`turbotrain.loop.hooks.StopOnSignal`; exit 75);
-- the end (summary, report): only recorded; the summary is still written, the command ends 75.
-
-SIGUSR1 does the same as SIGTERM; ``turbotrain train`` then exits with the requeue code (79)
-instead of 75: it is the signal a SLURM job asks for before its time limit
-(``#SBATCH --signal=USR1@90``), and the batch script requeues the job on that code.
-
-A second signal, in any phase, means "stop now": :class:`KeyboardInterrupt` (exit 130), and the
-previous actions come back (a third signal gets them).
-
-The first signal is acknowledged at once, in the handler, with one line on stderr (``os.write``:
-no buffered stream is touched inside a handler) when the stop waits for something: "stopping after
-this step; Ctrl-C again to abort" (rank 0 only under torchrun). Start-up's stop says itself.
-
-A process that starts with SIGINT ignored (a background job of a non-interactive shell, or a
-launcher that ignores it on purpose) keeps ignoring SIGINT in every phase, as POSIX intends;
-SIGTERM is always handled.
+One signal means "save what there is to save, then stop"; each phase says what that takes with
+:meth:`StopSignals.on_first`: start-up raises ``StoppedBySignal``, training stops after the current
+step with a checkpoint, the end only records it (exit 75 each). SIGUSR1 does the same, and
+``turbotrain train`` exits with the requeue code (79): SLURM's ``--signal=USR1@90``. A second
+signal means "stop now": :class:`KeyboardInterrupt` (exit 130). The first is acknowledged at once
+with one line on stderr (``os.write``, rank 0 only). A SIGINT ignored at start stays ignored.
 """
 
 from __future__ import annotations
@@ -75,9 +58,8 @@ class StopSignals:
             _ACTIVE.remove(self)
 
     def on_first(self, action: Callable[[str], None] | None) -> None:
-        """From now on the first signal calls ``action(name)`` (None: it is only recorded). A
-        signal that came before and was not acted on yet is acted on now, so none is lost
-        between two phases."""
+        """From now on the first signal calls ``action(name)`` (None: only recorded); one that came
+        before and was not acted on is acted on now, so none is lost between two phases."""
         self._action = action
         if action is not None and self.received and not self._acted:
             self._acted = True
@@ -98,8 +80,7 @@ class StopSignals:
 
 
 def acknowledge(name: str, what: str) -> None:
-    """Say at once, from a signal handler, that signal ``name`` was heard and what happens next:
-    one line on stderr by ``os.write`` (safe in a handler), on rank 0 only (the others would repeat it)."""
+    """Say at once, from a handler, that ``name`` was heard and what happens next (``os.write``, rank 0)."""
     if os.environ.get("RANK", "0") != "0":
         return
     again = "Ctrl-C again" if name == "SIGINT" else f"a second {name}"

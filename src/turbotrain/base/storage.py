@@ -1,11 +1,5 @@
 """A remote store for a run's files (``run.remote``): a folder at a URI, through fsspec and its
-back-ends (s3fs, gcsfs, adlfs), spoken to by relative names.
-
-Credentials and endpoints come from the back-end's usual places (the environment, its config
-files, fsspec's ``FSSPEC_<PROTOCOL>_<OPTION>`` variables): nothing here reads or writes them, and
-no message prints them. Each failure is one line (:func:`why`); :meth:`Store.probe` turns a store
-that refuses at the start (no bucket, no credentials, no permission, nothing listening) into a
-one-line :class:`ConfigError` naming the setting.
+back-ends. Credentials come from the back-end's usual places: nothing here reads or prints them.
 """
 
 from __future__ import annotations
@@ -42,8 +36,7 @@ def why(exc: BaseException) -> str:
 
 
 def check_uri(uri: str, setting: str = "run.remote") -> str:
-    """``uri`` as a store URI (no trailing slash); a one-line ConfigError naming ``setting`` when
-    its scheme is not one of :data:`SCHEMES` or its back-end's extra is not installed."""
+    """``uri`` without a trailing slash, else one line naming ``setting`` (scheme, missing back-end)."""
     scheme, sep, rest = uri.partition("://")
     if not sep or scheme not in SCHEMES or not rest.strip("/"):
         raise ConfigError(
@@ -101,8 +94,7 @@ class Store:
         return self.fs.cat_file(self._path(name))
 
     def files(self, under: str = "") -> dict[str, int]:
-        """Every file under ``under`` (all: ''), as relative name -> size, read from the store
-        now (no listing cached from before)."""
+        """Every file under ``under`` as relative name -> size, read from the store now (no cache)."""
         self.fs.invalidate_cache()
         base = self._path(under)
         try:
@@ -119,8 +111,7 @@ class Store:
             pass
 
     def probe(self) -> None:
-        """Write, read back and delete a small object: a one-line ConfigError naming the setting
-        when the store refuses or cannot be reached."""
+        """Write, read back and delete a small object, else a one-line ConfigError naming the setting."""
         name = f".turbotrain-probe-{uuid.uuid4().hex[:12]}"
         try:
             self.put_bytes(name, b"turbotrain\n")

@@ -1,5 +1,4 @@
-"""The package version and the commit its code came from, in one place (the package root, the
-environment report and every result file read them)."""
+"""The package version and the commit its code came from, in one place."""
 
 from __future__ import annotations
 
@@ -18,10 +17,8 @@ def _git(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def collect_git() -> dict[str, Any]:
-    """The commit this package's code came from. ``TT_COMMIT`` in the environment wins: a
-    device machine receives the tree without its ``.git``, so the command that ships it says the
-    commit (``TT_COMMIT=<sha>``, written out on the sending side). Otherwise the checkout's commit
-    and whether tracked files differ from it (commit None for an installed package outside git)."""
+    """The commit this package's code came from: ``TT_COMMIT`` wins (a device machine gets the tree
+    without ``.git``); else the checkout's commit and whether tracked files differ (None outside git)."""
     if os.environ.get("TT_COMMIT"):
         return {"commit": os.environ["TT_COMMIT"], "source": "TT_COMMIT"}
     try:

@@ -1,9 +1,5 @@
-"""Engine -> optimizer -> schedule -> setup: the one assembly of a trainable model from a config.
-
-Training (``turbotrain train``), the memory report, the batch search and the bench's turbotrain
-row all start the same way; they call :func:`build_trainable` so that the order (the engine
-first, so the device and precision are known; the optimizer before ``setup`` so its parameters
-keep their identity) and the config fields used cannot drift apart.
+"""Engine -> optimizer -> schedule -> setup: the one assembly of a trainable model from a config,
+so training, the memory report, the batch search and bench cannot drift apart.
 """
 
 from __future__ import annotations
@@ -41,11 +37,8 @@ def build_trainable(
     optimizer: torch.optim.Optimizer | None = None,
     plan: ParallelPlan | None = None,
 ) -> Trainable:
-    """The engine for ``config``, AdamW from ``config.optim`` over ``model`` (or the caller's
-    ``optimizer``, used as it is), the warmup + decay schedule spanning ``max_steps`` optimizer
-    steps (none when ``max_steps`` is None or the optimizer is the caller's: its learning rate is
-    its own), and ``engine.setup`` of all of them (``loader`` batches then arrive on the device).
-    ``plan``: the run's parallel plan, when the caller resolved it (else the engine does)."""
+    """The engine for ``config``, AdamW from ``config.optim`` (or the caller's ``optimizer``, as it is),
+    the schedule over ``max_steps`` (none for None or the caller's optimizer), all set up."""
     engine = Engine(config, plan=plan)
     c = config.optim
     scheduler = None

@@ -1,22 +1,7 @@
 """Compile guard: torch.compile's recompilations and graph breaks during training, counted from
-dynamo's own bookkeeping, with a warning that names the cause when they keep happening.
-
-Why: a recompilation costs seconds to minutes and a graph break splits the compiled model into
-pieces that run with Python between them; both are silent unless someone turns on
-``TORCH_LOGS``. A changing Python number in ``forward`` (a step counter, a dropout probability),
-a tensor whose shape keeps changing, or a mode switch recompiles the model; past dynamo's
-recompile limit (8 per frame) the frame quietly falls back to eager.
-
-What is read (no per-step cost, no host-device sync): ``torch._dynamo.utils.counters``
-(``frames['ok']``: frames compiled, first compiles and recompiles alike; ``graph_break``: one
-entry per break reason) and ``torch._dynamo.utils.guard_failures`` (per code object, the guards
-that failed before each recompilation: the cause). They are process-wide, so the guard keeps a
-baseline taken when it starts and reports differences. A process that never imported dynamo has
-nothing to read, and the guard reads nothing (it never imports dynamo itself).
-
-The engine calls :meth:`CompileGuard.check` at its guard poll (every ``monitor.log_every``
-optimizer steps); the first ``warmup_steps`` steps (default: the first poll window) may compile
-and recompile freely (the first compile, evaluation's no-grad graph, automatic dynamic shapes).
+dynamo's own process-wide bookkeeping (``counters``, ``guard_failures``: no per-step cost, no sync;
+never imports dynamo), with a warning naming the cause when they keep happening after warm-up
+(docs/cuda-graphs.md). Both are otherwise silent unless someone turns on ``TORCH_LOGS``.
 """
 
 from __future__ import annotations
@@ -39,8 +24,7 @@ def record_warm_start(note: str) -> None:
 
 
 def compile_seconds() -> float:
-    """Seconds dynamo has spent compiling frames in this process (its own timers: tracing,
-    AOTAutograd and the backend, inductor's code generation included); 0 without dynamo."""
+    """Seconds dynamo has spent compiling frames in this process (its own timers); 0 without dynamo."""
     utils = sys.modules.get("torch._dynamo.utils")
     spent = getattr(utils, "calculate_time_spent", None) if utils is not None else None
     if spent is None:
@@ -50,9 +34,8 @@ def compile_seconds() -> float:
 
 
 def payback_step(compile_s: float | None, eager_ms: float | None, compiled_ms: float | None) -> int | None:
-    """The optimizer step at which compiling has paid back its ``compile_s`` seconds, given
-    plain eager's and the compiled run's step times (ms); None when it never does (no saving)
-    or a figure is missing."""
+    """The step at which compiling has paid back ``compile_s`` given eager's and the compiled step
+    times (ms); None when it never does or a figure is missing."""
     if compile_s is None or eager_ms is None or compiled_ms is None or compiled_ms >= eager_ms:
         return None
     return int(round(1000 * compile_s / (eager_ms - compiled_ms))) + 1
@@ -72,9 +55,8 @@ def _guard_reason(text: str) -> str:
 
 
 def _first_entry(reason: str) -> bool:
-    """Whether a guard-failure reason is about a frame's first cached graph (compile id
-    ``F/0``): a recompilation records one reason per cached graph it checked, so counting the
-    first graph's reasons counts each recompilation once, with why that graph did not fit."""
+    """Whether a guard-failure reason is about a frame's first cached graph (``F/0``): counting those
+    counts each recompilation once (it records one reason per cached graph it checked)."""
     cid = str(reason).split(":", 1)[0].strip("[]! ")
     _, _, nth = cid.partition("/")
     return nth.split("_", 1)[0] == "0"
@@ -82,8 +64,7 @@ def _first_entry(reason: str) -> bool:
 
 @dataclass(frozen=True)
 class CompileCounts:
-    """A snapshot of dynamo's counters: frames compiled, each recompile reason and each graph
-    break reason with how often it happened."""
+    """A snapshot of dynamo's counters: frames compiled, recompile and graph-break reasons, counted."""
 
     frames: int = 0
     recompile_reasons: dict[str, int] = field(default_factory=dict)
@@ -99,20 +80,19 @@ class CompileCounts:
 
     def minus(self, base: CompileCounts) -> CompileCounts:
         """What happened since ``base`` (counters only grow)."""
-        rec = Counter(self.recompile_reasons)
-        rec.subtract(base.recompile_reasons)
-        brk = Counter(self.break_reasons)
-        brk.subtract(base.break_reasons)
+
+        def less(now: dict[str, int], then: dict[str, int]) -> dict[str, int]:
+            return {k: v - then.get(k, 0) for k, v in now.items() if v > then.get(k, 0)}
+
         return CompileCounts(
             self.frames - base.frames,
-            {k: v for k, v in rec.items() if v > 0},
-            {k: v for k, v in brk.items() if v > 0},
+            less(self.recompile_reasons, base.recompile_reasons),
+            less(self.break_reasons, base.break_reasons),
         )
 
 
 def collect_compile_counts() -> CompileCounts:
-    """dynamo's counters now (all zero when dynamo was never imported in this process). Host
-    dictionaries only: no device work."""
+    """dynamo's counters now (zero when dynamo was never imported); host dictionaries only."""
     utils = sys.modules.get("torch._dynamo.utils")
     if utils is None:
         return CompileCounts()
@@ -140,31 +120,27 @@ def _top(reasons: dict[str, int]) -> str:
 
 class CompileGuard:
     """Counts recompilations and graph breaks since :meth:`start`; warns once, naming the most
-    frequent cause, when more than ``max_recompiles`` recompilations (or graph breaks that appear
-    anew, which only a recompilation can bring) happen after the first ``warmup_steps`` steps.
-    ``max_recompiles`` 0 never warns (the counts are still reported)."""
+    frequent cause, when more than ``max_recompiles`` (0: never warns) happen after the first
+    ``warmup_steps`` steps (the first compile, evaluation's graph, automatic dynamic shapes)."""
 
     def __init__(self, max_recompiles: int = 2, warmup_steps: int = 10) -> None:
         self.max_recompiles, self.warmup_steps = max_recompiles, warmup_steps
+        self.start()
+
+    def start(self) -> None:
+        """Count from now on (the engine calls it when it sets a model up)."""
         self.base = collect_compile_counts()
         self.base_compile_s = compile_seconds()
         self.at_warmup: CompileCounts | None = None
         self.warning = ""
         self._frames_seen = -1  # dynamo's frame count at the last check
 
-    def start(self) -> None:
-        """Count from now on (the engine calls it when it sets a model up)."""
-        self.base = collect_compile_counts()
-        self.base_compile_s = compile_seconds()
-        self.at_warmup, self.warning, self._frames_seen = None, "", -1
-
     def since_start(self) -> CompileCounts:
         return collect_compile_counts().minus(self.base)
 
     def check(self, step: int) -> str:
-        """Called every few optimizer steps (never per step): returns, and logs once, the warning
-        when recompilations keep happening after warm-up; "" otherwise. About 1 µs when nothing
-        was compiled since the last call (every recompilation or break compiles a frame)."""
+        """Called every few optimizer steps: the warning (logged once) when recompilations keep
+        happening after warm-up, else ""; about 1 µs when nothing was compiled since the last call."""
         utils = sys.modules.get("torch._dynamo.utils")
         if self.warning or utils is None:
             return self.warning
@@ -195,8 +171,7 @@ class CompileGuard:
         return self.warning
 
     def summary(self) -> dict[str, Any]:
-        """For summary.json: frames compiled, recompilations and graph breaks since the start
-        (and after warm-up), their most frequent reasons, and the warning if one was given."""
+        """For summary.json: what was compiled since the start (and after warm-up), and why."""
         now = self.since_start()
         after = now.minus(self.at_warmup) if self.at_warmup is not None else None
         return {

@@ -1,9 +1,4 @@
-"""Which device this process trains on, and how much of its memory it may hold.
-
-``run.device`` is resolved here once (``auto``: CUDA when torch sees a GPU, else the CPU); under a
-launcher a bare ``cuda`` becomes this process's own GPU (``cuda:LOCAL_RANK``), made current; and
-``memory.max_fraction`` caps the CUDA caching allocator of this process.
-"""
+"""Which device this process trains on, and how much of its memory it may hold."""
 
 from __future__ import annotations
 
@@ -34,9 +29,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def local_device(device: torch.device, topology: Topology) -> torch.device:
-    """Under a launcher, CUDA means this process's own GPU (``cuda:LOCAL_RANK``), made current;
-    in a plain process a bare ``cuda`` means the current GPU, given its index (torch's
-    ``set_device`` and device comparisons need one)."""
+    """A bare ``cuda``: this process's own GPU under a launcher (``cuda:LOCAL_RANK``), else the
+    current one, with its index; made current."""
     if device.type == "cuda" and device.index is None:
         device = torch.device(
             "cuda", topology.local_rank if topology.launched else torch.cuda.current_device()
@@ -47,10 +41,8 @@ def local_device(device: torch.device, topology: Topology) -> torch.device:
 
 
 def apply_memory_cap(device: torch.device, fraction: float) -> None:
-    """``memory.max_fraction``: cap this process's CUDA caching allocator at ``fraction`` of the
-    device (process-wide, for the rest of the process); an allocation past it is an
-    out-of-memory error, which the OOM policy handles. 0 = no cap. On other devices it does not
-    apply: one log line says so."""
+    """``memory.max_fraction``: cap this process's CUDA caching allocator (0 = no cap; elsewhere one
+    log line says it does not apply)."""
     if fraction <= 0:
         return
     if device.type != "cuda":

@@ -1,20 +1,7 @@
-"""The strategy: carries a :class:`~turbotrain.core.plan.ParallelPlan` out, chosen once per process.
-
-:meth:`Strategy.wrap` places the experts on their ranks (the plan's expert dimension), leaves them
-out of data parallelism and wraps the rest for the data dimension; :meth:`Strategy.set_grad_sync`
-is what the window switches before each backward (docs/distributed.md):
-
-- ``single``: one process; every method does nothing (the base class).
-- ``ddp``: ``DistributedDataParallel``; gradient sync off for the micro-steps before an
-  accumulation boundary (``no_sync()``'s flag, settable from an own loop's ``engine.backward``).
-- ``fsdp``: FSDP2 ``fully_shard`` on each repeated block and on the root, its mixed-precision
-  policy from the precision plugin's ``compute_dtype`` and ``reduce_dtype``. Parameters become
-  DTensors, so the optimizer, built before, is pointed at them (its state is still empty then).
-- pipeline parallelism is not built: its schedule would cut the model into stages (the spec's
-  ``pipeline`` hook) and take the window body's place (:data:`~turbotrain.core.window.WindowFn`).
-
-Each step's loss is averaged over ranks on the device (:meth:`Strategy.mean_`, no host sync), so
-every rank's non-finite guard sees the same value and they skip together.
+"""The strategy: carries a :class:`~turbotrain.core.plan.ParallelPlan` out (docs/distributed.md):
+``single`` (the base class, no communication), ``ddp`` or ``fsdp`` (FSDP2 on each repeated block and
+the root; the optimizer built before is pointed at the DTensor parameters). Each step's loss is
+averaged over ranks on the device, so every rank's guard sees the same value and they skip together.
 """
 
 from __future__ import annotations
@@ -28,8 +15,6 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
-# torch.distributed.fsdp and .tensor (DTensor) cost ~0.5 s to import: only an fsdp run imports
-# them (FSDP.wrap_data), so ``import turbotrain`` and a one-process run stay light.
 from ..base.errors import ConfigError
 from ..base.launch import Topology
 from ..parts.models.blocks import repeated_blocks
@@ -42,16 +27,14 @@ if TYPE_CHECKING:
 
 
 def is_loaded_instance(obj: Any, module: str, cls: str) -> bool:
-    """``isinstance(obj, module.cls)`` without importing ``module`` (a costly one, imported on first
-    use): while ``module`` was never imported, no object of its classes can exist."""
+    """``isinstance(obj, module.cls)`` without importing ``module`` (no object of it exists before)."""
     loaded = sys.modules.get(module)
     return loaded is not None and isinstance(obj, getattr(loaded, cls))
 
 
 class Strategy:
-    """Carries a :class:`ParallelPlan` out: places the experts (its expert dimension), then wraps
-    the model for its data dimension and does every reduction across ranks. This base class is
-    one process with no communication (the "off" form every other strategy overrides)."""
+    """Carries a :class:`ParallelPlan` out: places the experts, wraps the model for the data
+    dimension, does every reduction across ranks. The base class: one process, no communication."""
 
     name = "single"
 
@@ -70,11 +53,8 @@ class Strategy:
         param_dtype: torch.dtype | None,
         reduce_dtype: torch.dtype | None = torch.float32,
     ) -> nn.Module:
-        """The model to train: each MoE block's experts placed on their ranks (the plan's expert
-        dimension; the optimizer is pointed at this rank's slices and its checkpoints hold every
-        expert), then the rest wrapped for the data dimension. ``param_dtype`` and
-        ``reduce_dtype`` are the precision's (its ``compute_dtype`` and ``reduce_dtype``): what
-        FSDP2 all-gathers parameters in for compute and reduces gradients in."""
+        """The model to train: the experts placed on their ranks, then the rest wrapped for the data
+        dimension; ``param_dtype`` and ``reduce_dtype`` (the precision's) are FSDP2's."""
         placed = place_experts(model, optimizer, self.plan.experts)
         self.grad_norm, self.dtypes = placed.grad_norm, (param_dtype, reduce_dtype)
         return self.wrap_data(model, optimizer, placed.params)
@@ -82,8 +62,7 @@ class Strategy:
     def wrap_data(
         self, model: nn.Module, optimizer: Optimizer | None, experts: list[nn.Parameter]
     ) -> nn.Module:
-        """The data dimension: ``model`` wrapped so that its parameters other than ``experts``
-        (this rank's expert slices, reduced over their replica group) are averaged over ranks."""
+        """``model`` wrapped so its parameters other than ``experts`` are averaged over ranks."""
         return model
 
     def set_grad_sync(self, model: nn.Module, sync: bool) -> None:
@@ -98,8 +77,8 @@ class Strategy:
         return tensor
 
     def any_rank(self, flag: bool, device: torch.device | None = None) -> bool:
-        """Whether ``flag`` is True on any rank (a host-device sync point under NCCL: call it
-        only every N steps, at the same steps on every rank, e.g. to agree on stopping)."""
+        """Whether ``flag`` is True on any rank (a host-device sync point under NCCL: call it only
+        every N steps, at the same steps on every rank)."""
         return flag
 
 
@@ -135,10 +114,8 @@ class DDP(DataParallel):
         self, model: nn.Module, optimizer: Optimizer | None, experts: list[nn.Parameter]
     ) -> nn.Module:
         if experts:
-            # The one private call kept: DDP (torch 2.13) has no public way to leave parameters out
-            # (its constructor takes no ignored parameters, and a device mesh does not change
-            # that); this static method is the one its own tests and torchrec use. FSDP2's
-            # fully_shard takes ``ignored_params`` publicly.
+            # the one private call kept: DDP (torch 2.13) has no public way to leave parameters out;
+            # this static method is the one its own tests and torchrec use
             names = [name for name, p in model.named_parameters() if any(p is e for e in experts)]
             DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
         cfg = self.plan.settings
@@ -162,10 +139,7 @@ class FSDP(DataParallel):
     def wrap_data(
         self, model: nn.Module, optimizer: Optimizer | None, experts: list[nn.Parameter]
     ) -> nn.Module:
-        from torch.distributed.fsdp import (
-            MixedPrecisionPolicy,
-            fully_shard,
-        )  # on first use: the imports' note
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # ~0.5 s: fsdp runs only
 
         names = {id(p): name for name, p in model.named_parameters()}
         policy = MixedPrecisionPolicy(param_dtype=self.dtypes[0], reduce_dtype=self.dtypes[1])

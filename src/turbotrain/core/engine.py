@@ -8,14 +8,10 @@
         engine.backward(loss)
         engine.step(optimizer)
 
-Configuration is resolved once (:class:`~turbotrain.core.options.EngineOptions`, ``setup``) into
-objects: the precision plugin, the strategy carrying the parallel plan out, the guard, the OOM
-policy. One optimizer step is one window (window.py, docs/architecture.md "The window"), run whole
-by :meth:`Engine.train_window` (``fit``) or a piece at a time by the own-loop API. This file keeps
-the policies and bookkeeping around it: counters, the guard's poll and the precision fallback, the
-OOM policy, events, the compile guard and the step callbacks; no config reads and no host-device
-sync per step, except the guard's poll every ``sync_every`` optimizer steps. No other module
-writes the engine's state.
+Configuration is resolved once into objects (precision, strategy, guard, OOM policy). One optimizer
+step is one window (window.py), run whole by :meth:`Engine.train_window` or a piece at a time by the
+own-loop API; this file keeps the policies and bookkeeping around it, with no host-device sync per
+step except the guard's poll every ``sync_every`` optimizer steps.
 """
 
 from __future__ import annotations
@@ -79,7 +75,6 @@ class Engine:
         plugin = build_precision(chosen, device, self.caps, opts.precision_settings)
         self.switches = opts.apply_switches()  # as applied (tf32, cudnn_benchmark, ...), for the summary
         self.strategy: Strategy = build_strategy(opts.plan, device)
-        # world > 1: stop, never halve alone
         self.oom_policy = build_oom_policy(opts.on_oom, self.strategy.rank, self.strategy.world)
         self.base_accumulation = opts.accumulation  # micro-batches per optimizer step as configured
         self.split = 1  # parts each loader batch is cut into (doubled by the OOM policy)
@@ -160,23 +155,16 @@ class Engine:
         ``loader`` so each batch arrives on the device (prefetched on a side stream on CUDA).
 
         A ``scheduler`` needs ``scheduler_interval``: ``'step'`` (the engine steps it after each
-        optimizer step), ``'epoch'`` (``end_epoch()`` steps it) or ``'manual'`` (your loop steps it,
-        as before; the engine only saves it with its state).
-
-        Call before the first step. Parameters keep their identity, so an optimizer built
-        before ``setup`` stays valid.
-
-        The model's MoE layers are found here (:meth:`Window.adopt`: their auxiliary loss, their
-        router bias moved once per optimizer step).
+        optimizer step), ``'epoch'`` (``end_epoch()`` steps it) or ``'manual'`` (your loop steps it;
+        the engine only saves it). Call before the first step; parameters keep their identity, so
+        an optimizer built before ``setup`` stays valid. The model's MoE layers are found here.
         """
         interval = scheduler_interval_of(scheduler, scheduler_interval)
         if not self.window.models:
             self.compile_guard.start()  # count what this run compiles, not what the process did before
         self.window.adopt(model)
         model.to(self.device)
-        # fp8 prepares its float8 all-gather for FSDP2
         self.precision.convert_module(model, sharded=self.strategy.plan.sharded)
-        # optim.tune_user_optimizer: before any wrapper
         if optimizer is not None and self.options.tune_user_optimizer:
             tune_user_optimizer(optimizer, self.device)
         apply_activation_checkpointing(model, self.options.checkpointing)
@@ -190,8 +178,7 @@ class Engine:
         return model, optimizer, self.setup_loader(tune_user_loader(loader, self.options.tune_user_loader))
 
     def setup_loader(self, loader: Iterable[Any]) -> DevicePrefetcher:
-        """Wrap ``loader`` so each batch arrives on the device (side-stream prefetch on CUDA) and
-        is counted (samples, tokens) for throughput as it is handed out."""
+        """Wrap ``loader`` so each batch arrives on the device and is counted for throughput."""
         if isinstance(loader, DevicePrefetcher):
             return loader
         return DevicePrefetcher(
@@ -205,10 +192,9 @@ class Engine:
         return self.precision.autocast()
 
     def backward(self, loss: Any) -> None:
-        """Backward of ``loss / accumulation`` (scaled for fp16); the loss is kept on the device.
-        ``loss`` may be a model's output (see :func:`as_loss`). A rejected loss changes nothing.
-        The auxiliary losses of the model's MoE layers from their last training forward are
-        added (see ``setup``); the recorded loss includes them, as a MoE GPT's own loss does."""
+        """Backward of ``loss / accumulation`` (scaled for fp16), kept on the device; ``loss`` may be a
+        model's output (:func:`as_loss`). A rejected loss changes nothing. The MoE layers'
+        auxiliary losses are added, and the recorded loss includes them."""
         self.window.backward(as_loss(loss))
         self.state.micro_step += 1
 
@@ -235,9 +221,7 @@ class Engine:
     def _end_step(
         self, optimizer: torch.optim.Optimizer, loss: torch.Tensor, norm: torch.Tensor | None
     ) -> bool:
-        """The bookkeeping after a window's optimizer step: MoE step modules, the scheduler, the
-        step's mean loss and counter, the guard's poll and the compile guard every ``sync_every``
-        steps, the step callbacks."""
+        """The bookkeeping after a window's optimizer step (the guard's poll every ``sync_every``)."""
         self.window.end_step()
         if self.scheduler is not None and self.scheduler_interval == "step":
             self.scheduler.step()
@@ -251,10 +235,8 @@ class Engine:
         return True
 
     def set_grad_norm(self, fn: GradNormFn | None) -> None:
-        """Use ``fn(params) -> norm`` (the optimizer's parameters in, a 0-dim device tensor out, the
-        same on every rank, no host sync) for the global gradient norm that clipping divides by and
-        ``last_grad_norm`` reports: for gradients the engine cannot see whole (``setup`` sets it when
-        experts are spread over ranks). None: :func:`~turbotrain.core.window.default_grad_norm`."""
+        """Use ``fn(params) -> norm`` (a 0-dim device tensor, the same on every rank, no host sync) for
+        the global gradient norm, for gradients the engine cannot see whole. None: the default."""
         self.window.set_grad_norm(fn)
 
     def add_step_callback(self, callback: Callable[[], None]) -> None:
@@ -264,9 +246,8 @@ class Engine:
 
     def forward_backward(self, model: nn.Module, batch: Any, loss_fn: LossFn = default_loss) -> torch.Tensor:
         """One loader batch of an own loop: forward under autocast, then backward (in ``split``
-        parts after an out-of-memory error halved the micro-batch); returns the batch's loss.
-        After an out-of-memory error the OOM policy takes over (``memory.on_oom``: halve and
-        re-run the step's batches so far, or stop)."""
+        parts after an out-of-memory error); returns the batch's loss. After an out-of-memory
+        error ``memory.on_oom`` acts: halve and re-run the step's batches so far, or stop."""
         if self.window.pending == 0:  # a new step: its batches are kept (by reference) for a re-run
             self._step_batches.clear()
         run_one = lambda b: self.window.run_batch(model, b, loss_fn, self.split, self.backward)  # noqa: E731
@@ -283,12 +264,9 @@ class Engine:
         batches: Sequence[Any],
         loss_fn: LossFn = default_loss,
     ) -> bool:
-        """One optimizer step over ``batches`` (:attr:`batches_per_step` loader batches, on the
-        device), run as one window body (:meth:`Window.run`, through the wrapper of
-        :meth:`wrap_window`): what ``fit`` calls, and what ``forward_backward`` on each batch and
-        then ``step`` compute, to the bit. After an out-of-memory error the OOM policy re-runs the
-        whole window (an error in its optimizer step too: the first step allocates the optimizer's
-        state). Returns True."""
+        """One optimizer step over ``batches`` (:attr:`batches_per_step`, on the device) as one window
+        body: what ``fit`` calls, the same to the bit as ``forward_backward`` on each then ``step``.
+        After an out-of-memory error the OOM policy re-runs the whole window. Returns True."""
         self.window.expect(len(batches), self.base_accumulation)
 
         def run() -> tuple[int, torch.Tensor, torch.Tensor | None]:
@@ -303,13 +281,11 @@ class Engine:
 
     def wrap_window(self, wrapper: Callable[[WindowFn], WindowFn] | None) -> None:
         """Whole-step capture's one seam: :meth:`train_window` runs ``wrapper(body)`` from now on
-        (:meth:`Window.wrap`: the same effect, e.g. a CUDA graph's capture and replay; wrapped anew
-        whenever what the body computes changes). None: the plain body."""
+        (e.g. a CUDA graph's capture and replay). None: the plain body."""
         self.window.wrap(wrapper)
 
     def count_batch(self, batch: Any) -> None:
-        """Add a batch's samples and tokens to the state (:meth:`TrainState.count`); the loader from
-        ``setup`` does it for each of its batches on the host (no sync): call it only for others."""
+        """Add a batch's samples and tokens to the state; ``setup``'s loader does it for its own."""
         self.state.count(batch)
 
     def micro_batch(self, batch: Any) -> int:
@@ -358,20 +334,17 @@ class Engine:
         self.record_event("precision_fallback", self.nonfinite.switch(mode, optimizer))
 
     def log(self, name: str, value: torch.Tensor | float) -> None:
-        """Log a scalar of your own (a training accuracy, a loss term) without a host sync: it stays
-        on the device, summed until the Monitor's next record (every ``monitor.log_every`` steps),
-        which reads the mean since the last one as ``train_<name>`` (metrics.jsonl, the progress
-        line, summary.json's ``final_train_<name>``, plots/metrics.png)."""
+        """Log a scalar of your own without a host sync: summed on the device until the Monitor's next
+        record (every ``monitor.log_every`` steps), which reads the mean as ``train_<name>``."""
         self._logged.add(name, value)
 
     def take_logged(self) -> dict[str, torch.Tensor]:
-        """The means of :meth:`log`'s values since the last call, as device tensors (``train_<name>``),
-        and start over; the caller reads them (a host-device sync point, at its logging steps)."""
+        """The means of :meth:`log`'s values since the last call, as device tensors, and start over
+        (the caller's read is a host-device sync point, at its logging steps)."""
         return self._logged.take()
 
     def evaluate(self, model: nn.Module, batches: Iterable[Any], loss_fn: LossFn = default_loss) -> float:
-        """Mean loss over ``batches`` under autocast and no_grad (one sync, at the end; see
-        :mod:`turbotrain.core.evaluation`)."""
+        """Mean loss over ``batches`` under autocast and no_grad (one sync, at the end)."""
         return self.evaluate_metrics(model, batches, loss_fn)["loss"]
 
     def evaluate_metrics(
@@ -381,9 +354,8 @@ class Engine:
         loss_fn: LossFn = default_loss,
         metrics_fn: MetricsFn | None = None,
     ) -> dict[str, float]:
-        """:meth:`evaluate`'s mean loss (``"loss"``) and, with ``metrics_fn(model, batch)`` (e.g.
-        ``{"accuracy": (logits.argmax(1) == y).float().mean()}``), the mean of each metric over
-        ``batches``; summed on the device, averaged over the ranks, read once at the end."""
+        """:meth:`evaluate`'s ``"loss"`` and the mean of each metric of ``metrics_fn(model, batch)``
+        (e.g. ``{"accuracy": ...}``), averaged over the ranks, read once at the end."""
         return evaluate_batches(model, batches, loss_fn, metrics_fn, self.window)
 
     # ------------------------------------------------------------------ state

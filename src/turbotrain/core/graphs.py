@@ -1,17 +1,8 @@
-"""Whole-step CUDA graphs (``compile.cuda_graphs``, docs/cuda-graphs.md): the window body
-(:mod:`turbotrain.core.window`) captured once and replayed every step, through the engine's one
-seam, :meth:`Engine.wrap_window`.
-
-Why: a small step is launch-bound (TorchBench: +24-44% at small batch from CUDA graphs, nothing
-at large batch); a replay launches the whole step at once.
-
-How (torch's whole-network capture recipe): the ``warmup`` steps run eagerly on a side stream (the
-optimizer creates its state, cuBLAS its workspace), the first under a dispatch mode that looks for
-host syncs; then the micro-batches are copied into static buffers and the body captured. The loss
-and norm are outputs the next replay overwrites (each step returns copies); the optimizer is made
-capturable and its learning rates device tensors, which the LR schedule fills in place. Every
-refusal is one line and the run goes on eagerly; a change of what the body computes (an OOM
-split, a precision fallback) captures anew.
+"""Whole-step CUDA graphs (``compile.cuda_graphs``, docs/cuda-graphs.md): the window body captured
+once and replayed every step, through :meth:`Engine.wrap_window`. torch's whole-network recipe:
+``warmup`` eager steps on a side stream (the first watched for host syncs), then static input
+buffers and one capture; the optimizer made capturable, its learning rates device tensors. Every
+refusal is one line and the run goes on eagerly.
 """
 
 from __future__ import annotations
@@ -54,8 +45,8 @@ OWN_DIR = str(Path(__file__).resolve().parents[1])
 
 
 class HostSyncFinder(TorchDispatchMode):
-    """Records the first op of the step that reads a device value on the host, and where (the
-    first frame outside torch and turbotrain's core, else the innermost of turbotrain's)."""
+    """Records the first op of the step that reads a device value on the host, and where (the first
+    frame outside torch and turbotrain's core)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -71,14 +62,13 @@ class HostSyncFinder(TorchDispatchMode):
 
 
 def unavailable(device_type: str) -> str:
-    """Why whole-step CUDA graphs cannot run on a ``device_type`` device, in one line ("" on CUDA):
-    the refusal a run logs and ``turbotrain bench``'s CUDA-graph row reports."""
+    """Why whole-step CUDA graphs cannot run on a ``device_type`` device, in one line ("" on CUDA)."""
     return "" if device_type == "cuda" else f"CUDA graphs need a CUDA device; this run is on {device_type}"
 
 
 class CudaGraph:
-    """torch.cuda.CUDAGraph behind the two calls the wrapper makes: ``capture(fn)`` (records fn's
-    kernels, runs none; ``outputs`` are fn's results, overwritten by each replay) and ``replay()``."""
+    """torch.cuda.CUDAGraph behind ``capture(fn)`` (``outputs``: fn's results, overwritten by each
+    replay) and ``replay()``."""
 
     def __init__(self) -> None:
         self.graph = torch.cuda.CUDAGraph()
@@ -100,9 +90,8 @@ def signature(micro: Sequence[MicroBatch]) -> tuple:
 
 
 def make_capturable(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    """Before the optimizer's first step: its step count on the device (``capturable``, where it
-    has the option) and each group's learning rate a device tensor (the schedule fills it in place).
-    CUDA only (torch refuses capturable optimizers elsewhere): a stand-in graph on CPU skips it."""
+    """Before the first step: ``capturable`` where the optimizer has it, each learning rate a device
+    tensor (the schedule fills it in place). CUDA only (torch refuses capturable elsewhere)."""
     if device.type != "cuda":
         return
     for group in optimizer.param_groups:
@@ -113,8 +102,7 @@ def make_capturable(optimizer: torch.optim.Optimizer, device: torch.device) -> N
 
 
 class StepGraph:
-    """The wrapper for :meth:`Engine.wrap_window`. ``graph_factory`` makes a graph (default:
-    :class:`CudaGraph` on CUDA; tests pass a stand-in); ``refused`` is the one line when refused."""
+    """The wrapper for :meth:`Engine.wrap_window`; ``graph_factory``: tests pass a stand-in."""
 
     def __init__(
         self, device: torch.device, warmup: int = 2, graph_factory: Callable[[], Any] | None = None

@@ -1,10 +1,6 @@
-"""Rank 0 speaks for the run: start-up decisions it makes for every rank (the run directory, a
-shared cache), and errors it reports once while the other ranks end quietly.
-
-When one rank reports an error in one line and exits, the others learn of it only as a failed
-collective (or torchrun's SIGTERM), which looks like a lost rank. The reporting rank first leaves
-word in the launcher's key-value store (torchrun's agent hosts it: it outlives the rank), and a
-rank whose collective failed reads it there before saying that a rank was lost.
+"""Rank 0 speaks for the run: start-up decisions it makes for every rank, and errors reported once.
+A reporting rank leaves word in the launcher's store (it outlives the rank), so a rank whose
+collective then failed says what happened instead of "a rank was lost".
 """
 
 from __future__ import annotations
@@ -23,13 +19,11 @@ T = TypeVar("T")
 
 
 class ReportedByAnotherRank(TurbotrainError):
-    """Another rank found the error and reports it itself (one line); this rank ends quietly, so
-    the user reads the failure once, from the rank that found it."""
+    """Another rank found the error and reports it itself; this rank ends quietly."""
 
 
 class ReportedByMainRank(ReportedByAnotherRank):
-    """Rank 0 failed at a start-up step every rank shares (a config, the run directory, the data)
-    and reports it itself; the other ranks end quietly with this, so the user reads one line."""
+    """Rank 0 failed at a start-up step every rank shares and reports it; the others end with this."""
 
 
 def _failure_key() -> str:
@@ -47,9 +41,7 @@ def _store() -> Any:
 
 
 def announce_reported(message: str) -> None:
-    """This rank is about to report ``message`` as the run's error (one line) and exit: leave word
-    for the other ranks (see :func:`reported_elsewhere`). Nothing without a process group of more
-    than one rank; a store that cannot be reached is ignored."""
+    """This rank is about to report ``message`` and exit: leave word for the other ranks."""
     store = _store() if _grouped() else None
     if store is None:
         return
@@ -58,10 +50,8 @@ def announce_reported(message: str) -> None:
 
 
 def reported_elsewhere() -> str | None:
-    """What another rank reported before it exited (``rank R: message``), or None: call it when a
-    collective failed, to tell a rank that stopped with its own one-line error from one that was
-    lost. Does not wait: the word is left before the reporting rank exits, which is what fails
-    the collective."""
+    """What another rank reported before it exited (``rank R: message``), or None; call it when a
+    collective failed (no wait: the word is left before the exit that fails it)."""
     store = _store()
     if store is None:
         return None
@@ -79,15 +69,13 @@ def _grouped() -> bool:
 
 
 def decided_by_main(fn: Callable[[], T]) -> T:
-    """Rank 0 runs ``fn`` (e.g. creates the run directory) and every rank gets its result; when
-    it fails, rank 0 raises its error and the others :class:`ReportedByMainRank`. Without a
-    process group: ``fn()``. A pickled broadcast: start-up only, never in the hot loop."""
+    """Rank 0 runs ``fn`` and every rank gets its result (the others raise :class:`ReportedByMainRank`
+    when it fails). A pickled broadcast: start-up only, never in the hot loop."""
     return _on_main(fn, share=True)
 
 
 def main_first(fn: Callable[[], T]) -> T:
-    """``fn`` on rank 0 first, then on the others (e.g. tokenizing into a shared cache once);
-    when it fails on rank 0 the others raise :class:`ReportedByMainRank` instead of running it."""
+    """``fn`` on rank 0 first, then on the others (e.g. filling a shared cache once)."""
     value = _on_main(fn, share=False)
     return fn() if _grouped() and dist.get_rank() != 0 else value
 

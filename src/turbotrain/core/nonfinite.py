@@ -1,9 +1,5 @@
-"""The non-finite policy: what the Engine does when the guard has counted non-finite steps.
-
-The window enqueues each step's check on the device (:class:`~turbotrain.core.precision.NonFiniteGuard`)
-and a non-finite step is skipped there; every ``sync_every`` optimizer steps the Engine reads the
-guard's count (the host-device sync it shares with the monitor) and asks this policy what follows
-(``precision.nonfinite``): ``skip`` goes on; ``fallback`` switches to a safer precision after
+"""The non-finite policy (``precision.nonfinite``), asked every ``sync_every`` steps when the Engine
+reads the guard's count: ``skip`` goes on; ``fallback`` switches to a safer precision after
 ``max_nonfinite_steps`` new skips; ``stop`` raises :class:`~turbotrain.base.errors.NonFiniteError`.
 """
 
@@ -25,9 +21,8 @@ log = logging.getLogger(__name__)
 
 
 class NonFinitePolicy:
-    """``precision.nonfinite`` and ``max_nonfinite_steps`` over the ``window``'s guard and
-    precision (``build(mode)`` makes a fallback's precision for ``caps``), with the guard counts it last acted on and logged (saved with the engine's state,
-    so a resumed run neither repeats a fallback nor logs old skips again)."""
+    """The policy over the ``window``'s guard and precision (``build(mode)``: a fallback's), with the
+    counts it last acted on and logged (saved: a resume neither repeats a fallback nor old logs)."""
 
     def __init__(
         self, mode: str, max_steps: int, window: Window, caps: DeviceCaps, build: Callable[[str], Precision]
@@ -39,14 +34,12 @@ class NonFinitePolicy:
         self.logged = 0  # the guard's count when skips were last logged
 
     def poll(self, step: int, optimizer: torch.optim.Optimizer | None) -> str:
-        """Read the guard's count (host-device sync point) and act on it: the fallback's event
-        detail when the precision changed, else ""."""
+        """Read the guard's count (host-device sync point) and act: the fallback's detail, else ""."""
         target = self.decide(self.window.guard.poll(), step, self.window.precision, self.caps)
         return self.switch(target, optimizer) if target is not None else ""
 
     def switch(self, mode: str, optimizer: torch.optim.Optimizer | None) -> str:
-        """Change the window's precision mid-run (a fallback): new autocast/scaler, weights and
-        optimizer state cast back up (:func:`move_to_precision`). Returns the event's detail."""
+        """Change the window's precision mid-run (a fallback); returns the event's detail."""
         old = self.window.precision
         self.window.set_precision(self.build(mode))
         move_to_precision(self.window.models, optimizer, old, self.window.precision)
@@ -67,9 +60,8 @@ class NonFinitePolicy:
     def load_state_dict(
         self, sd: Mapping[str, Any], fell_back: bool, optimizer: torch.optim.Optimizer | None
     ) -> None:
-        """:meth:`state_dict`'s; ``fell_back``: a fallback happened before the save, so the run
-        keeps training in the saved, safer precision (a precision the user changed for the
-        resume, with no fallback, is kept). Before the weights load, so a cast back up comes first."""
+        """:meth:`state_dict`'s; ``fell_back``: keep training in the saved, safer precision (one the
+        user changed for the resume is kept otherwise). Before the weights load."""
         if fell_back and sd.get("precision_name") and sd["precision_name"] != self.window.precision.name:
             self.switch(sd["precision_name"], optimizer)
         self.window.precision.load_state_dict(sd.get("precision", {}))
@@ -77,9 +69,8 @@ class NonFinitePolicy:
         self.acted, self.logged = int(sd.get("nonfinite_acted", 0)), self.window.guard.seen
 
     def decide(self, count: int, step: int, precision: Precision, caps: DeviceCaps) -> str | None:
-        """Given the guard's ``count`` at optimizer step ``step``: the precision to fall back to,
-        or None to go on. Logs new skips once; raises NonFiniteError under ``stop``, or when
-        there is no safer precision."""
+        """The precision to fall back to given the guard's ``count``, or None; logs new skips once;
+        raises NonFiniteError under ``stop`` or with no safer precision."""
         new = count - self.acted
         if new <= 0:
             return None
@@ -107,10 +98,8 @@ class NonFinitePolicy:
 def move_to_precision(
     models: Iterable[nn.Module], optimizer: torch.optim.Optimizer | None, old: Precision, new: Precision
 ) -> None:
-    """A fallback from ``old`` to ``new`` applied to the training objects: ``old``'s layer swaps
-    (fp8's float8 linears) undone, and with another parameter dtype the weights and the
-    optimizer's floating-point state cast to it. The parameters stay the same objects, so the
-    optimizer still holds them."""
+    """A fallback applied: ``old``'s layer swaps undone, weights and optimizer state cast to ``new``'s
+    parameter dtype; the parameters stay the same objects."""
     models = list(models)
     for model in models:
         old.revert_module(model)

@@ -1,22 +1,13 @@
 """Out-of-memory policy: what the Engine does when a window's forward or backward runs out of memory.
 
-Every batch runs through one guarded path (:func:`run_guarded`: the own loop's
-``forward_backward`` and ``fit``'s ``train_window`` alike), which calls the policy after an
-out-of-memory error with the step's loader batches and a ``rerun`` of the step from its first
-batch. ``memory.on_oom = 'halve'`` drops the partial step and re-runs it with each loader batch cut
-in twice as many parts and accumulation doubled (the Engine's public ``discard_step`` and
-``set_split``), so the loader's batches, the data order and ``engine.state.batches`` (exact resume)
-are untouched; each part's loss is weighted by its share x ``split``, so the summed gradient and
-the logged loss are the whole batch's; the step re-runs from its first batch because gradients of
-its earlier micro-batches may be partly accumulated. The split is saved in the engine's
-state_dict (a resumed run keeps it); with dropout 0 the loss curve matches a run without the error
-to rounding. ``'stop'`` raises :class:`OutOfMemoryStop`, one line saying what to change.
-
-Data parallel: halving on one rank alone would change its backward passes per step and the
-others would wait in the next all-reduce until the timeout (and FSDP2's state after an OOM is
-unreliable), so every policy stops at once naming the rank, step and micro-batch.
-
-The tests inject a real out-of-memory error (tests/faults/oom.py).
+Every batch runs through one guarded path (:func:`run_guarded`, own loop and ``fit`` alike).
+``memory.on_oom = 'halve'`` drops the partial step and re-runs it from its first batch with each
+loader batch cut in twice as many parts and accumulation doubled, so the data order and
+``engine.state.batches`` (exact resume) are untouched and the summed gradient and logged loss stay
+the whole batch's; the split is saved with the engine's state, and with dropout 0 the loss curve
+matches a run without the error to rounding. ``'stop'`` raises :class:`OutOfMemoryStop`. Data
+parallel: halving on one rank alone would leave the others waiting in the next all-reduce, so
+every policy stops at once naming the rank. The tests inject a real error (tests/faults/oom.py).
 """
 
 from __future__ import annotations
@@ -64,8 +55,7 @@ class StopOnOOM:
     def recover(
         self, engine: Engine, model: nn.Module, batches: Sequence[Any], reason: str, rerun: Callable[[], T]
     ) -> T:
-        """After an out-of-memory error in the step of ``batches`` (its loader batches so far):
-        make it fit and return ``rerun()`` (the step again from its first batch), or raise."""
+        """After an out-of-memory error in the step of ``batches``: make it fit and return ``rerun()``, or raise."""
         raise OutOfMemoryStop(
             f"out of memory in step {engine.state.step + 1} with micro-batch {engine.micro_batch(batches[-1])} "
             f"({reason}; memory.on_oom = 'stop'); use {setting('memory.on_oom', 'halve')}, "
@@ -124,9 +114,7 @@ class HalveOnOOM(StopOnOOM):
 def run_guarded(
     engine: Engine, model: nn.Module, batches: Sequence[Any], run: Callable[[], T], rerun: Callable[[], T]
 ) -> T:
-    """The one out-of-memory path: ``run()``; after an out-of-memory error the engine's OOM policy
-    (``memory.on_oom``) drops the partial step of ``batches`` (its loader batches so far), halves
-    the micro-batch and returns ``rerun()`` (the step from its first batch), or stops."""
+    """The one out-of-memory path: ``run()``; after an out-of-memory error the engine's OOM policy."""
     done, out, reason = _attempt(run)
     if done:
         return cast(T, out)
@@ -135,8 +123,7 @@ def run_guarded(
 
 
 def _attempt(call: Callable[[], T]) -> tuple[bool, T | None, str]:
-    """(True, ``call()``, "") or, after an out-of-memory error, (False, None, its reason); any
-    other error propagates."""
+    """(True, ``call()``, "") or, after an out-of-memory error, (False, None, its reason)."""
     try:
         return True, call(), ""
     except RuntimeError as exc:
@@ -148,9 +135,7 @@ def _attempt(call: Callable[[], T]) -> tuple[bool, T | None, str]:
 def run_guarded_batch(
     engine: Engine, model: nn.Module, kept: list[Any], batch: Any, run_one: Callable[[Any], T]
 ) -> T:
-    """An own loop's loader ``batch`` through :func:`run_guarded`: ``run_one(batch)``; after an
-    out-of-memory error the step's batches so far (``kept``, by reference; ``batch`` added last)
-    again, from the first."""
+    """An own loop's ``batch`` through :func:`run_guarded`; a re-run runs the step's ``kept`` batches again."""
     kept.append(batch)
 
     def rerun() -> T:
@@ -162,8 +147,7 @@ def run_guarded_batch(
 
 
 def build_oom_policy(on_oom: str, rank: int = 0, world: int = 1) -> StopOnOOM:
-    """``memory.on_oom`` -> the policy the engine calls after an out-of-memory error (with
-    ``world`` > 1 data-parallel processes: stop, naming ``rank``; see the module docstring)."""
+    """``memory.on_oom`` -> the policy (``world`` > 1: stop, naming ``rank``)."""
     if on_oom not in OOM_POLICIES:
         raise choice_error("memory.on_oom", on_oom, OOM_POLICIES)
     if world > 1:

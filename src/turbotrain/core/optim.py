@@ -32,8 +32,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 @functools.cache
 def has_fused_adamw(device_type: str) -> bool:
-    """Whether the installed torch has a fused AdamW kernel for this device type (CUDA always;
-    CPU since torch 2.4), asked by building one on a one-element parameter."""
+    """Whether the installed torch has a fused AdamW kernel for this device type (asked by building one)."""
     try:
         torch.optim.AdamW([nn.Parameter(torch.zeros(1, device=device_type))], fused=True)
         return True
@@ -42,10 +41,8 @@ def has_fused_adamw(device_type: str) -> bool:
 
 
 def resolve_implementation(implementation: str, device: torch.device) -> str:
-    """'auto' -> 'fused' wherever torch has the kernel for the device (one kernel for all
-    parameters; on CUDA it also skips on-device on non-finite gradients), else 'foreach'. On
-    the 2-core CPU the fused step was 1.7x (tiny MLP) to >10x (4-layer GPT, under load) faster
-    than foreach, with the same losses to 5e-7 over 60 steps: the same AdamW, one kernel."""
+    """'auto' -> 'fused' wherever torch has the kernel, else 'foreach'. On the 2-core CPU fused was
+    1.7x (tiny MLP) to >10x (4-layer GPT) faster than foreach, the same losses to 5e-7 over 60 steps."""
     if implementation == "auto":
         return "fused" if has_fused_adamw(device.type) else "foreach"
     if implementation not in OPTIM_IMPLEMENTATIONS:
@@ -70,13 +67,9 @@ def build_optimizer(
 
 
 def apply_fast_adam_kernel(optimizer: torch.optim.Optimizer, device: torch.device) -> str | None:
-    """Switch a ``torch.optim.Adam`` or ``AdamW`` built by the user to the fused kernel (foreach
-    where torch has no fused one for ``device``), in place: the same object, parameter groups,
-    hyper-parameters and state, so a scheduler or a reference the user holds stays valid. Adam
-    reads the ``fused``/``foreach`` flags of each group at every step; what its constructor does
-    besides (the GradScaler/found_inf capability, the step counters on the device) is done here
-    as the constructor and ``load_state_dict`` do it. Returns what changed, e.g. ``"AdamW: fused"``,
-    or None when nothing did (another optimizer class or a subclass, already that kernel, a
+    """Switch a user's ``torch.optim.Adam``/``AdamW`` to the fused kernel (foreach where there is
+    none), in place: the same object, groups and state, so a scheduler holding it stays valid.
+    Returns what changed (``"AdamW: fused"``), or None (another class, already that kernel, a
     ``differentiable`` one, or a tensor lr that foreach cannot take)."""
     if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
         return None
@@ -114,8 +107,7 @@ AUTO_WARMUP_SHARE, AUTO_WARMUP_MAX = 0.1, 30  # optim.warmup_steps = 'auto': 10 
 
 
 def warmup_length(warmup_steps: int | str, max_steps: int) -> int:
-    """The warmup in optimizer steps: ``warmup_steps`` itself, or for 'auto' 10 % of ``max_steps``
-    (at least 1), at most 30: the default 300-step run warms up for 30, a 20-step one for 2."""
+    """The warmup in optimizer steps: ``warmup_steps``, or for 'auto' 10 % of ``max_steps`` in [1, 30]."""
     if isinstance(warmup_steps, int):
         return warmup_steps
     return max(1, min(AUTO_WARMUP_MAX, int(AUTO_WARMUP_SHARE * max_steps)))
@@ -127,9 +119,8 @@ def warmup_factor(s: int, warmup_steps: int) -> float:
 
 
 def lr_lambda(schedule: str, warmup_steps: int, max_steps: int, min_ratio: float) -> Callable[[int], float]:
-    """Multiplier of the peak LR at optimizer step ``s``: linear warmup, then the decay to
-    ``min_ratio`` x peak at ``max_steps`` (cosine or linear), or flat (constant; 'plateau' is
-    :class:`PlateauLR`, whose factor depends on validation losses too)."""
+    """Multiplier of the peak LR at step ``s``: linear warmup, then cosine or linear decay to
+    ``min_ratio`` x peak at ``max_steps``, or flat ('plateau' is :class:`PlateauLR`)."""
     if schedule not in SCHEDULES or schedule == "plateau":
         raise choice_error("optim.schedule", schedule, [s for s in SCHEDULES if s != "plateau"])
 
@@ -150,16 +141,12 @@ class PlateauLR(torch.optim.lr_scheduler.LRScheduler):
     validation loss has not improved for more than ``patience`` evaluations in a row, never below
     ``min_ratio`` x peak.
 
-    The decision is ReduceLROnPlateau's with its defaults (mode 'min', relative threshold 1e-4,
-    no cooldown), made in :meth:`observe` from the loss an evaluation has already read to the host,
-    so it adds no host-device sync; evaluations during warmup are not counted. ``step()`` runs
-    after every optimizer step, as any schedule here, so warmup applies unchanged. Its state
-    (best loss, evaluations without improvement, current scale) is plain numbers in
-    ``state_dict()``: checkpointed and resumed with the run.
+    The decision is ReduceLROnPlateau's with its defaults, made in :meth:`observe` from a loss
+    already on the host (no sync); evaluations during warmup are not counted. Its state is plain
+    numbers in ``state_dict()``: checkpointed and resumed with the run.
     """
 
-    # relative improvement that counts, as torch.optim.lr_scheduler.ReduceLROnPlateau's default
-    THRESHOLD = 1e-4
+    THRESHOLD = 1e-4  # relative improvement that counts, as ReduceLROnPlateau's default
 
     def __init__(
         self,
@@ -172,12 +159,8 @@ class PlateauLR(torch.optim.lr_scheduler.LRScheduler):
     ) -> None:
         if not 0.0 < factor < 1.0:
             raise ValueError(f"optim.plateau_factor = {factor} must be in (0, 1)")
-        self.warmup_steps, self.factor, self.patience, self.min_ratio = (
-            warmup_steps,
-            factor,
-            patience,
-            min_ratio,
-        )
+        self.warmup_steps, self.factor = warmup_steps, factor
+        self.patience, self.min_ratio = patience, min_ratio
         self.scale = 1.0  # the peak's multiplier after the lowerings so far
         self.best = math.inf  # best validation loss after warmup
         self.bad_evals = 0  # evaluations since it last improved
@@ -189,8 +172,7 @@ class PlateauLR(torch.optim.lr_scheduler.LRScheduler):
         return [base * factor for base in self.base_lrs]
 
     def observe(self, val_loss: float) -> bool:
-        """Count one evaluation's loss (a host float); lower the LR now when it has not improved
-        for more than ``patience`` evaluations. Returns True when the LR was lowered."""
+        """Count one evaluation's loss (a host float); True when the LR was lowered now."""
         if self.last_epoch < self.warmup_steps:
             return False
         if val_loss < self.best * (1.0 - self.THRESHOLD):
@@ -221,8 +203,7 @@ def build_scheduler(
     plateau_factor: float = 0.5,
     plateau_patience: int = 2,
 ) -> torch.optim.lr_scheduler.LRScheduler:
-    """The LR schedule stepped after every optimizer step: warmup, then ``schedule`` (see
-    :func:`lr_lambda`, or :class:`PlateauLR` for 'plateau')."""
+    """The LR schedule stepped after every optimizer step: warmup, then ``schedule``."""
     ratio = min_lr / lr if lr > 0 else 0.0
     if schedule == "plateau":
         return PlateauLR(
@@ -252,10 +233,8 @@ def scheduler_from_config(
 
 
 def lr_batch_factor(rule: str, reference_batch: int, global_batch: int) -> float:
-    """What ``optim.lr_scaling`` multiplies the LR by when the global batch becomes
-    ``global_batch`` instead of ``reference_batch`` (sequences per optimizer step): the ratio
-    ('linear', Goyal et al. 2017), its square root ('sqrt', for Adam-type optimizers), or 1 ('none',
-    or no reference, or the same batch)."""
+    """What ``optim.lr_scaling`` multiplies the LR by for ``global_batch`` instead of ``reference_batch``:
+    the ratio ('linear', Goyal et al. 2017), its square root ('sqrt', for Adam), or 1."""
     if rule not in LR_SCALINGS:
         raise choice_error("optim.lr_scaling", rule, LR_SCALINGS)
     if rule == "none" or reference_batch <= 0 or global_batch == reference_batch:
@@ -267,8 +246,7 @@ def lr_batch_factor(rule: str, reference_batch: int, global_batch: int) -> float
 def rescale_lr(
     optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler | None, factor: float
 ) -> None:
-    """Multiply the peak LR of ``optimizer`` (and of its ``scheduler``, so warmup and decay follow)
-    by ``factor``, before training starts."""
+    """Multiply the peak LR of ``optimizer`` and its ``scheduler`` by ``factor``, before training."""
     for group in optimizer.param_groups:
         group["lr"] *= factor
         if "initial_lr" in group:

@@ -1,7 +1,4 @@
-"""What the Engine needs from a RunConfig, resolved once: devices, precision, compile, batch,
-guard, OOM and data settings as plain values (:class:`EngineOptions`), so that the Engine's hot path
-reads no configuration.
-"""
+"""What the Engine needs from a RunConfig, resolved once as plain values: its hot path reads no config."""
 
 from __future__ import annotations
 
@@ -91,8 +88,7 @@ class EngineOptions:
     plan: ParallelPlan = ParallelPlan(Topology())  # how the run spreads over processes (one process: this)
 
     def apply_switches(self) -> dict[str, bool]:
-        """The process-wide switches, set once (tf32, cudnn_benchmark, denormals, deterministic; the
-        CUDA allocator's cap); returns them as applied, for the run's summary."""
+        """The process-wide switches and the CUDA allocator's cap, set once; returns them as applied."""
         switches = apply_backend_switches(
             self.device,
             tf32=self.tf32,
@@ -104,8 +100,7 @@ class EngineOptions:
         return switches
 
     def window_args(self) -> dict[str, Any]:
-        """The window's own settings (:class:`~turbotrain.core.window.Window`): clipping, whether it
-        computes the gradient norm, backward passes per optimizer step."""
+        """The window's own settings: clipping, whether it computes the norm, accumulation."""
         norm_needed = self.grad_clip > 0 or self.track_grad_norm
         return {"grad_clip": self.grad_clip, "norm_needed": norm_needed, "accumulation": self.accumulation}
 
@@ -113,9 +108,7 @@ class EngineOptions:
     def from_config(
         cls, config: RunConfig | Mapping[str, Mapping[str, Any]] | None, plan: ParallelPlan | None = None
     ) -> EngineOptions:
-        """The engine's options from ``config`` (a RunConfig, a mapping of overrides, or None for
-        the defaults); ``plan`` is the run's parallel plan when the caller resolved it already
-        (once per process), else it is resolved here."""
+        """The engine's options from ``config`` (a RunConfig, overrides, or None); ``plan`` if resolved."""
         if config is None or isinstance(config, Mapping):
             config = load_config(overrides=config or {})
         plan = plan or ParallelPlan.resolve(config.distributed)

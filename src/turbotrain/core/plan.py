@@ -1,21 +1,7 @@
-"""The parallel plan: how a run spreads over its processes, resolved once per process.
-
-``torchrun`` (or SLURM's ``srun``) starts the processes (:mod:`turbotrain.base.launch` reads where each
-sits); :class:`ParallelPlan` is resolved from ``distributed.*`` and that launch, checked before any
-process group exists (every rank finds the same mistake before joining), and owns the process
-groups it makes in :meth:`ParallelPlan.join`. Its dimensions: ``data`` (every rank trains on its own
-share of the global batch) and ``expert`` (the experts of each MoE block spread over groups of
-ranks, :mod:`turbotrain.parts.models.moe.parallel`). The strategy (:mod:`turbotrain.core.distributed`)
-carries the plan out.
-
-The groups come from one torch ``DeviceMesh`` (:attr:`ParallelPlan.mesh`), as torchtitan's
-``ParallelDims`` builds one: its dimensions (:attr:`ParallelPlan.mesh_dims`) are ``data`` alone, or
-``replica`` x ``expert`` when experts are spread (the data dimension is then both together). A
-pipeline degree would add an outer dimension (stages: point-to-point traffic, once per
-micro-batch) and a tensor degree an inner one (an all-reduce in every layer, on the fastest
-links); each would be one more field here, its dimension in :attr:`ParallelPlan.mesh_dims`, its
-use in the strategy (a pipeline schedule takes the window body's place) and in the model
-spec's ``parallelize`` / ``pipeline`` hooks (:class:`turbotrain.parts.models.spec.ModelSpec`).
+"""The parallel plan: how a run spreads over its processes, resolved once per process from
+``distributed.*`` and the launch, checked before any process group exists (every rank finds the
+same mistake before joining). Its dimensions, ``data`` and ``expert``, are one torch ``DeviceMesh``
+(as torchtitan's ``ParallelDims``); a pipeline or tensor degree would be one more mesh dimension.
 """
 
 from __future__ import annotations
@@ -34,8 +20,7 @@ from .process_group import join_process_group
 
 @dataclass(frozen=True)
 class ParallelPlan:
-    """How a run spreads over its processes (the module docstring): :meth:`resolve` once per
-    process without communication, then :meth:`join` makes the process groups the plan owns."""
+    """How a run spreads: :meth:`resolve` once per process, then :meth:`join` makes its groups."""
 
     topology: Topology
     strategy: str = "single"  # single | ddp | fsdp: how the dense parameters are kept over the data dimension
@@ -48,11 +33,9 @@ class ParallelPlan:
     def resolve(
         cls, cfg: DistributedConfig, topology: Topology | None = None, n_experts: int | None = None
     ) -> ParallelPlan:
-        """The plan for this launch: ``distributed.strategy`` (``auto``: ddp under a launcher with
-        more than one process, else single) and ``distributed.expert_parallel`` checked against the
-        world size and ``n_experts`` (the model's experts per MoE block, its spec says: 0 for a
-        dense model; None when not known yet, then the MoE layers are checked when their experts
-        are placed)."""
+        """The plan for this launch: ``distributed.strategy`` (``auto``: ddp with 2+ launched
+        processes) and ``expert_parallel`` checked against the world and ``n_experts`` (experts per
+        MoE block: 0 for a dense model, None when not known yet)."""
         topology = topology or Topology.from_env()
         strategy = cfg.strategy
         if strategy not in ("auto", *DIST_STRATEGIES):
@@ -79,11 +62,8 @@ class ParallelPlan:
                 )
             check_degree(degree, topology.world, n_experts)
             if strategy == "fsdp":
-                # Not a refusal in principle but a question of the mesh: FSDP2 would shard the
-                # dense parameters over the data dimension (replica x expert flattened into one
-                # dimension; DeviceMesh._flatten, private in torch 2.13) and each expert slice over
-                # ``replica`` only (its copies), as torchtitan's dp_shard_mod_ep does, with the
-                # experts kept out of the dense units (fully_shard's ignored_params). Not built yet.
+                # not built yet: FSDP2 would shard dense parameters over replica x expert flattened
+                # (DeviceMesh._flatten, private in torch 2.13), as torchtitan's dp_shard_mod_ep
                 raise ConfigError(
                     f"distributed.expert_parallel = {degree} runs with DDP for the non-expert parameters; "
                     f"use {setting('distributed.strategy', 'ddp')}"
@@ -109,10 +89,8 @@ class ParallelPlan:
         return self.strategy == "fsdp"
 
     def accumulation_for(self, micro: int, global_size: int, accumulation: int) -> int:
-        """The accumulation that makes ``global_size`` samples per optimizer step out of ``micro``
-        per rank and backward pass over the data dimension (global = micro x accumulation x data);
-        ``accumulation`` itself when no global size is asked for (0). One line naming the fields
-        when they do not fit together."""
+        """The accumulation that makes ``global_size`` (0: ``accumulation`` as is) samples per step:
+        global = micro x accumulation x data; one line naming the fields when they do not fit."""
         if global_size <= 0:
             return accumulation
         per_step = micro * self.data
@@ -132,19 +110,15 @@ class ParallelPlan:
 
     @property
     def mesh_dims(self) -> tuple[tuple[str, int], ...]:
-        """The device mesh's dimensions, outermost first, as (name, size): ``(("data", world),)``;
-        with experts spread ``(("replica", world / expert), ("expert", expert))``: a row of the
-        mesh is an expert-parallel group of consecutive ranks, a column the ranks holding the same
-        experts, and the data dimension is both together (every rank trains on its own share)."""
+        """The mesh's dimensions, outermost first: ``data``, or ``replica`` x ``expert`` (a row is an
+        expert-parallel group of consecutive ranks; the data dimension is both together)."""
         if self.expert == 1:
             return (("data", self.world),)
         return (("replica", self.world // self.expert), ("expert", self.expert))
 
     def join(self, device: torch.device) -> None:
-        """Join the launcher's process group (a no-op in a plain process, or when joined already;
-        one torchrun process joins a group of one) and build this plan's device mesh, whose
-        dimensions' groups the strategy uses (:attr:`mesh`, :attr:`experts`). Every rank calls
-        it, in the same order (group creation is a collective)."""
+        """Join the launcher's process group and build the device mesh (a no-op in a plain process).
+        Every rank calls it, in the same order (group creation is a collective)."""
         join_process_group(self.settings, device, self.topology)
         if not self.topology.launched or "mesh" in self._groups:
             return
@@ -161,14 +135,12 @@ class ParallelPlan:
 
     @property
     def mesh(self) -> Any:
-        """The run's one ``torch.distributed.device_mesh.DeviceMesh`` (made by :meth:`join`), with
-        the dimensions of :attr:`mesh_dims`; None in a plain process (nothing to spread)."""
+        """The run's one ``DeviceMesh`` (made by :meth:`join`); None in a plain process."""
         return self._groups.get("mesh")
 
     @property
     def experts(self) -> ExpertLayout | None:
-        """This rank's expert-parallel and replica groups (the mesh's ``expert`` and ``replica``
-        dimensions, made by :meth:`join`); None for degree 1."""
+        """This rank's expert-parallel and replica groups (made by :meth:`join`); None for degree 1."""
         if self.expert == 1:
             return None
         if "expert" not in self._groups:

@@ -1,9 +1,6 @@
-"""This process's membership of the launcher's process group: joining it once (NCCL on CUDA, gloo
-on CPU; torchrun's store under a prefix per worker group, SLURM's rendezvous at rank 0's node),
-noticing when the launcher is gone, the extra gloo groups beside NCCL, and leaving cleanly at exit.
-
-Everything else asks torch.distributed through here (:func:`in_group`, :func:`rank_world`,
-:func:`collective_device`), so a one-process run never touches it.
+"""This process's membership of the launcher's process group: joining it once, noticing when the
+launcher is gone, the gloo groups beside NCCL, and leaving cleanly at exit. Everything else asks
+torch.distributed through here, so a one-process run never touches it.
 """
 
 from __future__ import annotations
@@ -28,9 +25,7 @@ log = logging.getLogger(__name__)
 
 def join_process_group(cfg: DistributedConfig, device: torch.device, topology: Topology) -> None:
     """Join the launcher's process group (NCCL on CUDA, gloo on CPU) once; a no-op in a plain
-    process or when already joined. ``distributed.timeout_s`` bounds every collective, so a rank
-    whose peer died ends with an error instead of waiting for ever. From here on a rank whose
-    launcher dies stops as if told to (:func:`watch_launcher`)."""
+    process. ``distributed.timeout_s`` bounds every collective (a dead peer is an error, not a hang)."""
     if not topology.launched or dist.is_initialized():
         return
     watch_launcher()
@@ -54,11 +49,8 @@ def join_process_group(cfg: DistributedConfig, device: torch.device, topology: T
 
 
 def _restart_safe_store(topology: Topology, timeout_s: float) -> dict[str, Any]:
-    """torchrun's store for this worker group, under a prefix of its own. torchrun's agent keeps
-    one store for all the groups it starts (``--max-restarts``, elastic membership changes), so
-    without a prefix a restarted rank can read the address a rank of the group before left there
-    and connect to a process that is gone (gloo: "Connection refused", or a hang). A new group has
-    a new restart count (after a failure) or a new world size (a node joined)."""
+    """torchrun's store under a prefix per worker group: the agent keeps one store for every group it
+    starts, so without one a restarted rank can read a gone rank's address ("Connection refused")."""
     timeout = datetime.timedelta(seconds=timeout_s)
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
@@ -76,13 +68,9 @@ _watching: list[int] = []  # the launcher's pid, once a watcher runs
 
 
 def watch_launcher(poll_s: float = LAUNCHER_POLL_S) -> None:
-    """A rank started by a launcher (torchrun's agent, its parent) notices when the launcher is
-    gone and stops as for SIGTERM: after the current step, with a checkpoint (under
-    ``turbotrain train``'s signal handling, the ranks agree on the step). torchrun starts each
-    rank in its own session, so a kill -9 of torchrun's process group leaves the ranks running as
-    orphans, training to the end with no one to report to. A daemon thread compares the parent
-    pid every ``poll_s`` seconds (a re-parented orphan gets init's or a subreaper's) and signals
-    this process once. Started once per process; a no-op on a plain process."""
+    """Stop as for SIGTERM when the launcher (the parent) is gone: torchrun starts each rank in its
+    own session, so a kill -9 of torchrun leaves orphans training with no one to report to. A
+    daemon thread compares the parent pid every ``poll_s`` seconds; started once per process."""
     if _watching or not hasattr(os, "getppid"):
         return
     launcher = os.getppid()
@@ -107,14 +95,12 @@ def in_group() -> bool:
 
 
 def rank_world() -> tuple[int, int]:
-    """This process's rank and the world size of its process group: (0, 1) without one. The one
-    place that asks torch.distributed; everything else reads it through here."""
+    """This process's rank and the world size of its process group: (0, 1) without one."""
     return (dist.get_rank(), dist.get_world_size()) if in_group() else (0, 1)
 
 
 def collective_device() -> torch.device:
-    """Where a small tensor for a collective of the current group must live: this process's GPU
-    under NCCL (which has no CPU transport), the CPU under gloo or without a group."""
+    """Where a small tensor for a collective must live: the GPU under NCCL, else the CPU."""
     if in_group() and dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -125,20 +111,16 @@ _gloo_groups: list[dist.ProcessGroup] = []  # gloo groups made beside another de
 
 
 def new_gloo_group() -> dist.ProcessGroup:
-    """A gloo group of every rank (for host-side collectives beside NCCL: a background checkpoint
-    write's), left by :func:`shutdown`. Making a group is a collective: every rank calls this at
-    the same point."""
+    """A gloo group of every rank (host-side collectives beside NCCL), left by :func:`shutdown`; a
+    collective: every rank calls this at the same point."""
     group = dist.new_group(backend="gloo")
     _gloo_groups.append(group)
     return group
 
 
 def shutdown() -> None:
-    """Leave the gloo process groups of this process (a no-op without one): under a gloo default
-    group, all of them; under NCCL, the gloo groups :func:`new_gloo_group` made. Leaving gloo is
-    local (no collective), so it cannot wait on a rank that is gone. NCCL's default group is left
-    to torch: its teardown is collective in some NCCL versions and would hang an exit after a peer
-    was lost."""
+    """Leave this process's gloo groups (local: it cannot wait on a gone rank). NCCL's default group
+    is left to torch: its teardown is collective in some versions and would hang after a lost peer."""
     if not in_group():
         _gloo_groups.clear()
         return
@@ -155,8 +137,7 @@ GLOO_IDLE_WAIT_S = 1.0  # at most this long at exit for gloo's workers to finish
 
 
 def _running_threads(name: str) -> int:
-    """How many of this process's threads called ``name`` are running or runnable (Linux's
-    /proc; 0 where it cannot tell)."""
+    """How many of this process's threads called ``name`` are running (Linux's /proc; else 0)."""
     count = 0
     try:
         for task in os.scandir("/proc/self/task"):
@@ -170,17 +151,10 @@ def _running_threads(name: str) -> int:
 
 
 def _leave_at_exit() -> None:
-    """atexit, registered when this process joins the launcher's group: leave the gloo groups, then
-    let gloo's worker threads go idle, while the interpreter is whole. The cause it removes (a core
-    dump's stacks): a gloo worker thread that has completed a collective drops its reference to
-    the work after the caller's wait returned; when that was the last reference to a tensor Python
-    had seen, freeing it takes the GIL, and a thread that takes the GIL while the interpreter is
-    being torn down is ended by pthread_exit, whose unwinding through the work's destructor
-    calls std::terminate: "terminate called without an active exception" (SIGABRT, reported by
-    torchrun as the rank's failure) after the script's last line. The groups are not freed while
-    DDP or FSDP still hold them, so leaving them is not enough: this waits, the GIL released,
-    until no gloo worker is running (bounded by ``GLOO_IDLE_WAIT_S``). Interpreter exit joins
-    non-daemon threads (a background checkpoint write) before it runs this."""
+    """atexit: leave the gloo groups, then wait (GIL released, at most ``GLOO_IDLE_WAIT_S``) until
+    gloo's workers are idle, while the interpreter is whole. Else a worker freeing a tensor during
+    teardown takes the GIL and dies in pthread_exit: "terminate called without an active
+    exception" (SIGABRT) after the script's last line."""
     try:
         shutdown()
     except Exception as exc:  # noqa: BLE001 - an exit hook must not turn a finished run into a traceback

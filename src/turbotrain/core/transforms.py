@@ -1,23 +1,11 @@
 """Build-time model transforms, applied once by ``Engine.setup``: activation checkpointing per
 block, then ``torch.compile`` of the model or of each block (after torchtitan's ``apply_*``).
 
-Activation checkpointing recomputes a block's activations in backward instead of keeping them
-from forward. Modes (``memory.checkpointing``):
-
-- ``off``: every activation is kept (fastest, most memory).
-- ``full``: every repeated block is checkpointed. Only each block's input (B x T x d) survives
-  forward; backward recomputes the block, about one extra forward (~+33% step FLOPs).
-- ``selective``: every other block (0, 2, 4, ...) is checkpointed, the rule torchtitan calls
-  layer-selective checkpointing with frequency 2. Chosen over "attention only" because it works
-  for any model made of repeated blocks, and its effect is predictable: about half the
-  activation savings of ``full`` for about half its recompute. (With SDPA's flash kernels the
-  attention part of a block holds little memory; the MLP's 4d-wide hidden tensors hold most.)
-
-The transform swaps each chosen block's class for a subclass whose ``forward`` runs under
-``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``. Parameters, state_dict keys and
-hooks stay as they were (checkpoints load either way), ``copy.deepcopy`` keeps the behaviour,
-and ``torch.compile`` applied afterwards traces the checkpointed region as one unit. Under
-``torch.no_grad`` (evaluation, generation) the block runs plainly, with no checkpoint overhead.
+``memory.checkpointing``: ``full`` checkpoints every repeated block (about one extra forward);
+``selective`` every other block (torchtitan's layer-selective, frequency 2: about half the savings
+for half the recompute, for any model of repeated blocks). A chosen block's class is swapped for a
+subclass whose ``forward`` runs under non-reentrant checkpointing: parameters, state_dict keys and
+hooks stay; under ``torch.no_grad`` the block runs plainly.
 """
 
 from __future__ import annotations
@@ -39,8 +27,7 @@ _RECOMPUTE: list[Callable[[], ContextManager[Any]]] = []  # see recompute_contex
 
 @contextlib.contextmanager
 def recompute_context(factory: Callable[[], ContextManager[Any]]) -> Iterator[None]:
-    """Run checkpointed blocks' backward recomputation inside ``factory()`` too (torch function
-    modes active in forward are not active during the recompute). Used by memory estimates."""
+    """Run checkpointed blocks' recomputation inside ``factory()`` too (memory estimates' modes)."""
     _RECOMPUTE.append(factory)
     try:
         yield
@@ -122,11 +109,8 @@ def resolve_scope(scope: str, device: torch.device) -> str:
 
 
 def apply_compile(model: nn.Module, scope: str, mode: str = "default") -> nn.Module:
-    """Compile ``model`` in place (``Module.compile``), so state_dict keys stay unchanged.
-
-    'blocks' compiles each repeated block separately: one graph reused L times compiles faster
-    and tolerates graph breaks between blocks.
-    """
+    """Compile ``model`` in place (state_dict keys unchanged); 'blocks' compiles each repeated block
+    (one graph reused L times compiles faster and tolerates breaks between blocks)."""
     if scope == "off":
         return model
     options = {"mode": None if mode == "default" else mode}
@@ -145,10 +129,8 @@ def apply_compile(model: nn.Module, scope: str, mode: str = "default") -> nn.Mod
 
 @contextlib.contextmanager
 def eager() -> Iterator[None]:
-    """Inside the block compiled modules run their own Python code: nothing compiles, nothing
-    recompiles, and the graphs already compiled stay cached for when the block ends. For work
-    whose modes and shapes training never sees (evaluation under no_grad, the batch-size
-    search's trial sizes): through the compiled module each would compile a graph of its own,
-    seconds to minutes apiece on a GPU, for little gain on a few batches."""
+    """Inside the block compiled modules run eagerly (the graphs stay cached): for work whose modes
+    and shapes training never sees (evaluation, the batch search's trials), which would otherwise
+    compile a graph apiece."""
     with torch.compiler.set_stance("force_eager"):  # torch >= 2.6
         yield

@@ -1,30 +1,12 @@
-"""One optimizer step, top-down: the window, the one orchestration both ways of training share.
+"""One optimizer step, top-down: the window, the one orchestration both ways of training share
+(docs/architecture.md "The window").
 
-A *window* is the micro-batches (backward passes) of one optimizer step. ``fit`` hands a whole
-window to :meth:`Window.run` (through the Engine's ``train_window``); an own loop calls the same
-pieces one at a time (the Engine's ``backward`` per micro-batch, ``step`` at the boundary). In order:
-
-    Window.run(model, optimizer, micro_batches, loss_fn)    the pure body of a whole window
-      forward(model, batch, loss_fn)   the placement check (once), the model under the precision's
-                                       autocast, its scalar loss
-      backward(loss)                   + the MoE layers' auxiliary losses, / accumulation, loss-scaled;
-                                       the detached loss added to the window's sum, and the gradient
-                                       sync set for the next backward (on for the window's last only)
-      close(optimizer)                 finish: unscale, the loss averaged over ranks, the gradient
-                                       norm over the plan's groups, clipping, the non-finite guard's
-                                       enqueue, the precision's optimizer step, the scale update, zero
-                                       grads; then the window's mean loss, and a new window opens
-
-So one place decides the gradient sync (:meth:`Window.sync_next`), one sums the loss, one checks
-placement, for ``fit`` and an own loop alike. Nothing here reads configuration, counts steps,
-polls the guard or handles errors: the Engine (engine.py) keeps those policies and bookkeeping.
-
-:meth:`Window.run` is one function of tensors with no host-device sync, and leaves the window's
-host state (backward passes, loss sum) as it found it, so whole-step capture (CUDA graphs) is one
-wrapper around it (:meth:`turbotrain.core.engine.Engine.wrap_window`). A pipeline schedule
-(``torch.distributed.pipelining``: a window's micro-batches and the loss function in, forward and
-backward over the stages, the losses out) has the same shape, :data:`WindowFn`, and would take the
-body's place through that seam when pipeline parallelism is built.
+A *window* is the micro-batches (backward passes) of one optimizer step: ``fit`` hands a whole one
+to :meth:`Window.run`; an own loop calls the same pieces (:meth:`Window.forward`,
+:meth:`Window.backward`, :meth:`Window.close`) one at a time. Nothing here reads configuration,
+counts steps, polls the guard or handles errors: the Engine keeps those. :meth:`Window.run` is one
+function of tensors with no host-device sync, so whole-step capture (CUDA graphs) and a pipeline
+schedule (the same shape, :data:`WindowFn`) are one wrapper around it.
 """
 
 from __future__ import annotations
@@ -57,8 +39,7 @@ micro-batches, loss_fn) -> (the window's mean loss averaged over ranks, its grad
 
 
 def micro_batches(batches: Sequence[Any], split: int) -> list[MicroBatch]:
-    """A window's micro-batches: each loader batch whole, or in ``split`` parts (after an
-    out-of-memory error), each part's loss weighted by its share of the batch x ``split``."""
+    """A window's micro-batches: each loader batch whole, or in ``split`` parts weighted by their share x ``split``."""
     if split == 1:
         return [(batch, 1.0) for batch in batches]
     micro: list[MicroBatch] = []
@@ -69,9 +50,8 @@ def micro_batches(batches: Sequence[Any], split: int) -> list[MicroBatch]:
 
 
 def as_loss(output: Any) -> torch.Tensor:
-    """The scalar loss in what a model or loss function returned: a 0-d tensor itself, a tuple's
-    or list's first element, a mapping's or a Hugging Face ``ModelOutput``'s ``loss``. Shape checks
-    only (no sync); anything else is one error that says what came back and what to pass."""
+    """The scalar loss in what a model returned: a 0-d tensor, a tuple's first element, a mapping's
+    or a ``ModelOutput``'s ``loss``; anything else is one error (shape checks only: no sync)."""
     if isinstance(output, torch.Tensor):
         loss = output
     elif isinstance(output, (tuple, list)) and output:
@@ -102,21 +82,13 @@ def default_loss(model: nn.Module, batch: Any) -> Any:
 
 
 def default_grad_norm(params: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The 2-norm over the gradients of ``params`` as this process holds them (whole, or
-    replicated by data parallelism; FSDP2's DTensor shards give a DTensor the strategy makes whole)."""
+    """The 2-norm over the gradients of ``params`` as this process holds them (the strategy makes shards whole)."""
     return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], foreach=True)
 
 
 class Window:
     """The window of one optimizer step, built once by the Engine from resolved objects.
-
-    :attr:`body` is what a whole window runs: :meth:`run`, or what the wrapper of :meth:`wrap`
-    made of it, made anew whenever what the body computes changes (:meth:`set_precision`,
-    :meth:`set_grad_norm`, :meth:`set_accumulation`). :meth:`adopt`
-    finds a model's MoE layers: those with ``take_aux_loss()`` (their load-balancing loss, added
-    in :meth:`backward`) and those with ``follow_optimizer_steps()`` (their router bias moves once
-    per optimizer step: ``step_modules``, told by the Engine of each step's end or discard).
-    """
+    :attr:`body` is what a whole window runs: :meth:`run`, or the wrapper's (:meth:`wrap`) result."""
 
     def __init__(
         self,
@@ -148,11 +120,8 @@ class Window:
         self.body: WindowFn = self.run
 
     def wrap(self, wrapper: Callable[[WindowFn], WindowFn] | None) -> None:
-        """Run a whole window as ``wrapper(run)`` from now on: ``run`` is the step's tensor work, no
-        host sync (:data:`WindowFn`), and the result a function of the same arguments with the same
-        effect (a CUDA graph: capture, then copy each step's micro-batches in and replay). Wrapped
-        anew on every change of what :meth:`run` computes (split, accumulation, precision,
-        gradient-norm function), so a capturing wrapper captures anew; None: :meth:`run`."""
+        """Run a whole window as ``wrapper(run)`` from now on (None: :meth:`run`); wrapped anew on
+        every change of what :meth:`run` computes, so a capturing wrapper captures anew."""
         self.wrapper = wrapper
         self.body = wrapper(self.run) if wrapper is not None else self.run
 
@@ -175,9 +144,8 @@ class Window:
         micro_batches: Sequence[MicroBatch],
         loss_fn: LossFn,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One optimizer step over ``micro_batches`` (a fresh window): each one's :meth:`forward`
-        and :meth:`backward`, then :meth:`close`. Returns the mean loss averaged over ranks and
-        the gradient norm, on the device; no host-device sync (what whole-step capture needs)."""
+        """One optimizer step over ``micro_batches`` (a fresh window): the mean loss averaged over
+        ranks and the gradient norm, on the device; no host-device sync."""
         self.discard()  # a re-run after a failed capture starts the window afresh
         for batch, weight in micro_batches:
             loss = self.forward(model, batch, loss_fn)
@@ -194,9 +162,8 @@ class Window:
         split: int,
         backward: Callable[[torch.Tensor], None],
     ) -> torch.Tensor:
-        """An own loop's loader ``batch``: :meth:`forward` and ``backward`` (the Engine's, which
-        counts the pass) of each of its ``split`` parts (:func:`micro_batches`); the batch's loss
-        (the parts' weighted mean)."""
+        """An own loop's loader ``batch``: :meth:`forward` and ``backward`` (the Engine's) of each
+        of its ``split`` parts; the batch's loss (the parts' weighted mean)."""
         total: torch.Tensor | None = None
         for part, weight in micro_batches([batch], split):
             loss = self.forward(model, part, loss_fn)
@@ -209,8 +176,8 @@ class Window:
         return total
 
     def adopt(self, model: nn.Module) -> None:
-        """Find ``model``'s modules with ``take_aux_loss`` and ``follow_optimizer_steps`` (see the
-        class docstring); before any wrapper, so the module objects stay the same."""
+        """Find ``model``'s MoE layers: with ``take_aux_loss`` (added in :meth:`backward`) and with
+        ``follow_optimizer_steps`` (router bias moved once per step); before any wrapper."""
         for module in model.modules():
             follow = getattr(module, "follow_optimizer_steps", None)
             if callable(follow) and module not in self.step_modules:
@@ -225,8 +192,7 @@ class Window:
         self.sync_next()
 
     def place(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> nn.Module:
-        """``model`` wrapped by the strategy in the precision's dtypes (DDP, FSDP2, experts placed),
-        clipped by the strategy's global norm where experts are spread over ranks, and added."""
+        """``model`` wrapped by the strategy in the precision's dtypes, its norm the strategy's, added."""
         precision = self.precision
         model = self.strategy.wrap(model, optimizer, precision.compute_dtype, precision.reduce_dtype)
         if self.strategy.grad_norm is not None:  # experts spread over ranks: the norm over all of them
@@ -235,8 +201,7 @@ class Window:
         return model
 
     def expect(self, batches: int, per_step: int) -> None:
-        """A whole window of ``batches`` loader batches starts: none pending, and ``per_step`` of
-        them (``batch.accumulation``), else the mistake in one line."""
+        """A whole window starts: none pending, and ``per_step`` batches, else the mistake in one line."""
         if self.pending:
             raise RuntimeError(
                 f"train_window starts an optimizer step, but {self.pending} backward pass(es) "
@@ -254,8 +219,7 @@ class Window:
             module.end_optimizer_step()
 
     def drop(self, model: nn.Module) -> int:
-        """Forget the open window (gradients, loss sum, the MoE layers' step) and free memory; returns
-        the backward passes it had."""
+        """Forget the open window (gradients, loss sum, MoE step) and free memory; its backward passes."""
         model.zero_grad(set_to_none=True)
         for module in self.step_modules:
             module.discard_optimizer_step()
@@ -267,8 +231,7 @@ class Window:
         return pending
 
     def check_placed(self, batch: Any = None) -> None:
-        """Once each: the models' tensors, and the first ``batch`` given, on the device (else one
-        PlacementError naming them and the fix)."""
+        """Once each: the models' tensors and the first ``batch`` on the device, else a PlacementError."""
         if batch is not None and not self._checked["batch"]:
             self._checked["batch"] = True
             check_batch_placed(batch, self.device)
@@ -283,9 +246,8 @@ class Window:
             return as_loss(loss_fn(model, batch))
 
     def backward(self, loss: torch.Tensor) -> torch.Tensor:
-        """Backward of ``loss`` plus the auxiliary losses of the model's MoE layers from their last
-        forward, / accumulation and loss-scaled by the precision; adds it, detached, to the
-        window's loss sum (returned) and sets the gradient sync for the next backward."""
+        """Backward of ``loss`` plus the MoE auxiliary losses, / accumulation, loss-scaled; adds it,
+        detached, to the window's loss sum (returned) and sets the next backward's gradient sync."""
         self.check_placed()
         loss = self.add_aux(loss)
         scaled = loss / self.accumulation if self.accumulation > 1 else loss
@@ -305,9 +267,8 @@ class Window:
         return loss
 
     def sync_next(self) -> None:
-        """The one gradient-sync decision: the coming backward reduces gradients across ranks only
-        when it completes the window (once per optimizer step); the ones before it accumulate
-        locally. Set after each backward, before the next forward (where DDP reads it)."""
+        """The one gradient-sync decision: the coming backward reduces across ranks only when it
+        completes the window. Set after each backward, before the next forward (DDP reads it there)."""
         sync = self.pending % self.accumulation + 1 == self.accumulation
         for model in self.models:
             self.strategy.set_grad_sync(model, sync)
@@ -327,10 +288,9 @@ class Window:
     def close(
         self, optimizer: torch.optim.Optimizer, partial: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """:meth:`finish` the open window's optimizer step, then open a new window. Returns the
-        window's mean loss (its loss sum over its backward passes) averaged over ranks, and the
-        gradient norm. ``partial``: a window of fewer backward passes than ``accumulation`` (an
-        epoch's last), its gradients renormalised to the passes it had (the mean over its batches)."""
+        """:meth:`finish` the window's step and open a new one; returns its mean loss averaged over
+        ranks and the gradient norm. ``partial``: fewer passes than ``accumulation`` (an epoch's
+        last), its gradients renormalised to the passes it had."""
         micro_steps = self.pending
         if partial and 0 < micro_steps != self.accumulation:
             grads = [p.grad for p in self.params_of(optimizer) if p.grad is not None]
@@ -343,9 +303,8 @@ class Window:
     def finish(
         self, optimizer: torch.optim.Optimizer, loss_sum: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Unscale, average the loss over ranks, the norm and clipping, the guard's enqueue, the
-        precision's optimizer step (skipped on the device when non-finite), the scale update and
-        zeroing the gradients. Returns (the loss sum averaged over ranks, the whole gradient norm)."""
+        """Unscale, average the loss over ranks, norm and clipping, the guard, the optimizer step
+        (skipped on the device when non-finite), the scale update, zero grads: (loss sum, norm)."""
         self.precision.unscale_(optimizer)
         loss_sum = loss_sum if loss_sum is not None else torch.zeros((), device=self.device)
         # data parallel: the same value, and guard decision, on every rank
@@ -359,16 +318,14 @@ class Window:
                 and self.precision.scaler is None
                 and getattr(optimizer, "_step_supports_amp_scaling", False)
             ):
-                # A fused optimizer divides by grad_scale inside its kernel: clipping without a
-                # pass that rewrites every gradient (clip_grad_norm_'s factor, with its epsilon).
-                # fp32, as the kernel takes it
+                # a fused optimizer divides by grad_scale (fp32) inside its kernel: clipping without
+                # a pass over the gradients (clip_grad_norm_'s factor, with its epsilon)
                 grad_scale = torch.clamp((norm.float() + 1e-6) / clip, min=1.0)
             elif clip > 0:  # clip_grad_norm_'s math, with the norm above
                 torch.nn.utils.clip_grads_with_norm_(params, clip, norm, foreach=True)
         norm = self.strategy.full(norm) if norm is not None else None
-        # Under fp16 an overflow in the scaled gradients is the GradScaler's business (it skips the
-        # step and lowers the scale, and does so by design every growth interval): only a
-        # non-finite loss counts towards the fallback there.
+        # under fp16 an overflow in the scaled gradients is the GradScaler's business (it skips by
+        # design every growth interval): only a non-finite loss counts towards the fallback
         finite = self.guard.check(loss_sum, norm if self.precision.scaler is None else None)
         self.precision.optimizer_step(optimizer, finite, grad_scale)
         self.precision.update()

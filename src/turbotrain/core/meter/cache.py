@@ -1,9 +1,6 @@
-"""The one decision cache: a measured answer kept so the next run of the same model on the same
-machine does not measure again (choose, the batch finder, fp8's layer timing).
-
-One key (:func:`material`, hashed by :func:`key_of`) and one format: ``{"material": ..., "value":
-...}`` in a file of its own or in one file of entries by key. A file that cannot be read, of another
-shape or another material is ignored with one line naming it, and the tool measures again.
+"""The one decision cache (choose, the batch finder, fp8's layer timing): one key (:func:`material`),
+one format ``{"material": ..., "value": ...}``; a file unreadable, of another shape or material is
+ignored with one line naming it, and the tool measures again.
 """
 
 from __future__ import annotations
@@ -27,9 +24,7 @@ T = TypeVar("T")
 
 
 def material(settings: dict[str, Any], model: Any, device: torch.device | str) -> dict[str, Any]:
-    """What a measured answer depends on: ``settings`` (those that change it), the ``model``'s
-    fingerprint, the device's name (a GPU's, or the CPU's model) and the torch and turbotrain
-    versions."""
+    """What a measured answer depends on: settings, the model's fingerprint, the device, versions."""
     name = device if isinstance(device, str) else device_name(device)
     return {
         "settings": settings,
@@ -55,9 +50,8 @@ def read(
     check: Callable[[Any], T],
     key: str | None = None,
 ) -> T | None:
-    """The cached value for ``material`` in ``path`` (under ``key`` in a file of entries), passed
-    through ``check`` (which raises ValueError/KeyError/TypeError on a value of another shape);
-    None when there is none, or (one line naming the file) when it is unreadable or foreign."""
+    """The cached value for ``material`` in ``path`` (under ``key``), through ``check`` (which raises
+    on another shape); None when there is none, or (one line) when it is unreadable or foreign."""
     if not path.is_file():
         return None
     try:

@@ -25,8 +25,7 @@ def sync(device: torch.device) -> None:
 
 
 class Stamp:
-    """A point on ``device``'s timeline: on CUDA an event on the current stream (no sync; :meth:`ms_to`
-    reads it after a synchronize), elsewhere ``perf_counter`` (CPU kernels are done when they return)."""
+    """A point on ``device``'s timeline: a CUDA event (read after a synchronize), else ``perf_counter``."""
 
     def __init__(self, device: torch.device) -> None:
         self.event: Any = None
@@ -58,8 +57,7 @@ class Timing:
 
 
 def time_call(fn: Callable[[], Any], device: torch.device, repeats: int, warmup: int = 2) -> Timing:
-    """``fn`` timed ``repeats`` times after ``warmup`` untimed calls (compilation, caches): a stamp
-    around each call, one synchronize before the first and after the last."""
+    """``fn`` timed ``repeats`` times after ``warmup`` untimed calls, synchronized before and after."""
     for _ in range(warmup):
         fn()
     sync(device)  # host-device sync point: timing only
@@ -75,9 +73,8 @@ def time_call(fn: Callable[[], Any], device: torch.device, repeats: int, warmup:
 
 
 class StepClock:
-    """Times optimizer steps: ``start()`` before the framework's setup, ``mark(loss)`` after every
-    optimizer step, ``finish()`` once after the last step. The per-step losses stay on the device
-    (a copy each: a CUDA graph's replay overwrites its output) until one read at the end."""
+    """Times optimizer steps: ``start()`` before setup, ``mark(loss)`` after each step, ``finish()``
+    once; the losses stay on the device (copies: a CUDA graph's replay overwrites its output)."""
 
     def __init__(self, device: torch.device, warmup_steps: int, timed_steps: int) -> None:
         if warmup_steps < 1 or timed_steps < 1:
@@ -97,8 +94,7 @@ class StepClock:
         self.t0 = time.perf_counter()
 
     def mark(self, loss: torch.Tensor | None) -> None:
-        """After an optimizer step: keep a copy of its loss (a copy kernel queued behind the step,
-        no host sync) and stamp it."""
+        """After an optimizer step: keep a copy of its loss (no host sync) and stamp it."""
         self.steps += 1
         if loss is not None:
             self.losses.append(loss.detach().clone())
@@ -113,8 +109,7 @@ class StepClock:
             self.stamps.append(Stamp(self.device))
 
     def finish(self) -> dict[str, Any]:
-        """The figures (one synchronize, one loss read). Raises if the step count is wrong.
-        May be called right after the last timed step (then later calls return the same)."""
+        """The figures (one synchronize, one loss read), the same on later calls; raises on a wrong step count."""
         if self.figures is not None:
             return self.figures
         expected = self.warmup + self.timed
@@ -142,9 +137,7 @@ class StepClock:
 
 
 def peak_memory(device: torch.device) -> dict[str, float]:
-    """CUDA: the caching allocator's peak allocated/reserved bytes since ``start`` (GiB).
-    CPU: the process's peak resident set size (GiB; includes the Python runtime and libraries,
-    so it is not comparable to a GPU's allocated bytes)."""
+    """CUDA: the allocator's peak allocated/reserved GiB; CPU: the process's peak RSS (not comparable)."""
     if device.type == "cuda":
         return {
             "peak_mem_gib": torch.cuda.max_memory_allocated(device) / GIB,

@@ -1,7 +1,5 @@
 """The one trial runner of the measuring tools: a step of a copy of the user's model on the run's
-device and precision (the batch finder, ``memory --measure``, the precision check, ``bench
---inference``). Bench's other contenders are written as their users write them: they use only the
-kit's clock.
+device and precision (the batch finder, ``memory --measure``, the precision check, ``bench --inference``).
 """
 
 from __future__ import annotations
@@ -26,8 +24,7 @@ Optimizer = torch.optim.Optimizer
 def copy_on(
     engine: Engine, model: nn.Module, optimizer: Optimizer | Callable[..., Optimizer] | None = None
 ) -> tuple[nn.Module, Optimizer | None]:
-    """A deep copy of ``model`` set up by ``engine``, with a new optimizer of ``optimizer``'s type
-    and settings (a class: its defaults; None: no optimizer)."""
+    """A deep copy of ``model`` set up by ``engine``, with a new optimizer like ``optimizer``."""
     net = copy.deepcopy(model)
     opt = None
     if isinstance(optimizer, Optimizer):
@@ -50,10 +47,8 @@ def train_step(
     on_phase: Callable[[str], None] | None = None,
     zero_grad: bool = True,
 ) -> None:
-    """``micro_steps`` forward/backward passes on ``batch`` (the later ones with the earlier ones'
-    gradients allocated, as under gradient accumulation), then ``optimizer.step()`` and, with
-    ``zero_grad``, the gradients set to None. ``on_phase("forward" | "backward" | "optimizer")``
-    after each phase (after "forward" the loss and activations are still alive)."""
+    """``micro_steps`` forward/backward passes on ``batch``, then ``optimizer.step()`` (and zeroed
+    gradients); ``on_phase(name)`` after each phase (after "forward" the activations are alive)."""
     loss_fn = loss_fn or default_loss
     note = on_phase or (lambda _phase: None)
     for _ in range(micro_steps):

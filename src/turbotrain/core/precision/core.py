@@ -1,15 +1,7 @@
-"""Numeric precision as an open set of plugins: autocast, loss scaling, model transforms, and the
-non-finite guard.
-
-Each precision is one :class:`Precision` subclass carrying its own ``name`` (defining the class
-registers it: ``precision.mode`` accepts the name and ``--help-config`` lists it), its own settings
-if it has any (``settings``, a subclass of ``PrecisionConfig`` that ``[precision]`` is read into
-when the run selects the mode), the precision it
-falls back to on non-finite values, the datasheet peak its MFU is measured against, the dtypes it
-asks of the distributed strategy, the device check that refuses it in one line, and a model
-transform if it needs one. The base class is full fp32 and does nothing; each other mode overrides
-only what differs (after Lightning Fabric's precision plugins). ``build_precision`` resolves the
-config once; the engine then calls the same methods whatever the mode, with no ``if`` per step.
+"""Numeric precision as an open set of plugins (after Lightning Fabric's): autocast, loss scaling,
+model transforms, and the non-finite guard. Each precision is one :class:`Precision` subclass
+(defining it registers its ``name``); the base class is full fp32, each other mode overrides only
+what differs, so the engine calls the same methods whatever the mode, with no ``if`` per step.
 """
 
 from __future__ import annotations
@@ -20,7 +12,6 @@ import math
 import os
 import warnings
 import weakref
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, ContextManager
 
@@ -33,7 +24,6 @@ from ...base.config import (
     AUTO,
     PRECISION_MODES,
     PrecisionConfig,
-    RunConfig,
     choice_error,
     register_settings,
     setting,
@@ -65,8 +55,7 @@ PRECISIONS: dict[str, type[Precision]] = {}
 
 
 def register_precision(cls: type[Precision]) -> type[Precision]:
-    """Make ``cls`` selectable by its ``name``: config validation, ``--help-config``, fallbacks and
-    MFU (``cls.peak``) read it from here. Subclassing :class:`Precision` with a ``name`` calls this."""
+    """Make ``cls`` selectable by its ``name`` (config, ``--help-config``, fallbacks, MFU's peak)."""
     if not cls.name or cls.name == AUTO:
         raise ValueError(f"{cls.__name__}.name = {cls.name!r}: a precision needs a name other than 'auto'")
     PRECISIONS[cls.name] = cls
@@ -78,23 +67,8 @@ def register_precision(cls: type[Precision]) -> type[Precision]:
             cls.settings,  # type: ignore[arg-type]
             when=f"precision.mode={cls.name}",
             check=lambda config: cls.check_settings(config.precision),
-            unused=lambda config, given: _unused(cls.name, config, given),
         )
     return cls
-
-
-def _unused(mode: str, config: RunConfig, given: Sequence[str]) -> str:
-    """The one line for a precision's own settings given (flags, an override dict) to a run of another
-    mode, where they would do nothing ("" when the run is that mode). Files are not held to this (a run
-    saved with them, then resumed in another mode)."""
-    if config.precision.mode == mode:
-        return ""
-    one = len(given) == 1
-    return (
-        f"{', '.join(f'precision.{k}' for k in given)} configure{'s' if one else ''} precision.mode = {mode!r} "
-        f"and this run is precision.mode = {config.precision.mode!r}: {'it' if one else 'they'} would do "
-        f"nothing; drop {'it' if one else 'them'}, or add {setting('precision.mode', mode)}"
-    )
 
 
 def precision_class(mode: str) -> type[Precision]:
@@ -105,12 +79,10 @@ def precision_class(mode: str) -> type[Precision]:
 
 
 def resolve_precision(mode: str, caps: DeviceCaps, settings: PrecisionConfig | None = None) -> str:
-    """Turn ``auto`` into a concrete mode for ``caps`` and refuse modes the device cannot run
-    (each precision's own :meth:`Precision.check`, one line naming the fix).
+    """Turn ``auto`` into a concrete mode for ``caps`` and refuse modes the device cannot run.
 
-    auto: bf16-mixed on CUDA with compute capability >= 8.0, fp16-mixed below, fp32 elsewhere
-    (a CPU without bf16 units runs bf16 autocast about 14x slower than fp32). auto never picks
-    fp8 or any other mode that changes the math beyond 16-bit autocast: those are asked for by name.
+    auto: bf16-mixed on CUDA cc >= 8.0, fp16-mixed below, fp32 elsewhere (a CPU without bf16 units
+    runs bf16 autocast about 14x slower); never fp8 or another mode that changes the math further.
     """
     if mode == AUTO:
         if caps.type != "cuda":
@@ -126,26 +98,20 @@ def fallback_mode(mode: str, caps: DeviceCaps) -> str | None:
 
 
 class Precision:
-    """Full fp32: no autocast, no loss scaling, parameters stay float32.
-
-    A new precision subclasses this (or :class:`MixedPrecision`), sets ``name`` and overrides what
-    differs; defining the class registers it (``register=False`` in the class line opts out).
-    """
+    """Full fp32: no autocast, no loss scaling. A subclass with a ``name`` registers itself
+    (``register=False`` in the class line opts out)."""
 
     name: ClassVar[str] = "fp32"
     fallback: ClassVar[str | None] = None  # the next safer precision after non-finite steps (None: stop)
-    peak: ClassVar[str] = (
-        "fp32"  # the datasheet peak MFU is measured against: bf16, fp16, fp8, tf32 or fp32 (hardware.py)
-    )
+    peak: ClassVar[str] = "fp32"  # the datasheet peak MFU is measured against (hardware.py)
     # asked of the strategy: parameters (and optimizer state) in this dtype
     param_dtype: torch.dtype = torch.float32
     # what matmuls run in, when it is not the parameters' dtype (FSDP2's param_dtype)
     compute_dtype: torch.dtype | None = None
     reduce_dtype: torch.dtype = torch.float32  # gradient reductions across ranks
     scaler: torch.amp.GradScaler | None = None
-    # its own settings: a subclass of PrecisionConfig adding knob(...) fields (named after the mode,
-    # e.g. fp8_recipe), which [precision] is read into when precision.mode names this class; the
-    # plugin reads them in from_settings (config.base.recast turns any PrecisionConfig into them)
+    # its own settings: a PrecisionConfig subclass adding knob(...) fields ([precision] is read into
+    # it when precision.mode names this class; from_settings reads them)
     settings: ClassVar[type[PrecisionConfig] | None] = None
 
     def __init_subclass__(cls, register: bool = True, **kwargs: Any) -> None:
@@ -157,24 +123,20 @@ class Precision:
         self.device = device if device is not None else torch.device("cpu")
 
     def mfu_peak(self) -> str:
-        """The datasheet peak this precision's MFU is measured against now (a :class:`DeviceSpec`
-        key: bf16, fp16, fp8, tf32 or fp32): the class's ``peak``, unless what it did to the model
-        says otherwise (fp8 that put no layer in float8 runs at the bf16 peak)."""
+        """The datasheet peak MFU is measured against now (fp8 with no float8 layer: bf16's)."""
         return self.peak
 
     @classmethod
     def from_settings(cls, device: torch.device, settings: PrecisionConfig) -> Precision:
-        """The precision for ``device`` from the ``[precision]`` config section (its own fields, if any)."""
+        """The precision for ``device`` from the ``[precision]`` section."""
         return cls(device)
 
     def own_settings(self, settings: PrecisionConfig) -> PrecisionConfig:
-        """``settings`` with this object's own fields in place of the config's: a plugin object
-        given to the Engine is checked by what it is, not by the config's defaults."""
+        """``settings`` with this object's own fields: a plugin object is checked by what it is."""
         return settings
 
     def place(self, device: torch.device) -> None:
-        """Put a plugin object built without a device (``Engine(precision=FP16Mixed())``) on the
-        engine's device, with whatever device-bound state it holds."""
+        """Put a plugin object built without a device on the engine's, with its device-bound state."""
         self.device = device
 
     @classmethod
@@ -183,13 +145,11 @@ class Precision:
 
     @classmethod
     def check_settings(cls, settings: PrecisionConfig) -> None:
-        """Raise a one-line :class:`ConfigError` for a rule that spans this precision's own
-        settings (run when any config is validated, and by :meth:`check` on a plugin object's own)."""
+        """Raise a one-line :class:`ConfigError` for a rule that spans this precision's own settings."""
 
     @classmethod
     def unavailable(cls, caps: DeviceCaps, settings: PrecisionConfig | None = None) -> str:
-        """Why this precision cannot run on ``caps`` ("" when it can): :meth:`check`'s own line,
-        its warnings kept quiet. ``doctor``, ``bench`` and ``tune`` ask this rather than restate it."""
+        """Why this precision cannot run on ``caps`` ("" when it can): :meth:`check`'s line, quietly."""
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -200,8 +160,7 @@ class Precision:
 
     @classmethod
     def slow_on(cls, caps: DeviceCaps) -> str:
-        """Why this precision runs on ``caps`` but slower than fp32 ("" when it does not): the
-        one capability advice :meth:`check` warns with and ``tune`` asks before offering it."""
+        """Why this precision runs on ``caps`` but slower than fp32 ("" when it does not)."""
         return ""
 
     @classmethod
@@ -214,11 +173,8 @@ class Precision:
         return contextlib.nullcontext()
 
     def convert_module(self, module: torch.nn.Module, *, sharded: bool = False) -> torch.nn.Module:
-        """Cast parameters for 'true' (not mixed) precisions, or swap layers (fp8); fp32 and mixed keep
-        float32 weights. Runs before compile and before the strategy wraps the model; ``sharded``
-        says that FSDP2 will shard it next (the parallel plan's ``sharded``), which decides what a
-        transform may prepare for the all-gather (fp8: float8 all-gather of weights). Parameters
-        keep their identity: an optimizer built before ``Engine.setup`` stays valid."""
+        """Cast parameters ('true' precisions) or swap layers (fp8), before compile and wrapping;
+        ``sharded``: FSDP2 shards it next. Parameters keep their identity (an optimizer stays valid)."""
         return module
 
     def revert_module(self, module: torch.nn.Module) -> torch.nn.Module:
@@ -226,7 +182,7 @@ class Precision:
         return module
 
     def summary(self) -> dict[str, Any]:
-        """What the run's summary records about this precision beyond its name (fp8: the converted layers)."""
+        """What the run's summary records about this precision beyond its name."""
         return {}
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
@@ -238,13 +194,8 @@ class Precision:
     def optimizer_step(
         self, optimizer: Optimizer, finite: Tensor | bool, grad_scale: Tensor | None = None
     ) -> None:
-        """Step unless ``finite`` (a host bool, or a 0-d bool tensor on the device) is False.
-
-        Optimizers that accept an on-device ``found_inf`` (fused AdamW/Adam/SGD) skip inside the
-        kernel: no host-device sync. Others need the flag on the host. ``grad_scale`` (a 0-d
-        device tensor, fused optimizers only) divides the gradients inside the same kernel: the
-        clipping factor folded into the step instead of a separate pass over the gradients.
-        """
+        """Step unless ``finite`` (a host bool or a 0-d device tensor) is False. Fused optimizers
+        take ``found_inf`` and ``grad_scale`` (clipping folded in) inside the kernel: no sync."""
         if finite is False:  # already known on the host (CPU guard)
             return
         if getattr(optimizer, "_step_supports_amp_scaling", False):
@@ -265,7 +216,7 @@ class Precision:
                 optimizer.step()
 
     def warn_host_skip(self, optimizer: Optimizer) -> None:
-        """Say once that ``optimizer`` makes every step wait for the device, and what to use instead."""
+        """Say once that ``optimizer`` makes every step wait for the device."""
         if getattr(self, "_warned_host_skip", False):
             return
         self._warned_host_skip = True
@@ -290,8 +241,7 @@ register_precision(Precision)
 
 
 def bf16_slow_on(caps: DeviceCaps) -> str:
-    """Why bf16 compute is slow on ``caps``: on a CPU (one without bf16 units ran bf16 autocast 14x
-    slower than fp32), "" elsewhere."""
+    """Why bf16 compute is slow on ``caps`` (a CPU's: 14x slower without bf16 units), "" elsewhere."""
     return (
         "on CPU: without bf16 units this is often many times slower than fp32" if caps.type == "cpu" else ""
     )
@@ -385,9 +335,8 @@ class FP16Mixed(MixedPrecision):
     def optimizer_step(
         self, optimizer: Optimizer, finite: Tensor | bool, grad_scale: Tensor | None = None
     ) -> None:
-        # The engine folds no clipping here (GradScaler owns the optimizer's grad_scale). GradScaler skips the step when it found inf/nan in the unscaled gradients; a non-finite
-        # loss always yields non-finite gradients, so its skip covers the guard's. With an
-        # optimizer that cannot take the flag on the device, GradScaler reads it on the host.
+        # No clipping folded here (GradScaler owns grad_scale); its skip on inf/nan gradients covers
+        # the guard's (a non-finite loss always yields them).
         if not getattr(optimizer, "_step_supports_amp_scaling", False):
             self.warn_host_skip(optimizer)
         self.scaler.step(optimizer)  # host-device sync point unless the optimizer is fused
@@ -410,9 +359,8 @@ _INPUT_CASTS: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 def _cast_float_inputs(
     module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[Any, Any]:
-    """Forward pre-hook: floating-point inputs (anywhere in the arguments) to the dtype of the
-    module's floating-point weights, read at each call so a fallback to fp32 turns it into a no-op.
-    Integer inputs (token ids, labels) are left alone."""
+    """Forward pre-hook: float inputs to the weights' dtype, read at each call (a fallback to fp32
+    makes it a no-op); integer inputs are left alone."""
     dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
     if dtype is None:
         return args, kwargs
@@ -424,9 +372,8 @@ def _cast_float_inputs(
 
 
 class BF16True(_BF16, Precision):
-    """Parameters, gradients and optimizer state in bf16: half the memory, less accuracy. Float
-    inputs are cast to bf16 on their way into the model (a float32 batch would otherwise meet
-    bf16 weights: "mat1 and mat2 must have the same dtype"), as Fabric's true-half precision does."""
+    """Parameters, gradients and optimizer state in bf16; float inputs cast to bf16 on the way in
+    (else "mat1 and mat2 must have the same dtype"), as Fabric's true-half precision does."""
 
     name = "bf16-true"
     param_dtype = torch.bfloat16
@@ -463,11 +410,9 @@ def apply_backend_switches(
     flush_denormal: bool = True,
     deterministic: bool = False,
 ) -> dict[str, bool]:
-    """Process-wide switches, set once: TF32 matmuls/convolutions and cuDNN autotuning on CUDA;
-    on CPU, denormal flushing (tiny early-training values otherwise take a slow microcode path:
-    measured ~268 vs ~197 ms for the first gpt-tiny steps on the 2-core EPYC); with
-    ``deterministic``, :func:`apply_deterministic` (cuDNN autotuning then stays off).
-    Returns the switches as they now stand on ``device``, for the run's summary."""
+    """Process-wide switches, set once: TF32 and cuDNN autotuning on CUDA; on CPU denormal flushing
+    (measured ~268 vs ~197 ms for the first gpt-tiny steps on the 2-core EPYC). Returns them as they
+    stand on ``device``, for the summary."""
     if deterministic:
         apply_deterministic()
         cudnn_benchmark = False
@@ -486,18 +431,12 @@ def apply_backend_switches(
     }
 
 
-# the CUBLAS_WORKSPACE_CONFIG values that make cuBLAS deterministic (CUDA >= 10.2)
-CUBLAS_DETERMINISTIC = (
-    ":4096:8",
-    ":16:8",
-)
+CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")  # the CUBLAS_WORKSPACE_CONFIG values that are deterministic
 
 
 def apply_deterministic() -> None:
-    """``run.deterministic``: deterministic kernels for the rest of the process (never switched
-    off again here, so a caller's own ``torch.use_deterministic_algorithms(True)`` also stays).
-    CUBLAS_WORKSPACE_CONFIG is read when cuBLAS makes its first handle, so it must be set before
-    CUDA work starts: the log line says whether it was."""
+    """``run.deterministic`` for the rest of the process. CUBLAS_WORKSPACE_CONFIG is read at cuBLAS's
+    first handle, so it must be set before CUDA work starts: the log line says whether it was."""
     early = not torch.cuda.is_initialized()
     given = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     if given not in CUBLAS_DETERMINISTIC:
@@ -523,13 +462,8 @@ def apply_deterministic() -> None:
 
 
 class NonFiniteGuard:
-    """Counts optimizer steps whose loss or gradient norm was not finite, on the device.
-
-    ``check`` returns the step's finite flag as a 0-d device tensor and counts it with one
-    in-place add (no sync), so the skip itself never waits for the host. ``poll`` reads the count
-    (a sync on CUDA); the engine calls it only every few steps, so the policy may act a few steps
-    after the first skipped step.
-    """
+    """Counts non-finite optimizer steps on the device: ``check`` adds in place (no sync); ``poll``
+    reads the count (a sync), every few steps, so the policy may act a few steps late."""
 
     def __init__(self, device: torch.device) -> None:
         self.finite_steps = torch.zeros((), dtype=torch.int64, device=device)
@@ -559,9 +493,7 @@ class NonFiniteGuard:
 
 
 class HostNonFiniteGuard(NonFiniteGuard):
-    """The guard for CPU training, where reading a scalar is no device sync: the check is two
-    float reads on the host instead of tensor ops, about 30 us less per step on an
-    overhead-bound model."""
+    """The guard on CPU, where a read is no sync: host float checks, about 30 us less per step."""
 
     def check(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor | None) -> torch.Tensor | bool:
         ok = math.isfinite(loss_sum.item()) and (grad_norm is None or math.isfinite(grad_norm.item()))

@@ -1,29 +1,8 @@
 """``precision.mode = fp8``: bf16 autocast plus torchao's float8 training on the linear layers that
-benefit.
-
-torchao swaps the chosen ``nn.Linear`` layers for ``Float8Linear`` (dynamic scaling, recipe
-``tensorwise`` or ``rowwise``): their matmuls run in float8 (e4m3 forward, e5m2 for the output
-gradient), while the weights, gradients and optimizer state stay float32, so an fp8 checkpoint has
-the same keys and dtypes as a bf16 one and loads into either. On a GPU the speed needs
-``torch.compile`` (it fuses the scaling and casting around each matmul; eager fp8 is slower than
-bf16); it needs compute capability >= 8.9 (Ada, Hopper, Blackwell). ``precision.fp8_emulate``
-runs the same float8 rounding in higher-precision matmuls anywhere (CPU included): for
-correctness tests only.
-
-Which layers: both dimensions divisible by 16 (a float8 kernel requirement), the output layer only
-with ``precision.fp8_lm_head``, none whose name starts with a ``precision.fp8_skip`` prefix, and a
-size filter: ``precision.fp8_min_size`` (in x out features), or with 0 the thresholds torchao
-measured on H100 for each recipe (small matmuls lose more to scaling than float8 gains).
-
-Under FSDP2, ``precision.fp8_all_gather`` (tensorwise only) makes the float8 layers' weights
-torchao's ``WeightWithDynamicFloat8CastTensor``: FSDP2 then casts each shard to float8 before the
-all-gather (half bf16's bytes on the wire), with the scales of all weights computed in one
-all-reduce after each optimizer step. The parameters keep their identity (the optimizer's stay
-valid), the state dict holds plain float32 weights (checkpoints load anywhere, torchao or not),
-and the fallback unwraps them again.
-
-Never picked by ``auto`` (it changes the math); falls back to bf16-mixed on non-finite steps,
-where the float8 layers become plain linears again, in place, holding the same parameters.
+benefit (docs/fp8.md). Weights, gradients and optimizer state stay float32, so an fp8 checkpoint
+loads into a bf16 run and back; under FSDP2, ``precision.fp8_all_gather`` all-gathers the float8
+weights in float8 while the parameters keep their identity and the state dict stays plain.
+Never picked by ``auto`` (it changes the math); falls back to bf16-mixed, in place.
 """
 
 from __future__ import annotations
@@ -54,8 +33,7 @@ FP8_LAYER_CHOICES = ("filter", "timed")  # precision.fp8_layers: the size rule, 
 
 @dataclass(frozen=True)
 class FP8Settings(PrecisionConfig):
-    """``[precision]`` of an fp8 run: the shared switches and fp8's own (``precision.fp8_*``), read
-    when ``precision.mode = 'fp8'`` (:class:`FP8` registers them)."""
+    """``[precision]`` of an fp8 run: the shared switches and fp8's own (``precision.fp8_*``)."""
 
     fp8_emulate: bool = knob(
         False,
@@ -105,8 +83,7 @@ class FP8Settings(PrecisionConfig):
 
 
 def parse_layer_recipes(text: str) -> dict[str, str]:
-    """``precision.fp8_layer_recipes`` ('prefix=recipe,...') as prefix -> recipe; a malformed entry
-    or an unknown recipe: one line naming the field and the valid recipes."""
+    """``precision.fp8_layer_recipes`` ('prefix=recipe,...') as prefix -> recipe, else one line."""
     out: dict[str, str] = {}
     for entry in (e.strip() for e in text.split(",") if e.strip()):
         prefix, _, recipe = entry.partition("=")
@@ -120,8 +97,7 @@ def parse_layer_recipes(text: str) -> dict[str, str]:
 
 
 def float8_capable(caps: DeviceCaps) -> bool:
-    """Whether ``caps`` has float8 tensor cores (CUDA compute capability >= 8.9): the one statement
-    of the rule, asked by :meth:`FP8.check`, ``doctor`` and ``bench``."""
+    """Whether ``caps`` has float8 tensor cores (CUDA compute capability >= 8.9): the rule's one owner."""
     return caps.type == "cuda" and caps.capability is not None and caps.capability >= MIN_CAPABILITY
 
 
@@ -131,8 +107,8 @@ def torchao_available() -> bool:
 
 
 def float8_module() -> Any:
-    """``torchao.float8`` (with ``Float8Linear`` and the all-gather weight ``WeightWithDynamicFloat8CastTensor``),
-    imported on first use (two seconds; only fp8 runs pay it)."""
+    """``torchao.float8`` with ``Float8Linear`` and ``WeightWithDynamicFloat8CastTensor``, imported on
+    first use (two seconds; only fp8 runs pay it)."""
     with quiet_imports():
         import torchao.float8 as float8  # optional extra: turbotrain[fp8]
         from torchao.float8.float8_linear import Float8Linear
@@ -143,8 +119,7 @@ def float8_module() -> Any:
 
 
 def worth_converting(out_features: int, in_features: int, recipe: str, min_size: int) -> bool:
-    """The size filter: ``min_size`` > 0 is a bound on in x out; 0 takes torchao's per-recipe
-    thresholds (its H100 tables, torchao.float8's auto filter): N = out, K = in features."""
+    """The size filter: ``min_size`` > 0 bounds in x out; 0 takes torchao's per-recipe H100 thresholds."""
     if out_features % 16 or in_features % 16:
         return False
     if min_size:
@@ -153,6 +128,29 @@ def worth_converting(out_features: int, in_features: int, recipe: str, min_size:
     if recipe == "rowwise":
         return n > 2048 and k > 1024 and not (n <= 4096 and k <= 2048)
     return not (k <= 4096 and n <= 1024)
+
+
+def convert_linears(
+    module: nn.Module, recipes: dict[str, str], *, emulate: bool = False, all_gather: bool = False
+) -> list[str]:
+    """Swap the plain linears named in ``recipes`` (name -> recipe) for ``Float8Linear``, one
+    conversion per recipe; returns the names of the module's float8 layers."""
+    float8 = float8_module()
+    by_recipe: dict[str, set[str]] = {}
+    for name, recipe in recipes.items():
+        by_recipe.setdefault(recipe, set()).add(name)
+    for recipe, names in by_recipe.items():
+        config = dataclasses.replace(
+            float8.Float8LinearConfig.from_recipe_name(recipe),
+            emulate=emulate,
+            enable_fsdp_float8_all_gather=all_gather,
+        )
+        float8.convert_to_float8_training(
+            module,
+            config=config,
+            module_filter_fn=lambda m, name, names=names: name in names and type(m) is nn.Linear,
+        )
+    return [name for name, m in module.named_modules() if isinstance(m, float8.Float8Linear)]
 
 
 def output_layers(module: nn.Module) -> set[str]:
@@ -187,17 +185,10 @@ class FP8(BF16Mixed):
         layer_recipes: dict[str, str] | None = None,
     ) -> None:
         super().__init__(device)
-        # name prefix -> recipe, where a layer's differs from ``recipe`` (precision.fp8_layer_recipes)
-        self.layer_recipes = dict(layer_recipes or {})
-        self.recipe, self.emulate, self.min_size, self.lm_head, self.skip = (
-            recipe,
-            emulate,
-            min_size,
-            lm_head,
-            skip,
-        )
-        # asked for (precision.fp8_all_gather); it acts only on a model FSDP2 shards
-        self.all_gather = all_gather
+        self.layer_recipes = dict(layer_recipes or {})  # name prefix -> recipe where it is not ``recipe``
+        self.recipe, self.emulate, self.min_size, self.lm_head = recipe, emulate, min_size, lm_head
+        self.skip = skip
+        self.all_gather = all_gather  # asked for; it acts only on a model FSDP2 shards
         self.converted: list[str] = []  # names of the layers that run in float8
         self.kept: list[str] = []  # linear layers left in bf16, with the reason
         self.all_gathered: list[nn.Module] = []  # models whose float8 weights FSDP2 all-gathers in float8
@@ -251,8 +242,6 @@ class FP8(BF16Mixed):
 
     @classmethod
     def check(cls, caps: DeviceCaps, settings: PrecisionConfig) -> None:
-        """One line per refusal: no float8 hardware (without emulation), no torchao, a float8
-        all-gather with a recipe that has no single scale per weight."""
         settings = recast(settings, FP8Settings)
         cls.check_settings(settings)  # a plugin object's own fields: no config load checked them
         if not settings.fp8_emulate:
@@ -301,14 +290,13 @@ class FP8(BF16Mixed):
         return ""
 
     def recipe_of(self, name: str) -> str:
-        """The scaling recipe of linear layer ``name``: its ``precision.fp8_layer_recipes`` entry (the
-        longest matching prefix), else ``precision.fp8_recipe``."""
+        """The recipe of linear ``name``: its longest ``fp8_layer_recipes`` prefix, else ``fp8_recipe``."""
         hits = [p for p in self.layer_recipes if name.startswith(p)]
         return self.layer_recipes[max(hits, key=len)] if hits else self.recipe
 
     def layer_plan(self, module: nn.Module) -> dict[str, str]:
-        """Every plain linear layer of ``module`` by name: '' when it would run in float8, else why
-        not (the filter alone: no torchao needed, so ``doctor --model`` shows it anywhere)."""
+        """Every plain linear layer by name: '' when it would run in float8, else why not (no torchao
+        needed, so ``doctor --model`` shows it anywhere)."""
         outputs = output_layers(module)
         return {
             name: self.wants(m, name, outputs) for name, m in module.named_modules() if type(m) is nn.Linear
@@ -317,7 +305,6 @@ class FP8(BF16Mixed):
     def convert_module(self, module: nn.Module, *, sharded: bool = False) -> nn.Module:
         """Swap the linears the filter picks for ``Float8Linear``; with ``precision.fp8_all_gather``
         and ``sharded`` (FSDP2 shards the model next), their weights become the all-gather subclass."""
-        float8 = float8_module()
         all_gather = self.all_gather and sharded
         if self.all_gather and not sharded:
             log.info(
@@ -337,20 +324,9 @@ class FP8(BF16Mixed):
             for name, why in reasons.items()
             if not why
         }
-        by_recipe: dict[str, set[str]] = {}
-        for name in weights:
-            by_recipe.setdefault(self.recipe_of(name), set()).add(name)
-        for recipe, names in by_recipe.items():  # one conversion per recipe (fp8_layer_recipes: several)
-            config = dataclasses.replace(
-                float8.Float8LinearConfig.from_recipe_name(recipe),
-                emulate=self.emulate,
-                enable_fsdp_float8_all_gather=all_gather,
-            )
-            float8.convert_to_float8_training(
-                module, config=config, module_filter_fn=lambda m, name, names=names: name in names
-            )
-        layers = {name: m for name, m in module.named_modules() if isinstance(m, float8.Float8Linear)}
-        self.converted = list(layers)
+        recipes = {name: self.recipe_of(name) for name in weights}
+        self.converted = convert_linears(module, recipes, emulate=self.emulate, all_gather=all_gather)
+        layers = {name: module.get_submodule(name) for name in self.converted}
         self.kept = [f"{name}: {why}" for name, why in reasons.items() if why]
         if all_gather and layers:
             self._gather_in_float8(module, layers, weights)
@@ -365,8 +341,8 @@ class FP8(BF16Mixed):
     def _gather_in_float8(
         self, module: nn.Module, layers: dict[str, nn.Module], weights: dict[str, torch.Tensor]
     ) -> None:
-        """The converted ``layers``' weights made the float8 all-gather subclass, with the hooks
-        that keep checkpoints plain (a tied embedding's module too)."""
+        """The float8 ``layers``' weights made the all-gather subclass, with the hooks that keep
+        checkpoints plain (a tied embedding's module too)."""
         for name, layer in layers.items():
             _keep_identity(layer, weights[name])
         subclass = float8_module().WeightWithDynamicFloat8CastTensor
@@ -379,8 +355,7 @@ class FP8(BF16Mixed):
         self.all_gathered.append(module)
 
     def advice(self, reasons: Iterable[str]) -> str:
-        """What would convert layers that ``reasons`` (:meth:`wants`'s, for each kept layer) kept out,
-        by the reasons themselves: only the settings that are in the way, never one already at its end."""
+        """The settings that would convert layers :meth:`wants` kept out for ``reasons`` (none already at its end)."""
         why = set(reasons)
         fixes = []
         if any(r.endswith("(precision.fp8_min_size)") for r in why) and self.min_size != 1:
@@ -397,8 +372,7 @@ class FP8(BF16Mixed):
         )
 
     def revert_module(self, module: nn.Module) -> nn.Module:
-        """Float8 layers back to plain linears holding the same parameters (the optimizer's stay
-        valid), their all-gather weights unwrapped to plain tensors (FSDP2's gathers go bf16 again)."""
+        """Float8 layers back to plain linears holding the same parameters, all-gather weights unwrapped."""
         float8 = float8_module()
         for layer in module.modules():
             if type(layer) is float8.Float8Linear:
@@ -417,9 +391,8 @@ class FP8(BF16Mixed):
     def optimizer_step(
         self, optimizer: Optimizer, finite: Tensor | bool, grad_scale: Tensor | None = None
     ) -> None:
-        """The step, then (with the float8 all-gather) every float8 weight's scale for the next
-        all-gathers in one all-reduce, instead of one small all-reduce per weight inside them. A
-        skipped step leaves the weights, so the scales, as they were: no host sync is needed."""
+        """The step, then (float8 all-gather) every float8 weight's next scale in one all-reduce
+        instead of one per weight; a skipped step leaves the scales valid: no host sync."""
         super().optimizer_step(optimizer, finite, grad_scale)
         if self.all_gathered:
             precompute = float8_module().precompute_float8_dynamic_scale_for_fsdp
@@ -450,10 +423,8 @@ class FP8(BF16Mixed):
 
 
 def _keep_identity(layer: nn.Module, weight: torch.Tensor) -> None:
-    """torchao gives ``layer`` a new Parameter wrapping ``weight`` in the all-gather subclass. Swap
-    the two objects' contents so that ``weight`` itself becomes that subclass, wrapping a plain
-    tensor of the same storage: an optimizer built before ``Engine.setup`` (and FSDP2's mapping of
-    it) still holds the layer's weight, and a weight tied to another module stays tied."""
+    """torchao gave ``layer`` a new Parameter wrapping ``weight``: swap their contents so ``weight``
+    itself is the subclass (an optimizer built before ``setup`` and a tied weight keep it)."""
     wrapped: Any = layer.weight  # torchao's all-gather weight subclass (holds the plain tensor in _tensor)
     if wrapped is weight:
         return
@@ -466,10 +437,8 @@ def _keep_identity(layer: nn.Module, weight: torch.Tensor) -> None:
 def _plain_weights_in_state_dict(
     module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any
 ) -> None:
-    """State-dict hook of a module holding all-gather float8 weights: each as a plain float32
-    tensor (a DTensor of plain shards under FSDP2) sharing the parameter's storage, so checkpoints
-    (torch.save, or DCP, which loads in place on resume) hold what a bf16 run holds and load
-    without torchao."""
+    """State-dict hook: all-gather float8 weights as plain float32 tensors (DTensors of plain shards
+    under FSDP2) sharing their storage, so checkpoints load without torchao."""
     for name, _ in module.named_parameters(recurse=False):
         value = state_dict.get(prefix + name)
         if value is None:
@@ -493,10 +462,8 @@ def _plain_weights_in_state_dict(
 
 
 def _forget_precomputed_scales(module: nn.Module, incompatible_keys: Any) -> None:
-    """Load hook of a module holding all-gather float8 weights: the scales precomputed after the
-    last optimizer step describe the weights before the load, so they are dropped; the next
-    all-gather computes each from the loaded weight (as a step's precomputation would: a resume
-    gives the uninterrupted run's losses exactly)."""
+    """Load hook: the precomputed scales describe the weights before the load, so they are dropped
+    (the next all-gather computes them: a resume gives the uninterrupted run's losses exactly)."""
     for _, weight in module.named_parameters(recurse=False):
         inner = getattr(weight, "_local_tensor", weight)
         if hasattr(inner, "_precomputed_scale"):
@@ -505,12 +472,7 @@ def _forget_precomputed_scales(module: nn.Module, incompatible_keys: Any) -> Non
 
 def _unwrap_all_gather_weights(module: nn.Module, subclass: type) -> None:
     """Every all-gather weight of ``module`` back to a plain tensor, the Parameter objects kept.
-
-    Unsharded, the Parameter's contents are swapped for a plain one of the same storage. Under
-    FSDP2 the sharded DTensor parameter gets its plain inner shard as local tensor, and FSDP2's
-    per-parameter state that still describes the float8 all-gather (its flat shard, the float8
-    all-gather buffers, the unsharded parameter built from them) is dropped, so the next
-    all-gather is FSDP2's plain one in its mixed-precision dtype. That state is torch's private
+    Under FSDP2 its per-parameter float8 all-gather state is dropped too: torch's private state
     (checked with torch 2.13; the fallback test in tests/distributed fails if it moves)."""
     from torch.distributed.fsdp import FSDPModule  # on first use, as core/distributed.py imports FSDP2
 

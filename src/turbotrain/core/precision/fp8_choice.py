@@ -1,25 +1,15 @@
 """fp8 per layer, chosen by timing: float8 only where it measurably pays (docs/fp8.md).
 
-float8 saves time only when the matmul is large enough to repay the scaling and casting around it
-(users report fp8 slower than bf16 below a few billion parameters: Accelerate #2597, torchao
-#1297); torchao's size thresholds are one machine's guess. So each distinct linear shape (M x K x
-N, M the run's tokens per micro-batch) is timed forward + backward in bf16, fp8 tensorwise and
-rowwise (compiled where the run compiles: eager float8 is slower by construction), and a layer is
-converted, in its fastest recipe, only where that beats bf16 by ``margin``. The candidates are
-those fp8's own filter accepts with no size threshold. The decision table is written as JSON and
-markdown and kept in the measuring kit's decision cache (:mod:`turbotrain.core.meter.cache`) under
-a key of what makes it valid (device, versions, shapes, recipes, compile, margin).
-
-The fp8 plugin's start hook (:func:`timed_layers`, registered here) runs it for
-``precision.fp8_layers = 'timed'`` once the model is built, before the run's settings are final:
-the one file of fp8's preparation. The timer is a parameter: tests inject one (CPU float8 is
-emulation only, whose speed says nothing).
+torchao's size thresholds are one machine's guess, so each distinct linear shape (M x K x N, M the
+run's tokens per micro-batch) is timed forward + backward in bf16, tensorwise and rowwise, and a
+layer converted in its fastest recipe only where that beats bf16 by ``margin``; the decision is
+kept in the measuring kit's cache (:mod:`turbotrain.core.meter.cache`). The timer is a parameter:
+tests inject one (CPU float8 is emulation only, whose speed says nothing).
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import importlib.metadata
 import json
 import logging
@@ -40,7 +30,7 @@ from ...parts.hardware import device_name
 from ..meter import cache as meter_cache
 from ..meter.clock import time_call
 from ..meter.table import render_table
-from .fp8 import FP8, FP8_RECIPES, FP8Settings, float8_module
+from .fp8 import FP8, FP8_RECIPES, FP8Settings, convert_linears
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +56,7 @@ class LayerChoice:
 
 @dataclass
 class FP8Choice:
-    """The per-layer decision: ``layers`` (every candidate), ``kept`` (linear layers that were
-    never candidates, with fp8's reason), the margin, and whether it came from the cache."""
+    """The per-layer decision: ``layers`` (every candidate), ``kept`` (the others, with fp8's reason)."""
 
     layers: list[LayerChoice]
     kept: dict[str, str] = field(default_factory=dict)
@@ -131,8 +120,7 @@ class FP8Choice:
 
 
 def candidates(model: nn.Module, fp8: FP8) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
-    """The linear layers fp8's filter accepts with no size threshold, as name -> (K, N), and the
-    others with its reason (the size is what the timing decides)."""
+    """The linears fp8's filter accepts with no size threshold, as name -> (K, N); the others with why."""
     plan = FP8(lm_head=fp8.lm_head, skip=fp8.skip, min_size=1).layer_plan(model)
     shapes, kept = {}, {}
     for name, why in plan.items():
@@ -154,8 +142,7 @@ def decide(ms: dict[str, float], margin: float = MARGIN) -> str:
 
 
 def layer_rows(model: nn.Module, names: Iterable[str], forward: Callable[[], Any]) -> dict[str, int]:
-    """M of each named linear layer: the rows of its input (all dims but the last) in one
-    ``forward()`` of the run's micro-batch, run without gradients."""
+    """M of each named linear layer: its input's rows in one ``forward()``, without gradients."""
     rows: dict[str, int] = {}
 
     def record(name: str) -> Callable[..., None]:
@@ -185,10 +172,8 @@ def choose_fp8_layers(
     cache_dir: Path | None = None,
     key_parts: dict[str, Any] | None = None,
 ) -> FP8Choice:
-    """Time each distinct candidate shape once per recipe with ``timer`` and choose per layer (see
-    the module docstring). ``tokens_per_micro``: M for every layer, or per layer name
-    (:func:`layer_rows`; a layer that did not run is left out). With ``cache_dir``, a decision made
-    for the same key is read back."""
+    """Time each distinct candidate shape once per recipe and choose per layer. ``tokens_per_micro``:
+    M for every layer, or per layer name (one that did not run is left out); ``cache_dir``: read back."""
     shapes, kept = candidates(model, fp8)
     recipes = tuple(recipes)
     if isinstance(tokens_per_micro, int):
@@ -239,45 +224,21 @@ def timing_settings(device: torch.device, compile: bool, emulate: bool) -> dict[
 
 
 def apply_fp8_choice(model: nn.Module, choice: FP8Choice, emulate: bool = False) -> list[str]:
-    """Swap the chosen layers for torchao's ``Float8Linear``, each with its own recipe; returns
-    their names. Float8 layers revert as fp8's own do (:meth:`~.fp8.FP8.revert_module`)."""
-    float8 = float8_module()
-    by_recipe: dict[str, set[str]] = {}
-    for name, recipe in choice.converted.items():
-        by_recipe.setdefault(recipe, set()).add(name)
-    for recipe, names in by_recipe.items():
-        config = float8.Float8LinearConfig.from_recipe_name(recipe)
-        if emulate:
-            config = _replace(config, emulate=True)
-        float8.convert_to_float8_training(
-            model,
-            config=config,
-            module_filter_fn=lambda m, name, names=names: name in names and type(m) is nn.Linear,
-        )
-    return [name for name, m in model.named_modules() if isinstance(m, float8.Float8Linear)]
-
-
-def _replace(config: Any, **changes: Any) -> Any:
-    return dataclasses.replace(config, **changes)  # torchao's config is a frozen dataclass
+    """Swap the chosen layers for ``Float8Linear``, each in its recipe; returns their names."""
+    return convert_linears(model, choice.converted, emulate=emulate)
 
 
 def linear_timer(
     device: torch.device, *, compile: bool = False, emulate: bool = False, repeats: int = 10, warmup: int = 3
 ) -> Timer:
-    """The default timer: a one-layer ``nn.Linear(K, N)`` (no bias) at input M x K, forward +
-    backward under bf16 autocast, plain or converted to float8 with the recipe, compiled when the
-    run compiles; the median of ``repeats`` after ``warmup`` by the measuring kit's clock
-    (:func:`~turbotrain.core.meter.clock.time_call`; timing only, never in training)."""
+    """The default timer: ``nn.Linear(K, N)`` at input M x K, forward + backward under bf16 autocast,
+    in bf16 or the recipe, compiled or not; the median of ``repeats`` by the kit's clock."""
 
     def timer(shape: Shape, recipe: str) -> float:
         m, k, n = shape
         layer = nn.Sequential(nn.Linear(k, n, bias=False)).to(device)
         if recipe != BF16:
-            float8 = float8_module()
-            config = float8.Float8LinearConfig.from_recipe_name(recipe)
-            if emulate:
-                config = _replace(config, emulate=True)
-            float8.convert_to_float8_training(layer, config=config)
+            convert_linears(layer, {"0": recipe}, emulate=emulate)
         fn: Callable[[torch.Tensor], torch.Tensor] = torch.compile(layer) if compile else layer
         x = torch.randn(m, k, device=device, requires_grad=True)
 
@@ -300,9 +261,7 @@ def time_fp8_layers(
     cache_dir: Path | None = None,
     timer: Timer | None = None,
 ) -> FP8Choice:
-    """The decision for ``model`` at the micro-batch ``forward()`` runs: each candidate's M from
-    that forward (:func:`layer_rows`), timed with :func:`linear_timer` on ``device`` (or ``timer``),
-    cached under the device's name, torch's and torchao's versions and ``compile``."""
+    """The decision for ``model`` at the micro-batch ``forward()`` runs, timed on ``device``."""
     shapes, _ = candidates(model, fp8)
     rows = layer_rows(model, shapes, forward)
     return choose_fp8_layers(
@@ -334,11 +293,8 @@ def choose_for_run(
     cache_dir: Path | None = None,
 ) -> tuple[RunConfig, FP8Choice]:
     """``precision.fp8_layers = 'timed'`` for a run: M of each layer from one forward of ``example``
-    (shapes only, on the meta device; a real CPU forward where the model cannot run there), each
-    shape timed on ``device`` in bf16, tensorwise and rowwise (compiled when the run compiles), and
-    each layer converted in its fastest float8 recipe only where that beats bf16 by the margin
-    (tensorwise only under ``precision.fp8_all_gather``). Returns the config whose fp8 filter
-    converts exactly those layers, and the decision, written to ``run_dir``."""
+    (on the meta device; a real one where the model cannot run there), the decision written to
+    ``run_dir``, and the config whose fp8 filter converts exactly the chosen layers."""
     own = recast(config.precision, FP8Settings)  # the run's [precision], typed as fp8's
     fp8 = FP8.from_settings(device, own)
     names, _ = candidates(model, fp8)
@@ -368,9 +324,7 @@ def choose_for_run(
 
 
 def _filter_settings(own: FP8Settings, choice: FP8Choice) -> dict[str, Any]:
-    """The fp8 filter that converts exactly the chosen layers: the others named in
-    ``precision.fp8_skip``, the size threshold off, a recipe other than ``precision.fp8_recipe``
-    in ``precision.fp8_layer_recipes``."""
+    """The fp8 filter that converts exactly the chosen layers (the others in ``fp8_skip``)."""
     skip = [p.strip() for p in own.fp8_skip.split(",") if p.strip()]
     # whole names as prefixes: no GPT layer name is the start of another one's
     skip += [c.layer for c in choice.layers if c.choice == BF16 and c.layer not in skip]
@@ -383,9 +337,7 @@ def _filter_settings(own: FP8Settings, choice: FP8Choice) -> dict[str, Any]:
 
 
 def timed_layers(start: Start) -> tuple[RunConfig, dict[str, Any]]:
-    """fp8's start hook: for ``precision.fp8_layers = 'timed'``, the settings that convert the
-    layers where float8 pays (:func:`choose_for_run`, at the run's micro-batch; 8 while the batch
-    search has yet to choose it) and the decision for the summary (``fp8_layers``)."""
+    """fp8's start hook: :func:`choose_for_run` at the run's micro-batch (8 before the batch search)."""
     c = start.config
     if not isinstance(c.precision, FP8Settings) or c.precision.fp8_layers != "timed":
         return c, {}
