@@ -1,10 +1,6 @@
-"""Reference GPT: a pre-LayerNorm decoder with tied embeddings and SDPA attention.
-
-Two attention paths compute the same thing: ``sdpa`` passes ``is_causal=True`` so PyTorch can
-choose the flash kernel and never materialises a T x T mask; ``masked`` passes an explicit
-additive mask (what padded or custom masks need), cached per (length, device, dtype) so it is
-built once rather than every forward.
-"""
+"""Reference GPT: a pre-LayerNorm decoder with tied embeddings and SDPA attention. ``sdpa``
+(``is_causal``: flash kernels, no T x T mask) and ``masked`` (an explicit additive mask, what
+padded or custom masks need, cached per (length, device, dtype)) compute the same thing."""
 
 from __future__ import annotations
 
@@ -39,9 +35,7 @@ class GPTConfig:
     block_size: int = 128
     dropout: float = 0.0
     attention: str = "sdpa"  # "sdpa" | "masked"
-    # "full" (logits, then cross-entropy) | "chunked" (models/loss.py: no full logits) | "fused" (torch's
-    # linear_cross_entropy, torch >= 2.13: no full logits either)
-    loss: str = "full"
+    loss: str = "full"  # "full" | "chunked" | "fused" (models/loss.py)
     sdpa_backend: str = "auto"  # "auto" (PyTorch's choice) or the SDPA kernel to prefer, with fallback
 
 
@@ -86,28 +80,44 @@ def sdpa_preference(backend: str) -> Callable[[], ContextManager[Any]]:
     return functools.partial(sdpa_kernel, order, set_priority=True)
 
 
-class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: GPTConfig) -> None:
+class SDPAttention(nn.Module):
+    """The causal SDPA call both decoders' attentions share: ``is_causal`` (flash kernels), or the
+    cached additive mask with ``attention = 'masked'`` or a mask given."""
+
+    def __init__(self, cfg: Any) -> None:
         super().__init__()
-        self.n_head = cfg.n_head
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.dropout = cfg.dropout
         self.masked = cfg.attention == "masked"
         self.sdpa_context = sdpa_preference(cfg.sdpa_backend)
 
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        gqa: bool = False,
+    ) -> torch.Tensor:
+        p = self.dropout if self.training else 0.0
+        if attn_mask is None and self.masked:
+            attn_mask = causal_mask(q.shape[2], q.device, q.dtype)
+        with self.sdpa_context():
+            if attn_mask is None:
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=gqa)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p, enable_gqa=gqa)
+
+
+class CausalSelfAttention(SDPAttention):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__(cfg)
+        self.n_head = cfg.n_head
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
-        p = self.dropout if self.training else 0.0
-        if attn_mask is None and self.masked:
-            attn_mask = causal_mask(T, q.device, q.dtype)
-        with self.sdpa_context():
-            if attn_mask is None:
-                y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-            else:
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+        return self.proj(self.attend(q, k, v, attn_mask).transpose(1, 2).reshape(B, T, C))
 
 
 class Block(nn.Module):
@@ -129,12 +139,9 @@ class Block(nn.Module):
 
 
 class DecoderLM(nn.Module):
-    """What the decoder-only language models here share (the GPT, the MoE GPT, the Llama): the
-    sequence-length check, the output layer ``lm_head`` and its loss (``cfg.loss``), FLOPs per
-    token for MFU and sampling. A subclass builds ``cfg`` (``vocab_size``, ``n_layer``, ``n_head``,
-    ``d_model``, ``block_size``, ``loss``), ``wte`` and ``lm_head``, and gives its final hidden
-    states (:meth:`hidden`) and its matmul parameter count (:meth:`num_params`).
-
+    """What the GPT, the MoE GPT and the Llama share: the sequence-length check, ``lm_head`` and
+    its loss (``cfg.loss``), FLOPs per token and sampling. A subclass builds ``wte`` and
+    ``lm_head`` and gives :meth:`hidden` and :meth:`num_params`.
     ``model(idx)`` -> logits (B, T, vocab); ``model(idx, targets)`` -> mean cross-entropy loss."""
 
     cfg: Any

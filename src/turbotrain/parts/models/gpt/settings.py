@@ -1,16 +1,10 @@
-"""The GPT family's settings: its fields of ``[model]`` (depth, width, sequence length, attention,
-loss), their valid values and the rules that span them. The mixture-of-experts family uses the
-same backbone (its experts are :mod:`turbotrain.parts.models.moe.settings`).
-
-They are a variant of ``[model]`` (``GPTSettings`` subclasses ``ModelConfig``), read when
-``model.arch`` names a family with the GPT backbone (registered on import,
-:func:`turbotrain.base.config.register_settings`): ``config.model`` is then a ``GPTSettings``,
-which :func:`gpt_settings` hands out typed. ``tune`` asks :func:`speed_choices` which of them it may
-search.
-"""
+"""The GPT family's settings: its fields of ``[model]`` (a ``GPTSettings``, which :func:`gpt_settings`
+hands out typed), their valid values and the rules that span them; the mixture-of-experts and
+Llama families use the same backbone. ``tune`` asks :func:`speed_choices` which it may search."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ....base.config import ModelConfig, RunConfig, knob, register_settings, setting
@@ -89,6 +83,20 @@ def speed_choices(cuda: bool) -> dict[str, tuple[str, ...]]:
     if cuda:
         choices["model.sdpa_backend"] = tuple(b for b in SDPA_BACKENDS if b != "math")
     return choices
+
+
+def unused_family(config: RunConfig, given: Sequence[str], arch: str, workload_fix: str = "") -> str:
+    """A family's own settings given (``--<arch>.*`` flags, an override dict) for a run of another
+    family would do nothing: one line (files are not held to this: there the section is unused)."""
+    m = config.model
+    if m.arch == arch and not m.workload:
+        return ""
+    fix = workload_fix if m.workload and workload_fix else f"use {setting('model.arch', arch)}"
+    return (
+        f"{', '.join(f'{arch}.{k}' for k in given)} configure model.arch = {arch!r} and this run is "
+        f"{'your model (model.workload)' if m.workload else f'model.arch = {m.arch!r}'}: they would do "
+        f"nothing; drop them, or {fix}"
+    )
 
 
 register_settings("model", GPTSettings, when="model.arch=gpt", check=check_gpt)

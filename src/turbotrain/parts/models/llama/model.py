@@ -1,11 +1,6 @@
-"""A Llama-style decoder: RMSNorm before attention and MLP, a SwiGLU MLP, rotary positions (no
-position embedding), grouped-query attention through ``F.scaled_dot_product_attention`` with
-``is_causal`` (``n_kv_head`` key/value heads shared by ``n_head / n_kv_head`` query heads each),
-no biases, and the output layer tied to the token embedding or its own (``tie_embeddings``).
-
-The rotary angles are computed once per forward in fp32 and handed to every block, so nothing
-position-dependent is a parameter or a saved buffer (a checkpoint holds the weights only).
-"""
+"""A Llama-style decoder: RMSNorm, a SwiGLU MLP, rotary positions, grouped-query attention through
+SDPA (``n_kv_head`` key/value heads), no biases, the output layer tied or not (``tie_embeddings``).
+The rotary angles are computed per forward in fp32: nothing position-dependent is checkpointed."""
 
 from __future__ import annotations
 
@@ -16,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..gpt.model import DecoderLM, causal_mask, sdpa_preference
+from ..gpt.model import DecoderLM, SDPAttention
 
 
 @dataclass(frozen=True)
@@ -55,19 +50,16 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return out.type_as(x)
 
 
-class Attention(nn.Module):
+class Attention(SDPAttention):
     """Grouped-query causal self-attention with rotary positions."""
 
     def __init__(self, cfg: LlamaConfig) -> None:
-        super().__init__()
+        super().__init__(cfg)
         self.n_head, self.n_kv_head = cfg.n_head, cfg.n_kv_head
         self.head_dim = cfg.d_model // cfg.n_head
         self.q = nn.Linear(cfg.d_model, cfg.n_head * self.head_dim, bias=False)
         self.kv = nn.Linear(cfg.d_model, 2 * cfg.n_kv_head * self.head_dim, bias=False)
         self.proj = nn.Linear(cfg.n_head * self.head_dim, cfg.d_model, bias=False)
-        self.dropout = cfg.dropout
-        self.masked = cfg.attention == "masked"
-        self.sdpa_context = sdpa_preference(cfg.sdpa_backend)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn_mask: torch.Tensor | None = None
@@ -76,15 +68,8 @@ class Attention(nn.Module):
         q = self.q(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k, v = self.kv(x).view(B, T, 2, self.n_kv_head, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        p = self.dropout if self.training else 0.0
-        gqa = self.n_kv_head != self.n_head  # SDPA shares each key/value head among its query heads
-        if attn_mask is None and self.masked:
-            attn_mask = causal_mask(T, q.device, q.dtype)
-        with self.sdpa_context():
-            if attn_mask is None:
-                y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=gqa)
-            else:
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p, enable_gqa=gqa)
+        # SDPA shares each key/value head among its query heads
+        y = self.attend(q, k, v, attn_mask, gqa=self.n_kv_head != self.n_head)
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -118,8 +103,7 @@ class Block(nn.Module):
 
 
 class Llama(DecoderLM):
-    """``model(idx)`` -> logits (B, T, vocab); ``model(idx, targets)`` -> mean cross-entropy loss
-    (the forward, the loss, FLOPs per token and sampling are :class:`DecoderLM`'s)."""
+    """``model(idx)`` -> logits (B, T, vocab); ``model(idx, targets)`` -> mean cross-entropy loss."""
 
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__(cfg)

@@ -1,25 +1,20 @@
-"""The Llama family's own settings: its ``[llama]`` section (grouped-query heads, the SwiGLU width,
-the rotary base, RMSNorm's epsilon, tied embeddings). Depth, width, heads, sequence length,
-vocabulary, attention and loss are ``[model]``'s, as for the GPT
-(:mod:`turbotrain.parts.models.gpt.settings`).
-
-Registered on import (:func:`turbotrain.base.config.register_settings`): ``[llama]`` is read when
-``model.arch = 'llama'`` (``config.table(LlamaSettings)``), and ``[model]`` as the GPT's settings.
-"""
+"""The Llama family's own ``[llama]`` settings (grouped-query heads, the SwiGLU width, the rotary
+base, RMSNorm's epsilon, tied embeddings); depth, width, heads, sequence length, vocabulary,
+attention and loss are ``[model]``'s, as for the GPT. Read when ``model.arch = 'llama'``."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
 from dataclasses import dataclass
 
 from ....base.config import RunConfig, knob, register_settings, setting
 from ....base.errors import ConfigError
-from ..gpt.settings import GPTSettings, check_gpt, gpt_settings
+from ..gpt.settings import GPTSettings, check_gpt, gpt_settings, unused_family
 
 
 @dataclass(frozen=True)
 class LlamaSettings:
-    """``model.arch = 'llama'``'s own settings (a ``--llama.*`` flag given for another family is refused)."""
+    """``model.arch = 'llama'``'s own settings."""
 
     n_kv_head: int = knob(
         0,
@@ -63,18 +58,6 @@ def check_llama(config: RunConfig) -> None:
         )
 
 
-def unused_llama(config: RunConfig, given: Sequence[str]) -> str:
-    """``--llama.*`` settings for a run of another family would do nothing: one line."""
-    m = config.model
-    if m.arch == "llama" and not m.workload:
-        return ""
-    return (
-        f"{', '.join(f'llama.{k}' for k in given)} configure model.arch = 'llama' and this run is "
-        f"{'your model (model.workload)' if m.workload else f'model.arch = {m.arch!r}'}: they would do "
-        f"nothing; drop them, or use {setting('model.arch', 'llama')}"
-    )
-
-
 register_settings("model", GPTSettings, when="model.arch=llama", check=check_gpt)  # the GPT's [model]
 register_settings(
     "llama",
@@ -82,6 +65,6 @@ register_settings(
     when="model.arch=llama",
     after="moe",
     check=check_llama,
-    unused=unused_llama,
+    unused=functools.partial(unused_family, arch="llama"),
     model_shape=True,
 )

@@ -1,16 +1,10 @@
-"""Mixture-of-experts GPT: the reference GPT (:mod:`..gpt`) with the routed expert layer
-(:class:`~turbotrain.parts.models.moe.layer.MoE`, whose docstring says how routing, load balancing and
-the expert compute work) in every ``moe_every``-th block (workload W3: the GPT-2 small backbone
-with 8 experts, top-2).
+"""Mixture-of-experts GPT (workload W3): the reference GPT with the routed expert layer
+(:class:`~turbotrain.parts.models.moe.layer.MoE`) in every ``moe_every``-th block.
 
-The GPT keeps its MoE blocks' bookkeeping at the top of its own forward (:class:`MoEMLP` is a
-``managed`` layer): the router-bias update before any block runs and the token counts after, so
-activation checkpointing's recompute of a block routes exactly as the forward did; and it adds
-``aux_loss_coef x`` the *mean* load-balancing loss over its MoE blocks to the loss it returns
-(``model(idx, targets)`` while training), so its layers leave nothing for the engine to add.
-
-FLOPs count the *active* parameters per token (:meth:`MoEGPT.flops_per_token`): the experts a
-token does not visit cost it nothing.
+The GPT keeps its MoE blocks' bookkeeping at the top of its own forward (:class:`MoEMLP` is
+``managed``): the router-bias update before any block runs and the token counts after, so
+activation checkpointing's recompute routes exactly as the forward did; it adds ``aux_loss_coef
+x`` the *mean* load-balancing loss over its MoE blocks to the loss it returns while training.
 """
 
 from __future__ import annotations
@@ -53,12 +47,10 @@ class MoEConfig(GPTConfig):
 
 
 class MoEMLP(MoE):
-    """The GPT's MoE block MLP: a :class:`MoE` layer built from a :class:`MoEConfig`, its second
-    projection initialised with GPT-2's residual scaling, ``managed`` by :class:`MoEGPT` (which
-    moves its bias, counts its tokens and adds the mean load-balancing loss itself)."""
+    """The GPT's MoE block MLP, ``managed`` by :class:`MoEGPT`, its second projection initialised
+    with GPT-2's residual scaling."""
 
     def __init__(self, cfg: MoEConfig) -> None:
-        # GPT-2's residual-projection scaling
         super().__init__(
             cfg.d_model,
             cfg.n_experts,
@@ -74,9 +66,7 @@ class MoEMLP(MoE):
 
 
 class MoEGPT(GPT):
-    """The reference GPT whose every ``moe_every``-th block has a :class:`MoEMLP`.
-    ``model(idx)`` -> logits; ``model(idx, targets)`` -> cross-entropy, plus ``aux_loss_coef`` x
-    the mean load-balancing loss over MoE blocks while training."""
+    """The reference GPT whose every ``moe_every``-th block has a :class:`MoEMLP`."""
 
     def __init__(self, cfg: MoEConfig) -> None:
         super().__init__(cfg)
@@ -109,23 +99,21 @@ class MoEGPT(GPT):
                 out = out + self.cfg.aux_loss_coef * aux
         return out
 
-    def num_active_params(self, non_embedding: bool = True) -> int:
-        """Parameters one token meets: all but the experts it is not routed to."""
-        c = self.cfg
+    def _with_experts(self, experts: int, non_embedding: bool) -> int:
+        """The parameter count with ``experts`` experts per MoE block in place of this rank's."""
         layers = self.moe_layers()
         local = sum(layer.w1.numel() + layer.w2.numel() for layer in layers)  # this rank's experts
         per_expert = sum(layer.w1[0].numel() + layer.w2[0].numel() for layer in layers)
-        return self.num_params(non_embedding) - local + c.top_k * per_expert
+        return self.num_params(non_embedding) - local + experts * per_expert
+
+    def num_active_params(self, non_embedding: bool = True) -> int:
+        """Parameters one token meets: all but the experts it is not routed to."""
+        return self._with_experts(self.cfg.top_k, non_embedding)
 
     def num_total_params(self, non_embedding: bool = True) -> int:
         """Every expert counted, also those other ranks hold under expert parallelism."""
-        layers = self.moe_layers()
-        local = sum(layer.w1.numel() + layer.w2.numel() for layer in layers)
-        per_expert = sum(layer.w1[0].numel() + layer.w2[0].numel() for layer in layers)
-        return self.num_params(non_embedding) - local + self.cfg.n_experts * per_expert
+        return self._with_experts(self.cfg.n_experts, non_embedding)
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token on *active* parameters: 6 N_active + 12 L H Q T."""
-        cfg = self.cfg
-        T = seq_len or cfg.block_size
-        return 6 * self.num_active_params() + 12 * cfg.n_layer * cfg.n_head * (cfg.d_model // cfg.n_head) * T
+        return super().flops_per_token(seq_len) - 6 * (self.num_params() - self.num_active_params())

@@ -1,11 +1,8 @@
-"""The mixture-of-experts family's settings: its own ``[moe]`` section (the experts; the GPT
-backbone is ``[model]``'s, :mod:`turbotrain.parts.models.gpt.settings`), the expert-compute choices
-(:data:`MOE_IMPLS`, which the :class:`~turbotrain.parts.models.moe.layer.MoE` layer of any model
-takes too), the rules that span them and the names they had in ``[model]`` before they moved.
-
-Registered on import (:func:`turbotrain.base.config.register_settings`): ``[moe]`` is read when
-``model.arch = 'moe'`` (``config.table(MoESettings)``), and ``[model]`` as the GPT's settings; its
-start hook (:func:`grown`) builds a resume past ``moe.grow_at_step`` with the grown experts.
+"""The mixture-of-experts family's own ``[moe]`` settings (the experts; the GPT backbone is
+``[model]``'s), the expert-compute choices (:data:`MOE_IMPLS`, which the
+:class:`~turbotrain.parts.models.moe.layer.MoE` layer of any model takes too), the rules that span
+them and the names they had in ``[model]``. Its start hook (:func:`grown`) builds a resume past
+``moe.grow_at_step`` with the grown experts.
 """
 
 from __future__ import annotations
@@ -16,16 +13,14 @@ from dataclasses import dataclass
 from ....base.config import MAX_STEPS, RunConfig, knob, register_settings, setting
 from ....base.config_plugins import Start, register_start
 from ....base.errors import ConfigError
-from ..gpt.settings import GPTSettings, check_gpt, gpt_settings
+from ..gpt.settings import GPTSettings, check_gpt, gpt_settings, unused_family
 
 MOE_IMPLS = ("auto", "grouped", "batched", "loop")
 
 
 @dataclass(frozen=True)
 class MoESettings:
-    """The mixture-of-experts family's own settings (``model.arch = 'moe'``): the GPT backbone comes
-    from ``[model]``, the experts from here. Unused by other families (a ``--moe.*`` flag given for
-    one is refused: it would silently do nothing)."""
+    """The mixture-of-experts family's own settings (``model.arch = 'moe'``)."""
 
     n_experts: int = knob(8, "experts per MoE block", min=1, max=4096)
     top_k: int = knob(2, "experts each token is routed to (at most n_experts)", min=1, max=4096)
@@ -143,22 +138,9 @@ def check_moe(config: RunConfig) -> None:
 
 
 def unused_moe(config: RunConfig, given: Sequence[str]) -> str:
-    """[moe] settings the caller gave (``--moe.*`` flags, an override dict) for a run of another family
-    would do nothing: one line. Files are not held to this (a preset switched to another arch, a run
-    saved with a setting that never applied): there the section is unused."""
-    m = config.model
-    if m.arch == "moe" and not m.workload:
-        return ""
-    fix = (
-        "a workload's MoE layers take their own arguments (turbotrain.MoE(...)) in your FUNC"
-        if m.workload
-        else f"use {setting('model.arch', 'moe')}"
-    )
-    return (
-        f"{', '.join(f'moe.{k}' for k in given)} configure model.arch = 'moe' and this run is "
-        f"{'your model (model.workload)' if m.workload else f'model.arch = {m.arch!r}'}: they would do "
-        f"nothing; drop them, or {fix}"
-    )
+    """``--moe.*`` settings for a run of another family would do nothing: one line."""
+    fix = "a workload's MoE layers take their own arguments (turbotrain.MoE(...)) in your FUNC"
+    return unused_family(config, given, "moe", fix)
 
 
 register_settings("model", GPTSettings, when="model.arch=moe", check=check_gpt)  # the GPT backbone
