@@ -1,14 +1,11 @@
-"""Datasheet peaks of common accelerators, looked up from the device name, and MFU.
+"""Datasheet peaks of common accelerators, looked up from the device name, and MFU (model FLOPs
+utilisation, PaLM convention: model FLOPs per second over the dense peak of the precision in use).
+The peaks are the vendors' figures WITHOUT structured sparsity (NVIDIA often quotes the 2x sparse
+one first) and, for GeForce/RTX cards, with fp32 accumulation, which PyTorch uses. An unknown
+device is not an error: :func:`lookup_peak` returns ``None`` and callers leave MFU out.
 
-MFU (model FLOPs utilisation, PaLM convention) = model FLOPs actually computed per second divided
-by the device's dense peak for the precision in use. The peaks below are the vendors' datasheet
-figures WITHOUT structured sparsity (NVIDIA often quotes the 2x sparse figure first) and, for
-GeForce/RTX cards, with fp32 accumulation, which is what PyTorch uses.
-
-An unknown device is not an error: :func:`lookup_peak` returns ``None`` and callers leave MFU out.
-
-Also the NVML access shared by ``turbotrain doctor`` and the monitor's background sampler
-(nvidia-ml-py, imported lazily: without it, or without a driver, NVML reports "unavailable").
+Also the NVML access of ``turbotrain doctor`` and the monitor's sampler (nvidia-ml-py, imported
+lazily: without it, or without a driver, NVML reports "unavailable").
 """
 
 from __future__ import annotations
@@ -119,26 +116,25 @@ def register_peak(name: str, key: str) -> None:
     PEAK_KEYS[name] = key
 
 
+_PEAK_PREFIXES = (
+    (("bf16", "bfloat16"), "bf16"),
+    (("fp16", "float16", "half", "16-mixed"), "fp16"),
+    (("fp8", "float8"), "fp8"),
+    (("tf32",), "tf32"),
+    (("fp32", "float32", "32"), "fp32"),
+)
+
+
 def precision_key(precision: Any, *, tf32: bool = False) -> str:
     """The one precision-to-peak map: a precision name ("bf16-mixed", "fp8", a registered plugin's name,
     "fp16", "tf32", "fp32") or a dtype (``torch.bfloat16``) to a key of :class:`DeviceSpec`'s
     ``*_tflops`` fields; fp32 work counts at the TF32 peak when ``tf32`` (float32 matmuls on TF32
     tensor cores: :func:`tf32_enabled`)."""
-    registered = PEAK_KEYS.get(str(precision))
-    if registered is not None:
-        return "tf32" if registered == "fp32" and tf32 else registered
     p = str(precision).lower().removeprefix("torch.")
-    if p.startswith(("bf16", "bfloat16")):
-        return "bf16"
-    if p.startswith(("fp16", "float16", "half", "16-mixed")):
-        return "fp16"
-    if p.startswith(("fp8", "float8")):
-        return "fp8"
-    if p.startswith("tf32"):
-        return "tf32"
-    if p.startswith(("fp32", "float32", "32")):
-        return "tf32" if tf32 else "fp32"
-    raise ValueError(f"unknown precision {precision!r}; expected one of bf16, fp16, fp8, tf32, fp32")
+    key = PEAK_KEYS.get(str(precision)) or next((k for pre, k in _PEAK_PREFIXES if p.startswith(pre)), None)
+    if key is None:
+        raise ValueError(f"unknown precision {precision!r}; expected one of bf16, fp16, fp8, tf32, fp32")
+    return "tf32" if key == "fp32" and tf32 else key
 
 
 def tf32_enabled(conv: bool = False) -> bool:
@@ -152,44 +148,40 @@ def tf32_enabled(conv: bool = False) -> bool:
     )
 
 
-def _spec(name: str, bf16, fp16, tf32, fp32, fp8, bw, mem=None) -> DeviceSpec:
-    return DeviceSpec(name, bf16, fp16, tf32, fp32, fp8, bw, mem)
-
-
 # (pattern matched case-insensitively against torch.cuda.get_device_name(), spec); first match wins,
 # so the more specific variants come before the generic name. Names seen in the wild:
 # "NVIDIA H100 80GB HBM3" (SXM), "NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H200",
 # "NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe", "NVIDIA A100-PCIE-40GB", "Tesla V100-SXM2-16GB".
 DEVICE_SPECS: list[tuple[str, DeviceSpec]] = [
     # Blackwell
-    (r"\bB200\b", _spec("NVIDIA B200", 2250, 2250, 1100, 80, 4500, 8000, 180)),
+    (r"\bB200\b", DeviceSpec("NVIDIA B200", 2250, 2250, 1100, 80, 4500, 8000, 180)),
     # Hopper
-    (r"\bH200 NVL\b", _spec("NVIDIA H200 NVL", 835, 835, 418, 60, 1671, 4800, 141)),
-    (r"\bH200\b", _spec("NVIDIA H200 SXM", 989, 989, 495, 67, 1979, 4800, 141)),
-    (r"\bH100 NVL\b", _spec("NVIDIA H100 NVL", 835, 835, 418, 60, 1671, 3900, 94)),
-    (r"\bH100\b.*PCIe", _spec("NVIDIA H100 PCIe", 756, 756, 378, 51, 1513, 2000, 80)),
-    (r"\bH100\b", _spec("NVIDIA H100 SXM", 989, 989, 495, 67, 1979, 3350, 80)),
+    (r"\bH200 NVL\b", DeviceSpec("NVIDIA H200 NVL", 835, 835, 418, 60, 1671, 4800, 141)),
+    (r"\bH200\b", DeviceSpec("NVIDIA H200 SXM", 989, 989, 495, 67, 1979, 4800, 141)),
+    (r"\bH100 NVL\b", DeviceSpec("NVIDIA H100 NVL", 835, 835, 418, 60, 1671, 3900, 94)),
+    (r"\bH100\b.*PCIe", DeviceSpec("NVIDIA H100 PCIe", 756, 756, 378, 51, 1513, 2000, 80)),
+    (r"\bH100\b", DeviceSpec("NVIDIA H100 SXM", 989, 989, 495, 67, 1979, 3350, 80)),
     # Ada
-    (r"\bL40S\b", _spec("NVIDIA L40S", 362, 362, 183, 91.6, 733, 864, 48)),
-    (r"\bL40\b", _spec("NVIDIA L40", 181, 181, 90.5, 90.5, 362, 864, 48)),
-    (r"\bL4\b", _spec("NVIDIA L4", 121, 121, 60, 30.3, 242, 300, 24)),
-    (r"RTX 4090", _spec("NVIDIA GeForce RTX 4090", 165.2, 165.2, 82.6, 82.6, 330.3, 1008, 24)),
+    (r"\bL40S\b", DeviceSpec("NVIDIA L40S", 362, 362, 183, 91.6, 733, 864, 48)),
+    (r"\bL40\b", DeviceSpec("NVIDIA L40", 181, 181, 90.5, 90.5, 362, 864, 48)),
+    (r"\bL4\b", DeviceSpec("NVIDIA L4", 121, 121, 60, 30.3, 242, 300, 24)),
+    (r"RTX 4090", DeviceSpec("NVIDIA GeForce RTX 4090", 165.2, 165.2, 82.6, 82.6, 330.3, 1008, 24)),
     # Ampere
     (
         r"\bA100\b.*80GB PCIe|\bA100\b.*PCIE.*80",
-        _spec("NVIDIA A100 80GB PCIe", 312, 312, 156, 19.5, None, 1935, 80),
+        DeviceSpec("NVIDIA A100 80GB PCIe", 312, 312, 156, 19.5, None, 1935, 80),
     ),
-    (r"\bA100\b.*PCIE", _spec("NVIDIA A100 40GB PCIe", 312, 312, 156, 19.5, None, 1555, 40)),
-    (r"\bA100\b.*80", _spec("NVIDIA A100 80GB SXM", 312, 312, 156, 19.5, None, 2039, 80)),
-    (r"\bA100\b", _spec("NVIDIA A100 40GB SXM", 312, 312, 156, 19.5, None, 1555, 40)),
-    (r"\bA10\b", _spec("NVIDIA A10", 125, 125, 62.5, 31.2, None, 600, 24)),
-    (r"RTX A6000", _spec("NVIDIA RTX A6000", 154.8, 154.8, 77.4, 38.7, None, 768, 48)),
-    (r"RTX 3090", _spec("NVIDIA GeForce RTX 3090", 71, 71, 35.6, 35.6, None, 936, 24)),
+    (r"\bA100\b.*PCIE", DeviceSpec("NVIDIA A100 40GB PCIe", 312, 312, 156, 19.5, None, 1555, 40)),
+    (r"\bA100\b.*80", DeviceSpec("NVIDIA A100 80GB SXM", 312, 312, 156, 19.5, None, 2039, 80)),
+    (r"\bA100\b", DeviceSpec("NVIDIA A100 40GB SXM", 312, 312, 156, 19.5, None, 1555, 40)),
+    (r"\bA10\b", DeviceSpec("NVIDIA A10", 125, 125, 62.5, 31.2, None, 600, 24)),
+    (r"RTX A6000", DeviceSpec("NVIDIA RTX A6000", 154.8, 154.8, 77.4, 38.7, None, 768, 48)),
+    (r"RTX 3090", DeviceSpec("NVIDIA GeForce RTX 3090", 71, 71, 35.6, 35.6, None, 936, 24)),
     # Volta / Turing: no bf16 or tf32 tensor cores (auto precision uses fp16 + GradScaler there)
-    (r"\bV100S\b", _spec("NVIDIA V100S PCIe", None, 130, None, 16.4, None, 1134, 32)),
-    (r"\bV100\b.*PCIE", _spec("NVIDIA V100 PCIe", None, 112, None, 14, None, 900, 32)),
-    (r"\bV100\b", _spec("NVIDIA V100 SXM2", None, 125, None, 15.7, None, 900, 32)),
-    (r"\bT4\b", _spec("NVIDIA T4", None, 65, None, 8.1, None, 320, 16)),
+    (r"\bV100S\b", DeviceSpec("NVIDIA V100S PCIe", None, 130, None, 16.4, None, 1134, 32)),
+    (r"\bV100\b.*PCIE", DeviceSpec("NVIDIA V100 PCIe", None, 112, None, 14, None, 900, 32)),
+    (r"\bV100\b", DeviceSpec("NVIDIA V100 SXM2", None, 125, None, 15.7, None, 900, 32)),
+    (r"\bT4\b", DeviceSpec("NVIDIA T4", None, 65, None, 8.1, None, 320, 16)),
 ]
 
 
@@ -205,20 +197,14 @@ def lookup_peak(device_name: str | None) -> DeviceSpec | None:
 
 
 def estimate_mfu(flops_per_s: float, peak: DeviceSpec | float, precision: str = "bf16") -> float:
-    """Model FLOPs utilisation as a fraction (0.45 = 45 %).
-
-    ``flops_per_s``: model FLOPs computed per second (e.g. FLOPs per step / step seconds).
-    ``peak``: a :class:`DeviceSpec` (its dense peak for ``precision`` is used) or a peak in TFLOP/s.
-    Raises ``ValueError`` when the peak is unknown or not positive; look the spec up with
-    :func:`lookup_peak` first and skip MFU when it returns ``None``.
-    """
+    """Model FLOPs utilisation as a fraction (0.45 = 45 %) of model FLOPs per second against
+    ``peak`` (a :class:`DeviceSpec`'s dense peak for ``precision``, or TFLOP/s); ``ValueError``
+    when the peak is unknown or not positive."""
     peak_tflops = peak.peak_tflops(precision) if isinstance(peak, DeviceSpec) else peak
     if peak_tflops is None or not peak_tflops > 0:
         raise ValueError(f"no usable peak for precision {precision!r}: {peak!r}")
     return float(flops_per_s) / (float(peak_tflops) * 1e12)
 
-
-# ----------------------------------------------------------------------------- NVML
 
 _NVML: dict[str, Any] = {}  # {"module": pynvml or None, "detail": why not}
 
@@ -279,22 +265,17 @@ def collect_nvml_device(handle: Any) -> dict[str, Any]:
     mem = _try(pynvml.nvmlDeviceGetMemoryInfo, handle)
     if mem is not None:
         out["mem_used_gib"], out["mem_total_gib"] = round(mem.used / 2**30, 3), round(mem.total / 2**30, 3)
-    power = _try(pynvml.nvmlDeviceGetPowerUsage, handle)
-    if power is not None:
-        out["power_w"] = power / 1000
-    limit = _try(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)
-    if limit is not None:
-        out["power_limit_w"] = limit / 1000
-    temp = _try(pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU)
-    if temp is not None:
-        out["temp_c"] = temp
-    for key, clock in (("sm_clock_mhz", pynvml.NVML_CLOCK_SM), ("mem_clock_mhz", pynvml.NVML_CLOCK_MEM)):
-        value = _try(pynvml.nvmlDeviceGetClockInfo, handle, clock)
+    for key, fn, *args in (
+        ("power_w", pynvml.nvmlDeviceGetPowerUsage),  # mW
+        ("power_limit_w", pynvml.nvmlDeviceGetEnforcedPowerLimit),
+        ("temp_c", pynvml.nvmlDeviceGetTemperature, pynvml.NVML_TEMPERATURE_GPU),
+        ("sm_clock_mhz", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_SM),
+        ("mem_clock_mhz", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_MEM),
+        ("max_sm_clock_mhz", pynvml.nvmlDeviceGetMaxClockInfo, pynvml.NVML_CLOCK_SM),
+    ):
+        value = _try(fn, handle, *args)
         if value is not None:
-            out[key] = value
-    value = _try(pynvml.nvmlDeviceGetMaxClockInfo, handle, pynvml.NVML_CLOCK_SM)
-    if value is not None:
-        out["max_sm_clock_mhz"] = value
+            out[key] = value / 1000 if key.startswith("power") else value
     procs = _try(pynvml.nvmlDeviceGetComputeRunningProcesses, handle)
     if procs is not None:
         out["processes"] = [

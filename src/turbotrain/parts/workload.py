@@ -1,20 +1,7 @@
-"""Your own model for ``bench``, ``profile`` and ``tune``: ``--model FILE.py:FUNC`` (or
-``package.module:FUNC``), where FUNC takes no arguments and returns a :class:`Workload`::
-
-    from turbotrain import Workload
-
-    def make():
-        model = MyNet()
-        loader = DataLoader(MyImages(), batch_size=64, shuffle=True)
-        return Workload(model=model, train_loader=loader)
-
-A plain dict with the same keys is accepted too. ``optimizer`` None: AdamW from the run's
-``optim`` section; ``loss_fn(model, batch)`` None: the model returns the loss (``model(*batch)``,
-``model(**batch)`` for a mapping); ``metrics_fn(model, batch)``: validation metrics besides the
-loss, ``{"accuracy": tensor}`` (0-d tensors, averaged over the eval batches; ``turbotrain train
---model`` logs them as ``val_accuracy``). Bench rows, tune trials and profile's verification runs call
-FUNC again in each run, so FUNC must build everything fresh (seed it if the weights should match
-across runs: turbotrain seeds torch before calling it).
+"""Your own model for ``bench``, ``profile``, ``tune`` and ``train``: ``--model FILE.py:FUNC`` (or
+``package.module:FUNC``), where FUNC takes no arguments and returns a :class:`Workload` (or a dict
+with its keys). Bench rows, tune trials and profile's verification runs call FUNC again in each
+run, so FUNC must build everything fresh (turbotrain seeds torch before calling it).
 """
 
 from __future__ import annotations
@@ -38,7 +25,16 @@ from ..base.errors import TurbotrainError, quiet_imports
 
 @dataclass
 class Workload:
-    """A model and its data, ready for turbotrain's tools (see the module docstring)."""
+    """A model and its data, ready for turbotrain's tools (``--model FILE.py:FUNC``)::
+
+        def make():
+            loader = DataLoader(MyImages(), batch_size=64, shuffle=True)
+            return Workload(model=MyNet(), train_loader=loader)
+
+    ``optimizer`` None: AdamW from the run's ``optim`` section; ``loss_fn(model, batch)`` None: the
+    model returns the loss (``model(*batch)``, ``model(**batch)`` for a mapping);
+    ``metrics_fn(model, batch)``: validation metrics besides the loss, ``{"accuracy": tensor}``
+    (0-d tensors averaged over the eval batches, logged as ``val_accuracy``)."""
 
     model: nn.Module
     train_loader: Iterable[Any]
@@ -101,23 +97,20 @@ def as_workload(obj: Any, where: str = "the workload function") -> Workload:
         raise TurbotrainError(
             f"{where}: train_loader is {_what(w.train_loader)}; give an iterable of batches (a DataLoader, a list)"
         )
-    if w.eval_loader is not None and not isinstance(w.eval_loader, Iterable):
-        raise TurbotrainError(
-            f"{where}: eval_loader is {_what(w.eval_loader)}; give an iterable of batches or None"
-        )
-    if w.optimizer is not None and not isinstance(w.optimizer, torch.optim.Optimizer):
-        raise TurbotrainError(
-            f"{where}: optimizer is {_what(w.optimizer)}; give a torch.optim.Optimizer over the model's parameters, or None"
-        )
-    if w.metrics_fn is not None and not callable(w.metrics_fn):
-        raise TurbotrainError(
-            f"{where}: metrics_fn is {_what(w.metrics_fn)}; give a function (model, batch) -> "
-            "{name: scalar tensor}, or None"
-        )
-    if w.loss_fn is not None and not callable(w.loss_fn):
-        raise TurbotrainError(
-            f"{where}: loss_fn is {_what(w.loss_fn)}; give a function (model, batch) -> scalar loss, or None"
-        )
+    optional: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+        ("eval_loader", lambda v: isinstance(v, Iterable), "an iterable of batches or None"),
+        (
+            "optimizer",
+            lambda v: isinstance(v, torch.optim.Optimizer),
+            "a torch.optim.Optimizer over the model's parameters, or None",
+        ),
+        ("metrics_fn", callable, "a function (model, batch) -> {name: scalar tensor}, or None"),
+        ("loss_fn", callable, "a function (model, batch) -> scalar loss, or None"),
+    )
+    for name, ok, want in optional:
+        value = getattr(w, name)
+        if value is not None and not ok(value):
+            raise TurbotrainError(f"{where}: {name} is {_what(value)}; give {want}")
     return w
 
 
@@ -134,9 +127,6 @@ def copy_workload(w: Workload) -> Workload:
     optimizer holds the copied parameters); loaders and the loss function are shared."""
     model, optimizer = copy.deepcopy((w.model, w.optimizer))
     return Workload(model, w.train_loader, optimizer, w.loss_fn, w.eval_loader, w.metrics_fn, w.source)
-
-
-# ----------------------------------------------------------------------------- loading
 
 
 def split_ref(ref: str) -> tuple[str, str]:
@@ -218,9 +208,6 @@ def load_workload(ref: str, seed: int | None = 0) -> Workload:
     w = as_workload(_call(ref, f"calling {func_name}()", func), f"--model {ref}: {func_name}()")
     w.source = ref
     return w
-
-
-# ----------------------------------------------------------------------------- loader changes
 
 
 def rebuild_loader(

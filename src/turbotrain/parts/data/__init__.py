@@ -9,10 +9,9 @@ from .loader import (
     default_num_workers,
     fixed_batches,
     resolve_loader_settings,
-    tune_loader,
 )
 from .prefetch import DevicePrefetcher
-from .sources import TokenSource, TokenSplit, check_vocab, open_tokens, stdlib_files
+from .sources import TokenSource, check_vocab, open_tokens, stdlib_files
 
 __all__ = [
     "DevicePrefetcher",
@@ -20,7 +19,6 @@ __all__ = [
     "Position",
     "RandomWindowSampler",
     "TokenSource",
-    "TokenSplit",
     "TokenWindows",
     "build_loader",
     "check_vocab",
@@ -29,5 +27,4 @@ __all__ = [
     "open_tokens",
     "resolve_loader_settings",
     "stdlib_files",
-    "tune_loader",
 ]

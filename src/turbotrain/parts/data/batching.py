@@ -1,18 +1,9 @@
 """Dynamic batching (``data.batching = 'tokens'``, docs/data.md): batches by token budget, with
-length bucketing, whose rows never mix documents.
-
-Each row is one piece of one document (:func:`cut_pieces`): consecutive pieces overlap by one token,
-so every token after a document's first is a target exactly once per epoch. Rows are padded at
-the end with targets of -100 (``F.cross_entropy``'s ``ignore_index``); causal attention never lets
-a real token see the padding after it. Padded lengths are multiples of 8 (fewer distinct shapes
-for kernels and ``torch.compile``), never past ``block_size``.
-
-Batch ``k`` of the stream is a function of (seed, k) alone; rank ``r`` of ``world`` reads stream
-batches ``k * world + r``, so step ``s`` trains on stream batches ``s*A*world ... (s+1)*A*world - 1``
-(``A`` the accumulation). A split that keeps ``A x world`` and ``batch.max_tokens`` trains on the
-same batches in the same steps (each batch's loss is the mean over its real targets, every batch
-counts equally); one that changes them trains on other batches (rows are packed per batch, no rule
-keeps them), so :func:`resume_start` refuses such a resume in one line.
+length bucketing, whose rows never mix documents. Pieces of a document overlap by one token, so
+every token after a document's first is a target exactly once per epoch; padded lengths are
+multiples of 8 (fewer shapes for kernels and ``torch.compile``). Batch ``k`` of the stream is a
+function of (seed, k); rank ``r`` of ``world`` reads stream batches ``k * world + r``, so a resume
+that changes ``accumulation x world`` would train on other batches: :func:`resume_start` refuses it.
 """
 
 from __future__ import annotations
@@ -32,7 +23,6 @@ from .sources import PreadFile, TokenSource
 log = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100  # targets the loss skips (torch.nn.functional.cross_entropy's default ignore_index)
-PAD_TOKEN = 0  # input id under padding (rows start as zeros): any valid id works, no real token attends to it
 PAD_MULTIPLE = 8  # padded row lengths are multiples of this (capped at block_size)
 BUCKET_BATCHES = 64  # about this many batches' rows are sorted by length together
 
@@ -92,7 +82,7 @@ def plan_epoch(inputs: np.ndarray, max_tokens: int, seq_len: int, seed: int, epo
 
 class TokenBudgetSampler(StreamSampler):
     """Token-budget batches (lists of piece indices): rank ``r`` of ``world`` takes batches
-    ``k * world + r`` of the one stream (``at.accumulation`` is not used: see the module docstring)."""
+    ``k * world + r`` of the one stream (``at.accumulation`` is not used)."""
 
     def __init__(
         self, inputs: np.ndarray, max_tokens: int, seq_len: int, seed: int, at: Position = START
@@ -121,9 +111,8 @@ class TokenBudgetSampler(StreamSampler):
 
 
 class PieceRows(Dataset):
-    """Rows of document pieces, fetched a batch at a time: (inputs, targets) as int64 of shape
-    (rows, padded length), inputs padded with 0 and targets with -100. Read with ``pread`` like
-    :class:`turbotrain.parts.data.TokenWindows` (a file that shrinks mid-run is a one-line error)."""
+    """Rows of document pieces, fetched a batch at a time with ``pread``: (inputs, targets) int64 of
+    shape (rows, padded length), inputs padded with 0 and targets with -100."""
 
     def __init__(self, docs: Documents, seq_len: int) -> None:
         self.split, self.seq_len = docs.split, seq_len
@@ -144,7 +133,8 @@ class PieceRows(Dataset):
         fd = self._reader.fd()
         for row, (offset, n) in enumerate(zip(offsets.tolist(), lengths.tolist())):
             rows[row, :n] = self.split.read_rows(fd, np.array([offset]), n)[0]
-        x = torch.from_numpy(rows[:, :-1].copy())  # padded inputs are token 0
+        # padded inputs are token 0: any valid id works, no real token attends to it
+        x = torch.from_numpy(rows[:, :-1].copy())
         y = torch.from_numpy(rows[:, 1:].copy())
         y[torch.from_numpy(np.arange(width)[None, :] >= (lengths - 1)[:, None])] = IGNORE_INDEX
         return x, y
@@ -182,10 +172,9 @@ def padding_share(rows: PieceRows, max_tokens: int, seed: int, batches: int = 20
 
 
 def resume_start(batches: int, step: int, saved_world: int, world: int, accumulation: int) -> int:
-    """This rank's first batch when token batching resumes after ``step`` optimizer steps, each
-    rank of the ``saved_world`` that wrote the checkpoint having read ``batches`` (the saved data
-    position). At the same world size: ``batches``. At another: exact when the stream batches per
-    step (processes x accumulation) are kept, else refused in one line naming what keeps them."""
+    """This rank's first batch when token batching resumes after ``step`` optimizer steps, each of
+    the ``saved_world`` ranks having read ``batches``: exact when the stream batches per step
+    (processes x accumulation) are kept, else refused in one line naming what keeps them."""
     if not batches or not saved_world or saved_world == world:
         return batches
     read = batches * saved_world  # stream batches the whole group has trained on
@@ -236,9 +225,8 @@ def build_budget_data(
     at: Position,
     eval_batches: int = 0,
 ) -> BudgetData:
-    """Documents of ``source`` (opened from ``data.path`` = ``path``) in token-budget batches of at
-    most ``max_tokens``: the training loader at ``at``, ``eval_batches`` fixed validation batches
-    (seed + 1), and a one-line description with the share of padding."""
+    """Documents of ``source`` in token-budget batches of at most ``max_tokens``: the training loader
+    at ``at``, ``eval_batches`` fixed validation batches (seed + 1), a one-line description."""
     train_docs, val_docs = open_documents(path, source)
     rows, val_rows = PieceRows(train_docs, seq_len), PieceRows(val_docs, seq_len)
     loader = build_budget_loader(rows, max_tokens, seed, settings, at)

@@ -1,22 +1,14 @@
 """Documents: where each document starts and ends inside a token source's train and validation
-ranges, so batches can keep documents apart (see :mod:`turbotrain.parts.data.batching`).
+ranges, so token-budget batches keep documents apart (:mod:`turbotrain.parts.data.batching`). The
+boundaries come from the same token files :func:`~turbotrain.parts.data.sources.open_tokens` made:
 
-Why: the token sources concatenate files into one stream, which suits random windows; batching
-by token budget instead puts one document (or one piece of a long one) per row, and a row must
-never carry one document's tail into the next one's predictions. The boundaries come from the
-same token files :func:`turbotrain.parts.data.sources.open_tokens` made, never from a second copy:
+- text tokenized as bytes: one document per file, from the files' sizes, which must add up to the
+  token file's length (else the files changed since it was cached, and the error says so);
+- a tokenizer with an end-of-text token, or a ``.bin`` with a GPT-2 vocabulary (``<|endoftext|>``
+  = 50256): a document ends at each separator token, kept as its last target;
+- anything else: no boundaries are known, and :func:`open_documents` says so in one line.
 
-- text tokenized as bytes (a text file, a folder, the built-in corpus): one document per file,
-  from the files' sizes (the byte stream is each file followed by a blank-line separator); the
-  sizes must add up to the token file's length, or the files changed since it was cached and
-  the error says so;
-- text tokenized by a tokenizer with an end-of-text token, and ``.bin`` token files with a GPT-2
-  vocabulary (nanoGPT / llm.c put ``<|endoftext|>`` = 50256 between documents): a document ends
-  at each separator token, which it keeps as its last target (the model learns where text ends);
-- anything else (a ``.bin`` of another vocabulary, a tokenizer without an end-of-text token): no
-  boundaries are known, and :func:`open_documents` says so in one line rather than mix documents.
-
-A document that a train/validation split cuts in two becomes two documents, one in each split.
+A document that the train/validation split cuts in two becomes two documents.
 """
 
 from __future__ import annotations
@@ -107,29 +99,17 @@ def _no_boundaries(source: TokenSource, why: str = "") -> TurbotrainError:
     )
 
 
-def _byte_files(path: str) -> tuple[list[Path], list[Path] | None]:
-    """The files byte-tokenized for ``data.path`` in stream order: (train, val) for the built-in
-    corpus (separate token files), (all, None) for a text file or folder (one token file)."""
-    if not path:
-        return builtin_split(stdlib_files())
-    return text_files(Path(path).expanduser()), None
-
-
-def _sizes(files: list[Path]) -> list[int]:
-    return [f.stat().st_size for f in files]
-
-
 def open_documents(path: str, source: TokenSource) -> tuple[Documents, Documents]:
     """The train and validation documents of ``source`` (what ``open_tokens(path, ...)`` returned)."""
     tok = source.tokenizer
     is_bin = bool(path) and Path(path).suffix == ".bin"
     if tok.name == "bytes" and not is_bin:
-        train_files, val_files = _byte_files(path)
-        if val_files is None:  # one token file, split by position
-            return _from_sizes(source.train, _sizes(train_files)), _from_sizes(
-                source.val, _sizes(train_files)
-            )
-        return _from_sizes(source.train, _sizes(train_files)), _from_sizes(source.val, _sizes(val_files))
+        # the built-in corpus: (train, val) token files; a text file or folder: one, split by position
+        train_files, val_files = (
+            builtin_split(stdlib_files()) if not path else [text_files(Path(path).expanduser())] * 2
+        )
+        sizes = [[f.stat().st_size for f in files] for files in (train_files, val_files)]
+        return _from_sizes(source.train, sizes[0]), _from_sizes(source.val, sizes[1])
     sep = tok.separator()
     if tok.name != "bytes" and len(sep) == 1 and not np.array_equal(sep, tok.encode([SEPARATOR])[0]):
         end = int(sep[0])  # the tokenizer's end-of-text, between files

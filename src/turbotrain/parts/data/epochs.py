@@ -1,16 +1,9 @@
-"""Your dataset in epochs, in an order that does not depend on how the global batch is split.
-
-A user's DataLoader over a map-style dataset is re-batched the way the token windows are
-(:mod:`.loader`), from one order per epoch (a permutation drawn from ``(seed, e)`` when the loader
-shuffles, its own order otherwise): step ``s`` is the ``G = micro x accumulation x world``
-consecutive indices ``[i G, (i + 1) G)`` of its epoch's order (``e, i = divmod(s,
-steps_per_epoch)``, an epoch's last partial global batch dropped), cut into chunks as there.
-
-The loader keeps the user's dataset, ``collate_fn`` and ``worker_init_fn``. A worker process seeds
-torch's, Python's and numpy's generators from ``(seed, step, slot)`` before reading a micro-batch,
-so an augmentation there draws the same numbers whichever worker reads it, each rank draws its
-own, and a resumed run draws what the unstopped run drew (a worker's own stream would restart).
-In-process reads draw from the global generators, which checkpoints save and restore.
+"""Your dataset in epochs, in an order that does not depend on how the global batch is split: a
+DataLoader over a map-style dataset is re-batched as the token windows are (:mod:`.loader`), from
+one order per epoch (drawn from ``(seed, epoch)`` when the loader shuffles); an epoch's last
+partial global batch is dropped. A worker seeds torch's, Python's and numpy's generators from
+``(seed, step, slot)`` before reading a micro-batch, so an augmentation draws the same numbers
+whichever worker reads it and after a resume (a worker's own stream would restart).
 """
 
 from __future__ import annotations
@@ -65,8 +58,7 @@ class EpochSampler(StreamSampler):
 
 
 class Indices(list):
-    """A micro-batch's dataset indices, with the seed a worker seeds its generators from before
-    reading it (:class:`SeededReads`): derived from the run's seed and the batch's slot."""
+    """A micro-batch's dataset indices, with the seed a worker seeds its generators from."""
 
     def __init__(self, indices: list[int], seed: int) -> None:
         super().__init__(indices)

@@ -1,15 +1,10 @@
 """Random-window batches from token ranges, through a DataLoader with tuned defaults.
 
-The data order does not depend on how the global batch is split. The rows of optimizer step ``s``
-are ``G = micro x accumulation x world`` windows drawn from a generator seeded with (seed, s), cut
-into ``accumulation x world`` chunks of ``micro`` rows: rank ``r`` trains on chunk ``j x world + r``
-at micro-step ``j`` of the step. So any split with the same global batch (one process with micro 8,
-one with micro 4 and accumulation 2, two processes with micro 4, ...) trains on the same rows,
-grouped into the same optimizer steps, and with equal-sized rows the loss per step is the same to
-fp32 rounding. A loader starts at any of this rank's batches ``k`` (micro-step ``k % accumulation``
-of step ``k // accumulation``): resuming after step ``s`` starts at ``s x accumulation`` under any
-split of the same global batch. With accumulation 1 this is the order of earlier versions (step
-``s`` = global micro-batch ``s``, rank ``r`` its rows ``[r*micro, (r+1)*micro)``).
+The data order does not depend on how the global batch is split: the rows of optimizer step ``s``
+are ``G = micro x accumulation x world`` windows drawn from (seed, s), cut into ``accumulation x
+world`` chunks of ``micro`` rows; rank ``r`` trains on chunk ``j x world + r`` at micro-step ``j``.
+Any split of the same global batch trains on the same rows in the same steps, and a resume after
+step ``s`` starts at this rank's batch ``s x accumulation``.
 """
 
 from __future__ import annotations
@@ -31,8 +26,7 @@ from .sources import PreadFile, TokenSplit
 
 class TokenWindows(Dataset):
     """Item ``i`` is (tokens[i : i+T], tokens[i+1 : i+T+1]) as int64; fetched a batch at a time,
-    one ``pread`` per row (:meth:`TokenSplit.read_rows`): a file that shrinks mid-run is an error
-    naming it, not a bus error."""
+    one ``pread`` per row (:meth:`TokenSplit.read_rows`)."""
 
     def __init__(self, split: TokenSplit, seq_len: int) -> None:
         if len(split) < seq_len + 1:
@@ -67,8 +61,7 @@ class TokenWindows(Dataset):
 @dataclass(frozen=True)
 class Position:
     """Where this rank reads a seeded batch stream: from its batch ``start``, as rank ``rank`` of
-    ``world``, ``accumulation`` batches per optimizer step. The one owner of the stream's place:
-    every sampler and loader here takes it, and a resume sets ``start``."""
+    ``world``, ``accumulation`` batches per optimizer step (a resume sets ``start``)."""
 
     start: int = 0
     rank: int = 0
@@ -111,8 +104,8 @@ class StreamSampler(Sampler[list[int]]):
 
 
 class RandomWindowSampler(StreamSampler):
-    """Random window offsets: batch ``k`` is chunk ``(k % accumulation) x world + rank`` (of
-    ``batch_size`` rows) of the ``batch_size x accumulation x world`` offsets of step ``k // accumulation``."""
+    """Random window offsets: batch ``k`` is chunk ``(k % accumulation) x world + rank`` of the
+    offsets of step ``k // accumulation`` (see the module docstring)."""
 
     def __init__(self, positions: int, batch_size: int, seed: int, at: Position = START) -> None:
         super().__init__(batch_size, seed, at)
@@ -129,7 +122,7 @@ class RandomWindowSampler(StreamSampler):
         return offsets[chunk * self.batch_size : (chunk + 1) * self.batch_size].tolist()
 
 
-def _identity(batch: Any) -> Any:  # what __getitems__ returned (torch types it a list)
+def _identity(batch: Any) -> Any:
     return batch  # __getitems__ already returns a stacked batch
 
 
@@ -159,10 +152,9 @@ def resolve_loader_settings(
 
 
 def tune_loader(loader: DataLoader, settings: LoaderSettings) -> DataLoader:
-    """A DataLoader like the user's ``loader`` (dataset, sampler or batch_sampler, collate_fn,
-    drop_last) with ``settings``' workers (persistent), pinning and prefetch factor: what
-    ``data.tune_user_loader`` does to a loader given to ``engine.setup``. An IterableDataset keeps
-    its worker count (each worker would iterate the whole dataset unless it shards itself)."""
+    """The user's ``loader`` with ``settings``' workers (persistent), pinning and prefetch factor
+    (``data.tune_user_loader``). An IterableDataset keeps its worker count (each worker would
+    iterate the whole dataset unless it shards itself)."""
     iterable = isinstance(loader.dataset, IterableDataset)
     workers = loader.num_workers if iterable else settings.num_workers
     tuned = rebuild_loader(loader, num_workers=workers)
@@ -175,8 +167,7 @@ def tune_loader(loader: DataLoader, settings: LoaderSettings) -> DataLoader:
 def build_loader(
     dataset: TokenWindows, batch_size: int, seed: int, settings: LoaderSettings, at: Position = START
 ) -> DataLoader:
-    """An endless DataLoader of (x, y) batches of ``batch_size`` rows of the seeded stream at ``at``
-    (:class:`RandomWindowSampler`)."""
+    """An endless DataLoader of (x, y) batches of ``batch_size`` rows of the seeded stream at ``at``."""
     if batch_size > dataset.positions:
         raise TurbotrainError(
             f"batch.micro = {batch_size} is larger than the {dataset.positions} distinct windows in the data; "
@@ -216,8 +207,7 @@ def fixed_batches(
     dataset: TokenWindows, batch_size: int, count: int, seed: int, at: Position = START
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The same batches every time (validation), drawn once on the host: this rank's chunks of
-    ``count`` global batches, split as the training batches are (``at.start`` is not used). Equal
-    chunks: the mean of the ranks' means is the mean over every row, for any split."""
+    ``count`` global batches (equal chunks: the mean of the ranks' means is the mean over all rows)."""
     if dataset.positions < 1:
         return []
     sampler = RandomWindowSampler(dataset.positions, min(batch_size, dataset.positions), seed, at)

@@ -11,14 +11,10 @@ from ...base.batch import map_tensors, move_to
 
 
 class DevicePrefetcher:
-    """Iterate ``loader`` with each batch already on ``device``.
-
-    On CUDA with ``side_stream`` the copy of batch k+1 is issued on a side stream (from pinned
-    memory, non_blocking) before batch k is returned, so it overlaps compute; the compute stream
-    waits on the copy only when it takes the batch. Otherwise each batch is moved as it is taken
-    (non_blocking, on the current stream). On CPU it is a plain pass-through. Apart from
-    iteration it behaves like the wrapped loader (``len``, ``dataset``, ``sampler``, ...).
-    """
+    """Iterate ``loader`` with each batch already on ``device``: on CUDA with ``side_stream`` batch
+    k+1's copy is issued on a side stream before batch k is returned (the compute stream waits on
+    it only when it takes the batch); otherwise each batch is moved as it is taken. Apart from
+    iteration it behaves like the wrapped loader (``len``, ``dataset``, ``sampler``, ...)."""
 
     def __init__(
         self,
@@ -63,8 +59,7 @@ class DevicePrefetcher:
         return len(self.loader)  # type: ignore[arg-type]
 
     def __getattr__(self, name: str) -> Any:
-        """Everything else is the user's loader's: ``dataset``, ``batch_size``, ``sampler``,
-        ``set_epoch`` and any attribute of their own."""
+        """Everything else is the user's loader's."""
         if name == "loader":  # not set yet (unpickling): no recursion
             raise AttributeError(name)
         return getattr(self.loader, name)

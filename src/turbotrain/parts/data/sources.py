@@ -1,12 +1,10 @@
-"""Where tokens come from: a ``.bin`` token file, text (a file or a folder), or the built-in corpus.
+"""Where tokens come from: a ``.bin`` token file, text (a file or a folder), or the built-in corpus
+(the Python standard library's own ``.py`` files: on every machine, no download).
 
-Text is tokenized once (bytes, vocabulary 256, by default; or with a subword tokenizer from
-:mod:`turbotrain.parts.data.tokenizer`, ``data.tokenizer``) and cached as a uint16 ``.bin`` keyed by the
-tokenizer and a hash of the paths, sizes and modification times of the files as they were read, so
-later runs start at once. A file that cannot be read is an error naming it, never silently left out (a cache missing
-it would outlive the fix); a cache entry whose length does not match its sources is rebuilt. The
-built-in corpus is the Python standard library's own ``.py`` files: on every machine, no download.
-
+Text is tokenized once (bytes by default, or ``data.tokenizer``) and cached as a uint16 ``.bin``
+keyed by the tokenizer and the paths, sizes and modification times of the files as they were
+read. A file that cannot be read is an error naming it, never silently left out (a cache missing
+it would outlive the fix); a cache entry whose length does not match its sources is rebuilt.
 Token files are read with ``pread``, not a memory map: a file truncated while training gives an
 error that says so instead of a bus error that kills the process without a word.
 """
@@ -97,7 +95,7 @@ class PreadFile:
 
 @dataclass(frozen=True)
 class TokenSplit:
-    """A read-only view of tokens: the memory-mapped file and the [start, stop) token range."""
+    """A read-only view of tokens: the file and the [start, stop) token range."""
 
     path: Path
     offset_bytes: int  # header size
@@ -126,9 +124,8 @@ class TokenSplit:
         )
 
     def read_rows(self, fd: int, offsets: np.ndarray, length: int) -> np.ndarray:
-        """Tokens ``[o, o + length)`` of the range for each offset ``o``, as a (rows, length)
-        uint16 array, read from the open file ``fd`` with one ``pread`` per row; a short read
-        (the file shrank) raises :class:`DataReadError`."""
+        """Tokens ``[o, o + length)`` of the range for each offset ``o``, (rows, length) uint16, one
+        ``pread`` per row from ``fd``; a short read (the file shrank) raises :class:`DataReadError`."""
         row_bytes = 2 * length
         out = bytearray(len(offsets) * row_bytes)
         view = memoryview(out)
@@ -195,17 +192,6 @@ def _stdlib_files() -> tuple[Path, ...]:
     root = Path(sysconfig.get_paths()["stdlib"])
     files = [p for p in root.rglob("*.py") if "site-packages" not in p.parts and p.is_file()]
     return tuple(sorted(files, key=lambda p: p.relative_to(root).as_posix()))
-
-
-def _cache_write(path: Path, content: np.ndarray | str) -> None:
-    """One cache file, atomically; a full disk, a file-size limit or a refused write is one line."""
-    atomic_write(path, content, hint=CACHE_HINT)
-
-
-def _open_cache(cache_dir: Path) -> None:
-    """Create the cache folder (one line when it cannot be) and remove what killed writers left."""
-    make_dirs(cache_dir, hint=CACHE_HINT)
-    clean_stale_temps(cache_dir)
 
 
 def _unreadable(path: Path | str, exc: OSError) -> DataReadError:
@@ -282,12 +268,10 @@ def _cached_bytes(keys: list[FileKey]) -> int:
 
 
 def byte_tokenize(files: list[Path], cache_dir: Path) -> Path:
-    """Concatenate the files' bytes (separated by a blank line) into a cached uint16 token file.
-
-    Returns its path. The entry is keyed on the files as they were read and used again only when
-    its size matches them; it is written atomically (:func:`turbotrain.base.atomic.atomic_write`).
-    """
-    _open_cache(cache_dir)
+    """The files' bytes, a blank line after each, as a cached uint16 token file; returns its path.
+    The entry is keyed on the files as they were read and used again only when its size matches."""
+    make_dirs(cache_dir, hint=CACHE_HINT)
+    clean_stale_temps(cache_dir)  # what killed writers left
     listed = [_listed(f) for f in files]
     out = _cache_path(cache_dir, listed)
     if out.is_file() and out.stat().st_size == _cached_bytes(listed):
@@ -299,7 +283,7 @@ def byte_tokenize(files: list[Path], cache_dir: Path) -> Path:
         read.append(key)
     out = _cache_path(cache_dir, read)  # a file changed between listing and reading: key what was read
     tokens = np.frombuffer(b"".join(chunks), dtype=np.uint8).astype(np.uint16)
-    _cache_write(out, tokens)
+    atomic_write(out, tokens, hint=CACHE_HINT)
     return out
 
 
@@ -332,16 +316,14 @@ def _encode_progress(total: int, label: str, show: bool) -> Progress:
 
 
 def tokenize_files(files: list[Path], cache_dir: Path, tokenizer: Tokenizer, progress: bool = False) -> Path:
-    """The files' tokens, one separator (end-of-text where the tokenizer has one) after each
-    file, as a cached uint16 token file; returns its path. Bytes go through :func:`byte_tokenize`
-    (its cache entries stay valid). A subword entry is keyed on the tokenizer and the files as
-    they were read, and used again only when its ``.json`` (written after it) says how many
-    tokens it holds and the size agrees; it is written atomically. Encoding shows a progress bar
-    on a terminal when ``progress``, else one log line per chunk of ~8 MB; Ctrl-C between chunks
-    leaves nothing behind."""
+    """The files' tokens, a separator (end-of-text where the tokenizer has one) after each, as a
+    cached uint16 token file; returns its path. A subword entry is used again only when its
+    ``.json`` (written after it) says how many tokens it holds and the size agrees. Ctrl-C between
+    chunks of ~8 MB leaves nothing behind."""
     if tokenizer.name == ByteTokenizer.name:
         return byte_tokenize(files, cache_dir)
-    _open_cache(cache_dir)
+    make_dirs(cache_dir, hint=CACHE_HINT)
+    clean_stale_temps(cache_dir)
     listed = [_listed(f) for f in files]
     out = _cache_path(cache_dir, listed, tokenizer.name)
     if _complete(out):
@@ -358,9 +340,9 @@ def tokenize_files(files: list[Path], cache_dir: Path, tokenizer: Tokenizer, pro
     tokens = np.concatenate(parts) if parts else np.zeros(0, np.uint16)
     # a file changed between listing and reading: key what was read
     out = _cache_path(cache_dir, read, tokenizer.name)
-    _cache_write(out, tokens)
+    atomic_write(out, tokens, hint=CACHE_HINT)
     meta = {"vocab_size": padded_vocab(tokenizer.vocab_size), "tokens": int(tokens.size)}
-    _cache_write(out.with_suffix(".json"), json.dumps({**meta, "tokenizer": tokenizer.name}))
+    atomic_write(out.with_suffix(".json"), json.dumps({**meta, "tokenizer": tokenizer.name}), hint=CACHE_HINT)
     log.info(
         "%d files -> %s tokens (%.2f bytes/token) in %.1f s",
         len(files),
@@ -374,8 +356,7 @@ def tokenize_files(files: list[Path], cache_dir: Path, tokenizer: Tokenizer, pro
 def _encode_files(
     files: list[Path], tokenizer: Tokenizer, total: int, progress: bool, start: float
 ) -> tuple[list[np.ndarray], list[FileKey]]:
-    """Encode the files in chunks of ~8 MB, a separator after each: (the token arrays, the keys
-    of the files as they were read), with a bar on a terminal or a log line per chunk."""
+    """(the token arrays, the keys of the files as read), a bar on a terminal or a log line per chunk."""
     sep = tokenizer.separator()
     parts: list[np.ndarray] = []
     read: list[FileKey] = []
@@ -506,15 +487,10 @@ def open_tokens(
     progress: bool = False,
     saved_tokenizer: Path | None = None,
 ) -> TokenSource:
-    """Resolve ``data.path`` into train/validation token ranges.
-
-    ``""`` -> built-in corpus; ``*.bin`` -> uint16 tokens (validation = the file's tail, or a
-    sibling ``val.bin`` when the file is ``train.bin``); a text file or folder -> tokens, cached.
-    ``tokenizer`` is ``data.tokenizer`` ('bytes', 'bpe' or a tokenizer.json path); ``vocab_size``
-    is ``model.vocab_size`` (the BPE's size; 0 = 50304); ``progress`` shows bars on a terminal
-    while a BPE trains and text is encoded; ``saved_tokenizer`` (a resumed run's copy, where it
-    exists) is used instead of building the tokenizer again.
-    """
+    """``data.path`` as train/validation token ranges: ``""`` the built-in corpus; ``*.bin`` uint16
+    tokens (validation its tail, or a sibling ``val.bin`` of a ``train.bin``); a text file or folder
+    tokenized and cached. ``tokenizer``: ``data.tokenizer``; ``vocab_size``: ``model.vocab_size``;
+    ``progress``: bars on a terminal; ``saved_tokenizer``: a resumed run's copy, used if it exists."""
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
 
     def make_tokenizer(files: list[Path]) -> Tokenizer:
@@ -566,7 +542,8 @@ def _builtin_source(
         TokenSplit(tp, 0, 0, tp.stat().st_size // 2),
         TokenSplit(vp, 0, 0, vp.stat().st_size // 2),
         _text_vocab(tokenizer, tok, vocab_size),
-        f"built-in corpus: {len(train_files)} + {len(val_files)} Python stdlib files" + _tokens_note(tok),
+        f"built-in corpus: {len(train_files)} + {len(val_files)} Python stdlib files"
+        + ("" if tok.name == ByteTokenizer.name else f", {tok.name} tokens"),
         tok,
     )
 
@@ -594,7 +571,3 @@ def _kind(p: Path) -> str:
     if p.is_socket():
         return "a socket"
     return "not a regular file"
-
-
-def _tokens_note(tok: Tokenizer) -> str:
-    return "" if tok.name == ByteTokenizer.name else f", {tok.name} tokens"

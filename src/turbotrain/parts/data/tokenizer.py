@@ -1,17 +1,8 @@
 """Tokenizers for text data: bytes (vocabulary 256, always there), a byte-level BPE trained offline
-on the training text, or a ``tokenizer.json`` the user brings (GPT-2's own, for instance).
-
-``data.tokenizer = "bpe"`` trains a byte-level BPE of ``model.vocab_size`` tokens (GPT-2's 50304
-when the model leaves it 0) with the Hugging Face ``tokenizers`` package, on the training files
-only, and caches it (keyed like the token cache: the files as they were listed, the vocabulary
-size); nothing is downloaded. Every run copies the tokenizer it used into its run directory
-(:data:`turbotrain.base.rundir.TOKENIZER_FILE`), so ``turbotrain sample`` decodes with the same one and
-a resume encodes with it even when the cache is gone. Without the package: one line saying how
-to install it.
-
-Training runs in a child process (the native trainer cannot be interrupted, and a process that
-holds one only exits once it is done), so Ctrl-C or SIGTERM end it at once: nothing is written
-and the run ends cleanly.
+on the training files (``data.tokenizer = "bpe"``, ``model.vocab_size`` tokens, 50304 when 0,
+cached; nothing is downloaded) or a ``tokenizer.json`` the user brings. Every run copies its
+tokenizer into its run directory, so ``sample`` and a resume use the same one. The BPE trains in a
+child process: the native trainer cannot be interrupted, so Ctrl-C or SIGTERM end the child at once.
 """
 
 from __future__ import annotations
@@ -160,9 +151,7 @@ except Exception as exc:  # the package's own error type; a full disk or a refus
 
 def train_bpe(files: Sequence[Path], vocab_size: int, out: Path, progress: bool = True) -> Path:
     """Train a byte-level BPE of ``vocab_size`` tokens on ``files`` and write it to ``out``
-    (atomically). Shows the tokenizers package's own progress bar when ``progress``. The
-    training runs in a child process, so Ctrl-C or SIGTERM end it at once and leave nothing
-    behind (the signal's exception propagates from here)."""
+    (atomically); a signal's exception ends the child and propagates from here."""
     if not BYTE_VOCAB < vocab_size <= MAX_VOCAB:
         raise TurbotrainError(
             f"model.vocab_size = {vocab_size}: a BPE needs more than {BYTE_VOCAB} tokens "
@@ -214,9 +203,8 @@ def build_tokenizer(
     key: str,
     progress: bool = True,
 ) -> Tokenizer:
-    """``data.tokenizer`` -> a tokenizer: ``bytes``; ``bpe`` (``vocab_size`` tokens, 50304 when
-    0, trained on ``train_files`` and cached under ``cache_dir`` as ``bpe-<key>-<vocab>.json``,
-    where ``key`` names the files as listed); or the path of a ``tokenizer.json``."""
+    """``data.tokenizer`` -> a tokenizer: ``bytes``; ``bpe`` (cached under ``cache_dir`` as
+    ``bpe-<key>-<vocab>.json``, ``key`` naming the files as listed); or a ``tokenizer.json``'s path."""
     if spec == "bytes":
         return ByteTokenizer()
     if spec == "bpe":

@@ -3,6 +3,7 @@ config is mapped to its family by :mod:`.registry`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
@@ -14,21 +15,19 @@ from .llama import Llama, LlamaConfig
 from .mlp import TinyMLP
 from .moe import MoEConfig, MoEGPT
 
-KINDS = ("gpt", "moe", "llama", "mlp", "resnet", "cifar")
+_BUILDERS: dict[str, Callable[[dict[str, Any]], nn.Module]] = {
+    "gpt": lambda kw: GPT(GPTConfig(**kw)),
+    "moe": lambda kw: MoEGPT(MoEConfig(**kw)),
+    "llama": lambda kw: Llama(LlamaConfig(**kw)),
+    "mlp": lambda kw: TinyMLP(**kw),
+    "resnet": lambda kw: ResNet(**{**kw, "layers": tuple(kw.get("layers", (2, 2, 2, 2)))}),
+    "cifar": lambda kw: CifarResNet(**kw),
+}
+KINDS = tuple(_BUILDERS)
 
 
 def build_named(kind: str, kwargs: dict[str, Any]) -> nn.Module:
     """The reference model ``kind`` with ``kwargs`` (in the caller's current RNG state)."""
-    if kind == "gpt":
-        return GPT(GPTConfig(**kwargs))
-    if kind == "moe":
-        return MoEGPT(MoEConfig(**kwargs))
-    if kind == "llama":
-        return Llama(LlamaConfig(**kwargs))
-    if kind == "mlp":
-        return TinyMLP(**kwargs)
-    if kind == "resnet":
-        return ResNet(**{**kwargs, "layers": tuple(kwargs.get("layers", (2, 2, 2, 2)))})
-    if kind == "cifar":
-        return CifarResNet(**kwargs)
-    raise ConfigError(f"unknown model kind {kind!r}; choose one of: {', '.join(KINDS)}")
+    if kind not in _BUILDERS:
+        raise ConfigError(f"unknown model kind {kind!r}; choose one of: {', '.join(KINDS)}")
+    return _BUILDERS[kind](kwargs)

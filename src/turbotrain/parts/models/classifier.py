@@ -1,13 +1,7 @@
-"""Reference image classifiers (workload W2) and a synthetic image set they can learn.
-
-Two shapes of the same convention (``model(images)`` -> logits, ``model(images, labels)`` -> mean
-cross-entropy loss, images as uint8 NCHW and normalised inside the model so batches cross the
-host-device link at one byte per pixel):
-
-- :class:`ResNet`: a ResNet-style network for 224x224 images (ResNet-18 with the defaults):
-  compute-bound, convolutions dominate.
-- :class:`CifarResNet`: a small ResNet-9-style network for 32x32 images: with the data already
-  on the device, its steps are short enough that per-step framework overhead shows.
+"""Reference image classifiers (workload W2) and a synthetic image set they can learn:
+:class:`ResNet` (224x224, compute-bound) and :class:`CifarResNet` (32x32, overhead-bound steps).
+``model(images)`` -> logits, ``model(images, labels)`` -> mean cross-entropy; images are uint8
+NCHW, normalised inside the model, so batches cross the host-device link at one byte per pixel.
 """
 
 from __future__ import annotations
@@ -52,11 +46,8 @@ class BasicBlock(nn.Module):
 
 
 class ResNet(nn.Module):
-    """ResNet-style classifier for 224x224 images: 7x7 stem, four stages of :class:`BasicBlock`
-    (widths ``width`` x 1, 2, 4, 8; stages 2-4 halve the resolution), global average pool.
-
-    Defaults are ResNet-18 (11.7M parameters with 1000 classes, ~1.8 GFLOPs forward per image).
-    """
+    """ResNet-style classifier for 224x224 images (widths ``width`` x 1, 2, 4, 8); the defaults are
+    ResNet-18 (11.7M parameters with 1000 classes, ~1.8 GFLOPs forward per image)."""
 
     def __init__(self, layers: tuple[int, ...] = (2, 2, 2, 2), width: int = 64, classes: int = 1000) -> None:
         super().__init__()
@@ -107,11 +98,8 @@ class _Residual(nn.Module):
 
 
 class CifarResNet(nn.Module):
-    """ResNet-9-style classifier for 32x32 images (widths ``width`` x 1, 2, 4, 8).
-
-    With ``width=64`` this is the DAWNBench ResNet-9 (6.6M parameters); the benchmark uses a
-    narrower one so each step is short and overhead-bound.
-    """
+    """ResNet-9-style classifier for 32x32 images (widths ``width`` x 1, 2, 4, 8; 64 is the
+    DAWNBench ResNet-9, the benchmark's is narrower so each step is short and overhead-bound)."""
 
     def __init__(self, width: int = 32, classes: int = 10) -> None:
         super().__init__()
@@ -139,9 +127,8 @@ class CifarResNet(nn.Module):
 def synthetic_images(
     n: int, batch_size: int, image_size: int, classes: int, seed: int = 0, noise: float = 0.35
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``n`` fixed batches of learnable uint8 images: each class is a random 8x8 colour template
-    upsampled to ``image_size`` plus per-image noise. Returns images (n, B, 3, S, S) uint8 and
-    labels (n, B) int64, the same for the same arguments on every machine."""
+    """``n`` fixed batches of learnable uint8 images (n, B, 3, S, S) and labels (n, B): each class a
+    random 8x8 colour template upsampled, plus noise; the same on every machine."""
     g = torch.Generator().manual_seed(seed)
     templates = torch.rand(classes, 3, 8, 8, generator=g)
     labels = torch.randint(classes, (n, batch_size), generator=g)

@@ -1,19 +1,13 @@
 """Language-model loss without the full logits: a chunked, fused linear + cross-entropy.
 
-GPT-2 small's plain loss materialises B x T x 50304 logits (1.65 GB in bf16 at B=16, T=1024) and
-their fp32 upcast for the softmax (3.3 GB more), then the same again as their gradient. Here the
-tokens go through the output layer ``chunk`` rows at a time: each chunk's fp32 logits give its
-loss and, in the same forward, its gradient (softmax - one-hot), which is multiplied back at once
-into the gradients of the hidden states and of the weight. Only those two (the size of the
-hidden states and of the weight) are kept for backward, so memory no longer grows with the
-vocabulary, and no matmul is recomputed: forward + backward FLOPs equal the plain path's.
-The math is the plain mean cross-entropy (fp32 within rounding: tests hold it to 1e-5).
-
-:func:`fused_cross_entropy` is the same idea from PyTorch itself
-(``torch.nn.functional.linear_cross_entropy`` with ``LinearCrossEntropyOptions``, torch 2.13 on
-this machine): its chunks and their gradient accumulation are PyTorch's, and it skips targets of
--100 like ``cross_entropy``. Where the installed torch lacks it, :data:`FUSED_MISSING` is the one
-line that says what to use instead.
+GPT-2 small's plain loss materialises B x T x 50304 logits (1.65 GB in bf16 at B=16, T=1024), their
+fp32 upcast (3.3 GB more) and their gradient. Here the tokens go through the output layer
+``chunk`` rows at a time, each chunk's fp32 logits giving its loss and, in the same forward, its
+gradient (softmax - one-hot), multiplied back at once into the gradients of the hidden states and
+of the weight: only those two are kept, memory no longer grows with the vocabulary and no matmul
+is recomputed. The math is the plain mean cross-entropy (tests hold it to 1e-5).
+:func:`fused_cross_entropy` is the same idea from PyTorch itself (``linear_cross_entropy``, torch
+2.13); where the installed torch lacks it, :data:`FUSED_MISSING` says what to use instead.
 """
 
 from __future__ import annotations
@@ -86,22 +80,18 @@ def _chunked(
 def chunked_cross_entropy(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = 4096
 ) -> torch.Tensor:
-    """Mean cross-entropy of ``hidden @ weight.T`` (N x d times V x d) against ``targets`` (N),
-    ``chunk`` tokens at a time (see the module docstring). Without gradients (evaluation) only the
-    loss is computed."""
+    """Mean cross-entropy of ``hidden @ weight.T`` against ``targets``, ``chunk`` tokens at a time
+    (without gradients, only the loss)."""
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
         return ChunkedLinearCrossEntropy.apply(hidden, weight, targets, chunk)
     return _chunked(hidden, weight, targets, chunk) / hidden.shape[0]
 
 
 def fused_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of ``hidden @ weight.T`` (N x d times V x d) against ``targets`` (N;
-    -100 skipped) through PyTorch's chunked ``linear_cross_entropy``, as an fp32 scalar. Under
-    autocast the matmuls run in the autocast dtype, as the full path's output layer does, with
-    fp32 accumulation of the softmax; the op returns its input's dtype, so each token's loss
-    comes out (bf16 keeps 3 digits of each) and their mean is taken in fp32 (a bf16 mean of
-    GPT-2's ~10 nats would be off by up to 0.03). torch.compile runs this op eagerly (PyTorch's
-    own fallback, a graph break)."""
+    """Mean cross-entropy of ``hidden @ weight.T`` against ``targets`` (-100 skipped) through
+    PyTorch's chunked ``linear_cross_entropy``, as an fp32 scalar: under autocast the matmuls run in
+    its dtype and the op returns it, so the per-token losses are averaged in fp32 (a bf16 mean of
+    GPT-2's ~10 nats would be off by up to 0.03). torch.compile runs the op eagerly (a graph break)."""
     device = hidden.device.type
     if torch.is_autocast_enabled(device):
         dtype = torch.get_autocast_dtype(device)
@@ -120,9 +110,8 @@ def fused_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: tor
 
 
 def lm_loss(x: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor, mode: str) -> torch.Tensor:
-    """A language model's mean cross-entropy of its output layer ``head`` on the final hidden states
-    ``x`` (B, T, C) against ``targets`` (B, T), by ``model.loss``: 'full' (the logits, then
-    cross-entropy in fp32), 'chunked' or 'fused' (no full logits, the same math)."""
+    """Mean cross-entropy of the output layer ``head`` on hidden states ``x`` (B, T, C) against
+    ``targets`` (B, T), by ``model.loss``: 'full' (logits, then fp32 cross-entropy), 'chunked' or 'fused'."""
     if mode == "chunked":
         return chunked_cross_entropy(x.reshape(-1, x.size(-1)), head.weight, targets.reshape(-1))
     if mode == "fused":

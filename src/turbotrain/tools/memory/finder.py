@@ -1,29 +1,20 @@
 """Batch-size finder: the largest (or fastest) micro-batch that fits, with headroom, keeping the
 global batch through gradient accumulation.
 
-The search is written against a ``trial(micro) -> TrialResult(peak_bytes, step_s)`` callable that
-raises ``torch.OutOfMemoryError`` when a size does not fit, so it can be tested with a simulated
-device. :class:`~.step_trial.StepTrial` is the real one: a genuine training step (forward under
-the run's autocast, backward, ``optimizer.step()``) on the engine's device, through whatever
-compile and checkpointing ``Engine.setup`` applied. :func:`~.resolve.resolve_batch_size` ties it
-to a RunConfig (what ``--batch.micro=auto`` calls) and is the entry point for bench and tune;
-:func:`~.resolve.get_optimal_batch_size` is the one call for a model and a batch.
+The search runs ``trial(micro) -> TrialResult(peak_bytes, step_s)``, which raises
+``torch.OutOfMemoryError`` when a size does not fit (:class:`~.step_trial.StepTrial` is the real
+one; tests simulate a device). It doubles from ``start`` until a size runs out of memory, goes
+over the memory budget or reaches ``max_micro``, then binary-searches between the last success
+and the first failure (on multiples of 8 from 8 up). The answer keeps ``headroom`` (a fraction of
+the measured peak) free under the limit: the budget when known, else the largest peak that ran
+when out of memory was the only signal. Peaks of sizes not tried are interpolated (memory is
+close to linear in the batch).
 
-Algorithm: double from ``start`` until a size runs out of memory, measures a peak over the
-memory budget, or reaches ``max_micro``; then binary-search between the last success and the
-first failure (on multiples of 8 once the sizes reach 8). The answer keeps ``headroom`` (a
-fraction of the measured peak) free under the limit: the budget when known, and the largest
-measured peak that ran when an out-of-memory error was the only signal. Peaks of sizes not tried
-are interpolated between measured ones (memory is close to linear in the batch).
-
-On CPU (no allocator statistics; running out of memory kills the process rather than raising),
-peaks are counted by :class:`TensorMemoryTracker` and sizes whose extrapolated peak would exceed the
-available RAM are not run. RAM is no useful limit there (a CPU fits 1024 sequences of a small GPT
-at about a minute a step), so on CPU a size also fails when its measured step (median of 3)
-takes longer than :data:`CPU_MAX_STEP_S` (1 s): the doubling stops at the first slow size and the
-binary search finds the largest under the budget (a timing rule, so a busy CPU may find a smaller
-size). On CUDA, with ``pick='largest'``, the answer depends on memory only, never on timing;
-``slowdown_stop`` opts into a timing rule there. Each size tried is one progress line.
+On CPU (no allocator statistics; running out of memory kills the process) peaks are counted by
+:class:`TensorMemoryTracker`, sizes whose extrapolated peak exceeds the available RAM are not run,
+and a size whose step (median of 3) takes longer than :data:`CPU_MAX_STEP_S` fails: RAM is no
+useful limit there (a timing rule, so a busy CPU may find a smaller size). On CUDA with
+``pick='largest'`` the answer depends on memory only; ``slowdown_stop`` opts into a timing rule.
 """
 
 from __future__ import annotations
@@ -40,7 +31,7 @@ from ...base.config import BATCH_PICKS, choice_error
 from ...base.errors import ConfigError, TurbotrainError
 from ...base.units import GIB, gib
 from ...core.oom import is_oom
-from ...core.process_group import collective_device, in_group, rank_world
+from ...core.process_group import collective_device, in_group
 from ...parts.hardware import ram_bytes
 
 log = logging.getLogger(__name__)
@@ -122,9 +113,6 @@ class BatchSearch:
         )
 
 
-# ----------------------------------------------------------------------------- search
-
-
 def _interpolate(micro: int, fitting: list[TrialRecord]) -> int | None:
     """Peak bytes at ``micro``, linear between the measured sizes around it; at or below the
     smallest measured size, that size's peak (an upper bound: memory grows with the batch)."""
@@ -149,10 +137,6 @@ def _agree_across_ranks(value: int) -> int:
     t = torch.tensor([value], dtype=torch.int64, device=collective_device())
     torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
     return int(t.item())
-
-
-def world_size() -> int:
-    return rank_world()[1]
 
 
 def find_batch_size(
@@ -315,26 +299,19 @@ def _choose(
             return max(within, key=lambda t: (t.samples_per_s, t.micro)).micro
     if target is None:
         return largest
-    if largest == max_micro:  # the ceiling (data, or the per-rank global batch) may be any number
-        peak = _interpolate(largest, fitting)
-        if peak is not None and peak <= target:
-            return largest
+
+    def keeps_headroom(micro: int) -> bool:
+        peak = _interpolate(micro, fitting)
+        return peak is not None and peak <= target
+
+    # the ceiling (data, or the per-rank global batch) may be any number
+    if largest == max_micro and keeps_headroom(largest):
+        return largest
     grid = multiple_of if largest >= multiple_of else 1
-    candidate = largest // grid * grid
-    while candidate >= grid:
-        peak = _interpolate(candidate, fitting)
-        if peak is not None and peak <= target:
-            return candidate
-        candidate -= grid
-    if grid > 1:  # no multiple of 8 fits under the headroom: try the small sizes
-        for candidate in range(grid - 1, 0, -1):
-            peak = _interpolate(candidate, fitting)
-            if peak is not None and peak <= target:
-                return candidate
-    return min(t.micro for t in fitting)  # less headroom than asked: the smallest that ran
-
-
-# ----------------------------------------------------------------------------- global batch
+    # multiples of 8 down from the largest, then the small sizes
+    candidates = [*range(largest // grid * grid, grid - 1, -grid), *range(grid - 1, 0, -1)]
+    # none: less headroom than asked, the smallest that ran
+    return next((c for c in candidates if keeps_headroom(c)), min(t.micro for t in fitting))
 
 
 def plan_accumulation(
@@ -375,9 +352,6 @@ def plan_accumulation(
             f"training with global batch {total} = {micro} x {acc} x {world} instead of {global_size}"
         )
     return micro, acc, total, "; ".join(notes)
-
-
-# ----------------------------------------------------------------------------- real trial
 
 
 def usable_memory_bytes(

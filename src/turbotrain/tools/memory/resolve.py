@@ -33,7 +33,6 @@ from .finder import (
     find_batch_size,
     plan_accumulation,
     usable_memory_bytes,
-    world_size,
 )
 from .stats import storage_bytes
 from .step_trial import StepTrial
@@ -46,8 +45,7 @@ WHAT = "batch finder"
 
 @dataclass(frozen=True)
 class SearchRules:
-    """A search's settings, all part of the cache key: its ceiling, ``batch.headroom`` and
-    ``batch.pick``, and the timing rules (0 = off)."""
+    """A search's settings, all part of the cache key (timing rules: 0 = off)."""
 
     max_micro: int
     headroom: float
@@ -57,8 +55,7 @@ class SearchRules:
 
 
 def cache_material(config: RunConfig, engine: Engine, world: int, rules: SearchRules) -> dict[str, Any]:
-    """The decision cache's key material: the model section, the device, and what changes the
-    answer (precision, compile, sequence length, checkpointing, the search's settings, world size)."""
+    """The decision cache's key material: the model section, the device and what changes the answer."""
     b = config.batch
     settings = {
         "precision": engine.precision.name,
@@ -102,15 +99,13 @@ def resolve_batch_size(
     """Turn ``batch.micro = 'auto'`` into a number: search (or read the cache in ``run_dir``), fit
     the global batch, set ``engine.accumulation``; returns the config with concrete ``batch.micro``
     and ``batch.accumulation``, and the search (None when micro was a number). Call after
-    ``engine.setup`` (the run's precision, compile and checkpointing), before loading a checkpoint.
-    ``make_batch(micro)``: a batch on the device (default: the model spec's random batch);
-    ``max_micro``: the ceiling (default 1024, and the per-rank global batch when one is set);
-    ``slowdown_stop``, ``max_step_s``: :func:`find_batch_size`'s timing rules (``max_step_s``
-    None: :data:`CPU_MAX_STEP_S` on CPU, none on CUDA)."""
+    ``engine.setup``, before loading a checkpoint. ``make_batch(micro)``: a batch on the device
+    (default: the spec's random batch); ``max_micro``: the ceiling (default 1024, at most the
+    per-rank global batch); ``max_step_s`` None: :data:`CPU_MAX_STEP_S` on CPU, none on CUDA."""
     b = config.batch
     if isinstance(b.micro, int):
         return config, None
-    world = world_size()
+    world = rank_world()[1]
     ceiling = min(max_micro or DEFAULT_MAX_MICRO, DEFAULT_MAX_MICRO)
     if b.global_size > 0:
         ceiling = min(ceiling, max(1, -(-b.global_size // world)))
@@ -159,9 +154,7 @@ def _random_batches(config: RunConfig, model: nn.Module, device: torch.device) -
 
 
 def _search_with(trial: StepTrial, rules: SearchRules, budget: int | None) -> BatchSearch:
-    """The search on ``trial``'s engine and model: a CPU's budget counts the weights already in
-    RAM and a real OOM there kills the process (sizes are predicted first); timing rules decide
-    on medians of 3 steps."""
+    """The search on ``trial``'s engine and model (timing rules decide on medians of 3 steps)."""
     device = trial.engine.device
     if device.type == "cpu" and budget is not None:  # the weights already sit in RAM
         budget += storage_bytes(list(trial.model.parameters()) + list(trial.model.buffers()))

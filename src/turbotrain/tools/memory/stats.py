@@ -1,25 +1,17 @@
 """Where a training step's memory goes: parameters, gradients, optimizer state, activations, and
 the peak of each phase (forward, backward, optimizer step).
 
-How it is measured:
+On CUDA the caching allocator's host-side counters (reset at each phase: no device sync).
+Elsewhere torch keeps no allocator statistics, so :class:`TensorMemoryTracker` counts the bytes of
+every storage an op creates until it is freed (``torch.distributed._tools.mem_tracker``'s
+mechanism): tensor memory only, not the allocator's cache, fragmentation, library workspaces or
+the CUDA context (the finder's headroom is for those). "Activations" are the live bytes after
+forward minus before.
 
-- CUDA: the caching allocator's own counters (``torch.cuda.memory_allocated`` and
-  ``max_memory_allocated``, reset at each phase). These are host-side reads: no device sync.
-- Elsewhere (CPU, and the meta device used for estimates) torch keeps no allocator statistics,
-  so :class:`TensorMemoryTracker` counts the bytes of every tensor storage an op creates and
-  subtracts them when the storage is freed (a ``TorchDispatchMode`` plus weak references, the
-  mechanism of ``torch.distributed._tools.mem_tracker``). It counts tensor memory only: not the
-  allocator's cache or fragmentation, library workspaces (cuBLAS, cuDNN) or the CUDA context.
-  The 10% headroom of the batch-size finder is there for those.
-
-"Activations" are the bytes the autograd graph holds at the end of forward (saved tensors,
-checkpointed blocks' inputs, the loss), measured as live memory after forward minus before.
-
-:func:`estimate_memory` runs the same one-step measurement on the meta device: shapes without
-data, so an estimate for gpt2-medium takes about a second on any machine and allocates nothing.
-On meta, :class:`MetaEmulation` stands in for what the device would do (autocast's casts, fused
-attention kernels); the optimizer is the foreach AdamW, whose temporaries make the
-optimizer-phase peak an upper bound for fused AdamW.
+:func:`estimate_memory` runs the same measurement on the meta device (shapes without data: about
+a second for gpt2-medium, nothing allocated); :class:`MetaEmulation` stands in for what the device
+would do (autocast's casts, fused attention). Its optimizer is the foreach AdamW, whose
+temporaries make the optimizer-phase peak an upper bound for fused AdamW.
 """
 
 from __future__ import annotations
@@ -66,17 +58,10 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer | None) -> list[torch.Ten
     return [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
 
 
-# ----------------------------------------------------------------------------- tracking
-
-
 class TensorMemoryTracker(TorchDispatchMode):
-    """Live tensor bytes and their peak, on any device, by watching every op's outputs.
-
-    Only outputs whose storage is new (not an input's: views and in-place ops allocate nothing)
-    are counted; a weak reference to the storage subtracts its bytes when it is freed. Tensors
-    that existed before must be registered with :meth:`add` to count. The Python dispatch costs
-    microseconds per op: for measurement steps, never for the timed training loop.
-    """
+    """Live tensor bytes and their peak, on any device: each op's outputs with a new storage (not
+    an input's) count until a weak reference sees the storage freed; tensors that existed before
+    count once registered with :meth:`add`. Microseconds per op: for measurement steps only."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -147,15 +132,11 @@ _TO_FP32 = {
 
 
 class MetaEmulation(TorchFunctionMode):
-    """What a real device does that the meta device does not, at the function level:
-
-    - torch.autocast's casting rules when ``dtype`` is given (autocast ignores meta tensors):
-      matmul-like ops run in ``dtype``, norms/softmax/losses in fp32, the rest as given. The
-      casts are made above autograd, so (as with autocast) their results are what backward saves.
-    - fused attention: on meta, SDPA falls back to the math path that saves the T x T weights;
-      CUDA (flash / memory-efficient kernels) and CPU (flash kernel) keep only the output and
-      the log-sum-exp, so SDPA is routed to the CPU flash kernel's meta implementation.
-    """
+    """What a real device does that the meta device does not, at the function level: autocast's
+    casts when ``dtype`` is given (matmul-like ops in ``dtype``, norms/softmax/losses in fp32, made
+    above autograd so backward saves their results), and fused attention (meta's SDPA falls back to
+    the math path that saves the T x T weights; it is routed to the CPU flash kernel's meta
+    implementation, which keeps only the output and the log-sum-exp, as real kernels do)."""
 
     def __init__(self, dtype: torch.dtype | None = None) -> None:
         super().__init__()
@@ -197,9 +178,6 @@ def _fused_attention(
         query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
     )
     return out
-
-
-# ----------------------------------------------------------------------------- one step
 
 
 @dataclass
@@ -251,7 +229,10 @@ def measure_step_memory(
     device = params[0].device if params else torch.device("cpu")
     optimizer.zero_grad(set_to_none=True)
     model.zero_grad(set_to_none=True)
-    meter, method = _meter(device, params, optimizer, batch)
+    if device.type == "cuda":
+        gc.collect()
+    meter = step_meter(device, model, optimizer, batch)
+    method = {"cuda": "cuda-allocator", "meta": "meta-estimate"}.get(device.type, "tensor-tracking")
     phases: dict[str, int] = {}
 
     def read(phase: str) -> None:  # the peak of each phase; after the forward, the activations kept
@@ -260,21 +241,18 @@ def measure_step_memory(
 
     with meter:
         before = meter.current
-        meter.reset_peak()
         train_step(
             model, optimizer, batch, loss_fn=loss_fn, autocast=autocast, on_phase=read, zero_grad=False
         )
-    forward_peak, activations = phases["forward"], phases["forward_kept"] - before
-    backward_peak, optimizer_peak = phases["backward"], phases["optimizer"]
     stats = MemoryStats(
         micro_batch=batch_size(batch),
         params_bytes=storage_bytes(model.parameters()),
         grads_bytes=storage_bytes(p.grad for p in model.parameters() if p.grad is not None),
         optimizer_bytes=storage_bytes(optimizer_tensors(optimizer)),
-        activations_bytes=activations,
-        forward_peak_bytes=forward_peak,
-        backward_peak_bytes=backward_peak,
-        optimizer_peak_bytes=optimizer_peak,
+        activations_bytes=phases["forward_kept"] - before,
+        forward_peak_bytes=phases["forward"],
+        backward_peak_bytes=phases["backward"],
+        optimizer_peak_bytes=phases["optimizer"],
         method=method,
         device=str(device),
         precision=precision,
@@ -285,17 +263,16 @@ def measure_step_memory(
     return stats
 
 
-def _meter(device: torch.device, params: list[torch.Tensor], optimizer: Any, batch: Any) -> tuple[Any, str]:
-    """What reads a step's memory on ``device`` (the CUDA allocator's counters, else the tracked
-    tensors: weights, optimizer state, batch and what the step allocates), and its method's name."""
+def step_meter(device: torch.device, model: nn.Module, optimizer: Any, batch: Any) -> Any:
+    """What reads a step's memory on ``device``, its peak reset: the CUDA allocator's counters, else
+    the tracked tensors (weights, optimizer state, batch and what the step allocates)."""
     if device.type == "cuda":
-        gc.collect()
-        return _CudaMeter(device), "cuda-allocator"
-    meter = TensorMemoryTracker()
-    meter.add(params)
-    meter.add(optimizer_tensors(optimizer))
-    meter.add(tensors_of(batch))
-    return meter, "meta-estimate" if device.type == "meta" else "tensor-tracking"
+        meter: Any = _CudaMeter(device)
+    else:
+        meter = TensorMemoryTracker()
+        meter.add([*model.parameters(), *model.buffers(), *optimizer_tensors(optimizer), *tensors_of(batch)])
+    meter.reset_peak()
+    return meter
 
 
 class _CudaMeter(contextlib.nullcontext):
@@ -315,9 +292,6 @@ class _CudaMeter(contextlib.nullcontext):
 
     def reset_peak(self) -> None:
         torch.cuda.reset_peak_memory_stats(self.device)
-
-
-# ----------------------------------------------------------------------------- estimates
 
 
 def default_vocab_size(config: RunConfig) -> int:

@@ -1,5 +1,4 @@
-"""A real training step at a given micro-batch: what the batch finder measures
-(:class:`StepTrial`); a model spec's random batches measure it (:meth:`turbotrain.parts.models.spec.ModelSpec.random_batch`)."""
+"""A real training step at a given micro-batch: what the batch finder measures (:class:`StepTrial`)."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...base.batch import tensors_of
 from ...base.seeds import rng_state, set_rng_state
 from ...core.engine import Engine, default_loss
 from ...core.meter.clock import time_call
@@ -18,30 +16,22 @@ from ...core.meter.trial import train_step
 from ...core.oom import is_oom
 from ...parts.models.moe import MoE
 from .finder import TrialResult
-from .stats import TensorMemoryTracker, optimizer_tensors
+from .stats import step_meter
 
 
 class StepTrial:
     """A real training step at a given micro-batch, for :func:`find_batch_size`.
 
-    Each call runs a warm-up step whose peak memory is measured (CUDA allocator counters; on
-    other devices :class:`TensorMemoryTracker`), then ``timed_steps`` steps timed by the measuring
-    kit's clock (:func:`~turbotrain.core.meter.clock.time_call`; host-device sync points: search
-    only). Steps are the kit's trial step (:func:`~turbotrain.core.meter.trial.train_step`): forward
-    under the engine's autocast, backward, ``optimizer.step()``: optimizer state is allocated as in training; the
-    measured step does two forward/backward passes so the peak covers gradient accumulation.
-    Not covered: DDP/FSDP communication buckets (run it on the unwrapped model; the headroom is
-    for such extras, the allocator's fragmentation and library workspaces).
+    Each call measures the peak memory of a step of two micro-steps (the second forward with the
+    first's gradients allocated, as under accumulation), then times ``timed_steps`` steps with the
+    kit's clock (:func:`~turbotrain.core.meter.clock.time_call`; sync points: search only). Steps
+    are the kit's :func:`~turbotrain.core.meter.trial.train_step` under the engine's autocast, with
+    ``optimizer.step()``. DDP/FSDP buckets are not covered (run it on the unwrapped model: the
+    headroom is for such extras). A compiled model runs eagerly: each size would compile again,
+    and eager activations are at least the compiled ones (the answer errs on the safe side).
 
-    Trials run a compiled model eagerly (:func:`turbotrain.core.transforms.eager`): each size would
-    otherwise compile (batch 1, then 2 with dynamic shapes, then a static graph for the answer
-    after a reset: several cold compiles). Eager activations are at least the compiled ones, so
-    the answer errs on the safe side by what fusion saves; training compiles one graph, for the
-    size found, at its first step.
-
-    Use it as a context manager: on exit the weights and RNG states are restored, optimizer
-    state and gradients dropped and the CUDA cache emptied, so training starts exactly as if no
-    search had run.
+    As a context manager: on exit the weights and RNG states are restored, optimizer state and
+    gradients dropped and the CUDA cache emptied, as if no search had run.
     """
 
     def __init__(
@@ -92,19 +82,10 @@ class StepTrial:
         )
 
     def _measured_step(self, batch: Any) -> int:
-        """Peak bytes of a step of two micro-steps: the second forward runs with the first's
-        gradients allocated, as under gradient accumulation (an upper bound without it)."""
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
+        meter = step_meter(self.device, self.model, self.optimizer, batch)
+        with meter:
             self._step(batch, micro_steps=2)
-            return int(torch.cuda.max_memory_allocated(self.device))
-        tracker = TensorMemoryTracker()
-        tracker.add(list(self.model.parameters()) + list(self.model.buffers()))
-        tracker.add(optimizer_tensors(self.optimizer))
-        tracker.add(tensors_of(batch))
-        with tracker:
-            self._step(batch, micro_steps=2)
-        return tracker.peak
+        return int(meter.peak)
 
     def __call__(self, micro: int) -> TrialResult:
         failure = ""

@@ -22,9 +22,8 @@ from .settings import GPTSettings, gpt_settings, speed_choices
 
 
 class TokenData(RunData):
-    """A token source cut into ``model.block_size`` windows (``data.batching = 'windows'``: split
-    invariant, see :mod:`turbotrain.parts.data.loader`) or into documents batched by a token budget
-    (``'tokens'``: the stream depends on the ranks, see :func:`turbotrain.parts.data.batching.resume_start`)."""
+    """A token source cut into ``model.block_size`` windows (``data.batching = 'windows'``) or into
+    documents batched by a token budget (``'tokens'``: :mod:`turbotrain.parts.data.batching`)."""
 
     def __init__(self, c: RunConfig, source: TokenSource) -> None:
         self.source, self.block_size = source, gpt_settings(c).block_size
@@ -71,7 +70,7 @@ class TokenData(RunData):
         return fixed_batches(self.train, int(c.batch.micro), 1, seed=c.run.seed)[0]
 
     def steps_per_epoch(self, c: RunConfig, world: int) -> int:
-        """The steps whose windows hold as many tokens as the training split (windows are drawn at random)."""
+        """The steps whose windows hold as many tokens as the training split."""
         return max(
             1,
             len(self.source.train)
@@ -125,7 +124,6 @@ class GPTSpec(ModelSpec):
         return TokenData(c, source)
 
     def build_model(self, c: RunConfig, vocab_size: int) -> GPT:
-        """The model from the config alone (``sample`` and ``memory`` build it without data)."""
         return GPT(gpt_config(gpt_settings(c), vocab_size))
 
     def build(self, c: RunConfig, data: RunData) -> nn.Module:

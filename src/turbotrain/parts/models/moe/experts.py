@@ -16,9 +16,6 @@ GROUP_ALIGN = 16  # rows per expert group in the grouped GEMM's input (16-byte s
 _grouped_mm = getattr(F, "grouped_mm", None) or torch._grouped_mm
 
 
-# ----------------------------------------------------------------------------- routing
-
-
 def compute_dtype(x: torch.Tensor, otherwise: torch.dtype) -> torch.dtype:
     """What matmuls on ``x``'s device compute in: autocast's dtype while it is on, else ``otherwise``
     (also on the meta device of memory estimates, which has no autocast)."""
@@ -63,9 +60,6 @@ def expert_counts(experts: torch.Tensor, n_experts: int) -> torch.Tensor:
     return torch.zeros(n_experts, dtype=torch.long, device=flat.device).scatter_add_(
         0, flat, torch.ones_like(flat)
     )
-
-
-# ----------------------------------------------------------------------------- expert compute
 
 
 def group_starts(counts: torch.Tensor) -> torch.Tensor:

@@ -1,9 +1,6 @@
 """Growing a mixture-of-experts layer: where each expert of a larger layer comes from when a
-checkpoint with fewer experts loads into it (:func:`grown_order`), and the grown tensors
-(:func:`grow_experts`). The layer applies them on load (``MoE._grow_on_load``); expert parallelism
-applies them to the optimizer's state (:func:`turbotrain.parts.models.moe.parallel.attach_optimizer`).
-A run grows its experts at a step (``moe.grow_at_step``) through the same load: see
-:mod:`turbotrain.app.experts_growth`."""
+checkpoint with fewer experts loads into it (:func:`grown_order`; ``moe.grow_at_step`` grows a
+run through the same load, :mod:`turbotrain.app.experts_growth`) and the grown tensors."""
 
 from __future__ import annotations
 
@@ -46,9 +43,8 @@ def grown_loads(loads: list[int], order: list[tuple[int, bool]]) -> list[int]:
 
 
 def regrown(loads: list[int], n_experts: int, ranks: int) -> list[int]:
-    """A layer's per-expert figures (``loads``) in its numbering now: unchanged when they have
-    ``n_experts`` entries, else taken before it grew to ``n_experts`` over ``ranks`` expert-parallel
-    ranks (:func:`grown_loads`: the old experts moved to their new positions, 0 for the new ones)."""
+    """A layer's per-expert figures in its numbering now: unchanged when they have ``n_experts``
+    entries, else taken before it grew to ``n_experts`` over ``ranks`` ranks (:func:`grown_loads`)."""
     if len(loads) >= n_experts or not loads:
         return loads
     return grown_loads(loads, grown_order(len(loads), n_experts, ranks))

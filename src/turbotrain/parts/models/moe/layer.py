@@ -62,12 +62,9 @@ class Dispatcher(Protocol):
         ...
 
 
-# ----------------------------------------------------------------------------- the layer
-
-
 class MoE(nn.Module):
-    """A mixture-of-experts layer for any model: ``(..., d_model)`` in, the same shape out
-    (``(B, d)`` feature vectors, ``(B, T, d)`` tokens: every vector is routed on its own).
+    """A mixture-of-experts layer for any model: ``(..., d_model)`` in, the same shape out (every
+    vector is routed on its own).
 
     ``n_experts`` expert MLPs (``d_model -> hidden -> d_model``, GELU, no biases; ``hidden`` 0 =
     4 x d_model), each vector sent to its ``top_k`` best by a linear router and mixed by the
@@ -76,9 +73,8 @@ class MoE(nn.Module):
     none); ``router_bias_update`` > 0 turns on DeepSeek-V3's auxiliary-loss-free balancing;
     ``impl`` picks the expert compute (``auto``, ``grouped``, ``batched``, ``loop``); the weights
     start from N(0, ``init_std``) (``out_std`` for the second projection, default ``init_std``).
-
     Expert weights are ``w1`` (E, d, hidden) and ``w2`` (E, hidden, d); under expert parallelism
-    they hold only this rank's ``n_local`` experts starting at ``first_expert``."""
+    this rank's ``n_local`` experts from ``first_expert``."""
 
     expert_bias: torch.Tensor  # a buffer, registered in __init__
 
@@ -112,46 +108,31 @@ class MoE(nn.Module):
         nn.init.normal_(self.w2, std=init_std if out_std is None else out_std)
         self.register_buffer("expert_bias", torch.zeros(E))  # selection bias (router_bias_update); saved
         self.use_bias = router_bias_update > 0
-        # False: this layer moves its router bias and counts its tokens in its own training
-        # forward; True: an enclosing model does both once per forward of its own (MoEGPT)
-        self.managed = False
+        self.managed = False  # True: an enclosing model (MoEGPT) moves the bias and counts the tokens
         self.first_expert, self.n_local = 0, E
         self.dispatcher: Dispatcher | None = None
-        self._init_tallies(E)
+        # The last forward's results (plain attributes: not broadcast by DDP, not checkpointed):
+        self.last_counts: torch.Tensor | None = None  # (E,) assignments per expert
+        self.last_aux: torch.Tensor | None = None  # load-balancing loss (before the coefficient)
+        self.pending_aux: torch.Tensor | None = None  # aux_loss_coef x last_aux, until taken
+        self.last_dropped: torch.Tensor | None = None  # assignments dropped by the capacity
+        # Tallies moved with the module (_apply), never None: a compiled forward that met None
+        # in its first step would compile again in its second. Since the last read:
+        self.load: torch.Tensor = torch.zeros(E, dtype=torch.long)  # (E,) assignments
+        self.dropped: torch.Tensor = torch.zeros((), dtype=torch.long)  # dropped assignments
+        self.pending: torch.Tensor | None = self._nothing_pending()  # (E,) finished steps' loads
+        self.step_load: torch.Tensor | None = None  # (E,) this optimizer step's loads (per-step mode)
         self.per_step = False  # True: the bias moves once per optimizer step (follow_optimizer_steps)
         self.grew_from = 0  # experts in the checkpoint this layer was grown from (0: not grown)
         self.register_load_state_dict_pre_hook(MoE._grow_on_load)  # called as (module, state, prefix, ...)
         self.register_load_state_dict_pre_hook(MoE._default_extra_state)
 
-    def _init_tallies(self, E: int) -> None:
-        """What the forward writes: the last forward's results, read by MoEGPT and the experts
-        monitor (plain attributes: DDP does not broadcast them, checkpoints do not hold them),
-        and the tallies kept across forwards."""
-        self.last_counts: torch.Tensor | None = None  # (E,) this forward's assignments per expert
-        # this forward's load-balancing loss (before the coefficient)
-        self.last_aux: torch.Tensor | None = None
-        # aux_loss_coef x last_aux of the last training forward, until taken
-        self.pending_aux: torch.Tensor | None = None
-        self.last_dropped: torch.Tensor | None = None  # assignments dropped by the capacity
-        # tallies made here and moved with the module (_apply), never None: a compiled forward
-        # that met None in its first step would compile again in its second
-        # (E,) assignments summed over training forwards since the last read
-        self.load: torch.Tensor = torch.zeros(E, dtype=torch.long)
-        # () dropped assignments since the last read
-        self.dropped: torch.Tensor = torch.zeros((), dtype=torch.long)
-        # (E,) loads of finished steps, for the next bias update
-        self.pending: torch.Tensor | None = self._nothing_pending()
-        self.step_load: torch.Tensor | None = None  # (E,) this optimizer step's loads so far (per-step mode)
-
-    # Checkpoints hold the router-bias loads not applied yet (``pending``: the last optimizer
-    # step's, or the last training forward's without step marks, which the next training forward
-    # applies) as this layer's extra state, summed over the ranks, so a resume at any world size
-    # moves the bias as the uninterrupted run would. A step's loads not finished yet
-    # (``step_load``) are not saved: like its gradients, they belong to a step a resume redoes.
+    # Checkpoints hold the router-bias loads not applied yet (``pending``) as the extra state,
+    # summed over the ranks, so a resume at any world size moves the bias as the uninterrupted run
+    # would. An unfinished step's loads (``step_load``) are not saved: a resume redoes that step.
 
     def _apply(self, fn: Any, recurse: bool = True) -> MoE:
-        """``.to()``/``.cuda()`` move the token tallies too, to the buffers' device (plain
-        attributes, not buffers: data parallelism must not broadcast them)."""
+        """``.to()``/``.cuda()`` move the token tallies too (plain attributes, not buffers)."""
         super()._apply(fn, recurse)
         device = self.expert_bias.device
         self.load, self.dropped = self.load.to(device), self.dropped.to(device)
@@ -161,9 +142,8 @@ class MoE(nn.Module):
         return self
 
     def _nothing_pending(self) -> torch.Tensor | None:
-        """Zero loads with the router bias on (they move it by sign(0) = 0: not at all), None
-        without: the first training forward then meets a tensor, as every later one does, and a
-        compiled model is not compiled again for the second step."""
+        """Zero loads with the router bias on (they move it by sign(0) = 0), None without: the first
+        training forward meets a tensor as every later one does (no recompile at the second step)."""
         return (
             torch.zeros(self.n_experts, dtype=torch.long, device=self.expert_bias.device)
             if self.use_bias
@@ -171,9 +151,8 @@ class MoE(nn.Module):
         )
 
     def get_extra_state(self) -> torch.Tensor:
-        """The (E,) loads since the last bias update, summed over every rank (zeros when none). A
-        collective when there are some under a process group: every rank saves together, and
-        every rank has them after the same training forwards."""
+        """The (E,) loads since the last bias update, summed over every rank (zeros when none): a
+        collective under a process group (every rank saves together)."""
         if self.pending is None:
             return torch.zeros(self.n_experts, dtype=torch.long, device=self.expert_bias.device)
         total = self.pending.clone()
@@ -182,9 +161,8 @@ class MoE(nn.Module):
         return total
 
     def set_extra_state(self, state: Any) -> None:
-        """The saved sum becomes rank 0's pending loads (zeros on the others): the bias update's
-        all-reduce gives every rank the saved sum again. Zeros (nothing pending) or another expert
-        count (grown): nothing pending. Either way no step is under way."""
+        """The saved sum becomes rank 0's pending loads (zeros on the others: the bias update's
+        all-reduce gives every rank the sum again); zeros or another expert count: nothing pending."""
         self.pending, self.step_load = self._nothing_pending(), None
         if not isinstance(state, torch.Tensor) or state.shape != (self.n_experts,) or not bool(state.any()):
             return
@@ -197,8 +175,8 @@ class MoE(nn.Module):
         state.setdefault(prefix + EXTRA_STATE_KEY, torch.zeros(self.n_experts, dtype=torch.long))
 
     def _grow_on_load(self, state: dict[str, Any], prefix: str, *args: Any) -> None:
-        """A checkpoint with fewer experts: grow it to this layer's (see :func:`grown_order`)
-        before anything else reads it (expert parallelism's slicing comes after)."""
+        """A checkpoint with fewer experts grows to this layer's (:func:`grown_order`) before
+        expert parallelism's slicing reads it."""
         w1 = state.get(prefix + "w1")
         if not isinstance(w1, torch.Tensor) or w1.shape[0] >= self.n_experts:
             return
@@ -218,8 +196,8 @@ class MoE(nn.Module):
         return max(1, math.ceil(self.capacity_factor * n_tokens * self.top_k / self.n_experts))
 
     def resolved_impl(self, x: torch.Tensor) -> str:
-        """'auto' -> grouped where the grouped GEMM runs: on CUDA with bf16 compute (autocast or
-        bf16 weights) and on CPU (fp32 and bf16); batched elsewhere (CUDA fp32/fp16)."""
+        """'auto' -> grouped where the grouped GEMM runs (CUDA with bf16 compute, CPU fp32 and bf16),
+        else batched."""
         if self.impl != "auto":
             return self.impl
         kind = x.device.type
@@ -238,10 +216,9 @@ class MoE(nn.Module):
         return experts_batched(x, counts, self.w1, self.w2, capacity)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Route, compute and mix ``x`` (..., d_model). In a training forward (not a recompute) of
-        a layer of its own (not ``managed``), first apply the router-bias loads since the last
-        update, then count this forward's tokens and keep its load-balancing loss for
-        :meth:`take_aux_loss` (when gradients are on)."""
+        """Route, compute and mix ``x``. In a training forward (not a recompute) of a layer not
+        ``managed``, first apply the router-bias loads, then count the tokens and keep the
+        load-balancing loss for :meth:`take_aux_loss`."""
         own = self.training and not self.managed and not _recomputing()
         if own and self.update_rate > 0:
             self.update_bias(self.update_rate)
@@ -253,16 +230,13 @@ class MoE(nn.Module):
         return out
 
     def take_aux_loss(self) -> torch.Tensor | None:
-        """``aux_loss_coef x`` the load-balancing loss of the last training forward, once (then
-        None until the next one); None in evaluation, under ``no_grad`` or with ``aux_loss_coef``
-        0. ``engine.backward`` adds it to the loss (see ``Engine.setup``); see :func:`aux_loss`."""
+        """``aux_loss_coef x`` the load-balancing loss of the last training forward, once; None in
+        evaluation, under ``no_grad`` or with ``aux_loss_coef`` 0 (``engine.backward`` adds it)."""
         aux, self.pending_aux = self.pending_aux, None
         return aux
 
     def mix(self, x: torch.Tensor) -> torch.Tensor:
-        """The layer's computation alone, no bookkeeping: each vector of ``x`` through its
-        ``top_k`` experts, mixed by the router's weights (sets ``last_counts``, ``last_aux``,
-        ``last_dropped``)."""
+        """The layer's computation alone (sets ``last_counts``, ``last_aux``, ``last_dropped``)."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         N, E, k = x.shape[0], self.n_experts, self.top_k
@@ -300,48 +274,35 @@ class MoE(nn.Module):
         self.per_step = True
 
     def end_optimizer_step(self) -> None:
-        """An optimizer step ended (taken or skipped): its loads, every micro-batch's, become the
-        loads the next training forward applies (after summing them over the ranks). Host only:
-        no collective, no sync."""
+        """An optimizer step ended (taken or skipped): its loads become the ones the next training
+        forward applies. Host only: no collective, no sync."""
         if self.step_load is not None:
-            self.pending = self.step_load if self.pending is None else self.pending + self.step_load
-            self.step_load = None
+            self.pending, self.step_load = _plus(self.pending, self.step_load), None
 
     def discard_optimizer_step(self) -> None:
-        """The step under way is dropped (the out-of-memory policy re-runs its batches): forget
-        its loads, so the re-run counts them once."""
+        """The step under way is dropped (the out-of-memory policy re-runs it): forget its loads."""
         self.step_load = None
 
     @torch.no_grad()
     def record(self, update_rate: float) -> None:
-        """After a training forward: add this forward's counts to the monitor's and the bias's
-        tallies (device tensors, no sync): the step's loads when following optimizer steps, else
-        the loads the next training forward applies."""
+        """After a training forward: add its counts to the monitor's and the bias's tallies (device
+        tensors, no sync)."""
         if self.last_counts is None:
             return
         self.load += self.last_counts
         if self.last_dropped is not None:
             self.dropped += self.last_dropped
         if update_rate > 0 and self.per_step:
-            self.step_load = (
-                self.last_counts.clone() if self.step_load is None else self.step_load + self.last_counts
-            )
+            self.step_load = _plus(self.step_load, self.last_counts)
         elif update_rate > 0:
-            self.pending = (
-                self.last_counts.clone() if self.pending is None else self.pending + self.last_counts
-            )
+            self.pending = _plus(self.pending, self.last_counts)
 
     @torch.no_grad()
     def update_bias(self, rate: float) -> None:
-        """DeepSeek-V3's auxiliary-loss-free balancing: raise the bias of under-loaded experts and
-        lower it for over-loaded ones by ``rate`` (kept centred), from the loads since the last
-        update: the last optimizer step's (:meth:`follow_optimizer_steps`), else the last forward's.
-
-        Data parallel (a process group): the loads of the whole global batch, summed over every
-        rank (each counted only its own tokens, before any expert-parallel dispatch), so the
-        replicated biases move alike on every rank. A collective every rank calls at the same
-        forward (the first training forward after a step: once per step); the sum stays on the
-        device (no host sync)."""
+        """DeepSeek-V3's auxiliary-loss-free balancing: move the bias of under- and over-loaded
+        experts by ``rate`` (kept centred) from the loads since the last update. Under a process
+        group the loads of the whole global batch, summed over the ranks on the device (a
+        collective at the first training forward after a step), so every rank's bias moves alike."""
         if self.pending is None:
             return
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -366,9 +327,8 @@ def moe_layers(model: nn.Module) -> Iterator[tuple[str, MoE]]:
 
 
 def aux_loss(model: nn.Module) -> torch.Tensor | float:
-    """The load-balancing losses of ``model``'s MoE layers from their last training forward,
-    summed and taken (:meth:`MoE.take_aux_loss`), for a loop without the
-    :class:`~turbotrain.Engine` (which adds them in ``backward``):
+    """The load-balancing losses of ``model``'s MoE layers from their last training forward, summed
+    and taken, for a loop without the :class:`~turbotrain.Engine` (which adds them in ``backward``):
     ``(loss + aux_loss(model)).backward()``. 0.0 when there are none."""
     total: torch.Tensor | float = 0.0
     for _, layer in moe_layers(model):
@@ -407,9 +367,12 @@ def check_settings(
         raise ConfigError(f"MoE(impl={impl!r}) is not valid; choose one of: {', '.join(MOE_IMPLS)}")
 
 
+def _plus(total: torch.Tensor | None, loads: torch.Tensor) -> torch.Tensor:
+    return loads.clone() if total is None else total + loads
+
+
 def _recomputing() -> bool:
-    """True inside activation checkpointing's recompute of a forward (eager: it runs in the
-    autograd engine's backward); compiled, the recompute is part of the backward graph."""
+    """True inside activation checkpointing's eager recompute (it runs in autograd's backward)."""
     return not torch.compiler.is_compiling() and torch._C._current_graph_task_id() != -1
 
 

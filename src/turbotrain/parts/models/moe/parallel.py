@@ -33,7 +33,7 @@ from torch.distributed._functional_collectives import all_to_all_single_autograd
 
 from ....base.config import setting
 from ....base.errors import ConfigError
-from .grow import grow_experts, grown_order
+from .grow import grow_experts, grown_order, new_positions
 from .layer import MoE, moe_layers
 
 log = logging.getLogger(__name__)
@@ -126,8 +126,7 @@ def _reduce_hook(layout: ExpertLayout) -> Any:
 @dataclass(frozen=True)
 class PlacedExperts:
     """What placing the experts left for the strategy: this rank's expert parameters (left out of
-    data parallelism: their gradients are reduced over their replica group) and the global
-    gradient norm function (None: the engine's default, nothing was spread)."""
+    data parallelism) and the global gradient norm (None: the engine's default)."""
 
     params: list[nn.Parameter]
     grad_norm: GradNormFn | None = None
@@ -140,12 +139,11 @@ _attached: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
 def place_experts(
     model: nn.Module, optimizer: torch.optim.Optimizer | None, layout: ExpertLayout | None
 ) -> PlacedExperts:
-    """The expert dimension of a parallel plan, done before the data-parallel wrapper: with a
-    ``layout`` (degree > 1), keep this rank's slice of every MoE block's experts, route tokens
-    through :class:`AllToAllDispatcher`, reduce the expert gradients over their replica group and
-    point ``optimizer`` (still without state) at the slices. For any model with MoE layers, the
-    optimizer's state then follows the experts in checkpoints (:func:`attach_optimizer`). A
-    ``layout`` for a model without MoE layers is one line. Placing twice does nothing more."""
+    """The expert dimension of a parallel plan, before the data-parallel wrapper: with a ``layout``
+    (degree > 1), keep this rank's slice of every MoE block's experts (:func:`shard_experts`) and
+    point ``optimizer`` (still without state) at the slices; for any MoE model the optimizer's
+    state then follows the experts (:func:`attach_optimizer`). A ``layout`` for a model without
+    MoE layers is one line. Placing twice does nothing more."""
     layers = [layer for _, layer in moe_layers(model)]
     if layout is not None and not layers:
         raise ConfigError(
@@ -172,16 +170,18 @@ def place_experts(
 
 
 def shard_experts(layers: list[MoE], layout: ExpertLayout) -> dict[int, nn.Parameter]:
-    """Keep only this rank's slice of every MoE block's experts (every rank built the same full
-    model from the same seed) and route tokens to the ranks of their experts; returns the new
-    parameter for each replaced one (by ``id``), so an optimizer can be pointed at them."""
+    """Keep only this rank's slice of every MoE block's experts (every rank built the same model),
+    route tokens to their experts' ranks; returns the new parameter for each replaced one's ``id``."""
     n_local = layers[0].n_experts // layout.degree
     first = layout.ep_rank * n_local
     hook = _reduce_hook(layout)
     slices: dict[int, nn.Parameter] = {}
     for layer in layers:
         old = (layer.w1, layer.w2)
-        _keep_slice(layer, first, n_local)
+        with torch.no_grad():
+            layer.w1 = nn.Parameter(layer.w1[first : first + n_local].clone())
+            layer.w2 = nn.Parameter(layer.w2[first : first + n_local].clone())
+        layer.first_expert, layer.n_local = first, n_local
         slices.update({id(o): n for o, n in zip(old, (layer.w1, layer.w2))})
         layer.dispatcher = AllToAllDispatcher(layout.ep_group, layout.degree, n_local)
         for p in (layer.w1, layer.w2):
@@ -199,12 +199,10 @@ def shard_experts(layers: list[MoE], layout: ExpertLayout) -> dict[int, nn.Param
 
 
 def grad_norm(model: nn.Module) -> GradNormFn | None:
-    """The global gradient norm under expert parallelism, for ``engine.set_grad_norm``: a function
-    of the optimizer's parameters returning the 2-norm (fp32, 0-dim, on the device) over the
-    non-expert gradients and every rank's expert gradients, the same on every rank (see the module
-    docstring). A collective over the expert-parallel group: every rank calls it at every step,
-    as the engine does. None (the engine's default norm) when no experts are sharded: call it
-    after :func:`shard_experts`."""
+    """The global gradient norm under expert parallelism, for ``engine.set_grad_norm``: the fp32
+    2-norm over the non-expert gradients and every rank's expert gradients, the same on every rank;
+    a collective over the expert-parallel group every rank calls at every step. None (the engine's
+    default norm) when no experts are sharded (call it after :func:`shard_experts`)."""
     layers = [layer for _, layer in moe_layers(model) if isinstance(layer.dispatcher, AllToAllDispatcher)]
     if not layers:
         return None
@@ -262,12 +260,11 @@ def _local_experts_hook(layer: MoE) -> Any:
 
 def attach_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """For a MoE model, make the optimizer's state follow the experts: under expert parallelism
-    ``optimizer.state_dict()`` holds every expert's state (gathered, as the model's) and
-    ``load_state_dict`` keeps this rank's slice, so a checkpoint resumes at any degree; a
-    checkpoint with fewer experts (grown on load, see :func:`turbotrain.parts.models.moe.grown_order`)
-    gives the new experts (and their router rows) fresh, zero moments. Nothing for other models,
-    nor for an optimizer attached already. Call after the experts are placed (the hooks find
-    the parameters by identity): :func:`place_experts` does, in ``engine.setup``."""
+    ``state_dict()`` holds every expert's state (gathered) and ``load_state_dict`` keeps this
+    rank's slice, so a checkpoint resumes at any degree; a checkpoint with fewer experts (grown on
+    load) gives the new experts and their router rows zero moments. Nothing for other models or
+    an optimizer attached already. Call after the experts are placed (the hooks find the
+    parameters by identity): :func:`place_experts` does."""
     layers = [layer for _, layer in moe_layers(model)]
     if not layers or optimizer in _attached:
         return
@@ -313,24 +310,22 @@ def attach_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None
 
 
 def _local_experts(value: torch.Tensor, layer: MoE, sharded: bool) -> torch.Tensor:
-    """A saved per-expert optimizer state as this rank keeps it: grown to the layer's experts
-    (the new ones start fresh, at zero), then this rank's slice of a sharded parameter's."""
+    """A saved per-expert optimizer state grown to the layer's experts (the new ones at zero), then
+    this rank's slice of a sharded parameter's."""
     if value.shape[0] < layer.n_experts and value.shape[0] == layer.grew_from:
         order = grown_order(value.shape[0], layer.n_experts, layer.n_experts // layer.n_local)
         value = grow_experts(value, order, 0.0, 0)
-        value[[j for j, (_, is_new) in enumerate(order) if is_new]] = 0
+        value[new_positions(order)] = 0
     if sharded and value.shape[0] == layer.n_experts != layer.n_local:
         value = value[layer.first_expert : layer.first_expert + layer.n_local]
     return value
 
 
 def _saved_key(state_dict: dict[str, Any], position: int) -> Any:
-    """The key of the state of this optimizer's ``position``-th parameter in a state dict to load,
-    found as ``Optimizer.load_state_dict`` finds it: the saved ``param_groups`` list the keys in the
-    optimizer's parameter order. The keys are positions (``optimizer.state_dict()``), their strings
-    (a round trip through JSON) or parameter names (``torch.distributed.checkpoint.state_dict``'s
-    ``set_state_dict``, which sharded checkpoints and one-process checkpoints loaded into ranks
-    go through). None when the state holds nothing for it."""
+    """The key of this optimizer's ``position``-th parameter's state in a state dict to load, found
+    as ``Optimizer.load_state_dict`` finds it (the saved ``param_groups`` list the keys in parameter
+    order): a position, its string (JSON) or a parameter name (``set_state_dict`` of
+    ``torch.distributed.checkpoint``); None when the state holds nothing for it."""
     state = state_dict["state"]
     saved = [key for group in state_dict.get("param_groups", ()) for key in group.get("params", ())]
     key = saved[position] if position < len(saved) else position
@@ -338,10 +333,3 @@ def _saved_key(state_dict: dict[str, Any], position: int) -> Any:
         if candidate in state:
             return candidate
     return None
-
-
-def _keep_slice(layer: MoE, first: int, n_local: int) -> None:
-    with torch.no_grad():
-        layer.w1 = nn.Parameter(layer.w1[first : first + n_local].clone())
-        layer.w2 = nn.Parameter(layer.w2[first : first + n_local].clone())
-    layer.first_expert, layer.n_local = first, n_local
