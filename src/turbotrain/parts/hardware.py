@@ -46,8 +46,7 @@ def process_rss_bytes() -> int | None:
 
 
 def device_line(device: Any, precision: str, compile_scope: str) -> str:
-    """The one line a run prints when it starts: the device's name, compute capability and memory
-    (a CPU: its model, cores and RAM), the precision and what is compiled."""
+    """The one line a run prints when it starts: the device, the precision and what is compiled."""
     import torch
 
     if device.type == "cuda":
@@ -81,8 +80,7 @@ def device_name(device: Any) -> str:
 
 @dataclass(frozen=True)
 class DeviceSpec:
-    """Datasheet figures for one device. TFLOP/s are dense (no sparsity); ``None`` = unsupported
-    in hardware (e.g. bf16 on V100) or not published."""
+    """Datasheet figures for one device: dense TFLOP/s, ``None`` = unsupported or not published."""
 
     name: str
     bf16_tflops: float | None
@@ -94,8 +92,7 @@ class DeviceSpec:
     memory_gib: float | None = None
 
     def peak_tflops(self, precision: str = "bf16") -> float | None:
-        """Dense peak TFLOP/s for ``precision`` ("bf16", "fp16", "tf32", "fp32", "fp8", or a
-        turbotrain precision name like "bf16-mixed"); ``None`` when the device lacks it."""
+        """Dense peak TFLOP/s for ``precision`` (a peak key or a precision name); ``None``: lacking."""
         return getattr(self, f"{precision_key(precision)}_tflops")
 
     def to_dict(self) -> dict[str, Any]:
@@ -126,10 +123,8 @@ _PEAK_PREFIXES = (
 
 
 def precision_key(precision: Any, *, tf32: bool = False) -> str:
-    """The one precision-to-peak map: a precision name ("bf16-mixed", "fp8", a registered plugin's name,
-    "fp16", "tf32", "fp32") or a dtype (``torch.bfloat16``) to a key of :class:`DeviceSpec`'s
-    ``*_tflops`` fields; fp32 work counts at the TF32 peak when ``tf32`` (float32 matmuls on TF32
-    tensor cores: :func:`tf32_enabled`)."""
+    """The one precision-to-peak map: a precision name or a dtype to a key of :class:`DeviceSpec`'s
+    ``*_tflops`` fields; fp32 work counts at the TF32 peak when ``tf32`` (:func:`tf32_enabled`)."""
     p = str(precision).lower().removeprefix("torch.")
     key = PEAK_KEYS.get(str(precision)) or next((k for pre, k in _PEAK_PREFIXES if p.startswith(pre)), None)
     if key is None:
@@ -186,8 +181,7 @@ DEVICE_SPECS: list[tuple[str, DeviceSpec]] = [
 
 
 def lookup_peak(device_name: str | None) -> DeviceSpec | None:
-    """The datasheet spec for a device name as ``torch.cuda.get_device_name()`` reports it, or
-    ``None`` for an unknown device or a CPU (never an error: callers then omit MFU)."""
+    """The datasheet spec for a ``torch.cuda.get_device_name()``, or ``None`` (unknown, a CPU)."""
     if not device_name:
         return None
     for pattern, spec in DEVICE_SPECS:
@@ -255,8 +249,7 @@ def _try(fn: Any, *args: Any) -> Any:
 
 
 def collect_nvml_device(handle: Any) -> dict[str, Any]:
-    """One GPU's live state from NVML: utilisation (%), memory used (GiB), power (W), temperature
-    (C), clocks (MHz) and compute processes. Fields NVML refuses are left out."""
+    """One GPU's live state from NVML; fields NVML refuses are left out."""
     pynvml, _ = nvml()
     out: dict[str, Any] = {}
     util = _try(pynvml.nvmlDeviceGetUtilizationRates, handle)

@@ -9,9 +9,10 @@ from .loader import (
     default_num_workers,
     fixed_batches,
     resolve_loader_settings,
+    tune_loader,
 )
 from .prefetch import DevicePrefetcher
-from .sources import TokenSource, check_vocab, open_tokens, stdlib_files
+from .sources import TokenSource, TokenSplit, check_vocab, open_tokens, stdlib_files
 
 __all__ = [
     "DevicePrefetcher",
@@ -19,6 +20,7 @@ __all__ = [
     "Position",
     "RandomWindowSampler",
     "TokenSource",
+    "TokenSplit",
     "TokenWindows",
     "build_loader",
     "check_vocab",
@@ -27,4 +29,5 @@ __all__ = [
     "open_tokens",
     "resolve_loader_settings",
     "stdlib_files",
+    "tune_loader",
 ]

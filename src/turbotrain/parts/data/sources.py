@@ -111,18 +111,6 @@ class TokenSplit:
         mm = np.memmap(self.path, dtype=np.uint16, mode="r", offset=self.offset_bytes)
         return mm[self.start : self.stop]
 
-    @property
-    def needed_bytes(self) -> int:
-        """The file size this range needs."""
-        return self.offset_bytes + 2 * self.stop
-
-    def shrunk(self, fd: int) -> DataReadError:
-        size = os.fstat(fd).st_size
-        return DataReadError(
-            f"{self.path} shrank to {size:,} bytes while in use (this run needs {self.needed_bytes:,}); "
-            "put the complete file back, then continue with --resume"
-        )
-
     def read_rows(self, fd: int, offsets: np.ndarray, length: int) -> np.ndarray:
         """Tokens ``[o, o + length)`` of the range for each offset ``o``, (rows, length) uint16, one
         ``pread`` per row from ``fd``; a short read (the file shrank) raises :class:`DataReadError`."""
@@ -132,7 +120,11 @@ class TokenSplit:
         base = self.offset_bytes + 2 * self.start
         for i, offset in enumerate(offsets.tolist()):
             if os.preadv(fd, [view[i * row_bytes : (i + 1) * row_bytes]], base + 2 * offset) != row_bytes:
-                raise self.shrunk(fd)
+                needed, size = self.offset_bytes + 2 * self.stop, os.fstat(fd).st_size
+                raise DataReadError(
+                    f"{self.path} shrank to {size:,} bytes while in use (this run needs {needed:,}); "
+                    "put the complete file back, then continue with --resume"
+                )
         return np.frombuffer(out, dtype=np.uint16).reshape(len(offsets), length)
 
     def max_token(self, limit: int | None = None) -> int:

@@ -1,6 +1,22 @@
 """Reference models: GPT language model, classifiers, mixture-of-experts GPT; the model families a
 run's ``model.arch`` names are registered on import (:mod:`.registry`)."""
 
-from .registry import spec_for
+from .classifier import CifarResNet, ResNet
+from .gpt import GPT, GPTConfig, clear_mask_cache
+from .mlp import TinyMLP
+from .moe import MoEConfig, MoEGPT
+from .registry import FAMILIES, register_family, spec_for
 
-__all__ = ["spec_for"]
+__all__ = [
+    "FAMILIES",
+    "CifarResNet",
+    "GPT",
+    "GPTConfig",
+    "MoEConfig",
+    "MoEGPT",
+    "ResNet",
+    "TinyMLP",
+    "clear_mask_cache",
+    "register_family",
+    "spec_for",
+]

@@ -1,12 +1,8 @@
-"""A user's workload (``--model FILE.py:FUNC``, :mod:`turbotrain.parts.workload`) as a model spec: its
-model, its loaders re-batched in a split-invariant epoch order (:mod:`turbotrain.parts.data.epochs`),
-its loss, optimizer and metrics; what it does not say has the defaults of :class:`ModelSpec`.
-
-``batch.micro`` is the loader's ``batch_size`` unless the run sets it (``turbotrain train`` fills
-it in when the command and the preset leave it out). A loader that is not a torch DataLoader over
-a map-style dataset (an iterable of batches, an ``IterableDataset``) is used as it is: one process
-only, its batches as micro-batches, and a resume skips the batches already trained on (exact when
-the iterable yields the same batches each time it is iterated)."""
+"""A user's workload (``--model FILE.py:FUNC``) as a model spec: its model, its loaders re-batched
+in a split-invariant epoch order (:mod:`turbotrain.parts.data.epochs`), its loss, optimizer and
+metrics. ``batch.micro`` is the loader's ``batch_size`` unless the run sets it. A loader that is not
+a DataLoader over a map-style dataset is used as it is: one process only, and a resume skips the
+batches already trained on (exact when the iterable yields the same batches each time)."""
 
 from __future__ import annotations
 
@@ -99,9 +95,8 @@ class WorkloadData(RunData):
 
 
 class WorkloadSpec(ModelSpec):
-    """A workload ``ref`` (``FILE.py:FUNC`` or ``package.module:FUNC``), imported and built once per
-    run; ``make``: FUNC itself, or the Workload it built, handed over by a Python caller (``ref``
-    then only records it)."""
+    """A workload ``ref`` (``FILE.py:FUNC``), built once per run; ``make``: FUNC itself or the
+    Workload it built, from a Python caller (``ref`` then only records it)."""
 
     name = "workload"
 

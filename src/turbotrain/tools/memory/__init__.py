@@ -4,6 +4,7 @@
 from ...parts.data.loader import token_batches
 from .finder import (
     BatchSearch,
+    TrialRecord,
     TrialResult,
     find_batch_size,
     plan_accumulation,
@@ -11,6 +12,9 @@ from .finder import (
 )
 from .resolve import get_optimal_batch_size, resolve_batch_size
 from .stats import (
+    MemoryStats,
+    TensorMemoryTracker,
+    compare_checkpointing,
     estimate_memory,
     measure_step_memory,
     memory_summary,
@@ -19,8 +23,12 @@ from .step_trial import StepTrial
 
 __all__ = [
     "BatchSearch",
+    "MemoryStats",
     "StepTrial",
+    "TensorMemoryTracker",
+    "TrialRecord",
     "TrialResult",
+    "compare_checkpointing",
     "estimate_memory",
     "find_batch_size",
     "get_optimal_batch_size",

@@ -81,9 +81,8 @@ def _scatter_rows(x: torch.Tensor, rows: torch.Tensor, n_rows: int) -> torch.Ten
 def experts_batched(
     x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, capacity: int | None = None
 ) -> torch.Tensor:
-    """All experts as one ``bmm`` over an (E, C, d) buffer: each expert's rows padded to C, the
-    largest group (read on the host: compiled, a graph break) or ``capacity`` (then rows past it
-    must already be dropped by the caller: they are not computed and come back as zeros)."""
+    """All experts as one ``bmm`` over an (E, C, d) buffer, C the largest group (read on the host)
+    or ``capacity`` (rows past it, already dropped by the caller, come back as zeros)."""
     E = w1.shape[0]
     if capacity is None:
         capacity = int(counts.max()) if counts.numel() else 0  # sync: the padded size (CUDA fp32/fp16 path)
@@ -102,11 +101,8 @@ def experts_batched(
 def experts_grouped(
     x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
 ) -> torch.Tensor:
-    """All experts as one grouped GEMM per projection (``F.grouped_mm``): no loop, no host sync.
-
-    Groups are padded to :data:`GROUP_ALIGN` rows in a buffer of static size ``rows + E x
-    GROUP_ALIGN`` (rounded to the alignment); the last group takes the slack, whose zero rows
-    give zero outputs, so every output row is defined."""
+    """All experts as one grouped GEMM per projection (``F.grouped_mm``): no loop, no host sync
+    (groups padded as the layer's module docstring says)."""
     E, M = w1.shape[0], x.shape[0]
     dtype = compute_dtype(x, x.dtype)
     padded = (counts + GROUP_ALIGN - 1) // GROUP_ALIGN * GROUP_ALIGN
@@ -124,10 +120,9 @@ def experts_grouped(
 
 @torch.library.custom_op("turbotrain::grouped_mm", mutates_args=())
 def grouped_mm_any(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """``F.grouped_mm(a, b, offs=offs)`` for any dtype its kernel takes (fp32 on CPU) under
-    ``torch.compile``, whose fake implementation of the op accepts bf16 only (a graph break
-    otherwise): an opaque op with its own shapes and backward. ``a`` (M, K) 2-D with ``b`` (G, K, N)
-    -> (M, N); ``a`` (K, M) with ``b`` (M, N), groups along M -> (G, K, N) (the weight gradient)."""
+    """``F.grouped_mm(a, b, offs=offs)`` as an opaque op with its own shapes and backward, for any
+    dtype under ``torch.compile`` (whose fake implementation takes bf16 only): ``a`` (M, K) with ``b``
+    (G, K, N) -> (M, N); ``a`` (K, M) with ``b`` (M, N), groups along M -> (G, K, N)."""
     return _grouped_mm(a, b, offs=offs)
 
 

@@ -1,24 +1,19 @@
-"""The mixture-of-experts layer, for any model: :class:`MoE` (``turbotrain.MoE``); what it does and
-how a loop uses it: docs/moe.md. The whys the docs leave out:
+"""The mixture-of-experts layer, for any model: :class:`MoE` (``turbotrain.MoE``; docs/moe.md).
+The whys the docs leave out:
 
-- **Router in fp32**: bf16 scores flip near-ties between steps, so the router's matmul and softmax
-  run in fp32 even under autocast.
+- **Router in fp32**: bf16 scores flip near-ties between steps.
 - **The expert bias** (DeepSeek-V3, ``router_bias_update``) moves once per optimizer step from the
   loads of every micro-batch summed over all ranks (one all-reduce on the device per step), so any
-  split of the global batch moves it alike. It moves at the start of a training forward, never in
-  activation checkpointing's recompute, so the recompute routes exactly as the forward did (and
-  its tokens are not counted twice).
+  split of the global batch moves it alike; at the start of a training forward, never in
+  activation checkpointing's recompute, which so routes as the forward did.
 - **Grouped expert compute** pads each expert's group to ``experts.GROUP_ALIGN`` rows in a buffer
-  of static size (the slack goes to the last group, so every row is defined). On CPU torch 2.13's
-  fp32 grouped GEMM backward fails only for stride-0 output gradients (``y.sum()``'s); the gradient
-  here comes through the row gather and is dense. The batched path (CUDA fp32/fp16) pads the
-  groups to the largest (2.2x the loop's step time on the CPU bench, whose loads are uneven) and
-  reads that size on the host once per layer (``# sync:``, one graph break); padding every group
-  to a static bound instead would compute E/k times the experts' FLOPs (3.4x the eager batched
-  layer's forward + backward on CPU at E 8, k 2), more than a break costs. torch's grouped GEMM
-  has a fake (meta) implementation for bf16 only, hence :func:`grouped_mm_any` for fp32.
-- **Expert parallelism** plugs in through :attr:`MoE.dispatcher` (:mod:`.parallel`): the layer
-  holds its rank's slice of the experts; the dispatcher moves the sorted tokens there and back.
+  of static size (the slack goes to the last group: every row is defined). torch 2.13's CPU fp32
+  grouped GEMM backward fails only for stride-0 output gradients; here the gradient comes through
+  the row gather and is dense. The batched path (CUDA fp32/fp16) pads to the largest group and
+  reads it on the host (``# sync:``, one graph break): a static bound would compute E/k times the
+  experts' FLOPs (3.4x at E 8, k 2 on CPU), more than a break costs. torch's grouped GEMM has a
+  fake implementation for bf16 only, hence :func:`grouped_mm_any` for fp32.
+- **Expert parallelism** plugs in through :attr:`MoE.dispatcher` (:mod:`.parallel`).
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
-"""Expert parallelism: each MoE block's experts spread over an expert-parallel group, tokens sent
-to their expert's rank with an all-to-all and back (docs/moe.md); the expert dimension of the run's
-:class:`turbotrain.core.plan.ParallelPlan`, whose strategy calls :func:`place_experts` in
-``engine.setup`` before wrapping the rest for data parallelism.
+"""Expert parallelism (docs/moe.md): each MoE block's experts spread over an expert-parallel group,
+tokens sent to their expert's rank with an all-to-all and back; the expert dimension of the run's
+:class:`turbotrain.core.plan.ParallelPlan`, placed by :func:`place_experts` in ``engine.setup``.
 
-Layout for degree ``P``: consecutive ranks ``[g P, (g + 1) P)`` form expert-parallel group g; rank
-r holds experts ``[(r mod P) E/P, (r mod P + 1) E/P)`` of every block; the ranks with the same
-``r mod P`` hold copies of the same experts (their replica group).
-
-The tokens arrive sorted by expert, so each destination's rows are contiguous: the per-expert
-counts travel first, the split sizes are read on the host (the one sync an uneven all-to-all
-needs), then the rows (``all_to_all_single_autograd``, so backward sends the gradients along the
-reverse routes). Expert gradients skip DDP: a hook reduces each over its replica group, scaled to
-the gradient of the mean loss over all ranks. It runs on every backward, so accumulation sums
-already-reduced gradients (linear: the same result, more communication). :func:`grad_norm` adds
-the expert-parallel group's expert-gradient norms (on the device) to the non-expert norm, so every
-rank clips by the factor one process on the global batch would. Checkpoints hold every expert
-whole (the state-dict hooks gather the shards: a collective), so a run resumes at any degree.
+Degree ``P``: ranks ``[g P, (g + 1) P)`` form expert-parallel group g; rank r holds experts
+``[(r mod P) E/P, (r mod P + 1) E/P)`` of every block, and the ranks with the same ``r mod P`` are
+its replica group. The per-expert counts travel first and the split sizes are read on the host
+(the one sync an uneven all-to-all needs), then the rows (``all_to_all_single_autograd``: backward
+sends the gradients back). Expert gradients skip DDP: a hook reduces each over its replica group
+on every backward (accumulation sums already-reduced gradients: the same result). Checkpoints hold
+every expert whole (the state-dict hooks gather the shards: a collective).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The mixture-of-experts GPT's spec: the GPT's data and unit, a :class:`MoEGPT` from the run's
-``[model]`` section (the GPT backbone) and its own ``[moe]`` section (the experts), parameters
-counted with every expert (and those one token meets). Expert parallelism is not the spec's: it
-applies to the MoE layers of any model (:mod:`.parallel`)."""
+"""The mixture-of-experts GPT's spec: the GPT's data, a :class:`MoEGPT` from ``[model]`` (the
+backbone) and ``[moe]`` (the experts); expert parallelism applies to any model's MoE layers."""
 
 from __future__ import annotations
 
