@@ -272,8 +272,6 @@ GPUS = (
     ("compute capability >= 8.0", DeviceCaps("cuda", (8, 0), True)),
     ("compute capability < 8.0", DeviceCaps("cuda", (7, 0), False)),
 )
-
-
 _WITHIN = "finite and within rounding of fp32"
 
 
@@ -324,8 +322,14 @@ def _sound(v: dict[str, Any]) -> str:
     )
 
 
-_RESULT = {"ok": "ok", "reference": "ok (reference)", "nonfinite": "NON-FINITE", "differs": "DIFFERS"}
-_RESULT |= {"error": "ERROR", "unsupported": "not supported here"}
+_RESULT = {
+    "ok": "ok",
+    "reference": "ok (reference)",
+    "nonfinite": "NON-FINITE",
+    "differs": "DIFFERS",
+    "error": "ERROR",
+    "unsupported": "not supported here",
+}
 
 
 def _against_fp32(r: dict[str, Any], value: str, text: str) -> str:

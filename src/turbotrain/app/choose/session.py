@@ -57,11 +57,15 @@ def probe_run(
     return classify(probe_of(figures)), figures
 
 
+def _written(config: RunConfig, folder: Path) -> Target:
+    """``config`` as a Target: its config.toml written in ``folder``, the run's workload."""
+    atomic_write(folder / "config.toml", to_toml(config))
+    return Target(preset=str(folder / "config.toml"), model=config.model.workload or None)
+
+
 def measure_in_process(config: RunConfig, work_dir: Path) -> MeasureFn:
     """Measure candidates of ``config`` in this process, each with a fresh model from the run's seed."""
-    toml = work_dir / "config.toml"
-    atomic_write(toml, to_toml(config))
-    target = Target(preset=str(toml), model=config.model.workload or None)
+    target = _written(config, work_dir)
 
     def measure(c: Candidate) -> dict[str, Any]:
         folder = work_dir / c.name.replace(" ", "-").replace("/", "-").replace("(", "").replace(")", "")
@@ -280,10 +284,8 @@ def name_regime(config: RunConfig, decision: Decision | None) -> str:
     if config.train.max_steps < PROBE_MIN_STEPS:
         return f"regime: not probed (a run of {config.train.max_steps} steps: the probe would cost more than it tells)"
     with tempfile.TemporaryDirectory(prefix="turbotrain-regime-") as tmp:
-        toml = Path(tmp) / "config.toml"
-        atomic_write(toml, to_toml(config))
-        target = Target(preset=str(toml), model=config.model.workload or None)
-        return probe_line(target, None, Path(tmp) / "run", "a probe of the run's step")["line"]
+        probe = probe_line(_written(config, Path(tmp)), None, Path(tmp) / "run", "a probe of the run's step")
+        return probe["line"]
 
 
 def probe_line(

@@ -79,12 +79,9 @@ def _device_check(env: dict[str, Any]) -> Check:
         )
         return Check("CUDA device", "ok", seen)
     if env["nvidia_hardware"] and not env["cuda"]:
-        return Check(
-            "torch CUDA build",
-            "error",
-            f"this machine has an NVIDIA GPU but torch {env['torch']} is a CPU-only build",
-            "pip install torch --index-url https://download.pytorch.org/whl/cu126 (pick your CUDA at pytorch.org)",
-        )
+        cpu_build = f"this machine has an NVIDIA GPU but torch {env['torch']} is a CPU-only build"
+        fix = "pip install torch --index-url https://download.pytorch.org/whl/cu126 (pick your CUDA at pytorch.org)"
+        return Check("torch CUDA build", "error", cpu_build, fix)
     if env["cuda"]:
         visible = env["env"].get("CUDA_VISIBLE_DEVICES")
         return Check(
@@ -144,13 +141,9 @@ def _tf32_check(env: dict[str, Any]) -> Check:
         return Check("TF32", "info", "this GPU has no TF32 tensor cores (compute capability < 8.0)")
     if env["backends"]["matmul_tf32"] or env["backends"]["float32_matmul_precision"] != "highest":
         return Check("TF32", "ok", "TF32 matmuls are on for fp32 work")
-    return Check(
-        "TF32",
-        "info",
-        "TF32 is off in this process for fp32 matmuls (torch's default); turbotrain runs turn it on "
-        "(precision.tf32 = true)",
-        "in your own loop: torch.set_float32_matmul_precision('high')",
-    )
+    off = "TF32 is off in this process for fp32 matmuls (torch's default); turbotrain runs turn it on "
+    off += "(precision.tf32 = true)"
+    return Check("TF32", "info", off, "in your own loop: torch.set_float32_matmul_precision('high')")
 
 
 def _cpu_precision_checks(env: dict[str, Any]) -> list[Check]:
@@ -209,11 +202,8 @@ def _workers_check(env: dict[str, Any]) -> Check:
             "use a pre-tokenized .bin dataset (memory-mapped, cheap to load) or a machine with more cores",
         )
     workers = default_num_workers(torch.device("cuda"), cores)  # the loader's own rule, not a copy
-    return Check(
-        "DataLoader workers",
-        "ok",
-        f"{cores} usable cores: data.num_workers auto will use {workers} per process",
-    )
+    enough = f"{cores} usable cores: data.num_workers auto will use {workers} per process"
+    return Check("DataLoader workers", "ok", enough)
 
 
 def _threads_check(env: dict[str, Any]) -> Check:

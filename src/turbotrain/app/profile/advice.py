@@ -1,14 +1,8 @@
-"""From a profiled run's figures to the bottleneck and ranked recommendations.
-
-Each :class:`Advice` is one exact change: config ``settings`` (``--verify`` can apply these) and/or
-a ``code`` line to change in your workload (not verified), with why, the expected effect and an
-estimated speedup (a rough model, stated in ``expected``) that ranks them. The rules, in order:
-data (loader wait >= 20% in the timed and the profiled steps), syncs (host reads every step),
-overhead (operators so short that per-operator cost sets the pace: on CPU the time-weighted median
-forward operator under 20 us, on CUDA the median kernel under 10 us with the GPU idle >= 30%; or
-fewer than 8 samples per forward accumulated), optimizer (>= 15% of the step, not fused), compute
-and copies (CUDA), then memory and trend (:mod:`.pressure`).
-"""
+"""From a profiled run's figures to the bottleneck and ranked recommendations: each :class:`Advice`
+is config ``settings`` (``--verify`` applies these) and/or a ``code`` line to change, ranked by an
+estimated speedup (a rough model, stated in ``expected``). The rules, in order: data, syncs,
+overhead, optimizer, compute and copies (CUDA), memory and trend (:mod:`.pressure`); their
+thresholds are the constants below."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -124,15 +125,10 @@ def time_weighted_median(durations_us: Iterable[float]) -> float | None:
     spends its time in arithmetic (300 us, where the plain median says 10 us), so its regime
     does not flip with the CPU's speed around a threshold. None for no operators."""
     ordered = sorted(durations_us)
-    total = sum(ordered)
     if not ordered:
         return None
-    seen = 0.0
-    for d in ordered:
-        seen += d
-        if seen >= total / 2:
-            return d
-    return ordered[-1]
+    half = sum(ordered) / 2
+    return next((d for d, seen in zip(ordered, accumulate(ordered)) if seen >= half), ordered[-1])
 
 
 def analyze(window: ProfilerWindow) -> dict[str, Any]:
@@ -142,13 +138,8 @@ def analyze(window: ProfilerWindow) -> dict[str, Any]:
     host = [e for e in events if e.device_type == DeviceType.CPU]
     window_us = window.window_s * 1e6
     step_ms = window_us / 1000 / steps
-    forward_ops = [
-        e
-        for e in host
-        if e.name.startswith("aten::")
-        and any(a.name == FORWARD_LABEL for a in _ancestors(e))
-        and not any(a.name.startswith("aten::") for a in _ancestors(e))
-    ]
+    aten = _outermost(host, lambda e: e.name.startswith("aten::"))
+    forward_ops = [e for e in aten if any(a.name == FORWARD_LABEL for a in _ancestors(e))]
     forward_us = [e.cpu_time_total for e in forward_ops]
     out: dict[str, Any] = {
         "profiled_steps": steps,
