@@ -1,17 +1,8 @@
 """turbotrain: PyTorch training that is fast by default, and proves it.
 
-The public API is what this module exports (``__all__``, listed in docs/api.md): :class:`Engine`
-for your own loop, :func:`fit` the reference loop, :func:`track` (monitoring, checkpoints and a
-report around an own loop), :func:`train` (a whole run in one call: ``turbotrain train --model``
-from Python), :class:`RunConfig` and :func:`load_config`, :class:`Workload` (your model for
-``train``, ``bench``, ``profile`` and ``tune``), :class:`PlateauLR`, and :class:`MoE`
-(a mixture-of-experts layer for any model) with :func:`aux_loss` and :func:`end_optimizer_step`.
-Everything else lives in the layer folders and may move between releases.
-
-The modules of the layout before the per-layer folders (``turbotrain.workload``,
-``turbotrain.tracking``, ``turbotrain.engine``, ``turbotrain.config``, ...) still import for one
-release, as the same module objects under their old names, with a DeprecationWarning naming the
-import to write instead (:data:`MOVED`).
+The public API is ``__all__`` (docs/api.md); everything else lives in the layer folders and may
+move between releases. The modules of the layout before them (``turbotrain.workload``, ...) still
+import for one release, as the same module objects, with a DeprecationWarning (:data:`MOVED`).
 """
 
 from __future__ import annotations
@@ -51,13 +42,20 @@ __all__ = [
 
 filter_import_noise()  # torchao's import lines, whoever imports it after turbotrain (transformers)
 
-# Public names imported on first use: turbotrain.app.tracking and .run load the report (matplotlib), which
-# ``import turbotrain`` must not (tests/unit/test_layers.py, test_import_turbotrain_stays_light).
+# imported on first use: they load the report (matplotlib), which ``import turbotrain`` must not
 LAZY = {"track": "app.tracking", "train": "app.run"}
 
 # The old top-level modules (before the per-layer folders, commit d919ea6) -> (their module now,
 # the import to write). Kept for one release; the old ``turbotrain.loop`` (fit) is not here: its
 # name is the loop layer's folder now (``from turbotrain import fit``).
+_LAYER_OF = {
+    "base": "atomic batch errors failure launch process rundir runlock signals units version",
+    "parts": "data hardware",
+    "core": "precision distributed transforms compile_guard oom assembly",
+    "loop": "hooks run_hooks checkpoint monitor epochs lr_plateau experts_monitor",
+    "tools": "memory",
+    "app": "training report expert_report doctor precision_check bench measure profile tune",
+}
 MOVED: dict[str, tuple[str, str]] = {
     "workload": ("parts.workload", "from turbotrain import Workload"),
     "tracking": ("app.tracking", "from turbotrain import track"),
@@ -65,58 +63,24 @@ MOVED: dict[str, tuple[str, str]] = {
     "config": ("base.config", "from turbotrain import RunConfig, load_config"),
     "optim": ("core.optim", "from turbotrain import PlateauLR"),
     "models": ("parts.models", "from turbotrain import MoE, aux_loss, end_optimizer_step"),
-    "data": ("parts.data", "import turbotrain.parts.data"),
-    "hardware": ("parts.hardware", "import turbotrain.parts.hardware"),
-    "precision": ("core.precision", "import turbotrain.core.precision"),
-    "distributed": ("core.distributed", "import turbotrain.core.distributed"),
-    "transforms": ("core.transforms", "import turbotrain.core.transforms"),
-    "compile_guard": ("core.compile_guard", "import turbotrain.core.compile_guard"),
-    "oom": ("core.oom", "import turbotrain.core.oom"),
-    "assembly": ("core.assembly", "import turbotrain.core.assembly"),
-    "hooks": ("loop.hooks", "import turbotrain.loop.hooks"),
-    "run_hooks": ("loop.run_hooks", "import turbotrain.loop.run_hooks"),
-    "checkpoint": ("loop.checkpoint", "import turbotrain.loop.checkpoint"),
     "sharded": ("loop.checkpoint", "import turbotrain.loop.checkpoint"),
-    "monitor": ("loop.monitor", "import turbotrain.loop.monitor"),
-    "epochs": ("loop.epochs", "import turbotrain.loop.epochs"),
-    "lr_plateau": ("loop.lr_plateau", "import turbotrain.loop.lr_plateau"),
-    "experts_monitor": ("loop.experts_monitor", "import turbotrain.loop.experts_monitor"),
-    "memory": ("tools.memory", "import turbotrain.tools.memory"),
-    "training": ("app.training", "import turbotrain.app.training"),
-    "report": ("app.report", "import turbotrain.app.report"),
-    "expert_report": ("app.expert_report", "import turbotrain.app.expert_report"),
-    "doctor": ("app.doctor", "import turbotrain.app.doctor"),
-    "precision_check": ("app.precision_check", "import turbotrain.app.precision_check"),
-    "bench": ("app.bench", "import turbotrain.app.bench"),
-    "measure": ("app.measure", "import turbotrain.app.measure"),
-    "profile": ("app.profile", "import turbotrain.app.profile"),
-    "tune": ("app.tune", "import turbotrain.app.tune"),
-    "atomic": ("base.atomic", "import turbotrain.base.atomic"),
-    "batch": ("base.batch", "import turbotrain.base.batch"),
-    "errors": ("base.errors", "import turbotrain.base.errors"),
-    "failure": ("base.failure", "import turbotrain.base.failure"),
-    "launch": ("base.launch", "import turbotrain.base.launch"),
-    "process": ("base.process", "import turbotrain.base.process"),
-    "rundir": ("base.rundir", "import turbotrain.base.rundir"),
-    "runlock": ("base.runlock", "import turbotrain.base.runlock"),
-    "signals": ("base.signals", "import turbotrain.base.signals"),
-    "units": ("base.units", "import turbotrain.base.units"),
-    "version": ("base.version", "import turbotrain.base.version"),
+    **{
+        old: (f"{layer}.{old}", f"import turbotrain.{layer}.{old}")
+        for layer, names in _LAYER_OF.items()
+        for old in names.split()
+    },
 }
 
 
-# Modules that moved inside a layer folder since (their dotted path under turbotrain -> the same
-# pair as above). turbotrain.loop.sharded: merged into the turbotrain.loop.checkpoint package
-# (issue 33), which exports its public names.
+# Modules that moved inside a layer folder since (dotted path under turbotrain -> as above).
 MOVED_INSIDE: dict[str, tuple[str, str]] = {
     "loop.sharded": ("loop.checkpoint", "from turbotrain.loop.checkpoint import saved_world, ..."),
 }
 
 
 def moved_to(fullname: str) -> tuple[str, str, str] | None:
-    """For an old module name (``turbotrain.tracking``, ``turbotrain.models.moe``,
-    ``turbotrain.loop.sharded``): (the old name under turbotrain, the module's name now, the
-    import to write); None for any other name."""
+    """(the old name under turbotrain, the module's name now, the import to write) for an old
+    module name (``turbotrain.models.moe``, ``turbotrain.loop.sharded``); else None."""
     parts = fullname.split(".")
     if len(parts) < 2 or parts[0] != __name__:
         return None
@@ -134,9 +98,8 @@ def moved_to(fullname: str) -> tuple[str, str, str] | None:
 
 
 def _user_stacklevel() -> int:
-    """The stacklevel of the first frame outside the import machinery and this module, so that
-    a DeprecationWarning points at the user's import line (and shows in a script's __main__).
-    ``warnings.warn`` does not count the frames of importlib's bootstrap; neither does this."""
+    """The stacklevel of the user's import line (the first frame outside this module and importlib;
+    ``warnings.warn`` skips importlib's bootstrap frames, so this does not count them)."""
     frame: types.FrameType | None = sys._getframe(1)
     level = 1
     while frame is not None:
@@ -164,19 +127,14 @@ def _warn_moved(fullname: str) -> str:
 
 
 class _MovedModuleLoader(importlib.abc.Loader):
-    """Puts the module under its new name in ``sys.modules`` under the old name too: the same
-    module object, not a second copy (the import system returns what ``sys.modules`` holds)."""
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
-        return None
+    """The module under its new name, put in ``sys.modules`` under the old one: the same object."""
 
     def exec_module(self, module: types.ModuleType) -> None:
         sys.modules[module.__name__] = importlib.import_module(_warn_moved(module.__name__))
 
 
 class _MovedModuleFinder(importlib.abc.MetaPathFinder):
-    """Finds the old module names of :data:`MOVED` (and their submodules) before the path finder
-    could load a second copy of a submodule under its old name."""
+    """Finds the old names of :data:`MOVED` before the path finder loads a second copy."""
 
     def find_spec(
         self, fullname: str, path: Any = None, target: types.ModuleType | None = None
@@ -206,8 +164,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    """The public API, the layer packages and the table of moved modules (not this module's own
-    imports: ``sys``, ``warnings``, ...)."""
+    """The public API, the layer packages and the moved modules' table (not ``sys``, ...)."""
     mine = {
         n
         for n, v in globals().items()

@@ -1,29 +1,10 @@
 """turbotrain in a Hugging Face Accelerate loop: the ``Accelerator`` arguments of turbotrain's
-recipe and its monitoring, run directory and report (``pip install accelerate``)::
-
-    from turbotrain.integrations.accelerate import accelerator_kwargs_recipe, track_accelerate
-
-    accelerator = Accelerator(**accelerator_kwargs_recipe())
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    with track_accelerate(accelerator, model, "runs/acc") as run:
-        for batch in loader:
-            with accelerator.accumulate(model):
-                loss = model(**batch).loss
-                accelerator.backward(loss)
-                optimizer.step(); optimizer.zero_grad()
-            run.batch(batch)                      # its samples and tokens, from shapes (FLOPs: the first)
-            if accelerator.sync_gradients:        # an optimizer step is done
-                run.step(loss)                    # reads the loss every log_every steps only
-    # runs/acc: metrics.jsonl, summary.json, summary.md, plots/*.png
-
-Nothing it does touches your loader or the RNG: FLOPs are counted after the first optimizer step,
-on the first batch you handed to ``run.batch()`` (side-effect free), so the training is the one
-your loop runs without it, bit for bit.
-"""
+recipe and its monitoring, run directory and report (docs/integrations.md). Nothing it does
+touches your loader or the RNG (FLOPs are counted side-effect free, after the first optimizer
+step), so the training is the one your loop runs without it, bit for bit."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -34,14 +15,12 @@ from torch import nn
 
 from ..base.version import __version__
 from .observer import LoopObserver, ObserverOptions, failed_status, run_name
-from .recipe import Recipe, build_recipe, merge_user
+from .recipe import Recipe, recipe_kwargs
 
 try:
     import accelerate
 except ImportError:  # one line naming the package, not a chain of tracebacks
     raise ImportError("turbotrain.integrations.accelerate needs accelerate: pip install accelerate") from None
-
-log = logging.getLogger("turbotrain.integrations")
 
 __all__ = ["AccelerateRun", "accelerator_kwargs_recipe", "recipe_to_accelerator_kwargs", "track_accelerate"]
 
@@ -50,8 +29,7 @@ TURBOTRAIN_PRECISION = {"bf16": "bf16-mixed", "fp16": "fp16-mixed", "no": "fp32"
 
 
 def recipe_to_accelerator_kwargs(recipe: Recipe) -> dict[str, Any]:
-    """A :class:`~turbotrain.integrations.recipe.Recipe` as ``Accelerator`` keyword arguments (TF32,
-    the DataLoader and AdamW settings are not the Accelerator's: the recipe's own methods)."""
+    """A :class:`~turbotrain.integrations.recipe.Recipe` as ``Accelerator`` keyword arguments."""
     return {
         "mixed_precision": MIXED_PRECISION[recipe.precision],
         "dynamo_backend": "inductor" if recipe.compile else "no",
@@ -61,16 +39,13 @@ def recipe_to_accelerator_kwargs(recipe: Recipe) -> dict[str, Any]:
 def accelerator_kwargs_recipe(device: torch.device | str | None = None, **yours: Any) -> dict[str, Any]:
     """``Accelerator`` keyword arguments of turbotrain's recipe for ``device``, every argument in
     ``yours`` winning; one warning line where one of yours differs from the recipe."""
-    recipe = build_recipe(device)
-    for key, why in recipe.why.items():
-        log.info("turbotrain recipe: %s: %s", key, why)
-    return merge_user(recipe_to_accelerator_kwargs(recipe), yours, where=" (Accelerator)")
+    return recipe_kwargs(device, recipe_to_accelerator_kwargs, yours, where=" (Accelerator)")
 
 
 class AccelerateRun:
-    """The run directory of an Accelerate loop: call :meth:`batch` for each micro-batch and
-    :meth:`step` after each optimizer step; :meth:`close` (or the ``with`` block's end) writes the
-    summary and report. Only the main process writes; on the others every call does nothing."""
+    """The run directory of an Accelerate loop: :meth:`batch` for each micro-batch, :meth:`step`
+    after each optimizer step, :meth:`close` (or the ``with`` block's end). Only the main process
+    writes; on the others every call does nothing."""
 
     def __init__(
         self,
@@ -120,8 +95,7 @@ class AccelerateRun:
         self.observer.start(0)
 
     def batch(self, batch: Any) -> None:
-        """One training micro-batch: its samples and tokens, from shapes (no sync); the first
-        one is kept for the FLOP count after the first step."""
+        """One training micro-batch (no sync); the first is kept for the FLOP count."""
         obs = self.observer
         if obs is not None:
             obs.count(batch)
@@ -129,8 +103,8 @@ class AccelerateRun:
                 self._first_batch = batch
 
     def step(self, loss: Any = None, lr: float | None = None) -> None:
-        """An optimizer step is done; every ``log_every`` steps a record that reads ``loss`` (a
-        host-device sync point, once per record)."""
+        """An optimizer step is done; every ``log_every`` steps a record reads ``loss`` (a
+        host-device sync point)."""
         self.steps += 1
         obs = self.observer
         if obs is None:
@@ -167,9 +141,8 @@ class AccelerateRun:
 def track_accelerate(
     accelerator: Any, model: nn.Module, run_dir: str | Path, **options: Any
 ) -> AccelerateRun:
-    """An :class:`AccelerateRun` for this Accelerate loop in ``run_dir``. FLOPs are counted on the
-    first batch handed to ``run.batch()``, after the first step; ``example_batch``: count them on
-    this batch instead, before the clock starts (not one drawn from your loader: that changes what
-    the loop trains on); ``loss_fn(model, batch)`` for the count (default ``model(**batch)``);
-    options: ``log_every``, ``max_steps``, ``report`` and :class:`ObserverOptions`."""
+    """An :class:`AccelerateRun` for this Accelerate loop in ``run_dir``. ``example_batch``: count
+    FLOPs on it before the clock starts (not one drawn from your loader: that changes what the loop
+    trains on); ``loss_fn(model, batch)`` for the count (default ``model(**batch)``); options:
+    ``log_every``, ``max_steps``, ``report`` and :class:`ObserverOptions`."""
     return AccelerateRun(accelerator, model, run_dir, **options)

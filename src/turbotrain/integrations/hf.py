@@ -1,21 +1,11 @@
-"""turbotrain inside a Hugging Face ``Trainer``: a callback for its monitoring, run directory and
-report, and the ``TrainingArguments`` of turbotrain's recipe (``pip install 'turbotrain[hf]'``)::
-
-    from turbotrain.integrations.hf import TurbotrainCallback, training_args_recipe
-
-    args = TrainingArguments("out", **training_args_recipe(per_device_train_batch_size=8))
-    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[TurbotrainCallback()])
-    trainer.train()   # out/turbotrain: metrics.jsonl, summary.json, summary.md, plots/*.png
-
-At the Trainer's own logging steps, the loss it logged (read already: the callback adds no
-host-device sync), samples/s and tokens/s (from the shapes a forward pre-hook sees), TFLOP/s and MFU,
-memory and GPU utilisation, evaluation losses; the report at the end. Only the main process writes.
-Each checkpoint's counts go into metrics.jsonl, so ``resume_from_checkpoint`` goes on from them.
-"""
+"""turbotrain inside a Hugging Face ``Trainer`` (docs/integrations.md): a callback for its
+monitoring, run directory and report, and the ``TrainingArguments`` of turbotrain's recipe. The
+callback reads the loss the Trainer logged (read already: no host-device sync of its own) and
+counts samples and tokens from the shapes a forward pre-hook sees; only the main process writes.
+Each checkpoint's counts go into metrics.jsonl, so ``resume_from_checkpoint`` goes on from them."""
 
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
 from typing import Any, Unpack
@@ -24,15 +14,13 @@ import torch
 
 from ..base.version import __version__
 from .observer import LoopObserver, ObserverOptions, run_name
-from .recipe import Recipe, build_recipe, merge_user
+from .recipe import Recipe, recipe_kwargs
 
 try:
     import transformers
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 except ImportError:  # one line naming the extra, not a chain of tracebacks
     raise ImportError("turbotrain.integrations.hf needs transformers: pip install 'turbotrain[hf]'") from None
-
-log = logging.getLogger("turbotrain.integrations")
 
 __all__ = ["TurbotrainCallback", "training_args_recipe", "recipe_to_training_args"]
 
@@ -64,13 +52,9 @@ def recipe_to_training_args(recipe: Recipe) -> dict[str, Any]:
 
 
 def training_args_recipe(device: torch.device | str | None = None, **yours: Any) -> dict[str, Any]:
-    """``TrainingArguments`` keyword arguments: turbotrain's recipe for ``device`` with every argument
-    in ``yours`` winning; one warning line where one of yours differs from the recipe (or sets
-    aside a setting that only goes with it, such as ``fp16`` against ``bf16``)."""
-    recipe = build_recipe(device)
-    for key, why in recipe.why.items():
-        log.info("turbotrain recipe: %s: %s", key, why)
-    return merge_user(recipe_to_training_args(recipe), yours, GROUPS, where=" (TrainingArguments)")
+    """``TrainingArguments`` keyword arguments: turbotrain's recipe for ``device``, every argument in
+    ``yours`` winning (:func:`merge_user`, with :data:`GROUPS`)."""
+    return recipe_kwargs(device, recipe_to_training_args, yours, GROUPS, " (TrainingArguments)")
 
 
 def precision_of(args: TrainingArguments) -> str:
@@ -79,13 +63,11 @@ def precision_of(args: TrainingArguments) -> str:
 
 
 class TurbotrainCallback(TrainerCallback):
-    """turbotrain's monitoring, run directory and report for a ``Trainer`` run (module docstring).
+    """turbotrain's monitoring, run directory and report for a ``Trainer`` run.
 
     ``run_dir``: default ``<output_dir>/turbotrain``; ``report``: plots and summary.md at the end;
-    ``flops_per_sample``: skip the FLOP count and use this; ``loss_fn(model, batch)``: the loss for
-    the FLOP count (default ``model(**batch)``); the rest: :class:`ObserverOptions` (the trackers
-    also get the ``TrainingArguments``).
-    """
+    ``flops_per_sample``: skip the FLOP count; ``loss_fn(model, batch)``: the loss for the FLOP count
+    (default ``model(**batch)``); the rest: :class:`ObserverOptions`."""
 
     def __init__(
         self,
@@ -167,8 +149,8 @@ class TurbotrainCallback(TrainerCallback):
         self._mark = time.perf_counter()
 
     def _not_training(self) -> None:
-        """The time since the step's end (or the last record, which starts the Monitor's next
-        window), spent evaluating or saving, is left out of the throughput, once."""
+        """The time since the step's end (or the last record), spent evaluating or saving, is left
+        out of the throughput, once."""
         now = time.perf_counter()
         if self.observer is not None:
             self.observer.add_side(now - self._mark)

@@ -1,18 +1,8 @@
-"""turbotrain inside a Lightning ``Trainer``: a callback for its monitoring, run directory and
-report, and the ``Trainer`` arguments of turbotrain's recipe (``pip install 'turbotrain[lightning]'``)::
-
-    from turbotrain.integrations.lightning import TurbotrainLightningCallback, trainer_kwargs_recipe
-
-    trainer = L.Trainer(max_steps=100, callbacks=[TurbotrainLightningCallback("runs/lit")],
-                        **trainer_kwargs_recipe())
-    trainer.fit(module, loader)   # runs/lit: metrics.jsonl, summary.json, summary.md, plots/*.png
-
-Every ``log_every`` optimizer steps a record with the step's last loss (reading it is the one
-host-device sync, once per record), samples/s and tokens/s, TFLOP/s and MFU (FLOPs counted by
-torch's FLOP counter watching the first optimizer step: nothing extra runs; a compiled module is not
-counted, give ``flops_per_sample``), memory, GPU utilisation and the validation loss. The recipe's
-other settings go into your own code: ``build_recipe().loader_kwargs()``, ``.optimizer_kwargs()``.
-"""
+"""turbotrain inside a Lightning ``Trainer`` (docs/integrations.md): a callback for its
+monitoring, run directory and report, and the ``Trainer`` arguments of turbotrain's recipe. A
+record every ``log_every`` optimizer steps reads the step's last loss (the one host-device sync,
+once per record); FLOPs are counted by torch's FLOP counter watching the first optimizer step
+(nothing extra runs; a compiled module is not counted: give ``flops_per_sample``)."""
 
 from __future__ import annotations
 
@@ -29,7 +19,7 @@ from ..base.version import __version__
 from ..loop.monitor.flops import _EXTRA_FLOP_FORMULAS  # the CPU attention kernels' FLOP formulas
 from ..parts.hardware import tf32_enabled
 from .observer import LoopObserver, ObserverOptions, failed_status, run_name
-from .recipe import Recipe, build_recipe, merge_user
+from .recipe import Recipe, recipe_kwargs
 
 try:
     import lightning
@@ -55,17 +45,13 @@ TURBOTRAIN_PRECISION = {
 
 def recipe_to_trainer_kwargs(recipe: Recipe) -> dict[str, Any]:
     """A :class:`~turbotrain.integrations.recipe.Recipe` as ``Trainer`` keyword arguments (TF32 has no
-    Trainer argument: call ``recipe.apply_switches()`` before ``fit``)."""
+    Trainer argument: ``recipe.apply_switches()``)."""
     return {"precision": LIGHTNING_PRECISION[recipe.precision], "benchmark": recipe.cudnn_benchmark}
 
 
 def trainer_kwargs_recipe(device: torch.device | str | None = None, **yours: Any) -> dict[str, Any]:
-    """``Trainer`` keyword arguments of turbotrain's recipe for ``device``, every argument in ``yours``
-    winning; one warning line where one of yours differs from the recipe."""
-    recipe = build_recipe(device)
-    for key, why in recipe.why.items():
-        log.info("turbotrain recipe: %s: %s", key, why)
-    return merge_user(recipe_to_trainer_kwargs(recipe), yours, where=" (lightning Trainer)")
+    """``Trainer`` keyword arguments of turbotrain's recipe for ``device``, ``yours`` winning."""
+    return recipe_kwargs(device, recipe_to_trainer_kwargs, yours, where=" (lightning Trainer)")
 
 
 def _loss_of(outputs: Any) -> Any:
@@ -76,14 +62,11 @@ def _loss_of(outputs: Any) -> Any:
 
 
 class TurbotrainLightningCallback(Callback):
-    """turbotrain's monitoring, run directory and report for a Lightning run (module docstring).
+    """turbotrain's monitoring, run directory and report for a Lightning run.
 
-    ``run_dir``: default ``<default_root_dir>/turbotrain``; ``log_every``: optimizer steps between
-    records (default: the Trainer's ``log_every_n_steps``); ``flops_per_sample``: use this instead
-    of counting; ``val_key``: the metric the module logs as its validation loss (one warning where
-    validation ran and did not log it); ``report`` and :class:`ObserverOptions` as for the Hugging
-    Face callback (``name`` defaults to the module's class when no directory was given).
-    """
+    ``run_dir``: default ``<default_root_dir>/turbotrain``; ``log_every``: default the Trainer's
+    ``log_every_n_steps``; ``val_key``: the metric the module logs as its validation loss (one
+    warning where validation ran without it); the rest as for the Hugging Face callback."""
 
     def __init__(
         self,
@@ -188,12 +171,11 @@ class TurbotrainLightningCallback(Callback):
             obs.record(step, self._unscaled(loss), lr=lr)
 
     def _unscaled(self, loss: Any) -> Any:
-        """The loss ``training_step`` returned (Lightning hands callbacks it divided by the
-        accumulation; a device op on logging steps only, no sync)."""
+        """The loss ``training_step`` returned (callbacks get it divided by the accumulation)."""
         return loss * self._accumulation if loss is not None and self._accumulation > 1 else loss
 
     def _end_count(self, batch: Any) -> None:
-        """The first step's FLOPs over its samples (per token position: none with an attention mask)."""
+        """The first step's FLOPs per sample (per token position: none with an attention mask)."""
         obs, counter = self.observer, self._counter
         assert obs is not None and counter is not None
         counter.__exit__(None, None, None)

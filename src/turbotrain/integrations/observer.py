@@ -1,13 +1,9 @@
 """turbotrain's monitoring, run directory and report for a training loop it does not drive.
 
-The Hugging Face and Lightning callbacks and the Accelerate helper all feed one
-:class:`LoopObserver` with what their trainer tells them: the batches (counted from their shapes,
-host-side: no sync), the end of each optimizer step, and on logging steps the loss; it reuses the
-Monitor, the FLOP count, the CompileGuard and the report unchanged.
-
-Host-device syncs: none of its own per step. A record reads the loss it is handed (one sync per
-logging step, marked there); on CUDA the first step's end is synchronised once, to time it.
-"""
+The Hugging Face and Lightning callbacks and the Accelerate helper all feed one :class:`LoopObserver`
+with what their trainer tells them; it reuses the Monitor, the FLOP count, the CompileGuard and the
+report. Host-device syncs: none of its own per step. A record reads the loss it is handed (one sync
+per logging step, marked there); on CUDA the first step's end is synchronised once, to time it."""
 
 from __future__ import annotations
 
@@ -42,8 +38,7 @@ DEFAULT_FOLDER = "turbotrain"  # the callbacks' default run directory: <the trai
 
 
 class ObserverOptions(TypedDict, total=False):
-    """The options every integration passes on to its :class:`LoopObserver` (defaults there); each
-    also takes ``name``, the run's in the summary and the trackers (default: :func:`run_name`)."""
+    """The options every integration passes on to its :class:`LoopObserver` (and ``name``)."""
 
     peak_tflops: float | None  # the device's dense peak for MFU where the GPU is not in the table
     nvml: bool  # sample GPU utilisation
@@ -53,8 +48,8 @@ class ObserverOptions(TypedDict, total=False):
 
 
 def run_name(run_dir: str | Path, fallback: str = "") -> str:
-    """The name of a run written to ``run_dir``: the directory's name, or where that is the
-    callbacks' default folder ``turbotrain``, its parent's; ``fallback`` where neither has one."""
+    """The name of a run in ``run_dir``: the directory's, or its parent's where it is the default
+    folder ``turbotrain``; else ``fallback``."""
     path = Path(run_dir).resolve()
     if path.name != DEFAULT_FOLDER:
         return path.name or fallback or DEFAULT_FOLDER
@@ -62,8 +57,8 @@ def run_name(run_dir: str | Path, fallback: str = "") -> str:
 
 
 def peak_spec(device: torch.device, peak_tflops: float | None = None) -> DeviceSpec | None:
-    """The datasheet peak MFU is measured against: ``peak_tflops`` (dense, one device, any precision)
-    when given, else looked up from the GPU's name; None on a CPU or an unknown GPU."""
+    """The datasheet peak MFU is measured against: ``peak_tflops`` (dense, one device) when given,
+    else looked up from the GPU's name; None on a CPU or an unknown GPU."""
     if peak_tflops is not None:
         if not peak_tflops > 0:
             raise ValueError(f"peak_tflops = {peak_tflops!r}: give the device's dense peak in TFLOP/s (> 0)")
@@ -80,9 +75,8 @@ def failed_status(exc: BaseException | None) -> str:
 
 
 def resumed_counts(run_dir: Path, step: int) -> tuple[int, int]:
-    """Before a resume from the checkpoint of ``step``: the samples and tokens this process had
-    trained on at that step (its ``checkpoint`` event; else the last record's, one warning), and
-    metrics.jsonl without the records of later steps (the resumed run logs them again)."""
+    """Before a resume from the checkpoint of ``step``: this process's samples and tokens at that
+    step (its ``checkpoint`` event; else the last record's, one warning), and metrics.jsonl cut after it."""
     path = run_dir / METRICS_FILE
     records = read_metrics(path)[0] if path.is_file() else []
     truncate_metrics(path, step)
@@ -115,26 +109,13 @@ def _close_open_runs() -> None:
             log.warning("turbotrain: %s: summary not written (%s)", observer.run_dir, err)
 
 
-class _LateMfu:
-    """The MFU probe once FLOPs are known (after the first step); nothing before."""
-
-    def __init__(self) -> None:
-        self.probe: MfuProbe | None = None
-
-    def __call__(self, record: dict[str, Any]) -> dict[str, Any]:
-        return self.probe(record) if self.probe is not None else {}
-
-
 class LoopObserver:
-    """The run directory of one training run in another trainer (see the module docstring).
+    """The run directory of one training run in another trainer.
 
-    ``framework``: what drives the loop, for the summary; ``world``: the data-parallel processes
-    (rates are this process's counts x world); ``precision``: turbotrain's name of the one in use;
-    ``optimizations`` and ``config``: what summary.md lists (``config`` also goes to the trackers);
-    ``resume_step``: the trainer resumed from its checkpoint of this step; the rest:
-    :class:`ObserverOptions`. A run left open by an exception its trainer does not report is closed
-    as failed when the next run starts in the same directory, or when the process ends.
-    """
+    ``world``: the data-parallel processes (rates are this process's counts x world); ``precision``:
+    turbotrain's name of the one in use; ``resume_step``: the trainer resumed from its checkpoint of
+    this step; the rest: :class:`ObserverOptions`. A run left open by an exception its trainer does not
+    report is closed as failed when the next run starts in the same directory, or when the process ends."""
 
     def __init__(
         self,
@@ -175,7 +156,7 @@ class LoopObserver:
             log.info(
                 "MFU left out: no datasheet peak for %s (achieved TFLOP/s is still recorded)", self.device
             )
-        self.mfu = _LateMfu()
+        self.mfu: MfuProbe | None = None  # once FLOPs are known (after the first step)
         self.monitor = self._monitor(sinks, trackers, project, progress_steps, nvml)
         self.guard = CompileGuard()
         self.step = 0
@@ -195,40 +176,37 @@ class LoopObserver:
         progress_steps: int | None,
         nvml: bool,
     ) -> Monitor:
-        """The Monitor of the observed run: metrics.jsonl, the trackers, more sinks, a progress bar,
-        and the probes with the MFU known once FLOPs are counted."""
+        """The Monitor: metrics.jsonl, the trackers, more sinks, a progress bar, the probes."""
         options = TrackerOptions(project=project, name=self.name, config=self.config)
         all_sinks: list[Any] = [*build_sinks(["jsonl", *trackers], self.run_dir, options), *sinks]
         if progress_steps:
             all_sinks.append(ProgressSink(progress_steps))
         probes: list[Probe] = [
             *build_probes(self.device, precision=self.precision, nvml_enabled=nvml),
-            self.mfu,
+            lambda record: self.mfu(record) if self.mfu is not None else {},
         ]
         # interval 0: the observer decides the logging steps (its trainer's), the Monitor never does
         return Monitor(0, all_sinks, probes, world=self.world)
 
     def start(self, step: int = 0) -> None:
-        """Training starts (or resumes) at optimizer step ``step``: the clocks and counters start."""
+        """Training starts (or resumes) at optimizer step ``step``."""
         self.step, self._first = step, step + 1
         self.guard.start()
         self.monitor.start(step, self.samples, self.tally.total())
         self._start = time.perf_counter()
 
     def count(self, batch: Any) -> None:
-        """One training micro-batch: its samples (from shapes) and its real tokens (an attention
-        mask's ones, padding left out; summed on the device: no sync)."""
+        """One training micro-batch: its samples (from shapes) and real tokens (summed on the device)."""
         self.samples += batch_size(batch)
         self.tally.add(batch)
 
     @property
     def tokens(self) -> int:
-        """This process's tokens so far (a host-device sync point for masks on a device: read on
-        records only)."""
+        """This process's tokens so far (a host-device sync point for masks on a device)."""
         return self.tally.total()
 
     def step_end(self, step: int, loss: Any = None) -> None:
-        """Optimizer step ``step`` is done. On the first one: the time to first step (on CUDA one
+        """Optimizer step ``step`` is done; on the first one the time to first step (on CUDA one
         host-device sync, once, unless ``loss`` is a CUDA tensor the Monitor synchronises on)."""
         self.step = step
         if step == self._first:
@@ -246,8 +224,7 @@ class LoopObserver:
         val_loss: float | None = None,
         val_metrics: dict[str, float] | None = None,
     ) -> dict[str, Any] | None:
-        """A logging step's record: ``loss`` (a float, or a device tensor read here: a host-device
-        sync point) and the window's throughput, TFLOP/s, MFU, memory and GPU utilisation."""
+        """A logging step's record; reads ``loss`` (a host-device sync point for a device tensor)."""
         self.step = max(self.step, step)
         self.guard.check(step)  # host dictionaries only
         return self.monitor.observe(
@@ -265,7 +242,7 @@ class LoopObserver:
         )
 
     def checkpointed(self, step: int) -> None:
-        """The trainer wrote its checkpoint of ``step``: the counts go into metrics.jsonl, for a resume."""
+        """The trainer wrote its checkpoint of ``step``: the counts into metrics.jsonl, for a resume."""
         self.monitor.write_event(
             {"event": "checkpoint", "step": step, "samples": self.samples, "tokens": self.tokens}
         )
@@ -275,18 +252,17 @@ class LoopObserver:
         self.side_s += max(0.0, seconds)
 
     def set_flops(self, flops_per_sample: float, source: str, tokens_per_sample: float = 0.0) -> None:
-        """Training FLOPs per sample (counted on ``tokens_per_sample``): from now on each record has
-        TFLOP/s, and MFU where a peak is known."""
+        """Training FLOPs per sample (counted on ``tokens_per_sample``): TFLOP/s and MFU from now on."""
         self.flops_per_sample, self.flops_source = float(flops_per_sample), source
-        self.mfu.probe = MfuProbe(
+        self.mfu = MfuProbe(
             self.flops_per_sample, self.spec, self.precision, source, self.world, tokens_per_sample
         )
 
     def count_flops(
         self, model: nn.Module, batch: Any, loss_fn: Callable[[nn.Module, Any], Any] | None = None
     ) -> None:
-        """FLOPs per sample counted once on ``batch`` (side-effect free; its time left out of the
-        throughput); a model the counter cannot run is one warning line, and no MFU."""
+        """FLOPs per sample counted once on ``batch`` (side-effect free, its time left out); a model
+        the counter cannot run is one warning line, and no MFU."""
         t0 = time.perf_counter()
         try:
             flops, source = estimate_flops_per_sample(model, batch, loss_fn)
@@ -298,7 +274,7 @@ class LoopObserver:
         self.set_flops(flops, source, flop_tokens_per_sample(batch))
 
     def facts(self, status: str) -> RunFacts:
-        """What summary.json says beyond the metrics (the keys :func:`turbotrain.app.report.format_markdown` reads)."""
+        """What summary.json says beyond the metrics."""
         return RunFacts(
             run=self.name,
             status=status,
@@ -311,7 +287,7 @@ class LoopObserver:
             hardware=collect_hardware(self.device),
             flops_per_sample=self.flops_per_sample,
             flops_source=self.flops_source or None,
-            peak_tflops=self.mfu.probe.peak_tflops() if self.mfu.probe is not None else None,
+            peak_tflops=self.mfu.peak_tflops() if self.mfu is not None else None,
             compile=self.guard.summary(),
             optimizations={"precision": self.precision, **self.optimizations},
             more={
@@ -322,8 +298,7 @@ class LoopObserver:
         )
 
     def close(self, status: str = "completed", report: bool = True) -> dict[str, Any]:
-        """The sinks closed, summary.json written and (with ``report``, completed) the plots and
-        summary.md; returns the summary; idempotent."""
+        """The sinks closed, summary.json written and (``report``, completed) the report; idempotent."""
         if self._closed:
             return {}
         self._closed = True

@@ -1,26 +1,8 @@
-"""turbotrain under Ray Train (``pip install 'turbotrain[ray]'``): a run of ``turbotrain train``
-(the preset GPT or a ``--model`` workload, any setting) as the per-worker function of
-``ray.train.torch.TorchTrainer``::
-
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-    from turbotrain.integrations.ray import loop_config, train_loop
-
-    trainer = TorchTrainer(
-        train_loop,
-        train_loop_config=loop_config("examples/workload_cnn.py:make", max_steps=200),
-        scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
-        run_config=RunConfig(name="cnn", storage_path="/shared/ray",
-                             failure_config=FailureConfig(max_failures=2),
-                             checkpoint_config=CheckpointConfig(num_to_keep=2)),
-    )
-    result = trainer.fit()  # result.checkpoint: turbotrain.json names the run to --resume
-
-:func:`loop_config` takes what :func:`turbotrain.train` takes; :func:`train_loop` runs it on each
-worker in Ray's process group. Checkpoints are turbotrain's own, in its store (``run.remote``, else
-``<storage_path>/<name>/turbotrain``); Ray is told of each by a small ``turbotrain.json`` that names
-the run, so a restarted group resumes from the store exactly (docs/cluster.md).
-"""
+"""turbotrain under Ray Train (docs/cluster.md): a run of ``turbotrain train`` as the per-worker
+function of ``ray.train.torch.TorchTrainer``. :func:`loop_config` takes what :func:`turbotrain.train`
+takes; :func:`train_loop` runs it on each worker in Ray's process group. Checkpoints are turbotrain's
+own, in its store (``run.remote``, else ``<storage_path>/<name>/turbotrain``); Ray is told of each by
+a small :data:`POINTER` file that names the run, so a restarted group resumes from the store exactly."""
 
 from __future__ import annotations
 
@@ -51,20 +33,18 @@ SCHEMES = {"local": "file://", "s3": "s3://", "gcs": "gs://"}  # pyarrow's file 
 def loop_config(
     workload: WorkloadLike | None = None, *, preset: str | None = None, **settings: Any
 ) -> dict[str, Any]:
-    """``train_loop_config`` for :func:`train_loop`: what :func:`turbotrain.train` takes (a
-    ``FILE.py:FUNC`` workload, as ``--model``; config fields by name or whole sections), checked
-    here on the driver (a mistake is one line before Ray starts a worker), and the driver's working
-    directory, where the workers run (relative paths mean what they mean here)."""
+    """``train_loop_config`` for :func:`train_loop`: what :func:`turbotrain.train` takes, checked on
+    the driver (a mistake is one line before Ray starts a worker), and the driver's working directory,
+    where the workers run."""
     overrides = overrides_of(settings)
     load_config(RunRequest(preset, workload=workload).base_preset, overrides)  # a wrong value: one line, here
     return {"workload": workload, "preset": preset, "overrides": overrides, "cwd": os.getcwd()}
 
 
 def train_loop(config: dict[str, Any]) -> dict[str, Any]:
-    """Ray's per-worker function: the run :func:`loop_config` describes, a new one, or the one
-    ``ray.train.get_checkpoint()`` names when Ray started the group again after a failure. Returns
-    the run's summary (rank 0's; Ray's ``result.return_value``): Ray sends it to the driver, so
-    not the trained model."""
+    """Ray's per-worker function: the run :func:`loop_config` describes, or the one
+    ``ray.train.get_checkpoint()`` names after a restart. Returns the run's summary (rank 0's; Ray
+    sends it to the driver, so not the trained model)."""
     context = ray.train.get_context()
     os.environ.update(  # the torchrun variables turbotrain reads its place from (Ray sets the same)
         RANK=str(context.get_world_rank()),
@@ -78,8 +58,8 @@ def train_loop(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _request(config: dict[str, Any], context: Any) -> RunRequest:
-    """The run of ``config``: a new one named after Ray's experiment (unless named), its store
-    Ray's (unless ``run.remote`` is given); or, after a restart, the run Ray's checkpoint names."""
+    """The run of ``config``: a new one (named after Ray's experiment, its store Ray's unless given),
+    or after a restart the run Ray's checkpoint names."""
     workload, preset = config.get("workload"), config.get("preset")
     overrides = {section: dict(values) for section, values in config.get("overrides", {}).items()}
     given = load_config(RunRequest(preset, workload=workload).base_preset, overrides).run
@@ -97,8 +77,8 @@ def _request(config: dict[str, Any], context: Any) -> RunRequest:
 
 
 def store_of_ray(context: Any) -> str:
-    """turbotrain's store in Ray's experiment folder (``RunConfig(storage_path=...)``), as a URI:
-    ``<storage_path>/<name>/turbotrain``. A file system fsspec has no scheme for is one line."""
+    """turbotrain's store in Ray's experiment folder, ``<storage_path>/<name>/turbotrain``, as a URI;
+    a file system fsspec has no scheme for is one line."""
     storage = context.get_storage()  # a DeveloperAPI of Ray's: the storage_path's file system and path
     kind = storage.storage_filesystem.type_name
     if kind not in SCHEMES:
@@ -122,11 +102,10 @@ def _reporting(run: PreparedRun) -> Sequence[Hook]:
 
 
 class ReportToRay(Hook):
-    """Tells Ray of the run at its start and at each checkpoint (``train.checkpoint_every``, and
-    the end): ``ray.train.report(metrics, checkpoint=...)`` on every rank (a barrier in Ray: each
-    rank calls it at the same steps), rank 0's with the checkpoint, :data:`POINTER`. The report at
-    the start makes a restart before the first checkpoint resume the run, not refuse its folder.
-    The metrics are the step's values the monitor has read already: no host-device sync here."""
+    """Tells Ray of the run at its start and at each checkpoint (and the end):
+    ``ray.train.report`` on every rank (a barrier in Ray), rank 0's with :data:`POINTER`. The report at
+    the start makes a restart before the first checkpoint resume the run, not refuse its folder. No
+    host-device sync: the metrics are the values the monitor has read already."""
 
     def __init__(self, run: PreparedRun) -> None:
         c = run.config

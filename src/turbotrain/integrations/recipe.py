@@ -1,16 +1,11 @@
 """turbotrain's recipe for this machine, for trainers turbotrain does not drive (Hugging Face
-``Trainer``, Lightning, Accelerate).
-
-The speed settings ``turbotrain train`` picks are worth the same in another trainer:
-:func:`build_recipe` resolves them once, through the functions the engine uses (one owner for each
-fact); each integration maps the :class:`Recipe` to its own arguments, and :func:`merge_user` lets
-every setting the user gave win, with one log line where they differ.
-"""
+``Trainer``, Lightning, Accelerate): :func:`build_recipe` resolves the speed settings once, through
+the functions the engine uses; each integration maps the :class:`Recipe` to its own arguments."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,11 +19,11 @@ from ..parts.data.loader import resolve_loader_settings
 
 log = logging.getLogger("turbotrain.integrations")
 
-__all__ = ["Recipe", "build_recipe", "default_device", "merge_user"]
+__all__ = ["Recipe", "build_recipe", "default_device", "merge_user", "recipe_kwargs"]
 
 
 def default_device() -> torch.device:
-    """The device a trainer picks by itself: the current CUDA device when there is one, else the CPU."""
+    """The current CUDA device when there is one, else the CPU."""
     return (
         torch.device("cuda", torch.cuda.current_device())
         if torch.cuda.is_available()
@@ -71,17 +66,16 @@ class Recipe:
         return {self.optimizer: True}
 
     def apply_switches(self) -> dict[str, bool]:
-        """Set the process-wide switches of the recipe (TF32 and cuDNN autotuning on CUDA; denormal
-        flushing on CPU) as ``Engine()`` does; returns them as they now stand. A trainer with its own
-        argument for a switch (``TrainingArguments.tf32``) does not need this."""
+        """Set the recipe's process-wide switches (TF32 and cuDNN autotuning on CUDA; denormal
+        flushing on CPU) as ``Engine()`` does; returns them as they now stand."""
         return apply_backend_switches(
             torch.device(self.device), tf32=self.tf32, cudnn_benchmark=self.cudnn_benchmark
         )
 
 
 def build_recipe(device: torch.device | str | None = None, config: RunConfig | None = None) -> Recipe:
-    """The recipe ``Engine()`` would use on ``device`` (default: :func:`default_device`), from the
-    defaults of a :class:`RunConfig` (or ``config``'s settings: a measured or tuned config)."""
+    """The recipe ``Engine()`` would use on ``device`` (default: :func:`default_device`) with
+    ``config``'s settings (default: a :class:`RunConfig`'s)."""
     device = torch.device(device) if device is not None else default_device()
     config = config or RunConfig()
     caps = DeviceCaps.of(device)
@@ -134,11 +128,9 @@ def merge_user(
     *,
     where: str = "",
 ) -> dict[str, Any]:
-    """``recipe``'s settings with every one in ``user`` winning; a ``None`` in ``user`` means "not
-    given" (an argparse default passed on), so the recipe's setting stays. A ``group`` holds settings that
-    only make sense together (``bf16``/``fp16``; workers, persistence and prefetch): once the user
-    gives one of a group, the recipe's others of that group are dropped too. One warning line per
-    recipe setting the user overrode with a different value or dropped this way, naming both."""
+    """``recipe``'s settings with every one in ``user`` winning (``None``: not given). A ``group`` holds
+    settings that only make sense together (``bf16``/``fp16``): once the user gives one, the recipe's
+    others are dropped. One warning line per recipe setting overridden with another value or dropped."""
     user = {key: value for key, value in user.items() if value is not None}
     merged = dict(recipe)
     dropped: dict[str, str] = {}
@@ -149,24 +141,27 @@ def merge_user(
                 if key not in user and key in merged:
                     dropped[key] = ", ".join(f"{k} = {user[k]!r}" for k in given)
                     del merged[key]
+    said = f"turbotrain recipe{where}: %s = %r"
     for key, value in user.items():
         if key in recipe and recipe[key] != value:
-            log.warning(
-                "turbotrain recipe%s: %s = %r; you set %s = %r: yours is kept",
-                where,
-                key,
-                recipe[key],
-                key,
-                value,
-            )
+            log.warning(f"{said}; you set %s = %r: yours is kept", key, recipe[key], key, value)
     for key, because in dropped.items():
         if recipe[key] is not None:
-            log.warning(
-                "turbotrain recipe%s: %s = %r left out because you set %s: yours is kept",
-                where,
-                key,
-                recipe[key],
-                because,
-            )
+            log.warning(f"{said} left out because you set %s: yours is kept", key, recipe[key], because)
     merged.update(user)
     return merged
+
+
+def recipe_kwargs(
+    device: torch.device | str | None,
+    convert: Callable[[Recipe], dict[str, Any]],
+    yours: Mapping[str, Any],
+    groups: Iterable[tuple[str, ...]] = (),
+    where: str = "",
+) -> dict[str, Any]:
+    """A trainer's keyword arguments of the recipe for ``device`` (``convert``), every one of ``yours``
+    winning (:func:`merge_user`); the recipe's reasons logged."""
+    recipe = build_recipe(device)
+    for key, why in recipe.why.items():
+        log.info("turbotrain recipe: %s: %s", key, why)
+    return merge_user(convert(recipe), yours, groups, where=where)

@@ -1,15 +1,8 @@
-"""The best checkpoint: the run's checkpoint at its best validation pass, kept in
-``checkpoints/best/`` beside the last ``train.keep_last`` and never pruned by them.
-
-How: when the watched metric (:class:`turbotrain.loop.early_stop.MetricWatch`) improves, the
-Checkpointer writes the checkpoint of that step (it may have already), and its files are
-hard-linked into ``best/`` (no copy; copied where the file system has no hard links): pruning the
-main folder later removes only the main folder's names. ``best/best.json`` says which step, which
-metric and its value; the older best goes once the new one is in place. ``best/`` holds an ordinary
-checkpoint (file or sharded folder, with its checksums), so everything that reads checkpoints reads
-it: :func:`load_best_weights` (the model only, in one process: ``turbotrain sample --best``) and
-:func:`restore_best` (the whole run state, as a resume loads it).
-"""
+"""The best checkpoint: the run's checkpoint at its best validation pass, in ``checkpoints/best/``
+beside the last ``train.keep_last``, never pruned by them (docs/early-stopping.md). Its files are
+hard-linked from the main folder (copied where the file system has no hard links), so pruning the
+main folder removes only its own names; ``best/best.json`` says which step, metric and value. It
+holds an ordinary checkpoint, so everything that reads checkpoints reads it."""
 
 from __future__ import annotations
 
@@ -52,15 +45,14 @@ BEST_FILE = "best.json"
 
 
 def best_folder(run_dir: Path) -> Path:
-    """Where run ``run_dir`` keeps its best checkpoint."""
     return Path(run_dir) / CHECKPOINTS / BEST_DIR
 
 
 class KeepBest(Hook):
-    """After each validation pass that improves ``watch``, make the checkpoint of that step the
-    best one (every rank: a sharded save is a collective; rank 0 links it into ``best/``). Placed
-    after the Checkpointer, so a checkpoint of the step written in the background is waited for,
-    not written twice, and after the Monitor, whose record of the step is on disk first."""
+    """After each validation pass that improves ``watch``, make that step's checkpoint the best one
+    (every rank: a sharded save is a collective; rank 0 links it). Placed after the Checkpointer (a
+    checkpoint of the step written in the background is waited for, not written twice) and after the
+    Monitor (the step's record is on disk first)."""
 
     def __init__(self, watch: MetricWatch, checkpointer: Checkpointer) -> None:
         self.watch, self.checkpointer = watch, checkpointer
@@ -87,8 +79,7 @@ class KeepBest(Hook):
                 _remove(old)
 
     def on_fit_start(self, ctx: FitContext) -> None:
-        """A resume finishes the update a kill interrupted: the restored watch names a best step
-        whose checkpoint is in the main folder but not (or not whole) in ``best/``."""
+        """A resume finishes the update a kill interrupted (the best step's checkpoint not in ``best/``)."""
         step, best = self.watch.best_step, self.checkpointer.folder / BEST_DIR
         if rank_world()[0] != 0 or step < 0 or not best.is_dir():
             return
@@ -120,28 +111,24 @@ def _link_or_copy(src: Path, dest: Path) -> None:
 
 
 def _link_in(path: Path, best: Path) -> Path:
-    """Checkpoint ``path`` (file or folder) linked into folder ``best`` under its own name, the way
-    a save finishes: a file before its checksum file, a folder complete before it is renamed into
-    place."""
+    """Checkpoint ``path`` linked into ``best`` the way a save finishes: a file before its checksum
+    file, a folder complete before it is renamed into place."""
     best.mkdir(parents=True, exist_ok=True)
     final = best / path.name
     _remove(final)  # a best at this step from an earlier invocation of the run
+    tmp = best / f".{path.name}.partial"
     if path.is_dir():
-        tmp = best / f".{path.name}.partial"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         for file in path.iterdir():
             _link_or_copy(file, tmp / file.name)
         os.replace(tmp, final)
         return final
-    tmp = best / f".{path.name}.partial"
-    tmp.unlink(missing_ok=True)
-    _link_or_copy(path, tmp)
-    os.replace(tmp, final)
-    side_tmp = best / f".{sidecar(path).name}.partial"
-    side_tmp.unlink(missing_ok=True)
-    _link_or_copy(sidecar(path), side_tmp)
-    os.replace(side_tmp, sidecar(final))
+    for src, dest in ((path, final), (sidecar(path), sidecar(final))):
+        tmp = best / f".{src.name}.partial"
+        tmp.unlink(missing_ok=True)
+        _link_or_copy(src, tmp)
+        os.replace(tmp, dest)
     return final
 
 
@@ -160,10 +147,8 @@ def best_checkpoint(run_dir: Path) -> Path | None:
 
 
 def load_best_weights(run_dir: Path) -> tuple[Path, dict[str, torch.Tensor]]:
-    """The model weights of run ``run_dir``'s best checkpoint as one plain state dict (full tensors,
-    unwrapped names; either kind of checkpoint), read in this process alone:
-    ``model.load_state_dict(load_best_weights(run_dir)[1])``. A run without one (trained without
-    ``best.checkpoint``, or no validation pass yet) is a one-line TurbotrainError."""
+    """The model weights of run ``run_dir``'s best checkpoint as one plain state dict, read in this
+    process alone; a run without one is a one-line TurbotrainError."""
     if not list_checkpoints(best_folder(run_dir)):
         how = setting("best.checkpoint", "true")
         own_loop = "" if how.startswith("--") else ", or pass KeepBest to fit/track"  # a Python caller's
@@ -175,16 +160,14 @@ def load_best_weights(run_dir: Path) -> tuple[Path, dict[str, torch.Tensor]]:
 
 
 def restore_best(run_dir: Path, state: RunState) -> Path:
-    """Load run ``run_dir``'s best checkpoint into ``state`` (a :class:`RunState`, as a resume
-    loads the latest: model, optimizer, engine, schedule, RNG), e.g. to continue from it in an own
-    loop; returns its path. A collective under a process group, like a resume."""
+    """Load run ``run_dir``'s best checkpoint into ``state`` as a resume loads the latest (a
+    collective under a process group); returns its path."""
     return restore_latest(best_folder(run_dir), state)
 
 
 def watched(hooks: Iterable[Hook]) -> dict[str, Any]:
-    """For the run's summary: ``{"best": {metric, mode, value, step, checkpoint}}`` when early
-    stopping or the best checkpoint watched a metric ({} otherwise). ``checkpoint``: the best
-    checkpoint's path inside the run directory (None when none was kept)."""
+    """For the run's summary: ``{"best": {metric, mode, value, step, checkpoint}}`` when a metric was
+    watched ({} otherwise); ``checkpoint``: the best's path in the run directory (None if none kept)."""
     hooks = list(hooks)
     keep = next((h for h in hooks if isinstance(h, KeepBest)), None)
     stop = next((h for h in hooks if isinstance(h, EarlyStopping)), None)

@@ -1,10 +1,7 @@
 """Early stopping on a validation metric, and the one watch of that metric it shares with the best
-checkpoint (:mod:`turbotrain.loop.best_checkpoint`).
-
-Why a watch of its own: "improved" is one rule (mode, min_delta) read by two features, so both
-agree on the best. It reads the host floats Evaluate left in ``ctx.metrics``: no sync of its own.
-Its state is in the run's checkpoint, so a resumed run stops where an uninterrupted one would.
-"""
+checkpoint, so both agree on the best (docs/early-stopping.md). It reads the host floats Evaluate
+left in ``ctx.metrics`` (no sync of its own); its state is in the run's checkpoint, so a resumed run
+stops where an uninterrupted one would."""
 
 from __future__ import annotations
 
@@ -22,16 +19,14 @@ log = logging.getLogger(__name__)
 
 
 def watch_for(b: BestConfig) -> MetricWatch | None:
-    """The watch a run's ``[best]`` settings ask for; None when neither early stopping nor the
-    best checkpoint is on."""
+    """The watch a run's ``[best]`` settings ask for; None when neither feature is on."""
     return MetricWatch(b.metric, b.mode, b.min_delta) if b.patience or b.checkpoint else None
 
 
 class MetricWatch:
-    """The best value so far of one validation metric (``metric``: ``val_loss`` or ``val_<name>``)
-    by ``mode`` ('min' or 'max'); a value improves on it when it is better by more than
-    ``min_delta`` (in the metric's units). NaN never improves. :meth:`observe` reads each
-    validation pass once."""
+    """The best value so far of one validation metric (``val_loss`` or ``val_<name>``) by ``mode``; a
+    value improves on it when better by more than ``min_delta`` (the metric's units). NaN never
+    improves."""
 
     def __init__(self, metric: str = "val_loss", mode: str = "min", min_delta: float = 0.0) -> None:
         if mode not in BEST_MODES:
@@ -52,8 +47,7 @@ class MetricWatch:
         return value > self.best + self.min_delta
 
     def value(self, ctx: FitContext) -> float:
-        """This step's value of the metric, from what Evaluate left in ``ctx.metrics``; a metric
-        the run does not compute is one line naming the ones it does."""
+        """This step's value of the metric from ``ctx.metrics`` (an unknown one: one line)."""
         if self.metric == "val_loss":
             return float(ctx.metrics["val_loss"])
         others = ctx.metrics.get("val_metrics") or {}
@@ -61,8 +55,7 @@ class MetricWatch:
         return float(others[self.metric])
 
     def require_known(self, known: Sequence[str]) -> None:
-        """The metric is one of ``known`` (what the run's validation computes), or one line naming
-        them, with the close name when there is one (val_acc: val_accuracy)."""
+        """The metric is one of ``known``, or one line naming them (and the close name, if any)."""
         if self.metric in known:
             return
         close = get_close_matches(self.metric, known, n=1)
@@ -77,8 +70,8 @@ class MetricWatch:
         )
 
     def observe(self, ctx: FitContext) -> bool | None:
-        """Read this step's validation pass, once: True when it improved on the best, False when
-        not, None when no validation pass ran at this step (or it was read already)."""
+        """Read this step's validation pass, once: True when it improved on the best, False when not,
+        None when no pass ran at this step (or it was read already)."""
         step = ctx.engine.state.step
         if ctx.metrics.get("val_step") != step or step == self.seen_step or "val_loss" not in ctx.metrics:
             return None
@@ -91,7 +84,7 @@ class MetricWatch:
         return False
 
     def facts(self) -> dict[str, Any]:
-        """For the run's summary: the metric, its mode and its best value and step (None before any)."""
+        """For the run's summary: the metric, its mode, best value and step (None before any)."""
         return {"metric": self.metric, "mode": self.mode, "value": self.best, "step": self.best_step}
 
     def state_dict(self) -> dict[str, Any]:
@@ -103,10 +96,8 @@ class MetricWatch:
 
 
 class EarlyStopping(Hook):
-    """End the fit after ``patience`` validation passes in a row that did not improve on the best
-    by more than the watch's ``min_delta`` (``patience`` 0: it only watches). Placed right after
-    :class:`turbotrain.loop.hooks.Evaluate`: it reads the pass Evaluate just ran. The stop reason
-    says which metric, its best value and step; the final checkpoint is written as at any stop."""
+    """End the fit after ``patience`` validation passes in a row without improvement (0: it only
+    watches). Placed right after Evaluate: it reads the pass Evaluate just ran."""
 
     def __init__(self, watch: MetricWatch, patience: int) -> None:
         if patience < 0:

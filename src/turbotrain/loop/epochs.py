@@ -1,15 +1,9 @@
-"""One record and one line per epoch (``train.epochs``): what practitioners who train by epochs read.
-
-:class:`EpochLog` runs after the Monitor at the end of every ``steps_per_epoch``-th optimizer step
-(Evaluate has just validated there, see :mod:`turbotrain.loop.run_hooks`) and writes an event record
-``{"event": "epoch", "epoch", "step", "epoch_s", "epoch_train_loss", "epoch_val_loss",
-"epoch_val_<metric>", "epoch_peak_mem_gib"}`` to metrics.jsonl, logs it as one line, and starts the
-device's peak memory over for the next epoch (CUDA). ``epoch_train_loss`` is the mean of the epoch's
-optimizer-step losses: summed on the device every step (no sync), read once per epoch (a host-device
-sync point); steps whose loss is not finite (skipped by the guard) are left out of the mean, and an
-epoch with none finite has no ``epoch_train_loss``. After a resume mid-epoch, ``epoch_s`` and the
-mean count from the resume.
-"""
+"""The epoch log (``train.epochs``): after each epoch's last optimizer step (Evaluate has just
+validated there) an event record ``{"event": "epoch", "epoch", "step", "epoch_s",
+"epoch_train_loss", "epoch_val_loss", "epoch_val_<metric>", "epoch_peak_mem_gib"}`` to
+metrics.jsonl, one log line, and the device's peak memory started over. ``epoch_train_loss``: the
+mean of the epoch's finite step losses (summed on the device, read once per epoch: a host-device
+sync point). After a resume mid-epoch, ``epoch_s`` and the mean count from the resume."""
 
 from __future__ import annotations
 
@@ -39,14 +33,12 @@ class EpochLog(Hook):
         self._start = time.perf_counter()
 
     def _add_loss(self, loss: torch.Tensor | None) -> None:
-        """Keep one step's loss for the epoch's mean: one device copy a step (a CUDA-graph replay
-        overwrites its output), no host-device sync; the sum is taken once per epoch."""
+        """One step's loss for the epoch's mean: a device copy (a CUDA-graph replay overwrites it)."""
         if loss is not None:
             self._losses.append(loss.detach().clone())
 
     def _take_mean_loss(self) -> float | None:
-        """The mean of the epoch's finite step losses (a host-device sync point, once per epoch;
-        None when no step's loss was finite), and start over."""
+        """The mean of the epoch's finite step losses, or None; and start over."""
         losses, self._losses = self._losses, []
         if not losses:
             return None

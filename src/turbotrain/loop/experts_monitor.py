@@ -1,18 +1,10 @@
 """Mixture-of-experts observability: tokens per expert over training and where each expert lives.
 
-Why a hook of its own: the MoE layers count their routed tokens in device tensors on every
-training forward (:attr:`turbotrain.MoE.load`, no host sync); this hook reads all of
-them with one copy every ``monitor.log_every`` steps (the run's one sync cadence), sums them over
-the ranks when there are several (each rank routed its own tokens), and keeps the history. Rank 0
-writes it to ``experts.json`` in the run directory at the end (and on a failure), which
-:mod:`turbotrain.app.expert_report` turns into ``plots/expert_load.png`` (each expert's share of the routed tokens over training, and
-the max/mean load that load balancing drives towards 1) and ``plots/expert_placement.png``
-(which rank holds which expert), and a section of summary.json / summary.md.
-
-Load figures: ``load[layer][expert]`` = assignments (token x top-k slots) routed there in the
-window; ``max_mean`` = max over experts / mean over experts, averaged over MoE layers (1.0 =
-perfectly even; E = every token on one expert).
-"""
+The MoE layers count their routed tokens in device tensors (no host sync); this hook reads them all
+with one copy every ``monitor.log_every`` steps, sums them over the ranks, and keeps the history,
+which rank 0 writes to ``experts.json`` (turned into plots and a summary section by
+:mod:`turbotrain.app.expert_report`; docs/moe.md). ``load[layer][expert]``: assignments routed there
+in the window; ``max_mean``: max / mean over experts, averaged over MoE layers (1.0 = even)."""
 
 from __future__ import annotations
 
@@ -43,8 +35,7 @@ def max_mean(load: Sequence[float]) -> float | None:
 
 def placement(model: nn.Module) -> dict[str, Any]:
     """Which rank holds which experts (the same split in every MoE layer): ``ranks[r]`` lists the
-    expert ids on rank r of the expert-parallel group, ``ep_degree`` the group's size, ``world``
-    all ranks (the groups repeat: rank r holds what rank r mod ep_degree holds)."""
+    expert ids on rank r of the expert-parallel group of size ``ep_degree``."""
     layers = [m for _, m in moe_layers(model)]
     world = rank_world()[1]
     if not layers:
@@ -56,8 +47,8 @@ def placement(model: nn.Module) -> dict[str, Any]:
 
 
 class ExpertsMonitor(Hook):
-    """Reads the MoE layers' token tallies every ``interval`` steps (one device->host copy, marked
-    ``# sync``) and writes ``experts.json`` to ``run_dir`` (rank 0; None: keep in memory only)."""
+    """Reads the MoE layers' token tallies every ``interval`` steps and writes ``experts.json`` to
+    ``run_dir`` (rank 0; None: keep in memory only)."""
 
     def __init__(self, model: nn.Module, interval: int, run_dir: Path | None = None) -> None:
         self.layers: list[tuple[str, MoE]] = list(moe_layers(model))
@@ -143,5 +134,5 @@ class ExpertsMonitor(Hook):
 
 
 def experts_hooks(model: nn.Module, interval: int, run_dir: Path | None) -> list[Hook]:
-    """``[ExpertsMonitor]`` for a model with MoE layers, ``[]`` otherwise (what training adds)."""
+    """``[ExpertsMonitor]`` for a model with MoE layers, ``[]`` otherwise."""
     return [ExpertsMonitor(model, interval, run_dir)] if any(True for _ in moe_layers(model)) else []

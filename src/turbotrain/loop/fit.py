@@ -1,10 +1,8 @@
 """fit(): the reference training loop. It calls the engine and the hooks, and nothing else.
 
-It iterates windows: each optimizer step's ``batch.accumulation`` loader batches go to
-``engine.train_window`` together (one window body, core/window.py, where a whole-step wrapper such
-as a CUDA graph applies). It reads no configuration: cadences live in the hooks, speed-ups in the
-engine. No host-device synchronisation happens here; the hooks read device values every N steps.
-"""
+Each optimizer step's ``batch.accumulation`` loader batches go to ``engine.train_window``
+together (where a whole-step wrapper such as a CUDA graph applies). It reads no configuration and
+has no host-device sync; the hooks read device values every N steps."""
 
 from __future__ import annotations
 
@@ -21,8 +19,7 @@ from .hooks import FitContext, Hook, HookList
 def _steps_and_passes(
     engine: Engine, batches: Iterable[Any], max_steps: int | None, epochs: int | None
 ) -> tuple[int, int]:
-    """(max_steps, passes over ``batches``): ``max_steps`` in one pass, or ``epochs`` passes of
-    ``len(batches) // engine.batches_per_step`` steps each."""
+    """(max_steps, passes over ``batches``) from one of ``max_steps`` and ``epochs``."""
     if (max_steps is None) == (epochs is None):
         raise TypeError("fit() takes one of max_steps or epochs")
     if epochs is None:
@@ -41,9 +38,8 @@ def _steps_and_passes(
 def _train_pass(
     ctx: FitContext, hook: HookList, batches: Iterable[Any], window: list[Any], per_step: int, loss_fn: LossFn
 ) -> list[Any]:
-    """One pass over ``batches``: a step per window of ``per_step`` batches, until
-    they run out, a hook asks to stop or ``ctx.max_steps`` is reached; returns the batches of the
-    window the pass left unfinished (the next pass completes it)."""
+    """One pass over ``batches``, a step per window of ``per_step`` batches, until they run out, a
+    hook stops it or ``ctx.max_steps``; returns the unfinished window's batches (the next pass's)."""
     engine, model, optimizer, max_steps = ctx.engine, ctx.model, ctx.optimizer, ctx.max_steps
     # a stop asked before the first step takes effect after it (hooks see one step)
     for batch in batches:
@@ -80,9 +76,9 @@ def fit(
     loss_fn: LossFn = default_loss,
 ) -> FitContext:
     """Train until ``engine.state.step`` reaches ``max_steps``, the batches run out, or a hook
-    requests a stop. ``epochs`` instead of ``max_steps``: that many passes over ``batches`` (a
-    loader with a length; each pass iterates it again, so a shuffling DataLoader reshuffles):
-    ``max_steps = epochs x (len(batches) // engine.batches_per_step)``. Returns the context (latest metrics, stop reason)."""
+    requests a stop. ``epochs`` instead of ``max_steps``: that many passes over ``batches`` (each
+    iterates it again, so a shuffling DataLoader reshuffles), ``epochs x (len(batches) //
+    engine.batches_per_step)`` steps. Returns the context (latest metrics, stop reason)."""
     max_steps, passes = _steps_and_passes(engine, batches, max_steps, epochs)
     per_step = engine.batches_per_step
     # on the device and counted (a loader from setup() is kept as it is)

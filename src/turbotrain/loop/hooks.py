@@ -1,9 +1,5 @@
-"""Hooks: components the loop calls at fixed events; each decides itself whether it is its turn.
-
-The loop stays a few lines long and free of ``if log_step: ...`` branches: logging, evaluation,
-checkpointing and stopping each live in their own hook with their own cadence (after torchtitan's
-trainer components).
-"""
+"""Hooks: components the loop calls at fixed events; each decides itself whether it is its turn, so
+the loop stays free of ``if log_step: ...`` branches (after torchtitan's trainer components)."""
 
 from __future__ import annotations
 
@@ -73,8 +69,7 @@ class HookList(Hook):
             h.on_fit_end(ctx)
 
     def on_exception(self, ctx: FitContext, exc: BaseException) -> None:
-        """Every hook cleans up (closes files, restores signal handlers) even when an earlier
-        hook's cleanup fails; the original exception is the one that propagates."""
+        """Every hook cleans up even when an earlier one's cleanup fails; the exception propagates."""
         for h in self.hooks:
             try:
                 h.on_exception(ctx, exc)
@@ -88,10 +83,8 @@ def every(step: int, interval: int) -> bool:
 
 
 class StopAfter(Hook):
-    """End this invocation after ``step`` (the run resumes later; the schedule is untouched).
-
-    An invocation that starts at or past ``step`` (a resume of a run stopped there, whose saved
-    config still says so) is not stopped by it."""
+    """End this invocation after ``step`` (the run resumes later); one that starts at or past it (a
+    resume of a run stopped there) is not stopped by it."""
 
     def __init__(self, step: int) -> None:
         self.step = step
@@ -106,13 +99,11 @@ class StopAfter(Hook):
 
 
 class StopOnSignal(Hook):
-    """SIGTERM/SIGINT (and SIGUSR1, SLURM's warning before the time limit) end the run after the
-    current step, so the final checkpoint is written; a second signal interrupts at once. Under a
-    command's process-wide handlers (:mod:`turbotrain.base.signals`) it tells them what the first
-    signal does; without them it installs its own for the fit (an ignored SIGINT stays ignored).
-
-    Data parallel (``agree`` given): a rank that stopped alone would leave the others waiting in
-    their next collective, so the ranks agree every ``interval`` steps and stop together."""
+    """SIGTERM/SIGINT/SIGUSR1 end the run after the current step, so the final checkpoint is written;
+    a second signal interrupts at once. Under a command's process-wide handlers
+    (:mod:`turbotrain.base.signals`) it tells them what the first signal does; else it installs its
+    own for the fit. Data parallel (``agree``): the ranks agree every ``interval`` steps and stop
+    together (one stopping alone would leave the others waiting in a collective)."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
@@ -177,7 +168,7 @@ class StopOnSignal(Hook):
 
 class Evaluate(Hook):
     """Validation loss every ``interval`` steps and at the end, into ``ctx.metrics['val_loss']``;
-    with ``metrics_fn`` its metrics too, into ``ctx.metrics['val_metrics']`` as ``val_<name>``."""
+    ``metrics_fn``'s metrics into ``ctx.metrics['val_metrics']`` as ``val_<name>``."""
 
     def __init__(
         self, batches: list[Any], interval: int, loss_fn: Any = None, metrics_fn: Any = None

@@ -1,10 +1,6 @@
-"""The hook that feeds validation losses to the adaptive (plateau) LR schedule.
-
-Why a hook: the loss is read by :class:`turbotrain.loop.hooks.Evaluate` every ``train.eval_every``
-steps (its one host-device sync); this hook, placed right after it, hands that host float to
-:meth:`turbotrain.core.optim.PlateauLR.observe`, so adapting the LR costs no sync of its own. When the
-LR is lowered it logs it and records an event (summary.json ``events``, summary.md "Events").
-"""
+"""The hook that feeds validation losses to the adaptive (plateau) LR schedule, right after
+Evaluate: the host float Evaluate read, so adapting the LR costs no sync of its own. A lowered LR
+is logged and recorded as an event."""
 
 from __future__ import annotations
 

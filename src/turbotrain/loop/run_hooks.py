@@ -1,21 +1,13 @@
-"""The hook chain of a run, assembled in one place: ``turbotrain train``, an own loop's ``track`` and
-the short measured runs of ``profile`` and ``tune`` all build their monitor and hooks here.
-
-Hooks run in this order at every event, and the order matters:
+"""The hook chain of a run, assembled in one place (``turbotrain train``, ``track``, ``profile`` and
+``tune``). The order matters:
 
 - the stop hooks only raise ``ctx.should_stop``, which the loop reads after all hooks have run;
-- Evaluate before the Monitor: the record the Monitor writes for a step carries the validation
-  loss and metrics Evaluate has just put in ``ctx.metrics`` (at the end too: final evaluation,
-  then final record); an adaptive (plateau) schedule reads that loss right after Evaluate, and
-  early stopping (``best.patience``) the metric it watches, so its stop and the watched best are
-  decided before the step's checkpoint saves them;
-- the experts monitor (models with MoE layers) before the Monitor, on the same cadence;
-- the epoch log (``train.epochs``) right after the Monitor: an epoch's record follows its last step's;
-- the Checkpointer last: its time is in ``ctx.side_s`` before the next window starts, and at the
-  end the final record is written and the sinks closed before the save, so a failed save (a full
-  disk) loses no metrics; only the best checkpoint (``best.checkpoint``) after it: it keeps the
-  step's checkpoint the Checkpointer wrote (or is writing) instead of writing it twice.
-"""
+- Evaluate before the Monitor, so a step's record carries the validation result; the plateau
+schedule and early stopping right after Evaluate, so they decide before the step's checkpoint;
+- the experts monitor before the Monitor; the epoch log right after it (its record follows);
+- the Checkpointer last: its time is in ``ctx.side_s`` before the next window, and the final
+record is written before the save (a full disk loses no metrics); only the best checkpoint after
+it, which keeps the step's checkpoint the Checkpointer wrote instead of writing it twice."""
 
 from __future__ import annotations
 
@@ -47,7 +39,7 @@ from .monitor.trackers import TRACKERS, TrackerOptions, build_sinks
 
 @dataclass
 class MonitorPlan:
-    """What the monitor of a run writes and measures (resolved from a config or a caller's options)."""
+    """What the monitor of a run writes and measures."""
 
     log_every: int = 10  # steps between metric reads: the host-device syncs
     run_dir: Path | None = None  # metrics.jsonl (and tensorboard/) go here; None: nowhere
@@ -63,17 +55,8 @@ class MonitorPlan:
     util_warn_s: float = 120.0
 
 
-_PROBE_SETTINGS = (
-    "memory_every",
-    "memory_warn_fraction",
-    "memory_cap_fraction",
-    "util_warn_pct",
-    "util_warn_s",
-)
-
-
 def monitor_plan(c: RunConfig, run_dir: Path | None, progress_steps: int | None = None) -> MonitorPlan:
-    """The plan of a run's monitor from its config's ``monitor`` section (and ``memory.max_fraction``)."""
+    """The plan of a run's monitor from its config."""
     m = c.monitor
     return MonitorPlan(
         m.log_every,
@@ -104,8 +87,8 @@ def build_monitor(
     plan: MonitorPlan,
     loss_fn: Callable[[nn.Module, Any], Any] | None = None,
 ) -> tuple[Monitor, JsonlSink | None]:
-    """The Monitor (and its metrics.jsonl sink, for a flush before checkpoints): the plan's sinks and
-    progress bar; the standard probes, MFU from FLOPs counted once on ``example``."""
+    """The Monitor (and its metrics.jsonl sink, for a flush before checkpoints), with the standard
+    probes (MFU from FLOPs counted once on ``example``)."""
     names = ["jsonl", *(["tensorboard"] if plan.tensorboard else []), *plan.trackers]
     sinks: list[Any] = (
         build_sinks(names, plan.run_dir, plan.tracker_options) if plan.run_dir is not None else []
@@ -114,7 +97,7 @@ def build_monitor(
     if plan.progress_steps is not None:
         sinks.append(ProgressSink(plan.progress_steps, engine.state.step))
     world = engine.strategy.world
-    settings = {k: getattr(plan, k) for k in _PROBE_SETTINGS}
+    settings = {k: v for k, v in vars(plan).items() if k.startswith(("memory_", "util_"))}  # the probes'
     probes = build_probes(
         engine.device,
         model=model,
@@ -146,12 +129,10 @@ def build_hooks(
     patience: int = 0,
     keep_best: bool = False,
 ) -> list[Hook]:
-    """The chain in the order the module docstring explains. ``eval_batches`` None: no evaluation;
-    ``experts_model``: the unwrapped model whose MoE layers are monitored (none: nothing added);
-    ``epochs``: (steps per epoch, epochs) for one record and line per epoch, after the Monitor;
-    ``watch``: the validation metric early stopping (after ``patience`` passes without
-    improvement; 0: never) and, with ``keep_best`` and a ``checkpointer``, the best checkpoint
-    watch."""
+    """The chain in the module docstring's order. ``eval_batches`` None: no evaluation;
+    ``experts_model``: the unwrapped model whose MoE layers are monitored; ``epochs``: (steps per
+    epoch, epochs); ``watch``: the metric early stopping (``patience``; 0: never) and, with
+    ``keep_best`` and a ``checkpointer``, the best checkpoint watch."""
     if watch is not None and not eval_batches:
         raise ConfigError(
             f"best.patience / best.checkpoint watch {watch.metric} of the validation passes, and this run "

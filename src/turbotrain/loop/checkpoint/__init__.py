@@ -1,10 +1,6 @@
-"""Checkpoints that survive crashes and never execute code on load: the package's face.
-
-Writing is here: :class:`Checkpointer`, :func:`save_checkpoint` (one process: one ``.pt`` file) and
-:func:`save_sharded` (ddp/fsdp: a folder from every rank); restoring in :mod:`.restore`; the other
-modules one concern each. Load: newest first, verify the checksum, ``weights_only=True``; a
-corrupt, foreign or incomplete checkpoint falls back to the previous.
-"""
+"""Checkpoints that survive crashes and never execute code on load (docs/checkpoints.md): writing
+is here (:class:`Checkpointer`, :func:`save_checkpoint`, :func:`save_sharded`), restoring in
+:mod:`.restore`, the other modules one concern each."""
 
 from __future__ import annotations
 
@@ -101,8 +97,8 @@ __all__ = [
 
 
 def save_checkpoint(folder: Path, step: int, payload: dict[str, Any], keep_last: int = 3) -> Path:
-    """Write ``payload`` atomically as ``step_XXXXXXXX.pt`` with its checksum; prune old ones. Lack of
-    space raises DiskFullError, the older checkpoints untouched."""
+    """Write ``payload`` atomically as ``step_XXXXXXXX.pt`` with its checksum; prune old ones (lack
+    of space raises DiskFullError, the older checkpoints untouched)."""
     folder.mkdir(parents=True, exist_ok=True)
     path = checkpoint_path(folder, step)
     atomic_write(path, lambda f: torch.save({"format": FORMAT, **payload}, f))
@@ -114,7 +110,7 @@ def save_checkpoint(folder: Path, step: int, payload: dict[str, Any], keep_last:
 
 
 def sharded_parts(state: RunState) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
-    """(the live model and optimizer tensors for DCP, the replicated entries, this rank's entries)."""
+    """(the model and optimizer tensors for DCP, the replicated entries, this rank's entries)."""
     tensors, rest = split_state(state.model, state.optimizer) if state.model is not None else ({}, {})
     replicated = {"entries": {name: state[name][0]() for name in state.replicated_keys}, **rest}
     per_rank = {name: state[name][0]() for name in state.per_rank}
@@ -122,7 +118,7 @@ def sharded_parts(state: RunState) -> tuple[dict[str, torch.Tensor], dict[str, A
 
 
 def save_sharded(folder: Path, step: int, state: RunState, keep_last: int = 3) -> Path:
-    """Write ``state`` as a sharded checkpoint folder from every rank (a collective); rank 0 prunes."""
+    """Write ``state`` as a sharded checkpoint folder from every rank (a collective)."""
     return write_sharded(folder, step, sharded_parts(state), keep_last)
 
 
@@ -133,7 +129,7 @@ def write_sharded(
     keep_last: int = 3,
     group: dist.ProcessGroup | None = None,
 ) -> Path:
-    """Write :func:`sharded_parts` (or a copy) as a sharded folder, collectives on ``group``."""
+    """Write :func:`sharded_parts` (or a copy) as a sharded folder; rank 0 prunes."""
     path = save_folder(folder, step, *parts, group=group)
     if rank_world()[0] == 0:
         remember_verified(path)
@@ -147,11 +143,9 @@ class Checkpointer(Hook):
     ``state.strategy``, else whether a process group exists) picks one ``.pt`` file or a sharded
     folder written by every rank (so every rank must run this hook).
 
-    ``async_write`` (``train.async_checkpoint``): the interval checkpoints are staged in host memory
-    and written by a :class:`BackgroundWrite` while training goes on; :meth:`save`, the final one
-    (and so a signal's) and an exception wait for the write in flight. A failed background write
-    is raised at the next step (one process) or the next checkpoint (ddp/fsdp: every rank alike).
-    """
+    ``async_write``: the interval checkpoints are staged in host memory and written in the background;
+    :meth:`save`, the final one and an exception wait for the write in flight. A failed background
+    write is raised at the next step (one process) or the next checkpoint (ddp/fsdp: every rank alike)."""
 
     def __init__(
         self,
@@ -182,8 +176,7 @@ class Checkpointer(Hook):
         self._save(ctx, background=False)
 
     def written(self, ctx: FitContext) -> Path:
-        """The checkpoint of this step, on disk when this returns (under a process group every rank
-        calls it: a sharded save is a collective)."""
+        """The checkpoint of this step, on disk when this returns (a collective when sharded)."""
         self.save(ctx)
         if self.background is not None:
             self._finished(ctx, self.background.wait())
@@ -211,8 +204,7 @@ class Checkpointer(Hook):
         self.saved_step = step
 
     def _stage_shards(self, tree: Any) -> Any:
-        """A sharded checkpoint's parts copied to the host (FSDP2's local shards) through DCP's
-        stager, which keeps its buffers from one call to the next."""
+        """A sharded checkpoint's parts copied to the host through DCP's stager (it keeps its buffers)."""
         if self._stager is None:
             from torch.distributed.checkpoint.staging import (
                 DefaultStager,
@@ -225,8 +217,7 @@ class Checkpointer(Hook):
         return self._stager.stage(tree)
 
     def _staged_write(self, step: int) -> Callable[[], Path]:
-        """Copy the state now (in this thread: training changes it right after); return the
-        write of the copy, for the background thread."""
+        """Copy the state now (training changes it right after); the write of the copy, for the thread."""
         folder, keep_last = self.folder, self.keep_last
         if not self.sharded:
             payload = stage_to_host(self.state.state_dict(), self._buffers)
@@ -261,8 +252,7 @@ class Checkpointer(Hook):
             self._finished(ctx, self.background.wait())
 
     def on_exception(self, ctx: FitContext, exc: BaseException) -> None:
-        """The write in flight ends before the exception goes on (a resume finds it); its own failure
-        is logged."""
+        """The write in flight ends before the exception goes on (a resume finds it)."""
         if self.background is None:
             return
         try:

@@ -19,9 +19,8 @@ def _view_key(t: torch.Tensor) -> tuple[Any, ...]:
 
 
 def stage_to_host(tree: Any, buffers: dict[str, torch.Tensor]) -> Any:
-    """A copy of ``tree`` (a checkpoint's payload) in host memory that training cannot change (CUDA
-    tensors into pinned memory; tied weights stay shared, so the file is the one the live state
-    gives). The copies go into ``buffers``, reused by the next call once the previous is written."""
+    """A copy of ``tree`` in host memory that training cannot change (CUDA tensors into pinned
+    memory; tied weights stay shared). The copies go into ``buffers``, reused by the next call."""
     copies: dict[tuple[Any, ...], torch.Tensor] = {}
     from_cuda = False
 
@@ -62,9 +61,9 @@ def stage_to_host(tree: Any, buffers: dict[str, torch.Tensor]) -> Any:
 
 
 class BackgroundWrite:
-    """At most one checkpoint write in flight, in a thread of its own (the synchronous write,
-    unchanged, so a kill -9 mid-write leaves the previous checkpoint). Its failure is raised in the
-    training thread by :meth:`wait` or :meth:`poll`. Not a daemon: an exiting interpreter waits."""
+    """At most one checkpoint write in flight, in a thread of its own (the synchronous write, so a
+    kill -9 mid-write leaves the previous checkpoint); its failure is raised by :meth:`wait` or
+    :meth:`poll`. Not a daemon: an exiting interpreter waits."""
 
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
@@ -99,5 +98,5 @@ class BackgroundWrite:
         return self._result
 
     def poll(self) -> Path | None:
-        """:meth:`wait` when the write has ended (its path, or its failure raised), else None: never blocks."""
+        """The path or failure of an ended write (:meth:`wait`), else None: never blocks."""
         return None if self._thread is None or self._thread.is_alive() else self.wait()

@@ -34,8 +34,8 @@ def newest_usable(
     advice: str = RESUME_ADVICE,
     none: str = "start without --resume",
 ) -> tuple[Path, T]:
-    """The newest of ``candidates`` that ``read`` accepts, with what it returned; each refused one
-    (a TurbotrainError) is a warning, and when none is left the error lists every reason."""
+    """The newest of ``candidates`` that ``read`` accepts, with what it returned; each refused one is a
+    warning, and when none is left the error lists every reason."""
     if not candidates:
         raise TurbotrainError(f"no checkpoint in {folder}; {none}")
     problems, shapes = [], 0
@@ -59,9 +59,9 @@ def _plain_name(name: str) -> str:
 
 
 def model_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
-    """The shape of every tensor ``model``'s state dict holds, keyed by plain names. Read from the
-    modules, not ``state_dict()``: no state-dict hook runs (expert parallelism's is a collective).
-    Modules with load-time hooks (MoE layers grow their experts) are left out: theirs to decide."""
+    """The shape of every tensor ``model``'s state dict holds, by plain names, read from the modules
+    (no state-dict hook runs: expert parallelism's is a collective). Modules with load-time hooks
+    (MoE layers grow their experts) are left out: theirs to decide."""
     shapes: dict[str, tuple[int, ...]] = {}
     hooked: list[str] = []
     for prefix, module in model.named_modules(remove_duplicate=False):
@@ -79,8 +79,8 @@ def model_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
 
 
 def model_settings_changed(saved_toml: Any, current_toml: Any) -> str:
-    """The model settings that differ between the config a checkpoint was saved with and this run's
-    (both ``to_toml`` text), as flags that give back the saved values; '' when unknown or none."""
+    """The model settings that differ between a checkpoint's config and this run's (``to_toml``
+    text), as flags that give back the saved values; '' when unknown or none."""
     try:
         saved, current = (migrate(tomllib.loads(t)) for t in (saved_toml, current_toml))
     except (TypeError, ValueError, AttributeError):
@@ -97,8 +97,8 @@ def model_settings_changed(saved_toml: Any, current_toml: Any) -> str:
 def shape_problem(
     name: str, saved: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], settings: str = ""
 ) -> str:
-    """'' when the model tensors of checkpoint ``name`` fit ``expected``, else one line naming the
-    first that does not and the ``settings`` that would build the saved model."""
+    """'' when checkpoint ``name``'s model tensors fit ``expected``, else one line naming the first
+    that does not and the ``settings`` that would build the saved model."""
     saved = {_plain_name(k): tuple(v) for k, v in saved.items()}
     missing = [k for k in expected if k not in saved]
     differ = [k for k in expected if k in saved and saved[k] != expected[k]]

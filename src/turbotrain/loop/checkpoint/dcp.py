@@ -1,11 +1,8 @@
 """The torch.distributed.checkpoint (DCP) side of a sharded checkpoint: the model's and optimizer's
-state as flat tensors keyed by parameter names (so they load into any wrapping and world size, and
-into a plain model with no process group), read back safely.
-
-Safe loading: DCP unpickles ``.metadata`` and non-tensor values with plain pickle. Here only
-tensors go through DCP, and ``.metadata`` is read by an unpickler that admits only DCP's metadata
-classes. DCP costs ~0.7 s to import: the functions that use it import it when called.
-"""
+state as flat tensors keyed by parameter names (so they load into any wrapping and world size),
+read back safely: only tensors go through DCP (which unpickles other values with plain pickle), and
+``.metadata`` is read by an unpickler that admits only DCP's metadata classes. DCP costs ~0.7 s to
+import: the functions that use it import it when called."""
 
 from __future__ import annotations
 
@@ -66,8 +63,7 @@ def _unflatten(flat: dict[str, Any], prefix: str) -> dict[str, Any]:
 def split_state(
     model: nn.Module, optimizer: torch.optim.Optimizer | None
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The model's and optimizer's state keyed by parameter names, independent of the wrapping and
-    of the world size: (tensors for DCP, everything else for ``state.pt``)."""
+    """The model's and optimizer's state keyed by parameter names: (tensors for DCP, the rest)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict  # costly
 
     from_optim: dict[str, Any] = {}
@@ -116,8 +112,8 @@ def load_full(
     optim_sd: dict[str, Any] | None,
     source: str,
 ) -> None:
-    """Load a one-process model and optimizer state into a possibly wrapped and sharded ``model``
-    (every rank keeps its part); the optimizer's state, keyed by position, is re-keyed by name."""
+    """Load a one-process model and optimizer state into a possibly wrapped and sharded ``model``; the
+    optimizer's state, keyed by position, is re-keyed by name."""
     names = _param_names(model)
     if optimizer is not None and optim_sd is not None:
         order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
@@ -137,11 +133,7 @@ def load_full(
 
 def _param_names(model: nn.Module) -> dict[int, str]:
     """Parameter id -> the name a plain (unwrapped, uncompiled) model gives it."""
-    wrappers = {
-        "_orig_mod",
-        "_checkpoint_wrapped_module",
-        "_fsdp_wrapped_module",
-    }  # compile, checkpointing, FSDP1
+    wrappers = {"_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"}  # compile, AC, FSDP1
     ddp = isinstance(model, DistributedDataParallel)  # its "module." prefix
     out = {}
     for name, p in model.named_parameters():
@@ -203,7 +195,7 @@ def saved_model_tensors(folder: Path) -> dict[str, TensorStorageMetadata]:
 @functools.cache
 def _dcp_load_types() -> tuple[type[FileSystemReader], type]:
     """DCP's file reader with :func:`read_metadata`, and a load planner that refuses a non-tensor
-    value (plain pickle would read it); defined on first use (DCP is costly to import)."""
+    value; defined on first use (DCP is costly to import)."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
@@ -244,8 +236,8 @@ def _dcp_load(path: Path, tensors: dict[str, torch.Tensor], source: str) -> None
 def load_into(
     path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, state: dict[str, Any]
 ) -> None:
-    """Load checkpoint folder ``path`` into ``model`` and ``optimizer`` as they are wrapped here (any
-    world size); ``state`` is its ``state.pt``. A collective: every rank calls it."""
+    """Load checkpoint folder ``path`` (``state``: its ``state.pt``) into ``model`` and ``optimizer`` as
+    wrapped here, any world size. A collective: every rank calls it."""
     tensors, _ = split_state(model, optimizer)  # targets shaped as here: DCP fills them (reshards)
     # an unreadable or refused .metadata is said once, by rank 0; then each rank reads its own
     decided_by_main(lambda: read_metadata(path) and None)
@@ -269,8 +261,8 @@ def load_into(
 
 
 def load_model_weights(path: Path) -> dict[str, torch.Tensor]:
-    """The model's weights in checkpoint folder ``path`` as one plain state dict (full tensors, the
-    names of an unwrapped model), read in this process alone: no process group, no model needed."""
+    """The model's weights in checkpoint folder ``path`` as one plain state dict, read in this process
+    alone (no process group, no model needed)."""
     start = MODEL + _SEP
     tensors = {
         start + name: torch.empty(meta.size, dtype=meta.properties.dtype)

@@ -1,11 +1,10 @@
 """What a checkpoint is on disk, whether its save finished and whether it is intact.
 
-Two kinds share one name, ``step_XXXXXXXX`` (the optimizer step): a file ``step_XXXXXXXX.pt`` (one
-process) with its ``.sha256`` sidecar written after it; a folder ``step_XXXXXXXX/`` (ddp, fsdp:
-DCP's files, ``state.pt``, ``rankR.pt`` and ``finished.json``, the marker written last with the
-world size and each file's size and sha256). A save finished when its sidecar (marker) exists; it
-is usable when every byte matches. The plain files load with ``weights_only=True``: no code runs.
-"""
+``step_XXXXXXXX.pt`` (one process) with its ``.sha256`` sidecar written after it, or a folder
+``step_XXXXXXXX/`` (ddp, fsdp: DCP's files, ``state.pt``, ``rankR.pt``, and ``finished.json``
+written last with the world size and each file's size and sha256). A save finished when its
+sidecar (marker) exists; it is usable when every byte matches. Plain files load with
+``weights_only=True``."""
 
 from __future__ import annotations
 
@@ -28,32 +27,28 @@ _PARTIAL = re.compile(r"^\.step_(\d{8,})\.partial$")
 
 
 def checkpoint_path(folder: Path, step: int) -> Path:
-    """The one-process checkpoint file of ``step``."""
     return folder / f"step_{step:08d}.pt"
 
 
 def checkpoint_dir(folder: Path, step: int) -> Path:
-    """The sharded checkpoint folder of ``step``."""
     return folder / f"step_{step:08d}"
 
 
 def partial_dir(folder: Path, step: int) -> Path:
-    """Where a sharded save at ``step`` writes before its marker exists and it is renamed into place."""
+    """Where a sharded save writes before its marker exists and it is renamed into place."""
     return folder / f".step_{step:08d}.partial"
 
 
 def rank_file(rank: int) -> str:
-    """The file of a sharded checkpoint that holds rank ``rank``'s own state."""
     return f"rank{rank}.pt"
 
 
 def sidecar(path: Path) -> Path:
-    """The checksum file next to a one-process checkpoint."""
     return path.with_name(path.name + ".sha256")
 
 
 def checkpoint_step(path: Path) -> int:
-    """The optimizer step a checkpoint (file or sharded folder) was saved at (from its name)."""
+    """The optimizer step of a checkpoint (file or folder), from its name."""
     m = _NAME.match(path.name)
     if m is None:
         raise ValueError(f"{path.name} is not a checkpoint file name")
@@ -80,7 +75,7 @@ def list_checkpoints(folder: Path) -> list[Path]:
 
 
 def finished_checkpoints(folder: Path) -> list[Path]:
-    """Checkpoints whose save finished (a file's checksum file, a folder's marker exists), oldest first."""
+    """Checkpoints whose save finished (a file's sidecar, a folder's marker), oldest first."""
     return [p for p in list_checkpoints(folder) if (is_finished(p) if p.is_dir() else sidecar(p).is_file())]
 
 
@@ -94,7 +89,6 @@ def read_marker(path: Path) -> dict[str, Any] | None:
 
 
 def is_finished(path: Path) -> bool:
-    """Whether sharded checkpoint folder ``path`` has its marker (its save finished)."""
     return (path / MARKER).is_file()
 
 
@@ -105,7 +99,6 @@ def saved_world(path: Path) -> int:
 
 
 def sha256_of(path: Path) -> str:
-    """The sha256 of the file at ``path``, hex."""
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
@@ -175,8 +168,7 @@ _VERIFIED: dict[tuple[str, int, int, int], bool] = {}  # (path, size, mtimes) ->
 
 
 def is_verified(path: Path) -> bool:
-    """Whether checkpoint ``path`` matches its checksums; remembered, so pruning after every save
-    hashes each checkpoint once."""
+    """Whether checkpoint ``path`` matches its checksums; remembered, so each is hashed once."""
     stamp = _stamp(path)
     if stamp is None:
         return False
@@ -227,8 +219,7 @@ def unreadable(name: str, exc: BaseException) -> str:
 
 
 def _load_plain(file: Path, name: str, what: str) -> dict[str, Any]:
-    """``file`` loaded with ``weights_only=True``; a TurbotrainError naming ``name`` when it cannot be
-    read or is not ``what``."""
+    """``file`` loaded with ``weights_only=True``, or a one-line TurbotrainError naming ``name``."""
     try:
         payload = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means an unusable file

@@ -1,5 +1,4 @@
-"""Removing checkpoints: the one pruning rule (keep the newest verified ones) and the clean-up of
-saves that never finished."""
+"""Removing checkpoints: the one pruning rule and the clean-up of saves that never finished."""
 
 from __future__ import annotations
 
@@ -19,8 +18,8 @@ from .format import (
 
 
 def prune(folder: Path, keep_last: int) -> list[Path]:
-    """Keep the newest ``keep_last`` checkpoints that verify and delete every older one (one that
-    does not verify never counts as kept, so it cannot push a usable one out); returns them."""
+    """Keep the newest ``keep_last`` checkpoints that verify and delete every older one (one that does
+    not verify never counts as kept); returns them."""
     candidates = list_checkpoints(folder)
     kept: list[Path] = []
     for path in reversed(candidates):  # newest first; stops hashing once enough are found

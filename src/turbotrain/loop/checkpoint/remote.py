@@ -1,12 +1,8 @@
-"""A run's checkpoints and records mirrored to a remote store (``run.remote``), and a resume from it.
-
-The store holds ``<run.remote>/<run name>/``, laid out as the run directory. A checkpoint is
-uploaded after its local save finished, its data first and its marker last: an object store has no
-atomic rename, so a checkpoint without its marker there is a half-uploaded one, which a resume
-skips and the next sync completes or prunes. ``train.keep_last`` applies there too (marker first).
-The mirror runs in a thread of its own (the step pays nothing); a failing store is one warning and
-the next sync retries.
-"""
+"""A run's checkpoints and records mirrored to a remote store (``run.remote``), and a resume from it
+(docs/cluster.md). A checkpoint is uploaded after its local save finished, its marker last: an
+object store has no atomic rename, so one without its marker there is half-uploaded, which a
+resume skips and the next sync completes or prunes. The mirror runs in a thread of its own; a
+failing store is one warning and the next sync retries."""
 
 from __future__ import annotations
 
@@ -39,8 +35,7 @@ _REMOTE = re.compile(r"^step_(\d{8,})(?:(\.pt)(\.sha256)?|/(.+))$")  # under che
 
 
 def remote_checkpoints(files: dict[str, int]) -> dict[int, tuple[bool, list[str]]]:
-    """The checkpoints among the store's ``files`` (names under ``checkpoints/``): step -> (its
-    marker is there, its files)."""
+    """The checkpoints among the store's ``files`` (under ``checkpoints/``): step -> (marker there, files)."""
     found: dict[int, tuple[bool, list[str]]] = {}
     for name in files:
         m = _REMOTE.match(name)
@@ -60,7 +55,7 @@ def _upload_order(path: Path) -> list[Path]:
 
 
 class RemoteMirror:
-    """Keeps ``store`` a copy of run directory ``run_dir`` (see the module docstring); rank 0 alone."""
+    """Keeps ``store`` a copy of run directory ``run_dir``; rank 0 alone."""
 
     def __init__(self, store: Store, run_dir: Path, keep_last: int) -> None:
         self.store, self.run_dir, self.keep_last = store, run_dir, keep_last
@@ -121,8 +116,8 @@ class RemoteMirror:
         self._upload_tree(self.run_dir / PLOTS_DIR, PLOTS_DIR)
 
     def _upload_checkpoint(self, path: Path, listing: dict[str, int]) -> bool:
-        """Upload checkpoint ``path``, its marker last (data already there with its size is kept:
-        an upload cut short resumes); False when a local prune removed it meanwhile."""
+        """Upload checkpoint ``path``, its marker last (data already there with its size is kept);
+        False when a local prune removed it meanwhile."""
         try:
             for file in _upload_order(path):
                 name = f"{CHECKPOINTS}/{file.relative_to(path.parent).as_posix()}"
@@ -139,7 +134,7 @@ class RemoteMirror:
         return True
 
     def _prune(self, remote: dict[int, tuple[bool, list[str]]]) -> None:
-        """``train.keep_last`` in the store: older than the newest ``keep_last`` complete goes, marker first."""
+        """``train.keep_last`` in the store, marker first."""
         kept = sorted(self._complete)[-self.keep_last :]
         for step, (_, names) in sorted(remote.items()):
             if kept and step < kept[0]:
@@ -195,7 +190,7 @@ class RemoteMirror:
 
 
 class MirrorHook(Hook):
-    """Wakes the mirror when ``ctx.metrics['checkpoint']`` changed (after the Checkpointer and best)."""
+    """Wakes the mirror when ``ctx.metrics['checkpoint']`` changed."""
 
     def __init__(self, mirror: RemoteMirror) -> None:
         self.mirror, self.seen = mirror, ""
@@ -208,8 +203,7 @@ class MirrorHook(Hook):
 
 
 def remote_store(config: RunConfig, run_dir: Path) -> Store | None:
-    """The store of run ``run_dir`` (``<run.remote>/<run name>``), checked writable now (a one-line
-    ConfigError when it refuses); None without ``run.remote``."""
+    """The store of run ``run_dir``, checked writable now (one-line error); None without ``run.remote``."""
     if not config.run.remote:
         return None
     store = Store(f"{config.run.remote.rstrip('/')}/{run_dir.name}")
@@ -219,7 +213,7 @@ def remote_store(config: RunConfig, run_dir: Path) -> Store | None:
 
 def fetch_run(store: Store, local: Path) -> str:
     """Download run ``store``'s config, records and newest complete checkpoint that verifies into
-    ``local``; returns its name ("" none); an unfinished upload is skipped with one line."""
+    ``local``; returns its name ("" none)."""
     files = store.files()
     if CONFIG_FILE not in files:
         raise TurbotrainError(f"--resume {store.url()}: no run there (no {CONFIG_FILE}); check the URI")

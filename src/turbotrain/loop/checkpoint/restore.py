@@ -32,10 +32,10 @@ log = logging.getLogger(__name__)
 def restore_latest(
     folder: Path, state: RunState, before_load: Callable[[Path, int, dict[str, Any]], None] | None = None
 ) -> Path:
-    """Load the newest checkpoint in ``folder`` that verifies and holds every entry of ``state`` into
-    ``state`` (either kind, into any world size); returns its path. Under a process group rank 0
-    chooses and every rank loads that one (a collective). ``before_load(path, world, entries)`` sees
-    the chosen checkpoint on every rank before anything loads, and may refuse it by raising."""
+    """Load the newest checkpoint in ``folder`` that verifies and holds every entry of ``state``
+    (either kind, any world size); returns its path. Under a process group rank 0 chooses and every
+    rank loads it (a collective). ``before_load(path, world, entries)`` sees the choice on every rank
+    before anything loads, and may refuse it by raising."""
     rank, world = rank_world()
     if not in_group():
         path, payload = _pick(folder, state)
@@ -70,8 +70,8 @@ def restore_latest(
 
 
 def _pick(folder: Path, state: RunState) -> tuple[Path, dict[str, Any] | None]:
-    """The newest checkpoint a load will accept (with a ``.pt`` one's payload): it verifies, holds
-    what ``state`` needs and fits ``state.model``; chosen before anything loads."""
+    """The newest checkpoint a load accepts (it verifies, holds what ``state`` needs and fits
+    ``state.model``), with a ``.pt`` one's payload."""
     expected = model_shapes(state.model) if state.model is not None else {}
     current = state["config"][0]() if "config" in state else None  # a training run's config, as TOML
 
@@ -102,8 +102,8 @@ def _pick(folder: Path, state: RunState) -> tuple[Path, dict[str, Any] | None]:
 
 
 def _load_sharded(path: Path, state: RunState, rank: int, world: int) -> None:
-    """A sharded checkpoint into this process (one of any number): the model and optimizer through
-    DCP (resharded), the replicated entries from ``state.pt``, this rank's own from ``rankR.pt``."""
+    """A sharded checkpoint into this process: the model and optimizer through DCP (resharded), the
+    replicated entries from ``state.pt``, this rank's own from ``rankR.pt``."""
     replicated = read_state(path)
     entries = replicated.get("entries", {})
     state.check_holds(entries, path.name, state.replicated_keys)
@@ -113,8 +113,7 @@ def _load_sharded(path: Path, state: RunState, rank: int, world: int) -> None:
 
 
 def _load_pt_into_ranks(path: Path, payload: dict[str, Any], state: RunState, rank: int, world: int) -> None:
-    """A one-process checkpoint into the ranks of a ddp/fsdp run: every rank reads the whole file
-    and keeps its part of the model and optimizer."""
+    """A one-process checkpoint into the ranks of a ddp/fsdp run: each keeps its part."""
     own = {k: payload[k] for k in state.per_rank} if world == 1 else None
     optim = payload.get(state.optimizer_key) if state.optimizer_key else None
     model = lambda m: dcp.load_full(m, state.optimizer, payload[str(state.model_key)], optim, path.name)  # noqa: E731
@@ -164,7 +163,7 @@ def _load_per_rank(
 
 def load_latest_weights(folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
     """The model weights of the newest verified checkpoint of either kind, as one plain state dict,
-    read in this process alone (``turbotrain sample``)."""
+    read in this process alone."""
 
     def read(path: Path) -> dict[str, torch.Tensor]:
         if not path.is_dir():
@@ -176,7 +175,6 @@ def load_latest_weights(folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
 
 
 def load_latest(folder: Path, required: tuple[str, ...] = ()) -> tuple[Path, dict[str, Any]]:
-    """The newest ``.pt`` checkpoint that verifies and holds every key in ``required`` (others are
-    skipped with a warning); sharded folders are not read here."""
+    """The newest ``.pt`` checkpoint that verifies and holds every key in ``required``."""
     candidates = [p for p in list_checkpoints(folder) if not p.is_dir()]
     return newest_usable(candidates, folder, lambda path: read_payload(path, required))

@@ -1,9 +1,6 @@
-"""Writing a sharded checkpoint folder from every rank, atomically (the layout: :mod:`.format`).
-
-Every rank writes and hashes its files in ``.step_XXXXXXXX.partial/``; all gather, so a failure on
-any rank is said once and no rank waits forever; rank 0 writes the marker, renames the folder into
-place and fsyncs.
-"""
+"""Writing a sharded checkpoint folder from every rank, atomically: every rank writes and hashes
+its files in ``.step_XXXXXXXX.partial/``; all gather, so a failure on any rank is said once and
+no rank waits forever; rank 0 writes the marker, renames the folder into place and fsyncs."""
 
 from __future__ import annotations
 
@@ -33,9 +30,8 @@ def save_folder(
     per_rank: dict[str, Any],
     group: dist.ProcessGroup | None = None,
 ) -> Path:
-    """Write one sharded checkpoint at ``step`` from every rank (a collective; ``replicated`` from
-    rank 0); returns the finished folder. ``group``: of its collectives (a background save passes
-    its own, so they never interleave with the training's)."""
+    """Write one sharded checkpoint at ``step`` from every rank (a collective); returns the finished
+    folder. ``group``: of its collectives (a background save's own: never interleaved with training's)."""
     from torch.distributed.checkpoint import CheckpointException
 
     rank, world = rank_world()
@@ -74,8 +70,7 @@ def _write_own(
     per_rank: dict[str, Any],
     group: dist.ProcessGroup | None,
 ) -> dict[str, Any]:
-    """This rank's part of the save into ``tmp``: its shards, its per-rank state (rank 0: also
-    the replicated state); returns the entries (hashes) of the files it wrote."""
+    """This rank's part of the save into ``tmp``; returns the entries (hashes) of the files it wrote."""
     import torch.distributed.checkpoint as dcp  # costly (~0.7 s): imported when a sharded run saves
     from torch.distributed.checkpoint import FileSystemWriter
 
@@ -100,21 +95,19 @@ def _write_own(
 def _raise_failed(
     step: int, final: Path, failed: list[tuple[int, str]], failure: BaseException | None
 ) -> NoReturn:
-    """The save failed on some rank: said once, by the first rank that failed (a full disk fails
-    them all alike); the others raise :class:`ReportedByAnotherRank`."""
+    """The save failed on some rank: said once, by the first rank that failed."""
     from torch.distributed.checkpoint import CheckpointException
 
     first, first_why = failed[0]
+    text = f"the checkpoint at step {step} was not saved: rank {first} failed ({first_why})"
     if rank_world()[0] != first:
-        raise ReportedByAnotherRank(
-            f"the checkpoint at step {step} was not saved: rank {first} failed ({first_why})"
-        )
+        raise ReportedByAnotherRank(text)
     full = _disk_full_reason(failure) if failure is not None else ""
     if full:
         raise DiskFullError(final, full) from None
     if failure is not None and not isinstance(failure, CheckpointException):
         raise failure  # a bug here: its traceback
-    raise TurbotrainError(f"the checkpoint at step {step} was not saved: rank {first} failed ({first_why})")
+    raise TurbotrainError(text)
 
 
 def _publish(folder: Path, step: int, world: int, gathered: list[tuple[str, dict[str, Any]]]) -> None:
@@ -151,7 +144,6 @@ def _disk_full_reason(exc: BaseException) -> str:
 
 
 def _entry(path: Path) -> dict[str, Any]:
-    """What the marker says of one file: its size and sha256."""
     return {"size": path.stat().st_size, "sha256": sha256_of(path)}
 
 

@@ -18,8 +18,7 @@ Stateful = tuple[Callable[[], Any], Callable[[Any], None]]  # (state_dict, load_
 
 class RunState(dict[str, Stateful]):
     """The registry of a run's stateful objects, in load order: name -> (state_dict,
-    load_state_dict), or objects with those two methods. In a sharded checkpoint the model and
-    optimizer go through DCP by name (they reshard); ``per_rank`` entries (the RNG) are restored
+    load_state_dict), or objects with those two methods. ``per_rank`` entries (the RNG) are restored
     when the world size matches, else re-seeded; ``optional`` ones may be missing (start fresh)."""
 
     def __init__(self, **entries: Any) -> None:
@@ -49,7 +48,7 @@ class RunState(dict[str, Stateful]):
 
     @property
     def required(self) -> tuple[str, ...]:
-        """The entries a checkpoint must hold to be loaded into this state (all but ``optional``)."""
+        """The entries a checkpoint must hold (all but ``optional``)."""
         return tuple(k for k in self if k not in self.optional)
 
     def missing(self, saved: Any, keys: Iterable[str] | None = None) -> list[str]:
@@ -57,7 +56,7 @@ class RunState(dict[str, Stateful]):
         return [k for k in (self if keys is None else keys) if k not in saved and k not in self.optional]
 
     def check_holds(self, saved: Any, source: str, keys: Iterable[str] | None = None) -> None:
-        """Raise (one line) unless ``saved`` holds every entry it may not lack: before anything loads."""
+        """Raise (one line) unless ``saved`` holds every entry it may not lack."""
         missing = self.missing(saved, keys)
         if missing:
             raise TurbotrainError(
@@ -73,7 +72,7 @@ class RunState(dict[str, Stateful]):
 
     @property
     def replicated_keys(self) -> tuple[str, ...]:
-        """The entries every rank holds alike (the engine, scheduler, config, ...)."""
+        """The entries every rank holds alike."""
         return tuple(k for k in self if k not in self.tensor_keys and k not in self.per_rank)
 
 
@@ -99,8 +98,8 @@ def run_state(
     **extra: Any,
 ) -> RunState:
     """What a training run saves and resumes: the engine first (a precision fallback it restores
-    recasts the weights, so they load after it), then model, optimizer, scheduler, every RNG,
-    ``extra``, and ``optional`` (entries an older checkpoint may lack)."""
+    recasts the weights), then model, optimizer, scheduler, every RNG, ``extra``, and ``optional``
+    (entries an older checkpoint may lack)."""
     entries: dict[str, Any] = {
         "engine": (engine.state_dict, lambda sd: engine.load_state_dict(sd, optimizer)),
         "model": model,
@@ -114,6 +113,5 @@ def run_state(
 
 
 def reseed(step: int, rank: int) -> None:
-    """Seed every RNG from (step, rank): the stand-in for per-rank RNG state of another world size
-    (the data order does not depend on it)."""
+    """Seed every RNG from (step, rank): the stand-in for per-rank RNG state of another world size."""
     seed_all((step * 1_000_003 + rank) % 2**32)

@@ -1,25 +1,8 @@
-"""Monitoring: windowed throughput and the latest loss every ``log_every`` steps, to sinks.
-
-The Monitor receives values (:meth:`Monitor.observe`: step, loss tensor, lr, sample and token
-counts), from its hook side in ``fit()`` or from your own loop. The only host-device
-synchronisation is the loss read on logging steps; every other step the monitor does an integer
-modulo and returns. A step with a validation result is a logging step too (its evaluation has
-synced already), so every evaluation reaches the records, whatever ``log_every``. Probes add to each record, also only on logging
-steps: memory (allocator counters, no sync), MFU (FLOPs per sample counted once, before training),
-and GPU utilisation/power/temperature/clocks from NVML, sampled on a background thread so the
-training thread never waits for the driver. Sinks: ``metrics.jsonl``, a rich progress bar and,
-optionally, TensorBoard.
-
-Record keys carry their units: ``step_ms``, ``samples_per_s``, ``tokens_per_s``, ``tflops``
-(achieved model TFLOP/s: FLOPs per token x tokens/s, per sample x samples/s without tokens), ``mfu`` (fraction of the datasheet peak), ``mem_*_gib``,
-``gpu_util_pct``, ``gpu_power_w``, ``gpu_temp_c``, ``gpu_sm_clock_mhz``; ``grad_norm`` when the
-engine computes it, and the ``precision`` in use. Data parallel (``world`` processes): rates are
-the whole run's (this rank's counts x world, every rank training an equal share),
-``rank_tokens_per_s`` is one rank's, and MFU is over all devices (world x the datasheet peak).
-
-The package by concern: :mod:`.hook` (the Monitor, and the Sink and Probe interfaces),
-:mod:`.sinks` (JSONL, progress, TensorBoard), :mod:`.trackers` (W&B, MLflow, trackio), :mod:`.memory`, :mod:`.flops` (FLOPs and MFU),
-:mod:`.nvml` and :mod:`.probes` (the standard set). Everything is importable from here as before.
+"""Monitoring: windowed throughput and the latest loss every ``log_every`` steps, to sinks
+(docs/monitoring.md; every record key: reference/metrics.md). The only host-device sync is the loss
+read on logging steps (a step with a validation result is one too: its evaluation synced already);
+probes add to those records without a sync of their own (NVML is sampled on a thread).
+Everything is importable from here as before the package was split by concern.
 """
 
 from __future__ import annotations

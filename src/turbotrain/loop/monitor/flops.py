@@ -1,6 +1,5 @@
-"""FLOPs and MFU: training FLOPs per sample counted once before training (the model's own
-``flops_per_token`` or ``torch.utils.flop_counter``), and :class:`MfuProbe`, achieved TFLOP/s and
-MFU over each logging window against the datasheet peak."""
+"""FLOPs and MFU: training FLOPs per sample counted once before training, and :class:`MfuProbe`,
+achieved TFLOP/s and MFU over each logging window against the datasheet peak (docs/mfu.md)."""
 
 from __future__ import annotations
 
@@ -68,11 +67,10 @@ def count_flops(
     loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
     autocast: Callable[[], Any] = contextlib.nullcontext,
 ) -> FlopCount:
-    """Training FLOPs per sample, counted with ``torch.utils.flop_counter`` on one real
-    micro-batch: the model's, and apart what activation checkpointing recomputes (a second counter
-    inside each checkpointed block's recomputation). One eager forward/backward, side-effect free:
-    ``torch.autograd.grad`` (nothing in ``.grad``), buffers and the RNG restored. Attention counts
-    the full T x T square."""
+    """Training FLOPs per sample, counted with ``torch.utils.flop_counter`` on one real micro-batch:
+    the model's, and apart what activation checkpointing recomputes. One eager forward/backward,
+    side-effect free (``torch.autograd.grad``; buffers and the RNG restored). Attention counts the
+    full T x T square."""
     loss_fn = loss_fn or default_loss
     params = [p for p in model.parameters() if p.requires_grad]
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
@@ -97,15 +95,13 @@ def count_flops(
 
 
 def count_flops_per_sample(model: nn.Module, batch: Any, *args: Any, **kwargs: Any) -> float:
-    """The model's training FLOPs per sample (no recomputation): :func:`count_flops`'s arguments."""
+    """The model's training FLOPs per sample: :func:`count_flops`'s arguments."""
     return count_flops(model, batch, *args, **kwargs).model
 
 
 def estimate_flops(model: nn.Module, batch: Any, *args: Any, **kwargs: Any) -> FlopCount:
-    """Training FLOPs per sample: the model's own exact ``flops_per_token(seq_len)`` when it has
-    one and the batch holds token ids (:data:`FORMULA`), otherwise counted once
-    (:func:`count_flops`, whose arguments it takes); with activation checkpointing on, the
-    recomputation counted apart."""
+    """Training FLOPs per sample: the model's own ``flops_per_token(seq_len)`` when it has one and the
+    batch holds token ids (:data:`FORMULA`), else counted once (:func:`count_flops`'s arguments)."""
     tokens = token_count(batch) // batch_size(batch)  # per sample
     own = getattr(model, "flops_per_token", None)
     if callable(own) and tokens:
@@ -125,11 +121,10 @@ def estimate_flops_per_sample(model: nn.Module, batch: Any, *args: Any, **kwargs
 
 
 class MfuProbe:
-    """Achieved model TFLOP/s and MFU over each logging window, from the Monitor's tokens/s
-    (samples/s for data without tokens): FLOPs per token x tokens/s, so token-budget batches give a
-    steady figure. The peak is ``spec``'s for the record's ``precision`` (a fallback mid-run is
-    accounted for) x ``devices``; without a spec only ``tflops``. With activation checkpointing,
-    ``recompute_per_sample`` adds ``hw_tflops`` and ``hfu`` beside them."""
+    """Achieved model TFLOP/s and MFU over each logging window: FLOPs per token x tokens/s (samples/s
+    for data without tokens), so token-budget batches give a steady figure. The peak is ``spec``'s
+    for the record's ``precision`` x ``devices``; without a spec only ``tflops``. With activation
+    checkpointing, ``recompute_per_sample`` adds ``hw_tflops`` and ``hfu``."""
 
     def __init__(
         self,
@@ -152,8 +147,8 @@ class MfuProbe:
         self.devices = devices  # data parallel: the record's samples/s are the world's, so is the peak
 
     def peak_tflops(self, precision: str | None = None) -> float | None:
-        """Dense datasheet TFLOP/s for ``precision`` (default: the one given at construction) of
-        all ``devices`` together; fp32 counts at the TF32 peak while TF32 matmuls are on."""
+        """Dense datasheet TFLOP/s for ``precision`` of all ``devices`` (fp32 at the TF32 peak while
+        TF32 matmuls are on)."""
         if not self.spec:
             return None
         peak = self.spec.peak_tflops(precision_key(precision or self.precision, tf32=tf32_enabled()))
@@ -182,10 +177,8 @@ class MfuProbe:
 
 
 def flop_tokens_per_sample(batch: Any) -> float:
-    """The tokens per sample an :class:`MfuProbe` scales its FLOPs by (its ``tokens_per_sample``):
-    the token positions FLOPs were counted on (padding included); 0 for a batch with an attention
-    mask, whose tokens/s counts real tokens only (so the rate is samples/s x FLOPs per padded
-    sample), and for data without tokens."""
+    """The tokens per sample an :class:`MfuProbe` scales its FLOPs by: the token positions counted
+    (padding included); 0 with an attention mask (tokens/s counts real tokens only) or no tokens."""
     if attention_mask(batch) is not None:
         return 0.0
     return token_count(batch) / batch_size(batch)
@@ -201,7 +194,7 @@ def build_mfu_probe(
     devices: int = 1,
 ) -> MfuProbe:
     """An :class:`MfuProbe` for ``model``: FLOPs from ``example_batch`` (moved to ``device``), the
-    peak from the device name (x ``devices``); an unknown device is logged, not an error."""
+    peak from the device name (x ``devices``)."""
     flops = estimate_flops(model, move_to(example_batch, device), loss_fn, autocast)
     tokens_per_sample = flop_tokens_per_sample(example_batch)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

@@ -1,5 +1,5 @@
-"""The Monitor: every ``log_every`` steps one record of the loss, lr and the window's throughput,
-plus what its probes add, written to its sinks (the package docstring says more)."""
+"""The Monitor: every ``log_every`` steps one record (loss, lr, the window's throughput, what its
+probes add) to its sinks."""
 
 from __future__ import annotations
 
@@ -19,17 +19,12 @@ from ..hooks import FitContext, Hook, every
 
 log = logging.getLogger(__name__)
 
-# A record key ending so (``memory_warning``, ``gpu_util_warning``) holds a probe's one-time warning:
-# in ``fit()`` the Monitor also records it as an engine event of that kind (summary.json's events).
+# a probe's one-time warning (``memory_warning``): in ``fit()`` also an engine event of that kind
 WARNING_SUFFIX = "_warning"
 
-# A probe is called on logging steps only, with the record so far (loss, lr, ``precision`` when
-# known, and this window's ``step_ms``, ``samples_per_s``, ``tokens_per_s``); it returns keys to
-# merge into the record. A probe may also define ``start()`` and ``close()``: the Monitor calls
-# them when it starts and closes (NvmlSampler runs its thread between them). A probe with
-# ``due(step)`` also has steps of its own (MemoryProbe's ``monitor.memory_every``): on those that
-# are not logging steps the Monitor writes a record of just the step and the probes' keys (no loss
-# read, no sync).
+# Called on logging steps with the record so far; returns keys to merge in. Optional: ``start()``
+# and ``close()`` (NvmlSampler's thread), ``due(step)``: steps of its own (MemoryProbe's
+# ``monitor.memory_every``), whose records hold just the step and its keys (no loss read, no sync).
 Probe = Callable[[dict[str, Any]], dict[str, Any]]
 
 
@@ -55,23 +50,9 @@ def _read(value: Any) -> float | None:
 
 class Monitor(Hook):
     """Every ``interval`` steps: loss (a host-device sync), lr, throughput over the window since
-    the last record, plus whatever the ``probes`` add (memory, MFU, GPU utilisation).
-
-    Also measures the time to the first step (one extra sync, once) so warm-up and compilation
-    are reported apart from steady-state throughput.
-
-    In ``fit()`` it is a hook. In your own loop, hand it the values after each optimizer step::
-
-        monitor = Monitor(10, [JsonlSink(Path("metrics.jsonl")), ProgressSink(max_steps)])
-        monitor.start()
-        for batch in loader:
-            engine.forward_backward(model, batch)  # or backward() + count_batch(batch)
-            if engine.step(optimizer):
-                s = engine.state
-                monitor.observe(s.step, engine.last_loss, lr=optimizer.param_groups[0]["lr"],
-                                samples=s.samples, tokens=s.tokens)
-        monitor.close()
-    """
+    the last record, plus whatever the ``probes`` add. The time to the first step (one extra sync,
+    once) keeps warm-up and compilation apart. A hook in ``fit()``; in your own loop call
+    :meth:`start`, :meth:`observe` after each optimizer step, and :meth:`close`."""
 
     def __init__(
         self,
@@ -100,8 +81,7 @@ class Monitor(Hook):
         return next((r for r in reversed(self.records) if "loss" in r), {})
 
     def start(self, step: int = 0, samples: int = 0, tokens: int = 0) -> None:
-        """Start the clock (and the probes' threads) at this progress; the next step's time is
-        the time to first step. Without it the first :meth:`observe` starts the clock."""
+        """Start the clock (and the probes' threads); else the first :meth:`observe` starts it."""
         for probe in self.probes:
             getattr(probe, "start", lambda: None)()
         self._t0 = time.perf_counter()
@@ -125,13 +105,10 @@ class Monitor(Hook):
         side_s: float = 0.0,
         force: bool = False,
     ) -> dict[str, Any] | None:
-        """The values after optimizer step ``step``; ``samples``/``tokens`` are this process's so
-        far (x ``world`` for the run's rates); ``side_s``: seconds so far on work that is not
-        training (evaluation, checkpoints), left out of the throughput; ``peak``: the datasheet
-        peak MFU is measured against. On logging steps (every ``interval``, with a ``val_loss``, or
-        ``force``) it reads ``loss`` and ``grad_norm`` (host-device sync points) and writes and
-        returns a record; otherwise it reads nothing. A ``val_loss`` is never dropped: its step
-        gets a whole record, where the evaluation has already synced the host."""
+        """The values after optimizer step ``step`` (``samples``/``tokens``: this process's so far;
+        ``side_s``: seconds so far not training, left out of the throughput). On logging steps (every
+        ``interval``, with a ``val_loss``, or ``force``) it reads ``loss`` and ``grad_norm``
+        (host-device sync points) and writes and returns a record; otherwise it reads nothing."""
         self.tick(step)
         self._clock(step, loss, samples, tokens, side_s)
         if not (force or val_loss is not None or every(step, self.interval)):
@@ -184,8 +161,7 @@ class Monitor(Hook):
         return now
 
     def tick(self, step: int) -> None:
-        """Step ``step`` is done: the sinks that show every step (the progress bar) advance; no
-        record, no device read."""
+        """Step ``step`` is done: the progress bar advances; no record, no device read."""
         for sink in self.sinks:  # read each step, so a sink added after the Monitor is built ticks too
             tick = getattr(sink, "tick", None)
             if callable(tick):
@@ -198,8 +174,7 @@ class Monitor(Hook):
         return record
 
     def write_event(self, record: dict[str, Any]) -> None:
-        """A record into the run's records and every sink: a step's measurement, or an event
-        (``{"event": "epoch", ...}``) that the report keeps apart from the step records."""
+        """A record (or an event, ``{"event": "epoch", ...}``) into the records and every sink."""
         self.records.append(record)
         for sink in self.sinks:
             sink.write(record)

@@ -1,6 +1,5 @@
-"""Memory in each record: the CUDA caching allocator's counters (no sync), a one-time
-warning when the peak reserved memory nears the device's total or the allocator cap, and the
-process's host memory (RSS)."""
+"""Memory in each record: the CUDA caching allocator's counters (no sync), a one-time warning
+when the peak reserved memory nears the limit, and the process's host memory (RSS)."""
 
 from __future__ import annotations
 
@@ -32,9 +31,8 @@ def collect_cuda_memory(device: torch.device) -> dict[str, int]:
 class MemoryProbe:
     """GPU memory in GiB (allocated, reserved, peak since the start or :meth:`reset_peak`), and a
     warning once when the peak reserved reaches ``warn_fraction`` of the limit (the device's total,
-    or ``cap_fraction`` of it). Host-side counters: no sync. ``every`` (``monitor.memory_every``):
-    None = in each record; N = every N-th step, between the loss's records too; 0 = never.
-    ``read`` and ``limit_bytes`` default to the CUDA device's (pass your own to test without one)."""
+    or ``cap_fraction`` of it). ``every``: None = in each record; N = every N-th step; 0 = never.
+    ``read`` and ``limit_bytes``: the CUDA device's by default."""
 
     def __init__(
         self,
@@ -58,11 +56,10 @@ class MemoryProbe:
         self.warned = False
 
     def due(self, step: int) -> bool:
-        """Whether ``step`` is one of this probe's own steps (``every`` N; never for None or 0)."""
         return self.every is not None and every(step, self.every)
 
     def reset_peak(self) -> None:
-        """Start the peaks over (at each epoch, say): later records' ``mem_peak_gib`` is the peak since this call."""
+        """Start the peaks over (at each epoch)."""
         torch.cuda.reset_peak_memory_stats(self.device)
 
     def __call__(self, record: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -80,7 +77,7 @@ class MemoryProbe:
         return out
 
     def check(self, used_bytes: int) -> str | None:
-        """The warning's text the first time ``used_bytes`` reaches ``warn_fraction`` of the limit (also logged); else None."""
+        """The warning (also logged) the first time ``used_bytes`` reaches the limit's fraction."""
         limit = self.limit_bytes
         if self.warned or self.warn_fraction <= 0 or not limit or used_bytes < self.warn_fraction * limit:
             return None
@@ -95,8 +92,7 @@ class MemoryProbe:
 
 
 class HostMemoryProbe:
-    """This process's resident host memory (RSS) in GiB at each record, ``host_rss_gib`` (no sync;
-    nothing where the OS does not say); ``read`` defaults to ``process_rss_bytes``."""
+    """This process's resident host memory (RSS) in GiB at each record (nothing where the OS does not say)."""
 
     def __init__(self, read: Callable[[], int | None] | None = None) -> None:
         self.read = read or process_rss_bytes

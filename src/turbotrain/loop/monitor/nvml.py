@@ -1,5 +1,5 @@
-"""GPU utilisation, power, temperature and clocks from NVML, sampled on a background thread, and
-a one-time warning when the utilisation stays low (:class:`UtilisationWatch`)."""
+"""GPU utilisation, power, temperature and clocks from NVML on a background thread, and a
+one-time low-utilisation warning."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ UTIL_WARNING = "gpu_util_warning"  # the record key and engine event kind of the
 
 
 class NvmlSampler:
-    """GPU utilisation, power, temperature and clocks read from NVML every ``period_s`` on a daemon
-    thread (the training thread never calls the driver); each call returns the means (temperature:
-    max) since the previous call. Without NVML ``available`` is False and it records nothing."""
+    """NVML read every ``period_s`` on a daemon thread (the training thread never calls the driver);
+    each call returns the means (temperature: max) since the previous one. Without NVML
+    ``available`` is False and it records nothing."""
 
     FIELDS = {
         "util_pct": "gpu_util_pct",
@@ -40,7 +40,6 @@ class NvmlSampler:
         self._thread: threading.Thread | None = None
 
     def sample(self) -> dict[str, Any]:
-        """One reading of the fields NVML answers."""
         raw = collect_nvml_device(self.handle)
         return {key: raw[src] for src, key in self.FIELDS.items() if raw.get(src) is not None}
 
@@ -76,9 +75,8 @@ class NvmlSampler:
 
 
 class UtilisationWatch:
-    """A probe after the NVML sampler: when ``gpu_util_pct`` stays under ``threshold_pct`` for
-    ``after_s`` seconds of consecutive low windows, one warning (a ``gpu_util_warning`` key) naming
-    ``turbotrain profile``, once. The first window (warm-up, compilation) is skipped."""
+    """After the NVML sampler: when ``gpu_util_pct`` stays under ``threshold_pct`` for ``after_s``
+    seconds, one warning naming ``turbotrain profile``. The first window (warm-up) is skipped."""
 
     def __init__(self, threshold_pct: float = 80.0, after_s: float = 120.0) -> None:
         self.threshold_pct = threshold_pct

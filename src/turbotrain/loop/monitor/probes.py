@@ -1,5 +1,4 @@
-"""The standard probes of a run (:func:`build_probes`): memory and NVML on CUDA, MFU when a model
-and an example batch are given."""
+"""The standard probes of a run: memory and NVML on CUDA, MFU when a model and a batch are given."""
 
 from __future__ import annotations
 
@@ -37,11 +36,9 @@ def build_probes(
     util_warn_pct: float = 80.0,
     util_warn_s: float = 120.0,
 ) -> list[Probe]:
-    """The standard probes for ``device``: host memory everywhere; GPU memory, NVML and the
-    low-utilisation watch on CUDA; MFU when a model and an example batch are given (over
-    ``devices``). The other arguments are the ``monitor.*`` settings of their names
-    (``memory_every`` -1 = with each record, ``util_warn_pct`` 0 = no watch) and
-    ``memory.max_fraction`` (``memory_cap_fraction``)."""
+    """The standard probes for ``device``: host memory; GPU memory, NVML and the utilisation watch on
+    CUDA; MFU with a model and an example batch. The other arguments: the ``monitor.*`` settings of
+    their names and ``memory.max_fraction`` (``memory_cap_fraction``)."""
     probes: list[Probe] = [HostMemoryProbe()]
     if device.type == "cuda":
         every = None if memory_every < 0 else memory_every
@@ -64,7 +61,7 @@ def build_probes(
 
 
 def _mfu_probe(model: nn.Module, batch: Any, device: torch.device, *args: Any) -> list[Probe]:
-    """The MFU probe, or none (logged) when the FLOPs cannot be counted: an optional measurement."""
+    """The MFU probe, or none (logged) when the FLOPs cannot be counted."""
     try:
         return [build_mfu_probe(model, batch, device, *args)]
     except Exception as exc:  # training goes on without FLOPs ...

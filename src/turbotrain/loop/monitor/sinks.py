@@ -1,6 +1,4 @@
-"""Where the Monitor's records go: ``metrics.jsonl`` (:class:`JsonlSink`), a rich progress bar or
-plain lines (:class:`ProgressSink`) and TensorBoard (:class:`TensorBoardSink`). A sink is any object
-with ``write(record)`` and ``close()`` (:class:`turbotrain.loop.monitor.hook.Sink`)."""
+"""Where the Monitor's records go: ``metrics.jsonl``, a progress bar or plain lines, TensorBoard."""
 
 from __future__ import annotations
 
@@ -22,15 +20,14 @@ log = logging.getLogger(__name__)
 
 
 def finite_or_null(record: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """``record`` with its NaN and infinite floats as None (JSON null: the file stays strict JSON)
-    and the keys that held one."""
+    """``record`` with its NaN and infinite floats as None (strict JSON) and the keys that held one."""
     bad = [k for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)]
     return ({**record, **dict.fromkeys(bad)} if bad else record), bad
 
 
 class JsonlSink:
-    """One JSON object per logged step, appended to ``path``; flushed at most every
-    ``flush_every_s`` (a write syscall per record cost ~80 us on the tiny-MLP benchmark) and on close."""
+    """One JSON object per record, appended to ``path``; flushed at most every ``flush_every_s`` (a
+    write syscall per record cost ~80 us on the tiny-MLP benchmark) and on close."""
 
     def __init__(self, path: Path, flush_every_s: float = 1.0) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -70,8 +67,8 @@ class JsonlSink:
 
 
 class ProgressSink:
-    """A rich progress bar on a terminal (ticks every step, the times first, the last loss and rate
-    cut to the width; logs and validation lines print above it); plain lines otherwise."""
+    """A rich progress bar on a terminal (ticks every step; logs and validation lines print above
+    it); plain lines otherwise."""
 
     def __init__(self, total_steps: int, start_step: int = 0, console: Console | None = None) -> None:
         # rich.progress costs ~0.1 s to import: a run without a progress bar (or an own loop) skips it
@@ -102,7 +99,6 @@ class ProgressSink:
         self._handlers = _log_above(self.console) if self.live else []
 
     def tick(self, step: int) -> None:
-        """Optimizer step ``step`` is done: the bar advances (a count: no device read)."""
         if self.live:
             self.progress.update(self.task, completed=step)
 
@@ -133,7 +129,7 @@ RATES = (" tok/s", " samples/s")  # the rates the bar shows (format_record's wor
 
 def _log_above(console: Console) -> list[tuple[logging.StreamHandler[Any], Any]]:
     """The root logger's and turbotrain's handlers on the bar's terminal write through rich's proxy
-    of it (lines above the bar, not onto it); returns the handlers and their streams, to put back."""
+    (above the bar, not onto it); returns the handlers and their streams, to put back."""
     proxy = next(
         (f for f in (sys.stderr, sys.stdout) if getattr(f, "rich_proxied_file", None) is console.file), None
     )

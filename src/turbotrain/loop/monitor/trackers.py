@@ -1,8 +1,6 @@
-"""The experiment trackers as sinks beside ``metrics.jsonl``: W&B (offline by default), MLflow and
-trackio, each an optional extra (docs/monitoring.md). Every numeric value of every record goes to
-the tracker at its step, the config once; :func:`publish` adds the summary and artefacts at the
-end. ``trackers.json`` in the run directory names the tracker runs, so a resumed run continues
-them. MLflow writes on the training thread, so its records are batched every ``flush_every_s``."""
+"""The experiment trackers as sinks beside ``metrics.jsonl``: W&B, MLflow and trackio
+(docs/monitoring.md). ``trackers.json`` names the tracker runs, so a resumed run continues them.
+MLflow writes on the training thread, so its records are batched every ``flush_every_s``."""
 
 from __future__ import annotations
 
@@ -211,7 +209,6 @@ class MlflowSink:
             self.flush()
 
     def flush(self) -> None:
-        """The records held so far into the store."""
         if self.client is not None:
             self.flush_to(self.client)
 
@@ -280,8 +277,8 @@ OPEN_TIMEOUT_S = 10  # a tracker server's answer at the start (docs/monitoring.m
 
 @contextlib.contextmanager
 def _bounded_http() -> Any:
-    """MLflow's HTTP requests without retries and with an OPEN_TIMEOUT_S timeout (where the user
-    set neither): an unreachable server is said in seconds, not after its 7 retries (~4.5 min)."""
+    """MLflow's HTTP without retries, OPEN_TIMEOUT_S timeout (unless set): an unreachable server is
+    said in seconds, not after its 7 retries (~4.5 min)."""
     keys = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(OPEN_TIMEOUT_S)}
     added = {k: v for k, v in keys.items() if k not in os.environ}
     os.environ.update(added)
@@ -330,8 +327,7 @@ def _store(name: str, run_dir: Path, options: TrackerOptions) -> str:
 
 
 def _first_line(exc: BaseException) -> str:
-    """``exc`` in one line, or the system's error under it (the store's own cause, which the
-    tracker's wrapping message buries)."""
+    """``exc`` in one line, or the system's error under it (which the tracker's message buries)."""
     chain = [exc]
     while (cause := chain[-1].__cause__ or chain[-1].__context__) is not None and len(chain) < 10:
         chain.append(cause)
@@ -349,8 +345,7 @@ def _store_error(name: str, run_dir: Path, options: TrackerOptions, exc: BaseExc
 
 
 def check_stores(names: Iterable[str], run_dir: Path, options: TrackerOptions) -> None:
-    """Each named tracker's store opens, or one line naming the setting and the store's error:
-    checked at the run's start, before any training."""
+    """Each named tracker's store opens, or one line naming the setting: before any training."""
     require_trackers(names := [n for n in names if n in TRACKERS])
     for name in names:
         try:
@@ -360,8 +355,7 @@ def check_stores(names: Iterable[str], run_dir: Path, options: TrackerOptions) -
 
 
 class Guarded:
-    """A tracker sink whose store may fail during the run: the first failure is one warning and
-    the sink is dropped; training and the other sinks go on."""
+    """A tracker sink whose first failure is one warning and drops it; training goes on."""
 
     def __init__(self, name: str, sink: Any) -> None:
         self.name, self.sink = name, sink
@@ -385,9 +379,6 @@ class Guarded:
     def write(self, record: dict[str, Any]) -> None:
         self._call("write", record)
 
-    def flush(self) -> None:
-        self._call("flush")
-
     def close(self) -> None:
         self._call("close")
         self.sink = None
@@ -409,8 +400,8 @@ def _open(name: str, run_dir: Path, options: TrackerOptions) -> Any:
 
 
 def build_sinks(names: Iterable[str], run_dir: Path, options: TrackerOptions | None = None) -> list[Any]:
-    """The sinks named (of ``SINKS``), in that order, writing for ``run_dir``. An unknown name or a
-    tracker whose package is missing: one line (TurbotrainError) before any is opened."""
+    """The sinks named (of ``SINKS``) for ``run_dir``; an unknown name or a missing package: one
+    line before any is opened."""
     names = list(dict.fromkeys(names))
     unknown = [n for n in names if n not in SINKS]
     if unknown:
@@ -436,8 +427,7 @@ def build_sinks(names: Iterable[str], run_dir: Path, options: TrackerOptions | N
 
 
 def publish(run_dir: Path, summary: dict[str, Any], files: Iterable[Path]) -> list[str]:
-    """Add the summary and upload ``files`` to the tracker runs of ``run_dir`` (its trackers.json);
-    one line per tracker that could not be reached (the report goes on without it)."""
+    """The summary and ``files`` to the tracker runs of ``run_dir``; one line per one unreachable."""
     problems: list[str] = []
     files = [Path(f) for f in files if Path(f).is_file()]
     for tracker, ids in _read_ids(run_dir).items():
