@@ -16,16 +16,9 @@ from ..core.main_rank import ReportedByAnotherRank, announce_reported
 from . import bench, doctor, profile, report, sample, train, tune
 from . import memory as memory_cmd
 
-# (name, add_parser(subparsers) -> parser whose defaults carry `run`)
+# add_parser(subparsers) -> the parser whose defaults carry `run`, in the order of the help
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], argparse.ArgumentParser]] = [
-    train.add_parser,
-    sample.add_parser,
-    doctor.add_parser,
-    report.add_parser,
-    memory_cmd.add_parser,
-    bench.add_parser,
-    profile.add_parser,
-    tune.add_parser,
+    m.add_parser for m in (train, sample, doctor, report, memory_cmd, bench, profile, tune)
 ]
 
 

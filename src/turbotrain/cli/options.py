@@ -30,7 +30,6 @@ def add_options(p: argparse.ArgumentParser, options: Options) -> None:
 
 
 def switch(help: str) -> dict[str, Any]:
-    """A store-true switch."""
     return {"action": "store_true", "help": help}
 
 

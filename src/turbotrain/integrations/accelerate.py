@@ -37,8 +37,7 @@ def recipe_to_accelerator_kwargs(recipe: Recipe) -> dict[str, Any]:
 
 
 def accelerator_kwargs_recipe(device: torch.device | str | None = None, **yours: Any) -> dict[str, Any]:
-    """``Accelerator`` keyword arguments of turbotrain's recipe for ``device``, every argument in
-    ``yours`` winning; one warning line where one of yours differs from the recipe."""
+    """``Accelerator`` keyword arguments of turbotrain's recipe for ``device``, ``yours`` winning."""
     return recipe_kwargs(device, recipe_to_accelerator_kwargs, yours, where=" (Accelerator)")
 
 
@@ -103,8 +102,7 @@ class AccelerateRun:
                 self._first_batch = batch
 
     def step(self, loss: Any = None, lr: float | None = None) -> None:
-        """An optimizer step is done; every ``log_every`` steps a record reads ``loss`` (a
-        host-device sync point)."""
+        """An optimizer step is done; every ``log_every`` a record reads ``loss`` (host-device sync point)."""
         self.steps += 1
         obs = self.observer
         if obs is None:

@@ -52,8 +52,7 @@ def recipe_to_training_args(recipe: Recipe) -> dict[str, Any]:
 
 
 def training_args_recipe(device: torch.device | str | None = None, **yours: Any) -> dict[str, Any]:
-    """``TrainingArguments`` keyword arguments: turbotrain's recipe for ``device``, every argument in
-    ``yours`` winning (:func:`merge_user`, with :data:`GROUPS`)."""
+    """``TrainingArguments`` keyword arguments of the recipe, ``yours`` winning (with :data:`GROUPS`)."""
     return recipe_kwargs(device, recipe_to_training_args, yours, GROUPS, " (TrainingArguments)")
 
 

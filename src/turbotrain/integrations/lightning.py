@@ -44,8 +44,7 @@ TURBOTRAIN_PRECISION = {
 
 
 def recipe_to_trainer_kwargs(recipe: Recipe) -> dict[str, Any]:
-    """A :class:`~turbotrain.integrations.recipe.Recipe` as ``Trainer`` keyword arguments (TF32 has no
-    Trainer argument: ``recipe.apply_switches()``)."""
+    """A :class:`~turbotrain.integrations.recipe.Recipe` as ``Trainer`` keyword arguments."""
     return {"precision": LIGHTNING_PRECISION[recipe.precision], "benchmark": recipe.cudnn_benchmark}
 
 
@@ -55,7 +54,6 @@ def trainer_kwargs_recipe(device: torch.device | str | None = None, **yours: Any
 
 
 def _loss_of(outputs: Any) -> Any:
-    """The loss in what ``training_step`` returned, as Lightning passes it to callbacks."""
     if isinstance(outputs, dict):
         return outputs.get("loss")
     return outputs if isinstance(outputs, torch.Tensor) else None
@@ -133,9 +131,8 @@ class TurbotrainLightningCallback(Callback):
             self._to_count = True
 
     def _run_dir(self, trainer: Trainer) -> Path:
-        return Path(
-            self.run_dir if self.run_dir is not None else Path(trainer.default_root_dir) / "turbotrain"
-        )
+        given = self.run_dir
+        return Path(given) if given is not None else Path(trainer.default_root_dir) / "turbotrain"
 
     def _name(self, trainer: Trainer, pl_module: LightningModule) -> str:
         """The run directory's name, or the module's class where no directory was given."""

@@ -57,8 +57,7 @@ def run_name(run_dir: str | Path, fallback: str = "") -> str:
 
 
 def peak_spec(device: torch.device, peak_tflops: float | None = None) -> DeviceSpec | None:
-    """The datasheet peak MFU is measured against: ``peak_tflops`` (dense, one device) when given,
-    else looked up from the GPU's name; None on a CPU or an unknown GPU."""
+    """The peak MFU is measured against: ``peak_tflops`` (dense, one device), else the GPU's; or None."""
     if peak_tflops is not None:
         if not peak_tflops > 0:
             raise ValueError(f"peak_tflops = {peak_tflops!r}: give the device's dense peak in TFLOP/s (> 0)")
@@ -189,7 +188,6 @@ class LoopObserver:
         return Monitor(0, all_sinks, probes, world=self.world)
 
     def start(self, step: int = 0) -> None:
-        """Training starts (or resumes) at optimizer step ``step``."""
         self.step, self._first = step, step + 1
         self.guard.start()
         self.monitor.start(step, self.samples, self.tally.total())
@@ -261,8 +259,8 @@ class LoopObserver:
     def count_flops(
         self, model: nn.Module, batch: Any, loss_fn: Callable[[nn.Module, Any], Any] | None = None
     ) -> None:
-        """FLOPs per sample counted once on ``batch`` (side-effect free, its time left out); a model
-        the counter cannot run is one warning line, and no MFU."""
+        """FLOPs per sample counted once on ``batch`` (side-effect free, its time left out; a failure
+        is one warning, and no MFU)."""
         t0 = time.perf_counter()
         try:
             flops, source = estimate_flops_per_sample(model, batch, loss_fn)
@@ -274,7 +272,6 @@ class LoopObserver:
         self.set_flops(flops, source, flop_tokens_per_sample(batch))
 
     def facts(self, status: str) -> RunFacts:
-        """What summary.json says beyond the metrics."""
         return RunFacts(
             run=self.name,
             status=status,

@@ -23,7 +23,6 @@ __all__ = ["Recipe", "build_recipe", "default_device", "merge_user", "recipe_kwa
 
 
 def default_device() -> torch.device:
-    """The current CUDA device when there is one, else the CPU."""
     return (
         torch.device("cuda", torch.cuda.current_device())
         if torch.cuda.is_available()
@@ -49,11 +48,9 @@ class Recipe:
 
     @property
     def persistent_workers(self) -> bool:
-        """Keep the workers between epochs (only meaningful with workers)."""
         return self.num_workers > 0
 
     def loader_kwargs(self) -> dict[str, Any]:
-        """``torch.utils.data.DataLoader`` keyword arguments of the recipe."""
         return {
             "num_workers": self.num_workers,
             "pin_memory": self.pin_memory,
@@ -74,8 +71,7 @@ class Recipe:
 
 
 def build_recipe(device: torch.device | str | None = None, config: RunConfig | None = None) -> Recipe:
-    """The recipe ``Engine()`` would use on ``device`` (default: :func:`default_device`) with
-    ``config``'s settings (default: a :class:`RunConfig`'s)."""
+    """The recipe ``Engine()`` would use on ``device`` with ``config``'s settings (default: a new one's)."""
     device = torch.device(device) if device is not None else default_device()
     config = config or RunConfig()
     caps = DeviceCaps.of(device)
@@ -159,8 +155,7 @@ def recipe_kwargs(
     groups: Iterable[tuple[str, ...]] = (),
     where: str = "",
 ) -> dict[str, Any]:
-    """A trainer's keyword arguments of the recipe for ``device`` (``convert``), every one of ``yours``
-    winning (:func:`merge_user`); the recipe's reasons logged."""
+    """A trainer's keyword arguments (``convert``) of the recipe, ``yours`` winning; reasons logged."""
     recipe = build_recipe(device)
     for key, why in recipe.why.items():
         log.info("turbotrain recipe: %s: %s", key, why)

@@ -28,7 +28,6 @@ log = logging.getLogger(__name__)
 
 
 def max_mean(load: Sequence[float]) -> float | None:
-    """max / mean of one layer's per-expert load; None when nothing was routed."""
     mean = sum(load) / len(load) if load else 0.0
     return max(load) / mean if mean > 0 else None
 
@@ -47,8 +46,7 @@ def placement(model: nn.Module) -> dict[str, Any]:
 
 
 class ExpertsMonitor(Hook):
-    """Reads the MoE layers' token tallies every ``interval`` steps and writes ``experts.json`` to
-    ``run_dir`` (rank 0; None: keep in memory only)."""
+    """Reads the MoE layers' token tallies every ``interval`` steps; rank 0 writes ``experts.json``."""
 
     def __init__(self, model: nn.Module, interval: int, run_dir: Path | None = None) -> None:
         self.layers: list[tuple[str, MoE]] = list(moe_layers(model))
@@ -134,5 +132,4 @@ class ExpertsMonitor(Hook):
 
 
 def experts_hooks(model: nn.Module, interval: int, run_dir: Path | None) -> list[Hook]:
-    """``[ExpertsMonitor]`` for a model with MoE layers, ``[]`` otherwise."""
     return [ExpertsMonitor(model, interval, run_dir)] if any(True for _ in moe_layers(model)) else []

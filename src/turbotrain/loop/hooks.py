@@ -51,8 +51,6 @@ class Hook:
 
 
 class HookList(Hook):
-    """Calls each hook in order for every event."""
-
     def __init__(self, hooks: Iterable[Hook] = ()) -> None:
         self.hooks = list(hooks)
 
@@ -83,8 +81,7 @@ def every(step: int, interval: int) -> bool:
 
 
 class StopAfter(Hook):
-    """End this invocation after ``step`` (the run resumes later); one that starts at or past it (a
-    resume of a run stopped there) is not stopped by it."""
+    """End this invocation after ``step``; one that starts at or past it (a resume) is not stopped."""
 
     def __init__(self, step: int) -> None:
         self.step = step

@@ -39,8 +39,6 @@ from .monitor.trackers import TRACKERS, TrackerOptions, build_sinks
 
 @dataclass
 class MonitorPlan:
-    """What the monitor of a run writes and measures."""
-
     log_every: int = 10  # steps between metric reads: the host-device syncs
     run_dir: Path | None = None  # metrics.jsonl (and tensorboard/) go here; None: nowhere
     progress_steps: int | None = None  # a progress bar up to this step; None: no bar
@@ -56,7 +54,6 @@ class MonitorPlan:
 
 
 def monitor_plan(c: RunConfig, run_dir: Path | None, progress_steps: int | None = None) -> MonitorPlan:
-    """The plan of a run's monitor from its config."""
     m = c.monitor
     return MonitorPlan(
         m.log_every,
@@ -87,8 +84,7 @@ def build_monitor(
     plan: MonitorPlan,
     loss_fn: Callable[[nn.Module, Any], Any] | None = None,
 ) -> tuple[Monitor, JsonlSink | None]:
-    """The Monitor (and its metrics.jsonl sink, for a flush before checkpoints), with the standard
-    probes (MFU from FLOPs counted once on ``example``)."""
+    """The Monitor (and its metrics.jsonl sink, for a flush before checkpoints) with the standard probes."""
     names = ["jsonl", *(["tensorboard"] if plan.tensorboard else []), *plan.trackers]
     sinks: list[Any] = (
         build_sinks(names, plan.run_dir, plan.tracker_options) if plan.run_dir is not None else []

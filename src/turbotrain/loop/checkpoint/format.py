@@ -185,19 +185,18 @@ def remember_verified(path: Path) -> None:
 
 
 def forget(folder: Path, live: set[str]) -> None:
-    """Forget the verifications of checkpoints in ``folder`` not in ``live`` (deleted)."""
+    """Forget the verifications of deleted checkpoints in ``folder``."""
     for stamp in [k for k in _VERIFIED if k[0] not in live and Path(k[0]).parent == folder]:
         del _VERIFIED[stamp]
 
 
 def require_verified(path: Path) -> None:
-    """Raise a one-line TurbotrainError saying why, unless checkpoint ``path`` verifies."""
+    """A one-line TurbotrainError saying why, unless checkpoint ``path`` verifies."""
     if not is_verified(path):
         raise TurbotrainError(verify_problem(path) or f"{path.name} does not verify")
 
 
 def latest_verified(folder: Path) -> Path | None:
-    """The newest checkpoint in ``folder`` that matches its checksum, or None."""
     return next((p for p in reversed(list_checkpoints(folder)) if is_verified(p)), None)
 
 
@@ -205,8 +204,7 @@ _REFUSED_GLOBAL = re.compile(r"Unsupported (?:global|class): (?:GLOBAL )?([\w.]+
 
 
 def unreadable(name: str, exc: BaseException) -> str:
-    """Why ``torch.load(..., weights_only=True)`` refused file ``name``, in one line (torch's own
-    text reads as advice to load it anyway)."""
+    """Why ``torch.load(..., weights_only=True)`` refused ``name``, in one line (not torch's advice)."""
     text = " ".join(str(exc).split())
     if isinstance(exc, pickle.UnpicklingError) or "weights_only" in text or "WeightsUnpickler" in text:
         found = _REFUSED_GLOBAL.search(text)

@@ -51,17 +51,14 @@ def restore_latest(
         if problem:  # said once, by rank 0, which found it; the others end quietly
             raise TurbotrainError(problem) if rank == 0 else ReportedByMainRank(problem)
         path, payload = folder / name, None
-    if not path.is_dir() and payload is None:
-        payload = read_payload(path, required=state.required)
-    if before_load is not None:
-        if path.is_dir():
-            before_load(path, saved_world(path), read_state(path).get("entries", {}))
-        else:
-            before_load(path, 1, payload or {})
     if path.is_dir():
+        if before_load is not None:
+            before_load(path, saved_world(path), read_state(path).get("entries", {}))
         _load_sharded(path, state, rank, world)
         return path
-    assert payload is not None
+    payload = payload if payload is not None else read_payload(path, required=state.required)
+    if before_load is not None:
+        before_load(path, 1, payload)
     if world == 1 and not in_group():
         state.load_state_dict(payload, source=path.name)  # the one-process format in one process: as always
     else:

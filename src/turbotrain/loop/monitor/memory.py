@@ -19,7 +19,7 @@ MEMORY_WARNING = "memory_warning"  # the record key and engine event kind of the
 
 
 def collect_cuda_memory(device: torch.device) -> dict[str, int]:
-    """The CUDA caching allocator's counters in bytes (host-side: no sync)."""
+    """The CUDA caching allocator's counters in bytes (no sync)."""
     return {
         "allocated": torch.cuda.memory_allocated(device),
         "reserved": torch.cuda.memory_reserved(device),
@@ -59,7 +59,6 @@ class MemoryProbe:
         return self.every is not None and every(step, self.every)
 
     def reset_peak(self) -> None:
-        """Start the peaks over (at each epoch)."""
         torch.cuda.reset_peak_memory_stats(self.device)
 
     def __call__(self, record: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -82,9 +82,17 @@ def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _wandb_settings(wandb: Any) -> Any:
+def _wandb_init(wandb: Any, run_dir: Path, ids: dict[str, Any], **more: Any) -> Any:
+    """The W&B run ``ids`` names (its id, project and mode), resumed where it exists."""
     # no console capture, no system-metrics sampler (NVML is the monitor's), no git or code upload
-    return wandb.Settings(silent=True, console="off", x_disable_stats=True, save_code=False, disable_git=True)
+    settings = wandb.Settings(
+        silent=True, console="off", x_disable_stats=True, save_code=False, disable_git=True
+    )
+    mode = ids.get("mode", "offline")
+    project = ids.get("project")
+    return wandb.init(
+        project=project, id=ids["id"], resume="allow", mode=mode, dir=str(run_dir), settings=settings, **more
+    )
 
 
 class _StepLoggedRun:
@@ -115,15 +123,8 @@ class WandbSink(_StepLoggedRun):
         ids = _read_ids(run_dir).get("wandb") or {"id": uuid.uuid4().hex[:12]}
         ids.update(project=options.project, mode=options.wandb_mode)
         _write_ids(run_dir, "wandb", ids)
-        self.run = self.wandb.init(
-            project=options.project,
-            name=options.name or run_dir.name,
-            id=ids["id"],
-            resume="allow",
-            mode=options.wandb_mode,
-            dir=str(run_dir),
-            config=options.config,
-            settings=_wandb_settings(self.wandb),
+        self.run = _wandb_init(
+            self.wandb, run_dir, ids, name=options.name or run_dir.name, config=options.config
         )
 
     def finished(self) -> None:
@@ -132,14 +133,7 @@ class WandbSink(_StepLoggedRun):
 
 def _publish_wandb(run_dir: Path, ids: dict[str, Any], summary: dict[str, Any], files: list[Path]) -> None:
     wandb = _import("wandb")
-    run = wandb.init(
-        project=ids.get("project"),
-        id=ids["id"],
-        resume="allow",
-        mode=ids.get("mode", "offline"),
-        dir=str(run_dir),
-        settings=_wandb_settings(wandb),
-    )
+    run = _wandb_init(wandb, run_dir, ids)
     try:
         run.summary.update({k: v for k, v in flat(summary).items() if isinstance(v, (int, float, str, bool))})
         artifact = wandb.Artifact(f"{run_dir.name}-report", type="report")
