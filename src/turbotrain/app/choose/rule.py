@@ -241,13 +241,11 @@ def judge(rows: list[Row], planned_steps: int, min_speedup: float) -> Row:
         r.reason = f"{base.step_ms / r.step_ms:.2f}x eager, pays back at step {r.break_even_step or 0:,.0f}; "
         r.reason += f"{best.name} projects a shorter run"
     if best is base:
-        base.status = "kept"
-        better = [r for r in rows if r is not base and r.measured]
-        base.reason = (
-            "plain eager: no measured candidate passes parity, beats it and pays back within the run"
-            if better
-            else "plain eager: nothing else was measured"
-        )
+        base.status, base.reason = "kept", "plain eager: nothing else was measured"
+        if any(r is not base and r.measured for r in rows):
+            base.reason = (
+                "plain eager: no measured candidate passes parity, beats it and pays back within the run"
+            )
     else:
         best.status = "kept"
         best.reason = f"{base.step_ms / (best.step_ms or 1):.2f}x eager, parity ok, " + (
