@@ -8,10 +8,9 @@ import contextlib
 import json
 import os
 import shlex
-import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -175,8 +174,7 @@ def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
         raise TurbotrainError(f"--section.key=value settings ({' '.join(extra)}) apply to --to-loss only")
     device, names = _device_and_names(args)
     kinds = (["compare"] if args.compare or not args.matrix else []) + list(dict.fromkeys(args.matrix))
-    contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
-    rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+    contenders, rows = _csv(args.contenders), _csv(args.rows)
     if rows and len(set(args.matrix)) != 1:
         raise TurbotrainError(
             "--rows picks rows of one --matrix (precision or ablation) at a time; "
@@ -185,18 +183,19 @@ def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
     command = _cli_command() or canonical_command(args)
     exit_on_sigterm()  # so a running row is ended too (see process.run_process)
     outcomes: list[dict[str, Any]] = []  # every row of every report: did any measure?
-    with _work_dir(args, "bench") as work_dir:
+    same = (
+        "seed",
+        "timeout_s",
+        "handtuned_compile",
+        "repeat",
+        "compile_cache",
+        "threads",
+        "auto_planned_steps",
+    )
+    with _work_dir(args, "bench") as folder:
+        profile_dir = Path(args.profile) if args.profile else None
         opts = BenchOptions(
-            device=device,
-            work_dir=work_dir,
-            seed=args.seed,
-            timeout_s=args.timeout_s,
-            handtuned_compile=args.handtuned_compile,
-            repeat=args.repeat,
-            compile_cache=args.compile_cache,
-            threads=args.threads,
-            profile_dir=Path(args.profile) if args.profile else None,
-            auto_planned_steps=args.auto_planned_steps,
+            device, Path(folder), profile_dir=profile_dir, **{k: getattr(args, k) for k in same}
         )
         runners: dict[str, Callable[[Any], dict[str, Any]]] = {
             "compare": lambda w: run_compare(w, opts, contenders),
@@ -208,17 +207,15 @@ def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
     return _exit_code(outcomes)
 
 
-@contextlib.contextmanager
-def _work_dir(args: argparse.Namespace, kind: str) -> Iterator[Path]:
+def _work_dir(args: argparse.Namespace, kind: str) -> contextlib.AbstractContextManager[str]:
     """``--work-dir``, kept; else a temporary folder, removed afterwards."""
     if args.work_dir:
-        yield Path(args.work_dir)
-        return
-    path = Path(tempfile.mkdtemp(prefix=f"turbotrain-{kind}-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+        return contextlib.nullcontext(args.work_dir)
+    return tempfile.TemporaryDirectory(prefix=f"turbotrain-{kind}-", ignore_cleanup_errors=True)
+
+
+def _csv(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
 
 
 def _overrides(args: argparse.Namespace, extra: list[str]) -> dict[str, dict[str, str]]:
@@ -264,12 +261,8 @@ def _bench_workload(
         print(f"{name}: {search['summary']}", file=sys.stderr, flush=True)
         batch = search["micro"]
     if args.out:  # the document after every finished row: a bench stopped at a limit keeps its rows
-        opts.progress = ReportWriter(
-            Path(args.out),
-            command,
-            list(sys.orig_argv),
-            {"batch_search": search} if search is not None else None,
-        )
+        extra = {"batch_search": search} if search is not None else None
+        opts.progress = ReportWriter(Path(args.out), command, list(sys.orig_argv), extra)
     make = custom_workload if args.model else resolve_workload
     w = make(name, opts.device, batch_size=batch, warmup_steps=args.warmup, timed_steps=args.steps)
     rows: list[dict[str, Any]] = []
@@ -297,19 +290,10 @@ def main_inference(args: argparse.Namespace, extra: list[str]) -> int:
     preset = None if args.model else (args.workload or default_preset())
     batch = args.batch if isinstance(args.batch, int) else None
     model, batches, loss_fn, label = inference_target(preset, args.model, overrides, batch)
-    modes = [r.strip() for r in args.rows.split(",") if r.strip()] or [None]
-    rows = []
-    for mode in modes:
-        config = merge(overrides, {"precision": {"mode": mode}} if mode else {})
-        row = benchmark_inference(
-            model,
-            batches,
-            loss_fn=loss_fn,
-            iterations=args.steps or 20,
-            warmup=args.warmup or 3,
-            config=config,
-        )
-        rows.append({"label": label, **row})
+    modes: list[str | None] = [*_csv(args.rows)] or [None]
+    configs = [merge(overrides, {"precision": {"mode": m}} if m else None) for m in modes]
+    timing: dict[str, Any] = {"loss_fn": loss_fn, "iterations": args.steps or 20, "warmup": args.warmup or 3}
+    rows = [{"label": label, **benchmark_inference(model, batches, config=c, **timing)} for c in configs]
     doc = {
         "schema": INFERENCE_SCHEMA,
         "kind": "inference",
@@ -353,19 +337,17 @@ def main_to_loss(args: argparse.Namespace, extra: list[str]) -> int:
     check_at_least(
         ("--seeds", args.seeds, 1), ("--max-steps", args.max_steps, 1), ("--eval-every", args.eval_every, 1)
     )
-    with _work_dir(args, "to-loss") as work_dir:
+    same = {k: getattr(args, k) for k in ("max_steps", "eval_every", "threads", "timeout_s")}
+    with _work_dir(args, "to-loss") as folder:
         opts = ToLossOptions(
             contenders=contenders,
             preset=args.workload or default_preset(),
             overrides=_overrides(args, extra),
             target_loss=args.to_loss,
             max_tokens=args.tokens,
-            max_steps=args.max_steps,
-            eval_every=args.eval_every,
             seeds=tuple(range(args.seed, args.seed + args.seeds)),
-            threads=args.threads,
-            timeout_s=args.timeout_s,
-            work_dir=work_dir,
+            work_dir=Path(folder),
+            **same,
         )
         exit_on_sigterm()
         doc = run_to_loss(opts, log=lambda line: print(line, file=sys.stderr, flush=True))
