@@ -123,9 +123,8 @@ def run_child(
     *args: str,
     poll: Callable[[], bool] | None = None,
 ) -> tuple[int | None, dict[str, Any] | None, list[str]]:
-    """``python -m module *args [--spec folder/spec.json] --result folder/result.json``, its output
-    in ``folder/log.txt``: its exit code (None: past ``timeout_s`` or stopped by ``poll``), the
-    result it wrote (None when none) and the command."""
+    """``python -m module *args [--spec spec.json] --result result.json`` in ``folder`` (output to
+    log.txt): (exit code, None when stopped; its result or None; the command)."""
     folder.mkdir(parents=True, exist_ok=True)
     spec_path, result = folder / "spec.json", folder / "result.json"
     result.unlink(missing_ok=True)
@@ -231,8 +230,8 @@ class Built:
 
 
 def build(target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_dir: Path) -> Built:
-    """Assemble ``target`` with ``changes`` in ``run_dir`` (metrics.jsonl goes there), prepared as every
-    run is; only what a measured run uses is built (no checkpoints, evaluation or run loader)."""
+    """Assemble ``target`` with ``changes`` in ``run_dir``, prepared as every run is; only what a
+    measured run uses (no checkpoints, evaluation or run loader)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     config = target.config(merge(changes, {"monitor": {"progress": False}}))
     if target.is_workload:
@@ -460,8 +459,7 @@ def run(
     on_window: Callable[[int, float], None] | None = None,
     on_warm: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Train ``warmup`` + ``steps`` (+ ``extra_steps``, e.g. a profiler window) optimizer steps
-    with ``fit`` and return the figures of the ``steps`` timed ones."""
+    """Train ``warmup`` + ``steps`` (+ ``extra_steps``) optimizer steps; the timed ones' figures."""
     engine = built.engine
     clock = StepClock(engine.device, warmup, steps)
     total = warmup + steps + extra_steps
@@ -498,8 +496,7 @@ def _figures(
     end: dict[str, Any],
     run: tuple[int, int, float],
 ) -> dict[str, Any]:
-    """A measured run's figures from the clock's and the counters at the end of warm-up and of
-    the timed steps; ``run``: (warm-up steps, timed steps, wall seconds)."""
+    """The figures from the clock's and the counters; ``run``: (warm-up, timed steps, wall s)."""
     engine, (warmup, steps, wall_s) = built.engine, run
     step_s = figures["step_ms_median"] / 1000
     samples = (end["samples"] - warm["samples"]) / steps
@@ -541,8 +538,7 @@ def parity_loss(built: Built) -> float | None:
 
 
 def release(built: Built) -> None:
-    """Drop the run's loader workers and memory and close its token files (before the next run
-    in this process)."""
+    """Drop the run's loader workers and memory and close its token files."""
     built.monitor.close()
     for f in built.files:
         f.close()

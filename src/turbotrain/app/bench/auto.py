@@ -40,9 +40,8 @@ def _with(job: Job, changes: Mapping[str, Mapping[str, Any]]) -> Job:
 
 
 def measure_candidates(job: Job) -> Callable[[Candidate], dict[str, Any]]:
-    """``choose``'s timer for the bench: a candidate is the turbotrain row with the candidate's
-    changes, on a fresh model from the seed and the job's batches, under the job's protocol
-    (its warm-up and timed steps); its figures as :func:`turbotrain.app.measure.run` names them."""
+    """``choose``'s timer for the bench: the turbotrain row with the candidate's changes, on a fresh
+    model from the seed, the job's batches and protocol; figures named as ``measure.run`` names them."""
     spec = {k: v for k, v in job.spec.items() if k not in ("profile_dir", "profile_steps")}
 
     def measure(c: Candidate) -> dict[str, Any]:

@@ -30,8 +30,7 @@ AUTO_MAX_MICRO = 1024  # samples; the finder's own ceiling
 
 
 def search(name: str, device_type: str, seed: int, max_micro: int = AUTO_MAX_MICRO) -> dict[str, Any]:
-    """Run the finder for workload ``name`` in this process; the search as a dict (``micro``,
-    trials, peak, time)."""
+    """The batch finder's search for workload ``name``, in this process, as a dict."""
     w = resolve_workload(name, device_type)
     spec = to_spec(w, device=device_type, seed=seed, data_file=Path(os.devnull))
     device = torch.device(device_type)
@@ -54,8 +53,7 @@ def search(name: str, device_type: str, seed: int, max_micro: int = AUTO_MAX_MIC
 def find_workload_batch(
     name: str, opts: BenchOptions, keep_log: bool = True, max_micro: int = AUTO_MAX_MICRO
 ) -> dict[str, Any]:
-    """:func:`search` in its own process, with the environment a row gets (threads, compile
-    cache) so its answer holds for the rows; raises a one-line TurbotrainError when it fails."""
+    """:func:`search` in its own process with a row's environment, so its answer holds for the rows."""
     work_dir = opts.work_dir / f"batch-{name}"
     args = (name, "--device", opts.device, "--seed", str(opts.seed), "--max-micro", str(max_micro))
     env, log = row_env(work_dir, opts), work_dir / "log.txt"

@@ -215,8 +215,7 @@ def train_lightning(job: Job) -> dict[str, Any]:
 def turbotrain_overrides(
     spec: dict[str, Any], device: torch.device, total_steps: int
 ) -> dict[str, dict[str, Any]]:
-    """The config overrides that give turbotrain the workload's recipe on ``device``, on top of
-    its defaults (plus a matrix row's ``turbotrain_overrides``)."""
+    """turbotrain's config overrides for the workload's recipe on ``device`` (plus a matrix row's)."""
     o = spec["optim"]
     overrides = {
         "run": {"device": device.type, "seed": spec["seed"]},
@@ -305,8 +304,7 @@ def _turbotrain_result(
 
 
 class Profiler:
-    """``torch.profiler`` over a few steps after the timed window: a Chrome trace (gzipped) and a
-    table of the most expensive operators, to find what a step spends its time on."""
+    """``torch.profiler`` over a few steps after the timed window: a gzipped Chrome trace and an op table."""
 
     def __init__(self, job: Job, device: torch.device) -> None:
         self.steps = int(job.spec.get("profile_steps", 3))

@@ -35,10 +35,8 @@ def benchmark_inference(
     warmup: int = 3,
     config: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Time ``iterations`` evaluation batches of a copy of ``model`` (yours is untouched) under
-    inference_mode with ``config``'s precision and compile (``{"precision": {"mode": ...},
-    "compile": {"scope": ...}}``; default: turbotrain's defaults for this device). ``batches`` is
-    cycled when shorter. Returns the figures (see the module docstring)."""
+    """Time ``iterations`` evaluation batches (cycled) of a copy of ``model`` under inference_mode
+    with ``config``'s precision and compile (default: turbotrain's for this device)."""
     engine = Engine(dict(config or {}))
     net, _ = copy_on(engine, model)
     net.eval()

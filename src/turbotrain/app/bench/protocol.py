@@ -78,8 +78,7 @@ def make_loader(batches: BatchList, pin_memory: bool = False) -> DataLoader:
 def math_precision(
     device: torch.device, autocast_dtype: torch.dtype | None, param_dtype: torch.dtype, has_conv: bool
 ) -> str:
-    """Which datasheet peak the step's matmuls/convolutions run at: 'bf16', 'fp16', 'tf32' or 'fp32'
-    (for MFU). fp32 work on CUDA counts as TF32 where PyTorch routes it to TF32 tensor cores."""
+    """The datasheet peak (for MFU) the step's matmuls run at; fp32 on CUDA counts as TF32 where routed there."""
     return precision_key(
         autocast_dtype or param_dtype, tf32=device.type == "cuda" and tf32_enabled(conv=has_conv)
     )
@@ -87,8 +86,7 @@ def math_precision(
 
 @dataclass
 class Job:
-    """What a contender process trains: identical for every contender of a comparison (the
-    model already built from the seed on the host, the same batches, recipe and clock)."""
+    """What a contender process trains: the same for every contender (model from the seed, batches, recipe)."""
 
     spec: dict[str, Any]
     device: torch.device

@@ -23,8 +23,7 @@ SCHEMA = "turbotrain-bench/1"
 
 
 def collect_environment() -> dict[str, Any]:
-    """``turbotrain.app.doctor.collect_env()``, or why it failed (the runtime block below is always
-    recorded)."""
+    """``collect_env()``, or why it failed (the runtime block is recorded either way)."""
     try:
         return collect_env()
     except Exception as exc:  # an environment probe must not lose the benchmark's figures
@@ -81,10 +80,8 @@ def write_document(doc: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
 
 
 class ReportWriter:
-    """Writes a report's JSON and markdown every time it is called: as ``BenchOptions.progress``
-    it runs after every finished row, so a bench killed at a time limit leaves a document with
-    every row it finished and the ones it did not (``complete: false``, ``missing``). Each write
-    replaces the last atomically; the environment is probed once, at the first write."""
+    """Writes a report's JSON and markdown at each call (as ``BenchOptions.progress``: after every
+    row), each write replacing the last atomically; the environment is probed once."""
 
     def __init__(
         self, out_dir: Path, command: str, argv: list[str], extra: dict[str, Any] | None = None

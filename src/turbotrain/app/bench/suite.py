@@ -371,9 +371,8 @@ def _known(every: list[Variant], only: Sequence[str], kind: str) -> list[Variant
 
 
 def run_precision_matrix(w: BenchWorkload, opts: BenchOptions, only: Sequence[str] = ()) -> dict[str, Any]:
-    """Step time, speedup over fp32, peak memory and its reduction, loss and its difference from
-    fp32 for each precision this device supports; recommends the fastest within tolerance
-    (``only``: just these rows, beside fp32, the reference)."""
+    """Each precision this device supports against fp32 (speed, memory, loss); recommends the
+    fastest within tolerance (``only``: just these rows, beside fp32)."""
     every = _known(precision_variants(opts.device), only, "precision")
     variants = [v for v in every if not only or v.name in only or v.name == "fp32"]
 
@@ -420,9 +419,7 @@ def recommend(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def run_ablation(w: BenchWorkload, opts: BenchOptions, only: Sequence[str] = ()) -> dict[str, Any]:
-    """Each ladder (LADDERS): its base, each optimization alone on it, (fp32: then all, then the
-    defaults); every row compared with its own ladder's base (``only``: just these rows, beside
-    the bases of their ladders)."""
+    """Each ladder (LADDERS), every row against its ladder's base (``only``: these rows, beside their bases)."""
     every = _known(ablation_variants(w, opts.device), only, "ablation")
     ladders = {v.ladder for v in every if v.name in only}
     bases = {LADDERS[ladder]["reference"] for ladder in ladders}

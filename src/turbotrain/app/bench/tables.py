@@ -106,8 +106,7 @@ def precision_table(report: dict[str, Any]) -> str:
 
 
 def ablation_table(report: dict[str, Any]) -> str:
-    """One table per ladder (its rows against its own base); one table for a report without
-    ladders (written before they existed)."""
+    """One table per ladder (against its own base); one for an older report without ladders."""
     ladders = report.get("ladders") or {}
     groups = [
         (about, [r for r in report["rows"] if r.get("ladder") == name]) for name, about in ladders.items()

@@ -38,9 +38,8 @@ SCHEMA = "turbotrain-bench-to-loss/1"
 
 @dataclass
 class ToLossOptions:
-    """What to run: ``preset`` with ``overrides`` for all, ``contenders`` (name -> overrides) over
-    ``seeds``; stop at ``target_loss`` (None: run the budget), ``max_tokens`` (0: none) or
-    ``max_steps``; evaluate every ``eval_every`` optimizer steps."""
+    """``contenders`` (name -> overrides) on ``preset`` + ``overrides`` over ``seeds``, to ``target_loss``
+    (None: the budget), ``max_tokens`` (0: none) or ``max_steps``."""
 
     contenders: dict[str, dict[str, dict[str, Any]]]
     preset: str = "gpt-tiny"

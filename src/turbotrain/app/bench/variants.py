@@ -98,8 +98,7 @@ LADDERS = {
 
 
 def ablation_variants(w: BenchWorkload, device: str) -> list[Variant]:
-    """The two ladders (LADDERS); the fp32 one ends with every optimization together, then
-    turbotrain's defaults. Rows that cannot apply here say why."""
+    """The two ladders (LADDERS); the fp32 one ends with every optimization together, then the defaults."""
     cuda = device == "cuda"
     gpt = w.model in LANGUAGE_MODELS
     baseline: dict[str, dict[str, Any]] = {

@@ -226,9 +226,8 @@ def seeded_model(kind: str, kwargs: dict[str, Any], seed: int) -> nn.Module:
 
 
 def seeded_workload(kind: str, kwargs: dict[str, Any], seed: int) -> tuple[nn.Module, LossFn]:
-    """The model (built right after ``torch.manual_seed(seed)``: the same weights in every
-    process) and its loss function: a reference model's is ``model(*batch)``, a ``--model``
-    workload's is its own (its FUNC is called again, seeded)."""
+    """The model, seeded (the same weights in every process), and its loss function (a ``--model``
+    workload's own: its FUNC is called again)."""
     if kind == CUSTOM:
         w = load_workload(kwargs["ref"], seed=seed)
         return w.model, w.loss_fn or default_loss
@@ -281,9 +280,8 @@ def flops_per_step(w: BenchWorkload) -> tuple[float, str]:
 
 
 def corpus_windows(count: int, seq_len: int, seed: int) -> torch.Tensor:
-    """``count`` windows of ``seq_len + 1`` byte tokens from the built-in corpus (the Python
-    standard library's sources, read in a fixed order, only as much as needed), at seeded random
-    offsets. Returns (count, seq_len + 1) int64."""
+    """(count, seq_len + 1) byte tokens at seeded offsets of the built-in corpus (the standard
+    library's sources, in a fixed order, only as much as needed)."""
     need = max(4 * count * (seq_len + 1), 1 << 20)
     chunks, size = [], 0
     for path in stdlib_files():
@@ -363,9 +361,8 @@ def custom_workload(
 
 
 def custom_batches(w: BenchWorkload, seed: int, count: int | None = None) -> list[Any]:
-    """``count`` (default: the pool) batches of a ``--model`` workload's loader, drawn once after
-    seeding, as plain tuples, lists and dicts of tensors (what ``torch.load(weights_only=True)``
-    reads back); the loader is cycled when it holds fewer."""
+    """``count`` (default: the pool) batches of a ``--model`` workload's loader, cycled, as plain
+    containers of tensors (what ``torch.load(weights_only=True)`` reads back)."""
     wl = load_workload(w.model_kwargs["ref"], seed=seed)
     size = w.model_kwargs.get("batch_size")
     loader = rebuild_loader(wl.train_loader, batch_size=size) if size else wl.train_loader

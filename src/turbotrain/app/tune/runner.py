@@ -55,8 +55,7 @@ class Runner(Protocol):
 
 
 class ProcessRunner:
-    """Runs each trial as ``python -m turbotrain.app.tune.trial`` in ``run_dir/trials/NAME`` with a
-    timeout, reading its progress events while it runs (process handling: turbotrain.base.process)."""
+    """Each trial as ``python -m turbotrain.app.tune.trial`` in ``run_dir/trials/NAME``, its progress read live."""
 
     def __init__(
         self, target: Target, run_dir: Path, options: TuneOptions, status: Callable[[str], None]

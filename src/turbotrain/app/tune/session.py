@@ -54,10 +54,8 @@ def model_facts(target: Target) -> ModelFacts:
 
 
 def _check_first_batch(w: Workload, label: str) -> None:
-    """The workload's loss on its first batch, once, before any trial: a bug in the user's own
-    forward or loss is one line naming their file and line (as train, bench, memory and profile
-    say it), not the same failure in every trial's process. On a copy of the model in training
-    mode with gradients on (a loss may need either), so the user's model is untouched."""
+    """The workload's loss on its first batch, once (on a copy, in training mode): a bug in the
+    user's code is one line naming their file, not the same failure in every trial's process."""
     try:
         batch = next(iter(w.train_loader))
     except StopIteration:
@@ -182,8 +180,7 @@ def _new_space(
 
 
 def _run_study(study: Study, options: TuneOptions) -> tuple[str, dict[str, Any] | None, StudyStopped | None]:
-    """Run the trials, then confirm the best against the baseline: (the signal that interrupted
-    it or '', the confirmation, the reason that stopped the study)."""
+    """Run the trials and confirm the best: (the interrupting signal or '', confirmation, stop reason)."""
     interrupted, confirmation, stopped = "", None, None
     try:
         study.run()
@@ -254,8 +251,7 @@ def _write_preset(
     confirmation: dict[str, Any] | None,
     unit: str,
 ) -> dict[str, Any]:
-    """Write the best preset (the baseline's settings when the confirmation did not find the best
-    faster), headed by how it was found; returns what the tune document says of it."""
+    """Write the preset (see :func:`write_outputs`), headed by how it was found."""
     chosen = best
     speedup = f", {best['throughput'] / baseline['throughput']:.2f}x the baseline" if baseline else ""
     header = [

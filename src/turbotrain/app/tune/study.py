@@ -69,8 +69,7 @@ def require_optuna() -> Any:
 
 @dataclass
 class Measured:
-    """A trial's memory, for predicting others: its parameters, peak bytes (None after an
-    out-of-memory error) and whether it was over the limit."""
+    """A trial's memory, for predicting others' (peak None after an out-of-memory error)."""
 
     params: dict[str, Any]
     peak_bytes: int | None
@@ -137,8 +136,7 @@ class Study:
     _pruned_why: str = ""
 
     def open(self) -> None:
-        """Create the study in ``run_dir/study.db``, or load it (a resume: the same target,
-        space and trial settings are required)."""
+        """Create the study in ``run_dir/study.db``, or resume it (same target, space and trial settings)."""
         optuna = require_optuna()
         self.study = self._create_study(optuna)
         o = self.options
@@ -226,8 +224,7 @@ class Study:
         budget: int | None = None,
         windows: list[float] | None = None,
     ) -> None:
-        """Record a trial's outcome: its attributes and constraints, its memory for predictions,
-        and its value (throughput when feasible, else the penalty; pruned trials as PRUNED)."""
+        """Record a trial's outcome: attributes, constraints, memory, and value (else the penalty)."""
         optuna = require_optuna()
         result = result or {}
         loss = result.get("parity_loss")
@@ -265,8 +262,7 @@ class Study:
         budget: int | None,
         windows: list[float] | None,
     ) -> dict[str, Any]:
-        """A trial's attributes: its constraints (memory, loss parity, failure), whether it is
-        feasible, and what it measured."""
+        """A trial's attributes: its constraints, whether it is feasible, what it measured."""
         limit = self._limit(budget)
         over = peak is not None and limit is not None and peak > limit
         mem = (
@@ -320,8 +316,7 @@ class Study:
         return params
 
     def run_trial(self, trial: Any, index: int) -> None:
-        """Propose, then run the trial in its own process unless its settings are refused, repeat
-        an earlier trial's, or are predicted over the memory budget; record the outcome."""
+        """Propose, run (unless skipped: :meth:`_skipped`) and record one trial."""
         params = self._suggest(trial)
         name = f"trial-{trial.number:03d}"
         label = ", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in params.items())
@@ -541,8 +536,7 @@ class Study:
 
 
 def best_config(target: Target, params: dict[str, Any], global_batch: int) -> RunConfig:
-    """The full training config of ``params`` on ``target`` (a run name given for the study is
-    not carried over: each training run names its own folder)."""
+    """The full training config of ``params`` (without the study's run name)."""
     changes = to_changes(params, global_batch)
     changes["memory"].pop("on_oom")
     config = target.config(changes)
