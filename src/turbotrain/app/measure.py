@@ -466,13 +466,14 @@ def run(
     measure = _Measure(built, clock, warmup, steps, total, window, on_window, on_warm)
     clock.start()
     t0 = time.perf_counter()
+    every = [measure, Labelled(built.monitor), *hooks]
     fit(
         engine,
         built.model,
         built.optimizer,
         built.loader,
         max_steps=total,
-        hooks=[measure, Labelled(built.monitor), *hooks],
+        hooks=every,
         loss_fn=built.loss_fn,
     )
     wall_s = time.perf_counter() - t0

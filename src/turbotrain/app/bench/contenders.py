@@ -264,15 +264,8 @@ def train_turbotrain(job: Job) -> dict[str, Any]:
         raise SkipContender(str(exc)) from None
     engine = t.engine
     assert t.loader is not None  # build_trainable was given one
-    fit(
-        engine,
-        t.model,
-        t.optimizer,
-        t.loader,
-        max_steps=total + (profiler.steps if profiler else 0),
-        hooks=[Clock()],
-        loss_fn=job.loss_fn,
-    )
+    steps = total + (profiler.steps if profiler else 0)
+    fit(engine, t.model, t.optimizer, t.loader, max_steps=steps, hooks=[Clock()], loss_fn=job.loss_fn)
     return _turbotrain_result(job, engine, config, profiler.stop() if profiler else None)
 
 

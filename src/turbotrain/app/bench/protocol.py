@@ -127,13 +127,8 @@ class Job:
     ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
         """The recipe's AdamW (``impl``: fused=True, foreach=...) and its warmup schedule."""
         o = self.optim
-        opt = torch.optim.AdamW(
-            recipe_param_groups(model, o["weight_decay"]),
-            lr=o["lr"],
-            betas=tuple(o["betas"]),
-            eps=o["eps"],
-            **impl,
-        )
+        groups = recipe_param_groups(model, o["weight_decay"])
+        opt = torch.optim.AdamW(groups, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"], **impl)
         return opt, torch.optim.lr_scheduler.LambdaLR(opt, warmup_factor(o["lr_warmup_steps"]))
 
     def plain_result(self, autocast_dtype: torch.dtype | None, **extra: Any) -> dict[str, Any]:

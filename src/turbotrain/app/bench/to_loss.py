@@ -105,21 +105,13 @@ def run_one(opts: ToLossOptions, contender: str, seed: int, run_dir: Path) -> di
         ),
     )
     training = build_training(config, run_dir, progress=False)
-    c = training.config
-    val = training.data.val_batches(c.replace(run={"seed": VAL_SEED - 1}), 0, 1)
+    val = training.data.val_batches(training.config.replace(run={"seed": VAL_SEED - 1}), 0, 1)
     if not val:
         raise ValueError("the preset's data has no validation split to measure the loss on")
     loss_fn = training.spec.loss_fn() or default_loss
     hook = _ToLoss(val, loss_fn, opts, lambda line: print(f"{contender} seed {seed}: {line}", flush=True))
-    fit(
-        training.engine,
-        training.model,
-        training.optimizer,
-        training.loader,
-        max_steps=opts.max_steps,
-        hooks=[hook],
-        loss_fn=loss_fn,
-    )
+    t = training
+    fit(t.engine, t.model, t.optimizer, t.loader, max_steps=opts.max_steps, hooks=[hook], loss_fn=loss_fn)
     return {
         "contender": contender,
         "seed": seed,
@@ -138,7 +130,8 @@ def run_to_loss(opts: ToLossOptions, log: Callable[[str], None] = print) -> dict
     for seed in opts.seeds:
         for name in opts.contenders:
             job, t0 = opts.work_dir / f"{name}-seed{seed}", time.perf_counter()
-            spec, env = _job_dict(opts, name, seed), child_env(threads=opts.threads)
+            spec = {"contender": name, "seed": seed, "run_dir": str(job / "run"), "options": _shared(opts)}
+            env = child_env(threads=opts.threads)
             code, out, _ = run_child("turbotrain.app.bench.to_loss", job, spec, env, opts.timeout_s)
             if code == 0 and out is not None:
                 run = out
@@ -193,13 +186,8 @@ def _stats(values: Sequence[float]) -> dict[str, float] | None:
 
 def verdicts(rows: list[dict[str, Any]]) -> list[str]:
     """Each contender against the first, in time and in tokens to target (see the module docstring)."""
-    if len(rows) < 2:
-        return []
-    base, out = rows[0], []
-    for row in rows[1:]:
-        for what, unit in (("time_s", "s"), ("tokens", "tokens")):
-            out.append(_verdict(base, row, what, unit))
-    return out
+    kinds = (("time_s", "s"), ("tokens", "tokens"))
+    return [_verdict(rows[0], row, what, unit) for row in rows[1:] for what, unit in kinds]
 
 
 def _verdict(a: dict[str, Any], b: dict[str, Any], what: str, unit: str) -> str:
@@ -301,15 +289,6 @@ def parse_contender(text: str) -> tuple[str, dict[str, dict[str, Any]]]:
             raise ValueError(f"--versus {text!r}: {item!r} is not section.key=value")
         out.setdefault(section, {})[field_name] = value
     return name.strip(), out
-
-
-def _job_dict(opts: ToLossOptions, contender: str, seed: int) -> dict[str, Any]:
-    return {
-        "contender": contender,
-        "seed": seed,
-        "run_dir": str(opts.work_dir / f"{contender}-seed{seed}" / "run"),
-        "options": _shared(opts),
-    }
 
 
 def _shared(opts: ToLossOptions) -> dict[str, Any]:

@@ -43,6 +43,7 @@ class Outcome:
     windows: list[float] = field(default_factory=list)
 
 
+TRIAL = "turbotrain.app.tune.trial"
 Changes = dict[str, dict[str, Any]]
 Report = Callable[[int, float], bool]  # (window, throughput) -> prune now
 OverBudget = Callable[[int, int | None], bool]  # (peak bytes, budget bytes) -> stop now
@@ -83,17 +84,8 @@ class ProcessRunner:
             return bool(stop)
 
         env = child_env(threads=self.options.threads, compile_cache=self.run_dir / "compile-cache")
-        spec = {**spec, "run_dir": str(folder)}
-        code, result, _ = run_child(
-            "turbotrain.app.tune.trial",
-            folder,
-            spec,
-            env,
-            self.options.timeout_s,
-            "--progress",
-            str(progress),
-            poll=check,
-        )
+        spec, args = {**spec, "run_dir": str(folder)}, ("--progress", str(progress))
+        code, result, _ = run_child(TRIAL, folder, spec, env, self.options.timeout_s, *args, poll=check)
         if code is not None and not stop and progress.exists():
             check()  # events written just before it exited
         return code, stop, folder, result

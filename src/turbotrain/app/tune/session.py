@@ -127,19 +127,9 @@ def tune(target: Target, options: TuneOptions, out: Path | None, log: Log) -> di
         raise ConfigError(
             "nothing to search: every setting tune would try is fixed on the command line or has one value here"
         )
-    study = Study(
-        target,
-        base,
-        space,
-        options,
-        folder,
-        runner,
-        log,
-        g,
-        base_precision=resolve_precision(base.precision.mode, DeviceCaps.of(device), base.precision),
-        headroom=base.batch.headroom,
-        fits_micro=fits,
-    )
+    precision = resolve_precision(base.precision.mode, DeviceCaps.of(device), base.precision)
+    more: dict[str, Any] = {"base_precision": precision, "headroom": base.batch.headroom, "fits_micro": fits}
+    study = Study(target, base, space, options, folder, runner, log, g, **more)
     study.open()
     log(
         f"tune {target.label} on {device}: {options.trials} trials of {options.warmup} warm-up + {options.steps} timed steps, "
