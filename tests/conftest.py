@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -101,6 +102,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
         if skip is not None and item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # under -n: the long tests out first, the short fill the end
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: in order within
+
+
+def work_unit(nodeid: str) -> str:
+    """What one xdist worker runs whole, in order: a module of :data:`SLOW_FOLDERS` (its tests
+    share the run a module-scoped fixture trains once, or build on each other: test_docs.py's pages
+    share a folder), else the one test."""
+    module = nodeid.split("::")[0]
+    slow = any(module.startswith(f"{folder.parent.name}/{folder.name}/") for folder in SLOW_FOLDERS)
+    return module if slow else nodeid
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook (the dev extra): known only where it is
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``-n N`` (``--dist load``, xdist's default; another ``--dist`` is left to xdist):
+    xdist's scope scheduler with :func:`work_unit` as the scope. Units go out the modules first,
+    most tests first, then tests/unit's slow tests, then its fast ones (the hook above sorts them
+    so), the short ones last to fill the end; a worker takes the next when it has 2 tests left.
+    xdist's own ``loadgroup`` cannot group: it marks a group by rewriting node ids, which pytest 9
+    ignores (pytest-dev/pytest-xdist#1386)."""
+    if config.getoption("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # only here: the module needs pytest-xdist
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ByWorkUnit(config, log)
 
 
 # ---------------------------------------------------------------------------- an S3 server (run.remote tests)
@@ -108,11 +139,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 BUCKET = "turbotrain-test"
 
 
-def free_port() -> int:
-    """A TCP port free on localhost now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+_HELD_PORTS: list[socket.socket] = []
+
+
+def free_port(port: int = 0) -> int:
+    """A TCP port on localhost that stays free for the server a test starts on it: bound here
+    (SO_REUSEADDR, never listening) until this pytest process ends, so the kernel hands it to no
+    other ``bind(port 0)`` or outgoing connection on the machine (another xdist worker's test,
+    another program), while the test's server, which sets SO_REUSEADDR too (moto's, torch's
+    TCPStore: torchrun's rendezvous, gloo's MASTER_PORT), listens on it. A port bound and released
+    at once could be handed to another worker's server before the test's own started.
+    ``port``: that one (OSError when something else holds it)."""
+    s = socket.socket()
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        s.close()
+        raise
+    _HELD_PORTS.append(s)
+    return s.getsockname()[1]
 
 
 def _start_server(port: int) -> subprocess.Popen:
@@ -121,14 +167,14 @@ def _start_server(port: int) -> subprocess.Popen:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    deadline = time.monotonic() + HANG_S  # its imports take seconds, minutes on a loaded machine
+    while time.monotonic() < deadline and server.poll() is None:
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return server
         time.sleep(0.1)
     server.kill()
-    raise RuntimeError("moto_server did not start")
+    raise RuntimeError(f"moto_server did not start on port {port} (exit {server.wait()})")
 
 
 @pytest.fixture

@@ -4,11 +4,11 @@ the minimum. Two CPU processes over gloo, each with a different simulated memory
 from __future__ import annotations
 
 import os
-import socket
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import free_port
 
 from turbotrain.tools.memory import TrialResult, find_batch_size
 
@@ -33,16 +33,10 @@ def _rank(rank: int, port: int, out: dict) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_all_ranks_agree_on_a_size_that_fits_the_smallest():
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_rank, args=(_free_port(), out), nprocs=len(LIMITS), join=True)
+        mp.spawn(_rank, args=(free_port(), out), nprocs=len(LIMITS), join=True)
         sizes = dict(out)
     assert sizes[0] == sizes[1]
     alone = find_batch_size(_trial(min(LIMITS)), max_micro=4096, headroom=0.10).micro

@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from conftest import CORPUS, HANG_S
+from conftest import CORPUS, HANG_S, free_port
 
 from turbotrain.base.launch import Launch
 
@@ -43,12 +42,6 @@ TINY = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _static_torchrun(work: Path, name: str) -> list[str]:
     """torchrun with its static rendezvous (no --standalone, no --rdzv-id) and one restart allowed."""
     return [
@@ -60,7 +53,7 @@ def _static_torchrun(work: Path, name: str) -> list[str]:
         "--max-restarts",
         "1",
         "--master-port",
-        str(_free_port()),
+        str(free_port()),
         "-m",
         "turbotrain",
         "train",

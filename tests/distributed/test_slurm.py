@@ -13,14 +13,13 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import inprocess
 import pytest
-from conftest import HANG_S
+from conftest import HANG_S, free_port
 from test_torchrun_train import SRC, _plain
 
 FAULTS = Path(__file__).resolve().parents[1] / "faults"
@@ -78,15 +77,14 @@ def _args(work: Path, name: str, micro: int) -> list[str]:
 
 
 def _job_id() -> int:
-    """A job id whose derived port (15000 + id % 20000) is free here."""
+    """A job id whose derived port (15000 + id % 20000) is free here, held free (conftest's free_port)."""
     start = random.randrange(20000)
     for i in range(20000):
         job = (start + i) % 20000
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", 15000 + job))
-            except OSError:
-                continue
+        try:
+            free_port(15000 + job)
+        except OSError:
+            continue
         return 1_000_000 + job
     raise RuntimeError("no free port in 15000-34999")
 

@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import inprocess
 import pytest
-from conftest import CORPUS, HANG_S
+from conftest import CORPUS, HANG_S, free_port
 from faults.faultenv import FAULTS
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -180,9 +179,7 @@ def test_nproc_2_gives_the_losses_of_torchrun_nproc_per_node_2(work, single):
 
 
 def test_two_nodes_on_one_machine_match_one_process(work, single):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     nodes = []
     for node_rank in (0, 1):
         cmd = [
