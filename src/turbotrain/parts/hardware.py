@@ -143,10 +143,8 @@ def tf32_enabled(conv: bool = False) -> bool:
     )
 
 
-# (pattern matched case-insensitively against torch.cuda.get_device_name(), spec); first match wins,
-# so the more specific variants come before the generic name. Names seen in the wild:
-# "NVIDIA H100 80GB HBM3" (SXM), "NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H200",
-# "NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe", "NVIDIA A100-PCIE-40GB", "Tesla V100-SXM2-16GB".
+# (pattern matched case-insensitively against torch.cuda.get_device_name(), spec); the first match
+# wins, so specific variants ("NVIDIA H100 PCIe", "NVIDIA A100-PCIE-40GB") come before the generic.
 DEVICE_SPECS: list[tuple[str, DeviceSpec]] = [
     # Blackwell
     (r"\bB200\b", DeviceSpec("NVIDIA B200", 2250, 2250, 1100, 80, 4500, 8000, 180)),

@@ -41,7 +41,6 @@ class Workload:
     optimizer: torch.optim.Optimizer | None = None
     loss_fn: Callable[[nn.Module, Any], Any] | None = None
     eval_loader: Iterable[Any] | None = None
-    # validation metrics, e.g. accuracy
     metrics_fn: Callable[[nn.Module, Any], Mapping[str, torch.Tensor]] | None = None
     source: str = ""  # the FILE.py:FUNC it came from ("" when built in Python)
 
@@ -123,8 +122,7 @@ def _what(obj: Any) -> str:
 
 
 def copy_workload(w: Workload) -> Workload:
-    """A copy whose model and optimizer are new objects (one deepcopy of both, so the copied
-    optimizer holds the copied parameters); loaders and the loss function are shared."""
+    """A copy with a new model and optimizer (one deepcopy of both); loaders and functions shared."""
     model, optimizer = copy.deepcopy((w.model, w.optimizer))
     return Workload(model, w.train_loader, optimizer, w.loss_fn, w.eval_loader, w.metrics_fn, w.source)
 

@@ -29,8 +29,7 @@ BUCKET_BATCHES = 64  # about this many batches' rows are sorted by length togeth
 
 @dataclass(frozen=True)
 class Pieces:
-    """Rows cut from documents: piece i is tokens ``[offsets[i], offsets[i] + lengths[i])`` of the
-    split (at most ``seq_len + 1`` long: ``seq_len`` inputs and their shifted targets)."""
+    """Rows cut from documents: piece i is tokens ``[offsets[i], offsets[i] + lengths[i])`` of the split."""
 
     offsets: np.ndarray  # int64, relative to the split
     lengths: np.ndarray  # int64, >= 2
@@ -45,8 +44,7 @@ class Pieces:
 
 
 def cut_pieces(docs: Documents, seq_len: int) -> Pieces:
-    """Each document in pieces of at most ``seq_len + 1`` tokens, consecutive pieces overlapping
-    by one token; documents of one token (nothing to predict) are left out."""
+    """Each document in pieces of <= ``seq_len + 1`` tokens overlapping by one; one-token ones left out."""
     n = docs.lengths
     count = np.where(n >= 2, -(-(n - 1) // seq_len), 0)  # ceil((n - 1) / seq_len) pieces
     doc = np.repeat(np.arange(len(n)), count)

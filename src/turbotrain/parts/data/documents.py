@@ -1,14 +1,9 @@
-"""Documents: where each document starts and ends inside a token source's train and validation
-ranges, so token-budget batches keep documents apart (:mod:`turbotrain.parts.data.batching`). The
-boundaries come from the same token files :func:`~turbotrain.parts.data.sources.open_tokens` made:
-
-- text tokenized as bytes: one document per file, from the files' sizes, which must add up to the
-  token file's length (else the files changed since it was cached, and the error says so);
-- a tokenizer with an end-of-text token, or a ``.bin`` with a GPT-2 vocabulary (``<|endoftext|>``
-  = 50256): a document ends at each separator token, kept as its last target;
-- anything else: no boundaries are known, and :func:`open_documents` says so in one line.
-
-A document that the train/validation split cuts in two becomes two documents.
+"""Documents: where each document starts and ends inside a token source's ranges, so token-budget
+batches keep documents apart. The boundaries come from the token files themselves: for text
+tokenized as bytes one document per file (the files' sizes must add up to the token file's length,
+else they changed since it was cached); for a tokenizer with an end-of-text token or a GPT-2
+``.bin`` (``<|endoftext|>`` = 50256) a document ends at each separator, kept as its last target;
+anything else is refused in one line. The train/validation split may cut a document in two.
 """
 
 from __future__ import annotations
@@ -27,8 +22,7 @@ GPT2_END_OF_TEXT = 50256  # <|endoftext|> in GPT-2's vocabulary: the separator o
 
 @dataclass(frozen=True)
 class Documents:
-    """The documents of one token range: ``starts`` and ``lengths`` in tokens, relative to the
-    range's start, in stream order."""
+    """The documents of one token range: ``starts`` and ``lengths`` relative to its start, in order."""
 
     split: TokenSplit
     starts: np.ndarray  # int64
@@ -81,8 +75,7 @@ def separator_ends(split: TokenSplit, sep: int, chunk: int = SCAN_CHUNK) -> np.n
 
 
 def _from_separator(split: TokenSplit, ends: np.ndarray) -> Documents:
-    """Documents that end at each separator (kept as their last token): ``ends`` from
-    :func:`separator_ends`; the tokens after the last separator make the last document."""
+    """Documents ending at each separator (kept as their last token); the tail makes the last one."""
     if not len(ends) or ends[-1] != len(split):
         ends = np.append(ends, len(split))
     starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)

@@ -21,8 +21,7 @@ from .loader import START, LoaderSettings, Position, StreamSampler, sampled_load
 
 
 class EpochSampler(StreamSampler):
-    """This rank's micro-batches of dataset indices in epochs (see the module docstring);
-    ``steps_per_epoch`` optimizer steps make one epoch."""
+    """This rank's micro-batches of dataset indices in epochs of ``steps_per_epoch`` optimizer steps."""
 
     def __init__(self, size: int, batch_size: int, seed: int, shuffle: bool, at: Position = START) -> None:
         super().__init__(batch_size, seed, at)
@@ -66,8 +65,7 @@ class Indices(list):
 
 
 class SeededReads(Dataset):
-    """``dataset`` read a micro-batch at a time; in a DataLoader worker, torch's, Python's and
-    numpy's generators are first seeded from the batch's seed (see the module docstring)."""
+    """``dataset`` read a micro-batch at a time, a worker's generators seeded from the batch's seed."""
 
     def __init__(self, dataset: Dataset) -> None:
         self.dataset = dataset
@@ -105,8 +103,7 @@ def shuffles(loader: DataLoader) -> bool:
 def epoch_loader(
     loader: Iterable[Any], batch_size: int, seed: int, settings: LoaderSettings, at: Position = START
 ) -> DataLoader:
-    """``loader``'s dataset and collation, batched by :class:`EpochSampler` at ``at``, with the
-    run's worker and pinning settings."""
+    """``loader``'s dataset and collation batched by :class:`EpochSampler` at ``at``."""
     dataset = map_style(loader)
     assert isinstance(loader, DataLoader) and dataset is not None, (
         "epoch_loader needs a DataLoader over a map-style dataset"

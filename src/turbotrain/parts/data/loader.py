@@ -83,8 +83,7 @@ START = Position()  # one process, from the stream's first batch
 
 
 class StreamSampler(Sampler[list[int]]):
-    """An endless stream of this rank's batches from its batch ``at.start``; ``batch(k)`` is a
-    function of (seed, k) alone, so a resume is exact."""
+    """An endless stream of this rank's batches from ``at.start``; ``batch(k)`` depends on (seed, k)."""
 
     def __init__(self, batch_size: int, seed: int, at: Position) -> None:
         self.batch_size, self.seed, self.at = batch_size, seed, at
@@ -104,8 +103,7 @@ class StreamSampler(Sampler[list[int]]):
 
 
 class RandomWindowSampler(StreamSampler):
-    """Random window offsets: batch ``k`` is chunk ``(k % accumulation) x world + rank`` of the
-    offsets of step ``k // accumulation`` (see the module docstring)."""
+    """Random window offsets: batch ``k`` is chunk ``(k % accumulation) x world + rank`` of its step's."""
 
     def __init__(self, positions: int, batch_size: int, seed: int, at: Position = START) -> None:
         super().__init__(batch_size, seed, at)

@@ -174,8 +174,7 @@ def default_cache_dir() -> Path:
 
 
 def stdlib_files() -> list[Path]:
-    """The standard library's .py files in a fixed order (site-packages and tests of venvs excluded).
-    Walked once per process (~0.5 s): the token cache and token batching's documents both ask."""
+    """The standard library's .py files in a fixed order (no site-packages), walked once per process."""
     return list(_stdlib_files())
 
 
@@ -454,8 +453,7 @@ def _text_vocab(spec: str, tokenizer: Tokenizer, vocab_size: int) -> int:
 
 
 def check_data_path(path: str) -> Path:
-    """``data.path`` as a Path when it names a file or a folder, else one line: what a run checks
-    at its start, before anything is measured."""
+    """``data.path`` as a Path when it names a file or a folder, else one line."""
     p = Path(path).expanduser()
     if not p.exists():
         raise TurbotrainError(

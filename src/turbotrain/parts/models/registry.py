@@ -38,6 +38,5 @@ def spec_for(c: RunConfig) -> ModelSpec:
 
 
 def build_model(c: RunConfig, vocab_size: int) -> nn.Module:
-    """The run's model from its config alone (``sample`` and ``memory`` build it without data), by
-    its family's spec (:meth:`~turbotrain.parts.models.spec.ModelSpec.build_model`)."""
+    """The run's model from its config alone (``sample`` and ``memory``), by its family's spec."""
     return spec_for(c).build_model(c, vocab_size)

@@ -89,8 +89,7 @@ class ModelSpec(ABC):
     name: str = "model"
     unit: str = "samples"  # what throughput counts: 'tokens' for language models, 'samples' otherwise
     generates: bool = False  # `turbotrain sample` can ask it for text
-    # the analytic memory estimate (turbotrain.tools.memory.estimate) describes it
-    memory_estimate: bool = False
+    memory_estimate: bool = False  # the analytic memory estimate (tools.memory.stats) describes it
 
     @abstractmethod
     def open_data(self, c: RunConfig, run_dir: Path, *, show: bool) -> RunData:

@@ -1,20 +1,15 @@
 """Batch-size finder: the largest (or fastest) micro-batch that fits, with headroom, keeping the
 global batch through gradient accumulation.
 
-The search runs ``trial(micro) -> TrialResult(peak_bytes, step_s)``, which raises
-``torch.OutOfMemoryError`` when a size does not fit (:class:`~.step_trial.StepTrial` is the real
-one; tests simulate a device). It doubles from ``start`` until a size runs out of memory, goes
-over the memory budget or reaches ``max_micro``, then binary-searches between the last success
-and the first failure (on multiples of 8 from 8 up). The answer keeps ``headroom`` (a fraction of
-the measured peak) free under the limit: the budget when known, else the largest peak that ran
-when out of memory was the only signal. Peaks of sizes not tried are interpolated (memory is
-close to linear in the batch).
-
-On CPU (no allocator statistics; running out of memory kills the process) peaks are counted by
-:class:`TensorMemoryTracker`, sizes whose extrapolated peak exceeds the available RAM are not run,
-and a size whose step (median of 3) takes longer than :data:`CPU_MAX_STEP_S` fails: RAM is no
-useful limit there (a timing rule, so a busy CPU may find a smaller size). On CUDA with
-``pick='largest'`` the answer depends on memory only; ``slowdown_stop`` opts into a timing rule.
+The search runs ``trial(micro) -> TrialResult(peak_bytes, step_s)`` (raising
+``torch.OutOfMemoryError`` when a size does not fit): it doubles from ``start`` until a size runs
+out of memory, goes over the budget or reaches ``max_micro``, then binary-searches (on multiples of
+8 from 8 up). The answer keeps ``headroom`` (a fraction of the peak) free under the limit: the
+budget, else the largest peak that ran when out of memory was the only signal; peaks of sizes not
+tried are interpolated. On CPU (no allocator statistics; out of memory kills the process) sizes
+whose extrapolated peak exceeds the RAM are not run, and a step (median of 3) longer than
+:data:`CPU_MAX_STEP_S` fails (a timing rule: a busy CPU may find a smaller size). On CUDA with
+``pick='largest'`` the answer depends on memory only.
 """
 
 from __future__ import annotations

@@ -174,8 +174,7 @@ def _search_with(trial: StepTrial, rules: SearchRules, budget: int | None) -> Ba
 
 
 def _check_finder_call(model: Any, example: Any, config: Any, max_micro: Any) -> Any:
-    """get_optimal_batch_size's arguments, each wrong one a one-line TurbotrainError naming it;
-    returns the example batch (a loader's first)."""
+    """get_optimal_batch_size's arguments, a wrong one one line; returns the example batch."""
     name = "get_optimal_batch_size"
     if not isinstance(model, nn.Module):
         raise TurbotrainError(

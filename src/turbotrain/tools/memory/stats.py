@@ -1,17 +1,12 @@
 """Where a training step's memory goes: parameters, gradients, optimizer state, activations, and
-the peak of each phase (forward, backward, optimizer step).
+the peak of each phase (forward, backward, optimizer step). On CUDA the caching allocator's
+host-side counters (no device sync); elsewhere :class:`TensorMemoryTracker` counts tensor storages
+(not the allocator's cache, fragmentation, library workspaces or the CUDA context: the finder's
+headroom is for those). "Activations" are the live bytes after forward minus before.
 
-On CUDA the caching allocator's host-side counters (reset at each phase: no device sync).
-Elsewhere torch keeps no allocator statistics, so :class:`TensorMemoryTracker` counts the bytes of
-every storage an op creates until it is freed (``torch.distributed._tools.mem_tracker``'s
-mechanism): tensor memory only, not the allocator's cache, fragmentation, library workspaces or
-the CUDA context (the finder's headroom is for those). "Activations" are the live bytes after
-forward minus before.
-
-:func:`estimate_memory` runs the same measurement on the meta device (shapes without data: about
-a second for gpt2-medium, nothing allocated); :class:`MetaEmulation` stands in for what the device
-would do (autocast's casts, fused attention). Its optimizer is the foreach AdamW, whose
-temporaries make the optimizer-phase peak an upper bound for fused AdamW.
+:func:`estimate_memory` runs the same measurement on the meta device (about a second for
+gpt2-medium, nothing allocated), :class:`MetaEmulation` standing in for autocast and fused
+attention; its foreach AdamW makes the optimizer-phase peak an upper bound for fused AdamW.
 """
 
 from __future__ import annotations
@@ -105,30 +100,12 @@ class TensorMemoryTracker(TorchDispatchMode):
 
 
 _TO_LOW = {
-    torch._C._nn.linear,
-    torch.matmul,
-    torch.mm,
-    torch.bmm,
-    torch.addmm,
-    torch.baddbmm,
-    torch.Tensor.__matmul__,
-    torch._C._nn.scaled_dot_product_attention,
-    torch.conv1d,
-    torch.conv2d,
-    torch.conv3d,
+    getattr(torch, n) for n in ("matmul", "mm", "bmm", "addmm", "baddbmm", "conv1d", "conv2d", "conv3d")
 }
-_TO_FP32 = {
-    torch.nn.functional.layer_norm,
-    torch.nn.functional.group_norm,
-    torch.nn.functional.softmax,
-    torch.nn.functional.log_softmax,
-    torch.nn.functional.cross_entropy,
-    torch.nn.functional.nll_loss,
-    torch.nn.functional.mse_loss,
-    torch.softmax,
-    torch.log_softmax,
-    torch.layer_norm,
-}
+_TO_LOW |= {torch._C._nn.linear, torch.Tensor.__matmul__, torch._C._nn.scaled_dot_product_attention}
+_FP32_OPS = ("layer_norm", "group_norm", "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss")
+_TO_FP32 = {getattr(torch.nn.functional, n) for n in _FP32_OPS}
+_TO_FP32 |= {torch.softmax, torch.log_softmax, torch.layer_norm}
 
 
 class MetaEmulation(TorchFunctionMode):
@@ -264,8 +241,7 @@ def measure_step_memory(
 
 
 def step_meter(device: torch.device, model: nn.Module, optimizer: Any, batch: Any) -> Any:
-    """What reads a step's memory on ``device``, its peak reset: the CUDA allocator's counters, else
-    the tracked tensors (weights, optimizer state, batch and what the step allocates)."""
+    """What reads a step's memory on ``device`` (CUDA's counters, else tracked tensors), peak reset."""
     if device.type == "cuda":
         meter: Any = _CudaMeter(device)
     else:

@@ -20,18 +20,12 @@ from .stats import step_meter
 
 
 class StepTrial:
-    """A real training step at a given micro-batch, for :func:`find_batch_size`.
-
-    Each call measures the peak memory of a step of two micro-steps (the second forward with the
-    first's gradients allocated, as under accumulation), then times ``timed_steps`` steps with the
-    kit's clock (:func:`~turbotrain.core.meter.clock.time_call`; sync points: search only). Steps
-    are the kit's :func:`~turbotrain.core.meter.trial.train_step` under the engine's autocast, with
-    ``optimizer.step()``. DDP/FSDP buckets are not covered (run it on the unwrapped model: the
-    headroom is for such extras). A compiled model runs eagerly: each size would compile again,
-    and eager activations are at least the compiled ones (the answer errs on the safe side).
-
-    As a context manager: on exit the weights and RNG states are restored, optimizer state and
-    gradients dropped and the CUDA cache emptied, as if no search had run.
+    """A real training step at a given micro-batch, for :func:`find_batch_size`: the peak memory
+    of a step of two micro-steps (the second forward with the first's gradients allocated), then
+    ``timed_steps`` steps timed by the kit's clock (sync points: search only). DDP/FSDP buckets are
+    not covered (the headroom is for such extras). A compiled model runs eagerly: each size would
+    compile again, and eager activations are at least the compiled ones. As a context manager:
+    on exit the weights, RNG states and optimizer are as if no search had run.
     """
 
     def __init__(

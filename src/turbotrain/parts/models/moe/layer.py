@@ -170,8 +170,7 @@ class MoE(nn.Module):
         state.setdefault(prefix + EXTRA_STATE_KEY, torch.zeros(self.n_experts, dtype=torch.long))
 
     def _grow_on_load(self, state: dict[str, Any], prefix: str, *args: Any) -> None:
-        """A checkpoint with fewer experts grows to this layer's (:func:`grown_order`) before
-        expert parallelism's slicing reads it."""
+        """A checkpoint with fewer experts grows to this layer's before expert parallelism slices it."""
         w1 = state.get(prefix + "w1")
         if not isinstance(w1, torch.Tensor) or w1.shape[0] >= self.n_experts:
             return
@@ -191,8 +190,7 @@ class MoE(nn.Module):
         return max(1, math.ceil(self.capacity_factor * n_tokens * self.top_k / self.n_experts))
 
     def resolved_impl(self, x: torch.Tensor) -> str:
-        """'auto' -> grouped where the grouped GEMM runs (CUDA with bf16 compute, CPU fp32 and bf16),
-        else batched."""
+        """'auto' -> grouped where the grouped GEMM runs (CUDA bf16 compute, CPU fp32/bf16), else batched."""
         if self.impl != "auto":
             return self.impl
         kind = x.device.type
@@ -280,8 +278,7 @@ class MoE(nn.Module):
 
     @torch.no_grad()
     def record(self, update_rate: float) -> None:
-        """After a training forward: add its counts to the monitor's and the bias's tallies (device
-        tensors, no sync)."""
+        """After a training forward: add its counts to the monitor's and the bias's tallies (no sync)."""
         if self.last_counts is None:
             return
         self.load += self.last_counts

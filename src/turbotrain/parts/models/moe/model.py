@@ -47,8 +47,7 @@ class MoEConfig(GPTConfig):
 
 
 class MoEMLP(MoE):
-    """The GPT's MoE block MLP, ``managed`` by :class:`MoEGPT`, its second projection initialised
-    with GPT-2's residual scaling."""
+    """The GPT's MoE block MLP, ``managed`` by :class:`MoEGPT`, ``w2`` scaled as GPT-2's projections."""
 
     def __init__(self, cfg: MoEConfig) -> None:
         super().__init__(

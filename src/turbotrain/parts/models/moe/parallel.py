@@ -36,8 +36,7 @@ GradNormFn = Callable[[Sequence[torch.Tensor]], torch.Tensor]
 
 
 class AllToAllDispatcher:
-    """Moves expert-sorted rows to the ranks of their experts within ``group`` (``size`` ranks,
-    ``n_local`` experts each) and back; see the module docstring."""
+    """Moves expert-sorted rows to their experts' ranks within ``group`` and back."""
 
     def __init__(self, group: Any, size: int, n_local: int) -> None:
         self.group, self.size, self.n_local = group, size, n_local
@@ -303,8 +302,7 @@ def attach_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None
 
 
 def _local_experts(value: torch.Tensor, layer: MoE, sharded: bool) -> torch.Tensor:
-    """A saved per-expert optimizer state grown to the layer's experts (the new ones at zero), then
-    this rank's slice of a sharded parameter's."""
+    """A saved per-expert optimizer state grown to the layer's experts (new ones 0), this rank's slice."""
     if value.shape[0] < layer.n_experts and value.shape[0] == layer.grew_from:
         order = grown_order(value.shape[0], layer.n_experts, layer.n_experts // layer.n_local)
         value = grow_experts(value, order, 0.0, 0)
