@@ -79,8 +79,7 @@ MOVED_INSIDE: dict[str, tuple[str, str]] = {
 
 
 def moved_to(fullname: str) -> tuple[str, str, str] | None:
-    """(the old name under turbotrain, the module's name now, the import to write) for an old
-    module name (``turbotrain.models.moe``, ``turbotrain.loop.sharded``); else None."""
+    """(old name under turbotrain, module name now, import to write) for an old module name, else None."""
     parts = fullname.split(".")
     if len(parts) < 2 or parts[0] != __name__:
         return None
@@ -98,8 +97,7 @@ def moved_to(fullname: str) -> tuple[str, str, str] | None:
 
 
 def _user_stacklevel() -> int:
-    """The stacklevel of the user's import line (the first frame outside this module and importlib;
-    ``warnings.warn`` skips importlib's bootstrap frames, so this does not count them)."""
+    """The stacklevel of the user's import line (not counting this module's and importlib's frames)."""
     frame: types.FrameType | None = sys._getframe(1)
     level = 1
     while frame is not None:

@@ -42,8 +42,7 @@ def add_command(
     epilog: str | None = None,
     overrides: bool = False,
 ) -> argparse.ArgumentParser:
-    """The subcommand ``run`` runs (``main_train`` -> ``train``), with its options; ``overrides``:
-    it takes --section.key=value settings."""
+    """The subcommand ``run`` runs (``main_train``: ``train``); ``overrides``: takes --section.key=value."""
     p = subparsers.add_parser(
         run.__name__.removeprefix("main_"), help=help, description=description, epilog=epilog
     )

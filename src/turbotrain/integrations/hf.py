@@ -148,8 +148,7 @@ class TurbotrainCallback(TrainerCallback):
         self._mark = time.perf_counter()
 
     def _not_training(self) -> None:
-        """The time since the step's end (or the last record), spent evaluating or saving, is left
-        out of the throughput, once."""
+        """Time since the step's end (or last record), evaluating or saving, left out of the throughput."""
         now = time.perf_counter()
         if self.observer is not None:
             self.observer.add_side(now - self._mark)
@@ -182,9 +181,7 @@ class TurbotrainCallback(TrainerCallback):
             obs.record(state.global_step, None, val_loss=float(logs["eval_loss"]), val_metrics=metrics)
             self._mark = time.perf_counter()
 
-    def on_evaluate(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> None:
+    def on_evaluate(self, *args: Any, **kwargs: Any) -> None:
         self._not_training()  # an evaluation that logged no eval_loss (else ~0: done in on_log)
 
     def on_save(

@@ -140,9 +140,7 @@ class TurbotrainLightningCallback(Callback):
         unnamed = self.run_dir is None and Path(trainer.default_root_dir).resolve() == Path.cwd().resolve()
         return module if unnamed else run_name(self._run_dir(trainer), module)
 
-    def on_train_batch_start(
-        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
-    ) -> None:
+    def on_train_batch_start(self, *args: Any, **kwargs: Any) -> None:
         obs = self.observer
         if obs is not None and self._to_count and self._counter is None:  # the first step: count it
             self._counter = FlopCounterMode(display=False, custom_mapping=_EXTRA_FLOP_FORMULAS)

@@ -48,8 +48,7 @@ class ObserverOptions(TypedDict, total=False):
 
 
 def run_name(run_dir: str | Path, fallback: str = "") -> str:
-    """The name of a run in ``run_dir``: the directory's, or its parent's where it is the default
-    folder ``turbotrain``; else ``fallback``."""
+    """``run_dir``'s name, or its parent's for the default folder ``turbotrain``; else ``fallback``."""
     path = Path(run_dir).resolve()
     if path.name != DEFAULT_FOLDER:
         return path.name or fallback or DEFAULT_FOLDER

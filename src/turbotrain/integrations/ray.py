@@ -58,8 +58,7 @@ def train_loop(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _request(config: dict[str, Any], context: Any) -> RunRequest:
-    """The run of ``config``: a new one (named after Ray's experiment, its store Ray's unless given),
-    or after a restart the run Ray's checkpoint names."""
+    """The run of ``config``: a new one, or after a restart the one Ray's checkpoint names."""
     workload, preset = config.get("workload"), config.get("preset")
     overrides = {section: dict(values) for section, values in config.get("overrides", {}).items()}
     given = load_config(RunRequest(preset, workload=workload).base_preset, overrides).run
@@ -77,8 +76,7 @@ def _request(config: dict[str, Any], context: Any) -> RunRequest:
 
 
 def store_of_ray(context: Any) -> str:
-    """turbotrain's store in Ray's experiment folder, ``<storage_path>/<name>/turbotrain``, as a URI;
-    a file system fsspec has no scheme for is one line."""
+    """turbotrain's store in Ray's experiment folder, ``<storage_path>/<name>/turbotrain``, as a URI."""
     storage = context.get_storage()  # a DeveloperAPI of Ray's: the storage_path's file system and path
     kind = storage.storage_filesystem.type_name
     if kind not in SCHEMES:

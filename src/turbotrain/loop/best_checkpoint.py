@@ -147,8 +147,7 @@ def best_checkpoint(run_dir: Path) -> Path | None:
 
 
 def load_best_weights(run_dir: Path) -> tuple[Path, dict[str, torch.Tensor]]:
-    """The model weights of run ``run_dir``'s best checkpoint as one plain state dict, read in this
-    process alone; a run without one is a one-line TurbotrainError."""
+    """The model weights of run ``run_dir``'s best checkpoint as one plain state dict, read alone."""
     if not list_checkpoints(best_folder(run_dir)):
         how = setting("best.checkpoint", "true")
         own_loop = "" if how.startswith("--") else ", or pass KeepBest to fit/track"  # a Python caller's
@@ -160,8 +159,7 @@ def load_best_weights(run_dir: Path) -> tuple[Path, dict[str, torch.Tensor]]:
 
 
 def restore_best(run_dir: Path, state: RunState) -> Path:
-    """Load run ``run_dir``'s best checkpoint into ``state`` as a resume loads the latest (a
-    collective under a process group); returns its path."""
+    """Load run ``run_dir``'s best checkpoint into ``state`` as a resume loads the latest; its path."""
     return restore_latest(best_folder(run_dir), state)
 
 

@@ -261,8 +261,7 @@ def load_into(
 
 
 def load_model_weights(path: Path) -> dict[str, torch.Tensor]:
-    """The model's weights in checkpoint folder ``path`` as one plain state dict, read in this process
-    alone (no process group, no model needed)."""
+    """The model's weights in checkpoint folder ``path`` as one plain state dict, read alone."""
     start = MODEL + _SEP
     tensors = {
         start + name: torch.empty(meta.size, dtype=meta.properties.dtype)

@@ -159,8 +159,7 @@ def _load_per_rank(
 
 
 def load_latest_weights(folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
-    """The model weights of the newest verified checkpoint of either kind, as one plain state dict,
-    read in this process alone."""
+    """The model weights of the newest verified checkpoint (either kind) as one plain state dict."""
 
     def read(path: Path) -> dict[str, torch.Tensor]:
         if not path.is_dir():

@@ -193,8 +193,7 @@ def build_mfu_probe(
     autocast: Callable[[], Any] = contextlib.nullcontext,
     devices: int = 1,
 ) -> MfuProbe:
-    """An :class:`MfuProbe` for ``model``: FLOPs from ``example_batch`` (moved to ``device``), the
-    peak from the device name (x ``devices``)."""
+    """An :class:`MfuProbe` for ``model``: FLOPs on ``example_batch``, the peak from the device's name."""
     flops = estimate_flops(model, move_to(example_batch, device), loss_fn, autocast)
     tokens_per_sample = flop_tokens_per_sample(example_batch)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

@@ -67,8 +67,7 @@ class JsonlSink:
 
 
 class ProgressSink:
-    """A rich progress bar on a terminal (ticks every step; logs and validation lines print above
-    it); plain lines otherwise."""
+    """A rich progress bar on a terminal (logs and validation lines above it); plain lines otherwise."""
 
     def __init__(self, total_steps: int, start_step: int = 0, console: Console | None = None) -> None:
         # rich.progress costs ~0.1 s to import: a run without a progress bar (or an own loop) skips it

@@ -394,8 +394,7 @@ def _open(name: str, run_dir: Path, options: TrackerOptions) -> Any:
 
 
 def build_sinks(names: Iterable[str], run_dir: Path, options: TrackerOptions | None = None) -> list[Any]:
-    """The sinks named (of ``SINKS``) for ``run_dir``; an unknown name or a missing package: one
-    line before any is opened."""
+    """The sinks named (of ``SINKS``) for ``run_dir``; a wrong name or missing package: one line first."""
     names = list(dict.fromkeys(names))
     unknown = [n for n in names if n not in SINKS]
     if unknown:
