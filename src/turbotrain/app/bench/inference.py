@@ -1,7 +1,5 @@
 """Evaluation / inference throughput (``turbotrain bench --inference``): ``loss_fn(model, batch)``
-of a copy of the model under ``torch.inference_mode`` with the run's precision and compile, set up
-by the Engine and timed on the measuring kit's clock (:func:`~turbotrain.core.meter.clock.time_call`):
-warm-up apart (compilation included), then the median ms per batch, samples/s and tokens/s."""
+under inference_mode, set up by the Engine and timed on the kit's clock (``time_call``), warm-up apart."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """What every contender process shares, so all figures mean the same thing: the measuring kit's
-:class:`~turbotrain.core.meter.clock.StepClock`, :func:`init_digest` (every contender starts from
-the same weights), the training recipe in plain PyTorch (turbotrain's own optimizer and schedule do
-the same math) and :class:`Job`, what every contender trains."""
+StepClock, :func:`init_digest` (the same start), the recipe in plain PyTorch and :class:`Job`."""
 
 from __future__ import annotations
 

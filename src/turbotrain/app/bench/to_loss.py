@@ -1,9 +1,6 @@
 """``turbotrain bench --to-loss L``: wall time and tokens to a target validation loss, over seeds
-(docs/bench.md). Tokens per second says nothing about a setting that changes the math: it may be
-faster per step and slower to a given loss. Each run is its own process; the training wall time
-excludes model building, data loading and the evaluations (the same work for every contender), and
-the loss is read every ``eval_every`` steps. A difference of medians counts only when the
-contenders' seed ranges (min-max) do not overlap; otherwise it is within seed-to-seed noise."""
+(docs/bench.md). The training wall time excludes model building, data loading and the evaluations
+(the same work for every contender); a difference counts only when the seed ranges do not overlap."""
 
 from __future__ import annotations
 

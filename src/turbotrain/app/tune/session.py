@@ -12,29 +12,115 @@ import copy
 import json
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
-from ...base.config import RunConfig
+from ...base.atomic import atomic_write
+from ...base.config import RunConfig, to_toml
 from ...base.errors import ConfigError
 from ...base.failure import EMPTY_LOADER, workload_failed
 from ...base.rundir import new_run_dir
 from ...core.device import resolve_device
+from ...core.meter.table import render_table
 from ...core.precision import DeviceCaps, resolve_precision
 from ...core.window import default_loss
 from ...parts.models.blocks import repeated_blocks
 from ...parts.models.workload_spec import WorkloadSpec
 from ...parts.workload import Workload, load_workload
 from ..measure import Target
-from .output import preset_text, trials_table, write_plot, write_text
 from .runner import ProcessRunner, TuneOptions
 from .space import MICRO, Dim, ModelFacts, build_space, micro_choices
 from .study import STUDY_DB, Log, Study, StudyStopped, best_config, fixed_keys, require_optuna
 
 BEST_FILE, JSON_FILE, MD_FILE, PLOT_FILE = "best.toml", "tune.json", "tune.md", "tune.png"
+
+DASH = "—"
+COLORS = {
+    "ok": "tab:green",
+    "pruned": "tab:gray",
+    "over budget": "tab:red",
+    "predicted over budget": "salmon",
+    "oom": "darkred",
+    "loss parity": "tab:orange",
+    "failed": "black",
+    "timeout": "black",
+    "invalid": "tab:purple",
+}
+
+
+def _mib(value: Any) -> str:
+    return DASH if value is None else f"{value / 2**20:,.1f}"
+
+
+def _param(key: str) -> Callable[[dict[str, Any]], str]:
+    return lambda r: str(r["params"].get(key, DASH))
+
+
+def trials_table(rows: list[dict[str, Any]], keys: list[str]) -> str:
+    """Markdown: one row per trial with its parameters and figures."""
+    columns: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        ("#", lambda r: str(r["number"]) + (" (baseline)" if r.get("baseline") else "")),
+        ("status", lambda r: r.get("status", r["state"])),
+    ]
+    columns += [(k.split(".", 1)[1], _param(k)) for k in keys]
+    columns += [
+        (
+            "throughput",
+            lambda r: DASH if not r.get("throughput") else f"{r['throughput']:,.0f} {r.get('unit') or ''}",
+        ),
+        ("peak MiB", lambda r: _mib(r.get("peak_bytes"))),
+        ("Δ loss", lambda r: DASH if r.get("loss_diff") is None else f"{r['loss_diff']:+.4f}"),
+        ("first step s", lambda r: DASH if r.get("first_step_s") is None else f"{r['first_step_s']:.1f}"),
+        ("note", lambda r: r.get("reason") or ""),
+    ]
+    return render_table(rows, columns)
+
+
+def write_plot(rows: list[dict[str, Any]], limit_bytes: float | None, unit: str, path: Path) -> bool:
+    """tune.png: throughput per trial (a pruned trial at its last window; penalised trials
+    hollow), and throughput against peak memory with the limit. False when matplotlib cannot draw."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
+    except ImportError:
+        return False
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    rows = [r for r in rows if r.get("status") != "duplicate"]
+    for r in rows:
+        status = r.get("status", r["state"])
+        value = r.get("throughput") or (r.get("windows") or [0.0])[-1]
+        color = COLORS.get(status, "tab:blue")
+        left.bar(
+            r["number"], value, color=color if r.get("feasible") else "none", edgecolor=color, linewidth=1.5
+        )
+        if r.get("peak_bytes") is not None:
+            right.scatter(
+                r["peak_bytes"] / 2**20, value, color=color, marker="o" if r.get("feasible") else "x"
+            )
+    seen = [s for s in COLORS if any(r.get("status", r["state"]) == s for r in rows)]
+    left.legend(handles=[Patch(color=COLORS[s], label=s) for s in seen], fontsize=7)
+    left.set(xlabel="trial", ylabel=unit, title="throughput per trial (hollow: penalised or pruned)")
+    right.set(xlabel="peak memory (MiB)", ylabel=unit, title="throughput against memory")
+    if limit_bytes:
+        right.axvline(limit_bytes / 2**20, color="tab:red", linestyle="--", label="memory limit")
+        right.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, text)
 
 
 def model_facts(target: Target) -> ModelFacts:
@@ -268,7 +354,8 @@ def _write_preset(
         "Engine(turbotrain.load_config('THIS.toml'))"
     )
     path = out or folder / BEST_FILE
-    write_text(path, preset_text(_preset_config(study, chosen), header))
+    # the preset ``turbotrain train --preset PATH.toml`` reads, headed by how it was found
+    write_text(path, "".join(f"# {line}\n" for line in header) + to_toml(_preset_config(study, chosen)))
     return {
         "preset": str(path),
         "preset_trial": chosen["number"],
