@@ -218,8 +218,7 @@ def nvml() -> tuple[Any, str]:
 
 
 def nvml_handle(cuda_index: int = 0) -> Any:
-    """NVML handle of torch's CUDA device ``cuda_index`` (matched by PCI bus id, so it is right
-    under CUDA_VISIBLE_DEVICES), or ``None`` without NVML."""
+    """NVML handle of CUDA device ``cuda_index`` (by PCI bus id: right under CUDA_VISIBLE_DEVICES), or None."""
     pynvml, _ = nvml()
     if pynvml is None:
         return None

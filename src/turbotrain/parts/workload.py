@@ -73,8 +73,7 @@ def loader_summary(loader: Iterable[Any]) -> str:
 
 
 def as_workload(obj: Any, where: str = "the workload function") -> Workload:
-    """``obj`` (a :class:`Workload` or a dict with its keys) checked field by field; a
-    TurbotrainError that says what came back and what is expected otherwise."""
+    """``obj`` (a :class:`Workload` or a dict of its keys) checked field by field, a wrong one one line."""
     expected = "return turbotrain.Workload(model=..., train_loader=...) or a dict with those keys"
     if isinstance(obj, Workload):
         w = obj

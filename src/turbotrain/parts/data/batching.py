@@ -79,8 +79,7 @@ def plan_epoch(inputs: np.ndarray, max_tokens: int, seq_len: int, seed: int, epo
 
 
 class TokenBudgetSampler(StreamSampler):
-    """Token-budget batches (lists of piece indices): rank ``r`` of ``world`` takes batches
-    ``k * world + r`` of the one stream (``at.accumulation`` is not used)."""
+    """Token-budget batches (piece indices): rank ``r`` of ``world`` takes stream batches ``k * world + r``."""
 
     def __init__(
         self, inputs: np.ndarray, max_tokens: int, seq_len: int, seed: int, at: Position = START

@@ -64,8 +64,7 @@ SCAN_CHUNK = 1 << 24
 
 
 def separator_ends(split: TokenSplit, sep: int, chunk: int = SCAN_CHUNK) -> np.ndarray:
-    """Positions just after each ``sep`` token of ``split`` (int64, relative to it), scanning the
-    memory map ``chunk`` tokens at a time so a large file never needs a mask of its own size."""
+    """Positions just after each ``sep`` token of ``split``, scanned ``chunk`` tokens at a time."""
     tokens = split.array()
     found = [
         np.flatnonzero(tokens[lo : lo + chunk] == sep).astype(np.int64) + (lo + 1)

@@ -25,8 +25,7 @@ from .sources import PreadFile, TokenSplit
 
 
 class TokenWindows(Dataset):
-    """Item ``i`` is (tokens[i : i+T], tokens[i+1 : i+T+1]) as int64; fetched a batch at a time,
-    one ``pread`` per row (:meth:`TokenSplit.read_rows`)."""
+    """Item ``i`` is (tokens[i : i+T], tokens[i+1 : i+T+1]) as int64, one ``pread`` per row."""
 
     def __init__(self, split: TokenSplit, seq_len: int) -> None:
         if len(split) < seq_len + 1:

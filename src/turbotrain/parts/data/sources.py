@@ -430,8 +430,7 @@ def _split(path: Path, offset: int, n_tokens: int, val_fraction: float) -> tuple
 def _tokenizer_for(
     spec: str, train_files: list[Path], vocab_size: int, cache: Path, progress: bool, saved: Path | None
 ) -> Tokenizer:
-    """``data.tokenizer`` for text whose training files are ``train_files`` (a BPE learns from them
-    only); the ``saved`` copy of a run being resumed, where there is one."""
+    """``data.tokenizer`` for text (a BPE learns from ``train_files``); a resumed run's ``saved`` copy first."""
     if spec == "bytes":
         return ByteTokenizer()
     if saved is not None and saved.is_file():

@@ -21,8 +21,7 @@ def declare_blocks(model: nn.Module, blocks: nn.ModuleList | None) -> None:
 
 
 def repeated_blocks(model: nn.Module) -> nn.ModuleList | None:
-    """The blocks declared for ``model`` (:func:`declare_blocks`), else its ``blocks`` ModuleList,
-    else its longest ModuleList; None when it has none."""
+    """The blocks declared for ``model``, else its ``blocks`` ModuleList, else its longest; None: none."""
     if model in _DECLARED:
         return _DECLARED[model]
     blocks = getattr(model, "blocks", None)

@@ -80,8 +80,7 @@ def _chunked(
 def chunked_cross_entropy(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = 4096
 ) -> torch.Tensor:
-    """Mean cross-entropy of ``hidden @ weight.T`` against ``targets``, ``chunk`` tokens at a time
-    (without gradients, only the loss)."""
+    """Mean cross-entropy of ``hidden @ weight.T``, ``chunk`` tokens at a time (no gradients: the loss)."""
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
         return ChunkedLinearCrossEntropy.apply(hidden, weight, targets, chunk)
     return _chunked(hidden, weight, targets, chunk) / hidden.shape[0]

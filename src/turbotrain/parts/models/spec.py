@@ -32,8 +32,7 @@ class TextGenerator(Protocol):
 
 @dataclass(frozen=True)
 class SpeedHint:
-    """A setting that makes a run slower than it need be (``profile``'s advice): the ``settings`` to
-    change (``{section: {key: value}}``), why, what the change gives, the compute share's speed-up."""
+    """A setting that makes a run slower (``profile``'s advice): what to change, why, the gain, the speed-up."""
 
     settings: dict[str, dict[str, Any]]
     why: str

@@ -125,8 +125,7 @@ def _interpolate(micro: int, fitting: list[TrialRecord]) -> int | None:
 
 
 def _agree_across_ranks(value: int) -> int:
-    """The minimum of ``value`` over all ranks when torch.distributed is initialised (one small
-    all_reduce; a host-device sync point, once per trial), else ``value``."""
+    """The minimum of ``value`` over all ranks under torch.distributed (a sync point, once per trial)."""
     if not in_group():
         return value
     t = torch.tensor([value], dtype=torch.int64, device=collective_device())

@@ -271,8 +271,7 @@ class _CudaMeter(contextlib.nullcontext):
 
 
 def default_vocab_size(config: RunConfig) -> int:
-    """The vocabulary a run of ``config`` will use without opening its data: the model's own,
-    else GPT-2's (padded) for a .bin token file, else 256 (byte-level text)."""
+    """The vocabulary without opening the data: the model's, else GPT-2's for a .bin, else 256 (bytes)."""
     return spec_for(config).vocab_size(config) or (
         GPT2_VOCAB if config.data.path.endswith(".bin") else BYTE_VOCAB
     )

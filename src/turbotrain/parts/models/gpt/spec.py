@@ -22,8 +22,7 @@ from .settings import GPTSettings, gpt_settings, speed_choices
 
 
 class TokenData(RunData):
-    """A token source cut into ``model.block_size`` windows (``data.batching = 'windows'``) or into
-    documents batched by a token budget (``'tokens'``: :mod:`turbotrain.parts.data.batching`)."""
+    """A token source in ``model.block_size`` windows or in token-budget batches (``data.batching``)."""
 
     def __init__(self, c: RunConfig, source: TokenSource) -> None:
         self.source, self.block_size = source, gpt_settings(c).block_size

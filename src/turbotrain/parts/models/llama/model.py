@@ -43,8 +43,7 @@ def rotary_angles(
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` (B, heads, T, head_dim) pairwise (channels 2i, 2i+1) by the angles of its
-    positions; computed in fp32, returned in ``x``'s dtype."""
+    """Rotate ``x`` (B, heads, T, head_dim) pairwise by its positions' angles, in fp32."""
     x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
     out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
     return out.type_as(x)

@@ -37,8 +37,7 @@ def new_positions(order: list[tuple[int, bool]]) -> list[int]:
 
 
 def grown_loads(loads: list[int], order: list[tuple[int, bool]]) -> list[int]:
-    """Per-expert figures of the layer before it grew (``loads``, old numbering) in the grown
-    layer's numbering: each old expert's at its new position, 0 for the new experts."""
+    """Per-expert figures before growing (old numbering) in the grown numbering, 0 for new experts."""
     return [0 if is_new else loads[src] for src, is_new in order]
 
 

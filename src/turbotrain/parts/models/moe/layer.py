@@ -146,8 +146,7 @@ class MoE(nn.Module):
         )
 
     def get_extra_state(self) -> torch.Tensor:
-        """The (E,) loads since the last bias update, summed over every rank (zeros when none): a
-        collective under a process group (every rank saves together)."""
+        """The (E,) loads since the last bias update, summed over every rank (a collective), zeros if none."""
         if self.pending is None:
             return torch.zeros(self.n_experts, dtype=torch.long, device=self.expert_bias.device)
         total = self.pending.clone()
@@ -267,8 +266,7 @@ class MoE(nn.Module):
         self.per_step = True
 
     def end_optimizer_step(self) -> None:
-        """An optimizer step ended (taken or skipped): its loads become the ones the next training
-        forward applies. Host only: no collective, no sync."""
+        """An optimizer step ended: its loads are the next training forward's to apply (host only, no sync)."""
         if self.step_load is not None:
             self.pending, self.step_load = _plus(self.pending, self.step_load), None
 

@@ -117,8 +117,7 @@ def _reduce_hook(layout: ExpertLayout) -> Any:
 
 @dataclass(frozen=True)
 class PlacedExperts:
-    """What placing the experts left for the strategy: this rank's expert parameters (left out of
-    data parallelism) and the global gradient norm (None: the engine's default)."""
+    """This rank's expert parameters (left out of data parallelism) and the global gradient norm."""
 
     params: list[nn.Parameter]
     grad_norm: GradNormFn | None = None
@@ -162,8 +161,7 @@ def place_experts(
 
 
 def shard_experts(layers: list[MoE], layout: ExpertLayout) -> dict[int, nn.Parameter]:
-    """Keep only this rank's slice of every MoE block's experts (every rank built the same model),
-    route tokens to their experts' ranks; returns the new parameter for each replaced one's ``id``."""
+    """Keep this rank's slice of every MoE block's experts; returns the new parameter for each old ``id``."""
     n_local = layers[0].n_experts // layout.degree
     first = layout.ep_rank * n_local
     hook = _reduce_hook(layout)
