@@ -124,15 +124,12 @@ def _warn_moved(fullname: str) -> str:
     return now
 
 
-class _MovedModuleLoader(importlib.abc.Loader):
-    """The module under its new name, put in ``sys.modules`` under the old one: the same object."""
+class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds the old names of :data:`MOVED` before the path finder loads a second copy, and loads
+    each as the module under its new name (the same object in ``sys.modules``)."""
 
     def exec_module(self, module: types.ModuleType) -> None:
         sys.modules[module.__name__] = importlib.import_module(_warn_moved(module.__name__))
-
-
-class _MovedModuleFinder(importlib.abc.MetaPathFinder):
-    """Finds the old names of :data:`MOVED` before the path finder loads a second copy."""
 
     def find_spec(
         self, fullname: str, path: Any = None, target: types.ModuleType | None = None
@@ -142,7 +139,7 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder):
         # optional modules must not get a false "exists")
         if moved is None or importlib.util.find_spec(moved[1]) is None:
             return None
-        return importlib.util.spec_from_loader(fullname, _MovedModuleLoader(), is_package=True)
+        return importlib.util.spec_from_loader(fullname, self, is_package=True)
 
 
 # by name, not class: importlib.reload(turbotrain) defines the class anew

@@ -42,9 +42,8 @@ def accelerator_kwargs_recipe(device: torch.device | str | None = None, **yours:
 
 
 class AccelerateRun:
-    """The run directory of an Accelerate loop: :meth:`batch` for each micro-batch, :meth:`step`
-    after each optimizer step, :meth:`close` (or the ``with`` block's end). Only the main process
-    writes; on the others every call does nothing."""
+    """The run directory of an Accelerate loop: :meth:`batch` per micro-batch, :meth:`step` per
+    optimizer step, :meth:`close`. Only the main process writes; elsewhere every call does nothing."""
 
     def __init__(
         self,

@@ -108,12 +108,10 @@ def _close_open_runs() -> None:
 
 
 class LoopObserver:
-    """The run directory of one training run in another trainer.
-
-    ``world``: the data-parallel processes (rates are this process's counts x world); ``precision``:
-    turbotrain's name of the one in use; ``resume_step``: the trainer resumed from its checkpoint of
-    this step; the rest: :class:`ObserverOptions`. A run left open by an exception its trainer does not
-    report is closed as failed when the next run starts in the same directory, or when the process ends."""
+    """The run directory of one training run in another trainer. ``world``: data-parallel processes
+    (rates: this process's counts x world); ``resume_step``: the checkpoint step the trainer resumed
+    from; the rest: :class:`ObserverOptions`. A run left open by an exception its trainer does not
+    report is closed as failed when the next run starts in its directory, or when the process ends."""
 
     def __init__(
         self,

@@ -100,10 +100,9 @@ def _reporting(run: PreparedRun) -> Sequence[Hook]:
 
 
 class ReportToRay(Hook):
-    """Tells Ray of the run at its start and at each checkpoint (and the end):
-    ``ray.train.report`` on every rank (a barrier in Ray), rank 0's with :data:`POINTER`. The report at
-    the start makes a restart before the first checkpoint resume the run, not refuse its folder. No
-    host-device sync: the metrics are the values the monitor has read already."""
+    """Tells Ray of the run at its start, each checkpoint and the end (``ray.train.report`` on every
+    rank, a barrier; rank 0's with :data:`POINTER`): a restart before the first checkpoint resumes the
+    run. No host-device sync: the metrics are values the monitor has read already."""
 
     def __init__(self, run: PreparedRun) -> None:
         c = run.config

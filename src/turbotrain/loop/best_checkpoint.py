@@ -50,9 +50,8 @@ def best_folder(run_dir: Path) -> Path:
 
 class KeepBest(Hook):
     """After each validation pass that improves ``watch``, make that step's checkpoint the best one
-    (every rank: a sharded save is a collective; rank 0 links it). Placed after the Checkpointer (a
-    checkpoint of the step written in the background is waited for, not written twice) and after the
-    Monitor (the step's record is on disk first)."""
+    (every rank: a sharded save is a collective). After the Checkpointer (a background write of the
+    step is waited for, not written twice) and the Monitor (the step's record is on disk first)."""
 
     def __init__(self, watch: MetricWatch, checkpointer: Checkpointer) -> None:
         self.watch, self.checkpointer = watch, checkpointer

@@ -96,11 +96,10 @@ class StopAfter(Hook):
 
 
 class StopOnSignal(Hook):
-    """SIGTERM/SIGINT/SIGUSR1 end the run after the current step, so the final checkpoint is written;
-    a second signal interrupts at once. Under a command's process-wide handlers
-    (:mod:`turbotrain.base.signals`) it tells them what the first signal does; else it installs its
-    own for the fit. Data parallel (``agree``): the ranks agree every ``interval`` steps and stop
-    together (one stopping alone would leave the others waiting in a collective)."""
+    """SIGTERM/SIGINT/SIGUSR1 end the run after the current step (the final checkpoint is written); a
+    second one interrupts at once. Under a command's handlers (:mod:`turbotrain.base.signals`) it tells
+    them what the first does, else it installs its own for the fit. Data parallel (``agree``): the
+    ranks agree every ``interval`` steps and stop together (one alone would hang the others)."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 

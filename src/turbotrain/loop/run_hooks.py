@@ -125,10 +125,9 @@ def build_hooks(
     patience: int = 0,
     keep_best: bool = False,
 ) -> list[Hook]:
-    """The chain in the module docstring's order. ``eval_batches`` None: no evaluation;
-    ``experts_model``: the unwrapped model whose MoE layers are monitored; ``epochs``: (steps per
-    epoch, epochs); ``watch``: the metric early stopping (``patience``; 0: never) and, with
-    ``keep_best`` and a ``checkpointer``, the best checkpoint watch."""
+    """The chain in the module docstring's order. ``eval_batches`` None: no evaluation; ``experts_model``:
+    the unwrapped model with MoE layers; ``epochs``: (steps per epoch, epochs); ``watch``: the metric
+    early stopping (``patience``; 0: never) and, with ``keep_best`` and a checkpointer, the best watch."""
     if watch is not None and not eval_batches:
         raise ConfigError(
             f"best.patience / best.checkpoint watch {watch.metric} of the validation passes, and this run "

@@ -138,14 +138,12 @@ def write_sharded(
 
 
 class Checkpointer(Hook):
-    """Saves ``state`` every ``interval`` steps and when the fit ends (also after a signal or
-    stop_after); at the start removes what killed writes left. ``strategy`` (default
-    ``state.strategy``, else whether a process group exists) picks one ``.pt`` file or a sharded
-    folder written by every rank (so every rank must run this hook).
-
-    ``async_write``: the interval checkpoints are staged in host memory and written in the background;
-    :meth:`save`, the final one and an exception wait for the write in flight. A failed background
-    write is raised at the next step (one process) or the next checkpoint (ddp/fsdp: every rank alike)."""
+    """Saves ``state`` every ``interval`` steps and when the fit ends (also at a stop); at the start
+    removes what killed writes left. ``strategy`` (default ``state.strategy``, else whether a process
+    group exists) picks one ``.pt`` file or a sharded folder written by every rank (every rank runs
+    this hook). ``async_write``: interval checkpoints are staged in host memory and written in the
+    background (the final one and an exception wait for it); a failed write is raised at the next step
+    (one process) or the next checkpoint (ddp/fsdp: every rank alike)."""
 
     def __init__(
         self,

@@ -67,10 +67,9 @@ def count_flops(
     loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
     autocast: Callable[[], Any] = contextlib.nullcontext,
 ) -> FlopCount:
-    """Training FLOPs per sample, counted with ``torch.utils.flop_counter`` on one real micro-batch:
-    the model's, and apart what activation checkpointing recomputes. One eager forward/backward,
-    side-effect free (``torch.autograd.grad``; buffers and the RNG restored). Attention counts the
-    full T x T square."""
+    """Training FLOPs per sample by ``torch.utils.flop_counter`` on one real micro-batch: the model's,
+    and apart what activation checkpointing recomputes. One eager forward/backward, side-effect free
+    (``torch.autograd.grad``; buffers and the RNG restored); attention counts the full T x T square."""
     loss_fn = loss_fn or default_loss
     params = [p for p in model.parameters() if p.requires_grad]
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
