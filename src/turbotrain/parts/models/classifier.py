@@ -127,8 +127,7 @@ class CifarResNet(nn.Module):
 def synthetic_images(
     n: int, batch_size: int, image_size: int, classes: int, seed: int = 0, noise: float = 0.35
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``n`` fixed batches of learnable uint8 images (n, B, 3, S, S) and labels (n, B): each class a
-    random 8x8 colour template upsampled, plus noise; the same on every machine."""
+    """``n`` fixed batches of learnable uint8 images (n, B, 3, S, S) and labels (n, B), seeded."""
     g = torch.Generator().manual_seed(seed)
     templates = torch.rand(classes, 3, 8, 8, generator=g)
     labels = torch.randint(classes, (n, batch_size), generator=g)

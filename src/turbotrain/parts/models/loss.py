@@ -60,8 +60,7 @@ def _chunked(
     grad_hidden: torch.Tensor | None = None,
     grad_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Summed cross-entropy over ``chunk``-row pieces; with the two buffers, also the gradients of
-    the summed loss with respect to the hidden states and the weight, written into them."""
+    """Summed cross-entropy by ``chunk`` rows; with the buffers, its gradients written into them."""
     loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
     for start in range(0, hidden.shape[0], chunk):
         h, t = hidden[start : start + chunk], targets[start : start + chunk]

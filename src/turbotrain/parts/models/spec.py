@@ -99,8 +99,7 @@ class ModelSpec(ABC):
         """The model, in float32 on the host, in the caller's RNG state (seeded by the run)."""
 
     def build_model(self, c: RunConfig, vocab_size: int) -> nn.Module:
-        """The model from the config alone, without its data; ``vocab_size`` where the config leaves
-        it to the data."""
+        """The model from the config alone; ``vocab_size`` where the config leaves it to the data."""
         raise ConfigError(
             f"model.arch = {c.model.arch!r} builds its model with its data, not from the config alone"
         )
@@ -153,8 +152,7 @@ class ModelSpec(ABC):
         return {"params": sum(p.numel() for p in model.parameters())}
 
     def experts(self, c: RunConfig) -> int | None:
-        """The experts per MoE block (what ``distributed.expert_parallel`` must divide): 0 for a
-        dense model; None when not known before the model is built."""
+        """The experts per MoE block (0: dense; None: not known before the model is built)."""
         return None
 
     def weight_count(self, c: RunConfig) -> int:

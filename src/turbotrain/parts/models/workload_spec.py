@@ -95,8 +95,7 @@ class WorkloadData(RunData):
 
 
 class WorkloadSpec(ModelSpec):
-    """A workload ``ref`` (``FILE.py:FUNC``), built once per run; ``make``: FUNC itself or the
-    Workload it built, from a Python caller (``ref`` then only records it)."""
+    """A workload ``ref`` built once per run; ``make``: FUNC or its Workload, from a Python caller."""
 
     name = "workload"
 

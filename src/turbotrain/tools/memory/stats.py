@@ -278,8 +278,7 @@ def default_vocab_size(config: RunConfig) -> int:
 
 
 def resolve_precision_name(config: RunConfig, device: torch.device | None = None) -> str:
-    """The concrete precision ``config`` gets on ``device`` (default: the config's device), checked
-    with the whole ``[precision]`` section (fp8 with ``fp8_emulate`` runs on a CPU)."""
+    """The concrete precision ``config`` gets on ``device`` (default: its own), whole section checked."""
     device = device or resolve_device(config.run.device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

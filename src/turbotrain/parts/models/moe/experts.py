@@ -17,8 +17,7 @@ _grouped_mm = getattr(F, "grouped_mm", None) or torch._grouped_mm
 
 
 def compute_dtype(x: torch.Tensor, otherwise: torch.dtype) -> torch.dtype:
-    """What matmuls on ``x``'s device compute in: autocast's dtype while it is on, else ``otherwise``
-    (also on the meta device of memory estimates, which has no autocast)."""
+    """What matmuls on ``x``'s device compute in: autocast's dtype while it is on, else ``otherwise``."""
     kind = x.device.type
     return torch.get_autocast_dtype(kind) if kind != "meta" and torch.is_autocast_enabled(kind) else otherwise
 
@@ -101,8 +100,7 @@ def experts_batched(
 def experts_grouped(
     x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
 ) -> torch.Tensor:
-    """All experts as one grouped GEMM per projection (``F.grouped_mm``): no loop, no host sync
-    (groups padded as the layer's module docstring says)."""
+    """All experts as one grouped GEMM per projection (``F.grouped_mm``): no loop, no host sync."""
     E, M = w1.shape[0], x.shape[0]
     dtype = compute_dtype(x, x.dtype)
     padded = (counts + GROUP_ALIGN - 1) // GROUP_ALIGN * GROUP_ALIGN

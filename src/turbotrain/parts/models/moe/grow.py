@@ -42,8 +42,7 @@ def grown_loads(loads: list[int], order: list[tuple[int, bool]]) -> list[int]:
 
 
 def regrown(loads: list[int], n_experts: int, ranks: int) -> list[int]:
-    """A layer's per-expert figures in its numbering now: unchanged when they have ``n_experts``
-    entries, else taken before it grew to ``n_experts`` over ``ranks`` ranks (:func:`grown_loads`)."""
+    """A layer's per-expert figures in its numbering now (:func:`grown_loads` when it grew since)."""
     if len(loads) >= n_experts or not loads:
         return loads
     return grown_loads(loads, grown_order(len(loads), n_experts, ranks))

@@ -68,8 +68,7 @@ class MoESettings:
 
 
 def experts_at(e: MoESettings, step: int) -> int:
-    """Experts per MoE block of a run that has trained ``step`` optimizer steps: ``grow_to`` from
-    ``grow_at_step`` on (the growth happens once that step has trained), ``n_experts`` before."""
+    """Experts per MoE block after ``step`` optimizer steps: ``grow_to`` from ``grow_at_step`` on."""
     return e.grow_to if e.grow_at_step and step >= e.grow_at_step else e.n_experts
 
 
