@@ -60,7 +60,7 @@ def _refused(exc: OSError) -> str:
 
 
 def disk_full_cause(exc: BaseException | None) -> OSError | None:
-    """The OSError with a disk-full errno in ``exc`` or its causes (``torch.save`` wraps it in a RuntimeError)."""
+    """The OSError with a disk-full errno in ``exc`` or its causes (torch.save wraps it)."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
@@ -72,8 +72,7 @@ def disk_full_cause(exc: BaseException | None) -> OSError | None:
 
 @contextlib.contextmanager
 def reporting_disk_full(path: Path | str, hint: str = "") -> Iterator[None]:
-    """Within the block, a failed write raises :class:`DiskFullError` or :class:`UnwritableError`
-    naming ``path`` (for files appended to in place, such as metrics.jsonl)."""
+    """Within the block, a failed write raises :class:`DiskFullError` or :class:`UnwritableError`."""
     try:
         yield
     except (DiskFullError, UnwritableError):
@@ -98,11 +97,6 @@ def make_dirs(folder: Path | str, hint: str = "") -> Path:
     return folder
 
 
-def temp_path(path: Path) -> Path:
-    """The temporary sibling this process writes ``path`` through."""
-    return path.with_name(f".{path.name}.tmp{os.getpid()}")
-
-
 def fsync_dir(folder: Path) -> None:
     """Make a rename or a new entry in ``folder`` durable, where the file system allows it."""
     with contextlib.suppress(OSError):
@@ -114,11 +108,10 @@ def fsync_dir(folder: Path) -> None:
 
 
 def atomic_write(path: Path | str, content: Content, hint: str = "") -> None:
-    """Write ``content`` (bytes, UTF-8 text, a buffer, or a ``write(file)`` callable) to ``path``
-    atomically: temp sibling, fsync, rename, fsync of the folder. The temp file never outlives
-    the call (not even a KeyboardInterrupt)."""
+    """Write ``content`` (bytes, text, a buffer, or a ``write(file)`` callable) to ``path`` atomically:
+    temp sibling, fsync, rename, fsync of the folder; the temp file never outlives the call."""
     path = Path(path)
-    tmp = temp_path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")  # _TEMP's form
     try:
         with reporting_disk_full(path, hint):
             with open(tmp, "wb") as f:
@@ -126,8 +119,10 @@ def atomic_write(path: Path | str, content: Content, hint: str = "") -> None:
                     content(f)
                 elif isinstance(content, str):
                     f.write(content.encode("utf-8"))
-                else:
-                    _write_all(f, memoryview(content).cast("B"))
+                else:  # in 64 MiB pieces (a short write raises the OSError with its errno)
+                    view = memoryview(content).cast("B")
+                    for start in range(0, len(view), 64 << 20):
+                        f.write(view[start : start + (64 << 20)])
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -136,13 +131,6 @@ def atomic_write(path: Path | str, content: Content, hint: str = "") -> None:
             tmp.unlink()
         raise
     fsync_dir(path.parent)
-
-
-def _write_all(f: BinaryIO, view: memoryview) -> None:
-    """Every byte of ``view``, in 64 MiB pieces (a short write raises the OSError with its errno)."""
-    piece = 64 << 20
-    for start in range(0, len(view), piece):
-        f.write(view[start : start + piece])
 
 
 def _alive(pid: int) -> bool:
@@ -156,8 +144,7 @@ def _alive(pid: int) -> bool:
 
 
 def clean_stale_temps(folder: Path | str) -> list[Path]:
-    """Remove the temp files of writers killed mid-write (their process gone) from ``folder``; a live
-    process's is left alone, so this is safe on shared folders. Returns what was removed."""
+    """Remove the temp files of writers killed mid-write (a live process's are kept); what was removed."""
 
     def stale(entry: Path) -> bool:
         m = _TEMP.match(entry.name)

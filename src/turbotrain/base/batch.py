@@ -14,8 +14,7 @@ TOKEN_KEYS = ("input_ids", "attention_mask")
 
 
 def map_tensors(batch: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    """``batch`` with ``fn`` applied to every tensor; tuples, lists and mappings keep their type
-    where it can be rebuilt from items (a Mapping that cannot becomes a dict)."""
+    """``batch`` with ``fn`` applied to every tensor; containers keep their type where they can."""
     if isinstance(batch, torch.Tensor):
         return fn(batch)
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
@@ -61,8 +60,7 @@ def batch_size(batch: Any) -> int:
 
 
 def token_count(batch: Any) -> int:
-    """Token positions in a batch, from shapes (padding included: what FLOPs count): a mapping's
-    ``input_ids``/``attention_mask``, else a 2-D integer leading tensor; 0 for other data."""
+    """Token positions in a batch from shapes, padding included (what FLOPs count); 0 for other data."""
     lead = _lead(batch)
     if lead is None:
         return 0
@@ -78,8 +76,7 @@ def attention_mask(batch: Any) -> torch.Tensor | None:
 
 
 def real_tokens(batch: Any) -> int | torch.Tensor:
-    """The tokens that are not padding: the attention mask's sum (a 0-dim device tensor off the CPU:
-    no sync), else :func:`token_count`."""
+    """The tokens that are not padding: the attention mask's sum (on its device: no sync), else shapes."""
     mask = attention_mask(batch)
     if mask is None:
         return token_count(batch)

@@ -14,20 +14,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
 
-from .config_fields import (
+from .config_fields import (  # noqa: F401 (the valid-value lists and sections are read from here too)
     AUTO,
-    MAX_BATCH,
-    MAX_SEED,
     MAX_STEPS,
-    MAX_TIMEOUT_S,
-    PRECISION_CHOICES,
     PRECISION_MODES,
     Names,
     audience,
     check_value,
     choice_error,
     field_notes,
-    in_range,
     knob,
     range_text,
     setting,
@@ -43,23 +38,18 @@ from .config_plugins import (
     variant_class,
     variants,
 )
-from .config_sections import (
+from .config_sections import (  # noqa: F401 (the valid-value lists and sections are read from here too)
     ARCHS,
     BATCH_PICKS,
     BEST_MODES,
     CHECKPOINTING_MODES,
-    CHOOSE_MODES,
     COMPILE_MODES,
     COMPILE_SCOPES,
-    CUDA_GRAPH_MODES,
-    DATA_BATCHINGS,
     DIST_STRATEGIES,
     LR_SCALINGS,
-    NONFINITE_POLICIES,
     OOM_POLICIES,
     OPTIM_IMPLEMENTATIONS,
     SCHEDULES,
-    TOKENIZERS,
     BatchConfig,
     BestConfig,
     ChooseConfig,
@@ -80,75 +70,11 @@ from .errors import ConfigError, TurbotrainWarning
 
 T = TypeVar("T")
 
-__all__ = [
-    "ARCHS",
-    "AUTO",
-    "BATCH_PICKS",
-    "BEST_MODES",
-    "CHECKPOINTING_MODES",
-    "CHOOSE_MODES",
-    "COMPILE_MODES",
-    "COMPILE_SCOPES",
-    "CUDA_GRAPH_MODES",
-    "DATA_BATCHINGS",
-    "DIST_STRATEGIES",
-    "LR_SCALINGS",
-    "MAX_BATCH",
-    "MAX_SEED",
-    "MAX_STEPS",
-    "MAX_TIMEOUT_S",
-    "MODEL_SECTIONS",
-    "MOVED",
-    "OWN_SECTIONS",
-    "NONFINITE_POLICIES",
-    "OOM_POLICIES",
-    "OPTIM_IMPLEMENTATIONS",
-    "PRECISION_CHOICES",
-    "PRECISION_MODES",
-    "SCHEDULES",
-    "SECTIONS",
-    "TOKENIZERS",
-    "BatchConfig",
-    "BestConfig",
-    "ChooseConfig",
-    "CompileConfig",
-    "DataConfig",
-    "DistributedConfig",
-    "MemoryConfig",
-    "ModelConfig",
-    "MonitorConfig",
-    "Names",
-    "OptimConfig",
-    "PrecisionConfig",
-    "RunConfig",
-    "RunSection",
-    "TrainConfig",
-    "audience",
-    "choice_error",
-    "describe",
-    "from_dict",
-    "in_range",
-    "knob",
-    "known_keys",
-    "load_config",
-    "migrate",
-    "parse_overrides",
-    "preset_names",
-    "range_text",
-    "read_preset",
-    "recast",
-    "register_settings",
-    "setting",
-    "to_toml",
-    "validate",
-]
-
 
 @dataclass(frozen=True)
 class RunConfig:
-    """The whole run, one attribute per concern (``turbotrain train --help-config``): ``model`` and
-    ``precision`` hold the variant their selector picks, ``tables`` the plugins' own tables
-    (``config.table(MoESettings)`` or ``config.moe``)."""
+    """The whole run, one attribute per concern (``--help-config``): ``model`` and ``precision`` hold
+    the variant their selector picks, ``tables`` the plugins' own (``config.table(MoESettings)``)."""
 
     preset: str = knob("gpt-tiny", "the preset this config started from")
     run: RunSection = field(default_factory=RunSection)
@@ -242,9 +168,6 @@ DROPPED: dict[str, str] = {
 """Settings that are no more (-> where what it did went): a file loads without them, with one line."""
 
 
-# ----------------------------------------------------------------------------- plugin settings
-
-
 def register_settings(
     section: str,
     cls: type,
@@ -285,8 +208,7 @@ def register_settings(
 
 
 def _registered_again(new: Registration) -> bool:
-    """A class registered before (a second family, a reloaded module): its ``when`` values joined,
-    its rules kept unless given again; False when it is new."""
+    """Join a class registered before (a second family, a reloaded module); False when it is new."""
     key = (new.cls.__module__, new.cls.__qualname__, new.section)
     for i, r in enumerate(REGISTERED):
         if (r.cls.__module__, r.cls.__qualname__, r.section) == key:
@@ -313,9 +235,6 @@ def known_keys(section: str) -> list[str]:
     cls = SECTIONS[section]
     own = [f.name for f in fields(cls)]
     return list(dict.fromkeys([*own, *(n for r in variants(section) for n in r.names)]))
-
-
-# ----------------------------------------------------------------------------- presets
 
 
 def preset_names() -> list[str]:
@@ -351,8 +270,7 @@ def read_preset(name_or_path: str) -> dict[str, Any]:
 
 
 def migrate(table: dict[str, Any]) -> dict[str, Any]:
-    """A file's config table with :data:`MOVED` settings in their new place (a value there wins) and
-    without the :data:`DROPPED` ones (one line each)."""
+    """A file's table with :data:`MOVED` settings moved and :data:`DROPPED` ones dropped (one line each)."""
     for old, why in DROPPED.items():
         section, key = old.split(".")
         if isinstance(table.get(section), dict) and key in table[section]:
@@ -365,9 +283,6 @@ def migrate(table: dict[str, Any]) -> dict[str, Any]:
             if isinstance(table.setdefault(to_section, {}), dict):
                 table[to_section].setdefault(to_key, value)
     return table
-
-
-# ----------------------------------------------------------------------------- parsing
 
 
 def _coerce(section: str, key: str, hint: Any, value: Any) -> Any:
@@ -449,21 +364,18 @@ def from_dict(data: Mapping[str, Any]) -> RunConfig:
 def parse_overrides(args: Iterable[str]) -> dict[str, dict[str, str]]:
     """``["--optim.lr=1e-3", "--train.max_steps", "50"]`` -> ``{"optim": {"lr": "1e-3"}, ...}``."""
     out: dict[str, dict[str, str]] = {}
-    items = list(args)
-    i = 0
-    while i < len(items):
-        arg = items[i]
+    items = iter(args)
+    for arg in items:
         if not arg.startswith("--") or "." not in arg.split("=", 1)[0]:
             raise ConfigError(f"cannot read argument {arg!r}; overrides look like --section.key=value")
         key, sep, value = arg[2:].partition("=")
         if not sep:
-            if i + 1 >= len(items):
+            given = next(items, None)
+            if given is None:
                 raise ConfigError(f"--{key} needs a value, for example --{key}=VALUE")
-            value = items[i + 1]
-            i += 1
+            value = given
         section, _, name = key.partition(".")
         out.setdefault(section, {})[name] = value
-        i += 1
     return out
 
 
@@ -490,9 +402,6 @@ def load_config(
     return config
 
 
-# ----------------------------------------------------------------------------- validation
-
-
 def validate(config: RunConfig) -> None:
     """Check every field's choices and bounds, then the run's and each selected plugin's rules."""
     sections = [(name, getattr(config, name)) for name in OWN_SECTIONS]
@@ -504,9 +413,6 @@ def validate(config: RunConfig) -> None:
     for r in REGISTERED:  # the rules of the plugins the run selects
         if r.check is not None and r.selected(config):
             r.check(config)
-
-
-# ----------------------------------------------------------------------------- writing
 
 
 def _toml_value(value: Any) -> str:
@@ -524,16 +430,10 @@ def to_toml(config: RunConfig) -> str:
         if name == "preset":
             continue
         lines.append(f"\n[{name}]")
-        docs = {f.name: f.metadata["doc"] for f in fields(_section_of(config, name))}
+        docs = {f.name: f.metadata["doc"] for f in fields(getattr(config, name))}
         for key, value in values.items():
             lines.append(f"{key} = {_toml_value(value)}  # {docs[key]}")
     return "\n".join(lines) + "\n"
-
-
-def _section_of(config: RunConfig, name: str) -> Any:
-    if name in OWN_SECTIONS:
-        return getattr(config, name)
-    return config.table(next(r.cls for r in tables() if r.section == name))
 
 
 def section_fields(name: str) -> list[dataclasses.Field]:

@@ -16,8 +16,7 @@ AUTO = "auto"
 
 
 class Names:
-    """A valid-value list that grows as plugins register, read live by validation and ``--help-config``;
-    ``first`` come before the registered."""
+    """A valid-value list that grows as plugins register (``first`` before them), read live."""
 
     def __init__(self, *first: str, then: Names | None = None) -> None:
         self._own, self._then = list(first), then
@@ -59,8 +58,7 @@ def audience(who: str) -> Iterator[None]:
 
 
 def setting(field_name: str, value: Any) -> str:
-    """How the reader sets ``section.key`` to ``value``: ``--run.device=cpu`` on the command line,
-    ``{"run": {"device": "cpu"}}`` for a Python caller of ``Engine``/``load_config``."""
+    """How the reader sets ``section.key``: ``--run.device=cpu``, or ``{"run": {"device": "cpu"}}``."""
     if _AUDIENCE[0] == "cli":
         return f"--{field_name}={value}"
     section, key = field_name.split(".", 1)
@@ -95,8 +93,7 @@ def knob(
     max: float | None = None,
     below: float | None = None,
 ) -> Any:
-    """A documented config field; a numeric one declares its range: ``min`` <= value <= ``max``
-    (or < ``below``, an open end). ``validate`` checks it, ``describe`` shows it."""
+    """A documented config field; a numeric one declares its range (``min``, ``max`` or open ``below``)."""
     live = isinstance(choices, Names)  # read at each use: plugins may add values after this field is defined
     meta = {
         "doc": doc,
@@ -140,8 +137,7 @@ def in_range(f: dataclasses.Field, value: float) -> bool:
 
 
 def check_value(where: str, f: dataclasses.Field, value: Any) -> None:
-    """Raise the one line for a value outside ``f``'s choices, not finite (a NaN passes every ``<``),
-    past 64 bits or outside its range."""
+    """Raise the one line for a value outside ``f``'s choices or range, or not finite, or past 64 bits."""
     choices = f.metadata.get("choices")
     if choices and value not in choices:
         raise choice_error(where, value, choices)

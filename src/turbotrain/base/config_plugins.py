@@ -85,8 +85,7 @@ class Start:
 
 @dataclass(frozen=True)
 class StartHook:
-    """One plugin's start-of-run decisions: ``build`` returns the config the model is built from;
-    ``settle`` the run's settings once it is built, and facts for the summary's ``resolved``."""
+    """A plugin's start-of-run decisions: ``build`` the model's config, ``settle`` the run's settings."""
 
     when: tuple[str, str, tuple[str, ...]]
     build: Callable[[Start], RunConfig] | None = None
@@ -104,8 +103,7 @@ def register_start(
     build: Callable[[Start], RunConfig] | None = None,
     settle: Callable[[Start], tuple[RunConfig, dict[str, Any]]] | None = None,
 ) -> None:
-    """Declare a plugin's start-of-run decisions for a run ``when`` selects (``"precision.mode=fp8"``);
-    registering ``name`` again replaces them (a module reloaded)."""
+    """Declare a plugin's start-of-run decisions for the runs ``when`` selects (again: replaced)."""
     START_HOOKS[name] = StartHook(parse_when(when), build, settle)
 
 
@@ -124,7 +122,7 @@ def parse_when(when: str) -> tuple[str, str, tuple[str, ...]]:
 
 
 def declared(cls: type, base: type | None = None) -> tuple[str, ...]:
-    """The fields ``cls`` declares beyond ``base``'s, each a :func:`~.config_fields.knob`, else a TypeError."""
+    """The fields ``cls`` declares beyond ``base``'s, each a ``knob``, else a TypeError."""
     if not (is_dataclass(cls) and cls.__dataclass_params__.frozen):  # type: ignore[attr-defined]
         raise TypeError(f"{cls.__name__}: settings are a @dataclass(frozen=True) of knob(...) fields")
     if base is not None and not issubclass(cls, base):
@@ -156,7 +154,7 @@ def tables() -> list[Registration]:
 
 
 def variant_class(section: str, base: type, values: Any) -> type:
-    """The class ``[section]`` is read into: the variant ``values`` (a table or a section) selects, else ``base``."""
+    """The class ``[section]`` is read into: the variant ``values`` selects, else ``base``."""
     for r in variants(section):
         key = r.when[1]
         value = values.get(key, _default(base, key)) if isinstance(values, dict) else getattr(values, key)

@@ -67,9 +67,8 @@ class RunSection:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Which model: a registered family (``arch``) or your own (``workload``). The family adds its
-    own fields here (the GPT's ``n_layer``, ``d_model``, ...: :mod:`turbotrain.parts.models.gpt.settings`)
-    or a section of its own (``[moe]``)."""
+    """Which model: a registered family (``arch``, which adds its own fields here or a section of
+    its own: ``[moe]``) or your own (``workload``)."""
 
     arch: str = knob("gpt", "model family", choices=ARCHS)
     workload: str = knob(
@@ -254,9 +253,8 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class BestConfig:
-    """The validation metric a run watches for its best evaluation: early stopping ends the run
-    when it stops improving, the best checkpoint keeps the weights of its best evaluation
-    (:mod:`turbotrain.loop.early_stop`)."""
+    """The validation metric a run watches for its best evaluation: early stopping and the best
+    checkpoint (:mod:`turbotrain.loop.early_stop`)."""
 
     metric: str = knob(
         "val_loss",
@@ -445,8 +443,7 @@ class DistributedConfig:
 
 @dataclass(frozen=True)
 class ChooseConfig:
-    """How ``turbotrain train`` decides the settings left at ``auto`` by measuring them
-    (:mod:`turbotrain.app.choose.session`)."""
+    """How ``turbotrain train`` measures the settings left at ``auto`` (:mod:`turbotrain.app.choose`)."""
 
     measure: str = knob(
         AUTO,

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 
 def unused_run(config: RunConfig, given: Mapping[str, Sequence[str]]) -> str:
-    """The one line for settings ``given`` (section -> keys, never a file's) that would do nothing; "" if none."""
+    """The one line for settings ``given`` (never a file's) that would do nothing; "" if none."""
     return _unused_best(config, given) or _unused_trackers(config, given)
 
 

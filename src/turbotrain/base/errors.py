@@ -53,8 +53,7 @@ NOISY_IMPORT_LOGGERS = ("torchao", "torch.utils._pytree")  # CUDA extensions not
 
 
 class ImportNoise(logging.Filter):
-    """Drops the two lines importing torchao prints (from anywhere: transformers imports it): each
-    CUDA extension it cannot load, and torch's notice for its Enums. Every other record passes."""
+    """Drops the two noise lines importing torchao prints (from anywhere); every other record passes."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = str(record.msg)  # unformatted: torchao's is an f-string, pytree's a %s template
@@ -89,8 +88,7 @@ LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"  # the CLI's lines (its loggi
 
 @contextlib.contextmanager
 def logging_unless_configured() -> Iterator[None]:
-    """For the block, turbotrain's INFO lines and warnings go to stderr in the CLI's format when the
-    program has set up no logging; a program that configures logging keeps its own."""
+    """For the block, turbotrain logs to stderr in the CLI's format unless the program set up logging."""
     logger = logging.getLogger("turbotrain")
     if logger.hasHandlers():
         yield

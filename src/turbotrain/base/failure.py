@@ -21,12 +21,8 @@ def _where(exc: BaseException) -> str:
     own = [
         f
         for f in frames
-        if not (
-            f.filename.startswith(PACKAGE_DIR)
-            or "site-packages" in f.filename
-            or f.filename.startswith("<")
-            or "/lib/python" in f.filename
-        )
+        if not f.filename.startswith((PACKAGE_DIR, "<"))
+        and not any(lib in f.filename for lib in ("site-packages", "/lib/python"))
     ]
     if not own:
         return ""
@@ -52,8 +48,7 @@ def one_line(exc: BaseException) -> str:
 def workload_failed(
     what: str, exc: BaseException, after: str = "", *, in_user_code: bool = True
 ) -> TurbotrainError | None:
-    """The one line every command says when the user's own code fails (``WHAT: the workload failed:
-    ...AFTER``), a :class:`TurbotrainError`; None when ``exc`` is not the user's code failing."""
+    """The one line for the user's own code failing, a :class:`TurbotrainError`; else None."""
     if not isinstance(exc, Exception) or isinstance(exc, TurbotrainError) or not _where(exc):
         return None
     return TurbotrainError(f"{what}: the workload failed: {one_line(exc)}{after}")
@@ -68,8 +63,7 @@ _EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|StopIte
 
 
 def cause_in_log(text: str, code: int | None) -> str:
-    """The cause of a process's failure: the last traceback's exception line (not the log's last
-    line); else the last line that names an error; else how it exited."""
+    """The cause of a dead process: its last traceback's exception line, an error line, or its exit."""
     lines = [line.rstrip() for line in text.splitlines() if line.strip()]
     last_tb = max(
         (i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")),

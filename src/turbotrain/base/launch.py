@@ -29,8 +29,7 @@ class Topology:
 
     @classmethod
     def from_env(cls, environ: Any = None) -> Topology:
-        """torchrun's variables (also a Kubernetes PyTorchJob's and TorchX's) win; else the tasks of
-        a SLURM ``srun`` with more than one task; else a plain process, rank 0 of 1."""
+        """torchrun's variables win; else a SLURM ``srun`` of 2+ tasks; else a plain process."""
         env = os.environ if environ is None else environ
         if "RANK" in env and "WORLD_SIZE" in env:
             return cls(
@@ -44,9 +43,7 @@ SLURM_PORT_BASE, SLURM_PORT_SPAN = 15000, 20000  # the rendezvous port: MASTER_P
 
 def slurm_topology(env: Any) -> Topology | None:
     """The topology of a task started by SLURM's ``srun``, as Lightning's ``SLURMEnvironment`` reads
-    it (rank 0 on the node list's first host, unless ``MASTER_ADDR``; the port from ``MASTER_PORT``
-    or the job id). None for one task, an interactive job (``bash``, ``interactive``) or a missing
-    variable."""
+    it; None for one task, an interactive job (``bash``, ``interactive``) or a missing variable."""
     need = ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS")
     nodes = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
     if any(k not in env for k in need) or not nodes or env.get("SLURM_JOB_NAME") in ("bash", "interactive"):
@@ -105,12 +102,9 @@ def _count(env: Any, key: str) -> int:
 
 @dataclass(frozen=True)
 class Launch:
-    """The launcher's job this process belongs to, and how often it started it again: the one place
-    that decides whether a start is a relaunch of the same run (which resumes by itself) or a new
-    start (docs/resume.md). SLURM: a requeued job continues its run. torchrun: a restarted worker
-    group continues the run its rendezvous id ``TORCHELASTIC_RUN_ID`` last started (:meth:`record`);
-    a static rendezvous has no id (``none``): a restart continues when the same torchrun agent
-    started it, checked by rank 0 (the other ranks follow its answer)."""
+    """The launcher's job this process belongs to: the one place that decides whether a start is a
+    relaunch of the same run (a requeued SLURM job; a torchrun restart of the same rendezvous id,
+    or of the same agent without one, checked by rank 0) or a new start (docs/resume.md)."""
 
     # torchrun's rendezvous id ("" outside torchrun; "none" when multi-node without --rdzv-id)
     run_id: str = ""
@@ -122,7 +116,7 @@ class Launch:
 
     @classmethod
     def from_env(cls, environ: Any = None) -> Launch:
-        """This process's launch; ``environ`` (a mapping) reads only what it holds (no parent process)."""
+        """torchrun's variables win; else a SLURM ``srun`` of 2+ tasks; else a plain process."""
         env = os.environ if environ is None else environ
         torchrun = "RANK" in env and "WORLD_SIZE" in env
         slurm = "SLURM_JOB_ID" in env
@@ -158,8 +152,7 @@ class Launch:
         }
 
     def relaunch_of(self, recorded: Any, main: bool = True) -> str:
-        """Why this start continues the run whose last :meth:`record` is ``recorded``, for the
-        "resuming" line; "" for a new start. ``main``: rank 0, which alone checks the agent."""
+        """Why this start continues the run that last :meth:`record` ``recorded``; "" for a new start."""
         if self.slurm_restart > 0:
             return f"SLURM requeued the job: SLURM_RESTART_COUNT={self.slurm_restart}"
         if (
@@ -189,9 +182,8 @@ class Launch:
 
 
 def torchrun_agent(env: Any, parent: bool = True) -> str:
-    """The torchrun agent that started this worker, the same at each of its restarts: the launch's
-    log directory (from ``TORCHELASTIC_ERROR_FILE``), else (``parent``) the parent process's pid and
-    start time, with the host; "" when neither is known."""
+    """The torchrun agent that started this worker, the same at its restarts: its log directory, else
+    (``parent``) the parent's pid and start time, with the host; "" when neither is known."""
     host = socket.gethostname()
     match = re.fullmatch(r"(.+)/attempt_\d+/\d+/error\.json", env.get("TORCHELASTIC_ERROR_FILE") or "")
     if match is not None:

@@ -15,8 +15,7 @@ SRC_DIR = str(Path(__file__).resolve().parents[2])  # the folder holding the tur
 
 
 def child_env(*, threads: int = 0, compile_cache: Path | None = None) -> dict[str, str]:
-    """This process's environment for a child: turbotrain from the same source, ``threads`` CPU
-    threads (0 = torch's default), torch.compile caches under ``compile_cache``."""
+    """This process's environment for a child: the same source, ``threads``, compile caches."""
     env = dict(os.environ)
     env["PYTHONPATH"] = SRC_DIR + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     if threads:
@@ -35,8 +34,7 @@ def run_process(
     poll: Callable[[], bool] | None = None,
     poll_every_s: float = 0.5,
 ) -> int | None:
-    """Run ``cmd`` with its output in ``log_path``; its exit code, or None past ``timeout_s`` or when
-    ``poll()`` returned True. A timeout, Ctrl-C or SIGTERM here ends it first (SIGKILL to its group)."""
+    """Run ``cmd`` logged to ``log_path``; its exit code, or None past ``timeout_s`` or ``poll()``."""
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         code: int | None = None

@@ -111,8 +111,7 @@ def resume_config(run_dir: Path, overrides: Any = ()) -> RunConfig:
 
 
 def truncate_metrics(path: Path, step: int) -> int:
-    """Before a resume from ``step``: drop later steps' records (logged again) and a torn last line
-    from the metrics file, atomically; returns the number of lines dropped."""
+    """Before a resume from ``step``: drop later and torn records, atomically; the lines dropped."""
     try:
         lines = path.read_bytes().splitlines(keepends=True)
     except FileNotFoundError:

@@ -8,6 +8,7 @@ opened once: closing any descriptor would drop the lock); needs working POSIX lo
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -69,11 +70,9 @@ class RunLock:
                 self.run_dir,
                 previous,
             )
-        try:  # the PID is for messages only: a full disk must not stop the run here
+        with contextlib.suppress(OSError):  # the PID is for messages only: a full disk must not stop the run
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        except OSError:
-            pass
         _HELD[self._key] = [fd, 1]
         return self
 
@@ -90,10 +89,8 @@ class RunLock:
         held[1] -= 1
         if held[1] == 0:
             del _HELD[self._key]
-            try:  # an empty lock file says its last holder ended cleanly; a PID left in it, that it died
+            with contextlib.suppress(OSError):  # empty: its last holder ended cleanly; a PID: it died
                 os.ftruncate(held[0], 0)
-            except OSError:
-                pass
             os.close(held[0])  # drops the lock; the file stays, unlocked
 
     @property

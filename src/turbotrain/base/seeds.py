@@ -38,14 +38,12 @@ def _as_tuple(x: Any) -> Any:
 
 
 def seed_all(seed: int) -> None:
-    """Seed torch's (every device's), Python's and numpy's generators: a model that draws from any
-    trains the same in every run."""
+    """Seed torch's (every device's), Python's and numpy's generators."""
     torch.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
 
 
 def derive_seed(seed: int, *position: int) -> int:
-    """A 32-bit seed for ``position`` of a run seeded ``seed``: numpy's SeedSequence hashes them, so
-    nearby positions give unrelated streams (unlike ``seed * c + k``, which can collide)."""
+    """A 32-bit seed for ``position`` of a run seeded ``seed`` (SeedSequence: unrelated streams)."""
     return int(np.random.SeedSequence([seed % 2**63, *position]).generate_state(1)[0])

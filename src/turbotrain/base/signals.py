@@ -58,8 +58,7 @@ class StopSignals:
             _ACTIVE.remove(self)
 
     def on_first(self, action: Callable[[str], None] | None) -> None:
-        """From now on the first signal calls ``action(name)`` (None: only recorded); one that came
-        before and was not acted on is acted on now, so none is lost between two phases."""
+        """The first signal calls ``action(name)`` from now on (a signal not acted on yet: now)."""
         self._action = action
         if action is not None and self.received and not self._acted:
             self._acted = True

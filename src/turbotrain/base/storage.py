@@ -4,6 +4,7 @@ back-ends. Credentials come from the back-end's usual places: nothing here reads
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import uuid
@@ -105,10 +106,8 @@ class Store:
         return {path[cut:]: int(info.get("size") or 0) for path, info in found.items()}
 
     def remove(self, name: str) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(self._path(name))
-        except FileNotFoundError:
-            pass
 
     def probe(self) -> None:
         """Write, read back and delete a small object, else a one-line ConfigError naming the setting."""

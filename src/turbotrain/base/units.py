@@ -8,8 +8,7 @@ KIB = 1024
 
 
 def unit_for(n_bytes: float) -> tuple[str, int]:
-    """The unit a table of sizes up to ``n_bytes`` reads in: GiB from 1 GiB, MiB from 1 MiB, else
-    KiB (a small model's table is not a column of 0.000 GiB)."""
+    """The unit a table of sizes up to ``n_bytes`` reads in (no column of 0.000 GiB)."""
     return ("GiB", GIB) if n_bytes >= GIB else ("MiB", MIB) if n_bytes >= MIB else ("KiB", KIB)
 
 

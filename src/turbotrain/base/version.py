@@ -17,8 +17,7 @@ def _git(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def collect_git() -> dict[str, Any]:
-    """The commit this package's code came from: ``TT_COMMIT`` wins (a device machine gets the tree
-    without ``.git``); else the checkout's commit and whether tracked files differ (None outside git)."""
+    """The commit this package's code came from: ``TT_COMMIT`` (a device machine's), else git's."""
     if os.environ.get("TT_COMMIT"):
         return {"commit": os.environ["TT_COMMIT"], "source": "TT_COMMIT"}
     try:

@@ -1,5 +1,3 @@
-"""L2 core, what a step runs: the Engine, precision plugins, transforms (compile, activation
-checkpointing), the compile guard, the OOM policy, the optimizer, distributed strategies, the assembly.
-
+"""L2 core, what a step runs: the Engine, precision, transforms, the optimizer, distributed strategies.
 Layers import only downward (the README's "Architecture"; tests/unit/test_layers.py holds it).
 """

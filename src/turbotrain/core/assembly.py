@@ -37,8 +37,7 @@ def build_trainable(
     optimizer: torch.optim.Optimizer | None = None,
     plan: ParallelPlan | None = None,
 ) -> Trainable:
-    """The engine for ``config``, AdamW from ``config.optim`` (or the caller's ``optimizer``, as it is),
-    the schedule over ``max_steps`` (none for None or the caller's optimizer), all set up."""
+    """The engine, AdamW (or the caller's ``optimizer``) and schedule for ``config``, all set up."""
     engine = Engine(config, plan=plan)
     c = config.optim
     scheduler = None

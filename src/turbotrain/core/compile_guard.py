@@ -34,8 +34,7 @@ def compile_seconds() -> float:
 
 
 def payback_step(compile_s: float | None, eager_ms: float | None, compiled_ms: float | None) -> int | None:
-    """The step at which compiling has paid back ``compile_s`` given eager's and the compiled step
-    times (ms); None when it never does or a figure is missing."""
+    """The step at which compiling has paid back ``compile_s``; None when it never does."""
     if compile_s is None or eager_ms is None or compiled_ms is None or compiled_ms >= eager_ms:
         return None
     return int(round(1000 * compile_s / (eager_ms - compiled_ms))) + 1
@@ -55,8 +54,7 @@ def _guard_reason(text: str) -> str:
 
 
 def _first_entry(reason: str) -> bool:
-    """Whether a guard-failure reason is about a frame's first cached graph (``F/0``): counting those
-    counts each recompilation once (it records one reason per cached graph it checked)."""
+    """Whether a guard-failure reason is a frame's first cached graph's: one per recompilation."""
     cid = str(reason).split(":", 1)[0].strip("[]! ")
     _, _, nth = cid.partition("/")
     return nth.split("_", 1)[0] == "0"
@@ -119,9 +117,8 @@ def _top(reasons: dict[str, int]) -> str:
 
 
 class CompileGuard:
-    """Counts recompilations and graph breaks since :meth:`start`; warns once, naming the most
-    frequent cause, when more than ``max_recompiles`` (0: never warns) happen after the first
-    ``warmup_steps`` steps (the first compile, evaluation's graph, automatic dynamic shapes)."""
+    """Counts recompilations and graph breaks since :meth:`start`; warns once, naming the top cause,
+    past ``max_recompiles`` (0: never) after the first ``warmup_steps`` steps."""
 
     def __init__(self, max_recompiles: int = 2, warmup_steps: int = 10) -> None:
         self.max_recompiles, self.warmup_steps = max_recompiles, warmup_steps
@@ -139,8 +136,7 @@ class CompileGuard:
         return collect_compile_counts().minus(self.base)
 
     def check(self, step: int) -> str:
-        """Called every few optimizer steps: the warning (logged once) when recompilations keep
-        happening after warm-up, else ""; about 1 µs when nothing was compiled since the last call."""
+        """Every few steps: the warning (logged once) when recompilations keep happening, else ""."""
         utils = sys.modules.get("torch._dynamo.utils")
         if self.warning or utils is None:
             return self.warning

@@ -29,8 +29,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 def local_device(device: torch.device, topology: Topology) -> torch.device:
-    """A bare ``cuda``: this process's own GPU under a launcher (``cuda:LOCAL_RANK``), else the
-    current one, with its index; made current."""
+    """A bare ``cuda`` as this process's own GPU (``cuda:LOCAL_RANK`` under a launcher), made current."""
     if device.type == "cuda" and device.index is None:
         device = torch.device(
             "cuda", topology.local_rank if topology.launched else torch.cuda.current_device()
@@ -41,8 +40,7 @@ def local_device(device: torch.device, topology: Topology) -> torch.device:
 
 
 def apply_memory_cap(device: torch.device, fraction: float) -> None:
-    """``memory.max_fraction``: cap this process's CUDA caching allocator (0 = no cap; elsewhere one
-    log line says it does not apply)."""
+    """``memory.max_fraction``: cap this process's CUDA caching allocator (0 = no cap)."""
     if fraction <= 0:
         return
     if device.type != "cuda":

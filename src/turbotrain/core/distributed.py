@@ -33,8 +33,7 @@ def is_loaded_instance(obj: Any, module: str, cls: str) -> bool:
 
 
 class Strategy:
-    """Carries a :class:`ParallelPlan` out: places the experts, wraps the model for the data
-    dimension, does every reduction across ranks. The base class: one process, no communication."""
+    """Carries a :class:`ParallelPlan` out; the base class is one process, no communication."""
 
     name = "single"
 
@@ -53,8 +52,7 @@ class Strategy:
         param_dtype: torch.dtype | None,
         reduce_dtype: torch.dtype | None = torch.float32,
     ) -> nn.Module:
-        """The model to train: the experts placed on their ranks, then the rest wrapped for the data
-        dimension; ``param_dtype`` and ``reduce_dtype`` (the precision's) are FSDP2's."""
+        """The model to train: the experts placed on their ranks, the rest wrapped for the data dimension."""
         placed = place_experts(model, optimizer, self.plan.experts)
         self.grad_norm, self.dtypes = placed.grad_norm, (param_dtype, reduce_dtype)
         return self.wrap_data(model, optimizer, placed.params)
@@ -77,8 +75,7 @@ class Strategy:
         return tensor
 
     def any_rank(self, flag: bool, device: torch.device | None = None) -> bool:
-        """Whether ``flag`` is True on any rank (a host-device sync point under NCCL: call it only
-        every N steps, at the same steps on every rank)."""
+        """Whether ``flag`` is True on any rank (a sync point under NCCL: every N steps, on every rank)."""
         return flag
 
 

@@ -1,17 +1,8 @@
-"""Engine: the speed-ups behind the few calls a hand-written loop makes, and the policies around a step.
-
-    engine = Engine(config)
-    model, optimizer, loader = engine.setup(model, optimizer, loader)
-    for x, y in loader:
-        with engine.autocast():
-            loss = model(x, y)
-        engine.backward(loss)
-        engine.step(optimizer)
-
-Configuration is resolved once into objects (precision, strategy, guard, OOM policy). One optimizer
-step is one window (window.py), run whole by :meth:`Engine.train_window` or a piece at a time by the
-own-loop API; this file keeps the policies and bookkeeping around it, with no host-device sync per
-step except the guard's poll every ``sync_every`` optimizer steps.
+"""Engine: the speed-ups behind the few calls a hand-written loop makes (docs/own-loop.md), and the
+policies around a step. Configuration is resolved once into objects (precision, strategy, guard, OOM
+policy). One optimizer step is one window (window.py), run whole by :meth:`Engine.train_window` or a
+piece at a time by the own-loop API; no host-device sync per step except the guard's poll every
+``sync_every`` optimizer steps.
 """
 
 from __future__ import annotations
@@ -141,8 +132,6 @@ class Engine:
         """Loader batches per optimizer step (``batch.accumulation``): what :meth:`train_window` takes."""
         return self.base_accumulation
 
-    # ------------------------------------------------------------------ build time
-
     def setup(
         self,
         model: nn.Module,
@@ -185,32 +174,26 @@ class Engine:
             loader, self.device, side_stream=self.options.device_prefetch, on_batch=self.count_batch
         )
 
-    # ------------------------------------------------------------------ the own-loop API: a window one piece at a time
-
     def autocast(self) -> ContextManager[Any]:
         """Mixed-precision context for forward passes (training and evaluation)."""
         return self.precision.autocast()
 
     def backward(self, loss: Any) -> None:
         """Backward of ``loss / accumulation`` (scaled for fp16), kept on the device; ``loss`` may be a
-        model's output (:func:`as_loss`). A rejected loss changes nothing. The MoE layers'
-        auxiliary losses are added, and the recorded loss includes them."""
+        model's output (:func:`as_loss`); MoE auxiliary losses are added. A rejected loss changes nothing."""
         self.window.backward(as_loss(loss))
         self.state.micro_step += 1
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
-        """On the accumulation boundary: unscale, clip, step (skipped on-device if non-finite),
-        update the loss scale, zero gradients (set_to_none), advance the scheduler. Returns
-        True when an optimizer step was taken, False between accumulation boundaries."""
+        """On the accumulation boundary: unscale, clip, step (skipped on-device if non-finite), update the
+        loss scale, zero gradients, advance the scheduler; True when an optimizer step was taken."""
         if self.window.pending < self.accumulation:
             return False
         return self._end_step(optimizer, *self.window.close(optimizer))
 
     def end_epoch(self, optimizer: torch.optim.Optimizer | None = None) -> bool:
-        """Call after the last batch of an epoch: a partial accumulation window (fewer backward
-        passes than ``accumulation``) is applied as a step of its own, its gradients renormalised
-        to the passes it had (so it is the mean over its batches, like a full window); then an
-        ``'epoch'``-interval scheduler steps. Returns True when a partial step was taken."""
+        """After an epoch's last batch: a partial accumulation window is a step of its own, renormalised
+        to the passes it had; then an ``'epoch'`` scheduler steps. True when a partial step was taken."""
         took = False
         if optimizer is not None and self.window.pending:
             took = self._end_step(optimizer, *self.window.close(optimizer, partial=True))
@@ -245,17 +228,14 @@ class Engine:
         self._after_step.append(callback)
 
     def forward_backward(self, model: nn.Module, batch: Any, loss_fn: LossFn = default_loss) -> torch.Tensor:
-        """One loader batch of an own loop: forward under autocast, then backward (in ``split``
-        parts after an out-of-memory error); returns the batch's loss. After an out-of-memory
-        error ``memory.on_oom`` acts: halve and re-run the step's batches so far, or stop."""
+        """One loader batch of an own loop: forward under autocast, then backward; returns the batch's
+        loss. After an out-of-memory error ``memory.on_oom`` acts: halve and re-run, or stop."""
         if self.window.pending == 0:  # a new step: its batches are kept (by reference) for a re-run
             self._step_batches.clear()
         run_one = lambda b: self.window.run_batch(model, b, loss_fn, self.split, self.backward)  # noqa: E731
         loss = run_guarded_batch(self, model, self._step_batches, batch, run_one)
         self.state.batches += 1
         return loss
-
-    # ------------------------------------------------------------------ a whole window
 
     def train_window(
         self,
@@ -264,9 +244,8 @@ class Engine:
         batches: Sequence[Any],
         loss_fn: LossFn = default_loss,
     ) -> bool:
-        """One optimizer step over ``batches`` (:attr:`batches_per_step`, on the device) as one window
-        body: what ``fit`` calls, the same to the bit as ``forward_backward`` on each then ``step``.
-        After an out-of-memory error the OOM policy re-runs the whole window. Returns True."""
+        """One optimizer step over ``batches`` (:attr:`batches_per_step`) as one window body: what ``fit``
+        calls, the same to the bit as ``forward_backward`` on each then ``step``. Returns True."""
         self.window.expect(len(batches), self.base_accumulation)
 
         def run() -> tuple[int, torch.Tensor, torch.Tensor | None]:
@@ -321,8 +300,6 @@ class Engine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    # ------------------------------------------------------------------ guard, your own logged values
-
     def poll(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Read the non-finite counter (host-device sync point) and apply the policy (nonfinite.py)."""
         detail = self.nonfinite.poll(self.state.step, optimizer)
@@ -339,8 +316,7 @@ class Engine:
         self._logged.add(name, value)
 
     def take_logged(self) -> dict[str, torch.Tensor]:
-        """The means of :meth:`log`'s values since the last call, as device tensors, and start over
-        (the caller's read is a host-device sync point, at its logging steps)."""
+        """The means of :meth:`log`'s values since the last call, as device tensors; starts over."""
         return self._logged.take()
 
     def evaluate(self, model: nn.Module, batches: Iterable[Any], loss_fn: LossFn = default_loss) -> float:
@@ -357,8 +333,6 @@ class Engine:
         """:meth:`evaluate`'s ``"loss"`` and the mean of each metric of ``metrics_fn(model, batch)``
         (e.g. ``{"accuracy": ...}``), averaged over the ranks, read once at the end."""
         return evaluate_batches(model, batches, loss_fn, metrics_fn, self.window)
-
-    # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict[str, Any]:
         return {

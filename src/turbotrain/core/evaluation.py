@@ -1,9 +1,5 @@
-"""Evaluation: the mean loss (and metrics) over batches under the precision's autocast, no_grad.
-
-A compiled model evaluates eagerly (:func:`turbotrain.core.transforms.eager`): its training graph
-stays the only one, and no eval-mode graph is compiled for a few batches. The sums stay on the
-device, are averaged over the ranks, and are read once at the end (one host-device sync per
-evaluation).
+"""Evaluation: the mean loss (and metrics) over batches under the precision's autocast, no_grad, and
+eagerly (no eval-mode graph is compiled for a few batches); one host-device sync per evaluation.
 """
 
 from __future__ import annotations
@@ -24,9 +20,7 @@ MetricsFn = Callable[[nn.Module, Any], Mapping[str, torch.Tensor]]
 def evaluate_batches(
     model: nn.Module, batches: Iterable[Any], loss_fn: LossFn, metrics_fn: MetricsFn | None, window: Window
 ) -> dict[str, float]:
-    """The mean loss (``"loss"``) and each of ``metrics_fn(model, batch)``'s values over
-    ``batches``, moved to the ``window``'s device, under its precision's autocast and no_grad,
-    averaged over its strategy's ranks; the model's train/eval mode is restored after."""
+    """The mean loss and each metric over ``batches``, averaged over the ranks; the mode restored."""
     device, autocast, mean_over_ranks = window.device, window.precision.autocast, window.strategy.mean_
     was_training = model.training
     model.eval()

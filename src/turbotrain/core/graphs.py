@@ -45,8 +45,7 @@ OWN_DIR = str(Path(__file__).resolve().parents[1])
 
 
 class HostSyncFinder(TorchDispatchMode):
-    """Records the first op of the step that reads a device value on the host, and where (the first
-    frame outside torch and turbotrain's core)."""
+    """Records the first op of the step that reads a device value on the host, and where."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -67,8 +66,7 @@ def unavailable(device_type: str) -> str:
 
 
 class CudaGraph:
-    """torch.cuda.CUDAGraph behind ``capture(fn)`` (``outputs``: fn's results, overwritten by each
-    replay) and ``replay()``."""
+    """torch.cuda.CUDAGraph behind ``capture(fn)`` (``outputs``: fn's, overwritten) and ``replay()``."""
 
     def __init__(self) -> None:
         self.graph = torch.cuda.CUDAGraph()
@@ -90,8 +88,7 @@ def signature(micro: Sequence[MicroBatch]) -> tuple:
 
 
 def make_capturable(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    """Before the first step: ``capturable`` where the optimizer has it, each learning rate a device
-    tensor (the schedule fills it in place). CUDA only (torch refuses capturable elsewhere)."""
+    """Before the first step (CUDA only): the optimizer capturable, its learning rates device tensors."""
     if device.type != "cuda":
         return
     for group in optimizer.param_groups:
@@ -109,9 +106,7 @@ class StepGraph:
     ) -> None:
         self.device, self.warmup = device, max(1, warmup)
         self.graph_factory = graph_factory or (CudaGraph if device.type == "cuda" else None)
-        self.refused = ""
-        self.captures = 0
-        self.replays = 0
+        self.refused, self.captures, self.replays = "", 0, 0
 
     def refuse(self, why: str) -> None:
         if not self.refused:

@@ -1,9 +1,5 @@
-"""Scalars a user's loop logs through ``engine.log``: summed on the device, read at the monitor's cadence.
-
-A training accuracy or a loss term logged every step would cost a host-device sync each time if it
-were read at once; here each value stays on the device, summed per name, and the Monitor's next
-record (every ``monitor.log_every`` steps) takes the means since the last one.
-"""
+"""Scalars a user's loop logs through ``engine.log``: summed on the device (no sync per step), read at
+the monitor's cadence."""
 
 from __future__ import annotations
 

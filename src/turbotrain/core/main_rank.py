@@ -50,8 +50,7 @@ def announce_reported(message: str) -> None:
 
 
 def reported_elsewhere() -> str | None:
-    """What another rank reported before it exited (``rank R: message``), or None; call it when a
-    collective failed (no wait: the word is left before the exit that fails it)."""
+    """What another rank reported before it exited, or None; call it when a collective failed."""
     store = _store()
     if store is None:
         return None
@@ -69,8 +68,7 @@ def _grouped() -> bool:
 
 
 def decided_by_main(fn: Callable[[], T]) -> T:
-    """Rank 0 runs ``fn`` and every rank gets its result (the others raise :class:`ReportedByMainRank`
-    when it fails). A pickled broadcast: start-up only, never in the hot loop."""
+    """Rank 0 runs ``fn`` and every rank gets its result (a pickled broadcast: start-up only)."""
     return _on_main(fn, share=True)
 
 

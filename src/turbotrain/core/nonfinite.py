@@ -21,8 +21,7 @@ log = logging.getLogger(__name__)
 
 
 class NonFinitePolicy:
-    """The policy over the ``window``'s guard and precision (``build(mode)``: a fallback's), with the
-    counts it last acted on and logged (saved: a resume neither repeats a fallback nor old logs)."""
+    """The policy over the ``window``'s guard and precision, with the counts it acted on and logged."""
 
     def __init__(
         self, mode: str, max_steps: int, window: Window, caps: DeviceCaps, build: Callable[[str], Precision]
@@ -60,8 +59,7 @@ class NonFinitePolicy:
     def load_state_dict(
         self, sd: Mapping[str, Any], fell_back: bool, optimizer: torch.optim.Optimizer | None
     ) -> None:
-        """:meth:`state_dict`'s; ``fell_back``: keep training in the saved, safer precision (one the
-        user changed for the resume is kept otherwise). Before the weights load."""
+        """:meth:`state_dict`'s, before the weights load; ``fell_back``: keep the saved, safer precision."""
         if fell_back and sd.get("precision_name") and sd["precision_name"] != self.window.precision.name:
             self.switch(sd["precision_name"], optimizer)
         self.window.precision.load_state_dict(sd.get("precision", {}))
@@ -69,8 +67,7 @@ class NonFinitePolicy:
         self.acted, self.logged = int(sd.get("nonfinite_acted", 0)), self.window.guard.seen
 
     def decide(self, count: int, step: int, precision: Precision, caps: DeviceCaps) -> str | None:
-        """The precision to fall back to given the guard's ``count``, or None; logs new skips once;
-        raises NonFiniteError under ``stop`` or with no safer precision."""
+        """The precision to fall back to given the guard's ``count``, or None; raises under ``stop``."""
         new = count - self.acted
         if new <= 0:
             return None
@@ -98,8 +95,7 @@ class NonFinitePolicy:
 def move_to_precision(
     models: Iterable[nn.Module], optimizer: torch.optim.Optimizer | None, old: Precision, new: Precision
 ) -> None:
-    """A fallback applied: ``old``'s layer swaps undone, weights and optimizer state cast to ``new``'s
-    parameter dtype; the parameters stay the same objects."""
+    """A fallback applied: layer swaps undone, weights and optimizer state cast to ``new``'s dtype."""
     models = list(models)
     for model in models:
         old.revert_module(model)

@@ -32,8 +32,7 @@ T = TypeVar("T")  # what a re-run step returns
 
 
 class OutOfMemoryStop(TurbotrainError, torch.OutOfMemoryError):
-    """Training ran out of device memory and the policy (or the batch size) allows no retry.
-    Still a ``torch.OutOfMemoryError`` for code that catches that."""
+    """Out of device memory with no retry allowed; still a ``torch.OutOfMemoryError``."""
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -44,18 +43,13 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and ("out of memory" in text or "CUBLAS_STATUS_ALLOC_FAILED" in text)
 
 
-def oom_reason(exc: BaseException) -> str:
-    """The first line of an out-of-memory error, for messages and events."""
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-
-
 class StopOnOOM:
     """``memory.on_oom = 'stop'``: an out-of-memory error becomes :class:`OutOfMemoryStop`."""
 
     def recover(
         self, engine: Engine, model: nn.Module, batches: Sequence[Any], reason: str, rerun: Callable[[], T]
     ) -> T:
-        """After an out-of-memory error in the step of ``batches``: make it fit and return ``rerun()``, or raise."""
+        """After an out-of-memory error: make the step fit and return ``rerun()``, or raise."""
         raise OutOfMemoryStop(
             f"out of memory in step {engine.state.step + 1} with micro-batch {engine.micro_batch(batches[-1])} "
             f"({reason}; memory.on_oom = 'stop'); use {setting('memory.on_oom', 'halve')}, "
@@ -82,8 +76,7 @@ class StopOnOOMDistributed(StopOnOOM):
 
 
 class HalveOnOOM(StopOnOOM):
-    """``memory.on_oom = 'halve'``: drop the partial step, double the split (and so the
-    accumulation), re-run the step's batches; give up when a part would be empty."""
+    """``memory.on_oom = 'halve'``: double the split and re-run the step; stop when a part would be empty."""
 
     def recover(
         self, engine: Engine, model: nn.Module, batches: Sequence[Any], reason: str, rerun: Callable[[], T]
@@ -129,13 +122,13 @@ def _attempt(call: Callable[[], T]) -> tuple[bool, T | None, str]:
     except RuntimeError as exc:
         if not is_oom(exc):
             raise
-        return False, None, oom_reason(exc)
+        return False, None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def run_guarded_batch(
     engine: Engine, model: nn.Module, kept: list[Any], batch: Any, run_one: Callable[[Any], T]
 ) -> T:
-    """An own loop's ``batch`` through :func:`run_guarded`; a re-run runs the step's ``kept`` batches again."""
+    """An own loop's ``batch`` through :func:`run_guarded`; a re-run runs ``kept`` again."""
     kept.append(batch)
 
     def rerun() -> T:

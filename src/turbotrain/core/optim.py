@@ -67,10 +67,8 @@ def build_optimizer(
 
 
 def apply_fast_adam_kernel(optimizer: torch.optim.Optimizer, device: torch.device) -> str | None:
-    """Switch a user's ``torch.optim.Adam``/``AdamW`` to the fused kernel (foreach where there is
-    none), in place: the same object, groups and state, so a scheduler holding it stays valid.
-    Returns what changed (``"AdamW: fused"``), or None (another class, already that kernel, a
-    ``differentiable`` one, or a tensor lr that foreach cannot take)."""
+    """Switch a user's ``torch.optim.Adam``/``AdamW`` to the fused kernel (else foreach) in place, so
+    a scheduler holding it stays valid; what changed (``"AdamW: fused"``), or None."""
     if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
         return None
     groups = optimizer.param_groups
@@ -119,8 +117,7 @@ def warmup_factor(s: int, warmup_steps: int) -> float:
 
 
 def lr_lambda(schedule: str, warmup_steps: int, max_steps: int, min_ratio: float) -> Callable[[int], float]:
-    """Multiplier of the peak LR at step ``s``: linear warmup, then cosine or linear decay to
-    ``min_ratio`` x peak at ``max_steps``, or flat ('plateau' is :class:`PlateauLR`)."""
+    """Multiplier of the peak LR at step ``s``: linear warmup, then cosine, linear or constant."""
     if schedule not in SCHEDULES or schedule == "plateau":
         raise choice_error("optim.schedule", schedule, [s for s in SCHEDULES if s != "plateau"])
 
@@ -137,14 +134,9 @@ def lr_lambda(schedule: str, warmup_steps: int, max_steps: int, min_ratio: float
 
 
 class PlateauLR(torch.optim.lr_scheduler.LRScheduler):
-    """Adaptive LR: linear warmup to the peak, then the peak lowered by ``factor`` each time the
-    validation loss has not improved for more than ``patience`` evaluations in a row, never below
-    ``min_ratio`` x peak.
-
-    The decision is ReduceLROnPlateau's with its defaults, made in :meth:`observe` from a loss
-    already on the host (no sync); evaluations during warmup are not counted. Its state is plain
-    numbers in ``state_dict()``: checkpointed and resumed with the run.
-    """
+    """Adaptive LR: linear warmup, then the peak lowered by ``factor`` when the validation loss has not
+    improved for more than ``patience`` evaluations (never below ``min_ratio``); ReduceLROnPlateau's
+    rule, decided in :meth:`observe` from a host float (no sync); its state is resumed with the run."""
 
     THRESHOLD = 1e-4  # relative improvement that counts, as ReduceLROnPlateau's default
 
@@ -233,8 +225,7 @@ def scheduler_from_config(
 
 
 def lr_batch_factor(rule: str, reference_batch: int, global_batch: int) -> float:
-    """What ``optim.lr_scaling`` multiplies the LR by for ``global_batch`` instead of ``reference_batch``:
-    the ratio ('linear', Goyal et al. 2017), its square root ('sqrt', for Adam), or 1."""
+    """What ``optim.lr_scaling`` multiplies the LR by for ``global_batch`` instead of ``reference_batch``."""
     if rule not in LR_SCALINGS:
         raise choice_error("optim.lr_scaling", rule, LR_SCALINGS)
     if rule == "none" or reference_batch <= 0 or global_batch == reference_batch:

@@ -1,9 +1,5 @@
-"""Placement checks: a model's tensors and a batch on the engine's device, checked once.
-
-A tensor left on the host (a submodule made after ``engine.setup``, a batch that did not come
-through the engine's loader) would fail deep inside a kernel with a device-mismatch error; these
-checks name the tensors and the fix instead. They run once (the first backward, the first batch),
-never per step.
+"""Placement checks, run once (never per step): a tensor left on the host names itself and the fix
+instead of failing deep inside a kernel.
 """
 
 from __future__ import annotations

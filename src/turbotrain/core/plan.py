@@ -33,9 +33,8 @@ class ParallelPlan:
     def resolve(
         cls, cfg: DistributedConfig, topology: Topology | None = None, n_experts: int | None = None
     ) -> ParallelPlan:
-        """The plan for this launch: ``distributed.strategy`` (``auto``: ddp with 2+ launched
-        processes) and ``expert_parallel`` checked against the world and ``n_experts`` (experts per
-        MoE block: 0 for a dense model, None when not known yet)."""
+        """The plan for this launch (``auto``: ddp with 2+ processes); ``n_experts`` per MoE block (0:
+        dense, None: not known yet) checks ``expert_parallel``."""
         topology = topology or Topology.from_env()
         strategy = cfg.strategy
         if strategy not in ("auto", *DIST_STRATEGIES):
@@ -110,15 +109,13 @@ class ParallelPlan:
 
     @property
     def mesh_dims(self) -> tuple[tuple[str, int], ...]:
-        """The mesh's dimensions, outermost first: ``data``, or ``replica`` x ``expert`` (a row is an
-        expert-parallel group of consecutive ranks; the data dimension is both together)."""
+        """The mesh's dimensions, outermost first: ``data``, or ``replica`` x ``expert``."""
         if self.expert == 1:
             return (("data", self.world),)
         return (("replica", self.world // self.expert), ("expert", self.expert))
 
     def join(self, device: torch.device) -> None:
-        """Join the launcher's process group and build the device mesh (a no-op in a plain process).
-        Every rank calls it, in the same order (group creation is a collective)."""
+        """Join the launcher's process group and build the mesh; every rank calls it, in the same order."""
         join_process_group(self.settings, device, self.topology)
         if not self.topology.launched or "mesh" in self._groups:
             return

@@ -24,8 +24,7 @@ log = logging.getLogger(__name__)
 
 
 def join_process_group(cfg: DistributedConfig, device: torch.device, topology: Topology) -> None:
-    """Join the launcher's process group (NCCL on CUDA, gloo on CPU) once; a no-op in a plain
-    process. ``distributed.timeout_s`` bounds every collective (a dead peer is an error, not a hang)."""
+    """Join the launcher's process group once (NCCL on CUDA, gloo on CPU); no-op in a plain process."""
     if not topology.launched or dist.is_initialized():
         return
     watch_launcher()
@@ -68,9 +67,8 @@ _watching: list[int] = []  # the launcher's pid, once a watcher runs
 
 
 def watch_launcher(poll_s: float = LAUNCHER_POLL_S) -> None:
-    """Stop as for SIGTERM when the launcher (the parent) is gone: torchrun starts each rank in its
-    own session, so a kill -9 of torchrun leaves orphans training with no one to report to. A
-    daemon thread compares the parent pid every ``poll_s`` seconds; started once per process."""
+    """Stop as for SIGTERM when the launcher (the parent) is gone: a kill -9 of torchrun leaves its
+    ranks (each in its own session) training as orphans. A daemon thread, once per process."""
     if _watching or not hasattr(os, "getppid"):
         return
     launcher = os.getppid()
@@ -111,8 +109,7 @@ _gloo_groups: list[dist.ProcessGroup] = []  # gloo groups made beside another de
 
 
 def new_gloo_group() -> dist.ProcessGroup:
-    """A gloo group of every rank (host-side collectives beside NCCL), left by :func:`shutdown`; a
-    collective: every rank calls this at the same point."""
+    """A gloo group of every rank (a collective), left by :func:`shutdown`."""
     group = dist.new_group(backend="gloo")
     _gloo_groups.append(group)
     return group

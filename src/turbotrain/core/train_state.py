@@ -1,7 +1,4 @@
-"""The Engine's records of a run: its progress counters and the events that changed how it trains.
-
-Both are saved with the engine's state (exact resume) and the events go to summary.json.
-"""
+"""The Engine's records of a run (saved with its state): progress counters and events."""
 
 from __future__ import annotations
 
@@ -22,10 +19,7 @@ class TrainState:
     tokens: int = 0
 
     def count(self, batch: Any) -> None:
-        """Add a batch's samples and tokens; any structure. Tokens are the real ones
-        (:func:`~turbotrain.base.batch.real_tokens`: an attention mask's ones, padding left out;
-        else from shapes). A batch counted while it is still on the host costs no sync (the
-        engine's loader counts each so); a mask already on an accelerator is read there."""
+        """Add a batch's samples and real tokens (padding left out); no sync for a batch on the host."""
         self.samples += batch_size(batch)
         self.tokens += int(real_tokens(batch))  # host-device sync point only for a mask on a device
 

@@ -53,14 +53,6 @@ class CheckpointedBlock:
 _CLASSES: dict[type, type] = {}
 
 
-def _checkpointed_class(cls: type) -> type:
-    new = _CLASSES.get(cls)
-    if new is None:
-        new = type(f"Checkpointed{cls.__name__}", (CheckpointedBlock, cls), {"__doc__": cls.__doc__})
-        _CLASSES[cls] = new
-    return new
-
-
 def block_list(model: nn.Module) -> nn.ModuleList:
     """The model's repeated blocks (see :func:`repeated_blocks`), or a ConfigError saying how to fix it."""
     blocks = repeated_blocks(model)
@@ -73,8 +65,7 @@ def block_list(model: nn.Module) -> nn.ModuleList:
 
 
 def apply_activation_checkpointing(model: nn.Module, mode: str) -> nn.Module:
-    """Checkpoint ``model``'s blocks in place: ``off`` none, ``full`` all, ``selective`` every
-    other one (0, 2, 4, ...). Apply before ``torch.compile``. Returns ``model``."""
+    """Checkpoint ``model``'s blocks in place (before ``torch.compile``); returns ``model``."""
     if mode not in CHECKPOINTING_MODES:
         raise choice_error("memory.checkpointing", mode, CHECKPOINTING_MODES)
     if mode == "off":
@@ -83,7 +74,12 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> nn.Module:
         if mode == "selective" and i % 2:
             continue
         if not isinstance(block, CheckpointedBlock):
-            block.__class__ = _checkpointed_class(type(block))
+            cls = type(block)
+            if cls not in _CLASSES:
+                _CLASSES[cls] = type(
+                    f"Checkpointed{cls.__name__}", (CheckpointedBlock, cls), {"__doc__": cls.__doc__}
+                )
+            block.__class__ = _CLASSES[cls]
     return model
 
 
@@ -96,9 +92,6 @@ def checkpointed_blocks(model: nn.Module) -> list[int]:
     return [i for i, b in enumerate(blocks) if isinstance(b, CheckpointedBlock)]
 
 
-# ----------------------------------------------------------------------------- compile
-
-
 def resolve_scope(scope: str, device: torch.device) -> str:
     """'auto' -> 'model' on CUDA; 'off' on CPU, where compiling a small GPT costs ~40 s for ~6%."""
     if scope == "auto":
@@ -109,8 +102,7 @@ def resolve_scope(scope: str, device: torch.device) -> str:
 
 
 def apply_compile(model: nn.Module, scope: str, mode: str = "default") -> nn.Module:
-    """Compile ``model`` in place (state_dict keys unchanged); 'blocks' compiles each repeated block
-    (one graph reused L times compiles faster and tolerates breaks between blocks)."""
+    """Compile ``model`` in place (state_dict keys unchanged), or each repeated block ('blocks')."""
     if scope == "off":
         return model
     options = {"mode": None if mode == "default" else mode}
@@ -129,8 +121,7 @@ def apply_compile(model: nn.Module, scope: str, mode: str = "default") -> nn.Mod
 
 @contextlib.contextmanager
 def eager() -> Iterator[None]:
-    """Inside the block compiled modules run eagerly (the graphs stay cached): for work whose modes
-    and shapes training never sees (evaluation, the batch search's trials), which would otherwise
-    compile a graph apiece."""
+    """Inside the block compiled modules run eagerly (graphs stay cached): for work whose shapes
+    training never sees (evaluation, the batch search's trials)."""
     with torch.compiler.set_stance("force_eager"):  # torch >= 2.6
         yield

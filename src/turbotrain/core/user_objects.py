@@ -1,9 +1,5 @@
-"""What ``engine.setup`` changes in a user's own objects when asked, each change in one log line.
-
-``optim.tune_user_optimizer``: an Adam/AdamW switched in place to the fused (CUDA) or foreach
-kernel (:func:`turbotrain.core.optim.apply_fast_adam_kernel`); ``data.tune_user_loader``: a torch
-DataLoader rebuilt with the data section's workers, pinning and persistence
-(:func:`turbotrain.parts.data.loader.tune_loader`). Off by default: an own loop's objects are its own.
+"""What ``engine.setup`` changes in a user's own objects when asked (``optim.tune_user_optimizer``,
+``data.tune_user_loader``; off by default: an own loop's objects are its own), each in one log line.
 """
 
 from __future__ import annotations
@@ -28,9 +24,7 @@ def tune_user_optimizer(optimizer: torch.optim.Optimizer, device: torch.device) 
 
 
 def tune_user_loader(loader: Iterable[Any], settings: LoaderSettings | None) -> Iterable[Any]:
-    """``data.tune_user_loader``: a torch DataLoader rebuilt with ``settings``; any other iterable
-    is kept (one log line says why). ``settings`` None (off) or a loader the engine set up already:
-    ``loader`` as it is."""
+    """``data.tune_user_loader``: a torch DataLoader rebuilt with ``settings`` (None: off); else as it is."""
     if settings is None or isinstance(loader, DevicePrefetcher):
         return loader
     if not isinstance(loader, DataLoader):

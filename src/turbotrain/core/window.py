@@ -39,7 +39,7 @@ micro-batches, loss_fn) -> (the window's mean loss averaged over ranks, its grad
 
 
 def micro_batches(batches: Sequence[Any], split: int) -> list[MicroBatch]:
-    """A window's micro-batches: each loader batch whole, or in ``split`` parts weighted by their share x ``split``."""
+    """A window's micro-batches: each loader batch whole, or in ``split`` weighted parts."""
     if split == 1:
         return [(batch, 1.0) for batch in batches]
     micro: list[MicroBatch] = []
@@ -74,15 +74,14 @@ def as_loss(output: Any) -> torch.Tensor:
 
 
 def default_loss(model: nn.Module, batch: Any) -> Any:
-    """``model(**batch)`` for a mapping (Hugging Face style), ``model(*batch)`` for a tuple or list,
-    else ``model(batch)``; the output may be the loss, a tuple starting with it or have ``.loss``."""
+    """``model(**batch)`` for a mapping, ``model(*batch)`` for a tuple or list, else ``model(batch)``."""
     if isinstance(batch, Mapping):
         return model(**batch)
     return model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
 
 
 def default_grad_norm(params: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The 2-norm over the gradients of ``params`` as this process holds them (the strategy makes shards whole)."""
+    """The 2-norm over the gradients of ``params`` as this process holds them."""
     return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], foreach=True)
 
 
@@ -120,8 +119,7 @@ class Window:
         self.body: WindowFn = self.run
 
     def wrap(self, wrapper: Callable[[WindowFn], WindowFn] | None) -> None:
-        """Run a whole window as ``wrapper(run)`` from now on (None: :meth:`run`); wrapped anew on
-        every change of what :meth:`run` computes, so a capturing wrapper captures anew."""
+        """Run a whole window as ``wrapper(run)`` (None: :meth:`run`), anew when what it computes changes."""
         self.wrapper = wrapper
         self.body = wrapper(self.run) if wrapper is not None else self.run
 
@@ -135,8 +133,6 @@ class Window:
         self.grad_norm = fn if fn is not None else default_grad_norm
         self.wrap(self.wrapper)
 
-    # ------------------------------------------------------------------ the body of a whole window
-
     def run(
         self,
         model: nn.Module,
@@ -144,15 +140,12 @@ class Window:
         micro_batches: Sequence[MicroBatch],
         loss_fn: LossFn,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One optimizer step over ``micro_batches`` (a fresh window): the mean loss averaged over
-        ranks and the gradient norm, on the device; no host-device sync."""
+        """One optimizer step over ``micro_batches``: (mean loss over ranks, gradient norm), no host sync."""
         self.discard()  # a re-run after a failed capture starts the window afresh
         for batch, weight in micro_batches:
             loss = self.forward(model, batch, loss_fn)
             self.backward(loss if weight == 1.0 else loss * weight)
         return self.close(optimizer)
-
-    # ------------------------------------------------------------------ its pieces (the own-loop API calls them)
 
     def run_batch(
         self,
@@ -162,8 +155,7 @@ class Window:
         split: int,
         backward: Callable[[torch.Tensor], None],
     ) -> torch.Tensor:
-        """An own loop's loader ``batch``: :meth:`forward` and ``backward`` (the Engine's) of each
-        of its ``split`` parts; the batch's loss (the parts' weighted mean)."""
+        """An own loop's loader ``batch`` in ``split`` parts; the batch's loss (the parts' weighted mean)."""
         total: torch.Tensor | None = None
         for part, weight in micro_batches([batch], split):
             loss = self.forward(model, part, loss_fn)
@@ -176,8 +168,7 @@ class Window:
         return total
 
     def adopt(self, model: nn.Module) -> None:
-        """Find ``model``'s MoE layers: with ``take_aux_loss`` (added in :meth:`backward`) and with
-        ``follow_optimizer_steps`` (router bias moved once per step); before any wrapper."""
+        """Find ``model``'s MoE layers (aux losses, router-bias steps), before any wrapper."""
         for module in model.modules():
             follow = getattr(module, "follow_optimizer_steps", None)
             if callable(follow) and module not in self.step_modules:
@@ -288,9 +279,8 @@ class Window:
     def close(
         self, optimizer: torch.optim.Optimizer, partial: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """:meth:`finish` the window's step and open a new one; returns its mean loss averaged over
-        ranks and the gradient norm. ``partial``: fewer passes than ``accumulation`` (an epoch's
-        last), its gradients renormalised to the passes it had."""
+        """:meth:`finish` the window's step and open a new one: (mean loss over ranks, norm). ``partial``:
+        fewer passes than ``accumulation`` (an epoch's last), renormalised to the passes it had."""
         micro_steps = self.pending
         if partial and 0 < micro_steps != self.accumulation:
             grads = [p.grad for p in self.params_of(optimizer) if p.grad is not None]
@@ -303,8 +293,7 @@ class Window:
     def finish(
         self, optimizer: torch.optim.Optimizer, loss_sum: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Unscale, average the loss over ranks, norm and clipping, the guard, the optimizer step
-        (skipped on the device when non-finite), the scale update, zero grads: (loss sum, norm)."""
+        """Unscale, mean loss, norm, clipping, guard, optimizer step, scale, zero grads: (loss, norm)."""
         self.precision.unscale_(optimizer)
         loss_sum = loss_sum if loss_sum is not None else torch.zeros((), device=self.device)
         # data parallel: the same value, and guard decision, on every rank

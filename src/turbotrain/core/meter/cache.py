@@ -50,8 +50,7 @@ def read(
     check: Callable[[Any], T],
     key: str | None = None,
 ) -> T | None:
-    """The cached value for ``material`` in ``path`` (under ``key``), through ``check`` (which raises
-    on another shape); None when there is none, or (one line) when it is unreadable or foreign."""
+    """The cached value for ``material`` through ``check``; None when none, unreadable or foreign."""
     if not path.is_file():
         return None
     try:

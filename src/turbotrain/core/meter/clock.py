@@ -1,7 +1,5 @@
-"""The one clock of every measuring tool, the same code on every device: :class:`Stamp` (the only
-place ``torch.cuda.Event`` is created), :class:`StepClock` (optimizer steps: time to first step
-apart, warm-up not timed, one read at the end) and :func:`time_call` (a callable, repeated).
-"""
+"""The one clock of every measuring tool, the same code on every device (:class:`Stamp`: the only
+place ``torch.cuda.Event`` is created)."""
 
 from __future__ import annotations
 
@@ -73,8 +71,7 @@ def time_call(fn: Callable[[], Any], device: torch.device, repeats: int, warmup:
 
 
 class StepClock:
-    """Times optimizer steps: ``start()`` before setup, ``mark(loss)`` after each step, ``finish()``
-    once; the losses stay on the device (copies: a CUDA graph's replay overwrites its output)."""
+    """Times optimizer steps: ``start()``, ``mark(loss)`` after each, ``finish()`` once (one read)."""
 
     def __init__(self, device: torch.device, warmup_steps: int, timed_steps: int) -> None:
         if warmup_steps < 1 or timed_steps < 1:
@@ -109,7 +106,7 @@ class StepClock:
             self.stamps.append(Stamp(self.device))
 
     def finish(self) -> dict[str, Any]:
-        """The figures (one synchronize, one loss read), the same on later calls; raises on a wrong step count."""
+        """The figures (one synchronize, one loss read); raises on a wrong step count."""
         if self.figures is not None:
             return self.figures
         expected = self.warmup + self.timed

@@ -28,8 +28,7 @@ def loss_tolerance(a: dict[str, Any], b: dict[str, Any]) -> float:
 
 
 def interleaved(variants: int, repeats: int) -> Iterator[tuple[int, int]]:
-    """(repeat, variant): every variant once a repeat, forwards on even repeats and backwards on odd
-    ones, so load that comes and goes on a shared machine hits each variant alike."""
+    """(repeat, variant): every variant once a repeat, alternating direction, so load hits each alike."""
     for r in range(repeats):
         for i in range(variants) if r % 2 == 0 else reversed(range(variants)):
             yield r, i

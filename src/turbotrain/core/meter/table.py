@@ -7,13 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 
-def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
 def render_table(rows: list[Any], columns: list[tuple[str, Callable[[Any], str]]]) -> str:
     """Markdown table: ``columns`` are (header, row -> cell text)."""
     head = "| " + " | ".join(h for h, _ in columns) + " |"
     rule = "|" + "|".join("---" for _ in columns) + "|"
-    body = ["| " + " | ".join(_cell(get(r)) for _, get in columns) + " |" for r in rows]
+    body = [
+        "| " + " | ".join(str(get(r)).replace("|", "\\|").replace("\n", " ") for _, get in columns) + " |"
+        for r in rows
+    ]
     return "\n".join([head, rule, *body])

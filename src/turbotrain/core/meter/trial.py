@@ -47,8 +47,7 @@ def train_step(
     on_phase: Callable[[str], None] | None = None,
     zero_grad: bool = True,
 ) -> None:
-    """``micro_steps`` forward/backward passes on ``batch``, then ``optimizer.step()`` (and zeroed
-    gradients); ``on_phase(name)`` after each phase (after "forward" the activations are alive)."""
+    """``micro_steps`` forward/backward passes, then the optimizer step; ``on_phase`` after each phase."""
     loss_fn = loss_fn or default_loss
     note = on_phase or (lambda _phase: None)
     for _ in range(micro_steps):

@@ -1,7 +1,5 @@
 """Numeric precision: the plugins (one class each; defining it registers its name), the non-finite
-guard and the backend switches. ``core`` holds the base class, the built-in 16/32-bit modes and the
-guard; ``fp8`` the torchao float8 mode (torchao itself is imported only when an fp8 run starts).
-A new precision is one subclass in one file, imported here (or by your own code before use)."""
+guard and the backend switches. A new precision is one subclass in one file, imported here."""
 
 from . import fp8_choice  # noqa: F401 (fp8's start hook registers itself)
 from .core import (

@@ -79,11 +79,8 @@ def precision_class(mode: str) -> type[Precision]:
 
 
 def resolve_precision(mode: str, caps: DeviceCaps, settings: PrecisionConfig | None = None) -> str:
-    """Turn ``auto`` into a concrete mode for ``caps`` and refuse modes the device cannot run.
-
-    auto: bf16-mixed on CUDA cc >= 8.0, fp16-mixed below, fp32 elsewhere (a CPU without bf16 units
-    runs bf16 autocast about 14x slower); never fp8 or another mode that changes the math further.
-    """
+    """Turn ``auto`` into a concrete mode for ``caps`` and refuse modes the device cannot run. auto:
+    bf16-mixed on CUDA cc >= 8.0, fp16-mixed below, fp32 elsewhere; never a mode changing the math more."""
     if mode == AUTO:
         if caps.type != "cuda":
             return "fp32"
@@ -98,8 +95,7 @@ def fallback_mode(mode: str, caps: DeviceCaps) -> str | None:
 
 
 class Precision:
-    """Full fp32: no autocast, no loss scaling. A subclass with a ``name`` registers itself
-    (``register=False`` in the class line opts out)."""
+    """Full fp32: no autocast, no loss scaling; a subclass with a ``name`` registers itself."""
 
     name: ClassVar[str] = "fp32"
     fallback: ClassVar[str | None] = None  # the next safer precision after non-finite steps (None: stop)
@@ -173,8 +169,7 @@ class Precision:
         return contextlib.nullcontext()
 
     def convert_module(self, module: torch.nn.Module, *, sharded: bool = False) -> torch.nn.Module:
-        """Cast parameters ('true' precisions) or swap layers (fp8), before compile and wrapping;
-        ``sharded``: FSDP2 shards it next. Parameters keep their identity (an optimizer stays valid)."""
+        """Cast parameters ('true' precisions) or swap layers (fp8) before compile; identities kept."""
         return module
 
     def revert_module(self, module: torch.nn.Module) -> torch.nn.Module:
@@ -240,28 +235,6 @@ class Precision:
 register_precision(Precision)
 
 
-def bf16_slow_on(caps: DeviceCaps) -> str:
-    """Why bf16 compute is slow on ``caps`` (a CPU's: 14x slower without bf16 units), "" elsewhere."""
-    return (
-        "on CPU: without bf16 units this is often many times slower than fp32" if caps.type == "cpu" else ""
-    )
-
-
-def _warn_bf16_on_cpu(mode: str, caps: DeviceCaps) -> None:
-    reason = precision_class(mode).slow_on(caps)
-    if reason:
-        warnings.warn(f"precision.mode = {mode!r} {reason}", TurbotrainWarning, stacklevel=4)
-
-
-def _check_bf16(mode: str, caps: DeviceCaps) -> None:
-    if caps.type == "cuda" and not caps.bf16:
-        raise ConfigError(
-            f"precision.mode = {mode!r}: this GPU (compute capability {caps.capability}) has no bf16; "
-            f"use {setting('precision.mode', 'fp16-mixed')} or auto"
-        )
-    _warn_bf16_on_cpu(mode, caps)
-
-
 class MixedPrecision(Precision):
     """fp32 weights, forward under ``torch.autocast`` in a 16-bit dtype (``dtype``)."""
 
@@ -284,11 +257,23 @@ class _BF16:
 
     @classmethod
     def check(cls, caps: DeviceCaps, settings: PrecisionConfig) -> None:
-        _check_bf16(cls.name, caps)
+        if caps.type == "cuda" and not caps.bf16:
+            raise ConfigError(
+                f"precision.mode = {cls.name!r}: this GPU (compute capability {caps.capability}) "
+                f"has no bf16; use {setting('precision.mode', 'fp16-mixed')} or auto"
+            )
+        reason = precision_class(cls.name).slow_on(caps)
+        if reason:
+            warnings.warn(f"precision.mode = {cls.name!r} {reason}", TurbotrainWarning, stacklevel=2)
 
     @classmethod
     def slow_on(cls, caps: DeviceCaps) -> str:
-        return bf16_slow_on(caps)
+        """A CPU without bf16 units ran bf16 autocast 14x slower than fp32."""
+        return (
+            "on CPU: without bf16 units this is often many times slower than fp32"
+            if caps.type == "cpu"
+            else ""
+        )
 
 
 class BF16Mixed(_BF16, MixedPrecision):
@@ -359,8 +344,7 @@ _INPUT_CASTS: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 def _cast_float_inputs(
     module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[Any, Any]:
-    """Forward pre-hook: float inputs to the weights' dtype, read at each call (a fallback to fp32
-    makes it a no-op); integer inputs are left alone."""
+    """Forward pre-hook: float inputs to the weights' dtype (read at each call), integers left."""
     dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
     if dtype is None:
         return args, kwargs
@@ -410,9 +394,8 @@ def apply_backend_switches(
     flush_denormal: bool = True,
     deterministic: bool = False,
 ) -> dict[str, bool]:
-    """Process-wide switches, set once: TF32 and cuDNN autotuning on CUDA; on CPU denormal flushing
-    (measured ~268 vs ~197 ms for the first gpt-tiny steps on the 2-core EPYC). Returns them as they
-    stand on ``device``, for the summary."""
+    """Process-wide switches, set once: TF32, cuDNN autotuning (CUDA), denormal flushing (CPU: ~268 vs
+    ~197 ms for the first gpt-tiny steps on the 2-core EPYC); returns them as they stand on ``device``."""
     if deterministic:
         apply_deterministic()
         cudnn_benchmark = False
@@ -504,10 +487,6 @@ class HostNonFiniteGuard(NonFiniteGuard):
     def poll(self) -> int:
         self.seen = self.base
         return self.seen
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.base = self.seen = int(state.get("nonfinite_steps", 0))
-        self.checked = 0
 
 
 def build_guard(device: torch.device) -> NonFiniteGuard:

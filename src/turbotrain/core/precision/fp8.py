@@ -29,6 +29,7 @@ MIN_CAPABILITY = (8, 9)  # float8 tensor cores: Ada (8.9), Hopper (9.0), Blackwe
 OUTPUT_NAMES = ("lm_head", "output", "head")  # the output layer of a language model, by its usual names
 FP8_RECIPES = ("tensorwise", "rowwise")  # torchao's float8 scaling recipes
 FP8_LAYER_CHOICES = ("filter", "timed")  # precision.fp8_layers: the size rule, or timing per layer
+_SAME_NAMED = ("recipe", "emulate", "min_size", "lm_head", "all_gather")  # FP8's X is precision.fp8_X
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,7 @@ def torchao_available() -> bool:
 
 
 def float8_module() -> Any:
-    """``torchao.float8`` with ``Float8Linear`` and ``WeightWithDynamicFloat8CastTensor``, imported on
-    first use (two seconds; only fp8 runs pay it)."""
+    """``torchao.float8``, imported on first use (two seconds: only fp8 runs pay it)."""
     with quiet_imports():
         import torchao.float8 as float8  # optional extra: turbotrain[fp8]
         from torchao.float8.float8_linear import Float8Linear
@@ -133,8 +133,7 @@ def worth_converting(out_features: int, in_features: int, recipe: str, min_size:
 def convert_linears(
     module: nn.Module, recipes: dict[str, str], *, emulate: bool = False, all_gather: bool = False
 ) -> list[str]:
-    """Swap the plain linears named in ``recipes`` (name -> recipe) for ``Float8Linear``, one
-    conversion per recipe; returns the names of the module's float8 layers."""
+    """Swap the plain linears named in ``recipes`` for ``Float8Linear``; the float8 layers' names."""
     float8 = float8_module()
     by_recipe: dict[str, set[str]] = {}
     for name, recipe in recipes.items():
@@ -198,27 +197,18 @@ class FP8(BF16Mixed):
     def own_settings(self, settings: PrecisionConfig) -> PrecisionConfig:
         return dataclasses.replace(
             recast(settings, FP8Settings),
-            fp8_recipe=self.recipe,
-            fp8_emulate=self.emulate,
-            fp8_min_size=self.min_size,
-            fp8_lm_head=self.lm_head,
+            **{f"fp8_{name}": getattr(self, name) for name in _SAME_NAMED},
             fp8_skip=",".join(self.skip),
-            fp8_all_gather=self.all_gather,
             fp8_layer_recipes=",".join(f"{k}={v}" for k, v in self.layer_recipes.items()),
         )
 
     @classmethod
     def from_settings(cls, device: torch.device, settings: PrecisionConfig) -> FP8:
         settings = recast(settings, FP8Settings)  # a section of another mode: fp8's defaults
-        skip = tuple(p.strip() for p in settings.fp8_skip.split(",") if p.strip())
         return cls(
             device,
-            recipe=settings.fp8_recipe,
-            emulate=settings.fp8_emulate,
-            min_size=settings.fp8_min_size,
-            lm_head=settings.fp8_lm_head,
-            skip=skip,
-            all_gather=settings.fp8_all_gather,
+            **{name: getattr(settings, f"fp8_{name}") for name in _SAME_NAMED},
+            skip=tuple(p.strip() for p in settings.fp8_skip.split(",") if p.strip()),
             layer_recipes=parse_layer_recipes(settings.fp8_layer_recipes),
         )
 
@@ -274,8 +264,6 @@ class FP8(BF16Mixed):
                 stacklevel=4,
             )
 
-    # ------------------------------------------------------------------ the model transform
-
     def wants(self, module: nn.Linear, name: str, outputs: set[str]) -> str:
         """'' when the linear ``name`` should run in float8, else why not."""
         if any(name.startswith(p) for p in self.skip):
@@ -295,8 +283,7 @@ class FP8(BF16Mixed):
         return self.layer_recipes[max(hits, key=len)] if hits else self.recipe
 
     def layer_plan(self, module: nn.Module) -> dict[str, str]:
-        """Every plain linear layer by name: '' when it would run in float8, else why not (no torchao
-        needed, so ``doctor --model`` shows it anywhere)."""
+        """Every plain linear by name: '' when it would run in float8, else why not (no torchao needed)."""
         outputs = output_layers(module)
         return {
             name: self.wants(m, name, outputs) for name, m in module.named_modules() if type(m) is nn.Linear
@@ -341,8 +328,7 @@ class FP8(BF16Mixed):
     def _gather_in_float8(
         self, module: nn.Module, layers: dict[str, nn.Module], weights: dict[str, torch.Tensor]
     ) -> None:
-        """The float8 ``layers``' weights made the all-gather subclass, with the hooks that keep
-        checkpoints plain (a tied embedding's module too)."""
+        """The float8 ``layers``' weights made the all-gather subclass, checkpoints kept plain."""
         for name, layer in layers.items():
             _keep_identity(layer, weights[name])
         subclass = float8_module().WeightWithDynamicFloat8CastTensor
@@ -355,7 +341,7 @@ class FP8(BF16Mixed):
         self.all_gathered.append(module)
 
     def advice(self, reasons: Iterable[str]) -> str:
-        """The settings that would convert layers :meth:`wants` kept out for ``reasons`` (none already at its end)."""
+        """The settings that would convert layers kept out for ``reasons`` (none at its end)."""
         why = set(reasons)
         fixes = []
         if any(r.endswith("(precision.fp8_min_size)") for r in why) and self.min_size != 1:
@@ -391,8 +377,7 @@ class FP8(BF16Mixed):
     def optimizer_step(
         self, optimizer: Optimizer, finite: Tensor | bool, grad_scale: Tensor | None = None
     ) -> None:
-        """The step, then (float8 all-gather) every float8 weight's next scale in one all-reduce
-        instead of one per weight; a skipped step leaves the scales valid: no host sync."""
+        """The step, then (float8 all-gather) every weight's next scale in one all-reduce; no host sync."""
         super().optimizer_step(optimizer, finite, grad_scale)
         if self.all_gathered:
             precompute = float8_module().precompute_float8_dynamic_scale_for_fsdp
@@ -437,8 +422,7 @@ def _keep_identity(layer: nn.Module, weight: torch.Tensor) -> None:
 def _plain_weights_in_state_dict(
     module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any
 ) -> None:
-    """State-dict hook: all-gather float8 weights as plain float32 tensors (DTensors of plain shards
-    under FSDP2) sharing their storage, so checkpoints load without torchao."""
+    """State-dict hook: all-gather float8 weights as plain float32 tensors (load without torchao)."""
     for name, _ in module.named_parameters(recurse=False):
         value = state_dict.get(prefix + name)
         if value is None:
@@ -462,8 +446,7 @@ def _plain_weights_in_state_dict(
 
 
 def _forget_precomputed_scales(module: nn.Module, incompatible_keys: Any) -> None:
-    """Load hook: the precomputed scales describe the weights before the load, so they are dropped
-    (the next all-gather computes them: a resume gives the uninterrupted run's losses exactly)."""
+    """Load hook: drop the precomputed scales (they describe the weights before the load)."""
     for _, weight in module.named_parameters(recurse=False):
         inner = getattr(weight, "_local_tensor", weight)
         if hasattr(inner, "_precomputed_scale"):
@@ -471,9 +454,8 @@ def _forget_precomputed_scales(module: nn.Module, incompatible_keys: Any) -> Non
 
 
 def _unwrap_all_gather_weights(module: nn.Module, subclass: type) -> None:
-    """Every all-gather weight of ``module`` back to a plain tensor, the Parameter objects kept.
-    Under FSDP2 its per-parameter float8 all-gather state is dropped too: torch's private state
-    (checked with torch 2.13; the fallback test in tests/distributed fails if it moves)."""
+    """Every all-gather weight back to a plain tensor, Parameters kept; under FSDP2 its float8 state is
+    dropped too (torch's private state, torch 2.13: the fallback test in tests/distributed checks it)."""
     from torch.distributed.fsdp import FSDPModule  # on first use, as core/distributed.py imports FSDP2
 
     for m in module.modules():

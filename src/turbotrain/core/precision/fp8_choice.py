@@ -85,14 +85,7 @@ class FP8Choice:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "line": self.line,
-            "margin": self.margin,
-            "cached": self.cached,
-            "key": self.key,
-            "layers": [asdict(c) for c in self.layers],
-            "kept": self.kept,
-        }
+        return {"line": self.line, **asdict(self)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FP8Choice:
@@ -172,8 +165,7 @@ def choose_fp8_layers(
     cache_dir: Path | None = None,
     key_parts: dict[str, Any] | None = None,
 ) -> FP8Choice:
-    """Time each distinct candidate shape once per recipe and choose per layer. ``tokens_per_micro``:
-    M for every layer, or per layer name (one that did not run is left out); ``cache_dir``: read back."""
+    """Time each distinct candidate shape once per recipe and choose per layer (cached)."""
     shapes, kept = candidates(model, fp8)
     recipes = tuple(recipes)
     if isinstance(tokens_per_micro, int):
@@ -215,12 +207,11 @@ def default_cache_dir() -> Path:
 
 def timing_settings(device: torch.device, compile: bool, emulate: bool) -> dict[str, Any]:
     """The settings besides the shapes that a timing depends on: the device, torchao, compile."""
-    return {
-        "device": device_name(device),
-        "torchao": _torchao_version(),
-        "compile": compile,
-        "emulate": emulate,
-    }
+    try:
+        torchao: str | None = importlib.metadata.version("torchao")
+    except importlib.metadata.PackageNotFoundError:
+        torchao = None
+    return {"device": device_name(device), "torchao": torchao, "compile": compile, "emulate": emulate}
 
 
 def apply_fp8_choice(model: nn.Module, choice: FP8Choice, emulate: bool = False) -> list[str]:
@@ -231,8 +222,7 @@ def apply_fp8_choice(model: nn.Module, choice: FP8Choice, emulate: bool = False)
 def linear_timer(
     device: torch.device, *, compile: bool = False, emulate: bool = False, repeats: int = 10, warmup: int = 3
 ) -> Timer:
-    """The default timer: ``nn.Linear(K, N)`` at input M x K, forward + backward under bf16 autocast,
-    in bf16 or the recipe, compiled or not; the median of ``repeats`` by the kit's clock."""
+    """The default timer: ``nn.Linear(K, N)`` forward + backward at M x K under bf16 autocast."""
 
     def timer(shape: Shape, recipe: str) -> float:
         m, k, n = shape
@@ -253,7 +243,7 @@ def linear_timer(
 
 def time_fp8_layers(
     model: nn.Module,
-    forward: Callable[[], Any],
+    forward: Callable[[], Any] | dict[str, int],
     device: torch.device,
     fp8: FP8,
     *,
@@ -261,9 +251,8 @@ def time_fp8_layers(
     cache_dir: Path | None = None,
     timer: Timer | None = None,
 ) -> FP8Choice:
-    """The decision for ``model`` at the micro-batch ``forward()`` runs, timed on ``device``."""
-    shapes, _ = candidates(model, fp8)
-    rows = layer_rows(model, shapes, forward)
+    """The decision for ``model`` at the micro-batch ``forward()`` runs (or M per layer), timed."""
+    rows = forward if isinstance(forward, dict) else layer_rows(model, candidates(model, fp8)[0], forward)
     return choose_fp8_layers(
         model,
         rows,
@@ -272,13 +261,6 @@ def time_fp8_layers(
         cache_dir=cache_dir,
         key_parts=timing_settings(device, compile, fp8.emulate),
     )
-
-
-def _torchao_version() -> str | None:
-    try:
-        return importlib.metadata.version("torchao")
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def choose_for_run(
@@ -292,9 +274,8 @@ def choose_for_run(
     timer: Timer | None = None,
     cache_dir: Path | None = None,
 ) -> tuple[RunConfig, FP8Choice]:
-    """``precision.fp8_layers = 'timed'`` for a run: M of each layer from one forward of ``example``
-    (on the meta device; a real one where the model cannot run there), the decision written to
-    ``run_dir``, and the config whose fp8 filter converts exactly the chosen layers."""
+    """``precision.fp8_layers = 'timed'`` for a run (M from a meta forward of ``example``): the config
+    whose fp8 filter converts exactly the chosen layers, and the decision, written to ``run_dir``."""
     own = recast(config.precision, FP8Settings)  # the run's [precision], typed as fp8's
     fp8 = FP8.from_settings(device, own)
     names, _ = candidates(model, fp8)
@@ -305,14 +286,9 @@ def choose_for_run(
         )
     except Exception:  # a model that cannot run on meta tensors: one real forward on the host
         rows = layer_rows(model, names, lambda: loss_fn(model, example))
-    compiled = config.compile.scope != "off"
-    choice = choose_fp8_layers(
-        model,
-        rows,
-        fp8,
-        timer or linear_timer(device, compile=compiled, emulate=fp8.emulate),
-        cache_dir=cache_dir if cache_dir is not None else default_cache_dir(),
-        key_parts=timing_settings(device, compiled, fp8.emulate),
+    cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
+    choice = time_fp8_layers(
+        model, rows, device, fp8, compile=config.compile.scope != "off", cache_dir=cache_dir, timer=timer
     )
     # each layer in its fastest recipe (tensorwise alone under the float8 all-gather, which needs
     # one scale per weight), or bf16 where neither beats it by the margin
