@@ -1,9 +1,6 @@
-"""One lock per run directory: a second process cannot train, resume or start a run in it.
-
-An exclusive POSIX record lock (``lockf``) on ``RUN/.lock``, taken once per run by its entry point:
-the kernel drops it however the process dies (a stale lock cannot block a resume), and unlike
-``flock`` forked DataLoader workers do not inherit it. Re-entrant within a process (the file is
-opened once: closing any descriptor would drop the lock); needs working POSIX locks (NFS: lockd).
+"""One lock per run directory: a second process cannot train, resume or start a run in it. A POSIX
+record lock (``lockf``) on ``RUN/.lock``: the kernel drops it however the process dies, forked workers
+do not inherit it (unlike ``flock``); re-entrant in a process (closing any descriptor would drop it).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""Compile guard: torch.compile's recompilations and graph breaks during training, counted from
-dynamo's own process-wide bookkeeping (``counters``, ``guard_failures``: no per-step cost, no sync;
-never imports dynamo), with a warning naming the cause when they keep happening after warm-up
-(docs/cuda-graphs.md). Both are otherwise silent unless someone turns on ``TORCH_LOGS``.
+"""Compile guard: torch.compile's recompilations and graph breaks during training (silent unless
+``TORCH_LOGS``), counted from dynamo's own bookkeeping (no per-step cost, no sync), with a warning
+naming the cause when they keep happening after warm-up.
 """
 
 from __future__ import annotations

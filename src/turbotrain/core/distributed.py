@@ -1,7 +1,6 @@
-"""The strategy: carries a :class:`~turbotrain.core.plan.ParallelPlan` out (docs/distributed.md):
-``single`` (the base class, no communication), ``ddp`` or ``fsdp`` (FSDP2 on each repeated block and
-the root; the optimizer built before is pointed at the DTensor parameters). Each step's loss is
-averaged over ranks on the device, so every rank's guard sees the same value and they skip together.
+"""The strategy that carries a :class:`~turbotrain.core.plan.ParallelPlan` out (docs/distributed.md):
+``single``, ``ddp`` or ``fsdp`` (FSDP2). Each step's loss is averaged over ranks on the device, so
+every rank's guard sees the same value and they skip together.
 """
 
 from __future__ import annotations

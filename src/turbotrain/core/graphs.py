@@ -1,8 +1,6 @@
-"""Whole-step CUDA graphs (``compile.cuda_graphs``, docs/cuda-graphs.md): the window body captured
-once and replayed every step, through :meth:`Engine.wrap_window`. torch's whole-network recipe:
-``warmup`` eager steps on a side stream (the first watched for host syncs), then static input
-buffers and one capture; the optimizer made capturable, its learning rates device tensors. Every
-refusal is one line and the run goes on eagerly.
+"""Whole-step CUDA graphs (``compile.cuda_graphs``, docs/cuda-graphs.md) through
+:meth:`Engine.wrap_window`: ``warmup`` eager steps on a side stream (the first watched for host
+syncs), then one capture replayed every step. Every refusal is one line and the run goes on eagerly.
 """
 
 from __future__ import annotations

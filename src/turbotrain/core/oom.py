@@ -1,13 +1,10 @@
-"""Out-of-memory policy: what the Engine does when a window's forward or backward runs out of memory.
+"""Out-of-memory policy, through one guarded path (:func:`run_guarded`, own loop and ``fit`` alike).
 
-Every batch runs through one guarded path (:func:`run_guarded`, own loop and ``fit`` alike).
-``memory.on_oom = 'halve'`` drops the partial step and re-runs it from its first batch with each
-loader batch cut in twice as many parts and accumulation doubled, so the data order and
-``engine.state.batches`` (exact resume) are untouched and the summed gradient and logged loss stay
-the whole batch's; the split is saved with the engine's state, and with dropout 0 the loss curve
-matches a run without the error to rounding. ``'stop'`` raises :class:`OutOfMemoryStop`. Data
-parallel: halving on one rank alone would leave the others waiting in the next all-reduce, so
-every policy stops at once naming the rank. The tests inject a real error (tests/faults/oom.py).
+``memory.on_oom = 'halve'`` re-runs the step from its first batch with each loader batch in twice as
+many parts and accumulation doubled: data order, ``engine.state.batches`` (exact resume), the summed
+gradient and the logged loss stay the whole batch's, and the split is saved with the engine's state.
+``'stop'`` raises :class:`OutOfMemoryStop`. Data parallel: every policy stops at once naming the rank
+(halving one rank alone would leave the others waiting). The tests inject a real error (tests/faults/oom.py).
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""Build-time model transforms, applied once by ``Engine.setup``: activation checkpointing per
-block, then ``torch.compile`` of the model or of each block (after torchtitan's ``apply_*``).
-
-``memory.checkpointing``: ``full`` checkpoints every repeated block (about one extra forward);
-``selective`` every other block (torchtitan's layer-selective, frequency 2: about half the savings
-for half the recompute, for any model of repeated blocks). A chosen block's class is swapped for a
-subclass whose ``forward`` runs under non-reentrant checkpointing: parameters, state_dict keys and
-hooks stay; under ``torch.no_grad`` the block runs plainly.
+"""Build-time model transforms, applied once by ``Engine.setup`` (after torchtitan's ``apply_*``):
+activation checkpointing per block (``full``: every repeated block, about one extra forward;
+``selective``: every other one, half the savings for half the recompute), then ``torch.compile``.
+A checkpointed block keeps its parameters, state_dict keys and hooks; under no_grad it runs plainly.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""One optimizer step, top-down: the window, the one orchestration both ways of training share
-(docs/architecture.md "The window").
-
-A *window* is the micro-batches (backward passes) of one optimizer step: ``fit`` hands a whole one
-to :meth:`Window.run`; an own loop calls the same pieces (:meth:`Window.forward`,
-:meth:`Window.backward`, :meth:`Window.close`) one at a time. Nothing here reads configuration,
-counts steps, polls the guard or handles errors: the Engine keeps those. :meth:`Window.run` is one
-function of tensors with no host-device sync, so whole-step capture (CUDA graphs) and a pipeline
-schedule (the same shape, :data:`WindowFn`) are one wrapper around it.
+"""One optimizer step, top-down: the window, the one orchestration ``fit`` and an own loop share
+(docs/architecture.md "The window"). Nothing here reads configuration, counts steps, polls the guard
+or handles errors: the Engine keeps those. :meth:`Window.run` is one function of tensors with no
+host-device sync, so whole-step capture (CUDA graphs) or a pipeline schedule is one wrapper around it.
 """
 
 from __future__ import annotations

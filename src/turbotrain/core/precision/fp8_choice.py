@@ -1,10 +1,6 @@
-"""fp8 per layer, chosen by timing: float8 only where it measurably pays (docs/fp8.md).
-
-torchao's size thresholds are one machine's guess, so each distinct linear shape (M x K x N, M the
-run's tokens per micro-batch) is timed forward + backward in bf16, tensorwise and rowwise, and a
-layer converted in its fastest recipe only where that beats bf16 by ``margin``; the decision is
-kept in the measuring kit's cache (:mod:`turbotrain.core.meter.cache`). The timer is a parameter:
-tests inject one (CPU float8 is emulation only, whose speed says nothing).
+"""fp8 per layer, chosen by timing (docs/fp8.md): each distinct linear shape timed in bf16, tensorwise
+and rowwise, a layer converted in its fastest recipe only where that beats bf16 by ``margin``; kept in
+the kit's cache. The timer is a parameter: tests inject one (CPU float8 is emulation only).
 """
 
 from __future__ import annotations
