@@ -17,6 +17,13 @@ import torch
 
 from turbotrain import RunConfig, load_config
 
+# One CPU thread here and in every process the tests start: the models are tiny and pytest-xdist
+# runs a worker per core, so torch's default (a thread per core) oversubscribes the cores and each
+# operator spins at its barrier (examples/own_loop.py on the shared 2-core machine: 1.4 s of CPU
+# on one thread, 44 s on two).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)
+
 
 def tiny_overrides(tmp_path: Path, **sections: dict) -> dict:
     """Overrides for a 2-layer, d=32, T=32 GPT on a small text file, in ``tmp_path``."""
