@@ -49,15 +49,12 @@ def _train_pass(
             engine.forward_backward(model, batch, loss_fn)
             if not engine.step(optimizer):
                 continue
-            hook.on_step_end(ctx)
-            if ctx.should_stop or engine.state.step >= max_steps:
-                break
-            continue
-        window.append(batch)
-        if len(window) < per_step:
-            continue
-        engine.train_window(model, optimizer, window, loss_fn)
-        window = []
+        else:
+            window.append(batch)
+            if len(window) < per_step:
+                continue
+            engine.train_window(model, optimizer, window, loss_fn)
+            window = []
         hook.on_step_end(ctx)
         if ctx.should_stop or engine.state.step >= max_steps:
             break

@@ -192,12 +192,10 @@ class Checkpointer(Hook):
             self.before_save()
         if background and self.background is not None:
             self.background.start(self._staged_write(step))
+        elif self.sharded:
+            self._finished(ctx, save_sharded(self.folder, step, self.state, self.keep_last))
         else:
-            if self.sharded:
-                path = save_sharded(self.folder, step, self.state, self.keep_last)
-            else:
-                path = save_checkpoint(self.folder, step, self.state.state_dict(), self.keep_last)
-            self._finished(ctx, path)
+            self._finished(ctx, save_checkpoint(self.folder, step, self.state.state_dict(), self.keep_last))
         ctx.side_s += time.perf_counter() - start
         self.saved_step = step
 
