@@ -1,10 +1,8 @@
-"""What a checkpoint is on disk, whether its save finished and whether it is intact.
-
+"""What a checkpoint is on disk, whether its save finished and whether it is intact: a file
 ``step_XXXXXXXX.pt`` (one process) with its ``.sha256`` sidecar written after it, or a folder
-``step_XXXXXXXX/`` (ddp, fsdp: DCP's files, ``state.pt``, ``rankR.pt``, and ``finished.json``
-written last with the world size and each file's size and sha256). A save finished when its
-sidecar (marker) exists; it is usable when every byte matches. Plain files load with
-``weights_only=True``."""
+``step_XXXXXXXX/`` (ddp, fsdp) whose ``finished.json`` marker, written last, lists the world size
+and each file's size and sha256. A save finished when its sidecar (marker) exists; it is usable
+when every byte matches. Plain files load with ``weights_only=True``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """A run's checkpoints and records mirrored to a remote store (``run.remote``), and a resume from it
-(docs/cluster.md). A checkpoint is uploaded after its local save finished, its marker last: an
-object store has no atomic rename, so one without its marker there is half-uploaded, which a
-resume skips and the next sync completes or prunes. The mirror runs in a thread of its own; a
-failing store is one warning and the next sync retries."""
+(docs/cluster.md). A checkpoint is uploaded after its local save finished, its marker last (an
+object store has no atomic rename: one without its marker is half-uploaded, skipped by a resume).
+The mirror runs in a thread of its own; a failing store is one warning and the next sync retries."""
 
 from __future__ import annotations
 
