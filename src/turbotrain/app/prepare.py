@@ -135,7 +135,6 @@ def prepare_run(
         signals.on_first(lambda name: stop_startup(name, found, True))
     spec = WorkloadSpec(base.model.workload, make=make) if make is not None else spec_for(base)
     if not resume and isinstance(spec, WorkloadSpec) and not _micro_given(request, overrides):
-        # the loader's batch size
         base = base.replace(batch={"micro": spec.micro_batch(base.run.seed) or base.batch.micro})
     plan, device = _plan_and_join(base, topology, spec)
     # Rank 0 finds or names the run (a timestamped name, a resumed run's saved config); all use its answer.

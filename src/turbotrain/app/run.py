@@ -170,9 +170,6 @@ def record_restart(run_dir: Path, why: str, world: int) -> None:
         f.write(json.dumps(record) + "\n")
 
 
-# ----------------------------------------------------------------------------- the one call from Python
-
-
 class TrainedRun(dict):
     """What :func:`train` returns: the run's summary (this dict) and the trained run."""
 

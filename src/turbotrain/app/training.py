@@ -147,8 +147,7 @@ def assemble(run: PreparedRun, show: bool) -> Assembled:
         make_batch=data.probe_batch(c, t.engine.device),
         loss_fn=loss_fn,
     )
-    # optim.lr_scaling, before a checkpoint loads
-    c, lr_note = scale_lr(c, batch_search, t.optimizer, t.scheduler)
+    c, lr_note = scale_lr(c, batch_search, t.optimizer, t.scheduler)  # optim.lr_scaling, before any load
     return Assembled(
         started.run, c, data, loss_fn, plain, own_optimizer, t, batch_search, lr_note, epochs, started.facts
     )
@@ -462,9 +461,7 @@ def _train_built(training: Training, run_dir: Path, main: bool) -> dict[str, Any
     """Train the built run to its end (or a stop) and write its summary."""
     done = _nothing_to_train(training, run_dir)
     if done is not None:
-        # A resume of a finished run: nothing to train, so nothing to log again (a final record
-        # of this invocation would repeat the last step's); the summary comes from the metrics.
-        training.monitor.close()
+        training.monitor.close()  # nothing to log again: a final record would repeat the last step's
         status, reason, line = done
         if main:
             log.info("%s", line)

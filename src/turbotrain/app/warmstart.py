@@ -64,19 +64,11 @@ class WarmStart:
         self.active = resolve_scope(config.compile.scope, device) != "off"
         self.folder = folder or cache.cache_dir(config).parent / FOLDER
         self.material: dict[str, Any] = {}
-        self.key = ""
-        self.note = ""
+        self.key, self.note = "", ""
         if self.active:
             self.material = cache.key_material(config, device)
             self.key = key_of(self.material)
-
-    @property
-    def blob(self) -> Path:
-        return self.folder / f"{self.key}.bin"
-
-    @property
-    def described(self) -> Path:
-        return self.folder / f"{self.key}.json"
+        self.blob, self.described = self.folder / f"{self.key}.bin", self.folder / f"{self.key}.json"
 
     def begin(self) -> str:
         """Load the cached artefacts of this model, if any; returns (and records) one line saying so."""

@@ -45,7 +45,6 @@ OPTIONS: Options = {
         "(default: --run.name, else the latest run)",
     },
     "--no-progress": switch("plain log lines instead of a progress bar"),
-    # train starts its own processes, as torchrun would
     "--nproc": {
         "metavar": "N",
         "help": "start N processes on this machine (torchrun's launcher; 'auto': one per visible GPU), "
