@@ -186,18 +186,23 @@ def _losses(summary: dict[str, Any]) -> list[str]:
             f"- final validation loss: {_fmt(summary.get('final_val_loss'), '.4f')} (step {summary.get('final_val_step')})",
             f"- best validation loss: {_fmt(summary.get('best_val_loss'), '.4f')}",
             *_best(summary.get("best")),
+            *(f"- final validation {k}: {_fmt(v, '.4f')}" for k, v in more_metrics(summary, "final_val_")),
             *(
-                f"- final validation {k[len('final_val_') :].replace('_', ' ')}: {_fmt(v, '.4f')}"
-                for k, v in summary.items()
-                if k.startswith("final_val_") and k not in ("final_val_loss", "final_val_step")
-            ),
-            *(
-                f"- last logged train {k[len('final_train_') :].replace('_', ' ')} (engine.log): {_fmt(v, '.4f')}"
-                for k, v in summary.items()
-                if k.startswith("final_train_") and k not in ("final_train_loss", "final_train_step")
+                f"- last logged train {k} (engine.log): {_fmt(v, '.4f')}"
+                for k, v in more_metrics(summary, "final_train_")
             ),
         ],
     )
+
+
+def more_metrics(summary: dict[str, Any], prefix: str) -> list[tuple[str, Any]]:
+    """(name, value) of the metrics beyond the loss summary.json holds as ``<prefix>NAME`` (``final_val_``)."""
+    skip = (f"{prefix}loss", f"{prefix}step")
+    return [
+        (k[len(prefix) :].replace("_", " "), v)
+        for k, v in summary.items()
+        if k.startswith(prefix) and k not in skip
+    ]
 
 
 def _best(best: dict[str, Any] | None) -> list[str]:

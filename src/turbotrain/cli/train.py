@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..app.local_launch import launch_local
 from ..app.prepare import RunRequest, StoppedBySignal
+from ..app.report import more_metrics
 from ..app.restart import resume_command
 from ..app.run import RunOutcome, train_run
 from ..base.config import describe, parse_overrides
@@ -189,11 +190,7 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
             f"  val loss {summary['final_val_loss']:.4f} at step {summary['final_val_step']}"
             + (f" | train loss {train_loss:.4f}" if train_loss is not None else "")
         )
-    metrics = [
-        f"{k[len('final_val_') :].replace('_', ' ')} {v:.4f}"
-        for k, v in summary.items()
-        if k.startswith("final_val_") and k not in ("final_val_loss", "final_val_step") and v is not None
-    ]
+    metrics = [f"{k} {v:.4f}" for k, v in more_metrics(summary, "final_val_") if v is not None]
     if metrics:
         lines.append("  validation " + " | ".join(metrics))
     best = summary.get("best") or {}
