@@ -74,14 +74,13 @@ def replan(saved: dict[str, Any], c: RunConfig, step: int, scheduler: LambdaLR) 
     old_lr, old_steps = saved.get("optim", {}).get("lr"), saved.get("train", {}).get("max_steps")
     if isinstance(old_lr, (int, float)) and old_lr > 0 and old_lr != c.optim.lr:
         scheduler.base_lrs = [b * c.optim.lr / old_lr for b in scheduler.base_lrs]  # asked: the new peak
-    was = scheduler.optimizer.param_groups[0]["lr"]  # the old schedule's, for the step after `step`
-    for group, base, factor in zip(
-        scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas
-    ):
+    groups = scheduler.optimizer.param_groups
+    was = groups[0]["lr"]  # the old schedule's, for the step after `step`
+    for group, base, factor in zip(groups, scheduler.base_lrs, scheduler.lr_lambdas):
         group["lr"] = base * factor(step)  # the next step trains at the new schedule's learning rate
     if not isinstance(old_steps, int) or old_steps == c.train.max_steps or c.optim.schedule == "constant":
         return
-    now, end = scheduler.optimizer.param_groups[0]["lr"], scheduler.base_lrs[0] * c.optim.min_lr / c.optim.lr
+    now, end = groups[0]["lr"], scheduler.base_lrs[0] * c.optim.min_lr / c.optim.lr
     keep = ""
     if now > was * 1.001:
         keep = (
@@ -101,14 +100,8 @@ def kept_schedule(saved: dict[str, Any], c: RunConfig) -> None:
     """A schedule that follows the run (``plateau``) is restored as its checkpoint left it: a new
     ``optim.lr`` or ``train.max_steps`` does not re-plan it, said in one line."""
     old_lr, old_steps = saved.get("optim", {}).get("lr"), saved.get("train", {}).get("max_steps")
-    changed = [
-        setting(key, new)
-        for key, old, new in (
-            ("optim.lr", old_lr, c.optim.lr),
-            ("train.max_steps", old_steps, c.train.max_steps),
-        )
-        if old is not None and old != new
-    ]
+    pairs = (("optim.lr", old_lr, c.optim.lr), ("train.max_steps", old_steps, c.train.max_steps))
+    changed = [setting(key, new) for key, old, new in pairs if old is not None and old != new]
     if changed:
         log.warning(
             "%s on a resume: optim.schedule = %s keeps the learning rate its checkpoint restored "

@@ -133,17 +133,12 @@ def preset_report(args: argparse.Namespace, overrides: dict[str, dict[str, str]]
     )
     spec, vocab = spec_for(config), default_vocab_size(config)
     torch.manual_seed(config.run.seed)
-    model = spec.build_model(config, vocab) if args.measure else None
-    measured = (
-        measure(config, model, spec.random_batch(config, vocab, torch.device("cpu"))(micro))
-        if model
-        else None
-    )
-    n_params = (
-        sum(p.numel() for p in model.parameters())
-        if model
-        else estimates["off"].params_bytes // (2 if precision == "bf16-true" else 4)
-    )
+    if args.measure:
+        model = spec.build_model(config, vocab)
+        measured = measure(config, model, spec.random_batch(config, vocab, torch.device("cpu"))(micro))
+        n_params = sum(p.numel() for p in model.parameters())
+    else:
+        measured, n_params = None, estimates["off"].params_bytes // (2 if precision == "bf16-true" else 4)
     what = f"{config.preset}, {n_params:,} parameters, micro-batch {micro} x {spec.seq_len(config)} tokens, {precision}, AdamW"
     return Report(config, what, micro, precision, estimates, measured, notes)
 
