@@ -474,3 +474,13 @@ def test_the_results_readme_of_a_cpu_dry_run_names_what_is_owed_and_keeps_the_fi
         and "unreadable" not in text
         and text.count("## Findings") == 1
     )
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.py")))
+def test_every_benchmark_script_imports_what_it_names(script: str) -> None:
+    """A GPU lease is not spent on an ImportError: each script's module level (its imports; the work
+    waits behind ``if __name__ == "__main__"``) runs here."""
+    import runpy
+
+    namespace = runpy.run_path(str(BENCH / script), run_name="benchmark_import_check")
+    assert "__name__" in namespace
