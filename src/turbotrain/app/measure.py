@@ -85,11 +85,8 @@ class Target:
             return type(self.workload.model).__name__
         if self.model:
             return workload_label(self.model)  # the file's name, as train names its runs
-        return (
-            Path(self.preset).stem
-            if self.preset and self.preset.endswith(".toml")
-            else (self.preset or "gpt-tiny")
-        )
+        preset = self.preset or "gpt-tiny"
+        return Path(preset).stem if preset.endswith(".toml") else preset
 
     def config(self, changes: Mapping[str, Mapping[str, Any]] | None = None) -> RunConfig:
         """The run's config: the preset (a workload's may be None: the defaults) + overrides + ``changes``."""
@@ -433,7 +430,7 @@ class _Measure(Hook):
             if self.on_warm is not None:
                 self.on_warm(self.at_warm)
         elif (
-            step > self.warmup and self.window and (step - self.warmup) % self.window == 0 and self.on_window
+            step > self.warmup and self.window and self.on_window and (step - self.warmup) % self.window == 0
         ):
             self.built.engine.synchronize()  # host-device sync point: once per window, for the pruner's figure
             now, count = time.perf_counter(), getattr(ctx.engine.state, self.KEYS[self.built.throughput_unit])
@@ -466,16 +463,8 @@ def run(
     measure = _Measure(built, clock, warmup, steps, total, window, on_window, on_warm)
     clock.start()
     t0 = time.perf_counter()
-    every = [measure, Labelled(built.monitor), *hooks]
-    fit(
-        engine,
-        built.model,
-        built.optimizer,
-        built.loader,
-        max_steps=total,
-        hooks=every,
-        loss_fn=built.loss_fn,
-    )
+    every, b = [measure, Labelled(built.monitor), *hooks], built
+    fit(engine, b.model, b.optimizer, b.loader, max_steps=total, hooks=every, loss_fn=b.loss_fn)
     wall_s = time.perf_counter() - t0
     out = _figures(built, clock.finish(), measure.at_warm, measure.at_end, (warmup, steps, wall_s))
     if engine.device.type == "cuda":

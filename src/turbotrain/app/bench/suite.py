@@ -308,16 +308,14 @@ def _contender_names(w: BenchWorkload, device: str, contenders: list[str] | None
 
 def _compare_summary(rows: list[dict[str, Any]], ref: dict[str, Any] | None) -> dict[str, Any]:
     ok = [r for r in rows if r["status"] == "ok"]
+    first, digests = [r["first_loss"] for r in ok], {r["init_digest"] for r in ok}
+    parity = all(r.get("loss_within_tol", False) for r in ok) if ref and ref["status"] == "ok" else None
     return {
         "contenders_ok": [r["contender"] for r in ok],
-        "same_initial_weights": len({r["init_digest"] for r in ok}) <= 1,
-        "init_digests": sorted({r["init_digest"] for r in ok}),
-        "first_loss_spread": (max(r["first_loss"] for r in ok) - min(r["first_loss"] for r in ok))
-        if ok
-        else None,
-        "loss_parity": all(r.get("loss_within_tol", False) for r in ok)
-        if ref and ref["status"] == "ok"
-        else None,
+        "same_initial_weights": len(digests) <= 1,
+        "init_digests": sorted(digests),
+        "first_loss_spread": max(first) - min(first) if ok else None,
+        "loss_parity": parity,
     }
 
 

@@ -397,19 +397,14 @@ def summary(doc: dict[str, Any]) -> str:
         )
         c = doc.get("confirmation")
         if c and "speedup" in c:
-            lines.append(
-                f"re-measured, interleaved with the baseline: {c['speedup']:.2f}x "
-                + (
-                    "(confirmed)"
-                    if c["confirmed"]
-                    else "(within noise: the preset keeps the baseline's settings)"
-                )
+            verdict = (
+                "(confirmed)"
+                if c["confirmed"]
+                else "(within noise: the preset keeps the baseline's settings)"
             )
+            lines.append(f"re-measured, interleaved with the baseline: {c['speedup']:.2f}x {verdict}")
         model = (doc.get("target") or {}).get("model")
-        lines.append(
-            f"wrote {doc['preset']}: turbotrain train "
-            + (f"--model {model} " if model else "")
-            + f"--preset {doc['preset']}"
-        )
+        how = f"--model {model} " if model else ""
+        lines.append(f"wrote {doc['preset']}: turbotrain train {how}--preset {doc['preset']}")
     lines.append(f"study, table and plot: {doc['run_dir']}")
     return "\n".join(lines)

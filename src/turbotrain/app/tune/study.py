@@ -265,11 +265,9 @@ class Study:
         """A trial's attributes: its constraints, whether it is feasible, what it measured."""
         limit = self._limit(budget)
         over = peak is not None and limit is not None and peak > limit
-        mem = (
-            (peak / limit - 1.0)
-            if (peak is not None and limit)
-            else (1.0 if status in ("oom", "predicted over budget") else 0.0)
-        )
+        mem = 1.0 if status in ("oom", "predicted over budget") else 0.0
+        if peak is not None and limit:
+            mem = peak / limit - 1.0
         parity, diff, tol = self._parity(result)
         failed = 0.0 if status in ("ok", "pruned", "over budget", "predicted over budget", "oom") else 1.0
         constraints = [mem, parity, failed]

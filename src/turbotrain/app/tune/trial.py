@@ -55,20 +55,15 @@ def measure_trial(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
         if not cuda:
             peak = measure_memory(built)
             progress.emit("memory", peak_bytes=peak, budget_bytes=budget)
-
-        def warm(at: dict[str, Any]) -> None:
-            progress.emit("memory", peak_bytes=at.get("peak_bytes"), budget_bytes=budget)
-
-        def window(k: int, value: float) -> None:
-            progress.emit("window", k=k, throughput=value)
-
         figures = run(
             built,
             spec["warmup"],
             spec["steps"],
             window=spec["window"],
-            on_window=window,
-            on_warm=warm if cuda else None,
+            on_window=lambda k, value: progress.emit("window", k=k, throughput=value),
+            on_warm=(lambda at: progress.emit("memory", peak_bytes=at.get("peak_bytes"), budget_bytes=budget))
+            if cuda
+            else None,
         )
         figures["budget_bytes"] = budget
         if peak is not None:
