@@ -279,10 +279,9 @@ def _turbotrain_result(
     compile_desc = engine.options.compile_scope
     if compile_desc != "off" and config.compile.mode != "default":
         compile_desc += f" ({config.compile.mode})"
-    prefetch = (
-        "side-stream prefetch" if device.type == "cuda" and config.data.device_prefetch else "no prefetch"
-    )
-    tf32 = ", TF32" if device.type == "cuda" and config.precision.tf32 else ""
+    cuda = device.type == "cuda"
+    prefetch = "side-stream prefetch" if cuda and config.data.device_prefetch else "no prefetch"
+    tf32 = ", TF32" if cuda and config.precision.tf32 else ""
     return {
         "precision": p.name,
         "compiled": engine.options.compile_scope != "off",

@@ -78,13 +78,8 @@ class BenchWorkload:
     def describe(self) -> str:
         """One line: the model and batch as they will run."""
         kw = ", ".join(f"{k}={v}" for k, v in self.model_kwargs.items())
-        shape = (
-            f"T={self.seq_len}"
-            if self.seq_len
-            else f"{self.image_size}x{self.image_size}"
-            if self.image_size
-            else ""
-        )
+        side = self.image_size
+        shape = f"T={self.seq_len}" if self.seq_len else f"{side}x{side}" if side else ""
         scaled = " (scaled down for CPU)" if self.scaled_for else ""
         model = "" if self.model == CUSTOM else f"; {self.model}({kw})"
         return (
@@ -336,17 +331,13 @@ def custom_workload(
     first = next(iter(loader), None)
     if first is None:
         raise TurbotrainError(f"--model {ref}: train_loader yielded no batch")
-    cuda = device == "cuda"
+    cuda, conv = device == "cuda", any(isinstance(m, nn.Conv2d) for m in w.model.modules())
     bench = BenchWorkload(
         workload_label(ref),  # the file's name, as train names its runs
         f"your model ({ref}): {type(w.model).__name__}",
         "custom",
         CUSTOM,
-        {
-            "ref": ref,
-            "batch_size": batch_size,
-            "conv": any(isinstance(m, nn.Conv2d) for m in w.model.modules()),
-        },
+        {"ref": ref, "batch_size": batch_size, "conv": conv},
         batch_size=_batch_size(first),
         warmup_steps=5 if cuda else 3,
         timed_steps=20,
