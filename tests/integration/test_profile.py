@@ -88,19 +88,6 @@ def reads_and_prunes():
 QUICK = ProfileOptions(warmup=2, timed=6, steps=3)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One CPU thread: on a shared CPU, a second thread stalls every operator at its barrier
-    when another process holds the other core (a 16x16 matmul took 6 ms), which buries the
-    setups' own slowness in noise. The diagnosis itself does not depend on the thread count."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture
 def workloads(tmp_path):
     path = tmp_path / "user_workloads.py"
