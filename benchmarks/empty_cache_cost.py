@@ -19,8 +19,8 @@ import torch
 
 from turbotrain.base.config import load_config
 from turbotrain.parts.models.registry import build_model
-from turbotrain.tools.memory.stats import default_vocab_size
 from turbotrain.tools.memory import token_batches
+from turbotrain.tools.memory.stats import default_vocab_size
 
 
 def main() -> int:

@@ -23,8 +23,8 @@ from turbotrain.base.config import load_config
 from turbotrain.core.precision.fp8 import FP8
 from turbotrain.core.precision.fp8_choice import linear_timer, time_fp8_layers
 from turbotrain.parts.models.registry import build_model
-from turbotrain.tools.memory.stats import default_vocab_size
 from turbotrain.tools.memory import token_batches
+from turbotrain.tools.memory.stats import default_vocab_size
 
 
 def main() -> int:
