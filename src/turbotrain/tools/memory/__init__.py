@@ -1,8 +1,8 @@
 """Memory tools: the batch-size finder (finder.py, step_trial.py, resolve.py) and memory reports
 (stats.py). Activation checkpointing and the out-of-memory policy are the step's (core)."""
 
-from ...parts.data.loader import token_batches
-from .finder import (
+from ...parts.data.loader import token_batches  # noqa: F401 (the package's names)
+from .finder import (  # noqa: F401
     BatchSearch,
     TrialRecord,
     TrialResult,
@@ -10,8 +10,8 @@ from .finder import (
     plan_accumulation,
     usable_memory_bytes,
 )
-from .resolve import get_optimal_batch_size, resolve_batch_size
-from .stats import (
+from .resolve import get_optimal_batch_size, resolve_batch_size  # noqa: F401
+from .stats import (  # noqa: F401
     MemoryStats,
     TensorMemoryTracker,
     compare_checkpointing,
@@ -19,23 +19,4 @@ from .stats import (
     measure_step_memory,
     memory_summary,
 )
-from .step_trial import StepTrial
-
-__all__ = [
-    "BatchSearch",
-    "MemoryStats",
-    "StepTrial",
-    "TensorMemoryTracker",
-    "TrialRecord",
-    "TrialResult",
-    "compare_checkpointing",
-    "estimate_memory",
-    "find_batch_size",
-    "get_optimal_batch_size",
-    "measure_step_memory",
-    "memory_summary",
-    "plan_accumulation",
-    "resolve_batch_size",
-    "token_batches",
-    "usable_memory_bytes",
-]
+from .step_trial import StepTrial  # noqa: F401
