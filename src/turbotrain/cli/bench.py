@@ -31,8 +31,7 @@ from ..base.atomic import atomic_write
 from ..base.config import parse_overrides
 from ..base.errors import TurbotrainError
 from ..base.process import exit_on_sigterm
-from .options import Options, add_command, switch
-from .profile import check_at_least
+from .options import Options, add_command, check_at_least, choice, number, switch
 
 HELP = "benchmark contenders side by side, the precision matrix or the optimization ablation"
 DESCRIPTION = (
@@ -95,30 +94,23 @@ RUN_OPTIONS: Options = {
     "--warmup": "untimed warm-up steps, including compilation (default: the workload's)",
     "--steps": "timed steps (default: the workload's)",
     "--seed": {},
-    "--auto-planned-steps": {
-        "type": int,
-        "default": 10_000,
-        "help": "the run length the turbotrain-auto row's measured choice decides for (default 10000)",
-    },
-    "--repeat": {
-        "type": int,
-        "default": 1,
-        "help": "processes per row, run round-robin; the run with the median step time is reported (default 1)",
-    },
+    "--auto-planned-steps": number(
+        10_000, "the run length the turbotrain-auto row's measured choice decides for (default 10000)"
+    ),
+    "--repeat": number(
+        1, "processes per row, run round-robin; the run with the median step time is reported (default 1)"
+    ),
     "--threads": "CPU threads per row process (OMP_NUM_THREADS); 0 = torch's default. On a shared CPU, 1 "
     "keeps timings stable (no thread barriers stalled by other processes)",
-    "--timeout-s": {"type": float, "default": 900.0, "help": "per-row time limit in seconds (default 900)"},
-    "--handtuned-compile": {
-        "choices": ("auto", "on", "off"),
-        "default": "auto",
-        "help": "torch.compile in the hand-tuned contender (auto: on for CUDA, off for CPU)",
-    },
-    "--compile-cache": {
-        "choices": ("cold", "shared"),
-        "default": "cold",
-        "help": "cold: a fresh torch.compile cache per row, so time to first step is fair (default); "
+    "--timeout-s": number(900.0, "per-row time limit in seconds (default 900)"),
+    "--handtuned-compile": choice(
+        ("auto", "on", "off"), "torch.compile in the hand-tuned contender (auto: on for CUDA, off for CPU)"
+    ),
+    "--compile-cache": choice(
+        ("cold", "shared"),
+        "cold: a fresh torch.compile cache per row, so time to first step is fair (default); "
         "shared: rows reuse each other's compilations (faster; time to first step becomes a lower bound)",
-    },
+    ),
     "--profile": {
         "metavar": "DIR",
         "help": "compare: profile a few turbotrain steps after its timed window; trace and op table to DIR",
@@ -140,18 +132,10 @@ TO_LOSS_OPTIONS: Options = {
         "metavar": "NAME:section.key=value[,...]",
         "help": "--to-loss: a contender (give two or more), e.g. lr2e-3:optim.lr=2e-3",
     },
-    "--seeds": {"type": int, "default": 3, "help": "--to-loss: seeds per contender (default 3)"},
-    "--tokens": {"type": int, "default": 0, "help": "--to-loss: token budget per run (default 0: none)"},
-    "--max-steps": {
-        "type": int,
-        "default": 300,
-        "help": "--to-loss: optimizer steps per run at most (default 300)",
-    },
-    "--eval-every": {
-        "type": int,
-        "default": 10,
-        "help": "--to-loss: steps between validation losses (default 10)",
-    },
+    "--seeds": number(3, "--to-loss: seeds per contender (default 3)"),
+    "--tokens": number(0, "--to-loss: token budget per run (default 0: none)"),
+    "--max-steps": number(300, "--to-loss: optimizer steps per run at most (default 300)"),
+    "--eval-every": number(10, "--to-loss: steps between validation losses (default 10)"),
 }
 
 OUTPUT_OPTIONS: Options = {
@@ -183,15 +167,7 @@ def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
     command = _cli_command() or canonical_command(args)
     exit_on_sigterm()  # so a running row is ended too (see process.run_process)
     outcomes: list[dict[str, Any]] = []  # every row of every report: did any measure?
-    same = (
-        "seed",
-        "timeout_s",
-        "handtuned_compile",
-        "repeat",
-        "compile_cache",
-        "threads",
-        "auto_planned_steps",
-    )
+    same = "seed timeout_s handtuned_compile repeat compile_cache threads auto_planned_steps".split()
     with _work_dir(args, "bench") as folder:
         profile_dir = Path(args.profile) if args.profile else None
         opts = BenchOptions(
@@ -239,8 +215,7 @@ def _device_and_names(args: argparse.Namespace) -> tuple[str, list[str]]:
         )
     if args.threads < 0:
         raise TurbotrainError(f"--threads = {args.threads} must be 0 (default) or more")
-    if args.repeat < 1:
-        raise TurbotrainError(f"--repeat = {args.repeat} must be at least 1")
+    check_at_least(args, repeat=1)
     workload_arg = args.workload or ("gpt2-small" if device == "cuda" else "gpt-tiny")
     return device, [args.model] if args.model else expand(workload_arg)
 
@@ -334,9 +309,7 @@ def main_to_loss(args: argparse.Namespace, extra: list[str]) -> int:
         raise TurbotrainError(
             "--to-loss compares contenders: give two or more --versus NAME:section.key=value"
         )
-    check_at_least(
-        ("--seeds", args.seeds, 1), ("--max-steps", args.max_steps, 1), ("--eval-every", args.eval_every, 1)
-    )
+    check_at_least(args, seeds=1, max_steps=1, eval_every=1)
     same = {k: getattr(args, k) for k in ("max_steps", "eval_every", "threads", "timeout_s")}
     with _work_dir(args, "to-loss") as folder:
         opts = ToLossOptions(

@@ -34,8 +34,7 @@ from ..tools.memory.stats import (
     measure_step_memory,
     resolve_precision_name,
 )
-from .options import Options, add_command, switch
-from .profile import TARGET_OPTIONS
+from .options import TARGET_OPTIONS, Options, add_command, switch
 
 ROWS = [
     ("parameters", "params_bytes"),

@@ -19,18 +19,14 @@ from ..loop.checkpoint import load_latest_weights
 from ..parts.data.tokenizer import BYTE_VOCAB, ByteTokenizer, Tokenizer, load_run_tokenizer
 from ..parts.models.registry import spec_for
 from ..parts.models.spec import ModelSpec, TextGenerator
-from .options import Options, add_command, switch
+from .options import Options, add_command, number, switch
 
 OPTIONS: Options = {
     "run_dir": "run directory or name under runs/ (default: latest)",
     "--prompt": {"default": "def ", "help": "text to continue (default: 'def ')"},
-    "--tokens": {"type": int, "default": 400, "help": "tokens to generate (default 400)"},
+    "--tokens": number(400, "tokens to generate (default 400)"),
     "--temperature": {"type": float, "default": 0.8},
-    "--top-k": {
-        "type": int,
-        "default": 40,
-        "help": "sample from the k most likely tokens (default 40; 0 = all)",
-    },
+    "--top-k": number(40, "sample from the k most likely tokens (default 40; 0 = all)"),
     "--seed": {},
     "--best": switch("the run's best checkpoint (checkpoints/best/, by best.metric) instead of its latest"),
     "--out-dir": {},

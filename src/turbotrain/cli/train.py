@@ -20,7 +20,7 @@ from ..base.config import describe, parse_overrides
 from ..base.errors import LOG_FORMAT, TurbotrainError
 from ..base.launch import Topology
 from ..base.signals import REQUEUE_SIGNAL
-from .options import Options, add_command, switch
+from .options import Options, add_command, number, switch
 from .report import print_report
 
 EXIT_STOPPED = 75  # sysexits' EX_TEMPFAIL: "try again later", here: continue with --resume
@@ -51,12 +51,11 @@ OPTIONS: Options = {
         "help": "start N processes on this machine (torchrun's launcher; 'auto': one per visible GPU), "
         "as `torchrun --standalone --nproc-per-node N -m turbotrain train` would",
     },
-    "--max-restarts": {
-        "type": int,
-        "default": 0,
-        "metavar": "K",
-        "help": "with --nproc: start the group again up to K times after a failure (it resumes itself)",
-    },
+    "--max-restarts": number(
+        0,
+        "with --nproc: start the group again up to K times after a failure (it resumes itself)",
+        metavar="K",
+    ),
     "--help-config": switch("list every config field with its default and meaning"),
 }
 

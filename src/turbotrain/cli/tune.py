@@ -12,8 +12,7 @@ import torch
 from ..app.tune import TuneOptions, require_optuna, summary, tune
 from ..base.errors import ConfigError
 from ..base.process import exit_on_sigterm
-from .options import Options, add_command, switch
-from .profile import TARGET_OPTIONS, check_at_least, live_log, target_of
+from .options import TARGET_OPTIONS, Options, add_command, check_at_least, live_log, number, switch, target_of
 
 # Trial length per device: (warm-up, timed steps, steps per pruning window). CPU steps of the
 # small presets take 0.1-1 s; a GPU's take milliseconds, so more of them cost less.
@@ -29,11 +28,7 @@ DESCRIPTION = (
     "--batch.max_memory_gib caps memory. Needs the [tune] extra (pip install 'turbotrain[tune]')."
 )
 OPTIONS: Options = {
-    "--trials": {
-        "type": int,
-        "default": 20,
-        "help": "trials to run (default 20); over-budget and invalid proposals are not counted",
-    },
+    "--trials": number(20, "trials to run (default 20); over-budget and invalid proposals are not counted"),
     "--out": {
         "metavar": "PATH.toml",
         "help": "where to write the best settings (default: best.toml in the run folder)",
@@ -44,20 +39,15 @@ OPTIONS: Options = {
         "type": int,
         "help": "timed steps per value reported to the pruner (default: 4 on CPU, 10 on CUDA)",
     },
-    "--trial-timeout-s": {
-        "type": float,
-        "default": 600.0,
-        "help": "per-trial time limit in seconds (default 600)",
-    },
+    "--trial-timeout-s": number(600.0, "per-trial time limit in seconds (default 600)"),
     "--threads": "CPU threads per trial process (0 = torch's default)",
     "--seed": "the sampler's seed (default 0)",
     "--no-prune": switch("run every trial to the end"),
-    "--confirm": {
-        "type": int,
-        "default": 2,
-        "help": "re-measure the best and the baseline this many times each, interleaved, before "
+    "--confirm": number(
+        2,
+        "re-measure the best and the baseline this many times each, interleaved, before "
         "writing the preset; a best not >= 1.05x the baseline is not written (default 2, 0 = off)",
-    },
+    ),
 }
 
 
@@ -72,24 +62,19 @@ def main_tune(args: argparse.Namespace, extra: list[str]) -> int:
     device = target.config().run.device
     kind = "cuda" if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()) else "cpu"
     warmup, steps, window = TRIAL_STEPS[kind]
+    args.trial_warmup, args.trial_steps = args.trial_warmup or warmup, args.trial_steps or steps
+    args.window = args.window or window
+    check_at_least(args, trials=1, trial_warmup=1, trial_steps=2, window=1, threads=0, confirm=0)
     options = TuneOptions(
         trials=args.trials,
-        warmup=args.trial_warmup or warmup,
-        steps=args.trial_steps or steps,
-        window=args.window or window,
+        warmup=args.trial_warmup,
+        steps=args.trial_steps,
+        window=args.window,
         timeout_s=args.trial_timeout_s,
         prune=not args.no_prune,
         threads=args.threads,
         seed=args.seed,
         confirm=args.confirm,
-    )
-    check_at_least(
-        ("--trials", options.trials, 1),
-        ("--trial-warmup", options.warmup, 1),
-        ("--trial-steps", options.steps, 2),
-        ("--window", options.window, 1),
-        ("--threads", options.threads, 0),
-        ("--confirm", options.confirm, 0),
     )
     if args.out and not args.out.endswith(".toml"):
         raise ConfigError(
