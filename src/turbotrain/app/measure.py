@@ -5,11 +5,12 @@ runs differ only in arithmetic, and their losses compare (loss parity)."""
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,9 @@ from torch import nn
 from torch.profiler import record_function
 from torch.utils.data import DataLoader
 
+from ..base.atomic import atomic_write
 from ..base.batch import batch_size, move_to
-from ..base.config import RunConfig, load_config
+from ..base.config import RunConfig, audience, load_config
 from ..base.errors import TurbotrainError
 from ..base.process import run_process
 from ..base.rundir import workload_label
@@ -114,24 +116,47 @@ class Target:
 def run_child(
     module: str,
     folder: Path,
-    spec: Mapping[str, Any] | None,
+    spec: Mapping[str, Any],
     env: dict[str, str],
     timeout_s: float,
     *args: str,
     poll: Callable[[], bool] | None = None,
 ) -> tuple[int | None, dict[str, Any] | None, list[str]]:
-    """``python -m module *args [--spec spec.json] --result result.json`` in ``folder`` (output to
-    log.txt): (exit code, None when stopped; its result or None; the command)."""
+    """``python -m module *args --spec spec.json --result result.json`` in ``folder`` (output to
+    log.txt; the child's side is :func:`child_main`): (exit code, None when stopped; its result or
+    None; the command)."""
     folder.mkdir(parents=True, exist_ok=True)
     spec_path, result = folder / "spec.json", folder / "result.json"
     result.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", module, *args]
-    if spec is not None:
-        spec_path.write_text(json.dumps(spec, indent=1, default=str))
-        cmd += ["--spec", str(spec_path)]
-    cmd += ["--result", str(result)]
+    spec_path.write_text(json.dumps(spec, indent=1, default=str))
+    cmd = [sys.executable, "-m", module, *args, "--spec", str(spec_path), "--result", str(result)]
     code = run_process(cmd, folder / "log.txt", env, timeout_s, poll=poll)
     return code, json.loads(result.read_text()) if result.is_file() else None, cmd
+
+
+def child_main(
+    argv: Sequence[str] | None,
+    description: str,
+    work: Callable[[dict[str, Any], argparse.Namespace], dict[str, Any]],
+    *names: str,
+) -> int:
+    """A child process of :func:`run_child`: ``names`` (positional, or a required ``--option``),
+    ``--spec`` and ``--result``; ``work(spec, args)``'s result, with ``process_s``, written
+    atomically as JSON. Exit 1 when its ``status`` is "failed"."""
+    parser = argparse.ArgumentParser(description=description)
+    for name in (*names, "--spec", "--result"):
+        if name.startswith("--"):
+            parser.add_argument(name, required=True)
+        else:
+            parser.add_argument(name)
+    args = parser.parse_args(argv)
+    spec = json.loads(Path(args.spec).read_text())
+    start = time.perf_counter()
+    with audience("cli"):  # its messages reach the parent's command line: flags, not dicts
+        result = work(spec, args)
+    result["process_s"] = time.perf_counter() - start
+    atomic_write(args.result, json.dumps(result, indent=1, default=str) + "\n")
+    return 1 if result.get("status") == "failed" else 0
 
 
 class DataWait:

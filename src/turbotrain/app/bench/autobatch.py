@@ -6,7 +6,6 @@ more memory there (fp32 eager, say) fails with out-of-memory, which the table re
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -15,13 +14,12 @@ from typing import Any
 
 import torch
 
-from ...base.atomic import atomic_write
 from ...base.batch import move_to
 from ...base.config import load_config
 from ...base.errors import TurbotrainError
 from ...core.assembly import build_trainable
 from ...tools.memory import resolve_batch_size
-from ..measure import run_child
+from ..measure import child_main, run_child
 from .contenders import turbotrain_overrides
 from .suite import BenchOptions, row_env
 from .workloads import make_data, resolve_workload, seeded_model, to_spec
@@ -55,9 +53,9 @@ def find_workload_batch(
 ) -> dict[str, Any]:
     """:func:`search` in its own process with a row's environment, so its answer holds for the rows."""
     work_dir = opts.work_dir / f"batch-{name}"
-    args = (name, "--device", opts.device, "--seed", str(opts.seed), "--max-micro", str(max_micro))
+    spec = {"workload": name, "device": opts.device, "seed": opts.seed, "max_micro": max_micro}
     env, log = row_env(work_dir, opts), work_dir / "log.txt"
-    code, result, _ = run_child("turbotrain.app.bench.autobatch", work_dir, None, env, opts.timeout_s, *args)
+    code, result, _ = run_child("turbotrain.app.bench.autobatch", work_dir, spec, env, opts.timeout_s)
     where = f"see {log}" if keep_log else "pass --work-dir DIR to keep its log"
     if code is None:
         raise TurbotrainError(
@@ -72,18 +70,15 @@ def find_workload_batch(
     return result
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("workload")
-    p.add_argument("--device", required=True, choices=("cuda", "cpu"))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-micro", type=int, default=AUTO_MAX_MICRO)
-    p.add_argument("--result", required=True, help="where to write the search as JSON")
-    args = p.parse_args(argv)
-    found = search(args.workload, args.device, args.seed, args.max_micro)
+def child(spec: dict[str, Any], _: argparse.Namespace) -> dict[str, Any]:
+    """:func:`search` in a child process (``--spec``: written by :func:`find_workload_batch`)."""
+    found = search(spec["workload"], spec["device"], spec["seed"], spec["max_micro"])
     print(found["summary"], flush=True)
-    atomic_write(args.result, json.dumps(found, indent=1, default=str) + "\n")
-    return 0
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return child_main(argv, __doc__.splitlines()[0], child)
 
 
 if __name__ == "__main__":

@@ -5,20 +5,18 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ...base.atomic import atomic_write
 from ...base.config import load_config
 from ...base.process import child_env
 from ...core.engine import default_loss
@@ -26,7 +24,7 @@ from ...core.meter.table import render_table
 from ...loop.fit import fit
 from ...loop.hooks import FitContext, Hook
 from ...parts.hardware import device_name
-from ..measure import merge, run_child
+from ..measure import child_main, merge, run_child
 from ..training import build_training
 
 VAL_SEED = 1234  # the held-out batches every run evaluates: the same whatever the run's seed
@@ -296,17 +294,14 @@ def _shared(opts: ToLossOptions) -> dict[str, Any]:
 SHARED = ("contenders", "preset", "overrides", "target_loss", "max_tokens", "max_steps", "eval_every")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """The child: ``python -m turbotrain.app.bench.to_loss --spec JOB.json --result RESULT.json``."""
-    parser = argparse.ArgumentParser(description="one to-loss run (turbotrain bench --to-loss starts these)")
-    parser.add_argument("--spec", required=True)
-    parser.add_argument("--result", required=True)
-    args = parser.parse_args(argv)
-    job: Mapping[str, Any] = json.loads(Path(args.spec).read_text())
+def child(job: dict[str, Any], _: argparse.Namespace) -> dict[str, Any]:
+    """One run in a child process (``--spec JOB.json``, written by :func:`run_to_loss`)."""
     opts = ToLossOptions(**{**job["options"], "seeds": tuple(job["options"]["seeds"])})
-    result = run_one(opts, job["contender"], job["seed"], Path(job["run_dir"]))
-    atomic_write(args.result, json.dumps(result, indent=1, default=str))
-    return 0
+    return run_one(opts, job["contender"], job["seed"], Path(job["run_dir"]))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return child_main(argv, "one to-loss run (turbotrain bench --to-loss starts these)", child)
 
 
 if __name__ == "__main__":

@@ -5,21 +5,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import sys
-import time
 import traceback
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from ...base.atomic import atomic_write
-from ...base.config import audience
 from ...base.version import __version__
 from ...parts.hardware import device_name
+from ..measure import child_main
 from .auto import TRAINERS as CHOSEN_TRAINERS
 from .contenders import CONTENDERS, TRAINERS, SkipContender
 from .protocol import Job, StepClock, init_digest, load_batches
@@ -57,20 +53,11 @@ def run(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("contender")
-    parser.add_argument("--spec", required=True, help="spec JSON written by `turbotrain bench`")
-    parser.add_argument("--result", required=True, help="where to write the result JSON")
-    args = parser.parse_args(argv)
-    spec = json.loads(Path(args.spec).read_text())
-    start = time.perf_counter()
+def row(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """:func:`run` as the row's result: its status and figures, or why it skipped or failed."""
     result: dict[str, Any] = {"contender": args.contender, "pid": os.getpid()}
-    code = 0
     try:
-        # its messages (out-of-memory advice) reach `turbotrain bench`'s table: flags, not dicts
-        with audience("cli"):
-            result.update(status="ok", **run(args.contender, spec))
+        result.update(status="ok", **run(args.contender, spec))
     except SkipContender as exc:
         result.update(status="skipped", reason=str(exc))
     except Exception as exc:  # reported in the table as "failed (...)", with the traceback here
@@ -80,10 +67,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             reason=f"{type(exc).__name__}: {exc}".splitlines()[0][:300],
             traceback=traceback.format_exc()[-4000:],
         )
-        code = 1
-    result["process_s"] = time.perf_counter() - start
-    atomic_write(args.result, json.dumps(result, indent=1, default=str))
-    return code
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return child_main(argv, __doc__ or "", row, "contender")
 
 
 if __name__ == "__main__":

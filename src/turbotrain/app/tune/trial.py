@@ -20,14 +20,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ...base.atomic import atomic_write
-from ...base.config import audience
 from ...base.errors import TurbotrainError
 from ...base.failure import no_setting_fixes, one_line
 from ...core.oom import is_oom
 from ...tools.memory import usable_memory_bytes
 from ...tools.memory.stats import storage_bytes
-from ..measure import Target, build, measure_memory, release, run
+from ..measure import Target, build, child_main, measure_memory, release, run
 
 
 class Progress:
@@ -85,21 +83,13 @@ def find_trial(spec: dict[str, Any]) -> dict[str, Any]:
         release(built)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", required=True)
-    parser.add_argument("--result", required=True)
-    parser.add_argument("--progress", required=True)
-    args = parser.parse_args(argv)
-    spec = json.loads(Path(args.spec).read_text())
-    progress = Progress(Path(args.progress))
+def outcome(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """The trial's result: its status (see the module docstring) and figures."""
     result: dict[str, Any] = {"pid": os.getpid()}
-    code = 0
-    start = time.perf_counter()
     try:
-        # the reasons are printed by `turbotrain tune`: settings read as flags, not dicts
-        with audience("cli"):
-            result.update(find_trial(spec) if spec["mode"] == "find" else measure_trial(spec, progress))
+        result.update(
+            find_trial(spec) if spec["mode"] == "find" else measure_trial(spec, Progress(args.progress))
+        )
     except Exception as exc:
         if is_oom(exc):
             result.update(
@@ -110,12 +100,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             traceback.print_exc()
             result.update(status="failed", reason=one_line(exc))
-            code = 1
         if no_setting_fixes(exc):  # the loss is not a scalar, the loader is empty: no other setting will run
             result["fatal"] = True
-    result["process_s"] = time.perf_counter() - start
-    atomic_write(args.result, json.dumps(result, indent=1, default=str) + "\n")
-    return code
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return child_main(argv, (__doc__ or "").splitlines()[0], outcome, "--progress")
 
 
 if __name__ == "__main__":
