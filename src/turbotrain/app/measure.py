@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -350,17 +350,12 @@ def _build_workload(
     loader = _workload_loader(w.train_loader, target, changes, config.run.seed)
     loss_fn = w.loss_fn or default_loss
     data = DataWait(loader, endless=True)
-    model = w.model
     # prepared as every run is; its micro-batch is the loader's, so the config trains as given
     plan = prepare_config(config, run_dir, workload=w).plan
-    if w.optimizer is None:
-        t = build_trainable(config, model, loader=data, plan=plan)
-        engine, model, optimizer, device_loader = t.engine, t.model, t.optimizer, t.loader
-    else:
-        engine = Engine(config, plan=plan)
-        optimizer = w.optimizer  # setup returns the optimizer it is given
-        model, _, device_loader = engine.setup(model, optimizer, data)
-    assert optimizer is not None and device_loader is not None
+    # the workload's own optimizer when it has one (setup returns the optimizer it is given)
+    t = build_trainable(config, w.model, loader=data, optimizer=w.optimizer, plan=plan)
+    engine, model, device_loader = t.engine, t.model, t.loader
+    assert device_loader is not None
     first = next(iter(loader), None)
     if first is None:  # an empty loader: one line, not a bare StopIteration
         raise TurbotrainError(f"--model {target.model or 'workload'}: train_loader yielded no batch")
@@ -375,7 +370,7 @@ def _build_workload(
         config,
         engine,
         model,
-        optimizer,
+        t.optimizer,
         device_loader,
         data,
         labelled(loss_fn),
@@ -387,12 +382,6 @@ def _build_workload(
         run_dir,
         workload=w,
     )
-
-
-def compile_counters() -> dict[str, int]:
-    """torch.compile's frames compiled and graph breaks so far in this process (0 without dynamo)."""
-    counts = collect_compile_counts()
-    return {"compiled_frames": counts.frames, "graph_breaks": counts.graph_breaks}
 
 
 def graph_break_reasons(limit: int = 3) -> list[str]:
@@ -409,38 +398,35 @@ def measure_memory(built: Built) -> int:
         return trial(built.micro).peak_bytes
 
 
+@dataclass(eq=False)  # a hook: compared by identity
 class _Measure(Hook):
     """Marks every optimizer step on the clock; notes the counters at the end of the warm-up;
     every ``window`` timed steps reports the window's throughput (host clock) to ``on_window``;
     stops the loop after ``total`` steps."""
 
-    KEYS = {"tokens/s": "tokens", "samples/s": "samples"}
+    built: Built
+    clock: StepClock
+    warmup: int
+    steps: int
+    total: int
+    window: int
+    on_window: Callable[[int, float], None] | None
+    on_warm: Callable[[dict[str, Any]], None] | None
+    at_warm: dict[str, Any] = field(default_factory=dict)
+    at_end: dict[str, Any] = field(default_factory=dict)
+    _mark: tuple[float, int] = (0.0, 0)
 
-    def __init__(
-        self,
-        built: Built,
-        clock: StepClock,
-        warmup: int,
-        steps: int,
-        total: int,
-        window: int,
-        on_window: Callable[[int, float], None] | None,
-        on_warm: Callable[[dict[str, Any]], None] | None,
-    ) -> None:
-        self.built, self.clock, self.warmup, self.steps, self.total = built, clock, warmup, steps, total
-        self.window, self.on_window, self.on_warm = window, on_window, on_warm
-        self.at_warm: dict[str, Any] = {}
-        self.at_end: dict[str, Any] = {}
-        self._mark = (0.0, 0)
+    KEYS: ClassVar[dict[str, str]] = {"tokens/s": "tokens", "samples/s": "samples"}
 
     def _count(self) -> dict[str, Any]:
-        s = self.built.engine.state
+        s, compiled = self.built.engine.state, collect_compile_counts()
         return {
             "t": time.perf_counter(),
             "samples": s.samples,
             "tokens": s.tokens,
             "data_s": self.built.data.seconds,
-            **compile_counters(),
+            "compiled_frames": compiled.frames,
+            "graph_breaks": compiled.graph_breaks,
         }
 
     def on_step_end(self, ctx: FitContext) -> None:

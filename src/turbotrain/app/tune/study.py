@@ -30,7 +30,7 @@ import math
 import statistics
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -213,57 +213,39 @@ class Study:
     def _limit(self, budget: int | None) -> float | None:
         return None if budget is None else budget / (1.0 + self.headroom)
 
-    def _tell(
-        self,
-        trial: Any,
-        params: dict[str, Any],
-        status: str,
-        result: dict[str, Any] | None = None,
-        reason: str = "",
-        peak: int | None = None,
-        budget: int | None = None,
-        windows: list[float] | None = None,
-    ) -> None:
+    def _tell(self, trial: Any, params: dict[str, Any], out: Outcome) -> None:
         """Record a trial's outcome: attributes, constraints, memory, and value (else the penalty)."""
         optuna = require_optuna()
-        result = result or {}
-        loss = result.get("parity_loss")
+        loss = out.result.get("parity_loss")
         # NaN/inf: a penalised trial, never a constraint of NaN
-        if status == "ok" and not _finite(loss, result.get("throughput")):
-            status, reason = "failed", f"the loss is {loss} (not finite): these settings do not train"
-            result = {**result, "parity_loss": None}
+        if out.status == "ok" and not _finite(loss, out.result.get("throughput")):
+            why = f"the loss is {loss} (not finite): these settings do not train"
+            out = replace(out, status="failed", reason=why, result={**out.result, "parity_loss": None})
         if (
             self.reference is None
             and trial.user_attrs.get("baseline")
-            and status == "ok"
+            and out.status == "ok"
             and self.base_precision == "fp32"
-            and result.get("parity_loss") is not None
+            and out.result.get("parity_loss") is not None
         ):
-            self._set_reference(result)  # the baseline computes in fp32: it is the reference
-        attrs = self._judge(status, reason, result, peak, budget, windows)
+            self._set_reference(out.result)  # the baseline computes in fp32: it is the reference
+        attrs = self._judge(out)
         for k, v in attrs.items():
             trial.set_user_attr(k, v)
         if not self.legacy_constraints:
             for k, v in zip(CONSTRAINTS, attrs["constraints"]):
                 trial.set_constraint(k, v)
-        if status in ("ok", "over budget", "predicted over budget", "oom") or peak is not None:
-            self.history.append(Measured(params, peak, bool(attrs["over_budget"])))
-        if status == "pruned":
+        if out.status in ("ok", "over budget", "predicted over budget", "oom") or out.peak_bytes is not None:
+            self.history.append(Measured(params, out.peak_bytes, bool(attrs["over_budget"])))
+        if out.status == "pruned":
             self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         else:  # every other outcome is COMPLETE: feasible with its throughput, or the penalty
-            self.study.tell(trial, float(result["throughput"]) if attrs["feasible"] else PENALTY)
+            self.study.tell(trial, float(out.result["throughput"]) if attrs["feasible"] else PENALTY)
 
-    def _judge(
-        self,
-        status: str,
-        reason: str,
-        result: dict[str, Any],
-        peak: int | None,
-        budget: int | None,
-        windows: list[float] | None,
-    ) -> dict[str, Any]:
+    def _judge(self, out: Outcome) -> dict[str, Any]:
         """A trial's attributes: its constraints, whether it is feasible, what it measured."""
-        limit = self._limit(budget)
+        status, result, peak = out.status, out.result, out.peak_bytes
+        limit = self._limit(out.budget_bytes)
         over = peak is not None and limit is not None and peak > limit
         mem = 1.0 if status in ("oom", "predicted over budget") else 0.0
         if peak is not None and limit:
@@ -276,21 +258,21 @@ class Study:
             "status": status
             if status != "ok" or feasible
             else ("loss parity" if parity > 0 else "over budget"),
-            "reason": reason,
+            "reason": out.reason,
             "counted": status not in NOT_COUNTED,
             "constraints": constraints,
             "feasible": feasible,
             "throughput": result.get("throughput"),
             "unit": result.get("throughput_unit"),
             "peak_bytes": peak,
-            "budget_bytes": budget,
+            "budget_bytes": out.budget_bytes,
             "over_budget": over or status in ("oom", "predicted over budget"),
             "parity_loss": result.get("parity_loss"),
             "loss_diff": diff,
             "loss_tol": tol,
             "first_step_s": result.get("first_step_s"),
             "step_ms_median": result.get("step_ms_median"),
-            "windows": windows or [],
+            "windows": out.windows,
             **{k: result.get(k) for k in KEPT},
         }
 
@@ -325,14 +307,14 @@ class Study:
         outcome = self.runner.measure(
             name, changes, report=lambda k, value: self._report(trial, k, value), over_budget=self._over
         )
-        reason = self._pruned_why if outcome.status == "pruned" else outcome.reason
-        o = outcome
-        self._tell(trial, params, o.status, o.result, reason, o.peak_bytes, o.budget_bytes, o.windows)
+        if outcome.status == "pruned":
+            outcome = replace(outcome, reason=self._pruned_why)
+        self._tell(trial, params, outcome)
         self.log(self.describe_trial(self.study.trials[trial.number]))
         if outcome.result.get("fatal"):  # the loss is not a scalar, the loader is empty: no proposal can run
             raise StudyStopped(
                 f"{name} ({'the baseline' if trial.user_attrs.get('baseline') else label}) failed for a "
-                f"reason no setting tune searches changes: {reason}; fix the workload, then run the same "
+                f"reason no setting tune searches changes: {outcome.reason}; fix the workload, then run the same "
                 "command again"
             )
 
@@ -343,7 +325,7 @@ class Study:
         try:
             self.target.config(changes)  # a combination the config refuses costs no process
         except ConfigError as exc:
-            self._tell(trial, params, "invalid", reason=str(exc))
+            self._tell(trial, params, Outcome("invalid", reason=str(exc)))
             self.log(f"{name}: skipped, invalid: {exc}")
             return True
         done = [
@@ -362,7 +344,7 @@ class Study:
         base_micro = int(self.base.batch.micro) if isinstance(self.base.batch.micro, int) else 1
         why = predicted_over(params, self.history, self._limit(budget), base_micro)
         if why:
-            self._tell(trial, params, "predicted over budget", reason=why, budget=budget)
+            self._tell(trial, params, Outcome("predicted over budget", reason=why, budget_bytes=budget))
             self.log(f"{name}: not run, predicted over the memory budget ({why}); {label}")
             return True
         return False
