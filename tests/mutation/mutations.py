@@ -411,8 +411,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "run-probe-without-recompute",
         "src/turbotrain/loop/monitor/flops.py",
-        "    args = (flops.source, devices, tokens_per_sample, flops.recompute, flops.convention)",
-        "    args = (flops.source, devices, tokens_per_sample, 0.0, flops.convention)  # mutation: recomputation dropped",
+        "    args = (flops.source, devices, flop_tokens_per_sample(example_batch), flops.recompute, flops.convention)",
+        "    args = (flops.source, devices, flop_tokens_per_sample(example_batch), 0.0, flops.convention)  # mutation",
         ("tests/unit/test_mfu_counts.py::test_recomputation_is_counted_apart_from_the_model_flops",),
         "a run with activation checkpointing records no HFU and no recomputation FLOPs",
     ),

@@ -136,13 +136,9 @@ class MfuProbe:
         recompute_per_sample: float = 0.0,
         convention: str = "",
     ) -> None:
-        self.flops_per_sample = flops_per_sample
-        self.recompute_per_sample = recompute_per_sample
-        self.convention = convention
+        self.flops_per_sample, self.recompute_per_sample = flops_per_sample, recompute_per_sample
+        self.spec, self.precision, self.source, self.convention = spec, precision, source, convention
         self.tokens_per_sample = tokens_per_sample  # of the example the FLOPs were counted on; 0: no tokens
-        self.spec = spec
-        self.precision = precision
-        self.source = source
         self.devices = devices  # data parallel: the record's samples/s are the world's, so is the peak
 
     def peak_tflops(self, precision: str | None = None) -> float | None:
@@ -194,10 +190,9 @@ def build_mfu_probe(
 ) -> MfuProbe:
     """An :class:`MfuProbe` for ``model``: FLOPs on ``example_batch``, the peak from the device's name."""
     flops = estimate_flops(model, move_to(example_batch, device), loss_fn, autocast)
-    tokens_per_sample = flop_tokens_per_sample(example_batch)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     spec = lookup_peak(name) if device.type == "cuda" else None
     if spec is None:
         log.debug("MFU left out: no datasheet peak for %s (achieved TFLOP/s is still recorded)", name)
-    args = (flops.source, devices, tokens_per_sample, flops.recompute, flops.convention)
+    args = (flops.source, devices, flop_tokens_per_sample(example_batch), flops.recompute, flops.convention)
     return MfuProbe(flops.model, spec, precision, *args)

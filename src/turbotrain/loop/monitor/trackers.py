@@ -17,6 +17,7 @@ from typing import Any
 
 from ...base.atomic import atomic_write
 from ...base.errors import TurbotrainError
+from ...base.failure import one_line
 from ...base.records import numbers
 from ...base.rundir import METRICS_FILE, TENSORBOARD_DIR, TRACKERS_FILE
 from .sinks import JsonlSink, TensorBoardSink
@@ -88,8 +89,7 @@ def _wandb_init(wandb: Any, run_dir: Path, ids: dict[str, Any], **more: Any) -> 
     settings = wandb.Settings(
         silent=True, console="off", x_disable_stats=True, save_code=False, disable_git=True
     )
-    mode = ids.get("mode", "offline")
-    project = ids.get("project")
+    mode, project = ids.get("mode", "offline"), ids.get("project")
     return wandb.init(
         project=project, id=ids["id"], resume="allow", mode=mode, dir=str(run_dir), settings=settings, **more
     )
@@ -109,10 +109,6 @@ class _StepLoggedRun:
         if self.run is not None:
             self.run.finish()
             self.run = None
-            self.finished()
-
-    def finished(self) -> None:  # what else the tracker ends after its run
-        pass
 
 
 class WandbSink(_StepLoggedRun):
@@ -127,8 +123,10 @@ class WandbSink(_StepLoggedRun):
             self.wandb, run_dir, ids, name=options.name or run_dir.name, config=options.config
         )
 
-    def finished(self) -> None:
-        self.wandb.teardown()  # ends the wandb-core service and its threads
+    def close(self) -> None:
+        if self.run is not None:
+            super().close()
+            self.wandb.teardown()  # ends the wandb-core service and its threads
 
 
 def _publish_wandb(run_dir: Path, ids: dict[str, Any], summary: dict[str, Any], files: list[Path]) -> None:
@@ -202,11 +200,11 @@ class MlflowSink:
         if time.monotonic() - self._flushed_at >= self.flush_every_s:
             self.flush()
 
-    def flush(self) -> None:
-        if self.client is not None:
-            self.flush_to(self.client)
-
-    def flush_to(self, client: Any) -> None:
+    def flush(self, client: Any = None) -> None:
+        """The batched records to the store (``client``: the one :meth:`close` took over)."""
+        client = client or self.client
+        if client is None:
+            return
         pending, self._pending = self._pending, []
         self._flushed_at = time.monotonic()
         for i in range(0, len(pending), 1000):  # MLflow takes at most 1000 metrics a batch
@@ -216,7 +214,7 @@ class MlflowSink:
         if self.client is not None:
             client, self.client = self.client, None
             try:
-                self.flush_to(client)
+                self.flush(client)
                 client.set_terminated(self.run_id)
             finally:
                 self._quiet.setLevel(self._level)
@@ -326,9 +324,7 @@ def _first_line(exc: BaseException) -> str:
     while (cause := chain[-1].__cause__ or chain[-1].__context__) is not None and len(chain) < 10:
         chain.append(cause)
     system = (e for e in reversed(chain) if isinstance(e, OSError) or type(e).__name__ == "OperationalError")
-    inner = next((e for e in system if str(e).strip()), exc)
-    text = str(inner).strip()
-    return f"{type(inner).__name__}: {text.splitlines()[0] if text else ''}"[:400]
+    return one_line(next((e for e in system if str(e).strip()), exc))
 
 
 def _store_error(name: str, run_dir: Path, options: TrackerOptions, exc: BaseException) -> TurbotrainError:
