@@ -1,6 +1,7 @@
 """Checkpoints that survive crashes and never execute code on load (docs/checkpoints.md): writing
 is here (:class:`Checkpointer`, :func:`save_checkpoint`, :func:`save_sharded`), restoring in
-:mod:`.restore`, the other modules one concern each."""
+:mod:`.restore`, the other modules one concern each. The public names of the old
+``loop/checkpoint.py`` and ``loop/sharded.py`` keep importing from here (``turbotrain.MOVED``)."""
 
 from __future__ import annotations
 
@@ -46,54 +47,6 @@ from .sharded_write import save_folder
 from .state import RunState, Stateful, reseed, run_state
 
 log = logging.getLogger(__name__)
-
-# the public names of the old loop/checkpoint.py keep importing from here; of the old loop/sharded.py,
-# the ones docs/api.md lists (its other helpers moved to the modules of their concern, not public)
-__all__ = [
-    "BackgroundWrite",
-    "Checkpointer",
-    "FORMAT",
-    "MARKER",
-    "RunState",
-    "ShapeMismatch",
-    "Stateful",
-    "checkpoint_dir",
-    "checkpoint_path",
-    "checkpoint_step",
-    "clean_unfinished",
-    "finished_checkpoints",
-    "is_finished",
-    "is_verified",
-    "latest_verified",
-    "list_checkpoints",
-    "load_latest",
-    "load_latest_weights",
-    "load_model_weights",
-    "model_settings_changed",
-    "model_shapes",
-    "newest_usable",
-    "prune",
-    "read_marker",
-    "read_metadata",
-    "reseed",
-    "restore_latest",
-    "rng_state",
-    "run_state",
-    "save_checkpoint",
-    "save_sharded",
-    "saved_model_tensors",
-    "saved_world",
-    "seed_all",
-    "set_rng_state",
-    "sha256_of",
-    "shape_problem",
-    "sharded_parts",
-    "sidecar",
-    "split_state",
-    "stage_to_host",
-    "unreadable",
-    "write_sharded",
-]
 
 
 def save_checkpoint(folder: Path, step: int, payload: dict[str, Any], keep_last: int = 3) -> Path:

@@ -13,21 +13,3 @@ from .loader import (
 )
 from .prefetch import DevicePrefetcher
 from .sources import TokenSource, TokenSplit, check_vocab, open_tokens, stdlib_files
-
-__all__ = [
-    "DevicePrefetcher",
-    "LoaderSettings",
-    "Position",
-    "RandomWindowSampler",
-    "TokenSource",
-    "TokenSplit",
-    "TokenWindows",
-    "build_loader",
-    "check_vocab",
-    "default_num_workers",
-    "fixed_batches",
-    "open_tokens",
-    "resolve_loader_settings",
-    "stdlib_files",
-    "tune_loader",
-]

@@ -6,17 +6,3 @@ from .gpt import GPT, GPTConfig, clear_mask_cache
 from .mlp import TinyMLP
 from .moe import MoEConfig, MoEGPT
 from .registry import FAMILIES, register_family, spec_for
-
-__all__ = [
-    "FAMILIES",
-    "CifarResNet",
-    "GPT",
-    "GPTConfig",
-    "MoEConfig",
-    "MoEGPT",
-    "ResNet",
-    "TinyMLP",
-    "clear_mask_cache",
-    "register_family",
-    "spec_for",
-]

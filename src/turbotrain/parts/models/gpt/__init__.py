@@ -3,14 +3,3 @@ and its spec (:mod:`.spec`)."""
 
 from .model import GPT, Block, CausalSelfAttention, GPTConfig, causal_mask, clear_mask_cache, mask_cache_size
 from .settings import GPTSettings
-
-__all__ = [
-    "GPT",
-    "Block",
-    "CausalSelfAttention",
-    "GPTConfig",
-    "GPTSettings",
-    "causal_mask",
-    "clear_mask_cache",
-    "mask_cache_size",
-]

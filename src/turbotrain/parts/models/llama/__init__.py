@@ -4,5 +4,3 @@ and its spec (:mod:`.spec`); one line of :mod:`turbotrain.parts.models.registry`
 
 from .model import Llama, LlamaConfig, apply_rotary, rotary_angles
 from .settings import LlamaSettings
-
-__all__ = ["Llama", "LlamaConfig", "LlamaSettings", "apply_rotary", "rotary_angles"]

@@ -5,23 +5,3 @@ from .experts import expert_counts, load_balance_loss, route
 from .grow import grow_experts, grown_loads, grown_order, new_positions, regrown
 from .layer import EXTRA_STATE_KEY, MoE, aux_loss, end_optimizer_step, follow_optimizer_steps, moe_layers
 from .model import MoEConfig, MoEGPT, MoEMLP
-
-__all__ = [
-    "EXTRA_STATE_KEY",
-    "MoE",
-    "MoEConfig",
-    "MoEGPT",
-    "MoEMLP",
-    "aux_loss",
-    "end_optimizer_step",
-    "expert_counts",
-    "follow_optimizer_steps",
-    "grow_experts",
-    "grown_loads",
-    "grown_order",
-    "load_balance_loss",
-    "moe_layers",
-    "new_positions",
-    "regrown",
-    "route",
-]
