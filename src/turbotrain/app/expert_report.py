@@ -73,28 +73,22 @@ def markdown(section: dict[str, Any] | None) -> list[str]:
 
 def write_plots(data: dict[str, Any], out_dir: Path, subtitle: str = "") -> list[str]:
     """The two plots; returns the files written (relative to the run directory)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     history = [h for h in data["history"] if h.get("load") and sum(map(sum, h["load"]))]
     written: list[str] = []
     out_dir.mkdir(parents=True, exist_ok=True)
     title_end = f"\n{subtitle}" if subtitle else ""
     p = data.get("placement") or {}
     for name, fig in (
-        (LOAD_PLOT, _load_figure(plt, data, history, title_end) if history else None),
-        (PLACEMENT_PLOT, _placement_figure(plt, data["n_experts"], p, title_end) if p.get("ranks") else None),
+        (LOAD_PLOT, _load_figure(data, history, title_end) if history else None),
+        (PLACEMENT_PLOT, _placement_figure(data["n_experts"], p, title_end) if p.get("ranks") else None),
     ):
         if fig is not None:
             atomic_write(out_dir / name, lambda fh: fig.savefig(fh, format="png", bbox_inches="tight"))
-            plt.close(fig)
             written.append(f"{out_dir.name}/{name}")
     return written
 
 
-def _load_figure(plt: Any, data: dict[str, Any], history: list[dict[str, Any]], title_end: str) -> Any:
+def _load_figure(data: dict[str, Any], history: list[dict[str, Any]], title_end: str) -> Any:
     """Each expert's share of the routed tokens (stacked) above the max/mean load; growths marked."""
     steps = [h["step"] for h in history]
     n = data["n_experts"]
@@ -103,9 +97,13 @@ def _load_figure(plt: Any, data: dict[str, Any], history: list[dict[str, Any]], 
         [sum(row[e] for row in h["load"] if e < len(row)) / max(sum(map(sum, h["load"])), 1) for h in history]
         for e in range(n)
     ]
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(8, 7), dpi=110, sharex=True, height_ratios=(3, 2))
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure  # no pyplot: no global figure to close
+
+    fig = Figure(figsize=(8, 7), dpi=110)
+    ax, ax2 = fig.subplots(2, 1, sharex=True, height_ratios=(3, 2))
     fig.subplots_adjust(hspace=0.25)
-    cmap = plt.get_cmap("tab20" if n > 10 else "tab10")
+    cmap = colormaps["tab20" if n > 10 else "tab10"]
     grown = data.get("grown") or []  # moe.grow_at_step: the new experts named, the step marked
     born = {e: g["step"] for g in grown for e in g.get("new", [])}
     ax.stackplot(
@@ -132,11 +130,14 @@ def _load_figure(plt: Any, data: dict[str, Any], history: list[dict[str, Any]], 
     return fig
 
 
-def _placement_figure(plt: Any, n: int, p: dict[str, Any], title_end: str) -> Any:
+def _placement_figure(n: int, p: dict[str, Any], title_end: str) -> Any:
     """Which rank holds which expert, as a grid of ranks by experts."""
     ranks = p["ranks"]
     grid = [[1.0 if e in held else 0.0 for e in range(n)] for held in ranks]
-    fig, ax = plt.subplots(figsize=(max(5, 0.5 * n + 2), max(2.2, 0.5 * len(ranks) + 1.5)), dpi=110)
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(max(5, 0.5 * n + 2), max(2.2, 0.5 * len(ranks) + 1.5)), dpi=110)
+    ax = fig.subplots()
     ax.imshow(grid, cmap="Blues", vmin=0, vmax=1.4, aspect="auto")
     for r, held in enumerate(ranks):
         for e in held:
