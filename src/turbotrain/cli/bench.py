@@ -279,14 +279,16 @@ def main_inference(args: argparse.Namespace, extra: list[str]) -> int:
         "load_avg_1m": os.getloadavg()[0],  # a shared CPU's other work slows every row
         "command": _cli_command(),
     }
-    text = render_inference(doc)
-    print(text, flush=True)
-    if args.out:
-        _write(Path(args.out), f"{Path(label.partition(':')[0]).stem}-inference", doc, text)
+    _emit(args.out, f"{Path(label.partition(':')[0]).stem}-inference", doc, render_inference(doc))
     return 0
 
 
-def _write(out: Path, stem: str, doc: dict[str, Any], text: str) -> None:
+def _emit(out_dir: str | None, stem: str, doc: dict[str, Any], text: str) -> None:
+    """Print ``text``; with ``--out``, write it and ``doc`` as ``<stem>.md`` and ``<stem>.json`` there."""
+    print(text, flush=True)
+    if not out_dir:
+        return
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / f"{stem}.json", json.dumps(doc, indent=1, default=str) + "\n")
     atomic_write(
@@ -325,10 +327,7 @@ def main_to_loss(args: argparse.Namespace, extra: list[str]) -> int:
         exit_on_sigterm()
         doc = run_to_loss(opts, log=lambda line: print(line, file=sys.stderr, flush=True))
     doc["command"] = _cli_command()
-    text = render_to_loss(doc)
-    print(text, flush=True)
-    if args.out:
-        _write(Path(args.out), f"{opts.preset}-to-loss", doc, text)
+    _emit(args.out, f"{opts.preset}-to-loss", doc, render_to_loss(doc))
     return 0 if any(r["reached"] for r in doc["rows"]) or args.to_loss is None else 1
 
 

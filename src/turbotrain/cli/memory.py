@@ -14,9 +14,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ..app.prepare import default_preset
+from ..app.measure import Target
 from ..base.batch import batch_size, move_to
-from ..base.config import RunConfig, load_config, parse_overrides
+from ..base.config import RunConfig
 from ..base.errors import ConfigError, TurbotrainError
 from ..base.failure import workload_failed
 from ..base.units import GIB, unit_for
@@ -34,7 +34,7 @@ from ..tools.memory.stats import (
     measure_step_memory,
     resolve_precision_name,
 )
-from .options import TARGET_OPTIONS, Options, add_command, switch
+from .options import TARGET_OPTIONS, Options, add_command, switch, target_of
 
 ROWS = [
     ("parameters", "params_bytes"),
@@ -120,9 +120,9 @@ def estimate_modes(
     return estimates, []
 
 
-def preset_report(args: argparse.Namespace, overrides: dict[str, dict[str, str]]) -> Report:
+def preset_report(args: argparse.Namespace, target: Target) -> Report:
     """The preset's GPT: estimated on the meta device, measured on a batch of random tokens."""
-    config = load_config(args.preset or default_preset(), overrides)
+    config = target.config()
     micro = args.micro if args.micro is not None else config.batch.micro
     micro = micro if isinstance(micro, int) else 8
     precision = resolve_precision_name(config)
@@ -142,12 +142,10 @@ def preset_report(args: argparse.Namespace, overrides: dict[str, dict[str, str]]
     return Report(config, what, micro, precision, estimates, measured, notes)
 
 
-def workload_report(args: argparse.Namespace, overrides: dict[str, dict[str, str]]) -> Report:
+def workload_report(args: argparse.Namespace, target: Target) -> Report:
     """``--model FILE.py:FUNC``: its model and loss on the first batch of its train_loader (rebuilt
     without workers), estimated on a copy on the meta device, measured on the config's device."""
-    config = load_config(
-        args.preset, {**overrides, "model": {**overrides.get("model", {}), "workload": args.model}}
-    )
+    config = target.config({"model": {"workload": args.model}})
     w = load_workload(args.model, seed=config.run.seed)
     loader = w.train_loader
     if args.micro is not None or isinstance(loader, DataLoader):
@@ -176,9 +174,9 @@ def workload_report(args: argparse.Namespace, overrides: dict[str, dict[str, str
 def main_memory(args: argparse.Namespace, extra: list[str]) -> int:
     if args.micro is not None and args.micro < 1:
         raise ConfigError(f"--micro = {args.micro} must be >= 1")
-    overrides = parse_overrides(extra)
+    target = target_of(args, extra)
     try:
-        r = (workload_report if args.model else preset_report)(args, overrides)
+        r = (workload_report if args.model else preset_report)(args, target)
     except Exception as exc:  # the user's own forward or loss failing on its batch: one line
         failed = workload_failed(f"memory --model {args.model}", exc) if args.model else None
         if failed is None:
