@@ -156,13 +156,8 @@ def collect_hardware(device: torch.device | str) -> dict[str, Any]:
     }
     if device.type == "cuda":
         gpu = _gpu(device.index if device.index is not None else torch.cuda.current_device())
-        out.update(
-            name=gpu["name"],
-            compute_capability=gpu["compute_capability"],
-            memory_gib=gpu["memory_gib"],
-            datasheet=gpu["datasheet"],
-            driver=collect_nvml().get("driver"),
-        )
+        out.update({k: gpu[k] for k in ("name", "compute_capability", "memory_gib", "datasheet")})
+        out["driver"] = collect_nvml().get("driver")
     else:
         out.update(name=out["cpu"], datasheet=None)
     return out

@@ -35,13 +35,12 @@ def resume_from(
     state: RunState,
     engine: Engine,
     data: RunData,
-    world: int,
-    rank: int,
     batch_given: bool,
     scheduler: Any = None,
 ) -> str:
     """Load the newest finished checkpoint of ``run_dir`` into ``state``, set the data position after
     it and re-plan ``scheduler``; returns its name ("" when there is none)."""
+    rank, world = engine.strategy.rank, engine.strategy.world
     if not finished_checkpoints(run_dir / CHECKPOINTS):
         log.info(
             "%s has no finished checkpoint (it stopped before its first one): training from step 0", run_dir

@@ -207,17 +207,13 @@ def _check_watch(run: PreparedRun) -> None:
 def _state(run: PreparedRun, a: Assembled, watch: MetricWatch | None) -> tuple[RunState, str]:
     """What checkpoints save and a resume loads, and (a resume) the checkpoint it loaded."""
     c, t = a.config, a.trainable
-    engine = t.engine
     # the config rides along for reference only: a resume reads config.toml
     config = (lambda: to_toml(c), lambda _: None)
     best = {"best": watch} if watch is not None else None
-    state = run_state(engine, t.model, t.optimizer, t.scheduler, config=config, optional=best)
+    state = run_state(t.engine, t.model, t.optimizer, t.scheduler, config=config, optional=best)
     if not run.resume:
         return state, ""
-    rank, world = engine.strategy.rank, engine.strategy.world
-    return state, resume_from(
-        c, run.run_dir, state, engine, a.data, world, rank, run.batch_given, t.scheduler
-    )
+    return state, resume_from(c, run.run_dir, state, t.engine, a.data, run.batch_given, t.scheduler)
 
 
 def _resolved(a: Assembled, spec: ModelSpec, settings: LoaderSettings) -> dict[str, Any]:
