@@ -32,11 +32,6 @@ class EpochLog(Hook):
     def on_fit_start(self, ctx: FitContext) -> None:
         self._start = time.perf_counter()
 
-    def _add_loss(self, loss: torch.Tensor | None) -> None:
-        """One step's loss for the epoch's mean: a device copy (a CUDA-graph replay overwrites it)."""
-        if loss is not None:
-            self._losses.append(loss.detach().clone())
-
     def _take_mean_loss(self) -> float | None:
         """The mean of the epoch's finite step losses, or None; and start over."""
         losses, self._losses = self._losses, []
@@ -50,7 +45,8 @@ class EpochLog(Hook):
 
     def on_step_end(self, ctx: FitContext) -> None:
         step = ctx.engine.state.step
-        self._add_loss(ctx.engine.last_loss)
+        if ctx.engine.last_loss is not None:  # a device copy: a CUDA-graph replay overwrites it
+            self._losses.append(ctx.engine.last_loss.detach().clone())
         if step % self.steps_per_epoch:
             return
         now = time.perf_counter()

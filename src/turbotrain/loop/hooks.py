@@ -84,8 +84,7 @@ class StopAfter(Hook):
     """End this invocation after ``step``; one that starts at or past it (a resume) is not stopped."""
 
     def __init__(self, step: int) -> None:
-        self.step = step
-        self.start_step = 0
+        self.step, self.start_step = step, 0
 
     def on_fit_start(self, ctx: FitContext) -> None:
         self.start_step = ctx.engine.state.step
@@ -111,13 +110,10 @@ class StopOnSignal(Hook):
         self._pending = ""  # a signal seen here, not yet agreed on
 
     def _first(self, name: str) -> None:
-        reason = f"signal {name}"
-        if self._ctx is None:
-            return
-        if self.agree is None:
-            self._ctx.request_stop(reason)
-        else:
-            self._pending = reason
+        if self._ctx is not None and self.agree is None:
+            self._ctx.request_stop(f"signal {name}")
+        elif self._ctx is not None:
+            self._pending = f"signal {name}"
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self._ctx is None or self._ctx.should_stop or self._pending:

@@ -163,9 +163,7 @@ class Monitor(Hook):
     def tick(self, step: int) -> None:
         """Step ``step`` is done: the progress bar advances; no record, no device read."""
         for sink in self.sinks:  # read each step, so a sink added after the Monitor is built ticks too
-            tick = getattr(sink, "tick", None)
-            if callable(tick):
-                tick(step)
+            getattr(sink, "tick", lambda step: None)(step)
 
     def _emit(self, record: dict[str, Any], probes: Iterable[Probe]) -> dict[str, Any]:
         for probe in probes:

@@ -44,9 +44,7 @@ class MemoryProbe:
         limit_bytes: int | None = None,
         read: Callable[[], dict[str, int]] | None = None,
     ) -> None:
-        self.device = device
-        self.every = every
-        self.warn_fraction = warn_fraction
+        self.device, self.every, self.warn_fraction = device, every, warn_fraction
         self.limit_what = f"the cap ({cap_fraction:g} of the device)" if cap_fraction > 0 else "the device's"
         if limit_bytes is None and warn_fraction > 0:
             total = device_total_bytes(device)
@@ -71,9 +69,7 @@ class MemoryProbe:
                 mem_peak_gib=gib(counters["peak"]),
             )
         warning = self.check(counters["peak_reserved"])
-        if warning:
-            out[MEMORY_WARNING] = warning
-        return out
+        return {**out, MEMORY_WARNING: warning} if warning else out
 
     def check(self, used_bytes: int) -> str | None:
         """The warning (also logged) the first time ``used_bytes`` reaches the limit's fraction."""

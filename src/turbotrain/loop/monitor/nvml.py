@@ -35,8 +35,7 @@ class NvmlSampler:
         self.handle = nvml_handle(cuda_index) if torch.cuda.is_available() else None
         self.available = self.handle is not None
         self._samples: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
+        self._lock, self._stop = threading.Lock(), threading.Event()
         self._thread: threading.Thread | None = None
 
     def sample(self) -> dict[str, Any]:
@@ -79,8 +78,7 @@ class UtilisationWatch:
     seconds, one warning naming ``turbotrain profile``. The first window (warm-up) is skipped."""
 
     def __init__(self, threshold_pct: float = 80.0, after_s: float = 120.0) -> None:
-        self.threshold_pct = threshold_pct
-        self.after_s = after_s
+        self.threshold_pct, self.after_s = threshold_pct, after_s
         self.low_s = 0.0  # seconds of consecutive low windows so far
         self.lows: list[float] = []  # their utilisation
         self._last_s: float | None = None  # elapsed_s of the previous record
