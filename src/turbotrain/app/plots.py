@@ -220,15 +220,6 @@ def _save_png(fig: Any, path: Path) -> None:
     atomic_write(path, lambda f: image.save(f, format="png", dpi=(DPI, DPI), compress_level=COMPRESS))
 
 
-def _draw(spec: PlotSpec, records: list[dict[str, Any]], path: Path, subtitle: str) -> bool:
-    """Render one plot; False when none of its series has data."""
-    fig = _figure(spec, records, subtitle)
-    if fig is None:
-        return False
-    _save_png(fig, path)
-    return True
-
-
 def write_plots(records: list[dict[str, Any]], out_dir: Path, subtitle: str) -> tuple[list[str], list[str]]:
     """PNG files written (relative to the run directory) and one line per plot skipped."""
     written: list[str] = []
@@ -237,7 +228,9 @@ def write_plots(records: list[dict[str, Any]], out_dir: Path, subtitle: str) -> 
         return written, ["all plots: no metrics records"]
     out_dir.mkdir(parents=True, exist_ok=True)
     for spec in plots_for(records):
-        if _draw(spec, records, out_dir / spec.file, subtitle):
+        fig = _figure(spec, records, subtitle)
+        if fig is not None:
+            _save_png(fig, out_dir / spec.file)
             written.append(f"{out_dir.name}/{spec.file}")
             if spec.file == "mfu.png" and not key_values(records, "mfu"):
                 skipped.append(f"{spec.file}: shows achieved TFLOP/s only; {spec.missing}")
