@@ -60,6 +60,7 @@ def _run(argv: Sequence[str] | None) -> int:
         return 2
     if extra and not getattr(args, "accepts_overrides", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what reproduces the run (bench's results)
     name = args.command.__name__.removeprefix("main_")  # main_train -> train
     try:
         with audience("cli"):  # errors name flags (--section.key=value)

@@ -164,7 +164,7 @@ def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
             "--rows picks rows of one --matrix (precision or ablation) at a time; "
             "--compare takes --contenders"
         )
-    command = _cli_command() or canonical_command(args)
+    command = _command(args)
     exit_on_sigterm()  # so a running row is ended too (see process.run_process)
     outcomes: list[dict[str, Any]] = []  # every row of every report: did any measure?
     same = "seed timeout_s handtuned_compile repeat compile_cache threads auto_planned_steps".split()
@@ -277,7 +277,7 @@ def main_inference(args: argparse.Namespace, extra: list[str]) -> int:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "load_avg_1m": os.getloadavg()[0],  # a shared CPU's other work slows every row
-        "command": _cli_command(),
+        "command": _command(args),
     }
     _emit(args.out, f"{Path(label.partition(':')[0]).stem}-inference", doc, render_inference(doc))
     return 0
@@ -326,7 +326,7 @@ def main_to_loss(args: argparse.Namespace, extra: list[str]) -> int:
         )
         exit_on_sigterm()
         doc = run_to_loss(opts, log=lambda line: print(line, file=sys.stderr, flush=True))
-    doc["command"] = _cli_command()
+    doc["command"] = _command(args)
     _emit(args.out, f"{opts.preset}-to-loss", doc, render_to_loss(doc))
     return 0 if any(r["reached"] for r in doc["rows"]) or args.to_loss is None else 1
 
@@ -347,35 +347,6 @@ def _exit_code(rows: list[dict[str, Any]]) -> int:
     return 1
 
 
-def canonical_command(args: argparse.Namespace) -> str:
-    """A command line that reproduces ``args`` (for in-process calls, where sys.argv is not ours)."""
-    words = ["turbotrain", "bench"]
-    if args.model:
-        words += ["--model", args.model]
-    if args.workload:
-        words += ["--workload", args.workload]
-    if args.compare:
-        words.append("--compare")
-    for kind in args.matrix:
-        words += ["--matrix", kind]
-    if args.rows:
-        words += ["--rows", args.rows]
-    words += ["--contenders", args.contenders, "--device", args.device, "--seed", str(args.seed)]
-    for flag, value in (
-        ("--repeat", args.repeat),
-        ("--threads", args.threads or None),
-        ("--auto-planned-steps", getattr(args, "auto_planned_steps", 10_000)),
-        ("--batch", args.batch),
-        ("--warmup", args.warmup),
-        ("--steps", args.steps),
-        ("--out", args.out),
-    ):
-        if value is not None:
-            words += [flag, str(value)]
-    return shlex.join(words)
-
-
-def _cli_command() -> str | None:
-    """This process's command line when it is ``turbotrain bench`` (or ``python -m turbotrain``);
-    None for an in-process call, where sys.argv is not ours."""
-    return "turbotrain " + shlex.join(sys.argv[1:]) if len(sys.argv) > 1 and sys.argv[1] == "bench" else None
+def _command(args: argparse.Namespace) -> str:
+    """The command line that ran (or, called in-process, would run) this bench."""
+    return "turbotrain " + shlex.join(args.argv)
