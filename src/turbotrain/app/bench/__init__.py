@@ -1,15 +1,2 @@
 """``turbotrain bench``: contenders side by side, the precision matrix and the optimization ablation,
 each row in its own process on the same model, data, seed and global batch (docs/bench.md)."""
-
-from .suite import BenchOptions, run_ablation, run_compare, run_precision_matrix
-from .workloads import WORKLOADS, BenchWorkload, resolve_workload
-
-__all__ = [
-    "BenchOptions",
-    "WORKLOADS",
-    "BenchWorkload",
-    "resolve_workload",
-    "run_ablation",
-    "run_compare",
-    "run_precision_matrix",
-]

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +193,22 @@ def compare_to(rows: list[dict[str, Any]], ref: dict[str, Any] | None, *, speed_
 
 
 def _base(kind: str, w: BenchWorkload, opts: BenchOptions, flops: float, flops_method: str) -> dict[str, Any]:
+    cpu = opts.device == "cpu"
+    timing = [
+        "median of the timed steps; warm-up and compilation excluded (reported as time to first step)",
+        "CUDA events, synchronized before reading" if opts.device == "cuda" else "host clock",
+    ]
+    if opts.repeat > 1:
+        timing.append(
+            f"each row run in {opts.repeat} processes round-robin, the run with the median step time reported"
+        )
+    if opts.compile_cache == "shared":
+        timing.append(
+            "compile caches shared between rows (a later row may reuse an earlier row's compilation, so its "
+            "time to first step is a lower bound)"
+        )
+    if opts.threads:
+        timing.append(f"{opts.threads} CPU thread(s) per row")
     return {
         "kind": kind,
         "workload": {**asdict(w), "describe": w.describe()},
@@ -208,35 +225,10 @@ def _base(kind: str, w: BenchWorkload, opts: BenchOptions, flops: float, flops_m
         "mfu_basis": "model FLOPs per step / median step time / the GPU's dense datasheet peak for the precision "
         "each row computes in (turbotrain.parts.hardware); omitted when the device is unknown or a CPU",
         "repeat": opts.repeat,
-        "timing": "median of the timed steps; warm-up and compilation excluded (reported as time to first step); "
-        + ("CUDA events, synchronized before reading" if opts.device == "cuda" else "host clock")
-        + (
-            f"; each row run in {opts.repeat} processes round-robin, the run with the median step time reported"
-            if opts.repeat > 1
-            else ""
-        )
-        + (
-            "; compile caches shared between rows (a later row may reuse an earlier row's compilation, so its "
-            "time to first step is a lower bound)"
-            if opts.compile_cache == "shared"
-            else ""
-        )
-        + (f"; {opts.threads} CPU thread(s) per row" if opts.threads else "")
-        + (". CPU shared with other processes: timings are noisy" if opts.device == "cpu" else ""),
+        "timing": "; ".join(timing) + (". CPU shared with other processes: timings are noisy" if cpu else ""),
         "compile_cache": opts.compile_cache,
         "threads": opts.threads or None,
     }
-
-
-def _prepare(w: BenchWorkload, opts: BenchOptions, tag: str) -> tuple[dict[str, Any], float, str]:
-    opts.work_dir.mkdir(parents=True, exist_ok=True)
-    data = write_data(w, opts.seed, opts.work_dir / f"{w.name}-{tag}-data.pt")
-    flops, method = flops_per_step(w)
-    return to_spec(w, device=opts.device, seed=opts.seed, data_file=data), flops, method
-
-
-def _device_name(rows: list[dict[str, Any]]) -> str | None:
-    return next((r["device_name"] for r in rows if r.get("device_name")), None)
 
 
 def _log_row(opts: BenchOptions, row: dict[str, Any], label: str) -> None:
@@ -252,45 +244,61 @@ def _log_row(opts: BenchOptions, row: dict[str, Any], label: str) -> None:
 def run_compare(w: BenchWorkload, opts: BenchOptions, contenders: list[str] | None = None) -> dict[str, Any]:
     """Every contender on the same model, data, seed and batch, each in its own process."""
     names = _contender_names(w, opts.device, contenders)
-    spec, flops, method = _prepare(w, opts, "compare")
-    opts.log(f"compare: {w.describe()}")
-    specs = {
-        "handtuned": {**spec, "handtuned": {"compile": opts.handtuned_compile}},
-        "turbotrain-auto": {**spec, "auto_planned_steps": opts.auto_planned_steps},
-    }
-    if opts.profile_dir:
-        specs["turbotrain"] = {
-            **spec,
-            "profile_steps": opts.profile_steps,
-            "profile_dir": str(opts.profile_dir),
+
+    def jobs(spec: dict[str, Any]) -> list[RowJob]:
+        specs = {
+            "handtuned": {**spec, "handtuned": {"compile": opts.handtuned_compile}},
+            "turbotrain-auto": {**spec, "auto_planned_steps": opts.auto_planned_steps},
         }
-    jobs = [
-        RowJob(
-            n,
-            n,
-            specs.get(n, spec),
-            skip=CONTENDERS[n].unavailable(opts.device) or "",
-            extra={"title": CONTENDERS[n].title},
-        )
-        for n in names
-    ]
+        if opts.profile_dir:
+            profile = {"profile_steps": opts.profile_steps, "profile_dir": str(opts.profile_dir)}
+            specs["turbotrain"] = {**spec, **profile}
+        return [
+            RowJob(
+                n,
+                n,
+                specs.get(n, spec),
+                CONTENDERS[n].unavailable(opts.device) or "",
+                {"title": CONTENDERS[n].title},
+            )
+            for n in names
+        ]
+
+    def finish(rows: list[dict[str, Any]], report: dict[str, Any]) -> None:
+        for row in rows:
+            row.setdefault("recipe", CONTENDERS[row["contender"]].recipe(opts.device))
+        ref = next((r for r in rows if r["contender"] == "turbotrain"), None)
+        compare_to(rows, ref, speed_key="turbotrain_speedup")
+        report.update(reference="turbotrain", summary=_compare_summary(rows, ref))
+
+    return _run(w, opts, "compare", jobs, finish)
+
+
+def _run(
+    w: BenchWorkload,
+    opts: BenchOptions,
+    kind: str,
+    jobs: Callable[[dict[str, Any]], list[RowJob]],
+    finish: Callable[[list[dict[str, Any]], dict[str, Any]], None],
+) -> dict[str, Any]:
+    """The rows ``jobs(spec)`` on the workload's data, each derived (:func:`derive`); the report is
+    ``_base`` plus what ``finish(rows, report)`` adds."""
+    opts.work_dir.mkdir(parents=True, exist_ok=True)
+    data = write_data(w, opts.seed, opts.work_dir / f"{w.name}-{kind}-data.pt")
+    flops, method = flops_per_step(w)
+    spec = to_spec(w, device=opts.device, seed=opts.seed, data_file=data)
+    opts.log(f"{kind}: {w.describe()}")
 
     def build(rows: list[dict[str, Any]]) -> dict[str, Any]:
         for row in rows:
-            row.setdefault("recipe", CONTENDERS[row["contender"]].recipe(opts.device))
             derive(row, w, flops)
-        ref = next((r for r in rows if r["contender"] == "turbotrain"), None)
-        compare_to(rows, ref, speed_key="turbotrain_speedup")
-        report = _base("compare", w, opts, flops, method)
-        report.update(
-            reference="turbotrain",
-            device_name=_device_name(rows),
-            rows=rows,
-            summary=_compare_summary(rows, ref),
-        )
+        report = _base(kind, w, opts, flops, method)
+        device_name = next((r["device_name"] for r in rows if r.get("device_name")), None)
+        report.update(device_name=device_name, rows=rows)
+        finish(rows, report)
         return report
 
-    return run_report(jobs, opts, f"{w.name}-compare", build)
+    return run_report(jobs(spec), opts, f"{w.name}-{kind}", build)
 
 
 def _contender_names(w: BenchWorkload, device: str, contenders: list[str] | None) -> list[str]:
@@ -319,17 +327,9 @@ def _compare_summary(rows: list[dict[str, Any]], ref: dict[str, Any] | None) -> 
     }
 
 
-def _run_variants(
-    w: BenchWorkload,
-    opts: BenchOptions,
-    variants: list[Variant],
-    kind: str,
-    finish: Callable[[list[dict[str, Any]], dict[str, Any]], None],
-) -> dict[str, Any]:
-    """The variants as turbotrain rows; the report is ``_base`` plus what ``finish(rows, report)`` adds."""
-    spec, flops, method = _prepare(w, opts, kind)
-    opts.log(f"{kind}: {w.describe()}")
-    jobs = [
+def _variant_jobs(variants: list[Variant], spec: dict[str, Any]) -> list[RowJob]:
+    """The variants as turbotrain rows: each its overrides on the spec's."""
+    return [
         RowJob(
             v.name,
             "turbotrain",
@@ -348,16 +348,6 @@ def _run_variants(
         )
         for v in variants
     ]
-
-    def build(rows: list[dict[str, Any]]) -> dict[str, Any]:
-        for row in rows:
-            derive(row, w, flops)
-        report = _base(kind, w, opts, flops, method)
-        report.update(device_name=_device_name(rows), rows=rows)
-        finish(rows, report)
-        return report
-
-    return run_report(jobs, opts, f"{w.name}-{kind}", build)
 
 
 def _known(every: list[Variant], only: Sequence[str], kind: str) -> list[Variant]:
@@ -389,7 +379,7 @@ def run_precision_matrix(w: BenchWorkload, opts: BenchOptions, only: Sequence[st
             summary={"recommendation": recommend(rows)},
         )
 
-    return _run_variants(w, opts, variants, "precision", finish)
+    return _run(w, opts, "precision", partial(_variant_jobs, variants), finish)
 
 
 def recommend(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -429,4 +419,4 @@ def run_ablation(w: BenchWorkload, opts: BenchOptions, only: Sequence[str] = ())
             compare_to([r for r in rows if r.get("ladder") == ladder], ref, speed_key="speedup")
         report.update(reference="baseline", ladders=LADDERS)
 
-    return _run_variants(w, opts, variants, "ablation", finish)
+    return _run(w, opts, "ablation", partial(_variant_jobs, variants), finish)
