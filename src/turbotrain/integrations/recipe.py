@@ -23,11 +23,8 @@ __all__ = ["Recipe", "build_recipe", "default_device", "merge_user", "recipe_kwa
 
 
 def default_device() -> torch.device:
-    return (
-        torch.device("cuda", torch.cuda.current_device())
-        if torch.cuda.is_available()
-        else torch.device("cpu")
-    )
+    cuda = torch.cuda.is_available()
+    return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
 
 @dataclass(frozen=True)

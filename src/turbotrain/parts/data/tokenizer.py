@@ -169,13 +169,9 @@ def train_bpe(files: Sequence[Path], vocab_size: int, out: Path, progress: bool 
     make_dirs(out.parent, hint=CACHE_HINT)
     # clean_stale_temps knows the pattern
     partial = out.with_name(f".{out.stem}-train{out.suffix}.tmp{os.getpid()}")
-    request = {
-        "files": [str(f) for f in files],
-        "vocab": vocab_size,
-        "eot": END_OF_TEXT,
-        "progress": progress,
-        "out": str(partial),
-    }
+    request = dict(
+        files=[str(f) for f in files], vocab=vocab_size, eot=END_OF_TEXT, progress=progress, out=str(partial)
+    )
     child = subprocess.Popen(
         [sys.executable, "-c", _TRAIN_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
