@@ -32,11 +32,9 @@ from .workloads import seeded_workload
 PLANNED_STEPS = 10_000  # the run length the auto row decides for (bench --auto-planned-steps)
 
 
-def _with(job: Job, changes: Mapping[str, Mapping[str, Any]]) -> Job:
-    """``job`` with ``changes`` on top of its turbotrain overrides."""
-    return replace(
-        job, spec={**job.spec, "turbotrain_overrides": merge(job.spec.get("turbotrain_overrides"), changes)}
-    )
+def _with(spec: dict[str, Any], changes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """``spec`` with ``changes`` on top of its turbotrain overrides."""
+    return {**spec, "turbotrain_overrides": merge(spec.get("turbotrain_overrides"), changes)}
 
 
 def measure_candidates(job: Job) -> Callable[[Candidate], dict[str, Any]]:
@@ -46,13 +44,14 @@ def measure_candidates(job: Job) -> Callable[[Candidate], dict[str, Any]]:
 
     def measure(c: Candidate) -> dict[str, Any]:
         model, loss_fn = seeded_workload(spec["model"]["kind"], spec["model"]["kwargs"], spec["seed"])
-        cand = {**spec, "turbotrain_overrides": merge(spec.get("turbotrain_overrides"), c.changes)}
         clock = StepClock(job.device, spec["warmup_steps"], spec["timed_steps"])
         batches = BatchList(job.batches.batches, spec["warmup_steps"] + spec["timed_steps"])
         try:
             with warnings.catch_warnings():  # "bf16 on a CPU may be slow": we measure it
                 warnings.simplefilter("ignore", TurbotrainWarning)
-                extra = train_turbotrain(Job(cand, job.device, model, batches, clock, loss_fn))
+                extra = train_turbotrain(
+                    Job(_with(spec, c.changes), job.device, model, batches, clock, loss_fn)
+                )
             figures = clock.finish()
         except SkipContender as exc:  # a refused setting: the candidate fails, the decision goes on
             raise TurbotrainError(str(exc)) from None
@@ -88,7 +87,7 @@ def train_auto(job: Job) -> dict[str, Any]:
         decision = choose(config, measure=measure_candidates(job), device=job.device)
     decision_s = time.perf_counter() - t0
     changes = decision.changes if decision is not None else {}
-    extra = train_turbotrain(_with(job, changes))
+    extra = train_turbotrain(replace(job, spec=_with(job.spec, changes)))
     summary = decision.summary if decision is not None else "nothing left at auto: the defaults"
     return {
         **extra,
@@ -103,7 +102,7 @@ def train_auto(job: Job) -> dict[str, Any]:
 
 def train_graphs(job: Job) -> dict[str, Any]:
     """turbotrain's defaults plus whole-step CUDA graphs; how many steps were captured and replayed."""
-    extra = train_turbotrain(_with(job, GRAPHS))
+    extra = train_turbotrain(replace(job, spec=_with(job.spec, GRAPHS)))
     return {**extra, "recipe": f"{extra['recipe']}, whole-step CUDA graphs (compile.cuda_graphs)"}
 
 

@@ -34,7 +34,7 @@ from ...parts.workload import Workload, load_workload
 from ..measure import Target
 from .runner import ProcessRunner, TuneOptions
 from .space import MICRO, Dim, ModelFacts, build_space, micro_choices
-from .study import STUDY_DB, Log, Study, StudyStopped, best_config, fixed_keys, require_optuna
+from .study import STUDY_DB, STUDY_NAME, Log, Study, StudyStopped, best_config, fixed_keys, require_optuna
 
 BEST_FILE, JSON_FILE, MD_FILE, PLOT_FILE = "best.toml", "tune.json", "tune.md", "tune.png"
 
@@ -184,7 +184,7 @@ def saved_space(folder: Path) -> list[dict[str, Any]] | None:
     """The search space stored in a study being resumed (so the finder need not run again)."""
     optuna = require_optuna()
     try:
-        study = optuna.load_study(study_name="turbotrain-tune", storage=f"sqlite:///{folder / STUDY_DB}")
+        study = optuna.load_study(study_name=STUDY_NAME, storage=f"sqlite:///{folder / STUDY_DB}")
     except KeyError:
         return None
     identity = study.user_attrs.get("identity") or {}

@@ -352,11 +352,9 @@ class Study:
     def _repeat(self, trial: Any, same: Any) -> None:
         """A proposal identical to an earlier trial: its outcome again, not run and not counted."""
         optuna = require_optuna()
-        for k, v in same.user_attrs.items():
-            if k != "baseline":
-                trial.set_user_attr(k, v)
-        repeat = {"status": "duplicate", "counted": False, "reason": f"the settings of trial {same.number}"}
-        for k, v in repeat.items():
+        attrs = {k: v for k, v in same.user_attrs.items() if k != "baseline"}
+        attrs.update(status="duplicate", counted=False, reason=f"the settings of trial {same.number}")
+        for k, v in attrs.items():
             trial.set_user_attr(k, v)
         if not self.legacy_constraints:
             for k, v in zip(CONSTRAINTS, same.user_attrs.get("constraints", [1.0, 1.0, 1.0])):
