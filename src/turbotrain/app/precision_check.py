@@ -16,6 +16,7 @@ import torch
 from ..base.batch import move_to
 from ..base.config import PrecisionConfig, load_config, recast
 from ..base.errors import ConfigError, TurbotrainError
+from ..base.failure import one_line
 from ..core.device import resolve_device
 from ..core.engine import Engine, default_loss
 from ..core.meter.table import render_table
@@ -210,7 +211,7 @@ def _check_mode(
     except TurbotrainError:
         raise
     except Exception as exc:  # the user's model in this precision: one line, as a finding
-        line = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        line = one_line(exc)
         if mode == REFERENCE:
             raise TurbotrainError(
                 f"{w.source or 'the model'}: its fp32 forward/backward raised {line}"

@@ -17,6 +17,7 @@ import torch
 from ..base.atomic import atomic_write
 from ..base.config import RunConfig
 from ..base.errors import TurbotrainError
+from ..base.failure import one_line
 from ..core.compile_guard import record_warm_start
 from ..core.device import resolve_device
 from ..core.meter.cache import key_of
@@ -30,11 +31,6 @@ FOLDER = "compile"
 TORCH_CACHE_LOGGER = "torch.compiler._cache"  # where torch logs a blob it cannot read, with its traceback
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0][:200]}" if text else type(exc).__name__
-
-
 class _HeldBack(logging.Filter):
     """Holds back a torch logger's records while a blob loads, keeping the first as one line."""
 
@@ -45,7 +41,7 @@ class _HeldBack(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if not self.first:
             exc = record.exc_info[1] if record.exc_info else None
-            self.first = _first_line(exc) if exc is not None else record.getMessage().splitlines()[0][:200]
+            self.first = one_line(exc) if exc is not None else record.getMessage().splitlines()[0][:200]
         return False
 
     def __enter__(self) -> _HeldBack:
@@ -87,7 +83,7 @@ class WarmStart:
             with _HeldBack(TORCH_CACHE_LOGGER) as torch_said:
                 info = torch.compiler.load_cache_artifacts(self.blob.read_bytes())
         except Exception as exc:  # a damaged or foreign blob: torch's own error, in one line
-            return self._say(f"cold: ignoring {self.blob} ({_first_line(exc)})", warn=True)
+            return self._say(f"cold: ignoring {self.blob} ({one_line(exc)})", warn=True)
         kinds = getattr(info, "artifacts", None)  # CacheInfo: {artefact type: [keys]}
         count = sum(len(v) for v in kinds.values()) if isinstance(kinds, dict) else 0
         if not count:  # torch logged its refusal (held back above) and loaded nothing

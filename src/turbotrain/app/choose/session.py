@@ -18,6 +18,7 @@ import torch
 from ...base.atomic import atomic_write
 from ...base.config import RunConfig, to_toml
 from ...base.errors import TurbotrainError, TurbotrainWarning
+from ...base.failure import one_line
 from ...base.rundir import CHOOSE_FILE, CHOOSE_MD
 from ...core.device import resolve_device
 from ...core.meter import cache as meter_cache
@@ -204,10 +205,7 @@ class _Measuring:
         try:
             row.set_figures(self.timer(cand))
         except (TurbotrainError, RuntimeError, ValueError) as exc:  # a refused setting, a failing compile
-            row.status, row.reason = (
-                "failed",
-                f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}",
-            )
+            row.status, row.reason = "failed", one_line(exc)
         row.measure_s = time.perf_counter() - t0
         self.decision.measure_s += row.measure_s
         self.decision.measured = True
@@ -296,8 +294,7 @@ def probe_line(
     try:
         regime, figures = probe_run(target, changes, run_dir)
     except (TurbotrainError, RuntimeError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
-        return {"line": f"regime: not probed ({type(exc).__name__}: {first})"}
+        return {"line": f"regime: not probed ({one_line(exc)})"}
     finally:
         torch.compiler.reset()  # what the probe compiled belongs to a model that is gone (disk caches stay warm)
     keys = ("step_ms_median", *PROBE_KEYS, "launch_queue_full")

@@ -32,25 +32,20 @@ GPU_ONLY = "needs a CUDA GPU"
 def fp8_check(gpus: list[dict[str, Any]], torchao: str | None) -> Check:
     """FP8 training (precision.mode = fp8): float8 tensor cores and torchao."""
     emulate = "--precision.fp8_emulate=true runs it emulated, for correctness tests only"
-    needed = ".".join(map(str, MIN_CAPABILITY))
+    install = "pip install 'turbotrain[fp8]'"
     if not gpus:
         found = f"torchao {torchao} is installed: {emulate}" if torchao else "torchao is not installed either"
-        return Check(
-            "FP8", "skip", f"{GPU_ONLY}; {found}", "" if torchao else "pip install 'turbotrain[fp8]'"
-        )
+        return Check("FP8", "skip", f"{GPU_ONLY}; {found}", "" if torchao else install)
     old = [g for g in gpus if not g["fp8"]]
     if old:
+        needed = ".".join(map(str, MIN_CAPABILITY))
         no = f"{_gpu(old[0])} has no float8 tensor cores (>= {needed}): precision.mode = fp8 is refused; "
-        no += emulate
-        return Check("FP8", "info", no)
+        return Check("FP8", "info", no + emulate)
     if torchao is None:
         missing = "float8 tensor cores present, but torchao is not installed: precision.mode = fp8 is refused"
-        return Check(
-            "FP8", "warn", missing, "pip install 'turbotrain[fp8]' (torchao 0.17 or later for torch 2.11+)"
-        )
+        return Check("FP8", "warn", missing, f"{install} (torchao 0.17 or later for torch 2.11+)")
     runs = f"float8 tensor cores and torchao {torchao}: --precision.mode=fp8 runs (with torch.compile for "
-    runs += "the speed; auto never picks it)"
-    return Check("FP8", "ok", runs)
+    return Check("FP8", "ok", runs + "the speed; auto never picks it)")
 
 
 def _gpu(g: dict[str, Any]) -> str:
@@ -72,31 +67,21 @@ def run_checks(env: dict[str, Any]) -> list[Check]:
 def _device_check(env: dict[str, Any]) -> Check:
     """The torch build against the hardware: a CUDA build that sees the GPU(s)."""
     if env["cuda_available"]:
-        gpus = env["gpus"]
-        names = ", ".join(sorted({g["name"] for g in gpus}))
-        seen = (
-            f"{len(gpus)} GPU(s): {names}; CUDA {env['cuda']}, cuDNN {env['cudnn']}, driver {env['driver']}"
-        )
-        return Check("CUDA device", "ok", seen)
+        names = ", ".join(sorted({g["name"] for g in env["gpus"]}))
+        seen = f"{len(env['gpus'])} GPU(s): {names}; CUDA {env['cuda']}, cuDNN {env['cudnn']}, "
+        return Check("CUDA device", "ok", seen + f"driver {env['driver']}")
     if env["nvidia_hardware"] and not env["cuda"]:
         cpu_build = f"this machine has an NVIDIA GPU but torch {env['torch']} is a CPU-only build"
         fix = "pip install torch --index-url https://download.pytorch.org/whl/cu126 (pick your CUDA at pytorch.org)"
         return Check("torch CUDA build", "error", cpu_build, fix)
     if env["cuda"]:
         visible = env["env"].get("CUDA_VISIBLE_DEVICES")
-        return Check(
-            "CUDA device",
-            "warn",
-            f"torch is built for CUDA {env['cuda']} but sees no GPU"
-            + (f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""),
-            "check the driver with nvidia-smi and CUDA_VISIBLE_DEVICES; the driver must be new enough for this CUDA",
-        )
-    return Check(
-        "CUDA device",
-        "info",
-        f"no CUDA GPU; torch {env['torch']} is a CPU build: training runs on CPU in fp32",
-        "on a GPU machine install a CUDA build of torch",
-    )
+        unseen = f"torch is built for CUDA {env['cuda']} but sees no GPU"
+        unseen += f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
+        fix = "check the driver with nvidia-smi and CUDA_VISIBLE_DEVICES; the driver must be new enough for this CUDA"
+        return Check("CUDA device", "warn", unseen, fix)
+    cpu = f"no CUDA GPU; torch {env['torch']} is a CPU build: training runs on CPU in fp32"
+    return Check("CUDA device", "info", cpu, "on a GPU machine install a CUDA build of torch")
 
 
 def _gpu_precision_checks(env: dict[str, Any]) -> list[Check]:
@@ -104,11 +89,8 @@ def _gpu_precision_checks(env: dict[str, Any]) -> list[Check]:
     gpus = env["gpus"]
     checks = [_bf16_check(gpus), fp8_check(gpus, env["packages"].get("torchao")), _tf32_check(env)]
     if all(g["flash_attention"] for g in gpus):
-        checks.append(
-            Check(
-                "flash attention", "ok", "SDPA flash attention kernels available (model.attention = 'sdpa')"
-            )
-        )
+        flash = "SDPA flash attention kernels available (model.attention = 'sdpa')"
+        checks.append(Check("flash attention", "ok", flash))
     else:
         no_flash = (
             "no flash attention kernel here (needs compute capability >= 8.0 and the "
@@ -117,9 +99,8 @@ def _gpu_precision_checks(env: dict[str, Any]) -> list[Check]:
         checks.append(Check("flash attention", "info", no_flash))
     if env["packages"].get("triton") is None:
         no_triton = "triton is not installed: torch.compile cannot generate GPU kernels"
-        checks.append(
-            Check("torch.compile", "warn", no_triton, "pip install triton, or run with --compile.scope=off")
-        )
+        fix = "pip install triton, or run with --compile.scope=off"
+        checks.append(Check("torch.compile", "warn", no_triton, fix))
     return checks
 
 
@@ -167,9 +148,7 @@ def _nvml_checks(env: dict[str, Any]) -> list[Check]:
         return [Check("NVML", "skip", unsampled), Check("GPU busy", "skip", f"{GPU_ONLY} and NVML")]
     works = f"NVML works (driver {nvml.get('driver')}): utilisation, power and temperature are sampled"
     nvml_ok = Check("NVML", "ok", works)
-    busy = [
-        g for g in nvml.get("gpus", []) if (g.get("util_pct") or 0) > 10 or len(g.get("processes", [])) > 0
-    ]
+    busy = [g for g in nvml.get("gpus", []) if (g.get("util_pct") or 0) > 10 or g.get("processes")]
     if not busy:
         return [nvml_ok, Check("GPU busy", "ok", "no other process is using the GPU(s)")]
     g = busy[0]
@@ -182,28 +161,22 @@ def _nvml_checks(env: dict[str, Any]) -> list[Check]:
 
 
 def _workers_check(env: dict[str, Any]) -> Check:
-    """Enough CPU cores per GPU for the DataLoader workers to keep up."""
-    gpus, cores = env["gpus"], env["cpu"]["usable_cores"]
+    """Enough CPU cores per GPU for the DataLoader workers to keep up (the loader's own rule, not a copy)."""
+    gpus, cores, name = env["gpus"], env["cpu"]["usable_cores"], "DataLoader workers"
     if not gpus:
-        return Check(
-            "DataLoader workers",
-            "info",
+        on_cpu = (
             f"{cores} usable CPU core(s): data.num_workers auto will use "
             f"{default_num_workers(torch.device('cpu'), cores)} (on CPU batches load in the training process "
-            "when there are 4 cores or fewer: workers would compete with the compute threads)",
+            "when there are 4 cores or fewer: workers would compete with the compute threads)"
         )
+        return Check(name, "info", on_cpu)
     per_gpu = cores // max(1, len(gpus))
     if per_gpu < 4:
-        return Check(
-            "DataLoader workers",
-            "warn",
-            f"only {cores} usable CPU core(s) for {len(gpus)} GPU(s): "
-            f"about {per_gpu} per GPU, too few for DataLoader workers to keep up with a fast GPU",
-            "use a pre-tokenized .bin dataset (memory-mapped, cheap to load) or a machine with more cores",
-        )
-    workers = default_num_workers(torch.device("cuda"), cores)  # the loader's own rule, not a copy
-    enough = f"{cores} usable cores: data.num_workers auto will use {workers} per process"
-    return Check("DataLoader workers", "ok", enough)
+        few = f"only {cores} usable CPU core(s) for {len(gpus)} GPU(s): about {per_gpu} per GPU, too few for "
+        fix = "use a pre-tokenized .bin dataset (memory-mapped, cheap to load) or a machine with more cores"
+        return Check(name, "warn", few + "DataLoader workers to keep up with a fast GPU", fix)
+    workers = default_num_workers(torch.device("cuda"), cores)
+    return Check(name, "ok", f"{cores} usable cores: data.num_workers auto will use {workers} per process")
 
 
 def _threads_check(env: dict[str, Any]) -> Check:
@@ -211,10 +184,6 @@ def _threads_check(env: dict[str, Any]) -> Check:
     threads, cores = env["torch_threads"], env["cpu"]["usable_cores"]
     if threads > cores:
         over = f"torch uses {threads} threads but only {cores} cores are usable: oversubscribed"
-        return Check(
-            "torch threads",
-            "warn",
-            over,
-            f"export OMP_NUM_THREADS={cores} or call torch.set_num_threads({cores})",
-        )
+        fix = f"export OMP_NUM_THREADS={cores} or call torch.set_num_threads({cores})"
+        return Check("torch threads", "warn", over, fix)
     return Check("torch threads", "ok", f"torch uses {threads} of {cores} usable core(s) for CPU ops")

@@ -67,13 +67,7 @@ def run_probes(device: torch.device | str | None = None, *, quick: bool = False)
     return _gpu_probes(device, quick) if device.type == "cuda" else _cpu_probes(device, quick)
 
 
-def _matmul_tflops_tf32(device: torch.device, dtype: torch.dtype, size: int, tf32: bool) -> float:
-    previous = torch.backends.cuda.matmul.allow_tf32  # TF32 set for this measurement only
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    try:
-        return measure_matmul_tflops(device, dtype, size)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous
+MATMULS = (("bf16", torch.bfloat16), ("fp32", torch.float32), ("tf32", torch.float32))  # on a GPU
 
 
 def _gpu_probes(device: torch.device, quick: bool) -> list[ProbeResult]:
@@ -81,16 +75,19 @@ def _gpu_probes(device: torch.device, quick: bool) -> list[ProbeResult]:
     spec = lookup_peak(name)
     size, mib = (1024, 64) if quick else (8192, 1024)
     results: list[ProbeResult] = []
-    for label, dtype, key, tf32 in (
-        ("matmul bf16", torch.bfloat16, "bf16", False),
-        ("matmul fp32", torch.float32, "fp32", False),
-        ("matmul tf32", torch.float32, "tf32", True),
-    ):
+    for key, dtype in MATMULS:
         if dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
             continue
-        value = _matmul_tflops_tf32(device, dtype, size, tf32)
+        previous = torch.backends.cuda.matmul.allow_tf32  # TF32 set for this measurement only
+        torch.backends.cuda.matmul.allow_tf32 = key == "tf32"
+        try:
+            value = measure_matmul_tflops(device, dtype, size)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = previous
         sheet = spec.peak_tflops(key) if spec else None
-        results.append(ProbeResult(label, name, value, "TFLOP/s", sheet, f"{size}x{size}, median of 10"))
+        results.append(
+            ProbeResult(f"matmul {key}", name, value, "TFLOP/s", sheet, f"{size}x{size}, median of 10")
+        )
     sheet_gbs = spec.mem_bandwidth_gbs if spec else None
     copied = f"{mib} MiB, read + write bytes"
     results.append(ProbeResult("device copy", name, measure_copy_gbs(device, mib), "GB/s", sheet_gbs, copied))

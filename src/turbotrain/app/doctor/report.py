@@ -73,11 +73,10 @@ def _gpu_lines(gpus: list[dict[str, Any]]) -> list[str]:
             f"{g['memory_gib']} GiB; {feats}"
         )
         spec = g["datasheet"]
-        lines.append(
-            f"    datasheet: {spec['bf16_tflops']} TFLOP/s bf16 dense, {spec['mem_bandwidth_gbs']:.0f} GB/s"
-            if spec
-            else "    datasheet: unknown device (MFU will be left out)"
+        sheet = (
+            f"{spec['bf16_tflops']} TFLOP/s bf16 dense, {spec['mem_bandwidth_gbs']:.0f} GB/s" if spec else ""
         )
+        lines.append(f"    datasheet: {sheet or 'unknown device (MFU will be left out)'}")
     return lines
 
 

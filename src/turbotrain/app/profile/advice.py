@@ -103,10 +103,6 @@ def _is_preset(built: Built) -> bool:
     return built.workload is None
 
 
-def _own_optimizer(built: Built) -> bool:
-    return built.workload is not None and built.workload.optimizer is not None
-
-
 def _data(built: Built, figures: dict[str, Any], trace: dict[str, Any], step_ms: float) -> list[Advice]:
     wait = figures["data_wait_ms_per_step"]
     share = wait / step_ms if step_ms else 0.0
@@ -189,13 +185,22 @@ def _monitor_reads(
     return [Advice("syncs", _flags(settings), why, expected, gain, settings)]
 
 
+_USER_FIX = {  # a data-dependent shape or a read of a value: (the change, the code)
+    True: (
+        "give the operation its output size",
+        "give the shape up front (torch.nonzero_static(x, size=...), torch.where(mask, x, 0) "
+        "instead of x[mask], repeat_interleave(..., output_size=...))",
+    ),
+    False: (
+        "keep the value on the device and read it every N steps",
+        "accumulate on the device (total += loss.detach()) and call .item() every 100 steps, "
+        "or let turbotrain's Monitor log the loss (monitor.log_every)",
+    ),
+}
+
+
 def _user_read(s: dict[str, Any], device: str, gain: float) -> Advice:
-    shape = "data-dependent" in s.get("what", "")
-    change = (
-        "give the operation its output size"
-        if shape
-        else "keep the value on the device and read it every N steps"
-    )
+    change, code = _USER_FIX["data-dependent" in s.get("what", "")]
     why = (
         f"{s['where']} makes the host wait for the device {s['per_step']:.0f} time(s) per step: "
         f"{s.get('what') or 'a read of a tensor value'}" + (f" in `{s['code']}`" if s.get("code") else "")
@@ -205,13 +210,6 @@ def _user_read(s: dict[str, Any], device: str, gain: float) -> Advice:
         "next step is enqueued"
         + ("" if device == "cuda" else "; on CPU there is no queue, so it costs little here")
     )
-    code = (
-        "give the shape up front (torch.nonzero_static(x, size=...), torch.where(mask, x, 0) "
-        "instead of x[mask], repeat_interleave(..., output_size=...))"
-        if shape
-        else "accumulate on the device (total += loss.detach()) and call .item() every 100 steps, "
-        "or let turbotrain's Monitor log the loss (monitor.log_every)"
-    )
     return Advice("syncs", f"{s['where']}: {change}", why, expected, gain, code=f"{s['where']}: {code}")
 
 
@@ -219,7 +217,7 @@ def _guard_reads(built: Built, sources: list[dict[str, Any]], device: str, idle:
     guard = sum(s["per_step"] for s in sources if s["kind"] == "guard")
     if device != "cuda" or guard < 1 or built.config.optim.implementation == "fused":
         return []
-    own, fused = _own_optimizer(built), "torch.optim.AdamW(..., fused=True)"
+    own, fused = bool(built.workload and built.workload.optimizer), "torch.optim.AdamW(..., fused=True)"
     settings = {} if own else {"optim": {"implementation": "fused"}}
     why = f"the optimizer cannot skip a non-finite step on the GPU, so every step reads the finite flag on the host ({guard:.0f}/step)"
     expected = "a fused optimizer skips inside its kernel: no per-step sync"
@@ -275,7 +273,7 @@ def _larger_micro(built: Built, micro: int, acc: int) -> tuple[int, dict[str, di
 
 def _optimizer(built: Built, trace: dict[str, Any]) -> list[Advice]:
     share = trace["phases"]["optimizer"]["share"]
-    own, impl = _own_optimizer(built), built.config.optim.implementation
+    own, impl = bool(built.workload and built.workload.optimizer), built.config.optim.implementation
     if share < OPTIMIZER_SHARE or (not own and impl == "fused"):
         return []
     why = f"the optimizer step takes {share:.0%} of the step"
