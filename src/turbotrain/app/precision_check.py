@@ -100,12 +100,8 @@ def _forward_backward(
         if not bad or scaler is None or not math.isfinite(loss) or scaler.get_scale() <= 1.0:
             break
         scaler.update()  # found inf: halve the scale, as a skipped training step does
-    return {
-        "loss": loss,
-        "grads": grads,
-        "bad": bad,
-        "scale": scaler.get_scale() if scaler is not None else None,
-    }
+    scale = scaler.get_scale() if scaler is not None else None
+    return {"loss": loss, "grads": grads, "bad": bad, "scale": scale}
 
 
 def _compare(result: PrecisionResult, run: dict[str, Any], ref: dict[str, Any] | None) -> None:
@@ -154,14 +150,8 @@ def fp8_plan(
     fp8 = FP8.from_settings(device, settings)
     plan = fp8.layer_plan(model)
     converted = [name for name, why in plan.items() if not why]
-    out: dict[str, Any] = {
-        "recipe": fp8.recipe,
-        "min_size": fp8.min_size,
-        "converted": converted,
-        "kept": [f"{name}: {why}" for name, why in plan.items() if why],
-        "runs_here": True,
-        "note": "",
-    }
+    out: dict[str, Any] = {"recipe": fp8.recipe, "min_size": fp8.min_size, "converted": converted}
+    out |= {"kept": [f"{name}: {why}" for name, why in plan.items() if why], "runs_here": True, "note": ""}
     if not converted and not fp8.min_size:
         ones = FP8.from_settings(device, dataclasses.replace(recast(settings, FP8Settings), fp8_min_size=1))
         out["with_min_size_1"] = sum(not why for why in ones.layer_plan(model).values())
@@ -260,13 +250,8 @@ def check_precisions(
     out = verdict(results, caps)
     if device.type != "cuda":  # what a GPU run of this model would get, from the same rows
         out["on_gpu"] = [{"gpu": label, **verdict(results, gpu)} for label, gpu in GPUS]
-    return {
-        "model": w.describe(),
-        "device": str(device),
-        "results": [r.to_dict() for r in results],
-        "verdict": out,
-        "fp8": fp8_report,
-    }
+    rows = [r.to_dict() for r in results]
+    return {"model": w.describe(), "device": str(device), "results": rows, "verdict": out, "fp8": fp8_report}
 
 
 GPUS = (

@@ -53,31 +53,24 @@ def classify(p: Probe) -> Regime:
         return Regime(
             "data-bound", f"the host waits {p.data_wait_ms:.2f} ms of the {step:.2f} ms step on the loader"
         )
-    if p.device_busy_ms is not None:
-        idle = max(step - p.device_busy_ms, 0.0) / step
-        if idle >= IDLE_SHARE:
-            host = f"; the host takes {p.host_enqueue_ms:.2f} ms to enqueue it" if p.host_enqueue_ms else ""
-            return Regime(
-                "launch-bound",
-                f"the device is busy {p.device_busy_ms:.2f} ms of the {step:.2f} ms step and idles {idle:.0%} "
-                f"waiting on the host's launches{host}",
-            )
+    busy = p.device_busy_ms
+    idle = 0.0 if busy is None else max(step - busy, 0.0) / step
+    if idle >= IDLE_SHARE:
+        host = f"; the host takes {p.host_enqueue_ms:.2f} ms to enqueue it" if p.host_enqueue_ms else ""
+        idles = f"idles {idle:.0%} waiting on the host's launches{host}"
+        return Regime(
+            "launch-bound", f"the device is busy {busy:.2f} ms of the {step:.2f} ms step and {idles}"
+        )
     share = p.tflops / p.peak_tflops if p.tflops and p.peak_tflops else None
     if share is not None and share >= COMPUTE_SHARE:
         return Regime("compute-bound", f"{p.tflops:.1f} TFLOP/s achieved, {share:.0%} of the datasheet peak")
     if share is not None:
-        busy = f"busy {p.device_busy_ms / step:.0%} of the step, " if p.device_busy_ms is not None else ""
-        return Regime(
-            "memory-bandwidth-bound",
-            f"the device is {busy}at {share:.0%} of its peak FLOP/s ({p.tflops:.1f} of {p.peak_tflops:.0f} TFLOP/s): "
-            "its kernels wait on memory",
-        )
-    if p.device_busy_ms is not None:
-        return Regime(
-            "compute-bound",
-            f"the device is busy {p.device_busy_ms / step:.0%} of the step (no datasheet peak for it: "
-            "compute and bandwidth cannot be told apart)",
-        )
+        at = f"at {share:.0%} of its peak FLOP/s ({p.tflops:.1f} of {p.peak_tflops:.0f} TFLOP/s)"
+        busy_share = f"busy {busy / step:.0%} of the step, " if busy is not None else ""
+        return Regime("memory-bandwidth-bound", f"the device is {busy_share}{at}: its kernels wait on memory")
+    if busy is not None:
+        apart = "(no datasheet peak for it: compute and bandwidth cannot be told apart)"
+        return Regime("compute-bound", f"the device is busy {busy / step:.0%} of the step {apart}")
     return Regime(
         "not separable",
         "on a CPU the host runs the kernels: launch overhead and compute cannot be told apart, "
@@ -156,14 +149,8 @@ class Timeline(Hook):
 def probe_of(figures: Mapping[str, Any]) -> Probe:
     """The probe from :func:`turbotrain.app.measure.run`'s figures with :meth:`Timeline.figures`
     and ``peak_tflops`` merged in (what :func:`probe_run` and ``choose`` keep)."""
-    return Probe(
-        step_ms=float(figures["step_ms_median"]),
-        data_wait_ms=float(figures.get("data_wait_ms_per_step") or 0.0),
-        device_busy_ms=figures.get("device_busy_ms"),
-        host_enqueue_ms=figures.get("host_enqueue_ms"),
-        tflops=figures.get("tflops"),
-        peak_tflops=figures.get("peak_tflops"),
-    )
+    rest = {k: figures.get(k) for k in ("device_busy_ms", "host_enqueue_ms", "tflops", "peak_tflops")}
+    return Probe(float(figures["step_ms_median"]), float(figures.get("data_wait_ms_per_step") or 0.0), **rest)
 
 
 CPU_LINE = (

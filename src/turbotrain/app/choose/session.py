@@ -124,7 +124,11 @@ def choose(
             return decision
         m.stage2(config, device.type, rows)
         _keep(decision, rows, judge(rows, planned, c.min_speedup), planned)
-    fresh = {r.name: _cached_form(r) for r in rows if r.status != "skipped" and not r.cached}
+    fresh = {  # what this process measured, failures included
+        r.name: {"failed": r.reason} if r.status == "failed" else {**r.figures(), "measure_s": r.measure_s}
+        for r in rows
+        if r.status != "skipped" and not r.cached
+    }
     saved = cache.save(folder, key, material, {**cached, **fresh}) if fresh else folder / f"{key}.json"
     decision.cache = str(saved or "")
     return decision
@@ -157,12 +161,6 @@ def _keep(decision: Decision, rows: list[Row], best: Row, planned: int) -> None:
         # no compiled candidate was timed: compile.scope keeps its fixed rule (auto: model on CUDA, off on CPU)
         decision.changes.pop("compile", None)
         decision.summary += "; compile.scope not measured, left to its fixed rule (auto)"
-
-
-def _cached_form(r: Row) -> dict[str, Any]:
-    if r.status == "failed":
-        return {"failed": r.reason}
-    return {**r.figures(), "measure_s": r.measure_s}
 
 
 @dataclass
@@ -212,12 +210,6 @@ class _Measuring:
         return row
 
 
-def write_decision(run_dir: Path, decision: Decision) -> None:
-    """The decision table in the run directory: choose.json (everything) and choose.md."""
-    atomic_write(run_dir / CHOOSE_FILE, json.dumps(decision.to_dict(), indent=2, default=str) + "\n")
-    atomic_write(run_dir / CHOOSE_MD, "\n".join(format_table(decision)) + "\n")
-
-
 def choose_for_run(config: RunConfig, run_dir: Path, **options: Any) -> RunConfig:
     """``config`` with the settings :func:`decide_for_run` (its ``options``) chooses."""
     return apply(config, decide_for_run(config, run_dir, **options))
@@ -233,20 +225,20 @@ def decide_for_run(
     """What ``turbotrain train`` decides for a new run (one process): decide, show the table, write
     it to the run directory and name the run's regime."""
     decision = choose(config, measure=measure, say=say, planned=planned)
-    chosen = apply(config, decision)
-    if decision is not None and decision.rows:  # a table only when something was weighed
+    if decision is None:
+        log.debug("%s", name_regime(config, None))
+        return None
+    if decision.rows:  # a table only when something was weighed
         say("\n".join(format_table(decision)))
+    regime = name_regime(apply(config, decision), decision)
     # the reasons (nothing measured, the regime) at debug level and in choose.json / summary.md
-    regime = name_regime(chosen, decision)
-    if decision is not None and not decision.rows:  # too short to pay for measuring
+    if not decision.rows:  # too short to pay for measuring
         log.debug("choose: %s", decision.summary)
-    if decision is not None and decision.regime:  # named from figures measured: said below the table
-        say(regime)
-    else:
-        log.debug("%s", regime)
-    if decision is not None:
-        decision.regime = {**(decision.regime or {}), "line": regime}
-        write_decision(run_dir, decision)
+    (say if decision.regime else log.debug)(regime)  # named from figures measured: said below the table
+    decision.regime = {**(decision.regime or {}), "line": regime}
+    # the decision table in the run directory: choose.json (everything) and choose.md
+    atomic_write(run_dir / CHOOSE_FILE, json.dumps(decision.to_dict(), indent=2, default=str) + "\n")
+    atomic_write(run_dir / CHOOSE_MD, "\n".join(format_table(decision)) + "\n")
     return decision
 
 

@@ -308,15 +308,8 @@ def locate_workload_syncs(workload: Workload, device: str = "cpu", steps: int = 
     assert optimizer is not None
     batches = list(islice(cycle(workload.train_loader), (1 + steps) * engine.accumulation))
     window = SyncWindow(engine.device, 1, steps)
-    fit(
-        engine,
-        model,
-        optimizer,
-        batches,
-        max_steps=1 + steps,
-        hooks=[window],
-        loss_fn=workload.loss_fn or default_loss,
-    )
+    loss_fn = workload.loss_fn or default_loss
+    fit(engine, model, optimizer, batches, max_steps=1 + steps, hooks=[window], loss_fn=loss_fn)
     return window.report()
 
 
