@@ -59,11 +59,8 @@ class WarmStart:
         device = resolve_device(config.run.device)
         self.active = resolve_scope(config.compile.scope, device) != "off"
         self.folder = folder or cache.cache_dir(config).parent / FOLDER
-        self.material: dict[str, Any] = {}
-        self.key, self.note = "", ""
-        if self.active:
-            self.material = cache.key_material(config, device)
-            self.key = key_of(self.material)
+        self.material: dict[str, Any] = cache.key_material(config, device) if self.active else {}
+        self.key, self.note = key_of(self.material) if self.active else "", ""
         self.blob, self.described = self.folder / f"{self.key}.bin", self.folder / f"{self.key}.json"
 
     def begin(self) -> str:

@@ -72,12 +72,11 @@ class Row:
         if self.parity_loss is None:  # no held-out batches: the last timed step's loss
             self.parity_loss = figures.get("final_loss")
         self.math_precision = figures.get("math_precision")
-        cached_probe = figures.get("probe")
-        self.probe = (
-            dict(cached_probe)
-            if isinstance(cached_probe, Mapping)
-            else {k: figures[k] for k in PROBE_KEYS if figures.get(k) is not None}
+        cached, fresh = (
+            figures.get("probe"),
+            {k: figures[k] for k in PROBE_KEYS if figures.get(k) is not None},
         )
+        self.probe = dict(cached) if isinstance(cached, Mapping) else fresh
 
     def figures(self) -> dict[str, Any]:
         rest = ("first_step_s", "parity_loss", "math_precision", "probe")
@@ -241,11 +240,9 @@ def judge(rows: list[Row], planned_steps: int, min_speedup: float) -> Row:
         r.reason = f"{base.step_ms / r.step_ms:.2f}x eager, pays back at step {r.break_even_step or 0:,.0f}; "
         r.reason += f"{best.name} projects a shorter run"
     if best is base:
-        base.status, base.reason = "kept", "plain eager: nothing else was measured"
-        if any(r is not base and r.measured for r in rows):
-            base.reason = (
-                "plain eager: no measured candidate passes parity, beats it and pays back within the run"
-            )
+        others = any(r is not base and r.measured for r in rows)
+        why = "no measured candidate passes parity, beats it and pays back within the run"
+        base.status, base.reason = "kept", f"plain eager: {why if others else 'nothing else was measured'}"
     else:
         best.status = "kept"
         best.reason = f"{base.step_ms / (best.step_ms or 1):.2f}x eager, parity ok, " + (

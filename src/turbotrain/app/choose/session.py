@@ -155,8 +155,7 @@ def _keep(decision: Decision, rows: list[Row], best: Row, planned: int) -> None:
     when no compiled candidate was timed."""
     decision.rows, decision.changes = rows, {k: dict(v) for k, v in best.changes.items()}
     decision.summary = f"kept {best.name} ({best.what}) for {planned:,d} steps: {best.reason}"
-    compiled = [r for r in rows if r.compiles]
-    plain = [r for r in compiled if "mode" not in r.changes.get("compile", {})]  # compile without CUDA graphs
+    plain = [r for r in rows if r.compiles and "mode" not in r.changes.get("compile", {})]  # no CUDA graphs
     if plain and not any(r.measured or r.status == "failed" for r in plain) and not best.compiles:
         # no compiled candidate was timed: compile.scope keeps its fixed rule (auto: model on CUDA, off on CPU)
         decision.changes.pop("compile", None)

@@ -86,9 +86,10 @@ def _profiled(
     trace = {**analyze(window), "syncs": syncs.report()}
     trace_path = window.export(run_dir / TRACE_FILE)
     bottleneck, advice = diagnose(built, figures, trace)
-    # timings of a model that does not train: say so before anything else
-    if not _finite(figures.get("final_loss")):
-        bottleneck = {"name": "non-finite loss", "text": NAN_TEXT.format(loss=figures.get("final_loss"))}
+    loss = figures.get("final_loss")
+    if not (loss is None or (isinstance(loss, (int, float)) and math.isfinite(loss))):
+        # timings of a model that does not train: say so before anything else
+        bottleneck = {"name": "non-finite loss", "text": NAN_TEXT.format(loss=loss)}
     doc = _document(built, figures, trace, trace_path)
     doc |= {"bottleneck": bottleneck, "recommendations": [a.to_dict() for a in advice], "verify": None}
     doc["regime"] = asdict(classify(probe_from(figures, trace, built.peak_tflops)))  # app/regime.py
@@ -112,10 +113,6 @@ NAN_TEXT = (
     "timings and the advice below describe a broken step; fix the loss first (an fp32 run, a lower learning "
     "rate, the model's own arithmetic)"
 )
-
-
-def _finite(value: Any) -> bool:
-    return value is None or (isinstance(value, (int, float)) and math.isfinite(value))
 
 
 @contextlib.contextmanager
@@ -174,14 +171,10 @@ def _breakdown(figures: dict[str, Any], trace: dict[str, Any]) -> dict[str, dict
     """Each phase's share of the profiled steps applied to the unprofiled median step."""
     step_ms = figures["step_ms_median"]
     scale = step_ms / trace["profiled_step_ms"] if trace["profiled_step_ms"] else 1.0
-    out = {
-        p: {
-            "ms": v["share"] * step_ms,
-            "share": v["share"],
-            **({"device_ms": v["device_ms"] * scale} if "device" in trace else {}),
-        }
-        for p, v in trace["phases"].items()
-    }
+    out = {p: {"ms": v["share"] * step_ms, "share": v["share"]} for p, v in trace["phases"].items()}
+    if "device" in trace:
+        for p, v in trace["phases"].items():
+            out[p]["device_ms"] = v["device_ms"] * scale
     out["data"]["ms"] = figures["data_wait_ms_per_step"]  # measured unprofiled, in the timed steps
     out["data"]["share"] = figures["data_wait_ms_per_step"] / step_ms if step_ms else 0.0
     return out
@@ -189,14 +182,13 @@ def _breakdown(figures: dict[str, Any], trace: dict[str, Any]) -> dict[str, dict
 
 def _settings(built: Any) -> dict[str, Any]:
     c, engine, scope = built.config, built.engine, built.engine.options.compile_scope
-    own_optimizer = built.workload and built.workload.optimizer
-    implementation = (
-        "" if own_optimizer else f" ({resolve_implementation(c.optim.implementation, engine.device)})"
-    )
+    optimizer = type(built.optimizer).__name__
+    if not (built.workload and built.workload.optimizer):  # turbotrain's: which implementation
+        optimizer += f" ({resolve_implementation(c.optim.implementation, engine.device)})"
     return {
         "precision": engine.precision.name,
         "compile": scope if scope == "off" else f"{scope} ({c.compile.mode})",
-        "optimizer": type(built.optimizer).__name__ + implementation,
+        "optimizer": optimizer,
         "micro_batch": built.micro,
         "accumulation": engine.accumulation,
         "log_every": c.monitor.log_every,

@@ -40,9 +40,7 @@ def verify(
             "baseline": {"throughput_median": None, "throughputs": [], "unit": None},
             "note": "no recommendation is a setting: nothing to run",
         }
-    variants: list[tuple[str, dict[str, Any]]] = [("baseline", {})] + [
-        (a.change, a.settings) for a in candidates
-    ]
+    variants = [("baseline", {}), *((a.change, a.settings) for a in candidates)]
     runs: list[list[dict[str, Any]]] = [[] for _ in variants]
     try:
         for done, (r, i) in enumerate(interleaved(len(variants), repeats), 1):
