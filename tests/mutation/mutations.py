@@ -303,8 +303,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "warm-start-key-without-the-device",
         "src/turbotrain/app/warmstart.py",
-        "            self.material = cache.key_material(config, device)",
-        '            self.material = cache.key_material(config, "cpu")  # mutation: any device',
+        "        self.material: dict[str, Any] = cache.key_material(config, device) if self.active else {}",
+        '        self.material: dict[str, Any] = cache.key_material(config, "cpu") if self.active else {}  # mutation',
         (KEYS,),
         "the compile warm start loads artefacts compiled on another GPU model",
     ),
