@@ -301,11 +301,8 @@ def _pct(value: float | None) -> str:
 
 
 def _sound(v: dict[str, Any]) -> str:
-    if v["sound"]:
-        return f"sound ({v['reason']})."
-    return f"NOT sound ({v['reason']})" + (
-        f"; use --precision.mode={v['use_instead']}." if v.get("use_instead") else "."
-    )
+    instead = f"; use --precision.mode={v['use_instead']}" if v.get("use_instead") else ""
+    return f"sound ({v['reason']})." if v["sound"] else f"NOT sound ({v['reason']}){instead}."
 
 
 _RESULT = {

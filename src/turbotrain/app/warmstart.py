@@ -7,8 +7,10 @@ choose's cache keys; a stale, foreign or damaged blob is ignored with one warnin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,25 +33,22 @@ FOLDER = "compile"
 TORCH_CACHE_LOGGER = "torch.compiler._cache"  # where torch logs a blob it cannot read, with its traceback
 
 
-class _HeldBack(logging.Filter):
-    """Holds back a torch logger's records while a blob loads, keeping the first as one line."""
+@contextlib.contextmanager
+def _held_back(name: str) -> Iterator[list[str]]:
+    """Holds back a torch logger's records while a blob loads; yields them, each as one line."""
+    said: list[str] = []
 
-    def __init__(self, name: str) -> None:
-        super().__init__()
-        self.logger, self.first = logging.getLogger(name), ""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not self.first:
-            exc = record.exc_info[1] if record.exc_info else None
-            self.first = one_line(exc) if exc is not None else record.getMessage().splitlines()[0][:200]
+    def hold(record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        said.append(one_line(exc) if exc is not None else record.getMessage().splitlines()[0][:200])
         return False
 
-    def __enter__(self) -> _HeldBack:
-        self.logger.addFilter(self)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.logger.removeFilter(self)
+    logger = logging.getLogger(name)
+    logger.addFilter(hold)
+    try:
+        yield said
+    finally:
+        logger.removeFilter(hold)
 
 
 class WarmStart:
@@ -77,14 +76,14 @@ class WarmStart:
                 return self._say(
                     f"cold: ignoring {self.blob}: made for another model, device or version", warn=True
                 )
-            with _HeldBack(TORCH_CACHE_LOGGER) as torch_said:
+            with _held_back(TORCH_CACHE_LOGGER) as torch_said:
                 info = torch.compiler.load_cache_artifacts(self.blob.read_bytes())
         except Exception as exc:  # a damaged or foreign blob: torch's own error, in one line
             return self._say(f"cold: ignoring {self.blob} ({one_line(exc)})", warn=True)
         kinds = getattr(info, "artifacts", None)  # CacheInfo: {artefact type: [keys]}
         count = sum(len(v) for v in kinds.values()) if isinstance(kinds, dict) else 0
         if not count:  # torch logged its refusal (held back above) and loaded nothing
-            why = torch_said.first or "torch loaded no compile artefacts from it"
+            why = (torch_said or ["torch loaded no compile artefacts from it"])[0]
             return self._say(f"cold: ignoring {self.blob} ({why})", warn=True)
         return self._say(f"warm: loaded {count} compile artefacts from {self.blob}")
 

@@ -2,27 +2,17 @@
 (:mod:`.checks`), speed probes beside the datasheet (:mod:`.probes`: the only device work), and the
 report of the three (:mod:`.report`)."""
 
-from ..environment import PACKAGES, collect_distributed, collect_env, collect_hardware, cpu_model
-from .checks import GPU_ONLY, LEVELS, Check, fp8_check, run_checks
-from .probes import ProbeResult, measure_copy_gbs, measure_h2d_gbs, measure_matmul_tflops, run_probes
+from ..environment import collect_distributed, collect_env
+from .checks import fp8_check, run_checks
+from .probes import run_probes
 from .report import build_report, format_report
 
 __all__ = [
-    "GPU_ONLY",
-    "LEVELS",
-    "PACKAGES",
-    "Check",
-    "ProbeResult",
     "build_report",
     "collect_distributed",
     "collect_env",
-    "collect_hardware",
-    "cpu_model",
     "format_report",
     "fp8_check",
-    "measure_copy_gbs",
-    "measure_h2d_gbs",
-    "measure_matmul_tflops",
     "run_checks",
     "run_probes",
 ]
