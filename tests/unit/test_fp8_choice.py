@@ -10,9 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from turbotrain.core.precision.fp8 import FP8
+from turbotrain.core.precision.fp8 import FP8, convert_linears
 from turbotrain.core.precision.fp8_choice import (
-    apply_fp8_choice,
     choose_fp8_layers,
     decide,
     linear_timer,
@@ -123,7 +122,7 @@ def test_the_choice_converts_those_layers_with_their_recipes_in_emulation():
     torch.manual_seed(0)
     net = Net()
     choice = choose_fp8_layers(net, TOKENS, FP8(), Timer(MS))
-    converted = apply_fp8_choice(net, choice, emulate=True)
+    converted = convert_linears(net, choice.converted, emulate=True)
     assert sorted(converted) == sorted(choice.converted)
     assert isinstance(net.blocks[0].qkv, Float8Linear) and type(net.blocks[0].proj) is nn.Linear
     assert net.blocks[0].qkv.config.cast_config_input.scaling_granularity.name == "AXISWISE"  # rowwise

@@ -8,22 +8,21 @@ piece at a time by the own-loop API; no host-device sync per step except the gua
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any, ContextManager
 
 import torch
 from torch import nn
 
-from ..base.batch import batch_size
+from ..base.batch import batch_size, real_tokens
 from ..base.config import RunConfig
 from ..base.errors import ConfigError
 from ..parts.data.prefetch import DevicePrefetcher
 from ..parts.models.moe.parallel import GradNormFn
 from .compile_guard import CompileGuard
 from .distributed import Strategy, build_strategy
-from .evaluation import MetricsFn, evaluate_batches
 from .graphs import StepGraph
-from .logged_values import LoggedValues
+from .meter.clock import sync
 from .nonfinite import NonFinitePolicy
 from .oom import build_oom_policy, run_guarded, run_guarded_batch
 from .options import EngineOptions, scheduler_interval_of
@@ -35,10 +34,54 @@ from .precision.core import (  # the classes' own module: one import level less
     build_guard,
     build_precision,
 )
-from .train_state import Event, TrainState
 from .transforms import apply_activation_checkpointing, apply_compile
 from .user_objects import tune_user_loader, tune_user_optimizer
-from .window import LossFn, Window, WindowFn, as_loss, default_loss, micro_batches
+from .window import LossFn, MetricsFn, Window, WindowFn, as_loss, default_loss, micro_batches
+
+
+@dataclass
+class TrainState:
+    """Progress counters (host integers, never synced from the device), saved with the engine's state."""
+
+    step: int = 0  # optimizer steps taken (a skipped non-finite step counts: the schedule moves on)
+    micro_step: int = 0  # forward/backward passes
+    batches: int = 0  # loader batches consumed by forward_backward / train_window: the data position
+    samples: int = 0
+    tokens: int = 0
+
+    def count(self, batch: Any) -> None:
+        """Add a batch's samples and real tokens (padding left out); no sync for a batch on the host."""
+        self.samples += batch_size(batch)
+        self.tokens += int(real_tokens(batch))  # host-device sync point only for a mask on a device
+
+
+@dataclass
+class Event:
+    """Something that changed how the run trains (precision fallback, OOM recovery)."""
+
+    step: int
+    kind: str
+    detail: str
+
+
+class LoggedValues:
+    """What a user's loop logs through ``engine.log``: ``name -> (sum on the device, count)`` since the
+    last :meth:`take` (no sync per step; read at the monitor's cadence)."""
+
+    def __init__(self) -> None:
+        self._sums: dict[str, tuple[torch.Tensor, int]] = {}
+
+    @torch.no_grad()
+    def add(self, name: str, value: torch.Tensor | float) -> None:
+        """Add ``value`` (a tensor's mean, or a number) to ``name``'s sum; no host sync."""
+        t = value.detach().float().mean() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
+        total, count = self._sums.get(name, (None, 0))
+        self._sums[name] = (t if total is None else total + t.to(total.device), count + 1)
+
+    def take(self) -> dict[str, torch.Tensor]:
+        """The means since the last call, as device tensors named ``train_<name>``, and start over."""
+        sums, self._sums = self._sums, {}
+        return {f"train_{name}": total / count for name, (total, count) in sums.items()}
 
 
 class Engine:
@@ -296,9 +339,8 @@ class Engine:
         self.events.append(Event(self.state.step if step is None else step, kind, detail))
 
     def synchronize(self) -> None:
-        """Wait for queued device work (host-device sync point; for timing only)."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        """Wait for queued device work (host-device sync point; for timing only): the kit's one sync."""
+        sync(self.device)
 
     def poll(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Read the non-finite counter (host-device sync point) and apply the policy (nonfinite.py)."""
@@ -332,7 +374,7 @@ class Engine:
     ) -> dict[str, float]:
         """:meth:`evaluate`'s ``"loss"`` and the mean of each metric of ``metrics_fn(model, batch)``
         (e.g. ``{"accuracy": ...}``), averaged over the ranks, read once at the end."""
-        return evaluate_batches(model, batches, loss_fn, metrics_fn, self.window)
+        return self.window.evaluate(model, batches, loss_fn, metrics_fn)
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -7,18 +7,18 @@ host-device sync, so whole-step capture (CUDA graphs) or a pipeline schedule is 
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from ..base.batch import batch_size, split_batch
-from ..base.errors import LossError
+from ..base.batch import batch_size, misplaced, move_to, split_batch
+from ..base.errors import LossError, PlacementError
 from ..parts.models.moe.parallel import GradNormFn
-from ..parts.models.spec import LossFn  # the one definition of (model, batch) -> loss
-from .placement import check_batch_placed, check_models_placed
+from ..parts.models.spec import LossFn, MetricsFn  # the one definition of (model, batch) -> loss
 from .precision.core import NonFiniteGuard, Precision  # the class's own module: one import level less
+from .transforms import eager
 
 if TYPE_CHECKING:  # the window calls the strategy it is given; it builds none
     from .distributed import Strategy
@@ -73,6 +73,31 @@ def default_loss(model: nn.Module, batch: Any) -> Any:
     if isinstance(batch, Mapping):
         return model(**batch)
     return model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
+
+
+def check_models_placed(models: Iterable[nn.Module], device: torch.device) -> None:
+    """Every parameter and buffer of ``models`` on ``device``'s type, else one PlacementError (checked
+    once, never per step: a tensor left on the host names itself instead of failing in a kernel)."""
+    wrong = [
+        f"{name} ({t.device})"
+        for model in models
+        for name, t in [*model.named_parameters(), *model.named_buffers()]
+        if t.device.type != device.type
+    ]
+    if wrong:
+        raise PlacementError(
+            f"{len(wrong)} tensor(s) not on {device}: {', '.join(wrong[:5])}; "
+            "create every submodule before engine.setup(model, ...) so it is moved"
+        )
+
+
+def check_batch_placed(batch: Any, device: torch.device) -> None:
+    """Every tensor of ``batch`` on ``device``, else one PlacementError."""
+    wrong = misplaced(batch, device)
+    if wrong:
+        raise PlacementError(
+            f"{', '.join(wrong[:5])} not on {device}; pass the loader to engine.setup(...) so batches are moved"
+        )
 
 
 def default_grad_norm(params: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -315,6 +340,29 @@ class Window:
         self.precision.update()
         optimizer.zero_grad(set_to_none=True)
         return loss_sum, norm
+
+    def evaluate(
+        self, model: nn.Module, batches: Iterable[Any], loss_fn: LossFn, metrics_fn: MetricsFn | None
+    ) -> dict[str, float]:
+        """The mean loss and each metric over ``batches`` under autocast, no_grad and eagerly (no
+        eval-mode graph is compiled for a few batches), averaged over the ranks; the mode restored."""
+        was_training = model.training
+        model.eval()
+        total, n = torch.zeros((), device=self.device), 0
+        sums: dict[str, torch.Tensor] = {}
+        with torch.no_grad(), self.precision.autocast(), eager():
+            for batch in batches:
+                batch = move_to(batch, self.device, non_blocking=True)
+                total += as_loss(loss_fn(model, batch)).float()
+                for name, value in (metrics_fn(model, batch) if metrics_fn is not None else {}).items():
+                    value = torch.as_tensor(value, device=self.device).float().mean()
+                    sums[name] = sums[name] + value if name in sums else value
+                n += 1
+        model.train(was_training)
+        names = ["loss", *sums]
+        # every rank evaluated its own batches
+        means = self.strategy.mean_(torch.stack([total, *sums.values()]) / max(n, 1))
+        return dict(zip(names, means.tolist()))  # host-device sync point (once per evaluation)
 
     def params_of(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
         """The optimizer's parameters, listed once per optimizer."""

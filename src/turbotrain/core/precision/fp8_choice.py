@@ -210,11 +210,6 @@ def timing_settings(device: torch.device, compile: bool, emulate: bool) -> dict[
     return {"device": device_name(device), "torchao": torchao, "compile": compile, "emulate": emulate}
 
 
-def apply_fp8_choice(model: nn.Module, choice: FP8Choice, emulate: bool = False) -> list[str]:
-    """Swap the chosen layers for ``Float8Linear``, each in its recipe; returns their names."""
-    return convert_linears(model, choice.converted, emulate=emulate)
-
-
 def linear_timer(
     device: torch.device, *, compile: bool = False, emulate: bool = False, repeats: int = 10, warmup: int = 3
 ) -> Timer:

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -43,8 +43,7 @@ class TrialResult:
     step_s: float
 
 
-class Trial(Protocol):
-    def __call__(self, micro: int) -> TrialResult: ...
+Trial = Callable[[int], TrialResult]  # micro -> its peak and step time, or torch.OutOfMemoryError
 
 
 @dataclass
@@ -134,7 +133,7 @@ def _agree_across_ranks(value: int) -> int:
 
 
 def find_batch_size(
-    trial: Trial | Callable[[int], TrialResult],
+    trial: Trial,
     *,
     max_micro: int = DEFAULT_MAX_MICRO,
     start: int = 1,
@@ -192,7 +191,7 @@ def _check_search(pick: str, headroom: float, start: int, max_micro: int) -> Non
 class _Search:
     """The sizes tried so far and how to try the next (:func:`find_batch_size`)."""
 
-    trial: Trial | Callable[[int], TrialResult]
+    trial: Trial
     budget_bytes: int | None
     predict: bool
     max_step_s: float

@@ -38,11 +38,8 @@ class StepTrial:
         timed_steps: int = 1,
     ) -> None:
         self.engine, self.model, self.optimizer = engine, model, optimizer
-        self.make_batch, self.loss_fn, self.timed_steps = (
-            make_batch,
-            loss_fn or default_loss,
-            max(1, timed_steps),
-        )
+        self.make_batch, self.loss_fn = make_batch, loss_fn or default_loss
+        self.timed_steps = max(1, timed_steps)
         self.device = engine.device
         # The state dict, not the live tensors: under expert parallelism it holds every expert (the
         # modules' hooks gather them) and a MoE layer's pending router-bias loads (its extra state),
