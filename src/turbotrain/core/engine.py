@@ -7,16 +7,19 @@ piece at a time by the own-loop API; no host-device sync per step except the gua
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, ContextManager
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
 from ..base.batch import batch_size, real_tokens
 from ..base.config import RunConfig
 from ..base.errors import ConfigError
+from ..parts.data.loader import LoaderSettings, tune_loader
 from ..parts.data.prefetch import DevicePrefetcher
 from ..parts.models.moe.parallel import GradNormFn
 from .compile_guard import CompileGuard
@@ -25,6 +28,7 @@ from .graphs import StepGraph
 from .meter.clock import sync
 from .nonfinite import NonFinitePolicy
 from .oom import build_oom_policy, run_guarded, run_guarded_batch
+from .optim import apply_fast_adam_kernel
 from .options import EngineOptions, scheduler_interval_of
 from .plan import ParallelPlan
 from .precision.core import (  # the classes' own module: one import level less
@@ -35,8 +39,29 @@ from .precision.core import (  # the classes' own module: one import level less
     build_precision,
 )
 from .transforms import apply_activation_checkpointing, apply_compile
-from .user_objects import tune_user_loader, tune_user_optimizer
 from .window import LossFn, MetricsFn, Window, WindowFn, as_loss, default_loss, micro_batches
+
+log = logging.getLogger(__name__)
+
+
+def tune_user_loader(loader: Iterable[Any], settings: LoaderSettings | None) -> Iterable[Any]:
+    """``data.tune_user_loader``: a torch DataLoader rebuilt with ``settings`` (None: off; off by default:
+    an own loop's objects are its own), in one log line; else the loader as it is."""
+    if settings is None or isinstance(loader, DevicePrefetcher):
+        return loader
+    if not isinstance(loader, DataLoader):
+        log.warning(
+            "data.tune_user_loader: the loader is a %s, not a torch DataLoader; it is used as it is",
+            type(loader).__name__,
+        )
+        return loader
+    tuned = tune_loader(loader, settings)
+    change = (
+        f"num_workers {loader.num_workers} -> {tuned.num_workers}, pin_memory {loader.pin_memory} -> "
+        f"{tuned.pin_memory}, persistent_workers {loader.persistent_workers} -> {tuned.persistent_workers}"
+    )
+    log.info("data.tune_user_loader: DataLoader: %s", change)
+    return tuned
 
 
 @dataclass
@@ -197,8 +222,12 @@ class Engine:
         self.window.adopt(model)
         model.to(self.device)
         self.precision.convert_module(model, sharded=self.strategy.plan.sharded)
-        if optimizer is not None and self.options.tune_user_optimizer:
-            tune_user_optimizer(optimizer, self.device)
+        if optimizer is not None and self.options.tune_user_optimizer:  # in place, in one log line
+            change = apply_fast_adam_kernel(optimizer, self.device)
+            log.info(
+                "optim.tune_user_optimizer: %s",
+                change or "left as it is (not a plain torch.optim.Adam/AdamW, or already that kernel)",
+            )
         apply_activation_checkpointing(model, self.options.checkpointing)
         apply_compile(model, self.options.compile_scope, self.options.compile_mode)
         if self.options.cuda_graphs and self.window.wrapper is None:  # whole-step capture (core/graphs.py)
