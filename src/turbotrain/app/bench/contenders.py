@@ -248,7 +248,7 @@ def train_turbotrain(job: Job) -> dict[str, Any]:
                 clock.mark(ctx.engine.last_loss)
             if step == total and profiler is not None:
                 clock.finish()  # the timed window ends here; the profiled steps come after it
-                profiler.start()
+                profiler.prof.start()
 
     try:
         # prepared as every run is: its settings, its plan joined (the model is the bench's own)
@@ -307,9 +307,6 @@ class Profiler:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self.sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
         self.prof = torch.profiler.profile(activities=activities)
-
-    def start(self) -> None:
-        self.prof.start()
 
     def stop(self) -> dict[str, Any]:
         self.prof.stop()

@@ -56,9 +56,8 @@ class Dim:
 @dataclass(frozen=True)
 class ModelFacts:
     """What the target's model and data allow: a family of the registry (``gpt``: its spec's speed
-    choices, e.g. the GPT's attention), repeated blocks
-    (activation checkpointing, per-block compile), an own optimizer (no implementation choice),
-    a DataLoader (workers can change)."""
+    choices, e.g. the GPT's attention), repeated blocks (activation checkpointing, per-block
+    compile), an own optimizer (no implementation choice), a DataLoader (workers can change)."""
 
     gpt: bool
     blocks: bool
