@@ -282,20 +282,20 @@ def build(target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_d
         config, spec.vocab_size(config) or source.vocab_size, engine.device, seed=config.run.seed
     )
     return Built(
-        target,
-        config,
-        engine,
-        a.trainable.model,
-        a.trainable.optimizer,
-        engine.setup_loader(data),
-        data,
-        labelled(default_loss),
-        monitor,
-        batch,
-        micro,
-        parity,
-        _loader_info(config, engine, settings, micro, f"DataLoader over {source.description}"),
-        run_dir,
+        target=target,
+        config=config,
+        engine=engine,
+        model=a.trainable.model,
+        optimizer=a.trainable.optimizer,
+        loader=engine.setup_loader(data),
+        data=data,
+        loss_fn=labelled(default_loss),
+        monitor=monitor,
+        make_batch=batch,
+        micro=micro,
+        parity_batches=parity,
+        loader_info=_loader_info(config, engine, settings, micro, f"DataLoader over {source.description}"),
+        run_dir=run_dir,
         batch_search=a.batch_search.to_dict() if a.batch_search is not None else None,
         files=[train, a.data, *val],
     )
@@ -354,7 +354,7 @@ def _build_workload(
     plan = prepare_config(config, run_dir, workload=w).plan
     # the workload's own optimizer when it has one (setup returns the optimizer it is given)
     t = build_trainable(config, w.model, loader=data, optimizer=w.optimizer, plan=plan)
-    engine, model, device_loader = t.engine, t.model, t.loader
+    engine, device_loader = t.engine, t.loader
     assert device_loader is not None
     first = next(iter(loader), None)
     if first is None:  # an empty loader: one line, not a bare StopIteration
@@ -363,23 +363,23 @@ def _build_workload(
     held_out = w.eval_loader if w.eval_loader is not None else ()
     parity = [move_to(b, engine.device) for b, _ in zip(held_out, range(PARITY_BATCHES))] or [example]
     watch = MonitorPlan(config.monitor.log_every, run_dir, nvml=config.monitor.nvml)
-    monitor, _ = build_monitor(engine, model, example, watch, loss_fn=loss_fn)
+    monitor, _ = build_monitor(engine, t.model, example, watch, loss_fn=loss_fn)
     info = _loader_info(config, engine, loader, batch_size(example), loader_summary(loader))
     return Built(
-        target,
-        config,
-        engine,
-        model,
-        t.optimizer,
-        device_loader,
-        data,
-        labelled(loss_fn),
-        monitor,
-        lambda _micro: example,
-        batch_size(example),
-        parity,
-        info,
-        run_dir,
+        target=target,
+        config=config,
+        engine=engine,
+        model=t.model,
+        optimizer=t.optimizer,
+        loader=device_loader,
+        data=data,
+        loss_fn=labelled(loss_fn),
+        monitor=monitor,
+        make_batch=lambda _micro: example,
+        micro=batch_size(example),
+        parity_batches=parity,
+        loader_info=info,
+        run_dir=run_dir,
         workload=w,
     )
 
