@@ -17,6 +17,7 @@ import torch
 from ...base.batch import move_to
 from ...base.config import load_config
 from ...base.errors import TurbotrainError
+from ...base.failure import cause_in_log
 from ...core.assembly import build_trainable
 from ...tools.memory import resolve_batch_size
 from ..measure import child_main, run_child
@@ -63,9 +64,9 @@ def find_workload_batch(
             "pass --batch N or a larger --timeout-s"
         )
     if code != 0 or result is None:
-        tail = log.read_text().strip().splitlines()[-1:] or ["no output"]
+        cause = cause_in_log(log.read_text(errors="replace"), code)  # not the last line: a warning's, often
         raise TurbotrainError(
-            f"--batch auto: the batch search for {name} failed: {tail[0][:300]} ({where}); pass --batch N"
+            f"--batch auto: the batch search for {name} failed: {cause} ({where}); pass --batch N"
         )
     return result
 

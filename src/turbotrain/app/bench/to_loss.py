@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ...base.config import load_config
+from ...base.failure import cause_in_log
 from ...base.process import child_env
 from ...core.engine import default_loss
 from ...core.meter.table import render_table
@@ -130,10 +131,9 @@ def run_to_loss(opts: ToLossOptions, log: Callable[[str], None] = print) -> dict
             code, out, _ = run_child("turbotrain.app.bench.to_loss", job, spec, env, opts.timeout_s)
             if code == 0 and out is not None:
                 run = out
-            else:
-                log_file = job / "log.txt"
-                tail = log_file.read_text().strip().splitlines()[-1:] if log_file.exists() else []
-                reason = "timed out" if code is None else f"exit {code}: {' '.join(tail)[:200]}"
+            else:  # the cause, not the log's last line (often a warning's source)
+                log_text = (job / "log.txt").read_text(errors="replace")
+                reason = "timed out" if code is None else f"exit {code}: {cause_in_log(log_text, code)[:200]}"
                 run = {"contender": name, "seed": seed, "failed": reason}
             run["process_s"] = time.perf_counter() - t0
             runs.append(run)
