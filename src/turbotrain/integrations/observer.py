@@ -160,8 +160,7 @@ class LoopObserver:
         self.flops_per_sample: float | None = None
         self.flops_source = ""
         self._start = time.perf_counter()
-        self._first = -1
-        self._closed = False
+        self._first, self._closed = -1, False
         _OPEN[self.run_dir.resolve()] = self
 
     def _monitor(

@@ -155,10 +155,8 @@ class Checkpointer(Hook):
     def _stage_shards(self, tree: Any) -> Any:
         """A sharded checkpoint's parts copied to the host through DCP's stager (it keeps its buffers)."""
         if self._stager is None:
-            from torch.distributed.checkpoint.staging import (
-                DefaultStager,
-                StagingOptions,
-            )  # costly: when used
+            # costly to import: when used
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
             cuda = torch.cuda.is_available()
             options = StagingOptions(cuda, False, False, cuda)  # pinned, shared, async, non-blocking

@@ -100,8 +100,7 @@ class WorkloadSpec(ModelSpec):
     name = "workload"
 
     def __init__(self, ref: str, make: Callable[[], Any] | Workload | None = None) -> None:
-        self.ref = ref
-        self._make = make
+        self.ref, self._make = ref, make
         self._workload: Workload | None = make if isinstance(make, Workload) else None
 
     def build_model(self, c: RunConfig, vocab_size: int) -> nn.Module:
