@@ -291,12 +291,7 @@ def collect_nvml() -> dict[str, Any]:
         if handle is None:
             continue
         name = _try(pynvml.nvmlDeviceGetName, handle)
-        gpus.append(
-            {
-                "nvml_index": i,
-                "name": name.decode() if isinstance(name, bytes) else name,
-                **collect_nvml_device(handle),
-            }
-        )
+        name = name.decode() if isinstance(name, bytes) else name
+        gpus.append({"nvml_index": i, "name": name, **collect_nvml_device(handle)})
     out["gpus"] = gpus
     return out

@@ -33,14 +33,14 @@ def _cpu_sdpa_backward_flop(
 
 
 # torch's flop counter knows the CUDA attention kernels but not the CPU one SDPA dispatches to.
-_EXTRA_FLOP_FORMULAS: dict[Any, Any] = {}
-for _name, _fn in (
-    ("_scaled_dot_product_flash_attention_for_cpu", _cpu_sdpa_flop),
-    ("_scaled_dot_product_flash_attention_for_cpu_backward", _cpu_sdpa_backward_flop),
-):
-    _op = getattr(torch.ops.aten, _name, None)
-    if _op is not None:
-        _EXTRA_FLOP_FORMULAS[_op] = _fn
+_EXTRA_FLOP_FORMULAS: dict[Any, Any] = {
+    op: fn
+    for name, fn in (
+        ("_scaled_dot_product_flash_attention_for_cpu", _cpu_sdpa_flop),
+        ("_scaled_dot_product_flash_attention_for_cpu_backward", _cpu_sdpa_backward_flop),
+    )
+    if (op := getattr(torch.ops.aten, name, None)) is not None
+}
 
 
 COUNTED = (

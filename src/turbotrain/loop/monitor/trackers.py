@@ -161,7 +161,6 @@ class MlflowSink:
     def __init__(self, run_dir: Path, options: TrackerOptions) -> None:
         mlflow = _import("mlflow")
         self.Metric = mlflow.entities.Metric
-        store = run_dir.resolve().parent
         uri = _mlflow_uri(run_dir, options)
         self.client = _mlflow_client(uri)
         ids = _read_ids(run_dir).get("mlflow") or {}
@@ -170,14 +169,13 @@ class MlflowSink:
             self.client.update_run(self.run_id, status="RUNNING")
         else:
             experiment = self.client.get_experiment_by_name(options.project)
+            # a new experiment's artifacts beside the store (MLflow's default: ./mlartifacts of the working directory)
+            store = run_dir.resolve().parent / "mlartifacts"
+            artifacts = store.as_uri() if uri.startswith("sqlite:") else None
             experiment_id = (
                 experiment.experiment_id
                 if experiment is not None
-                else self.client.create_experiment(
-                    options.project,
-                    # beside the store (MLflow's default is ./mlartifacts of the working directory)
-                    artifact_location=(store / "mlartifacts").as_uri() if uri.startswith("sqlite:") else None,
-                )
+                else self.client.create_experiment(options.project, artifact_location=artifacts)
             )
             self.run_id = self.client.create_run(
                 experiment_id, run_name=options.name or run_dir.name

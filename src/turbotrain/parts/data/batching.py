@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from ...base.errors import TurbotrainError
 from .documents import Documents, open_documents
-from .loader import START, LoaderSettings, Position, StreamSampler, sampled_loader
+from .loader import START, LoaderSettings, Position, PreadRows, StreamSampler, sampled_loader
 from .sources import PreadFile, TokenSource
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ class TokenBudgetSampler(StreamSampler):
             epoch += 1
 
 
-class PieceRows(Dataset):
+class PieceRows(PreadRows):
     """Rows of document pieces, fetched a batch at a time with ``pread``: (inputs, targets) int64 of
     shape (rows, padded length), inputs padded with 0 and targets with -100."""
 
@@ -118,10 +118,6 @@ class PieceRows(Dataset):
 
     def __len__(self) -> int:
         return len(self.pieces)
-
-    def close(self) -> None:
-        """Close the token file (reopened by a later read)."""
-        self._reader.close()
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         offsets, lengths = self.pieces.offsets[indices], self.pieces.lengths[indices]
@@ -135,10 +131,6 @@ class PieceRows(Dataset):
         y = torch.from_numpy(rows[:, 1:].copy())
         y[torch.from_numpy(np.arange(width)[None, :] >= (lengths - 1)[:, None])] = IGNORE_INDEX
         return x, y
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = self.__getitems__([i])
-        return x[0], y[0]
 
 
 def build_budget_loader(

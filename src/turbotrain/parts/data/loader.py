@@ -24,7 +24,24 @@ from ..workload import rebuild_loader
 from .sources import PreadFile, TokenSplit
 
 
-class TokenWindows(Dataset):
+class PreadRows(Dataset):
+    """(inputs, targets) rows of a token file read with ``pread``, a batch at a time (``__getitems__``)."""
+
+    _reader: PreadFile
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.__getitems__([i])
+        return x[0], y[0]
+
+    def close(self) -> None:
+        """Close the token file (reopened by a later read)."""
+        self._reader.close()
+
+
+class TokenWindows(PreadRows):
     """Item ``i`` is (tokens[i : i+T], tokens[i+1 : i+T+1]) as int64, one ``pread`` per row."""
 
     def __init__(self, split: TokenSplit, seq_len: int) -> None:
@@ -43,18 +60,10 @@ class TokenWindows(Dataset):
     def __len__(self) -> int:
         return self.positions
 
-    def close(self) -> None:
-        """Close the token file (reopened by a later read)."""
-        self._reader.close()
-
     def __getitems__(self, offsets: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         rows = self.split.read_rows(self._reader.fd(), np.asarray(offsets, dtype=np.int64), self.seq_len + 1)
         window = torch.from_numpy(rows.astype(np.int64))
         return window[:, :-1].contiguous(), window[:, 1:].contiguous()
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = self.__getitems__([i])
-        return x[0], y[0]
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from torch import nn
 from ....base.config import RunConfig
 from ....base.rundir import TOKENIZER_FILE
 from ...data import TokenSource, TokenWindows, build_loader, check_vocab, fixed_batches, open_tokens
-from ...data.batching import BudgetData, PieceRows, build_budget_data, resume_start
-from ...data.loader import LoaderSettings, Position
+from ...data.batching import BudgetData, build_budget_data, resume_start
+from ...data.loader import LoaderSettings, Position, PreadRows
 from ...data.tokenizer import save_run_tokenizer
 from ..spec import ModelSpec, RunData, SpeedHint
 from .model import GPT, GPTConfig
@@ -70,11 +70,8 @@ class TokenData(RunData):
 
     def steps_per_epoch(self, c: RunConfig, world: int) -> int:
         """The steps whose windows hold as many tokens as the training split."""
-        return max(
-            1,
-            len(self.source.train)
-            // (int(c.batch.micro) * c.batch.accumulation * world * gpt_settings(c).block_size),
-        )
+        tokens_per_step = int(c.batch.micro) * c.batch.accumulation * world * gpt_settings(c).block_size
+        return max(1, len(self.source.train) // tokens_per_step)
 
     def start_after(self, saved_batches: int, step: int, c: RunConfig, saved_world: int, world: int) -> int:
         if c.data.batching == "tokens":  # the stream's position holds only with the same batches per step
@@ -85,9 +82,8 @@ class TokenData(RunData):
         save_run_tokenizer(self.source.tokenizer, run_dir)  # what `turbotrain sample` decodes with
 
     def close(self) -> None:
-        budget_rows = cast(PieceRows, self._budget.loader.dataset) if self._budget is not None else None
-        opened: tuple[TokenWindows | PieceRows | None, ...] = (self.train, self.val, budget_rows)
-        for rows in opened:
+        budget_rows = cast(PreadRows, self._budget.loader.dataset) if self._budget is not None else None
+        for rows in (self.train, self.val, budget_rows):
             if rows is not None:
                 rows.close()
 
