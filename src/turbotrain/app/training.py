@@ -23,6 +23,7 @@ from torch import nn
 
 from ..base.atomic import DiskFullError, atomic_write, clean_stale_temps, disk_full_cause
 from ..base.config import RunConfig, setting, to_toml
+from ..base.records import read_metrics
 from ..base.rundir import (
     CHECKPOINTS,
     CONFIG_FILE,
@@ -55,10 +56,9 @@ from ..parts.models.spec import LossFn, ModelSpec, RunData
 from ..tools.memory import memory_summary, resolve_batch_size
 from .experts_growth import growth_stops, stopped_to_grow
 from .prepare import PreparedRun, plan_run, prepare_config, start, stop_startup
-from .report import read_metrics, write_summary
 from .resume import resume_from
 from .run_settings import resolve_epochs, say_recipe, scale_lr, warn_long_warmup
-from .summary import RunFacts
+from .summary import RunFacts, write_summary
 from .tracking import engine_facts
 
 __all__ = ["Training", "build_training", "plan_run", "stopped_by_signal", "train", "train_prepared"]
