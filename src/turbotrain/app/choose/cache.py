@@ -45,7 +45,7 @@ def key_material(config: RunConfig, device: torch.device) -> dict[str, Any]:
     return cache.material(settings, model, device)
 
 
-def _rows(value: Any) -> dict[str, dict[str, Any]]:
+def checked_rows(value: Any) -> dict[str, dict[str, Any]]:
     """The cached rows, checked: each a failure's reason or the figures a decision reads."""
     if not isinstance(value, dict):
         raise TypeError(f"rows are a JSON {type(value).__name__}, not an object of candidates")
@@ -57,12 +57,3 @@ def _rows(value: Any) -> dict[str, dict[str, Any]]:
                 if not isinstance(row.get(figure), (int, float)):
                     raise ValueError(f"row {name!r} has no number {figure!r}")
     return value
-
-
-def load(folder: Path, key: str, material: dict[str, Any]) -> dict[str, Any] | None:
-    """The cached measurements for ``key`` (``{candidate name: figures}``), or None."""
-    return cache.read(folder / f"{key}.json", WHAT, material, _rows)
-
-
-def save(folder: Path, key: str, material: dict[str, Any], rows: dict[str, Any]) -> Path | None:
-    return cache.write(folder / f"{key}.json", WHAT, material, rows)

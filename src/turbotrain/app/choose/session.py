@@ -100,8 +100,8 @@ def choose(
     device = device or resolve_device(config.run.device)
     material = cache.key_material(config, device)
     key = meter_cache.key_of(material)
-    folder = cache.cache_dir(config)
-    cached = cache.load(folder, key, material) or {}
+    path = cache.cache_dir(config) / f"{key}.json"  # {candidate name: figures}
+    cached = meter_cache.read(path, cache.WHAT, material, cache.checked_rows) or {}
     planned = planned or config.train.max_steps
     decision = Decision(changes={}, planned_steps=planned, key=key)
     first = stage1(config, device.type, resolve_precision("auto", DeviceCaps.of(device)))
@@ -129,7 +129,7 @@ def choose(
         for r in rows
         if r.status != "skipped" and not r.cached
     }
-    saved = cache.save(folder, key, material, {**cached, **fresh}) if fresh else folder / f"{key}.json"
+    saved = meter_cache.write(path, cache.WHAT, material, {**cached, **fresh}) if fresh else path
     decision.cache = str(saved or "")
     return decision
 

@@ -104,9 +104,7 @@ class SyncLocator:
 
     def start(self) -> None:
         stack = self._stack = contextlib.ExitStack()
-        set_stance = getattr(torch.compiler, "set_stance", None)  # torch >= 2.6; older: compiled code as is
-        if set_stance is not None:
-            stack.enter_context(set_stance("force_eager"))
+        stack.enter_context(torch.compiler.set_stance("force_eager"))
         if self.device.type == "cuda" and torch.cuda.is_available():
             stack.enter_context(_cuda_sync_debug(self))
         stack.enter_context(_FunctionLevel(self))
