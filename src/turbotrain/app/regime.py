@@ -90,10 +90,8 @@ def probe_from(
     step_ms = float(figures["step_ms_median"])  # the report's one step time: the timed steps' median
     # the profiled steps run slower under the profiler: their host time, scaled to the timed step
     scale = step_ms / trace["profiled_step_ms"] if trace.get("profiled_step_ms") else 1.0
-    host = (
-        scale * sum(v.get("host_ms", 0.0) for k, v in phases.items() if k not in ("data", "hooks", "other"))
-        or None
-    )
+    enqueue = sum(v.get("host_ms", 0.0) for k, v in phases.items() if k not in ("data", "hooks", "other"))
+    host = scale * enqueue or None
     found = {"device_busy_ms": device.get("busy_ms"), "host_enqueue_ms": host, "peak_tflops": peak_tflops}
     return probe_of({**figures, **found})
 
@@ -105,11 +103,9 @@ QUEUE_FULL = 0.9  # the host's enqueue took this share of the sleep: the launch 
 
 
 class Timeline(Hook):
-    """Host enqueue time against device busy time of :data:`PROBE_STEPS` steps after ``after``, with
-    no profiler and no sync per step (CUDA only). The device sleeps (``torch.cuda._sleep``) while the
-    host enqueues each probed step: the host's span is its enqueue time, the kit's stamps around the
-    step its busy time. A host span near the sleep means the launch queue filled: then only the busy
-    time counts."""
+    """Host enqueue time against device busy time of :data:`PROBE_STEPS` steps after ``after``, no
+    profiler, no sync per step (CUDA only; how: docs/choose.md#the-regime). A host span near the
+    sleep means the launch queue filled: then only the busy time counts."""
 
     def __init__(self, after: int, steps: int = PROBE_STEPS) -> None:
         self.after, self.steps = after, steps

@@ -231,19 +231,16 @@ def _overhead(built: Built, trace: dict[str, Any], device: str) -> list[Advice]:
     if device == "cuda" and dev:
         op_us, idle = dev["kernel_median_us"], dev["idle_share"]
         small = op_us < OVERHEAD_KERNEL_US_CUDA and idle >= OVERHEAD_IDLE_CUDA
+        what = "the median kernel takes"
     else:
         op_us = trace.get("forward_op_time_median_us")  # where the time goes, not the count of tiny operators
         small = op_us is not None and op_us < OVERHEAD_OP_US_CPU
+        what = "half the forward's time goes to operators of at most"
     # Accumulating tiny micro-batches is a sign on any machine: the finder only raises it if it fits.
     if not (small or (acc > 1 and micro < SMALL_MICRO)) or op_us is None:
         return []
     share = sum(trace["phases"][p]["share"] for p in ("forward", "backward", "other"))
     overhead_us = min(PER_OP_OVERHEAD_US.get(device, 8.0), 0.9 * op_us)
-    what = (
-        "the median kernel takes"
-        if device == "cuda" and dev
-        else "half the forward's time goes to operators of at most"
-    )
     why = (
         f"{micro} sample(s) per forward pass: {what} {op_us:.1f} us, "
         f"close to the ~{overhead_us:.0f} us every operator costs whatever its size"

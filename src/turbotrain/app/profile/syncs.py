@@ -187,11 +187,7 @@ class _DispatchLevel(_Level, TorchDispatchMode):
             return READ
         if name in SHAPE_SYNC_OPS:
             return SHAPE
-        if (
-            name == "repeat_interleave"
-            and isinstance(first, torch.Tensor)
-            and kwargs.get("output_size") is None
-        ):
+        if name == "repeat_interleave" and kwargs.get("output_size") is None:
             return SHAPE if len(args) < 4 or args[3] is None else None
         if name in ("index", "index_put", "index_put_") and len(args) > 1:
             masks = any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1])
