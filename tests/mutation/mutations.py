@@ -403,8 +403,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "repeat-interleave-output-size-ignored",
         "src/turbotrain/app/profile/syncs.py",
-        '            and kwargs.get("output_size") is None',
-        "            and True  # mutation: output_size not looked at",
+        '        if name == "repeat_interleave" and kwargs.get("output_size") is None:',
+        '        if name == "repeat_interleave":  # mutation: output_size not looked at',
         ("tests/unit/test_syncs.py::test_repeat_interleave_is_named_without_output_size_and_not_with_it",),
         "repeat_interleave with output_size (no sync) is named as a sync",
     ),
