@@ -288,13 +288,8 @@ def probe_line(
         return {"line": f"regime: not probed ({one_line(exc)})"}
     finally:
         torch.compiler.reset()  # what the probe compiled belongs to a model that is gone (disk caches stay warm)
-    keys = ("step_ms_median", *PROBE_KEYS, "launch_queue_full")
-    return {
-        "line": f"{regime.line()} [{label}]",
-        "name": regime.name,
-        "why": regime.why,
-        "figures": {k: figures.get(k) for k in keys},
-    }
+    kept = {k: figures.get(k) for k in ("step_ms_median", *PROBE_KEYS, "launch_queue_full")}
+    return {"line": f"{regime.line()} [{label}]", "name": regime.name, "why": regime.why, "figures": kept}
 
 
 def doctor_regime(preset: str | None, model: str | None) -> dict[str, Any]:
@@ -302,17 +297,12 @@ def doctor_regime(preset: str | None, model: str | None) -> dict[str, Any]:
     launches or kernels hold the step, which compile and CUDA graphs answer); on a CPU the caveat."""
     if not torch.cuda.is_available():
         return {"line": CPU_LINE}
+    eager = {"compile": {"scope": "off"}, "choose": {"measure": "off"}}
+    label = "a probe of 8 eager steps and 3 on the device timeline"
     with tempfile.TemporaryDirectory(prefix="turbotrain-regime-") as tmp:
-        return probe_line(
-            Target(preset=preset, model=model),
-            {"compile": {"scope": "off"}, "choose": {"measure": "off"}},
-            Path(tmp),
-            "a probe of 8 eager steps and 3 on the device timeline",
-        )
+        return probe_line(Target(preset=preset, model=model), eager, Path(tmp), label)
 
 
 def apply(config: RunConfig, decision: Decision | None) -> RunConfig:
     """``config`` with the decision's changes (unchanged without one)."""
-    if decision is None or not decision.changes:
-        return config
-    return config.replace(**decision.changes)
+    return config if decision is None or not decision.changes else config.replace(**decision.changes)
