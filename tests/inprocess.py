@@ -1,7 +1,8 @@
 """One-process runs inside the test process: `turbotrain train` through the CLI's main() and the
 workers' one-process mode. A reference run or a refusal needs no process of its own, and each
 start costs seconds of imports on CI's 2 cores; only what is about processes (torchrun, signals,
-kills, SLURM tasks) starts one.
+kills, SLURM tasks) starts one, and where torch and turbotrain need not be imported afresh it is a
+fork of this process (:func:`fork`).
 
 As in the subprocesses the tests start (OMP_NUM_THREADS=1), torch runs on one thread meanwhile.
 ``stderr`` holds what the process would have printed there: the lines printed to it, every log
@@ -14,9 +15,13 @@ import io
 import logging
 import os
 import runpy
+import signal
+import subprocess
 import sys
+import time
+import traceback
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,3 +102,72 @@ def worker(script: Path, *args: str) -> None:
             runpy.run_path(str(script), run_name="__main__")
     finally:
         sys.argv = argv
+
+
+@dataclass
+class Forked:
+    """A child process :func:`fork` started, with :class:`subprocess.Popen`'s ``poll``, ``wait``,
+    ``send_signal`` and ``returncode`` (minus the signal's number when a signal ended it)."""
+
+    pid: int
+    returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"fork {self.pid}", timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+
+def fork(target: Callable[[], object], stdout: Path, stderr: Path | None = None) -> Forked:
+    """``target()`` in a child process forked from this one, its stdout written to ``stdout`` and
+    its stderr to ``stderr`` (default: the same file), file descriptors 1 and 2 too: a real process
+    to signal, kill and read the exit status of, without the seconds a new interpreter spends
+    importing torch and turbotrain. It exits as a program would: SystemExit's code, 1 after another
+    exception (traceback on stderr), else 0. Signals, logging and warnings start as in a new
+    interpreter (SIGTERM ends it, no log handler, warnings printed to stderr)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return Forked(pid)
+    code = 1
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        out = open(stdout, "w", buffering=1)  # noqa: SIM115 (they end with the process)
+        err = out if stderr is None else open(stderr, "w", buffering=1)  # noqa: SIM115
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        sys.stdout, sys.stderr = out, err
+        # logging and warnings as a new interpreter has them, not pytest's capture
+        for handler in logging.root.handlers[:]:
+            logging.root.removeHandler(handler)
+        logging.root.setLevel(logging.WARNING)
+        warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: err.write(
+            warnings.formatwarning(message, category, filename, lineno, line)
+        )
+        target()
+        code = 0
+    except SystemExit as exc:
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

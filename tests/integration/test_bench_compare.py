@@ -5,16 +5,26 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
+import inprocess
 import pytest
 from conftest import HANG_S
 from faults.faultenv import fault_env
 
 from turbotrain.app.bench import worker
 from turbotrain.app.bench.contenders import CONTENDERS
-from turbotrain.app.bench.suite import SAME_PRECISION_TOL, BenchOptions, run_ablation, run_compare
+from turbotrain.app.bench.results import ReportWriter
+from turbotrain.app.bench.suite import (
+    SAME_PRECISION_TOL,
+    BenchOptions,
+    run_ablation,
+    run_compare,
+    run_precision_matrix,
+)
 from turbotrain.app.bench.tables import render_report
 from turbotrain.app.bench.workloads import resolve_workload, to_spec, write_data
+from turbotrain.base.process import exit_on_sigterm
 
 TINY_GPT = {"n_layer": 1, "n_head": 2, "d_model": 32, "block_size": 16}
 CPU_CONTENDERS = ["eager", "handtuned", "accelerate", "lightning", "turbotrain"]
@@ -237,25 +247,19 @@ printf '{{"status": "ok", "step_ms_median": %s.0, "step_ms": [1.0], "time_to_fir
  "device_name": "stand-in"}}' $((10 + n)) > "$2"
 """
 
-# What `turbotrain bench --out DIR` does, with the stand-in as the rows' interpreter.
-DRIVER = """
-import sys
-from pathlib import Path
-from turbotrain.app.bench import suite
-from turbotrain.app.bench.results import ReportWriter
-from turbotrain.app.bench.workloads import resolve_workload
-from turbotrain.base.process import exit_on_sigterm
 
-standin, work, out, kind, repeat = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], int(sys.argv[5])
-sys.executable = standin
-exit_on_sigterm()
-w = resolve_workload("mlp-tiny", "cpu", warmup_steps=1, timed_steps=2)
-opts = suite.BenchOptions(device="cpu", work_dir=work, repeat=repeat, progress=ReportWriter(out, "driver", []))
-run = {"compare": lambda: suite.run_compare(w, opts, ["eager", "handtuned", "turbotrain"]),
-       "precision": lambda: suite.run_precision_matrix(w, opts),
-       "ablation": lambda: suite.run_ablation(w, opts, only=["+compile", "+fused-adamw"])}[kind]
-run()
-"""
+def _drive(standin: Path, work: Path, out: Path, kind: str, repeat: int) -> None:
+    """What `turbotrain bench --out DIR` does, with the stand-in as the rows' interpreter."""
+    sys.executable = str(standin)
+    exit_on_sigterm()
+    w = resolve_workload("mlp-tiny", "cpu", warmup_steps=1, timed_steps=2)
+    opts = BenchOptions(device="cpu", work_dir=work, repeat=repeat, progress=ReportWriter(out, "driver", []))
+    if kind == "compare":
+        run_compare(w, opts, ["eager", "handtuned", "turbotrain"])
+    elif kind == "precision":
+        run_precision_matrix(w, opts)
+    else:
+        run_ablation(w, opts, only=["+compile", "+fused-adamw"])
 
 
 @pytest.mark.parametrize(
@@ -277,7 +281,6 @@ def test_a_bench_stopped_at_its_limit_keeps_every_finished_row(
 ):
     import os
     import signal
-    import subprocess
     import time
 
     standin = tmp_path / "python"
@@ -285,8 +288,9 @@ def test_a_bench_stopped_at_its_limit_keeps_every_finished_row(
     standin.write_text(STAND_IN.format(hang_at=hang_at, hang_s=int(3 * HANG_S)))
     standin.chmod(0o755)
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", DRIVER, str(standin), str(tmp_path / "work"), str(out), kind, str(repeat)]
+    # the bench's own process (forked: it is SIGTERM-ed below), its rows the stand-in's
+    proc = inprocess.fork(
+        lambda: _drive(standin, tmp_path / "work", out, kind, repeat), tmp_path / "driver.txt"
     )
     try:
         deadline = time.monotonic() + HANG_S
@@ -296,7 +300,7 @@ def test_a_bench_stopped_at_its_limit_keeps_every_finished_row(
             )
             time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)  # the step limit: `timeout` sends SIGTERM
-        assert proc.wait(timeout=HANG_S) == 128 + signal.SIGTERM
+        assert proc.wait(timeout=HANG_S) == 128 + signal.SIGTERM, (tmp_path / "driver.txt").read_text()
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)

@@ -4,8 +4,8 @@ back, for checkpoints), never a traceback; what is on disk afterwards is asserte
 from __future__ import annotations
 
 import os
-import subprocess
 
+import inprocess
 import numpy as np
 import pytest
 from conftest import HANG_S
@@ -249,32 +249,17 @@ def test_tune_stopped_by_sigterm_writes_what_it_has_and_prints_the_resume_comman
     import time
 
     run = tmp_path / "runs" / "s"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "turbotrain",
-            "tune",
-            "--model",
-            f"{workloads}:ok",
-            "--trials",
-            "20",
-            "--confirm",
-            "0",
-            f"--run.out_dir={tmp_path / 'runs'}",
-            "--run.name=s",
-            "--run.device=cpu",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    args = ["--model", f"{workloads}:ok", "--trials", "20", "--confirm", "0"]
+    args += [f"--run.out_dir={tmp_path / 'runs'}", "--run.name=s", "--run.device=cpu"]
+    # tune's own process (forked: it is SIGTERM-ed below); its trials start their own
+    out_path, err_path = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    proc = inprocess.fork(lambda: sys.exit(main(["tune", *args])), out_path, err_path)
     deadline = time.monotonic() + HANG_S
     while not (run / "trials" / "trial-001").exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=HANG_S)
-    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert proc.wait(timeout=HANG_S) == 128 + signal.SIGTERM, err_path.read_text()
+    out, err = out_path.read_text(), err_path.read_text()
     assert "interrupted (SIGTERM): continue the study with the same command and --run.out_dir=" in out
     assert "Traceback" not in err and (run / "tune.json").is_file() and (run / "tune.md").is_file()
 
