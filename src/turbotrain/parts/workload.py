@@ -48,12 +48,10 @@ class Workload:
         """One line: the model, its size, the loader and the loss."""
         params = sum(p.numel() for p in self.model.parameters())
         loss = (
-            getattr(self.loss_fn, "__name__", "loss_fn")
-            if self.loss_fn is not None
-            else "the model returns it"
+            "the model returns it" if self.loss_fn is None else getattr(self.loss_fn, "__name__", "loss_fn")
         )
         optimizer = (
-            type(self.optimizer).__name__ if self.optimizer is not None else "AdamW from the optim section"
+            "AdamW from the optim section" if self.optimizer is None else type(self.optimizer).__name__
         )
         where = f"{self.source}: " if self.source else ""
         return f"{where}{type(self.model).__name__} ({params:,} params); data {loader_summary(self.train_loader)}; loss: {loss}; optimizer: {optimizer}"
@@ -113,11 +111,9 @@ def as_workload(obj: Any, where: str = "the workload function") -> Workload:
 
 
 def _what(obj: Any) -> str:
-    return (
-        "None"
-        if obj is None
-        else f"a {type(obj).__module__}.{type(obj).__qualname__}".replace("builtins.", "")
-    )
+    if obj is None:
+        return "None"
+    return f"a {type(obj).__module__}.{type(obj).__qualname__}".replace("builtins.", "")
 
 
 def copy_workload(w: Workload) -> Workload:

@@ -192,11 +192,9 @@ class MoE(nn.Module):
         """'auto' -> grouped where the grouped GEMM runs (CUDA bf16 compute, CPU fp32/bf16), else batched."""
         if self.impl != "auto":
             return self.impl
-        kind = x.device.type
-        dtype = compute_dtype(x, self.w1.dtype)
-        if kind == "cpu" and dtype in (torch.bfloat16, torch.float32):
-            return "grouped"
-        return "grouped" if kind == "cuda" and dtype == torch.bfloat16 else "batched"
+        kind, dtype = x.device.type, compute_dtype(x, self.w1.dtype)
+        cpu = kind == "cpu" and dtype in (torch.bfloat16, torch.float32)
+        return "grouped" if cpu or (kind == "cuda" and dtype == torch.bfloat16) else "batched"
 
     def compute(self, x: torch.Tensor, counts: torch.Tensor, capacity: int | None = None) -> torch.Tensor:
         """This rank's experts over rows sorted by (local) expert, ``counts`` (n_local,) rows each."""
@@ -240,15 +238,13 @@ class MoE(nn.Module):
         order = torch.argsort(flat_e, stable=True)  # assignments grouped by expert, token order kept
         token = order // k
         w = weights.reshape(-1)[order]
-        capacity = self.capacity(N)
+        capacity, self.last_dropped = self.capacity(N), None
         if capacity is not None:  # drop assignments past each expert's capacity, in token order
             sorted_e = flat_e[order]
             pos = torch.arange(order.numel(), device=x.device) - group_starts(counts)[sorted_e]
             keep = pos < capacity
             w = w * keep
             self.last_dropped = (~keep).sum()
-        else:
-            self.last_dropped = None
         x_sorted = x[token]
         if self.dispatcher is None:
             y_sorted = self.compute(x_sorted, counts, capacity)
