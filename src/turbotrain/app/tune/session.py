@@ -329,7 +329,8 @@ def _write_preset(
 ) -> dict[str, Any]:
     """Write the preset (see :func:`write_outputs`), headed by how it was found."""
     chosen = best
-    speedup = f", {best['throughput'] / baseline['throughput']:.2f}x the baseline" if baseline else ""
+    ratio = best["throughput"] / baseline["throughput"] if baseline else None
+    speedup = f", {ratio:.2f}x the baseline" if ratio is not None else ""
     header = [
         f"turbotrain tune: the fastest feasible of {study.counted()} trials on {device_type} "
         f"(trial {best['number']}: {best['throughput']:,.0f} {unit}{speedup})"
@@ -359,7 +360,7 @@ def _write_preset(
     return {
         "preset": str(path),
         "preset_trial": chosen["number"],
-        "speedup_over_baseline": best["throughput"] / baseline["throughput"] if baseline else None,
+        "speedup_over_baseline": ratio,
     }
 
 

@@ -502,15 +502,15 @@ class Study:
     def baseline_row(self) -> dict[str, Any] | None:
         """The fastest feasible baseline trial: the base settings, or (when those are over the
         memory budget) the base settings at the largest micro-batch the finder found to fit."""
-        rows = [r for r in self.rows() if r.get("baseline") and r.get("feasible") and r.get("throughput")]
-        return max(rows, key=lambda r: r["throughput"]) if rows else None
+        return self._fastest(lambda r: bool(r.get("baseline")))
 
     def best(self) -> dict[str, Any] | None:
         """The fastest feasible trial (constraints all <= 0), or None."""
-        good = [
-            r for r in self.rows() if r.get("feasible") and r.get("throughput") and r["status"] != "duplicate"
-        ]
-        return max(good, key=lambda r: r["throughput"]) if good else None
+        return self._fastest(lambda r: r["status"] != "duplicate")
+
+    def _fastest(self, keep: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+        rows = (r for r in self.rows() if r.get("feasible") and r.get("throughput") and keep(r))
+        return max(rows, key=lambda r: r["throughput"], default=None)
 
 
 def best_config(target: Target, params: dict[str, Any], global_batch: int) -> RunConfig:

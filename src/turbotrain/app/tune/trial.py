@@ -44,13 +44,11 @@ def measure_trial(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
     target, run_dir = Target.from_dict(spec["target"]), Path(spec["run_dir"])
     built = build(target, spec["changes"], run_dir)
     try:
-        c = built.config
+        c, cuda, peak = built.config, built.engine.device.type == "cuda", None
         budget = usable_memory_bytes(built.engine.device, c.batch.max_memory_gib, c.batch.max_memory_fraction)
-        cuda = built.engine.device.type == "cuda"
-        if not cuda and budget is not None:  # as the batch finder counts it: the weights already sit in RAM
-            budget += storage_bytes(list(built.model.parameters()) + list(built.model.buffers()))
-        peak = None
         if not cuda:
+            if budget is not None:  # as the batch finder counts it: the weights already sit in RAM
+                budget += storage_bytes(list(built.model.parameters()) + list(built.model.buffers()))
             peak = measure_memory(built)
             progress.emit("memory", peak_bytes=peak, budget_bytes=budget)
         figures = run(
