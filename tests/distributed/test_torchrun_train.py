@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import inprocess
@@ -122,9 +123,25 @@ def _assert_same(losses: dict[int, float], reference: dict[int, float], toleranc
     assert worst <= tolerance, f"per-step loss differs from one process by up to {worst:.3g}"
 
 
+@pytest.fixture(scope="module")
+def launched(work: Path) -> Callable[[str], subprocess.CompletedProcess]:
+    """``launched(strategy)``: the 2-rank torchrun run (runs/STRATEGY) with the global batch of
+    ``single``, launched once per module: its test checks it, and the --nproc test and the resume
+    refusals below build on the ddp one (a completed run with checkpoints at steps 20 and 40)."""
+    done: dict[str, subprocess.CompletedProcess] = {}
+
+    def launch(strategy: str) -> subprocess.CompletedProcess:
+        if strategy not in done:
+            args = _args(work, strategy, MICRO, f"--distributed.strategy={strategy}")
+            done[strategy] = _run(_torchrun(2) + args)
+        return done[strategy]
+
+    return launch
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_torchrun_trains_like_one_process_with_the_global_batch(work, single, strategy):
-    proc = _run(_torchrun(2) + _args(work, strategy, MICRO, f"--distributed.strategy={strategy}"))
+def test_torchrun_trains_like_one_process_with_the_global_batch(work, single, launched, strategy):
+    proc = launched(strategy)
     assert proc.returncode == 0, proc.stderr[-3000:]
     _assert_same(_losses(work, strategy), single)
     # validation: each rank its slice, averaged
@@ -162,12 +179,10 @@ def test_the_llama_family_under_torchrun_trains_like_one_process(work, llama_sin
     assert resolved["model_family"] == "llama" and resolved["strategy"] == strategy
 
 
-def test_nproc_2_gives_the_losses_of_torchrun_nproc_per_node_2(work, single):
+def test_nproc_2_gives_the_losses_of_torchrun_nproc_per_node_2(work, single, launched):
     """``turbotrain train --nproc 2``: torchrun's launcher started from the command itself."""
-    ddp = ["--distributed.strategy=ddp"]
-    if not (work / "runs" / "ddp" / "summary.json").is_file():  # this test alone: the torchrun launch
-        assert _run(_torchrun(2) + _args(work, "ddp", MICRO, *ddp)).returncode == 0
-    proc = _run([*_plain(), "--nproc", "2", *_args(work, "nproc", MICRO, *ddp)])
+    assert launched("ddp").returncode == 0
+    proc = _run([*_plain(), "--nproc", "2", *_args(work, "nproc", MICRO, "--distributed.strategy=ddp")])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert _losses(work, "nproc") == _losses(work, "ddp")  # the same launch: the same bits
     _assert_same(_losses(work, "nproc"), single)
@@ -396,30 +411,29 @@ def test_expert_parallel_run_resumes_exactly_at_its_degree_and_at_degree_1(work)
     assert abs(_val(work, "ep-degree1") - _val(work, "ep")) <= 1e-5
 
 
-def _said_once_by_rank_0(proc: subprocess.CompletedProcess, log_dir: Path, expected: str) -> None:
-    """The failure is one line on rank 0, which found it; rank 1 ends quietly (no error, no
-    "another rank stopped or was lost", no traceback); torchrun names rank 0 as the root cause."""
+def _said_once_by_rank_0(proc: subprocess.CompletedProcess, log_dir: Path, *expected: str) -> None:
+    """The failure is one line on rank 0, which found it, holding each of ``expected``; rank 1 ends
+    quietly (no error, no "another rank stopped or was lost", no traceback); torchrun names rank 0
+    as the root cause."""
     assert proc.returncode != 0
     logs = _rank_logs(log_dir)
     said = {
         r: [line for line in text.splitlines() if line.startswith("turbotrain train:")]
         for r, text in logs.items()
     }
-    assert len(said[0]) == 1 and expected in said[0][0], logs[0]
+    assert len(said[0]) == 1 and all(e in said[0][0] for e in expected), logs[0]
     assert said[1] == [] and "Traceback" not in logs[1] and "another rank" not in logs[1], logs[1]
     root_cause = proc.stderr.split("Root Cause")[-1]
     assert "rank      : 0" in root_cause and "exitcode  : 2" in root_cause
 
 
 @pytest.fixture(scope="module")
-def stopped_ddp_run(work: Path) -> Path:
-    """A 2-rank ddp run stopped at step 20 with one sharded checkpoint (step 20)."""
-    proc = _run(
-        _torchrun(2)
-        + _args(work, "stopped-ddp", MICRO, "--distributed.strategy=ddp", "--train.stop_after_steps=20")
-    )
+def ddp_run(work: Path, launched) -> Path:
+    """A completed 2-rank ddp run with sharded checkpoints at steps 20 and 40, for the resumes below
+    to copy (a resume reaches the run lock and the checkpoints whether the run ended or stopped)."""
+    proc = launched("ddp")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return work / "runs" / "stopped-ddp"
+    return work / "runs" / "ddp"
 
 
 def _copy_run(run: Path, name: str) -> Path:
@@ -428,37 +442,38 @@ def _copy_run(run: Path, name: str) -> Path:
     return target
 
 
-def test_a_run_in_use_is_said_once_by_rank_0(stopped_ddp_run, tmp_path):
+def test_a_run_in_use_is_said_once_by_rank_0(ddp_run, tmp_path):
     from turbotrain.base.runlock import RunLock
 
-    run = _copy_run(stopped_ddp_run, "in-use")
+    run = _copy_run(ddp_run, "in-use")
     with RunLock(run):  # this process trains it, as far as the resume can tell
         proc = _run(_torchrun(2, log_dir=tmp_path / "logs") + ["--resume", str(run), "--no-progress"])
     _said_once_by_rank_0(proc, tmp_path / "logs", f"run directory {run} is in use by process {os.getpid()}")
 
 
-def test_no_usable_checkpoint_is_said_once_by_rank_0(stopped_ddp_run, tmp_path):
-    run = _copy_run(stopped_ddp_run, "no-usable")
-    # no longer matches its marker
-    (next(run.glob("checkpoints/step_*")) / ".metadata").write_bytes(b"garbage")
-    proc = _run(_torchrun(2, log_dir=tmp_path / "logs") + ["--resume", str(run), "--no-progress"])
-    _said_once_by_rank_0(proc, tmp_path / "logs", f"no usable checkpoint in {run / 'checkpoints'}")
-
-
-def test_a_refused_metadata_is_said_once_by_rank_0(stopped_ddp_run, tmp_path):
-    """A .metadata that would run code when unpickled, its marker rewritten to vouch for it."""
+def test_no_usable_checkpoint_and_a_refused_metadata_are_said_once_by_rank_0(ddp_run, tmp_path):
+    """One resume, each checkpoint refused for its own reason: step 20's .metadata no longer
+    matches its marker; step 40's (the newest, tried first) would run code when unpickled, its
+    marker rewritten to vouch for it (refused, never called). Rank 0's one line says there is no
+    usable checkpoint and names the refused metadata."""
     import hashlib
     import pickle
 
-    run = _copy_run(stopped_ddp_run, "refused-metadata")
-    folder = next(run.glob("checkpoints/step_*"))
+    run = _copy_run(ddp_run, "no-usable")
+    older, newest = sorted(run.glob("checkpoints/step_*"))
+    (older / ".metadata").write_bytes(b"garbage")
     evil = pickle.dumps(os.system)  # a function to call: refused, never called
-    (folder / ".metadata").write_bytes(evil)
-    marker = json.loads((folder / "finished.json").read_text())
+    (newest / ".metadata").write_bytes(evil)
+    marker = json.loads((newest / "finished.json").read_text())
     marker["files"][".metadata"] = {"size": len(evil), "sha256": hashlib.sha256(evil).hexdigest()}
-    (folder / "finished.json").write_text(json.dumps(marker))
+    (newest / "finished.json").write_text(json.dumps(marker))
     proc = _run(_torchrun(2, log_dir=tmp_path / "logs") + ["--resume", str(run), "--no-progress"])
-    _said_once_by_rank_0(proc, tmp_path / "logs", "is not part of a checkpoint's metadata")
+    _said_once_by_rank_0(
+        proc,
+        tmp_path / "logs",
+        f"no usable checkpoint in {run / 'checkpoints'}",
+        "is not part of a checkpoint's metadata",
+    )
 
 
 def test_a_full_disk_at_a_sharded_save_is_said_once(work, tmp_path):
@@ -469,11 +484,12 @@ def test_a_full_disk_at_a_sharded_save_is_said_once(work, tmp_path):
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
 
+    # the first save (step 2) is the one that fails: no need to train further
     cmd = _torchrun(2, log_dir=tmp_path / "logs") + _args(
-        work, "full-disk", MICRO, "--distributed.strategy=ddp"
+        work, "full-disk", MICRO, "--distributed.strategy=ddp", "--train.checkpoint_every=2"
     )
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=HANG_S, preexec_fn=limit)
-    _said_once_by_rank_0(proc, tmp_path / "logs", "full-disk/checkpoints/step_00000020")
+    _said_once_by_rank_0(proc, tmp_path / "logs", "full-disk/checkpoints/step_00000002")
 
 
 def _alive(pid: int) -> bool:
