@@ -9,7 +9,8 @@ seed), load the newest checkpoint of DIR with ``restore_latest`` and write the s
 more step on fixed data and write the loss, so a load that left a slot wrong shows in the next
 step too. Written to ``OUT.rank<R>.pt`` (tensors, torch.save). Several jobs (``ACTION DEGREE DIR
 OUT ...``) run one after the other in one process (or one torchrun launch), each building its
-engine, model and optimizer anew."""
+engine, model and optimizer anew; ``ep DEGREE - OUT`` is ep_worker.py's expert-parallel run and
+``finder 2 - OUT`` finder_ep_worker.py's."""
 
 from __future__ import annotations
 
@@ -109,6 +110,15 @@ def main(action: str, degree: int, folder: str, out: str) -> None:
 
 
 if __name__ == "__main__":
+    # beside this script: their expert-parallel runs share test_expert_parallel.py's one launch
+    import ep_worker
+    import finder_ep_worker
+
     jobs = sys.argv[1:]
     for i in range(0, len(jobs), 4):
-        main(jobs[i], int(jobs[i + 1]), jobs[i + 2], jobs[i + 3])
+        if jobs[i] == "ep":  # ep_worker.py's run (ep DEGREE - OUT), its results in OUT.rank<R>.json
+            ep_worker.main("ep", int(jobs[i + 1]), jobs[i + 3])
+        elif jobs[i] == "finder":  # finder_ep_worker.py's search (finder 2 - OUT), the same way
+            finder_ep_worker.main("ep", jobs[i + 3])
+        else:
+            main(jobs[i], int(jobs[i + 1]), jobs[i + 2], jobs[i + 3])

@@ -1,4 +1,5 @@
-"""Worker for test_expert_parallel.py. Plain process ("single"): the reference, one process
+"""Worker for test_expert_parallel.py (under torchrun: a job of its one launch, by
+ep_ckpt_worker.py). Plain process ("single"): the reference, one process
 training a tiny MoE GPT through the Engine on the global batch, as 2 micro-batches (one per rank
 of the parallel run, so the per-micro-batch load-balancing loss is the same). Under torchrun
 ("ep DEGREE"): DDP with the experts sharded over DEGREE ranks. Writes, per rank, the logits of its

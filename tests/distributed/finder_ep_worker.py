@@ -2,7 +2,8 @@
 an optimizer step at each size) on a tiny MoE GPT whose router bias moves, in one process or
 under torchrun with the experts sharded over 2 ranks (expert parallelism). Writes, per rank, which
 parameters and buffers differ after the search from before it, and whether router-bias loads
-are left pending, to ``OUT.rank<R>.json``. Arguments: MODE (single|ep) OUT."""
+are left pending, to ``OUT.rank<R>.json``. Arguments: MODE (single|ep) OUT. (Under torchrun:
+run as a job of test_expert_parallel.py's one launch, by ep_ckpt_worker.py.)"""
 
 from __future__ import annotations
 

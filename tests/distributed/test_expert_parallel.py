@@ -13,44 +13,25 @@ import sys
 from pathlib import Path
 
 import inprocess
+import pytest
 import torch
 from conftest import HANG_S
+from test_finder_restores import assert_left_as_before
 
 WORKER = Path(__file__).with_name("ep_worker.py")
 N_EXPERTS = 4
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
-def _run(tmp_path: Path, mode: str, degree: int, nproc: int) -> list[dict]:
-    out = tmp_path / f"{mode}-{nproc}"
-    if nproc == 1:  # the one-process reference: in this process
-        inprocess.worker(WORKER, mode, str(degree), str(out))
-    else:
-        env = {
-            **os.environ,
-            "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-        }
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            str(nproc),
-            str(WORKER),
-            mode,
-            str(degree),
-            str(out),
-        ]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_S)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-    return [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(nproc)]
+def _single(tmp_path: Path) -> dict:
+    """ep_worker.py's one-process reference, in this process."""
+    inprocess.worker(WORKER, "single", "1", str(tmp_path / "single-1"))
+    return json.loads(Path(f"{tmp_path / 'single-1'}.rank0.json").read_text())
 
 
-def test_two_ranks_with_sharded_experts_train_like_one_process(tmp_path: Path):
-    single = _run(tmp_path, "single", 1, 1)[0]
-    ranks = _run(tmp_path, "ep", 2, 2)
+def test_two_ranks_with_sharded_experts_train_like_one_process(tmp_path: Path, launched: Path):
+    single = _single(tmp_path)
+    ranks = [json.loads(Path(f"{launched / 'ep-2'}.rank{r}.json").read_text()) for r in range(2)]
     assert [r["first_expert"] for r in ranks] == [0, 2]
     # forward: each rank's logits are the reference's rows for its part of the batch
     ref_logits = torch.tensor(single["logits"])
@@ -96,34 +77,53 @@ def test_two_ranks_with_sharded_experts_train_like_one_process(tmp_path: Path):
 CKPT_WORKER = Path(__file__).with_name("ep_ckpt_worker.py")
 
 
-def _ckpt(tmp_path: Path, nproc: int, *jobs: tuple[str, int, Path, str]) -> list[list[dict]]:
+def _ckpt(tmp_path: Path, nproc: int, *jobs: tuple[str, int, Path, str]) -> None:
     """Jobs (action, degree, folder, tag) one after the other in one torchrun launch of ``nproc``
-    ranks (or, for 1, in this process): each job's ranks' results."""
+    ranks (or, for 1, in this process)."""
     args = [str(x) for action, degree, folder, tag in jobs for x in (action, degree, folder, tmp_path / tag)]
     if nproc == 1:
         inprocess.worker(CKPT_WORKER, *args)
-    else:
-        env = {
-            **os.environ,
-            "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-        }
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            str(nproc),
-            str(CKPT_WORKER),
-            *args,
-        ]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_S)
-        assert proc.returncode == 0, proc.stderr[-4000:]
+        return
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+    proc = subprocess.run(
+        [*cmd, str(CKPT_WORKER), *args], env=env, capture_output=True, text=True, timeout=HANG_S
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def _results(tmp_path: Path, nproc: int, *tags: str) -> list[list[dict]]:
+    """Each job's (by tag) ranks' results."""
     return [
-        [torch.load(f"{tmp_path / tag}.rank{r}.pt", weights_only=True) for r in range(nproc)]
-        for *_, tag in jobs
+        [torch.load(f"{tmp_path / tag}.rank{r}.pt", weights_only=True) for r in range(nproc)] for tag in tags
     ]
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> Path:
+    """Every 2-rank job of this file in one torchrun launch (four before: ep_worker.py's run,
+    finder_ep_worker.py's, the sharded save, then the loads), each job building its engine, model
+    and optimizer anew: the expert-parallel training run, the batch finder's search; then the save at degree 2 (folder ep2) and its loads at degree 2
+    and 1, and the load of the one-process checkpoint (folder one), saved here in this process
+    before the launch. The folder holds each job's results by tag."""
+    tmp = tmp_path_factory.mktemp("ep")
+    sharded, single = tmp / "ep2", tmp / "one"
+    _ckpt(tmp, 1, ("save", 1, single, "save1"))
+    _ckpt(
+        tmp,
+        2,
+        ("ep", 2, tmp, "ep-2"),
+        ("finder", 2, tmp, "finder-2"),
+        ("save", 2, sharded, "save2"),
+        ("load", 2, sharded, "load2x2"),
+        ("load", 1, sharded, "load1x2"),
+        ("load", 2, single, "load-one-into-2"),
+    )
+    return tmp
 
 
 def _full(ranks: list[dict], name: str, key: str | None = None) -> torch.Tensor:
@@ -161,26 +161,27 @@ def _assert_same_state(saved: list[dict], loaded: list[dict]) -> None:
         assert torch.equal(total(loaded), total(saved)) and int(total(saved).sum()) > 0, layer
 
 
-def test_expert_parallel_checkpoint_resumes_optimizer_state_at_any_degree(tmp_path: Path):
+def test_expert_parallel_checkpoint_resumes_optimizer_state_at_any_degree(launched: Path):
     """Optimizer state follows the experts: saved whole from 2 ranks holding 2 experts each, it
     loads into 2 ranks (same degree), into 2 ranks without expert parallelism and into one process;
     a one-process checkpoint loads into 2 expert-parallel ranks. The state is compared, not only the
-    model, and the step after the load gives the loss the saving run's next step gave. (Three
-    launches: each load builds its engine, model and optimizer anew, from another seed.)"""
-    sharded, single = tmp_path / "ep2", tmp_path / "one"
-    [saved2] = _ckpt(tmp_path, 2, ("save", 2, sharded, "save2"))
-    assert [r["first_expert"] for r in saved2] == [0, 2]
-    saved1, loaded1x1 = _ckpt(tmp_path, 1, ("save", 1, single, "save1"), ("load", 1, sharded, "load1x1"))
-    loaded2x2, loaded1x2, loaded = _ckpt(
-        tmp_path,
-        2,
-        ("load", 2, sharded, "load2x2"),
-        ("load", 1, sharded, "load1x2"),
-        ("load", 2, single, "load-one-into-2"),
+    model, and the step after the load gives the loss the saving run's next step gave. (Each load
+    builds its engine, model and optimizer anew, from another seed.)"""
+    sharded = launched / "ep2"
+    _ckpt(launched, 1, ("load", 1, sharded, "load1x1"))  # after the launch's save: in this process
+    [saved1, loaded1x1] = _results(launched, 1, "save1", "load1x1")
+    saved2, loaded2x2, loaded1x2, loaded = _results(
+        launched, 2, "save2", "load2x2", "load1x2", "load-one-into-2"
     )
+    assert [r["first_expert"] for r in saved2] == [0, 2]
     for (degree, nproc), loaded_sharded in zip(((2, 2), (1, 2), (1, 1)), (loaded2x2, loaded1x2, loaded1x1)):
         _assert_same_state(saved2, loaded_sharded)
         tolerance = 0 if (degree, nproc) == (2, 2) else 1e-4  # the load-balancing loss is per rank's rows
         assert abs(loaded_sharded[0]["next_loss"] - saved2[0]["next_loss"]) <= tolerance, (degree, nproc)
     _assert_same_state(saved1, loaded)
     assert abs(loaded[0]["next_loss"] - saved1[0]["next_loss"]) <= 1e-4
+
+
+def test_the_search_leaves_experts_as_they_were_on_2_expert_parallel_ranks(launched: Path):
+    """test_finder_restores.py's check on 2 ranks with the experts sharded (its ep-2 case before)."""
+    assert_left_as_before(launched / "finder-2", "ep", 2)
