@@ -3,8 +3,9 @@
 The rows of optimizer step ``s`` come from (seed, s) and the global batch alone, so a tiny GPT with a
 global batch of 8 trains alike, loss at every step and final validation loss within 1e-5 (fp32),
 as one process with micro 8, one process with micro 4 x accumulation 2, two gloo processes under
-DDP with micro 4, and two under FSDP with micro 2 x accumulation 2 -- that last one stopped at step
-8; resumed in one process with no batch flag it is refused in one line naming the old and the new
+DDP with micro 4 (test_torchrun_train.py's 2-rank ddp run is this split, held to one process with
+micro 8 within 1e-5 absolute: one launch checks both), and two under FSDP with micro 2 x
+accumulation 2 -- that last one stopped at step 8; resumed in one process with no batch flag it is refused in one line naming the old and the new
 global batch, before anything trains (issue 23 item 3); resumed with micro 4 x accumulation 2
 (``--batch.global_size=8``) it ends at the uninterrupted run's loss. Expert parallelism over 2 processes (micro 4) equals one process
 with micro 4 x accumulation 2, load-balancing loss and router-bias update included (the bias moves
@@ -107,12 +108,10 @@ def test_every_split_of_the_global_batch_trains_alike_and_resumes_at_another_wor
     val = _summary(work, "micro8")["final_val_loss"]
 
     _assert_same(_train(work, "accumulated", 4, 2), reference)
-    _assert_same(_train(work, "ddp", 4, 1, 2, "--distributed.strategy=ddp"), reference)
     stopped = _train(work, "fsdp", 2, 2, 2, "--distributed.strategy=fsdp", f"--train.stop_after_steps={STOP}")
     _assert_same(stopped, reference, STOP)
-    for name in ("accumulated", "ddp"):
-        # validation: the same rows too
-        assert abs(_summary(work, name)["final_val_loss"] - val) <= 1e-5 * val
+    # validation: the same rows too
+    assert abs(_summary(work, "accumulated")["final_val_loss"] - val) <= 1e-5 * val
 
     # resumed in one process with no batch flag: it would halve the global batch, so it is refused in
     # one line before anything trains (issue 23 item 3), and the run is left as it was
