@@ -106,10 +106,13 @@ def worker(script: Path, *args: str) -> None:
 
 @dataclass
 class Forked:
-    """A child process :func:`fork` started, with :class:`subprocess.Popen`'s ``poll``, ``wait``,
-    ``send_signal`` and ``returncode`` (minus the signal's number when a signal ended it)."""
+    """A child process :func:`fork` started, with :class:`subprocess.Popen`'s ``pid``, ``poll``,
+    ``wait``, ``communicate`` (its output files, read once it ended), ``send_signal``, ``kill`` and
+    ``returncode`` (minus the signal's number when a signal ended it)."""
 
     pid: int
+    stdout: Path
+    stderr: Path
     returncode: int | None = None
 
     def poll(self) -> int | None:
@@ -127,8 +130,16 @@ class Forked:
             time.sleep(0.05)
         return self.returncode
 
+    def communicate(self, timeout: float) -> tuple[str, str]:
+        self.wait(timeout)
+        return self.stdout.read_text(), self.stderr.read_text()
+
     def send_signal(self, sig: int) -> None:
-        os.kill(self.pid, sig)
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 def fork(target: Callable[[], object], stdout: Path, stderr: Path | None = None) -> Forked:
@@ -142,7 +153,7 @@ def fork(target: Callable[[], object], stdout: Path, stderr: Path | None = None)
     sys.stderr.flush()
     pid = os.fork()
     if pid:
-        return Forked(pid)
+        return Forked(pid, stdout, stderr or stdout)
     code = 1
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -171,3 +182,27 @@ def fork(target: Callable[[], object], stdout: Path, stderr: Path | None = None)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def turbotrain(
+    args: list[str],
+    stdout: Path,
+    stderr: Path,
+    fault: str = "",
+    marker: Path | None = None,
+    sigint: Callable[..., object] | int = signal.default_int_handler,
+) -> Forked:
+    """``python -m turbotrain ARGS`` with ``fault`` (and its pause ``marker``) injected as
+    tests/faults/sitecustomize.py does at a new interpreter's start, in a :func:`fork`; ``sigint``:
+    SIGINT's handler as the interpreter starts (``signal.SIG_IGN``: inherited as ignored)."""
+    from faults.faultenv import FAULTS, fault_env
+
+    from turbotrain.cli import main
+
+    def command() -> None:
+        os.environ.update(fault_env(fault, marker))
+        signal.signal(signal.SIGINT, sigint)
+        runpy.run_path(str(FAULTS / "sitecustomize.py"))
+        sys.exit(main(args))
+
+    return fork(command, stdout, stderr)

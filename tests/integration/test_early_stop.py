@@ -11,14 +11,12 @@ import io
 import json
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
+import inprocess
 import pytest
 import torch
 from conftest import HANG_S
-from faults.faultenv import fault_env
 
 from turbotrain.cli import main
 from turbotrain.loop.best_checkpoint import BEST_FILE, best_folder, load_best_weights
@@ -174,9 +172,9 @@ def test_a_kill_before_the_best_is_linked_is_finished_by_the_resume(
     best.json, the summary and load_best_weights hold step 6 as in the uninterrupted run, no
     leftover, and every step's loss and the final weights are the uninterrupted run's."""
     out = ["--run.out_dir", str(tmp_path)]
-    cmd = [sys.executable, "-m", "turbotrain", "train", *EIGHT, *out, "--run.name=killed"]
-    killed = subprocess.run(cmd, env=fault_env(fault), capture_output=True, text=True, timeout=HANG_S)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    log = tmp_path / "killed.txt"  # its stdout and stderr; the process a fork of this one
+    killed = inprocess.turbotrain(["train", *EIGHT, *out, "--run.name=killed"], log, log, fault=fault)
+    assert killed.wait(timeout=HANG_S) == -signal.SIGKILL, log.read_text()
     full, run = uninterrupted_eight, tmp_path / "killed"
     assert json.loads((best_folder(run) / BEST_FILE).read_text())["step"] == 3  # the kill left step 3's
     assert main(["train", "--resume", str(run), "--no-progress"]) == 0

@@ -15,13 +15,12 @@ import resource
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+import inprocess
 import pytest
 from conftest import CORPUS, HANG_S, tiny_overrides
-from faults.faultenv import fault_env
 from faults.limits import tmpfs
 from test_train_cli import _args, _one_line_error
 
@@ -36,14 +35,11 @@ MAX_STEPS = 8  # checkpoints at 3, 6 and 8 (tiny config: checkpoint_every 3)
 
 
 def _cli(tmp_path: Path, text_file: Path, *extra: str, fault: str = "") -> subprocess.CompletedProcess:
-    """`python -m turbotrain train` on the tiny config in its own process, with ``fault`` injected."""
-    args = [
-        sys.executable,
-        "-m",
-        "turbotrain",
-        *_args(tmp_path, text_file, f"--train.max_steps={MAX_STEPS}", *extra),
-    ]
-    return subprocess.run(args, env=fault_env(fault), capture_output=True, text=True, timeout=HANG_S)
+    """`python -m turbotrain train` on the tiny config in its own (forked) process, with ``fault`` injected."""
+    args = _args(tmp_path, text_file, f"--train.max_steps={MAX_STEPS}", *extra)
+    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    code = inprocess.turbotrain(args, out, err, fault=fault).wait(HANG_S)
+    return subprocess.CompletedProcess(args, code, out.read_text(), err.read_text())
 
 
 def _summary(run: Path) -> dict:
@@ -105,26 +101,19 @@ def test_kill_9_anywhere_resumes_to_the_identical_loss(tmp_path, text_file, refe
     assert all(is_verified(p) for p in list_checkpoints(run / "checkpoints"))
 
 
-def _start_paused(tmp_path: Path, text_file: Path, marker: Path, fault: str, *extra: str) -> subprocess.Popen:
-    args = [
-        sys.executable,
-        "-m",
-        "turbotrain",
-        *_args(tmp_path, text_file, f"--train.max_steps={MAX_STEPS}", *extra),
-    ]
-    # Ctrl-C as at a terminal: a test suite started in the background (`(pytest &)`) inherits SIGINT
-    # ignored, which turbotrain rightly keeps ignored (test_sigint_inherited_as_ignored_...)
-    proc = subprocess.Popen(
-        args,
-        env=fault_env(fault, marker),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+def _start_paused(
+    tmp_path: Path, text_file: Path, marker: Path, fault: str, *extra: str, sigint=signal.default_int_handler
+) -> inprocess.Forked:
+    """`python -m turbotrain train` in its own (forked) process, paused at ``fault``'s point. SIGINT
+    is Ctrl-C's as at a terminal unless ``sigint`` says otherwise: a test suite started in the
+    background (`(pytest &)`) inherits SIGINT ignored, which turbotrain rightly keeps ignored
+    (test_sigint_inherited_as_ignored_...)."""
+    args = _args(tmp_path, text_file, f"--train.max_steps={MAX_STEPS}", *extra)
+    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    proc = inprocess.turbotrain(args, out, err, fault=fault, marker=marker, sigint=sigint)
     while not marker.exists():  # waits for a state, not a time: the process has reached the point
         if proc.poll() is not None:
-            raise AssertionError(proc.stderr.read() if proc.stderr else "exited early")
+            raise AssertionError(err.read_text() or "exited early")
         time.sleep(0.02)
     return proc
 
@@ -283,7 +272,6 @@ def test_sigint_inherited_as_ignored_stays_ignored_and_sigterm_still_stops(tmp_p
     end, 0) and SIGTERM stops it in every phase (75); a second signal stops it at once (130)."""
     run = tmp_path / "runs" / "t"
     marker = tmp_path / "paused"
-    args = [sys.executable, "-m", "turbotrain", *_args(tmp_path, text_file, f"--train.max_steps={MAX_STEPS}")]
     # two: stop now
     for fault, sigs, code in (
         ("pause-fit:1", [signal.SIGINT], 0),
@@ -292,17 +280,7 @@ def test_sigint_inherited_as_ignored_stays_ignored_and_sigterm_still_stops(tmp_p
         ("pause-step:2", [signal.SIGTERM, signal.SIGTERM], 130),
     ):
         shutil.rmtree(run, ignore_errors=True)
-        proc = subprocess.Popen(
-            args,
-            env=fault_env(fault, marker),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
-        )
-        while not marker.exists():
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else "exited early"
-            time.sleep(0.02)
+        proc = _start_paused(tmp_path, text_file, marker, fault, sigint=signal.SIG_IGN)
         for sig in sigs:
             proc.send_signal(sig)
             time.sleep(0.2)
