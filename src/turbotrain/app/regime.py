@@ -121,14 +121,12 @@ class Timeline(Hook):
         step = ctx.engine.state.step
         if self._open is not None:
             start, t0, sleep_ms = self._open
-            end = Stamp(device)
-            self.pairs.append((start, end, 1000 * (now - t0), sleep_ms))
+            self.pairs.append((start, Stamp(device), 1000 * (now - t0), sleep_ms))
             self._open = None
         if self.after <= step < self.after + self.steps:
             sleep_ms = min(max(3000 * (now - self._last), 20.0), 1000.0)
             torch.cuda._sleep(int(sleep_ms * SLEEP_CYCLES_PER_MS))
-            start = Stamp(device)
-            self._open = (start, time.perf_counter(), sleep_ms)
+            self._open = (Stamp(device), time.perf_counter(), sleep_ms)
         self._last = time.perf_counter()
 
     def figures(self) -> dict[str, Any]:

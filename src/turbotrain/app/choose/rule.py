@@ -72,10 +72,8 @@ class Row:
         if self.parity_loss is None:  # no held-out batches: the last timed step's loss
             self.parity_loss = figures.get("final_loss")
         self.math_precision = figures.get("math_precision")
-        cached, fresh = (
-            figures.get("probe"),
-            {k: figures[k] for k in PROBE_KEYS if figures.get(k) is not None},
-        )
+        fresh = {k: figures[k] for k in PROBE_KEYS if figures.get(k) is not None}
+        cached = figures.get("probe")
         self.probe = dict(cached) if isinstance(cached, Mapping) else fresh
 
     def figures(self) -> dict[str, Any]:

@@ -46,17 +46,14 @@ def _env_lines(env: dict[str, Any]) -> list[str]:
         *(_gpu_lines(env["gpus"]) if env["gpus"] else ["- GPUs: none visible to torch"]),
     ]
     d = env["distributed"]
-    lines.append(
-        f"- torch.distributed: {', '.join(d['backends']) or 'unavailable'}"
-        + (f"; P2P {', '.join(k for k, ok in d['p2p'].items() if ok) or 'none'}" if d.get("p2p") else "")
-    )
+    p2p = f"; P2P {', '.join(k for k, ok in d['p2p'].items() if ok) or 'none'}" if d.get("p2p") else ""
+    lines.append(f"- torch.distributed: {', '.join(d['backends']) or 'unavailable'}{p2p}")
     if d.get("topology"):
         lines += [
             "- GPU interconnect (nvidia-smi topo -m):",
-            *(f"    {row}" for row in d["topology"].splitlines()),
+            *(f"    {r}" for r in d["topology"].splitlines()),
         ]
-    installed = ", ".join(f"{k} {v}" for k, v in env["packages"].items() if v)
-    lines.append(f"- packages: {installed}")
+    lines.append(f"- packages: {', '.join(f'{k} {v}' for k, v in env['packages'].items() if v)}")
     if env["env"]:
         lines.append("- env: " + ", ".join(f"{k}={v}" for k, v in env["env"].items()))
     return lines

@@ -83,7 +83,7 @@ class SyncLocator:
         self.device = torch.device(device)
         self.events: Counter[tuple[str, str, str, str]] = Counter()  # (kind, what, where, code)
         self.depth = 0  # > 0 inside an API call already recorded: its own operators are not counted twice
-        self._stack: contextlib.ExitStack | None = None
+        self._stack = contextlib.ExitStack()  # what start entered, closed by stop
 
     def _on_device(self, t: Any) -> TypeGuard[torch.Tensor]:
         return isinstance(t, torch.Tensor) and t.device.type == self.device.type
@@ -103,7 +103,7 @@ class SyncLocator:
             self.depth -= 1
 
     def start(self) -> None:
-        stack = self._stack = contextlib.ExitStack()
+        stack = self._stack
         stack.enter_context(torch.compiler.set_stance("force_eager"))
         if self.device.type == "cuda" and torch.cuda.is_available():
             stack.enter_context(_cuda_sync_debug(self))
@@ -111,9 +111,7 @@ class SyncLocator:
         stack.enter_context(_DispatchLevel(self))
 
     def stop(self) -> None:
-        if self._stack is not None:
-            stack, self._stack = self._stack, None
-            stack.close()
+        self._stack.close()
 
     def __enter__(self) -> SyncLocator:
         self.start()
