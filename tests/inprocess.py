@@ -191,16 +191,18 @@ def turbotrain(
     fault: str = "",
     marker: Path | None = None,
     sigint: Callable[..., object] | int = signal.default_int_handler,
+    env: dict[str, str] | None = None,
 ) -> Forked:
     """``python -m turbotrain ARGS`` with ``fault`` (and its pause ``marker``) injected as
     tests/faults/sitecustomize.py does at a new interpreter's start, in a :func:`fork`; ``sigint``:
-    SIGINT's handler as the interpreter starts (``signal.SIG_IGN``: inherited as ignored)."""
+    SIGINT's handler as the interpreter starts (``signal.SIG_IGN``: inherited as ignored); ``env``
+    added to its environment."""
     from faults.faultenv import FAULTS, fault_env
 
     from turbotrain.cli import main
 
     def command() -> None:
-        os.environ.update(fault_env(fault, marker))
+        os.environ.update({**fault_env(fault, marker), **(env or {})})
         signal.signal(signal.SIGINT, sigint)
         runpy.run_path(str(FAULTS / "sitecustomize.py"))
         sys.exit(main(args))

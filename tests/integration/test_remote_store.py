@@ -13,18 +13,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+import inprocess
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "faults"))
-import inprocess  # noqa: E402
-from conftest import BUCKET, HANG_S, s3_client  # noqa: E402
-from faultenv import fault_env  # noqa: E402
+from conftest import BUCKET, HANG_S, s3_client
 
 pytestmark = pytest.mark.slow
 
@@ -50,15 +45,13 @@ TINY = [
 
 
 def _train(
-    args: list[str], env: dict[str, str], fault: str = "", marker: Path | None = None
-) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "turbotrain", "train", *TINY, *args],
-        env={**fault_env(fault, marker), **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    tmp_path: Path, args: list[str], env: dict[str, str], fault: str = "", marker: Path | None = None
+) -> inprocess.Forked:
+    """`python -m turbotrain train ARGS` with the store's ``env`` and ``fault`` injected, in its own
+    process (forked from this one: it is killed, or runs while the server is stopped); its output
+    in tmp_path/stdout.txt and stderr.txt."""
+    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    return inprocess.turbotrain(["train", *args], out, err, fault, marker, env=env)
 
 
 def _losses(run: Path) -> dict[int, float]:
@@ -80,7 +73,8 @@ def test_kill_mid_upload_then_resume_from_the_uri_alone_equals_the_unkilled_run(
     # training held at step 8 (checkpoints 3 and 6 written, synchronously: none pruned yet) while the
     # mirror uploads them: step 6's marker is never uploaded, its data is in the store, it is not whole
     killed = _train(
-        [*out, "--run.name=k", f"--run.remote=s3://{BUCKET}/runs", "--train.async_checkpoint=false"],
+        tmp_path,
+        [*TINY, *out, "--run.name=k", f"--run.remote=s3://{BUCKET}/runs", "--train.async_checkpoint=false"],
         env,
         "pause-step:8,remote-before-marker:2",
         tmp_path / "paused",
@@ -94,42 +88,29 @@ def test_kill_mid_upload_then_resume_from_the_uri_alone_equals_the_unkilled_run(
     }
     shutil.rmtree(tmp_path / "k")  # the node is gone
 
-    resumed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "turbotrain",
-            "train",
-            "--resume",
-            f"s3://{BUCKET}/runs/k",
-            *out,
-            "--no-progress",
-        ],
-        env={**fault_env(), **env},
-        capture_output=True,
-        text=True,
-        timeout=HANG_S,
-    )
-    assert resumed.returncode == 0, resumed.stderr
-    skipped = [line for line in resumed.stderr.splitlines() if "skipped" in line]
+    resumed = _train(tmp_path, ["--resume", f"s3://{BUCKET}/runs/k", *out, "--no-progress"], env)
+    stdout, stderr = resumed.communicate(timeout=HANG_S)
+    assert resumed.returncode == 0, stderr
+    skipped = [line for line in stderr.splitlines() if "skipped" in line]
     assert skipped == [
         f"WARNING turbotrain.loop.checkpoint.remote: skipped s3://{BUCKET}/runs/k/checkpoints/step_00000006.pt: "
         "its upload did not finish (no marker)"
     ]
-    assert "fetched step_00000003.pt" in resumed.stdout
+    assert "fetched step_00000003.pt" in stdout
     assert _losses(tmp_path / "k") == _losses(
         tmp_path / "full"
     )  # steps 4-12 trained after the resume, to the bit
     got, want = _weights(tmp_path / "k"), _weights(tmp_path / "full")
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
-    assert "not in the store" not in resumed.stderr  # everything reached it this time
+    assert "not in the store" not in stderr  # everything reached it this time
 
 
 def test_server_stopped_mid_run_is_one_warning_and_the_end_names_what_is_missing(tmp_path: Path, s3) -> None:
     env, server = s3
     marker = tmp_path / "paused"
     run = _train(
-        ["--run.out_dir", str(tmp_path), "--run.name=r", f"--run.remote=s3://{BUCKET}/runs"],
+        tmp_path,
+        [*TINY, "--run.out_dir", str(tmp_path), "--run.name=r", f"--run.remote=s3://{BUCKET}/runs"],
         env,
         "pause-step:5",
         marker,
@@ -159,7 +140,9 @@ def test_server_stopped_mid_run_is_one_warning_and_the_end_names_what_is_missing
 def test_a_bucket_that_does_not_exist_is_one_line_at_the_start(tmp_path: Path, s3) -> None:
     env, _ = s3
     run = _train(
-        ["--run.out_dir", str(tmp_path), "--run.name=b", "--run.remote=s3://no-such-bucket/runs"], env
+        tmp_path,
+        [*TINY, "--run.out_dir", str(tmp_path), "--run.name=b", "--run.remote=s3://no-such-bucket/runs"],
+        env,
     )
     stdout, stderr = run.communicate(timeout=HANG_S)
     assert run.returncode == 2
