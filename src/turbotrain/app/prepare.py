@@ -1,8 +1,6 @@
-"""A run resolved once, before anything is built (docs/architecture.md, "The prepared run"): the
-launch, the config, the model spec, the parallel plan (checked on every rank before any joins the
-process group), the run directory, the resume-or-relaunch decision: a :class:`PreparedRun`, which
-the assembly (:mod:`turbotrain.app.training`) builds from. :func:`start` is the one place of the
-start-of-run decisions; nothing re-settles the config after it.
+"""A run resolved once, before anything is built (docs/architecture.md, "The prepared run"): a
+:class:`PreparedRun`, which the assembly (:mod:`turbotrain.app.training`) builds from. :func:`start`
+is the one place of the start-of-run decisions; nothing re-settles the config after it.
 """
 
 from __future__ import annotations
