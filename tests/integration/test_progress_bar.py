@@ -9,12 +9,11 @@ import os
 import re
 import select
 import struct
-import subprocess
-import sys
 import termios
 import time
 from pathlib import Path
 
+import inprocess
 import pytest
 
 pty = pytest.importorskip("pty")
@@ -24,14 +23,13 @@ STEPS = 6
 
 
 def _terminal_run(args: list[str], columns: int = 80, timeout_s: float = 300) -> tuple[int, bytes]:
-    """``python -m turbotrain ARGS`` on a pseudo-terminal ``columns`` wide: exit code, bytes sent."""
+    """``python -m turbotrain ARGS`` on a pseudo-terminal ``columns`` wide (its stdout and stderr;
+    the process forked from this one): exit code, bytes sent."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
-    env = {**os.environ, "COLUMNS": str(columns), "LINES": "24", "TERM": "xterm"}
-    env.pop("NO_COLOR", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "turbotrain", *args], stdin=slave, stdout=slave, stderr=slave, env=env
-    )
+    env = {"COLUMNS": str(columns), "LINES": "24", "TERM": "xterm"}
+    terminal = Path(os.ttyname(slave))
+    proc = inprocess.turbotrain(args, terminal, terminal, env=env)
     os.close(slave)
     out, deadline = b"", time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -48,7 +46,7 @@ def _terminal_run(args: list[str], columns: int = 80, timeout_s: float = 300) ->
     else:
         proc.kill()
     os.close(master)
-    return proc.wait(), out
+    return proc.wait(timeout_s), out
 
 
 def _screen_lines(raw: bytes) -> list[str]:
@@ -59,8 +57,9 @@ def _screen_lines(raw: bytes) -> list[str]:
 
 @pytest.mark.slow
 def test_the_bar_ticks_every_step_in_80_columns_with_log_and_validation_lines_above_it(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.delenv("NO_COLOR", raising=False)  # the terminal's process inherits this environment
     code, raw = _terminal_run(
         [
             "train",
