@@ -6,13 +6,3 @@ from ..environment import collect_distributed, collect_env
 from .checks import fp8_check, run_checks
 from .probes import run_probes
 from .report import build_report, format_report
-
-__all__ = [
-    "build_report",
-    "collect_distributed",
-    "collect_env",
-    "format_report",
-    "fp8_check",
-    "run_checks",
-    "run_probes",
-]

@@ -31,6 +31,3 @@ def profile_workload(
     document (``render(report)`` gives the text)."""
     target = Target(overrides=dict(overrides or {}), workload=as_workload(workload, "profile_workload()"))
     return profile_target(target, ProfileOptions(verify=verify, **options))
-
-
-__all__ = ["ProfileOptions", "profile_target", "profile_workload", "render"]
