@@ -30,6 +30,12 @@ def _where(exc: BaseException) -> str:
     return f" ({Path(f.filename).name}:{f.lineno}, in {f.name})"
 
 
+def first_line(text: object, empty: str = "") -> str:
+    """The first line of ``str(text)``, stripped; ``empty`` when there is none."""
+    stripped = str(text).strip()
+    return stripped.splitlines()[0] if stripped else empty
+
+
 def one_line(exc: BaseException) -> str:
     """``exc`` as one line: its type, first line of its message and where in the user's code
     (``RuntimeError: broken (wl.py:10, in forward)``); a DataLoader worker's re-raised error is its cause."""
@@ -40,8 +46,8 @@ def one_line(exc: BaseException) -> str:
     if text.startswith("Caught ") and "Traceback" in text:
         return text.splitlines()[-1].strip()[:300]
     if isinstance(exc, TurbotrainError):
-        return text.splitlines()[0][:300] if text else type(exc).__name__
-    first = text.splitlines()[0] if text else ""
+        return first_line(text, type(exc).__name__)[:300]
+    first = first_line(text)
     return (f"{type(exc).__name__}: {first}"[:300] if first else type(exc).__name__) + _where(exc)
 
 

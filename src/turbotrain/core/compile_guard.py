@@ -11,6 +11,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..base.failure import first_line
+
 log = logging.getLogger(__name__)
 
 REASON_CHARS = 200  # a reason is cut to its first line and this many characters
@@ -39,13 +41,9 @@ def payback_step(compile_s: float | None, eager_ms: float | None, compiled_ms: f
     return int(round(1000 * compile_s / (eager_ms - compiled_ms))) + 1
 
 
-def _first_line(text: str) -> str:
-    return str(text).strip().splitlines()[0][:REASON_CHARS] if str(text).strip() else "unknown"
-
-
 def _guard_reason(text: str) -> str:
     """``'0/0: s.scale == 0.0   # file:8 in forward ...'`` -> ``'s.scale == 0.0 (file:8 in forward)'``."""
-    line = _first_line(text)
+    line = first_line(text, "unknown")[:REASON_CHARS]
     head, _, where = line.partition("#")
     head = head.split(": ", 1)[-1].strip() if head[:1].isdigit() else head.strip()
     where = where.strip().lstrip("#").strip()
@@ -101,7 +99,7 @@ def collect_compile_counts() -> CompileCounts:
                 recompiles[_guard_reason(reason)] += 1
     breaks: Counter[str] = Counter()
     for reason, count in list(counters["graph_break"].items()):
-        breaks[_first_line(reason)] += int(count)
+        breaks[first_line(reason, "unknown")[:REASON_CHARS]] += int(count)
     return CompileCounts(int(counters["frames"].get("ok", 0)), dict(recompiles), dict(breaks))
 
 

@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..base.batch import map_tensors, tensors_of
+from ..base.failure import one_line
 from .window import LossFn, MicroBatch, WindowFn
 
 log = logging.getLogger(__name__)
@@ -149,8 +150,7 @@ class _Captured:
             try:
                 self._capture(args, sig)
             except RuntimeError as exc:  # capture refused by CUDA (an unsupported op, a sync)
-                first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-                owner.refuse(f"capture failed ({type(exc).__name__}: {first})")
+                owner.refuse(f"capture failed ({one_line(exc)})")
                 optimizer.zero_grad(set_to_none=True)
                 return self.body(*args)
         elif sig != self.sig:

@@ -19,6 +19,7 @@ from torch import nn
 from ..base.batch import batch_size
 from ..base.config import OOM_POLICIES, choice_error, setting
 from ..base.errors import TurbotrainError
+from ..base.failure import first_line
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -119,7 +120,7 @@ def _attempt(call: Callable[[], T]) -> tuple[bool, T | None, str]:
     except RuntimeError as exc:
         if not is_oom(exc):
             raise
-        return False, None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return False, None, first_line(exc, type(exc).__name__)
 
 
 def run_guarded_batch(

@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
 from ..base.errors import TurbotrainError, quiet_imports
+from ..base.failure import first_line
 
 
 @dataclass
@@ -172,7 +173,7 @@ def _call(ref: str, doing: str, fn: Callable[..., Any], *args: Any) -> Any:
     except Exception as exc:
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if "importlib" not in f.filename]
         at = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
-        message = str(exc).splitlines()[0] if str(exc) else ""
+        message = first_line(exc)
         raise TurbotrainError(f"--model {ref}: {doing} raised {type(exc).__name__}{at}: {message}") from exc
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ...base.failure import one_line
 from ...base.version import __version__
 from ...parts.hardware import device_name
 from ..measure import child_main
@@ -64,7 +65,7 @@ def row(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         traceback.print_exc()
         result.update(
             status="failed",
-            reason=f"{type(exc).__name__}: {exc}".splitlines()[0][:300],
+            reason=one_line(exc),
             traceback=traceback.format_exc()[-4000:],
         )
     return result

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ...base.errors import TurbotrainError
-from ...base.failure import no_setting_fixes, one_line
+from ...base.failure import first_line, no_setting_fixes, one_line
 from ...core.oom import is_oom
 from ...tools.memory import usable_memory_bytes
 from ...tools.memory.stats import storage_bytes
@@ -90,9 +90,7 @@ def outcome(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         )
     except Exception as exc:
         if is_oom(exc):
-            result.update(
-                status="oom", reason=str(exc).splitlines()[0][:300] if str(exc) else "out of memory"
-            )
+            result.update(status="oom", reason=first_line(exc, "out of memory")[:300])
         elif isinstance(exc, TurbotrainError):
             result.update(status="invalid", reason=str(exc)[:500])
         else:

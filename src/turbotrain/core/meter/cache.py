@@ -16,6 +16,7 @@ import torch
 
 from ...base.atomic import atomic_write
 from ...base.errors import TurbotrainError
+from ...base.failure import first_line
 from ...base.version import __version__
 from ...parts.hardware import device_name
 
@@ -67,7 +68,7 @@ def read(
             raise ValueError("its key material differs (another model, device, settings or version)")
         return check(data["value"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
-        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        reason = first_line(exc, type(exc).__name__)[:200]
         log.warning("%s: ignoring the cached measurements in %s (%s); measuring again", what, path, reason)
         return None
 

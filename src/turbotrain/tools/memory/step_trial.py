@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...base.failure import first_line
 from ...base.seeds import rng_state, set_rng_state
 from ...core.engine import Engine, default_loss
 from ...core.meter.clock import time_call
@@ -88,7 +89,7 @@ class StepTrial:
         except RuntimeError as exc:
             if not is_oom(exc):
                 raise
-            failure = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            failure = first_line(exc, type(exc).__name__)
         # Outside the except clause: the traceback, and the activations its frames held, are gone.
         self._free()
         raise torch.OutOfMemoryError(f"micro-batch {micro}: {failure}")
