@@ -18,6 +18,7 @@ import runpy
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import warnings
@@ -179,6 +180,10 @@ def fork(target: Callable[[], object], stdout: Path, stderr: Path | None = None)
     except BaseException:
         traceback.print_exc()
     finally:
+        # as the interpreter's exit: wait for the threads it started (a checkpoint write in flight)
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
