@@ -14,7 +14,7 @@ from ...base.batch import batch_size, move_to, token_count
 from ...base.config import load_config
 from ...core.engine import Engine, LossFn, default_loss
 from ...core.meter.clock import time_call
-from ...core.meter.table import render_table
+from ...core.meter.table import DASH, render_table
 from ...core.meter.trial import copy_on
 from ...parts.hardware import device_name
 from ...parts.models.registry import spec_for
@@ -105,7 +105,7 @@ def render_inference(doc: dict[str, Any]) -> str:
         ("batch", lambda r: f"{r['samples_per_batch']:.0f}"),
         ("ms/batch (median)", lambda r: f"{r['ms_per_batch']:.2f}"),
         ("samples/s", lambda r: f"{r['samples_per_s']:,.0f}"),
-        ("tokens/s", lambda r: f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else "—"),
+        ("tokens/s", lambda r: f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else DASH),
         ("first batch s", lambda r: f"{r['first_batch_s']:.2f}"),
     ]
     title = "## turbotrain bench --inference: evaluation forward (and loss) under inference_mode"

@@ -6,13 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ...core.meter.table import render_table
-
-DASH = "—"
-
-
-def _num(value: float | None, fmt: str) -> str:
-    return DASH if value is None else format(value, fmt)
+from ...core.meter.table import DASH, figure, render_table
 
 
 def _status(row: dict[str, Any]) -> str:
@@ -27,15 +21,15 @@ def _ok(fn: Callable[[dict[str, Any]], str]) -> Callable[[dict[str, Any]], str]:
 
 def _throughput_column(report: dict[str, Any]) -> tuple[str, Callable[[dict[str, Any]], str]]:
     if report["workload"].get("task") == "lm":
-        return "tokens/s", _ok(lambda r: _num(r.get("tokens_per_s"), ",.0f"))
-    return "samples/s", _ok(lambda r: _num(r.get("samples_per_s"), ",.1f"))
+        return "tokens/s", _ok(lambda r: figure(r.get("tokens_per_s"), ",.0f"))
+    return "samples/s", _ok(lambda r: figure(r.get("samples_per_s"), ",.1f"))
 
 
 def _memory_column(rows: list[dict[str, Any]]) -> tuple[str, Callable[[dict[str, Any]], str]] | None:
     if any("peak_mem_gib" in r for r in rows):
-        return "peak mem GiB", _ok(lambda r: _num(r.get("peak_mem_gib"), ".2f"))
+        return "peak mem GiB", _ok(lambda r: figure(r.get("peak_mem_gib"), ".2f"))
     if any("peak_rss_gib" in r for r in rows):
-        return "peak RSS GiB (process)", _ok(lambda r: _num(r.get("peak_rss_gib"), ".2f"))
+        return "peak RSS GiB (process)", _ok(lambda r: figure(r.get("peak_rss_gib"), ".2f"))
     return None
 
 
@@ -49,7 +43,7 @@ def _mfu_column(rows: list[dict[str, Any]]) -> tuple[str, Callable[[dict[str, An
 
 def _times(key: str) -> Callable[[dict[str, Any]], str]:
     """A speedup column: ``1.23x``."""
-    return _ok(lambda r: _num(r.get(key), ".2f") + ("x" if r.get(key) else ""))
+    return _ok(lambda r: figure(r.get(key), ".2f") + ("x" if r.get(key) else ""))
 
 
 def _loss_diff(r: dict[str, Any]) -> str:
@@ -81,7 +75,7 @@ def compare_table(report: dict[str, Any]) -> str:
         ("recipe", lambda r: r.get("recipe", "")),
         *_common(report),
         *(
-            [("decision s (not in step time)", _ok(lambda r: _num(r.get("decision_s"), ".1f")))]
+            [("decision s (not in step time)", _ok(lambda r: figure(r.get("decision_s"), ".1f")))]
             if any("decision_s" in r for r in report["rows"])
             else []
         ),

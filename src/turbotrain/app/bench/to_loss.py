@@ -21,7 +21,7 @@ from ...base.config import load_config
 from ...base.failure import cause_in_log
 from ...base.process import child_env
 from ...core.engine import default_loss
-from ...core.meter.table import render_table
+from ...core.meter.table import DASH, render_table
 from ...loop.fit import fit
 from ...loop.hooks import FitContext, Hook
 from ...parts.hardware import device_name
@@ -237,7 +237,7 @@ def render_to_loss(doc: dict[str, Any]) -> str:
 
 def _settings(r: dict[str, Any]) -> str:
     flags = " ".join(f"--{s}.{k}={v}" for s, kv in r["settings"].items() for k, v in kv.items())
-    return f"`{flags or '—'}`"
+    return f"`{flags or DASH}`"
 
 
 TO_LOSS_COLUMNS: list[tuple[str, Any]] = [
@@ -253,7 +253,7 @@ TO_LOSS_COLUMNS: list[tuple[str, Any]] = [
 
 def _range(s: dict[str, float] | None, fmt: str) -> str:
     if s is None:
-        return "—"
+        return DASH
     return f"{fmt.format(s['median'])} [{fmt.format(s['min'])}-{fmt.format(s['max'])}]"
 
 

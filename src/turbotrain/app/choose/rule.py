@@ -10,7 +10,7 @@ from typing import Any
 
 from ...base.config import AUTO, RunConfig
 from ...core.meter.parity import loss_tolerance
-from ...core.meter.table import render_table
+from ...core.meter.table import figure, render_table
 
 Overrides = dict[str, dict[str, Any]]
 # what a candidate's measurement keeps for naming the run's regime (app/regime.probe_of reads them)
@@ -298,20 +298,13 @@ def format_table(d: Decision) -> list[str]:
     return [f"choose: {d.summary}", *regime, "", *render_table(d.rows, DECISION_COLUMNS).splitlines()]
 
 
-def _or_dash(value: float | None, form: str) -> str:
-    return "-" if value is None else format(value, form)
-
-
 DECISION_COLUMNS: list[tuple[str, Any]] = [
     ("candidate", lambda r: r.name),
     ("recipe", lambda r: r.what),
-    (
-        "step ms",
-        lambda r: _or_dash(r.step_ms, ".2f") + (" (cached)" if r.cached and r.step_ms is not None else ""),
-    ),
-    ("first step s", lambda r: _or_dash(r.first_step_s, ".2f")),
+    ("step ms", lambda r: figure(r.step_ms, ".2f", " (cached)" if r.cached else "", "-")),
+    ("first step s", lambda r: figure(r.first_step_s, ".2f", missing="-")),
     ("parity", lambda r: "-" if r.parity_ok is None else ("ok" if r.parity_ok else "FAIL")),
-    ("break-even step", lambda r: _or_dash(r.break_even_step, ",.0f")),
+    ("break-even step", lambda r: figure(r.break_even_step, ",.0f", missing="-")),
     ("verdict", lambda r: r.status),
     ("why", lambda r: r.reason),
 ]

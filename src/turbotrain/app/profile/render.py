@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...core.meter.table import render_table
+from ...core.meter.table import DASH, render_table
 from .syncs import format_syncs
 
 PHASE_TITLES = {
@@ -19,7 +19,7 @@ PHASE_TITLES = {
 
 
 def _rate(value: float | None, unit: str) -> str:
-    return "—" if value is None else f"{value:,.0f} {unit}" if value >= 100 else f"{value:,.1f} {unit}"
+    return DASH if value is None else f"{value:,.0f} {unit}" if value >= 100 else f"{value:,.1f} {unit}"
 
 
 def render(doc: dict[str, Any]) -> str:

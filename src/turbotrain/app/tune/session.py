@@ -25,7 +25,7 @@ from ...base.errors import ConfigError
 from ...base.failure import EMPTY_LOADER, workload_failed
 from ...base.rundir import new_run_dir
 from ...core.device import resolve_device
-from ...core.meter.table import render_table
+from ...core.meter.table import DASH, figure, render_table
 from ...core.precision import DeviceCaps, resolve_precision
 from ...core.window import default_loss
 from ...parts.models.blocks import repeated_blocks
@@ -38,7 +38,6 @@ from .study import STUDY_DB, STUDY_NAME, Log, Study, StudyStopped, best_config, 
 
 BEST_FILE, JSON_FILE, MD_FILE, PLOT_FILE = "best.toml", "tune.json", "tune.md", "tune.png"
 
-DASH = "—"
 COLORS = {
     "ok": "tab:green",
     "pruned": "tab:gray",
@@ -73,8 +72,8 @@ def trials_table(rows: list[dict[str, Any]], keys: list[str]) -> str:
             lambda r: DASH if not r.get("throughput") else f"{r['throughput']:,.0f} {r.get('unit') or ''}",
         ),
         ("peak MiB", lambda r: _mib(r.get("peak_bytes"))),
-        ("Δ loss", lambda r: DASH if r.get("loss_diff") is None else f"{r['loss_diff']:+.4f}"),
-        ("first step s", lambda r: DASH if r.get("first_step_s") is None else f"{r['first_step_s']:.1f}"),
+        ("Δ loss", lambda r: figure(r.get("loss_diff"), "+.4f")),
+        ("first step s", lambda r: figure(r.get("first_step_s"), ".1f")),
         ("note", lambda r: r.get("reason") or ""),
     ]
     return render_table(rows, columns)

@@ -6,6 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+DASH = "—"  # a figure a row does not have
+
+
+def figure(value: float | None, form: str, unit: str = "", missing: str = DASH) -> str:
+    """``value`` in ``form`` (then ``unit``), or ``missing`` when there is none."""
+    return missing if value is None else f"{format(value, form)}{unit}"
+
 
 def render_table(rows: list[Any], columns: list[tuple[str, Callable[[Any], str]]]) -> str:
     """Markdown table: ``columns`` are (header, row -> cell text)."""
