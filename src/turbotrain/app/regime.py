@@ -78,6 +78,13 @@ def classify(p: Probe) -> Regime:
     )
 
 
+def profiled_scale(figures: Mapping[str, Any], trace: Mapping[str, Any]) -> float:
+    """The timed steps' median over the profiled step time (the profiled steps run slower under
+    the profiler): what scales a profiled time to the report's one step time; 1.0 unprofiled."""
+    profiled = trace.get("profiled_step_ms")
+    return float(figures["step_ms_median"]) / profiled if profiled else 1.0
+
+
 def probe_from(
     figures: dict[str, Any], trace: dict[str, Any] | None = None, peak_tflops: float | None = None
 ) -> Probe:
@@ -87,11 +94,8 @@ def probe_from(
     trace = trace or {}
     device = trace.get("device") or {}
     phases = trace.get("phases") or {}
-    step_ms = float(figures["step_ms_median"])  # the report's one step time: the timed steps' median
-    # the profiled steps run slower under the profiler: their host time, scaled to the timed step
-    scale = step_ms / trace["profiled_step_ms"] if trace.get("profiled_step_ms") else 1.0
     enqueue = sum(v.get("host_ms", 0.0) for k, v in phases.items() if k not in ("data", "hooks", "other"))
-    host = scale * enqueue or None
+    host = profiled_scale(figures, trace) * enqueue or None  # the host time, scaled to the timed step
     found = {"device_busy_ms": device.get("busy_ms"), "host_enqueue_ms": host, "peak_tflops": peak_tflops}
     return probe_of({**figures, **found})
 

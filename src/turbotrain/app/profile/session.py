@@ -21,7 +21,7 @@ from ...base.rundir import new_run_dir
 from ...core.optim import resolve_implementation
 from ...parts.hardware import device_name
 from ..measure import Target, build, graph_break_reasons, release, run
-from ..regime import classify, probe_from
+from ..regime import classify, probe_from, profiled_scale
 from .advice import diagnose
 from .render import render
 from .syncs import SyncWindow
@@ -170,7 +170,7 @@ def _document(built: Any, figures: dict[str, Any], trace: dict[str, Any], trace_
 def _breakdown(figures: dict[str, Any], trace: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Each phase's share of the profiled steps applied to the unprofiled median step."""
     step_ms = figures["step_ms_median"]
-    scale = step_ms / trace["profiled_step_ms"] if trace["profiled_step_ms"] else 1.0
+    scale = profiled_scale(figures, trace)
     out = {p: {"ms": v["share"] * step_ms, "share": v["share"]} for p, v in trace["phases"].items()}
     if "device" in trace:
         for p, v in trace["phases"].items():
