@@ -1,11 +1,12 @@
 """Checkpoints that survive crashes and never execute code on load (docs/checkpoints.md): writing
-is here (:class:`Checkpointer`, :func:`save_checkpoint`, :func:`save_sharded`), restoring in
+and pruning are here (:class:`Checkpointer`, :func:`save_checkpoint`, :func:`prune`), restoring in
 :mod:`.restore`, the other modules one concern each. The public names of the old
 ``loop/checkpoint.py`` and ``loop/sharded.py`` keep importing from here (``turbotrain.MOVED``)."""
 
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ...base.atomic import atomic_write, clean_stale_temps
+from ...base.atomic import atomic_write, clean_stale_temps, remove_leftovers
 from ...base.config import TrainConfig
 from ...base.seeds import rng_state, seed_all, set_rng_state
 from ...core.distributed import Strategy
@@ -30,7 +31,9 @@ from .format import (
     checkpoint_path,
     checkpoint_step,
     finished_checkpoints,
+    forget,
     is_finished,
+    is_unfinished_save,
     is_verified,
     latest_verified,
     list_checkpoints,
@@ -41,12 +44,44 @@ from .format import (
     sidecar,
     unreadable,
 )
-from .prune import clean_unfinished, prune
 from .restore import load_latest, load_latest_weights, restore_latest
 from .sharded_write import save_folder
 from .state import RunState, Stateful, reseed, run_state
 
 log = logging.getLogger(__name__)
+
+
+def prune(folder: Path, keep_last: int) -> list[Path]:
+    """Keep the newest ``keep_last`` checkpoints that verify and delete every older one (one that does
+    not verify never counts as kept); returns them."""
+    candidates = list_checkpoints(folder)
+    kept: list[Path] = []
+    for path in reversed(candidates):  # newest first; stops hashing once enough are found
+        if len(kept) == keep_last:
+            break
+        if is_verified(path):
+            kept.append(path)
+    if not kept:
+        return []
+    oldest = checkpoint_step(kept[-1])
+    deleted = [p for p in candidates if checkpoint_step(p) < oldest]
+    for old in deleted:
+        if old.is_dir():  # the marker first: a half-deleted folder is then an unfinished save
+            (old / MARKER).unlink(missing_ok=True)
+            shutil.rmtree(old, ignore_errors=True)
+            continue
+        old.unlink(missing_ok=True)  # the checkpoint first: an orphaned checksum file is harmless
+        sidecar(old).unlink(missing_ok=True)
+    for orphan in folder.glob("step_*.pt.sha256"):
+        if not orphan.with_name(orphan.name[: -len(".sha256")]).exists():
+            orphan.unlink(missing_ok=True)
+    forget(folder, {str(p) for p in candidates} - {str(p) for p in deleted})
+    return deleted
+
+
+def clean_unfinished(folder: Path) -> list[Path]:
+    """Remove the folders of sharded saves that never finished; at the start, on one process."""
+    return remove_leftovers(folder, is_unfinished_save)
 
 
 def save_checkpoint(folder: Path, step: int, payload: dict[str, Any], keep_last: int = 3) -> Path:
