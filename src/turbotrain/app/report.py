@@ -9,6 +9,7 @@ import json
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from ..base.errors import TurbotrainError
 from ..base.records import metric_keys, read_metrics  # noqa: F401 (the report's names before the split)
 from ..base.rundir import CHOOSE_FILE, CONFIG_FILE, METRICS_FILE, PLOTS_DIR, SUMMARY_FILE, SUMMARY_MD
 from ..core.compile_guard import payback_step
+from ..core.meter.table import figure
 from ..core.precision.fp8_choice import FP8Choice
 from ..loop.monitor.trackers import publish
 from . import expert_report
@@ -74,8 +76,7 @@ def load_run(run_dir: str | Path) -> RunFiles:
     return data
 
 
-def _fmt(value: Any, spec: str = ",.1f", unit: str = "") -> str:
-    return "n/a" if value is None else f"{value:{spec}}{unit}"
+_fmt = partial(figure, missing="n/a")  # the report's missing figure
 
 
 def _amount(summary: dict[str, Any]) -> str:
