@@ -58,8 +58,16 @@ def steady_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # the steady-state medians summary.json gives (hw_tflops, activation checkpointing: with the recomputed forward)
-STEADY_KEYS = tuple(
-    "tokens_per_s samples_per_s step_ms tflops mfu hw_tflops hfu gpu_util_pct gpu_power_w".split()
+STEADY_KEYS = (
+    "tokens_per_s",
+    "samples_per_s",
+    "step_ms",
+    "tflops",
+    "mfu",
+    "hw_tflops",
+    "hfu",
+    "gpu_util_pct",
+    "gpu_power_w",
 )
 
 
