@@ -126,7 +126,9 @@ class Forked:
     def wait(self, timeout: float) -> int:
         deadline = time.monotonic() + timeout
         while self.poll() is None:
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline:  # as subprocess.run's timeout: the child does not outlive it
+                self.kill()
+                self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
                 raise subprocess.TimeoutExpired(f"fork {self.pid}", timeout)
             time.sleep(0.05)
         return self.returncode

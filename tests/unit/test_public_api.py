@@ -142,3 +142,18 @@ def test_docs_api_lists_every_public_name_and_every_old_module():
     ]
     assert not missing, f"docs/api.md does not list {missing}"
     assert "(docs/api.md)" in (ROOT / "README.md").read_text(), "the README links docs/api.md"
+
+
+def test_every_name_an_old_module_path_gave_still_imports_from_it():
+    """The names each old module gave (its module-level definitions at d919ea6^, less those already
+    gone at 3cdcec4: tests/unit/old_module_names.json) resolve through its old path, which is the
+    module now: a refactor that drops one breaks `from turbotrain.doctor import Check` and the like."""
+    given = json.loads((Path(__file__).parent / "old_module_names.json").read_text())
+    assert set(given) <= set(turbotrain.MOVED) and len(given) >= 40
+    lost = {
+        f"turbotrain.{old}": missing
+        for old, names in given.items()
+        for module in [importlib.import_module(f"turbotrain.{turbotrain.MOVED[old][0]}")]
+        if (missing := [name for name in names if not hasattr(module, name)])
+    }
+    assert not lost, f"names the old paths gave, gone: {lost}"

@@ -384,6 +384,12 @@ def _build_workload(
     )
 
 
+def compile_counters() -> dict[str, int]:
+    """torch.compile's frames compiled and graph breaks so far in this process (0 without dynamo)."""
+    counts = collect_compile_counts()
+    return {"compiled_frames": counts.frames, "graph_breaks": counts.graph_breaks}
+
+
 def graph_break_reasons(limit: int = 3) -> list[str]:
     """``"3x reason"`` for the most frequent graph-break reasons (empty without dynamo)."""
     return ranked_reasons(collect_compile_counts().break_reasons, limit)
@@ -419,14 +425,13 @@ class _Measure(Hook):
     KEYS: ClassVar[dict[str, str]] = {"tokens/s": "tokens", "samples/s": "samples"}
 
     def _count(self) -> dict[str, Any]:
-        s, compiled = self.built.engine.state, collect_compile_counts()
+        s = self.built.engine.state
         return {
             "t": time.perf_counter(),
             "samples": s.samples,
             "tokens": s.tokens,
             "data_s": self.built.data.seconds,
-            "compiled_frames": compiled.frames,
-            "graph_breaks": compiled.graph_breaks,
+            **compile_counters(),
         }
 
     def on_step_end(self, ctx: FitContext) -> None:

@@ -150,8 +150,14 @@ def fp8_plan(
     fp8 = FP8.from_settings(device, settings)
     plan = fp8.layer_plan(model)
     converted = [name for name, why in plan.items() if not why]
-    out: dict[str, Any] = {"recipe": fp8.recipe, "min_size": fp8.min_size, "converted": converted}
-    out |= {"kept": [f"{name}: {why}" for name, why in plan.items() if why], "runs_here": True, "note": ""}
+    out: dict[str, Any] = {
+        "recipe": fp8.recipe,
+        "min_size": fp8.min_size,
+        "converted": converted,
+        "kept": [f"{name}: {why}" for name, why in plan.items() if why],
+        "runs_here": True,
+        "note": "",
+    }
     if not converted and not fp8.min_size:
         ones = FP8.from_settings(device, dataclasses.replace(recast(settings, FP8Settings), fp8_min_size=1))
         out["with_min_size_1"] = sum(not why for why in ones.layer_plan(model).values())

@@ -167,7 +167,15 @@ def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
     command = _command(args)
     exit_on_sigterm()  # so a running row is ended too (see process.run_process)
     outcomes: list[dict[str, Any]] = []  # every row of every report: did any measure?
-    same = "seed timeout_s handtuned_compile repeat compile_cache threads auto_planned_steps".split()
+    same = (
+        "seed",
+        "timeout_s",
+        "handtuned_compile",
+        "repeat",
+        "compile_cache",
+        "threads",
+        "auto_planned_steps",
+    )
     with _work_dir(args, "bench") as folder:
         profile_dir = Path(args.profile) if args.profile else None
         opts = BenchOptions(

@@ -62,7 +62,8 @@ def main_tune(args: argparse.Namespace, extra: list[str]) -> int:
     device = target.config().run.device
     kind = "cuda" if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()) else "cpu"
     warmup, steps, window = TRIAL_STEPS[kind]
-    args.trial_warmup, args.trial_steps = args.trial_warmup or warmup, args.trial_steps or steps
+    args.trial_warmup = args.trial_warmup or warmup
+    args.trial_steps = args.trial_steps or steps
     args.window = args.window or window
     check_at_least(args, trials=1, trial_warmup=1, trial_steps=2, window=1, threads=0, confirm=0)
     options = TuneOptions(

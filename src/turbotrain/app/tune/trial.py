@@ -44,7 +44,9 @@ def measure_trial(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
     target, run_dir = Target.from_dict(spec["target"]), Path(spec["run_dir"])
     built = build(target, spec["changes"], run_dir)
     try:
-        c, cuda, peak = built.config, built.engine.device.type == "cuda", None
+        c = built.config
+        cuda = built.engine.device.type == "cuda"
+        peak = None
         budget = usable_memory_bytes(built.engine.device, c.batch.max_memory_gib, c.batch.max_memory_fraction)
         if not cuda:
             if budget is not None:  # as the batch finder counts it: the weights already sit in RAM

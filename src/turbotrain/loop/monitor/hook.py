@@ -163,7 +163,9 @@ class Monitor(Hook):
     def tick(self, step: int) -> None:
         """Step ``step`` is done: the progress bar advances; no record, no device read."""
         for sink in self.sinks:  # read each step, so a sink added after the Monitor is built ticks too
-            getattr(sink, "tick", lambda step: None)(step)
+            tick = getattr(sink, "tick", None)
+            if callable(tick):  # a sink's own `tick` attribute may be data (a counter), not a method
+                tick(step)
 
     def _emit(self, record: dict[str, Any], probes: Iterable[Probe]) -> dict[str, Any]:
         for probe in probes:
