@@ -18,7 +18,6 @@ import runpy
 import signal
 import subprocess
 import sys
-import threading
 import time
 import traceback
 import warnings
@@ -27,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from turbotrain.base.process import exit_after_threads
 
 
 @dataclass
@@ -182,13 +183,7 @@ def fork(target: Callable[[], object], stdout: Path, stderr: Path | None = None)
     except BaseException:
         traceback.print_exc()
     finally:
-        # as the interpreter's exit: wait for the threads it started (a checkpoint write in flight)
-        for thread in threading.enumerate():
-            if thread is not threading.current_thread() and not thread.daemon:
-                thread.join()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        exit_after_threads(code)  # as the interpreter's exit: the threads it started end first
 
 
 def turbotrain(

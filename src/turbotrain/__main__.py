@@ -7,17 +7,11 @@ then reports in place of the exit status the command chose (seen in about 1 of 6
 
 import os
 import sys
-import threading
 
+from .base.process import exit_after_threads
 from .cli import main
 
 code = main()
 if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun (its variables)
-    # what the interpreter's exit would wait for: a checkpoint write in flight
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_after_threads(code)
 sys.exit(code)
