@@ -4,7 +4,6 @@ prints :func:`collect_env`, benchmark result files embed it, a run's summary rec
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import platform
 import shutil
@@ -17,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ..base.units import GIB
-from ..base.version import __version__, collect_git
+from ..base.version import __version__, collect_git, package_version
 from ..core.precision import DeviceCaps
 from ..core.precision.fp8 import float8_capable
 from ..parts.hardware import collect_nvml, cpu_model, lookup_peak, ram_bytes
@@ -33,13 +32,6 @@ def _usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
-
-
-def _version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _gpu(index: int) -> dict[str, Any]:
@@ -128,7 +120,7 @@ def collect_env() -> dict[str, Any]:
             "float32_matmul_precision": torch.get_float32_matmul_precision(),
             "cudnn_benchmark": torch.backends.cudnn.benchmark,
         },
-        "packages": {name: _version(name) for name in PACKAGES},
+        "packages": {name: package_version(name) for name in PACKAGES},
         "env": {k: os.environ[k] for k in ENV_VARS if k in os.environ},
     }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import subprocess
 from pathlib import Path
@@ -10,6 +11,14 @@ from typing import Any
 __version__ = "0.1.0"
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+
+
+def package_version(name: str) -> str | None:
+    """The installed version of the distribution ``name``; None where it is not installed."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _git(*args: str) -> subprocess.CompletedProcess[str]:

@@ -6,7 +6,6 @@ the kit's cache. The timer is a parameter: tests inject one (CPU float8 is emula
 from __future__ import annotations
 
 import copy
-import importlib.metadata
 import json
 import logging
 from collections.abc import Callable, Iterable
@@ -21,6 +20,7 @@ from ...base.atomic import atomic_write
 from ...base.batch import map_tensors
 from ...base.config import RunConfig, recast
 from ...base.config_plugins import Start, register_start
+from ...base.version import package_version
 from ...parts.data.sources import default_cache_dir as cache_root
 from ...parts.hardware import device_name
 from ..meter import cache as meter_cache
@@ -203,10 +203,7 @@ def default_cache_dir() -> Path:
 
 def timing_settings(device: torch.device, compile: bool, emulate: bool) -> dict[str, Any]:
     """The settings besides the shapes that a timing depends on: the device, torchao, compile."""
-    try:
-        torchao: str | None = importlib.metadata.version("torchao")
-    except importlib.metadata.PackageNotFoundError:
-        torchao = None
+    torchao = package_version("torchao")
     return {"device": device_name(device), "torchao": torchao, "compile": compile, "emulate": emulate}
 
 
