@@ -25,7 +25,7 @@ from ..base.batch import TokenTally, batch_size
 from ..base.records import read_metrics
 from ..base.rundir import METRICS_FILE, truncate_metrics
 from ..core.compile_guard import CompileGuard
-from ..loop.monitor import MfuProbe, Monitor, Probe, ProgressSink, build_probes, estimate_flops_per_sample
+from ..loop.monitor import MfuProbe, Monitor, Probe, build_probes, estimate_flops_per_sample
 from ..loop.monitor.flops import flop_tokens_per_sample
 from ..loop.monitor.trackers import TrackerOptions, build_sinks
 from ..parts.hardware import DeviceSpec, lookup_peak
@@ -123,7 +123,6 @@ class LoopObserver:
         precision: str = "fp32",
         peak_tflops: float | None = None,
         nvml: bool = True,
-        progress_steps: int | None = None,
         sinks: Iterable[Any] = (),
         trackers: Iterable[str] = (),
         project: str = "turbotrain",
@@ -153,7 +152,7 @@ class LoopObserver:
                 "MFU left out: no datasheet peak for %s (achieved TFLOP/s is still recorded)", self.device
             )
         self.mfu: MfuProbe | None = None  # once FLOPs are known (after the first step)
-        self.monitor = self._monitor(sinks, trackers, project, progress_steps, nvml)
+        self.monitor = self._monitor(sinks, trackers, project, nvml)
         self.guard = CompileGuard()
         self.step = 0
         self.side_s = 0.0  # seconds of work that is not training (FLOP count, checkpoints)
@@ -163,19 +162,10 @@ class LoopObserver:
         self._first, self._closed = -1, False
         _OPEN[self.run_dir.resolve()] = self
 
-    def _monitor(
-        self,
-        sinks: Iterable[Any],
-        trackers: Iterable[str],
-        project: str,
-        progress_steps: int | None,
-        nvml: bool,
-    ) -> Monitor:
-        """The Monitor: metrics.jsonl, the trackers, more sinks, a progress bar, the probes."""
+    def _monitor(self, sinks: Iterable[Any], trackers: Iterable[str], project: str, nvml: bool) -> Monitor:
+        """The Monitor: metrics.jsonl, the trackers, more sinks, the probes."""
         options = TrackerOptions(project=project, name=self.name, config=self.config)
         all_sinks: list[Any] = [*build_sinks(["jsonl", *trackers], self.run_dir, options), *sinks]
-        if progress_steps:
-            all_sinks.append(ProgressSink(progress_steps))
         probes: list[Probe] = [
             *build_probes(self.device, precision=self.precision, nvml_enabled=nvml),
             lambda record: self.mfu(record) if self.mfu is not None else {},
