@@ -46,6 +46,13 @@ class RunFacts:
         return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "more"}, **self.more}
 
 
+def failed_status(exc: BaseException | None) -> str:
+    """summary.json's ``status`` of a run that ended with ``exc`` (the same words everywhere)."""
+    if exc is None:
+        return "failed: the process ended before training did"
+    return f"failed: {type(exc).__name__}: {exc}"
+
+
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 

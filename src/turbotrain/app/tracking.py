@@ -25,7 +25,7 @@ from ..loop.monitor import MfuProbe, Monitor, TrackerOptions
 from ..loop.run_hooks import MonitorPlan, build_hooks, build_monitor
 from .environment import collect_hardware
 from .report import write_report, write_summary
-from .summary import RunFacts
+from .summary import RunFacts, failed_status
 
 
 def engine_facts(
@@ -153,7 +153,7 @@ class Tracker:
         if self._closed:
             return {}
         self._closed = True
-        status = f"failed: {type(exc).__name__}: {exc}" if exc is not None else "completed"
+        status = failed_status(exc) if exc is not None else "completed"
         if exc is None:
             self.hooks.on_fit_end(self.ctx)
         else:

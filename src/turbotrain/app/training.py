@@ -58,7 +58,7 @@ from .experts_growth import growth_stops, stopped_to_grow
 from .prepare import PreparedRun, plan_run, prepare_config, start, stop_startup
 from .resume import resume_from
 from .run_settings import resolve_epochs, say_recipe, scale_lr, warn_long_warmup
-from .summary import RunFacts, write_summary
+from .summary import RunFacts, failed_status, write_summary
 from .tracking import engine_facts
 
 __all__ = ["Training", "build_training", "plan_run", "stopped_by_signal", "train", "train_prepared"]
@@ -478,7 +478,7 @@ def _train_built(training: Training, run_dir: Path, main: bool) -> dict[str, Any
     except BaseException as exc:
         # the disk is full: the error that says so is the one to raise
         with contextlib.suppress(DiskFullError):
-            finish(None, f"failed: {type(exc).__name__}: {exc}")
+            finish(None, failed_status(exc))
         raise
     return finish(ctx, "stopped" if ctx.should_stop else "completed")
 

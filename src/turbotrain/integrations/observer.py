@@ -20,7 +20,7 @@ from torch import nn
 
 from ..app.environment import collect_hardware
 from ..app.report import write_report
-from ..app.summary import RunFacts, write_summary
+from ..app.summary import RunFacts, failed_status, write_summary
 from ..base.batch import TokenTally, batch_size
 from ..base.records import read_metrics
 from ..base.rundir import METRICS_FILE, truncate_metrics
@@ -63,13 +63,6 @@ def peak_spec(device: torch.device, peak_tflops: float | None = None) -> DeviceS
         p = float(peak_tflops)
         return DeviceSpec(f"given peak {p:g} TFLOP/s", p, p, p, p, p, 0.0)
     return lookup_peak(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
-
-
-def failed_status(exc: BaseException | None) -> str:
-    """summary.json's ``status`` of a run that ended with ``exc`` (the same words everywhere)."""
-    if exc is None:
-        return "failed: the process ended before training did"
-    return f"failed: {type(exc).__name__}: {exc}"
 
 
 def resumed_counts(run_dir: Path, step: int) -> tuple[int, int]:
