@@ -4,5 +4,3 @@
 from .runner import TuneOptions
 from .session import summary, tune
 from .study import require_optuna
-
-__all__ = ["TuneOptions", "require_optuna", "summary", "tune"]

@@ -31,10 +31,10 @@ from ...core.window import default_loss
 from ...parts.models.blocks import repeated_blocks
 from ...parts.models.workload_spec import WorkloadSpec
 from ...parts.workload import Workload, load_workload
-from ..measure import Target
+from ..measure import Target, flat
 from .runner import ProcessRunner, TuneOptions
-from .space import MICRO, Dim, ModelFacts, build_space, micro_choices
-from .study import STUDY_DB, STUDY_NAME, Log, Study, StudyStopped, best_config, fixed_keys, require_optuna
+from .space import MICRO, Dim, ModelFacts, build_space, micro_choices, to_changes
+from .study import STUDY_DB, STUDY_NAME, Log, Study, StudyStopped, require_optuna
 
 BEST_FILE, JSON_FILE, MD_FILE, PLOT_FILE = "best.toml", "tune.json", "tune.md", "tune.png"
 
@@ -240,7 +240,7 @@ def _new_space(
 ) -> tuple[list[Dim], int | None]:
     """A new study's search space, and the micro-batch the batch finder found to fit (None when
     the micro-batch is not searched: a workload's, or fixed on the command line)."""
-    fixed = fixed_keys(target)
+    fixed = set(flat(target.overrides))  # section.key settings the user fixed: not searched
     micros, fits = None, None
     if not target.is_workload and MICRO not in fixed and "batch.accumulation" not in fixed:
         log(
@@ -364,9 +364,11 @@ def _write_preset(
 
 
 def _preset_config(study: Study, chosen: dict[str, Any]) -> RunConfig:
-    """The full training config of the chosen trial; a workload's names the workload and the
-    micro-batch it was measured with (its loader's unless searched)."""
-    config = best_config(study.target, chosen["params"], study.global_batch)
+    """The full training config of the chosen trial (without the study's run name); a workload's
+    names the workload and the micro-batch it was measured with (its loader's unless searched)."""
+    changes = to_changes(chosen["params"], study.global_batch)
+    changes["memory"].pop("on_oom")
+    config = study.target.config(changes).replace(run={"name": ""})
     if study.target.model:
         micro = (
             config.batch.micro

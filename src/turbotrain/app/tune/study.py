@@ -37,7 +37,7 @@ from typing import Any
 from ...base.config import RunConfig
 from ...base.errors import ConfigError, TurbotrainError
 from ...core.meter.parity import RECOMMEND_MIN_SPEEDUP, interleaved, loss_tolerance
-from ..measure import Target, flat, merge
+from ..measure import Target
 from .runner import Outcome, Runner, TuneOptions
 from .space import MICRO, Dim, applies, base_params, to_changes
 
@@ -51,7 +51,6 @@ CONSTRAINTS = ("memory", "loss_parity", "failed")  # each <= 0 when satisfied
 KEPT = ("precision", "math_precision", "recompiles_after_warmup", "graph_breaks", "data_wait_ms_per_step")
 
 Log = Callable[..., None]
-__all__ = ["Outcome", "Runner", "Study", "TuneOptions", "require_optuna"]
 
 
 def require_optuna() -> Any:
@@ -230,11 +229,7 @@ class Study:
         ):
             self._set_reference(out.result)  # the baseline computes in fp32: it is the reference
         attrs = self._judge(out)
-        for k, v in attrs.items():
-            trial.set_user_attr(k, v)
-        if not self.legacy_constraints:
-            for k, v in zip(CONSTRAINTS, attrs["constraints"]):
-                trial.set_constraint(k, v)
+        self._record(trial, attrs)
         if out.status in ("ok", "over budget", "predicted over budget", "oom") or out.peak_bytes is not None:
             self.history.append(Measured(params, out.peak_bytes, bool(attrs["over_budget"])))
         if out.status == "pruned":
@@ -354,15 +349,19 @@ class Study:
         optuna = require_optuna()
         attrs = {k: v for k, v in same.user_attrs.items() if k != "baseline"}
         attrs.update(status="duplicate", counted=False, reason=f"the settings of trial {same.number}")
-        for k, v in attrs.items():
-            trial.set_user_attr(k, v)
-        if not self.legacy_constraints:
-            for k, v in zip(CONSTRAINTS, same.user_attrs.get("constraints", [1.0, 1.0, 1.0])):
-                trial.set_constraint(k, v)
+        self._record(trial, attrs)
         if same.state == optuna.trial.TrialState.PRUNED:
             self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         else:
             self.study.tell(trial, same.value)
+
+    def _record(self, trial: Any, attrs: dict[str, Any]) -> None:
+        """Store ``attrs`` on the trial and (Optuna >= 5) its constraints; none stored: violating."""
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
+        if not self.legacy_constraints:
+            for k, v in zip(CONSTRAINTS, attrs.get("constraints", [1.0, 1.0, 1.0])):
+                trial.set_constraint(k, v)
 
     def _over(self, peak: int, budget: int | None) -> bool:
         limit = self._limit(budget)
@@ -376,16 +375,13 @@ class Study:
             return False
         best = max((t.value for t in self.study.trials if t.state.name == "COMPLETE" and t.value), default=0)
         if best and value < SLOW_FRACTION * best:
-            self._pruned_why = (
-                f"window {k}: {value:,.0f}/s, under {SLOW_FRACTION:.0%} of the best trial's {best:,.0f}/s"
-            )
-            return True
-        if trial.should_prune():
-            self._pruned_why = (
-                f"window {k}: {value:,.0f}/s, in the slowest quarter of earlier trials at this window"
-            )
-            return True
-        return False
+            why = f"under {SLOW_FRACTION:.0%} of the best trial's {best:,.0f}/s"
+        elif trial.should_prune():
+            why = "in the slowest quarter of earlier trials at this window"
+        else:
+            return False
+        self._pruned_why = f"window {k}: {value:,.0f}/s, {why}"
+        return True
 
     def describe_trial(self, t: Any) -> str:
         a = t.user_attrs
@@ -511,16 +507,3 @@ class Study:
     def _fastest(self, keep: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
         rows = (r for r in self.rows() if r.get("feasible") and r.get("throughput") and keep(r))
         return max(rows, key=lambda r: r["throughput"], default=None)
-
-
-def best_config(target: Target, params: dict[str, Any], global_batch: int) -> RunConfig:
-    """The full training config of ``params`` (without the study's run name)."""
-    changes = to_changes(params, global_batch)
-    changes["memory"].pop("on_oom")
-    config = target.config(changes)
-    return config.replace(run={"name": ""})
-
-
-def fixed_keys(target: Target) -> set[str]:
-    """``section.key`` settings the user fixed on the command line (not searched)."""
-    return set(flat(merge(target.overrides)))
