@@ -11,7 +11,6 @@ import contextlib
 import json
 import logging
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -54,10 +53,10 @@ def _held_back(name: str) -> Iterator[list[str]]:
 class WarmStart:
     """``begin`` before training, ``save`` after it; nothing for a run that does not compile."""
 
-    def __init__(self, config: RunConfig, folder: Path | None = None) -> None:
+    def __init__(self, config: RunConfig) -> None:
         device = resolve_device(config.run.device)
         self.active = resolve_scope(config.compile.scope, device) != "off"
-        self.folder = folder or cache.cache_dir(config).parent / FOLDER
+        self.folder = cache.cache_dir(config).parent / FOLDER
         self.material: dict[str, Any] = cache.key_material(config, device) if self.active else {}
         self.key, self.note = key_of(self.material) if self.active else "", ""
         self.blob, self.described = self.folder / f"{self.key}.bin", self.folder / f"{self.key}.json"

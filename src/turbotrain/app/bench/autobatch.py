@@ -28,7 +28,7 @@ from .workloads import make_data, resolve_workload, seeded_model, to_spec
 AUTO_MAX_MICRO = 1024  # samples; the finder's own ceiling
 
 
-def search(name: str, device_type: str, seed: int, max_micro: int = AUTO_MAX_MICRO) -> dict[str, Any]:
+def search(name: str, device_type: str, seed: int) -> dict[str, Any]:
     """The batch finder's search for workload ``name``, in this process, as a dict."""
     w = resolve_workload(name, device_type)
     spec = to_spec(w, device=device_type, seed=seed, data_file=Path(os.devnull))
@@ -43,18 +43,16 @@ def search(name: str, device_type: str, seed: int, max_micro: int = AUTO_MAX_MIC
         return move_to((xs[0], ys[0]), t.engine.device)
 
     _, found = resolve_batch_size(
-        config, t.engine, t.model, t.optimizer, max_micro=max_micro, make_batch=make_batch
+        config, t.engine, t.model, t.optimizer, max_micro=AUTO_MAX_MICRO, make_batch=make_batch
     )
     assert found is not None  # micro was "auto"
     return {"workload": name, "device": device_type, "summary": found.describe(), **found.to_dict()}
 
 
-def find_workload_batch(
-    name: str, opts: BenchOptions, keep_log: bool = True, max_micro: int = AUTO_MAX_MICRO
-) -> dict[str, Any]:
+def find_workload_batch(name: str, opts: BenchOptions, keep_log: bool = True) -> dict[str, Any]:
     """:func:`search` in its own process with a row's environment, so its answer holds for the rows."""
     work_dir = opts.work_dir / f"batch-{name}"
-    spec = {"workload": name, "device": opts.device, "seed": opts.seed, "max_micro": max_micro}
+    spec = {"workload": name, "device": opts.device, "seed": opts.seed}
     env, log = row_env(work_dir, opts), work_dir / "log.txt"
     code, result, _ = run_child("turbotrain.app.bench.autobatch", work_dir, spec, env, opts.timeout_s)
     where = f"see {log}" if keep_log else "pass --work-dir DIR to keep its log"
@@ -73,7 +71,7 @@ def find_workload_batch(
 
 def child(spec: dict[str, Any], _: argparse.Namespace) -> dict[str, Any]:
     """:func:`search` in a child process (``--spec``: written by :func:`find_workload_batch`)."""
-    found = search(spec["workload"], spec["device"], spec["seed"], spec["max_micro"])
+    found = search(spec["workload"], spec["device"], spec["seed"])
     print(found["summary"], flush=True)
     return found
 

@@ -60,9 +60,7 @@ def _common(report: dict[str, Any]) -> list[tuple[str, Callable[[dict[str, Any]]
         runs = _ok(lambda r: " / ".join(f"{x['step_ms_median']:.1f}" for x in r.get("runs", [])) or DASH)
         cols.append(("step ms per run", runs))
     cols.append(_throughput_column(report))
-    for optional in (_mfu_column(rows), _memory_column(rows)):
-        if optional:
-            cols.append(optional)
+    cols += [optional for optional in (_mfu_column(rows), _memory_column(rows)) if optional]
     cols.append(("first step s", _ok(lambda r: f"{r['time_to_first_step_s']:.2f}")))
     cols.append(("final loss", _ok(lambda r: f"{r['final_loss']:.5f}")))
     return cols

@@ -47,14 +47,10 @@ MeasureFn = Callable[[Candidate], dict[str, Any]]  # a candidate -> measure.run'
 
 
 def probe_run(
-    target: Target,
-    changes: Mapping[str, Mapping[str, Any]] | None,
-    run_dir: Path,
-    warmup: int = 3,
-    steps: int = 5,
+    target: Target, changes: Mapping[str, Mapping[str, Any]] | None, run_dir: Path
 ) -> tuple[Regime, dict[str, Any]]:
-    """A short run of the real step (``warmup`` + ``steps``, then the timeline on CUDA) and its regime."""
-    figures = measure_once(target, changes, run_dir, warmup, steps, timeline=True)
+    """A short run of the real step (3 warm-up + 5 steps, then the timeline on CUDA) and its regime."""
+    figures = measure_once(target, changes, run_dir, 3, 5, timeline=True)
     return classify(probe_of(figures)), figures
 
 
@@ -235,7 +231,6 @@ def decide_for_run(
         log.debug("choose: %s", decision.summary)
     (say if decision.regime else log.debug)(regime)  # named from figures measured: said below the table
     decision.regime = {**(decision.regime or {}), "line": regime}
-    # the decision table in the run directory: choose.json (everything) and choose.md
     atomic_write(run_dir / CHOOSE_FILE, json.dumps(decision.to_dict(), indent=2, default=str) + "\n")
     atomic_write(run_dir / CHOOSE_MD, "\n".join(format_table(decision)) + "\n")
     return decision

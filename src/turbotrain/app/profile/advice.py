@@ -16,7 +16,7 @@ from ...parts.data.loader import default_num_workers
 from ...parts.models.registry import spec_for
 from ..measure import Built, flat, measure_memory
 from .pressure import BOTTLENECKS as PRESSURE
-from .pressure import rules as pressure_rules
+from .pressure import memory_pressure, throughput_trend
 
 DATA_SHARE = 0.20
 OVERHEAD_OP_US_CPU = 20.0
@@ -86,8 +86,8 @@ def diagnose(
     advice += _optimizer(built, trace)
     if device == "cuda":
         advice += [*_compute_cuda(built, trace), *_copies(built, trace, step_ms)]
-    # memory, trend
-    advice += [Advice(**f) for f in pressure_rules(built, figures, lambda: measure_memory(built))]
+    pressure = memory_pressure(built, figures, lambda: measure_memory(built))  # off CUDA: one eager step
+    advice += [Advice(**f) for f in [*pressure, *throughput_trend(figures.get("step_ms") or [])]]
     advice.sort(key=lambda a: -a.expected_speedup)
     if advice:
         # a step that waits on its loader is data-bound (the regime's word) whatever advice ranks first

@@ -27,11 +27,6 @@ BOTTLENECKS = {
 }
 
 
-def rules(built: Built, figures: dict[str, Any], cpu_peak: Callable[[], int]) -> list[dict[str, Any]]:
-    """The findings of both rules (``cpu_peak``: one eager step's peak bytes off CUDA)."""
-    return [*memory_pressure(built, figures, cpu_peak), *throughput_trend(figures.get("step_ms") or [])]
-
-
 def memory_budget(built: Built) -> tuple[int | None, str]:
     """The bytes one step may use and what they are (said in the finding)."""
     c, device = built.config, built.engine.device
@@ -54,8 +49,8 @@ def memory_budget(built: Built) -> tuple[int | None, str]:
 def memory_pressure(
     built: Built, figures: dict[str, Any], cpu_peak: Callable[[], int]
 ) -> list[dict[str, Any]]:
-    """One finding when a step's peak memory (CUDA: the allocator's; CPU: one eager step's tensors)
-    passes :data:`MEMORY_SHARE` of the budget."""
+    """One finding when a step's peak memory (CUDA: the allocator's; CPU: ``cpu_peak()``, one eager
+    step's tensors) passes :data:`MEMORY_SHARE` of the budget."""
     budget, what = memory_budget(built)
     peak = figures.get("peak_bytes") if built.engine.device.type == "cuda" else cpu_peak()
     if not budget or not peak or peak < MEMORY_SHARE * budget:

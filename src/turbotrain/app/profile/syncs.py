@@ -305,10 +305,10 @@ def locate_workload_syncs(workload: Workload, device: str = "cpu", steps: int = 
     return window.report()
 
 
-def format_syncs(doc: dict[str, Any], indent: str = "") -> list[str]:
+def format_syncs(doc: dict[str, Any]) -> list[str]:
     """The lines ``profile`` and ``doctor`` print: the count per step, then each source with its line."""
     lines = [
-        f"{indent}- host-device syncs: {doc['per_step']:.1f} per step "
+        f"- host-device syncs: {doc['per_step']:.1f} per step "
         f"({doc['host_reads_per_step']:.1f} host reads of tensor values per step)"
     ]
     for s in doc["sources"]:
@@ -316,5 +316,5 @@ def format_syncs(doc: dict[str, Any], indent: str = "") -> list[str]:
         tag = "sync" if s["sync"] else f"no sync ({why})"
         what = f" {s['what']}" if s.get("what") else ""
         code = f" `{s['code']}`" if s.get("code") else ""
-        lines.append(f"{indent}  - {s['per_step']:.2f}/step {s['kind']}{what}: {s['where']}{code} — {tag}")
+        lines.append(f"  - {s['per_step']:.2f}/step {s['kind']}{what}: {s['where']}{code} — {tag}")
     return lines
