@@ -10,7 +10,6 @@ from __future__ import annotations
 from .flops import (
     COUNTED,
     FORMULA,
-    FlopCount,
     MfuProbe,
     build_mfu_probe,
     count_flops,
@@ -20,16 +19,7 @@ from .flops import (
 )
 from .hook import Monitor, Probe, Sink
 from .memory import MEMORY_WARNING, HostMemoryProbe, MemoryProbe, collect_cuda_memory
-from .nvml import UTIL_WARNING, NvmlSampler, UtilisationWatch
+from .nvml import NvmlSampler, UtilisationWatch
 from .probes import build_probes
 from .sinks import JsonlSink, ProgressSink, TensorBoardSink, format_record
-from .trackers import (
-    SINKS,
-    TRACKERS,
-    MlflowSink,
-    TrackerOptions,
-    TrackioSink,
-    WandbSink,
-    build_sinks,
-    publish,
-)
+from .trackers import TrackerOptions, build_sinks
