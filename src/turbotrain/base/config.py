@@ -231,9 +231,7 @@ def _place(name: str, cls: type, after: str | None) -> None:
 
 def known_keys(section: str) -> list[str]:
     """Every key ``[section]`` may hold: its own and its variants' (``--help-config`` order)."""
-    cls = SECTIONS[section]
-    own = [f.name for f in fields(cls)]
-    return list(dict.fromkeys([*own, *(n for r in variants(section) for n in r.names)]))
+    return [f.name for f in section_fields(section)]
 
 
 def preset_names() -> list[str]:

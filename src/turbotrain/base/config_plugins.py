@@ -169,11 +169,14 @@ def other_keys(section: str, cls: type) -> set[str]:
     return {name for r in variants(section) for name in r.names} - own
 
 
+def same_fields(cls: type, obj: object) -> dict[str, Any]:
+    """The fields of the dataclass ``cls`` that ``obj`` holds under the same name, with its values."""
+    return {f.name: getattr(obj, f.name) for f in fields(cls) if hasattr(obj, f.name)}
+
+
 def recast(obj: Any, cls: type[T]) -> T:
     """``obj`` (a section) as a ``cls``: shared fields keep ``obj``'s values, the others their defaults."""
-    if type(obj) is cls:
-        return obj
-    return cls(**{f.name: getattr(obj, f.name) for f in fields(cls) if hasattr(obj, f.name)})
+    return obj if type(obj) is cls else cls(**same_fields(cls, obj))
 
 
 def _default(cls: type, key: str) -> Any:

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import fields
 from pathlib import Path
 from typing import Any, cast
 
 from torch import nn
 
 from ....base.config import RunConfig
+from ....base.config_plugins import same_fields
 from ....base.rundir import TOKENIZER_FILE
 from ...data import TokenSource, TokenWindows, build_loader, check_vocab, fixed_batches, open_tokens
 from ...data.batching import BudgetData, build_budget_data, resume_start
@@ -86,11 +86,6 @@ class TokenData(RunData):
         for rows in (self.train, self.val, budget_rows):
             if rows is not None:
                 rows.close()
-
-
-def same_fields(config: type, settings: object) -> dict[str, Any]:
-    """The fields of the dataclass ``config`` that ``settings`` holds under the same name, with its values."""
-    return {f.name: getattr(settings, f.name) for f in fields(config) if hasattr(settings, f.name)}
 
 
 def gpt_config(m: GPTSettings, vocab_size: int) -> GPTConfig:

@@ -8,8 +8,9 @@ from typing import Any
 from torch import nn
 
 from ....base.config import RunConfig
+from ....base.config_plugins import same_fields
 from ..gpt.settings import GPTSettings, gpt_settings
-from ..gpt.spec import GPTSpec, gpt_config, same_fields
+from ..gpt.spec import GPTSpec, gpt_config
 from .model import MoEConfig, MoEGPT
 from .settings import MoESettings
 
