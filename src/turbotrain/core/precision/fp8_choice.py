@@ -156,14 +156,11 @@ def choose_fp8_layers(
     fp8: FP8,
     timer: Timer,
     *,
-    recipes: Iterable[str] = RECIPES,
-    margin: float = MARGIN,
     cache_dir: Path | None = None,
     key_parts: dict[str, Any] | None = None,
 ) -> FP8Choice:
     """Time each distinct candidate shape once per recipe and choose per layer (cached)."""
     shapes, kept = candidates(model, fp8)
-    recipes = tuple(recipes)
     if isinstance(tokens_per_micro, int):
         m_of = dict.fromkeys(shapes, tokens_per_micro)
     else:
@@ -171,7 +168,7 @@ def choose_fp8_layers(
         kept.update({name: "did not run in the forward pass" for name in shapes if name not in m_of})
     full = {name: (m_of[name], k, n) for name, (k, n) in shapes.items() if name in m_of}
     distinct = sorted(set(full.values()))
-    settings = {"recipes": recipes, "margin": margin, **(key_parts or {})}
+    settings = {"recipes": RECIPES, "margin": MARGIN, **(key_parts or {})}
     material = meter_cache.material(settings, {"shapes": distinct}, str(settings.pop("device", "")))
     key = meter_cache.key_of(material)
     path = cache_dir / f"{key}.json" if cache_dir is not None else None
@@ -180,17 +177,17 @@ def choose_fp8_layers(
         choice = FP8Choice.from_dict(value)
         if {c.layer for c in choice.layers} != set(full):
             raise ValueError("its layers are not this model's")
-        if not all(isinstance(c.ms.get(r), (int, float)) for c in choice.layers for r in recipes):
-            raise ValueError(f"a layer lacks the ms of a recipe ({', '.join(recipes)})")
+        if not all(isinstance(c.ms.get(r), (int, float)) for c in choice.layers for r in RECIPES):
+            raise ValueError(f"a layer lacks the ms of a recipe ({', '.join(RECIPES)})")
         choice.cached = True
         return choice
 
     cached = meter_cache.read(path, WHAT, material, check) if path is not None else None
     if cached is not None:
         return cached
-    ms = {shape: {r: float(timer(shape, r)) for r in recipes} for shape in distinct}
-    layers = [LayerChoice(name, shape, ms[shape], decide(ms[shape], margin)) for name, shape in full.items()]
-    choice = FP8Choice(layers, kept, margin, key=key)
+    ms = {shape: {r: float(timer(shape, r)) for r in RECIPES} for shape in distinct}
+    layers = [LayerChoice(name, shape, ms[shape], decide(ms[shape])) for name, shape in full.items()]
+    choice = FP8Choice(layers, kept, key=key)
     if path is not None:
         meter_cache.write(path, WHAT, material, choice.to_dict())
     return choice

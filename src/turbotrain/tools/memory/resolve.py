@@ -93,15 +93,13 @@ def resolve_batch_size(
     max_micro: int | None = None,
     make_batch: Callable[[int], Any] | None = None,
     loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
-    slowdown_stop: float = 0.0,
-    max_step_s: float | None = None,
 ) -> tuple[RunConfig, BatchSearch | None]:
     """Turn ``batch.micro = 'auto'`` into a number: search (or read the cache in ``run_dir``), fit
     the global batch, set ``engine.accumulation``; returns the config with concrete ``batch.micro``
     and ``batch.accumulation``, and the search (None when micro was a number). Call after
     ``engine.setup``, before loading a checkpoint. ``make_batch(micro)``: a batch on the device
     (default: the spec's random batch); ``max_micro``: the ceiling (default 1024, at most the
-    per-rank global batch); ``max_step_s`` None: :data:`CPU_MAX_STEP_S` on CPU, none on CUDA."""
+    per-rank global batch). A step over :data:`CPU_MAX_STEP_S` does not fit on CPU; none on CUDA."""
     b = config.batch
     if isinstance(b.micro, int):
         return config, None
@@ -109,9 +107,8 @@ def resolve_batch_size(
     ceiling = min(max_micro or DEFAULT_MAX_MICRO, DEFAULT_MAX_MICRO)
     if b.global_size > 0:
         ceiling = min(ceiling, max(1, -(-b.global_size // world)))
-    if max_step_s is None:
-        max_step_s = CPU_MAX_STEP_S if engine.device.type == "cpu" else 0.0
-    rules = SearchRules(ceiling, b.headroom, b.pick, slowdown_stop, max_step_s)
+    max_step_s = CPU_MAX_STEP_S if engine.device.type == "cpu" else 0.0
+    rules = SearchRules(ceiling, b.headroom, b.pick, max_step_s=max_step_s)
     material = cache_material(config, engine, world, rules)
     key, cache = meter_cache.key_of(material), Path(run_dir) / BATCH_CACHE if run_dir is not None else None
     search = _read_cache(cache, material, key)
