@@ -17,30 +17,3 @@ from .loop.early_stop import EarlyStopping, MetricWatch
 from .loop.hooks import Evaluate, FitContext, Hook
 from .parts.models.registry import register_family
 from .parts.models.spec import ModelSpec, RunData, SpeedHint
-
-__all__ = [
-    "Checkpointer",
-    "ConfigError",
-    "DeviceCaps",
-    "EarlyStopping",
-    "Evaluate",
-    "FitContext",
-    "Hook",
-    "KeepBest",
-    "MetricWatch",
-    "MixedPrecision",
-    "ModelConfig",
-    "ModelSpec",
-    "Precision",
-    "PrecisionConfig",
-    "RunData",
-    "SpeedHint",
-    "Start",
-    "describe",
-    "knob",
-    "register_family",
-    "register_settings",
-    "register_start",
-    "run_state",
-    "setting",
-]
