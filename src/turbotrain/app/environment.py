@@ -54,8 +54,7 @@ def _gpu(index: int) -> dict[str, Any]:
 
 
 def collect_distributed(gpu_count: int) -> dict[str, Any]:
-    """What multi-process training can use: the torch.distributed backends built in, GPU pairs
-    with peer-to-peer access, the interconnect matrix ``nvidia-smi topo -m`` prints (NVLink vs PCIe)."""
+    """What multi-process training can use: backends built in, GPU peer access, ``nvidia-smi topo -m``."""
     ok = dist.is_available()
     backends = [
         b
@@ -135,8 +134,7 @@ def _nccl_version() -> str | None:
 
 
 def collect_hardware(device: torch.device | str) -> dict[str, Any]:
-    """The device a run used, for summaries and result files: its name, datasheet peaks (None for a
-    CPU or an unknown GPU), the CPU, and torch/CUDA/driver versions."""
+    """The device a run used (summaries, result files): name, datasheet peaks or None, CPU, versions."""
     device = torch.device(device)
     out: dict[str, Any] = {
         "device": str(device),

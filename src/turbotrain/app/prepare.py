@@ -150,9 +150,8 @@ def prepare_run(
 def _starting_config(
     request: RunRequest, overrides: dict[str, dict[str, Any]], topology: Topology
 ) -> tuple[RunConfig, Path | None, str, dict[str, Any] | None]:
-    """The config the run starts from and, for a resume, its folder, why a relaunch continues it
-    and the job record it keeps (a requeued SLURM job, a restarted torchrun group, a pod
-    rescheduled on an empty disk continue their run by themselves)."""
+    """The config the run starts from; for a resume (asked, or a relaunched or stored run continuing
+    by itself) its folder, why a relaunch continues it and the job record it keeps."""
     launch = Launch.from_env()
     resume_at, relaunch, recorded = request.resume, request.relaunch, None
     if resume_at is None:
@@ -214,8 +213,7 @@ def prepare_config(
 
 
 def prepare_process(config: RunConfig) -> tuple[RunConfig, ParallelPlan, torch.device]:
-    """A run of a model the caller built, keeping no directory (bench's turbotrain row): its
-    settings, plan (joined) and this process's device, as :func:`prepare_run` resolves them."""
+    """Settings, joined plan and device of a model the caller built, with no run directory (bench's)."""
     plan, device = _plan_and_join(config, None, None)
     return resolve_accumulation(config, plan), plan, device
 
@@ -253,8 +251,7 @@ def start(run: PreparedRun, config: RunConfig, data: RunData, loss_fn: LossFn | 
 
 
 def _begin(run: PreparedRun, config: RunConfig) -> tuple[PreparedRun, RunConfig]:
-    """The preparation's start hooks in order, their changes applied to the config as given, the
-    settings and ``config`` alike."""
+    """The preparation's start hooks in order, their changes applied to the run's configs and ``config``."""
     ends = list(run.ends)
     for hook in run.starts:
         begun = hook(run, config)
@@ -280,8 +277,7 @@ def _resume_step(run: PreparedRun) -> int:
 def _plan_and_join(
     config: RunConfig, topology: Topology | None, spec: ModelSpec | None
 ) -> tuple[ParallelPlan, torch.device]:
-    """This process's parallel plan (:func:`plan_run`; without a spec: the strategy and the batch
-    only), its process groups joined on this process's device."""
+    """This process's plan (:func:`plan_run`; no spec: strategy and batch only), joined on its device."""
     if spec is None:
         plan = ParallelPlan.resolve(config.distributed, topology)
         resolve_accumulation(config, plan)  # its mistakes, before any process joins

@@ -207,8 +207,7 @@ def more_metrics(summary: dict[str, Any], prefix: str) -> list[tuple[str, Any]]:
 
 
 def _best(best: dict[str, Any] | None) -> list[str]:
-    """The watched metric's best pass and the checkpoint kept of it (``[best]``: early stopping,
-    the best checkpoint)."""
+    """The watched metric's best pass and the checkpoint kept of it (``[best]``)."""
     if not best:
         return []
     kept = f"; its checkpoint: `{best['checkpoint']}`" if best.get("checkpoint") else ""

@@ -68,8 +68,7 @@ def relaunched_run(
 
 
 def named_for_restarts(config: RunConfig, launch: Launch) -> RunConfig:
-    """A new run that torchrun may restart, named so its restarts find it; a launch its restarts cannot
-    be told by is refused in one line."""
+    """A new run torchrun may restart, named so its restarts find it (a launch they cannot tell: refused)."""
     if not launch.restartable:
         return config
     if not config.run.name:

@@ -38,8 +38,7 @@ def resume_from(
     batch_given: bool,
     scheduler: Any = None,
 ) -> str:
-    """Load the newest finished checkpoint of ``run_dir`` into ``state``, set the data position after
-    it and re-plan ``scheduler``; returns its name ("" when there is none)."""
+    """Load ``run_dir``'s newest finished checkpoint, seek the data past it, re-plan; its name or ""."""
     rank, world = engine.strategy.rank, engine.strategy.world
     if not finished_checkpoints(run_dir / CHECKPOINTS):
         log.info(
@@ -142,8 +141,7 @@ def local_copy(uri: str, out_dir: str, wait_s: float = 600.0) -> Path:
 
 
 def stored_run(config: RunConfig) -> Path | None:
-    """The local copy of a named run that is in ``run.remote`` and not here (a pod rescheduled on an
-    empty disk), to continue; None otherwise."""
+    """The local copy of a named run in ``run.remote`` and not here (a pod on an empty disk), else None."""
     if not (config.run.remote and config.run.name):
         return None
     if (Path(config.run.out_dir) / config.run.name / CONFIG_FILE).is_file():
@@ -180,8 +178,7 @@ def check_resume_batch(
 def _batch_change(
     saved_config: Any, saved_world: int, c: RunConfig, world: int, by_accumulation: bool
 ) -> tuple[int, int, str, str, list[str]] | None:
-    """(saved global batch, this resume's, how each is made, the settings that keep the saved one)
-    when they differ; None when they do not, or either is unknown."""
+    """(saved global batch, this resume's, how each is made, the settings keeping it); None: same, unknown."""
     saved = _saved_batch(saved_config)
     if saved is None or not isinstance(c.batch.micro, int):
         return None

@@ -17,8 +17,7 @@ log = logging.getLogger(__name__)
 
 
 def resolve_epochs(c: RunConfig, data: RunData, world: int) -> tuple[RunConfig, tuple[int, int] | None]:
-    """``train.epochs``: the run's ``max_steps`` with validation at each epoch's end, and (steps per
-    epoch, epochs) for the epoch log."""
+    """``train.epochs``: max_steps, validation at each epoch's end, and (steps per epoch, epochs) to log."""
     epochs = c.train.epochs
     if not epochs:
         return c, None
@@ -82,9 +81,8 @@ def say_recipe(c: RunConfig, own_optimizer: bool, evaluates: bool) -> None:
 def scale_lr(
     c: RunConfig, search: Any, optimizer: torch.optim.Optimizer, scheduler: Any
 ) -> tuple[RunConfig, str]:
-    """``optim.lr_scaling``: lr and min_lr scaled (config, optimizer and schedule alike) when the batch
-    finder made the global batch differ from the one ``optim.lr`` was tuned for; returns the config
-    and a note ("" when nothing changed)."""
+    """``optim.lr_scaling``: lr and min_lr scaled (config, optimizer, schedule) when the batch finder's
+    global batch is not the one ``optim.lr`` was tuned for; the config and a note ("": unchanged)."""
     reference = c.optim.lr_batch or c.batch.global_size
     if search is None or not reference:
         return c, ""

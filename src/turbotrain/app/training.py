@@ -436,8 +436,7 @@ def _train_prepared_once(
 
 
 def _nothing_to_train(training: Training, run_dir: Path) -> tuple[str, str, str] | None:
-    """(status, stop reason, the line that says so) when a resume has nothing to train: the run is
-    complete, or early stopping ended it."""
+    """(status, stop reason, its line) when a resume has nothing to train: complete, or early-stopped."""
     c, step = training.config, training.engine.state.step
     if step >= c.train.max_steps:
         t = c.train
@@ -484,8 +483,7 @@ def _train_built(training: Training, run_dir: Path, main: bool) -> dict[str, Any
 
 
 def _disk_full(exc: BaseException, run_dir: Path) -> DiskFullError | None:
-    """``exc`` as one DiskFullError naming the file and the last intact checkpoint, when a lack of
-    space caused it."""
+    """``exc`` as one DiskFullError naming the file and the last intact checkpoint, when space ran out."""
     if isinstance(exc, DiskFullError):
         full = exc
     else:

@@ -235,8 +235,7 @@ def _bench_workload(
     runners: list[Callable[[Any], dict[str, Any]]],
     command: str,
 ) -> list[dict[str, Any]]:
-    """Each report of one workload (its batch searched first with --batch auto), printed and
-    written; returns their rows."""
+    """Each report of one workload (after its --batch auto search), printed and written; their rows."""
     batch, search = args.batch, None
     if batch == "auto":
         print(f"{name}: searching the batch size (--batch auto) ...", file=sys.stderr, flush=True)
