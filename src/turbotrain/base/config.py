@@ -388,7 +388,8 @@ def load_config(
         table.setdefault(section, {}).update(values)
     config = from_dict(table)
     given = {section: list(values) for section, values in extra.items()}
-    message = unused_run(config, given)  # the run's own settings given where they would do nothing
+    # the run's own settings given (never a file's) where they would do nothing: their one line
+    message = _unused_best(config, given) or _unused_trackers(config, given)
     for r in REGISTERED:  # a plugin's settings given where they would do nothing: its one line
         if message:
             break
@@ -397,11 +398,6 @@ def load_config(
     if message:
         raise ConfigError(message)
     return config
-
-
-def unused_run(config: RunConfig, given: Mapping[str, Sequence[str]]) -> str:
-    """The one line for settings ``given`` (never a file's) that would do nothing; "" if none."""
-    return _unused_best(config, given) or _unused_trackers(config, given)
 
 
 _TRACKER_FIELDS = {

@@ -8,9 +8,9 @@ hooks too (:func:`register_start`), called in one place, :func:`turbotrain.app.p
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import MISSING, dataclass, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
@@ -157,7 +157,7 @@ def variant_class(section: str, base: type, values: Any) -> type:
     """The class ``[section]`` is read into: the variant ``values`` selects, else ``base``."""
     for r in variants(section):
         key = r.when[1]
-        value = values.get(key, _default(base, key)) if isinstance(values, dict) else getattr(values, key)
+        value = values.get(key, getattr(base(), key)) if isinstance(values, dict) else getattr(values, key)
         if value in r.when[2]:
             return r.cls
     return base
@@ -177,10 +177,3 @@ def same_fields(cls: type, obj: object) -> dict[str, Any]:
 def recast(obj: Any, cls: type[T]) -> T:
     """``obj`` (a section) as a ``cls``: shared fields keep ``obj``'s values, the others their defaults."""
     return obj if type(obj) is cls else cls(**same_fields(cls, obj))
-
-
-def _default(cls: type, key: str) -> Any:
-    f = next(f for f in fields(cls) if f.name == key)
-    if f.default is not MISSING:
-        return f.default
-    return cast(Callable[[], Any], f.default_factory)()  # no default: a settings field has a factory

@@ -253,11 +253,6 @@ def _cache_path(cache_dir: Path, keys: list[FileKey], tokenizer: str = "bytes") 
     return cache_dir / f"{tokenizer}-{_files_key(keys)}.bin"
 
 
-def _cached_bytes(keys: list[FileKey]) -> int:
-    """The size of the cache entry for ``keys``: every byte and separator as a uint16."""
-    return 2 * sum(size + len(SEPARATOR) for _, size, _ in keys)
-
-
 def byte_tokenize(files: list[Path], cache_dir: Path) -> Path:
     """The files' bytes, a blank line after each, as a cached uint16 token file; returns its path.
     The entry is keyed on the files as they were read and used again only when its size matches."""
@@ -265,7 +260,8 @@ def byte_tokenize(files: list[Path], cache_dir: Path) -> Path:
     clean_stale_temps(cache_dir)  # what killed writers left
     listed = [_listed(f) for f in files]
     out = _cache_path(cache_dir, listed)
-    if out.is_file() and out.stat().st_size == _cached_bytes(listed):
+    # the entry's size: every byte and separator as a uint16
+    if out.is_file() and out.stat().st_size == 2 * sum(size + len(SEPARATOR) for _, size, _ in listed):
         return out
     chunks, read = [], []
     for f in files:

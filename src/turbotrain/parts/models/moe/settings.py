@@ -67,11 +67,6 @@ class MoESettings:
     )
 
 
-def experts_at(e: MoESettings, step: int) -> int:
-    """Experts per MoE block after ``step`` optimizer steps: ``grow_to`` from ``grow_at_step`` on."""
-    return e.grow_to if e.grow_at_step and step >= e.grow_at_step else e.n_experts
-
-
 def grows(c: RunConfig) -> bool:
     """Whether ``c`` is a MoE GPT run whose experts grow at a step (``moe.grow_at_step``)."""
     return c.model.arch == "moe" and not c.model.workload and bool(c.table(MoESettings).grow_at_step)
@@ -86,7 +81,7 @@ def grown(start: Start) -> RunConfig:
     if not grows(c):
         return c
     e = c.table(MoESettings)
-    n = experts_at(e, start.resume_step())
+    n = e.grow_to if start.resume_step() >= e.grow_at_step else e.n_experts  # grown from grow_at_step on
     return c if n == e.n_experts else c.replace(moe={"n_experts": n, "grow_at_step": 0, "grow_to": 0})
 
 
