@@ -25,7 +25,7 @@ from ...parts.data.sources import default_cache_dir as cache_root
 from ...parts.hardware import device_name
 from ..meter import cache as meter_cache
 from ..meter.clock import time_call
-from ..meter.table import render_table
+from ..meter.table import figure, render_table
 from .fp8 import FP8, FP8_RECIPES, FP8Settings, convert_linears
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ class FP8Choice:
         columns: list[tuple[str, Callable[[LayerChoice], str]]] = [
             ("layer", lambda c: c.layer),
             ("M x K x N", lambda c: " x ".join(map(str, c.shape))),
-            *((f"{r} ms", lambda c, r=r: f"{c.ms[r]:.3f}" if r in c.ms else "—") for r in RECIPES),
+            *((f"{r} ms", lambda c, r=r: figure(c.ms.get(r), ".3f")) for r in RECIPES),
             ("choice", lambda c: f"**{c.choice}**"),
         ]
         return render_table(self.layers, columns)
