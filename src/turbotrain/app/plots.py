@@ -108,24 +108,15 @@ def plots_for(records: list[dict[str, Any]]) -> tuple[PlotSpec, ...]:
         out.append(spec)
     metrics = metric_keys(records)
     if metrics:  # the workload's own (accuracy, ...): validation metrics and what engine.log logged
-        out.insert(
-            1,
-            PlotSpec(
-                "metrics.png",
-                "Your metrics",
-                "value",
-                tuple(
-                    Series(
-                        k,
-                        ("validation " if k.startswith("val_") else "train ")
-                        + k.partition("_")[2].replace("_", " "),
-                        style="o-" if k.startswith("val_") else "-",
-                    )
-                    for k in metrics
-                ),
-            ),
-        )
+        out.insert(1, PlotSpec("metrics.png", "Your metrics", "value", tuple(map(_metric_series, metrics))))
     return tuple(out)
+
+
+def _metric_series(key: str) -> Series:
+    """A metric of the workload's own: ``val_x`` is "validation x" (points), the rest "train x"."""
+    val = key.startswith("val_")
+    label = f"{'validation' if val else 'train'} {key.partition('_')[2].replace('_', ' ')}"
+    return Series(key, label, style="o-" if val else "-")
 
 
 COMPRESS = 1  # zlib level: a third of the time of PIL's default 6, files about 10 % larger

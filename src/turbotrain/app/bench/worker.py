@@ -63,11 +63,7 @@ def row(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         result.update(status="skipped", reason=str(exc))
     except Exception as exc:  # reported in the table as "failed (...)", with the traceback here
         traceback.print_exc()
-        result.update(
-            status="failed",
-            reason=one_line(exc),
-            traceback=traceback.format_exc()[-4000:],
-        )
+        result.update(status="failed", reason=one_line(exc), traceback=traceback.format_exc()[-4000:])
     return result
 
 

@@ -79,17 +79,15 @@ def trials_table(rows: list[dict[str, Any]], keys: list[str]) -> str:
     return render_table(rows, columns)
 
 
-def write_plot(rows: list[dict[str, Any]], limit_bytes: float | None, unit: str, path: Path) -> bool:
+def write_plot(rows: list[dict[str, Any]], limit_bytes: float | None, unit: str, path: Path) -> None:
     """tune.png: throughput per trial (a pruned trial at its last window; penalised trials
-    hollow), and throughput against peak memory with the limit. False when matplotlib cannot draw."""
-    try:
-        import matplotlib
+    hollow), and throughput against peak memory with the limit."""
+    import matplotlib  # a dependency, imported when drawing: ``import turbotrain`` stays light
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.patches import Patch
-    except ImportError:
-        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     rows = [r for r in rows if r.get("status") != "duplicate"]
     for r in rows:
@@ -114,7 +112,6 @@ def write_plot(rows: list[dict[str, Any]], limit_bytes: float | None, unit: str,
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return True
 
 
 def write_text(path: Path, text: str) -> None:
@@ -312,7 +309,8 @@ def write_outputs(
     write_text(
         folder / MD_FILE, f"## turbotrain tune: {study.target.label}\n\n" + trials_table(rows, keys) + "\n"
     )
-    doc["plot"] = str(folder / PLOT_FILE) if write_plot(rows, limit, unit, folder / PLOT_FILE) else None
+    write_plot(rows, limit, unit, folder / PLOT_FILE)
+    doc["plot"] = str(folder / PLOT_FILE)
     return doc
 
 
@@ -356,11 +354,7 @@ def _write_preset(
     path = out or folder / BEST_FILE
     # the preset ``turbotrain train --preset PATH.toml`` reads, headed by how it was found
     write_text(path, "".join(f"# {line}\n" for line in header) + to_toml(_preset_config(study, chosen)))
-    return {
-        "preset": str(path),
-        "preset_trial": chosen["number"],
-        "speedup_over_baseline": ratio,
-    }
+    return {"preset": str(path), "preset_trial": chosen["number"], "speedup_over_baseline": ratio}
 
 
 def _preset_config(study: Study, chosen: dict[str, Any]) -> RunConfig:
