@@ -7,7 +7,7 @@ batches already trained on (exact when the iterable yields the same batches each
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +21,6 @@ from ..data.epochs import epoch_loader, map_style
 from ..data.loader import LoaderSettings, Position
 from ..workload import Workload, as_workload, load_workload
 from .spec import LossFn, MetricsFn, ModelSpec, RunData
-
-
-def _endless(batches: Iterable[Any], start: int) -> Iterator[Any]:
-    """``batches`` iterated again and again (epochs), from batch ``start`` of the stream."""
-    stream = itertools.chain.from_iterable(iter(lambda: batches, None))  # a new pass whenever one ends
-    return itertools.islice(stream, start, None)
 
 
 class WorkloadData(RunData):
@@ -51,7 +45,9 @@ class WorkloadData(RunData):
                 f"--model {self.workload.source}: its train_loader is not a torch DataLoader over a dataset "
                 "with a length, so it cannot be split over processes; give a DataLoader, or train in one process"
             )
-        return _endless(self.workload.train_loader, start)
+        # the loader iterated again and again (epochs), from batch ``start`` of the stream
+        stream = itertools.chain.from_iterable(iter(lambda: self.workload.train_loader, None))
+        return itertools.islice(stream, start, None)
 
     def steps_per_epoch(self, c: RunConfig, world: int) -> int:
         if self.dataset is None:  # an iterable of batches: one pass is its length in micro-batches

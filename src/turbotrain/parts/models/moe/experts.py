@@ -22,20 +22,14 @@ def compute_dtype(x: torch.Tensor, otherwise: torch.dtype) -> torch.dtype:
     return torch.get_autocast_dtype(kind) if kind != "meta" and torch.is_autocast_enabled(kind) else otherwise
 
 
-def _without_autocast(x: torch.Tensor) -> Any:
-    """Autocast turned off on ``x``'s device (nothing to turn off on the meta device)."""
-    return (
-        torch.autocast(x.device.type, enabled=False) if x.device.type != "meta" else contextlib.nullcontext()
-    )
-
-
 def route(
     x: torch.Tensor, router_weight: torch.Tensor, top_k: int, bias: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top-k routing of tokens ``x`` (N, d) in fp32: (mixing weights (N, k) fp32 summing to 1 per
     token, experts (N, k) int64, router probabilities (N, E) fp32). ``bias`` (E,) shifts which
     experts are *selected*, not the weights."""
-    with _without_autocast(x):
+    kind = x.device.type  # autocast off (the meta device has none to turn off)
+    with torch.autocast(kind, enabled=False) if kind != "meta" else contextlib.nullcontext():
         probs = F.linear(x.float(), router_weight.float()).softmax(dim=-1)
     choose = probs if bias is None else probs + bias
     experts = torch.topk(choose, top_k, dim=-1, sorted=False).indices
