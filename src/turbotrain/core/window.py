@@ -260,7 +260,10 @@ class Window:
         """Backward of ``loss`` plus the MoE auxiliary losses, / accumulation, loss-scaled; adds it,
         detached, to the window's loss sum (returned) and sets the next backward's gradient sync."""
         self.check_placed()
-        loss = self.add_aux(loss)
+        for module in self.aux_modules:  # the auxiliary losses of the model's MoE layers' last forward
+            aux = module.take_aux_loss()
+            if aux is not None:
+                loss = loss + aux
         scaled = loss / self.accumulation if self.accumulation > 1 else loss
         self.precision.scale_loss(scaled).backward()
         detached = loss.detach()
@@ -268,14 +271,6 @@ class Window:
         self.pending += 1
         self.sync_next()
         return detached
-
-    def add_aux(self, loss: torch.Tensor) -> torch.Tensor:
-        """``loss`` plus the auxiliary losses of the model's MoE layers from their last forward."""
-        for module in self.aux_modules:
-            aux = module.take_aux_loss()
-            if aux is not None:
-                loss = loss + aux
-        return loss
 
     def sync_next(self) -> None:
         """The one gradient-sync decision: the coming backward reduces across ranks only when it

@@ -42,9 +42,6 @@ class MoEConfig(GPTConfig):
     def hidden(self) -> int:
         return self.expert_hidden or 4 * self.d_model
 
-    def is_moe_block(self, i: int) -> bool:
-        return (i + 1) % self.moe_every == 0
-
 
 class MoEMLP(MoE):
     """The GPT's MoE block MLP, ``managed`` by :class:`MoEGPT`, ``w2`` scaled as GPT-2's projections."""
@@ -73,7 +70,7 @@ class MoEGPT(GPT):
         # the same objects for the model's life (wrappers wrap blocks, not these)
         self._moe: list[MoEMLP] = []
         for i, block in enumerate(self.blocks):
-            if cfg.is_moe_block(i):
+            if (i + 1) % cfg.moe_every == 0:
                 block.mlp = MoEMLP(cfg)
                 self._moe.append(block.mlp)
 
