@@ -329,25 +329,15 @@ def _compare_summary(rows: list[dict[str, Any]], ref: dict[str, Any] | None) -> 
 
 def _variant_jobs(variants: list[Variant], spec: dict[str, Any]) -> list[RowJob]:
     """The variants as turbotrain rows: each its overrides on the spec's."""
-    return [
-        RowJob(
-            v.name,
-            "turbotrain",
-            {
-                **spec,
-                "turbotrain_overrides": v.overrides,
-                "model": {**spec["model"], "kwargs": {**spec["model"]["kwargs"], **v.model}},
-            },
-            skip=v.skip,
-            extra={
-                "change": v.change,
-                "overrides": v.overrides,
-                "model_overrides": v.model,
-                **({"ladder": v.ladder} if v.ladder else {}),
-            },
-        )
-        for v in variants
-    ]
+    jobs = []
+    for v in variants:
+        model = {**spec["model"], "kwargs": {**spec["model"]["kwargs"], **v.model}}
+        extra = {"change": v.change, "overrides": v.overrides, "model_overrides": v.model}
+        if v.ladder:
+            extra["ladder"] = v.ladder
+        row = {**spec, "turbotrain_overrides": v.overrides, "model": model}
+        jobs.append(RowJob(v.name, "turbotrain", row, skip=v.skip, extra=extra))
+    return jobs
 
 
 def _known(every: list[Variant], only: Sequence[str], kind: str) -> list[Variant]:

@@ -113,11 +113,8 @@ def build_space(
         add(COMPILE_MODE, COMPILE_MODES, base.compile.mode)
     if micros and MICRO not in fixed and "batch.accumulation" not in fixed:
         base_micro = int(base.batch.micro) if isinstance(base.batch.micro, int) else micros[-1]
-        add(
-            MICRO,
-            micros,
-            base_micro if base_micro in micros else max(m for m in micros if m <= max(base_micro, micros[0])),
-        )
+        below = max(m for m in micros if m <= max(base_micro, micros[0]))  # the nearest choice not above it
+        add(MICRO, micros, base_micro if base_micro in micros else below)
     if facts.dataloader:
         workers = sorted({w for w in (0, 1, 2, 4, 8) if w <= max(2, cores)})
         add("data.num_workers", tuple(workers), _base_workers(base, device, facts))
