@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from ..base.config import audience
 from ..base.errors import LOG_FORMAT, TurbotrainError, format_warning
@@ -16,11 +16,6 @@ from ..core.main_rank import ReportedByAnotherRank, announce_reported
 from . import bench, doctor, profile, report, sample, train, tune
 from . import memory as memory_cmd
 
-# add_parser(subparsers) -> the parser whose defaults carry `run`, in the order of the help
-SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], argparse.ArgumentParser]] = [
-    m.add_parser for m in (train, sample, doctor, report, memory_cmd, bench, profile, tune)
-]
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -28,8 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"turbotrain {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in SUBCOMMANDS:
-        add(subparsers)
+    for command in (train, sample, doctor, report, memory_cmd, bench, profile, tune):  # in the help's order
+        command.add_parser(subparsers)
     return parser
 
 
