@@ -56,11 +56,6 @@ def training_args_recipe(device: torch.device | str | None = None, **yours: Any)
     return recipe_kwargs(device, recipe_to_training_args, yours, GROUPS, " (TrainingArguments)")
 
 
-def precision_of(args: TrainingArguments) -> str:
-    """turbotrain's name for the precision a Trainer runs in (for the MFU peak)."""
-    return "bf16-mixed" if args.bf16 else "fp16-mixed" if args.fp16 else "fp32"
-
-
 class TurbotrainCallback(TrainerCallback):
     """turbotrain's monitoring, run directory and report for a ``Trainer`` run.
 
@@ -110,7 +105,7 @@ class TurbotrainCallback(TrainerCallback):
             device=args.device,
             framework=f"transformers {transformers.__version__} Trainer (turbotrain {__version__} callback)",
             world=max(1, args.world_size),
-            precision=precision_of(args),
+            precision="bf16-mixed" if args.bf16 else "fp16-mixed" if args.fp16 else "fp32",  # the MFU peak's
             max_steps=state.max_steps or None,
             optimizations={
                 "optimizer": str(getattr(args.optim, "value", args.optim)),
