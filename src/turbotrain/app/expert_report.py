@@ -5,11 +5,13 @@ Experts section of the summary (out of the hook's module: it runs once afterward
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from ..base.atomic import atomic_write
 from ..base.rundir import EXPERTS_FILE
+from ..core.meter.table import figure
 
 LOAD_PLOT, PLACEMENT_PLOT = "expert_load.png", "expert_placement.png"
 
@@ -53,10 +55,7 @@ def markdown(section: dict[str, Any] | None) -> list[str]:
     """summary.md lines for the experts section (none for a run without experts)."""
     if not section:
         return []
-
-    def f(v: Any) -> str:
-        return "n/a" if v is None else f"{v:.3f}"
-
+    f = partial(figure, form=".3f", missing="n/a")  # the report's missing figure (report._fmt)
     p = section.get("placement") or {}
     return [
         "",
