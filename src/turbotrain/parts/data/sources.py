@@ -253,12 +253,9 @@ def _cache_path(cache_dir: Path, keys: list[FileKey], tokenizer: str = "bytes") 
     return cache_dir / f"{tokenizer}-{_files_key(keys)}.bin"
 
 
-def byte_tokenize(files: list[Path], cache_dir: Path) -> Path:
-    """The files' bytes, a blank line after each, as a cached uint16 token file; returns its path.
-    The entry is keyed on the files as they were read and used again only when its size matches."""
-    make_dirs(cache_dir, hint=CACHE_HINT)
-    clean_stale_temps(cache_dir)  # what killed writers left
-    listed = [_listed(f) for f in files]
+def byte_tokenize(files: list[Path], cache_dir: Path, listed: list[FileKey]) -> Path:
+    """The files' bytes, a blank line after each, as a cached uint16 token file (``listed``: their
+    keys); returns its path. Keyed on the files as they were read, used again only when its size matches."""
     out = _cache_path(cache_dir, listed)
     # the entry's size: every byte and separator as a uint16
     if out.is_file() and out.stat().st_size == 2 * sum(size + len(SEPARATOR) for _, size, _ in listed):
@@ -307,11 +304,11 @@ def tokenize_files(files: list[Path], cache_dir: Path, tokenizer: Tokenizer, pro
     cached uint16 token file; returns its path. A subword entry is used again only when its
     ``.json`` (written after it) says how many tokens it holds and the size agrees. Ctrl-C between
     chunks of ~8 MB leaves nothing behind."""
-    if tokenizer.name == ByteTokenizer.name:
-        return byte_tokenize(files, cache_dir)
     make_dirs(cache_dir, hint=CACHE_HINT)
-    clean_stale_temps(cache_dir)
+    clean_stale_temps(cache_dir)  # what killed writers left
     listed = [_listed(f) for f in files]
+    if tokenizer.name == ByteTokenizer.name:
+        return byte_tokenize(files, cache_dir, listed)
     out = _cache_path(cache_dir, listed, tokenizer.name)
     if _complete(out):
         return out
