@@ -82,13 +82,11 @@ def trials_table(rows: list[dict[str, Any]], keys: list[str]) -> str:
 def write_plot(rows: list[dict[str, Any]], limit_bytes: float | None, unit: str, path: Path) -> None:
     """tune.png: throughput per trial (a pruned trial at its last window; penalised trials
     hollow), and throughput against peak memory with the limit."""
-    import matplotlib  # a dependency, imported when drawing: ``import turbotrain`` stays light
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # a dependency, imported when drawing (no pyplot: no global state)
     from matplotlib.patches import Patch
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig = Figure(figsize=(11, 4))
+    left, right = fig.subplots(1, 2)
     rows = [r for r in rows if r.get("status") != "duplicate"]
     for r in rows:
         status = r.get("status", r["state"])
@@ -111,7 +109,6 @@ def write_plot(rows: list[dict[str, Any]], limit_bytes: float | None, unit: str,
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def write_text(path: Path, text: str) -> None:
