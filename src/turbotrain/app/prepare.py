@@ -295,7 +295,15 @@ def plan_run(
     rank finds the same mistake before joining the process group. ``spec``: None: the config's."""
     spec = spec or spec_for(config)
     plan = ParallelPlan.resolve(config.distributed, topology, spec.experts(config))
-    _check_weights_fit(config, spec)
+    # weights alone past this machine's memory (sizes each in range can multiply into that): one line
+    total, _ = ram_bytes()
+    count = spec.weight_count(config)
+    if total and 4 * count > total:
+        raise ConfigError(
+            f"the model config describes at least {count:,} parameters: {4 * count / 2**30:,.1f} "
+            f"GiB of float32 weights alone, more than this machine's {total / 2**30:,.1f} GiB of memory; make "
+            "model.n_layer, model.d_model, moe.n_experts or moe.expert_hidden smaller"
+        )
     return resolve_accumulation(config, plan), plan
 
 
@@ -307,18 +315,6 @@ def resolve_accumulation(config: RunConfig, plan: ParallelPlan) -> RunConfig:
         return config
     accumulation = plan.accumulation_for(b.micro, b.global_size, b.accumulation)
     return config if accumulation == b.accumulation else config.replace(batch={"accumulation": accumulation})
-
-
-def _check_weights_fit(config: RunConfig, spec: ModelSpec) -> None:
-    """Weights alone past this machine's memory (sizes each in range can multiply into that): one line."""
-    total, _ = ram_bytes()
-    count = spec.weight_count(config)
-    if total and 4 * count > total:
-        raise ConfigError(
-            f"the model config describes at least {count:,} parameters: {4 * count / 2**30:,.1f} "
-            f"GiB of float32 weights alone, more than this machine's {total / 2**30:,.1f} GiB of memory; make "
-            "model.n_layer, model.d_model, moe.n_experts or moe.expert_hidden smaller"
-        )
 
 
 def _workload_ref(workload: WorkloadLike | None) -> tuple[str, Callable[[], Any] | Workload | None]:

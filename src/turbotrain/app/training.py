@@ -160,7 +160,9 @@ def build_training(
     script's run of it in ``run_dir``, prepared here)."""
     if isinstance(run, RunConfig):
         run = prepare_config(run, run_dir)
-    _check_watch(run)
+    early = watch_for(run.config.best)  # a built-in model's validation computes the loss alone: checked now
+    if early is not None and not run.config.model.workload and run.spec.metrics_fn() is None:
+        early.require_known(["val_loss"])
     main = run.main  # under torchrun rank 0 alone writes the run's shared files and prints
     store = remote_store(run.config, run.run_dir) if main else None  # run.remote refuses: one line, first
     show = (run.settings.monitor.progress if progress is None else progress) and main
@@ -195,13 +197,6 @@ def build_training(
         c, run.run_dir, run.spec, engine, t.model, t.optimizer, a.data, loader, hooks, monitor, state, run,
         resolved, resumed_from, mirror,
     )  # fmt: skip
-
-
-def _check_watch(run: PreparedRun) -> None:
-    """A built-in model's validation computes the loss alone: ``[best]``'s metric is checked now."""
-    early = watch_for(run.config.best)
-    if early is not None and not run.config.model.workload and run.spec.metrics_fn() is None:
-        early.require_known(["val_loss"])
 
 
 def _state(run: PreparedRun, a: Assembled, watch: MetricWatch | None) -> tuple[RunState, str]:

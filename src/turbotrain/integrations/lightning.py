@@ -53,12 +53,6 @@ def trainer_kwargs_recipe(device: torch.device | str | None = None, **yours: Any
     return recipe_kwargs(device, recipe_to_trainer_kwargs, yours, where=" (lightning Trainer)")
 
 
-def _loss_of(outputs: Any) -> Any:
-    if isinstance(outputs, dict):
-        return outputs.get("loss")
-    return outputs if isinstance(outputs, torch.Tensor) else None
-
-
 class TurbotrainLightningCallback(Callback):
     """turbotrain's monitoring, run directory and report for a Lightning run.
 
@@ -157,7 +151,8 @@ class TurbotrainLightningCallback(Callback):
         step = trainer.global_step
         if step == obs.step:
             return  # gradient accumulation: the optimizer step is not done yet
-        loss = self._last_loss = _loss_of(outputs)
+        tensor = outputs if isinstance(outputs, torch.Tensor) else None
+        loss = self._last_loss = outputs.get("loss") if isinstance(outputs, dict) else tensor
         if self._counter is not None:
             self._end_count(batch)
         obs.step_end(step, loss)

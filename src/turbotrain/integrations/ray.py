@@ -64,10 +64,12 @@ def _request(config: dict[str, Any], context: Any) -> RunRequest:
     given = load_config(RunRequest(preset, workload=workload).base_preset, overrides).run
     run = overrides.setdefault("run", {})
     run.setdefault("remote", given.remote or store_of_ray(context))
-    pointer = _pointer(ray.train.get_checkpoint())
-    if pointer is None:
+    checkpoint = ray.train.get_checkpoint()  # the one Ray hands a restarted group
+    if checkpoint is None:
         run.setdefault("name", given.name or context.get_experiment_name())
         return RunRequest(preset, overrides, None, workload, hooks=_reporting)
+    with checkpoint.as_directory() as folder:
+        pointer = json.loads((Path(folder) / POINTER).read_text())
     run.pop("name", None)  # the run is named by its place in the store
     why = f"Ray Train started the worker group again; its checkpoint names step {pointer['step']}"
     # a FILE.py:FUNC workload is in the run's config.toml; a live one comes along again
@@ -85,14 +87,6 @@ def store_of_ray(context: Any) -> str:
             "run.remote=URI (s3://, gs://, az://, file://) for the run's checkpoints"
         )
     return f"{SCHEMES[kind]}{storage.experiment_fs_path.rstrip('/')}/turbotrain"
-
-
-def _pointer(checkpoint: Any) -> dict[str, Any] | None:
-    """What the checkpoint Ray hands a restarted group says (:data:`POINTER`); None without one."""
-    if checkpoint is None:
-        return None
-    with checkpoint.as_directory() as folder:
-        return dict(json.loads((Path(folder) / POINTER).read_text()))
 
 
 def _reporting(run: PreparedRun) -> Sequence[Hook]:
