@@ -79,19 +79,15 @@ def load_run(run_dir: str | Path) -> RunFiles:
 _fmt = partial(figure, missing="n/a")  # the report's missing figure
 
 
-def _amount(summary: dict[str, Any]) -> str:
-    """What the run trained on: tokens when its batches held token ids, samples otherwise (an image
-    model's "0 tokens" says nothing)."""
-    if not summary.get("tokens") and summary.get("samples"):
-        return f"{summary['samples']:,d} samples"
-    return f"{_fmt(summary.get('tokens'), ',d')} tokens"
-
-
 def _title(summary: dict[str, Any]) -> list[str]:
     lines = [f"# Run `{summary['run']}`: {summary['status']}", ""]
     if summary.get("steps") is not None:
+        # tokens when its batches held token ids, samples otherwise (an image model's "0 tokens" says nothing)
+        amount = f"{_fmt(summary.get('tokens'), ',d')} tokens"
+        if not summary.get("tokens") and summary.get("samples"):
+            amount = f"{summary['samples']:,d} samples"
         lines.append(
-            f"{summary['steps']} of {summary.get('max_steps', '?')} optimizer steps, {_amount(summary)}, "
+            f"{summary['steps']} of {summary.get('max_steps', '?')} optimizer steps, {amount}, "
             f"{_fmt(summary.get('elapsed_s'), '.1f', ' s')} in total."
             + (f" Stop reason: {summary['stop_reason']}." if summary.get("stop_reason") else "")
         )

@@ -184,21 +184,17 @@ def _batch_change(
         return None
     micro, accumulation = saved
     old, new = micro * accumulation * saved_world, c.batch.micro * c.batch.accumulation * world
+    if old == new:
+        return None
     trained = f"{processes(saved_world)} x batch.micro {micro} x accumulation {accumulation}"
     resumed = f"{processes(world)} x {c.batch.micro} x {c.batch.accumulation}"
-    return None if old == new else (old, new, trained, resumed, _keeping(old, c, world, by_accumulation))
-
-
-def _keeping(old: int, c: RunConfig, world: int, by_accumulation: bool) -> list[str]:
-    """The settings that train at the global batch ``old`` over ``world`` processes."""
-    keep: list[str] = []
-    micro = int(c.batch.micro)  # a number: _batch_change passes only then
+    keep: list[str] = []  # the settings that train at the global batch old over world processes
     if old % (world * c.batch.accumulation) == 0:
         keep.append(setting("batch.micro", old // (world * c.batch.accumulation)))
-    if old % (world * micro) == 0:
-        by = f" (by accumulation {old // (world * micro)})" if by_accumulation else ""
+    if old % (world * c.batch.micro) == 0:
+        by = f" (by accumulation {old // (world * c.batch.micro)})" if by_accumulation else ""
         keep.append(f"{setting('batch.global_size', old)}{by}")
-    return keep
+    return old, new, trained, resumed, keep
 
 
 def _refuse(text: str, rank: int) -> None:

@@ -21,15 +21,6 @@ def resolve_epochs(c: RunConfig, data: RunData, world: int) -> tuple[RunConfig, 
     epochs = c.train.epochs
     if not epochs:
         return c, None
-    per_epoch = epoch_steps(c, data, world)
-    log.info(
-        "train.epochs = %d: %d optimizer steps per epoch, %d in all", epochs, per_epoch, epochs * per_epoch
-    )
-    return c.replace(train={"max_steps": epochs * per_epoch, "eval_every": per_epoch}), (per_epoch, epochs)
-
-
-def epoch_steps(c: RunConfig, data: RunData, world: int) -> int:
-    """Optimizer steps per epoch for ``train.epochs`` (a refusal when they cannot be known)."""
     if not isinstance(c.batch.micro, int):
         raise ConfigError(
             "train.epochs needs a numeric batch.micro (with 'auto' the steps per epoch are not known "
@@ -37,12 +28,15 @@ def epoch_steps(c: RunConfig, data: RunData, world: int) -> int:
         )
     per_epoch = data.steps_per_epoch(c, world)
     # said as the field the user set, not as the max_steps it becomes
-    if c.train.epochs * per_epoch > MAX_STEPS:
+    if epochs * per_epoch > MAX_STEPS:
         raise ConfigError(
-            f"train.epochs = {c.train.epochs} is too many for this data ({per_epoch} steps per epoch, at most "
+            f"train.epochs = {epochs} is too many for this data ({per_epoch} steps per epoch, at most "
             f"{MAX_STEPS} steps in a run); use {setting('train.epochs', MAX_STEPS // per_epoch)} or fewer"
         )
-    return per_epoch
+    log.info(
+        "train.epochs = %d: %d optimizer steps per epoch, %d in all", epochs, per_epoch, epochs * per_epoch
+    )
+    return c.replace(train={"max_steps": epochs * per_epoch, "eval_every": per_epoch}), (per_epoch, epochs)
 
 
 def warn_long_warmup(c: RunConfig) -> None:
