@@ -24,6 +24,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -184,6 +185,85 @@ def fork(target: Callable[[], object], stdout: Path, stderr: Path | None = None)
         traceback.print_exc()
     finally:
         exit_after_threads(code)  # as the interpreter's exit: the threads it started end first
+
+
+def torchrun(
+    argv: list[str],
+    stdout: Path,
+    stderr: Path,
+    env: dict[str, str] | None = None,
+    before: Callable[[], object] | None = None,
+) -> Forked:
+    """``python -m torch.distributed.run ARGV`` (``env``: its whole environment) in a :func:`fork`:
+    torchrun's own ``main`` (its arguments, rendezvous, agent, restarts and failure summary), whose
+    agent forks the ranks (start method ``fork``, as torchrun does for a function entry point)
+    where the command line would start an interpreter each: the seconds of imports a rank spends
+    are saved. A rank runs ``-m turbotrain ARGS`` through the CLI's ``main`` or ``SCRIPT ARGS`` as
+    ``__main__`` (:func:`_rank`). What is about the interpreter itself (the exit of
+    ``python -m turbotrain`` under torchrun, a rank's environment as /proc shows it) needs the real
+    command: the tests that check it start it. ``before``: called first in the fork (a
+    ``preexec_fn``)."""
+    import torch.distributed.run as run
+    from torch.distributed.launcher.api import elastic_launch
+
+    def launcher() -> None:
+        os.environ.clear()
+        os.environ.update(env or os.environ)
+        if before is not None:
+            before()
+
+        def forking(config: Any, entrypoint: object) -> Callable[..., object]:
+            config.start_method = "fork"
+            return elastic_launch(config, _rank)
+
+        run.elastic_launch = forking  # this fork's torchrun only
+        run.main(argv)
+
+    return fork(launcher, stdout, stderr)
+
+
+def _rank(*cmd: str) -> int:
+    """A rank torchrun's agent forked: ``-u -m turbotrain ARGS`` or ``-u SCRIPT ARGS`` (what it
+    would have run with ``python``) as a new interpreter would: default signal handlers (not the
+    launcher's), no log handler, torch on OMP_NUM_THREADS threads, TT_FAULT's fault installed as
+    tests/faults/sitecustomize.py does at an interpreter's start. Returns 0, or raises SystemExit
+    with the command's status (multiprocessing's exit status)."""
+    from faults.faultenv import FAULTS
+
+    from turbotrain.cli import main
+
+    assert not torch.distributed.is_initialized(), "forked from a process holding a process group"
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for handler in logging.root.handlers[:]:
+        logging.root.removeHandler(handler)
+    logging.root.setLevel(logging.WARNING)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if os.environ.get("TT_FAULT"):  # as PYTHONPATH=tests/faults does for the command
+        sys.path.insert(0, str(FAULTS))
+        runpy.run_path(str(FAULTS / "sitecustomize.py"))
+    args = list(cmd[1:] if cmd[0] == "-u" else cmd)
+    if args[:2] == ["-m", "turbotrain"]:
+        sys.argv = [str(Path(main.__code__.co_filename).parents[1] / "__main__.py"), *args[2:]]
+        code = main(args[2:])
+    else:
+        sys.argv = args
+        try:
+            runpy.run_path(args[0], run_name="__main__")
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    if code:
+        raise SystemExit(code)
+    return 0
+
+
+def completed(proc: Forked, timeout: float) -> Result:
+    """``proc`` waited for (killed past ``timeout``, as subprocess.run's): its status and output."""
+    out, err = proc.communicate(timeout)
+    assert proc.returncode is not None
+    return Result(proc.returncode, out, err)
 
 
 def turbotrain(

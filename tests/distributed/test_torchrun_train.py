@@ -97,6 +97,23 @@ def _run(cmd: list[str], timeout: float = HANG_S, fault: str = "") -> subprocess
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def _forked(
+    cmd: list[str], out: Path, fault: str = "", before: Callable[[], object] | None = None
+) -> inprocess.Result:
+    """``cmd`` (:func:`_torchrun`'s) to its end as :func:`inprocess.torchrun` runs it: torchrun's
+    own main in a fork, the ranks forked (its output in ``out``.stdout/.stderr). The tests whose
+    subject is the real command (its exit status under torchrun, kills, the --nproc launcher) start
+    it; the --nproc test holds the forked ranks to the real ones' losses, bit for bit."""
+    env = _env()
+    if fault:
+        env["TT_FAULT"] = fault
+    launched = cmd.index("torch.distributed.run") + 1
+    proc = inprocess.torchrun(
+        cmd[launched:], out.with_suffix(".stdout"), out.with_suffix(".stderr"), env=env, before=before
+    )
+    return inprocess.completed(proc, HANG_S)
+
+
 def _losses(work: Path, name: str) -> dict[int, float]:
     records = [json.loads(line) for line in (work / "runs" / name / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r["loss"] for r in records if r.get("loss") is not None}
@@ -133,7 +150,7 @@ def launched(work: Path) -> Callable[[str], subprocess.CompletedProcess]:
     def launch(strategy: str) -> subprocess.CompletedProcess:
         if strategy not in done:
             args = _args(work, strategy, MICRO, f"--distributed.strategy={strategy}")
-            done[strategy] = _run(_torchrun(2) + args)
+            done[strategy] = _forked(_torchrun(2) + args, work / strategy)
         return done[strategy]
 
     return launch
@@ -172,7 +189,9 @@ def llama_single(work: Path) -> dict[int, float]:
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_the_llama_family_under_torchrun_trains_like_one_process(work, llama_single, strategy):
     name = f"llama-{strategy}"
-    proc = _run(_torchrun(2) + _args(work, name, MICRO, *LLAMA, f"--distributed.strategy={strategy}"))
+    proc = _forked(
+        _torchrun(2) + _args(work, name, MICRO, *LLAMA, f"--distributed.strategy={strategy}"), work / name
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     _assert_same(_losses(work, name), llama_single)
     resolved = json.loads((work / "runs" / name / "summary.json").read_text())["resolved"]
@@ -197,10 +216,7 @@ def test_two_nodes_on_one_machine_match_one_process(work, single):
     port = free_port()
     nodes = []
     for node_rank in (0, 1):
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
+        launcher = [
             "--nnodes",
             "2",
             "--node-rank",
@@ -213,17 +229,14 @@ def test_two_nodes_on_one_machine_match_one_process(work, single):
             f"127.0.0.1:{port}",
             "--rdzv-id",
             "two-nodes",
-            "-m",
-            "turbotrain",
-            "train",
-            *_args(work, "nodes"),
         ]
+        out = work / f"node{node_rank}"
+        argv = [*launcher, "-m", "turbotrain", "train", *_args(work, "nodes")]
         nodes.append(
-            subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            inprocess.torchrun(argv, out.with_suffix(".stdout"), out.with_suffix(".stderr"), env=_env())
         )
-    outputs = [p.communicate(timeout=HANG_S) for p in nodes]
-    for p, (_, err) in zip(nodes, outputs):
-        assert p.returncode == 0, err[-3000:]
+    for node in nodes:
+        assert inprocess.completed(node, HANG_S).returncode == 0, node.stderr.read_text()[-3000:]
     _assert_same(_losses(work, "nodes"), single)
 
 
@@ -332,7 +345,7 @@ def test_kill_9_of_one_rank_restarts_the_group_which_resumes_by_itself(work, sin
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_out_of_memory_under_data_parallel_stops_with_the_rank_and_what_to_lower(work, tmp_path, strategy):
-    proc = _run(
+    proc = _forked(
         _torchrun(2, log_dir=tmp_path / "logs")
         + _args(
             work,
@@ -343,6 +356,7 @@ def test_out_of_memory_under_data_parallel_stops_with_the_rank_and_what_to_lower
             # the launch outlive HANG_S and fail the test (TimeoutExpired), whatever the machine's load
             f"--distributed.timeout_s={3 * HANG_S}",
         ),
+        tmp_path / "out",
         fault="oom:3",  # an out-of-memory error in step 3 (tests/faults/oom.py)
     )
     assert proc.returncode != 0
@@ -367,7 +381,7 @@ def test_expert_parallel_run_resumes_exactly_at_its_degree_and_at_degree_1(work)
     steps = STEPS // 2  # half the others' steps: the resume, not the learning, is what this checks
     grow = ["--moe.grow_at_step=5", "--moe.grow_to=10"]
     ep = [*MOE, *grow, "--distributed.expert_parallel=2", f"--train.max_steps={steps}"]
-    proc = _run(_torchrun(2) + _args(work, "ep", MICRO, *ep))
+    proc = _forked(_torchrun(2) + _args(work, "ep", MICRO, *ep), work / "ep")
     assert proc.returncode == 0, proc.stderr[-3000:]
     reference = _losses(work, "ep")
     assert sorted(reference) == list(range(1, steps + 1)) and reference[steps] < reference[1] - 0.3
@@ -380,12 +394,15 @@ def test_expert_parallel_run_resumes_exactly_at_its_degree_and_at_degree_1(work)
     assert all(sum(row[4] + row[9] for row in loads[s]) > 0 for s in range(6, steps + 1))
     assert (work / "runs" / "ep" / "plots" / "expert_load.png").is_file()
 
-    proc = _run(
-        _torchrun(2) + _args(work, "ep-stopped", MICRO, *ep, f"--train.stop_after_steps={steps // 2}")
+    proc = _forked(
+        _torchrun(2) + _args(work, "ep-stopped", MICRO, *ep, f"--train.stop_after_steps={steps // 2}"),
+        work / "ep-stopped",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     shutil.copytree(work / "runs" / "ep-stopped", work / "runs" / "ep-degree1")
-    resumed = _run(_torchrun(2) + ["--resume", str(work / "runs" / "ep-stopped"), "--no-progress"])
+    resumed = _forked(
+        _torchrun(2) + ["--resume", str(work / "runs" / "ep-stopped"), "--no-progress"], work / "ep-resumed"
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     # the same ranks and degree: bit for bit
     _assert_same(_losses(work, "ep-stopped"), reference, tolerance=0.0)
@@ -446,9 +463,25 @@ def test_a_run_in_use_is_said_once_by_rank_0(ddp_run, tmp_path):
     from turbotrain.base.runlock import RunLock
 
     run = _copy_run(ddp_run, "in-use")
-    with RunLock(run):  # this process trains it, as far as the resume can tell
-        proc = _run(_torchrun(2, log_dir=tmp_path / "logs") + ["--resume", str(run), "--no-progress"])
-    _said_once_by_rank_0(proc, tmp_path / "logs", f"run directory {run} is in use by process {os.getpid()}")
+    held = tmp_path / "held"
+
+    def hold() -> None:  # another process trains it, as far as the resume can tell
+        with RunLock(run):
+            held.touch()
+            time.sleep(HANG_S)
+
+    holder = inprocess.fork(hold, tmp_path / "holder.out")
+    try:
+        deadline = time.monotonic() + HANG_S
+        while not held.exists() and holder.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert held.exists(), (tmp_path / "holder.out").read_text()
+        cmd = _torchrun(2, log_dir=tmp_path / "logs") + ["--resume", str(run), "--no-progress"]
+        proc = _forked(cmd, tmp_path / "out")
+    finally:
+        holder.kill()
+        holder.wait(HANG_S)
+    _said_once_by_rank_0(proc, tmp_path / "logs", f"run directory {run} is in use by process {holder.pid}")
 
 
 def test_no_usable_checkpoint_and_a_refused_metadata_are_said_once_by_rank_0(ddp_run, tmp_path):
@@ -467,7 +500,9 @@ def test_no_usable_checkpoint_and_a_refused_metadata_are_said_once_by_rank_0(ddp
     marker = json.loads((newest / "finished.json").read_text())
     marker["files"][".metadata"] = {"size": len(evil), "sha256": hashlib.sha256(evil).hexdigest()}
     (newest / "finished.json").write_text(json.dumps(marker))
-    proc = _run(_torchrun(2, log_dir=tmp_path / "logs") + ["--resume", str(run), "--no-progress"])
+    proc = _forked(
+        _torchrun(2, log_dir=tmp_path / "logs") + ["--resume", str(run), "--no-progress"], tmp_path / "out"
+    )
     _said_once_by_rank_0(
         proc,
         tmp_path / "logs",
@@ -488,7 +523,7 @@ def test_a_full_disk_at_a_sharded_save_is_said_once(work, tmp_path):
     cmd = _torchrun(2, log_dir=tmp_path / "logs") + _args(
         work, "full-disk", MICRO, "--distributed.strategy=ddp", "--train.checkpoint_every=2"
     )
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=HANG_S, preexec_fn=limit)
+    proc = _forked(cmd, tmp_path / "out", before=limit)
     _said_once_by_rank_0(proc, tmp_path / "logs", "full-disk/checkpoints/step_00000002")
 
 
