@@ -88,18 +88,12 @@ class _ToLoss(Hook):
 
 def run_one(opts: ToLossOptions, contender: str, seed: int, run_dir: Path) -> dict[str, Any]:
     """One contender with one seed, in this process: the curve and where the target was reached."""
-    config = load_config(
-        opts.preset,
-        merge(
-            opts.overrides,
-            opts.contenders[contender],
-            {
-                "run": {"seed": seed, "name": f"{contender}-seed{seed}"},
-                "train": {"max_steps": opts.max_steps, "eval_every": 0},
-                "monitor": {"progress": False},
-            },
-        ),
-    )
+    own: dict[str, dict[str, Any]] = {  # this run's seed, name and steps; the hook evaluates
+        "run": {"seed": seed, "name": f"{contender}-seed{seed}"},
+        "train": {"max_steps": opts.max_steps, "eval_every": 0},
+        "monitor": {"progress": False},
+    }
+    config = load_config(opts.preset, merge(opts.overrides, opts.contenders[contender], own))
     training = build_training(config, run_dir, progress=False)
     val = training.data.val_batches(training.config.replace(run={"seed": VAL_SEED - 1}), 0, 1)
     if not val:
