@@ -99,10 +99,6 @@ def diagnose(
     return {"name": name, "text": BOTTLENECKS[name]}, advice
 
 
-def _is_preset(built: Built) -> bool:
-    return built.workload is None
-
-
 def _data(built: Built, figures: dict[str, Any], trace: dict[str, Any], step_ms: float) -> list[Advice]:
     wait = figures["data_wait_ms_per_step"]
     share = wait / step_ms if step_ms else 0.0
@@ -131,7 +127,7 @@ def _more_workers(built: Built, why: str, wait: float, step_ms: float, workers: 
     # workers load ahead while the step computes
     new_step = max(step_ms - wait, 1e-3, wait * (workers or 1) / n)
     settings = {"data": {"num_workers": n}}
-    code = "" if _is_preset(built) else f"DataLoader(..., num_workers={n}, persistent_workers=True)"
+    code = "" if built.workload is None else f"DataLoader(..., num_workers={n}, persistent_workers=True)"
     expected = (
         f"{n} workers load batches ahead while the model trains: about {step_ms / new_step:.1f}x "
         f"(step ~{new_step:.1f} ms: the larger of the compute and the loading split over {n} workers)"
@@ -248,8 +244,8 @@ def _overhead(built: Built, trace: dict[str, Any], device: str) -> list[Advice]:
     k, settings, effect = _larger_micro(built, micro, acc)
     # per-op time t = c + s*b: fewer, larger operators
     gain = _overall(share, op_us / (overhead_us / k + (op_us - overhead_us)))
-    code = "" if _is_preset(built) else f"DataLoader(..., batch_size={micro * k})"
-    applies = _is_preset(built) or built.loader_info.get("num_workers") is not None
+    code = "" if built.workload is None else f"DataLoader(..., batch_size={micro * k})"
+    applies = built.workload is None or built.loader_info.get("num_workers") is not None
     expected = f"{effect}; about {gain:.1f}x samples/s if the model is overhead-bound"
     kept = settings if applies else {}
     return [Advice("overhead", _flags(settings, code), why, expected, gain, kept, code)]
@@ -258,7 +254,7 @@ def _overhead(built: Built, trace: dict[str, Any], device: str) -> list[Advice]:
 def _larger_micro(built: Built, micro: int, acc: int) -> tuple[int, dict[str, dict[str, Any]], str]:
     """(how many times larger, the settings, their effect): the batch finder keeps a preset's global
     batch when it accumulates; otherwise the batch grows, and with it the math."""
-    if _is_preset(built) and acc > 1:
+    if built.workload is None and acc > 1:
         same = f"the batch finder picks the largest micro-batch that fits and keeps the global batch {micro * acc} (same math)"
         return acc, {"batch": {"micro": "auto", "global_size": micro * acc}}, same
     grows = (
@@ -301,7 +297,7 @@ def _compute_cuda(built: Built, trace: dict[str, Any]) -> list[Advice]:
         why = "the model runs eagerly: one kernel per operator"
         expected = "fused kernels, fewer launches: typically 1.1-1.3x after a one-time compilation"
         rules.append(({"compile": {"scope": "model"}}, why, expected, 1.2))
-    hints = spec_for(c).speed_hints(c) if _is_preset(built) else []  # the family's own slow settings
+    hints = spec_for(c).speed_hints(c) if built.workload is None else []  # the family's own slow settings
     rules += [(h.settings, h.why, h.gain, h.speedup) for h in hints]
     return [Advice("compute", _flags(s), why, exp, _overall(share, k), s) for s, why, exp, k in rules]
 
@@ -311,8 +307,8 @@ def _copies(built: Built, trace: dict[str, Any], step_ms: float) -> list[Advice]
     if not step_ms or copy_ms / step_ms < COPY_SHARE or built.loader_info.get("pin_memory"):
         return []
     settings = {"data": {"pin_memory": True}}
-    code = "" if _is_preset(built) else "DataLoader(..., pin_memory=True)"
+    code = "" if built.workload is None else "DataLoader(..., pin_memory=True)"
     why = f"host-to-device copies take {copy_ms:.2f} ms per step from pageable memory"
     expected = "pinned batches copy asynchronously on a side stream, overlapping compute"
-    gain, kept = _overall(copy_ms / step_ms, 3.0), settings if _is_preset(built) else {}
+    gain, kept = _overall(copy_ms / step_ms, 3.0), settings if built.workload is None else {}
     return [Advice("copies", _flags(settings, code), why, expected, gain, kept, code)]

@@ -177,10 +177,9 @@ class Study:
             group=True,
             **({"constraints_func": constraints_of} if self.legacy_constraints else {}),
         )
-        # Prune a trial whose window is in the slowest quarter of earlier completed trials' at that
-        # window, from its second window on and after four completed trials: on a shared CPU one
-        # window's noise is as large as most differences (a median rule at the first window pruned
-        # a repeat of the baseline). Far slower trials go at their first window (SLOW_FRACTION).
+        # The slowest quarter from the second window and four completed trials on: on a shared CPU one
+        # window's noise is as large as most differences (a median rule at the first window pruned a
+        # repeat of the baseline). Far slower trials go at their first window (SLOW_FRACTION).
         pruner = (
             optuna.pruners.PercentilePruner(25.0, n_startup_trials=4, n_warmup_steps=2)
             if o.prune
