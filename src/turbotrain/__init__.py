@@ -111,25 +111,21 @@ def _user_stacklevel() -> int:
     return level
 
 
-def _warn_moved(fullname: str) -> str:
-    """Warn once per old top-level name (its submodules import after it: one warning says it)."""
-    old, now, advice = moved_to(fullname)  # type: ignore[misc]
-    if fullname == f"{__name__}.{old}":
-        warnings.warn(
-            f"{fullname} moved to {now} (turbotrain {__version__}); write `{advice}`: the old path "
-            "goes in the next release",
-            DeprecationWarning,
-            stacklevel=_user_stacklevel(),
-        )
-    return now
-
-
 class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds the old names of :data:`MOVED` before the path finder loads a second copy, and loads
     each as the module under its new name (the same object in ``sys.modules``)."""
 
     def exec_module(self, module: types.ModuleType) -> None:
-        sys.modules[module.__name__] = importlib.import_module(_warn_moved(module.__name__))
+        old, now, advice = moved_to(module.__name__)  # type: ignore[misc]
+        # one warning per old top-level name (its submodules import after it: that one says it)
+        if module.__name__ == f"{__name__}.{old}":
+            warnings.warn(
+                f"{module.__name__} moved to {now} (turbotrain {__version__}); write `{advice}`: the old "
+                "path goes in the next release",
+                DeprecationWarning,
+                stacklevel=_user_stacklevel(),
+            )
+        sys.modules[module.__name__] = importlib.import_module(now)
 
     def find_spec(
         self, fullname: str, path: Any = None, target: types.ModuleType | None = None

@@ -94,8 +94,12 @@ def main_train(args: argparse.Namespace, extra: list[str]) -> int:
         for handler in root.handlers:
             handler.setFormatter(logging.Formatter(f"[rank {topology.rank}] {LOG_FORMAT}"))
     try:
-        request = _request(args, extra)
-        outcome = train_run(request)
+        overrides = parse_overrides(extra)  # with --data and --no-progress as their config fields
+        if args.data is not None:
+            overrides.setdefault("data", {})["path"] = args.data
+        if args.no_progress:
+            overrides.setdefault("monitor", {})["progress"] = "false"
+        outcome = train_run(RunRequest(args.preset, overrides, args.resume, args.model))
     except TurbotrainError:
         if topology.rank > 0:
             return 0  # the same mistake on every rank, said once by rank 0
@@ -119,16 +123,6 @@ def _child_argv(args: argparse.Namespace, extra: list[str]) -> list[str]:
     if args.resume is not None:
         argv += ["--resume", args.resume] if args.resume else ["--resume"]
     return argv + (["--no-progress"] if args.no_progress else []) + extra
-
-
-def _request(args: argparse.Namespace, extra: list[str]) -> RunRequest:
-    """The command line as a run request (``--data``, ``--no-progress`` as their config fields)."""
-    overrides = parse_overrides(extra)
-    if args.data is not None:
-        overrides.setdefault("data", {})["path"] = args.data
-    if args.no_progress:
-        overrides.setdefault("monitor", {})["progress"] = "false"
-    return RunRequest(args.preset, overrides, args.resume, args.model)
 
 
 def _exit_status(outcome: RunOutcome, topology: Topology) -> int:

@@ -94,9 +94,14 @@ class TurbotrainLightningCallback(Callback):
         # Lightning's Trainer sets log_every_n_steps in its logger connector: its type does not declare it
         self._every = self.log_every or trainer.log_every_n_steps or 50  # type: ignore[attr-defined]
         self._accumulation = trainer.accumulate_grad_batches
+        module = type(pl_module).__name__
+        root = Path(trainer.default_root_dir)
+        run_dir = Path(self.run_dir) if self.run_dir is not None else root / "turbotrain"
+        # named as the run directory, or as the module's class where no directory was given
+        unnamed = self.run_dir is None and root.resolve() == Path.cwd().resolve()
         self.observer = LoopObserver(
-            self._run_dir(trainer),
-            name=self.name or self._name(trainer, pl_module),
+            run_dir,
+            name=self.name or (module if unnamed else run_name(run_dir, module)),
             device=pl_module.device,
             framework=f"lightning {lightning.__version__} Trainer (turbotrain {__version__} callback)",
             world=max(1, trainer.world_size),
@@ -123,16 +128,6 @@ class TurbotrainLightningCallback(Callback):
             log.info("FLOPs not counted for a compiled module: pass flops_per_sample for TFLOP/s and MFU")
         else:
             self._to_count = True
-
-    def _run_dir(self, trainer: Trainer) -> Path:
-        given = self.run_dir
-        return Path(given) if given is not None else Path(trainer.default_root_dir) / "turbotrain"
-
-    def _name(self, trainer: Trainer, pl_module: LightningModule) -> str:
-        """The run directory's name, or the module's class where no directory was given."""
-        module = type(pl_module).__name__
-        unnamed = self.run_dir is None and Path(trainer.default_root_dir).resolve() == Path.cwd().resolve()
-        return module if unnamed else run_name(self._run_dir(trainer), module)
 
     def on_train_batch_start(self, *args: Any, **kwargs: Any) -> None:
         obs = self.observer
