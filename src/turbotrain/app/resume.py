@@ -179,10 +179,14 @@ def _batch_change(
     saved_config: Any, saved_world: int, c: RunConfig, world: int, by_accumulation: bool
 ) -> tuple[int, int, str, str, list[str]] | None:
     """(saved global batch, this resume's, how each is made, the settings keeping it); None: same, unknown."""
-    saved = _saved_batch(saved_config)
-    if saved is None or not isinstance(c.batch.micro, int):
+    if not isinstance(c.batch.micro, int):
         return None
-    micro, accumulation = saved
+    try:
+        batch = _saved_table(saved_config).get("batch", {})
+        micro = int(batch["micro"])
+        accumulation = int(batch.get("accumulation", 1))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None  # the checkpoint's saved config has no readable batch
     old, new = micro * accumulation * saved_world, c.batch.micro * c.batch.accumulation * world
     if old == new:
         return None
@@ -208,15 +212,6 @@ def _saved_table(saved_config: Any) -> dict[str, Any]:
         return tomllib.loads(saved_config) if isinstance(saved_config, str) else {}
     except tomllib.TOMLDecodeError:
         return {}
-
-
-def _saved_batch(saved_config: Any) -> tuple[int, int] | None:
-    """(batch.micro, batch.accumulation) of a checkpoint's saved config; None when unreadable."""
-    try:
-        batch = _saved_table(saved_config).get("batch", {})
-        return int(batch["micro"]), int(batch.get("accumulation", 1))
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None
 
 
 def check_epochs_batch(
