@@ -70,8 +70,8 @@ def _stop_report(name: str) -> None:
     raise _ReportStopped(name)
 
 
-def train_run(request: RunRequest, *, progress: bool | None = None, report: bool = True) -> RunOutcome:
-    """Prepare, train and (``report``, rank 0, no signal) report the run ``request`` asks for."""
+def train_run(request: RunRequest) -> RunOutcome:
+    """Prepare, train and (rank 0, no signal) report the run ``request`` asks for."""
     topology = Topology.from_env()
     # SIGTERM/SIGINT in any phase: one saves what there is to save and stops, two stop at once
     with held_signals() as signals:
@@ -88,7 +88,7 @@ def train_run(request: RunRequest, *, progress: bool | None = None, report: bool
             print(f"resuming {run.run_dir}" + (f" ({run.relaunch})" if run.relaunch else ""))
         with _locked(run):  # for the whole run, its report included
             _before_training(run)
-            return _main_rank(run, signals, progress, report)
+            return _main_rank(run, signals)
 
 
 def _before_training(run: PreparedRun) -> None:
@@ -108,14 +108,14 @@ def _before_training(run: PreparedRun) -> None:
         check_data_path(run.config.data.path)
 
 
-def _main_rank(run: PreparedRun, signals: StopSignals, progress: bool | None, report: bool) -> RunOutcome:
-    """Rank 0 trains the run and (``report``) writes its report, as `turbotrain report RUN` would."""
+def _main_rank(run: PreparedRun, signals: StopSignals) -> RunOutcome:
+    """Rank 0 trains the run and writes its report, as `turbotrain report RUN` would."""
     try:
-        summary, training = train_prepared(run, signals, progress)
+        summary, training = train_prepared(run, signals)
     except Exception as exc:
         return _lost(exc, run, signals)
     written = None
-    if report and not signals.received:  # a signal after training stops the report
+    if not signals.received:  # a signal after training stops the report
         with contextlib.suppress(_ReportStopped):
             signals.on_first(_stop_report)
             written = write_report(run.run_dir)  # plots + summary.md
