@@ -35,7 +35,7 @@ from ..loop.run_hooks import monitor_plan
 from ..parts.data.sources import check_data_path
 from . import warmstart
 from .choose import session as choose
-from .prepare import PreparedRun, PrepareStart, RunRequest, StoppedBySignal, WorkloadLike, prepare_run
+from .prepare import PreparedRun, PrepareStart, RunRequest, WorkloadLike, prepare_run
 from .report import ReportResult, write_report
 from .restart import batch_record, peer_lost
 from .training import Training, stopped_by_signal, train_prepared
@@ -131,8 +131,6 @@ def _other_rank(run: PreparedRun, signals: StopSignals) -> RunOutcome:
         summary, training = train_prepared(run, signals, progress=False)
     except ReportedByAnotherRank:
         return RunOutcome(run, quiet=True)  # rank 0 (or the rank that found it) failed and says why
-    except StoppedBySignal:
-        raise
     except TurbotrainError as exc:
         raise TurbotrainError(f"[rank {run.plan.rank}] {exc}") from None
     except Exception as exc:
