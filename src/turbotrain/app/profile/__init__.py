@@ -1,5 +1,5 @@
-"""``turbotrain profile`` (docs/profile-tune.md): :mod:`.session` runs a profiled run
-(:mod:`.trace`, :mod:`.syncs`), :mod:`.advice` ranks changes, :mod:`.verify` measures them. From Python::
+"""``turbotrain profile`` (docs/profile-tune.md): :mod:`.session` runs a profiled run (:mod:`.trace`,
+:mod:`.syncs`), :mod:`.advice` ranks changes, ``--verify`` (in :mod:`.session`) measures them. From Python::
 
     from turbotrain.app.profile import profile_workload
     from turbotrain import Workload

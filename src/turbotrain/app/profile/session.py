@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import shutil
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -18,15 +19,15 @@ from typing import Any
 from ...base.atomic import atomic_write
 from ...base.failure import workload_failed
 from ...base.rundir import new_run_dir
+from ...core.meter.parity import RECOMMEND_MIN_SPEEDUP, interleaved
 from ...core.optim import resolve_implementation
 from ...parts.hardware import device_name
-from ..measure import Target, build, graph_break_reasons, release, run
+from ..measure import Target, build, graph_break_reasons, measure_once, release, run
 from ..regime import classify, probe_from, profiled_scale
-from .advice import diagnose
+from .advice import Advice, diagnose
 from .render import render
 from .syncs import SyncWindow
 from .trace import ProfilerWindow, analyze
-from .verify import verify
 
 SCHEMA = "turbotrain-profile/1"
 TRACE_FILE, JSON_FILE, MD_FILE = "trace.json.gz", "profile.json", "profile.md"
@@ -96,16 +97,73 @@ def _profiled(
     return doc, advice
 
 
+CODE_CHANGE = {"status": "not verified", "reason": "a change to your code: apply it and profile again"}
+NOT_RUN = {"status": "not verified", "reason": "interrupted before it ran"}
+
+
 def _verify(
-    target: Target, advice: list[Any], run_dir: Path, o: ProfileOptions, log: Callable[[str], None]
+    target: Target, advice: list[Advice], run_dir: Path, o: ProfileOptions, log: Callable[[str], None]
 ) -> dict[str, Any]:
+    """``--verify``: the baseline and each recommended setting run ``o.repeats`` times, interleaved (a
+    burst of load hits all alike); a variant is kept when its median throughput is at least
+    RECOMMEND_MIN_SPEEDUP x the baseline's. Fills ``a.verified`` for each recommendation and returns
+    the baseline's runs; Ctrl-C reports what ran, the rest is unverified."""
+    candidates = [a for a in advice if a.settings]
+    for a in advice:
+        if not a.settings:
+            a.verified = dict(CODE_CHANGE)
+    head: dict[str, Any] = {"repeats": o.repeats, "warmup": o.verify_warmup, "steps": o.verify_steps}
+    head |= {"interrupted": False, "min_speedup": RECOMMEND_MIN_SPEEDUP}
+    if not candidates:
+        return {
+            **head,
+            "repeats": 0,
+            "baseline": {"throughput_median": None, "throughputs": [], "unit": None},
+            "note": "no recommendation is a setting: nothing to run",
+        }
+    variants = [("baseline", {}), *((a.change, a.settings) for a in candidates)]
+    runs: list[list[dict[str, Any]]] = [[] for _ in variants]
     quiet = logging.getLogger("turbotrain")
     level = quiet.level
     quiet.setLevel(max(level, logging.WARNING))  # each run's assembly notes: the profiled run said them once
     try:
-        return verify(target, advice, run_dir / "verify", o.verify_warmup, o.verify_steps, o.repeats, log)
+        for done, (r, i) in enumerate(interleaved(len(variants), o.repeats), 1):
+            log(f"verify {done}/{o.repeats * len(variants)}: {variants[i][0]}")
+            folder = run_dir / "verify" / f"run{i}-{r + 1}"
+            runs[i].append(measure_once(target, variants[i][1], folder, o.verify_warmup, o.verify_steps))
+    except KeyboardInterrupt:
+        head["interrupted"] = True
+        log("verification interrupted: reporting the runs that finished")
     finally:
         quiet.setLevel(level)
+    base = [f["throughput"] for f in runs[0]]
+    base_median = statistics.median(base) if base else None
+    base_loss = _median([f.get("parity_loss") for f in runs[0]])
+    for a, mine in zip(candidates, runs[1:]):
+        a.verified = (
+            _verdict(mine, base_median, base_loss) if mine and base_median is not None else dict(NOT_RUN)
+        )
+    unit = runs[0][0]["throughput_unit"] if runs[0] else None
+    return {**head, "baseline": {"throughput_median": base_median, "throughputs": base, "unit": unit}}
+
+
+def _verdict(mine: list[dict[str, Any]], base_median: float, base_loss: float | None) -> dict[str, Any]:
+    median = statistics.median(f["throughput"] for f in mine)
+    speedup = median / base_median
+    loss = _median([f.get("parity_loss") for f in mine])
+    return {
+        "status": "kept" if speedup >= RECOMMEND_MIN_SPEEDUP else "dropped",
+        "speedup": speedup,
+        "throughput_median": median,
+        "throughputs": [f["throughput"] for f in mine],
+        "runs": len(mine),
+        "loss_diff": None if loss is None or base_loss is None else loss - base_loss,
+    }
+
+
+def _median(values: list[Any]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 NAN_TEXT = (
