@@ -15,7 +15,7 @@ the SDPA backend on CPU (one kernel there) and its "math" backend on CUDA (never
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -147,12 +147,13 @@ def applies(key: str, params: dict[str, Any]) -> bool:
     return parent is None or params.get(parent[0]) != parent[1]
 
 
-def base_params(space: list[Dim]) -> dict[str, Any]:
-    """The baseline trial: every dimension at the base config's value (conditional ones only where they apply)."""
+def base_params(space: list[Dim], value: Callable[[Dim], Any] = lambda d: d.base) -> dict[str, Any]:
+    """The baseline trial: every dimension at the base config's value, or at ``value(d)`` (a trial's
+    proposal); in order, as a conditional setting comes after the one that makes it apply or not."""
     params: dict[str, Any] = {}
     for d in space:
         if applies(d.key, params):
-            params[d.key] = d.base
+            params[d.key] = value(d)
     return params
 
 

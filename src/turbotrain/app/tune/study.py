@@ -39,7 +39,7 @@ from ...base.errors import ConfigError, TurbotrainError
 from ...core.meter.parity import RECOMMEND_MIN_SPEEDUP, interleaved, loss_tolerance
 from ..measure import Target
 from .runner import Outcome, Runner, TuneOptions
-from .space import MICRO, Dim, applies, base_params, to_changes
+from .space import MICRO, Dim, base_params, to_changes
 
 PENALTY = 0.0  # the objective value of a trial that violates a constraint (throughput is maximised)
 SLOW_FRACTION = 0.5  # a window under this fraction of the best trial's throughput stops the trial
@@ -282,16 +282,9 @@ class Study:
         diff = loss - ref
         return abs(diff) / tol - 1.0, diff, tol
 
-    def _suggest(self, trial: Any) -> dict[str, Any]:
-        params: dict[str, Any] = {}
-        for d in self.space:  # in order: a conditional setting comes after the one it depends on
-            if applies(d.key, params):
-                params[d.key] = trial.suggest_categorical(d.key, list(d.choices))
-        return params
-
     def run_trial(self, trial: Any, index: int) -> None:
         """Propose, run (unless skipped: :meth:`_skipped`) and record one trial."""
-        params = self._suggest(trial)
+        params = base_params(self.space, lambda d: trial.suggest_categorical(d.key, list(d.choices)))
         name = f"trial-{trial.number:03d}"
         label = ", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in params.items())
         changes = to_changes(params, self.global_batch)
