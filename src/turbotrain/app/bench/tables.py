@@ -26,10 +26,9 @@ def _throughput_column(report: dict[str, Any]) -> tuple[str, Callable[[dict[str,
 
 
 def _memory_column(rows: list[dict[str, Any]]) -> tuple[str, Callable[[dict[str, Any]], str]] | None:
-    if any("peak_mem_gib" in r for r in rows):
-        return "peak mem GiB", _ok(lambda r: figure(r.get("peak_mem_gib"), ".2f"))
-    if any("peak_rss_gib" in r for r in rows):
-        return "peak RSS GiB (process)", _ok(lambda r: figure(r.get("peak_rss_gib"), ".2f"))
+    for key, title in (("peak_mem_gib", "peak mem GiB"), ("peak_rss_gib", "peak RSS GiB (process)")):
+        if any(key in r for r in rows):
+            return title, _ok(lambda r: figure(r.get(key), ".2f"))
     return None
 
 
