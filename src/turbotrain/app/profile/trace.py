@@ -114,10 +114,6 @@ def _span(e: Any) -> tuple[float, float]:
     return float(e.time_range.start), float(e.time_range.end)
 
 
-def _device_us(e: Any) -> float:
-    return float(getattr(e, "device_time_total", 0.0) or 0.0)
-
-
 def time_weighted_median(durations_us: Iterable[float]) -> float | None:
     """Half of the time goes to operators at most this long (us; None for none). Unlike the plain
     median it follows the time: one 300 us matmul and three 10 us element-wise operators give
@@ -161,10 +157,8 @@ def _phases(host: list[Any], window_us: float, steps: int) -> dict[str, dict[str
         outer = _outermost(host, lambda e, p=phase: phase_of(e.name) == p)  # type: ignore[misc]
         spans = [_span(e) for e in outer]
         covered.extend(spans)
-        phases[phase] = {
-            "host_ms": _union_us(spans) / 1000 / steps,
-            "device_ms": sum(_device_us(e) for e in outer) / 1000 / steps,
-        }
+        device_us = sum(float(getattr(e, "device_time_total", 0.0) or 0.0) for e in outer)
+        phases[phase] = {"host_ms": _union_us(spans) / 1000 / steps, "device_ms": device_us / 1000 / steps}
     phases["other"] = {"host_ms": max(window_us - _union_us(covered), 0.0) / 1000 / steps, "device_ms": 0.0}
     step_ms = window_us / 1000 / steps
     for p in phases.values():

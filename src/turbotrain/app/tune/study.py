@@ -85,11 +85,8 @@ def predicted_over(
     for h in alike:
         if h.over and micro >= int(h.params.get(MICRO, base_micro)):
             return f"needs at least the memory of a trial over budget (micro-batch {h.params.get(MICRO, base_micro)})"
-    points = sorted(
-        {
-            int(h.params.get(MICRO, base_micro)): h.peak_bytes for h in alike if h.peak_bytes is not None
-        }.items()
-    )
+    peaks = {int(h.params.get(MICRO, base_micro)): h.peak_bytes for h in alike if h.peak_bytes is not None}
+    points = sorted(peaks.items())  # (micro-batch, peak bytes) of the alike trials measured
     if limit is not None and len(points) >= 2 and micro > points[-1][0]:
         (b0, p0), (b1, p1) = points[-2], points[-1]
         peak = p1 + (p1 - p0) / (b1 - b0) * (micro - b1)
