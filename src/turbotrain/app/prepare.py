@@ -163,8 +163,14 @@ def _starting_config(
         found_dir, relaunch, recorded = found or (stored, "", None)
         resume_at = str(found_dir)
         overrides.get("run", {}).pop("name", None)  # named by the path now
-    # the run's saved config with the overrides applied: what the resume will train
-    run_dir, base = _resumed_run(request.preset, resume_at, overrides)
+    # the run to resume (named, or run.name, in run.out_dir, else the latest there) and its saved config with
+    # the overrides applied, validated as a whole (not against a preset it never used): what the resume trains
+    given = overrides.get("run", {})
+    out_dir = given.get("out_dir") or load_config(request.preset or default_preset()).run.out_dir
+    if "://" in resume_at:  # a run in a store (run.remote): its local copy, fetched when not here
+        resume_at = str(local_copy(resume_at, out_dir))
+    run_dir = find_run_dir(out_dir, resume_at or given.get("name", ""))
+    base = resume_config(run_dir, overrides)
     if relaunch:
         base = keep_global_batch(base, recorded, topology)
     return base, run_dir, relaunch, recorded
@@ -347,17 +353,6 @@ def _micro_given(request: RunRequest, overrides: Mapping[str, Mapping[str, Any]]
     return "micro" in overrides.get("batch", {}) or (
         preset is not None and "micro" in read_preset(preset).get("batch", {})
     )
-
-
-def _resumed_run(preset: str | None, name: str, overrides: Overrides) -> tuple[Path, RunConfig]:
-    """The run to resume (``name`` or ``run.name``, in ``run.out_dir``, else the latest there) and its
-    saved config with ``overrides`` applied, validated as a whole (not against a preset it never used)."""
-    run = overrides.get("run", {})
-    out_dir = run.get("out_dir") or load_config(preset or default_preset()).run.out_dir
-    if "://" in name:  # a run in a store (run.remote): its local copy, fetched when not here
-        name = str(local_copy(name, out_dir))
-    run_dir = find_run_dir(out_dir, name or run.get("name", ""))
-    return run_dir, resume_config(run_dir, overrides)
 
 
 def _new_run(base: RunConfig) -> tuple[Path, RunConfig]:

@@ -87,25 +87,20 @@ def train_run(request: RunRequest) -> RunOutcome:
         if run.resume:
             print(f"resuming {run.run_dir}" + (f" ({run.relaunch})" if run.relaunch else ""))
         with _locked(run):  # for the whole run, its report included
-            _before_training(run)
+            launch = Launch.from_env()
+            if launch.run_id or launch.slurm_job:  # the job a restart of this one finds the run by
+                write_launch(run.run_dir, {**launch.record(), **batch_record(run.settings, run.plan)})
+            if run.relaunch:
+                record_restart(run.run_dir, run.relaunch, run.plan.world)
+            # the mistakes said now rather than after start-up's measuring: a tracker's missing package or
+            # a store that does not open (an MLflow server: within trackers.OPEN_TIMEOUT_S), run.remote
+            # refusing, a missing --data path
+            trackers = monitor_plan(run.config, run.run_dir)
+            check_stores(trackers.trackers, run.run_dir, trackers.tracker_options or TrackerOptions())
+            remote_store(run.config, run.run_dir)
+            if run.config.data.path and not run.config.model.workload:
+                check_data_path(run.config.data.path)
             return _main_rank(run, signals)
-
-
-def _before_training(run: PreparedRun) -> None:
-    """Rank 0 under the lock: the job record a restart finds the run by, a relaunch's restart record,
-    and the mistakes said now rather than after start-up's measuring."""
-    launch = Launch.from_env()
-    if launch.run_id or launch.slurm_job:  # the job a restart of this one finds the run by
-        write_launch(run.run_dir, {**launch.record(), **batch_record(run.settings, run.plan)})
-    if run.relaunch:
-        record_restart(run.run_dir, run.relaunch, run.plan.world)
-    # a tracker's missing package or a store that does not open (an MLflow server: within
-    # trackers.OPEN_TIMEOUT_S), run.remote refusing, a missing --data path
-    trackers = monitor_plan(run.config, run.run_dir)
-    check_stores(trackers.trackers, run.run_dir, trackers.tracker_options or TrackerOptions())
-    remote_store(run.config, run.run_dir)
-    if run.config.data.path and not run.config.model.workload:
-        check_data_path(run.config.data.path)
 
 
 def _main_rank(run: PreparedRun, signals: StopSignals) -> RunOutcome:

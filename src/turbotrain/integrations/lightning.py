@@ -148,8 +148,16 @@ class TurbotrainLightningCallback(Callback):
             return  # gradient accumulation: the optimizer step is not done yet
         tensor = outputs if isinstance(outputs, torch.Tensor) else None
         loss = self._last_loss = outputs.get("loss") if isinstance(outputs, dict) else tensor
-        if self._counter is not None:
-            self._end_count(batch)
+        counter = self._counter
+        if counter is not None:  # the first step's FLOPs per sample (per token position: none with a mask)
+            counter.__exit__(None, None, None)
+            self._counter, self._to_count = None, False
+            samples, tokens = obs.samples - self._counted[0], obs.tokens - self._counted[1]
+            if samples and counter.get_total_flops():
+                per_sample = 0.0 if attention_mask(batch) is not None else tokens / samples
+                obs.set_flops(
+                    counter.get_total_flops() / samples, "torch.utils.flop_counter (first step)", per_sample
+                )
         obs.step_end(step, loss)
         if step % self._every == 0:
             lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else None
@@ -158,19 +166,6 @@ class TurbotrainLightningCallback(Callback):
     def _unscaled(self, loss: Any) -> Any:
         """The loss ``training_step`` returned (callbacks get it divided by the accumulation)."""
         return loss * self._accumulation if loss is not None and self._accumulation > 1 else loss
-
-    def _end_count(self, batch: Any) -> None:
-        """The first step's FLOPs per sample (per token position: none with an attention mask)."""
-        obs, counter = self.observer, self._counter
-        assert obs is not None and counter is not None
-        counter.__exit__(None, None, None)
-        self._counter, self._to_count = None, False
-        samples, tokens = obs.samples - self._counted[0], obs.tokens - self._counted[1]
-        if samples and counter.get_total_flops():
-            per_sample = 0.0 if attention_mask(batch) is not None else tokens / samples
-            obs.set_flops(
-                counter.get_total_flops() / samples, "torch.utils.flop_counter (first step)", per_sample
-            )
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._val_t0 = time.perf_counter()
