@@ -239,7 +239,18 @@ def start(run: PreparedRun, config: RunConfig, data: RunData, loss_fn: LossFn | 
     restart does not call them again), then the generators seeded (nothing a hook measured draws
     from the run's), then the plugins' (:func:`~turbotrain.base.config_plugins.register_start`):
     ``build`` hooks decide the config the model is built from, ``settle`` hooks the final settings."""
-    run, config = _begin(run, config)
+    ends = list(run.ends)
+    for begin in run.starts:  # in order: each one's changes go to the config as given, settings and config
+        begun = begin(run, config)
+        if begun.changes:
+            changes = begun.changes
+            run = dataclasses.replace(
+                run, config=run.config.replace(**changes), settings=run.settings.replace(**changes)
+            )
+            config = config.replace(**changes)
+        if begun.end is not None:
+            ends.append(begun.end)
+    run = dataclasses.replace(run, starts=(), ends=tuple(ends))
     seed_all(config.run.seed)  # torch, random and numpy: a user's model or loss may draw from any of them
     hooks = start_hooks(config)
     at = Start(config, run.run_dir, run.device, lambda: _resume_step(run))
@@ -254,22 +265,6 @@ def start(run: PreparedRun, config: RunConfig, data: RunData, loss_fn: LossFn | 
             config, more = hook.settle(dataclasses.replace(at, config=config))
             facts.update(more)
     return Started(run, config, model, facts)
-
-
-def _begin(run: PreparedRun, config: RunConfig) -> tuple[PreparedRun, RunConfig]:
-    """The preparation's start hooks in order, their changes applied to the run's configs and ``config``."""
-    ends = list(run.ends)
-    for hook in run.starts:
-        begun = hook(run, config)
-        if begun.changes:
-            changes = begun.changes
-            run = dataclasses.replace(
-                run, config=run.config.replace(**changes), settings=run.settings.replace(**changes)
-            )
-            config = config.replace(**changes)
-        if begun.end is not None:
-            ends.append(begun.end)
-    return dataclasses.replace(run, starts=(), ends=tuple(ends)), config
 
 
 def _resume_step(run: PreparedRun) -> int:
