@@ -25,15 +25,14 @@ from typing import Any
 import pytest
 import torch
 from conftest import CORPUS, HANG_S
+from test_torchrun_train import TINY
 
-ray = pytest.importorskip("ray", reason="Ray Train is an optional extra: pip install 'turbotrain[ray]'")
-from ray.train import FailureConfig, RunConfig, ScalingConfig  # noqa: E402
-from ray.train.torch import TorchTrainer  # noqa: E402
-from test_torchrun_train import TINY  # noqa: E402
+from turbotrain.base.config import parse_overrides
+from turbotrain.loop.checkpoint.restore import load_latest_weights
 
-from turbotrain.base.config import parse_overrides  # noqa: E402
-from turbotrain.integrations.ray import POINTER, loop_config, train_loop  # noqa: E402
-from turbotrain.loop.checkpoint.restore import load_latest_weights  # noqa: E402
+# Ray (and turbotrain.integrations.ray, which imports it) is imported by the fixtures, not here:
+# every xdist worker collects this module, and importing Ray costs each of them seconds
+WHY = "Ray Train is an optional extra: pip install 'turbotrain[ray]'"
 
 pytestmark = pytest.mark.slow
 
@@ -71,6 +70,7 @@ def _args(work: Path, name: str) -> list[str]:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[None]:
     """A local Ray cluster of 2 CPUs; its workers import this checkout and tests/faults, one torch thread each."""
+    ray = pytest.importorskip("ray", reason=WHY)
     saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "OMP_NUM_THREADS", "RAY_DEDUP_LOGS")}
     path = os.pathsep.join(filter(None, [str(SRC), str(FAULTS), saved["PYTHONPATH"]]))
     os.environ.update(PYTHONPATH=path, OMP_NUM_THREADS="1", RAY_DEDUP_LOGS="0")
@@ -116,8 +116,13 @@ def torchrun(work: Path, cluster: None) -> Iterator[subprocess.Popen]:
             proc.kill()
 
 
-def _fit(work: Path, name: str, loop: Any = train_loop, **extra: Any) -> Any:
+def _fit(work: Path, name: str, loop: Any, **extra: Any) -> Any:
     """A 2-worker TorchTrainer run of ``_args(work, name)``, at most one restart; Ray's result."""
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from turbotrain.integrations.ray import loop_config
+
     config = {**loop_config(**parse_overrides(_args(work, name))), **extra}
     trainer = TorchTrainer(
         loop,
@@ -136,6 +141,8 @@ def _losses(work: Path, name: str) -> dict[int, float]:
 
 
 def _pointer(result: Any) -> dict[str, Any]:
+    from turbotrain.integrations.ray import POINTER
+
     with result.checkpoint.as_directory() as folder:
         return dict(json.loads((Path(folder) / POINTER).read_text()))
 
