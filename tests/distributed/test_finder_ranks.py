@@ -36,7 +36,8 @@ def _rank(rank: int, port: int, out: dict) -> None:
 def test_all_ranks_agree_on_a_size_that_fits_the_smallest():
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_rank, args=(free_port(), out), nprocs=len(LIMITS), join=True)
+        # the ranks forked from this process: spawning started an interpreter each (importing torch)
+        mp.start_processes(_rank, args=(free_port(), out), nprocs=len(LIMITS), join=True, start_method="fork")
         sizes = dict(out)
     assert sizes[0] == sizes[1]
     alone = find_batch_size(_trial(min(LIMITS)), max_micro=4096, headroom=0.10).micro
