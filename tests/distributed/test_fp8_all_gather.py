@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import HANG_S
+from test_torchrun_train import _forked
 
 from turbotrain.loop.checkpoint import finished_checkpoints, load_latest_weights, saved_model_tensors
 from turbotrain.parts.models.gpt import GPT, GPTConfig
@@ -22,19 +20,14 @@ from turbotrain.parts.models.gpt import GPT, GPTConfig
 pytest.importorskip("torchao")
 
 WORKER = Path(__file__).with_name("fp8_gather_worker.py")
-SRC = Path(__file__).resolve().parents[2] / "src"
 STEPS = 6
 # per-step loss, float8 all-gather against bf16 all-gather; measured 1.5e-3 (docs/precision.md)
 TOLERANCE = 5e-3
 
 
 def _run(tmp_path: Path) -> list[dict]:
+    """The worker under torchrun: in a fork of this process, its 2 ranks forked."""
     out = tmp_path / "fp8"
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-    }
     cmd = [
         sys.executable,
         "-m",
@@ -46,7 +39,7 @@ def _run(tmp_path: Path) -> list[dict]:
         str(out),
         str(STEPS),
     ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_S)
+    proc = _forked(cmd, tmp_path / "torchrun")
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(2)]
 
