@@ -6,32 +6,23 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import inprocess
 import pytest
-from conftest import HANG_S
+from test_torchrun_train import _forked
 
 WORKER = Path(__file__).with_name("dp_worker.py")
-SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def _launch(cases: dict[str, tuple[str, int, str, int]], folder: Path) -> dict[str, list[dict]]:
     """The cases (name -> strategy, accumulation, precision, steps) in one torchrun launch of 2
-    processes, one after another (dp_worker.py several); each case's per-rank results."""
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-    }
+    processes (in a fork of this one, its ranks forked), one after another (dp_worker.py several);
+    each case's per-rank results."""
     specs = [f"{s},{a},{folder / name},{p},{n}" for name, (s, a, p, n) in cases.items()]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    proc = subprocess.run(
-        [*cmd, str(WORKER), "several", *specs], env=env, capture_output=True, text=True, timeout=HANG_S
-    )
+    proc = _forked([*cmd, str(WORKER), "several", *specs], folder / "torchrun")
     assert proc.returncode == 0, proc.stderr[-4000:]
     return {
         name: [json.loads((folder / f"{name}.rank{r}.json").read_text()) for r in range(2)] for name in cases
