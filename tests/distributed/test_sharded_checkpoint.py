@@ -7,6 +7,8 @@ and the Checkpointer (tests/distributed/ckpt_worker.py):
   both strategies, three launches instead of six) and in 1 process;
 - an unfinished save (no marker, or a ``.partial`` folder) is never loaded and is removed;
 - every resumed step has the loss of one uninterrupted process (fp32, within 1e-5).
+
+The 2-process legs run torchrun in a fork of this process, its ranks forked (inprocess.torchrun).
 """
 
 from __future__ import annotations
@@ -14,46 +16,35 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import inprocess
 import pytest
-from conftest import HANG_S
+from test_torchrun_train import _forked, _torchrun
 
 from turbotrain.cli import main
 
 WORKER = Path(__file__).with_name("ckpt_worker.py")
-SRC = Path(__file__).resolve().parents[2] / "src"
 STEPS = 12
 
 
 def _run(folder: Path, strategy: str, nproc: int, max_steps: int, every: int, keep_last: int) -> list[dict]:
     out = folder.parent / f"{folder.name}-{strategy}-{nproc}-{max_steps}"
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-    }
     args = [strategy, str(folder), str(max_steps), str(every), str(keep_last), str(out)]
     if nproc == 1:  # one plain process (no process group): this one
         inprocess.worker(WORKER, *args)
-    else:
-        args = [
+    else:  # torchrun in a fork, its ranks forked
+        launcher = [
+            sys.executable,
             "-m",
             "torch.distributed.run",
             "--standalone",
             "--nproc-per-node",
             str(nproc),
-            str(WORKER),
-            *args,
         ]
-        proc = subprocess.run(
-            [sys.executable, *args], env=env, capture_output=True, text=True, timeout=HANG_S
-        )
+        proc = _forked([*launcher, str(WORKER), *args], out)
         assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(nproc)]
 
@@ -123,11 +114,6 @@ def test_turbotrain_train_under_torchrun_resumes_in_one_process_and_samples(tmp_
     """The user's path: `torchrun ... -m turbotrain train --distributed.strategy fsdp` stopped at step
     6 of 9, `turbotrain train --resume` in one plain process with the same global batch, then
     `turbotrain sample`: every step's loss is the one of an uninterrupted one-process run."""
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-    }
     runs = tmp_path / "runs"
     common = [
         "--run.out_dir",
@@ -164,8 +150,8 @@ def test_turbotrain_train_under_torchrun_resumes_in_one_process_and_samples(tmp_
     ]
 
     def turbotrain(*args: str, nproc: int = 1) -> str:
-        """Under torchrun: its own processes; one process (the reference run, the resume, the
-        sample): in this one, as a plain process with no process group runs it."""
+        """Under torchrun: in a fork, its ranks forked; one process (the reference run, the resume,
+        the sample): in this one, as a plain process with no process group runs it."""
         if nproc == 1:
             if args[0] == "train":
                 proc = inprocess.train(list(args[1:]))
@@ -175,14 +161,8 @@ def test_turbotrain_train_under_torchrun_resumes_in_one_process_and_samples(tmp_
             with contextlib.redirect_stdout(out):
                 assert main(list(args)) == 0
             return out.getvalue()
-        launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
-        proc = subprocess.run(
-            [sys.executable, *launcher, "-m", "turbotrain", *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=HANG_S,
-        )
+        assert args[0] == "train"
+        proc = _forked(_torchrun(nproc) + list(args[1:]), tmp_path / "torchrun")
         assert proc.returncode == 0, proc.stderr[-4000:]
         return proc.stdout
 
