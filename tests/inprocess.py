@@ -226,7 +226,8 @@ def _rank(*cmd: str) -> int:
     """A rank torchrun's agent forked: ``-u -m turbotrain ARGS`` or ``-u SCRIPT ARGS`` (what it
     would have run with ``python``) as a new interpreter would: default signal handlers (not the
     launcher's), no log handler, torch on OMP_NUM_THREADS threads, TT_FAULT's fault installed as
-    tests/faults/sitecustomize.py does at an interpreter's start. Returns 0, or raises SystemExit
+    tests/faults/sitecustomize.py does at an interpreter's start, a script's folder first on
+    ``sys.path`` (ep_ckpt_worker.py imports the workers beside it). Returns 0, or raises SystemExit
     with the command's status (multiprocessing's exit status)."""
     from faults.faultenv import FAULTS
 
@@ -249,6 +250,7 @@ def _rank(*cmd: str) -> int:
         code = main(args[2:])
     else:
         sys.argv = args
+        sys.path.insert(0, str(Path(args[0]).resolve().parent))  # as `python SCRIPT` does: imports beside it
         try:
             runpy.run_path(args[0], run_name="__main__")
             code = 0

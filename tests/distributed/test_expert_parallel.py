@@ -7,20 +7,17 @@ checkpoints hold every expert whole, so they resume at another degree."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import inprocess
 import pytest
 import torch
-from conftest import HANG_S
 from test_finder_restores import assert_left_as_before
+from test_torchrun_train import _forked
 
 WORKER = Path(__file__).with_name("ep_worker.py")
 N_EXPERTS = 4
-SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def _single(tmp_path: Path) -> dict:
@@ -79,20 +76,13 @@ CKPT_WORKER = Path(__file__).with_name("ep_ckpt_worker.py")
 
 def _ckpt(tmp_path: Path, nproc: int, *jobs: tuple[str, int, Path, str]) -> None:
     """Jobs (action, degree, folder, tag) one after the other in one torchrun launch of ``nproc``
-    ranks (or, for 1, in this process)."""
+    ranks (in a fork of this process, the ranks forked; or, for 1, in this process)."""
     args = [str(x) for action, degree, folder, tag in jobs for x in (action, degree, folder, tmp_path / tag)]
     if nproc == 1:
         inprocess.worker(CKPT_WORKER, *args)
         return
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-    }
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
-    proc = subprocess.run(
-        [*cmd, str(CKPT_WORKER), *args], env=env, capture_output=True, text=True, timeout=HANG_S
-    )
+    proc = _forked([*cmd, str(CKPT_WORKER), *args], tmp_path / f"torchrun-{nproc}")
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
