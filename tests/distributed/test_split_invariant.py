@@ -23,7 +23,7 @@ import inprocess
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from test_torchrun_train import _run, _torchrun
+from test_torchrun_train import _forked, _torchrun
 
 STEPS, STOP = 16, 8
 TINY = [
@@ -80,7 +80,8 @@ def _train(
         f"--batch.micro={micro}",
         f"--batch.accumulation={accumulation}",
     ]
-    proc = _run(_torchrun(nproc) + args) if nproc > 1 else inprocess.train(args)  # one process: in this one
+    # one process: in this one; torchrun: in a fork of this process, its ranks forked
+    proc = _forked(_torchrun(nproc) + args, work / name) if nproc > 1 else inprocess.train(args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return _losses(work, name)
 
@@ -199,7 +200,7 @@ def test_token_batching_keeps_the_batches_per_step_at_another_world_size(work):
             f"--batch.accumulation={accumulation}",
             *more,
         ]
-        proc = _run(_torchrun(nproc) + args) if nproc > 1 else inprocess.train(args)
+        proc = _forked(_torchrun(nproc) + args, work / name) if nproc > 1 else inprocess.train(args)
         assert proc.returncode == 0, proc.stderr[-3000:]
         return _losses(work, name)
 
