@@ -2,7 +2,8 @@
 ``--master-port`` and no ``--standalone``/``--rdzv-id``: the rendezvous id is ``none``): the group
 torchrun starts again after kill -9 of a rank resumes its run by itself, as it does under
 ``--standalone``; another torchrun under the same run name, restarted by its own torchrun after its
-refusal, still never takes the run over (the run records which torchrun agent started it)."""
+refusal, still never takes the run over (the run records which torchrun agent started it). The
+kill is of a real command's rank (found by its RANK in /proc); the other launch runs forked."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 from conftest import CORPUS, HANG_S, free_port
+from test_torchrun_train import _forked
 
 from turbotrain.base.launch import Launch
 
@@ -122,9 +124,7 @@ def test_a_static_rendezvous_restart_resumes_and_another_launch_never_takes_the_
     before = {
         p.name: p.read_bytes() for p in (run / "summary.json", run / "metrics.jsonl", run / "config.toml")
     }
-    other = subprocess.run(
-        _static_torchrun(work, "el"), env=_env(), capture_output=True, text=True, timeout=HANG_S
-    )
+    other = _forked(_static_torchrun(work, "el"), work / "other")  # torchrun's main and its ranks forked
     assert other.returncode != 0
     assert other.stderr.count("run directory") >= 2 and "already exists" in other.stderr, other.stderr[-3000:]
     assert "was started by another torchrun" in other.stderr and "resuming" not in other.stdout
