@@ -51,10 +51,6 @@ COLORS = {
 }
 
 
-def _mib(value: Any) -> str:
-    return DASH if value is None else f"{value / 2**20:,.1f}"
-
-
 def _param(key: str) -> Callable[[dict[str, Any]], str]:
     return lambda r: str(r["params"].get(key, DASH))
 
@@ -71,7 +67,7 @@ def trials_table(rows: list[dict[str, Any]], keys: list[str]) -> str:
             "throughput",
             lambda r: DASH if not r.get("throughput") else f"{r['throughput']:,.0f} {r.get('unit') or ''}",
         ),
-        ("peak MiB", lambda r: _mib(r.get("peak_bytes"))),
+        ("peak MiB", lambda r: figure(r.get("peak_bytes") and r["peak_bytes"] / 2**20, ",.1f")),
         ("Δ loss", lambda r: figure(r.get("loss_diff"), "+.4f")),
         ("first step s", lambda r: figure(r.get("first_step_s"), ".1f")),
         ("note", lambda r: r.get("reason") or ""),
