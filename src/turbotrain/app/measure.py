@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 
 from ..base.atomic import atomic_write
 from ..base.batch import batch_size, move_to
-from ..base.config import RunConfig, audience, load_config
+from ..base.config import RunConfig, audience, flat, load_config  # noqa: F401 (flat: turbotrain.measure.flat)
 from ..base.errors import TurbotrainError
 from ..base.process import run_process
 from ..base.rundir import workload_label
@@ -59,11 +59,6 @@ def merge(*layers: Mapping[str, Mapping[str, Any]] | None) -> Overrides:
         for section, values in (layer or {}).items():
             out.setdefault(section, {}).update(values)
     return out
-
-
-def flat(overrides: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """``{"batch": {"micro": 8}}`` -> ``{"batch.micro": 8}``."""
-    return {f"{s}.{k}": v for s, values in overrides.items() for k, v in values.items()}
 
 
 @dataclass(frozen=True)

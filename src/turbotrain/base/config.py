@@ -376,6 +376,19 @@ def parse_overrides(args: Iterable[str]) -> dict[str, dict[str, str]]:
     return out
 
 
+def flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (overrides as ``section.key``; MLflow's params and W&B's
+    summary are flat)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flat(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
 def load_config(
     preset: str | None = None, overrides: Iterable[str] | Mapping[str, Mapping[str, Any]] = ()
 ) -> RunConfig:

@@ -11,10 +11,10 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ...base.config import setting
+from ...base.config import flat, setting
 from ...parts.data.loader import default_num_workers
 from ...parts.models.registry import spec_for
-from ..measure import Built, flat, measure_memory
+from ..measure import Built, measure_memory
 from .pressure import BOTTLENECKS as PRESSURE
 from .pressure import memory_pressure, throughput_trend
 

@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ...base.atomic import atomic_write
-from ...base.config import RunConfig, to_toml
+from ...base.config import RunConfig, flat, to_toml
 from ...base.errors import ConfigError
 from ...base.failure import EMPTY_LOADER, workload_failed
 from ...base.rundir import new_run_dir
@@ -31,7 +31,7 @@ from ...core.window import default_loss
 from ...parts.models.blocks import repeated_blocks
 from ...parts.models.workload_spec import WorkloadSpec
 from ...parts.workload import Workload, load_workload
-from ..measure import Target, flat
+from ..measure import Target
 from .runner import ProcessRunner, TuneOptions
 from .space import MICRO, Dim, ModelFacts, build_space, micro_choices, to_changes
 from .study import STUDY_DB, STUDY_NAME, Log, Study, StudyStopped, require_optuna

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ...base.atomic import atomic_write
+from ...base.config import flat
 from ...base.errors import TurbotrainError
 from ...base.failure import one_line
 from ...base.records import numbers
@@ -69,18 +70,6 @@ def _write_ids(run_dir: Path, tracker: str, ids: dict[str, Any]) -> None:
     known = _read_ids(run_dir)
     known[tracker] = ids
     atomic_write(run_dir / TRACKERS_FILE, json.dumps(known, indent=2) + "\n")
-
-
-def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (MLflow's params and W&B's summary are flat)."""
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(flat(value, f"{name}."))
-        else:
-            out[name] = value
-    return out
 
 
 def _wandb_init(wandb: Any, run_dir: Path, ids: dict[str, Any], **more: Any) -> Any:
