@@ -6,7 +6,6 @@ metrics records (:func:`summarize_records`). A new summary field is a field of :
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 from ..base.atomic import atomic_write
 from ..base.records import key_values, metric_keys
 from ..base.rundir import SUMMARY_FILE
+from ..core.meter.clock import median_of
 
 
 @dataclass
@@ -53,10 +53,6 @@ def failed_status(exc: BaseException | None) -> str:
     return f"failed: {type(exc).__name__}: {exc}"
 
 
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
 def steady_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Records that describe steady-state speed: without the first logging window (warm-up,
     compilation and caches settle there) when there are at least three windows."""
@@ -91,12 +87,12 @@ def summarize_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     epochs = [_no_event(r) for r in records if r.get("event") == "epoch"]
     records = [r for r in records if "event" not in r]
     steady = steady_records(records)
-    med = lambda key: _median([v for _, v in key_values(steady, key)])  # noqa: E731
+    med = lambda key: median_of(v for _, v in key_values(steady, key))  # noqa: E731
     losses = key_values(records, "loss")
     vals = key_values(records, "val_loss")
     peaks = [v for _, v in key_values(records, "mem_peak_gib")]
     return {
-        "tokens_per_s_median": _median([v for _, v in key_values(records, "tokens_per_s") if v]),
+        "tokens_per_s_median": median_of(v for _, v in key_values(records, "tokens_per_s") if v),
         "steady_state": {"windows": len(steady), **{k: med(k) for k in STEADY_KEYS}},
         "peak_memory_gib": max(peaks) if peaks else None,
         "final_train_loss": losses[-1][1] if losses else None,

@@ -19,6 +19,7 @@ from typing import Any
 from ...base.atomic import atomic_write
 from ...base.failure import workload_failed
 from ...base.rundir import new_run_dir
+from ...core.meter.clock import median_of
 from ...core.meter.parity import RECOMMEND_MIN_SPEEDUP, interleaved
 from ...core.optim import resolve_implementation
 from ...parts.hardware import device_name
@@ -137,8 +138,8 @@ def _verify(
     finally:
         quiet.setLevel(level)
     base = [f["throughput"] for f in runs[0]]
-    base_median = statistics.median(base) if base else None
-    base_loss = _median([f.get("parity_loss") for f in runs[0]])
+    base_median = median_of(base)
+    base_loss = median_of(f.get("parity_loss") for f in runs[0])
     for a, mine in zip(candidates, runs[1:]):
         a.verified = (
             _verdict(mine, base_median, base_loss) if mine and base_median is not None else dict(NOT_RUN)
@@ -150,7 +151,7 @@ def _verify(
 def _verdict(mine: list[dict[str, Any]], base_median: float, base_loss: float | None) -> dict[str, Any]:
     median = statistics.median(f["throughput"] for f in mine)
     speedup = median / base_median
-    loss = _median([f.get("parity_loss") for f in mine])
+    loss = median_of(f.get("parity_loss") for f in mine)
     return {
         "status": "kept" if speedup >= RECOMMEND_MIN_SPEEDUP else "dropped",
         "speedup": speedup,
@@ -159,11 +160,6 @@ def _verdict(mine: list[dict[str, Any]], base_median: float, base_loss: float | 
         "runs": len(mine),
         "loss_diff": None if loss is None or base_loss is None else loss - base_loss,
     }
-
-
-def _median(values: list[Any]) -> float | None:
-    known = [v for v in values if v is not None]
-    return statistics.median(known) if known else None
 
 
 NAN_TEXT = (

@@ -6,7 +6,7 @@ from __future__ import annotations
 import resource
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +52,12 @@ class Timing:
     def spread(self) -> float:
         """(max - min) / median: 0.1 means the samples span 10 % of the median."""
         return (max(self.ms) - min(self.ms)) / max(self.median, 1e-12)
+
+
+def median_of(values: Iterable[float | None]) -> float | None:
+    """The median of the known values (None left out); None when there are none."""
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def time_call(fn: Callable[[], Any], device: torch.device, repeats: int, warmup: int = 2) -> Timing:
