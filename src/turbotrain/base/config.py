@@ -376,6 +376,11 @@ def parse_overrides(args: Iterable[str]) -> dict[str, dict[str, str]]:
     return out
 
 
+def comma_list(text: str) -> list[str]:
+    """``"a, b,,c"`` -> ``["a", "b", "c"]``: the items of a comma-separated setting, stripped, empties dropped."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
 def flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (overrides as ``section.key``; MLflow's params and W&B's
     summary are flat)."""

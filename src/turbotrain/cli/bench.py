@@ -28,7 +28,7 @@ from ..app.bench.workloads import custom_workload, expand, resolve_workload, wor
 from ..app.measure import merge
 from ..app.prepare import default_preset
 from ..base.atomic import atomic_write
-from ..base.config import parse_overrides
+from ..base.config import comma_list, parse_overrides
 from ..base.errors import TurbotrainError
 from ..base.process import exit_on_sigterm
 from .options import Options, add_command, check_at_least, choice, number, switch
@@ -158,7 +158,7 @@ def main_bench(args: argparse.Namespace, extra: list[str]) -> int:
         raise TurbotrainError(f"--section.key=value settings ({' '.join(extra)}) apply to --to-loss only")
     device, names = _device_and_names(args)
     kinds = (["compare"] if args.compare or not args.matrix else []) + list(dict.fromkeys(args.matrix))
-    contenders, rows = _csv(args.contenders), _csv(args.rows)
+    contenders, rows = comma_list(args.contenders), comma_list(args.rows)
     if rows and len(set(args.matrix)) != 1:
         raise TurbotrainError(
             "--rows picks rows of one --matrix (precision or ablation) at a time; "
@@ -196,10 +196,6 @@ def _work_dir(args: argparse.Namespace, kind: str) -> contextlib.AbstractContext
     if args.work_dir:
         return contextlib.nullcontext(args.work_dir)
     return tempfile.TemporaryDirectory(prefix=f"turbotrain-{kind}-", ignore_cleanup_errors=True)
-
-
-def _csv(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
 
 
 def _overrides(args: argparse.Namespace, extra: list[str]) -> dict[str, dict[str, str]]:
@@ -272,7 +268,7 @@ def main_inference(args: argparse.Namespace, extra: list[str]) -> int:
     preset = None if args.model else (args.workload or default_preset())
     batch = args.batch if isinstance(args.batch, int) else None
     model, batches, loss_fn, label = inference_target(preset, args.model, overrides, batch)
-    modes: list[str | None] = [*_csv(args.rows)] or [None]
+    modes: list[str | None] = [*comma_list(args.rows)] or [None]
     configs = [merge(overrides, {"precision": {"mode": m}} if m else None) for m in modes]
     timing: dict[str, Any] = {"loss_fn": loss_fn, "iterations": args.steps or 20, "warmup": args.warmup or 3}
     rows = [{"label": label, **benchmark_inference(model, batches, config=c, **timing)} for c in configs]

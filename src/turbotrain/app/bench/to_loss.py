@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ...base.config import load_config
+from ...base.config import comma_list, load_config
 from ...base.failure import cause_in_log
 from ...base.process import child_env
 from ...core.engine import default_loss
@@ -271,7 +271,7 @@ def parse_contender(text: str) -> tuple[str, dict[str, dict[str, Any]]]:
     if not name.strip():
         raise ValueError(f"--versus {text!r}: give NAME:section.key=value[,section.key=value]")
     out: dict[str, dict[str, Any]] = {}
-    for item in filter(None, (p.strip() for p in rest.split(","))):
+    for item in comma_list(rest):
         key, sep, value = item.partition("=")
         section, dot, field_name = key.partition(".")
         if not (sep and dot and section and field_name):

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from ...base.config import PrecisionConfig, knob, recast, setting
+from ...base.config import PrecisionConfig, comma_list, knob, recast, setting
 from ...base.errors import ConfigError, TurbotrainWarning, quiet_imports
 from .core import BF16Mixed, DeviceCaps
 
@@ -86,7 +86,7 @@ class FP8Settings(PrecisionConfig):
 def parse_layer_recipes(text: str) -> dict[str, str]:
     """``precision.fp8_layer_recipes`` ('prefix=recipe,...') as prefix -> recipe, else one line."""
     out: dict[str, str] = {}
-    for entry in (e.strip() for e in text.split(",") if e.strip()):
+    for entry in comma_list(text):
         prefix, _, recipe = entry.partition("=")
         if not prefix.strip() or recipe.strip() not in FP8_RECIPES:
             raise ConfigError(
@@ -207,7 +207,7 @@ class FP8(BF16Mixed):
         return cls(
             device,
             **{name: getattr(settings, f"fp8_{name}") for name in _SAME_NAMED},
-            skip=tuple(p.strip() for p in settings.fp8_skip.split(",") if p.strip()),
+            skip=tuple(comma_list(settings.fp8_skip)),
             layer_recipes=parse_layer_recipes(settings.fp8_layer_recipes),
         )
 

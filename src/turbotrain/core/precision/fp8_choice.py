@@ -18,7 +18,7 @@ from torch import nn
 
 from ...base.atomic import atomic_write
 from ...base.batch import map_tensors
-from ...base.config import RunConfig, recast
+from ...base.config import RunConfig, comma_list, recast
 from ...base.config_plugins import Start, register_start
 from ...base.version import package_version
 from ...parts.data.sources import default_cache_dir as cache_root
@@ -286,7 +286,7 @@ def choose_for_run(
 
 def _filter_settings(own: FP8Settings, choice: FP8Choice) -> dict[str, Any]:
     """The fp8 filter that converts exactly the chosen layers (the others in ``fp8_skip``)."""
-    skip = [p.strip() for p in own.fp8_skip.split(",") if p.strip()]
+    skip = comma_list(own.fp8_skip)
     # whole names as prefixes: no GPT layer name is the start of another one's
     skip += [c.layer for c in choice.layers if c.choice == BF16 and c.layer not in skip]
     layer_recipes = {c.layer: c.choice for c in choice.layers if c.choice not in (BF16, own.fp8_recipe)}
