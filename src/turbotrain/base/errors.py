@@ -4,10 +4,12 @@ one-line message and exit code 2, so each message must say what to change."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import sys
 import warnings
 from collections.abc import Callable, Iterator
+from typing import Any
 
 
 class TurbotrainError(Exception):
@@ -28,6 +30,14 @@ class NonFiniteError(TurbotrainError, FloatingPointError):
 
 class LossError(TurbotrainError, TypeError):
     """What the model or loss function returned is not a scalar loss."""
+
+
+def required_module(name: str, missing: str) -> Any:
+    """The optional module ``name``, or a :class:`TurbotrainError` of the one line ``missing`` (what to install)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise TurbotrainError(missing) from None
 
 
 class TurbotrainWarning(UserWarning):

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ...base.config import RunConfig
-from ...base.errors import ConfigError, TurbotrainError
+from ...base.errors import ConfigError, TurbotrainError, required_module
 from ...core.meter.parity import RECOMMEND_MIN_SPEEDUP, interleaved, loss_tolerance
 from ..measure import Target
 from .runner import Outcome, Runner, TuneOptions
@@ -55,12 +55,9 @@ Log = Callable[..., None]
 
 def require_optuna() -> Any:
     """The optuna module, or a one-line error that says how to install it."""
-    try:
-        import optuna
-    except ImportError:
-        raise TurbotrainError(
-            "turbotrain tune needs Optuna: pip install 'turbotrain[tune]' (or pip install optuna)"
-        ) from None
+    optuna = required_module(
+        "optuna", "turbotrain tune needs Optuna: pip install 'turbotrain[tune]' (or pip install optuna)"
+    )
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     return optuna

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...base.atomic import reporting_disk_full
-from ...base.errors import TurbotrainError
+from ...base.errors import required_module
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -171,14 +171,12 @@ class TensorBoardSink:
     """Every numeric record value as a TensorBoard scalar (``train/<key>``) at its step."""
 
     def __init__(self, log_dir: Path) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise TurbotrainError(
-                "monitor.tensorboard = true needs the tensorboard package: pip install tensorboard "
-                "(or pip install 'turbotrain[tensorboard]'), or drop --monitor.tensorboard"
-            ) from None
-        self.writer = SummaryWriter(log_dir=str(log_dir))
+        tensorboard = required_module(
+            "torch.utils.tensorboard",
+            "monitor.tensorboard = true needs the tensorboard package: pip install tensorboard "
+            "(or pip install 'turbotrain[tensorboard]'), or drop --monitor.tensorboard",
+        )
+        self.writer = tensorboard.SummaryWriter(log_dir=str(log_dir))
 
     def write(self, record: dict[str, Any]) -> None:
         step = record["step"]

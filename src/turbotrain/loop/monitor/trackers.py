@@ -17,7 +17,7 @@ from typing import Any
 
 from ...base.atomic import atomic_write
 from ...base.config import flat
-from ...base.errors import TurbotrainError
+from ...base.errors import TurbotrainError, required_module
 from ...base.failure import one_line
 from ...base.records import numbers
 from ...base.rundir import METRICS_FILE, TENSORBOARD_DIR, TRACKERS_FILE
@@ -43,13 +43,11 @@ class TrackerOptions:
 
 def _import(tracker: str) -> Any:
     """The tracker's package (its extra has its name), or one line naming the extra to install."""
-    try:
-        return __import__(tracker)
-    except ImportError:
-        raise TurbotrainError(
-            f"monitor.{tracker} = true needs the {tracker} package: pip install 'turbotrain[{tracker}]' "
-            f"(or drop --monitor.{tracker})"
-        ) from None
+    return required_module(
+        tracker,
+        f"monitor.{tracker} = true needs the {tracker} package: pip install 'turbotrain[{tracker}]' "
+        f"(or drop --monitor.{tracker})",
+    )
 
 
 def require_trackers(names: Iterable[str]) -> None:

@@ -8,7 +8,6 @@ child process: the native trainer cannot be interrupted, so Ctrl-C or SIGTERM en
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import logging
 import os
@@ -22,7 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ...base.atomic import atomic_write, make_dirs
-from ...base.errors import TurbotrainError
+from ...base.errors import TurbotrainError, required_module
 from ...base.rundir import TOKENIZER_FILE
 
 log = logging.getLogger(__name__)
@@ -104,13 +103,11 @@ class JsonTokenizer:
 
 
 def _tokenizers() -> Any:
-    try:
-        return importlib.import_module("tokenizers")
-    except ImportError:
-        raise TurbotrainError(
-            "data.tokenizer = 'bpe' or a tokenizer.json needs the tokenizers package: "
-            f"pip install tokenizers (or {INSTALL_HINT})"
-        ) from None
+    return required_module(
+        "tokenizers",
+        "data.tokenizer = 'bpe' or a tokenizer.json needs the tokenizers package: "
+        f"pip install tokenizers (or {INSTALL_HINT})",
+    )
 
 
 def padded_vocab(n: int) -> int:
