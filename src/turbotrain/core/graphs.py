@@ -127,11 +127,7 @@ class _Captured:
         self.static: list[torch.Tensor] = []
 
     def __call__(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        micro: Sequence[MicroBatch],
-        loss_fn: LossFn,
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, micro: Sequence[MicroBatch], loss_fn: LossFn
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         owner = self.owner
         args = (model, optimizer, micro, loss_fn)

@@ -26,8 +26,7 @@ if TYPE_CHECKING:  # the window calls the strategy it is given; it builds none
 # (a batch or a part of one, the weight of its loss: 1.0 for whole, equal parts)
 MicroBatch = tuple[Any, float]
 WindowFn = Callable[
-    [nn.Module, torch.optim.Optimizer, Sequence[MicroBatch], LossFn],
-    tuple[torch.Tensor, torch.Tensor | None],
+    [nn.Module, torch.optim.Optimizer, Sequence[MicroBatch], LossFn], tuple[torch.Tensor, torch.Tensor | None]
 ]
 """The signature of :meth:`Window.run` (and of a whole-step wrapper's result): (model, optimizer,
 micro-batches, loss_fn) -> (the window's mean loss averaged over ranks, its gradient norm)."""

@@ -45,11 +45,7 @@ def key_of(material: dict[str, Any]) -> str:
 
 
 def read(
-    path: Path,
-    what: str,
-    material: dict[str, Any],
-    check: Callable[[Any], T],
-    key: str | None = None,
+    path: Path, what: str, material: dict[str, Any], check: Callable[[Any], T], key: str | None = None
 ) -> T | None:
     """The cached value for ``material`` through ``check``; None when none, unreadable or foreign."""
     if not path.is_file():

@@ -20,14 +20,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from ...base.batch import map_tensors
-from ...base.config import (
-    AUTO,
-    PRECISION_MODES,
-    PrecisionConfig,
-    choice_error,
-    register_settings,
-    setting,
-)
+from ...base.config import AUTO, PRECISION_MODES, PrecisionConfig, choice_error, register_settings, setting
 from ...base.errors import ConfigError, TurbotrainWarning
 from ...parts.hardware import register_peak
 

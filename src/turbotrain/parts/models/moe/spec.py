@@ -18,10 +18,7 @@ from .settings import MoESettings
 def moe_config(m: GPTSettings, e: MoESettings, vocab_size: int) -> MoEConfig:
     """The mixture-of-experts GPT of a run's ``[model]`` (backbone) and ``[moe]`` (experts) sections."""
     return MoEConfig(
-        **vars(gpt_config(m, vocab_size)),
-        **same_fields(MoEConfig, e),
-        moe_every=e.every,
-        moe_impl=e.impl,
+        **vars(gpt_config(m, vocab_size)), **same_fields(MoEConfig, e), moe_every=e.every, moe_impl=e.impl
     )
 
 
