@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import runpy
 import shlex
-import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+import inprocess
 import pytest
 from conftest import HANG_S
 
@@ -46,12 +48,26 @@ def console(marker: str) -> list[tuple[list[str], list[str]]]:
     return runs
 
 
-def run(words: list[str], cwd: Path) -> subprocess.CompletedProcess:
+def run(words: list[str], cwd: Path) -> inprocess.Result:
+    """``python SCRIPT ARGS`` or ``python -c CODE ARGS`` in ``cwd``, as the page runs it (``cwd`` on
+    the module path, its own cache), in a fork of this process (inprocess.fork): a process of its
+    own, whose plugin registers nothing here, without the seconds an interpreter spends importing
+    torch and turbotrain."""
     assert words[0] == "python"
-    env = {**os.environ, "PYTHONPATH": str(cwd), "XDG_CACHE_HOME": str(cwd / "cache")}
-    return subprocess.run(
-        [sys.executable, *words[1:]], cwd=cwd, env=env, capture_output=True, text=True, timeout=HANG_S
-    )
+
+    def command() -> None:
+        os.chdir(cwd)
+        os.environ["XDG_CACHE_HOME"] = str(cwd / "cache")
+        sys.path.insert(0, str(cwd))
+        if words[1] == "-c":
+            sys.argv = ["-c", *words[3:]]
+            exec(compile(words[2], "<string>", "exec"), {"__name__": "__main__"})
+        else:
+            sys.argv = words[1:]
+            runpy.run_path(words[1], run_name="__main__")
+
+    out = Path(tempfile.mkdtemp(prefix="run-", dir=cwd.parent))  # beside the folder, not in it
+    return inprocess.completed(inprocess.fork(command, out / "stdout", out / "stderr"), HANG_S)
 
 
 @pytest.fixture(scope="module")
