@@ -275,18 +275,23 @@ def turbotrain(
     fault: str = "",
     marker: Path | None = None,
     sigint: Callable[..., object] | int = signal.default_int_handler,
-    env: dict[str, str] | None = None,
+    env: dict[str, str | None] | None = None,
 ) -> Forked:
     """``python -m turbotrain ARGS`` with ``fault`` (and its pause ``marker``) injected as
     tests/faults/sitecustomize.py does at a new interpreter's start, in a :func:`fork`; ``sigint``:
     SIGINT's handler as the interpreter starts (``signal.SIG_IGN``: inherited as ignored); ``env``
-    added to its environment."""
+    set in its environment (a value None: the variable removed)."""
     from faults.faultenv import FAULTS, fault_env
 
     from turbotrain.cli import main
 
     def command() -> None:
-        os.environ.update({**fault_env(fault, marker), **(env or {})})
+        os.environ.update(fault_env(fault, marker))
+        for key, value in (env or {}).items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         signal.signal(signal.SIGINT, sigint)
         runpy.run_path(str(FAULTS / "sitecustomize.py"))
         sys.exit(main(args))

@@ -1,4 +1,5 @@
-"""SLURM, simulated (issue 25 item 3): two local processes started the way ``srun`` starts them --
+"""SLURM, simulated (issue 25 item 3): two local processes (forks of the test process running the
+command) started the way ``srun`` starts them --
 no torchrun, only SLURM's variables (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_JOB_NODELIST,
 SLURM_JOB_ID), set by the test -- join one gloo group and train a tiny GPT to the losses of one
 process with the same global batch (which is torchrun's too: tests/distributed/test_split_invariant.py);
@@ -13,16 +14,13 @@ import json
 import os
 import random
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import inprocess
 import pytest
 from conftest import HANG_S, free_port
-from test_torchrun_train import SRC, _plain
 
-FAULTS = Path(__file__).resolve().parents[1] / "faults"
 STEPS, PAUSE = 6, 3
 EXIT_REQUEUE = 79
 TINY = [
@@ -89,17 +87,15 @@ def _job_id() -> int:
     raise RuntimeError("no free port in 15000-34999")
 
 
-def _srun(work: Path, name: str, *more: str, restart: int = 0, fault: str = "") -> list[subprocess.Popen]:
+def _srun(work: Path, name: str, *more: str, restart: int = 0, fault: str = "") -> list[inprocess.Forked]:
     """What ``srun -N 2 -n 2 python -m turbotrain train ...`` starts: one process per task with
-    SLURM's variables and nothing of torchrun's."""
-    base = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in LAUNCHER_VARS and not k.startswith(("SLURM_", "TORCHELASTIC_"))
+    SLURM's variables and nothing of torchrun's; each a fork of this process running the command
+    (inprocess.turbotrain), not a new interpreter."""
+    base: dict[str, str | None] = {
+        k: None for k in os.environ if k in LAUNCHER_VARS or k.startswith(("SLURM_", "TORCHELASTIC_"))
     }
     base.update(
         OMP_NUM_THREADS="1",
-        PYTHONPATH=os.pathsep.join([str(FAULTS), str(SRC), os.environ.get("PYTHONPATH", "")]),
         SLURM_JOB_ID=str(_job_id()),
         SLURM_JOB_NAME="tt-test",
         SLURM_NTASKS="2",
@@ -110,21 +106,21 @@ def _srun(work: Path, name: str, *more: str, restart: int = 0, fault: str = "") 
     procs = []
     for rank in range(2):
         env = {**base, "SLURM_PROCID": str(rank), "SLURM_LOCALID": "0", "SLURM_NODEID": str(rank)}
-        if fault:
-            env.update(TT_FAULT=fault, TT_FAULT_MARKER=str(work / f"paused-{rank}"))
+        out = work / f"{name}-{restart}-{rank}"
         procs.append(
-            subprocess.Popen(
-                _plain() + _args(work, name, 4) + list(more),
+            inprocess.turbotrain(
+                ["train", *_args(work, name, 4), *more],
+                out.with_suffix(".stdout"),
+                out.with_suffix(".stderr"),
+                fault=fault,
+                marker=work / f"paused-{rank}" if fault else None,
                 env=env,
-                text=True,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
             )
         )
     return procs
 
 
-def _wait(procs: list[subprocess.Popen]) -> list[tuple[int, str, str]]:
+def _wait(procs: list[inprocess.Forked]) -> list[tuple[int | None, str, str]]:
     out = []
     for p in procs:
         try:
