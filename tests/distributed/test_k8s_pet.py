@@ -5,6 +5,8 @@ a pod's preemption: SIGTERM to torchrun (the container's first process). Within 
 (30 s by default) the ranks stop after a step, save, the newest checkpoint is complete in the store,
 and torchrun exits (with 1, its own status after a signal; the run continues with --resume). The model is a 2-layer gpt-tiny (the reference GPT's
 own stop took 33 s on this loaded machine: docs/cluster.md); the time from SIGTERM to exit is printed.
+torchrun's own main runs in a fork of the test process and its agent forks the ranks
+(inprocess.torchrun): the signal, the agent's forwarding and the ranks' stop are the real ones'.
 """
 
 from __future__ import annotations
@@ -12,11 +14,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+import inprocess
 import pytest
 from conftest import BUCKET, HANG_S, free_port, s3_client
 
@@ -60,16 +62,18 @@ def test_sigterm_to_torchrun_from_pet_variables_ends_with_the_newest_checkpoint_
         **pet,
         "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
     }
-    proc = subprocess.Popen(cmd, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # torchrun's main in a fork of this process, its ranks forked by its agent (inprocess.torchrun)
+    out = tmp_path / "torchrun"
+    proc = inprocess.torchrun(cmd[3:], out.with_suffix(".stdout"), out.with_suffix(".stderr"), env=run_env)
     metrics = tmp_path / "k8s" / "metrics.jsonl"
     deadline = time.monotonic() + HANG_S
     while not (metrics.is_file() and metrics.read_text().count('"loss"') >= 8):  # past the first checkpoint
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert proc.poll() is None, out.with_suffix(".stderr").read_text()[-3000:]
         assert time.monotonic() < deadline
         time.sleep(0.2)
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)  # the kubelet's preemption
-    stdout, stderr = proc.communicate(timeout=HANG_S)
+    _, stderr = proc.communicate(timeout=HANG_S)
     took = time.monotonic() - sent
     print(f"SIGTERM to exit: {took:.1f} s")
     # torchrun's agent ends with 1 after a signal (its SignalException); the ranks stopped as asked
