@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from turbotrain.base import runlock
 from turbotrain.base.process import exit_after_threads
 
 
@@ -128,8 +129,9 @@ class Forked:
     def wait(self, timeout: float) -> int:
         deadline = time.monotonic() + timeout
         while self.poll() is None:
-            if time.monotonic() > deadline:  # as subprocess.run's timeout: the child does not outlive it
-                self.kill()
+            if time.monotonic() > deadline:  # as subprocess.run's timeout: the child does not outlive it,
+                with contextlib.suppress(ProcessLookupError):  # nor what it forked (its process group)
+                    os.killpg(self.pid, signal.SIGKILL)
                 self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
                 raise subprocess.TimeoutExpired(f"fork {self.pid}", timeout)
             time.sleep(0.05)
@@ -152,8 +154,9 @@ def fork(target: Callable[[], object], stdout: Path, stderr: Path | None = None)
     its stderr to ``stderr`` (default: the same file), file descriptors 1 and 2 too: a real process
     to signal, kill and read the exit status of, without the seconds a new interpreter spends
     importing torch and turbotrain. It exits as a program would: SystemExit's code, 1 after another
-    exception (traceback on stderr), else 0. Signals, logging and warnings start as in a new
-    interpreter (SIGTERM ends it, no log handler, warnings printed to stderr)."""
+    exception (traceback on stderr), else 0. Signals and logging start as in a new interpreter
+    (SIGTERM ends it, no log handler); warnings are printed to stderr, under the filters of the test
+    that forked it (which may show a warning a new interpreter would not). Its own process group."""
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -161,6 +164,11 @@ def fork(target: Callable[[], object], stdout: Path, stderr: Path | None = None)
         return Forked(pid, stdout, stderr or stdout)
     code = 1
     try:
+        os.setpgid(0, 0)  # a group of its own: a timeout kills what it forked too (torchrun's ranks)
+        # what a new interpreter would not have: this process's record of the run locks it holds
+        # (the kernel's locks do not pass a fork) and a process group
+        runlock._HELD.clear()
+        assert not torch.distributed.is_initialized(), "forked from a process holding a process group"
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         out = open(stdout, "w", buffering=1)  # noqa: SIM115 (they end with the process)
@@ -207,8 +215,9 @@ def torchrun(
     from torch.distributed.launcher.api import elastic_launch
 
     def launcher() -> None:
+        environ = dict(os.environ if env is None else env)
         os.environ.clear()
-        os.environ.update(env or os.environ)
+        os.environ.update(environ)
         if before is not None:
             before()
 
@@ -255,6 +264,8 @@ def _rank(*cmd: str) -> int:
             runpy.run_path(args[0], run_name="__main__")
             code = 0
         except SystemExit as exc:
+            if exc.code is not None and not isinstance(exc.code, int):
+                print(exc.code, file=sys.stderr)
             code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
     if code:
         raise SystemExit(code)

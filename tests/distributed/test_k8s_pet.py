@@ -6,7 +6,10 @@ a pod's preemption: SIGTERM to torchrun (the container's first process). Within 
 and torchrun exits (with 1, its own status after a signal; the run continues with --resume). The model is a 2-layer gpt-tiny (the reference GPT's
 own stop took 33 s on this loaded machine: docs/cluster.md); the time from SIGTERM to exit is printed.
 torchrun's own main runs in a fork of the test process and its agent forks the ranks
-(inprocess.torchrun): the signal, the agent's forwarding and the ranks' stop are the real ones'.
+(inprocess.torchrun): the signal, the agent's forwarding and the ranks' stop are turbotrain's and
+torchrun's own, through torchrun's function entry point (its ranks forked); a pod's
+``torchrun -m turbotrain`` starts interpreters and ends each through ``turbotrain/__main__.py``,
+the path test_torchrun_train's kill -9 and bad-input tests run for real.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ as a user would check it (#48 item 2):
 
 One Ray cluster and one Ray run for the module (each costs tens of seconds on 2 shared cores): the
 run whose worker is killed. The run never killed is torchrun's, which Ray's unkilled runs equal bit
-for bit (same ranks, same gloo reductions): the killed run held to it exactly shows both.
+for bit (same ranks, same gloo reductions): the killed run held to it exactly shows both. A Ray
+run that ends with no restart is not run on its own (its path is the killed run's first attempt).
 """
 
 from __future__ import annotations

@@ -377,7 +377,8 @@ def parse_overrides(args: Iterable[str]) -> dict[str, dict[str, str]]:
 
 
 def comma_list(text: str) -> list[str]:
-    """``"a, b,,c"`` -> ``["a", "b", "c"]``: the items of a comma-separated setting, stripped, empties dropped."""
+    """``"a, b,,c"`` -> ``["a", "b", "c"]``: the items of a comma-separated setting, stripped,
+    empties dropped."""
     return [item.strip() for item in text.split(",") if item.strip()]
 
 

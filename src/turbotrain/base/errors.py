@@ -33,7 +33,8 @@ class LossError(TurbotrainError, TypeError):
 
 
 def required_module(name: str, missing: str) -> Any:
-    """The optional module ``name``, or a :class:`TurbotrainError` of the one line ``missing`` (what to install)."""
+    """The optional module ``name``, or a :class:`TurbotrainError` of the one line ``missing`` (what
+    to install)."""
     try:
         return importlib.import_module(name)
     except ImportError:

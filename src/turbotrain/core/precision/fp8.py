@@ -119,8 +119,9 @@ def float8_module() -> Any:
 
 
 def worth_converting(out_features: int, in_features: int, recipe: str, min_size: int) -> bool:
-    """The size filter (dims divisible by 16 checked first, by :meth:`FP8.wants`): ``min_size`` > 0
-    bounds in x out; 0 takes torchao's per-recipe H100 thresholds."""
+    """The size filter: ``min_size`` > 0 bounds in x out; 0 takes torchao's per-recipe H100 thresholds."""
+    if out_features % 16 or in_features % 16:
+        return False
     if min_size:
         return out_features * in_features >= min_size
     n, k = out_features, in_features

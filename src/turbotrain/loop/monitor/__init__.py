@@ -2,7 +2,7 @@
 (docs/monitoring.md; every record key: reference/metrics.md). The only host-device sync is the loss
 read on logging steps (a step with a validation result is one too: its evaluation synced already);
 probes add to those records without a sync of their own (NVML is sampled on a thread).
-Everything is importable from here as before the package was split by concern.
+The names the old ``turbotrain.monitor`` module gave are importable from here.
 """
 
 from __future__ import annotations
