@@ -149,6 +149,37 @@ class Forked:
         self.send_signal(signal.SIGKILL)
 
 
+def _as_a_new_interpreter() -> None:
+    """This forked process's state as a new interpreter's: no record of run locks held (the kernel's
+    locks do not pass a fork), no process group, default signal handlers (not pytest's or torchrun's),
+    no log handler (not pytest's capture)."""
+    runlock._HELD.clear()
+    assert not torch.distributed.is_initialized(), "forked from a process holding a process group"
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for handler in logging.root.handlers[:]:
+        logging.root.removeHandler(handler)
+    logging.root.setLevel(logging.WARNING)
+
+
+def _status(exc: SystemExit) -> int:
+    """The exit status of a program that raised ``exc``, its message printed as the interpreter does."""
+    if exc.code is not None and not isinstance(exc.code, int):
+        print(exc.code, file=sys.stderr)
+    return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+
+
+def _install_fault() -> None:
+    """TT_FAULT's fault, as tests/faults/sitecustomize.py installs it at an interpreter's start
+    (with tests/faults on the path, as PYTHONPATH=tests/faults gives the command)."""
+    from faults.faultenv import FAULTS
+
+    if os.environ.get("TT_FAULT"):
+        sys.path.insert(0, str(FAULTS))
+        runpy.run_path(str(FAULTS / "sitecustomize.py"))
+
+
 def fork(target: Callable[[], object], stdout: Path, stderr: Path | None = None) -> Forked:
     """``target()`` in a child process forked from this one, its stdout written to ``stdout`` and
     its stderr to ``stderr`` (default: the same file), file descriptors 1 and 2 too: a real process
@@ -165,30 +196,19 @@ def fork(target: Callable[[], object], stdout: Path, stderr: Path | None = None)
     code = 1
     try:
         os.setpgid(0, 0)  # a group of its own: a timeout kills what it forked too (torchrun's ranks)
-        # what a new interpreter would not have: this process's record of the run locks it holds
-        # (the kernel's locks do not pass a fork) and a process group
-        runlock._HELD.clear()
-        assert not torch.distributed.is_initialized(), "forked from a process holding a process group"
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _as_a_new_interpreter()
         out = open(stdout, "w", buffering=1)  # noqa: SIM115 (they end with the process)
         err = out if stderr is None else open(stderr, "w", buffering=1)  # noqa: SIM115
         os.dup2(out.fileno(), 1)
         os.dup2(err.fileno(), 2)
         sys.stdout, sys.stderr = out, err
-        # logging and warnings as a new interpreter has them, not pytest's capture
-        for handler in logging.root.handlers[:]:
-            logging.root.removeHandler(handler)
-        logging.root.setLevel(logging.WARNING)
         warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: err.write(
             warnings.formatwarning(message, category, filename, lineno, line)
         )
         target()
         code = 0
     except SystemExit as exc:
-        if exc.code is not None and not isinstance(exc.code, int):
-            print(exc.code, file=sys.stderr)
-        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        code = _status(exc)
     except BaseException:
         traceback.print_exc()
     finally:
@@ -238,21 +258,11 @@ def _rank(*cmd: str) -> int:
     tests/faults/sitecustomize.py does at an interpreter's start, a script's folder first on
     ``sys.path`` (ep_ckpt_worker.py imports the workers beside it). Returns 0, or raises SystemExit
     with the command's status (multiprocessing's exit status)."""
-    from faults.faultenv import FAULTS
-
     from turbotrain.cli import main
 
-    assert not torch.distributed.is_initialized(), "forked from a process holding a process group"
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    for handler in logging.root.handlers[:]:
-        logging.root.removeHandler(handler)
-    logging.root.setLevel(logging.WARNING)
+    _as_a_new_interpreter()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    if os.environ.get("TT_FAULT"):  # as PYTHONPATH=tests/faults does for the command
-        sys.path.insert(0, str(FAULTS))
-        runpy.run_path(str(FAULTS / "sitecustomize.py"))
+    _install_fault()
     args = list(cmd[1:] if cmd[0] == "-u" else cmd)
     if args[:2] == ["-m", "turbotrain"]:
         sys.argv = [str(Path(main.__code__.co_filename).parents[1] / "__main__.py"), *args[2:]]
@@ -264,9 +274,7 @@ def _rank(*cmd: str) -> int:
             runpy.run_path(args[0], run_name="__main__")
             code = 0
         except SystemExit as exc:
-            if exc.code is not None and not isinstance(exc.code, int):
-                print(exc.code, file=sys.stderr)
-            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+            code = _status(exc)
     if code:
         raise SystemExit(code)
     return 0
@@ -292,7 +300,7 @@ def turbotrain(
     tests/faults/sitecustomize.py does at a new interpreter's start, in a :func:`fork`; ``sigint``:
     SIGINT's handler as the interpreter starts (``signal.SIG_IGN``: inherited as ignored); ``env``
     set in its environment (a value None: the variable removed)."""
-    from faults.faultenv import FAULTS, fault_env
+    from faults.faultenv import fault_env
 
     from turbotrain.cli import main
 
@@ -304,7 +312,7 @@ def turbotrain(
             else:
                 os.environ[key] = value
         signal.signal(signal.SIGINT, sigint)
-        runpy.run_path(str(FAULTS / "sitecustomize.py"))
+        _install_fault()
         sys.exit(main(args))
 
     return fork(command, stdout, stderr)
